@@ -1,0 +1,106 @@
+"""The Python API: `glowgen.compile(model) -> CompiledModel`."""
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+import numpy as np
+
+from . import pipeline
+from .backends.interpreter.evaluate import evaluate
+from .engine.graph import Function
+from .engine.registry import Registry
+from .engine.types import Type, dtype_of
+from .errors import GlowgenError, InputError
+from .frontend.onnx import ModelLike, import_model
+
+BACKENDS = ("interpreter",)
+
+
+def load(model: ModelLike, input_shapes: Optional[Mapping] = None,
+         registry: Optional[Registry] = None) -> Function:
+    """Import an ONNX model into a typed graph (the `loaded` stage)."""
+    registry = registry or Registry.default()
+    return import_model(model, registry, pipeline.constant_value, dict(input_shapes or {}))
+
+
+def lower(function: Function, registry: Optional[Registry] = None) -> Function:
+    """Lower to primitives and fold constants (the `lowered` stage), in place."""
+    registry = registry or Registry.default()
+    pipeline.lower(function, registry)
+    pipeline.fold_constants(function, registry)
+    function.verify()
+    return function
+
+
+class CompiledModel:
+    """A compiled model: call `run({name: array})` (or the model itself) for outputs."""
+
+    def __init__(self, function: Function, registry: Registry, backend: str):
+        self.function = function
+        self.registry = registry
+        self.backend = backend
+        self.input_types: dict[str, Type] = {p.name: p.type for p in function.placeholders}
+        self.output_types: dict[str, Type] = {n: v.type for n, v in function.outputs}
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.input_types)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.output_types)
+
+    def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Validate names, shapes and element types; nothing unchecked goes further."""
+        if not isinstance(feeds, Mapping):
+            raise InputError("run() takes a dict {input name: numpy array}")
+        unknown = [k for k in feeds if k not in self.input_types]
+        if unknown:
+            raise InputError(f"unknown input{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(map(repr, unknown))}; the model's inputs are "
+                             f"{', '.join(map(repr, self.input_names))}")
+        missing = [k for k in self.input_types if k not in feeds]
+        if missing:
+            raise InputError(f"missing input{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(map(repr, missing))} (expected "
+                             + ", ".join(f"{n}: {t}" for n, t in self.input_types.items()) + ")")
+        checked = {}
+        for name, ty in self.input_types.items():
+            arr = np.asarray(feeds[name])
+            try:
+                got = dtype_of(arr)
+            except GlowgenError:
+                raise InputError(f"input {name!r} has element type {arr.dtype}, expected {ty.dtype}") from None
+            if got != ty.dtype:
+                raise InputError(f"input {name!r} has element type {got} ({arr.dtype}), expected "
+                                 f"{ty.dtype}; convert it with .astype(numpy.{ty.np_dtype.name})")
+            if tuple(arr.shape) != ty.shape:
+                raise InputError(f"input {name!r} has shape {list(arr.shape)}, expected "
+                                 f"{list(ty.shape)}")
+            checked[name] = arr
+        return checked
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        checked = self.check_feeds(feeds)
+        return evaluate(self.function, checked, self.registry)
+
+    __call__ = run
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{n}: {t}" for n, t in self.input_types.items())
+        outs = ", ".join(f"{n}: {t}" for n, t in self.output_types.items())
+        return f"<CompiledModel backend={self.backend} ({ins}) -> ({outs})>"
+
+
+def compile(model: ModelLike, backend: str = "interpreter",
+            input_shapes: Optional[Mapping] = None,
+            registry: Optional[Registry] = None) -> CompiledModel:
+    """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
+
+    `input_shapes` binds dynamic dimensions: {"input": (1, 3, 224, 224)}.
+    `registry` selects generated code other than the built-in (see `Registry.from_dir`)."""
+    if backend not in BACKENDS:
+        raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+    registry = registry or Registry.default()
+    function = lower(load(model, input_shapes, registry), registry)
+    return CompiledModel(function, registry, backend)

@@ -1,0 +1,238 @@
+"""The `glowgen` command line.
+
+Every user error prints `error: ...` on stderr and exits with status 2, without a traceback
+(set GLOWGEN_DEBUG=1 to see one).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .errors import GlowgenError, InputError
+
+EXAMPLES = """\
+examples:
+  glowgen run examples/tiny_cnn.onnx
+  glowgen run model.onnx --input-shape input=1x3x224x224 --save-outputs out/
+  glowgen run model.onnx --input input=x.npy
+  glowgen dump model.onnx --stage lowered
+  glowgen dump model.onnx --stage loaded --format dot > graph.dot
+  glowgen ops
+  glowgen regen            # after editing specs/*.glowdef
+  glowgen regen --check    # exit 1 if glowgen/generated/ is stale
+"""
+
+
+def _parse_assignments(items, what: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        name, sep, value = item.rpartition("=")
+        if not sep or not name or not value:
+            raise InputError(f"{what} takes NAME=VALUE, got {item!r}")
+        out[name] = value
+    return out
+
+
+def _input_shapes(args) -> dict:
+    from .frontend.onnx import parse_dims
+    return {k: parse_dims(v) for k, v in _parse_assignments(args.input_shape, "--input-shape").items()}
+
+
+def _safe_filename(name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", name).strip(".")
+    return safe or "output"
+
+
+def _random_input(ty, rng) -> np.ndarray:
+    if ty.dtype == "bool":
+        return rng.random(ty.shape) < 0.5
+    if ty.dtype.startswith(("i", "u")):
+        return rng.integers(0, 10, size=ty.shape).astype(ty.np_dtype)
+    return rng.standard_normal(ty.shape).astype(ty.np_dtype)
+
+
+def _summary(a: np.ndarray) -> str:
+    if a.size == 0:
+        return "(empty)"
+    if a.dtype == np.bool_:
+        return f"true={int(a.sum())}/{a.size}"
+    f = a.astype(np.float64)
+    finite = f[np.isfinite(f)]
+    s = (f"min={finite.min():.6g} max={finite.max():.6g} mean={finite.mean():.6g}"
+         if finite.size else "no finite values")
+    if finite.size != f.size:
+        s += f" non-finite={f.size - finite.size}"
+    head = ", ".join(f"{x:.6g}" for x in f.reshape(-1)[:5])
+    return s + f" first=[{head}{', ...' if a.size > 5 else ''}]"
+
+
+def cmd_run(args) -> int:
+    from .api import compile as compile_model
+    model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args))
+    given = _parse_assignments(args.input, "--input")
+    feeds = {}
+    for name, path in given.items():
+        if name not in model.input_types:
+            raise InputError(f"--input names {name!r}, which is not an input of the model; inputs: "
+                             f"{', '.join(model.input_names)}")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise InputError(f"--input {name}={path}: cannot read a .npy array: {e}") from None
+    missing = [n for n in model.input_names if n not in feeds]
+    if missing:
+        rng = np.random.default_rng(args.seed)
+        print(f"note: random input{'s' if len(missing) > 1 else ''} (seed {args.seed}) for "
+              f"{', '.join(missing)}; pass --input NAME=FILE.npy to choose them")
+        for n in missing:
+            feeds[n] = _random_input(model.input_types[n], rng)
+    outputs = model.run(feeds)
+    for name, value in outputs.items():
+        print(f"{name}: shape={list(value.shape)} dtype={value.dtype} {_summary(value)}")
+    if args.save_outputs:
+        out_dir = Path(args.save_outputs)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        used = set()
+        for name, value in outputs.items():
+            fname = _safe_filename(name)
+            while fname in used:
+                fname += "_"
+            used.add(fname)
+            np.save(out_dir / f"{fname}.npy", value)
+            print(f"saved {name} to {out_dir / (fname + '.npy')}")
+    return 0
+
+
+def cmd_dump(args) -> int:
+    from . import api
+    from .engine.textual import print_function, to_dot
+    fn = api.load(args.model, _input_shapes(args))
+    if args.stage == "lowered":
+        fn = api.lower(fn)
+    text = to_dot(fn) if args.format == "dot" else print_function(
+        fn, max_elements=None if args.full else 16, trace=args.trace)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_regen(args) -> int:
+    from .dsl.regen import DEFAULT_OUT_DIR, DEFAULT_SPEC_DIR, regen
+    spec_dir = Path(args.specs) if args.specs else DEFAULT_SPEC_DIR
+    out_dir = Path(args.out) if args.out else DEFAULT_OUT_DIR
+    if not spec_dir.is_dir():
+        raise GlowgenError(f"spec directory {spec_dir} does not exist (pass --specs DIR)")
+    stale = regen(spec_dir, out_dir, check=args.check)
+    if args.check:
+        if stale:
+            print("generated code is stale; run `glowgen regen`. Stale files:", file=sys.stderr)
+            for p in stale:
+                print(f"  {p}", file=sys.stderr)
+            return 1
+        print(f"generated code in {out_dir} matches {spec_dir}")
+        return 0
+    print(f"wrote {len(stale)} file(s) in {out_dir}" if stale else f"{out_dir} was already up to date")
+    for p in stale:
+        print(f"  {p}")
+    return 0
+
+
+def cmd_ops(args) -> int:
+    from .engine.registry import Registry
+    reg = Registry.default()
+    if args.onnx:
+        for onnx_op in sorted(reg.onnx):
+            clauses = reg.onnx[onnx_op]
+            parts = [f"{c.op} (opset {c.since or 1}{'..' + str(c.until) if c.until else '+'})" for c in clauses]
+            print(f"{onnx_op:22s} -> {', '.join(parts)}")
+        return 0
+    for name, cls in sorted(reg.ops.items()):
+        kind = "primitive" if "primitive" in cls.TRAITS else "lowered"
+        onnx_names = sorted({c.onnx_op for cs in reg.onnx.values() for c in cs if c.op == name})
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        print(f"{name:20s} {kind:9s} {('onnx: ' + ', '.join(onnx_names)) if onnx_names else '':28s} {doc}")
+    print(f"\n{len(reg.ops)} ops, {len(reg.onnx)} ONNX ops; `glowgen ops --onnx` lists the ONNX mapping")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="glowgen",
+        description="glowgen compiles ONNX models. Every op is declared in specs/*.glowdef; "
+                    "`glowgen regen` turns the specs into the Python the compiler runs.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    shape_help = "bind an input's shape (needed for dynamic dimensions), e.g. input=1x3x224x224"
+
+    r = sub.add_parser("run", help="compile a model and run it once",
+                       description="Compile MODEL and run it on the given (or random) inputs; print "
+                                   "each output's name, shape, dtype and a summary.")
+    r.add_argument("model", help="path to an .onnx file")
+    r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                   help="an input array from a .npy file (repeatable); inputs not given are random")
+    r.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
+    r.add_argument("--backend", default="interpreter", choices=["interpreter"],
+                   help="where to run (default: interpreter)")
+    r.add_argument("--save-outputs", metavar="DIR", help="write DIR/<output name>.npy for each output")
+    r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    r.set_defaults(func=cmd_run)
+
+    d = sub.add_parser("dump", help="print the graph at a stage of compilation",
+                       description="Print MODEL's graph after a stage: `loaded` (as imported) or "
+                                   "`lowered` (primitives only, constants folded).")
+    d.add_argument("model", help="path to an .onnx file")
+    d.add_argument("--stage", default="loaded", choices=["loaded", "lowered"])
+    d.add_argument("--format", default="text", choices=["text", "dot"],
+                   help="text (parses back) or Graphviz dot")
+    d.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
+    d.add_argument("--full", action="store_true", help="print every constant's data (default: elide "
+                                                       "constants of more than 16 values)")
+    d.add_argument("--trace", action="store_true", help="show the ONNX node and rules behind each node")
+    d.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    d.set_defaults(func=cmd_dump)
+
+    g = sub.add_parser("regen", help="regenerate glowgen/generated/ from specs/",
+                       description="Parse specs/*.glowdef and write the generated Python modules.")
+    g.add_argument("--check", action="store_true",
+                   help="only compare; exit 1 and name the stale files if they differ")
+    g.add_argument("--specs", metavar="DIR", help="spec directory (default: the repository's specs/)")
+    g.add_argument("--out", metavar="DIR", help="output directory (default: glowgen/generated/)")
+    g.set_defaults(func=cmd_regen)
+
+    o = sub.add_parser("ops", help="list the supported ops",
+                       description="List every declared op (primitive or lowered) and its ONNX ops.")
+    o.add_argument("--onnx", action="store_true", help="list by ONNX op instead")
+    o.set_defaults(func=cmd_ops)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except GlowgenError as e:
+        if os.environ.get("GLOWGEN_DEBUG"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+"""The spec AST: what the parser produces and the emitters consume.
+
+Every node carries a `Pos` so errors and generated code can point at `file:line:col`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import attrs
+
+
+@attrs.frozen
+class Pos:
+    file: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.column}"
+
+
+# ---------------------------------------------------------------------------- expressions
+@attrs.frozen
+class Num:
+    value: Union[int, float]
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Str:
+    value: str
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Name:
+    id: str
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class ListLit:
+    items: tuple
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Call:
+    func: str
+    args: tuple            # Expr or Star
+    kwargs: tuple          # (name, Expr) pairs
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Star:
+    """`*expr`: splice a sequence into an argument list or a shape."""
+    value: "Expr"
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class GetAttr:
+    obj: "Expr"
+    name: str
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Index:
+    obj: "Expr"
+    index: "Expr"
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Slice:
+    obj: "Expr"
+    lo: Optional["Expr"]
+    hi: Optional["Expr"]
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class BinOp:
+    op: str                 # + - * / // % ** == != < <= > >= and or
+    lhs: "Expr"
+    rhs: "Expr"
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class UnaryOp:
+    op: str                 # - + not
+    operand: "Expr"
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Cond:
+    test: "Expr"
+    then: "Expr"
+    orelse: "Expr"
+    pos: Pos = attrs.field(eq=False)
+
+
+Expr = Union[Num, Str, Name, ListLit, Call, GetAttr, Index, Slice, BinOp, UnaryOp, Cond]
+
+
+def walk(expr):
+    """Yield every sub-expression of `expr`, `expr` first."""
+    yield expr
+    if isinstance(expr, (ListLit,)):
+        for e in expr.items:
+            yield from walk(e)
+    elif isinstance(expr, Call):
+        for a in expr.args:
+            yield from walk(a)
+        for _, v in expr.kwargs:
+            yield from walk(v)
+    elif isinstance(expr, Star):
+        yield from walk(expr.value)
+    elif isinstance(expr, GetAttr):
+        yield from walk(expr.obj)
+    elif isinstance(expr, Index):
+        yield from walk(expr.obj)
+        yield from walk(expr.index)
+    elif isinstance(expr, Slice):
+        yield from walk(expr.obj)
+        for e in (expr.lo, expr.hi):
+            if e is not None:
+                yield from walk(e)
+    elif isinstance(expr, BinOp):
+        yield from walk(expr.lhs)
+        yield from walk(expr.rhs)
+    elif isinstance(expr, UnaryOp):
+        yield from walk(expr.operand)
+    elif isinstance(expr, Cond):
+        yield from walk(expr.test)
+        yield from walk(expr.then)
+        yield from walk(expr.orelse)
+
+
+# ---------------------------------------------------------------------------- ops
+@attrs.frozen
+class TypeEntry:
+    star: bool
+    expr: Expr
+
+
+@attrs.frozen
+class Operand:
+    name: str
+    elem: Expr                      # element type: typevar, dtype name or expression
+    dims: tuple                     # TypeEntry
+    optional: bool
+    variadic: bool
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Attr:
+    name: str
+    kind: str                       # int ints float floats string dtype
+    length: Optional[int]
+    default: Optional[Expr]
+    where: Optional[Expr]
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Check:
+    expr: Expr
+    message: str
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Trait:
+    name: str
+    args: tuple
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class OnnxClause:
+    onnx_op: str
+    since: Optional[int]
+    until: Optional[int]
+    maps: tuple                     # (onnx_name, target, Pos)
+    sets: tuple                     # (attr_name, Expr, Pos)
+    ignore: tuple                   # names
+    checks: tuple                   # Check
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class OpDef:
+    name: str
+    doc: str
+    traits: tuple                   # Trait
+    inputs: tuple                   # Operand
+    outputs: tuple                  # Operand
+    attrs: tuple                    # Attr
+    checks: tuple                   # Check
+    verify_py: tuple                # (str, Pos)
+    onnx: tuple                     # OnnxClause
+    pos: Pos = attrs.field(eq=False)
+
+    def trait_names(self) -> set[str]:
+        return {t.name for t in self.traits}
+
+
+@attrs.frozen
+class TypeVar:
+    name: str
+    dtypes: tuple
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class FnDef:
+    name: str
+    params: tuple
+    body: Expr
+    pos: Pos = attrs.field(eq=False)
+
+
+# ---------------------------------------------------------------------------- rules
+@attrs.frozen
+class PatOp:
+    op: str
+    args: tuple                     # patterns
+    bind: Optional[str]
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class PatVar:
+    name: str                       # "_" matches anything without binding
+    bind: Optional[str]
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class PatRest:
+    name: str
+    pos: Pos = attrs.field(eq=False)
+
+
+def pattern_size(p) -> int:
+    """Number of op nodes a pattern matches: larger patterns are tried first."""
+    if isinstance(p, PatOp):
+        return 1 + sum(pattern_size(a) for a in p.args)
+    return 0
+
+
+@attrs.frozen
+class Rule:
+    name: str
+    phase: str
+    pattern: PatOp
+    where: Optional[Expr]
+    when: Optional[Expr]
+    lets: tuple                     # (name, Expr)
+    result: Expr
+    pos: Pos = attrs.field(eq=False)
+
+
+# ---------------------------------------------------------------------------- kernels
+@attrs.frozen
+class Kernel:
+    name: str
+    params: tuple
+    lets: tuple
+    body: Expr
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Scalar:
+    name: str
+    params: tuple
+    lets: tuple
+    body: Expr
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Extern:
+    names: tuple
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class SpecFile:
+    path: str
+    items: tuple

@@ -1,0 +1,107 @@
+"""Emit `generated/kernels.py`: elementwise semantics as expression trees.
+
+A kernel body becomes a tree of tuples, `("call", fn, args)`, `("param", i)`,
+`("const", v)`, `("attr", name)`, `("dtype", name)`.  Backends render the same tree
+their own way: the interpreter with NumPy, the CPU backend as LLVM IR.
+"""
+from __future__ import annotations
+
+import pprint
+
+from ..engine.types import DTYPES
+from . import ast as A
+from .pyexpr import spec_error, unparse
+from .specs import SpecSet
+
+# The scalar functions a kernel may call, with their arity.
+KERNEL_FUNCS = {
+    "add": 2, "sub": 2, "mul": 2, "div": 2, "mod": 2, "pow": 2, "neg": 1,
+    "lt": 2, "le": 2, "gt": 2, "ge": 2, "eq": 2, "ne": 2, "and": 2, "or": 2, "xor": 2, "not": 1,
+    "select": 3, "max": 2, "min": 2, "abs": 1, "sign": 1, "exp": 1, "log": 1, "sqrt": 1,
+    "tanh": 1, "erf": 1, "floor": 1, "ceil": 1, "round": 1, "log1p": 1, "expm1": 1,
+    "sin": 1, "cos": 1, "cast": 2, "isnan": 1, "isinf": 1,
+}
+_BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "**": "pow",
+           "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne",
+           "and": "and", "or": "or"}
+
+
+class _KernelTranslator:
+    def __init__(self, specs: SpecSet, owner, params, attrs_):
+        self.specs, self.owner = specs, owner
+        self.env = {p: ("param", i) for i, p in enumerate(params)}
+        self.attrs = attrs_
+
+    def tree(self, e):
+        if isinstance(e, A.Num):
+            return ("const", e.value)
+        if isinstance(e, A.Name):
+            if e.id in self.env:
+                return self.env[e.id]
+            if e.id in DTYPES:
+                return ("dtype", e.id)
+            if e.id == "inf":
+                return ("const", float("inf"))
+            raise spec_error(f"undefined name {e.id!r} in kernel {self.owner}", e.pos)
+        if isinstance(e, A.GetAttr):
+            if isinstance(e.obj, A.Name) and e.obj.id == "attr":
+                if self.attrs is None or e.name not in self.attrs:
+                    raise spec_error(f"kernel {self.owner}: op has no attribute {e.name!r}", e.pos)
+                return ("attr", e.name)
+            raise spec_error(f"kernel {self.owner}: only attr.NAME may be used with '.'", e.pos)
+        if isinstance(e, A.BinOp):
+            return ("call", _BINOPS[e.op], (self.tree(e.lhs), self.tree(e.rhs)))
+        if isinstance(e, A.UnaryOp):
+            inner = self.tree(e.operand)
+            return inner if e.op == "+" else ("call", "neg" if e.op == "-" else "not", (inner,))
+        if isinstance(e, A.Cond):
+            return ("call", "select", (self.tree(e.test), self.tree(e.then), self.tree(e.orelse)))
+        if isinstance(e, A.Call):
+            if e.kwargs:
+                raise spec_error("kernel functions take no keyword arguments", e.pos)
+            args = tuple(self.tree(a) for a in e.args)
+            if e.func in self.specs.scalars:
+                sc = self.specs.scalars[e.func]
+                if len(args) != len(sc.params):
+                    raise spec_error(f"scalar {e.func} takes {len(sc.params)} arguments", e.pos)
+                return ("call", e.func, args)
+            if e.func not in KERNEL_FUNCS:
+                raise spec_error(f"unknown kernel function {e.func!r}; kernels may use "
+                                 f"{', '.join(sorted(KERNEL_FUNCS))} and scalar definitions", e.pos)
+            if len(args) != KERNEL_FUNCS[e.func]:
+                raise spec_error(f"{e.func} takes {KERNEL_FUNCS[e.func]} arguments, got {len(args)}", e.pos)
+            return ("call", e.func, args)
+        raise spec_error(f"kernel {self.owner}: {unparse(e)!r} is not a scalar expression",
+                         getattr(e, "pos", None))
+
+    def body(self, lets, result):
+        for name, e in lets:
+            self.env[name] = self.tree(e)
+        return self.tree(result)
+
+
+def emit_kernels(specs: SpecSet) -> str:
+    kernels = {}
+    for k in specs.kernels.values():
+        op = specs.ops[k.name]
+        t = _KernelTranslator(specs, k.name, k.params, {a.name for a in op.attrs})
+        kernels[k.name] = {"params": tuple(k.params), "body": t.body(k.lets, k.body),
+                           "source": unparse(k.body), "location": str(k.pos)}
+    scalars = {}
+    for s in specs.scalars.values():
+        t = _KernelTranslator(specs, s.name, s.params, None)
+        scalars[s.name] = {"params": tuple(s.params), "body": t.body(s.lets, s.body),
+                           "location": str(s.pos)}
+    externs = sorted(n for n, _ in specs.externs)
+    return "\n".join([
+        "# Elementwise kernels: expression trees over ('param', i), ('const', v), ('attr', name),",
+        "# ('dtype', name) and ('call', fn, args).",
+        "",
+        "KERNELS = " + pprint.pformat(kernels, width=100, sort_dicts=False),
+        "",
+        "SCALARS = " + pprint.pformat(scalars, width=100, sort_dicts=False),
+        "",
+        "# Primitives the CPU backend implements with hand-written loop nests.",
+        "EXTERN = " + pprint.pformat(tuple(externs), width=100),
+        "",
+    ])

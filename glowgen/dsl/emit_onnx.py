@@ -1,0 +1,155 @@
+"""Emit `generated/onnx_map.py`: the `onnx` clauses of ops.glowdef as import tables.
+
+ONNX names (inputs, attributes) are checked against ONNX's own operator schemas at
+generation time, so a typo in a mapping is a spec error, not a silent mismatch.
+"""
+from __future__ import annotations
+
+import onnx
+from onnx import defs, helper
+
+from . import ast as A
+from .pyexpr import Scope, names_in, py_ident, spec_error, to_py
+from .specs import SpecSet
+
+
+def _schema(clause: A.OnnxClause):
+    version = clause.until if clause.until is not None else (defs.onnx_opset_version())
+    try:
+        return defs.get_schema(clause.onnx_op, version, "")
+    except Exception:
+        raise spec_error(f"onnx {clause.onnx_op}: ONNX has no operator of that name at opset "
+                         f"{version}", clause.pos) from None
+
+
+def _attr_default(attr_schema):
+    v = attr_schema.default_value
+    if v is None or v.type == 0:
+        return None
+    value = helper.get_attribute_value(v)
+    if isinstance(value, bytes):
+        value = value.decode()
+    if isinstance(value, list):
+        value = tuple(value)
+    if isinstance(value, onnx.TensorProto):
+        return None
+    return value
+
+
+def emit_onnx(specs: SpecSet) -> str:
+    lines = [
+        "from glowgen.engine import specrt as rt",
+        "from glowgen.engine.onnxmap import OnnxClause",
+        "",
+        "from .fns import *  # noqa: F401,F403",
+        "",
+    ]
+    tables = []
+    for op in specs.ops.values():
+        for n, clause in enumerate(op.onnx):
+            fn_name = f"_{op.name}_{n}"
+            lines += _emit_clause(specs, op, clause, fn_name)
+            tables.append(fn_name)
+    lines += ["", "CLAUSES = (" + "".join(f"\n    {t}_clause," for t in tables) + "\n)", ""]
+    return "\n".join(lines)
+
+
+def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str) -> list[str]:
+    schema = _schema(clause)
+    onnx_inputs = [(i.name, i.option) for i in schema.inputs]
+    onnx_input_names = [n for n, _ in onnx_inputs]
+    onnx_attrs = {name: _attr_default(a) for name, a in schema.attributes.items()}
+    operand_names = [o.name for o in op.inputs]
+    attr_names = {a.name: a for a in op.attrs}
+
+    # ---- inputs: explicit maps, else positional
+    operand_map: dict[str, int] = {}        # onnx input -> our operand index
+    attr_inputs: dict[str, str] = {}         # onnx input -> our attribute (must be constant)
+    for onnx_name, target, pos in clause.maps:
+        if onnx_name not in onnx_input_names:
+            raise spec_error(f"onnx {clause.onnx_op}: ONNX input {onnx_name!r} does not exist "
+                             f"(inputs: {', '.join(onnx_input_names) or 'none'})", pos)
+        if target in operand_names:
+            operand_map[onnx_name] = operand_names.index(target)
+        elif target in attr_names:
+            attr_inputs[onnx_name] = target
+        else:
+            raise spec_error(f"onnx {clause.onnx_op}: {target!r} is neither an operand nor an "
+                             f"attribute of op {op.name}", pos)
+    referenced = set()
+    for _, e, _ in clause.sets:
+        referenced |= names_in(e)
+    for c in clause.checks:
+        referenced |= names_in(c.expr)
+    if not clause.maps:
+        # Positional: ONNX inputs in order onto our operands in order.
+        free = [n for n in onnx_input_names if n not in clause.ignore]
+        for i, n in enumerate(free):
+            if i < len(operand_names):
+                operand_map[n] = i
+    for n in onnx_input_names:
+        if n not in operand_map and n not in attr_inputs and n not in referenced and n not in clause.ignore:
+            raise spec_error(f"onnx {clause.onnx_op}: ONNX input {n!r} is not mapped to an operand "
+                             f"or attribute of op {op.name} (map it with '{n} -> name', use it in "
+                             f"an expression, or 'ignore {n}')", clause.pos)
+    for idx, o in enumerate(op.inputs):
+        if idx not in operand_map.values() and not o.optional:
+            raise spec_error(f"onnx {clause.onnx_op}: operand {o.name!r} of op {op.name} gets no "
+                             f"ONNX input", clause.pos)
+
+    # ---- attributes
+    set_names = {name for name, _, _ in clause.sets}
+    for name, _, pos in clause.sets:
+        if name not in attr_names:
+            raise spec_error(f"onnx {clause.onnx_op}: {name!r} is not an attribute of op {op.name}", pos)
+    passthrough = tuple(a for a in onnx_attrs if a in attr_names and a not in set_names
+                        and a not in attr_inputs.values())
+    for name in clause.ignore:
+        if name not in onnx_attrs and name not in onnx_input_names:
+            raise spec_error(f"onnx {clause.onnx_op}: cannot ignore {name!r}: ONNX has no input or "
+                             f"attribute of that name", clause.pos)
+    consumed = set(passthrough) | (referenced & set(onnx_attrs)) | set(clause.ignore)
+
+    names = {}
+    for n in onnx_input_names:
+        names[n] = f"o.input({n!r})"
+    for n, default in onnx_attrs.items():
+        names[n] = f"o.attr({n!r}, {default!r})"
+    names["opset"] = "o.opset"
+    names["outputs"] = "o.outputs"
+    scope = Scope(names, specs.fns, what=f"onnx clause {clause.onnx_op} of op {op.name}")
+
+    lines = ["", "", f"def {fn_name}(o):",
+             f'    """ONNX {clause.onnx_op} -> {op.name} ({clause.pos})."""',
+             "    attrs = {}"]
+    for name in passthrough:
+        default = onnx_attrs[name]
+        lines.append(f"    if o.has_attr({name!r}):")
+        lines.append(f"        attrs[{name!r}] = o.attr({name!r})")
+        if default is not None:
+            lines.append(f"    else:")
+            lines.append(f"        attrs[{name!r}] = {default!r}")
+    for onnx_name, attr in attr_inputs.items():
+        lines.append(f"    if o.input({onnx_name!r}).present:")
+        lines.append(f"        attrs[{attr!r}] = o.input({onnx_name!r}).value")
+    for c in clause.checks:
+        lines.append(f"    o.check({to_py(c.expr, scope)}, {c.message!r}, {str(c.pos)!r})")
+    for name, e, pos in clause.sets:
+        lines.append(f"    attrs[{name!r}] = o.evaluating({name!r}, {str(pos)!r}, lambda: {to_py(e, scope)})")
+    lines.append("    return attrs")
+    lines.append("")
+    lines.append(
+        f"{fn_name}_clause = OnnxClause(onnx_op={clause.onnx_op!r}, op={op.name!r}, "
+        f"since={clause.since!r}, until={clause.until!r}, "
+        f"inputs={tuple((n, opt) for n, opt in _options(onnx_inputs))!r}, "
+        f"operands={tuple(sorted(operand_map.items(), key=lambda kv: onnx_input_names.index(kv[0])))!r}, "
+        f"attributes={fn_name}, consumed={tuple(sorted(consumed))!r}, "
+        f"location={str(clause.pos)!r})")
+    return lines
+
+
+def _options(onnx_inputs):
+    kinds = {defs.OpSchema.FormalParameterOption.Single: "single",
+             defs.OpSchema.FormalParameterOption.Optional: "optional",
+             defs.OpSchema.FormalParameterOption.Variadic: "variadic"}
+    return [(n, kinds[opt]) for n, opt in onnx_inputs]

@@ -1,0 +1,149 @@
+"""Emit `generated/rules.py`: each rule of lowerings.glowdef as a pattern (data the
+engine's matcher walks), a compiled guard and a compiled builder."""
+from __future__ import annotations
+
+from . import ast as A
+from .pyexpr import Scope, py_ident, spec_error, to_py, unparse
+from .specs import SpecSet
+
+# Builtins of rule right-hand sides that create constants through the builder.
+BUILDER_BUILTINS = {"scalar", "const"}
+
+
+def _pattern_py(specs: SpecSet, p, binds: dict) -> str:
+    if isinstance(p, A.PatRest):
+        _bind(binds, p.name, p.pos, "rest")
+        return f"R({p.name!r})"
+    if isinstance(p, A.PatVar):
+        if p.name in specs.ops:
+            raise spec_error(f"{p.name} is an op: write {p.name}(...) to match it", p.pos)
+        if p.name != "_":
+            binds.setdefault(p.name, "value")
+        if p.bind:
+            _bind(binds, p.bind, p.pos, "value")
+        return f"V({p.name!r}{', bind=' + repr(p.bind) if p.bind else ''})"
+    op = specs.ops.get(p.op)
+    if op is None:
+        raise spec_error(f"pattern names op {p.op!r}, which is not declared in ops.glowdef", p.pos)
+    variadic = any(o.variadic for o in op.inputs)
+    has_rest = any(isinstance(a, A.PatRest) for a in p.args)
+    if has_rest and not (variadic and len(op.inputs) == 1):
+        raise spec_error(f"a '*rest' pattern needs an op with one variadic operand; {op.name} "
+                         f"is not one", p.pos)
+    if not variadic:
+        required = sum(1 for o in op.inputs if not o.optional)
+        if not required <= len(p.args) <= len(op.inputs):
+            raise spec_error(f"pattern {p.op}(...) has {len(p.args)} operands; op {op.name} has "
+                             f"{len(op.inputs)} ({', '.join(o.name for o in op.inputs)})", p.pos)
+    if p.bind:
+        _bind(binds, p.bind, p.pos, "node")
+    args = ", ".join(_pattern_py(specs, a, binds) for a in p.args)
+    return (f"P({p.op!r}, ({args}{',' if len(p.args) == 1 else ''})"
+            + (f", bind={p.bind!r}" if p.bind else "") + ")")
+
+
+def _bind(binds, name, pos, kind):
+    if name in binds and kind != "value":
+        raise spec_error(f"{name!r} is bound twice in the pattern", pos)
+    binds[name] = kind
+
+
+class _RuleEmitter:
+    def __init__(self, specs: SpecSet, rule: A.Rule):
+        self.specs, self.rule = specs, rule
+
+    def call_hook(self, e: A.Call, scope: Scope):
+        if e.func in BUILDER_BUILTINS:
+            args = [to_py(a, scope) for a in e.args] + [f"{k}={to_py(v, scope)}" for k, v in e.kwargs]
+            return f"_b.{e.func}({', '.join(args)})"
+        op = self.specs.ops.get(e.func)
+        if op is None:
+            return None
+        if self._guard:
+            raise spec_error(f"a guard cannot build op {e.func}", e.pos)
+        attr_names = {a.name for a in op.attrs}
+        for k, _ in e.kwargs:
+            if k not in attr_names:
+                raise spec_error(f"op {op.name} has no attribute {k!r} (attributes: "
+                                 f"{', '.join(sorted(attr_names)) or 'none'})", e.pos)
+        args = [to_py(a, scope) for a in e.args]
+        if any(o.variadic for o in op.inputs):
+            if len(op.inputs) != 1:
+                raise spec_error(f"building op {op.name} with several operands, one variadic, is "
+                                 f"not supported in rules", e.pos)
+            operands = f"[({', '.join(args)}{',' if len(args) == 1 else ''})]"
+        else:
+            required = sum(1 for o in op.inputs if not o.optional)
+            if any(isinstance(a, A.Star) for a in e.args) or not required <= len(args) <= len(op.inputs):
+                raise spec_error(f"{op.name}(...) takes {len(op.inputs)} operands "
+                                 f"({', '.join(o.name for o in op.inputs)}), got {len(args)}", e.pos)
+            operands = f"[{', '.join(args)}]"
+        kwargs = "{" + ", ".join(f"{k!r}: {to_py(v, scope)}" for k, v in e.kwargs) + "}"
+        return f"_b.op({op.name!r}, {operands}, {kwargs})"
+
+    def emit(self, index: int) -> tuple[list[str], str]:
+        rule, specs = self.rule, self.specs
+        binds: dict[str, str] = {}
+        pattern = _pattern_py(specs, rule.pattern, binds)
+        names = {n: py_ident(n) for n in binds}
+        unpack = [f"    {py_ident(n)} = _m[{n!r}]" for n in binds]
+        base = f"_r{index}_{rule.name}"
+        lines = ["", ""]
+        guard = "None"
+        self._guard = True
+        if rule.where is not None or rule.when is not None:
+            scope = Scope(dict(names), specs.fns, self.call_hook, what=f"guard of rule {rule.name}")
+            conds = []
+            if rule.when is not None:
+                when_scope = Scope(dict(names), specs.fns, self._when_hook,
+                                   what=f"when of rule {rule.name}")
+                conds.append(to_py(rule.when, when_scope))
+            if rule.where is not None:
+                conds.append(to_py(rule.where, scope))
+            lines += [f"def {base}_guard(_m, _ctx):",
+                      f'    """where {unparse(rule.where) if rule.where else ""}"""'] + unpack + [
+                      f"    return bool({' and '.join('(' + c + ')' for c in conds)})", ""]
+            guard = f"{base}_guard"
+        self._guard = False
+        scope = Scope(dict(names), specs.fns, self.call_hook, what=f"rule {rule.name}")
+        body = []
+        for name, e in rule.lets:
+            body.append(f"    {py_ident(name)} = {to_py(e, scope)}")
+            scope = scope.child({name: py_ident(name)})
+        if isinstance(rule.result, A.ListLit):
+            result = "(" + "".join(to_py(x, scope) + ", " for x in rule.result.items) + ")"
+        else:
+            result = f"({to_py(rule.result, scope)},)"
+        lines += [f"def {base}_build(_b, _m):",
+                  f'    """=> {unparse(rule.result)}"""'] + unpack + body + [f"    return {result}", ""]
+        from .ast import pattern_size
+        info = (f"RuleInfo(name={rule.name!r}, phase={rule.phase!r}, pattern={pattern}, "
+                f"size={pattern_size(rule.pattern)}, guard={guard}, build={base}_build, "
+                f"location={str(rule.pos)!r})")
+        return lines, info
+
+    def _when_hook(self, e: A.Call, scope: Scope):
+        if e.func == "backend_has":
+            names = []
+            for a in e.args:
+                if not isinstance(a, A.Name) or a.id not in self.specs.ops:
+                    raise spec_error("backend_has(...) takes op names", e.pos)
+                names.append(a.id)
+            return f"_ctx.backend_has({', '.join(repr(n) for n in names)})"
+        return None
+
+
+def emit_rules(specs: SpecSet) -> str:
+    lines = [
+        "from glowgen.engine import specrt as rt",
+        "from glowgen.engine.patterns import P, R, RuleInfo, V",
+        "",
+        "from .fns import *  # noqa: F401,F403",
+    ]
+    infos = []
+    for i, rule in enumerate(specs.rules):
+        body, info = _RuleEmitter(specs, rule).emit(i)
+        lines += body
+        infos.append(info)
+    lines += ["", "RULES = (" + "".join(f"\n    {x}," for x in infos) + "\n)", ""]
+    return "\n".join(lines)

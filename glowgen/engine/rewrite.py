@@ -1,0 +1,151 @@
+"""The rewrite driver: apply generated rules to a fixpoint with a worklist.
+
+Deterministic: nodes are visited in graph order, then new nodes and the users of replaced
+values; at each node, larger patterns are tried first, ties in file order.  A bound on the
+number of rewrites turns a cycle into an error that names the rules involved.
+"""
+from __future__ import annotations
+
+from collections import Counter, deque
+from typing import Iterable, Optional
+
+import numpy as np
+
+from ..errors import GlowgenError, RewriteError
+from .graph import Function, Node, Value
+from .patterns import RuleInfo, match
+from .registry import Registry
+
+
+class RewriteContext:
+    """What guards may ask about the compilation (`when = backend_has(Op)`)."""
+
+    def __init__(self, backend_ops: Optional[set] = None):
+        self.backend_ops = backend_ops
+
+    def backend_has(self, *ops: str) -> bool:
+        return self.backend_ops is None or all(o in self.backend_ops for o in ops)
+
+
+class Builder:
+    """Creates the nodes of a rule's right-hand side; they inherit the root's name and origin."""
+
+    def __init__(self, function: Function, registry: Registry, root: Node, rule: RuleInfo):
+        self.function, self.registry, self.root, self.rule = function, registry, root, rule
+        self.created: list[Node] = []
+
+    def op(self, name: str, operands: list, attrs: dict) -> Value:
+        cls = self.registry.op(name)
+        try:
+            node = self.function.add_node(cls, operands, attrs, name=self.root.name,
+                                          origin=self.root.origin,
+                                          rules=self.root.rules + (self.rule.name,))
+        except GlowgenError as e:
+            raise RewriteError(f"rule {self.rule.name} ({self.rule.location}) built an invalid "
+                               f"{name} while rewriting {self.root.OP} node {self.root.name!r}: {e}") from None
+        self.created.append(node)
+        return node.outputs[0]
+
+    def scalar(self, value, dtype: str) -> Value:
+        from .types import numpy_dtype
+        return self.function.add_constant(np.array(value, dtype=numpy_dtype(dtype)),
+                                          f"{self.root.name}.c")
+
+    def const(self, values, dtype: str) -> Value:
+        from .types import numpy_dtype
+        return self.function.add_constant(np.array(values, dtype=numpy_dtype(dtype)),
+                                          f"{self.root.name}.c")
+
+
+class RewriteStats:
+    def __init__(self):
+        self.fired: Counter = Counter()
+
+    def __iadd__(self, other: "RewriteStats"):
+        self.fired.update(other.fired)
+        return self
+
+
+def apply_rules(function: Function, registry: Registry, rules: Iterable[RuleInfo],
+                ctx: Optional[RewriteContext] = None, max_rewrites: Optional[int] = None) -> RewriteStats:
+    """Rewrite `function` with `rules` until none applies."""
+    ctx = ctx or RewriteContext()
+    by_op: dict[str, list[RuleInfo]] = {}
+    for r in sorted(rules, key=lambda r: -r.size):
+        by_op.setdefault(r.pattern.op, []).append(r)
+    stats = RewriteStats()
+    limit = max_rewrites or max(10_000, 100 * len(function.nodes))
+    recent: deque = deque(maxlen=50)
+    dead: dict[int, Node] = {}      # holds the nodes too, so their ids are not reused
+    worklist = deque(function.nodes)
+    queued = {id(n) for n in worklist}
+    rewrites = 0
+
+    def enqueue(n: Node):
+        if id(n) not in queued and id(n) not in dead:
+            queued.add(id(n))
+            worklist.append(n)
+
+    while worklist:
+        node = worklist.popleft()
+        queued.discard(id(node))
+        if id(node) in dead:
+            continue
+        for rule in by_op.get(node.OP, ()):
+            replaced = _try_rule(function, registry, rule, node, ctx)
+            if replaced is None:
+                continue
+            created, results = replaced
+            stats.fired[rule.name] += 1
+            recent.append(rule.name)
+            rewrites += 1
+            if rewrites > limit:
+                cycle = ", ".join(f"{n} ({c}x)" for n, c in Counter(recent).most_common())
+                raise RewriteError(f"rewriting did not converge after {limit} rewrites; the last "
+                                   f"rules to fire were: {cycle}. These rules undo each other.")
+            for n in created:
+                enqueue(n)
+            for v in results:
+                for user, _ in v.users:
+                    enqueue(user)
+            _erase_dead(function, node, dead)
+            break
+    function.topological_sort()
+    return stats
+
+
+def _try_rule(function, registry, rule: RuleInfo, node: Node, ctx):
+    for m in match(rule.pattern, node):
+        if rule.guard is not None and not rule.guard(m, ctx):
+            continue
+        builder = Builder(function, registry, node, rule)
+        results = rule.build(builder, m)
+        if len(results) > len(node.outputs):
+            raise RewriteError(f"rule {rule.name} ({rule.location}) returns {len(results)} values "
+                               f"but {node.OP} has {len(node.outputs)} results")
+        for out in node.outputs[len(results):]:
+            if function.is_used(out):
+                # The rule does not say what the other results become: it does not apply.
+                for n in reversed(builder.created):
+                    _erase_dead(function, n, {})
+                return None
+        for out, new in zip(node.outputs, results):
+            if out.type != new.type:
+                raise RewriteError(f"rule {rule.name} ({rule.location}) replaced {node.OP} node "
+                                   f"{node.name!r} of type {out.type} with a value of type {new.type}")
+        for out, new in zip(node.outputs, results):
+            function.replace_all_uses(out, new)
+        return builder.created, results
+    return None
+
+
+def _erase_dead(function: Function, node: Node, dead: dict) -> None:
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in dead or any(function.is_used(o) for o in n.outputs):
+            continue
+        producers = [v.producer for v in n.flat_inputs() if v.producer is not None]
+        function.remove_node(n)
+        dead[id(n)] = n
+        stack.extend(producers)

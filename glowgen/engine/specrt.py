@@ -1,0 +1,571 @@
+"""The runtime of the spec expression language.
+
+Generated code (`glowgen/generated/`) calls into this module: arithmetic that works
+elementwise over shape tuples, shape unification for operand declarations, and the
+builtin functions that shape formulas, checks and rule guards may use.  Nothing here
+knows about a particular op; everything is plain shape and list arithmetic.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional, Sequence
+
+from ..errors import ShapeError
+from .types import DTYPES, Type
+
+
+# ----------------------------------------------------------------------------- arithmetic
+def _is_seq(x) -> bool:
+    return isinstance(x, (tuple, list))
+
+
+def _elementwise(fn, a, b):
+    if _is_seq(a) and _is_seq(b):
+        if len(a) != len(b):
+            raise ShapeError(f"cannot combine sequences of lengths {len(a)} and {len(b)}")
+        return tuple(fn(x, y) for x, y in zip(a, b))
+    if _is_seq(a):
+        return tuple(fn(x, b) for x in a)
+    if _is_seq(b):
+        return tuple(fn(a, y) for y in b)
+    return fn(a, b)
+
+
+def add(a, b): return _elementwise(lambda x, y: x + y, a, b)
+def sub(a, b): return _elementwise(lambda x, y: x - y, a, b)
+def mul(a, b): return _elementwise(lambda x, y: x * y, a, b)
+def truediv(a, b): return _elementwise(lambda x, y: x / y, a, b)
+def floordiv(a, b): return _elementwise(lambda x, y: x // y, a, b)
+def mod(a, b): return _elementwise(lambda x, y: x % y, a, b)
+def power(a, b): return _elementwise(lambda x, y: x ** y, a, b)
+def lt(a, b): return _elementwise(lambda x, y: x < y, a, b)
+def le(a, b): return _elementwise(lambda x, y: x <= y, a, b)
+def gt(a, b): return _elementwise(lambda x, y: x > y, a, b)
+def ge(a, b): return _elementwise(lambda x, y: x >= y, a, b)
+
+
+def neg(a):
+    return tuple(-x for x in a) if _is_seq(a) else -a
+
+
+def eq(a, b) -> bool:
+    """Whole-value equality (a shape equals a shape), never elementwise."""
+    if _is_seq(a) and _is_seq(b):
+        return tuple(a) == tuple(b)
+    return a == b
+
+
+def ne(a, b) -> bool:
+    return not eq(a, b)
+
+
+# ----------------------------------------------------------------------------- checks
+class SpecCheckFailed(ShapeError):
+    pass
+
+
+def fail(op: str, node: str, message: str, location: str):
+    where = f" (node {node!r})" if node else ""
+    raise SpecCheckFailed(f"{op}{where}: {message} [declared at {location}]")
+
+
+class Unifier:
+    """Binds the element-type variables and dimension symbols of an op declaration.
+
+    A symbol seen twice is an equality check; the error names both operands."""
+
+    def __init__(self, op: str, node: str = ""):
+        self.op, self.node = op, node
+        self.dtypes: dict[str, tuple[str, str]] = {}     # typevar -> (dtype, operand)
+        self.dims: dict[str, tuple[Any, str]] = {}       # symbol -> (value, operand)
+
+    def _fail(self, message: str, location: str):
+        fail(self.op, self.node, message, location)
+
+    def elem(self, operand: str, ty: Type, var: str, allowed: Sequence[str], location: str):
+        if allowed and ty.dtype not in allowed:
+            self._fail(f"operand {operand!r} has element type {ty.dtype}, but {var} must be one of "
+                       f"{', '.join(allowed)}", location)
+        seen = self.dtypes.get(var)
+        if seen is None:
+            self.dtypes[var] = (ty.dtype, operand)
+        elif seen[0] != ty.dtype:
+            self._fail(f"operand {operand!r} has element type {ty.dtype} but {seen[1]!r} has "
+                       f"{seen[0]}; both are {var}", location)
+
+    def exact_elem(self, operand: str, ty: Type, dtype: str, location: str):
+        if ty.dtype != dtype:
+            self._fail(f"operand {operand!r} must have element type {dtype}, not {ty.dtype}", location)
+
+    def _bind(self, symbol, value, operand, location, what):
+        if isinstance(symbol, int):
+            if value != symbol:
+                self._fail(f"operand {operand!r}: {what} must be {symbol}, got {value}", location)
+            return
+        seen = self.dims.get(symbol)
+        if seen is None:
+            self.dims[symbol] = (value, operand)
+        elif seen[0] != value:
+            self._fail(f"{what} of operand {operand!r} is {_fmt(value)} but {symbol} is "
+                       f"{_fmt(seen[0])} from operand {seen[1]!r}", location)
+
+    def shape(self, operand: str, ty: Type, prefix: Sequence, rest: Optional[str],
+              suffix: Sequence, location: str):
+        """Bind `Tensor[_, *prefix, *rest, *suffix]` against `ty.shape`."""
+        shape = ty.shape
+        fixed = len(prefix) + len(suffix)
+        if rest is None and len(shape) != fixed:
+            self._fail(f"operand {operand!r} must have rank {fixed}, got shape {list(shape)}", location)
+        if rest is not None and len(shape) < fixed:
+            self._fail(f"operand {operand!r} must have rank at least {fixed}, got shape {list(shape)}",
+                       location)
+        for i, sym in enumerate(prefix):
+            self._bind(sym, shape[i], operand, location, f"dimension {i}")
+        for j, sym in enumerate(suffix):
+            i = len(shape) - len(suffix) + j
+            self._bind(sym, shape[i], operand, location, f"dimension {i}")
+        if rest is not None:
+            middle = tuple(shape[len(prefix):len(shape) - len(suffix)])
+            self._bind(rest, middle, operand, location, f"dimensions {len(prefix)}..")
+
+    def dim(self, symbol: str):
+        return self.dims[symbol][0]
+
+    def dtype(self, var: str) -> str:
+        return self.dtypes[var][0]
+
+
+def _fmt(v):
+    return list(v) if isinstance(v, tuple) else v
+
+
+def check(ok, op: str, node: str, message: str, location: str):
+    if isinstance(ok, tuple):
+        ok = all(ok)
+    if not ok:
+        fail(op, node, message, location)
+
+
+def result_type(op: str, node: str, dtype, dims, location: str) -> Type:
+    if dtype not in DTYPES:
+        fail(op, node, f"result element type {dtype!r} is not an element type", location)
+    try:
+        dims = tuple(int(d) for d in dims)
+    except (TypeError, ValueError):
+        fail(op, node, f"result shape {dims!r} is not a list of integers", location)
+    if any(d < 0 for d in dims):
+        fail(op, node, f"result shape {list(dims)} has a negative dimension", location)
+    return Type(dtype, dims)
+
+
+# ----------------------------------------------------------------------------- builtins
+# Every name in BUILTINS may be used in spec expressions (shape formulas, checks, guards,
+# ONNX mappings and rule right-hand sides).  Keep them generic: shapes and lists only.
+
+def b_len(x):
+    return len(x)
+
+
+def b_rank(x):
+    return len(x.shape)
+
+
+def b_prod(xs):
+    p = 1
+    for x in xs:
+        p *= x
+    return p
+
+
+def b_sum(xs):
+    return sum(xs)
+
+
+def b_all(x):
+    return all(x) if _is_seq(x) else bool(x)
+
+
+def b_any(x):
+    return any(x) if _is_seq(x) else bool(x)
+
+
+def b_min(*xs):
+    return min(xs[0]) if len(xs) == 1 else min(xs)
+
+
+def b_max(*xs):
+    return max(xs[0]) if len(xs) == 1 else max(xs)
+
+
+def b_abs(x):
+    return tuple(abs(v) for v in x) if _is_seq(x) else abs(x)
+
+
+def b_concat(*seqs):
+    out = []
+    for s in seqs:
+        out.extend(s)
+    return tuple(out)
+
+
+def b_ones(n):
+    return (1,) * int(n)
+
+
+def b_repeat(value, n):
+    return (value,) * int(n)
+
+
+def b_range(*args):
+    return tuple(range(*[int(a) for a in args]))
+
+
+def b_reversed(xs):
+    return tuple(reversed(xs))
+
+
+def b_ceil(x):
+    return math.ceil(x)
+
+
+def b_floor(x):
+    return math.floor(x)
+
+
+def b_int(x):
+    return int(x)
+
+
+def b_float(x):
+    return float(x)
+
+
+def b_tuple(x):
+    return tuple(x)
+
+
+def b_broadcast(*shapes):
+    """NumPy broadcasting of any number of shapes."""
+    if len(shapes) == 1 and shapes[0] and _is_seq(shapes[0][0]):
+        shapes = tuple(shapes[0])          # broadcast(S) over a variadic operand's shapes
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for i in range(rank):
+        dim = 1
+        for s in shapes:
+            j = i - (rank - len(s))
+            if j < 0:
+                continue
+            d = s[j]
+            if d == 1:
+                continue
+            if dim != 1 and d != dim:
+                raise ShapeError("shapes " + ", ".join(str(list(s)) for s in shapes)
+                                 + " do not broadcast")
+            dim = d
+        out.append(dim)
+    return tuple(out)
+
+
+def b_broadcastable(*shapes):
+    try:
+        b_broadcast(*shapes)
+        return True
+    except ShapeError:
+        return False
+
+
+def b_normalize_axis(axis, rank):
+    axis = int(axis)
+    if not -rank <= axis < max(rank, 1):
+        raise ShapeError(f"axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def b_normalize_axes(axes, rank):
+    out = tuple(sorted(b_normalize_axis(a, rank) for a in axes))
+    if len(set(out)) != len(out):
+        raise ShapeError(f"repeated axis in {list(axes)}")
+    return out
+
+
+def b_reduce_shape(shape, axes, keepdims):
+    """Shape after reducing `axes` (all axes when empty)."""
+    axes = set(axes) if len(axes) else set(range(len(shape)))
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def b_permute(shape, perm):
+    if sorted(perm) != list(range(len(shape))):
+        raise ShapeError(f"perm {list(perm)} is not a permutation of the {len(shape)} axes")
+    return tuple(shape[p] for p in perm)
+
+
+def b_inverse_perm(perm):
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def b_reshape_target(shape, target, allowzero=0):
+    """ONNX/NumPy reshape target resolution: 0 copies a dimension, -1 is inferred."""
+    target = [int(t) for t in target]
+    out = []
+    for i, t in enumerate(target):
+        if t == 0 and not allowzero:
+            if i >= len(shape):
+                raise ShapeError(f"reshape target {target}: 0 at position {i} has no input dimension")
+            out.append(shape[i])
+        else:
+            out.append(t)
+    if out.count(-1) > 1:
+        raise ShapeError(f"reshape target {target} has more than one -1")
+    total = b_prod(shape)
+    if -1 in out:
+        known = b_prod(d for d in out if d != -1)
+        if known == 0 or total % known:
+            raise ShapeError(f"cannot reshape {list(shape)} to {target}")
+        out[out.index(-1)] = total // known
+    if b_prod(out) != total:
+        raise ShapeError(f"cannot reshape {list(shape)} ({total} elements) to {target}")
+    return tuple(out)
+
+
+def b_flatten_shape(shape, axis):
+    axis = b_normalize_axis(axis, len(shape) + 1) if axis != len(shape) else axis
+    return (b_prod(shape[:axis]), b_prod(shape[axis:]))
+
+
+def b_squeeze_shape(shape, axes):
+    if len(axes) == 0:
+        return tuple(d for d in shape if d != 1)
+    axes = b_normalize_axes(axes, len(shape))
+    for a in axes:
+        if shape[a] != 1:
+            raise ShapeError(f"cannot squeeze axis {a} of shape {list(shape)}: it is not 1")
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def b_unsqueeze_shape(shape, axes):
+    rank = len(shape) + len(axes)
+    axes = b_normalize_axes(axes, rank)
+    it = iter(shape)
+    return tuple(1 if i in axes else next(it) for i in range(rank))
+
+
+def b_concat_shape(shapes, axis):
+    first = shapes[0]
+    axis = b_normalize_axis(axis, len(first))
+    total = 0
+    for s in shapes:
+        if len(s) != len(first) or any(a != b for i, (a, b) in enumerate(zip(s, first)) if i != axis):
+            raise ShapeError("concatenated shapes " + ", ".join(str(list(x)) for x in shapes)
+                             + f" differ outside axis {axis}")
+        total += s[axis]
+    return tuple(total if i == axis else d for i, d in enumerate(first))
+
+
+def b_slice_bounds(shape, starts, ends, axes, steps):
+    """Resolve ONNX Slice parameters to per-axis (start, stop, step) on every axis."""
+    rank = len(shape)
+    axes = list(axes) if len(axes) else list(range(len(starts)))
+    steps = list(steps) if len(steps) else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ShapeError("Slice starts, ends, axes and steps must have the same length")
+    bounds = [[0, d, 1] for d in shape]
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = b_normalize_axis(a, rank)
+        d = shape[a]
+        if st == 0:
+            raise ShapeError("Slice step must not be 0")
+        s, e = int(s), int(e)
+        if s < 0:
+            s += d
+        if e < 0:
+            e += d
+        if st > 0:
+            s = min(max(s, 0), d)
+            e = min(max(e, 0), d)
+        else:
+            s = min(max(s, -1), d - 1)
+            e = min(max(e, -1), d - 1)
+        bounds[a] = [s, e, int(st)]
+    return tuple(tuple(b) for b in bounds)
+
+
+def b_slice_shape(starts, stops, steps):
+    return tuple(len(range(s, e, st)) for s, e, st in zip(starts, stops, steps))
+
+
+def b_gather_shape(data_shape, indices_shape, axis):
+    axis = b_normalize_axis(axis, len(data_shape))
+    return tuple(data_shape[:axis]) + tuple(indices_shape) + tuple(data_shape[axis + 1:])
+
+
+def b_auto_pads(mode, spatial, kernel, strides, dilations, pads):
+    """Resolve ONNX auto_pad to explicit [begin..., end...] pads."""
+    mode = mode.decode() if isinstance(mode, bytes) else (mode or "NOTSET")
+    n = len(spatial)
+    if mode in ("NOTSET", ""):
+        return tuple(pads) if len(pads) else (0,) * (2 * n)
+    if mode == "VALID":
+        return (0,) * (2 * n)
+    if mode not in ("SAME_UPPER", "SAME_LOWER"):
+        raise ShapeError(f"auto_pad {mode!r} is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER")
+    begin, end = [], []
+    for i in range(n):
+        out = -(-spatial[i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - spatial[i])
+        small, big = total // 2, total - total // 2
+        begin.append(small if mode == "SAME_UPPER" else big)
+        end.append(big if mode == "SAME_UPPER" else small)
+    return tuple(begin + end)
+
+
+def b_matmul_shape(a, b):
+    """numpy.matmul result shape (1-D operands promoted and the unit dim dropped)."""
+    if len(a) == 0 or len(b) == 0:
+        raise ShapeError("MatMul operands must have rank at least 1")
+    a2 = (1,) + tuple(a) if len(a) == 1 else tuple(a)
+    b2 = tuple(b) + (1,) if len(b) == 1 else tuple(b)
+    if a2[-1] != b2[-2]:
+        raise ShapeError(f"MatMul: inner dimensions differ: {list(a)} x {list(b)}")
+    batch = b_broadcast(a2[:-2], b2[:-2])
+    out = batch + (a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+def b_channel_shape(rank, channels, axis=1):
+    """Shape that broadcasts a per-channel vector along `axis` of a rank-`rank` tensor."""
+    return tuple(channels if i == axis else 1 for i in range(axis, rank))
+
+
+def b_dtype(x):
+    return x.dtype
+
+
+def b_shape(x):
+    return x.shape
+
+
+def b_is_float(dtype):
+    return dtype in ("f16", "f32", "f64")
+
+
+def b_onnx_dtype(code):
+    from .types import dtype_from_onnx
+    return dtype_from_onnx(int(code))
+
+
+def b_item(value, default=None):
+    if value is None:
+        return default
+    import numpy as np
+    arr = np.asarray(value)
+    if arr.size != 1:
+        raise ShapeError(f"expected a single value, got an array of shape {list(arr.shape)}")
+    return arr.reshape(()).item()
+
+
+def b_elem_dtype(value, default="f32"):
+    if value is None:
+        return default
+    from .types import dtype_of
+    return dtype_of(value)
+
+
+def b_defined(x):
+    return x is not None
+
+
+def b_ints(x):
+    import numpy as np
+    return tuple(int(v) for v in np.asarray(x).reshape(-1))
+
+
+def b_floats(x):
+    import numpy as np
+    return tuple(float(v) for v in np.asarray(x).reshape(-1))
+
+
+BUILTINS = {
+    name[2:]: fn for name, fn in dict(globals()).items() if name.startswith("b_") and callable(fn)
+}
+BUILTINS.update({"inf": math.inf, "true": True, "false": False, "none": None})
+
+for _dt in DTYPES:
+    BUILTINS.setdefault(_dt, _dt)
+
+
+# ----------------------------------------------------------------------------- attributes
+def to_int(x) -> int:
+    return int(x)
+
+
+def to_ints(x) -> tuple[int, ...]:
+    import numpy as np
+    if isinstance(x, (int, np.integer)):
+        return (int(x),)
+    return tuple(int(v) for v in x)
+
+
+def to_float(x) -> float:
+    return float(x)
+
+
+def to_floats(x) -> tuple[float, ...]:
+    return tuple(float(v) for v in x)
+
+
+def to_string(x) -> str:
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def to_dtype(x) -> str:
+    if x not in DTYPES:
+        raise ShapeError(f"{x!r} is not an element type; expected one of {', '.join(DTYPES)}")
+    return x
+
+
+CONVERTERS = {"int": to_int, "ints": to_ints, "float": to_float, "floats": to_floats,
+              "string": to_string, "dtype": to_dtype}
+
+
+def b_slice_part(shape, starts, ends, axes, steps, which):
+    """One of starts / stops / steps (which = 0, 1, 2) of ONNX Slice, for every dimension."""
+    return tuple(b[which] for b in b_slice_bounds(shape, starts, ends, axes, steps))
+
+
+def b_shape_range(shape, start, end):
+    """The dimensions ONNX Shape(start, end) returns."""
+    r = len(shape)
+    start = max(0, min(r, start + r if start < 0 else start))
+    end = max(0, min(r, end + r if end < 0 else end))
+    return tuple(shape[start:end])
+
+
+BUILTINS.update({name[2:]: fn for name, fn in dict(globals()).items()
+                 if name.startswith("b_") and callable(fn)})
+
+
+def b_clamp_to(value, dtype):
+    """`value` clamped into the range of element type `dtype` (for bounds such as +-inf)."""
+    import numpy as np
+    from .types import numpy_dtype
+    dt = numpy_dtype(dtype)
+    if np.issubdtype(dt, np.integer):
+        info = np.iinfo(dt)
+        if value != value:
+            return 0
+        return int(min(max(value, info.min), info.max))
+    return value
+
+
+BUILTINS["clamp_to"] = b_clamp_to

@@ -1,0 +1,49 @@
+"""One error hierarchy for everything a user can cause.
+
+Every message says what went wrong, where (file:line:col, op, node or input) and,
+where there is one, what to do about it.  The CLI prints ``error: <message>`` and
+exits with status 2; it never shows a traceback for a ``GlowgenError``.
+"""
+from __future__ import annotations
+
+
+class GlowgenError(Exception):
+    """Base class of every error a user can cause."""
+
+
+class SpecError(GlowgenError):
+    """A `.glowdef` file is malformed or inconsistent.
+
+    The message starts with ``FILE:LINE:COL:`` so editors can jump to it."""
+
+    def __init__(self, message: str, file: str | None = None, line: int | None = None,
+                 column: int | None = None):
+        self.file, self.line, self.column, self.bare_message = file, line, column, message
+        where = ""
+        if file is not None:
+            where = f"{file}:{line or 0}:{column or 0}: "
+        super().__init__(where + message)
+
+
+class ModelError(GlowgenError):
+    """The model file cannot be read or is not valid ONNX."""
+
+
+class UnsupportedError(GlowgenError):
+    """The model uses an op, attribute or type that glowgen does not support."""
+
+
+class ShapeError(GlowgenError):
+    """An operand's type does not satisfy its op's declaration."""
+
+
+class InputError(GlowgenError):
+    """Wrong inputs at run time (name, shape, dtype) or unbound dynamic dimensions."""
+
+
+class RewriteError(GlowgenError):
+    """The rewrite engine did not converge or a rule built an invalid graph."""
+
+
+class ParseError(GlowgenError):
+    """The textual form of a graph could not be parsed."""

@@ -1,0 +1,360 @@
+"""ONNX import, generic over the `onnx` clauses of specs/ops.glowdef.
+
+Initializers and Constant nodes become Constants, graph inputs become Placeholders (every
+dynamic dimension bound by the user), and every other node is built from the clause that
+maps its op at the model's opset.  Inputs that a clause needs as compile-time values
+(Reshape's shape, Slice's starts...) are folded on demand, so shape-computing subgraphs
+(Shape -> Gather -> Concat ...) disappear at import.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Callable, Optional, Union
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from ..engine import specrt
+from ..engine.graph import Constant, Function, Value
+from ..engine.registry import Registry
+from ..engine.types import Type, dtype_from_onnx
+from ..errors import GlowgenError, InputError, ModelError, ShapeError, UnsupportedError
+
+ModelLike = Union[str, os.PathLike, onnx.ModelProto, bytes]
+
+
+# ----------------------------------------------------------------------------- loading
+def load_model(model: ModelLike) -> onnx.ModelProto:
+    """Read and check an ONNX model; every failure is a `ModelError` that says why."""
+    if isinstance(model, onnx.ModelProto):
+        proto = model
+        where = "the model"
+    elif isinstance(model, bytes):
+        proto = _parse(model, "the model bytes")
+        where = "the model bytes"
+    else:
+        path = Path(model)
+        where = str(path)
+        if not path.exists():
+            raise ModelError(f"{path}: no such file")
+        if path.is_dir():
+            raise ModelError(f"{path} is a directory; pass the .onnx file")
+        proto = _parse(path.read_bytes(), str(path))
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
+            try:
+                onnx.load_external_data_for_model(proto, str(path.parent))
+            except Exception as e:
+                raise ModelError(f"{path}: cannot load external weights: {e}") from None
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelError(f"{where} is not an ONNX model (it has no graph); is it truncated or "
+                         f"another kind of file?")
+    try:
+        onnx.checker.check_model(proto)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
+        raise ModelError(f"{where} is not a valid ONNX model: {first}") from None
+    return proto
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except Exception:
+        raise ModelError(f"{where} is not an ONNX model: the file does not parse as an ONNX "
+                         f"protobuf (is it truncated, or another kind of file?)") from None
+    if not proto.HasField("graph"):
+        raise ModelError(f"{where} is not an ONNX model: it has no graph (is it truncated, or "
+                         f"another kind of file?)")
+    return proto
+
+
+def default_opset(proto: onnx.ModelProto) -> int:
+    for imp in proto.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    return 1
+
+
+# ----------------------------------------------------------------------------- node views
+def _attribute_value(attr: onnx.AttributeProto):
+    if attr.type == onnx.AttributeProto.TENSOR:
+        return numpy_helper.to_array(attr.t)
+    if attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+        raise UnsupportedError(f"attribute {attr.name!r} holds a subgraph; control flow is not supported")
+    if attr.type == onnx.AttributeProto.SPARSE_TENSOR:
+        raise UnsupportedError(f"attribute {attr.name!r} holds a sparse tensor, which is not supported")
+    value = helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, list):
+        return tuple(v.decode() if isinstance(v, bytes) else v for v in value)
+    return value
+
+
+class OnnxInput:
+    """One formal input of an ONNX node as clause expressions see it."""
+
+    def __init__(self, importer: "_Importer", node_desc: str, formal: str, values: list):
+        self._importer, self._desc, self._formal, self._values = importer, node_desc, formal, values
+
+    @property
+    def present(self) -> bool:
+        return bool(self._values)
+
+    def _first(self) -> Value:
+        if not self._values:
+            raise UnsupportedError(f"{self._desc}: input {self._formal!r} is required here")
+        return self._values[0]
+
+    @property
+    def shape(self):
+        return self._first().type.shape
+
+    @property
+    def dtype(self):
+        return self._first().type.dtype
+
+    @property
+    def value(self) -> np.ndarray:
+        v = self._first()
+        data = self._importer.constant(v)
+        if data is None:
+            raise UnsupportedError(f"{self._desc}: input {self._formal!r} must be computable at "
+                                   f"compile time (a constant or a shape computation), but it "
+                                   f"depends on a model input")
+        return data
+
+
+class OnnxNodeView:
+    """What generated clause functions read: attributes (with ONNX defaults), inputs, opset."""
+
+    def __init__(self, importer, node: onnx.NodeProto, desc: str, inputs: dict, opset: int):
+        self._attrs = {a.name: a for a in node.attribute}
+        self._desc = desc
+        self._inputs = inputs
+        self.opset = opset
+        self.outputs = tuple(o for o in node.output if o)
+
+    def has_attr(self, name: str) -> bool:
+        return name in self._attrs
+
+    def attr(self, name: str, default=None):
+        if name in self._attrs:
+            return _attribute_value(self._attrs[name])
+        return default
+
+    def input(self, formal: str) -> OnnxInput:
+        return self._inputs[formal]
+
+    def check(self, ok, message: str, location: str):
+        if isinstance(ok, tuple):
+            ok = all(ok)
+        if not ok:
+            raise UnsupportedError(f"{self._desc}: {message}")
+
+    def evaluating(self, attr: str, location: str, thunk: Callable):
+        try:
+            return thunk()
+        except GlowgenError as e:
+            raise type(e)(f"{self._desc}: attribute {attr}: {e}") from None
+        except (TypeError, ValueError, IndexError, KeyError) as e:
+            raise UnsupportedError(f"{self._desc}: cannot compute attribute {attr} "
+                                   f"(mapping at {location}): {e}") from None
+
+
+# ----------------------------------------------------------------------------- import
+def parse_dims(text: str) -> tuple[int, ...]:
+    """'1x3x224x224' (or '1,3,224,224') -> (1, 3, 224, 224)."""
+    parts = text.replace(",", "x").split("x")
+    try:
+        dims = tuple(int(p) for p in parts if p.strip() != "")
+    except ValueError:
+        raise InputError(f"bad shape {text!r}: write dimensions as 1x3x224x224") from None
+    if not dims and text.strip() not in ("", "scalar"):
+        raise InputError(f"bad shape {text!r}: write dimensions as 1x3x224x224")
+    if any(d < 0 for d in dims):
+        raise InputError(f"bad shape {text!r}: dimensions must be non-negative")
+    return dims
+
+
+class _Importer:
+    def __init__(self, proto: onnx.ModelProto, registry: Registry, input_shapes: dict,
+                 constant_fn: Callable):
+        self.proto, self.registry = proto, registry
+        self.input_shapes = dict(input_shapes or {})
+        self.constant_fn = constant_fn
+        self.function = Function(proto.graph.name or "main")
+        self.values: dict[str, Value] = {}
+        self.opset = default_opset(proto)
+        self.cache: dict[int, Optional[np.ndarray]] = {}
+
+    def constant(self, value: Value) -> Optional[np.ndarray]:
+        if isinstance(value, Constant):
+            return value.data
+        if id(value) not in self.cache:
+            self.cache[id(value)] = self.constant_fn(self.function, value, self.registry)
+        return self.cache[id(value)]
+
+    def run(self) -> Function:
+        g = self.proto.graph
+        fn = self.function
+        for init in g.initializer:
+            self.values[init.name] = fn.add_constant(self._tensor(init), init.name)
+        real_inputs = [i for i in g.input if i.name not in self.values]
+        names = [i.name for i in real_inputs]
+        for name in self.input_shapes:
+            if name not in names:
+                raise InputError(f"--input-shape names {name!r}, which is not an input of the model; "
+                                 f"inputs: {', '.join(names) or 'none'}")
+        for vi in real_inputs:
+            self.values[vi.name] = fn.add_placeholder(vi.name, self._input_type(vi))
+        for node in g.node:
+            self._node(node)
+        for out in g.output:
+            if out.name not in self.values:
+                raise ModelError(f"graph output {out.name!r} is not produced by any node")
+            fn.add_output(out.name, self.values[out.name])
+        return fn
+
+    def _tensor(self, t: onnx.TensorProto) -> np.ndarray:
+        dtype_from_onnx(t.data_type)       # rejects unsupported element types by name
+        try:
+            return numpy_helper.to_array(t)
+        except Exception as e:
+            raise ModelError(f"tensor {t.name!r} cannot be read: {e}") from None
+
+    def _input_type(self, vi: onnx.ValueInfoProto) -> Type:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedError(f"input {vi.name!r} is not a tensor (sequences, maps and "
+                                   f"optionals are not supported)")
+        dtype = dtype_from_onnx(tt.elem_type)
+        declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                    for d in tt.shape.dim] if tt.HasField("shape") else None
+        given = self.input_shapes.get(vi.name)
+        if given is not None:
+            given = tuple(given)
+            if declared is not None:
+                if len(given) != len(declared):
+                    raise InputError(f"input {vi.name!r} has rank {len(declared)} "
+                                     f"({_fmt_dims(declared)}), but --input-shape gives "
+                                     f"{'x'.join(map(str, given))}")
+                for i, (d, g) in enumerate(zip(declared, given)):
+                    if isinstance(d, int) and d != g:
+                        raise InputError(f"input {vi.name!r}: dimension {i} is {d} in the model, "
+                                         f"but --input-shape gives {g}")
+            return Type(dtype, given)
+        if declared is None:
+            raise InputError(f"input {vi.name!r} has no declared shape; bind it with "
+                             f"--input-shape {vi.name}=DIMS (Python: input_shapes={{{vi.name!r}: (...)}})")
+        for i, d in enumerate(declared):
+            if not isinstance(d, int):
+                what = f"dimension {i} ({d!r})" if d else f"dimension {i}"
+                raise InputError(
+                    f"input {vi.name!r} has a dynamic {what} in its shape {_fmt_dims(declared)}; "
+                    f"bind it with --input-shape {vi.name}=" + "x".join(
+                        str(x) if isinstance(x, int) else "N" for x in declared)
+                    + f" (Python: input_shapes={{{vi.name!r}: (...)}})")
+        return Type(dtype, declared)
+
+    def _node(self, node: onnx.NodeProto) -> None:
+        desc = f"{node.op_type} node {node.name or (node.output[0] if node.output else '?')!r}"
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            self.values[node.output[0]] = self.function.add_constant(
+                self._constant_node(node, desc), node.output[0])
+            return
+        if node.domain not in ("", "ai.onnx"):
+            raise UnsupportedError(f"{desc} is in domain {node.domain!r}; only the default ONNX "
+                                   f"domain is supported. Run `glowgen ops` to list supported ops.")
+        clauses = self.registry.onnx.get(node.op_type)
+        if not clauses:
+            raise UnsupportedError(f"ONNX op {node.op_type} ({desc}) is not supported. "
+                                   f"Run `glowgen ops` to list the supported ops.")
+        clause = next((c for c in clauses if c.applies(self.opset)), None)
+        if clause is None:
+            ranges = ", ".join(f"{c.since or 1}..{c.until or ''}" for c in clauses)
+            raise UnsupportedError(f"{desc}: ONNX {node.op_type} is supported at opsets {ranges}, "
+                                   f"but the model uses opset {self.opset}")
+        unknown = [a.name for a in node.attribute if a.name not in clause.consumed]
+        if unknown:
+            raise UnsupportedError(f"{desc}: attribute{'s' if len(unknown) > 1 else ''} "
+                                   f"{', '.join(unknown)} {'are' if len(unknown) > 1 else 'is'} "
+                                   f"not supported (mapping at {clause.location})")
+        inputs = self._formal_inputs(node, clause, desc)
+        view = OnnxNodeView(self, node, desc, inputs, self.opset)
+        cls = self.registry.op(clause.op)
+        try:
+            attrs_ = clause.attributes(view)
+            operands = [None] * len(cls.INPUTS)
+            for formal, index in clause.operands:
+                vals = inputs[formal]._values
+                if cls.INPUTS[index].variadic:
+                    operands[index] = tuple(vals)
+                elif vals:
+                    operands[index] = vals[0]
+            result = self.function.add_node(cls, operands, attrs_, name=node.name or node.output[0],
+                                            origin=(node.name or node.output[0],),
+                                            output_names=[o for o in node.output])
+        except ShapeError as e:
+            raise ShapeError(f"{desc}: {e}") from None
+        outs = list(node.output)
+        if len(outs) > len(result.outputs):
+            extra = [o for o in outs[len(result.outputs):] if o]
+            if extra:
+                raise UnsupportedError(f"{desc}: outputs {', '.join(map(repr, extra))} are not "
+                                       f"supported ({clause.op} has {len(result.outputs)} result(s))")
+        for name, value in zip(outs, result.outputs):
+            if name:
+                self.values[name] = value
+
+    def _formal_inputs(self, node, clause, desc) -> dict[str, OnnxInput]:
+        actual = list(node.input)
+        out: dict[str, OnnxInput] = {}
+        for i, (formal, option) in enumerate(clause.inputs):
+            if option == "variadic":
+                names = actual[i:]
+            else:
+                names = actual[i:i + 1]
+            values = []
+            for n in names:
+                if not n:
+                    continue
+                if n not in self.values:
+                    raise ModelError(f"{desc}: input {n!r} is not defined before it is used")
+                values.append(self.values[n])
+            if option == "single" and not values:
+                raise ModelError(f"{desc}: required input {formal!r} is missing")
+            out[formal] = OnnxInput(self, desc, formal, values)
+        return out
+
+    def _constant_node(self, node, desc) -> np.ndarray:
+        for a in node.attribute:
+            if a.name == "value":
+                return self._tensor(a.t)
+            if a.name == "value_float":
+                return np.array(a.f, np.float32)
+            if a.name == "value_floats":
+                return np.array(list(a.floats), np.float32)
+            if a.name == "value_int":
+                return np.array(a.i, np.int64)
+            if a.name == "value_ints":
+                return np.array(list(a.ints), np.int64)
+            raise UnsupportedError(f"{desc}: Constant with attribute {a.name!r} is not supported")
+        raise ModelError(f"{desc}: Constant node has no value")
+
+
+def _fmt_dims(dims) -> str:
+    return "[" + ", ".join(str(d) if d is not None else "?" for d in dims) + "]"
+
+
+def import_model(model: ModelLike, registry: Registry, constant_fn: Callable,
+                 input_shapes: Optional[dict] = None) -> Function:
+    """Build a typed graph from an ONNX model.  `constant_fn(function, value, registry)` returns
+    a value's compile-time data or None (the pipeline passes its constant evaluator)."""
+    proto = load_model(model)
+    function = _Importer(proto, registry, input_shapes or {}, constant_fn).run()
+    function.verify()
+    return function

@@ -1,0 +1,101 @@
+"""Shared test helpers: build ONNX models with onnx.helper and run them through glowgen
+and an independent oracle (onnxruntime or ONNX's reference evaluator)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import glowgen
+
+REPO = Path(__file__).resolve().parents[1]
+ONNX_DATA = Path(onnx.__file__).parent / "backend" / "test" / "data"
+
+NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
+              np.dtype(np.float16): TensorProto.FLOAT16, np.dtype(np.int64): TensorProto.INT64,
+              np.dtype(np.int32): TensorProto.INT32, np.dtype(np.int8): TensorProto.INT8,
+              np.dtype(np.uint8): TensorProto.UINT8, np.dtype(np.bool_): TensorProto.BOOL}
+
+
+def value_info(name, array_or_dtype, shape=None):
+    dt = np.dtype(getattr(array_or_dtype, "dtype", array_or_dtype))
+    if shape is None:
+        shape = array_or_dtype.shape
+    return helper.make_tensor_value_info(name, NP_TO_ONNX[dt], list(shape))
+
+
+def make_model(nodes, inputs: dict, outputs, initializers: dict | None = None, opset=17,
+               output_dtypes=None):
+    """A model whose graph inputs are `inputs` (name -> array, for name/type/shape) and whose
+    outputs are `outputs` (names; shapes left to inference)."""
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()]
+    ins = [value_info(k, v) for k, v in inputs.items()]
+    outs = []
+    for i, name in enumerate(outputs):
+        dt = (output_dtypes or {}).get(name, TensorProto.UNDEFINED)
+        outs.append(helper.make_tensor_value_info(name, dt, None))
+    graph = helper.make_graph(nodes, "test", ins, outs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    # Give the outputs their types from ONNX's shape inference (onnxruntime wants them).
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except onnx.shape_inference.InferenceError:
+        return model          # e.g. an op of an unknown domain, for error tests
+    known = {vi.name: vi for vi in list(inferred.graph.value_info) + list(inferred.graph.output)}
+    for out in model.graph.output:
+        if out.name in known and known[out.name].type.tensor_type.elem_type:
+            out.CopyFrom(known[out.name])
+    return model
+
+
+def run_ort(model, feeds):
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, feeds)))
+
+
+def run_reference(model, feeds):
+    from onnx.reference import ReferenceEvaluator
+    ref = ReferenceEvaluator(model)
+    names = [o.name for o in model.graph.output]
+    return dict(zip(names, ref.run(None, feeds)))
+
+
+def run_glowgen(model, feeds, **kw):
+    return glowgen.compile(model, **kw).run(feeds)
+
+
+def assert_close(actual: dict, expected: dict, rtol=1e-5, atol=1e-6):
+    assert set(actual) == set(expected), (set(actual), set(expected))
+    for k in expected:
+        a, e = np.asarray(actual[k]), np.asarray(expected[k])
+        assert a.shape == e.shape, f"{k}: shape {a.shape} != {e.shape}"
+        assert a.dtype == e.dtype, f"{k}: dtype {a.dtype} != {e.dtype}"
+        if a.dtype == np.bool_ or np.issubdtype(a.dtype, np.integer):
+            np.testing.assert_array_equal(a, e, err_msg=k)
+        else:
+            np.testing.assert_allclose(a, e, rtol=rtol, atol=atol, err_msg=k, equal_nan=True)
+
+
+def bench_dir(bn: bool = False) -> Path | None:
+    env = os.environ.get("GLOWGEN_BENCH_MODELS_BN" if bn else "GLOWGEN_BENCH_MODELS")
+    path = Path(env) if env else REPO / ".cache" / ("bench_models_bn" if bn else "bench_models")
+    return path if (path / "manifest.json").exists() else None
+
+
+def require_bench_dir(bn: bool = False) -> Path:
+    path = bench_dir(bn)
+    if path is None:
+        if os.environ.get("GLOWGEN_REQUIRE_BENCH_MODELS"):
+            pytest.fail("benchmark models are required here but missing; run tools/make_bench_models.sh")
+        pytest.skip("benchmark models not built; run tools/make_bench_models.sh"
+                    + (" --keep-bn" if bn else ""))
+    return path

@@ -1,0 +1,37 @@
+"""The nine `light` models of ONNX's backend test data, with the input ONNX's own runner uses
+(arange(n)/n), against the expected outputs shipped beside them."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from onnx.backend.test.runner import Runner
+
+import glowgen
+from conftest import ONNX_DATA
+
+LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+         "shufflenet", "squeezenet", "vgg19", "zfnet512"]
+
+
+@pytest.mark.parametrize("name", LIGHT)
+def test_light_model_matches_shipped_output(name):
+    path = ONNX_DATA / "light" / f"light_{name}.onnx"
+    proto = onnx.load(path)
+    inits = {i.name for i in proto.graph.initializer}
+    feeds = {x.name: Runner.generate_dummy_data(x, seed=0, name=name, random=False)
+             for x in proto.graph.input if x.name not in inits}
+    model = glowgen.compile(path)
+    outputs = model.run(feeds)
+    expected = numpy_helper.to_array(onnx.load_tensor(str(ONNX_DATA / "light" / f"light_{name}_output_0.pb")))
+    (actual,) = outputs.values()
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, rtol=1e-3, atol=1e-5)
+
+
+def test_light_models_lower_to_primitives_only():
+    model = glowgen.compile(ONNX_DATA / "light" / "light_inception_v2.onnx")
+    assert all("primitive" in n.TRAITS for n in model.function.nodes)
+    ops = {n.OP for n in model.function.nodes}
+    assert "BatchNormalization" not in ops and "Softmax" not in ops and "Gemm" not in ops
