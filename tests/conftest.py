@@ -99,3 +99,8 @@ def require_bench_dir(bn: bool = False) -> Path:
         pytest.skip("benchmark models not built; run tools/make_bench_models.sh"
                     + (" --keep-bn" if bn else ""))
     return path
+
+
+def pytest_addoption(parser):
+    parser.addoption("--regen-golden", action="store_true", default=False,
+                     help="rewrite tests/golden/<rule>.txt from what the rules produce now")
