@@ -39,6 +39,7 @@ def _attr_default(attr_schema):
 def emit_onnx(specs: SpecSet) -> str:
     lines = [
         "from glowgen.engine import specrt as rt",
+        "from glowgen import shapelib as sl",
         "from glowgen.engine.onnxmap import OnnxClause",
         "",
         "from .fns import *  # noqa: F401,F403",

@@ -8,7 +8,7 @@ from .specs import SpecSet
 
 
 def emit_fns(specs: SpecSet) -> str:
-    lines = ["from glowgen.engine import specrt as rt", ""]
+    lines = ["from glowgen import shapelib as sl", "from glowgen.engine import specrt as rt", ""]
     for fn in specs.fns.values():
         scope = Scope({p: py_ident(p) for p in fn.params}, specs.fns, what=f"fn {fn.name}")
         lines += ["", f"def fn_{fn.name}({', '.join(py_ident(p) for p in fn.params)}):",
@@ -240,6 +240,7 @@ from typing import ClassVar
 
 import attrs
 
+from glowgen import shapelib as sl
 from glowgen.engine import specrt as rt
 from glowgen.engine.graph import AttrInfo, Node, OperandInfo
 from glowgen.engine.specpy import call_py as rt_py

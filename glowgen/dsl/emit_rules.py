@@ -136,6 +136,7 @@ class _RuleEmitter:
 def emit_rules(specs: SpecSet) -> str:
     lines = [
         "from glowgen.engine import specrt as rt",
+        "from glowgen import shapelib as sl",
         "from glowgen.engine.patterns import P, R, RuleInfo, V",
         "",
         "from .fns import *  # noqa: F401,F403",

@@ -9,6 +9,7 @@ import keyword
 import math
 from typing import Callable, Optional
 
+from .. import shapelib
 from ..engine import specrt
 from ..errors import SpecError
 from . import ast as A
@@ -20,7 +21,7 @@ _ARITH = {"+": "rt.add", "-": "rt.sub", "*": "rt.mul", "/": "rt.truediv", "//": 
 
 def py_ident(name: str) -> str:
     """A spec name as a Python identifier (keywords get a trailing underscore)."""
-    return name + "_" if keyword.iskeyword(name) or name in ("rt", "attrs", "math") else name
+    return name + "_" if keyword.iskeyword(name) or name in ("rt", "sl", "attrs", "math") else name
 
 
 def spec_error(message: str, pos: A.Pos) -> SpecError:
@@ -87,6 +88,8 @@ def to_py(e, scope: Scope) -> str:
         fn = specrt.BUILTINS.get(e.func)
         if callable(fn):
             return f"rt.b_{e.func}({', '.join(args)})"
+        if e.func in shapelib.FUNCTIONS:
+            return f"sl.b_{e.func}({', '.join(args)})"
         raise spec_error(f"unknown function {e.func!r} in {scope.what}", e.pos)
     if isinstance(e, A.GetAttr):
         return f"{to_py(e.obj, scope)}.{e.name}"

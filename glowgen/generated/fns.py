@@ -2,6 +2,7 @@
 # Do not edit: change the spec and run `glowgen regen`.
 # flake8: noqa
 
+from glowgen import shapelib as sl
 from glowgen.engine import specrt as rt
 
 

@@ -3,6 +3,7 @@
 # flake8: noqa
 
 from glowgen.engine import specrt as rt
+from glowgen import shapelib as sl
 from glowgen.engine.onnxmap import OnnxClause
 
 from .fns import *  # noqa: F401,F403
@@ -252,7 +253,7 @@ _Not_0_clause = OnnxClause(onnx_op='Not', op='Not', since=None, until=None, inpu
 def _Cast_0(o):
     """ONNX Cast -> Cast (specs/ops.glowdef:295:3)."""
     attrs = {}
-    attrs['to'] = o.evaluating('to', 'specs/ops.glowdef:295:23', lambda: rt.b_onnx_dtype(o.attr('to', None)))
+    attrs['to'] = o.evaluating('to', 'specs/ops.glowdef:295:23', lambda: sl.b_onnx_dtype(o.attr('to', None)))
     return attrs
 
 _Cast_0_clause = OnnxClause(onnx_op='Cast', op='Cast', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cast_0, consumed=('saturate', 'to'), location='specs/ops.glowdef:295:3')
@@ -378,7 +379,7 @@ _MinN_0_clause = OnnxClause(onnx_op='Min', op='MinN', since=6, until=None, input
 def _Reshape_0(o):
     """ONNX Reshape -> Reshape (specs/ops.glowdef:394:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:394:37', lambda: rt.b_reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
+    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:394:37', lambda: sl.b_reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
     return attrs
 
 _Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:394:3')
@@ -454,9 +455,9 @@ _Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None
 def _Slice_0(o):
     """ONNX Slice -> Slice (specs/ops.glowdef:452:3)."""
     attrs = {}
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:454:5', lambda: rt.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:455:5', lambda: rt.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:456:5', lambda: rt.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:454:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:455:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:456:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 2))
     return attrs
 
 _Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_0, consumed=(), location='specs/ops.glowdef:452:3')
@@ -706,7 +707,7 @@ def _Conv_0(o):
         attrs['dilations'] = o.attr('dilations')
     o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D convolution (4-D input) is supported', 'specs/ops.glowdef:655:5')
     o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:656:5')
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:657:5', lambda: rt.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:657:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 _Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:653:3')
@@ -726,7 +727,7 @@ def _MaxPool_0(o):
     o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (4-D input) is supported', 'specs/ops.glowdef:675:5')
     o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:676:5')
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:677:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:678:5', lambda: rt.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:678:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 _MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:673:3')
@@ -748,7 +749,7 @@ def _AvgPool_0(o):
     o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (4-D input) is supported', 'specs/ops.glowdef:696:5')
     o.check(((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1))), 'dilated average pooling is not supported', 'specs/ops.glowdef:697:5')
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:698:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:699:5', lambda: rt.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:699:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 _AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:694:3')

@@ -6,6 +6,7 @@ from typing import ClassVar
 
 import attrs
 
+from glowgen import shapelib as sl
 from glowgen.engine import specrt as rt
 from glowgen.engine.graph import AttrInfo, Node, OperandInfo
 from glowgen.engine.specpy import call_py as rt_py
@@ -2058,7 +2059,7 @@ class Flatten(Node):
         S = u.dim('S')
         A = u.dtype('A')
         rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:400:3')
-        return (rt.result_type('Flatten', _node, A, (*rt.b_flatten_shape(S, axis),), 'specs/ops.glowdef:401:7'), )
+        return (rt.result_type('Flatten', _node, A, (*sl.b_flatten_shape(S, axis),), 'specs/ops.glowdef:401:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2102,7 +2103,7 @@ class Squeeze(Node):
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:407:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Squeeze', _node, A, (*rt.b_squeeze_shape(S, axes),), 'specs/ops.glowdef:409:7'), )
+        return (rt.result_type('Squeeze', _node, A, (*sl.b_squeeze_shape(S, axes),), 'specs/ops.glowdef:409:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2146,7 +2147,7 @@ class Unsqueeze(Node):
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:416:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Unsqueeze', _node, A, (*rt.b_unsqueeze_shape(S, axes),), 'specs/ops.glowdef:418:7'), )
+        return (rt.result_type('Unsqueeze', _node, A, (*sl.b_unsqueeze_shape(S, axes),), 'specs/ops.glowdef:418:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2240,7 +2241,7 @@ class Concat(Node):
         S = tuple(_t.shape for _t in xs)
         A = u.dtype('A')
         rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:437:3')
-        return (rt.result_type('Concat', _node, A, (*rt.b_concat_shape(S, axis),), 'specs/ops.glowdef:438:7'), )
+        return (rt.result_type('Concat', _node, A, (*sl.b_concat_shape(S, axis),), 'specs/ops.glowdef:438:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2290,7 +2291,7 @@ class Slice(Node):
         S = u.dim('S')
         A = u.dtype('A')
         rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:449:3')
-        return (rt.result_type('Slice', _node, A, (*rt.b_slice_shape(starts, stops, steps),), 'specs/ops.glowdef:451:7'), )
+        return (rt.result_type('Slice', _node, A, (*sl.b_slice_shape(starts, stops, steps),), 'specs/ops.glowdef:451:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2346,7 +2347,7 @@ class Gather(Node):
         A = u.dtype('A')
         I = u.dtype('I')
         rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:464:3')
-        return (rt.result_type('Gather', _node, A, (*rt.b_gather_shape(S, Q, axis),), 'specs/ops.glowdef:465:7'), )
+        return (rt.result_type('Gather', _node, A, (*sl.b_gather_shape(S, Q, axis),), 'specs/ops.glowdef:465:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2438,7 +2439,7 @@ class Shape(Node):
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:481:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(rt.b_shape_range(S, start, end)),), 'specs/ops.glowdef:484:7'), )
+        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.b_shape_range(S, start, end)),), 'specs/ops.glowdef:484:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2899,7 +2900,7 @@ class MatMul(Node):
         Y = u.dim('Y')
         T = u.dtype('T')
         rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:613:3')
-        return (rt.result_type('MatMul', _node, T, (*rt.b_matmul_shape(X, Y),), 'specs/ops.glowdef:614:7'), )
+        return (rt.result_type('MatMul', _node, T, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:614:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)

@@ -3,6 +3,7 @@
 # flake8: noqa
 
 from glowgen.engine import specrt as rt
+from glowgen import shapelib as sl
 from glowgen.engine.patterns import P, R, RuleInfo, V
 
 from .fns import *  # noqa: F401,F403
@@ -251,7 +252,7 @@ def _r24_batchnorm_to_affine_build(_b, _m):
     var = _m['var']
     s = _b.op('Div', [scale, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(bn.epsilon, var.dtype)], {})], {})], {})
     t = _b.op('Sub', [bias, _b.op('Mul', [mean, s], {})], {})
-    cs = rt.b_channel_shape(rt.b_rank(x), x.shape[1])
+    cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
     return (_b.op('Add', [_b.op('Mul', [x, _b.op('Reshape', [s], {'shape': cs})], {}), _b.op('Reshape', [t], {'shape': cs})], {}),)
 
 
@@ -303,7 +304,7 @@ def _r29_softmax_flat_to_2d_build(_b, _m):
     """=> Reshape(Softmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
-    return (_b.op('Reshape', [_b.op('Softmax', [_b.op('Reshape', [x], {'shape': rt.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}),)
+    return (_b.op('Reshape', [_b.op('Softmax', [_b.op('Reshape', [x], {'shape': sl.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}),)
 
 
 
@@ -311,7 +312,7 @@ def _r30_logsoftmax_flat_to_2d_build(_b, _m):
     """=> Reshape(LogSoftmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
-    return (_b.op('Reshape', [_b.op('LogSoftmax', [_b.op('Reshape', [x], {'shape': rt.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}),)
+    return (_b.op('Reshape', [_b.op('LogSoftmax', [_b.op('Reshape', [x], {'shape': sl.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}),)
 
 
 

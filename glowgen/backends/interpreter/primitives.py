@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ...engine import specrt
+from ... import shapelib
 
 
 def _windows(xp: np.ndarray, kernel, strides, dilations, out_hw):
@@ -123,7 +123,7 @@ PRIMITIVES = {
     "Slice": slice_,
     "Gather": gather,
     "Expand": lambda node, x: np.broadcast_to(x, node.outputs[0].type.shape).copy(),
-    "Shape": lambda node, x: np.array(specrt.b_shape_range(x.shape, node.start, node.end), np.int64),
+    "Shape": lambda node, x: np.array(shapelib.b_shape_range(x.shape, node.start, node.end), np.int64),
     "Size": lambda node, x: np.array(x.size, np.int64),
     "Splat": lambda node: np.full(node.shape, node.value, dtype=node.outputs[0].type.np_dtype),
     "Range": range_,

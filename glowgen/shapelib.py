@@ -1,0 +1,169 @@
+"""The shape-function library of the spec language.
+
+Formulas in specs/ops.glowdef call these by name (`reshape_target(...)`, `auto_pads(...)`):
+shape algebra that is too loopy for the expression language.  They are plain functions of
+shapes and lists; the emitters look names up here after the generic builtins of
+`engine/specrt.py`.
+"""
+from __future__ import annotations
+
+from .engine.specrt import b_broadcast, b_normalize_axes, b_normalize_axis, b_prod
+from .engine.types import dtype_from_onnx
+from .errors import ShapeError
+
+def b_reshape_target(shape, target, allowzero=0):
+    """ONNX/NumPy reshape target resolution: 0 copies a dimension, -1 is inferred."""
+    target = [int(t) for t in target]
+    out = []
+    for i, t in enumerate(target):
+        if t == 0 and not allowzero:
+            if i >= len(shape):
+                raise ShapeError(f"reshape target {target}: 0 at position {i} has no input dimension")
+            out.append(shape[i])
+        else:
+            out.append(t)
+    if out.count(-1) > 1:
+        raise ShapeError(f"reshape target {target} has more than one -1")
+    total = b_prod(shape)
+    if -1 in out:
+        known = b_prod(d for d in out if d != -1)
+        if known == 0 or total % known:
+            raise ShapeError(f"cannot reshape {list(shape)} to {target}")
+        out[out.index(-1)] = total // known
+    if b_prod(out) != total:
+        raise ShapeError(f"cannot reshape {list(shape)} ({total} elements) to {target}")
+    return tuple(out)
+
+
+def b_flatten_shape(shape, axis):
+    axis = b_normalize_axis(axis, len(shape) + 1) if axis != len(shape) else axis
+    return (b_prod(shape[:axis]), b_prod(shape[axis:]))
+
+
+def b_squeeze_shape(shape, axes):
+    if len(axes) == 0:
+        return tuple(d for d in shape if d != 1)
+    axes = b_normalize_axes(axes, len(shape))
+    for a in axes:
+        if shape[a] != 1:
+            raise ShapeError(f"cannot squeeze axis {a} of shape {list(shape)}: it is not 1")
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def b_unsqueeze_shape(shape, axes):
+    rank = len(shape) + len(axes)
+    axes = b_normalize_axes(axes, rank)
+    it = iter(shape)
+    return tuple(1 if i in axes else next(it) for i in range(rank))
+
+
+def b_concat_shape(shapes, axis):
+    first = shapes[0]
+    axis = b_normalize_axis(axis, len(first))
+    total = 0
+    for s in shapes:
+        if len(s) != len(first) or any(a != b for i, (a, b) in enumerate(zip(s, first)) if i != axis):
+            raise ShapeError("concatenated shapes " + ", ".join(str(list(x)) for x in shapes)
+                             + f" differ outside axis {axis}")
+        total += s[axis]
+    return tuple(total if i == axis else d for i, d in enumerate(first))
+
+
+def b_slice_bounds(shape, starts, ends, axes, steps):
+    """Resolve ONNX Slice parameters to per-axis (start, stop, step) on every axis."""
+    rank = len(shape)
+    axes = list(axes) if len(axes) else list(range(len(starts)))
+    steps = list(steps) if len(steps) else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ShapeError("Slice starts, ends, axes and steps must have the same length")
+    bounds = [[0, d, 1] for d in shape]
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        a = b_normalize_axis(a, rank)
+        d = shape[a]
+        if st == 0:
+            raise ShapeError("Slice step must not be 0")
+        s, e = int(s), int(e)
+        if s < 0:
+            s += d
+        if e < 0:
+            e += d
+        if st > 0:
+            s = min(max(s, 0), d)
+            e = min(max(e, 0), d)
+        else:
+            s = min(max(s, -1), d - 1)
+            e = min(max(e, -1), d - 1)
+        bounds[a] = [s, e, int(st)]
+    return tuple(tuple(b) for b in bounds)
+
+
+def b_slice_shape(starts, stops, steps):
+    return tuple(len(range(s, e, st)) for s, e, st in zip(starts, stops, steps))
+
+
+def b_gather_shape(data_shape, indices_shape, axis):
+    axis = b_normalize_axis(axis, len(data_shape))
+    return tuple(data_shape[:axis]) + tuple(indices_shape) + tuple(data_shape[axis + 1:])
+
+
+def b_auto_pads(mode, spatial, kernel, strides, dilations, pads):
+    """Resolve ONNX auto_pad to explicit [begin..., end...] pads."""
+    mode = mode.decode() if isinstance(mode, bytes) else (mode or "NOTSET")
+    n = len(spatial)
+    if mode in ("NOTSET", ""):
+        return tuple(pads) if len(pads) else (0,) * (2 * n)
+    if mode == "VALID":
+        return (0,) * (2 * n)
+    if mode not in ("SAME_UPPER", "SAME_LOWER"):
+        raise ShapeError(f"auto_pad {mode!r} is not one of NOTSET, VALID, SAME_UPPER, SAME_LOWER")
+    begin, end = [], []
+    for i in range(n):
+        out = -(-spatial[i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1 - spatial[i])
+        small, big = total // 2, total - total // 2
+        begin.append(small if mode == "SAME_UPPER" else big)
+        end.append(big if mode == "SAME_UPPER" else small)
+    return tuple(begin + end)
+
+
+def b_matmul_shape(a, b):
+    """numpy.matmul result shape (1-D operands promoted and the unit dim dropped)."""
+    if len(a) == 0 or len(b) == 0:
+        raise ShapeError("MatMul operands must have rank at least 1")
+    a2 = (1,) + tuple(a) if len(a) == 1 else tuple(a)
+    b2 = tuple(b) + (1,) if len(b) == 1 else tuple(b)
+    if a2[-1] != b2[-2]:
+        raise ShapeError(f"MatMul: inner dimensions differ: {list(a)} x {list(b)}")
+    batch = b_broadcast(a2[:-2], b2[:-2])
+    out = batch + (a2[-2], b2[-1])
+    if len(a) == 1:
+        out = out[:-2] + out[-1:]
+    if len(b) == 1:
+        out = out[:-1]
+    return out
+
+
+def b_channel_shape(rank, channels, axis=1):
+    """Shape that broadcasts a per-channel vector along `axis` of a rank-`rank` tensor."""
+    return tuple(channels if i == axis else 1 for i in range(axis, rank))
+
+
+def b_onnx_dtype(code):
+    return dtype_from_onnx(int(code))
+
+
+def b_slice_part(shape, starts, ends, axes, steps, which):
+    """One of starts / stops / steps (which = 0, 1, 2) of ONNX Slice, for every dimension."""
+    return tuple(b[which] for b in b_slice_bounds(shape, starts, ends, axes, steps))
+
+
+def b_shape_range(shape, start, end):
+    """The dimensions ONNX Shape(start, end) returns."""
+    r = len(shape)
+    start = max(0, min(r, start + r if start < 0 else start))
+    end = max(0, min(r, end + r if end < 0 else end))
+    return tuple(shape[start:end])
+
+
+FUNCTIONS = {name[2:]: fn for name, fn in dict(globals()).items()
+             if name.startswith("b_") and callable(fn) and fn.__module__ == __name__}
