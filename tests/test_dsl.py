@@ -107,3 +107,37 @@ def test_parser_positions():
     sf = parse_text("typevar T : f32\nfn f(a) = a + 1\n", "x.glowdef")
     tv, fn = sf.items
     assert (tv.pos.line, fn.pos.line) == (1, 2)
+
+
+def test_verify_py_escape_hatch(tmp_path, monkeypatch):
+    """`verify py "module:function"` runs a Python check the language cannot say."""
+    import numpy as np
+    from onnx import helper
+    import glowgen
+    from glowgen.engine.registry import Registry
+    from glowgen.errors import ShapeError
+    from conftest import make_model
+
+    (tmp_path / "evenness.py").write_text(
+        "from glowgen.errors import ShapeError\n"
+        "def check(op, node, location, **names):\n"
+        "    if names['S'][-1] % 2:\n"
+        "        raise ShapeError(f'{op}: the last dimension must be even [{location}]')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    specs = _spec_copy(tmp_path)
+    with open(specs / "ops.glowdef", "a") as f:
+        f.write('\nop EvenRelu {\n  traits elementwise\n  in x: Tensor[F, *S]\n'
+                '  verify py "evenness:check"\n  out y: Tensor[F, *S]\n}\n')
+    regen(specs, tmp_path / "gen")
+    reg = Registry.from_dir(tmp_path / "gen")
+    cls = reg.op("EvenRelu")
+    from glowgen.engine.types import Type
+    assert cls.infer(Type("f32", (2, 4)))[0] == Type("f32", (2, 4))
+    with pytest.raises(ShapeError, match="must be even"):
+        cls.infer(Type("f32", (2, 3)))
+
+
+def test_overlapping_onnx_mappings_are_an_error(tmp_path):
+    err = _error_of(tmp_path, "ops.glowdef",
+                    "\nop Relu2 {\n  in x: Tensor[F, *S]\n  out y: Tensor[F, *S]\n  onnx Relu\n}\n")
+    assert "ONNX Relu" in str(err) and "overlap" in str(err)

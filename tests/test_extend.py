@@ -43,3 +43,21 @@ def test_new_elementwise_op_from_specs_only(tmp_path):
     assert_close(actual, run_ort(model, {"x": x}))
     # The built-in registry does not know the op: the temporary specs really were used.
     assert "Softsign" not in Registry.default().ops
+
+
+def test_rules_that_undo_each_other_are_named(tmp_path):
+    from glowgen.errors import RewriteError
+    specs = tmp_path / "specs"
+    shutil.copytree(DEFAULT_SPEC_DIR, specs)
+    with open(specs / "lowerings.glowdef", "a") as f:
+        f.write("\nrule exp_to_neg [lower]:\n  Exp(x) => Neg(Neg(Exp(x)))\n"
+                "\nrule neg_neg [lower]:\n  Neg(Neg(y)) => y\n")
+    out = tmp_path / "generated"
+    regen(specs, out)
+    registry = Registry.from_dir(out)
+    x = np.ones((2,), np.float32)
+    model = make_model([helper.make_node("Exp", ["x"], ["y"])], {"x": x}, ["y"])
+    import pytest
+    with pytest.raises(RewriteError) as e:
+        glowgen.compile(model, registry=registry)
+    assert "did not converge" in str(e.value) and "exp_to_neg" in str(e.value)

@@ -105,6 +105,16 @@ def _check(specs: SpecSet) -> None:
         if rule.phase not in PHASES:
             raise spec_error(f"rule {rule.name}: unknown phase [{rule.phase}]; phases are "
                              f"{', '.join(PHASES)}", rule.pos)
+    clauses: dict = {}
+    for op in specs.ops.values():
+        for c in op.onnx:
+            lo, hi = c.since or 1, c.until or 10**9
+            for other_op, o in clauses.get(c.onnx_op, []):
+                if lo <= (o.until or 10**9) and (o.since or 1) <= hi:
+                    raise spec_error(f"the mappings of ONNX {c.onnx_op} in op {op.name} and op "
+                                     f"{other_op} ({o.pos}) overlap in opsets; give them disjoint "
+                                     f"'since'/'until' ranges", c.pos)
+            clauses.setdefault(c.onnx_op, []).append((op.name, c))
     for name, pos in specs.externs:
         if name not in specs.ops:
             raise spec_error(f"extern {name}: no op of that name is declared in ops.glowdef", pos)

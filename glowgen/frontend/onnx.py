@@ -213,11 +213,44 @@ class _Importer:
             self.values[vi.name] = fn.add_placeholder(vi.name, self._input_type(vi))
         for node in g.node:
             self._node(node)
+        self._cross_check_with_onnx_inference()
         for out in g.output:
             if out.name not in self.values:
                 raise ModelError(f"graph output {out.name!r} is not produced by any node")
             fn.add_output(out.name, self.values[out.name])
         return fn
+
+    def _cross_check_with_onnx_inference(self) -> None:
+        """Compare every type we inferred with ONNX's own shape inference (on the model with
+        the user's input shapes bound): a disagreement is a bug in a spec, caught here
+        instead of as wrong numbers later."""
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self.proto)
+        for vi in proto.graph.input:
+            p = self.values.get(vi.name)
+            if p is not None and not isinstance(p, Constant) and vi.type.HasField("tensor_type"):
+                shape = vi.type.tensor_type.shape
+                shape.ClearField("dim")
+                for d in p.type.shape:
+                    shape.dim.add().dim_value = d
+        try:
+            inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True)
+        except Exception as e:   # noqa: BLE001 - ONNX raises several kinds
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ModelError(f"ONNX shape inference rejects the model: {first}") from None
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+            ours = self.values.get(vi.name)
+            tt = vi.type.tensor_type
+            if ours is None or not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+                continue
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            if any(d is None for d in dims) or tt.elem_type == 0:
+                continue
+            theirs = Type(dtype_from_onnx(tt.elem_type), dims)
+            if theirs != ours.type:
+                raise GlowgenError(
+                    f"internal error: for value {vi.name!r} ONNX infers {theirs} but glowgen "
+                    f"infers {ours.type}; the op's declaration in specs/ops.glowdef is wrong")
 
     def _tensor(self, t: onnx.TensorProto) -> np.ndarray:
         dtype_from_onnx(t.data_type)       # rejects unsupported element types by name
