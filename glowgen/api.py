@@ -6,7 +6,6 @@ from typing import Mapping, Optional
 import numpy as np
 
 from . import pipeline
-from .backends.interpreter.evaluate import evaluate
 from .engine.graph import Function
 from .engine.registry import Registry
 from .engine.types import Type, dtype_of
@@ -36,9 +35,13 @@ class CompiledModel:
     """A compiled model: call `run({name: array})` (or the model itself) for outputs."""
 
     def __init__(self, function: Function, registry: Registry, backend: str):
+        from . import lir
+        from .backends.interpreter.lir_runner import LirRunner
         self.function = function
         self.registry = registry
         self.backend = backend
+        self.program = lir.build(function, registry)
+        self._runner = LirRunner(self.program, registry)
         self.input_types: dict[str, Type] = {p.name: p.type for p in function.placeholders}
         self.output_types: dict[str, Type] = {n: v.type for n, v in function.outputs}
 
@@ -82,7 +85,7 @@ class CompiledModel:
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         checked = self.check_feeds(feeds)
-        return evaluate(self.function, checked, self.registry)
+        return self._runner.run(checked)
 
     __call__ = run
 

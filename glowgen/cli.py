@@ -112,10 +112,21 @@ def cmd_dump(args) -> int:
     from . import api
     from .engine.textual import print_function, to_dot
     fn = api.load(args.model, _input_shapes(args))
-    if args.stage == "lowered":
+    if args.stage in ("lowered", "lir"):
         fn = api.lower(fn)
-    text = to_dot(fn) if args.format == "dot" else print_function(
-        fn, max_elements=None if args.full else 16, trace=args.trace)
+    if args.stage == "lir":
+        from . import lir
+        from .engine.registry import Registry
+        from .lir.printer import format_memory_report, memory_report, print_program
+        if args.format == "dot":
+            raise GlowgenError("--format dot shows graphs; the lir stage prints as text")
+        prog = lir.build(fn, Registry.default())
+        text = format_memory_report(memory_report(prog)) if args.memory else print_program(prog)
+    elif args.memory:
+        raise GlowgenError("--memory reports the memory plan of the lir stage: add --stage lir")
+    else:
+        text = to_dot(fn) if args.format == "dot" else print_function(
+            fn, max_elements=None if args.full else 16, trace=args.trace)
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -186,10 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("dump", help="print the graph at a stage of compilation",
-                       description="Print MODEL's graph after a stage: `loaded` (as imported) or "
-                                   "`lowered` (primitives only, constants folded).")
+                       description="Print MODEL after a stage: `loaded` (as imported), `lowered` "
+                                   "(primitives only, constants folded) or `lir` (low-level "
+                                   "instructions with their memory plan).")
     d.add_argument("model", help="path to an .onnx file")
-    d.add_argument("--stage", default="loaded", choices=["loaded", "lowered"])
+    d.add_argument("--stage", default="loaded", choices=["loaded", "lowered", "lir"],
+                   help="loaded: as imported; lowered: primitives only; lir: instructions and "
+                        "memory plan")
+    d.add_argument("--memory", action="store_true",
+                   help="with --stage lir: print the memory report (regions, arena, max-live bound)")
     d.add_argument("--format", default="text", choices=["text", "dot"],
                    help="text (parses back) or Graphviz dot")
     d.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)

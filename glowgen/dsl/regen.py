@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .emit_instrs import emit_instrs
 from .emit_kernels import emit_kernels
 from .emit_onnx import emit_onnx
 from .emit_ops import emit_fns, emit_ops
@@ -34,6 +35,7 @@ def generate(spec_dir: Path = DEFAULT_SPEC_DIR) -> dict[str, str]:
         "onnx_map.py": _header([ops_src]) + emit_onnx(specs),
         "rules.py": _header([rules_src]) + emit_rules(specs),
         "kernels.py": _header([kernels_src]) + emit_kernels(specs),
+        "instrs.py": _header([ops_src]) + emit_instrs(specs),
     }
     return files
 

@@ -11,7 +11,15 @@ from .parser import parse_file
 from .pyexpr import spec_error
 
 SPEC_FILES = ("ops.glowdef", "lowerings.glowdef", "cpu_kernels.glowdef")
-TRAITS = {"elementwise", "broadcast", "commutative", "primitive", "inplace", "shape_only"}
+# The closed vocabulary of traits the engine understands:
+#   elementwise  one result element from the same-index operand elements (stackable)
+#   broadcast    operands broadcast NumPy-style
+#   commutative  the two operands may be swapped (patterns match both orders)
+#   primitive    survives lowering; backends implement it
+#   inplace(r, o)  result r may reuse operand o's buffer
+#   shape_only   the result depends only on operand types (folded at compile time)
+#   view         the result is the operand's bytes with another type (no data moves)
+TRAITS = {"elementwise", "broadcast", "commutative", "primitive", "inplace", "shape_only", "view"}
 ATTR_KINDS = {"int", "ints", "float", "floats", "string", "dtype"}
 PHASES = ("canonicalize", "lower")
 

@@ -20,7 +20,7 @@ _counter = itertools.count()
 
 
 class Registry:
-    def __init__(self, package: ModuleType, ops, onnx_map, rules, kernels):
+    def __init__(self, package: ModuleType, ops, onnx_map, rules, kernels, instrs):
         self.package = package
         self.ops: dict = dict(ops.OPS)
         self.onnx: dict[str, list] = {}
@@ -30,12 +30,13 @@ class Registry:
         self.kernels: dict = dict(kernels.KERNELS)
         self.scalars: dict = dict(kernels.SCALARS)
         self.extern: tuple = tuple(kernels.EXTERN)
+        self.instructions: dict = dict(instrs.INSTRUCTIONS)
 
     # ------------------------------------------------------------------ loading
     @classmethod
     def _from_package(cls, name: str) -> "Registry":
         pkg = importlib.import_module(name)
-        mods = [importlib.import_module(f"{name}.{m}") for m in ("ops", "onnx_map", "rules", "kernels")]
+        mods = [importlib.import_module(f"{name}.{m}") for m in ("ops", "onnx_map", "rules", "kernels", "instrs")]
         return cls(pkg, *mods)
 
     @classmethod

@@ -1981,7 +1981,7 @@ class Reshape(Node):
         y: Tensor[A, *shape]
     Attributes:
         shape: ints
-    Traits: primitive
+    Traits: primitive, view
     Declared at specs/ops.glowdef:387:1.
     """
 
@@ -1989,7 +1989,7 @@ class Reshape(Node):
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'view'])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:387:1'
 

@@ -1,0 +1,129 @@
+"""The low-level IR: instructions over buffers, addressed by region and offset.
+
+Buffers live in one of three regions, as in Glow's bundles:
+  constant   read-only weights, one blob
+  mutable    the model's inputs and outputs, each at a fixed offset
+  activation everything else, between `allocactivation` and `deallocactivation`,
+             at offsets chosen by the static memory planner
+A `TensorView` reinterprets another buffer's bytes with a new type (Reshape costs nothing).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from ..engine.types import Type
+
+ALIGNMENT = 64
+
+
+def align(n: int, a: int = ALIGNMENT) -> int:
+    return (n + a - 1) // a * a
+
+
+class Buffer:
+    """Something an instruction reads or writes."""
+
+    def __init__(self, name: str, type: Type):
+        self.name = name
+        self.type = type
+
+    @property
+    def nbytes(self) -> int:
+        return self.type.nbytes
+
+    def root(self) -> "Buffer":
+        return self
+
+    def __repr__(self):
+        return f"<{type(self).__name__} %{self.name}: {self.type}>"
+
+
+class WeightBuffer(Buffer):
+    """A buffer in the constant or mutable region, at a fixed offset."""
+
+    def __init__(self, name: str, type: Type, region: str, data: Optional[np.ndarray] = None):
+        super().__init__(name, type)
+        self.region = region              # "constant" | "mutable"
+        self.data = data                  # constant data
+        self.offset: int = -1
+        self.io: Optional[str] = None     # "input" | "output" for mutable weights
+
+
+class Activation(Buffer):
+    """A buffer in the activation arena; its offset comes from the memory planner."""
+
+    def __init__(self, name: str, type: Type):
+        super().__init__(name, type)
+        self.offset: int = -1
+
+
+class TensorView(Buffer):
+    """`base`'s bytes seen with another type of the same size."""
+
+    def __init__(self, name: str, type: Type, base: Buffer):
+        super().__init__(name, type)
+        self.base = base
+
+    def root(self) -> Buffer:
+        b: Buffer = self
+        while isinstance(b, TensorView):
+            b = b.base
+        return b
+
+
+class Instr:
+    """One instruction: a kind (a primitive's name, or one of the memory kinds below) and
+    operands as (role, buffer) pairs; variadic operands give several `@in` entries."""
+    ALLOC, DEALLOC, VIEW, COPY = "allocactivation", "deallocactivation", "tensorview", "copy"
+
+    def __init__(self, kind: str, operands: list, node=None, groups: tuple = ()):
+        self.kind = kind
+        self.operands: list[tuple[str, Optional[Buffer]]] = operands
+        self.node = node                  # the graph node: attributes, result types, provenance
+        self.groups = groups              # per declared operand: how many operands it spans
+
+    def reads(self):
+        return [b for r, b in self.operands if b is not None and r in ("in", "inout")]
+
+    def writes(self):
+        return [b for r, b in self.operands if b is not None and r in ("out", "inout")]
+
+    def buffers(self):
+        return [b for _, b in self.operands if b is not None]
+
+    def replace(self, old: Buffer, new: Buffer) -> None:
+        self.operands = [(r, new if b is old else b) for r, b in self.operands]
+
+    def __repr__(self):
+        return f"<Instr {self.kind} " + ", ".join(f"@{r} %{b.name if b else '_'}" for r, b in self.operands) + ">"
+
+
+class Program:
+    """A LIR function: weights, activations and the instruction list, plus the memory plan."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.weights: list[WeightBuffer] = []
+        self.activations: list[Activation] = []
+        self.instrs: list[Instr] = []
+        self.inputs: dict[str, WeightBuffer] = {}
+        self.outputs: dict[str, WeightBuffer] = {}
+        self.region_sizes = {"constant": 0, "mutable": 0, "activation": 0}
+
+    def mutable_weights(self):
+        return [w for w in self.weights if w.region == "mutable"]
+
+    def constant_weights(self):
+        return [w for w in self.weights if w.region == "constant"]
+
+    def place_weights(self) -> None:
+        """Fixed offsets in the constant and mutable regions, 64-byte aligned."""
+        for region in ("constant", "mutable"):
+            offset = 0
+            for w in self.weights:
+                if w.region == region:
+                    w.offset = offset
+                    offset = align(offset + max(w.nbytes, 1))
+            self.region_sizes[region] = offset

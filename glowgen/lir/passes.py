@@ -1,0 +1,156 @@
+"""LIR passes: liveness, copy elimination, in-place reuse, dead code, lifetime shortening.
+
+All of them work on roots: a tensor view reads and writes its base's bytes, so a use of a
+view is a use of the buffer under it.
+"""
+from __future__ import annotations
+
+from .ir import Activation, Buffer, Instr, Program, TensorView, WeightBuffer
+
+MEMORY_KINDS = (Instr.ALLOC, Instr.DEALLOC)
+
+
+def lifetimes(prog: Program) -> dict[Activation, tuple[int, int]]:
+    """First and last instruction index (allocs and deallocs aside) touching each activation."""
+    spans: dict[Activation, list[int]] = {}
+    for i, ins in enumerate(prog.instrs):
+        if ins.kind in MEMORY_KINDS:
+            continue
+        for b in ins.buffers():
+            r = b.root()
+            if isinstance(r, Activation):
+                span = spans.setdefault(r, [i, i])
+                span[1] = i
+    return {a: (s[0], s[1]) for a, s in spans.items()}
+
+
+def _replace_everywhere(prog: Program, old: Buffer, new: Buffer) -> None:
+    for ins in prog.instrs:
+        ins.replace(old, new)
+    for b in _views(prog):
+        if b.base is old:
+            b.base = new
+
+
+def _views(prog: Program):
+    for ins in prog.instrs:
+        if ins.kind == Instr.VIEW:
+            yield ins.operands[0][1]
+
+
+def _drop_activation(prog: Program, act: Activation) -> None:
+    prog.instrs = [ins for ins in prog.instrs
+                   if not (ins.kind in MEMORY_KINDS and ins.operands[0][1] is act)]
+    prog.activations.remove(act)
+
+
+def eliminate_copies(prog: Program) -> int:
+    """A copy into an output whose source dies there: compute straight into the output.
+
+    The source activation is renamed to the output weight (or becomes a view of it when a
+    reshape sits between them), and the copy disappears."""
+    removed = 0
+    for ins in list(prog.instrs):
+        if ins.kind != Instr.COPY:
+            continue
+        dst, src = ins.operands[0][1], ins.operands[1][1]
+        root = src.root()
+        if not isinstance(root, Activation) or root.nbytes != dst.nbytes:
+            continue
+        life = lifetimes(prog)
+        here = prog.instrs.index(ins)
+        if life.get(root, (here, here))[1] != here:
+            continue            # the value is still read after the copy
+        if root.type == dst.type:
+            _replace_everywhere(prog, root, dst)
+        else:
+            _replace_everywhere(prog, root, TensorView(root.name, root.type, dst))
+        prog.instrs.remove(ins)
+        _drop_activation(prog, root)
+        removed += 1
+    return removed
+
+
+def reuse_in_place(prog: Program, registry) -> int:
+    """An op declared `inplace(result, operand)` writes its result over a dying operand."""
+    reused = 0
+    changed = True
+    while changed:
+        changed = False
+        life = lifetimes(prog)
+        for i, ins in enumerate(prog.instrs):
+            kind = registry.instructions.get(ins.kind)
+            if kind is None or not kind.inplace:
+                continue
+            names = [r.name for r in kind.operands]
+            for result, operand in kind.inplace:
+                out = ins.operands[names.index(result)][1]
+                src = ins.operands[names.index(operand)][1]
+                if not isinstance(out, Activation) or not isinstance(src, Activation):
+                    continue
+                if src.type != out.type or life.get(src, (i, i))[1] != i:
+                    continue
+                if sum(1 for _, b in ins.operands if b is not None and b.root() is src) != 1:
+                    continue    # the operand is read twice here (x * x): keep it intact
+                _replace_everywhere(prog, out, src)
+                _drop_activation(prog, out)
+                reused += 1
+                changed = True
+                break
+            if changed:
+                break
+    return reused
+
+
+def remove_dead(prog: Program) -> int:
+    """Drop instructions whose results nobody reads, and allocations nobody uses."""
+    removed = 0
+    changed = True
+    while changed:
+        changed = False
+        read = set()
+        for ins in prog.instrs:
+            if ins.kind in MEMORY_KINDS:
+                continue
+            for b in ins.reads():
+                read.add(id(b.root()))
+        for ins in list(prog.instrs):
+            if ins.kind in MEMORY_KINDS:
+                continue
+            written = [b.root() for b in ins.writes()]
+            if written and all(isinstance(b, Activation) and id(b) not in read for b in written):
+                prog.instrs.remove(ins)
+                removed += 1
+                changed = True
+        used = {id(b.root()) for ins in prog.instrs if ins.kind not in MEMORY_KINDS for b in ins.buffers()}
+        for act in list(prog.activations):
+            if id(act) not in used:
+                _drop_activation(prog, act)
+                changed = True
+    return removed
+
+
+def shorten_lifetimes(prog: Program) -> None:
+    """Allocate each activation just before its first use and free it just after its last."""
+    body = [ins for ins in prog.instrs if ins.kind not in MEMORY_KINDS]
+    prog.instrs = body
+    life = lifetimes(prog)
+    first: dict[int, list] = {}
+    last: dict[int, list] = {}
+    for act in prog.activations:
+        s, e = life[act]
+        first.setdefault(s, []).append(act)
+        last.setdefault(e, []).append(act)
+    out = []
+    for i, ins in enumerate(body):
+        out += [Instr(Instr.ALLOC, [("out", a)]) for a in first.get(i, [])]
+        out.append(ins)
+        out += [Instr(Instr.DEALLOC, [("out", a)]) for a in last.get(i, [])]
+    prog.instrs = out
+
+
+def optimize(prog: Program, registry) -> None:
+    eliminate_copies(prog)
+    reuse_in_place(prog, registry)
+    remove_dead(prog)
+    shorten_lifetimes(prog)
