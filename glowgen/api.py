@@ -12,7 +12,7 @@ from .engine.types import Type, dtype_of
 from .errors import GlowgenError, InputError
 from .frontend.onnx import ModelLike, import_model
 
-BACKENDS = ("interpreter",)
+BACKENDS = ("interpreter", "cpu")
 
 
 def load(model: ModelLike, input_shapes: Optional[Mapping] = None,
@@ -34,14 +34,18 @@ def lower(function: Function, registry: Optional[Registry] = None) -> Function:
 class CompiledModel:
     """A compiled model: call `run({name: array})` (or the model itself) for outputs."""
 
-    def __init__(self, function: Function, registry: Registry, backend: str):
+    def __init__(self, function: Function, registry: Registry, backend: str, stacking: bool = True):
         from . import lir
-        from .backends.interpreter.lir_runner import LirRunner
         self.function = function
         self.registry = registry
         self.backend = backend
         self.program = lir.build(function, registry)
-        self._runner = LirRunner(self.program, registry)
+        if backend == "cpu":
+            from .backends.cpu import CpuRunner
+            self._runner = CpuRunner(self.program, registry, stacking=stacking, name=function.name)
+        else:
+            from .backends.interpreter.lir_runner import LirRunner
+            self._runner = LirRunner(self.program, registry)
         self.input_types: dict[str, Type] = {p.name: p.type for p in function.placeholders}
         self.output_types: dict[str, Type] = {n: v.type for n, v in function.outputs}
 
@@ -97,7 +101,7 @@ class CompiledModel:
 
 def compile(model: ModelLike, backend: str = "interpreter",
             input_shapes: Optional[Mapping] = None,
-            registry: Optional[Registry] = None) -> CompiledModel:
+            registry: Optional[Registry] = None, stacking: bool = True) -> CompiledModel:
     """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
 
     `input_shapes` binds dynamic dimensions: {"input": (1, 3, 224, 224)}.
@@ -106,4 +110,4 @@ def compile(model: ModelLike, backend: str = "interpreter",
         raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     registry = registry or Registry.default()
     function = lower(load(model, input_shapes, registry), registry)
-    return CompiledModel(function, registry, backend)
+    return CompiledModel(function, registry, backend, stacking=stacking)

@@ -15,14 +15,15 @@ LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet5
          "shufflenet", "squeezenet", "vgg19", "zfnet512"]
 
 
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
 @pytest.mark.parametrize("name", LIGHT)
-def test_light_model_matches_shipped_output(name):
+def test_light_model_matches_shipped_output(name, backend):
     path = ONNX_DATA / "light" / f"light_{name}.onnx"
     proto = onnx.load(path)
     inits = {i.name for i in proto.graph.initializer}
     feeds = {x.name: Runner.generate_dummy_data(x, seed=0, name=name, random=False)
              for x in proto.graph.input if x.name not in inits}
-    model = glowgen.compile(path)
+    model = glowgen.compile(path, backend=backend)
     outputs = model.run(feeds)
     expected = numpy_helper.to_array(onnx.load_tensor(str(ONNX_DATA / "light" / f"light_{name}_output_0.pb")))
     (actual,) = outputs.values()

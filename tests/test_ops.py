@@ -213,13 +213,17 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_op_matches_oracle(case):
+def test_op_matches_oracle(case, backend):
     model = case.model()
     feeds = dict(case.inputs)
     expected = (run_ort if case.oracle == "ort" else run_reference)(model, feeds)
-    actual = run_glowgen(model, feeds)
-    assert_close(actual, expected, rtol=case.rtol, atol=case.atol)
+    actual = run_glowgen(model, feeds, backend=backend)
+    rtol, atol = case.rtol, case.atol
+    if backend == "cpu":     # other summation orders and vectorized approximations
+        rtol, atol = max(rtol, 1e-4), max(atol, 1e-5)
+    assert_close(actual, expected, rtol=rtol, atol=atol)
 
 
 def test_every_onnx_mapping_is_exercised():

@@ -1,0 +1,72 @@
+"""Compile an LLVM module for a target: optimize, JIT it in-process, or emit an object file."""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+from typing import Optional
+
+import llvmlite.binding as llvm
+
+from ...errors import GlowgenError
+
+
+@lru_cache(maxsize=1)
+def _init():
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    try:
+        llvm.initialize_all_targets()
+        llvm.initialize_all_asmprinters()
+    except Exception:      # noqa: BLE001 - some builds only have the native target
+        pass
+    return True
+
+
+def host_target() -> tuple[str, str, str]:
+    _init()
+    return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+
+
+def target_machine(triple: Optional[str] = None, cpu: Optional[str] = None, features: Optional[str] = None,
+                   reloc: str = "default", codemodel: str = "jitdefault"):
+    _init()
+    host_triple, host_cpu, host_features = host_target()
+    triple = triple or host_triple
+    if cpu is None:
+        cpu = host_cpu if triple == host_triple else ""
+        features = host_features if triple == host_triple and features is None else (features or "")
+    try:
+        target = llvm.Target.from_triple(triple)
+    except RuntimeError as e:
+        raise GlowgenError(f"unknown target triple {triple!r}: {e}") from None
+    return target.create_target_machine(cpu=cpu, features=features or "", opt=3, reloc=reloc,
+                                        codemodel=codemodel)
+
+
+def optimize(ir_text: str, tm) -> "llvm.ModuleRef":
+    mod = llvm.parse_assembly(ir_text)
+    mod.verify()
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+class JitFunction:
+    """An optimized module loaded into this process; `fn(constant, mutable, activations)`."""
+
+    def __init__(self, ir_text: str, name: str):
+        self.tm = target_machine()
+        self.module = optimize(ir_text, self.tm)
+        self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
+        self.engine.finalize_object()
+        addr = self.engine.get_function_address(name)
+        proto = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        self.fn = proto(addr)
+
+    def assembly(self) -> str:
+        return self.tm.emit_assembly(self.module)

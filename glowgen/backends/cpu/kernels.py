@@ -1,0 +1,328 @@
+"""Loop nests for the non-elementwise primitives (the `extern` list of
+specs/cpu_kernels.glowdef), specialized at compile time on shapes and attributes.
+
+Each emitter gets a `KernelArgs`: the builder positioned in the kernel's function, the
+result pointers and the operand pointers (None for an absent optional operand, a list for
+a variadic one), each with its Type.  Emitters register themselves in `KERNELS`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from llvmlite import ir
+
+from ... import shapelib
+from .llvmutil import F32, I64, for_range, i64, is_float, is_signed, storage_type
+from .loops import broadcast_strides, contiguous_strides, strided_loops
+from .scalar import ScalarEmitter, Value, const, convert, load_elem, store_elem
+
+KERNELS: dict[str, Callable] = {}
+
+
+def kernel(*names):
+    def register(fn):
+        for n in names:
+            KERNELS[n] = fn
+        return fn
+    return register
+
+
+class KernelArgs:
+    def __init__(self, b: ir.IRBuilder, node, outs: list, ins: list, scalars: dict):
+        self.b, self.node, self.outs, self.ins, self.scalars = b, node, outs, ins, scalars
+
+    @property
+    def attrs(self):
+        return self.node.attr_values()
+
+
+def _copy_loops(k: KernelArgs, shape, src, src_map, src_off, dst, dst_map, dst_off, dtype):
+    def body(b, ptrs):
+        b.store(b.load(ptrs[0]), ptrs[1])
+    strided_loops(k.b, shape, [src, dst], [src_map, dst_map], [src_off, dst_off], body)
+
+
+# --------------------------------------------------------------------------- data movement
+@kernel("Transpose")
+def transpose(k: KernelArgs):
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    xs = contiguous_strides(xt.shape)
+    perm = k.attrs["perm"]
+    _copy_loops(k, yt.shape, x, [xs[p] for p in perm], 0, y, contiguous_strides(yt.shape), 0, yt.dtype)
+
+
+@kernel("Expand")
+def expand(k: KernelArgs):
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    _copy_loops(k, yt.shape, x, broadcast_strides(xt.shape, yt.shape), 0, y,
+                contiguous_strides(yt.shape), 0, yt.dtype)
+
+
+@kernel("Reshape")
+def reshape(k: KernelArgs):
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    _copy_loops(k, (yt.size,), x, (1,), 0, y, (1,), 0, yt.dtype)
+
+
+@kernel("Concat")
+def concat(k: KernelArgs):
+    (y, yt) = k.outs[0]
+    axis = k.attrs["axis"]
+    ys = contiguous_strides(yt.shape)
+    at = 0
+    for x, xt in k.ins[0]:
+        _copy_loops(k, xt.shape, x, contiguous_strides(xt.shape), 0, y, ys, at * ys[axis], yt.dtype)
+        at += xt.shape[axis]
+
+
+@kernel("Slice")
+def slice_(k: KernelArgs):
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    xs = contiguous_strides(xt.shape)
+    a = k.attrs
+    offset = sum(s * st for s, st in zip(a["starts"], xs))
+    _copy_loops(k, yt.shape, x, [st * step for st, step in zip(xs, a["steps"])], offset,
+                y, contiguous_strides(yt.shape), 0, yt.dtype)
+
+
+@kernel("Gather")
+def gather(k: KernelArgs):
+    b = k.b
+    (y, yt), (x, xt), (idx, it) = k.outs[0], k.ins[0], k.ins[1]
+    axis = k.attrs["axis"]
+    n_outer = 1
+    for d in xt.shape[:axis]:
+        n_outer *= d
+    inner = 1
+    for d in xt.shape[axis + 1:]:
+        inner *= d
+    dim = xt.shape[axis]
+    n_idx = it.size
+    with for_range(b, n_outer, name="o") as o:
+        with for_range(b, n_idx, name="j") as j:
+            raw = b.load(b.gep(idx, [j]))
+            raw = b.sext(raw, I64) if raw.type.width < 64 else raw
+            neg = b.icmp_signed("<", raw, i64(0))
+            fixed = b.select(neg, b.add(raw, i64(dim)), raw)
+            # Out-of-range indices are clamped: native code never reads outside a buffer.
+            fixed = b.select(b.icmp_signed("<", fixed, i64(0)), i64(0), fixed)
+            fixed = b.select(b.icmp_signed(">=", fixed, i64(dim)), i64(dim - 1), fixed)
+            src = b.add(b.mul(o, i64(dim * inner)), b.mul(fixed, i64(inner)))
+            dst = b.add(b.mul(o, i64(n_idx * inner)), b.mul(j, i64(inner)))
+            with for_range(b, inner, name="r") as r:
+                b.store(b.load(b.gep(x, [b.add(src, r)])), b.gep(y, [b.add(dst, r)]))
+
+
+@kernel("Splat")
+def splat(k: KernelArgs):
+    (y, yt) = k.outs[0]
+    value = Value(const(k.attrs["value"], yt.dtype) if yt.dtype != "bool" else const(k.attrs["value"], "bool"), yt.dtype)
+
+    def body(b, ptrs):
+        store_elem(b, value, ptrs[0], yt.dtype)
+    strided_loops(k.b, (yt.size,), [y], [(1,)], [0], body)
+
+
+@kernel("Range")
+def range_(k: KernelArgs):
+    b = k.b
+    (y, yt) = k.outs[0]
+    a = k.attrs
+    with for_range(b, yt.size) as i:
+        if is_float(yt.dtype):
+            v = b.fadd(const(a["start"], yt.dtype), b.fmul(b.sitofp(i, storage_type(yt.dtype)), const(a["delta"], yt.dtype)))
+        else:
+            t = storage_type(yt.dtype)
+            iv = b.trunc(i, t) if t.width < 64 else i
+            v = b.add(const(int(a["start"]), yt.dtype), b.mul(iv, const(int(a["delta"]), yt.dtype)))
+        b.store(v, b.gep(y, [i]))
+
+
+@kernel("Shape", "Size")
+def shape_of(k: KernelArgs):
+    b = k.b
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    if k.node.OP == "Size":
+        values = [xt.size]
+    else:
+        values = list(shapelib.b_shape_range(xt.shape, k.attrs["start"], k.attrs["end"]))
+    for i, v in enumerate(values):
+        b.store(i64(v), b.gep(y, [i64(i)]))
+
+
+# --------------------------------------------------------------------------- reductions
+_REDUCE = {"ReduceSum": ("add", 0), "ReduceMax": ("max", "-inf"), "ReduceMin": ("min", "inf"),
+           "ReduceProd": ("mul", 1)}
+
+
+def _identity(op: str, dtype: str):
+    init = _REDUCE[op][1]
+    if init in ("-inf", "inf"):
+        if is_float(dtype):
+            return float(init)
+        import numpy as np
+        from ...engine.types import numpy_dtype
+        info = np.iinfo(numpy_dtype(dtype))
+        return info.min if init == "-inf" else info.max
+    return init
+
+
+@kernel(*_REDUCE)
+def reduce_(k: KernelArgs):
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    axes = set(k.attrs["axes"]) if len(k.attrs["axes"]) else set(range(xt.rank))
+    op = k.node.OP
+    init = Value(const(_identity(op, yt.dtype), yt.dtype), yt.dtype)
+
+    def fill(b, ptrs):
+        store_elem(b, init, ptrs[0], yt.dtype)
+    strided_loops(k.b, (yt.size,), [y], [(1,)], [0], fill, name="f")
+    # y viewed with x's rank: reduced axes have stride 0.
+    kept = [1 if i in axes else d for i, d in enumerate(xt.shape)]
+    ymap = [0 if i in axes else s for i, s in enumerate(contiguous_strides(kept))]
+    fname = _REDUCE[op][0]
+
+    def body(b, ptrs):
+        em = ScalarEmitter(b, k.scalars)
+        acc = load_elem(b, ptrs[1], yt.dtype)
+        v = load_elem(b, ptrs[0], xt.dtype)
+        store_elem(b, getattr(em, "f_" + fname)(acc, v), ptrs[1], yt.dtype)
+    strided_loops(k.b, xt.shape, [x, y], [contiguous_strides(xt.shape), ymap], [0, 0], body)
+
+
+# --------------------------------------------------------------------------- linear algebra
+@kernel("BatchMatMul")
+def batch_matmul(k: KernelArgs):
+    b = k.b
+    (y, yt), (a, at), (c, ct) = k.outs[0], k.ins[0], k.ins[1]
+    nb, m, kk = at.shape
+    n = ct.shape[2]
+    dtype = yt.dtype
+    em = ScalarEmitter(b, k.scalars)
+    zero = Value(const(0, dtype), dtype)
+    with for_range(b, nb, name="bb") as bb:
+        with for_range(b, m, name="m") as mi:
+            yrow = b.add(b.mul(bb, i64(m * n)), b.mul(mi, i64(n)))
+            with for_range(b, n, name="z") as j:
+                store_elem(b, zero, b.gep(y, [b.add(yrow, j)]), dtype)
+            with for_range(b, kk, name="k") as ki:
+                av = load_elem(b, b.gep(a, [b.add(b.mul(bb, i64(m * kk)), b.add(b.mul(mi, i64(kk)), ki))]), dtype)
+                crow = b.add(b.mul(bb, i64(kk * n)), b.mul(ki, i64(n)))
+                with for_range(b, n, name="n") as j:
+                    p = b.gep(y, [b.add(yrow, j)])
+                    cv = load_elem(b, b.gep(c, [b.add(crow, j)]), dtype)
+                    store_elem(b, em.f_add(load_elem(b, p, dtype), em.f_mul(av, cv)), p, dtype)
+
+
+# --------------------------------------------------------------------------- convolution
+def _valid_range(b, k_idx, pad, stride, dil, in_size, out_size):
+    """Output positions o whose input o*stride - pad + k*dil lies inside [0, in_size)."""
+    # lo = ceil((pad - k*dil) / stride) clamped at 0; hi = floor((in-1+pad-k*dil)/stride)+1
+    kd = b.mul(k_idx, i64(dil))
+    num_lo = b.sub(i64(pad), kd)
+    lo = b.sdiv(b.add(num_lo, i64(stride - 1)), i64(stride))
+    lo = b.select(b.icmp_signed("<", num_lo, i64(0)), i64(0), lo)
+    num_hi = b.sub(i64(in_size - 1 + pad), kd)
+    hi = b.add(b.sdiv(num_hi, i64(stride)), i64(1))
+    hi = b.select(b.icmp_signed("<", num_hi, i64(0)), i64(0), hi)
+    hi = b.select(b.icmp_signed(">", hi, i64(out_size)), i64(out_size), hi)
+    return lo, hi
+
+
+@kernel("Conv")
+def conv(k: KernelArgs):
+    b = k.b
+    (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
+    bias = k.ins[2]
+    n, c, h, wd = xt.shape
+    m, cg, kh, kw = wt.shape
+    oh, ow = yt.shape[2:]
+    a = k.attrs
+    (sh, sw), (dh, dw), (pt, pl) = a["strides"], a["dilations"], a["pads"][:2]
+    g = a["group"]
+    mg = m // g
+    dtype = yt.dtype
+    em = ScalarEmitter(b, k.scalars)
+    with for_range(b, n, name="n") as ni:
+        with for_range(b, m, name="m") as mi:
+            ybase = b.mul(b.add(b.mul(ni, i64(m)), mi), i64(oh * ow))
+            init = (load_elem(b, b.gep(bias[0], [mi]), dtype) if bias is not None
+                    else Value(const(0, dtype), dtype))
+            with for_range(b, oh * ow, name="z") as z:
+                store_elem(b, init, b.gep(y, [b.add(ybase, z)]), dtype)
+            gi = b.sdiv(mi, i64(mg))
+            with for_range(b, cg, name="c") as ci:
+                chan = b.add(b.mul(gi, i64(cg)), ci)
+                xbase = b.mul(b.add(b.mul(ni, i64(c)), chan), i64(h * wd))
+                with for_range(b, kh, name="kh") as khi:
+                    oh_lo, oh_hi = _valid_range(b, khi, pt, sh, dh, h, oh)
+                    with for_range(b, kw, name="kw") as kwi:
+                        ow_lo, ow_hi = _valid_range(b, kwi, pl, sw, dw, wd, ow)
+                        widx = b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh * kw)),
+                                     b.add(b.mul(khi, i64(kw)), kwi))
+                        wv = load_elem(b, b.gep(w, [widx]), dtype)
+                        with for_range(b, oh_hi, start=oh_lo, name="oh") as ohi:
+                            ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(khi, i64(dh)))
+                            xrow = b.add(xbase, b.mul(ih, i64(wd)))
+                            yrow = b.add(ybase, b.mul(ohi, i64(ow)))
+                            with for_range(b, ow_hi, start=ow_lo, name="ow") as owi:
+                                iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(kwi, i64(dw)))
+                                xv = load_elem(b, b.gep(x, [b.add(xrow, iw)]), dtype)
+                                p = b.gep(y, [b.add(yrow, owi)])
+                                store_elem(b, em.f_add(load_elem(b, p, dtype), em.f_mul(wv, xv)), p, dtype)
+
+
+# --------------------------------------------------------------------------- pooling
+def _pool(k: KernelArgs, is_max: bool):
+    b = k.b
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    n, c, h, wd = xt.shape
+    oh, ow = yt.shape[2:]
+    a = k.attrs
+    kh, kw = a["kernel"]
+    sh, sw = a["strides"]
+    dh, dw = a.get("dilations", (1, 1))
+    pt, pl, pb, pr = a["pads"]
+    dtype = yt.dtype
+    em = ScalarEmitter(b, k.scalars)
+    count_pad = bool(a.get("count_include_pad", 0))
+    cnt = b.alloca(I64)          # in the entry block, so mem2reg turns it into a register
+    with for_range(b, n * c, name="nc") as nc:
+        xbase = b.mul(nc, i64(h * wd))
+        ybase = b.mul(nc, i64(oh * ow))
+        with for_range(b, oh, name="oh") as ohi:
+            with for_range(b, ow, name="ow") as owi:
+                acc_ptr = b.gep(y, [b.add(ybase, b.add(b.mul(ohi, i64(ow)), owi))])
+                init = _identity("ReduceMax", dtype) if is_max else 0
+                store_elem(b, Value(const(init, dtype), dtype), acc_ptr, dtype)
+                b.store(i64(0), cnt)
+                with for_range(b, kh, name="ph") as phi_:
+                    ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(phi_, i64(dh)))
+                    with for_range(b, kw, name="pw") as pwi:
+                        iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(pwi, i64(dw)))
+                        inside = b.and_(b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(h))),
+                                        b.and_(b.icmp_signed(">=", iw, i64(0)), b.icmp_signed("<", iw, i64(wd))))
+                        in_pads = b.and_(b.and_(b.icmp_signed(">=", ih, i64(-pt)), b.icmp_signed("<", ih, i64(h + pb))),
+                                         b.and_(b.icmp_signed(">=", iw, i64(-pl)), b.icmp_signed("<", iw, i64(wd + pr))))
+                        counted = in_pads if count_pad else inside
+                        b.store(b.add(b.load(cnt), b.zext(counted, I64)), cnt)
+                        with b.if_then(inside):
+                            xv = load_elem(b, b.gep(x, [b.add(xbase, b.add(b.mul(ih, i64(wd)), iw))]), dtype)
+                            acc = load_elem(b, acc_ptr, dtype)
+                            store_elem(b, em.f_max(acc, xv) if is_max else em.f_add(acc, xv), acc_ptr, dtype)
+                if not is_max:
+                    total = b.load(cnt)
+                    total = b.select(b.icmp_signed("<", total, i64(1)), i64(1), total)
+                    acc = load_elem(b, acc_ptr, dtype)
+                    div = Value(b.sitofp(total, storage_type(dtype)), dtype)
+                    store_elem(b, em.f_div(acc, div), acc_ptr, dtype)
+
+
+@kernel("MaxPool")
+def max_pool(k: KernelArgs):
+    _pool(k, True)
+
+
+@kernel("AvgPool")
+def avg_pool(k: KernelArgs):
+    _pool(k, False)

@@ -1,0 +1,86 @@
+"""Small helpers over llvmlite.ir: element types, counted loops, intrinsics."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+I1 = ir.IntType(1)
+I8 = ir.IntType(8)
+I16 = ir.IntType(16)
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+F16 = ir.HalfType()
+F32 = ir.FloatType()
+F64 = ir.DoubleType()
+I8P = I8.as_pointer()
+
+# Element type name -> (LLVM storage type, is_float, is_signed)
+ELEM = {
+    "f32": (F32, True, True), "f64": (F64, True, True), "f16": (F16, True, True),
+    "i8": (I8, False, True), "i16": (I16, False, True), "i32": (I32, False, True),
+    "i64": (I64, False, True), "u8": (I8, False, False), "u16": (I16, False, False),
+    "u32": (I32, False, False), "u64": (I64, False, False), "bool": (I8, False, False),
+}
+
+
+def storage_type(dtype: str) -> ir.Type:
+    return ELEM[dtype][0]
+
+
+def is_float(dtype: str) -> bool:
+    return ELEM[dtype][1]
+
+
+def is_signed(dtype: str) -> bool:
+    return ELEM[dtype][2]
+
+
+def i64(n: int) -> ir.Constant:
+    return ir.Constant(I64, int(n))
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, count, start=0, step=1, name: str = "i"):
+    """`for (i = start; i < count; i += step)` with a known or computed trip count."""
+    count = count if isinstance(count, ir.Value) else i64(count)
+    pre = b.block
+    head = b.append_basic_block(f"{name}.head")
+    body = b.append_basic_block(f"{name}.body")
+    end = b.append_basic_block(f"{name}.end")
+    b.branch(head)
+    b.position_at_end(head)
+    idx = b.phi(I64, name=name)
+    idx.add_incoming(start if isinstance(start, ir.Value) else i64(start), pre)
+    b.cbranch(b.icmp_signed("<", idx, count), body, end)
+    b.position_at_end(body)
+    yield idx
+    nxt = b.add(idx, step if isinstance(step, ir.Value) else i64(step), name=f"{name}.next")
+    idx.add_incoming(nxt, b.block)
+    b.branch(head)
+    b.position_at_end(end)
+
+
+def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Function:
+    """Declare (once) an LLVM intrinsic such as llvm.maximum.f32."""
+    if name in module.globals:
+        return module.globals[name]
+    return ir.Function(module, ir.FunctionType(ret, args), name=name)
+
+
+def type_suffix(t: ir.Type) -> str:
+    if isinstance(t, ir.VectorType):
+        return f"v{t.count}{type_suffix(t.element)}"
+    if isinstance(t, ir.FloatType):
+        return "f32"
+    if isinstance(t, ir.DoubleType):
+        return "f64"
+    if isinstance(t, ir.HalfType):
+        return "f16"
+    return f"i{t.width}"
+
+
+def call_intrinsic(b: ir.IRBuilder, base: str, args: list, ret: ir.Type = None):
+    t = args[0].type
+    fn = intrinsic(b.module, f"llvm.{base}.{type_suffix(t)}", ret or t, [a.type for a in args])
+    return b.call(fn, args)

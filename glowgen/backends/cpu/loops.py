@@ -1,0 +1,69 @@
+"""Strided loop nests: one loop per (collapsed) dimension, each operand read or written
+through an index map (element strides, 0 for a broadcast dimension, plus an offset).
+
+Elementwise stacks, broadcasts, transposes, slices and concatenations are all this one
+loop nest with different index maps, which is how XLA's elemental emitter sees them too.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from llvmlite import ir
+
+from .llvmutil import for_range, i64
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def broadcast_strides(shape: Sequence[int], out_shape: Sequence[int]) -> tuple[int, ...]:
+    """Strides that read an operand of `shape` at the indices of `out_shape` (NumPy rules)."""
+    own = contiguous_strides(shape)
+    pad = len(out_shape) - len(shape)
+    out = []
+    for i, d in enumerate(out_shape):
+        j = i - pad
+        out.append(0 if j < 0 or shape[j] == 1 else own[j])
+    return tuple(out)
+
+
+def collapse(shape: Sequence[int], maps: Sequence[Sequence[int]]) -> tuple[list, list]:
+    """Merge adjacent dimensions that every index map walks as one (fewer, longer loops,
+    and a long contiguous innermost loop for the vectorizer)."""
+    shape = list(shape)
+    maps = [list(m) for m in maps]
+    i = len(shape) - 2
+    while i >= 0:
+        outer, inner = shape[i], shape[i + 1]
+        if inner == 1 or outer == 1 or all(m[i] == m[i + 1] * inner for m in maps):
+            for m in maps:
+                m[i] = m[i] if inner == 1 else m[i + 1]
+                del m[i + 1]
+            shape[i] = outer * inner
+            del shape[i + 1]
+        i -= 1
+    if not shape:
+        shape, maps = [1], [[0] for _ in maps]
+    return shape, maps
+
+
+def strided_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: Sequence[Sequence[int]],
+                  offsets: Sequence[int], body: Callable[[ir.IRBuilder, list], None],
+                  name: str = "d") -> None:
+    """Loop over `shape`; call `body(b, ptrs)` with each operand's element pointer."""
+    shape, maps = collapse(shape, maps)
+
+    def level(d: int, offs: list):
+        if d == len(shape):
+            body(b, [b.gep(base, [off]) for base, off in zip(bases, offs)])
+            return
+        with for_range(b, shape[d], name=f"{name}{d}") as idx:
+            nxt = [b.add(off, b.mul(idx, i64(m[d]))) if m[d] else off for off, m in zip(offs, maps)]
+            level(d + 1, nxt)
+
+    level(0, [i64(o) for o in offsets])

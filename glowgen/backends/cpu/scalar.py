@@ -1,0 +1,270 @@
+"""Render the kernel expression trees of specs/cpu_kernels.glowdef as LLVM IR.
+
+A value is carried as (llvm value, element type name).  Booleans live in registers as i1
+and in memory as one byte.  Python constants take the type of the other operand, as
+NumPy's weak scalars do.  Functions with a `scalar` definition in the spec (exp, tanh, ...)
+are inlined from it, so they vectorize inside a stacked loop; the rest map to LLVM
+instructions and intrinsics.
+"""
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from ...engine.types import numpy_dtype
+from .llvmutil import ELEM, F32, F64, I1, call_intrinsic, intrinsic, is_float, is_signed, storage_type
+
+_FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
+
+
+class Value:
+    __slots__ = ("v", "dtype")
+
+    def __init__(self, v, dtype: str):
+        self.v, self.dtype = v, dtype
+
+
+def _ltype(dtype: str) -> ir.Type:
+    return I1 if dtype == "bool" else storage_type(dtype)
+
+
+def const(value, dtype: str) -> ir.Constant:
+    if dtype == "bool":
+        return ir.Constant(I1, int(bool(value)))
+    if is_float(dtype):
+        return ir.Constant(storage_type(dtype), float(value))
+    info = numpy_dtype(dtype)
+    return ir.Constant(storage_type(dtype), int(value) & ((1 << (info.itemsize * 8)) - 1))
+
+
+def load_elem(b: ir.IRBuilder, ptr, dtype: str) -> Value:
+    v = b.load(ptr)
+    if dtype == "bool":
+        v = b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
+    return Value(v, dtype)
+
+
+def store_elem(b: ir.IRBuilder, val: Value, ptr, dtype: str) -> None:
+    v = convert(b, val, dtype).v
+    if dtype == "bool":
+        v = b.zext(v, storage_type("bool"))
+    b.store(v, ptr)
+
+
+def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
+    """NumPy `astype` semantics (float -> int saturates instead of being undefined)."""
+    src, dst = x.dtype, dtype
+    if src == dst:
+        return x
+    v = x.v
+    if dst == "bool":
+        if is_float(src):
+            return Value(b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0)), "bool")
+        return Value(b.icmp_unsigned("!=", v, ir.Constant(v.type, 0)), "bool")
+    t = storage_type(dst)
+    if src == "bool":
+        return Value(b.uitofp(v, t) if is_float(dst) else b.zext(v, t), dst)
+    if is_float(src) and is_float(dst):
+        widen = _fbits(t) > _fbits(v.type)
+        return Value(b.fpext(v, t) if widen else b.fptrunc(v, t), dst)
+    if is_float(src):
+        name = "fptosi.sat" if is_signed(dst) else "fptoui.sat"
+        fn = intrinsic(b.module, f"llvm.{name}.i{t.width}.{_ftag(v.type)}", t, [v.type])
+        return Value(b.call(fn, [v]), dst)
+    if is_float(dst):
+        return Value(b.sitofp(v, t) if is_signed(src) else b.uitofp(v, t), dst)
+    if t.width > v.type.width:
+        return Value(b.sext(v, t) if is_signed(src) else b.zext(v, t), dst)
+    if t.width < v.type.width:
+        return Value(b.trunc(v, t), dst)
+    return Value(v, dst)
+
+
+def _fbits(t) -> int:
+    return {ir.HalfType: 16, ir.FloatType: 32, ir.DoubleType: 64}[type(t)]
+
+
+def _ftag(t) -> str:
+    return {ir.HalfType: "f16", ir.FloatType: "f32", ir.DoubleType: "f64"}[type(t)]
+
+
+class ScalarEmitter:
+    """Emits one kernel tree for one element; `args` are Values or Python numbers."""
+
+    def __init__(self, b: ir.IRBuilder, scalars: dict):
+        self.b, self.scalars = b, scalars
+
+    # -------------------------------------------------------------- typing
+    def unify(self, xs: list) -> list:
+        """Give Python numbers the type of the first real operand (NumPy weak scalars)."""
+        typed = [x for x in xs if isinstance(x, Value)]
+        if not typed:
+            dtype = "f32" if any(isinstance(x, float) for x in xs) else "i64"
+        else:
+            dtype = typed[0].dtype
+            if dtype == "bool" and any(isinstance(x, Value) and x.dtype != "bool" for x in typed):
+                dtype = next(x.dtype for x in typed if x.dtype != "bool")
+        out = []
+        for x in xs:
+            if isinstance(x, Value):
+                out.append(convert(self.b, x, dtype) if x.dtype != dtype else x)
+            else:
+                if not is_float(dtype) and isinstance(x, float) and dtype != "bool":
+                    dtype_f = "f32"
+                    out.append(Value(const(x, dtype_f), dtype_f))
+                    continue
+                out.append(Value(const(x, dtype), dtype))
+        return out
+
+    # -------------------------------------------------------------- trees
+    def emit(self, tree, args: list, attrs: dict, memo: dict | None = None):
+        memo = {} if memo is None else memo
+        key = id(tree)
+        if key in memo:
+            return memo[key]
+        kind = tree[0]
+        if kind == "param":
+            r = args[tree[1]]
+        elif kind == "const":
+            r = tree[1]
+        elif kind == "attr":
+            r = attrs[tree[1]]
+        elif kind == "dtype":
+            r = tree[1]
+        else:
+            fname, subs = tree[1], tree[2]
+            vals = [self.emit(t, args, attrs, memo) for t in subs]
+            if fname in self.scalars:
+                sc = self.scalars[fname]
+                r = self.emit(sc["body"], vals, attrs, {})
+            else:
+                r = getattr(self, "f_" + fname)(*vals)
+        memo[key] = r
+        return r
+
+    # -------------------------------------------------------------- functions
+    def _arith(self, a, b_, fop, iop, uop=None):
+        a, c = self.unify([a, b_])
+        if is_float(a.dtype):
+            return Value(getattr(self.b, fop)(a.v, c.v), a.dtype)
+        op = uop if (uop and not is_signed(a.dtype)) else iop
+        return Value(getattr(self.b, op)(a.v, c.v), a.dtype)
+
+    def f_add(self, a, c): return self._arith(a, c, "fadd", "add")
+    def f_sub(self, a, c): return self._arith(a, c, "fsub", "sub")
+    def f_mul(self, a, c): return self._arith(a, c, "fmul", "mul")
+    def f_div(self, a, c): return self._arith(a, c, "fdiv", "sdiv", "udiv")
+    def f_mod(self, a, c): return self._arith(a, c, "frem", "srem", "urem")
+
+    def f_pow(self, a, c):
+        a, c = self.unify([a, c])
+        return Value(call_intrinsic(self.b, "pow", [a.v, c.v]), a.dtype)
+
+    def f_neg(self, a):
+        (a,) = self.unify([a])
+        if is_float(a.dtype):
+            return Value(self.b.fneg(a.v), a.dtype)
+        return Value(self.b.neg(a.v), a.dtype)
+
+    def _cmp(self, a, c, op):
+        a, c = self.unify([a, c])
+        if is_float(a.dtype):
+            if op == "ne":
+                return Value(self.b.fcmp_unordered("!=", a.v, c.v), "bool")
+            return Value(self.b.fcmp_ordered(_FCMP[op], a.v, c.v), "bool")
+        sym = _FCMP.get(op, "!=")
+        if is_signed(a.dtype) and a.dtype != "bool":
+            return Value(self.b.icmp_signed(sym, a.v, c.v), "bool")
+        return Value(self.b.icmp_unsigned(sym, a.v, c.v), "bool")
+
+    def f_lt(self, a, c): return self._cmp(a, c, "lt")
+    def f_le(self, a, c): return self._cmp(a, c, "le")
+    def f_gt(self, a, c): return self._cmp(a, c, "gt")
+    def f_ge(self, a, c): return self._cmp(a, c, "ge")
+    def f_eq(self, a, c): return self._cmp(a, c, "eq")
+    def f_ne(self, a, c): return self._cmp(a, c, "ne")
+
+    def _bool(self, x):
+        return convert(self.b, x, "bool") if isinstance(x, Value) else Value(const(x, "bool"), "bool")
+
+    def f_and(self, a, c): return Value(self.b.and_(self._bool(a).v, self._bool(c).v), "bool")
+    def f_or(self, a, c): return Value(self.b.or_(self._bool(a).v, self._bool(c).v), "bool")
+    def f_xor(self, a, c): return Value(self.b.xor(self._bool(a).v, self._bool(c).v), "bool")
+    def f_not(self, a): return Value(self.b.not_(self._bool(a).v), "bool")
+
+    def f_select(self, c, a, d):
+        a, d = self.unify([a, d])
+        return Value(self.b.select(self._bool(c).v, a.v, d.v), a.dtype)
+
+    def _minmax(self, a, c, which):
+        a, c = self.unify([a, c])
+        if is_float(a.dtype):
+            return Value(call_intrinsic(self.b, "maximum" if which == "max" else "minimum", [a.v, c.v]), a.dtype)
+        prefix = ("s" if is_signed(a.dtype) else "u") + which
+        return Value(call_intrinsic(self.b, prefix, [a.v, c.v]), a.dtype)
+
+    def f_max(self, a, c): return self._minmax(a, c, "max")
+    def f_min(self, a, c): return self._minmax(a, c, "min")
+
+    def f_abs(self, a):
+        (a,) = self.unify([a])
+        if is_float(a.dtype):
+            return Value(call_intrinsic(self.b, "fabs", [a.v]), a.dtype)
+        if not is_signed(a.dtype):
+            return a
+        fn = intrinsic(self.b.module, f"llvm.abs.i{a.v.type.width}", a.v.type, [a.v.type, I1])
+        return Value(self.b.call(fn, [a.v, ir.Constant(I1, 0)]), a.dtype)
+
+    def f_sign(self, a):
+        (a,) = self.unify([a])
+        zero = const(0, a.dtype)
+        pos = self._cmp(a, 0, "gt").v
+        neg = self._cmp(a, 0, "lt").v
+        one, mone = const(1, a.dtype), const(-1, a.dtype) if is_signed(a.dtype) else const(0, a.dtype)
+        v = self.b.select(pos, one, self.b.select(neg, mone, zero))
+        if is_float(a.dtype):      # sign(NaN) is NaN
+            v = self.b.select(self.b.fcmp_unordered("uno", a.v, a.v), a.v, v)
+        return Value(v, a.dtype)
+
+    def _unary_intrinsic(self, name, a):
+        (a,) = self.unify([a])
+        if not is_float(a.dtype):
+            a = convert(self.b, a, "f32")
+        return Value(call_intrinsic(self.b, name, [a.v]), a.dtype)
+
+    def f_sqrt(self, a): return self._unary_intrinsic("sqrt", a)
+    def f_floor(self, a): return self._unary_intrinsic("floor", a)
+    def f_ceil(self, a): return self._unary_intrinsic("ceil", a)
+    def f_round(self, a): return self._unary_intrinsic("roundeven", a)
+    def f_exp(self, a): return self._unary_intrinsic("exp", a)
+    def f_log(self, a): return self._unary_intrinsic("log", a)
+    def f_sin(self, a): return self._unary_intrinsic("sin", a)
+    def f_cos(self, a): return self._unary_intrinsic("cos", a)
+
+    def _libm(self, name, a):
+        """Fallback for functions without a `scalar` definition: a libm call per element."""
+        (a,) = self.unify([a])
+        t = a.v.type
+        sym = name + ("f" if isinstance(t, ir.FloatType) else "")
+        fn = intrinsic(self.b.module, sym, t, [t])
+        return Value(self.b.call(fn, [a.v]), a.dtype)
+
+    def f_tanh(self, a): return self._libm("tanh", a)
+    def f_erf(self, a): return self._libm("erf", a)
+    def f_log1p(self, a): return self._libm("log1p", a)
+    def f_expm1(self, a): return self._libm("expm1", a)
+
+    def f_isnan(self, a):
+        (a,) = self.unify([a])
+        return Value(self.b.fcmp_unordered("uno", a.v, a.v), "bool")
+
+    def f_isinf(self, a):
+        (a,) = self.unify([a])
+        av = call_intrinsic(self.b, "fabs", [a.v])
+        return Value(self.b.fcmp_ordered("==", av, ir.Constant(a.v.type, math.inf)), "bool")
+
+    def f_cast(self, a, dtype):
+        if not isinstance(a, Value):
+            return Value(const(a, dtype), dtype)
+        return convert(self.b, a, dtype)
