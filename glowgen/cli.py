@@ -21,6 +21,8 @@ examples:
   glowgen run model.onnx --input-shape input=1x3x224x224 --save-outputs out/
   glowgen run model.onnx --input input=x.npy
   glowgen dump model.onnx --stage lowered
+  glowgen dump model.onnx --stage optimized --rules     # which rules fired, how often
+  glowgen dump model.onnx --passes                      # the pass pipeline and what it did
   glowgen dump model.onnx --stage loaded --format dot > graph.dot
   glowgen ops
   glowgen regen            # after editing specs/*.glowdef
@@ -108,14 +110,41 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _passes_report(ctx) -> str:
+    from .engine.passes import describe_pipeline
+    from .pipeline import PIPELINE
+    lines = ["pipeline:", describe_pipeline(PIPELINE).rstrip(), "", "on this model:"]
+    for name, rounds, before, after in ctx.log:
+        lines.append(f"  {name:22s} {rounds:3d} round{'s' if rounds != 1 else ' '}  nodes {before} -> {after}")
+    lines.append("  passes: " + (", ".join(f"{n} {c}" for n, c in sorted(ctx.passes.items())) or "none"))
+    return "\n".join(lines) + "\n"
+
+
+def _rules_report(ctx) -> str:
+    if not ctx.fired:
+        return "no rule fired\n"
+    width = max(len(n) for n in ctx.fired)
+    lines = [f"{name:{width}s} {count:6d}" for name, count in sorted(ctx.fired.items(), key=lambda x: (-x[1], x[0]))]
+    lines.append(f"{'total':{width}s} {sum(ctx.fired.values()):6d}")
+    return "\n".join(lines) + "\n"
+
+
 def cmd_dump(args) -> int:
     from . import api
     from .engine.textual import print_function, to_dot
+    stage = args.stage or ("lowered" if args.passes or args.rules else "loaded")
     fn = api.load(args.model, _input_shapes(args))
-    if args.stage == "lowered":
-        fn = api.lower(fn)
-    text = to_dot(fn) if args.format == "dot" else print_function(
-        fn, max_elements=None if args.full else 16, trace=args.trace)
+    ctx = api.optimize(fn, stage=stage) if stage != "loaded" else None
+    if args.passes or args.rules:
+        if ctx is None:
+            raise InputError("--passes and --rules report what the pipeline did: use them with "
+                             "--stage optimized or --stage lowered")
+        text = (_passes_report(ctx) if args.passes else "") + (
+            ("\n" if args.passes else "") + _rules_report(ctx) if args.rules else "")
+    elif args.format == "dot":
+        text = to_dot(fn)
+    else:
+        text = print_function(fn, max_elements=None if args.full else 16, trace=args.trace)
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -186,10 +215,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("dump", help="print the graph at a stage of compilation",
-                       description="Print MODEL's graph after a stage: `loaded` (as imported) or "
-                                   "`lowered` (primitives only, constants folded).")
+                       description="Print MODEL's graph after a stage: `loaded` (as imported), "
+                                   "`optimized` (canonicalized: rules, DCE, CSE, constant folding) "
+                                   "or `lowered` (the whole pipeline: what the backend runs).")
     d.add_argument("model", help="path to an .onnx file")
-    d.add_argument("--stage", default="loaded", choices=["loaded", "lowered"])
+    d.add_argument("--stage", choices=["loaded", "optimized", "lowered"],
+                   help="default: loaded (lowered with --passes or --rules)")
+    d.add_argument("--passes", action="store_true",
+                   help="print the pass pipeline and what each phase did, instead of the graph")
+    d.add_argument("--rules", action="store_true",
+                   help="print how many times each rule fired, instead of the graph")
     d.add_argument("--format", default="text", choices=["text", "dot"],
                    help="text (parses back) or Graphviz dot")
     d.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
