@@ -202,6 +202,10 @@ class Function:
         self._names.add(name)
         return name
 
+    def forget_name(self, name: str) -> None:
+        """Free `name` for reuse (its value is gone, or is about to be replaced)."""
+        self._names.discard(name)
+
     # ------------------------------------------------------------------ building
     def add_placeholder(self, name: str, type: Type) -> Placeholder:
         p = Placeholder(type, self.unique_name(name))

@@ -239,9 +239,11 @@ def constant_folding(function: Function, ctx: PassContext) -> int:
         results = ctx.evaluate(node, args)
         if results is None:
             continue
-        for out, data in zip(node.outputs, results):
-            if function.is_used(out):
-                function.replace_all_uses(out, function.add_constant(data, out.name))
+        used = [(out, data) for out, data in zip(node.outputs, results) if function.is_used(out)]
+        function.remove_node(node)
+        for out, data in used:              # the constant takes over the result's name
+            function.forget_name(out.name)
+            function.replace_all_uses(out, function.add_constant(data, out.name))
         folded += 1
     if folded:
         function.dead_code_elimination()

@@ -49,7 +49,7 @@ class Builder:
     def __init__(self, function: Function, registry: Registry, root: Node, rule: RuleInfo,
                  matched: tuple = ()):
         self.function, self.registry, self.root, self.rule = function, registry, root, rule
-        matched = matched or (root,)
+        matched = tuple(reversed(matched)) or (root,)     # operands before users: model order
         self.origin = _union(n.origin for n in matched)
         self.rules = _union([n.rules for n in matched] + [(rule.name,)])
         self.created: list[Node] = []
