@@ -23,8 +23,8 @@ from .registry import Registry
 from .rewrite import RewriteContext, apply_rules
 
 # Constant folding materializes a result only if it has at most this many elements, or no
-# more than the largest constant it reads: Expand(scalar) to a huge shape stays an Expand,
-# while scaling a Conv's weights (a result as large as the weights) folds.
+# more than the largest constant it reads: a scalar broadcast to a huge shape stays symbolic,
+# while scaled weights (a result as large as the weights) fold.
 FOLD_ELEMENTS_CAP = 1 << 16
 
 # Constants up to this size are merged by CSE when their data is equal (rules create many

@@ -12,7 +12,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from ..errors import GlowgenError, RewriteError
-from .graph import Function, Node, Value
+from .graph import Function, Node, Output, Value
 from .patterns import MATCHED, RuleInfo, match
 from .registry import Registry
 
@@ -43,8 +43,8 @@ def _union(groups) -> tuple:
 
 class Builder:
     """Creates the nodes of a rule's right-hand side.  They take the root's name, and the
-    ONNX origins and rule history of every node the match covered (BatchNormalization
-    folded into a Conv remembers both)."""
+    ONNX origins and rule history of every node the match covered (a normalization folded
+    into the convolution before it remembers both)."""
 
     def __init__(self, function: Function, registry: Registry, root: Node, rule: RuleInfo,
                  matched: tuple = ()):
@@ -136,6 +136,8 @@ def apply_rules(function: Function, registry: Registry, rules: Iterable[RuleInfo
                 for user, _ in v.users:
                     enqueue(user)
             _erase_dead(function, node, dead)
+            if id(node) in dead:
+                _inherit_names(function, node, results, created)
             break
     function.topological_sort()
     return stats
@@ -164,6 +166,14 @@ def _try_rule(function, registry, rule: RuleInfo, node: Node, ctx):
             function.replace_all_uses(out, new)
         return builder.created, results
     return None
+
+
+def _inherit_names(function: Function, old: Node, results, created) -> None:
+    """A value a rule built in place of a result of the (now erased) `old` takes its name."""
+    made = {id(n) for n in created}
+    for out, new in zip(old.outputs, results):
+        if isinstance(new, Output) and new.index == 0 and id(new.node) in made:
+            function.take_name(new, out.name)
 
 
 def _erase_dead(function: Function, node: Node, dead: dict) -> None:

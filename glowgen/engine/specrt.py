@@ -443,7 +443,7 @@ def b_nested(values, node) -> bool:
 
 def b_unnest(values, node) -> tuple:
     """`values` with each value that a node like `node` produces replaced by that node's
-    operands (one level): Concat(Concat(a, b), c) -> operands a, b, c."""
+    operands (one level): for op(op(a, b), c), the operands a, b, c."""
     out = []
     for v in values:
         out.extend(v.producer.flat_inputs() if _same_kind(v, node) else [v])
