@@ -12,7 +12,7 @@ from .engine.types import Type, dtype_of
 from .errors import GlowgenError, InputError
 from .frontend.onnx import ModelLike, import_model
 
-BACKENDS = ("interpreter", "cpu")
+BACKENDS = pipeline.BACKENDS
 
 
 def load(model: ModelLike, input_shapes: Optional[Mapping] = None,
@@ -22,13 +22,21 @@ def load(model: ModelLike, input_shapes: Optional[Mapping] = None,
     return import_model(model, registry, pipeline.constant_value, dict(input_shapes or {}))
 
 
-def lower(function: Function, registry: Optional[Registry] = None) -> Function:
-    """Lower to primitives and fold constants (the `lowered` stage), in place."""
-    registry = registry or Registry.default()
-    pipeline.lower(function, registry)
-    pipeline.fold_constants(function, registry)
-    function.verify()
+def lower(function: Function, registry: Optional[Registry] = None,
+          backend: str = "interpreter") -> Function:
+    """Lower to what `backend` implements and fold constants, without optimizing, in place."""
+    pipeline.run(function, registry or Registry.default(), pipeline.UNOPTIMIZED, backend)
     return function
+
+
+def optimize(function: Function, registry: Optional[Registry] = None, stage: str = "lowered",
+             backend: str = "interpreter") -> pipeline.PassContext:
+    """Run the pipeline up to `stage` ("optimized": canonicalized; "lowered": the whole
+    pipeline) over `function` in place.  Returns what the phases did (rules fired, pass
+    counts, node counts per phase)."""
+    if stage not in pipeline.STAGE_PHASES:
+        raise GlowgenError(f"unknown stage {stage!r}; stages: {', '.join(pipeline.STAGES)}")
+    return pipeline.run(function, registry or Registry.default(), pipeline.STAGE_PHASES[stage], backend)
 
 
 class CompiledModel:
@@ -101,13 +109,17 @@ class CompiledModel:
 
 def compile(model: ModelLike, backend: str = "interpreter",
             input_shapes: Optional[Mapping] = None,
-            registry: Optional[Registry] = None, stacking: bool = True) -> CompiledModel:
+            registry: Optional[Registry] = None, optimize: bool = True,
+            stacking: bool = True) -> CompiledModel:
     """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
 
     `input_shapes` binds dynamic dimensions: {"input": (1, 3, 224, 224)}.
-    `registry` selects generated code other than the built-in (see `Registry.from_dir`)."""
+    `registry` selects generated code other than the built-in (see `Registry.from_dir`).
+    `optimize=False` only lowers (to compare against the optimized graph)."""
     if backend not in BACKENDS:
         raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     registry = registry or Registry.default()
-    function = lower(load(model, input_shapes, registry), registry)
+    function = load(model, input_shapes, registry)
+    phases = pipeline.PIPELINE if optimize else pipeline.UNOPTIMIZED
+    pipeline.run(function, registry, phases, backend)
     return CompiledModel(function, registry, backend, stacking=stacking)

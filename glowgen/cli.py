@@ -21,6 +21,8 @@ examples:
   glowgen run model.onnx --input-shape input=1x3x224x224 --save-outputs out/
   glowgen run model.onnx --input input=x.npy
   glowgen dump model.onnx --stage lowered
+  glowgen dump model.onnx --stage optimized --rules     # which rules fired, how often
+  glowgen dump model.onnx --passes                      # the pass pipeline and what it did
   glowgen dump model.onnx --stage loaded --format dot > graph.dot
   glowgen ops
   glowgen regen            # after editing specs/*.glowdef
@@ -108,25 +110,52 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _passes_report(ctx) -> str:
+    from .engine.passes import describe_pipeline
+    from .pipeline import PIPELINE
+    lines = ["pipeline:", describe_pipeline(PIPELINE).rstrip(), "", "on this model:"]
+    for name, rounds, before, after in ctx.log:
+        lines.append(f"  {name:22s} {rounds:3d} round{'s' if rounds != 1 else ' '}  nodes {before} -> {after}")
+    lines.append("  passes: " + (", ".join(f"{n} {c}" for n, c in sorted(ctx.passes.items())) or "none"))
+    return "\n".join(lines) + "\n"
+
+
+def _rules_report(ctx) -> str:
+    if not ctx.fired:
+        return "no rule fired\n"
+    width = max(len(n) for n in ctx.fired)
+    lines = [f"{name:{width}s} {count:6d}" for name, count in sorted(ctx.fired.items(), key=lambda x: (-x[1], x[0]))]
+    lines.append(f"{'total':{width}s} {sum(ctx.fired.values()):6d}")
+    return "\n".join(lines) + "\n"
+
+
 def cmd_dump(args) -> int:
     from . import api
     from .engine.textual import print_function, to_dot
+    stage = args.stage or ("lowered" if args.passes or args.rules else "loaded")
     fn = api.load(args.model, _input_shapes(args))
-    if args.stage in ("lowered", "lir"):
-        fn = api.lower(fn)
-    if args.stage == "lir":
+    pipeline_stage = {"lir": "lowered"}.get(stage, stage)
+    ctx = api.optimize(fn, stage=pipeline_stage, backend=args.backend) if stage != "loaded" else None
+    if args.memory and stage != "lir":
+        raise InputError("--memory reports the memory plan of the lir stage: add --stage lir")
+    if args.passes or args.rules:
+        if ctx is None:
+            raise InputError("--passes and --rules report what the pipeline did: use them with "
+                             "--stage optimized or --stage lowered")
+        text = (_passes_report(ctx) if args.passes else "") + (
+            ("\n" if args.passes else "") + _rules_report(ctx) if args.rules else "")
+    elif stage == "lir":
         from . import lir
         from .engine.registry import Registry
         from .lir.printer import format_memory_report, memory_report, print_program
         if args.format == "dot":
-            raise GlowgenError("--format dot shows graphs; the lir stage prints as text")
+            raise InputError("--format dot shows graphs; the lir stage prints as text")
         prog = lir.build(fn, Registry.default())
         text = format_memory_report(memory_report(prog)) if args.memory else print_program(prog)
-    elif args.memory:
-        raise GlowgenError("--memory reports the memory plan of the lir stage: add --stage lir")
+    elif args.format == "dot":
+        text = to_dot(fn)
     else:
-        text = to_dot(fn) if args.format == "dot" else print_function(
-            fn, max_elements=None if args.full else 16, trace=args.trace)
+        text = print_function(fn, max_elements=None if args.full else 16, trace=args.trace)
     if args.output:
         Path(args.output).write_text(text)
     else:
@@ -197,13 +226,19 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("dump", help="print the graph at a stage of compilation",
-                       description="Print MODEL after a stage: `loaded` (as imported), `lowered` "
-                                   "(primitives only, constants folded) or `lir` (low-level "
-                                   "instructions with their memory plan).")
+                       description="Print MODEL after a stage: `loaded` (as imported), "
+                                   "`optimized` (canonicalized: rules, DCE, CSE, constant folding), "
+                                   "`lowered` (the whole pipeline: what the backend runs) or `lir` "
+                                   "(low-level instructions with their memory plan).")
     d.add_argument("model", help="path to an .onnx file")
-    d.add_argument("--stage", default="loaded", choices=["loaded", "lowered", "lir"],
-                   help="loaded: as imported; lowered: primitives only; lir: instructions and "
-                        "memory plan")
+    d.add_argument("--stage", choices=["loaded", "optimized", "lowered", "lir"],
+                   help="default: loaded (lowered with --passes or --rules)")
+    d.add_argument("--backend", default="interpreter", choices=["interpreter", "cpu"],
+                   help="the backend whose op set lowering targets (default: interpreter)")
+    d.add_argument("--passes", action="store_true",
+                   help="print the pass pipeline and what each phase did, instead of the graph")
+    d.add_argument("--rules", action="store_true",
+                   help="print how many times each rule fired, instead of the graph")
     d.add_argument("--memory", action="store_true",
                    help="with --stage lir: print the memory report (regions, arena, max-live bound)")
     d.add_argument("--format", default="text", choices=["text", "dot"],

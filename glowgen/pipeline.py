@@ -1,7 +1,12 @@
-"""The compilation pipeline: import -> lower -> fold constants -> (backend).
+"""The compilation pipeline, as data: which phases run, in which order, how often.
 
-Each stage is a function on a `Function`, so `glowgen dump` can stop after any of them.
-Constant folding evaluates with the interpreter's kernels: semantics are written once.
+    canonicalize  rules [canonicalize] + DCE + CSE + constant folding, to a fixpoint
+    lower         rules [lower] (ops the backend implements stay as they are) + DCE
+    canonicalize  again, on the primitives (folds that lowering exposed)
+    check         every op left is one the backend implements
+
+`glowgen dump MODEL --passes` prints this table and what each phase did.  Constant folding
+evaluates with the interpreter's kernels: semantics are written once.
 """
 from __future__ import annotations
 
@@ -9,29 +14,91 @@ from typing import Optional
 
 import numpy as np
 
-from .backends.interpreter.evaluate import evaluate, run_node
+from .backends.interpreter.evaluate import evaluate, implemented_ops, run_node
 from .engine.graph import Constant, Function, Node, Placeholder, Value
+from .engine.passes import Pass, PassContext, Phase, Rules, run_pipeline
 from .engine.registry import Registry
-from .engine.rewrite import RewriteStats, apply_rules
-from .errors import UnsupportedError
+from .errors import GlowgenError
 
-STAGES = ("loaded", "lowered")
+STAGES = ("loaded", "optimized", "lowered")
+BACKENDS = ("interpreter", "cpu")
+
+_CANONICALIZE_STEPS = (Rules("canonicalize"), Pass("dce"), Pass("cse"), Pass("fold"))
+_LOWER = Phase("lower", (Rules("lower", skip_native=True), Pass("dce")))
+_CHECK = Phase("check", (Pass("check"),))
+
+PIPELINE = (
+    Phase("canonicalize", _CANONICALIZE_STEPS, fixpoint=True),
+    _LOWER,
+    Phase("canonicalize-lowered", _CANONICALIZE_STEPS, fixpoint=True),
+    _CHECK,
+)
+
+# Lowering alone, for comparison with the optimized graph and for evaluating constants.
+UNOPTIMIZED = (_LOWER, Phase("fold", (Pass("fold"), Pass("dce"))), _CHECK)
+
+# The phases after which each stage of `glowgen dump --stage` is printed.
+STAGE_PHASES = {"loaded": (), "optimized": PIPELINE[:1], "lowered": PIPELINE}
 
 
-def lower(function: Function, registry: Registry) -> RewriteStats:
-    """Rewrite until only primitives remain; name any op that no rule lowers."""
-    stats = apply_rules(function, registry, registry.rules_for("lower"))
-    function.dead_code_elimination()
-    left = sorted({n.OP for n in function.nodes if not n.has_trait("primitive")})
-    if left:
-        raise UnsupportedError(f"no lowering rule applies to {', '.join(left)} here (see "
-                               f"specs/lowerings.glowdef); the nodes are: "
-                               + ", ".join(repr(n.name) for n in function.nodes if n.OP in left)[:300])
-    return stats
+def backend_ops(backend: str, registry: Registry) -> frozenset:
+    """The ops `backend` implements natively; lowering leaves them alone."""
+    if backend == "interpreter":
+        return frozenset(implemented_ops(registry))
+    if backend == "cpu":
+        # specs/cpu_kernels.glowdef: elementwise kernels plus the loop-nest primitives.
+        return frozenset(registry.kernels) | frozenset(registry.extern)
+    raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
 
 
-def _foldable(node: Node) -> bool:
-    return node.has_trait("shape_only") or all(isinstance(v, Constant) for v in node.flat_inputs())
+def make_context(registry: Registry, backend: str = "interpreter") -> PassContext:
+    return PassContext(registry, backend_ops(backend, registry), _evaluator(registry))
+
+
+def run(function: Function, registry: Registry, phases=PIPELINE,
+        backend: str = "interpreter") -> PassContext:
+    """Run `phases` over `function` in place; the context holds what each phase did."""
+    ctx = make_context(registry, backend)
+    run_pipeline(function, phases, ctx)
+    return ctx
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _evaluator(registry: Registry):
+    """Constant folding's evaluator: the interpreter's kernel for an op it implements; for a
+    high-level op, the op alone copied into a scratch graph, lowered and run."""
+    native = implemented_ops(registry)
+
+    def evaluate_node(node: Node, args: list) -> Optional[list]:
+        if node.OP in native:
+            return run_node(node, args, registry)
+        scratch = Function("fold")
+        operands, feeds = [], {}
+        for i, (v, a) in enumerate(zip(node.inputs, args)):
+            if v is None:
+                operands.append(None)
+            elif isinstance(v, tuple):
+                items = []
+                for j, (x, xa) in enumerate(zip(v, a)):
+                    p = scratch.add_placeholder(f"in{i}_{j}", x.type)
+                    feeds[p.name] = xa
+                    items.append(p)
+                operands.append(tuple(items))
+            else:
+                p = scratch.add_placeholder(f"in{i}", v.type)
+                feeds[p.name] = a
+                operands.append(p)
+        copy = scratch.add_node(type(node), operands, node.attr_values(), name=node.name)
+        for i, o in enumerate(copy.outputs):
+            scratch.add_output(str(i), o)
+        try:
+            run_pipeline(scratch, UNOPTIMIZED, make_context(registry))
+        except GlowgenError:
+            return None         # not foldable here; the real pipeline reports it if it matters
+        results = evaluate(scratch, feeds, registry)
+        return [results[str(i)] for i in range(len(copy.outputs))]
+
+    return evaluate_node
 
 
 def _dummy(value: Value) -> np.ndarray:
@@ -39,29 +106,9 @@ def _dummy(value: Value) -> np.ndarray:
     return np.broadcast_to(np.zeros((), value.type.np_dtype), value.type.shape)
 
 
-def fold_constants(function: Function, registry: Registry) -> int:
-    """Evaluate every node whose operands are all constants and replace it by Constants."""
-    folded = 0
-    for node in list(function.nodes):
-        if not node.has_trait("primitive") or not _foldable(node):
-            continue
-        if node.has_trait("shape_only"):
-            args = [_dummy(v) if not isinstance(v, tuple) else tuple(_dummy(x) for x in v)
-                    if v is not None else None for v in node.inputs]
-        else:
-            args = [v.data if isinstance(v, Constant) else
-                    tuple(x.data for x in v) if isinstance(v, tuple) else None for v in node.inputs]
-        results = run_node(node, args, registry)
-        for out, data in zip(node.outputs, results):
-            if function.is_used(out):
-                function.replace_all_uses(out, function.add_constant(data, out.name))
-        folded += 1
-    function.dead_code_elimination()
-    return folded
-
-
 def constant_value(function: Function, value: Value, registry: Registry) -> Optional[np.ndarray]:
-    """The value of `value` if it is computable at compile time, else None.
+    """The value of `value` if it is computable at compile time, else None (the importer
+    asks this of ONNX inputs that must be constant, such as Reshape's shape).
 
     Copies the subgraph that computes it into a scratch function, lowers it and runs it:
     the same semantics as everything else."""
@@ -112,5 +159,5 @@ def constant_value(function: Function, value: Value, registry: Registry) -> Opti
     if root is None:
         return None
     scratch.add_output("value", root)
-    lower(scratch, registry)
+    run_pipeline(scratch, UNOPTIMIZED, make_context(registry))
     return evaluate(scratch, feeds, registry)["value"]

@@ -165,5 +165,61 @@ def b_shape_range(shape, start, end):
     return tuple(shape[start:end])
 
 
+def b_compose_perm(inner, outer):
+    """The single permutation equal to Transpose(Transpose(x, inner), outer)."""
+    return tuple(inner[p] for p in outer)
+
+
+def b_moves_data(shape, perm):
+    """Whether transposing `shape` by `perm` changes the order of the elements in memory:
+    it does not when the dimensions larger than 1 keep their relative order."""
+    kept = [p for p in perm if shape[p] != 1]
+    return kept != sorted(kept)
+
+
+def b_varies_only_along(shape, out_shape, axis):
+    """A tensor of `shape` broadcast against `out_shape` is constant except along `axis`
+    (a per-channel vector, or a scalar), and does not enlarge `out_shape`."""
+    if len(shape) > len(out_shape):
+        return False
+    aligned = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    return all(d == 1 or (i == axis and d == out_shape[i]) for i, d in enumerate(aligned))
+
+
+def b_pad_shape(shape, pads):
+    """Shape after padding; `pads` is [begin of each dimension..., end of each dimension...]."""
+    n = len(shape)
+    return tuple(d + pads[i] + pads[n + i] for i, d in enumerate(shape))
+
+
+def b_outer_pads(pads, count):
+    """The pads of the first `count` dimensions, [begins..., ends...]."""
+    n = len(pads) // 2
+    return tuple(pads[:count]) + tuple(pads[n:n + count])
+
+
+def b_spatial_pads(pads, count=2):
+    """The pads of the dimensions after the first `count`, as [begins..., ends...] (the
+    layout of Conv and pooling pads when count is 2: N and C are not spatial)."""
+    n = len(pads) // 2
+    return tuple(pads[count:n]) + tuple(pads[n + count:])
+
+
+def b_onnx_pads(pads, axes, rank):
+    """ONNX Pad's `pads` input (with the optional `axes` of opset 18) for every dimension."""
+    pads = [int(p) for p in pads]
+    if not len(axes):
+        if len(pads) != 2 * rank:
+            raise ShapeError(f"Pad: {len(pads)} pads for a rank-{rank} input; expected {2 * rank}")
+        return tuple(pads)
+    axes = [b_normalize_axis(a, rank) for a in axes]
+    if len(pads) != 2 * len(axes):
+        raise ShapeError(f"Pad: {len(pads)} pads for {len(axes)} axes; expected {2 * len(axes)}")
+    full = [0] * (2 * rank)
+    for i, a in enumerate(axes):
+        full[a], full[rank + a] = pads[i], pads[len(axes) + i]
+    return tuple(full)
+
+
 FUNCTIONS = {name[2:]: fn for name, fn in dict(globals()).items()
              if name.startswith("b_") and callable(fn) and fn.__module__ == __name__}

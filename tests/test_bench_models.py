@@ -1,5 +1,6 @@
 """The benchmark models of ../shared/bench/make_models.py (exported by
-tools/make_bench_models.sh) against onnxruntime."""
+tools/make_bench_models.sh): optimized, against the same model only lowered and against
+onnxruntime."""
 from __future__ import annotations
 
 import json
@@ -29,5 +30,10 @@ def test_bench_model_matches_onnxruntime(name, bn, backend):
     feeds = {manifest["input"]: x}
     expected = run_ort(onnx.load(path), feeds)
     actual = glowgen.compile(path, backend=backend).run(feeds)
+    if backend == "interpreter":   # the optimizer's check: optimized against only lowered
+        unoptimized = glowgen.compile(path, optimize=False).run(feeds)
+        for k in expected:
+            np.testing.assert_allclose(actual[k], unoptimized[k], rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{name}:{k}: optimized vs only lowered")
     for k in expected:
         np.testing.assert_allclose(actual[k], expected[k], rtol=1e-3, atol=1e-4, err_msg=f"{name}:{k}")

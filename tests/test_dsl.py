@@ -141,3 +141,21 @@ def test_overlapping_onnx_mappings_are_an_error(tmp_path):
     err = _error_of(tmp_path, "ops.glowdef",
                     "\nop Relu2 {\n  in x: Tensor[F, *S]\n  out y: Tensor[F, *S]\n  onnx Relu\n}\n")
     assert "ONNX Relu" in str(err) and "overlap" in str(err)
+
+
+def test_rule_in_an_unknown_phase(tmp_path):
+    err = _error_of(tmp_path, "lowerings.glowdef", "\nrule nope [canonicalize, optimise]:\n  Relu(x) => x\n")
+    assert "unknown phase [optimise]" in str(err) and str(err).startswith("specs/lowerings.glowdef:")
+
+
+def test_uses_belongs_in_guards(tmp_path):
+    err = _error_of(tmp_path, "lowerings.glowdef",
+                    "\nrule nope [canonicalize]:\n  Relu(x) => Reshape(x, shape = [uses(x)])\n")
+    assert "uses(...) may only be used in a guard" in str(err)
+
+
+def test_a_rule_may_run_in_several_phases():
+    from glowgen.engine.registry import Registry
+    reg = Registry.default()
+    assert "identity_remove" in [r.name for r in reg.rules_for("canonicalize")]
+    assert "identity_remove" in [r.name for r in reg.rules_for("lower")]

@@ -83,6 +83,16 @@ def test_unsupported_attribute_is_named():
         glowgen.compile(make_model([node], {"x": x}, ["y"]))
 
 
+def test_unsupported_pad_mode_and_negative_pads_are_named():
+    x = np.zeros((2, 3), np.float32)
+    for mode, pads, message in [("wrap", [1, 0, 0, 1], "attribute mode must satisfy"),
+                                ("constant", [-1, 0, 0, 1], "attribute pads must satisfy all")]:
+        node = helper.make_node("Pad", ["x", "p"], ["y"], mode=mode)
+        model = make_model([node], {"x": x}, ["y"], {"p": np.array(pads, np.int64)}, opset=19)
+        with pytest.raises(GlowgenError, match=message):
+            glowgen.compile(model)
+
+
 def _dynamic_model():
     node = helper.make_node("Relu", ["x"], ["y"])
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],

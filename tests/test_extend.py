@@ -50,8 +50,8 @@ def test_rules_that_undo_each_other_are_named(tmp_path):
     specs = tmp_path / "specs"
     shutil.copytree(DEFAULT_SPEC_DIR, specs)
     with open(specs / "lowerings.glowdef", "a") as f:
-        f.write("\nrule exp_to_neg [lower]:\n  Exp(x) => Neg(Neg(Exp(x)))\n"
-                "\nrule neg_neg [lower]:\n  Neg(Neg(y)) => y\n")
+        f.write("\nrule exp_to_neg [canonicalize]:\n  Exp(x) => Neg(Neg(Exp(x)))\n"
+                "\nrule neg_neg [canonicalize]:\n  Neg(Neg(y)) => y\n")
     out = tmp_path / "generated"
     regen(specs, out)
     registry = Registry.from_dir(out)

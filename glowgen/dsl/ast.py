@@ -258,7 +258,7 @@ def pattern_size(p) -> int:
 @attrs.frozen
 class Rule:
     name: str
-    phase: str
+    phases: tuple                   # the phases the rule runs in, e.g. ("canonicalize", "lower")
     pattern: PatOp
     where: Optional[Expr]
     when: Optional[Expr]

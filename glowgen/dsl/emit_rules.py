@@ -8,6 +8,8 @@ from .specs import SpecSet
 
 # Builtins of rule right-hand sides that create constants through the builder.
 BUILDER_BUILTINS = {"scalar", "const"}
+# Builtins of guards that ask the rewrite context about the graph being rewritten.
+CONTEXT_BUILTINS = {"uses": 1}
 
 
 def _pattern_py(specs: SpecSet, p, binds: dict) -> str:
@@ -53,6 +55,12 @@ class _RuleEmitter:
         self.specs, self.rule = specs, rule
 
     def call_hook(self, e: A.Call, scope: Scope):
+        if e.func in CONTEXT_BUILTINS:
+            if not self._guard:
+                raise spec_error(f"{e.func}(...) may only be used in a guard (where ...)", e.pos)
+            if len(e.args) != CONTEXT_BUILTINS[e.func] or e.kwargs:
+                raise spec_error(f"{e.func} takes {CONTEXT_BUILTINS[e.func]} argument(s)", e.pos)
+            return f"_ctx.{e.func}({', '.join(to_py(a, scope) for a in e.args)})"
         if e.func in BUILDER_BUILTINS:
             args = [to_py(a, scope) for a in e.args] + [f"{k}={to_py(v, scope)}" for k, v in e.kwargs]
             return f"_b.{e.func}({', '.join(args)})"
@@ -117,7 +125,7 @@ class _RuleEmitter:
         lines += [f"def {base}_build(_b, _m):",
                   f'    """=> {unparse(rule.result)}"""'] + unpack + body + [f"    return {result}", ""]
         from .ast import pattern_size
-        info = (f"RuleInfo(name={rule.name!r}, phase={rule.phase!r}, pattern={pattern}, "
+        info = (f"RuleInfo(name={rule.name!r}, phases={rule.phases!r}, pattern={pattern}, "
                 f"size={pattern_size(rule.pattern)}, guard={guard}, build={base}_build, "
                 f"location={str(rule.pos)!r})")
         return lines, info

@@ -274,14 +274,17 @@ class _ToAst(Transformer):
     def let_binding(self, meta, c):
         return (str(c[0]), c[1])
 
+    def phases(self, c):
+        return tuple(str(x) for x in c)
+
     @v_args(meta=True)
     def rule_def(self, meta, c):
-        name, phase, pattern, where, when, *rest = c
+        name, phases, pattern, where, when, *rest = c
         lets, result = tuple(rest[:-1]), rest[-1]
         if not isinstance(pattern, A.PatOp):
             raise SpecError(f"rule {name}: the left-hand side must be an op pattern",
                             self.file, meta.line, meta.column)
-        return A.Rule(str(name), str(phase), pattern, where, when, lets, result, self._pos(meta))
+        return A.Rule(str(name), phases, pattern, where, when, lets, result, self._pos(meta))
 
     # ---------------------------------------------------------------- kernels
     @v_args(meta=True)

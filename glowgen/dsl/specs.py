@@ -110,9 +110,10 @@ def _check(specs: SpecSet) -> None:
         if not op.outputs:
             raise spec_error(f"op {op.name} declares no result ('out ...')", op.pos)
     for rule in specs.rules:
-        if rule.phase not in PHASES:
-            raise spec_error(f"rule {rule.name}: unknown phase [{rule.phase}]; phases are "
-                             f"{', '.join(PHASES)}", rule.pos)
+        for phase in rule.phases:
+            if phase not in PHASES:
+                raise spec_error(f"rule {rule.name}: unknown phase [{phase}]; phases are "
+                                 f"{', '.join(PHASES)}", rule.pos)
     clauses: dict = {}
     for op in specs.ops.values():
         for c in op.onnx:

@@ -202,6 +202,17 @@ class Function:
         self._names.add(name)
         return name
 
+    def take_name(self, value: "Output", name: str) -> None:
+        """Give `value`, result 0 of its node, the `name` of a value that is gone (the result
+        of a rewritten node keeps the name of the tensor it computes)."""
+        self._names.discard(value.name)
+        value.name = value.node.name = name
+        self._names.add(name)
+
+    def forget_name(self, name: str) -> None:
+        """Free `name` for reuse (its value is gone, or is about to be replaced)."""
+        self._names.discard(name)
+
     # ------------------------------------------------------------------ building
     def add_placeholder(self, name: str, type: Type) -> Placeholder:
         p = Placeholder(type, self.unique_name(name))

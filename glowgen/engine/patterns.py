@@ -37,7 +37,7 @@ class P:
 @attrs.frozen
 class RuleInfo:
     name: str
-    phase: str
+    phases: tuple
     pattern: P
     size: int
     guard: Optional[Callable]
@@ -72,9 +72,13 @@ def match(pattern: P, node: Node) -> Iterator[dict]:
     yield from _match_node(pattern, node, {})
 
 
+MATCHED = "__matched__"      # key of the tuple of every node a match covers (provenance)
+
+
 def _match_node(p: P, node: Node, m: dict) -> Iterator[dict]:
     if node.OP != p.op:
         return
+    m = {**m, MATCHED: m.get(MATCHED, ()) + (node,)}
     if p.bind:
         m = {**m, p.bind: node}
     has_rest = bool(p.args) and isinstance(p.args[-1], R)

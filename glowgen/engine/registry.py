@@ -69,7 +69,7 @@ class Registry:
 
     def rules_for(self, phase: str) -> list:
         """Rules of one phase, larger patterns first, ties in file order."""
-        rules = [r for r in self.rules if r.phase == phase]
+        rules = [r for r in self.rules if phase in r.phases]
         return sorted(rules, key=lambda r: -r.size)
 
 

@@ -12,34 +12,55 @@ from typing import Iterable, Optional
 import numpy as np
 
 from ..errors import GlowgenError, RewriteError
-from .graph import Function, Node, Value
-from .patterns import RuleInfo, match
+from .graph import Function, Node, Output, Value
+from .patterns import MATCHED, RuleInfo, match
 from .registry import Registry
 
 
 class RewriteContext:
-    """What guards may ask about the compilation (`when = backend_has(Op)`)."""
+    """What guards may ask about the compilation: `when backend_has(Op)` (ops the backend
+    implements; None means every op) and `where uses(x) == 1` (users of a value)."""
 
     def __init__(self, backend_ops: Optional[set] = None):
         self.backend_ops = backend_ops
+        self.function: Optional[Function] = None     # set by apply_rules
 
     def backend_has(self, *ops: str) -> bool:
         return self.backend_ops is None or all(o in self.backend_ops for o in ops)
 
+    def uses(self, value) -> int:
+        """How many operand slots and graph outputs read `value` (a node: its first result)."""
+        if isinstance(value, Node):
+            value = value.outputs[0]
+        outputs = sum(1 for _, v in self.function.outputs if v is value) if self.function else 0
+        return len(value.users) + outputs
+
+
+def _union(groups) -> tuple:
+    """Concatenate tuples, keeping the first occurrence of each entry."""
+    return tuple(dict.fromkeys(x for g in groups for x in g))
+
 
 class Builder:
-    """Creates the nodes of a rule's right-hand side; they inherit the root's name and origin."""
+    """Creates the nodes of a rule's right-hand side.  They take the root's name, and the
+    ONNX origins and rule history of every node the match covered (a normalization folded
+    into the convolution before it remembers both)."""
 
-    def __init__(self, function: Function, registry: Registry, root: Node, rule: RuleInfo):
+    def __init__(self, function: Function, registry: Registry, root: Node, rule: RuleInfo,
+                 matched: tuple = ()):
         self.function, self.registry, self.root, self.rule = function, registry, root, rule
+        matched = tuple(reversed(matched)) or (root,)     # operands before users: model order
+        self.origin = _union(n.origin for n in matched)
+        self.rules = _union([n.rules for n in matched] + [(rule.name,)])
         self.created: list[Node] = []
 
     def op(self, name: str, operands: list, attrs: dict) -> Value:
         cls = self.registry.op(name)
+        operands = [as_value(v) if not isinstance(v, tuple) else tuple(as_value(x) for x in v)
+                    for v in operands]
         try:
             node = self.function.add_node(cls, operands, attrs, name=self.root.name,
-                                          origin=self.root.origin,
-                                          rules=self.root.rules + (self.rule.name,))
+                                          origin=self.origin, rules=self.rules)
         except GlowgenError as e:
             raise RewriteError(f"rule {self.rule.name} ({self.rule.location}) built an invalid "
                                f"{name} while rewriting {self.root.OP} node {self.root.name!r}: {e}") from None
@@ -57,6 +78,11 @@ class Builder:
                                           f"{self.root.name}.c")
 
 
+def as_value(v):
+    """A node bound with `as` stands for its first result where a value is expected."""
+    return v.outputs[0] if isinstance(v, Node) else v
+
+
 class RewriteStats:
     def __init__(self):
         self.fired: Counter = Counter()
@@ -70,6 +96,7 @@ def apply_rules(function: Function, registry: Registry, rules: Iterable[RuleInfo
                 ctx: Optional[RewriteContext] = None, max_rewrites: Optional[int] = None) -> RewriteStats:
     """Rewrite `function` with `rules` until none applies."""
     ctx = ctx or RewriteContext()
+    ctx.function = function
     by_op: dict[str, list[RuleInfo]] = {}
     for r in sorted(rules, key=lambda r: -r.size):
         by_op.setdefault(r.pattern.op, []).append(r)
@@ -109,6 +136,8 @@ def apply_rules(function: Function, registry: Registry, rules: Iterable[RuleInfo
                 for user, _ in v.users:
                     enqueue(user)
             _erase_dead(function, node, dead)
+            if id(node) in dead:
+                _inherit_names(function, node, results, created)
             break
     function.topological_sort()
     return stats
@@ -118,8 +147,8 @@ def _try_rule(function, registry, rule: RuleInfo, node: Node, ctx):
     for m in match(rule.pattern, node):
         if rule.guard is not None and not rule.guard(m, ctx):
             continue
-        builder = Builder(function, registry, node, rule)
-        results = rule.build(builder, m)
+        builder = Builder(function, registry, node, rule, m.get(MATCHED, ()))
+        results = tuple(as_value(v) for v in rule.build(builder, m))
         if len(results) > len(node.outputs):
             raise RewriteError(f"rule {rule.name} ({rule.location}) returns {len(results)} values "
                                f"but {node.OP} has {len(node.outputs)} results")
@@ -137,6 +166,14 @@ def _try_rule(function, registry, rule: RuleInfo, node: Node, ctx):
             function.replace_all_uses(out, new)
         return builder.created, results
     return None
+
+
+def _inherit_names(function: Function, old: Node, results, created) -> None:
+    """A value a rule built in place of a result of the (now erased) `old` takes its name."""
+    made = {id(n) for n in created}
+    for out, new in zip(old.outputs, results):
+        if isinstance(new, Output) and new.index == 0 and id(new.node) in made:
+            function.take_name(new, out.name)
 
 
 def _erase_dead(function: Function, node: Node, dead: dict) -> None:

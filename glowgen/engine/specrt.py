@@ -401,6 +401,55 @@ def b_clamp_to(value, dtype):
     return value
 
 
+# ----------------------------------------------------------------------------- graph queries
+# Rule guards and right-hand sides may ask about the values they matched.  These stay
+# generic: constants and their data, and the producers of values.
+
+def b_is_const(value) -> bool:
+    """`value` is a compile-time Constant."""
+    from .graph import Constant
+    return isinstance(value, Constant)
+
+
+def b_is_splat(value, element=None) -> bool:
+    """`value` is a non-empty Constant whose elements are all equal (to `element` if given)."""
+    import numpy as np
+    if not b_is_const(value) or value.data.size == 0:
+        return False
+    flat = value.data.reshape(-1)
+    first = flat[0]
+    if not np.all(flat == first):
+        return False
+    return element is None or bool(first == element)
+
+
+def b_splat_value(value) -> float:
+    """The repeated element of a splat Constant, as a Python number."""
+    if not b_is_splat(value):
+        raise ShapeError(f"%{value.name} is not a constant with all elements equal")
+    return value.data.reshape(-1)[0].item()
+
+
+def _same_kind(value, node) -> bool:
+    p = value.producer
+    return (p is not None and p.OP == node.OP and len(p.outputs) == 1
+            and p.attr_values() == node.attr_values())
+
+
+def b_nested(values, node) -> bool:
+    """Some of `values` is produced by a node of the same op and attributes as `node`."""
+    return any(_same_kind(v, node) for v in values)
+
+
+def b_unnest(values, node) -> tuple:
+    """`values` with each value that a node like `node` produces replaced by that node's
+    operands (one level): for op(op(a, b), c), the operands a, b, c."""
+    out = []
+    for v in values:
+        out.extend(v.producer.flat_inputs() if _same_kind(v, node) else [v])
+    return tuple(out)
+
+
 BUILTINS = {
     name[2:]: fn for name, fn in dict(globals()).items() if name.startswith("b_") and callable(fn)
 }

@@ -296,7 +296,7 @@ _Clip_1_clause = OnnxClause(onnx_op='Clip', op='Clip', since=11, until=None, inp
 
 
 def _HardSigmoid_0(o):
-    """ONNX HardSigmoid -> HardSigmoid (specs/ops.glowdef:326:3)."""
+    """ONNX HardSigmoid -> HardSigmoid (specs/ops.glowdef:333:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -308,182 +308,214 @@ def _HardSigmoid_0(o):
         attrs['alpha'] = 0.20000000298023224
     return attrs
 
-_HardSigmoid_0_clause = OnnxClause(onnx_op='HardSigmoid', op='HardSigmoid', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSigmoid_0, consumed=('alpha', 'beta'), location='specs/ops.glowdef:326:3')
+_HardSigmoid_0_clause = OnnxClause(onnx_op='HardSigmoid', op='HardSigmoid', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSigmoid_0, consumed=('alpha', 'beta'), location='specs/ops.glowdef:333:3')
 
 
 def _HardSwish_0(o):
-    """ONNX HardSwish -> HardSwish (specs/ops.glowdef:334:3)."""
+    """ONNX HardSwish -> HardSwish (specs/ops.glowdef:341:3)."""
     attrs = {}
     return attrs
 
-_HardSwish_0_clause = OnnxClause(onnx_op='HardSwish', op='HardSwish', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSwish_0, consumed=(), location='specs/ops.glowdef:334:3')
+_HardSwish_0_clause = OnnxClause(onnx_op='HardSwish', op='HardSwish', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSwish_0, consumed=(), location='specs/ops.glowdef:341:3')
 
 
 def _Identity_0(o):
-    """ONNX Identity -> Identity (specs/ops.glowdef:341:3)."""
+    """ONNX Identity -> Identity (specs/ops.glowdef:348:3)."""
     attrs = {}
     return attrs
 
-_Identity_0_clause = OnnxClause(onnx_op='Identity', op='Identity', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Identity_0, consumed=(), location='specs/ops.glowdef:341:3')
+_Identity_0_clause = OnnxClause(onnx_op='Identity', op='Identity', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Identity_0, consumed=(), location='specs/ops.glowdef:348:3')
 
 
 def _Dropout_0(o):
-    """ONNX Dropout -> Dropout (specs/ops.glowdef:348:3)."""
+    """ONNX Dropout -> Dropout (specs/ops.glowdef:355:3)."""
     attrs = {}
     return attrs
 
-_Dropout_0_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=7, until=11, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Dropout_0, consumed=('ratio',), location='specs/ops.glowdef:348:3')
+_Dropout_0_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=7, until=11, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Dropout_0, consumed=('ratio',), location='specs/ops.glowdef:355:3')
 
 
 def _Dropout_1(o):
-    """ONNX Dropout -> Dropout (specs/ops.glowdef:349:3)."""
+    """ONNX Dropout -> Dropout (specs/ops.glowdef:356:3)."""
     attrs = {}
-    o.check(((not o.input('training_mode').present) or rt.eq(rt.b_item(o.input('training_mode').value), 0)), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:351:5')
+    o.check(((not o.input('training_mode').present) or rt.eq(rt.b_item(o.input('training_mode').value), 0)), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:358:5')
     return attrs
 
-_Dropout_1_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=12, until=None, inputs=(('data', 'single'), ('ratio', 'optional'), ('training_mode', 'optional')), operands=(('data', 0),), attributes=_Dropout_1, consumed=('ratio', 'seed'), location='specs/ops.glowdef:349:3')
+_Dropout_1_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=12, until=None, inputs=(('data', 'single'), ('ratio', 'optional'), ('training_mode', 'optional')), operands=(('data', 0),), attributes=_Dropout_1, consumed=('ratio', 'seed'), location='specs/ops.glowdef:356:3')
 
 
 def _SumN_0(o):
-    """ONNX Sum -> SumN (specs/ops.glowdef:361:3)."""
+    """ONNX Sum -> SumN (specs/ops.glowdef:368:3)."""
     attrs = {}
     return attrs
 
-_SumN_0_clause = OnnxClause(onnx_op='Sum', op='SumN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_SumN_0, consumed=(), location='specs/ops.glowdef:361:3')
+_SumN_0_clause = OnnxClause(onnx_op='Sum', op='SumN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_SumN_0, consumed=(), location='specs/ops.glowdef:368:3')
 
 
 def _MeanN_0(o):
-    """ONNX Mean -> MeanN (specs/ops.glowdef:368:3)."""
+    """ONNX Mean -> MeanN (specs/ops.glowdef:375:3)."""
     attrs = {}
     return attrs
 
-_MeanN_0_clause = OnnxClause(onnx_op='Mean', op='MeanN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MeanN_0, consumed=(), location='specs/ops.glowdef:368:3')
+_MeanN_0_clause = OnnxClause(onnx_op='Mean', op='MeanN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MeanN_0, consumed=(), location='specs/ops.glowdef:375:3')
 
 
 def _MaxN_0(o):
-    """ONNX Max -> MaxN (specs/ops.glowdef:375:3)."""
+    """ONNX Max -> MaxN (specs/ops.glowdef:382:3)."""
     attrs = {}
     return attrs
 
-_MaxN_0_clause = OnnxClause(onnx_op='Max', op='MaxN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MaxN_0, consumed=(), location='specs/ops.glowdef:375:3')
+_MaxN_0_clause = OnnxClause(onnx_op='Max', op='MaxN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MaxN_0, consumed=(), location='specs/ops.glowdef:382:3')
 
 
 def _MinN_0(o):
-    """ONNX Min -> MinN (specs/ops.glowdef:382:3)."""
+    """ONNX Min -> MinN (specs/ops.glowdef:389:3)."""
     attrs = {}
     return attrs
 
-_MinN_0_clause = OnnxClause(onnx_op='Min', op='MinN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MinN_0, consumed=(), location='specs/ops.glowdef:382:3')
+_MinN_0_clause = OnnxClause(onnx_op='Min', op='MinN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MinN_0, consumed=(), location='specs/ops.glowdef:389:3')
 
 
 def _Reshape_0(o):
-    """ONNX Reshape -> Reshape (specs/ops.glowdef:394:3)."""
+    """ONNX Reshape -> Reshape (specs/ops.glowdef:401:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:394:37', lambda: sl.b_reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
+    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:401:37', lambda: sl.b_reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
     return attrs
 
-_Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:394:3')
+_Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:401:3')
 
 
 def _Flatten_0(o):
-    """ONNX Flatten -> Flatten (specs/ops.glowdef:402:3)."""
+    """ONNX Flatten -> Flatten (specs/ops.glowdef:409:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:402:18', lambda: (rt.add(o.attr('axis', 1), rt.b_rank(o.input('input'))) if rt.lt(o.attr('axis', 1), 0) else o.attr('axis', 1)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:409:18', lambda: (rt.add(o.attr('axis', 1), rt.b_rank(o.input('input'))) if rt.lt(o.attr('axis', 1), 0) else o.attr('axis', 1)))
     return attrs
 
-_Flatten_0_clause = OnnxClause(onnx_op='Flatten', op='Flatten', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Flatten_0, consumed=('axis',), location='specs/ops.glowdef:402:3')
+_Flatten_0_clause = OnnxClause(onnx_op='Flatten', op='Flatten', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Flatten_0, consumed=('axis',), location='specs/ops.glowdef:409:3')
 
 
 def _Squeeze_0(o):
-    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:410:3)."""
+    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:417:3)."""
     attrs = {}
     if o.has_attr('axes'):
         attrs['axes'] = o.attr('axes')
     return attrs
 
-_Squeeze_0_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Squeeze_0, consumed=('axes',), location='specs/ops.glowdef:410:3')
+_Squeeze_0_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Squeeze_0, consumed=('axes',), location='specs/ops.glowdef:417:3')
 
 
 def _Squeeze_1(o):
-    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:411:3)."""
+    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:418:3)."""
     attrs = {}
     if o.input('axes').present:
         attrs['axes'] = o.input('axes').value
     return attrs
 
-_Squeeze_1_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Squeeze_1, consumed=(), location='specs/ops.glowdef:411:3')
+_Squeeze_1_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Squeeze_1, consumed=(), location='specs/ops.glowdef:418:3')
 
 
 def _Unsqueeze_0(o):
-    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:419:3)."""
+    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:426:3)."""
     attrs = {}
     if o.has_attr('axes'):
         attrs['axes'] = o.attr('axes')
     return attrs
 
-_Unsqueeze_0_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Unsqueeze_0, consumed=('axes',), location='specs/ops.glowdef:419:3')
+_Unsqueeze_0_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Unsqueeze_0, consumed=('axes',), location='specs/ops.glowdef:426:3')
 
 
 def _Unsqueeze_1(o):
-    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:420:3)."""
+    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:427:3)."""
     attrs = {}
     if o.input('axes').present:
         attrs['axes'] = o.input('axes').value
     return attrs
 
-_Unsqueeze_1_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'single')), operands=(('data', 0),), attributes=_Unsqueeze_1, consumed=(), location='specs/ops.glowdef:420:3')
+_Unsqueeze_1_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'single')), operands=(('data', 0),), attributes=_Unsqueeze_1, consumed=(), location='specs/ops.glowdef:427:3')
 
 
 def _Transpose_0(o):
-    """ONNX Transpose -> Transpose (specs/ops.glowdef:430:3)."""
+    """ONNX Transpose -> Transpose (specs/ops.glowdef:437:3)."""
     attrs = {}
-    attrs['perm'] = o.evaluating('perm', 'specs/ops.glowdef:430:31', lambda: (o.attr('perm', None) if rt.b_defined(o.attr('perm', None)) else rt.b_reversed(rt.b_range(rt.b_rank(o.input('data'))))))
+    attrs['perm'] = o.evaluating('perm', 'specs/ops.glowdef:437:31', lambda: (o.attr('perm', None) if rt.b_defined(o.attr('perm', None)) else rt.b_reversed(rt.b_range(rt.b_rank(o.input('data'))))))
     return attrs
 
-_Transpose_0_clause = OnnxClause(onnx_op='Transpose', op='Transpose', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Transpose_0, consumed=('perm',), location='specs/ops.glowdef:430:3')
+_Transpose_0_clause = OnnxClause(onnx_op='Transpose', op='Transpose', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Transpose_0, consumed=('perm',), location='specs/ops.glowdef:437:3')
+
+
+def _Pad_0(o):
+    """ONNX Pad -> Pad (specs/ops.glowdef:449:3)."""
+    attrs = {}
+    if o.has_attr('value'):
+        attrs['value'] = o.attr('value')
+    else:
+        attrs['value'] = 0.0
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'constant'
+    if o.has_attr('pads'):
+        attrs['pads'] = o.attr('pads')
+    return attrs
+
+_Pad_0_clause = OnnxClause(onnx_op='Pad', op='Pad', since=2, until=10, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Pad_0, consumed=('mode', 'pads', 'value'), location='specs/ops.glowdef:449:3')
+
+
+def _Pad_1(o):
+    """ONNX Pad -> Pad (specs/ops.glowdef:450:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'constant'
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:452:5', lambda: sl.b_onnx_pads(o.input('pads').value, (o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:453:5', lambda: (rt.b_item(o.input('constant_value').value, 0.0) if o.input('constant_value').present else 0.0))
+    return attrs
+
+_Pad_1_clause = OnnxClause(onnx_op='Pad', op='Pad', since=11, until=None, inputs=(('data', 'single'), ('pads', 'single'), ('constant_value', 'optional'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Pad_1, consumed=('mode',), location='specs/ops.glowdef:450:3')
 
 
 def _Concat_0(o):
-    """ONNX Concat -> Concat (specs/ops.glowdef:439:3)."""
+    """ONNX Concat -> Concat (specs/ops.glowdef:463:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:439:25', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:463:25', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
     return attrs
 
-_Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None, inputs=(('inputs', 'variadic'),), operands=(('inputs', 0),), attributes=_Concat_0, consumed=('axis',), location='specs/ops.glowdef:439:3')
+_Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None, inputs=(('inputs', 'variadic'),), operands=(('inputs', 0),), attributes=_Concat_0, consumed=('axis',), location='specs/ops.glowdef:463:3')
 
 
 def _Slice_0(o):
-    """ONNX Slice -> Slice (specs/ops.glowdef:452:3)."""
+    """ONNX Slice -> Slice (specs/ops.glowdef:476:3)."""
     attrs = {}
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:454:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:455:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:456:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:478:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:479:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:480:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 2))
     return attrs
 
-_Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_0, consumed=(), location='specs/ops.glowdef:452:3')
+_Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_0, consumed=(), location='specs/ops.glowdef:476:3')
 
 
 def _Gather_0(o):
-    """ONNX Gather -> Gather (specs/ops.glowdef:466:3)."""
+    """ONNX Gather -> Gather (specs/ops.glowdef:490:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:466:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:490:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_Gather_0_clause = OnnxClause(onnx_op='Gather', op='Gather', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_Gather_0, consumed=('axis',), location='specs/ops.glowdef:466:3')
+_Gather_0_clause = OnnxClause(onnx_op='Gather', op='Gather', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_Gather_0, consumed=('axis',), location='specs/ops.glowdef:490:3')
 
 
 def _Expand_0(o):
-    """ONNX Expand -> Expand (specs/ops.glowdef:475:3)."""
+    """ONNX Expand -> Expand (specs/ops.glowdef:499:3)."""
     attrs = {}
     if o.input('shape').present:
         attrs['shape'] = o.input('shape').value
     return attrs
 
-_Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:475:3')
+_Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:499:3')
 
 
 def _Shape_0(o):
-    """ONNX Shape -> Shape (specs/ops.glowdef:485:3)."""
+    """ONNX Shape -> Shape (specs/ops.glowdef:509:3)."""
     attrs = {}
     if o.has_attr('end'):
         attrs['end'] = o.attr('end')
@@ -493,185 +525,185 @@ def _Shape_0(o):
         attrs['start'] = 0
     return attrs
 
-_Shape_0_clause = OnnxClause(onnx_op='Shape', op='Shape', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Shape_0, consumed=('end', 'start'), location='specs/ops.glowdef:485:3')
+_Shape_0_clause = OnnxClause(onnx_op='Shape', op='Shape', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Shape_0, consumed=('end', 'start'), location='specs/ops.glowdef:509:3')
 
 
 def _Size_0(o):
-    """ONNX Size -> Size (specs/ops.glowdef:493:3)."""
+    """ONNX Size -> Size (specs/ops.glowdef:517:3)."""
     attrs = {}
     return attrs
 
-_Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Size_0, consumed=(), location='specs/ops.glowdef:493:3')
+_Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Size_0, consumed=(), location='specs/ops.glowdef:517:3')
 
 
 def _Splat_0(o):
-    """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:503:3)."""
+    """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:527:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:503:26', lambda: rt.b_ints(o.input('input').value))
-    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:503:53', lambda: rt.b_item(o.attr('value', None), 0.0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:503:79', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
+    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:527:26', lambda: rt.b_ints(o.input('input').value))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:527:53', lambda: rt.b_item(o.attr('value', None), 0.0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:527:79', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
     return attrs
 
-_Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:503:3')
+_Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:527:3')
 
 
 def _Range_0(o):
-    """ONNX Range -> Range (specs/ops.glowdef:515:3)."""
+    """ONNX Range -> Range (specs/ops.glowdef:539:3)."""
     attrs = {}
-    attrs['start'] = o.evaluating('start', 'specs/ops.glowdef:516:5', lambda: rt.b_item(o.input('start').value))
-    attrs['limit'] = o.evaluating('limit', 'specs/ops.glowdef:516:32', lambda: rt.b_item(o.input('limit').value))
-    attrs['delta'] = o.evaluating('delta', 'specs/ops.glowdef:516:59', lambda: rt.b_item(o.input('delta').value))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:516:86', lambda: o.input('start').dtype)
+    attrs['start'] = o.evaluating('start', 'specs/ops.glowdef:540:5', lambda: rt.b_item(o.input('start').value))
+    attrs['limit'] = o.evaluating('limit', 'specs/ops.glowdef:540:32', lambda: rt.b_item(o.input('limit').value))
+    attrs['delta'] = o.evaluating('delta', 'specs/ops.glowdef:540:59', lambda: rt.b_item(o.input('delta').value))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:540:86', lambda: o.input('start').dtype)
     return attrs
 
-_Range_0_clause = OnnxClause(onnx_op='Range', op='Range', since=None, until=None, inputs=(('start', 'single'), ('limit', 'single'), ('delta', 'single')), operands=(), attributes=_Range_0, consumed=(), location='specs/ops.glowdef:515:3')
+_Range_0_clause = OnnxClause(onnx_op='Range', op='Range', since=None, until=None, inputs=(('start', 'single'), ('limit', 'single'), ('delta', 'single')), operands=(), attributes=_Range_0, consumed=(), location='specs/ops.glowdef:539:3')
 
 
 def _ReduceSum_0(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:529:3)."""
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:553:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:529:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:553:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:529:3')
+_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:553:3')
 
 
 def _ReduceSum_1(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:530:3)."""
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:554:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:533:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:532:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:557:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:556:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:530:3')
+_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:554:3')
 
 
 def _ReduceMax_0(o):
-    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:545:3)."""
+    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:569:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:545:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:569:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:545:3')
+_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:569:3')
 
 
 def _ReduceMax_1(o):
-    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:546:3)."""
+    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:570:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:549:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:548:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:573:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:572:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:546:3')
+_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:570:3')
 
 
 def _ReduceMin_0(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:561:3)."""
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:585:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:561:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:585:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:561:3')
+_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:585:3')
 
 
 def _ReduceMin_1(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:562:3)."""
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:586:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:565:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:564:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:589:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:588:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:562:3')
+_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:586:3')
 
 
 def _ReduceProd_0(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:577:3)."""
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:601:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:577:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:601:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:577:3')
+_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:601:3')
 
 
 def _ReduceProd_1(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:578:3)."""
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:602:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:581:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:580:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:605:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:604:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:578:3')
+_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:602:3')
 
 
 def _ReduceMean_0(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:592:3)."""
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:616:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:592:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:616:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:592:3')
+_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:616:3')
 
 
 def _ReduceMean_1(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:593:3)."""
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:617:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:596:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:595:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:620:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:619:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:593:3')
+_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:617:3')
 
 
 def _MatMul_0(o):
-    """ONNX MatMul -> MatMul (specs/ops.glowdef:615:3)."""
+    """ONNX MatMul -> MatMul (specs/ops.glowdef:639:3)."""
     attrs = {}
     return attrs
 
-_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:615:3')
+_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:639:3')
 
 
 def _Gemm_0(o):
-    """ONNX Gemm -> Gemm (specs/ops.glowdef:628:3)."""
+    """ONNX Gemm -> Gemm (specs/ops.glowdef:652:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -691,11 +723,11 @@ def _Gemm_0(o):
         attrs['transA'] = 0
     return attrs
 
-_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:628:3')
+_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:652:3')
 
 
 def _Conv_0(o):
-    """ONNX Conv -> Conv (specs/ops.glowdef:653:3)."""
+    """ONNX Conv -> Conv (specs/ops.glowdef:677:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
@@ -705,16 +737,16 @@ def _Conv_0(o):
         attrs['strides'] = o.attr('strides')
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
-    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D convolution (4-D input) is supported', 'specs/ops.glowdef:655:5')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:656:5')
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:657:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D convolution (4-D input) is supported', 'specs/ops.glowdef:679:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:680:5')
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:681:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:653:3')
+_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:677:3')
 
 
 def _MaxPool_0(o):
-    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:673:3)."""
+    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:697:3)."""
     attrs = {}
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
@@ -724,17 +756,17 @@ def _MaxPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (4-D input) is supported', 'specs/ops.glowdef:675:5')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:676:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:677:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:678:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (4-D input) is supported', 'specs/ops.glowdef:699:5')
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:700:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:701:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:702:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:673:3')
+_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:697:3')
 
 
 def _AvgPool_0(o):
-    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:694:3)."""
+    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:718:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -746,33 +778,33 @@ def _AvgPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (4-D input) is supported', 'specs/ops.glowdef:696:5')
-    o.check(((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1))), 'dilated average pooling is not supported', 'specs/ops.glowdef:697:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:698:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:699:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (4-D input) is supported', 'specs/ops.glowdef:720:5')
+    o.check(((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1))), 'dilated average pooling is not supported', 'specs/ops.glowdef:721:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:722:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:723:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:694:3')
+_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:718:3')
 
 
 def _GlobalAveragePool_0(o):
-    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:708:3)."""
+    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:732:3)."""
     attrs = {}
     return attrs
 
-_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:708:3')
+_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:732:3')
 
 
 def _GlobalMaxPool_0(o):
-    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:715:3)."""
+    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:739:3)."""
     attrs = {}
     return attrs
 
-_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:715:3')
+_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:739:3')
 
 
 def _LRN_0(o):
-    """ONNX LRN -> LRN (specs/ops.glowdef:726:3)."""
+    """ONNX LRN -> LRN (specs/ops.glowdef:750:3)."""
     attrs = {}
     if o.has_attr('bias'):
         attrs['bias'] = o.attr('bias')
@@ -790,97 +822,97 @@ def _LRN_0(o):
         attrs['size'] = o.attr('size')
     return attrs
 
-_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:726:3')
+_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:750:3')
 
 
 def _BatchNormalization_0(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:736:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:760:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:737:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:761:5')
     return attrs
 
-_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:736:3')
+_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:760:3')
 
 
 def _BatchNormalization_1(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:740:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:764:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:741:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:765:5')
     return attrs
 
-_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:740:3')
+_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:764:3')
 
 
 def _BatchNormalization_2(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:744:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:768:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:745:5')
+    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:769:5')
     return attrs
 
-_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:744:3')
+_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:768:3')
 
 
 def _LayerNormalization_0(o):
-    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:759:3)."""
+    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:783:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:761:5')
-    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:762:5')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:763:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:785:5')
+    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:786:5')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:787:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:759:3')
+_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:783:3')
 
 
 def _Softmax_0(o):
-    """ONNX Softmax -> Softmax (specs/ops.glowdef:772:3)."""
+    """ONNX Softmax -> Softmax (specs/ops.glowdef:796:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:772:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:796:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:772:3')
+_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:796:3')
 
 
 def _LogSoftmax_0(o):
-    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:780:3)."""
+    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:804:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:780:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:804:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:780:3')
+_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:804:3')
 
 
 def _SoftmaxFlat_0(o):
-    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:788:3)."""
+    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:812:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:788:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:812:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:788:3')
+_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:812:3')
 
 
 def _LogSoftmaxFlat_0(o):
-    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:796:3)."""
+    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:820:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:796:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:820:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:796:3')
+_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:820:3')
 
 CLAUSES = (
     _Add_0_clause,
@@ -932,6 +964,8 @@ CLAUSES = (
     _Unsqueeze_0_clause,
     _Unsqueeze_1_clause,
     _Transpose_0_clause,
+    _Pad_0_clause,
+    _Pad_1_clause,
     _Concat_0_clause,
     _Slice_0_clause,
     _Gather_0_clause,

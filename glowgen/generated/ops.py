@@ -1577,7 +1577,7 @@ class Reciprocal(Node):
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class Clip(Node):
-    """Elementwise min(max(x, min), max).
+    """Elementwise min(max(x, min), max).  Lowered to Max and Min unless the backend has a Clip kernel.
     
     Operands:
         x: Tensor[T, *S]
@@ -1623,6 +1623,48 @@ class Clip(Node):
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
+class Swish(Node):
+    """Elementwise x * sigmoid(x) (SiLU).  Not an ONNX op: canonicalization recognizes Mul(x, Sigmoid(x)) when the backend has a Swish kernel, and lowering expands it otherwise.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, inplace(y, x)
+    Declared at specs/ops.glowdef:319:1.
+    """
+
+    OP: ClassVar[str] = 'Swish'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:319:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Swish', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:322:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:322:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Swish', _node, F, (*S,), 'specs/ops.glowdef:323:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
 class HardSigmoid(Node):
     """Elementwise max(0, min(1, alpha * x + beta)).
     
@@ -1634,7 +1676,7 @@ class HardSigmoid(Node):
         alpha: float = 0.2
         beta: float = 0.5
     Traits: elementwise
-    Declared at specs/ops.glowdef:319:1.
+    Declared at specs/ops.glowdef:326:1.
     """
 
     OP: ClassVar[str] = 'HardSigmoid'
@@ -1643,7 +1685,7 @@ class HardSigmoid(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.2, True), AttrInfo('beta', 'float', 0.5, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:319:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:326:1'
 
     alpha: object = attrs.field(default=0.2, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.5, converter=rt.CONVERTERS['float'])
@@ -1662,11 +1704,11 @@ class HardSigmoid(Node):
     def infer(x, *, _node='', alpha=None, beta=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:322:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:322:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:329:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:329:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('HardSigmoid', _node, F, (*S,), 'specs/ops.glowdef:325:7'), )
+        return (rt.result_type('HardSigmoid', _node, F, (*S,), 'specs/ops.glowdef:332:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1678,7 +1720,7 @@ class HardSwish(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise
-    Declared at specs/ops.glowdef:329:1.
+    Declared at specs/ops.glowdef:336:1.
     """
 
     OP: ClassVar[str] = 'HardSwish'
@@ -1687,7 +1729,7 @@ class HardSwish(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:329:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:336:1'
 
 
     @property
@@ -1704,11 +1746,11 @@ class HardSwish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSwish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:332:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:332:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:339:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:339:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('HardSwish', _node, F, (*S,), 'specs/ops.glowdef:333:7'), )
+        return (rt.result_type('HardSwish', _node, F, (*S,), 'specs/ops.glowdef:340:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1719,7 +1761,7 @@ class Identity(Node):
         x: Tensor[A, *S]
     Results:
         y: Tensor[A, *S]
-    Declared at specs/ops.glowdef:337:1.
+    Declared at specs/ops.glowdef:344:1.
     """
 
     OP: ClassVar[str] = 'Identity'
@@ -1728,7 +1770,7 @@ class Identity(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:337:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:344:1'
 
 
     @property
@@ -1745,11 +1787,11 @@ class Identity(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Identity', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:339:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:339:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:346:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:346:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Identity', _node, A, (*S,), 'specs/ops.glowdef:340:7'), )
+        return (rt.result_type('Identity', _node, A, (*S,), 'specs/ops.glowdef:347:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1761,7 +1803,7 @@ class Dropout(Node):
     Results:
         y: Tensor[F, *S]
         mask: Tensor[bool, *S]?
-    Declared at specs/ops.glowdef:344:1.
+    Declared at specs/ops.glowdef:351:1.
     """
 
     OP: ClassVar[str] = 'Dropout'
@@ -1770,7 +1812,7 @@ class Dropout(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:344:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:351:1'
 
 
     @property
@@ -1792,11 +1834,11 @@ class Dropout(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dropout', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:346:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:346:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:353:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:353:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Dropout', _node, F, (*S,), 'specs/ops.glowdef:347:7'), rt.result_type('Dropout', _node, 'bool', (*S,), 'specs/ops.glowdef:347:25'), )
+        return (rt.result_type('Dropout', _node, F, (*S,), 'specs/ops.glowdef:354:7'), rt.result_type('Dropout', _node, 'bool', (*S,), 'specs/ops.glowdef:354:25'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1807,7 +1849,7 @@ class SumN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:357:1.
+    Declared at specs/ops.glowdef:364:1.
     """
 
     OP: ClassVar[str] = 'SumN'
@@ -1816,7 +1858,7 @@ class SumN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:357:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:364:1'
 
 
     @property
@@ -1834,12 +1876,12 @@ class SumN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SumN', _node)
         if len(xs) == 0:
-            rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:359:7')
+            rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:366:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:359:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:366:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:360:7'), )
+        return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:367:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1850,7 +1892,7 @@ class MeanN(Node):
         xs: Tensor[F, *S]...
     Results:
         y: Tensor[F, *broadcast(S)]
-    Declared at specs/ops.glowdef:364:1.
+    Declared at specs/ops.glowdef:371:1.
     """
 
     OP: ClassVar[str] = 'MeanN'
@@ -1859,7 +1901,7 @@ class MeanN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:364:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:371:1'
 
 
     @property
@@ -1877,12 +1919,12 @@ class MeanN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MeanN', _node)
         if len(xs) == 0:
-            rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:366:7')
+            rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:373:7')
         for _t in xs:
-            u.elem('xs', _t, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:366:7')
+            u.elem('xs', _t, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:373:7')
         S = tuple(_t.shape for _t in xs)
         F = u.dtype('F')
-        return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:367:7'), )
+        return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:374:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1893,53 +1935,10 @@ class MaxN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:371:1.
-    """
-
-    OP: ClassVar[str] = 'MaxN'
-    INPUTS: ClassVar[tuple] = (OperandInfo('xs', optional=False, variadic=True), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:371:1'
-
-
-    @property
-    def xs(self):
-        """Operand xs: Tensor[T, *S]..."""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *broadcast(S)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(xs, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('MaxN', _node)
-        if len(xs) == 0:
-            rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:373:7')
-        for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:373:7')
-        S = tuple(_t.shape for _t in xs)
-        T = u.dtype('T')
-        return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:374:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class MinN(Node):
-    """Elementwise minimum of one or more tensors with broadcasting (ONNX Min).
-    
-    Operands:
-        xs: Tensor[T, *S]...
-    Results:
-        y: Tensor[T, *broadcast(S)]
     Declared at specs/ops.glowdef:378:1.
     """
 
-    OP: ClassVar[str] = 'MinN'
+    OP: ClassVar[str] = 'MaxN'
     INPUTS: ClassVar[tuple] = (OperandInfo('xs', optional=False, variadic=True), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1961,14 +1960,57 @@ class MinN(Node):
     @staticmethod
     def infer(xs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('MinN', _node)
+        u = rt.Unifier('MaxN', _node)
         if len(xs) == 0:
-            rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:380:7')
+            rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:380:7')
         for _t in xs:
             u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:380:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:381:7'), )
+        return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:381:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class MinN(Node):
+    """Elementwise minimum of one or more tensors with broadcasting (ONNX Min).
+    
+    Operands:
+        xs: Tensor[T, *S]...
+    Results:
+        y: Tensor[T, *broadcast(S)]
+    Declared at specs/ops.glowdef:385:1.
+    """
+
+    OP: ClassVar[str] = 'MinN'
+    INPUTS: ClassVar[tuple] = (OperandInfo('xs', optional=False, variadic=True), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:385:1'
+
+
+    @property
+    def xs(self):
+        """Operand xs: Tensor[T, *S]..."""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *broadcast(S)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(xs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('MinN', _node)
+        if len(xs) == 0:
+            rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:387:7')
+        for _t in xs:
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:387:7')
+        S = tuple(_t.shape for _t in xs)
+        T = u.dtype('T')
+        return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:388:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1982,7 +2024,7 @@ class Reshape(Node):
     Attributes:
         shape: ints
     Traits: primitive, view
-    Declared at specs/ops.glowdef:387:1.
+    Declared at specs/ops.glowdef:394:1.
     """
 
     OP: ClassVar[str] = 'Reshape'
@@ -1991,7 +2033,7 @@ class Reshape(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'view'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:387:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:394:1'
 
     shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -2009,12 +2051,12 @@ class Reshape(Node):
     def infer(x, *, _node='', shape=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reshape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:390:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:390:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:397:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:397:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_prod(shape), rt.b_prod(S)), 'Reshape', _node, 'the new shape must have as many elements as the operand', 'specs/ops.glowdef:392:3')
-        return (rt.result_type('Reshape', _node, A, (*shape,), 'specs/ops.glowdef:393:7'), )
+        rt.check(rt.eq(rt.b_prod(shape), rt.b_prod(S)), 'Reshape', _node, 'the new shape must have as many elements as the operand', 'specs/ops.glowdef:399:3')
+        return (rt.result_type('Reshape', _node, A, (*shape,), 'specs/ops.glowdef:400:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2027,7 +2069,7 @@ class Flatten(Node):
         y: Tensor[A, *flatten_shape(S, axis)]
     Attributes:
         axis: int = 1 where (-len(S) <= axis) and (axis <= len(S))
-    Declared at specs/ops.glowdef:397:1.
+    Declared at specs/ops.glowdef:404:1.
     """
 
     OP: ClassVar[str] = 'Flatten'
@@ -2036,7 +2078,7 @@ class Flatten(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:397:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:404:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
 
@@ -2054,12 +2096,12 @@ class Flatten(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Flatten', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:399:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:399:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:406:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:406:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:400:3')
-        return (rt.result_type('Flatten', _node, A, (*sl.b_flatten_shape(S, axis),), 'specs/ops.glowdef:401:7'), )
+        rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:407:3')
+        return (rt.result_type('Flatten', _node, A, (*sl.b_flatten_shape(S, axis),), 'specs/ops.glowdef:408:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2072,7 +2114,7 @@ class Squeeze(Node):
         y: Tensor[A, *squeeze_shape(S, axes)]
     Attributes:
         axes: ints = []
-    Declared at specs/ops.glowdef:405:1.
+    Declared at specs/ops.glowdef:412:1.
     """
 
     OP: ClassVar[str] = 'Squeeze'
@@ -2081,7 +2123,7 @@ class Squeeze(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:405:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:412:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
 
@@ -2099,11 +2141,11 @@ class Squeeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Squeeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:407:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:407:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:414:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:414:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Squeeze', _node, A, (*sl.b_squeeze_shape(S, axes),), 'specs/ops.glowdef:409:7'), )
+        return (rt.result_type('Squeeze', _node, A, (*sl.b_squeeze_shape(S, axes),), 'specs/ops.glowdef:416:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2116,7 +2158,7 @@ class Unsqueeze(Node):
         y: Tensor[A, *unsqueeze_shape(S, axes)]
     Attributes:
         axes: ints
-    Declared at specs/ops.glowdef:414:1.
+    Declared at specs/ops.glowdef:421:1.
     """
 
     OP: ClassVar[str] = 'Unsqueeze'
@@ -2125,7 +2167,7 @@ class Unsqueeze(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:414:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:421:1'
 
     axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -2143,11 +2185,11 @@ class Unsqueeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Unsqueeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:416:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:416:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:423:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:423:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Unsqueeze', _node, A, (*sl.b_unsqueeze_shape(S, axes),), 'specs/ops.glowdef:418:7'), )
+        return (rt.result_type('Unsqueeze', _node, A, (*sl.b_unsqueeze_shape(S, axes),), 'specs/ops.glowdef:425:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2161,7 +2203,7 @@ class Transpose(Node):
     Attributes:
         perm: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:423:1.
+    Declared at specs/ops.glowdef:430:1.
     """
 
     OP: ClassVar[str] = 'Transpose'
@@ -2170,7 +2212,7 @@ class Transpose(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('perm', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:423:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:430:1'
 
     perm: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -2188,12 +2230,64 @@ class Transpose(Node):
     def infer(x, *, _node='', perm=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Transpose', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:426:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:426:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:433:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:433:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_len(perm), rt.b_len(S)), 'Transpose', _node, 'perm must name every dimension once', 'specs/ops.glowdef:428:3')
-        return (rt.result_type('Transpose', _node, A, (*rt.b_permute(S, perm),), 'specs/ops.glowdef:429:7'), )
+        rt.check(rt.eq(rt.b_len(perm), rt.b_len(S)), 'Transpose', _node, 'perm must name every dimension once', 'specs/ops.glowdef:435:3')
+        return (rt.result_type('Transpose', _node, A, (*rt.b_permute(S, perm),), 'specs/ops.glowdef:436:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Pad(Node):
+    """Pad every dimension: pads is [begin of each dimension..., end of each dimension...]; mode constant fills with value, edge repeats the border, reflect mirrors it.
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        y: Tensor[A, *pad_shape(S, pads)]
+    Attributes:
+        pads: ints where all(pads >= 0)
+        mode: string = "constant" where ((mode == "constant") or (mode == "edge")) or (mode == "reflect")
+        value: float = 0.0
+    Traits: primitive
+    Declared at specs/ops.glowdef:440:1.
+    """
+
+    OP: ClassVar[str] = 'Pad'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('pads', 'ints', None, False), AttrInfo('mode', 'string', 'constant', True), AttrInfo('value', 'float', 0.0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:440:1'
+
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    mode: object = attrs.field(default='constant', converter=rt.CONVERTERS['string'])
+    value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *pad_shape(S, pads)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', pads=None, mode=None, value=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Pad', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:443:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:443:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Pad', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:444:3')
+        rt.check(((rt.eq(mode, 'constant') or rt.eq(mode, 'edge')) or rt.eq(mode, 'reflect')), 'Pad', _node, f'attribute mode must satisfy ((mode == "constant") or (mode == "edge")) or (mode == "reflect"), got {mode!r}', 'specs/ops.glowdef:445:3')
+        rt.check(rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(S))), 'Pad', _node, 'pads must give a begin and an end for every dimension', 'specs/ops.glowdef:447:3')
+        return (rt.result_type('Pad', _node, A, (*sl.b_pad_shape(S, pads),), 'specs/ops.glowdef:448:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2207,7 +2301,7 @@ class Concat(Node):
     Attributes:
         axis: int where axis >= 0
     Traits: primitive
-    Declared at specs/ops.glowdef:433:1.
+    Declared at specs/ops.glowdef:457:1.
     """
 
     OP: ClassVar[str] = 'Concat'
@@ -2216,7 +2310,7 @@ class Concat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:433:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:457:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -2235,13 +2329,13 @@ class Concat(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Concat', _node)
         if len(xs) == 0:
-            rt.fail('Concat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:436:7')
+            rt.fail('Concat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:460:7')
         for _t in xs:
-            u.elem('xs', _t, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:436:7')
+            u.elem('xs', _t, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:460:7')
         S = tuple(_t.shape for _t in xs)
         A = u.dtype('A')
-        rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:437:3')
-        return (rt.result_type('Concat', _node, A, (*sl.b_concat_shape(S, axis),), 'specs/ops.glowdef:438:7'), )
+        rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:461:3')
+        return (rt.result_type('Concat', _node, A, (*sl.b_concat_shape(S, axis),), 'specs/ops.glowdef:462:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2257,7 +2351,7 @@ class Slice(Node):
         stops: ints
         steps: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:442:1.
+    Declared at specs/ops.glowdef:466:1.
     """
 
     OP: ClassVar[str] = 'Slice'
@@ -2266,7 +2360,7 @@ class Slice(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('starts', 'ints', None, False), AttrInfo('stops', 'ints', None, False), AttrInfo('steps', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:442:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:466:1'
 
     starts: object = attrs.field(converter=rt.CONVERTERS['ints'])
     stops: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -2286,12 +2380,12 @@ class Slice(Node):
     def infer(x, *, _node='', starts=None, stops=None, steps=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Slice', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:445:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:445:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:469:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:469:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:449:3')
-        return (rt.result_type('Slice', _node, A, (*sl.b_slice_shape(starts, stops, steps),), 'specs/ops.glowdef:451:7'), )
+        rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:473:3')
+        return (rt.result_type('Slice', _node, A, (*sl.b_slice_shape(starts, stops, steps),), 'specs/ops.glowdef:475:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2306,7 +2400,7 @@ class Gather(Node):
     Attributes:
         axis: int = 0 where (axis >= 0) and (axis < len(S))
     Traits: primitive
-    Declared at specs/ops.glowdef:460:1.
+    Declared at specs/ops.glowdef:484:1.
     """
 
     OP: ClassVar[str] = 'Gather'
@@ -2315,7 +2409,7 @@ class Gather(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:460:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:484:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
 
@@ -2338,16 +2432,16 @@ class Gather(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gather', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:463:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:463:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:463:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:463:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:487:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:487:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:487:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:487:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:464:3')
-        return (rt.result_type('Gather', _node, A, (*sl.b_gather_shape(S, Q, axis),), 'specs/ops.glowdef:465:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:488:3')
+        return (rt.result_type('Gather', _node, A, (*sl.b_gather_shape(S, Q, axis),), 'specs/ops.glowdef:489:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2361,7 +2455,7 @@ class Expand(Node):
     Attributes:
         shape: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:469:1.
+    Declared at specs/ops.glowdef:493:1.
     """
 
     OP: ClassVar[str] = 'Expand'
@@ -2370,7 +2464,7 @@ class Expand(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:469:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:493:1'
 
     shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -2388,11 +2482,11 @@ class Expand(Node):
     def infer(x, *, _node='', shape=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Expand', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:472:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:472:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:496:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:496:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, shape),), 'specs/ops.glowdef:474:7'), )
+        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, shape),), 'specs/ops.glowdef:498:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2407,7 +2501,7 @@ class Shape(Node):
         start: int = 0
         end: int = 9223372036854775807
     Traits: primitive, shape_only
-    Declared at specs/ops.glowdef:478:1.
+    Declared at specs/ops.glowdef:502:1.
     """
 
     OP: ClassVar[str] = 'Shape'
@@ -2416,7 +2510,7 @@ class Shape(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('start', 'int', 0, True), AttrInfo('end', 'int', 9223372036854775807, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'shape_only'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:478:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:502:1'
 
     start: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     end: object = attrs.field(default=9223372036854775807, converter=rt.CONVERTERS['int'])
@@ -2435,11 +2529,11 @@ class Shape(Node):
     def infer(x, *, _node='', start=None, end=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:481:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:481:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:505:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:505:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.b_shape_range(S, start, end)),), 'specs/ops.glowdef:484:7'), )
+        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.b_shape_range(S, start, end)),), 'specs/ops.glowdef:508:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2451,7 +2545,7 @@ class Size(Node):
     Results:
         y: Tensor[i64]
     Traits: primitive, shape_only
-    Declared at specs/ops.glowdef:488:1.
+    Declared at specs/ops.glowdef:512:1.
     """
 
     OP: ClassVar[str] = 'Size'
@@ -2460,7 +2554,7 @@ class Size(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'shape_only'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:488:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:512:1'
 
 
     @property
@@ -2477,11 +2571,11 @@ class Size(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Size', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:491:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:491:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:515:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:515:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Size', _node, 'i64', (), 'specs/ops.glowdef:492:7'), )
+        return (rt.result_type('Size', _node, 'i64', (), 'specs/ops.glowdef:516:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2496,7 +2590,7 @@ class Splat(Node):
         value: float = 0.0
         dtype: dtype = f32
     Traits: primitive
-    Declared at specs/ops.glowdef:496:1.
+    Declared at specs/ops.glowdef:520:1.
     """
 
     OP: ClassVar[str] = 'Splat'
@@ -2505,7 +2599,7 @@ class Splat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), AttrInfo('value', 'float', 0.0, True), AttrInfo('dtype', 'dtype', 'f32', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:496:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:520:1'
 
     shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
     value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
@@ -2520,7 +2614,7 @@ class Splat(Node):
     def infer(*, _node='', shape=None, value=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Splat', _node)
-        return (rt.result_type('Splat', _node, dtype, (*shape,), 'specs/ops.glowdef:502:7'), )
+        return (rt.result_type('Splat', _node, dtype, (*shape,), 'specs/ops.glowdef:526:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2536,7 +2630,7 @@ class Range(Node):
         delta: float
         dtype: dtype
     Traits: primitive
-    Declared at specs/ops.glowdef:506:1.
+    Declared at specs/ops.glowdef:530:1.
     """
 
     OP: ClassVar[str] = 'Range'
@@ -2545,7 +2639,7 @@ class Range(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('start', 'float', None, False), AttrInfo('limit', 'float', None, False), AttrInfo('delta', 'float', None, False), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:506:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:530:1'
 
     start: object = attrs.field(converter=rt.CONVERTERS['float'])
     limit: object = attrs.field(converter=rt.CONVERTERS['float'])
@@ -2561,8 +2655,8 @@ class Range(Node):
     def infer(*, _node='', start=None, limit=None, delta=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Range', _node)
-        rt.check(rt.ne(delta, 0), 'Range', _node, 'delta must not be 0', 'specs/ops.glowdef:513:3')
-        return (rt.result_type('Range', _node, dtype, (rt.b_max(0, rt.b_ceil(rt.truediv(rt.sub(limit, start), delta))),), 'specs/ops.glowdef:514:7'), )
+        rt.check(rt.ne(delta, 0), 'Range', _node, 'delta must not be 0', 'specs/ops.glowdef:537:3')
+        return (rt.result_type('Range', _node, dtype, (rt.b_max(0, rt.b_ceil(rt.truediv(rt.sub(limit, start), delta))),), 'specs/ops.glowdef:538:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2577,7 +2671,7 @@ class ReduceSum(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:522:1.
+    Declared at specs/ops.glowdef:546:1.
     """
 
     OP: ClassVar[str] = 'ReduceSum'
@@ -2586,7 +2680,7 @@ class ReduceSum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:522:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:546:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2605,11 +2699,11 @@ class ReduceSum(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:525:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:525:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:549:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:549:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceSum', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:528:7'), )
+        return (rt.result_type('ReduceSum', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:552:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2624,7 +2718,7 @@ class ReduceMax(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:538:1.
+    Declared at specs/ops.glowdef:562:1.
     """
 
     OP: ClassVar[str] = 'ReduceMax'
@@ -2633,7 +2727,7 @@ class ReduceMax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:538:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:562:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2652,11 +2746,11 @@ class ReduceMax(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:541:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:541:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:565:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:565:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:544:7'), )
+        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:568:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2671,7 +2765,7 @@ class ReduceMin(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:554:1.
+    Declared at specs/ops.glowdef:578:1.
     """
 
     OP: ClassVar[str] = 'ReduceMin'
@@ -2680,7 +2774,7 @@ class ReduceMin(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:554:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:578:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2699,11 +2793,11 @@ class ReduceMin(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:557:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:557:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:581:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:581:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:560:7'), )
+        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:584:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2718,7 +2812,7 @@ class ReduceProd(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:570:1.
+    Declared at specs/ops.glowdef:594:1.
     """
 
     OP: ClassVar[str] = 'ReduceProd'
@@ -2727,7 +2821,7 @@ class ReduceProd(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:570:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:594:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2746,11 +2840,11 @@ class ReduceProd(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:573:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:573:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:597:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:597:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:576:7'), )
+        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:600:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2764,7 +2858,7 @@ class ReduceMean(Node):
     Attributes:
         axes: ints = []
         keepdims: int = 1
-    Declared at specs/ops.glowdef:586:1.
+    Declared at specs/ops.glowdef:610:1.
     """
 
     OP: ClassVar[str] = 'ReduceMean'
@@ -2773,7 +2867,7 @@ class ReduceMean(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:586:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:610:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2792,11 +2886,11 @@ class ReduceMean(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMean', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:588:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:588:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:612:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:612:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:591:7'), )
+        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:615:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2809,7 +2903,7 @@ class BatchMatMul(Node):
     Results:
         y: Tensor[T, B, M, P]
     Traits: primitive
-    Declared at specs/ops.glowdef:603:1.
+    Declared at specs/ops.glowdef:627:1.
     """
 
     OP: ClassVar[str] = 'BatchMatMul'
@@ -2818,7 +2912,7 @@ class BatchMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:603:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:627:1'
 
 
     @property
@@ -2840,16 +2934,16 @@ class BatchMatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchMatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:606:7')
-        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:606:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:606:32')
-        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:606:32')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:630:7')
+        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:630:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:630:32')
+        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:630:32')
         B = u.dim('B')
         K = u.dim('K')
         M = u.dim('M')
         P = u.dim('P')
         T = u.dtype('T')
-        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:607:7'), )
+        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:631:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2861,7 +2955,7 @@ class MatMul(Node):
         rhs: Tensor[T, *Y]
     Results:
         y: Tensor[T, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:610:1.
+    Declared at specs/ops.glowdef:634:1.
     """
 
     OP: ClassVar[str] = 'MatMul'
@@ -2870,7 +2964,7 @@ class MatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:610:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:634:1'
 
 
     @property
@@ -2892,15 +2986,15 @@ class MatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:612:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:612:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:612:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:612:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:636:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:636:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:636:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:636:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:613:3')
-        return (rt.result_type('MatMul', _node, T, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:614:7'), )
+        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:637:3')
+        return (rt.result_type('MatMul', _node, T, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:638:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2918,7 +3012,7 @@ class Gemm(Node):
         beta: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:618:1.
+    Declared at specs/ops.glowdef:642:1.
     """
 
     OP: ClassVar[str] = 'Gemm'
@@ -2927,7 +3021,7 @@ class Gemm(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('beta', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:618:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:642:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
@@ -2958,21 +3052,21 @@ class Gemm(Node):
     def infer(a, b, c=None, *, _node='', alpha=None, beta=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gemm', _node)
-        u.elem('a', a, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:620:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:620:7')
-        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:620:29')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:620:29')
+        u.elem('a', a, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:644:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:644:7')
+        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:644:29')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:644:29')
         if c is not None:
-            u.elem('c', c, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:620:51')
-            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:620:51')
+            u.elem('c', c, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:644:51')
+            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:644:51')
         K0 = u.dim('K0')
         K1 = u.dim('K1')
         M0 = u.dim('M0')
         N1 = u.dim('N1')
         Q = u.dims['Q'][0] if 'Q' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:625:3')
-        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:627:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:649:3')
+        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:651:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2985,7 +3079,7 @@ class FullyConnected(Node):
         b: Tensor[F, N]
     Results:
         y: Tensor[F, M, N]
-    Declared at specs/ops.glowdef:631:1.
+    Declared at specs/ops.glowdef:655:1.
     """
 
     OP: ClassVar[str] = 'FullyConnected'
@@ -2994,7 +3088,7 @@ class FullyConnected(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:631:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:655:1'
 
 
     @property
@@ -3021,17 +3115,17 @@ class FullyConnected(Node):
     def infer(x, w, b, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('FullyConnected', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:633:7')
-        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:633:7')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:633:27')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:633:27')
-        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:633:47')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:633:47')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:657:7')
+        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:657:7')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:657:27')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:657:27')
+        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:657:47')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:657:47')
         K = u.dim('K')
         M = u.dim('M')
         N = u.dim('N')
         F = u.dtype('F')
-        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:634:7'), )
+        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:658:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3050,7 +3144,7 @@ class Conv(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:639:1.
+    Declared at specs/ops.glowdef:663:1.
     """
 
     OP: ClassVar[str] = 'Conv'
@@ -3059,7 +3153,7 @@ class Conv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:639:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:663:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -3090,13 +3184,13 @@ class Conv(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Conv', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:642:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:642:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:642:35')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:642:35')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:666:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:666:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:666:35')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:666:35')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:642:64')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:642:64')
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:666:64')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:666:64')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -3106,17 +3200,17 @@ class Conv(Node):
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:643:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:643:3')
-        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:644:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:644:3')
-        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:645:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:645:3')
-        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:646:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:647:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:648:3')
-        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:649:3')
-        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:651:9'), )
+        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:667:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:667:3')
+        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:668:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:668:3')
+        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:669:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:669:3')
+        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:670:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:671:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:672:3')
+        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:673:3')
+        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:675:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3134,7 +3228,7 @@ class MaxPool(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         ceil_mode: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:662:1.
+    Declared at specs/ops.glowdef:686:1.
     """
 
     OP: ClassVar[str] = 'MaxPool'
@@ -3143,7 +3237,7 @@ class MaxPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('ceil_mode', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:662:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:686:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -3165,22 +3259,22 @@ class MaxPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:665:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:665:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:689:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:689:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         T = u.dtype('T')
-        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:666:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:666:3')
-        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:667:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:667:3')
-        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:668:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:668:3')
-        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:669:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:669:3')
-        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:671:9'), )
+        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:690:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:690:3')
+        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:691:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:691:3')
+        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:692:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:692:3')
+        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:693:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:693:3')
+        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:695:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3198,7 +3292,7 @@ class AvgPool(Node):
         ceil_mode: int = 0
         count_include_pad: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:683:1.
+    Declared at specs/ops.glowdef:707:1.
     """
 
     OP: ClassVar[str] = 'AvgPool'
@@ -3207,7 +3301,7 @@ class AvgPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:683:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:707:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -3229,20 +3323,20 @@ class AvgPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:686:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:686:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:710:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:710:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:687:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:687:3')
-        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:688:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:688:3')
-        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:689:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:689:3')
-        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:692:9'), )
+        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:711:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:711:3')
+        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:712:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:712:3')
+        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:713:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:713:3')
+        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:716:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3253,7 +3347,7 @@ class GlobalAveragePool(Node):
         x: Tensor[F, N, C, *S]
     Results:
         y: Tensor[F, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:704:1.
+    Declared at specs/ops.glowdef:728:1.
     """
 
     OP: ClassVar[str] = 'GlobalAveragePool'
@@ -3262,7 +3356,7 @@ class GlobalAveragePool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:704:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:728:1'
 
 
     @property
@@ -3279,13 +3373,13 @@ class GlobalAveragePool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalAveragePool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:706:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:706:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:730:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:730:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:707:7'), )
+        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:731:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3296,7 +3390,7 @@ class GlobalMaxPool(Node):
         x: Tensor[T, N, C, *S]
     Results:
         y: Tensor[T, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:711:1.
+    Declared at specs/ops.glowdef:735:1.
     """
 
     OP: ClassVar[str] = 'GlobalMaxPool'
@@ -3305,7 +3399,7 @@ class GlobalMaxPool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:711:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:735:1'
 
 
     @property
@@ -3322,13 +3416,13 @@ class GlobalMaxPool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalMaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:713:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:713:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:737:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:737:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:714:7'), )
+        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:738:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3344,7 +3438,7 @@ class LRN(Node):
         beta: float = 0.75
         bias: float = 1.0
         size: int where size >= 1
-    Declared at specs/ops.glowdef:718:1.
+    Declared at specs/ops.glowdef:742:1.
     """
 
     OP: ClassVar[str] = 'LRN'
@@ -3353,7 +3447,7 @@ class LRN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.0001, True), AttrInfo('beta', 'float', 0.75, True), AttrInfo('bias', 'float', 1.0, True), AttrInfo('size', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:718:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:742:1'
 
     alpha: object = attrs.field(default=0.0001, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.75, converter=rt.CONVERTERS['float'])
@@ -3374,14 +3468,14 @@ class LRN(Node):
     def infer(x, *, _node='', alpha=None, beta=None, bias=None, size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LRN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:720:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:720:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:744:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:744:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:724:3')
-        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:725:7'), )
+        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:748:3')
+        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:749:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3398,7 +3492,7 @@ class BatchNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:731:1.
+    Declared at specs/ops.glowdef:755:1.
     """
 
     OP: ClassVar[str] = 'BatchNormalization'
@@ -3407,7 +3501,7 @@ class BatchNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:731:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:755:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -3445,21 +3539,21 @@ class BatchNormalization(Node):
     def infer(x, scale, bias, mean, var, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:733:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:733:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:733:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:733:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:733:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:733:52')
-        u.elem('mean', mean, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:733:72')
-        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:733:72')
-        u.elem('var', var, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:733:92')
-        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:733:92')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:757:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:757:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:757:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:757:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:757:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:757:52')
+        u.elem('mean', mean, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:757:72')
+        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:757:72')
+        u.elem('var', var, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:757:92')
+        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:757:92')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:735:7'), )
+        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:759:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3475,7 +3569,7 @@ class LayerNormalization(Node):
     Attributes:
         axis: int = -1
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:751:1.
+    Declared at specs/ops.glowdef:775:1.
     """
 
     OP: ClassVar[str] = 'LayerNormalization'
@@ -3484,7 +3578,7 @@ class LayerNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', rt.neg(1), True), AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:751:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:775:1'
 
     axis: object = attrs.field(default=rt.neg(1), converter=rt.CONVERTERS['int'])
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
@@ -3513,20 +3607,20 @@ class LayerNormalization(Node):
     def infer(x, scale, bias=None, *, _node='', axis=None, epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LayerNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:753:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:753:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:753:25')
-        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:753:25')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:777:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:777:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:777:25')
+        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:777:25')
         if bias is not None:
-            u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:753:47')
-            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:753:47')
+            u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:777:47')
+            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:777:47')
         G = u.dim('G')
         H = u.dims['H'][0] if 'H' in u.dims else None
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:756:3')
-        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:757:3')
-        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:758:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:780:3')
+        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:781:3')
+        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:782:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3539,145 +3633,10 @@ class Softmax(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
-    Declared at specs/ops.glowdef:767:1.
-    """
-
-    OP: ClassVar[str] = 'Softmax'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:767:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Softmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:769:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:769:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:770:3')
-        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:771:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class LogSoftmax(Node):
-    """log(softmax(x)) along `axis` (normalized to >= 0).
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        axis: int where (axis >= 0) and (axis < len(S))
-    Declared at specs/ops.glowdef:775:1.
-    """
-
-    OP: ClassVar[str] = 'LogSoftmax'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:775:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('LogSoftmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:777:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:777:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:778:3')
-        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:779:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class SoftmaxFlat(Node):
-    """Softmax before opset 13: x is seen as 2-D [prod(S[:axis]), prod(S[axis:])] and normalized along dimension 1.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        axis: int where (axis >= 0) and (axis <= len(S))
-    Declared at specs/ops.glowdef:783:1.
-    """
-
-    OP: ClassVar[str] = 'SoftmaxFlat'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:783:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('SoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:785:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:785:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:786:3')
-        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:787:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class LogSoftmaxFlat(Node):
-    """LogSoftmax before opset 13: like SoftmaxFlat.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        axis: int where (axis >= 0) and (axis <= len(S))
     Declared at specs/ops.glowdef:791:1.
     """
 
-    OP: ClassVar[str] = 'LogSoftmaxFlat'
+    OP: ClassVar[str] = 'Softmax'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
@@ -3700,13 +3659,148 @@ class LogSoftmaxFlat(Node):
     @staticmethod
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('LogSoftmaxFlat', _node)
+        u = rt.Unifier('Softmax', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:793:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:793:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:794:3')
-        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:795:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:794:3')
+        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:795:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LogSoftmax(Node):
+    """log(softmax(x)) along `axis` (normalized to >= 0).
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+    Declared at specs/ops.glowdef:799:1.
+    """
+
+    OP: ClassVar[str] = 'LogSoftmax'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:799:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LogSoftmax', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:801:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:801:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:802:3')
+        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:803:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class SoftmaxFlat(Node):
+    """Softmax before opset 13: x is seen as 2-D [prod(S[:axis]), prod(S[axis:])] and normalized along dimension 1.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis <= len(S))
+    Declared at specs/ops.glowdef:807:1.
+    """
+
+    OP: ClassVar[str] = 'SoftmaxFlat'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:807:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('SoftmaxFlat', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:809:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:809:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:810:3')
+        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:811:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LogSoftmaxFlat(Node):
+    """LogSoftmax before opset 13: like SoftmaxFlat.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis <= len(S))
+    Declared at specs/ops.glowdef:815:1.
+    """
+
+    OP: ClassVar[str] = 'LogSoftmaxFlat'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:815:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LogSoftmaxFlat', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:817:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:817:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:818:3')
+        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:819:7'), )
 
 
 OPS = {
@@ -3744,6 +3838,7 @@ OPS = {
     'Cast': Cast,
     'Reciprocal': Reciprocal,
     'Clip': Clip,
+    'Swish': Swish,
     'HardSigmoid': HardSigmoid,
     'HardSwish': HardSwish,
     'Identity': Identity,
@@ -3757,6 +3852,7 @@ OPS = {
     'Squeeze': Squeeze,
     'Unsqueeze': Unsqueeze,
     'Transpose': Transpose,
+    'Pad': Pad,
     'Concat': Concat,
     'Slice': Slice,
     'Gather': Gather,

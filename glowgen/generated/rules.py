@@ -45,7 +45,14 @@ def _r4_clip_to_max_min_build(_b, _m):
 
 
 
-def _r5_hardsigmoid_expand_build(_b, _m):
+def _r5_swish_expand_build(_b, _m):
+    """=> Mul(x, Sigmoid(x))"""
+    x = _m['x']
+    return (_b.op('Mul', [x, _b.op('Sigmoid', [x], {})], {}),)
+
+
+
+def _r6_hardsigmoid_expand_build(_b, _m):
     """=> Max(Min(Add(Mul(x, scalar(h.alpha, x.dtype)), scalar(h.beta, x.dtype)), scalar(1.0, x.dtype)), scalar(0.0, x.dtype))"""
     h = _m['h']
     x = _m['x']
@@ -53,21 +60,21 @@ def _r5_hardsigmoid_expand_build(_b, _m):
 
 
 
-def _r6_hardswish_expand_build(_b, _m):
+def _r7_hardswish_expand_build(_b, _m):
     """=> Mul(x, HardSigmoid(x, alpha = 1.0 / 6.0, beta = 0.5))"""
     x = _m['x']
     return (_b.op('Mul', [x, _b.op('HardSigmoid', [x], {'alpha': rt.truediv(1.0, 6.0), 'beta': 0.5})], {}),)
 
 
 
-def _r7_sum_single_build(_b, _m):
+def _r8_sum_single_build(_b, _m):
     """=> x"""
     x = _m['x']
     return (x,)
 
 
 
-def _r8_sum_chain_build(_b, _m):
+def _r9_sum_chain_build(_b, _m):
     """=> SumN(Add(a, b), *rest)"""
     a = _m['a']
     b = _m['b']
@@ -76,7 +83,7 @@ def _r8_sum_chain_build(_b, _m):
 
 
 
-def _r9_mean_to_sum_build(_b, _m):
+def _r10_mean_to_sum_build(_b, _m):
     """=> Div(SumN(*xs), scalar(len(xs), m.dtype))"""
     m = _m['m']
     xs = _m['xs']
@@ -84,14 +91,14 @@ def _r9_mean_to_sum_build(_b, _m):
 
 
 
-def _r10_max_single_build(_b, _m):
+def _r11_max_single_build(_b, _m):
     """=> x"""
     x = _m['x']
     return (x,)
 
 
 
-def _r11_max_chain_build(_b, _m):
+def _r12_max_chain_build(_b, _m):
     """=> MaxN(Max(a, b), *rest)"""
     a = _m['a']
     b = _m['b']
@@ -100,14 +107,14 @@ def _r11_max_chain_build(_b, _m):
 
 
 
-def _r12_min_single_build(_b, _m):
+def _r13_min_single_build(_b, _m):
     """=> x"""
     x = _m['x']
     return (x,)
 
 
 
-def _r13_min_chain_build(_b, _m):
+def _r14_min_chain_build(_b, _m):
     """=> MinN(Min(a, b), *rest)"""
     a = _m['a']
     b = _m['b']
@@ -116,7 +123,7 @@ def _r13_min_chain_build(_b, _m):
 
 
 
-def _r14_flatten_to_reshape_build(_b, _m):
+def _r15_flatten_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = f.shape)"""
     f = _m['f']
     x = _m['x']
@@ -124,7 +131,7 @@ def _r14_flatten_to_reshape_build(_b, _m):
 
 
 
-def _r15_squeeze_to_reshape_build(_b, _m):
+def _r16_squeeze_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = s.shape)"""
     s = _m['s']
     x = _m['x']
@@ -132,7 +139,7 @@ def _r15_squeeze_to_reshape_build(_b, _m):
 
 
 
-def _r16_unsqueeze_to_reshape_build(_b, _m):
+def _r17_unsqueeze_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = u.shape)"""
     u = _m['u']
     x = _m['x']
@@ -140,7 +147,15 @@ def _r16_unsqueeze_to_reshape_build(_b, _m):
 
 
 
-def _r17_gemm_to_matmul_build(_b, _m):
+def _r18_gemm_to_matmul_guard(_m, _ctx):
+    """where """
+    g = _m['g']
+    a = _m['a']
+    b = _m['b']
+    c = _m['c']
+    return bool(((not _ctx.backend_has('Gemm'))))
+
+def _r18_gemm_to_matmul_build(_b, _m):
     """=> Add(p2, Mul(c, scalar(g.beta, c.dtype)) if g.beta != 1.0 else c)"""
     g = _m['g']
     a = _m['a']
@@ -154,7 +169,14 @@ def _r17_gemm_to_matmul_build(_b, _m):
 
 
 
-def _r18_gemm_no_bias_to_matmul_build(_b, _m):
+def _r19_gemm_no_bias_to_matmul_guard(_m, _ctx):
+    """where """
+    g = _m['g']
+    a = _m['a']
+    b = _m['b']
+    return bool(((not _ctx.backend_has('Gemm'))))
+
+def _r19_gemm_no_bias_to_matmul_build(_b, _m):
     """=> Mul(p, scalar(g.alpha, p.dtype)) if g.alpha != 1.0 else p"""
     g = _m['g']
     a = _m['a']
@@ -166,7 +188,14 @@ def _r18_gemm_no_bias_to_matmul_build(_b, _m):
 
 
 
-def _r19_fc_to_matmul_build(_b, _m):
+def _r20_fc_to_matmul_guard(_m, _ctx):
+    """where """
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool(((not _ctx.backend_has('FullyConnected'))))
+
+def _r20_fc_to_matmul_build(_b, _m):
     """=> Add(MatMul(x, w), b)"""
     x = _m['x']
     w = _m['w']
@@ -175,14 +204,14 @@ def _r19_fc_to_matmul_build(_b, _m):
 
 
 
-def _r20_matmul_vector_lhs_guard(_m, _ctx):
+def _r21_matmul_vector_lhs_guard(_m, _ctx):
     """where rank(a) == 1"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool((rt.eq(rt.b_rank(a), 1)))
 
-def _r20_matmul_vector_lhs_build(_b, _m):
+def _r21_matmul_vector_lhs_build(_b, _m):
     """=> Reshape(MatMul(Reshape(a, shape = [1, a.shape[0]]), b), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -191,14 +220,14 @@ def _r20_matmul_vector_lhs_build(_b, _m):
 
 
 
-def _r21_matmul_vector_rhs_guard(_m, _ctx):
+def _r22_matmul_vector_rhs_guard(_m, _ctx):
     """where (rank(b) == 1) and (rank(a) >= 2)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.eq(rt.b_rank(b), 1) and rt.ge(rt.b_rank(a), 2))))
 
-def _r21_matmul_vector_rhs_build(_b, _m):
+def _r22_matmul_vector_rhs_build(_b, _m):
     """=> Reshape(MatMul(a, Reshape(b, shape = [b.shape[0], 1])), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -207,14 +236,14 @@ def _r21_matmul_vector_rhs_build(_b, _m):
 
 
 
-def _r22_matmul_shared_rhs_guard(_m, _ctx):
+def _r23_matmul_shared_rhs_guard(_m, _ctx):
     """where (rank(a) >= 2) and (rank(b) == 2)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.ge(rt.b_rank(a), 2) and rt.eq(rt.b_rank(b), 2))))
 
-def _r22_matmul_shared_rhs_build(_b, _m):
+def _r23_matmul_shared_rhs_build(_b, _m):
     """=> Reshape(BatchMatMul(Reshape(a, shape = [1, prod(a.shape[:-1]), a.shape[-1]]), Reshape(b, shape = concat([1], b.shape))), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -223,14 +252,14 @@ def _r22_matmul_shared_rhs_build(_b, _m):
 
 
 
-def _r23_matmul_batched_guard(_m, _ctx):
+def _r24_matmul_batched_guard(_m, _ctx):
     """where (rank(a) >= 2) and (rank(b) > 2)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.ge(rt.b_rank(a), 2) and rt.gt(rt.b_rank(b), 2))))
 
-def _r23_matmul_batched_build(_b, _m):
+def _r24_matmul_batched_build(_b, _m):
     """=> Reshape(BatchMatMul(Reshape(a2, shape = concat([prod(batch)], a.shape[-2:])), Reshape(b2, shape = concat([prod(batch)], b.shape[-2:]))), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -242,7 +271,7 @@ def _r23_matmul_batched_build(_b, _m):
 
 
 
-def _r24_batchnorm_to_affine_build(_b, _m):
+def _r25_batchnorm_to_affine_build(_b, _m):
     """=> Add(Mul(x, Reshape(s, shape = cs)), Reshape(t, shape = cs))"""
     bn = _m['bn']
     x = _m['x']
@@ -257,7 +286,7 @@ def _r24_batchnorm_to_affine_build(_b, _m):
 
 
 
-def _r25_layernorm_expand_build(_b, _m):
+def _r26_layernorm_expand_build(_b, _m):
     """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(ln.epsilon, x.dtype)))), scale), bias)"""
     ln = _m['ln']
     x = _m['x']
@@ -270,7 +299,7 @@ def _r25_layernorm_expand_build(_b, _m):
 
 
 
-def _r26_layernorm_no_bias_expand_build(_b, _m):
+def _r27_layernorm_no_bias_expand_build(_b, _m):
     """=> Mul(Div(d, Sqrt(Add(var, scalar(ln.epsilon, x.dtype)))), scale)"""
     ln = _m['ln']
     x = _m['x']
@@ -282,7 +311,7 @@ def _r26_layernorm_no_bias_expand_build(_b, _m):
 
 
 
-def _r27_softmax_expand_build(_b, _m):
+def _r28_softmax_expand_build(_b, _m):
     """=> Div(e, ReduceSum(e, axes = [sm.axis], keepdims = 1))"""
     sm = _m['sm']
     x = _m['x']
@@ -291,7 +320,7 @@ def _r27_softmax_expand_build(_b, _m):
 
 
 
-def _r28_logsoftmax_expand_build(_b, _m):
+def _r29_logsoftmax_expand_build(_b, _m):
     """=> Sub(d, Log(ReduceSum(Exp(d), axes = [sm.axis], keepdims = 1)))"""
     sm = _m['sm']
     x = _m['x']
@@ -300,7 +329,7 @@ def _r28_logsoftmax_expand_build(_b, _m):
 
 
 
-def _r29_softmax_flat_to_2d_build(_b, _m):
+def _r30_softmax_flat_to_2d_build(_b, _m):
     """=> Reshape(Softmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
@@ -308,7 +337,7 @@ def _r29_softmax_flat_to_2d_build(_b, _m):
 
 
 
-def _r30_logsoftmax_flat_to_2d_build(_b, _m):
+def _r31_logsoftmax_flat_to_2d_build(_b, _m):
     """=> Reshape(LogSoftmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
@@ -316,7 +345,7 @@ def _r30_logsoftmax_flat_to_2d_build(_b, _m):
 
 
 
-def _r31_reducemean_to_sum_build(_b, _m):
+def _r32_reducemean_to_sum_build(_b, _m):
     """=> Div(ReduceSum(x, axes = r.axes, keepdims = r.keepdims), scalar(prod(x.shape) // max(1, prod(r.shape)), x.dtype))"""
     r = _m['r']
     x = _m['x']
@@ -324,21 +353,21 @@ def _r31_reducemean_to_sum_build(_b, _m):
 
 
 
-def _r32_global_avgpool_to_mean_build(_b, _m):
+def _r33_global_avgpool_to_mean_build(_b, _m):
     """=> ReduceMean(x, axes = range(2, rank(x)), keepdims = 1)"""
     x = _m['x']
     return (_b.op('ReduceMean', [x], {'axes': rt.b_range(2, rt.b_rank(x)), 'keepdims': 1}),)
 
 
 
-def _r33_global_maxpool_to_max_build(_b, _m):
+def _r34_global_maxpool_to_max_build(_b, _m):
     """=> ReduceMax(x, axes = range(2, rank(x)), keepdims = 1)"""
     x = _m['x']
     return (_b.op('ReduceMax', [x], {'axes': rt.b_range(2, rt.b_rank(x)), 'keepdims': 1}),)
 
 
 
-def _r34_lrn_expand_build(_b, _m):
+def _r35_lrn_expand_build(_b, _m):
     """=> Div(x, Pow(Add(Mul(Reshape(win, shape = x.shape), scalar(n.alpha, x.dtype)), scalar(n.bias, x.dtype)), scalar(n.beta, x.dtype)))"""
     n = _m['n']
     x = _m['x']
@@ -347,40 +376,679 @@ def _r34_lrn_expand_build(_b, _m):
     return (_b.op('Div', [x, _b.op('Pow', [_b.op('Add', [_b.op('Mul', [_b.op('Reshape', [win], {'shape': x.shape}), _b.scalar(n.alpha, x.dtype)], {}), _b.scalar(n.bias, x.dtype)], {}), _b.scalar(n.beta, x.dtype)], {})], {}),)
 
 
+
+def _r36_cast_same_type_guard(_m, _ctx):
+    """where c.to == x.dtype"""
+    c = _m['c']
+    x = _m['x']
+    return bool((rt.eq(c.to, x.dtype)))
+
+def _r36_cast_same_type_build(_b, _m):
+    """=> x"""
+    c = _m['c']
+    x = _m['x']
+    return (x,)
+
+
+
+def _r37_add_zero_guard(_m, _ctx):
+    """where is_splat(c, 0) and (x.shape == a.shape)"""
+    a = _m['a']
+    x = _m['x']
+    c = _m['c']
+    return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, a.shape))))
+
+def _r37_add_zero_build(_b, _m):
+    """=> x"""
+    a = _m['a']
+    x = _m['x']
+    c = _m['c']
+    return (x,)
+
+
+
+def _r38_sub_zero_guard(_m, _ctx):
+    """where is_splat(c, 0) and (x.shape == s.shape)"""
+    s = _m['s']
+    x = _m['x']
+    c = _m['c']
+    return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, s.shape))))
+
+def _r38_sub_zero_build(_b, _m):
+    """=> x"""
+    s = _m['s']
+    x = _m['x']
+    c = _m['c']
+    return (x,)
+
+
+
+def _r39_mul_one_guard(_m, _ctx):
+    """where is_splat(c, 1) and (x.shape == m.shape)"""
+    m = _m['m']
+    x = _m['x']
+    c = _m['c']
+    return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, m.shape))))
+
+def _r39_mul_one_build(_b, _m):
+    """=> x"""
+    m = _m['m']
+    x = _m['x']
+    c = _m['c']
+    return (x,)
+
+
+
+def _r40_div_one_guard(_m, _ctx):
+    """where is_splat(c, 1) and (x.shape == d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    c = _m['c']
+    return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, d.shape))))
+
+def _r40_div_one_build(_b, _m):
+    """=> x"""
+    d = _m['d']
+    x = _m['x']
+    c = _m['c']
+    return (x,)
+
+
+
+def _r41_relu_relu_build(_b, _m):
+    """=> r"""
+    r = _m['r']
+    x = _m['x']
+    return (r,)
+
+
+
+def _r42_max_same_build(_b, _m):
+    """=> x"""
+    x = _m['x']
+    return (x,)
+
+
+
+def _r43_clip_unbounded_guard(_m, _ctx):
+    """where (c.min == -inf) and (c.max == inf)"""
+    c = _m['c']
+    x = _m['x']
+    return bool(((rt.eq(c.min, rt.neg(float('inf'))) and rt.eq(c.max, float('inf')))))
+
+def _r43_clip_unbounded_build(_b, _m):
+    """=> x"""
+    c = _m['c']
+    x = _m['x']
+    return (x,)
+
+
+
+def _r44_max_zero_to_relu_guard(_m, _ctx):
+    """where is_splat(c, 0) and (x.shape == m.shape)"""
+    m = _m['m']
+    x = _m['x']
+    c = _m['c']
+    return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, m.shape))))
+
+def _r44_max_zero_to_relu_build(_b, _m):
+    """=> Relu(x)"""
+    m = _m['m']
+    x = _m['x']
+    c = _m['c']
+    return (_b.op('Relu', [x], {}),)
+
+
+
+def _r45_min_max_to_clip_guard(_m, _ctx):
+    """where ((((is_splat(lo) and is_splat(hi)) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(lo) <= splat_value(hi))) and (uses(m) == 1)"""
+    n = _m['n']
+    m = _m['m']
+    x = _m['x']
+    lo = _m['lo']
+    hi = _m['hi']
+    return bool((_ctx.backend_has('Clip')) and ((((((rt.b_is_splat(lo) and rt.b_is_splat(hi)) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.le(rt.b_splat_value(lo), rt.b_splat_value(hi))) and rt.eq(_ctx.uses(m), 1))))
+
+def _r45_min_max_to_clip_build(_b, _m):
+    """=> Clip(x, min = splat_value(lo), max = splat_value(hi))"""
+    n = _m['n']
+    m = _m['m']
+    x = _m['x']
+    lo = _m['lo']
+    hi = _m['hi']
+    return (_b.op('Clip', [x], {'min': rt.b_splat_value(lo), 'max': rt.b_splat_value(hi)}),)
+
+
+
+def _r46_min_relu_to_clip_guard(_m, _ctx):
+    """where (((is_splat(hi) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(hi) >= 0)) and (uses(r) == 1)"""
+    n = _m['n']
+    r = _m['r']
+    x = _m['x']
+    hi = _m['hi']
+    return bool((_ctx.backend_has('Clip')) and (((((rt.b_is_splat(hi) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.ge(rt.b_splat_value(hi), 0)) and rt.eq(_ctx.uses(r), 1))))
+
+def _r46_min_relu_to_clip_build(_b, _m):
+    """=> Clip(x, min = 0.0, max = splat_value(hi))"""
+    n = _m['n']
+    r = _m['r']
+    x = _m['x']
+    hi = _m['hi']
+    return (_b.op('Clip', [x], {'min': 0.0, 'max': rt.b_splat_value(hi)}),)
+
+
+
+def _r47_swish_fuse_guard(_m, _ctx):
+    """where uses(s) == 1"""
+    x = _m['x']
+    s = _m['s']
+    return bool((_ctx.backend_has('Swish')) and (rt.eq(_ctx.uses(s), 1)))
+
+def _r47_swish_fuse_build(_b, _m):
+    """=> Swish(x)"""
+    x = _m['x']
+    s = _m['s']
+    return (_b.op('Swish', [x], {}),)
+
+
+
+def _r48_sub_const_to_add_guard(_m, _ctx):
+    """where (is_const(c) and not is_const(x)) and is_float(x.dtype)"""
+    x = _m['x']
+    c = _m['c']
+    return bool((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype))))
+
+def _r48_sub_const_to_add_build(_b, _m):
+    """=> Add(x, Neg(c))"""
+    x = _m['x']
+    c = _m['c']
+    return (_b.op('Add', [x, _b.op('Neg', [c], {})], {}),)
+
+
+
+def _r49_div_const_to_mul_guard(_m, _ctx):
+    """where (is_const(c) and not is_const(x)) and is_float(x.dtype)"""
+    x = _m['x']
+    c = _m['c']
+    return bool((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype))))
+
+def _r49_div_const_to_mul_build(_b, _m):
+    """=> Mul(x, Div(scalar(1.0, c.dtype), c))"""
+    x = _m['x']
+    c = _m['c']
+    return (_b.op('Mul', [x, _b.op('Div', [_b.scalar(1.0, c.dtype), c], {})], {}),)
+
+
+
+def _r50_add_const_reassociate_guard(_m, _ctx):
+    """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
+    i = _m['i']
+    x = _m['x']
+    a = _m['a']
+    b = _m['b']
+    return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
+
+def _r50_add_const_reassociate_build(_b, _m):
+    """=> Add(x, Add(a, b))"""
+    i = _m['i']
+    x = _m['x']
+    a = _m['a']
+    b = _m['b']
+    return (_b.op('Add', [x, _b.op('Add', [a, b], {})], {}),)
+
+
+
+def _r51_mul_const_reassociate_guard(_m, _ctx):
+    """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
+    i = _m['i']
+    x = _m['x']
+    a = _m['a']
+    b = _m['b']
+    return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
+
+def _r51_mul_const_reassociate_build(_b, _m):
+    """=> Mul(x, Mul(a, b))"""
+    i = _m['i']
+    x = _m['x']
+    a = _m['a']
+    b = _m['b']
+    return (_b.op('Mul', [x, _b.op('Mul', [a, b], {})], {}),)
+
+
+
+def _r52_mul_add_distribute_guard(_m, _ctx):
+    """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
+    i = _m['i']
+    x = _m['x']
+    a = _m['a']
+    b = _m['b']
+    return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
+
+def _r52_mul_add_distribute_build(_b, _m):
+    """=> Add(Mul(x, b), Mul(a, b))"""
+    i = _m['i']
+    x = _m['x']
+    a = _m['a']
+    b = _m['b']
+    return (_b.op('Add', [_b.op('Mul', [x, b], {}), _b.op('Mul', [a, b], {})], {}),)
+
+
+
+def _r53_conv_bias_zero_build(_b, _m):
+    """=> Conv(x, w, Splat(shape = [w.shape[0]], value = 0.0, dtype = w.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    return (_b.op('Conv', [x, w, _b.op('Splat', [], {'shape': (w.shape[0], ), 'value': 0.0, 'dtype': w.dtype})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}),)
+
+
+
+def _r54_conv_batchnorm_fold_guard(_m, _ctx):
+    """where (((((is_const(w) and is_const(b)) and is_const(scale)) and is_const(bias)) and is_const(mean)) and is_const(var)) and (uses(c) == 1)"""
+    bn = _m['bn']
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    scale = _m['scale']
+    bias = _m['bias']
+    mean = _m['mean']
+    var = _m['var']
+    return bool((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1))))
+
+def _r54_conv_batchnorm_fold_build(_b, _m):
+    """=> Conv(x, Mul(w, Reshape(k, shape = [w.shape[0], 1, 1, 1])), Add(Mul(Sub(b, mean), k), bias), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    bn = _m['bn']
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    scale = _m['scale']
+    bias = _m['bias']
+    mean = _m['mean']
+    var = _m['var']
+    k = _b.op('Div', [scale, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(bn.epsilon, var.dtype)], {})], {})], {})
+    return (_b.op('Conv', [x, _b.op('Mul', [w, _b.op('Reshape', [k], {'shape': (w.shape[0], 1, 1, 1, )})], {}), _b.op('Add', [_b.op('Mul', [_b.op('Sub', [b, mean], {}), k], {}), bias], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}),)
+
+
+
+def _r55_conv_mul_fold_guard(_m, _ctx):
+    """where (((is_const(w) and is_const(b)) and is_const(s)) and (uses(c) == 1)) and varies_only_along(s.shape, c.shape, 1)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    s = _m['s']
+    return bool((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(s.shape, c.shape, 1))))
+
+def _r55_conv_mul_fold_build(_b, _m):
+    """=> Conv(x, Mul(w, Reshape(s, shape = [prod(s.shape), 1, 1, 1])), Mul(b, Reshape(s, shape = [prod(s.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    s = _m['s']
+    return (_b.op('Conv', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), 1, 1, 1, )})], {}), _b.op('Mul', [b, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}),)
+
+
+
+def _r56_conv_add_fold_guard(_m, _ctx):
+    """where ((is_const(b) and is_const(t)) and (uses(c) == 1)) and varies_only_along(t.shape, c.shape, 1)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    t = _m['t']
+    return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(t.shape, c.shape, 1))))
+
+def _r56_conv_add_fold_build(_b, _m):
+    """=> Conv(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    t = _m['t']
+    return (_b.op('Conv', [x, w, _b.op('Add', [b, _b.op('Reshape', [t], {'shape': (rt.b_prod(t.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}),)
+
+
+
+def _r57_matmul_mul_fold_guard(_m, _ctx):
+    """where ((((is_const(w) and is_const(s)) and not is_const(x)) and (rank(w) == 2)) and (uses(mm) == 1)) and varies_only_along(s.shape, mm.shape, rank(mm) - 1)"""
+    mm = _m['mm']
+    x = _m['x']
+    w = _m['w']
+    s = _m['s']
+    return bool(((((((rt.b_is_const(w) and rt.b_is_const(s)) and (not rt.b_is_const(x))) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1)) and sl.b_varies_only_along(s.shape, mm.shape, rt.sub(rt.b_rank(mm), 1)))))
+
+def _r57_matmul_mul_fold_build(_b, _m):
+    """=> MatMul(x, Mul(w, Reshape(s, shape = [prod(s.shape)])))"""
+    mm = _m['mm']
+    x = _m['x']
+    w = _m['w']
+    s = _m['s']
+    return (_b.op('MatMul', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), )})], {})], {}),)
+
+
+
+def _r58_conv_pad_merge_guard(_m, _ctx):
+    """where ((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)"""
+    c = _m['c']
+    p = _m['p']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0))))
+
+def _r58_conv_pad_merge_build(_b, _m):
+    """=> Conv(x, w, b, strides = c.strides, pads = c.pads + spatial_pads(p.pads), dilations = c.dilations, group = c.group)"""
+    c = _m['c']
+    p = _m['p']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return (_b.op('Conv', [x, w, b], {'strides': c.strides, 'pads': rt.add(c.pads, sl.b_spatial_pads(p.pads)), 'dilations': c.dilations, 'group': c.group}),)
+
+
+
+def _r59_avgpool_pad_merge_guard(_m, _ctx):
+    """where (((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and ((a.count_include_pad == 1) or (max(a.pads) == 0))"""
+    a = _m['a']
+    p = _m['p']
+    x = _m['x']
+    return bool(((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and (rt.eq(a.count_include_pad, 1) or rt.eq(rt.b_max(a.pads), 0)))))
+
+def _r59_avgpool_pad_merge_build(_b, _m):
+    """=> AvgPool(x, kernel = a.kernel, strides = a.strides, pads = a.pads + spatial_pads(p.pads), ceil_mode = a.ceil_mode, count_include_pad = 1)"""
+    a = _m['a']
+    p = _m['p']
+    x = _m['x']
+    return (_b.op('AvgPool', [x], {'kernel': a.kernel, 'strides': a.strides, 'pads': rt.add(a.pads, sl.b_spatial_pads(p.pads)), 'ceil_mode': a.ceil_mode, 'count_include_pad': 1}),)
+
+
+
+def _r60_maxpool_pad_merge_guard(_m, _ctx):
+    """where (((((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and (m.ceil_mode == 0)) and (m.dilations == [1, 1])) and all((m.pads + spatial_pads(p.pads)) < concat(m.kernel, m.kernel))"""
+    m = _m['m']
+    p = _m['p']
+    r = _m['r']
+    x = _m['x']
+    return bool(((((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and rt.eq(m.ceil_mode, 0)) and rt.eq(m.dilations, (1, 1, ))) and rt.b_all(rt.lt(rt.add(m.pads, sl.b_spatial_pads(p.pads)), rt.b_concat(m.kernel, m.kernel))))))
+
+def _r60_maxpool_pad_merge_build(_b, _m):
+    """=> MaxPool(r, kernel = m.kernel, strides = m.strides, pads = m.pads + spatial_pads(p.pads), dilations = m.dilations, ceil_mode = m.ceil_mode)"""
+    m = _m['m']
+    p = _m['p']
+    r = _m['r']
+    x = _m['x']
+    return (_b.op('MaxPool', [r], {'kernel': m.kernel, 'strides': m.strides, 'pads': rt.add(m.pads, sl.b_spatial_pads(p.pads)), 'dilations': m.dilations, 'ceil_mode': m.ceil_mode}),)
+
+
+
+def _r61_transpose_identity_guard(_m, _ctx):
+    """where t.perm == range(rank(x))"""
+    t = _m['t']
+    x = _m['x']
+    return bool((rt.eq(t.perm, rt.b_range(rt.b_rank(x)))))
+
+def _r61_transpose_identity_build(_b, _m):
+    """=> x"""
+    t = _m['t']
+    x = _m['x']
+    return (x,)
+
+
+
+def _r62_transpose_transpose_build(_b, _m):
+    """=> Transpose(x, perm = compose_perm(i.perm, o.perm))"""
+    o = _m['o']
+    i = _m['i']
+    x = _m['x']
+    return (_b.op('Transpose', [x], {'perm': sl.b_compose_perm(i.perm, o.perm)}),)
+
+
+
+def _r63_transpose_to_reshape_guard(_m, _ctx):
+    """where not moves_data(x.shape, t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    return bool(((not sl.b_moves_data(x.shape, t.perm))))
+
+def _r63_transpose_to_reshape_build(_b, _m):
+    """=> Reshape(x, shape = t.shape)"""
+    t = _m['t']
+    x = _m['x']
+    return (_b.op('Reshape', [x], {'shape': t.shape}),)
+
+
+
+def _r64_reshape_noop_guard(_m, _ctx):
+    """where x.shape == r.shape"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(x.shape, r.shape)))
+
+def _r64_reshape_noop_build(_b, _m):
+    """=> x"""
+    r = _m['r']
+    x = _m['x']
+    return (x,)
+
+
+
+def _r65_reshape_reshape_build(_b, _m):
+    """=> Reshape(x, shape = r.shape)"""
+    r = _m['r']
+    x = _m['x']
+    return (_b.op('Reshape', [x], {'shape': r.shape}),)
+
+
+
+def _r66_concat_single_build(_b, _m):
+    """=> x"""
+    x = _m['x']
+    return (x,)
+
+
+
+def _r67_concat_flatten_guard(_m, _ctx):
+    """where nested(xs, c)"""
+    c = _m['c']
+    xs = _m['xs']
+    return bool((rt.b_nested(xs, c)))
+
+def _r67_concat_flatten_build(_b, _m):
+    """=> Concat(*unnest(xs, c), axis = c.axis)"""
+    c = _m['c']
+    xs = _m['xs']
+    return (_b.op('Concat', [(*rt.b_unnest(xs, c),)], {'axis': c.axis}),)
+
+
+
+def _r68_relu_transpose_sink_guard(_m, _ctx):
+    """where uses(t) == 1"""
+    t = _m['t']
+    x = _m['x']
+    return bool((rt.eq(_ctx.uses(t), 1)))
+
+def _r68_relu_transpose_sink_build(_b, _m):
+    """=> Transpose(Relu(x), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    return (_b.op('Transpose', [_b.op('Relu', [x], {})], {'perm': t.perm}),)
+
+
+
+def _r69_sigmoid_transpose_sink_guard(_m, _ctx):
+    """where uses(t) == 1"""
+    t = _m['t']
+    x = _m['x']
+    return bool((rt.eq(_ctx.uses(t), 1)))
+
+def _r69_sigmoid_transpose_sink_build(_b, _m):
+    """=> Transpose(Sigmoid(x), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    return (_b.op('Transpose', [_b.op('Sigmoid', [x], {})], {'perm': t.perm}),)
+
+
+
+def _r70_tanh_transpose_sink_guard(_m, _ctx):
+    """where uses(t) == 1"""
+    t = _m['t']
+    x = _m['x']
+    return bool((rt.eq(_ctx.uses(t), 1)))
+
+def _r70_tanh_transpose_sink_build(_b, _m):
+    """=> Transpose(Tanh(x), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    return (_b.op('Transpose', [_b.op('Tanh', [x], {})], {'perm': t.perm}),)
+
+
+
+def _r71_add_transpose_sink_guard(_m, _ctx):
+    """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
+
+def _r71_add_transpose_sink_build(_b, _m):
+    """=> Transpose(Add(x, y), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return (_b.op('Transpose', [_b.op('Add', [x, y], {})], {'perm': t.perm}),)
+
+
+
+def _r72_mul_transpose_sink_guard(_m, _ctx):
+    """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
+
+def _r72_mul_transpose_sink_build(_b, _m):
+    """=> Transpose(Mul(x, y), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return (_b.op('Transpose', [_b.op('Mul', [x, y], {})], {'perm': t.perm}),)
+
+
+
+def _r73_add_const_transpose_sink_guard(_m, _ctx):
+    """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
+
+def _r73_add_const_transpose_sink_build(_b, _m):
+    """=> Transpose(Add(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
+    return (_b.op('Transpose', [_b.op('Add', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}),)
+
+
+
+def _r74_mul_const_transpose_sink_guard(_m, _ctx):
+    """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
+
+def _r74_mul_const_transpose_sink_build(_b, _m):
+    """=> Transpose(Mul(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
+    return (_b.op('Transpose', [_b.op('Mul', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}),)
+
+
 RULES = (
-    RuleInfo(name='identity_remove', phase='lower', pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:11:1'),
-    RuleInfo(name='dropout_remove', phase='lower', pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:14:1'),
-    RuleInfo(name='dropout_mask', phase='lower', pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r2_dropout_mask_build, location='specs/lowerings.glowdef:17:1'),
-    RuleInfo(name='reciprocal_to_div', phase='lower', pattern=P('Reciprocal', (V('x'),)), size=1, guard=None, build=_r3_reciprocal_to_div_build, location='specs/lowerings.glowdef:22:1'),
-    RuleInfo(name='clip_to_max_min', phase='lower', pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=None, build=_r4_clip_to_max_min_build, location='specs/lowerings.glowdef:25:1'),
-    RuleInfo(name='hardsigmoid_expand', phase='lower', pattern=P('HardSigmoid', (V('x'),), bind='h'), size=1, guard=None, build=_r5_hardsigmoid_expand_build, location='specs/lowerings.glowdef:29:1'),
-    RuleInfo(name='hardswish_expand', phase='lower', pattern=P('HardSwish', (V('x'),)), size=1, guard=None, build=_r6_hardswish_expand_build, location='specs/lowerings.glowdef:34:1'),
-    RuleInfo(name='sum_single', phase='lower', pattern=P('SumN', (V('x'),)), size=1, guard=None, build=_r7_sum_single_build, location='specs/lowerings.glowdef:37:1'),
-    RuleInfo(name='sum_chain', phase='lower', pattern=P('SumN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r8_sum_chain_build, location='specs/lowerings.glowdef:40:1'),
-    RuleInfo(name='mean_to_sum', phase='lower', pattern=P('MeanN', (R('xs'),), bind='m'), size=1, guard=None, build=_r9_mean_to_sum_build, location='specs/lowerings.glowdef:43:1'),
-    RuleInfo(name='max_single', phase='lower', pattern=P('MaxN', (V('x'),)), size=1, guard=None, build=_r10_max_single_build, location='specs/lowerings.glowdef:46:1'),
-    RuleInfo(name='max_chain', phase='lower', pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r11_max_chain_build, location='specs/lowerings.glowdef:49:1'),
-    RuleInfo(name='min_single', phase='lower', pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r12_min_single_build, location='specs/lowerings.glowdef:52:1'),
-    RuleInfo(name='min_chain', phase='lower', pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r13_min_chain_build, location='specs/lowerings.glowdef:55:1'),
-    RuleInfo(name='flatten_to_reshape', phase='lower', pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r14_flatten_to_reshape_build, location='specs/lowerings.glowdef:60:1'),
-    RuleInfo(name='squeeze_to_reshape', phase='lower', pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r15_squeeze_to_reshape_build, location='specs/lowerings.glowdef:63:1'),
-    RuleInfo(name='unsqueeze_to_reshape', phase='lower', pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r16_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:66:1'),
-    RuleInfo(name='gemm_to_matmul', phase='lower', pattern=P('Gemm', (V('a'), V('b'), V('c')), bind='g'), size=1, guard=None, build=_r17_gemm_to_matmul_build, location='specs/lowerings.glowdef:71:1'),
-    RuleInfo(name='gemm_no_bias_to_matmul', phase='lower', pattern=P('Gemm', (V('a'), V('b')), bind='g'), size=1, guard=None, build=_r18_gemm_no_bias_to_matmul_build, location='specs/lowerings.glowdef:79:1'),
-    RuleInfo(name='fc_to_matmul', phase='lower', pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=None, build=_r19_fc_to_matmul_build, location='specs/lowerings.glowdef:86:1'),
-    RuleInfo(name='matmul_vector_lhs', phase='lower', pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r20_matmul_vector_lhs_guard, build=_r20_matmul_vector_lhs_build, location='specs/lowerings.glowdef:89:1'),
-    RuleInfo(name='matmul_vector_rhs', phase='lower', pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r21_matmul_vector_rhs_guard, build=_r21_matmul_vector_rhs_build, location='specs/lowerings.glowdef:93:1'),
-    RuleInfo(name='matmul_shared_rhs', phase='lower', pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r22_matmul_shared_rhs_guard, build=_r22_matmul_shared_rhs_build, location='specs/lowerings.glowdef:98:1'),
-    RuleInfo(name='matmul_batched', phase='lower', pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r23_matmul_batched_guard, build=_r23_matmul_batched_build, location='specs/lowerings.glowdef:104:1'),
-    RuleInfo(name='batchnorm_to_affine', phase='lower', pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r24_batchnorm_to_affine_build, location='specs/lowerings.glowdef:115:1'),
-    RuleInfo(name='layernorm_expand', phase='lower', pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias')), bind='ln'), size=1, guard=None, build=_r25_layernorm_expand_build, location='specs/lowerings.glowdef:122:1'),
-    RuleInfo(name='layernorm_no_bias_expand', phase='lower', pattern=P('LayerNormalization', (V('x'), V('scale')), bind='ln'), size=1, guard=None, build=_r26_layernorm_no_bias_expand_build, location='specs/lowerings.glowdef:129:1'),
-    RuleInfo(name='softmax_expand', phase='lower', pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r27_softmax_expand_build, location='specs/lowerings.glowdef:136:1'),
-    RuleInfo(name='logsoftmax_expand', phase='lower', pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r28_logsoftmax_expand_build, location='specs/lowerings.glowdef:141:1'),
-    RuleInfo(name='softmax_flat_to_2d', phase='lower', pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r29_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:146:1'),
-    RuleInfo(name='logsoftmax_flat_to_2d', phase='lower', pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r30_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:150:1'),
-    RuleInfo(name='reducemean_to_sum', phase='lower', pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r31_reducemean_to_sum_build, location='specs/lowerings.glowdef:156:1'),
-    RuleInfo(name='global_avgpool_to_mean', phase='lower', pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r32_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:160:1'),
-    RuleInfo(name='global_maxpool_to_max', phase='lower', pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r33_global_maxpool_to_max_build, location='specs/lowerings.glowdef:163:1'),
-    RuleInfo(name='lrn_expand', phase='lower', pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r34_lrn_expand_build, location='specs/lowerings.glowdef:167:1'),
+    RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
+    RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
+    RuleInfo(name='dropout_mask', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r2_dropout_mask_build, location='specs/lowerings.glowdef:32:1'),
+    RuleInfo(name='reciprocal_to_div', phases=('lower',), pattern=P('Reciprocal', (V('x'),)), size=1, guard=None, build=_r3_reciprocal_to_div_build, location='specs/lowerings.glowdef:37:1'),
+    RuleInfo(name='clip_to_max_min', phases=('lower',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=None, build=_r4_clip_to_max_min_build, location='specs/lowerings.glowdef:40:1'),
+    RuleInfo(name='swish_expand', phases=('lower',), pattern=P('Swish', (V('x'),)), size=1, guard=None, build=_r5_swish_expand_build, location='specs/lowerings.glowdef:44:1'),
+    RuleInfo(name='hardsigmoid_expand', phases=('lower',), pattern=P('HardSigmoid', (V('x'),), bind='h'), size=1, guard=None, build=_r6_hardsigmoid_expand_build, location='specs/lowerings.glowdef:47:1'),
+    RuleInfo(name='hardswish_expand', phases=('lower',), pattern=P('HardSwish', (V('x'),)), size=1, guard=None, build=_r7_hardswish_expand_build, location='specs/lowerings.glowdef:52:1'),
+    RuleInfo(name='sum_single', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('x'),)), size=1, guard=None, build=_r8_sum_single_build, location='specs/lowerings.glowdef:57:1'),
+    RuleInfo(name='sum_chain', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r9_sum_chain_build, location='specs/lowerings.glowdef:60:1'),
+    RuleInfo(name='mean_to_sum', phases=('lower',), pattern=P('MeanN', (R('xs'),), bind='m'), size=1, guard=None, build=_r10_mean_to_sum_build, location='specs/lowerings.glowdef:63:1'),
+    RuleInfo(name='max_single', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('x'),)), size=1, guard=None, build=_r11_max_single_build, location='specs/lowerings.glowdef:66:1'),
+    RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:69:1'),
+    RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:72:1'),
+    RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:75:1'),
+    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r15_flatten_to_reshape_build, location='specs/lowerings.glowdef:80:1'),
+    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r16_squeeze_to_reshape_build, location='specs/lowerings.glowdef:83:1'),
+    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r17_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:86:1'),
+    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c')), bind='g'), size=1, guard=_r18_gemm_to_matmul_guard, build=_r18_gemm_to_matmul_build, location='specs/lowerings.glowdef:93:1'),
+    RuleInfo(name='gemm_no_bias_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b')), bind='g'), size=1, guard=_r19_gemm_no_bias_to_matmul_guard, build=_r19_gemm_no_bias_to_matmul_build, location='specs/lowerings.glowdef:101:1'),
+    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r20_fc_to_matmul_guard, build=_r20_fc_to_matmul_build, location='specs/lowerings.glowdef:108:1'),
+    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r21_matmul_vector_lhs_guard, build=_r21_matmul_vector_lhs_build, location='specs/lowerings.glowdef:111:1'),
+    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r22_matmul_vector_rhs_guard, build=_r22_matmul_vector_rhs_build, location='specs/lowerings.glowdef:115:1'),
+    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r23_matmul_shared_rhs_guard, build=_r23_matmul_shared_rhs_build, location='specs/lowerings.glowdef:120:1'),
+    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r24_matmul_batched_guard, build=_r24_matmul_batched_build, location='specs/lowerings.glowdef:126:1'),
+    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r25_batchnorm_to_affine_build, location='specs/lowerings.glowdef:137:1'),
+    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias')), bind='ln'), size=1, guard=None, build=_r26_layernorm_expand_build, location='specs/lowerings.glowdef:144:1'),
+    RuleInfo(name='layernorm_no_bias_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale')), bind='ln'), size=1, guard=None, build=_r27_layernorm_no_bias_expand_build, location='specs/lowerings.glowdef:151:1'),
+    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r28_softmax_expand_build, location='specs/lowerings.glowdef:158:1'),
+    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r29_logsoftmax_expand_build, location='specs/lowerings.glowdef:163:1'),
+    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r30_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:168:1'),
+    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r31_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:172:1'),
+    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r32_reducemean_to_sum_build, location='specs/lowerings.glowdef:178:1'),
+    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r33_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:182:1'),
+    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r34_global_maxpool_to_max_build, location='specs/lowerings.glowdef:185:1'),
+    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r35_lrn_expand_build, location='specs/lowerings.glowdef:189:1'),
+    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r36_cast_same_type_guard, build=_r36_cast_same_type_build, location='specs/lowerings.glowdef:203:1'),
+    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r37_add_zero_guard, build=_r37_add_zero_build, location='specs/lowerings.glowdef:206:1'),
+    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r38_sub_zero_guard, build=_r38_sub_zero_build, location='specs/lowerings.glowdef:209:1'),
+    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r39_mul_one_guard, build=_r39_mul_one_build, location='specs/lowerings.glowdef:212:1'),
+    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r40_div_one_guard, build=_r40_div_one_build, location='specs/lowerings.glowdef:215:1'),
+    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r41_relu_relu_build, location='specs/lowerings.glowdef:218:1'),
+    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r42_max_same_build, location='specs/lowerings.glowdef:221:1'),
+    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r43_clip_unbounded_guard, build=_r43_clip_unbounded_build, location='specs/lowerings.glowdef:224:1'),
+    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r44_max_zero_to_relu_guard, build=_r44_max_zero_to_relu_build, location='specs/lowerings.glowdef:229:1'),
+    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r45_min_max_to_clip_guard, build=_r45_min_max_to_clip_build, location='specs/lowerings.glowdef:232:1'),
+    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r46_min_relu_to_clip_guard, build=_r46_min_relu_to_clip_build, location='specs/lowerings.glowdef:240:1'),
+    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r47_swish_fuse_guard, build=_r47_swish_fuse_build, location='specs/lowerings.glowdef:247:1'),
+    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r48_sub_const_to_add_guard, build=_r48_sub_const_to_add_build, location='specs/lowerings.glowdef:254:1'),
+    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r49_div_const_to_mul_guard, build=_r49_div_const_to_mul_build, location='specs/lowerings.glowdef:257:1'),
+    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r50_add_const_reassociate_guard, build=_r50_add_const_reassociate_build, location='specs/lowerings.glowdef:261:1'),
+    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r51_mul_const_reassociate_guard, build=_r51_mul_const_reassociate_build, location='specs/lowerings.glowdef:265:1'),
+    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r52_mul_add_distribute_guard, build=_r52_mul_add_distribute_build, location='specs/lowerings.glowdef:269:1'),
+    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r53_conv_bias_zero_build, location='specs/lowerings.glowdef:276:1'),
+    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r54_conv_batchnorm_fold_guard, build=_r54_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:281:1'),
+    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r55_conv_mul_fold_guard, build=_r55_conv_mul_fold_build, location='specs/lowerings.glowdef:289:1'),
+    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r56_conv_add_fold_guard, build=_r56_conv_add_fold_build, location='specs/lowerings.glowdef:296:1'),
+    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r57_matmul_mul_fold_guard, build=_r57_matmul_mul_fold_build, location='specs/lowerings.glowdef:304:1'),
+    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r58_conv_pad_merge_guard, build=_r58_conv_pad_merge_build, location='specs/lowerings.glowdef:312:1'),
+    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r59_avgpool_pad_merge_guard, build=_r59_avgpool_pad_merge_build, location='specs/lowerings.glowdef:319:1'),
+    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r60_maxpool_pad_merge_guard, build=_r60_maxpool_pad_merge_build, location='specs/lowerings.glowdef:328:1'),
+    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r61_transpose_identity_guard, build=_r61_transpose_identity_build, location='specs/lowerings.glowdef:338:1'),
+    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r62_transpose_transpose_build, location='specs/lowerings.glowdef:341:1'),
+    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r63_transpose_to_reshape_guard, build=_r63_transpose_to_reshape_build, location='specs/lowerings.glowdef:344:1'),
+    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r64_reshape_noop_guard, build=_r64_reshape_noop_build, location='specs/lowerings.glowdef:347:1'),
+    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r65_reshape_reshape_build, location='specs/lowerings.glowdef:350:1'),
+    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r66_concat_single_build, location='specs/lowerings.glowdef:353:1'),
+    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r67_concat_flatten_guard, build=_r67_concat_flatten_build, location='specs/lowerings.glowdef:356:1'),
+    RuleInfo(name='relu_transpose_sink', phases=('canonicalize',), pattern=P('Relu', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r68_relu_transpose_sink_guard, build=_r68_relu_transpose_sink_build, location='specs/lowerings.glowdef:360:1'),
+    RuleInfo(name='sigmoid_transpose_sink', phases=('canonicalize',), pattern=P('Sigmoid', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r69_sigmoid_transpose_sink_guard, build=_r69_sigmoid_transpose_sink_build, location='specs/lowerings.glowdef:363:1'),
+    RuleInfo(name='tanh_transpose_sink', phases=('canonicalize',), pattern=P('Tanh', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r70_tanh_transpose_sink_guard, build=_r70_tanh_transpose_sink_build, location='specs/lowerings.glowdef:366:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r71_add_transpose_sink_guard, build=_r71_add_transpose_sink_build, location='specs/lowerings.glowdef:369:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r72_mul_transpose_sink_guard, build=_r72_mul_transpose_sink_build, location='specs/lowerings.glowdef:373:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r73_add_const_transpose_sink_guard, build=_r73_add_const_transpose_sink_build, location='specs/lowerings.glowdef:378:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r74_mul_const_transpose_sink_guard, build=_r74_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:383:1'),
 )

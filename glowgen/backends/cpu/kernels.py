@@ -326,3 +326,42 @@ def max_pool(k: KernelArgs):
 @kernel("AvgPool")
 def avg_pool(k: KernelArgs):
     _pool(k, False)
+
+
+@kernel("Pad")
+def pad(k: KernelArgs):
+    """Each output index maps back to an input index: constant mode fills what falls
+    outside, edge clamps, reflect mirrors (once: pads are smaller than the dimension)."""
+    b = k.b
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    pads, mode = k.attrs["pads"], k.attrs["mode"]
+    rank = xt.rank
+    xs = contiguous_strides(xt.shape)
+    fill = Value(const(k.attrs["value"], yt.dtype), yt.dtype)
+
+    def level(d, y_off, x_off, valid):
+        if d == rank:
+            with b.if_else(valid) as (inside, outside):
+                with inside:
+                    b.store(b.load(b.gep(x, [x_off])), b.gep(y, [y_off]))
+                with outside:
+                    store_elem(b, fill, b.gep(y, [y_off]), yt.dtype)
+            return
+        size = xt.shape[d]
+        with for_range(b, yt.shape[d], name=f"p{d}") as i:
+            src = b.sub(i, i64(pads[d]))
+            ok = valid
+            if mode == "constant":
+                ok = b.and_(ok, b.and_(b.icmp_signed(">=", src, i64(0)), b.icmp_signed("<", src, i64(size))))
+                src = b.select(b.icmp_signed("<", src, i64(0)), i64(0), src)
+                src = b.select(b.icmp_signed(">=", src, i64(size)), i64(size - 1), src)
+            elif mode == "edge":
+                src = b.select(b.icmp_signed("<", src, i64(0)), i64(0), src)
+                src = b.select(b.icmp_signed(">=", src, i64(size)), i64(size - 1), src)
+            else:
+                src = b.select(b.icmp_signed("<", src, i64(0)), b.neg(src), src)
+                src = b.select(b.icmp_signed(">=", src, i64(size)), b.sub(i64(2 * (size - 1)), src), src)
+            stride_y = contiguous_strides(yt.shape)[d]
+            level(d + 1, b.add(y_off, b.mul(i, i64(stride_y))), b.add(x_off, b.mul(src, i64(xs[d]))), ok)
+
+    level(0, i64(0), i64(0), ir.Constant(ir.IntType(1), 1))

@@ -102,6 +102,14 @@ def gather(node, x, indices):
     return np.take(x, idx, axis=node.axis)
 
 
+def pad(node, x):
+    n = x.ndim
+    widths = [(node.pads[i], node.pads[n + i]) for i in range(n)]
+    if node.mode == "constant":
+        return np.pad(x, widths, mode="constant", constant_values=np.asarray(node.value).astype(x.dtype))
+    return np.pad(x, widths, mode=node.mode)      # edge and reflect mean what NumPy means
+
+
 def range_(node):
     count = node.outputs[0].type.shape[0]
     dtype = node.outputs[0].type.np_dtype
@@ -119,6 +127,7 @@ PRIMITIVES = {
     "ReduceProd": reduce_with(np.prod),
     "Reshape": lambda node, x: x.reshape(node.shape),
     "Transpose": lambda node, x: np.transpose(x, node.perm),
+    "Pad": pad,
     "Concat": lambda node, xs: np.concatenate(xs, axis=node.axis),
     "Slice": slice_,
     "Gather": gather,
