@@ -17,10 +17,11 @@ import onnx
 from onnx import helper, numpy_helper
 
 from ..engine import specrt
-from ..engine.graph import Constant, Function, Value
+from ..engine.graph import Constant, Function, Placeholder, Value
 from ..engine.registry import Registry
 from ..engine.types import Type, dtype_from_onnx
-from ..errors import GlowgenError, InputError, ModelError, ShapeError, UnsupportedError
+from ..errors import (CompileTimeInputError, GlowgenError, InputError, ModelError, ShapeError,
+                      UnsupportedError)
 
 ModelLike = Union[str, os.PathLike, onnx.ModelProto, bytes]
 
@@ -122,9 +123,13 @@ class OnnxInput:
         v = self._first()
         data = self._importer.constant(v)
         if data is None:
-            raise UnsupportedError(f"{self._desc}: input {self._formal!r} must be computable at "
-                                   f"compile time (a constant or a shape computation), but it "
-                                   f"depends on a model input")
+            needed = self._importer.placeholders_behind(v)
+            raise CompileTimeInputError(
+                f"{self._desc}: input {self._formal!r} must be computable at compile time (a "
+                f"constant or a shape computation), but it depends on model input"
+                f"{'s' if len(needed) > 1 else ''} {', '.join(map(repr, needed))}; bind "
+                f"{'them' if len(needed) > 1 else 'it'} as constant{'s' if len(needed) > 1 else ''} "
+                f"to specialize the model (Python: constant_inputs=...)", needed)
         return data
 
 
@@ -158,6 +163,8 @@ class OnnxNodeView:
     def evaluating(self, attr: str, location: str, thunk: Callable):
         try:
             return thunk()
+        except CompileTimeInputError as e:
+            raise CompileTimeInputError(f"attribute {attr}: {e}", e.inputs) from None
         except GlowgenError as e:
             raise type(e)(f"{self._desc}: attribute {attr}: {e}") from None
         except (TypeError, ValueError, IndexError, KeyError) as e:
@@ -182,9 +189,10 @@ def parse_dims(text: str) -> tuple[int, ...]:
 
 class _Importer:
     def __init__(self, proto: onnx.ModelProto, registry: Registry, input_shapes: dict,
-                 constant_fn: Callable):
+                 constant_fn: Callable, constant_inputs: Optional[dict] = None):
         self.proto, self.registry = proto, registry
         self.input_shapes = dict(input_shapes or {})
+        self.constant_inputs = dict(constant_inputs or {})
         self.constant_fn = constant_fn
         self.function = Function(proto.graph.name or "main")
         self.values: dict[str, Value] = {}
@@ -198,6 +206,20 @@ class _Importer:
             self.cache[id(value)] = self.constant_fn(self.function, value, self.registry)
         return self.cache[id(value)]
 
+    def placeholders_behind(self, value: Value) -> list[str]:
+        """Names of the model inputs `value` is computed from."""
+        seen, stack, names = set(), [value], []
+        while stack:
+            v = stack.pop()
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            if isinstance(v, Placeholder):
+                names.append(v.name)
+            elif v.producer is not None:
+                stack.extend(v.producer.flat_inputs())
+        return sorted(names)
+
     def run(self) -> Function:
         g = self.proto.graph
         fn = self.function
@@ -209,7 +231,19 @@ class _Importer:
             if name not in names:
                 raise InputError(f"--input-shape names {name!r}, which is not an input of the model; "
                                  f"inputs: {', '.join(names) or 'none'}")
+        for name in self.constant_inputs:
+            if name not in names:
+                raise InputError(f"constant input {name!r} is not an input of the model; "
+                                 f"inputs: {', '.join(names) or 'none'}")
         for vi in real_inputs:
+            if vi.name in self.constant_inputs:
+                data = np.asarray(self.constant_inputs[vi.name])
+                declared = self._input_type(vi, data.shape)
+                if Type.of(data) != declared:
+                    raise InputError(f"constant input {vi.name!r} is {Type.of(data)}, but the "
+                                     f"model declares {declared}")
+                self.values[vi.name] = fn.add_constant(data, vi.name)
+                continue
             self.values[vi.name] = fn.add_placeholder(vi.name, self._input_type(vi))
         for node in g.node:
             self._node(node)
@@ -259,7 +293,7 @@ class _Importer:
         except Exception as e:
             raise ModelError(f"tensor {t.name!r} cannot be read: {e}") from None
 
-    def _input_type(self, vi: onnx.ValueInfoProto) -> Type:
+    def _input_type(self, vi: onnx.ValueInfoProto, given=None) -> Type:
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
             raise UnsupportedError(f"input {vi.name!r} is not a tensor (sequences, maps and "
@@ -267,7 +301,7 @@ class _Importer:
         dtype = dtype_from_onnx(tt.elem_type)
         declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                     for d in tt.shape.dim] if tt.HasField("shape") else None
-        given = self.input_shapes.get(vi.name)
+        given = self.input_shapes.get(vi.name) if given is None else given
         if given is not None:
             given = tuple(given)
             if declared is not None:
@@ -384,10 +418,12 @@ def _fmt_dims(dims) -> str:
 
 
 def import_model(model: ModelLike, registry: Registry, constant_fn: Callable,
-                 input_shapes: Optional[dict] = None) -> Function:
+                 input_shapes: Optional[dict] = None,
+                 constant_inputs: Optional[dict] = None) -> Function:
     """Build a typed graph from an ONNX model.  `constant_fn(function, value, registry)` returns
-    a value's compile-time data or None (the pipeline passes its constant evaluator)."""
+    a value's compile-time data or None (the pipeline passes its constant evaluator).
+    `constant_inputs` binds model inputs to fixed arrays: the model is specialized to them."""
     proto = load_model(model)
-    function = _Importer(proto, registry, input_shapes or {}, constant_fn).run()
+    function = _Importer(proto, registry, input_shapes or {}, constant_fn, constant_inputs).run()
     function.verify()
     return function
