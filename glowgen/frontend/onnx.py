@@ -14,12 +14,12 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import defs, helper, numpy_helper
 
 from ..engine import specrt
 from ..engine.graph import Constant, Function, Placeholder, Value
 from ..engine.registry import Registry
-from ..engine.types import Type, dtype_from_onnx
+from ..engine.types import ONNX_CODES, Type, dtype_from_onnx
 from ..errors import (CompileTimeInputError, GlowgenError, InputError, ModelError, ShapeError,
                       UnsupportedError)
 
@@ -198,6 +198,7 @@ class _Importer:
         self.values: dict[str, Value] = {}
         self.opset = default_opset(proto)
         self.cache: dict[int, Optional[np.ndarray]] = {}
+        self._expansions = 0
 
     def constant(self, value: Value) -> Optional[np.ndarray]:
         if isinstance(value, Constant):
@@ -327,7 +328,8 @@ class _Importer:
                     + f" (Python: input_shapes={{{vi.name!r}: (...)}})")
         return Type(dtype, declared)
 
-    def _node(self, node: onnx.NodeProto) -> None:
+    def _node(self, node: onnx.NodeProto, opset: Optional[int] = None) -> None:
+        opset = self.opset if opset is None else opset
         desc = f"{node.op_type} node {node.name or (node.output[0] if node.output else '?')!r}"
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             self.values[node.output[0]] = self.function.add_constant(
@@ -338,20 +340,91 @@ class _Importer:
                                    f"domain is supported. Run `glowgen ops` to list supported ops.")
         clauses = self.registry.onnx.get(node.op_type)
         if not clauses:
+            if self._expand_function(node, desc, opset):
+                return
             raise UnsupportedError(f"ONNX op {node.op_type} ({desc}) is not supported. "
                                    f"Run `glowgen ops` to list the supported ops.")
-        clause = next((c for c in clauses if c.applies(self.opset)), None)
+        clause = next((c for c in clauses if c.applies(opset)), None)
         if clause is None:
+            if self._expand_function(node, desc, opset):
+                return
             ranges = ", ".join(f"{c.since or 1}..{c.until or ''}" for c in clauses)
             raise UnsupportedError(f"{desc}: ONNX {node.op_type} is supported at opsets {ranges}, "
-                                   f"but the model uses opset {self.opset}")
-        unknown = [a.name for a in node.attribute if a.name not in clause.consumed]
-        if unknown:
-            raise UnsupportedError(f"{desc}: attribute{'s' if len(unknown) > 1 else ''} "
-                                   f"{', '.join(unknown)} {'are' if len(unknown) > 1 else 'is'} "
-                                   f"not supported (mapping at {clause.location})")
+                                   f"but the model uses opset {opset}")
+        try:
+            self._node_with_clause(node, desc, clause, opset)
+        except CompileTimeInputError:
+            raise
+        except UnsupportedError:
+            # What the clause does not cover (an extra output, say) the ONNX function body
+            # of the op may still express.
+            if not self._expand_function(node, desc, opset):
+                raise
+
+    # ------------------------------------------------------------------ ONNX functions
+    def _expand_function(self, node: onnx.NodeProto, desc: str, opset: int) -> bool:
+        """Import `node` as the body of its ONNX function, when ONNX defines it as one.
+
+        The op knowledge stays in ONNX's schema; glowgen only inlines it (as onnxruntime
+        does) and imports the body's nodes with their own clauses."""
+        try:
+            schema = defs.get_schema(node.op_type, opset, node.domain or "")
+        except Exception:   # noqa: BLE001 - no schema at that opset
+            return False
+        body = None
+        if schema.has_function and schema.function_opset_versions:
+            usable = [v for v in schema.function_opset_versions if v <= opset]
+            if usable:
+                body = onnx.FunctionProto.FromString(
+                    schema.get_function_with_opset_version(max(usable)))
+        if body is None and schema.has_context_dependent_function:
+            usable = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+            types = []
+            for name in node.input:
+                v = self.values.get(name) if name else None
+                if v is None:
+                    types.append(onnx.TypeProto())
+                else:
+                    types.append(helper.make_tensor_type_proto(ONNX_CODES[v.type.dtype], list(v.type.shape)))
+            full = onnx.NodeProto()
+            full.CopyFrom(node)
+            self._add_default_attributes(full, schema)
+            try:
+                data = schema.get_context_dependent_function_with_opset_version(
+                    max(usable) if usable else opset, full.SerializeToString(),
+                    [t.SerializeToString() for t in types])
+            except Exception:   # noqa: BLE001 - ONNX cannot build the body for these types
+                return False
+            body = onnx.FunctionProto.FromString(data) if data else None
+        if body is None or not body.node:
+            return False
+        full = onnx.NodeProto()
+        full.CopyFrom(node)
+        self._add_default_attributes(full, schema)
+        body_opset = next((o.version for o in body.opset_import if o.domain in ("", "ai.onnx")), opset)
+        self._expansions += 1
+        prefix = f"{node.name or node.output[0]}/{node.op_type}#{self._expansions}/"
+        renames = {}
+        for i, formal in enumerate(body.input):
+            renames[formal] = node.input[i] if i < len(node.input) else ""
+        for i, formal in enumerate(body.output):
+            if i < len(node.output) and node.output[i]:
+                renames[formal] = node.output[i]
+        attrs_ = {a.name: a for a in full.attribute}
+        for inner in body.node:
+            self._node(_instantiate(inner, renames, attrs_, prefix), body_opset)
+        return True
+
+    @staticmethod
+    def _add_default_attributes(node: onnx.NodeProto, schema) -> None:
+        present = {a.name for a in node.attribute}
+        for name, a in schema.attributes.items():
+            if name not in present and a.default_value is not None and a.default_value.type != 0:
+                node.attribute.append(a.default_value)
+
+    def _node_with_clause(self, node: onnx.NodeProto, desc: str, clause, opset: int) -> None:
         inputs = self._formal_inputs(node, clause, desc)
-        view = OnnxNodeView(self, node, desc, inputs, self.opset)
+        view = OnnxNodeView(self, node, desc, inputs, opset)
         cls = self.registry.op(clause.op)
         try:
             attrs_ = clause.attributes(view)
@@ -411,6 +484,30 @@ class _Importer:
                 return np.array(list(a.ints), np.int64)
             raise UnsupportedError(f"{desc}: Constant with attribute {a.name!r} is not supported")
         raise ModelError(f"{desc}: Constant node has no value")
+
+
+def _instantiate(inner: onnx.NodeProto, renames: dict, attrs_: dict, prefix: str) -> onnx.NodeProto:
+    """A node of a function body with its formal names bound and attribute references resolved."""
+    def name(n):
+        return renames.get(n, prefix + n if n else "")
+    out = onnx.NodeProto()
+    out.CopyFrom(inner)
+    out.ClearField("input")
+    out.ClearField("output")
+    out.ClearField("attribute")
+    out.input.extend(name(n) for n in inner.input)
+    out.output.extend(name(n) for n in inner.output)
+    out.name = prefix + (inner.name or (inner.output[0] if inner.output else inner.op_type))
+    for a in inner.attribute:
+        if a.ref_attr_name:
+            if a.ref_attr_name in attrs_:
+                b = onnx.AttributeProto()
+                b.CopyFrom(attrs_[a.ref_attr_name])
+                b.name = a.name
+                out.attribute.append(b)
+        else:
+            out.attribute.append(a)
+    return out
 
 
 def _fmt_dims(dims) -> str:

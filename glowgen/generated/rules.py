@@ -347,6 +347,236 @@ def _r34_lrn_expand_build(_b, _m):
     return (_b.op('Div', [x, _b.op('Pow', [_b.op('Add', [_b.op('Mul', [_b.op('Reshape', [win], {'shape': x.shape}), _b.scalar(n.alpha, x.dtype)], {}), _b.scalar(n.bias, x.dtype)], {}), _b.scalar(n.beta, x.dtype)], {})], {}),)
 
 
+
+def _r35_prelu_to_select_build(_b, _m):
+    """=> Select(Less(x, scalar(0, x.dtype)), Mul(x, slope), Expand(x, shape = p.shape))"""
+    p = _m['p']
+    x = _m['x']
+    slope = _m['slope']
+    return (_b.op('Select', [_b.op('Less', [x, _b.scalar(0, x.dtype)], {}), _b.op('Mul', [x, slope], {}), _b.op('Expand', [x], {'shape': p.shape})], {}),)
+
+
+
+def _r36_castlike_to_cast_build(_b, _m):
+    """=> Cast(x, to = like.dtype)"""
+    x = _m['x']
+    like = _m['like']
+    return (_b.op('Cast', [x], {'to': like.dtype}),)
+
+
+
+def _r37_tile_to_expand_build(_b, _m):
+    """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
+    t = _m['t']
+    x = _m['x']
+    return (_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.b_interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.b_interleave(t.repeats, x.shape)})], {'shape': t.shape}),)
+
+
+
+def _r38_depth_to_space_dcr_guard(_m, _ctx):
+    'where d.mode == "DCR"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'DCR')))
+
+def _r38_depth_to_space_dcr_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], b, b, x.shape[1] // (b * b), x.shape[2], x.shape[3]]), perm = [0, 3, 4, 1, 5, 2]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], b, b, rt.floordiv(x.shape[1], rt.mul(b, b)), x.shape[2], x.shape[3], )})], {'perm': (0, 3, 4, 1, 5, 2, )})], {'shape': d.shape}),)
+
+
+
+def _r39_depth_to_space_crd_guard(_m, _ctx):
+    'where d.mode == "CRD"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'CRD')))
+
+def _r39_depth_to_space_crd_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1] // (b * b), b, b, x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], rt.floordiv(x.shape[1], rt.mul(b, b)), b, b, x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': d.shape}),)
+
+
+
+def _r40_space_to_depth_expand_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 3, 5, 1, 2, 4, )})], {'shape': d.shape}),)
+
+
+
+def _r41_instancenorm_expand_build(_b, _m):
+    """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, shape = cs)), Reshape(bias, shape = cs))"""
+    n = _m['n']
+    x = _m['x']
+    scale = _m['scale']
+    bias = _m['bias']
+    axes = rt.b_range(2, rt.b_rank(x))
+    d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
+    var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
+    cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
+    return (_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'shape': cs})], {}), _b.op('Reshape', [bias], {'shape': cs})], {}),)
+
+
+
+def _r42_lpnorm_l2_guard(_m, _ctx):
+    """where n.p == 2"""
+    n = _m['n']
+    x = _m['x']
+    return bool((rt.eq(n.p, 2)))
+
+def _r42_lpnorm_l2_build(_b, _m):
+    """=> Div(x, Sqrt(ReduceSum(Mul(x, x), axes = [n.axis], keepdims = 1)))"""
+    n = _m['n']
+    x = _m['x']
+    return (_b.op('Div', [x, _b.op('Sqrt', [_b.op('ReduceSum', [_b.op('Mul', [x, x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {})], {}),)
+
+
+
+def _r43_lpnorm_l1_guard(_m, _ctx):
+    """where n.p == 1"""
+    n = _m['n']
+    x = _m['x']
+    return bool((rt.eq(n.p, 1)))
+
+def _r43_lpnorm_l1_build(_b, _m):
+    """=> Div(x, ReduceSum(Abs(x), axes = [n.axis], keepdims = 1))"""
+    n = _m['n']
+    x = _m['x']
+    return (_b.op('Div', [x, _b.op('ReduceSum', [_b.op('Abs', [x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {}),)
+
+
+
+def _r44_convn_2d_guard(_m, _ctx):
+    """where rank(x) == 4"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool((rt.eq(rt.b_rank(x), 4)))
+
+def _r44_convn_2d_build(_b, _m):
+    """=> Conv(x, w, b, strides = c.strides, pads = [c.pads[0], c.pads[1], c.pads[2], c.pads[3]], dilations = c.dilations, group = c.group)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return (_b.op('Conv', [x, w, b], {'strides': c.strides, 'pads': (c.pads[0], c.pads[1], c.pads[2], c.pads[3], ), 'dilations': c.dilations, 'group': c.group}),)
+
+
+
+def _r45_convn_2d_no_bias_guard(_m, _ctx):
+    """where rank(x) == 4"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    return bool((rt.eq(rt.b_rank(x), 4)))
+
+def _r45_convn_2d_no_bias_build(_b, _m):
+    """=> Conv(x, w, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    return (_b.op('Conv', [x, w], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}),)
+
+
+
+def _r46_convn_1d_guard(_m, _ctx):
+    """where rank(x) == 3"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool((rt.eq(rt.b_rank(x), 3)))
+
+def _r46_convn_1d_build(_b, _m):
+    """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), b, strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return (_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'shape': (w.shape[0], w.shape[1], 1, w.shape[2], )}), b], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'shape': c.shape}),)
+
+
+
+def _r47_convn_1d_no_bias_guard(_m, _ctx):
+    """where rank(x) == 3"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    return bool((rt.eq(rt.b_rank(x), 3)))
+
+def _r47_convn_1d_no_bias_build(_b, _m):
+    """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    return (_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'shape': (w.shape[0], w.shape[1], 1, w.shape[2], )})], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'shape': c.shape}),)
+
+
+
+def _r48_maxpooln_2d_guard(_m, _ctx):
+    """where rank(x) == 4"""
+    p = _m['p']
+    x = _m['x']
+    return bool((rt.eq(rt.b_rank(x), 4)))
+
+def _r48_maxpooln_2d_build(_b, _m):
+    """=> MaxPool(x, kernel = p.kernel, strides = p.strides, pads = p.pads, dilations = p.dilations, ceil_mode = p.ceil_mode)"""
+    p = _m['p']
+    x = _m['x']
+    return (_b.op('MaxPool', [x], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'dilations': p.dilations, 'ceil_mode': p.ceil_mode}),)
+
+
+
+def _r49_maxpooln_1d_guard(_m, _ctx):
+    """where rank(x) == 3"""
+    p = _m['p']
+    x = _m['x']
+    return bool((rt.eq(rt.b_rank(x), 3)))
+
+def _r49_maxpooln_1d_build(_b, _m):
+    """=> Reshape(MaxPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), shape = p.shape)"""
+    p = _m['p']
+    x = _m['x']
+    return (_b.op('Reshape', [_b.op('MaxPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'dilations': (1, p.dilations[0], ), 'ceil_mode': p.ceil_mode})], {'shape': p.shape}),)
+
+
+
+def _r50_avgpooln_2d_guard(_m, _ctx):
+    """where rank(x) == 4"""
+    p = _m['p']
+    x = _m['x']
+    return bool((rt.eq(rt.b_rank(x), 4)))
+
+def _r50_avgpooln_2d_build(_b, _m):
+    """=> AvgPool(x, kernel = p.kernel, strides = p.strides, pads = p.pads, ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad)"""
+    p = _m['p']
+    x = _m['x']
+    return (_b.op('AvgPool', [x], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad}),)
+
+
+
+def _r51_avgpooln_1d_guard(_m, _ctx):
+    """where rank(x) == 3"""
+    p = _m['p']
+    x = _m['x']
+    return bool((rt.eq(rt.b_rank(x), 3)))
+
+def _r51_avgpooln_1d_build(_b, _m):
+    """=> Reshape(AvgPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), shape = p.shape)"""
+    p = _m['p']
+    x = _m['x']
+    return (_b.op('Reshape', [_b.op('AvgPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'shape': p.shape}),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phase='lower', pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:11:1'),
     RuleInfo(name='dropout_remove', phase='lower', pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:14:1'),
@@ -383,4 +613,21 @@ RULES = (
     RuleInfo(name='global_avgpool_to_mean', phase='lower', pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r32_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:160:1'),
     RuleInfo(name='global_maxpool_to_max', phase='lower', pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r33_global_maxpool_to_max_build, location='specs/lowerings.glowdef:163:1'),
     RuleInfo(name='lrn_expand', phase='lower', pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r34_lrn_expand_build, location='specs/lowerings.glowdef:167:1'),
+    RuleInfo(name='prelu_to_select', phase='lower', pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r35_prelu_to_select_build, location='specs/lowerings.glowdef:177:1'),
+    RuleInfo(name='castlike_to_cast', phase='lower', pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r36_castlike_to_cast_build, location='specs/lowerings.glowdef:181:1'),
+    RuleInfo(name='tile_to_expand', phase='lower', pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r37_tile_to_expand_build, location='specs/lowerings.glowdef:185:1'),
+    RuleInfo(name='depth_to_space_dcr', phase='lower', pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r38_depth_to_space_dcr_guard, build=_r38_depth_to_space_dcr_build, location='specs/lowerings.glowdef:191:1'),
+    RuleInfo(name='depth_to_space_crd', phase='lower', pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r39_depth_to_space_crd_guard, build=_r39_depth_to_space_crd_build, location='specs/lowerings.glowdef:198:1'),
+    RuleInfo(name='space_to_depth_expand', phase='lower', pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=None, build=_r40_space_to_depth_expand_build, location='specs/lowerings.glowdef:205:1'),
+    RuleInfo(name='instancenorm_expand', phase='lower', pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r41_instancenorm_expand_build, location='specs/lowerings.glowdef:212:1'),
+    RuleInfo(name='lpnorm_l2', phase='lower', pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r42_lpnorm_l2_guard, build=_r42_lpnorm_l2_build, location='specs/lowerings.glowdef:221:1'),
+    RuleInfo(name='lpnorm_l1', phase='lower', pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r43_lpnorm_l1_guard, build=_r43_lpnorm_l1_build, location='specs/lowerings.glowdef:225:1'),
+    RuleInfo(name='convn_2d', phase='lower', pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r44_convn_2d_guard, build=_r44_convn_2d_build, location='specs/lowerings.glowdef:230:1'),
+    RuleInfo(name='convn_2d_no_bias', phase='lower', pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r45_convn_2d_no_bias_guard, build=_r45_convn_2d_no_bias_build, location='specs/lowerings.glowdef:235:1'),
+    RuleInfo(name='convn_1d', phase='lower', pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r46_convn_1d_guard, build=_r46_convn_1d_build, location='specs/lowerings.glowdef:239:1'),
+    RuleInfo(name='convn_1d_no_bias', phase='lower', pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r47_convn_1d_no_bias_guard, build=_r47_convn_1d_no_bias_build, location='specs/lowerings.glowdef:247:1'),
+    RuleInfo(name='maxpooln_2d', phase='lower', pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r48_maxpooln_2d_guard, build=_r48_maxpooln_2d_build, location='specs/lowerings.glowdef:255:1'),
+    RuleInfo(name='maxpooln_1d', phase='lower', pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r49_maxpooln_1d_guard, build=_r49_maxpooln_1d_build, location='specs/lowerings.glowdef:260:1'),
+    RuleInfo(name='avgpooln_2d', phase='lower', pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r50_avgpooln_2d_guard, build=_r50_avgpooln_2d_build, location='specs/lowerings.glowdef:267:1'),
+    RuleInfo(name='avgpooln_1d', phase='lower', pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r51_avgpooln_1d_guard, build=_r51_avgpooln_1d_build, location='specs/lowerings.glowdef:272:1'),
 )
