@@ -1292,43 +1292,47 @@ _DepthToSpace_0_clause = OnnxClause(onnx_op='DepthToSpace', op='DepthToSpace', s
 
 
 def _SpaceToDepth_0(o):
-    """ONNX SpaceToDepth -> SpaceToDepth (specs/ops.glowdef:1138:3)."""
+    """ONNX SpaceToDepth -> SpaceToDepth (specs/ops.glowdef:1139:3)."""
     attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'DCR'
     if o.has_attr('blocksize'):
         attrs['blocksize'] = o.attr('blocksize')
     return attrs
 
-_SpaceToDepth_0_clause = OnnxClause(onnx_op='SpaceToDepth', op='SpaceToDepth', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SpaceToDepth_0, consumed=('blocksize',), location='specs/ops.glowdef:1138:3')
+_SpaceToDepth_0_clause = OnnxClause(onnx_op='SpaceToDepth', op='SpaceToDepth', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SpaceToDepth_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:1139:3')
 
 
 def _EyeLike_0(o):
-    """ONNX EyeLike -> EyeLike (specs/ops.glowdef:1148:3)."""
+    """ONNX EyeLike -> EyeLike (specs/ops.glowdef:1149:3)."""
     attrs = {}
     if o.has_attr('k'):
         attrs['k'] = o.attr('k')
     else:
         attrs['k'] = 0
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1148:30', lambda: (sl.b_onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1149:30', lambda: (sl.b_onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
     return attrs
 
-_EyeLike_0_clause = OnnxClause(onnx_op='EyeLike', op='EyeLike', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_EyeLike_0, consumed=('dtype', 'k'), location='specs/ops.glowdef:1148:3')
+_EyeLike_0_clause = OnnxClause(onnx_op='EyeLike', op='EyeLike', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_EyeLike_0, consumed=('dtype', 'k'), location='specs/ops.glowdef:1149:3')
 
 
 def _OneHot_0(o):
-    """ONNX OneHot -> OneHot (specs/ops.glowdef:1158:3)."""
+    """ONNX OneHot -> OneHot (specs/ops.glowdef:1159:3)."""
     attrs = {}
     if o.has_attr('axis'):
         attrs['axis'] = o.attr('axis')
     else:
         attrs['axis'] = -1
-    attrs['depth'] = o.evaluating('depth', 'specs/ops.glowdef:1158:55', lambda: rt.b_int(rt.b_item(o.input('depth').value)))
+    attrs['depth'] = o.evaluating('depth', 'specs/ops.glowdef:1159:55', lambda: rt.b_int(rt.b_item(o.input('depth').value)))
     return attrs
 
-_OneHot_0_clause = OnnxClause(onnx_op='OneHot', op='OneHot', since=None, until=None, inputs=(('indices', 'single'), ('depth', 'single'), ('values', 'single')), operands=(('indices', 0), ('values', 1)), attributes=_OneHot_0, consumed=('axis',), location='specs/ops.glowdef:1158:3')
+_OneHot_0_clause = OnnxClause(onnx_op='OneHot', op='OneHot', since=None, until=None, inputs=(('indices', 'single'), ('depth', 'single'), ('values', 'single')), operands=(('indices', 0), ('values', 1)), attributes=_OneHot_0, consumed=('axis',), location='specs/ops.glowdef:1159:3')
 
 
 def _ArgMax_0(o):
-    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:1170:3)."""
+    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:1171:3)."""
     attrs = {}
     if o.has_attr('select_last_index'):
         attrs['select_last_index'] = o.attr('select_last_index')
@@ -1338,14 +1342,14 @@ def _ArgMax_0(o):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1170:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1171:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:1170:3')
+_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:1171:3')
 
 
 def _ArgMin_0(o):
-    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:1181:3)."""
+    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:1182:3)."""
     attrs = {}
     if o.has_attr('select_last_index'):
         attrs['select_last_index'] = o.attr('select_last_index')
@@ -1355,40 +1359,40 @@ def _ArgMin_0(o):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1181:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1182:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:1181:3')
+_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:1182:3')
 
 
 def _TopK_0(o):
-    """ONNX TopK -> TopK (specs/ops.glowdef:1193:3)."""
+    """ONNX TopK -> TopK (specs/ops.glowdef:1194:3)."""
     attrs = {}
     if o.has_attr('k'):
         attrs['k'] = o.attr('k')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1193:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1194:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:1193:3')
+_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:1194:3')
 
 
 def _TopK_1(o):
-    """ONNX TopK -> TopK (specs/ops.glowdef:1194:3)."""
+    """ONNX TopK -> TopK (specs/ops.glowdef:1195:3)."""
     attrs = {}
     if o.has_attr('largest'):
         attrs['largest'] = o.attr('largest')
     else:
         attrs['largest'] = 1
-    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:1198:5')
-    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:1196:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1197:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:1199:5')
+    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:1197:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1198:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:1194:3')
+_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:1195:3')
 
 
 def _CumSum_0(o):
-    """ONNX CumSum -> CumSum (specs/ops.glowdef:1210:3)."""
+    """ONNX CumSum -> CumSum (specs/ops.glowdef:1211:3)."""
     attrs = {}
     if o.has_attr('reverse'):
         attrs['reverse'] = o.attr('reverse')
@@ -1398,14 +1402,14 @@ def _CumSum_0(o):
         attrs['exclusive'] = o.attr('exclusive')
     else:
         attrs['exclusive'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1210:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1211:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
     return attrs
 
-_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1210:3')
+_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1211:3')
 
 
 def _CumProd_0(o):
-    """ONNX CumProd -> CumProd (specs/ops.glowdef:1221:3)."""
+    """ONNX CumProd -> CumProd (specs/ops.glowdef:1222:3)."""
     attrs = {}
     if o.has_attr('reverse'):
         attrs['reverse'] = o.attr('reverse')
@@ -1415,33 +1419,33 @@ def _CumProd_0(o):
         attrs['exclusive'] = o.attr('exclusive')
     else:
         attrs['exclusive'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1221:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1222:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
     return attrs
 
-_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1221:3')
+_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1222:3')
 
 
 def _Hardmax_0(o):
-    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:1230:3)."""
+    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:1231:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1230:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1231:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:1230:3')
+_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:1231:3')
 
 
 def _Einsum_0(o):
-    """ONNX Einsum -> Einsum (specs/ops.glowdef:1239:3)."""
+    """ONNX Einsum -> Einsum (specs/ops.glowdef:1240:3)."""
     attrs = {}
     if o.has_attr('equation'):
         attrs['equation'] = o.attr('equation')
     return attrs
 
-_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:1239:3')
+_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:1240:3')
 
 
 def _InstanceNormalization_0(o):
-    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1248:3)."""
+    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1249:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
@@ -1449,58 +1453,58 @@ def _InstanceNormalization_0(o):
         attrs['epsilon'] = 9.999999747378752e-06
     return attrs
 
-_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1248:3')
+_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1249:3')
 
 
 def _LpNormalization_0(o):
-    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1257:3)."""
+    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1258:3)."""
     attrs = {}
     if o.has_attr('p'):
         attrs['p'] = o.attr('p')
     else:
         attrs['p'] = 2
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1257:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1258:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1257:3')
+_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1258:3')
 
 
 def _ConvN_0(o):
-    """ONNX Conv -> ConvN (specs/ops.glowdef:1275:3)."""
+    """ONNX Conv -> ConvN (specs/ops.glowdef:1276:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1277:5')
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1278:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1279:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1280:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1278:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1279:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1280:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1281:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1275:3')
+_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1276:3')
 
 
 def _MaxPoolN_0(o):
-    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:1297:3)."""
+    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:1298:3)."""
     attrs = {}
     if o.has_attr('ceil_mode'):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:1299:5')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:1300:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1301:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1302:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1303:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1304:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:1300:5')
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:1301:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1302:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1303:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1304:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1305:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:1297:3')
+_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:1298:3')
 
 
 def _AvgPoolN_0(o):
-    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:1321:3)."""
+    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:1322:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1510,30 +1514,30 @@ def _AvgPoolN_0(o):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    o.check(((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1))), 'dilated average pooling is not supported', 'specs/ops.glowdef:1323:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1324:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1325:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1326:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1))), 'dilated average pooling is not supported', 'specs/ops.glowdef:1324:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1325:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1326:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1327:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1321:3')
+_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1322:3')
 
 
 def _ConvTranspose_0(o):
-    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:1343:3)."""
+    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:1344:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1345:5')
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1346:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1347:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:1348:5', lambda: (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1349:5', lambda: sl.b_convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1346:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1347:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1348:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:1349:5', lambda: (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1350:5', lambda: sl.b_convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
     return attrs
 
-_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1343:3')
+_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1344:3')
 
 CLAUSES = (
     _Add_0_clause,

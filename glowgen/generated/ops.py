@@ -5389,18 +5389,20 @@ class SpaceToDepth(Node):
         y: Tensor[A, N, (C * blocksize) * blocksize, H // blocksize, W // blocksize]
     Attributes:
         blocksize: int where blocksize > 0
+        mode: string = "DCR"
     Declared at specs/ops.glowdef:1132:1.
     """
 
     OP: ClassVar[str] = 'SpaceToDepth'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:1132:1'
 
     blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
+    mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
 
     @property
     def x(self):
@@ -5413,7 +5415,7 @@ class SpaceToDepth(Node):
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(x, *, _node='', blocksize=None):
+    def infer(x, *, _node='', blocksize=None, mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SpaceToDepth', _node)
         u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1134:7')
@@ -5424,8 +5426,8 @@ class SpaceToDepth(Node):
         W = u.dim('W')
         A = u.dtype('A')
         rt.check(rt.gt(blocksize, 0), 'SpaceToDepth', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:1135:3')
-        rt.check((rt.eq(rt.mod(H, blocksize), 0) and rt.eq(rt.mod(W, blocksize), 0)), 'SpaceToDepth', _node, 'height and width must divide by blocksize', 'specs/ops.glowdef:1136:3')
-        return (rt.result_type('SpaceToDepth', _node, A, (N, rt.mul(rt.mul(C, blocksize), blocksize), rt.floordiv(H, blocksize), rt.floordiv(W, blocksize),), 'specs/ops.glowdef:1137:7'), )
+        rt.check((rt.eq(rt.mod(H, blocksize), 0) and rt.eq(rt.mod(W, blocksize), 0)), 'SpaceToDepth', _node, 'height and width must divide by blocksize', 'specs/ops.glowdef:1137:3')
+        return (rt.result_type('SpaceToDepth', _node, A, (N, rt.mul(rt.mul(C, blocksize), blocksize), rt.floordiv(H, blocksize), rt.floordiv(W, blocksize),), 'specs/ops.glowdef:1138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5440,7 +5442,7 @@ class EyeLike(Node):
         k: int = 0
         dtype: dtype
     Traits: primitive
-    Declared at specs/ops.glowdef:1141:1.
+    Declared at specs/ops.glowdef:1142:1.
     """
 
     OP: ClassVar[str] = 'EyeLike'
@@ -5449,7 +5451,7 @@ class EyeLike(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1141:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1142:1'
 
     k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     dtype: object = attrs.field(converter=rt.CONVERTERS['dtype'])
@@ -5468,12 +5470,12 @@ class EyeLike(Node):
     def infer(x, *, _node='', k=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('EyeLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1144:7')
-        u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:1144:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1145:7')
+        u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:1145:7')
         C = u.dim('C')
         R = u.dim('R')
         A = u.dtype('A')
-        return (rt.result_type('EyeLike', _node, dtype, (R, C,), 'specs/ops.glowdef:1147:7'), )
+        return (rt.result_type('EyeLike', _node, dtype, (R, C,), 'specs/ops.glowdef:1148:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5489,7 +5491,7 @@ class OneHot(Node):
         depth: int
         axis: int
     Traits: primitive
-    Declared at specs/ops.glowdef:1151:1.
+    Declared at specs/ops.glowdef:1152:1.
     """
 
     OP: ClassVar[str] = 'OneHot'
@@ -5498,7 +5500,7 @@ class OneHot(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('depth', 'int', None, False), AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1151:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1152:1'
 
     depth: object = attrs.field(converter=rt.CONVERTERS['int'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -5522,14 +5524,14 @@ class OneHot(Node):
     def infer(indices, values, *, _node='', depth=None, axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('OneHot', _node)
-        u.elem('indices', indices, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1154:7')
-        u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:1154:7')
-        u.elem('values', values, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1154:31')
-        u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:1154:31')
+        u.elem('indices', indices, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1155:7')
+        u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:1155:7')
+        u.elem('values', values, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1155:31')
+        u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:1155:31')
         S = u.dim('S')
         A = u.dtype('A')
         P = u.dtype('P')
-        return (rt.result_type('OneHot', _node, A, (*sl.b_insert_dim(S, axis, depth),), 'specs/ops.glowdef:1157:7'), )
+        return (rt.result_type('OneHot', _node, A, (*sl.b_insert_dim(S, axis, depth),), 'specs/ops.glowdef:1158:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5545,7 +5547,7 @@ class ArgMax(Node):
         keepdims: int = 1
         select_last_index: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:1162:1.
+    Declared at specs/ops.glowdef:1163:1.
     """
 
     OP: ClassVar[str] = 'ArgMax'
@@ -5554,7 +5556,7 @@ class ArgMax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1162:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1163:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -5574,12 +5576,12 @@ class ArgMax(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1165:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1165:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1166:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1166:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1166:3')
-        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:1169:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1167:3')
+        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:1170:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5595,7 +5597,7 @@ class ArgMin(Node):
         keepdims: int = 1
         select_last_index: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:1173:1.
+    Declared at specs/ops.glowdef:1174:1.
     """
 
     OP: ClassVar[str] = 'ArgMin'
@@ -5604,7 +5606,7 @@ class ArgMin(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1173:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1174:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -5624,12 +5626,12 @@ class ArgMin(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1176:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1176:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1177:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1177:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1177:3')
-        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:1180:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1178:3')
+        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:1181:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5646,7 +5648,7 @@ class TopK(Node):
         axis: int where (axis >= 0) and (axis < len(S))
         largest: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:1184:1.
+    Declared at specs/ops.glowdef:1185:1.
     """
 
     OP: ClassVar[str] = 'TopK'
@@ -5655,7 +5657,7 @@ class TopK(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('largest', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1184:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1185:1'
 
     k: object = attrs.field(converter=rt.CONVERTERS['int'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -5680,14 +5682,14 @@ class TopK(Node):
     def infer(x, *, _node='', k=None, axis=None, largest=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('TopK', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1187:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1187:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1188:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1188:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:1188:3')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1189:3')
-        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:1191:3')
-        return (rt.result_type('TopK', _node, T, (*sl.b_replace_dim(S, axis, k),), 'specs/ops.glowdef:1192:7'), rt.result_type('TopK', _node, 'i64', (*sl.b_replace_dim(S, axis, k),), 'specs/ops.glowdef:1192:52'), )
+        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:1189:3')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1190:3')
+        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:1192:3')
+        return (rt.result_type('TopK', _node, T, (*sl.b_replace_dim(S, axis, k),), 'specs/ops.glowdef:1193:7'), rt.result_type('TopK', _node, 'i64', (*sl.b_replace_dim(S, axis, k),), 'specs/ops.glowdef:1193:52'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5703,7 +5705,7 @@ class CumSum(Node):
         exclusive: int = 0
         reverse: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:1202:1.
+    Declared at specs/ops.glowdef:1203:1.
     """
 
     OP: ClassVar[str] = 'CumSum'
@@ -5712,7 +5714,7 @@ class CumSum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1202:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1203:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -5732,12 +5734,12 @@ class CumSum(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1205:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1205:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1206:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1206:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1206:3')
-        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:1209:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1207:3')
+        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:1210:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5753,7 +5755,7 @@ class CumProd(Node):
         exclusive: int = 0
         reverse: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:1213:1.
+    Declared at specs/ops.glowdef:1214:1.
     """
 
     OP: ClassVar[str] = 'CumProd'
@@ -5762,7 +5764,7 @@ class CumProd(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1213:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1214:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -5782,12 +5784,12 @@ class CumProd(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1216:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1216:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1217:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1217:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1217:3')
-        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:1220:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1218:3')
+        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:1221:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5801,7 +5803,7 @@ class Hardmax(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
     Traits: primitive
-    Declared at specs/ops.glowdef:1224:1.
+    Declared at specs/ops.glowdef:1225:1.
     """
 
     OP: ClassVar[str] = 'Hardmax'
@@ -5810,7 +5812,7 @@ class Hardmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1224:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1225:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -5828,12 +5830,12 @@ class Hardmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Hardmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1227:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1227:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1228:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1228:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1228:3')
-        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:1229:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1229:3')
+        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:1230:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5847,7 +5849,7 @@ class Einsum(Node):
     Attributes:
         equation: string
     Traits: primitive
-    Declared at specs/ops.glowdef:1233:1.
+    Declared at specs/ops.glowdef:1234:1.
     """
 
     OP: ClassVar[str] = 'Einsum'
@@ -5856,7 +5858,7 @@ class Einsum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('equation', 'string', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1233:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1234:1'
 
     equation: object = attrs.field(converter=rt.CONVERTERS['string'])
 
@@ -5875,12 +5877,12 @@ class Einsum(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Einsum', _node)
         if len(xs) == 0:
-            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1236:7')
+            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1237:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1236:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1237:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('Einsum', _node, T, (*sl.b_einsum_shape(equation, S),), 'specs/ops.glowdef:1238:7'), )
+        return (rt.result_type('Einsum', _node, T, (*sl.b_einsum_shape(equation, S),), 'specs/ops.glowdef:1239:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5895,7 +5897,7 @@ class InstanceNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:1243:1.
+    Declared at specs/ops.glowdef:1244:1.
     """
 
     OP: ClassVar[str] = 'InstanceNormalization'
@@ -5904,7 +5906,7 @@ class InstanceNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1243:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1244:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -5932,17 +5934,17 @@ class InstanceNormalization(Node):
     def infer(x, scale, bias, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('InstanceNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1245:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1245:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1245:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1245:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1245:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1245:52')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1246:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1246:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1246:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1246:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1246:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1246:52')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1247:7'), )
+        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1248:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5956,7 +5958,7 @@ class LpNormalization(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
         p: int = 2 where (p == 1) or (p == 2)
-    Declared at specs/ops.glowdef:1251:1.
+    Declared at specs/ops.glowdef:1252:1.
     """
 
     OP: ClassVar[str] = 'LpNormalization'
@@ -5965,7 +5967,7 @@ class LpNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('p', 'int', 2, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1251:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1252:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     p: object = attrs.field(default=2, converter=rt.CONVERTERS['int'])
@@ -5984,13 +5986,13 @@ class LpNormalization(Node):
     def infer(x, *, _node='', axis=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1253:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1253:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1254:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1254:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1254:3')
-        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1255:3')
-        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1256:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1255:3')
+        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1256:3')
+        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1257:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6009,7 +6011,7 @@ class ConvN(Node):
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:1261:1.
+    Declared at specs/ops.glowdef:1262:1.
     """
 
     OP: ClassVar[str] = 'ConvN'
@@ -6018,7 +6020,7 @@ class ConvN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1261:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1262:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6049,13 +6051,13 @@ class ConvN(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1264:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1264:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1264:33')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1264:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1265:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1265:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1265:33')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1265:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1264:58')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1264:58')
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1265:58')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1265:58')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -6063,15 +6065,15 @@ class ConvN(Node):
         M = u.dim('M')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1265:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1266:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1267:3')
-        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1268:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1269:3')
-        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1270:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1272:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1273:3')
-        return (rt.result_type('ConvN', _node, F, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1274:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1266:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1267:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1268:3')
+        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1269:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1270:3')
+        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1271:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1273:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1274:3')
+        return (rt.result_type('ConvN', _node, F, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1275:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6089,7 +6091,7 @@ class MaxPoolN(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:1285:1.
+    Declared at specs/ops.glowdef:1286:1.
     """
 
     OP: ClassVar[str] = 'MaxPoolN'
@@ -6098,7 +6100,7 @@ class MaxPoolN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1285:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1286:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6120,18 +6122,18 @@ class MaxPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPoolN', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1288:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1288:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1289:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1289:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         T = u.dtype('T')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1289:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1290:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1291:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1292:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1294:3')
-        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1296:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1290:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1291:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1292:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1293:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1295:3')
+        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1297:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6149,7 +6151,7 @@ class AvgPoolN(Node):
         ceil_mode: int = 0
         count_include_pad: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:1309:1.
+    Declared at specs/ops.glowdef:1310:1.
     """
 
     OP: ClassVar[str] = 'AvgPoolN'
@@ -6158,7 +6160,7 @@ class AvgPoolN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1309:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1310:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6180,17 +6182,17 @@ class AvgPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1312:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1312:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1313:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1313:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1313:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1314:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1315:3')
-        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:1318:3')
-        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:1320:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1314:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1315:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1316:3')
+        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:1319:3')
+        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:1321:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6210,7 +6212,7 @@ class ConvTranspose(Node):
         output_padding: ints
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:1331:1.
+    Declared at specs/ops.glowdef:1332:1.
     """
 
     OP: ClassVar[str] = 'ConvTranspose'
@@ -6219,7 +6221,7 @@ class ConvTranspose(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('output_padding', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1331:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1332:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6251,13 +6253,13 @@ class ConvTranspose(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, output_padding=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvTranspose', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1334:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1334:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1334:33')
-        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:1334:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1335:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1335:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1335:33')
+        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:1335:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1334:59')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1334:59')
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1335:59')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1335:59')
         C = u.dim('C')
         C2 = u.dim('C2')
         D = u.dim('D')
@@ -6266,12 +6268,12 @@ class ConvTranspose(Node):
         MG = u.dim('MG')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1335:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1337:3')
-        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1339:3')
-        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:1340:3')
-        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1341:3')
-        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.b_convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:1342:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1336:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1338:3')
+        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1340:3')
+        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:1341:3')
+        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1342:3')
+        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.b_convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:1343:9'), )
 
 
 OPS = {

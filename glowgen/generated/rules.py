@@ -403,7 +403,13 @@ def _r39_depth_to_space_crd_build(_b, _m):
 
 
 
-def _r40_space_to_depth_expand_build(_b, _m):
+def _r40_space_to_depth_dcr_guard(_m, _ctx):
+    'where d.mode == "DCR"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'DCR')))
+
+def _r40_space_to_depth_dcr_build(_b, _m):
     """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), shape = d.shape)"""
     d = _m['d']
     x = _m['x']
@@ -412,7 +418,22 @@ def _r40_space_to_depth_expand_build(_b, _m):
 
 
 
-def _r41_instancenorm_expand_build(_b, _m):
+def _r41_space_to_depth_crd_guard(_m, _ctx):
+    'where d.mode == "CRD"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'CRD')))
+
+def _r41_space_to_depth_crd_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 1, 3, 5, 2, 4]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 1, 3, 5, 2, 4, )})], {'shape': d.shape}),)
+
+
+
+def _r42_instancenorm_expand_build(_b, _m):
     """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, shape = cs)), Reshape(bias, shape = cs))"""
     n = _m['n']
     x = _m['x']
@@ -426,35 +447,37 @@ def _r41_instancenorm_expand_build(_b, _m):
 
 
 
-def _r42_lpnorm_l2_guard(_m, _ctx):
+def _r43_lpnorm_l2_guard(_m, _ctx):
     """where n.p == 2"""
     n = _m['n']
     x = _m['x']
     return bool((rt.eq(n.p, 2)))
 
-def _r42_lpnorm_l2_build(_b, _m):
-    """=> Div(x, Sqrt(ReduceSum(Mul(x, x), axes = [n.axis], keepdims = 1)))"""
+def _r43_lpnorm_l2_build(_b, _m):
+    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
     n = _m['n']
     x = _m['x']
-    return (_b.op('Div', [x, _b.op('Sqrt', [_b.op('ReduceSum', [_b.op('Mul', [x, x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {})], {}),)
+    norm = _b.op('Sqrt', [_b.op('ReduceSum', [_b.op('Mul', [x, x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {})
+    return (_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}),)
 
 
 
-def _r43_lpnorm_l1_guard(_m, _ctx):
+def _r44_lpnorm_l1_guard(_m, _ctx):
     """where n.p == 1"""
     n = _m['n']
     x = _m['x']
     return bool((rt.eq(n.p, 1)))
 
-def _r43_lpnorm_l1_build(_b, _m):
-    """=> Div(x, ReduceSum(Abs(x), axes = [n.axis], keepdims = 1))"""
+def _r44_lpnorm_l1_build(_b, _m):
+    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
     n = _m['n']
     x = _m['x']
-    return (_b.op('Div', [x, _b.op('ReduceSum', [_b.op('Abs', [x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {}),)
+    norm = _b.op('ReduceSum', [_b.op('Abs', [x], {})], {'axes': (n.axis, ), 'keepdims': 1})
+    return (_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}),)
 
 
 
-def _r44_convn_2d_guard(_m, _ctx):
+def _r45_convn_2d_guard(_m, _ctx):
     """where rank(x) == 4"""
     c = _m['c']
     x = _m['x']
@@ -462,7 +485,7 @@ def _r44_convn_2d_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(rt.b_rank(x), 4)))
 
-def _r44_convn_2d_build(_b, _m):
+def _r45_convn_2d_build(_b, _m):
     """=> Conv(x, w, b, strides = c.strides, pads = [c.pads[0], c.pads[1], c.pads[2], c.pads[3]], dilations = c.dilations, group = c.group)"""
     c = _m['c']
     x = _m['x']
@@ -472,14 +495,14 @@ def _r44_convn_2d_build(_b, _m):
 
 
 
-def _r45_convn_2d_no_bias_guard(_m, _ctx):
+def _r46_convn_2d_no_bias_guard(_m, _ctx):
     """where rank(x) == 4"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     return bool((rt.eq(rt.b_rank(x), 4)))
 
-def _r45_convn_2d_no_bias_build(_b, _m):
+def _r46_convn_2d_no_bias_build(_b, _m):
     """=> Conv(x, w, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     c = _m['c']
     x = _m['x']
@@ -488,7 +511,7 @@ def _r45_convn_2d_no_bias_build(_b, _m):
 
 
 
-def _r46_convn_1d_guard(_m, _ctx):
+def _r47_convn_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     c = _m['c']
     x = _m['x']
@@ -496,7 +519,7 @@ def _r46_convn_1d_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r46_convn_1d_build(_b, _m):
+def _r47_convn_1d_build(_b, _m):
     """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), b, strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -506,14 +529,14 @@ def _r46_convn_1d_build(_b, _m):
 
 
 
-def _r47_convn_1d_no_bias_guard(_m, _ctx):
+def _r48_convn_1d_no_bias_guard(_m, _ctx):
     """where rank(x) == 3"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r47_convn_1d_no_bias_build(_b, _m):
+def _r48_convn_1d_no_bias_build(_b, _m):
     """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -522,13 +545,13 @@ def _r47_convn_1d_no_bias_build(_b, _m):
 
 
 
-def _r48_maxpooln_2d_guard(_m, _ctx):
+def _r49_maxpooln_2d_guard(_m, _ctx):
     """where rank(x) == 4"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 4)))
 
-def _r48_maxpooln_2d_build(_b, _m):
+def _r49_maxpooln_2d_build(_b, _m):
     """=> MaxPool(x, kernel = p.kernel, strides = p.strides, pads = p.pads, dilations = p.dilations, ceil_mode = p.ceil_mode)"""
     p = _m['p']
     x = _m['x']
@@ -536,13 +559,13 @@ def _r48_maxpooln_2d_build(_b, _m):
 
 
 
-def _r49_maxpooln_1d_guard(_m, _ctx):
+def _r50_maxpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r49_maxpooln_1d_build(_b, _m):
+def _r50_maxpooln_1d_build(_b, _m):
     """=> Reshape(MaxPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -550,13 +573,13 @@ def _r49_maxpooln_1d_build(_b, _m):
 
 
 
-def _r50_avgpooln_2d_guard(_m, _ctx):
+def _r51_avgpooln_2d_guard(_m, _ctx):
     """where rank(x) == 4"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 4)))
 
-def _r50_avgpooln_2d_build(_b, _m):
+def _r51_avgpooln_2d_build(_b, _m):
     """=> AvgPool(x, kernel = p.kernel, strides = p.strides, pads = p.pads, ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad)"""
     p = _m['p']
     x = _m['x']
@@ -564,13 +587,13 @@ def _r50_avgpooln_2d_build(_b, _m):
 
 
 
-def _r51_avgpooln_1d_guard(_m, _ctx):
+def _r52_avgpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r51_avgpooln_1d_build(_b, _m):
+def _r52_avgpooln_1d_build(_b, _m):
     """=> Reshape(AvgPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -618,16 +641,17 @@ RULES = (
     RuleInfo(name='tile_to_expand', phase='lower', pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r37_tile_to_expand_build, location='specs/lowerings.glowdef:185:1'),
     RuleInfo(name='depth_to_space_dcr', phase='lower', pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r38_depth_to_space_dcr_guard, build=_r38_depth_to_space_dcr_build, location='specs/lowerings.glowdef:191:1'),
     RuleInfo(name='depth_to_space_crd', phase='lower', pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r39_depth_to_space_crd_guard, build=_r39_depth_to_space_crd_build, location='specs/lowerings.glowdef:198:1'),
-    RuleInfo(name='space_to_depth_expand', phase='lower', pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=None, build=_r40_space_to_depth_expand_build, location='specs/lowerings.glowdef:205:1'),
-    RuleInfo(name='instancenorm_expand', phase='lower', pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r41_instancenorm_expand_build, location='specs/lowerings.glowdef:212:1'),
-    RuleInfo(name='lpnorm_l2', phase='lower', pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r42_lpnorm_l2_guard, build=_r42_lpnorm_l2_build, location='specs/lowerings.glowdef:221:1'),
-    RuleInfo(name='lpnorm_l1', phase='lower', pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r43_lpnorm_l1_guard, build=_r43_lpnorm_l1_build, location='specs/lowerings.glowdef:225:1'),
-    RuleInfo(name='convn_2d', phase='lower', pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r44_convn_2d_guard, build=_r44_convn_2d_build, location='specs/lowerings.glowdef:230:1'),
-    RuleInfo(name='convn_2d_no_bias', phase='lower', pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r45_convn_2d_no_bias_guard, build=_r45_convn_2d_no_bias_build, location='specs/lowerings.glowdef:235:1'),
-    RuleInfo(name='convn_1d', phase='lower', pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r46_convn_1d_guard, build=_r46_convn_1d_build, location='specs/lowerings.glowdef:239:1'),
-    RuleInfo(name='convn_1d_no_bias', phase='lower', pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r47_convn_1d_no_bias_guard, build=_r47_convn_1d_no_bias_build, location='specs/lowerings.glowdef:247:1'),
-    RuleInfo(name='maxpooln_2d', phase='lower', pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r48_maxpooln_2d_guard, build=_r48_maxpooln_2d_build, location='specs/lowerings.glowdef:255:1'),
-    RuleInfo(name='maxpooln_1d', phase='lower', pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r49_maxpooln_1d_guard, build=_r49_maxpooln_1d_build, location='specs/lowerings.glowdef:260:1'),
-    RuleInfo(name='avgpooln_2d', phase='lower', pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r50_avgpooln_2d_guard, build=_r50_avgpooln_2d_build, location='specs/lowerings.glowdef:267:1'),
-    RuleInfo(name='avgpooln_1d', phase='lower', pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r51_avgpooln_1d_guard, build=_r51_avgpooln_1d_build, location='specs/lowerings.glowdef:272:1'),
+    RuleInfo(name='space_to_depth_dcr', phase='lower', pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r40_space_to_depth_dcr_guard, build=_r40_space_to_depth_dcr_build, location='specs/lowerings.glowdef:205:1'),
+    RuleInfo(name='space_to_depth_crd', phase='lower', pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r41_space_to_depth_crd_guard, build=_r41_space_to_depth_crd_build, location='specs/lowerings.glowdef:212:1'),
+    RuleInfo(name='instancenorm_expand', phase='lower', pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r42_instancenorm_expand_build, location='specs/lowerings.glowdef:219:1'),
+    RuleInfo(name='lpnorm_l2', phase='lower', pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r43_lpnorm_l2_guard, build=_r43_lpnorm_l2_build, location='specs/lowerings.glowdef:228:1'),
+    RuleInfo(name='lpnorm_l1', phase='lower', pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r44_lpnorm_l1_guard, build=_r44_lpnorm_l1_build, location='specs/lowerings.glowdef:233:1'),
+    RuleInfo(name='convn_2d', phase='lower', pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r45_convn_2d_guard, build=_r45_convn_2d_build, location='specs/lowerings.glowdef:239:1'),
+    RuleInfo(name='convn_2d_no_bias', phase='lower', pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r46_convn_2d_no_bias_guard, build=_r46_convn_2d_no_bias_build, location='specs/lowerings.glowdef:244:1'),
+    RuleInfo(name='convn_1d', phase='lower', pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r47_convn_1d_guard, build=_r47_convn_1d_build, location='specs/lowerings.glowdef:248:1'),
+    RuleInfo(name='convn_1d_no_bias', phase='lower', pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r48_convn_1d_no_bias_guard, build=_r48_convn_1d_no_bias_build, location='specs/lowerings.glowdef:256:1'),
+    RuleInfo(name='maxpooln_2d', phase='lower', pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r49_maxpooln_2d_guard, build=_r49_maxpooln_2d_build, location='specs/lowerings.glowdef:264:1'),
+    RuleInfo(name='maxpooln_1d', phase='lower', pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r50_maxpooln_1d_guard, build=_r50_maxpooln_1d_build, location='specs/lowerings.glowdef:269:1'),
+    RuleInfo(name='avgpooln_2d', phase='lower', pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r51_avgpooln_2d_guard, build=_r51_avgpooln_2d_build, location='specs/lowerings.glowdef:276:1'),
+    RuleInfo(name='avgpooln_1d', phase='lower', pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r52_avgpooln_1d_guard, build=_r52_avgpooln_1d_build, location='specs/lowerings.glowdef:281:1'),
 )

@@ -84,6 +84,12 @@ def _axes(node, x):
 
 def reduce_with(fn):
     def run(node, x):
+        if x.size == 0 and fn in (np.max, np.min):
+            # The empty maximum is the lowest value (ONNX: -inf), the empty minimum the highest.
+            lo = _lowest(x.dtype)
+            hi = np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).max
+            return fn(x, axis=_axes(node, x), keepdims=bool(node.keepdims),
+                      initial=lo if fn is np.max else hi)
         return fn(x, axis=_axes(node, x), keepdims=bool(node.keepdims))
     return run
 
