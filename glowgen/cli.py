@@ -233,6 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
     c.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60)")
     c.add_argument("--expected", metavar="FILE", help="expected-failures file (default: the bundled one)")
+    c.add_argument("--write-expected", metavar="FILE",
+                   help="write the failing cases, grouped by reason, as an expected-failures file")
     c.add_argument("-v", "--verbose", action="store_true", help="print every failure")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_conformance)

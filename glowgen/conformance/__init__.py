@@ -299,6 +299,7 @@ def run_cases(cases: list[Case], backend: str = "interpreter", jobs: Optional[in
                         finish(*s.parent.recv())
                         s.index = None
                     except (EOFError, OSError):
+                        s.proc.join(timeout=5)
                         code = s.proc.exitcode if s.proc.exitcode is not None else "?"
                         finish(s.index, CRASH, f"the worker process died (exit code {code})",
                                time.perf_counter() - s.started)
@@ -347,6 +348,56 @@ def load_expected(path: Path = EXPECTED_FILE, backend: Optional[str] = None) -> 
         for name in exp.cases:
             out[name] = exp
     return out
+
+
+def reason_of(result: Result) -> tuple[str, str]:
+    """(reason, regex) summing up why a case fails, for the expected-failures file."""
+    m = result.message
+    if result.outcome != UNSUPPORTED:
+        return f"{result.outcome}: glowgen bug, to fix", ""
+    patterns = [
+        (r"ONNX op (\w+) \(", "ONNX op {0} is not supported", r"ONNX op {0} \("),
+        (r"ONNX element type (\w+) is not supported", "element type {0} is not supported",
+         r"ONNX element type {0} is not supported"),
+        (r"is in domain '([\w.]+)'", "ops of domain {0} are not supported", r"is in domain '{0}'"),
+        (r"(is not a tensor|only tensor inputs are supported)",
+         "sequences, maps and optionals are not supported", r"is not a tensor|only tensor inputs"),
+        (r"(has a dynamic dimension)", "dynamic input shapes must be bound, and the case binds none",
+         r"{0}"),
+        (r"(ONNX shape inference rejects the model)", "ONNX shape inference rejects the model", r"{0}"),
+    ]
+    for pat, reason, regex in patterns:
+        found = re.search(pat, m)
+        if found:
+            return reason.format(found.group(1)), regex.format(_escape(found.group(1)))
+    text = re.sub(r" \[declared at [^\]]*\]", "", m)
+    cut = max(text.rfind("): "), text.rfind("': "))
+    fragment = (text[cut + 3:] if cut >= 0 else text.split(": ", 1)[-1]).strip()[:80]
+    return fragment, _escape(fragment)
+
+
+def _escape(text: str) -> str:
+    return re.escape(text).replace("\\ ", " ")
+
+
+def write_expected(results: list[Result], path: Path, backend: str) -> int:
+    """Write every failing case into a fresh expected-failures file, grouped by reason."""
+    groups: dict[tuple, list[str]] = defaultdict(list)
+    for r in results:
+        if not r.passed:
+            groups[reason_of(r)].append(r.name)
+    lines = [
+        "# Expected failures of `glowgen conformance` (ONNX's backend test suite), one entry per",
+        "# reason.  `match` is a regex the case's GlowgenError message must match; the default",
+        "# test suite checks it (tests/test_conformance.py).  Every case not listed here must pass.",
+        f"# Regenerate after adding ops: glowgen conformance --backend {backend} --write-expected FILE",
+        "",
+    ]
+    for (reason, regex), names in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        lines += ["[[expected]]", f"reason = {json.dumps(reason)}", f"match = {json.dumps(regex)}"]
+        lines += ["cases = ["] + [f"  {json.dumps(n)}," for n in sorted(names)] + ["]", ""]
+    path.write_text("\n".join(lines))
+    return len(groups)
 
 
 # ----------------------------------------------------------------------------- reporting
@@ -418,6 +469,9 @@ def main(args) -> int:
     slow = sorted(results, key=lambda r: -r.seconds)[:5]
     if args.verbose:
         print("slowest: " + ", ".join(f"{r.name} {r.seconds:.1f}s" for r in slow))
+    if args.write_expected:
+        n = write_expected(results, Path(args.write_expected), args.backend)
+        print(f"wrote {n} reasons for {sum(not r.passed for r in results)} failing cases to {args.write_expected}")
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"backend": args.backend, "results": [r.__dict__ for r in results]}, indent=1))
