@@ -16,10 +16,11 @@ BACKENDS = pipeline.BACKENDS
 
 
 def load(model: ModelLike, input_shapes: Optional[Mapping] = None,
-         registry: Optional[Registry] = None) -> Function:
+         registry: Optional[Registry] = None, constant_inputs: Optional[Mapping] = None) -> Function:
     """Import an ONNX model into a typed graph (the `loaded` stage)."""
     registry = registry or Registry.default()
-    return import_model(model, registry, pipeline.constant_value, dict(input_shapes or {}))
+    return import_model(model, registry, pipeline.constant_value, dict(input_shapes or {}),
+                        dict(constant_inputs or {}))
 
 
 def lower(function: Function, registry: Optional[Registry] = None,
@@ -110,16 +111,19 @@ class CompiledModel:
 def compile(model: ModelLike, backend: str = "interpreter",
             input_shapes: Optional[Mapping] = None,
             registry: Optional[Registry] = None, optimize: bool = True,
-            stacking: bool = True) -> CompiledModel:
+            stacking: bool = True, constant_inputs: Optional[Mapping] = None) -> CompiledModel:
     """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
 
     `input_shapes` binds dynamic dimensions: {"input": (1, 3, 224, 224)}.
+    `constant_inputs` binds model inputs to fixed arrays ({"shape": np.array([2, 3])}): the
+    model is specialized to them and they are no longer inputs of the compiled model.
     `registry` selects generated code other than the built-in (see `Registry.from_dir`).
-    `optimize=False` only lowers (to compare against the optimized graph)."""
+    `optimize=False` only lowers (to compare against the optimized graph).
+    `stacking=False` (cpu backend) emits one loop per elementwise op, for comparison."""
     if backend not in BACKENDS:
         raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     registry = registry or Registry.default()
-    function = load(model, input_shapes, registry)
+    function = load(model, input_shapes, registry, constant_inputs)
     phases = pipeline.PIPELINE if optimize else pipeline.UNOPTIMIZED
     pipeline.run(function, registry, phases, backend)
     return CompiledModel(function, registry, backend, stacking=stacking)

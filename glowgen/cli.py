@@ -25,6 +25,7 @@ examples:
   glowgen dump model.onnx --passes                      # the pass pipeline and what it did
   glowgen dump model.onnx --stage loaded --format dot > graph.dot
   glowgen ops
+  glowgen conformance --backend interpreter --json results.json
   glowgen regen            # after editing specs/*.glowdef
   glowgen regen --check    # exit 1 if glowgen/generated/ is stale
 """
@@ -202,6 +203,11 @@ def cmd_ops(args) -> int:
     return 0
 
 
+def cmd_conformance(args) -> int:
+    from .conformance import main as conformance_main
+    return conformance_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="glowgen",
@@ -262,6 +268,27 @@ def build_parser() -> argparse.ArgumentParser:
                        description="List every declared op (primitive or lowered) and its ONNX ops.")
     o.add_argument("--onnx", action="store_true", help="list by ONNX op instead")
     o.set_defaults(func=cmd_ops)
+
+    c = sub.add_parser("conformance", help="run ONNX's backend test suite",
+                       description="Run ONNX's backend conformance cases (node, simple, "
+                                   "pytorch-converted, pytorch-operator) through glowgen, each in a "
+                                   "worker subprocess with a timeout; print a table per category and "
+                                   "`N passed, M failed`. Exits 1 when a case fails that is not in "
+                                   "glowgen/conformance/expected_failures.toml.")
+    c.add_argument("--backend", default="interpreter", help="backend to compile for (default: interpreter)")
+    c.add_argument("--include", metavar="REGEX", help="only cases whose name matches REGEX")
+    c.add_argument("--category", action="append", choices=["node", "simple", "pytorch-converted",
+                                                           "pytorch-operator"],
+                   help="only this category (repeatable; default: all four)")
+    c.add_argument("--json", metavar="FILE", help="write every case's outcome and message to FILE")
+    c.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    c.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60)")
+    c.add_argument("--expected", metavar="FILE", help="expected-failures file (default: the bundled one)")
+    c.add_argument("--write-expected", metavar="FILE",
+                   help="write the failing cases, grouped by reason, as an expected-failures file")
+    c.add_argument("-v", "--verbose", action="store_true", help="print every failure")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    c.set_defaults(func=cmd_conformance)
     return p
 
 

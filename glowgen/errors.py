@@ -33,6 +33,16 @@ class UnsupportedError(GlowgenError):
     """The model uses an op, attribute or type that glowgen does not support."""
 
 
+class CompileTimeInputError(UnsupportedError):
+    """A value the compiler needs at compile time (a shape, axes, a Range bound) depends on
+    model inputs; `inputs` names them.  Binding them as constants (`constant_inputs=` in the
+    Python API, `--constant-input` on the command line) specializes the model and resolves it."""
+
+    def __init__(self, message: str, inputs=()):
+        super().__init__(message)
+        self.inputs = tuple(inputs)
+
+
 class ShapeError(GlowgenError):
     """An operand's type does not satisfy its op's declaration."""
 

@@ -52,7 +52,7 @@ def backend_ops(backend: str, registry: Registry) -> frozenset:
 
 
 def make_context(registry: Registry, backend: str = "interpreter") -> PassContext:
-    return PassContext(registry, backend_ops(backend, registry), _evaluator(registry))
+    return PassContext(registry, backend_ops(backend, registry), _evaluator(registry), backend=backend)
 
 
 def run(function: Function, registry: Registry, phases=PIPELINE,

@@ -221,5 +221,142 @@ def b_onnx_pads(pads, axes, rank):
     return tuple(full)
 
 
+# ----------------------------------------------------------------------------- conformance (issue 6)
+def b_split_sizes(shape, axis, split, count):
+    """ONNX Split's piece sizes: `split` when given, else `count` pieces of ceil(d / count)."""
+    if len(split):
+        return tuple(int(v) for v in split)
+    d = shape[axis]
+    count = max(1, int(count))
+    chunk = -(-d // count)
+    return tuple([chunk] * (count - 1) + [d - chunk * (count - 1)])
+
+
+def b_split_shapes(shape, axis, sizes):
+    return tuple(tuple(n if i == axis else s for i, s in enumerate(shape)) for n in sizes)
+
+
+def b_full_pads(rank, pads, axes):
+    """ONNX Pad's pads (for `axes`, or all axes) as [begin..., end...] over every axis."""
+    pads = [int(p) for p in pads]
+    if not len(axes):
+        return tuple(pads)
+    axes = [b_normalize_axis(a, rank) for a in axes]
+    n = len(axes)
+    full = [0] * (2 * rank)
+    for j, a in enumerate(axes):
+        full[a], full[a + rank] = pads[j], pads[j + n]
+    return tuple(full)
+
+
+def b_gathernd_shape(shape, indices_shape, batch_dims):
+    last = indices_shape[-1]
+    return tuple(indices_shape[:-1]) + tuple(shape[batch_dims + last:])
+
+
+def b_insert_dim(shape, axis, size):
+    axis = b_normalize_axis(axis, len(shape) + 1)
+    return tuple(shape[:axis]) + (int(size),) + tuple(shape[axis:])
+
+
+def b_replace_dim(shape, axis, size):
+    return tuple(int(size) if i == axis else d for i, d in enumerate(shape))
+
+
+def b_interleave(a, b):
+    """(a0, b0, a1, b1, ...)."""
+    return tuple(x for pair in zip(a, b) for x in pair)
+
+
+def einsum_parse(equation, shapes):
+    """Operand label lists and the output label list of an einsum equation ('...' -> '.N')."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise ShapeError(f"einsum {equation!r} names {len(terms)} operands, got {len(shapes)}")
+    ell = 0
+    labels = []
+    for t, s in zip(terms, shapes):
+        if "..." in t:
+            n = len(s) - (len(t) - 3)
+            ell = max(ell, n)
+            head, _, tail = t.partition("...")
+            labels.append(list(head) + [f".{k + (ell - n)}" for k in range(n)] + list(tail))
+        else:
+            labels.append(list(t))
+        if len(labels[-1]) != len(s):
+            raise ShapeError(f"einsum term {t!r} does not match an operand of rank {len(s)}")
+    if arrow:
+        head, dots, tail = out.partition("...")
+        out_labels = list(head) + ([f".{k}" for k in range(ell)] if dots else []) + list(tail)
+    else:
+        counts = {}
+        for ls in labels:
+            for l in ls:
+                counts[l] = counts.get(l, 0) + 1
+        out_labels = [f".{k}" for k in range(ell)] + sorted(l for l, c in counts.items()
+                                                            if c == 1 and not l.startswith("."))
+    return labels, out_labels
+
+
+def b_einsum_shape(equation, shapes):
+    labels, out = einsum_parse(equation, shapes)
+    sizes = {}
+    for ls, s in zip(labels, shapes):
+        for l, d in zip(ls, s):
+            if sizes.get(l, 1) != 1 and d != 1 and sizes[l] != d:
+                raise ShapeError(f"einsum {equation!r}: label {l!r} has sizes {sizes[l]} and {d}")
+            if d != 1 or l not in sizes:
+                sizes[l] = d
+    return tuple(sizes[l] for l in out)
+
+
+def b_conv_shape(spatial, kernel, pads, strides, dilations, ceil_mode=0):
+    n = len(spatial)
+    out = []
+    for i in range(n):
+        span = spatial[i] + pads[i] + pads[i + n] - dilations[i] * (kernel[i] - 1) - 1
+        o = (span + (strides[i] - 1 if ceil_mode else 0)) // strides[i] + 1
+        if ceil_mode and (o - 1) * strides[i] >= spatial[i] + pads[i]:
+            o -= 1
+        out.append(o)
+    if any(o <= 0 for o in out):
+        raise ShapeError(f"the kernel {list(kernel)} does not fit in the padded input {list(spatial)}")
+    return tuple(out)
+
+
+def b_pool_shape(spatial, kernel, pads, strides, dilations, ceil_mode):
+    return b_conv_shape(spatial, kernel, pads, strides, dilations, ceil_mode)
+
+
+def b_convtranspose_shape(spatial, kernel, pads, strides, dilations, output_padding):
+    n = len(spatial)
+    return tuple((spatial[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1
+                 + output_padding[i] - pads[i] - pads[i + n] for i in range(n))
+
+
+def b_convtranspose_pads(mode, spatial, kernel, strides, dilations, output_padding, pads, output_shape):
+    """ConvTranspose pads from explicit pads, auto_pad or output_shape (ONNX's rules)."""
+    mode = mode.decode() if isinstance(mode, bytes) else (mode or "NOTSET")
+    n = len(spatial)
+    if len(output_shape) or mode in ("SAME_UPPER", "SAME_LOWER"):
+        target = list(output_shape)[-n:] if len(output_shape) else [spatial[i] * strides[i] for i in range(n)]
+        begin, end = [], []
+        for i in range(n):
+            total = (strides[i] * (spatial[i] - 1) + output_padding[i]
+                     + ((kernel[i] - 1) * dilations[i] + 1) - target[i])
+            if mode == "SAME_UPPER":
+                begin.append(total // 2)
+                end.append(total - total // 2)
+            else:
+                begin.append(total - total // 2)
+                end.append(total // 2)
+        return tuple(begin + end)
+    if mode == "VALID":
+        return (0,) * (2 * n)
+    return tuple(int(p) for p in pads) if len(pads) else (0,) * (2 * n)
+
+
 FUNCTIONS = {name[2:]: fn for name, fn in dict(globals()).items()
              if name.startswith("b_") and callable(fn) and fn.__module__ == __name__}

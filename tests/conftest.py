@@ -104,3 +104,5 @@ def require_bench_dir(bn: bool = False) -> Path:
 def pytest_addoption(parser):
     parser.addoption("--regen-golden", action="store_true", default=False,
                      help="rewrite tests/golden/<rule>.txt from what the rules produce now")
+    parser.addoption("--conformance", action="store_true", default=False,
+                     help="run every ONNX backend conformance case (default: a representative half)")

@@ -94,7 +94,7 @@ def test_rule_building_with_wrong_attribute(tmp_path):
 
 def test_onnx_mapping_checked_against_onnx_schema(tmp_path):
     err = _error_of(tmp_path, "ops.glowdef",
-                    "\nop Bad3 {\n  in x: Tensor[F, *S]\n  out y: Tensor[F, *S]\n  onnx Hardmax { Xx -> x }\n}\n")
+                    "\nop Bad3 {\n  in x: Tensor[F, *S]\n  out y: Tensor[F, *S]\n  onnx Det { Xx -> x }\n}\n")
     assert "ONNX input 'Xx' does not exist" in str(err)
 
 

@@ -42,6 +42,13 @@ def onnx_case(op, inputs, attrs=None, consts=None, opset=17, outputs=("y",)):
     return {"model": make_model([node], inputs, list(outputs), consts, opset=opset), "feeds": inputs}
 
 
+def _with_reference(case):
+    """A case whose oracle is ONNX's reference evaluator (onnxruntime lacks the opset)."""
+    from conftest import run_reference
+    case["oracle"] = lambda feeds: run_reference(case["model"], feeds)
+    return case
+
+
 def text_case(text, feeds, oracle):
     """A graph in textual form (for ops ONNX does not have); `oracle` is a NumPy function of
     the feeds or an equivalent ONNX model for onnxruntime."""
@@ -229,6 +236,26 @@ CASES = {
                                             f32(2, 3, 4), {"c": f32(3)}),
     "mul_const_transpose_sink": _onnx_chain([("Transpose", [], {"perm": [2, 0, 1]}), ("Mul", ["c"], None)],
                                             f32(2, 3, 4), {"c": f32(2, 1)}),
+    # ---- conformance (issue 6)
+    "prelu_to_select": onnx_case("PRelu", {"x": f32(2, 3)}, consts={"slope": f32(3)}),
+    "castlike_to_cast": onnx_case("CastLike", {"x": f32(2, 3)}, consts={"like": np.zeros(1, np.float64)}),
+    "tile_to_expand": onnx_case("Tile", {"x": f32(2, 3)}, consts={"r": np.array([2, 1], np.int64)}),
+    "depth_to_space_dcr": onnx_case("DepthToSpace", {"x": f32(1, 8, 2, 2)}, attrs={"blocksize": 2}),
+    "depth_to_space_crd": onnx_case("DepthToSpace", {"x": f32(1, 8, 2, 2)},
+                                    attrs={"blocksize": 2, "mode": "CRD"}),
+    "space_to_depth_dcr": onnx_case("SpaceToDepth", {"x": f32(1, 2, 4, 4)}, attrs={"blocksize": 2}),
+    "space_to_depth_crd": _with_reference(onnx_case("SpaceToDepth", {"x": f32(1, 2, 4, 4)},
+                                                    attrs={"blocksize": 2, "mode": "CRD"}, opset=28)),
+    "instancenorm_expand": onnx_case("InstanceNormalization", {"x": f32(2, 3, 4)},
+                                     consts={"s": pos(3), "b": f32(3)}),
+    "lpnorm_l2": onnx_case("LpNormalization", {"x": pos(2, 3)}),
+    "lpnorm_l1": onnx_case("LpNormalization", {"x": pos(2, 3)}, attrs={"p": 1, "axis": 0}),
+    "convn_1d": onnx_case("Conv", {"x": f32(1, 2, 6)}, consts={"w": f32(3, 2, 3), "b": f32(3)},
+                          attrs={"strides": [2], "pads": [1, 0]}),
+    "convn_1d_no_bias": onnx_case("Conv", {"x": f32(1, 2, 6)}, consts={"w": f32(3, 2, 3)},
+                                  attrs={"dilations": [2]}),
+    "maxpooln_1d": onnx_case("MaxPool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [3], "strides": [2]}),
+    "avgpooln_1d": onnx_case("AveragePool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [3], "pads": [1, 1]}),
 }
 
 HEADER = ("# Golden test of rule {rule}: the graph before, and after applying the rule alone.\n"

@@ -221,7 +221,87 @@ CASES = [
     Case("Softmax_opset11_flattens", "Softmax", {"x": f32(2, 3, 5)}, attrs={"axis": 1}, opset=11),
     Case("LogSoftmax", "LogSoftmax", {"x": f32(2, 3, 5)}),
     Case("LogSoftmax_opset11", "LogSoftmax", {"x": f32(2, 3, 5)}, opset=11),
+    # ---- conformance (issue 6)
+    unary("Sin", f32(3, 4)), unary("Cos", f32(3, 4)), unary("Tan", f32(3, 4, lo=-1, hi=1)),
+    unary("Asin", f32(3, 4, lo=-0.9, hi=0.9)), unary("Acos", f32(3, 4, lo=-0.9, hi=0.9)),
+    unary("Atan", f32(3, 4)), unary("Sinh", f32(3, 4)), unary("Cosh", f32(3, 4)),
+    unary("Asinh", f32(3, 4)), unary("Acosh", pos(3, 4) + 1), unary("Atanh", f32(3, 4, lo=-0.9, hi=0.9)),
+    unary("Sign", f32(3, 4)), unary("Round", np.array([0.5, 1.5, -2.5, 2.4, -0.6], np.float32)),
+    unary("IsNaN", np.array([1.0, np.nan, np.inf], np.float32)),
+    unary("IsInf", np.array([1.0, np.nan, np.inf, -np.inf], np.float32), attrs={"detect_positive": 0}),
+    unary("BitwiseNot", i64(3, 4).astype(np.int32), opset=18),
+    unary("Selu", f32(3, 4), attrs={"alpha": 2.0}),
+    unary("ThresholdedRelu", f32(3, 4), attrs={"alpha": 0.5}),
+    unary("Shrink", f32(3, 4), attrs={"lambd": 0.7, "bias": 0.2}),
+    binary("Mod", i64(3, 4), i64(4, lo=1, hi=4)),
+    binary("Mod", f32(3, 4), pos(4), attrs={"fmod": 1}, name="Mod_fmod"),
+    binary("BitShift", i64(3, 4, lo=0, hi=50).astype(np.uint8), np.array([1, 2, 0, 3], np.uint8),
+           attrs={"direction": "LEFT"}),
+    binary("BitwiseAnd", i64(3, 4).astype(np.int32), i64(4).astype(np.int32), opset=18),
+    binary("BitwiseOr", i64(3, 4).astype(np.int32), i64(4).astype(np.int32), opset=18),
+    binary("BitwiseXor", i64(3, 4).astype(np.int32), i64(4).astype(np.int32), opset=18),
+    Case("PRelu", "PRelu", {"x": f32(2, 3, 4)}, consts={"slope": f32(3, 1)}),
+    Case("CastLike", "CastLike", {"x": f32(2, 3)}, consts={"like": np.zeros(1, np.float64)}),
+    Case("Split", "Split", {"x": f32(2, 6)}, consts={"split": np.array([2, 4], np.int64)},
+         attrs={"axis": 1}, outputs=("y1", "y2")),
+    Case("Split_equal_opset11", "Split", {"x": f32(6, 2)}, outputs=("y1", "y2", "y3"), opset=11),
+    Case("Tile", "Tile", {"x": f32(2, 3)}, consts={"r": np.array([2, 3], np.int64)}),
+    Case("Pad", "Pad", {"x": f32(2, 3)}, consts={"p": np.array([1, 0, 2, 1], np.int64),
+                                                 "v": np.float32(1.5)}),
+    Case("Pad_reflect", "Pad", {"x": f32(3, 4)}, consts={"p": np.array([1, 2, 1, 0], np.int64)},
+         attrs={"mode": "reflect"}),
+    Case("Pad_edge_crop", "Pad", {"x": f32(3, 4)}, consts={"p": np.array([-1, 2, 1, 0], np.int64)},
+         attrs={"mode": "edge"}),
+    Case("Trilu", "Trilu", {"x": f32(2, 3, 4)}, consts={"k": np.array(1, np.int64)}, attrs={"upper": 0}),
+    Case("GatherElements", "GatherElements", {"x": f32(3, 4)},
+         consts={"i": np.array([[0, -1], [2, 1], [1, 0]], np.int64)}, attrs={"axis": 1}),
+    Case("GatherND", "GatherND", {"x": f32(2, 3, 4)}, consts={"i": np.array([[0, 1], [1, 2]], np.int64)}),
+    Case("ScatterElements", "ScatterElements", {"x": f32(3, 4)},
+         consts={"i": np.array([[0, 3], [2, 1]], np.int64), "u": f32(2, 2)},
+         attrs={"axis": 1, "reduction": "add"}),
+    Case("ScatterND", "ScatterND", {"x": f32(4, 3)},
+         consts={"i": np.array([[1], [3]], np.int64), "u": f32(2, 3)}),
+    Case("DepthToSpace", "DepthToSpace", {"x": f32(1, 8, 2, 3)}, attrs={"blocksize": 2, "mode": "CRD"}),
+    Case("SpaceToDepth", "SpaceToDepth", {"x": f32(1, 2, 4, 6)}, attrs={"blocksize": 2}),
+    Case("EyeLike", "EyeLike", {"x": f32(3, 4)}, attrs={"k": 1, "dtype": TensorProto.INT32}),
+    Case("OneHot", "OneHot", {"i": i64(2, 3, lo=-3, hi=3)},
+         consts={"d": np.array(4, np.int64), "v": np.array([0.5, 2.0], np.float32)}, attrs={"axis": 1}),
+    Case("ArgMax", "ArgMax", {"x": f32(3, 4)}, attrs={"axis": 1, "keepdims": 0}),
+    Case("ArgMin", "ArgMin", {"x": np.array([[1, 0, 0], [2, 2, 1]], np.float32)},
+         attrs={"axis": 1, "select_last_index": 1}),
+    Case("TopK", "TopK", {"x": f32(3, 5)}, consts={"k": np.array([2], np.int64)}, outputs=("v", "i")),
+    Case("TopK_smallest", "TopK", {"x": f32(4, 3)}, consts={"k": np.array([3], np.int64)},
+         attrs={"axis": 0, "largest": 0}, outputs=("v", "i")),
+    Case("CumSum", "CumSum", {"x": f32(3, 4)}, consts={"a": np.array(1, np.int64)},
+         attrs={"exclusive": 1, "reverse": 1}),
+    Case("CumProd", "CumProd", {"x": f32(3, 4)}, consts={"a": np.array(0, np.int64)},
+         opset=26, oracle="reference", rtol=1e-4),
+    Case("Hardmax", "Hardmax", {"x": f32(3, 4)}),
+    Case("Einsum", "Einsum", {"a": f32(2, 3, 4), "b": f32(2, 4, 5)}, attrs={"equation": "bij,bjk->bik"},
+         rtol=1e-4, atol=1e-5),
+    Case("Einsum_implicit", "Einsum", {"a": f32(3, 4)}, attrs={"equation": "ij"}),
+    Case("InstanceNormalization", "InstanceNormalization", {"x": f32(2, 3, 5)},
+         consts={"s": pos(3), "b": f32(3)}, rtol=1e-4, atol=1e-5),
+    Case("LpNormalization", "LpNormalization", {"x": pos(2, 3)}, attrs={"p": 1}),
+    Case("Conv_1d", "Conv", {"x": f32(1, 2, 7)}, consts={"w": f32(3, 2, 3)}, attrs={"strides": [2]},
+         rtol=1e-4, atol=1e-5),
+    Case("Conv_3d", "Conv", {"x": f32(1, 2, 4, 4, 4)}, consts={"w": f32(2, 1, 2, 2, 2), "b": f32(2)},
+         attrs={"group": 2, "pads": [1, 0, 1, 0, 1, 0]}, rtol=1e-4, atol=1e-5),
+    Case("MaxPool_3d", "MaxPool", {"x": f32(1, 2, 4, 4, 4)}, attrs={"kernel_shape": [2, 2, 2]}),
+    Case("AveragePool_1d", "AveragePool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [2], "strides": [2]}),
+    Case("ConvTranspose", "ConvTranspose", {"x": f32(1, 2, 3, 3)}, consts={"w": f32(2, 3, 3, 3), "b": f32(3)},
+         attrs={"strides": [2, 2], "pads": [1, 0, 1, 1], "output_padding": [1, 0]}, rtol=1e-4, atol=1e-5),
+    Case("ConvTranspose_1d_group", "ConvTranspose", {"x": f32(1, 4, 5)}, consts={"w": f32(4, 1, 3)},
+         attrs={"group": 2, "dilations": [2]}, rtol=1e-4, atol=1e-5),
 ]
+
+
+# Ops the cpu backend has no loop nest for yet (the conformance ops of issue 6 beyond the
+# foundation's set).  For these the test checks the clear error instead of the numbers.
+CPU_GAPS = {"Split", "Split_equal_opset11", "Trilu", "GatherElements", "GatherND", "ScatterElements",
+            "ScatterND", "EyeLike", "OneHot", "ArgMax", "ArgMin", "TopK", "TopK_smallest", "CumSum",
+            "CumProd", "Hardmax", "Einsum", "Einsum_implicit", "Conv_3d", "MaxPool_3d",
+            "ConvTranspose", "ConvTranspose_1d_group"}
 
 
 @pytest.mark.parametrize("backend", ["interpreter", "cpu"])
@@ -229,6 +309,11 @@ CASES = [
 def test_op_matches_oracle(case, backend):
     model = case.model()
     feeds = dict(case.inputs)
+    if backend == "cpu" and case.name in CPU_GAPS:
+        from glowgen.errors import UnsupportedError
+        with pytest.raises(UnsupportedError, match="cpu"):
+            run_glowgen(model, feeds, backend=backend)
+        return
     expected = (run_ort if case.oracle == "ort" else run_reference)(model, feeds)
     actual = run_glowgen(model, feeds, backend=backend)
     rtol, atol = case.rtol, case.atol

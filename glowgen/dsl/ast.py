@@ -192,6 +192,7 @@ class OnnxClause:
     ignore: tuple                   # names
     checks: tuple                   # Check
     pos: Pos = attrs.field(eq=False)
+    guard: Optional[Expr] = None    # `where` condition: the clause applies only when it holds
 
 
 @attrs.frozen

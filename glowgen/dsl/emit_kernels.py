@@ -20,6 +20,8 @@ KERNEL_FUNCS = {
     "select": 3, "max": 2, "min": 2, "abs": 1, "sign": 1, "exp": 1, "log": 1, "sqrt": 1,
     "tanh": 1, "erf": 1, "floor": 1, "ceil": 1, "round": 1, "log1p": 1, "expm1": 1,
     "sin": 1, "cos": 1, "cast": 2, "isnan": 1, "isinf": 1,
+    "tan": 1, "asin": 1, "acos": 1, "atan": 1, "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1,
+    "atanh": 1, "fmod": 2, "bitand": 2, "bitor": 2, "bitxor": 2, "bitnot": 1, "shl": 2, "shr": 2, "rem": 2,
 }
 _BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "**": "pow",
            "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne",

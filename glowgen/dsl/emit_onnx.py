@@ -82,6 +82,8 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
         referenced |= names_in(e)
     for c in clause.checks:
         referenced |= names_in(c.expr)
+    if clause.guard is not None:
+        referenced |= names_in(clause.guard)
     if not clause.maps:
         # Positional: ONNX inputs in order onto our operands in order.
         free = [n for n in onnx_input_names if n not in clause.ignore]
@@ -139,13 +141,17 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
         lines.append(f"    attrs[{name!r}] = o.evaluating({name!r}, {str(pos)!r}, lambda: {to_py(e, scope)})")
     lines.append("    return attrs")
     lines.append("")
+    guard = "None"
+    if clause.guard is not None:
+        lines += [f"def {fn_name}_guard(o):", f"    return bool({to_py(clause.guard, scope)})", ""]
+        guard = f"{fn_name}_guard"
     lines.append(
         f"{fn_name}_clause = OnnxClause(onnx_op={clause.onnx_op!r}, op={op.name!r}, "
         f"since={clause.since!r}, until={clause.until!r}, "
         f"inputs={tuple((n, opt) for n, opt in _options(onnx_inputs))!r}, "
         f"operands={tuple(sorted(operand_map.items(), key=lambda kv: onnx_input_names.index(kv[0])))!r}, "
         f"attributes={fn_name}, consumed={tuple(sorted(consumed))!r}, "
-        f"location={str(clause.pos)!r})")
+        f"location={str(clause.pos)!r}, guard={guard})")
     return lines
 
 

@@ -60,7 +60,8 @@ class _OpEmitter:
         w("    INPUTS: ClassVar[tuple] = (" + "".join(
             f"OperandInfo({o.name!r}, optional={o.optional}, variadic={o.variadic}), " for o in op.inputs) + ")")
         w("    OUTPUTS: ClassVar[tuple] = (" + "".join(
-            f"OperandInfo({o.name!r}, optional={o.optional}), " for o in op.outputs) + ")")
+            f"OperandInfo({o.name!r}, optional={o.optional}{', variadic=True' if o.variadic else ''}), "
+            for o in op.outputs) + ")")
         attr_infos = []
         for a in op.attrs:
             default = self._default_py(a)
@@ -196,8 +197,16 @@ class _OpEmitter:
             args = ", ".join(f"{k}={v}" for k, v in names.items() if k.isidentifier())
             w(f"        rt_py({target!r})({op.name!r}, _node, {str(pos)!r}, {args})")
         results = []
-        for o in op.outputs:
+        for k, o in enumerate(op.outputs):
             elem = self._out_elem(o, scope, bound_types)
+            if o.variadic:
+                # `out ys: Tensor[T, *shapes]...`: one result per shape in the list `shapes`.
+                if k != len(op.outputs) - 1 or len(o.dims) != 1 or not o.dims[0].star:
+                    raise spec_error(f"op {op.name}: a variadic result must come last and be "
+                                     f"declared Tensor[T, *shapes]... (a list of shapes)", o.pos)
+                results.append(f"*(rt.result_type({op.name!r}, _node, {elem}, _s, {str(o.pos)!r}) "
+                               f"for _s in {to_py(o.dims[0].expr, scope)})")
+                continue
             dims = ", ".join(("*" if d.star else "") + to_py(d.expr, scope) for d in o.dims)
             results.append(f"rt.result_type({op.name!r}, _node, {elem}, ({dims}{',' if o.dims else ''}), {str(o.pos)!r})")
         w("        return (" + "".join(r + ", " for r in results) + ")")

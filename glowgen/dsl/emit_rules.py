@@ -44,6 +44,11 @@ def _pattern_py(specs: SpecSet, p, binds: dict) -> str:
             + (f", bind={p.bind!r}" if p.bind else "") + ")")
 
 
+def _doc(text: str) -> str:
+    """A docstring literal for `text` (which may hold quotes)."""
+    return '"""' + text + '"""' if '"' not in text and "\\" not in text else repr(text)
+
+
 def _bind(binds, name, pos, kind):
     if name in binds and kind != "value":
         raise spec_error(f"{name!r} is bound twice in the pattern", pos)
@@ -109,7 +114,7 @@ class _RuleEmitter:
             if rule.where is not None:
                 conds.append(to_py(rule.where, scope))
             lines += [f"def {base}_guard(_m, _ctx):",
-                      f'    """where {unparse(rule.where) if rule.where else ""}"""'] + unpack + [
+                      f'    {_doc("where " + (unparse(rule.where) if rule.where else ""))}'] + unpack + [
                       f"    return bool({' and '.join('(' + c + ')' for c in conds)})", ""]
             guard = f"{base}_guard"
         self._guard = False
@@ -123,7 +128,7 @@ class _RuleEmitter:
         else:
             result = f"({to_py(rule.result, scope)},)"
         lines += [f"def {base}_build(_b, _m):",
-                  f'    """=> {unparse(rule.result)}"""'] + unpack + body + [f"    return {result}", ""]
+                  f'    {_doc("=> " + unparse(rule.result))}'] + unpack + body + [f"    return {result}", ""]
         from .ast import pattern_size
         info = (f"RuleInfo(name={rule.name!r}, phases={rule.phases!r}, pattern={pattern}, "
                 f"size={pattern_size(rule.pattern)}, guard={guard}, build={base}_build, "

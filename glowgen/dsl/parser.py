@@ -210,9 +210,12 @@ class _ToAst(Transformer):
     def onnx_ignore(self, c):
         return ("ignore", tuple(str(x) for x in c))
 
+    def onnx_guard(self, c):
+        return c[0]
+
     @v_args(meta=True)
     def onnx_clause(self, meta, c):
-        name, since, until, *items = c
+        name, since, until, guard, *items = c
         maps, sets, ignore, checks = [], [], [], []
         for kind, val in items:
             if kind == "map":
@@ -224,7 +227,7 @@ class _ToAst(Transformer):
             else:
                 checks.append(val)
         return ("onnx", A.OnnxClause(str(name), since, until, tuple(maps), tuple(sets),
-                                     tuple(ignore), tuple(checks), self._pos(meta)))
+                                     tuple(ignore), tuple(checks), self._pos(meta), guard))
 
     @v_args(meta=True)
     def op_def(self, meta, c):

@@ -119,6 +119,8 @@ def _check(specs: SpecSet) -> None:
         for c in op.onnx:
             lo, hi = c.since or 1, c.until or 10**9
             for other_op, o in clauses.get(c.onnx_op, []):
+                if c.guard is not None or o.guard is not None:
+                    continue        # guarded clauses are tried in order; the first that holds wins
                 if lo <= (o.until or 10**9) and (o.since or 1) <= hi:
                     raise spec_error(f"the mappings of ONNX {c.onnx_op} in op {op.name} and op "
                                      f"{other_op} ({o.pos}) overlap in opsets; give them disjoint "

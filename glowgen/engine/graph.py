@@ -250,7 +250,7 @@ class Function:
         names = list(output_names)
         for i, ty in enumerate(types):
             base = names[i] if i < len(names) and names[i] else (
-                node.name if i == 0 else f"{node.name}:{cls.OUTPUTS[i].name}")
+                node.name if i == 0 else f"{node.name}:{cls.OUTPUTS[min(i, len(cls.OUTPUTS) - 1)].name}")
             node.outputs.append(Output(node, i, ty, base if base == node.name and i == 0
                                        else self.unique_name(base)))
         for idx, v in enumerate(node.flat_inputs()):

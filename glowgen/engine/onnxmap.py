@@ -17,6 +17,7 @@ class OnnxClause:
     attributes: Callable          # (OnnxNodeView) -> dict of our attributes
     consumed: tuple               # ONNX attribute names this clause understands
     location: str
+    guard: Optional[Callable] = None   # (OnnxNodeView) -> bool: does this clause take the node?
 
     def applies(self, opset: int) -> bool:
         return (self.since is None or opset >= self.since) and (self.until is None or opset <= self.until)

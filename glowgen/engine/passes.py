@@ -83,6 +83,7 @@ class PassContext:
     backend_ops: Optional[frozenset] = None
     evaluate: Optional[Evaluator] = None
     fold_cap: int = FOLD_ELEMENTS_CAP
+    backend: str = ""                                      # for messages: "the cpu backend"
     fired: Counter = attrs.field(factory=Counter)          # rule name -> times fired
     passes: Counter = attrs.field(factory=Counter)         # pass name -> changes made
     log: list = attrs.field(factory=list)                  # (phase, rounds, nodes before, after)
@@ -263,7 +264,8 @@ def check_backend_coverage(function: Function, ctx: PassContext) -> int:
     missing = sorted({n.OP for n in function.nodes if n.OP not in ctx.backend_ops})
     if missing:
         nodes = ", ".join(repr(n.name) for n in function.nodes if n.OP in missing)
-        raise UnsupportedError(f"no lowering rule applies to {', '.join(missing)} here and the backend "
+        raise UnsupportedError(f"no lowering rule applies to {', '.join(missing)} here and the "
+                               f"{ctx.backend + ' ' if ctx.backend else ''}backend "
                                f"does not implement {'it' if len(missing) == 1 else 'them'} (see "
                                f"specs/lowerings.glowdef); the nodes are: {nodes[:300]}")
     return 0

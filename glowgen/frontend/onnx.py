@@ -14,13 +14,14 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import defs, helper, numpy_helper
 
 from ..engine import specrt
-from ..engine.graph import Constant, Function, Value
+from ..engine.graph import Constant, Function, Placeholder, Value
 from ..engine.registry import Registry
-from ..engine.types import Type, dtype_from_onnx
-from ..errors import GlowgenError, InputError, ModelError, ShapeError, UnsupportedError
+from ..engine.types import ONNX_CODES, Type, dtype_from_onnx
+from ..errors import (CompileTimeInputError, GlowgenError, InputError, ModelError, ShapeError,
+                      UnsupportedError)
 
 ModelLike = Union[str, os.PathLike, onnx.ModelProto, bytes]
 
@@ -122,9 +123,13 @@ class OnnxInput:
         v = self._first()
         data = self._importer.constant(v)
         if data is None:
-            raise UnsupportedError(f"{self._desc}: input {self._formal!r} must be computable at "
-                                   f"compile time (a constant or a shape computation), but it "
-                                   f"depends on a model input")
+            needed = self._importer.placeholders_behind(v)
+            raise CompileTimeInputError(
+                f"{self._desc}: input {self._formal!r} must be computable at compile time (a "
+                f"constant or a shape computation), but it depends on model input"
+                f"{'s' if len(needed) > 1 else ''} {', '.join(map(repr, needed))}; bind "
+                f"{'them' if len(needed) > 1 else 'it'} as constant{'s' if len(needed) > 1 else ''} "
+                f"to specialize the model (Python: constant_inputs=...)", needed)
         return data
 
 
@@ -158,6 +163,8 @@ class OnnxNodeView:
     def evaluating(self, attr: str, location: str, thunk: Callable):
         try:
             return thunk()
+        except CompileTimeInputError as e:
+            raise CompileTimeInputError(f"attribute {attr}: {e}", e.inputs) from None
         except GlowgenError as e:
             raise type(e)(f"{self._desc}: attribute {attr}: {e}") from None
         except (TypeError, ValueError, IndexError, KeyError) as e:
@@ -182,14 +189,16 @@ def parse_dims(text: str) -> tuple[int, ...]:
 
 class _Importer:
     def __init__(self, proto: onnx.ModelProto, registry: Registry, input_shapes: dict,
-                 constant_fn: Callable):
+                 constant_fn: Callable, constant_inputs: Optional[dict] = None):
         self.proto, self.registry = proto, registry
         self.input_shapes = dict(input_shapes or {})
+        self.constant_inputs = dict(constant_inputs or {})
         self.constant_fn = constant_fn
         self.function = Function(proto.graph.name or "main")
         self.values: dict[str, Value] = {}
         self.opset = default_opset(proto)
         self.cache: dict[int, Optional[np.ndarray]] = {}
+        self._expansions = 0
 
     def constant(self, value: Value) -> Optional[np.ndarray]:
         if isinstance(value, Constant):
@@ -197,6 +206,20 @@ class _Importer:
         if id(value) not in self.cache:
             self.cache[id(value)] = self.constant_fn(self.function, value, self.registry)
         return self.cache[id(value)]
+
+    def placeholders_behind(self, value: Value) -> list[str]:
+        """Names of the model inputs `value` is computed from."""
+        seen, stack, names = set(), [value], []
+        while stack:
+            v = stack.pop()
+            if id(v) in seen:
+                continue
+            seen.add(id(v))
+            if isinstance(v, Placeholder):
+                names.append(v.name)
+            elif v.producer is not None:
+                stack.extend(v.producer.flat_inputs())
+        return sorted(names)
 
     def run(self) -> Function:
         g = self.proto.graph
@@ -209,7 +232,19 @@ class _Importer:
             if name not in names:
                 raise InputError(f"--input-shape names {name!r}, which is not an input of the model; "
                                  f"inputs: {', '.join(names) or 'none'}")
+        for name in self.constant_inputs:
+            if name not in names:
+                raise InputError(f"constant input {name!r} is not an input of the model; "
+                                 f"inputs: {', '.join(names) or 'none'}")
         for vi in real_inputs:
+            if vi.name in self.constant_inputs:
+                data = np.asarray(self.constant_inputs[vi.name])
+                declared = self._input_type(vi, data.shape)
+                if Type.of(data) != declared:
+                    raise InputError(f"constant input {vi.name!r} is {Type.of(data)}, but the "
+                                     f"model declares {declared}")
+                self.values[vi.name] = fn.add_constant(data, vi.name)
+                continue
             self.values[vi.name] = fn.add_placeholder(vi.name, self._input_type(vi))
         for node in g.node:
             self._node(node)
@@ -259,7 +294,7 @@ class _Importer:
         except Exception as e:
             raise ModelError(f"tensor {t.name!r} cannot be read: {e}") from None
 
-    def _input_type(self, vi: onnx.ValueInfoProto) -> Type:
+    def _input_type(self, vi: onnx.ValueInfoProto, given=None) -> Type:
         tt = vi.type.tensor_type
         if not vi.type.HasField("tensor_type"):
             raise UnsupportedError(f"input {vi.name!r} is not a tensor (sequences, maps and "
@@ -267,7 +302,7 @@ class _Importer:
         dtype = dtype_from_onnx(tt.elem_type)
         declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                     for d in tt.shape.dim] if tt.HasField("shape") else None
-        given = self.input_shapes.get(vi.name)
+        given = self.input_shapes.get(vi.name) if given is None else given
         if given is not None:
             given = tuple(given)
             if declared is not None:
@@ -293,7 +328,8 @@ class _Importer:
                     + f" (Python: input_shapes={{{vi.name!r}: (...)}})")
         return Type(dtype, declared)
 
-    def _node(self, node: onnx.NodeProto) -> None:
+    def _node(self, node: onnx.NodeProto, opset: Optional[int] = None) -> None:
+        opset = self.opset if opset is None else opset
         desc = f"{node.op_type} node {node.name or (node.output[0] if node.output else '?')!r}"
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             self.values[node.output[0]] = self.function.add_constant(
@@ -304,20 +340,97 @@ class _Importer:
                                    f"domain is supported. Run `glowgen ops` to list supported ops.")
         clauses = self.registry.onnx.get(node.op_type)
         if not clauses:
+            if self._expand_function(node, desc, opset):
+                return
             raise UnsupportedError(f"ONNX op {node.op_type} ({desc}) is not supported. "
                                    f"Run `glowgen ops` to list the supported ops.")
-        clause = next((c for c in clauses if c.applies(self.opset)), None)
+        clause = next((c for c in clauses if c.applies(opset) and self._guard_holds(c, node, desc, opset)), None)
         if clause is None:
+            if self._expand_function(node, desc, opset):
+                return
             ranges = ", ".join(f"{c.since or 1}..{c.until or ''}" for c in clauses)
             raise UnsupportedError(f"{desc}: ONNX {node.op_type} is supported at opsets {ranges}, "
-                                   f"but the model uses opset {self.opset}")
-        unknown = [a.name for a in node.attribute if a.name not in clause.consumed]
-        if unknown:
-            raise UnsupportedError(f"{desc}: attribute{'s' if len(unknown) > 1 else ''} "
-                                   f"{', '.join(unknown)} {'are' if len(unknown) > 1 else 'is'} "
-                                   f"not supported (mapping at {clause.location})")
+                                   f"but the model uses opset {opset}")
+        try:
+            self._node_with_clause(node, desc, clause, opset)
+        except CompileTimeInputError:
+            raise
+        except UnsupportedError:
+            # What the clause does not cover (an extra output, say) the ONNX function body
+            # of the op may still express.
+            if not self._expand_function(node, desc, opset):
+                raise
+
+    # ------------------------------------------------------------------ ONNX functions
+    def _expand_function(self, node: onnx.NodeProto, desc: str, opset: int) -> bool:
+        """Import `node` as the body of its ONNX function, when ONNX defines it as one.
+
+        The op knowledge stays in ONNX's schema; glowgen only inlines it (as onnxruntime
+        does) and imports the body's nodes with their own clauses."""
+        try:
+            schema = defs.get_schema(node.op_type, opset, node.domain or "")
+        except Exception:   # noqa: BLE001 - no schema at that opset
+            return False
+        body = None
+        if schema.has_function and schema.function_opset_versions:
+            usable = [v for v in schema.function_opset_versions if v <= opset]
+            if usable:
+                body = onnx.FunctionProto.FromString(
+                    schema.get_function_with_opset_version(max(usable)))
+        if body is None and schema.has_context_dependent_function:
+            usable = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
+            types = []
+            for name in node.input:
+                v = self.values.get(name) if name else None
+                if v is None:
+                    types.append(onnx.TypeProto())
+                else:
+                    types.append(helper.make_tensor_type_proto(ONNX_CODES[v.type.dtype], list(v.type.shape)))
+            full = onnx.NodeProto()
+            full.CopyFrom(node)
+            self._add_default_attributes(full, schema)
+            try:
+                data = schema.get_context_dependent_function_with_opset_version(
+                    max(usable) if usable else opset, full.SerializeToString(),
+                    [t.SerializeToString() for t in types])
+            except Exception:   # noqa: BLE001 - ONNX cannot build the body for these types
+                return False
+            body = onnx.FunctionProto.FromString(data) if data else None
+        if body is None or not body.node:
+            return False
+        full = onnx.NodeProto()
+        full.CopyFrom(node)
+        self._add_default_attributes(full, schema)
+        body_opset = next((o.version for o in body.opset_import if o.domain in ("", "ai.onnx")), opset)
+        self._expansions += 1
+        prefix = f"{node.name or node.output[0]}/{node.op_type}#{self._expansions}/"
+        renames = {}
+        for i, formal in enumerate(body.input):
+            renames[formal] = node.input[i] if i < len(node.input) else ""
+        for i, formal in enumerate(body.output):
+            if i < len(node.output) and node.output[i]:
+                renames[formal] = node.output[i]
+        attrs_ = {a.name: a for a in full.attribute}
+        for inner in body.node:
+            self._node(_instantiate(inner, renames, attrs_, prefix), body_opset)
+        return True
+
+    @staticmethod
+    def _add_default_attributes(node: onnx.NodeProto, schema) -> None:
+        present = {a.name for a in node.attribute}
+        for name, a in schema.attributes.items():
+            if name not in present and a.default_value is not None and a.default_value.type != 0:
+                node.attribute.append(a.default_value)
+
+    def _guard_holds(self, clause, node, desc, opset) -> bool:
+        if clause.guard is None:
+            return True
+        view = OnnxNodeView(self, node, desc, self._formal_inputs(node, clause, desc), opset)
+        return clause.guard(view)
+
+    def _node_with_clause(self, node: onnx.NodeProto, desc: str, clause, opset: int) -> None:
         inputs = self._formal_inputs(node, clause, desc)
-        view = OnnxNodeView(self, node, desc, inputs, self.opset)
+        view = OnnxNodeView(self, node, desc, inputs, opset)
         cls = self.registry.op(clause.op)
         try:
             attrs_ = clause.attributes(view)
@@ -379,15 +492,41 @@ class _Importer:
         raise ModelError(f"{desc}: Constant node has no value")
 
 
+def _instantiate(inner: onnx.NodeProto, renames: dict, attrs_: dict, prefix: str) -> onnx.NodeProto:
+    """A node of a function body with its formal names bound and attribute references resolved."""
+    def name(n):
+        return renames.get(n, prefix + n if n else "")
+    out = onnx.NodeProto()
+    out.CopyFrom(inner)
+    out.ClearField("input")
+    out.ClearField("output")
+    out.ClearField("attribute")
+    out.input.extend(name(n) for n in inner.input)
+    out.output.extend(name(n) for n in inner.output)
+    out.name = prefix + (inner.name or (inner.output[0] if inner.output else inner.op_type))
+    for a in inner.attribute:
+        if a.ref_attr_name:
+            if a.ref_attr_name in attrs_:
+                b = onnx.AttributeProto()
+                b.CopyFrom(attrs_[a.ref_attr_name])
+                b.name = a.name
+                out.attribute.append(b)
+        else:
+            out.attribute.append(a)
+    return out
+
+
 def _fmt_dims(dims) -> str:
     return "[" + ", ".join(str(d) if d is not None else "?" for d in dims) + "]"
 
 
 def import_model(model: ModelLike, registry: Registry, constant_fn: Callable,
-                 input_shapes: Optional[dict] = None) -> Function:
+                 input_shapes: Optional[dict] = None,
+                 constant_inputs: Optional[dict] = None) -> Function:
     """Build a typed graph from an ONNX model.  `constant_fn(function, value, registry)` returns
-    a value's compile-time data or None (the pipeline passes its constant evaluator)."""
+    a value's compile-time data or None (the pipeline passes its constant evaluator).
+    `constant_inputs` binds model inputs to fixed arrays: the model is specialized to them."""
     proto = load_model(model)
-    function = _Importer(proto, registry, input_shapes or {}, constant_fn).run()
+    function = _Importer(proto, registry, input_shapes or {}, constant_fn, constant_inputs).run()
     function.verify()
     return function

@@ -7,10 +7,10 @@ from glowgen.engine import specrt as rt
 
 
 def fn_conv_out(i, k, p0, p1, s, d):
-    """conv_out(i, k, p0, p1, s, d) = (((((i + p0) + p1) - (d * (k - 1))) - 1) // s) + 1  (specs/ops.glowdef:15:1)"""
+    """conv_out(i, k, p0, p1, s, d) = (((((i + p0) + p1) - (d * (k - 1))) - 1) // s) + 1  (specs/ops.glowdef:18:1)"""
     return rt.add(rt.floordiv(rt.sub(rt.sub(rt.add(rt.add(i, p0), p1), rt.mul(d, rt.sub(k, 1))), 1), s), 1)
 
 
 def fn_pool_out(i, k, p0, p1, s, d, ceil_mode):
-    """pool_out(i, k, p0, p1, s, d, ceil_mode) = conv_out(i, k, p0, p1, s, d) if ceil_mode == 0 else ((((((((i + p0) + p1) - (d * (k - 1))) - 1) + s) - 1) // s) + 1) - (1 if ((((((((i + p0) + p1) - (d * (k - 1))) - 1) + s) - 1) // s) * s) >= (i + p0) else 0)  (specs/ops.glowdef:16:1)"""
+    """pool_out(i, k, p0, p1, s, d, ceil_mode) = conv_out(i, k, p0, p1, s, d) if ceil_mode == 0 else ((((((((i + p0) + p1) - (d * (k - 1))) - 1) + s) - 1) // s) + 1) - (1 if ((((((((i + p0) + p1) - (d * (k - 1))) - 1) + s) - 1) // s) * s) >= (i + p0) else 0)  (specs/ops.glowdef:19:1)"""
     return (fn_conv_out(i, k, p0, p1, s, d) if rt.eq(ceil_mode, 0) else rt.sub(rt.add(rt.floordiv(rt.sub(rt.add(rt.sub(rt.sub(rt.add(rt.add(i, p0), p1), rt.mul(d, rt.sub(k, 1))), 1), s), 1), s), 1), (1 if rt.ge(rt.mul(rt.floordiv(rt.sub(rt.add(rt.sub(rt.sub(rt.add(rt.add(i, p0), p1), rt.mul(d, rt.sub(k, 1))), 1), s), 1), s), s), rt.add(i, p0)) else 0)))

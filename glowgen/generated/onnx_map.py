@@ -11,167 +11,212 @@ from .fns import *  # noqa: F401,F403
 
 
 def _Add_0(o):
-    """ONNX Add -> Add (specs/ops.glowdef:29:3)."""
+    """ONNX Add -> Add (specs/ops.glowdef:32:3)."""
     attrs = {}
     return attrs
 
-_Add_0_clause = OnnxClause(onnx_op='Add', op='Add', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_0, consumed=(), location='specs/ops.glowdef:29:3')
+_Add_0_clause = OnnxClause(onnx_op='Add', op='Add', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_0, consumed=(), location='specs/ops.glowdef:32:3', guard=None)
+
+
+def _Add_1(o):
+    """ONNX Add -> Add (specs/ops.glowdef:33:3)."""
+    attrs = {}
+    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:33:30')
+    return attrs
+
+_Add_1_clause = OnnxClause(onnx_op='Add', op='Add', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:33:3', guard=None)
 
 
 def _Sub_0(o):
-    """ONNX Sub -> Sub (specs/ops.glowdef:38:3)."""
+    """ONNX Sub -> Sub (specs/ops.glowdef:42:3)."""
     attrs = {}
     return attrs
 
-_Sub_0_clause = OnnxClause(onnx_op='Sub', op='Sub', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_0, consumed=(), location='specs/ops.glowdef:38:3')
+_Sub_0_clause = OnnxClause(onnx_op='Sub', op='Sub', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_0, consumed=(), location='specs/ops.glowdef:42:3', guard=None)
+
+
+def _Sub_1(o):
+    """ONNX Sub -> Sub (specs/ops.glowdef:43:3)."""
+    attrs = {}
+    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:43:30')
+    return attrs
+
+_Sub_1_clause = OnnxClause(onnx_op='Sub', op='Sub', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:43:3', guard=None)
 
 
 def _Mul_0(o):
-    """ONNX Mul -> Mul (specs/ops.glowdef:47:3)."""
+    """ONNX Mul -> Mul (specs/ops.glowdef:52:3)."""
     attrs = {}
     return attrs
 
-_Mul_0_clause = OnnxClause(onnx_op='Mul', op='Mul', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_0, consumed=(), location='specs/ops.glowdef:47:3')
+_Mul_0_clause = OnnxClause(onnx_op='Mul', op='Mul', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_0, consumed=(), location='specs/ops.glowdef:52:3', guard=None)
+
+
+def _Mul_1(o):
+    """ONNX Mul -> Mul (specs/ops.glowdef:53:3)."""
+    attrs = {}
+    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:53:30')
+    return attrs
+
+_Mul_1_clause = OnnxClause(onnx_op='Mul', op='Mul', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:53:3', guard=None)
 
 
 def _Div_0(o):
-    """ONNX Div -> Div (specs/ops.glowdef:56:3)."""
+    """ONNX Div -> Div (specs/ops.glowdef:62:3)."""
     attrs = {}
     return attrs
 
-_Div_0_clause = OnnxClause(onnx_op='Div', op='Div', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_0, consumed=(), location='specs/ops.glowdef:56:3')
+_Div_0_clause = OnnxClause(onnx_op='Div', op='Div', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_0, consumed=(), location='specs/ops.glowdef:62:3', guard=None)
+
+
+def _Div_1(o):
+    """ONNX Div -> Div (specs/ops.glowdef:63:3)."""
+    attrs = {}
+    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:63:30')
+    return attrs
+
+_Div_1_clause = OnnxClause(onnx_op='Div', op='Div', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:63:3', guard=None)
 
 
 def _Pow_0(o):
-    """ONNX Pow -> Pow (specs/ops.glowdef:65:3)."""
+    """ONNX Pow -> Pow (specs/ops.glowdef:72:3)."""
     attrs = {}
     return attrs
 
-_Pow_0_clause = OnnxClause(onnx_op='Pow', op='Pow', since=7, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_0, consumed=(), location='specs/ops.glowdef:65:3')
+_Pow_0_clause = OnnxClause(onnx_op='Pow', op='Pow', since=7, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_0, consumed=(), location='specs/ops.glowdef:72:3', guard=None)
+
+
+def _Pow_1(o):
+    """ONNX Pow -> Pow (specs/ops.glowdef:73:3)."""
+    attrs = {}
+    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:73:22')
+    return attrs
+
+_Pow_1_clause = OnnxClause(onnx_op='Pow', op='Pow', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:73:3', guard=None)
 
 
 def _Equal_0(o):
-    """ONNX Equal -> Equal (specs/ops.glowdef:90:3)."""
+    """ONNX Equal -> Equal (specs/ops.glowdef:98:3)."""
     attrs = {}
     return attrs
 
-_Equal_0_clause = OnnxClause(onnx_op='Equal', op='Equal', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Equal_0, consumed=(), location='specs/ops.glowdef:90:3')
+_Equal_0_clause = OnnxClause(onnx_op='Equal', op='Equal', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Equal_0, consumed=(), location='specs/ops.glowdef:98:3', guard=None)
 
 
 def _Less_0(o):
-    """ONNX Less -> Less (specs/ops.glowdef:99:3)."""
+    """ONNX Less -> Less (specs/ops.glowdef:107:3)."""
     attrs = {}
     return attrs
 
-_Less_0_clause = OnnxClause(onnx_op='Less', op='Less', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Less_0, consumed=(), location='specs/ops.glowdef:99:3')
+_Less_0_clause = OnnxClause(onnx_op='Less', op='Less', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Less_0, consumed=(), location='specs/ops.glowdef:107:3', guard=None)
 
 
 def _LessOrEqual_0(o):
-    """ONNX LessOrEqual -> LessOrEqual (specs/ops.glowdef:108:3)."""
+    """ONNX LessOrEqual -> LessOrEqual (specs/ops.glowdef:116:3)."""
     attrs = {}
     return attrs
 
-_LessOrEqual_0_clause = OnnxClause(onnx_op='LessOrEqual', op='LessOrEqual', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LessOrEqual_0, consumed=(), location='specs/ops.glowdef:108:3')
+_LessOrEqual_0_clause = OnnxClause(onnx_op='LessOrEqual', op='LessOrEqual', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LessOrEqual_0, consumed=(), location='specs/ops.glowdef:116:3', guard=None)
 
 
 def _Greater_0(o):
-    """ONNX Greater -> Greater (specs/ops.glowdef:117:3)."""
+    """ONNX Greater -> Greater (specs/ops.glowdef:125:3)."""
     attrs = {}
     return attrs
 
-_Greater_0_clause = OnnxClause(onnx_op='Greater', op='Greater', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Greater_0, consumed=(), location='specs/ops.glowdef:117:3')
+_Greater_0_clause = OnnxClause(onnx_op='Greater', op='Greater', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Greater_0, consumed=(), location='specs/ops.glowdef:125:3', guard=None)
 
 
 def _GreaterOrEqual_0(o):
-    """ONNX GreaterOrEqual -> GreaterOrEqual (specs/ops.glowdef:126:3)."""
+    """ONNX GreaterOrEqual -> GreaterOrEqual (specs/ops.glowdef:134:3)."""
     attrs = {}
     return attrs
 
-_GreaterOrEqual_0_clause = OnnxClause(onnx_op='GreaterOrEqual', op='GreaterOrEqual', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_GreaterOrEqual_0, consumed=(), location='specs/ops.glowdef:126:3')
+_GreaterOrEqual_0_clause = OnnxClause(onnx_op='GreaterOrEqual', op='GreaterOrEqual', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_GreaterOrEqual_0, consumed=(), location='specs/ops.glowdef:134:3', guard=None)
 
 
 def _And_0(o):
-    """ONNX And -> And (specs/ops.glowdef:135:3)."""
+    """ONNX And -> And (specs/ops.glowdef:143:3)."""
     attrs = {}
     return attrs
 
-_And_0_clause = OnnxClause(onnx_op='And', op='And', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_And_0, consumed=(), location='specs/ops.glowdef:135:3')
+_And_0_clause = OnnxClause(onnx_op='And', op='And', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_And_0, consumed=(), location='specs/ops.glowdef:143:3', guard=None)
 
 
 def _Or_0(o):
-    """ONNX Or -> Or (specs/ops.glowdef:144:3)."""
+    """ONNX Or -> Or (specs/ops.glowdef:152:3)."""
     attrs = {}
     return attrs
 
-_Or_0_clause = OnnxClause(onnx_op='Or', op='Or', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Or_0, consumed=(), location='specs/ops.glowdef:144:3')
+_Or_0_clause = OnnxClause(onnx_op='Or', op='Or', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Or_0, consumed=(), location='specs/ops.glowdef:152:3', guard=None)
 
 
 def _Xor_0(o):
-    """ONNX Xor -> Xor (specs/ops.glowdef:153:3)."""
+    """ONNX Xor -> Xor (specs/ops.glowdef:161:3)."""
     attrs = {}
     return attrs
 
-_Xor_0_clause = OnnxClause(onnx_op='Xor', op='Xor', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Xor_0, consumed=(), location='specs/ops.glowdef:153:3')
+_Xor_0_clause = OnnxClause(onnx_op='Xor', op='Xor', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Xor_0, consumed=(), location='specs/ops.glowdef:161:3', guard=None)
 
 
 def _Select_0(o):
-    """ONNX Where -> Select (specs/ops.glowdef:162:3)."""
+    """ONNX Where -> Select (specs/ops.glowdef:170:3)."""
     attrs = {}
     return attrs
 
-_Select_0_clause = OnnxClause(onnx_op='Where', op='Select', since=None, until=None, inputs=(('condition', 'single'), ('X', 'single'), ('Y', 'single')), operands=(('condition', 0), ('X', 1), ('Y', 2)), attributes=_Select_0, consumed=(), location='specs/ops.glowdef:162:3')
+_Select_0_clause = OnnxClause(onnx_op='Where', op='Select', since=None, until=None, inputs=(('condition', 'single'), ('X', 'single'), ('Y', 'single')), operands=(('condition', 0), ('X', 1), ('Y', 2)), attributes=_Select_0, consumed=(), location='specs/ops.glowdef:170:3', guard=None)
 
 
 def _Neg_0(o):
-    """ONNX Neg -> Neg (specs/ops.glowdef:172:3)."""
+    """ONNX Neg -> Neg (specs/ops.glowdef:180:3)."""
     attrs = {}
     return attrs
 
-_Neg_0_clause = OnnxClause(onnx_op='Neg', op='Neg', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Neg_0, consumed=(), location='specs/ops.glowdef:172:3')
+_Neg_0_clause = OnnxClause(onnx_op='Neg', op='Neg', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Neg_0, consumed=(), location='specs/ops.glowdef:180:3', guard=None)
 
 
 def _Abs_0(o):
-    """ONNX Abs -> Abs (specs/ops.glowdef:180:3)."""
+    """ONNX Abs -> Abs (specs/ops.glowdef:188:3)."""
     attrs = {}
     return attrs
 
-_Abs_0_clause = OnnxClause(onnx_op='Abs', op='Abs', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Abs_0, consumed=(), location='specs/ops.glowdef:180:3')
+_Abs_0_clause = OnnxClause(onnx_op='Abs', op='Abs', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Abs_0, consumed=(), location='specs/ops.glowdef:188:3', guard=None)
 
 
 def _Exp_0(o):
-    """ONNX Exp -> Exp (specs/ops.glowdef:188:3)."""
+    """ONNX Exp -> Exp (specs/ops.glowdef:196:3)."""
     attrs = {}
     return attrs
 
-_Exp_0_clause = OnnxClause(onnx_op='Exp', op='Exp', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Exp_0, consumed=(), location='specs/ops.glowdef:188:3')
+_Exp_0_clause = OnnxClause(onnx_op='Exp', op='Exp', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Exp_0, consumed=(), location='specs/ops.glowdef:196:3', guard=None)
 
 
 def _Log_0(o):
-    """ONNX Log -> Log (specs/ops.glowdef:196:3)."""
+    """ONNX Log -> Log (specs/ops.glowdef:204:3)."""
     attrs = {}
     return attrs
 
-_Log_0_clause = OnnxClause(onnx_op='Log', op='Log', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Log_0, consumed=(), location='specs/ops.glowdef:196:3')
+_Log_0_clause = OnnxClause(onnx_op='Log', op='Log', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Log_0, consumed=(), location='specs/ops.glowdef:204:3', guard=None)
 
 
 def _Sqrt_0(o):
-    """ONNX Sqrt -> Sqrt (specs/ops.glowdef:204:3)."""
+    """ONNX Sqrt -> Sqrt (specs/ops.glowdef:212:3)."""
     attrs = {}
     return attrs
 
-_Sqrt_0_clause = OnnxClause(onnx_op='Sqrt', op='Sqrt', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Sqrt_0, consumed=(), location='specs/ops.glowdef:204:3')
+_Sqrt_0_clause = OnnxClause(onnx_op='Sqrt', op='Sqrt', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Sqrt_0, consumed=(), location='specs/ops.glowdef:212:3', guard=None)
 
 
 def _Relu_0(o):
-    """ONNX Relu -> Relu (specs/ops.glowdef:212:3)."""
+    """ONNX Relu -> Relu (specs/ops.glowdef:220:3)."""
     attrs = {}
     return attrs
 
-_Relu_0_clause = OnnxClause(onnx_op='Relu', op='Relu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Relu_0, consumed=(), location='specs/ops.glowdef:212:3')
+_Relu_0_clause = OnnxClause(onnx_op='Relu', op='Relu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Relu_0, consumed=(), location='specs/ops.glowdef:220:3', guard=None)
 
 
 def _LeakyRelu_0(o):
-    """ONNX LeakyRelu -> LeakyRelu (specs/ops.glowdef:221:3)."""
+    """ONNX LeakyRelu -> LeakyRelu (specs/ops.glowdef:229:3)."""
     attrs = {}
     if o.has_attr('alpha'):
         attrs['alpha'] = o.attr('alpha')
@@ -179,11 +224,11 @@ def _LeakyRelu_0(o):
         attrs['alpha'] = 0.009999999776482582
     return attrs
 
-_LeakyRelu_0_clause = OnnxClause(onnx_op='LeakyRelu', op='LeakyRelu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LeakyRelu_0, consumed=('alpha',), location='specs/ops.glowdef:221:3')
+_LeakyRelu_0_clause = OnnxClause(onnx_op='LeakyRelu', op='LeakyRelu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LeakyRelu_0, consumed=('alpha',), location='specs/ops.glowdef:229:3', guard=None)
 
 
 def _Elu_0(o):
-    """ONNX Elu -> Elu (specs/ops.glowdef:230:3)."""
+    """ONNX Elu -> Elu (specs/ops.glowdef:238:3)."""
     attrs = {}
     if o.has_attr('alpha'):
         attrs['alpha'] = o.attr('alpha')
@@ -191,84 +236,84 @@ def _Elu_0(o):
         attrs['alpha'] = 1.0
     return attrs
 
-_Elu_0_clause = OnnxClause(onnx_op='Elu', op='Elu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Elu_0, consumed=('alpha',), location='specs/ops.glowdef:230:3')
+_Elu_0_clause = OnnxClause(onnx_op='Elu', op='Elu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Elu_0, consumed=('alpha',), location='specs/ops.glowdef:238:3', guard=None)
 
 
 def _Sigmoid_0(o):
-    """ONNX Sigmoid -> Sigmoid (specs/ops.glowdef:238:3)."""
+    """ONNX Sigmoid -> Sigmoid (specs/ops.glowdef:246:3)."""
     attrs = {}
     return attrs
 
-_Sigmoid_0_clause = OnnxClause(onnx_op='Sigmoid', op='Sigmoid', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Sigmoid_0, consumed=(), location='specs/ops.glowdef:238:3')
+_Sigmoid_0_clause = OnnxClause(onnx_op='Sigmoid', op='Sigmoid', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Sigmoid_0, consumed=(), location='specs/ops.glowdef:246:3', guard=None)
 
 
 def _Tanh_0(o):
-    """ONNX Tanh -> Tanh (specs/ops.glowdef:246:3)."""
+    """ONNX Tanh -> Tanh (specs/ops.glowdef:254:3)."""
     attrs = {}
     return attrs
 
-_Tanh_0_clause = OnnxClause(onnx_op='Tanh', op='Tanh', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tanh_0, consumed=(), location='specs/ops.glowdef:246:3')
+_Tanh_0_clause = OnnxClause(onnx_op='Tanh', op='Tanh', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tanh_0, consumed=(), location='specs/ops.glowdef:254:3', guard=None)
 
 
 def _Erf_0(o):
-    """ONNX Erf -> Erf (specs/ops.glowdef:254:3)."""
+    """ONNX Erf -> Erf (specs/ops.glowdef:262:3)."""
     attrs = {}
     return attrs
 
-_Erf_0_clause = OnnxClause(onnx_op='Erf', op='Erf', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Erf_0, consumed=(), location='specs/ops.glowdef:254:3')
+_Erf_0_clause = OnnxClause(onnx_op='Erf', op='Erf', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Erf_0, consumed=(), location='specs/ops.glowdef:262:3', guard=None)
 
 
 def _Softplus_0(o):
-    """ONNX Softplus -> Softplus (specs/ops.glowdef:262:3)."""
+    """ONNX Softplus -> Softplus (specs/ops.glowdef:270:3)."""
     attrs = {}
     return attrs
 
-_Softplus_0_clause = OnnxClause(onnx_op='Softplus', op='Softplus', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Softplus_0, consumed=(), location='specs/ops.glowdef:262:3')
+_Softplus_0_clause = OnnxClause(onnx_op='Softplus', op='Softplus', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Softplus_0, consumed=(), location='specs/ops.glowdef:270:3', guard=None)
 
 
 def _Floor_0(o):
-    """ONNX Floor -> Floor (specs/ops.glowdef:270:3)."""
+    """ONNX Floor -> Floor (specs/ops.glowdef:278:3)."""
     attrs = {}
     return attrs
 
-_Floor_0_clause = OnnxClause(onnx_op='Floor', op='Floor', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Floor_0, consumed=(), location='specs/ops.glowdef:270:3')
+_Floor_0_clause = OnnxClause(onnx_op='Floor', op='Floor', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Floor_0, consumed=(), location='specs/ops.glowdef:278:3', guard=None)
 
 
 def _Ceil_0(o):
-    """ONNX Ceil -> Ceil (specs/ops.glowdef:278:3)."""
+    """ONNX Ceil -> Ceil (specs/ops.glowdef:286:3)."""
     attrs = {}
     return attrs
 
-_Ceil_0_clause = OnnxClause(onnx_op='Ceil', op='Ceil', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Ceil_0, consumed=(), location='specs/ops.glowdef:278:3')
+_Ceil_0_clause = OnnxClause(onnx_op='Ceil', op='Ceil', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Ceil_0, consumed=(), location='specs/ops.glowdef:286:3', guard=None)
 
 
 def _Not_0(o):
-    """ONNX Not -> Not (specs/ops.glowdef:286:3)."""
+    """ONNX Not -> Not (specs/ops.glowdef:294:3)."""
     attrs = {}
     return attrs
 
-_Not_0_clause = OnnxClause(onnx_op='Not', op='Not', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Not_0, consumed=(), location='specs/ops.glowdef:286:3')
+_Not_0_clause = OnnxClause(onnx_op='Not', op='Not', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Not_0, consumed=(), location='specs/ops.glowdef:294:3', guard=None)
 
 
 def _Cast_0(o):
-    """ONNX Cast -> Cast (specs/ops.glowdef:295:3)."""
+    """ONNX Cast -> Cast (specs/ops.glowdef:303:3)."""
     attrs = {}
-    attrs['to'] = o.evaluating('to', 'specs/ops.glowdef:295:23', lambda: sl.b_onnx_dtype(o.attr('to', None)))
+    attrs['to'] = o.evaluating('to', 'specs/ops.glowdef:303:23', lambda: sl.b_onnx_dtype(o.attr('to', None)))
     return attrs
 
-_Cast_0_clause = OnnxClause(onnx_op='Cast', op='Cast', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cast_0, consumed=('saturate', 'to'), location='specs/ops.glowdef:295:3')
+_Cast_0_clause = OnnxClause(onnx_op='Cast', op='Cast', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cast_0, consumed=('saturate', 'to'), location='specs/ops.glowdef:303:3', guard=None)
 
 
 def _Reciprocal_0(o):
-    """ONNX Reciprocal -> Reciprocal (specs/ops.glowdef:305:3)."""
+    """ONNX Reciprocal -> Reciprocal (specs/ops.glowdef:313:3)."""
     attrs = {}
     return attrs
 
-_Reciprocal_0_clause = OnnxClause(onnx_op='Reciprocal', op='Reciprocal', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Reciprocal_0, consumed=(), location='specs/ops.glowdef:305:3')
+_Reciprocal_0_clause = OnnxClause(onnx_op='Reciprocal', op='Reciprocal', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Reciprocal_0, consumed=(), location='specs/ops.glowdef:313:3', guard=None)
 
 
 def _Clip_0(o):
-    """ONNX Clip -> Clip (specs/ops.glowdef:315:3)."""
+    """ONNX Clip -> Clip (specs/ops.glowdef:323:3)."""
     attrs = {}
     if o.has_attr('max'):
         attrs['max'] = o.attr('max')
@@ -280,11 +325,11 @@ def _Clip_0(o):
         attrs['min'] = -3.4028234663852886e+38
     return attrs
 
-_Clip_0_clause = OnnxClause(onnx_op='Clip', op='Clip', since=6, until=10, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Clip_0, consumed=('max', 'min'), location='specs/ops.glowdef:315:3')
+_Clip_0_clause = OnnxClause(onnx_op='Clip', op='Clip', since=6, until=10, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Clip_0, consumed=('max', 'min'), location='specs/ops.glowdef:323:3', guard=None)
 
 
 def _Clip_1(o):
-    """ONNX Clip -> Clip (specs/ops.glowdef:316:3)."""
+    """ONNX Clip -> Clip (specs/ops.glowdef:324:3)."""
     attrs = {}
     if o.input('min').present:
         attrs['min'] = o.input('min').value
@@ -292,11 +337,11 @@ def _Clip_1(o):
         attrs['max'] = o.input('max').value
     return attrs
 
-_Clip_1_clause = OnnxClause(onnx_op='Clip', op='Clip', since=11, until=None, inputs=(('input', 'single'), ('min', 'optional'), ('max', 'optional')), operands=(('input', 0),), attributes=_Clip_1, consumed=(), location='specs/ops.glowdef:316:3')
+_Clip_1_clause = OnnxClause(onnx_op='Clip', op='Clip', since=11, until=None, inputs=(('input', 'single'), ('min', 'optional'), ('max', 'optional')), operands=(('input', 0),), attributes=_Clip_1, consumed=(), location='specs/ops.glowdef:324:3', guard=None)
 
 
 def _HardSigmoid_0(o):
-    """ONNX HardSigmoid -> HardSigmoid (specs/ops.glowdef:333:3)."""
+    """ONNX HardSigmoid -> HardSigmoid (specs/ops.glowdef:341:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -308,214 +353,193 @@ def _HardSigmoid_0(o):
         attrs['alpha'] = 0.20000000298023224
     return attrs
 
-_HardSigmoid_0_clause = OnnxClause(onnx_op='HardSigmoid', op='HardSigmoid', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSigmoid_0, consumed=('alpha', 'beta'), location='specs/ops.glowdef:333:3')
+_HardSigmoid_0_clause = OnnxClause(onnx_op='HardSigmoid', op='HardSigmoid', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSigmoid_0, consumed=('alpha', 'beta'), location='specs/ops.glowdef:341:3', guard=None)
 
 
 def _HardSwish_0(o):
-    """ONNX HardSwish -> HardSwish (specs/ops.glowdef:341:3)."""
+    """ONNX HardSwish -> HardSwish (specs/ops.glowdef:349:3)."""
     attrs = {}
     return attrs
 
-_HardSwish_0_clause = OnnxClause(onnx_op='HardSwish', op='HardSwish', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSwish_0, consumed=(), location='specs/ops.glowdef:341:3')
+_HardSwish_0_clause = OnnxClause(onnx_op='HardSwish', op='HardSwish', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSwish_0, consumed=(), location='specs/ops.glowdef:349:3', guard=None)
 
 
 def _Identity_0(o):
-    """ONNX Identity -> Identity (specs/ops.glowdef:348:3)."""
+    """ONNX Identity -> Identity (specs/ops.glowdef:356:3)."""
     attrs = {}
     return attrs
 
-_Identity_0_clause = OnnxClause(onnx_op='Identity', op='Identity', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Identity_0, consumed=(), location='specs/ops.glowdef:348:3')
+_Identity_0_clause = OnnxClause(onnx_op='Identity', op='Identity', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Identity_0, consumed=(), location='specs/ops.glowdef:356:3', guard=None)
 
 
 def _Dropout_0(o):
-    """ONNX Dropout -> Dropout (specs/ops.glowdef:355:3)."""
+    """ONNX Dropout -> Dropout (specs/ops.glowdef:363:3)."""
     attrs = {}
     return attrs
 
-_Dropout_0_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=7, until=11, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Dropout_0, consumed=('ratio',), location='specs/ops.glowdef:355:3')
+_Dropout_0_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=7, until=11, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Dropout_0, consumed=('ratio',), location='specs/ops.glowdef:363:3', guard=None)
 
 
 def _Dropout_1(o):
-    """ONNX Dropout -> Dropout (specs/ops.glowdef:356:3)."""
+    """ONNX Dropout -> Dropout (specs/ops.glowdef:364:3)."""
     attrs = {}
-    o.check(((not o.input('training_mode').present) or rt.eq(rt.b_item(o.input('training_mode').value), 0)), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:358:5')
+    o.check(((not o.input('training_mode').present) or rt.eq(rt.b_item(o.input('training_mode').value), 0)), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:366:5')
     return attrs
 
-_Dropout_1_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=12, until=None, inputs=(('data', 'single'), ('ratio', 'optional'), ('training_mode', 'optional')), operands=(('data', 0),), attributes=_Dropout_1, consumed=('ratio', 'seed'), location='specs/ops.glowdef:356:3')
+_Dropout_1_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=12, until=None, inputs=(('data', 'single'), ('ratio', 'optional'), ('training_mode', 'optional')), operands=(('data', 0),), attributes=_Dropout_1, consumed=('ratio', 'seed'), location='specs/ops.glowdef:364:3', guard=None)
 
 
 def _SumN_0(o):
-    """ONNX Sum -> SumN (specs/ops.glowdef:368:3)."""
+    """ONNX Sum -> SumN (specs/ops.glowdef:376:3)."""
     attrs = {}
     return attrs
 
-_SumN_0_clause = OnnxClause(onnx_op='Sum', op='SumN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_SumN_0, consumed=(), location='specs/ops.glowdef:368:3')
+_SumN_0_clause = OnnxClause(onnx_op='Sum', op='SumN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_SumN_0, consumed=(), location='specs/ops.glowdef:376:3', guard=None)
 
 
 def _MeanN_0(o):
-    """ONNX Mean -> MeanN (specs/ops.glowdef:375:3)."""
+    """ONNX Mean -> MeanN (specs/ops.glowdef:383:3)."""
     attrs = {}
     return attrs
 
-_MeanN_0_clause = OnnxClause(onnx_op='Mean', op='MeanN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MeanN_0, consumed=(), location='specs/ops.glowdef:375:3')
+_MeanN_0_clause = OnnxClause(onnx_op='Mean', op='MeanN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MeanN_0, consumed=(), location='specs/ops.glowdef:383:3', guard=None)
 
 
 def _MaxN_0(o):
-    """ONNX Max -> MaxN (specs/ops.glowdef:382:3)."""
+    """ONNX Max -> MaxN (specs/ops.glowdef:390:3)."""
     attrs = {}
     return attrs
 
-_MaxN_0_clause = OnnxClause(onnx_op='Max', op='MaxN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MaxN_0, consumed=(), location='specs/ops.glowdef:382:3')
+_MaxN_0_clause = OnnxClause(onnx_op='Max', op='MaxN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MaxN_0, consumed=(), location='specs/ops.glowdef:390:3', guard=None)
 
 
 def _MinN_0(o):
-    """ONNX Min -> MinN (specs/ops.glowdef:389:3)."""
+    """ONNX Min -> MinN (specs/ops.glowdef:397:3)."""
     attrs = {}
     return attrs
 
-_MinN_0_clause = OnnxClause(onnx_op='Min', op='MinN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MinN_0, consumed=(), location='specs/ops.glowdef:389:3')
+_MinN_0_clause = OnnxClause(onnx_op='Min', op='MinN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MinN_0, consumed=(), location='specs/ops.glowdef:397:3', guard=None)
 
 
 def _Reshape_0(o):
-    """ONNX Reshape -> Reshape (specs/ops.glowdef:401:3)."""
+    """ONNX Reshape -> Reshape (specs/ops.glowdef:409:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:401:37', lambda: sl.b_reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
+    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:409:37', lambda: sl.b_reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
     return attrs
 
-_Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:401:3')
+_Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:409:3', guard=None)
 
 
 def _Flatten_0(o):
-    """ONNX Flatten -> Flatten (specs/ops.glowdef:409:3)."""
+    """ONNX Flatten -> Flatten (specs/ops.glowdef:417:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:409:18', lambda: (rt.add(o.attr('axis', 1), rt.b_rank(o.input('input'))) if rt.lt(o.attr('axis', 1), 0) else o.attr('axis', 1)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:417:18', lambda: (rt.add(o.attr('axis', 1), rt.b_rank(o.input('input'))) if rt.lt(o.attr('axis', 1), 0) else o.attr('axis', 1)))
     return attrs
 
-_Flatten_0_clause = OnnxClause(onnx_op='Flatten', op='Flatten', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Flatten_0, consumed=('axis',), location='specs/ops.glowdef:409:3')
+_Flatten_0_clause = OnnxClause(onnx_op='Flatten', op='Flatten', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Flatten_0, consumed=('axis',), location='specs/ops.glowdef:417:3', guard=None)
 
 
 def _Squeeze_0(o):
-    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:417:3)."""
+    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:425:3)."""
     attrs = {}
     if o.has_attr('axes'):
         attrs['axes'] = o.attr('axes')
     return attrs
 
-_Squeeze_0_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Squeeze_0, consumed=('axes',), location='specs/ops.glowdef:417:3')
+_Squeeze_0_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Squeeze_0, consumed=('axes',), location='specs/ops.glowdef:425:3', guard=None)
 
 
 def _Squeeze_1(o):
-    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:418:3)."""
+    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:426:3)."""
     attrs = {}
     if o.input('axes').present:
         attrs['axes'] = o.input('axes').value
     return attrs
 
-_Squeeze_1_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Squeeze_1, consumed=(), location='specs/ops.glowdef:418:3')
+_Squeeze_1_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Squeeze_1, consumed=(), location='specs/ops.glowdef:426:3', guard=None)
 
 
 def _Unsqueeze_0(o):
-    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:426:3)."""
+    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:434:3)."""
     attrs = {}
     if o.has_attr('axes'):
         attrs['axes'] = o.attr('axes')
     return attrs
 
-_Unsqueeze_0_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Unsqueeze_0, consumed=('axes',), location='specs/ops.glowdef:426:3')
+_Unsqueeze_0_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Unsqueeze_0, consumed=('axes',), location='specs/ops.glowdef:434:3', guard=None)
 
 
 def _Unsqueeze_1(o):
-    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:427:3)."""
+    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:435:3)."""
     attrs = {}
     if o.input('axes').present:
         attrs['axes'] = o.input('axes').value
     return attrs
 
-_Unsqueeze_1_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'single')), operands=(('data', 0),), attributes=_Unsqueeze_1, consumed=(), location='specs/ops.glowdef:427:3')
+_Unsqueeze_1_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'single')), operands=(('data', 0),), attributes=_Unsqueeze_1, consumed=(), location='specs/ops.glowdef:435:3', guard=None)
 
 
 def _Transpose_0(o):
-    """ONNX Transpose -> Transpose (specs/ops.glowdef:437:3)."""
+    """ONNX Transpose -> Transpose (specs/ops.glowdef:445:3)."""
     attrs = {}
-    attrs['perm'] = o.evaluating('perm', 'specs/ops.glowdef:437:31', lambda: (o.attr('perm', None) if rt.b_defined(o.attr('perm', None)) else rt.b_reversed(rt.b_range(rt.b_rank(o.input('data'))))))
+    attrs['perm'] = o.evaluating('perm', 'specs/ops.glowdef:445:31', lambda: (o.attr('perm', None) if rt.b_defined(o.attr('perm', None)) else rt.b_reversed(rt.b_range(rt.b_rank(o.input('data'))))))
     return attrs
 
-_Transpose_0_clause = OnnxClause(onnx_op='Transpose', op='Transpose', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Transpose_0, consumed=('perm',), location='specs/ops.glowdef:437:3')
-
-
-def _Pad_0(o):
-    """ONNX Pad -> Pad (specs/ops.glowdef:449:3)."""
-    attrs = {}
-    if o.has_attr('value'):
-        attrs['value'] = o.attr('value')
-    else:
-        attrs['value'] = 0.0
-    if o.has_attr('mode'):
-        attrs['mode'] = o.attr('mode')
-    else:
-        attrs['mode'] = 'constant'
-    if o.has_attr('pads'):
-        attrs['pads'] = o.attr('pads')
-    return attrs
-
-_Pad_0_clause = OnnxClause(onnx_op='Pad', op='Pad', since=2, until=10, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Pad_0, consumed=('mode', 'pads', 'value'), location='specs/ops.glowdef:449:3')
-
-
-def _Pad_1(o):
-    """ONNX Pad -> Pad (specs/ops.glowdef:450:3)."""
-    attrs = {}
-    if o.has_attr('mode'):
-        attrs['mode'] = o.attr('mode')
-    else:
-        attrs['mode'] = 'constant'
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:452:5', lambda: sl.b_onnx_pads(o.input('pads').value, (o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
-    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:453:5', lambda: (rt.b_item(o.input('constant_value').value, 0.0) if o.input('constant_value').present else 0.0))
-    return attrs
-
-_Pad_1_clause = OnnxClause(onnx_op='Pad', op='Pad', since=11, until=None, inputs=(('data', 'single'), ('pads', 'single'), ('constant_value', 'optional'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Pad_1, consumed=('mode',), location='specs/ops.glowdef:450:3')
+_Transpose_0_clause = OnnxClause(onnx_op='Transpose', op='Transpose', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Transpose_0, consumed=('perm',), location='specs/ops.glowdef:445:3', guard=None)
 
 
 def _Concat_0(o):
-    """ONNX Concat -> Concat (specs/ops.glowdef:463:3)."""
+    """ONNX Concat -> Concat (specs/ops.glowdef:454:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:463:25', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:454:25', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
     return attrs
 
-_Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None, inputs=(('inputs', 'variadic'),), operands=(('inputs', 0),), attributes=_Concat_0, consumed=('axis',), location='specs/ops.glowdef:463:3')
+_Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None, inputs=(('inputs', 'variadic'),), operands=(('inputs', 0),), attributes=_Concat_0, consumed=('axis',), location='specs/ops.glowdef:454:3', guard=None)
 
 
 def _Slice_0(o):
-    """ONNX Slice -> Slice (specs/ops.glowdef:476:3)."""
+    """ONNX Slice -> Slice (specs/ops.glowdef:467:3)."""
     attrs = {}
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:478:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:479:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:480:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:469:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:470:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:471:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 2))
     return attrs
 
-_Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_0, consumed=(), location='specs/ops.glowdef:476:3')
+_Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=None, until=9, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Slice_0, consumed=('axes', 'ends', 'starts'), location='specs/ops.glowdef:467:3', guard=None)
+
+
+def _Slice_1(o):
+    """ONNX Slice -> Slice (specs/ops.glowdef:473:3)."""
+    attrs = {}
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:475:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:476:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:477:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 2))
+    return attrs
+
+_Slice_1_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_1, consumed=(), location='specs/ops.glowdef:473:3', guard=None)
 
 
 def _Gather_0(o):
-    """ONNX Gather -> Gather (specs/ops.glowdef:490:3)."""
+    """ONNX Gather -> Gather (specs/ops.glowdef:487:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:490:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:487:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_Gather_0_clause = OnnxClause(onnx_op='Gather', op='Gather', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_Gather_0, consumed=('axis',), location='specs/ops.glowdef:490:3')
+_Gather_0_clause = OnnxClause(onnx_op='Gather', op='Gather', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_Gather_0, consumed=('axis',), location='specs/ops.glowdef:487:3', guard=None)
 
 
 def _Expand_0(o):
-    """ONNX Expand -> Expand (specs/ops.glowdef:499:3)."""
+    """ONNX Expand -> Expand (specs/ops.glowdef:496:3)."""
     attrs = {}
     if o.input('shape').present:
         attrs['shape'] = o.input('shape').value
     return attrs
 
-_Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:499:3')
+_Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:496:3', guard=None)
 
 
 def _Shape_0(o):
-    """ONNX Shape -> Shape (specs/ops.glowdef:509:3)."""
+    """ONNX Shape -> Shape (specs/ops.glowdef:506:3)."""
     attrs = {}
     if o.has_attr('end'):
         attrs['end'] = o.attr('end')
@@ -525,185 +549,185 @@ def _Shape_0(o):
         attrs['start'] = 0
     return attrs
 
-_Shape_0_clause = OnnxClause(onnx_op='Shape', op='Shape', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Shape_0, consumed=('end', 'start'), location='specs/ops.glowdef:509:3')
+_Shape_0_clause = OnnxClause(onnx_op='Shape', op='Shape', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Shape_0, consumed=('end', 'start'), location='specs/ops.glowdef:506:3', guard=None)
 
 
 def _Size_0(o):
-    """ONNX Size -> Size (specs/ops.glowdef:517:3)."""
+    """ONNX Size -> Size (specs/ops.glowdef:514:3)."""
     attrs = {}
     return attrs
 
-_Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Size_0, consumed=(), location='specs/ops.glowdef:517:3')
+_Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Size_0, consumed=(), location='specs/ops.glowdef:514:3', guard=None)
 
 
 def _Splat_0(o):
-    """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:527:3)."""
+    """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:524:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:527:26', lambda: rt.b_ints(o.input('input').value))
-    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:527:53', lambda: rt.b_item(o.attr('value', None), 0.0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:527:79', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
+    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:524:26', lambda: rt.b_ints(o.input('input').value))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:524:53', lambda: rt.b_item(o.attr('value', None), 0.0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:524:79', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
     return attrs
 
-_Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:527:3')
+_Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:524:3', guard=None)
 
 
 def _Range_0(o):
-    """ONNX Range -> Range (specs/ops.glowdef:539:3)."""
+    """ONNX Range -> Range (specs/ops.glowdef:536:3)."""
     attrs = {}
-    attrs['start'] = o.evaluating('start', 'specs/ops.glowdef:540:5', lambda: rt.b_item(o.input('start').value))
-    attrs['limit'] = o.evaluating('limit', 'specs/ops.glowdef:540:32', lambda: rt.b_item(o.input('limit').value))
-    attrs['delta'] = o.evaluating('delta', 'specs/ops.glowdef:540:59', lambda: rt.b_item(o.input('delta').value))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:540:86', lambda: o.input('start').dtype)
+    attrs['start'] = o.evaluating('start', 'specs/ops.glowdef:537:5', lambda: rt.b_item(o.input('start').value))
+    attrs['limit'] = o.evaluating('limit', 'specs/ops.glowdef:537:32', lambda: rt.b_item(o.input('limit').value))
+    attrs['delta'] = o.evaluating('delta', 'specs/ops.glowdef:537:59', lambda: rt.b_item(o.input('delta').value))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:537:86', lambda: o.input('start').dtype)
     return attrs
 
-_Range_0_clause = OnnxClause(onnx_op='Range', op='Range', since=None, until=None, inputs=(('start', 'single'), ('limit', 'single'), ('delta', 'single')), operands=(), attributes=_Range_0, consumed=(), location='specs/ops.glowdef:539:3')
+_Range_0_clause = OnnxClause(onnx_op='Range', op='Range', since=None, until=None, inputs=(('start', 'single'), ('limit', 'single'), ('delta', 'single')), operands=(), attributes=_Range_0, consumed=(), location='specs/ops.glowdef:536:3', guard=None)
 
 
 def _ReduceSum_0(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:553:3)."""
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:550:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:553:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:550:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:553:3')
+_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:550:3', guard=None)
 
 
 def _ReduceSum_1(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:554:3)."""
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:551:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:557:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:556:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:554:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:553:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:554:3')
+_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:551:3', guard=None)
 
 
 def _ReduceMax_0(o):
-    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:569:3)."""
+    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:566:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:569:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:566:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:569:3')
+_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:566:3', guard=None)
 
 
 def _ReduceMax_1(o):
-    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:570:3)."""
+    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:567:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:573:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:572:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:570:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:569:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:570:3')
+_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:567:3', guard=None)
 
 
 def _ReduceMin_0(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:585:3)."""
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:582:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:585:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:582:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:585:3')
+_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:582:3', guard=None)
 
 
 def _ReduceMin_1(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:586:3)."""
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:583:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:589:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:588:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:586:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:585:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:586:3')
+_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:583:3', guard=None)
 
 
 def _ReduceProd_0(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:601:3)."""
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:598:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:601:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:598:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:601:3')
+_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:598:3', guard=None)
 
 
 def _ReduceProd_1(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:602:3)."""
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:599:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:605:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:604:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:602:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:601:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:602:3')
+_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:599:3', guard=None)
 
 
 def _ReduceMean_0(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:616:3)."""
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:613:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:616:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:613:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:616:3')
+_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:613:3', guard=None)
 
 
 def _ReduceMean_1(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:617:3)."""
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:614:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:620:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:619:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:617:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:616:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:617:3')
+_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:614:3', guard=None)
 
 
 def _MatMul_0(o):
-    """ONNX MatMul -> MatMul (specs/ops.glowdef:639:3)."""
+    """ONNX MatMul -> MatMul (specs/ops.glowdef:636:3)."""
     attrs = {}
     return attrs
 
-_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:639:3')
+_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:636:3', guard=None)
 
 
 def _Gemm_0(o):
-    """ONNX Gemm -> Gemm (specs/ops.glowdef:652:3)."""
+    """ONNX Gemm -> Gemm (specs/ops.glowdef:649:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -723,11 +747,35 @@ def _Gemm_0(o):
         attrs['transA'] = 0
     return attrs
 
-_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:652:3')
+_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:649:3', guard=None)
+
+
+def _Gemm_1(o):
+    """ONNX Gemm -> Gemm (specs/ops.glowdef:650:3)."""
+    attrs = {}
+    if o.has_attr('beta'):
+        attrs['beta'] = o.attr('beta')
+    else:
+        attrs['beta'] = 1.0
+    if o.has_attr('transB'):
+        attrs['transB'] = o.attr('transB')
+    else:
+        attrs['transB'] = 0
+    if o.has_attr('alpha'):
+        attrs['alpha'] = o.attr('alpha')
+    else:
+        attrs['alpha'] = 1.0
+    if o.has_attr('transA'):
+        attrs['transA'] = o.attr('transA')
+    else:
+        attrs['transA'] = 0
+    return attrs
+
+_Gemm_1_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=6, until=6, inputs=(('A', 'single'), ('B', 'single'), ('C', 'single')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_1, consumed=('alpha', 'beta', 'broadcast', 'transA', 'transB'), location='specs/ops.glowdef:650:3', guard=None)
 
 
 def _Conv_0(o):
-    """ONNX Conv -> Conv (specs/ops.glowdef:677:3)."""
+    """ONNX Conv -> Conv (specs/ops.glowdef:675:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
@@ -737,16 +785,18 @@ def _Conv_0(o):
         attrs['strides'] = o.attr('strides')
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
-    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D convolution (4-D input) is supported', 'specs/ops.glowdef:679:5')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:680:5')
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:681:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:677:5')
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:678:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:677:3')
+def _Conv_0_guard(o):
+    return bool(rt.eq(rt.b_rank(o.input('X')), 4))
+
+_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:675:3', guard=_Conv_0_guard)
 
 
 def _MaxPool_0(o):
-    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:697:3)."""
+    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:694:3)."""
     attrs = {}
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
@@ -756,17 +806,19 @@ def _MaxPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (4-D input) is supported', 'specs/ops.glowdef:699:5')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:700:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:701:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:702:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:696:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:697:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:698:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:697:3')
+def _MaxPool_0_guard(o):
+    return bool((rt.eq(rt.b_rank(o.input('X')), 4) and rt.eq(rt.b_len(o.outputs), 1)))
+
+_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:694:3', guard=_MaxPool_0_guard)
 
 
 def _AvgPool_0(o):
-    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:718:3)."""
+    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:714:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -778,33 +830,34 @@ def _AvgPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (4-D input) is supported', 'specs/ops.glowdef:720:5')
-    o.check(((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1))), 'dilated average pooling is not supported', 'specs/ops.glowdef:721:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:722:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:723:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:716:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:717:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:718:3')
+def _AvgPool_0_guard(o):
+    return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1)))))
+
+_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:714:3', guard=_AvgPool_0_guard)
 
 
 def _GlobalAveragePool_0(o):
-    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:732:3)."""
+    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:726:3)."""
     attrs = {}
     return attrs
 
-_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:732:3')
+_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:726:3', guard=None)
 
 
 def _GlobalMaxPool_0(o):
-    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:739:3)."""
+    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:733:3)."""
     attrs = {}
     return attrs
 
-_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:739:3')
+_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:733:3', guard=None)
 
 
 def _LRN_0(o):
-    """ONNX LRN -> LRN (specs/ops.glowdef:750:3)."""
+    """ONNX LRN -> LRN (specs/ops.glowdef:744:3)."""
     attrs = {}
     if o.has_attr('bias'):
         attrs['bias'] = o.attr('bias')
@@ -822,104 +875,747 @@ def _LRN_0(o):
         attrs['size'] = o.attr('size')
     return attrs
 
-_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:750:3')
+_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:744:3', guard=None)
 
 
 def _BatchNormalization_0(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:760:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:754:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:761:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:755:5')
+    o.check(rt.ne(o.attr('is_test', 0), 0), 'training mode (is_test=0) is not supported', 'specs/ops.glowdef:756:5')
     return attrs
 
-_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:760:3')
+_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=6, until=6, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'is_test', 'momentum', 'spatial'), location='specs/ops.glowdef:754:3', guard=None)
 
 
 def _BatchNormalization_1(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:764:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:759:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:765:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:760:5')
     return attrs
 
-_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:764:3')
+_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:759:3', guard=None)
 
 
 def _BatchNormalization_2(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:768:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:763:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:769:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:764:5')
     return attrs
 
-_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:768:3')
+_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:763:3', guard=None)
+
+
+def _BatchNormalization_3(o):
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:767:3)."""
+    attrs = {}
+    if o.has_attr('epsilon'):
+        attrs['epsilon'] = o.attr('epsilon')
+    else:
+        attrs['epsilon'] = 9.999999747378752e-06
+    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:768:5')
+    return attrs
+
+_BatchNormalization_3_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_3, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:767:3', guard=None)
 
 
 def _LayerNormalization_0(o):
-    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:783:3)."""
+    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:782:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:785:5')
-    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:786:5')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:787:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:784:5')
+    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:785:5')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:786:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:783:3')
+_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:782:3', guard=None)
 
 
 def _Softmax_0(o):
-    """ONNX Softmax -> Softmax (specs/ops.glowdef:796:3)."""
+    """ONNX Softmax -> Softmax (specs/ops.glowdef:795:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:796:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:795:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:796:3')
+_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:795:3', guard=None)
 
 
 def _LogSoftmax_0(o):
-    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:804:3)."""
+    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:803:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:804:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:803:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:804:3')
+_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:803:3', guard=None)
 
 
 def _SoftmaxFlat_0(o):
-    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:812:3)."""
+    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:811:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:812:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:811:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:812:3')
+_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:811:3', guard=None)
 
 
 def _LogSoftmaxFlat_0(o):
-    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:820:3)."""
+    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:819:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:820:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:819:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:820:3')
+_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:819:3', guard=None)
+
+
+def _Sin_0(o):
+    """ONNX Sin -> Sin (specs/ops.glowdef:831:3)."""
+    attrs = {}
+    return attrs
+
+_Sin_0_clause = OnnxClause(onnx_op='Sin', op='Sin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sin_0, consumed=(), location='specs/ops.glowdef:831:3', guard=None)
+
+
+def _Cos_0(o):
+    """ONNX Cos -> Cos (specs/ops.glowdef:839:3)."""
+    attrs = {}
+    return attrs
+
+_Cos_0_clause = OnnxClause(onnx_op='Cos', op='Cos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cos_0, consumed=(), location='specs/ops.glowdef:839:3', guard=None)
+
+
+def _Tan_0(o):
+    """ONNX Tan -> Tan (specs/ops.glowdef:847:3)."""
+    attrs = {}
+    return attrs
+
+_Tan_0_clause = OnnxClause(onnx_op='Tan', op='Tan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tan_0, consumed=(), location='specs/ops.glowdef:847:3', guard=None)
+
+
+def _Asin_0(o):
+    """ONNX Asin -> Asin (specs/ops.glowdef:855:3)."""
+    attrs = {}
+    return attrs
+
+_Asin_0_clause = OnnxClause(onnx_op='Asin', op='Asin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asin_0, consumed=(), location='specs/ops.glowdef:855:3', guard=None)
+
+
+def _Acos_0(o):
+    """ONNX Acos -> Acos (specs/ops.glowdef:863:3)."""
+    attrs = {}
+    return attrs
+
+_Acos_0_clause = OnnxClause(onnx_op='Acos', op='Acos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acos_0, consumed=(), location='specs/ops.glowdef:863:3', guard=None)
+
+
+def _Atan_0(o):
+    """ONNX Atan -> Atan (specs/ops.glowdef:871:3)."""
+    attrs = {}
+    return attrs
+
+_Atan_0_clause = OnnxClause(onnx_op='Atan', op='Atan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atan_0, consumed=(), location='specs/ops.glowdef:871:3', guard=None)
+
+
+def _Sinh_0(o):
+    """ONNX Sinh -> Sinh (specs/ops.glowdef:879:3)."""
+    attrs = {}
+    return attrs
+
+_Sinh_0_clause = OnnxClause(onnx_op='Sinh', op='Sinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sinh_0, consumed=(), location='specs/ops.glowdef:879:3', guard=None)
+
+
+def _Cosh_0(o):
+    """ONNX Cosh -> Cosh (specs/ops.glowdef:887:3)."""
+    attrs = {}
+    return attrs
+
+_Cosh_0_clause = OnnxClause(onnx_op='Cosh', op='Cosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cosh_0, consumed=(), location='specs/ops.glowdef:887:3', guard=None)
+
+
+def _Asinh_0(o):
+    """ONNX Asinh -> Asinh (specs/ops.glowdef:895:3)."""
+    attrs = {}
+    return attrs
+
+_Asinh_0_clause = OnnxClause(onnx_op='Asinh', op='Asinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asinh_0, consumed=(), location='specs/ops.glowdef:895:3', guard=None)
+
+
+def _Acosh_0(o):
+    """ONNX Acosh -> Acosh (specs/ops.glowdef:903:3)."""
+    attrs = {}
+    return attrs
+
+_Acosh_0_clause = OnnxClause(onnx_op='Acosh', op='Acosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acosh_0, consumed=(), location='specs/ops.glowdef:903:3', guard=None)
+
+
+def _Atanh_0(o):
+    """ONNX Atanh -> Atanh (specs/ops.glowdef:911:3)."""
+    attrs = {}
+    return attrs
+
+_Atanh_0_clause = OnnxClause(onnx_op='Atanh', op='Atanh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atanh_0, consumed=(), location='specs/ops.glowdef:911:3', guard=None)
+
+
+def _Sign_0(o):
+    """ONNX Sign -> Sign (specs/ops.glowdef:919:3)."""
+    attrs = {}
+    return attrs
+
+_Sign_0_clause = OnnxClause(onnx_op='Sign', op='Sign', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sign_0, consumed=(), location='specs/ops.glowdef:919:3', guard=None)
+
+
+def _Round_0(o):
+    """ONNX Round -> Round (specs/ops.glowdef:927:3)."""
+    attrs = {}
+    return attrs
+
+_Round_0_clause = OnnxClause(onnx_op='Round', op='Round', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Round_0, consumed=(), location='specs/ops.glowdef:927:3', guard=None)
+
+
+def _IsNaN_0(o):
+    """ONNX IsNaN -> IsNaN (specs/ops.glowdef:935:3)."""
+    attrs = {}
+    return attrs
+
+_IsNaN_0_clause = OnnxClause(onnx_op='IsNaN', op='IsNaN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsNaN_0, consumed=(), location='specs/ops.glowdef:935:3', guard=None)
+
+
+def _IsInf_0(o):
+    """ONNX IsInf -> IsInf (specs/ops.glowdef:945:3)."""
+    attrs = {}
+    if o.has_attr('detect_negative'):
+        attrs['detect_negative'] = o.attr('detect_negative')
+    else:
+        attrs['detect_negative'] = 1
+    if o.has_attr('detect_positive'):
+        attrs['detect_positive'] = o.attr('detect_positive')
+    else:
+        attrs['detect_positive'] = 1
+    return attrs
+
+_IsInf_0_clause = OnnxClause(onnx_op='IsInf', op='IsInf', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsInf_0, consumed=('detect_negative', 'detect_positive'), location='specs/ops.glowdef:945:3', guard=None)
+
+
+def _BitwiseNot_0(o):
+    """ONNX BitwiseNot -> BitwiseNot (specs/ops.glowdef:953:3)."""
+    attrs = {}
+    return attrs
+
+_BitwiseNot_0_clause = OnnxClause(onnx_op='BitwiseNot', op='BitwiseNot', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_BitwiseNot_0, consumed=(), location='specs/ops.glowdef:953:3', guard=None)
+
+
+def _Selu_0(o):
+    """ONNX Selu -> Selu (specs/ops.glowdef:963:3)."""
+    attrs = {}
+    if o.has_attr('gamma'):
+        attrs['gamma'] = o.attr('gamma')
+    else:
+        attrs['gamma'] = 1.0507010221481323
+    if o.has_attr('alpha'):
+        attrs['alpha'] = o.attr('alpha')
+    else:
+        attrs['alpha'] = 1.6732631921768188
+    return attrs
+
+_Selu_0_clause = OnnxClause(onnx_op='Selu', op='Selu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Selu_0, consumed=('alpha', 'gamma'), location='specs/ops.glowdef:963:3', guard=None)
+
+
+def _ThresholdedRelu_0(o):
+    """ONNX ThresholdedRelu -> ThresholdedRelu (specs/ops.glowdef:972:3)."""
+    attrs = {}
+    if o.has_attr('alpha'):
+        attrs['alpha'] = o.attr('alpha')
+    else:
+        attrs['alpha'] = 1.0
+    return attrs
+
+_ThresholdedRelu_0_clause = OnnxClause(onnx_op='ThresholdedRelu', op='ThresholdedRelu', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_ThresholdedRelu_0, consumed=('alpha',), location='specs/ops.glowdef:972:3', guard=None)
+
+
+def _Shrink_0(o):
+    """ONNX Shrink -> Shrink (specs/ops.glowdef:982:3)."""
+    attrs = {}
+    if o.has_attr('bias'):
+        attrs['bias'] = o.attr('bias')
+    else:
+        attrs['bias'] = 0.0
+    if o.has_attr('lambd'):
+        attrs['lambd'] = o.attr('lambd')
+    else:
+        attrs['lambd'] = 0.5
+    return attrs
+
+_Shrink_0_clause = OnnxClause(onnx_op='Shrink', op='Shrink', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Shrink_0, consumed=('bias', 'lambd'), location='specs/ops.glowdef:982:3', guard=None)
+
+
+def _Mod_0(o):
+    """ONNX Mod -> Mod (specs/ops.glowdef:993:3)."""
+    attrs = {}
+    if o.has_attr('fmod'):
+        attrs['fmod'] = o.attr('fmod')
+    else:
+        attrs['fmod'] = 0
+    return attrs
+
+_Mod_0_clause = OnnxClause(onnx_op='Mod', op='Mod', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mod_0, consumed=('fmod',), location='specs/ops.glowdef:993:3', guard=None)
+
+
+def _BitShift_0(o):
+    """ONNX BitShift -> BitShift (specs/ops.glowdef:1003:3)."""
+    attrs = {}
+    attrs['left'] = o.evaluating('left', 'specs/ops.glowdef:1003:39', lambda: (1 if rt.eq(o.attr('direction', None), 'LEFT') else 0))
+    return attrs
+
+_BitShift_0_clause = OnnxClause(onnx_op='BitShift', op='BitShift', since=None, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_BitShift_0, consumed=('direction',), location='specs/ops.glowdef:1003:3', guard=None)
+
+
+def _BitwiseAnd_0(o):
+    """ONNX BitwiseAnd -> BitwiseAnd (specs/ops.glowdef:1012:3)."""
+    attrs = {}
+    return attrs
+
+_BitwiseAnd_0_clause = OnnxClause(onnx_op='BitwiseAnd', op='BitwiseAnd', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseAnd_0, consumed=(), location='specs/ops.glowdef:1012:3', guard=None)
+
+
+def _BitwiseOr_0(o):
+    """ONNX BitwiseOr -> BitwiseOr (specs/ops.glowdef:1021:3)."""
+    attrs = {}
+    return attrs
+
+_BitwiseOr_0_clause = OnnxClause(onnx_op='BitwiseOr', op='BitwiseOr', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseOr_0, consumed=(), location='specs/ops.glowdef:1021:3', guard=None)
+
+
+def _BitwiseXor_0(o):
+    """ONNX BitwiseXor -> BitwiseXor (specs/ops.glowdef:1030:3)."""
+    attrs = {}
+    return attrs
+
+_BitwiseXor_0_clause = OnnxClause(onnx_op='BitwiseXor', op='BitwiseXor', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseXor_0, consumed=(), location='specs/ops.glowdef:1030:3', guard=None)
+
+
+def _PRelu_0(o):
+    """ONNX PRelu -> PRelu (specs/ops.glowdef:1039:3)."""
+    attrs = {}
+    return attrs
+
+_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:1039:3', guard=None)
+
+
+def _CastLike_0(o):
+    """ONNX CastLike -> CastLike (specs/ops.glowdef:1046:3)."""
+    attrs = {}
+    return attrs
+
+_CastLike_0_clause = OnnxClause(onnx_op='CastLike', op='CastLike', since=None, until=None, inputs=(('input', 'single'), ('target_type', 'single')), operands=(('input', 0), ('target_type', 1)), attributes=_CastLike_0, consumed=('saturate',), location='specs/ops.glowdef:1046:3', guard=None)
+
+
+def _Split_0(o):
+    """ONNX Split -> Split (specs/ops.glowdef:1058:3)."""
+    attrs = {}
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1060:5', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1061:5', lambda: sl.b_split_sizes(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))), (o.attr('split', None) if rt.b_defined(o.attr('split', None)) else ()), rt.b_len(o.outputs)))
+    return attrs
+
+_Split_0_clause = OnnxClause(onnx_op='Split', op='Split', since=2, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Split_0, consumed=('axis', 'split'), location='specs/ops.glowdef:1058:3', guard=None)
+
+
+def _Split_1(o):
+    """ONNX Split -> Split (specs/ops.glowdef:1063:3)."""
+    attrs = {}
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1065:5', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1066:5', lambda: sl.b_split_sizes(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))), (o.input('split').value if o.input('split').present else ()), rt.b_len(o.outputs)))
+    return attrs
+
+_Split_1_clause = OnnxClause(onnx_op='Split', op='Split', since=13, until=None, inputs=(('input', 'single'), ('split', 'optional')), operands=(('input', 0),), attributes=_Split_1, consumed=('axis', 'num_outputs'), location='specs/ops.glowdef:1063:3', guard=None)
+
+
+def _Tile_0(o):
+    """ONNX Tile -> Tile (specs/ops.glowdef:1077:3)."""
+    attrs = {}
+    attrs['repeats'] = o.evaluating('repeats', 'specs/ops.glowdef:1077:35', lambda: rt.b_ints(o.input('repeats').value))
+    return attrs
+
+_Tile_0_clause = OnnxClause(onnx_op='Tile', op='Tile', since=6, until=None, inputs=(('input', 'single'), ('repeats', 'single')), operands=(('input', 0),), attributes=_Tile_0, consumed=(), location='specs/ops.glowdef:1077:3', guard=None)
+
+
+def _Pad_0(o):
+    """ONNX Pad -> Pad (specs/ops.glowdef:1091:3)."""
+    attrs = {}
+    if o.has_attr('value'):
+        attrs['value'] = o.attr('value')
+    else:
+        attrs['value'] = 0.0
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'constant'
+    if o.has_attr('pads'):
+        attrs['pads'] = o.attr('pads')
+    return attrs
+
+_Pad_0_clause = OnnxClause(onnx_op='Pad', op='Pad', since=2, until=10, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Pad_0, consumed=('mode', 'pads', 'value'), location='specs/ops.glowdef:1091:3', guard=None)
+
+
+def _Pad_1(o):
+    """ONNX Pad -> Pad (specs/ops.glowdef:1092:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'constant'
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1094:5', lambda: sl.b_full_pads(rt.b_rank(o.input('data')), rt.b_ints(o.input('pads').value), (rt.b_ints(o.input('axes').value) if o.input('axes').present else ())))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:1095:5', lambda: (rt.b_item(o.input('constant_value').value) if o.input('constant_value').present else 0.0))
+    return attrs
+
+_Pad_1_clause = OnnxClause(onnx_op='Pad', op='Pad', since=11, until=None, inputs=(('data', 'single'), ('pads', 'single'), ('constant_value', 'optional'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Pad_1, consumed=('mode',), location='specs/ops.glowdef:1092:3', guard=None)
+
+
+def _Trilu_0(o):
+    """ONNX Trilu -> Trilu (specs/ops.glowdef:1107:3)."""
+    attrs = {}
+    if o.has_attr('upper'):
+        attrs['upper'] = o.attr('upper')
+    else:
+        attrs['upper'] = 1
+    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:1107:28', lambda: (rt.b_item(o.input('k').value) if o.input('k').present else 0))
+    return attrs
+
+_Trilu_0_clause = OnnxClause(onnx_op='Trilu', op='Trilu', since=None, until=None, inputs=(('input', 'single'), ('k', 'optional')), operands=(('input', 0),), attributes=_Trilu_0, consumed=('upper',), location='specs/ops.glowdef:1107:3', guard=None)
+
+
+def _GatherElements_0(o):
+    """ONNX GatherElements -> GatherElements (specs/ops.glowdef:1117:3)."""
+    attrs = {}
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1117:56', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    return attrs
+
+_GatherElements_0_clause = OnnxClause(onnx_op='GatherElements', op='GatherElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherElements_0, consumed=('axis',), location='specs/ops.glowdef:1117:3', guard=None)
+
+
+def _GatherND_0(o):
+    """ONNX GatherND -> GatherND (specs/ops.glowdef:1126:3)."""
+    attrs = {}
+    if o.has_attr('batch_dims'):
+        attrs['batch_dims'] = o.attr('batch_dims')
+    else:
+        attrs['batch_dims'] = 0
+    return attrs
+
+_GatherND_0_clause = OnnxClause(onnx_op='GatherND', op='GatherND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherND_0, consumed=('batch_dims',), location='specs/ops.glowdef:1126:3', guard=None)
+
+
+def _ScatterElements_0(o):
+    """ONNX ScatterElements -> ScatterElements (specs/ops.glowdef:1136:3)."""
+    attrs = {}
+    if o.has_attr('reduction'):
+        attrs['reduction'] = o.attr('reduction')
+    else:
+        attrs['reduction'] = 'none'
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1136:77', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    return attrs
+
+_ScatterElements_0_clause = OnnxClause(onnx_op='ScatterElements', op='ScatterElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterElements_0, consumed=('axis', 'reduction'), location='specs/ops.glowdef:1136:3', guard=None)
+
+
+def _ScatterND_0(o):
+    """ONNX ScatterND -> ScatterND (specs/ops.glowdef:1145:3)."""
+    attrs = {}
+    if o.has_attr('reduction'):
+        attrs['reduction'] = o.attr('reduction')
+    else:
+        attrs['reduction'] = 'none'
+    return attrs
+
+_ScatterND_0_clause = OnnxClause(onnx_op='ScatterND', op='ScatterND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterND_0, consumed=('reduction',), location='specs/ops.glowdef:1145:3', guard=None)
+
+
+def _DepthToSpace_0(o):
+    """ONNX DepthToSpace -> DepthToSpace (specs/ops.glowdef:1155:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'DCR'
+    if o.has_attr('blocksize'):
+        attrs['blocksize'] = o.attr('blocksize')
+    return attrs
+
+_DepthToSpace_0_clause = OnnxClause(onnx_op='DepthToSpace', op='DepthToSpace', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_DepthToSpace_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:1155:3', guard=None)
+
+
+def _SpaceToDepth_0(o):
+    """ONNX SpaceToDepth -> SpaceToDepth (specs/ops.glowdef:1165:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'DCR'
+    if o.has_attr('blocksize'):
+        attrs['blocksize'] = o.attr('blocksize')
+    return attrs
+
+_SpaceToDepth_0_clause = OnnxClause(onnx_op='SpaceToDepth', op='SpaceToDepth', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SpaceToDepth_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:1165:3', guard=None)
+
+
+def _EyeLike_0(o):
+    """ONNX EyeLike -> EyeLike (specs/ops.glowdef:1175:3)."""
+    attrs = {}
+    if o.has_attr('k'):
+        attrs['k'] = o.attr('k')
+    else:
+        attrs['k'] = 0
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1175:30', lambda: (sl.b_onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
+    return attrs
+
+_EyeLike_0_clause = OnnxClause(onnx_op='EyeLike', op='EyeLike', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_EyeLike_0, consumed=('dtype', 'k'), location='specs/ops.glowdef:1175:3', guard=None)
+
+
+def _OneHot_0(o):
+    """ONNX OneHot -> OneHot (specs/ops.glowdef:1185:3)."""
+    attrs = {}
+    if o.has_attr('axis'):
+        attrs['axis'] = o.attr('axis')
+    else:
+        attrs['axis'] = -1
+    attrs['depth'] = o.evaluating('depth', 'specs/ops.glowdef:1185:55', lambda: rt.b_int(rt.b_item(o.input('depth').value)))
+    return attrs
+
+_OneHot_0_clause = OnnxClause(onnx_op='OneHot', op='OneHot', since=None, until=None, inputs=(('indices', 'single'), ('depth', 'single'), ('values', 'single')), operands=(('indices', 0), ('values', 1)), attributes=_OneHot_0, consumed=('axis',), location='specs/ops.glowdef:1185:3', guard=None)
+
+
+def _ArgMax_0(o):
+    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:1197:3)."""
+    attrs = {}
+    if o.has_attr('select_last_index'):
+        attrs['select_last_index'] = o.attr('select_last_index')
+    else:
+        attrs['select_last_index'] = 0
+    if o.has_attr('keepdims'):
+        attrs['keepdims'] = o.attr('keepdims')
+    else:
+        attrs['keepdims'] = 1
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1197:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    return attrs
+
+_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:1197:3', guard=None)
+
+
+def _ArgMin_0(o):
+    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:1208:3)."""
+    attrs = {}
+    if o.has_attr('select_last_index'):
+        attrs['select_last_index'] = o.attr('select_last_index')
+    else:
+        attrs['select_last_index'] = 0
+    if o.has_attr('keepdims'):
+        attrs['keepdims'] = o.attr('keepdims')
+    else:
+        attrs['keepdims'] = 1
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1208:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    return attrs
+
+_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:1208:3', guard=None)
+
+
+def _TopK_0(o):
+    """ONNX TopK -> TopK (specs/ops.glowdef:1220:3)."""
+    attrs = {}
+    if o.has_attr('k'):
+        attrs['k'] = o.attr('k')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1220:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    return attrs
+
+_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:1220:3', guard=None)
+
+
+def _TopK_1(o):
+    """ONNX TopK -> TopK (specs/ops.glowdef:1221:3)."""
+    attrs = {}
+    if o.has_attr('largest'):
+        attrs['largest'] = o.attr('largest')
+    else:
+        attrs['largest'] = 1
+    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:1225:5')
+    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:1223:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1224:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    return attrs
+
+_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:1221:3', guard=None)
+
+
+def _CumSum_0(o):
+    """ONNX CumSum -> CumSum (specs/ops.glowdef:1237:3)."""
+    attrs = {}
+    if o.has_attr('reverse'):
+        attrs['reverse'] = o.attr('reverse')
+    else:
+        attrs['reverse'] = 0
+    if o.has_attr('exclusive'):
+        attrs['exclusive'] = o.attr('exclusive')
+    else:
+        attrs['exclusive'] = 0
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1237:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    return attrs
+
+_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1237:3', guard=None)
+
+
+def _CumProd_0(o):
+    """ONNX CumProd -> CumProd (specs/ops.glowdef:1248:3)."""
+    attrs = {}
+    if o.has_attr('reverse'):
+        attrs['reverse'] = o.attr('reverse')
+    else:
+        attrs['reverse'] = 0
+    if o.has_attr('exclusive'):
+        attrs['exclusive'] = o.attr('exclusive')
+    else:
+        attrs['exclusive'] = 0
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1248:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    return attrs
+
+_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1248:3', guard=None)
+
+
+def _Hardmax_0(o):
+    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:1257:3)."""
+    attrs = {}
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1257:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    return attrs
+
+_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:1257:3', guard=None)
+
+
+def _Einsum_0(o):
+    """ONNX Einsum -> Einsum (specs/ops.glowdef:1266:3)."""
+    attrs = {}
+    if o.has_attr('equation'):
+        attrs['equation'] = o.attr('equation')
+    return attrs
+
+_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:1266:3', guard=None)
+
+
+def _InstanceNormalization_0(o):
+    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1275:3)."""
+    attrs = {}
+    if o.has_attr('epsilon'):
+        attrs['epsilon'] = o.attr('epsilon')
+    else:
+        attrs['epsilon'] = 9.999999747378752e-06
+    return attrs
+
+_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1275:3', guard=None)
+
+
+def _LpNormalization_0(o):
+    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1284:3)."""
+    attrs = {}
+    if o.has_attr('p'):
+        attrs['p'] = o.attr('p')
+    else:
+        attrs['p'] = 2
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1284:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    return attrs
+
+_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1284:3', guard=None)
+
+
+def _ConvN_0(o):
+    """ONNX Conv -> ConvN (specs/ops.glowdef:1302:3)."""
+    attrs = {}
+    if o.has_attr('group'):
+        attrs['group'] = o.attr('group')
+    else:
+        attrs['group'] = 1
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1304:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1305:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1306:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1307:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1302:3', guard=None)
+
+
+def _MaxPoolN_0(o):
+    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:1324:3)."""
+    attrs = {}
+    if o.has_attr('ceil_mode'):
+        attrs['ceil_mode'] = o.attr('ceil_mode')
+    else:
+        attrs['ceil_mode'] = 0
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:1326:5')
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:1327:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1328:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1329:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1330:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1331:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:1324:3', guard=None)
+
+
+def _AvgPoolN_0(o):
+    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:1348:3)."""
+    attrs = {}
+    if o.has_attr('count_include_pad'):
+        attrs['count_include_pad'] = o.attr('count_include_pad')
+    else:
+        attrs['count_include_pad'] = 0
+    if o.has_attr('ceil_mode'):
+        attrs['ceil_mode'] = o.attr('ceil_mode')
+    else:
+        attrs['ceil_mode'] = 0
+    o.check(((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1))), 'dilated average pooling is not supported', 'specs/ops.glowdef:1350:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1351:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1352:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1353:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1348:3', guard=None)
+
+
+def _ConvTranspose_0(o):
+    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:1370:3)."""
+    attrs = {}
+    if o.has_attr('group'):
+        attrs['group'] = o.attr('group')
+    else:
+        attrs['group'] = 1
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1372:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1373:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1374:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:1375:5', lambda: (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1376:5', lambda: sl.b_convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
+    return attrs
+
+_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1370:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,
+    _Add_1_clause,
     _Sub_0_clause,
+    _Sub_1_clause,
     _Mul_0_clause,
+    _Mul_1_clause,
     _Div_0_clause,
+    _Div_1_clause,
     _Pow_0_clause,
+    _Pow_1_clause,
     _Equal_0_clause,
     _Less_0_clause,
     _LessOrEqual_0_clause,
@@ -964,10 +1660,9 @@ CLAUSES = (
     _Unsqueeze_0_clause,
     _Unsqueeze_1_clause,
     _Transpose_0_clause,
-    _Pad_0_clause,
-    _Pad_1_clause,
     _Concat_0_clause,
     _Slice_0_clause,
+    _Slice_1_clause,
     _Gather_0_clause,
     _Expand_0_clause,
     _Shape_0_clause,
@@ -986,6 +1681,7 @@ CLAUSES = (
     _ReduceMean_1_clause,
     _MatMul_0_clause,
     _Gemm_0_clause,
+    _Gemm_1_clause,
     _Conv_0_clause,
     _MaxPool_0_clause,
     _AvgPool_0_clause,
@@ -995,9 +1691,64 @@ CLAUSES = (
     _BatchNormalization_0_clause,
     _BatchNormalization_1_clause,
     _BatchNormalization_2_clause,
+    _BatchNormalization_3_clause,
     _LayerNormalization_0_clause,
     _Softmax_0_clause,
     _LogSoftmax_0_clause,
     _SoftmaxFlat_0_clause,
     _LogSoftmaxFlat_0_clause,
+    _Sin_0_clause,
+    _Cos_0_clause,
+    _Tan_0_clause,
+    _Asin_0_clause,
+    _Acos_0_clause,
+    _Atan_0_clause,
+    _Sinh_0_clause,
+    _Cosh_0_clause,
+    _Asinh_0_clause,
+    _Acosh_0_clause,
+    _Atanh_0_clause,
+    _Sign_0_clause,
+    _Round_0_clause,
+    _IsNaN_0_clause,
+    _IsInf_0_clause,
+    _BitwiseNot_0_clause,
+    _Selu_0_clause,
+    _ThresholdedRelu_0_clause,
+    _Shrink_0_clause,
+    _Mod_0_clause,
+    _BitShift_0_clause,
+    _BitwiseAnd_0_clause,
+    _BitwiseOr_0_clause,
+    _BitwiseXor_0_clause,
+    _PRelu_0_clause,
+    _CastLike_0_clause,
+    _Split_0_clause,
+    _Split_1_clause,
+    _Tile_0_clause,
+    _Pad_0_clause,
+    _Pad_1_clause,
+    _Trilu_0_clause,
+    _GatherElements_0_clause,
+    _GatherND_0_clause,
+    _ScatterElements_0_clause,
+    _ScatterND_0_clause,
+    _DepthToSpace_0_clause,
+    _SpaceToDepth_0_clause,
+    _EyeLike_0_clause,
+    _OneHot_0_clause,
+    _ArgMax_0_clause,
+    _ArgMin_0_clause,
+    _TopK_0_clause,
+    _TopK_1_clause,
+    _CumSum_0_clause,
+    _CumProd_0_clause,
+    _Hardmax_0_clause,
+    _Einsum_0_clause,
+    _InstanceNormalization_0_clause,
+    _LpNormalization_0_clause,
+    _ConvN_0_clause,
+    _MaxPoolN_0_clause,
+    _AvgPoolN_0_clause,
+    _ConvTranspose_0_clause,
 )

@@ -25,7 +25,7 @@ class Add(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, commutative, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:23:1.
+    Declared at specs/ops.glowdef:26:1.
     """
 
     OP: ClassVar[str] = 'Add'
@@ -34,7 +34,7 @@ class Add(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:23:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:26:1'
 
 
     @property
@@ -56,15 +56,15 @@ class Add(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Add', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:26:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:26:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:26:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:26:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:29:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:29:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:29:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:29:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Add', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:27:3')
-        return (rt.result_type('Add', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:28:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Add', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:30:3')
+        return (rt.result_type('Add', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:31:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -77,7 +77,7 @@ class Sub(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:32:1.
+    Declared at specs/ops.glowdef:36:1.
     """
 
     OP: ClassVar[str] = 'Sub'
@@ -86,7 +86,7 @@ class Sub(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:32:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:36:1'
 
 
     @property
@@ -108,15 +108,15 @@ class Sub(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sub', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:35:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:35:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:35:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:35:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Sub', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:36:3')
-        return (rt.result_type('Sub', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:37:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Sub', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Sub', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -129,7 +129,7 @@ class Mul(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, commutative, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:41:1.
+    Declared at specs/ops.glowdef:46:1.
     """
 
     OP: ClassVar[str] = 'Mul'
@@ -138,7 +138,7 @@ class Mul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:41:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:46:1'
 
 
     @property
@@ -160,15 +160,15 @@ class Mul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Mul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:44:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:44:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:44:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:44:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:49:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:49:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:49:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:49:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Mul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:45:3')
-        return (rt.result_type('Mul', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:46:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Mul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:50:3')
+        return (rt.result_type('Mul', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:51:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -181,7 +181,7 @@ class Div(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:50:1.
+    Declared at specs/ops.glowdef:56:1.
     """
 
     OP: ClassVar[str] = 'Div'
@@ -190,7 +190,7 @@ class Div(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:50:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:56:1'
 
 
     @property
@@ -212,15 +212,15 @@ class Div(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Div', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:53:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:53:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:53:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:53:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:59:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:59:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:59:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:59:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Div', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:54:3')
-        return (rt.result_type('Div', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:55:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Div', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:60:3')
+        return (rt.result_type('Div', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:61:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -228,12 +228,12 @@ class Pow(Node):
     """Elementwise power lhs ** rhs with NumPy broadcasting.
     
     Operands:
-        lhs: Tensor[F, *X]
-        rhs: Tensor[F, *Y]
+        lhs: Tensor[T, *X]
+        rhs: Tensor[P, *Y]
     Results:
-        y: Tensor[F, *broadcast(X, Y)]
+        y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:59:1.
+    Declared at specs/ops.glowdef:66:1.
     """
 
     OP: ClassVar[str] = 'Pow'
@@ -242,37 +242,38 @@ class Pow(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:59:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:66:1'
 
 
     @property
     def lhs(self):
-        """Operand lhs: Tensor[F, *X]"""
+        """Operand lhs: Tensor[T, *X]"""
         return self.inputs[0]
 
     @property
     def rhs(self):
-        """Operand rhs: Tensor[F, *Y]"""
+        """Operand rhs: Tensor[P, *Y]"""
         return self.inputs[1]
 
     @property
     def y(self):
-        """Result y: Tensor[F, *broadcast(X, Y)]"""
+        """Result y: Tensor[T, *broadcast(X, Y)]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Pow', _node)
-        u.elem('lhs', lhs, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:62:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:62:7')
-        u.elem('rhs', rhs, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:62:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:62:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:69:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:69:7')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:69:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:69:27')
         X = u.dim('X')
         Y = u.dim('Y')
-        F = u.dtype('F')
-        rt.check(rt.b_broadcastable(X, Y), 'Pow', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:63:3')
-        return (rt.result_type('Pow', _node, F, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:64:7'), )
+        P = u.dtype('P')
+        T = u.dtype('T')
+        rt.check(rt.b_broadcastable(X, Y), 'Pow', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:70:3')
+        return (rt.result_type('Pow', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:71:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -285,62 +286,10 @@ class Max(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, commutative, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:68:1.
-    """
-
-    OP: ClassVar[str] = 'Max'
-    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:68:1'
-
-
-    @property
-    def lhs(self):
-        """Operand lhs: Tensor[T, *X]"""
-        return self.inputs[0]
-
-    @property
-    def rhs(self):
-        """Operand rhs: Tensor[T, *Y]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *broadcast(X, Y)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(lhs, rhs, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Max', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:71:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:71:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:71:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:71:27')
-        X = u.dim('X')
-        Y = u.dim('Y')
-        T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Max', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:72:3')
-        return (rt.result_type('Max', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:73:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Min(Node):
-    """Elementwise minimum of two tensors (NaN propagates).
-    
-    Operands:
-        lhs: Tensor[T, *X]
-        rhs: Tensor[T, *Y]
-    Results:
-        y: Tensor[T, *broadcast(X, Y)]
-    Traits: elementwise, broadcast, commutative, primitive, inplace(y, lhs)
     Declared at specs/ops.glowdef:76:1.
     """
 
-    OP: ClassVar[str] = 'Min'
+    OP: ClassVar[str] = 'Max'
     INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -367,7 +316,7 @@ class Min(Node):
     @staticmethod
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Min', _node)
+        u = rt.Unifier('Max', _node)
         u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:79:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:79:7')
         u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:79:27')
@@ -375,8 +324,60 @@ class Min(Node):
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Min', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:80:3')
-        return (rt.result_type('Min', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:81:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Max', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:80:3')
+        return (rt.result_type('Max', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:81:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Min(Node):
+    """Elementwise minimum of two tensors (NaN propagates).
+    
+    Operands:
+        lhs: Tensor[T, *X]
+        rhs: Tensor[T, *Y]
+    Results:
+        y: Tensor[T, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, commutative, primitive, inplace(y, lhs)
+    Declared at specs/ops.glowdef:84:1.
+    """
+
+    OP: ClassVar[str] = 'Min'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:84:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[T, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[T, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Min', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:87:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:87:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:87:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:87:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        T = u.dtype('T')
+        rt.check(rt.b_broadcastable(X, Y), 'Min', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:88:3')
+        return (rt.result_type('Min', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:89:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -389,7 +390,7 @@ class Equal(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, commutative, primitive
-    Declared at specs/ops.glowdef:84:1.
+    Declared at specs/ops.glowdef:92:1.
     """
 
     OP: ClassVar[str] = 'Equal'
@@ -398,7 +399,7 @@ class Equal(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:84:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:92:1'
 
 
     @property
@@ -420,15 +421,15 @@ class Equal(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Equal', _node)
-        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:87:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:87:7')
-        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:87:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:87:27')
+        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:95:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:95:7')
+        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:95:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:95:27')
         X = u.dim('X')
         Y = u.dim('Y')
         A = u.dtype('A')
-        rt.check(rt.b_broadcastable(X, Y), 'Equal', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:88:3')
-        return (rt.result_type('Equal', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:89:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Equal', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:96:3')
+        return (rt.result_type('Equal', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:97:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -441,7 +442,7 @@ class Less(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:93:1.
+    Declared at specs/ops.glowdef:101:1.
     """
 
     OP: ClassVar[str] = 'Less'
@@ -450,7 +451,7 @@ class Less(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:93:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:101:1'
 
 
     @property
@@ -472,15 +473,15 @@ class Less(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Less', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:96:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:96:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:96:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:96:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:104:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:104:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:104:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:104:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Less', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:97:3')
-        return (rt.result_type('Less', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:98:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Less', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:105:3')
+        return (rt.result_type('Less', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:106:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -493,7 +494,7 @@ class LessOrEqual(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:102:1.
+    Declared at specs/ops.glowdef:110:1.
     """
 
     OP: ClassVar[str] = 'LessOrEqual'
@@ -502,7 +503,7 @@ class LessOrEqual(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:102:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:110:1'
 
 
     @property
@@ -524,15 +525,15 @@ class LessOrEqual(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LessOrEqual', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:105:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:105:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:105:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:105:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:113:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:113:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:113:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:113:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'LessOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:106:3')
-        return (rt.result_type('LessOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:107:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'LessOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:114:3')
+        return (rt.result_type('LessOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:115:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -545,7 +546,7 @@ class Greater(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:111:1.
+    Declared at specs/ops.glowdef:119:1.
     """
 
     OP: ClassVar[str] = 'Greater'
@@ -554,7 +555,7 @@ class Greater(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:111:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:119:1'
 
 
     @property
@@ -576,15 +577,15 @@ class Greater(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Greater', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:114:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:114:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:114:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:114:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:122:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:122:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:122:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:122:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Greater', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:115:3')
-        return (rt.result_type('Greater', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:116:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Greater', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:123:3')
+        return (rt.result_type('Greater', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:124:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -597,7 +598,7 @@ class GreaterOrEqual(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:120:1.
+    Declared at specs/ops.glowdef:128:1.
     """
 
     OP: ClassVar[str] = 'GreaterOrEqual'
@@ -606,7 +607,7 @@ class GreaterOrEqual(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:120:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:128:1'
 
 
     @property
@@ -628,15 +629,15 @@ class GreaterOrEqual(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GreaterOrEqual', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:123:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:123:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:123:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:123:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:131:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:131:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:131:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:131:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'GreaterOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:124:3')
-        return (rt.result_type('GreaterOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:125:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'GreaterOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:132:3')
+        return (rt.result_type('GreaterOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:133:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -649,7 +650,7 @@ class And(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, commutative, primitive
-    Declared at specs/ops.glowdef:129:1.
+    Declared at specs/ops.glowdef:137:1.
     """
 
     OP: ClassVar[str] = 'And'
@@ -658,7 +659,7 @@ class And(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:129:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:137:1'
 
 
     @property
@@ -680,14 +681,14 @@ class And(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('And', _node)
-        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:132:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:132:7')
-        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:132:30')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:132:30')
+        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:140:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:140:7')
+        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:140:30')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:140:30')
         X = u.dim('X')
         Y = u.dim('Y')
-        rt.check(rt.b_broadcastable(X, Y), 'And', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:133:3')
-        return (rt.result_type('And', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:134:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'And', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:141:3')
+        return (rt.result_type('And', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:142:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -700,7 +701,7 @@ class Or(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, commutative, primitive
-    Declared at specs/ops.glowdef:138:1.
+    Declared at specs/ops.glowdef:146:1.
     """
 
     OP: ClassVar[str] = 'Or'
@@ -709,7 +710,7 @@ class Or(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:138:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:146:1'
 
 
     @property
@@ -731,14 +732,14 @@ class Or(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Or', _node)
-        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:141:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:141:7')
-        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:141:30')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:141:30')
+        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:149:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:149:7')
+        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:149:30')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:149:30')
         X = u.dim('X')
         Y = u.dim('Y')
-        rt.check(rt.b_broadcastable(X, Y), 'Or', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:142:3')
-        return (rt.result_type('Or', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:143:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Or', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:150:3')
+        return (rt.result_type('Or', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:151:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -751,7 +752,7 @@ class Xor(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, commutative, primitive
-    Declared at specs/ops.glowdef:147:1.
+    Declared at specs/ops.glowdef:155:1.
     """
 
     OP: ClassVar[str] = 'Xor'
@@ -760,7 +761,7 @@ class Xor(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:147:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:155:1'
 
 
     @property
@@ -782,14 +783,14 @@ class Xor(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Xor', _node)
-        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:150:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:150:7')
-        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:150:30')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:150:30')
+        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:158:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:158:7')
+        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:158:30')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:158:30')
         X = u.dim('X')
         Y = u.dim('Y')
-        rt.check(rt.b_broadcastable(X, Y), 'Xor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:151:3')
-        return (rt.result_type('Xor', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:152:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Xor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:159:3')
+        return (rt.result_type('Xor', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:160:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -803,7 +804,7 @@ class Select(Node):
     Results:
         y: Tensor[A, *broadcast(C, X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:156:1.
+    Declared at specs/ops.glowdef:164:1.
     """
 
     OP: ClassVar[str] = 'Select'
@@ -812,7 +813,7 @@ class Select(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:156:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:164:1'
 
 
     @property
@@ -839,18 +840,18 @@ class Select(Node):
     def infer(cond, lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Select', _node)
-        u.exact_elem('cond', cond, 'bool', 'specs/ops.glowdef:159:7')
-        u.shape('cond', cond, (), 'C', (), 'specs/ops.glowdef:159:7')
-        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:159:31')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:159:31')
-        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:159:51')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:159:51')
+        u.exact_elem('cond', cond, 'bool', 'specs/ops.glowdef:167:7')
+        u.shape('cond', cond, (), 'C', (), 'specs/ops.glowdef:167:7')
+        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:167:31')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:167:31')
+        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:167:51')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:167:51')
         C = u.dim('C')
         X = u.dim('X')
         Y = u.dim('Y')
         A = u.dtype('A')
-        rt.check(rt.b_broadcastable(C, X, Y), 'Select', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:160:3')
-        return (rt.result_type('Select', _node, A, (*rt.b_broadcast(C, X, Y),), 'specs/ops.glowdef:161:7'), )
+        rt.check(rt.b_broadcastable(C, X, Y), 'Select', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:168:3')
+        return (rt.result_type('Select', _node, A, (*rt.b_broadcast(C, X, Y),), 'specs/ops.glowdef:169:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -862,52 +863,10 @@ class Neg(Node):
     Results:
         y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:167:1.
-    """
-
-    OP: ClassVar[str] = 'Neg'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:167:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Neg', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:170:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:170:7')
-        S = u.dim('S')
-        T = u.dtype('T')
-        return (rt.result_type('Neg', _node, T, (*S,), 'specs/ops.glowdef:171:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Abs(Node):
-    """Elementwise absolute value.
-    
-    Operands:
-        x: Tensor[T, *S]
-    Results:
-        y: Tensor[T, *S]
-    Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:175:1.
     """
 
-    OP: ClassVar[str] = 'Abs'
+    OP: ClassVar[str] = 'Neg'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -929,12 +888,54 @@ class Abs(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Abs', _node)
+        u = rt.Unifier('Neg', _node)
         u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:178:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:178:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Abs', _node, T, (*S,), 'specs/ops.glowdef:179:7'), )
+        return (rt.result_type('Neg', _node, T, (*S,), 'specs/ops.glowdef:179:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Abs(Node):
+    """Elementwise absolute value.
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:183:1.
+    """
+
+    OP: ClassVar[str] = 'Abs'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:183:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Abs', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:186:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:186:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        return (rt.result_type('Abs', _node, T, (*S,), 'specs/ops.glowdef:187:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -946,52 +947,10 @@ class Exp(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:183:1.
-    """
-
-    OP: ClassVar[str] = 'Exp'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:183:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Exp', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:186:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:186:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Exp', _node, F, (*S,), 'specs/ops.glowdef:187:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Log(Node):
-    """Elementwise natural logarithm.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:191:1.
     """
 
-    OP: ClassVar[str] = 'Log'
+    OP: ClassVar[str] = 'Exp'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1013,17 +972,17 @@ class Log(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Log', _node)
+        u = rt.Unifier('Exp', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:194:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:194:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Log', _node, F, (*S,), 'specs/ops.glowdef:195:7'), )
+        return (rt.result_type('Exp', _node, F, (*S,), 'specs/ops.glowdef:195:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Sqrt(Node):
-    """Elementwise square root.
+class Log(Node):
+    """Elementwise natural logarithm.
     
     Operands:
         x: Tensor[F, *S]
@@ -1033,7 +992,7 @@ class Sqrt(Node):
     Declared at specs/ops.glowdef:199:1.
     """
 
-    OP: ClassVar[str] = 'Sqrt'
+    OP: ClassVar[str] = 'Log'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1055,12 +1014,54 @@ class Sqrt(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sqrt', _node)
+        u = rt.Unifier('Log', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:202:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:202:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Sqrt', _node, F, (*S,), 'specs/ops.glowdef:203:7'), )
+        return (rt.result_type('Log', _node, F, (*S,), 'specs/ops.glowdef:203:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sqrt(Node):
+    """Elementwise square root.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:207:1.
+    """
+
+    OP: ClassVar[str] = 'Sqrt'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:207:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Sqrt', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:210:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:210:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Sqrt', _node, F, (*S,), 'specs/ops.glowdef:211:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1072,7 +1073,7 @@ class Relu(Node):
     Results:
         y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:207:1.
+    Declared at specs/ops.glowdef:215:1.
     """
 
     OP: ClassVar[str] = 'Relu'
@@ -1081,7 +1082,7 @@ class Relu(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:207:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:215:1'
 
 
     @property
@@ -1098,11 +1099,11 @@ class Relu(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Relu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:210:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:210:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:218:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:218:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Relu', _node, T, (*S,), 'specs/ops.glowdef:211:7'), )
+        return (rt.result_type('Relu', _node, T, (*S,), 'specs/ops.glowdef:219:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1116,7 +1117,7 @@ class LeakyRelu(Node):
     Attributes:
         alpha: float = 0.01
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:215:1.
+    Declared at specs/ops.glowdef:223:1.
     """
 
     OP: ClassVar[str] = 'LeakyRelu'
@@ -1125,7 +1126,7 @@ class LeakyRelu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.01, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:215:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:223:1'
 
     alpha: object = attrs.field(default=0.01, converter=rt.CONVERTERS['float'])
 
@@ -1143,11 +1144,11 @@ class LeakyRelu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LeakyRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:218:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:218:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:226:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:226:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('LeakyRelu', _node, F, (*S,), 'specs/ops.glowdef:220:7'), )
+        return (rt.result_type('LeakyRelu', _node, F, (*S,), 'specs/ops.glowdef:228:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1161,7 +1162,7 @@ class Elu(Node):
     Attributes:
         alpha: float = 1.0
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:224:1.
+    Declared at specs/ops.glowdef:232:1.
     """
 
     OP: ClassVar[str] = 'Elu'
@@ -1170,7 +1171,7 @@ class Elu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:224:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:232:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
 
@@ -1188,11 +1189,11 @@ class Elu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Elu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:227:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:227:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:235:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:235:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Elu', _node, F, (*S,), 'specs/ops.glowdef:229:7'), )
+        return (rt.result_type('Elu', _node, F, (*S,), 'specs/ops.glowdef:237:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1204,52 +1205,10 @@ class Sigmoid(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:233:1.
-    """
-
-    OP: ClassVar[str] = 'Sigmoid'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:233:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:236:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:236:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Sigmoid', _node, F, (*S,), 'specs/ops.glowdef:237:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Tanh(Node):
-    """Elementwise hyperbolic tangent.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:241:1.
     """
 
-    OP: ClassVar[str] = 'Tanh'
+    OP: ClassVar[str] = 'Sigmoid'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1271,17 +1230,17 @@ class Tanh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Tanh', _node)
+        u = rt.Unifier('Sigmoid', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:244:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:244:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Tanh', _node, F, (*S,), 'specs/ops.glowdef:245:7'), )
+        return (rt.result_type('Sigmoid', _node, F, (*S,), 'specs/ops.glowdef:245:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Erf(Node):
-    """Elementwise error function.
+class Tanh(Node):
+    """Elementwise hyperbolic tangent.
     
     Operands:
         x: Tensor[F, *S]
@@ -1291,7 +1250,7 @@ class Erf(Node):
     Declared at specs/ops.glowdef:249:1.
     """
 
-    OP: ClassVar[str] = 'Erf'
+    OP: ClassVar[str] = 'Tanh'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1313,17 +1272,17 @@ class Erf(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Erf', _node)
+        u = rt.Unifier('Tanh', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:252:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:252:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Erf', _node, F, (*S,), 'specs/ops.glowdef:253:7'), )
+        return (rt.result_type('Tanh', _node, F, (*S,), 'specs/ops.glowdef:253:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Softplus(Node):
-    """Elementwise log(1 + exp(x)), computed without overflow.
+class Erf(Node):
+    """Elementwise error function.
     
     Operands:
         x: Tensor[F, *S]
@@ -1333,7 +1292,7 @@ class Softplus(Node):
     Declared at specs/ops.glowdef:257:1.
     """
 
-    OP: ClassVar[str] = 'Softplus'
+    OP: ClassVar[str] = 'Erf'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1355,17 +1314,17 @@ class Softplus(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Softplus', _node)
+        u = rt.Unifier('Erf', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:260:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:260:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Softplus', _node, F, (*S,), 'specs/ops.glowdef:261:7'), )
+        return (rt.result_type('Erf', _node, F, (*S,), 'specs/ops.glowdef:261:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Floor(Node):
-    """Elementwise floor.
+class Softplus(Node):
+    """Elementwise log(1 + exp(x)), computed without overflow.
     
     Operands:
         x: Tensor[F, *S]
@@ -1375,7 +1334,7 @@ class Floor(Node):
     Declared at specs/ops.glowdef:265:1.
     """
 
-    OP: ClassVar[str] = 'Floor'
+    OP: ClassVar[str] = 'Softplus'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1397,17 +1356,17 @@ class Floor(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Floor', _node)
+        u = rt.Unifier('Softplus', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:268:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:268:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Floor', _node, F, (*S,), 'specs/ops.glowdef:269:7'), )
+        return (rt.result_type('Softplus', _node, F, (*S,), 'specs/ops.glowdef:269:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Ceil(Node):
-    """Elementwise ceiling.
+class Floor(Node):
+    """Elementwise floor.
     
     Operands:
         x: Tensor[F, *S]
@@ -1417,7 +1376,7 @@ class Ceil(Node):
     Declared at specs/ops.glowdef:273:1.
     """
 
-    OP: ClassVar[str] = 'Ceil'
+    OP: ClassVar[str] = 'Floor'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1439,12 +1398,54 @@ class Ceil(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Ceil', _node)
+        u = rt.Unifier('Floor', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:276:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:276:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Ceil', _node, F, (*S,), 'specs/ops.glowdef:277:7'), )
+        return (rt.result_type('Floor', _node, F, (*S,), 'specs/ops.glowdef:277:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Ceil(Node):
+    """Elementwise ceiling.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:281:1.
+    """
+
+    OP: ClassVar[str] = 'Ceil'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:281:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Ceil', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:284:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:284:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Ceil', _node, F, (*S,), 'specs/ops.glowdef:285:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1456,7 +1457,7 @@ class Not(Node):
     Results:
         y: Tensor[bool, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:281:1.
+    Declared at specs/ops.glowdef:289:1.
     """
 
     OP: ClassVar[str] = 'Not'
@@ -1465,7 +1466,7 @@ class Not(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:281:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:289:1'
 
 
     @property
@@ -1482,10 +1483,10 @@ class Not(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Not', _node)
-        u.exact_elem('x', x, 'bool', 'specs/ops.glowdef:284:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:284:7')
+        u.exact_elem('x', x, 'bool', 'specs/ops.glowdef:292:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:292:7')
         S = u.dim('S')
-        return (rt.result_type('Not', _node, 'bool', (*S,), 'specs/ops.glowdef:285:7'), )
+        return (rt.result_type('Not', _node, 'bool', (*S,), 'specs/ops.glowdef:293:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1499,7 +1500,7 @@ class Cast(Node):
     Attributes:
         to: dtype
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:289:1.
+    Declared at specs/ops.glowdef:297:1.
     """
 
     OP: ClassVar[str] = 'Cast'
@@ -1508,7 +1509,7 @@ class Cast(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('to', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:289:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:297:1'
 
     to: object = attrs.field(converter=rt.CONVERTERS['dtype'])
 
@@ -1526,11 +1527,11 @@ class Cast(Node):
     def infer(x, *, _node='', to=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Cast', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:292:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:292:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:300:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:300:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Cast', _node, to, (*S,), 'specs/ops.glowdef:294:7'), )
+        return (rt.result_type('Cast', _node, to, (*S,), 'specs/ops.glowdef:302:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1542,7 +1543,7 @@ class Reciprocal(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise
-    Declared at specs/ops.glowdef:300:1.
+    Declared at specs/ops.glowdef:308:1.
     """
 
     OP: ClassVar[str] = 'Reciprocal'
@@ -1551,7 +1552,7 @@ class Reciprocal(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:300:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:308:1'
 
 
     @property
@@ -1568,11 +1569,11 @@ class Reciprocal(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reciprocal', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:303:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:303:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:311:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:311:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Reciprocal', _node, F, (*S,), 'specs/ops.glowdef:304:7'), )
+        return (rt.result_type('Reciprocal', _node, F, (*S,), 'specs/ops.glowdef:312:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1587,7 +1588,7 @@ class Clip(Node):
         min: float = -inf
         max: float = inf
     Traits: elementwise
-    Declared at specs/ops.glowdef:308:1.
+    Declared at specs/ops.glowdef:316:1.
     """
 
     OP: ClassVar[str] = 'Clip'
@@ -1596,7 +1597,7 @@ class Clip(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('min', 'float', rt.neg(float('inf')), True), AttrInfo('max', 'float', float('inf'), True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:308:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:316:1'
 
     min: object = attrs.field(default=rt.neg(float('inf')), converter=rt.CONVERTERS['float'])
     max: object = attrs.field(default=float('inf'), converter=rt.CONVERTERS['float'])
@@ -1615,11 +1616,11 @@ class Clip(Node):
     def infer(x, *, _node='', min=None, max=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Clip', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:311:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:311:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:319:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:319:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Clip', _node, T, (*S,), 'specs/ops.glowdef:314:7'), )
+        return (rt.result_type('Clip', _node, T, (*S,), 'specs/ops.glowdef:322:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1631,7 +1632,7 @@ class Swish(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, inplace(y, x)
-    Declared at specs/ops.glowdef:319:1.
+    Declared at specs/ops.glowdef:327:1.
     """
 
     OP: ClassVar[str] = 'Swish'
@@ -1640,7 +1641,7 @@ class Swish(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:319:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:327:1'
 
 
     @property
@@ -1657,11 +1658,11 @@ class Swish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Swish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:322:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:322:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:330:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:330:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Swish', _node, F, (*S,), 'specs/ops.glowdef:323:7'), )
+        return (rt.result_type('Swish', _node, F, (*S,), 'specs/ops.glowdef:331:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1676,7 +1677,7 @@ class HardSigmoid(Node):
         alpha: float = 0.2
         beta: float = 0.5
     Traits: elementwise
-    Declared at specs/ops.glowdef:326:1.
+    Declared at specs/ops.glowdef:334:1.
     """
 
     OP: ClassVar[str] = 'HardSigmoid'
@@ -1685,7 +1686,7 @@ class HardSigmoid(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.2, True), AttrInfo('beta', 'float', 0.5, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:326:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:334:1'
 
     alpha: object = attrs.field(default=0.2, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.5, converter=rt.CONVERTERS['float'])
@@ -1704,11 +1705,11 @@ class HardSigmoid(Node):
     def infer(x, *, _node='', alpha=None, beta=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:329:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:329:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:337:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:337:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('HardSigmoid', _node, F, (*S,), 'specs/ops.glowdef:332:7'), )
+        return (rt.result_type('HardSigmoid', _node, F, (*S,), 'specs/ops.glowdef:340:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1720,7 +1721,7 @@ class HardSwish(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise
-    Declared at specs/ops.glowdef:336:1.
+    Declared at specs/ops.glowdef:344:1.
     """
 
     OP: ClassVar[str] = 'HardSwish'
@@ -1729,7 +1730,7 @@ class HardSwish(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:336:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:344:1'
 
 
     @property
@@ -1746,11 +1747,11 @@ class HardSwish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSwish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:339:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:339:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:347:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:347:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('HardSwish', _node, F, (*S,), 'specs/ops.glowdef:340:7'), )
+        return (rt.result_type('HardSwish', _node, F, (*S,), 'specs/ops.glowdef:348:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1761,7 +1762,7 @@ class Identity(Node):
         x: Tensor[A, *S]
     Results:
         y: Tensor[A, *S]
-    Declared at specs/ops.glowdef:344:1.
+    Declared at specs/ops.glowdef:352:1.
     """
 
     OP: ClassVar[str] = 'Identity'
@@ -1770,7 +1771,7 @@ class Identity(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:344:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:352:1'
 
 
     @property
@@ -1787,11 +1788,11 @@ class Identity(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Identity', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:346:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:346:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:354:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:354:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Identity', _node, A, (*S,), 'specs/ops.glowdef:347:7'), )
+        return (rt.result_type('Identity', _node, A, (*S,), 'specs/ops.glowdef:355:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1803,7 +1804,7 @@ class Dropout(Node):
     Results:
         y: Tensor[F, *S]
         mask: Tensor[bool, *S]?
-    Declared at specs/ops.glowdef:351:1.
+    Declared at specs/ops.glowdef:359:1.
     """
 
     OP: ClassVar[str] = 'Dropout'
@@ -1812,7 +1813,7 @@ class Dropout(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:351:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:359:1'
 
 
     @property
@@ -1834,11 +1835,11 @@ class Dropout(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dropout', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:353:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:353:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:361:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:361:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Dropout', _node, F, (*S,), 'specs/ops.glowdef:354:7'), rt.result_type('Dropout', _node, 'bool', (*S,), 'specs/ops.glowdef:354:25'), )
+        return (rt.result_type('Dropout', _node, F, (*S,), 'specs/ops.glowdef:362:7'), rt.result_type('Dropout', _node, 'bool', (*S,), 'specs/ops.glowdef:362:25'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1849,7 +1850,7 @@ class SumN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:364:1.
+    Declared at specs/ops.glowdef:372:1.
     """
 
     OP: ClassVar[str] = 'SumN'
@@ -1858,7 +1859,7 @@ class SumN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:364:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:372:1'
 
 
     @property
@@ -1876,12 +1877,12 @@ class SumN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SumN', _node)
         if len(xs) == 0:
-            rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:366:7')
+            rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:374:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:366:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:374:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:367:7'), )
+        return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:375:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1892,7 +1893,7 @@ class MeanN(Node):
         xs: Tensor[F, *S]...
     Results:
         y: Tensor[F, *broadcast(S)]
-    Declared at specs/ops.glowdef:371:1.
+    Declared at specs/ops.glowdef:379:1.
     """
 
     OP: ClassVar[str] = 'MeanN'
@@ -1901,7 +1902,7 @@ class MeanN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:371:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:379:1'
 
 
     @property
@@ -1919,12 +1920,12 @@ class MeanN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MeanN', _node)
         if len(xs) == 0:
-            rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:373:7')
+            rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:381:7')
         for _t in xs:
-            u.elem('xs', _t, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:373:7')
+            u.elem('xs', _t, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:381:7')
         S = tuple(_t.shape for _t in xs)
         F = u.dtype('F')
-        return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:374:7'), )
+        return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:382:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1935,7 +1936,7 @@ class MaxN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:378:1.
+    Declared at specs/ops.glowdef:386:1.
     """
 
     OP: ClassVar[str] = 'MaxN'
@@ -1944,7 +1945,7 @@ class MaxN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:378:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:386:1'
 
 
     @property
@@ -1962,12 +1963,12 @@ class MaxN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxN', _node)
         if len(xs) == 0:
-            rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:380:7')
+            rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:388:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:380:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:388:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:381:7'), )
+        return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:389:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1978,7 +1979,7 @@ class MinN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:385:1.
+    Declared at specs/ops.glowdef:393:1.
     """
 
     OP: ClassVar[str] = 'MinN'
@@ -1987,7 +1988,7 @@ class MinN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:385:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:393:1'
 
 
     @property
@@ -2005,12 +2006,12 @@ class MinN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MinN', _node)
         if len(xs) == 0:
-            rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:387:7')
+            rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:395:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:387:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:395:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:388:7'), )
+        return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:396:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2024,7 +2025,7 @@ class Reshape(Node):
     Attributes:
         shape: ints
     Traits: primitive, view
-    Declared at specs/ops.glowdef:394:1.
+    Declared at specs/ops.glowdef:402:1.
     """
 
     OP: ClassVar[str] = 'Reshape'
@@ -2033,7 +2034,7 @@ class Reshape(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'view'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:394:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:402:1'
 
     shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -2051,12 +2052,12 @@ class Reshape(Node):
     def infer(x, *, _node='', shape=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reshape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:397:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:397:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:405:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:405:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_prod(shape), rt.b_prod(S)), 'Reshape', _node, 'the new shape must have as many elements as the operand', 'specs/ops.glowdef:399:3')
-        return (rt.result_type('Reshape', _node, A, (*shape,), 'specs/ops.glowdef:400:7'), )
+        rt.check(rt.eq(rt.b_prod(shape), rt.b_prod(S)), 'Reshape', _node, 'the new shape must have as many elements as the operand', 'specs/ops.glowdef:407:3')
+        return (rt.result_type('Reshape', _node, A, (*shape,), 'specs/ops.glowdef:408:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2069,7 +2070,7 @@ class Flatten(Node):
         y: Tensor[A, *flatten_shape(S, axis)]
     Attributes:
         axis: int = 1 where (-len(S) <= axis) and (axis <= len(S))
-    Declared at specs/ops.glowdef:404:1.
+    Declared at specs/ops.glowdef:412:1.
     """
 
     OP: ClassVar[str] = 'Flatten'
@@ -2078,7 +2079,7 @@ class Flatten(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:404:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:412:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
 
@@ -2096,12 +2097,12 @@ class Flatten(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Flatten', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:406:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:406:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:414:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:414:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:407:3')
-        return (rt.result_type('Flatten', _node, A, (*sl.b_flatten_shape(S, axis),), 'specs/ops.glowdef:408:7'), )
+        rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:415:3')
+        return (rt.result_type('Flatten', _node, A, (*sl.b_flatten_shape(S, axis),), 'specs/ops.glowdef:416:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2114,7 +2115,7 @@ class Squeeze(Node):
         y: Tensor[A, *squeeze_shape(S, axes)]
     Attributes:
         axes: ints = []
-    Declared at specs/ops.glowdef:412:1.
+    Declared at specs/ops.glowdef:420:1.
     """
 
     OP: ClassVar[str] = 'Squeeze'
@@ -2123,7 +2124,7 @@ class Squeeze(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:412:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:420:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
 
@@ -2141,11 +2142,11 @@ class Squeeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Squeeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:414:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:414:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:422:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:422:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Squeeze', _node, A, (*sl.b_squeeze_shape(S, axes),), 'specs/ops.glowdef:416:7'), )
+        return (rt.result_type('Squeeze', _node, A, (*sl.b_squeeze_shape(S, axes),), 'specs/ops.glowdef:424:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2158,7 +2159,7 @@ class Unsqueeze(Node):
         y: Tensor[A, *unsqueeze_shape(S, axes)]
     Attributes:
         axes: ints
-    Declared at specs/ops.glowdef:421:1.
+    Declared at specs/ops.glowdef:429:1.
     """
 
     OP: ClassVar[str] = 'Unsqueeze'
@@ -2167,7 +2168,7 @@ class Unsqueeze(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:421:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:429:1'
 
     axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -2185,11 +2186,11 @@ class Unsqueeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Unsqueeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:423:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:423:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:431:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:431:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Unsqueeze', _node, A, (*sl.b_unsqueeze_shape(S, axes),), 'specs/ops.glowdef:425:7'), )
+        return (rt.result_type('Unsqueeze', _node, A, (*sl.b_unsqueeze_shape(S, axes),), 'specs/ops.glowdef:433:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2203,7 +2204,7 @@ class Transpose(Node):
     Attributes:
         perm: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:430:1.
+    Declared at specs/ops.glowdef:438:1.
     """
 
     OP: ClassVar[str] = 'Transpose'
@@ -2212,7 +2213,7 @@ class Transpose(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('perm', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:430:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:438:1'
 
     perm: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -2230,64 +2231,12 @@ class Transpose(Node):
     def infer(x, *, _node='', perm=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Transpose', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:433:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:433:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:441:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:441:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_len(perm), rt.b_len(S)), 'Transpose', _node, 'perm must name every dimension once', 'specs/ops.glowdef:435:3')
-        return (rt.result_type('Transpose', _node, A, (*rt.b_permute(S, perm),), 'specs/ops.glowdef:436:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Pad(Node):
-    """Pad every dimension: pads is [begin of each dimension..., end of each dimension...]; mode constant fills with value, edge repeats the border, reflect mirrors it.
-    
-    Operands:
-        x: Tensor[A, *S]
-    Results:
-        y: Tensor[A, *pad_shape(S, pads)]
-    Attributes:
-        pads: ints where all(pads >= 0)
-        mode: string = "constant" where ((mode == "constant") or (mode == "edge")) or (mode == "reflect")
-        value: float = 0.0
-    Traits: primitive
-    Declared at specs/ops.glowdef:440:1.
-    """
-
-    OP: ClassVar[str] = 'Pad'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('pads', 'ints', None, False), AttrInfo('mode', 'string', 'constant', True), AttrInfo('value', 'float', 0.0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:440:1'
-
-    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    mode: object = attrs.field(default='constant', converter=rt.CONVERTERS['string'])
-    value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, *pad_shape(S, pads)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', pads=None, mode=None, value=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Pad', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:443:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:443:7')
-        S = u.dim('S')
-        A = u.dtype('A')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Pad', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:444:3')
-        rt.check(((rt.eq(mode, 'constant') or rt.eq(mode, 'edge')) or rt.eq(mode, 'reflect')), 'Pad', _node, f'attribute mode must satisfy ((mode == "constant") or (mode == "edge")) or (mode == "reflect"), got {mode!r}', 'specs/ops.glowdef:445:3')
-        rt.check(rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(S))), 'Pad', _node, 'pads must give a begin and an end for every dimension', 'specs/ops.glowdef:447:3')
-        return (rt.result_type('Pad', _node, A, (*sl.b_pad_shape(S, pads),), 'specs/ops.glowdef:448:7'), )
+        rt.check(rt.eq(rt.b_len(perm), rt.b_len(S)), 'Transpose', _node, 'perm must name every dimension once', 'specs/ops.glowdef:443:3')
+        return (rt.result_type('Transpose', _node, A, (*rt.b_permute(S, perm),), 'specs/ops.glowdef:444:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2301,7 +2250,7 @@ class Concat(Node):
     Attributes:
         axis: int where axis >= 0
     Traits: primitive
-    Declared at specs/ops.glowdef:457:1.
+    Declared at specs/ops.glowdef:448:1.
     """
 
     OP: ClassVar[str] = 'Concat'
@@ -2310,7 +2259,7 @@ class Concat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:457:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:448:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -2329,13 +2278,13 @@ class Concat(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Concat', _node)
         if len(xs) == 0:
-            rt.fail('Concat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:460:7')
+            rt.fail('Concat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:451:7')
         for _t in xs:
-            u.elem('xs', _t, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:460:7')
+            u.elem('xs', _t, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:451:7')
         S = tuple(_t.shape for _t in xs)
         A = u.dtype('A')
-        rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:461:3')
-        return (rt.result_type('Concat', _node, A, (*sl.b_concat_shape(S, axis),), 'specs/ops.glowdef:462:7'), )
+        rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:452:3')
+        return (rt.result_type('Concat', _node, A, (*sl.b_concat_shape(S, axis),), 'specs/ops.glowdef:453:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2351,7 +2300,7 @@ class Slice(Node):
         stops: ints
         steps: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:466:1.
+    Declared at specs/ops.glowdef:457:1.
     """
 
     OP: ClassVar[str] = 'Slice'
@@ -2360,7 +2309,7 @@ class Slice(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('starts', 'ints', None, False), AttrInfo('stops', 'ints', None, False), AttrInfo('steps', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:466:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:457:1'
 
     starts: object = attrs.field(converter=rt.CONVERTERS['ints'])
     stops: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -2380,12 +2329,12 @@ class Slice(Node):
     def infer(x, *, _node='', starts=None, stops=None, steps=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Slice', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:469:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:469:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:460:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:460:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:473:3')
-        return (rt.result_type('Slice', _node, A, (*sl.b_slice_shape(starts, stops, steps),), 'specs/ops.glowdef:475:7'), )
+        rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:464:3')
+        return (rt.result_type('Slice', _node, A, (*sl.b_slice_shape(starts, stops, steps),), 'specs/ops.glowdef:466:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2400,7 +2349,7 @@ class Gather(Node):
     Attributes:
         axis: int = 0 where (axis >= 0) and (axis < len(S))
     Traits: primitive
-    Declared at specs/ops.glowdef:484:1.
+    Declared at specs/ops.glowdef:481:1.
     """
 
     OP: ClassVar[str] = 'Gather'
@@ -2409,7 +2358,7 @@ class Gather(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:484:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:481:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
 
@@ -2432,16 +2381,16 @@ class Gather(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gather', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:487:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:487:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:487:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:487:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:484:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:484:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:484:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:484:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:488:3')
-        return (rt.result_type('Gather', _node, A, (*sl.b_gather_shape(S, Q, axis),), 'specs/ops.glowdef:489:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:485:3')
+        return (rt.result_type('Gather', _node, A, (*sl.b_gather_shape(S, Q, axis),), 'specs/ops.glowdef:486:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2455,7 +2404,7 @@ class Expand(Node):
     Attributes:
         shape: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:493:1.
+    Declared at specs/ops.glowdef:490:1.
     """
 
     OP: ClassVar[str] = 'Expand'
@@ -2464,7 +2413,7 @@ class Expand(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:493:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:490:1'
 
     shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -2482,11 +2431,11 @@ class Expand(Node):
     def infer(x, *, _node='', shape=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Expand', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:496:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:496:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:493:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:493:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, shape),), 'specs/ops.glowdef:498:7'), )
+        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, shape),), 'specs/ops.glowdef:495:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2501,7 +2450,7 @@ class Shape(Node):
         start: int = 0
         end: int = 9223372036854775807
     Traits: primitive, shape_only
-    Declared at specs/ops.glowdef:502:1.
+    Declared at specs/ops.glowdef:499:1.
     """
 
     OP: ClassVar[str] = 'Shape'
@@ -2510,7 +2459,7 @@ class Shape(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('start', 'int', 0, True), AttrInfo('end', 'int', 9223372036854775807, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'shape_only'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:502:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:499:1'
 
     start: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     end: object = attrs.field(default=9223372036854775807, converter=rt.CONVERTERS['int'])
@@ -2529,11 +2478,11 @@ class Shape(Node):
     def infer(x, *, _node='', start=None, end=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:505:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:505:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:502:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:502:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.b_shape_range(S, start, end)),), 'specs/ops.glowdef:508:7'), )
+        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.b_shape_range(S, start, end)),), 'specs/ops.glowdef:505:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2545,7 +2494,7 @@ class Size(Node):
     Results:
         y: Tensor[i64]
     Traits: primitive, shape_only
-    Declared at specs/ops.glowdef:512:1.
+    Declared at specs/ops.glowdef:509:1.
     """
 
     OP: ClassVar[str] = 'Size'
@@ -2554,7 +2503,7 @@ class Size(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'shape_only'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:512:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:509:1'
 
 
     @property
@@ -2571,11 +2520,11 @@ class Size(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Size', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:515:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:515:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:512:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:512:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Size', _node, 'i64', (), 'specs/ops.glowdef:516:7'), )
+        return (rt.result_type('Size', _node, 'i64', (), 'specs/ops.glowdef:513:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2590,7 +2539,7 @@ class Splat(Node):
         value: float = 0.0
         dtype: dtype = f32
     Traits: primitive
-    Declared at specs/ops.glowdef:520:1.
+    Declared at specs/ops.glowdef:517:1.
     """
 
     OP: ClassVar[str] = 'Splat'
@@ -2599,7 +2548,7 @@ class Splat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), AttrInfo('value', 'float', 0.0, True), AttrInfo('dtype', 'dtype', 'f32', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:520:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:517:1'
 
     shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
     value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
@@ -2614,7 +2563,7 @@ class Splat(Node):
     def infer(*, _node='', shape=None, value=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Splat', _node)
-        return (rt.result_type('Splat', _node, dtype, (*shape,), 'specs/ops.glowdef:526:7'), )
+        return (rt.result_type('Splat', _node, dtype, (*shape,), 'specs/ops.glowdef:523:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2630,7 +2579,7 @@ class Range(Node):
         delta: float
         dtype: dtype
     Traits: primitive
-    Declared at specs/ops.glowdef:530:1.
+    Declared at specs/ops.glowdef:527:1.
     """
 
     OP: ClassVar[str] = 'Range'
@@ -2639,7 +2588,7 @@ class Range(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('start', 'float', None, False), AttrInfo('limit', 'float', None, False), AttrInfo('delta', 'float', None, False), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:530:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:527:1'
 
     start: object = attrs.field(converter=rt.CONVERTERS['float'])
     limit: object = attrs.field(converter=rt.CONVERTERS['float'])
@@ -2655,8 +2604,8 @@ class Range(Node):
     def infer(*, _node='', start=None, limit=None, delta=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Range', _node)
-        rt.check(rt.ne(delta, 0), 'Range', _node, 'delta must not be 0', 'specs/ops.glowdef:537:3')
-        return (rt.result_type('Range', _node, dtype, (rt.b_max(0, rt.b_ceil(rt.truediv(rt.sub(limit, start), delta))),), 'specs/ops.glowdef:538:7'), )
+        rt.check(rt.ne(delta, 0), 'Range', _node, 'delta must not be 0', 'specs/ops.glowdef:534:3')
+        return (rt.result_type('Range', _node, dtype, (rt.b_max(0, rt.b_ceil(rt.truediv(rt.sub(limit, start), delta))),), 'specs/ops.glowdef:535:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2671,7 +2620,7 @@ class ReduceSum(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:546:1.
+    Declared at specs/ops.glowdef:543:1.
     """
 
     OP: ClassVar[str] = 'ReduceSum'
@@ -2680,7 +2629,7 @@ class ReduceSum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:546:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:543:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2699,11 +2648,11 @@ class ReduceSum(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:549:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:549:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:546:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:546:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceSum', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:552:7'), )
+        return (rt.result_type('ReduceSum', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:549:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2718,7 +2667,7 @@ class ReduceMax(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:562:1.
+    Declared at specs/ops.glowdef:559:1.
     """
 
     OP: ClassVar[str] = 'ReduceMax'
@@ -2727,7 +2676,7 @@ class ReduceMax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:562:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:559:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2746,11 +2695,11 @@ class ReduceMax(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:565:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:565:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:562:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:562:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:568:7'), )
+        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:565:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2765,7 +2714,7 @@ class ReduceMin(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:578:1.
+    Declared at specs/ops.glowdef:575:1.
     """
 
     OP: ClassVar[str] = 'ReduceMin'
@@ -2774,7 +2723,7 @@ class ReduceMin(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:578:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:575:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2793,11 +2742,11 @@ class ReduceMin(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:581:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:581:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:578:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:578:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:584:7'), )
+        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:581:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2812,7 +2761,7 @@ class ReduceProd(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:594:1.
+    Declared at specs/ops.glowdef:591:1.
     """
 
     OP: ClassVar[str] = 'ReduceProd'
@@ -2821,7 +2770,7 @@ class ReduceProd(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:594:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:591:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2840,11 +2789,11 @@ class ReduceProd(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:597:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:597:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:594:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:594:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:600:7'), )
+        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:597:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2858,7 +2807,7 @@ class ReduceMean(Node):
     Attributes:
         axes: ints = []
         keepdims: int = 1
-    Declared at specs/ops.glowdef:610:1.
+    Declared at specs/ops.glowdef:607:1.
     """
 
     OP: ClassVar[str] = 'ReduceMean'
@@ -2867,7 +2816,7 @@ class ReduceMean(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:610:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:607:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2886,11 +2835,11 @@ class ReduceMean(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMean', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:612:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:612:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:609:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:609:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:615:7'), )
+        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:612:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2903,7 +2852,7 @@ class BatchMatMul(Node):
     Results:
         y: Tensor[T, B, M, P]
     Traits: primitive
-    Declared at specs/ops.glowdef:627:1.
+    Declared at specs/ops.glowdef:624:1.
     """
 
     OP: ClassVar[str] = 'BatchMatMul'
@@ -2912,7 +2861,7 @@ class BatchMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:627:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:624:1'
 
 
     @property
@@ -2934,16 +2883,16 @@ class BatchMatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchMatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:630:7')
-        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:630:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:630:32')
-        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:630:32')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:627:7')
+        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:627:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:627:32')
+        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:627:32')
         B = u.dim('B')
         K = u.dim('K')
         M = u.dim('M')
         P = u.dim('P')
         T = u.dtype('T')
-        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:631:7'), )
+        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:628:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2955,7 +2904,7 @@ class MatMul(Node):
         rhs: Tensor[T, *Y]
     Results:
         y: Tensor[T, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:634:1.
+    Declared at specs/ops.glowdef:631:1.
     """
 
     OP: ClassVar[str] = 'MatMul'
@@ -2964,7 +2913,7 @@ class MatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:634:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:631:1'
 
 
     @property
@@ -2986,15 +2935,15 @@ class MatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:636:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:636:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:636:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:636:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:633:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:633:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:633:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:633:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:637:3')
-        return (rt.result_type('MatMul', _node, T, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:638:7'), )
+        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:634:3')
+        return (rt.result_type('MatMul', _node, T, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:635:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3012,7 +2961,7 @@ class Gemm(Node):
         beta: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:642:1.
+    Declared at specs/ops.glowdef:639:1.
     """
 
     OP: ClassVar[str] = 'Gemm'
@@ -3021,7 +2970,7 @@ class Gemm(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('beta', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:642:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:639:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
@@ -3052,21 +3001,21 @@ class Gemm(Node):
     def infer(a, b, c=None, *, _node='', alpha=None, beta=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gemm', _node)
-        u.elem('a', a, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:644:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:644:7')
-        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:644:29')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:644:29')
+        u.elem('a', a, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:641:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:641:7')
+        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:641:29')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:641:29')
         if c is not None:
-            u.elem('c', c, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:644:51')
-            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:644:51')
+            u.elem('c', c, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:641:51')
+            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:641:51')
         K0 = u.dim('K0')
         K1 = u.dim('K1')
         M0 = u.dim('M0')
         N1 = u.dim('N1')
         Q = u.dims['Q'][0] if 'Q' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:649:3')
-        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:651:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:646:3')
+        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:648:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3079,7 +3028,7 @@ class FullyConnected(Node):
         b: Tensor[F, N]
     Results:
         y: Tensor[F, M, N]
-    Declared at specs/ops.glowdef:655:1.
+    Declared at specs/ops.glowdef:653:1.
     """
 
     OP: ClassVar[str] = 'FullyConnected'
@@ -3088,7 +3037,7 @@ class FullyConnected(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:655:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:653:1'
 
 
     @property
@@ -3115,22 +3064,22 @@ class FullyConnected(Node):
     def infer(x, w, b, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('FullyConnected', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:657:7')
-        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:657:7')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:657:27')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:657:27')
-        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:657:47')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:657:47')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:655:7')
+        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:655:7')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:655:27')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:655:27')
+        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:655:47')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:655:47')
         K = u.dim('K')
         M = u.dim('M')
         N = u.dim('N')
         F = u.dtype('F')
-        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:658:7'), )
+        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:656:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class Conv(Node):
-    """2-D convolution, NCHW; pads are [top, left, bottom, right].
+    """2-D convolution, NCHW; pads are [top, left, bottom, right].  ONNX Conv of other ranks maps to ConvN.
     
     Operands:
         x: Tensor[F, N, C, H, W]
@@ -3144,7 +3093,7 @@ class Conv(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:663:1.
+    Declared at specs/ops.glowdef:661:1.
     """
 
     OP: ClassVar[str] = 'Conv'
@@ -3153,7 +3102,7 @@ class Conv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:663:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:661:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -3184,13 +3133,13 @@ class Conv(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Conv', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:666:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:666:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:666:35')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:666:35')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:664:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:664:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:664:35')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:664:35')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:666:64')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:666:64')
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:664:64')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:664:64')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -3200,17 +3149,17 @@ class Conv(Node):
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:667:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:667:3')
-        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:668:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:668:3')
-        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:669:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:669:3')
-        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:670:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:671:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:672:3')
-        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:673:3')
-        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:675:9'), )
+        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:665:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:665:3')
+        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:666:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:666:3')
+        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:667:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:667:3')
+        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:668:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:669:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:670:3')
+        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:671:3')
+        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:673:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3228,7 +3177,7 @@ class MaxPool(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         ceil_mode: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:686:1.
+    Declared at specs/ops.glowdef:683:1.
     """
 
     OP: ClassVar[str] = 'MaxPool'
@@ -3237,7 +3186,7 @@ class MaxPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('ceil_mode', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:686:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:683:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -3259,22 +3208,22 @@ class MaxPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:689:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:689:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:686:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:686:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         T = u.dtype('T')
-        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:690:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:690:3')
-        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:691:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:691:3')
-        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:692:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:692:3')
-        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:693:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:693:3')
-        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:695:9'), )
+        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:687:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:687:3')
+        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:688:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:688:3')
+        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:689:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:689:3')
+        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:690:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:690:3')
+        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:692:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3292,7 +3241,7 @@ class AvgPool(Node):
         ceil_mode: int = 0
         count_include_pad: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:707:1.
+    Declared at specs/ops.glowdef:703:1.
     """
 
     OP: ClassVar[str] = 'AvgPool'
@@ -3301,7 +3250,7 @@ class AvgPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:707:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:703:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -3323,20 +3272,20 @@ class AvgPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:710:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:710:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:706:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:706:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:711:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:711:3')
-        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:712:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:712:3')
-        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:713:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:713:3')
-        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:716:9'), )
+        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:707:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:707:3')
+        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:708:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:708:3')
+        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:709:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:709:3')
+        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:712:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3347,7 +3296,7 @@ class GlobalAveragePool(Node):
         x: Tensor[F, N, C, *S]
     Results:
         y: Tensor[F, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:728:1.
+    Declared at specs/ops.glowdef:722:1.
     """
 
     OP: ClassVar[str] = 'GlobalAveragePool'
@@ -3356,7 +3305,7 @@ class GlobalAveragePool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:728:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:722:1'
 
 
     @property
@@ -3373,13 +3322,13 @@ class GlobalAveragePool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalAveragePool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:730:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:730:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:724:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:724:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:731:7'), )
+        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:725:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3390,7 +3339,7 @@ class GlobalMaxPool(Node):
         x: Tensor[T, N, C, *S]
     Results:
         y: Tensor[T, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:735:1.
+    Declared at specs/ops.glowdef:729:1.
     """
 
     OP: ClassVar[str] = 'GlobalMaxPool'
@@ -3399,7 +3348,7 @@ class GlobalMaxPool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:735:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:729:1'
 
 
     @property
@@ -3416,13 +3365,13 @@ class GlobalMaxPool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalMaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:737:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:737:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:731:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:731:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:738:7'), )
+        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:732:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3438,7 +3387,7 @@ class LRN(Node):
         beta: float = 0.75
         bias: float = 1.0
         size: int where size >= 1
-    Declared at specs/ops.glowdef:742:1.
+    Declared at specs/ops.glowdef:736:1.
     """
 
     OP: ClassVar[str] = 'LRN'
@@ -3447,7 +3396,7 @@ class LRN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.0001, True), AttrInfo('beta', 'float', 0.75, True), AttrInfo('bias', 'float', 1.0, True), AttrInfo('size', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:742:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:736:1'
 
     alpha: object = attrs.field(default=0.0001, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.75, converter=rt.CONVERTERS['float'])
@@ -3468,14 +3417,14 @@ class LRN(Node):
     def infer(x, *, _node='', alpha=None, beta=None, bias=None, size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LRN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:744:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:744:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:738:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:738:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:748:3')
-        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:749:7'), )
+        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:742:3')
+        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:743:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3492,7 +3441,7 @@ class BatchNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:755:1.
+    Declared at specs/ops.glowdef:749:1.
     """
 
     OP: ClassVar[str] = 'BatchNormalization'
@@ -3501,7 +3450,7 @@ class BatchNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:755:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:749:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -3539,21 +3488,21 @@ class BatchNormalization(Node):
     def infer(x, scale, bias, mean, var, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:757:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:757:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:757:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:757:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:757:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:757:52')
-        u.elem('mean', mean, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:757:72')
-        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:757:72')
-        u.elem('var', var, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:757:92')
-        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:757:92')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:751:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:751:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:751:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:751:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:751:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:751:52')
+        u.elem('mean', mean, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:751:72')
+        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:751:72')
+        u.elem('var', var, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:751:92')
+        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:751:92')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:759:7'), )
+        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:753:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3569,7 +3518,7 @@ class LayerNormalization(Node):
     Attributes:
         axis: int = -1
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:775:1.
+    Declared at specs/ops.glowdef:774:1.
     """
 
     OP: ClassVar[str] = 'LayerNormalization'
@@ -3578,7 +3527,7 @@ class LayerNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', rt.neg(1), True), AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:775:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:774:1'
 
     axis: object = attrs.field(default=rt.neg(1), converter=rt.CONVERTERS['int'])
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
@@ -3607,20 +3556,20 @@ class LayerNormalization(Node):
     def infer(x, scale, bias=None, *, _node='', axis=None, epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LayerNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:777:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:777:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:777:25')
-        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:777:25')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:776:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:776:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:776:25')
+        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:776:25')
         if bias is not None:
-            u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:777:47')
-            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:777:47')
+            u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:776:47')
+            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:776:47')
         G = u.dim('G')
         H = u.dims['H'][0] if 'H' in u.dims else None
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:780:3')
-        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:781:3')
-        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:782:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:779:3')
+        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:780:3')
+        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:781:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3633,7 +3582,7 @@ class Softmax(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
-    Declared at specs/ops.glowdef:791:1.
+    Declared at specs/ops.glowdef:790:1.
     """
 
     OP: ClassVar[str] = 'Softmax'
@@ -3642,7 +3591,7 @@ class Softmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:791:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:790:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -3660,12 +3609,12 @@ class Softmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Softmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:793:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:793:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:792:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:792:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:794:3')
-        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:795:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:793:3')
+        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:794:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3678,7 +3627,7 @@ class LogSoftmax(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
-    Declared at specs/ops.glowdef:799:1.
+    Declared at specs/ops.glowdef:798:1.
     """
 
     OP: ClassVar[str] = 'LogSoftmax'
@@ -3687,7 +3636,7 @@ class LogSoftmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:799:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:798:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -3705,12 +3654,12 @@ class LogSoftmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LogSoftmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:801:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:801:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:800:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:800:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:802:3')
-        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:803:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:801:3')
+        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:802:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3723,7 +3672,7 @@ class SoftmaxFlat(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis <= len(S))
-    Declared at specs/ops.glowdef:807:1.
+    Declared at specs/ops.glowdef:806:1.
     """
 
     OP: ClassVar[str] = 'SoftmaxFlat'
@@ -3732,7 +3681,7 @@ class SoftmaxFlat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:807:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:806:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -3750,12 +3699,12 @@ class SoftmaxFlat(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:809:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:809:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:808:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:808:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:810:3')
-        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:811:7'), )
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:809:3')
+        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:810:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3768,7 +3717,7 @@ class LogSoftmaxFlat(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis <= len(S))
-    Declared at specs/ops.glowdef:815:1.
+    Declared at specs/ops.glowdef:814:1.
     """
 
     OP: ClassVar[str] = 'LogSoftmaxFlat'
@@ -3777,7 +3726,7 @@ class LogSoftmaxFlat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:815:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:814:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -3795,12 +3744,2578 @@ class LogSoftmaxFlat(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LogSoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:817:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:817:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:816:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:816:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:818:3')
-        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:819:7'), )
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:817:3')
+        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:818:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sin(Node):
+    """Elementwise sine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:826:1.
+    """
+
+    OP: ClassVar[str] = 'Sin'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:826:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Sin', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:829:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:829:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Sin', _node, F, (*S,), 'specs/ops.glowdef:830:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Cos(Node):
+    """Elementwise cosine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:834:1.
+    """
+
+    OP: ClassVar[str] = 'Cos'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:834:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Cos', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:837:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:837:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Cos', _node, F, (*S,), 'specs/ops.glowdef:838:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Tan(Node):
+    """Elementwise tangent.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:842:1.
+    """
+
+    OP: ClassVar[str] = 'Tan'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:842:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Tan', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:845:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:845:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Tan', _node, F, (*S,), 'specs/ops.glowdef:846:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Asin(Node):
+    """Elementwise arcsine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:850:1.
+    """
+
+    OP: ClassVar[str] = 'Asin'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:850:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Asin', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:853:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:853:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Asin', _node, F, (*S,), 'specs/ops.glowdef:854:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Acos(Node):
+    """Elementwise arccosine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:858:1.
+    """
+
+    OP: ClassVar[str] = 'Acos'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:858:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Acos', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:861:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:861:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Acos', _node, F, (*S,), 'specs/ops.glowdef:862:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Atan(Node):
+    """Elementwise arctangent.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:866:1.
+    """
+
+    OP: ClassVar[str] = 'Atan'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:866:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Atan', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:869:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:869:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Atan', _node, F, (*S,), 'specs/ops.glowdef:870:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sinh(Node):
+    """Elementwise hyperbolic sine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:874:1.
+    """
+
+    OP: ClassVar[str] = 'Sinh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:874:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Sinh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:877:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:877:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Sinh', _node, F, (*S,), 'specs/ops.glowdef:878:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Cosh(Node):
+    """Elementwise hyperbolic cosine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:882:1.
+    """
+
+    OP: ClassVar[str] = 'Cosh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:882:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Cosh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:885:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:885:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Cosh', _node, F, (*S,), 'specs/ops.glowdef:886:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Asinh(Node):
+    """Elementwise inverse hyperbolic sine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:890:1.
+    """
+
+    OP: ClassVar[str] = 'Asinh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:890:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Asinh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:893:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:893:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Asinh', _node, F, (*S,), 'specs/ops.glowdef:894:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Acosh(Node):
+    """Elementwise inverse hyperbolic cosine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:898:1.
+    """
+
+    OP: ClassVar[str] = 'Acosh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:898:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Acosh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:901:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:901:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Acosh', _node, F, (*S,), 'specs/ops.glowdef:902:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Atanh(Node):
+    """Elementwise inverse hyperbolic tangent.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:906:1.
+    """
+
+    OP: ClassVar[str] = 'Atanh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:906:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Atanh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:909:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:909:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Atanh', _node, F, (*S,), 'specs/ops.glowdef:910:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sign(Node):
+    """Elementwise sign: -1, 0 or 1.
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:914:1.
+    """
+
+    OP: ClassVar[str] = 'Sign'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:914:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Sign', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:917:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:917:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        return (rt.result_type('Sign', _node, T, (*S,), 'specs/ops.glowdef:918:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Round(Node):
+    """Elementwise rounding to the nearest integer, halves to even.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:922:1.
+    """
+
+    OP: ClassVar[str] = 'Round'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:922:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Round', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:925:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:925:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Round', _node, F, (*S,), 'specs/ops.glowdef:926:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class IsNaN(Node):
+    """Elementwise x is NaN.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[bool, *S]
+    Traits: elementwise, primitive
+    Declared at specs/ops.glowdef:930:1.
+    """
+
+    OP: ClassVar[str] = 'IsNaN'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:930:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[bool, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('IsNaN', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:933:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:933:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('IsNaN', _node, 'bool', (*S,), 'specs/ops.glowdef:934:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class IsInf(Node):
+    """Elementwise x is +inf (when detect_positive) or -inf (when detect_negative).
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[bool, *S]
+    Attributes:
+        detect_negative: int = 1
+        detect_positive: int = 1
+    Traits: elementwise, primitive
+    Declared at specs/ops.glowdef:938:1.
+    """
+
+    OP: ClassVar[str] = 'IsInf'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('detect_negative', 'int', 1, True), AttrInfo('detect_positive', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:938:1'
+
+    detect_negative: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    detect_positive: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[bool, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', detect_negative=None, detect_positive=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('IsInf', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:941:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:941:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('IsInf', _node, 'bool', (*S,), 'specs/ops.glowdef:944:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitwiseNot(Node):
+    """Elementwise bitwise complement.
+    
+    Operands:
+        x: Tensor[B, *S]
+    Results:
+        y: Tensor[B, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:948:1.
+    """
+
+    OP: ClassVar[str] = 'BitwiseNot'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:948:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[B, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitwiseNot', _node)
+        u.elem('x', x, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:951:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:951:7')
+        S = u.dim('S')
+        B = u.dtype('B')
+        return (rt.result_type('BitwiseNot', _node, B, (*S,), 'specs/ops.glowdef:952:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Selu(Node):
+    """Elementwise gamma * (x > 0 ? x : alpha * (exp(x) - 1)).
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        alpha: float = 1.6732631921768188
+        gamma: float = 1.0507010221481323
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:956:1.
+    """
+
+    OP: ClassVar[str] = 'Selu'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.6732631921768188, True), AttrInfo('gamma', 'float', 1.0507010221481323, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:956:1'
+
+    alpha: object = attrs.field(default=1.6732631921768188, converter=rt.CONVERTERS['float'])
+    gamma: object = attrs.field(default=1.0507010221481323, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', alpha=None, gamma=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Selu', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:959:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:959:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Selu', _node, F, (*S,), 'specs/ops.glowdef:962:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ThresholdedRelu(Node):
+    """Elementwise x > alpha ? x : 0.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        alpha: float = 1.0
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:966:1.
+    """
+
+    OP: ClassVar[str] = 'ThresholdedRelu'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:966:1'
+
+    alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', alpha=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ThresholdedRelu', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:969:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:969:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('ThresholdedRelu', _node, F, (*S,), 'specs/ops.glowdef:971:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Shrink(Node):
+    """Elementwise x < -lambd ? x + bias : (x > lambd ? x - bias : 0).
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Attributes:
+        bias: float = 0.0
+        lambd: float = 0.5
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:975:1.
+    """
+
+    OP: ClassVar[str] = 'Shrink'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('bias', 'float', 0.0, True), AttrInfo('lambd', 'float', 0.5, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:975:1'
+
+    bias: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
+    lambd: object = attrs.field(default=0.5, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', bias=None, lambd=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Shrink', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:978:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:978:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        return (rt.result_type('Shrink', _node, T, (*S,), 'specs/ops.glowdef:981:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Mod(Node):
+    """Elementwise remainder: the divisor's sign (fmod = 0, integers) or the dividend's (fmod = 1, C fmod).
+    
+    Operands:
+        lhs: Tensor[T, *X]
+        rhs: Tensor[T, *Y]
+    Results:
+        y: Tensor[T, *broadcast(X, Y)]
+    Attributes:
+        fmod: int = 0
+    Traits: elementwise, broadcast, primitive
+    Declared at specs/ops.glowdef:986:1.
+    """
+
+    OP: ClassVar[str] = 'Mod'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('fmod', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:986:1'
+
+    fmod: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[T, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[T, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node='', fmod=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Mod', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:989:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:989:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:989:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:989:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        T = u.dtype('T')
+        rt.check(rt.b_broadcastable(X, Y), 'Mod', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:991:3')
+        return (rt.result_type('Mod', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:992:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitShift(Node):
+    """Elementwise shift of lhs by rhs bits, left when `left` is 1.
+    
+    Operands:
+        lhs: Tensor[B, *X]
+        rhs: Tensor[B, *Y]
+    Results:
+        y: Tensor[B, *broadcast(X, Y)]
+    Attributes:
+        left: int
+    Traits: elementwise, broadcast, primitive
+    Declared at specs/ops.glowdef:996:1.
+    """
+
+    OP: ClassVar[str] = 'BitShift'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('left', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:996:1'
+
+    left: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[B, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node='', left=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitShift', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:999:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:999:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:999:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:999:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        B = u.dtype('B')
+        rt.check(rt.b_broadcastable(X, Y), 'BitShift', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1001:3')
+        return (rt.result_type('BitShift', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:1002:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitwiseAnd(Node):
+    """Elementwise bitwise and.
+    
+    Operands:
+        lhs: Tensor[B, *X]
+        rhs: Tensor[B, *Y]
+    Results:
+        y: Tensor[B, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, commutative, primitive
+    Declared at specs/ops.glowdef:1006:1.
+    """
+
+    OP: ClassVar[str] = 'BitwiseAnd'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1006:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[B, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitwiseAnd', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1009:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1009:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1009:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1009:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        B = u.dtype('B')
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseAnd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1010:3')
+        return (rt.result_type('BitwiseAnd', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:1011:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitwiseOr(Node):
+    """Elementwise bitwise or.
+    
+    Operands:
+        lhs: Tensor[B, *X]
+        rhs: Tensor[B, *Y]
+    Results:
+        y: Tensor[B, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, commutative, primitive
+    Declared at specs/ops.glowdef:1015:1.
+    """
+
+    OP: ClassVar[str] = 'BitwiseOr'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1015:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[B, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitwiseOr', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1018:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1018:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1018:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1018:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        B = u.dtype('B')
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseOr', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1019:3')
+        return (rt.result_type('BitwiseOr', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:1020:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitwiseXor(Node):
+    """Elementwise bitwise exclusive or.
+    
+    Operands:
+        lhs: Tensor[B, *X]
+        rhs: Tensor[B, *Y]
+    Results:
+        y: Tensor[B, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, commutative, primitive
+    Declared at specs/ops.glowdef:1024:1.
+    """
+
+    OP: ClassVar[str] = 'BitwiseXor'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1024:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[B, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitwiseXor', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1027:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1027:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1027:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1027:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        B = u.dtype('B')
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseXor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1028:3')
+        return (rt.result_type('BitwiseXor', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:1029:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class PRelu(Node):
+    """Elementwise x < 0 ? slope * x : x, slope broadcast to x.
+    
+    Operands:
+        x: Tensor[T, *S]
+        slope: Tensor[T, *Q]
+    Results:
+        y: Tensor[T, *broadcast(S, Q)]
+    Traits: elementwise
+    Declared at specs/ops.glowdef:1033:1.
+    """
+
+    OP: ClassVar[str] = 'PRelu'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('slope', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1033:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def slope(self):
+        """Operand slope: Tensor[T, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *broadcast(S, Q)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, slope, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('PRelu', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1036:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1036:7')
+        u.elem('slope', slope, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1036:25')
+        u.shape('slope', slope, (), 'Q', (), 'specs/ops.glowdef:1036:25')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check(rt.b_broadcastable(S, Q), 'PRelu', _node, 'slope must broadcast to the operand', 'specs/ops.glowdef:1037:3')
+        return (rt.result_type('PRelu', _node, T, (*rt.b_broadcast(S, Q),), 'specs/ops.glowdef:1038:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class CastLike(Node):
+    """Cast x to the element type of `like` (ONNX CastLike).
+    
+    Operands:
+        x: Tensor[A, *S]
+        like: Tensor[A2, *Q]
+    Results:
+        y: Tensor[A2, *S]
+    Declared at specs/ops.glowdef:1042:1.
+    """
+
+    OP: ClassVar[str] = 'CastLike'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('like', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1042:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def like(self):
+        """Operand like: Tensor[A2, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A2, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, like, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('CastLike', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1044:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1044:7')
+        u.elem('like', like, 'A2', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1044:25')
+        u.shape('like', like, (), 'Q', (), 'specs/ops.glowdef:1044:25')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        A = u.dtype('A')
+        A2 = u.dtype('A2')
+        return (rt.result_type('CastLike', _node, A2, (*S,), 'specs/ops.glowdef:1045:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Split(Node):
+    """Split x along `axis` into pieces of `sizes` (one result per piece).
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        ys: Tensor[A, *split_shapes(S, axis, sizes)]...
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        sizes: ints
+    Traits: primitive
+    Declared at specs/ops.glowdef:1050:1.
+    """
+
+    OP: ClassVar[str] = 'Split'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('ys', optional=False, variadic=True), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('sizes', 'ints', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1050:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def ys(self):
+        """Result ys: Tensor[A, *split_shapes(S, axis, sizes)]..."""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, sizes=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Split', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1053:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1053:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Split', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1054:3')
+        rt.check(rt.eq(rt.b_sum(sizes), S[axis]), 'Split', _node, 'the split sizes must add up to the split dimension', 'specs/ops.glowdef:1056:3')
+        return (*(rt.result_type('Split', _node, A, _s, 'specs/ops.glowdef:1057:7') for _s in sl.b_split_shapes(S, axis, sizes)), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Tile(Node):
+    """Repeat x `repeats[i]` times along every dimension i.
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        y: Tensor[A, *S * repeats]
+    Attributes:
+        repeats: ints
+    Declared at specs/ops.glowdef:1071:1.
+    """
+
+    OP: ClassVar[str] = 'Tile'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('repeats', 'ints', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1071:1'
+
+    repeats: object = attrs.field(converter=rt.CONVERTERS['ints'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *S * repeats]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', repeats=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Tile', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1073:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1073:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check(rt.eq(rt.b_len(repeats), rt.b_len(S)), 'Tile', _node, 'repeats must have one entry per dimension', 'specs/ops.glowdef:1075:3')
+        return (rt.result_type('Tile', _node, A, (*rt.mul(S, repeats),), 'specs/ops.glowdef:1076:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Pad(Node):
+    """Pad (or, with negative pads, crop) x; pads are [begin..., end...]; modes constant, reflect, edge, wrap.
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        y: Tensor[A, *pad_shape(S, pads)]
+    Attributes:
+        pads: ints
+        mode: string = "constant"
+        value: float = 0.0
+    Traits: primitive
+    Declared at specs/ops.glowdef:1080:1.
+    """
+
+    OP: ClassVar[str] = 'Pad'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('pads', 'ints', None, False), AttrInfo('mode', 'string', 'constant', True), AttrInfo('value', 'float', 0.0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1080:1'
+
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    mode: object = attrs.field(default='constant', converter=rt.CONVERTERS['string'])
+    value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *pad_shape(S, pads)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', pads=None, mode=None, value=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Pad', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1083:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1083:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check(rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(S))), 'Pad', _node, 'pads must give a begin and an end for every dimension', 'specs/ops.glowdef:1087:3')
+        rt.check((((rt.eq(mode, 'constant') or rt.eq(mode, 'reflect')) or rt.eq(mode, 'edge')) or rt.eq(mode, 'wrap')), 'Pad', _node, 'mode must be constant, reflect, edge or wrap', 'specs/ops.glowdef:1088:3')
+        return (rt.result_type('Pad', _node, A, (*sl.b_pad_shape(S, pads),), 'specs/ops.glowdef:1090:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Trilu(Node):
+    """Keep the upper (upper = 1) or lower triangle of the last two dimensions, from diagonal k.
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        y: Tensor[A, *S]
+    Attributes:
+        upper: int = 1
+        k: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:1099:1.
+    """
+
+    OP: ClassVar[str] = 'Trilu'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('upper', 'int', 1, True), AttrInfo('k', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1099:1'
+
+    upper: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', upper=None, k=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Trilu', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1102:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1102:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check(rt.ge(rt.b_len(S), 2), 'Trilu', _node, 'the operand must have rank at least 2', 'specs/ops.glowdef:1105:3')
+        return (rt.result_type('Trilu', _node, A, (*S,), 'specs/ops.glowdef:1106:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class GatherElements(Node):
+    """y[i...] = x[i... with index `axis` replaced by indices[i...]] (negative indices count from the end).
+    
+    Operands:
+        x: Tensor[A, *S]
+        indices: Tensor[I, *Q]
+    Results:
+        y: Tensor[A, *Q]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+    Traits: primitive
+    Declared at specs/ops.glowdef:1110:1.
+    """
+
+    OP: ClassVar[str] = 'GatherElements'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1110:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def indices(self):
+        """Operand indices: Tensor[I, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *Q]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, indices, *, _node='', axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('GatherElements', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1113:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1113:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:1113:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1113:25')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        A = u.dtype('A')
+        I = u.dtype('I')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'GatherElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1114:3')
+        rt.check(rt.eq(rt.b_len(S), rt.b_len(Q)), 'GatherElements', _node, 'indices must have the rank of the operand', 'specs/ops.glowdef:1115:3')
+        return (rt.result_type('GatherElements', _node, A, (*Q,), 'specs/ops.glowdef:1116:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class GatherND(Node):
+    """Gather slices of x at the index tuples of the last dimension of `indices` (ONNX GatherND).
+    
+    Operands:
+        x: Tensor[A, *S]
+        indices: Tensor[i64, *Q]
+    Results:
+        y: Tensor[A, *gathernd_shape(S, Q, batch_dims)]
+    Attributes:
+        batch_dims: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:1120:1.
+    """
+
+    OP: ClassVar[str] = 'GatherND'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('batch_dims', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1120:1'
+
+    batch_dims: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def indices(self):
+        """Operand indices: Tensor[i64, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *gathernd_shape(S, Q, batch_dims)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, indices, *, _node='', batch_dims=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('GatherND', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1123:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1123:7')
+        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:1123:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1123:25')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        A = u.dtype('A')
+        return (rt.result_type('GatherND', _node, A, (*sl.b_gathernd_shape(S, Q, batch_dims),), 'specs/ops.glowdef:1125:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ScatterElements(Node):
+    """A copy of x with updates written (or combined by `reduction`) at indices along `axis`.
+    
+    Operands:
+        x: Tensor[A, *S]
+        indices: Tensor[I, *Q]
+        updates: Tensor[A, *Q]
+    Results:
+        y: Tensor[A, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        reduction: string = "none"
+    Traits: primitive
+    Declared at specs/ops.glowdef:1129:1.
+    """
+
+    OP: ClassVar[str] = 'ScatterElements'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), OperandInfo('updates', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('reduction', 'string', 'none', True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1129:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    reduction: object = attrs.field(default='none', converter=rt.CONVERTERS['string'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def indices(self):
+        """Operand indices: Tensor[I, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def updates(self):
+        """Operand updates: Tensor[A, *Q]"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, indices, updates, *, _node='', axis=None, reduction=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ScatterElements', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1132:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1132:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:1132:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1132:25')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1132:49')
+        u.shape('updates', updates, (), 'Q', (), 'specs/ops.glowdef:1132:49')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        A = u.dtype('A')
+        I = u.dtype('I')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ScatterElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1133:3')
+        return (rt.result_type('ScatterElements', _node, A, (*S,), 'specs/ops.glowdef:1135:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ScatterND(Node):
+    """A copy of x with updates written (or combined by `reduction`) at the index tuples of `indices`.
+    
+    Operands:
+        x: Tensor[A, *S]
+        indices: Tensor[i64, *Q]
+        updates: Tensor[A, *U]
+    Results:
+        y: Tensor[A, *S]
+    Attributes:
+        reduction: string = "none"
+    Traits: primitive
+    Declared at specs/ops.glowdef:1139:1.
+    """
+
+    OP: ClassVar[str] = 'ScatterND'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), OperandInfo('updates', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('reduction', 'string', 'none', True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1139:1'
+
+    reduction: object = attrs.field(default='none', converter=rt.CONVERTERS['string'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def indices(self):
+        """Operand indices: Tensor[i64, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def updates(self):
+        """Operand updates: Tensor[A, *U]"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, indices, updates, *, _node='', reduction=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ScatterND', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1142:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1142:7')
+        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:1142:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1142:25')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1142:51')
+        u.shape('updates', updates, (), 'U', (), 'specs/ops.glowdef:1142:51')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        U = u.dim('U')
+        A = u.dtype('A')
+        return (rt.result_type('ScatterND', _node, A, (*S,), 'specs/ops.glowdef:1144:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class DepthToSpace(Node):
+    """Move blocks of channels into space (DCR or CRD order).
+    
+    Operands:
+        x: Tensor[A, N, C, H, W]
+    Results:
+        y: Tensor[A, N, C // (blocksize * blocksize), H * blocksize, W * blocksize]
+    Attributes:
+        blocksize: int where blocksize > 0
+        mode: string = "DCR"
+    Declared at specs/ops.glowdef:1148:1.
+    """
+
+    OP: ClassVar[str] = 'DepthToSpace'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1148:1'
+
+    blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
+    mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, N, C, H, W]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, N, C // (blocksize * blocksize), H * blocksize, W * blocksize]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', blocksize=None, mode=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('DepthToSpace', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1150:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1150:7')
+        C = u.dim('C')
+        H = u.dim('H')
+        N = u.dim('N')
+        W = u.dim('W')
+        A = u.dtype('A')
+        rt.check(rt.gt(blocksize, 0), 'DepthToSpace', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:1151:3')
+        rt.check(rt.eq(rt.mod(C, rt.mul(blocksize, blocksize)), 0), 'DepthToSpace', _node, 'channels must divide by blocksize squared', 'specs/ops.glowdef:1153:3')
+        return (rt.result_type('DepthToSpace', _node, A, (N, rt.floordiv(C, rt.mul(blocksize, blocksize)), rt.mul(H, blocksize), rt.mul(W, blocksize),), 'specs/ops.glowdef:1154:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class SpaceToDepth(Node):
+    """Move spatial blocks into channels.
+    
+    Operands:
+        x: Tensor[A, N, C, H, W]
+    Results:
+        y: Tensor[A, N, (C * blocksize) * blocksize, H // blocksize, W // blocksize]
+    Attributes:
+        blocksize: int where blocksize > 0
+        mode: string = "DCR"
+    Declared at specs/ops.glowdef:1158:1.
+    """
+
+    OP: ClassVar[str] = 'SpaceToDepth'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1158:1'
+
+    blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
+    mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, N, C, H, W]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, N, (C * blocksize) * blocksize, H // blocksize, W // blocksize]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', blocksize=None, mode=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('SpaceToDepth', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1160:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1160:7')
+        C = u.dim('C')
+        H = u.dim('H')
+        N = u.dim('N')
+        W = u.dim('W')
+        A = u.dtype('A')
+        rt.check(rt.gt(blocksize, 0), 'SpaceToDepth', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:1161:3')
+        rt.check((rt.eq(rt.mod(H, blocksize), 0) and rt.eq(rt.mod(W, blocksize), 0)), 'SpaceToDepth', _node, 'height and width must divide by blocksize', 'specs/ops.glowdef:1163:3')
+        return (rt.result_type('SpaceToDepth', _node, A, (N, rt.mul(rt.mul(C, blocksize), blocksize), rt.floordiv(H, blocksize), rt.floordiv(W, blocksize),), 'specs/ops.glowdef:1164:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class EyeLike(Node):
+    """A 2-D tensor with ones on diagonal k and zeros elsewhere, shaped like x.
+    
+    Operands:
+        x: Tensor[A, R, C]
+    Results:
+        y: Tensor[dtype, R, C]
+    Attributes:
+        k: int = 0
+        dtype: dtype
+    Traits: primitive
+    Declared at specs/ops.glowdef:1168:1.
+    """
+
+    OP: ClassVar[str] = 'EyeLike'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1168:1'
+
+    k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    dtype: object = attrs.field(converter=rt.CONVERTERS['dtype'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, R, C]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[dtype, R, C]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', k=None, dtype=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('EyeLike', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1171:7')
+        u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:1171:7')
+        C = u.dim('C')
+        R = u.dim('R')
+        A = u.dtype('A')
+        return (rt.result_type('EyeLike', _node, dtype, (R, C,), 'specs/ops.glowdef:1174:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class OneHot(Node):
+    """values[1] where indices (negative from the end) hit, values[0] elsewhere, along new axis `axis`.
+    
+    Operands:
+        indices: Tensor[P, *S]
+        values: Tensor[A, 2]
+    Results:
+        y: Tensor[A, *insert_dim(S, axis, depth)]
+    Attributes:
+        depth: int
+        axis: int
+    Traits: primitive
+    Declared at specs/ops.glowdef:1178:1.
+    """
+
+    OP: ClassVar[str] = 'OneHot'
+    INPUTS: ClassVar[tuple] = (OperandInfo('indices', optional=False, variadic=False), OperandInfo('values', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('depth', 'int', None, False), AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1178:1'
+
+    depth: object = attrs.field(converter=rt.CONVERTERS['int'])
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def indices(self):
+        """Operand indices: Tensor[P, *S]"""
+        return self.inputs[0]
+
+    @property
+    def values(self):
+        """Operand values: Tensor[A, 2]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *insert_dim(S, axis, depth)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(indices, values, *, _node='', depth=None, axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('OneHot', _node)
+        u.elem('indices', indices, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1181:7')
+        u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:1181:7')
+        u.elem('values', values, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1181:31')
+        u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:1181:31')
+        S = u.dim('S')
+        A = u.dtype('A')
+        P = u.dtype('P')
+        return (rt.result_type('OneHot', _node, A, (*sl.b_insert_dim(S, axis, depth),), 'specs/ops.glowdef:1184:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ArgMax(Node):
+    """Index of the largest element along `axis` (the first, or the last when select_last_index).
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]
+    Attributes:
+        axis: int = 0 where (axis >= 0) and (axis < len(S))
+        keepdims: int = 1
+        select_last_index: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:1189:1.
+    """
+
+    OP: ClassVar[str] = 'ArgMax'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1189:1'
+
+    axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    select_last_index: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ArgMax', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1192:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1192:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1193:3')
+        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:1196:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ArgMin(Node):
+    """Index of the smallest element along `axis` (the first, or the last when select_last_index).
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]
+    Attributes:
+        axis: int = 0 where (axis >= 0) and (axis < len(S))
+        keepdims: int = 1
+        select_last_index: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:1200:1.
+    """
+
+    OP: ClassVar[str] = 'ArgMin'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1200:1'
+
+    axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    select_last_index: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ArgMin', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1203:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1203:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1204:3')
+        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:1207:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class TopK(Node):
+    """The k largest (or smallest) elements along `axis` and their indices, sorted.
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        values: Tensor[T, *replace_dim(S, axis, k)]
+        indices: Tensor[i64, *replace_dim(S, axis, k)]
+    Attributes:
+        k: int where k >= 0
+        axis: int where (axis >= 0) and (axis < len(S))
+        largest: int = 1
+    Traits: primitive
+    Declared at specs/ops.glowdef:1211:1.
+    """
+
+    OP: ClassVar[str] = 'TopK'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('values', optional=False), OperandInfo('indices', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('largest', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1211:1'
+
+    k: object = attrs.field(converter=rt.CONVERTERS['int'])
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    largest: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def values(self):
+        """Result values: Tensor[T, *replace_dim(S, axis, k)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @property
+    def indices(self):
+        """Result indices: Tensor[i64, *replace_dim(S, axis, k)]"""
+        return self.outputs[1] if len(self.outputs) > 1 else None
+
+    @staticmethod
+    def infer(x, *, _node='', k=None, axis=None, largest=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('TopK', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1214:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1214:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:1215:3')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1216:3')
+        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:1218:3')
+        return (rt.result_type('TopK', _node, T, (*sl.b_replace_dim(S, axis, k),), 'specs/ops.glowdef:1219:7'), rt.result_type('TopK', _node, 'i64', (*sl.b_replace_dim(S, axis, k),), 'specs/ops.glowdef:1219:52'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class CumSum(Node):
+    """Cumulative sum along `axis` (exclusive / reverse as in ONNX).
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        exclusive: int = 0
+        reverse: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:1229:1.
+    """
+
+    OP: ClassVar[str] = 'CumSum'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1229:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    reverse: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('CumSum', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1232:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1232:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1233:3')
+        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:1236:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class CumProd(Node):
+    """Cumulative product along `axis` (exclusive / reverse as in ONNX).
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        exclusive: int = 0
+        reverse: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:1240:1.
+    """
+
+    OP: ClassVar[str] = 'CumProd'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1240:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    reverse: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('CumProd', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1243:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1243:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1244:3')
+        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:1247:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Hardmax(Node):
+    """1 at the first maximum along `axis`, 0 elsewhere.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+    Traits: primitive
+    Declared at specs/ops.glowdef:1251:1.
+    """
+
+    OP: ClassVar[str] = 'Hardmax'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1251:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Hardmax', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1254:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1254:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1255:3')
+        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:1256:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Einsum(Node):
+    """Einstein summation over the operands (numpy.einsum).
+    
+    Operands:
+        xs: Tensor[T, *S]...
+    Results:
+        y: Tensor[T, *einsum_shape(equation, S)]
+    Attributes:
+        equation: string
+    Traits: primitive
+    Declared at specs/ops.glowdef:1260:1.
+    """
+
+    OP: ClassVar[str] = 'Einsum'
+    INPUTS: ClassVar[tuple] = (OperandInfo('xs', optional=False, variadic=True), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('equation', 'string', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1260:1'
+
+    equation: object = attrs.field(converter=rt.CONVERTERS['string'])
+
+    @property
+    def xs(self):
+        """Operand xs: Tensor[T, *S]..."""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *einsum_shape(equation, S)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(xs, *, _node='', equation=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Einsum', _node)
+        if len(xs) == 0:
+            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1263:7')
+        for _t in xs:
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1263:7')
+        S = tuple(_t.shape for _t in xs)
+        T = u.dtype('T')
+        return (rt.result_type('Einsum', _node, T, (*sl.b_einsum_shape(equation, S),), 'specs/ops.glowdef:1265:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class InstanceNormalization(Node):
+    """Per-instance, per-channel normalization over the spatial dimensions, then scale and bias.
+    
+    Operands:
+        x: Tensor[F, N, C, *S]
+        scale: Tensor[F, C]
+        bias: Tensor[F, C]
+    Results:
+        y: Tensor[F, N, C, *S]
+    Attributes:
+        epsilon: float = 1e-05
+    Declared at specs/ops.glowdef:1270:1.
+    """
+
+    OP: ClassVar[str] = 'InstanceNormalization'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('scale', optional=False, variadic=False), OperandInfo('bias', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1270:1'
+
+    epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *S]"""
+        return self.inputs[0]
+
+    @property
+    def scale(self):
+        """Operand scale: Tensor[F, C]"""
+        return self.inputs[1]
+
+    @property
+    def bias(self):
+        """Operand bias: Tensor[F, C]"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, scale, bias, *, _node='', epsilon=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('InstanceNormalization', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1272:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1272:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1272:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1272:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1272:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1272:52')
+        C = u.dim('C')
+        N = u.dim('N')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1274:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LpNormalization(Node):
+    """x divided by its L1 (p = 1) or L2 (p = 2) norm along `axis`.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        p: int = 2 where (p == 1) or (p == 2)
+    Declared at specs/ops.glowdef:1278:1.
+    """
+
+    OP: ClassVar[str] = 'LpNormalization'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('p', 'int', 2, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1278:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    p: object = attrs.field(default=2, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, p=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LpNormalization', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1280:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1280:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1281:3')
+        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1282:3')
+        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1283:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ConvN(Node):
+    """N-D convolution, any spatial rank; pads are [begin..., end...]. 1-D and 2-D lower to Conv.
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+        w: Tensor[F, M, CG, *K]
+        b: Tensor[F, M]?
+    Results:
+        y: Tensor[F, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]
+    Attributes:
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        group: int = 1 where group >= 1
+    Traits: primitive
+    Declared at specs/ops.glowdef:1288:1.
+    """
+
+    OP: ClassVar[str] = 'ConvN'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1288:1'
+
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[F, M, CG, *K]"""
+        return self.inputs[1]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[F, M]?"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ConvN', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1291:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1291:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1291:33')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1291:33')
+        if b is not None:
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1291:58')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1291:58')
+        C = u.dim('C')
+        CG = u.dim('CG')
+        D = u.dim('D')
+        K = u.dim('K')
+        M = u.dim('M')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1292:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1293:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1294:3')
+        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1295:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1296:3')
+        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1297:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1299:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1300:3')
+        return (rt.result_type('ConvN', _node, F, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1301:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class MaxPoolN(Node):
+    """N-D max pooling, any spatial rank; 1-D and 2-D lower to MaxPool.
+    
+    Operands:
+        x: Tensor[T, N, C, *D]
+    Results:
+        y: Tensor[T, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]
+    Attributes:
+        kernel: ints where all(kernel > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        ceil_mode: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:1312:1.
+    """
+
+    OP: ClassVar[str] = 'MaxPoolN'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1312:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('MaxPoolN', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1315:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1315:9')
+        C = u.dim('C')
+        D = u.dim('D')
+        N = u.dim('N')
+        T = u.dtype('T')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1316:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1317:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1318:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1319:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1321:3')
+        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1323:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class AvgPoolN(Node):
+    """N-D average pooling, any spatial rank; 1-D and 2-D lower to AvgPool.
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+    Results:
+        y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, ones(len(D)), ceil_mode)]
+    Attributes:
+        kernel: ints where all(kernel > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        ceil_mode: int = 0
+        count_include_pad: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:1336:1.
+    """
+
+    OP: ClassVar[str] = 'AvgPoolN'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1336:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    count_include_pad: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, ones(len(D)), ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('AvgPoolN', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1339:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1339:9')
+        C = u.dim('C')
+        D = u.dim('D')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1340:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1341:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1342:3')
+        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:1345:3')
+        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:1347:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ConvTranspose(Node):
+    """N-D transposed convolution; pads are [begin..., end...] cropped from the full result.
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+        w: Tensor[F, C2, MG, *K]
+        b: Tensor[F, M]?
+    Results:
+        y: Tensor[F, N, MG * group, *convtranspose_shape(D, K, pads, strides, dilations, output_padding)]
+    Attributes:
+        strides: ints where all(strides > 0)
+        pads: ints
+        dilations: ints where all(dilations > 0)
+        output_padding: ints
+        group: int = 1 where group >= 1
+    Traits: primitive
+    Declared at specs/ops.glowdef:1358:1.
+    """
+
+    OP: ClassVar[str] = 'ConvTranspose'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('output_padding', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1358:1'
+
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    output_padding: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[F, C2, MG, *K]"""
+        return self.inputs[1]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[F, M]?"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, MG * group, *convtranspose_shape(D, K, pads, strides, dilations, output_padding)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, output_padding=None, group=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ConvTranspose', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1361:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1361:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1361:33')
+        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:1361:33')
+        if b is not None:
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1361:59')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1361:59')
+        C = u.dim('C')
+        C2 = u.dim('C2')
+        D = u.dim('D')
+        K = u.dim('K')
+        M = u.dims['M'][0] if 'M' in u.dims else None
+        MG = u.dim('MG')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1362:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1364:3')
+        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1366:3')
+        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:1367:3')
+        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1368:3')
+        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.b_convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:1369:9'), )
 
 
 OPS = {
@@ -3852,7 +6367,6 @@ OPS = {
     'Squeeze': Squeeze,
     'Unsqueeze': Unsqueeze,
     'Transpose': Transpose,
-    'Pad': Pad,
     'Concat': Concat,
     'Slice': Slice,
     'Gather': Gather,
@@ -3882,4 +6396,55 @@ OPS = {
     'LogSoftmax': LogSoftmax,
     'SoftmaxFlat': SoftmaxFlat,
     'LogSoftmaxFlat': LogSoftmaxFlat,
+    'Sin': Sin,
+    'Cos': Cos,
+    'Tan': Tan,
+    'Asin': Asin,
+    'Acos': Acos,
+    'Atan': Atan,
+    'Sinh': Sinh,
+    'Cosh': Cosh,
+    'Asinh': Asinh,
+    'Acosh': Acosh,
+    'Atanh': Atanh,
+    'Sign': Sign,
+    'Round': Round,
+    'IsNaN': IsNaN,
+    'IsInf': IsInf,
+    'BitwiseNot': BitwiseNot,
+    'Selu': Selu,
+    'ThresholdedRelu': ThresholdedRelu,
+    'Shrink': Shrink,
+    'Mod': Mod,
+    'BitShift': BitShift,
+    'BitwiseAnd': BitwiseAnd,
+    'BitwiseOr': BitwiseOr,
+    'BitwiseXor': BitwiseXor,
+    'PRelu': PRelu,
+    'CastLike': CastLike,
+    'Split': Split,
+    'Tile': Tile,
+    'Pad': Pad,
+    'Trilu': Trilu,
+    'GatherElements': GatherElements,
+    'GatherND': GatherND,
+    'ScatterElements': ScatterElements,
+    'ScatterND': ScatterND,
+    'DepthToSpace': DepthToSpace,
+    'SpaceToDepth': SpaceToDepth,
+    'EyeLike': EyeLike,
+    'OneHot': OneHot,
+    'ArgMax': ArgMax,
+    'ArgMin': ArgMin,
+    'TopK': TopK,
+    'CumSum': CumSum,
+    'CumProd': CumProd,
+    'Hardmax': Hardmax,
+    'Einsum': Einsum,
+    'InstanceNormalization': InstanceNormalization,
+    'LpNormalization': LpNormalization,
+    'ConvN': ConvN,
+    'MaxPoolN': MaxPoolN,
+    'AvgPoolN': AvgPoolN,
+    'ConvTranspose': ConvTranspose,
 }

@@ -731,7 +731,7 @@ def _r57_matmul_mul_fold_build(_b, _m):
 
 
 def _r58_conv_pad_merge_guard(_m, _ctx):
-    """where ((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)"""
+    'where ((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)'
     c = _m['c']
     p = _m['p']
     x = _m['x']
@@ -751,7 +751,7 @@ def _r58_conv_pad_merge_build(_b, _m):
 
 
 def _r59_avgpool_pad_merge_guard(_m, _ctx):
-    """where (((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and ((a.count_include_pad == 1) or (max(a.pads) == 0))"""
+    'where (((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and ((a.count_include_pad == 1) or (max(a.pads) == 0))'
     a = _m['a']
     p = _m['p']
     x = _m['x']
@@ -767,7 +767,7 @@ def _r59_avgpool_pad_merge_build(_b, _m):
 
 
 def _r60_maxpool_pad_merge_guard(_m, _ctx):
-    """where (((((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and (m.ceil_mode == 0)) and (m.dilations == [1, 1])) and all((m.pads + spatial_pads(p.pads)) < concat(m.kernel, m.kernel))"""
+    'where (((((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and (m.ceil_mode == 0)) and (m.dilations == [1, 1])) and all((m.pads + spatial_pads(p.pads)) < concat(m.kernel, m.kernel))'
     m = _m['m']
     p = _m['p']
     r = _m['r']
@@ -975,6 +975,197 @@ def _r74_mul_const_transpose_sink_build(_b, _m):
     return (_b.op('Transpose', [_b.op('Mul', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}),)
 
 
+
+def _r75_prelu_to_select_build(_b, _m):
+    """=> Select(Less(x, scalar(0, x.dtype)), Mul(x, slope), Expand(x, shape = p.shape))"""
+    p = _m['p']
+    x = _m['x']
+    slope = _m['slope']
+    return (_b.op('Select', [_b.op('Less', [x, _b.scalar(0, x.dtype)], {}), _b.op('Mul', [x, slope], {}), _b.op('Expand', [x], {'shape': p.shape})], {}),)
+
+
+
+def _r76_castlike_to_cast_build(_b, _m):
+    """=> Cast(x, to = like.dtype)"""
+    x = _m['x']
+    like = _m['like']
+    return (_b.op('Cast', [x], {'to': like.dtype}),)
+
+
+
+def _r77_tile_to_expand_build(_b, _m):
+    """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
+    t = _m['t']
+    x = _m['x']
+    return (_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.b_interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.b_interleave(t.repeats, x.shape)})], {'shape': t.shape}),)
+
+
+
+def _r78_depth_to_space_dcr_guard(_m, _ctx):
+    'where d.mode == "DCR"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'DCR')))
+
+def _r78_depth_to_space_dcr_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], b, b, x.shape[1] // (b * b), x.shape[2], x.shape[3]]), perm = [0, 3, 4, 1, 5, 2]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], b, b, rt.floordiv(x.shape[1], rt.mul(b, b)), x.shape[2], x.shape[3], )})], {'perm': (0, 3, 4, 1, 5, 2, )})], {'shape': d.shape}),)
+
+
+
+def _r79_depth_to_space_crd_guard(_m, _ctx):
+    'where d.mode == "CRD"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'CRD')))
+
+def _r79_depth_to_space_crd_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1] // (b * b), b, b, x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], rt.floordiv(x.shape[1], rt.mul(b, b)), b, b, x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': d.shape}),)
+
+
+
+def _r80_space_to_depth_dcr_guard(_m, _ctx):
+    'where d.mode == "DCR"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'DCR')))
+
+def _r80_space_to_depth_dcr_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 3, 5, 1, 2, 4, )})], {'shape': d.shape}),)
+
+
+
+def _r81_space_to_depth_crd_guard(_m, _ctx):
+    'where d.mode == "CRD"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'CRD')))
+
+def _r81_space_to_depth_crd_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 1, 3, 5, 2, 4]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 1, 3, 5, 2, 4, )})], {'shape': d.shape}),)
+
+
+
+def _r82_instancenorm_expand_build(_b, _m):
+    """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, shape = cs)), Reshape(bias, shape = cs))"""
+    n = _m['n']
+    x = _m['x']
+    scale = _m['scale']
+    bias = _m['bias']
+    axes = rt.b_range(2, rt.b_rank(x))
+    d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
+    var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
+    cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
+    return (_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'shape': cs})], {}), _b.op('Reshape', [bias], {'shape': cs})], {}),)
+
+
+
+def _r83_lpnorm_l2_guard(_m, _ctx):
+    """where n.p == 2"""
+    n = _m['n']
+    x = _m['x']
+    return bool((rt.eq(n.p, 2)))
+
+def _r83_lpnorm_l2_build(_b, _m):
+    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
+    n = _m['n']
+    x = _m['x']
+    norm = _b.op('Sqrt', [_b.op('ReduceSum', [_b.op('Mul', [x, x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {})
+    return (_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}),)
+
+
+
+def _r84_lpnorm_l1_guard(_m, _ctx):
+    """where n.p == 1"""
+    n = _m['n']
+    x = _m['x']
+    return bool((rt.eq(n.p, 1)))
+
+def _r84_lpnorm_l1_build(_b, _m):
+    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
+    n = _m['n']
+    x = _m['x']
+    norm = _b.op('ReduceSum', [_b.op('Abs', [x], {})], {'axes': (n.axis, ), 'keepdims': 1})
+    return (_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}),)
+
+
+
+def _r85_convn_1d_guard(_m, _ctx):
+    """where rank(x) == 3"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool((rt.eq(rt.b_rank(x), 3)))
+
+def _r85_convn_1d_build(_b, _m):
+    """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), b, strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return (_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'shape': (w.shape[0], w.shape[1], 1, w.shape[2], )}), b], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'shape': c.shape}),)
+
+
+
+def _r86_convn_1d_no_bias_guard(_m, _ctx):
+    """where rank(x) == 3"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    return bool((rt.eq(rt.b_rank(x), 3)))
+
+def _r86_convn_1d_no_bias_build(_b, _m):
+    """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    return (_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'shape': (w.shape[0], w.shape[1], 1, w.shape[2], )})], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'shape': c.shape}),)
+
+
+
+def _r87_maxpooln_1d_guard(_m, _ctx):
+    """where rank(x) == 3"""
+    p = _m['p']
+    x = _m['x']
+    return bool((rt.eq(rt.b_rank(x), 3)))
+
+def _r87_maxpooln_1d_build(_b, _m):
+    """=> Reshape(MaxPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), shape = p.shape)"""
+    p = _m['p']
+    x = _m['x']
+    return (_b.op('Reshape', [_b.op('MaxPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'dilations': (1, p.dilations[0], ), 'ceil_mode': p.ceil_mode})], {'shape': p.shape}),)
+
+
+
+def _r88_avgpooln_1d_guard(_m, _ctx):
+    """where rank(x) == 3"""
+    p = _m['p']
+    x = _m['x']
+    return bool((rt.eq(rt.b_rank(x), 3)))
+
+def _r88_avgpooln_1d_build(_b, _m):
+    """=> Reshape(AvgPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), shape = p.shape)"""
+    p = _m['p']
+    x = _m['x']
+    return (_b.op('Reshape', [_b.op('AvgPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'shape': p.shape}),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
@@ -1051,4 +1242,18 @@ RULES = (
     RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r72_mul_transpose_sink_guard, build=_r72_mul_transpose_sink_build, location='specs/lowerings.glowdef:373:1'),
     RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r73_add_const_transpose_sink_guard, build=_r73_add_const_transpose_sink_build, location='specs/lowerings.glowdef:378:1'),
     RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r74_mul_const_transpose_sink_guard, build=_r74_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:383:1'),
+    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r75_prelu_to_select_build, location='specs/lowerings.glowdef:389:1'),
+    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r76_castlike_to_cast_build, location='specs/lowerings.glowdef:393:1'),
+    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r77_tile_to_expand_build, location='specs/lowerings.glowdef:397:1'),
+    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r78_depth_to_space_dcr_guard, build=_r78_depth_to_space_dcr_build, location='specs/lowerings.glowdef:403:1'),
+    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r79_depth_to_space_crd_guard, build=_r79_depth_to_space_crd_build, location='specs/lowerings.glowdef:410:1'),
+    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r80_space_to_depth_dcr_guard, build=_r80_space_to_depth_dcr_build, location='specs/lowerings.glowdef:417:1'),
+    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r81_space_to_depth_crd_guard, build=_r81_space_to_depth_crd_build, location='specs/lowerings.glowdef:424:1'),
+    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r82_instancenorm_expand_build, location='specs/lowerings.glowdef:431:1'),
+    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r83_lpnorm_l2_guard, build=_r83_lpnorm_l2_build, location='specs/lowerings.glowdef:440:1'),
+    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r84_lpnorm_l1_guard, build=_r84_lpnorm_l1_build, location='specs/lowerings.glowdef:445:1'),
+    RuleInfo(name='convn_1d', phases=('lower',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r85_convn_1d_guard, build=_r85_convn_1d_build, location='specs/lowerings.glowdef:452:1'),
+    RuleInfo(name='convn_1d_no_bias', phases=('lower',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r86_convn_1d_no_bias_guard, build=_r86_convn_1d_no_bias_build, location='specs/lowerings.glowdef:460:1'),
+    RuleInfo(name='maxpooln_1d', phases=('lower',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r87_maxpooln_1d_guard, build=_r87_maxpooln_1d_build, location='specs/lowerings.glowdef:468:1'),
+    RuleInfo(name='avgpooln_1d', phases=('lower',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r88_avgpooln_1d_guard, build=_r88_avgpooln_1d_build, location='specs/lowerings.glowdef:475:1'),
 )

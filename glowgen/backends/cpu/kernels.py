@@ -331,7 +331,8 @@ def avg_pool(k: KernelArgs):
 @kernel("Pad")
 def pad(k: KernelArgs):
     """Each output index maps back to an input index: constant mode fills what falls
-    outside, edge clamps, reflect mirrors (once: pads are smaller than the dimension)."""
+    outside, edge clamps, wrap wraps around, reflect mirrors (once: pads are smaller than
+    the dimension).  Negative pads crop: the index map simply starts inside."""
     b = k.b
     (y, yt), (x, xt) = k.outs[0], k.ins[0]
     pads, mode = k.attrs["pads"], k.attrs["mode"]
@@ -355,6 +356,8 @@ def pad(k: KernelArgs):
                 ok = b.and_(ok, b.and_(b.icmp_signed(">=", src, i64(0)), b.icmp_signed("<", src, i64(size))))
                 src = b.select(b.icmp_signed("<", src, i64(0)), i64(0), src)
                 src = b.select(b.icmp_signed(">=", src, i64(size)), i64(size - 1), src)
+            elif mode == "wrap":
+                src = b.srem(b.add(b.srem(src, i64(size)), i64(size)), i64(size))
             elif mode == "edge":
                 src = b.select(b.icmp_signed("<", src, i64(0)), i64(0), src)
                 src = b.select(b.icmp_signed(">=", src, i64(size)), i64(size - 1), src)

@@ -268,3 +268,52 @@ class ScalarEmitter:
         if not isinstance(a, Value):
             return Value(const(a, dtype), dtype)
         return convert(self.b, a, dtype)
+
+    # ---------------------------------------------------------- more libm and integer ops
+    def f_tan(self, a): return self._libm("tan", a)
+    def f_asin(self, a): return self._libm("asin", a)
+    def f_acos(self, a): return self._libm("acos", a)
+    def f_atan(self, a): return self._libm("atan", a)
+    def f_sinh(self, a): return self._libm("sinh", a)
+    def f_cosh(self, a): return self._libm("cosh", a)
+    def f_asinh(self, a): return self._libm("asinh", a)
+    def f_acosh(self, a): return self._libm("acosh", a)
+    def f_atanh(self, a): return self._libm("atanh", a)
+
+    def f_fmod(self, a, c):
+        """C fmod: the remainder has the sign of the dividend."""
+        return self._arith(a, c, "frem", "srem", "urem")
+
+    def f_rem(self, a, c):
+        """Python/NumPy remainder: the result has the sign of the divisor."""
+        a, c = self.unify([a, c])
+        r = self._arith(a, c, "frem", "srem", "urem")
+        if not is_float(a.dtype) and not is_signed(a.dtype):
+            return r
+        zero = const(0, a.dtype)
+        if is_float(a.dtype):
+            nonzero = self.b.fcmp_ordered("!=", r.v, zero)
+            differ = self.b.xor(self.b.fcmp_ordered("<", r.v, zero), self.b.fcmp_ordered("<", c.v, zero))
+            fixed = self.b.fadd(r.v, c.v)
+        else:
+            nonzero = self.b.icmp_signed("!=", r.v, zero)
+            differ = self.b.xor(self.b.icmp_signed("<", r.v, zero), self.b.icmp_signed("<", c.v, zero))
+            fixed = self.b.add(r.v, c.v)
+        return Value(self.b.select(self.b.and_(nonzero, differ), fixed, r.v), a.dtype)
+
+    def _bits(self, a, c, op):
+        a, c = self.unify([a, c])
+        return Value(getattr(self.b, op)(a.v, c.v), a.dtype)
+
+    def f_bitand(self, a, c): return self._bits(a, c, "and_")
+    def f_bitor(self, a, c): return self._bits(a, c, "or_")
+    def f_bitxor(self, a, c): return self._bits(a, c, "xor")
+
+    def f_bitnot(self, a):
+        (a,) = self.unify([a])
+        return Value(self.b.not_(a.v), a.dtype)
+
+    def f_shl(self, a, c): return self._bits(a, c, "shl")
+
+    def f_shr(self, a, c):
+        return self._bits(a, c, "ashr" if is_signed(a.dtype if isinstance(a, Value) else "i64") else "lshr")

@@ -68,6 +68,11 @@ NUMPY_FUNCS: dict[str, Callable] = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "erf": erf,
     "floor": np.floor, "ceil": np.ceil, "round": np.round, "log1p": np.log1p, "expm1": np.expm1,
     "sin": np.sin, "cos": np.cos, "cast": _cast, "isnan": np.isnan, "isinf": np.isinf,
+    "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh,
+    "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
+    "fmod": np.fmod, "bitand": np.bitwise_and, "bitor": np.bitwise_or, "bitxor": np.bitwise_xor,
+    "bitnot": np.invert, "shl": np.left_shift, "shr": np.right_shift,
+    "rem": np.remainder,
 }
 
 

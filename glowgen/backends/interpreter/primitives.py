@@ -84,6 +84,12 @@ def _axes(node, x):
 
 def reduce_with(fn):
     def run(node, x):
+        if x.size == 0 and fn in (np.max, np.min):
+            # The empty maximum is the lowest value (ONNX: -inf), the empty minimum the highest.
+            lo = _lowest(x.dtype)
+            hi = np.inf if np.issubdtype(x.dtype, np.floating) else np.iinfo(x.dtype).max
+            return fn(x, axis=_axes(node, x), keepdims=bool(node.keepdims),
+                      initial=lo if fn is np.max else hi)
         return fn(x, axis=_axes(node, x), keepdims=bool(node.keepdims))
     return run
 
@@ -116,6 +122,236 @@ def range_(node):
     return (np.asarray(node.start, dtype) + np.arange(count, dtype=dtype) * np.asarray(node.delta, dtype)).astype(dtype)
 
 
+# ----------------------------------------------------------------------------- conformance (issue 6)
+def _windows_nd(xp, kernel, strides, dilations, out):
+    """[N, C, *out, *kernel] view of the windows of a padded N-D input."""
+    n = len(kernel)
+    eff = tuple((k - 1) * d + 1 for k, d in zip(kernel, dilations))
+    axes = tuple(range(2, 2 + n))
+    win = sliding_window_view(xp, eff, axis=axes)
+    index = (slice(None), slice(None)) + tuple(slice(0, o * s, s) for o, s in zip(out, strides)) \
+        + tuple(slice(None, None, d) for d in dilations)
+    return win[index]
+
+
+def _pad_nd(x, pads, kernel, strides, dilations, out, value):
+    n = len(kernel)
+    widths = [(0, 0), (0, 0)]
+    for i in range(n):
+        need = (out[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1
+        have = x.shape[2 + i] + pads[i] + pads[i + n]
+        widths.append((pads[i], pads[i + n] + max(0, need - have)))
+    return np.pad(x, widths, constant_values=value)
+
+
+def conv_nd(node, x, w, b=None):
+    n, c = x.shape[:2]
+    m, cg = w.shape[:2]
+    kernel = w.shape[2:]
+    out = node.outputs[0].type.shape[2:]
+    g = node.group
+    nd = len(kernel)
+    xp = _pad_nd(x, node.pads, kernel, node.strides, node.dilations, out, 0)
+    win = _windows_nd(xp, kernel, node.strides, node.dilations, out)   # N C *out *K
+    win = win.reshape((n, g, cg) + tuple(out) + tuple(kernel))
+    wg = w.reshape((g, m // g, cg) + tuple(kernel))
+    letters = "abcdefghij"
+    o, k = letters[:nd], letters[nd:2 * nd]
+    y = np.einsum(f"NGC{o}{k},GMC{k}->NGM{o}", win, wg).reshape((n, m) + tuple(out))
+    if b is not None:
+        y = y + b.reshape((1, m) + (1,) * nd)
+    return y
+
+
+def max_pool_nd(node, x):
+    out = node.outputs[0].type.shape[2:]
+    xp = _pad_nd(x, node.pads, node.kernel, node.strides, node.dilations, out, _lowest(x.dtype))
+    win = _windows_nd(xp, node.kernel, node.strides, node.dilations, out)
+    return win.max(axis=tuple(range(-len(out), 0)))
+
+
+def avg_pool_nd(node, x):
+    out = node.outputs[0].type.shape[2:]
+    nd = len(out)
+    ones = (1,) * nd
+    red = tuple(range(-nd, 0))
+    xp = _pad_nd(x, node.pads, node.kernel, node.strides, ones, out, 0)
+    sums = _windows_nd(xp, node.kernel, node.strides, ones, out).sum(axis=red)
+    spatial = x.shape[2:]
+    if node.count_include_pad:
+        p = node.pads
+        inside = np.ones((1, 1) + tuple(spatial[i] + p[i] + p[i + nd] for i in range(nd)), x.dtype)
+        ind = _pad_nd(inside, (0,) * (2 * nd), node.kernel, node.strides, ones, out, 0)
+    else:
+        ind = _pad_nd(np.ones((1, 1) + tuple(spatial), x.dtype), node.pads, node.kernel,
+                      node.strides, ones, out, 0)
+    counts = _windows_nd(ind, node.kernel, node.strides, ones, out).sum(axis=red)
+    return sums / np.maximum(counts, 1)
+
+
+def conv_transpose(node, x, w, b=None):
+    n, c = x.shape[:2]
+    spatial = x.shape[2:]
+    kernel = w.shape[2:]
+    nd = len(kernel)
+    g = node.group
+    mg = w.shape[1]
+    strides, dil, pads = node.strides, node.dilations, node.pads
+    full = tuple((spatial[i] - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 + node.output_padding[i]
+                 for i in range(nd))
+    y = np.zeros((n, g, mg) + full, dtype=np.result_type(x, w))
+    xg = x.reshape((n, g, c // g) + tuple(spatial))
+    wg = w.reshape((g, c // g, mg) + tuple(kernel))
+    for k in np.ndindex(*kernel):
+        contrib = np.einsum("ngc...,gcm->ngm...", xg, wg[(slice(None), slice(None), slice(None)) + k])
+        index = (slice(None),) * 3 + tuple(
+            slice(k[i] * dil[i], k[i] * dil[i] + (spatial[i] - 1) * strides[i] + 1, strides[i])
+            for i in range(nd))
+        y[index] += contrib
+    y = y.reshape((n, g * mg) + full)
+    # Negative pads (an output_shape larger than the full result) add zeros instead.
+    y = np.pad(y, [(0, 0), (0, 0)] + [(max(-pads[i], 0), max(-pads[i + nd], 0)) for i in range(nd)])
+    crop = (slice(None), slice(None)) + tuple(
+        slice(max(pads[i], 0), y.shape[2 + i] - max(pads[i + nd], 0)) for i in range(nd))
+    y = y[crop]
+    if b is not None:
+        y = y + b.reshape((1, -1) + (1,) * nd)
+    return y
+
+
+def split(node, x):
+    bounds = np.cumsum(node.sizes)[:-1]
+    return tuple(np.split(x, bounds, axis=node.axis))
+
+
+def pad(node, x):
+    r = x.ndim
+    pads = list(node.pads)
+    grow = [(max(pads[i], 0), max(pads[i + r], 0)) for i in range(r)]
+    if node.mode == "constant":
+        y = np.pad(x, grow, mode="constant", constant_values=np.asarray(node.value).astype(x.dtype))
+    else:
+        y = np.pad(x, grow, mode={"reflect": "reflect", "edge": "edge", "wrap": "wrap"}[node.mode])
+    crop = tuple(slice(-min(pads[i], 0), y.shape[i] + min(pads[i + r], 0)) for i in range(r))
+    return y[crop]
+
+
+def trilu(node, x):
+    return np.triu(x, node.k) if node.upper else np.tril(x, node.k)
+
+
+def gather_elements(node, x, indices):
+    idx = np.where(indices < 0, indices + x.shape[node.axis], indices)
+    return np.take_along_axis(x, idx.astype(np.int64), axis=node.axis)
+
+
+def gather_nd(node, x, indices):
+    b = node.batch_dims
+    last = indices.shape[-1]
+    batch_shape = x.shape[:b]
+    xb = x.reshape((-1,) + x.shape[b:])
+    ib = indices.reshape((xb.shape[0], -1, last))
+    out = []
+    for i in range(xb.shape[0]):
+        idx = ib[i]
+        idx = np.where(idx < 0, idx + np.array(x.shape[b:b + last]), idx)
+        out.append(xb[i][tuple(idx.T)])
+    return np.stack(out).reshape(tuple(indices.shape[:-1]) + x.shape[b + last:]) if batch_shape else \
+        out[0].reshape(tuple(indices.shape[:-1]) + x.shape[last:])
+
+
+_REDUCERS = {"none": None, "add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def scatter_elements(node, x, indices, updates):
+    y = x.copy()
+    axis = node.axis
+    idx = np.where(indices < 0, indices + x.shape[axis], indices)
+    full = list(np.indices(idx.shape, sparse=False))
+    full[axis] = idx
+    where = tuple(full)
+    fn = _REDUCERS[node.reduction]
+    if fn is None:
+        y[where] = updates
+    else:
+        fn.at(y, where, updates)
+    return y
+
+
+def scatter_nd(node, x, indices, updates):
+    y = x.copy()
+    last = indices.shape[-1]
+    idx = indices.reshape(-1, last)
+    upd = updates.reshape((idx.shape[0],) + x.shape[last:])
+    fn = _REDUCERS[node.reduction]
+    for i in range(idx.shape[0]):
+        where = tuple(idx[i])
+        y[where] = upd[i] if fn is None else fn(y[where], upd[i])
+    return y
+
+
+def one_hot(node, indices, values):
+    depth = node.depth
+    idx = np.asarray(indices).astype(np.int64)
+    idx = np.where(idx < 0, idx + depth, idx)
+    axis = node.axis if node.axis >= 0 else node.axis + idx.ndim + 1
+    hot = np.expand_dims(idx, axis) == np.arange(depth).reshape(
+        [-1 if i == axis else 1 for i in range(idx.ndim + 1)])
+    return np.where(hot, values[1], values[0])
+
+
+def _arg(fn):
+    def run(node, x):
+        axis = node.axis
+        if node.select_last_index:
+            flipped = np.flip(x, axis)
+            y = x.shape[axis] - 1 - fn(flipped, axis=axis)
+        else:
+            y = fn(x, axis=axis)
+        return np.expand_dims(y, axis) if node.keepdims else y
+    return run
+
+
+def top_k(node, x):
+    axis = node.axis
+    if node.largest:
+        # Stable descending order: the first of equal values wins, as in ONNX.
+        order = np.flip(np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
+        order = x.shape[axis] - 1 - order
+    else:
+        order = np.argsort(x, axis=axis, kind="stable")
+    idx = np.take(order, np.arange(node.k), axis=axis)
+    return np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64)
+
+
+def _cum(fn, identity):
+    def run(node, x):
+        axis = node.axis
+        y = np.flip(x, axis) if node.reverse else x
+        out = fn(y, axis=axis, dtype=x.dtype)
+        if node.exclusive:
+            out = np.concatenate([np.full_like(np.take(out, [0], axis=axis), identity),
+                                  np.take(out, np.arange(out.shape[axis] - 1), axis=axis)], axis=axis)
+        return np.flip(out, axis) if node.reverse else out
+    return run
+
+
+def hardmax(node, x):
+    idx = np.argmax(x, axis=node.axis)
+    return (np.expand_dims(idx, node.axis) == np.arange(x.shape[node.axis]).reshape(
+        [-1 if i == node.axis else 1 for i in range(x.ndim)])).astype(x.dtype)
+
+
+def einsum(node, xs):
+    labels, out = shapelib.einsum_parse(node.equation, [x.shape for x in xs])
+    names = {}
+    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    def term(ls):
+        return "".join(names.setdefault(l, next(letters)) for l in ls)
+    eq = ",".join(term(ls) for ls in labels) + "->" + term(out)
+    return np.einsum(eq, *xs)
+
+
 PRIMITIVES = {
     "Conv": conv,
     "MaxPool": max_pool,
@@ -136,4 +372,25 @@ PRIMITIVES = {
     "Size": lambda node, x: np.array(x.size, np.int64),
     "Splat": lambda node: np.full(node.shape, node.value, dtype=node.outputs[0].type.np_dtype),
     "Range": range_,
+    # conformance (issue 6)
+    "ConvN": conv_nd,
+    "MaxPoolN": max_pool_nd,
+    "AvgPoolN": avg_pool_nd,
+    "ConvTranspose": conv_transpose,
+    "Split": split,
+    "Pad": pad,
+    "Trilu": trilu,
+    "GatherElements": gather_elements,
+    "GatherND": gather_nd,
+    "ScatterElements": scatter_elements,
+    "ScatterND": scatter_nd,
+    "EyeLike": lambda node, x: np.eye(x.shape[0], x.shape[1], node.k, dtype=node.outputs[0].type.np_dtype),
+    "OneHot": one_hot,
+    "ArgMax": _arg(np.argmax),
+    "ArgMin": _arg(np.argmin),
+    "TopK": top_k,
+    "CumSum": _cum(np.cumsum, 0),
+    "CumProd": _cum(np.cumprod, 1),
+    "Hardmax": hardmax,
+    "Einsum": einsum,
 }
