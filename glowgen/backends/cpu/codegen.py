@@ -12,7 +12,7 @@ from llvmlite import ir
 
 from ...lir.ir import Activation, Buffer, Instr, Program
 from ...lir.passes import lifetimes
-from .kernels import KERNELS, KernelArgs
+from .kernels import KERNELS, SCRATCH, KernelArgs
 from .llvmutil import I8P, I32, i64, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
 from .scalar import ScalarEmitter, load_elem, store_elem
@@ -36,11 +36,16 @@ def _overlaps(a, b) -> bool:
 
 
 class ModuleBuilder:
-    def __init__(self, prog: Program, registry, name: str, stacking: bool = True):
+    def __init__(self, prog: Program, registry, name: str, stacking: bool = True,
+                 features: str | None = None):
+        from .gemm import choose_shape
+        from .jit import host_target
         self.prog, self.registry, self.name = prog, registry, name
         self.stacking = stacking
         self.module = ir.Module(name=name)
         self.life = lifetimes(prog)
+        self.gemm_shape = choose_shape(host_target()[2] if features is None else features)
+        self.scratch = None
 
     def build(self) -> ir.Module:
         entry_ty = ir.FunctionType(I32, [I8P, I8P, I8P])
@@ -52,6 +57,7 @@ class ModuleBuilder:
         regions = dict(zip(REGION_ORDER, entry.args))
         steps = form_steps(self.prog, self.registry, self.stacking)
         replan_activations(self.prog, steps)
+        self._declare_scratch(steps)
         for i, step in enumerate(steps):
             fn, buffers = self._step_function(i, step)
             ptrs = []
@@ -61,6 +67,22 @@ class ModuleBuilder:
             b.call(fn, ptrs)
         b.ret(ir.Constant(I32, 0))
         return self.module
+
+    def _declare_scratch(self, steps) -> None:
+        """One zero-initialized buffer, as large as the largest kernel's need."""
+        need = 0
+        for step in steps:
+            for ins in step.instrs:
+                fn = SCRATCH.get(ins.kind)
+                if fn is not None and ins.node is not None:
+                    need = max(need, fn(ins.node, self.gemm_shape))
+        if need:
+            ty = ir.ArrayType(ir.IntType(8), need)
+            g = ir.GlobalVariable(self.module, ty, name=f"{self.name}_scratch")
+            g.linkage = "internal"
+            g.initializer = ir.Constant(ty, None)
+            g.align = 64
+            self.scratch = g
 
     # ------------------------------------------------------------------ steps
     def _step_function(self, index: int, step: Step):
@@ -111,7 +133,11 @@ class ModuleBuilder:
                        for _, buf in ins.operands[i:i + count]]
             ins_args.append(entries if info.variadic else entries[0])
             i += count
-        emitter(KernelArgs(b, node, outs, ins_args, self.registry.scalars))
+        scratch = None
+        if self.scratch is not None:
+            from .llvmutil import F32
+            scratch = b.bitcast(self.scratch, F32.as_pointer())
+        emitter(KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch))
 
     def _emit_stack(self, b, step: Step, ptr):
         shape = step.shape

@@ -27,9 +27,17 @@ def kernel(*names):
     return register
 
 
+# Ops whose kernel needs scratch memory: op -> (node, gemm shape) -> bytes.  The module
+# holds one scratch buffer as large as the largest need (kernels run one after another).
+SCRATCH: dict[str, Callable] = {}
+
+
 class KernelArgs:
-    def __init__(self, b: ir.IRBuilder, node, outs: list, ins: list, scalars: dict):
+    def __init__(self, b: ir.IRBuilder, node, outs: list, ins: list, scalars: dict,
+                 gemm_shape=None, scratch=None):
         self.b, self.node, self.outs, self.ins, self.scalars = b, node, outs, ins, scalars
+        self.gemm_shape = gemm_shape      # register tile for the host (see gemm.py)
+        self.scratch = scratch            # float* to the module's scratch buffer
 
     @property
     def attrs(self):
@@ -229,8 +237,9 @@ def _valid_range(b, k_idx, pad, stride, dil, in_size, out_size):
     return lo, hi
 
 
-@kernel("Conv")
-def conv(k: KernelArgs):
+def conv_direct(k: KernelArgs):
+    """Direct convolution, vectorized along output columns: for depthwise and other
+    convolutions with few filters per group, where a matrix product has nothing to block."""
     b = k.b
     (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
     bias = k.ins[2]
@@ -368,3 +377,101 @@ def pad(k: KernelArgs):
             level(d + 1, b.add(y_off, b.mul(i, i64(stride_y))), b.add(x_off, b.mul(src, i64(xs[d]))), ok)
 
     level(0, i64(0), i64(0), ir.Constant(ir.IntType(1), 1))
+
+
+def _conv_uses_gemm(node) -> bool:
+    m = node.inputs[1].type.shape[0]
+    return m // node.group >= 4
+
+
+def _conv_is_pointwise(node) -> bool:
+    kh, kw = node.inputs[1].type.shape[2:]
+    return (kh, kw) == (1, 1) and tuple(node.strides) == (1, 1) and not any(node.pads)
+
+
+def _conv_scratch(node, shape) -> int:
+    if not _conv_uses_gemm(node) or _conv_is_pointwise(node):
+        return 0
+    from .gemm import pack_panels_size
+    cg, kh, kw = node.inputs[1].type.shape[1:]
+    oh, ow = node.outputs[0].type.shape[2:]
+    return 4 * pack_panels_size(oh * ow, cg * kh * kw, shape)
+
+
+SCRATCH["Conv"] = _conv_scratch
+
+
+def _im2col_panels(k: KernelArgs, x, img, chan0, dst, K: int):
+    """Write the patches of image `img`, channels chan0.. into NR-wide panels of `dst`:
+    dst[(n // NR) * K + kk][n % NR] = x[img, chan0 + c, ih, iw] (0 in the padding)."""
+    b = k.b
+    node = k.node
+    (_, xt) = k.ins[0]
+    _, c_all, h, wd = xt.shape
+    cg, kh, kw = node.inputs[1].type.shape[1:]
+    oh, ow = node.outputs[0].type.shape[2:]
+    (sh, sw), (dh, dw), (pt, pl) = node.strides, node.dilations, node.pads[:2]
+    nr = k.gemm_shape.nr
+    n_total = oh * ow
+    zero = ir.Constant(F32, 0.0)
+    with for_range(b, cg, name="ic") as ci:
+        xplane = b.mul(b.add(b.mul(img, i64(c_all)), b.add(chan0, ci)), i64(h * wd))
+        with for_range(b, kh, name="ikh") as khi:
+            with for_range(b, kw, name="ikw") as kwi:
+                kk = b.add(b.mul(b.add(b.mul(ci, i64(kh)), khi), i64(kw)), kwi)
+                with for_range(b, oh, name="ioh") as ohi:
+                    ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(khi, i64(dh)))
+                    row_ok = b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(h)))
+                    ih_c = b.select(row_ok, ih, i64(0))
+                    with for_range(b, ow, name="iow") as owi:
+                        iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(kwi, i64(dw)))
+                        ok = b.and_(row_ok, b.and_(b.icmp_signed(">=", iw, i64(0)), b.icmp_signed("<", iw, i64(wd))))
+                        iw_c = b.select(ok, iw, i64(0))
+                        v = b.load(b.gep(x, [b.add(xplane, b.add(b.mul(ih_c, i64(wd)), iw_c))]))
+                        v = b.select(ok, v, zero)
+                        n = b.add(b.mul(ohi, i64(ow)), owi)
+                        panel = b.udiv(n, i64(nr))
+                        j = b.urem(n, i64(nr))
+                        at = b.add(b.mul(b.add(b.mul(panel, i64(K)), kk), i64(nr)), j)
+                        b.store(v, b.gep(dst, [at]))
+    # The last panel's columns past the end are zero (the scratch buffer is shared).
+    pad_cols = (-n_total) % nr
+    if pad_cols:
+        last = n_total // nr
+        with for_range(b, K, name="zk") as kk:
+            with for_range(b, nr, start=nr - pad_cols, name="zj") as j:
+                b.store(zero, b.gep(dst, [b.add(b.mul(b.add(i64(last * K), kk), i64(nr)), j)]))
+
+
+@kernel("Conv")
+def conv(k: KernelArgs):
+    node = k.node
+    if k.gemm_shape is None or node.outputs[0].type.dtype != "f32" or not _conv_uses_gemm(node):
+        return conv_direct(k)
+    from .gemm import emit_gemm
+    b = k.b
+    (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
+    bias = k.ins[2]
+    n_img, c_all, h, wd = xt.shape
+    m, cg, kh, kw = wt.shape
+    oh, ow = yt.shape[2:]
+    g = node.group
+    mg = m // g
+    K = cg * kh * kw
+    N = oh * ow
+    pointwise = _conv_is_pointwise(node)
+    with for_range(b, n_img, name="img") as img:
+        with for_range(b, g, name="grp") as gi:
+            a = b.gep(w, [b.mul(gi, i64(mg * K))])
+            out = b.gep(y, [b.mul(b.add(b.mul(img, i64(m)), b.mul(gi, i64(mg))), i64(N))])
+            if pointwise:
+                bmat = b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), i64(h * wd))])
+                ldb = N
+            else:
+                _im2col_panels(k, x, img, b.mul(gi, i64(cg)), k.scratch, K)
+                bmat, ldb = k.scratch, None
+            row_init = None
+            if bias is not None:
+                bptr = b.gep(bias[0], [b.mul(gi, i64(mg))])
+                row_init = lambda row: b.load(b.gep(bptr, [row]))  # noqa: E731
+            emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init, name="cv")

@@ -1,0 +1,165 @@
+"""A register-blocked matrix product in LLVM IR: C[M, N] = A[M, K] @ B[K, N] (+ per-row init).
+
+The micro-kernel keeps an MR x NR tile of C in vector registers (MR rows, NR = VW * NV
+columns) and, for each k, broadcasts MR values of A and loads NV vectors of B into
+MR * NV fused multiply-adds.  A is row-major (weights, read by broadcast, no packing);
+B is either row-major (`ldb` = its row stride) or packed in NR-wide panels
+[ceil(N / NR)][K][NR] (what the convolution's im2col writes).  All sizes are compile-time
+constants, so LLVM sees fixed trip counts.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from llvmlite import ir
+
+from .llvmutil import F32, I1, I64, for_range, i64, intrinsic
+
+
+class GemmShape:
+    def __init__(self, vw: int, mr: int, nv: int):
+        self.vw, self.mr, self.nv = vw, mr, nv
+
+    @property
+    def nr(self) -> int:
+        return self.vw * self.nv
+
+
+def choose_shape(features: str) -> GemmShape:
+    """Tile for the host's vector registers: 32 zmm with AVX-512, 16 ymm with AVX2."""
+    if "+avx512f" in features:
+        return GemmShape(16, 8, 2)        # 16 accumulators of 16 floats
+    if "+avx2" in features or "+avx" in features:
+        return GemmShape(8, 6, 2)         # 12 accumulators of 8 floats
+    return GemmShape(4, 4, 2)
+
+
+def _vec(vw):
+    return ir.VectorType(F32, vw)
+
+
+def _splat(b, scalar, vw):
+    v = b.insert_element(ir.Constant(_vec(vw), ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
+    return b.shuffle_vector(v, ir.Constant(_vec(vw), ir.Undefined),
+                            ir.Constant(ir.VectorType(ir.IntType(32), vw), [0] * vw))
+
+
+def _mask(vw, valid):
+    return ir.Constant(ir.VectorType(I1, vw), [1 if i < valid else 0 for i in range(vw)])
+
+
+def _vload(b, ptr, vw, valid=None):
+    vptr = b.bitcast(ptr, _vec(vw).as_pointer())
+    if valid is None or valid >= vw:
+        ld = b.load(vptr)
+        ld.align = 4
+        return ld
+    fn = intrinsic(b.module, f"llvm.masked.load.v{vw}f32.p0", _vec(vw),
+                   [vptr.type, ir.IntType(32), ir.VectorType(I1, vw), _vec(vw)])
+    return b.call(fn, [vptr, ir.Constant(ir.IntType(32), 4), _mask(vw, valid),
+                       ir.Constant(_vec(vw), [0.0] * vw)])
+
+
+def _vstore(b, value, ptr, vw, valid=None):
+    vptr = b.bitcast(ptr, _vec(vw).as_pointer())
+    if valid is None or valid >= vw:
+        st = b.store(value, vptr)
+        st.align = 4
+        return
+    if valid <= 0:
+        return
+    fn = intrinsic(b.module, f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(),
+                   [_vec(vw), vptr.type, ir.IntType(32), ir.VectorType(I1, vw)])
+    b.call(fn, [value, vptr, ir.Constant(ir.IntType(32), 4), _mask(vw, valid)])
+
+
+def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
+              a, lda: int, bmat, ldb: Optional[int], c, ldc: int,
+              row_init: Optional[Callable] = None,
+              epilogue: Optional[Callable] = None, name: str = "g") -> None:
+    """Emit C = A @ B (+ row_init(m) broadcast on each row, then epilogue(vec, m, n0)).
+
+    `ldb=None` means B is packed in NR-wide panels; otherwise B is row-major with row
+    stride `ldb` (the last panel is then read with masked loads)."""
+    vw, nv, nr = shape.vw, shape.nv, shape.nr
+    fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", _vec(vw), [_vec(vw)] * 3)
+    n_full, n_tail = divmod(N, nr)
+
+    def tile(mr: int, m0, n0, valid_cols: int, panel_index):
+        """One MR x NR tile at rows m0.., columns n0.. (valid_cols of them real)."""
+        entry = b.block
+        loop = b.append_basic_block(f"{name}.k")
+        done = b.append_basic_block(f"{name}.kdone")
+        zero = ir.Constant(_vec(vw), [0.0] * vw)
+        b.branch(loop)
+        b.position_at_end(loop)
+        k = b.phi(I64, name="k")
+        k.add_incoming(i64(0), entry)
+        accs = [[b.phi(_vec(vw)) for _ in range(nv)] for _ in range(mr)]
+        for row in accs:
+            for acc in row:
+                acc.add_incoming(zero, entry)
+        # B vectors for this k
+        bvecs = []
+        for j in range(nv):
+            col_valid = valid_cols - j * vw
+            if ldb is None:
+                off = b.add(b.mul(b.add(b.mul(panel_index, i64(K)), k), i64(nr)), i64(j * vw))
+                bvecs.append(_vload(b, b.gep(bmat, [off]), vw))
+            else:
+                if col_valid <= 0:
+                    bvecs.append(zero)
+                    continue
+                off = b.add(b.mul(k, i64(ldb)), b.add(n0, i64(j * vw)))
+                bvecs.append(_vload(b, b.gep(bmat, [off]), vw, col_valid if col_valid < vw else None))
+        new_accs = []
+        for i in range(mr):
+            av = b.load(b.gep(a, [b.add(b.mul(b.add(m0, i64(i)), i64(lda)), k)]))
+            avec = _splat(b, av, vw)
+            new_accs.append([b.call(fma, [avec, bvecs[j], accs[i][j]]) for j in range(nv)])
+        k_next = b.add(k, i64(1))
+        k.add_incoming(k_next, b.block)
+        for i in range(mr):
+            for j in range(nv):
+                accs[i][j].add_incoming(new_accs[i][j], b.block)
+        b.cbranch(b.icmp_signed("<", k_next, i64(K)), loop, done)
+        b.position_at_end(done)
+        for i in range(mr):
+            m = b.add(m0, i64(i))
+            init = row_init(m) if row_init is not None else None
+            for j in range(nv):
+                col_valid = valid_cols - j * vw
+                if col_valid <= 0:
+                    continue
+                v = new_accs[i][j]
+                if init is not None:
+                    v = b.fadd(v, _splat(b, init, vw))
+                n_at = b.add(n0, i64(j * vw))
+                if epilogue is not None:
+                    v = epilogue(b, v, m, n_at, col_valid if col_valid < vw else vw)
+                out = b.gep(c, [b.add(b.mul(m, i64(ldc)), n_at)])
+                _vstore(b, v, out, vw, col_valid if col_valid < vw else None)
+
+    def rows(mr: int, m_start: int, m_count: int):
+        """All tiles of `m_count` rows (a multiple of mr) from m_start."""
+        if m_count <= 0:
+            return
+        with for_range(b, m_start + m_count, start=m_start, step=mr, name=f"{name}.m{mr}") as m0:
+            if n_full:
+                with for_range(b, n_full, name=f"{name}.n") as p:
+                    tile(mr, m0, b.mul(p, i64(nr)), nr, p)
+            if n_tail:
+                tile(mr, m0, i64(n_full * nr), n_tail, i64(n_full))
+
+    mr = shape.mr
+    m_main = (M // mr) * mr
+    rows(mr, 0, m_main)
+    rest = M - m_main
+    if rest:
+        rows(rest, m_main, rest)
+
+
+def pack_panels_size(N: int, K: int, shape: GemmShape) -> int:
+    """Floats a packed B of K x N takes: whole NR-wide panels (the tail zero-padded)."""
+    panels = -(-N // shape.nr)
+    return panels * K * shape.nr
