@@ -81,11 +81,10 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
 
     `ldb=None` means B is packed in NR-wide panels; otherwise B is row-major with row
     stride `ldb` (the last panel is then read with masked loads)."""
-    vw, nv, nr = shape.vw, shape.nv, shape.nr
+    vw = shape.vw
     fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", _vec(vw), [_vec(vw)] * 3)
-    n_full, n_tail = divmod(N, nr)
 
-    def tile(mr: int, m0, n0, valid_cols: int, panel_index):
+    def tile(mr: int, nv: int, m0, n0, valid_cols: int, panel_index):
         """One MR x NR tile at rows m0.., columns n0.. (valid_cols of them real)."""
         entry = b.block
         loop = b.append_basic_block(f"{name}.k")
@@ -100,11 +99,12 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
             for acc in row:
                 acc.add_incoming(zero, entry)
         # B vectors for this k
+        nr = vw * nv
         bvecs = []
         for j in range(nv):
             col_valid = valid_cols - j * vw
             if ldb is None:
-                off = b.add(b.mul(b.add(b.mul(panel_index, i64(K)), k), i64(nr)), i64(j * vw))
+                off = b.add(b.mul(b.add(b.mul(panel_index, i64(K)), k), i64(shape.nr)), i64(j * vw))
                 bvecs.append(_vload(b, b.gep(bmat, [off]), vw))
             else:
                 if col_valid <= 0:
@@ -141,15 +141,20 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 _vstore(b, v, out, vw, col_valid if col_valid < vw else None)
 
     def rows(mr: int, m_start: int, m_count: int):
-        """All tiles of `m_count` rows (a multiple of mr) from m_start."""
+        """All tiles of `m_count` rows (a multiple of mr) from m_start.  Fewer rows than the
+        tile's take wider tiles (same number of accumulators) when B is row-major, so a
+        matrix-vector product streams whole rows of B instead of narrow columns."""
         if m_count <= 0:
             return
+        nv = shape.nv if ldb is None else max(shape.nv, min(16, (shape.mr * shape.nv) // mr))
+        nr = vw * nv
+        n_full, n_tail = divmod(N, nr)
         with for_range(b, m_start + m_count, start=m_start, step=mr, name=f"{name}.m{mr}") as m0:
             if n_full:
                 with for_range(b, n_full, name=f"{name}.n") as p:
-                    tile(mr, m0, b.mul(p, i64(nr)), nr, p)
+                    tile(mr, nv, m0, b.mul(p, i64(nr)), nr, p)
             if n_tail:
-                tile(mr, m0, i64(n_full * nr), n_tail, i64(n_full))
+                tile(mr, nv, m0, i64(n_full * nr), n_tail, i64(n_full))
 
     mr = shape.mr
     m_main = (M // mr) * mr

@@ -201,6 +201,21 @@ def reduce_(k: KernelArgs):
 # --------------------------------------------------------------------------- linear algebra
 @kernel("BatchMatMul")
 def batch_matmul(k: KernelArgs):
+    (y, yt), (a, at), (c, ct) = k.outs[0], k.ins[0], k.ins[1]
+    if k.gemm_shape is None or yt.dtype != "f32":
+        return batch_matmul_loops(k)
+    from .gemm import emit_gemm
+    b = k.b
+    nb, m, kk = at.shape
+    n = ct.shape[2]
+    with for_range(b, nb, name="bmm") as bi:
+        emit_gemm(b, k.gemm_shape, m, n, kk, b.gep(a, [b.mul(bi, i64(m * kk))]), kk,
+                  b.gep(c, [b.mul(bi, i64(kk * n))]), n, b.gep(y, [b.mul(bi, i64(m * n))]), n,
+                  name="mm")
+
+
+def batch_matmul_loops(k: KernelArgs):
+    """Any element type: plain loops (i, k, j order, so the j loop vectorizes)."""
     b = k.b
     (y, yt), (a, at), (c, ct) = k.outs[0], k.ins[0], k.ins[1]
     nb, m, kk = at.shape
