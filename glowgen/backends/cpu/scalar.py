@@ -67,6 +67,9 @@ def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
         return Value(b.uitofp(v, t) if is_float(dst) else b.zext(v, t), dst)
     if is_float(src) and is_float(dst):
         widen = _fbits(t) > _fbits(v.type)
+        if not widen and _fbits(t) == 16 and _fbits(v.type) == 64:
+            # double -> half would need a compiler-rt call the JIT does not have: go via float.
+            v = b.fptrunc(v, F32)
         return Value(b.fpext(v, t) if widen else b.fptrunc(v, t), dst)
     if is_float(src):
         name = "fptosi.sat" if is_signed(dst) else "fptoui.sat"
@@ -243,12 +246,18 @@ class ScalarEmitter:
     def f_cos(self, a): return self._unary_intrinsic("cos", a)
 
     def _libm(self, name, a):
-        """Fallback for functions without a `scalar` definition: a libm call per element."""
+        """Fallback for functions without a `scalar` definition: a libm call per element
+        (half precision goes through the float version)."""
         (a,) = self.unify([a])
-        t = a.v.type
+        if not is_float(a.dtype):
+            a = convert(self.b, a, "f32")
+        half = isinstance(a.v.type, ir.HalfType)
+        x = convert(self.b, a, "f32") if half else a
+        t = x.v.type
         sym = name + ("f" if isinstance(t, ir.FloatType) else "")
         fn = intrinsic(self.b.module, sym, t, [t])
-        return Value(self.b.call(fn, [a.v]), a.dtype)
+        r = Value(self.b.call(fn, [x.v]), x.dtype)
+        return convert(self.b, r, "f16") if half else r
 
     def f_tanh(self, a): return self._libm("tanh", a)
     def f_erf(self, a): return self._libm("erf", a)
@@ -313,7 +322,18 @@ class ScalarEmitter:
         (a,) = self.unify([a])
         return Value(self.b.not_(a.v), a.dtype)
 
-    def f_shl(self, a, c): return self._bits(a, c, "shl")
+    def _shift(self, a, c, op):
+        """LLVM shifts by >= the width are poison; NumPy and ONNX give 0 (or the sign)."""
+        a, c = self.unify([a, c])
+        width = a.v.type.width
+        r = getattr(self.b, op)(a.v, c.v)
+        too_far = self.b.icmp_unsigned(">=", c.v, ir.Constant(a.v.type, width))
+        fill = (self.b.ashr(a.v, ir.Constant(a.v.type, width - 1)) if op == "ashr"
+                else ir.Constant(a.v.type, 0))
+        return Value(self.b.select(too_far, fill, r), a.dtype)
+
+    def f_shl(self, a, c): return self._shift(a, c, "shl")
 
     def f_shr(self, a, c):
-        return self._bits(a, c, "ashr" if is_signed(a.dtype if isinstance(a, Value) else "i64") else "lshr")
+        signed = is_signed(a.dtype if isinstance(a, Value) else "i64")
+        return self._shift(a, c, "ashr" if signed else "lshr")
