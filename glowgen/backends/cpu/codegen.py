@@ -12,6 +12,7 @@ from llvmlite import ir
 
 from ...lir.ir import Activation, Buffer, Instr, Program
 from ...lir.passes import lifetimes
+from .epilogue import EpilogueEmitter, fuse_epilogues
 from .kernels import KERNELS, SCRATCH, KernelArgs
 from .llvmutil import I8P, I32, i64, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
@@ -56,6 +57,8 @@ class ModuleBuilder:
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         regions = dict(zip(REGION_ORDER, entry.args))
         steps = form_steps(self.prog, self.registry, self.stacking)
+        if self.stacking:
+            steps = fuse_epilogues(steps, self.registry)
         replan_activations(self.prog, steps)
         self._declare_scratch(steps)
         for i, step in enumerate(steps):
@@ -105,12 +108,15 @@ class ModuleBuilder:
         ptr = {id(buf): arg for buf, arg in zip(buffers, fn.args)}
         if step.stacked:
             self._emit_stack(b, step, ptr)
+        elif getattr(step, "epilogue", None) is not None:
+            epilogue = EpilogueEmitter(step, self.prog, self.life, self.registry, ptr, self.gemm_shape.vw)
+            self._emit_single(b, step.instrs[0], ptr, epilogue)
         else:
             self._emit_single(b, step.instrs[0], ptr)
         b.ret_void()
         return fn, buffers
 
-    def _emit_single(self, b, ins: Instr, ptr):
+    def _emit_single(self, b, ins: Instr, ptr, epilogue=None):
         if ins.kind == Instr.COPY:
             dst, src = ins.operands[0][1], ins.operands[1][1]
             n = dst.type.size
@@ -137,7 +143,9 @@ class ModuleBuilder:
         if self.scratch is not None:
             from .llvmutil import F32
             scratch = b.bitcast(self.scratch, F32.as_pointer())
-        emitter(KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch))
+        args = KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch)
+        args.epilogue = epilogue
+        emitter(args)
 
     def _emit_stack(self, b, step: Step, ptr):
         shape = step.shape

@@ -38,7 +38,7 @@ def _vec(vw):
     return ir.VectorType(F32, vw)
 
 
-def _splat(b, scalar, vw):
+def splat(b, scalar, vw):
     v = b.insert_element(ir.Constant(_vec(vw), ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
     return b.shuffle_vector(v, ir.Constant(_vec(vw), ir.Undefined),
                             ir.Constant(ir.VectorType(ir.IntType(32), vw), [0] * vw))
@@ -48,7 +48,7 @@ def _mask(vw, valid):
     return ir.Constant(ir.VectorType(I1, vw), [1 if i < valid else 0 for i in range(vw)])
 
 
-def _vload(b, ptr, vw, valid=None):
+def vload(b, ptr, vw, valid=None):
     vptr = b.bitcast(ptr, _vec(vw).as_pointer())
     if valid is None or valid >= vw:
         ld = b.load(vptr)
@@ -60,7 +60,7 @@ def _vload(b, ptr, vw, valid=None):
                        ir.Constant(_vec(vw), [0.0] * vw)])
 
 
-def _vstore(b, value, ptr, vw, valid=None):
+def vstore(b, value, ptr, vw, valid=None):
     vptr = b.bitcast(ptr, _vec(vw).as_pointer())
     if valid is None or valid >= vw:
         st = b.store(value, vptr)
@@ -77,7 +77,9 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               a, lda: int, bmat, ldb: Optional[int], c, ldc: int,
               row_init: Optional[Callable] = None,
               epilogue: Optional[Callable] = None, name: str = "g") -> None:
-    """Emit C = A @ B (+ row_init(m) broadcast on each row, then epilogue(vec, m, n0)).
+    """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
+    vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
+    otherwise it is stored to C.
 
     `ldb=None` means B is packed in NR-wide panels; otherwise B is row-major with row
     stride `ldb` (the last panel is then read with masked loads)."""
@@ -105,17 +107,17 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
             col_valid = valid_cols - j * vw
             if ldb is None:
                 off = b.add(b.mul(b.add(b.mul(panel_index, i64(K)), k), i64(shape.nr)), i64(j * vw))
-                bvecs.append(_vload(b, b.gep(bmat, [off]), vw))
+                bvecs.append(vload(b, b.gep(bmat, [off]), vw))
             else:
                 if col_valid <= 0:
                     bvecs.append(zero)
                     continue
                 off = b.add(b.mul(k, i64(ldb)), b.add(n0, i64(j * vw)))
-                bvecs.append(_vload(b, b.gep(bmat, [off]), vw, col_valid if col_valid < vw else None))
+                bvecs.append(vload(b, b.gep(bmat, [off]), vw, col_valid if col_valid < vw else None))
         new_accs = []
         for i in range(mr):
             av = b.load(b.gep(a, [b.add(b.mul(b.add(m0, i64(i)), i64(lda)), k)]))
-            avec = _splat(b, av, vw)
+            avec = splat(b, av, vw)
             new_accs.append([b.call(fma, [avec, bvecs[j], accs[i][j]]) for j in range(nv)])
         k_next = b.add(k, i64(1))
         k.add_incoming(k_next, b.block)
@@ -133,12 +135,13 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                     continue
                 v = new_accs[i][j]
                 if init is not None:
-                    v = b.fadd(v, _splat(b, init, vw))
+                    v = b.fadd(v, splat(b, init, vw))
                 n_at = b.add(n0, i64(j * vw))
-                if epilogue is not None:
-                    v = epilogue(b, v, m, n_at, col_valid if col_valid < vw else vw)
+                if epilogue is not None:      # it stores what it computes from the tile
+                    epilogue(b, v, m, n_at, col_valid if col_valid < vw else vw)
+                    continue
                 out = b.gep(c, [b.add(b.mul(m, i64(ldc)), n_at)])
-                _vstore(b, v, out, vw, col_valid if col_valid < vw else None)
+                vstore(b, v, out, vw, col_valid if col_valid < vw else None)
 
     def rows(mr: int, m_start: int, m_count: int):
         """All tiles of `m_count` rows (a multiple of mr) from m_start.  Fewer rows than the

@@ -38,6 +38,7 @@ class KernelArgs:
         self.b, self.node, self.outs, self.ins, self.scalars = b, node, outs, ins, scalars
         self.gemm_shape = gemm_shape      # register tile for the host (see gemm.py)
         self.scratch = scratch            # float* to the module's scratch buffer
+        self.epilogue = None              # elementwise run fused into the store (epilogue.py)
 
     @property
     def attrs(self):
@@ -209,9 +210,12 @@ def batch_matmul(k: KernelArgs):
     nb, m, kk = at.shape
     n = ct.shape[2]
     with for_range(b, nb, name="bmm") as bi:
+        epi = None
+        if k.epilogue is not None:
+            epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, bi, row, col, valid)  # noqa: E731
         emit_gemm(b, k.gemm_shape, m, n, kk, b.gep(a, [b.mul(bi, i64(m * kk))]), kk,
                   b.gep(c, [b.mul(bi, i64(kk * n))]), n, b.gep(y, [b.mul(bi, i64(m * n))]), n,
-                  name="mm")
+                  epilogue=epi, name="mm")
 
 
 def batch_matmul_loops(k: KernelArgs):
@@ -492,4 +496,9 @@ def conv(k: KernelArgs):
             if bias is not None:
                 bptr = b.gep(bias[0], [b.mul(gi, i64(mg))])
                 row_init = lambda row: b.load(b.gep(bptr, [row]))  # noqa: E731
-            emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init, name="cv")
+            epi = None
+            if k.epilogue is not None:
+                chan0 = b.mul(gi, i64(mg))
+                epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, img, bb.add(chan0, row), col, valid)  # noqa: E731
+            emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
+                      epilogue=epi, name="cv")

@@ -93,10 +93,17 @@ def _ftag(t) -> str:
 
 
 class ScalarEmitter:
-    """Emits one kernel tree for one element; `args` are Values or Python numbers."""
+    """Emits one kernel tree for one element (or, with `vw`, for a vector of `vw` elements:
+    constants become splats); `args` are Values or Python numbers."""
 
-    def __init__(self, b: ir.IRBuilder, scalars: dict):
-        self.b, self.scalars = b, scalars
+    def __init__(self, b: ir.IRBuilder, scalars: dict, vw: int | None = None):
+        self.b, self.scalars, self.vw = b, scalars, vw
+
+    def _const(self, value, dtype: str):
+        c = const(value, dtype)
+        if not self.vw:
+            return c
+        return ir.Constant(ir.VectorType(c.type, self.vw), [c.constant] * self.vw)
 
     # -------------------------------------------------------------- typing
     def unify(self, xs: list) -> list:
@@ -115,9 +122,9 @@ class ScalarEmitter:
             else:
                 if not is_float(dtype) and isinstance(x, float) and dtype != "bool":
                     dtype_f = "f32"
-                    out.append(Value(const(x, dtype_f), dtype_f))
+                    out.append(Value(self._const(x, dtype_f), dtype_f))
                     continue
-                out.append(Value(const(x, dtype), dtype))
+                out.append(Value(self._const(x, dtype), dtype))
         return out
 
     # -------------------------------------------------------------- trees
@@ -189,7 +196,7 @@ class ScalarEmitter:
     def f_ne(self, a, c): return self._cmp(a, c, "ne")
 
     def _bool(self, x):
-        return convert(self.b, x, "bool") if isinstance(x, Value) else Value(const(x, "bool"), "bool")
+        return convert(self.b, x, "bool") if isinstance(x, Value) else Value(self._const(x, "bool"), "bool")
 
     def f_and(self, a, c): return Value(self.b.and_(self._bool(a).v, self._bool(c).v), "bool")
     def f_or(self, a, c): return Value(self.b.or_(self._bool(a).v, self._bool(c).v), "bool")

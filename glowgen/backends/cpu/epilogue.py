@@ -1,0 +1,176 @@
+"""Elementwise runs applied in a matrix product's store.
+
+When a stack of elementwise instructions follows a Conv or BatchMatMul over the same
+elements (bias, Relu, Clip, the Add of a residual...), the product's kernel applies the
+stack to each result vector while it is still in registers, instead of a second pass over
+memory.  The product sees its output as [batch, rows, columns]; every other operand of the
+stack must be addressable in that space with a unit or zero column stride.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from llvmlite import ir
+
+from .gemm import splat, vload, vstore
+from .llvmutil import i64
+from .loops import broadcast_strides, contiguous_strides
+from .scalar import ScalarEmitter, Value
+from .stacking import Step, stores_needed
+
+# Scalar functions that work unchanged on vectors (what an epilogue may compute).
+VECTOR_SAFE = {"add", "sub", "mul", "div", "neg", "max", "min", "select", "lt", "le", "gt", "ge",
+               "eq", "ne", "and", "or", "not", "abs", "sqrt"}
+
+
+def product_space(ins) -> Optional[tuple[int, int, int]]:
+    """The [batch, rows, columns] view of a product's result, if it has a GEMM kernel."""
+    node = ins.node
+    out = node.outputs[0].type
+    if out.dtype != "f32":
+        return None
+    if ins.kind == "Conv":
+        from .kernels import _conv_uses_gemm
+        if not _conv_uses_gemm(node):
+            return None
+        n, m, oh, ow = out.shape
+        return (n, m, oh * ow)
+    if ins.kind == "BatchMatMul":
+        return tuple(out.shape)
+    return None
+
+
+def _group_strides(shape, strides, space) -> Optional[tuple]:
+    """Strides of an operand (over `shape`) in the 3-D space, or None if its index map does
+    not factor along the space's boundaries."""
+    dims = [(d, s) for d, s in zip(shape, strides) if d != 1]
+    out, i = [], 0
+    for size in space:
+        prod, group = 1, []
+        while prod < size and i < len(dims):
+            group.append(dims[i])
+            prod *= dims[i][0]
+            i += 1
+        if prod != size:
+            return None
+        if not group:
+            out.append(0)
+            continue
+        # The group must walk as one dimension: each stride = next stride * next size.
+        for (d0, s0), (d1, s1) in zip(group, group[1:]):
+            if s0 != s1 * d1:
+                return None
+        out.append(group[-1][1])
+    return tuple(out) if i == len(dims) else None
+
+
+def _tree_funcs(tree, scalars, seen=None) -> set:
+    seen = set() if seen is None else seen
+    if tree[0] == "call":
+        seen.add(tree[1])
+        if tree[1] in scalars:
+            _tree_funcs(scalars[tree[1]]["body"], scalars, seen)
+        for t in tree[2]:
+            _tree_funcs(t, scalars, seen)
+    return seen
+
+
+def can_fuse(producer: Step, stack: Step, registry) -> bool:
+    if producer.stacked or not stack.stacked or len(producer.instrs) != 1:
+        return False
+    prod = producer.instrs[0]
+    space = product_space(prod)
+    if space is None:
+        return False
+    size = space[0] * space[1] * space[2]
+    shape = stack.shape
+    if prod.node.outputs[0].type.size != size or _prod(shape) != size:
+        return False
+    root = prod.writes()[0].root()
+    if not any(b.root() is root for ins in stack.instrs for b in ins.reads()):
+        return False
+    written = {id(root)}
+    for ins in stack.instrs:
+        kern = registry.kernels[ins.kind]
+        if not _tree_funcs(kern["body"], registry.scalars) <= VECTOR_SAFE:
+            return False
+        if ins.node.outputs[0].type.dtype != "f32":
+            return False
+        for b in ins.reads():
+            if id(b.root()) in written:
+                if b.type.shape != shape and b.type.shape != prod.node.outputs[0].type.shape:
+                    return False
+                continue
+            if b.type.dtype != "f32":
+                return False
+            strides = _group_strides(shape, broadcast_strides(b.type.shape, shape), space)
+            if strides is None or strides[2] not in (0, 1):
+                return False
+        written.update(id(b.root()) for b in ins.writes())
+    return True
+
+
+def _prod(xs):
+    p = 1
+    for x in xs:
+        p *= x
+    return p
+
+
+def fuse_epilogues(steps: list[Step], registry) -> list[Step]:
+    out: list[Step] = []
+    for step in steps:
+        if out and can_fuse(out[-1], step, registry):
+            prev = out.pop()
+            fused = Step(prev.instrs + step.instrs, False)
+            fused.epilogue = step
+            out.append(fused)
+        else:
+            out.append(step)
+    return out
+
+
+class EpilogueEmitter:
+    """Builds the `epilogue(b, vec, batch, row, col, valid)` callback of a fused step."""
+
+    def __init__(self, step: Step, prog, life, registry, ptr: dict, vw: int):
+        self.step, self.registry, self.ptr, self.vw = step, registry, ptr, vw
+        self.prod = step.instrs[0]
+        self.stack = step.instrs[1:]
+        self.space = product_space(self.prod)
+        self.shape = step.epilogue.shape
+        self.needed = stores_needed(step, prog, life)
+
+    def __call__(self, b: ir.IRBuilder, vec, batch, row, col, valid: int) -> None:
+        em = ScalarEmitter(b, self.registry.scalars, self.vw)
+        _, rows, cols = self.space
+        flat = b.add(b.mul(b.add(b.mul(batch, i64(rows)), row), i64(cols)), col)
+        mask = valid if valid < self.vw else None
+        current = {id(self.prod.writes()[0].root()): Value(vec, "f32")}
+        loaded = {}
+        for ins in self.stack:
+            args = []
+            for _, buf in ins.operands[1:]:
+                rid = id(buf.root())
+                if rid in current:
+                    args.append(current[rid])
+                    continue
+                if id(buf) not in loaded:
+                    loaded[id(buf)] = self._load(b, buf, batch, row, col, mask)
+                args.append(loaded[id(buf)])
+            value = em.emit(self.registry.kernels[ins.kind]["body"], args, ins.node.attr_values())
+            if not isinstance(value, Value):
+                value = Value(em._const(value, "f32"), "f32")
+            current[id(ins.writes()[0].root())] = value
+        for ins, need in zip(self.step.instrs, self.needed):
+            if need:
+                buf = ins.writes()[0]
+                vstore(b, current[id(buf.root())].v, b.gep(self.ptr[id(buf)], [flat]), self.vw, mask)
+
+    def _load(self, b, buf, batch, row, col, mask) -> Value:
+        sb, sm, sn = _group_strides(self.shape, broadcast_strides(buf.type.shape, self.shape), self.space)
+        off = b.add(b.add(b.mul(batch, i64(sb)), b.mul(row, i64(sm))), b.mul(col, i64(sn)))
+        p = b.gep(self.ptr[id(buf)], [off])
+        if sn == 0:
+            return Value(splat(b, b.load(p), self.vw), "f32")
+        return Value(vload(b, p, self.vw, mask), "f32")

@@ -1,0 +1,59 @@
+"""The cpu backend's code generation: stacking and epilogue fusion, checked on the step
+structure and against onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+import glowgen
+from glowgen.backends.cpu.epilogue import fuse_epilogues
+from glowgen.backends.cpu.stacking import form_steps
+
+from conftest import assert_close, make_model, run_ort
+
+rng = np.random.default_rng(11)
+
+
+def _steps(model, stacking=True):
+    steps = form_steps(model.program, model.registry, stacking)
+    return fuse_epilogues(steps, model.registry) if stacking else steps
+
+
+def test_elementwise_chain_is_one_loop():
+    x = rng.standard_normal((2, 8, 5, 5)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Add", ["a", "c1"], ["b"]),
+             helper.make_node("Sigmoid", ["b"], ["d"]), helper.make_node("Mul", ["d", "c2"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], {"c1": rng.standard_normal((1, 8, 1, 1)).astype(np.float32),
+                                               "c2": np.float32(1.7)})
+    compiled = glowgen.compile(model, backend="cpu")
+    steps = _steps(compiled)
+    assert len(steps) == 1 and [i.kind for i in steps[0].instrs] == ["Relu", "Add", "Sigmoid", "Mul"]
+    assert len(_steps(compiled, stacking=False)) == 4
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-5, atol=1e-6)
+    unstacked = glowgen.compile(model, backend="cpu", stacking=False)
+    assert_close(unstacked.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-5, atol=1e-6)
+
+
+def test_residual_add_and_relu_run_in_the_conv_store():
+    x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
+    w = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c", "x"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(16).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu")
+    steps = _steps(compiled)
+    assert [[i.kind for i in s.instrs] for s in steps] == [["Conv", "Add", "Relu"]]
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-5)
+
+
+def test_bias_and_clip_run_in_the_matmul_store():
+    a = rng.standard_normal((3, 37)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["a", "w"], ["m"]), helper.make_node("Add", ["m", "bias"], ["s"]),
+             helper.make_node("Clip", ["s", "lo", "hi"], ["y"])]
+    model = make_model(nodes, {"a": a}, ["y"], {"w": rng.standard_normal((37, 45)).astype(np.float32),
+                                               "bias": rng.standard_normal(45).astype(np.float32),
+                                               "lo": np.float32(-1), "hi": np.float32(2)})
+    compiled = glowgen.compile(model, backend="cpu")
+    kinds = [[i.kind for i in s.instrs] for s in _steps(compiled)]
+    assert ["BatchMatMul", "Add", "Clip"] in kinds, kinds
+    assert_close(compiled.run({"a": a}), run_ort(model, {"a": a}), rtol=1e-4, atol=1e-5)
