@@ -134,20 +134,9 @@ def constant_value(function: Function, value: Value, registry: Registry) -> Opti
                     feeds[p.name] = _dummy(x)
                     ins.append(p)
             else:
-                ins = []
-                for x in node.inputs:
-                    if x is None:
-                        ins.append(None)
-                    elif isinstance(x, tuple):
-                        items = tuple(copy(i) for i in x)
-                        if any(i is None for i in items):
-                            return None
-                        ins.append(items)
-                    else:
-                        c = copy(x)
-                        if c is None:
-                            return None
-                        ins.append(c)
+                ins = node.map_operands(copy)
+                if ins is None:
+                    return None
             nn = scratch.add_node(type(node), ins, node.attr_values(), name=node.name)
             for o, no in zip(node.outputs, nn.outputs):
                 copies[id(o)] = no

@@ -135,6 +135,25 @@ class Node:
                 out.append(v)
         return out
 
+    def map_operands(self, fn) -> Optional[list]:
+        """`fn` applied to every operand value, keeping the structure (None for an absent
+        operand, tuples for variadic ones); None as soon as `fn` returns None."""
+        out = []
+        for v in self.inputs:
+            if v is None:
+                out.append(None)
+            elif isinstance(v, tuple):
+                items = tuple(fn(x) for x in v)
+                if any(x is None for x in items):
+                    return None
+                out.append(items)
+            else:
+                r = fn(v)
+                if r is None:
+                    return None
+                out.append(r)
+        return out
+
     def has_trait(self, trait: str) -> bool:
         return trait in self.TRAITS
 

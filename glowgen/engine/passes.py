@@ -203,21 +203,7 @@ def _operand_arrays(node: Node) -> Optional[list]:
             return np.broadcast_to(np.zeros((), v.type.np_dtype), v.type.shape)
         return None
 
-    args = []
-    for v in node.inputs:
-        if v is None:
-            args.append(None)
-        elif isinstance(v, tuple):
-            items = tuple(data(x) for x in v)
-            if any(x is None for x in items):
-                return None
-            args.append(items)
-        else:
-            a = data(v)
-            if a is None:
-                return None
-            args.append(a)
-    return args
+    return node.map_operands(data)
 
 
 def _within_cap(node: Node, ctx: PassContext) -> bool:

@@ -16,7 +16,7 @@ from .epilogue import EpilogueEmitter, fuse_epilogues
 from .kernels import KERNELS, SCRATCH, KernelArgs
 from .llvmutil import I8P, I32, i64, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
-from .scalar import ScalarEmitter, load_elem, store_elem
+from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
 from .stacking import Step, form_steps, replan_activations, stores_needed
 
 REGION_ORDER = ("constant", "mutable", "activation")
@@ -168,24 +168,14 @@ class ModuleBuilder:
             em = ScalarEmitter(bb, registry.scalars)
             loaded = {}
             current = {}                  # root id -> value computed in this iteration
-            for ins in step.instrs:
-                node = ins.node
-                args = []
-                for _, buf in ins.operands[1:]:
-                    rid = id(buf.root())
-                    if rid in current:
-                        args.append(current[rid])
-                        continue
-                    k = next(j for j, x in enumerate(externals) if x is buf)
-                    if k not in loaded:
-                        loaded[k] = load_elem(bb, ps[k], buf.type.dtype)
-                    args.append(loaded[k])
-                kern = registry.kernels[ins.kind]
-                value = em.emit(kern["body"], args, node.attr_values())
-                if not hasattr(value, "v"):       # a constant expression: materialize it
-                    from .scalar import Value, const
-                    value = Value(const(value, node.outputs[0].type.dtype), node.outputs[0].type.dtype)
-                current[id(ins.writes()[0].root())] = value
+
+            def load(buf):
+                k = next(j for j, x in enumerate(externals) if x is buf)
+                if k not in loaded:
+                    loaded[k] = load_elem(bb, ps[k], buf.type.dtype)
+                return loaded[k]
+
+            emit_stack(em, step.instrs, registry.kernels, current, load)
             for j, buf in enumerate(stored):
                 store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
 

@@ -15,7 +15,7 @@ from llvmlite import ir
 from .gemm import splat, vload, vstore
 from .llvmutil import i64
 from .loops import broadcast_strides, contiguous_strides
-from .scalar import ScalarEmitter, Value
+from .scalar import ScalarEmitter, Value, emit_stack
 from .stacking import Step, stores_needed
 
 # Scalar functions that work unchanged on vectors (what an epilogue may compute).
@@ -148,20 +148,13 @@ class EpilogueEmitter:
         mask = valid if valid < self.vw else None
         current = {id(self.prod.writes()[0].root()): Value(vec, "f32")}
         loaded = {}
-        for ins in self.stack:
-            args = []
-            for _, buf in ins.operands[1:]:
-                rid = id(buf.root())
-                if rid in current:
-                    args.append(current[rid])
-                    continue
-                if id(buf) not in loaded:
-                    loaded[id(buf)] = self._load(b, buf, batch, row, col, mask)
-                args.append(loaded[id(buf)])
-            value = em.emit(self.registry.kernels[ins.kind]["body"], args, ins.node.attr_values())
-            if not isinstance(value, Value):
-                value = Value(em._const(value, "f32"), "f32")
-            current[id(ins.writes()[0].root())] = value
+
+        def load(buf):
+            if id(buf) not in loaded:
+                loaded[id(buf)] = self._load(b, buf, batch, row, col, mask)
+            return loaded[id(buf)]
+
+        emit_stack(em, self.stack, self.registry.kernels, current, load)
         for ins, need in zip(self.step.instrs, self.needed):
             if need:
                 buf = ins.writes()[0]

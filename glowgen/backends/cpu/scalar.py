@@ -344,3 +344,18 @@ class ScalarEmitter:
     def f_shr(self, a, c):
         signed = is_signed(a.dtype if isinstance(a, Value) else "i64")
         return self._shift(a, c, "ashr" if signed else "lshr")
+
+
+def emit_stack(em: "ScalarEmitter", instrs, kernels: dict, current: dict, load) -> None:
+    """Evaluate a run of elementwise instructions for one element (or vector).
+
+    `current` maps buffer roots (by id) to the values this run has computed so far and is
+    updated in place; an operand not in it is external and comes from `load(buffer)`."""
+    for ins in instrs:
+        args = [current[id(buf.root())] if id(buf.root()) in current else load(buf)
+                for _, buf in ins.operands[1:]]
+        value = em.emit(kernels[ins.kind]["body"], args, ins.node.attr_values())
+        if not isinstance(value, Value):      # a constant expression: materialize it
+            dtype = ins.node.outputs[0].type.dtype
+            value = Value(em._const(value, dtype), dtype)
+        current[id(ins.writes()[0].root())] = value
