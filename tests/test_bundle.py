@@ -226,6 +226,7 @@ def test_compile_for_another_target_writes_its_object(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--target", "no-such-triple"], "unknown target triple 'no-such-triple'"),
+    (["--cpu", "bogus"], "--cpu 'bogus' is not a CPU LLVM knows"),
     (["--name", "main"], "would clash with C"),
     (["--name", "9lives"], "is not a C identifier"),
     (["--input-shape", "image=1xq"], "bad shape"),
@@ -235,6 +236,17 @@ def test_compile_bad_arguments(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and "Traceback" not in err
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
+def test_big_endian_target_gets_big_endian_weights(tmp_path):
+    little = write_bundle(TINY, tmp_path / "le", cpu="x86-64-v2")
+    big = write_bundle(TINY, tmp_path / "be", triple="powerpc64-linux-gnu")
+    le = np.frombuffer((little.directory / "tiny_cnn.weights.bin").read_bytes(), "<f4")
+    be = np.frombuffer((big.directory / "tiny_cnn.weights.bin").read_bytes(), ">f4")
+    np.testing.assert_array_equal(le, be)
+    assert "big-endian" in (big.directory / "tiny_cnn.h").read_text()
+    obj = (big.directory / "tiny_cnn.o").read_bytes()
+    assert obj[:4] == b"\x7fELF" and obj[5] == 2            # ELFDATA2MSB
 
 
 def test_compile_to_an_unwritable_place(tmp_path, capsys):

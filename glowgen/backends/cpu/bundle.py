@@ -398,6 +398,34 @@ class Bundle:
     build_command: str = field(default="")
 
 
+def _bundle_target_machine(triple: Optional[str], cpu: Optional[str]):
+    """The target machine for an object file.  LLVM only warns (on stderr) about a CPU it does
+    not know and then ignores it; a bundle for the wrong CPU is an error here."""
+    import sys
+    import tempfile
+    from .jit import target_machine
+    if not cpu:
+        return target_machine(triple, cpu, reloc="pic", codemodel="default")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            tm = target_machine(triple, cpu, reloc="pic", codemodel="default")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        warnings = captured.read().decode(errors="replace")
+    if "not a recognized processor" in warnings:
+        raise GlowgenError(f"--cpu {cpu!r} is not a CPU LLVM knows for {tm.triple}; use e.g. "
+                           f"x86-64-v2, x86-64-v3, znver4, skylake-avx512 (x86-64) or "
+                           f"cortex-a76, neoverse-v1 (AArch64), or leave --cpu out")
+    if warnings.strip():
+        sys.stderr.write(warnings)
+    return tm
+
+
 def _prepare_dir(out_dir) -> Path:
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
@@ -418,11 +446,11 @@ def write_bundle(model, out_dir, name: Optional[str] = None, triple: Optional[st
     from ... import api, lir, pipeline
     from ...engine.registry import Registry
     from .codegen import ModuleBuilder
-    from .jit import host_target, optimize, target_machine
+    from .jit import host_target, optimize
 
     name = check_name(name) if name is not None else default_name(model)
     # Cheap checks first: the target and the directory, before a long compilation.
-    tm = target_machine(triple, cpu, reloc="pic", codemodel="default")
+    tm = _bundle_target_machine(triple, cpu)
     host_triple, host_cpu, _ = host_target()
     triple = triple or host_triple
     used_cpu = cpu if cpu is not None else (host_cpu if triple == host_triple else "generic")
