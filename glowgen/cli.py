@@ -24,6 +24,9 @@ examples:
   glowgen dump model.onnx --stage optimized --rules     # which rules fired, how often
   glowgen dump model.onnx --passes                      # the pass pipeline and what it did
   glowgen dump model.onnx --stage loaded --format dot > graph.dot
+  glowgen dump model.onnx --stage asm                   # the cpu backend's machine code
+  glowgen compile model.onnx -o out/                    # a bundle: out/model.o, .h, .weights.bin, main.c
+  glowgen bench model.onnx --backend cpu --runs 20      # latency, against onnxruntime
   glowgen ops
   glowgen conformance --backend interpreter --json results.json
   glowgen regen            # after editing specs/*.glowdef
@@ -134,6 +137,9 @@ def cmd_dump(args) -> int:
     from . import api
     from .engine.textual import print_function, to_dot
     stage = args.stage or ("lowered" if args.passes or args.rules else "loaded")
+    if stage in NATIVE_STAGES:
+        return _dump_native(args, stage)
+    args.backend = args.backend or "interpreter"
     fn = api.load(args.model, _input_shapes(args))
     pipeline_stage = {"lir": "lowered"}.get(stage, stage)
     ctx = api.optimize(fn, stage=pipeline_stage, backend=args.backend) if stage != "loaded" else None
@@ -162,6 +168,168 @@ def cmd_dump(args) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+NATIVE_STAGES = ("llvm", "asm")
+
+
+def _dump_native(args, stage: str) -> int:
+    """`--stage llvm`: the module's LLVM IR after LLVM's optimization pipeline (what the
+    assembly is generated from); `--stage asm`: the host machine code of that module."""
+    from .api import compile as compile_model
+    if args.backend not in (None, "cpu"):
+        raise InputError(f"--stage {stage} shows native code, which only the cpu backend makes; "
+                         f"use --backend cpu (or leave --backend out)")
+    for flag in ("passes", "rules", "memory", "trace", "full"):
+        if getattr(args, flag):
+            raise InputError(f"--{flag} does not apply to --stage {stage}")
+    if args.format != "text":
+        raise InputError(f"--stage {stage} prints as text; --format dot shows graphs")
+    model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args))
+    runner = model._runner
+    text = runner.assembly() if stage == "asm" else runner.llvm_ir(optimized=True)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_compile(args) -> int:
+    import shlex
+    import time
+    from .backends.cpu.bundle import write_bundle
+    t0 = time.perf_counter()
+    b = write_bundle(args.model, args.output, name=args.name, triple=args.target, cpu=args.cpu,
+                     input_shapes=_input_shapes(args), stacking=not args.no_stacking)
+    seconds = time.perf_counter() - t0
+    sizes = b.program.region_sizes
+    print(f"compiled {args.model} for {b.triple} (cpu {b.cpu or 'generic'}) in {seconds:.2f} s")
+    for path in b.files:
+        print(f"  wrote {path} ({path.stat().st_size} bytes)")
+    print(f"  entry point: int {b.name}(uint8_t *constant_weights, uint8_t *mutable_weights, "
+          f"uint8_t *activations)")
+    print(f"  regions: constant {sizes['constant']} bytes, mutable {sizes['mutable']} bytes, "
+          f"activations {sizes['activation']} bytes (64-byte aligned)")
+    print("build and run the example program:")
+    print(f"  cd {shlex.quote(str(b.directory))} && {b.build_command}")
+    if b.host:
+        print(f"  ./{b.name} --help")
+    else:
+        print(f"  (the object is for {b.triple}: build with that target's C compiler and run it there)")
+    return 0
+
+
+def _percentile(sorted_values, q: float) -> float:
+    return float(np.percentile(np.asarray(sorted_values), q))
+
+
+def _timings(fn, runs: int, warmup: int) -> list[float]:
+    import time
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return sorted(out)
+
+
+def _fmt_ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.3f} ms" if ms < 100 else f"{ms:.1f} ms"
+
+
+def _stats_line(times) -> str:
+    return (f"median {_fmt_ms(_percentile(times, 50))}  min {_fmt_ms(times[0])}  "
+            f"p90 {_fmt_ms(_percentile(times, 90))}")
+
+
+def cmd_bench(args) -> int:
+    import time
+    from .api import compile as compile_model
+    if args.runs < 1 or args.warmup < 0:
+        raise InputError("--runs must be at least 1 and --warmup at least 0")
+    if args.threads < 1:
+        raise InputError("--threads must be at least 1")
+    if args.no_stacking and args.backend != "cpu":
+        raise InputError("--no-stacking applies to the cpu backend: add --backend cpu")
+    ort = None
+    if args.compare != "none":
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            if args.compare == "onnxruntime":
+                raise InputError("--compare onnxruntime: onnxruntime is not installed "
+                                 "(pip install onnxruntime, or pass --compare none)") from None
+    t0 = time.perf_counter()
+    model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
+                          stacking=not args.no_stacking)
+    compile_s = time.perf_counter() - t0
+    feeds = _bench_feeds(args, model)
+    desc = ", ".join(f"{n}: {t}" for n, t in model.input_types.items())
+    print(f"model        {args.model} ({desc})")
+    print(f"runs         {args.runs} timed after {args.warmup} warm-up, same inputs for every engine")
+    extra = "" if args.backend != "cpu" else f", stacking {'off' if args.no_stacking else 'on'}"
+    print(f"glowgen      backend {args.backend}{extra}, 1 thread, compiled in {compile_s:.2f} s")
+    if args.threads > 1:
+        print(f"note         glowgen runs single-threaded; --threads {args.threads} applies to "
+              f"onnxruntime only")
+    g_times = _timings(lambda: model.run(feeds), args.runs, args.warmup)
+    print(f"  latency    {_stats_line(g_times)}")
+    if ort is None:
+        if args.compare == "auto":
+            print("onnxruntime  not installed: no comparison")
+        return 0
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = args.threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    t0 = time.perf_counter()
+    try:
+        sess = ort.InferenceSession(str(args.model), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:   # noqa: BLE001 - onnxruntime's own errors, reported as such
+        raise GlowgenError(f"onnxruntime cannot load {args.model}: {e}") from None
+    ort_s = time.perf_counter() - t0
+    ort_feeds = {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}}
+    names = [o.name for o in sess.get_outputs()]
+    print(f"onnxruntime  {ort.__version__}, CPUExecutionProvider, {args.threads} thread"
+          f"{'s' if args.threads > 1 else ''}, session created in {ort_s:.2f} s")
+    o_times = _timings(lambda: sess.run(names, ort_feeds), args.runs, args.warmup)
+    print(f"  latency    {_stats_line(o_times)}")
+    ratio = _percentile(g_times, 50) / _percentile(o_times, 50)
+    print(f"ratio        glowgen / onnxruntime = {ratio:.2f} (median latency; below 1 means "
+          f"glowgen is faster)")
+    ours = model.run(feeds)
+    theirs = dict(zip(names, sess.run(names, ort_feeds)))
+    diffs = []
+    for k, v in ours.items():
+        if k in theirs and np.asarray(theirs[k]).shape == v.shape and v.size:
+            d = np.abs(v.astype(np.float64) - np.asarray(theirs[k]).astype(np.float64))
+            diffs.append(float(np.nanmax(d)) if np.isfinite(d).any() else float("nan"))
+    if diffs:
+        print(f"outputs      max |glowgen - onnxruntime| = {max(diffs):.3g}")
+    return 0
+
+
+def _bench_feeds(args, model) -> dict:
+    given = _parse_assignments(args.input, "--input")
+    feeds = {}
+    for name, path in given.items():
+        if name not in model.input_types:
+            raise InputError(f"--input names {name!r}, which is not an input of the model; inputs: "
+                             f"{', '.join(model.input_names)}")
+        try:
+            feeds[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise InputError(f"--input {name}={path}: cannot read a .npy array: {e}") from None
+    rng = np.random.default_rng(args.seed)
+    for n in model.input_names:
+        if n not in feeds:
+            feeds[n] = _random_input(model.input_types[n], rng)
+    model.check_feeds(feeds)
+    return feeds
 
 
 def cmd_regen(args) -> int:
@@ -237,10 +405,13 @@ def build_parser() -> argparse.ArgumentParser:
                                    "`lowered` (the whole pipeline: what the backend runs) or `lir` "
                                    "(low-level instructions with their memory plan).")
     d.add_argument("model", help="path to an .onnx file")
-    d.add_argument("--stage", choices=["loaded", "optimized", "lowered", "lir"],
-                   help="default: loaded (lowered with --passes or --rules)")
-    d.add_argument("--backend", default="interpreter", choices=["interpreter", "cpu"],
-                   help="the backend whose op set lowering targets (default: interpreter)")
+    d.add_argument("--stage", choices=["loaded", "optimized", "lowered", "lir", "llvm", "asm"],
+                   help="default: loaded (lowered with --passes or --rules); llvm: the cpu "
+                        "backend's LLVM IR after LLVM's optimizations; asm: its machine code for "
+                        "this host")
+    d.add_argument("--backend", default=None, choices=["interpreter", "cpu"],
+                   help="the backend whose op set lowering targets (default: interpreter; cpu "
+                        "for --stage llvm and asm)")
     d.add_argument("--passes", action="store_true",
                    help="print the pass pipeline and what each phase did, instead of the graph")
     d.add_argument("--rules", action="store_true",
@@ -255,6 +426,60 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--trace", action="store_true", help="show the ONNX node and rules behind each node")
     d.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     d.set_defaults(func=cmd_dump)
+
+    k = sub.add_parser(
+        "compile", help="write an ahead-of-time bundle: object file, weights, C header, main.c",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Compile MODEL with the cpu backend into DIR:\n"
+                    "  NAME.o            the code, for --target/--cpu (default: this machine)\n"
+                    "  NAME.weights.bin  the constant weights, as the code expects them\n"
+                    "  NAME.h            int NAME(uint8_t *constant_weights, uint8_t *mutable_weights,\n"
+                    "                    uint8_t *activations); region sizes, alignment, and each\n"
+                    "                    input's and output's offset, shape and element type\n"
+                    "  main.c            an example: reads inputs from raw files, writes outputs\n"
+                    "Build the example with `gcc -O2 main.c NAME.o -lm -o NAME` in DIR; the object\n"
+                    "needs no library but libm.",
+        epilog="example:\n  glowgen compile mlp.onnx -o out/ && cd out && gcc -O2 main.c mlp.o -lm -o mlp\n"
+               "  ./mlp input.bin output.bin     # raw little-endian, row-major tensors")
+    k.add_argument("model", help="path to an .onnx file")
+    k.add_argument("-o", "--output", required=True, metavar="DIR",
+                   help="directory to write the bundle to (created if needed)")
+    k.add_argument("--name", help="name of the entry point and the files (default: the model "
+                                  "file's stem, made a C identifier)")
+    k.add_argument("--target", metavar="TRIPLE",
+                   help="LLVM target triple, e.g. aarch64-linux-gnu (default: this machine)")
+    k.add_argument("--cpu", help="CPU to tune and select instructions for, e.g. x86-64-v3 "
+                                 "(default: this machine's CPU for the host triple, else generic)")
+    k.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
+    k.add_argument("--no-stacking", action="store_true",
+                   help="one loop per elementwise op (for comparison)")
+    k.set_defaults(func=cmd_compile)
+
+    bn = sub.add_parser(
+        "bench", help="measure latency, against onnxruntime",
+        description="Compile MODEL, then time one inference at a time on a fixed input, "
+                    "through the Python API (model.run, InferenceSession.run): the "
+                    "median, min and 90th percentile latency of glowgen and, when onnxruntime is "
+                    "installed, of onnxruntime in the same process on the same input, and their "
+                    "ratio.  glowgen runs single-threaded; --threads sets onnxruntime's "
+                    "intra-op threads.")
+    bn.add_argument("model", help="path to an .onnx file")
+    bn.add_argument("--backend", default="cpu", choices=["cpu", "interpreter"],
+                    help="glowgen backend (default: cpu)")
+    bn.add_argument("--compare", default="auto", choices=["auto", "onnxruntime", "none"],
+                    help="compare with onnxruntime (default: auto, when it is installed)")
+    bn.add_argument("--threads", type=int, default=1,
+                    help="onnxruntime's intra_op_num_threads (default 1); glowgen is "
+                         "single-threaded today whatever N is")
+    bn.add_argument("--no-stacking", action="store_true",
+                    help="cpu backend: one loop per elementwise op (for comparison)")
+    bn.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")
+    bn.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
+    bn.add_argument("--input", action="append", metavar="NAME=FILE.npy",
+                    help="an input array from a .npy file (repeatable); inputs not given are random")
+    bn.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    bn.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
+    bn.set_defaults(func=cmd_bench)
 
     g = sub.add_parser("regen", help="regenerate glowgen/generated/ from specs/",
                        description="Parse specs/*.glowdef and write the generated Python modules.")

@@ -30,6 +30,14 @@ class CpuRunner:
             self._view(w)[...] = w.data
         self._ptrs = [self.regions[k].ctypes.data for k in ("constant", "mutable", "activation")]
 
+    def assembly(self) -> str:
+        """The optimized module as the host's assembly."""
+        return self.jit.assembly()
+
+    def llvm_ir(self, optimized: bool = True) -> str:
+        """The module's LLVM IR, after LLVM's optimization pipeline (or as generated)."""
+        return str(self.jit.module) if optimized else self.ir
+
     def _view(self, w) -> np.ndarray:
         region = self.regions[w.region]
         if w.nbytes == 0:

@@ -1,0 +1,488 @@
+"""Ahead-of-time bundles: a model as an object file, its weights and a C header.
+
+`write_bundle(model, out_dir)` writes, for NAME (the model file's stem by default):
+
+    NAME.o            the compiled module for the target (position-independent)
+    NAME.weights.bin  the constant region, byte for byte as the code expects it
+    NAME.h            the entry point, region sizes, alignment, and each input's and
+                      output's offset, size, shape and element type in the mutable region
+    main.c            an example program: loads the weights, reads inputs from raw files,
+                      runs, writes outputs to raw files
+
+Build the example with `gcc -O2 main.c NAME.o -lm -o NAME`: the object needs nothing but libm.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Optional
+
+import numpy as np
+
+from ...errors import GlowgenError
+from ...lir.ir import ALIGNMENT, Program
+
+# Names a bundle's entry point must not take: C keywords, `main`, and the C library and libm
+# functions that main.c or the generated code link against.
+C_KEYWORDS = frozenset("""
+auto break case char const continue default do double else enum extern float for goto if
+inline int long register restrict return short signed sizeof static struct switch typedef
+union unsigned void volatile while _Bool _Complex _Imaginary _Alignas _Alignof _Atomic
+_Generic _Noreturn _Static_assert _Thread_local bool true false alignas alignof
+""".split())
+RESERVED = C_KEYWORDS | frozenset("""
+main abort exit free malloc calloc realloc aligned_alloc posix_memalign memcpy memmove memset
+memcmp strcmp strlen strrchr strncpy printf fprintf puts fopen fclose fread fwrite fseek ftell
+ferror perror errno stdin stdout stderr
+exp expf log logf pow powf sqrt sqrtf sin sinf cos cosf tan tanf tanh tanhf erf erff log1p log1pf
+expm1 expm1f floor floorf ceil ceilf round roundf fabs fabsf fmod fmodf atan atanf asin asinf acos
+acosf sinh sinhf cosh coshf atan2 atan2f fmin fminf fmax fmaxf roundeven roundevenf
+""".split())
+
+
+def c_identifier(text: str) -> str:
+    """`text` with every character a C identifier cannot hold replaced by `_`."""
+    safe = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    if not safe or safe[0].isdigit():
+        safe = "m_" + safe
+    return safe
+
+
+def default_name(model) -> str:
+    """The model file's stem, identifier-safe and clear of C keywords and libc names."""
+    stem = Path(model).stem if isinstance(model, (str, os.PathLike)) else "model"
+    name = c_identifier(stem)
+    return name + "_model" if name in RESERVED or name.startswith("__") else name
+
+
+def check_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise GlowgenError(f"bundle name {name!r} is not a C identifier (letters, digits and _, "
+                           f"not starting with a digit), e.g. {c_identifier(name)!r}")
+    if name in RESERVED or name.startswith("__"):
+        raise GlowgenError(f"bundle name {name!r} would clash with C or its library (the entry "
+                           f"point is a function of that name); choose another with --name, "
+                           f"e.g. {name.strip('_') + '_model'!r}")
+    return name
+
+
+def tensor_macro_names(names) -> dict[str, str]:
+    """ONNX tensor names -> distinct C-identifier-safe names."""
+    out, used = {}, set()
+    for n in names:
+        base = re.sub(r"[^A-Za-z0-9_]", "_", n) or "t"
+        safe, k = base, 1
+        while safe in used:
+            safe = f"{base}_{k}"
+            k += 1
+        used.add(safe)
+        out[n] = safe
+    return out
+
+
+def constant_region(prog: Program, big_endian: bool = False) -> bytes:
+    """The constant region's bytes: every constant weight at its offset (zeros between)."""
+    region = np.zeros(prog.region_sizes["constant"], np.uint8)
+    for w in prog.constant_weights():
+        if w.nbytes == 0:
+            continue
+        data = np.ascontiguousarray(np.asarray(w.data, dtype=w.type.np_dtype).reshape(w.type.shape))
+        if big_endian and data.dtype.itemsize > 1:
+            data = data.astype(data.dtype.newbyteorder(">"))
+        region[w.offset:w.offset + w.nbytes] = np.frombuffer(data.tobytes(), np.uint8)
+    return region.tobytes()
+
+
+# --------------------------------------------------------------------------- header
+def _dims(shape) -> str:
+    return "{" + ", ".join(str(d) for d in shape) + "}" if shape else "{0}"
+
+
+def header_text(prog: Program, name: str, *, source: str = "", triple: str = "",
+                cpu: str = "", byte_order: str = "little") -> str:
+    P = name.upper()
+    sizes = prog.region_sizes
+    ins = tensor_macro_names(prog.inputs)
+    outs = tensor_macro_names(prog.outputs)
+    max_rank = max([1] + [len(w.type.shape) for w in list(prog.inputs.values()) + list(prog.outputs.values())])
+    target = f" for {triple}" + (f" (cpu {cpu})" if cpu else "") if triple else ""
+    L = [f"/* {name}.h: generated by glowgen from {source or 'a model'}{target}.",
+         " *",
+         f" * Entry point: int {name}(uint8_t *constant_weights, uint8_t *mutable_weights,",
+         f" *                 {' ' * len(name)}uint8_t *activations);",
+         f" * over three buffers, each aligned to {P}_ALIGNMENT bytes:",
+         f" *   constant_weights  {P}_CONSTANT_MEM_SIZE bytes: the contents of {name}.weights.bin (read only)",
+         f" *   mutable_weights   {P}_MUTABLE_MEM_SIZE bytes: write each input at its offset before the",
+         " *                     call, read each output at its offset after it",
+         f" *   activations       {P}_ACTIVATIONS_MEM_SIZE bytes of scratch memory",
+         " * It returns 0 on success.  It keeps no state between calls and is reentrant as long as",
+         " * concurrent calls use distinct mutable and activation buffers.",
+         f" * Tensors are dense, row-major (C order), in the target's byte order ({byte_order}-endian).",
+         f" * Element types: f32 f64 f16 i8 i16 i32 i64 u8 u16 u32 u64 bool (1 byte, 0 or 1).",
+         " */",
+         f"#ifndef {P}_H", f"#define {P}_H", "",
+         "#include <stddef.h>", "#include <stdint.h>", "",
+         "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
+         f"#define {P}_ALIGNMENT {ALIGNMENT}",
+         f"#define {P}_CONSTANT_MEM_SIZE {sizes['constant']}",
+         f"#define {P}_MUTABLE_MEM_SIZE {sizes['mutable']}",
+         f"#define {P}_ACTIVATIONS_MEM_SIZE {sizes['activation']}",
+         f"#define {P}_NUM_INPUTS {len(prog.inputs)}",
+         f"#define {P}_NUM_OUTPUTS {len(prog.outputs)}",
+         f"#define {P}_MAX_RANK {max_rank}", ""]
+    for kind, table, safe in (("INPUT", prog.inputs, ins), ("OUTPUT", prog.outputs, outs)):
+        for tname, w in table.items():
+            m = f"{P}_{kind}_{safe[tname]}"
+            ty = w.type
+            L += [f"/* {kind.lower()} {tname!r}: {ty.dtype}{list(ty.shape)} */",
+                  f"#define {m}_OFFSET {w.offset}",
+                  f"#define {m}_SIZE {w.nbytes} /* bytes */",
+                  f"#define {m}_RANK {len(ty.shape)}",
+                  f"#define {m}_DIMS {_dims(ty.shape)}" + (" /* rank 0: a scalar */" if not ty.shape else ""),
+                  f'#define {m}_ELEM_TYPE "{ty.dtype}"',
+                  f"#define {m}_ELEM_SIZE {ty.np_dtype.itemsize}", ""]
+    L += ["#ifndef GLOWGEN_TENSOR_INFO_DEFINED", "#define GLOWGEN_TENSOR_INFO_DEFINED",
+          "/* One model input or output, for programs that handle any bundle generically. */",
+          "typedef struct {",
+          "  const char *name;      /* the ONNX name */",
+          "  size_t offset;         /* in the mutable region */",
+          "  size_t size;           /* bytes */",
+          "  const char *elem_type; /* \"f32\", \"i64\", ... */",
+          "  size_t elem_size;      /* bytes per element */",
+          "  int rank;",
+          "  const int64_t *dims;",
+          "} glowgen_tensor_info;", "#endif",
+          "#ifndef GLOWGEN_UNUSED",
+          "#if defined(__GNUC__) || defined(__clang__)",
+          "#define GLOWGEN_UNUSED __attribute__((unused))",
+          "#else", "#define GLOWGEN_UNUSED", "#endif", "#endif", ""]
+    for kind, table, safe in (("INPUT", prog.inputs, ins), ("OUTPUT", prog.outputs, outs)):
+        for tname in table:
+            m = f"{P}_{kind}_{safe[tname]}"
+            L.append(f"static const int64_t GLOWGEN_UNUSED {name}_{kind.lower()}_{safe[tname]}_dims[] = {m}_DIMS;")
+    L.append("")
+    for kind, table, safe in (("INPUT", prog.inputs, ins), ("OUTPUT", prog.outputs, outs)):
+        L.append(f"/* The {kind.lower()}s in order, then an entry whose name is NULL. */")
+        L.append(f"static const glowgen_tensor_info GLOWGEN_UNUSED {name}_{kind.lower()}s[{P}_NUM_{kind}S + 1] = {{")
+        for tname in table:
+            m = f"{P}_{kind}_{safe[tname]}"
+            L.append(f"  {{{_c_string(tname)}, {m}_OFFSET, {m}_SIZE, {m}_ELEM_TYPE, {m}_ELEM_SIZE, "
+                     f"{m}_RANK, {name}_{kind.lower()}_{safe[tname]}_dims}},")
+        L.append("  {0, 0, 0, 0, 0, 0, 0}")
+        L.append("};")
+    L += ["", f"int {name}(uint8_t *constant_weights, uint8_t *mutable_weights, uint8_t *activations);",
+          "", "#ifdef __cplusplus", "}", "#endif", f"#endif /* {P}_H */", ""]
+    return "\n".join(L)
+
+
+def _c_string(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif 32 <= ord(ch) < 127 and ch != "?":
+            out.append(ch)
+        else:
+            out.extend(f"\\{b:03o}" for b in ch.encode("utf-8"))
+    return '"' + "".join(out) + '"'
+
+
+# --------------------------------------------------------------------------- main.c
+MAIN_C = r"""/* main.c: run the glowgen bundle `@NAME@` once, on inputs read from raw binary files.
+ *
+ * Build:  gcc -O2 main.c @NAME@.o -lm -o @NAME@
+ * Usage:  ./@NAME@ [--weights FILE] INPUT_FILE... OUTPUT_FILE...
+ *   one file per model input, in order, then one file per model output, in order:
+@IO_DOC@
+ *   `./@NAME@ --help` prints the same list.
+ * Every file holds raw tensor data: little-endian, row-major (C order), no header; an input
+ * file must hold exactly the input's size in bytes.  With numpy:
+ *   x.astype("<f4").tofile("input.bin")      np.fromfile("output.bin", "<f4").reshape(shape)
+ * The weights are read from @NAME@.weights.bin in the executable's directory (or the current
+ * directory when the executable was found through PATH) unless --weights FILE is given.
+ * Exit status: 0 on success, 1 for bad usage, 2 for a file error, 3 if the model fails.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "@NAME@.h"
+
+static void usage(FILE *f, const char *prog) {
+  const glowgen_tensor_info *t;
+  int i;
+  fprintf(f, "usage: %s [--weights FILE] INPUT_FILE... OUTPUT_FILE...\n", prog);
+  fprintf(f, "Runs the model @NAME@ once. Files hold raw tensors: little-endian, row-major, no header.\n");
+  fprintf(f, "inputs (%d files to read, in this order):\n", @P@_NUM_INPUTS);
+  for (t = @NAME@_inputs; t->name; t++) {
+    fprintf(f, "  %-20s %s[", t->name, t->elem_type);
+    for (i = 0; i < t->rank; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)t->dims[i]);
+    fprintf(f, "]  %zu bytes\n", t->size);
+  }
+  fprintf(f, "outputs (%d files to write, in this order):\n", @P@_NUM_OUTPUTS);
+  for (t = @NAME@_outputs; t->name; t++) {
+    fprintf(f, "  %-20s %s[", t->name, t->elem_type);
+    for (i = 0; i < t->rank; i++) fprintf(f, "%s%lld", i ? ", " : "", (long long)t->dims[i]);
+    fprintf(f, "]  %zu bytes\n", t->size);
+  }
+  fprintf(f, "options:\n  --weights FILE  the constant weights (default: @NAME@.weights.bin "
+             "next to the executable)\n  -h, --help      this message\n");
+}
+
+/* A region of `size` bytes aligned to @P@_ALIGNMENT (aligned_alloc wants a multiple of it). */
+static uint8_t *alloc_region(size_t size) {
+  size_t rounded = (size + @P@_ALIGNMENT - 1) / @P@_ALIGNMENT * @P@_ALIGNMENT;
+  uint8_t *p = aligned_alloc(@P@_ALIGNMENT, rounded ? rounded : @P@_ALIGNMENT);
+  if (!p) {
+    fprintf(stderr, "error: cannot allocate %zu bytes\n", size);
+    exit(2);
+  }
+  memset(p, 0, rounded ? rounded : @P@_ALIGNMENT);
+  return p;
+}
+
+/* Reads exactly `size` bytes of `path` into `dst`; the file must have exactly that size. */
+static int read_file(const char *path, uint8_t *dst, size_t size, const char *what) {
+  FILE *f = fopen(path, "rb");
+  long got;
+  if (!f) {
+    perror(path);
+    return 0;
+  }
+  if (fseek(f, 0, SEEK_END) != 0 || (got = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    fprintf(stderr, "error: cannot read %s (%s)\n", path, what);
+    fclose(f);
+    return 0;
+  }
+  if ((size_t)got != size) {
+    fprintf(stderr, "error: %s has %ld bytes; %s needs exactly %zu\n", path, got, what, size);
+    fclose(f);
+    return 0;
+  }
+  if (size && fread(dst, 1, size, f) != size) {
+    fprintf(stderr, "error: cannot read %s (%s)\n", path, what);
+    fclose(f);
+    return 0;
+  }
+  fclose(f);
+  return 1;
+}
+
+static int write_file(const char *path, const uint8_t *src, size_t size) {
+  FILE *f = fopen(path, "wb");
+  if (!f) {
+    perror(path);
+    return 0;
+  }
+  if ((size && fwrite(src, 1, size, f) != size) || fclose(f) != 0) {
+    fprintf(stderr, "error: cannot write %s\n", path);
+    return 0;
+  }
+  return 1;
+}
+
+/* Files are little-endian; on a big-endian machine, swap each element's bytes. */
+static void to_native(uint8_t *p, size_t size, size_t elem_size) {
+  const uint16_t one = 1;
+  size_t i, j;
+  if (*(const uint8_t *)&one == 1 || elem_size < 2) return;
+  for (i = 0; i + elem_size <= size; i += elem_size)
+    for (j = 0; j < elem_size / 2; j++) {
+      uint8_t t = p[i + j];
+      p[i + j] = p[i + elem_size - 1 - j];
+      p[i + elem_size - 1 - j] = t;
+    }
+}
+
+int main(int argc, char **argv) {
+  const char *weights = NULL;
+  char *default_weights = NULL;
+  const char **files = (const char **)calloc((size_t)argc + 1, sizeof(char *));
+  int nfiles = 0, i, status;
+  uint8_t *constant, *mutable_, *activations, *out;
+  const glowgen_tensor_info *t;
+
+  if (!files) return 2;
+  for (i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage(stdout, argv[0]);
+      return 0;
+    } else if (!strcmp(argv[i], "--weights")) {
+      if (++i == argc) {
+        fprintf(stderr, "error: --weights needs a file\n");
+        return 1;
+      }
+      weights = argv[i];
+    } else {
+      files[nfiles++] = argv[i];
+    }
+  }
+  if (nfiles != @P@_NUM_INPUTS + @P@_NUM_OUTPUTS) {
+    fprintf(stderr, "error: expected %d input files and %d output files, got %d files\n",
+            @P@_NUM_INPUTS, @P@_NUM_OUTPUTS, nfiles);
+    usage(stderr, argv[0]);
+    return 1;
+  }
+  if (!weights) {
+    const char *slash = strrchr(argv[0], '/');
+    size_t dir = slash ? (size_t)(slash - argv[0]) + 1 : 0;
+    default_weights = (char *)malloc(dir + sizeof("@NAME@.weights.bin"));
+    if (!default_weights) return 2;
+    memcpy(default_weights, argv[0], dir);
+    strcpy(default_weights + dir, "@NAME@.weights.bin");
+    weights = default_weights;
+  }
+
+  constant = alloc_region(@P@_CONSTANT_MEM_SIZE);
+  mutable_ = alloc_region(@P@_MUTABLE_MEM_SIZE);
+  activations = alloc_region(@P@_ACTIVATIONS_MEM_SIZE);
+  if (!read_file(weights, constant, @P@_CONSTANT_MEM_SIZE, "the constant weights")) return 2;
+  for (i = 0, t = @NAME@_inputs; t->name; t++, i++) {
+    char what[300];
+    snprintf(what, sizeof what, "input '%s'", t->name);
+    if (!read_file(files[i], mutable_ + t->offset, t->size, what)) return 2;
+    to_native(mutable_ + t->offset, t->size, t->elem_size);
+  }
+
+  status = @NAME@(constant, mutable_, activations);
+  if (status != 0) {
+    fprintf(stderr, "error: the model returned %d\n", status);
+    return 3;
+  }
+
+  for (t = @NAME@_outputs; t->name; t++, i++) {
+    out = (uint8_t *)malloc(t->size ? t->size : 1);
+    if (!out) return 2;
+    memcpy(out, mutable_ + t->offset, t->size);
+    to_native(out, t->size, t->elem_size); /* native -> little-endian: the same swap */
+    if (!write_file(files[i], out, t->size)) return 2;
+    free(out);
+  }
+  free(constant);
+  free(mutable_);
+  free(activations);
+  free(default_weights);
+  free((void *)files);
+  return 0;
+}
+"""
+
+
+def main_c_text(prog: Program, name: str) -> str:
+    width = max([8] + [len(n) for n in list(prog.inputs) + list(prog.outputs)])
+    doc = []
+    for kind, table in (("input", prog.inputs), ("output", prog.outputs)):
+        for tname, w in table.items():
+            shown = tname.replace("*/", "* /")
+            doc.append(f" *     {kind:6s}  {shown:{width}s}  {w.type.dtype}{list(w.type.shape)}  "
+                       f"{w.nbytes} bytes")
+    if not doc:
+        doc.append(" *     (the model has no inputs and no outputs)")
+    return (MAIN_C.replace("@IO_DOC@", "\n".join(doc)).replace("@NAME@", name)
+            .replace("@P@", name.upper()))
+
+
+# --------------------------------------------------------------------------- driver
+@dataclass
+class Bundle:
+    name: str
+    directory: Path
+    files: list[Path]
+    triple: str
+    cpu: str
+    program: Program
+    host: bool
+    build_command: str = field(default="")
+
+
+def _bundle_target_machine(triple: Optional[str], cpu: Optional[str]):
+    """The target machine for an object file.  LLVM only warns (on stderr) about a CPU it does
+    not know and then ignores it; a bundle for the wrong CPU is an error here."""
+    import sys
+    import tempfile
+    from .jit import target_machine
+    if not cpu:
+        return target_machine(triple, cpu, reloc="pic", codemodel="default")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            tm = target_machine(triple, cpu, reloc="pic", codemodel="default")
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        captured.seek(0)
+        warnings = captured.read().decode(errors="replace")
+    if "not a recognized processor" in warnings:
+        raise GlowgenError(f"--cpu {cpu!r} is not a CPU LLVM knows for {tm.triple}; use e.g. "
+                           f"x86-64-v2, x86-64-v3, znver4, skylake-avx512 (x86-64) or "
+                           f"cortex-a76, neoverse-v1 (AArch64), or leave --cpu out")
+    if warnings.strip():
+        sys.stderr.write(warnings)
+    return tm
+
+
+def _prepare_dir(out_dir) -> Path:
+    d = Path(out_dir)
+    if d.exists() and not d.is_dir():
+        raise GlowgenError(f"output directory {str(d)!r} exists and is not a directory")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GlowgenError(f"cannot create output directory {str(d)!r}: {e.strerror or e}") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise GlowgenError(f"output directory {str(d)!r} is not writable")
+    return d
+
+
+def write_bundle(model, out_dir, name: Optional[str] = None, triple: Optional[str] = None,
+                 cpu: Optional[str] = None, input_shapes: Optional[Mapping] = None,
+                 stacking: bool = True, registry=None) -> Bundle:
+    """Compile `model` for `triple`/`cpu` (default: this machine) and write the bundle."""
+    from ... import api, lir, pipeline
+    from ...engine.registry import Registry
+    from .codegen import ModuleBuilder
+    from .jit import host_target, optimize
+
+    name = check_name(name) if name is not None else default_name(model)
+    # Cheap checks first: the target and the directory, before a long compilation.
+    tm = _bundle_target_machine(triple, cpu)
+    host_triple, host_cpu, _ = host_target()
+    triple = triple or host_triple
+    used_cpu = cpu if cpu is not None else (host_cpu if triple == host_triple else "generic")
+    directory = _prepare_dir(out_dir)
+
+    registry = registry or Registry.default()
+    function = api.load(model, input_shapes, registry)
+    pipeline.run(function, registry, pipeline.PIPELINE, "cpu")
+    prog = lir.build(function, registry)
+    ir_text = str(ModuleBuilder(prog, registry, name, stacking).build())
+    # The builder re-plans the activation arena: sizes and offsets are final only now.
+    module = optimize(ir_text, tm)
+    obj = tm.emit_object(module)
+    big_endian = str(tm.target_data).startswith("E")
+
+    source = Path(model).name if isinstance(model, (str, os.PathLike)) else "an in-memory model"
+    files = {
+        f"{name}.o": obj,
+        f"{name}.weights.bin": constant_region(prog, big_endian),
+        f"{name}.h": header_text(prog, name, source=source, triple=triple, cpu=used_cpu,
+                                 byte_order="big" if big_endian else "little").encode(),
+        "main.c": main_c_text(prog, name).encode(),
+    }
+    written = []
+    for fname, data in files.items():
+        path = directory / fname
+        try:
+            path.write_bytes(data)
+        except OSError as e:
+            raise GlowgenError(f"cannot write {path}: {e.strerror or e}") from None
+        written.append(path)
+    host = triple == host_triple
+    cc = "gcc" if host else f"<a C compiler for {triple}>"
+    return Bundle(name, directory, written, triple, used_cpu, prog, host,
+                  f"{cc} -O2 main.c {name}.o -lm -o {name}")

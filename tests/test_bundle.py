@@ -1,0 +1,332 @@
+"""Ahead-of-time bundles (`glowgen compile`): the object, weights, header and main.c build with
+gcc alone and compute, bit for bit, what the JIT computes; the header describes the Program.
+Also `glowgen bench` and `glowgen dump --stage llvm|asm` on a tiny model, and the guarantee
+that bad inputs never reach native code."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+import glowgen
+from glowgen.backends.cpu.bundle import write_bundle
+from glowgen.cli import main
+from glowgen.errors import InputError
+from conftest import ONNX_DATA, REPO, make_model, require_bench_dir
+
+TINY = REPO / "examples" / "tiny_cnn.onnx"
+
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+
+def build(bundle) -> Path:
+    """Exactly the command `glowgen compile` prints."""
+    cmd = ["gcc", "-O2", "main.c", f"{bundle.name}.o", "-lm", "-o", bundle.name]
+    assert bundle.build_command == " ".join(cmd)
+    done = subprocess.run(cmd, cwd=bundle.directory, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return bundle.directory / bundle.name
+
+
+def run_bundle(exe: Path, prog, feeds: dict, tmp: Path) -> dict:
+    files = []
+    for i, (name, w) in enumerate(prog.inputs.items()):
+        f = tmp / f"in{i}.bin"
+        np.ascontiguousarray(feeds[name]).astype(w.type.np_dtype.newbyteorder("<")).tofile(f)
+        files.append(f)
+    outs = [tmp / f"out{i}.bin" for i in range(len(prog.outputs))]
+    done = subprocess.run([str(exe)] + [str(f) for f in files + outs], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return {name: np.fromfile(f, w.type.np_dtype.newbyteorder("<")).astype(w.type.np_dtype)
+            .reshape(w.type.shape) for (name, w), f in zip(prog.outputs.items(), outs)}
+
+
+def assert_bitwise_equal(actual: dict, expected: dict):
+    assert list(actual) == list(expected)
+    for k in expected:
+        a, e = actual[k], expected[k]
+        assert a.shape == e.shape and a.dtype == e.dtype, (k, a.shape, e.shape, a.dtype, e.dtype)
+        assert a.tobytes() == e.tobytes(), f"{k}: bundle and JIT differ (max diff " \
+                                           f"{np.nanmax(np.abs(a.astype(float) - e.astype(float)))})"
+
+
+def random_feeds(model, seed=0):
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for n, t in model.input_types.items():
+        if t.dtype.startswith(("i", "u")):
+            feeds[n] = rng.integers(-5, 5, t.shape).astype(t.np_dtype)
+        else:
+            feeds[n] = rng.standard_normal(t.shape).astype(t.np_dtype)
+    return feeds
+
+
+def check_bundle_matches_jit(path, tmp_path, **kw):
+    bundle = write_bundle(path, tmp_path / "bundle", **kw)
+    exe = build(bundle)
+    jit = glowgen.compile(path, backend="cpu", input_shapes=kw.get("input_shapes"))
+    feeds = random_feeds(jit)
+    assert_bitwise_equal(run_bundle(exe, bundle.program, feeds, tmp_path), jit.run(feeds))
+    return bundle, jit
+
+
+# --------------------------------------------------------------------------- bundle runs
+@needs_gcc
+@pytest.mark.parametrize("path", [TINY, ONNX_DATA / "light" / "light_squeezenet.onnx"],
+                         ids=["tiny_cnn", "light_squeezenet"])
+def test_bundle_matches_jit_bit_for_bit(path, tmp_path):
+    bundle, _ = check_bundle_matches_jit(path, tmp_path)
+    names = sorted(p.name for p in bundle.directory.iterdir())
+    assert names == sorted(["main.c", f"{bundle.name}.h", f"{bundle.name}.o",
+                            f"{bundle.name}.weights.bin", bundle.name])
+
+
+@needs_gcc
+def test_bench_mlp_bundle_matches_jit_bit_for_bit(tmp_path):
+    directory = require_bench_dir()
+    manifest = json.loads((directory / "manifest.json").read_text())["mlp"]
+    bundle, jit = check_bundle_matches_jit(directory / manifest["file"], tmp_path)
+    assert bundle.name == "mlp"
+    assert jit.input_types[manifest["input"]].shape == tuple(manifest["input_shape"])
+
+
+def _odd_names_model():
+    """Inputs and outputs whose names are not C identifiers (and collide once made so),
+    of two element types."""
+    a = np.zeros((2, 3), np.float32)
+    n = np.zeros((2, 3), np.int64)
+    nodes = [helper.make_node("Add", ["x:0", "x/0"], ["sum.out"]),
+             helper.make_node("Mul", ["sum.out", "x:0"], ["y-1"]),
+             helper.make_node("Add", ["n", "n"], ["2n"])]
+    return make_model(nodes, {"x:0": a, "x/0": a, "n": n}, ["sum.out", "y-1", "2n"])
+
+
+@needs_gcc
+def test_bundle_with_odd_tensor_names_and_integer_tensors(tmp_path):
+    model = _odd_names_model()
+    path = tmp_path / "odd model.onnx"
+    onnx.save(model, path)
+    bundle, _ = check_bundle_matches_jit(path, tmp_path)
+    assert bundle.name == "odd_model"
+    header = (bundle.directory / "odd_model.h").read_text()
+    for macro in ("ODD_MODEL_INPUT_x_0_OFFSET", "ODD_MODEL_INPUT_x_0_1_OFFSET", "ODD_MODEL_INPUT_n_OFFSET",
+                  "ODD_MODEL_OUTPUT_sum_out_OFFSET", "ODD_MODEL_OUTPUT_y_1_OFFSET",
+                  "ODD_MODEL_OUTPUT_2n_OFFSET"):
+        assert f"#define {macro} " in header
+    assert '#define ODD_MODEL_INPUT_n_ELEM_TYPE "i64"' in header
+
+
+# --------------------------------------------------------------------------- the header
+def _defines(header: str) -> dict[str, str]:
+    return dict(re.findall(r"^#define (\w+) (.*?)(?: /\*.*\*/)?$", header, re.M))
+
+
+def test_header_matches_program(tmp_path):
+    bundle = write_bundle(TINY, tmp_path)
+    prog = bundle.program
+    header = (tmp_path / "tiny_cnn.h").read_text()
+    d = _defines(header)
+    assert "int tiny_cnn(uint8_t *constant_weights, uint8_t *mutable_weights, uint8_t *activations);" in header
+    assert int(d["TINY_CNN_ALIGNMENT"]) == 64
+    assert int(d["TINY_CNN_CONSTANT_MEM_SIZE"]) == prog.region_sizes["constant"]
+    assert int(d["TINY_CNN_MUTABLE_MEM_SIZE"]) == prog.region_sizes["mutable"]
+    assert int(d["TINY_CNN_ACTIVATIONS_MEM_SIZE"]) == prog.region_sizes["activation"]
+    assert int(d["TINY_CNN_NUM_INPUTS"]) == len(prog.inputs) == 1
+    assert int(d["TINY_CNN_NUM_OUTPUTS"]) == len(prog.outputs) == 1
+    for kind, table in (("INPUT", prog.inputs), ("OUTPUT", prog.outputs)):
+        for name, w in table.items():
+            m = f"TINY_CNN_{kind}_{name}"
+            assert int(d[m + "_OFFSET"]) == w.offset
+            assert int(d[m + "_SIZE"]) == w.nbytes
+            assert int(d[m + "_RANK"]) == len(w.type.shape)
+            assert d[m + "_DIMS"] == "{" + ", ".join(map(str, w.type.shape)) + "}"
+            assert d[m + "_ELEM_TYPE"] == f'"{w.type.dtype}"'
+            assert int(d[m + "_ELEM_SIZE"]) == w.type.np_dtype.itemsize
+            assert w.offset % 64 == 0
+    # The same layout as the JIT's: one compiler, two ways out.
+    jit = glowgen.compile(TINY, backend="cpu")
+    assert jit.program.region_sizes == prog.region_sizes
+    assert {n: w.offset for n, w in jit.program.inputs.items()} == {n: w.offset for n, w in prog.inputs.items()}
+    assert {n: w.offset for n, w in jit.program.outputs.items()} == {n: w.offset for n, w in prog.outputs.items()}
+    # The weights file is the JIT's constant region, byte for byte.
+    weights = (tmp_path / "tiny_cnn.weights.bin").read_bytes()
+    assert weights == jit._runner.regions["constant"].tobytes()
+
+
+@needs_gcc
+def test_header_tables_compile_and_agree_with_the_macros(tmp_path):
+    bundle = write_bundle(_odd_names_model(), tmp_path, name="odd")
+    (tmp_path / "t.c").write_text(r"""
+#include <stdio.h>
+#include "odd.h"
+int main(void) {
+  const glowgen_tensor_info *t;
+  printf("%d %d %d\n", ODD_CONSTANT_MEM_SIZE, ODD_MUTABLE_MEM_SIZE, ODD_ACTIVATIONS_MEM_SIZE);
+  for (t = odd_inputs; t->name; t++) printf("in %s %zu %zu %s %d %lld\n", t->name, t->offset, t->size, t->elem_type, t->rank, (long long)t->dims[0]);
+  for (t = odd_outputs; t->name; t++) printf("out %s %zu %zu %s %d %lld\n", t->name, t->offset, t->size, t->elem_type, t->rank, (long long)t->dims[0]);
+  return 0;
+}
+""")
+    done = subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", "-std=c11", "-pedantic", "t.c", "-o", "t"],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    out = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True).stdout.splitlines()
+    prog = bundle.program
+    s = prog.region_sizes
+    expected = [f"{s['constant']} {s['mutable']} {s['activation']}"]
+    for kind, table in (("in", prog.inputs), ("out", prog.outputs)):
+        expected += [f"{kind} {n} {w.offset} {w.nbytes} {w.type.dtype} {len(w.type.shape)} {w.type.shape[0]}"
+                     for n, w in table.items()]
+    assert out == expected
+
+
+@needs_gcc
+def test_main_c_help_and_bad_files(tmp_path):
+    bundle = write_bundle(TINY, tmp_path)
+    exe = build(bundle)
+    source = (tmp_path / "main.c").read_text()
+    assert "gcc -O2 main.c tiny_cnn.o -lm -o tiny_cnn" in source.split("*/")[0]
+    assert "image" in source.split("*/")[0] and "little-endian" in source.split("*/")[0]
+    done = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0
+    assert "image" in done.stdout and "f32[1, 3, 8, 8]" in done.stdout and "768 bytes" in done.stdout
+    done = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert done.returncode == 1 and "expected 1 input files and 1 output files" in done.stderr
+    (tmp_path / "short.bin").write_bytes(b"\0" * 10)
+    done = subprocess.run([str(exe), str(tmp_path / "short.bin"), str(tmp_path / "o.bin")],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "needs exactly 768" in done.stderr
+
+
+# --------------------------------------------------------------------------- the command
+def test_compile_command_prints_files_and_build_command(tmp_path, capsys):
+    assert main(["compile", str(TINY), "-o", str(tmp_path / "out"), "--name", "net"]) == 0
+    out = capsys.readouterr().out
+    for f in ("net.o", "net.weights.bin", "net.h", "main.c"):
+        assert str(tmp_path / "out" / f) in out
+        assert (tmp_path / "out" / f).exists()
+    assert "gcc -O2 main.c net.o -lm -o net" in out
+
+
+def test_compile_for_another_target_writes_its_object(tmp_path, capsys):
+    assert main(["compile", str(TINY), "-o", str(tmp_path), "--target", "aarch64-linux-gnu"]) == 0
+    obj = (tmp_path / "tiny_cnn.o").read_bytes()
+    assert obj[:4] == b"\x7fELF" and int.from_bytes(obj[18:20], "little") == 183   # EM_AARCH64
+    out = capsys.readouterr().out
+    assert "aarch64-linux-gnu" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--target", "no-such-triple"], "unknown target triple 'no-such-triple'"),
+    (["--cpu", "bogus"], "--cpu 'bogus' is not a CPU LLVM knows"),
+    (["--name", "main"], "would clash with C"),
+    (["--name", "9lives"], "is not a C identifier"),
+    (["--input-shape", "image=1xq"], "bad shape"),
+])
+def test_compile_bad_arguments(tmp_path, capsys, argv, message):
+    assert main(["compile", str(TINY), "-o", str(tmp_path / "b")] + argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
+def test_big_endian_target_gets_big_endian_weights(tmp_path):
+    little = write_bundle(TINY, tmp_path / "le", cpu="x86-64-v2")
+    big = write_bundle(TINY, tmp_path / "be", triple="powerpc64-linux-gnu")
+    le = np.frombuffer((little.directory / "tiny_cnn.weights.bin").read_bytes(), "<f4")
+    be = np.frombuffer((big.directory / "tiny_cnn.weights.bin").read_bytes(), ">f4")
+    np.testing.assert_array_equal(le, be)
+    assert "big-endian" in (big.directory / "tiny_cnn.h").read_text()
+    obj = (big.directory / "tiny_cnn.o").read_bytes()
+    assert obj[:4] == b"\x7fELF" and obj[5] == 2            # ELFDATA2MSB
+
+
+def test_compile_to_an_unwritable_place(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["compile", str(TINY), "-o", str(tmp_path / "file")]) == 2
+    assert "exists and is not a directory" in capsys.readouterr().err
+    assert main(["compile", str(TINY), "-o", str(tmp_path / "file" / "sub")]) == 2
+    assert "cannot create output directory" in capsys.readouterr().err
+
+
+def test_default_name_avoids_c_names(tmp_path):
+    from glowgen.backends.cpu.bundle import default_name
+    assert default_name("models/resnet-50.v2.onnx") == "resnet_50_v2"
+    assert default_name("3net.onnx") == "m_3net"
+    assert default_name("main.onnx") == "main_model"
+    assert default_name("exp.onnx") == "exp_model"
+
+
+# --------------------------------------------------------------------------- bench, dump
+def test_bench_prints_latencies(capsys):
+    assert main(["bench", str(TINY), "--runs", "3", "--warmup", "1", "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled in" in out
+    assert re.search(r"latency +median [\d.]+ ms +min [\d.]+ ms +p90 [\d.]+ ms", out)
+    assert "glowgen runs single-threaded" in out
+    pytest.importorskip("onnxruntime")
+    assert len(re.findall(r"latency +median", out)) == 2
+    assert re.search(r"onnxruntime .*2 threads", out)
+    assert re.search(r"glowgen / onnxruntime = [\d.]+", out)
+
+
+def test_bench_interpreter_without_comparison(capsys):
+    assert main(["bench", str(TINY), "--backend", "interpreter", "--compare", "none", "--runs", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "backend interpreter" in out and "onnxruntime" not in out
+
+
+def test_bench_bad_arguments(capsys):
+    assert main(["bench", str(TINY), "--runs", "0"]) == 2
+    assert main(["bench", str(TINY), "--backend", "interpreter", "--no-stacking"]) == 2
+    err = capsys.readouterr().err
+    assert "--runs must be at least 1" in err and "--no-stacking applies to the cpu backend" in err
+
+
+@pytest.mark.parametrize("stage, needle", [("asm", r"(?m)^tiny_cnn:\n(.|\n)*\tret"), ("llvm", r"define .*i32 @tiny_cnn\(")])
+def test_dump_native_code(stage, needle, capsys):
+    assert main(["dump", str(TINY), "--stage", stage]) == 0
+    assert re.search(needle, capsys.readouterr().out)
+    assert main(["dump", str(TINY), "--stage", stage, "--backend", "interpreter"]) == 2
+    assert "only the cpu backend" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- bad inputs
+def test_bad_inputs_never_reach_native_code():
+    model = glowgen.compile(TINY, backend="cpu")
+    runner = model._runner
+    real, calls = runner.jit.fn, []
+
+    def native(*args):
+        calls.append(args)
+        return real(*args)
+    runner.jit.fn = native
+    good = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    bad = [({"image": good[:, :2]}, r"has shape \[1, 2, 8, 8\], expected \[1, 3, 8, 8\]"),
+           ({"image": good.reshape(1, 3, 64)}, "has shape"),
+           ({"image": good.astype(np.float64)}, r"element type f64 \(float64\), expected f32"),
+           ({"image": good.astype(np.int32)}, "expected f32"),
+           ({"image": good.astype(np.complex64)}, "element type complex64"),
+           ({}, "missing input 'image'"),
+           ({"image": good, "extra": good}, "unknown input 'extra'"),
+           ([good], "takes a dict")]
+    for feeds, message in bad:
+        with pytest.raises(InputError, match=message):
+            model.run(feeds)
+    assert calls == [], "a bad input reached native code"
+    expected = model.run({"image": good})
+    assert len(calls) == 1
+    # Unaligned and strided arrays are copied into the aligned region, never passed through.
+    raw = np.frombuffer(b"\0" + good.tobytes(), np.uint8)[1:].view(np.float32).reshape(good.shape)
+    assert raw.ctypes.data % 4 != 0
+    strided = np.ascontiguousarray(good[..., ::-1])[..., ::-1]
+    for x in (raw, strided, np.asfortranarray(good)):
+        assert model.run({"image": x})["probs"].tobytes() == expected["probs"].tobytes()
