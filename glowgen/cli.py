@@ -393,8 +393,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input array from a .npy file (repeatable); inputs not given are random")
     r.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
-    r.add_argument("--backend", default="interpreter", choices=["interpreter"],
-                   help="where to run (default: interpreter)")
+    r.add_argument("--backend", default="interpreter", choices=["interpreter", "cpu"],
+                   help="interpreter (NumPy reference, every op) or cpu (native code through "
+                        "LLVM, JIT-compiled for this machine); default: interpreter")
     r.add_argument("--save-outputs", metavar="DIR", help="write DIR/<output name>.npy for each output")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     r.set_defaults(func=cmd_run)
