@@ -386,11 +386,11 @@ class ScalarEmitter:
         return self.b.bitcast(self.b.shl(biased, ir.Constant(it, mbits)), t)
 
     def _clamp(self, v, lim):
-        """v clamped to [-lim, lim]; NaN becomes 0."""
+        """v clamped to [-lim, lim]; NaN stays NaN (the bit tricks after it make garbage of
+        it, not poison, and f_ldexp selects NaN for those lanes)."""
         t, b = v.type, self.b
         v = b.select(b.fcmp_ordered("<", v, ir.Constant(t, -lim)), ir.Constant(t, -lim), v)
-        v = b.select(b.fcmp_ordered(">", v, ir.Constant(t, lim)), ir.Constant(t, lim), v)
-        return b.select(b.fcmp_unordered("uno", v, v), ir.Constant(t, 0.0), v)
+        return b.select(b.fcmp_ordered(">", v, ir.Constant(t, lim)), ir.Constant(t, lim), v)
 
     def f_ldexp(self, x, n):
         x, n = self._floats([x, n])
