@@ -285,6 +285,8 @@ class Scalar:
     lets: tuple
     body: Expr
     pos: Pos = attrs.field(eq=False)
+    # Element type each parameter is written for (`scalar exp(x: f32)`), None where unsaid.
+    dtypes: tuple = ()
 
 
 @attrs.frozen

@@ -22,6 +22,8 @@ KERNEL_FUNCS = {
     "sin": 1, "cos": 1, "cast": 2, "isnan": 1, "isinf": 1,
     "tan": 1, "asin": 1, "acos": 1, "atan": 1, "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1,
     "atanh": 1, "fmod": 2, "bitand": 2, "bitor": 2, "bitxor": 2, "bitnot": 1, "shl": 2, "shr": 2, "rem": 2,
+    # Bit-level float primitives for range reductions (semantics in backends/cpu/scalar.py).
+    "trunc": 1, "ldexp": 2, "frexp_mant": 1, "frexp_exp": 1, "fma": 3, "copysign": 2,
 }
 _BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "**": "pow",
            "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne",
@@ -44,6 +46,8 @@ class _KernelTranslator:
                 return ("dtype", e.id)
             if e.id == "inf":
                 return ("const", float("inf"))
+            if e.id == "nan":
+                return ("const", float("nan"))
             raise spec_error(f"undefined name {e.id!r} in kernel {self.owner}", e.pos)
         if isinstance(e, A.GetAttr):
             if isinstance(e.obj, A.Name) and e.obj.id == "attr":
@@ -82,6 +86,38 @@ class _KernelTranslator:
         return self.tree(result)
 
 
+def _calls(tree, out: set) -> set:
+    if tree[0] == "call":
+        out.add(tree[1])
+        for t in tree[2]:
+            _calls(t, out)
+    return out
+
+
+def _check_recursion(specs: SpecSet, scalars: dict) -> None:
+    """A scalar definition may call its own name only when that name is also a built-in
+    (`scalar exp` may use the built-in `exp`); backends then take the built-in.  Any
+    other cycle would inline forever."""
+    graph = {n: {c for c in _calls(s["body"], set()) if c in scalars and c not in KERNEL_FUNCS}
+             for n, s in scalars.items()}
+    state: dict = {}
+
+    def visit(n, path):
+        if state.get(n) == "done":
+            return
+        if state.get(n) == "open":
+            cycle = path[path.index(n):] + [n]
+            raise spec_error(f"scalar definitions call each other in a cycle: {' -> '.join(cycle)}",
+                             specs.scalars[n].pos)
+        state[n] = "open"
+        for c in sorted(graph[n]):
+            visit(c, path + [n])
+        state[n] = "done"
+
+    for n in scalars:
+        visit(n, [])
+
+
 def emit_kernels(specs: SpecSet) -> str:
     kernels = {}
     for k in specs.kernels.values():
@@ -91,13 +127,19 @@ def emit_kernels(specs: SpecSet) -> str:
                            "source": unparse(k.body), "location": str(k.pos)}
     scalars = {}
     for s in specs.scalars.values():
+        for d in s.dtypes:
+            if d is not None and d not in DTYPES:
+                raise spec_error(f"scalar {s.name}: unknown element type {d!r}", s.pos)
         t = _KernelTranslator(specs, s.name, s.params, None)
-        scalars[s.name] = {"params": tuple(s.params), "body": t.body(s.lets, s.body),
-                           "location": str(s.pos)}
+        scalars[s.name] = {"params": tuple(s.params), "dtypes": tuple(s.dtypes),
+                           "body": t.body(s.lets, s.body), "location": str(s.pos)}
+    _check_recursion(specs, scalars)
     externs = sorted(n for n, _ in specs.externs)
     return "\n".join([
         "# Elementwise kernels: expression trees over ('param', i), ('const', v), ('attr', name),",
         "# ('dtype', name) and ('call', fn, args).",
+        "",
+        "inf, nan = float('inf'), float('nan')     # as pprint writes them",
         "",
         "KERNELS = " + pprint.pformat(kernels, width=100, sort_dicts=False),
         "",

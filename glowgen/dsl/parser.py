@@ -298,7 +298,15 @@ class _ToAst(Transformer):
     @v_args(meta=True)
     def scalar_def(self, meta, c):
         name, params, *rest = c
-        return A.Scalar(str(name), params or (), tuple(rest[:-1]), rest[-1], self._pos(meta))
+        params = params or ()
+        return A.Scalar(str(name), tuple(p for p, _ in params), tuple(rest[:-1]), rest[-1],
+                        self._pos(meta), tuple(t for _, t in params))
+
+    def scalar_params(self, c):
+        return tuple(c)
+
+    def scalar_param(self, c):
+        return (str(c[0]), str(c[1]) if c[1] is not None else None)
 
     @v_args(meta=True)
     def extern_def(self, meta, c):

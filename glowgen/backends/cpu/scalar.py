@@ -98,6 +98,7 @@ class ScalarEmitter:
 
     def __init__(self, b: ir.IRBuilder, scalars: dict, vw: int | None = None):
         self.b, self.scalars, self.vw = b, scalars, vw
+        self._inlining: list[str] = []     # scalar definitions being expanded (no recursion)
 
     def _const(self, value, dtype: str):
         c = const(value, dtype)
@@ -145,12 +146,45 @@ class ScalarEmitter:
         else:
             fname, subs = tree[1], tree[2]
             vals = [self.emit(t, args, attrs, memo) for t in subs]
-            if fname in self.scalars:
-                sc = self.scalars[fname]
-                r = self.emit(sc["body"], vals, attrs, {})
+            if fname in self.scalars and fname not in self._inlining and self._inlines(fname, vals):
+                r = self._inline(fname, vals, attrs)
             else:
                 r = getattr(self, "f_" + fname)(*vals)
         memo[key] = r
+        return r
+
+    def _inlines(self, fname, vals) -> bool:
+        """Use the spec's definition unless it is written for another element type and a
+        built-in exists: `scalar exp(x: f32)` serves f32 (and f16, computed in f32); an
+        f64 exp keeps the f64 intrinsic rather than an f32-accurate polynomial."""
+        declared = self.scalars[fname].get("dtypes") or ()
+        if not hasattr(self, "f_" + fname):
+            return True
+        for v, d in zip(vals, declared):
+            if d is None or not isinstance(v, Value) or v.dtype == d:
+                continue
+            if d == "f32" and v.dtype == "f16":
+                continue
+            return False
+        return True
+
+    def _inline(self, fname, vals, attrs):
+        sc = self.scalars[fname]
+        declared = sc.get("dtypes") or (None,) * len(vals)
+        narrow = None
+        args = []
+        for v, d in zip(vals, declared):
+            if d is not None and isinstance(v, Value) and v.dtype != d:
+                narrow = narrow or v.dtype
+                v = convert(self.b, v, d)
+            args.append(v)
+        self._inlining.append(fname)
+        try:
+            r = self.emit(sc["body"], args, attrs, {})
+        finally:
+            self._inlining.pop()
+        if narrow is not None and isinstance(r, Value) and is_float(r.dtype):
+            r = convert(self.b, r, narrow)
         return r
 
     # -------------------------------------------------------------- functions
@@ -247,6 +281,7 @@ class ScalarEmitter:
     def f_floor(self, a): return self._unary_intrinsic("floor", a)
     def f_ceil(self, a): return self._unary_intrinsic("ceil", a)
     def f_round(self, a): return self._unary_intrinsic("roundeven", a)
+    def f_trunc(self, a): return self._unary_intrinsic("trunc", a)
     def f_exp(self, a): return self._unary_intrinsic("exp", a)
     def f_log(self, a): return self._unary_intrinsic("log", a)
     def f_sin(self, a): return self._unary_intrinsic("sin", a)
@@ -344,6 +379,105 @@ class ScalarEmitter:
     def f_shr(self, a, c):
         signed = is_signed(a.dtype if isinstance(a, Value) else "i64")
         return self._shift(a, c, "ashr" if signed else "lshr")
+
+
+    # ---------------------------------------------------------- bit-level float primitives
+    # What range reductions need, without calls or branches (they vectorize):
+    #   ldexp(x, n)    x * 2**n for integral-valued n, as x * 2**(n//2) * 2**(n - n//2) (three
+    #                  factors for f64): rounded once -- into the denormal range, or to ±inf --
+    #                  whenever 2**-60 <= |x| <= 2**60 (a range reduction scales a value near
+    #                  1); for x outside that an intermediate may under/overflow first (double
+    #                  rounding in the denormal range).  ±0, ±inf and NaN x are kept; |n| is
+    #                  clamped to 2*(emax-1) (±inf acts as huge); n = NaN gives NaN.
+    #   frexp_mant(x)  m with x = m * 2**e, 0.5 <= |m| < 1 (denormals included), sign of x;
+    #                  frexp_mant(±0) = ±0, frexp_mant(±inf) = ±inf, frexp_mant(NaN) = NaN.
+    #   frexp_exp(x)   that e, as a float of x's type; 0 for ±0, ±inf and NaN (numpy.frexp).
+    #   fma(a, b, c)   a * b + c, fused (one rounding) where the target has FMA, otherwise
+    #                  two roundings (llvm.fmuladd): never a call.
+    #   copysign(a, b) |a| with the sign bit of b (NaNs too).
+    _LAYOUT = {"f16": (16, 10, 15), "f32": (32, 23, 127), "f64": (64, 52, 1023)}
+
+    def _floats(self, xs):
+        xs = self.unify(xs)
+        if not is_float(xs[0].dtype):
+            xs = [convert(self.b, x, "f32") for x in xs]
+        return xs
+
+    def _pow2(self, k, dtype):
+        """2**k as a `dtype` float, for an integral-valued float k in the normal exponent
+        range: adding 2**mbits + bias puts k + bias in the low mantissa bits, which a shift
+        moves into the exponent field (no float->int conversion, which AVX2 lacks for f64)."""
+        bits, mbits, bias = self._LAYOUT[dtype]
+        it, t = ir.IntType(bits), storage_type(dtype)
+        biased = self.b.bitcast(self.b.fadd(k, ir.Constant(t, float(2 ** mbits + bias))), it)
+        return self.b.bitcast(self.b.shl(biased, ir.Constant(it, mbits)), t)
+
+    def _clamp(self, v, lim):
+        """v clamped to [-lim, lim]; NaN stays NaN (the bit tricks after it make garbage of
+        it, not poison, and f_ldexp selects NaN for those lanes)."""
+        t, b = v.type, self.b
+        v = b.select(b.fcmp_ordered("<", v, ir.Constant(t, -lim)), ir.Constant(t, -lim), v)
+        return b.select(b.fcmp_ordered(">", v, ir.Constant(t, lim)), ir.Constant(t, lim), v)
+
+    def f_ldexp(self, x, n):
+        x, n = self._floats([x, n])
+        dt, b = x.dtype, self.b
+        t = x.v.type
+        bits, mbits, bias = self._LAYOUT[dt]
+        half = lambda v: call_intrinsic(b, "floor", [b.fmul(v, ir.Constant(t, 0.5))])
+        if dt != "f64":
+            # Two normal powers of two, 2**(n//2) and 2**(n - n//2): x * 2**(n//2) stays
+            # normal for the |x| of a range reduction, so the second product is the only
+            # rounding (into denormals, or to ±inf).
+            nc = self._clamp(n.v, 2.0 * (bias - 1))
+            k1 = half(nc)
+            ks = (k1, b.fsub(nc, k1))
+        else:
+            nc = self._clamp(n.v, 3.0 * (bias - 1))
+            k1 = call_intrinsic(b, "trunc", [b.fdiv(nc, ir.Constant(t, 3.0))])
+            k2 = half(b.fsub(nc, k1))
+            ks = (k1, k2, b.fsub(b.fsub(nc, k1), k2))
+        r = x.v
+        for kk in ks:
+            r = b.fmul(r, self._pow2(kk, dt))
+        nan = b.fcmp_unordered("uno", n.v, n.v)
+        return Value(b.select(nan, n.v, r), dt)
+
+    def _frexp(self, x):
+        (x,) = self._floats([x])
+        dt = x.dtype
+        bits, mbits, bias = self._LAYOUT[dt]
+        it, t = ir.IntType(bits), x.v.type
+        b = self.b
+        # Denormals: scale into the normal range first (exact), then undo in the exponent.
+        absx = call_intrinsic(b, "fabs", [x.v])
+        tiny = b.fcmp_ordered("<", absx, ir.Constant(t, 2.0 ** (1 - bias)))
+        xs = b.select(tiny, b.fmul(x.v, ir.Constant(t, 2.0 ** (mbits + 1))), x.v)
+        xi = b.bitcast(xs, it)
+        emask = (1 << (bits - 1)) - (1 << mbits)                 # exponent field
+        efield = b.lshr(b.and_(xi, ir.Constant(it, emask)), ir.Constant(it, mbits))
+        e = b.sub(efield, ir.Constant(it, bias - 1))
+        e = b.sub(e, b.select(tiny, ir.Constant(it, mbits + 1), ir.Constant(it, 0)))
+        mi = b.or_(b.and_(xi, ir.Constant(it, ((1 << bits) - 1) ^ emask)),
+                   ir.Constant(it, (bias - 1) << mbits))
+        m = b.bitcast(mi, t)
+        # ±0, ±inf, NaN: mantissa is x itself, exponent 0.
+        special = b.or_(b.fcmp_unordered("==", absx, ir.Constant(t, 0.0)),
+                        b.fcmp_unordered("==", absx, ir.Constant(t, math.inf)))
+        m = b.select(special, x.v, m)
+        ef = b.select(special, ir.Constant(t, 0.0), b.sitofp(e, t))
+        return Value(m, dt), Value(ef, dt)
+
+    def f_frexp_mant(self, x): return self._frexp(x)[0]
+    def f_frexp_exp(self, x): return self._frexp(x)[1]
+
+    def f_fma(self, a, c, d):
+        a, c, d = self._floats([a, c, d])
+        return Value(call_intrinsic(self.b, "fmuladd", [a.v, c.v, d.v]), a.dtype)
+
+    def f_copysign(self, a, c):
+        a, c = self._floats([a, c])
+        return Value(call_intrinsic(self.b, "copysign", [a.v, c.v]), a.dtype)
 
 
 def emit_stack(em: "ScalarEmitter", instrs, kernels: dict, current: dict, load) -> None:

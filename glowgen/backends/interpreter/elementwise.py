@@ -54,6 +54,43 @@ def erf(x):
     return out.astype(np.asarray(x).dtype) if np.asarray(x).dtype.kind == "f" else out
 
 
+def _fdtype(*xs):
+    dt = np.result_type(*[np.asarray(x) if not isinstance(x, (int, float)) else x for x in xs])
+    return dt if dt.kind == "f" else np.dtype(np.float32)
+
+
+def _ldexp(x, n):
+    """x * 2**n for integral-valued n (see backends/cpu/scalar.py for the exact semantics)."""
+    dt = _fdtype(x, n)
+    x, n = np.asarray(x, dt), np.asarray(n, dt)
+    k = np.clip(np.where(np.isnan(n), 0, n), -10000, 10000).astype(np.int32)
+    return np.where(np.isnan(n), n, np.ldexp(x, k)).astype(dt)
+
+
+def _frexp_mant(x):
+    x = np.asarray(x, _fdtype(x))
+    return np.frexp(x)[0]
+
+
+def _frexp_exp(x):
+    x = np.asarray(x, _fdtype(x))
+    return np.frexp(x)[1].astype(x.dtype)
+
+
+def _fma(a, b, c):
+    """a * b + c rounded once for f16/f32 (exact in float64, then one rounding)."""
+    dt = _fdtype(a, b, c)
+    if dt.itemsize < 8:
+        r = np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)
+        return r.astype(dt)
+    return np.asarray(a, dt) * np.asarray(b, dt) + np.asarray(c, dt)
+
+
+def _copysign(a, b):
+    dt = _fdtype(a, b)
+    return np.copysign(np.asarray(a, dt), np.asarray(b, dt))
+
+
 def _cast(x, dtype):
     return np.asarray(x).astype(numpy_dtype(dtype))
 
@@ -66,18 +103,24 @@ NUMPY_FUNCS: dict[str, Callable] = {
     "and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor, "not": np.logical_not,
     "select": np.where, "max": np.maximum, "min": np.minimum, "abs": np.abs, "sign": np.sign,
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "erf": erf,
-    "floor": np.floor, "ceil": np.ceil, "round": np.round, "log1p": np.log1p, "expm1": np.expm1,
+    "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc, "round": np.round, "log1p": np.log1p, "expm1": np.expm1,
     "sin": np.sin, "cos": np.cos, "cast": _cast, "isnan": np.isnan, "isinf": np.isinf,
     "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh,
     "cosh": np.cosh, "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh,
     "fmod": np.fmod, "bitand": np.bitwise_and, "bitor": np.bitwise_or, "bitxor": np.bitwise_xor,
     "bitnot": np.invert, "shl": np.left_shift, "shr": np.right_shift,
     "rem": np.remainder,
+    "ldexp": _ldexp, "frexp_mant": _frexp_mant, "frexp_exp": _frexp_exp, "fma": _fma,
+    "copysign": _copysign,
 }
 
 
 def compile_tree(tree, scalars: dict) -> Callable:
-    """Turn a kernel tree into `f(args, attrs) -> array`."""
+    """Turn a kernel tree into `f(args, attrs) -> array`.
+
+    The interpreter is the reference: a function NumPy implements (exp, log, tanh, ...) is
+    NumPy's even when the spec also has a `scalar` definition of it (the approximation the
+    CPU backend compiles); only names without a NumPy function are inlined from the spec."""
     kind = tree[0]
     if kind == "param":
         i = tree[1]
@@ -94,7 +137,7 @@ def compile_tree(tree, scalars: dict) -> Callable:
     if kind == "call":
         fname, subtrees = tree[1], tree[2]
         subs = [compile_tree(t, scalars) for t in subtrees]
-        if fname in scalars:
+        if fname not in NUMPY_FUNCS and fname in scalars:
             inner = compile_tree(scalars[fname]["body"], scalars)
             return lambda args, attrs: inner([s(args, attrs) for s in subs], attrs)
         fn = NUMPY_FUNCS[fname]
