@@ -13,6 +13,7 @@ from llvmlite import ir
 from ...lir.ir import Activation, Buffer, Instr, Program
 from ...lir.passes import lifetimes
 from .kernels import KERNELS, SCRATCH, KernelArgs
+from . import kernels_more  # noqa: F401  (registers the kernels of the last `extern` section)
 from .llvmutil import I8P, I32, i64, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
 from .scalar import ScalarEmitter, load_elem, store_elem
