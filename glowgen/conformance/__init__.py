@@ -330,7 +330,8 @@ class Expectation:
     reason: str
     match: str                   # regex the failure message must match
     cases: list
-    backends: Optional[list] = None
+    backends: Optional[list] = None      # the backends the entry holds for (None: every one)
+    outcome: str = UNSUPPORTED           # how the cases fail: a clear error, unless stated
 
 
 def load_expected(path: Path = EXPECTED_FILE, backend: Optional[str] = None) -> dict[str, Expectation]:
@@ -342,7 +343,7 @@ def load_expected(path: Path = EXPECTED_FILE, backend: Optional[str] = None) -> 
     out: dict[str, Expectation] = {}
     for entry in data.get("expected", []):
         exp = Expectation(entry["reason"], entry.get("match", ""), list(entry.get("cases", [])),
-                          entry.get("backends"))
+                          entry.get("backends"), entry.get("outcome", UNSUPPORTED))
         if backend is not None and exp.backends is not None and backend not in exp.backends:
             continue
         for name in exp.cases:

@@ -1252,8 +1252,8 @@ RULES = (
     RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r82_instancenorm_expand_build, location='specs/lowerings.glowdef:431:1'),
     RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r83_lpnorm_l2_guard, build=_r83_lpnorm_l2_build, location='specs/lowerings.glowdef:440:1'),
     RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r84_lpnorm_l1_guard, build=_r84_lpnorm_l1_build, location='specs/lowerings.glowdef:445:1'),
-    RuleInfo(name='convn_1d', phases=('lower',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r85_convn_1d_guard, build=_r85_convn_1d_build, location='specs/lowerings.glowdef:452:1'),
-    RuleInfo(name='convn_1d_no_bias', phases=('lower',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r86_convn_1d_no_bias_guard, build=_r86_convn_1d_no_bias_build, location='specs/lowerings.glowdef:460:1'),
-    RuleInfo(name='maxpooln_1d', phases=('lower',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r87_maxpooln_1d_guard, build=_r87_maxpooln_1d_build, location='specs/lowerings.glowdef:468:1'),
-    RuleInfo(name='avgpooln_1d', phases=('lower',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r88_avgpooln_1d_guard, build=_r88_avgpooln_1d_build, location='specs/lowerings.glowdef:475:1'),
+    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r85_convn_1d_guard, build=_r85_convn_1d_build, location='specs/lowerings.glowdef:454:1'),
+    RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r86_convn_1d_no_bias_guard, build=_r86_convn_1d_no_bias_build, location='specs/lowerings.glowdef:462:1'),
+    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r87_maxpooln_1d_guard, build=_r87_maxpooln_1d_build, location='specs/lowerings.glowdef:470:1'),
+    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r88_avgpooln_1d_guard, build=_r88_avgpooln_1d_build, location='specs/lowerings.glowdef:477:1'),
 )

@@ -14,6 +14,7 @@ from ...lir.ir import Activation, Buffer, Instr, Program
 from ...lir.passes import lifetimes
 from .epilogue import EpilogueEmitter, fuse_epilogues
 from .kernels import KERNELS, SCRATCH, KernelArgs
+from . import kernels_more  # noqa: F401  (registers the kernels of the last `extern` section)
 from .llvmutil import I8P, I32, i64, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from llvmlite import ir
 
 from ...engine.types import numpy_dtype
@@ -121,6 +123,12 @@ class ScalarEmitter:
             if isinstance(x, Value):
                 out.append(convert(self.b, x, dtype) if x.dtype != dtype else x)
             else:
+                if (not is_float(dtype) and dtype != "bool" and isinstance(x, float)
+                        and not math.isnan(x) and (math.isinf(x) or x == int(x))):
+                    # An integral bound (Clip's default +-inf) saturates into the integer range.
+                    info = np.iinfo(numpy_dtype(dtype))
+                    out.append(Value(const(int(min(max(x, info.min), info.max)), dtype), dtype))
+                    continue
                 if not is_float(dtype) and isinstance(x, float) and dtype != "bool":
                     dtype_f = "f32"
                     out.append(Value(self._const(x, dtype_f), dtype_f))
@@ -202,6 +210,12 @@ class ScalarEmitter:
     def f_mod(self, a, c): return self._arith(a, c, "frem", "srem", "urem")
 
     def f_pow(self, a, c):
+        if isinstance(a, Value) and not is_float(a.dtype):
+            # Integer base (ONNX Pow keeps the base's type): the power in double, converted
+            # back (exact while the result fits 53 bits), whatever the exponent's type.
+            af = convert(self.b, a, "f64")
+            cf = convert(self.b, c, "f64") if isinstance(c, Value) else Value(const(c, "f64"), "f64")
+            return convert(self.b, Value(call_intrinsic(self.b, "pow", [af.v, cf.v]), "f64"), a.dtype)
         a, c = self.unify([a, c])
         return Value(call_intrinsic(self.b, "pow", [a.v, c.v]), a.dtype)
 
