@@ -16,13 +16,14 @@ import onnx
 BENCH = ["resnet50", "resnet18", "mobilenet_v2", "mlp", "tiny_bert", "lenet", "eltwise_chain"]
 
 
+# --keep-bn changes only the models that have BatchNormalization.
+CASES = [(name, False) for name in BENCH] + [(name, True) for name in ("resnet50", "resnet18", "mobilenet_v2")]
+
+
 @pytest.mark.bench_models
 @pytest.mark.parametrize("backend", ["interpreter", "cpu"])
-@pytest.mark.parametrize("bn", [False, True], ids=["folded_bn", "keep_bn"])
-@pytest.mark.parametrize("name", BENCH)
+@pytest.mark.parametrize("name,bn", CASES, ids=[f"{n}-{'keep_bn' if b else 'folded_bn'}" for n, b in CASES])
 def test_bench_model_matches_onnxruntime(name, bn, backend):
-    if bn and name not in ("resnet50", "resnet18", "mobilenet_v2"):
-        pytest.skip("identical to the folded-BN export: only the ResNets and MobileNetV2 keep BN")
     directory = require_bench_dir(bn)
     manifest = json.loads((directory / "manifest.json").read_text())[name]
     path = directory / manifest["file"]
