@@ -408,11 +408,9 @@ def _conv_is_pointwise(node) -> bool:
     return (kh, kw) == (1, 1) and tuple(node.strides) == (1, 1) and not any(node.pads)
 
 
-PACK_POINTWISE = False
-
-
 def _conv_scratch(node, shape) -> int:
-    if not _conv_uses_gemm(node) or (_conv_is_pointwise(node) and not PACK_POINTWISE):
+    # Pointwise convolutions read the input as B directly (packing it measured no faster).
+    if not _conv_uses_gemm(node) or _conv_is_pointwise(node):
         return 0
     from .gemm import pack_panels_size
     cg, kh, kw = node.inputs[1].type.shape[1:]
@@ -481,7 +479,7 @@ def conv(k: KernelArgs):
     mg = m // g
     K = cg * kh * kw
     N = oh * ow
-    pointwise = _conv_is_pointwise(node) and PACK_POINTWISE is False
+    pointwise = _conv_is_pointwise(node)
     with for_range(b, n_img, name="img") as img:
         with for_range(b, g, name="grp") as gi:
             a = b.gep(w, [b.mul(gi, i64(mg * K))])
