@@ -282,22 +282,24 @@ def conv_direct(k: KernelArgs):
             with for_range(b, cg, name="c") as ci:
                 chan = b.add(b.mul(gi, i64(cg)), ci)
                 xbase = b.mul(b.add(b.mul(ni, i64(c)), chan), i64(h * wd))
-                with for_range(b, kh, name="kh") as khi:
-                    oh_lo, oh_hi = _valid_range(b, khi, pt, sh, dh, h, oh)
-                    with for_range(b, kw, name="kw") as kwi:
-                        ow_lo, ow_hi = _valid_range(b, kwi, pl, sw, dw, wd, ow)
-                        widx = b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh * kw)),
-                                     b.add(b.mul(khi, i64(kw)), kwi))
-                        wv = load_elem(b, b.gep(w, [widx]), dtype)
-                        with for_range(b, oh_hi, start=oh_lo, name="oh") as ohi:
-                            ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(khi, i64(dh)))
+                # Row by row: the output row takes all KH * KW taps while it sits in L1.
+                with for_range(b, oh, name="oh") as ohi:
+                    yrow = b.add(ybase, b.mul(ohi, i64(ow)))
+                    with for_range(b, kh, name="kh") as khi:
+                        ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(khi, i64(dh)))
+                        inside = b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(h)))
+                        with b.if_then(inside):
                             xrow = b.add(xbase, b.mul(ih, i64(wd)))
-                            yrow = b.add(ybase, b.mul(ohi, i64(ow)))
-                            with for_range(b, ow_hi, start=ow_lo, name="ow") as owi:
-                                iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(kwi, i64(dw)))
-                                xv = load_elem(b, b.gep(x, [b.add(xrow, iw)]), dtype)
-                                p = b.gep(y, [b.add(yrow, owi)])
-                                store_elem(b, em.f_add(load_elem(b, p, dtype), em.f_mul(wv, xv)), p, dtype)
+                            with for_range(b, kw, name="kw") as kwi:
+                                ow_lo, ow_hi = _valid_range(b, kwi, pl, sw, dw, wd, ow)
+                                widx = b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh * kw)),
+                                             b.add(b.mul(khi, i64(kw)), kwi))
+                                wv = load_elem(b, b.gep(w, [widx]), dtype)
+                                with for_range(b, ow_hi, start=ow_lo, name="ow") as owi:
+                                    iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(kwi, i64(dw)))
+                                    xv = load_elem(b, b.gep(x, [b.add(xrow, iw)]), dtype)
+                                    p = b.gep(y, [b.add(yrow, owi)])
+                                    store_elem(b, em.f_add(load_elem(b, p, dtype), em.f_mul(wv, xv)), p, dtype)
 
 
 # --------------------------------------------------------------------------- pooling
