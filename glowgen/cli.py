@@ -80,23 +80,7 @@ def _summary(a: np.ndarray) -> str:
 def cmd_run(args) -> int:
     from .api import compile as compile_model
     model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args))
-    given = _parse_assignments(args.input, "--input")
-    feeds = {}
-    for name, path in given.items():
-        if name not in model.input_types:
-            raise InputError(f"--input names {name!r}, which is not an input of the model; inputs: "
-                             f"{', '.join(model.input_names)}")
-        try:
-            feeds[name] = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise InputError(f"--input {name}={path}: cannot read a .npy array: {e}") from None
-    missing = [n for n in model.input_names if n not in feeds]
-    if missing:
-        rng = np.random.default_rng(args.seed)
-        print(f"note: random input{'s' if len(missing) > 1 else ''} (seed {args.seed}) for "
-              f"{', '.join(missing)}; pass --input NAME=FILE.npy to choose them")
-        for n in missing:
-            feeds[n] = _random_input(model.input_types[n], rng)
+    feeds = _feeds(args, model, say_random=True)
     outputs = model.run(feeds)
     for name, value in outputs.items():
         print(f"{name}: shape={list(value.shape)} dtype={value.dtype} {_summary(value)}")
@@ -267,7 +251,7 @@ def cmd_bench(args) -> int:
     model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
                           stacking=not args.no_stacking)
     compile_s = time.perf_counter() - t0
-    feeds = _bench_feeds(args, model)
+    feeds = _feeds(args, model)
     desc = ", ".join(f"{n}: {t}" for n, t in model.input_types.items())
     print(f"model        {args.model} ({desc})")
     print(f"runs         {args.runs} timed after {args.warmup} warm-up, same inputs for every engine")
@@ -313,10 +297,10 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _bench_feeds(args, model) -> dict:
-    given = _parse_assignments(args.input, "--input")
+def _feeds(args, model, say_random: bool = False) -> dict:
+    """Inputs from --input NAME=FILE.npy; the rest random from --seed (said when asked)."""
     feeds = {}
-    for name, path in given.items():
+    for name, path in _parse_assignments(args.input, "--input").items():
         if name not in model.input_types:
             raise InputError(f"--input names {name!r}, which is not an input of the model; inputs: "
                              f"{', '.join(model.input_names)}")
@@ -324,10 +308,13 @@ def _bench_feeds(args, model) -> dict:
             feeds[name] = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as e:
             raise InputError(f"--input {name}={path}: cannot read a .npy array: {e}") from None
+    missing = [n for n in model.input_names if n not in feeds]
+    if missing and say_random:
+        print(f"note: random input{'s' if len(missing) > 1 else ''} (seed {args.seed}) for "
+              f"{', '.join(missing)}; pass --input NAME=FILE.npy to choose them")
     rng = np.random.default_rng(args.seed)
-    for n in model.input_names:
-        if n not in feeds:
-            feeds[n] = _random_input(model.input_types[n], rng)
+    for n in missing:
+        feeds[n] = _random_input(model.input_types[n], rng)
     model.check_feeds(feeds)
     return feeds
 
