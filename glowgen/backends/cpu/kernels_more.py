@@ -305,15 +305,22 @@ def arg_max(k: KernelArgs):
     def body(idx):
         o, r = idx
         base = b.add(b.mul(o, i64(n * inner)), r)
-        b.store(b.load(b.gep(x, [base])), best)
-        b.store(i64(0), at)
-        with for_range(b, n, start=1, name="am") as i:
-            v = load_elem(b, b.gep(x, [b.add(base, b.mul(i, i64(inner)))]), xt.dtype)
-            with b.if_then(_better(b, v, Value(b.load(best), xt.dtype), largest, last)):
-                b.store(v.v, best)
-                b.store(i, at)
-        b.store(b.load(at), b.gep(y, [_lin(b, idx, (inner, 1))]))
+        hit = _arg_best(b, x, xt.dtype, base, n, inner, largest, last, best, at, "am")
+        b.store(hit, b.gep(y, [_lin(b, idx, (inner, 1))]))
     _nest(b, (outer, inner), body, "ar")
+
+
+def _arg_best(b, x, dtype, base, n, inner, largest, last, best, at, name):
+    """Index along the axis (elements base + i * inner) of the largest (or smallest) value;
+    ties go to the first index, or the last with `last`.  `best` and `at` are scratch slots."""
+    b.store(b.load(b.gep(x, [base])), best)
+    b.store(i64(0), at)
+    with for_range(b, n, start=1, name=name) as i:
+        v = load_elem(b, b.gep(x, [b.add(base, b.mul(i, i64(inner)))]), dtype)
+        with b.if_then(_better(b, v, Value(b.load(best), dtype), largest, last)):
+            b.store(v.v, best)
+            b.store(i, at)
+    return b.load(at)
 
 
 @kernel("Hardmax")
@@ -331,14 +338,7 @@ def hardmax(k: KernelArgs):
     def body(idx):
         o, r = idx
         base = b.add(b.mul(o, i64(n * inner)), r)
-        b.store(b.load(b.gep(x, [base])), best)
-        b.store(i64(0), at)
-        with for_range(b, n, start=1, name="hm") as i:
-            v = load_elem(b, b.gep(x, [b.add(base, b.mul(i, i64(inner)))]), xt.dtype)
-            with b.if_then(_better(b, v, Value(b.load(best), xt.dtype), True, False)):
-                b.store(v.v, best)
-                b.store(i, at)
-        hit = b.load(at)
+        hit = _arg_best(b, x, xt.dtype, base, n, inner, True, False, best, at, "hm")
         with for_range(b, n, name="hw") as i:
             b.store(b.select(b.icmp_signed("==", i, hit), one, zero),
                     b.gep(y, [b.add(base, b.mul(i, i64(inner)))]))
