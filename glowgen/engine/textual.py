@@ -3,7 +3,7 @@
     graph main {
       input %x: f32[1, 3, 8, 8]
       const %w: f32[3] = dense<[0.5, -1.25, 2.0]>
-      %r = Relu(%x) : f32[1, 3, 8, 8]
+      %r = SomeOp(%x, %w) {axis = 1} : f32[1, 3, 8, 8]
       output "y" = %r
     }
 
