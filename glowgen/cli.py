@@ -20,7 +20,9 @@ examples:
   glowgen run examples/tiny_cnn.onnx
   glowgen run model.onnx --input-shape input=1x3x224x224 --save-outputs out/
   glowgen run model.onnx --input input=x.npy
+  glowgen run model.onnx --backend cpu                  # native code through LLVM
   glowgen dump model.onnx --stage lowered
+  glowgen dump model.onnx --stage lir --memory          # the memory plan against its lower bound
   glowgen dump model.onnx --stage optimized --rules     # which rules fired, how often
   glowgen dump model.onnx --passes                      # the pass pipeline and what it did
   glowgen dump model.onnx --stage loaded --format dot > graph.dot
