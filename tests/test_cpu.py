@@ -34,6 +34,26 @@ def test_elementwise_chain_is_one_loop():
     assert_close(unstacked.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-5, atol=1e-6)
 
 
+def test_costly_stack_runs_in_groups_over_blocks():
+    """Two transcendentals in one stack: the loop is cut into groups run block by block
+    (stacking.cost_groups); the second group re-reads the input (an external operand), an
+    intermediate is also a graph output, and the inner extent is not a multiple of a block."""
+    from glowgen.backends.cpu.stacking import BLOCK, cost_groups
+    x = rng.standard_normal((1, 3, 37, 29)).astype(np.float32) * 3
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Add", ["a", "c1"], ["b"]),
+             helper.make_node("Sigmoid", ["b"], ["s"]), helper.make_node("Tanh", ["s"], ["t"]),
+             helper.make_node("Mul", ["t", "x"], ["m"]), helper.make_node("Erf", ["m"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y", "s"],
+                       {"c1": rng.standard_normal((1, 3, 1, 1)).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu")
+    steps = _steps(compiled)
+    assert len(steps) == 1 and 37 * 29 >= 2 * BLOCK and (37 * 29) % BLOCK
+    assert [[i.kind for i in g] for g in cost_groups(steps[0], compiled.registry)] == [
+        ["Relu", "Add", "Sigmoid"], ["Tanh", "Mul"], ["Erf"]]
+    assert "alloca [%d x float]" % BLOCK in compiled._runner.ir
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-5, atol=1e-6)
+
+
 def test_residual_add_and_relu_run_in_the_conv_store():
     x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
     w = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32)

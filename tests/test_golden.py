@@ -118,7 +118,51 @@ _fc_text = f"""graph fc {{
 }}
 """
 
+
+# ---- float16 legalization: the primitive in f16 (textual), oracle = the same ONNX op in f32
+# on onnxruntime, rounded once to f16 (the semantics the rule implements).
+_rng16 = np.random.default_rng(16)      # its own stream: the other cases' data stays as it was
+
+
+def _h16(*shape):
+    return _rng16.uniform(-1, 1, size=shape).astype(np.float16)
+
+
+def _f16_case(prim, onnx_op, feeds, out_shape, attrs_text="", onnx_attrs=None, onnx_consts=None):
+    def dims(a):
+        return ", ".join(map(str, a))
+    lines = [f"  input %{k}: f16[{dims(v.shape)}]" for k, v in feeds.items()]
+    args = ", ".join(f"%{k}" for k in feeds)
+    attrs = f" {{{attrs_text}}}" if attrs_text else ""
+    text = ("graph g {\n" + "\n".join(lines) + "\n"
+            f"  %y = {prim}({args}){attrs} : f16[{dims(out_shape)}]\n  output \"y\" = %y\n}}\n")
+    names = list(feeds) + list(onnx_consts or {})
+    model = make_model([helper.make_node(onnx_op, names, ["y"], **(onnx_attrs or {}))],
+                       {k: v.astype(np.float32) for k, v in feeds.items()}, ["y"], onnx_consts)
+
+    def oracle(f):
+        wide = run_ort(model, {k: v.astype(np.float32) for k, v in f.items()})
+        return {k: v.astype(np.float16) for k, v in wide.items()}
+    # One f16 ulp (~1e-3 relative) of slack: the f32 sums may round to either neighbour
+    # when they land next to a half-way point, depending on summation order.
+    return dict(text_case(text, feeds, oracle), rtol=1e-3, atol=1e-3)
+
+
 CASES = {
+    "f16_matmul_in_f32": _f16_case("BatchMatMul", "MatMul", {"a": _h16(2, 3, 40), "b": _h16(2, 40, 4)}, (2, 3, 4)),
+    "f16_conv_in_f32": _f16_case(
+        "Conv", "Conv", {"x": _h16(1, 4, 6, 6), "w": _h16(3, 4, 3, 3), "b": _h16(3)}, (1, 3, 6, 6),
+        "strides = [1, 1], pads = [1, 1, 1, 1], dilations = [1, 1], group = 1", {"pads": [1, 1, 1, 1]}),
+    "f16_convn_in_f32": _f16_case(
+        "ConvN", "Conv", {"x": _h16(1, 4, 9), "w": _h16(3, 4, 3), "b": _h16(3)}, (1, 3, 7),
+        "strides = [1], pads = [0, 0], dilations = [1], group = 1"),
+    "f16_reducesum_in_f32": _f16_case("ReduceSum", "ReduceSum", {"x": _h16(3, 50)}, (3, 1),
+                                      "axes = [1], keepdims = 1",
+                                      onnx_consts={"axes": np.array([1], np.int64)}),
+    "f16_avgpool_in_f32": _f16_case(
+        "AvgPool", "AveragePool", {"x": _h16(1, 2, 6, 6)}, (1, 2, 3, 3),
+        "kernel = [2, 2], strides = [2, 2], pads = [0, 0, 0, 0], ceil_mode = 0, count_include_pad = 0",
+        {"kernel_shape": [2, 2], "strides": [2, 2]}),
     "identity_remove": onnx_case("Identity", {"x": f32(2, 3)}),
     "dropout_remove": onnx_case("Dropout", {"x": f32(2, 3)}),
     "dropout_mask": onnx_case("Dropout", {"x": f32(2, 3)}, outputs=("y", "mask")),
@@ -312,4 +356,5 @@ def test_rule_golden(rule_name, request):
     oracle = case.get("oracle", case.get("model"))
     expected = run_ort(oracle, case["feeds"]) if hasattr(oracle, "graph") else oracle(case["feeds"])
     for k, v in expected.items():
-        np.testing.assert_allclose(actual[k], v, rtol=1e-5, atol=1e-6, err_msg=f"{rule_name}: {k}")
+        np.testing.assert_allclose(actual[k], v, rtol=case.get("rtol", 1e-5), atol=case.get("atol", 1e-6),
+                                   err_msg=f"{rule_name}: {k}")

@@ -5,6 +5,10 @@ It calls one internal function per step (a stack of elementwise instructions or 
 instruction), passing typed pointers at the offsets the memory plan fixed at compile time.
 Pointers whose bytes overlap no other argument are marked `noalias`, so LLVM vectorizes
 without runtime checks.
+
+For the JIT, a second entry point `i32 NAME_io(.., .., .., i8** io)` takes the graph inputs
+and outputs listed in `io_slots(prog)` from a table of pointers instead of the mutable
+region, so a caller can run on its own arrays without copying them in and out.
 """
 from __future__ import annotations
 
@@ -15,10 +19,10 @@ from ...lir.passes import lifetimes
 from .epilogue import EpilogueEmitter, fuse_epilogues
 from .kernels import KERNELS, SCRATCH, KernelArgs
 from . import kernels_more  # noqa: F401  (registers the kernels of the last `extern` section)
-from .llvmutil import I8P, I32, i64, storage_type
-from .loops import broadcast_strides, contiguous_strides, strided_loops
+from .llvmutil import I8P, I32, i64, set_target_features, storage_type
+from .loops import blocked_loops, broadcast_strides, contiguous_strides, innermost_extent, strided_loops
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
-from .stacking import Step, form_steps, replan_activations, stores_needed
+from .stacking import BLOCK, Step, cost_groups, form_steps, replan_activations, stores_needed
 
 REGION_ORDER = ("constant", "mutable", "activation")
 
@@ -37,40 +41,69 @@ def _overlaps(a, b) -> bool:
     return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
+def io_slots(prog: Program) -> list:
+    """The graph inputs and outputs the `_io` entry point takes by pointer, in table order:
+    inputs no instruction writes (the caller's array is only read), then outputs some
+    instruction writes and that are not also inputs (the caller's array is all written).
+    Anything else stays in the mutable region."""
+    written = {id(buf.root()) for ins in prog.instrs for buf in ins.writes()}
+    slots = []
+    for w in prog.inputs.values():
+        if id(w) not in written and all(w is not x for x in slots):
+            slots.append(w)
+    for w in prog.outputs.values():
+        if id(w) in written and all(w is not x for x in slots) and all(w is not x for x in prog.inputs.values()):
+            slots.append(w)
+    return slots
+
+
 class ModuleBuilder:
     def __init__(self, prog: Program, registry, name: str, stacking: bool = True,
-                 features: str | None = None):
+                 features: str | None = None, io_entry: bool = False):
         from .gemm import choose_shape
         from .jit import host_target
         self.prog, self.registry, self.name = prog, registry, name
         self.stacking = stacking
         self.module = ir.Module(name=name)
         self.life = lifetimes(prog)
-        self.gemm_shape = choose_shape(host_target()[2] if features is None else features)
+        features = host_target()[2] if features is None else features
+        set_target_features(self.module, features)
+        self.gemm_shape = choose_shape(features)
         self.scratch = None
+        self.io_entry = io_entry
 
     def build(self) -> ir.Module:
-        entry_ty = ir.FunctionType(I32, [I8P, I8P, I8P])
-        entry = ir.Function(self.module, entry_ty, name=self.name)
-        for arg, n in zip(entry.args, REGION_ORDER):
-            arg.name = n
-            arg.add_attribute("noalias")
-        b = ir.IRBuilder(entry.append_basic_block("entry"))
-        regions = dict(zip(REGION_ORDER, entry.args))
         steps = form_steps(self.prog, self.registry, self.stacking)
         if self.stacking:
             steps = fuse_epilogues(steps, self.registry)
         replan_activations(self.prog, steps)
         self._declare_scratch(steps)
-        for i, step in enumerate(steps):
-            fn, buffers = self._step_function(i, step)
+        calls = [self._step_function(i, step) for i, step in enumerate(steps)]
+        self._entry(self.name, calls, slots=None)
+        if self.io_entry:
+            self._entry(self.name + "_io", calls, slots=io_slots(self.prog))
+        return self.module
+
+    def _entry(self, name: str, calls, slots) -> None:
+        """An entry point calling every step; with `slots`, the buffers listed there come
+        from the pointer table of a fourth argument rather than from the mutable region."""
+        params = [I8P, I8P, I8P] + ([I8P.as_pointer()] if slots is not None else [])
+        entry = ir.Function(self.module, ir.FunctionType(I32, params), name=name)
+        for arg, n in zip(entry.args, REGION_ORDER + ("io",)):
+            arg.name = n
+            arg.add_attribute("noalias")
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        regions = dict(zip(REGION_ORDER, entry.args))
+        slot_of = {id(w): k for k, w in enumerate(slots or ())}
+        for fn, buffers in calls:
             ptrs = []
             for buf in buffers:
-                raw = b.gep(regions[region_of(buf)], [i64(buf.root().offset)])
+                k = slot_of.get(id(buf.root()))
+                raw = (b.load(b.gep(entry.args[3], [i64(k)])) if k is not None
+                       else b.gep(regions[region_of(buf)], [i64(buf.root().offset)]))
                 ptrs.append(b.bitcast(raw, storage_type(buf.type.dtype).as_pointer()))
             b.call(fn, ptrs)
         b.ret(ir.Constant(I32, 0))
-        return self.module
 
     def _declare_scratch(self, steps) -> None:
         """One zero-initialized buffer, as large as the largest kernel's need."""
@@ -164,6 +197,10 @@ class ModuleBuilder:
         maps = ([broadcast_strides(x.type.shape, shape) for x in externals]
                 + [contiguous_strides(shape) for _ in stored])
         registry = self.registry
+        groups = cost_groups(step, registry)
+        if len(groups) > 1 and innermost_extent(shape, maps) >= 2 * BLOCK:
+            self._emit_stack_blocked(b, step, groups, externals, stored, bases, maps)
+            return
 
         def body(bb, ps):
             em = ScalarEmitter(bb, registry.scalars)
@@ -181,3 +218,54 @@ class ModuleBuilder:
                 store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
 
         strided_loops(b, shape, bases, maps, [0] * len(bases), body)
+
+    def _emit_stack_blocked(self, b, step: Step, groups, externals, stored, bases, maps):
+        """A costly stack as groups run one after another over each block of elements
+        (stacking.cost_groups); values one group passes to a later one wait in per-block
+        arrays on the stack, in L1."""
+        registry = self.registry
+        group_of = {}                                   # root id -> last group writing it
+        for g, instrs in enumerate(groups):
+            for ins in instrs:
+                group_of[id(ins.writes()[0].root())] = g
+        # A value crosses groups when a later group reads its buffer; the group that
+        # computes it last before that read stores it (`handoff`: root id -> groups).
+        crossing: dict[int, object] = {}                # root id -> buffer (for its type)
+        handoff: dict[int, set] = {}
+        for g, instrs in enumerate(groups):
+            for ins in instrs:
+                for buf in ins.reads():
+                    k = id(buf.root())
+                    writers = [h for h in range(g) if any(id(i.writes()[0].root()) == k for i in groups[h])]
+                    if writers:
+                        crossing.setdefault(k, buf)
+                        handoff.setdefault(k, set()).add(writers[-1])
+        # `b` is still in the step function's entry block: allocas there are static.
+        temps = {k: b.alloca(ir.ArrayType(storage_type(buf.type.dtype), BLOCK), name="blk")
+                 for k, buf in crossing.items()}
+
+        def make_body(g, instrs):
+            def body(bb, ps, j):
+                em = ScalarEmitter(bb, registry.scalars)
+                loaded = {}
+                # Values earlier groups handed off (a buffer this group reads before any
+                # group wrote it is still external: it is loaded from memory instead).
+                current = {k: load_elem(bb, bb.gep(temps[k], [i64(0), j]), buf.type.dtype)
+                           for k, buf in crossing.items() if min(handoff[k]) < g}
+
+                def load(buf):
+                    k = next(i for i, x in enumerate(externals) if x is buf)
+                    if k not in loaded:
+                        loaded[k] = load_elem(bb, ps[k], buf.type.dtype)
+                    return loaded[k]
+
+                emit_stack(em, instrs, registry.kernels, current, load)
+                for k in [k for k, gs in handoff.items() if g in gs]:
+                    store_elem(bb, current[k], bb.gep(temps[k], [i64(0), j]), crossing[k].type.dtype)
+                for i, buf in enumerate(stored):
+                    if group_of[id(buf.root())] == g:
+                        store_elem(bb, current[id(buf.root())], ps[len(externals) + i], buf.type.dtype)
+            return body
+
+        blocked_loops(b, step.shape, bases, maps, BLOCK,
+                      [make_body(g, instrs) for g, instrs in enumerate(groups)])

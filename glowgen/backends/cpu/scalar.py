@@ -15,7 +15,8 @@ import numpy as np
 from llvmlite import ir
 
 from ...engine.types import numpy_dtype
-from .llvmutil import ELEM, F32, F64, I1, call_intrinsic, intrinsic, is_float, is_signed, storage_type
+from .llvmutil import (ELEM, F32, F64, I1, call_intrinsic, intrinsic, is_float, is_signed, storage_type,
+                       target_has, type_suffix)
 
 _FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
 
@@ -199,7 +200,9 @@ class ScalarEmitter:
     def _arith(self, a, b_, fop, iop, uop=None):
         a, c = self.unify([a, b_])
         if is_float(a.dtype):
-            return Value(getattr(self.b, fop)(a.v, c.v), a.dtype)
+            # `contract`: LLVM may fuse a product into the sum that uses it (one rounding
+            # instead of two, as C compilers do by default), e.g. x * scale + shift.
+            return Value(getattr(self.b, fop)(a.v, c.v, flags=("contract",)), a.dtype)
         op = uop if (uop and not is_signed(a.dtype)) else iop
         return Value(getattr(self.b, op)(a.v, c.v), a.dtype)
 
@@ -435,6 +438,8 @@ class ScalarEmitter:
 
     def f_ldexp(self, x, n):
         x, n = self._floats([x, n])
+        if target_has(self.b.module, "avx512f") and x.dtype in ("f32", "f64"):
+            return self._ldexp_scalef(x, n)
         dt, b = x.dtype, self.b
         t = x.v.type
         bits, mbits, bias = self._LAYOUT[dt]
@@ -454,6 +459,21 @@ class ScalarEmitter:
         r = x.v
         for kk in ks:
             r = b.fmul(r, self._pow2(kk, dt))
+        nan = b.fcmp_unordered("uno", n.v, n.v)
+        return Value(b.select(nan, n.v, r), dt)
+
+    def _ldexp_scalef(self, x, n):
+        """llvm.ldexp, which AVX-512 does in one instruction (vscalef): exact, one rounding
+        for every x.  |n| beyond 2 * (emax + mbits) already gives 0 or ±inf for every
+        finite x, so clamping there keeps the result and makes the int conversion safe."""
+        b, dt = self.b, x.dtype
+        bits, mbits, bias = self._LAYOUT[dt]
+        lim = float(2 * (bias + mbits + 1))
+        it = ir.IntType(32)
+        ni = b.fptosi(self._clamp(n.v, lim), it if not self.vw else ir.VectorType(it, self.vw))
+        fn = intrinsic(b.module, f"llvm.ldexp.{type_suffix(x.v.type)}.{type_suffix(ni.type)}",
+                       x.v.type, [x.v.type, ni.type])
+        r = b.call(fn, [x.v, ni])
         nan = b.fcmp_unordered("uno", n.v, n.v)
         return Value(b.select(nan, n.v, r), dt)
 
