@@ -108,7 +108,7 @@ class CompiledModel:
         return f"<CompiledModel backend={self.backend} ({ins}) -> ({outs})>"
 
 
-def compile(model: ModelLike, backend: str = "interpreter",
+def compile(model: ModelLike, backend: str = pipeline.DEFAULT_BACKEND,
             input_shapes: Optional[Mapping] = None,
             registry: Optional[Registry] = None, optimize: bool = True,
             stacking: bool = True, constant_inputs: Optional[Mapping] = None) -> CompiledModel:
@@ -119,7 +119,9 @@ def compile(model: ModelLike, backend: str = "interpreter",
     model is specialized to them and they are no longer inputs of the compiled model.
     `registry` selects generated code other than the built-in (see `Registry.from_dir`).
     `optimize=False` only lowers (to compare against the optimized graph).
-    `stacking=False` (cpu backend) emits one loop per elementwise op, for comparison."""
+    `stacking=False` (cpu backend) emits one loop per elementwise op, for comparison.
+    `backend`: "cpu" (the default: native code, JIT-compiled for this machine) or
+    "interpreter" (NumPy, the reference)."""
     if backend not in BACKENDS:
         raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
     registry = registry or Registry.default()

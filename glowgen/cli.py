@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import pipeline
 from .errors import GlowgenError, InputError
 
 EXAMPLES = """\
@@ -125,7 +126,7 @@ def cmd_dump(args) -> int:
     stage = args.stage or ("lowered" if args.passes or args.rules else "loaded")
     if stage in NATIVE_STAGES:
         return _dump_native(args, stage)
-    args.backend = args.backend or "interpreter"
+    args.backend = args.backend or pipeline.DEFAULT_BACKEND
     fn = api.load(args.model, _input_shapes(args))
     pipeline_stage = {"lir": "lowered"}.get(stage, stage)
     ctx = api.optimize(fn, stage=pipeline_stage, backend=args.backend) if stage != "loaded" else None
@@ -382,9 +383,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input array from a .npy file (repeatable); inputs not given are random")
     r.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
-    r.add_argument("--backend", default="interpreter", choices=["interpreter", "cpu"],
+    r.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=["interpreter", "cpu"],
                    help="interpreter (NumPy reference, every op) or cpu (native code through "
-                        "LLVM, JIT-compiled for this machine); default: interpreter")
+                        "LLVM, JIT-compiled for this machine); default: " + pipeline.DEFAULT_BACKEND)
     r.add_argument("--save-outputs", metavar="DIR", help="write DIR/<output name>.npy for each output")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     r.set_defaults(func=cmd_run)
@@ -400,8 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "backend's LLVM IR after LLVM's optimizations; asm: its machine code for "
                         "this host")
     d.add_argument("--backend", default=None, choices=["interpreter", "cpu"],
-                   help="the backend whose op set lowering targets (default: interpreter; cpu "
-                        "for --stage llvm and asm)")
+                   help="the backend whose op set lowering targets (default: "
+                        + pipeline.DEFAULT_BACKEND + "; always cpu for --stage llvm and asm)")
     d.add_argument("--passes", action="store_true",
                    help="print the pass pipeline and what each phase did, instead of the graph")
     d.add_argument("--rules", action="store_true",
@@ -454,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "ratio.  glowgen runs single-threaded; --threads sets onnxruntime's "
                     "intra-op threads.")
     bn.add_argument("model", help="path to an .onnx file")
-    bn.add_argument("--backend", default="cpu", choices=["cpu", "interpreter"],
+    bn.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=["cpu", "interpreter"],
                     help="glowgen backend (default: cpu)")
     bn.add_argument("--compare", default="auto", choices=["auto", "onnxruntime", "none"],
                     help="compare with onnxruntime (default: auto, when it is installed)")
@@ -490,7 +491,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "worker subprocess with a timeout; print a table per category and "
                                    "`N passed, M failed`. Exits 1 when a case fails that is not in "
                                    "glowgen/conformance/expected_failures.toml.")
-    c.add_argument("--backend", default="interpreter", help="backend to compile for (default: interpreter)")
+    c.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=["interpreter", "cpu"],
+                   help="backend to compile for (default: " + pipeline.DEFAULT_BACKEND + ")")
     c.add_argument("--include", metavar="REGEX", help="only cases whose name matches REGEX")
     c.add_argument("--category", action="append", choices=["node", "simple", "pytorch-converted",
                                                            "pytorch-operator"],

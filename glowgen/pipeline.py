@@ -24,6 +24,9 @@ from .errors import GlowgenError
 
 STAGES = ("loaded", "optimized", "lowered")
 BACKENDS = ("interpreter", "cpu")
+# What `glowgen.compile`, `glowgen run` and `glowgen conformance` use unless told otherwise:
+# native code; the interpreter stays the reference every op is checked against.
+DEFAULT_BACKEND = "cpu"
 
 _CANONICALIZE_STEPS = (Rules("canonicalize"), Pass("dce"), Pass("cse"), Pass("fold"))
 _LOWER = Phase("lower", (Rules("lower", skip_native=True), Pass("dce")))

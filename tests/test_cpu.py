@@ -77,3 +77,25 @@ def test_bias_and_clip_run_in_the_matmul_store():
     kinds = [[i.kind for i in s.instrs] for s in _steps(compiled)]
     assert ["BatchMatMul", "Add", "Clip"] in kinds, kinds
     assert_close(compiled.run({"a": a}), run_ort(model, {"a": a}), rtol=1e-4, atol=1e-5)
+
+
+def test_constant_gemm_operands_are_packed_at_compile_time():
+    """Conv weights (A: blocks of MR rows) and a MatMul's constant right-hand side (B:
+    NR-wide panels) are repacked when the cpu backend builds the module; shapes that leave
+    partial blocks and panels (M, N not multiples of the tile) still match onnxruntime."""
+    from glowgen.backends.cpu.packing import pack_panels, pack_rows
+    a = np.arange(3 * 5, dtype=np.float32).reshape(3, 5)
+    pa = pack_rows(a, 2)                                   # [2 blocks, K=5, MR=2]
+    assert pa.shape == (2, 5, 2) and pa[0, 3].tolist() == [a[0, 3], a[1, 3]] and pa[1, 4].tolist() == [a[2, 4], 0]
+    pb = pack_panels(a.T.copy(), 2)                        # [K=5, N=3] -> [2 panels, 5, NR=2]
+    assert pb.shape == (2, 5, 2) and pb[1, 2].tolist() == [a[2, 2], 0]
+
+    x = rng.standard_normal((1, 6, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((20, 3, 3, 3)).astype(np.float32)      # 2 groups of 10 filters
+    rhs = rng.standard_normal((81, 37)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], group=2, pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "s"], ["c2"]), helper.make_node("MatMul", ["c2", "rhs"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": w, "rhs": rhs, "s": np.array([20, 81], np.int64)})
+    compiled = glowgen.compile(model, backend="cpu")
+    assert sorted(getattr(i, "packed", "-") for i in compiled.program.instrs if i.kind in ("Conv", "BatchMatMul")) == ["a", "b"]
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)

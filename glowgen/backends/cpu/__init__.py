@@ -79,7 +79,7 @@ class CpuRunner:
                 arr = feeds[self._slot_names[id(w)][0]]
                 if not (arr.flags.c_contiguous and arr.dtype == w.type.np_dtype
                         and arr.ctypes.data % max(1, arr.itemsize) == 0):
-                    arr = np.ascontiguousarray(arr, dtype=w.type.np_dtype)
+                    arr = np.array(arr, dtype=w.type.np_dtype, order="C")     # a fresh, aligned copy
             else:
                 arr = self._output_array(k, w)
                 for name in self._slot_names[id(w)]:

@@ -19,6 +19,7 @@ from ...lir.passes import lifetimes
 from .epilogue import EpilogueEmitter, fuse_epilogues
 from .kernels import KERNELS, SCRATCH, KernelArgs
 from . import kernels_more  # noqa: F401  (registers the kernels of the last `extern` section)
+from .packing import pack_constant_weights
 from .llvmutil import I8P, I32, i64, set_target_features, storage_type
 from .loops import blocked_loops, broadcast_strides, contiguous_strides, innermost_extent, strided_loops
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
@@ -73,6 +74,9 @@ class ModuleBuilder:
         self.io_entry = io_entry
 
     def build(self) -> ir.Module:
+        from .kernels import _conv_uses_gemm
+        if self.gemm_shape is not None:
+            pack_constant_weights(self.prog, self.gemm_shape, _conv_uses_gemm)
         steps = form_steps(self.prog, self.registry, self.stacking)
         if self.stacking:
             steps = fuse_epilogues(steps, self.registry)
@@ -179,6 +183,7 @@ class ModuleBuilder:
             scratch = b.bitcast(self.scratch, F32.as_pointer())
         args = KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch)
         args.epilogue = epilogue
+        args.packed = getattr(ins, "packed", None)
         emitter(args)
 
     def _emit_stack(self, b, step: Step, ptr):
