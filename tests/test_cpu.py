@@ -99,3 +99,18 @@ def test_constant_gemm_operands_are_packed_at_compile_time():
     compiled = glowgen.compile(model, backend="cpu")
     assert sorted(getattr(i, "packed", "-") for i in compiled.program.instrs if i.kind in ("Conv", "BatchMatMul")) == ["a", "b"]
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+def test_outputs_are_fresh_arrays_the_caller_owns():
+    """Outputs are written in place by native code (no copy), yet each name gets its own
+    array, and an array the caller still holds is never reused by a later run."""
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["y"], ["z"])]
+    model = make_model(nodes, {"x": x}, ["y", "z"])
+    compiled = glowgen.compile(model, backend="cpu")
+    first = compiled.run({"x": x})
+    assert not np.shares_memory(first["y"], first["z"])
+    kept = first["y"].copy()
+    second = compiled.run({"x": -x})
+    np.testing.assert_array_equal(first["y"], kept)
+    np.testing.assert_array_equal(second["y"], np.maximum(-x, 0))

@@ -34,8 +34,9 @@ class CpuRunner:
         self._ptrs = [self.regions[k].ctypes.data for k in ("constant", "mutable", "activation")]
         # The graph inputs and outputs the `_io` entry takes by pointer (codegen.io_slots).
         self._slots = io_slots(prog)
-        self._slot_names = {id(w): [n for n, x in {**prog.inputs, **prog.outputs}.items() if x is w]
-                            for w in self._slots}
+        # An input and an output may share a name (a graph that returns its input).
+        self._slot_names = {id(w): [n for n, x in (prog.inputs if w.io == "input" else prog.outputs).items()
+                                    if x is w] for w in self._slots}
         self._table = (ctypes.c_void_p * max(1, len(self._slots)))()
         self._returned: dict[int, np.ndarray] = {}      # slot -> output array of the last run
 
@@ -83,8 +84,7 @@ class CpuRunner:
             else:
                 arr = self._output_array(k, w)
                 for name in self._slot_names[id(w)]:
-                    if name in self.prog.outputs:
-                        outputs[name] = arr
+                    outputs[name] = arr       # a second name gets its own copy, below
             keep.append(arr)
             self._table[k] = arr.ctypes.data
         for name, w in self.prog.inputs.items():
@@ -94,7 +94,11 @@ class CpuRunner:
         if status != 0:
             from ...errors import GlowgenError
             raise GlowgenError(f"the compiled model reported error {status}")
+        seen = set()
         for name, w in self.prog.outputs.items():
             if name not in outputs:
                 outputs[name] = self._view(w).copy()
+            elif id(outputs[name]) in seen:           # one value under two output names
+                outputs[name] = outputs[name].copy()
+            seen.add(id(outputs[name]))
         return outputs
