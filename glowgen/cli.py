@@ -242,6 +242,8 @@ def cmd_bench(args) -> int:
         raise InputError("--threads must be at least 1")
     if args.no_stacking and args.backend != "cpu":
         raise InputError("--no-stacking applies to the cpu backend: add --backend cpu")
+    if args.profile and args.backend != "cpu":
+        raise InputError("--profile times the cpu backend's kernels: add --backend cpu")
     ort = None
     if args.compare != "none":
         try:
@@ -297,7 +299,37 @@ def cmd_bench(args) -> int:
             diffs.append(float(np.nanmax(d)) if np.isfinite(d).any() else float("nan"))
     if diffs:
         print(f"outputs      max |glowgen - onnxruntime| = {max(diffs):.3g}")
+    if args.profile:
+        _print_profile(args, feeds)
     return 0
+
+
+def _print_profile(args, feeds) -> None:
+    """Time per native kernel, from cycle counters around each step of a second build (the
+    timed runs above carry no counters)."""
+    from .api import compile as compile_model
+    model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
+                          stacking=not args.no_stacking, profile=True)
+    import time
+    for _ in range(args.warmup):
+        model.run(feeds)
+    model.profile(reset=True)
+    t0 = time.perf_counter()
+    for _ in range(args.runs):
+        model.run(feeds)
+    per_run_ms = (time.perf_counter() - t0) * 1e3 / args.runs
+    rows = model.profile()
+    total = sum(c for _, c in rows) or 1
+    print(f"profile      per kernel, summed over {args.runs} runs (cycle counter; ms are shares "
+          f"of the {per_run_ms:.3f} ms a profiled run took)")
+    shown = sorted(rows, key=lambda r: -r[1])[:args.profile_top]
+    for name, cycles in shown:
+        share = cycles / total
+        print(f"  {100 * share:5.1f}%  {share * per_run_ms:8.3f} ms  {name}")
+    if len(rows) > len(shown):
+        rest = sum(c for _, c in rows) - sum(c for _, c in shown)
+        print(f"  {100 * rest / total:5.1f}%  {rest / total * per_run_ms:8.3f} ms  "
+              f"({len(rows) - len(shown)} more kernels)")
 
 
 def _feeds(args, model, say_random: bool = False) -> dict:
@@ -465,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-stacking", action="store_true",
                     help="cpu backend: one loop per elementwise op (for comparison)")
     bn.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")
+    bn.add_argument("--profile", action="store_true",
+                    help="also print where the time goes: each native kernel's share (cpu)")
+    bn.add_argument("--profile-top", type=int, default=15, metavar="N",
+                    help="kernels listed by --profile, the most costly first (default 15)")
     bn.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
     bn.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                     help="an input array from a .npy file (repeatable); inputs not given are random")

@@ -3,6 +3,7 @@ structure and against onnxruntime."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import helper
 
 import glowgen
@@ -114,3 +115,21 @@ def test_outputs_are_fresh_arrays_the_caller_owns():
     second = compiled.run({"x": -x})
     np.testing.assert_array_equal(first["y"], kept)
     np.testing.assert_array_equal(second["y"], np.maximum(-x, 0))
+
+
+def test_profile_counts_cycles_per_kernel():
+    from glowgen.errors import GlowgenError
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu", profile=True)
+    for _ in range(3):
+        out = compiled.run({"x": x})
+    assert_close(out, run_ort(model, {"x": x}), rtol=1e-5, atol=1e-5)
+    rows = compiled.profile(reset=True)
+    assert [name for name, _ in rows] == ["Conv+Relu [1, 8, 6, 6]", "MaxPool [1, 8, 3, 3]"]
+    assert all(cycles > 0 for _, cycles in rows)
+    assert all(cycles == 0 for _, cycles in compiled.profile())
+    with pytest.raises(GlowgenError, match="profile=True"):
+        glowgen.compile(model, backend="cpu").profile()

@@ -22,11 +22,18 @@ def entry_name(name: str) -> str:
 class CpuRunner:
     """Holds the JIT-compiled entry point and the three regions it runs over."""
 
-    def __init__(self, prog: Program, registry, stacking: bool = True, name: str = "glowgen_main"):
+    def __init__(self, prog: Program, registry, stacking: bool = True, name: str = "glowgen_main",
+                 profile: bool = False):
         self.prog = prog
         self.name = entry_name(name)
-        self.ir = str(ModuleBuilder(prog, registry, self.name, stacking, io_entry=True).build())
+        builder = ModuleBuilder(prog, registry, self.name, stacking, io_entry=True, profile=profile)
+        self.ir = str(builder.build())
+        self.step_names = builder.step_names
         self.jit = JitFunction(self.ir, self.name, io_entry=True)
+        self._counters = None
+        if profile:
+            addr = self.jit.engine.get_global_value_address(f"{self.name}_profile")
+            self._counters = (ctypes.c_uint64 * max(1, len(self.step_names))).from_address(addr)
         sizes = prog.region_sizes
         self.regions = {k: aligned_bytes(sizes[k]) for k in ("constant", "mutable", "activation")}
         for w in prog.constant_weights():
@@ -53,6 +60,17 @@ class CpuRunner:
         arr = np.empty(w.type.shape, w.type.np_dtype)
         self._returned[k] = arr
         return arr
+
+    def profile(self, reset: bool = False) -> list[tuple[str, int]]:
+        """(step, cycles) for every step, summed over the runs so far (compiled with
+        profile=True: the entry reads the cycle counter around each step)."""
+        if self._counters is None:
+            from ...errors import GlowgenError
+            raise GlowgenError("this model was compiled without profile=True")
+        rows = [(name, int(self._counters[i])) for i, name in enumerate(self.step_names)]
+        if reset:
+            ctypes.memset(self._counters, 0, ctypes.sizeof(self._counters))
+        return rows
 
     def assembly(self) -> str:
         """The optimized module as the host's assembly."""

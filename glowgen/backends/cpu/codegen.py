@@ -20,7 +20,7 @@ from .epilogue import EpilogueEmitter, fuse_epilogues
 from .kernels import KERNELS, SCRATCH, KernelArgs
 from . import kernels_more  # noqa: F401  (registers the kernels of the last `extern` section)
 from .packing import pack_constant_weights
-from .llvmutil import I8P, I32, i64, set_target_features, storage_type
+from .llvmutil import I8P, I32, i64, intrinsic, set_target_features, storage_type
 from .loops import blocked_loops, broadcast_strides, contiguous_strides, innermost_extent, strided_loops
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
 from .stacking import BLOCK, Step, cost_groups, form_steps, replan_activations, stores_needed
@@ -58,9 +58,17 @@ def io_slots(prog: Program) -> list:
     return slots
 
 
+def describe_step(step: Step) -> str:
+    """`Conv+Add+Relu [1, 64, 56, 56]`: a step's instructions and its result's shape."""
+    kinds = [i.kind for i in step.instrs]          # a fused epilogue's included
+    node = step.instrs[0].node
+    shape = list(node.outputs[0].type.shape) if node is not None else []
+    return f"{'+'.join(kinds)} {shape}"
+
+
 class ModuleBuilder:
     def __init__(self, prog: Program, registry, name: str, stacking: bool = True,
-                 features: str | None = None, io_entry: bool = False):
+                 features: str | None = None, io_entry: bool = False, profile: bool = False):
         from .gemm import choose_shape
         from .jit import host_target
         self.prog, self.registry, self.name = prog, registry, name
@@ -72,6 +80,8 @@ class ModuleBuilder:
         self.gemm_shape = choose_shape(features)
         self.scratch = None
         self.io_entry = io_entry
+        self.profile = profile
+        self.step_names: list[str] = []   # what each step computes, for profiles
 
     def build(self) -> ir.Module:
         from .kernels import _conv_uses_gemm
@@ -83,6 +93,12 @@ class ModuleBuilder:
         replan_activations(self.prog, steps)
         self._declare_scratch(steps)
         calls = [self._step_function(i, step) for i, step in enumerate(steps)]
+        self.step_names = [describe_step(step) for step in steps]
+        self._counters = None
+        if self.profile:        # cycles spent in each step, summed over runs
+            ty = ir.ArrayType(ir.IntType(64), max(1, len(steps)))
+            self._counters = ir.GlobalVariable(self.module, ty, name=f"{self.name}_profile")
+            self._counters.initializer = ir.Constant(ty, None)
         self._entry(self.name, calls, slots=None)
         if self.io_entry:
             self._entry(self.name + "_io", calls, slots=io_slots(self.prog))
@@ -99,14 +115,20 @@ class ModuleBuilder:
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         regions = dict(zip(REGION_ORDER, entry.args))
         slot_of = {id(w): k for k, w in enumerate(slots or ())}
-        for fn, buffers in calls:
+        clock = (intrinsic(self.module, "llvm.readcyclecounter", ir.IntType(64), [])
+                 if self._counters is not None else None)
+        for index, (fn, buffers) in enumerate(calls):
             ptrs = []
             for buf in buffers:
                 k = slot_of.get(id(buf.root()))
                 raw = (b.load(b.gep(entry.args[3], [i64(k)])) if k is not None
                        else b.gep(regions[region_of(buf)], [i64(buf.root().offset)]))
                 ptrs.append(b.bitcast(raw, storage_type(buf.type.dtype).as_pointer()))
+            start = b.call(clock, []) if clock is not None else None
             b.call(fn, ptrs)
+            if clock is not None:
+                slot = b.gep(self._counters, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), index)])
+                b.store(b.add(b.load(slot), b.sub(b.call(clock, []), start)), slot)
         b.ret(ir.Constant(I32, 0))
 
     def _declare_scratch(self, steps) -> None:
