@@ -128,7 +128,7 @@ def test_profile_counts_cycles_per_kernel():
         out = compiled.run({"x": x})
     assert_close(out, run_ort(model, {"x": x}), rtol=1e-5, atol=1e-5)
     rows = compiled.profile(reset=True)
-    assert [name for name, _ in rows] == ["Conv+Relu [1, 8, 6, 6]", "MaxPool [1, 8, 3, 3]"]
+    assert [name for name, _ in rows] == ["Conv+Relu [1, 8, 6, 6] 3x3 stride 1x1", "MaxPool [1, 8, 3, 3]"]
     assert all(cycles > 0 for _, cycles in rows)
     assert all(cycles == 0 for _, cycles in compiled.profile())
     with pytest.raises(GlowgenError, match="profile=True"):

@@ -63,7 +63,13 @@ def describe_step(step: Step) -> str:
     kinds = [i.kind for i in step.instrs]          # a fused epilogue's included
     node = step.instrs[0].node
     shape = list(node.outputs[0].type.shape) if node is not None else []
-    return f"{'+'.join(kinds)} {shape}"
+    text = f"{'+'.join(kinds)} {shape}"
+    if node is not None and step.instrs[0].kind in ("Conv", "ConvN"):
+        window = "x".join(map(str, node.inputs[1].type.shape[2:]))
+        text += f" {window} stride {'x'.join(map(str, node.strides))}"
+        if node.group > 1:
+            text += f" groups {node.group}"
+    return text
 
 
 class ModuleBuilder:
