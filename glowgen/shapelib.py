@@ -358,5 +358,10 @@ def b_convtranspose_pads(mode, spatial, kernel, strides, dilations, output_paddi
     return tuple(int(p) for p in pads) if len(pads) else (0,) * (2 * n)
 
 
+# Interpolation weights (Resize) live in their own module; the spec language sees them here.
+from . import interpolation  # noqa: E402
+from .interpolation import *  # noqa: E402,F401,F403
+
 FUNCTIONS = {name[2:]: fn for name, fn in dict(globals()).items()
-             if name.startswith("b_") and callable(fn) and fn.__module__ == __name__}
+             if name.startswith("b_") and callable(fn)
+             and fn.__module__ in (__name__, interpolation.__name__)}

@@ -164,3 +164,17 @@ def test_cli_help_teaches():
 def test_cli_ops_lists_ops():
     r = cli("ops")
     assert r.returncode == 0 and "Conv" in r.stdout and "primitive" in r.stdout
+
+
+@pytest.mark.parametrize("x, attrs, message", [
+    (np.zeros((1, 1, 2, 2), np.int32), {"mode": "linear"},
+     "linear and cubic Resize of integer tensors is not supported"),
+    (np.zeros((1, 1, 2, 2), np.float32), {"mode": "area"}, "mode must be nearest, linear or cubic"),
+    (np.zeros((1, 1, 2, 2), np.float32), {"coordinate_transformation_mode": "center"},
+     "coordinate_transformation_mode must be one of"),
+])
+def test_unsupported_resize_is_named(x, attrs, message):
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], **attrs)
+    model = make_model([node], {"x": x}, ["y"], {"s": np.array([1, 1, 2, 2], np.float32)}, opset=19)
+    with pytest.raises(GlowgenError, match=message):
+        glowgen.compile(model)

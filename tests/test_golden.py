@@ -61,6 +61,15 @@ def graph_case(nodes, inputs, consts=None, outputs=("y",), opset=17):
     return {"model": make_model(made, inputs, list(outputs), consts, opset=opset), "feeds": inputs}
 
 
+def _resize_case(inputs, consts, **attrs):
+    """ONNX Resize (opset 19) of inputs[x] with the given roi / scales / sizes constants."""
+    names = ["x"] + [n if n in consts else "" for n in ("roi", "scales", "sizes")]
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("Resize", names, ["y"], **attrs)
+    return {"model": make_model([node], inputs, ["y"], consts, opset=19), "feeds": inputs}
+
+
 def binary_text(op, lhs_shape, const, x):
     """text graph `y = op(x, c)` for a constant c, with an ONNX model of the same as oracle."""
     dims = ", ".join(map(str, x.shape))
@@ -256,6 +265,16 @@ CASES = {
                                   attrs={"dilations": [2]}),
     "maxpooln_1d": onnx_case("MaxPool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [3], "strides": [2]}),
     "avgpooln_1d": onnx_case("AveragePool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [3], "pads": [1, 1]}),
+    # ---- spatial resampling
+    "resize_identity": _resize_case({"x": f32(2, 3)}, {"scales": np.array([1, 1], np.float32)}),
+    "resize_one_axis_at_a_time": _resize_case({"x": f32(1, 1, 2, 2)},
+                                              {"scales": np.array([1, 1, 2, 1.5], np.float32)}),
+    "resize_nearest_gather": _resize_case({"x": f32(2, 3)}, {"sizes": np.array([2, 5], np.int64)},
+                                          nearest_mode="floor"),
+    "resize_axis_matmul": _resize_case({"x": f32(4, 2)}, {"roi": np.array([-0.2, 1.1], np.float32),
+                                                          "sizes": np.array([3], np.int64)},
+                                       mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
+                                       extrapolation_value=5.0, axes=[0]),
 }
 
 HEADER = ("# Golden test of rule {rule}: the graph before, and after applying the rule alone.\n"

@@ -1605,6 +1605,100 @@ def _ConvTranspose_0(o):
 
 _ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1370:3', guard=None)
 
+
+def _Resize_0(o):
+    """ONNX Resize -> Resize (specs/ops.glowdef:1413:3)."""
+    attrs = {}
+    if o.has_attr('antialias'):
+        attrs['antialias'] = o.attr('antialias')
+    else:
+        attrs['antialias'] = 0
+    if o.has_attr('extrapolation_value'):
+        attrs['extrapolation_value'] = o.attr('extrapolation_value')
+    else:
+        attrs['extrapolation_value'] = 0.0
+    if o.has_attr('exclude_outside'):
+        attrs['exclude_outside'] = o.attr('exclude_outside')
+    else:
+        attrs['exclude_outside'] = 0
+    if o.has_attr('nearest_mode'):
+        attrs['nearest_mode'] = o.attr('nearest_mode')
+    else:
+        attrs['nearest_mode'] = 'round_prefer_floor'
+    if o.has_attr('coordinate_transformation_mode'):
+        attrs['coordinate_transformation_mode'] = o.attr('coordinate_transformation_mode')
+    else:
+        attrs['coordinate_transformation_mode'] = 'half_pixel'
+    if o.has_attr('cubic_coeff_a'):
+        attrs['cubic_coeff_a'] = o.attr('cubic_coeff_a')
+    else:
+        attrs['cubic_coeff_a'] = -0.75
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1415:5', lambda: sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1417:5', lambda: sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1419:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel')))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1421:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel'))))
+    return attrs
+
+_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1413:3', guard=None)
+
+
+def _Resize_1(o):
+    """ONNX Resize -> Resize (specs/ops.glowdef:1429:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1431:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1432:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1433:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1434:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1436:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1437:5', lambda: 'legacy')
+    return attrs
+
+_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1429:3', guard=None)
+
+
+def _Resize_2(o):
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1439:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1441:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1442:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1443:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1444:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1446:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1447:5', lambda: 'legacy')
+    return attrs
+
+_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1439:3', guard=None)
+
+
+def _Resize_3(o):
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1449:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1451:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1452:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1453:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1454:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1456:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1457:5', lambda: 'legacy')
+    return attrs
+
+_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1449:3', guard=None)
+
 CLAUSES = (
     _Add_0_clause,
     _Add_1_clause,
@@ -1751,4 +1845,8 @@ CLAUSES = (
     _MaxPoolN_0_clause,
     _AvgPoolN_0_clause,
     _ConvTranspose_0_clause,
+    _Resize_0_clause,
+    _Resize_1_clause,
+    _Resize_2_clause,
+    _Resize_3_clause,
 )

@@ -6318,6 +6318,76 @@ class ConvTranspose(Node):
         return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.b_convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:1369:9'), )
 
 
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Resize(Node):
+    """Resample x along `axes` to `sizes` (ONNX Resize and Upsample): nearest, linear or cubic, with ONNX's coordinate transforms. `scales` and `roi` (starts..., ends...) cover every dimension; `axes` lists the dimensions still to resample.
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *resize_shape(S, sizes, axes)]
+    Attributes:
+        axes: ints
+        sizes: ints
+        scales: floats
+        roi: floats
+        mode: string = "nearest"
+        coordinate_transformation_mode: string = "half_pixel"
+        nearest_mode: string = "round_prefer_floor"
+        cubic_coeff_a: float = -0.75
+        exclude_outside: int = 0
+        extrapolation_value: float = 0.0
+        antialias: int = 0
+    Declared at specs/ops.glowdef:1385:1.
+    """
+
+    OP: ClassVar[str] = 'Resize'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), AttrInfo('sizes', 'ints', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('roi', 'floats', None, False), AttrInfo('mode', 'string', 'nearest', True), AttrInfo('coordinate_transformation_mode', 'string', 'half_pixel', True), AttrInfo('nearest_mode', 'string', 'round_prefer_floor', True), AttrInfo('cubic_coeff_a', 'float', rt.neg(0.75), True), AttrInfo('exclude_outside', 'int', 0, True), AttrInfo('extrapolation_value', 'float', 0.0, True), AttrInfo('antialias', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1385:1'
+
+    axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
+    roi: object = attrs.field(converter=rt.CONVERTERS['floats'])
+    mode: object = attrs.field(default='nearest', converter=rt.CONVERTERS['string'])
+    coordinate_transformation_mode: object = attrs.field(default='half_pixel', converter=rt.CONVERTERS['string'])
+    nearest_mode: object = attrs.field(default='round_prefer_floor', converter=rt.CONVERTERS['string'])
+    cubic_coeff_a: object = attrs.field(default=rt.neg(0.75), converter=rt.CONVERTERS['float'])
+    exclude_outside: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    extrapolation_value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
+    antialias: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *resize_shape(S, sizes, axes)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axes=None, sizes=None, scales=None, roi=None, mode=None, coordinate_transformation_mode=None, nearest_mode=None, cubic_coeff_a=None, exclude_outside=None, extrapolation_value=None, antialias=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Resize', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1387:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1387:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1399:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1401:3')
+        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1402:3')
+        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1403:3')
+        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1407:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1410:3')
+        return (rt.result_type('Resize', _node, T, (*sl.b_resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1412:7'), )
+
+
 OPS = {
     'Add': Add,
     'Sub': Sub,
@@ -6447,4 +6517,5 @@ OPS = {
     'MaxPoolN': MaxPoolN,
     'AvgPoolN': AvgPoolN,
     'ConvTranspose': ConvTranspose,
+    'Resize': Resize,
 }

@@ -1166,6 +1166,67 @@ def _r88_avgpooln_1d_build(_b, _m):
     return (_b.op('Reshape', [_b.op('AvgPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'shape': p.shape}),)
 
 
+
+def _r89_resize_identity_guard(_m, _ctx):
+    """where len(r.axes) == 0"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(rt.b_len(r.axes), 0)))
+
+def _r89_resize_identity_build(_b, _m):
+    """=> x"""
+    r = _m['r']
+    x = _m['x']
+    return (x,)
+
+
+
+def _r90_resize_one_axis_at_a_time_guard(_m, _ctx):
+    """where len(r.axes) > 1"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.gt(rt.b_len(r.axes), 1)))
+
+def _r90_resize_one_axis_at_a_time_build(_b, _m):
+    """=> Resize(Resize(x, axes = r.axes[:1], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias), axes = r.axes[1:], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias)"""
+    r = _m['r']
+    x = _m['x']
+    return (_b.op('Resize', [_b.op('Resize', [x], {'axes': tuple(r.axes)[:1], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'axes': tuple(r.axes)[1:], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}),)
+
+
+
+def _r91_resize_nearest_gather_guard(_m, _ctx):
+    'where ((len(r.axes) == 1) and (r.mode == "nearest")) and not resize_extrapolates(*resize_args(r, x.shape[r.axes[0]]))'
+    r = _m['r']
+    x = _m['x']
+    return bool((((rt.eq(rt.b_len(r.axes), 1) and rt.eq(r.mode, 'nearest')) and (not sl.b_resize_extrapolates(*fn_resize_args(r, x.shape[r.axes[0]]))))))
+
+def _r91_resize_nearest_gather_build(_b, _m):
+    """=> Gather(x, const(resize_gather_indices(*resize_args(r, x.shape[r.axes[0]])), i64), axis = r.axes[0])"""
+    r = _m['r']
+    x = _m['x']
+    return (_b.op('Gather', [x, _b.const(sl.b_resize_gather_indices(*fn_resize_args(r, x.shape[r.axes[0]])), 'i64')], {'axis': r.axes[0]}),)
+
+
+
+def _r92_resize_axis_matmul_guard(_m, _ctx):
+    """where len(r.axes) == 1"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(rt.b_len(r.axes), 1)))
+
+def _r92_resize_axis_matmul_build(_b, _m):
+    """=> Add(y, Reshape(fill, shape = channel_shape(rank(x), r.sizes[a], a))) if resize_extrapolates(*args) else y"""
+    r = _m['r']
+    x = _m['x']
+    a = r.axes[0]
+    args = fn_resize_args(r, x.shape[a])
+    perm = sl.b_swap_last_perm(rt.b_rank(x), a)
+    y = _b.op('Transpose', [_b.op('MatMul', [_b.op('Transpose', [x], {'perm': perm}), _b.const(sl.b_resize_matrix(*args), x.dtype)], {})], {'perm': perm})
+    fill = _b.const(sl.b_resize_fill(*args, value=r.extrapolation_value), x.dtype)
+    return ((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': sl.b_channel_shape(rt.b_rank(x), r.sizes[a], a)})], {}) if sl.b_resize_extrapolates(*args) else y),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
@@ -1256,4 +1317,8 @@ RULES = (
     RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r86_convn_1d_no_bias_guard, build=_r86_convn_1d_no_bias_build, location='specs/lowerings.glowdef:462:1'),
     RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r87_maxpooln_1d_guard, build=_r87_maxpooln_1d_build, location='specs/lowerings.glowdef:470:1'),
     RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r88_avgpooln_1d_guard, build=_r88_avgpooln_1d_build, location='specs/lowerings.glowdef:477:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r89_resize_identity_guard, build=_r89_resize_identity_build, location='specs/lowerings.glowdef:495:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r90_resize_one_axis_at_a_time_guard, build=_r90_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:498:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r91_resize_nearest_gather_guard, build=_r91_resize_nearest_gather_build, location='specs/lowerings.glowdef:512:1'),
+    RuleInfo(name='resize_axis_matmul', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r92_resize_axis_matmul_guard, build=_r92_resize_axis_matmul_build, location='specs/lowerings.glowdef:519:1'),
 )
