@@ -358,6 +358,11 @@ def b_convtranspose_pads(mode, spatial, kernel, strides, dilations, output_paddi
     return tuple(int(p) for p in pads) if len(pads) else (0,) * (2 * n)
 
 
+def b_axis_broadcastable(shape, rhs_shape, axis):
+    """ONNX's legacy broadcast: rhs lines up with shape[axis:], each dimension equal or 1."""
+    return all(d == 1 or d == shape[axis + i] for i, d in enumerate(rhs_shape))
+
+
 # Interpolation weights (Resize) live in their own module; the spec language sees them here.
 from . import interpolation  # noqa: E402
 from .interpolation import *  # noqa: E402,F401,F403

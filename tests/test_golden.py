@@ -265,6 +265,10 @@ CASES = {
                                   attrs={"dilations": [2]}),
     "maxpooln_1d": onnx_case("MaxPool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [3], "strides": [2]}),
     "avgpooln_1d": onnx_case("AveragePool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [3], "pads": [1, 1]}),
+    # ---- legacy broadcasting
+    "legacy_broadcast_expand": onnx_case("Add", {"a": f32(2, 3, 4), "b": f32(3)},
+                                         attrs={"broadcast": 1, "axis": 1}, opset=6)
+    | {"oracle": lambda f: {"y": f["a"] + f["b"][:, None]}},
     # ---- spatial resampling
     "resize_identity": _resize_case({"x": f32(2, 3)}, {"scales": np.array([1, 1], np.float32)}),
     "resize_one_axis_at_a_time": _resize_case({"x": f32(1, 1, 2, 2)},

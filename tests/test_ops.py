@@ -351,3 +351,24 @@ def test_every_onnx_mapping_is_exercised():
     tested = {c.op for c in CASES}
     untested = sorted(set(Registry.default().onnx) - tested)
     assert not untested, f"ONNX ops without a test case: {untested}"
+
+
+# ---- opset 6 broadcasting with an axis (neither oracle runs it: onnxruntime has no kernels
+# below opset 7 and the reference evaluator rejects the attributes), against NumPy written
+# from the opset-6 definition: the rhs lines up with the lhs dimensions from `axis` on.
+LEGACY = [
+    ("Add", f32(2, 3, 4), f32(3), {"broadcast": 1, "axis": 1}, lambda a, b: a + b[:, None]),
+    ("Sub", f32(2, 3, 4), f32(2, 1), {"broadcast": 1, "axis": 0}, lambda a, b: a - b[:, :, None]),
+    ("Mul", f32(2, 3, 4), f32(4), {"broadcast": 1, "axis": -1}, lambda a, b: a * b),
+    ("Div", f32(2, 3, 4), pos(3, 4), {"broadcast": 1, "axis": 1}, lambda a, b: a / b),
+    ("PRelu", f32(2, 3, 4, 5), pos(3), {}, lambda a, b: np.where(a < 0, a * b[:, None, None], a)),
+]
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+@pytest.mark.parametrize("op, a, b, attrs, oracle", LEGACY, ids=[c[0] for c in LEGACY])
+def test_opset6_broadcast_with_axis(op, a, b, attrs, oracle, backend):
+    node = helper.make_node(op, ["a", "b"], ["y"], **attrs)
+    model = make_model([node], {"a": a, "b": b}, ["y"], opset=6)
+    actual = run_glowgen(model, {"a": a, "b": b}, backend=backend)
+    assert_close(actual, {"y": oracle(a, b)}, rtol=1e-5, atol=1e-6)

@@ -21,10 +21,12 @@ _Add_0_clause = OnnxClause(onnx_op='Add', op='Add', since=7, until=None, inputs=
 def _Add_1(o):
     """ONNX Add -> Add (specs/ops.glowdef:33:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:33:30')
     return attrs
 
-_Add_1_clause = OnnxClause(onnx_op='Add', op='Add', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:33:3', guard=None)
+def _Add_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Add_1_clause = OnnxClause(onnx_op='Add', op='Add', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:33:3', guard=_Add_1_guard)
 
 
 def _Sub_0(o):
@@ -38,10 +40,12 @@ _Sub_0_clause = OnnxClause(onnx_op='Sub', op='Sub', since=7, until=None, inputs=
 def _Sub_1(o):
     """ONNX Sub -> Sub (specs/ops.glowdef:43:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:43:30')
     return attrs
 
-_Sub_1_clause = OnnxClause(onnx_op='Sub', op='Sub', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:43:3', guard=None)
+def _Sub_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Sub_1_clause = OnnxClause(onnx_op='Sub', op='Sub', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:43:3', guard=_Sub_1_guard)
 
 
 def _Mul_0(o):
@@ -55,10 +59,12 @@ _Mul_0_clause = OnnxClause(onnx_op='Mul', op='Mul', since=7, until=None, inputs=
 def _Mul_1(o):
     """ONNX Mul -> Mul (specs/ops.glowdef:53:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:53:30')
     return attrs
 
-_Mul_1_clause = OnnxClause(onnx_op='Mul', op='Mul', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:53:3', guard=None)
+def _Mul_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Mul_1_clause = OnnxClause(onnx_op='Mul', op='Mul', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:53:3', guard=_Mul_1_guard)
 
 
 def _Div_0(o):
@@ -72,10 +78,12 @@ _Div_0_clause = OnnxClause(onnx_op='Div', op='Div', since=7, until=None, inputs=
 def _Div_1(o):
     """ONNX Div -> Div (specs/ops.glowdef:63:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:63:30')
     return attrs
 
-_Div_1_clause = OnnxClause(onnx_op='Div', op='Div', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:63:3', guard=None)
+def _Div_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Div_1_clause = OnnxClause(onnx_op='Div', op='Div', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:63:3', guard=_Div_1_guard)
 
 
 def _Pow_0(o):
@@ -89,10 +97,12 @@ _Pow_0_clause = OnnxClause(onnx_op='Pow', op='Pow', since=7, until=None, inputs=
 def _Pow_1(o):
     """ONNX Pow -> Pow (specs/ops.glowdef:73:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:73:22')
     return attrs
 
-_Pow_1_clause = OnnxClause(onnx_op='Pow', op='Pow', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:73:3', guard=None)
+def _Pow_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Pow_1_clause = OnnxClause(onnx_op='Pow', op='Pow', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:73:3', guard=_Pow_1_guard)
 
 
 def _Equal_0(o):
@@ -1212,7 +1222,10 @@ def _PRelu_0(o):
     attrs = {}
     return attrs
 
-_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:1039:3', guard=None)
+def _PRelu_0_guard(o):
+    return bool(((rt.ge(o.opset, 7) or rt.ne(rt.b_len(o.input('slope').shape), 1)) or rt.lt(rt.b_rank(o.input('X')), 2)))
+
+_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:1039:3', guard=_PRelu_0_guard)
 
 
 def _CastLike_0(o):
@@ -1699,6 +1712,81 @@ def _Resize_3(o):
 
 _Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1449:3', guard=None)
 
+
+def _LegacyBroadcast_0(o):
+    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1473:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1473:89', lambda: 'Add')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1473:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_0_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1473:3', guard=_LegacyBroadcast_0_guard)
+
+
+def _LegacyBroadcast_1(o):
+    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1474:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1474:89', lambda: 'Sub')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1474:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1474:3', guard=_LegacyBroadcast_1_guard)
+
+
+def _LegacyBroadcast_2(o):
+    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1475:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1475:89', lambda: 'Mul')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1475:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_2_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1475:3', guard=_LegacyBroadcast_2_guard)
+
+
+def _LegacyBroadcast_3(o):
+    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1476:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1476:89', lambda: 'Div')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1476:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_3_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1476:3', guard=_LegacyBroadcast_3_guard)
+
+
+def _LegacyBroadcast_4(o):
+    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1477:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1477:81', lambda: 'Pow')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1477:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
+    return attrs
+
+def _LegacyBroadcast_4_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1477:3', guard=_LegacyBroadcast_4_guard)
+
+
+def _LegacyBroadcast_5(o):
+    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1478:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1478:56', lambda: 'PRelu')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1478:70', lambda: 1)
+    return attrs
+
+_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1478:3', guard=None)
+
 CLAUSES = (
     _Add_0_clause,
     _Add_1_clause,
@@ -1849,4 +1937,10 @@ CLAUSES = (
     _Resize_1_clause,
     _Resize_2_clause,
     _Resize_3_clause,
+    _LegacyBroadcast_0_clause,
+    _LegacyBroadcast_1_clause,
+    _LegacyBroadcast_2_clause,
+    _LegacyBroadcast_3_clause,
+    _LegacyBroadcast_4_clause,
+    _LegacyBroadcast_5_clause,
 )

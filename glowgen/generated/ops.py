@@ -6388,6 +6388,65 @@ class Resize(Node):
         return (rt.result_type('Resize', _node, T, (*sl.b_resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1412:7'), )
 
 
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LegacyBroadcast(Node):
+    """A binary op of opset 6 and before (`op`: Add, Sub, Mul, Div, Pow or PRelu) whose rhs lines up with the dimensions of lhs from `axis` on (ONNX's broadcast = 1 with an axis; PRelu's per-channel slope).
+    
+    Operands:
+        lhs: Tensor[T, *X]
+        rhs: Tensor[P, *Y]
+    Results:
+        y: Tensor[T, *X]
+    Attributes:
+        op: string
+        axis: int
+    Declared at specs/ops.glowdef:1463:1.
+    """
+
+    OP: ClassVar[str] = 'LegacyBroadcast'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('op', 'string', None, False), AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1463:1'
+
+    op: object = attrs.field(converter=rt.CONVERTERS['string'])
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[T, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[P, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *X]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node='', op=None, axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LegacyBroadcast', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1465:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1465:7')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1465:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1465:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        P = u.dtype('P')
+        T = u.dtype('T')
+        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1468:3')
+        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1470:3')
+        rt.check(sl.b_axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1471:3')
+        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1472:7'), )
+
+
 OPS = {
     'Add': Add,
     'Sub': Sub,
@@ -6518,4 +6577,5 @@ OPS = {
     'AvgPoolN': AvgPoolN,
     'ConvTranspose': ConvTranspose,
     'Resize': Resize,
+    'LegacyBroadcast': LegacyBroadcast,
 }

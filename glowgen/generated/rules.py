@@ -1227,6 +1227,16 @@ def _r92_resize_axis_matmul_build(_b, _m):
     return ((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': sl.b_channel_shape(rt.b_rank(x), r.sizes[a], a)})], {}) if sl.b_resize_extrapolates(*args) else y),)
 
 
+
+def _r93_legacy_broadcast_expand_build(_b, _m):
+    '=> Add(a, b2) if n.op == "Add" else Sub(a, b2) if n.op == "Sub" else Mul(a, b2) if n.op == "Mul" else Div(a, b2) if n.op == "Div" else Pow(a, b2) if n.op == "Pow" else PRelu(a, b2)'
+    n = _m['n']
+    a = _m['a']
+    b = _m['b']
+    b2 = _b.op('Reshape', [b], {'shape': rt.b_concat(b.shape, rt.b_ones(rt.sub(rt.sub(rt.b_rank(a), n.axis), rt.b_rank(b))))})
+    return ((_b.op('Add', [a, b2], {}) if rt.eq(n.op, 'Add') else (_b.op('Sub', [a, b2], {}) if rt.eq(n.op, 'Sub') else (_b.op('Mul', [a, b2], {}) if rt.eq(n.op, 'Mul') else (_b.op('Div', [a, b2], {}) if rt.eq(n.op, 'Div') else (_b.op('Pow', [a, b2], {}) if rt.eq(n.op, 'Pow') else _b.op('PRelu', [a, b2], {})))))),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
@@ -1321,4 +1331,5 @@ RULES = (
     RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r90_resize_one_axis_at_a_time_guard, build=_r90_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:498:1'),
     RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r91_resize_nearest_gather_guard, build=_r91_resize_nearest_gather_build, location='specs/lowerings.glowdef:512:1'),
     RuleInfo(name='resize_axis_matmul', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r92_resize_axis_matmul_guard, build=_r92_resize_axis_matmul_build, location='specs/lowerings.glowdef:519:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r93_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:531:1'),
 )
