@@ -269,6 +269,11 @@ CASES = {
     "legacy_broadcast_expand": onnx_case("Add", {"a": f32(2, 3, 4), "b": f32(3)},
                                          attrs={"broadcast": 1, "axis": 1}, opset=6)
     | {"oracle": lambda f: {"y": f["a"] + f["b"][:, None]}},
+    # ---- pooling as window sums
+    "avgpool_dilated_to_conv": onnx_case("AveragePool", {"x": f32(1, 1, 5, 4)},
+                                         attrs={"kernel_shape": [2, 2], "dilations": [2, 1], "pads": [1, 0, 0, 1]},
+                                         opset=19),
+    "lppool_to_conv": onnx_case("LpPool", {"x": f32(1, 2, 4)}, attrs={"kernel_shape": [2], "p": 3}, opset=18),
     # ---- spatial resampling
     "resize_identity": _resize_case({"x": f32(2, 3)}, {"scales": np.array([1, 1], np.float32)}),
     "resize_one_axis_at_a_time": _resize_case({"x": f32(1, 1, 2, 2)},

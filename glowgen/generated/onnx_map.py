@@ -845,7 +845,7 @@ def _AvgPool_0(o):
     return attrs
 
 def _AvgPool_0_guard(o):
-    return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1)))))
+    return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1))))
 
 _AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:714:3', guard=_AvgPool_0_guard)
 
@@ -1593,13 +1593,15 @@ def _AvgPoolN_0(o):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    o.check(((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1))), 'dilated average pooling is not supported', 'specs/ops.glowdef:1350:5')
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1351:5', lambda: o.attr('kernel_shape', None))
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1352:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1353:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1348:3', guard=None)
+def _AvgPoolN_0_guard(o):
+    return bool(((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1)))
+
+_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1348:3', guard=_AvgPoolN_0_guard)
 
 
 def _ConvTranspose_0(o):
@@ -1787,6 +1789,50 @@ def _LegacyBroadcast_5(o):
 
 _LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1478:3', guard=None)
 
+
+def _AvgPoolDilated_0(o):
+    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1496:3)."""
+    attrs = {}
+    if o.has_attr('count_include_pad'):
+        attrs['count_include_pad'] = o.attr('count_include_pad')
+    else:
+        attrs['count_include_pad'] = 0
+    if o.has_attr('dilations'):
+        attrs['dilations'] = o.attr('dilations')
+    if o.has_attr('ceil_mode'):
+        attrs['ceil_mode'] = o.attr('ceil_mode')
+    else:
+        attrs['ceil_mode'] = 0
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1498:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1499:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1500:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+def _AvgPoolDilated_0_guard(o):
+    return bool((rt.b_defined(o.attr('dilations', None)) and rt.gt(rt.b_max(o.attr('dilations', None)), 1)))
+
+_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1496:3', guard=_AvgPoolDilated_0_guard)
+
+
+def _LpPool_0(o):
+    """ONNX LpPool -> LpPool (specs/ops.glowdef:1517:3)."""
+    attrs = {}
+    if o.has_attr('p'):
+        attrs['p'] = o.attr('p')
+    else:
+        attrs['p'] = 2
+    if o.has_attr('ceil_mode'):
+        attrs['ceil_mode'] = o.attr('ceil_mode')
+    else:
+        attrs['ceil_mode'] = 0
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1519:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1520:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1521:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1522:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1517:3', guard=None)
+
 CLAUSES = (
     _Add_0_clause,
     _Add_1_clause,
@@ -1943,4 +1989,6 @@ CLAUSES = (
     _LegacyBroadcast_3_clause,
     _LegacyBroadcast_4_clause,
     _LegacyBroadcast_5_clause,
+    _AvgPoolDilated_0_clause,
+    _LpPool_0_clause,
 )

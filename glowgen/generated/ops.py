@@ -6447,6 +6447,129 @@ class LegacyBroadcast(Node):
         return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1472:7'), )
 
 
+@attrs.define(eq=False, repr=False, kw_only=True)
+class AvgPoolDilated(Node):
+    """N-D average pooling with dilated windows (ONNX AveragePool with dilations); pads are [begin..., end...].
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+    Results:
+        y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]
+    Attributes:
+        kernel: ints where all(kernel > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        ceil_mode: int = 0
+        count_include_pad: int = 0
+    Declared at specs/ops.glowdef:1484:1.
+    """
+
+    OP: ClassVar[str] = 'AvgPoolDilated'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1484:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    count_include_pad: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, count_include_pad=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('AvgPoolDilated', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1486:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1486:9')
+        C = u.dim('C')
+        D = u.dim('D')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1487:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1488:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1489:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1490:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1493:3')
+        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1495:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LpPool(Node):
+    """N-D Lp pooling: (sum of |x|^p over each window) ^ (1/p); pads are [begin..., end...] and add nothing.
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+    Results:
+        y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]
+    Attributes:
+        kernel: ints where all(kernel > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        ceil_mode: int = 0
+        p: int = 2 where p >= 1
+    Declared at specs/ops.glowdef:1505:1.
+    """
+
+    OP: ClassVar[str] = 'LpPool'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('p', 'int', 2, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1505:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    p: object = attrs.field(default=2, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, p=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LpPool', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1507:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1507:9')
+        C = u.dim('C')
+        D = u.dim('D')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1508:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1509:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1510:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1511:3')
+        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1513:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1514:3')
+        return (rt.result_type('LpPool', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1516:9'), )
+
+
 OPS = {
     'Add': Add,
     'Sub': Sub,
@@ -6578,4 +6701,6 @@ OPS = {
     'ConvTranspose': ConvTranspose,
     'Resize': Resize,
     'LegacyBroadcast': LegacyBroadcast,
+    'AvgPoolDilated': AvgPoolDilated,
+    'LpPool': LpPool,
 }

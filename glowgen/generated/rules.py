@@ -1237,6 +1237,27 @@ def _r93_legacy_broadcast_expand_build(_b, _m):
     return ((_b.op('Add', [a, b2], {}) if rt.eq(n.op, 'Add') else (_b.op('Sub', [a, b2], {}) if rt.eq(n.op, 'Sub') else (_b.op('Mul', [a, b2], {}) if rt.eq(n.op, 'Mul') else (_b.op('Div', [a, b2], {}) if rt.eq(n.op, 'Div') else (_b.op('Pow', [a, b2], {}) if rt.eq(n.op, 'Pow') else _b.op('PRelu', [a, b2], {})))))),)
 
 
+
+def _r94_avgpool_dilated_to_conv_build(_b, _m):
+    """=> Div(sums, const(window_counts(x.shape[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype))"""
+    p = _m['p']
+    x = _m['x']
+    ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
+    sums = _b.op('ConvN', [x, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
+    return (_b.op('Div', [sums, _b.const(sl.b_window_counts(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype)], {}),)
+
+
+
+def _r95_lppool_to_conv_build(_b, _m):
+    """=> Sqrt(sums) if p.p == 2 else sums if p.p == 1 else Pow(sums, scalar(1.0 / p.p, x.dtype))"""
+    p = _m['p']
+    x = _m['x']
+    powered = (_b.op('Mul', [x, x], {}) if rt.eq(p.p, 2) else (_b.op('Abs', [x], {}) if rt.eq(p.p, 1) else _b.op('Pow', [_b.op('Abs', [x], {}), _b.scalar(p.p, x.dtype)], {})))
+    ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
+    sums = _b.op('ConvN', [powered, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
+    return ((_b.op('Sqrt', [sums], {}) if rt.eq(p.p, 2) else (sums if rt.eq(p.p, 1) else _b.op('Pow', [sums, _b.scalar(rt.truediv(1.0, p.p), x.dtype)], {}))),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
@@ -1332,4 +1353,6 @@ RULES = (
     RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r91_resize_nearest_gather_guard, build=_r91_resize_nearest_gather_build, location='specs/lowerings.glowdef:512:1'),
     RuleInfo(name='resize_axis_matmul', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r92_resize_axis_matmul_guard, build=_r92_resize_axis_matmul_build, location='specs/lowerings.glowdef:519:1'),
     RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r93_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:531:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r94_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:542:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r95_lppool_to_conv_build, location='specs/lowerings.glowdef:551:1'),
 )
