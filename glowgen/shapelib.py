@@ -391,6 +391,21 @@ def b_window_counts(spatial, kernel, pads, strides, dilations, ceil_mode, count_
     return total.reshape((1, 1) + tuple(out)).tolist()
 
 
+def b_col2im_weights(channels, block):
+    """ConvTranspose weights [channels * K, 1, *block] (K = prod(block)) that put column
+    entry j of each channel at offset j of its block: a one-hot filter per entry."""
+    k = b_prod(block)
+    eye = np.eye(k).reshape((k, 1) + tuple(block))
+    return np.tile(eye, (channels, 1) + (1,) * len(block)).tolist()
+
+
+def b_col2im_output_padding(image, blocks, block, pads, strides, dilations):
+    """What a transposed convolution of `blocks` positions adds at the end to reach `image`."""
+    n = len(image)
+    return tuple(image[i] - (strides[i] * (blocks[i] - 1) + dilations[i] * (block[i] - 1) + 1
+                             - pads[i] - pads[n + i]) for i in range(n))
+
+
 def b_axis_broadcastable(shape, rhs_shape, axis):
     """ONNX's legacy broadcast: rhs lines up with shape[axis:], each dimension equal or 1."""
     return all(d == 1 or d == shape[axis + i] for i, d in enumerate(rhs_shape))

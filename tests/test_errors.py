@@ -178,3 +178,11 @@ def test_unsupported_resize_is_named(x, attrs, message):
     model = make_model([node], {"x": x}, ["y"], {"s": np.array([1, 1, 2, 2], np.float32)}, opset=19)
     with pytest.raises(GlowgenError, match=message):
         glowgen.compile(model)
+
+
+def test_col2im_with_the_wrong_block_count_is_named():
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"])
+    model = make_model([node], {"x": np.zeros((1, 4, 5), np.float32)}, ["y"],
+                       {"image": np.array([3, 3], np.int64), "block": np.array([2, 2], np.int64)}, opset=18)
+    with pytest.raises(GlowgenError, match="the last dimension must count the blocks"):
+        glowgen.compile(model)

@@ -274,6 +274,9 @@ CASES = {
                                          attrs={"kernel_shape": [2, 2], "dilations": [2, 1], "pads": [1, 0, 0, 1]},
                                          opset=19),
     "lppool_to_conv": onnx_case("LpPool", {"x": f32(1, 2, 4)}, attrs={"kernel_shape": [2], "p": 3}, opset=18),
+    "col2im_to_convtranspose": onnx_case("Col2Im", {"x": f32(1, 4, 4)},
+                                         consts={"image": np.array([3, 3], np.int64),
+                                                 "block": np.array([2, 2], np.int64)}, opset=18),
     # ---- spatial resampling
     "resize_identity": _resize_case({"x": f32(2, 3)}, {"scales": np.array([1, 1], np.float32)}),
     "resize_one_axis_at_a_time": _resize_case({"x": f32(1, 1, 2, 2)},

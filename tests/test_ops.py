@@ -330,6 +330,9 @@ CASES = [
          attrs={"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]}, rtol=1e-4, atol=1e-5),
     Case("LpPool_p3_dilated_1d", "LpPool", {"x": f32(2, 3, 9)},
          attrs={"kernel_shape": [3], "p": 3, "dilations": [2]}, opset=18, rtol=1e-4, atol=1e-5),
+    Case("Col2Im", "Col2Im", {"x": f32(2, 2 * 6, 9)},
+         consts={"image": np.array([5, 6], np.int64), "block": np.array([2, 3], np.int64)},
+         attrs={"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 0, 1]}, opset=18),
     Case("Upsample", "Upsample", {"x": f32(1, 2, 2, 2)},
          consts={"scales": np.array([1, 1, 2, 3], np.float32)}, opset=9, input_order=["x", "scales"]),
 ]

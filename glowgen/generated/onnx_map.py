@@ -1833,6 +1833,19 @@ def _LpPool_0(o):
 
 _LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1517:3', guard=None)
 
+
+def _Col2Im_0(o):
+    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1541:3)."""
+    attrs = {}
+    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1543:5', lambda: rt.b_ints(o.input('image_shape').value))
+    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1544:5', lambda: rt.b_ints(o.input('block_shape').value))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1545:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1546:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1547:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
+    return attrs
+
+_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1541:3', guard=None)
+
 CLAUSES = (
     _Add_0_clause,
     _Add_1_clause,
@@ -1991,4 +2004,5 @@ CLAUSES = (
     _LegacyBroadcast_5_clause,
     _AvgPoolDilated_0_clause,
     _LpPool_0_clause,
+    _Col2Im_0_clause,
 )

@@ -6570,6 +6570,68 @@ class LpPool(Node):
         return (rt.result_type('LpPool', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1516:9'), )
 
 
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Col2Im(Node):
+    """Sum columns of image blocks back into images (ONNX Col2Im): x is [N, C * prod(block), blocks]; pads are [begin..., end...].
+    
+    Operands:
+        x: Tensor[F, N, CK, L]
+    Results:
+        y: Tensor[F, N, CK // prod(block), *image]
+    Attributes:
+        image: ints where all(image > 0)
+        block: ints where all(block > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+    Declared at specs/ops.glowdef:1527:1.
+    """
+
+    OP: ClassVar[str] = 'Col2Im'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('image', 'ints', None, False), AttrInfo('block', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1527:1'
+
+    image: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    block: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, CK, L]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, CK // prod(block), *image]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', image=None, block=None, strides=None, pads=None, dilations=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Col2Im', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1529:9')
+        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1529:9')
+        CK = u.dim('CK')
+        L = u.dim('L')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1530:3')
+        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1531:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1532:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1533:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1534:3')
+        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1535:3')
+        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1537:3')
+        rt.check(rt.eq(L, rt.b_prod(sl.b_conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1538:3')
+        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1540:9'), )
+
+
 OPS = {
     'Add': Add,
     'Sub': Sub,
@@ -6703,4 +6765,5 @@ OPS = {
     'LegacyBroadcast': LegacyBroadcast,
     'AvgPoolDilated': AvgPoolDilated,
     'LpPool': LpPool,
+    'Col2Im': Col2Im,
 }

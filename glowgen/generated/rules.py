@@ -1258,6 +1258,16 @@ def _r95_lppool_to_conv_build(_b, _m):
     return ((_b.op('Sqrt', [sums], {}) if rt.eq(p.p, 2) else (sums if rt.eq(p.p, 1) else _b.op('Pow', [sums, _b.scalar(rt.truediv(1.0, p.p), x.dtype)], {}))),)
 
 
+
+def _r96_col2im_to_convtranspose_build(_b, _m):
+    """=> ConvTranspose(Reshape(x, shape = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
+    c = _m['c']
+    x = _m['x']
+    blocks = sl.b_conv_shape(c.image, c.block, c.pads, c.strides, c.dilations)
+    channels = rt.floordiv(x.shape[1], rt.b_prod(c.block))
+    return (_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.b_col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.b_col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
@@ -1355,4 +1365,5 @@ RULES = (
     RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r93_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:531:1'),
     RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r94_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:542:1'),
     RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r95_lppool_to_conv_build, location='specs/lowerings.glowdef:551:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r96_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:561:1'),
 )
