@@ -235,6 +235,49 @@ def b_resize_gather_indices(*args):
     return np.argmax(_axis_map(*_axis_args(*args))[0], axis=1).tolist()
 
 
+# ----------------------------------------------------------------------------- GridSample
+# GridSample reads its sampling positions from a tensor, so its weights are computed in the
+# graph; these are the constants that computation needs, one entry per spatial axis.
+def b_grid_scale(spatial, align_corners):
+    """Denormalizing a grid coordinate g of an axis of length n is (g + 1) * scale + offset:
+    (g + 1) / 2 * (n - 1) with align_corners, ((g + 1) * n - 1) / 2 without."""
+    return tuple((n - 1) / 2 if align_corners else n / 2 for n in spatial)
+
+
+def b_grid_offset(spatial, align_corners):
+    return tuple(0.0 if align_corners else -0.5 for _ in spatial)
+
+
+def b_grid_low(spatial, align_corners):
+    """The border reflection and border padding go by: the outer edge of the first element,
+    or its centre with align_corners."""
+    return tuple(0.0 if align_corners else -0.5 for _ in spatial)
+
+
+def b_grid_high(spatial, align_corners):
+    return tuple(n - 1.0 if align_corners else n - 0.5 for n in spatial)
+
+
+def b_grid_tap_offsets(mode):
+    """The input positions a sample reads, relative to the one at or below it."""
+    return {"nearest": (0.0,), "linear": (0.0, 1.0), "cubic": (-1.0, 0.0, 1.0, 2.0)}[mode]
+
+
+def b_grid_tap_combinations(rank, taps):
+    """For each of the taps ** rank combinations of one tap per axis, where its tap on axis
+    i sits in a [rank * taps] list of per-axis taps: entry i * taps + tap."""
+    combos = np.stack(np.meshgrid(*[np.arange(taps)] * rank, indexing="ij"), -1).reshape(-1, rank)
+    return (combos + np.arange(rank) * taps).tolist()
+
+
+def b_row_major_strides(shape):
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
 def b_swap_last_perm(rank, axis):
     """The permutation exchanging `axis` and the last dimension (its own inverse)."""
     perm = list(range(rank))

@@ -186,3 +186,12 @@ def test_col2im_with_the_wrong_block_count_is_named():
                        {"image": np.array([3, 3], np.int64), "block": np.array([2, 2], np.int64)}, opset=18)
     with pytest.raises(GlowgenError, match="the last dimension must count the blocks"):
         glowgen.compile(model)
+
+
+def test_gridsample_with_a_mismatched_grid_is_named():
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"])
+    model = make_model([node], {"x": np.zeros((1, 1, 3, 3), np.float32), "grid": np.zeros((1, 2, 2, 3), np.float32)},
+                       ["y"], opset=16)
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 2]))
+    with pytest.raises(GlowgenError, match="grid must be"):
+        glowgen.compile(model)

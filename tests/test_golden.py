@@ -127,6 +127,21 @@ _fc_text = f"""graph fc {{
 }}
 """
 
+_reflect_text = """graph reflect {
+  input %x: f32[7]
+  const %lo: f32[] = dense<[-0.5]>
+  const %hi: f32[] = dense<[2.5]>
+  %y = Reflect(%x, %lo, %hi) : f32[7]
+  output "y" = %y
+}
+"""
+# Reflection into [-0.5, 2.5] (span 3), written out: past the low border by 1.25 lands at
+# 0.75; past the high border by 4 (one whole span and 1 more) lands 1 above the low border;
+# past the low border by 6.5 (two spans and 0.5) lands 0.5 above it again.
+_REFLECT_X = np.array([-1.75, 0.3, 2.5, 6.5, -7.0, 3.0, 12.25], np.float32)
+_REFLECT_Y = np.array([0.75, 0.3, 2.5, 0.5, 0.0, 2.0, 0.25], np.float32)
+
+
 CASES = {
     "identity_remove": onnx_case("Identity", {"x": f32(2, 3)}),
     "dropout_remove": onnx_case("Dropout", {"x": f32(2, 3)}),
@@ -277,6 +292,11 @@ CASES = {
     "col2im_to_convtranspose": onnx_case("Col2Im", {"x": f32(1, 4, 4)},
                                          consts={"image": np.array([3, 3], np.int64),
                                                  "block": np.array([2, 2], np.int64)}, opset=18),
+    # ---- grid sampling
+    "gridsample_expand": _with_reference(onnx_case(
+        "GridSample", {"x": f32(1, 2, 3, 4), "grid": f32(1, 2, 3, 2)},
+        attrs={"mode": "linear", "padding_mode": "zeros"}, opset=20)),
+    "reflect_expand": text_case(_reflect_text, {"x": _REFLECT_X}, lambda f: {"y": _REFLECT_Y}),
     # ---- spatial resampling
     "resize_identity": _resize_case({"x": f32(2, 3)}, {"scales": np.array([1, 1], np.float32)}),
     "resize_one_axis_at_a_time": _resize_case({"x": f32(1, 1, 2, 2)},

@@ -1846,6 +1846,43 @@ def _Col2Im_0(o):
 
 _Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1541:3', guard=None)
 
+
+def _GridSample_0(o):
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1562:3)."""
+    attrs = {}
+    if o.has_attr('align_corners'):
+        attrs['align_corners'] = o.attr('align_corners')
+    else:
+        attrs['align_corners'] = 0
+    if o.has_attr('padding_mode'):
+        attrs['padding_mode'] = o.attr('padding_mode')
+    else:
+        attrs['padding_mode'] = 'zeros'
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'linear'
+    return attrs
+
+_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1562:3', guard=None)
+
+
+def _GridSample_1(o):
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1563:3)."""
+    attrs = {}
+    if o.has_attr('align_corners'):
+        attrs['align_corners'] = o.attr('align_corners')
+    else:
+        attrs['align_corners'] = 0
+    if o.has_attr('padding_mode'):
+        attrs['padding_mode'] = o.attr('padding_mode')
+    else:
+        attrs['padding_mode'] = 'zeros'
+    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1565:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
+    return attrs
+
+_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1563:3', guard=None)
+
 CLAUSES = (
     _Add_0_clause,
     _Add_1_clause,
@@ -2005,4 +2042,6 @@ CLAUSES = (
     _AvgPoolDilated_0_clause,
     _LpPool_0_clause,
     _Col2Im_0_clause,
+    _GridSample_0_clause,
+    _GridSample_1_clause,
 )

@@ -6632,6 +6632,128 @@ class Col2Im(Node):
         return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1540:9'), )
 
 
+@attrs.define(eq=False, repr=False, kw_only=True)
+class GridSample(Node):
+    """Sample x at the positions of `grid` (ONNX GridSample; grid[..., i] is normalized to [-1, 1] along spatial axis -1 - i): nearest, linear or cubic; zeros, border or reflection padding.
+    
+    Operands:
+        x: Tensor[F, N, C, *S]
+        grid: Tensor[F, N, *G]
+    Results:
+        y: Tensor[F, N, C, *G[:len(S)]]
+    Attributes:
+        mode: string = "linear"
+        padding_mode: string = "zeros"
+        align_corners: int = 0
+    Declared at specs/ops.glowdef:1551:1.
+    """
+
+    OP: ClassVar[str] = 'GridSample'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('grid', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('mode', 'string', 'linear', True), AttrInfo('padding_mode', 'string', 'zeros', True), AttrInfo('align_corners', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1551:1'
+
+    mode: object = attrs.field(default='linear', converter=rt.CONVERTERS['string'])
+    padding_mode: object = attrs.field(default='zeros', converter=rt.CONVERTERS['string'])
+    align_corners: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *S]"""
+        return self.inputs[0]
+
+    @property
+    def grid(self):
+        """Operand grid: Tensor[F, N, *G]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *G[:len(S)]]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, grid, *, _node='', mode=None, padding_mode=None, align_corners=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('GridSample', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1553:9')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1553:9')
+        u.elem('grid', grid, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1553:33')
+        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1553:33')
+        C = u.dim('C')
+        G = u.dim('G')
+        N = u.dim('N')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1557:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1558:3')
+        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1559:3')
+        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1561:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Reflect(Node):
+    """Reflect x into [low, high] at whichever border it crosses, as often as it takes (GridSample's reflection padding).
+    
+    Operands:
+        x: Tensor[F, *S]
+        low: Tensor[F, *L]
+        high: Tensor[F, *H]
+    Results:
+        y: Tensor[F, *broadcast(S, L, H)]
+    Declared at specs/ops.glowdef:1569:1.
+    """
+
+    OP: ClassVar[str] = 'Reflect'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('low', optional=False, variadic=False), OperandInfo('high', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1569:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def low(self):
+        """Operand low: Tensor[F, *L]"""
+        return self.inputs[1]
+
+    @property
+    def high(self):
+        """Operand high: Tensor[F, *H]"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *broadcast(S, L, H)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, low, high, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Reflect', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1571:9')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1571:9')
+        u.elem('low', low, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1571:27')
+        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1571:27')
+        u.elem('high', high, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1571:47')
+        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1571:47')
+        H = u.dim('H')
+        L = u.dim('L')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1572:3')
+        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1573:9'), )
+
+
 OPS = {
     'Add': Add,
     'Sub': Sub,
@@ -6766,4 +6888,6 @@ OPS = {
     'AvgPoolDilated': AvgPoolDilated,
     'LpPool': LpPool,
     'Col2Im': Col2Im,
+    'GridSample': GridSample,
+    'Reflect': Reflect,
 }

@@ -1268,6 +1268,66 @@ def _r96_col2im_to_convtranspose_build(_b, _m):
     return (_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.b_col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.b_col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}),)
 
 
+
+def _r97_gridsample_expand_build(_b, _m):
+    """=> Reshape(ReduceSum(Mul(Reshape(values, shape = [n, c, points, k]), Reshape(weight, shape = [n, 1, points, k])), axes = [3], keepdims = 0), shape = g.shape)"""
+    g = _m['g']
+    x = _m['x']
+    grid = _m['grid']
+    n = x.shape[0]
+    c = x.shape[1]
+    sp = tuple(x.shape)[2:]
+    r = rt.sub(rt.b_rank(x), 2)
+    points = rt.b_prod(tuple(g.shape)[2:])
+    taps = rt.b_len(sl.b_grid_tap_offsets(g.mode))
+    combos = sl.b_grid_tap_combinations(r, taps)
+    zero = _b.scalar(0.0, x.dtype)
+    one = _b.scalar(1.0, x.dtype)
+    low = _b.const(sl.b_grid_low(sp, g.align_corners), x.dtype)
+    high = _b.const(sl.b_grid_high(sp, g.align_corners), x.dtype)
+    last = _b.const(sl.b_grid_high(sp, 1), x.dtype)
+    coords = _b.op('Gather', [_b.op('Reshape', [grid], {'shape': (n, points, r, )}), _b.const(rt.b_reversed(rt.b_range(r)), 'i64')], {'axis': 2})
+    v0 = _b.op('Add', [_b.op('Mul', [_b.op('Add', [coords, one], {}), _b.const(sl.b_grid_scale(sp, g.align_corners), x.dtype)], {}), _b.const(sl.b_grid_offset(sp, g.align_corners), x.dtype)], {})
+    v1 = (_b.op('Round', [v0], {}) if rt.eq(g.mode, 'nearest') else v0)
+    outside = _b.op('Or', [_b.op('Less', [v1, low], {}), _b.op('Greater', [v1, high], {})], {})
+    v = (_b.op('Select', [outside, _b.op('Min', [_b.op('Max', [v1, zero], {}), last], {}), v1], {}) if rt.eq(g.padding_mode, 'border') else (_b.op('Reflect', [v1, low, high], {}) if rt.eq(g.padding_mode, 'reflection') else v1))
+    base = _b.op('Floor', [v], {})
+    offsets = _b.const(sl.b_grid_tap_offsets(g.mode), x.dtype)
+    at = _b.op('Add', [_b.op('Reshape', [base], {'shape': (n, points, r, 1, )}), offsets], {})
+    d = _b.op('Abs', [_b.op('Sub', [_b.op('Reshape', [_b.op('Sub', [v, base], {})], {'shape': (n, points, r, 1, )}), offsets], {})], {})
+    near = _b.op('Add', [_b.op('Mul', [_b.op('Mul', [_b.op('Sub', [_b.op('Mul', [d, _b.scalar(1.25, x.dtype)], {}), _b.scalar(2.25, x.dtype)], {}), d], {}), d], {}), one], {})
+    far = _b.op('Sub', [_b.op('Mul', [_b.op('Add', [_b.op('Mul', [_b.op('Sub', [_b.op('Mul', [d, _b.scalar(rt.neg(0.75), x.dtype)], {}), _b.scalar(rt.neg(3.75), x.dtype)], {}), d], {}), _b.scalar(rt.neg(6.0), x.dtype)], {}), d], {}), _b.scalar(rt.neg(3.0), x.dtype)], {})
+    w0 = (_b.op('Splat', [], {'shape': (n, points, r, 1, ), 'value': 1.0, 'dtype': x.dtype}) if rt.eq(g.mode, 'nearest') else (_b.op('Sub', [one, d], {}) if rt.eq(g.mode, 'linear') else _b.op('Select', [_b.op('LessOrEqual', [d, one], {}), near, far], {})))
+    per_axis = (r, 1, )
+    inside = _b.op('And', [_b.op('GreaterOrEqual', [at, zero], {}), _b.op('Less', [at, _b.op('Reshape', [_b.const(sp, x.dtype)], {'shape': per_axis})], {})], {})
+    w = (_b.op('Mul', [w0, _b.op('Cast', [inside], {'to': x.dtype})], {}) if rt.eq(g.padding_mode, 'zeros') else w0)
+    at2 = (_b.op('Reflect', [at, _b.op('Reshape', [low], {'shape': per_axis}), _b.op('Reshape', [high], {'shape': per_axis})], {}) if rt.eq(g.padding_mode, 'reflection') else at)
+    idx = _b.op('Cast', [_b.op('Min', [_b.op('Max', [_b.op('Floor', [at2], {}), zero], {}), _b.op('Reshape', [last], {'shape': per_axis})], {})], {'to': 'i64'})
+    pick = _b.const(combos, 'i64')
+    flat = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Gather', [_b.op('Reshape', [idx], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2}), _b.const(sl.b_row_major_strides(sp), 'i64')], {})], {'axes': (3, ), 'keepdims': 0})
+    weight = _b.op('ReduceProd', [_b.op('Gather', [_b.op('Reshape', [w], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2})], {'axes': (3, ), 'keepdims': 0})
+    k = rt.b_len(combos)
+    where = _b.op('Expand', [_b.op('Reshape', [flat], {'shape': (n, 1, rt.mul(points, k), )})], {'shape': (n, c, rt.mul(points, k), )})
+    values = _b.op('GatherElements', [_b.op('Reshape', [x], {'shape': (n, c, rt.b_prod(sp), )}), where], {'axis': 2})
+    return (_b.op('Reshape', [_b.op('ReduceSum', [_b.op('Mul', [_b.op('Reshape', [values], {'shape': (n, c, points, k, )}), _b.op('Reshape', [weight], {'shape': (n, 1, points, k, )})], {})], {'axes': (3, ), 'keepdims': 0})], {'shape': g.shape}),)
+
+
+
+def _r98_reflect_expand_build(_b, _m):
+    """=> Select(Or(below, Greater(x, high)), Select(from_low, Add(low, rest), Sub(high, rest)), x)"""
+    x = _m['x']
+    low = _m['low']
+    high = _m['high']
+    below = _b.op('Less', [x, low], {})
+    over = _b.op('Select', [below, _b.op('Sub', [low, x], {}), _b.op('Sub', [x, high], {})], {})
+    span = _b.op('Sub', [high, low], {})
+    turns = _b.op('Floor', [_b.op('Div', [over, span], {})], {})
+    rest = _b.op('Sub', [over, _b.op('Mul', [turns, span], {})], {})
+    half = _b.op('Mul', [turns, _b.scalar(0.5, x.dtype)], {})
+    from_low = _b.op('Equal', [below, _b.op('Equal', [_b.op('Floor', [half], {}), half], {})], {})
+    return (_b.op('Select', [_b.op('Or', [below, _b.op('Greater', [x, high], {})], {}), _b.op('Select', [from_low, _b.op('Add', [low, rest], {}), _b.op('Sub', [high, rest], {})], {}), x], {}),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
@@ -1366,4 +1426,6 @@ RULES = (
     RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r94_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:542:1'),
     RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r95_lppool_to_conv_build, location='specs/lowerings.glowdef:551:1'),
     RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r96_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:561:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r97_gridsample_expand_build, location='specs/lowerings.glowdef:580:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r98_reflect_expand_build, location='specs/lowerings.glowdef:632:1'),
 )
