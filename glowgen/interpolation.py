@@ -2,12 +2,13 @@
 
 Resize is separable: along each resized axis the result is a constant linear map of the
 operand, out = W @ x along that axis, plus a constant where tf_crop_and_resize
-extrapolates.  Every interpolation mode (nearest, linear, cubic, their antialiased forms,
+extrapolates.  W is sparse (each output reads a few neighbours), so the graph uses it as
+[out, taps] indices and weights.  Every interpolation mode (nearest, linear, cubic, their antialiased forms,
 exclude_outside) is only a different W, computed here at compile time from the attributes,
 following ONNX's definition of Resize (onnx/reference/ops/op_resize.py) axis by axis.
 
 The functions are plain functions of numbers and lists; shapelib exports them to the spec
-language by name (`resize_matrix(...)` in specs/lowerings.glowdef).
+language by name (`resize_tap_weights(...)` in specs/lowerings.glowdef).
 """
 from __future__ import annotations
 
@@ -216,9 +217,26 @@ def _axis_args(in_len, axis, sizes, scales, roi, mode, ctm, nearest_mode, cubic_
             str(mode), str(ctm), str(nearest_mode), float(cubic_a), bool(exclude_outside), bool(antialias))
 
 
-def b_resize_matrix(*args):
-    """W transposed, [in_len, out_len]: x @ W is the resized axis when it is the last one."""
-    return _axis_map(*_axis_args(*args))[0].T.tolist()
+def _sparse_rows(w):
+    """W [out, in] as (indices [out, T], weights [out, T]): the T = most nonzero weights in
+    any row, padded with weight 0 at index 0."""
+    count = max(1, int((w != 0).sum(axis=1).max()))
+    idx = np.zeros((w.shape[0], count), np.int64)
+    weights = np.zeros((w.shape[0], count), np.float64)
+    for o, row in enumerate(w):
+        nz = np.flatnonzero(row)
+        idx[o, :len(nz)], weights[o, :len(nz)] = nz, row[nz]
+    return idx, weights
+
+
+def b_resize_tap_indices(*args):
+    """The input positions each output position reads along the axis, [out_len, taps]."""
+    return _sparse_rows(_axis_map(*_axis_args(*args))[0])[0].tolist()
+
+
+def b_resize_tap_weights(*args):
+    """Their weights, [out_len, taps]."""
+    return _sparse_rows(_axis_map(*_axis_args(*args))[0])[1].tolist()
 
 
 def b_resize_fill(*args, value=0.0):
@@ -277,11 +295,5 @@ def b_row_major_strides(shape):
         step *= d
     return tuple(reversed(strides))
 
-
-def b_swap_last_perm(rank, axis):
-    """The permutation exchanging `axis` and the last dimension (its own inverse)."""
-    perm = list(range(rank))
-    perm[axis], perm[-1] = perm[-1], perm[axis]
-    return tuple(perm)
 
 __all__ = [name for name in dir() if name.startswith("b_")]

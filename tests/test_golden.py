@@ -303,10 +303,10 @@ CASES = {
                                               {"scales": np.array([1, 1, 2, 1.5], np.float32)}),
     "resize_nearest_gather": _resize_case({"x": f32(2, 3)}, {"sizes": np.array([2, 5], np.int64)},
                                           nearest_mode="floor"),
-    "resize_axis_matmul": _resize_case({"x": f32(4, 2)}, {"roi": np.array([-0.2, 1.1], np.float32),
-                                                          "sizes": np.array([3], np.int64)},
-                                       mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
-                                       extrapolation_value=5.0, axes=[0]),
+    "resize_axis_taps": _resize_case({"x": f32(4, 2)}, {"roi": np.array([-0.2, 1.1], np.float32),
+                                                        "sizes": np.array([3], np.int64)},
+                                     mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
+                                     extrapolation_value=5.0, axes=[0]),
 }
 
 HEADER = ("# Golden test of rule {rule}: the graph before, and after applying the rule alone.\n"

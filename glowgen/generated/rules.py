@@ -1209,22 +1209,24 @@ def _r91_resize_nearest_gather_build(_b, _m):
 
 
 
-def _r92_resize_axis_matmul_guard(_m, _ctx):
+def _r92_resize_axis_taps_guard(_m, _ctx):
     """where len(r.axes) == 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(rt.b_len(r.axes), 1)))
 
-def _r92_resize_axis_matmul_build(_b, _m):
-    """=> Add(y, Reshape(fill, shape = channel_shape(rank(x), r.sizes[a], a))) if resize_extrapolates(*args) else y"""
+def _r92_resize_axis_taps_build(_b, _m):
+    """=> Add(y, Reshape(fill, shape = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
     r = _m['r']
     x = _m['x']
     a = r.axes[0]
     args = fn_resize_args(r, x.shape[a])
-    perm = sl.b_swap_last_perm(rt.b_rank(x), a)
-    y = _b.op('Transpose', [_b.op('MatMul', [_b.op('Transpose', [x], {'perm': perm}), _b.const(sl.b_resize_matrix(*args), x.dtype)], {})], {'perm': perm})
+    picked = _b.op('Gather', [x, _b.const(sl.b_resize_tap_indices(*args), 'i64')], {'axis': a})
+    weights = _b.const(sl.b_resize_tap_weights(*args), x.dtype)
+    trailing = rt.b_ones(rt.sub(rt.sub(rt.b_rank(x), a), 1))
+    y = _b.op('ReduceSum', [_b.op('Mul', [picked, _b.op('Reshape', [weights], {'shape': rt.b_concat(weights.shape, trailing)})], {})], {'axes': (rt.add(a, 1), ), 'keepdims': 0})
     fill = _b.const(sl.b_resize_fill(*args, value=r.extrapolation_value), x.dtype)
-    return ((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': sl.b_channel_shape(rt.b_rank(x), r.sizes[a], a)})], {}) if sl.b_resize_extrapolates(*args) else y),)
+    return ((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.b_resize_extrapolates(*args) else y),)
 
 
 
@@ -1421,11 +1423,11 @@ RULES = (
     RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r89_resize_identity_guard, build=_r89_resize_identity_build, location='specs/lowerings.glowdef:495:1'),
     RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r90_resize_one_axis_at_a_time_guard, build=_r90_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:498:1'),
     RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r91_resize_nearest_gather_guard, build=_r91_resize_nearest_gather_build, location='specs/lowerings.glowdef:512:1'),
-    RuleInfo(name='resize_axis_matmul', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r92_resize_axis_matmul_guard, build=_r92_resize_axis_matmul_build, location='specs/lowerings.glowdef:519:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r93_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:531:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r94_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:542:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r95_lppool_to_conv_build, location='specs/lowerings.glowdef:551:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r96_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:561:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r97_gridsample_expand_build, location='specs/lowerings.glowdef:580:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r98_reflect_expand_build, location='specs/lowerings.glowdef:632:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r92_resize_axis_taps_guard, build=_r92_resize_axis_taps_build, location='specs/lowerings.glowdef:521:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r93_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:536:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r94_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:547:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r95_lppool_to_conv_build, location='specs/lowerings.glowdef:556:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r96_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:566:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r97_gridsample_expand_build, location='specs/lowerings.glowdef:585:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r98_reflect_expand_build, location='specs/lowerings.glowdef:637:1'),
 )
