@@ -1272,7 +1272,7 @@ def _r96_col2im_to_convtranspose_build(_b, _m):
 
 
 def _r97_gridsample_expand_build(_b, _m):
-    """=> Reshape(ReduceSum(Mul(Reshape(values, shape = [n, c, points, k]), Reshape(weight, shape = [n, 1, points, k])), axes = [3], keepdims = 0), shape = g.shape)"""
+    """=> Reshape(Transpose(sums, perm = [1, 0, 2]), shape = g.shape)"""
     g = _m['g']
     x = _m['x']
     grid = _m['grid']
@@ -1309,9 +1309,11 @@ def _r97_gridsample_expand_build(_b, _m):
     flat = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Gather', [_b.op('Reshape', [idx], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2}), _b.const(sl.b_row_major_strides(sp), 'i64')], {})], {'axes': (3, ), 'keepdims': 0})
     weight = _b.op('ReduceProd', [_b.op('Gather', [_b.op('Reshape', [w], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2})], {'axes': (3, ), 'keepdims': 0})
     k = rt.b_len(combos)
-    where = _b.op('Expand', [_b.op('Reshape', [flat], {'shape': (n, 1, rt.mul(points, k), )})], {'shape': (n, c, rt.mul(points, k), )})
-    values = _b.op('GatherElements', [_b.op('Reshape', [x], {'shape': (n, c, rt.b_prod(sp), )}), where], {'axis': 2})
-    return (_b.op('Reshape', [_b.op('ReduceSum', [_b.op('Mul', [_b.op('Reshape', [values], {'shape': (n, c, points, k, )}), _b.op('Reshape', [weight], {'shape': (n, 1, points, k, )})], {})], {'axes': (3, ), 'keepdims': 0})], {'shape': g.shape}),)
+    batch_start = _b.op('Reshape', [_b.const(rt.b_range(0, rt.mul(n, rt.b_prod(sp)), rt.b_prod(sp)), 'i64')], {'shape': (n, 1, 1, )})
+    by_channel = _b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (n, c, rt.b_prod(sp), )})], {'perm': (1, 0, 2, )})], {'shape': (c, rt.mul(n, rt.b_prod(sp)), )})
+    values = _b.op('Gather', [by_channel, _b.op('Reshape', [_b.op('Add', [flat, batch_start], {})], {'shape': (n, rt.mul(points, k), )})], {'axis': 1})
+    sums = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Reshape', [values], {'shape': (c, n, points, k, )}), weight], {})], {'axes': (3, ), 'keepdims': 0})
+    return (_b.op('Reshape', [_b.op('Transpose', [sums], {'perm': (1, 0, 2, )})], {'shape': g.shape}),)
 
 
 
@@ -1428,6 +1430,6 @@ RULES = (
     RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r94_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:547:1'),
     RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r95_lppool_to_conv_build, location='specs/lowerings.glowdef:556:1'),
     RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r96_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:566:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r97_gridsample_expand_build, location='specs/lowerings.glowdef:585:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r98_reflect_expand_build, location='specs/lowerings.glowdef:637:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r97_gridsample_expand_build, location='specs/lowerings.glowdef:586:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r98_reflect_expand_build, location='specs/lowerings.glowdef:638:1'),
 )
