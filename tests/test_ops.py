@@ -348,6 +348,12 @@ CASES = [
          oracle="reference", rtol=1e-4, atol=1e-5),
     Case("Upsample", "Upsample", {"x": f32(1, 2, 2, 2)},
          consts={"scales": np.array([1, 1, 2, 3], np.float32)}, opset=9, input_order=["x", "scales"]),
+    Case("Upsample_opset8_linear", "Upsample", {"x": f32(1, 2, 3, 2)},
+         attrs={"scales": [1.0, 1.0, 2.0, 2.5], "mode": "linear"}, opset=8, rtol=1e-5, atol=1e-5),
+    Case("Resize_opset11_linear_asymmetric", "Resize", {"x": f32(2, 3, 4)},
+         consts={"roi": np.zeros(0, np.float32), "scales": np.array([1, 0.5, 1.75], np.float32)},
+         attrs={"mode": "linear", "coordinate_transformation_mode": "asymmetric"}, opset=11,
+         input_order=["x", "roi", "scales"], rtol=1e-5, atol=1e-5),
 ]
 
 
