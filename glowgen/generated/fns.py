@@ -14,3 +14,8 @@ def fn_conv_out(i, k, p0, p1, s, d):
 def fn_pool_out(i, k, p0, p1, s, d, ceil_mode):
     """pool_out(i, k, p0, p1, s, d, ceil_mode) = conv_out(i, k, p0, p1, s, d) if ceil_mode == 0 else ((((((((i + p0) + p1) - (d * (k - 1))) - 1) + s) - 1) // s) + 1) - (1 if ((((((((i + p0) + p1) - (d * (k - 1))) - 1) + s) - 1) // s) * s) >= (i + p0) else 0)  (specs/ops.glowdef:19:1)"""
     return (fn_conv_out(i, k, p0, p1, s, d) if rt.eq(ceil_mode, 0) else rt.sub(rt.add(rt.floordiv(rt.sub(rt.add(rt.sub(rt.sub(rt.add(rt.add(i, p0), p1), rt.mul(d, rt.sub(k, 1))), 1), s), 1), s), 1), (1 if rt.ge(rt.mul(rt.floordiv(rt.sub(rt.add(rt.sub(rt.sub(rt.add(rt.add(i, p0), p1), rt.mul(d, rt.sub(k, 1))), 1), s), 1), s), s), rt.add(i, p0)) else 0)))
+
+
+def fn_resize_args(r, n):
+    """resize_args(r, n) = [n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias]  (specs/lowerings.glowdef:522:1)"""
+    return (n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias, )

@@ -1246,6 +1246,172 @@ def _r93_avgpooln_1d_build(_b, _m):
     return (_b.op('Reshape', [_b.op('AvgPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'shape': p.shape}),)
 
 
+
+def _r94_resize_identity_guard(_m, _ctx):
+    """where len(r.axes) == 0"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(rt.b_len(r.axes), 0)))
+
+def _r94_resize_identity_build(_b, _m):
+    """=> x"""
+    r = _m['r']
+    x = _m['x']
+    return (x,)
+
+
+
+def _r95_resize_one_axis_at_a_time_guard(_m, _ctx):
+    """where len(r.axes) > 1"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.gt(rt.b_len(r.axes), 1)))
+
+def _r95_resize_one_axis_at_a_time_build(_b, _m):
+    """=> Resize(Resize(x, axes = r.axes[:1], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias), axes = r.axes[1:], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias)"""
+    r = _m['r']
+    x = _m['x']
+    return (_b.op('Resize', [_b.op('Resize', [x], {'axes': tuple(r.axes)[:1], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'axes': tuple(r.axes)[1:], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}),)
+
+
+
+def _r96_resize_nearest_gather_guard(_m, _ctx):
+    'where ((len(r.axes) == 1) and (r.mode == "nearest")) and not resize_extrapolates(*resize_args(r, x.shape[r.axes[0]]))'
+    r = _m['r']
+    x = _m['x']
+    return bool((((rt.eq(rt.b_len(r.axes), 1) and rt.eq(r.mode, 'nearest')) and (not sl.b_resize_extrapolates(*fn_resize_args(r, x.shape[r.axes[0]]))))))
+
+def _r96_resize_nearest_gather_build(_b, _m):
+    """=> Gather(x, const(resize_gather_indices(*resize_args(r, x.shape[r.axes[0]])), i64), axis = r.axes[0])"""
+    r = _m['r']
+    x = _m['x']
+    return (_b.op('Gather', [x, _b.const(sl.b_resize_gather_indices(*fn_resize_args(r, x.shape[r.axes[0]])), 'i64')], {'axis': r.axes[0]}),)
+
+
+
+def _r97_resize_axis_taps_guard(_m, _ctx):
+    """where len(r.axes) == 1"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(rt.b_len(r.axes), 1)))
+
+def _r97_resize_axis_taps_build(_b, _m):
+    """=> Add(y, Reshape(fill, shape = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
+    r = _m['r']
+    x = _m['x']
+    a = r.axes[0]
+    args = fn_resize_args(r, x.shape[a])
+    picked = _b.op('Gather', [x, _b.const(sl.b_resize_tap_indices(*args), 'i64')], {'axis': a})
+    weights = _b.const(sl.b_resize_tap_weights(*args), x.dtype)
+    trailing = rt.b_ones(rt.sub(rt.sub(rt.b_rank(x), a), 1))
+    y = _b.op('ReduceSum', [_b.op('Mul', [picked, _b.op('Reshape', [weights], {'shape': rt.b_concat(weights.shape, trailing)})], {})], {'axes': (rt.add(a, 1), ), 'keepdims': 0})
+    fill = _b.const(sl.b_resize_fill(*args, value=r.extrapolation_value), x.dtype)
+    return ((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.b_resize_extrapolates(*args) else y),)
+
+
+
+def _r98_legacy_broadcast_expand_build(_b, _m):
+    '=> Add(a, b2) if n.op == "Add" else Sub(a, b2) if n.op == "Sub" else Mul(a, b2) if n.op == "Mul" else Div(a, b2) if n.op == "Div" else Pow(a, b2) if n.op == "Pow" else PRelu(a, b2)'
+    n = _m['n']
+    a = _m['a']
+    b = _m['b']
+    b2 = _b.op('Reshape', [b], {'shape': rt.b_concat(b.shape, rt.b_ones(rt.sub(rt.sub(rt.b_rank(a), n.axis), rt.b_rank(b))))})
+    return ((_b.op('Add', [a, b2], {}) if rt.eq(n.op, 'Add') else (_b.op('Sub', [a, b2], {}) if rt.eq(n.op, 'Sub') else (_b.op('Mul', [a, b2], {}) if rt.eq(n.op, 'Mul') else (_b.op('Div', [a, b2], {}) if rt.eq(n.op, 'Div') else (_b.op('Pow', [a, b2], {}) if rt.eq(n.op, 'Pow') else _b.op('PRelu', [a, b2], {})))))),)
+
+
+
+def _r99_avgpool_dilated_to_conv_build(_b, _m):
+    """=> Div(sums, const(window_counts(x.shape[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype))"""
+    p = _m['p']
+    x = _m['x']
+    ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
+    sums = _b.op('ConvN', [x, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
+    return (_b.op('Div', [sums, _b.const(sl.b_window_counts(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype)], {}),)
+
+
+
+def _r100_lppool_to_conv_build(_b, _m):
+    """=> Sqrt(sums) if p.p == 2 else sums if p.p == 1 else Pow(sums, scalar(1.0 / p.p, x.dtype))"""
+    p = _m['p']
+    x = _m['x']
+    powered = (_b.op('Mul', [x, x], {}) if rt.eq(p.p, 2) else (_b.op('Abs', [x], {}) if rt.eq(p.p, 1) else _b.op('Pow', [_b.op('Abs', [x], {}), _b.scalar(p.p, x.dtype)], {})))
+    ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
+    sums = _b.op('ConvN', [powered, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
+    return ((_b.op('Sqrt', [sums], {}) if rt.eq(p.p, 2) else (sums if rt.eq(p.p, 1) else _b.op('Pow', [sums, _b.scalar(rt.truediv(1.0, p.p), x.dtype)], {}))),)
+
+
+
+def _r101_col2im_to_convtranspose_build(_b, _m):
+    """=> ConvTranspose(Reshape(x, shape = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
+    c = _m['c']
+    x = _m['x']
+    blocks = sl.b_conv_shape(c.image, c.block, c.pads, c.strides, c.dilations)
+    channels = rt.floordiv(x.shape[1], rt.b_prod(c.block))
+    return (_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.b_col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.b_col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}),)
+
+
+
+def _r102_gridsample_expand_build(_b, _m):
+    """=> Reshape(Transpose(sums, perm = [1, 0, 2]), shape = g.shape)"""
+    g = _m['g']
+    x = _m['x']
+    grid = _m['grid']
+    n = x.shape[0]
+    c = x.shape[1]
+    sp = tuple(x.shape)[2:]
+    r = rt.sub(rt.b_rank(x), 2)
+    points = rt.b_prod(tuple(g.shape)[2:])
+    taps = rt.b_len(sl.b_grid_tap_offsets(g.mode))
+    combos = sl.b_grid_tap_combinations(r, taps)
+    zero = _b.scalar(0.0, x.dtype)
+    one = _b.scalar(1.0, x.dtype)
+    low = _b.const(sl.b_grid_low(sp, g.align_corners), x.dtype)
+    high = _b.const(sl.b_grid_high(sp, g.align_corners), x.dtype)
+    last = _b.const(sl.b_grid_high(sp, 1), x.dtype)
+    coords = _b.op('Gather', [_b.op('Reshape', [grid], {'shape': (n, points, r, )}), _b.const(rt.b_reversed(rt.b_range(r)), 'i64')], {'axis': 2})
+    v0 = _b.op('Add', [_b.op('Mul', [_b.op('Add', [coords, one], {}), _b.const(sl.b_grid_scale(sp, g.align_corners), x.dtype)], {}), _b.const(sl.b_grid_offset(sp, g.align_corners), x.dtype)], {})
+    v1 = (_b.op('Round', [v0], {}) if rt.eq(g.mode, 'nearest') else v0)
+    outside = _b.op('Or', [_b.op('Less', [v1, low], {}), _b.op('Greater', [v1, high], {})], {})
+    v = (_b.op('Select', [outside, _b.op('Min', [_b.op('Max', [v1, zero], {}), last], {}), v1], {}) if rt.eq(g.padding_mode, 'border') else (_b.op('Reflect', [v1, low, high], {}) if rt.eq(g.padding_mode, 'reflection') else v1))
+    base = _b.op('Floor', [v], {})
+    offsets = _b.const(sl.b_grid_tap_offsets(g.mode), x.dtype)
+    at = _b.op('Add', [_b.op('Reshape', [base], {'shape': (n, points, r, 1, )}), offsets], {})
+    d = _b.op('Abs', [_b.op('Sub', [_b.op('Reshape', [_b.op('Sub', [v, base], {})], {'shape': (n, points, r, 1, )}), offsets], {})], {})
+    near = _b.op('Add', [_b.op('Mul', [_b.op('Mul', [_b.op('Sub', [_b.op('Mul', [d, _b.scalar(1.25, x.dtype)], {}), _b.scalar(2.25, x.dtype)], {}), d], {}), d], {}), one], {})
+    far = _b.op('Sub', [_b.op('Mul', [_b.op('Add', [_b.op('Mul', [_b.op('Sub', [_b.op('Mul', [d, _b.scalar(rt.neg(0.75), x.dtype)], {}), _b.scalar(rt.neg(3.75), x.dtype)], {}), d], {}), _b.scalar(rt.neg(6.0), x.dtype)], {}), d], {}), _b.scalar(rt.neg(3.0), x.dtype)], {})
+    w0 = (_b.op('Splat', [], {'shape': (n, points, r, 1, ), 'value': 1.0, 'dtype': x.dtype}) if rt.eq(g.mode, 'nearest') else (_b.op('Sub', [one, d], {}) if rt.eq(g.mode, 'linear') else _b.op('Select', [_b.op('LessOrEqual', [d, one], {}), near, far], {})))
+    per_axis = (r, 1, )
+    inside = _b.op('And', [_b.op('GreaterOrEqual', [at, zero], {}), _b.op('Less', [at, _b.op('Reshape', [_b.const(sp, x.dtype)], {'shape': per_axis})], {})], {})
+    w = (_b.op('Mul', [w0, _b.op('Cast', [inside], {'to': x.dtype})], {}) if rt.eq(g.padding_mode, 'zeros') else w0)
+    at2 = (_b.op('Reflect', [at, _b.op('Reshape', [low], {'shape': per_axis}), _b.op('Reshape', [high], {'shape': per_axis})], {}) if rt.eq(g.padding_mode, 'reflection') else at)
+    idx = _b.op('Cast', [_b.op('Min', [_b.op('Max', [_b.op('Floor', [at2], {}), zero], {}), _b.op('Reshape', [last], {'shape': per_axis})], {})], {'to': 'i64'})
+    pick = _b.const(combos, 'i64')
+    flat = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Gather', [_b.op('Reshape', [idx], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2}), _b.const(sl.b_row_major_strides(sp), 'i64')], {})], {'axes': (3, ), 'keepdims': 0})
+    weight = _b.op('ReduceProd', [_b.op('Gather', [_b.op('Reshape', [w], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2})], {'axes': (3, ), 'keepdims': 0})
+    k = rt.b_len(combos)
+    batch_start = _b.op('Reshape', [_b.const(rt.b_range(0, rt.mul(n, rt.b_prod(sp)), rt.b_prod(sp)), 'i64')], {'shape': (n, 1, 1, )})
+    by_channel = _b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (n, c, rt.b_prod(sp), )})], {'perm': (1, 0, 2, )})], {'shape': (c, rt.mul(n, rt.b_prod(sp)), )})
+    values = _b.op('Gather', [by_channel, _b.op('Reshape', [_b.op('Add', [flat, batch_start], {})], {'shape': (n, rt.mul(points, k), )})], {'axis': 1})
+    sums = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Reshape', [values], {'shape': (c, n, points, k, )}), weight], {})], {'axes': (3, ), 'keepdims': 0})
+    return (_b.op('Reshape', [_b.op('Transpose', [sums], {'perm': (1, 0, 2, )})], {'shape': g.shape}),)
+
+
+
+def _r103_reflect_expand_build(_b, _m):
+    """=> Select(Or(below, Greater(x, high)), Select(from_low, Add(low, rest), Sub(high, rest)), x)"""
+    x = _m['x']
+    low = _m['low']
+    high = _m['high']
+    below = _b.op('Less', [x, low], {})
+    over = _b.op('Select', [below, _b.op('Sub', [low, x], {}), _b.op('Sub', [x, high], {})], {})
+    span = _b.op('Sub', [high, low], {})
+    turns = _b.op('Floor', [_b.op('Div', [over, span], {})], {})
+    rest = _b.op('Sub', [over, _b.op('Mul', [turns, span], {})], {})
+    half = _b.op('Mul', [turns, _b.scalar(0.5, x.dtype)], {})
+    from_low = _b.op('Equal', [below, _b.op('Equal', [_b.op('Floor', [half], {}), half], {})], {})
+    return (_b.op('Select', [_b.op('Or', [below, _b.op('Greater', [x, high], {})], {}), _b.op('Select', [from_low, _b.op('Add', [low, rest], {}), _b.op('Sub', [high, rest], {})], {}), x], {}),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:28:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:31:1'),
@@ -1341,4 +1507,14 @@ RULES = (
     RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r91_convn_1d_no_bias_guard, build=_r91_convn_1d_no_bias_build, location='specs/lowerings.glowdef:492:1'),
     RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r92_maxpooln_1d_guard, build=_r92_maxpooln_1d_build, location='specs/lowerings.glowdef:500:1'),
     RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r93_avgpooln_1d_guard, build=_r93_avgpooln_1d_build, location='specs/lowerings.glowdef:507:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r94_resize_identity_guard, build=_r94_resize_identity_build, location='specs/lowerings.glowdef:525:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_one_axis_at_a_time_guard, build=_r95_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:528:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_nearest_gather_guard, build=_r96_resize_nearest_gather_build, location='specs/lowerings.glowdef:542:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_axis_taps_guard, build=_r97_resize_axis_taps_build, location='specs/lowerings.glowdef:551:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r98_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:566:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r99_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:577:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r100_lppool_to_conv_build, location='specs/lowerings.glowdef:586:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r101_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:596:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r102_gridsample_expand_build, location='specs/lowerings.glowdef:616:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r103_reflect_expand_build, location='specs/lowerings.glowdef:668:1'),
 )
