@@ -104,7 +104,7 @@ class CompiledModel:
 
     def profile(self, reset: bool = False) -> list[tuple[str, int]]:
         """cpu backend, compiled with `profile=True`: (kernel, cycles) per native step
-        (`Conv+Add+Relu [1, 64, 56, 56]`), summed over the runs since the last reset."""
+        (`Conv+Add+Relu [1, 64, 56, 56]`): its fewest cycles in one run since the last reset."""
         if self.backend != "cpu":
             raise GlowgenError("profile() needs the cpu backend")
         return self._runner.profile(reset)

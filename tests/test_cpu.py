@@ -130,6 +130,8 @@ def test_profile_counts_cycles_per_kernel():
     rows = compiled.profile(reset=True)
     assert [name for name, _ in rows] == ["Conv+Relu [1, 8, 6, 6] 3x3 stride 1x1", "MaxPool [1, 8, 3, 3]"]
     assert all(cycles > 0 for _, cycles in rows)
-    assert all(cycles == 0 for _, cycles in compiled.profile())
+    assert all(cycles == 0 for _, cycles in compiled.profile())       # reset: no run yet
+    compiled.run({"x": x})
+    assert all(cycles > 0 for _, cycles in compiled.profile())
     with pytest.raises(GlowgenError, match="profile=True"):
         glowgen.compile(model, backend="cpu").profile()

@@ -62,14 +62,18 @@ class CpuRunner:
         return arr
 
     def profile(self, reset: bool = False) -> list[tuple[str, int]]:
-        """(step, cycles) for every step, summed over the runs so far (compiled with
-        profile=True: the entry reads the cycle counter around each step)."""
+        """(step, cycles) for every step: its fewest cycles in one run over the runs so far
+        (compiled with profile=True: the entry reads the cycle counter around each step);
+        0 before any run."""
         if self._counters is None:
             from ...errors import GlowgenError
             raise GlowgenError("this model was compiled without profile=True")
-        rows = [(name, int(self._counters[i])) for i, name in enumerate(self.step_names)]
+        never = 2 ** 64 - 1
+        rows = [(name, 0 if self._counters[i] == never else int(self._counters[i]))
+                for i, name in enumerate(self.step_names)]
         if reset:
-            ctypes.memset(self._counters, 0, ctypes.sizeof(self._counters))
+            for i in range(len(self.step_names)):
+                self._counters[i] = never
         return rows
 
     def assembly(self) -> str:
