@@ -135,3 +135,19 @@ def test_profile_counts_cycles_per_kernel():
     assert all(cycles > 0 for _, cycles in compiled.profile())
     with pytest.raises(GlowgenError, match="profile=True"):
         glowgen.compile(model, backend="cpu").profile()
+
+
+def test_large_image_convolution_runs_im2col_panel_by_panel():
+    """When the whole im2col matrix would not stay in L2 but the filters would, each panel is
+    built just before every filter block uses it; a partial last panel, groups, stride and
+    padding included."""
+    from glowgen.backends.cpu.kernels import _conv_panel_by_panel
+    x = rng.standard_normal((1, 32, 71, 69)).astype(np.float32)
+    w = rng.standard_normal((20, 16, 3, 3)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=2, pads=[1, 2, 0, 1],
+                                         strides=[1, 2])],
+                       {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(20).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu")
+    (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
+    assert _conv_panel_by_panel(conv.node) and (conv.node.outputs[0].type.shape[2] * conv.node.outputs[0].type.shape[3]) % 32
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)

@@ -76,14 +76,20 @@ def vstore(b, value, ptr, vw, valid=None):
 def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               a, lda: int, bmat, ldb: Optional[int], c, ldc: int,
               row_init: Optional[Callable] = None,
-              epilogue: Optional[Callable] = None, name: str = "g", a_packed: bool = False) -> None:
+              epilogue: Optional[Callable] = None, name: str = "g", a_packed: bool = False,
+              pack_panel: Optional[Callable] = None) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
 
     `ldb=None` means B is packed in NR-wide panels; otherwise B is row-major with row
     stride `ldb` (the last panel is then read with masked loads).  `a_packed` means A is
-    packed in blocks of MR rows, column by column (packing.pack_rows; `lda` is unused)."""
+    packed in blocks of MR rows, column by column (packing.pack_rows; `lda` is unused).
+
+    With `pack_panel(p)`, B is produced one panel at a time: the call emits code that writes
+    panel p (K x NR) to `bmat`, and every row block of A then meets that panel while it is
+    in cache, so B never exists whole (im2col of a large image, with A small enough to be
+    re-read from L2 for each panel)."""
     vw = shape.vw
     fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", _vec(vw), [_vec(vw)] * 3)
 
@@ -148,6 +154,29 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 out = b.gep(c, [b.add(b.mul(m, i64(ldc)), n_at)])
                 vstore(b, v, out, vw, col_valid if col_valid < vw else None)
 
+    def panel_by_panel():
+        n_panels = -(-N // shape.nr)
+        m_main = (M // shape.mr) * shape.mr
+        with for_range(b, n_panels, name=f"{name}.p") as p:
+            pack_panel(p)
+            n0 = b.mul(p, i64(shape.nr))
+            # The last panel has N % NR valid columns: tile() masks its stores.
+            rest = b.sub(i64(N), n0)
+            full = b.icmp_signed(">=", rest, i64(shape.nr))
+            for valid, cond in ((shape.nr, full), (N % shape.nr, None)):
+                if cond is None and valid == 0:
+                    continue
+                go, after = b.append_basic_block(f"{name}.pv{valid}"), b.append_basic_block(f"{name}.pa{valid}")
+                b.cbranch(full if cond is not None else b.not_(full), go, after)
+                b.position_at_end(go)
+                if m_main:
+                    with for_range(b, m_main, step=shape.mr, name=f"{name}.m{valid}") as m0:
+                        tile(shape.mr, shape.nv, m0, n0, valid, i64(0))
+                if M - m_main:
+                    tile(M - m_main, shape.nv, i64(m_main), n0, valid, i64(0))
+                b.branch(after)
+                b.position_at_end(after)
+
     def rows(mr: int, m_start: int, m_count: int):
         """All tiles of `m_count` rows (a multiple of mr) from m_start.  Fewer rows than the
         tile's take wider tiles (same number of accumulators) when B is row-major, so a
@@ -164,6 +193,9 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
             if n_tail:
                 tile(mr, nv, m0, i64(n_full * nr), n_tail, i64(n_full))
 
+    if pack_panel is not None:
+        panel_by_panel()
+        return
     mr = shape.mr
     m_main = (M // mr) * mr
     rows(mr, 0, m_main)

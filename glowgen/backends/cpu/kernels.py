@@ -413,6 +413,17 @@ def _conv_is_pointwise(node) -> bool:
     return (kh, kw) == (1, 1) and tuple(node.strides) == (1, 1) and not any(node.pads)
 
 
+def _conv_panel_by_panel(node) -> bool:
+    """im2col one panel at a time (gemm.emit_gemm's pack_panel) when the whole B would not
+    stay in L2 (over 1 MB) but a group's filters would (up to 512 KB): each panel is then
+    used by every filter while in cache, instead of all of B going through L3 once per
+    block of filters."""
+    m, cg, kh, kw = node.inputs[1].type.shape
+    oh, ow = node.outputs[0].type.shape[2:]
+    k = cg * kh * kw
+    return (m // node.group) * k * 4 <= 512 * 1024 and k * oh * ow * 4 > 1024 * 1024
+
+
 def _conv_scratch(node, shape) -> int:
     # Pointwise convolutions read the input as B directly (packing it measured no faster).
     if not _conv_uses_gemm(node) or _conv_is_pointwise(node):
@@ -420,6 +431,8 @@ def _conv_scratch(node, shape) -> int:
     from .gemm import pack_panels_size
     cg, kh, kw = node.inputs[1].type.shape[1:]
     oh, ow = node.outputs[0].type.shape[2:]
+    if _conv_panel_by_panel(node):
+        return 4 * cg * kh * kw * shape.nr
     return 4 * pack_panels_size(oh * ow, cg * kh * kw, shape)
 
 
@@ -468,6 +481,39 @@ def _im2col_panels(k: KernelArgs, x, img, chan0, dst, K: int):
                 b.store(zero, b.gep(dst, [b.add(b.mul(b.add(i64(last * K), kk), i64(nr)), j)]))
 
 
+def _im2col_panel(k: KernelArgs, x, img, chan0, dst, K: int, panel):
+    """Write panel `panel` of image `img`'s patches (channels chan0..) to dst as K x NR:
+    dst[kk][j] = x[img, chan0 + c, ih, iw] for output pixel n = panel * NR + j (0 in the
+    padding and past the last pixel)."""
+    b = k.b
+    node = k.node
+    (_, xt) = k.ins[0]
+    _, c_all, h, wd = xt.shape
+    cg, kh, kw = node.inputs[1].type.shape[1:]
+    oh, ow = node.outputs[0].type.shape[2:]
+    (sh, sw), (dh, dw), (pt, pl) = node.strides, node.dilations, node.pads[:2]
+    nr = k.gemm_shape.nr
+    zero = ir.Constant(F32, 0.0)
+    n0 = b.mul(panel, i64(nr))
+    with for_range(b, cg, name="pc") as ci:
+        xplane = b.mul(b.add(b.mul(img, i64(c_all)), b.add(chan0, ci)), i64(h * wd))
+        with for_range(b, kh, name="pkh") as khi:
+            with for_range(b, kw, name="pkw") as kwi:
+                kk = b.add(b.mul(b.add(b.mul(ci, i64(kh)), khi), i64(kw)), kwi)
+                row = b.mul(kk, i64(nr))
+                with for_range(b, nr, name="pj") as j:
+                    n = b.add(n0, j)
+                    ohi, owi = b.udiv(n, i64(ow)), b.urem(n, i64(ow))
+                    ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(khi, i64(dh)))
+                    iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(kwi, i64(dw)))
+                    ok = b.and_(b.icmp_signed("<", n, i64(oh * ow)),
+                                b.and_(b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(h))),
+                                       b.and_(b.icmp_signed(">=", iw, i64(0)), b.icmp_signed("<", iw, i64(wd)))))
+                    at = b.select(ok, b.add(xplane, b.add(b.mul(ih, i64(wd)), iw)), xplane)
+                    v = b.select(ok, b.load(b.gep(x, [at])), zero)
+                    b.store(v, b.gep(dst, [b.add(row, j)]))
+
+
 @kernel("Conv")
 def conv(k: KernelArgs):
     node = k.node
@@ -492,9 +538,14 @@ def conv(k: KernelArgs):
         with for_range(b, g, name="grp") as gi:
             a = b.gep(w, [b.mul(gi, i64(a_stride))])
             out = b.gep(y, [b.mul(b.add(b.mul(img, i64(m)), b.mul(gi, i64(mg))), i64(N))])
+            pack_panel = None
             if pointwise:
                 bmat = b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), i64(h * wd))])
                 ldb = N
+            elif _conv_panel_by_panel(node):
+                bmat, ldb = k.scratch, None
+                chan0 = b.mul(gi, i64(cg))
+                pack_panel = lambda p: _im2col_panel(k, x, img, chan0, k.scratch, K, p)  # noqa: E731
             else:
                 _im2col_panels(k, x, img, b.mul(gi, i64(cg)), k.scratch, K)
                 bmat, ldb = k.scratch, None
@@ -507,4 +558,4 @@ def conv(k: KernelArgs):
                 chan0 = b.mul(gi, i64(mg))
                 epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, img, bb.add(chan0, row), col, valid)  # noqa: E731
             emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
-                      epilogue=epi, name="cv", a_packed=a_packed)
+                      epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel)
