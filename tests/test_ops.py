@@ -293,6 +293,33 @@ CASES = [
          attrs={"strides": [2, 2], "pads": [1, 0, 1, 1], "output_padding": [1, 0]}, rtol=1e-4, atol=1e-5),
     Case("ConvTranspose_1d_group", "ConvTranspose", {"x": f32(1, 4, 5)}, consts={"w": f32(4, 1, 3)},
          attrs={"group": 2, "dilations": [2]}, rtol=1e-4, atol=1e-5),
+    # ---- recurrent layers (unrolled over the sequence); sequence_lens must be constant
+    Case("LSTM", "LSTM", {"x": f32(4, 3, 2)},
+         consts={"w": f32(2, 12, 2, lo=-1, hi=1), "r": f32(2, 12, 3, lo=-1, hi=1), "b": f32(2, 24),
+                 "lens": np.array([4, 2, 3], np.int32), "h0": f32(2, 3, 3), "c0": f32(2, 3, 3), "p": f32(2, 9)},
+         input_order=["x", "w", "r", "b", "lens", "h0", "c0", "p"], outputs=("y", "y_h", "y_c"),
+         attrs={"hidden_size": 3, "direction": "bidirectional"}, rtol=1e-4, atol=1e-5),
+    Case("LSTM_coupled_clipped", "LSTM", {"x": f32(3, 2, 4)},
+         consts={"w": f32(1, 8, 4, lo=-1, hi=1), "r": f32(1, 8, 2, lo=-1, hi=1)},
+         outputs=("y", "y_h", "y_c"), rtol=1e-4, atol=1e-5,
+         attrs={"hidden_size": 2, "input_forget": 1, "clip": 1.5,
+                "activations": ["HardSigmoid", "Relu", "Elu"]}),
+    Case("GRU", "GRU", {"x": f32(3, 2, 2)},
+         consts={"w": f32(2, 9, 2, lo=-1, hi=1), "r": f32(2, 9, 3, lo=-1, hi=1), "b": f32(2, 18),
+                 "lens": np.array([1, 3], np.int32), "h0": f32(2, 2, 3)},
+         input_order=["x", "w", "r", "b", "lens", "h0"], outputs=("y", "y_h"),
+         attrs={"hidden_size": 3, "direction": "bidirectional"}, rtol=1e-4, atol=1e-5),
+    Case("GRU_linear_before_reset", "GRU", {"x": f32(3, 2, 2)},
+         consts={"w": f32(1, 6, 2, lo=-1, hi=1), "r": f32(1, 6, 2, lo=-1, hi=1), "b": f32(1, 12)},
+         outputs=("y", "y_h"), rtol=1e-4, atol=1e-5,
+         attrs={"hidden_size": 2, "linear_before_reset": 1, "direction": "reverse",
+                "activations": ["Sigmoid", "Softplus"]}),
+    Case("RNN", "RNN", {"x": f32(3, 2, 2)},
+         consts={"w": f32(1, 2, 2, lo=-1, hi=1), "r": f32(1, 2, 2, lo=-1, hi=1), "b": f32(1, 4),
+                 "h0": f32(1, 2, 2)},
+         input_order=["x", "w", "r", "b", "", "h0"], outputs=("y", "y_h"),
+         attrs={"hidden_size": 2, "direction": "reverse", "activations": ["Relu"], "clip": 1.0},
+         rtol=1e-4, atol=1e-5),
 ]
 
 
@@ -464,3 +491,49 @@ def test_scan_unrolls_over_the_scan_axes(backend):
     model = _scan_model()
     feeds = {"s0": f32(2), "p0": f32(2), "xa": f32(2, 4), "xb": f32(4, 2)}
     assert_close(run_glowgen(model, feeds, backend=backend), run_ort(model, feeds), rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- recurrent layouts
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+@pytest.mark.parametrize("op,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+def test_recurrent_batch_first_layout(op, gates, backend):
+    """layout = 1 (batch first), which onnxruntime lacks: the oracle is onnxruntime on the
+    same layer with layout 0 and the inputs and results transposed."""
+    seq, batch, inputs, hidden = 3, 2, 4, 2
+    x, h0 = f32(batch, seq, inputs), f32(batch, 2, hidden)
+    consts = {"w": f32(2, gates * hidden, inputs, lo=-1, hi=1), "r": f32(2, gates * hidden, hidden, lo=-1, hi=1),
+              "b": f32(2, 2 * gates * hidden)}
+    outputs = ["y", "y_h"]
+
+    def layer(layout, x_value, h_value):
+        node = helper.make_node(op, ["x", "w", "r", "b", "", "h0"], outputs, hidden_size=hidden,
+                                direction="bidirectional", layout=layout)
+        return make_model([node], {"x": x_value, "h0": h_value}, outputs, consts, opset=14)
+
+    got = run_glowgen(layer(1, x, h0), {"x": x, "h0": h0}, backend=backend)
+    x0, h00 = x.transpose(1, 0, 2).copy(), h0.transpose(1, 0, 2).copy()
+    want = run_ort(layer(0, x0, h00), {"x": x0, "h0": h00})
+    np.testing.assert_allclose(got["y"], want["y"].transpose(2, 0, 1, 3), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["y_h"], want["y_h"].transpose(1, 0, 2), rtol=1e-4, atol=1e-5)
+
+
+def test_recurrent_sequence_lens_must_be_known_at_compile_time():
+    import glowgen
+    from glowgen.errors import CompileTimeInputError
+    node = helper.make_node("RNN", ["x", "w", "r", "", "lens"], ["y"], hidden_size=2)
+    model = make_model([node], {"x": f32(3, 2, 2), "lens": np.array([3, 1], np.int32)}, ["y"],
+                       {"w": f32(1, 2, 2), "r": f32(1, 2, 2)})
+    with pytest.raises(CompileTimeInputError, match="input 'sequence_lens' must be computable at "
+                                                    "compile time.*model input 'lens'"):
+        glowgen.compile(model)
+
+
+def test_recurrent_activation_parameters_are_unsupported():
+    import glowgen
+    from glowgen.errors import UnsupportedError
+    node = helper.make_node("GRU", ["x", "w", "r"], ["y"], hidden_size=2,
+                            activations=["LeakyRelu", "Tanh"], activation_alpha=[0.2])
+    model = make_model([node], {"x": f32(3, 2, 2)}, ["y"], {"w": f32(1, 6, 2), "r": f32(1, 6, 2)})
+    with pytest.raises(UnsupportedError, match="GRU node 'y': activation_alpha and activation_beta "
+                                               "are not supported"):
+        glowgen.compile(model)

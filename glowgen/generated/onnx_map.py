@@ -1604,6 +1604,91 @@ def _ConvTranspose_0(o):
 
 _ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1371:3', guard=None)
 
+
+def _LSTM_0(o):
+    """ONNX LSTM -> LSTM (specs/ops.glowdef:1412:3)."""
+    attrs = {}
+    if o.has_attr('clip'):
+        attrs['clip'] = o.attr('clip')
+    if o.has_attr('hidden_size'):
+        attrs['hidden_size'] = o.attr('hidden_size')
+    if o.has_attr('direction'):
+        attrs['direction'] = o.attr('direction')
+    else:
+        attrs['direction'] = 'forward'
+    if o.has_attr('input_forget'):
+        attrs['input_forget'] = o.attr('input_forget')
+    else:
+        attrs['input_forget'] = 0
+    if o.has_attr('layout'):
+        attrs['layout'] = o.attr('layout')
+    else:
+        attrs['layout'] = 0
+    if o.has_attr('activations'):
+        attrs['activations'] = o.attr('activations')
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1414:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1416:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1418:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    return attrs
+
+_LSTM_0_clause = OnnxClause(onnx_op='LSTM', op='LSTM', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional'), ('initial_c', 'optional'), ('P', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4), ('initial_c', 5), ('P', 6)), attributes=_LSTM_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'input_forget', 'layout'), location='specs/ops.glowdef:1412:3', guard=None)
+
+
+def _GRU_0(o):
+    """ONNX GRU -> GRU (specs/ops.glowdef:1439:3)."""
+    attrs = {}
+    if o.has_attr('clip'):
+        attrs['clip'] = o.attr('clip')
+    if o.has_attr('hidden_size'):
+        attrs['hidden_size'] = o.attr('hidden_size')
+    if o.has_attr('layout'):
+        attrs['layout'] = o.attr('layout')
+    else:
+        attrs['layout'] = 0
+    if o.has_attr('direction'):
+        attrs['direction'] = o.attr('direction')
+    else:
+        attrs['direction'] = 'forward'
+    if o.has_attr('linear_before_reset'):
+        attrs['linear_before_reset'] = o.attr('linear_before_reset')
+    else:
+        attrs['linear_before_reset'] = 0
+    if o.has_attr('activations'):
+        attrs['activations'] = o.attr('activations')
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1441:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1443:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1445:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    return attrs
+
+_GRU_0_clause = OnnxClause(onnx_op='GRU', op='GRU', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_GRU_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout', 'linear_before_reset'), location='specs/ops.glowdef:1439:3', guard=None)
+
+
+def _RNN_0(o):
+    """ONNX RNN -> RNN (specs/ops.glowdef:1465:3)."""
+    attrs = {}
+    if o.has_attr('clip'):
+        attrs['clip'] = o.attr('clip')
+    if o.has_attr('hidden_size'):
+        attrs['hidden_size'] = o.attr('hidden_size')
+    if o.has_attr('layout'):
+        attrs['layout'] = o.attr('layout')
+    else:
+        attrs['layout'] = 0
+    if o.has_attr('direction'):
+        attrs['direction'] = o.attr('direction')
+    else:
+        attrs['direction'] = 'forward'
+    if o.has_attr('activations'):
+        attrs['activations'] = o.attr('activations')
+    else:
+        attrs['activations'] = ('Tanh', 'Tanh')
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1467:5')
+    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.b_all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1469:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1471:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    return attrs
+
+_RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1465:3', guard=None)
+
 CLAUSES = (
     _Add_0_clause,
     _Add_1_clause,
@@ -1750,4 +1835,7 @@ CLAUSES = (
     _MaxPoolN_0_clause,
     _AvgPoolN_0_clause,
     _ConvTranspose_0_clause,
+    _LSTM_0_clause,
+    _GRU_0_clause,
+    _RNN_0_clause,
 )

@@ -6318,6 +6318,357 @@ class ConvTranspose(Node):
         return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.b_convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:1370:9'), )
 
 
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LSTM(Node):
+    """Long short-term memory layer (ONNX LSTM): results Y [S, D, B, H], Y_h and Y_c [D, B, H] (layout 0).
+    
+    Operands:
+        x: Tensor[F, *XS]
+        w: Tensor[F, D, G, I]
+        r: Tensor[F, D, G, H]
+        b: Tensor[F, D, G2]?
+        h0: Tensor[F, *HS]?
+        c0: Tensor[F, *CS]?
+        p: Tensor[F, D, P3]?
+    Results:
+        y: Tensor[F, *rnn_sequence_shape(XS, layout, D, hidden_size)]
+        y_h: Tensor[F, *rnn_state_shape(XS, layout, D, hidden_size)]
+        y_c: Tensor[F, *rnn_state_shape(XS, layout, D, hidden_size)]
+    Attributes:
+        hidden_size: int where hidden_size > 0
+        direction: string = "forward"
+        layout: int = 0 where (layout == 0) or (layout == 1)
+        clip: float = inf where clip > 0
+        input_forget: int = 0
+        activations: strings = []
+        seq_lens: ints = []
+    Declared at specs/ops.glowdef:1394:1.
+    """
+
+    OP: ClassVar[str] = 'LSTM'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('r', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), OperandInfo('h0', optional=True, variadic=False), OperandInfo('c0', optional=True, variadic=False), OperandInfo('p', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), OperandInfo('y_h', optional=False), OperandInfo('y_c', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('input_forget', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1394:1'
+
+    hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
+    direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
+    layout: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    clip: object = attrs.field(default=float('inf'), converter=rt.CONVERTERS['float'])
+    input_forget: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    activations: object = attrs.field(default=(), converter=rt.CONVERTERS['strings'])
+    seq_lens: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *XS]"""
+        return self.inputs[0]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[F, D, G, I]"""
+        return self.inputs[1]
+
+    @property
+    def r(self):
+        """Operand r: Tensor[F, D, G, H]"""
+        return self.inputs[2]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[F, D, G2]?"""
+        return self.inputs[3]
+
+    @property
+    def h0(self):
+        """Operand h0: Tensor[F, *HS]?"""
+        return self.inputs[4]
+
+    @property
+    def c0(self):
+        """Operand c0: Tensor[F, *CS]?"""
+        return self.inputs[5]
+
+    @property
+    def p(self):
+        """Operand p: Tensor[F, D, P3]?"""
+        return self.inputs[6]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *rnn_sequence_shape(XS, layout, D, hidden_size)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @property
+    def y_h(self):
+        """Result y_h: Tensor[F, *rnn_state_shape(XS, layout, D, hidden_size)]"""
+        return self.outputs[1] if len(self.outputs) > 1 else None
+
+    @property
+    def y_c(self):
+        """Result y_c: Tensor[F, *rnn_state_shape(XS, layout, D, hidden_size)]"""
+        return self.outputs[2] if len(self.outputs) > 2 else None
+
+    @staticmethod
+    def infer(x, w, r, b=None, h0=None, c0=None, p=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, input_forget=None, activations=None, seq_lens=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LSTM', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1396:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1396:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1396:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1396:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1396:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1396:50')
+        if b is not None:
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1396:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1396:73')
+        if h0 is not None:
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1397:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1397:8')
+        if c0 is not None:
+            u.elem('c0', c0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1397:29')
+            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1397:29')
+        if p is not None:
+            u.elem('p', p, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1397:50')
+            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1397:50')
+        CS = u.dims['CS'][0] if 'CS' in u.dims else None
+        D = u.dim('D')
+        G = u.dim('G')
+        G2 = u.dims['G2'][0] if 'G2' in u.dims else None
+        H = u.dim('H')
+        HS = u.dims['HS'][0] if 'HS' in u.dims else None
+        I = u.dim('I')
+        P3 = u.dims['P3'][0] if 'P3' in u.dims else None
+        XS = u.dim('XS')
+        F = u.dtype('F')
+        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1398:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1400:3')
+        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1401:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1405:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1406:3')
+        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1407:3')
+        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1408:3')
+        return (rt.result_type('LSTM', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1409:8'), rt.result_type('LSTM', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1410:8'), rt.result_type('LSTM', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1411:8'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class GRU(Node):
+    """Gated recurrent unit layer (ONNX GRU): results Y [S, D, B, H] and Y_h [D, B, H] (layout 0).
+    
+    Operands:
+        x: Tensor[F, *XS]
+        w: Tensor[F, D, G, I]
+        r: Tensor[F, D, G, H]
+        b: Tensor[F, D, G2]?
+        h0: Tensor[F, *HS]?
+    Results:
+        y: Tensor[F, *rnn_sequence_shape(XS, layout, D, hidden_size)]
+        y_h: Tensor[F, *rnn_state_shape(XS, layout, D, hidden_size)]
+    Attributes:
+        hidden_size: int where hidden_size > 0
+        direction: string = "forward"
+        layout: int = 0 where (layout == 0) or (layout == 1)
+        clip: float = inf where clip > 0
+        linear_before_reset: int = 0
+        activations: strings = []
+        seq_lens: ints = []
+    Declared at specs/ops.glowdef:1422:1.
+    """
+
+    OP: ClassVar[str] = 'GRU'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('r', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), OperandInfo('h0', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), OperandInfo('y_h', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('linear_before_reset', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1422:1'
+
+    hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
+    direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
+    layout: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    clip: object = attrs.field(default=float('inf'), converter=rt.CONVERTERS['float'])
+    linear_before_reset: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    activations: object = attrs.field(default=(), converter=rt.CONVERTERS['strings'])
+    seq_lens: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *XS]"""
+        return self.inputs[0]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[F, D, G, I]"""
+        return self.inputs[1]
+
+    @property
+    def r(self):
+        """Operand r: Tensor[F, D, G, H]"""
+        return self.inputs[2]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[F, D, G2]?"""
+        return self.inputs[3]
+
+    @property
+    def h0(self):
+        """Operand h0: Tensor[F, *HS]?"""
+        return self.inputs[4]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *rnn_sequence_shape(XS, layout, D, hidden_size)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @property
+    def y_h(self):
+        """Result y_h: Tensor[F, *rnn_state_shape(XS, layout, D, hidden_size)]"""
+        return self.outputs[1] if len(self.outputs) > 1 else None
+
+    @staticmethod
+    def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, linear_before_reset=None, activations=None, seq_lens=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('GRU', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1424:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1424:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1424:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1424:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1424:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1424:50')
+        if b is not None:
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1424:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1424:73')
+        if h0 is not None:
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1425:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1425:8')
+        D = u.dim('D')
+        G = u.dim('G')
+        G2 = u.dims['G2'][0] if 'G2' in u.dims else None
+        H = u.dim('H')
+        HS = u.dims['HS'][0] if 'HS' in u.dims else None
+        I = u.dim('I')
+        XS = u.dim('XS')
+        F = u.dtype('F')
+        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1426:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1428:3')
+        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1429:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1433:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1434:3')
+        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1435:3')
+        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1436:3')
+        return (rt.result_type('GRU', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1437:8'), rt.result_type('GRU', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1438:8'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class RNN(Node):
+    """Simple recurrent layer (ONNX RNN): results Y [S, D, B, H] and Y_h [D, B, H] (layout 0).
+    
+    Operands:
+        x: Tensor[F, *XS]
+        w: Tensor[F, D, G, I]
+        r: Tensor[F, D, G, H]
+        b: Tensor[F, D, G2]?
+        h0: Tensor[F, *HS]?
+    Results:
+        y: Tensor[F, *rnn_sequence_shape(XS, layout, D, hidden_size)]
+        y_h: Tensor[F, *rnn_state_shape(XS, layout, D, hidden_size)]
+    Attributes:
+        hidden_size: int where hidden_size > 0
+        direction: string = "forward"
+        layout: int = 0 where (layout == 0) or (layout == 1)
+        clip: float = inf where clip > 0
+        activations: strings = []
+        seq_lens: ints = []
+    Declared at specs/ops.glowdef:1449:1.
+    """
+
+    OP: ClassVar[str] = 'RNN'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('r', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), OperandInfo('h0', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), OperandInfo('y_h', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1449:1'
+
+    hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
+    direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
+    layout: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    clip: object = attrs.field(default=float('inf'), converter=rt.CONVERTERS['float'])
+    activations: object = attrs.field(default=(), converter=rt.CONVERTERS['strings'])
+    seq_lens: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *XS]"""
+        return self.inputs[0]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[F, D, G, I]"""
+        return self.inputs[1]
+
+    @property
+    def r(self):
+        """Operand r: Tensor[F, D, G, H]"""
+        return self.inputs[2]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[F, D, G2]?"""
+        return self.inputs[3]
+
+    @property
+    def h0(self):
+        """Operand h0: Tensor[F, *HS]?"""
+        return self.inputs[4]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *rnn_sequence_shape(XS, layout, D, hidden_size)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @property
+    def y_h(self):
+        """Result y_h: Tensor[F, *rnn_state_shape(XS, layout, D, hidden_size)]"""
+        return self.outputs[1] if len(self.outputs) > 1 else None
+
+    @staticmethod
+    def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, activations=None, seq_lens=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('RNN', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1451:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1451:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1451:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1451:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1451:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1451:50')
+        if b is not None:
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1451:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1451:73')
+        if h0 is not None:
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1452:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1452:8')
+        D = u.dim('D')
+        G = u.dim('G')
+        G2 = u.dims['G2'][0] if 'G2' in u.dims else None
+        H = u.dim('H')
+        HS = u.dims['HS'][0] if 'HS' in u.dims else None
+        I = u.dim('I')
+        XS = u.dim('XS')
+        F = u.dtype('F')
+        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1453:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1455:3')
+        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1456:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1459:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1460:3')
+        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1461:3')
+        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1462:3')
+        return (rt.result_type('RNN', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1463:8'), rt.result_type('RNN', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1464:8'), )
+
+
 OPS = {
     'Add': Add,
     'Sub': Sub,
@@ -6447,4 +6798,7 @@ OPS = {
     'MaxPoolN': MaxPoolN,
     'AvgPoolN': AvgPoolN,
     'ConvTranspose': ConvTranspose,
+    'LSTM': LSTM,
+    'GRU': GRU,
+    'RNN': RNN,
 }
