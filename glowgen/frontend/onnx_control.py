@@ -13,6 +13,7 @@ The slicing and stacking around unrolled bodies is written as ONNX nodes too
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -123,6 +124,21 @@ def import_loop(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
 
 
 # ----------------------------------------------------------------------------- Scan
+@dataclass
+class ScanLayout:
+    """Which axis each scan input and output runs along, and which way (1: backwards);
+    None means ONNX's default (axis 0, forwards)."""
+    input_axes: Optional[list] = None
+    input_directions: Optional[list] = None
+    output_axes: Optional[list] = None
+    output_directions: Optional[list] = None
+
+    @classmethod
+    def of(cls, node: onnx.NodeProto) -> "ScanLayout":
+        return cls(*(int_attribute(node, name, None) for name in (
+            "scan_input_axes", "scan_input_directions", "scan_output_axes", "scan_output_directions")))
+
+
 def import_scan(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
     body = graph_attribute(node, "body", desc)
     n_scan_in = int_attribute(node, "num_scan_inputs", None)
@@ -133,20 +149,20 @@ def import_scan(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
         return
     values = [importer.values[n] for n in node.input]
     n_state = len(values) - n_scan_in
-    outputs = _unroll_scan(importer, node, body, values[:n_state], values[n_state:], desc, opset)
+    outputs = _unroll_scan(importer, ScanLayout.of(node), body, values[:n_state], values[n_state:],
+                           desc, opset)
     _bind_outputs(importer, node, outputs)
 
 
-def _unroll_scan(importer, node, body, states: list, scan_inputs: list, desc: str, opset: int) -> list:
+def _unroll_scan(importer, layout: ScanLayout, body, states: list, scan_inputs: list, desc: str,
+                 opset: int) -> list:
     """Scan (opset 9 semantics) unrolled over the scan axis: the final states, then the scan
     outputs stacked along their axes."""
     n_state, n_in = len(states), len(scan_inputs)
     n_out = len(body.output) - n_state
-    in_axes = _normalized(int_attribute(node, "scan_input_axes", [0] * n_in),
-                          [v.type.rank for v in scan_inputs], desc, "scan_input_axes")
-    in_dirs = list(int_attribute(node, "scan_input_directions", [0] * n_in))
-    out_dirs = list(int_attribute(node, "scan_output_directions", [0] * n_out))
-    out_axes_raw = list(int_attribute(node, "scan_output_axes", [0] * n_out))
+    in_axes = _normalized(layout.input_axes or [0] * n_in, [v.type.rank for v in scan_inputs],
+                          desc, "scan_input_axes")
+    in_dirs = list(layout.input_directions or [0] * n_in)
     lengths = {v.type.shape[a] for v, a in zip(scan_inputs, in_axes)}
     if len(lengths) != 1:
         raise UnsupportedError(f"{desc}: the scan inputs have different lengths "
@@ -170,13 +186,12 @@ def _unroll_scan(importer, node, body, states: list, scan_inputs: list, desc: st
         states = outs[:n_state]
         for stack, value in zip(scanned, outs[n_state:]):
             stack.append(value)
+    out_axes = _normalized(layout.output_axes or [0] * n_out, [s[0].type.rank + 1 for s in scanned],
+                           desc, "scan_output_axes")
     results = list(states)
-    for stack, axis, reverse in zip(scanned, out_axes_raw, out_dirs):
-        rank = stack[0].type.rank + 1
-        axis = axis + rank if axis < 0 else axis
-        if reverse:
-            stack = stack[::-1]
-        pieces = [importer.emit_onnx("Unsqueeze", [v], axes=[axis])[0] for v in stack]
+    for stack, axis, reverse in zip(scanned, out_axes, layout.output_directions or [0] * n_out):
+        pieces = [importer.emit_onnx("Unsqueeze", [v], axes=[axis])[0]
+                  for v in (stack[::-1] if reverse else stack)]
         results.append(importer.emit_onnx("Concat", pieces, axis=axis)[0])
     return results
 
@@ -201,28 +216,17 @@ def _import_scan8(importer, node, body, n_scan_in, desc, opset) -> None:
                                    f"supported")
     values = [importer.values[n] for n in node.input[1:]]
     n_state = len(values) - n_scan_in
-    batch = values[0].type.shape[0]
+    layout = ScanLayout(input_directions=int_attribute(node, "directions", None))
     per_batch = []
-    for b in range(batch):
+    for b in range(values[0].type.shape[0]):
         sliced = [importer.emit_onnx("Squeeze", [importer.emit_onnx(
             "Slice", [v], starts=[b], ends=[b + 1], axes=[0])[0]], axes=[0])[0] for v in values]
-        per_batch.append(_unroll_scan(importer, _Scan8Axes(node), body, sliced[:n_state],
-                                      sliced[n_state:], f"{desc} (batch {b})", opset))
+        per_batch.append(_unroll_scan(importer, layout, body, sliced[:n_state], sliced[n_state:],
+                                      f"{desc} (batch {b})", opset))
     outputs = [importer.emit_onnx("Concat", [importer.emit_onnx("Unsqueeze", [r[i]], axes=[0])[0]
                                              for r in per_batch], axis=0)[0]
                for i in range(len(per_batch[0]))]
     _bind_outputs(importer, node, outputs)
-
-
-class _Scan8Axes:
-    """A Scan-8 node seen as Scan-9: its `directions` attribute is Scan-9's
-    `scan_input_directions`; axes are all 0 once the batch is sliced off."""
-
-    def __init__(self, node: onnx.NodeProto):
-        self.attribute = [a for a in node.attribute if a.name != "directions"]
-        for a in node.attribute:
-            if a.name == "directions":
-                self.attribute.append(helper.make_attribute("scan_input_directions", list(a.ints)))
 
 
 CONTROL_FLOW: dict[str, Callable] = {"If": import_if, "Loop": import_loop, "Scan": import_scan}
