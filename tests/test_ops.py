@@ -537,3 +537,21 @@ def test_recurrent_activation_parameters_are_unsupported():
     with pytest.raises(UnsupportedError, match="GRU node 'y': activation_alpha and activation_beta "
                                                "are not supported"):
         glowgen.compile(model)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_loop_body_with_if_on_the_iteration_number(backend):
+    """An If nested in a Loop body: its condition folds per unrolled iteration, and its
+    branches see the body's names (the carried value) and the model's (`w`)."""
+    then = _graph([helper.make_node("Add", ["acc_in", "w"], ["up"])], [], [("up", FLOAT, [3])], "then")
+    other = _graph([helper.make_node("Mul", ["acc_in", "w"], ["scaled"])], [], [("scaled", FLOAT, [3])], "else")
+    body = _graph([helper.make_node("Less", ["i", "two"], ["early"]),
+                   helper.make_node("If", ["early"], ["acc_out"], then_branch=then, else_branch=other),
+                   helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+                  [("i", TensorProto.INT64, []), ("cond_in", TensorProto.BOOL, []), ("acc_in", FLOAT, [3])],
+                  [("cond_out", TensorProto.BOOL, []), ("acc_out", FLOAT, [3])])
+    nodes = [helper.make_node("Loop", ["M", "", "x"], ["acc"], body=body)]
+    model = _control_model(nodes, {"x": f32(3)}, [("acc", FLOAT, [3])],
+                           {"M": np.array(4, np.int64), "two": np.array(2, np.int64), "w": f32(3)})
+    feeds = {"x": f32(3)}
+    assert_close(run_glowgen(model, feeds, backend=backend), run_ort(model, feeds), rtol=1e-5)
