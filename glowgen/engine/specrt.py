@@ -213,6 +213,12 @@ def b_concat(*seqs):
     return tuple(out)
 
 
+def b_results_of(value):
+    """Every result of the node that computes `value` (an op with several, such as Split,
+    built in a rule, stands for its first)."""
+    return tuple(value.node.outputs)
+
+
 def b_list(*values):
     """The values as one list (several results of a builder or a rule)."""
     return tuple(values)

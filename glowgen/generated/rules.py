@@ -21,6 +21,12 @@ def build_gate(_b, x, k, n):
 
 
 
+def build_gates(_b, x, count, n):
+    """= results_of(Split(x, axis = rank(x) - 1, sizes = repeat(n, count)))"""
+    return rt.b_results_of(_b.op('Split', [x], {'axis': rt.sub(rt.b_rank(x), 1), 'sizes': rt.b_repeat(n, count)}))
+
+
+
 def build_sequence_first(_b, x, layout):
     """= Transpose(x, perm = [1, 0, 2]) if layout == 1 else x"""
     return (_b.op('Transpose', [x], {'perm': (1, 0, 2, )}) if rt.eq(layout, 1) else x)
@@ -66,12 +72,13 @@ def build_held(_b, seq_lens, t, new, old):
 def build_lstm_cell(_b, l, d, g, p, c):
     '= list(Mul(o, activation(rnn_activation(l.activations, ["Sigmoid", "Tanh", "Tanh"], d, 2), c2)), c2)'
     n = l.hidden_size
+    gs = build_gates(_b, g, 4, n)
     f_act = fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', 'Tanh', ), d, 0)
-    i = build_activation(_b, f_act, build_clipped(_b, (_b.op('Add', [build_gate(_b, g, 0, n), _b.op('Mul', [build_gate(_b, build_pick(_b, p, d), 0, n), c], {})], {}) if rt.b_defined(p) else build_gate(_b, g, 0, n)), l.clip))
-    f = (_b.op('Sub', [_b.scalar(1.0, c.dtype), i], {}) if rt.ne(l.input_forget, 0) else build_activation(_b, f_act, build_clipped(_b, (_b.op('Add', [build_gate(_b, g, 2, n), _b.op('Mul', [build_gate(_b, build_pick(_b, p, d), 2, n), c], {})], {}) if rt.b_defined(p) else build_gate(_b, g, 2, n)), l.clip)))
-    cand = build_activation(_b, fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', 'Tanh', ), d, 1), build_clipped(_b, build_gate(_b, g, 3, n), l.clip))
+    i = build_activation(_b, f_act, build_clipped(_b, (_b.op('Add', [gs[0], _b.op('Mul', [build_gate(_b, build_pick(_b, p, d), 0, n), c], {})], {}) if rt.b_defined(p) else gs[0]), l.clip))
+    f = (_b.op('Sub', [_b.scalar(1.0, c.dtype), i], {}) if rt.ne(l.input_forget, 0) else build_activation(_b, f_act, build_clipped(_b, (_b.op('Add', [gs[2], _b.op('Mul', [build_gate(_b, build_pick(_b, p, d), 2, n), c], {})], {}) if rt.b_defined(p) else gs[2]), l.clip)))
+    cand = build_activation(_b, fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', 'Tanh', ), d, 1), build_clipped(_b, gs[3], l.clip))
     c2 = _b.op('Add', [_b.op('Mul', [f, c], {}), _b.op('Mul', [i, cand], {})], {})
-    o = build_activation(_b, f_act, build_clipped(_b, (_b.op('Add', [build_gate(_b, g, 1, n), _b.op('Mul', [build_gate(_b, build_pick(_b, p, d), 1, n), c2], {})], {}) if rt.b_defined(p) else build_gate(_b, g, 1, n)), l.clip))
+    o = build_activation(_b, f_act, build_clipped(_b, (_b.op('Add', [gs[1], _b.op('Mul', [build_gate(_b, build_pick(_b, p, d), 1, n), c2], {})], {}) if rt.b_defined(p) else gs[1]), l.clip))
     return rt.b_list(_b.op('Mul', [o, build_activation(_b, fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', 'Tanh', ), d, 2), c2)], {}), c2)
 
 
@@ -79,11 +86,13 @@ def build_lstm_cell(_b, l, d, g, p, c):
 def build_gru_cell(_b, l, d, x_t, hr, rt_, rb, h):
     """= Add(Mul(Sub(scalar(1.0, h.dtype), z), cand), Mul(z, h))"""
     n = l.hidden_size
+    xs = build_gates(_b, x_t, 3, n)
+    hs = build_gates(_b, hr, 3, n)
     f_act = fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', ), d, 0)
-    z = build_activation(_b, f_act, build_clipped(_b, _b.op('Add', [build_gate(_b, x_t, 0, n), build_gate(_b, hr, 0, n)], {}), l.clip))
-    reset = build_activation(_b, f_act, build_clipped(_b, _b.op('Add', [build_gate(_b, x_t, 1, n), build_gate(_b, hr, 1, n)], {}), l.clip))
-    recurrent = (_b.op('Mul', [reset, build_gate(_b, hr, 2, n)], {}) if rt.ne(l.linear_before_reset, 0) else _b.op('Add', [_b.op('MatMul', [_b.op('Mul', [reset, h], {}), build_gate(_b, rt_, 2, n)], {}), build_gate(_b, rb, 2, n)], {}))
-    cand = build_activation(_b, fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', ), d, 1), build_clipped(_b, _b.op('Add', [build_gate(_b, x_t, 2, n), recurrent], {}), l.clip))
+    z = build_activation(_b, f_act, build_clipped(_b, _b.op('Add', [xs[0], hs[0]], {}), l.clip))
+    reset = build_activation(_b, f_act, build_clipped(_b, _b.op('Add', [xs[1], hs[1]], {}), l.clip))
+    recurrent = (_b.op('Mul', [reset, hs[2]], {}) if rt.ne(l.linear_before_reset, 0) else _b.op('Add', [_b.op('MatMul', [_b.op('Mul', [reset, h], {}), build_gate(_b, rt_, 2, n)], {}), build_gate(_b, rb, 2, n)], {}))
+    cand = build_activation(_b, fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', ), d, 1), build_clipped(_b, _b.op('Add', [xs[2], recurrent], {}), l.clip))
     return _b.op('Add', [_b.op('Mul', [_b.op('Sub', [_b.scalar(1.0, h.dtype), z], {}), cand], {}), _b.op('Mul', [z, h], {})], {})
 
 
@@ -1414,7 +1423,7 @@ RULES = (
     RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r86_convn_1d_no_bias_guard, build=_r86_convn_1d_no_bias_build, location='specs/lowerings.glowdef:466:1'),
     RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r87_maxpooln_1d_guard, build=_r87_maxpooln_1d_build, location='specs/lowerings.glowdef:474:1'),
     RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r88_avgpooln_1d_guard, build=_r88_avgpooln_1d_build, location='specs/lowerings.glowdef:481:1'),
-    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r89_lstm_unroll_build, location='specs/lowerings.glowdef:604:1'),
-    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r90_gru_unroll_build, location='specs/lowerings.glowdef:608:1'),
-    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r91_rnn_unroll_build, location='specs/lowerings.glowdef:612:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r89_lstm_unroll_build, location='specs/lowerings.glowdef:610:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r90_gru_unroll_build, location='specs/lowerings.glowdef:614:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r91_rnn_unroll_build, location='specs/lowerings.glowdef:618:1'),
 )
