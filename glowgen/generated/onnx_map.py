@@ -21,10 +21,12 @@ _Add_0_clause = OnnxClause(onnx_op='Add', op='Add', since=7, until=None, inputs=
 def _Add_1(o):
     """ONNX Add -> Add (specs/ops.glowdef:33:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:33:30')
     return attrs
 
-_Add_1_clause = OnnxClause(onnx_op='Add', op='Add', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:33:3', guard=None)
+def _Add_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Add_1_clause = OnnxClause(onnx_op='Add', op='Add', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:33:3', guard=_Add_1_guard)
 
 
 def _Sub_0(o):
@@ -38,10 +40,12 @@ _Sub_0_clause = OnnxClause(onnx_op='Sub', op='Sub', since=7, until=None, inputs=
 def _Sub_1(o):
     """ONNX Sub -> Sub (specs/ops.glowdef:43:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:43:30')
     return attrs
 
-_Sub_1_clause = OnnxClause(onnx_op='Sub', op='Sub', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:43:3', guard=None)
+def _Sub_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Sub_1_clause = OnnxClause(onnx_op='Sub', op='Sub', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:43:3', guard=_Sub_1_guard)
 
 
 def _Mul_0(o):
@@ -55,10 +59,12 @@ _Mul_0_clause = OnnxClause(onnx_op='Mul', op='Mul', since=7, until=None, inputs=
 def _Mul_1(o):
     """ONNX Mul -> Mul (specs/ops.glowdef:53:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:53:30')
     return attrs
 
-_Mul_1_clause = OnnxClause(onnx_op='Mul', op='Mul', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:53:3', guard=None)
+def _Mul_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Mul_1_clause = OnnxClause(onnx_op='Mul', op='Mul', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:53:3', guard=_Mul_1_guard)
 
 
 def _Div_0(o):
@@ -72,10 +78,12 @@ _Div_0_clause = OnnxClause(onnx_op='Div', op='Div', since=7, until=None, inputs=
 def _Div_1(o):
     """ONNX Div -> Div (specs/ops.glowdef:63:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:63:30')
     return attrs
 
-_Div_1_clause = OnnxClause(onnx_op='Div', op='Div', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:63:3', guard=None)
+def _Div_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Div_1_clause = OnnxClause(onnx_op='Div', op='Div', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:63:3', guard=_Div_1_guard)
 
 
 def _Pow_0(o):
@@ -89,10 +97,12 @@ _Pow_0_clause = OnnxClause(onnx_op='Pow', op='Pow', since=7, until=None, inputs=
 def _Pow_1(o):
     """ONNX Pow -> Pow (specs/ops.glowdef:73:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:73:22')
     return attrs
 
-_Pow_1_clause = OnnxClause(onnx_op='Pow', op='Pow', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:73:3', guard=None)
+def _Pow_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Pow_1_clause = OnnxClause(onnx_op='Pow', op='Pow', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:73:3', guard=_Pow_1_guard)
 
 
 def _Equal_0(o):
@@ -834,7 +844,7 @@ def _AvgPool_0(o):
     return attrs
 
 def _AvgPool_0_guard(o):
-    return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1)))))
+    return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1))))
 
 _AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:715:3', guard=_AvgPool_0_guard)
 
@@ -1211,7 +1221,10 @@ def _PRelu_0(o):
     attrs = {}
     return attrs
 
-_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:1040:3', guard=None)
+def _PRelu_0_guard(o):
+    return bool(((rt.ge(o.opset, 7) or rt.ne(rt.b_len(o.input('slope').shape), 1)) or rt.lt(rt.b_rank(o.input('X')), 2)))
+
+_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:1040:3', guard=_PRelu_0_guard)
 
 
 def _CastLike_0(o):
@@ -1579,13 +1592,15 @@ def _AvgPoolN_0(o):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    o.check(((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1))), 'dilated average pooling is not supported', 'specs/ops.glowdef:1351:5')
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1352:5', lambda: o.attr('kernel_shape', None))
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1353:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1354:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1349:3', guard=None)
+def _AvgPoolN_0_guard(o):
+    return bool(((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1)))
+
+_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1349:3', guard=_AvgPoolN_0_guard)
 
 
 def _ConvTranspose_0(o):
@@ -1605,8 +1620,271 @@ def _ConvTranspose_0(o):
 _ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1371:3', guard=None)
 
 
+def _Resize_0(o):
+    """ONNX Resize -> Resize (specs/ops.glowdef:1414:3)."""
+    attrs = {}
+    if o.has_attr('antialias'):
+        attrs['antialias'] = o.attr('antialias')
+    else:
+        attrs['antialias'] = 0
+    if o.has_attr('extrapolation_value'):
+        attrs['extrapolation_value'] = o.attr('extrapolation_value')
+    else:
+        attrs['extrapolation_value'] = 0.0
+    if o.has_attr('exclude_outside'):
+        attrs['exclude_outside'] = o.attr('exclude_outside')
+    else:
+        attrs['exclude_outside'] = 0
+    if o.has_attr('nearest_mode'):
+        attrs['nearest_mode'] = o.attr('nearest_mode')
+    else:
+        attrs['nearest_mode'] = 'round_prefer_floor'
+    if o.has_attr('coordinate_transformation_mode'):
+        attrs['coordinate_transformation_mode'] = o.attr('coordinate_transformation_mode')
+    else:
+        attrs['coordinate_transformation_mode'] = 'half_pixel'
+    if o.has_attr('cubic_coeff_a'):
+        attrs['cubic_coeff_a'] = o.attr('cubic_coeff_a')
+    else:
+        attrs['cubic_coeff_a'] = -0.75
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1416:5', lambda: sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1418:5', lambda: sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1420:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel')))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1422:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel'))))
+    return attrs
+
+_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1414:3', guard=None)
+
+
+def _Resize_1(o):
+    """ONNX Resize -> Resize (specs/ops.glowdef:1430:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1432:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1433:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1434:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1435:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1437:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1438:5', lambda: 'legacy')
+    return attrs
+
+_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1430:3', guard=None)
+
+
+def _Resize_2(o):
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1440:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1442:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1443:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1444:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1445:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1447:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1448:5', lambda: 'legacy')
+    return attrs
+
+_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1440:3', guard=None)
+
+
+def _Resize_3(o):
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1450:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1452:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1453:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1454:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1455:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1457:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1458:5', lambda: 'legacy')
+    return attrs
+
+_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1450:3', guard=None)
+
+
+def _LegacyBroadcast_0(o):
+    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1474:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1474:89', lambda: 'Add')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1474:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_0_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1474:3', guard=_LegacyBroadcast_0_guard)
+
+
+def _LegacyBroadcast_1(o):
+    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1475:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1475:89', lambda: 'Sub')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1475:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1475:3', guard=_LegacyBroadcast_1_guard)
+
+
+def _LegacyBroadcast_2(o):
+    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1476:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1476:89', lambda: 'Mul')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1476:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_2_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1476:3', guard=_LegacyBroadcast_2_guard)
+
+
+def _LegacyBroadcast_3(o):
+    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1477:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1477:89', lambda: 'Div')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1477:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_3_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1477:3', guard=_LegacyBroadcast_3_guard)
+
+
+def _LegacyBroadcast_4(o):
+    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1478:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1478:81', lambda: 'Pow')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1478:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
+    return attrs
+
+def _LegacyBroadcast_4_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1478:3', guard=_LegacyBroadcast_4_guard)
+
+
+def _LegacyBroadcast_5(o):
+    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1479:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1479:56', lambda: 'PRelu')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1479:70', lambda: 1)
+    return attrs
+
+_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1479:3', guard=None)
+
+
+def _AvgPoolDilated_0(o):
+    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1497:3)."""
+    attrs = {}
+    if o.has_attr('count_include_pad'):
+        attrs['count_include_pad'] = o.attr('count_include_pad')
+    else:
+        attrs['count_include_pad'] = 0
+    if o.has_attr('dilations'):
+        attrs['dilations'] = o.attr('dilations')
+    if o.has_attr('ceil_mode'):
+        attrs['ceil_mode'] = o.attr('ceil_mode')
+    else:
+        attrs['ceil_mode'] = 0
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1499:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1500:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1501:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+def _AvgPoolDilated_0_guard(o):
+    return bool((rt.b_defined(o.attr('dilations', None)) and rt.gt(rt.b_max(o.attr('dilations', None)), 1)))
+
+_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1497:3', guard=_AvgPoolDilated_0_guard)
+
+
+def _LpPool_0(o):
+    """ONNX LpPool -> LpPool (specs/ops.glowdef:1518:3)."""
+    attrs = {}
+    if o.has_attr('p'):
+        attrs['p'] = o.attr('p')
+    else:
+        attrs['p'] = 2
+    if o.has_attr('ceil_mode'):
+        attrs['ceil_mode'] = o.attr('ceil_mode')
+    else:
+        attrs['ceil_mode'] = 0
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1520:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1521:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1522:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1523:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1518:3', guard=None)
+
+
+def _Col2Im_0(o):
+    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1542:3)."""
+    attrs = {}
+    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1544:5', lambda: rt.b_ints(o.input('image_shape').value))
+    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1545:5', lambda: rt.b_ints(o.input('block_shape').value))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1546:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1547:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1548:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
+    return attrs
+
+_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1542:3', guard=None)
+
+
+def _GridSample_0(o):
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1563:3)."""
+    attrs = {}
+    if o.has_attr('align_corners'):
+        attrs['align_corners'] = o.attr('align_corners')
+    else:
+        attrs['align_corners'] = 0
+    if o.has_attr('padding_mode'):
+        attrs['padding_mode'] = o.attr('padding_mode')
+    else:
+        attrs['padding_mode'] = 'zeros'
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'linear'
+    return attrs
+
+_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1563:3', guard=None)
+
+
+def _GridSample_1(o):
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1564:3)."""
+    attrs = {}
+    if o.has_attr('align_corners'):
+        attrs['align_corners'] = o.attr('align_corners')
+    else:
+        attrs['align_corners'] = 0
+    if o.has_attr('padding_mode'):
+        attrs['padding_mode'] = o.attr('padding_mode')
+    else:
+        attrs['padding_mode'] = 'zeros'
+    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1566:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
+    return attrs
+
+_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1564:3', guard=None)
+
+
 def _LSTM_0(o):
-    """ONNX LSTM -> LSTM (specs/ops.glowdef:1412:3)."""
+    """ONNX LSTM -> LSTM (specs/ops.glowdef:1604:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1626,16 +1904,16 @@ def _LSTM_0(o):
         attrs['layout'] = 0
     if o.has_attr('activations'):
         attrs['activations'] = o.attr('activations')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1414:5')
-    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1416:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1418:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1606:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1608:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1610:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_LSTM_0_clause = OnnxClause(onnx_op='LSTM', op='LSTM', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional'), ('initial_c', 'optional'), ('P', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4), ('initial_c', 5), ('P', 6)), attributes=_LSTM_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'input_forget', 'layout'), location='specs/ops.glowdef:1412:3', guard=None)
+_LSTM_0_clause = OnnxClause(onnx_op='LSTM', op='LSTM', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional'), ('initial_c', 'optional'), ('P', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4), ('initial_c', 5), ('P', 6)), attributes=_LSTM_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'input_forget', 'layout'), location='specs/ops.glowdef:1604:3', guard=None)
 
 
 def _GRU_0(o):
-    """ONNX GRU -> GRU (specs/ops.glowdef:1439:3)."""
+    """ONNX GRU -> GRU (specs/ops.glowdef:1631:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1655,16 +1933,16 @@ def _GRU_0(o):
         attrs['linear_before_reset'] = 0
     if o.has_attr('activations'):
         attrs['activations'] = o.attr('activations')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1441:5')
-    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1443:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1445:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1633:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1635:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1637:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_GRU_0_clause = OnnxClause(onnx_op='GRU', op='GRU', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_GRU_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout', 'linear_before_reset'), location='specs/ops.glowdef:1439:3', guard=None)
+_GRU_0_clause = OnnxClause(onnx_op='GRU', op='GRU', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_GRU_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout', 'linear_before_reset'), location='specs/ops.glowdef:1631:3', guard=None)
 
 
 def _RNN_0(o):
-    """ONNX RNN -> RNN (specs/ops.glowdef:1465:3)."""
+    """ONNX RNN -> RNN (specs/ops.glowdef:1657:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1682,12 +1960,12 @@ def _RNN_0(o):
         attrs['activations'] = o.attr('activations')
     else:
         attrs['activations'] = ('Tanh', 'Tanh')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1467:5')
-    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.b_all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1469:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1471:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1659:5')
+    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.b_all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1661:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1663:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1465:3', guard=None)
+_RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1657:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,
@@ -1835,6 +2113,21 @@ CLAUSES = (
     _MaxPoolN_0_clause,
     _AvgPoolN_0_clause,
     _ConvTranspose_0_clause,
+    _Resize_0_clause,
+    _Resize_1_clause,
+    _Resize_2_clause,
+    _Resize_3_clause,
+    _LegacyBroadcast_0_clause,
+    _LegacyBroadcast_1_clause,
+    _LegacyBroadcast_2_clause,
+    _LegacyBroadcast_3_clause,
+    _LegacyBroadcast_4_clause,
+    _LegacyBroadcast_5_clause,
+    _AvgPoolDilated_0_clause,
+    _LpPool_0_clause,
+    _Col2Im_0_clause,
+    _GridSample_0_clause,
+    _GridSample_1_clause,
     _LSTM_0_clause,
     _GRU_0_clause,
     _RNN_0_clause,

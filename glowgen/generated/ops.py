@@ -6319,6 +6319,442 @@ class ConvTranspose(Node):
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
+class Resize(Node):
+    """Resample x along `axes` to `sizes` (ONNX Resize and Upsample): nearest, linear or cubic, with ONNX's coordinate transforms. `scales` and `roi` (starts..., ends...) cover every dimension; `axes` lists the dimensions still to resample.
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *resize_shape(S, sizes, axes)]
+    Attributes:
+        axes: ints
+        sizes: ints
+        scales: floats
+        roi: floats
+        mode: string = "nearest"
+        coordinate_transformation_mode: string = "half_pixel"
+        nearest_mode: string = "round_prefer_floor"
+        cubic_coeff_a: float = -0.75
+        exclude_outside: int = 0
+        extrapolation_value: float = 0.0
+        antialias: int = 0
+    Declared at specs/ops.glowdef:1386:1.
+    """
+
+    OP: ClassVar[str] = 'Resize'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), AttrInfo('sizes', 'ints', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('roi', 'floats', None, False), AttrInfo('mode', 'string', 'nearest', True), AttrInfo('coordinate_transformation_mode', 'string', 'half_pixel', True), AttrInfo('nearest_mode', 'string', 'round_prefer_floor', True), AttrInfo('cubic_coeff_a', 'float', rt.neg(0.75), True), AttrInfo('exclude_outside', 'int', 0, True), AttrInfo('extrapolation_value', 'float', 0.0, True), AttrInfo('antialias', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1386:1'
+
+    axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
+    roi: object = attrs.field(converter=rt.CONVERTERS['floats'])
+    mode: object = attrs.field(default='nearest', converter=rt.CONVERTERS['string'])
+    coordinate_transformation_mode: object = attrs.field(default='half_pixel', converter=rt.CONVERTERS['string'])
+    nearest_mode: object = attrs.field(default='round_prefer_floor', converter=rt.CONVERTERS['string'])
+    cubic_coeff_a: object = attrs.field(default=rt.neg(0.75), converter=rt.CONVERTERS['float'])
+    exclude_outside: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    extrapolation_value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
+    antialias: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *resize_shape(S, sizes, axes)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axes=None, sizes=None, scales=None, roi=None, mode=None, coordinate_transformation_mode=None, nearest_mode=None, cubic_coeff_a=None, exclude_outside=None, extrapolation_value=None, antialias=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Resize', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1388:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1388:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1400:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1402:3')
+        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1403:3')
+        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1404:3')
+        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1408:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1411:3')
+        return (rt.result_type('Resize', _node, T, (*sl.b_resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1413:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LegacyBroadcast(Node):
+    """A binary op of opset 6 and before (`op`: Add, Sub, Mul, Div, Pow or PRelu) whose rhs lines up with the dimensions of lhs from `axis` on (ONNX's broadcast = 1 with an axis; PRelu's per-channel slope).
+    
+    Operands:
+        lhs: Tensor[T, *X]
+        rhs: Tensor[P, *Y]
+    Results:
+        y: Tensor[T, *X]
+    Attributes:
+        op: string
+        axis: int
+    Declared at specs/ops.glowdef:1464:1.
+    """
+
+    OP: ClassVar[str] = 'LegacyBroadcast'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('op', 'string', None, False), AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1464:1'
+
+    op: object = attrs.field(converter=rt.CONVERTERS['string'])
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[T, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[P, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *X]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node='', op=None, axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LegacyBroadcast', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1466:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1466:7')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1466:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1466:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        P = u.dtype('P')
+        T = u.dtype('T')
+        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1469:3')
+        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1471:3')
+        rt.check(sl.b_axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1472:3')
+        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1473:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class AvgPoolDilated(Node):
+    """N-D average pooling with dilated windows (ONNX AveragePool with dilations); pads are [begin..., end...].
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+    Results:
+        y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]
+    Attributes:
+        kernel: ints where all(kernel > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        ceil_mode: int = 0
+        count_include_pad: int = 0
+    Declared at specs/ops.glowdef:1485:1.
+    """
+
+    OP: ClassVar[str] = 'AvgPoolDilated'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1485:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    count_include_pad: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, count_include_pad=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('AvgPoolDilated', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1487:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1487:9')
+        C = u.dim('C')
+        D = u.dim('D')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1488:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1489:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1490:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1491:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1494:3')
+        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1496:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LpPool(Node):
+    """N-D Lp pooling: (sum of |x|^p over each window) ^ (1/p); pads are [begin..., end...] and add nothing.
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+    Results:
+        y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]
+    Attributes:
+        kernel: ints where all(kernel > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        ceil_mode: int = 0
+        p: int = 2 where p >= 1
+    Declared at specs/ops.glowdef:1506:1.
+    """
+
+    OP: ClassVar[str] = 'LpPool'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('p', 'int', 2, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1506:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    p: object = attrs.field(default=2, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, p=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LpPool', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1508:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1508:9')
+        C = u.dim('C')
+        D = u.dim('D')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1509:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1510:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1511:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1512:3')
+        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1514:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1515:3')
+        return (rt.result_type('LpPool', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1517:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Col2Im(Node):
+    """Sum columns of image blocks back into images (ONNX Col2Im): x is [N, C * prod(block), blocks]; pads are [begin..., end...].
+    
+    Operands:
+        x: Tensor[F, N, CK, L]
+    Results:
+        y: Tensor[F, N, CK // prod(block), *image]
+    Attributes:
+        image: ints where all(image > 0)
+        block: ints where all(block > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+    Declared at specs/ops.glowdef:1528:1.
+    """
+
+    OP: ClassVar[str] = 'Col2Im'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('image', 'ints', None, False), AttrInfo('block', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1528:1'
+
+    image: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    block: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, CK, L]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, CK // prod(block), *image]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', image=None, block=None, strides=None, pads=None, dilations=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Col2Im', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1530:9')
+        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1530:9')
+        CK = u.dim('CK')
+        L = u.dim('L')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1531:3')
+        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1532:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1533:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1534:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1535:3')
+        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1536:3')
+        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1538:3')
+        rt.check(rt.eq(L, rt.b_prod(sl.b_conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1539:3')
+        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1541:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class GridSample(Node):
+    """Sample x at the positions of `grid` (ONNX GridSample; grid[..., i] is normalized to [-1, 1] along spatial axis -1 - i): nearest, linear or cubic; zeros, border or reflection padding.
+    
+    Operands:
+        x: Tensor[F, N, C, *S]
+        grid: Tensor[F, N, *G]
+    Results:
+        y: Tensor[F, N, C, *G[:len(S)]]
+    Attributes:
+        mode: string = "linear"
+        padding_mode: string = "zeros"
+        align_corners: int = 0
+    Declared at specs/ops.glowdef:1552:1.
+    """
+
+    OP: ClassVar[str] = 'GridSample'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('grid', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('mode', 'string', 'linear', True), AttrInfo('padding_mode', 'string', 'zeros', True), AttrInfo('align_corners', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1552:1'
+
+    mode: object = attrs.field(default='linear', converter=rt.CONVERTERS['string'])
+    padding_mode: object = attrs.field(default='zeros', converter=rt.CONVERTERS['string'])
+    align_corners: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *S]"""
+        return self.inputs[0]
+
+    @property
+    def grid(self):
+        """Operand grid: Tensor[F, N, *G]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *G[:len(S)]]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, grid, *, _node='', mode=None, padding_mode=None, align_corners=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('GridSample', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1554:9')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1554:9')
+        u.elem('grid', grid, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1554:33')
+        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1554:33')
+        C = u.dim('C')
+        G = u.dim('G')
+        N = u.dim('N')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1558:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1559:3')
+        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1560:3')
+        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1562:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Reflect(Node):
+    """Reflect x into [low, high] at whichever border it crosses, as often as it takes (GridSample's reflection padding).
+    
+    Operands:
+        x: Tensor[F, *S]
+        low: Tensor[F, *L]
+        high: Tensor[F, *H]
+    Results:
+        y: Tensor[F, *broadcast(S, L, H)]
+    Declared at specs/ops.glowdef:1570:1.
+    """
+
+    OP: ClassVar[str] = 'Reflect'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('low', optional=False, variadic=False), OperandInfo('high', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1570:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def low(self):
+        """Operand low: Tensor[F, *L]"""
+        return self.inputs[1]
+
+    @property
+    def high(self):
+        """Operand high: Tensor[F, *H]"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *broadcast(S, L, H)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, low, high, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Reflect', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1572:9')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1572:9')
+        u.elem('low', low, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1572:27')
+        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1572:27')
+        u.elem('high', high, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1572:47')
+        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1572:47')
+        H = u.dim('H')
+        L = u.dim('L')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1573:3')
+        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1574:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
 class LSTM(Node):
     """Long short-term memory layer (ONNX LSTM): results Y [S, D, B, H], Y_h and Y_c [D, B, H] (layout 0).
     
@@ -6342,7 +6778,7 @@ class LSTM(Node):
         input_forget: int = 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1394:1.
+    Declared at specs/ops.glowdef:1586:1.
     """
 
     OP: ClassVar[str] = 'LSTM'
@@ -6351,7 +6787,7 @@ class LSTM(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('input_forget', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1394:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1586:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6415,24 +6851,24 @@ class LSTM(Node):
     def infer(x, w, r, b=None, h0=None, c0=None, p=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, input_forget=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LSTM', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1396:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1396:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1396:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1396:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1396:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1396:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1588:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1588:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1588:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1588:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1588:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1588:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1396:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1396:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1588:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1588:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1397:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1397:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1589:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1589:8')
         if c0 is not None:
-            u.elem('c0', c0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1397:29')
-            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1397:29')
+            u.elem('c0', c0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1589:29')
+            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1589:29')
         if p is not None:
-            u.elem('p', p, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1397:50')
-            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1397:50')
+            u.elem('p', p, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1589:50')
+            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1589:50')
         CS = u.dims['CS'][0] if 'CS' in u.dims else None
         D = u.dim('D')
         G = u.dim('G')
@@ -6443,14 +6879,14 @@ class LSTM(Node):
         P3 = u.dims['P3'][0] if 'P3' in u.dims else None
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1398:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1400:3')
-        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1401:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1405:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1406:3')
-        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1407:3')
-        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1408:3')
-        return (rt.result_type('LSTM', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1409:8'), rt.result_type('LSTM', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1410:8'), rt.result_type('LSTM', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1411:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1590:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1592:3')
+        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1593:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1597:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1598:3')
+        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1599:3')
+        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1600:3')
+        return (rt.result_type('LSTM', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1601:8'), rt.result_type('LSTM', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1602:8'), rt.result_type('LSTM', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1603:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6474,7 +6910,7 @@ class GRU(Node):
         linear_before_reset: int = 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1422:1.
+    Declared at specs/ops.glowdef:1614:1.
     """
 
     OP: ClassVar[str] = 'GRU'
@@ -6483,7 +6919,7 @@ class GRU(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('linear_before_reset', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1422:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1614:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6532,18 +6968,18 @@ class GRU(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, linear_before_reset=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GRU', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1424:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1424:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1424:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1424:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1424:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1424:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1616:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1616:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1616:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1616:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1616:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1616:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1424:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1424:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1616:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1616:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1425:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1425:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1617:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1617:8')
         D = u.dim('D')
         G = u.dim('G')
         G2 = u.dims['G2'][0] if 'G2' in u.dims else None
@@ -6552,14 +6988,14 @@ class GRU(Node):
         I = u.dim('I')
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1426:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1428:3')
-        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1429:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1433:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1434:3')
-        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1435:3')
-        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1436:3')
-        return (rt.result_type('GRU', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1437:8'), rt.result_type('GRU', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1438:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1618:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1620:3')
+        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1621:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1625:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1626:3')
+        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1627:3')
+        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1628:3')
+        return (rt.result_type('GRU', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1629:8'), rt.result_type('GRU', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1630:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6582,7 +7018,7 @@ class RNN(Node):
         clip: float = inf where clip > 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1449:1.
+    Declared at specs/ops.glowdef:1641:1.
     """
 
     OP: ClassVar[str] = 'RNN'
@@ -6591,7 +7027,7 @@ class RNN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1449:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1641:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6639,18 +7075,18 @@ class RNN(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('RNN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1451:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1451:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1451:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1451:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1451:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1451:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1643:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1643:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1643:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1643:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1643:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1643:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1451:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1451:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1643:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1643:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1452:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1452:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1644:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1644:8')
         D = u.dim('D')
         G = u.dim('G')
         G2 = u.dims['G2'][0] if 'G2' in u.dims else None
@@ -6659,14 +7095,14 @@ class RNN(Node):
         I = u.dim('I')
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1453:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1455:3')
-        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1456:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1459:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1460:3')
-        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1461:3')
-        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1462:3')
-        return (rt.result_type('RNN', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1463:8'), rt.result_type('RNN', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1464:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1645:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1647:3')
+        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1648:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1651:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1652:3')
+        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1653:3')
+        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1654:3')
+        return (rt.result_type('RNN', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1655:8'), rt.result_type('RNN', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1656:8'), )
 
 
 OPS = {
@@ -6798,6 +7234,13 @@ OPS = {
     'MaxPoolN': MaxPoolN,
     'AvgPoolN': AvgPoolN,
     'ConvTranspose': ConvTranspose,
+    'Resize': Resize,
+    'LegacyBroadcast': LegacyBroadcast,
+    'AvgPoolDilated': AvgPoolDilated,
+    'LpPool': LpPool,
+    'Col2Im': Col2Im,
+    'GridSample': GridSample,
+    'Reflect': Reflect,
     'LSTM': LSTM,
     'GRU': GRU,
     'RNN': RNN,

@@ -39,6 +39,7 @@ class KernelArgs:
         self.gemm_shape = gemm_shape      # register tile for the host (see gemm.py)
         self.scratch = scratch            # float* to the module's scratch buffer
         self.epilogue = None              # elementwise run fused into the store (epilogue.py)
+        self.packed = None                # "a" / "b": a constant operand repacked (packing.py)
 
     @property
     def attrs(self):
@@ -202,20 +203,22 @@ def reduce_(k: KernelArgs):
 # --------------------------------------------------------------------------- linear algebra
 @kernel("BatchMatMul")
 def batch_matmul(k: KernelArgs):
-    (y, yt), (a, at), (c, ct) = k.outs[0], k.ins[0], k.ins[1]
+    (y, yt), (a, at), (c, _) = k.outs[0], k.ins[0], k.ins[1]
     if k.gemm_shape is None or yt.dtype != "f32":
         return batch_matmul_loops(k)
-    from .gemm import emit_gemm
+    from .gemm import emit_gemm, pack_panels_size
     b = k.b
     nb, m, kk = at.shape
-    n = ct.shape[2]
+    n = k.node.inputs[1].type.shape[2]
+    packed = k.packed == "b"          # a constant rhs in NR-wide panels (packing.py)
+    c_stride = pack_panels_size(n, kk, k.gemm_shape) if packed else kk * n
     with for_range(b, nb, name="bmm") as bi:
         epi = None
         if k.epilogue is not None:
             epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, bi, row, col, valid)  # noqa: E731
         emit_gemm(b, k.gemm_shape, m, n, kk, b.gep(a, [b.mul(bi, i64(m * kk))]), kk,
-                  b.gep(c, [b.mul(bi, i64(kk * n))]), n, b.gep(y, [b.mul(bi, i64(m * n))]), n,
-                  epilogue=epi, name="mm")
+                  b.gep(c, [b.mul(bi, i64(c_stride))]), None if packed else n,
+                  b.gep(y, [b.mul(bi, i64(m * n))]), n, epilogue=epi, name="mm")
 
 
 def batch_matmul_loops(k: KernelArgs):
@@ -472,19 +475,22 @@ def conv(k: KernelArgs):
         return conv_direct(k)
     from .gemm import emit_gemm
     b = k.b
-    (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
+    (y, yt), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
     bias = k.ins[2]
     n_img, c_all, h, wd = xt.shape
-    m, cg, kh, kw = wt.shape
+    m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = yt.shape[2:]
     g = node.group
     mg = m // g
     K = cg * kh * kw
     N = oh * ow
     pointwise = _conv_is_pointwise(node)
+    a_packed = k.packed == "a"       # constant weights in blocks of MR rows (packing.py)
+    mr = k.gemm_shape.mr
+    a_stride = -(-mg // mr) * mr * K if a_packed else mg * K
     with for_range(b, n_img, name="img") as img:
         with for_range(b, g, name="grp") as gi:
-            a = b.gep(w, [b.mul(gi, i64(mg * K))])
+            a = b.gep(w, [b.mul(gi, i64(a_stride))])
             out = b.gep(y, [b.mul(b.add(b.mul(img, i64(m)), b.mul(gi, i64(mg))), i64(N))])
             if pointwise:
                 bmat = b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), i64(h * wd))])
@@ -501,4 +507,4 @@ def conv(k: KernelArgs):
                 chan0 = b.mul(gi, i64(mg))
                 epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, img, bb.add(chan0, row), col, valid)  # noqa: E731
             emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
-                      epilogue=epi, name="cv")
+                      epilogue=epi, name="cv", a_packed=a_packed)
