@@ -159,3 +159,48 @@ def test_a_rule_may_run_in_several_phases():
     reg = Registry.default()
     assert "identity_remove" in [r.name for r in reg.rules_for("canonicalize")]
     assert "identity_remove" in [r.name for r in reg.rules_for("lower")]
+
+
+# ---------------------------------------------------------------------------- builders
+def test_build_called_with_wrong_arity(tmp_path):
+    err = _error_of(tmp_path, "lowerings.glowdef",
+                    "\nbuild twice(x) = Add(x, x)\nrule nope [canonicalize]:\n  Relu(x) => twice(x, x)\n")
+    assert "build twice takes 1 arguments (x), got 2" in str(err)
+    assert str(err).startswith("specs/lowerings.glowdef:")
+
+
+def test_build_is_not_for_guards(tmp_path):
+    err = _error_of(tmp_path, "lowerings.glowdef",
+                    "\nbuild twice(x) = Add(x, x)\nrule nope [canonicalize]:\n"
+                    "  Relu(x) where twice(x) => x\n")
+    assert "a guard cannot call build twice" in str(err)
+
+
+def test_build_defined_twice(tmp_path):
+    err = _error_of(tmp_path, "lowerings.glowdef", "\nbuild pick(x) = x\n")
+    assert "build 'pick' is defined twice" in str(err)
+
+
+def test_optional_operand_pattern_binds_none_when_absent():
+    """`b?` matches a present operand and an absent one (bound to none): one rule covers
+    every combination of a layer's optional inputs."""
+    from glowgen.engine.graph import Function
+    from glowgen.engine.patterns import P, V, match
+    from glowgen.engine.registry import Registry
+    from glowgen.engine.types import Type
+    reg = Registry.default()
+    fn = Function()
+    x = fn.add_placeholder("x", Type("f32", (1, 1, 2)))
+    w = fn.add_placeholder("w", Type("f32", (1, 1, 2)))
+    r = fn.add_placeholder("r", Type("f32", (1, 1, 1)))
+    h0 = fn.add_placeholder("h0", Type("f32", (1, 1, 1)))
+    node = fn.add_node(reg.op("RNN"), [x, w, r, None, h0], {"hidden_size": 1})
+    pattern = P("RNN", (V("x"), V("w"), V("r"), V("b", optional=True), V("h0", optional=True)))
+    [m] = list(match(pattern, node))
+    assert m["b"] is None and m["h0"] is h0
+    assert not list(match(P("RNN", (V("x"), V("w"), V("r"), V("b"), V("h0"))), node))
+
+
+def test_optional_wildcard_is_an_error(tmp_path):
+    err = _error_of(tmp_path, "lowerings.glowdef", "\nrule nope [lower]:\n  RNN(x, w, r, _?) => x\n")
+    assert "write an optional operand as name?" in str(err)

@@ -351,6 +351,14 @@ CASES = {
                                                         "sizes": np.array([3], np.int64)},
                                      mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
                                      extrapolation_value=5.0, axes=[0]),
+    # Recurrent layers unroll over two steps (hidden size 1 keeps the golden text short).
+    "lstm_unroll": onnx_case("LSTM", {"x": f32(2, 1, 2)}, consts={"w": f32(1, 4, 2), "r": f32(1, 4, 1),
+                                                                   "b": f32(1, 8)},
+                             attrs={"hidden_size": 1}, outputs=("y", "y_h", "y_c")),
+    "gru_unroll": onnx_case("GRU", {"x": f32(2, 1, 2)}, consts={"w": f32(1, 3, 2), "r": f32(1, 3, 1)},
+                            attrs={"hidden_size": 1, "linear_before_reset": 1}, outputs=("y", "y_h")),
+    "rnn_unroll": onnx_case("RNN", {"x": f32(2, 1, 2)}, consts={"w": f32(1, 1, 2), "r": f32(1, 1, 1)},
+                            attrs={"hidden_size": 1, "direction": "reverse"}, outputs=("y", "y_h")),
 }
 
 HEADER = ("# Golden test of rule {rule}: the graph before, and after applying the rule alone.\n"

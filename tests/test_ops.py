@@ -354,6 +354,33 @@ CASES = [
          consts={"roi": np.zeros(0, np.float32), "scales": np.array([1, 0.5, 1.75], np.float32)},
          attrs={"mode": "linear", "coordinate_transformation_mode": "asymmetric"}, opset=11,
          input_order=["x", "roi", "scales"], rtol=1e-5, atol=1e-5),
+    # ---- recurrent layers (unrolled over the sequence); sequence_lens must be constant
+    Case("LSTM", "LSTM", {"x": f32(4, 3, 2)},
+         consts={"w": f32(2, 12, 2, lo=-1, hi=1), "r": f32(2, 12, 3, lo=-1, hi=1), "b": f32(2, 24),
+                 "lens": np.array([4, 2, 3], np.int32), "h0": f32(2, 3, 3), "c0": f32(2, 3, 3), "p": f32(2, 9)},
+         input_order=["x", "w", "r", "b", "lens", "h0", "c0", "p"], outputs=("y", "y_h", "y_c"),
+         attrs={"hidden_size": 3, "direction": "bidirectional"}, rtol=1e-4, atol=1e-5),
+    Case("LSTM_coupled_clipped", "LSTM", {"x": f32(3, 2, 4)},
+         consts={"w": f32(1, 8, 4, lo=-1, hi=1), "r": f32(1, 8, 2, lo=-1, hi=1)},
+         outputs=("y", "y_h", "y_c"), rtol=1e-4, atol=1e-5,
+         attrs={"hidden_size": 2, "input_forget": 1, "clip": 1.5,
+                "activations": ["HardSigmoid", "Relu", "Elu"]}),
+    Case("GRU", "GRU", {"x": f32(3, 2, 2)},
+         consts={"w": f32(2, 9, 2, lo=-1, hi=1), "r": f32(2, 9, 3, lo=-1, hi=1), "b": f32(2, 18),
+                 "lens": np.array([1, 3], np.int32), "h0": f32(2, 2, 3)},
+         input_order=["x", "w", "r", "b", "lens", "h0"], outputs=("y", "y_h"),
+         attrs={"hidden_size": 3, "direction": "bidirectional"}, rtol=1e-4, atol=1e-5),
+    Case("GRU_linear_before_reset", "GRU", {"x": f32(3, 2, 2)},
+         consts={"w": f32(1, 6, 2, lo=-1, hi=1), "r": f32(1, 6, 2, lo=-1, hi=1), "b": f32(1, 12)},
+         outputs=("y", "y_h"), rtol=1e-4, atol=1e-5,
+         attrs={"hidden_size": 2, "linear_before_reset": 1, "direction": "reverse",
+                "activations": ["Sigmoid", "Softplus"]}),
+    Case("RNN", "RNN", {"x": f32(3, 2, 2)},
+         consts={"w": f32(1, 2, 2, lo=-1, hi=1), "r": f32(1, 2, 2, lo=-1, hi=1), "b": f32(1, 4),
+                 "h0": f32(1, 2, 2)},
+         input_order=["x", "w", "r", "b", "", "h0"], outputs=("y", "y_h"),
+         attrs={"hidden_size": 2, "direction": "reverse", "activations": ["Relu"], "clip": 1.0},
+         rtol=1e-4, atol=1e-5),
 ]
 
 
@@ -407,3 +434,204 @@ def test_opset6_broadcast_with_axis(op, a, b, attrs, oracle, backend):
     model = make_model([node], {"a": a, "b": b}, ["y"], opset=6)
     actual = run_glowgen(model, {"a": a, "b": b}, backend=backend)
     assert_close(actual, {"y": oracle(a, b)}, rtol=1e-5, atol=1e-6)
+# ---------------------------------------------------------------------------- control flow
+# If, Loop and Scan are resolved at import (the branch taken inlined, bodies unrolled), so
+# they are not in CASES: each test builds its model with subgraphs and compares with
+# onnxruntime on both backends.
+def _graph(nodes, inputs, outputs, name="body"):
+    """A subgraph; `inputs` and `outputs` are (name, elem_type, shape) triples."""
+    return helper.make_graph(nodes, name, [helper.make_tensor_value_info(*i) for i in inputs],
+                             [helper.make_tensor_value_info(*o) for o in outputs])
+
+
+def _control_model(nodes, inputs: dict, outputs, consts=None, opset=17):
+    """A model over `nodes`; `outputs` are (name, elem_type, shape) triples, since ONNX's
+    shape inference cannot always see through a subgraph."""
+    from onnx import numpy_helper
+    graph = helper.make_graph(
+        nodes, "control", [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
+                           for k, v in inputs.items()],
+        [helper.make_tensor_value_info(*o) for o in outputs],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in (consts or {}).items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+
+
+FLOAT = TensorProto.FLOAT
+
+
+def _if_model(cond_value, opset=17):
+    """If on a constant condition; both branches read `x` from the enclosing graph, and the
+    then-branch nests another If on a condition computed from a shape."""
+    inner = helper.make_node("If", ["inner_cond"], ["t2"],
+                             then_branch=_graph([helper.make_node("Neg", ["x"], ["n"])], [], [("n", FLOAT, None)]),
+                             else_branch=_graph([helper.make_node("Abs", ["x"], ["a"])], [], [("a", FLOAT, None)]))
+    then = _graph([helper.make_node("Shape", ["x"], ["s"]),
+                   helper.make_node("ReduceSum", ["s"], ["ssum"], keepdims=0),
+                   helper.make_node("Greater", ["ssum", "five"], ["inner_cond"]),
+                   inner,
+                   helper.make_node("Add", ["t2", "x"], ["t"])], [], [("t", FLOAT, [2, 3])])
+    other = _graph([helper.make_node("Mul", ["x", "x"], ["e"])], [], [("e", FLOAT, [2, 3])])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
+    return _control_model(nodes, {"x": f32(2, 3)}, [("y", FLOAT, [2, 3])],
+                          {"c": np.array(cond_value), "five": np.array(5, np.int64)}, opset)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+@pytest.mark.parametrize("cond", [True, False])
+def test_if_constant_condition_inlines_the_branch(cond, backend):
+    model = _if_model(cond)
+    feeds = {"x": f32(2, 3)}
+    assert_close(run_glowgen(model, feeds, backend=backend), run_ort(model, feeds))
+
+
+def test_if_on_a_model_input_needs_it_at_compile_time():
+    import glowgen
+    from glowgen.errors import CompileTimeInputError
+    model = _if_model(True)
+    model.graph.initializer.pop(0)     # the condition becomes a model input
+    model.graph.input.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
+    with pytest.raises(CompileTimeInputError, match=r"If node 'y': the condition \('c'\) must be "
+                                                    r"known at compile time.*model input 'c'"):
+        glowgen.compile(model)
+    feeds = {"x": f32(2, 3)}
+    got = glowgen.compile(model, constant_inputs={"c": np.array(False)}).run(feeds)
+    np.testing.assert_allclose(got["y"], feeds["x"] * feeds["x"], rtol=1e-6)
+
+
+def test_if_with_a_sequence_branch_is_unsupported():
+    import glowgen
+    from glowgen.errors import UnsupportedError
+    seq = helper.make_tensor_sequence_value_info("s", FLOAT, [2])
+    branch = helper.make_graph([helper.make_node("SequenceConstruct", ["x"], ["s"])], "b", [], [seq])
+    nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=branch)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", FLOAT, [2])],
+                              [helper.make_tensor_sequence_value_info("y", FLOAT, [2])],
+                              [helper.make_tensor("c", TensorProto.BOOL, [], [True])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    with pytest.raises(UnsupportedError, match="subgraph output 's' is not a tensor but a sequence"):
+        glowgen.compile(model)
+
+
+def _loop_model(trip_count, cond_from_data=False):
+    """Loop with a carried sum and a scan output; the body reads `w` from the outer graph
+    and uses the iteration number."""
+    body_nodes = [helper.make_node("Cast", ["i"], ["fi"], to=FLOAT),
+                  helper.make_node("Mul", ["w", "fi"], ["wi"]),
+                  helper.make_node("Add", ["acc_in", "wi"], ["acc_out"]),
+                  helper.make_node("Mul", ["acc_out", "acc_out"], ["sq"])]
+    if cond_from_data:
+        body_nodes += [helper.make_node("ReduceSum", ["acc_out"], ["total"], keepdims=0),
+                       helper.make_node("Less", ["total", "limit"], ["cond_out"])]
+    else:
+        body_nodes.append(helper.make_node("Identity", ["cond_in"], ["cond_out"]))
+    body = _graph(body_nodes,
+                  [("i", TensorProto.INT64, []), ("cond_in", TensorProto.BOOL, []), ("acc_in", FLOAT, [3])],
+                  [("cond_out", TensorProto.BOOL, []), ("acc_out", FLOAT, [3]), ("sq", FLOAT, [3])])
+    nodes = [helper.make_node("Loop", ["M", "cond", "x"], ["acc", "squares"], body=body)]
+    consts = {"M": np.array(trip_count, np.int64), "cond": np.array(True), "w": f32(3),
+              "limit": np.array(100.0, np.float32)}
+    return _control_model(nodes, {"x": f32(3)}, [("acc", FLOAT, [3]), ("squares", FLOAT, [trip_count, 3])],
+                          consts)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_loop_with_constant_trip_count_unrolls(backend):
+    model = _loop_model(4)
+    feeds = {"x": f32(3)}
+    assert_close(run_glowgen(model, feeds, backend=backend), run_ort(model, feeds), rtol=1e-5)
+
+
+def test_loop_ending_on_data_is_unsupported():
+    import glowgen
+    from glowgen.errors import UnsupportedError
+    with pytest.raises(UnsupportedError, match="the loop's condition depends on data computed in "
+                                               "the loop"):
+        glowgen.compile(_loop_model(4, cond_from_data=True))
+
+
+def _scan_model(opset=17):
+    """Scan with two states, two scan inputs (one along axis 1, one reversed) and two scan
+    outputs (one along axis 1, one reversed)."""
+    body = _graph([helper.make_node("Add", ["s_in", "a"], ["s_out"]),
+                   helper.make_node("Mul", ["p_in", "b"], ["p_out"]),
+                   helper.make_node("Sub", ["s_out", "p_out"], ["d"]),
+                   helper.make_node("Mul", ["a", "k"], ["ak"])],
+                  [("s_in", FLOAT, [2]), ("p_in", FLOAT, [2]), ("a", FLOAT, [2]), ("b", FLOAT, [2])],
+                  [("s_out", FLOAT, [2]), ("p_out", FLOAT, [2]), ("d", FLOAT, [2]), ("ak", FLOAT, [2])])
+    nodes = [helper.make_node("Scan", ["s0", "p0", "xa", "xb"], ["s", "p", "ds", "aks"], body=body,
+                              num_scan_inputs=2, scan_input_axes=[1, 0], scan_input_directions=[0, 1],
+                              scan_output_axes=[1, 0], scan_output_directions=[0, 1])]
+    return _control_model(nodes, {"s0": f32(2), "p0": f32(2), "xa": f32(2, 4), "xb": f32(4, 2)},
+                          [("s", FLOAT, [2]), ("p", FLOAT, [2]), ("ds", FLOAT, [2, 4]), ("aks", FLOAT, [4, 2])],
+                          {"k": f32(2)}, opset)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_scan_unrolls_over_the_scan_axes(backend):
+    model = _scan_model()
+    feeds = {"s0": f32(2), "p0": f32(2), "xa": f32(2, 4), "xb": f32(4, 2)}
+    assert_close(run_glowgen(model, feeds, backend=backend), run_ort(model, feeds), rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------- recurrent layouts
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+@pytest.mark.parametrize("op,gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+def test_recurrent_batch_first_layout(op, gates, backend):
+    """layout = 1 (batch first), which onnxruntime lacks: the oracle is onnxruntime on the
+    same layer with layout 0 and the inputs and results transposed."""
+    seq, batch, inputs, hidden = 3, 2, 4, 2
+    x, h0 = f32(batch, seq, inputs), f32(batch, 2, hidden)
+    consts = {"w": f32(2, gates * hidden, inputs, lo=-1, hi=1), "r": f32(2, gates * hidden, hidden, lo=-1, hi=1),
+              "b": f32(2, 2 * gates * hidden)}
+    outputs = ["y", "y_h"]
+
+    def layer(layout, x_value, h_value):
+        node = helper.make_node(op, ["x", "w", "r", "b", "", "h0"], outputs, hidden_size=hidden,
+                                direction="bidirectional", layout=layout)
+        return make_model([node], {"x": x_value, "h0": h_value}, outputs, consts, opset=14)
+
+    got = run_glowgen(layer(1, x, h0), {"x": x, "h0": h0}, backend=backend)
+    x0, h00 = x.transpose(1, 0, 2).copy(), h0.transpose(1, 0, 2).copy()
+    want = run_ort(layer(0, x0, h00), {"x": x0, "h0": h00})
+    np.testing.assert_allclose(got["y"], want["y"].transpose(2, 0, 1, 3), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["y_h"], want["y_h"].transpose(1, 0, 2), rtol=1e-4, atol=1e-5)
+
+
+def test_recurrent_sequence_lens_must_be_known_at_compile_time():
+    import glowgen
+    from glowgen.errors import CompileTimeInputError
+    node = helper.make_node("RNN", ["x", "w", "r", "", "lens"], ["y"], hidden_size=2)
+    model = make_model([node], {"x": f32(3, 2, 2), "lens": np.array([3, 1], np.int32)}, ["y"],
+                       {"w": f32(1, 2, 2), "r": f32(1, 2, 2)})
+    with pytest.raises(CompileTimeInputError, match="input 'sequence_lens' must be computable at "
+                                                    "compile time.*model input 'lens'"):
+        glowgen.compile(model)
+
+
+def test_recurrent_activation_parameters_are_unsupported():
+    import glowgen
+    from glowgen.errors import UnsupportedError
+    node = helper.make_node("GRU", ["x", "w", "r"], ["y"], hidden_size=2,
+                            activations=["LeakyRelu", "Tanh"], activation_alpha=[0.2])
+    model = make_model([node], {"x": f32(3, 2, 2)}, ["y"], {"w": f32(1, 6, 2), "r": f32(1, 6, 2)})
+    with pytest.raises(UnsupportedError, match="GRU node 'y': activation_alpha and activation_beta "
+                                               "are not supported"):
+        glowgen.compile(model)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_loop_body_with_if_on_the_iteration_number(backend):
+    """An If nested in a Loop body: its condition folds per unrolled iteration, and its
+    branches see the body's names (the carried value) and the model's (`w`)."""
+    then = _graph([helper.make_node("Add", ["acc_in", "w"], ["up"])], [], [("up", FLOAT, [3])], "then")
+    other = _graph([helper.make_node("Mul", ["acc_in", "w"], ["scaled"])], [], [("scaled", FLOAT, [3])], "else")
+    body = _graph([helper.make_node("Less", ["i", "two"], ["early"]),
+                   helper.make_node("If", ["early"], ["acc_out"], then_branch=then, else_branch=other),
+                   helper.make_node("Identity", ["cond_in"], ["cond_out"])],
+                  [("i", TensorProto.INT64, []), ("cond_in", TensorProto.BOOL, []), ("acc_in", FLOAT, [3])],
+                  [("cond_out", TensorProto.BOOL, []), ("acc_out", FLOAT, [3])])
+    nodes = [helper.make_node("Loop", ["M", "", "x"], ["acc"], body=body)]
+    model = _control_model(nodes, {"x": f32(3)}, [("acc", FLOAT, [3])],
+                           {"M": np.array(4, np.int64), "two": np.array(2, np.int64), "w": f32(3)})
+    feeds = {"x": f32(3)}
+    assert_close(run_glowgen(model, feeds, backend=backend), run_ort(model, feeds), rtol=1e-5)

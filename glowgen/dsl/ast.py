@@ -241,6 +241,7 @@ class PatVar:
     name: str                       # "_" matches anything without binding
     bind: Optional[str]
     pos: Pos = attrs.field(eq=False)
+    optional: bool = False          # `x?`: also matches an absent optional operand (binds none)
 
 
 @attrs.frozen
@@ -263,6 +264,16 @@ class Rule:
     pattern: PatOp
     where: Optional[Expr]
     when: Optional[Expr]
+    lets: tuple                     # (name, Expr)
+    result: Expr
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Build:
+    """`build name(params) = let ... expr`: a right-hand side with parameters."""
+    name: str
+    params: tuple
     lets: tuple                     # (name, Expr)
     result: Expr
     pos: Pos = attrs.field(eq=False)

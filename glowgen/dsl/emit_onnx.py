@@ -30,7 +30,7 @@ def _attr_default(attr_schema):
     if isinstance(value, bytes):
         value = value.decode()
     if isinstance(value, list):
-        value = tuple(value)
+        value = tuple(v.decode() if isinstance(v, bytes) else v for v in value)
     if isinstance(value, onnx.TensorProto):
         return None
     return value

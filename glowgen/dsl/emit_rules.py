@@ -23,7 +23,10 @@ def _pattern_py(specs: SpecSet, p, binds: dict) -> str:
             binds.setdefault(p.name, "value")
         if p.bind:
             _bind(binds, p.bind, p.pos, "value")
-        return f"V({p.name!r}{', bind=' + repr(p.bind) if p.bind else ''})"
+        if p.optional and p.name == "_":
+            raise spec_error("write an optional operand as name?, not _?", p.pos)
+        return (f"V({p.name!r}{', bind=' + repr(p.bind) if p.bind else ''}"
+                f"{', optional=True' if p.optional else ''})")
     op = specs.ops.get(p.op)
     if op is None:
         raise spec_error(f"pattern names op {p.op!r}, which is not declared in ops.glowdef", p.pos)
@@ -56,8 +59,9 @@ def _bind(binds, name, pos, kind):
 
 
 class _RuleEmitter:
-    def __init__(self, specs: SpecSet, rule: A.Rule):
+    def __init__(self, specs: SpecSet, rule):
         self.specs, self.rule = specs, rule
+        self._guard = False
 
     def call_hook(self, e: A.Call, scope: Scope):
         if e.func in CONTEXT_BUILTINS:
@@ -66,6 +70,14 @@ class _RuleEmitter:
             if len(e.args) != CONTEXT_BUILTINS[e.func] or e.kwargs:
                 raise spec_error(f"{e.func} takes {CONTEXT_BUILTINS[e.func]} argument(s)", e.pos)
             return f"_ctx.{e.func}({', '.join(to_py(a, scope) for a in e.args)})"
+        if e.func in self.specs.builds:
+            if self._guard:
+                raise spec_error(f"a guard cannot call build {e.func}", e.pos)
+            build = self.specs.builds[e.func]
+            if e.kwargs or len(e.args) != len(build.params):
+                raise spec_error(f"build {e.func} takes {len(build.params)} arguments "
+                                 f"({', '.join(build.params)}), got {len(e.args)}", e.pos)
+            return f"build_{e.func}(_b, {', '.join(to_py(a, scope) for a in e.args)})"
         if e.func in BUILDER_BUILTINS:
             args = [to_py(a, scope) for a in e.args] + [f"{k}={to_py(v, scope)}" for k, v in e.kwargs]
             return f"_b.{e.func}({', '.join(args)})"
@@ -126,7 +138,7 @@ class _RuleEmitter:
         if isinstance(rule.result, A.ListLit):
             result = "(" + "".join(to_py(x, scope) + ", " for x in rule.result.items) + ")"
         else:
-            result = f"({to_py(rule.result, scope)},)"
+            result = f"rt.results({to_py(rule.result, scope)})"
         lines += [f"def {base}_build(_b, _m):",
                   f'    {_doc("=> " + unparse(rule.result))}'] + unpack + body + [f"    return {result}", ""]
         from .ast import pattern_size
@@ -134,6 +146,20 @@ class _RuleEmitter:
                 f"size={pattern_size(rule.pattern)}, guard={guard}, build={base}_build, "
                 f"location={str(rule.pos)!r})")
         return lines, info
+
+    def emit_build(self) -> list[str]:
+        """A builder as a Python function of the rewrite's Builder and its parameters."""
+        build = self.rule
+        scope = Scope({n: py_ident(n) for n in build.params}, self.specs.fns, self.call_hook,
+                      what=f"build {build.name}")
+        body = []
+        for name, e in build.lets:
+            body.append(f"    {py_ident(name)} = {to_py(e, scope)}")
+            scope = scope.child({name: py_ident(name)})
+        params = "".join(", " + py_ident(n) for n in build.params)
+        return ["", "", f"def build_{build.name}(_b{params}):",
+                f'    {_doc("= " + unparse(build.result))}'] + body + [
+                f"    return {to_py(build.result, scope)}", ""]
 
     def _when_hook(self, e: A.Call, scope: Scope):
         if e.func == "backend_has":
@@ -154,6 +180,8 @@ def emit_rules(specs: SpecSet) -> str:
         "",
         "from .fns import *  # noqa: F401,F403",
     ]
+    for build in specs.builds.values():
+        lines += _RuleEmitter(specs, build).emit_build()
     infos = []
     for i, rule in enumerate(specs.rules):
         body, info = _RuleEmitter(specs, rule).emit(i)

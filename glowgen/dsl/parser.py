@@ -264,6 +264,10 @@ class _ToAst(Transformer):
         return A.PatVar(str(c[0]), None, self._pos(c[0]))
 
     @v_args(meta=True)
+    def pat_opt(self, meta, c):
+        return A.PatVar(str(c[0]), None, self._pos(c[0]), optional=True)
+
+    @v_args(meta=True)
     def pat_rest(self, meta, c):
         return A.PatRest(str(c[1]), self._pos(c[1]))
 
@@ -288,6 +292,12 @@ class _ToAst(Transformer):
             raise SpecError(f"rule {name}: the left-hand side must be an op pattern",
                             self.file, meta.line, meta.column)
         return A.Rule(str(name), phases, pattern, where, when, lets, result, self._pos(meta))
+
+    @v_args(meta=True)
+    def build_def(self, meta, c):
+        name, params, *rest = c
+        return A.Build(str(name), tuple(str(p) for p in params or ()), tuple(rest[:-1]), rest[-1],
+                       self._pos(meta))
 
     # ---------------------------------------------------------------- kernels
     @v_args(meta=True)

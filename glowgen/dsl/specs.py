@@ -20,7 +20,7 @@ SPEC_FILES = ("ops.glowdef", "lowerings.glowdef", "cpu_kernels.glowdef")
 #   shape_only   the result depends only on operand types (folded at compile time)
 #   view         the result is the operand's bytes with another type (no data moves)
 TRAITS = {"elementwise", "broadcast", "commutative", "primitive", "inplace", "shape_only", "view"}
-ATTR_KINDS = {"int", "ints", "float", "floats", "string", "dtype"}
+ATTR_KINDS = {"int", "ints", "float", "floats", "string", "strings", "dtype"}
 PHASES = ("canonicalize", "lower", "legalize")
 
 
@@ -32,6 +32,7 @@ class SpecSet:
     fns: dict = attrs.field(factory=dict)
     ops: dict = attrs.field(factory=dict)
     rules: list = attrs.field(factory=list)
+    builds: dict = attrs.field(factory=dict)
     kernels: dict = attrs.field(factory=dict)
     scalars: dict = attrs.field(factory=dict)
     externs: list = attrs.field(factory=list)         # (name, Pos)
@@ -81,6 +82,9 @@ def _add(specs: SpecSet, item) -> None:
             if r.name == item.name:
                 raise spec_error(f"rule {item.name!r} is defined twice (first at {r.pos})", item.pos)
         specs.rules.append(item)
+    elif isinstance(item, A.Build):
+        unique(specs.builds, item.name, "build")
+        specs.builds[item.name] = item
     elif isinstance(item, A.Kernel):
         unique(specs.kernels, item.name, "kernel")
         specs.kernels[item.name] = item

@@ -15,9 +15,11 @@ from .graph import Node, Output, Value
 
 @attrs.frozen
 class V:
-    """A variable: matches any value (`_` binds nothing; a repeated name must be the same value)."""
+    """A variable: matches any value (`_` binds nothing; a repeated name must be the same value).
+    An `optional` variable (`x?`) also matches an absent optional operand and binds None."""
     name: str
     bind: Optional[str] = None
+    optional: bool = False
 
 
 @attrs.frozen
@@ -103,7 +105,9 @@ def _match_args(args: tuple, values: list, m: dict) -> Iterator[dict]:
 
 def _match_value(p, value: Optional[Value], m: dict) -> Iterator[dict]:
     if value is None:
-        return              # an absent optional operand matches nothing
+        if isinstance(p, V) and p.optional:
+            yield {**m, p.name: None} if p.name != "_" else m
+        return              # an absent optional operand matches nothing else
     if isinstance(p, V):
         if p.name != "_":
             if p.name in m:

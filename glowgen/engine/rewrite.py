@@ -148,7 +148,14 @@ def _try_rule(function, registry, rule: RuleInfo, node: Node, ctx):
         if rule.guard is not None and not rule.guard(m, ctx):
             continue
         builder = Builder(function, registry, node, rule, m.get(MATCHED, ()))
-        results = tuple(as_value(v) for v in rule.build(builder, m))
+        try:
+            results = tuple(as_value(v) for v in rule.build(builder, m))
+        except RecursionError:
+            # Builders that call themselves unroll over a static length (a sequence, say);
+            # Python's stack bounds how long.
+            raise RewriteError(f"rule {rule.name} ({rule.location}) recursed too deeply while "
+                               f"rewriting {node.OP} node {node.name!r}: its builders unroll "
+                               f"over more steps than glowgen supports") from None
         if len(results) > len(node.outputs):
             raise RewriteError(f"rule {rule.name} ({rule.location}) returns {len(results)} values "
                                f"but {node.OP} has {len(node.outputs)} results")

@@ -44,6 +44,11 @@ def gt(a, b): return _elementwise(lambda x, y: x > y, a, b)
 def ge(a, b): return _elementwise(lambda x, y: x >= y, a, b)
 
 
+def results(value) -> tuple:
+    """A rule's right-hand side as its tuple of results: one value, or a list of them."""
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,)
+
+
 def neg(a):
     return tuple(-x for x in a) if _is_seq(a) else -a
 
@@ -206,6 +211,17 @@ def b_concat(*seqs):
     for s in seqs:
         out.extend(s)
     return tuple(out)
+
+
+def b_results_of(value):
+    """Every result of the node that computes `value` (an op with several, such as Split,
+    built in a rule, stands for its first)."""
+    return tuple(value.node.outputs)
+
+
+def b_list(*values):
+    """The values as one list (several results of a builder or a rule)."""
+    return tuple(values)
 
 
 def b_ones(n):
@@ -377,6 +393,10 @@ def to_string(x) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
+def to_strings(x) -> tuple[str, ...]:
+    return (to_string(x),) if isinstance(x, (str, bytes)) else tuple(to_string(v) for v in x)
+
+
 def to_dtype(x) -> str:
     if x not in DTYPES:
         raise ShapeError(f"{x!r} is not an element type; expected one of {', '.join(DTYPES)}")
@@ -384,7 +404,7 @@ def to_dtype(x) -> str:
 
 
 CONVERTERS = {"int": to_int, "ints": to_ints, "float": to_float, "floats": to_floats,
-              "string": to_string, "dtype": to_dtype}
+              "string": to_string, "strings": to_strings, "dtype": to_dtype}
 
 
 

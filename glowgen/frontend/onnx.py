@@ -9,6 +9,7 @@ maps its op at the model's opset.  Inputs that a clause needs as compile-time va
 from __future__ import annotations
 
 import os
+from collections import ChainMap
 from pathlib import Path
 from typing import Callable, Optional, Union
 
@@ -20,6 +21,7 @@ from ..engine import specrt
 from ..engine.graph import Constant, Function, Placeholder, Value
 from ..engine.registry import Registry
 from ..engine.types import ONNX_CODES, Type, dtype_from_onnx
+from .onnx_control import CONTROL_FLOW
 from ..errors import (CompileTimeInputError, GlowgenError, InputError, ModelError, ShapeError,
                       UnsupportedError)
 
@@ -195,10 +197,12 @@ class _Importer:
         self.constant_inputs = dict(constant_inputs or {})
         self.constant_fn = constant_fn
         self.function = Function(proto.graph.name or "main")
-        self.values: dict[str, Value] = {}
+        # Names in scope: a subgraph being inlined (a branch, a loop body) is a child scope.
+        self.values: ChainMap = ChainMap()
         self.opset = default_opset(proto)
         self.cache: dict[int, Optional[np.ndarray]] = {}
         self._expansions = 0
+        self._emitted = 0
 
     def constant(self, value: Value) -> Optional[np.ndarray]:
         if isinstance(value, Constant):
@@ -335,6 +339,9 @@ class _Importer:
             self.values[node.output[0]] = self.function.add_constant(
                 self._constant_node(node, desc), node.output[0])
             return
+        if node.op_type in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
+            CONTROL_FLOW[node.op_type](self, node, desc, opset)
+            return
         if node.domain not in ("", "ai.onnx"):
             raise UnsupportedError(f"{desc} is in domain {node.domain!r}; only the default ONNX "
                                    f"domain is supported. Run `glowgen ops` to list supported ops.")
@@ -360,6 +367,58 @@ class _Importer:
             # of the op may still express.
             if not self._expand_function(node, desc, opset):
                 raise
+
+    # ------------------------------------------------------------------ subgraphs
+    def inline_graph(self, graph: onnx.GraphProto, bindings: dict, desc: str, opset: int) -> list:
+        """Import the nodes of `graph` (a branch or loop body) into the function being built,
+        with its inputs bound to the values of `bindings`; returns the values of its outputs.
+        The subgraph gets its own name scope: names it does not define resolve to the
+        enclosing graphs, and its own names are gone after it."""
+        for out in graph.output:
+            kind = out.type.WhichOneof("value")
+            if kind not in (None, "tensor_type"):
+                raise UnsupportedError(
+                    f"{desc}: subgraph output {out.name!r} is not a tensor but "
+                    f"{_with_article(kind.replace('_type', ''))}; sequences, maps and optionals are not supported")
+        self.values = self.values.new_child()
+        try:
+            for init in graph.initializer:
+                self.values[init.name] = self.function.add_constant(self._tensor(init), init.name)
+            for vi in graph.input:
+                if vi.name not in bindings:
+                    raise ModelError(f"{desc}: subgraph input {vi.name!r} is not bound")
+            self.values.update(bindings)
+            for inner in graph.node:
+                self._node(inner, opset)
+            outputs = []
+            for out in graph.output:
+                if out.name not in self.values:
+                    raise ModelError(f"{desc}: subgraph output {out.name!r} is not produced by any node")
+                outputs.append(self.values[out.name])
+            return outputs
+        finally:
+            self.values = self.values.parents
+
+    def emit_onnx(self, op_type: str, inputs: list, **attributes) -> list:
+        """Import one ONNX node (at opset 13) over existing values: control flow slices and
+        stacks tensors with ONNX's own ops.  Integer-list attributes that opset 13 takes as
+        inputs (Slice's starts, Squeeze's axes...) are passed as constants."""
+        self._emitted += 1
+        prefix = f"_control{self._emitted}."
+        names = []
+        for i, v in enumerate(inputs):
+            names.append(f"{prefix}in{i}")
+            self.values[names[-1]] = v
+        node_attrs = {}
+        for key, val in attributes.items():
+            if isinstance(val, list):
+                names.append(f"{prefix}{key}")
+                self.values[names[-1]] = self.function.add_constant(np.array(val, np.int64), names[-1])
+            else:
+                node_attrs[key] = val
+        node = helper.make_node(op_type, names, [f"{prefix}out"], name=f"{prefix}{op_type}", **node_attrs)
+        self._node(node, 13)
+        return [self.values[f"{prefix}out"]]
 
     # ------------------------------------------------------------------ ONNX functions
     def _expand_function(self, node: onnx.NodeProto, desc: str, opset: int) -> bool:
@@ -404,15 +463,32 @@ class _Importer:
         body_opset = next((o.version for o in body.opset_import if o.domain in ("", "ai.onnx")), opset)
         self._expansions += 1
         prefix = f"{node.name or node.output[0]}/{node.op_type}#{self._expansions}/"
-        renames = {}
+        # The body runs in its own name scope (as a subgraph does), so its names neither
+        # clash with the model's nor need renaming, and subgraphs inside it (an If's
+        # branches) see them.  A formal input the node leaves out reads as absent.
+        bindings, absent = {}, set()
         for i, formal in enumerate(body.input):
-            renames[formal] = node.input[i] if i < len(node.input) else ""
-        for i, formal in enumerate(body.output):
-            if i < len(node.output) and node.output[i]:
-                renames[formal] = node.output[i]
+            actual = node.input[i] if i < len(node.input) else ""
+            if not actual:
+                absent.add(formal)
+            elif actual not in self.values:
+                raise ModelError(f"{desc}: input {actual!r} is not defined before it is used")
+            else:
+                bindings[formal] = self.values[actual]
         attrs_ = {a.name: a for a in full.attribute}
-        for inner in body.node:
-            self._node(_instantiate(inner, renames, attrs_, prefix), body_opset)
+        self.values = self.values.new_child(bindings)
+        try:
+            for inner in body.node:
+                self._node(_instantiate(inner, absent, attrs_, prefix), body_opset)
+            results = [self.values.get(formal) for formal in body.output]
+        finally:
+            self.values = self.values.parents
+        for name, value in zip(node.output, results):
+            if name:
+                if value is None:
+                    raise ModelError(f"{desc}: the function body of {node.op_type} does not "
+                                     f"compute output {name!r}")
+                self.values[name] = value
         return True
 
     @staticmethod
@@ -492,17 +568,14 @@ class _Importer:
         raise ModelError(f"{desc}: Constant node has no value")
 
 
-def _instantiate(inner: onnx.NodeProto, renames: dict, attrs_: dict, prefix: str) -> onnx.NodeProto:
-    """A node of a function body with its formal names bound and attribute references resolved."""
-    def name(n):
-        return renames.get(n, prefix + n if n else "")
+def _instantiate(inner: onnx.NodeProto, absent: set, attrs_: dict, prefix: str) -> onnx.NodeProto:
+    """A node of a function body with absent formal inputs blanked and attribute references
+    resolved; its name gets `prefix`, so it traces back to the node the body expands."""
     out = onnx.NodeProto()
     out.CopyFrom(inner)
     out.ClearField("input")
-    out.ClearField("output")
     out.ClearField("attribute")
-    out.input.extend(name(n) for n in inner.input)
-    out.output.extend(name(n) for n in inner.output)
+    out.input.extend("" if n in absent else n for n in inner.input)
     out.name = prefix + (inner.name or (inner.output[0] if inner.output else inner.op_type))
     for a in inner.attribute:
         if a.ref_attr_name:
@@ -514,6 +587,10 @@ def _instantiate(inner: onnx.NodeProto, renames: dict, attrs_: dict, prefix: str
         else:
             out.attribute.append(a)
     return out
+
+
+def _with_article(noun: str) -> str:
+    return ("an " if noun[:1] in "aeiou" else "a ") + noun
 
 
 def _fmt_dims(dims) -> str:

@@ -16,6 +16,21 @@ def fn_pool_out(i, k, p0, p1, s, d, ceil_mode):
     return (fn_conv_out(i, k, p0, p1, s, d) if rt.eq(ceil_mode, 0) else rt.sub(rt.add(rt.floordiv(rt.sub(rt.add(rt.sub(rt.sub(rt.add(rt.add(i, p0), p1), rt.mul(d, rt.sub(k, 1))), 1), s), 1), s), 1), (1 if rt.ge(rt.mul(rt.floordiv(rt.sub(rt.add(rt.sub(rt.sub(rt.add(rt.add(i, p0), p1), rt.mul(d, rt.sub(k, 1))), 1), s), 1), s), s), rt.add(i, p0)) else 0)))
 
 
+def fn_rnn_directions(direction):
+    """rnn_directions(direction) = 2 if direction == "bidirectional" else 1  (specs/ops.glowdef:1584:1)"""
+    return (2 if rt.eq(direction, 'bidirectional') else 1)
+
+
 def fn_resize_args(r, n):
-    """resize_args(r, n) = [n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias]  (specs/lowerings.glowdef:522:1)"""
+    """resize_args(r, n) = [n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias]  (specs/lowerings.glowdef:526:1)"""
     return (n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias, )
+
+
+def fn_rnn_activation(acts, defaults, d, j):
+    """rnn_activation(acts, defaults, d, j) = acts[((d * len(defaults)) + j) % len(acts)] if len(acts) > 0 else defaults[j]  (specs/lowerings.glowdef:719:1)"""
+    return (acts[rt.mod(rt.add(rt.mul(d, rt.b_len(defaults)), j), rt.b_len(acts))] if rt.gt(rt.b_len(acts), 0) else defaults[j])
+
+
+def fn_rnn_reverses(direction, d):
+    """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:780:1)"""
+    return (rt.eq(direction, 'reverse') or rt.eq(d, 1))

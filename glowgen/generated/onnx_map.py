@@ -480,76 +480,75 @@ _Unsqueeze_0_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=None
 
 
 def _Unsqueeze_1(o):
-    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:435:3)."""
+    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:436:3)."""
     attrs = {}
-    if o.input('axes').present:
-        attrs['axes'] = o.input('axes').value
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:436:40', lambda: rt.b_ints(o.input('axes').value))
     return attrs
 
-_Unsqueeze_1_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'single')), operands=(('data', 0),), attributes=_Unsqueeze_1, consumed=(), location='specs/ops.glowdef:435:3', guard=None)
+_Unsqueeze_1_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'single')), operands=(('data', 0),), attributes=_Unsqueeze_1, consumed=(), location='specs/ops.glowdef:436:3', guard=None)
 
 
 def _Transpose_0(o):
-    """ONNX Transpose -> Transpose (specs/ops.glowdef:445:3)."""
+    """ONNX Transpose -> Transpose (specs/ops.glowdef:446:3)."""
     attrs = {}
-    attrs['perm'] = o.evaluating('perm', 'specs/ops.glowdef:445:31', lambda: (o.attr('perm', None) if rt.b_defined(o.attr('perm', None)) else rt.b_reversed(rt.b_range(rt.b_rank(o.input('data'))))))
+    attrs['perm'] = o.evaluating('perm', 'specs/ops.glowdef:446:31', lambda: (o.attr('perm', None) if rt.b_defined(o.attr('perm', None)) else rt.b_reversed(rt.b_range(rt.b_rank(o.input('data'))))))
     return attrs
 
-_Transpose_0_clause = OnnxClause(onnx_op='Transpose', op='Transpose', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Transpose_0, consumed=('perm',), location='specs/ops.glowdef:445:3', guard=None)
+_Transpose_0_clause = OnnxClause(onnx_op='Transpose', op='Transpose', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Transpose_0, consumed=('perm',), location='specs/ops.glowdef:446:3', guard=None)
 
 
 def _Concat_0(o):
-    """ONNX Concat -> Concat (specs/ops.glowdef:454:3)."""
+    """ONNX Concat -> Concat (specs/ops.glowdef:455:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:454:25', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:455:25', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
     return attrs
 
-_Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None, inputs=(('inputs', 'variadic'),), operands=(('inputs', 0),), attributes=_Concat_0, consumed=('axis',), location='specs/ops.glowdef:454:3', guard=None)
+_Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None, inputs=(('inputs', 'variadic'),), operands=(('inputs', 0),), attributes=_Concat_0, consumed=('axis',), location='specs/ops.glowdef:455:3', guard=None)
 
 
 def _Slice_0(o):
-    """ONNX Slice -> Slice (specs/ops.glowdef:467:3)."""
+    """ONNX Slice -> Slice (specs/ops.glowdef:468:3)."""
     attrs = {}
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:469:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:470:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:471:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:470:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:471:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:472:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 2))
     return attrs
 
-_Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=None, until=9, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Slice_0, consumed=('axes', 'ends', 'starts'), location='specs/ops.glowdef:467:3', guard=None)
+_Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=None, until=9, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Slice_0, consumed=('axes', 'ends', 'starts'), location='specs/ops.glowdef:468:3', guard=None)
 
 
 def _Slice_1(o):
-    """ONNX Slice -> Slice (specs/ops.glowdef:473:3)."""
+    """ONNX Slice -> Slice (specs/ops.glowdef:474:3)."""
     attrs = {}
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:475:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:476:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:477:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:476:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:477:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:478:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 2))
     return attrs
 
-_Slice_1_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_1, consumed=(), location='specs/ops.glowdef:473:3', guard=None)
+_Slice_1_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_1, consumed=(), location='specs/ops.glowdef:474:3', guard=None)
 
 
 def _Gather_0(o):
-    """ONNX Gather -> Gather (specs/ops.glowdef:487:3)."""
+    """ONNX Gather -> Gather (specs/ops.glowdef:488:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:487:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:488:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_Gather_0_clause = OnnxClause(onnx_op='Gather', op='Gather', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_Gather_0, consumed=('axis',), location='specs/ops.glowdef:487:3', guard=None)
+_Gather_0_clause = OnnxClause(onnx_op='Gather', op='Gather', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_Gather_0, consumed=('axis',), location='specs/ops.glowdef:488:3', guard=None)
 
 
 def _Expand_0(o):
-    """ONNX Expand -> Expand (specs/ops.glowdef:496:3)."""
+    """ONNX Expand -> Expand (specs/ops.glowdef:497:3)."""
     attrs = {}
     if o.input('shape').present:
         attrs['shape'] = o.input('shape').value
     return attrs
 
-_Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:496:3', guard=None)
+_Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:497:3', guard=None)
 
 
 def _Shape_0(o):
-    """ONNX Shape -> Shape (specs/ops.glowdef:506:3)."""
+    """ONNX Shape -> Shape (specs/ops.glowdef:507:3)."""
     attrs = {}
     if o.has_attr('end'):
         attrs['end'] = o.attr('end')
@@ -559,208 +558,184 @@ def _Shape_0(o):
         attrs['start'] = 0
     return attrs
 
-_Shape_0_clause = OnnxClause(onnx_op='Shape', op='Shape', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Shape_0, consumed=('end', 'start'), location='specs/ops.glowdef:506:3', guard=None)
+_Shape_0_clause = OnnxClause(onnx_op='Shape', op='Shape', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Shape_0, consumed=('end', 'start'), location='specs/ops.glowdef:507:3', guard=None)
 
 
 def _Size_0(o):
-    """ONNX Size -> Size (specs/ops.glowdef:514:3)."""
+    """ONNX Size -> Size (specs/ops.glowdef:515:3)."""
     attrs = {}
     return attrs
 
-_Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Size_0, consumed=(), location='specs/ops.glowdef:514:3', guard=None)
+_Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Size_0, consumed=(), location='specs/ops.glowdef:515:3', guard=None)
 
 
 def _Splat_0(o):
-    """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:524:3)."""
+    """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:525:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:524:26', lambda: rt.b_ints(o.input('input').value))
-    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:524:53', lambda: rt.b_item(o.attr('value', None), 0.0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:524:79', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
+    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:525:26', lambda: rt.b_ints(o.input('input').value))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:525:53', lambda: rt.b_item(o.attr('value', None), 0.0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:525:79', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
     return attrs
 
-_Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:524:3', guard=None)
+_Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:525:3', guard=None)
 
 
 def _Range_0(o):
-    """ONNX Range -> Range (specs/ops.glowdef:536:3)."""
+    """ONNX Range -> Range (specs/ops.glowdef:537:3)."""
     attrs = {}
-    attrs['start'] = o.evaluating('start', 'specs/ops.glowdef:537:5', lambda: rt.b_item(o.input('start').value))
-    attrs['limit'] = o.evaluating('limit', 'specs/ops.glowdef:537:32', lambda: rt.b_item(o.input('limit').value))
-    attrs['delta'] = o.evaluating('delta', 'specs/ops.glowdef:537:59', lambda: rt.b_item(o.input('delta').value))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:537:86', lambda: o.input('start').dtype)
+    attrs['start'] = o.evaluating('start', 'specs/ops.glowdef:538:5', lambda: rt.b_item(o.input('start').value))
+    attrs['limit'] = o.evaluating('limit', 'specs/ops.glowdef:538:32', lambda: rt.b_item(o.input('limit').value))
+    attrs['delta'] = o.evaluating('delta', 'specs/ops.glowdef:538:59', lambda: rt.b_item(o.input('delta').value))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:538:86', lambda: o.input('start').dtype)
     return attrs
 
-_Range_0_clause = OnnxClause(onnx_op='Range', op='Range', since=None, until=None, inputs=(('start', 'single'), ('limit', 'single'), ('delta', 'single')), operands=(), attributes=_Range_0, consumed=(), location='specs/ops.glowdef:536:3', guard=None)
+_Range_0_clause = OnnxClause(onnx_op='Range', op='Range', since=None, until=None, inputs=(('start', 'single'), ('limit', 'single'), ('delta', 'single')), operands=(), attributes=_Range_0, consumed=(), location='specs/ops.glowdef:537:3', guard=None)
 
 
 def _ReduceSum_0(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:550:3)."""
-    attrs = {}
-    if o.has_attr('keepdims'):
-        attrs['keepdims'] = o.attr('keepdims')
-    else:
-        attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:550:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
-    return attrs
-
-_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:550:3', guard=None)
-
-
-def _ReduceSum_1(o):
     """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:551:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:554:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:553:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:551:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:551:3', guard=None)
+_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:551:3', guard=None)
 
 
-def _ReduceMax_0(o):
-    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:566:3)."""
+def _ReduceSum_1(o):
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:552:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:566:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:555:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:554:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:566:3', guard=None)
+_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:552:3', guard=None)
 
 
-def _ReduceMax_1(o):
+def _ReduceMax_0(o):
     """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:567:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:570:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:569:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:567:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:567:3', guard=None)
+_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:567:3', guard=None)
 
 
-def _ReduceMin_0(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:582:3)."""
+def _ReduceMax_1(o):
+    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:568:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:582:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:571:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:570:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:582:3', guard=None)
+_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:568:3', guard=None)
 
 
-def _ReduceMin_1(o):
+def _ReduceMin_0(o):
     """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:583:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:586:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:585:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:583:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:583:3', guard=None)
+_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:583:3', guard=None)
 
 
-def _ReduceProd_0(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:598:3)."""
+def _ReduceMin_1(o):
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:584:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:598:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:587:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:586:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:598:3', guard=None)
+_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:584:3', guard=None)
 
 
-def _ReduceProd_1(o):
+def _ReduceProd_0(o):
     """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:599:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:602:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:601:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:599:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:599:3', guard=None)
+_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:599:3', guard=None)
 
 
-def _ReduceMean_0(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:613:3)."""
+def _ReduceProd_1(o):
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:600:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:613:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:603:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:602:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:613:3', guard=None)
+_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:600:3', guard=None)
 
 
-def _ReduceMean_1(o):
+def _ReduceMean_0(o):
     """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:614:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:617:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:616:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:614:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:614:3', guard=None)
+_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:614:3', guard=None)
+
+
+def _ReduceMean_1(o):
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:615:3)."""
+    attrs = {}
+    if o.has_attr('keepdims'):
+        attrs['keepdims'] = o.attr('keepdims')
+    else:
+        attrs['keepdims'] = 1
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:618:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:617:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    return attrs
+
+_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:615:3', guard=None)
 
 
 def _MatMul_0(o):
-    """ONNX MatMul -> MatMul (specs/ops.glowdef:636:3)."""
+    """ONNX MatMul -> MatMul (specs/ops.glowdef:637:3)."""
     attrs = {}
     return attrs
 
-_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:636:3', guard=None)
+_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:637:3', guard=None)
 
 
 def _Gemm_0(o):
-    """ONNX Gemm -> Gemm (specs/ops.glowdef:649:3)."""
-    attrs = {}
-    if o.has_attr('beta'):
-        attrs['beta'] = o.attr('beta')
-    else:
-        attrs['beta'] = 1.0
-    if o.has_attr('transB'):
-        attrs['transB'] = o.attr('transB')
-    else:
-        attrs['transB'] = 0
-    if o.has_attr('alpha'):
-        attrs['alpha'] = o.attr('alpha')
-    else:
-        attrs['alpha'] = 1.0
-    if o.has_attr('transA'):
-        attrs['transA'] = o.attr('transA')
-    else:
-        attrs['transA'] = 0
-    return attrs
-
-_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:649:3', guard=None)
-
-
-def _Gemm_1(o):
     """ONNX Gemm -> Gemm (specs/ops.glowdef:650:3)."""
     attrs = {}
     if o.has_attr('beta'):
@@ -781,11 +756,35 @@ def _Gemm_1(o):
         attrs['transA'] = 0
     return attrs
 
-_Gemm_1_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=6, until=6, inputs=(('A', 'single'), ('B', 'single'), ('C', 'single')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_1, consumed=('alpha', 'beta', 'broadcast', 'transA', 'transB'), location='specs/ops.glowdef:650:3', guard=None)
+_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:650:3', guard=None)
+
+
+def _Gemm_1(o):
+    """ONNX Gemm -> Gemm (specs/ops.glowdef:651:3)."""
+    attrs = {}
+    if o.has_attr('beta'):
+        attrs['beta'] = o.attr('beta')
+    else:
+        attrs['beta'] = 1.0
+    if o.has_attr('transB'):
+        attrs['transB'] = o.attr('transB')
+    else:
+        attrs['transB'] = 0
+    if o.has_attr('alpha'):
+        attrs['alpha'] = o.attr('alpha')
+    else:
+        attrs['alpha'] = 1.0
+    if o.has_attr('transA'):
+        attrs['transA'] = o.attr('transA')
+    else:
+        attrs['transA'] = 0
+    return attrs
+
+_Gemm_1_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=6, until=6, inputs=(('A', 'single'), ('B', 'single'), ('C', 'single')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_1, consumed=('alpha', 'beta', 'broadcast', 'transA', 'transB'), location='specs/ops.glowdef:651:3', guard=None)
 
 
 def _Conv_0(o):
-    """ONNX Conv -> Conv (specs/ops.glowdef:675:3)."""
+    """ONNX Conv -> Conv (specs/ops.glowdef:676:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
@@ -795,18 +794,18 @@ def _Conv_0(o):
         attrs['strides'] = o.attr('strides')
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:677:5')
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:678:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:678:5')
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:679:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _Conv_0_guard(o):
     return bool(rt.eq(rt.b_rank(o.input('X')), 4))
 
-_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:675:3', guard=_Conv_0_guard)
+_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:676:3', guard=_Conv_0_guard)
 
 
 def _MaxPool_0(o):
-    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:694:3)."""
+    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:695:3)."""
     attrs = {}
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
@@ -816,19 +815,19 @@ def _MaxPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:696:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:697:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:698:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:697:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:698:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:699:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _MaxPool_0_guard(o):
     return bool((rt.eq(rt.b_rank(o.input('X')), 4) and rt.eq(rt.b_len(o.outputs), 1)))
 
-_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:694:3', guard=_MaxPool_0_guard)
+_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:695:3', guard=_MaxPool_0_guard)
 
 
 def _AvgPool_0(o):
-    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:714:3)."""
+    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:715:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -840,34 +839,34 @@ def _AvgPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:716:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:717:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:717:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:718:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPool_0_guard(o):
     return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1))))
 
-_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:714:3', guard=_AvgPool_0_guard)
+_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:715:3', guard=_AvgPool_0_guard)
 
 
 def _GlobalAveragePool_0(o):
-    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:726:3)."""
+    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:727:3)."""
     attrs = {}
     return attrs
 
-_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:726:3', guard=None)
+_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:727:3', guard=None)
 
 
 def _GlobalMaxPool_0(o):
-    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:733:3)."""
+    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:734:3)."""
     attrs = {}
     return attrs
 
-_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:733:3', guard=None)
+_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:734:3', guard=None)
 
 
 def _LRN_0(o):
-    """ONNX LRN -> LRN (specs/ops.glowdef:744:3)."""
+    """ONNX LRN -> LRN (specs/ops.glowdef:745:3)."""
     attrs = {}
     if o.has_attr('bias'):
         attrs['bias'] = o.attr('bias')
@@ -885,227 +884,227 @@ def _LRN_0(o):
         attrs['size'] = o.attr('size')
     return attrs
 
-_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:744:3', guard=None)
+_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:745:3', guard=None)
 
 
 def _BatchNormalization_0(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:754:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:755:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:755:5')
-    o.check(rt.ne(o.attr('is_test', 0), 0), 'training mode (is_test=0) is not supported', 'specs/ops.glowdef:756:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:756:5')
+    o.check(rt.ne(o.attr('is_test', 0), 0), 'training mode (is_test=0) is not supported', 'specs/ops.glowdef:757:5')
     return attrs
 
-_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=6, until=6, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'is_test', 'momentum', 'spatial'), location='specs/ops.glowdef:754:3', guard=None)
+_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=6, until=6, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'is_test', 'momentum', 'spatial'), location='specs/ops.glowdef:755:3', guard=None)
 
 
 def _BatchNormalization_1(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:759:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:760:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:760:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:761:5')
     return attrs
 
-_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:759:3', guard=None)
+_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:760:3', guard=None)
 
 
 def _BatchNormalization_2(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:763:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:764:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:764:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:765:5')
     return attrs
 
-_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:763:3', guard=None)
+_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:764:3', guard=None)
 
 
 def _BatchNormalization_3(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:767:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:768:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:768:5')
+    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:769:5')
     return attrs
 
-_BatchNormalization_3_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_3, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:767:3', guard=None)
+_BatchNormalization_3_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_3, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:768:3', guard=None)
 
 
 def _LayerNormalization_0(o):
-    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:782:3)."""
+    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:783:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:784:5')
-    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:785:5')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:786:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:785:5')
+    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:786:5')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:787:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:782:3', guard=None)
+_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:783:3', guard=None)
 
 
 def _Softmax_0(o):
-    """ONNX Softmax -> Softmax (specs/ops.glowdef:795:3)."""
+    """ONNX Softmax -> Softmax (specs/ops.glowdef:796:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:795:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:796:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:795:3', guard=None)
+_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:796:3', guard=None)
 
 
 def _LogSoftmax_0(o):
-    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:803:3)."""
+    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:804:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:803:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:804:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:803:3', guard=None)
+_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:804:3', guard=None)
 
 
 def _SoftmaxFlat_0(o):
-    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:811:3)."""
+    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:812:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:811:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:812:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:811:3', guard=None)
+_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:812:3', guard=None)
 
 
 def _LogSoftmaxFlat_0(o):
-    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:819:3)."""
+    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:820:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:819:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:820:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:819:3', guard=None)
+_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:820:3', guard=None)
 
 
 def _Sin_0(o):
-    """ONNX Sin -> Sin (specs/ops.glowdef:831:3)."""
+    """ONNX Sin -> Sin (specs/ops.glowdef:832:3)."""
     attrs = {}
     return attrs
 
-_Sin_0_clause = OnnxClause(onnx_op='Sin', op='Sin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sin_0, consumed=(), location='specs/ops.glowdef:831:3', guard=None)
+_Sin_0_clause = OnnxClause(onnx_op='Sin', op='Sin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sin_0, consumed=(), location='specs/ops.glowdef:832:3', guard=None)
 
 
 def _Cos_0(o):
-    """ONNX Cos -> Cos (specs/ops.glowdef:839:3)."""
+    """ONNX Cos -> Cos (specs/ops.glowdef:840:3)."""
     attrs = {}
     return attrs
 
-_Cos_0_clause = OnnxClause(onnx_op='Cos', op='Cos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cos_0, consumed=(), location='specs/ops.glowdef:839:3', guard=None)
+_Cos_0_clause = OnnxClause(onnx_op='Cos', op='Cos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cos_0, consumed=(), location='specs/ops.glowdef:840:3', guard=None)
 
 
 def _Tan_0(o):
-    """ONNX Tan -> Tan (specs/ops.glowdef:847:3)."""
+    """ONNX Tan -> Tan (specs/ops.glowdef:848:3)."""
     attrs = {}
     return attrs
 
-_Tan_0_clause = OnnxClause(onnx_op='Tan', op='Tan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tan_0, consumed=(), location='specs/ops.glowdef:847:3', guard=None)
+_Tan_0_clause = OnnxClause(onnx_op='Tan', op='Tan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tan_0, consumed=(), location='specs/ops.glowdef:848:3', guard=None)
 
 
 def _Asin_0(o):
-    """ONNX Asin -> Asin (specs/ops.glowdef:855:3)."""
+    """ONNX Asin -> Asin (specs/ops.glowdef:856:3)."""
     attrs = {}
     return attrs
 
-_Asin_0_clause = OnnxClause(onnx_op='Asin', op='Asin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asin_0, consumed=(), location='specs/ops.glowdef:855:3', guard=None)
+_Asin_0_clause = OnnxClause(onnx_op='Asin', op='Asin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asin_0, consumed=(), location='specs/ops.glowdef:856:3', guard=None)
 
 
 def _Acos_0(o):
-    """ONNX Acos -> Acos (specs/ops.glowdef:863:3)."""
+    """ONNX Acos -> Acos (specs/ops.glowdef:864:3)."""
     attrs = {}
     return attrs
 
-_Acos_0_clause = OnnxClause(onnx_op='Acos', op='Acos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acos_0, consumed=(), location='specs/ops.glowdef:863:3', guard=None)
+_Acos_0_clause = OnnxClause(onnx_op='Acos', op='Acos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acos_0, consumed=(), location='specs/ops.glowdef:864:3', guard=None)
 
 
 def _Atan_0(o):
-    """ONNX Atan -> Atan (specs/ops.glowdef:871:3)."""
+    """ONNX Atan -> Atan (specs/ops.glowdef:872:3)."""
     attrs = {}
     return attrs
 
-_Atan_0_clause = OnnxClause(onnx_op='Atan', op='Atan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atan_0, consumed=(), location='specs/ops.glowdef:871:3', guard=None)
+_Atan_0_clause = OnnxClause(onnx_op='Atan', op='Atan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atan_0, consumed=(), location='specs/ops.glowdef:872:3', guard=None)
 
 
 def _Sinh_0(o):
-    """ONNX Sinh -> Sinh (specs/ops.glowdef:879:3)."""
+    """ONNX Sinh -> Sinh (specs/ops.glowdef:880:3)."""
     attrs = {}
     return attrs
 
-_Sinh_0_clause = OnnxClause(onnx_op='Sinh', op='Sinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sinh_0, consumed=(), location='specs/ops.glowdef:879:3', guard=None)
+_Sinh_0_clause = OnnxClause(onnx_op='Sinh', op='Sinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sinh_0, consumed=(), location='specs/ops.glowdef:880:3', guard=None)
 
 
 def _Cosh_0(o):
-    """ONNX Cosh -> Cosh (specs/ops.glowdef:887:3)."""
+    """ONNX Cosh -> Cosh (specs/ops.glowdef:888:3)."""
     attrs = {}
     return attrs
 
-_Cosh_0_clause = OnnxClause(onnx_op='Cosh', op='Cosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cosh_0, consumed=(), location='specs/ops.glowdef:887:3', guard=None)
+_Cosh_0_clause = OnnxClause(onnx_op='Cosh', op='Cosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cosh_0, consumed=(), location='specs/ops.glowdef:888:3', guard=None)
 
 
 def _Asinh_0(o):
-    """ONNX Asinh -> Asinh (specs/ops.glowdef:895:3)."""
+    """ONNX Asinh -> Asinh (specs/ops.glowdef:896:3)."""
     attrs = {}
     return attrs
 
-_Asinh_0_clause = OnnxClause(onnx_op='Asinh', op='Asinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asinh_0, consumed=(), location='specs/ops.glowdef:895:3', guard=None)
+_Asinh_0_clause = OnnxClause(onnx_op='Asinh', op='Asinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asinh_0, consumed=(), location='specs/ops.glowdef:896:3', guard=None)
 
 
 def _Acosh_0(o):
-    """ONNX Acosh -> Acosh (specs/ops.glowdef:903:3)."""
+    """ONNX Acosh -> Acosh (specs/ops.glowdef:904:3)."""
     attrs = {}
     return attrs
 
-_Acosh_0_clause = OnnxClause(onnx_op='Acosh', op='Acosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acosh_0, consumed=(), location='specs/ops.glowdef:903:3', guard=None)
+_Acosh_0_clause = OnnxClause(onnx_op='Acosh', op='Acosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acosh_0, consumed=(), location='specs/ops.glowdef:904:3', guard=None)
 
 
 def _Atanh_0(o):
-    """ONNX Atanh -> Atanh (specs/ops.glowdef:911:3)."""
+    """ONNX Atanh -> Atanh (specs/ops.glowdef:912:3)."""
     attrs = {}
     return attrs
 
-_Atanh_0_clause = OnnxClause(onnx_op='Atanh', op='Atanh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atanh_0, consumed=(), location='specs/ops.glowdef:911:3', guard=None)
+_Atanh_0_clause = OnnxClause(onnx_op='Atanh', op='Atanh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atanh_0, consumed=(), location='specs/ops.glowdef:912:3', guard=None)
 
 
 def _Sign_0(o):
-    """ONNX Sign -> Sign (specs/ops.glowdef:919:3)."""
+    """ONNX Sign -> Sign (specs/ops.glowdef:920:3)."""
     attrs = {}
     return attrs
 
-_Sign_0_clause = OnnxClause(onnx_op='Sign', op='Sign', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sign_0, consumed=(), location='specs/ops.glowdef:919:3', guard=None)
+_Sign_0_clause = OnnxClause(onnx_op='Sign', op='Sign', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sign_0, consumed=(), location='specs/ops.glowdef:920:3', guard=None)
 
 
 def _Round_0(o):
-    """ONNX Round -> Round (specs/ops.glowdef:927:3)."""
+    """ONNX Round -> Round (specs/ops.glowdef:928:3)."""
     attrs = {}
     return attrs
 
-_Round_0_clause = OnnxClause(onnx_op='Round', op='Round', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Round_0, consumed=(), location='specs/ops.glowdef:927:3', guard=None)
+_Round_0_clause = OnnxClause(onnx_op='Round', op='Round', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Round_0, consumed=(), location='specs/ops.glowdef:928:3', guard=None)
 
 
 def _IsNaN_0(o):
-    """ONNX IsNaN -> IsNaN (specs/ops.glowdef:935:3)."""
+    """ONNX IsNaN -> IsNaN (specs/ops.glowdef:936:3)."""
     attrs = {}
     return attrs
 
-_IsNaN_0_clause = OnnxClause(onnx_op='IsNaN', op='IsNaN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsNaN_0, consumed=(), location='specs/ops.glowdef:935:3', guard=None)
+_IsNaN_0_clause = OnnxClause(onnx_op='IsNaN', op='IsNaN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsNaN_0, consumed=(), location='specs/ops.glowdef:936:3', guard=None)
 
 
 def _IsInf_0(o):
-    """ONNX IsInf -> IsInf (specs/ops.glowdef:945:3)."""
+    """ONNX IsInf -> IsInf (specs/ops.glowdef:946:3)."""
     attrs = {}
     if o.has_attr('detect_negative'):
         attrs['detect_negative'] = o.attr('detect_negative')
@@ -1117,19 +1116,19 @@ def _IsInf_0(o):
         attrs['detect_positive'] = 1
     return attrs
 
-_IsInf_0_clause = OnnxClause(onnx_op='IsInf', op='IsInf', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsInf_0, consumed=('detect_negative', 'detect_positive'), location='specs/ops.glowdef:945:3', guard=None)
+_IsInf_0_clause = OnnxClause(onnx_op='IsInf', op='IsInf', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsInf_0, consumed=('detect_negative', 'detect_positive'), location='specs/ops.glowdef:946:3', guard=None)
 
 
 def _BitwiseNot_0(o):
-    """ONNX BitwiseNot -> BitwiseNot (specs/ops.glowdef:953:3)."""
+    """ONNX BitwiseNot -> BitwiseNot (specs/ops.glowdef:954:3)."""
     attrs = {}
     return attrs
 
-_BitwiseNot_0_clause = OnnxClause(onnx_op='BitwiseNot', op='BitwiseNot', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_BitwiseNot_0, consumed=(), location='specs/ops.glowdef:953:3', guard=None)
+_BitwiseNot_0_clause = OnnxClause(onnx_op='BitwiseNot', op='BitwiseNot', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_BitwiseNot_0, consumed=(), location='specs/ops.glowdef:954:3', guard=None)
 
 
 def _Selu_0(o):
-    """ONNX Selu -> Selu (specs/ops.glowdef:963:3)."""
+    """ONNX Selu -> Selu (specs/ops.glowdef:964:3)."""
     attrs = {}
     if o.has_attr('gamma'):
         attrs['gamma'] = o.attr('gamma')
@@ -1141,11 +1140,11 @@ def _Selu_0(o):
         attrs['alpha'] = 1.6732631921768188
     return attrs
 
-_Selu_0_clause = OnnxClause(onnx_op='Selu', op='Selu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Selu_0, consumed=('alpha', 'gamma'), location='specs/ops.glowdef:963:3', guard=None)
+_Selu_0_clause = OnnxClause(onnx_op='Selu', op='Selu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Selu_0, consumed=('alpha', 'gamma'), location='specs/ops.glowdef:964:3', guard=None)
 
 
 def _ThresholdedRelu_0(o):
-    """ONNX ThresholdedRelu -> ThresholdedRelu (specs/ops.glowdef:972:3)."""
+    """ONNX ThresholdedRelu -> ThresholdedRelu (specs/ops.glowdef:973:3)."""
     attrs = {}
     if o.has_attr('alpha'):
         attrs['alpha'] = o.attr('alpha')
@@ -1153,11 +1152,11 @@ def _ThresholdedRelu_0(o):
         attrs['alpha'] = 1.0
     return attrs
 
-_ThresholdedRelu_0_clause = OnnxClause(onnx_op='ThresholdedRelu', op='ThresholdedRelu', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_ThresholdedRelu_0, consumed=('alpha',), location='specs/ops.glowdef:972:3', guard=None)
+_ThresholdedRelu_0_clause = OnnxClause(onnx_op='ThresholdedRelu', op='ThresholdedRelu', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_ThresholdedRelu_0, consumed=('alpha',), location='specs/ops.glowdef:973:3', guard=None)
 
 
 def _Shrink_0(o):
-    """ONNX Shrink -> Shrink (specs/ops.glowdef:982:3)."""
+    """ONNX Shrink -> Shrink (specs/ops.glowdef:983:3)."""
     attrs = {}
     if o.has_attr('bias'):
         attrs['bias'] = o.attr('bias')
@@ -1169,11 +1168,11 @@ def _Shrink_0(o):
         attrs['lambd'] = 0.5
     return attrs
 
-_Shrink_0_clause = OnnxClause(onnx_op='Shrink', op='Shrink', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Shrink_0, consumed=('bias', 'lambd'), location='specs/ops.glowdef:982:3', guard=None)
+_Shrink_0_clause = OnnxClause(onnx_op='Shrink', op='Shrink', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Shrink_0, consumed=('bias', 'lambd'), location='specs/ops.glowdef:983:3', guard=None)
 
 
 def _Mod_0(o):
-    """ONNX Mod -> Mod (specs/ops.glowdef:993:3)."""
+    """ONNX Mod -> Mod (specs/ops.glowdef:994:3)."""
     attrs = {}
     if o.has_attr('fmod'):
         attrs['fmod'] = o.attr('fmod')
@@ -1181,92 +1180,92 @@ def _Mod_0(o):
         attrs['fmod'] = 0
     return attrs
 
-_Mod_0_clause = OnnxClause(onnx_op='Mod', op='Mod', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mod_0, consumed=('fmod',), location='specs/ops.glowdef:993:3', guard=None)
+_Mod_0_clause = OnnxClause(onnx_op='Mod', op='Mod', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mod_0, consumed=('fmod',), location='specs/ops.glowdef:994:3', guard=None)
 
 
 def _BitShift_0(o):
-    """ONNX BitShift -> BitShift (specs/ops.glowdef:1003:3)."""
+    """ONNX BitShift -> BitShift (specs/ops.glowdef:1004:3)."""
     attrs = {}
-    attrs['left'] = o.evaluating('left', 'specs/ops.glowdef:1003:39', lambda: (1 if rt.eq(o.attr('direction', None), 'LEFT') else 0))
+    attrs['left'] = o.evaluating('left', 'specs/ops.glowdef:1004:39', lambda: (1 if rt.eq(o.attr('direction', None), 'LEFT') else 0))
     return attrs
 
-_BitShift_0_clause = OnnxClause(onnx_op='BitShift', op='BitShift', since=None, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_BitShift_0, consumed=('direction',), location='specs/ops.glowdef:1003:3', guard=None)
+_BitShift_0_clause = OnnxClause(onnx_op='BitShift', op='BitShift', since=None, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_BitShift_0, consumed=('direction',), location='specs/ops.glowdef:1004:3', guard=None)
 
 
 def _BitwiseAnd_0(o):
-    """ONNX BitwiseAnd -> BitwiseAnd (specs/ops.glowdef:1012:3)."""
+    """ONNX BitwiseAnd -> BitwiseAnd (specs/ops.glowdef:1013:3)."""
     attrs = {}
     return attrs
 
-_BitwiseAnd_0_clause = OnnxClause(onnx_op='BitwiseAnd', op='BitwiseAnd', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseAnd_0, consumed=(), location='specs/ops.glowdef:1012:3', guard=None)
+_BitwiseAnd_0_clause = OnnxClause(onnx_op='BitwiseAnd', op='BitwiseAnd', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseAnd_0, consumed=(), location='specs/ops.glowdef:1013:3', guard=None)
 
 
 def _BitwiseOr_0(o):
-    """ONNX BitwiseOr -> BitwiseOr (specs/ops.glowdef:1021:3)."""
+    """ONNX BitwiseOr -> BitwiseOr (specs/ops.glowdef:1022:3)."""
     attrs = {}
     return attrs
 
-_BitwiseOr_0_clause = OnnxClause(onnx_op='BitwiseOr', op='BitwiseOr', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseOr_0, consumed=(), location='specs/ops.glowdef:1021:3', guard=None)
+_BitwiseOr_0_clause = OnnxClause(onnx_op='BitwiseOr', op='BitwiseOr', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseOr_0, consumed=(), location='specs/ops.glowdef:1022:3', guard=None)
 
 
 def _BitwiseXor_0(o):
-    """ONNX BitwiseXor -> BitwiseXor (specs/ops.glowdef:1030:3)."""
+    """ONNX BitwiseXor -> BitwiseXor (specs/ops.glowdef:1031:3)."""
     attrs = {}
     return attrs
 
-_BitwiseXor_0_clause = OnnxClause(onnx_op='BitwiseXor', op='BitwiseXor', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseXor_0, consumed=(), location='specs/ops.glowdef:1030:3', guard=None)
+_BitwiseXor_0_clause = OnnxClause(onnx_op='BitwiseXor', op='BitwiseXor', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseXor_0, consumed=(), location='specs/ops.glowdef:1031:3', guard=None)
 
 
 def _PRelu_0(o):
-    """ONNX PRelu -> PRelu (specs/ops.glowdef:1039:3)."""
+    """ONNX PRelu -> PRelu (specs/ops.glowdef:1040:3)."""
     attrs = {}
     return attrs
 
 def _PRelu_0_guard(o):
     return bool(((rt.ge(o.opset, 7) or rt.ne(rt.b_len(o.input('slope').shape), 1)) or rt.lt(rt.b_rank(o.input('X')), 2)))
 
-_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:1039:3', guard=_PRelu_0_guard)
+_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:1040:3', guard=_PRelu_0_guard)
 
 
 def _CastLike_0(o):
-    """ONNX CastLike -> CastLike (specs/ops.glowdef:1046:3)."""
+    """ONNX CastLike -> CastLike (specs/ops.glowdef:1047:3)."""
     attrs = {}
     return attrs
 
-_CastLike_0_clause = OnnxClause(onnx_op='CastLike', op='CastLike', since=None, until=None, inputs=(('input', 'single'), ('target_type', 'single')), operands=(('input', 0), ('target_type', 1)), attributes=_CastLike_0, consumed=('saturate',), location='specs/ops.glowdef:1046:3', guard=None)
+_CastLike_0_clause = OnnxClause(onnx_op='CastLike', op='CastLike', since=None, until=None, inputs=(('input', 'single'), ('target_type', 'single')), operands=(('input', 0), ('target_type', 1)), attributes=_CastLike_0, consumed=('saturate',), location='specs/ops.glowdef:1047:3', guard=None)
 
 
 def _Split_0(o):
-    """ONNX Split -> Split (specs/ops.glowdef:1058:3)."""
+    """ONNX Split -> Split (specs/ops.glowdef:1059:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1060:5', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1061:5', lambda: sl.b_split_sizes(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))), (o.attr('split', None) if rt.b_defined(o.attr('split', None)) else ()), rt.b_len(o.outputs)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1061:5', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1062:5', lambda: sl.b_split_sizes(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))), (o.attr('split', None) if rt.b_defined(o.attr('split', None)) else ()), rt.b_len(o.outputs)))
     return attrs
 
-_Split_0_clause = OnnxClause(onnx_op='Split', op='Split', since=2, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Split_0, consumed=('axis', 'split'), location='specs/ops.glowdef:1058:3', guard=None)
+_Split_0_clause = OnnxClause(onnx_op='Split', op='Split', since=2, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Split_0, consumed=('axis', 'split'), location='specs/ops.glowdef:1059:3', guard=None)
 
 
 def _Split_1(o):
-    """ONNX Split -> Split (specs/ops.glowdef:1063:3)."""
+    """ONNX Split -> Split (specs/ops.glowdef:1064:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1065:5', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1066:5', lambda: sl.b_split_sizes(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))), (o.input('split').value if o.input('split').present else ()), rt.b_len(o.outputs)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1066:5', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1067:5', lambda: sl.b_split_sizes(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))), (o.input('split').value if o.input('split').present else ()), rt.b_len(o.outputs)))
     return attrs
 
-_Split_1_clause = OnnxClause(onnx_op='Split', op='Split', since=13, until=None, inputs=(('input', 'single'), ('split', 'optional')), operands=(('input', 0),), attributes=_Split_1, consumed=('axis', 'num_outputs'), location='specs/ops.glowdef:1063:3', guard=None)
+_Split_1_clause = OnnxClause(onnx_op='Split', op='Split', since=13, until=None, inputs=(('input', 'single'), ('split', 'optional')), operands=(('input', 0),), attributes=_Split_1, consumed=('axis', 'num_outputs'), location='specs/ops.glowdef:1064:3', guard=None)
 
 
 def _Tile_0(o):
-    """ONNX Tile -> Tile (specs/ops.glowdef:1077:3)."""
+    """ONNX Tile -> Tile (specs/ops.glowdef:1078:3)."""
     attrs = {}
-    attrs['repeats'] = o.evaluating('repeats', 'specs/ops.glowdef:1077:35', lambda: rt.b_ints(o.input('repeats').value))
+    attrs['repeats'] = o.evaluating('repeats', 'specs/ops.glowdef:1078:35', lambda: rt.b_ints(o.input('repeats').value))
     return attrs
 
-_Tile_0_clause = OnnxClause(onnx_op='Tile', op='Tile', since=6, until=None, inputs=(('input', 'single'), ('repeats', 'single')), operands=(('input', 0),), attributes=_Tile_0, consumed=(), location='specs/ops.glowdef:1077:3', guard=None)
+_Tile_0_clause = OnnxClause(onnx_op='Tile', op='Tile', since=6, until=None, inputs=(('input', 'single'), ('repeats', 'single')), operands=(('input', 0),), attributes=_Tile_0, consumed=(), location='specs/ops.glowdef:1078:3', guard=None)
 
 
 def _Pad_0(o):
-    """ONNX Pad -> Pad (specs/ops.glowdef:1091:3)."""
+    """ONNX Pad -> Pad (specs/ops.glowdef:1092:3)."""
     attrs = {}
     if o.has_attr('value'):
         attrs['value'] = o.attr('value')
@@ -1280,47 +1279,47 @@ def _Pad_0(o):
         attrs['pads'] = o.attr('pads')
     return attrs
 
-_Pad_0_clause = OnnxClause(onnx_op='Pad', op='Pad', since=2, until=10, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Pad_0, consumed=('mode', 'pads', 'value'), location='specs/ops.glowdef:1091:3', guard=None)
+_Pad_0_clause = OnnxClause(onnx_op='Pad', op='Pad', since=2, until=10, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Pad_0, consumed=('mode', 'pads', 'value'), location='specs/ops.glowdef:1092:3', guard=None)
 
 
 def _Pad_1(o):
-    """ONNX Pad -> Pad (specs/ops.glowdef:1092:3)."""
+    """ONNX Pad -> Pad (specs/ops.glowdef:1093:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'constant'
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1094:5', lambda: sl.b_full_pads(rt.b_rank(o.input('data')), rt.b_ints(o.input('pads').value), (rt.b_ints(o.input('axes').value) if o.input('axes').present else ())))
-    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:1095:5', lambda: (rt.b_item(o.input('constant_value').value) if o.input('constant_value').present else 0.0))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1095:5', lambda: sl.b_full_pads(rt.b_rank(o.input('data')), rt.b_ints(o.input('pads').value), (rt.b_ints(o.input('axes').value) if o.input('axes').present else ())))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:1096:5', lambda: (rt.b_item(o.input('constant_value').value) if o.input('constant_value').present else 0.0))
     return attrs
 
-_Pad_1_clause = OnnxClause(onnx_op='Pad', op='Pad', since=11, until=None, inputs=(('data', 'single'), ('pads', 'single'), ('constant_value', 'optional'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Pad_1, consumed=('mode',), location='specs/ops.glowdef:1092:3', guard=None)
+_Pad_1_clause = OnnxClause(onnx_op='Pad', op='Pad', since=11, until=None, inputs=(('data', 'single'), ('pads', 'single'), ('constant_value', 'optional'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Pad_1, consumed=('mode',), location='specs/ops.glowdef:1093:3', guard=None)
 
 
 def _Trilu_0(o):
-    """ONNX Trilu -> Trilu (specs/ops.glowdef:1107:3)."""
+    """ONNX Trilu -> Trilu (specs/ops.glowdef:1108:3)."""
     attrs = {}
     if o.has_attr('upper'):
         attrs['upper'] = o.attr('upper')
     else:
         attrs['upper'] = 1
-    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:1107:28', lambda: (rt.b_item(o.input('k').value) if o.input('k').present else 0))
+    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:1108:28', lambda: (rt.b_item(o.input('k').value) if o.input('k').present else 0))
     return attrs
 
-_Trilu_0_clause = OnnxClause(onnx_op='Trilu', op='Trilu', since=None, until=None, inputs=(('input', 'single'), ('k', 'optional')), operands=(('input', 0),), attributes=_Trilu_0, consumed=('upper',), location='specs/ops.glowdef:1107:3', guard=None)
+_Trilu_0_clause = OnnxClause(onnx_op='Trilu', op='Trilu', since=None, until=None, inputs=(('input', 'single'), ('k', 'optional')), operands=(('input', 0),), attributes=_Trilu_0, consumed=('upper',), location='specs/ops.glowdef:1108:3', guard=None)
 
 
 def _GatherElements_0(o):
-    """ONNX GatherElements -> GatherElements (specs/ops.glowdef:1117:3)."""
+    """ONNX GatherElements -> GatherElements (specs/ops.glowdef:1118:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1117:56', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1118:56', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_GatherElements_0_clause = OnnxClause(onnx_op='GatherElements', op='GatherElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherElements_0, consumed=('axis',), location='specs/ops.glowdef:1117:3', guard=None)
+_GatherElements_0_clause = OnnxClause(onnx_op='GatherElements', op='GatherElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherElements_0, consumed=('axis',), location='specs/ops.glowdef:1118:3', guard=None)
 
 
 def _GatherND_0(o):
-    """ONNX GatherND -> GatherND (specs/ops.glowdef:1126:3)."""
+    """ONNX GatherND -> GatherND (specs/ops.glowdef:1127:3)."""
     attrs = {}
     if o.has_attr('batch_dims'):
         attrs['batch_dims'] = o.attr('batch_dims')
@@ -1328,24 +1327,24 @@ def _GatherND_0(o):
         attrs['batch_dims'] = 0
     return attrs
 
-_GatherND_0_clause = OnnxClause(onnx_op='GatherND', op='GatherND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherND_0, consumed=('batch_dims',), location='specs/ops.glowdef:1126:3', guard=None)
+_GatherND_0_clause = OnnxClause(onnx_op='GatherND', op='GatherND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherND_0, consumed=('batch_dims',), location='specs/ops.glowdef:1127:3', guard=None)
 
 
 def _ScatterElements_0(o):
-    """ONNX ScatterElements -> ScatterElements (specs/ops.glowdef:1136:3)."""
+    """ONNX ScatterElements -> ScatterElements (specs/ops.glowdef:1137:3)."""
     attrs = {}
     if o.has_attr('reduction'):
         attrs['reduction'] = o.attr('reduction')
     else:
         attrs['reduction'] = 'none'
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1136:77', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1137:77', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ScatterElements_0_clause = OnnxClause(onnx_op='ScatterElements', op='ScatterElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterElements_0, consumed=('axis', 'reduction'), location='specs/ops.glowdef:1136:3', guard=None)
+_ScatterElements_0_clause = OnnxClause(onnx_op='ScatterElements', op='ScatterElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterElements_0, consumed=('axis', 'reduction'), location='specs/ops.glowdef:1137:3', guard=None)
 
 
 def _ScatterND_0(o):
-    """ONNX ScatterND -> ScatterND (specs/ops.glowdef:1145:3)."""
+    """ONNX ScatterND -> ScatterND (specs/ops.glowdef:1146:3)."""
     attrs = {}
     if o.has_attr('reduction'):
         attrs['reduction'] = o.attr('reduction')
@@ -1353,11 +1352,11 @@ def _ScatterND_0(o):
         attrs['reduction'] = 'none'
     return attrs
 
-_ScatterND_0_clause = OnnxClause(onnx_op='ScatterND', op='ScatterND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterND_0, consumed=('reduction',), location='specs/ops.glowdef:1145:3', guard=None)
+_ScatterND_0_clause = OnnxClause(onnx_op='ScatterND', op='ScatterND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterND_0, consumed=('reduction',), location='specs/ops.glowdef:1146:3', guard=None)
 
 
 def _DepthToSpace_0(o):
-    """ONNX DepthToSpace -> DepthToSpace (specs/ops.glowdef:1155:3)."""
+    """ONNX DepthToSpace -> DepthToSpace (specs/ops.glowdef:1156:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -1367,11 +1366,11 @@ def _DepthToSpace_0(o):
         attrs['blocksize'] = o.attr('blocksize')
     return attrs
 
-_DepthToSpace_0_clause = OnnxClause(onnx_op='DepthToSpace', op='DepthToSpace', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_DepthToSpace_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:1155:3', guard=None)
+_DepthToSpace_0_clause = OnnxClause(onnx_op='DepthToSpace', op='DepthToSpace', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_DepthToSpace_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:1156:3', guard=None)
 
 
 def _SpaceToDepth_0(o):
-    """ONNX SpaceToDepth -> SpaceToDepth (specs/ops.glowdef:1165:3)."""
+    """ONNX SpaceToDepth -> SpaceToDepth (specs/ops.glowdef:1166:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -1381,37 +1380,37 @@ def _SpaceToDepth_0(o):
         attrs['blocksize'] = o.attr('blocksize')
     return attrs
 
-_SpaceToDepth_0_clause = OnnxClause(onnx_op='SpaceToDepth', op='SpaceToDepth', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SpaceToDepth_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:1165:3', guard=None)
+_SpaceToDepth_0_clause = OnnxClause(onnx_op='SpaceToDepth', op='SpaceToDepth', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SpaceToDepth_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:1166:3', guard=None)
 
 
 def _EyeLike_0(o):
-    """ONNX EyeLike -> EyeLike (specs/ops.glowdef:1175:3)."""
+    """ONNX EyeLike -> EyeLike (specs/ops.glowdef:1176:3)."""
     attrs = {}
     if o.has_attr('k'):
         attrs['k'] = o.attr('k')
     else:
         attrs['k'] = 0
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1175:30', lambda: (sl.b_onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1176:30', lambda: (sl.b_onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
     return attrs
 
-_EyeLike_0_clause = OnnxClause(onnx_op='EyeLike', op='EyeLike', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_EyeLike_0, consumed=('dtype', 'k'), location='specs/ops.glowdef:1175:3', guard=None)
+_EyeLike_0_clause = OnnxClause(onnx_op='EyeLike', op='EyeLike', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_EyeLike_0, consumed=('dtype', 'k'), location='specs/ops.glowdef:1176:3', guard=None)
 
 
 def _OneHot_0(o):
-    """ONNX OneHot -> OneHot (specs/ops.glowdef:1185:3)."""
+    """ONNX OneHot -> OneHot (specs/ops.glowdef:1186:3)."""
     attrs = {}
     if o.has_attr('axis'):
         attrs['axis'] = o.attr('axis')
     else:
         attrs['axis'] = -1
-    attrs['depth'] = o.evaluating('depth', 'specs/ops.glowdef:1185:55', lambda: rt.b_int(rt.b_item(o.input('depth').value)))
+    attrs['depth'] = o.evaluating('depth', 'specs/ops.glowdef:1186:55', lambda: rt.b_int(rt.b_item(o.input('depth').value)))
     return attrs
 
-_OneHot_0_clause = OnnxClause(onnx_op='OneHot', op='OneHot', since=None, until=None, inputs=(('indices', 'single'), ('depth', 'single'), ('values', 'single')), operands=(('indices', 0), ('values', 1)), attributes=_OneHot_0, consumed=('axis',), location='specs/ops.glowdef:1185:3', guard=None)
+_OneHot_0_clause = OnnxClause(onnx_op='OneHot', op='OneHot', since=None, until=None, inputs=(('indices', 'single'), ('depth', 'single'), ('values', 'single')), operands=(('indices', 0), ('values', 1)), attributes=_OneHot_0, consumed=('axis',), location='specs/ops.glowdef:1186:3', guard=None)
 
 
 def _ArgMax_0(o):
-    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:1197:3)."""
+    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:1198:3)."""
     attrs = {}
     if o.has_attr('select_last_index'):
         attrs['select_last_index'] = o.attr('select_last_index')
@@ -1421,14 +1420,14 @@ def _ArgMax_0(o):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1197:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1198:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:1197:3', guard=None)
+_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:1198:3', guard=None)
 
 
 def _ArgMin_0(o):
-    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:1208:3)."""
+    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:1209:3)."""
     attrs = {}
     if o.has_attr('select_last_index'):
         attrs['select_last_index'] = o.attr('select_last_index')
@@ -1438,40 +1437,40 @@ def _ArgMin_0(o):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1208:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1209:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:1208:3', guard=None)
+_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:1209:3', guard=None)
 
 
 def _TopK_0(o):
-    """ONNX TopK -> TopK (specs/ops.glowdef:1220:3)."""
+    """ONNX TopK -> TopK (specs/ops.glowdef:1221:3)."""
     attrs = {}
     if o.has_attr('k'):
         attrs['k'] = o.attr('k')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1220:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1221:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:1220:3', guard=None)
+_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:1221:3', guard=None)
 
 
 def _TopK_1(o):
-    """ONNX TopK -> TopK (specs/ops.glowdef:1221:3)."""
+    """ONNX TopK -> TopK (specs/ops.glowdef:1222:3)."""
     attrs = {}
     if o.has_attr('largest'):
         attrs['largest'] = o.attr('largest')
     else:
         attrs['largest'] = 1
-    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:1225:5')
-    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:1223:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1224:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:1226:5')
+    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:1224:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1225:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:1221:3', guard=None)
+_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:1222:3', guard=None)
 
 
 def _CumSum_0(o):
-    """ONNX CumSum -> CumSum (specs/ops.glowdef:1237:3)."""
+    """ONNX CumSum -> CumSum (specs/ops.glowdef:1238:3)."""
     attrs = {}
     if o.has_attr('reverse'):
         attrs['reverse'] = o.attr('reverse')
@@ -1481,14 +1480,14 @@ def _CumSum_0(o):
         attrs['exclusive'] = o.attr('exclusive')
     else:
         attrs['exclusive'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1237:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1238:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
     return attrs
 
-_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1237:3', guard=None)
+_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1238:3', guard=None)
 
 
 def _CumProd_0(o):
-    """ONNX CumProd -> CumProd (specs/ops.glowdef:1248:3)."""
+    """ONNX CumProd -> CumProd (specs/ops.glowdef:1249:3)."""
     attrs = {}
     if o.has_attr('reverse'):
         attrs['reverse'] = o.attr('reverse')
@@ -1498,33 +1497,33 @@ def _CumProd_0(o):
         attrs['exclusive'] = o.attr('exclusive')
     else:
         attrs['exclusive'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1248:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1249:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
     return attrs
 
-_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1248:3', guard=None)
+_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1249:3', guard=None)
 
 
 def _Hardmax_0(o):
-    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:1257:3)."""
+    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:1258:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1257:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1258:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:1257:3', guard=None)
+_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:1258:3', guard=None)
 
 
 def _Einsum_0(o):
-    """ONNX Einsum -> Einsum (specs/ops.glowdef:1266:3)."""
+    """ONNX Einsum -> Einsum (specs/ops.glowdef:1267:3)."""
     attrs = {}
     if o.has_attr('equation'):
         attrs['equation'] = o.attr('equation')
     return attrs
 
-_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:1266:3', guard=None)
+_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:1267:3', guard=None)
 
 
 def _InstanceNormalization_0(o):
-    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1275:3)."""
+    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1276:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
@@ -1532,58 +1531,58 @@ def _InstanceNormalization_0(o):
         attrs['epsilon'] = 9.999999747378752e-06
     return attrs
 
-_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1275:3', guard=None)
+_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1276:3', guard=None)
 
 
 def _LpNormalization_0(o):
-    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1284:3)."""
+    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1285:3)."""
     attrs = {}
     if o.has_attr('p'):
         attrs['p'] = o.attr('p')
     else:
         attrs['p'] = 2
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1284:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1285:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1284:3', guard=None)
+_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1285:3', guard=None)
 
 
 def _ConvN_0(o):
-    """ONNX Conv -> ConvN (specs/ops.glowdef:1302:3)."""
+    """ONNX Conv -> ConvN (specs/ops.glowdef:1303:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1304:5')
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1305:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1306:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1307:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1305:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1306:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1307:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1308:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1302:3', guard=None)
+_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1303:3', guard=None)
 
 
 def _MaxPoolN_0(o):
-    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:1324:3)."""
+    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:1325:3)."""
     attrs = {}
     if o.has_attr('ceil_mode'):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:1326:5')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:1327:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1328:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1329:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1330:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1331:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:1327:5')
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:1328:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1329:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1330:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1331:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1332:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:1324:3', guard=None)
+_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:1325:3', guard=None)
 
 
 def _AvgPoolN_0(o):
-    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:1348:3)."""
+    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:1349:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1593,36 +1592,36 @@ def _AvgPoolN_0(o):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1351:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1352:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1353:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1352:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1353:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1354:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPoolN_0_guard(o):
     return bool(((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1)))
 
-_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1348:3', guard=_AvgPoolN_0_guard)
+_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1349:3', guard=_AvgPoolN_0_guard)
 
 
 def _ConvTranspose_0(o):
-    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:1370:3)."""
+    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:1371:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1372:5')
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1373:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1374:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:1375:5', lambda: (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1376:5', lambda: sl.b_convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1373:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1374:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1375:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:1376:5', lambda: (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1377:5', lambda: sl.b_convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
     return attrs
 
-_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1370:3', guard=None)
+_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1371:3', guard=None)
 
 
 def _Resize_0(o):
-    """ONNX Resize -> Resize (specs/ops.glowdef:1413:3)."""
+    """ONNX Resize -> Resize (specs/ops.glowdef:1414:3)."""
     attrs = {}
     if o.has_attr('antialias'):
         attrs['antialias'] = o.attr('antialias')
@@ -1652,146 +1651,146 @@ def _Resize_0(o):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1415:5', lambda: sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1417:5', lambda: sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1419:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel')))
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1421:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel'))))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1416:5', lambda: sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1418:5', lambda: sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1420:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel')))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1422:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel'))))
     return attrs
 
-_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1413:3', guard=None)
+_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1414:3', guard=None)
 
 
 def _Resize_1(o):
-    """ONNX Resize -> Resize (specs/ops.glowdef:1429:3)."""
+    """ONNX Resize -> Resize (specs/ops.glowdef:1430:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1431:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1432:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1433:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1434:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1436:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1437:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1432:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1433:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1434:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1435:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1437:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1438:5', lambda: 'legacy')
     return attrs
 
-_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1429:3', guard=None)
+_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1430:3', guard=None)
 
 
 def _Resize_2(o):
-    """ONNX Upsample -> Resize (specs/ops.glowdef:1439:3)."""
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1440:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1441:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1442:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1443:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1444:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1446:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1447:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1442:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1443:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1444:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1445:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1447:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1448:5', lambda: 'legacy')
     return attrs
 
-_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1439:3', guard=None)
+_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1440:3', guard=None)
 
 
 def _Resize_3(o):
-    """ONNX Upsample -> Resize (specs/ops.glowdef:1449:3)."""
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1450:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1451:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1452:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1453:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1454:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1456:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1457:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1452:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1453:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1454:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1455:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1457:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1458:5', lambda: 'legacy')
     return attrs
 
-_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1449:3', guard=None)
+_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1450:3', guard=None)
 
 
 def _LegacyBroadcast_0(o):
-    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1473:3)."""
+    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1474:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1473:89', lambda: 'Add')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1473:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1474:89', lambda: 'Add')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1474:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_0_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1473:3', guard=_LegacyBroadcast_0_guard)
+_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1474:3', guard=_LegacyBroadcast_0_guard)
 
 
 def _LegacyBroadcast_1(o):
-    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1474:3)."""
+    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1475:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1474:89', lambda: 'Sub')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1474:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1475:89', lambda: 'Sub')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1475:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_1_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1474:3', guard=_LegacyBroadcast_1_guard)
+_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1475:3', guard=_LegacyBroadcast_1_guard)
 
 
 def _LegacyBroadcast_2(o):
-    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1475:3)."""
+    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1476:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1475:89', lambda: 'Mul')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1475:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1476:89', lambda: 'Mul')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1476:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_2_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1475:3', guard=_LegacyBroadcast_2_guard)
+_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1476:3', guard=_LegacyBroadcast_2_guard)
 
 
 def _LegacyBroadcast_3(o):
-    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1476:3)."""
+    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1477:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1476:89', lambda: 'Div')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1476:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1477:89', lambda: 'Div')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1477:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_3_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1476:3', guard=_LegacyBroadcast_3_guard)
+_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1477:3', guard=_LegacyBroadcast_3_guard)
 
 
 def _LegacyBroadcast_4(o):
-    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1477:3)."""
+    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1478:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1477:81', lambda: 'Pow')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1477:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1478:81', lambda: 'Pow')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1478:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
     return attrs
 
 def _LegacyBroadcast_4_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1477:3', guard=_LegacyBroadcast_4_guard)
+_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1478:3', guard=_LegacyBroadcast_4_guard)
 
 
 def _LegacyBroadcast_5(o):
-    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1478:3)."""
+    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1479:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1478:56', lambda: 'PRelu')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1478:70', lambda: 1)
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1479:56', lambda: 'PRelu')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1479:70', lambda: 1)
     return attrs
 
-_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1478:3', guard=None)
+_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1479:3', guard=None)
 
 
 def _AvgPoolDilated_0(o):
-    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1496:3)."""
+    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1497:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1803,19 +1802,19 @@ def _AvgPoolDilated_0(o):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1498:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1499:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1500:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1499:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1500:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1501:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPoolDilated_0_guard(o):
     return bool((rt.b_defined(o.attr('dilations', None)) and rt.gt(rt.b_max(o.attr('dilations', None)), 1)))
 
-_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1496:3', guard=_AvgPoolDilated_0_guard)
+_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1497:3', guard=_AvgPoolDilated_0_guard)
 
 
 def _LpPool_0(o):
-    """ONNX LpPool -> LpPool (specs/ops.glowdef:1517:3)."""
+    """ONNX LpPool -> LpPool (specs/ops.glowdef:1518:3)."""
     attrs = {}
     if o.has_attr('p'):
         attrs['p'] = o.attr('p')
@@ -1825,30 +1824,30 @@ def _LpPool_0(o):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1519:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1520:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1521:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1522:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1520:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1521:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1522:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1523:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1517:3', guard=None)
+_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1518:3', guard=None)
 
 
 def _Col2Im_0(o):
-    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1541:3)."""
+    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1542:3)."""
     attrs = {}
-    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1543:5', lambda: rt.b_ints(o.input('image_shape').value))
-    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1544:5', lambda: rt.b_ints(o.input('block_shape').value))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1545:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1546:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1547:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
+    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1544:5', lambda: rt.b_ints(o.input('image_shape').value))
+    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1545:5', lambda: rt.b_ints(o.input('block_shape').value))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1546:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1547:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1548:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
     return attrs
 
-_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1541:3', guard=None)
+_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1542:3', guard=None)
 
 
 def _GridSample_0(o):
-    """ONNX GridSample -> GridSample (specs/ops.glowdef:1562:3)."""
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1563:3)."""
     attrs = {}
     if o.has_attr('align_corners'):
         attrs['align_corners'] = o.attr('align_corners')
@@ -1864,11 +1863,11 @@ def _GridSample_0(o):
         attrs['mode'] = 'linear'
     return attrs
 
-_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1562:3', guard=None)
+_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1563:3', guard=None)
 
 
 def _GridSample_1(o):
-    """ONNX GridSample -> GridSample (specs/ops.glowdef:1563:3)."""
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1564:3)."""
     attrs = {}
     if o.has_attr('align_corners'):
         attrs['align_corners'] = o.attr('align_corners')
@@ -1878,10 +1877,95 @@ def _GridSample_1(o):
         attrs['padding_mode'] = o.attr('padding_mode')
     else:
         attrs['padding_mode'] = 'zeros'
-    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1565:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
+    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1566:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
     return attrs
 
-_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1563:3', guard=None)
+_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1564:3', guard=None)
+
+
+def _LSTM_0(o):
+    """ONNX LSTM -> LSTM (specs/ops.glowdef:1604:3)."""
+    attrs = {}
+    if o.has_attr('clip'):
+        attrs['clip'] = o.attr('clip')
+    if o.has_attr('hidden_size'):
+        attrs['hidden_size'] = o.attr('hidden_size')
+    if o.has_attr('direction'):
+        attrs['direction'] = o.attr('direction')
+    else:
+        attrs['direction'] = 'forward'
+    if o.has_attr('input_forget'):
+        attrs['input_forget'] = o.attr('input_forget')
+    else:
+        attrs['input_forget'] = 0
+    if o.has_attr('layout'):
+        attrs['layout'] = o.attr('layout')
+    else:
+        attrs['layout'] = 0
+    if o.has_attr('activations'):
+        attrs['activations'] = o.attr('activations')
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1606:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1608:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1610:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    return attrs
+
+_LSTM_0_clause = OnnxClause(onnx_op='LSTM', op='LSTM', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional'), ('initial_c', 'optional'), ('P', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4), ('initial_c', 5), ('P', 6)), attributes=_LSTM_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'input_forget', 'layout'), location='specs/ops.glowdef:1604:3', guard=None)
+
+
+def _GRU_0(o):
+    """ONNX GRU -> GRU (specs/ops.glowdef:1631:3)."""
+    attrs = {}
+    if o.has_attr('clip'):
+        attrs['clip'] = o.attr('clip')
+    if o.has_attr('hidden_size'):
+        attrs['hidden_size'] = o.attr('hidden_size')
+    if o.has_attr('layout'):
+        attrs['layout'] = o.attr('layout')
+    else:
+        attrs['layout'] = 0
+    if o.has_attr('direction'):
+        attrs['direction'] = o.attr('direction')
+    else:
+        attrs['direction'] = 'forward'
+    if o.has_attr('linear_before_reset'):
+        attrs['linear_before_reset'] = o.attr('linear_before_reset')
+    else:
+        attrs['linear_before_reset'] = 0
+    if o.has_attr('activations'):
+        attrs['activations'] = o.attr('activations')
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1633:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1635:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1637:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    return attrs
+
+_GRU_0_clause = OnnxClause(onnx_op='GRU', op='GRU', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_GRU_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout', 'linear_before_reset'), location='specs/ops.glowdef:1631:3', guard=None)
+
+
+def _RNN_0(o):
+    """ONNX RNN -> RNN (specs/ops.glowdef:1657:3)."""
+    attrs = {}
+    if o.has_attr('clip'):
+        attrs['clip'] = o.attr('clip')
+    if o.has_attr('hidden_size'):
+        attrs['hidden_size'] = o.attr('hidden_size')
+    if o.has_attr('layout'):
+        attrs['layout'] = o.attr('layout')
+    else:
+        attrs['layout'] = 0
+    if o.has_attr('direction'):
+        attrs['direction'] = o.attr('direction')
+    else:
+        attrs['direction'] = 'forward'
+    if o.has_attr('activations'):
+        attrs['activations'] = o.attr('activations')
+    else:
+        attrs['activations'] = ('Tanh', 'Tanh')
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1659:5')
+    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.b_all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1661:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1663:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    return attrs
+
+_RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1657:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,
@@ -2044,4 +2128,7 @@ CLAUSES = (
     _Col2Im_0_clause,
     _GridSample_0_clause,
     _GridSample_1_clause,
+    _LSTM_0_clause,
+    _GRU_0_clause,
+    _RNN_0_clause,
 )

@@ -9,17 +9,146 @@ from glowgen.engine.patterns import P, R, RuleInfo, V
 from .fns import *  # noqa: F401,F403
 
 
+def build_pick(_b, x, i):
+    """= Reshape(Slice(x, starts = concat([i], repeat(0, rank(x) - 1)), stops = concat([i + 1], x.shape[1:]), steps = ones(rank(x))), shape = x.shape[1:])"""
+    return _b.op('Reshape', [_b.op('Slice', [x], {'starts': rt.b_concat((i, ), rt.b_repeat(0, rt.sub(rt.b_rank(x), 1))), 'stops': rt.b_concat((rt.add(i, 1), ), tuple(x.shape)[1:]), 'steps': rt.b_ones(rt.b_rank(x))})], {'shape': tuple(x.shape)[1:]})
+
+
+
+def build_gate(_b, x, k, n):
+    """= Slice(x, starts = concat(repeat(0, rank(x) - 1), [k * n]), stops = concat(x.shape[:-1], [(k + 1) * n]), steps = ones(rank(x)))"""
+    return _b.op('Slice', [x], {'starts': rt.b_concat(rt.b_repeat(0, rt.sub(rt.b_rank(x), 1)), (rt.mul(k, n), )), 'stops': rt.b_concat(tuple(x.shape)[:rt.neg(1)], (rt.mul(rt.add(k, 1), n), )), 'steps': rt.b_ones(rt.b_rank(x))})
+
+
+
+def build_gates(_b, x, count, n):
+    """= results_of(Split(x, axis = rank(x) - 1, sizes = repeat(n, count)))"""
+    return rt.b_results_of(_b.op('Split', [x], {'axis': rt.sub(rt.b_rank(x), 1), 'sizes': rt.b_repeat(n, count)}))
+
+
+
+def build_sequence_first(_b, x, layout):
+    """= Transpose(x, perm = [1, 0, 2]) if layout == 1 else x"""
+    return (_b.op('Transpose', [x], {'perm': (1, 0, 2, )}) if rt.eq(layout, 1) else x)
+
+
+
+def build_batch_first(_b, x, layout, perm):
+    """= Transpose(x, perm = perm) if layout == 1 else x"""
+    return (_b.op('Transpose', [x], {'perm': perm}) if rt.eq(layout, 1) else x)
+
+
+
+def build_rnn_bias(_b, b, d, half, g, dtype):
+    """= gate(pick(b, d), half, g) if defined(b) else Splat(shape = [g], value = 0.0, dtype = dtype)"""
+    return (build_gate(_b, build_pick(_b, b, d), half, g) if rt.b_defined(b) else _b.op('Splat', [], {'shape': (g, ), 'value': 0.0, 'dtype': dtype}))
+
+
+
+def build_rnn_initial(_b, s, layout, d, batch, hidden, dtype):
+    """= pick(sequence_first(s, layout), d) if defined(s) else Splat(shape = [batch, hidden], value = 0.0, dtype = dtype)"""
+    return (build_pick(_b, build_sequence_first(_b, s, layout), d) if rt.b_defined(s) else _b.op('Splat', [], {'shape': (batch, hidden, ), 'value': 0.0, 'dtype': dtype}))
+
+
+
+def build_activation(_b, name, x):
+    '= Sigmoid(x) if name == "Sigmoid" else Tanh(x) if name == "Tanh" else Relu(x) if name == "Relu" else LeakyRelu(x) if name == "LeakyRelu" else HardSigmoid(x) if name == "HardSigmoid" else Elu(x) if name == "Elu" else Softplus(x) if name == "Softplus" else ThresholdedRelu(x)'
+    return (_b.op('Sigmoid', [x], {}) if rt.eq(name, 'Sigmoid') else (_b.op('Tanh', [x], {}) if rt.eq(name, 'Tanh') else (_b.op('Relu', [x], {}) if rt.eq(name, 'Relu') else (_b.op('LeakyRelu', [x], {}) if rt.eq(name, 'LeakyRelu') else (_b.op('HardSigmoid', [x], {}) if rt.eq(name, 'HardSigmoid') else (_b.op('Elu', [x], {}) if rt.eq(name, 'Elu') else (_b.op('Softplus', [x], {}) if rt.eq(name, 'Softplus') else _b.op('ThresholdedRelu', [x], {}))))))))
+
+
+
+def build_clipped(_b, x, limit):
+    """= Clip(x, min = -limit, max = limit) if limit < inf else x"""
+    return (_b.op('Clip', [x], {'min': rt.neg(limit), 'max': limit}) if rt.lt(limit, float('inf')) else x)
+
+
+
+def build_held(_b, seq_lens, t, new, old):
+    """= Select(const(rnn_step_mask(seq_lens, t), bool), new, old) if rnn_step_masked(seq_lens, t) else new"""
+    return (_b.op('Select', [_b.const(sl.b_rnn_step_mask(seq_lens, t), 'bool'), new, old], {}) if sl.b_rnn_step_masked(seq_lens, t) else new)
+
+
+
+def build_lstm_cell(_b, l, d, g, p, c):
+    '= list(Mul(o, activation(rnn_activation(l.activations, ["Sigmoid", "Tanh", "Tanh"], d, 2), c2)), c2)'
+    n = l.hidden_size
+    gs = build_gates(_b, g, 4, n)
+    f_act = fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', 'Tanh', ), d, 0)
+    i = build_activation(_b, f_act, build_clipped(_b, (_b.op('Add', [gs[0], _b.op('Mul', [build_gate(_b, build_pick(_b, p, d), 0, n), c], {})], {}) if rt.b_defined(p) else gs[0]), l.clip))
+    f = (_b.op('Sub', [_b.scalar(1.0, c.dtype), i], {}) if rt.ne(l.input_forget, 0) else build_activation(_b, f_act, build_clipped(_b, (_b.op('Add', [gs[2], _b.op('Mul', [build_gate(_b, build_pick(_b, p, d), 2, n), c], {})], {}) if rt.b_defined(p) else gs[2]), l.clip)))
+    cand = build_activation(_b, fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', 'Tanh', ), d, 1), build_clipped(_b, gs[3], l.clip))
+    c2 = _b.op('Add', [_b.op('Mul', [f, c], {}), _b.op('Mul', [i, cand], {})], {})
+    o = build_activation(_b, f_act, build_clipped(_b, (_b.op('Add', [gs[1], _b.op('Mul', [build_gate(_b, build_pick(_b, p, d), 1, n), c2], {})], {}) if rt.b_defined(p) else gs[1]), l.clip))
+    return rt.b_list(_b.op('Mul', [o, build_activation(_b, fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', 'Tanh', ), d, 2), c2)], {}), c2)
+
+
+
+def build_gru_cell(_b, l, d, x_t, hr, rt_, rb, h):
+    """= Add(Mul(Sub(scalar(1.0, h.dtype), z), cand), Mul(z, h))"""
+    n = l.hidden_size
+    xs = build_gates(_b, x_t, 3, n)
+    hs = build_gates(_b, hr, 3, n)
+    f_act = fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', ), d, 0)
+    z = build_activation(_b, f_act, build_clipped(_b, _b.op('Add', [xs[0], hs[0]], {}), l.clip))
+    reset = build_activation(_b, f_act, build_clipped(_b, _b.op('Add', [xs[1], hs[1]], {}), l.clip))
+    recurrent = (_b.op('Mul', [reset, hs[2]], {}) if rt.ne(l.linear_before_reset, 0) else _b.op('Add', [_b.op('MatMul', [_b.op('Mul', [reset, h], {}), build_gate(_b, rt_, 2, n)], {}), build_gate(_b, rb, 2, n)], {}))
+    cand = build_activation(_b, fn_rnn_activation(l.activations, ('Sigmoid', 'Tanh', ), d, 1), build_clipped(_b, _b.op('Add', [xs[2], recurrent], {}), l.clip))
+    return _b.op('Add', [_b.op('Mul', [_b.op('Sub', [_b.scalar(1.0, h.dtype), z], {}), cand], {}), _b.op('Mul', [z, h], {})], {})
+
+
+
+def build_rnn_cell(_b, l, d, x_t, rt_, rb, p, h, c):
+    '= lstm_cell(l, d, Add(x_t, hr), p, c) if l.OP == "LSTM" else [gru_cell(l, d, x_t, hr, rt, rb, h), c] if l.OP == "GRU" else [activation(rnn_activation(l.activations, ["Tanh"], d, 0), clipped(Add(x_t, hr), l.clip)), c]'
+    hr = _b.op('Add', [_b.op('MatMul', [h, rt_], {}), rb], {})
+    return (build_lstm_cell(_b, l, d, _b.op('Add', [x_t, hr], {}), p, c) if rt.eq(l.OP, 'LSTM') else ((build_gru_cell(_b, l, d, x_t, hr, rt_, rb, h), c, ) if rt.eq(l.OP, 'GRU') else (build_activation(_b, fn_rnn_activation(l.activations, ('Tanh', ), d, 0), build_clipped(_b, _b.op('Add', [x_t, hr], {}), l.clip)), c, )))
+
+
+
+def build_rnn_steps(_b, l, d, ts, xw, rt_, rb, p, h, c):
+    """= list(concat([y], rest[0]), rest[1], rest[2])"""
+    t = ts[0]
+    next = build_rnn_cell(_b, l, d, build_pick(_b, xw, t), rt_, rb, p, h, c)
+    h2 = build_held(_b, l.seq_lens, t, next[0], h)
+    c2 = build_held(_b, l.seq_lens, t, next[1], c)
+    y = _b.op('Reshape', [build_held(_b, l.seq_lens, t, next[0], _b.scalar(0.0, h.dtype))], {'shape': rt.b_concat((1, 1, ), h.shape)})
+    rest = (build_rnn_steps(_b, l, d, tuple(ts)[1:], xw, rt_, rb, p, h2, c2) if rt.gt(rt.b_len(ts), 1) else ((), h2, c2, ))
+    return rt.b_list(rt.b_concat((y, ), rest[0]), rest[1], rest[2])
+
+
+
+def build_rnn_direction(_b, l, g, xs, w, r, b, h0, c0, p, d):
+    """= list(Concat(*ys, axis = 0), Reshape(run[1], shape = [1, batch, n]), Reshape(run[2], shape = [1, batch, n]))"""
+    n = l.hidden_size
+    batch = xs.shape[1]
+    xw = _b.op('Add', [_b.op('MatMul', [xs, _b.op('Transpose', [build_pick(_b, w, d)], {'perm': (1, 0, )})], {}), build_rnn_bias(_b, b, d, 0, g, xs.dtype)], {})
+    order = (rt.b_reversed(rt.b_range(xs.shape[0])) if fn_rnn_reverses(l.direction, d) else rt.b_range(xs.shape[0]))
+    run = build_rnn_steps(_b, l, d, order, xw, _b.op('Transpose', [build_pick(_b, r, d)], {'perm': (1, 0, )}), build_rnn_bias(_b, b, d, 1, g, xs.dtype), p, build_rnn_initial(_b, h0, l.layout, d, batch, n, xs.dtype), build_rnn_initial(_b, c0, l.layout, d, batch, n, xs.dtype))
+    ys = (rt.b_reversed(run[0]) if fn_rnn_reverses(l.direction, d) else run[0])
+    return rt.b_list(_b.op('Concat', [(*ys,)], {'axis': 0}), _b.op('Reshape', [run[1]], {'shape': (1, batch, n, )}), _b.op('Reshape', [run[2]], {'shape': (1, batch, n, )}))
+
+
+
+def build_rnn_layer(_b, l, g, x, w, r, b, h0, c0, p):
+    """= list(batch_first(Concat(fw[0], bw[0], axis = 1) if two else fw[0], l.layout, [2, 0, 1, 3]), batch_first(Concat(fw[1], bw[1], axis = 0) if two else fw[1], l.layout, [1, 0, 2]), batch_first(Concat(fw[2], bw[2], axis = 0) if two else fw[2], l.layout, [1, 0, 2]))"""
+    xs = build_sequence_first(_b, x, l.layout)
+    fw = build_rnn_direction(_b, l, g, xs, w, r, b, h0, c0, p, 0)
+    two = rt.eq(l.direction, 'bidirectional')
+    bw = (build_rnn_direction(_b, l, g, xs, w, r, b, h0, c0, p, 1) if two else fw)
+    return rt.b_list(build_batch_first(_b, (_b.op('Concat', [(fw[0], bw[0])], {'axis': 1}) if two else fw[0]), l.layout, (2, 0, 1, 3, )), build_batch_first(_b, (_b.op('Concat', [(fw[1], bw[1])], {'axis': 0}) if two else fw[1]), l.layout, (1, 0, 2, )), build_batch_first(_b, (_b.op('Concat', [(fw[2], bw[2])], {'axis': 0}) if two else fw[2]), l.layout, (1, 0, 2, )))
+
+
+
 def _r0_identity_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
 def _r1_dropout_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -33,7 +162,7 @@ def _r2_dropout_mask_build(_b, _m):
 def _r3_reciprocal_to_div_build(_b, _m):
     """=> Div(scalar(1.0, x.dtype), x)"""
     x = _m['x']
-    return (_b.op('Div', [_b.scalar(1.0, x.dtype), x], {}),)
+    return rt.results(_b.op('Div', [_b.scalar(1.0, x.dtype), x], {}))
 
 
 
@@ -41,14 +170,14 @@ def _r4_clip_to_max_min_build(_b, _m):
     """=> Min(Max(x, scalar(clamp_to(c.min, x.dtype), x.dtype)), scalar(clamp_to(c.max, x.dtype), x.dtype))"""
     c = _m['c']
     x = _m['x']
-    return (_b.op('Min', [_b.op('Max', [x, _b.scalar(rt.b_clamp_to(c.min, x.dtype), x.dtype)], {}), _b.scalar(rt.b_clamp_to(c.max, x.dtype), x.dtype)], {}),)
+    return rt.results(_b.op('Min', [_b.op('Max', [x, _b.scalar(rt.b_clamp_to(c.min, x.dtype), x.dtype)], {}), _b.scalar(rt.b_clamp_to(c.max, x.dtype), x.dtype)], {}))
 
 
 
 def _r5_swish_expand_build(_b, _m):
     """=> Mul(x, Sigmoid(x))"""
     x = _m['x']
-    return (_b.op('Mul', [x, _b.op('Sigmoid', [x], {})], {}),)
+    return rt.results(_b.op('Mul', [x, _b.op('Sigmoid', [x], {})], {}))
 
 
 
@@ -56,21 +185,21 @@ def _r6_hardsigmoid_expand_build(_b, _m):
     """=> Max(Min(Add(Mul(x, scalar(h.alpha, x.dtype)), scalar(h.beta, x.dtype)), scalar(1.0, x.dtype)), scalar(0.0, x.dtype))"""
     h = _m['h']
     x = _m['x']
-    return (_b.op('Max', [_b.op('Min', [_b.op('Add', [_b.op('Mul', [x, _b.scalar(h.alpha, x.dtype)], {}), _b.scalar(h.beta, x.dtype)], {}), _b.scalar(1.0, x.dtype)], {}), _b.scalar(0.0, x.dtype)], {}),)
+    return rt.results(_b.op('Max', [_b.op('Min', [_b.op('Add', [_b.op('Mul', [x, _b.scalar(h.alpha, x.dtype)], {}), _b.scalar(h.beta, x.dtype)], {}), _b.scalar(1.0, x.dtype)], {}), _b.scalar(0.0, x.dtype)], {}))
 
 
 
 def _r7_hardswish_expand_build(_b, _m):
     """=> Mul(x, HardSigmoid(x, alpha = 1.0 / 6.0, beta = 0.5))"""
     x = _m['x']
-    return (_b.op('Mul', [x, _b.op('HardSigmoid', [x], {'alpha': rt.truediv(1.0, 6.0), 'beta': 0.5})], {}),)
+    return rt.results(_b.op('Mul', [x, _b.op('HardSigmoid', [x], {'alpha': rt.truediv(1.0, 6.0), 'beta': 0.5})], {}))
 
 
 
 def _r8_sum_single_build(_b, _m):
     """=> x"""
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -79,7 +208,7 @@ def _r9_sum_chain_build(_b, _m):
     a = _m['a']
     b = _m['b']
     rest = _m['rest']
-    return (_b.op('SumN', [(_b.op('Add', [a, b], {}), *rest)], {}),)
+    return rt.results(_b.op('SumN', [(_b.op('Add', [a, b], {}), *rest)], {}))
 
 
 
@@ -87,14 +216,14 @@ def _r10_mean_to_sum_build(_b, _m):
     """=> Div(SumN(*xs), scalar(len(xs), m.dtype))"""
     m = _m['m']
     xs = _m['xs']
-    return (_b.op('Div', [_b.op('SumN', [(*xs,)], {}), _b.scalar(rt.b_len(xs), m.dtype)], {}),)
+    return rt.results(_b.op('Div', [_b.op('SumN', [(*xs,)], {}), _b.scalar(rt.b_len(xs), m.dtype)], {}))
 
 
 
 def _r11_max_single_build(_b, _m):
     """=> x"""
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -103,14 +232,14 @@ def _r12_max_chain_build(_b, _m):
     a = _m['a']
     b = _m['b']
     rest = _m['rest']
-    return (_b.op('MaxN', [(_b.op('Max', [a, b], {}), *rest)], {}),)
+    return rt.results(_b.op('MaxN', [(_b.op('Max', [a, b], {}), *rest)], {}))
 
 
 
 def _r13_min_single_build(_b, _m):
     """=> x"""
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -119,7 +248,7 @@ def _r14_min_chain_build(_b, _m):
     a = _m['a']
     b = _m['b']
     rest = _m['rest']
-    return (_b.op('MinN', [(_b.op('Min', [a, b], {}), *rest)], {}),)
+    return rt.results(_b.op('MinN', [(_b.op('Min', [a, b], {}), *rest)], {}))
 
 
 
@@ -127,7 +256,7 @@ def _r15_flatten_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = f.shape)"""
     f = _m['f']
     x = _m['x']
-    return (_b.op('Reshape', [x], {'shape': f.shape}),)
+    return rt.results(_b.op('Reshape', [x], {'shape': f.shape}))
 
 
 
@@ -135,7 +264,7 @@ def _r16_squeeze_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = s.shape)"""
     s = _m['s']
     x = _m['x']
-    return (_b.op('Reshape', [x], {'shape': s.shape}),)
+    return rt.results(_b.op('Reshape', [x], {'shape': s.shape}))
 
 
 
@@ -143,7 +272,7 @@ def _r17_unsqueeze_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = u.shape)"""
     u = _m['u']
     x = _m['x']
-    return (_b.op('Reshape', [x], {'shape': u.shape}),)
+    return rt.results(_b.op('Reshape', [x], {'shape': u.shape}))
 
 
 
@@ -165,7 +294,7 @@ def _r18_gemm_to_matmul_build(_b, _m):
     b2 = (_b.op('Transpose', [b], {'perm': (1, 0, )}) if rt.ne(g.transB, 0) else b)
     p = _b.op('MatMul', [a2, b2], {})
     p2 = (_b.op('Mul', [p, _b.scalar(g.alpha, p.dtype)], {}) if rt.ne(g.alpha, 1.0) else p)
-    return (_b.op('Add', [p2, (_b.op('Mul', [c, _b.scalar(g.beta, c.dtype)], {}) if rt.ne(g.beta, 1.0) else c)], {}),)
+    return rt.results(_b.op('Add', [p2, (_b.op('Mul', [c, _b.scalar(g.beta, c.dtype)], {}) if rt.ne(g.beta, 1.0) else c)], {}))
 
 
 
@@ -184,7 +313,7 @@ def _r19_gemm_no_bias_to_matmul_build(_b, _m):
     a2 = (_b.op('Transpose', [a], {'perm': (1, 0, )}) if rt.ne(g.transA, 0) else a)
     b2 = (_b.op('Transpose', [b], {'perm': (1, 0, )}) if rt.ne(g.transB, 0) else b)
     p = _b.op('MatMul', [a2, b2], {})
-    return ((_b.op('Mul', [p, _b.scalar(g.alpha, p.dtype)], {}) if rt.ne(g.alpha, 1.0) else p),)
+    return rt.results((_b.op('Mul', [p, _b.scalar(g.alpha, p.dtype)], {}) if rt.ne(g.alpha, 1.0) else p))
 
 
 
@@ -200,7 +329,7 @@ def _r20_fc_to_matmul_build(_b, _m):
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return (_b.op('Add', [_b.op('MatMul', [x, w], {}), b], {}),)
+    return rt.results(_b.op('Add', [_b.op('MatMul', [x, w], {}), b], {}))
 
 
 
@@ -216,7 +345,7 @@ def _r21_matmul_vector_lhs_build(_b, _m):
     m = _m['m']
     a = _m['a']
     b = _m['b']
-    return (_b.op('Reshape', [_b.op('MatMul', [_b.op('Reshape', [a], {'shape': (1, a.shape[0], )}), b], {})], {'shape': m.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('MatMul', [_b.op('Reshape', [a], {'shape': (1, a.shape[0], )}), b], {})], {'shape': m.shape}))
 
 
 
@@ -232,7 +361,7 @@ def _r22_matmul_vector_rhs_build(_b, _m):
     m = _m['m']
     a = _m['a']
     b = _m['b']
-    return (_b.op('Reshape', [_b.op('MatMul', [a, _b.op('Reshape', [b], {'shape': (b.shape[0], 1, )})], {})], {'shape': m.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('MatMul', [a, _b.op('Reshape', [b], {'shape': (b.shape[0], 1, )})], {})], {'shape': m.shape}))
 
 
 
@@ -248,7 +377,7 @@ def _r23_matmul_shared_rhs_build(_b, _m):
     m = _m['m']
     a = _m['a']
     b = _m['b']
-    return (_b.op('Reshape', [_b.op('BatchMatMul', [_b.op('Reshape', [a], {'shape': (1, rt.b_prod(tuple(a.shape)[:rt.neg(1)]), a.shape[rt.neg(1)], )}), _b.op('Reshape', [b], {'shape': rt.b_concat((1, ), b.shape)})], {})], {'shape': m.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('BatchMatMul', [_b.op('Reshape', [a], {'shape': (1, rt.b_prod(tuple(a.shape)[:rt.neg(1)]), a.shape[rt.neg(1)], )}), _b.op('Reshape', [b], {'shape': rt.b_concat((1, ), b.shape)})], {})], {'shape': m.shape}))
 
 
 
@@ -267,7 +396,7 @@ def _r24_matmul_batched_build(_b, _m):
     batch = rt.b_broadcast(tuple(a.shape)[:rt.neg(2)], tuple(b.shape)[:rt.neg(2)])
     a2 = (_b.op('Expand', [a], {'shape': rt.b_concat(batch, tuple(a.shape)[rt.neg(2):])}) if rt.ne(rt.b_tuple(tuple(a.shape)[:rt.neg(2)]), batch) else a)
     b2 = (_b.op('Expand', [b], {'shape': rt.b_concat(batch, tuple(b.shape)[rt.neg(2):])}) if rt.ne(rt.b_tuple(tuple(b.shape)[:rt.neg(2)]), batch) else b)
-    return (_b.op('Reshape', [_b.op('BatchMatMul', [_b.op('Reshape', [a2], {'shape': rt.b_concat((rt.b_prod(batch), ), tuple(a.shape)[rt.neg(2):])}), _b.op('Reshape', [b2], {'shape': rt.b_concat((rt.b_prod(batch), ), tuple(b.shape)[rt.neg(2):])})], {})], {'shape': m.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('BatchMatMul', [_b.op('Reshape', [a2], {'shape': rt.b_concat((rt.b_prod(batch), ), tuple(a.shape)[rt.neg(2):])}), _b.op('Reshape', [b2], {'shape': rt.b_concat((rt.b_prod(batch), ), tuple(b.shape)[rt.neg(2):])})], {})], {'shape': m.shape}))
 
 
 
@@ -282,7 +411,7 @@ def _r25_batchnorm_to_affine_build(_b, _m):
     s = _b.op('Div', [scale, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(bn.epsilon, var.dtype)], {})], {})], {})
     t = _b.op('Sub', [bias, _b.op('Mul', [mean, s], {})], {})
     cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
-    return (_b.op('Add', [_b.op('Mul', [x, _b.op('Reshape', [s], {'shape': cs})], {}), _b.op('Reshape', [t], {'shape': cs})], {}),)
+    return rt.results(_b.op('Add', [_b.op('Mul', [x, _b.op('Reshape', [s], {'shape': cs})], {}), _b.op('Reshape', [t], {'shape': cs})], {}))
 
 
 
@@ -295,7 +424,7 @@ def _r26_layernorm_expand_build(_b, _m):
     axes = rt.b_range(ln.axis, rt.b_rank(x))
     d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
     var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
-    return (_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(ln.epsilon, x.dtype)], {})], {})], {}), scale], {}), bias], {}),)
+    return rt.results(_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(ln.epsilon, x.dtype)], {})], {})], {}), scale], {}), bias], {}))
 
 
 
@@ -307,7 +436,7 @@ def _r27_layernorm_no_bias_expand_build(_b, _m):
     axes = rt.b_range(ln.axis, rt.b_rank(x))
     d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
     var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
-    return (_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(ln.epsilon, x.dtype)], {})], {})], {}), scale], {}),)
+    return rt.results(_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(ln.epsilon, x.dtype)], {})], {})], {}), scale], {}))
 
 
 
@@ -316,7 +445,7 @@ def _r28_softmax_expand_build(_b, _m):
     sm = _m['sm']
     x = _m['x']
     e = _b.op('Exp', [_b.op('Sub', [x, _b.op('ReduceMax', [x], {'axes': (sm.axis, ), 'keepdims': 1})], {})], {})
-    return (_b.op('Div', [e, _b.op('ReduceSum', [e], {'axes': (sm.axis, ), 'keepdims': 1})], {}),)
+    return rt.results(_b.op('Div', [e, _b.op('ReduceSum', [e], {'axes': (sm.axis, ), 'keepdims': 1})], {}))
 
 
 
@@ -325,7 +454,7 @@ def _r29_logsoftmax_expand_build(_b, _m):
     sm = _m['sm']
     x = _m['x']
     d = _b.op('Sub', [x, _b.op('ReduceMax', [x], {'axes': (sm.axis, ), 'keepdims': 1})], {})
-    return (_b.op('Sub', [d, _b.op('Log', [_b.op('ReduceSum', [_b.op('Exp', [d], {})], {'axes': (sm.axis, ), 'keepdims': 1})], {})], {}),)
+    return rt.results(_b.op('Sub', [d, _b.op('Log', [_b.op('ReduceSum', [_b.op('Exp', [d], {})], {'axes': (sm.axis, ), 'keepdims': 1})], {})], {}))
 
 
 
@@ -333,7 +462,7 @@ def _r30_softmax_flat_to_2d_build(_b, _m):
     """=> Reshape(Softmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
-    return (_b.op('Reshape', [_b.op('Softmax', [_b.op('Reshape', [x], {'shape': sl.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('Softmax', [_b.op('Reshape', [x], {'shape': sl.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
 
 
 
@@ -341,7 +470,7 @@ def _r31_logsoftmax_flat_to_2d_build(_b, _m):
     """=> Reshape(LogSoftmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
-    return (_b.op('Reshape', [_b.op('LogSoftmax', [_b.op('Reshape', [x], {'shape': sl.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('LogSoftmax', [_b.op('Reshape', [x], {'shape': sl.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
 
 
 
@@ -349,21 +478,21 @@ def _r32_reducemean_to_sum_build(_b, _m):
     """=> Div(ReduceSum(x, axes = r.axes, keepdims = r.keepdims), scalar(prod(x.shape) // max(1, prod(r.shape)), x.dtype))"""
     r = _m['r']
     x = _m['x']
-    return (_b.op('Div', [_b.op('ReduceSum', [x], {'axes': r.axes, 'keepdims': r.keepdims}), _b.scalar(rt.floordiv(rt.b_prod(x.shape), rt.b_max(1, rt.b_prod(r.shape))), x.dtype)], {}),)
+    return rt.results(_b.op('Div', [_b.op('ReduceSum', [x], {'axes': r.axes, 'keepdims': r.keepdims}), _b.scalar(rt.floordiv(rt.b_prod(x.shape), rt.b_max(1, rt.b_prod(r.shape))), x.dtype)], {}))
 
 
 
 def _r33_global_avgpool_to_mean_build(_b, _m):
     """=> ReduceMean(x, axes = range(2, rank(x)), keepdims = 1)"""
     x = _m['x']
-    return (_b.op('ReduceMean', [x], {'axes': rt.b_range(2, rt.b_rank(x)), 'keepdims': 1}),)
+    return rt.results(_b.op('ReduceMean', [x], {'axes': rt.b_range(2, rt.b_rank(x)), 'keepdims': 1}))
 
 
 
 def _r34_global_maxpool_to_max_build(_b, _m):
     """=> ReduceMax(x, axes = range(2, rank(x)), keepdims = 1)"""
     x = _m['x']
-    return (_b.op('ReduceMax', [x], {'axes': rt.b_range(2, rt.b_rank(x)), 'keepdims': 1}),)
+    return rt.results(_b.op('ReduceMax', [x], {'axes': rt.b_range(2, rt.b_rank(x)), 'keepdims': 1}))
 
 
 
@@ -373,7 +502,7 @@ def _r35_lrn_expand_build(_b, _m):
     x = _m['x']
     half = rt.floordiv(rt.sub(n.size, 1), 2)
     win = _b.op('AvgPool', [_b.op('Reshape', [_b.op('Mul', [x, x], {})], {'shape': (x.shape[0], 1, x.shape[1], rt.b_prod(tuple(x.shape)[2:]), )})], {'kernel': (n.size, 1, ), 'pads': (half, 0, rt.sub(rt.sub(n.size, 1), half), 0, ), 'count_include_pad': 1})
-    return (_b.op('Div', [x, _b.op('Pow', [_b.op('Add', [_b.op('Mul', [_b.op('Reshape', [win], {'shape': x.shape}), _b.scalar(n.alpha, x.dtype)], {}), _b.scalar(n.bias, x.dtype)], {}), _b.scalar(n.beta, x.dtype)], {})], {}),)
+    return rt.results(_b.op('Div', [x, _b.op('Pow', [_b.op('Add', [_b.op('Mul', [_b.op('Reshape', [win], {'shape': x.shape}), _b.scalar(n.alpha, x.dtype)], {}), _b.scalar(n.bias, x.dtype)], {}), _b.scalar(n.beta, x.dtype)], {})], {}))
 
 
 
@@ -389,7 +518,7 @@ def _r36_f16_matmul_in_f32_build(_b, _m):
     m = _m['m']
     a = _m['a']
     b = _m['b']
-    return (_b.op('Cast', [_b.op('BatchMatMul', [_b.op('Cast', [a], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {})], {'to': 'f16'}),)
+    return rt.results(_b.op('Cast', [_b.op('BatchMatMul', [_b.op('Cast', [a], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {})], {'to': 'f16'}))
 
 
 
@@ -407,7 +536,7 @@ def _r37_f16_conv_in_f32_build(_b, _m):
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return (_b.op('Cast', [_b.op('Conv', [_b.op('Cast', [x], {'to': 'f32'}), _b.op('Cast', [w], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'to': 'f16'}),)
+    return rt.results(_b.op('Cast', [_b.op('Conv', [_b.op('Cast', [x], {'to': 'f32'}), _b.op('Cast', [w], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'to': 'f16'}))
 
 
 
@@ -425,7 +554,7 @@ def _r38_f16_convn_in_f32_build(_b, _m):
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return (_b.op('Cast', [_b.op('ConvN', [_b.op('Cast', [x], {'to': 'f32'}), _b.op('Cast', [w], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'to': 'f16'}),)
+    return rt.results(_b.op('Cast', [_b.op('ConvN', [_b.op('Cast', [x], {'to': 'f32'}), _b.op('Cast', [w], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'to': 'f16'}))
 
 
 
@@ -439,7 +568,7 @@ def _r39_f16_reducesum_in_f32_build(_b, _m):
     """=> Cast(ReduceSum(Cast(x, to = f32), axes = r.axes, keepdims = r.keepdims), to = f16)"""
     r = _m['r']
     x = _m['x']
-    return (_b.op('Cast', [_b.op('ReduceSum', [_b.op('Cast', [x], {'to': 'f32'})], {'axes': r.axes, 'keepdims': r.keepdims})], {'to': 'f16'}),)
+    return rt.results(_b.op('Cast', [_b.op('ReduceSum', [_b.op('Cast', [x], {'to': 'f32'})], {'axes': r.axes, 'keepdims': r.keepdims})], {'to': 'f16'}))
 
 
 
@@ -453,7 +582,7 @@ def _r40_f16_avgpool_in_f32_build(_b, _m):
     """=> Cast(AvgPool(Cast(x, to = f32), kernel = p.kernel, strides = p.strides, pads = p.pads, ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), to = f16)"""
     p = _m['p']
     x = _m['x']
-    return (_b.op('Cast', [_b.op('AvgPool', [_b.op('Cast', [x], {'to': 'f32'})], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'to': 'f16'}),)
+    return rt.results(_b.op('Cast', [_b.op('AvgPool', [_b.op('Cast', [x], {'to': 'f32'})], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'to': 'f16'}))
 
 
 
@@ -467,7 +596,7 @@ def _r41_cast_same_type_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -483,7 +612,7 @@ def _r42_add_zero_build(_b, _m):
     a = _m['a']
     x = _m['x']
     c = _m['c']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -499,7 +628,7 @@ def _r43_sub_zero_build(_b, _m):
     s = _m['s']
     x = _m['x']
     c = _m['c']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -515,7 +644,7 @@ def _r44_mul_one_build(_b, _m):
     m = _m['m']
     x = _m['x']
     c = _m['c']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -531,7 +660,7 @@ def _r45_div_one_build(_b, _m):
     d = _m['d']
     x = _m['x']
     c = _m['c']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -539,14 +668,14 @@ def _r46_relu_relu_build(_b, _m):
     """=> r"""
     r = _m['r']
     x = _m['x']
-    return (r,)
+    return rt.results(r)
 
 
 
 def _r47_max_same_build(_b, _m):
     """=> x"""
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -560,7 +689,7 @@ def _r48_clip_unbounded_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -576,7 +705,7 @@ def _r49_max_zero_to_relu_build(_b, _m):
     m = _m['m']
     x = _m['x']
     c = _m['c']
-    return (_b.op('Relu', [x], {}),)
+    return rt.results(_b.op('Relu', [x], {}))
 
 
 
@@ -596,7 +725,7 @@ def _r50_min_max_to_clip_build(_b, _m):
     x = _m['x']
     lo = _m['lo']
     hi = _m['hi']
-    return (_b.op('Clip', [x], {'min': rt.b_splat_value(lo), 'max': rt.b_splat_value(hi)}),)
+    return rt.results(_b.op('Clip', [x], {'min': rt.b_splat_value(lo), 'max': rt.b_splat_value(hi)}))
 
 
 
@@ -614,7 +743,7 @@ def _r51_min_relu_to_clip_build(_b, _m):
     r = _m['r']
     x = _m['x']
     hi = _m['hi']
-    return (_b.op('Clip', [x], {'min': 0.0, 'max': rt.b_splat_value(hi)}),)
+    return rt.results(_b.op('Clip', [x], {'min': 0.0, 'max': rt.b_splat_value(hi)}))
 
 
 
@@ -628,7 +757,7 @@ def _r52_swish_fuse_build(_b, _m):
     """=> Swish(x)"""
     x = _m['x']
     s = _m['s']
-    return (_b.op('Swish', [x], {}),)
+    return rt.results(_b.op('Swish', [x], {}))
 
 
 
@@ -642,7 +771,7 @@ def _r53_sub_const_to_add_build(_b, _m):
     """=> Add(x, Neg(c))"""
     x = _m['x']
     c = _m['c']
-    return (_b.op('Add', [x, _b.op('Neg', [c], {})], {}),)
+    return rt.results(_b.op('Add', [x, _b.op('Neg', [c], {})], {}))
 
 
 
@@ -656,7 +785,7 @@ def _r54_div_const_to_mul_build(_b, _m):
     """=> Mul(x, Div(scalar(1.0, c.dtype), c))"""
     x = _m['x']
     c = _m['c']
-    return (_b.op('Mul', [x, _b.op('Div', [_b.scalar(1.0, c.dtype), c], {})], {}),)
+    return rt.results(_b.op('Mul', [x, _b.op('Div', [_b.scalar(1.0, c.dtype), c], {})], {}))
 
 
 
@@ -674,7 +803,7 @@ def _r55_add_const_reassociate_build(_b, _m):
     x = _m['x']
     a = _m['a']
     b = _m['b']
-    return (_b.op('Add', [x, _b.op('Add', [a, b], {})], {}),)
+    return rt.results(_b.op('Add', [x, _b.op('Add', [a, b], {})], {}))
 
 
 
@@ -692,7 +821,7 @@ def _r56_mul_const_reassociate_build(_b, _m):
     x = _m['x']
     a = _m['a']
     b = _m['b']
-    return (_b.op('Mul', [x, _b.op('Mul', [a, b], {})], {}),)
+    return rt.results(_b.op('Mul', [x, _b.op('Mul', [a, b], {})], {}))
 
 
 
@@ -710,7 +839,7 @@ def _r57_mul_add_distribute_build(_b, _m):
     x = _m['x']
     a = _m['a']
     b = _m['b']
-    return (_b.op('Add', [_b.op('Mul', [x, b], {}), _b.op('Mul', [a, b], {})], {}),)
+    return rt.results(_b.op('Add', [_b.op('Mul', [x, b], {}), _b.op('Mul', [a, b], {})], {}))
 
 
 
@@ -719,7 +848,7 @@ def _r58_conv_bias_zero_build(_b, _m):
     c = _m['c']
     x = _m['x']
     w = _m['w']
-    return (_b.op('Conv', [x, w, _b.op('Splat', [], {'shape': (w.shape[0], ), 'value': 0.0, 'dtype': w.dtype})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}),)
+    return rt.results(_b.op('Conv', [x, w, _b.op('Splat', [], {'shape': (w.shape[0], ), 'value': 0.0, 'dtype': w.dtype})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
 
 
 
@@ -748,7 +877,7 @@ def _r59_conv_batchnorm_fold_build(_b, _m):
     mean = _m['mean']
     var = _m['var']
     k = _b.op('Div', [scale, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(bn.epsilon, var.dtype)], {})], {})], {})
-    return (_b.op('Conv', [x, _b.op('Mul', [w, _b.op('Reshape', [k], {'shape': (w.shape[0], 1, 1, 1, )})], {}), _b.op('Add', [_b.op('Mul', [_b.op('Sub', [b, mean], {}), k], {}), bias], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}),)
+    return rt.results(_b.op('Conv', [x, _b.op('Mul', [w, _b.op('Reshape', [k], {'shape': (w.shape[0], 1, 1, 1, )})], {}), _b.op('Add', [_b.op('Mul', [_b.op('Sub', [b, mean], {}), k], {}), bias], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
 
 
 
@@ -768,7 +897,7 @@ def _r60_conv_mul_fold_build(_b, _m):
     w = _m['w']
     b = _m['b']
     s = _m['s']
-    return (_b.op('Conv', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), 1, 1, 1, )})], {}), _b.op('Mul', [b, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}),)
+    return rt.results(_b.op('Conv', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), 1, 1, 1, )})], {}), _b.op('Mul', [b, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
 
 
 
@@ -788,7 +917,7 @@ def _r61_conv_add_fold_build(_b, _m):
     w = _m['w']
     b = _m['b']
     t = _m['t']
-    return (_b.op('Conv', [x, w, _b.op('Add', [b, _b.op('Reshape', [t], {'shape': (rt.b_prod(t.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}),)
+    return rt.results(_b.op('Conv', [x, w, _b.op('Add', [b, _b.op('Reshape', [t], {'shape': (rt.b_prod(t.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
 
 
 
@@ -806,7 +935,7 @@ def _r62_matmul_mul_fold_build(_b, _m):
     x = _m['x']
     w = _m['w']
     s = _m['s']
-    return (_b.op('MatMul', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), )})], {})], {}),)
+    return rt.results(_b.op('MatMul', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), )})], {})], {}))
 
 
 
@@ -826,7 +955,7 @@ def _r63_conv_pad_merge_build(_b, _m):
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return (_b.op('Conv', [x, w, b], {'strides': c.strides, 'pads': rt.add(c.pads, sl.b_spatial_pads(p.pads)), 'dilations': c.dilations, 'group': c.group}),)
+    return rt.results(_b.op('Conv', [x, w, b], {'strides': c.strides, 'pads': rt.add(c.pads, sl.b_spatial_pads(p.pads)), 'dilations': c.dilations, 'group': c.group}))
 
 
 
@@ -842,7 +971,7 @@ def _r64_avgpool_pad_merge_build(_b, _m):
     a = _m['a']
     p = _m['p']
     x = _m['x']
-    return (_b.op('AvgPool', [x], {'kernel': a.kernel, 'strides': a.strides, 'pads': rt.add(a.pads, sl.b_spatial_pads(p.pads)), 'ceil_mode': a.ceil_mode, 'count_include_pad': 1}),)
+    return rt.results(_b.op('AvgPool', [x], {'kernel': a.kernel, 'strides': a.strides, 'pads': rt.add(a.pads, sl.b_spatial_pads(p.pads)), 'ceil_mode': a.ceil_mode, 'count_include_pad': 1}))
 
 
 
@@ -860,7 +989,7 @@ def _r65_maxpool_pad_merge_build(_b, _m):
     p = _m['p']
     r = _m['r']
     x = _m['x']
-    return (_b.op('MaxPool', [r], {'kernel': m.kernel, 'strides': m.strides, 'pads': rt.add(m.pads, sl.b_spatial_pads(p.pads)), 'dilations': m.dilations, 'ceil_mode': m.ceil_mode}),)
+    return rt.results(_b.op('MaxPool', [r], {'kernel': m.kernel, 'strides': m.strides, 'pads': rt.add(m.pads, sl.b_spatial_pads(p.pads)), 'dilations': m.dilations, 'ceil_mode': m.ceil_mode}))
 
 
 
@@ -874,7 +1003,7 @@ def _r66_transpose_identity_build(_b, _m):
     """=> x"""
     t = _m['t']
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -883,7 +1012,7 @@ def _r67_transpose_transpose_build(_b, _m):
     o = _m['o']
     i = _m['i']
     x = _m['x']
-    return (_b.op('Transpose', [x], {'perm': sl.b_compose_perm(i.perm, o.perm)}),)
+    return rt.results(_b.op('Transpose', [x], {'perm': sl.b_compose_perm(i.perm, o.perm)}))
 
 
 
@@ -897,7 +1026,7 @@ def _r68_transpose_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = t.shape)"""
     t = _m['t']
     x = _m['x']
-    return (_b.op('Reshape', [x], {'shape': t.shape}),)
+    return rt.results(_b.op('Reshape', [x], {'shape': t.shape}))
 
 
 
@@ -911,7 +1040,7 @@ def _r69_reshape_noop_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -919,14 +1048,14 @@ def _r70_reshape_reshape_build(_b, _m):
     """=> Reshape(x, shape = r.shape)"""
     r = _m['r']
     x = _m['x']
-    return (_b.op('Reshape', [x], {'shape': r.shape}),)
+    return rt.results(_b.op('Reshape', [x], {'shape': r.shape}))
 
 
 
 def _r71_concat_single_build(_b, _m):
     """=> x"""
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -940,7 +1069,7 @@ def _r72_concat_flatten_build(_b, _m):
     """=> Concat(*unnest(xs, c), axis = c.axis)"""
     c = _m['c']
     xs = _m['xs']
-    return (_b.op('Concat', [(*rt.b_unnest(xs, c),)], {'axis': c.axis}),)
+    return rt.results(_b.op('Concat', [(*rt.b_unnest(xs, c),)], {'axis': c.axis}))
 
 
 
@@ -954,7 +1083,7 @@ def _r73_relu_transpose_sink_build(_b, _m):
     """=> Transpose(Relu(x), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
-    return (_b.op('Transpose', [_b.op('Relu', [x], {})], {'perm': t.perm}),)
+    return rt.results(_b.op('Transpose', [_b.op('Relu', [x], {})], {'perm': t.perm}))
 
 
 
@@ -968,7 +1097,7 @@ def _r74_sigmoid_transpose_sink_build(_b, _m):
     """=> Transpose(Sigmoid(x), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
-    return (_b.op('Transpose', [_b.op('Sigmoid', [x], {})], {'perm': t.perm}),)
+    return rt.results(_b.op('Transpose', [_b.op('Sigmoid', [x], {})], {'perm': t.perm}))
 
 
 
@@ -982,7 +1111,7 @@ def _r75_tanh_transpose_sink_build(_b, _m):
     """=> Transpose(Tanh(x), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
-    return (_b.op('Transpose', [_b.op('Tanh', [x], {})], {'perm': t.perm}),)
+    return rt.results(_b.op('Transpose', [_b.op('Tanh', [x], {})], {'perm': t.perm}))
 
 
 
@@ -1000,7 +1129,7 @@ def _r76_add_transpose_sink_build(_b, _m):
     x = _m['x']
     u = _m['u']
     y = _m['y']
-    return (_b.op('Transpose', [_b.op('Add', [x, y], {})], {'perm': t.perm}),)
+    return rt.results(_b.op('Transpose', [_b.op('Add', [x, y], {})], {'perm': t.perm}))
 
 
 
@@ -1018,7 +1147,7 @@ def _r77_mul_transpose_sink_build(_b, _m):
     x = _m['x']
     u = _m['u']
     y = _m['y']
-    return (_b.op('Transpose', [_b.op('Mul', [x, y], {})], {'perm': t.perm}),)
+    return rt.results(_b.op('Transpose', [_b.op('Mul', [x, y], {})], {'perm': t.perm}))
 
 
 
@@ -1035,7 +1164,7 @@ def _r78_add_const_transpose_sink_build(_b, _m):
     x = _m['x']
     c = _m['c']
     full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
-    return (_b.op('Transpose', [_b.op('Add', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}),)
+    return rt.results(_b.op('Transpose', [_b.op('Add', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
 
 
 
@@ -1052,7 +1181,7 @@ def _r79_mul_const_transpose_sink_build(_b, _m):
     x = _m['x']
     c = _m['c']
     full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
-    return (_b.op('Transpose', [_b.op('Mul', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}),)
+    return rt.results(_b.op('Transpose', [_b.op('Mul', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
 
 
 
@@ -1061,7 +1190,7 @@ def _r80_prelu_to_select_build(_b, _m):
     p = _m['p']
     x = _m['x']
     slope = _m['slope']
-    return (_b.op('Select', [_b.op('Less', [x, _b.scalar(0, x.dtype)], {}), _b.op('Mul', [x, slope], {}), _b.op('Expand', [x], {'shape': p.shape})], {}),)
+    return rt.results(_b.op('Select', [_b.op('Less', [x, _b.scalar(0, x.dtype)], {}), _b.op('Mul', [x, slope], {}), _b.op('Expand', [x], {'shape': p.shape})], {}))
 
 
 
@@ -1069,7 +1198,7 @@ def _r81_castlike_to_cast_build(_b, _m):
     """=> Cast(x, to = like.dtype)"""
     x = _m['x']
     like = _m['like']
-    return (_b.op('Cast', [x], {'to': like.dtype}),)
+    return rt.results(_b.op('Cast', [x], {'to': like.dtype}))
 
 
 
@@ -1077,7 +1206,7 @@ def _r82_tile_to_expand_build(_b, _m):
     """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
     t = _m['t']
     x = _m['x']
-    return (_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.b_interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.b_interleave(t.repeats, x.shape)})], {'shape': t.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.b_interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.b_interleave(t.repeats, x.shape)})], {'shape': t.shape}))
 
 
 
@@ -1092,7 +1221,7 @@ def _r83_depth_to_space_dcr_build(_b, _m):
     d = _m['d']
     x = _m['x']
     b = d.blocksize
-    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], b, b, rt.floordiv(x.shape[1], rt.mul(b, b)), x.shape[2], x.shape[3], )})], {'perm': (0, 3, 4, 1, 5, 2, )})], {'shape': d.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], b, b, rt.floordiv(x.shape[1], rt.mul(b, b)), x.shape[2], x.shape[3], )})], {'perm': (0, 3, 4, 1, 5, 2, )})], {'shape': d.shape}))
 
 
 
@@ -1107,7 +1236,7 @@ def _r84_depth_to_space_crd_build(_b, _m):
     d = _m['d']
     x = _m['x']
     b = d.blocksize
-    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], rt.floordiv(x.shape[1], rt.mul(b, b)), b, b, x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': d.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], rt.floordiv(x.shape[1], rt.mul(b, b)), b, b, x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': d.shape}))
 
 
 
@@ -1122,7 +1251,7 @@ def _r85_space_to_depth_dcr_build(_b, _m):
     d = _m['d']
     x = _m['x']
     b = d.blocksize
-    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 3, 5, 1, 2, 4, )})], {'shape': d.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 3, 5, 1, 2, 4, )})], {'shape': d.shape}))
 
 
 
@@ -1137,7 +1266,7 @@ def _r86_space_to_depth_crd_build(_b, _m):
     d = _m['d']
     x = _m['x']
     b = d.blocksize
-    return (_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 1, 3, 5, 2, 4, )})], {'shape': d.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 1, 3, 5, 2, 4, )})], {'shape': d.shape}))
 
 
 
@@ -1151,7 +1280,7 @@ def _r87_instancenorm_expand_build(_b, _m):
     d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
     var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
     cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
-    return (_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'shape': cs})], {}), _b.op('Reshape', [bias], {'shape': cs})], {}),)
+    return rt.results(_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'shape': cs})], {}), _b.op('Reshape', [bias], {'shape': cs})], {}))
 
 
 
@@ -1166,7 +1295,7 @@ def _r88_lpnorm_l2_build(_b, _m):
     n = _m['n']
     x = _m['x']
     norm = _b.op('Sqrt', [_b.op('ReduceSum', [_b.op('Mul', [x, x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {})
-    return (_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}),)
+    return rt.results(_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}))
 
 
 
@@ -1181,7 +1310,7 @@ def _r89_lpnorm_l1_build(_b, _m):
     n = _m['n']
     x = _m['x']
     norm = _b.op('ReduceSum', [_b.op('Abs', [x], {})], {'axes': (n.axis, ), 'keepdims': 1})
-    return (_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}),)
+    return rt.results(_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}))
 
 
 
@@ -1199,7 +1328,7 @@ def _r90_convn_1d_build(_b, _m):
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return (_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'shape': (w.shape[0], w.shape[1], 1, w.shape[2], )}), b], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'shape': c.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'shape': (w.shape[0], w.shape[1], 1, w.shape[2], )}), b], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'shape': c.shape}))
 
 
 
@@ -1215,7 +1344,7 @@ def _r91_convn_1d_no_bias_build(_b, _m):
     c = _m['c']
     x = _m['x']
     w = _m['w']
-    return (_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'shape': (w.shape[0], w.shape[1], 1, w.shape[2], )})], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'shape': c.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'shape': (w.shape[0], w.shape[1], 1, w.shape[2], )})], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'shape': c.shape}))
 
 
 
@@ -1229,7 +1358,7 @@ def _r92_maxpooln_1d_build(_b, _m):
     """=> Reshape(MaxPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
-    return (_b.op('Reshape', [_b.op('MaxPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'dilations': (1, p.dilations[0], ), 'ceil_mode': p.ceil_mode})], {'shape': p.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('MaxPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'dilations': (1, p.dilations[0], ), 'ceil_mode': p.ceil_mode})], {'shape': p.shape}))
 
 
 
@@ -1243,7 +1372,7 @@ def _r93_avgpooln_1d_build(_b, _m):
     """=> Reshape(AvgPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
-    return (_b.op('Reshape', [_b.op('AvgPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'shape': p.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('AvgPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'shape': p.shape}))
 
 
 
@@ -1257,7 +1386,7 @@ def _r94_resize_identity_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
-    return (x,)
+    return rt.results(x)
 
 
 
@@ -1271,7 +1400,7 @@ def _r95_resize_one_axis_at_a_time_build(_b, _m):
     """=> Resize(Resize(x, axes = r.axes[:1], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias), axes = r.axes[1:], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias)"""
     r = _m['r']
     x = _m['x']
-    return (_b.op('Resize', [_b.op('Resize', [x], {'axes': tuple(r.axes)[:1], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'axes': tuple(r.axes)[1:], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}),)
+    return rt.results(_b.op('Resize', [_b.op('Resize', [x], {'axes': tuple(r.axes)[:1], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'axes': tuple(r.axes)[1:], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}))
 
 
 
@@ -1285,7 +1414,7 @@ def _r96_resize_nearest_gather_build(_b, _m):
     """=> Gather(x, const(resize_gather_indices(*resize_args(r, x.shape[r.axes[0]])), i64), axis = r.axes[0])"""
     r = _m['r']
     x = _m['x']
-    return (_b.op('Gather', [x, _b.const(sl.b_resize_gather_indices(*fn_resize_args(r, x.shape[r.axes[0]])), 'i64')], {'axis': r.axes[0]}),)
+    return rt.results(_b.op('Gather', [x, _b.const(sl.b_resize_gather_indices(*fn_resize_args(r, x.shape[r.axes[0]])), 'i64')], {'axis': r.axes[0]}))
 
 
 
@@ -1306,7 +1435,7 @@ def _r97_resize_axis_taps_build(_b, _m):
     trailing = rt.b_ones(rt.sub(rt.sub(rt.b_rank(x), a), 1))
     y = _b.op('ReduceSum', [_b.op('Mul', [picked, _b.op('Reshape', [weights], {'shape': rt.b_concat(weights.shape, trailing)})], {})], {'axes': (rt.add(a, 1), ), 'keepdims': 0})
     fill = _b.const(sl.b_resize_fill(*args, value=r.extrapolation_value), x.dtype)
-    return ((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.b_resize_extrapolates(*args) else y),)
+    return rt.results((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.b_resize_extrapolates(*args) else y))
 
 
 
@@ -1316,7 +1445,7 @@ def _r98_legacy_broadcast_expand_build(_b, _m):
     a = _m['a']
     b = _m['b']
     b2 = _b.op('Reshape', [b], {'shape': rt.b_concat(b.shape, rt.b_ones(rt.sub(rt.sub(rt.b_rank(a), n.axis), rt.b_rank(b))))})
-    return ((_b.op('Add', [a, b2], {}) if rt.eq(n.op, 'Add') else (_b.op('Sub', [a, b2], {}) if rt.eq(n.op, 'Sub') else (_b.op('Mul', [a, b2], {}) if rt.eq(n.op, 'Mul') else (_b.op('Div', [a, b2], {}) if rt.eq(n.op, 'Div') else (_b.op('Pow', [a, b2], {}) if rt.eq(n.op, 'Pow') else _b.op('PRelu', [a, b2], {})))))),)
+    return rt.results((_b.op('Add', [a, b2], {}) if rt.eq(n.op, 'Add') else (_b.op('Sub', [a, b2], {}) if rt.eq(n.op, 'Sub') else (_b.op('Mul', [a, b2], {}) if rt.eq(n.op, 'Mul') else (_b.op('Div', [a, b2], {}) if rt.eq(n.op, 'Div') else (_b.op('Pow', [a, b2], {}) if rt.eq(n.op, 'Pow') else _b.op('PRelu', [a, b2], {})))))))
 
 
 
@@ -1326,7 +1455,7 @@ def _r99_avgpool_dilated_to_conv_build(_b, _m):
     x = _m['x']
     ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
     sums = _b.op('ConvN', [x, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
-    return (_b.op('Div', [sums, _b.const(sl.b_window_counts(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype)], {}),)
+    return rt.results(_b.op('Div', [sums, _b.const(sl.b_window_counts(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype)], {}))
 
 
 
@@ -1337,7 +1466,7 @@ def _r100_lppool_to_conv_build(_b, _m):
     powered = (_b.op('Mul', [x, x], {}) if rt.eq(p.p, 2) else (_b.op('Abs', [x], {}) if rt.eq(p.p, 1) else _b.op('Pow', [_b.op('Abs', [x], {}), _b.scalar(p.p, x.dtype)], {})))
     ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
     sums = _b.op('ConvN', [powered, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
-    return ((_b.op('Sqrt', [sums], {}) if rt.eq(p.p, 2) else (sums if rt.eq(p.p, 1) else _b.op('Pow', [sums, _b.scalar(rt.truediv(1.0, p.p), x.dtype)], {}))),)
+    return rt.results((_b.op('Sqrt', [sums], {}) if rt.eq(p.p, 2) else (sums if rt.eq(p.p, 1) else _b.op('Pow', [sums, _b.scalar(rt.truediv(1.0, p.p), x.dtype)], {}))))
 
 
 
@@ -1347,7 +1476,7 @@ def _r101_col2im_to_convtranspose_build(_b, _m):
     x = _m['x']
     blocks = sl.b_conv_shape(c.image, c.block, c.pads, c.strides, c.dilations)
     channels = rt.floordiv(x.shape[1], rt.b_prod(c.block))
-    return (_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.b_col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.b_col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}),)
+    return rt.results(_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.b_col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.b_col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}))
 
 
 
@@ -1393,7 +1522,7 @@ def _r102_gridsample_expand_build(_b, _m):
     by_channel = _b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (n, c, rt.b_prod(sp), )})], {'perm': (1, 0, 2, )})], {'shape': (c, rt.mul(n, rt.b_prod(sp)), )})
     values = _b.op('Gather', [by_channel, _b.op('Reshape', [_b.op('Add', [flat, batch_start], {})], {'shape': (n, rt.mul(points, k), )})], {'axis': 1})
     sums = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Reshape', [values], {'shape': (c, n, points, k, )}), weight], {})], {'axes': (3, ), 'keepdims': 0})
-    return (_b.op('Reshape', [_b.op('Transpose', [sums], {'perm': (1, 0, 2, )})], {'shape': g.shape}),)
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [sums], {'perm': (1, 0, 2, )})], {'shape': g.shape}))
 
 
 
@@ -1409,112 +1538,153 @@ def _r103_reflect_expand_build(_b, _m):
     rest = _b.op('Sub', [over, _b.op('Mul', [turns, span], {})], {})
     half = _b.op('Mul', [turns, _b.scalar(0.5, x.dtype)], {})
     from_low = _b.op('Equal', [below, _b.op('Equal', [_b.op('Floor', [half], {}), half], {})], {})
-    return (_b.op('Select', [_b.op('Or', [below, _b.op('Greater', [x, high], {})], {}), _b.op('Select', [from_low, _b.op('Add', [low, rest], {}), _b.op('Sub', [high, rest], {})], {}), x], {}),)
+    return rt.results(_b.op('Select', [_b.op('Or', [below, _b.op('Greater', [x, high], {})], {}), _b.op('Select', [from_low, _b.op('Add', [low, rest], {}), _b.op('Sub', [high, rest], {})], {}), x], {}))
+
+
+
+def _r104_lstm_unroll_build(_b, _m):
+    """=> rnn_layer(l, 4 * l.hidden_size, x, w, r, b, h0, c0, p)"""
+    l = _m['l']
+    x = _m['x']
+    w = _m['w']
+    r = _m['r']
+    b = _m['b']
+    h0 = _m['h0']
+    c0 = _m['c0']
+    p = _m['p']
+    return rt.results(build_rnn_layer(_b, l, rt.mul(4, l.hidden_size), x, w, r, b, h0, c0, p))
+
+
+
+def _r105_gru_unroll_build(_b, _m):
+    """=> rnn_layer(l, 3 * l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
+    l = _m['l']
+    x = _m['x']
+    w = _m['w']
+    r = _m['r']
+    b = _m['b']
+    h0 = _m['h0']
+    return rt.results(tuple(build_rnn_layer(_b, l, rt.mul(3, l.hidden_size), x, w, r, b, h0, None, None))[:2])
+
+
+
+def _r106_rnn_unroll_build(_b, _m):
+    """=> rnn_layer(l, l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
+    l = _m['l']
+    x = _m['x']
+    w = _m['w']
+    r = _m['r']
+    b = _m['b']
+    h0 = _m['h0']
+    return rt.results(tuple(build_rnn_layer(_b, l, l.hidden_size, x, w, r, b, h0, None, None))[:2])
 
 
 RULES = (
-    RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:28:1'),
-    RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:31:1'),
-    RuleInfo(name='dropout_mask', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r2_dropout_mask_build, location='specs/lowerings.glowdef:34:1'),
-    RuleInfo(name='reciprocal_to_div', phases=('lower',), pattern=P('Reciprocal', (V('x'),)), size=1, guard=None, build=_r3_reciprocal_to_div_build, location='specs/lowerings.glowdef:39:1'),
-    RuleInfo(name='clip_to_max_min', phases=('lower',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=None, build=_r4_clip_to_max_min_build, location='specs/lowerings.glowdef:42:1'),
-    RuleInfo(name='swish_expand', phases=('lower',), pattern=P('Swish', (V('x'),)), size=1, guard=None, build=_r5_swish_expand_build, location='specs/lowerings.glowdef:46:1'),
-    RuleInfo(name='hardsigmoid_expand', phases=('lower',), pattern=P('HardSigmoid', (V('x'),), bind='h'), size=1, guard=None, build=_r6_hardsigmoid_expand_build, location='specs/lowerings.glowdef:49:1'),
-    RuleInfo(name='hardswish_expand', phases=('lower',), pattern=P('HardSwish', (V('x'),)), size=1, guard=None, build=_r7_hardswish_expand_build, location='specs/lowerings.glowdef:54:1'),
-    RuleInfo(name='sum_single', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('x'),)), size=1, guard=None, build=_r8_sum_single_build, location='specs/lowerings.glowdef:59:1'),
-    RuleInfo(name='sum_chain', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r9_sum_chain_build, location='specs/lowerings.glowdef:62:1'),
-    RuleInfo(name='mean_to_sum', phases=('lower',), pattern=P('MeanN', (R('xs'),), bind='m'), size=1, guard=None, build=_r10_mean_to_sum_build, location='specs/lowerings.glowdef:65:1'),
-    RuleInfo(name='max_single', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('x'),)), size=1, guard=None, build=_r11_max_single_build, location='specs/lowerings.glowdef:68:1'),
-    RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:71:1'),
-    RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:74:1'),
-    RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:77:1'),
-    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r15_flatten_to_reshape_build, location='specs/lowerings.glowdef:82:1'),
-    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r16_squeeze_to_reshape_build, location='specs/lowerings.glowdef:85:1'),
-    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r17_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:88:1'),
-    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c')), bind='g'), size=1, guard=_r18_gemm_to_matmul_guard, build=_r18_gemm_to_matmul_build, location='specs/lowerings.glowdef:95:1'),
-    RuleInfo(name='gemm_no_bias_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b')), bind='g'), size=1, guard=_r19_gemm_no_bias_to_matmul_guard, build=_r19_gemm_no_bias_to_matmul_build, location='specs/lowerings.glowdef:103:1'),
-    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r20_fc_to_matmul_guard, build=_r20_fc_to_matmul_build, location='specs/lowerings.glowdef:110:1'),
-    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r21_matmul_vector_lhs_guard, build=_r21_matmul_vector_lhs_build, location='specs/lowerings.glowdef:113:1'),
-    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r22_matmul_vector_rhs_guard, build=_r22_matmul_vector_rhs_build, location='specs/lowerings.glowdef:117:1'),
-    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r23_matmul_shared_rhs_guard, build=_r23_matmul_shared_rhs_build, location='specs/lowerings.glowdef:122:1'),
-    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r24_matmul_batched_guard, build=_r24_matmul_batched_build, location='specs/lowerings.glowdef:128:1'),
-    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r25_batchnorm_to_affine_build, location='specs/lowerings.glowdef:139:1'),
-    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias')), bind='ln'), size=1, guard=None, build=_r26_layernorm_expand_build, location='specs/lowerings.glowdef:146:1'),
-    RuleInfo(name='layernorm_no_bias_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale')), bind='ln'), size=1, guard=None, build=_r27_layernorm_no_bias_expand_build, location='specs/lowerings.glowdef:153:1'),
-    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r28_softmax_expand_build, location='specs/lowerings.glowdef:160:1'),
-    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r29_logsoftmax_expand_build, location='specs/lowerings.glowdef:165:1'),
-    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r30_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:170:1'),
-    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r31_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:174:1'),
-    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r32_reducemean_to_sum_build, location='specs/lowerings.glowdef:180:1'),
-    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r33_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:184:1'),
-    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r34_global_maxpool_to_max_build, location='specs/lowerings.glowdef:187:1'),
-    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r35_lrn_expand_build, location='specs/lowerings.glowdef:191:1'),
-    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r36_f16_matmul_in_f32_guard, build=_r36_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:204:1'),
-    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r37_f16_conv_in_f32_guard, build=_r37_f16_conv_in_f32_build, location='specs/lowerings.glowdef:208:1'),
-    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r38_f16_convn_in_f32_guard, build=_r38_f16_convn_in_f32_build, location='specs/lowerings.glowdef:213:1'),
-    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r39_f16_reducesum_in_f32_guard, build=_r39_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:218:1'),
-    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r40_f16_avgpool_in_f32_guard, build=_r40_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:222:1'),
-    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r41_cast_same_type_guard, build=_r41_cast_same_type_build, location='specs/lowerings.glowdef:233:1'),
-    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r42_add_zero_guard, build=_r42_add_zero_build, location='specs/lowerings.glowdef:236:1'),
-    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r43_sub_zero_guard, build=_r43_sub_zero_build, location='specs/lowerings.glowdef:239:1'),
-    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r44_mul_one_guard, build=_r44_mul_one_build, location='specs/lowerings.glowdef:242:1'),
-    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r45_div_one_guard, build=_r45_div_one_build, location='specs/lowerings.glowdef:245:1'),
-    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r46_relu_relu_build, location='specs/lowerings.glowdef:248:1'),
-    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r47_max_same_build, location='specs/lowerings.glowdef:251:1'),
-    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r48_clip_unbounded_guard, build=_r48_clip_unbounded_build, location='specs/lowerings.glowdef:254:1'),
-    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r49_max_zero_to_relu_guard, build=_r49_max_zero_to_relu_build, location='specs/lowerings.glowdef:259:1'),
-    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r50_min_max_to_clip_guard, build=_r50_min_max_to_clip_build, location='specs/lowerings.glowdef:262:1'),
-    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r51_min_relu_to_clip_guard, build=_r51_min_relu_to_clip_build, location='specs/lowerings.glowdef:270:1'),
-    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r52_swish_fuse_guard, build=_r52_swish_fuse_build, location='specs/lowerings.glowdef:277:1'),
-    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r53_sub_const_to_add_guard, build=_r53_sub_const_to_add_build, location='specs/lowerings.glowdef:284:1'),
-    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r54_div_const_to_mul_guard, build=_r54_div_const_to_mul_build, location='specs/lowerings.glowdef:287:1'),
-    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r55_add_const_reassociate_guard, build=_r55_add_const_reassociate_build, location='specs/lowerings.glowdef:291:1'),
-    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r56_mul_const_reassociate_guard, build=_r56_mul_const_reassociate_build, location='specs/lowerings.glowdef:295:1'),
-    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r57_mul_add_distribute_guard, build=_r57_mul_add_distribute_build, location='specs/lowerings.glowdef:299:1'),
-    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r58_conv_bias_zero_build, location='specs/lowerings.glowdef:306:1'),
-    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r59_conv_batchnorm_fold_guard, build=_r59_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:311:1'),
-    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r60_conv_mul_fold_guard, build=_r60_conv_mul_fold_build, location='specs/lowerings.glowdef:319:1'),
-    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r61_conv_add_fold_guard, build=_r61_conv_add_fold_build, location='specs/lowerings.glowdef:326:1'),
-    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r62_matmul_mul_fold_guard, build=_r62_matmul_mul_fold_build, location='specs/lowerings.glowdef:334:1'),
-    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r63_conv_pad_merge_guard, build=_r63_conv_pad_merge_build, location='specs/lowerings.glowdef:342:1'),
-    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r64_avgpool_pad_merge_guard, build=_r64_avgpool_pad_merge_build, location='specs/lowerings.glowdef:349:1'),
-    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r65_maxpool_pad_merge_guard, build=_r65_maxpool_pad_merge_build, location='specs/lowerings.glowdef:358:1'),
-    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r66_transpose_identity_guard, build=_r66_transpose_identity_build, location='specs/lowerings.glowdef:368:1'),
-    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r67_transpose_transpose_build, location='specs/lowerings.glowdef:371:1'),
-    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r68_transpose_to_reshape_guard, build=_r68_transpose_to_reshape_build, location='specs/lowerings.glowdef:374:1'),
-    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r69_reshape_noop_guard, build=_r69_reshape_noop_build, location='specs/lowerings.glowdef:377:1'),
-    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r70_reshape_reshape_build, location='specs/lowerings.glowdef:380:1'),
-    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r71_concat_single_build, location='specs/lowerings.glowdef:383:1'),
-    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r72_concat_flatten_guard, build=_r72_concat_flatten_build, location='specs/lowerings.glowdef:386:1'),
-    RuleInfo(name='relu_transpose_sink', phases=('canonicalize',), pattern=P('Relu', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r73_relu_transpose_sink_guard, build=_r73_relu_transpose_sink_build, location='specs/lowerings.glowdef:390:1'),
-    RuleInfo(name='sigmoid_transpose_sink', phases=('canonicalize',), pattern=P('Sigmoid', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r74_sigmoid_transpose_sink_guard, build=_r74_sigmoid_transpose_sink_build, location='specs/lowerings.glowdef:393:1'),
-    RuleInfo(name='tanh_transpose_sink', phases=('canonicalize',), pattern=P('Tanh', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r75_tanh_transpose_sink_guard, build=_r75_tanh_transpose_sink_build, location='specs/lowerings.glowdef:396:1'),
-    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r76_add_transpose_sink_guard, build=_r76_add_transpose_sink_build, location='specs/lowerings.glowdef:399:1'),
-    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r77_mul_transpose_sink_guard, build=_r77_mul_transpose_sink_build, location='specs/lowerings.glowdef:403:1'),
-    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r78_add_const_transpose_sink_guard, build=_r78_add_const_transpose_sink_build, location='specs/lowerings.glowdef:408:1'),
-    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r79_mul_const_transpose_sink_guard, build=_r79_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:413:1'),
-    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r80_prelu_to_select_build, location='specs/lowerings.glowdef:419:1'),
-    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r81_castlike_to_cast_build, location='specs/lowerings.glowdef:423:1'),
-    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r82_tile_to_expand_build, location='specs/lowerings.glowdef:427:1'),
-    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r83_depth_to_space_dcr_guard, build=_r83_depth_to_space_dcr_build, location='specs/lowerings.glowdef:433:1'),
-    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r84_depth_to_space_crd_guard, build=_r84_depth_to_space_crd_build, location='specs/lowerings.glowdef:440:1'),
-    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r85_space_to_depth_dcr_guard, build=_r85_space_to_depth_dcr_build, location='specs/lowerings.glowdef:447:1'),
-    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r86_space_to_depth_crd_guard, build=_r86_space_to_depth_crd_build, location='specs/lowerings.glowdef:454:1'),
-    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r87_instancenorm_expand_build, location='specs/lowerings.glowdef:461:1'),
-    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r88_lpnorm_l2_guard, build=_r88_lpnorm_l2_build, location='specs/lowerings.glowdef:470:1'),
-    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r89_lpnorm_l1_guard, build=_r89_lpnorm_l1_build, location='specs/lowerings.glowdef:475:1'),
-    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r90_convn_1d_guard, build=_r90_convn_1d_build, location='specs/lowerings.glowdef:484:1'),
-    RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r91_convn_1d_no_bias_guard, build=_r91_convn_1d_no_bias_build, location='specs/lowerings.glowdef:492:1'),
-    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r92_maxpooln_1d_guard, build=_r92_maxpooln_1d_build, location='specs/lowerings.glowdef:500:1'),
-    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r93_avgpooln_1d_guard, build=_r93_avgpooln_1d_build, location='specs/lowerings.glowdef:507:1'),
-    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r94_resize_identity_guard, build=_r94_resize_identity_build, location='specs/lowerings.glowdef:525:1'),
-    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_one_axis_at_a_time_guard, build=_r95_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:528:1'),
-    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_nearest_gather_guard, build=_r96_resize_nearest_gather_build, location='specs/lowerings.glowdef:542:1'),
-    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_axis_taps_guard, build=_r97_resize_axis_taps_build, location='specs/lowerings.glowdef:551:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r98_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:566:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r99_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:577:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r100_lppool_to_conv_build, location='specs/lowerings.glowdef:586:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r101_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:596:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r102_gridsample_expand_build, location='specs/lowerings.glowdef:616:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r103_reflect_expand_build, location='specs/lowerings.glowdef:668:1'),
+    RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:32:1'),
+    RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:35:1'),
+    RuleInfo(name='dropout_mask', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r2_dropout_mask_build, location='specs/lowerings.glowdef:38:1'),
+    RuleInfo(name='reciprocal_to_div', phases=('lower',), pattern=P('Reciprocal', (V('x'),)), size=1, guard=None, build=_r3_reciprocal_to_div_build, location='specs/lowerings.glowdef:43:1'),
+    RuleInfo(name='clip_to_max_min', phases=('lower',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=None, build=_r4_clip_to_max_min_build, location='specs/lowerings.glowdef:46:1'),
+    RuleInfo(name='swish_expand', phases=('lower',), pattern=P('Swish', (V('x'),)), size=1, guard=None, build=_r5_swish_expand_build, location='specs/lowerings.glowdef:50:1'),
+    RuleInfo(name='hardsigmoid_expand', phases=('lower',), pattern=P('HardSigmoid', (V('x'),), bind='h'), size=1, guard=None, build=_r6_hardsigmoid_expand_build, location='specs/lowerings.glowdef:53:1'),
+    RuleInfo(name='hardswish_expand', phases=('lower',), pattern=P('HardSwish', (V('x'),)), size=1, guard=None, build=_r7_hardswish_expand_build, location='specs/lowerings.glowdef:58:1'),
+    RuleInfo(name='sum_single', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('x'),)), size=1, guard=None, build=_r8_sum_single_build, location='specs/lowerings.glowdef:63:1'),
+    RuleInfo(name='sum_chain', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r9_sum_chain_build, location='specs/lowerings.glowdef:66:1'),
+    RuleInfo(name='mean_to_sum', phases=('lower',), pattern=P('MeanN', (R('xs'),), bind='m'), size=1, guard=None, build=_r10_mean_to_sum_build, location='specs/lowerings.glowdef:69:1'),
+    RuleInfo(name='max_single', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('x'),)), size=1, guard=None, build=_r11_max_single_build, location='specs/lowerings.glowdef:72:1'),
+    RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:75:1'),
+    RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:78:1'),
+    RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:81:1'),
+    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r15_flatten_to_reshape_build, location='specs/lowerings.glowdef:86:1'),
+    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r16_squeeze_to_reshape_build, location='specs/lowerings.glowdef:89:1'),
+    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r17_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:92:1'),
+    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c')), bind='g'), size=1, guard=_r18_gemm_to_matmul_guard, build=_r18_gemm_to_matmul_build, location='specs/lowerings.glowdef:99:1'),
+    RuleInfo(name='gemm_no_bias_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b')), bind='g'), size=1, guard=_r19_gemm_no_bias_to_matmul_guard, build=_r19_gemm_no_bias_to_matmul_build, location='specs/lowerings.glowdef:107:1'),
+    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r20_fc_to_matmul_guard, build=_r20_fc_to_matmul_build, location='specs/lowerings.glowdef:114:1'),
+    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r21_matmul_vector_lhs_guard, build=_r21_matmul_vector_lhs_build, location='specs/lowerings.glowdef:117:1'),
+    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r22_matmul_vector_rhs_guard, build=_r22_matmul_vector_rhs_build, location='specs/lowerings.glowdef:121:1'),
+    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r23_matmul_shared_rhs_guard, build=_r23_matmul_shared_rhs_build, location='specs/lowerings.glowdef:126:1'),
+    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r24_matmul_batched_guard, build=_r24_matmul_batched_build, location='specs/lowerings.glowdef:132:1'),
+    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r25_batchnorm_to_affine_build, location='specs/lowerings.glowdef:143:1'),
+    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias')), bind='ln'), size=1, guard=None, build=_r26_layernorm_expand_build, location='specs/lowerings.glowdef:150:1'),
+    RuleInfo(name='layernorm_no_bias_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale')), bind='ln'), size=1, guard=None, build=_r27_layernorm_no_bias_expand_build, location='specs/lowerings.glowdef:157:1'),
+    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r28_softmax_expand_build, location='specs/lowerings.glowdef:164:1'),
+    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r29_logsoftmax_expand_build, location='specs/lowerings.glowdef:169:1'),
+    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r30_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:174:1'),
+    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r31_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:178:1'),
+    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r32_reducemean_to_sum_build, location='specs/lowerings.glowdef:184:1'),
+    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r33_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:188:1'),
+    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r34_global_maxpool_to_max_build, location='specs/lowerings.glowdef:191:1'),
+    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r35_lrn_expand_build, location='specs/lowerings.glowdef:195:1'),
+    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r36_f16_matmul_in_f32_guard, build=_r36_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:208:1'),
+    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r37_f16_conv_in_f32_guard, build=_r37_f16_conv_in_f32_build, location='specs/lowerings.glowdef:212:1'),
+    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r38_f16_convn_in_f32_guard, build=_r38_f16_convn_in_f32_build, location='specs/lowerings.glowdef:217:1'),
+    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r39_f16_reducesum_in_f32_guard, build=_r39_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:222:1'),
+    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r40_f16_avgpool_in_f32_guard, build=_r40_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:226:1'),
+    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r41_cast_same_type_guard, build=_r41_cast_same_type_build, location='specs/lowerings.glowdef:237:1'),
+    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r42_add_zero_guard, build=_r42_add_zero_build, location='specs/lowerings.glowdef:240:1'),
+    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r43_sub_zero_guard, build=_r43_sub_zero_build, location='specs/lowerings.glowdef:243:1'),
+    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r44_mul_one_guard, build=_r44_mul_one_build, location='specs/lowerings.glowdef:246:1'),
+    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r45_div_one_guard, build=_r45_div_one_build, location='specs/lowerings.glowdef:249:1'),
+    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r46_relu_relu_build, location='specs/lowerings.glowdef:252:1'),
+    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r47_max_same_build, location='specs/lowerings.glowdef:255:1'),
+    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r48_clip_unbounded_guard, build=_r48_clip_unbounded_build, location='specs/lowerings.glowdef:258:1'),
+    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r49_max_zero_to_relu_guard, build=_r49_max_zero_to_relu_build, location='specs/lowerings.glowdef:263:1'),
+    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r50_min_max_to_clip_guard, build=_r50_min_max_to_clip_build, location='specs/lowerings.glowdef:266:1'),
+    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r51_min_relu_to_clip_guard, build=_r51_min_relu_to_clip_build, location='specs/lowerings.glowdef:274:1'),
+    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r52_swish_fuse_guard, build=_r52_swish_fuse_build, location='specs/lowerings.glowdef:281:1'),
+    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r53_sub_const_to_add_guard, build=_r53_sub_const_to_add_build, location='specs/lowerings.glowdef:288:1'),
+    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r54_div_const_to_mul_guard, build=_r54_div_const_to_mul_build, location='specs/lowerings.glowdef:291:1'),
+    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r55_add_const_reassociate_guard, build=_r55_add_const_reassociate_build, location='specs/lowerings.glowdef:295:1'),
+    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r56_mul_const_reassociate_guard, build=_r56_mul_const_reassociate_build, location='specs/lowerings.glowdef:299:1'),
+    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r57_mul_add_distribute_guard, build=_r57_mul_add_distribute_build, location='specs/lowerings.glowdef:303:1'),
+    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r58_conv_bias_zero_build, location='specs/lowerings.glowdef:310:1'),
+    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r59_conv_batchnorm_fold_guard, build=_r59_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:315:1'),
+    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r60_conv_mul_fold_guard, build=_r60_conv_mul_fold_build, location='specs/lowerings.glowdef:323:1'),
+    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r61_conv_add_fold_guard, build=_r61_conv_add_fold_build, location='specs/lowerings.glowdef:330:1'),
+    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r62_matmul_mul_fold_guard, build=_r62_matmul_mul_fold_build, location='specs/lowerings.glowdef:338:1'),
+    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r63_conv_pad_merge_guard, build=_r63_conv_pad_merge_build, location='specs/lowerings.glowdef:346:1'),
+    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r64_avgpool_pad_merge_guard, build=_r64_avgpool_pad_merge_build, location='specs/lowerings.glowdef:353:1'),
+    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r65_maxpool_pad_merge_guard, build=_r65_maxpool_pad_merge_build, location='specs/lowerings.glowdef:362:1'),
+    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r66_transpose_identity_guard, build=_r66_transpose_identity_build, location='specs/lowerings.glowdef:372:1'),
+    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r67_transpose_transpose_build, location='specs/lowerings.glowdef:375:1'),
+    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r68_transpose_to_reshape_guard, build=_r68_transpose_to_reshape_build, location='specs/lowerings.glowdef:378:1'),
+    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r69_reshape_noop_guard, build=_r69_reshape_noop_build, location='specs/lowerings.glowdef:381:1'),
+    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r70_reshape_reshape_build, location='specs/lowerings.glowdef:384:1'),
+    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r71_concat_single_build, location='specs/lowerings.glowdef:387:1'),
+    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r72_concat_flatten_guard, build=_r72_concat_flatten_build, location='specs/lowerings.glowdef:390:1'),
+    RuleInfo(name='relu_transpose_sink', phases=('canonicalize',), pattern=P('Relu', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r73_relu_transpose_sink_guard, build=_r73_relu_transpose_sink_build, location='specs/lowerings.glowdef:394:1'),
+    RuleInfo(name='sigmoid_transpose_sink', phases=('canonicalize',), pattern=P('Sigmoid', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r74_sigmoid_transpose_sink_guard, build=_r74_sigmoid_transpose_sink_build, location='specs/lowerings.glowdef:397:1'),
+    RuleInfo(name='tanh_transpose_sink', phases=('canonicalize',), pattern=P('Tanh', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r75_tanh_transpose_sink_guard, build=_r75_tanh_transpose_sink_build, location='specs/lowerings.glowdef:400:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r76_add_transpose_sink_guard, build=_r76_add_transpose_sink_build, location='specs/lowerings.glowdef:403:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r77_mul_transpose_sink_guard, build=_r77_mul_transpose_sink_build, location='specs/lowerings.glowdef:407:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r78_add_const_transpose_sink_guard, build=_r78_add_const_transpose_sink_build, location='specs/lowerings.glowdef:412:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r79_mul_const_transpose_sink_guard, build=_r79_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:417:1'),
+    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r80_prelu_to_select_build, location='specs/lowerings.glowdef:423:1'),
+    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r81_castlike_to_cast_build, location='specs/lowerings.glowdef:427:1'),
+    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r82_tile_to_expand_build, location='specs/lowerings.glowdef:431:1'),
+    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r83_depth_to_space_dcr_guard, build=_r83_depth_to_space_dcr_build, location='specs/lowerings.glowdef:437:1'),
+    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r84_depth_to_space_crd_guard, build=_r84_depth_to_space_crd_build, location='specs/lowerings.glowdef:444:1'),
+    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r85_space_to_depth_dcr_guard, build=_r85_space_to_depth_dcr_build, location='specs/lowerings.glowdef:451:1'),
+    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r86_space_to_depth_crd_guard, build=_r86_space_to_depth_crd_build, location='specs/lowerings.glowdef:458:1'),
+    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r87_instancenorm_expand_build, location='specs/lowerings.glowdef:465:1'),
+    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r88_lpnorm_l2_guard, build=_r88_lpnorm_l2_build, location='specs/lowerings.glowdef:474:1'),
+    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r89_lpnorm_l1_guard, build=_r89_lpnorm_l1_build, location='specs/lowerings.glowdef:479:1'),
+    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r90_convn_1d_guard, build=_r90_convn_1d_build, location='specs/lowerings.glowdef:488:1'),
+    RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r91_convn_1d_no_bias_guard, build=_r91_convn_1d_no_bias_build, location='specs/lowerings.glowdef:496:1'),
+    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r92_maxpooln_1d_guard, build=_r92_maxpooln_1d_build, location='specs/lowerings.glowdef:504:1'),
+    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r93_avgpooln_1d_guard, build=_r93_avgpooln_1d_build, location='specs/lowerings.glowdef:511:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r94_resize_identity_guard, build=_r94_resize_identity_build, location='specs/lowerings.glowdef:529:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_one_axis_at_a_time_guard, build=_r95_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:532:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_nearest_gather_guard, build=_r96_resize_nearest_gather_build, location='specs/lowerings.glowdef:546:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_axis_taps_guard, build=_r97_resize_axis_taps_build, location='specs/lowerings.glowdef:555:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r98_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:570:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r99_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:581:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r100_lppool_to_conv_build, location='specs/lowerings.glowdef:590:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r101_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:600:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r102_gridsample_expand_build, location='specs/lowerings.glowdef:620:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r103_reflect_expand_build, location='specs/lowerings.glowdef:672:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r104_lstm_unroll_build, location='specs/lowerings.glowdef:804:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r105_gru_unroll_build, location='specs/lowerings.glowdef:808:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r106_rnn_unroll_build, location='specs/lowerings.glowdef:812:1'),
 )

@@ -1,0 +1,232 @@
+"""ONNX control flow (If, Loop, Scan), resolved at import time.
+
+glowgen graphs are static: shapes are known and there is no control flow at run time.  So
+control-flow nodes are not ops of the graph; the importer removes them while it reads the
+model.  An If whose condition is known at compile time becomes the nodes of the branch it
+takes; a Loop with a known trip count and a Scan over a static axis become their body,
+imported once per iteration (unrolled).  The bodies are ONNX subgraphs imported by the same
+generic importer (`_Importer.inline_graph`), in a nested name scope, so names a body does not
+define resolve to the enclosing graph as ONNX specifies.
+
+The slicing and stacking around unrolled bodies is written as ONNX nodes too
+(`_Importer.emit_onnx`), so this module needs no glowgen op by name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from ..errors import CompileTimeInputError, UnsupportedError
+
+# Unrolling copies the body once per iteration; beyond this the model is not one to unroll.
+MAX_UNROLLED_ITERATIONS = 4096
+
+
+def graph_attribute(node: onnx.NodeProto, name: str, desc: str) -> onnx.GraphProto:
+    for a in node.attribute:
+        if a.name == name and a.type == onnx.AttributeProto.GRAPH:
+            return a.g
+    raise UnsupportedError(f"{desc}: graph attribute {name!r} is missing")
+
+
+def int_attribute(node: onnx.NodeProto, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def compile_time_value(importer, node: onnx.NodeProto, index: int, what: str, desc: str) -> np.ndarray:
+    """The compile-time data of input `index` of `node`; a model input behind it is a
+    CompileTimeInputError, so callers (and the conformance runner) can bind it."""
+    value = importer.values[node.input[index]]
+    data = importer.constant(value)
+    if data is None:
+        needed = importer.placeholders_behind(value)
+        raise CompileTimeInputError(
+            f"{desc}: the {what} ({node.input[index]!r}) must be known at compile time, since "
+            f"glowgen resolves control flow while compiling, but it depends on model input"
+            f"{'s' if len(needed) > 1 else ''} {', '.join(map(repr, needed))}; bind "
+            f"{'them' if len(needed) > 1 else 'it'} as constant{'s' if len(needed) > 1 else ''} "
+            f"to specialize the model (Python: constant_inputs=...)", needed)
+    return data
+
+
+def _bind_outputs(importer, node: onnx.NodeProto, values: list) -> None:
+    for name, value in zip(node.output, values):
+        if name:
+            importer.values[name] = value
+
+
+# ----------------------------------------------------------------------------- If
+def import_if(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
+    """The branch the compile-time condition selects, inlined."""
+    cond = compile_time_value(importer, node, 0, "condition", desc)
+    if cond.size != 1:
+        raise UnsupportedError(f"{desc}: the condition has {cond.size} elements; If needs one")
+    branch = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+    outputs = importer.inline_graph(graph_attribute(node, branch, desc), {}, f"{desc} ({branch})", opset)
+    _bind_outputs(importer, node, outputs)
+
+
+# ----------------------------------------------------------------------------- Loop
+def import_loop(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
+    """Loop unrolled: the trip count must be known at compile time, and so must the
+    condition after every iteration (a loop that stops on data cannot be unrolled)."""
+    body = graph_attribute(node, "body", desc)
+    inputs = list(node.input) + [""] * (2 - len(node.input))
+    trip_count = (int(compile_time_value(importer, node, 0, "trip count", desc).reshape(-1)[0])
+                  if inputs[0] else None)
+    keep_going = (bool(compile_time_value(importer, node, 1, "initial condition", desc).reshape(-1)[0])
+                  if inputs[1] else True)
+    if trip_count is None and not inputs[1]:
+        raise UnsupportedError(f"{desc}: a Loop with neither trip count nor condition never ends")
+    if trip_count is not None and trip_count > MAX_UNROLLED_ITERATIONS:
+        raise UnsupportedError(f"{desc}: trip count {trip_count} is too large to unroll "
+                               f"(at most {MAX_UNROLLED_ITERATIONS})")
+    carried = [importer.values[n] for n in inputs[2:]]
+    n_carried = len(carried)
+    formals = [i.name for i in body.input]
+    scans: list[list] = [[] for _ in body.output[1 + n_carried:]]
+    iteration = 0
+    while keep_going and (trip_count is None or iteration < trip_count):
+        if iteration >= MAX_UNROLLED_ITERATIONS:
+            raise UnsupportedError(f"{desc}: the loop runs more than {MAX_UNROLLED_ITERATIONS} "
+                                   f"iterations; too many to unroll")
+        bindings = {formals[0]: importer.function.add_constant(np.array(iteration, np.int64),
+                                                               f"{node.name or 'loop'}.iter"),
+                    formals[1]: importer.function.add_constant(np.array(True), f"{node.name or 'loop'}.cond")}
+        bindings.update(zip(formals[2:], carried))
+        outs = importer.inline_graph(body, bindings, f"{desc} (iteration {iteration})", opset)
+        cond_out, carried, scanned = outs[0], outs[1:1 + n_carried], outs[1 + n_carried:]
+        for stack, value in zip(scans, scanned):
+            stack.append(value)
+        iteration += 1
+        if inputs[1] or trip_count is None:
+            known = importer.constant(cond_out)
+            if known is None:
+                raise UnsupportedError(
+                    f"{desc}: the loop's condition depends on data computed in the loop, so the "
+                    f"number of iterations is not known at compile time; glowgen unrolls loops "
+                    f"and supports only a trip count and condition known while compiling")
+            keep_going = bool(np.asarray(known).reshape(-1)[0])
+    if any(not stack for stack in scans):
+        raise UnsupportedError(f"{desc}: the loop runs no iteration, so its scan outputs are empty "
+                               f"tensors of unknown shape, which glowgen does not support")
+    stacked = [importer.emit_onnx("Concat", [importer.emit_onnx("Unsqueeze", [v], axes=[0])[0]
+                                             for v in stack], axis=0)[0]
+               for stack in scans]
+    _bind_outputs(importer, node, list(carried) + stacked)
+
+
+# ----------------------------------------------------------------------------- Scan
+@dataclass
+class ScanLayout:
+    """Which axis each scan input and output runs along, and which way (1: backwards);
+    None means ONNX's default (axis 0, forwards)."""
+    input_axes: Optional[list] = None
+    input_directions: Optional[list] = None
+    output_axes: Optional[list] = None
+    output_directions: Optional[list] = None
+
+    @classmethod
+    def of(cls, node: onnx.NodeProto) -> "ScanLayout":
+        return cls(*(int_attribute(node, name, None) for name in (
+            "scan_input_axes", "scan_input_directions", "scan_output_axes", "scan_output_directions")))
+
+
+def import_scan(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
+    body = graph_attribute(node, "body", desc)
+    n_scan_in = int_attribute(node, "num_scan_inputs", None)
+    if n_scan_in is None:
+        raise UnsupportedError(f"{desc}: attribute 'num_scan_inputs' is required")
+    if opset < 9:
+        _import_scan8(importer, node, body, n_scan_in, desc, opset)
+        return
+    values = [importer.values[n] for n in node.input]
+    n_state = len(values) - n_scan_in
+    outputs = _unroll_scan(importer, ScanLayout.of(node), body, values[:n_state], values[n_state:],
+                           desc, opset)
+    _bind_outputs(importer, node, outputs)
+
+
+def _unroll_scan(importer, layout: ScanLayout, body, states: list, scan_inputs: list, desc: str,
+                 opset: int) -> list:
+    """Scan (opset 9 semantics) unrolled over the scan axis: the final states, then the scan
+    outputs stacked along their axes."""
+    n_state, n_in = len(states), len(scan_inputs)
+    n_out = len(body.output) - n_state
+    in_axes = _normalized(layout.input_axes or [0] * n_in, [v.type.rank for v in scan_inputs],
+                          desc, "scan_input_axes")
+    in_dirs = list(layout.input_directions or [0] * n_in)
+    lengths = {v.type.shape[a] for v, a in zip(scan_inputs, in_axes)}
+    if len(lengths) != 1:
+        raise UnsupportedError(f"{desc}: the scan inputs have different lengths "
+                               f"{sorted(lengths)} along their scan axes")
+    steps = lengths.pop()
+    if steps == 0:
+        raise UnsupportedError(f"{desc}: the scan axis is empty, so the scan outputs are empty "
+                               f"tensors of unknown shape, which glowgen does not support")
+    if steps > MAX_UNROLLED_ITERATIONS:
+        raise UnsupportedError(f"{desc}: {steps} scan steps are too many to unroll "
+                               f"(at most {MAX_UNROLLED_ITERATIONS})")
+    formals = [i.name for i in body.input]
+    scanned: list[list] = [[] for _ in range(n_out)]
+    for t in range(steps):
+        bindings = dict(zip(formals[:n_state], states))
+        for formal, value, axis, reverse in zip(formals[n_state:], scan_inputs, in_axes, in_dirs):
+            index = steps - 1 - t if reverse else t
+            piece = importer.emit_onnx("Slice", [value], starts=[index], ends=[index + 1], axes=[axis])[0]
+            bindings[formal] = importer.emit_onnx("Squeeze", [piece], axes=[axis])[0]
+        outs = importer.inline_graph(body, bindings, f"{desc} (step {t})", opset)
+        states = outs[:n_state]
+        for stack, value in zip(scanned, outs[n_state:]):
+            stack.append(value)
+    out_axes = _normalized(layout.output_axes or [0] * n_out, [s[0].type.rank + 1 for s in scanned],
+                           desc, "scan_output_axes")
+    results = list(states)
+    for stack, axis, reverse in zip(scanned, out_axes, layout.output_directions or [0] * n_out):
+        pieces = [importer.emit_onnx("Unsqueeze", [v], axes=[axis])[0]
+                  for v in (stack[::-1] if reverse else stack)]
+        results.append(importer.emit_onnx("Concat", pieces, axis=axis)[0])
+    return results
+
+
+def _normalized(axes, ranks, desc, what) -> list:
+    out = []
+    for a, r in zip(axes, ranks):
+        if not -r <= a < r:
+            raise UnsupportedError(f"{desc}: {what} holds axis {a}, out of range for rank {r}")
+        out.append(a + r if a < 0 else a)
+    return out
+
+
+def _import_scan8(importer, node, body, n_scan_in, desc, opset) -> None:
+    """Scan-8 runs its body per batch element (axis 0) and scans axis 1: each batch element
+    is a Scan-9 over axis 0 of its slice, and the results are stacked along the batch."""
+    if node.input[0]:
+        lens = compile_time_value(importer, node, 0, "sequence_lens", desc)
+        full = {v.type.shape[1] for v in (importer.values[n] for n in node.input[-n_scan_in:])}
+        if any(int(x) not in full for x in np.asarray(lens).reshape(-1)):
+            raise UnsupportedError(f"{desc}: sequence_lens shorter than the scan axis are not "
+                                   f"supported")
+    values = [importer.values[n] for n in node.input[1:]]
+    n_state = len(values) - n_scan_in
+    layout = ScanLayout(input_directions=int_attribute(node, "directions", None))
+    per_batch = []
+    for b in range(values[0].type.shape[0]):
+        sliced = [importer.emit_onnx("Squeeze", [importer.emit_onnx(
+            "Slice", [v], starts=[b], ends=[b + 1], axes=[0])[0]], axes=[0])[0] for v in values]
+        per_batch.append(_unroll_scan(importer, layout, body, sliced[:n_state], sliced[n_state:],
+                                      f"{desc} (batch {b})", opset))
+    outputs = [importer.emit_onnx("Concat", [importer.emit_onnx("Unsqueeze", [r[i]], axes=[0])[0]
+                                             for r in per_batch], axis=0)[0]
+               for i in range(len(per_batch[0]))]
+    _bind_outputs(importer, node, outputs)
+
+
+CONTROL_FLOW: dict[str, Callable] = {"If": import_if, "Loop": import_loop, "Scan": import_scan}
