@@ -7,7 +7,7 @@ shapes and lists; the emitters look names up here after the generic builtins of
 """
 from __future__ import annotations
 
-from .engine.specrt import b_broadcast, b_normalize_axes, b_normalize_axis, b_prod
+from .engine.specrt import b_broadcast, b_broadcastable, b_normalize_axes, b_normalize_axis, b_prod
 from .engine.types import dtype_from_onnx
 from .errors import ShapeError
 
@@ -357,6 +357,81 @@ def b_convtranspose_pads(mode, spatial, kernel, strides, dilations, output_paddi
         return (0,) * (2 * n)
     return tuple(int(p) for p in pads) if len(pads) else (0,) * (2 * n)
 
+
+
+# ----------------------------------------------------------------------------- quantization
+def b_quant_param_shape(shape, param_shape, axis, block_size):
+    """The shape a quantization scale or zero point takes to broadcast against a tensor of
+    `shape` (ONNX QuantizeLinear / DequantizeLinear): one value -> a scalar; a vector -> one
+    value per index of `axis`; with `block_size` > 0, the parameter has the tensor's rank
+    and ceil(shape[axis] / block_size) entries along `axis`, each repeated block_size times."""
+    shape, param_shape = tuple(shape), tuple(param_shape)
+    if b_prod(param_shape) == 1 and len(param_shape) <= 1:
+        return ()
+    if block_size == 0:
+        if len(param_shape) != 1 or axis >= len(shape) or param_shape[0] != shape[axis]:
+            raise ShapeError(f"a per-axis scale or zero point must be a vector of the {shape[axis] if axis < len(shape) else '?'} "
+                             f"indices of axis {axis} of {list(shape)}, got shape {list(param_shape)}")
+        return b_channel_shape(len(shape), param_shape[0], axis)
+    blocks = -(-shape[axis] // block_size)
+    expected = shape[:axis] + (blocks,) + shape[axis + 1:]
+    if param_shape != expected:
+        raise ShapeError(f"a blocked scale or zero point for {list(shape)} with block_size {block_size} "
+                         f"along axis {axis} must have shape {list(expected)}, got {list(param_shape)}")
+    return shape
+
+
+def b_quant_param_fits(shape, param_shape, axis, block_size):
+    try:
+        b_quant_param_shape(shape, param_shape, axis, block_size)
+        return True
+    except ShapeError:
+        return False
+
+
+def b_block_indices(size, block_size):
+    """Index of the block each of `size` positions belongs to: [0]*block_size + [1]*block_size..."""
+    return tuple(i // block_size for i in range(size))
+
+
+def b_float_promote(a, b):
+    """The float type NumPy computes a / b in (an integer operand takes the other's type)."""
+    floats = [d for d in (a, b) if d in ("f16", "f32", "f64")]
+    if not floats:
+        return "f64"
+    return max(floats, key=("f16", "f32", "f64").index)
+
+
+def b_exact_float(dtype):
+    """A float type wide enough to hold every value of `dtype` (an integer of up to 16 bits
+    or a float) and the sums of a few of them exactly: f32, or f64 for f64 and wide integers."""
+    return "f64" if dtype in ("f64", "i32", "u32", "i64", "u64") else "f32"
+
+
+def b_param_along(param_shape, size, axis, rank):
+    """The shape a scale or zero point takes to broadcast against a rank-`rank` tensor: one
+    value -> a scalar; a vector of `size` values -> along dimension `axis`; a tensor of the
+    full rank (MatMulInteger's [D1, D2, M, 1] form) stays as it is."""
+    param_shape = tuple(param_shape)
+    if b_prod(param_shape) == 1 and len(param_shape) <= 1:
+        return ()
+    if param_shape == (size,):
+        return b_channel_shape(rank, size, axis)
+    if len(param_shape) == rank and b_broadcastable(param_shape, b_channel_shape(rank, size, axis)):
+        return param_shape
+    raise ShapeError(f"a scale or zero point must hold one value or one per index ({size}) of "
+                     f"dimension {axis}, got shape {list(param_shape)}")
+
+
+def b_param_fits(param_shape, size, axis, rank):
+    """`param_shape` (None for an absent optional parameter) fits `param_along`."""
+    if param_shape is None:
+        return True
+    try:
+        b_param_along(param_shape, size, axis, rank)
+        return True
+    except ShapeError:
+        return False
 
 FUNCTIONS = {name[2:]: fn for name, fn in dict(globals()).items()
              if name.startswith("b_") and callable(fn) and fn.__module__ == __name__}

@@ -293,6 +293,56 @@ CASES = [
          attrs={"strides": [2, 2], "pads": [1, 0, 1, 1], "output_padding": [1, 0]}, rtol=1e-4, atol=1e-5),
     Case("ConvTranspose_1d_group", "ConvTranspose", {"x": f32(1, 4, 5)}, consts={"w": f32(4, 1, 3)},
          attrs={"group": 2, "dilations": [2]}, rtol=1e-4, atol=1e-5),
+    # ---- quantization: lowered to Cast, Div/Mul, Round, Clip, MatMul (i32) and Conv (f64)
+    Case("QuantizeLinear", "QuantizeLinear", {"x": f32(2, 3, lo=-300, hi=300)},
+         consts={"s": np.float32(2.5), "z": np.uint8(100)}, opset=13),
+    Case("QuantizeLinear_axis_int8", "QuantizeLinear", {"x": f32(2, 3, 4, lo=-100, hi=100)},
+         consts={"s": pos(3), "z": np.array([-3, 0, 7], np.int8)}, opset=13),
+    Case("QuantizeLinear_blocked_int16", "QuantizeLinear", {"x": f32(3, 5, lo=-1e4, hi=1e4)},
+         consts={"s": pos(3, 3), "z": np.array([[1, -2, 3], [0, 5, -6], [7, 8, 9]], np.int16)},
+         attrs={"axis": 1, "block_size": 2}, opset=21, oracle="reference"),
+    Case("QuantizeLinear_output_dtype", "QuantizeLinear", {"x": f32(4, 3, lo=-500, hi=500)},
+         consts={"s": np.float32(3.0)}, attrs={"output_dtype": TensorProto.INT8}, opset=21,
+         oracle="reference"),
+    Case("DequantizeLinear", "DequantizeLinear", {"x": i64(2, 3, lo=0, hi=255).astype(np.uint8)},
+         consts={"s": np.float32(0.25), "z": np.uint8(128)}, opset=13),
+    Case("DequantizeLinear_axis_no_zero_point", "DequantizeLinear",
+         {"x": i64(2, 3, 4, lo=-128, hi=127).astype(np.int8)}, consts={"s": pos(4)},
+         attrs={"axis": -1}, opset=13),
+    Case("DequantizeLinear_blocked_f16", "DequantizeLinear",
+         {"x": i64(4, 2, lo=0, hi=255).astype(np.uint8)},
+         consts={"s": pos(2, 2).astype(np.float16), "z": np.array([[1, 2], [3, 4]], np.uint8)},
+         attrs={"axis": 0, "block_size": 3}, opset=21, oracle="reference"),
+    Case("QLinearMatMul", "QLinearMatMul", {"a": i64(3, 4, lo=0, hi=255).astype(np.uint8),
+                                            "b": i64(4, 5, lo=0, hi=255).astype(np.uint8)},
+         consts={"as": np.float32(0.02), "az": np.uint8(120), "bs": np.float32(0.03),
+                 "bz": np.uint8(130), "ys": np.float32(0.5), "yz": np.uint8(10)},
+         input_order=["a", "as", "az", "b", "bs", "bz", "ys", "yz"]),
+    Case("QLinearMatMul_int8_batched", "QLinearMatMul",
+         {"a": i64(2, 3, 4, lo=-128, hi=127).astype(np.int8), "b": i64(2, 4, 2, lo=-128, hi=127).astype(np.int8)},
+         consts={"as": np.float32(0.02), "az": np.int8(-3), "bs": np.float32(0.03),
+                 "bz": np.int8(5), "ys": np.float32(0.1), "yz": np.int8(-1)},
+         input_order=["a", "as", "az", "b", "bs", "bz", "ys", "yz"]),
+    Case("MatMulInteger", "MatMulInteger", {"a": i64(3, 4, lo=0, hi=255).astype(np.uint8),
+                                            "b": i64(4, 2, lo=-128, hi=127).astype(np.int8)},
+         consts={"az": np.array([[10], [200], [37]], np.uint8), "bz": np.array([-5, 3], np.int8)},
+         oracle="reference"),
+    Case("MatMulInteger_no_zero_point", "MatMulInteger", {"a": i64(2, 3, 4, lo=0, hi=255).astype(np.uint8),
+                                                          "b": i64(4, 2, lo=0, hi=255).astype(np.uint8)}),
+    Case("ConvInteger", "ConvInteger", {"x": i64(1, 2, 5, 5, lo=0, hi=255).astype(np.uint8)},
+         consts={"w": i64(4, 1, 3, 3, lo=0, hi=255).astype(np.uint8), "xz": np.uint8(7),
+                 "wz": np.array([1, 2, 3, 4], np.uint8)},
+         attrs={"group": 2, "pads": [1, 0, 1, 2], "strides": [2, 1]}, oracle="reference"),
+    Case("ConvInteger_1d", "ConvInteger", {"x": i64(1, 3, 9, lo=-128, hi=127).astype(np.int8)},
+         consts={"w": i64(2, 3, 3, lo=-128, hi=127).astype(np.int8)}, attrs={"dilations": [2]},
+         oracle="reference"),
+    Case("QLinearConv", "QLinearConv", {"x": i64(1, 2, 5, 5, lo=0, hi=255).astype(np.uint8)},
+         consts={"xs": np.float32(0.05), "xz": np.uint8(128), "w": i64(3, 2, 3, 3, lo=-127, hi=127).astype(np.int8),
+                 "ws": pos(3) * np.float32(0.01), "wz": np.zeros(3, np.int8), "ys": np.float32(0.2),
+                 "yz": np.uint8(100), "b": i64(3, lo=-500, hi=500).astype(np.int32)},
+         attrs={"pads": [1, 1, 1, 1]}, input_order=["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"]),
+    Case("DynamicQuantizeLinear", "DynamicQuantizeLinear", {"x": f32(3, 4, lo=-3, hi=5)},
+         outputs=("y", "y_scale", "y_zero_point")),
 ]
 
 
@@ -325,3 +375,34 @@ def test_every_onnx_mapping_is_exercised():
     tested = {c.op for c in CASES}
     untested = sorted(set(Registry.default().onnx) - tested)
     assert not untested, f"ONNX ops without a test case: {untested}"
+
+
+# ---- quantization: bad input gets a clear error naming the parameter
+def _quant_model(op, inputs, consts, attrs=None, opset=21, node_inputs=None):
+    node = helper.make_node(op, node_inputs or list(inputs) + list(consts), ["y"], **(attrs or {}))
+    return make_model([node], inputs, ["y"], consts, opset=opset)
+
+
+def test_quantize_linear_scale_of_the_wrong_length_is_named():
+    from glowgen.errors import GlowgenError
+    model = _quant_model("QuantizeLinear", {"x": f32(2, 3)}, {"s": pos(4), "z": np.zeros(4, np.uint8)},
+                         attrs={"axis": 1})
+    with pytest.raises(GlowgenError, match="scale and zero_point must hold one value, one per index"):
+        run_glowgen(model, {"x": f32(2, 3)})
+
+
+def test_quantize_linear_to_float8_is_unsupported():
+    from glowgen.errors import UnsupportedError
+    model = _quant_model("QuantizeLinear", {"x": f32(2, 3)}, {"s": np.float32(1.0)},
+                         attrs={"output_dtype": TensorProto.FLOAT8E4M3FN})
+    with pytest.raises(UnsupportedError, match="FLOAT8E4M3FN is not supported"):
+        run_glowgen(model, {"x": f32(2, 3)})
+
+
+def test_matmul_integer_b_zero_point_alone_is_unsupported():
+    from glowgen.errors import UnsupportedError
+    a, b = i64(2, 3, lo=0, hi=9).astype(np.uint8), i64(3, 2, lo=0, hi=9).astype(np.uint8)
+    model = _quant_model("MatMulInteger", {"a": a, "b": b}, {"bz": np.uint8(3)},
+                         node_inputs=["a", "b", "", "bz"], opset=13)
+    with pytest.raises(UnsupportedError, match="b_zero_point without an a_zero_point is not supported"):
+        run_glowgen(model, {"a": a, "b": b})

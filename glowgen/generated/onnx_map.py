@@ -1605,6 +1605,85 @@ def _ConvTranspose_0(o):
 
 _ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1370:3', guard=None)
 
+
+def _QuantizeLinear_0(o):
+    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1407:3)."""
+    attrs = {}
+    if o.has_attr('block_size'):
+        attrs['block_size'] = o.attr('block_size')
+    else:
+        attrs['block_size'] = 0
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1409:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1410:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
+    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1411:5', lambda: (sl.b_onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.b_float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
+    return attrs
+
+_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1407:3', guard=None)
+
+
+def _DequantizeLinear_0(o):
+    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1426:3)."""
+    attrs = {}
+    if o.has_attr('block_size'):
+        attrs['block_size'] = o.attr('block_size')
+    else:
+        attrs['block_size'] = 0
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1428:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1429:5', lambda: (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
+    return attrs
+
+_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1426:3', guard=None)
+
+
+def _QLinearMatMul_0(o):
+    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1455:3)."""
+    attrs = {}
+    return attrs
+
+_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1455:3', guard=None)
+
+
+def _MatMulInteger_0(o):
+    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1465:3)."""
+    attrs = {}
+    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1467:5')
+    return attrs
+
+_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1465:3', guard=None)
+
+
+def _ConvInteger_0(o):
+    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1484:3)."""
+    attrs = {}
+    if o.has_attr('group'):
+        attrs['group'] = o.attr('group')
+    else:
+        attrs['group'] = 1
+    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1486:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1488:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1489:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1490:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1491:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1484:3', guard=None)
+
+
+def _QLinearConv_0(o):
+    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1512:3)."""
+    attrs = {}
+    if o.has_attr('group'):
+        attrs['group'] = o.attr('group')
+    else:
+        attrs['group'] = 1
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1515:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1516:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1517:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1518:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1512:3', guard=None)
+
 CLAUSES = (
     _Add_0_clause,
     _Add_1_clause,
@@ -1751,4 +1830,10 @@ CLAUSES = (
     _MaxPoolN_0_clause,
     _AvgPoolN_0_clause,
     _ConvTranspose_0_clause,
+    _QuantizeLinear_0_clause,
+    _DequantizeLinear_0_clause,
+    _QLinearMatMul_0_clause,
+    _MatMulInteger_0_clause,
+    _ConvInteger_0_clause,
+    _QLinearConv_0_clause,
 )

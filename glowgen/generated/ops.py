@@ -6318,6 +6318,615 @@ class ConvTranspose(Node):
         return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.b_convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:1369:9'), )
 
 
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QuantizeLinear(Node):
+    """y = saturate(round(x / scale) + zero_point) in element type `dtype`, x / scale computed in `compute` and rounded halves to even; scale and zero_point hold one value, one per index of `axis`, or one per block of `block_size` indices along `axis`.
+    
+    Operands:
+        x: Tensor[QX, *S]
+        scale: Tensor[F, *C]
+        zero_point: Tensor[QI, *C]?
+    Results:
+        y: Tensor[dtype, *S]
+    Attributes:
+        axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
+        block_size: int = 0 where block_size >= 0
+        dtype: dtype
+        compute: dtype
+    Declared at specs/ops.glowdef:1395:1.
+    """
+
+    OP: ClassVar[str] = 'QuantizeLinear'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('scale', optional=False, variadic=False), OperandInfo('zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), AttrInfo('compute', 'dtype', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1395:1'
+
+    axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    dtype: object = attrs.field(converter=rt.CONVERTERS['dtype'])
+    compute: object = attrs.field(converter=rt.CONVERTERS['dtype'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[QX, *S]"""
+        return self.inputs[0]
+
+    @property
+    def scale(self):
+        """Operand scale: Tensor[F, *C]"""
+        return self.inputs[1]
+
+    @property
+    def zero_point(self):
+        """Operand zero_point: Tensor[QI, *C]?"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[dtype, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None, compute=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QuantizeLinear', _node)
+        u.elem('x', x, 'QX', ('f32', 'f16', 'f64', 'i32'), 'specs/ops.glowdef:1397:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1397:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1397:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1397:26')
+        if zero_point is not None:
+            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1397:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1397:48')
+        C = u.dim('C')
+        S = u.dim('S')
+        F = u.dtype('F')
+        QX = u.dtype('QX')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1398:3')
+        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1399:3')
+        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1402:3')
+        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1403:3')
+        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1404:3')
+        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1406:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class DequantizeLinear(Node):
+    """y = (x - zero_point) * scale in element type `dtype`; scale and zero_point hold one value, one per index of `axis`, or one per block of `block_size` indices along `axis`.
+    
+    Operands:
+        x: Tensor[DQ, *S]
+        scale: Tensor[F, *C]
+        zero_point: Tensor[DQ, *C]?
+    Results:
+        y: Tensor[dtype, *S]
+    Attributes:
+        axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
+        block_size: int = 0 where block_size >= 0
+        dtype: dtype
+    Declared at specs/ops.glowdef:1416:1.
+    """
+
+    OP: ClassVar[str] = 'DequantizeLinear'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('scale', optional=False, variadic=False), OperandInfo('zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1416:1'
+
+    axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    dtype: object = attrs.field(converter=rt.CONVERTERS['dtype'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[DQ, *S]"""
+        return self.inputs[0]
+
+    @property
+    def scale(self):
+        """Operand scale: Tensor[F, *C]"""
+        return self.inputs[1]
+
+    @property
+    def zero_point(self):
+        """Operand zero_point: Tensor[DQ, *C]?"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[dtype, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('DequantizeLinear', _node)
+        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1418:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1418:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1418:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1418:26')
+        if zero_point is not None:
+            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1418:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1418:48')
+        C = u.dim('C')
+        S = u.dim('S')
+        DQ = u.dtype('DQ')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1419:3')
+        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1420:3')
+        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1422:3')
+        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1423:3')
+        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1425:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QuantParam(Node):
+    """A scale or zero point `p` of a (de)quantization made to broadcast against the quantized tensor's shape `like`: one value becomes a scalar, a vector runs along `axis`, blocks repeat `block_size` times along `axis`.
+    
+    Operands:
+        p: Tensor[A, *C]
+    Results:
+        y: Tensor[A, *quant_param_shape(like, C, axis, block_size)]
+    Attributes:
+        like: ints
+        axis: int
+        block_size: int = 0
+    Declared at specs/ops.glowdef:1433:1.
+    """
+
+    OP: ClassVar[str] = 'QuantParam'
+    INPUTS: ClassVar[tuple] = (OperandInfo('p', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('like', 'ints', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('block_size', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1433:1'
+
+    like: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def p(self):
+        """Operand p: Tensor[A, *C]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *quant_param_shape(like, C, axis, block_size)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(p, *, _node='', like=None, axis=None, block_size=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QuantParam', _node)
+        u.elem('p', p, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1435:7')
+        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1435:7')
+        C = u.dim('C')
+        A = u.dtype('A')
+        return (rt.result_type('QuantParam', _node, A, (*sl.b_quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1439:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearMatMul(Node):
+    """Quantized numpy.matmul: (a - a_zero_point) @ (b - b_zero_point) accumulated exactly, scaled by a_scale * b_scale / y_scale, rounded halves to even, shifted by y_zero_point and saturated; a's parameters may be per row, b's per column.
+    
+    Operands:
+        a: Tensor[Q8, *X]
+        a_scale: Tensor[F, *AS]
+        a_zero_point: Tensor[Q8, *AZ]
+        b: Tensor[Q8B, *Y]
+        b_scale: Tensor[F, *BS]
+        b_zero_point: Tensor[Q8B, *BZ]
+        y_scale: Tensor[F, *YS]
+        y_zero_point: Tensor[Q8Y, *YZ]
+    Results:
+        y: Tensor[Q8Y, *matmul_shape(X, Y)]
+    Declared at specs/ops.glowdef:1442:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearMatMul'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('a_scale', optional=False, variadic=False), OperandInfo('a_zero_point', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('b_scale', optional=False, variadic=False), OperandInfo('b_zero_point', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('y_zero_point', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1442:1'
+
+
+    @property
+    def a(self):
+        """Operand a: Tensor[Q8, *X]"""
+        return self.inputs[0]
+
+    @property
+    def a_scale(self):
+        """Operand a_scale: Tensor[F, *AS]"""
+        return self.inputs[1]
+
+    @property
+    def a_zero_point(self):
+        """Operand a_zero_point: Tensor[Q8, *AZ]"""
+        return self.inputs[2]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[Q8B, *Y]"""
+        return self.inputs[3]
+
+    @property
+    def b_scale(self):
+        """Operand b_scale: Tensor[F, *BS]"""
+        return self.inputs[4]
+
+    @property
+    def b_zero_point(self):
+        """Operand b_zero_point: Tensor[Q8B, *BZ]"""
+        return self.inputs[5]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[F, *YS]"""
+        return self.inputs[6]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8Y, *YZ]"""
+        return self.inputs[7]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8Y, *matmul_shape(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearMatMul', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1444:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1444:7')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1444:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1444:26')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1444:51')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1444:51')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1445:7')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1445:7')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1445:27')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1445:27')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1445:52')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1445:52')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1446:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1446:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1446:32')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1446:32')
+        AS = u.dim('AS')
+        AZ = u.dim('AZ')
+        BS = u.dim('BS')
+        BZ = u.dim('BZ')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        YS = u.dim('YS')
+        YZ = u.dim('YZ')
+        F = u.dtype('F')
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        Q8Y = u.dtype('Q8Y')
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1447:3')
+        rt.check((sl.b_param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1448:3')
+        rt.check((sl.b_param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1450:3')
+        rt.check((sl.b_param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1452:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1454:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class MatMulInteger(Node):
+    """numpy.matmul of (a - a_zero_point) and (b - b_zero_point) in i32; a's zero point may be per row, b's per column.
+    
+    Operands:
+        a: Tensor[Q8, *X]
+        b: Tensor[Q8B, *Y]
+        a_zero_point: Tensor[Q8, *AZ]?
+        b_zero_point: Tensor[Q8B, *BZ]?
+    Results:
+        y: Tensor[i32, *matmul_shape(X, Y)]
+    Declared at specs/ops.glowdef:1458:1.
+    """
+
+    OP: ClassVar[str] = 'MatMulInteger'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('a_zero_point', optional=True, variadic=False), OperandInfo('b_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1458:1'
+
+
+    @property
+    def a(self):
+        """Operand a: Tensor[Q8, *X]"""
+        return self.inputs[0]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[Q8B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def a_zero_point(self):
+        """Operand a_zero_point: Tensor[Q8, *AZ]?"""
+        return self.inputs[2]
+
+    @property
+    def b_zero_point(self):
+        """Operand b_zero_point: Tensor[Q8B, *BZ]?"""
+        return self.inputs[3]
+
+    @property
+    def y(self):
+        """Result y: Tensor[i32, *matmul_shape(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, b, a_zero_point=None, b_zero_point=None, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('MatMulInteger', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1460:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1460:7')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1460:26')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1460:26')
+        if a_zero_point is not None:
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1460:46')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1460:46')
+        if b_zero_point is not None:
+            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1460:78')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1460:78')
+        AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
+        BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
+        X = u.dim('X')
+        Y = u.dim('Y')
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1461:3')
+        rt.check(sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1462:3')
+        rt.check(sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1463:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1464:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ConvInteger(Node):
+    """N-D convolution of (x - x_zero_point) and (w - w_zero_point) in i32 (w's zero point may be per output channel); pads are [begin..., end...].
+    
+    Operands:
+        x: Tensor[Q8, N, C, *D]
+        w: Tensor[Q8B, M, CG, *K]
+        x_zero_point: Tensor[Q8, *XZ]?
+        w_zero_point: Tensor[Q8B, *WZ]?
+    Results:
+        y: Tensor[i32, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]
+    Attributes:
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        group: int = 1 where group >= 1
+    Declared at specs/ops.glowdef:1472:1.
+    """
+
+    OP: ClassVar[str] = 'ConvInteger'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('x_zero_point', optional=True, variadic=False), OperandInfo('w_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1472:1'
+
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[Q8, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[Q8B, M, CG, *K]"""
+        return self.inputs[1]
+
+    @property
+    def x_zero_point(self):
+        """Operand x_zero_point: Tensor[Q8, *XZ]?"""
+        return self.inputs[2]
+
+    @property
+    def w_zero_point(self):
+        """Operand w_zero_point: Tensor[Q8B, *WZ]?"""
+        return self.inputs[3]
+
+    @property
+    def y(self):
+        """Result y: Tensor[i32, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, w, x_zero_point=None, w_zero_point=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ConvInteger', _node)
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1474:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1474:9')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1474:34')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1474:34')
+        if x_zero_point is not None:
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1474:61')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1474:61')
+        if w_zero_point is not None:
+            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1474:93')
+            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1474:93')
+        C = u.dim('C')
+        CG = u.dim('CG')
+        D = u.dim('D')
+        K = u.dim('K')
+        M = u.dim('M')
+        N = u.dim('N')
+        WZ = u.dims['WZ'][0] if 'WZ' in u.dims else None
+        XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1475:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1476:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1477:3')
+        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1478:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1479:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1480:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1481:3')
+        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1482:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1483:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearConv(Node):
+    """Quantized N-D convolution: (x - x_zero_point) conv (w - w_zero_point) + bias accumulated exactly, scaled by x_scale * w_scale / y_scale (w's parameters may be per output channel), rounded halves to even, shifted by y_zero_point and saturated.
+    
+    Operands:
+        x: Tensor[Q8, N, C, *D]
+        x_scale: Tensor[F, *XS]
+        x_zero_point: Tensor[Q8, *XZ]
+        w: Tensor[Q8B, M, CG, *K]
+        w_scale: Tensor[F, *WS]
+        w_zero_point: Tensor[Q8B, *WZ]
+        y_scale: Tensor[F, *YS]
+        y_zero_point: Tensor[Q8Y, *YZ]
+        b: Tensor[i32, M]?
+    Results:
+        y: Tensor[Q8Y, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]
+    Attributes:
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        group: int = 1 where group >= 1
+    Declared at specs/ops.glowdef:1496:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearConv'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('x_scale', optional=False, variadic=False), OperandInfo('x_zero_point', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('w_scale', optional=False, variadic=False), OperandInfo('w_zero_point', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('y_zero_point', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1496:1'
+
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[Q8, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def x_scale(self):
+        """Operand x_scale: Tensor[F, *XS]"""
+        return self.inputs[1]
+
+    @property
+    def x_zero_point(self):
+        """Operand x_zero_point: Tensor[Q8, *XZ]"""
+        return self.inputs[2]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[Q8B, M, CG, *K]"""
+        return self.inputs[3]
+
+    @property
+    def w_scale(self):
+        """Operand w_scale: Tensor[F, *WS]"""
+        return self.inputs[4]
+
+    @property
+    def w_zero_point(self):
+        """Operand w_zero_point: Tensor[Q8B, *WZ]"""
+        return self.inputs[5]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[F, *YS]"""
+        return self.inputs[6]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8Y, *YZ]"""
+        return self.inputs[7]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[i32, M]?"""
+        return self.inputs[8]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8Y, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearConv', _node)
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1498:9')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1498:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1498:34')
+        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:59')
+        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1498:59')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1499:9')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1499:9')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1499:36')
+        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1499:36')
+        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1499:61')
+        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1499:61')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1500:9')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1500:9')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1500:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1500:34')
+        if b is not None:
+            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1500:66')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1500:66')
+        C = u.dim('C')
+        CG = u.dim('CG')
+        D = u.dim('D')
+        K = u.dim('K')
+        M = u.dim('M')
+        N = u.dim('N')
+        WS = u.dim('WS')
+        WZ = u.dim('WZ')
+        XS = u.dim('XS')
+        XZ = u.dim('XZ')
+        YS = u.dim('YS')
+        YZ = u.dim('YZ')
+        F = u.dtype('F')
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        Q8Y = u.dtype('Q8Y')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1501:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1502:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1503:3')
+        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1504:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1505:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1506:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1507:3')
+        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1508:3')
+        rt.check(sl.b_param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1509:3')
+        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1510:3')
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1511:9'), )
+
+
 OPS = {
     'Add': Add,
     'Sub': Sub,
@@ -6447,4 +7056,11 @@ OPS = {
     'MaxPoolN': MaxPoolN,
     'AvgPoolN': AvgPoolN,
     'ConvTranspose': ConvTranspose,
+    'QuantizeLinear': QuantizeLinear,
+    'DequantizeLinear': DequantizeLinear,
+    'QuantParam': QuantParam,
+    'QLinearMatMul': QLinearMatMul,
+    'MatMulInteger': MatMulInteger,
+    'ConvInteger': ConvInteger,
+    'QLinearConv': QLinearConv,
 }

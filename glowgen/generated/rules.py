@@ -1166,6 +1166,203 @@ def _r88_avgpooln_1d_build(_b, _m):
     return (_b.op('Reshape', [_b.op('AvgPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'shape': p.shape}),)
 
 
+
+def _r89_quant_param_to_reshape_guard(_m, _ctx):
+    """where prod(q.shape) == prod(p.shape)"""
+    q = _m['q']
+    p = _m['p']
+    return bool((rt.eq(rt.b_prod(q.shape), rt.b_prod(p.shape))))
+
+def _r89_quant_param_to_reshape_build(_b, _m):
+    """=> Reshape(p, shape = q.shape)"""
+    q = _m['q']
+    p = _m['p']
+    return (_b.op('Reshape', [p], {'shape': q.shape}),)
+
+
+
+def _r90_quant_param_blocked_to_gather_guard(_m, _ctx):
+    """where prod(q.shape) != prod(p.shape)"""
+    q = _m['q']
+    p = _m['p']
+    return bool((rt.ne(rt.b_prod(q.shape), rt.b_prod(p.shape))))
+
+def _r90_quant_param_blocked_to_gather_build(_b, _m):
+    """=> Gather(p, const(block_indices(q.like[q.axis], q.block_size), i64), axis = q.axis)"""
+    q = _m['q']
+    p = _m['p']
+    return (_b.op('Gather', [p, _b.const(sl.b_block_indices(q.like[q.axis], q.block_size), 'i64')], {'axis': q.axis}),)
+
+
+
+def _r91_quantize_linear_expand_build(_b, _m):
+    """=> Cast(Clip(Add(Cast(r, to = wide), Cast(z, to = wide)), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
+    q = _m['q']
+    x = _m['x']
+    scale = _m['scale']
+    zero_point = _m['zero_point']
+    wide = sl.b_exact_float(q.compute)
+    s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size})
+    z = _b.op('QuantParam', [zero_point], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size})
+    r = _b.op('Round', [_b.op('Div', [_b.op('Cast', [x], {'to': q.compute}), _b.op('Cast', [s], {'to': q.compute})], {})], {})
+    return (_b.op('Cast', [_b.op('Clip', [_b.op('Add', [_b.op('Cast', [r], {'to': wide}), _b.op('Cast', [z], {'to': wide})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}),)
+
+
+
+def _r92_quantize_linear_no_zero_point_build(_b, _m):
+    """=> Cast(Clip(Cast(r, to = exact_float(q.compute)), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
+    q = _m['q']
+    x = _m['x']
+    scale = _m['scale']
+    s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size})
+    r = _b.op('Round', [_b.op('Div', [_b.op('Cast', [x], {'to': q.compute}), _b.op('Cast', [s], {'to': q.compute})], {})], {})
+    return (_b.op('Cast', [_b.op('Clip', [_b.op('Cast', [r], {'to': sl.b_exact_float(q.compute)})], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}),)
+
+
+
+def _r93_dequantize_linear_expand_build(_b, _m):
+    """=> Cast(Mul(Sub(Cast(x, to = wide), Cast(z, to = wide)), Cast(s, to = wide)), to = d.dtype)"""
+    d = _m['d']
+    x = _m['x']
+    scale = _m['scale']
+    zero_point = _m['zero_point']
+    wide = sl.b_float_promote(sl.b_exact_float(x.dtype), scale.dtype)
+    s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size})
+    z = _b.op('QuantParam', [zero_point], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size})
+    return (_b.op('Cast', [_b.op('Mul', [_b.op('Sub', [_b.op('Cast', [x], {'to': wide}), _b.op('Cast', [z], {'to': wide})], {}), _b.op('Cast', [s], {'to': wide})], {})], {'to': d.dtype}),)
+
+
+
+def _r94_dequantize_linear_no_zero_point_build(_b, _m):
+    """=> Cast(Mul(Cast(x, to = wide), Cast(s, to = wide)), to = d.dtype)"""
+    d = _m['d']
+    x = _m['x']
+    scale = _m['scale']
+    wide = sl.b_float_promote(sl.b_exact_float(x.dtype), scale.dtype)
+    s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size})
+    return (_b.op('Cast', [_b.op('Mul', [_b.op('Cast', [x], {'to': wide}), _b.op('Cast', [s], {'to': wide})], {})], {'to': d.dtype}),)
+
+
+
+def _r95_qlinear_matmul_expand_build(_b, _m):
+    """=> Cast(Clip(Round(Add(Mul(Cast(acc, to = f64), Cast(multiplier, to = f64)), Cast(zy, to = f64))), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    acc = _b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': sl.b_param_along(a_zero_point.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': sl.b_param_along(b_zero_point.shape, b.shape[rt.neg(1)], rt.sub(rt.b_rank(b), 1), rt.b_rank(b))})], {'to': 'i32'})], {})], {})
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [a_scale], {'shape': sl.b_param_along(a_scale.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))}), _b.op('Reshape', [b_scale], {'shape': sl.b_param_along(b_scale.shape, b.shape[rt.neg(1)], rt.sub(rt.b_rank(b), 1), rt.b_rank(b))})], {}), _b.op('Reshape', [y_scale], {'shape': sl.b_param_along(y_scale.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))})], {})
+    zy = _b.op('Reshape', [y_zero_point], {'shape': sl.b_param_along(y_zero_point.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))})
+    return (_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [_b.op('Cast', [acc], {'to': 'f64'}), _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [zy], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}),)
+
+
+
+def _r96_matmul_integer_expand_build(_b, _m):
+    """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = param_along(a_zero_point.shape, a.shape[-2], rank(a) - 2, rank(a))), to = i32)), Sub(Cast(b, to = i32), Cast(Reshape(b_zero_point, shape = param_along(b_zero_point.shape, b.shape[-1], rank(b) - 1, rank(b))), to = i32)))"""
+    a = _m['a']
+    b = _m['b']
+    a_zero_point = _m['a_zero_point']
+    b_zero_point = _m['b_zero_point']
+    return (_b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': sl.b_param_along(a_zero_point.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': sl.b_param_along(b_zero_point.shape, b.shape[rt.neg(1)], rt.sub(rt.b_rank(b), 1), rt.b_rank(b))})], {'to': 'i32'})], {})], {}),)
+
+
+
+def _r97_matmul_integer_a_zero_point_build(_b, _m):
+    """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = param_along(a_zero_point.shape, a.shape[-2], rank(a) - 2, rank(a))), to = i32)), Cast(b, to = i32))"""
+    a = _m['a']
+    b = _m['b']
+    a_zero_point = _m['a_zero_point']
+    return (_b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': sl.b_param_along(a_zero_point.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))})], {'to': 'i32'})], {}), _b.op('Cast', [b], {'to': 'i32'})], {}),)
+
+
+
+def _r98_matmul_integer_no_zero_point_build(_b, _m):
+    """=> MatMul(Cast(a, to = i32), Cast(b, to = i32))"""
+    a = _m['a']
+    b = _m['b']
+    return (_b.op('MatMul', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [b], {'to': 'i32'})], {}),)
+
+
+
+def _r99_conv_integer_expand_build(_b, _m):
+    """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    x_zero_point = _m['x_zero_point']
+    w_zero_point = _m['w_zero_point']
+    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
+    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': sl.b_param_along(w_zero_point.shape, w.shape[0], 0, rt.b_rank(w))})], {'to': 'f64'})], {})
+    return (_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}),)
+
+
+
+def _r100_conv_integer_x_zero_point_build(_b, _m):
+    """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    x_zero_point = _m['x_zero_point']
+    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
+    ws = _b.op('Cast', [w], {'to': 'f64'})
+    return (_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}),)
+
+
+
+def _r101_conv_integer_no_zero_point_build(_b, _m):
+    """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    xs = _b.op('Cast', [x], {'to': 'f64'})
+    ws = _b.op('Cast', [w], {'to': 'f64'})
+    return (_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}),)
+
+
+
+def _r102_qlinear_conv_expand_build(_b, _m):
+    """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
+    c = _m['c']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    x_zero_point = _m['x_zero_point']
+    w = _m['w']
+    w_scale = _m['w_scale']
+    w_zero_point = _m['w_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    b = _m['b']
+    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
+    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': sl.b_param_along(w_zero_point.shape, w.shape[0], 0, rt.b_rank(w))})], {'to': 'f64'})], {})
+    acc = (_b.op('Conv', [xs, ws, _b.op('Cast', [b], {'to': 'f64'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws, _b.op('Cast', [b], {'to': 'f64'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': sl.b_param_along(w_scale.shape, w.shape[0], 1, rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
+    return (_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'shape': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}),)
+
+
+
+def _r103_qlinear_conv_no_bias_build(_b, _m):
+    """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
+    c = _m['c']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    x_zero_point = _m['x_zero_point']
+    w = _m['w']
+    w_scale = _m['w_scale']
+    w_zero_point = _m['w_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
+    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': sl.b_param_along(w_zero_point.shape, w.shape[0], 0, rt.b_rank(w))})], {'to': 'f64'})], {})
+    acc = (_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': sl.b_param_along(w_scale.shape, w.shape[0], 1, rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
+    return (_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'shape': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
@@ -1256,4 +1453,19 @@ RULES = (
     RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r86_convn_1d_no_bias_guard, build=_r86_convn_1d_no_bias_build, location='specs/lowerings.glowdef:462:1'),
     RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r87_maxpooln_1d_guard, build=_r87_maxpooln_1d_build, location='specs/lowerings.glowdef:470:1'),
     RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r88_avgpooln_1d_guard, build=_r88_avgpooln_1d_build, location='specs/lowerings.glowdef:477:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r89_quant_param_to_reshape_guard, build=_r89_quant_param_to_reshape_build, location='specs/lowerings.glowdef:491:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r90_quant_param_blocked_to_gather_guard, build=_r90_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:495:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='q'), size=1, guard=None, build=_r91_quantize_linear_expand_build, location='specs/lowerings.glowdef:502:1'),
+    RuleInfo(name='quantize_linear_no_zero_point', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale')), bind='q'), size=1, guard=None, build=_r92_quantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:511:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='d'), size=1, guard=None, build=_r93_dequantize_linear_expand_build, location='specs/lowerings.glowdef:518:1'),
+    RuleInfo(name='dequantize_linear_no_zero_point', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale')), bind='d'), size=1, guard=None, build=_r94_dequantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:525:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r95_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:531:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'), V('b_zero_point'))), size=1, guard=None, build=_r96_matmul_integer_expand_build, location='specs/lowerings.glowdef:543:1'),
+    RuleInfo(name='matmul_integer_a_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'))), size=1, guard=None, build=_r97_matmul_integer_a_zero_point_build, location='specs/lowerings.glowdef:548:1'),
+    RuleInfo(name='matmul_integer_no_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'))), size=1, guard=None, build=_r98_matmul_integer_no_zero_point_build, location='specs/lowerings.glowdef:553:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point'), V('w_zero_point')), bind='c'), size=1, guard=None, build=_r99_conv_integer_expand_build, location='specs/lowerings.glowdef:556:1'),
+    RuleInfo(name='conv_integer_x_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point')), bind='c'), size=1, guard=None, build=_r100_conv_integer_x_zero_point_build, location='specs/lowerings.glowdef:563:1'),
+    RuleInfo(name='conv_integer_no_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r101_conv_integer_no_zero_point_build, location='specs/lowerings.glowdef:570:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b')), bind='c'), size=1, guard=None, build=_r102_qlinear_conv_expand_build, location='specs/lowerings.glowdef:577:1'),
+    RuleInfo(name='qlinear_conv_no_bias', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point')), bind='c'), size=1, guard=None, build=_r103_qlinear_conv_no_bias_build, location='specs/lowerings.glowdef:589:1'),
 )
