@@ -396,10 +396,13 @@ def b_block_indices(size, block_size):
 
 def b_float_promote(a, b):
     """The float type NumPy computes a / b in (an integer operand takes the other's type)."""
-    floats = [d for d in (a, b) if d in ("f16", "f32", "f64")]
+    order = ("bf16", "f16", "f32", "f64")
+    floats = [d for d in (a, b) if d in order]
     if not floats:
         return "f64"
-    return max(floats, key=("f16", "f32", "f64").index)
+    if set(floats) == {"bf16", "f16"}:
+        return "f32"            # neither holds the other
+    return max(floats, key=order.index)
 
 
 def b_exact_float(dtype):

@@ -24,6 +24,11 @@ def i64(*shape, lo=-5, hi=5):
     return rng.integers(lo, hi, size=shape).astype(np.int64)
 
 
+def bf16(*shape):
+    import ml_dtypes
+    return f32(*shape).astype(ml_dtypes.bfloat16)
+
+
 def boolean(*shape):
     return rng.random(shape) < 0.5
 
@@ -343,6 +348,17 @@ CASES = [
          attrs={"pads": [1, 1, 1, 1]}, input_order=["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"]),
     Case("DynamicQuantizeLinear", "DynamicQuantizeLinear", {"x": f32(3, 4, lo=-3, hi=5)},
          outputs=("y", "y_scale", "y_zero_point")),
+    # ---- bfloat16: 16-bit storage, computed in f32 and rounded back to nearest even
+    Case("Cast_to_bfloat16", "Cast", {"x": f32(3, 4) * 1000}, attrs={"to": TensorProto.BFLOAT16},
+         oracle="reference", rtol=0, atol=0),
+    Case("Cast_from_bfloat16", "Cast", {"x": bf16(3, 4)}, attrs={"to": TensorProto.FLOAT},
+         oracle="reference", rtol=0, atol=0),
+    binary("Add", bf16(2, 3, 4), bf16(4), name="Add_bfloat16", oracle="reference", rtol=0, atol=0),
+    binary("Mul", bf16(3, 1), bf16(1, 5), name="Mul_bfloat16", oracle="reference", rtol=0, atol=0),
+    unary("Sigmoid", bf16(3, 4), name="Sigmoid_bfloat16", oracle="reference", rtol=8e-3, atol=0),
+    binary("MatMul", bf16(3, 4), bf16(4, 5), name="MatMul_bfloat16", oracle="reference", rtol=8e-3, atol=1e-6),
+    Case("ReduceSum_bfloat16", "ReduceSum", {"x": bf16(3, 4)}, consts={"a": np.array([1], np.int64)},
+         oracle="reference", rtol=8e-3, atol=1e-6),
 ]
 
 

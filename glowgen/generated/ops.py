@@ -56,9 +56,9 @@ class Add(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Add', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:29:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:29:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:29:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:29:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:29:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:29:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -108,9 +108,9 @@ class Sub(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sub', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -160,9 +160,9 @@ class Mul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Mul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:49:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:49:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:49:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:49:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:49:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:49:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -212,9 +212,9 @@ class Div(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Div', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:59:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:59:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:59:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:59:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:59:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:59:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -264,9 +264,9 @@ class Pow(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Pow', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:69:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:69:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:69:7')
-        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:69:27')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:69:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:69:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -317,9 +317,9 @@ class Max(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Max', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:79:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:79:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:79:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:79:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:79:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:79:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -369,9 +369,9 @@ class Min(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Min', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:87:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:87:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:87:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:87:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:87:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:87:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -421,9 +421,9 @@ class Equal(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Equal', _node)
-        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:95:7')
+        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:95:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:95:7')
-        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:95:27')
+        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:95:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:95:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -473,9 +473,9 @@ class Less(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Less', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:104:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:104:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:104:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:104:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:104:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:104:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -525,9 +525,9 @@ class LessOrEqual(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LessOrEqual', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:113:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:113:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:113:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:113:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:113:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:113:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -577,9 +577,9 @@ class Greater(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Greater', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:122:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:122:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:122:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:122:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:122:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:122:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -629,9 +629,9 @@ class GreaterOrEqual(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GreaterOrEqual', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:131:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:131:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:131:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:131:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:131:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:131:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -842,9 +842,9 @@ class Select(Node):
         u = rt.Unifier('Select', _node)
         u.exact_elem('cond', cond, 'bool', 'specs/ops.glowdef:167:7')
         u.shape('cond', cond, (), 'C', (), 'specs/ops.glowdef:167:7')
-        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:167:31')
+        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:167:31')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:167:31')
-        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:167:51')
+        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:167:51')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:167:51')
         C = u.dim('C')
         X = u.dim('X')
@@ -889,7 +889,7 @@ class Neg(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Neg', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:178:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:178:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:178:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -931,7 +931,7 @@ class Abs(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Abs', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:186:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:186:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:186:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -973,7 +973,7 @@ class Exp(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Exp', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:194:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:194:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:194:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1015,7 +1015,7 @@ class Log(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Log', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:202:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:202:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:202:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1057,7 +1057,7 @@ class Sqrt(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sqrt', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:210:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:210:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:210:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1099,7 +1099,7 @@ class Relu(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Relu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:218:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:218:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:218:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -1144,7 +1144,7 @@ class LeakyRelu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LeakyRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:226:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:226:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:226:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1189,7 +1189,7 @@ class Elu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Elu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:235:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:235:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:235:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1231,7 +1231,7 @@ class Sigmoid(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:244:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:244:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:244:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1273,7 +1273,7 @@ class Tanh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Tanh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:252:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:252:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:252:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1315,7 +1315,7 @@ class Erf(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Erf', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:260:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:260:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:260:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1357,7 +1357,7 @@ class Softplus(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Softplus', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:268:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:268:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:268:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1399,7 +1399,7 @@ class Floor(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Floor', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:276:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:276:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:276:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1441,7 +1441,7 @@ class Ceil(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Ceil', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:284:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:284:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:284:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1527,7 +1527,7 @@ class Cast(Node):
     def infer(x, *, _node='', to=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Cast', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:300:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:300:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:300:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -1569,7 +1569,7 @@ class Reciprocal(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reciprocal', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:311:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:311:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:311:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1616,7 +1616,7 @@ class Clip(Node):
     def infer(x, *, _node='', min=None, max=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Clip', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:319:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:319:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:319:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -1658,7 +1658,7 @@ class Swish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Swish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:330:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:330:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:330:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1705,7 +1705,7 @@ class HardSigmoid(Node):
     def infer(x, *, _node='', alpha=None, beta=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:337:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:337:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:337:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1747,7 +1747,7 @@ class HardSwish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSwish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:347:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:347:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:347:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1788,7 +1788,7 @@ class Identity(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Identity', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:354:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:354:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:354:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -1835,7 +1835,7 @@ class Dropout(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dropout', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:361:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:361:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:361:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1879,7 +1879,7 @@ class SumN(Node):
         if len(xs) == 0:
             rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:374:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:374:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:374:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
         return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:375:7'), )
@@ -1922,7 +1922,7 @@ class MeanN(Node):
         if len(xs) == 0:
             rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:381:7')
         for _t in xs:
-            u.elem('xs', _t, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:381:7')
+            u.elem('xs', _t, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:381:7')
         S = tuple(_t.shape for _t in xs)
         F = u.dtype('F')
         return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:382:7'), )
@@ -1965,7 +1965,7 @@ class MaxN(Node):
         if len(xs) == 0:
             rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:388:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:388:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:388:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
         return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:389:7'), )
@@ -2008,7 +2008,7 @@ class MinN(Node):
         if len(xs) == 0:
             rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:395:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:395:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:395:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
         return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:396:7'), )
@@ -2052,7 +2052,7 @@ class Reshape(Node):
     def infer(x, *, _node='', shape=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reshape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:405:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:405:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:405:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2097,7 +2097,7 @@ class Flatten(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Flatten', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:414:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:414:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:414:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2142,7 +2142,7 @@ class Squeeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Squeeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:422:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:422:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:422:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2186,7 +2186,7 @@ class Unsqueeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Unsqueeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:431:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:431:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:431:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2231,7 +2231,7 @@ class Transpose(Node):
     def infer(x, *, _node='', perm=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Transpose', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:441:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:441:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:441:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2280,7 +2280,7 @@ class Concat(Node):
         if len(xs) == 0:
             rt.fail('Concat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:451:7')
         for _t in xs:
-            u.elem('xs', _t, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:451:7')
+            u.elem('xs', _t, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:451:7')
         S = tuple(_t.shape for _t in xs)
         A = u.dtype('A')
         rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:452:3')
@@ -2329,7 +2329,7 @@ class Slice(Node):
     def infer(x, *, _node='', starts=None, stops=None, steps=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Slice', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:460:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:460:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:460:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2381,7 +2381,7 @@ class Gather(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gather', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:484:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:484:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:484:7')
         u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:484:25')
         u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:484:25')
@@ -2431,7 +2431,7 @@ class Expand(Node):
     def infer(x, *, _node='', shape=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Expand', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:493:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:493:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:493:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2478,7 +2478,7 @@ class Shape(Node):
     def infer(x, *, _node='', start=None, end=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:502:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:502:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:502:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2520,7 +2520,7 @@ class Size(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Size', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:512:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:512:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:512:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2648,7 +2648,7 @@ class ReduceSum(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:546:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:546:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:546:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -2695,7 +2695,7 @@ class ReduceMax(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:562:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:562:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:562:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -2742,7 +2742,7 @@ class ReduceMin(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:578:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:578:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:578:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -2789,7 +2789,7 @@ class ReduceProd(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:594:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:594:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:594:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -2835,7 +2835,7 @@ class ReduceMean(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMean', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:609:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:609:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:609:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -2883,9 +2883,9 @@ class BatchMatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchMatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:627:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:627:7')
         u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:627:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:627:32')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:627:32')
         u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:627:32')
         B = u.dim('B')
         K = u.dim('K')
@@ -2935,9 +2935,9 @@ class MatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:633:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:633:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:633:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:633:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:633:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:633:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -3001,12 +3001,12 @@ class Gemm(Node):
     def infer(a, b, c=None, *, _node='', alpha=None, beta=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gemm', _node)
-        u.elem('a', a, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:641:7')
+        u.elem('a', a, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:641:7')
         u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:641:7')
-        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:641:29')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:641:29')
         u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:641:29')
         if c is not None:
-            u.elem('c', c, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:641:51')
+            u.elem('c', c, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:641:51')
             u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:641:51')
         K0 = u.dim('K0')
         K1 = u.dim('K1')
@@ -3064,11 +3064,11 @@ class FullyConnected(Node):
     def infer(x, w, b, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('FullyConnected', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:655:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:655:7')
         u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:655:7')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:655:27')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:655:27')
         u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:655:27')
-        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:655:47')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:655:47')
         u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:655:47')
         K = u.dim('K')
         M = u.dim('M')
@@ -3133,12 +3133,12 @@ class Conv(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Conv', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:664:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:664:9')
         u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:664:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:664:35')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:664:35')
         u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:664:35')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:664:64')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:664:64')
             u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:664:64')
         C = u.dim('C')
         CG = u.dim('CG')
@@ -3208,7 +3208,7 @@ class MaxPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:686:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:686:9')
         u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:686:9')
         C = u.dim('C')
         H = u.dim('H')
@@ -3272,7 +3272,7 @@ class AvgPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:706:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:706:9')
         u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:706:9')
         C = u.dim('C')
         H = u.dim('H')
@@ -3322,7 +3322,7 @@ class GlobalAveragePool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalAveragePool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:724:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:724:7')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:724:7')
         C = u.dim('C')
         N = u.dim('N')
@@ -3365,7 +3365,7 @@ class GlobalMaxPool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalMaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:731:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:731:7')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:731:7')
         C = u.dim('C')
         N = u.dim('N')
@@ -3417,7 +3417,7 @@ class LRN(Node):
     def infer(x, *, _node='', alpha=None, beta=None, bias=None, size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LRN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:738:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:738:7')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:738:7')
         C = u.dim('C')
         N = u.dim('N')
@@ -3488,15 +3488,15 @@ class BatchNormalization(Node):
     def infer(x, scale, bias, mean, var, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:751:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:751:7')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:751:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:751:31')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:751:31')
         u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:751:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:751:52')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:751:52')
         u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:751:52')
-        u.elem('mean', mean, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:751:72')
+        u.elem('mean', mean, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:751:72')
         u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:751:72')
-        u.elem('var', var, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:751:92')
+        u.elem('var', var, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:751:92')
         u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:751:92')
         C = u.dim('C')
         N = u.dim('N')
@@ -3556,12 +3556,12 @@ class LayerNormalization(Node):
     def infer(x, scale, bias=None, *, _node='', axis=None, epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LayerNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:776:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:776:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:776:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:776:25')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:776:25')
         u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:776:25')
         if bias is not None:
-            u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:776:47')
+            u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:776:47')
             u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:776:47')
         G = u.dim('G')
         H = u.dims['H'][0] if 'H' in u.dims else None
@@ -3609,7 +3609,7 @@ class Softmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Softmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:792:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:792:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:792:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3654,7 +3654,7 @@ class LogSoftmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LogSoftmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:800:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:800:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:800:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3699,7 +3699,7 @@ class SoftmaxFlat(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:808:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:808:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:808:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3744,7 +3744,7 @@ class LogSoftmaxFlat(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LogSoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:816:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:816:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:816:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3787,7 +3787,7 @@ class Sin(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sin', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:829:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:829:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:829:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3829,7 +3829,7 @@ class Cos(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Cos', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:837:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:837:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:837:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3871,7 +3871,7 @@ class Tan(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Tan', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:845:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:845:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:845:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3913,7 +3913,7 @@ class Asin(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Asin', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:853:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:853:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:853:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3955,7 +3955,7 @@ class Acos(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Acos', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:861:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:861:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:861:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3997,7 +3997,7 @@ class Atan(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Atan', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:869:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:869:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:869:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4039,7 +4039,7 @@ class Sinh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sinh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:877:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:877:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:877:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4081,7 +4081,7 @@ class Cosh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Cosh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:885:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:885:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:885:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4123,7 +4123,7 @@ class Asinh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Asinh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:893:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:893:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:893:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4165,7 +4165,7 @@ class Acosh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Acosh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:901:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:901:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:901:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4207,7 +4207,7 @@ class Atanh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Atanh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:909:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:909:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:909:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4249,7 +4249,7 @@ class Sign(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sign', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:917:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:917:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:917:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -4291,7 +4291,7 @@ class Round(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Round', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:925:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:925:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:925:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4333,7 +4333,7 @@ class IsNaN(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('IsNaN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:933:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:933:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:933:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4380,7 +4380,7 @@ class IsInf(Node):
     def infer(x, *, _node='', detect_negative=None, detect_positive=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('IsInf', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:941:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:941:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:941:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4469,7 +4469,7 @@ class Selu(Node):
     def infer(x, *, _node='', alpha=None, gamma=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Selu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:959:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:959:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:959:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4514,7 +4514,7 @@ class ThresholdedRelu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ThresholdedRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:969:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:969:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:969:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4561,7 +4561,7 @@ class Shrink(Node):
     def infer(x, *, _node='', bias=None, lambd=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shrink', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:978:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:978:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:978:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -4612,9 +4612,9 @@ class Mod(Node):
     def infer(lhs, rhs, *, _node='', fmod=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Mod', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:989:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:989:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:989:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:989:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:989:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:989:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -4875,9 +4875,9 @@ class PRelu(Node):
     def infer(x, slope, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('PRelu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1036:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1036:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1036:7')
-        u.elem('slope', slope, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1036:25')
+        u.elem('slope', slope, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1036:25')
         u.shape('slope', slope, (), 'Q', (), 'specs/ops.glowdef:1036:25')
         Q = u.dim('Q')
         S = u.dim('S')
@@ -4926,9 +4926,9 @@ class CastLike(Node):
     def infer(x, like, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CastLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1044:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1044:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1044:7')
-        u.elem('like', like, 'A2', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1044:25')
+        u.elem('like', like, 'A2', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1044:25')
         u.shape('like', like, (), 'Q', (), 'specs/ops.glowdef:1044:25')
         Q = u.dim('Q')
         S = u.dim('S')
@@ -4977,7 +4977,7 @@ class Split(Node):
     def infer(x, *, _node='', axis=None, sizes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Split', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1053:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1053:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1053:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -5023,7 +5023,7 @@ class Tile(Node):
     def infer(x, *, _node='', repeats=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Tile', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1073:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1073:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1073:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -5073,7 +5073,7 @@ class Pad(Node):
     def infer(x, *, _node='', pads=None, mode=None, value=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Pad', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1083:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1083:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1083:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -5122,7 +5122,7 @@ class Trilu(Node):
     def infer(x, *, _node='', upper=None, k=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Trilu', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1102:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1102:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1102:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -5174,7 +5174,7 @@ class GatherElements(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GatherElements', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1113:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1113:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1113:7')
         u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:1113:25')
         u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1113:25')
@@ -5231,7 +5231,7 @@ class GatherND(Node):
     def infer(x, indices, *, _node='', batch_dims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GatherND', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1123:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1123:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1123:7')
         u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:1123:25')
         u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1123:25')
@@ -5293,11 +5293,11 @@ class ScatterElements(Node):
     def infer(x, indices, updates, *, _node='', axis=None, reduction=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ScatterElements', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1132:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1132:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1132:7')
         u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:1132:25')
         u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1132:25')
-        u.elem('updates', updates, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1132:49')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1132:49')
         u.shape('updates', updates, (), 'Q', (), 'specs/ops.glowdef:1132:49')
         Q = u.dim('Q')
         S = u.dim('S')
@@ -5357,11 +5357,11 @@ class ScatterND(Node):
     def infer(x, indices, updates, *, _node='', reduction=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ScatterND', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1142:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1142:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1142:7')
         u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:1142:25')
         u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1142:25')
-        u.elem('updates', updates, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1142:51')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1142:51')
         u.shape('updates', updates, (), 'U', (), 'specs/ops.glowdef:1142:51')
         Q = u.dim('Q')
         S = u.dim('S')
@@ -5409,7 +5409,7 @@ class DepthToSpace(Node):
     def infer(x, *, _node='', blocksize=None, mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DepthToSpace', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1150:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1150:7')
         u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1150:7')
         C = u.dim('C')
         H = u.dim('H')
@@ -5460,7 +5460,7 @@ class SpaceToDepth(Node):
     def infer(x, *, _node='', blocksize=None, mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SpaceToDepth', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1160:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1160:7')
         u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1160:7')
         C = u.dim('C')
         H = u.dim('H')
@@ -5512,7 +5512,7 @@ class EyeLike(Node):
     def infer(x, *, _node='', k=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('EyeLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1171:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1171:7')
         u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:1171:7')
         C = u.dim('C')
         R = u.dim('R')
@@ -5566,9 +5566,9 @@ class OneHot(Node):
     def infer(indices, values, *, _node='', depth=None, axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('OneHot', _node)
-        u.elem('indices', indices, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1181:7')
+        u.elem('indices', indices, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1181:7')
         u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:1181:7')
-        u.elem('values', values, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1181:31')
+        u.elem('values', values, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1181:31')
         u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:1181:31')
         S = u.dim('S')
         A = u.dtype('A')
@@ -5618,7 +5618,7 @@ class ArgMax(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1192:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1192:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1192:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -5668,7 +5668,7 @@ class ArgMin(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1203:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1203:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1203:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -5724,7 +5724,7 @@ class TopK(Node):
     def infer(x, *, _node='', k=None, axis=None, largest=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('TopK', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1214:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1214:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1214:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -5776,7 +5776,7 @@ class CumSum(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1232:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1232:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1232:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -5826,7 +5826,7 @@ class CumProd(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1243:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1243:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1243:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -5872,7 +5872,7 @@ class Hardmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Hardmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1254:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1254:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1254:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -5921,7 +5921,7 @@ class Einsum(Node):
         if len(xs) == 0:
             rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1263:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1263:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1263:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
         return (rt.result_type('Einsum', _node, T, (*sl.b_einsum_shape(equation, S),), 'specs/ops.glowdef:1265:7'), )
@@ -5976,11 +5976,11 @@ class InstanceNormalization(Node):
     def infer(x, scale, bias, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('InstanceNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1272:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1272:7')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1272:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1272:31')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1272:31')
         u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1272:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1272:52')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1272:52')
         u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1272:52')
         C = u.dim('C')
         N = u.dim('N')
@@ -6028,7 +6028,7 @@ class LpNormalization(Node):
     def infer(x, *, _node='', axis=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1280:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1280:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1280:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -6093,12 +6093,12 @@ class ConvN(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1291:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1291:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1291:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1291:33')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1291:33')
         u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1291:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1291:58')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1291:58')
             u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1291:58')
         C = u.dim('C')
         CG = u.dim('CG')
@@ -6164,7 +6164,7 @@ class MaxPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPoolN', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1315:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1315:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1315:9')
         C = u.dim('C')
         D = u.dim('D')
@@ -6224,7 +6224,7 @@ class AvgPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1339:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1339:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1339:9')
         C = u.dim('C')
         D = u.dim('D')
@@ -6295,12 +6295,12 @@ class ConvTranspose(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, output_padding=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvTranspose', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1361:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1361:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1361:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1361:33')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1361:33')
         u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:1361:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1361:59')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1361:59')
             u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1361:59')
         C = u.dim('C')
         C2 = u.dim('C2')
@@ -6373,9 +6373,9 @@ class QuantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None, compute=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizeLinear', _node)
-        u.elem('x', x, 'QX', ('f32', 'f16', 'f64', 'i32'), 'specs/ops.glowdef:1397:7')
+        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1397:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1397:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1397:26')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1397:26')
         u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1397:26')
         if zero_point is not None:
             u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1397:48')
@@ -6447,7 +6447,7 @@ class DequantizeLinear(Node):
         u = rt.Unifier('DequantizeLinear', _node)
         u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1418:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1418:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1418:26')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1418:26')
         u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1418:26')
         if zero_point is not None:
             u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1418:48')
@@ -6504,7 +6504,7 @@ class QuantParam(Node):
     def infer(p, *, _node='', like=None, axis=None, block_size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantParam', _node)
-        u.elem('p', p, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1435:7')
+        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1435:7')
         u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1435:7')
         C = u.dim('C')
         A = u.dtype('A')
@@ -6589,17 +6589,17 @@ class QLinearMatMul(Node):
         u = rt.Unifier('QLinearMatMul', _node)
         u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1444:7')
         u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1444:7')
-        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1444:26')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1444:26')
         u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1444:26')
         u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1444:51')
         u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1444:51')
         u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1445:7')
         u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1445:7')
-        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1445:27')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1445:27')
         u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1445:27')
         u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1445:52')
         u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1445:52')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1446:7')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1446:7')
         u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1446:7')
         u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1446:32')
         u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1446:32')
@@ -6881,17 +6881,17 @@ class QLinearConv(Node):
         u = rt.Unifier('QLinearConv', _node)
         u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1498:9')
-        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1498:34')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1498:34')
         u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1498:34')
         u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:59')
         u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1498:59')
         u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1499:9')
         u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1499:9')
-        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1499:36')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1499:36')
         u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1499:36')
         u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1499:61')
         u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1499:61')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1500:9')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1500:9')
         u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1500:9')
         u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1500:34')
         u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1500:34')

@@ -12,7 +12,7 @@ from typing import Callable
 from llvmlite import ir
 
 from ... import shapelib
-from .llvmutil import F32, I64, for_range, i64, is_float, is_signed, storage_type
+from .llvmutil import F32, I64, for_range, i64, is_float, is_signed, register_type, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
 from .scalar import ScalarEmitter, Value, const, convert, load_elem, store_elem
 
@@ -139,12 +139,12 @@ def range_(k: KernelArgs):
     a = k.attrs
     with for_range(b, yt.size) as i:
         if is_float(yt.dtype):
-            v = b.fadd(const(a["start"], yt.dtype), b.fmul(b.sitofp(i, storage_type(yt.dtype)), const(a["delta"], yt.dtype)))
+            v = b.fadd(const(a["start"], yt.dtype), b.fmul(b.sitofp(i, register_type(yt.dtype)), const(a["delta"], yt.dtype)))
         else:
             t = storage_type(yt.dtype)
             iv = b.trunc(i, t) if t.width < 64 else i
             v = b.add(const(int(a["start"]), yt.dtype), b.mul(iv, const(int(a["delta"]), yt.dtype)))
-        b.store(v, b.gep(y, [i]))
+        store_elem(b, Value(v, yt.dtype), b.gep(y, [i]), yt.dtype)
 
 
 @kernel("Shape", "Size")
@@ -218,8 +218,14 @@ def batch_matmul(k: KernelArgs):
                   epilogue=epi, name="mm")
 
 
+# Half-width floats accumulate a matrix product in f32 and round once (as NumPy does).
+_WIDE_ACCUMULATOR = {"f16": "f32", "bf16": "f32"}
+
+
 def batch_matmul_loops(k: KernelArgs):
     """Any element type: plain loops (i, k, j order, so the j loop vectorizes)."""
+    if k.outs[0][1].dtype in _WIDE_ACCUMULATOR:
+        return batch_matmul_dot_loops(k)
     b = k.b
     (y, yt), (a, at), (c, ct) = k.outs[0], k.ins[0], k.ins[1]
     nb, m, kk = at.shape
@@ -239,6 +245,30 @@ def batch_matmul_loops(k: KernelArgs):
                     p = b.gep(y, [b.add(yrow, j)])
                     cv = load_elem(b, b.gep(c, [b.add(crow, j)]), dtype)
                     store_elem(b, em.f_add(load_elem(b, p, dtype), em.f_mul(av, cv)), p, dtype)
+
+
+def batch_matmul_dot_loops(k: KernelArgs):
+    """Half-width floats: each result is a dot product accumulated in f32 in a register,
+    rounded to the element type once when stored."""
+    b = k.b
+    (y, yt), (a, at), (c, ct) = k.outs[0], k.ins[0], k.ins[1]
+    nb, m, kk = at.shape
+    n = ct.shape[2]
+    dtype, acc_t = yt.dtype, _WIDE_ACCUMULATOR[yt.dtype]
+    em = ScalarEmitter(b, k.scalars)
+    acc_p = b.alloca(register_type(acc_t))
+    with for_range(b, nb, name="bb") as bb:
+        with for_range(b, m, name="m") as mi:
+            arow = b.add(b.mul(bb, i64(m * kk)), b.mul(mi, i64(kk)))
+            with for_range(b, n, name="n") as j:
+                b.store(const(0, acc_t), acc_p)
+                with for_range(b, kk, name="k") as ki:
+                    av = convert(b, load_elem(b, b.gep(a, [b.add(arow, ki)]), dtype), acc_t)
+                    cidx = b.add(b.mul(bb, i64(kk * n)), b.add(b.mul(ki, i64(n)), j))
+                    cv = convert(b, load_elem(b, b.gep(c, [cidx]), dtype), acc_t)
+                    b.store(em.f_add(Value(b.load(acc_p), acc_t), em.f_mul(av, cv)).v, acc_p)
+                yidx = b.add(b.mul(bb, i64(m * n)), b.add(b.mul(mi, i64(n)), j))
+                store_elem(b, Value(b.load(acc_p), acc_t), b.gep(y, [yidx]), dtype)
 
 
 # --------------------------------------------------------------------------- convolution
@@ -344,7 +374,7 @@ def _pool(k: KernelArgs, is_max: bool):
                     total = b.load(cnt)
                     total = b.select(b.icmp_signed("<", total, i64(1)), i64(1), total)
                     acc = load_elem(b, acc_ptr, dtype)
-                    div = Value(b.sitofp(total, storage_type(dtype)), dtype)
+                    div = Value(b.sitofp(total, register_type(dtype)), dtype)
                     store_elem(b, em.f_div(acc, div), acc_ptr, dtype)
 
 
