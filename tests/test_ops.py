@@ -422,3 +422,19 @@ def test_matmul_integer_b_zero_point_alone_is_unsupported():
                          node_inputs=["a", "b", "", "bz"], opset=13)
     with pytest.raises(UnsupportedError, match="b_zero_point without an a_zero_point is not supported"):
         run_glowgen(model, {"a": a, "b": b})
+
+
+def test_bfloat16_cast_fused_into_a_matrix_product_store():
+    """The cpu backend applies elementwise ops after a MatMul in the product's (vector) store:
+    rounding to bf16 there must work on vectors too."""
+    import ml_dtypes
+    x, w = f32(64, 64), f32(64, 64)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["r"]),
+             helper.make_node("Cast", ["r"], ["y"], to=TensorProto.BFLOAT16)]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": w})
+    expected = run_reference(model, {"x": x})
+    for backend in ("interpreter", "cpu"):
+        actual = run_glowgen(model, {"x": x}, backend=backend)
+        assert actual["y"].dtype == ml_dtypes.bfloat16
+        assert_close({"y": actual["y"].astype(np.float32)}, {"y": expected["y"].astype(np.float32)},
+                     rtol=8e-3, atol=1e-5)

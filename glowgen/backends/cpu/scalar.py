@@ -66,17 +66,22 @@ def store_elem(b: ir.IRBuilder, val: Value, ptr, dtype: str) -> None:
 def _bf16_rounded_bits(b: ir.IRBuilder, v) -> ir.Value:
     """The bits of f32 `v` rounded to bfloat16 (nearest, ties to even) in the high half, the
     low half zero.  NaN stays a (quiet) NaN rather than rounding into infinity."""
-    bits = b.bitcast(v, I32)
-    lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))
-    rounded = b.add(bits, b.add(ir.Constant(I32, 0x7FFF), lsb))
-    quiet_nan = b.or_(bits, ir.Constant(I32, 0x00400000))
+    lanes = v.type.count if isinstance(v.type, ir.VectorType) else None
+    it = ir.VectorType(I32, lanes) if lanes else I32
+
+    def c(n):                   # an i32 constant, splat across the lanes of a vector
+        return ir.Constant(it, [ir.Constant(I32, n)] * lanes) if lanes else ir.Constant(I32, n)
+    bits = b.bitcast(v, it)
+    lsb = b.and_(b.lshr(bits, c(16)), c(1))
+    rounded = b.add(bits, b.add(c(0x7FFF), lsb))
+    quiet_nan = b.or_(bits, c(0x00400000))
     is_nan = b.fcmp_unordered("uno", v, v)
-    return b.and_(b.select(is_nan, quiet_nan, rounded), ir.Constant(I32, 0xFFFF0000))
+    return b.and_(b.select(is_nan, quiet_nan, rounded), c(0xFFFF0000))
 
 
 def round_to_bf16(b: ir.IRBuilder, v) -> ir.Value:
-    """f32 `v` rounded to the nearest bfloat16 value, still as an f32."""
-    return b.bitcast(_bf16_rounded_bits(b, v), F32)
+    """f32 `v` (a scalar or a vector) rounded to the nearest bfloat16 value, still as f32."""
+    return b.bitcast(_bf16_rounded_bits(b, v), v.type)
 
 
 def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
