@@ -436,5 +436,74 @@ def b_param_fits(param_shape, size, axis, rank):
     except ShapeError:
         return False
 
+
+# ----------------------------------------------------------------------------- DFT
+def b_dft_length(shape, axis, given, inverse, onesided):
+    """ONNX DFT's transform length: dft_length when given (> 0), else the axis' size (or,
+    for an inverse one-sided transform, the full signal length 2 * (size - 1))."""
+    if given > 0:
+        return int(given)
+    if inverse and onesided:
+        return 2 * (shape[axis] - 1)
+    return shape[axis]
+
+
+def b_dft_bins(length, inverse, onesided):
+    """How many values the transform produces along its axis."""
+    return length // 2 + 1 if onesided and not inverse else length
+
+
+def b_dft_shape(shape, axis, length, inverse, onesided):
+    """The result shape of DFT: `axis` holds the bins, the last dimension is 2 (real and
+    imaginary parts), or 1 for an inverse one-sided (real-valued) transform."""
+    out = list(shape)
+    out[axis] = b_dft_bins(length, inverse, onesided)
+    out[-1] = 1 if inverse and onesided else 2
+    return tuple(out)
+
+
+def b_dft_perm(rank, axis):
+    """A permutation that moves `axis` just before the last (real/imaginary) dimension."""
+    return tuple(d for d in range(rank - 1) if d != axis) + (axis, rank - 1)
+
+
+def b_dft_matrix(size, parts, length, inverse, onesided):
+    """The DFT along one axis as a real matrix: row (n, c) is what input element n, real
+    (c = 0) or imaginary (c = 1) part, contributes to each output (bin, part).  Built by
+    transforming unit inputs with NumPy's FFT, which defines the semantics (zero padding or
+    truncation to `length`, 1/length scaling of the inverse, Hermitian one-sided inverse)."""
+    import numpy as np
+    rows = []
+    for n in range(size):
+        for c in range(parts):
+            unit = np.zeros(size, np.complex128)
+            unit[n] = 1j if c else 1.0
+            if inverse and onesided:
+                out = np.fft.irfft(unit, n=length)[:, None]
+            else:
+                full = np.fft.ifft(unit, n=length) if inverse else np.fft.fft(unit, n=length)
+                full = full[:b_dft_bins(length, inverse, onesided)]
+                out = np.stack([full.real, full.imag], axis=-1)
+            rows.append(tuple(float(v) for v in out.reshape(-1)))
+    return tuple(rows)
+
+
+
+# ----------------------------------------------------------------------------- Compress
+def b_true_positions(condition):
+    """Positions of the true entries of a 1-D condition."""
+    import numpy as np
+    cond = np.asarray(condition)
+    if cond.ndim != 1:
+        raise ShapeError(f"the condition must be 1-D, got shape {list(cond.shape)}")
+    return tuple(int(i) for i in np.flatnonzero(cond))
+
+
+def b_compress_shape(shape, count, axis, flatten):
+    if flatten:
+        return (count,)
+    return tuple(count if i == axis else d for i, d in enumerate(shape))
+
+
 FUNCTIONS = {name[2:]: fn for name, fn in dict(globals()).items()
              if name.startswith("b_") and callable(fn) and fn.__module__ == __name__}

@@ -320,6 +320,13 @@ CASES = {
         {"xs": np.float32(0.05), "xz": np.uint8(128), "w": _u8(3, 2, 2, 2),
          "ws": np.array([0.01, 0.02, 0.005], np.float32), "wz": np.uint8(127), "ys": np.float32(0.3),
          "yz": np.uint8(100)}),
+    # ---- signal processing and Compress
+    "dft_to_matmul": _with_reference(onnx_case("DFT", {"x": _qrng.uniform(-1, 1, (2, 4, 3, 1)).astype(np.float32)},
+                                               attrs={"axis": 1}, opset=17)),
+    "compress_to_gather": onnx_case("Compress", {"x": _qrng.uniform(-1, 1, (3, 2)).astype(np.float32)},
+                                    consts={"c": np.array([True, False, True])}, attrs={"axis": 0}),
+    "compress_flat_to_gather": onnx_case("Compress", {"x": _qrng.uniform(-1, 1, (3, 2)).astype(np.float32)},
+                                         consts={"c": np.array([False, True, True, False, False, True])}),
 }
 
 HEADER = ("# Golden test of rule {rule}: the graph before, and after applying the rule alone.\n"

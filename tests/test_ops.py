@@ -359,6 +359,21 @@ CASES = [
     binary("MatMul", bf16(3, 4), bf16(4, 5), name="MatMul_bfloat16", oracle="reference", rtol=8e-3, atol=1e-6),
     Case("ReduceSum_bfloat16", "ReduceSum", {"x": bf16(3, 4)}, consts={"a": np.array([1], np.int64)},
          oracle="reference", rtol=8e-3, atol=1e-6),
+    # ---- signal processing and Compress
+    Case("DFT", "DFT", {"x": f32(2, 8, 3, 1)}, attrs={"axis": 1}, opset=17, oracle="reference",
+         rtol=1e-4, atol=1e-4),
+    Case("DFT_inverse_complex_padded", "DFT", {"x": f32(2, 5, 2)},
+         consts={"n": np.array(7, np.int64)}, attrs={"inverse": 1, "axis": 1}, opset=17,
+         oracle="reference", rtol=1e-4, atol=1e-5),
+    Case("DFT_rfft_axis_input", "DFT", {"x": f32(3, 6, 1)},
+         consts={"n": np.array(6, np.int64), "a": np.array(-2, np.int64)}, attrs={"onesided": 1},
+         opset=20, oracle="reference", rtol=1e-4, atol=1e-4),
+    Case("DFT_irfft", "DFT", {"x": f32(4, 2, 5, 2)}, attrs={"inverse": 1, "onesided": 1, "axis": 2},
+         opset=17, oracle="reference", rtol=1e-4, atol=1e-5),
+    Case("Compress", "Compress", {"x": f32(3, 4)}, consts={"c": np.array([True, False, True])},
+         attrs={"axis": 0}),
+    Case("Compress_flattened_short_condition", "Compress", {"x": f32(2, 3)},
+         consts={"c": np.array([False, True, True, False])}),
 ]
 
 
@@ -438,3 +453,10 @@ def test_bfloat16_cast_fused_into_a_matrix_product_store():
         assert actual["y"].dtype == ml_dtypes.bfloat16
         assert_close({"y": actual["y"].astype(np.float32)}, {"y": expected["y"].astype(np.float32)},
                      rtol=8e-3, atol=1e-5)
+
+
+def test_dft_of_a_tensor_without_a_complex_dimension_is_named():
+    from glowgen.errors import GlowgenError
+    model = make_model([helper.make_node("DFT", ["x"], ["y"], axis=0)], {"x": f32(4, 3)}, ["y"], opset=17)
+    with pytest.raises(GlowgenError, match="the last dimension must be 1 .real. or 2 .complex."):
+        run_glowgen(model, {"x": f32(4, 3)})

@@ -1684,6 +1684,53 @@ def _QLinearConv_0(o):
 
 _QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1512:3', guard=None)
 
+
+def _DFT_0(o):
+    """ONNX DFT -> DFT (specs/ops.glowdef:1535:3)."""
+    attrs = {}
+    if o.has_attr('inverse'):
+        attrs['inverse'] = o.attr('inverse')
+    else:
+        attrs['inverse'] = 0
+    if o.has_attr('onesided'):
+        attrs['onesided'] = o.attr('onesided')
+    else:
+        attrs['onesided'] = 0
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1537:5', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1538:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    return attrs
+
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1535:3', guard=None)
+
+
+def _DFT_1(o):
+    """ONNX DFT -> DFT (specs/ops.glowdef:1541:3)."""
+    attrs = {}
+    if o.has_attr('inverse'):
+        attrs['inverse'] = o.attr('inverse')
+    else:
+        attrs['inverse'] = 0
+    if o.has_attr('onesided'):
+        attrs['onesided'] = o.attr('onesided')
+    else:
+        attrs['onesided'] = 0
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1543:5', lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1544:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    return attrs
+
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1541:3', guard=None)
+
+
+def _Compress_0(o):
+    """ONNX Compress -> Compress (specs/ops.glowdef:1558:3)."""
+    attrs = {}
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1560:5', lambda: sl.b_true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1561:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1562:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    return attrs
+
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1558:3', guard=None)
+
 CLAUSES = (
     _Add_0_clause,
     _Add_1_clause,
@@ -1836,4 +1883,7 @@ CLAUSES = (
     _MatMulInteger_0_clause,
     _ConvInteger_0_clause,
     _QLinearConv_0_clause,
+    _DFT_0_clause,
+    _DFT_1_clause,
+    _Compress_0_clause,
 )

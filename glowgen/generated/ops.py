@@ -6927,6 +6927,109 @@ class QLinearConv(Node):
         return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1511:9'), )
 
 
+@attrs.define(eq=False, repr=False, kw_only=True)
+class DFT(Node):
+    """Discrete Fourier transform of length `length` along `axis`; the last dimension holds a real (1) or a complex (2: real, imaginary) value.  `inverse` scales by 1 / length; `onesided` keeps the bins up to length / 2 (forward) or takes them as a Hermitian spectrum and gives real values (inverse).
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *dft_shape(S, axis, length, inverse, onesided)]
+    Attributes:
+        axis: int
+        length: int where length >= 1
+        inverse: int = 0
+        onesided: int = 0
+    Declared at specs/ops.glowdef:1525:1.
+    """
+
+    OP: ClassVar[str] = 'DFT'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1525:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    length: object = attrs.field(converter=rt.CONVERTERS['int'])
+    inverse: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    onesided: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *dft_shape(S, axis, length, inverse, onesided)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('DFT', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1527:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1527:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1529:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1532:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1533:3')
+        return (rt.result_type('DFT', _node, F, (*sl.b_dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1534:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Compress(Node):
+    """The slices of x at `indices` along `axis` (ONNX Compress with its condition known at compile time: the positions where it is true); with `flatten`, of x flattened to 1-D.
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        y: Tensor[A, *compress_shape(S, len(indices), axis, flatten)]
+    Attributes:
+        indices: ints
+        axis: int = 0
+        flatten: int = 0
+    Declared at specs/ops.glowdef:1549:1.
+    """
+
+    OP: ClassVar[str] = 'Compress'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1549:1'
+
+    indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    flatten: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *compress_shape(S, len(indices), axis, flatten)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', indices=None, axis=None, flatten=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Compress', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1551:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1551:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1555:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1556:3')
+        return (rt.result_type('Compress', _node, A, (*sl.b_compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1557:7'), )
+
+
 OPS = {
     'Add': Add,
     'Sub': Sub,
@@ -7063,4 +7166,6 @@ OPS = {
     'MatMulInteger': MatMulInteger,
     'ConvInteger': ConvInteger,
     'QLinearConv': QLinearConv,
+    'DFT': DFT,
+    'Compress': Compress,
 }

@@ -1363,6 +1363,48 @@ def _r103_qlinear_conv_no_bias_build(_b, _m):
     return (_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'shape': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}),)
 
 
+
+def _r104_dft_to_matmul_build(_b, _m):
+    """=> Transpose(Reshape(MatMul(rows, m), shape = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
+    d = _m['d']
+    x = _m['x']
+    perm = sl.b_dft_perm(rt.b_rank(x), d.axis)
+    moved = _b.op('Transpose', [x], {'perm': perm})
+    batch = tuple(moved.shape)[:rt.neg(2)]
+    rows = _b.op('Reshape', [moved], {'shape': (rt.b_prod(batch), rt.mul(x.shape[d.axis], x.shape[rt.neg(1)]), )})
+    m = _b.const(sl.b_dft_matrix(x.shape[d.axis], x.shape[rt.neg(1)], d.length, d.inverse, d.onesided), x.dtype)
+    out = d.shape[rt.neg(1)]
+    return (_b.op('Transpose', [_b.op('Reshape', [_b.op('MatMul', [rows, m], {})], {'shape': rt.b_concat(batch, (d.shape[d.axis], out, ))})], {'perm': rt.b_inverse_perm(perm)}),)
+
+
+
+def _r105_compress_to_gather_guard(_m, _ctx):
+    """where c.flatten == 0"""
+    c = _m['c']
+    x = _m['x']
+    return bool((rt.eq(c.flatten, 0)))
+
+def _r105_compress_to_gather_build(_b, _m):
+    """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
+    c = _m['c']
+    x = _m['x']
+    return (_b.op('Gather', [x, _b.const(c.indices, 'i64')], {'axis': c.axis}),)
+
+
+
+def _r106_compress_flat_to_gather_guard(_m, _ctx):
+    """where c.flatten == 1"""
+    c = _m['c']
+    x = _m['x']
+    return bool((rt.eq(c.flatten, 1)))
+
+def _r106_compress_flat_to_gather_build(_b, _m):
+    """=> Gather(Reshape(x, shape = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
+    c = _m['c']
+    x = _m['x']
+    return (_b.op('Gather', [_b.op('Reshape', [x], {'shape': (rt.b_prod(x.shape), )}), _b.const(c.indices, 'i64')], {'axis': 0}),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
@@ -1468,4 +1510,7 @@ RULES = (
     RuleInfo(name='conv_integer_no_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r101_conv_integer_no_zero_point_build, location='specs/lowerings.glowdef:570:1'),
     RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b')), bind='c'), size=1, guard=None, build=_r102_qlinear_conv_expand_build, location='specs/lowerings.glowdef:577:1'),
     RuleInfo(name='qlinear_conv_no_bias', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point')), bind='c'), size=1, guard=None, build=_r103_qlinear_conv_no_bias_build, location='specs/lowerings.glowdef:589:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r104_dft_to_matmul_build, location='specs/lowerings.glowdef:604:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r105_compress_to_gather_guard, build=_r105_compress_to_gather_build, location='specs/lowerings.glowdef:614:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r106_compress_flat_to_gather_guard, build=_r106_compress_flat_to_gather_build, location='specs/lowerings.glowdef:618:1'),
 )
