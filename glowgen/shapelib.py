@@ -489,6 +489,13 @@ def b_dft_matrix(size, parts, length, inverse, onesided):
 
 
 
+def b_frame_indices(length, frame, step):
+    """Sample positions of the frames of a signal of `length` samples: one row of `frame`
+    positions every `step` samples, as many whole frames as fit."""
+    count = 1 + (length - frame) // step
+    return tuple(tuple(f * step + i for i in range(frame)) for f in range(count))
+
+
 # ----------------------------------------------------------------------------- Compress
 def b_true_positions(condition):
     """Positions of the true entries of a 1-D condition."""

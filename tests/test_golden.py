@@ -327,6 +327,13 @@ CASES = {
                                     consts={"c": np.array([True, False, True])}, attrs={"axis": 0}),
     "compress_flat_to_gather": onnx_case("Compress", {"x": _qrng.uniform(-1, 1, (3, 2)).astype(np.float32)},
                                          consts={"c": np.array([False, True, True, False, False, True])}),
+    "stft_expand": _with_reference(onnx_case(
+        "STFT", {"s": _qrng.uniform(-1, 1, (1, 10, 1)).astype(np.float32)},
+        consts={"step": np.array(3, np.int64), "w": np.hanning(4).astype(np.float32)},
+        attrs={"onesided": 1}, opset=17)),
+    "stft_no_window": _with_reference(graph_case(
+        [("STFT", ["s", "step", "", "n"], ["y"], {"onesided": 0})], {"s": _qrng.uniform(-1, 1, (1, 10, 1)).astype(np.float32)},
+        {"step": np.array(2, np.int64), "n": np.array(4, np.int64)}, opset=17)),
 }
 
 HEADER = ("# Golden test of rule {rule}: the graph before, and after applying the rule alone.\n"

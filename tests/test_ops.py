@@ -374,6 +374,15 @@ CASES = [
          attrs={"axis": 0}),
     Case("Compress_flattened_short_condition", "Compress", {"x": f32(2, 3)},
          consts={"c": np.array([False, True, True, False])}),
+    # onesided is explicit: ONNX's shape inference takes a missing onesided as 0 while the
+    # schema and the reference evaluator default it to 1.
+    Case("STFT", "STFT", {"s": f32(2, 20, 1)},
+         consts={"step": np.array(3, np.int64), "w": np.hanning(6).astype(np.float32)},
+         attrs={"onesided": 1}, opset=17, oracle="reference", rtol=1e-4, atol=1e-4),
+    Case("STFT_complex_two_sided", "STFT", {"s": f32(1, 12, 2)},
+         consts={"step": np.array(4, np.int64), "n": np.array(5, np.int64)},
+         attrs={"onesided": 0}, input_order=["s", "step", "", "n"], opset=17, oracle="reference",
+         rtol=1e-4, atol=1e-4),
 ]
 
 

@@ -1731,6 +1731,20 @@ def _Compress_0(o):
 
 _Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1558:3', guard=None)
 
+
+def _STFT_0(o):
+    """ONNX STFT -> STFT (specs/ops.glowdef:1576:3)."""
+    attrs = {}
+    if o.has_attr('onesided'):
+        attrs['onesided'] = o.attr('onesided')
+    else:
+        attrs['onesided'] = 1
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1578:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1579:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    return attrs
+
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1576:3', guard=None)
+
 CLAUSES = (
     _Add_0_clause,
     _Add_1_clause,
@@ -1886,4 +1900,5 @@ CLAUSES = (
     _DFT_0_clause,
     _DFT_1_clause,
     _Compress_0_clause,
+    _STFT_0_clause,
 )

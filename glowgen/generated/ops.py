@@ -7030,6 +7030,71 @@ class Compress(Node):
         return (rt.result_type('Compress', _node, A, (*sl.b_compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1557:7'), )
 
 
+@attrs.define(eq=False, repr=False, kw_only=True)
+class STFT(Node):
+    """Short-time Fourier transform: frames of `frame` samples every `step` samples of each signal [B, L, 1 or 2], each multiplied by `window` (when given) and transformed by a DFT of length `frame` (one-sided when `onesided`).
+    
+    Operands:
+        signal: Tensor[F, B, L, C]
+        window: Tensor[F, W]?
+    Results:
+        y: Tensor[F, B, 1 + ((L - frame) // step), dft_bins(frame, 0, onesided), 2]
+    Attributes:
+        step: int where step >= 1
+        frame: int where frame >= 1
+        onesided: int = 1
+    Declared at specs/ops.glowdef:1566:1.
+    """
+
+    OP: ClassVar[str] = 'STFT'
+    INPUTS: ClassVar[tuple] = (OperandInfo('signal', optional=False, variadic=False), OperandInfo('window', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1566:1'
+
+    step: object = attrs.field(converter=rt.CONVERTERS['int'])
+    frame: object = attrs.field(converter=rt.CONVERTERS['int'])
+    onesided: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def signal(self):
+        """Operand signal: Tensor[F, B, L, C]"""
+        return self.inputs[0]
+
+    @property
+    def window(self):
+        """Operand window: Tensor[F, W]?"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, B, 1 + ((L - frame) // step), dft_bins(frame, 0, onesided), 2]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('STFT', _node)
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1568:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1568:7')
+        if window is not None:
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1568:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1568:35')
+        B = u.dim('B')
+        C = u.dim('C')
+        L = u.dim('L')
+        W = u.dims['W'][0] if 'W' in u.dims else None
+        F = u.dtype('F')
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1569:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1570:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1572:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1573:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1574:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.b_dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1575:7'), )
+
+
 OPS = {
     'Add': Add,
     'Sub': Sub,
@@ -7168,4 +7233,5 @@ OPS = {
     'QLinearConv': QLinearConv,
     'DFT': DFT,
     'Compress': Compress,
+    'STFT': STFT,
 }

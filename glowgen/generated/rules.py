@@ -1405,6 +1405,24 @@ def _r106_compress_flat_to_gather_build(_b, _m):
     return (_b.op('Gather', [_b.op('Reshape', [x], {'shape': (rt.b_prod(x.shape), )}), _b.const(c.indices, 'i64')], {'axis': 0}),)
 
 
+
+def _r107_stft_expand_build(_b, _m):
+    """=> DFT(Mul(frames, Reshape(window, shape = [s.frame, 1])), axis = 2, length = s.frame, onesided = s.onesided)"""
+    s = _m['s']
+    signal = _m['signal']
+    window = _m['window']
+    frames = _b.op('Gather', [signal, _b.const(sl.b_frame_indices(signal.shape[1], s.frame, s.step), 'i64')], {'axis': 1})
+    return (_b.op('DFT', [_b.op('Mul', [frames, _b.op('Reshape', [window], {'shape': (s.frame, 1, )})], {})], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}),)
+
+
+
+def _r108_stft_no_window_build(_b, _m):
+    """=> DFT(Gather(signal, const(frame_indices(signal.shape[1], s.frame, s.step), i64), axis = 1), axis = 2, length = s.frame, onesided = s.onesided)"""
+    s = _m['s']
+    signal = _m['signal']
+    return (_b.op('DFT', [_b.op('Gather', [signal, _b.const(sl.b_frame_indices(signal.shape[1], s.frame, s.step), 'i64')], {'axis': 1})], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}),)
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
@@ -1513,4 +1531,6 @@ RULES = (
     RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r104_dft_to_matmul_build, location='specs/lowerings.glowdef:604:1'),
     RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r105_compress_to_gather_guard, build=_r105_compress_to_gather_build, location='specs/lowerings.glowdef:614:1'),
     RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r106_compress_flat_to_gather_guard, build=_r106_compress_flat_to_gather_build, location='specs/lowerings.glowdef:618:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window')), bind='s'), size=1, guard=None, build=_r107_stft_expand_build, location='specs/lowerings.glowdef:623:1'),
+    RuleInfo(name='stft_no_window', phases=('lower',), pattern=P('STFT', (V('signal'),), bind='s'), size=1, guard=None, build=_r108_stft_no_window_build, location='specs/lowerings.glowdef:628:1'),
 )
