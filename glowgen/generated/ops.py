@@ -6333,7 +6333,7 @@ class QuantizeLinear(Node):
         block_size: int = 0 where block_size >= 0
         dtype: dtype
         compute: dtype
-    Declared at specs/ops.glowdef:1395:1.
+    Declared at specs/ops.glowdef:1402:1.
     """
 
     OP: ClassVar[str] = 'QuantizeLinear'
@@ -6342,7 +6342,7 @@ class QuantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), AttrInfo('compute', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1395:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1402:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -6373,23 +6373,23 @@ class QuantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None, compute=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizeLinear', _node)
-        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1397:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1397:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1397:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1397:26')
+        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1404:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1404:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1404:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1404:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1397:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1397:48')
+            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1404:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1404:48')
         C = u.dim('C')
         S = u.dim('S')
         F = u.dtype('F')
         QX = u.dtype('QX')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1398:3')
-        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1399:3')
-        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1402:3')
-        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1403:3')
-        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1404:3')
-        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1406:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1405:3')
+        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1406:3')
+        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1409:3')
+        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1410:3')
+        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1411:3')
+        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1413:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6406,7 +6406,7 @@ class DequantizeLinear(Node):
         axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
         block_size: int = 0 where block_size >= 0
         dtype: dtype
-    Declared at specs/ops.glowdef:1416:1.
+    Declared at specs/ops.glowdef:1423:1.
     """
 
     OP: ClassVar[str] = 'DequantizeLinear'
@@ -6415,7 +6415,7 @@ class DequantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1416:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1423:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -6445,22 +6445,22 @@ class DequantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizeLinear', _node)
-        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1418:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1418:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1418:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1418:26')
+        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1425:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1425:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1425:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1425:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1418:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1418:48')
+            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1425:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1425:48')
         C = u.dim('C')
         S = u.dim('S')
         DQ = u.dtype('DQ')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1419:3')
-        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1420:3')
-        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1422:3')
-        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1423:3')
-        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1425:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1426:3')
+        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1427:3')
+        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1429:3')
+        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1430:3')
+        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1432:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6475,7 +6475,7 @@ class QuantParam(Node):
         like: ints
         axis: int
         block_size: int = 0
-    Declared at specs/ops.glowdef:1433:1.
+    Declared at specs/ops.glowdef:1440:1.
     """
 
     OP: ClassVar[str] = 'QuantParam'
@@ -6484,7 +6484,7 @@ class QuantParam(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('like', 'ints', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('block_size', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1433:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1440:1'
 
     like: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -6504,11 +6504,11 @@ class QuantParam(Node):
     def infer(p, *, _node='', like=None, axis=None, block_size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantParam', _node)
-        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1435:7')
-        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1435:7')
+        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1442:7')
+        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1442:7')
         C = u.dim('C')
         A = u.dtype('A')
-        return (rt.result_type('QuantParam', _node, A, (*sl.b_quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1439:7'), )
+        return (rt.result_type('QuantParam', _node, A, (*sl.b_quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1446:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6526,7 +6526,7 @@ class QLinearMatMul(Node):
         y_zero_point: Tensor[Q8Y, *YZ]
     Results:
         y: Tensor[Q8Y, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1442:1.
+    Declared at specs/ops.glowdef:1449:1.
     """
 
     OP: ClassVar[str] = 'QLinearMatMul'
@@ -6535,7 +6535,7 @@ class QLinearMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1442:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1449:1'
 
 
     @property
@@ -6587,22 +6587,22 @@ class QLinearMatMul(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearMatMul', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1444:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1444:7')
-        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1444:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1444:26')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1444:51')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1444:51')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1445:7')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1445:7')
-        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1445:27')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1445:27')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1445:52')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1445:52')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1446:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1446:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1446:32')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1446:32')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1451:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1451:7')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1451:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1451:26')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1451:51')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1451:51')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1452:7')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1452:7')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1452:27')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1452:27')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1452:52')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1452:52')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1453:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1453:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1453:32')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1453:32')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -6615,11 +6615,11 @@ class QLinearMatMul(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1447:3')
-        rt.check((sl.b_param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1448:3')
-        rt.check((sl.b_param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1450:3')
-        rt.check((sl.b_param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1452:3')
-        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1454:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1454:3')
+        rt.check((sl.b_param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1455:3')
+        rt.check((sl.b_param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1457:3')
+        rt.check((sl.b_param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1459:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1461:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6633,7 +6633,7 @@ class MatMulInteger(Node):
         b_zero_point: Tensor[Q8B, *BZ]?
     Results:
         y: Tensor[i32, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1458:1.
+    Declared at specs/ops.glowdef:1465:1.
     """
 
     OP: ClassVar[str] = 'MatMulInteger'
@@ -6642,7 +6642,7 @@ class MatMulInteger(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1458:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1465:1'
 
 
     @property
@@ -6674,26 +6674,26 @@ class MatMulInteger(Node):
     def infer(a, b, a_zero_point=None, b_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMulInteger', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1460:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1460:7')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1460:26')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1460:26')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1467:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1467:7')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1467:26')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1467:26')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1460:46')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1460:46')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1467:46')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1467:46')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1460:78')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1460:78')
+            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1467:78')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1467:78')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
         BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
         X = u.dim('X')
         Y = u.dim('Y')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1461:3')
-        rt.check(sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1462:3')
-        rt.check(sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1463:3')
-        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1464:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1468:3')
+        rt.check(sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1469:3')
+        rt.check(sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1470:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1471:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6712,7 +6712,7 @@ class ConvInteger(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1472:1.
+    Declared at specs/ops.glowdef:1479:1.
     """
 
     OP: ClassVar[str] = 'ConvInteger'
@@ -6721,7 +6721,7 @@ class ConvInteger(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1472:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1479:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6757,16 +6757,16 @@ class ConvInteger(Node):
     def infer(x, w, x_zero_point=None, w_zero_point=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvInteger', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1474:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1474:9')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1474:34')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1474:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1481:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1481:9')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1481:34')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1481:34')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1474:61')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1474:61')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1481:61')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1481:61')
         if w_zero_point is not None:
-            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1474:93')
-            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1474:93')
+            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1481:93')
+            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1481:93')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -6777,15 +6777,15 @@ class ConvInteger(Node):
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1475:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1476:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1477:3')
-        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1478:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1479:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1480:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1481:3')
-        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1482:3')
-        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1483:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1482:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1483:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1484:3')
+        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1485:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1486:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1487:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1488:3')
+        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1489:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1490:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6809,7 +6809,7 @@ class QLinearConv(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1496:1.
+    Declared at specs/ops.glowdef:1503:1.
     """
 
     OP: ClassVar[str] = 'QLinearConv'
@@ -6818,7 +6818,7 @@ class QLinearConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1496:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1503:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6879,25 +6879,25 @@ class QLinearConv(Node):
     def infer(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConv', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1498:9')
-        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1498:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1498:34')
-        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:59')
-        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1498:59')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1499:9')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1499:9')
-        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1499:36')
-        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1499:36')
-        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1499:61')
-        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1499:61')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1500:9')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1500:9')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1500:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1500:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1505:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1505:9')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1505:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1505:34')
+        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1505:59')
+        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1505:59')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1506:9')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1506:9')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1506:36')
+        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1506:36')
+        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1506:61')
+        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1506:61')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1507:9')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1507:9')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1507:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1507:34')
         if b is not None:
-            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1500:66')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1500:66')
+            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1507:66')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1507:66')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -6914,17 +6914,17 @@ class QLinearConv(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1501:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1502:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1503:3')
-        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1504:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1505:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1506:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1507:3')
-        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1508:3')
-        rt.check(sl.b_param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1509:3')
-        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1510:3')
-        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1511:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1508:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1509:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1510:3')
+        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1511:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1512:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1513:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1514:3')
+        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1515:3')
+        rt.check(sl.b_param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1516:3')
+        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1517:3')
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1518:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6940,7 +6940,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1525:1.
+    Declared at specs/ops.glowdef:1532:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -6949,7 +6949,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1525:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1532:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -6970,14 +6970,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1527:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1527:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1534:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1534:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1529:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1532:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1533:3')
-        return (rt.result_type('DFT', _node, F, (*sl.b_dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1534:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1536:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1539:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1540:3')
+        return (rt.result_type('DFT', _node, F, (*sl.b_dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1541:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6992,7 +6992,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1549:1.
+    Declared at specs/ops.glowdef:1556:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -7001,7 +7001,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1549:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1556:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7021,13 +7021,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1551:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1551:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1558:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1558:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1555:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1556:3')
-        return (rt.result_type('Compress', _node, A, (*sl.b_compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1557:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1562:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1563:3')
+        return (rt.result_type('Compress', _node, A, (*sl.b_compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1564:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7043,7 +7043,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1566:1.
+    Declared at specs/ops.glowdef:1573:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -7052,7 +7052,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1566:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1573:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7077,22 +7077,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1568:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1568:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1575:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1575:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1568:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1568:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1575:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1575:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1569:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1570:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1572:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1573:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1574:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.b_dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1575:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1576:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1577:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1579:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1580:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1581:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.b_dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1582:7'), )
 
 
 OPS = {

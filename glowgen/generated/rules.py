@@ -1255,29 +1255,29 @@ def _r95_qlinear_matmul_expand_build(_b, _m):
     b_zero_point = _m['b_zero_point']
     y_scale = _m['y_scale']
     y_zero_point = _m['y_zero_point']
-    acc = _b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': sl.b_param_along(a_zero_point.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': sl.b_param_along(b_zero_point.shape, b.shape[rt.neg(1)], rt.sub(rt.b_rank(b), 1), rt.b_rank(b))})], {'to': 'i32'})], {})], {})
-    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [a_scale], {'shape': sl.b_param_along(a_scale.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))}), _b.op('Reshape', [b_scale], {'shape': sl.b_param_along(b_scale.shape, b.shape[rt.neg(1)], rt.sub(rt.b_rank(b), 1), rt.b_rank(b))})], {}), _b.op('Reshape', [y_scale], {'shape': sl.b_param_along(y_scale.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))})], {})
-    zy = _b.op('Reshape', [y_zero_point], {'shape': sl.b_param_along(y_zero_point.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))})
+    acc = _b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': fn_per_column(b_zero_point.shape, b.shape)})], {'to': 'i32'})], {})], {})
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [a_scale], {'shape': fn_per_row(a_scale.shape, a.shape)}), _b.op('Reshape', [b_scale], {'shape': fn_per_column(b_scale.shape, b.shape)})], {}), _b.op('Reshape', [y_scale], {'shape': fn_per_row(y_scale.shape, a.shape)})], {})
+    zy = _b.op('Reshape', [y_zero_point], {'shape': fn_per_row(y_zero_point.shape, a.shape)})
     return (_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [_b.op('Cast', [acc], {'to': 'f64'}), _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [zy], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}),)
 
 
 
 def _r96_matmul_integer_expand_build(_b, _m):
-    """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = param_along(a_zero_point.shape, a.shape[-2], rank(a) - 2, rank(a))), to = i32)), Sub(Cast(b, to = i32), Cast(Reshape(b_zero_point, shape = param_along(b_zero_point.shape, b.shape[-1], rank(b) - 1, rank(b))), to = i32)))"""
+    """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = per_row(a_zero_point.shape, a.shape)), to = i32)), Sub(Cast(b, to = i32), Cast(Reshape(b_zero_point, shape = per_column(b_zero_point.shape, b.shape)), to = i32)))"""
     a = _m['a']
     b = _m['b']
     a_zero_point = _m['a_zero_point']
     b_zero_point = _m['b_zero_point']
-    return (_b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': sl.b_param_along(a_zero_point.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': sl.b_param_along(b_zero_point.shape, b.shape[rt.neg(1)], rt.sub(rt.b_rank(b), 1), rt.b_rank(b))})], {'to': 'i32'})], {})], {}),)
+    return (_b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': fn_per_column(b_zero_point.shape, b.shape)})], {'to': 'i32'})], {})], {}),)
 
 
 
 def _r97_matmul_integer_a_zero_point_build(_b, _m):
-    """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = param_along(a_zero_point.shape, a.shape[-2], rank(a) - 2, rank(a))), to = i32)), Cast(b, to = i32))"""
+    """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = per_row(a_zero_point.shape, a.shape)), to = i32)), Cast(b, to = i32))"""
     a = _m['a']
     b = _m['b']
     a_zero_point = _m['a_zero_point']
-    return (_b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': sl.b_param_along(a_zero_point.shape, a.shape[rt.neg(2)], rt.sub(rt.b_rank(a), 2), rt.b_rank(a))})], {'to': 'i32'})], {}), _b.op('Cast', [b], {'to': 'i32'})], {}),)
+    return (_b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}), _b.op('Cast', [b], {'to': 'i32'})], {}),)
 
 
 
@@ -1297,7 +1297,7 @@ def _r99_conv_integer_expand_build(_b, _m):
     x_zero_point = _m['x_zero_point']
     w_zero_point = _m['w_zero_point']
     xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
-    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': sl.b_param_along(w_zero_point.shape, w.shape[0], 0, rt.b_rank(w))})], {'to': 'f64'})], {})
+    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
     return (_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}),)
 
 
@@ -1338,9 +1338,9 @@ def _r102_qlinear_conv_expand_build(_b, _m):
     y_zero_point = _m['y_zero_point']
     b = _m['b']
     xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
-    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': sl.b_param_along(w_zero_point.shape, w.shape[0], 0, rt.b_rank(w))})], {'to': 'f64'})], {})
+    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
     acc = (_b.op('Conv', [xs, ws, _b.op('Cast', [b], {'to': 'f64'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws, _b.op('Cast', [b], {'to': 'f64'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
-    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': sl.b_param_along(w_scale.shape, w.shape[0], 1, rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': fn_per_out_channel(w_scale.shape, w.shape[0], rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
     return (_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'shape': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}),)
 
 
@@ -1357,9 +1357,9 @@ def _r103_qlinear_conv_no_bias_build(_b, _m):
     y_scale = _m['y_scale']
     y_zero_point = _m['y_zero_point']
     xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
-    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': sl.b_param_along(w_zero_point.shape, w.shape[0], 0, rt.b_rank(w))})], {'to': 'f64'})], {})
+    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
     acc = (_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
-    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': sl.b_param_along(w_scale.shape, w.shape[0], 1, rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': fn_per_out_channel(w_scale.shape, w.shape[0], rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
     return (_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'shape': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}),)
 
 
