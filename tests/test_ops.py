@@ -359,6 +359,8 @@ CASES = [
     binary("MatMul", bf16(3, 4), bf16(4, 5), name="MatMul_bfloat16", oracle="reference", rtol=8e-3, atol=1e-6),
     Case("ReduceSum_bfloat16", "ReduceSum", {"x": bf16(3, 4)}, consts={"a": np.array([1], np.int64)},
          oracle="reference", rtol=8e-3, atol=1e-6),
+    Case("Conv_bfloat16", "Conv", {"x": bf16(1, 4, 6, 5)}, consts={"w": bf16(6, 2, 3, 3), "b": bf16(6)},
+         attrs={"group": 2, "pads": [1, 0, 1, 2]}, oracle="reference", rtol=8e-3, atol=1e-2),
     # ---- signal processing and Compress
     Case("DFT", "DFT", {"x": f32(2, 8, 3, 1)}, attrs={"axis": 1}, opset=17, oracle="reference",
          rtol=1e-4, atol=1e-4),

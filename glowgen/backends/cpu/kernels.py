@@ -289,6 +289,8 @@ def _valid_range(b, k_idx, pad, stride, dil, in_size, out_size):
 def conv_direct(k: KernelArgs):
     """Direct convolution, vectorized along output columns: for depthwise and other
     convolutions with few filters per group, where a matrix product has nothing to block."""
+    if k.outs[0][1].dtype in _WIDE_ACCUMULATOR:
+        return conv_direct_wide_accumulator(k)
     b = k.b
     (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
     bias = k.ins[2]
@@ -331,6 +333,48 @@ def conv_direct(k: KernelArgs):
                                     p = b.gep(y, [b.add(yrow, owi)])
                                     store_elem(b, em.f_add(load_elem(b, p, dtype), em.f_mul(wv, xv)), p, dtype)
 
+
+
+def conv_direct_wide_accumulator(k: KernelArgs):
+    """Half-width floats: each output is its sum over channels and taps accumulated in f32
+    in a register (as NumPy does), rounded to the element type once when stored."""
+    b = k.b
+    (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
+    bias = k.ins[2]
+    n, c, h, wd = xt.shape
+    m, cg, kh, kw = wt.shape
+    oh, ow = yt.shape[2:]
+    a = k.attrs
+    (sh, sw), (dh, dw), (pt, pl) = a["strides"], a["dilations"], a["pads"][:2]
+    mg = m // a["group"]
+    dtype, acc_t = yt.dtype, _WIDE_ACCUMULATOR[yt.dtype]
+    em = ScalarEmitter(b, k.scalars)
+    acc_p = b.alloca(register_type(acc_t))
+
+    def inside(i, size):
+        return b.and_(b.icmp_signed(">=", i, i64(0)), b.icmp_signed("<", i, i64(size)))
+
+    with for_range(b, n, name="n") as ni, for_range(b, m, name="m") as mi:
+        gi = b.sdiv(mi, i64(mg))
+        with for_range(b, oh, name="oh") as ohi, for_range(b, ow, name="ow") as owi:
+            init = (convert(b, load_elem(b, b.gep(bias[0], [mi]), dtype), acc_t) if bias is not None
+                    else Value(const(0, acc_t), acc_t))
+            b.store(init.v, acc_p)
+            with for_range(b, cg, name="c") as ci, for_range(b, kh, name="kh") as khi:
+                chan = b.add(b.mul(gi, i64(cg)), ci)
+                ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(khi, i64(dh)))
+                with b.if_then(inside(ih, h)), for_range(b, kw, name="kw") as kwi:
+                    iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(kwi, i64(dw)))
+                    with b.if_then(inside(iw, wd)):
+                        xidx = b.add(b.mul(b.add(b.mul(ni, i64(c)), chan), i64(h * wd)),
+                                     b.add(b.mul(ih, i64(wd)), iw))
+                        widx = b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh * kw)),
+                                     b.add(b.mul(khi, i64(kw)), kwi))
+                        xv = convert(b, load_elem(b, b.gep(x, [xidx]), dtype), acc_t)
+                        wv = convert(b, load_elem(b, b.gep(w, [widx]), dtype), acc_t)
+                        b.store(em.f_add(Value(b.load(acc_p), acc_t), em.f_mul(wv, xv)).v, acc_p)
+            yidx = b.add(b.mul(b.add(b.mul(ni, i64(m)), mi), i64(oh * ow)), b.add(b.mul(ohi, i64(ow)), owi))
+            store_elem(b, Value(b.load(acc_p), acc_t), b.gep(y, [yidx]), dtype)
 
 # --------------------------------------------------------------------------- pooling
 def _pool(k: KernelArgs, is_max: bool):
