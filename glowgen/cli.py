@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import pipeline
 from .errors import GlowgenError, InputError
 
 EXAMPLES = """\
@@ -125,7 +126,7 @@ def cmd_dump(args) -> int:
     stage = args.stage or ("lowered" if args.passes or args.rules else "loaded")
     if stage in NATIVE_STAGES:
         return _dump_native(args, stage)
-    args.backend = args.backend or "interpreter"
+    args.backend = args.backend or pipeline.DEFAULT_BACKEND
     fn = api.load(args.model, _input_shapes(args))
     pipeline_stage = {"lir": "lowered"}.get(stage, stage)
     ctx = api.optimize(fn, stage=pipeline_stage, backend=args.backend) if stage != "loaded" else None
@@ -241,6 +242,8 @@ def cmd_bench(args) -> int:
         raise InputError("--threads must be at least 1")
     if args.no_stacking and args.backend != "cpu":
         raise InputError("--no-stacking applies to the cpu backend: add --backend cpu")
+    if args.profile and args.backend != "cpu":
+        raise InputError("--profile times the cpu backend's kernels: add --backend cpu")
     ort = None
     if args.compare != "none":
         try:
@@ -296,7 +299,37 @@ def cmd_bench(args) -> int:
             diffs.append(float(np.nanmax(d)) if np.isfinite(d).any() else float("nan"))
     if diffs:
         print(f"outputs      max |glowgen - onnxruntime| = {max(diffs):.3g}")
+    if args.profile:
+        _print_profile(args, feeds)
     return 0
+
+
+def _print_profile(args, feeds) -> None:
+    """Time per native kernel, from cycle counters around each step of a second build (the
+    timed runs above carry no counters)."""
+    from .api import compile as compile_model
+    model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
+                          stacking=not args.no_stacking, profile=True)
+    import time
+    for _ in range(args.warmup):
+        model.run(feeds)
+    model.profile(reset=True)
+    t0 = time.perf_counter()
+    for _ in range(args.runs):
+        model.run(feeds)
+    per_run_ms = (time.perf_counter() - t0) * 1e3 / args.runs
+    rows = model.profile()
+    total = sum(c for _, c in rows) or 1
+    print(f"profile      per kernel, summed over {args.runs} runs (cycle counter; ms are shares "
+          f"of the {per_run_ms:.3f} ms a profiled run took)")
+    shown = sorted(rows, key=lambda r: -r[1])[:args.profile_top]
+    for name, cycles in shown:
+        share = cycles / total
+        print(f"  {100 * share:5.1f}%  {share * per_run_ms:8.3f} ms  {name}")
+    if len(rows) > len(shown):
+        rest = sum(c for _, c in rows) - sum(c for _, c in shown)
+        print(f"  {100 * rest / total:5.1f}%  {rest / total * per_run_ms:8.3f} ms  "
+              f"({len(rows) - len(shown)} more kernels)")
 
 
 def _feeds(args, model, say_random: bool = False) -> dict:
@@ -382,9 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input array from a .npy file (repeatable); inputs not given are random")
     r.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
-    r.add_argument("--backend", default="interpreter", choices=["interpreter", "cpu"],
+    r.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=["interpreter", "cpu"],
                    help="interpreter (NumPy reference, every op) or cpu (native code through "
-                        "LLVM, JIT-compiled for this machine); default: interpreter")
+                        "LLVM, JIT-compiled for this machine); default: " + pipeline.DEFAULT_BACKEND)
     r.add_argument("--save-outputs", metavar="DIR", help="write DIR/<output name>.npy for each output")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     r.set_defaults(func=cmd_run)
@@ -400,8 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "backend's LLVM IR after LLVM's optimizations; asm: its machine code for "
                         "this host")
     d.add_argument("--backend", default=None, choices=["interpreter", "cpu"],
-                   help="the backend whose op set lowering targets (default: interpreter; cpu "
-                        "for --stage llvm and asm)")
+                   help="the backend whose op set lowering targets (default: "
+                        + pipeline.DEFAULT_BACKEND + "; always cpu for --stage llvm and asm)")
     d.add_argument("--passes", action="store_true",
                    help="print the pass pipeline and what each phase did, instead of the graph")
     d.add_argument("--rules", action="store_true",
@@ -454,7 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "ratio.  glowgen runs single-threaded; --threads sets onnxruntime's "
                     "intra-op threads.")
     bn.add_argument("model", help="path to an .onnx file")
-    bn.add_argument("--backend", default="cpu", choices=["cpu", "interpreter"],
+    bn.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=["cpu", "interpreter"],
                     help="glowgen backend (default: cpu)")
     bn.add_argument("--compare", default="auto", choices=["auto", "onnxruntime", "none"],
                     help="compare with onnxruntime (default: auto, when it is installed)")
@@ -464,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-stacking", action="store_true",
                     help="cpu backend: one loop per elementwise op (for comparison)")
     bn.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")
+    bn.add_argument("--profile", action="store_true",
+                    help="also print where the time goes: each native kernel's share (cpu)")
+    bn.add_argument("--profile-top", type=int, default=15, metavar="N",
+                    help="kernels listed by --profile, the most costly first (default 15)")
     bn.add_argument("--warmup", type=int, default=3, help="untimed runs first (default 3)")
     bn.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                     help="an input array from a .npy file (repeatable); inputs not given are random")
@@ -490,7 +527,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "worker subprocess with a timeout; print a table per category and "
                                    "`N passed, M failed`. Exits 1 when a case fails that is not in "
                                    "glowgen/conformance/expected_failures.toml.")
-    c.add_argument("--backend", default="interpreter", help="backend to compile for (default: interpreter)")
+    c.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=["interpreter", "cpu"],
+                   help="backend to compile for (default: " + pipeline.DEFAULT_BACKEND + ")")
     c.add_argument("--include", metavar="REGEX", help="only cases whose name matches REGEX")
     c.add_argument("--category", action="append", choices=["node", "simple", "pytorch-converted",
                                                            "pytorch-operator"],

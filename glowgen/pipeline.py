@@ -2,6 +2,8 @@
 
     canonicalize  rules [canonicalize] + DCE + CSE + constant folding, to a fixpoint
     lower         rules [lower] (ops the backend implements stay as they are) + DCE
+    legalize      rules [legalize]: primitives rewritten into the form that computes them
+                  exactly as specified (float16 sums accumulate in float32)
     canonicalize  again, on the primitives (folds that lowering exposed)
     check         every op left is one the backend implements
 
@@ -22,20 +24,25 @@ from .errors import GlowgenError
 
 STAGES = ("loaded", "optimized", "lowered")
 BACKENDS = ("interpreter", "cpu")
+# What `glowgen.compile`, `glowgen run` and `glowgen conformance` use unless told otherwise:
+# native code; the interpreter stays the reference every op is checked against.
+DEFAULT_BACKEND = "cpu"
 
 _CANONICALIZE_STEPS = (Rules("canonicalize"), Pass("dce"), Pass("cse"), Pass("fold"))
 _LOWER = Phase("lower", (Rules("lower", skip_native=True), Pass("dce")))
+_LEGALIZE = Phase("legalize", (Rules("legalize"), Pass("dce")))
 _CHECK = Phase("check", (Pass("check"),))
 
 PIPELINE = (
     Phase("canonicalize", _CANONICALIZE_STEPS, fixpoint=True),
     _LOWER,
+    _LEGALIZE,
     Phase("canonicalize-lowered", _CANONICALIZE_STEPS, fixpoint=True),
     _CHECK,
 )
 
 # Lowering alone, for comparison with the optimized graph and for evaluating constants.
-UNOPTIMIZED = (_LOWER, Phase("fold", (Pass("fold"), Pass("dce"))), _CHECK)
+UNOPTIMIZED = (_LOWER, _LEGALIZE, Phase("fold", (Pass("fold"), Pass("dce"))), _CHECK)
 
 # The phases after which each stage of `glowgen dump --stage` is printed.
 STAGE_PHASES = {"loaded": (), "optimized": PIPELINE[:1], "lowered": PIPELINE}

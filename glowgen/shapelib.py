@@ -7,6 +7,8 @@ shapes and lists; the emitters look names up here after the generic builtins of
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .engine.specrt import b_broadcast, b_broadcastable, b_normalize_axes, b_normalize_axis, b_prod
 from .engine.types import dtype_from_onnx
 from .errors import ShapeError
@@ -358,6 +360,61 @@ def b_convtranspose_pads(mode, spatial, kernel, strides, dilations, output_paddi
     return tuple(int(p) for p in pads) if len(pads) else (0,) * (2 * n)
 
 
+def b_window_pads(spatial, kernel, pads, strides, dilations, ceil_mode):
+    """Pads [begin..., end...] under which a convolution has the pooling's output size: with
+    ceil_mode the last window may hang over the end, which then gets the missing zeros."""
+    n = len(spatial)
+    out = b_pool_shape(spatial, kernel, pads, strides, dilations, ceil_mode)
+    end = list(pads[n:])
+    for i in range(n):
+        needed = (out[i] - 1) * strides[i] + (kernel[i] - 1) * dilations[i] + 1
+        end[i] += max(0, needed - (spatial[i] + pads[i] + pads[n + i]))
+    return tuple(pads[:n]) + tuple(end)
+
+
+def b_window_counts(spatial, kernel, pads, strides, dilations, ceil_mode, count_include_pad):
+    """How many taps of each pooling window fall on the input (or, with count_include_pad,
+    on the input or its explicit pads): the divisor of an average pool, [1, 1, *out]."""
+    n = len(spatial)
+    out = b_pool_shape(spatial, kernel, pads, strides, dilations, ceil_mode)
+    per_axis = []
+    for i in range(n):
+        lo, hi = (-pads[i], spatial[i] + pads[n + i]) if count_include_pad else (0, spatial[i])
+        counts = []
+        for o in range(out[i]):
+            taps = (o * strides[i] - pads[i] + k * dilations[i] for k in range(kernel[i]))
+            counts.append(sum(1 for t in taps if lo <= t < hi))
+        per_axis.append(counts)
+    total = np.ones(())
+    for counts in per_axis:
+        total = np.multiply.outer(total, counts)
+    return total.reshape((1, 1) + tuple(out)).tolist()
+
+
+def b_col2im_weights(channels, block):
+    """ConvTranspose weights [channels * K, 1, *block] (K = prod(block)) that put column
+    entry j of each channel at offset j of its block: a one-hot filter per entry."""
+    k = b_prod(block)
+    eye = np.eye(k).reshape((k, 1) + tuple(block))
+    return np.tile(eye, (channels, 1) + (1,) * len(block)).tolist()
+
+
+def b_col2im_output_padding(image, blocks, block, pads, strides, dilations):
+    """What a transposed convolution of `blocks` positions adds at the end to reach `image`."""
+    n = len(image)
+    return tuple(image[i] - (strides[i] * (blocks[i] - 1) + dilations[i] * (block[i] - 1) + 1
+                             - pads[i] - pads[n + i]) for i in range(n))
+
+
+def b_axis_broadcastable(shape, rhs_shape, axis):
+    """ONNX's legacy broadcast: rhs lines up with shape[axis:], each dimension equal or 1."""
+    return all(d == 1 or d == shape[axis + i] for i, d in enumerate(rhs_shape))
+
+
+# Interpolation weights (Resize) live in their own module; the spec language sees them here.
+from . import interpolation  # noqa: E402
+from .interpolation import *  # noqa: E402,F401,F403
+
 
 # ----------------------------------------------------------------------------- quantization
 def b_quant_param_shape(shape, param_shape, axis, block_size):
@@ -513,4 +570,5 @@ def b_compress_shape(shape, count, axis, flatten):
 
 
 FUNCTIONS = {name[2:]: fn for name, fn in dict(globals()).items()
-             if name.startswith("b_") and callable(fn) and fn.__module__ == __name__}
+             if name.startswith("b_") and callable(fn)
+             and fn.__module__ in (__name__, interpolation.__name__)}

@@ -32,7 +32,7 @@ def test_bench_model_matches_onnxruntime(name, bn, backend):
     expected = run_ort(onnx.load(path), feeds)
     actual = glowgen.compile(path, backend=backend).run(feeds)
     if backend == "interpreter":   # the optimizer's check: optimized against only lowered
-        unoptimized = glowgen.compile(path, optimize=False).run(feeds)
+        unoptimized = glowgen.compile(path, optimize=False, backend="interpreter").run(feeds)
         for k in expected:
             np.testing.assert_allclose(actual[k], unoptimized[k], rtol=1e-4, atol=1e-5,
                                        err_msg=f"{name}:{k}: optimized vs only lowered")

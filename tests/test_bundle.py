@@ -303,12 +303,12 @@ def test_dump_native_code(stage, needle, capsys):
 def test_bad_inputs_never_reach_native_code():
     model = glowgen.compile(TINY, backend="cpu")
     runner = model._runner
-    real, calls = runner.jit.fn, []
+    real, calls = runner.jit.fn_io, []
 
-    def native(*args):
-        calls.append(args)
+    def native(*args):          # (constant, mutable, activations, io pointer table)
+        calls.append(list(args[3]))
         return real(*args)
-    runner.jit.fn = native
+    runner.jit.fn_io = native
     good = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
     bad = [({"image": good[:, :2]}, r"has shape \[1, 2, 8, 8\], expected \[1, 3, 8, 8\]"),
            ({"image": good.reshape(1, 3, 64)}, "has shape"),
@@ -324,12 +324,14 @@ def test_bad_inputs_never_reach_native_code():
     assert calls == [], "a bad input reached native code"
     expected = model.run({"image": good})
     assert len(calls) == 1
-    # Unaligned and strided arrays are copied into the aligned region, never passed through.
+    assert calls[0][0] == good.ctypes.data, "a C-contiguous, aligned input is passed by pointer"
+    # Unaligned and strided arrays are copied into contiguous aligned ones, never passed through.
     raw = np.frombuffer(b"\0" + good.tobytes(), np.uint8)[1:].view(np.float32).reshape(good.shape)
     assert raw.ctypes.data % 4 != 0
     strided = np.ascontiguousarray(good[..., ::-1])[..., ::-1]
     for x in (raw, strided, np.asfortranarray(good)):
         assert model.run({"image": x})["probs"].tobytes() == expected["probs"].tobytes()
+        assert calls[-1][0] != x.ctypes.data
 
 
 @needs_gcc

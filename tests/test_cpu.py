@@ -3,6 +3,7 @@ structure and against onnxruntime."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import helper
 
 import glowgen
@@ -34,6 +35,26 @@ def test_elementwise_chain_is_one_loop():
     assert_close(unstacked.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-5, atol=1e-6)
 
 
+def test_costly_stack_runs_in_groups_over_blocks():
+    """Two transcendentals in one stack: the loop is cut into groups run block by block
+    (stacking.cost_groups); the second group re-reads the input (an external operand), an
+    intermediate is also a graph output, and the inner extent is not a multiple of a block."""
+    from glowgen.backends.cpu.stacking import BLOCK, cost_groups
+    x = rng.standard_normal((1, 3, 37, 29)).astype(np.float32) * 3
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Add", ["a", "c1"], ["b"]),
+             helper.make_node("Sigmoid", ["b"], ["s"]), helper.make_node("Tanh", ["s"], ["t"]),
+             helper.make_node("Mul", ["t", "x"], ["m"]), helper.make_node("Erf", ["m"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y", "s"],
+                       {"c1": rng.standard_normal((1, 3, 1, 1)).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu")
+    steps = _steps(compiled)
+    assert len(steps) == 1 and 37 * 29 >= 2 * BLOCK and (37 * 29) % BLOCK
+    assert [[i.kind for i in g] for g in cost_groups(steps[0], compiled.registry)] == [
+        ["Relu", "Add", "Sigmoid"], ["Tanh", "Mul"], ["Erf"]]
+    assert "alloca [%d x float]" % BLOCK in compiled._runner.ir
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-5, atol=1e-6)
+
+
 def test_residual_add_and_relu_run_in_the_conv_store():
     x = rng.standard_normal((1, 16, 9, 9)).astype(np.float32)
     w = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype(np.float32)
@@ -57,3 +78,58 @@ def test_bias_and_clip_run_in_the_matmul_store():
     kinds = [[i.kind for i in s.instrs] for s in _steps(compiled)]
     assert ["BatchMatMul", "Add", "Clip"] in kinds, kinds
     assert_close(compiled.run({"a": a}), run_ort(model, {"a": a}), rtol=1e-4, atol=1e-5)
+
+
+def test_constant_gemm_operands_are_packed_at_compile_time():
+    """Conv weights (A: blocks of MR rows) and a MatMul's constant right-hand side (B:
+    NR-wide panels) are repacked when the cpu backend builds the module; shapes that leave
+    partial blocks and panels (M, N not multiples of the tile) still match onnxruntime."""
+    from glowgen.backends.cpu.packing import pack_panels, pack_rows
+    a = np.arange(3 * 5, dtype=np.float32).reshape(3, 5)
+    pa = pack_rows(a, 2)                                   # [2 blocks, K=5, MR=2]
+    assert pa.shape == (2, 5, 2) and pa[0, 3].tolist() == [a[0, 3], a[1, 3]] and pa[1, 4].tolist() == [a[2, 4], 0]
+    pb = pack_panels(a.T.copy(), 2)                        # [K=5, N=3] -> [2 panels, 5, NR=2]
+    assert pb.shape == (2, 5, 2) and pb[1, 2].tolist() == [a[2, 2], 0]
+
+    x = rng.standard_normal((1, 6, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((20, 3, 3, 3)).astype(np.float32)      # 2 groups of 10 filters
+    rhs = rng.standard_normal((81, 37)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], group=2, pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "s"], ["c2"]), helper.make_node("MatMul", ["c2", "rhs"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": w, "rhs": rhs, "s": np.array([20, 81], np.int64)})
+    compiled = glowgen.compile(model, backend="cpu")
+    assert sorted(getattr(i, "packed", "-") for i in compiled.program.instrs if i.kind in ("Conv", "BatchMatMul")) == ["a", "b"]
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+def test_outputs_are_fresh_arrays_the_caller_owns():
+    """Outputs are written in place by native code (no copy), yet each name gets its own
+    array, and an array the caller still holds is never reused by a later run."""
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Identity", ["y"], ["z"])]
+    model = make_model(nodes, {"x": x}, ["y", "z"])
+    compiled = glowgen.compile(model, backend="cpu")
+    first = compiled.run({"x": x})
+    assert not np.shares_memory(first["y"], first["z"])
+    kept = first["y"].copy()
+    second = compiled.run({"x": -x})
+    np.testing.assert_array_equal(first["y"], kept)
+    np.testing.assert_array_equal(second["y"], np.maximum(-x, 0))
+
+
+def test_profile_counts_cycles_per_kernel():
+    from glowgen.errors import GlowgenError
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": rng.standard_normal((8, 3, 3, 3)).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu", profile=True)
+    for _ in range(3):
+        out = compiled.run({"x": x})
+    assert_close(out, run_ort(model, {"x": x}), rtol=1e-5, atol=1e-5)
+    rows = compiled.profile(reset=True)
+    assert [name for name, _ in rows] == ["Conv+Relu [1, 8, 6, 6] 3x3 stride 1x1", "MaxPool [1, 8, 3, 3]"]
+    assert all(cycles > 0 for _, cycles in rows)
+    assert all(cycles == 0 for _, cycles in compiled.profile())
+    with pytest.raises(GlowgenError, match="profile=True"):
+        glowgen.compile(model, backend="cpu").profile()

@@ -164,3 +164,34 @@ def test_cli_help_teaches():
 def test_cli_ops_lists_ops():
     r = cli("ops")
     assert r.returncode == 0 and "Conv" in r.stdout and "primitive" in r.stdout
+
+
+@pytest.mark.parametrize("x, attrs, message", [
+    (np.zeros((1, 1, 2, 2), np.int32), {"mode": "linear"},
+     "linear and cubic Resize of integer tensors is not supported"),
+    (np.zeros((1, 1, 2, 2), np.float32), {"mode": "area"}, "mode must be nearest, linear or cubic"),
+    (np.zeros((1, 1, 2, 2), np.float32), {"coordinate_transformation_mode": "center"},
+     "coordinate_transformation_mode must be one of"),
+])
+def test_unsupported_resize_is_named(x, attrs, message):
+    node = helper.make_node("Resize", ["x", "", "s"], ["y"], **attrs)
+    model = make_model([node], {"x": x}, ["y"], {"s": np.array([1, 1, 2, 2], np.float32)}, opset=19)
+    with pytest.raises(GlowgenError, match=message):
+        glowgen.compile(model)
+
+
+def test_col2im_with_the_wrong_block_count_is_named():
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"])
+    model = make_model([node], {"x": np.zeros((1, 4, 5), np.float32)}, ["y"],
+                       {"image": np.array([3, 3], np.int64), "block": np.array([2, 2], np.int64)}, opset=18)
+    with pytest.raises(GlowgenError, match="the last dimension must count the blocks"):
+        glowgen.compile(model)
+
+
+def test_gridsample_with_a_mismatched_grid_is_named():
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"])
+    model = make_model([node], {"x": np.zeros((1, 1, 3, 3), np.float32), "grid": np.zeros((1, 2, 2, 3), np.float32)},
+                       ["y"], opset=16)
+    model.graph.output[0].CopyFrom(helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 2, 2]))
+    with pytest.raises(GlowgenError, match="grid must be"):
+        glowgen.compile(model)

@@ -61,6 +61,15 @@ def graph_case(nodes, inputs, consts=None, outputs=("y",), opset=17):
     return {"model": make_model(made, inputs, list(outputs), consts, opset=opset), "feeds": inputs}
 
 
+def _resize_case(inputs, consts, **attrs):
+    """ONNX Resize (opset 19) of inputs[x] with the given roi / scales / sizes constants."""
+    names = ["x"] + [n if n in consts else "" for n in ("roi", "scales", "sizes")]
+    while names[-1] == "":
+        names.pop()
+    node = helper.make_node("Resize", names, ["y"], **attrs)
+    return {"model": make_model([node], inputs, ["y"], consts, opset=19), "feeds": inputs}
+
+
 def binary_text(op, lhs_shape, const, x):
     """text graph `y = op(x, c)` for a constant c, with an ONNX model of the same as oracle."""
     dims = ", ".join(map(str, x.shape))
@@ -119,6 +128,49 @@ _fc_text = f"""graph fc {{
 """
 
 
+# ---- float16 legalization: the primitive in f16 (textual), oracle = the same ONNX op in f32
+# on onnxruntime, rounded once to f16 (the semantics the rule implements).
+_rng16 = np.random.default_rng(16)      # its own stream: the other cases' data stays as it was
+
+
+def _h16(*shape):
+    return _rng16.uniform(-1, 1, size=shape).astype(np.float16)
+
+
+def _f16_case(prim, onnx_op, feeds, out_shape, attrs_text="", onnx_attrs=None, onnx_consts=None):
+    def dims(a):
+        return ", ".join(map(str, a))
+    lines = [f"  input %{k}: f16[{dims(v.shape)}]" for k, v in feeds.items()]
+    args = ", ".join(f"%{k}" for k in feeds)
+    attrs = f" {{{attrs_text}}}" if attrs_text else ""
+    text = ("graph g {\n" + "\n".join(lines) + "\n"
+            f"  %y = {prim}({args}){attrs} : f16[{dims(out_shape)}]\n  output \"y\" = %y\n}}\n")
+    names = list(feeds) + list(onnx_consts or {})
+    model = make_model([helper.make_node(onnx_op, names, ["y"], **(onnx_attrs or {}))],
+                       {k: v.astype(np.float32) for k, v in feeds.items()}, ["y"], onnx_consts)
+
+    def oracle(f):
+        wide = run_ort(model, {k: v.astype(np.float32) for k, v in f.items()})
+        return {k: v.astype(np.float16) for k, v in wide.items()}
+    # One f16 ulp (~1e-3 relative) of slack: the f32 sums may round to either neighbour
+    # when they land next to a half-way point, depending on summation order.
+    return dict(text_case(text, feeds, oracle), rtol=1e-3, atol=1e-3)
+
+
+_reflect_text = """graph reflect {
+  input %x: f32[7]
+  const %lo: f32[] = dense<[-0.5]>
+  const %hi: f32[] = dense<[2.5]>
+  %y = Reflect(%x, %lo, %hi) : f32[7]
+  output "y" = %y
+}
+"""
+# Reflection into [-0.5, 2.5] (span 3), written out: past the low border by 1.25 lands at
+# 0.75; past the high border by 4 (one whole span and 1 more) lands 1 above the low border;
+# past the low border by 6.5 (two spans and 0.5) lands 0.5 above it again.
+_REFLECT_X = np.array([-1.75, 0.3, 2.5, 6.5, -7.0, 3.0, 12.25], np.float32)
+_REFLECT_Y = np.array([0.75, 0.3, 2.5, 0.5, 0.0, 2.0, 0.25], np.float32)
+
 # Quantization cases draw from their own generator, so the cases above keep their data.
 _qrng = np.random.default_rng(2025)
 
@@ -143,6 +195,20 @@ _quant_param_blocked_text = """graph qp {
 """
 
 CASES = {
+    "f16_matmul_in_f32": _f16_case("BatchMatMul", "MatMul", {"a": _h16(2, 3, 40), "b": _h16(2, 40, 4)}, (2, 3, 4)),
+    "f16_conv_in_f32": _f16_case(
+        "Conv", "Conv", {"x": _h16(1, 4, 6, 6), "w": _h16(3, 4, 3, 3), "b": _h16(3)}, (1, 3, 6, 6),
+        "strides = [1, 1], pads = [1, 1, 1, 1], dilations = [1, 1], group = 1", {"pads": [1, 1, 1, 1]}),
+    "f16_convn_in_f32": _f16_case(
+        "ConvN", "Conv", {"x": _h16(1, 4, 9), "w": _h16(3, 4, 3), "b": _h16(3)}, (1, 3, 7),
+        "strides = [1], pads = [0, 0], dilations = [1], group = 1"),
+    "f16_reducesum_in_f32": _f16_case("ReduceSum", "ReduceSum", {"x": _h16(3, 50)}, (3, 1),
+                                      "axes = [1], keepdims = 1",
+                                      onnx_consts={"axes": np.array([1], np.int64)}),
+    "f16_avgpool_in_f32": _f16_case(
+        "AvgPool", "AveragePool", {"x": _h16(1, 2, 6, 6)}, (1, 2, 3, 3),
+        "kernel = [2, 2], strides = [2, 2], pads = [0, 0, 0, 0], ceil_mode = 0, count_include_pad = 0",
+        {"kernel_shape": [2, 2], "strides": [2, 2]}),
     "identity_remove": onnx_case("Identity", {"x": f32(2, 3)}),
     "dropout_remove": onnx_case("Dropout", {"x": f32(2, 3)}),
     "dropout_mask": onnx_case("Dropout", {"x": f32(2, 3)}, outputs=("y", "mask")),
@@ -280,6 +346,33 @@ CASES = {
                                   attrs={"dilations": [2]}),
     "maxpooln_1d": onnx_case("MaxPool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [3], "strides": [2]}),
     "avgpooln_1d": onnx_case("AveragePool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [3], "pads": [1, 1]}),
+    # ---- legacy broadcasting
+    "legacy_broadcast_expand": onnx_case("Add", {"a": f32(2, 3, 4), "b": f32(3)},
+                                         attrs={"broadcast": 1, "axis": 1}, opset=6)
+    | {"oracle": lambda f: {"y": f["a"] + f["b"][:, None]}},
+    # ---- pooling as window sums
+    "avgpool_dilated_to_conv": onnx_case("AveragePool", {"x": f32(1, 1, 5, 4)},
+                                         attrs={"kernel_shape": [2, 2], "dilations": [2, 1], "pads": [1, 0, 0, 1]},
+                                         opset=19),
+    "lppool_to_conv": onnx_case("LpPool", {"x": f32(1, 2, 4)}, attrs={"kernel_shape": [2], "p": 3}, opset=18),
+    "col2im_to_convtranspose": onnx_case("Col2Im", {"x": f32(1, 4, 4)},
+                                         consts={"image": np.array([3, 3], np.int64),
+                                                 "block": np.array([2, 2], np.int64)}, opset=18),
+    # ---- grid sampling
+    "gridsample_expand": _with_reference(onnx_case(
+        "GridSample", {"x": f32(1, 2, 3, 4), "grid": f32(1, 2, 3, 2)},
+        attrs={"mode": "linear", "padding_mode": "zeros"}, opset=20)),
+    "reflect_expand": text_case(_reflect_text, {"x": _REFLECT_X}, lambda f: {"y": _REFLECT_Y}),
+    # ---- spatial resampling
+    "resize_identity": _resize_case({"x": f32(2, 3)}, {"scales": np.array([1, 1], np.float32)}),
+    "resize_one_axis_at_a_time": _resize_case({"x": f32(1, 1, 2, 2)},
+                                              {"scales": np.array([1, 1, 2, 1.5], np.float32)}),
+    "resize_nearest_gather": _resize_case({"x": f32(2, 3)}, {"sizes": np.array([2, 5], np.int64)},
+                                          nearest_mode="floor"),
+    "resize_axis_taps": _resize_case({"x": f32(4, 2)}, {"roi": np.array([-0.2, 1.1], np.float32),
+                                                        "sizes": np.array([3], np.int64)},
+                                     mode="linear", coordinate_transformation_mode="tf_crop_and_resize",
+                                     extrapolation_value=5.0, axes=[0]),
     # ---- quantization
     "quant_param_to_reshape": text_case(_quant_param_axis_text, {"p": _QP_AXIS},
                                         lambda f: {"y": f["p"].reshape(3, 1)}),
@@ -390,4 +483,5 @@ def test_rule_golden(rule_name, request):
     oracle = case.get("oracle", case.get("model"))
     expected = run_ort(oracle, case["feeds"]) if hasattr(oracle, "graph") else oracle(case["feeds"])
     for k, v in expected.items():
-        np.testing.assert_allclose(actual[k], v, rtol=1e-5, atol=1e-6, err_msg=f"{rule_name}: {k}")
+        np.testing.assert_allclose(actual[k], v, rtol=case.get("rtol", 1e-5), atol=case.get("atol", 1e-6),
+                                   err_msg=f"{rule_name}: {k}")

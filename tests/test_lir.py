@@ -38,7 +38,7 @@ def test_allocator_never_overlaps_live_buffers(specs):
 
 
 def _compiled(path):
-    return glowgen.compile(path)
+    return glowgen.compile(path, backend="interpreter")
 
 
 def test_wrong_plan_gives_wrong_numbers():
@@ -62,7 +62,7 @@ def test_reshape_relu_reshape_has_no_copies():
              helper.make_node("Reshape", ["b", "s2"], ["y"])]
     model = make_model(nodes, {"x": x}, ["y"], {"s1": np.array([6, 4], np.int64),
                                                 "s2": np.array([4, 6], np.int64)})
-    compiled = glowgen.compile(model)
+    compiled = glowgen.compile(model, backend="interpreter")
     text = print_program(compiled.program)
     assert " copy " not in text and "allocactivation" not in text, text
     assert "tensorview" in text
@@ -74,7 +74,7 @@ def test_elementwise_chain_runs_in_place():
     nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Exp", ["a"], ["b"]),
              helper.make_node("Neg", ["b"], ["c"]), helper.make_node("Sigmoid", ["c"], ["y"])]
     model = make_model(nodes, {"x": x}, ["y"])
-    compiled = glowgen.compile(model)
+    compiled = glowgen.compile(model, backend="interpreter")
     rep = memory_report(compiled.program)
     assert rep["activation_bytes"] == 128 and rep["copies"] == 0   # one 4x8 buffer, reused
     np.testing.assert_allclose(compiled.run({"x": x})["y"], run_ort(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)
@@ -92,7 +92,7 @@ def test_lir_matches_graph_evaluation_on_light_models(name):
 
 
 def _memory_figures(path):
-    rep = memory_report(glowgen.compile(path).program)
+    rep = memory_report(glowgen.compile(path, backend="interpreter").program)
     print(f"\n{path.name}: arena {rep['activation_bytes']:,} B, max-live {rep['max_live_bytes']:,} B, "
           f"naive {rep['naive_activation_bytes']:,} B, arena/max-live {rep['arena_over_max_live']:.3f}, "
           f"arena/naive {rep['arena_over_naive']:.3f} ({rep['strategy']})")

@@ -298,6 +298,67 @@ CASES = [
          attrs={"strides": [2, 2], "pads": [1, 0, 1, 1], "output_padding": [1, 0]}, rtol=1e-4, atol=1e-5),
     Case("ConvTranspose_1d_group", "ConvTranspose", {"x": f32(1, 4, 5)}, consts={"w": f32(4, 1, 3)},
          attrs={"group": 2, "dilations": [2]}, rtol=1e-4, atol=1e-5),
+    # ---- spatial resampling (Resize, Upsample): one interpolation matrix per resized axis
+    Case("Resize_linear_scales", "Resize", {"x": f32(1, 2, 3, 4)},
+         consts={"scales": np.array([1, 1, 2.0, 1.5], np.float32)}, attrs={"mode": "linear"},
+         opset=19, input_order=["x", "", "scales"]),
+    Case("Resize_cubic_sizes_align_corners", "Resize", {"x": f32(2, 5, 6)},
+         consts={"sizes": np.array([2, 3, 9], np.int64)},
+         attrs={"mode": "cubic", "coordinate_transformation_mode": "align_corners", "cubic_coeff_a": -0.5},
+         opset=13, input_order=["x", "", "", "sizes"], oracle="reference", rtol=1e-4, atol=1e-5),
+    Case("Resize_cubic_antialias_exclude_outside", "Resize", {"x": f32(1, 1, 9, 7)},
+         consts={"sizes": np.array([4, 3], np.int64)},
+         attrs={"mode": "cubic", "antialias": 1, "exclude_outside": 1, "axes": [2, 3]},
+         opset=18, input_order=["x", "", "", "sizes"], oracle="reference", rtol=1e-4, atol=1e-5),
+    Case("Resize_nearest_uint8_not_larger", "Resize", {"x": i64(1, 2, 4, 5, lo=0, hi=200).astype(np.uint8)},
+         consts={"sizes": np.array([7, 8], np.int64)},
+         attrs={"axes": [3, 2], "keep_aspect_ratio_policy": "not_larger", "nearest_mode": "ceil",
+                "coordinate_transformation_mode": "asymmetric"},
+         opset=18, input_order=["x", "", "", "sizes"], oracle="reference"),
+    Case("Resize_tf_crop_and_resize_extrapolation", "Resize", {"x": f32(1, 1, 4, 4)},
+         consts={"roi": np.array([0.2, -0.3, 0.9, 1.2], np.float32), "sizes": np.array([3, 5], np.int64)},
+         attrs={"mode": "linear", "coordinate_transformation_mode": "tf_crop_and_resize",
+                "extrapolation_value": 7.5, "axes": [2, 3]},
+         opset=18, input_order=["x", "roi", "", "sizes"], oracle="reference", rtol=1e-5, atol=1e-5),
+    Case("Resize_opset10_nearest", "Resize", {"x": f32(1, 1, 2, 3)},
+         consts={"scales": np.array([1, 1, 2, 3], np.float32)}, opset=10, input_order=["x", "scales"]),
+    # ---- pooling as window sums (a depthwise convolution with ones)
+    Case("AveragePool_dilated_ceil", "AveragePool", {"x": f32(1, 2, 7, 6)},
+         attrs={"kernel_shape": [3, 2], "dilations": [2, 3], "strides": [2, 1], "pads": [1, 0, 2, 1],
+                "ceil_mode": 1}, opset=19, rtol=1e-4, atol=1e-5),
+    Case("AveragePool_dilated_count_pads", "AveragePool", {"x": f32(1, 1, 5, 5, 5)},
+         attrs={"kernel_shape": [2, 2, 2], "dilations": [2, 1, 2], "pads": [1, 1, 0, 1, 0, 1],
+                "count_include_pad": 1}, opset=19, rtol=1e-4, atol=1e-5),
+    Case("AveragePool_unit_dilations", "AveragePool", {"x": f32(1, 2, 5, 5)},
+         attrs={"kernel_shape": [2, 2], "dilations": [1, 1]}, opset=19),
+    Case("LpPool", "LpPool", {"x": f32(1, 2, 6, 5)},
+         attrs={"kernel_shape": [3, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]}, rtol=1e-4, atol=1e-5),
+    Case("LpPool_p3_dilated_1d", "LpPool", {"x": f32(2, 3, 9)},
+         attrs={"kernel_shape": [3], "p": 3, "dilations": [2]}, opset=18, rtol=1e-4, atol=1e-5),
+    Case("Col2Im", "Col2Im", {"x": f32(2, 2 * 6, 9)},
+         consts={"image": np.array([5, 6], np.int64), "block": np.array([2, 3], np.int64)},
+         attrs={"strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 0, 1]}, opset=18),
+    # ---- grid sampling (positions from a tensor: interpolation computed in the graph)
+    Case("GridSample", "GridSample", {"x": f32(2, 3, 4, 5), "grid": f32(2, 3, 2, 2, lo=-1.3, hi=1.3)},
+         opset=16, rtol=1e-4, atol=1e-5),
+    Case("GridSample_nearest_border_align", "GridSample",
+         {"x": f32(1, 2, 3, 4), "grid": f32(1, 4, 3, 2, lo=-1.6, hi=1.6)},
+         attrs={"mode": "nearest", "padding_mode": "border", "align_corners": 1}, opset=16),
+    Case("GridSample_bicubic_reflection", "GridSample",
+         {"x": f32(1, 2, 4, 5), "grid": f32(1, 3, 3, 2, lo=-3.5, hi=3.5)},
+         attrs={"mode": "bicubic", "padding_mode": "reflection"}, opset=16, rtol=1e-4, atol=1e-5),
+    Case("GridSample_volumetric_reflection", "GridSample",
+         {"x": f32(1, 2, 3, 4, 2), "grid": f32(1, 2, 2, 3, 3, lo=-2.5, hi=2.5)},
+         attrs={"mode": "linear", "padding_mode": "reflection", "align_corners": 1}, opset=20,
+         oracle="reference", rtol=1e-4, atol=1e-5),
+    Case("Upsample", "Upsample", {"x": f32(1, 2, 2, 2)},
+         consts={"scales": np.array([1, 1, 2, 3], np.float32)}, opset=9, input_order=["x", "scales"]),
+    Case("Upsample_opset8_linear", "Upsample", {"x": f32(1, 2, 3, 2)},
+         attrs={"scales": [1.0, 1.0, 2.0, 2.5], "mode": "linear"}, opset=8, rtol=1e-5, atol=1e-5),
+    Case("Resize_opset11_linear_asymmetric", "Resize", {"x": f32(2, 3, 4)},
+         consts={"roi": np.zeros(0, np.float32), "scales": np.array([1, 0.5, 1.75], np.float32)},
+         attrs={"mode": "linear", "coordinate_transformation_mode": "asymmetric"}, opset=11,
+         input_order=["x", "roi", "scales"], rtol=1e-5, atol=1e-5),
     # ---- quantization: lowered to Cast, Div/Mul, Round, Clip, MatMul (i32) and Conv (f64)
     Case("QuantizeLinear", "QuantizeLinear", {"x": f32(2, 3, lo=-300, hi=300)},
          consts={"s": np.float32(2.5), "z": np.uint8(100)}, opset=13),
@@ -417,6 +478,27 @@ def test_every_onnx_mapping_is_exercised():
     tested = {c.op for c in CASES}
     untested = sorted(set(Registry.default().onnx) - tested)
     assert not untested, f"ONNX ops without a test case: {untested}"
+
+
+# ---- opset 6 broadcasting with an axis (neither oracle runs it: onnxruntime has no kernels
+# below opset 7 and the reference evaluator rejects the attributes), against NumPy written
+# from the opset-6 definition: the rhs lines up with the lhs dimensions from `axis` on.
+LEGACY = [
+    ("Add", f32(2, 3, 4), f32(3), {"broadcast": 1, "axis": 1}, lambda a, b: a + b[:, None]),
+    ("Sub", f32(2, 3, 4), f32(2, 1), {"broadcast": 1, "axis": 0}, lambda a, b: a - b[:, :, None]),
+    ("Mul", f32(2, 3, 4), f32(4), {"broadcast": 1, "axis": -1}, lambda a, b: a * b),
+    ("Div", f32(2, 3, 4), pos(3, 4), {"broadcast": 1, "axis": 1}, lambda a, b: a / b),
+    ("PRelu", f32(2, 3, 4, 5), pos(3), {}, lambda a, b: np.where(a < 0, a * b[:, None, None], a)),
+]
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+@pytest.mark.parametrize("op, a, b, attrs, oracle", LEGACY, ids=[c[0] for c in LEGACY])
+def test_opset6_broadcast_with_axis(op, a, b, attrs, oracle, backend):
+    node = helper.make_node(op, ["a", "b"], ["y"], **attrs)
+    model = make_model([node], {"a": a, "b": b}, ["y"], opset=6)
+    actual = run_glowgen(model, {"a": a, "b": b}, backend=backend)
+    assert_close(actual, {"y": oracle(a, b)}, rtol=1e-5, atol=1e-6)
 
 
 # ---- quantization: bad input gets a clear error naming the parameter

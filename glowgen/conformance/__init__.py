@@ -263,7 +263,7 @@ class _Slot:
         self.parent.close()
 
 
-def run_cases(cases: list[Case], backend: str = "interpreter", jobs: Optional[int] = None,
+def run_cases(cases: list[Case], backend: str = "cpu", jobs: Optional[int] = None,
               timeout: float = 60.0, progress=None) -> list[Result]:
     """Run every case in worker subprocesses (forked, `jobs` of them) with a per-case timeout."""
     global _CASES

@@ -23,7 +23,7 @@ KERNEL_FUNCS = {
     "tan": 1, "asin": 1, "acos": 1, "atan": 1, "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1,
     "atanh": 1, "fmod": 2, "bitand": 2, "bitor": 2, "bitxor": 2, "bitnot": 1, "shl": 2, "shr": 2, "rem": 2,
     # Bit-level float primitives for range reductions (semantics in backends/cpu/scalar.py).
-    "trunc": 1, "ldexp": 2, "frexp_mant": 1, "frexp_exp": 1, "fma": 3, "copysign": 2,
+    "trunc": 1, "ldexp": 2, "scale2": 2, "frexp_mant": 1, "frexp_exp": 1, "fma": 3, "copysign": 2,
 }
 _BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "**": "pow",
            "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne",

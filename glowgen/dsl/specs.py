@@ -21,7 +21,7 @@ SPEC_FILES = ("ops.glowdef", "lowerings.glowdef", "cpu_kernels.glowdef")
 #   view         the result is the operand's bytes with another type (no data moves)
 TRAITS = {"elementwise", "broadcast", "commutative", "primitive", "inplace", "shape_only", "view"}
 ATTR_KINDS = {"int", "ints", "float", "floats", "string", "dtype"}
-PHASES = ("canonicalize", "lower")
+PHASES = ("canonicalize", "lower", "legalize")
 
 
 @attrs.define

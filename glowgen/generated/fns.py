@@ -17,20 +17,25 @@ def fn_pool_out(i, k, p0, p1, s, d, ceil_mode):
 
 
 def fn_per_row(p, s):
-    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1397:1)"""
+    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1590:1)"""
     return sl.b_param_along(p, s[rt.neg(2)], rt.sub(rt.b_len(s), 2), rt.b_len(s))
 
 
 def fn_per_column(p, s):
-    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1398:1)"""
+    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1591:1)"""
     return sl.b_param_along(p, s[rt.neg(1)], rt.sub(rt.b_len(s), 1), rt.b_len(s))
 
 
 def fn_per_filter(p, s):
-    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1399:1)"""
+    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1592:1)"""
     return sl.b_param_along(p, s[0], 0, rt.b_len(s))
 
 
 def fn_per_out_channel(p, m, rank):
-    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1400:1)"""
+    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1593:1)"""
     return sl.b_param_along(p, m, 1, rank)
+
+
+def fn_resize_args(r, n):
+    """resize_args(r, n) = [n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias]  (specs/lowerings.glowdef:524:1)"""
+    return (n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias, )

@@ -21,10 +21,12 @@ _Add_0_clause = OnnxClause(onnx_op='Add', op='Add', since=7, until=None, inputs=
 def _Add_1(o):
     """ONNX Add -> Add (specs/ops.glowdef:33:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:33:30')
     return attrs
 
-_Add_1_clause = OnnxClause(onnx_op='Add', op='Add', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:33:3', guard=None)
+def _Add_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Add_1_clause = OnnxClause(onnx_op='Add', op='Add', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:33:3', guard=_Add_1_guard)
 
 
 def _Sub_0(o):
@@ -38,10 +40,12 @@ _Sub_0_clause = OnnxClause(onnx_op='Sub', op='Sub', since=7, until=None, inputs=
 def _Sub_1(o):
     """ONNX Sub -> Sub (specs/ops.glowdef:43:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:43:30')
     return attrs
 
-_Sub_1_clause = OnnxClause(onnx_op='Sub', op='Sub', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:43:3', guard=None)
+def _Sub_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Sub_1_clause = OnnxClause(onnx_op='Sub', op='Sub', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:43:3', guard=_Sub_1_guard)
 
 
 def _Mul_0(o):
@@ -55,10 +59,12 @@ _Mul_0_clause = OnnxClause(onnx_op='Mul', op='Mul', since=7, until=None, inputs=
 def _Mul_1(o):
     """ONNX Mul -> Mul (specs/ops.glowdef:53:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:53:30')
     return attrs
 
-_Mul_1_clause = OnnxClause(onnx_op='Mul', op='Mul', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:53:3', guard=None)
+def _Mul_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Mul_1_clause = OnnxClause(onnx_op='Mul', op='Mul', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:53:3', guard=_Mul_1_guard)
 
 
 def _Div_0(o):
@@ -72,10 +78,12 @@ _Div_0_clause = OnnxClause(onnx_op='Div', op='Div', since=7, until=None, inputs=
 def _Div_1(o):
     """ONNX Div -> Div (specs/ops.glowdef:63:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:63:30')
     return attrs
 
-_Div_1_clause = OnnxClause(onnx_op='Div', op='Div', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:63:3', guard=None)
+def _Div_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Div_1_clause = OnnxClause(onnx_op='Div', op='Div', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:63:3', guard=_Div_1_guard)
 
 
 def _Pow_0(o):
@@ -89,10 +97,12 @@ _Pow_0_clause = OnnxClause(onnx_op='Pow', op='Pow', since=7, until=None, inputs=
 def _Pow_1(o):
     """ONNX Pow -> Pow (specs/ops.glowdef:73:3)."""
     attrs = {}
-    o.check((not rt.b_defined(o.attr('axis', None))), 'legacy broadcasting with axis is not supported', 'specs/ops.glowdef:73:22')
     return attrs
 
-_Pow_1_clause = OnnxClause(onnx_op='Pow', op='Pow', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:73:3', guard=None)
+def _Pow_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
+
+_Pow_1_clause = OnnxClause(onnx_op='Pow', op='Pow', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:73:3', guard=_Pow_1_guard)
 
 
 def _Equal_0(o):
@@ -835,7 +845,7 @@ def _AvgPool_0(o):
     return attrs
 
 def _AvgPool_0_guard(o):
-    return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1)))))
+    return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1))))
 
 _AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:714:3', guard=_AvgPool_0_guard)
 
@@ -1212,7 +1222,10 @@ def _PRelu_0(o):
     attrs = {}
     return attrs
 
-_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:1039:3', guard=None)
+def _PRelu_0_guard(o):
+    return bool(((rt.ge(o.opset, 7) or rt.ne(rt.b_len(o.input('slope').shape), 1)) or rt.lt(rt.b_rank(o.input('X')), 2)))
+
+_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:1039:3', guard=_PRelu_0_guard)
 
 
 def _CastLike_0(o):
@@ -1580,13 +1593,15 @@ def _AvgPoolN_0(o):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    o.check(((not rt.b_defined(o.attr('dilations', None))) or rt.b_all(rt.eq(o.attr('dilations', None), 1))), 'dilated average pooling is not supported', 'specs/ops.glowdef:1350:5')
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1351:5', lambda: o.attr('kernel_shape', None))
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1352:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1353:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1348:3', guard=None)
+def _AvgPoolN_0_guard(o):
+    return bool(((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1)))
+
+_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1348:3', guard=_AvgPoolN_0_guard)
 
 
 def _ConvTranspose_0(o):
@@ -1606,87 +1621,350 @@ def _ConvTranspose_0(o):
 _ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1370:3', guard=None)
 
 
+def _Resize_0(o):
+    """ONNX Resize -> Resize (specs/ops.glowdef:1413:3)."""
+    attrs = {}
+    if o.has_attr('antialias'):
+        attrs['antialias'] = o.attr('antialias')
+    else:
+        attrs['antialias'] = 0
+    if o.has_attr('extrapolation_value'):
+        attrs['extrapolation_value'] = o.attr('extrapolation_value')
+    else:
+        attrs['extrapolation_value'] = 0.0
+    if o.has_attr('exclude_outside'):
+        attrs['exclude_outside'] = o.attr('exclude_outside')
+    else:
+        attrs['exclude_outside'] = 0
+    if o.has_attr('nearest_mode'):
+        attrs['nearest_mode'] = o.attr('nearest_mode')
+    else:
+        attrs['nearest_mode'] = 'round_prefer_floor'
+    if o.has_attr('coordinate_transformation_mode'):
+        attrs['coordinate_transformation_mode'] = o.attr('coordinate_transformation_mode')
+    else:
+        attrs['coordinate_transformation_mode'] = 'half_pixel'
+    if o.has_attr('cubic_coeff_a'):
+        attrs['cubic_coeff_a'] = o.attr('cubic_coeff_a')
+    else:
+        attrs['cubic_coeff_a'] = -0.75
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1415:5', lambda: sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1417:5', lambda: sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1419:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel')))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1421:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel'))))
+    return attrs
+
+_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1413:3', guard=None)
+
+
+def _Resize_1(o):
+    """ONNX Resize -> Resize (specs/ops.glowdef:1429:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1431:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1432:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1433:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1434:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1436:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1437:5', lambda: 'legacy')
+    return attrs
+
+_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1429:3', guard=None)
+
+
+def _Resize_2(o):
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1439:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1441:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1442:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1443:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1444:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1446:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1447:5', lambda: 'legacy')
+    return attrs
+
+_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1439:3', guard=None)
+
+
+def _Resize_3(o):
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1449:3)."""
+    attrs = {}
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'nearest'
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1451:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1452:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1453:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1454:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1456:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1457:5', lambda: 'legacy')
+    return attrs
+
+_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1449:3', guard=None)
+
+
+def _LegacyBroadcast_0(o):
+    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1473:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1473:89', lambda: 'Add')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1473:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_0_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1473:3', guard=_LegacyBroadcast_0_guard)
+
+
+def _LegacyBroadcast_1(o):
+    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1474:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1474:89', lambda: 'Sub')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1474:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_1_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1474:3', guard=_LegacyBroadcast_1_guard)
+
+
+def _LegacyBroadcast_2(o):
+    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1475:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1475:89', lambda: 'Mul')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1475:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_2_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1475:3', guard=_LegacyBroadcast_2_guard)
+
+
+def _LegacyBroadcast_3(o):
+    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1476:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1476:89', lambda: 'Div')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1476:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    return attrs
+
+def _LegacyBroadcast_3_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1476:3', guard=_LegacyBroadcast_3_guard)
+
+
+def _LegacyBroadcast_4(o):
+    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1477:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1477:81', lambda: 'Pow')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1477:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
+    return attrs
+
+def _LegacyBroadcast_4_guard(o):
+    return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
+
+_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1477:3', guard=_LegacyBroadcast_4_guard)
+
+
+def _LegacyBroadcast_5(o):
+    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1478:3)."""
+    attrs = {}
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1478:56', lambda: 'PRelu')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1478:70', lambda: 1)
+    return attrs
+
+_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1478:3', guard=None)
+
+
+def _AvgPoolDilated_0(o):
+    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1496:3)."""
+    attrs = {}
+    if o.has_attr('count_include_pad'):
+        attrs['count_include_pad'] = o.attr('count_include_pad')
+    else:
+        attrs['count_include_pad'] = 0
+    if o.has_attr('dilations'):
+        attrs['dilations'] = o.attr('dilations')
+    if o.has_attr('ceil_mode'):
+        attrs['ceil_mode'] = o.attr('ceil_mode')
+    else:
+        attrs['ceil_mode'] = 0
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1498:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1499:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1500:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+def _AvgPoolDilated_0_guard(o):
+    return bool((rt.b_defined(o.attr('dilations', None)) and rt.gt(rt.b_max(o.attr('dilations', None)), 1)))
+
+_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1496:3', guard=_AvgPoolDilated_0_guard)
+
+
+def _LpPool_0(o):
+    """ONNX LpPool -> LpPool (specs/ops.glowdef:1517:3)."""
+    attrs = {}
+    if o.has_attr('p'):
+        attrs['p'] = o.attr('p')
+    else:
+        attrs['p'] = 2
+    if o.has_attr('ceil_mode'):
+        attrs['ceil_mode'] = o.attr('ceil_mode')
+    else:
+        attrs['ceil_mode'] = 0
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1519:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1520:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1521:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1522:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1517:3', guard=None)
+
+
+def _Col2Im_0(o):
+    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1541:3)."""
+    attrs = {}
+    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1543:5', lambda: rt.b_ints(o.input('image_shape').value))
+    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1544:5', lambda: rt.b_ints(o.input('block_shape').value))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1545:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1546:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1547:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
+    return attrs
+
+_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1541:3', guard=None)
+
+
+def _GridSample_0(o):
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1562:3)."""
+    attrs = {}
+    if o.has_attr('align_corners'):
+        attrs['align_corners'] = o.attr('align_corners')
+    else:
+        attrs['align_corners'] = 0
+    if o.has_attr('padding_mode'):
+        attrs['padding_mode'] = o.attr('padding_mode')
+    else:
+        attrs['padding_mode'] = 'zeros'
+    if o.has_attr('mode'):
+        attrs['mode'] = o.attr('mode')
+    else:
+        attrs['mode'] = 'linear'
+    return attrs
+
+_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1562:3', guard=None)
+
+
+def _GridSample_1(o):
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1563:3)."""
+    attrs = {}
+    if o.has_attr('align_corners'):
+        attrs['align_corners'] = o.attr('align_corners')
+    else:
+        attrs['align_corners'] = 0
+    if o.has_attr('padding_mode'):
+        attrs['padding_mode'] = o.attr('padding_mode')
+    else:
+        attrs['padding_mode'] = 'zeros'
+    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1565:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
+    return attrs
+
+_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1563:3', guard=None)
+
+
 def _QuantizeLinear_0(o):
-    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1414:3)."""
+    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1607:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1416:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1417:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
-    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1418:5', lambda: (sl.b_onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.b_float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1609:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1610:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
+    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1611:5', lambda: (sl.b_onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.b_float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
     return attrs
 
-_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1414:3', guard=None)
+_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1607:3', guard=None)
 
 
 def _DequantizeLinear_0(o):
-    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1433:3)."""
+    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1626:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1435:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1436:5', lambda: (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1628:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1629:5', lambda: (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
     return attrs
 
-_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1433:3', guard=None)
+_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1626:3', guard=None)
 
 
 def _QLinearMatMul_0(o):
-    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1462:3)."""
+    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1655:3)."""
     attrs = {}
     return attrs
 
-_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1462:3', guard=None)
+_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1655:3', guard=None)
 
 
 def _MatMulInteger_0(o):
-    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1472:3)."""
+    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1665:3)."""
     attrs = {}
-    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1474:5')
+    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1667:5')
     return attrs
 
-_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1472:3', guard=None)
+_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1665:3', guard=None)
 
 
 def _ConvInteger_0(o):
-    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1491:3)."""
+    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1684:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1493:5')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1495:5')
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1496:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1497:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1498:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1686:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1688:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1689:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1690:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1691:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1491:3', guard=None)
+_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1684:3', guard=None)
 
 
 def _QLinearConv_0(o):
-    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1519:3)."""
+    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1712:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1522:5')
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1523:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1524:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1525:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1715:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1716:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1717:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1718:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1519:3', guard=None)
+_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1712:3', guard=None)
 
 
 def _DFT_0(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1542:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1735:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -1696,15 +1974,15 @@ def _DFT_0(o):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1544:5', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1545:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1737:5', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1738:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1542:3', guard=None)
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1735:3', guard=None)
 
 
 def _DFT_1(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1548:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1741:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -1714,36 +1992,36 @@ def _DFT_1(o):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1550:5', lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1551:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1743:5', lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1744:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1548:3', guard=None)
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1741:3', guard=None)
 
 
 def _Compress_0(o):
-    """ONNX Compress -> Compress (specs/ops.glowdef:1565:3)."""
+    """ONNX Compress -> Compress (specs/ops.glowdef:1758:3)."""
     attrs = {}
-    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1567:5', lambda: sl.b_true_positions(o.input('condition').value))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1568:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
-    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1569:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1760:5', lambda: sl.b_true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1761:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1762:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
     return attrs
 
-_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1565:3', guard=None)
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1758:3', guard=None)
 
 
 def _STFT_0(o):
-    """ONNX STFT -> STFT (specs/ops.glowdef:1583:3)."""
+    """ONNX STFT -> STFT (specs/ops.glowdef:1776:3)."""
     attrs = {}
     if o.has_attr('onesided'):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 1
-    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1585:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
-    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1586:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1778:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1779:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
     return attrs
 
-_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1583:3', guard=None)
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1776:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,
@@ -1891,6 +2169,21 @@ CLAUSES = (
     _MaxPoolN_0_clause,
     _AvgPoolN_0_clause,
     _ConvTranspose_0_clause,
+    _Resize_0_clause,
+    _Resize_1_clause,
+    _Resize_2_clause,
+    _Resize_3_clause,
+    _LegacyBroadcast_0_clause,
+    _LegacyBroadcast_1_clause,
+    _LegacyBroadcast_2_clause,
+    _LegacyBroadcast_3_clause,
+    _LegacyBroadcast_4_clause,
+    _LegacyBroadcast_5_clause,
+    _AvgPoolDilated_0_clause,
+    _LpPool_0_clause,
+    _Col2Im_0_clause,
+    _GridSample_0_clause,
+    _GridSample_1_clause,
     _QuantizeLinear_0_clause,
     _DequantizeLinear_0_clause,
     _QLinearMatMul_0_clause,

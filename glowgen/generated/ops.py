@@ -6319,6 +6319,442 @@ class ConvTranspose(Node):
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
+class Resize(Node):
+    """Resample x along `axes` to `sizes` (ONNX Resize and Upsample): nearest, linear or cubic, with ONNX's coordinate transforms. `scales` and `roi` (starts..., ends...) cover every dimension; `axes` lists the dimensions still to resample.
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *resize_shape(S, sizes, axes)]
+    Attributes:
+        axes: ints
+        sizes: ints
+        scales: floats
+        roi: floats
+        mode: string = "nearest"
+        coordinate_transformation_mode: string = "half_pixel"
+        nearest_mode: string = "round_prefer_floor"
+        cubic_coeff_a: float = -0.75
+        exclude_outside: int = 0
+        extrapolation_value: float = 0.0
+        antialias: int = 0
+    Declared at specs/ops.glowdef:1385:1.
+    """
+
+    OP: ClassVar[str] = 'Resize'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), AttrInfo('sizes', 'ints', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('roi', 'floats', None, False), AttrInfo('mode', 'string', 'nearest', True), AttrInfo('coordinate_transformation_mode', 'string', 'half_pixel', True), AttrInfo('nearest_mode', 'string', 'round_prefer_floor', True), AttrInfo('cubic_coeff_a', 'float', rt.neg(0.75), True), AttrInfo('exclude_outside', 'int', 0, True), AttrInfo('extrapolation_value', 'float', 0.0, True), AttrInfo('antialias', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1385:1'
+
+    axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
+    roi: object = attrs.field(converter=rt.CONVERTERS['floats'])
+    mode: object = attrs.field(default='nearest', converter=rt.CONVERTERS['string'])
+    coordinate_transformation_mode: object = attrs.field(default='half_pixel', converter=rt.CONVERTERS['string'])
+    nearest_mode: object = attrs.field(default='round_prefer_floor', converter=rt.CONVERTERS['string'])
+    cubic_coeff_a: object = attrs.field(default=rt.neg(0.75), converter=rt.CONVERTERS['float'])
+    exclude_outside: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    extrapolation_value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
+    antialias: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *resize_shape(S, sizes, axes)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axes=None, sizes=None, scales=None, roi=None, mode=None, coordinate_transformation_mode=None, nearest_mode=None, cubic_coeff_a=None, exclude_outside=None, extrapolation_value=None, antialias=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Resize', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1387:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1387:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1399:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1401:3')
+        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1402:3')
+        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1403:3')
+        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1407:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1410:3')
+        return (rt.result_type('Resize', _node, T, (*sl.b_resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1412:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LegacyBroadcast(Node):
+    """A binary op of opset 6 and before (`op`: Add, Sub, Mul, Div, Pow or PRelu) whose rhs lines up with the dimensions of lhs from `axis` on (ONNX's broadcast = 1 with an axis; PRelu's per-channel slope).
+    
+    Operands:
+        lhs: Tensor[T, *X]
+        rhs: Tensor[P, *Y]
+    Results:
+        y: Tensor[T, *X]
+    Attributes:
+        op: string
+        axis: int
+    Declared at specs/ops.glowdef:1463:1.
+    """
+
+    OP: ClassVar[str] = 'LegacyBroadcast'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('op', 'string', None, False), AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1463:1'
+
+    op: object = attrs.field(converter=rt.CONVERTERS['string'])
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[T, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[P, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *X]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node='', op=None, axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LegacyBroadcast', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1465:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1465:7')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1465:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1465:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        P = u.dtype('P')
+        T = u.dtype('T')
+        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1468:3')
+        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1470:3')
+        rt.check(sl.b_axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1471:3')
+        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1472:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class AvgPoolDilated(Node):
+    """N-D average pooling with dilated windows (ONNX AveragePool with dilations); pads are [begin..., end...].
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+    Results:
+        y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]
+    Attributes:
+        kernel: ints where all(kernel > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        ceil_mode: int = 0
+        count_include_pad: int = 0
+    Declared at specs/ops.glowdef:1484:1.
+    """
+
+    OP: ClassVar[str] = 'AvgPoolDilated'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1484:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    count_include_pad: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, count_include_pad=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('AvgPoolDilated', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1486:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1486:9')
+        C = u.dim('C')
+        D = u.dim('D')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1487:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1488:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1489:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1490:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1493:3')
+        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1495:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LpPool(Node):
+    """N-D Lp pooling: (sum of |x|^p over each window) ^ (1/p); pads are [begin..., end...] and add nothing.
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+    Results:
+        y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]
+    Attributes:
+        kernel: ints where all(kernel > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        ceil_mode: int = 0
+        p: int = 2 where p >= 1
+    Declared at specs/ops.glowdef:1505:1.
+    """
+
+    OP: ClassVar[str] = 'LpPool'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('p', 'int', 2, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1505:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    p: object = attrs.field(default=2, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, p=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LpPool', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1507:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1507:9')
+        C = u.dim('C')
+        D = u.dim('D')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1508:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1509:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1510:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1511:3')
+        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1513:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1514:3')
+        return (rt.result_type('LpPool', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1516:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Col2Im(Node):
+    """Sum columns of image blocks back into images (ONNX Col2Im): x is [N, C * prod(block), blocks]; pads are [begin..., end...].
+    
+    Operands:
+        x: Tensor[F, N, CK, L]
+    Results:
+        y: Tensor[F, N, CK // prod(block), *image]
+    Attributes:
+        image: ints where all(image > 0)
+        block: ints where all(block > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+    Declared at specs/ops.glowdef:1527:1.
+    """
+
+    OP: ClassVar[str] = 'Col2Im'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('image', 'ints', None, False), AttrInfo('block', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1527:1'
+
+    image: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    block: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, CK, L]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, CK // prod(block), *image]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', image=None, block=None, strides=None, pads=None, dilations=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Col2Im', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1529:9')
+        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1529:9')
+        CK = u.dim('CK')
+        L = u.dim('L')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1530:3')
+        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1531:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1532:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1533:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1534:3')
+        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1535:3')
+        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1537:3')
+        rt.check(rt.eq(L, rt.b_prod(sl.b_conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1538:3')
+        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1540:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class GridSample(Node):
+    """Sample x at the positions of `grid` (ONNX GridSample; grid[..., i] is normalized to [-1, 1] along spatial axis -1 - i): nearest, linear or cubic; zeros, border or reflection padding.
+    
+    Operands:
+        x: Tensor[F, N, C, *S]
+        grid: Tensor[F, N, *G]
+    Results:
+        y: Tensor[F, N, C, *G[:len(S)]]
+    Attributes:
+        mode: string = "linear"
+        padding_mode: string = "zeros"
+        align_corners: int = 0
+    Declared at specs/ops.glowdef:1551:1.
+    """
+
+    OP: ClassVar[str] = 'GridSample'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('grid', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('mode', 'string', 'linear', True), AttrInfo('padding_mode', 'string', 'zeros', True), AttrInfo('align_corners', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1551:1'
+
+    mode: object = attrs.field(default='linear', converter=rt.CONVERTERS['string'])
+    padding_mode: object = attrs.field(default='zeros', converter=rt.CONVERTERS['string'])
+    align_corners: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *S]"""
+        return self.inputs[0]
+
+    @property
+    def grid(self):
+        """Operand grid: Tensor[F, N, *G]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *G[:len(S)]]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, grid, *, _node='', mode=None, padding_mode=None, align_corners=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('GridSample', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1553:9')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1553:9')
+        u.elem('grid', grid, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1553:33')
+        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1553:33')
+        C = u.dim('C')
+        G = u.dim('G')
+        N = u.dim('N')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1557:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1558:3')
+        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1559:3')
+        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1561:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Reflect(Node):
+    """Reflect x into [low, high] at whichever border it crosses, as often as it takes (GridSample's reflection padding).
+    
+    Operands:
+        x: Tensor[F, *S]
+        low: Tensor[F, *L]
+        high: Tensor[F, *H]
+    Results:
+        y: Tensor[F, *broadcast(S, L, H)]
+    Declared at specs/ops.glowdef:1569:1.
+    """
+
+    OP: ClassVar[str] = 'Reflect'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('low', optional=False, variadic=False), OperandInfo('high', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1569:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def low(self):
+        """Operand low: Tensor[F, *L]"""
+        return self.inputs[1]
+
+    @property
+    def high(self):
+        """Operand high: Tensor[F, *H]"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *broadcast(S, L, H)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, low, high, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Reflect', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1571:9')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1571:9')
+        u.elem('low', low, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1571:27')
+        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1571:27')
+        u.elem('high', high, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1571:47')
+        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1571:47')
+        H = u.dim('H')
+        L = u.dim('L')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1572:3')
+        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1573:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
 class QuantizeLinear(Node):
     """y = saturate(round(x / scale) + zero_point) in element type `dtype`, x / scale computed in `compute` and rounded halves to even; scale and zero_point hold one value, one per index of `axis`, or one per block of `block_size` indices along `axis`.
     
@@ -6333,7 +6769,7 @@ class QuantizeLinear(Node):
         block_size: int = 0 where block_size >= 0
         dtype: dtype
         compute: dtype
-    Declared at specs/ops.glowdef:1402:1.
+    Declared at specs/ops.glowdef:1595:1.
     """
 
     OP: ClassVar[str] = 'QuantizeLinear'
@@ -6342,7 +6778,7 @@ class QuantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), AttrInfo('compute', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1402:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1595:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -6373,23 +6809,23 @@ class QuantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None, compute=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizeLinear', _node)
-        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1404:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1404:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1404:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1404:26')
+        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1597:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1597:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1597:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1597:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1404:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1404:48')
+            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1597:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1597:48')
         C = u.dim('C')
         S = u.dim('S')
         F = u.dtype('F')
         QX = u.dtype('QX')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1405:3')
-        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1406:3')
-        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1409:3')
-        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1410:3')
-        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1411:3')
-        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1413:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1598:3')
+        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1599:3')
+        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1602:3')
+        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1603:3')
+        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1604:3')
+        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1606:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6406,7 +6842,7 @@ class DequantizeLinear(Node):
         axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
         block_size: int = 0 where block_size >= 0
         dtype: dtype
-    Declared at specs/ops.glowdef:1423:1.
+    Declared at specs/ops.glowdef:1616:1.
     """
 
     OP: ClassVar[str] = 'DequantizeLinear'
@@ -6415,7 +6851,7 @@ class DequantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1423:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1616:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -6445,22 +6881,22 @@ class DequantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizeLinear', _node)
-        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1425:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1425:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1425:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1425:26')
+        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1618:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1618:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1618:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1618:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1425:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1425:48')
+            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1618:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1618:48')
         C = u.dim('C')
         S = u.dim('S')
         DQ = u.dtype('DQ')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1426:3')
-        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1427:3')
-        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1429:3')
-        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1430:3')
-        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1432:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1619:3')
+        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1620:3')
+        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1622:3')
+        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1623:3')
+        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1625:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6475,7 +6911,7 @@ class QuantParam(Node):
         like: ints
         axis: int
         block_size: int = 0
-    Declared at specs/ops.glowdef:1440:1.
+    Declared at specs/ops.glowdef:1633:1.
     """
 
     OP: ClassVar[str] = 'QuantParam'
@@ -6484,7 +6920,7 @@ class QuantParam(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('like', 'ints', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('block_size', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1440:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1633:1'
 
     like: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -6504,11 +6940,11 @@ class QuantParam(Node):
     def infer(p, *, _node='', like=None, axis=None, block_size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantParam', _node)
-        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1442:7')
-        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1442:7')
+        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1635:7')
+        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1635:7')
         C = u.dim('C')
         A = u.dtype('A')
-        return (rt.result_type('QuantParam', _node, A, (*sl.b_quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1446:7'), )
+        return (rt.result_type('QuantParam', _node, A, (*sl.b_quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1639:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6526,7 +6962,7 @@ class QLinearMatMul(Node):
         y_zero_point: Tensor[Q8Y, *YZ]
     Results:
         y: Tensor[Q8Y, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1449:1.
+    Declared at specs/ops.glowdef:1642:1.
     """
 
     OP: ClassVar[str] = 'QLinearMatMul'
@@ -6535,7 +6971,7 @@ class QLinearMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1449:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1642:1'
 
 
     @property
@@ -6587,22 +7023,22 @@ class QLinearMatMul(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearMatMul', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1451:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1451:7')
-        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1451:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1451:26')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1451:51')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1451:51')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1452:7')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1452:7')
-        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1452:27')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1452:27')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1452:52')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1452:52')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1453:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1453:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1453:32')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1453:32')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1644:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1644:7')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1644:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1644:26')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1644:51')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1644:51')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1645:7')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1645:7')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1645:27')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1645:27')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1645:52')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1645:52')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1646:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1646:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1646:32')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1646:32')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -6615,11 +7051,11 @@ class QLinearMatMul(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1454:3')
-        rt.check((sl.b_param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1455:3')
-        rt.check((sl.b_param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1457:3')
-        rt.check((sl.b_param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1459:3')
-        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1461:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1647:3')
+        rt.check((sl.b_param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1648:3')
+        rt.check((sl.b_param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1650:3')
+        rt.check((sl.b_param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1652:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1654:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6633,7 +7069,7 @@ class MatMulInteger(Node):
         b_zero_point: Tensor[Q8B, *BZ]?
     Results:
         y: Tensor[i32, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1465:1.
+    Declared at specs/ops.glowdef:1658:1.
     """
 
     OP: ClassVar[str] = 'MatMulInteger'
@@ -6642,7 +7078,7 @@ class MatMulInteger(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1465:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1658:1'
 
 
     @property
@@ -6674,26 +7110,26 @@ class MatMulInteger(Node):
     def infer(a, b, a_zero_point=None, b_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMulInteger', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1467:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1467:7')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1467:26')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1467:26')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1660:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1660:7')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1660:26')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1660:26')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1467:46')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1467:46')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1660:46')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1660:46')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1467:78')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1467:78')
+            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1660:78')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1660:78')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
         BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
         X = u.dim('X')
         Y = u.dim('Y')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1468:3')
-        rt.check(sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1469:3')
-        rt.check(sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1470:3')
-        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1471:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1661:3')
+        rt.check(sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1662:3')
+        rt.check(sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1663:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1664:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6712,7 +7148,7 @@ class ConvInteger(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1479:1.
+    Declared at specs/ops.glowdef:1672:1.
     """
 
     OP: ClassVar[str] = 'ConvInteger'
@@ -6721,7 +7157,7 @@ class ConvInteger(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1479:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1672:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6757,16 +7193,16 @@ class ConvInteger(Node):
     def infer(x, w, x_zero_point=None, w_zero_point=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvInteger', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1481:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1481:9')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1481:34')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1481:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1674:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1674:9')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1674:34')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1674:34')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1481:61')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1481:61')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1674:61')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1674:61')
         if w_zero_point is not None:
-            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1481:93')
-            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1481:93')
+            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1674:93')
+            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1674:93')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -6777,15 +7213,15 @@ class ConvInteger(Node):
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1482:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1483:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1484:3')
-        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1485:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1486:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1487:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1488:3')
-        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1489:3')
-        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1490:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1675:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1676:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1677:3')
+        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1678:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1679:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1680:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1681:3')
+        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1682:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1683:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6809,7 +7245,7 @@ class QLinearConv(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1503:1.
+    Declared at specs/ops.glowdef:1696:1.
     """
 
     OP: ClassVar[str] = 'QLinearConv'
@@ -6818,7 +7254,7 @@ class QLinearConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1503:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1696:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6879,25 +7315,25 @@ class QLinearConv(Node):
     def infer(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConv', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1505:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1505:9')
-        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1505:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1505:34')
-        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1505:59')
-        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1505:59')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1506:9')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1506:9')
-        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1506:36')
-        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1506:36')
-        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1506:61')
-        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1506:61')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1507:9')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1507:9')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1507:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1507:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1698:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1698:9')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1698:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1698:34')
+        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1698:59')
+        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1698:59')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1699:9')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1699:9')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1699:36')
+        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1699:36')
+        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1699:61')
+        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1699:61')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1700:9')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1700:9')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1700:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1700:34')
         if b is not None:
-            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1507:66')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1507:66')
+            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1700:66')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1700:66')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -6914,17 +7350,17 @@ class QLinearConv(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1508:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1509:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1510:3')
-        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1511:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1512:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1513:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1514:3')
-        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1515:3')
-        rt.check(sl.b_param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1516:3')
-        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1517:3')
-        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1518:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1701:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1702:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1703:3')
+        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1704:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1705:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1706:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1707:3')
+        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1708:3')
+        rt.check(sl.b_param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1709:3')
+        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1710:3')
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1711:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6940,7 +7376,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1532:1.
+    Declared at specs/ops.glowdef:1725:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -6949,7 +7385,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1532:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1725:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -6970,14 +7406,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1534:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1534:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1727:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1727:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1536:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1539:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1540:3')
-        return (rt.result_type('DFT', _node, F, (*sl.b_dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1541:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1729:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1732:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1733:3')
+        return (rt.result_type('DFT', _node, F, (*sl.b_dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1734:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6992,7 +7428,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1556:1.
+    Declared at specs/ops.glowdef:1749:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -7001,7 +7437,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1556:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1749:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7021,13 +7457,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1558:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1558:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1751:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1751:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1562:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1563:3')
-        return (rt.result_type('Compress', _node, A, (*sl.b_compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1564:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1755:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1756:3')
+        return (rt.result_type('Compress', _node, A, (*sl.b_compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1757:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7043,7 +7479,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1573:1.
+    Declared at specs/ops.glowdef:1766:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -7052,7 +7488,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1573:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1766:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7077,22 +7513,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1575:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1575:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1768:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1768:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1575:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1575:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1768:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1768:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1576:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1577:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1579:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1580:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1581:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.b_dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1582:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1769:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1770:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1772:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1773:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1774:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.b_dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1775:7'), )
 
 
 OPS = {
@@ -7224,6 +7660,13 @@ OPS = {
     'MaxPoolN': MaxPoolN,
     'AvgPoolN': AvgPoolN,
     'ConvTranspose': ConvTranspose,
+    'Resize': Resize,
+    'LegacyBroadcast': LegacyBroadcast,
+    'AvgPoolDilated': AvgPoolDilated,
+    'LpPool': LpPool,
+    'Col2Im': Col2Im,
+    'GridSample': GridSample,
+    'Reflect': Reflect,
     'QuantizeLinear': QuantizeLinear,
     'DequantizeLinear': DequantizeLinear,
     'QuantParam': QuantParam,

@@ -377,13 +377,93 @@ def _r35_lrn_expand_build(_b, _m):
 
 
 
-def _r36_cast_same_type_guard(_m, _ctx):
+def _r36_f16_matmul_in_f32_guard(_m, _ctx):
+    """where (m.dtype == f16) or (m.dtype == bf16)"""
+    m = _m['m']
+    a = _m['a']
+    b = _m['b']
+    return bool(((rt.eq(m.dtype, 'f16') or rt.eq(m.dtype, 'bf16'))))
+
+def _r36_f16_matmul_in_f32_build(_b, _m):
+    """=> Cast(BatchMatMul(Cast(a, to = f32), Cast(b, to = f32)), to = m.dtype)"""
+    m = _m['m']
+    a = _m['a']
+    b = _m['b']
+    return (_b.op('Cast', [_b.op('BatchMatMul', [_b.op('Cast', [a], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {})], {'to': m.dtype}),)
+
+
+
+def _r37_f16_conv_in_f32_guard(_m, _ctx):
+    """where (c.dtype == f16) or (c.dtype == bf16)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
+
+def _r37_f16_conv_in_f32_build(_b, _m):
+    """=> Cast(Conv(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = c.dtype)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return (_b.op('Cast', [_b.op('Conv', [_b.op('Cast', [x], {'to': 'f32'}), _b.op('Cast', [w], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'to': c.dtype}),)
+
+
+
+def _r38_f16_convn_in_f32_guard(_m, _ctx):
+    """where (c.dtype == f16) or (c.dtype == bf16)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
+
+def _r38_f16_convn_in_f32_build(_b, _m):
+    """=> Cast(ConvN(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = c.dtype)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return (_b.op('Cast', [_b.op('ConvN', [_b.op('Cast', [x], {'to': 'f32'}), _b.op('Cast', [w], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'to': c.dtype}),)
+
+
+
+def _r39_f16_reducesum_in_f32_guard(_m, _ctx):
+    """where r.dtype == f16"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(r.dtype, 'f16')))
+
+def _r39_f16_reducesum_in_f32_build(_b, _m):
+    """=> Cast(ReduceSum(Cast(x, to = f32), axes = r.axes, keepdims = r.keepdims), to = f16)"""
+    r = _m['r']
+    x = _m['x']
+    return (_b.op('Cast', [_b.op('ReduceSum', [_b.op('Cast', [x], {'to': 'f32'})], {'axes': r.axes, 'keepdims': r.keepdims})], {'to': 'f16'}),)
+
+
+
+def _r40_f16_avgpool_in_f32_guard(_m, _ctx):
+    """where p.dtype == f16"""
+    p = _m['p']
+    x = _m['x']
+    return bool((rt.eq(p.dtype, 'f16')))
+
+def _r40_f16_avgpool_in_f32_build(_b, _m):
+    """=> Cast(AvgPool(Cast(x, to = f32), kernel = p.kernel, strides = p.strides, pads = p.pads, ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), to = f16)"""
+    p = _m['p']
+    x = _m['x']
+    return (_b.op('Cast', [_b.op('AvgPool', [_b.op('Cast', [x], {'to': 'f32'})], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'to': 'f16'}),)
+
+
+
+def _r41_cast_same_type_guard(_m, _ctx):
     """where c.to == x.dtype"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.to, x.dtype)))
 
-def _r36_cast_same_type_build(_b, _m):
+def _r41_cast_same_type_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
@@ -391,14 +471,14 @@ def _r36_cast_same_type_build(_b, _m):
 
 
 
-def _r37_add_zero_guard(_m, _ctx):
+def _r42_add_zero_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == a.shape)"""
     a = _m['a']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, a.shape))))
 
-def _r37_add_zero_build(_b, _m):
+def _r42_add_zero_build(_b, _m):
     """=> x"""
     a = _m['a']
     x = _m['x']
@@ -407,14 +487,14 @@ def _r37_add_zero_build(_b, _m):
 
 
 
-def _r38_sub_zero_guard(_m, _ctx):
+def _r43_sub_zero_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == s.shape)"""
     s = _m['s']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, s.shape))))
 
-def _r38_sub_zero_build(_b, _m):
+def _r43_sub_zero_build(_b, _m):
     """=> x"""
     s = _m['s']
     x = _m['x']
@@ -423,14 +503,14 @@ def _r38_sub_zero_build(_b, _m):
 
 
 
-def _r39_mul_one_guard(_m, _ctx):
+def _r44_mul_one_guard(_m, _ctx):
     """where is_splat(c, 1) and (x.shape == m.shape)"""
     m = _m['m']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, m.shape))))
 
-def _r39_mul_one_build(_b, _m):
+def _r44_mul_one_build(_b, _m):
     """=> x"""
     m = _m['m']
     x = _m['x']
@@ -439,14 +519,14 @@ def _r39_mul_one_build(_b, _m):
 
 
 
-def _r40_div_one_guard(_m, _ctx):
+def _r45_div_one_guard(_m, _ctx):
     """where is_splat(c, 1) and (x.shape == d.shape)"""
     d = _m['d']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, d.shape))))
 
-def _r40_div_one_build(_b, _m):
+def _r45_div_one_build(_b, _m):
     """=> x"""
     d = _m['d']
     x = _m['x']
@@ -455,7 +535,7 @@ def _r40_div_one_build(_b, _m):
 
 
 
-def _r41_relu_relu_build(_b, _m):
+def _r46_relu_relu_build(_b, _m):
     """=> r"""
     r = _m['r']
     x = _m['x']
@@ -463,20 +543,20 @@ def _r41_relu_relu_build(_b, _m):
 
 
 
-def _r42_max_same_build(_b, _m):
+def _r47_max_same_build(_b, _m):
     """=> x"""
     x = _m['x']
     return (x,)
 
 
 
-def _r43_clip_unbounded_guard(_m, _ctx):
+def _r48_clip_unbounded_guard(_m, _ctx):
     """where (c.min == -inf) and (c.max == inf)"""
     c = _m['c']
     x = _m['x']
     return bool(((rt.eq(c.min, rt.neg(float('inf'))) and rt.eq(c.max, float('inf')))))
 
-def _r43_clip_unbounded_build(_b, _m):
+def _r48_clip_unbounded_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
@@ -484,14 +564,14 @@ def _r43_clip_unbounded_build(_b, _m):
 
 
 
-def _r44_max_zero_to_relu_guard(_m, _ctx):
+def _r49_max_zero_to_relu_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == m.shape)"""
     m = _m['m']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, m.shape))))
 
-def _r44_max_zero_to_relu_build(_b, _m):
+def _r49_max_zero_to_relu_build(_b, _m):
     """=> Relu(x)"""
     m = _m['m']
     x = _m['x']
@@ -500,7 +580,7 @@ def _r44_max_zero_to_relu_build(_b, _m):
 
 
 
-def _r45_min_max_to_clip_guard(_m, _ctx):
+def _r50_min_max_to_clip_guard(_m, _ctx):
     """where ((((is_splat(lo) and is_splat(hi)) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(lo) <= splat_value(hi))) and (uses(m) == 1)"""
     n = _m['n']
     m = _m['m']
@@ -509,7 +589,7 @@ def _r45_min_max_to_clip_guard(_m, _ctx):
     hi = _m['hi']
     return bool((_ctx.backend_has('Clip')) and ((((((rt.b_is_splat(lo) and rt.b_is_splat(hi)) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.le(rt.b_splat_value(lo), rt.b_splat_value(hi))) and rt.eq(_ctx.uses(m), 1))))
 
-def _r45_min_max_to_clip_build(_b, _m):
+def _r50_min_max_to_clip_build(_b, _m):
     """=> Clip(x, min = splat_value(lo), max = splat_value(hi))"""
     n = _m['n']
     m = _m['m']
@@ -520,7 +600,7 @@ def _r45_min_max_to_clip_build(_b, _m):
 
 
 
-def _r46_min_relu_to_clip_guard(_m, _ctx):
+def _r51_min_relu_to_clip_guard(_m, _ctx):
     """where (((is_splat(hi) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(hi) >= 0)) and (uses(r) == 1)"""
     n = _m['n']
     r = _m['r']
@@ -528,7 +608,7 @@ def _r46_min_relu_to_clip_guard(_m, _ctx):
     hi = _m['hi']
     return bool((_ctx.backend_has('Clip')) and (((((rt.b_is_splat(hi) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.ge(rt.b_splat_value(hi), 0)) and rt.eq(_ctx.uses(r), 1))))
 
-def _r46_min_relu_to_clip_build(_b, _m):
+def _r51_min_relu_to_clip_build(_b, _m):
     """=> Clip(x, min = 0.0, max = splat_value(hi))"""
     n = _m['n']
     r = _m['r']
@@ -538,13 +618,13 @@ def _r46_min_relu_to_clip_build(_b, _m):
 
 
 
-def _r47_swish_fuse_guard(_m, _ctx):
+def _r52_swish_fuse_guard(_m, _ctx):
     """where uses(s) == 1"""
     x = _m['x']
     s = _m['s']
     return bool((_ctx.backend_has('Swish')) and (rt.eq(_ctx.uses(s), 1)))
 
-def _r47_swish_fuse_build(_b, _m):
+def _r52_swish_fuse_build(_b, _m):
     """=> Swish(x)"""
     x = _m['x']
     s = _m['s']
@@ -552,13 +632,13 @@ def _r47_swish_fuse_build(_b, _m):
 
 
 
-def _r48_sub_const_to_add_guard(_m, _ctx):
+def _r53_sub_const_to_add_guard(_m, _ctx):
     """where (is_const(c) and not is_const(x)) and is_float(x.dtype)"""
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype))))
 
-def _r48_sub_const_to_add_build(_b, _m):
+def _r53_sub_const_to_add_build(_b, _m):
     """=> Add(x, Neg(c))"""
     x = _m['x']
     c = _m['c']
@@ -566,13 +646,13 @@ def _r48_sub_const_to_add_build(_b, _m):
 
 
 
-def _r49_div_const_to_mul_guard(_m, _ctx):
+def _r54_div_const_to_mul_guard(_m, _ctx):
     """where (is_const(c) and not is_const(x)) and is_float(x.dtype)"""
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype))))
 
-def _r49_div_const_to_mul_build(_b, _m):
+def _r54_div_const_to_mul_build(_b, _m):
     """=> Mul(x, Div(scalar(1.0, c.dtype), c))"""
     x = _m['x']
     c = _m['c']
@@ -580,7 +660,7 @@ def _r49_div_const_to_mul_build(_b, _m):
 
 
 
-def _r50_add_const_reassociate_guard(_m, _ctx):
+def _r55_add_const_reassociate_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -588,7 +668,7 @@ def _r50_add_const_reassociate_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r50_add_const_reassociate_build(_b, _m):
+def _r55_add_const_reassociate_build(_b, _m):
     """=> Add(x, Add(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -598,7 +678,7 @@ def _r50_add_const_reassociate_build(_b, _m):
 
 
 
-def _r51_mul_const_reassociate_guard(_m, _ctx):
+def _r56_mul_const_reassociate_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -606,7 +686,7 @@ def _r51_mul_const_reassociate_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r51_mul_const_reassociate_build(_b, _m):
+def _r56_mul_const_reassociate_build(_b, _m):
     """=> Mul(x, Mul(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -616,7 +696,7 @@ def _r51_mul_const_reassociate_build(_b, _m):
 
 
 
-def _r52_mul_add_distribute_guard(_m, _ctx):
+def _r57_mul_add_distribute_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -624,7 +704,7 @@ def _r52_mul_add_distribute_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r52_mul_add_distribute_build(_b, _m):
+def _r57_mul_add_distribute_build(_b, _m):
     """=> Add(Mul(x, b), Mul(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -634,7 +714,7 @@ def _r52_mul_add_distribute_build(_b, _m):
 
 
 
-def _r53_conv_bias_zero_build(_b, _m):
+def _r58_conv_bias_zero_build(_b, _m):
     """=> Conv(x, w, Splat(shape = [w.shape[0]], value = 0.0, dtype = w.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     c = _m['c']
     x = _m['x']
@@ -643,7 +723,7 @@ def _r53_conv_bias_zero_build(_b, _m):
 
 
 
-def _r54_conv_batchnorm_fold_guard(_m, _ctx):
+def _r59_conv_batchnorm_fold_guard(_m, _ctx):
     """where (((((is_const(w) and is_const(b)) and is_const(scale)) and is_const(bias)) and is_const(mean)) and is_const(var)) and (uses(c) == 1)"""
     bn = _m['bn']
     c = _m['c']
@@ -656,7 +736,7 @@ def _r54_conv_batchnorm_fold_guard(_m, _ctx):
     var = _m['var']
     return bool((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1))))
 
-def _r54_conv_batchnorm_fold_build(_b, _m):
+def _r59_conv_batchnorm_fold_build(_b, _m):
     """=> Conv(x, Mul(w, Reshape(k, shape = [w.shape[0], 1, 1, 1])), Add(Mul(Sub(b, mean), k), bias), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     bn = _m['bn']
     c = _m['c']
@@ -672,7 +752,7 @@ def _r54_conv_batchnorm_fold_build(_b, _m):
 
 
 
-def _r55_conv_mul_fold_guard(_m, _ctx):
+def _r60_conv_mul_fold_guard(_m, _ctx):
     """where (((is_const(w) and is_const(b)) and is_const(s)) and (uses(c) == 1)) and varies_only_along(s.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -681,7 +761,7 @@ def _r55_conv_mul_fold_guard(_m, _ctx):
     s = _m['s']
     return bool((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(s.shape, c.shape, 1))))
 
-def _r55_conv_mul_fold_build(_b, _m):
+def _r60_conv_mul_fold_build(_b, _m):
     """=> Conv(x, Mul(w, Reshape(s, shape = [prod(s.shape), 1, 1, 1])), Mul(b, Reshape(s, shape = [prod(s.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     c = _m['c']
     x = _m['x']
@@ -692,7 +772,7 @@ def _r55_conv_mul_fold_build(_b, _m):
 
 
 
-def _r56_conv_add_fold_guard(_m, _ctx):
+def _r61_conv_add_fold_guard(_m, _ctx):
     """where ((is_const(b) and is_const(t)) and (uses(c) == 1)) and varies_only_along(t.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -701,7 +781,7 @@ def _r56_conv_add_fold_guard(_m, _ctx):
     t = _m['t']
     return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(t.shape, c.shape, 1))))
 
-def _r56_conv_add_fold_build(_b, _m):
+def _r61_conv_add_fold_build(_b, _m):
     """=> Conv(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     c = _m['c']
     x = _m['x']
@@ -712,7 +792,7 @@ def _r56_conv_add_fold_build(_b, _m):
 
 
 
-def _r57_matmul_mul_fold_guard(_m, _ctx):
+def _r62_matmul_mul_fold_guard(_m, _ctx):
     """where ((((is_const(w) and is_const(s)) and not is_const(x)) and (rank(w) == 2)) and (uses(mm) == 1)) and varies_only_along(s.shape, mm.shape, rank(mm) - 1)"""
     mm = _m['mm']
     x = _m['x']
@@ -720,7 +800,7 @@ def _r57_matmul_mul_fold_guard(_m, _ctx):
     s = _m['s']
     return bool(((((((rt.b_is_const(w) and rt.b_is_const(s)) and (not rt.b_is_const(x))) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1)) and sl.b_varies_only_along(s.shape, mm.shape, rt.sub(rt.b_rank(mm), 1)))))
 
-def _r57_matmul_mul_fold_build(_b, _m):
+def _r62_matmul_mul_fold_build(_b, _m):
     """=> MatMul(x, Mul(w, Reshape(s, shape = [prod(s.shape)])))"""
     mm = _m['mm']
     x = _m['x']
@@ -730,7 +810,7 @@ def _r57_matmul_mul_fold_build(_b, _m):
 
 
 
-def _r58_conv_pad_merge_guard(_m, _ctx):
+def _r63_conv_pad_merge_guard(_m, _ctx):
     'where ((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)'
     c = _m['c']
     p = _m['p']
@@ -739,7 +819,7 @@ def _r58_conv_pad_merge_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0))))
 
-def _r58_conv_pad_merge_build(_b, _m):
+def _r63_conv_pad_merge_build(_b, _m):
     """=> Conv(x, w, b, strides = c.strides, pads = c.pads + spatial_pads(p.pads), dilations = c.dilations, group = c.group)"""
     c = _m['c']
     p = _m['p']
@@ -750,14 +830,14 @@ def _r58_conv_pad_merge_build(_b, _m):
 
 
 
-def _r59_avgpool_pad_merge_guard(_m, _ctx):
+def _r64_avgpool_pad_merge_guard(_m, _ctx):
     'where (((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and ((a.count_include_pad == 1) or (max(a.pads) == 0))'
     a = _m['a']
     p = _m['p']
     x = _m['x']
     return bool(((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and (rt.eq(a.count_include_pad, 1) or rt.eq(rt.b_max(a.pads), 0)))))
 
-def _r59_avgpool_pad_merge_build(_b, _m):
+def _r64_avgpool_pad_merge_build(_b, _m):
     """=> AvgPool(x, kernel = a.kernel, strides = a.strides, pads = a.pads + spatial_pads(p.pads), ceil_mode = a.ceil_mode, count_include_pad = 1)"""
     a = _m['a']
     p = _m['p']
@@ -766,7 +846,7 @@ def _r59_avgpool_pad_merge_build(_b, _m):
 
 
 
-def _r60_maxpool_pad_merge_guard(_m, _ctx):
+def _r65_maxpool_pad_merge_guard(_m, _ctx):
     'where (((((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and (m.ceil_mode == 0)) and (m.dilations == [1, 1])) and all((m.pads + spatial_pads(p.pads)) < concat(m.kernel, m.kernel))'
     m = _m['m']
     p = _m['p']
@@ -774,7 +854,7 @@ def _r60_maxpool_pad_merge_guard(_m, _ctx):
     x = _m['x']
     return bool(((((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and rt.eq(m.ceil_mode, 0)) and rt.eq(m.dilations, (1, 1, ))) and rt.b_all(rt.lt(rt.add(m.pads, sl.b_spatial_pads(p.pads)), rt.b_concat(m.kernel, m.kernel))))))
 
-def _r60_maxpool_pad_merge_build(_b, _m):
+def _r65_maxpool_pad_merge_build(_b, _m):
     """=> MaxPool(r, kernel = m.kernel, strides = m.strides, pads = m.pads + spatial_pads(p.pads), dilations = m.dilations, ceil_mode = m.ceil_mode)"""
     m = _m['m']
     p = _m['p']
@@ -784,13 +864,13 @@ def _r60_maxpool_pad_merge_build(_b, _m):
 
 
 
-def _r61_transpose_identity_guard(_m, _ctx):
+def _r66_transpose_identity_guard(_m, _ctx):
     """where t.perm == range(rank(x))"""
     t = _m['t']
     x = _m['x']
     return bool((rt.eq(t.perm, rt.b_range(rt.b_rank(x)))))
 
-def _r61_transpose_identity_build(_b, _m):
+def _r66_transpose_identity_build(_b, _m):
     """=> x"""
     t = _m['t']
     x = _m['x']
@@ -798,7 +878,7 @@ def _r61_transpose_identity_build(_b, _m):
 
 
 
-def _r62_transpose_transpose_build(_b, _m):
+def _r67_transpose_transpose_build(_b, _m):
     """=> Transpose(x, perm = compose_perm(i.perm, o.perm))"""
     o = _m['o']
     i = _m['i']
@@ -807,13 +887,13 @@ def _r62_transpose_transpose_build(_b, _m):
 
 
 
-def _r63_transpose_to_reshape_guard(_m, _ctx):
+def _r68_transpose_to_reshape_guard(_m, _ctx):
     """where not moves_data(x.shape, t.perm)"""
     t = _m['t']
     x = _m['x']
     return bool(((not sl.b_moves_data(x.shape, t.perm))))
 
-def _r63_transpose_to_reshape_build(_b, _m):
+def _r68_transpose_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = t.shape)"""
     t = _m['t']
     x = _m['x']
@@ -821,13 +901,13 @@ def _r63_transpose_to_reshape_build(_b, _m):
 
 
 
-def _r64_reshape_noop_guard(_m, _ctx):
+def _r69_reshape_noop_guard(_m, _ctx):
     """where x.shape == r.shape"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(x.shape, r.shape)))
 
-def _r64_reshape_noop_build(_b, _m):
+def _r69_reshape_noop_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -835,7 +915,7 @@ def _r64_reshape_noop_build(_b, _m):
 
 
 
-def _r65_reshape_reshape_build(_b, _m):
+def _r70_reshape_reshape_build(_b, _m):
     """=> Reshape(x, shape = r.shape)"""
     r = _m['r']
     x = _m['x']
@@ -843,20 +923,20 @@ def _r65_reshape_reshape_build(_b, _m):
 
 
 
-def _r66_concat_single_build(_b, _m):
+def _r71_concat_single_build(_b, _m):
     """=> x"""
     x = _m['x']
     return (x,)
 
 
 
-def _r67_concat_flatten_guard(_m, _ctx):
+def _r72_concat_flatten_guard(_m, _ctx):
     """where nested(xs, c)"""
     c = _m['c']
     xs = _m['xs']
     return bool((rt.b_nested(xs, c)))
 
-def _r67_concat_flatten_build(_b, _m):
+def _r72_concat_flatten_build(_b, _m):
     """=> Concat(*unnest(xs, c), axis = c.axis)"""
     c = _m['c']
     xs = _m['xs']
@@ -864,13 +944,13 @@ def _r67_concat_flatten_build(_b, _m):
 
 
 
-def _r68_relu_transpose_sink_guard(_m, _ctx):
+def _r73_relu_transpose_sink_guard(_m, _ctx):
     """where uses(t) == 1"""
     t = _m['t']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(t), 1)))
 
-def _r68_relu_transpose_sink_build(_b, _m):
+def _r73_relu_transpose_sink_build(_b, _m):
     """=> Transpose(Relu(x), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -878,13 +958,13 @@ def _r68_relu_transpose_sink_build(_b, _m):
 
 
 
-def _r69_sigmoid_transpose_sink_guard(_m, _ctx):
+def _r74_sigmoid_transpose_sink_guard(_m, _ctx):
     """where uses(t) == 1"""
     t = _m['t']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(t), 1)))
 
-def _r69_sigmoid_transpose_sink_build(_b, _m):
+def _r74_sigmoid_transpose_sink_build(_b, _m):
     """=> Transpose(Sigmoid(x), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -892,13 +972,13 @@ def _r69_sigmoid_transpose_sink_build(_b, _m):
 
 
 
-def _r70_tanh_transpose_sink_guard(_m, _ctx):
+def _r75_tanh_transpose_sink_guard(_m, _ctx):
     """where uses(t) == 1"""
     t = _m['t']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(t), 1)))
 
-def _r70_tanh_transpose_sink_build(_b, _m):
+def _r75_tanh_transpose_sink_build(_b, _m):
     """=> Transpose(Tanh(x), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -906,7 +986,7 @@ def _r70_tanh_transpose_sink_build(_b, _m):
 
 
 
-def _r71_add_transpose_sink_guard(_m, _ctx):
+def _r76_add_transpose_sink_guard(_m, _ctx):
     """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
     t = _m['t']
     x = _m['x']
@@ -914,7 +994,7 @@ def _r71_add_transpose_sink_guard(_m, _ctx):
     y = _m['y']
     return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
 
-def _r71_add_transpose_sink_build(_b, _m):
+def _r76_add_transpose_sink_build(_b, _m):
     """=> Transpose(Add(x, y), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -924,7 +1004,7 @@ def _r71_add_transpose_sink_build(_b, _m):
 
 
 
-def _r72_mul_transpose_sink_guard(_m, _ctx):
+def _r77_mul_transpose_sink_guard(_m, _ctx):
     """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
     t = _m['t']
     x = _m['x']
@@ -932,7 +1012,7 @@ def _r72_mul_transpose_sink_guard(_m, _ctx):
     y = _m['y']
     return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
 
-def _r72_mul_transpose_sink_build(_b, _m):
+def _r77_mul_transpose_sink_build(_b, _m):
     """=> Transpose(Mul(x, y), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -942,14 +1022,14 @@ def _r72_mul_transpose_sink_build(_b, _m):
 
 
 
-def _r73_add_const_transpose_sink_guard(_m, _ctx):
+def _r78_add_const_transpose_sink_guard(_m, _ctx):
     """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
     t = _m['t']
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
 
-def _r73_add_const_transpose_sink_build(_b, _m):
+def _r78_add_const_transpose_sink_build(_b, _m):
     """=> Transpose(Add(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -959,14 +1039,14 @@ def _r73_add_const_transpose_sink_build(_b, _m):
 
 
 
-def _r74_mul_const_transpose_sink_guard(_m, _ctx):
+def _r79_mul_const_transpose_sink_guard(_m, _ctx):
     """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
     t = _m['t']
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
 
-def _r74_mul_const_transpose_sink_build(_b, _m):
+def _r79_mul_const_transpose_sink_build(_b, _m):
     """=> Transpose(Mul(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -976,7 +1056,7 @@ def _r74_mul_const_transpose_sink_build(_b, _m):
 
 
 
-def _r75_prelu_to_select_build(_b, _m):
+def _r80_prelu_to_select_build(_b, _m):
     """=> Select(Less(x, scalar(0, x.dtype)), Mul(x, slope), Expand(x, shape = p.shape))"""
     p = _m['p']
     x = _m['x']
@@ -985,7 +1065,7 @@ def _r75_prelu_to_select_build(_b, _m):
 
 
 
-def _r76_castlike_to_cast_build(_b, _m):
+def _r81_castlike_to_cast_build(_b, _m):
     """=> Cast(x, to = like.dtype)"""
     x = _m['x']
     like = _m['like']
@@ -993,7 +1073,7 @@ def _r76_castlike_to_cast_build(_b, _m):
 
 
 
-def _r77_tile_to_expand_build(_b, _m):
+def _r82_tile_to_expand_build(_b, _m):
     """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
     t = _m['t']
     x = _m['x']
@@ -1001,13 +1081,13 @@ def _r77_tile_to_expand_build(_b, _m):
 
 
 
-def _r78_depth_to_space_dcr_guard(_m, _ctx):
+def _r83_depth_to_space_dcr_guard(_m, _ctx):
     'where d.mode == "DCR"'
     d = _m['d']
     x = _m['x']
     return bool((rt.eq(d.mode, 'DCR')))
 
-def _r78_depth_to_space_dcr_build(_b, _m):
+def _r83_depth_to_space_dcr_build(_b, _m):
     """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], b, b, x.shape[1] // (b * b), x.shape[2], x.shape[3]]), perm = [0, 3, 4, 1, 5, 2]), shape = d.shape)"""
     d = _m['d']
     x = _m['x']
@@ -1016,13 +1096,13 @@ def _r78_depth_to_space_dcr_build(_b, _m):
 
 
 
-def _r79_depth_to_space_crd_guard(_m, _ctx):
+def _r84_depth_to_space_crd_guard(_m, _ctx):
     'where d.mode == "CRD"'
     d = _m['d']
     x = _m['x']
     return bool((rt.eq(d.mode, 'CRD')))
 
-def _r79_depth_to_space_crd_build(_b, _m):
+def _r84_depth_to_space_crd_build(_b, _m):
     """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1] // (b * b), b, b, x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = d.shape)"""
     d = _m['d']
     x = _m['x']
@@ -1031,13 +1111,13 @@ def _r79_depth_to_space_crd_build(_b, _m):
 
 
 
-def _r80_space_to_depth_dcr_guard(_m, _ctx):
+def _r85_space_to_depth_dcr_guard(_m, _ctx):
     'where d.mode == "DCR"'
     d = _m['d']
     x = _m['x']
     return bool((rt.eq(d.mode, 'DCR')))
 
-def _r80_space_to_depth_dcr_build(_b, _m):
+def _r85_space_to_depth_dcr_build(_b, _m):
     """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), shape = d.shape)"""
     d = _m['d']
     x = _m['x']
@@ -1046,13 +1126,13 @@ def _r80_space_to_depth_dcr_build(_b, _m):
 
 
 
-def _r81_space_to_depth_crd_guard(_m, _ctx):
+def _r86_space_to_depth_crd_guard(_m, _ctx):
     'where d.mode == "CRD"'
     d = _m['d']
     x = _m['x']
     return bool((rt.eq(d.mode, 'CRD')))
 
-def _r81_space_to_depth_crd_build(_b, _m):
+def _r86_space_to_depth_crd_build(_b, _m):
     """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 1, 3, 5, 2, 4]), shape = d.shape)"""
     d = _m['d']
     x = _m['x']
@@ -1061,7 +1141,7 @@ def _r81_space_to_depth_crd_build(_b, _m):
 
 
 
-def _r82_instancenorm_expand_build(_b, _m):
+def _r87_instancenorm_expand_build(_b, _m):
     """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, shape = cs)), Reshape(bias, shape = cs))"""
     n = _m['n']
     x = _m['x']
@@ -1075,13 +1155,13 @@ def _r82_instancenorm_expand_build(_b, _m):
 
 
 
-def _r83_lpnorm_l2_guard(_m, _ctx):
+def _r88_lpnorm_l2_guard(_m, _ctx):
     """where n.p == 2"""
     n = _m['n']
     x = _m['x']
     return bool((rt.eq(n.p, 2)))
 
-def _r83_lpnorm_l2_build(_b, _m):
+def _r88_lpnorm_l2_build(_b, _m):
     """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
     n = _m['n']
     x = _m['x']
@@ -1090,13 +1170,13 @@ def _r83_lpnorm_l2_build(_b, _m):
 
 
 
-def _r84_lpnorm_l1_guard(_m, _ctx):
+def _r89_lpnorm_l1_guard(_m, _ctx):
     """where n.p == 1"""
     n = _m['n']
     x = _m['x']
     return bool((rt.eq(n.p, 1)))
 
-def _r84_lpnorm_l1_build(_b, _m):
+def _r89_lpnorm_l1_build(_b, _m):
     """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
     n = _m['n']
     x = _m['x']
@@ -1105,7 +1185,7 @@ def _r84_lpnorm_l1_build(_b, _m):
 
 
 
-def _r85_convn_1d_guard(_m, _ctx):
+def _r90_convn_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     c = _m['c']
     x = _m['x']
@@ -1113,7 +1193,7 @@ def _r85_convn_1d_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r85_convn_1d_build(_b, _m):
+def _r90_convn_1d_build(_b, _m):
     """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), b, strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -1123,14 +1203,14 @@ def _r85_convn_1d_build(_b, _m):
 
 
 
-def _r86_convn_1d_no_bias_guard(_m, _ctx):
+def _r91_convn_1d_no_bias_guard(_m, _ctx):
     """where rank(x) == 3"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r86_convn_1d_no_bias_build(_b, _m):
+def _r91_convn_1d_no_bias_build(_b, _m):
     """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -1139,13 +1219,13 @@ def _r86_convn_1d_no_bias_build(_b, _m):
 
 
 
-def _r87_maxpooln_1d_guard(_m, _ctx):
+def _r92_maxpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r87_maxpooln_1d_build(_b, _m):
+def _r92_maxpooln_1d_build(_b, _m):
     """=> Reshape(MaxPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -1153,13 +1233,13 @@ def _r87_maxpooln_1d_build(_b, _m):
 
 
 
-def _r88_avgpooln_1d_guard(_m, _ctx):
+def _r93_avgpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r88_avgpooln_1d_build(_b, _m):
+def _r93_avgpooln_1d_build(_b, _m):
     """=> Reshape(AvgPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -1167,13 +1247,179 @@ def _r88_avgpooln_1d_build(_b, _m):
 
 
 
-def _r89_quant_param_to_reshape_guard(_m, _ctx):
+def _r94_resize_identity_guard(_m, _ctx):
+    """where len(r.axes) == 0"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(rt.b_len(r.axes), 0)))
+
+def _r94_resize_identity_build(_b, _m):
+    """=> x"""
+    r = _m['r']
+    x = _m['x']
+    return (x,)
+
+
+
+def _r95_resize_one_axis_at_a_time_guard(_m, _ctx):
+    """where len(r.axes) > 1"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.gt(rt.b_len(r.axes), 1)))
+
+def _r95_resize_one_axis_at_a_time_build(_b, _m):
+    """=> Resize(Resize(x, axes = r.axes[:1], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias), axes = r.axes[1:], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias)"""
+    r = _m['r']
+    x = _m['x']
+    return (_b.op('Resize', [_b.op('Resize', [x], {'axes': tuple(r.axes)[:1], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'axes': tuple(r.axes)[1:], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}),)
+
+
+
+def _r96_resize_nearest_gather_guard(_m, _ctx):
+    'where ((len(r.axes) == 1) and (r.mode == "nearest")) and not resize_extrapolates(*resize_args(r, x.shape[r.axes[0]]))'
+    r = _m['r']
+    x = _m['x']
+    return bool((((rt.eq(rt.b_len(r.axes), 1) and rt.eq(r.mode, 'nearest')) and (not sl.b_resize_extrapolates(*fn_resize_args(r, x.shape[r.axes[0]]))))))
+
+def _r96_resize_nearest_gather_build(_b, _m):
+    """=> Gather(x, const(resize_gather_indices(*resize_args(r, x.shape[r.axes[0]])), i64), axis = r.axes[0])"""
+    r = _m['r']
+    x = _m['x']
+    return (_b.op('Gather', [x, _b.const(sl.b_resize_gather_indices(*fn_resize_args(r, x.shape[r.axes[0]])), 'i64')], {'axis': r.axes[0]}),)
+
+
+
+def _r97_resize_axis_taps_guard(_m, _ctx):
+    """where len(r.axes) == 1"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(rt.b_len(r.axes), 1)))
+
+def _r97_resize_axis_taps_build(_b, _m):
+    """=> Add(y, Reshape(fill, shape = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
+    r = _m['r']
+    x = _m['x']
+    a = r.axes[0]
+    args = fn_resize_args(r, x.shape[a])
+    picked = _b.op('Gather', [x, _b.const(sl.b_resize_tap_indices(*args), 'i64')], {'axis': a})
+    weights = _b.const(sl.b_resize_tap_weights(*args), x.dtype)
+    trailing = rt.b_ones(rt.sub(rt.sub(rt.b_rank(x), a), 1))
+    y = _b.op('ReduceSum', [_b.op('Mul', [picked, _b.op('Reshape', [weights], {'shape': rt.b_concat(weights.shape, trailing)})], {})], {'axes': (rt.add(a, 1), ), 'keepdims': 0})
+    fill = _b.const(sl.b_resize_fill(*args, value=r.extrapolation_value), x.dtype)
+    return ((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.b_resize_extrapolates(*args) else y),)
+
+
+
+def _r98_legacy_broadcast_expand_build(_b, _m):
+    '=> Add(a, b2) if n.op == "Add" else Sub(a, b2) if n.op == "Sub" else Mul(a, b2) if n.op == "Mul" else Div(a, b2) if n.op == "Div" else Pow(a, b2) if n.op == "Pow" else PRelu(a, b2)'
+    n = _m['n']
+    a = _m['a']
+    b = _m['b']
+    b2 = _b.op('Reshape', [b], {'shape': rt.b_concat(b.shape, rt.b_ones(rt.sub(rt.sub(rt.b_rank(a), n.axis), rt.b_rank(b))))})
+    return ((_b.op('Add', [a, b2], {}) if rt.eq(n.op, 'Add') else (_b.op('Sub', [a, b2], {}) if rt.eq(n.op, 'Sub') else (_b.op('Mul', [a, b2], {}) if rt.eq(n.op, 'Mul') else (_b.op('Div', [a, b2], {}) if rt.eq(n.op, 'Div') else (_b.op('Pow', [a, b2], {}) if rt.eq(n.op, 'Pow') else _b.op('PRelu', [a, b2], {})))))),)
+
+
+
+def _r99_avgpool_dilated_to_conv_build(_b, _m):
+    """=> Div(sums, const(window_counts(x.shape[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype))"""
+    p = _m['p']
+    x = _m['x']
+    ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
+    sums = _b.op('ConvN', [x, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
+    return (_b.op('Div', [sums, _b.const(sl.b_window_counts(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype)], {}),)
+
+
+
+def _r100_lppool_to_conv_build(_b, _m):
+    """=> Sqrt(sums) if p.p == 2 else sums if p.p == 1 else Pow(sums, scalar(1.0 / p.p, x.dtype))"""
+    p = _m['p']
+    x = _m['x']
+    powered = (_b.op('Mul', [x, x], {}) if rt.eq(p.p, 2) else (_b.op('Abs', [x], {}) if rt.eq(p.p, 1) else _b.op('Pow', [_b.op('Abs', [x], {}), _b.scalar(p.p, x.dtype)], {})))
+    ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
+    sums = _b.op('ConvN', [powered, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
+    return ((_b.op('Sqrt', [sums], {}) if rt.eq(p.p, 2) else (sums if rt.eq(p.p, 1) else _b.op('Pow', [sums, _b.scalar(rt.truediv(1.0, p.p), x.dtype)], {}))),)
+
+
+
+def _r101_col2im_to_convtranspose_build(_b, _m):
+    """=> ConvTranspose(Reshape(x, shape = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
+    c = _m['c']
+    x = _m['x']
+    blocks = sl.b_conv_shape(c.image, c.block, c.pads, c.strides, c.dilations)
+    channels = rt.floordiv(x.shape[1], rt.b_prod(c.block))
+    return (_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.b_col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.b_col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}),)
+
+
+
+def _r102_gridsample_expand_build(_b, _m):
+    """=> Reshape(Transpose(sums, perm = [1, 0, 2]), shape = g.shape)"""
+    g = _m['g']
+    x = _m['x']
+    grid = _m['grid']
+    n = x.shape[0]
+    c = x.shape[1]
+    sp = tuple(x.shape)[2:]
+    r = rt.sub(rt.b_rank(x), 2)
+    points = rt.b_prod(tuple(g.shape)[2:])
+    taps = rt.b_len(sl.b_grid_tap_offsets(g.mode))
+    combos = sl.b_grid_tap_combinations(r, taps)
+    zero = _b.scalar(0.0, x.dtype)
+    one = _b.scalar(1.0, x.dtype)
+    low = _b.const(sl.b_grid_low(sp, g.align_corners), x.dtype)
+    high = _b.const(sl.b_grid_high(sp, g.align_corners), x.dtype)
+    last = _b.const(sl.b_grid_high(sp, 1), x.dtype)
+    coords = _b.op('Gather', [_b.op('Reshape', [grid], {'shape': (n, points, r, )}), _b.const(rt.b_reversed(rt.b_range(r)), 'i64')], {'axis': 2})
+    v0 = _b.op('Add', [_b.op('Mul', [_b.op('Add', [coords, one], {}), _b.const(sl.b_grid_scale(sp, g.align_corners), x.dtype)], {}), _b.const(sl.b_grid_offset(sp, g.align_corners), x.dtype)], {})
+    v1 = (_b.op('Round', [v0], {}) if rt.eq(g.mode, 'nearest') else v0)
+    outside = _b.op('Or', [_b.op('Less', [v1, low], {}), _b.op('Greater', [v1, high], {})], {})
+    v = (_b.op('Select', [outside, _b.op('Min', [_b.op('Max', [v1, zero], {}), last], {}), v1], {}) if rt.eq(g.padding_mode, 'border') else (_b.op('Reflect', [v1, low, high], {}) if rt.eq(g.padding_mode, 'reflection') else v1))
+    base = _b.op('Floor', [v], {})
+    offsets = _b.const(sl.b_grid_tap_offsets(g.mode), x.dtype)
+    at = _b.op('Add', [_b.op('Reshape', [base], {'shape': (n, points, r, 1, )}), offsets], {})
+    d = _b.op('Abs', [_b.op('Sub', [_b.op('Reshape', [_b.op('Sub', [v, base], {})], {'shape': (n, points, r, 1, )}), offsets], {})], {})
+    near = _b.op('Add', [_b.op('Mul', [_b.op('Mul', [_b.op('Sub', [_b.op('Mul', [d, _b.scalar(1.25, x.dtype)], {}), _b.scalar(2.25, x.dtype)], {}), d], {}), d], {}), one], {})
+    far = _b.op('Sub', [_b.op('Mul', [_b.op('Add', [_b.op('Mul', [_b.op('Sub', [_b.op('Mul', [d, _b.scalar(rt.neg(0.75), x.dtype)], {}), _b.scalar(rt.neg(3.75), x.dtype)], {}), d], {}), _b.scalar(rt.neg(6.0), x.dtype)], {}), d], {}), _b.scalar(rt.neg(3.0), x.dtype)], {})
+    w0 = (_b.op('Splat', [], {'shape': (n, points, r, 1, ), 'value': 1.0, 'dtype': x.dtype}) if rt.eq(g.mode, 'nearest') else (_b.op('Sub', [one, d], {}) if rt.eq(g.mode, 'linear') else _b.op('Select', [_b.op('LessOrEqual', [d, one], {}), near, far], {})))
+    per_axis = (r, 1, )
+    inside = _b.op('And', [_b.op('GreaterOrEqual', [at, zero], {}), _b.op('Less', [at, _b.op('Reshape', [_b.const(sp, x.dtype)], {'shape': per_axis})], {})], {})
+    w = (_b.op('Mul', [w0, _b.op('Cast', [inside], {'to': x.dtype})], {}) if rt.eq(g.padding_mode, 'zeros') else w0)
+    at2 = (_b.op('Reflect', [at, _b.op('Reshape', [low], {'shape': per_axis}), _b.op('Reshape', [high], {'shape': per_axis})], {}) if rt.eq(g.padding_mode, 'reflection') else at)
+    idx = _b.op('Cast', [_b.op('Min', [_b.op('Max', [_b.op('Floor', [at2], {}), zero], {}), _b.op('Reshape', [last], {'shape': per_axis})], {})], {'to': 'i64'})
+    pick = _b.const(combos, 'i64')
+    flat = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Gather', [_b.op('Reshape', [idx], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2}), _b.const(sl.b_row_major_strides(sp), 'i64')], {})], {'axes': (3, ), 'keepdims': 0})
+    weight = _b.op('ReduceProd', [_b.op('Gather', [_b.op('Reshape', [w], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2})], {'axes': (3, ), 'keepdims': 0})
+    k = rt.b_len(combos)
+    batch_start = _b.op('Reshape', [_b.const(rt.b_range(0, rt.mul(n, rt.b_prod(sp)), rt.b_prod(sp)), 'i64')], {'shape': (n, 1, 1, )})
+    by_channel = _b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (n, c, rt.b_prod(sp), )})], {'perm': (1, 0, 2, )})], {'shape': (c, rt.mul(n, rt.b_prod(sp)), )})
+    values = _b.op('Gather', [by_channel, _b.op('Reshape', [_b.op('Add', [flat, batch_start], {})], {'shape': (n, rt.mul(points, k), )})], {'axis': 1})
+    sums = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Reshape', [values], {'shape': (c, n, points, k, )}), weight], {})], {'axes': (3, ), 'keepdims': 0})
+    return (_b.op('Reshape', [_b.op('Transpose', [sums], {'perm': (1, 0, 2, )})], {'shape': g.shape}),)
+
+
+
+def _r103_reflect_expand_build(_b, _m):
+    """=> Select(Or(below, Greater(x, high)), Select(from_low, Add(low, rest), Sub(high, rest)), x)"""
+    x = _m['x']
+    low = _m['low']
+    high = _m['high']
+    below = _b.op('Less', [x, low], {})
+    over = _b.op('Select', [below, _b.op('Sub', [low, x], {}), _b.op('Sub', [x, high], {})], {})
+    span = _b.op('Sub', [high, low], {})
+    turns = _b.op('Floor', [_b.op('Div', [over, span], {})], {})
+    rest = _b.op('Sub', [over, _b.op('Mul', [turns, span], {})], {})
+    half = _b.op('Mul', [turns, _b.scalar(0.5, x.dtype)], {})
+    from_low = _b.op('Equal', [below, _b.op('Equal', [_b.op('Floor', [half], {}), half], {})], {})
+    return (_b.op('Select', [_b.op('Or', [below, _b.op('Greater', [x, high], {})], {}), _b.op('Select', [from_low, _b.op('Add', [low, rest], {}), _b.op('Sub', [high, rest], {})], {}), x], {}),)
+
+
+
+def _r104_quant_param_to_reshape_guard(_m, _ctx):
     """where prod(q.shape) == prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.eq(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r89_quant_param_to_reshape_build(_b, _m):
+def _r104_quant_param_to_reshape_build(_b, _m):
     """=> Reshape(p, shape = q.shape)"""
     q = _m['q']
     p = _m['p']
@@ -1181,13 +1427,13 @@ def _r89_quant_param_to_reshape_build(_b, _m):
 
 
 
-def _r90_quant_param_blocked_to_gather_guard(_m, _ctx):
+def _r105_quant_param_blocked_to_gather_guard(_m, _ctx):
     """where prod(q.shape) != prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.ne(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r90_quant_param_blocked_to_gather_build(_b, _m):
+def _r105_quant_param_blocked_to_gather_build(_b, _m):
     """=> Gather(p, const(block_indices(q.like[q.axis], q.block_size), i64), axis = q.axis)"""
     q = _m['q']
     p = _m['p']
@@ -1195,7 +1441,7 @@ def _r90_quant_param_blocked_to_gather_build(_b, _m):
 
 
 
-def _r91_quantize_linear_expand_build(_b, _m):
+def _r106_quantize_linear_expand_build(_b, _m):
     """=> Cast(Clip(Add(Cast(r, to = wide), Cast(z, to = wide)), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -1209,7 +1455,7 @@ def _r91_quantize_linear_expand_build(_b, _m):
 
 
 
-def _r92_quantize_linear_no_zero_point_build(_b, _m):
+def _r107_quantize_linear_no_zero_point_build(_b, _m):
     """=> Cast(Clip(Cast(r, to = exact_float(q.compute)), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -1220,7 +1466,7 @@ def _r92_quantize_linear_no_zero_point_build(_b, _m):
 
 
 
-def _r93_dequantize_linear_expand_build(_b, _m):
+def _r108_dequantize_linear_expand_build(_b, _m):
     """=> Cast(Mul(Sub(Cast(x, to = wide), Cast(z, to = wide)), Cast(s, to = wide)), to = d.dtype)"""
     d = _m['d']
     x = _m['x']
@@ -1233,7 +1479,7 @@ def _r93_dequantize_linear_expand_build(_b, _m):
 
 
 
-def _r94_dequantize_linear_no_zero_point_build(_b, _m):
+def _r109_dequantize_linear_no_zero_point_build(_b, _m):
     """=> Cast(Mul(Cast(x, to = wide), Cast(s, to = wide)), to = d.dtype)"""
     d = _m['d']
     x = _m['x']
@@ -1244,7 +1490,7 @@ def _r94_dequantize_linear_no_zero_point_build(_b, _m):
 
 
 
-def _r95_qlinear_matmul_expand_build(_b, _m):
+def _r110_qlinear_matmul_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(Cast(acc, to = f64), Cast(multiplier, to = f64)), Cast(zy, to = f64))), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -1262,7 +1508,7 @@ def _r95_qlinear_matmul_expand_build(_b, _m):
 
 
 
-def _r96_matmul_integer_expand_build(_b, _m):
+def _r111_matmul_integer_expand_build(_b, _m):
     """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = per_row(a_zero_point.shape, a.shape)), to = i32)), Sub(Cast(b, to = i32), Cast(Reshape(b_zero_point, shape = per_column(b_zero_point.shape, b.shape)), to = i32)))"""
     a = _m['a']
     b = _m['b']
@@ -1272,7 +1518,7 @@ def _r96_matmul_integer_expand_build(_b, _m):
 
 
 
-def _r97_matmul_integer_a_zero_point_build(_b, _m):
+def _r112_matmul_integer_a_zero_point_build(_b, _m):
     """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = per_row(a_zero_point.shape, a.shape)), to = i32)), Cast(b, to = i32))"""
     a = _m['a']
     b = _m['b']
@@ -1281,7 +1527,7 @@ def _r97_matmul_integer_a_zero_point_build(_b, _m):
 
 
 
-def _r98_matmul_integer_no_zero_point_build(_b, _m):
+def _r113_matmul_integer_no_zero_point_build(_b, _m):
     """=> MatMul(Cast(a, to = i32), Cast(b, to = i32))"""
     a = _m['a']
     b = _m['b']
@@ -1289,7 +1535,7 @@ def _r98_matmul_integer_no_zero_point_build(_b, _m):
 
 
 
-def _r99_conv_integer_expand_build(_b, _m):
+def _r114_conv_integer_expand_build(_b, _m):
     """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
     c = _m['c']
     x = _m['x']
@@ -1302,7 +1548,7 @@ def _r99_conv_integer_expand_build(_b, _m):
 
 
 
-def _r100_conv_integer_x_zero_point_build(_b, _m):
+def _r115_conv_integer_x_zero_point_build(_b, _m):
     """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
     c = _m['c']
     x = _m['x']
@@ -1314,7 +1560,7 @@ def _r100_conv_integer_x_zero_point_build(_b, _m):
 
 
 
-def _r101_conv_integer_no_zero_point_build(_b, _m):
+def _r116_conv_integer_no_zero_point_build(_b, _m):
     """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
     c = _m['c']
     x = _m['x']
@@ -1325,7 +1571,7 @@ def _r101_conv_integer_no_zero_point_build(_b, _m):
 
 
 
-def _r102_qlinear_conv_expand_build(_b, _m):
+def _r117_qlinear_conv_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -1345,7 +1591,7 @@ def _r102_qlinear_conv_expand_build(_b, _m):
 
 
 
-def _r103_qlinear_conv_no_bias_build(_b, _m):
+def _r118_qlinear_conv_no_bias_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -1364,7 +1610,7 @@ def _r103_qlinear_conv_no_bias_build(_b, _m):
 
 
 
-def _r104_dft_to_matmul_build(_b, _m):
+def _r119_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), shape = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -1378,13 +1624,13 @@ def _r104_dft_to_matmul_build(_b, _m):
 
 
 
-def _r105_compress_to_gather_guard(_m, _ctx):
+def _r120_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r105_compress_to_gather_build(_b, _m):
+def _r120_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -1392,13 +1638,13 @@ def _r105_compress_to_gather_build(_b, _m):
 
 
 
-def _r106_compress_flat_to_gather_guard(_m, _ctx):
+def _r121_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r106_compress_flat_to_gather_build(_b, _m):
+def _r121_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, shape = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -1406,7 +1652,7 @@ def _r106_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r107_stft_expand_build(_b, _m):
+def _r122_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, shape = [s.frame, 1])), axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -1416,7 +1662,7 @@ def _r107_stft_expand_build(_b, _m):
 
 
 
-def _r108_stft_no_window_build(_b, _m):
+def _r123_stft_no_window_build(_b, _m):
     """=> DFT(Gather(signal, const(frame_indices(signal.shape[1], s.frame, s.step), i64), axis = 1), axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -1424,113 +1670,128 @@ def _r108_stft_no_window_build(_b, _m):
 
 
 RULES = (
-    RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:26:1'),
-    RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:29:1'),
-    RuleInfo(name='dropout_mask', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r2_dropout_mask_build, location='specs/lowerings.glowdef:32:1'),
-    RuleInfo(name='reciprocal_to_div', phases=('lower',), pattern=P('Reciprocal', (V('x'),)), size=1, guard=None, build=_r3_reciprocal_to_div_build, location='specs/lowerings.glowdef:37:1'),
-    RuleInfo(name='clip_to_max_min', phases=('lower',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=None, build=_r4_clip_to_max_min_build, location='specs/lowerings.glowdef:40:1'),
-    RuleInfo(name='swish_expand', phases=('lower',), pattern=P('Swish', (V('x'),)), size=1, guard=None, build=_r5_swish_expand_build, location='specs/lowerings.glowdef:44:1'),
-    RuleInfo(name='hardsigmoid_expand', phases=('lower',), pattern=P('HardSigmoid', (V('x'),), bind='h'), size=1, guard=None, build=_r6_hardsigmoid_expand_build, location='specs/lowerings.glowdef:47:1'),
-    RuleInfo(name='hardswish_expand', phases=('lower',), pattern=P('HardSwish', (V('x'),)), size=1, guard=None, build=_r7_hardswish_expand_build, location='specs/lowerings.glowdef:52:1'),
-    RuleInfo(name='sum_single', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('x'),)), size=1, guard=None, build=_r8_sum_single_build, location='specs/lowerings.glowdef:57:1'),
-    RuleInfo(name='sum_chain', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r9_sum_chain_build, location='specs/lowerings.glowdef:60:1'),
-    RuleInfo(name='mean_to_sum', phases=('lower',), pattern=P('MeanN', (R('xs'),), bind='m'), size=1, guard=None, build=_r10_mean_to_sum_build, location='specs/lowerings.glowdef:63:1'),
-    RuleInfo(name='max_single', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('x'),)), size=1, guard=None, build=_r11_max_single_build, location='specs/lowerings.glowdef:66:1'),
-    RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:69:1'),
-    RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:72:1'),
-    RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:75:1'),
-    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r15_flatten_to_reshape_build, location='specs/lowerings.glowdef:80:1'),
-    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r16_squeeze_to_reshape_build, location='specs/lowerings.glowdef:83:1'),
-    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r17_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:86:1'),
-    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c')), bind='g'), size=1, guard=_r18_gemm_to_matmul_guard, build=_r18_gemm_to_matmul_build, location='specs/lowerings.glowdef:93:1'),
-    RuleInfo(name='gemm_no_bias_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b')), bind='g'), size=1, guard=_r19_gemm_no_bias_to_matmul_guard, build=_r19_gemm_no_bias_to_matmul_build, location='specs/lowerings.glowdef:101:1'),
-    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r20_fc_to_matmul_guard, build=_r20_fc_to_matmul_build, location='specs/lowerings.glowdef:108:1'),
-    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r21_matmul_vector_lhs_guard, build=_r21_matmul_vector_lhs_build, location='specs/lowerings.glowdef:111:1'),
-    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r22_matmul_vector_rhs_guard, build=_r22_matmul_vector_rhs_build, location='specs/lowerings.glowdef:115:1'),
-    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r23_matmul_shared_rhs_guard, build=_r23_matmul_shared_rhs_build, location='specs/lowerings.glowdef:120:1'),
-    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r24_matmul_batched_guard, build=_r24_matmul_batched_build, location='specs/lowerings.glowdef:126:1'),
-    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r25_batchnorm_to_affine_build, location='specs/lowerings.glowdef:137:1'),
-    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias')), bind='ln'), size=1, guard=None, build=_r26_layernorm_expand_build, location='specs/lowerings.glowdef:144:1'),
-    RuleInfo(name='layernorm_no_bias_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale')), bind='ln'), size=1, guard=None, build=_r27_layernorm_no_bias_expand_build, location='specs/lowerings.glowdef:151:1'),
-    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r28_softmax_expand_build, location='specs/lowerings.glowdef:158:1'),
-    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r29_logsoftmax_expand_build, location='specs/lowerings.glowdef:163:1'),
-    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r30_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:168:1'),
-    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r31_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:172:1'),
-    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r32_reducemean_to_sum_build, location='specs/lowerings.glowdef:178:1'),
-    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r33_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:182:1'),
-    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r34_global_maxpool_to_max_build, location='specs/lowerings.glowdef:185:1'),
-    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r35_lrn_expand_build, location='specs/lowerings.glowdef:189:1'),
-    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r36_cast_same_type_guard, build=_r36_cast_same_type_build, location='specs/lowerings.glowdef:203:1'),
-    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r37_add_zero_guard, build=_r37_add_zero_build, location='specs/lowerings.glowdef:206:1'),
-    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r38_sub_zero_guard, build=_r38_sub_zero_build, location='specs/lowerings.glowdef:209:1'),
-    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r39_mul_one_guard, build=_r39_mul_one_build, location='specs/lowerings.glowdef:212:1'),
-    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r40_div_one_guard, build=_r40_div_one_build, location='specs/lowerings.glowdef:215:1'),
-    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r41_relu_relu_build, location='specs/lowerings.glowdef:218:1'),
-    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r42_max_same_build, location='specs/lowerings.glowdef:221:1'),
-    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r43_clip_unbounded_guard, build=_r43_clip_unbounded_build, location='specs/lowerings.glowdef:224:1'),
-    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r44_max_zero_to_relu_guard, build=_r44_max_zero_to_relu_build, location='specs/lowerings.glowdef:229:1'),
-    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r45_min_max_to_clip_guard, build=_r45_min_max_to_clip_build, location='specs/lowerings.glowdef:232:1'),
-    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r46_min_relu_to_clip_guard, build=_r46_min_relu_to_clip_build, location='specs/lowerings.glowdef:240:1'),
-    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r47_swish_fuse_guard, build=_r47_swish_fuse_build, location='specs/lowerings.glowdef:247:1'),
-    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r48_sub_const_to_add_guard, build=_r48_sub_const_to_add_build, location='specs/lowerings.glowdef:254:1'),
-    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r49_div_const_to_mul_guard, build=_r49_div_const_to_mul_build, location='specs/lowerings.glowdef:257:1'),
-    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r50_add_const_reassociate_guard, build=_r50_add_const_reassociate_build, location='specs/lowerings.glowdef:261:1'),
-    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r51_mul_const_reassociate_guard, build=_r51_mul_const_reassociate_build, location='specs/lowerings.glowdef:265:1'),
-    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r52_mul_add_distribute_guard, build=_r52_mul_add_distribute_build, location='specs/lowerings.glowdef:269:1'),
-    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r53_conv_bias_zero_build, location='specs/lowerings.glowdef:276:1'),
-    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r54_conv_batchnorm_fold_guard, build=_r54_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:281:1'),
-    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r55_conv_mul_fold_guard, build=_r55_conv_mul_fold_build, location='specs/lowerings.glowdef:289:1'),
-    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r56_conv_add_fold_guard, build=_r56_conv_add_fold_build, location='specs/lowerings.glowdef:296:1'),
-    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r57_matmul_mul_fold_guard, build=_r57_matmul_mul_fold_build, location='specs/lowerings.glowdef:304:1'),
-    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r58_conv_pad_merge_guard, build=_r58_conv_pad_merge_build, location='specs/lowerings.glowdef:312:1'),
-    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r59_avgpool_pad_merge_guard, build=_r59_avgpool_pad_merge_build, location='specs/lowerings.glowdef:319:1'),
-    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r60_maxpool_pad_merge_guard, build=_r60_maxpool_pad_merge_build, location='specs/lowerings.glowdef:328:1'),
-    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r61_transpose_identity_guard, build=_r61_transpose_identity_build, location='specs/lowerings.glowdef:338:1'),
-    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r62_transpose_transpose_build, location='specs/lowerings.glowdef:341:1'),
-    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r63_transpose_to_reshape_guard, build=_r63_transpose_to_reshape_build, location='specs/lowerings.glowdef:344:1'),
-    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r64_reshape_noop_guard, build=_r64_reshape_noop_build, location='specs/lowerings.glowdef:347:1'),
-    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r65_reshape_reshape_build, location='specs/lowerings.glowdef:350:1'),
-    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r66_concat_single_build, location='specs/lowerings.glowdef:353:1'),
-    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r67_concat_flatten_guard, build=_r67_concat_flatten_build, location='specs/lowerings.glowdef:356:1'),
-    RuleInfo(name='relu_transpose_sink', phases=('canonicalize',), pattern=P('Relu', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r68_relu_transpose_sink_guard, build=_r68_relu_transpose_sink_build, location='specs/lowerings.glowdef:360:1'),
-    RuleInfo(name='sigmoid_transpose_sink', phases=('canonicalize',), pattern=P('Sigmoid', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r69_sigmoid_transpose_sink_guard, build=_r69_sigmoid_transpose_sink_build, location='specs/lowerings.glowdef:363:1'),
-    RuleInfo(name='tanh_transpose_sink', phases=('canonicalize',), pattern=P('Tanh', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r70_tanh_transpose_sink_guard, build=_r70_tanh_transpose_sink_build, location='specs/lowerings.glowdef:366:1'),
-    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r71_add_transpose_sink_guard, build=_r71_add_transpose_sink_build, location='specs/lowerings.glowdef:369:1'),
-    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r72_mul_transpose_sink_guard, build=_r72_mul_transpose_sink_build, location='specs/lowerings.glowdef:373:1'),
-    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r73_add_const_transpose_sink_guard, build=_r73_add_const_transpose_sink_build, location='specs/lowerings.glowdef:378:1'),
-    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r74_mul_const_transpose_sink_guard, build=_r74_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:383:1'),
-    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r75_prelu_to_select_build, location='specs/lowerings.glowdef:389:1'),
-    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r76_castlike_to_cast_build, location='specs/lowerings.glowdef:393:1'),
-    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r77_tile_to_expand_build, location='specs/lowerings.glowdef:397:1'),
-    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r78_depth_to_space_dcr_guard, build=_r78_depth_to_space_dcr_build, location='specs/lowerings.glowdef:403:1'),
-    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r79_depth_to_space_crd_guard, build=_r79_depth_to_space_crd_build, location='specs/lowerings.glowdef:410:1'),
-    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r80_space_to_depth_dcr_guard, build=_r80_space_to_depth_dcr_build, location='specs/lowerings.glowdef:417:1'),
-    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r81_space_to_depth_crd_guard, build=_r81_space_to_depth_crd_build, location='specs/lowerings.glowdef:424:1'),
-    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r82_instancenorm_expand_build, location='specs/lowerings.glowdef:431:1'),
-    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r83_lpnorm_l2_guard, build=_r83_lpnorm_l2_build, location='specs/lowerings.glowdef:440:1'),
-    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r84_lpnorm_l1_guard, build=_r84_lpnorm_l1_build, location='specs/lowerings.glowdef:445:1'),
-    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r85_convn_1d_guard, build=_r85_convn_1d_build, location='specs/lowerings.glowdef:454:1'),
-    RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r86_convn_1d_no_bias_guard, build=_r86_convn_1d_no_bias_build, location='specs/lowerings.glowdef:462:1'),
-    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r87_maxpooln_1d_guard, build=_r87_maxpooln_1d_build, location='specs/lowerings.glowdef:470:1'),
-    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r88_avgpooln_1d_guard, build=_r88_avgpooln_1d_build, location='specs/lowerings.glowdef:477:1'),
-    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r89_quant_param_to_reshape_guard, build=_r89_quant_param_to_reshape_build, location='specs/lowerings.glowdef:491:1'),
-    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r90_quant_param_blocked_to_gather_guard, build=_r90_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:495:1'),
-    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='q'), size=1, guard=None, build=_r91_quantize_linear_expand_build, location='specs/lowerings.glowdef:502:1'),
-    RuleInfo(name='quantize_linear_no_zero_point', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale')), bind='q'), size=1, guard=None, build=_r92_quantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:511:1'),
-    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='d'), size=1, guard=None, build=_r93_dequantize_linear_expand_build, location='specs/lowerings.glowdef:518:1'),
-    RuleInfo(name='dequantize_linear_no_zero_point', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale')), bind='d'), size=1, guard=None, build=_r94_dequantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:525:1'),
-    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r95_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:531:1'),
-    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'), V('b_zero_point'))), size=1, guard=None, build=_r96_matmul_integer_expand_build, location='specs/lowerings.glowdef:543:1'),
-    RuleInfo(name='matmul_integer_a_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'))), size=1, guard=None, build=_r97_matmul_integer_a_zero_point_build, location='specs/lowerings.glowdef:548:1'),
-    RuleInfo(name='matmul_integer_no_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'))), size=1, guard=None, build=_r98_matmul_integer_no_zero_point_build, location='specs/lowerings.glowdef:553:1'),
-    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point'), V('w_zero_point')), bind='c'), size=1, guard=None, build=_r99_conv_integer_expand_build, location='specs/lowerings.glowdef:556:1'),
-    RuleInfo(name='conv_integer_x_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point')), bind='c'), size=1, guard=None, build=_r100_conv_integer_x_zero_point_build, location='specs/lowerings.glowdef:563:1'),
-    RuleInfo(name='conv_integer_no_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r101_conv_integer_no_zero_point_build, location='specs/lowerings.glowdef:570:1'),
-    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b')), bind='c'), size=1, guard=None, build=_r102_qlinear_conv_expand_build, location='specs/lowerings.glowdef:577:1'),
-    RuleInfo(name='qlinear_conv_no_bias', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point')), bind='c'), size=1, guard=None, build=_r103_qlinear_conv_no_bias_build, location='specs/lowerings.glowdef:589:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r104_dft_to_matmul_build, location='specs/lowerings.glowdef:604:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r105_compress_to_gather_guard, build=_r105_compress_to_gather_build, location='specs/lowerings.glowdef:614:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r106_compress_flat_to_gather_guard, build=_r106_compress_flat_to_gather_build, location='specs/lowerings.glowdef:618:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window')), bind='s'), size=1, guard=None, build=_r107_stft_expand_build, location='specs/lowerings.glowdef:623:1'),
-    RuleInfo(name='stft_no_window', phases=('lower',), pattern=P('STFT', (V('signal'),), bind='s'), size=1, guard=None, build=_r108_stft_no_window_build, location='specs/lowerings.glowdef:628:1'),
+    RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:28:1'),
+    RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:31:1'),
+    RuleInfo(name='dropout_mask', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r2_dropout_mask_build, location='specs/lowerings.glowdef:34:1'),
+    RuleInfo(name='reciprocal_to_div', phases=('lower',), pattern=P('Reciprocal', (V('x'),)), size=1, guard=None, build=_r3_reciprocal_to_div_build, location='specs/lowerings.glowdef:39:1'),
+    RuleInfo(name='clip_to_max_min', phases=('lower',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=None, build=_r4_clip_to_max_min_build, location='specs/lowerings.glowdef:42:1'),
+    RuleInfo(name='swish_expand', phases=('lower',), pattern=P('Swish', (V('x'),)), size=1, guard=None, build=_r5_swish_expand_build, location='specs/lowerings.glowdef:46:1'),
+    RuleInfo(name='hardsigmoid_expand', phases=('lower',), pattern=P('HardSigmoid', (V('x'),), bind='h'), size=1, guard=None, build=_r6_hardsigmoid_expand_build, location='specs/lowerings.glowdef:49:1'),
+    RuleInfo(name='hardswish_expand', phases=('lower',), pattern=P('HardSwish', (V('x'),)), size=1, guard=None, build=_r7_hardswish_expand_build, location='specs/lowerings.glowdef:54:1'),
+    RuleInfo(name='sum_single', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('x'),)), size=1, guard=None, build=_r8_sum_single_build, location='specs/lowerings.glowdef:59:1'),
+    RuleInfo(name='sum_chain', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r9_sum_chain_build, location='specs/lowerings.glowdef:62:1'),
+    RuleInfo(name='mean_to_sum', phases=('lower',), pattern=P('MeanN', (R('xs'),), bind='m'), size=1, guard=None, build=_r10_mean_to_sum_build, location='specs/lowerings.glowdef:65:1'),
+    RuleInfo(name='max_single', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('x'),)), size=1, guard=None, build=_r11_max_single_build, location='specs/lowerings.glowdef:68:1'),
+    RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:71:1'),
+    RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:74:1'),
+    RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:77:1'),
+    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r15_flatten_to_reshape_build, location='specs/lowerings.glowdef:82:1'),
+    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r16_squeeze_to_reshape_build, location='specs/lowerings.glowdef:85:1'),
+    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r17_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:88:1'),
+    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c')), bind='g'), size=1, guard=_r18_gemm_to_matmul_guard, build=_r18_gemm_to_matmul_build, location='specs/lowerings.glowdef:95:1'),
+    RuleInfo(name='gemm_no_bias_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b')), bind='g'), size=1, guard=_r19_gemm_no_bias_to_matmul_guard, build=_r19_gemm_no_bias_to_matmul_build, location='specs/lowerings.glowdef:103:1'),
+    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r20_fc_to_matmul_guard, build=_r20_fc_to_matmul_build, location='specs/lowerings.glowdef:110:1'),
+    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r21_matmul_vector_lhs_guard, build=_r21_matmul_vector_lhs_build, location='specs/lowerings.glowdef:113:1'),
+    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r22_matmul_vector_rhs_guard, build=_r22_matmul_vector_rhs_build, location='specs/lowerings.glowdef:117:1'),
+    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r23_matmul_shared_rhs_guard, build=_r23_matmul_shared_rhs_build, location='specs/lowerings.glowdef:122:1'),
+    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r24_matmul_batched_guard, build=_r24_matmul_batched_build, location='specs/lowerings.glowdef:128:1'),
+    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r25_batchnorm_to_affine_build, location='specs/lowerings.glowdef:139:1'),
+    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias')), bind='ln'), size=1, guard=None, build=_r26_layernorm_expand_build, location='specs/lowerings.glowdef:146:1'),
+    RuleInfo(name='layernorm_no_bias_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale')), bind='ln'), size=1, guard=None, build=_r27_layernorm_no_bias_expand_build, location='specs/lowerings.glowdef:153:1'),
+    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r28_softmax_expand_build, location='specs/lowerings.glowdef:160:1'),
+    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r29_logsoftmax_expand_build, location='specs/lowerings.glowdef:165:1'),
+    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r30_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:170:1'),
+    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r31_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:174:1'),
+    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r32_reducemean_to_sum_build, location='specs/lowerings.glowdef:180:1'),
+    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r33_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:184:1'),
+    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r34_global_maxpool_to_max_build, location='specs/lowerings.glowdef:187:1'),
+    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r35_lrn_expand_build, location='specs/lowerings.glowdef:191:1'),
+    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r36_f16_matmul_in_f32_guard, build=_r36_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:206:1'),
+    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r37_f16_conv_in_f32_guard, build=_r37_f16_conv_in_f32_build, location='specs/lowerings.glowdef:210:1'),
+    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r38_f16_convn_in_f32_guard, build=_r38_f16_convn_in_f32_build, location='specs/lowerings.glowdef:215:1'),
+    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r39_f16_reducesum_in_f32_guard, build=_r39_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:220:1'),
+    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r40_f16_avgpool_in_f32_guard, build=_r40_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:224:1'),
+    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r41_cast_same_type_guard, build=_r41_cast_same_type_build, location='specs/lowerings.glowdef:235:1'),
+    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r42_add_zero_guard, build=_r42_add_zero_build, location='specs/lowerings.glowdef:238:1'),
+    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r43_sub_zero_guard, build=_r43_sub_zero_build, location='specs/lowerings.glowdef:241:1'),
+    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r44_mul_one_guard, build=_r44_mul_one_build, location='specs/lowerings.glowdef:244:1'),
+    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r45_div_one_guard, build=_r45_div_one_build, location='specs/lowerings.glowdef:247:1'),
+    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r46_relu_relu_build, location='specs/lowerings.glowdef:250:1'),
+    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r47_max_same_build, location='specs/lowerings.glowdef:253:1'),
+    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r48_clip_unbounded_guard, build=_r48_clip_unbounded_build, location='specs/lowerings.glowdef:256:1'),
+    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r49_max_zero_to_relu_guard, build=_r49_max_zero_to_relu_build, location='specs/lowerings.glowdef:261:1'),
+    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r50_min_max_to_clip_guard, build=_r50_min_max_to_clip_build, location='specs/lowerings.glowdef:264:1'),
+    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r51_min_relu_to_clip_guard, build=_r51_min_relu_to_clip_build, location='specs/lowerings.glowdef:272:1'),
+    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r52_swish_fuse_guard, build=_r52_swish_fuse_build, location='specs/lowerings.glowdef:279:1'),
+    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r53_sub_const_to_add_guard, build=_r53_sub_const_to_add_build, location='specs/lowerings.glowdef:286:1'),
+    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r54_div_const_to_mul_guard, build=_r54_div_const_to_mul_build, location='specs/lowerings.glowdef:289:1'),
+    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r55_add_const_reassociate_guard, build=_r55_add_const_reassociate_build, location='specs/lowerings.glowdef:293:1'),
+    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r56_mul_const_reassociate_guard, build=_r56_mul_const_reassociate_build, location='specs/lowerings.glowdef:297:1'),
+    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r57_mul_add_distribute_guard, build=_r57_mul_add_distribute_build, location='specs/lowerings.glowdef:301:1'),
+    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r58_conv_bias_zero_build, location='specs/lowerings.glowdef:308:1'),
+    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r59_conv_batchnorm_fold_guard, build=_r59_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:313:1'),
+    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r60_conv_mul_fold_guard, build=_r60_conv_mul_fold_build, location='specs/lowerings.glowdef:321:1'),
+    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r61_conv_add_fold_guard, build=_r61_conv_add_fold_build, location='specs/lowerings.glowdef:328:1'),
+    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r62_matmul_mul_fold_guard, build=_r62_matmul_mul_fold_build, location='specs/lowerings.glowdef:336:1'),
+    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r63_conv_pad_merge_guard, build=_r63_conv_pad_merge_build, location='specs/lowerings.glowdef:344:1'),
+    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r64_avgpool_pad_merge_guard, build=_r64_avgpool_pad_merge_build, location='specs/lowerings.glowdef:351:1'),
+    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r65_maxpool_pad_merge_guard, build=_r65_maxpool_pad_merge_build, location='specs/lowerings.glowdef:360:1'),
+    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r66_transpose_identity_guard, build=_r66_transpose_identity_build, location='specs/lowerings.glowdef:370:1'),
+    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r67_transpose_transpose_build, location='specs/lowerings.glowdef:373:1'),
+    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r68_transpose_to_reshape_guard, build=_r68_transpose_to_reshape_build, location='specs/lowerings.glowdef:376:1'),
+    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r69_reshape_noop_guard, build=_r69_reshape_noop_build, location='specs/lowerings.glowdef:379:1'),
+    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r70_reshape_reshape_build, location='specs/lowerings.glowdef:382:1'),
+    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r71_concat_single_build, location='specs/lowerings.glowdef:385:1'),
+    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r72_concat_flatten_guard, build=_r72_concat_flatten_build, location='specs/lowerings.glowdef:388:1'),
+    RuleInfo(name='relu_transpose_sink', phases=('canonicalize',), pattern=P('Relu', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r73_relu_transpose_sink_guard, build=_r73_relu_transpose_sink_build, location='specs/lowerings.glowdef:392:1'),
+    RuleInfo(name='sigmoid_transpose_sink', phases=('canonicalize',), pattern=P('Sigmoid', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r74_sigmoid_transpose_sink_guard, build=_r74_sigmoid_transpose_sink_build, location='specs/lowerings.glowdef:395:1'),
+    RuleInfo(name='tanh_transpose_sink', phases=('canonicalize',), pattern=P('Tanh', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r75_tanh_transpose_sink_guard, build=_r75_tanh_transpose_sink_build, location='specs/lowerings.glowdef:398:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r76_add_transpose_sink_guard, build=_r76_add_transpose_sink_build, location='specs/lowerings.glowdef:401:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r77_mul_transpose_sink_guard, build=_r77_mul_transpose_sink_build, location='specs/lowerings.glowdef:405:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r78_add_const_transpose_sink_guard, build=_r78_add_const_transpose_sink_build, location='specs/lowerings.glowdef:410:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r79_mul_const_transpose_sink_guard, build=_r79_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:415:1'),
+    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r80_prelu_to_select_build, location='specs/lowerings.glowdef:421:1'),
+    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r81_castlike_to_cast_build, location='specs/lowerings.glowdef:425:1'),
+    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r82_tile_to_expand_build, location='specs/lowerings.glowdef:429:1'),
+    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r83_depth_to_space_dcr_guard, build=_r83_depth_to_space_dcr_build, location='specs/lowerings.glowdef:435:1'),
+    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r84_depth_to_space_crd_guard, build=_r84_depth_to_space_crd_build, location='specs/lowerings.glowdef:442:1'),
+    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r85_space_to_depth_dcr_guard, build=_r85_space_to_depth_dcr_build, location='specs/lowerings.glowdef:449:1'),
+    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r86_space_to_depth_crd_guard, build=_r86_space_to_depth_crd_build, location='specs/lowerings.glowdef:456:1'),
+    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r87_instancenorm_expand_build, location='specs/lowerings.glowdef:463:1'),
+    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r88_lpnorm_l2_guard, build=_r88_lpnorm_l2_build, location='specs/lowerings.glowdef:472:1'),
+    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r89_lpnorm_l1_guard, build=_r89_lpnorm_l1_build, location='specs/lowerings.glowdef:477:1'),
+    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r90_convn_1d_guard, build=_r90_convn_1d_build, location='specs/lowerings.glowdef:486:1'),
+    RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r91_convn_1d_no_bias_guard, build=_r91_convn_1d_no_bias_build, location='specs/lowerings.glowdef:494:1'),
+    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r92_maxpooln_1d_guard, build=_r92_maxpooln_1d_build, location='specs/lowerings.glowdef:502:1'),
+    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r93_avgpooln_1d_guard, build=_r93_avgpooln_1d_build, location='specs/lowerings.glowdef:509:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r94_resize_identity_guard, build=_r94_resize_identity_build, location='specs/lowerings.glowdef:527:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_one_axis_at_a_time_guard, build=_r95_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:530:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_nearest_gather_guard, build=_r96_resize_nearest_gather_build, location='specs/lowerings.glowdef:544:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_axis_taps_guard, build=_r97_resize_axis_taps_build, location='specs/lowerings.glowdef:553:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r98_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:568:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r99_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:579:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r100_lppool_to_conv_build, location='specs/lowerings.glowdef:588:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r101_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:598:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r102_gridsample_expand_build, location='specs/lowerings.glowdef:618:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r103_reflect_expand_build, location='specs/lowerings.glowdef:670:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r104_quant_param_to_reshape_guard, build=_r104_quant_param_to_reshape_build, location='specs/lowerings.glowdef:688:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r105_quant_param_blocked_to_gather_guard, build=_r105_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:692:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='q'), size=1, guard=None, build=_r106_quantize_linear_expand_build, location='specs/lowerings.glowdef:699:1'),
+    RuleInfo(name='quantize_linear_no_zero_point', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale')), bind='q'), size=1, guard=None, build=_r107_quantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:708:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='d'), size=1, guard=None, build=_r108_dequantize_linear_expand_build, location='specs/lowerings.glowdef:715:1'),
+    RuleInfo(name='dequantize_linear_no_zero_point', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale')), bind='d'), size=1, guard=None, build=_r109_dequantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:722:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r110_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:728:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'), V('b_zero_point'))), size=1, guard=None, build=_r111_matmul_integer_expand_build, location='specs/lowerings.glowdef:740:1'),
+    RuleInfo(name='matmul_integer_a_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'))), size=1, guard=None, build=_r112_matmul_integer_a_zero_point_build, location='specs/lowerings.glowdef:745:1'),
+    RuleInfo(name='matmul_integer_no_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'))), size=1, guard=None, build=_r113_matmul_integer_no_zero_point_build, location='specs/lowerings.glowdef:750:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point'), V('w_zero_point')), bind='c'), size=1, guard=None, build=_r114_conv_integer_expand_build, location='specs/lowerings.glowdef:753:1'),
+    RuleInfo(name='conv_integer_x_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point')), bind='c'), size=1, guard=None, build=_r115_conv_integer_x_zero_point_build, location='specs/lowerings.glowdef:760:1'),
+    RuleInfo(name='conv_integer_no_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r116_conv_integer_no_zero_point_build, location='specs/lowerings.glowdef:767:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b')), bind='c'), size=1, guard=None, build=_r117_qlinear_conv_expand_build, location='specs/lowerings.glowdef:774:1'),
+    RuleInfo(name='qlinear_conv_no_bias', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point')), bind='c'), size=1, guard=None, build=_r118_qlinear_conv_no_bias_build, location='specs/lowerings.glowdef:786:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r119_dft_to_matmul_build, location='specs/lowerings.glowdef:801:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r120_compress_to_gather_guard, build=_r120_compress_to_gather_build, location='specs/lowerings.glowdef:811:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r121_compress_flat_to_gather_guard, build=_r121_compress_flat_to_gather_build, location='specs/lowerings.glowdef:815:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window')), bind='s'), size=1, guard=None, build=_r122_stft_expand_build, location='specs/lowerings.glowdef:820:1'),
+    RuleInfo(name='stft_no_window', phases=('lower',), pattern=P('STFT', (V('signal'),), bind='s'), size=1, guard=None, build=_r123_stft_no_window_build, location='specs/lowerings.glowdef:825:1'),
 )

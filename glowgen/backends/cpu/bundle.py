@@ -461,7 +461,10 @@ def write_bundle(model, out_dir, name: Optional[str] = None, triple: Optional[st
     function = api.load(model, input_shapes, registry)
     pipeline.run(function, registry, pipeline.PIPELINE, "cpu")
     prog = lir.build(function, registry)
-    ir_text = str(ModuleBuilder(prog, registry, name, stacking).build())
+    # Instruction choices follow the target: this machine's features when compiling for it,
+    # none beyond the baseline otherwise (llvmlite cannot list a named CPU's features).
+    host_features = host_target()[2] if (triple, used_cpu) == (host_triple, host_cpu) else ""
+    ir_text = str(ModuleBuilder(prog, registry, name, stacking, features=host_features).build())
     # The builder re-plans the activation arena: sizes and offsets are final only now.
     module = optimize(ir_text, tm)
     obj = tm.emit_object(module)

@@ -5,6 +5,10 @@ It calls one internal function per step (a stack of elementwise instructions or 
 instruction), passing typed pointers at the offsets the memory plan fixed at compile time.
 Pointers whose bytes overlap no other argument are marked `noalias`, so LLVM vectorizes
 without runtime checks.
+
+For the JIT, a second entry point `i32 NAME_io(.., .., .., i8** io)` takes the graph inputs
+and outputs listed in `io_slots(prog)` from a table of pointers instead of the mutable
+region, so a caller can run on its own arrays without copying them in and out.
 """
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ from ...lir.passes import lifetimes
 from .epilogue import EpilogueEmitter, fuse_epilogues
 from .kernels import KERNELS, SCRATCH, KernelArgs
 from . import kernels_more  # noqa: F401  (registers the kernels of the last `extern` section)
-from .llvmutil import I8P, I32, i64, storage_type
-from .loops import broadcast_strides, contiguous_strides, strided_loops
+from .packing import pack_constant_weights
+from .llvmutil import I8P, I32, i64, intrinsic, set_target_features, storage_type
+from .loops import blocked_loops, broadcast_strides, contiguous_strides, innermost_extent, strided_loops
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
-from .stacking import Step, form_steps, replan_activations, stores_needed
+from .stacking import BLOCK, Step, cost_groups, form_steps, replan_activations, stores_needed
 
 REGION_ORDER = ("constant", "mutable", "activation")
 
@@ -37,40 +42,100 @@ def _overlaps(a, b) -> bool:
     return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
 
 
+def io_slots(prog: Program) -> list:
+    """The graph inputs and outputs the `_io` entry point takes by pointer, in table order:
+    inputs no instruction writes (the caller's array is only read), then outputs some
+    instruction writes and that are not also inputs (the caller's array is all written).
+    Anything else stays in the mutable region."""
+    written = {id(buf.root()) for ins in prog.instrs for buf in ins.writes()}
+    slots = []
+    for w in prog.inputs.values():
+        if id(w) not in written and all(w is not x for x in slots):
+            slots.append(w)
+    for w in prog.outputs.values():
+        if id(w) in written and all(w is not x for x in slots) and all(w is not x for x in prog.inputs.values()):
+            slots.append(w)
+    return slots
+
+
+def describe_step(step: Step) -> str:
+    """`Conv+Add+Relu [1, 64, 56, 56]`: a step's instructions and its result's shape."""
+    kinds = [i.kind for i in step.instrs]          # a fused epilogue's included
+    node = step.instrs[0].node
+    shape = list(node.outputs[0].type.shape) if node is not None else []
+    text = f"{'+'.join(kinds)} {shape}"
+    if node is not None and step.instrs[0].kind in ("Conv", "ConvN"):
+        window = "x".join(map(str, node.inputs[1].type.shape[2:]))
+        text += f" {window} stride {'x'.join(map(str, node.strides))}"
+        if node.group > 1:
+            text += f" groups {node.group}"
+    return text
+
+
 class ModuleBuilder:
     def __init__(self, prog: Program, registry, name: str, stacking: bool = True,
-                 features: str | None = None):
+                 features: str | None = None, io_entry: bool = False, profile: bool = False):
         from .gemm import choose_shape
         from .jit import host_target
         self.prog, self.registry, self.name = prog, registry, name
         self.stacking = stacking
         self.module = ir.Module(name=name)
         self.life = lifetimes(prog)
-        self.gemm_shape = choose_shape(host_target()[2] if features is None else features)
+        features = host_target()[2] if features is None else features
+        set_target_features(self.module, features)
+        self.gemm_shape = choose_shape(features)
         self.scratch = None
+        self.io_entry = io_entry
+        self.profile = profile
+        self.step_names: list[str] = []   # what each step computes, for profiles
 
     def build(self) -> ir.Module:
-        entry_ty = ir.FunctionType(I32, [I8P, I8P, I8P])
-        entry = ir.Function(self.module, entry_ty, name=self.name)
-        for arg, n in zip(entry.args, REGION_ORDER):
-            arg.name = n
-            arg.add_attribute("noalias")
-        b = ir.IRBuilder(entry.append_basic_block("entry"))
-        regions = dict(zip(REGION_ORDER, entry.args))
+        from .kernels import _conv_uses_gemm
+        if self.gemm_shape is not None:
+            pack_constant_weights(self.prog, self.gemm_shape, _conv_uses_gemm)
         steps = form_steps(self.prog, self.registry, self.stacking)
         if self.stacking:
             steps = fuse_epilogues(steps, self.registry)
         replan_activations(self.prog, steps)
         self._declare_scratch(steps)
-        for i, step in enumerate(steps):
-            fn, buffers = self._step_function(i, step)
+        calls = [self._step_function(i, step) for i, step in enumerate(steps)]
+        self.step_names = [describe_step(step) for step in steps]
+        self._counters = None
+        if self.profile:        # cycles spent in each step, summed over runs
+            ty = ir.ArrayType(ir.IntType(64), max(1, len(steps)))
+            self._counters = ir.GlobalVariable(self.module, ty, name=f"{self.name}_profile")
+            self._counters.initializer = ir.Constant(ty, None)
+        self._entry(self.name, calls, slots=None)
+        if self.io_entry:
+            self._entry(self.name + "_io", calls, slots=io_slots(self.prog))
+        return self.module
+
+    def _entry(self, name: str, calls, slots) -> None:
+        """An entry point calling every step; with `slots`, the buffers listed there come
+        from the pointer table of a fourth argument rather than from the mutable region."""
+        params = [I8P, I8P, I8P] + ([I8P.as_pointer()] if slots is not None else [])
+        entry = ir.Function(self.module, ir.FunctionType(I32, params), name=name)
+        for arg, n in zip(entry.args, REGION_ORDER + ("io",)):
+            arg.name = n
+            arg.add_attribute("noalias")
+        b = ir.IRBuilder(entry.append_basic_block("entry"))
+        regions = dict(zip(REGION_ORDER, entry.args))
+        slot_of = {id(w): k for k, w in enumerate(slots or ())}
+        clock = (intrinsic(self.module, "llvm.readcyclecounter", ir.IntType(64), [])
+                 if self._counters is not None else None)
+        for index, (fn, buffers) in enumerate(calls):
             ptrs = []
             for buf in buffers:
-                raw = b.gep(regions[region_of(buf)], [i64(buf.root().offset)])
+                k = slot_of.get(id(buf.root()))
+                raw = (b.load(b.gep(entry.args[3], [i64(k)])) if k is not None
+                       else b.gep(regions[region_of(buf)], [i64(buf.root().offset)]))
                 ptrs.append(b.bitcast(raw, storage_type(buf.type.dtype).as_pointer()))
+            start = b.call(clock, []) if clock is not None else None
             b.call(fn, ptrs)
+            if clock is not None:
+                slot = b.gep(self._counters, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), index)])
+                b.store(b.add(b.load(slot), b.sub(b.call(clock, []), start)), slot)
         b.ret(ir.Constant(I32, 0))
-        return self.module
 
     def _declare_scratch(self, steps) -> None:
         """One zero-initialized buffer, as large as the largest kernel's need."""
@@ -146,6 +211,7 @@ class ModuleBuilder:
             scratch = b.bitcast(self.scratch, F32.as_pointer())
         args = KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch)
         args.epilogue = epilogue
+        args.packed = getattr(ins, "packed", None)
         emitter(args)
 
     def _emit_stack(self, b, step: Step, ptr):
@@ -164,6 +230,10 @@ class ModuleBuilder:
         maps = ([broadcast_strides(x.type.shape, shape) for x in externals]
                 + [contiguous_strides(shape) for _ in stored])
         registry = self.registry
+        groups = cost_groups(step, registry)
+        if len(groups) > 1 and innermost_extent(shape, maps) >= 2 * BLOCK:
+            self._emit_stack_blocked(b, step, groups, externals, stored, bases, maps)
+            return
 
         def body(bb, ps):
             em = ScalarEmitter(bb, registry.scalars)
@@ -181,3 +251,54 @@ class ModuleBuilder:
                 store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
 
         strided_loops(b, shape, bases, maps, [0] * len(bases), body)
+
+    def _emit_stack_blocked(self, b, step: Step, groups, externals, stored, bases, maps):
+        """A costly stack as groups run one after another over each block of elements
+        (stacking.cost_groups); values one group passes to a later one wait in per-block
+        arrays on the stack, in L1."""
+        registry = self.registry
+        group_of = {}                                   # root id -> last group writing it
+        for g, instrs in enumerate(groups):
+            for ins in instrs:
+                group_of[id(ins.writes()[0].root())] = g
+        # A value crosses groups when a later group reads its buffer; the group that
+        # computes it last before that read stores it (`handoff`: root id -> groups).
+        crossing: dict[int, object] = {}                # root id -> buffer (for its type)
+        handoff: dict[int, set] = {}
+        for g, instrs in enumerate(groups):
+            for ins in instrs:
+                for buf in ins.reads():
+                    k = id(buf.root())
+                    writers = [h for h in range(g) if any(id(i.writes()[0].root()) == k for i in groups[h])]
+                    if writers:
+                        crossing.setdefault(k, buf)
+                        handoff.setdefault(k, set()).add(writers[-1])
+        # `b` is still in the step function's entry block: allocas there are static.
+        temps = {k: b.alloca(ir.ArrayType(storage_type(buf.type.dtype), BLOCK), name="blk")
+                 for k, buf in crossing.items()}
+
+        def make_body(g, instrs):
+            def body(bb, ps, j):
+                em = ScalarEmitter(bb, registry.scalars)
+                loaded = {}
+                # Values earlier groups handed off (a buffer this group reads before any
+                # group wrote it is still external: it is loaded from memory instead).
+                current = {k: load_elem(bb, bb.gep(temps[k], [i64(0), j]), buf.type.dtype)
+                           for k, buf in crossing.items() if min(handoff[k]) < g}
+
+                def load(buf):
+                    k = next(i for i, x in enumerate(externals) if x is buf)
+                    if k not in loaded:
+                        loaded[k] = load_elem(bb, ps[k], buf.type.dtype)
+                    return loaded[k]
+
+                emit_stack(em, instrs, registry.kernels, current, load)
+                for k in [k for k, gs in handoff.items() if g in gs]:
+                    store_elem(bb, current[k], bb.gep(temps[k], [i64(0), j]), crossing[k].type.dtype)
+                for i, buf in enumerate(stored):
+                    if group_of[id(buf.root())] == g:
+                        store_elem(bb, current[id(buf.root())], ps[len(externals) + i], buf.type.dtype)
+            return body
+
+        blocked_loops(b, step.shape, bases, maps, BLOCK,
+                      [make_body(g, instrs) for g, instrs in enumerate(groups)])

@@ -76,13 +76,14 @@ def vstore(b, value, ptr, vw, valid=None):
 def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               a, lda: int, bmat, ldb: Optional[int], c, ldc: int,
               row_init: Optional[Callable] = None,
-              epilogue: Optional[Callable] = None, name: str = "g") -> None:
+              epilogue: Optional[Callable] = None, name: str = "g", a_packed: bool = False) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
 
     `ldb=None` means B is packed in NR-wide panels; otherwise B is row-major with row
-    stride `ldb` (the last panel is then read with masked loads)."""
+    stride `ldb` (the last panel is then read with masked loads).  `a_packed` means A is
+    packed in blocks of MR rows, column by column (packing.pack_rows; `lda` is unused)."""
     vw = shape.vw
     fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", _vec(vw), [_vec(vw)] * 3)
 
@@ -116,7 +117,11 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 bvecs.append(vload(b, b.gep(bmat, [off]), vw, col_valid if col_valid < vw else None))
         new_accs = []
         for i in range(mr):
-            av = b.load(b.gep(a, [b.add(b.mul(b.add(m0, i64(i)), i64(lda)), k)]))
+            if a_packed:       # block m0 // MR starts at m0 * K; then MR floats per k
+                at = b.add(b.add(b.mul(m0, i64(K)), b.mul(k, i64(shape.mr))), i64(i))
+            else:
+                at = b.add(b.mul(b.add(m0, i64(i)), i64(lda)), k)
+            av = b.load(b.gep(a, [at]))
             avec = splat(b, av, vw)
             new_accs.append([b.call(fma, [avec, bvecs[j], accs[i][j]]) for j in range(nv)])
         k_next = b.add(k, i64(1))

@@ -59,7 +59,7 @@ def optimize(ir_text: str, tm) -> "llvm.ModuleRef":
 class JitFunction:
     """An optimized module loaded into this process; `fn(constant, mutable, activations)`."""
 
-    def __init__(self, ir_text: str, name: str):
+    def __init__(self, ir_text: str, name: str, io_entry: bool = False):
         self.tm = target_machine()
         self.module = optimize(ir_text, self.tm)
         self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
@@ -67,6 +67,10 @@ class JitFunction:
         addr = self.engine.get_function_address(name)
         proto = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
         self.fn = proto(addr)
+        if io_entry:        # NAME_io(constant, mutable, activations, io pointer table)
+            proto_io = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                                        ctypes.c_void_p, ctypes.c_void_p)
+            self.fn_io = proto_io(self.engine.get_function_address(name + "_io"))
 
     def assembly(self) -> str:
         return self.tm.emit_assembly(self.module)

@@ -39,6 +39,7 @@ class KernelArgs:
         self.gemm_shape = gemm_shape      # register tile for the host (see gemm.py)
         self.scratch = scratch            # float* to the module's scratch buffer
         self.epilogue = None              # elementwise run fused into the store (epilogue.py)
+        self.packed = None                # "a" / "b": a constant operand repacked (packing.py)
 
     @property
     def attrs(self):
@@ -202,30 +203,26 @@ def reduce_(k: KernelArgs):
 # --------------------------------------------------------------------------- linear algebra
 @kernel("BatchMatMul")
 def batch_matmul(k: KernelArgs):
-    (y, yt), (a, at), (c, ct) = k.outs[0], k.ins[0], k.ins[1]
+    (y, yt), (a, at), (c, _) = k.outs[0], k.ins[0], k.ins[1]
     if k.gemm_shape is None or yt.dtype != "f32":
         return batch_matmul_loops(k)
-    from .gemm import emit_gemm
+    from .gemm import emit_gemm, pack_panels_size
     b = k.b
     nb, m, kk = at.shape
-    n = ct.shape[2]
+    n = k.node.inputs[1].type.shape[2]
+    packed = k.packed == "b"          # a constant rhs in NR-wide panels (packing.py)
+    c_stride = pack_panels_size(n, kk, k.gemm_shape) if packed else kk * n
     with for_range(b, nb, name="bmm") as bi:
         epi = None
         if k.epilogue is not None:
             epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, bi, row, col, valid)  # noqa: E731
         emit_gemm(b, k.gemm_shape, m, n, kk, b.gep(a, [b.mul(bi, i64(m * kk))]), kk,
-                  b.gep(c, [b.mul(bi, i64(kk * n))]), n, b.gep(y, [b.mul(bi, i64(m * n))]), n,
-                  epilogue=epi, name="mm")
-
-
-# Half-width floats accumulate a matrix product in f32 and round once (as NumPy does).
-_WIDE_ACCUMULATOR = {"f16": "f32", "bf16": "f32"}
+                  b.gep(c, [b.mul(bi, i64(c_stride))]), None if packed else n,
+                  b.gep(y, [b.mul(bi, i64(m * n))]), n, epilogue=epi, name="mm")
 
 
 def batch_matmul_loops(k: KernelArgs):
     """Any element type: plain loops (i, k, j order, so the j loop vectorizes)."""
-    if k.outs[0][1].dtype in _WIDE_ACCUMULATOR:
-        return batch_matmul_dot_loops(k)
     b = k.b
     (y, yt), (a, at), (c, ct) = k.outs[0], k.ins[0], k.ins[1]
     nb, m, kk = at.shape
@@ -247,30 +244,6 @@ def batch_matmul_loops(k: KernelArgs):
                     store_elem(b, em.f_add(load_elem(b, p, dtype), em.f_mul(av, cv)), p, dtype)
 
 
-def batch_matmul_dot_loops(k: KernelArgs):
-    """Half-width floats: each result is a dot product accumulated in f32 in a register,
-    rounded to the element type once when stored."""
-    b = k.b
-    (y, yt), (a, at), (c, ct) = k.outs[0], k.ins[0], k.ins[1]
-    nb, m, kk = at.shape
-    n = ct.shape[2]
-    dtype, acc_t = yt.dtype, _WIDE_ACCUMULATOR[yt.dtype]
-    em = ScalarEmitter(b, k.scalars)
-    acc_p = b.alloca(register_type(acc_t))
-    with for_range(b, nb, name="bb") as bb:
-        with for_range(b, m, name="m") as mi:
-            arow = b.add(b.mul(bb, i64(m * kk)), b.mul(mi, i64(kk)))
-            with for_range(b, n, name="n") as j:
-                b.store(const(0, acc_t), acc_p)
-                with for_range(b, kk, name="k") as ki:
-                    av = convert(b, load_elem(b, b.gep(a, [b.add(arow, ki)]), dtype), acc_t)
-                    cidx = b.add(b.mul(bb, i64(kk * n)), b.add(b.mul(ki, i64(n)), j))
-                    cv = convert(b, load_elem(b, b.gep(c, [cidx]), dtype), acc_t)
-                    b.store(em.f_add(Value(b.load(acc_p), acc_t), em.f_mul(av, cv)).v, acc_p)
-                yidx = b.add(b.mul(bb, i64(m * n)), b.add(b.mul(mi, i64(n)), j))
-                store_elem(b, Value(b.load(acc_p), acc_t), b.gep(y, [yidx]), dtype)
-
-
 # --------------------------------------------------------------------------- convolution
 def _valid_range(b, k_idx, pad, stride, dil, in_size, out_size):
     """Output positions o whose input o*stride - pad + k*dil lies inside [0, in_size)."""
@@ -289,8 +262,6 @@ def _valid_range(b, k_idx, pad, stride, dil, in_size, out_size):
 def conv_direct(k: KernelArgs):
     """Direct convolution, vectorized along output columns: for depthwise and other
     convolutions with few filters per group, where a matrix product has nothing to block."""
-    if k.outs[0][1].dtype in _WIDE_ACCUMULATOR:
-        return conv_direct_wide_accumulator(k)
     b = k.b
     (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
     bias = k.ins[2]
@@ -333,48 +304,6 @@ def conv_direct(k: KernelArgs):
                                     p = b.gep(y, [b.add(yrow, owi)])
                                     store_elem(b, em.f_add(load_elem(b, p, dtype), em.f_mul(wv, xv)), p, dtype)
 
-
-
-def conv_direct_wide_accumulator(k: KernelArgs):
-    """Half-width floats: each output is its sum over channels and taps accumulated in f32
-    in a register (as NumPy does), rounded to the element type once when stored."""
-    b = k.b
-    (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
-    bias = k.ins[2]
-    n, c, h, wd = xt.shape
-    m, cg, kh, kw = wt.shape
-    oh, ow = yt.shape[2:]
-    a = k.attrs
-    (sh, sw), (dh, dw), (pt, pl) = a["strides"], a["dilations"], a["pads"][:2]
-    mg = m // a["group"]
-    dtype, acc_t = yt.dtype, _WIDE_ACCUMULATOR[yt.dtype]
-    em = ScalarEmitter(b, k.scalars)
-    acc_p = b.alloca(register_type(acc_t))
-
-    def inside(i, size):
-        return b.and_(b.icmp_signed(">=", i, i64(0)), b.icmp_signed("<", i, i64(size)))
-
-    with for_range(b, n, name="n") as ni, for_range(b, m, name="m") as mi:
-        gi = b.sdiv(mi, i64(mg))
-        with for_range(b, oh, name="oh") as ohi, for_range(b, ow, name="ow") as owi:
-            init = (convert(b, load_elem(b, b.gep(bias[0], [mi]), dtype), acc_t) if bias is not None
-                    else Value(const(0, acc_t), acc_t))
-            b.store(init.v, acc_p)
-            with for_range(b, cg, name="c") as ci, for_range(b, kh, name="kh") as khi:
-                chan = b.add(b.mul(gi, i64(cg)), ci)
-                ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(khi, i64(dh)))
-                with b.if_then(inside(ih, h)), for_range(b, kw, name="kw") as kwi:
-                    iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(kwi, i64(dw)))
-                    with b.if_then(inside(iw, wd)):
-                        xidx = b.add(b.mul(b.add(b.mul(ni, i64(c)), chan), i64(h * wd)),
-                                     b.add(b.mul(ih, i64(wd)), iw))
-                        widx = b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh * kw)),
-                                     b.add(b.mul(khi, i64(kw)), kwi))
-                        xv = convert(b, load_elem(b, b.gep(x, [xidx]), dtype), acc_t)
-                        wv = convert(b, load_elem(b, b.gep(w, [widx]), dtype), acc_t)
-                        b.store(em.f_add(Value(b.load(acc_p), acc_t), em.f_mul(wv, xv)).v, acc_p)
-            yidx = b.add(b.mul(b.add(b.mul(ni, i64(m)), mi), i64(oh * ow)), b.add(b.mul(ohi, i64(ow)), owi))
-            store_elem(b, Value(b.load(acc_p), acc_t), b.gep(y, [yidx]), dtype)
 
 # --------------------------------------------------------------------------- pooling
 def _pool(k: KernelArgs, is_max: bool):
@@ -546,19 +475,22 @@ def conv(k: KernelArgs):
         return conv_direct(k)
     from .gemm import emit_gemm
     b = k.b
-    (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
+    (y, yt), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
     bias = k.ins[2]
     n_img, c_all, h, wd = xt.shape
-    m, cg, kh, kw = wt.shape
+    m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = yt.shape[2:]
     g = node.group
     mg = m // g
     K = cg * kh * kw
     N = oh * ow
     pointwise = _conv_is_pointwise(node)
+    a_packed = k.packed == "a"       # constant weights in blocks of MR rows (packing.py)
+    mr = k.gemm_shape.mr
+    a_stride = -(-mg // mr) * mr * K if a_packed else mg * K
     with for_range(b, n_img, name="img") as img:
         with for_range(b, g, name="grp") as gi:
-            a = b.gep(w, [b.mul(gi, i64(mg * K))])
+            a = b.gep(w, [b.mul(gi, i64(a_stride))])
             out = b.gep(y, [b.mul(b.add(b.mul(img, i64(m)), b.mul(gi, i64(mg))), i64(N))])
             if pointwise:
                 bmat = b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), i64(h * wd))])
@@ -575,4 +507,4 @@ def conv(k: KernelArgs):
                 chan0 = b.mul(gi, i64(mg))
                 epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, img, bb.add(chan0, row), col, valid)  # noqa: E731
             emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
-                      epilogue=epi, name="cv")
+                      epilogue=epi, name="cv", a_packed=a_packed)

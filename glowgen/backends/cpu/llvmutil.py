@@ -96,3 +96,13 @@ def call_intrinsic(b: ir.IRBuilder, base: str, args: list, ret: ir.Type = None):
     t = args[0].type
     fn = intrinsic(b.module, f"llvm.{base}.{type_suffix(t)}", ret or t, [a.type for a in args])
     return b.call(fn, args)
+
+
+def set_target_features(module: ir.Module, features: str) -> None:
+    """Record the target's feature string ("+avx512f,+fma,...") on the module being built,
+    for emitters that pick an instruction only some targets have."""
+    module.glowgen_target_features = features or ""
+
+
+def target_has(module: ir.Module, feature: str) -> bool:
+    return f"+{feature}" in getattr(module, "glowgen_target_features", "").split(",")

@@ -67,3 +67,36 @@ def strided_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: 
             level(d + 1, nxt)
 
     level(0, [i64(o) for o in offsets])
+
+
+def blocked_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: Sequence[Sequence[int]],
+                  block: int, bodies: Sequence[Callable], name: str = "d") -> None:
+    """Loop over `shape` with the innermost (collapsed) dimension cut into blocks of
+    `block` elements; within each block, run every body in turn over the block's elements:
+    `body(b, ptrs, j)` with each operand's element pointer and j, the index in the block.
+    The caller checks the innermost dimension is at least one block long."""
+    shape, maps = collapse(shape, maps)
+    inner = shape[-1]
+
+    def level(d: int, offs: list):
+        if d < len(shape) - 1:
+            with for_range(b, shape[d], name=f"{name}{d}") as idx:
+                level(d + 1, [b.add(off, b.mul(idx, i64(m[d]))) if m[d] else off
+                              for off, m in zip(offs, maps)])
+            return
+        with for_range(b, inner, step=block, name=f"{name}blk") as start:
+            rest = b.sub(i64(inner), start)
+            count = b.select(b.icmp_signed("<", rest, i64(block)), rest, i64(block))
+            for k, body in enumerate(bodies):
+                with for_range(b, count, name=f"{name}g{k}") as j:
+                    idx = b.add(start, j)
+                    ptrs = [b.gep(base, [b.add(off, b.mul(idx, i64(m[-1]))) if m[-1] else off])
+                            for base, off, m in zip(bases, offs, maps)]
+                    body(b, ptrs, j)
+
+    level(0, [i64(0) for _ in bases])
+
+
+def innermost_extent(shape: Sequence[int], maps: Sequence[Sequence[int]]) -> int:
+    """The length of the innermost loop strided_loops / blocked_loops would run."""
+    return collapse(shape, maps)[0][-1]

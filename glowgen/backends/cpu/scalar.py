@@ -16,7 +16,7 @@ from llvmlite import ir
 
 from ...engine.types import numpy_dtype
 from .llvmutil import (ELEM, F32, F64, I1, I16, I32, call_intrinsic, intrinsic, is_float, is_signed,
-                       register_type, storage_type)
+                       register_type, storage_type, target_has, type_suffix)
 
 _FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
 
@@ -129,6 +129,23 @@ def _ftag(t) -> str:
     return {ir.HalfType: "f16", ir.FloatType: "f32", ir.DoubleType: "f64"}[type(t)]
 
 
+def _plain_constant(v) -> bool:
+    """A float constant (scalar or splat) with no NaN in it."""
+    if not isinstance(v, ir.Constant):
+        return False
+    values = v.constant if isinstance(v.constant, (list, tuple)) else [v.constant]
+    return all(isinstance(x, ir.Constant) or (isinstance(x, float) and x == x) for x in values) and \
+        all(not isinstance(x, ir.Constant) or _plain_constant(x) for x in values)
+
+
+def _freeze(b: ir.IRBuilder, v):
+    """LLVM's `freeze` (llvmlite's builder has none): poison becomes an arbitrary value."""
+    from llvmlite.ir import instructions
+    instr = instructions.Instruction(b.block, v.type, "freeze", [v])
+    b._insert(instr)
+    return instr
+
+
 class ScalarEmitter:
     """Emits one kernel tree for one element (or, with `vw`, for a vector of `vw` elements:
     constants become splats); `args` are Values or Python numbers."""
@@ -237,7 +254,9 @@ class ScalarEmitter:
     def _arith(self, a, b_, fop, iop, uop=None):
         a, c = self.unify([a, b_])
         if is_float(a.dtype):
-            return Value(getattr(self.b, fop)(a.v, c.v), a.dtype)
+            # `contract`: LLVM may fuse a product into the sum that uses it (one rounding
+            # instead of two, as C compilers do by default), e.g. x * scale + shift.
+            return Value(getattr(self.b, fop)(a.v, c.v, flags=("contract",)), a.dtype)
         op = uop if (uop and not is_signed(a.dtype)) else iop
         return Value(getattr(self.b, op)(a.v, c.v), a.dtype)
 
@@ -296,6 +315,15 @@ class ScalarEmitter:
     def _minmax(self, a, c, which):
         a, c = self.unify([a, c])
         if is_float(a.dtype):
+            # NumPy's maximum is `a >= c or isnan(a) ? a : c` (NaN from either side; of -0
+            # and +0, the first).  Against a constant that is not NaN that is one compare
+            # and select, which x86 does in one vmaxps; llvm.maximum would add a fix-up
+            # for the sign of zero.
+            ge = ">=" if which == "max" else "<="
+            if _plain_constant(c.v):
+                return Value(self.b.select(self.b.fcmp_unordered(ge, a.v, c.v), a.v, c.v), a.dtype)
+            if _plain_constant(a.v):
+                return Value(self.b.select(self.b.fcmp_ordered(ge, a.v, c.v), a.v, c.v), a.dtype)
             return Value(call_intrinsic(self.b, "maximum" if which == "max" else "minimum", [a.v, c.v]), a.dtype)
         prefix = ("s" if is_signed(a.dtype) else "u") + which
         return Value(call_intrinsic(self.b, prefix, [a.v, c.v]), a.dtype)
@@ -441,6 +469,9 @@ class ScalarEmitter:
     #                  1); for x outside that an intermediate may under/overflow first (double
     #                  rounding in the denormal range).  ±0, ±inf and NaN x are kept; |n| is
     #                  clamped to 2*(emax-1) (±inf acts as huge); n = NaN gives NaN.
+    #   scale2(x, n)   ldexp for a range reduction that bounds n: integral |n| <= 300, and n
+    #                  NaN only where x is NaN too.  Outside that the result is unspecified
+    #                  (not undefined); within it, with AVX-512, it is one vscalef.
     #   frexp_mant(x)  m with x = m * 2**e, 0.5 <= |m| < 1 (denormals included), sign of x;
     #                  frexp_mant(±0) = ±0, frexp_mant(±inf) = ±inf, frexp_mant(NaN) = NaN.
     #   frexp_exp(x)   that e, as a float of x's type; 0 for ±0, ±inf and NaN (numpy.frexp).
@@ -473,6 +504,8 @@ class ScalarEmitter:
 
     def f_ldexp(self, x, n):
         x, n = self._floats([x, n])
+        if target_has(self.b.module, "avx512f") and x.dtype in ("f32", "f64"):
+            return self._ldexp_scalef(x, n)
         dt, b = x.dtype, self.b
         t = x.v.type
         bits, mbits, bias = self._LAYOUT[dt]
@@ -492,6 +525,33 @@ class ScalarEmitter:
         r = x.v
         for kk in ks:
             r = b.fmul(r, self._pow2(kk, dt))
+        nan = b.fcmp_unordered("uno", n.v, n.v)
+        return Value(b.select(nan, n.v, r), dt)
+
+    def f_scale2(self, x, n):
+        x, n = self._floats([x, n])
+        if not (target_has(self.b.module, "avx512f") and x.dtype in ("f32", "f64")):
+            return self.f_ldexp(x, n)
+        b = self.b
+        it = ir.IntType(32) if not self.vw else ir.VectorType(ir.IntType(32), self.vw)
+        # freeze: fptosi of NaN is poison; frozen it is some integer, and x is NaN then.
+        ni = _freeze(b, b.fptosi(n.v, it))
+        fn = intrinsic(b.module, f"llvm.ldexp.{type_suffix(x.v.type)}.{type_suffix(it)}",
+                       x.v.type, [x.v.type, it])
+        return Value(b.call(fn, [x.v, ni]), x.dtype)
+
+    def _ldexp_scalef(self, x, n):
+        """llvm.ldexp, which AVX-512 does in one instruction (vscalef): exact, one rounding
+        for every x.  |n| beyond 2 * (emax + mbits) already gives 0 or ±inf for every
+        finite x, so clamping there keeps the result and makes the int conversion safe."""
+        b, dt = self.b, x.dtype
+        bits, mbits, bias = self._LAYOUT[dt]
+        lim = float(2 * (bias + mbits + 1))
+        it = ir.IntType(32)
+        ni = b.fptosi(self._clamp(n.v, lim), it if not self.vw else ir.VectorType(it, self.vw))
+        fn = intrinsic(b.module, f"llvm.ldexp.{type_suffix(x.v.type)}.{type_suffix(ni.type)}",
+                       x.v.type, [x.v.type, ni.type])
+        r = b.call(fn, [x.v, ni])
         nan = b.fcmp_unordered("uno", n.v, n.v)
         return Value(b.select(nan, n.v, r), dt)
 

@@ -60,6 +60,50 @@ def form_steps(prog: Program, registry, stacking: bool = True) -> list[Step]:
     return steps
 
 
+# ------------------------------------------------------------------ strip-mined stacks
+# A stack of several transcendentals is one long dependency chain per element: the core
+# holds only a few iterations in flight (its reorder buffer), so the loop runs at the
+# chain's latency, not at the machine's throughput.  Such a stack is cut into groups, each
+# run over a block of elements that stays in L1 (loops.blocked_loops), so every group's
+# loop has independent iterations again while memory is touched once, as for one stack.
+
+HEAVY_COST = 24          # kernel-expression nodes above which an op is a long chain
+BLOCK = 256              # elements per block: a few KB of intermediates, in L1
+
+
+def kernel_cost(tree, registry, _seen=None) -> int:
+    """Distinct nodes of a kernel expression (`let` values count once), with the spec's
+    scalar functions expanded: a rough measure of its instructions and chain length."""
+    seen = set() if _seen is None else _seen
+    if id(tree) in seen:
+        return 0
+    seen.add(id(tree))
+    if not isinstance(tree, tuple) or tree[0] != "call":
+        return 1
+    name, subs = tree[1], tree[2]
+    cost = 1 + sum(kernel_cost(t, registry, seen) for t in subs)
+    sc = registry.scalars.get(name)
+    if sc is not None:
+        cost += kernel_cost(sc["body"], registry, seen)
+    return cost
+
+
+def cost_groups(step: Step, registry) -> list[list]:
+    """The instructions of a stacked step, in order, cut so that each group holds at most
+    one heavy op (a transcendental) with the cheap ones around it.  One group (no cut)
+    for the cheap chains most stacks are."""
+    groups: list[list] = [[]]
+    heavy = False
+    for ins in step.instrs:
+        is_heavy = kernel_cost(registry.kernels[ins.kind]["body"], registry) > HEAVY_COST
+        if is_heavy and heavy:
+            groups.append([])
+            heavy = False
+        groups[-1].append(ins)
+        heavy = heavy or is_heavy
+    return groups
+
+
 def stores_needed(step: Step, prog: Program, life: Optional[dict] = None) -> list[bool]:
     """For each instruction of a stacked step: must its result reach memory?
 

@@ -110,7 +110,7 @@ NUMPY_FUNCS: dict[str, Callable] = {
     "fmod": np.fmod, "bitand": np.bitwise_and, "bitor": np.bitwise_or, "bitxor": np.bitwise_xor,
     "bitnot": np.invert, "shl": np.left_shift, "shr": np.right_shift,
     "rem": np.remainder,
-    "ldexp": _ldexp, "frexp_mant": _frexp_mant, "frexp_exp": _frexp_exp, "fma": _fma,
+    "ldexp": _ldexp, "scale2": _ldexp, "frexp_mant": _frexp_mant, "frexp_exp": _frexp_exp, "fma": _fma,
     "copysign": _copysign,
 }
 
