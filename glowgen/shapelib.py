@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .engine.specrt import b_broadcast, b_normalize_axes, b_normalize_axis, b_prod
+from .engine.specrt import b_broadcast, b_broadcastable, b_normalize_axes, b_normalize_axis, b_prod
 from .engine.types import dtype_from_onnx
 from .errors import ShapeError
 
@@ -446,6 +446,160 @@ def b_rnn_step_mask(seq_lens, t):
 # Interpolation weights (Resize) live in their own module; the spec language sees them here.
 from . import interpolation  # noqa: E402
 from .interpolation import *  # noqa: E402,F401,F403
+
+
+# ----------------------------------------------------------------------------- quantization
+def b_quant_param_shape(shape, param_shape, axis, block_size):
+    """The shape a quantization scale or zero point takes to broadcast against a tensor of
+    `shape` (ONNX QuantizeLinear / DequantizeLinear): one value -> a scalar; a vector -> one
+    value per index of `axis`; with `block_size` > 0, the parameter has the tensor's rank
+    and ceil(shape[axis] / block_size) entries along `axis`, each repeated block_size times."""
+    shape, param_shape = tuple(shape), tuple(param_shape)
+    if b_prod(param_shape) == 1 and len(param_shape) <= 1:
+        return ()
+    if block_size == 0:
+        if len(param_shape) != 1 or axis >= len(shape) or param_shape[0] != shape[axis]:
+            raise ShapeError(f"a per-axis scale or zero point must be a vector of the {shape[axis] if axis < len(shape) else '?'} "
+                             f"indices of axis {axis} of {list(shape)}, got shape {list(param_shape)}")
+        return b_channel_shape(len(shape), param_shape[0], axis)
+    blocks = -(-shape[axis] // block_size)
+    expected = shape[:axis] + (blocks,) + shape[axis + 1:]
+    if param_shape != expected:
+        raise ShapeError(f"a blocked scale or zero point for {list(shape)} with block_size {block_size} "
+                         f"along axis {axis} must have shape {list(expected)}, got {list(param_shape)}")
+    return shape
+
+
+def b_quant_param_fits(shape, param_shape, axis, block_size):
+    try:
+        b_quant_param_shape(shape, param_shape, axis, block_size)
+        return True
+    except ShapeError:
+        return False
+
+
+def b_block_indices(size, block_size):
+    """Index of the block each of `size` positions belongs to: [0]*block_size + [1]*block_size..."""
+    return tuple(i // block_size for i in range(size))
+
+
+def b_float_promote(a, b):
+    """The float type NumPy computes a / b in (an integer operand takes the other's type)."""
+    order = ("bf16", "f16", "f32", "f64")
+    floats = [d for d in (a, b) if d in order]
+    if not floats:
+        return "f64"
+    if set(floats) == {"bf16", "f16"}:
+        return "f32"            # neither holds the other
+    return max(floats, key=order.index)
+
+
+def b_exact_float(dtype):
+    """A float type wide enough to hold every value of `dtype` (an integer of up to 16 bits
+    or a float) and the sums of a few of them exactly: f32, or f64 for f64 and wide integers."""
+    return "f64" if dtype in ("f64", "i32", "u32", "i64", "u64") else "f32"
+
+
+def b_param_along(param_shape, size, axis, rank):
+    """The shape a scale or zero point takes to broadcast against a rank-`rank` tensor: one
+    value -> a scalar; a vector of `size` values -> along dimension `axis`; a tensor of the
+    full rank (MatMulInteger's [D1, D2, M, 1] form) stays as it is."""
+    param_shape = tuple(param_shape)
+    if b_prod(param_shape) == 1 and len(param_shape) <= 1:
+        return ()
+    if param_shape == (size,):
+        return b_channel_shape(rank, size, axis)
+    if len(param_shape) == rank and b_broadcastable(param_shape, b_channel_shape(rank, size, axis)):
+        return param_shape
+    raise ShapeError(f"a scale or zero point must hold one value or one per index ({size}) of "
+                     f"dimension {axis}, got shape {list(param_shape)}")
+
+
+def b_param_fits(param_shape, size, axis, rank):
+    """`param_shape` (None for an absent optional parameter) fits `param_along`."""
+    if param_shape is None:
+        return True
+    try:
+        b_param_along(param_shape, size, axis, rank)
+        return True
+    except ShapeError:
+        return False
+
+
+# ----------------------------------------------------------------------------- DFT
+def b_dft_length(shape, axis, given, inverse, onesided):
+    """ONNX DFT's transform length: dft_length when given (> 0), else the axis' size (or,
+    for an inverse one-sided transform, the full signal length 2 * (size - 1))."""
+    if given > 0:
+        return int(given)
+    if inverse and onesided:
+        return 2 * (shape[axis] - 1)
+    return shape[axis]
+
+
+def b_dft_bins(length, inverse, onesided):
+    """How many values the transform produces along its axis."""
+    return length // 2 + 1 if onesided and not inverse else length
+
+
+def b_dft_shape(shape, axis, length, inverse, onesided):
+    """The result shape of DFT: `axis` holds the bins, the last dimension is 2 (real and
+    imaginary parts), or 1 for an inverse one-sided (real-valued) transform."""
+    out = list(shape)
+    out[axis] = b_dft_bins(length, inverse, onesided)
+    out[-1] = 1 if inverse and onesided else 2
+    return tuple(out)
+
+
+def b_dft_perm(rank, axis):
+    """A permutation that moves `axis` just before the last (real/imaginary) dimension."""
+    return tuple(d for d in range(rank - 1) if d != axis) + (axis, rank - 1)
+
+
+def b_dft_matrix(size, parts, length, inverse, onesided):
+    """The DFT along one axis as a real matrix: row (n, c) is what input element n, real
+    (c = 0) or imaginary (c = 1) part, contributes to each output (bin, part).  Built by
+    transforming unit inputs with NumPy's FFT, which defines the semantics (zero padding or
+    truncation to `length`, 1/length scaling of the inverse, Hermitian one-sided inverse)."""
+    import numpy as np
+    rows = []
+    for n in range(size):
+        for c in range(parts):
+            unit = np.zeros(size, np.complex128)
+            unit[n] = 1j if c else 1.0
+            if inverse and onesided:
+                out = np.fft.irfft(unit, n=length)[:, None]
+            else:
+                full = np.fft.ifft(unit, n=length) if inverse else np.fft.fft(unit, n=length)
+                full = full[:b_dft_bins(length, inverse, onesided)]
+                out = np.stack([full.real, full.imag], axis=-1)
+            rows.append(tuple(float(v) for v in out.reshape(-1)))
+    return tuple(rows)
+
+
+
+def b_frame_indices(length, frame, step):
+    """Sample positions of the frames of a signal of `length` samples: one row of `frame`
+    positions every `step` samples, as many whole frames as fit."""
+    count = 1 + (length - frame) // step
+    return tuple(tuple(f * step + i for i in range(frame)) for f in range(count))
+
+
+# ----------------------------------------------------------------------------- Compress
+def b_true_positions(condition):
+    """Positions of the true entries of a 1-D condition."""
+    import numpy as np
+    cond = np.asarray(condition)
+    if cond.ndim != 1:
+        raise ShapeError(f"the condition must be 1-D, got shape {list(cond.shape)}")
+    return tuple(int(i) for i in np.flatnonzero(cond))
+
+
+def b_compress_shape(shape, count, axis, flatten):
+    if flatten:
+        return (count,)
+    return tuple(count if i == axis else d for i, d in enumerate(shape))
+
 
 FUNCTIONS = {name[2:]: fn for name, fn in dict(globals()).items()
              if name.startswith("b_") and callable(fn)

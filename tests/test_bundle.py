@@ -332,3 +332,17 @@ def test_bad_inputs_never_reach_native_code():
     for x in (raw, strided, np.asfortranarray(good)):
         assert model.run({"image": x})["probs"].tobytes() == expected["probs"].tobytes()
         assert calls[-1][0] != x.ctypes.data
+
+
+@needs_gcc
+def test_bfloat16_bundle_matches_jit(tmp_path):
+    """bf16 tensors cross the C interface as their 16 bits (the header's ELEM_TYPE bf16)."""
+    import ml_dtypes
+    x = np.zeros((3, 4), ml_dtypes.bfloat16)
+    c = np.linspace(-1, 1, 4).astype(ml_dtypes.bfloat16)
+    nodes = [onnx.helper.make_node("Add", ["x", "c"], ["s"]), onnx.helper.make_node("Sigmoid", ["s"], ["y"]),
+             onnx.helper.make_node("Cast", ["y"], ["z"], to=onnx.TensorProto.FLOAT)]
+    path = tmp_path / "bf16.onnx"
+    onnx.save(make_model(nodes, {"x": x}, ["y", "z"], {"c": c}), path)
+    bundle, _ = check_bundle_matches_jit(path, tmp_path)
+    assert '#define BF16_INPUT_x_ELEM_TYPE "bf16"' in (bundle.directory / "bf16.h").read_text()

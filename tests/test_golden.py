@@ -171,6 +171,28 @@ _reflect_text = """graph reflect {
 _REFLECT_X = np.array([-1.75, 0.3, 2.5, 6.5, -7.0, 3.0, 12.25], np.float32)
 _REFLECT_Y = np.array([0.75, 0.3, 2.5, 0.5, 0.0, 2.0, 0.25], np.float32)
 
+# Quantization cases draw from their own generator, so the cases above keep their data.
+_qrng = np.random.default_rng(2025)
+
+
+def _u8(*shape):
+    return _qrng.integers(0, 256, size=shape).astype(np.uint8)
+
+
+_QP_AXIS = _qrng.uniform(-2, 2, size=3).astype(np.float32)
+_quant_param_axis_text = """graph qp {
+  input %p: f32[3]
+  %y = QuantParam(%p) {like = [2, 3, 4], axis = 1, block_size = 0} : f32[3, 1]
+  output "y" = %y
+}
+"""
+_QP_BLOCKED = _qrng.uniform(-2, 2, size=(2, 3)).astype(np.float32)
+_quant_param_blocked_text = """graph qp {
+  input %p: f32[2, 3]
+  %y = QuantParam(%p) {like = [2, 5], axis = 1, block_size = 2} : f32[2, 5]
+  output "y" = %y
+}
+"""
 
 CASES = {
     "f16_matmul_in_f32": _f16_case("BatchMatMul", "MatMul", {"a": _h16(2, 3, 40), "b": _h16(2, 40, 4)}, (2, 3, 4)),
@@ -359,6 +381,60 @@ CASES = {
                             attrs={"hidden_size": 1, "linear_before_reset": 1}, outputs=("y", "y_h")),
     "rnn_unroll": onnx_case("RNN", {"x": f32(2, 1, 2)}, consts={"w": f32(1, 1, 2), "r": f32(1, 1, 1)},
                             attrs={"hidden_size": 1, "direction": "reverse"}, outputs=("y", "y_h")),
+    # ---- quantization
+    "quant_param_to_reshape": text_case(_quant_param_axis_text, {"p": _QP_AXIS},
+                                        lambda f: {"y": f["p"].reshape(3, 1)}),
+    "quant_param_blocked_to_gather": text_case(_quant_param_blocked_text, {"p": _QP_BLOCKED},
+                                               lambda f: {"y": np.repeat(f["p"], 2, axis=1)[:, :5]}),
+    "quantize_linear_expand": onnx_case("QuantizeLinear", {"x": f32(2, 3, 4) * 100, "s": pos(3)},
+                                        consts={"z": np.array([-3, 0, 7], np.int8)}, opset=13),
+    "quantize_linear_no_zero_point": onnx_case("QuantizeLinear", {"x": f32(2, 3) * 300, "s": pos()}, opset=13),
+    "dequantize_linear_expand": onnx_case("DequantizeLinear", {"x": _u8(2, 3), "s": pos()},
+                                          consts={"z": np.uint8(128)}, opset=13),
+    "dequantize_linear_no_zero_point": onnx_case("DequantizeLinear", {"x": _u8(2, 3), "s": pos(3)},
+                                                 attrs={"axis": 1}, opset=13),
+    "qlinear_matmul_expand": graph_case(
+        [("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"], None)],
+        {"a": _u8(2, 3), "b": _u8(3, 4)},
+        {"as": np.float32(0.02), "az": np.uint8(120), "bs": np.float32(0.03), "bz": np.uint8(130),
+         "ys": np.float32(0.4), "yz": np.uint8(20)}),
+    "matmul_integer_expand": onnx_case("MatMulInteger", {"a": _u8(2, 3), "b": _u8(3, 4)},
+                                       consts={"az": np.uint8(3), "bz": np.uint8(250)}),
+    "matmul_integer_a_zero_point": onnx_case("MatMulInteger", {"a": _u8(2, 3), "b": _u8(3, 4)},
+                                             consts={"az": np.uint8(100)}),
+    "matmul_integer_no_zero_point": onnx_case("MatMulInteger", {"a": _u8(2, 3), "b": _u8(3, 4)}),
+    "conv_integer_expand": onnx_case("ConvInteger", {"x": _u8(1, 2, 4, 4)},
+                                     consts={"w": _u8(3, 2, 2, 2), "xz": np.uint8(9), "wz": np.uint8(100)}),
+    "conv_integer_x_zero_point": onnx_case("ConvInteger", {"x": _u8(1, 2, 4, 4)},
+                                           consts={"w": _u8(3, 2, 2, 2), "xz": np.uint8(9)},
+                                           attrs={"pads": [1, 1, 0, 0]}),
+    "conv_integer_no_zero_point": onnx_case("ConvInteger", {"x": _u8(1, 2, 5)}, consts={"w": _u8(3, 2, 2)}),
+    "qlinear_conv_expand": graph_case(
+        [("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], None)],
+        {"x": _u8(1, 2, 4, 4)},
+        {"xs": np.float32(0.05), "xz": np.uint8(128), "w": _u8(3, 2, 2, 2), "ws": np.float32(0.01),
+         "wz": np.uint8(127), "ys": np.float32(0.3), "yz": np.uint8(100),
+         "b": np.array([-300, 0, 200], np.int32)}),
+    "qlinear_conv_no_bias": graph_case(
+        [("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"], None)],
+        {"x": _u8(1, 2, 4, 4)},
+        {"xs": np.float32(0.05), "xz": np.uint8(128), "w": _u8(3, 2, 2, 2),
+         "ws": np.array([0.01, 0.02, 0.005], np.float32), "wz": np.uint8(127), "ys": np.float32(0.3),
+         "yz": np.uint8(100)}),
+    # ---- signal processing and Compress
+    "dft_to_matmul": _with_reference(onnx_case("DFT", {"x": _qrng.uniform(-1, 1, (2, 4, 3, 1)).astype(np.float32)},
+                                               attrs={"axis": 1}, opset=17)),
+    "compress_to_gather": onnx_case("Compress", {"x": _qrng.uniform(-1, 1, (3, 2)).astype(np.float32)},
+                                    consts={"c": np.array([True, False, True])}, attrs={"axis": 0}),
+    "compress_flat_to_gather": onnx_case("Compress", {"x": _qrng.uniform(-1, 1, (3, 2)).astype(np.float32)},
+                                         consts={"c": np.array([False, True, True, False, False, True])}),
+    "stft_expand": _with_reference(onnx_case(
+        "STFT", {"s": _qrng.uniform(-1, 1, (1, 10, 1)).astype(np.float32)},
+        consts={"step": np.array(3, np.int64), "w": np.hanning(4).astype(np.float32)},
+        attrs={"onesided": 1}, opset=17)),
+    "stft_no_window": _with_reference(graph_case(
+        [("STFT", ["s", "step", "", "n"], ["y"], {"onesided": 0})], {"s": _qrng.uniform(-1, 1, (1, 10, 1)).astype(np.float32)},
+        {"step": np.array(2, np.int64), "n": np.array(4, np.int64)}, opset=17)),
 }
 
 HEADER = ("# Golden test of rule {rule}: the graph before, and after applying the rule alone.\n"

@@ -24,6 +24,11 @@ def i64(*shape, lo=-5, hi=5):
     return rng.integers(lo, hi, size=shape).astype(np.int64)
 
 
+def bf16(*shape):
+    import ml_dtypes
+    return f32(*shape).astype(ml_dtypes.bfloat16)
+
+
 def boolean(*shape):
     return rng.random(shape) < 0.5
 
@@ -381,6 +386,93 @@ CASES = [
          input_order=["x", "w", "r", "b", "", "h0"], outputs=("y", "y_h"),
          attrs={"hidden_size": 2, "direction": "reverse", "activations": ["Relu"], "clip": 1.0},
          rtol=1e-4, atol=1e-5),
+    # ---- quantization: lowered to Cast, Div/Mul, Round, Clip, MatMul (i32) and Conv (f64)
+    Case("QuantizeLinear", "QuantizeLinear", {"x": f32(2, 3, lo=-300, hi=300)},
+         consts={"s": np.float32(2.5), "z": np.uint8(100)}, opset=13),
+    Case("QuantizeLinear_axis_int8", "QuantizeLinear", {"x": f32(2, 3, 4, lo=-100, hi=100)},
+         consts={"s": pos(3), "z": np.array([-3, 0, 7], np.int8)}, opset=13),
+    Case("QuantizeLinear_blocked_int16", "QuantizeLinear", {"x": f32(3, 5, lo=-1e4, hi=1e4)},
+         consts={"s": pos(3, 3), "z": np.array([[1, -2, 3], [0, 5, -6], [7, 8, 9]], np.int16)},
+         attrs={"axis": 1, "block_size": 2}, opset=21, oracle="reference"),
+    Case("QuantizeLinear_output_dtype", "QuantizeLinear", {"x": f32(4, 3, lo=-500, hi=500)},
+         consts={"s": np.float32(3.0)}, attrs={"output_dtype": TensorProto.INT8}, opset=21,
+         oracle="reference"),
+    Case("DequantizeLinear", "DequantizeLinear", {"x": i64(2, 3, lo=0, hi=255).astype(np.uint8)},
+         consts={"s": np.float32(0.25), "z": np.uint8(128)}, opset=13),
+    Case("DequantizeLinear_axis_no_zero_point", "DequantizeLinear",
+         {"x": i64(2, 3, 4, lo=-128, hi=127).astype(np.int8)}, consts={"s": pos(4)},
+         attrs={"axis": -1}, opset=13),
+    Case("DequantizeLinear_blocked_f16", "DequantizeLinear",
+         {"x": i64(4, 2, lo=0, hi=255).astype(np.uint8)},
+         consts={"s": pos(2, 2).astype(np.float16), "z": np.array([[1, 2], [3, 4]], np.uint8)},
+         attrs={"axis": 0, "block_size": 3}, opset=21, oracle="reference"),
+    Case("QLinearMatMul", "QLinearMatMul", {"a": i64(3, 4, lo=0, hi=255).astype(np.uint8),
+                                            "b": i64(4, 5, lo=0, hi=255).astype(np.uint8)},
+         consts={"as": np.float32(0.02), "az": np.uint8(120), "bs": np.float32(0.03),
+                 "bz": np.uint8(130), "ys": np.float32(0.5), "yz": np.uint8(10)},
+         input_order=["a", "as", "az", "b", "bs", "bz", "ys", "yz"]),
+    Case("QLinearMatMul_int8_batched", "QLinearMatMul",
+         {"a": i64(2, 3, 4, lo=-128, hi=127).astype(np.int8), "b": i64(2, 4, 2, lo=-128, hi=127).astype(np.int8)},
+         consts={"as": np.float32(0.02), "az": np.int8(-3), "bs": np.float32(0.03),
+                 "bz": np.int8(5), "ys": np.float32(0.1), "yz": np.int8(-1)},
+         input_order=["a", "as", "az", "b", "bs", "bz", "ys", "yz"]),
+    Case("MatMulInteger", "MatMulInteger", {"a": i64(3, 4, lo=0, hi=255).astype(np.uint8),
+                                            "b": i64(4, 2, lo=-128, hi=127).astype(np.int8)},
+         consts={"az": np.array([[10], [200], [37]], np.uint8), "bz": np.array([-5, 3], np.int8)},
+         oracle="reference"),
+    Case("MatMulInteger_no_zero_point", "MatMulInteger", {"a": i64(2, 3, 4, lo=0, hi=255).astype(np.uint8),
+                                                          "b": i64(4, 2, lo=0, hi=255).astype(np.uint8)}),
+    Case("ConvInteger", "ConvInteger", {"x": i64(1, 2, 5, 5, lo=0, hi=255).astype(np.uint8)},
+         consts={"w": i64(4, 1, 3, 3, lo=0, hi=255).astype(np.uint8), "xz": np.uint8(7),
+                 "wz": np.array([1, 2, 3, 4], np.uint8)},
+         attrs={"group": 2, "pads": [1, 0, 1, 2], "strides": [2, 1]}, oracle="reference"),
+    Case("ConvInteger_1d", "ConvInteger", {"x": i64(1, 3, 9, lo=-128, hi=127).astype(np.int8)},
+         consts={"w": i64(2, 3, 3, lo=-128, hi=127).astype(np.int8)}, attrs={"dilations": [2]},
+         oracle="reference"),
+    Case("QLinearConv", "QLinearConv", {"x": i64(1, 2, 5, 5, lo=0, hi=255).astype(np.uint8)},
+         consts={"xs": np.float32(0.05), "xz": np.uint8(128), "w": i64(3, 2, 3, 3, lo=-127, hi=127).astype(np.int8),
+                 "ws": pos(3) * np.float32(0.01), "wz": np.zeros(3, np.int8), "ys": np.float32(0.2),
+                 "yz": np.uint8(100), "b": i64(3, lo=-500, hi=500).astype(np.int32)},
+         attrs={"pads": [1, 1, 1, 1]}, input_order=["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"]),
+    Case("DynamicQuantizeLinear", "DynamicQuantizeLinear", {"x": f32(3, 4, lo=-3, hi=5)},
+         outputs=("y", "y_scale", "y_zero_point")),
+    # ---- bfloat16: 16-bit storage, computed in f32 and rounded back to nearest even
+    Case("Cast_to_bfloat16", "Cast", {"x": f32(3, 4) * 1000}, attrs={"to": TensorProto.BFLOAT16},
+         oracle="reference", rtol=0, atol=0),
+    Case("Cast_from_bfloat16", "Cast", {"x": bf16(3, 4)}, attrs={"to": TensorProto.FLOAT},
+         oracle="reference", rtol=0, atol=0),
+    binary("Add", bf16(2, 3, 4), bf16(4), name="Add_bfloat16", oracle="reference", rtol=0, atol=0),
+    binary("Mul", bf16(3, 1), bf16(1, 5), name="Mul_bfloat16", oracle="reference", rtol=0, atol=0),
+    unary("Sigmoid", bf16(3, 4), name="Sigmoid_bfloat16", oracle="reference", rtol=8e-3, atol=0),
+    binary("MatMul", bf16(3, 4), bf16(4, 5), name="MatMul_bfloat16", oracle="reference", rtol=8e-3, atol=1e-6),
+    Case("ReduceSum_bfloat16", "ReduceSum", {"x": bf16(3, 4)}, consts={"a": np.array([1], np.int64)},
+         oracle="reference", rtol=8e-3, atol=1e-6),
+    Case("Conv_bfloat16", "Conv", {"x": bf16(1, 4, 6, 5)}, consts={"w": bf16(6, 2, 3, 3), "b": bf16(6)},
+         attrs={"group": 2, "pads": [1, 0, 1, 2]}, oracle="reference", rtol=8e-3, atol=1e-2),
+    # ---- signal processing and Compress
+    Case("DFT", "DFT", {"x": f32(2, 8, 3, 1)}, attrs={"axis": 1}, opset=17, oracle="reference",
+         rtol=1e-4, atol=1e-4),
+    Case("DFT_inverse_complex_padded", "DFT", {"x": f32(2, 5, 2)},
+         consts={"n": np.array(7, np.int64)}, attrs={"inverse": 1, "axis": 1}, opset=17,
+         oracle="reference", rtol=1e-4, atol=1e-5),
+    Case("DFT_rfft_axis_input", "DFT", {"x": f32(3, 6, 1)},
+         consts={"n": np.array(6, np.int64), "a": np.array(-2, np.int64)}, attrs={"onesided": 1},
+         opset=20, oracle="reference", rtol=1e-4, atol=1e-4),
+    Case("DFT_irfft", "DFT", {"x": f32(4, 2, 5, 2)}, attrs={"inverse": 1, "onesided": 1, "axis": 2},
+         opset=17, oracle="reference", rtol=1e-4, atol=1e-5),
+    Case("Compress", "Compress", {"x": f32(3, 4)}, consts={"c": np.array([True, False, True])},
+         attrs={"axis": 0}),
+    Case("Compress_flattened_short_condition", "Compress", {"x": f32(2, 3)},
+         consts={"c": np.array([False, True, True, False])}),
+    # onesided is explicit: ONNX's shape inference takes a missing onesided as 0 while the
+    # schema and the reference evaluator default it to 1.
+    Case("STFT", "STFT", {"s": f32(2, 20, 1)},
+         consts={"step": np.array(3, np.int64), "w": np.hanning(6).astype(np.float32)},
+         attrs={"onesided": 1}, opset=17, oracle="reference", rtol=1e-4, atol=1e-4),
+    Case("STFT_complex_two_sided", "STFT", {"s": f32(1, 12, 2)},
+         consts={"step": np.array(4, np.int64), "n": np.array(5, np.int64)},
+         attrs={"onesided": 0}, input_order=["s", "step", "", "n"], opset=17, oracle="reference",
+         rtol=1e-4, atol=1e-4),
 ]
 
 
@@ -635,3 +727,57 @@ def test_loop_body_with_if_on_the_iteration_number(backend):
                            {"M": np.array(4, np.int64), "two": np.array(2, np.int64), "w": f32(3)})
     feeds = {"x": f32(3)}
     assert_close(run_glowgen(model, feeds, backend=backend), run_ort(model, feeds), rtol=1e-5)
+
+
+# ---- quantization: bad input gets a clear error naming the parameter
+def _quant_model(op, inputs, consts, attrs=None, opset=21, node_inputs=None):
+    node = helper.make_node(op, node_inputs or list(inputs) + list(consts), ["y"], **(attrs or {}))
+    return make_model([node], inputs, ["y"], consts, opset=opset)
+
+
+def test_quantize_linear_scale_of_the_wrong_length_is_named():
+    from glowgen.errors import GlowgenError
+    model = _quant_model("QuantizeLinear", {"x": f32(2, 3)}, {"s": pos(4), "z": np.zeros(4, np.uint8)},
+                         attrs={"axis": 1})
+    with pytest.raises(GlowgenError, match="scale and zero_point must hold one value, one per index"):
+        run_glowgen(model, {"x": f32(2, 3)})
+
+
+def test_quantize_linear_to_float8_is_unsupported():
+    from glowgen.errors import UnsupportedError
+    model = _quant_model("QuantizeLinear", {"x": f32(2, 3)}, {"s": np.float32(1.0)},
+                         attrs={"output_dtype": TensorProto.FLOAT8E4M3FN})
+    with pytest.raises(UnsupportedError, match="FLOAT8E4M3FN is not supported"):
+        run_glowgen(model, {"x": f32(2, 3)})
+
+
+def test_matmul_integer_b_zero_point_alone_is_unsupported():
+    from glowgen.errors import UnsupportedError
+    a, b = i64(2, 3, lo=0, hi=9).astype(np.uint8), i64(3, 2, lo=0, hi=9).astype(np.uint8)
+    model = _quant_model("MatMulInteger", {"a": a, "b": b}, {"bz": np.uint8(3)},
+                         node_inputs=["a", "b", "", "bz"], opset=13)
+    with pytest.raises(UnsupportedError, match="b_zero_point without an a_zero_point is not supported"):
+        run_glowgen(model, {"a": a, "b": b})
+
+
+def test_bfloat16_cast_fused_into_a_matrix_product_store():
+    """The cpu backend applies elementwise ops after a MatMul in the product's (vector) store:
+    rounding to bf16 there must work on vectors too."""
+    import ml_dtypes
+    x, w = f32(64, 64), f32(64, 64)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Relu", ["m"], ["r"]),
+             helper.make_node("Cast", ["r"], ["y"], to=TensorProto.BFLOAT16)]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": w})
+    expected = run_reference(model, {"x": x})
+    for backend in ("interpreter", "cpu"):
+        actual = run_glowgen(model, {"x": x}, backend=backend)
+        assert actual["y"].dtype == ml_dtypes.bfloat16
+        assert_close({"y": actual["y"].astype(np.float32)}, {"y": expected["y"].astype(np.float32)},
+                     rtol=8e-3, atol=1e-5)
+
+
+def test_dft_of_a_tensor_without_a_complex_dimension_is_named():
+    from glowgen.errors import GlowgenError
+    model = make_model([helper.make_node("DFT", ["x"], ["y"], axis=0)], {"x": f32(4, 3)}, ["y"], opset=17)
+    with pytest.raises(GlowgenError, match="the last dimension must be 1 .real. or 2 .complex."):
+        run_glowgen(model, {"x": f32(4, 3)})

@@ -335,7 +335,8 @@ def b_shape(x):
 
 
 def b_is_float(dtype):
-    return dtype in ("f16", "f32", "f64")
+    from .types import FLOAT_DTYPES
+    return dtype in FLOAT_DTYPES
 
 
 def b_item(value, default=None):

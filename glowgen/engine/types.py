@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Optional
 
 import attrs
+import ml_dtypes
 import numpy as np
 
 from ..errors import ShapeError
@@ -15,9 +16,12 @@ _NUMPY = {
     "i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64,
     "u8": np.uint8, "u16": np.uint16, "u32": np.uint32, "u64": np.uint64,
     "bool": np.bool_,
+    # bfloat16: 16-bit storage, computed by widening to f32 and rounding back to nearest
+    # even (NumPy has no bfloat16; ml_dtypes, which onnx depends on, provides it).
+    "bf16": ml_dtypes.bfloat16,
 }
 DTYPES = tuple(_NUMPY)
-FLOAT_DTYPES = ("f16", "f32", "f64")
+FLOAT_DTYPES = ("f16", "bf16", "f32", "f64")
 INT_DTYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 
 _FROM_NUMPY = {np.dtype(v): k for k, v in _NUMPY.items()}
@@ -92,7 +96,8 @@ class Type:
 
 # ONNX TensorProto.DataType codes of the element types above (ONNX's numbering).
 ONNX_CODES = {"f32": 1, "u8": 2, "i8": 3, "u16": 4, "i16": 5, "i32": 6, "i64": 7,
-              "bool": 9, "f16": 10, "f64": 11, "u32": 12, "u64": 13}
+              "bool": 9, "f16": 10, "f64": 11, "u32": 12, "u64": 13,
+              "bf16": 16}
 _FROM_ONNX = {v: k for k, v in ONNX_CODES.items()}
 
 

@@ -1967,6 +1967,146 @@ def _RNN_0(o):
 
 _RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1657:3', guard=None)
 
+
+def _QuantizeLinear_0(o):
+    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1698:3)."""
+    attrs = {}
+    if o.has_attr('block_size'):
+        attrs['block_size'] = o.attr('block_size')
+    else:
+        attrs['block_size'] = 0
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1700:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1701:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
+    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1702:5', lambda: (sl.b_onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.b_float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
+    return attrs
+
+_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1698:3', guard=None)
+
+
+def _DequantizeLinear_0(o):
+    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1717:3)."""
+    attrs = {}
+    if o.has_attr('block_size'):
+        attrs['block_size'] = o.attr('block_size')
+    else:
+        attrs['block_size'] = 0
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1719:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1720:5', lambda: (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
+    return attrs
+
+_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1717:3', guard=None)
+
+
+def _QLinearMatMul_0(o):
+    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1746:3)."""
+    attrs = {}
+    return attrs
+
+_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1746:3', guard=None)
+
+
+def _MatMulInteger_0(o):
+    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1756:3)."""
+    attrs = {}
+    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1758:5')
+    return attrs
+
+_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1756:3', guard=None)
+
+
+def _ConvInteger_0(o):
+    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1775:3)."""
+    attrs = {}
+    if o.has_attr('group'):
+        attrs['group'] = o.attr('group')
+    else:
+        attrs['group'] = 1
+    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1777:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1779:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1780:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1781:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1782:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1775:3', guard=None)
+
+
+def _QLinearConv_0(o):
+    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1803:3)."""
+    attrs = {}
+    if o.has_attr('group'):
+        attrs['group'] = o.attr('group')
+    else:
+        attrs['group'] = 1
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1806:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1807:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1808:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1809:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1803:3', guard=None)
+
+
+def _DFT_0(o):
+    """ONNX DFT -> DFT (specs/ops.glowdef:1826:3)."""
+    attrs = {}
+    if o.has_attr('inverse'):
+        attrs['inverse'] = o.attr('inverse')
+    else:
+        attrs['inverse'] = 0
+    if o.has_attr('onesided'):
+        attrs['onesided'] = o.attr('onesided')
+    else:
+        attrs['onesided'] = 0
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1828:5', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1829:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    return attrs
+
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1826:3', guard=None)
+
+
+def _DFT_1(o):
+    """ONNX DFT -> DFT (specs/ops.glowdef:1832:3)."""
+    attrs = {}
+    if o.has_attr('inverse'):
+        attrs['inverse'] = o.attr('inverse')
+    else:
+        attrs['inverse'] = 0
+    if o.has_attr('onesided'):
+        attrs['onesided'] = o.attr('onesided')
+    else:
+        attrs['onesided'] = 0
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1834:5', lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1835:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    return attrs
+
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1832:3', guard=None)
+
+
+def _Compress_0(o):
+    """ONNX Compress -> Compress (specs/ops.glowdef:1849:3)."""
+    attrs = {}
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1851:5', lambda: sl.b_true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1852:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1853:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    return attrs
+
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1849:3', guard=None)
+
+
+def _STFT_0(o):
+    """ONNX STFT -> STFT (specs/ops.glowdef:1867:3)."""
+    attrs = {}
+    if o.has_attr('onesided'):
+        attrs['onesided'] = o.attr('onesided')
+    else:
+        attrs['onesided'] = 1
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1869:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1870:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    return attrs
+
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1867:3', guard=None)
+
 CLAUSES = (
     _Add_0_clause,
     _Add_1_clause,
@@ -2131,4 +2271,14 @@ CLAUSES = (
     _LSTM_0_clause,
     _GRU_0_clause,
     _RNN_0_clause,
+    _QuantizeLinear_0_clause,
+    _DequantizeLinear_0_clause,
+    _QLinearMatMul_0_clause,
+    _MatMulInteger_0_clause,
+    _ConvInteger_0_clause,
+    _QLinearConv_0_clause,
+    _DFT_0_clause,
+    _DFT_1_clause,
+    _Compress_0_clause,
+    _STFT_0_clause,
 )

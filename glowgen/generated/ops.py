@@ -56,9 +56,9 @@ class Add(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Add', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:29:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:29:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:29:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:29:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:29:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:29:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -108,9 +108,9 @@ class Sub(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sub', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -160,9 +160,9 @@ class Mul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Mul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:49:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:49:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:49:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:49:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:49:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:49:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -212,9 +212,9 @@ class Div(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Div', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:59:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:59:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:59:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:59:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:59:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:59:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -264,9 +264,9 @@ class Pow(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Pow', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:69:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:69:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:69:7')
-        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:69:27')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:69:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:69:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -317,9 +317,9 @@ class Max(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Max', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:79:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:79:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:79:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:79:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:79:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:79:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -369,9 +369,9 @@ class Min(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Min', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:87:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:87:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:87:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:87:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:87:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:87:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -421,9 +421,9 @@ class Equal(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Equal', _node)
-        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:95:7')
+        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:95:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:95:7')
-        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:95:27')
+        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:95:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:95:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -473,9 +473,9 @@ class Less(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Less', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:104:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:104:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:104:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:104:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:104:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:104:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -525,9 +525,9 @@ class LessOrEqual(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LessOrEqual', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:113:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:113:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:113:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:113:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:113:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:113:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -577,9 +577,9 @@ class Greater(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Greater', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:122:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:122:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:122:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:122:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:122:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:122:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -629,9 +629,9 @@ class GreaterOrEqual(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GreaterOrEqual', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:131:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:131:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:131:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:131:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:131:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:131:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -842,9 +842,9 @@ class Select(Node):
         u = rt.Unifier('Select', _node)
         u.exact_elem('cond', cond, 'bool', 'specs/ops.glowdef:167:7')
         u.shape('cond', cond, (), 'C', (), 'specs/ops.glowdef:167:7')
-        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:167:31')
+        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:167:31')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:167:31')
-        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:167:51')
+        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:167:51')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:167:51')
         C = u.dim('C')
         X = u.dim('X')
@@ -889,7 +889,7 @@ class Neg(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Neg', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:178:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:178:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:178:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -931,7 +931,7 @@ class Abs(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Abs', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:186:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:186:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:186:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -973,7 +973,7 @@ class Exp(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Exp', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:194:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:194:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:194:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1015,7 +1015,7 @@ class Log(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Log', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:202:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:202:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:202:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1057,7 +1057,7 @@ class Sqrt(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sqrt', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:210:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:210:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:210:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1099,7 +1099,7 @@ class Relu(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Relu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:218:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:218:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:218:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -1144,7 +1144,7 @@ class LeakyRelu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LeakyRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:226:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:226:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:226:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1189,7 +1189,7 @@ class Elu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Elu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:235:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:235:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:235:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1231,7 +1231,7 @@ class Sigmoid(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:244:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:244:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:244:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1273,7 +1273,7 @@ class Tanh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Tanh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:252:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:252:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:252:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1315,7 +1315,7 @@ class Erf(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Erf', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:260:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:260:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:260:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1357,7 +1357,7 @@ class Softplus(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Softplus', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:268:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:268:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:268:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1399,7 +1399,7 @@ class Floor(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Floor', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:276:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:276:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:276:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1441,7 +1441,7 @@ class Ceil(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Ceil', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:284:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:284:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:284:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1527,7 +1527,7 @@ class Cast(Node):
     def infer(x, *, _node='', to=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Cast', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:300:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:300:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:300:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -1569,7 +1569,7 @@ class Reciprocal(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reciprocal', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:311:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:311:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:311:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1616,7 +1616,7 @@ class Clip(Node):
     def infer(x, *, _node='', min=None, max=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Clip', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:319:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:319:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:319:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -1658,7 +1658,7 @@ class Swish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Swish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:330:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:330:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:330:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1705,7 +1705,7 @@ class HardSigmoid(Node):
     def infer(x, *, _node='', alpha=None, beta=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:337:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:337:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:337:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1747,7 +1747,7 @@ class HardSwish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSwish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:347:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:347:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:347:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1788,7 +1788,7 @@ class Identity(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Identity', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:354:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:354:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:354:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -1835,7 +1835,7 @@ class Dropout(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dropout', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:361:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:361:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:361:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -1879,7 +1879,7 @@ class SumN(Node):
         if len(xs) == 0:
             rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:374:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:374:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:374:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
         return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:375:7'), )
@@ -1922,7 +1922,7 @@ class MeanN(Node):
         if len(xs) == 0:
             rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:381:7')
         for _t in xs:
-            u.elem('xs', _t, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:381:7')
+            u.elem('xs', _t, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:381:7')
         S = tuple(_t.shape for _t in xs)
         F = u.dtype('F')
         return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:382:7'), )
@@ -1965,7 +1965,7 @@ class MaxN(Node):
         if len(xs) == 0:
             rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:388:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:388:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:388:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
         return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:389:7'), )
@@ -2008,7 +2008,7 @@ class MinN(Node):
         if len(xs) == 0:
             rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:395:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:395:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:395:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
         return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:396:7'), )
@@ -2052,7 +2052,7 @@ class Reshape(Node):
     def infer(x, *, _node='', shape=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reshape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:405:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:405:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:405:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2097,7 +2097,7 @@ class Flatten(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Flatten', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:414:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:414:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:414:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2142,7 +2142,7 @@ class Squeeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Squeeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:422:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:422:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:422:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2186,7 +2186,7 @@ class Unsqueeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Unsqueeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:431:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:431:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:431:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2231,7 +2231,7 @@ class Transpose(Node):
     def infer(x, *, _node='', perm=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Transpose', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:442:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:442:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:442:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2280,7 +2280,7 @@ class Concat(Node):
         if len(xs) == 0:
             rt.fail('Concat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:452:7')
         for _t in xs:
-            u.elem('xs', _t, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:452:7')
+            u.elem('xs', _t, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:452:7')
         S = tuple(_t.shape for _t in xs)
         A = u.dtype('A')
         rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:453:3')
@@ -2329,7 +2329,7 @@ class Slice(Node):
     def infer(x, *, _node='', starts=None, stops=None, steps=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Slice', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:461:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:461:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:461:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2381,7 +2381,7 @@ class Gather(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gather', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:485:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:485:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:485:7')
         u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:485:25')
         u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:485:25')
@@ -2431,7 +2431,7 @@ class Expand(Node):
     def infer(x, *, _node='', shape=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Expand', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:494:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:494:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:494:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2478,7 +2478,7 @@ class Shape(Node):
     def infer(x, *, _node='', start=None, end=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:503:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:503:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:503:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2520,7 +2520,7 @@ class Size(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Size', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:513:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:513:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:513:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -2648,7 +2648,7 @@ class ReduceSum(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:547:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:547:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:547:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -2695,7 +2695,7 @@ class ReduceMax(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:563:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:563:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:563:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -2742,7 +2742,7 @@ class ReduceMin(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:579:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:579:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:579:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -2789,7 +2789,7 @@ class ReduceProd(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:595:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:595:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:595:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -2835,7 +2835,7 @@ class ReduceMean(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMean', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:610:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:610:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:610:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -2883,9 +2883,9 @@ class BatchMatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchMatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:628:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:628:7')
         u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:628:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:628:32')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:628:32')
         u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:628:32')
         B = u.dim('B')
         K = u.dim('K')
@@ -2935,9 +2935,9 @@ class MatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:634:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:634:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:634:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:634:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:634:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:634:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -3001,12 +3001,12 @@ class Gemm(Node):
     def infer(a, b, c=None, *, _node='', alpha=None, beta=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gemm', _node)
-        u.elem('a', a, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:642:7')
+        u.elem('a', a, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:642:7')
         u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:642:7')
-        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:642:29')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:642:29')
         u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:642:29')
         if c is not None:
-            u.elem('c', c, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:642:51')
+            u.elem('c', c, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:642:51')
             u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:642:51')
         K0 = u.dim('K0')
         K1 = u.dim('K1')
@@ -3064,11 +3064,11 @@ class FullyConnected(Node):
     def infer(x, w, b, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('FullyConnected', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:656:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:656:7')
         u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:656:7')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:656:27')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:656:27')
         u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:656:27')
-        u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:656:47')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:656:47')
         u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:656:47')
         K = u.dim('K')
         M = u.dim('M')
@@ -3133,12 +3133,12 @@ class Conv(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Conv', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:665:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:665:9')
         u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:665:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:665:35')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:665:35')
         u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:665:35')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:665:64')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:665:64')
             u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:665:64')
         C = u.dim('C')
         CG = u.dim('CG')
@@ -3208,7 +3208,7 @@ class MaxPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:687:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:687:9')
         u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:687:9')
         C = u.dim('C')
         H = u.dim('H')
@@ -3272,7 +3272,7 @@ class AvgPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:707:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:707:9')
         u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:707:9')
         C = u.dim('C')
         H = u.dim('H')
@@ -3322,7 +3322,7 @@ class GlobalAveragePool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalAveragePool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:725:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:725:7')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:725:7')
         C = u.dim('C')
         N = u.dim('N')
@@ -3365,7 +3365,7 @@ class GlobalMaxPool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalMaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:732:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:732:7')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:732:7')
         C = u.dim('C')
         N = u.dim('N')
@@ -3417,7 +3417,7 @@ class LRN(Node):
     def infer(x, *, _node='', alpha=None, beta=None, bias=None, size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LRN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:739:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:739:7')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:739:7')
         C = u.dim('C')
         N = u.dim('N')
@@ -3488,15 +3488,15 @@ class BatchNormalization(Node):
     def infer(x, scale, bias, mean, var, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:752:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:752:7')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:752:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:752:31')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:752:31')
         u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:752:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:752:52')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:752:52')
         u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:752:52')
-        u.elem('mean', mean, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:752:72')
+        u.elem('mean', mean, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:752:72')
         u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:752:72')
-        u.elem('var', var, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:752:92')
+        u.elem('var', var, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:752:92')
         u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:752:92')
         C = u.dim('C')
         N = u.dim('N')
@@ -3556,12 +3556,12 @@ class LayerNormalization(Node):
     def infer(x, scale, bias=None, *, _node='', axis=None, epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LayerNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:777:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:777:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:777:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:777:25')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:777:25')
         u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:777:25')
         if bias is not None:
-            u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:777:47')
+            u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:777:47')
             u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:777:47')
         G = u.dim('G')
         H = u.dims['H'][0] if 'H' in u.dims else None
@@ -3609,7 +3609,7 @@ class Softmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Softmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:793:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:793:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:793:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3654,7 +3654,7 @@ class LogSoftmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LogSoftmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:801:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:801:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:801:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3699,7 +3699,7 @@ class SoftmaxFlat(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:809:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:809:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:809:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3744,7 +3744,7 @@ class LogSoftmaxFlat(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LogSoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:817:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:817:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:817:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3787,7 +3787,7 @@ class Sin(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sin', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:830:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:830:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:830:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3829,7 +3829,7 @@ class Cos(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Cos', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:838:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:838:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:838:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3871,7 +3871,7 @@ class Tan(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Tan', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:846:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:846:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:846:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3913,7 +3913,7 @@ class Asin(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Asin', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:854:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:854:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:854:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3955,7 +3955,7 @@ class Acos(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Acos', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:862:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:862:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:862:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -3997,7 +3997,7 @@ class Atan(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Atan', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:870:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:870:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:870:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4039,7 +4039,7 @@ class Sinh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sinh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:878:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:878:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:878:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4081,7 +4081,7 @@ class Cosh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Cosh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:886:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:886:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:886:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4123,7 +4123,7 @@ class Asinh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Asinh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:894:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:894:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:894:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4165,7 +4165,7 @@ class Acosh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Acosh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:902:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:902:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:902:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4207,7 +4207,7 @@ class Atanh(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Atanh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:910:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:910:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:910:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4249,7 +4249,7 @@ class Sign(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sign', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:918:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:918:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:918:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -4291,7 +4291,7 @@ class Round(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Round', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:926:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:926:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:926:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4333,7 +4333,7 @@ class IsNaN(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('IsNaN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:934:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:934:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:934:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4380,7 +4380,7 @@ class IsInf(Node):
     def infer(x, *, _node='', detect_negative=None, detect_positive=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('IsInf', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:942:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:942:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:942:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4469,7 +4469,7 @@ class Selu(Node):
     def infer(x, *, _node='', alpha=None, gamma=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Selu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:960:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:960:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:960:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4514,7 +4514,7 @@ class ThresholdedRelu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ThresholdedRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:970:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:970:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:970:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -4561,7 +4561,7 @@ class Shrink(Node):
     def infer(x, *, _node='', bias=None, lambd=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shrink', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:979:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:979:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:979:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -4612,9 +4612,9 @@ class Mod(Node):
     def infer(lhs, rhs, *, _node='', fmod=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Mod', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:990:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:990:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:990:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:990:27')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:990:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:990:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -4875,9 +4875,9 @@ class PRelu(Node):
     def infer(x, slope, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('PRelu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1037:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1037:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1037:7')
-        u.elem('slope', slope, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1037:25')
+        u.elem('slope', slope, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1037:25')
         u.shape('slope', slope, (), 'Q', (), 'specs/ops.glowdef:1037:25')
         Q = u.dim('Q')
         S = u.dim('S')
@@ -4926,9 +4926,9 @@ class CastLike(Node):
     def infer(x, like, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CastLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1045:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1045:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1045:7')
-        u.elem('like', like, 'A2', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1045:25')
+        u.elem('like', like, 'A2', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1045:25')
         u.shape('like', like, (), 'Q', (), 'specs/ops.glowdef:1045:25')
         Q = u.dim('Q')
         S = u.dim('S')
@@ -4977,7 +4977,7 @@ class Split(Node):
     def infer(x, *, _node='', axis=None, sizes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Split', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1054:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1054:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1054:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -5023,7 +5023,7 @@ class Tile(Node):
     def infer(x, *, _node='', repeats=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Tile', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1074:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1074:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1074:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -5073,7 +5073,7 @@ class Pad(Node):
     def infer(x, *, _node='', pads=None, mode=None, value=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Pad', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1084:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1084:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1084:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -5122,7 +5122,7 @@ class Trilu(Node):
     def infer(x, *, _node='', upper=None, k=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Trilu', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1103:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1103:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1103:7')
         S = u.dim('S')
         A = u.dtype('A')
@@ -5174,7 +5174,7 @@ class GatherElements(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GatherElements', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1114:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1114:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1114:7')
         u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:1114:25')
         u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1114:25')
@@ -5231,7 +5231,7 @@ class GatherND(Node):
     def infer(x, indices, *, _node='', batch_dims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GatherND', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1124:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1124:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1124:7')
         u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:1124:25')
         u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1124:25')
@@ -5293,11 +5293,11 @@ class ScatterElements(Node):
     def infer(x, indices, updates, *, _node='', axis=None, reduction=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ScatterElements', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1133:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1133:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1133:7')
         u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:1133:25')
         u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1133:25')
-        u.elem('updates', updates, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1133:49')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1133:49')
         u.shape('updates', updates, (), 'Q', (), 'specs/ops.glowdef:1133:49')
         Q = u.dim('Q')
         S = u.dim('S')
@@ -5357,11 +5357,11 @@ class ScatterND(Node):
     def infer(x, indices, updates, *, _node='', reduction=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ScatterND', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1143:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1143:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1143:7')
         u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:1143:25')
         u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1143:25')
-        u.elem('updates', updates, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1143:51')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1143:51')
         u.shape('updates', updates, (), 'U', (), 'specs/ops.glowdef:1143:51')
         Q = u.dim('Q')
         S = u.dim('S')
@@ -5409,7 +5409,7 @@ class DepthToSpace(Node):
     def infer(x, *, _node='', blocksize=None, mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DepthToSpace', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1151:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1151:7')
         u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1151:7')
         C = u.dim('C')
         H = u.dim('H')
@@ -5460,7 +5460,7 @@ class SpaceToDepth(Node):
     def infer(x, *, _node='', blocksize=None, mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SpaceToDepth', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1161:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1161:7')
         u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1161:7')
         C = u.dim('C')
         H = u.dim('H')
@@ -5512,7 +5512,7 @@ class EyeLike(Node):
     def infer(x, *, _node='', k=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('EyeLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1172:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1172:7')
         u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:1172:7')
         C = u.dim('C')
         R = u.dim('R')
@@ -5566,9 +5566,9 @@ class OneHot(Node):
     def infer(indices, values, *, _node='', depth=None, axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('OneHot', _node)
-        u.elem('indices', indices, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1182:7')
+        u.elem('indices', indices, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1182:7')
         u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:1182:7')
-        u.elem('values', values, 'A', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1182:31')
+        u.elem('values', values, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1182:31')
         u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:1182:31')
         S = u.dim('S')
         A = u.dtype('A')
@@ -5618,7 +5618,7 @@ class ArgMax(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1193:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1193:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1193:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -5668,7 +5668,7 @@ class ArgMin(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1204:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1204:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1204:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -5724,7 +5724,7 @@ class TopK(Node):
     def infer(x, *, _node='', k=None, axis=None, largest=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('TopK', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1215:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1215:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1215:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -5776,7 +5776,7 @@ class CumSum(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1233:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1233:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1233:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -5826,7 +5826,7 @@ class CumProd(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1244:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1244:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1244:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -5872,7 +5872,7 @@ class Hardmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Hardmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1255:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1255:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1255:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -5921,7 +5921,7 @@ class Einsum(Node):
         if len(xs) == 0:
             rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1264:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1264:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1264:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
         return (rt.result_type('Einsum', _node, T, (*sl.b_einsum_shape(equation, S),), 'specs/ops.glowdef:1266:7'), )
@@ -5976,11 +5976,11 @@ class InstanceNormalization(Node):
     def infer(x, scale, bias, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('InstanceNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1273:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1273:7')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1273:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1273:31')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1273:31')
         u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1273:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1273:52')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1273:52')
         u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1273:52')
         C = u.dim('C')
         N = u.dim('N')
@@ -6028,7 +6028,7 @@ class LpNormalization(Node):
     def infer(x, *, _node='', axis=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1281:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1281:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1281:7')
         S = u.dim('S')
         F = u.dtype('F')
@@ -6093,12 +6093,12 @@ class ConvN(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1292:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1292:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1292:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1292:33')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1292:33')
         u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1292:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1292:58')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1292:58')
             u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1292:58')
         C = u.dim('C')
         CG = u.dim('CG')
@@ -6164,7 +6164,7 @@ class MaxPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPoolN', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1316:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1316:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1316:9')
         C = u.dim('C')
         D = u.dim('D')
@@ -6224,7 +6224,7 @@ class AvgPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1340:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1340:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1340:9')
         C = u.dim('C')
         D = u.dim('D')
@@ -6295,12 +6295,12 @@ class ConvTranspose(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, output_padding=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvTranspose', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1362:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1362:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1362:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1362:33')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1362:33')
         u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:1362:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1362:59')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1362:59')
             u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1362:59')
         C = u.dim('C')
         C2 = u.dim('C2')
@@ -6375,7 +6375,7 @@ class Resize(Node):
     def infer(x, *, _node='', axes=None, sizes=None, scales=None, roi=None, mode=None, coordinate_transformation_mode=None, nearest_mode=None, cubic_coeff_a=None, exclude_outside=None, extrapolation_value=None, antialias=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Resize', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1388:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1388:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1388:7')
         S = u.dim('S')
         T = u.dtype('T')
@@ -6433,9 +6433,9 @@ class LegacyBroadcast(Node):
     def infer(lhs, rhs, *, _node='', op=None, axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LegacyBroadcast', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1466:7')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1466:7')
         u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1466:7')
-        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1466:27')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1466:27')
         u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1466:27')
         X = u.dim('X')
         Y = u.dim('Y')
@@ -6494,7 +6494,7 @@ class AvgPoolDilated(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolDilated', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1487:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1487:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1487:9')
         C = u.dim('C')
         D = u.dim('D')
@@ -6555,7 +6555,7 @@ class LpPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1508:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1508:9')
         u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1508:9')
         C = u.dim('C')
         D = u.dim('D')
@@ -6615,7 +6615,7 @@ class Col2Im(Node):
     def infer(x, *, _node='', image=None, block=None, strides=None, pads=None, dilations=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Col2Im', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1530:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1530:9')
         u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1530:9')
         CK = u.dim('CK')
         L = u.dim('L')
@@ -6679,9 +6679,9 @@ class GridSample(Node):
     def infer(x, grid, *, _node='', mode=None, padding_mode=None, align_corners=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GridSample', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1554:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1554:9')
         u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1554:9')
-        u.elem('grid', grid, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1554:33')
+        u.elem('grid', grid, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1554:33')
         u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1554:33')
         C = u.dim('C')
         G = u.dim('G')
@@ -6740,11 +6740,11 @@ class Reflect(Node):
     def infer(x, low, high, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reflect', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1572:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1572:9')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1572:9')
-        u.elem('low', low, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1572:27')
+        u.elem('low', low, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1572:27')
         u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1572:27')
-        u.elem('high', high, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1572:47')
+        u.elem('high', high, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1572:47')
         u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1572:47')
         H = u.dim('H')
         L = u.dim('L')
@@ -6851,23 +6851,23 @@ class LSTM(Node):
     def infer(x, w, r, b=None, h0=None, c0=None, p=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, input_forget=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LSTM', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1588:8')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1588:8')
         u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1588:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1588:27')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1588:27')
         u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1588:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1588:50')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1588:50')
         u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1588:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1588:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1588:73')
             u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1588:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1589:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1589:8')
             u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1589:8')
         if c0 is not None:
-            u.elem('c0', c0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1589:29')
+            u.elem('c0', c0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1589:29')
             u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1589:29')
         if p is not None:
-            u.elem('p', p, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1589:50')
+            u.elem('p', p, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1589:50')
             u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1589:50')
         CS = u.dims['CS'][0] if 'CS' in u.dims else None
         D = u.dim('D')
@@ -6968,17 +6968,17 @@ class GRU(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, linear_before_reset=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GRU', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1616:8')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1616:8')
         u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1616:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1616:27')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1616:27')
         u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1616:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1616:50')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1616:50')
         u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1616:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1616:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1616:73')
             u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1616:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1617:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1617:8')
             u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1617:8')
         D = u.dim('D')
         G = u.dim('G')
@@ -7075,17 +7075,17 @@ class RNN(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('RNN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1643:8')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1643:8')
         u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1643:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1643:27')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1643:27')
         u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1643:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1643:50')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1643:50')
         u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1643:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1643:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1643:73')
             u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1643:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'f64'), 'specs/ops.glowdef:1644:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1644:8')
             u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1644:8')
         D = u.dim('D')
         G = u.dim('G')
@@ -7103,6 +7103,783 @@ class RNN(Node):
         rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1653:3')
         rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1654:3')
         return (rt.result_type('RNN', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1655:8'), rt.result_type('RNN', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1656:8'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QuantizeLinear(Node):
+    """y = saturate(round(x / scale) + zero_point) in element type `dtype`, x / scale computed in `compute` and rounded halves to even; scale and zero_point hold one value, one per index of `axis`, or one per block of `block_size` indices along `axis`.
+    
+    Operands:
+        x: Tensor[QX, *S]
+        scale: Tensor[F, *C]
+        zero_point: Tensor[QI, *C]?
+    Results:
+        y: Tensor[dtype, *S]
+    Attributes:
+        axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
+        block_size: int = 0 where block_size >= 0
+        dtype: dtype
+        compute: dtype
+    Declared at specs/ops.glowdef:1686:1.
+    """
+
+    OP: ClassVar[str] = 'QuantizeLinear'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('scale', optional=False, variadic=False), OperandInfo('zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), AttrInfo('compute', 'dtype', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1686:1'
+
+    axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    dtype: object = attrs.field(converter=rt.CONVERTERS['dtype'])
+    compute: object = attrs.field(converter=rt.CONVERTERS['dtype'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[QX, *S]"""
+        return self.inputs[0]
+
+    @property
+    def scale(self):
+        """Operand scale: Tensor[F, *C]"""
+        return self.inputs[1]
+
+    @property
+    def zero_point(self):
+        """Operand zero_point: Tensor[QI, *C]?"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[dtype, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None, compute=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QuantizeLinear', _node)
+        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1688:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1688:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1688:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1688:26')
+        if zero_point is not None:
+            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1688:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1688:48')
+        C = u.dim('C')
+        S = u.dim('S')
+        F = u.dtype('F')
+        QX = u.dtype('QX')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1689:3')
+        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1690:3')
+        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1693:3')
+        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1694:3')
+        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1695:3')
+        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1697:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class DequantizeLinear(Node):
+    """y = (x - zero_point) * scale in element type `dtype`; scale and zero_point hold one value, one per index of `axis`, or one per block of `block_size` indices along `axis`.
+    
+    Operands:
+        x: Tensor[DQ, *S]
+        scale: Tensor[F, *C]
+        zero_point: Tensor[DQ, *C]?
+    Results:
+        y: Tensor[dtype, *S]
+    Attributes:
+        axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
+        block_size: int = 0 where block_size >= 0
+        dtype: dtype
+    Declared at specs/ops.glowdef:1707:1.
+    """
+
+    OP: ClassVar[str] = 'DequantizeLinear'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('scale', optional=False, variadic=False), OperandInfo('zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1707:1'
+
+    axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    dtype: object = attrs.field(converter=rt.CONVERTERS['dtype'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[DQ, *S]"""
+        return self.inputs[0]
+
+    @property
+    def scale(self):
+        """Operand scale: Tensor[F, *C]"""
+        return self.inputs[1]
+
+    @property
+    def zero_point(self):
+        """Operand zero_point: Tensor[DQ, *C]?"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[dtype, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('DequantizeLinear', _node)
+        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1709:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1709:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1709:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1709:26')
+        if zero_point is not None:
+            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1709:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1709:48')
+        C = u.dim('C')
+        S = u.dim('S')
+        DQ = u.dtype('DQ')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1710:3')
+        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1711:3')
+        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1713:3')
+        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1714:3')
+        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1716:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QuantParam(Node):
+    """A scale or zero point `p` of a (de)quantization made to broadcast against the quantized tensor's shape `like`: one value becomes a scalar, a vector runs along `axis`, blocks repeat `block_size` times along `axis`.
+    
+    Operands:
+        p: Tensor[A, *C]
+    Results:
+        y: Tensor[A, *quant_param_shape(like, C, axis, block_size)]
+    Attributes:
+        like: ints
+        axis: int
+        block_size: int = 0
+    Declared at specs/ops.glowdef:1724:1.
+    """
+
+    OP: ClassVar[str] = 'QuantParam'
+    INPUTS: ClassVar[tuple] = (OperandInfo('p', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('like', 'ints', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('block_size', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1724:1'
+
+    like: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def p(self):
+        """Operand p: Tensor[A, *C]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *quant_param_shape(like, C, axis, block_size)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(p, *, _node='', like=None, axis=None, block_size=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QuantParam', _node)
+        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1726:7')
+        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1726:7')
+        C = u.dim('C')
+        A = u.dtype('A')
+        return (rt.result_type('QuantParam', _node, A, (*sl.b_quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1730:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearMatMul(Node):
+    """Quantized numpy.matmul: (a - a_zero_point) @ (b - b_zero_point) accumulated exactly, scaled by a_scale * b_scale / y_scale, rounded halves to even, shifted by y_zero_point and saturated; a's parameters may be per row, b's per column.
+    
+    Operands:
+        a: Tensor[Q8, *X]
+        a_scale: Tensor[F, *AS]
+        a_zero_point: Tensor[Q8, *AZ]
+        b: Tensor[Q8B, *Y]
+        b_scale: Tensor[F, *BS]
+        b_zero_point: Tensor[Q8B, *BZ]
+        y_scale: Tensor[F, *YS]
+        y_zero_point: Tensor[Q8Y, *YZ]
+    Results:
+        y: Tensor[Q8Y, *matmul_shape(X, Y)]
+    Declared at specs/ops.glowdef:1733:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearMatMul'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('a_scale', optional=False, variadic=False), OperandInfo('a_zero_point', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('b_scale', optional=False, variadic=False), OperandInfo('b_zero_point', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('y_zero_point', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1733:1'
+
+
+    @property
+    def a(self):
+        """Operand a: Tensor[Q8, *X]"""
+        return self.inputs[0]
+
+    @property
+    def a_scale(self):
+        """Operand a_scale: Tensor[F, *AS]"""
+        return self.inputs[1]
+
+    @property
+    def a_zero_point(self):
+        """Operand a_zero_point: Tensor[Q8, *AZ]"""
+        return self.inputs[2]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[Q8B, *Y]"""
+        return self.inputs[3]
+
+    @property
+    def b_scale(self):
+        """Operand b_scale: Tensor[F, *BS]"""
+        return self.inputs[4]
+
+    @property
+    def b_zero_point(self):
+        """Operand b_zero_point: Tensor[Q8B, *BZ]"""
+        return self.inputs[5]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[F, *YS]"""
+        return self.inputs[6]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8Y, *YZ]"""
+        return self.inputs[7]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8Y, *matmul_shape(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearMatMul', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1735:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1735:7')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1735:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1735:26')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1735:51')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1735:51')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1736:7')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1736:7')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1736:27')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1736:27')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1736:52')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1736:52')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1737:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1737:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1737:32')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1737:32')
+        AS = u.dim('AS')
+        AZ = u.dim('AZ')
+        BS = u.dim('BS')
+        BZ = u.dim('BZ')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        YS = u.dim('YS')
+        YZ = u.dim('YZ')
+        F = u.dtype('F')
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        Q8Y = u.dtype('Q8Y')
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1738:3')
+        rt.check((sl.b_param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1739:3')
+        rt.check((sl.b_param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1741:3')
+        rt.check((sl.b_param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1743:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1745:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class MatMulInteger(Node):
+    """numpy.matmul of (a - a_zero_point) and (b - b_zero_point) in i32; a's zero point may be per row, b's per column.
+    
+    Operands:
+        a: Tensor[Q8, *X]
+        b: Tensor[Q8B, *Y]
+        a_zero_point: Tensor[Q8, *AZ]?
+        b_zero_point: Tensor[Q8B, *BZ]?
+    Results:
+        y: Tensor[i32, *matmul_shape(X, Y)]
+    Declared at specs/ops.glowdef:1749:1.
+    """
+
+    OP: ClassVar[str] = 'MatMulInteger'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('a_zero_point', optional=True, variadic=False), OperandInfo('b_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1749:1'
+
+
+    @property
+    def a(self):
+        """Operand a: Tensor[Q8, *X]"""
+        return self.inputs[0]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[Q8B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def a_zero_point(self):
+        """Operand a_zero_point: Tensor[Q8, *AZ]?"""
+        return self.inputs[2]
+
+    @property
+    def b_zero_point(self):
+        """Operand b_zero_point: Tensor[Q8B, *BZ]?"""
+        return self.inputs[3]
+
+    @property
+    def y(self):
+        """Result y: Tensor[i32, *matmul_shape(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, b, a_zero_point=None, b_zero_point=None, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('MatMulInteger', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1751:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1751:7')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1751:26')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1751:26')
+        if a_zero_point is not None:
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1751:46')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1751:46')
+        if b_zero_point is not None:
+            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1751:78')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1751:78')
+        AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
+        BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
+        X = u.dim('X')
+        Y = u.dim('Y')
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1752:3')
+        rt.check(sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1753:3')
+        rt.check(sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1754:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1755:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ConvInteger(Node):
+    """N-D convolution of (x - x_zero_point) and (w - w_zero_point) in i32 (w's zero point may be per output channel); pads are [begin..., end...].
+    
+    Operands:
+        x: Tensor[Q8, N, C, *D]
+        w: Tensor[Q8B, M, CG, *K]
+        x_zero_point: Tensor[Q8, *XZ]?
+        w_zero_point: Tensor[Q8B, *WZ]?
+    Results:
+        y: Tensor[i32, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]
+    Attributes:
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        group: int = 1 where group >= 1
+    Declared at specs/ops.glowdef:1763:1.
+    """
+
+    OP: ClassVar[str] = 'ConvInteger'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('x_zero_point', optional=True, variadic=False), OperandInfo('w_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1763:1'
+
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[Q8, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[Q8B, M, CG, *K]"""
+        return self.inputs[1]
+
+    @property
+    def x_zero_point(self):
+        """Operand x_zero_point: Tensor[Q8, *XZ]?"""
+        return self.inputs[2]
+
+    @property
+    def w_zero_point(self):
+        """Operand w_zero_point: Tensor[Q8B, *WZ]?"""
+        return self.inputs[3]
+
+    @property
+    def y(self):
+        """Result y: Tensor[i32, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, w, x_zero_point=None, w_zero_point=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ConvInteger', _node)
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1765:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1765:9')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1765:34')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1765:34')
+        if x_zero_point is not None:
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1765:61')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1765:61')
+        if w_zero_point is not None:
+            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1765:93')
+            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1765:93')
+        C = u.dim('C')
+        CG = u.dim('CG')
+        D = u.dim('D')
+        K = u.dim('K')
+        M = u.dim('M')
+        N = u.dim('N')
+        WZ = u.dims['WZ'][0] if 'WZ' in u.dims else None
+        XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1766:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1767:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1768:3')
+        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1769:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1770:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1771:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1772:3')
+        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1773:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1774:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearConv(Node):
+    """Quantized N-D convolution: (x - x_zero_point) conv (w - w_zero_point) + bias accumulated exactly, scaled by x_scale * w_scale / y_scale (w's parameters may be per output channel), rounded halves to even, shifted by y_zero_point and saturated.
+    
+    Operands:
+        x: Tensor[Q8, N, C, *D]
+        x_scale: Tensor[F, *XS]
+        x_zero_point: Tensor[Q8, *XZ]
+        w: Tensor[Q8B, M, CG, *K]
+        w_scale: Tensor[F, *WS]
+        w_zero_point: Tensor[Q8B, *WZ]
+        y_scale: Tensor[F, *YS]
+        y_zero_point: Tensor[Q8Y, *YZ]
+        b: Tensor[i32, M]?
+    Results:
+        y: Tensor[Q8Y, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]
+    Attributes:
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        group: int = 1 where group >= 1
+    Declared at specs/ops.glowdef:1787:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearConv'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('x_scale', optional=False, variadic=False), OperandInfo('x_zero_point', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('w_scale', optional=False, variadic=False), OperandInfo('w_zero_point', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('y_zero_point', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1787:1'
+
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[Q8, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def x_scale(self):
+        """Operand x_scale: Tensor[F, *XS]"""
+        return self.inputs[1]
+
+    @property
+    def x_zero_point(self):
+        """Operand x_zero_point: Tensor[Q8, *XZ]"""
+        return self.inputs[2]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[Q8B, M, CG, *K]"""
+        return self.inputs[3]
+
+    @property
+    def w_scale(self):
+        """Operand w_scale: Tensor[F, *WS]"""
+        return self.inputs[4]
+
+    @property
+    def w_zero_point(self):
+        """Operand w_zero_point: Tensor[Q8B, *WZ]"""
+        return self.inputs[5]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[F, *YS]"""
+        return self.inputs[6]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8Y, *YZ]"""
+        return self.inputs[7]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[i32, M]?"""
+        return self.inputs[8]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8Y, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearConv', _node)
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1789:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1789:9')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1789:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1789:34')
+        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1789:59')
+        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1789:59')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1790:9')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1790:9')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1790:36')
+        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1790:36')
+        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1790:61')
+        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1790:61')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1791:9')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1791:9')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1791:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1791:34')
+        if b is not None:
+            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1791:66')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1791:66')
+        C = u.dim('C')
+        CG = u.dim('CG')
+        D = u.dim('D')
+        K = u.dim('K')
+        M = u.dim('M')
+        N = u.dim('N')
+        WS = u.dim('WS')
+        WZ = u.dim('WZ')
+        XS = u.dim('XS')
+        XZ = u.dim('XZ')
+        YS = u.dim('YS')
+        YZ = u.dim('YZ')
+        F = u.dtype('F')
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        Q8Y = u.dtype('Q8Y')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1792:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1793:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1794:3')
+        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1795:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1796:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1797:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1798:3')
+        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1799:3')
+        rt.check(sl.b_param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1800:3')
+        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1801:3')
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1802:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class DFT(Node):
+    """Discrete Fourier transform of length `length` along `axis`; the last dimension holds a real (1) or a complex (2: real, imaginary) value.  `inverse` scales by 1 / length; `onesided` keeps the bins up to length / 2 (forward) or takes them as a Hermitian spectrum and gives real values (inverse).
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *dft_shape(S, axis, length, inverse, onesided)]
+    Attributes:
+        axis: int
+        length: int where length >= 1
+        inverse: int = 0
+        onesided: int = 0
+    Declared at specs/ops.glowdef:1816:1.
+    """
+
+    OP: ClassVar[str] = 'DFT'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1816:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    length: object = attrs.field(converter=rt.CONVERTERS['int'])
+    inverse: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    onesided: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *dft_shape(S, axis, length, inverse, onesided)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('DFT', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1818:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1818:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1820:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1823:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1824:3')
+        return (rt.result_type('DFT', _node, F, (*sl.b_dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1825:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Compress(Node):
+    """The slices of x at `indices` along `axis` (ONNX Compress with its condition known at compile time: the positions where it is true); with `flatten`, of x flattened to 1-D.
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        y: Tensor[A, *compress_shape(S, len(indices), axis, flatten)]
+    Attributes:
+        indices: ints
+        axis: int = 0
+        flatten: int = 0
+    Declared at specs/ops.glowdef:1840:1.
+    """
+
+    OP: ClassVar[str] = 'Compress'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1840:1'
+
+    indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    flatten: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *compress_shape(S, len(indices), axis, flatten)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', indices=None, axis=None, flatten=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Compress', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1842:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1842:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1846:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1847:3')
+        return (rt.result_type('Compress', _node, A, (*sl.b_compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1848:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class STFT(Node):
+    """Short-time Fourier transform: frames of `frame` samples every `step` samples of each signal [B, L, 1 or 2], each multiplied by `window` (when given) and transformed by a DFT of length `frame` (one-sided when `onesided`).
+    
+    Operands:
+        signal: Tensor[F, B, L, C]
+        window: Tensor[F, W]?
+    Results:
+        y: Tensor[F, B, 1 + ((L - frame) // step), dft_bins(frame, 0, onesided), 2]
+    Attributes:
+        step: int where step >= 1
+        frame: int where frame >= 1
+        onesided: int = 1
+    Declared at specs/ops.glowdef:1857:1.
+    """
+
+    OP: ClassVar[str] = 'STFT'
+    INPUTS: ClassVar[tuple] = (OperandInfo('signal', optional=False, variadic=False), OperandInfo('window', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1857:1'
+
+    step: object = attrs.field(converter=rt.CONVERTERS['int'])
+    frame: object = attrs.field(converter=rt.CONVERTERS['int'])
+    onesided: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def signal(self):
+        """Operand signal: Tensor[F, B, L, C]"""
+        return self.inputs[0]
+
+    @property
+    def window(self):
+        """Operand window: Tensor[F, W]?"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, B, 1 + ((L - frame) // step), dft_bins(frame, 0, onesided), 2]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('STFT', _node)
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1859:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1859:7')
+        if window is not None:
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1859:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1859:35')
+        B = u.dim('B')
+        C = u.dim('C')
+        L = u.dim('L')
+        W = u.dims['W'][0] if 'W' in u.dims else None
+        F = u.dtype('F')
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1860:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1861:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1863:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1864:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1865:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.b_dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1866:7'), )
 
 
 OPS = {
@@ -7244,4 +8021,14 @@ OPS = {
     'LSTM': LSTM,
     'GRU': GRU,
     'RNN': RNN,
+    'QuantizeLinear': QuantizeLinear,
+    'DequantizeLinear': DequantizeLinear,
+    'QuantParam': QuantParam,
+    'QLinearMatMul': QLinearMatMul,
+    'MatMulInteger': MatMulInteger,
+    'ConvInteger': ConvInteger,
+    'QLinearConv': QLinearConv,
+    'DFT': DFT,
+    'Compress': Compress,
+    'STFT': STFT,
 }

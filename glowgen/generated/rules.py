@@ -507,54 +507,54 @@ def _r35_lrn_expand_build(_b, _m):
 
 
 def _r36_f16_matmul_in_f32_guard(_m, _ctx):
-    """where m.dtype == f16"""
+    """where (m.dtype == f16) or (m.dtype == bf16)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
-    return bool((rt.eq(m.dtype, 'f16')))
+    return bool(((rt.eq(m.dtype, 'f16') or rt.eq(m.dtype, 'bf16'))))
 
 def _r36_f16_matmul_in_f32_build(_b, _m):
-    """=> Cast(BatchMatMul(Cast(a, to = f32), Cast(b, to = f32)), to = f16)"""
+    """=> Cast(BatchMatMul(Cast(a, to = f32), Cast(b, to = f32)), to = m.dtype)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
-    return rt.results(_b.op('Cast', [_b.op('BatchMatMul', [_b.op('Cast', [a], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {})], {'to': 'f16'}))
+    return rt.results(_b.op('Cast', [_b.op('BatchMatMul', [_b.op('Cast', [a], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {})], {'to': m.dtype}))
 
 
 
 def _r37_f16_conv_in_f32_guard(_m, _ctx):
-    """where c.dtype == f16"""
+    """where (c.dtype == f16) or (c.dtype == bf16)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return bool((rt.eq(c.dtype, 'f16')))
+    return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
 
 def _r37_f16_conv_in_f32_build(_b, _m):
-    """=> Cast(Conv(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = f16)"""
+    """=> Cast(Conv(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return rt.results(_b.op('Cast', [_b.op('Conv', [_b.op('Cast', [x], {'to': 'f32'}), _b.op('Cast', [w], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'to': 'f16'}))
+    return rt.results(_b.op('Cast', [_b.op('Conv', [_b.op('Cast', [x], {'to': 'f32'}), _b.op('Cast', [w], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'to': c.dtype}))
 
 
 
 def _r38_f16_convn_in_f32_guard(_m, _ctx):
-    """where c.dtype == f16"""
+    """where (c.dtype == f16) or (c.dtype == bf16)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return bool((rt.eq(c.dtype, 'f16')))
+    return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
 
 def _r38_f16_convn_in_f32_build(_b, _m):
-    """=> Cast(ConvN(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = f16)"""
+    """=> Cast(ConvN(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return rt.results(_b.op('Cast', [_b.op('ConvN', [_b.op('Cast', [x], {'to': 'f32'}), _b.op('Cast', [w], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'to': 'f16'}))
+    return rt.results(_b.op('Cast', [_b.op('ConvN', [_b.op('Cast', [x], {'to': 'f32'}), _b.op('Cast', [w], {'to': 'f32'}), _b.op('Cast', [b], {'to': 'f32'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'to': c.dtype}))
 
 
 
@@ -1579,6 +1579,263 @@ def _r106_rnn_unroll_build(_b, _m):
     return rt.results(tuple(build_rnn_layer(_b, l, l.hidden_size, x, w, r, b, h0, None, None))[:2])
 
 
+
+def _r107_quant_param_to_reshape_guard(_m, _ctx):
+    """where prod(q.shape) == prod(p.shape)"""
+    q = _m['q']
+    p = _m['p']
+    return bool((rt.eq(rt.b_prod(q.shape), rt.b_prod(p.shape))))
+
+def _r107_quant_param_to_reshape_build(_b, _m):
+    """=> Reshape(p, shape = q.shape)"""
+    q = _m['q']
+    p = _m['p']
+    return rt.results(_b.op('Reshape', [p], {'shape': q.shape}))
+
+
+
+def _r108_quant_param_blocked_to_gather_guard(_m, _ctx):
+    """where prod(q.shape) != prod(p.shape)"""
+    q = _m['q']
+    p = _m['p']
+    return bool((rt.ne(rt.b_prod(q.shape), rt.b_prod(p.shape))))
+
+def _r108_quant_param_blocked_to_gather_build(_b, _m):
+    """=> Gather(p, const(block_indices(q.like[q.axis], q.block_size), i64), axis = q.axis)"""
+    q = _m['q']
+    p = _m['p']
+    return rt.results(_b.op('Gather', [p, _b.const(sl.b_block_indices(q.like[q.axis], q.block_size), 'i64')], {'axis': q.axis}))
+
+
+
+def _r109_quantize_linear_expand_build(_b, _m):
+    """=> Cast(Clip(Add(Cast(r, to = wide), Cast(z, to = wide)), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
+    q = _m['q']
+    x = _m['x']
+    scale = _m['scale']
+    zero_point = _m['zero_point']
+    wide = sl.b_exact_float(q.compute)
+    s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size})
+    z = _b.op('QuantParam', [zero_point], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size})
+    r = _b.op('Round', [_b.op('Div', [_b.op('Cast', [x], {'to': q.compute}), _b.op('Cast', [s], {'to': q.compute})], {})], {})
+    return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Add', [_b.op('Cast', [r], {'to': wide}), _b.op('Cast', [z], {'to': wide})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}))
+
+
+
+def _r110_quantize_linear_no_zero_point_build(_b, _m):
+    """=> Cast(Clip(Cast(r, to = exact_float(q.compute)), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
+    q = _m['q']
+    x = _m['x']
+    scale = _m['scale']
+    s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size})
+    r = _b.op('Round', [_b.op('Div', [_b.op('Cast', [x], {'to': q.compute}), _b.op('Cast', [s], {'to': q.compute})], {})], {})
+    return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Cast', [r], {'to': sl.b_exact_float(q.compute)})], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}))
+
+
+
+def _r111_dequantize_linear_expand_build(_b, _m):
+    """=> Cast(Mul(Sub(Cast(x, to = wide), Cast(z, to = wide)), Cast(s, to = wide)), to = d.dtype)"""
+    d = _m['d']
+    x = _m['x']
+    scale = _m['scale']
+    zero_point = _m['zero_point']
+    wide = sl.b_float_promote(sl.b_exact_float(x.dtype), scale.dtype)
+    s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size})
+    z = _b.op('QuantParam', [zero_point], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size})
+    return rt.results(_b.op('Cast', [_b.op('Mul', [_b.op('Sub', [_b.op('Cast', [x], {'to': wide}), _b.op('Cast', [z], {'to': wide})], {}), _b.op('Cast', [s], {'to': wide})], {})], {'to': d.dtype}))
+
+
+
+def _r112_dequantize_linear_no_zero_point_build(_b, _m):
+    """=> Cast(Mul(Cast(x, to = wide), Cast(s, to = wide)), to = d.dtype)"""
+    d = _m['d']
+    x = _m['x']
+    scale = _m['scale']
+    wide = sl.b_float_promote(sl.b_exact_float(x.dtype), scale.dtype)
+    s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size})
+    return rt.results(_b.op('Cast', [_b.op('Mul', [_b.op('Cast', [x], {'to': wide}), _b.op('Cast', [s], {'to': wide})], {})], {'to': d.dtype}))
+
+
+
+def _r113_qlinear_matmul_expand_build(_b, _m):
+    """=> Cast(Clip(Round(Add(Mul(Cast(acc, to = f64), Cast(multiplier, to = f64)), Cast(zy, to = f64))), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    acc = _b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': fn_per_column(b_zero_point.shape, b.shape)})], {'to': 'i32'})], {})], {})
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [a_scale], {'shape': fn_per_row(a_scale.shape, a.shape)}), _b.op('Reshape', [b_scale], {'shape': fn_per_column(b_scale.shape, b.shape)})], {}), _b.op('Reshape', [y_scale], {'shape': fn_per_row(y_scale.shape, a.shape)})], {})
+    zy = _b.op('Reshape', [y_zero_point], {'shape': fn_per_row(y_zero_point.shape, a.shape)})
+    return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [_b.op('Cast', [acc], {'to': 'f64'}), _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [zy], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}))
+
+
+
+def _r114_matmul_integer_expand_build(_b, _m):
+    """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = per_row(a_zero_point.shape, a.shape)), to = i32)), Sub(Cast(b, to = i32), Cast(Reshape(b_zero_point, shape = per_column(b_zero_point.shape, b.shape)), to = i32)))"""
+    a = _m['a']
+    b = _m['b']
+    a_zero_point = _m['a_zero_point']
+    b_zero_point = _m['b_zero_point']
+    return rt.results(_b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': fn_per_column(b_zero_point.shape, b.shape)})], {'to': 'i32'})], {})], {}))
+
+
+
+def _r115_matmul_integer_a_zero_point_build(_b, _m):
+    """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = per_row(a_zero_point.shape, a.shape)), to = i32)), Cast(b, to = i32))"""
+    a = _m['a']
+    b = _m['b']
+    a_zero_point = _m['a_zero_point']
+    return rt.results(_b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}), _b.op('Cast', [b], {'to': 'i32'})], {}))
+
+
+
+def _r116_matmul_integer_no_zero_point_build(_b, _m):
+    """=> MatMul(Cast(a, to = i32), Cast(b, to = i32))"""
+    a = _m['a']
+    b = _m['b']
+    return rt.results(_b.op('MatMul', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [b], {'to': 'i32'})], {}))
+
+
+
+def _r117_conv_integer_expand_build(_b, _m):
+    """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    x_zero_point = _m['x_zero_point']
+    w_zero_point = _m['w_zero_point']
+    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
+    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
+    return rt.results(_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}))
+
+
+
+def _r118_conv_integer_x_zero_point_build(_b, _m):
+    """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    x_zero_point = _m['x_zero_point']
+    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
+    ws = _b.op('Cast', [w], {'to': 'f64'})
+    return rt.results(_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}))
+
+
+
+def _r119_conv_integer_no_zero_point_build(_b, _m):
+    """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    xs = _b.op('Cast', [x], {'to': 'f64'})
+    ws = _b.op('Cast', [w], {'to': 'f64'})
+    return rt.results(_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}))
+
+
+
+def _r120_qlinear_conv_expand_build(_b, _m):
+    """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
+    c = _m['c']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    x_zero_point = _m['x_zero_point']
+    w = _m['w']
+    w_scale = _m['w_scale']
+    w_zero_point = _m['w_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    b = _m['b']
+    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
+    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
+    acc = (_b.op('Conv', [xs, ws, _b.op('Cast', [b], {'to': 'f64'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws, _b.op('Cast', [b], {'to': 'f64'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': fn_per_out_channel(w_scale.shape, w.shape[0], rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
+    return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'shape': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}))
+
+
+
+def _r121_qlinear_conv_no_bias_build(_b, _m):
+    """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
+    c = _m['c']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    x_zero_point = _m['x_zero_point']
+    w = _m['w']
+    w_scale = _m['w_scale']
+    w_zero_point = _m['w_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
+    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
+    acc = (_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': fn_per_out_channel(w_scale.shape, w.shape[0], rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
+    return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'shape': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}))
+
+
+
+def _r122_dft_to_matmul_build(_b, _m):
+    """=> Transpose(Reshape(MatMul(rows, m), shape = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
+    d = _m['d']
+    x = _m['x']
+    perm = sl.b_dft_perm(rt.b_rank(x), d.axis)
+    moved = _b.op('Transpose', [x], {'perm': perm})
+    batch = tuple(moved.shape)[:rt.neg(2)]
+    rows = _b.op('Reshape', [moved], {'shape': (rt.b_prod(batch), rt.mul(x.shape[d.axis], x.shape[rt.neg(1)]), )})
+    m = _b.const(sl.b_dft_matrix(x.shape[d.axis], x.shape[rt.neg(1)], d.length, d.inverse, d.onesided), x.dtype)
+    out = d.shape[rt.neg(1)]
+    return rt.results(_b.op('Transpose', [_b.op('Reshape', [_b.op('MatMul', [rows, m], {})], {'shape': rt.b_concat(batch, (d.shape[d.axis], out, ))})], {'perm': rt.b_inverse_perm(perm)}))
+
+
+
+def _r123_compress_to_gather_guard(_m, _ctx):
+    """where c.flatten == 0"""
+    c = _m['c']
+    x = _m['x']
+    return bool((rt.eq(c.flatten, 0)))
+
+def _r123_compress_to_gather_build(_b, _m):
+    """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
+    c = _m['c']
+    x = _m['x']
+    return rt.results(_b.op('Gather', [x, _b.const(c.indices, 'i64')], {'axis': c.axis}))
+
+
+
+def _r124_compress_flat_to_gather_guard(_m, _ctx):
+    """where c.flatten == 1"""
+    c = _m['c']
+    x = _m['x']
+    return bool((rt.eq(c.flatten, 1)))
+
+def _r124_compress_flat_to_gather_build(_b, _m):
+    """=> Gather(Reshape(x, shape = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
+    c = _m['c']
+    x = _m['x']
+    return rt.results(_b.op('Gather', [_b.op('Reshape', [x], {'shape': (rt.b_prod(x.shape), )}), _b.const(c.indices, 'i64')], {'axis': 0}))
+
+
+
+def _r125_stft_expand_build(_b, _m):
+    """=> DFT(Mul(frames, Reshape(window, shape = [s.frame, 1])), axis = 2, length = s.frame, onesided = s.onesided)"""
+    s = _m['s']
+    signal = _m['signal']
+    window = _m['window']
+    frames = _b.op('Gather', [signal, _b.const(sl.b_frame_indices(signal.shape[1], s.frame, s.step), 'i64')], {'axis': 1})
+    return rt.results(_b.op('DFT', [_b.op('Mul', [frames, _b.op('Reshape', [window], {'shape': (s.frame, 1, )})], {})], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}))
+
+
+
+def _r126_stft_no_window_build(_b, _m):
+    """=> DFT(Gather(signal, const(frame_indices(signal.shape[1], s.frame, s.step), i64), axis = 1), axis = 2, length = s.frame, onesided = s.onesided)"""
+    s = _m['s']
+    signal = _m['signal']
+    return rt.results(_b.op('DFT', [_b.op('Gather', [signal, _b.const(sl.b_frame_indices(signal.shape[1], s.frame, s.step), 'i64')], {'axis': 1})], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}))
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:32:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:35:1'),
@@ -1616,75 +1873,95 @@ RULES = (
     RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r33_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:188:1'),
     RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r34_global_maxpool_to_max_build, location='specs/lowerings.glowdef:191:1'),
     RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r35_lrn_expand_build, location='specs/lowerings.glowdef:195:1'),
-    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r36_f16_matmul_in_f32_guard, build=_r36_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:208:1'),
-    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r37_f16_conv_in_f32_guard, build=_r37_f16_conv_in_f32_build, location='specs/lowerings.glowdef:212:1'),
-    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r38_f16_convn_in_f32_guard, build=_r38_f16_convn_in_f32_build, location='specs/lowerings.glowdef:217:1'),
-    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r39_f16_reducesum_in_f32_guard, build=_r39_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:222:1'),
-    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r40_f16_avgpool_in_f32_guard, build=_r40_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:226:1'),
-    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r41_cast_same_type_guard, build=_r41_cast_same_type_build, location='specs/lowerings.glowdef:237:1'),
-    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r42_add_zero_guard, build=_r42_add_zero_build, location='specs/lowerings.glowdef:240:1'),
-    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r43_sub_zero_guard, build=_r43_sub_zero_build, location='specs/lowerings.glowdef:243:1'),
-    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r44_mul_one_guard, build=_r44_mul_one_build, location='specs/lowerings.glowdef:246:1'),
-    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r45_div_one_guard, build=_r45_div_one_build, location='specs/lowerings.glowdef:249:1'),
-    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r46_relu_relu_build, location='specs/lowerings.glowdef:252:1'),
-    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r47_max_same_build, location='specs/lowerings.glowdef:255:1'),
-    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r48_clip_unbounded_guard, build=_r48_clip_unbounded_build, location='specs/lowerings.glowdef:258:1'),
-    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r49_max_zero_to_relu_guard, build=_r49_max_zero_to_relu_build, location='specs/lowerings.glowdef:263:1'),
-    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r50_min_max_to_clip_guard, build=_r50_min_max_to_clip_build, location='specs/lowerings.glowdef:266:1'),
-    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r51_min_relu_to_clip_guard, build=_r51_min_relu_to_clip_build, location='specs/lowerings.glowdef:274:1'),
-    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r52_swish_fuse_guard, build=_r52_swish_fuse_build, location='specs/lowerings.glowdef:281:1'),
-    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r53_sub_const_to_add_guard, build=_r53_sub_const_to_add_build, location='specs/lowerings.glowdef:288:1'),
-    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r54_div_const_to_mul_guard, build=_r54_div_const_to_mul_build, location='specs/lowerings.glowdef:291:1'),
-    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r55_add_const_reassociate_guard, build=_r55_add_const_reassociate_build, location='specs/lowerings.glowdef:295:1'),
-    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r56_mul_const_reassociate_guard, build=_r56_mul_const_reassociate_build, location='specs/lowerings.glowdef:299:1'),
-    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r57_mul_add_distribute_guard, build=_r57_mul_add_distribute_build, location='specs/lowerings.glowdef:303:1'),
-    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r58_conv_bias_zero_build, location='specs/lowerings.glowdef:310:1'),
-    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r59_conv_batchnorm_fold_guard, build=_r59_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:315:1'),
-    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r60_conv_mul_fold_guard, build=_r60_conv_mul_fold_build, location='specs/lowerings.glowdef:323:1'),
-    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r61_conv_add_fold_guard, build=_r61_conv_add_fold_build, location='specs/lowerings.glowdef:330:1'),
-    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r62_matmul_mul_fold_guard, build=_r62_matmul_mul_fold_build, location='specs/lowerings.glowdef:338:1'),
-    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r63_conv_pad_merge_guard, build=_r63_conv_pad_merge_build, location='specs/lowerings.glowdef:346:1'),
-    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r64_avgpool_pad_merge_guard, build=_r64_avgpool_pad_merge_build, location='specs/lowerings.glowdef:353:1'),
-    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r65_maxpool_pad_merge_guard, build=_r65_maxpool_pad_merge_build, location='specs/lowerings.glowdef:362:1'),
-    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r66_transpose_identity_guard, build=_r66_transpose_identity_build, location='specs/lowerings.glowdef:372:1'),
-    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r67_transpose_transpose_build, location='specs/lowerings.glowdef:375:1'),
-    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r68_transpose_to_reshape_guard, build=_r68_transpose_to_reshape_build, location='specs/lowerings.glowdef:378:1'),
-    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r69_reshape_noop_guard, build=_r69_reshape_noop_build, location='specs/lowerings.glowdef:381:1'),
-    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r70_reshape_reshape_build, location='specs/lowerings.glowdef:384:1'),
-    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r71_concat_single_build, location='specs/lowerings.glowdef:387:1'),
-    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r72_concat_flatten_guard, build=_r72_concat_flatten_build, location='specs/lowerings.glowdef:390:1'),
-    RuleInfo(name='relu_transpose_sink', phases=('canonicalize',), pattern=P('Relu', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r73_relu_transpose_sink_guard, build=_r73_relu_transpose_sink_build, location='specs/lowerings.glowdef:394:1'),
-    RuleInfo(name='sigmoid_transpose_sink', phases=('canonicalize',), pattern=P('Sigmoid', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r74_sigmoid_transpose_sink_guard, build=_r74_sigmoid_transpose_sink_build, location='specs/lowerings.glowdef:397:1'),
-    RuleInfo(name='tanh_transpose_sink', phases=('canonicalize',), pattern=P('Tanh', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r75_tanh_transpose_sink_guard, build=_r75_tanh_transpose_sink_build, location='specs/lowerings.glowdef:400:1'),
-    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r76_add_transpose_sink_guard, build=_r76_add_transpose_sink_build, location='specs/lowerings.glowdef:403:1'),
-    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r77_mul_transpose_sink_guard, build=_r77_mul_transpose_sink_build, location='specs/lowerings.glowdef:407:1'),
-    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r78_add_const_transpose_sink_guard, build=_r78_add_const_transpose_sink_build, location='specs/lowerings.glowdef:412:1'),
-    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r79_mul_const_transpose_sink_guard, build=_r79_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:417:1'),
-    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r80_prelu_to_select_build, location='specs/lowerings.glowdef:423:1'),
-    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r81_castlike_to_cast_build, location='specs/lowerings.glowdef:427:1'),
-    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r82_tile_to_expand_build, location='specs/lowerings.glowdef:431:1'),
-    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r83_depth_to_space_dcr_guard, build=_r83_depth_to_space_dcr_build, location='specs/lowerings.glowdef:437:1'),
-    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r84_depth_to_space_crd_guard, build=_r84_depth_to_space_crd_build, location='specs/lowerings.glowdef:444:1'),
-    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r85_space_to_depth_dcr_guard, build=_r85_space_to_depth_dcr_build, location='specs/lowerings.glowdef:451:1'),
-    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r86_space_to_depth_crd_guard, build=_r86_space_to_depth_crd_build, location='specs/lowerings.glowdef:458:1'),
-    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r87_instancenorm_expand_build, location='specs/lowerings.glowdef:465:1'),
-    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r88_lpnorm_l2_guard, build=_r88_lpnorm_l2_build, location='specs/lowerings.glowdef:474:1'),
-    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r89_lpnorm_l1_guard, build=_r89_lpnorm_l1_build, location='specs/lowerings.glowdef:479:1'),
-    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r90_convn_1d_guard, build=_r90_convn_1d_build, location='specs/lowerings.glowdef:488:1'),
-    RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r91_convn_1d_no_bias_guard, build=_r91_convn_1d_no_bias_build, location='specs/lowerings.glowdef:496:1'),
-    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r92_maxpooln_1d_guard, build=_r92_maxpooln_1d_build, location='specs/lowerings.glowdef:504:1'),
-    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r93_avgpooln_1d_guard, build=_r93_avgpooln_1d_build, location='specs/lowerings.glowdef:511:1'),
-    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r94_resize_identity_guard, build=_r94_resize_identity_build, location='specs/lowerings.glowdef:529:1'),
-    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_one_axis_at_a_time_guard, build=_r95_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:532:1'),
-    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_nearest_gather_guard, build=_r96_resize_nearest_gather_build, location='specs/lowerings.glowdef:546:1'),
-    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_axis_taps_guard, build=_r97_resize_axis_taps_build, location='specs/lowerings.glowdef:555:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r98_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:570:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r99_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:581:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r100_lppool_to_conv_build, location='specs/lowerings.glowdef:590:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r101_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:600:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r102_gridsample_expand_build, location='specs/lowerings.glowdef:620:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r103_reflect_expand_build, location='specs/lowerings.glowdef:672:1'),
-    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r104_lstm_unroll_build, location='specs/lowerings.glowdef:804:1'),
-    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r105_gru_unroll_build, location='specs/lowerings.glowdef:808:1'),
-    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r106_rnn_unroll_build, location='specs/lowerings.glowdef:812:1'),
+    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r36_f16_matmul_in_f32_guard, build=_r36_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:210:1'),
+    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r37_f16_conv_in_f32_guard, build=_r37_f16_conv_in_f32_build, location='specs/lowerings.glowdef:214:1'),
+    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r38_f16_convn_in_f32_guard, build=_r38_f16_convn_in_f32_build, location='specs/lowerings.glowdef:219:1'),
+    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r39_f16_reducesum_in_f32_guard, build=_r39_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:224:1'),
+    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r40_f16_avgpool_in_f32_guard, build=_r40_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:228:1'),
+    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r41_cast_same_type_guard, build=_r41_cast_same_type_build, location='specs/lowerings.glowdef:239:1'),
+    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r42_add_zero_guard, build=_r42_add_zero_build, location='specs/lowerings.glowdef:242:1'),
+    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r43_sub_zero_guard, build=_r43_sub_zero_build, location='specs/lowerings.glowdef:245:1'),
+    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r44_mul_one_guard, build=_r44_mul_one_build, location='specs/lowerings.glowdef:248:1'),
+    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r45_div_one_guard, build=_r45_div_one_build, location='specs/lowerings.glowdef:251:1'),
+    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r46_relu_relu_build, location='specs/lowerings.glowdef:254:1'),
+    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r47_max_same_build, location='specs/lowerings.glowdef:257:1'),
+    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r48_clip_unbounded_guard, build=_r48_clip_unbounded_build, location='specs/lowerings.glowdef:260:1'),
+    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r49_max_zero_to_relu_guard, build=_r49_max_zero_to_relu_build, location='specs/lowerings.glowdef:265:1'),
+    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r50_min_max_to_clip_guard, build=_r50_min_max_to_clip_build, location='specs/lowerings.glowdef:268:1'),
+    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r51_min_relu_to_clip_guard, build=_r51_min_relu_to_clip_build, location='specs/lowerings.glowdef:276:1'),
+    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r52_swish_fuse_guard, build=_r52_swish_fuse_build, location='specs/lowerings.glowdef:283:1'),
+    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r53_sub_const_to_add_guard, build=_r53_sub_const_to_add_build, location='specs/lowerings.glowdef:290:1'),
+    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r54_div_const_to_mul_guard, build=_r54_div_const_to_mul_build, location='specs/lowerings.glowdef:293:1'),
+    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r55_add_const_reassociate_guard, build=_r55_add_const_reassociate_build, location='specs/lowerings.glowdef:297:1'),
+    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r56_mul_const_reassociate_guard, build=_r56_mul_const_reassociate_build, location='specs/lowerings.glowdef:301:1'),
+    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r57_mul_add_distribute_guard, build=_r57_mul_add_distribute_build, location='specs/lowerings.glowdef:305:1'),
+    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r58_conv_bias_zero_build, location='specs/lowerings.glowdef:312:1'),
+    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r59_conv_batchnorm_fold_guard, build=_r59_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:317:1'),
+    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r60_conv_mul_fold_guard, build=_r60_conv_mul_fold_build, location='specs/lowerings.glowdef:325:1'),
+    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r61_conv_add_fold_guard, build=_r61_conv_add_fold_build, location='specs/lowerings.glowdef:332:1'),
+    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r62_matmul_mul_fold_guard, build=_r62_matmul_mul_fold_build, location='specs/lowerings.glowdef:340:1'),
+    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r63_conv_pad_merge_guard, build=_r63_conv_pad_merge_build, location='specs/lowerings.glowdef:348:1'),
+    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r64_avgpool_pad_merge_guard, build=_r64_avgpool_pad_merge_build, location='specs/lowerings.glowdef:355:1'),
+    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r65_maxpool_pad_merge_guard, build=_r65_maxpool_pad_merge_build, location='specs/lowerings.glowdef:364:1'),
+    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r66_transpose_identity_guard, build=_r66_transpose_identity_build, location='specs/lowerings.glowdef:374:1'),
+    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r67_transpose_transpose_build, location='specs/lowerings.glowdef:377:1'),
+    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r68_transpose_to_reshape_guard, build=_r68_transpose_to_reshape_build, location='specs/lowerings.glowdef:380:1'),
+    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r69_reshape_noop_guard, build=_r69_reshape_noop_build, location='specs/lowerings.glowdef:383:1'),
+    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r70_reshape_reshape_build, location='specs/lowerings.glowdef:386:1'),
+    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r71_concat_single_build, location='specs/lowerings.glowdef:389:1'),
+    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r72_concat_flatten_guard, build=_r72_concat_flatten_build, location='specs/lowerings.glowdef:392:1'),
+    RuleInfo(name='relu_transpose_sink', phases=('canonicalize',), pattern=P('Relu', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r73_relu_transpose_sink_guard, build=_r73_relu_transpose_sink_build, location='specs/lowerings.glowdef:396:1'),
+    RuleInfo(name='sigmoid_transpose_sink', phases=('canonicalize',), pattern=P('Sigmoid', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r74_sigmoid_transpose_sink_guard, build=_r74_sigmoid_transpose_sink_build, location='specs/lowerings.glowdef:399:1'),
+    RuleInfo(name='tanh_transpose_sink', phases=('canonicalize',), pattern=P('Tanh', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r75_tanh_transpose_sink_guard, build=_r75_tanh_transpose_sink_build, location='specs/lowerings.glowdef:402:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r76_add_transpose_sink_guard, build=_r76_add_transpose_sink_build, location='specs/lowerings.glowdef:405:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r77_mul_transpose_sink_guard, build=_r77_mul_transpose_sink_build, location='specs/lowerings.glowdef:409:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r78_add_const_transpose_sink_guard, build=_r78_add_const_transpose_sink_build, location='specs/lowerings.glowdef:414:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r79_mul_const_transpose_sink_guard, build=_r79_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:419:1'),
+    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r80_prelu_to_select_build, location='specs/lowerings.glowdef:425:1'),
+    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r81_castlike_to_cast_build, location='specs/lowerings.glowdef:429:1'),
+    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r82_tile_to_expand_build, location='specs/lowerings.glowdef:433:1'),
+    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r83_depth_to_space_dcr_guard, build=_r83_depth_to_space_dcr_build, location='specs/lowerings.glowdef:439:1'),
+    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r84_depth_to_space_crd_guard, build=_r84_depth_to_space_crd_build, location='specs/lowerings.glowdef:446:1'),
+    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r85_space_to_depth_dcr_guard, build=_r85_space_to_depth_dcr_build, location='specs/lowerings.glowdef:453:1'),
+    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r86_space_to_depth_crd_guard, build=_r86_space_to_depth_crd_build, location='specs/lowerings.glowdef:460:1'),
+    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r87_instancenorm_expand_build, location='specs/lowerings.glowdef:467:1'),
+    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r88_lpnorm_l2_guard, build=_r88_lpnorm_l2_build, location='specs/lowerings.glowdef:476:1'),
+    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r89_lpnorm_l1_guard, build=_r89_lpnorm_l1_build, location='specs/lowerings.glowdef:481:1'),
+    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r90_convn_1d_guard, build=_r90_convn_1d_build, location='specs/lowerings.glowdef:490:1'),
+    RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r91_convn_1d_no_bias_guard, build=_r91_convn_1d_no_bias_build, location='specs/lowerings.glowdef:498:1'),
+    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r92_maxpooln_1d_guard, build=_r92_maxpooln_1d_build, location='specs/lowerings.glowdef:506:1'),
+    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r93_avgpooln_1d_guard, build=_r93_avgpooln_1d_build, location='specs/lowerings.glowdef:513:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r94_resize_identity_guard, build=_r94_resize_identity_build, location='specs/lowerings.glowdef:531:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_one_axis_at_a_time_guard, build=_r95_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:534:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_nearest_gather_guard, build=_r96_resize_nearest_gather_build, location='specs/lowerings.glowdef:548:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_axis_taps_guard, build=_r97_resize_axis_taps_build, location='specs/lowerings.glowdef:557:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r98_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:572:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r99_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:583:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r100_lppool_to_conv_build, location='specs/lowerings.glowdef:592:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r101_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:602:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r102_gridsample_expand_build, location='specs/lowerings.glowdef:622:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r103_reflect_expand_build, location='specs/lowerings.glowdef:674:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r104_lstm_unroll_build, location='specs/lowerings.glowdef:806:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r105_gru_unroll_build, location='specs/lowerings.glowdef:810:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r106_rnn_unroll_build, location='specs/lowerings.glowdef:814:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r107_quant_param_to_reshape_guard, build=_r107_quant_param_to_reshape_build, location='specs/lowerings.glowdef:825:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r108_quant_param_blocked_to_gather_guard, build=_r108_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:829:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='q'), size=1, guard=None, build=_r109_quantize_linear_expand_build, location='specs/lowerings.glowdef:836:1'),
+    RuleInfo(name='quantize_linear_no_zero_point', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale')), bind='q'), size=1, guard=None, build=_r110_quantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:845:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='d'), size=1, guard=None, build=_r111_dequantize_linear_expand_build, location='specs/lowerings.glowdef:852:1'),
+    RuleInfo(name='dequantize_linear_no_zero_point', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale')), bind='d'), size=1, guard=None, build=_r112_dequantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:859:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r113_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:865:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'), V('b_zero_point'))), size=1, guard=None, build=_r114_matmul_integer_expand_build, location='specs/lowerings.glowdef:877:1'),
+    RuleInfo(name='matmul_integer_a_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'))), size=1, guard=None, build=_r115_matmul_integer_a_zero_point_build, location='specs/lowerings.glowdef:882:1'),
+    RuleInfo(name='matmul_integer_no_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'))), size=1, guard=None, build=_r116_matmul_integer_no_zero_point_build, location='specs/lowerings.glowdef:887:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point'), V('w_zero_point')), bind='c'), size=1, guard=None, build=_r117_conv_integer_expand_build, location='specs/lowerings.glowdef:890:1'),
+    RuleInfo(name='conv_integer_x_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point')), bind='c'), size=1, guard=None, build=_r118_conv_integer_x_zero_point_build, location='specs/lowerings.glowdef:897:1'),
+    RuleInfo(name='conv_integer_no_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r119_conv_integer_no_zero_point_build, location='specs/lowerings.glowdef:904:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b')), bind='c'), size=1, guard=None, build=_r120_qlinear_conv_expand_build, location='specs/lowerings.glowdef:911:1'),
+    RuleInfo(name='qlinear_conv_no_bias', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point')), bind='c'), size=1, guard=None, build=_r121_qlinear_conv_no_bias_build, location='specs/lowerings.glowdef:923:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r122_dft_to_matmul_build, location='specs/lowerings.glowdef:938:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r123_compress_to_gather_guard, build=_r123_compress_to_gather_build, location='specs/lowerings.glowdef:948:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r124_compress_flat_to_gather_guard, build=_r124_compress_flat_to_gather_build, location='specs/lowerings.glowdef:952:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window')), bind='s'), size=1, guard=None, build=_r125_stft_expand_build, location='specs/lowerings.glowdef:957:1'),
+    RuleInfo(name='stft_no_window', phases=('lower',), pattern=P('STFT', (V('signal'),), bind='s'), size=1, guard=None, build=_r126_stft_no_window_build, location='specs/lowerings.glowdef:962:1'),
 )

@@ -12,7 +12,7 @@ from typing import Callable
 from llvmlite import ir
 
 from ... import shapelib
-from .llvmutil import F32, I64, for_range, i64, is_float, is_signed, storage_type
+from .llvmutil import F32, I64, for_range, i64, is_float, is_signed, register_type, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
 from .scalar import ScalarEmitter, Value, const, convert, load_elem, store_elem
 
@@ -140,12 +140,12 @@ def range_(k: KernelArgs):
     a = k.attrs
     with for_range(b, yt.size) as i:
         if is_float(yt.dtype):
-            v = b.fadd(const(a["start"], yt.dtype), b.fmul(b.sitofp(i, storage_type(yt.dtype)), const(a["delta"], yt.dtype)))
+            v = b.fadd(const(a["start"], yt.dtype), b.fmul(b.sitofp(i, register_type(yt.dtype)), const(a["delta"], yt.dtype)))
         else:
             t = storage_type(yt.dtype)
             iv = b.trunc(i, t) if t.width < 64 else i
             v = b.add(const(int(a["start"]), yt.dtype), b.mul(iv, const(int(a["delta"]), yt.dtype)))
-        b.store(v, b.gep(y, [i]))
+        store_elem(b, Value(v, yt.dtype), b.gep(y, [i]), yt.dtype)
 
 
 @kernel("Shape", "Size")
@@ -347,7 +347,7 @@ def _pool(k: KernelArgs, is_max: bool):
                     total = b.load(cnt)
                     total = b.select(b.icmp_signed("<", total, i64(1)), i64(1), total)
                     acc = load_elem(b, acc_ptr, dtype)
-                    div = Value(b.sitofp(total, storage_type(dtype)), dtype)
+                    div = Value(b.sitofp(total, register_type(dtype)), dtype)
                     store_elem(b, em.f_div(acc, div), acc_ptr, dtype)
 
 

@@ -17,7 +17,7 @@ from llvmlite import ir
 
 from ... import shapelib
 from .kernels import KernelArgs, _identity, kernel
-from .llvmutil import I1, I64, for_range, i64, is_float, is_signed, storage_type
+from .llvmutil import I1, I64, for_range, i64, is_float, is_signed, register_type, storage_type
 from .loops import contiguous_strides, strided_loops
 from .scalar import ScalarEmitter, Value, const, convert, load_elem, store_elem
 
@@ -75,7 +75,9 @@ def _copy(b, dst, src, n):
 
 
 def _zero(dtype):
-    return ir.Constant(storage_type(dtype), 0.0 if is_float(dtype) else 0)
+    """Zero in `dtype`'s storage form (a bf16 zero is the 16-bit pattern 0)."""
+    t = storage_type(dtype)
+    return ir.Constant(t, 0 if isinstance(t, ir.IntType) else 0.0)
 
 
 def _fill(b, ptr, n, value: Value, dtype):
@@ -299,7 +301,7 @@ def arg_max(k: KernelArgs):
         return
     largest = k.node.OP == "ArgMax"
     last = bool(k.attrs["select_last_index"])
-    best = b.alloca(storage_type(xt.dtype))
+    best = b.alloca(register_type(xt.dtype))
     at = b.alloca(I64)
 
     def body(idx):
@@ -332,7 +334,7 @@ def hardmax(k: KernelArgs):
     if yt.size == 0:
         return
     one, zero = const(1, yt.dtype), const(0, yt.dtype)
-    best = b.alloca(storage_type(xt.dtype))
+    best = b.alloca(register_type(xt.dtype))
     at = b.alloca(I64)
 
     def body(idx):
@@ -408,7 +410,7 @@ def cumulative(k: KernelArgs):
     outer, n, inner = _split_axis(xt.shape, axis)
     dtype = yt.dtype
     is_sum = k.node.OP == "CumSum"
-    acc_p = b.alloca(storage_type(dtype))
+    acc_p = b.alloca(register_type(dtype))
 
     def body(idx):
         o, r = idx
@@ -529,7 +531,7 @@ def _pool_nd(k: KernelArgs, is_max: bool):
                 total = b.load(cnt)
                 total = b.select(b.icmp_signed("<", total, i64(1)), i64(1), total)
                 em = ScalarEmitter(b, k.scalars)
-                div = Value(b.sitofp(total, storage_type(dtype)), dtype)
+                div = Value(b.sitofp(total, register_type(dtype)), dtype)
                 store_elem(b, em.f_div(load_elem(b, acc_ptr, dtype), div), acc_ptr, dtype)
         _nest(b, out, per_out, "po")
     _nest(b, (n * c,), per_plane, "pp")
@@ -626,9 +628,9 @@ def einsum(k: KernelArgs):
                 per[l] += st
         strides.append([per[l] for l in order])
     dtype = yt.dtype
-    acc_t = "f32" if dtype == "f16" else dtype
+    acc_t = "f32" if dtype in ("f16", "bf16") else dtype
     ys = contiguous_strides([sizes[l] for l in out_labels])
-    acc_p = b.alloca(storage_type(acc_t))
+    acc_p = b.alloca(register_type(acc_t))
 
     def per_out(oidx):
         b.store(const(0, acc_t), acc_p)

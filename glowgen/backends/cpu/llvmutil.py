@@ -15,9 +15,11 @@ F32 = ir.FloatType()
 F64 = ir.DoubleType()
 I8P = I8.as_pointer()
 
-# Element type name -> (LLVM storage type, is_float, is_signed)
+# Element type name -> (LLVM storage type, is_float, is_signed).  bf16 is stored as its 16
+# bits and computed in registers as the f32 of the same value (see register_type).
 ELEM = {
     "f32": (F32, True, True), "f64": (F64, True, True), "f16": (F16, True, True),
+    "bf16": (I16, True, True),
     "i8": (I8, False, True), "i16": (I16, False, True), "i32": (I32, False, True),
     "i64": (I64, False, True), "u8": (I8, False, False), "u16": (I16, False, False),
     "u32": (I32, False, False), "u64": (I64, False, False), "bool": (I8, False, False),
@@ -26,6 +28,16 @@ ELEM = {
 
 def storage_type(dtype: str) -> ir.Type:
     return ELEM[dtype][0]
+
+
+def register_type(dtype: str) -> ir.Type:
+    """The LLVM type a value of `dtype` has in registers: bool is i1, bf16 is f32 (holding a
+    value bf16 represents exactly); every other type is its storage type."""
+    if dtype == "bool":
+        return I1
+    if dtype == "bf16":
+        return F32
+    return storage_type(dtype)
 
 
 def is_float(dtype: str) -> bool:

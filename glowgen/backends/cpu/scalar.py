@@ -15,8 +15,8 @@ import numpy as np
 from llvmlite import ir
 
 from ...engine.types import numpy_dtype
-from .llvmutil import (ELEM, F32, F64, I1, call_intrinsic, intrinsic, is_float, is_signed, storage_type,
-                       target_has, type_suffix)
+from .llvmutil import (ELEM, F32, F64, I1, I16, I32, call_intrinsic, intrinsic, is_float, is_signed,
+                       register_type, storage_type, target_has, type_suffix)
 
 _FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
 
@@ -29,12 +29,14 @@ class Value:
 
 
 def _ltype(dtype: str) -> ir.Type:
-    return I1 if dtype == "bool" else storage_type(dtype)
+    return register_type(dtype)
 
 
 def const(value, dtype: str) -> ir.Constant:
     if dtype == "bool":
         return ir.Constant(I1, int(bool(value)))
+    if dtype == "bf16":
+        return ir.Constant(F32, float(np.float32(numpy_dtype("bf16").type(value))))
     if is_float(dtype):
         return ir.Constant(storage_type(dtype), float(value))
     info = numpy_dtype(dtype)
@@ -45,6 +47,8 @@ def load_elem(b: ir.IRBuilder, ptr, dtype: str) -> Value:
     v = b.load(ptr)
     if dtype == "bool":
         v = b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
+    elif dtype == "bf16":       # the 16 bits are the high half of the f32 of the same value
+        v = b.bitcast(b.shl(b.zext(v, I32), ir.Constant(I32, 16)), F32)
     return Value(v, dtype)
 
 
@@ -52,7 +56,32 @@ def store_elem(b: ir.IRBuilder, val: Value, ptr, dtype: str) -> None:
     v = convert(b, val, dtype).v
     if dtype == "bool":
         v = b.zext(v, storage_type("bool"))
+    elif dtype == "bf16":
+        # Kernels that accumulate in registers (reductions, matrix products) hand over f32
+        # values tagged bf16: rounding here is exact for values already rounded.
+        v = b.trunc(b.lshr(_bf16_rounded_bits(b, v), ir.Constant(I32, 16)), I16)
     b.store(v, ptr)
+
+
+def _bf16_rounded_bits(b: ir.IRBuilder, v) -> ir.Value:
+    """The bits of f32 `v` rounded to bfloat16 (nearest, ties to even) in the high half, the
+    low half zero.  NaN stays a (quiet) NaN rather than rounding into infinity."""
+    lanes = v.type.count if isinstance(v.type, ir.VectorType) else None
+    it = ir.VectorType(I32, lanes) if lanes else I32
+
+    def c(n):                   # an i32 constant, splat across the lanes of a vector
+        return ir.Constant(it, [ir.Constant(I32, n)] * lanes) if lanes else ir.Constant(I32, n)
+    bits = b.bitcast(v, it)
+    lsb = b.and_(b.lshr(bits, c(16)), c(1))
+    rounded = b.add(bits, b.add(c(0x7FFF), lsb))
+    quiet_nan = b.or_(bits, c(0x00400000))
+    is_nan = b.fcmp_unordered("uno", v, v)
+    return b.and_(b.select(is_nan, quiet_nan, rounded), c(0xFFFF0000))
+
+
+def round_to_bf16(b: ir.IRBuilder, v) -> ir.Value:
+    """f32 `v` (a scalar or a vector) rounded to the nearest bfloat16 value, still as f32."""
+    return b.bitcast(_bf16_rounded_bits(b, v), v.type)
 
 
 def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
@@ -60,6 +89,11 @@ def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
     src, dst = x.dtype, dtype
     if src == dst:
         return x
+    if src == "bf16":           # in registers a bf16 is the f32 of the same value
+        return convert(b, Value(x.v, "f32"), dst)
+    if dst == "bf16":
+        wide = convert(b, x, "f32")
+        return Value(round_to_bf16(b, wide.v), "bf16")
     v = x.v
     if dst == "bool":
         if is_float(src):
@@ -176,6 +210,9 @@ class ScalarEmitter:
                 r = self._inline(fname, vals, attrs)
             else:
                 r = getattr(self, "f_" + fname)(*vals)
+            if isinstance(r, Value) and r.dtype == "bf16":
+                # bf16 arithmetic is f32 arithmetic rounded back after every operation.
+                r = Value(round_to_bf16(self.b, r.v), "bf16")
         memo[key] = r
         return r
 
@@ -189,7 +226,7 @@ class ScalarEmitter:
         for v, d in zip(vals, declared):
             if d is None or not isinstance(v, Value) or v.dtype == d:
                 continue
-            if d == "f32" and v.dtype == "f16":
+            if d == "f32" and v.dtype in ("f16", "bf16"):
                 continue
             return False
         return True

@@ -8,6 +8,12 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ... import shapelib
 
 
+def _einsum(eq, *xs):
+    """numpy.einsum, with bfloat16 operands widened to f32 (NumPy's einsum has no bfloat16
+    loop); run_node rounds the result back to the declared type."""
+    return np.einsum(eq, *[x.astype(np.float32) if x.dtype.name == "bfloat16" else x for x in xs])
+
+
 def _windows(xp: np.ndarray, kernel, strides, dilations, out_hw):
     """[N, C, OH, OW, KH, KW] view of windows of the padded input."""
     kh, kw = kernel
@@ -157,7 +163,7 @@ def conv_nd(node, x, w, b=None):
     wg = w.reshape((g, m // g, cg) + tuple(kernel))
     letters = "abcdefghij"
     o, k = letters[:nd], letters[nd:2 * nd]
-    y = np.einsum(f"NGC{o}{k},GMC{k}->NGM{o}", win, wg).reshape((n, m) + tuple(out))
+    y = _einsum(f"NGC{o}{k},GMC{k}->NGM{o}", win, wg).reshape((n, m) + tuple(out))
     if b is not None:
         y = y + b.reshape((1, m) + (1,) * nd)
     return y
@@ -203,7 +209,7 @@ def conv_transpose(node, x, w, b=None):
     xg = x.reshape((n, g, c // g) + tuple(spatial))
     wg = w.reshape((g, c // g, mg) + tuple(kernel))
     for k in np.ndindex(*kernel):
-        contrib = np.einsum("ngc...,gcm->ngm...", xg, wg[(slice(None), slice(None), slice(None)) + k])
+        contrib = _einsum("ngc...,gcm->ngm...", xg, wg[(slice(None), slice(None), slice(None)) + k])
         index = (slice(None),) * 3 + tuple(
             slice(k[i] * dil[i], k[i] * dil[i] + (spatial[i] - 1) * strides[i] + 1, strides[i])
             for i in range(nd))
@@ -349,7 +355,7 @@ def einsum(node, xs):
     def term(ls):
         return "".join(names.setdefault(l, next(letters)) for l in ls)
     eq = ",".join(term(ls) for ls in labels) + "->" + term(out)
-    return np.einsum(eq, *xs)
+    return _einsum(eq, *xs)
 
 
 PRIMITIVES = {
