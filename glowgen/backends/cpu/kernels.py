@@ -417,11 +417,14 @@ def _conv_panel_by_panel(node) -> bool:
     """im2col one panel at a time (gemm.emit_gemm's pack_panel) when the whole B would not
     stay in L2 (over 1 MB) but a group's filters would (up to 512 KB): each panel is then
     used by every filter while in cache, instead of all of B going through L3 once per
-    block of filters."""
+    block of filters.  Only for strided convolutions: the per-panel copy gathers its
+    inputs, which the whole-matrix copy reads in contiguous runs when the stride is 1
+    (measured: the ResNet stems 25-35% faster this way, its 3x3 stride-1 layers slower)."""
     m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = node.outputs[0].type.shape[2:]
     k = cg * kh * kw
-    return (m // node.group) * k * 4 <= 512 * 1024 and k * oh * ow * 4 > 1024 * 1024
+    return (tuple(node.strides) != (1, 1) and (m // node.group) * k * 4 <= 512 * 1024
+            and k * oh * ow * 4 > 1024 * 1024)
 
 
 def _conv_scratch(node, shape) -> int:
