@@ -39,27 +39,78 @@ class CpuRunner:
         for w in prog.constant_weights():
             self._view(w)[...] = w.data
         self._ptrs = [self.regions[k].ctypes.data for k in ("constant", "mutable", "activation")]
-        # The graph inputs and outputs the `_io` entry takes by pointer (codegen.io_slots).
-        self._slots = io_slots(prog)
-        # An input and an output may share a name (a graph that returns its input).
-        self._slot_names = {id(w): [n for n, x in (prog.inputs if w.io == "input" else prog.outputs).items()
-                                    if x is w] for w in self._slots}
-        self._table = (ctypes.c_void_p * max(1, len(self._slots)))()
-        self._returned: dict[int, np.ndarray] = {}      # slot -> output array of the last run
+        # The graph inputs and outputs the `_io` entry takes by pointer (codegen.io_slots),
+        # planned once: run() is on the hot path of small models.
+        slots = io_slots(prog)
+        self._table = (ctypes.c_void_p * max(1, len(slots)))()
+        self._in_slots = [(k, next(n for n, x in prog.inputs.items() if x is w), w.type.np_dtype)
+                          for k, w in enumerate(slots) if w.io == "input"]
+        # An input and an output may share a name (a graph that returns its input); one
+        # output value may have several names (the later ones get copies).
+        self._out_slots = [(k, [n for n, x in prog.outputs.items() if x is w], w.type.shape, w.type.np_dtype)
+                           for k, w in enumerate(slots) if w.io == "output"]
+        in_slot = {id(w) for w in slots}
+        self._region_inputs = [(n, w) for n, w in prog.inputs.items() if id(w) not in in_slot]
+        self._region_outputs = [(n, w) for n, w in prog.outputs.items() if id(w) not in in_slot]
+        self._returned: dict[int, tuple] = {}    # output slot -> (array, address) of the last run
+        self._io_args = (*self._ptrs, self._table)
 
-    def _output_array(self, k: int, w) -> np.ndarray:
+    def _output_array(self, k: int, shape, dtype) -> np.ndarray:
         """A fresh array for output slot `k`, or last run's if the caller has dropped it.
 
         Large fresh arrays come from mmap and page-fault on every run (about 0.1 ms per
         3 MB); reusing one nobody else references is invisible to the caller."""
         last = self._returned.get(k)
-        # References: this dict, `last`, getrefcount's argument.  A view or anything the
-        # caller kept adds one, and then the array is left alone.
-        if last is not None and sys.getrefcount(last) == 3:
-            return last
-        arr = np.empty(w.type.shape, w.type.np_dtype)
-        self._returned[k] = arr
+        # References: the tuple in this dict, `arr`, getrefcount's argument.  A view or
+        # anything the caller kept adds one, and then the array is left alone.
+        if last is not None:
+            arr = last[0]
+            if sys.getrefcount(arr) == 3:
+                self._table[k] = last[1]
+                return arr
+        arr = np.empty(shape, dtype)
+        self._returned[k] = (arr, arr.ctypes.data)
+        self._table[k] = self._returned[k][1]
         return arr
+
+    def _view(self, w) -> np.ndarray:
+        region = self.regions[w.region]
+        if w.nbytes == 0:
+            return np.empty(w.type.shape, w.type.np_dtype)
+        return np.ndarray(w.type.shape, w.type.np_dtype, buffer=region, offset=w.offset)
+
+    def run(self, feeds: dict) -> dict:
+        """Run on checked feeds (api.CompiledModel.check_feeds): right shapes and dtypes.
+
+        Inputs the program only reads are passed by pointer when they are C-contiguous and
+        aligned to their element size (what the generated loads assume); any other array is
+        copied to one that is.  Outputs are written straight into fresh arrays."""
+        keep = []                       # arrays whose addresses are in the table
+        for k, name, dtype in self._in_slots:
+            arr = feeds[name]
+            address = arr.ctypes.data
+            if not (arr.flags.c_contiguous and arr.dtype == dtype and address % arr.itemsize == 0):
+                arr = np.array(arr, dtype=dtype, order="C")       # a fresh, aligned copy
+                address = arr.ctypes.data
+            keep.append(arr)
+            self._table[k] = address
+        outputs = {}
+        for k, names, shape, dtype in self._out_slots:
+            arr = self._output_array(k, shape, dtype)
+            for i, name in enumerate(names):
+                outputs[name] = arr if i == 0 else None
+        for name, w in self._region_inputs:
+            self._view(w)[...] = feeds[name]
+        status = self.jit.fn_io(*self._io_args)
+        if status != 0:
+            from ...errors import GlowgenError
+            raise GlowgenError(f"the compiled model reported error {status}")
+        for k, names, _, _ in self._out_slots:
+            for name in names[1:]:
+                outputs[name] = outputs[names[0]].copy()
+        for name, w in self._region_outputs:
+            outputs[name] = self._view(w).copy()
+        return outputs
 
     def profile(self, reset: bool = False) -> list[tuple[str, int]]:
         """(step, cycles) for every step: its fewest cycles in one run over the runs so far
@@ -83,44 +134,3 @@ class CpuRunner:
     def llvm_ir(self, optimized: bool = True) -> str:
         """The module's LLVM IR, after LLVM's optimization pipeline (or as generated)."""
         return str(self.jit.module) if optimized else self.ir
-
-    def _view(self, w) -> np.ndarray:
-        region = self.regions[w.region]
-        if w.nbytes == 0:
-            return np.empty(w.type.shape, w.type.np_dtype)
-        return np.ndarray(w.type.shape, w.type.np_dtype, buffer=region, offset=w.offset)
-
-    def run(self, feeds: dict) -> dict:
-        """Run on checked feeds (api.CompiledModel.check_feeds): right shapes and dtypes.
-
-        Inputs the program only reads are passed by pointer when they are C-contiguous and
-        aligned to their element size (what the generated loads assume); any other array is
-        copied to one that is.  Outputs are written straight into fresh arrays."""
-        keep, outputs = [], {}
-        for k, w in enumerate(self._slots):
-            if w.io == "input":
-                arr = feeds[self._slot_names[id(w)][0]]
-                if not (arr.flags.c_contiguous and arr.dtype == w.type.np_dtype
-                        and arr.ctypes.data % max(1, arr.itemsize) == 0):
-                    arr = np.array(arr, dtype=w.type.np_dtype, order="C")     # a fresh, aligned copy
-            else:
-                arr = self._output_array(k, w)
-                for name in self._slot_names[id(w)]:
-                    outputs[name] = arr       # a second name gets its own copy, below
-            keep.append(arr)
-            self._table[k] = arr.ctypes.data
-        for name, w in self.prog.inputs.items():
-            if all(w is not x for x in self._slots):
-                self._view(w)[...] = feeds[name]
-        status = self.jit.fn_io(*self._ptrs, self._table)
-        if status != 0:
-            from ...errors import GlowgenError
-            raise GlowgenError(f"the compiled model reported error {status}")
-        seen = set()
-        for name, w in self.prog.outputs.items():
-            if name not in outputs:
-                outputs[name] = self._view(w).copy()
-            elif id(outputs[name]) in seen:           # one value under two output names
-                outputs[name] = outputs[name].copy()
-            seen.add(id(outputs[name]))
-        return outputs
