@@ -9,7 +9,7 @@ import onnx
 from onnx import defs, helper
 
 from . import ast as A
-from .pyexpr import Scope, names_in, py_ident, spec_error, to_py
+from .pyexpr import Scope, names_in, spec_error, to_py
 from .specs import SpecSet
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..engine.types import DTYPES
 from . import ast as A
-from .pyexpr import Scope, names_in, py_ident, spec_error, to_py, unparse
+from .pyexpr import Scope, py_ident, spec_error, to_py, unparse
 from .specs import SpecSet
 
 

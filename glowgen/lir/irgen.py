@@ -6,7 +6,7 @@ become tensor views; each graph output is a copy into its mutable weight.  The p
 """
 from __future__ import annotations
 
-from ..engine.graph import Constant, Function, Node, Placeholder, Value
+from ..engine.graph import Function, Node, Value
 from ..errors import GlowgenError
 from .ir import Activation, Instr, Program, TensorView, WeightBuffer
 

@@ -5,7 +5,7 @@ view is a use of the buffer under it.
 """
 from __future__ import annotations
 
-from .ir import Activation, Buffer, Instr, Program, TensorView, WeightBuffer
+from .ir import Activation, Buffer, Instr, Program, TensorView
 
 MEMORY_KINDS = (Instr.ALLOC, Instr.DEALLOC)
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from .allocator import max_live
-from .ir import Activation, Instr, Program, TensorView, WeightBuffer
+from .ir import Activation, Instr, Program, WeightBuffer
 
 
 def _where(b) -> str:

@@ -14,7 +14,7 @@ from llvmlite import ir
 
 from .gemm import splat, vload, vstore
 from .llvmutil import i64
-from .loops import broadcast_strides, contiguous_strides
+from .loops import broadcast_strides
 from .scalar import ScalarEmitter, Value, emit_stack
 from .stacking import Step, stores_needed
 

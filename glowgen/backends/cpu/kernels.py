@@ -12,9 +12,9 @@ from typing import Callable
 from llvmlite import ir
 
 from ... import shapelib
-from .llvmutil import F32, I64, for_range, i64, is_float, is_signed, register_type, storage_type
+from .llvmutil import F32, I64, for_range, i64, is_float, register_type, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
-from .scalar import ScalarEmitter, Value, const, convert, load_elem, store_elem
+from .scalar import ScalarEmitter, Value, const, load_elem, store_elem
 
 KERNELS: dict[str, Callable] = {}
 
@@ -307,48 +307,9 @@ def conv_direct(k: KernelArgs):
 
 # --------------------------------------------------------------------------- pooling
 def _pool(k: KernelArgs, is_max: bool):
-    b = k.b
-    (y, yt), (x, xt) = k.outs[0], k.ins[0]
-    n, c, h, wd = xt.shape
-    oh, ow = yt.shape[2:]
-    a = k.attrs
-    kh, kw = a["kernel"]
-    sh, sw = a["strides"]
-    dh, dw = a.get("dilations", (1, 1))
-    pt, pl, pb, pr = a["pads"]
-    dtype = yt.dtype
-    em = ScalarEmitter(b, k.scalars)
-    count_pad = bool(a.get("count_include_pad", 0))
-    cnt = b.alloca(I64)          # in the entry block, so mem2reg turns it into a register
-    with for_range(b, n * c, name="nc") as nc:
-        xbase = b.mul(nc, i64(h * wd))
-        ybase = b.mul(nc, i64(oh * ow))
-        with for_range(b, oh, name="oh") as ohi:
-            with for_range(b, ow, name="ow") as owi:
-                acc_ptr = b.gep(y, [b.add(ybase, b.add(b.mul(ohi, i64(ow)), owi))])
-                init = _identity("ReduceMax", dtype) if is_max else 0
-                store_elem(b, Value(const(init, dtype), dtype), acc_ptr, dtype)
-                b.store(i64(0), cnt)
-                with for_range(b, kh, name="ph") as phi_:
-                    ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(phi_, i64(dh)))
-                    with for_range(b, kw, name="pw") as pwi:
-                        iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(pwi, i64(dw)))
-                        inside = b.and_(b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(h))),
-                                        b.and_(b.icmp_signed(">=", iw, i64(0)), b.icmp_signed("<", iw, i64(wd))))
-                        in_pads = b.and_(b.and_(b.icmp_signed(">=", ih, i64(-pt)), b.icmp_signed("<", ih, i64(h + pb))),
-                                         b.and_(b.icmp_signed(">=", iw, i64(-pl)), b.icmp_signed("<", iw, i64(wd + pr))))
-                        counted = in_pads if count_pad else inside
-                        b.store(b.add(b.load(cnt), b.zext(counted, I64)), cnt)
-                        with b.if_then(inside):
-                            xv = load_elem(b, b.gep(x, [b.add(xbase, b.add(b.mul(ih, i64(wd)), iw))]), dtype)
-                            acc = load_elem(b, acc_ptr, dtype)
-                            store_elem(b, em.f_max(acc, xv) if is_max else em.f_add(acc, xv), acc_ptr, dtype)
-                if not is_max:
-                    total = b.load(cnt)
-                    total = b.select(b.icmp_signed("<", total, i64(1)), i64(1), total)
-                    acc = load_elem(b, acc_ptr, dtype)
-                    div = Value(b.sitofp(total, register_type(dtype)), dtype)
-                    store_elem(b, em.f_div(acc, div), acc_ptr, dtype)
+    """2-D pooling is the N-D loop nest (kernels_more._pool_nd) at rank 2."""
+    from .kernels_more import _pool_nd
+    _pool_nd(k, is_max)
 
 
 @kernel("MaxPool")

@@ -484,9 +484,9 @@ def conv_nd(k: KernelArgs):
 
 
 def _pool_nd(k: KernelArgs, is_max: bool):
-    """The N-D form of kernels._pool: taps outside the input are skipped; the average
-    divides by the taps inside the input (or inside the explicit pads, count_include_pad),
-    never counting the ceil-mode overhang."""
+    """Pooling at any spatial rank (the 2-D MaxPool and AvgPool too): taps outside the input
+    are skipped; the average divides by the taps inside the input (or inside the explicit
+    pads, count_include_pad), never counting the ceil-mode overhang."""
     b = k.b
     (y, yt), (x, xt) = k.outs[0], k.ins[0]
     a = k.attrs

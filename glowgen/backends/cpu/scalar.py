@@ -15,7 +15,7 @@ import numpy as np
 from llvmlite import ir
 
 from ...engine.types import numpy_dtype
-from .llvmutil import (ELEM, F32, F64, I1, I16, I32, call_intrinsic, intrinsic, is_float, is_signed,
+from .llvmutil import (F32, I1, I16, I32, call_intrinsic, intrinsic, is_float, is_signed,
                        register_type, storage_type, target_has, type_suffix)
 
 _FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...lir.ir import ALIGNMENT, Activation, Instr, Program, WeightBuffer
+from ...lir.ir import ALIGNMENT, Activation, Instr, Program
 from .evaluate import run_node
 
 

@@ -114,12 +114,6 @@ def gather(node, x, indices):
     return np.take(x, idx, axis=node.axis)
 
 
-def pad(node, x):
-    n = x.ndim
-    widths = [(node.pads[i], node.pads[n + i]) for i in range(n)]
-    if node.mode == "constant":
-        return np.pad(x, widths, mode="constant", constant_values=np.asarray(node.value).astype(x.dtype))
-    return np.pad(x, widths, mode=node.mode)      # edge and reflect mean what NumPy means
 
 
 def range_(node):
