@@ -406,39 +406,52 @@ def _conv_scratch(node, shape) -> int:
 SCRATCH["Conv"] = _conv_scratch
 
 
+class _Patches:
+    """What im2col needs of a convolution, and its loop over the rows of the patch matrix."""
+
+    def __init__(self, k: KernelArgs):
+        node = k.node
+        _, self.c_all, self.h, self.w = k.ins[0][1].shape
+        self.cg, self.kh, self.kw = node.inputs[1].type.shape[1:]
+        self.oh, self.ow = node.outputs[0].type.shape[2:]
+        (self.sh, self.sw), (self.dh, self.dw), (self.pt, self.pl) = node.strides, node.dilations, node.pads[:2]
+
+    def rows(self, b, img, chan0, body, name: str):
+        """For each row kk = (c, kh, kw) of image img's patch matrix (channels chan0..):
+        body(kk, xplane, khi, kwi), xplane being the offset of that channel's plane."""
+        with for_range(b, self.cg, name=f"{name}c") as ci:
+            xplane = b.mul(b.add(b.mul(img, i64(self.c_all)), b.add(chan0, ci)), i64(self.h * self.w))
+            with for_range(b, self.kh, name=f"{name}kh") as khi:
+                with for_range(b, self.kw, name=f"{name}kw") as kwi:
+                    kk = b.add(b.mul(b.add(b.mul(ci, i64(self.kh)), khi), i64(self.kw)), kwi)
+                    body(kk, xplane, khi, kwi)
+
+    def tap(self, b, ohi, owi, khi, kwi):
+        """(ih, iw, inside) of the input pixel tap (khi, kwi) of output pixel (ohi, owi) reads."""
+        ih = b.add(b.sub(b.mul(ohi, i64(self.sh)), i64(self.pt)), b.mul(khi, i64(self.dh)))
+        iw = b.add(b.sub(b.mul(owi, i64(self.sw)), i64(self.pl)), b.mul(kwi, i64(self.dw)))
+        inside = b.and_(b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(self.h))),
+                        b.and_(b.icmp_signed(">=", iw, i64(0)), b.icmp_signed("<", iw, i64(self.w))))
+        return ih, iw, inside
+
+
 def _im2col_panels(k: KernelArgs, x, img, chan0, dst, K: int):
     """Write the patches of image `img`, channels chan0.. into NR-wide panels of `dst`:
     dst[(n // NR) * K + kk][n % NR] = x[img, chan0 + c, ih, iw] (0 in the padding)."""
-    b = k.b
-    node = k.node
-    (_, xt) = k.ins[0]
-    _, c_all, h, wd = xt.shape
-    cg, kh, kw = node.inputs[1].type.shape[1:]
-    oh, ow = node.outputs[0].type.shape[2:]
-    (sh, sw), (dh, dw), (pt, pl) = node.strides, node.dilations, node.pads[:2]
-    nr = k.gemm_shape.nr
-    n_total = oh * ow
+    b, g, nr = k.b, _Patches(k), k.gemm_shape.nr
+    n_total = g.oh * g.ow
     zero = ir.Constant(F32, 0.0)
-    with for_range(b, cg, name="ic") as ci:
-        xplane = b.mul(b.add(b.mul(img, i64(c_all)), b.add(chan0, ci)), i64(h * wd))
-        with for_range(b, kh, name="ikh") as khi:
-            with for_range(b, kw, name="ikw") as kwi:
-                kk = b.add(b.mul(b.add(b.mul(ci, i64(kh)), khi), i64(kw)), kwi)
-                with for_range(b, oh, name="ioh") as ohi:
-                    ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(khi, i64(dh)))
-                    row_ok = b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(h)))
-                    ih_c = b.select(row_ok, ih, i64(0))
-                    with for_range(b, ow, name="iow") as owi:
-                        iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(kwi, i64(dw)))
-                        ok = b.and_(row_ok, b.and_(b.icmp_signed(">=", iw, i64(0)), b.icmp_signed("<", iw, i64(wd))))
-                        iw_c = b.select(ok, iw, i64(0))
-                        v = b.load(b.gep(x, [b.add(xplane, b.add(b.mul(ih_c, i64(wd)), iw_c))]))
-                        v = b.select(ok, v, zero)
-                        n = b.add(b.mul(ohi, i64(ow)), owi)
-                        panel = b.udiv(n, i64(nr))
-                        j = b.urem(n, i64(nr))
-                        at = b.add(b.mul(b.add(b.mul(panel, i64(K)), kk), i64(nr)), j)
-                        b.store(v, b.gep(dst, [at]))
+
+    def row(kk, xplane, khi, kwi):
+        with for_range(b, g.oh, name="ioh") as ohi:
+            with for_range(b, g.ow, name="iow") as owi:
+                ih, iw, ok = g.tap(b, ohi, owi, khi, kwi)
+                at_x = b.select(ok, b.add(xplane, b.add(b.mul(ih, i64(g.w)), iw)), xplane)
+                v = b.select(ok, b.load(b.gep(x, [at_x])), zero)
+                n = b.add(b.mul(ohi, i64(g.ow)), owi)
+                at = b.add(b.mul(b.add(b.mul(b.udiv(n, i64(nr)), i64(K)), kk), i64(nr)), b.urem(n, i64(nr)))
+                b.store(v, b.gep(dst, [at]))
+    g.rows(b, img, chan0, row, "i")
     # The last panel's columns past the end are zero (the scratch buffer is shared).
     pad_cols = (-n_total) % nr
     if pad_cols:
@@ -452,33 +465,19 @@ def _im2col_panel(k: KernelArgs, x, img, chan0, dst, K: int, panel):
     """Write panel `panel` of image `img`'s patches (channels chan0..) to dst as K x NR:
     dst[kk][j] = x[img, chan0 + c, ih, iw] for output pixel n = panel * NR + j (0 in the
     padding and past the last pixel)."""
-    b = k.b
-    node = k.node
-    (_, xt) = k.ins[0]
-    _, c_all, h, wd = xt.shape
-    cg, kh, kw = node.inputs[1].type.shape[1:]
-    oh, ow = node.outputs[0].type.shape[2:]
-    (sh, sw), (dh, dw), (pt, pl) = node.strides, node.dilations, node.pads[:2]
-    nr = k.gemm_shape.nr
+    b, g, nr = k.b, _Patches(k), k.gemm_shape.nr
     zero = ir.Constant(F32, 0.0)
     n0 = b.mul(panel, i64(nr))
-    with for_range(b, cg, name="pc") as ci:
-        xplane = b.mul(b.add(b.mul(img, i64(c_all)), b.add(chan0, ci)), i64(h * wd))
-        with for_range(b, kh, name="pkh") as khi:
-            with for_range(b, kw, name="pkw") as kwi:
-                kk = b.add(b.mul(b.add(b.mul(ci, i64(kh)), khi), i64(kw)), kwi)
-                row = b.mul(kk, i64(nr))
-                with for_range(b, nr, name="pj") as j:
-                    n = b.add(n0, j)
-                    ohi, owi = b.udiv(n, i64(ow)), b.urem(n, i64(ow))
-                    ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(khi, i64(dh)))
-                    iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(kwi, i64(dw)))
-                    ok = b.and_(b.icmp_signed("<", n, i64(oh * ow)),
-                                b.and_(b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(h))),
-                                       b.and_(b.icmp_signed(">=", iw, i64(0)), b.icmp_signed("<", iw, i64(wd)))))
-                    at = b.select(ok, b.add(xplane, b.add(b.mul(ih, i64(wd)), iw)), xplane)
-                    v = b.select(ok, b.load(b.gep(x, [at])), zero)
-                    b.store(v, b.gep(dst, [b.add(row, j)]))
+
+    def row(kk, xplane, khi, kwi):
+        with for_range(b, nr, name="pj") as j:
+            n = b.add(n0, j)
+            ih, iw, inside = g.tap(b, b.udiv(n, i64(g.ow)), b.urem(n, i64(g.ow)), khi, kwi)
+            ok = b.and_(b.icmp_signed("<", n, i64(g.oh * g.ow)), inside)
+            at = b.select(ok, b.add(xplane, b.add(b.mul(ih, i64(g.w)), iw)), xplane)
+            v = b.select(ok, b.load(b.gep(x, [at])), zero)
+            b.store(v, b.gep(dst, [b.add(b.mul(kk, i64(nr)), j)]))
+    g.rows(b, img, chan0, row, "p")
 
 
 @kernel("Conv")
