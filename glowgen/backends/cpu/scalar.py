@@ -22,10 +22,30 @@ _FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
 
 
 class Value:
-    __slots__ = ("v", "dtype")
+    """An LLVM value of element type `dtype`.  `range`, when known, is (lo, hi) bounding every
+    value it can take that is not NaN: constants and what abs, neg, +, -, * and clamps make
+    of them.  It lets a clamp that cannot bind go (exp(a + a) after a = min(|x|, 9.5))."""
+    __slots__ = ("v", "dtype", "range")
 
-    def __init__(self, v, dtype: str):
-        self.v, self.dtype = v, dtype
+    def __init__(self, v, dtype: str, range=None):
+        self.v, self.dtype, self.range = v, dtype, range
+
+
+def _interval(lo, hi):
+    return None if math.isnan(lo) or math.isnan(hi) else (lo, hi)
+
+
+def _arith_range(op: str, a, c):
+    if a is None or c is None:
+        return None
+    if op == "fadd":
+        return _interval(a[0] + c[0], a[1] + c[1])
+    if op == "fsub":
+        return _interval(a[0] - c[1], a[1] - c[0])
+    if op == "fmul":
+        products = [x * y for x in a for y in c]
+        return None if any(math.isnan(p) for p in products) else (min(products), max(products))
+    return None
 
 
 def _ltype(dtype: str) -> ir.Type:
@@ -185,7 +205,8 @@ class ScalarEmitter:
                     dtype_f = "f32"
                     out.append(Value(self._const(x, dtype_f), dtype_f))
                     continue
-                out.append(Value(self._const(x, dtype), dtype))
+                out.append(Value(self._const(x, dtype), dtype,
+                                 (float(x), float(x)) if is_float(dtype) and not math.isnan(float(x)) else None))
         return out
 
     # -------------------------------------------------------------- trees
@@ -256,7 +277,8 @@ class ScalarEmitter:
         if is_float(a.dtype):
             # `contract`: LLVM may fuse a product into the sum that uses it (one rounding
             # instead of two, as C compilers do by default), e.g. x * scale + shift.
-            return Value(getattr(self.b, fop)(a.v, c.v, flags=("contract",)), a.dtype)
+            return Value(getattr(self.b, fop)(a.v, c.v, flags=("contract",)), a.dtype,
+                         _arith_range(fop, a.range, c.range))
         op = uop if (uop and not is_signed(a.dtype)) else iop
         return Value(getattr(self.b, op)(a.v, c.v), a.dtype)
 
@@ -277,9 +299,11 @@ class ScalarEmitter:
         return Value(call_intrinsic(self.b, "pow", [a.v, c.v]), a.dtype)
 
     def f_neg(self, a):
+        if isinstance(a, (int, float)) and not isinstance(a, bool):
+            return -a                     # a literal stays a literal (-104.0 in the spec)
         (a,) = self.unify([a])
         if is_float(a.dtype):
-            return Value(self.b.fneg(a.v), a.dtype)
+            return Value(self.b.fneg(a.v), a.dtype, (-a.range[1], -a.range[0]) if a.range else None)
         return Value(self.b.neg(a.v), a.dtype)
 
     def _cmp(self, a, c, op):
@@ -320,8 +344,14 @@ class ScalarEmitter:
             # and select, which x86 does in one vmaxps; llvm.maximum would add a fix-up
             # for the sign of zero.
             ge = ">=" if which == "max" else "<="
-            if _plain_constant(c.v):
-                return Value(self.b.select(self.b.fcmp_unordered(ge, a.v, c.v), a.v, c.v), a.dtype)
+            if _plain_constant(c.v) and c.range:
+                bound = c.range[0]
+                if a.range and (a.range[0] >= bound if which == "max" else a.range[1] <= bound):
+                    return a              # the clamp cannot bind (NaN passes either way)
+                pick = max if which == "max" else min
+                rng = (pick(a.range[0], bound), pick(a.range[1], bound)) if a.range else \
+                    ((bound, math.inf) if which == "max" else (-math.inf, bound))
+                return Value(self.b.select(self.b.fcmp_unordered(ge, a.v, c.v), a.v, c.v), a.dtype, rng)
             if _plain_constant(a.v):
                 return Value(self.b.select(self.b.fcmp_ordered(ge, a.v, c.v), a.v, c.v), a.dtype)
             return Value(call_intrinsic(self.b, "maximum" if which == "max" else "minimum", [a.v, c.v]), a.dtype)
@@ -334,7 +364,9 @@ class ScalarEmitter:
     def f_abs(self, a):
         (a,) = self.unify([a])
         if is_float(a.dtype):
-            return Value(call_intrinsic(self.b, "fabs", [a.v]), a.dtype)
+            top = max(abs(a.range[0]), abs(a.range[1])) if a.range else math.inf
+            lo = 0.0 if not a.range or a.range[0] <= 0 <= a.range[1] else min(abs(a.range[0]), abs(a.range[1]))
+            return Value(call_intrinsic(self.b, "fabs", [a.v]), a.dtype, (lo, top))
         if not is_signed(a.dtype):
             return a
         fn = intrinsic(self.b.module, f"llvm.abs.i{a.v.type.width}", a.v.type, [a.v.type, I1])
