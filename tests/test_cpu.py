@@ -151,3 +151,27 @@ def test_large_image_convolution_runs_im2col_panel_by_panel():
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
     assert _conv_panel_by_panel(conv.node) and (conv.node.outputs[0].type.shape[2] * conv.node.outputs[0].type.shape[3]) % 32
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+def test_matrix_vector_weights_are_packed_in_wide_panels():
+    """A product with fewer rows than the tile runs wide tiles; its constant B is packed in
+    panels that wide (no wider than N needs), so each tile streams one contiguous panel."""
+    from glowgen.backends.cpu.packing import gemv_panel_width
+    x = rng.standard_normal((3, 70)).astype(np.float32)
+    w1 = rng.standard_normal((70, 300)).astype(np.float32)
+    w2 = rng.standard_normal((300, 10)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w1": w1, "w2": w2})
+    compiled = glowgen.compile(model, backend="cpu")
+    widths = [getattr(i, "packed_nr", None) for i in compiled.program.instrs if i.kind == "BatchMatMul"]
+    shape = _host_shape()
+    assert widths == [gemv_panel_width(shape, 3, 300), gemv_panel_width(shape, 3, 10)]
+    assert widths[0] > shape.nr and widths[1] == shape.vw, widths
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+def _host_shape():
+    from glowgen.backends.cpu.gemm import choose_shape
+    from glowgen.backends.cpu.jit import host_target
+    return choose_shape(host_target()[2])

@@ -237,6 +237,7 @@ class ModuleBuilder:
         args = KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch)
         args.epilogue = epilogue
         args.packed = getattr(ins, "packed", None)
+        args.packed_nr = getattr(ins, "packed_nr", None)
         emitter(args)
 
     def _emit_stack(self, b, step: Step, ptr):

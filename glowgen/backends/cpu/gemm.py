@@ -77,7 +77,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               a, lda: int, bmat, ldb: Optional[int], c, ldc: int,
               row_init: Optional[Callable] = None,
               epilogue: Optional[Callable] = None, name: str = "g", a_packed: bool = False,
-              pack_panel: Optional[Callable] = None) -> None:
+              pack_panel: Optional[Callable] = None, panel_nr: Optional[int] = None) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
@@ -89,7 +89,8 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     With `pack_panel(p)`, B is produced one panel at a time: the call emits code that writes
     panel p (K x NR) to `bmat`, and every row block of A then meets that panel while it is
     in cache, so B never exists whole (im2col of a large image, with A small enough to be
-    re-read from L2 for each panel)."""
+    re-read from L2 for each panel).  `panel_nr` is the width of B's packed panels when it is
+    not the tile's NR (packing.gemv_panel_width: a matrix-vector product's wide tiles)."""
     vw = shape.vw
     fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", _vec(vw), [_vec(vw)] * 3)
 
@@ -113,7 +114,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         for j in range(nv):
             col_valid = valid_cols - j * vw
             if ldb is None:
-                off = b.add(b.mul(b.add(b.mul(panel_index, i64(K)), k), i64(shape.nr)), i64(j * vw))
+                off = b.add(b.mul(b.add(b.mul(panel_index, i64(K)), k), i64(vw * nv)), i64(j * vw))
                 bvecs.append(vload(b, b.gep(bmat, [off]), vw))
             else:
                 if col_valid <= 0:
@@ -183,7 +184,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         matrix-vector product streams whole rows of B instead of narrow columns."""
         if m_count <= 0:
             return
-        nv = shape.nv if ldb is None else max(shape.nv, min(16, (shape.mr * shape.nv) // mr))
+        nv = (shape.nv if ldb is None else wide_nv(shape, mr)) if panel_nr is None else panel_nr // vw
         nr = vw * nv
         n_full, n_tail = divmod(N, nr)
         with for_range(b, m_start + m_count, start=m_start, step=mr, name=f"{name}.m{mr}") as m0:
@@ -204,7 +205,15 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         rows(rest, m_main, rest)
 
 
-def pack_panels_size(N: int, K: int, shape: GemmShape) -> int:
-    """Floats a packed B of K x N takes: whole NR-wide panels (the tail zero-padded)."""
-    panels = -(-N // shape.nr)
-    return panels * K * shape.nr
+def pack_panels_size(N: int, K: int, shape: GemmShape, width: Optional[int] = None) -> int:
+    """Floats a packed B of K x N takes: whole NR-wide panels (or `width`-wide; the tail
+    zero-padded)."""
+    width = width or shape.nr
+    return -(-N // width) * K * width
+
+
+def wide_nv(shape: GemmShape, rows: int) -> int:
+    """Vectors per tile row for a block of fewer rows than MR: as many accumulators as the
+    full tile has (at most 16 vectors wide), so a matrix-vector product streams whole rows
+    of B instead of narrow columns."""
+    return max(shape.nv, min(16, (shape.mr * shape.nv) // rows))

@@ -40,6 +40,7 @@ class KernelArgs:
         self.scratch = scratch            # float* to the module's scratch buffer
         self.epilogue = None              # elementwise run fused into the store (epilogue.py)
         self.packed = None                # "a" / "b": a constant operand repacked (packing.py)
+        self.packed_nr = None             # the width of B's packed panels
 
     @property
     def attrs(self):
@@ -210,15 +211,16 @@ def batch_matmul(k: KernelArgs):
     b = k.b
     nb, m, kk = at.shape
     n = k.node.inputs[1].type.shape[2]
-    packed = k.packed == "b"          # a constant rhs in NR-wide panels (packing.py)
-    c_stride = pack_panels_size(n, kk, k.gemm_shape) if packed else kk * n
+    packed = k.packed == "b"          # a constant rhs in panels (packing.py)
+    width = k.packed_nr if packed else None
+    c_stride = pack_panels_size(n, kk, k.gemm_shape, width) if packed else kk * n
     with for_range(b, nb, name="bmm") as bi:
         epi = None
         if k.epilogue is not None:
             epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, bi, row, col, valid)  # noqa: E731
         emit_gemm(b, k.gemm_shape, m, n, kk, b.gep(a, [b.mul(bi, i64(m * kk))]), kk,
                   b.gep(c, [b.mul(bi, i64(c_stride))]), None if packed else n,
-                  b.gep(y, [b.mul(bi, i64(m * n))]), n, epilogue=epi, name="mm")
+                  b.gep(y, [b.mul(bi, i64(m * n))]), n, epilogue=epi, name="mm", panel_nr=width)
 
 
 def batch_matmul_loops(k: KernelArgs):

@@ -7,8 +7,10 @@ cache lines and MR prefetch streams per k.  Packed, they are adjacent:
     A (M x K)  ->  [ceil(M / MR)][K][MR]     rows past M are zero
     B (K x N)  ->  [ceil(N / NR)][K][NR]     columns past N are zero (what im2col writes)
 
-Conv weights are A; a MatMul's constant right-hand side is B, packed only when the product
-has at least MR rows (a matrix-vector product streams row-major B with wide tiles instead).
+Conv weights are A; a MatMul's constant right-hand side is B.  A product with fewer rows
+than MR (a matrix-vector product) runs wide tiles, up to 16 vectors: its B is packed in
+panels that wide, so each tile streams one contiguous panel (row-major, every k would start
+a new page for the prefetcher).
 The packed buffer replaces the weight in the instruction, which records the layout in
 `Instr.packed` ("a" or "b"); the kernels take shapes from the graph node, not the buffer.
 """
@@ -36,6 +38,16 @@ def pack_panels(b: np.ndarray, nr: int) -> np.ndarray:
     padded = np.zeros((k, panels * nr), b.dtype)
     padded[:, :n] = b
     return np.ascontiguousarray(padded.reshape(k, panels, nr).transpose(1, 0, 2))
+
+
+def gemv_panel_width(shape, m: int, n: int) -> int:
+    """The width of B's panels for an M-row product: the tile's NR, or for fewer rows than
+    MR the wide tile's (gemm.wide_nv), but no wider than N rounded up to a vector."""
+    from .gemm import wide_nv
+    if m >= shape.mr:
+        return shape.nr
+    vectors = min(wide_nv(shape, m % shape.mr or shape.mr), -(-n // shape.vw))
+    return vectors * shape.vw
 
 
 def _users(prog: Program) -> dict:
@@ -86,10 +98,12 @@ def pack_constant_weights(prog: Program, shape, conv_uses_gemm) -> int:
             nb, m, k = node.inputs[0].type.shape
             n = node.inputs[1].type.shape[2]
             rhs = ins.operands[2][1]
-            if m < shape.mr or not _packable(rhs, users):
+            if not _packable(rhs, users):
                 continue
+            width = gemv_panel_width(shape, m, n)
             data = rhs.root().data.reshape(-1, k, n)
-            _replace(prog, ins, rhs, np.stack([pack_panels(bm, shape.nr) for bm in data]), "b")
+            _replace(prog, ins, rhs, np.stack([pack_panels(bm, width) for bm in data]), "b")
+            ins.packed_nr = width
             count += 1
     if count:
         prog.place_weights()
