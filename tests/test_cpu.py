@@ -137,15 +137,17 @@ def test_profile_counts_cycles_per_kernel():
         glowgen.compile(model, backend="cpu").profile()
 
 
-def test_large_image_convolution_runs_im2col_panel_by_panel():
+@pytest.mark.parametrize("strides, dilations", [([1, 2], [1, 1]), ([1, 1], [1, 2]), ([2, 1], [1, 1])])
+def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
     """When the whole im2col matrix would not stay in L2 but the filters would, each panel is
-    built just before every filter block uses it; a partial last panel, groups, stride and
-    padding included."""
+    built just before every filter block uses it (gathered pixel by pixel, or in runs along
+    output rows at unit horizontal stride); a partial last panel, groups, stride, dilation
+    and uneven padding included."""
     from glowgen.backends.cpu.kernels import _conv_panel_by_panel
     x = rng.standard_normal((1, 32, 71, 69)).astype(np.float32)
     w = rng.standard_normal((20, 16, 3, 3)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=2, pads=[1, 2, 0, 1],
-                                         strides=[1, 2])],
+                                         strides=strides, dilations=dilations)],
                        {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(20).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
