@@ -61,17 +61,13 @@ class CpuRunner:
         Large fresh arrays come from mmap and page-fault on every run (about 0.1 ms per
         3 MB); reusing one nobody else references is invisible to the caller."""
         last = self._returned.get(k)
-        # References: the tuple in this dict, `arr`, getrefcount's argument.  A view or
+        # References: the tuple in this dict and getrefcount's argument.  A view or
         # anything the caller kept adds one, and then the array is left alone.
-        if last is not None:
-            arr = last[0]
-            if sys.getrefcount(arr) == 3:
-                self._table[k] = last[1]
-                return arr
-        arr = np.empty(shape, dtype)
-        self._returned[k] = (arr, arr.ctypes.data)
-        self._table[k] = self._returned[k][1]
-        return arr
+        if last is None or sys.getrefcount(last[0]) != 2:
+            arr = np.empty(shape, dtype)
+            last = self._returned[k] = (arr, arr.ctypes.data)
+        self._table[k] = last[1]
+        return last[0]
 
     def _view(self, w) -> np.ndarray:
         region = self.regions[w.region]

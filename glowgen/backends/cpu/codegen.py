@@ -58,6 +58,19 @@ def io_slots(prog: Program) -> list:
     return slots
 
 
+def _loader(b, ptrs, externals):
+    """load(buf) for a stack's external operand buffer: its element at ptrs[its index],
+    read once per iteration however many instructions use it."""
+    loaded = {}
+
+    def load(buf):
+        k = next(j for j, x in enumerate(externals) if x is buf)
+        if k not in loaded:
+            loaded[k] = load_elem(b, ptrs[k], buf.type.dtype)
+        return loaded[k]
+    return load
+
+
 def describe_step(step: Step) -> str:
     """`Conv+Add+Relu [1, 64, 56, 56]`: a step's instructions and its result's shape."""
     kinds = [i.kind for i in step.instrs]          # a fused epilogue's included
@@ -263,16 +276,8 @@ class ModuleBuilder:
 
         def body(bb, ps):
             em = ScalarEmitter(bb, registry.scalars)
-            loaded = {}
             current = {}                  # root id -> value computed in this iteration
-
-            def load(buf):
-                k = next(j for j, x in enumerate(externals) if x is buf)
-                if k not in loaded:
-                    loaded[k] = load_elem(bb, ps[k], buf.type.dtype)
-                return loaded[k]
-
-            emit_stack(em, step.instrs, registry.kernels, current, load)
+            emit_stack(em, step.instrs, registry.kernels, current, _loader(bb, ps, externals))
             for j, buf in enumerate(stored):
                 store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
 
@@ -306,19 +311,11 @@ class ModuleBuilder:
         def make_body(g, instrs):
             def body(bb, ps, j):
                 em = ScalarEmitter(bb, registry.scalars)
-                loaded = {}
                 # Values earlier groups handed off (a buffer this group reads before any
                 # group wrote it is still external: it is loaded from memory instead).
                 current = {k: load_elem(bb, bb.gep(temps[k], [i64(0), j]), buf.type.dtype)
                            for k, buf in crossing.items() if min(handoff[k]) < g}
-
-                def load(buf):
-                    k = next(i for i, x in enumerate(externals) if x is buf)
-                    if k not in loaded:
-                        loaded[k] = load_elem(bb, ps[k], buf.type.dtype)
-                    return loaded[k]
-
-                emit_stack(em, instrs, registry.kernels, current, load)
+                emit_stack(em, instrs, registry.kernels, current, _loader(bb, ps, externals))
                 for k in [k for k, gs in handoff.items() if g in gs]:
                     store_elem(bb, current[k], bb.gep(temps[k], [i64(0), j]), crossing[k].type.dtype)
                 for i, buf in enumerate(stored):

@@ -156,27 +156,24 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 vstore(b, v, out, vw, col_valid if col_valid < vw else None)
 
     def panel_by_panel():
-        n_panels = -(-N // shape.nr)
+        n_full, n_tail = divmod(N, shape.nr)
         m_main = (M // shape.mr) * shape.mr
-        with for_range(b, n_panels, name=f"{name}.p") as p:
+
+        def panel(p, valid: int):
+            """Build panel p in `bmat`, then every row block's tile of it (the last panel
+            has `valid` < NR columns: tile() masks its stores)."""
             pack_panel(p)
             n0 = b.mul(p, i64(shape.nr))
-            # The last panel has N % NR valid columns: tile() masks its stores.
-            rest = b.sub(i64(N), n0)
-            full = b.icmp_signed(">=", rest, i64(shape.nr))
-            for valid, cond in ((shape.nr, full), (N % shape.nr, None)):
-                if cond is None and valid == 0:
-                    continue
-                go, after = b.append_basic_block(f"{name}.pv{valid}"), b.append_basic_block(f"{name}.pa{valid}")
-                b.cbranch(full if cond is not None else b.not_(full), go, after)
-                b.position_at_end(go)
-                if m_main:
-                    with for_range(b, m_main, step=shape.mr, name=f"{name}.m{valid}") as m0:
-                        tile(shape.mr, shape.nv, m0, n0, valid, i64(0))
-                if M - m_main:
-                    tile(M - m_main, shape.nv, i64(m_main), n0, valid, i64(0))
-                b.branch(after)
-                b.position_at_end(after)
+            if m_main:
+                with for_range(b, m_main, step=shape.mr, name=f"{name}.m{valid}") as m0:
+                    tile(shape.mr, shape.nv, m0, n0, valid, i64(0))
+            if M - m_main:
+                tile(M - m_main, shape.nv, i64(m_main), n0, valid, i64(0))
+        if n_full:
+            with for_range(b, n_full, name=f"{name}.p") as p:
+                panel(p, shape.nr)
+        if n_tail:
+            panel(i64(n_full), n_tail)
 
     def rows(mr: int, m_start: int, m_count: int):
         """All tiles of `m_count` rows (a multiple of mr) from m_start.  Fewer rows than the

@@ -308,20 +308,7 @@ def conv_direct(k: KernelArgs):
 
 
 # --------------------------------------------------------------------------- pooling
-def _pool(k: KernelArgs, is_max: bool):
-    """2-D pooling is the N-D loop nest (kernels_more._pool_nd) at rank 2."""
-    from .kernels_more import _pool_nd
-    _pool_nd(k, is_max)
-
-
-@kernel("MaxPool")
-def max_pool(k: KernelArgs):
-    _pool(k, True)
-
-
-@kernel("AvgPool")
-def avg_pool(k: KernelArgs):
-    _pool(k, False)
+# MaxPool and AvgPool (2-D) are kernels_more._pool_nd at rank 2.
 
 
 @kernel("Pad")

@@ -537,12 +537,12 @@ def _pool_nd(k: KernelArgs, is_max: bool):
     _nest(b, (n * c,), per_plane, "pp")
 
 
-@kernel("MaxPoolN")
+@kernel("MaxPool", "MaxPoolN")
 def max_pool_nd(k: KernelArgs):
     _pool_nd(k, True)
 
 
-@kernel("AvgPoolN")
+@kernel("AvgPool", "AvgPoolN")
 def avg_pool_nd(k: KernelArgs):
     _pool_nd(k, False)
 

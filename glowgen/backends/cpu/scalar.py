@@ -150,12 +150,12 @@ def _ftag(t) -> str:
 
 
 def _plain_constant(v) -> bool:
-    """A float constant (scalar or splat) with no NaN in it."""
-    if not isinstance(v, ir.Constant):
-        return False
-    values = v.constant if isinstance(v.constant, (list, tuple)) else [v.constant]
-    return all(isinstance(x, ir.Constant) or (isinstance(x, float) and x == x) for x in values) and \
-        all(not isinstance(x, ir.Constant) or _plain_constant(x) for x in values)
+    """A float constant (scalar or splat, its lanes ir.Constants or floats) with no NaN."""
+    if isinstance(v, ir.Constant):
+        v = v.constant
+    if isinstance(v, (list, tuple)):
+        return all(_plain_constant(x) for x in v)
+    return isinstance(v, float) and not math.isnan(v)
 
 
 def _freeze(b: ir.IRBuilder, v):
@@ -564,13 +564,17 @@ class ScalarEmitter:
         x, n = self._floats([x, n])
         if not (target_has(self.b.module, "avx512f") and x.dtype in ("f32", "f64")):
             return self.f_ldexp(x, n)
-        b = self.b
-        it = ir.IntType(32) if not self.vw else ir.VectorType(ir.IntType(32), self.vw)
         # freeze: fptosi of NaN is poison; frozen it is some integer, and x is NaN then.
-        ni = _freeze(b, b.fptosi(n.v, it))
-        fn = intrinsic(b.module, f"llvm.ldexp.{type_suffix(x.v.type)}.{type_suffix(it)}",
-                       x.v.type, [x.v.type, it])
-        return Value(b.call(fn, [x.v, ni]), x.dtype)
+        ni = _freeze(self.b, self.b.fptosi(n.v, self._i32()))
+        return Value(self._llvm_ldexp(x.v, ni), x.dtype)
+
+    def _i32(self):
+        return ir.IntType(32) if not self.vw else ir.VectorType(ir.IntType(32), self.vw)
+
+    def _llvm_ldexp(self, x, ni):
+        fn = intrinsic(self.b.module, f"llvm.ldexp.{type_suffix(x.type)}.{type_suffix(ni.type)}",
+                       x.type, [x.type, ni.type])
+        return self.b.call(fn, [x, ni])
 
     def _ldexp_scalef(self, x, n):
         """llvm.ldexp, which AVX-512 does in one instruction (vscalef): exact, one rounding
@@ -579,11 +583,7 @@ class ScalarEmitter:
         b, dt = self.b, x.dtype
         bits, mbits, bias = self._LAYOUT[dt]
         lim = float(2 * (bias + mbits + 1))
-        it = ir.IntType(32)
-        ni = b.fptosi(self._clamp(n.v, lim), it if not self.vw else ir.VectorType(it, self.vw))
-        fn = intrinsic(b.module, f"llvm.ldexp.{type_suffix(x.v.type)}.{type_suffix(ni.type)}",
-                       x.v.type, [x.v.type, ni.type])
-        r = b.call(fn, [x.v, ni])
+        r = self._llvm_ldexp(x.v, b.fptosi(self._clamp(n.v, lim), self._i32()))
         nan = b.fcmp_unordered("uno", n.v, n.v)
         return Value(b.select(nan, n.v, r), dt)
 
