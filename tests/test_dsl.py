@@ -103,6 +103,13 @@ def test_kernel_for_unknown_function(tmp_path):
     assert str(err).startswith("specs/cpu_kernels.glowdef:")
 
 
+def test_increasing_needs_a_builtin_to_bound(tmp_path):
+    """`increasing` bounds a result by the exact function at the argument's bounds, so it is
+    refused on a scalar that approximates no built-in."""
+    err = _error_of(tmp_path, "cpu_kernels.glowdef", "\nscalar twice(x: f32) increasing = x + x\n")
+    assert "can be declared increasing" in str(err) and "cpu_kernels.glowdef:" in str(err)
+
+
 def test_parser_positions():
     sf = parse_text("typevar T : f32\nfn f(a) = a + 1\n", "x.glowdef")
     tv, fn = sf.items

@@ -254,3 +254,44 @@ def test_ldexp_frexp_primitives_match_numpy():
         with np.errstate(all="ignore"):
             want = np.asarray(NUMPY_FUNCS[fname](*args), np.float32)
         np.testing.assert_array_equal(out, want, err_msg=fname)
+
+
+# ------------------------------------------------------------------ value ranges
+@pytest.mark.parametrize("size", [200, 16 * 32 * 32], ids=["one-loop", "strip-mined"])
+def test_tanh_of_a_sigmoid_is_its_polynomial(size):
+    """A sigmoid's output lies in [0, 1], so the tanh after it in a stack needs neither its
+    exp nor its divide (`a >= 1.0625` folds to false), in one loop and when the stack is
+    strip-mined into groups that hand values over in memory -- and stays as accurate,
+    NaN, ±inf and ±0 included."""
+    from onnx import helper
+    x = np.concatenate([sample(size // 6, seed=3)[:size - len(SPECIALS)], SPECIALS])
+    nodes = [helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Tanh", ["s"], ["y"])]
+    m = glowgen.compile(make_model(nodes, {"x": x}, ["y"]), backend="cpu")
+
+    def divides(model):      # fdivs in the module as generated
+        return model._runner.llvm_ir(optimized=False).count("fdiv")
+    sigmoid = glowgen.compile(make_model(nodes[:1], {"x": x}, ["s"]), backend="cpu")
+    assert divides(m) == divides(sigmoid), "tanh kept its divide: the sigmoid's range was lost"
+    with np.errstate(all="ignore"):
+        want = np.tanh(1 / (1 + np.exp(-x.astype(np.float64))))
+    # tanh' <= 1 there: the sigmoid's error carries over at most once more.
+    check("Sigmoid-Tanh", x, m.run({"x": x})["y"], want, bound=2 * BOUND)
+    # Without a known range (the tanh alone) both branches stay.
+    alone = glowgen.compile(make_model(nodes[1:], {"s": x}, ["y"]), backend="cpu")
+    assert divides(alone) > 0
+
+
+def test_comparisons_fold_only_to_false():
+    """A comparison the ranges decide folds to false, never to true: NaN compares false, so
+    `x >= 0` after a Relu still takes the other branch for NaN (Relu(NaN) is NaN)."""
+    from onnx import helper
+    x = np.array([np.nan, -1.0, 0.0, 2.0, np.inf, -np.inf], np.float32)
+    # Where(Relu(x) >= 0, 1, -1): the ranges say Relu(x) >= 0 holds -- except for NaN.
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Constant", [], ["z"], value=helper.make_tensor("z", 1, [], [0.0])),
+             helper.make_node("GreaterOrEqual", ["r", "z"], ["c"]),
+             helper.make_node("Constant", [], ["one"], value=helper.make_tensor("one", 1, [], [1.0])),
+             helper.make_node("Constant", [], ["mone"], value=helper.make_tensor("mone", 1, [], [-1.0])),
+             helper.make_node("Where", ["c", "one", "mone"], ["y"])]
+    y = glowgen.compile(make_model(nodes, {"x": x}, ["y"]), backend="cpu").run({"x": x})["y"]
+    np.testing.assert_array_equal(y, np.where(np.maximum(x, 0) >= 0, 1.0, -1.0).astype(np.float32))

@@ -298,6 +298,8 @@ class Scalar:
     pos: Pos = attrs.field(eq=False)
     # Element type each parameter is written for (`scalar exp(x: f32)`), None where unsaid.
     dtypes: tuple = ()
+    # Declared `increasing`: a range of the argument bounds the result (value ranges).
+    increasing: bool = False
 
 
 @attrs.frozen

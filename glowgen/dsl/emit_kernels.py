@@ -130,9 +130,17 @@ def emit_kernels(specs: SpecSet) -> str:
         for d in s.dtypes:
             if d is not None and d not in DTYPES:
                 raise spec_error(f"scalar {s.name}: unknown element type {d!r}", s.pos)
+        if s.increasing and (len(s.params) != 1 or s.name not in KERNEL_FUNCS):
+            # The bounds of the result are the exact function's values at the argument's
+            # bounds, so an increasing scalar must be a one-argument built-in it approximates.
+            raise spec_error(f"scalar {s.name}: only a one-argument built-in function "
+                             f"({', '.join(n for n, k in sorted(KERNEL_FUNCS.items()) if k == 1)}) "
+                             f"can be declared increasing", s.pos)
         t = _KernelTranslator(specs, s.name, s.params, None)
         scalars[s.name] = {"params": tuple(s.params), "dtypes": tuple(s.dtypes),
                            "body": t.body(s.lets, s.body), "location": str(s.pos)}
+        if s.increasing:
+            scalars[s.name]["increasing"] = True
     _check_recursion(specs, scalars)
     externs = sorted(n for n, _ in specs.externs)
     return "\n".join([

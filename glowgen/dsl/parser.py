@@ -307,10 +307,10 @@ class _ToAst(Transformer):
 
     @v_args(meta=True)
     def scalar_def(self, meta, c):
-        name, params, *rest = c
+        name, params, increasing, *rest = c
         params = params or ()
         return A.Scalar(str(name), tuple(p for p, _ in params), tuple(rest[:-1]), rest[-1],
-                        self._pos(meta), tuple(t for _, t in params))
+                        self._pos(meta), tuple(t for _, t in params), increasing is not None)
 
     def scalar_params(self, c):
         return tuple(c)

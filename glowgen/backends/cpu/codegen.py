@@ -304,20 +304,31 @@ class ModuleBuilder:
                     if writers:
                         crossing.setdefault(k, buf)
                         handoff.setdefault(k, set()).add(writers[-1])
-        # `b` is still in the step function's entry block: allocas there are static.
-        temps = {k: b.alloca(ir.ArrayType(storage_type(buf.type.dtype), BLOCK), name="blk")
-                 for k, buf in crossing.items()}
+        # `b` is still in the step function's entry block: allocas there are static.  Cache
+        # line aligned, or every vector load and store of a temp may straddle two lines (how
+        # aligned the stack happened to be made the stack's time vary by a third).
+        temps = {}
+        for k, buf in crossing.items():
+            temps[k] = b.alloca(ir.ArrayType(storage_type(buf.type.dtype), BLOCK), name="blk")
+            temps[k].align = 64
+        # The value ranges of handed-off values (ScalarEmitter), kept across the hand-off:
+        # groups are emitted in order, so a later group reads what an earlier one found.
+        ranges: dict[int, object] = {}
 
         def make_body(g, instrs):
             def body(bb, ps, j):
                 em = ScalarEmitter(bb, registry.scalars)
                 # Values earlier groups handed off (a buffer this group reads before any
                 # group wrote it is still external: it is loaded from memory instead).
-                current = {k: load_elem(bb, bb.gep(temps[k], [i64(0), j]), buf.type.dtype)
-                           for k, buf in crossing.items() if min(handoff[k]) < g}
+                current = {}
+                for k, buf in crossing.items():
+                    if min(handoff[k]) < g:
+                        current[k] = load_elem(bb, bb.gep(temps[k], [i64(0), j]), buf.type.dtype)
+                        current[k].range = ranges.get(k)
                 emit_stack(em, instrs, registry.kernels, current, _loader(bb, ps, externals))
                 for k in [k for k, gs in handoff.items() if g in gs]:
                     store_elem(bb, current[k], bb.gep(temps[k], [i64(0), j]), crossing[k].type.dtype)
+                    ranges[k] = current[k].range
                 for i, buf in enumerate(stored):
                     if group_of[id(buf.root())] == g:
                         store_elem(bb, current[id(buf.root())], ps[len(externals) + i], buf.type.dtype)

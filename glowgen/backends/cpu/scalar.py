@@ -23,8 +23,10 @@ _FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
 
 class Value:
     """An LLVM value of element type `dtype`.  `range`, when known, is (lo, hi) bounding every
-    value it can take that is not NaN: constants and what abs, neg, +, -, * and clamps make
-    of them.  It lets a clamp that cannot bind go (exp(a + a) after a = min(|x|, 9.5))."""
+    value it can take that is not NaN: constants and what abs, neg, +, -, *, /, select,
+    clamps and `increasing` scalar functions make of them.  It lets a clamp that cannot bind
+    go (exp(a + a) after a = min(|x|, 9.5)) and a comparison that cannot hold fold to false,
+    taking its select's other branch (tanh of a sigmoid is its polynomial alone)."""
     __slots__ = ("v", "dtype", "range")
 
     def __init__(self, v, dtype: str, range=None):
@@ -42,10 +44,56 @@ def _arith_range(op: str, a, c):
         return _interval(a[0] + c[0], a[1] + c[1])
     if op == "fsub":
         return _interval(a[0] - c[1], a[1] - c[0])
-    if op == "fmul":
-        products = [x * y for x in a for y in c]
+    if op in ("fmul", "fdiv"):
+        if op == "fdiv" and c[0] <= 0 <= c[1]:
+            return None                     # the divisor's range holds 0: anything goes
+        products = [x * y if op == "fmul" else x / y for x in a for y in c]
         return None if any(math.isnan(p) for p in products) else (min(products), max(products))
     return None
+
+
+def _union(a, c):
+    return None if a is None or c is None else (min(a[0], c[0]), max(a[1], c[1]))
+
+
+def _image_range(fname: str, dtype: str, rng):
+    """Bounds of an increasing function over `rng`: the exact function at its ends, widened
+    by more than an approximation's error (the spec's <= 2e-7) and a rounding of `dtype`."""
+    if rng is None:
+        return None
+    from ..interpreter.elementwise import NUMPY_FUNCS      # the exact reference functions
+    slack = max(1e-6, 4 * float(np.finfo(numpy_dtype(dtype)).eps))
+    with np.errstate(all="ignore"):
+        lo, hi = (float(NUMPY_FUNCS[fname](np.float64(v))) for v in rng)
+    if math.isnan(lo) or math.isnan(hi):
+        return None
+    return (lo - slack * abs(lo), hi + slack * abs(hi))
+
+
+def _never_holds(op: str, a, c) -> bool:
+    """Whether `a OP c` is false for every pair of values the ranges allow."""
+    if a is None or c is None:
+        return False
+    if op == "lt":
+        return a[0] >= c[1]
+    if op == "le":
+        return a[0] > c[1]
+    if op == "gt":
+        return a[1] <= c[0]
+    if op == "ge":
+        return a[1] < c[0]
+    if op == "eq":
+        return a[1] < c[0] or c[1] < a[0]
+    return False
+
+
+def _known_bool(v):
+    """The value of an i1 constant (scalar, or a vector with all lanes equal), else None."""
+    if not isinstance(v, ir.Constant):
+        return None
+    lanes = v.constant if isinstance(v.constant, (list, tuple)) else [v.constant]
+    bits = {bool(x.constant if isinstance(x, ir.Constant) else x) for x in lanes}
+    return bits.pop() if len(bits) == 1 else None
 
 
 def _ltype(dtype: str) -> ir.Type:
@@ -226,7 +274,17 @@ class ScalarEmitter:
             r = tree[1]
         else:
             fname, subs = tree[1], tree[2]
-            vals = [self.emit(t, args, attrs, memo) for t in subs]
+            if fname == "select":
+                # A condition the value ranges decide: only the branch taken is emitted.
+                cond = self.emit(subs[0], args, attrs, memo)
+                known = _known_bool(cond.v) if isinstance(cond, Value) else None
+                if known is not None:
+                    r = self.emit(subs[1] if known else subs[2], args, attrs, memo)
+                    memo[key] = r
+                    return r
+                vals = [cond] + [self.emit(t, args, attrs, memo) for t in subs[1:]]
+            else:
+                vals = [self.emit(t, args, attrs, memo) for t in subs]
             if fname in self.scalars and fname not in self._inlining and self._inlines(fname, vals):
                 r = self._inline(fname, vals, attrs)
             else:
@@ -269,6 +327,10 @@ class ScalarEmitter:
             self._inlining.pop()
         if narrow is not None and isinstance(r, Value) and is_float(r.dtype):
             r = convert(self.b, r, narrow)
+        if sc.get("increasing") and isinstance(r, Value) and is_float(r.dtype):
+            arg = vals[0]
+            rng = arg.range if isinstance(arg, Value) else (float(arg), float(arg))
+            r = Value(r.v, r.dtype, _image_range(fname, r.dtype, rng))
         return r
 
     # -------------------------------------------------------------- functions
@@ -309,6 +371,11 @@ class ScalarEmitter:
     def _cmp(self, a, c, op):
         a, c = self.unify([a, c])
         if is_float(a.dtype):
+            if op != "ne" and _never_holds(op, a.range, c.range):
+                # Folds to false only: an ordered comparison with NaN is false too, whereas
+                # one the ranges say always holds would still fail for NaN.
+                return Value(ir.Constant(I1, 0) if not self.vw else
+                             ir.Constant(ir.VectorType(I1, self.vw), [0] * self.vw), "bool")
             if op == "ne":
                 return Value(self.b.fcmp_unordered("!=", a.v, c.v), "bool")
             return Value(self.b.fcmp_ordered(_FCMP[op], a.v, c.v), "bool")
@@ -334,7 +401,11 @@ class ScalarEmitter:
 
     def f_select(self, c, a, d):
         a, d = self.unify([a, d])
-        return Value(self.b.select(self._bool(c).v, a.v, d.v), a.dtype)
+        cond = self._bool(c).v
+        known = _known_bool(cond)
+        if known is not None:
+            return a if known else d
+        return Value(self.b.select(cond, a.v, d.v), a.dtype, _union(a.range, d.range))
 
     def _minmax(self, a, c, which):
         a, c = self.unify([a, c])
