@@ -177,3 +177,38 @@ def _host_shape():
     from glowgen.backends.cpu.gemm import choose_shape
     from glowgen.backends.cpu.jit import host_target
     return choose_shape(host_target()[2])
+
+
+PLANE_CONVS = [
+    # (x shape, w shape, attrs): depthwise at strides 1, 2 and 3, uneven pads, dilation, a
+    # channel multiplier, several channels per group, widths under and over one vector.
+    ((1, 8, 13, 37), (8, 1, 3, 3), dict(group=8, pads=[1, 1, 1, 1])),
+    ((2, 6, 20, 21), (6, 1, 3, 3), dict(group=6, pads=[0, 1, 1, 0], strides=[2, 2])),
+    ((1, 4, 17, 40), (8, 1, 5, 3), dict(group=4, pads=[2, 0, 1, 2], strides=[3, 2], dilations=[1, 2])),
+    ((1, 4, 9, 7), (4, 2, 3, 3), dict(group=2, pads=[1, 1, 1, 1], dilations=[2, 1])),
+    ((1, 3, 32, 32), (6, 3, 5, 5), {}),
+]
+
+
+@pytest.mark.parametrize("xs, ws, attrs", PLANE_CONVS, ids=["dw", "dw-s2", "dw-s3-dil-mult", "groups", "lenet"])
+def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs):
+    """Convolutions with fewer filters per group than a GEMM tile read each input channel
+    from a zero-padded copy (columns dealt by stride), and a depthwise one applies the Clip
+    after it in its store."""
+    from glowgen.backends.cpu.kernels import _conv_by_planes
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    lo = helper.make_tensor("lo", 1, [], [-0.5])
+    hi = helper.make_tensor("hi", 1, [], [0.75])
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs),
+             helper.make_node("Constant", [], ["lo"], value=lo),
+             helper.make_node("Constant", [], ["hi"], value=hi),
+             helper.make_node("Clip", ["c", "lo", "hi"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y", "c"],
+                       {"w": w, "b": rng.standard_normal(ws[0]).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu")
+    (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
+    assert _conv_by_planes(conv.node)
+    if ws[1] == 1:
+        assert [i.kind for i in _steps(compiled)[0].instrs] == ["Conv", "Clip"]
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-5)

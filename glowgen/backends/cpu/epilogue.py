@@ -24,14 +24,17 @@ VECTOR_SAFE = {"add", "sub", "mul", "div", "neg", "max", "min", "select", "lt", 
 
 
 def product_space(ins) -> Optional[tuple[int, int, int]]:
-    """The [batch, rows, columns] view of a product's result, if it has a GEMM kernel."""
+    """The [batch, rows, columns] view of a product's result, if its kernel stores whole
+    vectors of one row through an epilogue (GEMM kernels, depthwise convolutions)."""
     node = ins.node
     out = node.outputs[0].type
     if out.dtype != "f32":
         return None
     if ins.kind == "Conv":
-        from .kernels import _conv_uses_gemm
-        if not _conv_uses_gemm(node):
+        from .kernels import _conv_by_planes, _conv_uses_gemm
+        # A direct convolution with several input channels per group accumulates them in
+        # its output: only a one-channel (depthwise) one keeps the sum in registers.
+        if not (_conv_uses_gemm(node) or (_conv_by_planes(node) and node.inputs[1].type.shape[1] == 1)):
             return None
         n, m, oh, ow = out.shape
         return (n, m, oh * ow)

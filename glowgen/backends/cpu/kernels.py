@@ -378,7 +378,15 @@ def _conv_panel_by_panel(node) -> bool:
     return (m // node.group) * k * 4 <= 768 * 1024 and k * oh * ow * 4 > 1024 * 1024
 
 
+def _conv_by_planes(node) -> bool:
+    """Direct f32 convolutions run over padded planes in explicit vectors (conv_planes.py)."""
+    return not _conv_uses_gemm(node) and node.outputs[0].type.dtype == "f32"
+
+
 def _conv_scratch(node, shape) -> int:
+    if _conv_by_planes(node):
+        from .conv_planes import scratch_bytes
+        return scratch_bytes(node, shape.vw)
     # Pointwise convolutions read the input as B directly (packing it measured no faster).
     if not _conv_uses_gemm(node) or _conv_is_pointwise(node):
         return 0
@@ -508,7 +516,10 @@ def _im2col_panel_rows(k: KernelArgs, g: "_Patches", x, img, chan0, dst, n0):
 @kernel("Conv")
 def conv(k: KernelArgs):
     node = k.node
-    if k.gemm_shape is None or node.outputs[0].type.dtype != "f32" or not _conv_uses_gemm(node):
+    if _conv_by_planes(node):
+        from .conv_planes import emit_conv_planes
+        return emit_conv_planes(k, k.gemm_shape.vw)
+    if node.outputs[0].type.dtype != "f32":
         return conv_direct(k)
     from .gemm import emit_gemm
     b = k.b

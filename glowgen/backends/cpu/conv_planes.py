@@ -1,0 +1,146 @@
+"""Direct convolution over zero-padded input planes, in explicit vectors.
+
+For convolutions with too few filters per group for a GEMM tile (depthwise convolutions,
+LeNet's 6-filter layer).  Each input channel is first copied into a plane of the scratch
+buffer with its padding made of zeros and, for a column stride s > 1, its columns dealt
+into s sub-planes by their remainder mod s.  Then every tap of every output row is a plain
+contiguous vector load -- no bounds checks, no strided or gathered loads -- and the row's
+vectors take all the channel's taps in registers before one store, where an elementwise
+run that follows the convolution (bias, Clip, Relu...) is applied (epilogue.py).
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .gemm import splat, vload, vstore
+from .llvmutil import F32, call_intrinsic, for_range, i64
+
+
+class PlaneGeometry:
+    """Where the padded plane of one input channel lies in the scratch buffer."""
+
+    def __init__(self, node, vw: int):
+        _, _, self.h, self.w = node.inputs[0].type.shape
+        self.m, self.cg, self.kh, self.kw = node.inputs[1].type.shape
+        self.oh, self.ow = node.outputs[0].type.shape[2:]
+        (self.sh, self.sw), (self.dh, self.dw) = node.strides, node.dilations
+        self.pt, self.pl = node.pads[:2]
+        self.vw = vw
+        self.chunks = -(-self.ow // vw)
+        # Padded rows: every row a tap reads, input rows shifted down by the top padding.
+        self.rows = max(self.h + self.pt, (self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1)
+        # Sub-plane width: the input columns dealt into it, and every vector a tap loads
+        # (the last chunk's lanes past the output's width read zeros, never past the end).
+        reach = ((self.kw - 1) * self.dw) // self.sw
+        self.cols = max(-(-(self.w + self.pl) // self.sw), self.chunks * vw + reach)
+        self.sub_plane = self.rows * self.cols
+        self.size = self.sw * self.sub_plane           # floats per input channel
+
+    def tap(self, kwi: int) -> tuple[int, int]:
+        """(sub-plane, column offset) from which output column j reads tap `kwi`."""
+        return (kwi * self.dw) % self.sw, (kwi * self.dw) // self.sw
+
+
+def scratch_bytes(node, vw: int) -> int:
+    return 4 * PlaneGeometry(node, vw).size
+
+
+def emit_conv_planes(k, vw: int) -> None:
+    b = k.b
+    (y, _), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
+    bias = k.ins[2]
+    g = PlaneGeometry(k.node, vw)
+    n_img, c_all = xt.shape[:2]
+    groups = k.node.group
+    mg = g.m // groups
+    plane = k.scratch
+    zero = ir.Constant(ir.VectorType(F32, vw), [0.0] * vw)
+
+    # Zero the padding once: the copies below only ever write the inside of the plane.
+    full = g.size - g.size % vw
+    with for_range(b, full, step=vw, name="zero") as i:
+        vstore(b, zero, b.gep(plane, [i]), vw)
+    vstore(b, zero, b.gep(plane, [i64(full)]), vw, g.size % vw)
+
+    with for_range(b, n_img, name="img") as img:
+        with for_range(b, groups, name="grp") as gi:
+            with for_range(b, g.cg, name="ci") as ci:
+                chan = b.add(b.mul(gi, i64(g.cg)), ci)
+                _fill_plane(b, g, b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), chan), i64(g.h * g.w))]), plane)
+                first = b.icmp_signed("==", ci, i64(0))
+                last = b.icmp_signed("==", ci, i64(g.cg - 1))
+                with for_range(b, mg, name="f") as fi:
+                    mi = b.add(b.mul(gi, i64(mg)), fi)
+                    _filter_rows(k, g, img, mi, ci, first, last, plane, y, w, bias)
+
+
+def _fill_plane(b, g: PlaneGeometry, src, plane) -> None:
+    """Copy one input channel inside its padded plane, dealing columns by remainder mod sw:
+    padded column c = iw + pl goes to sub-plane c % sw, column c // sw.  The columns every
+    sub-plane fills are copied in one loop, whose loads LLVM vectorizes as an interleaved
+    group (all sw phases of a run of input columns at once); the ragged edges loop apart."""
+    spans = []
+    for q in range(g.sw):
+        # Column j of sub-plane q holds input column j * sw + q - pl, where inside [0, w).
+        lo = max(0, -(-(g.pl - q) // g.sw))
+        hi = min(g.cols, (g.w - 1 + g.pl - q) // g.sw + 1)
+        spans.append((lo, max(lo, hi)))
+    j0 = max(lo for lo, _ in spans)
+    j1 = max(j0, min(hi for _, hi in spans))
+    with for_range(b, g.h, name="fr") as ih:
+        srow = b.gep(src, [b.mul(ih, i64(g.w))])
+        drows = [b.gep(plane, [b.add(i64(q * g.sub_plane), b.mul(b.add(ih, i64(g.pt)), i64(g.cols)))])
+                 for q in range(g.sw)]
+
+        def copy(qs, start, stop, name):
+            if stop <= start:
+                return
+            with for_range(b, stop, start=start, name=name) as j:
+                for q in qs:
+                    iw = b.add(b.mul(j, i64(g.sw)), i64(q - g.pl))
+                    b.store(b.load(b.gep(srow, [iw])), b.gep(drows[q], [j]))
+        copy(range(g.sw), j0, j1, "fc")
+        for q, (lo, hi) in enumerate(spans):
+            copy([q], lo, min(hi, j0), f"fl{q}")
+            copy([q], max(lo, j1), hi, f"fh{q}")
+
+
+def _filter_rows(k, g: PlaneGeometry, img, mi, ci, first, last, plane, y, w, bias) -> None:
+    """One filter over one input channel: every output row, all its vectors at once."""
+    b, vw = k.b, g.vw
+    wbase = b.mul(b.add(b.mul(mi, i64(g.cg)), ci), i64(g.kh * g.kw))
+    taps = [[splat(b, b.load(b.gep(w, [b.add(wbase, i64(r * g.kw + c))])), vw) for c in range(g.kw)]
+            for r in range(g.kh)]
+    init = splat(b, b.load(b.gep(bias[0], [mi])), vw) if bias is not None else \
+        ir.Constant(ir.VectorType(F32, vw), [0.0] * vw)
+    ybase = b.mul(b.add(b.mul(img, i64(g.m)), mi), i64(g.oh * g.ow))
+    with for_range(b, g.oh, name="oh") as oh:
+        yrow = b.add(ybase, b.mul(oh, i64(g.ow)))
+        accs = []
+        for ch in range(g.chunks):
+            valid = min(vw, g.ow - ch * vw)
+            prev = vload(b, b.gep(y, [b.add(yrow, i64(ch * vw))]), vw, valid)
+            acc = b.select(first, init, prev)
+            for r in range(g.kh):
+                prow = b.mul(b.add(b.mul(oh, i64(g.sh)), i64(r * g.dh)), i64(g.cols))
+                for c in range(g.kw):
+                    q, off = g.tap(c)
+                    p = b.gep(plane, [b.add(prow, i64(q * g.sub_plane + ch * vw + off))])
+                    acc = _fma(b, taps[r][c], vload(b, p, vw), acc)
+            accs.append((ch, valid, acc))
+        # The last input channel's pass stores through the epilogue; the others accumulate.
+        with b.if_else(last) as (then, otherwise):
+            with then:
+                for ch, valid, acc in accs:
+                    col = b.add(b.mul(oh, i64(g.ow)), i64(ch * vw))
+                    if k.epilogue is not None:
+                        k.epilogue(b, acc, img, mi, col, valid)
+                    else:
+                        vstore(b, acc, b.gep(y, [b.add(yrow, i64(ch * vw))]), vw, valid)
+            with otherwise:
+                for ch, valid, acc in accs:
+                    vstore(b, acc, b.gep(y, [b.add(yrow, i64(ch * vw))]), vw, valid)
+
+
+def _fma(b, a, x, acc):
+    return call_intrinsic(b, "fmuladd", [a, x, acc])
