@@ -212,3 +212,21 @@ def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs):
     if ws[1] == 1:
         assert [i.kind for i in _steps(compiled)[0].instrs] == ["Conv", "Clip"]
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("strides, dilations, group", [([2, 2], [1, 1], 1), ([1, 3], [2, 2], 2), ([3, 2], [1, 1], 2)])
+def test_strided_convolution_reads_dealt_planes(strides, dilations, group):
+    """A convolution with a column stride first deals each input channel into zero-padded
+    planes by column remainder; its patch matrix is then made of plain row copies (whole
+    matrix here, panel by panel in the large-image test above)."""
+    from glowgen.backends.cpu.kernels import _conv_panel_by_panel, _conv_reads_dealt_planes
+    x = rng.standard_normal((2, 16, 15, 23)).astype(np.float32)
+    w = rng.standard_normal((16, 16 // group, 3, 3)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group, pads=[1, 0, 2, 1],
+                                         strides=strides, dilations=dilations),
+                        helper.make_node("Relu", ["c"], ["y"])],
+                       {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(16).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu")
+    (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
+    assert _conv_reads_dealt_planes(conv.node) and not _conv_panel_by_panel(conv.node)
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)

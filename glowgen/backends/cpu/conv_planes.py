@@ -54,19 +54,13 @@ def emit_conv_planes(k, vw: int) -> None:
     groups = k.node.group
     mg = g.m // groups
     plane = k.scratch
-    zero = ir.Constant(ir.VectorType(F32, vw), [0.0] * vw)
 
-    # Zero the padding once: the copies below only ever write the inside of the plane.
-    full = g.size - g.size % vw
-    with for_range(b, full, step=vw, name="zero") as i:
-        vstore(b, zero, b.gep(plane, [i]), vw)
-    vstore(b, zero, b.gep(plane, [i64(full)]), vw, g.size % vw)
-
+    zero_planes(b, g, plane, 1)
     with for_range(b, n_img, name="img") as img:
         with for_range(b, groups, name="grp") as gi:
             with for_range(b, g.cg, name="ci") as ci:
                 chan = b.add(b.mul(gi, i64(g.cg)), ci)
-                _fill_plane(b, g, b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), chan), i64(g.h * g.w))]), plane)
+                fill_plane(b, g, b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), chan), i64(g.h * g.w))]), plane)
                 first = b.icmp_signed("==", ci, i64(0))
                 last = b.icmp_signed("==", ci, i64(g.cg - 1))
                 with for_range(b, mg, name="f") as fi:
@@ -74,7 +68,18 @@ def emit_conv_planes(k, vw: int) -> None:
                     _filter_rows(k, g, img, mi, ci, first, last, plane, y, w, bias)
 
 
-def _fill_plane(b, g: PlaneGeometry, src, plane) -> None:
+def zero_planes(b, g: PlaneGeometry, planes, count: int) -> None:
+    """Zero `count` planes: the padding, which fill_plane never writes, stays zero for
+    every channel the kernel copies in afterwards."""
+    vw, size = g.vw, g.size * count
+    zero = ir.Constant(ir.VectorType(F32, vw), [0.0] * vw)
+    full = size - size % vw
+    with for_range(b, full, step=vw, name="zero") as i:
+        vstore(b, zero, b.gep(planes, [i]), vw)
+    vstore(b, zero, b.gep(planes, [i64(full)]), vw, size % vw)
+
+
+def fill_plane(b, g: PlaneGeometry, src, plane) -> None:
     """Copy one input channel inside its padded plane, dealing columns by remainder mod sw:
     padded column c = iw + pl goes to sub-plane c % sw, column c // sw.  The columns every
     sub-plane fills are copied in one loop, whose loads LLVM vectorizes as an interleaved
@@ -144,3 +149,38 @@ def _filter_rows(k, g: PlaneGeometry, img, mi, ci, first, last, plane, y, w, bia
 
 def _fma(b, a, x, acc):
     return call_intrinsic(b, "fmuladd", [a, x, acc])
+
+
+def patch_panel(b, g: PlaneGeometry, planes, dst, nr: int, n0) -> None:
+    """One NR-wide panel of the patch matrix (im2col) from dealt planes: dst[kk][j] for
+    output pixels n0 + j.  The panel's pixels are runs along output rows, and each run of
+    each tap is a contiguous stretch of one sub-plane row (zeros in the padding): a plain
+    copy, whatever the stride.  Columns past the last pixel are zero."""
+    n_total = g.oh * g.ow
+    oh0, ow0 = b.udiv(n0, i64(g.ow)), b.urem(n0, i64(g.ow))
+    runs = (nr + g.ow - 2) // g.ow + 1            # output rows a panel can touch
+    valid = b.sub(i64(n_total), n0)
+    valid = b.select(b.icmp_signed("<", valid, i64(nr)), valid, i64(nr))
+    with for_range(b, g.cg, name="pc") as ci:
+        with for_range(b, g.kh, name="pkh") as khi:
+            for kwi in range(g.kw):
+                q, off = g.tap(kwi)
+                kk = b.add(b.mul(b.add(b.mul(ci, i64(g.kh)), khi), i64(g.kw)), i64(kwi))
+                drow = b.gep(dst, [b.mul(kk, i64(nr))])
+                sub = b.gep(planes, [b.add(b.mul(ci, i64(g.size)), i64(q * g.sub_plane + off))])
+                for s in range(runs):
+                    # Run s: output row oh0 + s from column (ow0 if s == 0 else 0), into panel
+                    # columns from j0 = s * OW - ow0 (0 for the first run), up to `valid`.
+                    col0 = ow0 if s == 0 else i64(0)
+                    j0 = i64(0) if s == 0 else b.sub(i64(s * g.ow), ow0)
+                    count = b.sub(i64(g.ow), col0)
+                    room = b.sub(valid, j0)
+                    count = b.select(b.icmp_signed("<", room, count), room, count)
+                    ohi = b.add(oh0, i64(s))
+                    prow = b.add(b.mul(ohi, i64(g.sh)), b.mul(khi, i64(g.dh)))
+                    src = b.gep(sub, [b.add(b.mul(prow, i64(g.cols)), col0)])
+                    out = b.gep(drow, [j0])
+                    with for_range(b, count, name=f"pr{s}") as t:
+                        b.store(b.load(b.gep(src, [t])), b.gep(out, [t]))
+                with for_range(b, nr, start=valid, name="pz") as j:
+                    b.store(ir.Constant(F32, 0.0), b.gep(drow, [j]))

@@ -393,9 +393,24 @@ def _conv_scratch(node, shape) -> int:
     from .gemm import pack_panels_size
     cg, kh, kw = node.inputs[1].type.shape[1:]
     oh, ow = node.outputs[0].type.shape[2:]
+    planes = 0
+    if _conv_reads_dealt_planes(node):
+        from .conv_planes import PlaneGeometry
+        planes = _aligned(cg * PlaneGeometry(node, shape.vw).size)
     if _conv_panel_by_panel(node):
-        return 4 * cg * kh * kw * shape.nr
-    return 4 * pack_panels_size(oh * ow, cg * kh * kw, shape)
+        return 4 * (planes + cg * kh * kw * shape.nr)
+    return 4 * (planes + pack_panels_size(oh * ow, cg * kh * kw, shape))
+
+
+def _aligned(floats: int) -> int:
+    return -(-floats // 16) * 16                   # whole cache lines
+
+
+def _conv_reads_dealt_planes(node) -> bool:
+    """A strided GEMM convolution first deals each input channel of a group into padded
+    planes by column remainder (conv_planes.py), so its patch rows are plain copies instead
+    of bounds-checked gathers at every pixel."""
+    return _conv_uses_gemm(node) and not _conv_is_pointwise(node) and node.strides[1] > 1
 
 
 SCRATCH["Conv"] = _conv_scratch
@@ -536,12 +551,30 @@ def conv(k: KernelArgs):
     a_packed = k.packed == "a"       # constant weights in blocks of MR rows (packing.py)
     mr = k.gemm_shape.mr
     a_stride = -(-mg // mr) * mr * K if a_packed else mg * K
+    dealt = _conv_reads_dealt_planes(node)
+    if dealt:
+        from .conv_planes import PlaneGeometry, fill_plane, patch_panel, zero_planes
+        geo = PlaneGeometry(node, k.gemm_shape.vw)
+        planes, panels = k.scratch, b.gep(k.scratch, [i64(_aligned(cg * geo.size))])
+        zero_planes(b, geo, planes, cg)
     with for_range(b, n_img, name="img") as img:
         with for_range(b, g, name="grp") as gi:
             a = b.gep(w, [b.mul(gi, i64(a_stride))])
             out = b.gep(y, [b.mul(b.add(b.mul(img, i64(m)), b.mul(gi, i64(mg))), i64(N))])
             pack_panel = None
-            if pointwise:
+            if dealt:
+                with for_range(b, cg, name="deal") as ci:
+                    chan = b.mul(b.add(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), ci), i64(h * wd))
+                    fill_plane(b, geo, b.gep(x, [chan]), b.gep(planes, [b.mul(ci, i64(geo.size))]))
+                nr = k.gemm_shape.nr
+                if _conv_panel_by_panel(node):
+                    bmat, ldb = panels, None
+                    pack_panel = lambda p: patch_panel(b, geo, planes, panels, nr, b.mul(p, i64(nr)))  # noqa: E731
+                else:
+                    with for_range(b, -(-N // nr), name="panel") as p:
+                        patch_panel(b, geo, planes, b.gep(panels, [b.mul(p, i64(K * nr))]), nr, b.mul(p, i64(nr)))
+                    bmat, ldb = panels, None
+            elif pointwise:
                 bmat = b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), i64(h * wd))])
                 ldb = N
             elif _conv_panel_by_panel(node):
