@@ -140,9 +140,9 @@ def test_profile_counts_cycles_per_kernel():
 @pytest.mark.parametrize("strides, dilations", [([1, 2], [1, 1]), ([1, 1], [1, 2]), ([2, 1], [1, 1])])
 def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
     """When the whole im2col matrix would not stay in L2 but the filters would, each panel is
-    built just before every filter block uses it (gathered pixel by pixel, or in runs along
-    output rows at unit horizontal stride); a partial last panel, groups, stride, dilation
-    and uneven padding included."""
+    built just before every filter block uses it (copied in runs along output rows from the
+    padded, dealt planes); a partial last panel, groups, stride, dilation and uneven padding
+    included."""
     from glowgen.backends.cpu.kernels import _conv_panel_by_panel
     x = rng.standard_normal((1, 32, 71, 69)).astype(np.float32)
     w = rng.standard_normal((20, 16, 3, 3)).astype(np.float32)
@@ -216,10 +216,10 @@ def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs):
 
 @pytest.mark.parametrize("strides, dilations, group", [([2, 2], [1, 1], 1), ([1, 3], [2, 2], 2), ([3, 2], [1, 1], 2)])
 def test_strided_convolution_reads_dealt_planes(strides, dilations, group):
-    """A convolution with a column stride first deals each input channel into zero-padded
-    planes by column remainder; its patch matrix is then made of plain row copies (whole
-    matrix here, panel by panel in the large-image test above)."""
-    from glowgen.backends.cpu.kernels import _conv_panel_by_panel, _conv_reads_dealt_planes
+    """A GEMM convolution first copies each input channel into zero-padded planes, its
+    columns dealt by remainder mod the column stride; its patch matrix is then made of
+    plain row copies (whole matrix here, panel by panel in the large-image test above)."""
+    from glowgen.backends.cpu.kernels import _conv_panel_by_panel, _conv_uses_gemm
     x = rng.standard_normal((2, 16, 15, 23)).astype(np.float32)
     w = rng.standard_normal((16, 16 // group, 3, 3)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group, pads=[1, 0, 2, 1],
@@ -228,5 +228,5 @@ def test_strided_convolution_reads_dealt_planes(strides, dilations, group):
                        {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(16).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
-    assert _conv_reads_dealt_planes(conv.node) and not _conv_panel_by_panel(conv.node)
+    assert _conv_uses_gemm(conv.node) and not _conv_panel_by_panel(conv.node)
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)

@@ -12,7 +12,7 @@ from typing import Callable
 from llvmlite import ir
 
 from ... import shapelib
-from .llvmutil import F32, I64, for_range, i64, is_float, register_type, storage_type
+from .llvmutil import I64, for_range, i64, is_float, register_type, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
 from .scalar import ScalarEmitter, Value, const, load_elem, store_elem
 
@@ -388,15 +388,14 @@ def _conv_scratch(node, shape) -> int:
         from .conv_planes import scratch_bytes
         return scratch_bytes(node, shape.vw)
     # Pointwise convolutions read the input as B directly (packing it measured no faster).
-    if not _conv_uses_gemm(node) or _conv_is_pointwise(node):
+    if not _conv_uses_gemm(node) or _conv_is_pointwise(node) or node.outputs[0].type.dtype != "f32":
         return 0
+    from .conv_planes import PlaneGeometry
     from .gemm import pack_panels_size
     cg, kh, kw = node.inputs[1].type.shape[1:]
     oh, ow = node.outputs[0].type.shape[2:]
-    planes = 0
-    if _conv_reads_dealt_planes(node):
-        from .conv_planes import PlaneGeometry
-        planes = _aligned(cg * PlaneGeometry(node, shape.vw).size)
+    # The group's input channels in padded planes, then the patch matrix copied from them.
+    planes = _aligned(cg * PlaneGeometry(node, shape.vw).size)
     if _conv_panel_by_panel(node):
         return 4 * (planes + cg * kh * kw * shape.nr)
     return 4 * (planes + pack_panels_size(oh * ow, cg * kh * kw, shape))
@@ -406,126 +405,7 @@ def _aligned(floats: int) -> int:
     return -(-floats // 16) * 16                   # whole cache lines
 
 
-def _conv_reads_dealt_planes(node) -> bool:
-    """A strided GEMM convolution first deals each input channel of a group into padded
-    planes by column remainder (conv_planes.py), so its patch rows are plain copies instead
-    of bounds-checked gathers at every pixel."""
-    return _conv_uses_gemm(node) and not _conv_is_pointwise(node) and node.strides[1] > 1
-
-
 SCRATCH["Conv"] = _conv_scratch
-
-
-class _Patches:
-    """What im2col needs of a convolution, and its loop over the rows of the patch matrix."""
-
-    def __init__(self, k: KernelArgs):
-        node = k.node
-        _, self.c_all, self.h, self.w = k.ins[0][1].shape
-        self.cg, self.kh, self.kw = node.inputs[1].type.shape[1:]
-        self.oh, self.ow = node.outputs[0].type.shape[2:]
-        (self.sh, self.sw), (self.dh, self.dw), (self.pt, self.pl) = node.strides, node.dilations, node.pads[:2]
-
-    def rows(self, b, img, chan0, body, name: str):
-        """For each row kk = (c, kh, kw) of image img's patch matrix (channels chan0..):
-        body(kk, xplane, khi, kwi), xplane being the offset of that channel's plane."""
-        with for_range(b, self.cg, name=f"{name}c") as ci:
-            xplane = b.mul(b.add(b.mul(img, i64(self.c_all)), b.add(chan0, ci)), i64(self.h * self.w))
-            with for_range(b, self.kh, name=f"{name}kh") as khi:
-                with for_range(b, self.kw, name=f"{name}kw") as kwi:
-                    kk = b.add(b.mul(b.add(b.mul(ci, i64(self.kh)), khi), i64(self.kw)), kwi)
-                    body(kk, xplane, khi, kwi)
-
-    def tap(self, b, ohi, owi, khi, kwi):
-        """(ih, iw, inside) of the input pixel tap (khi, kwi) of output pixel (ohi, owi) reads."""
-        ih = b.add(b.sub(b.mul(ohi, i64(self.sh)), i64(self.pt)), b.mul(khi, i64(self.dh)))
-        iw = b.add(b.sub(b.mul(owi, i64(self.sw)), i64(self.pl)), b.mul(kwi, i64(self.dw)))
-        inside = b.and_(b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(self.h))),
-                        b.and_(b.icmp_signed(">=", iw, i64(0)), b.icmp_signed("<", iw, i64(self.w))))
-        return ih, iw, inside
-
-
-def _im2col_panels(k: KernelArgs, x, img, chan0, dst, K: int):
-    """Write the patches of image `img`, channels chan0.. into NR-wide panels of `dst`:
-    dst[(n // NR) * K + kk][n % NR] = x[img, chan0 + c, ih, iw] (0 in the padding)."""
-    b, g, nr = k.b, _Patches(k), k.gemm_shape.nr
-    n_total = g.oh * g.ow
-    zero = ir.Constant(F32, 0.0)
-
-    def row(kk, xplane, khi, kwi):
-        with for_range(b, g.oh, name="ioh") as ohi:
-            with for_range(b, g.ow, name="iow") as owi:
-                ih, iw, ok = g.tap(b, ohi, owi, khi, kwi)
-                at_x = b.select(ok, b.add(xplane, b.add(b.mul(ih, i64(g.w)), iw)), xplane)
-                v = b.select(ok, b.load(b.gep(x, [at_x])), zero)
-                n = b.add(b.mul(ohi, i64(g.ow)), owi)
-                at = b.add(b.mul(b.add(b.mul(b.udiv(n, i64(nr)), i64(K)), kk), i64(nr)), b.urem(n, i64(nr)))
-                b.store(v, b.gep(dst, [at]))
-    g.rows(b, img, chan0, row, "i")
-    # The last panel's columns past the end are zero (the scratch buffer is shared).
-    pad_cols = (-n_total) % nr
-    if pad_cols:
-        last = n_total // nr
-        with for_range(b, K, name="zk") as kk:
-            with for_range(b, nr, start=nr - pad_cols, name="zj") as j:
-                b.store(zero, b.gep(dst, [b.add(b.mul(b.add(i64(last * K), kk), i64(nr)), j)]))
-
-
-def _im2col_panel(k: KernelArgs, x, img, chan0, dst, K: int, panel):
-    """Write panel `panel` of image `img`'s patches (channels chan0..) to dst as K x NR:
-    dst[kk][j] = x[img, chan0 + c, ih, iw] for output pixel n = panel * NR + j (0 in the
-    padding and past the last pixel)."""
-    b, g, nr = k.b, _Patches(k), k.gemm_shape.nr
-    zero = ir.Constant(F32, 0.0)
-    n0 = b.mul(panel, i64(nr))
-    if g.sw == 1 and g.ow >= 8:
-        return _im2col_panel_rows(k, g, x, img, chan0, dst, n0)
-
-    def row(kk, xplane, khi, kwi):
-        with for_range(b, nr, name="pj") as j:
-            n = b.add(n0, j)
-            ih, iw, inside = g.tap(b, b.udiv(n, i64(g.ow)), b.urem(n, i64(g.ow)), khi, kwi)
-            ok = b.and_(b.icmp_signed("<", n, i64(g.oh * g.ow)), inside)
-            at = b.select(ok, b.add(xplane, b.add(b.mul(ih, i64(g.w)), iw)), xplane)
-            v = b.select(ok, b.load(b.gep(x, [at])), zero)
-            b.store(v, b.gep(dst, [b.add(b.mul(kk, i64(nr)), j)]))
-    g.rows(b, img, chan0, row, "p")
-
-
-def _im2col_panel_rows(k: KernelArgs, g: "_Patches", x, img, chan0, dst, n0):
-    """_im2col_panel for unit horizontal stride: the panel's NR pixels are a few runs along
-    output rows, and each run reads a contiguous stretch of an input row (vector loads,
-    masked at the padding) instead of gathering pixel by pixel."""
-    b, nr = k.b, k.gemm_shape.nr
-    zero = ir.Constant(F32, 0.0)
-    oh0, ow0 = b.udiv(n0, i64(g.ow)), b.urem(n0, i64(g.ow))
-    runs = (nr + g.ow - 2) // g.ow + 1            # output rows a panel can touch
-
-    def row(kk, xplane, khi, kwi):
-        for s in range(runs):
-            # Run s: output row oh0 + s, from column (ow0 if s == 0 else 0), panel columns
-            # from j0 = s * OW - ow0 (0 for the first run).
-            first = s == 0
-            col0 = ow0 if first else i64(0)
-            j0 = i64(0) if first else b.sub(i64(s * g.ow), ow0)
-            count = b.sub(i64(g.ow), col0)
-            room = b.sub(i64(nr), j0)
-            count = b.select(b.icmp_signed("<", room, count), room, count)
-            ohi = b.add(oh0, i64(s))
-            row_ok = b.icmp_signed("<", ohi, i64(g.oh))
-            ih = b.add(b.sub(b.mul(ohi, i64(g.sh)), i64(g.pt)), b.mul(khi, i64(g.dh)))
-            row_ok = b.and_(row_ok, b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(g.h))))
-            ih_c = b.select(row_ok, ih, i64(0))
-            base = b.add(xplane, b.add(b.mul(ih_c, i64(g.w)), b.sub(b.mul(kwi, i64(g.dw)), i64(g.pl))))
-            with for_range(b, count, name=f"pr{s}") as t:
-                owi = b.add(col0, t)
-                iw = b.add(b.sub(owi, i64(g.pl)), b.mul(kwi, i64(g.dw)))
-                ok = b.and_(row_ok, b.and_(b.icmp_signed(">=", iw, i64(0)), b.icmp_signed("<", iw, i64(g.w))))
-                out = b.gep(dst, [b.add(b.mul(kk, i64(nr)), b.add(j0, t))])
-                b.store(zero, out)
-                with b.if_then(ok):
-                    b.store(b.load(b.gep(x, [b.add(base, owi)])), out)
-    g.rows(b, img, chan0, row, "p")
 
 
 @kernel("Conv")
@@ -551,39 +431,33 @@ def conv(k: KernelArgs):
     a_packed = k.packed == "a"       # constant weights in blocks of MR rows (packing.py)
     mr = k.gemm_shape.mr
     a_stride = -(-mg // mr) * mr * K if a_packed else mg * K
-    dealt = _conv_reads_dealt_planes(node)
-    if dealt:
+    if not pointwise:
+        # Each input channel of a group is first copied into a zero-padded plane, its
+        # columns dealt by remainder mod the column stride (conv_planes.py): every row of a
+        # patch panel is then a few contiguous copies, with no bounds checks or gathers.
         from .conv_planes import PlaneGeometry, fill_plane, patch_panel, zero_planes
         geo = PlaneGeometry(node, k.gemm_shape.vw)
         planes, panels = k.scratch, b.gep(k.scratch, [i64(_aligned(cg * geo.size))])
         zero_planes(b, geo, planes, cg)
+        nr = k.gemm_shape.nr
     with for_range(b, n_img, name="img") as img:
         with for_range(b, g, name="grp") as gi:
             a = b.gep(w, [b.mul(gi, i64(a_stride))])
             out = b.gep(y, [b.mul(b.add(b.mul(img, i64(m)), b.mul(gi, i64(mg))), i64(N))])
             pack_panel = None
-            if dealt:
+            if pointwise:
+                bmat = b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), i64(h * wd))])
+                ldb = N
+            else:
                 with for_range(b, cg, name="deal") as ci:
                     chan = b.mul(b.add(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), ci), i64(h * wd))
                     fill_plane(b, geo, b.gep(x, [chan]), b.gep(planes, [b.mul(ci, i64(geo.size))]))
-                nr = k.gemm_shape.nr
+                bmat, ldb = panels, None
                 if _conv_panel_by_panel(node):
-                    bmat, ldb = panels, None
                     pack_panel = lambda p: patch_panel(b, geo, planes, panels, nr, b.mul(p, i64(nr)))  # noqa: E731
                 else:
                     with for_range(b, -(-N // nr), name="panel") as p:
                         patch_panel(b, geo, planes, b.gep(panels, [b.mul(p, i64(K * nr))]), nr, b.mul(p, i64(nr)))
-                    bmat, ldb = panels, None
-            elif pointwise:
-                bmat = b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), i64(h * wd))])
-                ldb = N
-            elif _conv_panel_by_panel(node):
-                bmat, ldb = k.scratch, None
-                chan0 = b.mul(gi, i64(cg))
-                pack_panel = lambda p: _im2col_panel(k, x, img, chan0, k.scratch, K, p)  # noqa: E731
-            else:
-                _im2col_panels(k, x, img, b.mul(gi, i64(cg)), k.scratch, K)
-                bmat, ldb = k.scratch, None
             row_init = None
             if bias is not None:
                 bptr = b.gep(bias[0], [b.mul(gi, i64(mg))])
