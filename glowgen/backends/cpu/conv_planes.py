@@ -13,7 +13,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from .gemm import splat, vload, vstore
-from .llvmutil import F32, call_intrinsic, for_range, i64
+from .llvmutil import F32, I32, I64, call_intrinsic, for_range, i64, intrinsic
 
 
 class PlaneGeometry:
@@ -100,6 +100,10 @@ def fill_plane(b, g: PlaneGeometry, src, plane) -> None:
         def copy(qs, start, stop, name):
             if stop <= start:
                 return
+            if g.sw == 1:
+                copy_run(b, b.gep(srow, [i64(start - g.pl)]), b.gep(drows[0], [i64(start)]),
+                         i64(stop - start), g.vw)
+                return
             with for_range(b, stop, start=start, name=name) as j:
                 for q in qs:
                     iw = b.add(b.mul(j, i64(g.sw)), i64(q - g.pl))
@@ -163,24 +167,53 @@ def patch_panel(b, g: PlaneGeometry, planes, dst, nr: int, n0) -> None:
     valid = b.select(b.icmp_signed("<", valid, i64(nr)), valid, i64(nr))
     with for_range(b, g.cg, name="pc") as ci:
         with for_range(b, g.kh, name="pkh") as khi:
-            for kwi in range(g.kw):
-                q, off = g.tap(kwi)
-                kk = b.add(b.mul(b.add(b.mul(ci, i64(g.kh)), khi), i64(g.kw)), i64(kwi))
+            with for_range(b, g.kw, name="pkw") as kwi:
+                kk = b.add(b.mul(b.add(b.mul(ci, i64(g.kh)), khi), i64(g.kw)), kwi)
                 drow = b.gep(dst, [b.mul(kk, i64(nr))])
-                sub = b.gep(planes, [b.add(b.mul(ci, i64(g.size)), i64(q * g.sub_plane + off))])
-                for s in range(runs):
-                    # Run s: output row oh0 + s from column (ow0 if s == 0 else 0), into panel
-                    # columns from j0 = s * OW - ow0 (0 for the first run), up to `valid`.
-                    col0 = ow0 if s == 0 else i64(0)
-                    j0 = i64(0) if s == 0 else b.sub(i64(s * g.ow), ow0)
+                tap = b.mul(kwi, i64(g.dw))          # sub-plane tap % sw, column tap // sw
+                sub = b.add(b.mul(ci, i64(g.size)),
+                            b.add(b.mul(b.urem(tap, i64(g.sw)), i64(g.sub_plane)), b.udiv(tap, i64(g.sw))))
+                # Runtime loops over the runs (not unrolled: one copy loop per convolution
+                # keeps LLVM's time on ResNet-50 down).  Run s: output row oh0 + s from
+                # column (ow0 if s == 0 else 0), into panel columns from j0 = s * OW - ow0
+                # (0 for the first run), up to `valid`.
+                with for_range(b, runs, name="run") as s_:
+                    first = b.icmp_signed("==", s_, i64(0))
+                    col0 = b.select(first, ow0, i64(0))
+                    j0 = b.select(first, i64(0), b.sub(b.mul(s_, i64(g.ow)), ow0))
                     count = b.sub(i64(g.ow), col0)
                     room = b.sub(valid, j0)
                     count = b.select(b.icmp_signed("<", room, count), room, count)
-                    ohi = b.add(oh0, i64(s))
-                    prow = b.add(b.mul(ohi, i64(g.sh)), b.mul(khi, i64(g.dh)))
-                    src = b.gep(sub, [b.add(b.mul(prow, i64(g.cols)), col0)])
+                    prow = b.add(b.mul(b.add(oh0, s_), i64(g.sh)), b.mul(khi, i64(g.dh)))
+                    src = b.gep(planes, [b.add(sub, b.add(b.mul(prow, i64(g.cols)), col0))])
                     out = b.gep(drow, [j0])
-                    with for_range(b, count, name=f"pr{s}") as t:
-                        b.store(b.load(b.gep(src, [t])), b.gep(out, [t]))
+                    copy_run(b, src, out, count, g.vw)
                 with for_range(b, nr, start=valid, name="pz") as j:
                     b.store(ir.Constant(F32, 0.0), b.gep(drow, [j]))
+
+
+def copy_run(b, src, dst, count, vw: int) -> None:
+    """dst[0:count] = src[0:count] for a run-time count, in masked vectors: written as
+    vectors, the loop is not vectorized again by LLVM, which for a scalar copy between two
+    places of the scratch buffer would add alias checks and a scalar twin of every loop
+    (ResNet-18's module grew 2.5 times and took 36 s to compile)."""
+    lanes = ir.VectorType(I64, vw)
+    iota = ir.Constant(lanes, list(range(vw)))
+    ends = splat_i64(b, count, vw)
+    vty = ir.VectorType(F32, vw)
+    with for_range(b, count, step=vw, name="run") as t:
+        mask = b.icmp_signed("<", b.add(splat_i64(b, t, vw), iota), ends)
+        ptr_in = b.bitcast(b.gep(src, [t]), vty.as_pointer())
+        ptr_out = b.bitcast(b.gep(dst, [t]), vty.as_pointer())
+        load = intrinsic(b.module, f"llvm.masked.load.v{vw}f32.p0", vty,
+                         [ptr_in.type, I32, mask.type, vty])
+        store = intrinsic(b.module, f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(),
+                          [vty, ptr_out.type, I32, mask.type])
+        v = b.call(load, [ptr_in, ir.Constant(I32, 4), mask, ir.Constant(vty, [0.0] * vw)])
+        b.call(store, [v, ptr_out, ir.Constant(I32, 4), mask])
+
+
+def splat_i64(b, v, vw: int):
+    lanes = ir.VectorType(I64, vw)
+    one = b.insert_element(ir.Constant(lanes, ir.Undefined), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(lanes, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
