@@ -187,10 +187,11 @@ PLANE_CONVS = [
     ((1, 4, 17, 40), (8, 1, 5, 3), dict(group=4, pads=[2, 0, 1, 2], strides=[3, 2], dilations=[1, 2])),
     ((1, 4, 9, 7), (4, 2, 3, 3), dict(group=2, pads=[1, 1, 1, 1], dilations=[2, 1])),
     ((1, 3, 32, 32), (6, 3, 5, 5), {}),
+    ((1, 2, 5, 300), (2, 1, 3, 3), dict(group=2, pads=[1, 1, 1, 1])),
 ]
 
 
-@pytest.mark.parametrize("xs, ws, attrs", PLANE_CONVS, ids=["dw", "dw-s2", "dw-s3-dil-mult", "groups", "lenet"])
+@pytest.mark.parametrize("xs, ws, attrs", PLANE_CONVS, ids=["dw", "dw-s2", "dw-s3-dil-mult", "groups", "lenet", "long-rows"])
 def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs):
     """Convolutions with fewer filters per group than a GEMM tile read each input channel
     from a zero-padded copy (columns dealt by stride), and a depthwise one applies the Clip
@@ -230,3 +231,37 @@ def test_strided_convolution_reads_dealt_planes(strides, dilations, group):
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
     assert _conv_uses_gemm(conv.node) and not _conv_panel_by_panel(conv.node)
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+                                   dict(kernel_shape=[2, 3], strides=[1, 2], dilations=[2, 1], ceil_mode=1),
+                                   dict(kernel_shape=[3, 2], strides=[3, 1], pads=[0, 1, 2, 0])],
+                         ids=["resnet", "dilated-ceil", "uneven"])
+def test_max_pooling_runs_over_planes_padded_with_minus_infinity(attrs):
+    """2-D max pooling reads planes padded with -inf (columns dealt by stride), matching
+    onnxruntime; rows longer than 8 vectors loop.  NaN wins its windows, as NumPy's maximum
+    (and the interpreter) have it, and a window of -inf is -inf (onnxruntime says -FLT_MAX):
+    those are checked against a NumPy sliding-window max."""
+    x = rng.standard_normal((2, 3, 11, 150)).astype(np.float32)
+    model = make_model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"])
+    compiled = glowgen.compile(model, backend="cpu")
+    assert compiled._runner.llvm_ir(optimized=False).count("llvm.maximum") > 0
+    want = run_ort(model, {"x": x})
+    assert_close(compiled.run({"x": x}), want, rtol=0, atol=0)
+    # NaN and -inf: NumPy's max over each window of x padded with -inf.
+    x[0, 1, 4, 7] = np.nan
+    x[1, 2] = -np.inf
+    kh, kw = attrs["kernel_shape"]
+    sh, sw = attrs["strides"]
+    dh, dw = attrs.get("dilations", [1, 1])
+    pt, pl, pb, pr = attrs.get("pads", [0, 0, 0, 0])
+    oh, ow = want["y"].shape[2:]
+    rows, cols = (oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
+    xp = np.full(x.shape[:2] + (max(rows, 11 + pt), max(cols, 150 + pl)), -np.inf, np.float32)
+    xp[:, :, pt:pt + 11, pl:pl + 150] = x
+    taps = [xp[:, :, i * dh:i * dh + (oh - 1) * sh + 1:sh, j * dw:j * dw + (ow - 1) * sw + 1:sw]
+            for i in range(kh) for j in range(kw)]
+    ref = np.stack(taps).max(axis=0)
+    got = compiled.run({"x": x})["y"]
+    assert np.isnan(ref).any() and np.isneginf(ref).any()
+    np.testing.assert_array_equal(got, ref)

@@ -17,11 +17,15 @@ from .llvmutil import F32, I32, I64, call_intrinsic, for_range, i64, intrinsic
 
 
 class PlaneGeometry:
-    """Where the padded plane of one input channel lies in the scratch buffer."""
+    """Where the padded plane of one input channel lies in the scratch buffer, for a
+    convolution or a pooling (whose window is its `kernel` attribute)."""
 
     def __init__(self, node, vw: int):
         _, _, self.h, self.w = node.inputs[0].type.shape
-        self.m, self.cg, self.kh, self.kw = node.inputs[1].type.shape
+        if hasattr(node, "kernel"):
+            self.kh, self.kw = node.kernel
+        else:
+            self.m, self.cg, self.kh, self.kw = node.inputs[1].type.shape
         self.oh, self.ow = node.outputs[0].type.shape[2:]
         (self.sh, self.sw), (self.dh, self.dw) = node.strides, node.dilations
         self.pt, self.pl = node.pads[:2]
@@ -68,11 +72,11 @@ def emit_conv_planes(k, vw: int) -> None:
                     _filter_rows(k, g, img, mi, ci, first, last, plane, y, w, bias)
 
 
-def zero_planes(b, g: PlaneGeometry, planes, count: int) -> None:
-    """Zero `count` planes: the padding, which fill_plane never writes, stays zero for
-    every channel the kernel copies in afterwards."""
+def zero_planes(b, g: PlaneGeometry, planes, count: int, value: float = 0.0) -> None:
+    """Set `count` planes to `value` (zero; -inf around a max pooling's input): the padding,
+    which fill_plane never writes, keeps it for every channel copied in afterwards."""
     vw, size = g.vw, g.size * count
-    zero = ir.Constant(ir.VectorType(F32, vw), [0.0] * vw)
+    zero = ir.Constant(ir.VectorType(F32, vw), [value] * vw)
     full = size - size % vw
     with for_range(b, full, step=vw, name="zero") as i:
         vstore(b, zero, b.gep(planes, [i]), vw)
@@ -125,30 +129,52 @@ def _filter_rows(k, g: PlaneGeometry, img, mi, ci, first, last, plane, y, w, bia
     ybase = b.mul(b.add(b.mul(img, i64(g.m)), mi), i64(g.oh * g.ow))
     with for_range(b, g.oh, name="oh") as oh:
         yrow = b.add(ybase, b.mul(oh, i64(g.ow)))
-        accs = []
-        for ch in range(g.chunks):
-            valid = min(vw, g.ow - ch * vw)
-            prev = vload(b, b.gep(y, [b.add(yrow, i64(ch * vw))]), vw, valid)
-            acc = b.select(first, init, prev)
-            for r in range(g.kh):
-                prow = b.mul(b.add(b.mul(oh, i64(g.sh)), i64(r * g.dh)), i64(g.cols))
-                for c in range(g.kw):
-                    q, off = g.tap(c)
-                    p = b.gep(plane, [b.add(prow, i64(q * g.sub_plane + ch * vw + off))])
-                    acc = _fma(b, taps[r][c], vload(b, p, vw), acc)
-            accs.append((ch, valid, acc))
-        # The last input channel's pass stores through the epilogue; the others accumulate.
-        with b.if_else(last) as (then, otherwise):
-            with then:
-                for ch, valid, acc in accs:
-                    col = b.add(b.mul(oh, i64(g.ow)), i64(ch * vw))
-                    if k.epilogue is not None:
-                        k.epilogue(b, acc, img, mi, col, valid)
-                    else:
-                        vstore(b, acc, b.gep(y, [b.add(yrow, i64(ch * vw))]), vw, valid)
-            with otherwise:
-                for ch, valid, acc in accs:
-                    vstore(b, acc, b.gep(y, [b.add(yrow, i64(ch * vw))]), vw, valid)
+
+        def chunks(col0, valids):
+            accs = []
+            for ch, valid in enumerate(valids):
+                col = b.add(col0, i64(ch * vw))
+                prev = vload(b, b.gep(y, [b.add(yrow, col)]), vw, valid)
+                acc = b.select(first, init, prev)
+                for r in range(g.kh):
+                    prow = b.mul(b.add(b.mul(oh, i64(g.sh)), i64(r * g.dh)), i64(g.cols))
+                    for c in range(g.kw):
+                        q, off = g.tap(c)
+                        p = b.gep(plane, [b.add(b.add(prow, col), i64(q * g.sub_plane + off))])
+                        acc = _fma(b, taps[r][c], vload(b, p, vw), acc)
+                accs.append((col, valid, acc))
+            # The last input channel's pass stores through the epilogue; others accumulate.
+            with b.if_else(last) as (then, otherwise):
+                with then:
+                    for col, valid, acc in accs:
+                        if k.epilogue is not None:
+                            k.epilogue(b, acc, img, mi, b.add(b.mul(oh, i64(g.ow)), col), valid)
+                        else:
+                            vstore(b, acc, b.gep(y, [b.add(yrow, col)]), vw, valid)
+                with otherwise:
+                    for col, valid, acc in accs:
+                        vstore(b, acc, b.gep(y, [b.add(yrow, col)]), vw, valid)
+        for_row_chunks(b, g, chunks)
+
+
+def for_row_chunks(b, g: PlaneGeometry, emit) -> None:
+    """Cover an output row in vectors: emit(col0, valids) emits len(valids) adjacent vectors
+    from column col0, each with its count of valid lanes.  A row of up to 8 vectors is
+    emitted whole (independent accumulators for the FMA pipes); a longer one in a loop of
+    4 vectors at a time, then the rest."""
+    vw = g.vw
+    if g.chunks <= 8:
+        emit(i64(0), [min(vw, g.ow - ch * vw) for ch in range(g.chunks)])
+        return
+    full = g.ow // vw
+    blocks = full // 4
+    with for_range(b, i64(blocks * 4 * vw), step=4 * vw, name="cb") as col0:
+        emit(col0, [vw] * 4)
+    emit(i64(blocks * 4 * vw), [vw] * (full - blocks * 4) + ([g.ow % vw] if g.ow % vw else []))
+
+
+# Taps unrolled per output vector, at most (a larger window goes to the generic kernels).
+MAX_TAPS = 64
 
 
 def _fma(b, a, x, acc):
@@ -217,3 +243,33 @@ def splat_i64(b, v, vw: int):
     lanes = ir.VectorType(I64, vw)
     one = b.insert_element(ir.Constant(lanes, ir.Undefined), v, ir.Constant(I32, 0))
     return b.shuffle_vector(one, ir.Constant(lanes, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+
+
+def emit_max_pool_planes(k, vw: int) -> None:
+    """2-D f32 max pooling over planes padded with -inf: each tap of an output row is a
+    contiguous vector load and a maximum (NaN-propagating, as NumPy's)."""
+    b = k.b
+    (y, _), (x, xt) = k.outs[0], k.ins[0]
+    g = PlaneGeometry(k.node, vw)
+    planes = k.scratch
+    zero_planes(b, g, planes, 1, float("-inf"))
+    n, c = xt.shape[:2]
+    with for_range(b, n * c, name="pp") as nc:
+        fill_plane(b, g, b.gep(x, [b.mul(nc, i64(g.h * g.w))]), planes)
+        ybase = b.mul(nc, i64(g.oh * g.ow))
+        with for_range(b, g.oh, name="oh") as oh:
+            yrow = b.add(ybase, b.mul(oh, i64(g.ow)))
+
+            def chunks(col0, valids):
+                for ch, valid in enumerate(valids):
+                    col = b.add(col0, i64(ch * vw))
+                    acc = None
+                    for r in range(g.kh):
+                        prow = b.mul(b.add(b.mul(oh, i64(g.sh)), i64(r * g.dh)), i64(g.cols))
+                        for c_ in range(g.kw):
+                            q, off = g.tap(c_)
+                            p = b.gep(planes, [b.add(b.add(prow, col), i64(q * g.sub_plane + off))])
+                            v = vload(b, p, vw)
+                            acc = v if acc is None else call_intrinsic(b, "maximum", [acc, v])
+                    vstore(b, acc, b.gep(y, [b.add(yrow, col)]), vw, valid)
+            for_row_chunks(b, g, chunks)

@@ -380,7 +380,9 @@ def _conv_panel_by_panel(node) -> bool:
 
 def _conv_by_planes(node) -> bool:
     """Direct f32 convolutions run over padded planes in explicit vectors (conv_planes.py)."""
-    return not _conv_uses_gemm(node) and node.outputs[0].type.dtype == "f32"
+    from .conv_planes import MAX_TAPS
+    kh, kw = node.inputs[1].type.shape[2:]
+    return not _conv_uses_gemm(node) and node.outputs[0].type.dtype == "f32" and kh * kw <= MAX_TAPS
 
 
 def _conv_scratch(node, shape) -> int:

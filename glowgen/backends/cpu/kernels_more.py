@@ -16,7 +16,7 @@ from math import prod
 from llvmlite import ir
 
 from ... import shapelib
-from .kernels import KernelArgs, _identity, kernel
+from .kernels import SCRATCH, KernelArgs, _identity, kernel
 from .llvmutil import I1, I64, for_range, i64, is_float, is_signed, register_type, storage_type
 from .loops import contiguous_strides, strided_loops
 from .scalar import ScalarEmitter, Value, const, convert, load_elem, store_elem
@@ -539,7 +539,26 @@ def _pool_nd(k: KernelArgs, is_max: bool):
 
 @kernel("MaxPool", "MaxPoolN")
 def max_pool_nd(k: KernelArgs):
+    if _max_pool_by_planes(k.node):
+        from .conv_planes import emit_max_pool_planes
+        return emit_max_pool_planes(k, k.gemm_shape.vw)
     _pool_nd(k, True)
+
+
+def _max_pool_by_planes(node) -> bool:
+    from .conv_planes import MAX_TAPS
+    return (type(node).__name__ == "MaxPool" and node.outputs[0].type.dtype == "f32"
+            and node.kernel[0] * node.kernel[1] <= MAX_TAPS)
+
+
+def _max_pool_scratch(node, shape) -> int:
+    if not _max_pool_by_planes(node):
+        return 0
+    from .conv_planes import scratch_bytes
+    return scratch_bytes(node, shape.vw)
+
+
+SCRATCH["MaxPool"] = _max_pool_scratch
 
 
 @kernel("AvgPool", "AvgPoolN")
