@@ -265,3 +265,29 @@ def test_max_pooling_runs_over_planes_padded_with_minus_infinity(attrs):
     got = compiled.run({"x": x})["y"]
     assert np.isnan(ref).any() and np.isneginf(ref).any()
     np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("ws, attrs", [((200, 24, 1, 1), {}), ((64, 24, 3, 3), dict(pads=[1, 1, 1, 1])),
+                                       ((200, 24, 3, 3), dict(pads=[1, 0, 1, 0], strides=[2, 1]))],
+                         ids=["pointwise", "3x3", "strided-partial-filters"])
+def test_small_output_convolution_runs_transposed(ws, attrs):
+    """A convolution whose output pixels would leave vector lanes idle and whose filters fill
+    them is computed as C^T = P^T W^T (vectorized along the filters, weights packed
+    transposed at compile time), then transposed back in registers through the bias and the
+    fused residual Add and Relu; batch 2, partial pixel and filter blocks included."""
+    from glowgen.backends.cpu.conv_transposed import conv_is_transposed
+    from glowgen.backends.cpu.gemm import choose_shape
+    from glowgen.backends.cpu.jit import host_target
+    x = rng.standard_normal((2, 24, 7, 7)).astype(np.float32)
+    w = (rng.standard_normal(ws) * 0.2).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]
+    model0 = make_model(nodes, {"x": x}, ["c"], {"w": w, "b": rng.standard_normal(ws[0]).astype(np.float32)})
+    out_shape = run_ort(model0, {"x": x})["c"].shape
+    r = rng.standard_normal(out_shape).astype(np.float32)
+    nodes += [helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, {"x": x, "r": r}, ["y"], {"w": w, "b": rng.standard_normal(ws[0]).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu")
+    (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
+    assert conv_is_transposed(conv.node, choose_shape(host_target()[2])) and conv.packed == "t"
+    assert [[i.kind for i in s.instrs] for s in _steps(compiled)] == [["Conv", "Add", "Relu"]]
+    assert_close(compiled.run({"x": x, "r": r}), run_ort(model, {"x": x, "r": r}), rtol=1e-4, atol=1e-4)

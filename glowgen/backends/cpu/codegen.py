@@ -103,9 +103,10 @@ class ModuleBuilder:
         self.step_names: list[str] = []   # what each step computes, for profiles
 
     def build(self) -> ir.Module:
-        from .kernels import _conv_uses_gemm
+        from .kernels import conv_weight_layout
         if self.gemm_shape is not None:
-            pack_constant_weights(self.prog, self.gemm_shape, _conv_uses_gemm)
+            shape = self.gemm_shape
+            pack_constant_weights(self.prog, shape, lambda node: conv_weight_layout(node, shape))
         steps = form_steps(self.prog, self.registry, self.stacking)
         if self.stacking:
             steps = fuse_epilogues(steps, self.registry)

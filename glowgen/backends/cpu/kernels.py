@@ -385,7 +385,24 @@ def _conv_by_planes(node) -> bool:
     return not _conv_uses_gemm(node) and node.outputs[0].type.dtype == "f32" and kh * kw <= MAX_TAPS
 
 
+def conv_weight_layout(node, shape):
+    """How a Conv's constant f32 weights are packed for its kernel (packing.py)."""
+    if node.outputs[0].type.dtype != "f32" or not _conv_uses_gemm(node):
+        return None
+    from .conv_transposed import conv_is_transposed
+    return "t" if conv_is_transposed(node, shape) else "a"
+
+
 def _conv_scratch(node, shape) -> int:
+    need = _conv_scratch_untransposed(node, shape)
+    if conv_weight_layout(node, shape) == "t":
+        # (Weights that could not be packed transposed take the other path: room for both.)
+        from .conv_transposed import scratch_floats
+        need = max(need, 4 * scratch_floats(node, shape))
+    return need
+
+
+def _conv_scratch_untransposed(node, shape) -> int:
     if _conv_by_planes(node):
         from .conv_planes import scratch_bytes
         return scratch_bytes(node, shape.vw)
@@ -418,6 +435,9 @@ def conv(k: KernelArgs):
         return emit_conv_planes(k, k.gemm_shape.vw)
     if node.outputs[0].type.dtype != "f32":
         return conv_direct(k)
+    if k.packed == "t":
+        from .conv_transposed import emit_conv_transposed
+        return emit_conv_transposed(k)
     from .gemm import emit_gemm
     b = k.b
     (y, yt), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]

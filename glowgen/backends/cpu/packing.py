@@ -7,7 +7,8 @@ cache lines and MR prefetch streams per k.  Packed, they are adjacent:
     A (M x K)  ->  [ceil(M / MR)][K][MR]     rows past M are zero
     B (K x N)  ->  [ceil(N / NR)][K][NR]     columns past N are zero (what im2col writes)
 
-Conv weights are A; a MatMul's constant right-hand side is B.  A product with fewer rows
+Conv weights are A (or, for a convolution computed transposed, B: conv_transposed.py); a
+MatMul's constant right-hand side is B.  A product with fewer rows
 than MR (a matrix-vector product) runs wide tiles, up to 16 vectors: its B is packed in
 panels that wide, so each tile streams one contiguous panel (row-major, every k would start
 a new page for the prefetcher).
@@ -75,24 +76,30 @@ def _replace(prog: Program, ins: Instr, buf, data: np.ndarray, layout: str) -> N
     ins.packed = layout
 
 
-def pack_constant_weights(prog: Program, shape, conv_uses_gemm) -> int:
+def pack_constant_weights(prog: Program, shape, conv_weight_layout) -> int:
     """Repack every constant GEMM operand the kernels can read packed; returns how many.
-    `conv_uses_gemm(node)` says whether a Conv takes the GEMM path (else it keeps its
-    weights as they are)."""
+    `conv_weight_layout(node)` says how a Conv reads its weights: "a" (the GEMM's A, in
+    MR-row blocks), "t" (transposed, as the B of a product vectorized along the filters:
+    conv_transposed.py) or None (as they are)."""
     users = _users(prog)
     count = 0
     for ins in prog.instrs:
         node = ins.node
         if getattr(ins, "packed", None):            # packed by an earlier build
             continue
-        if ins.kind == "Conv" and node.outputs[0].type.dtype == "f32" and conv_uses_gemm(node):
+        layout = conv_weight_layout(node) if ins.kind == "Conv" else None
+        if layout is not None:
             w = ins.operands[2][1]                     # operands: y, x, w[, b]
             if not _packable(w, users):
                 continue
             m, cg, kh, kw = node.inputs[1].type.shape
             g = node.group
             data = w.root().data.reshape(g, m // g, cg * kh * kw)
-            _replace(prog, ins, w, np.stack([pack_rows(a, shape.mr) for a in data]), "a")
+            if layout == "t":
+                packed = np.stack([pack_panels(a.T, shape.nr) for a in data])
+            else:
+                packed = np.stack([pack_rows(a, shape.mr) for a in data])
+            _replace(prog, ins, w, packed, layout)
             count += 1
         elif ins.kind == "BatchMatMul" and node.outputs[0].type.dtype == "f32":
             nb, m, k = node.inputs[0].type.shape

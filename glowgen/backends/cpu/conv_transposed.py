@@ -1,0 +1,156 @@
+"""Convolutions whose output planes are too small for the GEMM's vectors: computed transposed.
+
+The GEMM kernel vectorizes along the columns of C, a convolution's output pixels.  When
+there are few of them -- ResNet's and MobileNet's last stages have 7 x 7 = 49 -- the last
+NR-wide panel is mostly padding: 49 columns take 64 lanes, and such layers ran at 77% of
+the speed of the others.  Their filters are many (512 to 2048), so the product is computed
+transposed, vectorized along the filters:
+
+    C^T [pixels x filters] = P^T [pixels x K] @ W^T [K x filters]
+
+with the patches P^T packed in MR-pixel blocks (the A side: im2col panels MR wide are
+exactly that) and the weights W^T packed at compile time in NR-filter panels (packing.py,
+layout "t").  C^T goes to scratch; a last pass transposes it back 16 x 16 blocks at a time
+in registers and stores each output row through the bias and the fused elementwise run.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .conv_planes import PlaneGeometry, copy_run, fill_plane, patch_panel, zero_planes
+from .gemm import _vec, emit_gemm, splat, vload, vstore
+from .llvmutil import I32, for_range, i64
+
+# Transposed when that wastes this much less of the vector lanes.
+_MIN_GAIN = 0.1
+
+
+def lane_use(n: int, nr: int) -> float:
+    return n / (-(-n // nr) * nr)
+
+
+def conv_is_transposed(node, shape) -> bool:
+    """A single-group GEMM convolution whose filters fill the vector lanes clearly better
+    than its output pixels do."""
+    m = node.inputs[1].type.shape[0]
+    oh, ow = node.outputs[0].type.shape[2:]
+    return node.group == 1 and lane_use(m, shape.nr) - lane_use(oh * ow, shape.nr) >= _MIN_GAIN
+
+
+def _aligned(floats: int) -> int:
+    return -(-floats // 16) * 16
+
+
+def _layout(node, shape):
+    """(floats of input planes, of packed patches, of C^T) in the scratch buffer."""
+    m, cg, kh, kw = node.inputs[1].type.shape
+    oh, ow = node.outputs[0].type.shape[2:]
+    n, k = oh * ow, cg * kh * kw
+    planes = 0 if _pointwise(node) else _aligned(cg * PlaneGeometry(node, shape.vw).size)
+    patches = _aligned(-(-n // shape.mr) * shape.mr * k)
+    return planes, patches, _aligned(n * m)
+
+
+def scratch_floats(node, shape) -> int:
+    return sum(_layout(node, shape))
+
+
+def _pointwise(node) -> bool:
+    kh, kw = node.inputs[1].type.shape[2:]
+    return (kh, kw) == (1, 1) and tuple(node.strides) == (1, 1) and not any(node.pads)
+
+
+def emit_conv_transposed(k) -> None:
+    b, shape, node = k.b, k.gemm_shape, k.node
+    (y, _), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
+    bias = k.ins[2]
+    n_img, c, h, wd = xt.shape
+    m, cg, kh, kw = node.inputs[1].type.shape
+    oh, ow = node.outputs[0].type.shape[2:]
+    n, kk = oh * ow, cg * kh * kw
+    mr, vw = shape.mr, shape.vw
+    planes_n, patches_n, _ = _layout(node, shape)
+    planes = k.scratch
+    patches = b.gep(k.scratch, [i64(planes_n)])
+    ct = b.gep(k.scratch, [i64(planes_n + patches_n)])
+    pointwise = _pointwise(node)
+    if not pointwise:
+        geo = PlaneGeometry(node, vw)
+        zero_planes(b, geo, planes, cg)
+    with for_range(b, n_img, name="img") as img:
+        xbase = b.mul(img, i64(c * h * wd))
+        # P^T in blocks of MR pixels: block j holds, for each k, pixels j*MR .. j*MR+MR-1.
+        if pointwise:
+            with for_range(b, -(-n // mr), name="blk") as j:
+                count = b.sub(i64(n), b.mul(j, i64(mr)))
+                count = b.select(b.icmp_signed("<", count, i64(mr)), count, i64(mr))
+                with for_range(b, kk, name="row") as r:
+                    src = b.gep(x, [b.add(xbase, b.add(b.mul(r, i64(n)), b.mul(j, i64(mr))))])
+                    copy_run(b, src, b.gep(patches, [b.add(b.mul(j, i64(mr * kk)), b.mul(r, i64(mr)))]),
+                             count, mr)
+        else:
+            with for_range(b, cg, name="deal") as ci:
+                fill_plane(b, geo, b.gep(x, [b.add(xbase, b.mul(ci, i64(h * wd)))]),
+                           b.gep(planes, [b.mul(ci, i64(geo.size))]))
+            with for_range(b, -(-n // mr), name="blk") as j:
+                patch_panel(b, geo, planes, b.gep(patches, [b.mul(j, i64(mr * kk))]), mr, b.mul(j, i64(mr)))
+        emit_gemm(b, shape, n, m, kk, patches, kk, w, None, ct, m, name="ct", a_packed=True)
+        _store_transposed(k, ct, n, m, img, y, bias)
+
+
+def _store_transposed(k, ct, n: int, m: int, img, y, bias) -> None:
+    """y[img, f, p] = C^T[p, f] + bias[f], through the epilogue when there is one: blocks of
+    VW pixels x VW filters are loaded as VW vectors along the filters and transposed in
+    registers into VW vectors along the pixels."""
+    b, vw = k.b, k.gemm_shape.vw
+    zero = ir.Constant(_vec(vw), [0.0] * vw)
+
+    def block(p0, f0, pixels: int, filters: int):
+        rows = [vload(b, b.gep(ct, [b.add(b.mul(b.add(p0, i64(r)), i64(m)), f0)]), vw,
+                      filters if filters < vw else None) if r < pixels else zero
+                for r in range(vw)]
+        cols = transpose(b, rows)
+        for j in range(filters):
+            f = b.add(f0, i64(j))
+            v = cols[j]
+            if bias is not None:
+                v = b.fadd(v, splat(b, b.load(b.gep(bias[0], [f])), vw))
+            if k.epilogue is not None:
+                k.epilogue(b, v, img, f, p0, pixels)
+            else:
+                out = b.gep(y, [b.add(b.mul(b.add(b.mul(img, i64(m)), f), i64(n)), p0)])
+                vstore(b, v, out, vw, pixels if pixels < vw else None)
+
+    def filters_of(p0, pixels: int):
+        f_full = m // vw
+        if f_full:
+            with for_range(b, f_full * vw, step=vw, name="tf") as f0:
+                block(p0, f0, pixels, vw)
+        if m % vw:
+            block(p0, i64(f_full * vw), pixels, m % vw)
+
+    p_full = n // vw
+    if p_full:
+        with for_range(b, p_full * vw, step=vw, name="tp") as p0:
+            filters_of(p0, vw)
+    if n % vw:
+        filters_of(i64(p_full * vw), n % vw)
+
+
+def transpose(b, rows: list) -> list:
+    """The transpose of a square block of vectors: at every scale s (VW/2, ..., 1), swap
+    the off-diagonal s x s blocks of each 2s x 2s block -- one two-input shuffle per row
+    per stage (vpermt2ps)."""
+    n = len(rows)
+    rows = list(rows)
+    s = n // 2
+    while s >= 1:
+        lo = ir.Constant(ir.VectorType(I32, n), [j if not j & s else n + j - s for j in range(n)])
+        hi = ir.Constant(ir.VectorType(I32, n), [j + s if not j & s else n + j for j in range(n)])
+        for i in range(n):
+            if i & s:
+                continue
+            a, c = rows[i], rows[i + s]
+            rows[i], rows[i + s] = b.shuffle_vector(a, c, lo), b.shuffle_vector(a, c, hi)
+        s //= 2
+    return rows
