@@ -18,7 +18,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from .conv_planes import PlaneGeometry, copy_run, fill_plane, patch_panel, zero_planes
-from .gemm import _vec, emit_gemm, splat, vload, vstore
+from .gemm import GemmShape, _vec, emit_gemm, splat, vload, vstore
 from .llvmutil import I32, for_range, i64
 
 # Transposed when that wastes this much less of the vector lanes.
@@ -37,6 +37,18 @@ def conv_is_transposed(node, shape) -> bool:
     return node.group == 1 and lane_use(m, shape.nr) - lane_use(oh * ow, shape.nr) >= _MIN_GAIN
 
 
+def pixel_block(n: int, shape) -> int:
+    """Pixels per register tile: the tile's MR, unless the last block would be under half
+    of it -- a 1 x NR tile for 49 = 6 x 8 + 1 pixels has too few accumulators to keep the
+    FMA pipes busy -- and a little less divides the pixels (49 = 7 x 7)."""
+    if n % shape.mr == 0 or n % shape.mr >= shape.mr // 2:
+        return shape.mr
+    for mr in range(shape.mr - 1, shape.mr // 2, -1):
+        if n % mr == 0:
+            return mr
+    return shape.mr
+
+
 def _aligned(floats: int) -> int:
     return -(-floats // 16) * 16
 
@@ -47,7 +59,8 @@ def _layout(node, shape):
     oh, ow = node.outputs[0].type.shape[2:]
     n, k = oh * ow, cg * kh * kw
     planes = 0 if _pointwise(node) else _aligned(cg * PlaneGeometry(node, shape.vw).size)
-    patches = _aligned(-(-n // shape.mr) * shape.mr * k)
+    mr = pixel_block(n, shape)
+    patches = _aligned(-(-n // mr) * mr * k)
     return planes, patches, _aligned(n * m)
 
 
@@ -68,7 +81,7 @@ def emit_conv_transposed(k) -> None:
     m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = node.outputs[0].type.shape[2:]
     n, kk = oh * ow, cg * kh * kw
-    mr, vw = shape.mr, shape.vw
+    mr, vw = pixel_block(n, shape), shape.vw
     planes_n, patches_n, _ = _layout(node, shape)
     planes = k.scratch
     patches = b.gep(k.scratch, [i64(planes_n)])
@@ -94,7 +107,8 @@ def emit_conv_transposed(k) -> None:
                            b.gep(planes, [b.mul(ci, i64(geo.size))]))
             with for_range(b, -(-n // mr), name="blk") as j:
                 patch_panel(b, geo, planes, b.gep(patches, [b.mul(j, i64(mr * kk))]), mr, b.mul(j, i64(mr)))
-        emit_gemm(b, shape, n, m, kk, patches, kk, w, None, ct, m, name="ct", a_packed=True)
+        emit_gemm(b, GemmShape(vw, mr, shape.nv), n, m, kk, patches, kk, w, None, ct, m, name="ct",
+                  a_packed=True)
         _store_transposed(k, ct, n, m, img, y, bias)
 
 
