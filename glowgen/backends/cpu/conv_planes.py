@@ -108,6 +108,21 @@ def fill_plane(b, g: PlaneGeometry, src, plane) -> None:
                 copy_run(b, b.gep(srow, [i64(start - g.pl)]), b.gep(drows[0], [i64(start)]),
                          i64(stop - start), g.vw)
                 return
+            if g.sw == 2 and len(qs) == 2 and stop - start >= g.vw:
+                # Even and odd columns: two vectors in, two shuffles, two vectors out.
+                vw = g.vw
+                evens = ir.Constant(ir.VectorType(I32, vw), [2 * i for i in range(vw)])
+                odds = ir.Constant(ir.VectorType(I32, vw), [2 * i + 1 for i in range(vw)])
+                full = (stop - start) // vw * vw
+                with for_range(b, start + full, start=start, step=vw, name=name) as j:
+                    at = b.sub(b.mul(j, i64(2)), i64(g.pl))
+                    lo_v = vload(b, b.gep(srow, [at]), vw)
+                    hi_v = vload(b, b.gep(srow, [b.add(at, i64(vw))]), vw)
+                    vstore(b, b.shuffle_vector(lo_v, hi_v, evens), b.gep(drows[0], [j]), vw)
+                    vstore(b, b.shuffle_vector(lo_v, hi_v, odds), b.gep(drows[1], [j]), vw)
+                start += full
+                if stop <= start:
+                    return
             with for_range(b, stop, start=start, name=name) as j:
                 for q in qs:
                     iw = b.add(b.mul(j, i64(g.sw)), i64(q - g.pl))
@@ -191,6 +206,8 @@ def patch_panel(b, g: PlaneGeometry, planes, dst, nr: int, n0) -> None:
     runs = (nr + g.ow - 2) // g.ow + 1            # output rows a panel can touch
     valid = b.sub(i64(n_total), n0)
     valid = b.select(b.icmp_signed("<", valid, i64(nr)), valid, i64(nr))
+    if nr % g.vw == 0:
+        return _patch_panel_vectors(b, g, planes, dst, nr, oh0, ow0, runs, valid)
     with for_range(b, g.cg, name="pc") as ci:
         with for_range(b, g.kh, name="pkh") as khi:
             with for_range(b, g.kw, name="pkw") as kwi:
@@ -216,6 +233,54 @@ def patch_panel(b, g: PlaneGeometry, planes, dst, nr: int, n0) -> None:
                     copy_run(b, src, out, count, g.vw)
                 with for_range(b, nr, start=valid, name="pz") as j:
                     b.store(ir.Constant(F32, 0.0), b.gep(drow, [j]))
+
+
+def _patch_panel_vectors(b, g: PlaneGeometry, planes, dst, nr: int, oh0, ow0, runs: int, valid) -> None:
+    """patch_panel for a panel of whole vectors.  Which lanes of each panel vector come from
+    which run, and from where relative to the tap, is worked out once per panel; each tap
+    then costs one masked load per (vector, run) -- each merging into the last -- and a
+    store per vector, where a copy loop per run cost several times that."""
+    vw = g.vw
+    lanes = ir.VectorType(I64, vw)
+    parts = []          # per panel vector: [(mask, source offset of its lane 0)] per run
+    for d in range(nr // vw):
+        lane = b.add(splat_i64(b, i64(d * vw), vw), ir.Constant(lanes, list(range(vw))))
+        vec_parts = []
+        for s in range(runs):
+            # Run s: output row oh0 + s from column (ow0 if s == 0 else 0), panel columns
+            # [j0, j0 + count) with j0 = s * OW - ow0 (0 for the first), within `valid`.
+            col0 = ow0 if s == 0 else i64(0)
+            j0 = i64(0) if s == 0 else b.sub(i64(s * g.ow), ow0)
+            end = b.add(j0, b.sub(i64(g.ow), col0))
+            end = b.select(b.icmp_signed("<", valid, end), valid, end)
+            mask = b.and_(b.icmp_signed(">=", lane, splat_i64(b, j0, vw)),
+                          b.icmp_signed("<", lane, splat_i64(b, end, vw)))
+            row = b.mul(b.add(oh0, i64(s)), i64(g.sh * g.cols))
+            vec_parts.append((mask, b.add(b.sub(b.add(row, col0), j0), i64(d * vw))))
+        parts.append(vec_parts)
+    vty = ir.VectorType(F32, vw)
+    zero = ir.Constant(vty, [0.0] * vw)
+    with for_range(b, g.cg, name="pc") as ci:
+        with for_range(b, g.kh, name="pkh") as khi:
+            with for_range(b, g.kw, name="pkw") as kwi:
+                kk = b.add(b.mul(b.add(b.mul(ci, i64(g.kh)), khi), i64(g.kw)), kwi)
+                tap = b.mul(kwi, i64(g.dw))          # sub-plane tap % sw, column tap // sw
+                base = b.add(b.add(b.mul(ci, i64(g.size)), b.mul(khi, i64(g.dh * g.cols))),
+                             b.add(b.mul(b.urem(tap, i64(g.sw)), i64(g.sub_plane)), b.udiv(tap, i64(g.sw))))
+                for d, vec_parts in enumerate(parts):
+                    v = zero
+                    for mask, offset in vec_parts:
+                        v = masked_load(b, b.gep(planes, [b.add(base, offset)]), mask, v)
+                    vstore(b, v, b.gep(dst, [b.add(b.mul(kk, i64(nr)), i64(d * vw))]), vw)
+
+
+def masked_load(b, ptr, mask, passthru):
+    """llvm.masked.load: the lanes of `mask` from ptr, the others from `passthru`."""
+    vty = passthru.type
+    vptr = b.bitcast(ptr, vty.as_pointer())
+    fn = intrinsic(b.module, f"llvm.masked.load.v{vty.count}f32.p0", vty,
+                   [vptr.type, I32, mask.type, vty])
+    return b.call(fn, [vptr, ir.Constant(I32, 4), mask, passthru])
 
 
 def copy_run(b, src, dst, count, vw: int) -> None:
@@ -263,13 +328,21 @@ def emit_max_pool_planes(k, vw: int) -> None:
             def chunks(col0, valids):
                 for ch, valid in enumerate(valids):
                     col = b.add(col0, i64(ch * vw))
-                    acc = None
+                    acc = nan = None
                     for r in range(g.kh):
                         prow = b.mul(b.add(b.mul(oh, i64(g.sh)), i64(r * g.dh)), i64(g.cols))
                         for c_ in range(g.kw):
                             q, off = g.tap(c_)
                             p = b.gep(planes, [b.add(b.add(prow, col), i64(q * g.sub_plane + off))])
                             v = vload(b, p, vw)
-                            acc = v if acc is None else call_intrinsic(b, "maximum", [acc, v])
+                            # One vmaxps (`acc > v ? acc : v`) and a NaN flag per tap, rather
+                            # than llvm.maximum's six instructions: NaN still wins the window.
+                            is_nan = b.fcmp_unordered("uno", v, v)
+                            if acc is None:
+                                acc, nan = v, is_nan
+                            else:
+                                acc = b.select(b.fcmp_ordered(">", acc, v), acc, v)
+                                nan = b.or_(nan, is_nan)
+                    acc = b.select(nan, ir.Constant(ir.VectorType(F32, vw), [float("nan")] * vw), acc)
                     vstore(b, acc, b.gep(y, [b.add(yrow, col)]), vw, valid)
             for_row_chunks(b, g, chunks)
