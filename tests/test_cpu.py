@@ -293,3 +293,22 @@ def test_small_output_convolution_runs_transposed(ws, attrs):
     assert conv_is_transposed(conv.node, choose_shape(host_target()[2])) and conv.packed == "t"
     assert [[i.kind for i in s.instrs] for s in _steps(compiled)] == [["Conv", "Add", "Relu"]]
     assert_close(compiled.run({"x": x, "r": r}), run_ort(model, {"x": x, "r": r}), rtol=1e-4, atol=1e-4)
+
+
+def test_generated_code_keeps_no_state():
+    """Kernels' scratch memory (padded planes, patch panels) is part of the activation
+    region, so the module has no writable global: calls with their own regions are
+    independent (what the bundle header promises)."""
+    import re
+    x = rng.standard_normal((1, 8, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    dw = rng.standard_normal((16, 1, 3, 3)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                        helper.make_node("Conv", ["c", "dw"], ["d"], group=16, strides=[2, 2]),
+                        helper.make_node("MaxPool", ["d"], ["y"], kernel_shape=[2, 2])],
+                       {"x": x}, ["y"], {"w": w, "dw": dw})
+    compiled = glowgen.compile(model, backend="cpu")
+    ir_text = compiled._runner.llvm_ir(optimized=False)
+    assert '%"scratch"' in ir_text
+    assert not re.findall(r"^@\S+ = (?:internal )?global", ir_text, re.M)
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)

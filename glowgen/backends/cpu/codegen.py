@@ -20,7 +20,7 @@ from .epilogue import EpilogueEmitter, fuse_epilogues
 from .kernels import KERNELS, SCRATCH, KernelArgs
 from . import kernels_more  # noqa: F401  (registers the kernels of the last `extern` section)
 from .packing import pack_constant_weights
-from .llvmutil import I8P, I32, i64, intrinsic, set_target_features, storage_type
+from .llvmutil import F32, I8P, I32, i64, intrinsic, set_target_features, storage_type
 from .loops import blocked_loops, broadcast_strides, contiguous_strides, innermost_extent, strided_loops
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
 from .stacking import BLOCK, Step, cost_groups, form_steps, replan_activations, stores_needed
@@ -97,7 +97,7 @@ class ModuleBuilder:
         features = host_target()[2] if features is None else features
         set_target_features(self.module, features)
         self.gemm_shape = choose_shape(features)
-        self.scratch = None
+        self.scratch_offset = None       # of the kernels' scratch in the activation region
         self.io_entry = io_entry
         self.profile = profile
         self.step_names: list[str] = []   # what each step computes, for profiles
@@ -159,13 +159,16 @@ class ModuleBuilder:
         slot_of = {id(w): k for k, w in enumerate(slots or ())}
         clock = (intrinsic(self.module, "llvm.readcyclecounter", ir.IntType(64), [])
                  if self._counters is not None else None)
-        for index, (fn, buffers) in enumerate(calls):
+        for index, (fn, buffers, uses_scratch) in enumerate(calls):
             ptrs = []
             for buf in buffers:
                 k = slot_of.get(id(buf.root()))
                 raw = (b.load(b.gep(entry.args[3], [i64(k)])) if k is not None
                        else b.gep(regions[region_of(buf)], [i64(buf.root().offset)]))
                 ptrs.append(b.bitcast(raw, storage_type(buf.type.dtype).as_pointer()))
+            if uses_scratch:
+                raw = b.gep(regions["activation"], [i64(self.scratch_offset)])
+                ptrs.append(b.bitcast(raw, F32.as_pointer()))
             start = b.call(clock, []) if clock is not None else None
             b.call(fn, ptrs)
             if clock is not None:
@@ -177,7 +180,9 @@ class ModuleBuilder:
         return entry
 
     def _declare_scratch(self, steps) -> None:
-        """One zero-initialized buffer, as large as the largest kernel's need."""
+        """Scratch memory for the kernels that need it (im2col panels, padded planes), as
+        large as the largest need, at the end of the activation region: the code keeps no
+        state of its own, so concurrent calls with their own regions stay independent."""
         need = 0
         for step in steps:
             for ins in step.instrs:
@@ -185,12 +190,8 @@ class ModuleBuilder:
                 if fn is not None and ins.node is not None:
                     need = max(need, fn(ins.node, self.gemm_shape))
         if need:
-            ty = ir.ArrayType(ir.IntType(8), need)
-            g = ir.GlobalVariable(self.module, ty, name=f"{self.name}_scratch")
-            g.linkage = "internal"
-            g.initializer = ir.Constant(ty, None)
-            g.align = 64
-            self.scratch = g
+            self.scratch_offset = -(-self.prog.region_sizes["activation"] // 64) * 64
+            self.prog.region_sizes["activation"] = self.scratch_offset + need
 
     # ------------------------------------------------------------------ steps
     def _step_function(self, index: int, step: Step):
@@ -200,7 +201,12 @@ class ModuleBuilder:
                 if buf is not None and all(buf is not x for x in buffers):
                     buffers.append(buf)
         kinds = "_".join(i.kind for i in step.instrs[:3]) + ("_etc" if len(step.instrs) > 3 else "")
-        fnty = ir.FunctionType(ir.VoidType(), [storage_type(x.type.dtype).as_pointer() for x in buffers])
+        # A step whose kernel uses scratch takes it as a last argument (it overlaps nothing).
+        uses_scratch = self.scratch_offset is not None and any(
+            SCRATCH.get(ins.kind) is not None and ins.node is not None
+            and SCRATCH[ins.kind](ins.node, self.gemm_shape) for ins in step.instrs)
+        params = [storage_type(x.type.dtype).as_pointer() for x in buffers]
+        fnty = ir.FunctionType(ir.VoidType(), params + ([F32.as_pointer()] if uses_scratch else []))
         fn = ir.Function(self.module, fnty, name=f"s{index}_{kinds}")
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
@@ -209,6 +215,11 @@ class ModuleBuilder:
             arg.name = buf.name.replace('"', "")
             if not any(_overlaps(ranges[j], r) for k, r in enumerate(ranges) if k != j):
                 arg.add_attribute("noalias")
+        self._scratch_arg = None
+        if uses_scratch:
+            self._scratch_arg = fn.args[-1]
+            self._scratch_arg.name = "scratch"
+            self._scratch_arg.add_attribute("noalias")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         ptr = {id(buf): arg for buf, arg in zip(buffers, fn.args)}
         if step.stacked:
@@ -219,7 +230,7 @@ class ModuleBuilder:
         else:
             self._emit_single(b, step.instrs[0], ptr)
         b.ret_void()
-        return fn, buffers
+        return fn, buffers, uses_scratch
 
     def _emit_single(self, b, ins: Instr, ptr, epilogue=None):
         if ins.kind == Instr.COPY:
@@ -244,10 +255,7 @@ class ModuleBuilder:
                        for _, buf in ins.operands[i:i + count]]
             ins_args.append(entries if info.variadic else entries[0])
             i += count
-        scratch = None
-        if self.scratch is not None:
-            from .llvmutil import F32
-            scratch = b.bitcast(self.scratch, F32.as_pointer())
+        scratch = self._scratch_arg
         args = KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch)
         args.epilogue = epilogue
         args.packed = getattr(ins, "packed", None)
