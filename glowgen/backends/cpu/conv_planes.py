@@ -1,12 +1,17 @@
-"""Direct convolution over zero-padded input planes, in explicit vectors.
+"""Convolution and pooling over zero-padded input planes, in explicit vectors.
 
-For convolutions with too few filters per group for a GEMM tile (depthwise convolutions,
-LeNet's 6-filter layer).  Each input channel is first copied into a plane of the scratch
-buffer with its padding made of zeros and, for a column stride s > 1, its columns dealt
-into s sub-planes by their remainder mod s.  Then every tap of every output row is a plain
-contiguous vector load -- no bounds checks, no strided or gathered loads -- and the row's
-vectors take all the channel's taps in registers before one store, where an elementwise
-run that follows the convolution (bias, Clip, Relu...) is applied (epilogue.py).
+Each input channel is first copied into a plane of the scratch memory with its padding made
+of zeros (-inf for max pooling) and, for a column stride s > 1, its columns dealt into s
+sub-planes by their remainder mod s.  Then every tap of every output row is a plain
+contiguous vector load -- no bounds checks, no strided or gathered loads.  Three users:
+
+- direct convolution (emit_conv_planes), for too few filters per group for a GEMM tile
+  (depthwise convolutions, LeNet's 6-filter layer): a row's vectors take all the taps in
+  registers before one store, where an elementwise run that follows the convolution
+  (bias, Clip, Relu...) is applied (epilogue.py);
+- the patch matrix (im2col) of a GEMM convolution (patch_panel): each panel row is copied
+  from the planes in a few masked loads;
+- 2-D max pooling (emit_max_pool_planes).
 """
 from __future__ import annotations
 
@@ -50,6 +55,8 @@ def scratch_bytes(node, vw: int) -> int:
 
 
 def emit_conv_planes(k, vw: int) -> None:
+    """Direct convolution: for each input channel of a group, its padded plane, then every
+    filter of the group over every output row (the channels' sums accumulate in y)."""
     b = k.b
     (y, _), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
     bias = k.ins[2]
@@ -76,11 +83,11 @@ def zero_planes(b, g: PlaneGeometry, planes, count: int, value: float = 0.0) -> 
     """Set `count` planes to `value` (zero; -inf around a max pooling's input): the padding,
     which fill_plane never writes, keeps it for every channel copied in afterwards."""
     vw, size = g.vw, g.size * count
-    zero = ir.Constant(ir.VectorType(F32, vw), [value] * vw)
+    fill = ir.Constant(ir.VectorType(F32, vw), [value] * vw)
     full = size - size % vw
     with for_range(b, full, step=vw, name="zero") as i:
-        vstore(b, zero, b.gep(planes, [i]), vw)
-    vstore(b, zero, b.gep(planes, [i64(full)]), vw, size % vw)
+        vstore(b, fill, b.gep(planes, [i]), vw)
+    vstore(b, fill, b.gep(planes, [i64(full)]), vw, size % vw)
 
 
 def fill_plane(b, g: PlaneGeometry, src, plane) -> None:
