@@ -98,6 +98,7 @@ class ModuleBuilder:
         set_target_features(self.module, features)
         self.gemm_shape = choose_shape(features)
         self.scratch_offset = None       # of the kernels' scratch in the activation region
+        self.scratch_steps: set[int] = set()  # ids of the steps whose kernels use it
         self.io_entry = io_entry
         self.profile = profile
         self.step_names: list[str] = []   # what each step computes, for profiles
@@ -188,7 +189,10 @@ class ModuleBuilder:
             for ins in step.instrs:
                 fn = SCRATCH.get(ins.kind)
                 if fn is not None and ins.node is not None:
-                    need = max(need, fn(ins.node, self.gemm_shape))
+                    bytes_ = fn(ins.node, self.gemm_shape)
+                    if bytes_:
+                        self.scratch_steps.add(id(step))
+                    need = max(need, bytes_)
         if need:
             self.scratch_offset = -(-self.prog.region_sizes["activation"] // 64) * 64
             self.prog.region_sizes["activation"] = self.scratch_offset + need
@@ -202,9 +206,7 @@ class ModuleBuilder:
                     buffers.append(buf)
         kinds = "_".join(i.kind for i in step.instrs[:3]) + ("_etc" if len(step.instrs) > 3 else "")
         # A step whose kernel uses scratch takes it as a last argument (it overlaps nothing).
-        uses_scratch = self.scratch_offset is not None and any(
-            SCRATCH.get(ins.kind) is not None and ins.node is not None
-            and SCRATCH[ins.kind](ins.node, self.gemm_shape) for ins in step.instrs)
+        uses_scratch = id(step) in self.scratch_steps
         params = [storage_type(x.type.dtype).as_pointer() for x in buffers]
         fnty = ir.FunctionType(ir.VoidType(), params + ([F32.as_pointer()] if uses_scratch else []))
         fn = ir.Function(self.module, fnty, name=f"s{index}_{kinds}")

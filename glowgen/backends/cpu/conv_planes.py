@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .gemm import splat, vload, vstore
-from .llvmutil import F32, I32, I64, call_intrinsic, for_range, i64, intrinsic
+from .gemm import masked_load, masked_store, splat, vload, vstore
+from .llvmutil import F32, I32, I64, call_intrinsic, for_range, i64
 
 
 class PlaneGeometry:
@@ -48,6 +48,12 @@ class PlaneGeometry:
     def tap(self, kwi: int) -> tuple[int, int]:
         """(sub-plane, column offset) from which output column j reads tap `kwi`."""
         return (kwi * self.dw) % self.sw, (kwi * self.dw) // self.sw
+
+
+def conv_is_pointwise(node) -> bool:
+    """A 1x1 convolution at unit stride with no padding: its input is its patch matrix."""
+    kh, kw = node.inputs[1].type.shape[2:]
+    return (kh, kw) == (1, 1) and tuple(node.strides) == (1, 1) and not any(node.pads)
 
 
 def scratch_bytes(node, vw: int) -> int:
@@ -251,7 +257,7 @@ def _patch_panel_vectors(b, g: PlaneGeometry, planes, dst, nr: int, oh0, ow0, ru
     lanes = ir.VectorType(I64, vw)
     parts = []          # per panel vector: [(mask, source offset of its lane 0)] per run
     for d in range(nr // vw):
-        lane = b.add(splat_i64(b, i64(d * vw), vw), ir.Constant(lanes, list(range(vw))))
+        lane = b.add(splat(b, i64(d * vw), vw), ir.Constant(lanes, list(range(vw))))
         vec_parts = []
         for s in range(runs):
             # Run s: output row oh0 + s from column (ow0 if s == 0 else 0), panel columns
@@ -260,8 +266,8 @@ def _patch_panel_vectors(b, g: PlaneGeometry, planes, dst, nr: int, oh0, ow0, ru
             j0 = i64(0) if s == 0 else b.sub(i64(s * g.ow), ow0)
             end = b.add(j0, b.sub(i64(g.ow), col0))
             end = b.select(b.icmp_signed("<", valid, end), valid, end)
-            mask = b.and_(b.icmp_signed(">=", lane, splat_i64(b, j0, vw)),
-                          b.icmp_signed("<", lane, splat_i64(b, end, vw)))
+            mask = b.and_(b.icmp_signed(">=", lane, splat(b, j0, vw)),
+                          b.icmp_signed("<", lane, splat(b, end, vw)))
             row = b.mul(b.add(oh0, i64(s)), i64(g.sh * g.cols))
             vec_parts.append((mask, b.add(b.sub(b.add(row, col0), j0), i64(d * vw))))
         parts.append(vec_parts)
@@ -281,40 +287,17 @@ def _patch_panel_vectors(b, g: PlaneGeometry, planes, dst, nr: int, oh0, ow0, ru
                     vstore(b, v, b.gep(dst, [b.add(b.mul(kk, i64(nr)), i64(d * vw))]), vw)
 
 
-def masked_load(b, ptr, mask, passthru):
-    """llvm.masked.load: the lanes of `mask` from ptr, the others from `passthru`."""
-    vty = passthru.type
-    vptr = b.bitcast(ptr, vty.as_pointer())
-    fn = intrinsic(b.module, f"llvm.masked.load.v{vty.count}f32.p0", vty,
-                   [vptr.type, I32, mask.type, vty])
-    return b.call(fn, [vptr, ir.Constant(I32, 4), mask, passthru])
-
-
 def copy_run(b, src, dst, count, vw: int) -> None:
     """dst[0:count] = src[0:count] for a run-time count, in masked vectors: written as
     vectors, the loop is not vectorized again by LLVM, which for a scalar copy between two
     places of the scratch buffer would add alias checks and a scalar twin of every loop
     (ResNet-18's module grew 2.5 times and took 36 s to compile)."""
-    lanes = ir.VectorType(I64, vw)
-    iota = ir.Constant(lanes, list(range(vw)))
-    ends = splat_i64(b, count, vw)
-    vty = ir.VectorType(F32, vw)
+    iota = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
+    ends = splat(b, count, vw)
+    none = ir.Constant(ir.VectorType(F32, vw), [0.0] * vw)
     with for_range(b, count, step=vw, name="run") as t:
-        mask = b.icmp_signed("<", b.add(splat_i64(b, t, vw), iota), ends)
-        ptr_in = b.bitcast(b.gep(src, [t]), vty.as_pointer())
-        ptr_out = b.bitcast(b.gep(dst, [t]), vty.as_pointer())
-        load = intrinsic(b.module, f"llvm.masked.load.v{vw}f32.p0", vty,
-                         [ptr_in.type, I32, mask.type, vty])
-        store = intrinsic(b.module, f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(),
-                          [vty, ptr_out.type, I32, mask.type])
-        v = b.call(load, [ptr_in, ir.Constant(I32, 4), mask, ir.Constant(vty, [0.0] * vw)])
-        b.call(store, [v, ptr_out, ir.Constant(I32, 4), mask])
-
-
-def splat_i64(b, v, vw: int):
-    lanes = ir.VectorType(I64, vw)
-    one = b.insert_element(ir.Constant(lanes, ir.Undefined), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, ir.Constant(lanes, ir.Undefined), ir.Constant(ir.VectorType(I32, vw), [0] * vw))
+        mask = b.icmp_signed("<", b.add(splat(b, t, vw), iota), ends)
+        masked_store(b, masked_load(b, b.gep(src, [t]), mask, none), b.gep(dst, [t]), mask)
 
 
 def emit_max_pool_planes(k, vw: int) -> None:
@@ -353,3 +336,8 @@ def emit_max_pool_planes(k, vw: int) -> None:
                     acc = b.select(nan, ir.Constant(ir.VectorType(F32, vw), [float("nan")] * vw), acc)
                     vstore(b, acc, b.gep(y, [b.add(yrow, col)]), vw, valid)
             for_row_chunks(b, g, chunks)
+
+
+def aligned_floats(floats: int) -> int:
+    """`floats` rounded up to whole 64-byte cache lines (where scratch parts start)."""
+    return -(-floats // 16) * 16

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .conv_planes import PlaneGeometry, copy_run, fill_plane, patch_panel, zero_planes
+from .conv_planes import (PlaneGeometry, aligned_floats, conv_is_pointwise, copy_run, fill_plane,
+                          patch_panel, zero_planes)
 from .gemm import GemmShape, _vec, emit_gemm, splat, vload, vstore
 from .llvmutil import I32, for_range, i64
 
@@ -49,28 +50,19 @@ def pixel_block(n: int, shape) -> int:
     return shape.mr
 
 
-def _aligned(floats: int) -> int:
-    return -(-floats // 16) * 16
-
-
 def _layout(node, shape):
     """(floats of input planes, of packed patches, of C^T) in the scratch buffer."""
     m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = node.outputs[0].type.shape[2:]
     n, k = oh * ow, cg * kh * kw
-    planes = 0 if _pointwise(node) else _aligned(cg * PlaneGeometry(node, shape.vw).size)
+    planes = 0 if conv_is_pointwise(node) else aligned_floats(cg * PlaneGeometry(node, shape.vw).size)
     mr = pixel_block(n, shape)
-    patches = _aligned(-(-n // mr) * mr * k)
-    return planes, patches, _aligned(n * m)
+    patches = aligned_floats(-(-n // mr) * mr * k)
+    return planes, patches, aligned_floats(n * m)
 
 
 def scratch_floats(node, shape) -> int:
     return sum(_layout(node, shape))
-
-
-def _pointwise(node) -> bool:
-    kh, kw = node.inputs[1].type.shape[2:]
-    return (kh, kw) == (1, 1) and tuple(node.strides) == (1, 1) and not any(node.pads)
 
 
 def emit_conv_transposed(k) -> None:
@@ -86,7 +78,7 @@ def emit_conv_transposed(k) -> None:
     planes = k.scratch
     patches = b.gep(k.scratch, [i64(planes_n)])
     ct = b.gep(k.scratch, [i64(planes_n + patches_n)])
-    pointwise = _pointwise(node)
+    pointwise = conv_is_pointwise(node)
     if not pointwise:
         geo = PlaneGeometry(node, vw)
         zero_planes(b, geo, planes, cg)

@@ -39,8 +39,10 @@ def _vec(vw):
 
 
 def splat(b, scalar, vw):
-    v = b.insert_element(ir.Constant(_vec(vw), ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
-    return b.shuffle_vector(v, ir.Constant(_vec(vw), ir.Undefined),
+    """`scalar` (of any element type) in all `vw` lanes of a vector."""
+    vty = ir.VectorType(scalar.type, vw)
+    v = b.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
+    return b.shuffle_vector(v, ir.Constant(vty, ir.Undefined),
                             ir.Constant(ir.VectorType(ir.IntType(32), vw), [0] * vw))
 
 
@@ -48,29 +50,40 @@ def _mask(vw, valid):
     return ir.Constant(ir.VectorType(I1, vw), [1 if i < valid else 0 for i in range(vw)])
 
 
+def masked_load(b, ptr, mask, passthru):
+    """llvm.masked.load of f32 lanes: those of `mask` from ptr, the others from `passthru`
+    (masked-off lanes are not read, so they may lie past the end of an array)."""
+    vty = passthru.type
+    vptr = b.bitcast(ptr, vty.as_pointer())
+    fn = intrinsic(b.module, f"llvm.masked.load.v{vty.count}f32.p0", vty,
+                   [vptr.type, ir.IntType(32), mask.type, vty])
+    return b.call(fn, [vptr, ir.Constant(ir.IntType(32), 4), mask, passthru])
+
+
+def masked_store(b, value, ptr, mask):
+    """llvm.masked.store of the f32 lanes of `mask`."""
+    vptr = b.bitcast(ptr, value.type.as_pointer())
+    fn = intrinsic(b.module, f"llvm.masked.store.v{value.type.count}f32.p0", ir.VoidType(),
+                   [value.type, vptr.type, ir.IntType(32), mask.type])
+    b.call(fn, [value, vptr, ir.Constant(ir.IntType(32), 4), mask])
+
+
 def vload(b, ptr, vw, valid=None):
-    vptr = b.bitcast(ptr, _vec(vw).as_pointer())
     if valid is None or valid >= vw:
-        ld = b.load(vptr)
+        ld = b.load(b.bitcast(ptr, _vec(vw).as_pointer()))
         ld.align = 4
         return ld
-    fn = intrinsic(b.module, f"llvm.masked.load.v{vw}f32.p0", _vec(vw),
-                   [vptr.type, ir.IntType(32), ir.VectorType(I1, vw), _vec(vw)])
-    return b.call(fn, [vptr, ir.Constant(ir.IntType(32), 4), _mask(vw, valid),
-                       ir.Constant(_vec(vw), [0.0] * vw)])
+    return masked_load(b, ptr, _mask(vw, valid), ir.Constant(_vec(vw), [0.0] * vw))
 
 
 def vstore(b, value, ptr, vw, valid=None):
-    vptr = b.bitcast(ptr, _vec(vw).as_pointer())
     if valid is None or valid >= vw:
-        st = b.store(value, vptr)
+        st = b.store(value, b.bitcast(ptr, _vec(vw).as_pointer()))
         st.align = 4
         return
     if valid <= 0:
         return
-    fn = intrinsic(b.module, f"llvm.masked.store.v{vw}f32.p0", ir.VoidType(),
-                   [_vec(vw), vptr.type, ir.IntType(32), ir.VectorType(I1, vw)])
-    b.call(fn, [value, vptr, ir.Constant(ir.IntType(32), 4), _mask(vw, valid)])
+    masked_store(b, value, ptr, _mask(vw, valid))
 
 
 def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,

@@ -12,6 +12,7 @@ from typing import Callable
 from llvmlite import ir
 
 from ... import shapelib
+from .conv_planes import conv_is_pointwise
 from .llvmutil import I64, for_range, i64, is_float, register_type, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
 from .scalar import ScalarEmitter, Value, const, load_elem, store_elem
@@ -361,11 +362,6 @@ def _conv_uses_gemm(node) -> bool:
     return m // node.group >= 8
 
 
-def _conv_is_pointwise(node) -> bool:
-    kh, kw = node.inputs[1].type.shape[2:]
-    return (kh, kw) == (1, 1) and tuple(node.strides) == (1, 1) and not any(node.pads)
-
-
 def _conv_panel_by_panel(node) -> bool:
     """im2col one panel at a time (gemm.emit_gemm's pack_panel) when the whole B would not
     stay in L2 (over 1 MB) but a group's filters mostly would (up to 768 KB): each panel is
@@ -407,21 +403,17 @@ def _conv_scratch_untransposed(node, shape) -> int:
         from .conv_planes import scratch_bytes
         return scratch_bytes(node, shape.vw)
     # Pointwise convolutions read the input as B directly (packing it measured no faster).
-    if not _conv_uses_gemm(node) or _conv_is_pointwise(node) or node.outputs[0].type.dtype != "f32":
+    if not _conv_uses_gemm(node) or conv_is_pointwise(node) or node.outputs[0].type.dtype != "f32":
         return 0
-    from .conv_planes import PlaneGeometry
+    from .conv_planes import PlaneGeometry, aligned_floats
     from .gemm import pack_panels_size
     cg, kh, kw = node.inputs[1].type.shape[1:]
     oh, ow = node.outputs[0].type.shape[2:]
     # The group's input channels in padded planes, then the patch matrix copied from them.
-    planes = _aligned(cg * PlaneGeometry(node, shape.vw).size)
+    planes = aligned_floats(cg * PlaneGeometry(node, shape.vw).size)
     if _conv_panel_by_panel(node):
         return 4 * (planes + cg * kh * kw * shape.nr)
     return 4 * (planes + pack_panels_size(oh * ow, cg * kh * kw, shape))
-
-
-def _aligned(floats: int) -> int:
-    return -(-floats // 16) * 16                   # whole cache lines
 
 
 SCRATCH["Conv"] = _conv_scratch
@@ -449,7 +441,7 @@ def conv(k: KernelArgs):
     mg = m // g
     K = cg * kh * kw
     N = oh * ow
-    pointwise = _conv_is_pointwise(node)
+    pointwise = conv_is_pointwise(node)
     a_packed = k.packed == "a"       # constant weights in blocks of MR rows (packing.py)
     mr = k.gemm_shape.mr
     a_stride = -(-mg // mr) * mr * K if a_packed else mg * K
@@ -457,9 +449,9 @@ def conv(k: KernelArgs):
         # Each input channel of a group is first copied into a zero-padded plane, its
         # columns dealt by remainder mod the column stride (conv_planes.py): every row of a
         # patch panel is then a few contiguous copies, with no bounds checks or gathers.
-        from .conv_planes import PlaneGeometry, fill_plane, patch_panel, zero_planes
+        from .conv_planes import PlaneGeometry, aligned_floats, fill_plane, patch_panel, zero_planes
         geo = PlaneGeometry(node, k.gemm_shape.vw)
-        planes, panels = k.scratch, b.gep(k.scratch, [i64(_aligned(cg * geo.size))])
+        planes, panels = k.scratch, b.gep(k.scratch, [i64(aligned_floats(cg * geo.size))])
         zero_planes(b, geo, planes, cg)
         nr = k.gemm_shape.nr
     with for_range(b, n_img, name="img") as img:

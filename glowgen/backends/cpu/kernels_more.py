@@ -435,52 +435,73 @@ def _inside(b, coords, sizes):
     return ok
 
 
+class _DirectConv:
+    """What the N-D direct kernels (ConvN, ConvTranspose) read of their operands and
+    attributes, and the pieces they share."""
+
+    def __init__(self, k: KernelArgs):
+        (self.y, yt), (self.x, xt), (self.w, wt) = k.outs[0], k.ins[0], k.ins[1]
+        self.bias = k.ins[2]
+        a = k.attrs
+        self.n, self.c, *self.dims = xt.shape
+        self.m, *self.out = yt.shape[1:]
+        self.kern = wt.shape[2:]
+        self.wc = wt.shape[1]                  # weight channels: Conv's cg, ConvTranspose's mg
+        self.nd = len(self.dims)
+        self.strides, self.dil, self.pads = a["strides"], a["dilations"], a["pads"]
+        self.g = a["group"]
+        self.dtype = yt.dtype
+        self.xs, self.os, self.ks = (contiguous_strides(self.dims), contiguous_strides(self.out),
+                                     contiguous_strides(self.kern))
+        self.plane, self.oplane, self.kplane = prod(self.dims), prod(self.out), prod(self.kern)
+        self.k = k
+
+    def bias_or_zero(self, mi) -> Value:
+        b = self.k.b
+        return (load_elem(b, b.gep(self.bias[0], [mi]), self.dtype) if self.bias is not None
+                else Value(const(0, self.dtype), self.dtype))
+
+    def coords(self, pos, kidx) -> list:
+        """pos * stride - pad_begin + tap * dilation, per spatial dimension."""
+        b = self.k.b
+        return [b.add(b.sub(b.mul(o, i64(s)), i64(p)), b.mul(kq, i64(d)))
+                for o, kq, s, p, d in zip(pos, kidx, self.strides, self.pads[:self.nd], self.dil)]
+
+    def accumulate(self, yp, xv, wv) -> None:
+        """*yp += xv * wv."""
+        b = self.k.b
+        em = ScalarEmitter(b, self.k.scalars)
+        store_elem(b, em.f_add(load_elem(b, yp, self.dtype), em.f_mul(xv, wv)), yp, self.dtype)
+
+
 @kernel("ConvN")
 def conv_nd(k: KernelArgs):
     """Direct N-D convolution: the accumulator lives in y; padding taps are skipped."""
-    b = k.b
-    (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
-    bias = k.ins[2]
-    a = k.attrs
-    n, c, *dims = xt.shape
-    m, cg, *kern = wt.shape
-    n_img, _, *out = yt.shape
-    nd = len(dims)
-    strides, dil, pads = a["strides"], a["dilations"], a["pads"]
-    g = a["group"]
-    mg = m // g
-    dtype = yt.dtype
-    xs = contiguous_strides(dims)
-    os_ = contiguous_strides(out)
-    ks = contiguous_strides(kern)
-    plane, oplane, kplane = prod(dims), prod(out), prod(kern)
+    b, cv = k.b, _DirectConv(k)
+    cg, mg = cv.wc, cv.m // cv.g
 
     def per_filter(idx):
         ni, mi = idx
-        ybase = b.mul(b.add(b.mul(ni, i64(m)), mi), i64(oplane))
+        ybase = b.mul(b.add(b.mul(ni, i64(cv.m)), mi), i64(cv.oplane))
         gi = b.sdiv(mi, i64(mg))
 
         def per_out(oidx):
-            yp = b.gep(y, [_lin(b, oidx, os_, ybase)])
-            init = (load_elem(b, b.gep(bias[0], [mi]), dtype) if bias is not None
-                    else Value(const(0, dtype), dtype))
-            store_elem(b, init, yp, dtype)
+            yp = b.gep(cv.y, [_lin(b, oidx, cv.os, ybase)])
+            store_elem(b, cv.bias_or_zero(mi), yp, cv.dtype)
             with for_range(b, cg, name="cnc") as ci:
                 chan = b.add(b.mul(gi, i64(cg)), ci)
-                xbase = b.mul(b.add(b.mul(ni, i64(c)), chan), i64(plane))
-                wbase = b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kplane))
+                xbase = b.mul(b.add(b.mul(ni, i64(cv.c)), chan), i64(cv.plane))
+                wbase = b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(cv.kplane))
 
                 def per_tap(kidx):
-                    coords = [b.add(b.sub(b.mul(o, i64(s)), i64(p)), b.mul(kq, i64(d)))
-                              for o, kq, s, p, d in zip(oidx, kidx, strides, pads[:nd], dil)]
-                    with b.if_then(_inside(b, coords, dims)):
-                        em = ScalarEmitter(b, k.scalars)
-                        xv = load_elem(b, b.gep(x, [_lin(b, coords, xs, xbase)]), dtype)
-                        wv = load_elem(b, b.gep(w, [_lin(b, kidx, ks, wbase)]), dtype)
-                        store_elem(b, em.f_add(load_elem(b, yp, dtype), em.f_mul(xv, wv)), yp, dtype)
-                _nest(b, kern, per_tap, "cnk")
-        _nest(b, out, per_out, "cno")
-    _nest(b, (n_img, m), per_filter, "cnf")
+                    coords = cv.coords(oidx, kidx)
+                    with b.if_then(_inside(b, coords, cv.dims)):
+                        xv = load_elem(b, b.gep(cv.x, [_lin(b, coords, cv.xs, xbase)]), cv.dtype)
+                        wv = load_elem(b, b.gep(cv.w, [_lin(b, kidx, cv.ks, wbase)]), cv.dtype)
+                        cv.accumulate(yp, xv, wv)
+                _nest(b, cv.kern, per_tap, "cnk")
+        _nest(b, cv.out, per_out, "cno")
+    _nest(b, (cv.n, cv.m), per_filter, "cnf")
 
 
 def _pool_nd(k: KernelArgs, is_max: bool):
@@ -570,53 +591,37 @@ def avg_pool_nd(k: KernelArgs):
 def conv_transpose(k: KernelArgs):
     """Scatter form: each input element times each tap adds into the output position
     in * stride + tap * dilation - pad_begin, when that falls inside y (the crop)."""
-    b = k.b
-    (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
-    bias = k.ins[2]
-    a = k.attrs
-    n, c, *dims = xt.shape
-    _, mg, *kern = wt.shape
-    _, m, *out = yt.shape
-    nd = len(dims)
-    strides, dil, pads = a["strides"], a["dilations"], a["pads"]
-    g = a["group"]
-    cg = c // g
-    dtype = yt.dtype
-    xs, os_, ks = contiguous_strides(dims), contiguous_strides(out), contiguous_strides(kern)
-    plane, oplane, kplane = prod(dims), prod(out), prod(kern)
+    b, cv = k.b, _DirectConv(k)
+    mg, cg = cv.wc, cv.c // cv.g
 
     def init(idx):
         ni, mi = idx
-        v = (load_elem(b, b.gep(bias[0], [mi]), dtype) if bias is not None
-             else Value(const(0, dtype), dtype))
-        base = b.mul(b.add(b.mul(ni, i64(m)), mi), i64(oplane))
-        with for_range(b, oplane, name="ctz") as z:
-            store_elem(b, v, b.gep(y, [b.add(base, z)]), dtype)
-    _nest(b, (n, m), init, "cti")
+        v = cv.bias_or_zero(mi)
+        base = b.mul(b.add(b.mul(ni, i64(cv.m)), mi), i64(cv.oplane))
+        with for_range(b, cv.oplane, name="ctz") as z:
+            store_elem(b, v, b.gep(cv.y, [b.add(base, z)]), cv.dtype)
+    _nest(b, (cv.n, cv.m), init, "cti")
 
     def per_channel(idx):
         ni, gi, ci = idx
         chan = b.add(b.mul(gi, i64(cg)), ci)
-        xbase = b.mul(b.add(b.mul(ni, i64(c)), chan), i64(plane))
+        xbase = b.mul(b.add(b.mul(ni, i64(cv.c)), chan), i64(cv.plane))
 
         def per_in(iidx):
-            xv = load_elem(b, b.gep(x, [_lin(b, iidx, xs, xbase)]), dtype)
+            xv = load_elem(b, b.gep(cv.x, [_lin(b, iidx, cv.xs, xbase)]), cv.dtype)
             with for_range(b, mg, name="ctm") as mi:
                 oc = b.add(b.mul(gi, i64(mg)), mi)
-                ybase = b.mul(b.add(b.mul(ni, i64(m)), oc), i64(oplane))
-                wbase = b.mul(b.add(b.mul(chan, i64(mg)), mi), i64(kplane))
+                ybase = b.mul(b.add(b.mul(ni, i64(cv.m)), oc), i64(cv.oplane))
+                wbase = b.mul(b.add(b.mul(chan, i64(mg)), mi), i64(cv.kplane))
 
                 def per_tap(kidx):
-                    coords = [b.add(b.sub(b.mul(i, i64(s)), i64(p)), b.mul(kq, i64(d)))
-                              for i, kq, s, p, d in zip(iidx, kidx, strides, pads[:nd], dil)]
-                    with b.if_then(_inside(b, coords, out)):
-                        em = ScalarEmitter(b, k.scalars)
-                        wv = load_elem(b, b.gep(w, [_lin(b, kidx, ks, wbase)]), dtype)
-                        yp = b.gep(y, [_lin(b, coords, os_, ybase)])
-                        store_elem(b, em.f_add(load_elem(b, yp, dtype), em.f_mul(xv, wv)), yp, dtype)
-                _nest(b, kern, per_tap, "ctk")
-        _nest(b, dims, per_in, "ctx")
-    _nest(b, (n, g, cg), per_channel, "ctc")
+                    coords = cv.coords(iidx, kidx)
+                    with b.if_then(_inside(b, coords, cv.out)):
+                        wv = load_elem(b, b.gep(cv.w, [_lin(b, kidx, cv.ks, wbase)]), cv.dtype)
+                        cv.accumulate(b.gep(cv.y, [_lin(b, coords, cv.os, ybase)]), xv, wv)
+                _nest(b, cv.kern, per_tap, "ctk")
+        _nest(b, cv.dims, per_in, "ctx")
+    _nest(b, (cv.n, cv.g, cg), per_channel, "ctc")
 
 
 # --------------------------------------------------------------------------- einsum
