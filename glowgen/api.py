@@ -1,18 +1,21 @@
-"""The Python API: `glowgen.compile(model) -> CompiledModel`."""
+"""The Python API: `glowgen.compile(model) -> CompiledModel`, `glowgen.write_bundle`.
+
+The front half (import, optimize, lower, LIR) is the same for every backend; the backend,
+found by name through backends/base.py, prepares the program and runs it or writes it out."""
 from __future__ import annotations
 
 from typing import Mapping, Optional
 
 import numpy as np
 
-from . import pipeline
+from . import lir, pipeline
+from .backends.base import Backend, backend_names, get_backend
 from .engine.graph import Function
 from .engine.registry import Registry
 from .engine.types import Type, dtype_of
 from .errors import GlowgenError, InputError
 from .frontend.onnx import ModelLike, import_model
 
-BACKENDS = pipeline.BACKENDS
 
 
 def load(model: ModelLike, input_shapes: Optional[Mapping] = None,
@@ -40,23 +43,25 @@ def optimize(function: Function, registry: Optional[Registry] = None, stage: str
     return pipeline.run(function, registry or Registry.default(), pipeline.STAGE_PHASES[stage], backend)
 
 
+def build_program(function: Function, registry: Registry, backend: Backend,
+                  options: Mapping) -> "lir.Program":
+    """The lowered `function` as a LIR program with its memory plan, prepared by `backend`'s
+    own LIR passes."""
+    return backend.prepare(lir.build(function, registry), registry, options)
+
+
 class CompiledModel:
     """A compiled model: call `run({name: array})` (or the model itself) for outputs."""
 
-    def __init__(self, function: Function, registry: Registry, backend: str, stacking: bool = True,
-                 profile: bool = False):
-        from . import lir
+    def __init__(self, function: Function, registry: Registry, backend: "str | Backend",
+                 **options):
         self.function = function
         self.registry = registry
-        self.backend = backend
-        self.program = lir.build(function, registry)
-        if backend == "cpu":
-            from .backends.cpu import CpuRunner
-            self._runner = CpuRunner(self.program, registry, stacking=stacking, name=function.name,
-                                     profile=profile)
-        else:
-            from .backends.interpreter.lir_runner import LirRunner
-            self._runner = LirRunner(self.program, registry)
+        backend = get_backend(backend)
+        self.backend = backend.name
+        self.options = backend.check_options(options)
+        self.program = build_program(function, registry, backend, self.options)
+        self._runner = backend.make_runner(self.program, registry, self.options)
         self.input_types: dict[str, Type] = {p.name: p.type for p in function.placeholders}
         self.output_types: dict[str, Type] = {n: v.type for n, v in function.outputs}
 
@@ -105,8 +110,9 @@ class CompiledModel:
     def profile(self, reset: bool = False) -> list[tuple[str, int]]:
         """cpu backend, compiled with `profile=True`: (kernel, cycles) per native step
         (`Conv+Add+Relu [1, 64, 56, 56]`): its fewest cycles in one run since the last reset."""
-        if self.backend != "cpu":
-            raise GlowgenError("profile() needs the cpu backend")
+        if not self.options.get("profile"):
+            raise GlowgenError("this model was compiled without profile=True "
+                               "(glowgen.compile(model, profile=True), cpu backend)")
         return self._runner.profile(reset)
 
     __call__ = run
@@ -117,11 +123,20 @@ class CompiledModel:
         return f"<CompiledModel backend={self.backend} ({ins}) -> ({outs})>"
 
 
-def compile(model: ModelLike, backend: str = pipeline.DEFAULT_BACKEND,
+def _front(model: ModelLike, backend: Backend, input_shapes, registry, optimize: bool,
+           constant_inputs) -> tuple[Function, Registry]:
+    """Import and run the pipeline for `backend`: the lowered graph."""
+    registry = registry or Registry.default()
+    function = load(model, input_shapes, registry, constant_inputs)
+    phases = pipeline.PIPELINE if optimize else pipeline.UNOPTIMIZED
+    pipeline.run(function, registry, phases, backend)
+    return function, registry
+
+
+def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEND,
             input_shapes: Optional[Mapping] = None,
             registry: Optional[Registry] = None, optimize: bool = True,
-            stacking: bool = True, constant_inputs: Optional[Mapping] = None,
-            profile: bool = False) -> CompiledModel:
+            constant_inputs: Optional[Mapping] = None, **options) -> CompiledModel:
     """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
 
     `input_shapes` binds dynamic dimensions: {"input": (1, 3, 224, 224)}.
@@ -129,14 +144,33 @@ def compile(model: ModelLike, backend: str = pipeline.DEFAULT_BACKEND,
     model is specialized to them and they are no longer inputs of the compiled model.
     `registry` selects generated code other than the built-in (see `Registry.from_dir`).
     `optimize=False` only lowers (to compare against the optimized graph).
-    `stacking=False` (cpu backend) emits one loop per elementwise op, for comparison.
-    `profile=True` (cpu backend) counts cycles per native kernel: `CompiledModel.profile()`.
-    `backend`: "cpu" (the default: native code, JIT-compiled for this machine) or
-    "interpreter" (NumPy, the reference)."""
-    if backend not in BACKENDS:
-        raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
-    registry = registry or Registry.default()
-    function = load(model, input_shapes, registry, constant_inputs)
-    phases = pipeline.PIPELINE if optimize else pipeline.UNOPTIMIZED
-    pipeline.run(function, registry, phases, backend)
-    return CompiledModel(function, registry, backend, stacking=stacking, profile=profile)
+    `backend`: "cpu" (the default: native code, JIT-compiled for this machine),
+    "interpreter" (NumPy, the reference), or any backend registered with
+    `glowgen.backends.register_backend`.
+    Other keyword arguments are the backend's options; the cpu backend's:
+    `stacking=False` emits one loop per elementwise op, for comparison;
+    `profile=True` counts cycles per native kernel: `CompiledModel.profile()`."""
+    backend = get_backend(backend)
+    options = backend.check_options(options)      # before a long compilation
+    function, registry = _front(model, backend, input_shapes, registry, optimize, constant_inputs)
+    return CompiledModel(function, registry, backend, **options)
+
+
+def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,
+                 triple: Optional[str] = None, cpu: Optional[str] = None,
+                 input_shapes: Optional[Mapping] = None, backend: "str | Backend" = "cpu",
+                 registry: Optional[Registry] = None, **options):
+    """Compile `model` ahead of time for `triple`/`cpu` (default: this machine) and write the
+    bundle (object file, weights, header, example main.c) into `out_dir`."""
+    import os
+    from pathlib import Path
+    from .backends.base import prepare_output_dir
+    backend = get_backend(backend)
+    options = backend.check_options(options)
+    source = Path(model) if isinstance(model, (str, os.PathLike)) else None
+    # Cheap checks first: the name, the target and the directory, before a long compilation.
+    target = backend.bundle_target(triple, cpu, name, source)
+    prepare_output_dir(out_dir)
+    function, registry = _front(model, backend, input_shapes, registry, True, None)
+    prog = build_program(function, registry, backend, options)
+    return backend.write_bundle(prog, registry, out_dir, target, options)

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from . import pipeline
+from .backends.base import backend_names
 from .errors import GlowgenError, InputError
 
 EXAMPLES = """\
@@ -139,12 +140,14 @@ def cmd_dump(args) -> int:
         text = (_passes_report(ctx) if args.passes else "") + (
             ("\n" if args.passes else "") + _rules_report(ctx) if args.rules else "")
     elif stage == "lir":
-        from . import lir
+        from .backends.base import get_backend
         from .engine.registry import Registry
         from .lir.printer import format_memory_report, memory_report, print_program
         if args.format == "dot":
             raise InputError("--format dot shows graphs; the lir stage prints as text")
-        prog = lir.build(fn, Registry.default())
+        # After the backend's own LIR passes: the program as it will run.
+        backend = get_backend(args.backend)
+        prog = api.build_program(fn, Registry.default(), backend, backend.check_options({}))
         text = format_memory_report(memory_report(prog)) if args.memory else print_program(prog)
     elif args.format == "dot":
         text = to_dot(fn)
@@ -185,7 +188,7 @@ def _dump_native(args, stage: str) -> int:
 def cmd_compile(args) -> int:
     import shlex
     import time
-    from .backends.cpu.bundle import write_bundle
+    from .api import write_bundle
     t0 = time.perf_counter()
     b = write_bundle(args.model, args.output, name=args.name, triple=args.target, cpu=args.cpu,
                      input_shapes=_input_shapes(args), stacking=not args.no_stacking)
@@ -271,7 +274,7 @@ def cmd_bench(args) -> int:
                                  "(pip install onnxruntime, or pass --compare none)") from None
     t0 = time.perf_counter()
     model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
-                          stacking=not args.no_stacking)
+                          **({"stacking": False} if args.no_stacking else {}))
     compile_s = time.perf_counter() - t0
     feeds = _feeds(args, model)
     desc = ", ".join(f"{n}: {t}" for n, t in model.input_types.items())
@@ -435,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--input", action="append", metavar="NAME=FILE.npy",
                    help="an input array from a .npy file (repeatable); inputs not given are random")
     r.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
-    r.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=["interpreter", "cpu"],
+    r.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=backend_names(),
                    help="interpreter (NumPy reference, every op) or cpu (native code through "
                         "LLVM, JIT-compiled for this machine); default: " + pipeline.DEFAULT_BACKEND)
     r.add_argument("--save-outputs", metavar="DIR", help="write DIR/<output name>.npy for each output")
@@ -452,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: loaded (lowered with --passes or --rules); llvm: the cpu "
                         "backend's LLVM IR after LLVM's optimizations; asm: its machine code for "
                         "this host")
-    d.add_argument("--backend", default=None, choices=["interpreter", "cpu"],
+    d.add_argument("--backend", default=None, choices=backend_names(),
                    help="the backend whose op set lowering targets (default: "
                         + pipeline.DEFAULT_BACKEND + "; always cpu for --stage llvm and asm)")
     d.add_argument("--passes", action="store_true",
@@ -507,7 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "ratio.  glowgen runs single-threaded; --threads sets onnxruntime's "
                     "intra-op threads.")
     bn.add_argument("model", help="path to an .onnx file")
-    bn.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=["cpu", "interpreter"],
+    bn.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=backend_names(),
                     help="glowgen backend (default: cpu)")
     bn.add_argument("--compare", default="auto", choices=["auto", "onnxruntime", "none"],
                     help="compare with onnxruntime (default: auto, when it is installed)")
@@ -550,7 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "worker subprocess with a timeout; print a table per category and "
                                    "`N passed, M failed`. Exits 1 when a case fails that is not in "
                                    "glowgen/conformance/expected_failures.toml.")
-    c.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=["interpreter", "cpu"],
+    c.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=backend_names(),
                    help="backend to compile for (default: " + pipeline.DEFAULT_BACKEND + ")")
     c.add_argument("--include", metavar="REGEX", help="only cases whose name matches REGEX")
     c.add_argument("--category", action="append", choices=["node", "simple", "pytorch-converted",

@@ -8,7 +8,8 @@
     check         every op left is one the backend implements
 
 `glowgen dump MODEL --passes` prints this table and what each phase did.  Constant folding
-evaluates with the interpreter's kernels: semantics are written once.
+evaluates with the reference semantics (glowgen/reference): semantics are written once.
+Backends are known only through their interface (backends/base.py).
 """
 from __future__ import annotations
 
@@ -16,18 +17,14 @@ from typing import Optional
 
 import numpy as np
 
-from .backends.interpreter.evaluate import evaluate, implemented_ops, run_node
+from .backends.base import DEFAULT_BACKEND, Backend, backend_names, get_backend
 from .engine.graph import Constant, Function, Node, Placeholder, Value
 from .engine.passes import Pass, PassContext, Phase, Rules, run_pipeline
 from .engine.registry import Registry
 from .errors import GlowgenError
+from .reference import evaluate, implemented_ops, run_node
 
 STAGES = ("loaded", "optimized", "lowered")
-BACKENDS = ("interpreter", "cpu")
-# What `glowgen.compile`, `glowgen run` and `glowgen conformance` use unless told otherwise:
-# native code; the interpreter stays the reference every op is checked against.
-DEFAULT_BACKEND = "cpu"
-
 _CANONICALIZE_STEPS = (Rules("canonicalize"), Pass("dce"), Pass("cse"), Pass("fold"))
 _LOWER = Phase("lower", (Rules("lower", skip_native=True), Pass("dce")))
 _LEGALIZE = Phase("legalize", (Rules("legalize"), Pass("dce")))
@@ -48,22 +45,19 @@ UNOPTIMIZED = (_LOWER, _LEGALIZE, Phase("fold", (Pass("fold"), Pass("dce"))), _C
 STAGE_PHASES = {"loaded": (), "optimized": PIPELINE[:1], "lowered": PIPELINE}
 
 
-def backend_ops(backend: str, registry: Registry) -> frozenset:
+def backend_ops(backend: "str | Backend", registry: Registry) -> frozenset:
     """The ops `backend` implements natively; lowering leaves them alone."""
-    if backend == "interpreter":
-        return frozenset(implemented_ops(registry))
-    if backend == "cpu":
-        # specs/cpu_kernels.glowdef: elementwise kernels plus the loop-nest primitives.
-        return frozenset(registry.kernels) | frozenset(registry.extern)
-    raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(BACKENDS)}")
+    return get_backend(backend).implemented_ops(registry)
 
 
-def make_context(registry: Registry, backend: str = "interpreter") -> PassContext:
-    return PassContext(registry, backend_ops(backend, registry), _evaluator(registry), backend=backend)
+def make_context(registry: Registry, backend: "str | Backend" = "interpreter") -> PassContext:
+    backend = get_backend(backend)
+    return PassContext(registry, backend_ops(backend, registry), _evaluator(registry),
+                       backend=backend.name)
 
 
 def run(function: Function, registry: Registry, phases=PIPELINE,
-        backend: str = "interpreter") -> PassContext:
+        backend: "str | Backend" = "interpreter") -> PassContext:
     """Run `phases` over `function` in place; the context holds what each phase did."""
     ctx = make_context(registry, backend)
     run_pipeline(function, phases, ctx)

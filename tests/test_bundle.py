@@ -16,7 +16,7 @@ import pytest
 from onnx import helper
 
 import glowgen
-from glowgen.backends.cpu.bundle import write_bundle
+from glowgen.api import write_bundle
 from glowgen.cli import main
 from glowgen.errors import InputError
 from conftest import ONNX_DATA, REPO, make_model, require_bench_dir

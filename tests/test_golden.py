@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from glowgen import api, pipeline
-from glowgen.backends.interpreter.evaluate import evaluate
+from glowgen.reference import evaluate
 from glowgen.engine.registry import Registry
 from glowgen.engine.rewrite import RewriteContext, apply_rules
 from glowgen.engine.textual import parse_function, print_function

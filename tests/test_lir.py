@@ -14,7 +14,7 @@ from onnx import helper
 
 import glowgen
 from glowgen import api, lir
-from glowgen.backends.interpreter.evaluate import evaluate
+from glowgen.reference import evaluate
 from glowgen.backends.interpreter.lir_runner import LirRunner
 from glowgen.engine.registry import Registry
 from glowgen.lir.allocator import Block, check_plan, max_live, plan

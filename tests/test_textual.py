@@ -30,7 +30,7 @@ def test_roundtrip_loaded_and_lowered_example():
 def test_roundtrip_light_model_keeps_semantics():
     fn = api.lower(api.load(ONNX_DATA / "light" / "light_squeezenet.onnx"))
     again = _roundtrip(fn)
-    from glowgen.backends.interpreter.evaluate import evaluate
+    from glowgen.reference import evaluate
     x = np.random.default_rng(0).random((1, 3, 224, 224), dtype=np.float32)
     reg = Registry.default()
     a = evaluate(fn, {"data_0": x}, reg)

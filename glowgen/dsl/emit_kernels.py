@@ -9,22 +9,13 @@ from __future__ import annotations
 import pprint
 
 from ..engine.types import DTYPES
+from ..scalars import SCALAR_FUNCTIONS
 from . import ast as A
 from .pyexpr import spec_error, unparse
 from .specs import SpecSet
 
-# The scalar functions a kernel may call, with their arity.
-KERNEL_FUNCS = {
-    "add": 2, "sub": 2, "mul": 2, "div": 2, "mod": 2, "pow": 2, "neg": 1,
-    "lt": 2, "le": 2, "gt": 2, "ge": 2, "eq": 2, "ne": 2, "and": 2, "or": 2, "xor": 2, "not": 1,
-    "select": 3, "max": 2, "min": 2, "abs": 1, "sign": 1, "exp": 1, "log": 1, "sqrt": 1,
-    "tanh": 1, "erf": 1, "floor": 1, "ceil": 1, "round": 1, "log1p": 1, "expm1": 1,
-    "sin": 1, "cos": 1, "cast": 2, "isnan": 1, "isinf": 1,
-    "tan": 1, "asin": 1, "acos": 1, "atan": 1, "sinh": 1, "cosh": 1, "asinh": 1, "acosh": 1,
-    "atanh": 1, "fmod": 2, "bitand": 2, "bitor": 2, "bitxor": 2, "bitnot": 1, "shl": 2, "shr": 2, "rem": 2,
-    # Bit-level float primitives for range reductions (semantics in backends/cpu/scalar.py).
-    "trunc": 1, "ldexp": 2, "scale2": 2, "frexp_mant": 1, "frexp_exp": 1, "fma": 3, "copysign": 2,
-}
+# The scalar functions a kernel may call, with their arity (glowgen/scalars.py).
+KERNEL_FUNCS = {f.name: f.arity for f in SCALAR_FUNCTIONS.values()}
 _BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "%": "mod", "**": "pow",
            "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne",
            "and": "and", "or": "or"}
@@ -130,11 +121,12 @@ def emit_kernels(specs: SpecSet) -> str:
         for d in s.dtypes:
             if d is not None and d not in DTYPES:
                 raise spec_error(f"scalar {s.name}: unknown element type {d!r}", s.pos)
-        if s.increasing and (len(s.params) != 1 or s.name not in KERNEL_FUNCS):
+        builtin = SCALAR_FUNCTIONS.get(s.name)
+        if s.increasing and (len(s.params) != 1 or builtin is None or not builtin.increasing):
             # The bounds of the result are the exact function's values at the argument's
-            # bounds, so an increasing scalar must be a one-argument built-in it approximates.
-            raise spec_error(f"scalar {s.name}: only a one-argument built-in function "
-                             f"({', '.join(n for n, k in sorted(KERNEL_FUNCS.items()) if k == 1)}) "
+            # bounds, so an increasing scalar must approximate a built-in that is increasing.
+            raise spec_error(f"scalar {s.name}: only an increasing one-argument built-in function "
+                             f"({', '.join(sorted(f.name for f in SCALAR_FUNCTIONS.values() if f.increasing))}) "
                              f"can be declared increasing", s.pos)
         t = _KernelTranslator(specs, s.name, s.params, None)
         scalars[s.name] = {"params": tuple(s.params), "dtypes": tuple(s.dtypes),

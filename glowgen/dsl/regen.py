@@ -11,7 +11,10 @@ from .emit_rules import emit_rules
 from .specs import display_name, load_specs
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SPEC_DIR = PACKAGE_ROOT.parent / "specs"
+# The repository's specs/ in a checkout (an editable install); the copy an installed package
+# carries (setup.py puts it in glowgen/specs/) otherwise.
+DEFAULT_SPEC_DIR = next((d for d in (PACKAGE_ROOT.parent / "specs", PACKAGE_ROOT / "specs")
+                         if d.is_dir()), PACKAGE_ROOT.parent / "specs")
 DEFAULT_OUT_DIR = PACKAGE_ROOT / "generated"
 
 

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 
 from ...lir.ir import Program
-from ..interpreter.lir_runner import aligned_bytes
+from ..base import aligned_bytes
+from .backend import CpuBackend  # noqa: F401  (registered by name in backends/base.py)
 from .codegen import ModuleBuilder, io_slots
 from .jit import JitFunction
 

@@ -1,6 +1,7 @@
 """Ahead-of-time bundles: a model as an object file, its weights and a C header.
 
-`write_bundle(model, out_dir)` writes, for NAME (the model file's stem by default):
+`write_bundle(prog, out_dir, target)` writes a compiled program (`glowgen.write_bundle(model,
+out_dir)` compiles a model and calls it) as, for NAME (the model file's stem by default):
 
     NAME.o            the compiled module for the target (position-independent)
     NAME.weights.bin  the constant region, byte for byte as the code expects it
@@ -427,54 +428,55 @@ def _bundle_target_machine(triple: Optional[str], cpu: Optional[str]):
     return tm
 
 
-def _prepare_dir(out_dir) -> Path:
-    d = Path(out_dir)
-    if d.exists() and not d.is_dir():
-        raise GlowgenError(f"output directory {str(d)!r} exists and is not a directory")
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise GlowgenError(f"cannot create output directory {str(d)!r}: {e.strerror or e}") from None
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise GlowgenError(f"output directory {str(d)!r} is not writable")
-    return d
+@dataclass
+class BundleTarget:
+    """Where a bundle's object code runs, settled before the long compilation."""
+    machine: object              # llvmlite TargetMachine
+    triple: str
+    cpu: str
+    features: str                # what instruction choices may assume ("" for the baseline)
+    host: bool                   # the machine compiling it
+    name: str                    # the entry point's, and the files' (a C identifier)
+    source: str                  # the model, for the header's comment
 
 
-def write_bundle(model, out_dir, name: Optional[str] = None, triple: Optional[str] = None,
-                 cpu: Optional[str] = None, input_shapes: Optional[Mapping] = None,
-                 stacking: bool = True, registry=None) -> Bundle:
-    """Compile `model` for `triple`/`cpu` (default: this machine) and write the bundle."""
-    from ... import api, lir, pipeline
-    from ...engine.registry import Registry
-    from .codegen import ModuleBuilder
-    from .jit import host_target, optimize
-
-    name = check_name(name) if name is not None else default_name(model)
-    # Cheap checks first: the target and the directory, before a long compilation.
+def bundle_target(triple: Optional[str] = None, cpu: Optional[str] = None,
+                  name: Optional[str] = None, source: Optional[Path] = None) -> BundleTarget:
+    """The target for `--target TRIPLE` / `--cpu CPU` (default: this machine) and the bundle's
+    NAME (default: the model file's stem), checked."""
+    from .jit import host_target
+    name = check_name(name) if name is not None else default_name(source or "model")
     tm = _bundle_target_machine(triple, cpu)
-    host_triple, host_cpu, _ = host_target()
+    host_triple, host_cpu, host_features = host_target()
     triple = triple or host_triple
     used_cpu = cpu if cpu is not None else (host_cpu if triple == host_triple else "generic")
-    directory = _prepare_dir(out_dir)
-
-    registry = registry or Registry.default()
-    function = api.load(model, input_shapes, registry)
-    pipeline.run(function, registry, pipeline.PIPELINE, "cpu")
-    prog = lir.build(function, registry)
     # Instruction choices follow the target: this machine's features when compiling for it,
     # none beyond the baseline otherwise (llvmlite cannot list a named CPU's features).
-    host_features = host_target()[2] if (triple, used_cpu) == (host_triple, host_cpu) else ""
-    ir_text = str(ModuleBuilder(prog, registry, name, stacking, features=host_features).build())
+    features = host_features if (triple, used_cpu) == (host_triple, host_cpu) else ""
+    return BundleTarget(tm, triple, used_cpu, features, triple == host_triple, name,
+                        source.name if source is not None else "an in-memory model")
+
+
+def write_bundle(prog: Program, registry, out_dir, target: BundleTarget,
+                 stacking: bool = True) -> Bundle:
+    """Write the compiled program `prog` as a bundle for `target` into `out_dir`."""
+    from ..base import prepare_output_dir
+    from .codegen import ModuleBuilder
+    from .jit import optimize
+
+    name, source = target.name, target.source
+    directory = prepare_output_dir(out_dir)
+    tm = target.machine
+    ir_text = str(ModuleBuilder(prog, registry, name, stacking, features=target.features).build())
     # The builder re-plans the activation arena: sizes and offsets are final only now.
     module = optimize(ir_text, tm)
     obj = tm.emit_object(module)
     big_endian = str(tm.target_data).startswith("E")
 
-    source = Path(model).name if isinstance(model, (str, os.PathLike)) else "an in-memory model"
     files = {
         f"{name}.o": obj,
         f"{name}.weights.bin": constant_region(prog, big_endian),
-        f"{name}.h": header_text(prog, name, source=source, triple=triple, cpu=used_cpu,
+        f"{name}.h": header_text(prog, name, source=source, triple=target.triple, cpu=target.cpu,
                                  byte_order="big" if big_endian else "little").encode(),
         "main.c": main_c_text(prog, name).encode(),
     }
@@ -486,7 +488,6 @@ def write_bundle(model, out_dir, name: Optional[str] = None, triple: Optional[st
         except OSError as e:
             raise GlowgenError(f"cannot write {path}: {e.strerror or e}") from None
         written.append(path)
-    host = triple == host_triple
-    cc = "gcc" if host else f"<a C compiler for {triple}>"
-    return Bundle(name, directory, written, triple, used_cpu, prog, host,
+    cc = "gcc" if target.host else f"<a C compiler for {target.triple}>"
+    return Bundle(name, directory, written, target.triple, target.cpu, prog, target.host,
                   f"{cc} -O2 main.c {name}.o -lm -o {name}")

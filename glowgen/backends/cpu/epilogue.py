@@ -16,11 +16,11 @@ from .gemm import splat, vload, vstore
 from .llvmutil import i64
 from .loops import broadcast_strides
 from .scalar import ScalarEmitter, Value, emit_stack
+from ...scalars import SCALAR_FUNCTIONS
 from .stacking import Step, stores_needed
 
 # Scalar functions that work unchanged on vectors (what an epilogue may compute).
-VECTOR_SAFE = {"add", "sub", "mul", "div", "neg", "max", "min", "select", "lt", "le", "gt", "ge",
-               "eq", "ne", "and", "or", "not", "abs", "sqrt"}
+VECTOR_SAFE = frozenset(f.name for f in SCALAR_FUNCTIONS.values() if f.vector_safe)
 
 
 def product_space(ins) -> Optional[tuple[int, int, int]]:

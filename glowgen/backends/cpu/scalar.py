@@ -61,10 +61,10 @@ def _image_range(fname: str, dtype: str, rng):
     by more than an approximation's error (the spec's <= 2e-7) and a rounding of `dtype`."""
     if rng is None:
         return None
-    from ..interpreter.elementwise import NUMPY_FUNCS      # the exact reference functions
+    from ...scalars import SCALAR_FUNCTIONS      # the exact reference functions
     slack = max(1e-6, 4 * float(np.finfo(numpy_dtype(dtype)).eps))
     with np.errstate(all="ignore"):
-        lo, hi = (float(NUMPY_FUNCS[fname](np.float64(v))) for v in rng)
+        lo, hi = (float(SCALAR_FUNCTIONS[fname].numpy(np.float64(v))) for v in rng)
     if math.isnan(lo) or math.isnan(hi):
         return None
     return (lo - slack * abs(lo), hi + slack * abs(hi))

@@ -1,29 +1,21 @@
 """Run a LIR program with NumPy over real byte arenas.
 
 The three regions are byte buffers; every operand is a NumPy view at its planned offset, so
-a wrong memory plan gives wrong numbers (and the tests catch it).  The kernels are the same
-as graph-level evaluation's."""
+a wrong memory plan gives wrong numbers (and the tests catch it).  The kernels are the
+reference semantics of glowgen/reference, the same that fold constants."""
 from __future__ import annotations
 
 import numpy as np
 
-from ...lir.ir import ALIGNMENT, Activation, Instr, Program
-from .evaluate import run_node
-
-
-def aligned_bytes(size: int) -> np.ndarray:
-    raw = np.zeros(size + ALIGNMENT, np.uint8)
-    start = (-raw.ctypes.data) % ALIGNMENT
-    return raw[start:start + size]
+from ...lir.ir import Instr, Program
+from ...reference import run_node
+from ..base import REGIONS, aligned_bytes, region_view
 
 
 class LirRunner:
     def __init__(self, prog: Program, registry):
         self.prog, self.registry = prog, registry
-        sizes = prog.region_sizes
-        self.regions = {"constant": aligned_bytes(sizes["constant"]),
-                        "mutable": aligned_bytes(sizes["mutable"]),
-                        "activation": aligned_bytes(sizes["activation"])}
+        self.regions = {k: aligned_bytes(prog.region_sizes[k]) for k in REGIONS}
         for w in prog.constant_weights():
             self.view(w)[...] = w.data
         # Each instruction's operand views, made once: the regions never move.
@@ -31,11 +23,7 @@ class LirRunner:
                       for ins in prog.instrs if ins.kind not in (Instr.ALLOC, Instr.DEALLOC, Instr.VIEW)]
 
     def view(self, buf) -> np.ndarray:
-        root = buf.root()
-        region = "activation" if isinstance(root, Activation) else root.region
-        if buf.nbytes == 0:
-            return np.empty(buf.type.shape, buf.type.np_dtype)
-        return np.ndarray(buf.type.shape, buf.type.np_dtype, buffer=self.regions[region], offset=root.offset)
+        return region_view(self.regions, buf)
 
     def run(self, feeds: dict) -> dict:
         for name, w in self.prog.inputs.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ... import shapelib
+from .. import shapelib
 
 
 def _einsum(eq, *xs):

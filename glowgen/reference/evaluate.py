@@ -6,8 +6,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from ...engine.graph import Constant, Function, Node
-from ...errors import UnsupportedError
+from ..engine.graph import Constant, Function, Node
+from ..errors import UnsupportedError
 from .elementwise import ElementwiseKernels
 from .primitives import PRIMITIVES
 

@@ -1,0 +1,191 @@
+"""The interface every backend implements, and the registry of backends.
+
+A backend is what runs a compiled program.  The pipeline asks it which ops it implements
+(lowering leaves those alone and rewrites the rest into them), then hands it the LIR program
+with its memory plan; the backend runs its own LIR passes over that program and makes a
+runner for it, or writes it out as a bundle.  Nothing outside a backend's folder knows what
+is inside it: `glowgen.compile(model, backend="name")` finds it here by name.
+
+Adding a backend is a folder and one `register_backend(MyBackend())` call (see
+tests/test_backend_interface.py for a small one).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Protocol
+
+import numpy as np
+
+from ..errors import GlowgenError, UnsupportedError
+from ..lir.ir import ALIGNMENT, Activation, Program
+
+REGIONS = ("constant", "mutable", "activation")
+
+
+class Runner(Protocol):
+    """A program made runnable: `run(feeds) -> outputs` on feeds already checked for names,
+    shapes and element types (CompiledModel checks them: no unchecked input goes further)."""
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class Backend:
+    """What the compiler needs of a backend.  Subclasses set `name` and implement
+    `implemented_ops` and `make_runner`; the rest has defaults."""
+
+    name: str = ""
+    # Options `glowgen.compile(..., **options)` passes to this backend, with their defaults.
+    options: Mapping[str, Any] = {}
+
+    # ---------------------------------------------------------------- the compiler's view
+    def implemented_ops(self, registry) -> frozenset[str]:
+        """The ops this backend runs natively after lowering."""
+        raise NotImplementedError
+
+    def lir_passes(self, options: Mapping[str, Any]) -> list[tuple[str, Callable]]:
+        """(name, pass) pairs run over the program, in order, before `make_runner` or
+        `write_bundle`: the backend's own decisions (packing, fusion, kernel strategies),
+        recorded in the program for `glowgen dump --stage lir` to show."""
+        return []
+
+    def prepare(self, prog: Program, registry, options: Mapping[str, Any]) -> Program:
+        """Run the backend's LIR passes over `prog` in place."""
+        for _, lir_pass in self.lir_passes(options):
+            lir_pass(prog, registry)
+        return prog
+
+    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The backend's options with defaults filled in; an unknown one is an error."""
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            known = ", ".join(sorted(self.options)) or "none"
+            raise GlowgenError(f"the {self.name} backend has no option "
+                               f"{', '.join(map(repr, unknown))} (its options: {known})")
+        return {**self.options, **options}
+
+    # ---------------------------------------------------------------- running
+    def make_runner(self, prog: Program, registry, options: Mapping[str, Any]) -> Runner:
+        """A runner over `prog` (already prepared)."""
+        raise NotImplementedError
+
+    def bundle_target(self, triple: Optional[str] = None, cpu: Optional[str] = None,
+                      name: Optional[str] = None, source: Optional[Path] = None):
+        """What a bundle is written for (target, cpu, entry-point name; `source`: the model
+        file, if any), checked before anything is compiled."""
+        raise UnsupportedError(f"the {self.name} backend cannot write bundles; "
+                               f"use a backend that can: {', '.join(bundle_backends())}")
+
+    def write_bundle(self, prog: Program, registry, out_dir, target, options: Mapping[str, Any]):
+        """Write `prog` (already prepared) for `target` (from `bundle_target`) into `out_dir`."""
+        raise UnsupportedError(f"the {self.name} backend cannot write bundles; "
+                               f"use a backend that can: {', '.join(bundle_backends())}")
+
+    # ---------------------------------------------------------------- the device
+    def device_memory(self) -> int:
+        """Bytes of memory a program on this backend may use (default: what the machine has
+        available now)."""
+        return available_memory()
+
+    def device_threads(self) -> int:
+        """Threads this backend can run a program on."""
+        return os.cpu_count() or 1
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+
+# -------------------------------------------------------------------------- helpers
+def aligned_bytes(size: int) -> np.ndarray:
+    """`size` zeroed bytes whose first byte is ALIGNMENT-aligned (what generated code and
+    memory plans assume of every region)."""
+    raw = np.zeros(size + ALIGNMENT, np.uint8)
+    start = (-raw.ctypes.data) % ALIGNMENT
+    return raw[start:start + size]
+
+
+def region_view(regions: Mapping[str, np.ndarray], buf) -> np.ndarray:
+    """The NumPy view of LIR buffer `buf` at its planned place in `regions`."""
+    root = buf.root()
+    region = "activation" if isinstance(root, Activation) else root.region
+    if buf.nbytes == 0:
+        return np.empty(buf.type.shape, buf.type.np_dtype)
+    return np.ndarray(buf.type.shape, buf.type.np_dtype, buffer=regions[region], offset=root.offset)
+
+
+def prepare_output_dir(out_dir) -> "Path":
+    """`out_dir`, created if need be; an error now if it cannot be written (before a long
+    compilation rather than after)."""
+    d = Path(out_dir)
+    if d.exists() and not d.is_dir():
+        raise GlowgenError(f"output directory {str(d)!r} exists and is not a directory")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GlowgenError(f"cannot create output directory {str(d)!r}: {e.strerror or e}") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise GlowgenError(f"output directory {str(d)!r} is not writable")
+    return d
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo, or physical memory where that is not readable."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+# -------------------------------------------------------------------------- registry
+# Built-in backends load on first use (the cpu backend imports llvmlite).
+_BUILTIN = {"cpu": "glowgen.backends.cpu:CpuBackend",
+            "interpreter": "glowgen.backends.interpreter:InterpreterBackend"}
+_REGISTERED: dict[str, Backend] = {}
+
+DEFAULT_BACKEND = "cpu"
+
+
+def register_backend(backend: Backend, replace: bool = False) -> Backend:
+    """Make `backend` available by its name to glowgen.compile, the CLI and the runtime."""
+    if not backend.name or not isinstance(backend.name, str):
+        raise GlowgenError(f"{type(backend).__name__} has no name: set its `name` attribute")
+    if not replace and (backend.name in _REGISTERED or backend.name in _BUILTIN):
+        raise GlowgenError(f"a backend named {backend.name!r} is registered already "
+                           f"(pass replace=True to replace it)")
+    _REGISTERED[backend.name] = backend
+    return backend
+
+
+def unregister_backend(name: str) -> None:
+    _REGISTERED.pop(name, None)
+
+
+def backend_names() -> list[str]:
+    return sorted(set(_BUILTIN) | set(_REGISTERED))
+
+
+def get_backend(backend: "str | Backend") -> Backend:
+    """The backend of that name (or `backend` itself, if it is one)."""
+    if isinstance(backend, Backend):
+        return backend
+    if backend in _REGISTERED:
+        return _REGISTERED[backend]
+    if backend in _BUILTIN:
+        module, cls = _BUILTIN[backend].split(":")
+        instance = getattr(importlib.import_module(module), cls)()
+        _REGISTERED[backend] = instance
+        return instance
+    raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(backend_names())}")
+
+
+def bundle_backends() -> list[str]:
+    return [n for n in backend_names()
+            if type(get_backend(n)).bundle_target is not Backend.bundle_target]
