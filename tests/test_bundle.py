@@ -158,7 +158,7 @@ def test_header_matches_program(tmp_path):
     assert {n: w.offset for n, w in jit.program.outputs.items()} == {n: w.offset for n, w in prog.outputs.items()}
     # The weights file is the JIT's constant region, byte for byte.
     weights = (tmp_path / "tiny_cnn.weights.bin").read_bytes()
-    assert weights == jit._runner.regions["constant"].tobytes()
+    assert weights == jit._runner.constant.tobytes()
 
 
 @needs_gcc

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol
 
@@ -94,6 +96,35 @@ class Backend:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+# -------------------------------------------------------------------------- execution contexts
+class ContextPool:
+    """Execution contexts, as Glow has them: each call of a compiled program runs in a context
+    that owns the memory the call writes (the mutable and activation regions, the output
+    arrays); the constant weights are shared and only read.  A call takes a free context or
+    makes one, and gives it back, so calls from any number of threads run at once without
+    sharing a byte, and a steady stream of calls allocates nothing."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self._make = make
+        self._free: list = []
+        self._lock = threading.Lock()
+        self.created = 0                 # contexts made so far: the most calls ever at once
+
+    @contextmanager
+    def context(self):
+        with self._lock:
+            ctx = self._free.pop() if self._free else None
+        if ctx is None:
+            ctx = self._make()
+            with self._lock:
+                self.created += 1
+        try:
+            yield ctx
+        finally:
+            with self._lock:
+                self._free.append(ctx)
 
 
 # -------------------------------------------------------------------------- helpers

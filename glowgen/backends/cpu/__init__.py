@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 from ...lir.ir import Program
-from ..base import aligned_bytes
+from ..base import REGIONS, ContextPool, aligned_bytes, region_view
 from .backend import CpuBackend  # noqa: F401  (registered by name in backends/base.py)
 from .codegen import ModuleBuilder, io_slots
 from .jit import JitFunction
@@ -20,8 +20,40 @@ def entry_name(name: str) -> str:
     return safe if not safe[0].isdigit() else "m_" + safe
 
 
+class _Context:
+    """What one call writes: its mutable and activation regions (the constant region is
+    shared), the pointer table of the `_io` entry, and the output arrays it hands out."""
+
+    def __init__(self, prog: Program, constant: np.ndarray, n_slots: int):
+        self.regions = {"constant": constant,
+                        "mutable": aligned_bytes(prog.region_sizes["mutable"]),
+                        "activation": aligned_bytes(prog.region_sizes["activation"])}
+        self.table = (ctypes.c_void_p * n_slots)()
+        self.returned: dict[int, tuple] = {}    # output slot -> (array, address) of the last run
+        self.args = (*(self.regions[k].ctypes.data for k in REGIONS), self.table)
+
+    def view(self, w) -> np.ndarray:
+        return region_view(self.regions, w)
+
+    def output_array(self, k: int, shape, dtype) -> np.ndarray:
+        """A fresh array for output slot `k`, or this context's last one if the caller has
+        dropped it.
+
+        Large fresh arrays come from mmap and page-fault on every run (about 0.1 ms per
+        3 MB); reusing one nobody else references is invisible to the caller."""
+        last = self.returned.get(k)
+        # References: the tuple in this dict and getrefcount's argument.  A view or
+        # anything the caller kept adds one, and then the array is left alone.
+        if last is None or sys.getrefcount(last[0]) != 2:
+            arr = np.empty(shape, dtype)
+            last = self.returned[k] = (arr, arr.ctypes.data)
+        self.table[k] = last[1]
+        return last[0]
+
+
 class CpuRunner:
-    """Holds the JIT-compiled entry point and the three regions it runs over."""
+    """The JIT-compiled entry point, the constant weights every call shares, and a pool of
+    execution contexts (backends/base.ContextPool) for the memory each call writes."""
 
     def __init__(self, prog: Program, registry, stacking: bool = True, name: str = "glowgen_main",
                  profile: bool = False):
@@ -35,15 +67,15 @@ class CpuRunner:
         if profile:
             addr = self.jit.engine.get_global_value_address(f"{self.name}_profile")
             self._counters = (ctypes.c_uint64 * max(1, len(self.step_names))).from_address(addr)
-        sizes = prog.region_sizes
-        self.regions = {k: aligned_bytes(sizes[k]) for k in ("constant", "mutable", "activation")}
+        # The constant weights, shared by every call and only read.
+        self.constant = aligned_bytes(prog.region_sizes["constant"])
         for w in prog.constant_weights():
-            self._view(w)[...] = w.data
-        self._ptrs = [self.regions[k].ctypes.data for k in ("constant", "mutable", "activation")]
+            region_view({"constant": self.constant}, w)[...] = w.data
+        self.constant.flags.writeable = False
         # The graph inputs and outputs the `_io` entry takes by pointer (codegen.io_slots),
         # planned once: run() is on the hot path of small models.
         slots = io_slots(prog)
-        self._table = (ctypes.c_void_p * max(1, len(slots)))()
+        self._n_slots = max(1, len(slots))
         self._in_slots = [(k, next(n for n, x in prog.inputs.items() if x is w), w.type.np_dtype)
                           for k, w in enumerate(slots) if w.io == "input"]
         # An input and an output may share a name (a graph that returns its input); one
@@ -53,35 +85,24 @@ class CpuRunner:
         in_slot = {id(w) for w in slots}
         self._region_inputs = [(n, w) for n, w in prog.inputs.items() if id(w) not in in_slot]
         self._region_outputs = [(n, w) for n, w in prog.outputs.items() if id(w) not in in_slot]
-        self._returned: dict[int, tuple] = {}    # output slot -> (array, address) of the last run
-        self._io_args = (*self._ptrs, self._table)
+        self.contexts = ContextPool(self._new_context)
 
-    def _output_array(self, k: int, shape, dtype) -> np.ndarray:
-        """A fresh array for output slot `k`, or last run's if the caller has dropped it.
-
-        Large fresh arrays come from mmap and page-fault on every run (about 0.1 ms per
-        3 MB); reusing one nobody else references is invisible to the caller."""
-        last = self._returned.get(k)
-        # References: the tuple in this dict and getrefcount's argument.  A view or
-        # anything the caller kept adds one, and then the array is left alone.
-        if last is None or sys.getrefcount(last[0]) != 2:
-            arr = np.empty(shape, dtype)
-            last = self._returned[k] = (arr, arr.ctypes.data)
-        self._table[k] = last[1]
-        return last[0]
-
-    def _view(self, w) -> np.ndarray:
-        region = self.regions[w.region]
-        if w.nbytes == 0:
-            return np.empty(w.type.shape, w.type.np_dtype)
-        return np.ndarray(w.type.shape, w.type.np_dtype, buffer=region, offset=w.offset)
+    def _new_context(self) -> "_Context":
+        return _Context(self.prog, self.constant, self._n_slots)
 
     def run(self, feeds: dict) -> dict:
         """Run on checked feeds (api.CompiledModel.check_feeds): right shapes and dtypes.
 
-        Inputs the program only reads are passed by pointer when they are C-contiguous and
-        aligned to their element size (what the generated loads assume); any other array is
-        copied to one that is.  Outputs are written straight into fresh arrays."""
+        Each call runs in an execution context of its own (its mutable and activation
+        regions, its pointer table, its output arrays), so calls from several threads at once
+        share nothing they write.  Inputs the program only reads are passed by pointer when
+        they are C-contiguous and aligned to their element size (what the generated loads
+        assume); any other array is copied to one that is.  Outputs are written straight
+        into fresh arrays."""
+        with self.contexts.context() as ctx:
+            return self._run(ctx, feeds)
+
+    def _run(self, ctx: "_Context", feeds: dict) -> dict:
         keep = []                       # arrays whose addresses are in the table
         for k, name, dtype in self._in_slots:
             arr = feeds[name]
@@ -90,15 +111,15 @@ class CpuRunner:
                 arr = np.array(arr, dtype=dtype, order="C")       # a fresh, aligned copy
                 address = arr.ctypes.data
             keep.append(arr)
-            self._table[k] = address
+            ctx.table[k] = address
         outputs = {}
         for k, names, shape, dtype in self._out_slots:
-            arr = self._output_array(k, shape, dtype)
+            arr = ctx.output_array(k, shape, dtype)
             for i, name in enumerate(names):
                 outputs[name] = arr if i == 0 else None
         for name, w in self._region_inputs:
-            self._view(w)[...] = feeds[name]
-        status = self.jit.fn_io(*self._io_args)
+            ctx.view(w)[...] = feeds[name]
+        status = self.jit.fn_io(*ctx.args)
         if status != 0:
             from ...errors import GlowgenError
             raise GlowgenError(f"the compiled model reported error {status}")
@@ -106,7 +127,7 @@ class CpuRunner:
             for name in names[1:]:
                 outputs[name] = outputs[names[0]].copy()
         for name, w in self._region_outputs:
-            outputs[name] = self._view(w).copy()
+            outputs[name] = ctx.view(w).copy()
         return outputs
 
     def profile(self, reset: bool = False) -> list[tuple[str, int]]:

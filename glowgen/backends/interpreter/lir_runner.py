@@ -9,26 +9,41 @@ import numpy as np
 
 from ...lir.ir import Instr, Program
 from ...reference import run_node
-from ..base import REGIONS, aligned_bytes, region_view
+from ..base import ContextPool, aligned_bytes, region_view
 
 
-class LirRunner:
-    def __init__(self, prog: Program, registry):
-        self.prog, self.registry = prog, registry
-        self.regions = {k: aligned_bytes(prog.region_sizes[k]) for k in REGIONS}
-        for w in prog.constant_weights():
-            self.view(w)[...] = w.data
-        # Each instruction's operand views, made once: the regions never move.
+class _Context:
+    """One call's regions (constants shared), with each instruction's operand views made
+    once: the regions never move."""
+
+    def __init__(self, prog: Program, constant: np.ndarray):
+        self.regions = {"constant": constant,
+                        "mutable": aligned_bytes(prog.region_sizes["mutable"]),
+                        "activation": aligned_bytes(prog.region_sizes["activation"])}
         self.steps = [(ins, [self.view(b) if b is not None else None for _, b in ins.operands])
                       for ins in prog.instrs if ins.kind not in (Instr.ALLOC, Instr.DEALLOC, Instr.VIEW)]
 
     def view(self, buf) -> np.ndarray:
         return region_view(self.regions, buf)
 
+
+class LirRunner:
+    def __init__(self, prog: Program, registry):
+        self.prog, self.registry = prog, registry
+        constant = aligned_bytes(prog.region_sizes["constant"])
+        for w in prog.constant_weights():
+            region_view({"constant": constant}, w)[...] = w.data
+        constant.flags.writeable = False
+        self.contexts = ContextPool(lambda: _Context(prog, constant))
+
     def run(self, feeds: dict) -> dict:
+        with self.contexts.context() as ctx:
+            return self._run(ctx, feeds)
+
+    def _run(self, ctx: _Context, feeds: dict) -> dict:
         for name, w in self.prog.inputs.items():
-            self.view(w)[...] = feeds[name]
-        for ins, views in self.steps:
+            ctx.view(w)[...] = feeds[name]
+        for ins, views in ctx.steps:
             if ins.kind == Instr.COPY:
                 np.copyto(views[0], views[1])
                 continue
@@ -43,4 +58,4 @@ class LirRunner:
             results = run_node(ins.node, args, self.registry)
             for out, r in zip(views[:n_out], results):
                 np.copyto(out, r)
-        return {name: self.view(w).copy() for name, w in self.prog.outputs.items()}
+        return {name: ctx.view(w).copy() for name, w in self.prog.outputs.items()}
