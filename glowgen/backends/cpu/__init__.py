@@ -99,8 +99,11 @@ class CpuRunner:
         they are C-contiguous and aligned to their element size (what the generated loads
         assume); any other array is copied to one that is.  Outputs are written straight
         into fresh arrays."""
-        with self.contexts.context() as ctx:
+        ctx = self.contexts.acquire()
+        try:
             return self._run(ctx, feeds)
+        finally:
+            self.contexts.release(ctx)
 
     def _run(self, ctx: "_Context", feeds: dict) -> dict:
         keep = []                       # arrays whose addresses are in the table

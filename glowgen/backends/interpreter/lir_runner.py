@@ -37,8 +37,11 @@ class LirRunner:
         self.contexts = ContextPool(lambda: _Context(prog, constant))
 
     def run(self, feeds: dict) -> dict:
-        with self.contexts.context() as ctx:
+        ctx = self.contexts.acquire()
+        try:
             return self._run(ctx, feeds)
+        finally:
+            self.contexts.release(ctx)
 
     def _run(self, ctx: _Context, feeds: dict) -> dict:
         for name, w in self.prog.inputs.items():
