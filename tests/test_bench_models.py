@@ -13,11 +13,11 @@ from conftest import require_bench_dir, run_ort
 
 import onnx
 
-BENCH = ["resnet50", "resnet18", "mobilenet_v2", "mlp", "tiny_bert", "lenet", "eltwise_chain"]
+BENCH = ["resnet50", "resnet18", "mobilenet_v2", "mlp", "tiny_bert", "lenet", "eltwise_chain", "det_fpn"]
 
 
 # --keep-bn changes only the models that have BatchNormalization.
-CASES = [(name, False) for name in BENCH] + [(name, True) for name in ("resnet50", "resnet18", "mobilenet_v2")]
+CASES = [(name, False) for name in BENCH] + [(name, True) for name in ("resnet50", "resnet18", "mobilenet_v2", "det_fpn")]
 
 
 @pytest.mark.bench_models

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the glowgen benchmark ONNX models (resnet50, resnet18, mobilenet_v2, mlp,
-# tiny_bert, lenet, eltwise_chain) with shared/bench/make_models.py.
+# tiny_bert, lenet, eltwise_chain, det_fpn) with shared/bench/make_models.py.
 #
 # Usage: tools/make_bench_models.sh [OUTDIR] [--keep-bn]
 #
@@ -17,14 +17,14 @@
 # make_models.py is found at $GLOWGEN_SHARED/bench/make_models.py, or else at
 # <repo>/../shared/bench/make_models.py.
 #
-# Reruns are cheap: the export is skipped when all seven .onnx files already exist
+# Reruns are cheap: the export is skipped when all eight .onnx files already exist
 # in OUTDIR, are newer than make_models.py and were made in the same mode
 # (BN folded / kept).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$REPO/.cache/torch-venv"
-MODELS=(resnet50 resnet18 mobilenet_v2 mlp tiny_bert lenet eltwise_chain)
+MODELS=(resnet50 resnet18 mobilenet_v2 mlp tiny_bert lenet eltwise_chain det_fpn)
 
 usage() { sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
 
