@@ -256,6 +256,12 @@ def _stats_line(times) -> str:
 def cmd_bench(args) -> int:
     import time
     from .api import compile as compile_model
+    if args.layers:
+        return _bench_layers(args)
+    if args.model is None:
+        raise InputError("glowgen bench needs a MODEL (or --layers for the layer grid)")
+    if args.filter or args.json:
+        raise InputError("--filter and --json go with --layers")
     if args.runs < 1 or (args.warmup is not None and args.warmup < 0):
         raise InputError("--runs must be at least 1 and --warmup at least 0")
     if args.threads < 1:
@@ -325,6 +331,22 @@ def cmd_bench(args) -> int:
         print(f"outputs      max |glowgen - onnxruntime| = {max(diffs):.3g}")
     if args.profile:
         _print_profile(args, feeds)
+    return 0
+
+
+def _bench_layers(args) -> int:
+    if args.model is not None:
+        raise InputError("--layers runs its own grid of layers: leave MODEL out")
+    if args.backend != "cpu" or args.profile or args.input or args.input_shape:
+        raise InputError("--layers times the cpu backend on its own inputs: leave out --backend, "
+                         "--profile, --input and --input-shape")
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        raise InputError("--layers compares with onnxruntime: pip install onnxruntime") from None
+    from .benchmarks.layers import run
+    run(args.filter, threads=args.threads, json_path=args.json,
+        compile_options={"stacking": False} if args.no_stacking else None)
     return 0
 
 
@@ -509,7 +531,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "installed, of onnxruntime in the same process on the same input, and their "
                     "ratio.  glowgen runs single-threaded; --threads sets onnxruntime's "
                     "intra-op threads.")
-    bn.add_argument("model", help="path to an .onnx file")
+    bn.add_argument("model", nargs="?", help="path to an .onnx file (not with --layers)")
+    bn.add_argument("--layers", action="store_true",
+                    help="instead of a model, a grid of single-op layers (convolutions, products, "
+                         "resizes, pooling, elementwise stacks, ...): each layer's time, GFLOPS, "
+                         "fraction of the measured FMA peak and ratio to onnxruntime")
+    bn.add_argument("--filter", metavar="REGEX", help="--layers: only layers whose name matches")
+    bn.add_argument("--json", metavar="FILE", help="--layers: also write the table as JSON")
     bn.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=backend_names(),
                     help="glowgen backend (default: cpu)")
     bn.add_argument("--compare", default="auto", choices=["auto", "onnxruntime", "none"],
