@@ -38,3 +38,16 @@ def test_bench_model_matches_onnxruntime(name, bn, backend):
                                        err_msg=f"{name}:{k}: optimized vs only lowered")
     for k in expected:
         np.testing.assert_allclose(actual[k], expected[k], rtol=1e-3, atol=1e-4, err_msg=f"{name}:{k}")
+
+
+@pytest.mark.bench_models
+def test_batchnorm_folds_into_convtranspose_in_det_fpn():
+    """det_fpn exported with BatchNormalization kept: the BN after its first ConvTranspose goes
+    into the ConvTranspose's weights and bias, and no BatchNormalization or per-channel affine
+    pass is left over the 320x320 map (issue: it stayed a Mul and an Add over 2.5 M elements)."""
+    from glowgen import api
+    directory = require_bench_dir(bn=True)
+    function = api.load(directory / "det_fpn.onnx")
+    ctx = api.optimize(function, stage="optimized", backend="cpu")
+    assert ctx.fired.get("convtranspose_batchnorm_fold", 0) >= 1, dict(ctx.fired)
+    assert not [n for n in function.nodes if n.OP == "BatchNormalization"]

@@ -435,6 +435,21 @@ CASES = {
     "stft_no_window": _with_reference(graph_case(
         [("STFT", ["s", "step", "", "n"], ["y"], {"onesided": 0})], {"s": _qrng.uniform(-1, 1, (1, 10, 1)).astype(np.float32)},
         {"step": np.array(2, np.int64), "n": np.array(4, np.int64)}, opset=17)),
+    # (appended: the module's random draws above stay as their golden files recorded them)
+    "convtranspose_bias_zero": _onnx_chain([("ConvTranspose", ["w"], {"strides": [2, 2]})], f32(1, 2, 3, 3),
+                                           {"w": f32(2, 3, 3, 3)}),
+    "convtranspose_batchnorm_fold": _onnx_chain(
+        [("ConvTranspose", ["w", "b"], {"strides": [2, 2]}), ("BatchNormalization", ["s", "bb", "m", "v"], None)],
+        f32(1, 2, 3, 3), {"w": f32(2, 3, 2, 2), "b": f32(3), "s": pos(3), "bb": f32(3), "m": f32(3), "v": pos(3)}),
+    "convtranspose_mul_fold": _onnx_chain([("ConvTranspose", ["w", "b"], None), ("Mul", ["s"], None)],
+                                          f32(1, 2, 3, 3), {"w": f32(2, 3, 3, 3), "b": f32(3), "s": f32(1, 3, 1, 1)}),
+    "convtranspose_add_fold": _onnx_chain([("ConvTranspose", ["w", "b"], None), ("Add", ["t"], None)],
+                                          f32(1, 2, 3, 3), {"w": f32(2, 3, 3, 3), "b": f32(3), "t": f32(3, 1, 1)}),
+    "convtranspose_nonoverlapping_to_conv": _onnx_chain(
+        [("ConvTranspose", ["w", "b"], {"strides": [2, 2]})], f32(1, 2, 3, 3), {"w": f32(2, 3, 2, 2), "b": f32(3)}),
+    "convtranspose_phases_to_conv": _onnx_chain(
+        [("ConvTranspose", ["w", "b"], {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]})],
+        f32(1, 2, 3, 4), {"w": f32(2, 3, 3, 2), "b": f32(3)}),
 }
 
 HEADER = ("# Golden test of rule {rule}: the graph before, and after applying the rule alone.\n"

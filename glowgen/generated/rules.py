@@ -506,14 +506,67 @@ def _r35_lrn_expand_build(_b, _m):
 
 
 
-def _r36_f16_matmul_in_f32_guard(_m, _ctx):
+def _r36_convtranspose_nonoverlapping_to_conv_guard(_m, _ctx):
+    """where (((((((rank(x) == 4) and (c.group == 1)) and (tuple(c.strides) == tuple(w.shape[2:]))) and (c.dilations == [1, 1])) and (c.pads == [0, 0, 0, 0])) and (c.output_padding == [0, 0])) and is_const(w)) and is_const(b)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool(((((((((rt.eq(rt.b_rank(x), 4) and rt.eq(c.group, 1)) and rt.eq(rt.b_tuple(c.strides), rt.b_tuple(tuple(w.shape)[2:]))) and rt.eq(c.dilations, (1, 1, ))) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.output_padding, (0, 0, ))) and rt.b_is_const(w)) and rt.b_is_const(b))))
+
+def _r36_convtranspose_nonoverlapping_to_conv_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(y, shape = [x.shape[0], m, w.shape[2], w.shape[3], x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = c.shape)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    m = w.shape[1]
+    taps = rt.mul(w.shape[2], w.shape[3])
+    filters = _b.op('Reshape', [_b.op('Transpose', [w], {'perm': (1, 2, 3, 0, )})], {'shape': (rt.mul(m, taps), w.shape[0], 1, 1, )})
+    bias = _b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [b], {'shape': (m, 1, )})], {'shape': (m, taps, )})], {'shape': (rt.mul(m, taps), )})
+    y = _b.op('Conv', [x, filters, bias], {'strides': (1, 1, ), 'pads': (0, 0, 0, 0, ), 'dilations': (1, 1, ), 'group': 1})
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [y], {'shape': (x.shape[0], m, w.shape[2], w.shape[3], x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': c.shape}))
+
+
+
+def _r37_convtranspose_phases_to_conv_guard(_m, _ctx):
+    """where (((((((rank(x) == 4) and (c.group == 1)) and (c.dilations == [1, 1])) and is_const(w)) and is_const(b)) and not (((tuple(c.strides) == tuple(w.shape[2:])) and (c.pads == [0, 0, 0, 0])) and (c.output_padding == [0, 0]))) and ((c.pads[0] + c.shape[2]) <= (c.strides[0] * ((x.shape[2] + (((w.shape[2] + c.strides[0]) - 1) // c.strides[0])) - 1)))) and ((c.pads[1] + c.shape[3]) <= (c.strides[1] * ((x.shape[3] + (((w.shape[3] + c.strides[1]) - 1) // c.strides[1])) - 1)))"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool(((((((((rt.eq(rt.b_rank(x), 4) and rt.eq(c.group, 1)) and rt.eq(c.dilations, (1, 1, ))) and rt.b_is_const(w)) and rt.b_is_const(b)) and (not ((rt.eq(rt.b_tuple(c.strides), rt.b_tuple(tuple(w.shape)[2:])) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.output_padding, (0, 0, ))))) and rt.le(rt.add(c.pads[0], c.shape[2]), rt.mul(c.strides[0], rt.sub(rt.add(x.shape[2], rt.floordiv(rt.sub(rt.add(w.shape[2], c.strides[0]), 1), c.strides[0])), 1)))) and rt.le(rt.add(c.pads[1], c.shape[3]), rt.mul(c.strides[1], rt.sub(rt.add(x.shape[3], rt.floordiv(rt.sub(rt.add(w.shape[3], c.strides[1]), 1), c.strides[1])), 1))))))
+
+def _r37_convtranspose_phases_to_conv_build(_b, _m):
+    """=> Slice(full, starts = [0, 0, c.pads[0], c.pads[1]], stops = [x.shape[0], m, c.pads[0] + c.shape[2], c.pads[1] + c.shape[3]], steps = [1, 1, 1, 1])"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    s = c.strides
+    m = w.shape[1]
+    jh = rt.floordiv(rt.sub(rt.add(w.shape[2], s[0]), 1), s[0])
+    jw = rt.floordiv(rt.sub(rt.add(w.shape[3], s[1]), 1), s[1])
+    padded = _b.op('Pad', [w], {'pads': (0, 0, 0, 0, 0, 0, rt.sub(rt.mul(jh, s[0]), w.shape[2]), rt.sub(rt.mul(jw, s[1]), w.shape[3]), )})
+    phases = _b.op('Transpose', [_b.op('Reshape', [padded], {'shape': (w.shape[0], m, jh, s[0], jw, s[1], )})], {'perm': (1, 3, 5, 0, 2, 4, )})
+    filters = _b.op('Reshape', [_b.op('Slice', [phases], {'starts': (0, 0, 0, 0, rt.sub(jh, 1), rt.sub(jw, 1), ), 'stops': (m, s[0], s[1], w.shape[0], rt.neg(1), rt.neg(1), ), 'steps': (1, 1, 1, 1, rt.neg(1), rt.neg(1), )})], {'shape': (rt.mul(rt.mul(m, s[0]), s[1]), w.shape[0], jh, jw, )})
+    bias = _b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [b], {'shape': (m, 1, )})], {'shape': (m, rt.mul(s[0], s[1]), )})], {'shape': (rt.mul(rt.mul(m, s[0]), s[1]), )})
+    y = _b.op('Conv', [x, filters, bias], {'strides': (1, 1, ), 'pads': (rt.sub(jh, 1), rt.sub(jw, 1), rt.sub(jh, 1), rt.sub(jw, 1), ), 'dilations': (1, 1, ), 'group': 1})
+    fh = rt.sub(rt.add(x.shape[2], jh), 1)
+    fw = rt.sub(rt.add(x.shape[3], jw), 1)
+    full = _b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [y], {'shape': (x.shape[0], m, s[0], s[1], fh, fw, )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': (x.shape[0], m, rt.mul(fh, s[0]), rt.mul(fw, s[1]), )})
+    return rt.results(_b.op('Slice', [full], {'starts': (0, 0, c.pads[0], c.pads[1], ), 'stops': (x.shape[0], m, rt.add(c.pads[0], c.shape[2]), rt.add(c.pads[1], c.shape[3]), ), 'steps': (1, 1, 1, 1, )}))
+
+
+
+def _r38_f16_matmul_in_f32_guard(_m, _ctx):
     """where (m.dtype == f16) or (m.dtype == bf16)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.eq(m.dtype, 'f16') or rt.eq(m.dtype, 'bf16'))))
 
-def _r36_f16_matmul_in_f32_build(_b, _m):
+def _r38_f16_matmul_in_f32_build(_b, _m):
     """=> Cast(BatchMatMul(Cast(a, to = f32), Cast(b, to = f32)), to = m.dtype)"""
     m = _m['m']
     a = _m['a']
@@ -522,7 +575,7 @@ def _r36_f16_matmul_in_f32_build(_b, _m):
 
 
 
-def _r37_f16_conv_in_f32_guard(_m, _ctx):
+def _r39_f16_conv_in_f32_guard(_m, _ctx):
     """where (c.dtype == f16) or (c.dtype == bf16)"""
     c = _m['c']
     x = _m['x']
@@ -530,7 +583,7 @@ def _r37_f16_conv_in_f32_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
 
-def _r37_f16_conv_in_f32_build(_b, _m):
+def _r39_f16_conv_in_f32_build(_b, _m):
     """=> Cast(Conv(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -540,7 +593,7 @@ def _r37_f16_conv_in_f32_build(_b, _m):
 
 
 
-def _r38_f16_convn_in_f32_guard(_m, _ctx):
+def _r40_f16_convn_in_f32_guard(_m, _ctx):
     """where (c.dtype == f16) or (c.dtype == bf16)"""
     c = _m['c']
     x = _m['x']
@@ -548,7 +601,7 @@ def _r38_f16_convn_in_f32_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
 
-def _r38_f16_convn_in_f32_build(_b, _m):
+def _r40_f16_convn_in_f32_build(_b, _m):
     """=> Cast(ConvN(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -558,13 +611,13 @@ def _r38_f16_convn_in_f32_build(_b, _m):
 
 
 
-def _r39_f16_reducesum_in_f32_guard(_m, _ctx):
+def _r41_f16_reducesum_in_f32_guard(_m, _ctx):
     """where r.dtype == f16"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(r.dtype, 'f16')))
 
-def _r39_f16_reducesum_in_f32_build(_b, _m):
+def _r41_f16_reducesum_in_f32_build(_b, _m):
     """=> Cast(ReduceSum(Cast(x, to = f32), axes = r.axes, keepdims = r.keepdims), to = f16)"""
     r = _m['r']
     x = _m['x']
@@ -572,13 +625,13 @@ def _r39_f16_reducesum_in_f32_build(_b, _m):
 
 
 
-def _r40_f16_avgpool_in_f32_guard(_m, _ctx):
+def _r42_f16_avgpool_in_f32_guard(_m, _ctx):
     """where p.dtype == f16"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(p.dtype, 'f16')))
 
-def _r40_f16_avgpool_in_f32_build(_b, _m):
+def _r42_f16_avgpool_in_f32_build(_b, _m):
     """=> Cast(AvgPool(Cast(x, to = f32), kernel = p.kernel, strides = p.strides, pads = p.pads, ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), to = f16)"""
     p = _m['p']
     x = _m['x']
@@ -586,13 +639,13 @@ def _r40_f16_avgpool_in_f32_build(_b, _m):
 
 
 
-def _r41_cast_same_type_guard(_m, _ctx):
+def _r43_cast_same_type_guard(_m, _ctx):
     """where c.to == x.dtype"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.to, x.dtype)))
 
-def _r41_cast_same_type_build(_b, _m):
+def _r43_cast_same_type_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
@@ -600,14 +653,14 @@ def _r41_cast_same_type_build(_b, _m):
 
 
 
-def _r42_add_zero_guard(_m, _ctx):
+def _r44_add_zero_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == a.shape)"""
     a = _m['a']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, a.shape))))
 
-def _r42_add_zero_build(_b, _m):
+def _r44_add_zero_build(_b, _m):
     """=> x"""
     a = _m['a']
     x = _m['x']
@@ -616,14 +669,14 @@ def _r42_add_zero_build(_b, _m):
 
 
 
-def _r43_sub_zero_guard(_m, _ctx):
+def _r45_sub_zero_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == s.shape)"""
     s = _m['s']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, s.shape))))
 
-def _r43_sub_zero_build(_b, _m):
+def _r45_sub_zero_build(_b, _m):
     """=> x"""
     s = _m['s']
     x = _m['x']
@@ -632,14 +685,14 @@ def _r43_sub_zero_build(_b, _m):
 
 
 
-def _r44_mul_one_guard(_m, _ctx):
+def _r46_mul_one_guard(_m, _ctx):
     """where is_splat(c, 1) and (x.shape == m.shape)"""
     m = _m['m']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, m.shape))))
 
-def _r44_mul_one_build(_b, _m):
+def _r46_mul_one_build(_b, _m):
     """=> x"""
     m = _m['m']
     x = _m['x']
@@ -648,14 +701,14 @@ def _r44_mul_one_build(_b, _m):
 
 
 
-def _r45_div_one_guard(_m, _ctx):
+def _r47_div_one_guard(_m, _ctx):
     """where is_splat(c, 1) and (x.shape == d.shape)"""
     d = _m['d']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, d.shape))))
 
-def _r45_div_one_build(_b, _m):
+def _r47_div_one_build(_b, _m):
     """=> x"""
     d = _m['d']
     x = _m['x']
@@ -664,7 +717,7 @@ def _r45_div_one_build(_b, _m):
 
 
 
-def _r46_relu_relu_build(_b, _m):
+def _r48_relu_relu_build(_b, _m):
     """=> r"""
     r = _m['r']
     x = _m['x']
@@ -672,20 +725,20 @@ def _r46_relu_relu_build(_b, _m):
 
 
 
-def _r47_max_same_build(_b, _m):
+def _r49_max_same_build(_b, _m):
     """=> x"""
     x = _m['x']
     return rt.results(x)
 
 
 
-def _r48_clip_unbounded_guard(_m, _ctx):
+def _r50_clip_unbounded_guard(_m, _ctx):
     """where (c.min == -inf) and (c.max == inf)"""
     c = _m['c']
     x = _m['x']
     return bool(((rt.eq(c.min, rt.neg(float('inf'))) and rt.eq(c.max, float('inf')))))
 
-def _r48_clip_unbounded_build(_b, _m):
+def _r50_clip_unbounded_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
@@ -693,14 +746,14 @@ def _r48_clip_unbounded_build(_b, _m):
 
 
 
-def _r49_max_zero_to_relu_guard(_m, _ctx):
+def _r51_max_zero_to_relu_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == m.shape)"""
     m = _m['m']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, m.shape))))
 
-def _r49_max_zero_to_relu_build(_b, _m):
+def _r51_max_zero_to_relu_build(_b, _m):
     """=> Relu(x)"""
     m = _m['m']
     x = _m['x']
@@ -709,7 +762,7 @@ def _r49_max_zero_to_relu_build(_b, _m):
 
 
 
-def _r50_min_max_to_clip_guard(_m, _ctx):
+def _r52_min_max_to_clip_guard(_m, _ctx):
     """where ((((is_splat(lo) and is_splat(hi)) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(lo) <= splat_value(hi))) and (uses(m) == 1)"""
     n = _m['n']
     m = _m['m']
@@ -718,7 +771,7 @@ def _r50_min_max_to_clip_guard(_m, _ctx):
     hi = _m['hi']
     return bool((_ctx.backend_has('Clip')) and ((((((rt.b_is_splat(lo) and rt.b_is_splat(hi)) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.le(rt.b_splat_value(lo), rt.b_splat_value(hi))) and rt.eq(_ctx.uses(m), 1))))
 
-def _r50_min_max_to_clip_build(_b, _m):
+def _r52_min_max_to_clip_build(_b, _m):
     """=> Clip(x, min = splat_value(lo), max = splat_value(hi))"""
     n = _m['n']
     m = _m['m']
@@ -729,7 +782,7 @@ def _r50_min_max_to_clip_build(_b, _m):
 
 
 
-def _r51_min_relu_to_clip_guard(_m, _ctx):
+def _r53_min_relu_to_clip_guard(_m, _ctx):
     """where (((is_splat(hi) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(hi) >= 0)) and (uses(r) == 1)"""
     n = _m['n']
     r = _m['r']
@@ -737,7 +790,7 @@ def _r51_min_relu_to_clip_guard(_m, _ctx):
     hi = _m['hi']
     return bool((_ctx.backend_has('Clip')) and (((((rt.b_is_splat(hi) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.ge(rt.b_splat_value(hi), 0)) and rt.eq(_ctx.uses(r), 1))))
 
-def _r51_min_relu_to_clip_build(_b, _m):
+def _r53_min_relu_to_clip_build(_b, _m):
     """=> Clip(x, min = 0.0, max = splat_value(hi))"""
     n = _m['n']
     r = _m['r']
@@ -747,13 +800,13 @@ def _r51_min_relu_to_clip_build(_b, _m):
 
 
 
-def _r52_swish_fuse_guard(_m, _ctx):
+def _r54_swish_fuse_guard(_m, _ctx):
     """where uses(s) == 1"""
     x = _m['x']
     s = _m['s']
     return bool((_ctx.backend_has('Swish')) and (rt.eq(_ctx.uses(s), 1)))
 
-def _r52_swish_fuse_build(_b, _m):
+def _r54_swish_fuse_build(_b, _m):
     """=> Swish(x)"""
     x = _m['x']
     s = _m['s']
@@ -761,13 +814,13 @@ def _r52_swish_fuse_build(_b, _m):
 
 
 
-def _r53_sub_const_to_add_guard(_m, _ctx):
+def _r55_sub_const_to_add_guard(_m, _ctx):
     """where (is_const(c) and not is_const(x)) and is_float(x.dtype)"""
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype))))
 
-def _r53_sub_const_to_add_build(_b, _m):
+def _r55_sub_const_to_add_build(_b, _m):
     """=> Add(x, Neg(c))"""
     x = _m['x']
     c = _m['c']
@@ -775,13 +828,13 @@ def _r53_sub_const_to_add_build(_b, _m):
 
 
 
-def _r54_div_const_to_mul_guard(_m, _ctx):
+def _r56_div_const_to_mul_guard(_m, _ctx):
     """where (is_const(c) and not is_const(x)) and is_float(x.dtype)"""
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype))))
 
-def _r54_div_const_to_mul_build(_b, _m):
+def _r56_div_const_to_mul_build(_b, _m):
     """=> Mul(x, Div(scalar(1.0, c.dtype), c))"""
     x = _m['x']
     c = _m['c']
@@ -789,7 +842,7 @@ def _r54_div_const_to_mul_build(_b, _m):
 
 
 
-def _r55_add_const_reassociate_guard(_m, _ctx):
+def _r57_add_const_reassociate_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -797,7 +850,7 @@ def _r55_add_const_reassociate_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r55_add_const_reassociate_build(_b, _m):
+def _r57_add_const_reassociate_build(_b, _m):
     """=> Add(x, Add(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -807,7 +860,7 @@ def _r55_add_const_reassociate_build(_b, _m):
 
 
 
-def _r56_mul_const_reassociate_guard(_m, _ctx):
+def _r58_mul_const_reassociate_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -815,7 +868,7 @@ def _r56_mul_const_reassociate_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r56_mul_const_reassociate_build(_b, _m):
+def _r58_mul_const_reassociate_build(_b, _m):
     """=> Mul(x, Mul(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -825,7 +878,7 @@ def _r56_mul_const_reassociate_build(_b, _m):
 
 
 
-def _r57_mul_add_distribute_guard(_m, _ctx):
+def _r59_mul_add_distribute_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -833,7 +886,7 @@ def _r57_mul_add_distribute_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r57_mul_add_distribute_build(_b, _m):
+def _r59_mul_add_distribute_build(_b, _m):
     """=> Add(Mul(x, b), Mul(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -843,7 +896,7 @@ def _r57_mul_add_distribute_build(_b, _m):
 
 
 
-def _r58_conv_bias_zero_build(_b, _m):
+def _r60_conv_bias_zero_build(_b, _m):
     """=> Conv(x, w, Splat(shape = [w.shape[0]], value = 0.0, dtype = w.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     c = _m['c']
     x = _m['x']
@@ -852,7 +905,7 @@ def _r58_conv_bias_zero_build(_b, _m):
 
 
 
-def _r59_conv_batchnorm_fold_guard(_m, _ctx):
+def _r61_conv_batchnorm_fold_guard(_m, _ctx):
     """where (((((is_const(w) and is_const(b)) and is_const(scale)) and is_const(bias)) and is_const(mean)) and is_const(var)) and (uses(c) == 1)"""
     bn = _m['bn']
     c = _m['c']
@@ -865,7 +918,7 @@ def _r59_conv_batchnorm_fold_guard(_m, _ctx):
     var = _m['var']
     return bool((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1))))
 
-def _r59_conv_batchnorm_fold_build(_b, _m):
+def _r61_conv_batchnorm_fold_build(_b, _m):
     """=> Conv(x, Mul(w, Reshape(k, shape = [w.shape[0], 1, 1, 1])), Add(Mul(Sub(b, mean), k), bias), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     bn = _m['bn']
     c = _m['c']
@@ -881,7 +934,7 @@ def _r59_conv_batchnorm_fold_build(_b, _m):
 
 
 
-def _r60_conv_mul_fold_guard(_m, _ctx):
+def _r62_conv_mul_fold_guard(_m, _ctx):
     """where (((is_const(w) and is_const(b)) and is_const(s)) and (uses(c) == 1)) and varies_only_along(s.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -890,7 +943,7 @@ def _r60_conv_mul_fold_guard(_m, _ctx):
     s = _m['s']
     return bool((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(s.shape, c.shape, 1))))
 
-def _r60_conv_mul_fold_build(_b, _m):
+def _r62_conv_mul_fold_build(_b, _m):
     """=> Conv(x, Mul(w, Reshape(s, shape = [prod(s.shape), 1, 1, 1])), Mul(b, Reshape(s, shape = [prod(s.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     c = _m['c']
     x = _m['x']
@@ -901,7 +954,7 @@ def _r60_conv_mul_fold_build(_b, _m):
 
 
 
-def _r61_conv_add_fold_guard(_m, _ctx):
+def _r63_conv_add_fold_guard(_m, _ctx):
     """where ((is_const(b) and is_const(t)) and (uses(c) == 1)) and varies_only_along(t.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -910,7 +963,7 @@ def _r61_conv_add_fold_guard(_m, _ctx):
     t = _m['t']
     return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(t.shape, c.shape, 1))))
 
-def _r61_conv_add_fold_build(_b, _m):
+def _r63_conv_add_fold_build(_b, _m):
     """=> Conv(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     c = _m['c']
     x = _m['x']
@@ -921,7 +974,7 @@ def _r61_conv_add_fold_build(_b, _m):
 
 
 
-def _r62_matmul_mul_fold_guard(_m, _ctx):
+def _r64_matmul_mul_fold_guard(_m, _ctx):
     """where ((((is_const(w) and is_const(s)) and not is_const(x)) and (rank(w) == 2)) and (uses(mm) == 1)) and varies_only_along(s.shape, mm.shape, rank(mm) - 1)"""
     mm = _m['mm']
     x = _m['x']
@@ -929,7 +982,7 @@ def _r62_matmul_mul_fold_guard(_m, _ctx):
     s = _m['s']
     return bool(((((((rt.b_is_const(w) and rt.b_is_const(s)) and (not rt.b_is_const(x))) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1)) and sl.b_varies_only_along(s.shape, mm.shape, rt.sub(rt.b_rank(mm), 1)))))
 
-def _r62_matmul_mul_fold_build(_b, _m):
+def _r64_matmul_mul_fold_build(_b, _m):
     """=> MatMul(x, Mul(w, Reshape(s, shape = [prod(s.shape)])))"""
     mm = _m['mm']
     x = _m['x']
@@ -939,7 +992,85 @@ def _r62_matmul_mul_fold_build(_b, _m):
 
 
 
-def _r63_conv_pad_merge_guard(_m, _ctx):
+def _r65_convtranspose_bias_zero_build(_b, _m):
+    """=> ConvTranspose(x, w, Splat(shape = [w.shape[1] * c.group], value = 0.0, dtype = w.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, output_padding = c.output_padding, group = c.group)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    return rt.results(_b.op('ConvTranspose', [x, w, _b.op('Splat', [], {'shape': (rt.mul(w.shape[1], c.group), ), 'value': 0.0, 'dtype': w.dtype})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
+
+
+
+def _r66_convtranspose_batchnorm_fold_guard(_m, _ctx):
+    """where ((((((is_const(w) and is_const(b)) and is_const(scale)) and is_const(bias)) and is_const(mean)) and is_const(var)) and (uses(c) == 1)) and (c.group == 1)"""
+    bn = _m['bn']
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    scale = _m['scale']
+    bias = _m['bias']
+    mean = _m['mean']
+    var = _m['var']
+    return bool(((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1))))
+
+def _r66_convtranspose_batchnorm_fold_build(_b, _m):
+    """=> ConvTranspose(x, Mul(w, Reshape(k, shape = concat([1, w.shape[1]], ones(rank(w) - 2)))), Add(Mul(Sub(b, mean), k), bias), strides = c.strides, pads = c.pads, dilations = c.dilations, output_padding = c.output_padding, group = c.group)"""
+    bn = _m['bn']
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    scale = _m['scale']
+    bias = _m['bias']
+    mean = _m['mean']
+    var = _m['var']
+    k = _b.op('Div', [scale, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(bn.epsilon, var.dtype)], {})], {})], {})
+    return rt.results(_b.op('ConvTranspose', [x, _b.op('Mul', [w, _b.op('Reshape', [k], {'shape': rt.b_concat((1, w.shape[1], ), rt.b_ones(rt.sub(rt.b_rank(w), 2)))})], {}), _b.op('Add', [_b.op('Mul', [_b.op('Sub', [b, mean], {}), k], {}), bias], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
+
+
+
+def _r67_convtranspose_mul_fold_guard(_m, _ctx):
+    """where ((((is_const(w) and is_const(b)) and is_const(s)) and (uses(c) == 1)) and (c.group == 1)) and varies_only_along(s.shape, c.shape, 1)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    s = _m['s']
+    return bool(((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1)) and sl.b_varies_only_along(s.shape, c.shape, 1))))
+
+def _r67_convtranspose_mul_fold_build(_b, _m):
+    """=> ConvTranspose(x, Mul(w, Reshape(s, shape = concat([1, prod(s.shape)], ones(rank(w) - 2)))), Mul(b, Reshape(s, shape = [prod(s.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, output_padding = c.output_padding, group = c.group)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    s = _m['s']
+    return rt.results(_b.op('ConvTranspose', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'shape': rt.b_concat((1, rt.b_prod(s.shape), ), rt.b_ones(rt.sub(rt.b_rank(w), 2)))})], {}), _b.op('Mul', [b, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
+
+
+
+def _r68_convtranspose_add_fold_guard(_m, _ctx):
+    """where ((is_const(b) and is_const(t)) and (uses(c) == 1)) and varies_only_along(t.shape, c.shape, 1)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    t = _m['t']
+    return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(t.shape, c.shape, 1))))
+
+def _r68_convtranspose_add_fold_build(_b, _m):
+    """=> ConvTranspose(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, output_padding = c.output_padding, group = c.group)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    t = _m['t']
+    return rt.results(_b.op('ConvTranspose', [x, w, _b.op('Add', [b, _b.op('Reshape', [t], {'shape': (rt.b_prod(t.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
+
+
+
+def _r69_conv_pad_merge_guard(_m, _ctx):
     'where ((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)'
     c = _m['c']
     p = _m['p']
@@ -948,7 +1079,7 @@ def _r63_conv_pad_merge_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0))))
 
-def _r63_conv_pad_merge_build(_b, _m):
+def _r69_conv_pad_merge_build(_b, _m):
     """=> Conv(x, w, b, strides = c.strides, pads = c.pads + spatial_pads(p.pads), dilations = c.dilations, group = c.group)"""
     c = _m['c']
     p = _m['p']
@@ -959,14 +1090,14 @@ def _r63_conv_pad_merge_build(_b, _m):
 
 
 
-def _r64_avgpool_pad_merge_guard(_m, _ctx):
+def _r70_avgpool_pad_merge_guard(_m, _ctx):
     'where (((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and ((a.count_include_pad == 1) or (max(a.pads) == 0))'
     a = _m['a']
     p = _m['p']
     x = _m['x']
     return bool(((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and (rt.eq(a.count_include_pad, 1) or rt.eq(rt.b_max(a.pads), 0)))))
 
-def _r64_avgpool_pad_merge_build(_b, _m):
+def _r70_avgpool_pad_merge_build(_b, _m):
     """=> AvgPool(x, kernel = a.kernel, strides = a.strides, pads = a.pads + spatial_pads(p.pads), ceil_mode = a.ceil_mode, count_include_pad = 1)"""
     a = _m['a']
     p = _m['p']
@@ -975,7 +1106,7 @@ def _r64_avgpool_pad_merge_build(_b, _m):
 
 
 
-def _r65_maxpool_pad_merge_guard(_m, _ctx):
+def _r71_maxpool_pad_merge_guard(_m, _ctx):
     'where (((((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and (m.ceil_mode == 0)) and (m.dilations == [1, 1])) and all((m.pads + spatial_pads(p.pads)) < concat(m.kernel, m.kernel))'
     m = _m['m']
     p = _m['p']
@@ -983,7 +1114,7 @@ def _r65_maxpool_pad_merge_guard(_m, _ctx):
     x = _m['x']
     return bool(((((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and rt.eq(m.ceil_mode, 0)) and rt.eq(m.dilations, (1, 1, ))) and rt.b_all(rt.lt(rt.add(m.pads, sl.b_spatial_pads(p.pads)), rt.b_concat(m.kernel, m.kernel))))))
 
-def _r65_maxpool_pad_merge_build(_b, _m):
+def _r71_maxpool_pad_merge_build(_b, _m):
     """=> MaxPool(r, kernel = m.kernel, strides = m.strides, pads = m.pads + spatial_pads(p.pads), dilations = m.dilations, ceil_mode = m.ceil_mode)"""
     m = _m['m']
     p = _m['p']
@@ -993,13 +1124,13 @@ def _r65_maxpool_pad_merge_build(_b, _m):
 
 
 
-def _r66_transpose_identity_guard(_m, _ctx):
+def _r72_transpose_identity_guard(_m, _ctx):
     """where t.perm == range(rank(x))"""
     t = _m['t']
     x = _m['x']
     return bool((rt.eq(t.perm, rt.b_range(rt.b_rank(x)))))
 
-def _r66_transpose_identity_build(_b, _m):
+def _r72_transpose_identity_build(_b, _m):
     """=> x"""
     t = _m['t']
     x = _m['x']
@@ -1007,7 +1138,7 @@ def _r66_transpose_identity_build(_b, _m):
 
 
 
-def _r67_transpose_transpose_build(_b, _m):
+def _r73_transpose_transpose_build(_b, _m):
     """=> Transpose(x, perm = compose_perm(i.perm, o.perm))"""
     o = _m['o']
     i = _m['i']
@@ -1016,13 +1147,13 @@ def _r67_transpose_transpose_build(_b, _m):
 
 
 
-def _r68_transpose_to_reshape_guard(_m, _ctx):
+def _r74_transpose_to_reshape_guard(_m, _ctx):
     """where not moves_data(x.shape, t.perm)"""
     t = _m['t']
     x = _m['x']
     return bool(((not sl.b_moves_data(x.shape, t.perm))))
 
-def _r68_transpose_to_reshape_build(_b, _m):
+def _r74_transpose_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = t.shape)"""
     t = _m['t']
     x = _m['x']
@@ -1030,13 +1161,13 @@ def _r68_transpose_to_reshape_build(_b, _m):
 
 
 
-def _r69_reshape_noop_guard(_m, _ctx):
+def _r75_reshape_noop_guard(_m, _ctx):
     """where x.shape == r.shape"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(x.shape, r.shape)))
 
-def _r69_reshape_noop_build(_b, _m):
+def _r75_reshape_noop_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -1044,7 +1175,7 @@ def _r69_reshape_noop_build(_b, _m):
 
 
 
-def _r70_reshape_reshape_build(_b, _m):
+def _r76_reshape_reshape_build(_b, _m):
     """=> Reshape(x, shape = r.shape)"""
     r = _m['r']
     x = _m['x']
@@ -1052,20 +1183,20 @@ def _r70_reshape_reshape_build(_b, _m):
 
 
 
-def _r71_concat_single_build(_b, _m):
+def _r77_concat_single_build(_b, _m):
     """=> x"""
     x = _m['x']
     return rt.results(x)
 
 
 
-def _r72_concat_flatten_guard(_m, _ctx):
+def _r78_concat_flatten_guard(_m, _ctx):
     """where nested(xs, c)"""
     c = _m['c']
     xs = _m['xs']
     return bool((rt.b_nested(xs, c)))
 
-def _r72_concat_flatten_build(_b, _m):
+def _r78_concat_flatten_build(_b, _m):
     """=> Concat(*unnest(xs, c), axis = c.axis)"""
     c = _m['c']
     xs = _m['xs']
@@ -1073,13 +1204,13 @@ def _r72_concat_flatten_build(_b, _m):
 
 
 
-def _r73_relu_transpose_sink_guard(_m, _ctx):
+def _r79_relu_transpose_sink_guard(_m, _ctx):
     """where uses(t) == 1"""
     t = _m['t']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(t), 1)))
 
-def _r73_relu_transpose_sink_build(_b, _m):
+def _r79_relu_transpose_sink_build(_b, _m):
     """=> Transpose(Relu(x), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1087,13 +1218,13 @@ def _r73_relu_transpose_sink_build(_b, _m):
 
 
 
-def _r74_sigmoid_transpose_sink_guard(_m, _ctx):
+def _r80_sigmoid_transpose_sink_guard(_m, _ctx):
     """where uses(t) == 1"""
     t = _m['t']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(t), 1)))
 
-def _r74_sigmoid_transpose_sink_build(_b, _m):
+def _r80_sigmoid_transpose_sink_build(_b, _m):
     """=> Transpose(Sigmoid(x), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1101,13 +1232,13 @@ def _r74_sigmoid_transpose_sink_build(_b, _m):
 
 
 
-def _r75_tanh_transpose_sink_guard(_m, _ctx):
+def _r81_tanh_transpose_sink_guard(_m, _ctx):
     """where uses(t) == 1"""
     t = _m['t']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(t), 1)))
 
-def _r75_tanh_transpose_sink_build(_b, _m):
+def _r81_tanh_transpose_sink_build(_b, _m):
     """=> Transpose(Tanh(x), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1115,7 +1246,7 @@ def _r75_tanh_transpose_sink_build(_b, _m):
 
 
 
-def _r76_add_transpose_sink_guard(_m, _ctx):
+def _r82_add_transpose_sink_guard(_m, _ctx):
     """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
     t = _m['t']
     x = _m['x']
@@ -1123,7 +1254,7 @@ def _r76_add_transpose_sink_guard(_m, _ctx):
     y = _m['y']
     return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
 
-def _r76_add_transpose_sink_build(_b, _m):
+def _r82_add_transpose_sink_build(_b, _m):
     """=> Transpose(Add(x, y), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1133,7 +1264,7 @@ def _r76_add_transpose_sink_build(_b, _m):
 
 
 
-def _r77_mul_transpose_sink_guard(_m, _ctx):
+def _r83_mul_transpose_sink_guard(_m, _ctx):
     """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
     t = _m['t']
     x = _m['x']
@@ -1141,7 +1272,7 @@ def _r77_mul_transpose_sink_guard(_m, _ctx):
     y = _m['y']
     return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
 
-def _r77_mul_transpose_sink_build(_b, _m):
+def _r83_mul_transpose_sink_build(_b, _m):
     """=> Transpose(Mul(x, y), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1151,14 +1282,14 @@ def _r77_mul_transpose_sink_build(_b, _m):
 
 
 
-def _r78_add_const_transpose_sink_guard(_m, _ctx):
+def _r84_add_const_transpose_sink_guard(_m, _ctx):
     """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
     t = _m['t']
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
 
-def _r78_add_const_transpose_sink_build(_b, _m):
+def _r84_add_const_transpose_sink_build(_b, _m):
     """=> Transpose(Add(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1168,14 +1299,14 @@ def _r78_add_const_transpose_sink_build(_b, _m):
 
 
 
-def _r79_mul_const_transpose_sink_guard(_m, _ctx):
+def _r85_mul_const_transpose_sink_guard(_m, _ctx):
     """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
     t = _m['t']
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
 
-def _r79_mul_const_transpose_sink_build(_b, _m):
+def _r85_mul_const_transpose_sink_build(_b, _m):
     """=> Transpose(Mul(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1185,7 +1316,7 @@ def _r79_mul_const_transpose_sink_build(_b, _m):
 
 
 
-def _r80_prelu_to_select_build(_b, _m):
+def _r86_prelu_to_select_build(_b, _m):
     """=> Select(Less(x, scalar(0, x.dtype)), Mul(x, slope), Expand(x, shape = p.shape))"""
     p = _m['p']
     x = _m['x']
@@ -1194,7 +1325,7 @@ def _r80_prelu_to_select_build(_b, _m):
 
 
 
-def _r81_castlike_to_cast_build(_b, _m):
+def _r87_castlike_to_cast_build(_b, _m):
     """=> Cast(x, to = like.dtype)"""
     x = _m['x']
     like = _m['like']
@@ -1202,7 +1333,7 @@ def _r81_castlike_to_cast_build(_b, _m):
 
 
 
-def _r82_tile_to_expand_build(_b, _m):
+def _r88_tile_to_expand_build(_b, _m):
     """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
     t = _m['t']
     x = _m['x']
@@ -1210,13 +1341,13 @@ def _r82_tile_to_expand_build(_b, _m):
 
 
 
-def _r83_depth_to_space_dcr_guard(_m, _ctx):
+def _r89_depth_to_space_dcr_guard(_m, _ctx):
     'where d.mode == "DCR"'
     d = _m['d']
     x = _m['x']
     return bool((rt.eq(d.mode, 'DCR')))
 
-def _r83_depth_to_space_dcr_build(_b, _m):
+def _r89_depth_to_space_dcr_build(_b, _m):
     """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], b, b, x.shape[1] // (b * b), x.shape[2], x.shape[3]]), perm = [0, 3, 4, 1, 5, 2]), shape = d.shape)"""
     d = _m['d']
     x = _m['x']
@@ -1225,13 +1356,13 @@ def _r83_depth_to_space_dcr_build(_b, _m):
 
 
 
-def _r84_depth_to_space_crd_guard(_m, _ctx):
+def _r90_depth_to_space_crd_guard(_m, _ctx):
     'where d.mode == "CRD"'
     d = _m['d']
     x = _m['x']
     return bool((rt.eq(d.mode, 'CRD')))
 
-def _r84_depth_to_space_crd_build(_b, _m):
+def _r90_depth_to_space_crd_build(_b, _m):
     """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1] // (b * b), b, b, x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = d.shape)"""
     d = _m['d']
     x = _m['x']
@@ -1240,13 +1371,13 @@ def _r84_depth_to_space_crd_build(_b, _m):
 
 
 
-def _r85_space_to_depth_dcr_guard(_m, _ctx):
+def _r91_space_to_depth_dcr_guard(_m, _ctx):
     'where d.mode == "DCR"'
     d = _m['d']
     x = _m['x']
     return bool((rt.eq(d.mode, 'DCR')))
 
-def _r85_space_to_depth_dcr_build(_b, _m):
+def _r91_space_to_depth_dcr_build(_b, _m):
     """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), shape = d.shape)"""
     d = _m['d']
     x = _m['x']
@@ -1255,13 +1386,13 @@ def _r85_space_to_depth_dcr_build(_b, _m):
 
 
 
-def _r86_space_to_depth_crd_guard(_m, _ctx):
+def _r92_space_to_depth_crd_guard(_m, _ctx):
     'where d.mode == "CRD"'
     d = _m['d']
     x = _m['x']
     return bool((rt.eq(d.mode, 'CRD')))
 
-def _r86_space_to_depth_crd_build(_b, _m):
+def _r92_space_to_depth_crd_build(_b, _m):
     """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 1, 3, 5, 2, 4]), shape = d.shape)"""
     d = _m['d']
     x = _m['x']
@@ -1270,7 +1401,7 @@ def _r86_space_to_depth_crd_build(_b, _m):
 
 
 
-def _r87_instancenorm_expand_build(_b, _m):
+def _r93_instancenorm_expand_build(_b, _m):
     """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, shape = cs)), Reshape(bias, shape = cs))"""
     n = _m['n']
     x = _m['x']
@@ -1284,13 +1415,13 @@ def _r87_instancenorm_expand_build(_b, _m):
 
 
 
-def _r88_lpnorm_l2_guard(_m, _ctx):
+def _r94_lpnorm_l2_guard(_m, _ctx):
     """where n.p == 2"""
     n = _m['n']
     x = _m['x']
     return bool((rt.eq(n.p, 2)))
 
-def _r88_lpnorm_l2_build(_b, _m):
+def _r94_lpnorm_l2_build(_b, _m):
     """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
     n = _m['n']
     x = _m['x']
@@ -1299,13 +1430,13 @@ def _r88_lpnorm_l2_build(_b, _m):
 
 
 
-def _r89_lpnorm_l1_guard(_m, _ctx):
+def _r95_lpnorm_l1_guard(_m, _ctx):
     """where n.p == 1"""
     n = _m['n']
     x = _m['x']
     return bool((rt.eq(n.p, 1)))
 
-def _r89_lpnorm_l1_build(_b, _m):
+def _r95_lpnorm_l1_build(_b, _m):
     """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
     n = _m['n']
     x = _m['x']
@@ -1314,7 +1445,7 @@ def _r89_lpnorm_l1_build(_b, _m):
 
 
 
-def _r90_convn_1d_guard(_m, _ctx):
+def _r96_convn_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     c = _m['c']
     x = _m['x']
@@ -1322,7 +1453,7 @@ def _r90_convn_1d_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r90_convn_1d_build(_b, _m):
+def _r96_convn_1d_build(_b, _m):
     """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), b, strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -1332,14 +1463,14 @@ def _r90_convn_1d_build(_b, _m):
 
 
 
-def _r91_convn_1d_no_bias_guard(_m, _ctx):
+def _r97_convn_1d_no_bias_guard(_m, _ctx):
     """where rank(x) == 3"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r91_convn_1d_no_bias_build(_b, _m):
+def _r97_convn_1d_no_bias_build(_b, _m):
     """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -1348,13 +1479,13 @@ def _r91_convn_1d_no_bias_build(_b, _m):
 
 
 
-def _r92_maxpooln_1d_guard(_m, _ctx):
+def _r98_maxpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r92_maxpooln_1d_build(_b, _m):
+def _r98_maxpooln_1d_build(_b, _m):
     """=> Reshape(MaxPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -1362,13 +1493,13 @@ def _r92_maxpooln_1d_build(_b, _m):
 
 
 
-def _r93_avgpooln_1d_guard(_m, _ctx):
+def _r99_avgpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r93_avgpooln_1d_build(_b, _m):
+def _r99_avgpooln_1d_build(_b, _m):
     """=> Reshape(AvgPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -1376,13 +1507,13 @@ def _r93_avgpooln_1d_build(_b, _m):
 
 
 
-def _r94_resize_identity_guard(_m, _ctx):
+def _r100_resize_identity_guard(_m, _ctx):
     """where len(r.axes) == 0"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(rt.b_len(r.axes), 0)))
 
-def _r94_resize_identity_build(_b, _m):
+def _r100_resize_identity_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -1390,13 +1521,13 @@ def _r94_resize_identity_build(_b, _m):
 
 
 
-def _r95_resize_one_axis_at_a_time_guard(_m, _ctx):
+def _r101_resize_one_axis_at_a_time_guard(_m, _ctx):
     """where len(r.axes) > 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.gt(rt.b_len(r.axes), 1)))
 
-def _r95_resize_one_axis_at_a_time_build(_b, _m):
+def _r101_resize_one_axis_at_a_time_build(_b, _m):
     """=> Resize(Resize(x, axes = r.axes[:1], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias), axes = r.axes[1:], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias)"""
     r = _m['r']
     x = _m['x']
@@ -1404,13 +1535,13 @@ def _r95_resize_one_axis_at_a_time_build(_b, _m):
 
 
 
-def _r96_resize_nearest_gather_guard(_m, _ctx):
+def _r102_resize_nearest_gather_guard(_m, _ctx):
     'where ((len(r.axes) == 1) and (r.mode == "nearest")) and not resize_extrapolates(*resize_args(r, x.shape[r.axes[0]]))'
     r = _m['r']
     x = _m['x']
     return bool((((rt.eq(rt.b_len(r.axes), 1) and rt.eq(r.mode, 'nearest')) and (not sl.b_resize_extrapolates(*fn_resize_args(r, x.shape[r.axes[0]]))))))
 
-def _r96_resize_nearest_gather_build(_b, _m):
+def _r102_resize_nearest_gather_build(_b, _m):
     """=> Gather(x, const(resize_gather_indices(*resize_args(r, x.shape[r.axes[0]])), i64), axis = r.axes[0])"""
     r = _m['r']
     x = _m['x']
@@ -1418,13 +1549,13 @@ def _r96_resize_nearest_gather_build(_b, _m):
 
 
 
-def _r97_resize_axis_taps_guard(_m, _ctx):
+def _r103_resize_axis_taps_guard(_m, _ctx):
     """where len(r.axes) == 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(rt.b_len(r.axes), 1)))
 
-def _r97_resize_axis_taps_build(_b, _m):
+def _r103_resize_axis_taps_build(_b, _m):
     """=> Add(y, Reshape(fill, shape = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
     r = _m['r']
     x = _m['x']
@@ -1439,7 +1570,7 @@ def _r97_resize_axis_taps_build(_b, _m):
 
 
 
-def _r98_legacy_broadcast_expand_build(_b, _m):
+def _r104_legacy_broadcast_expand_build(_b, _m):
     '=> Add(a, b2) if n.op == "Add" else Sub(a, b2) if n.op == "Sub" else Mul(a, b2) if n.op == "Mul" else Div(a, b2) if n.op == "Div" else Pow(a, b2) if n.op == "Pow" else PRelu(a, b2)'
     n = _m['n']
     a = _m['a']
@@ -1449,7 +1580,7 @@ def _r98_legacy_broadcast_expand_build(_b, _m):
 
 
 
-def _r99_avgpool_dilated_to_conv_build(_b, _m):
+def _r105_avgpool_dilated_to_conv_build(_b, _m):
     """=> Div(sums, const(window_counts(x.shape[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype))"""
     p = _m['p']
     x = _m['x']
@@ -1459,7 +1590,7 @@ def _r99_avgpool_dilated_to_conv_build(_b, _m):
 
 
 
-def _r100_lppool_to_conv_build(_b, _m):
+def _r106_lppool_to_conv_build(_b, _m):
     """=> Sqrt(sums) if p.p == 2 else sums if p.p == 1 else Pow(sums, scalar(1.0 / p.p, x.dtype))"""
     p = _m['p']
     x = _m['x']
@@ -1470,7 +1601,7 @@ def _r100_lppool_to_conv_build(_b, _m):
 
 
 
-def _r101_col2im_to_convtranspose_build(_b, _m):
+def _r107_col2im_to_convtranspose_build(_b, _m):
     """=> ConvTranspose(Reshape(x, shape = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
     c = _m['c']
     x = _m['x']
@@ -1480,7 +1611,7 @@ def _r101_col2im_to_convtranspose_build(_b, _m):
 
 
 
-def _r102_gridsample_expand_build(_b, _m):
+def _r108_gridsample_expand_build(_b, _m):
     """=> Reshape(Transpose(sums, perm = [1, 0, 2]), shape = g.shape)"""
     g = _m['g']
     x = _m['x']
@@ -1526,7 +1657,7 @@ def _r102_gridsample_expand_build(_b, _m):
 
 
 
-def _r103_reflect_expand_build(_b, _m):
+def _r109_reflect_expand_build(_b, _m):
     """=> Select(Or(below, Greater(x, high)), Select(from_low, Add(low, rest), Sub(high, rest)), x)"""
     x = _m['x']
     low = _m['low']
@@ -1542,7 +1673,7 @@ def _r103_reflect_expand_build(_b, _m):
 
 
 
-def _r104_lstm_unroll_build(_b, _m):
+def _r110_lstm_unroll_build(_b, _m):
     """=> rnn_layer(l, 4 * l.hidden_size, x, w, r, b, h0, c0, p)"""
     l = _m['l']
     x = _m['x']
@@ -1556,7 +1687,7 @@ def _r104_lstm_unroll_build(_b, _m):
 
 
 
-def _r105_gru_unroll_build(_b, _m):
+def _r111_gru_unroll_build(_b, _m):
     """=> rnn_layer(l, 3 * l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1568,7 +1699,7 @@ def _r105_gru_unroll_build(_b, _m):
 
 
 
-def _r106_rnn_unroll_build(_b, _m):
+def _r112_rnn_unroll_build(_b, _m):
     """=> rnn_layer(l, l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1580,13 +1711,13 @@ def _r106_rnn_unroll_build(_b, _m):
 
 
 
-def _r107_quant_param_to_reshape_guard(_m, _ctx):
+def _r113_quant_param_to_reshape_guard(_m, _ctx):
     """where prod(q.shape) == prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.eq(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r107_quant_param_to_reshape_build(_b, _m):
+def _r113_quant_param_to_reshape_build(_b, _m):
     """=> Reshape(p, shape = q.shape)"""
     q = _m['q']
     p = _m['p']
@@ -1594,13 +1725,13 @@ def _r107_quant_param_to_reshape_build(_b, _m):
 
 
 
-def _r108_quant_param_blocked_to_gather_guard(_m, _ctx):
+def _r114_quant_param_blocked_to_gather_guard(_m, _ctx):
     """where prod(q.shape) != prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.ne(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r108_quant_param_blocked_to_gather_build(_b, _m):
+def _r114_quant_param_blocked_to_gather_build(_b, _m):
     """=> Gather(p, const(block_indices(q.like[q.axis], q.block_size), i64), axis = q.axis)"""
     q = _m['q']
     p = _m['p']
@@ -1608,7 +1739,7 @@ def _r108_quant_param_blocked_to_gather_build(_b, _m):
 
 
 
-def _r109_quantize_linear_expand_build(_b, _m):
+def _r115_quantize_linear_expand_build(_b, _m):
     """=> Cast(Clip(Add(Cast(r, to = wide), Cast(z, to = wide)), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -1622,7 +1753,7 @@ def _r109_quantize_linear_expand_build(_b, _m):
 
 
 
-def _r110_quantize_linear_no_zero_point_build(_b, _m):
+def _r116_quantize_linear_no_zero_point_build(_b, _m):
     """=> Cast(Clip(Cast(r, to = exact_float(q.compute)), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -1633,7 +1764,7 @@ def _r110_quantize_linear_no_zero_point_build(_b, _m):
 
 
 
-def _r111_dequantize_linear_expand_build(_b, _m):
+def _r117_dequantize_linear_expand_build(_b, _m):
     """=> Cast(Mul(Sub(Cast(x, to = wide), Cast(z, to = wide)), Cast(s, to = wide)), to = d.dtype)"""
     d = _m['d']
     x = _m['x']
@@ -1646,7 +1777,7 @@ def _r111_dequantize_linear_expand_build(_b, _m):
 
 
 
-def _r112_dequantize_linear_no_zero_point_build(_b, _m):
+def _r118_dequantize_linear_no_zero_point_build(_b, _m):
     """=> Cast(Mul(Cast(x, to = wide), Cast(s, to = wide)), to = d.dtype)"""
     d = _m['d']
     x = _m['x']
@@ -1657,7 +1788,7 @@ def _r112_dequantize_linear_no_zero_point_build(_b, _m):
 
 
 
-def _r113_qlinear_matmul_expand_build(_b, _m):
+def _r119_qlinear_matmul_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(Cast(acc, to = f64), Cast(multiplier, to = f64)), Cast(zy, to = f64))), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -1675,7 +1806,7 @@ def _r113_qlinear_matmul_expand_build(_b, _m):
 
 
 
-def _r114_matmul_integer_expand_build(_b, _m):
+def _r120_matmul_integer_expand_build(_b, _m):
     """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = per_row(a_zero_point.shape, a.shape)), to = i32)), Sub(Cast(b, to = i32), Cast(Reshape(b_zero_point, shape = per_column(b_zero_point.shape, b.shape)), to = i32)))"""
     a = _m['a']
     b = _m['b']
@@ -1685,7 +1816,7 @@ def _r114_matmul_integer_expand_build(_b, _m):
 
 
 
-def _r115_matmul_integer_a_zero_point_build(_b, _m):
+def _r121_matmul_integer_a_zero_point_build(_b, _m):
     """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = per_row(a_zero_point.shape, a.shape)), to = i32)), Cast(b, to = i32))"""
     a = _m['a']
     b = _m['b']
@@ -1694,7 +1825,7 @@ def _r115_matmul_integer_a_zero_point_build(_b, _m):
 
 
 
-def _r116_matmul_integer_no_zero_point_build(_b, _m):
+def _r122_matmul_integer_no_zero_point_build(_b, _m):
     """=> MatMul(Cast(a, to = i32), Cast(b, to = i32))"""
     a = _m['a']
     b = _m['b']
@@ -1702,7 +1833,7 @@ def _r116_matmul_integer_no_zero_point_build(_b, _m):
 
 
 
-def _r117_conv_integer_expand_build(_b, _m):
+def _r123_conv_integer_expand_build(_b, _m):
     """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
     c = _m['c']
     x = _m['x']
@@ -1715,7 +1846,7 @@ def _r117_conv_integer_expand_build(_b, _m):
 
 
 
-def _r118_conv_integer_x_zero_point_build(_b, _m):
+def _r124_conv_integer_x_zero_point_build(_b, _m):
     """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
     c = _m['c']
     x = _m['x']
@@ -1727,7 +1858,7 @@ def _r118_conv_integer_x_zero_point_build(_b, _m):
 
 
 
-def _r119_conv_integer_no_zero_point_build(_b, _m):
+def _r125_conv_integer_no_zero_point_build(_b, _m):
     """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
     c = _m['c']
     x = _m['x']
@@ -1738,7 +1869,7 @@ def _r119_conv_integer_no_zero_point_build(_b, _m):
 
 
 
-def _r120_qlinear_conv_expand_build(_b, _m):
+def _r126_qlinear_conv_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -1758,7 +1889,7 @@ def _r120_qlinear_conv_expand_build(_b, _m):
 
 
 
-def _r121_qlinear_conv_no_bias_build(_b, _m):
+def _r127_qlinear_conv_no_bias_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -1777,7 +1908,7 @@ def _r121_qlinear_conv_no_bias_build(_b, _m):
 
 
 
-def _r122_dft_to_matmul_build(_b, _m):
+def _r128_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), shape = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -1791,13 +1922,13 @@ def _r122_dft_to_matmul_build(_b, _m):
 
 
 
-def _r123_compress_to_gather_guard(_m, _ctx):
+def _r129_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r123_compress_to_gather_build(_b, _m):
+def _r129_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -1805,13 +1936,13 @@ def _r123_compress_to_gather_build(_b, _m):
 
 
 
-def _r124_compress_flat_to_gather_guard(_m, _ctx):
+def _r130_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r124_compress_flat_to_gather_build(_b, _m):
+def _r130_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, shape = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -1819,7 +1950,7 @@ def _r124_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r125_stft_expand_build(_b, _m):
+def _r131_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, shape = [s.frame, 1])), axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -1829,7 +1960,7 @@ def _r125_stft_expand_build(_b, _m):
 
 
 
-def _r126_stft_no_window_build(_b, _m):
+def _r132_stft_no_window_build(_b, _m):
     """=> DFT(Gather(signal, const(frame_indices(signal.shape[1], s.frame, s.step), i64), axis = 1), axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -1873,95 +2004,101 @@ RULES = (
     RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r33_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:188:1'),
     RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r34_global_maxpool_to_max_build, location='specs/lowerings.glowdef:191:1'),
     RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r35_lrn_expand_build, location='specs/lowerings.glowdef:195:1'),
-    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r36_f16_matmul_in_f32_guard, build=_r36_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:210:1'),
-    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r37_f16_conv_in_f32_guard, build=_r37_f16_conv_in_f32_build, location='specs/lowerings.glowdef:214:1'),
-    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r38_f16_convn_in_f32_guard, build=_r38_f16_convn_in_f32_build, location='specs/lowerings.glowdef:219:1'),
-    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r39_f16_reducesum_in_f32_guard, build=_r39_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:224:1'),
-    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r40_f16_avgpool_in_f32_guard, build=_r40_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:228:1'),
-    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r41_cast_same_type_guard, build=_r41_cast_same_type_build, location='specs/lowerings.glowdef:239:1'),
-    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r42_add_zero_guard, build=_r42_add_zero_build, location='specs/lowerings.glowdef:242:1'),
-    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r43_sub_zero_guard, build=_r43_sub_zero_build, location='specs/lowerings.glowdef:245:1'),
-    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r44_mul_one_guard, build=_r44_mul_one_build, location='specs/lowerings.glowdef:248:1'),
-    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r45_div_one_guard, build=_r45_div_one_build, location='specs/lowerings.glowdef:251:1'),
-    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r46_relu_relu_build, location='specs/lowerings.glowdef:254:1'),
-    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r47_max_same_build, location='specs/lowerings.glowdef:257:1'),
-    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r48_clip_unbounded_guard, build=_r48_clip_unbounded_build, location='specs/lowerings.glowdef:260:1'),
-    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r49_max_zero_to_relu_guard, build=_r49_max_zero_to_relu_build, location='specs/lowerings.glowdef:265:1'),
-    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r50_min_max_to_clip_guard, build=_r50_min_max_to_clip_build, location='specs/lowerings.glowdef:268:1'),
-    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r51_min_relu_to_clip_guard, build=_r51_min_relu_to_clip_build, location='specs/lowerings.glowdef:276:1'),
-    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r52_swish_fuse_guard, build=_r52_swish_fuse_build, location='specs/lowerings.glowdef:283:1'),
-    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r53_sub_const_to_add_guard, build=_r53_sub_const_to_add_build, location='specs/lowerings.glowdef:290:1'),
-    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r54_div_const_to_mul_guard, build=_r54_div_const_to_mul_build, location='specs/lowerings.glowdef:293:1'),
-    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r55_add_const_reassociate_guard, build=_r55_add_const_reassociate_build, location='specs/lowerings.glowdef:297:1'),
-    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r56_mul_const_reassociate_guard, build=_r56_mul_const_reassociate_build, location='specs/lowerings.glowdef:301:1'),
-    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r57_mul_add_distribute_guard, build=_r57_mul_add_distribute_build, location='specs/lowerings.glowdef:305:1'),
-    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r58_conv_bias_zero_build, location='specs/lowerings.glowdef:312:1'),
-    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r59_conv_batchnorm_fold_guard, build=_r59_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:317:1'),
-    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r60_conv_mul_fold_guard, build=_r60_conv_mul_fold_build, location='specs/lowerings.glowdef:325:1'),
-    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r61_conv_add_fold_guard, build=_r61_conv_add_fold_build, location='specs/lowerings.glowdef:332:1'),
-    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r62_matmul_mul_fold_guard, build=_r62_matmul_mul_fold_build, location='specs/lowerings.glowdef:340:1'),
-    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r63_conv_pad_merge_guard, build=_r63_conv_pad_merge_build, location='specs/lowerings.glowdef:348:1'),
-    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r64_avgpool_pad_merge_guard, build=_r64_avgpool_pad_merge_build, location='specs/lowerings.glowdef:355:1'),
-    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r65_maxpool_pad_merge_guard, build=_r65_maxpool_pad_merge_build, location='specs/lowerings.glowdef:364:1'),
-    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r66_transpose_identity_guard, build=_r66_transpose_identity_build, location='specs/lowerings.glowdef:374:1'),
-    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r67_transpose_transpose_build, location='specs/lowerings.glowdef:377:1'),
-    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r68_transpose_to_reshape_guard, build=_r68_transpose_to_reshape_build, location='specs/lowerings.glowdef:380:1'),
-    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r69_reshape_noop_guard, build=_r69_reshape_noop_build, location='specs/lowerings.glowdef:383:1'),
-    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r70_reshape_reshape_build, location='specs/lowerings.glowdef:386:1'),
-    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r71_concat_single_build, location='specs/lowerings.glowdef:389:1'),
-    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r72_concat_flatten_guard, build=_r72_concat_flatten_build, location='specs/lowerings.glowdef:392:1'),
-    RuleInfo(name='relu_transpose_sink', phases=('canonicalize',), pattern=P('Relu', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r73_relu_transpose_sink_guard, build=_r73_relu_transpose_sink_build, location='specs/lowerings.glowdef:396:1'),
-    RuleInfo(name='sigmoid_transpose_sink', phases=('canonicalize',), pattern=P('Sigmoid', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r74_sigmoid_transpose_sink_guard, build=_r74_sigmoid_transpose_sink_build, location='specs/lowerings.glowdef:399:1'),
-    RuleInfo(name='tanh_transpose_sink', phases=('canonicalize',), pattern=P('Tanh', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r75_tanh_transpose_sink_guard, build=_r75_tanh_transpose_sink_build, location='specs/lowerings.glowdef:402:1'),
-    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r76_add_transpose_sink_guard, build=_r76_add_transpose_sink_build, location='specs/lowerings.glowdef:405:1'),
-    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r77_mul_transpose_sink_guard, build=_r77_mul_transpose_sink_build, location='specs/lowerings.glowdef:409:1'),
-    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r78_add_const_transpose_sink_guard, build=_r78_add_const_transpose_sink_build, location='specs/lowerings.glowdef:414:1'),
-    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r79_mul_const_transpose_sink_guard, build=_r79_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:419:1'),
-    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r80_prelu_to_select_build, location='specs/lowerings.glowdef:425:1'),
-    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r81_castlike_to_cast_build, location='specs/lowerings.glowdef:429:1'),
-    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r82_tile_to_expand_build, location='specs/lowerings.glowdef:433:1'),
-    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r83_depth_to_space_dcr_guard, build=_r83_depth_to_space_dcr_build, location='specs/lowerings.glowdef:439:1'),
-    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r84_depth_to_space_crd_guard, build=_r84_depth_to_space_crd_build, location='specs/lowerings.glowdef:446:1'),
-    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r85_space_to_depth_dcr_guard, build=_r85_space_to_depth_dcr_build, location='specs/lowerings.glowdef:453:1'),
-    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r86_space_to_depth_crd_guard, build=_r86_space_to_depth_crd_build, location='specs/lowerings.glowdef:460:1'),
-    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r87_instancenorm_expand_build, location='specs/lowerings.glowdef:467:1'),
-    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r88_lpnorm_l2_guard, build=_r88_lpnorm_l2_build, location='specs/lowerings.glowdef:476:1'),
-    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r89_lpnorm_l1_guard, build=_r89_lpnorm_l1_build, location='specs/lowerings.glowdef:481:1'),
-    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r90_convn_1d_guard, build=_r90_convn_1d_build, location='specs/lowerings.glowdef:490:1'),
-    RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r91_convn_1d_no_bias_guard, build=_r91_convn_1d_no_bias_build, location='specs/lowerings.glowdef:498:1'),
-    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r92_maxpooln_1d_guard, build=_r92_maxpooln_1d_build, location='specs/lowerings.glowdef:506:1'),
-    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r93_avgpooln_1d_guard, build=_r93_avgpooln_1d_build, location='specs/lowerings.glowdef:513:1'),
-    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r94_resize_identity_guard, build=_r94_resize_identity_build, location='specs/lowerings.glowdef:531:1'),
-    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_one_axis_at_a_time_guard, build=_r95_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:534:1'),
-    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_nearest_gather_guard, build=_r96_resize_nearest_gather_build, location='specs/lowerings.glowdef:548:1'),
-    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_axis_taps_guard, build=_r97_resize_axis_taps_build, location='specs/lowerings.glowdef:557:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r98_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:572:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r99_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:583:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r100_lppool_to_conv_build, location='specs/lowerings.glowdef:592:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r101_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:602:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r102_gridsample_expand_build, location='specs/lowerings.glowdef:622:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r103_reflect_expand_build, location='specs/lowerings.glowdef:674:1'),
-    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r104_lstm_unroll_build, location='specs/lowerings.glowdef:806:1'),
-    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r105_gru_unroll_build, location='specs/lowerings.glowdef:810:1'),
-    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r106_rnn_unroll_build, location='specs/lowerings.glowdef:814:1'),
-    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r107_quant_param_to_reshape_guard, build=_r107_quant_param_to_reshape_build, location='specs/lowerings.glowdef:825:1'),
-    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r108_quant_param_blocked_to_gather_guard, build=_r108_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:829:1'),
-    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='q'), size=1, guard=None, build=_r109_quantize_linear_expand_build, location='specs/lowerings.glowdef:836:1'),
-    RuleInfo(name='quantize_linear_no_zero_point', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale')), bind='q'), size=1, guard=None, build=_r110_quantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:845:1'),
-    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='d'), size=1, guard=None, build=_r111_dequantize_linear_expand_build, location='specs/lowerings.glowdef:852:1'),
-    RuleInfo(name='dequantize_linear_no_zero_point', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale')), bind='d'), size=1, guard=None, build=_r112_dequantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:859:1'),
-    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r113_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:865:1'),
-    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'), V('b_zero_point'))), size=1, guard=None, build=_r114_matmul_integer_expand_build, location='specs/lowerings.glowdef:877:1'),
-    RuleInfo(name='matmul_integer_a_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'))), size=1, guard=None, build=_r115_matmul_integer_a_zero_point_build, location='specs/lowerings.glowdef:882:1'),
-    RuleInfo(name='matmul_integer_no_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'))), size=1, guard=None, build=_r116_matmul_integer_no_zero_point_build, location='specs/lowerings.glowdef:887:1'),
-    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point'), V('w_zero_point')), bind='c'), size=1, guard=None, build=_r117_conv_integer_expand_build, location='specs/lowerings.glowdef:890:1'),
-    RuleInfo(name='conv_integer_x_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point')), bind='c'), size=1, guard=None, build=_r118_conv_integer_x_zero_point_build, location='specs/lowerings.glowdef:897:1'),
-    RuleInfo(name='conv_integer_no_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r119_conv_integer_no_zero_point_build, location='specs/lowerings.glowdef:904:1'),
-    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b')), bind='c'), size=1, guard=None, build=_r120_qlinear_conv_expand_build, location='specs/lowerings.glowdef:911:1'),
-    RuleInfo(name='qlinear_conv_no_bias', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point')), bind='c'), size=1, guard=None, build=_r121_qlinear_conv_no_bias_build, location='specs/lowerings.glowdef:923:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r122_dft_to_matmul_build, location='specs/lowerings.glowdef:938:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r123_compress_to_gather_guard, build=_r123_compress_to_gather_build, location='specs/lowerings.glowdef:948:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r124_compress_flat_to_gather_guard, build=_r124_compress_flat_to_gather_build, location='specs/lowerings.glowdef:952:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window')), bind='s'), size=1, guard=None, build=_r125_stft_expand_build, location='specs/lowerings.glowdef:957:1'),
-    RuleInfo(name='stft_no_window', phases=('lower',), pattern=P('STFT', (V('signal'),), bind='s'), size=1, guard=None, build=_r126_stft_no_window_build, location='specs/lowerings.glowdef:962:1'),
+    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r36_convtranspose_nonoverlapping_to_conv_guard, build=_r36_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:214:1'),
+    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r37_convtranspose_phases_to_conv_guard, build=_r37_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:232:1'),
+    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r38_f16_matmul_in_f32_guard, build=_r38_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:257:1'),
+    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r39_f16_conv_in_f32_guard, build=_r39_f16_conv_in_f32_build, location='specs/lowerings.glowdef:261:1'),
+    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r40_f16_convn_in_f32_guard, build=_r40_f16_convn_in_f32_build, location='specs/lowerings.glowdef:266:1'),
+    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r41_f16_reducesum_in_f32_guard, build=_r41_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:271:1'),
+    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r42_f16_avgpool_in_f32_guard, build=_r42_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:275:1'),
+    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r43_cast_same_type_guard, build=_r43_cast_same_type_build, location='specs/lowerings.glowdef:286:1'),
+    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r44_add_zero_guard, build=_r44_add_zero_build, location='specs/lowerings.glowdef:289:1'),
+    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r45_sub_zero_guard, build=_r45_sub_zero_build, location='specs/lowerings.glowdef:292:1'),
+    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r46_mul_one_guard, build=_r46_mul_one_build, location='specs/lowerings.glowdef:295:1'),
+    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r47_div_one_guard, build=_r47_div_one_build, location='specs/lowerings.glowdef:298:1'),
+    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r48_relu_relu_build, location='specs/lowerings.glowdef:301:1'),
+    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r49_max_same_build, location='specs/lowerings.glowdef:304:1'),
+    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r50_clip_unbounded_guard, build=_r50_clip_unbounded_build, location='specs/lowerings.glowdef:307:1'),
+    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r51_max_zero_to_relu_guard, build=_r51_max_zero_to_relu_build, location='specs/lowerings.glowdef:312:1'),
+    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r52_min_max_to_clip_guard, build=_r52_min_max_to_clip_build, location='specs/lowerings.glowdef:315:1'),
+    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r53_min_relu_to_clip_guard, build=_r53_min_relu_to_clip_build, location='specs/lowerings.glowdef:323:1'),
+    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r54_swish_fuse_guard, build=_r54_swish_fuse_build, location='specs/lowerings.glowdef:330:1'),
+    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r55_sub_const_to_add_guard, build=_r55_sub_const_to_add_build, location='specs/lowerings.glowdef:337:1'),
+    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r56_div_const_to_mul_guard, build=_r56_div_const_to_mul_build, location='specs/lowerings.glowdef:340:1'),
+    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r57_add_const_reassociate_guard, build=_r57_add_const_reassociate_build, location='specs/lowerings.glowdef:344:1'),
+    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r58_mul_const_reassociate_guard, build=_r58_mul_const_reassociate_build, location='specs/lowerings.glowdef:348:1'),
+    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r59_mul_add_distribute_guard, build=_r59_mul_add_distribute_build, location='specs/lowerings.glowdef:352:1'),
+    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r60_conv_bias_zero_build, location='specs/lowerings.glowdef:359:1'),
+    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r61_conv_batchnorm_fold_guard, build=_r61_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:364:1'),
+    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r62_conv_mul_fold_guard, build=_r62_conv_mul_fold_build, location='specs/lowerings.glowdef:372:1'),
+    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r63_conv_add_fold_guard, build=_r63_conv_add_fold_build, location='specs/lowerings.glowdef:379:1'),
+    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r64_matmul_mul_fold_guard, build=_r64_matmul_mul_fold_build, location='specs/lowerings.glowdef:387:1'),
+    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r65_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:395:1'),
+    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r66_convtranspose_batchnorm_fold_guard, build=_r66_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:401:1'),
+    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r67_convtranspose_mul_fold_guard, build=_r67_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:411:1'),
+    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r68_convtranspose_add_fold_guard, build=_r68_convtranspose_add_fold_build, location='specs/lowerings.glowdef:420:1'),
+    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r69_conv_pad_merge_guard, build=_r69_conv_pad_merge_build, location='specs/lowerings.glowdef:429:1'),
+    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r70_avgpool_pad_merge_guard, build=_r70_avgpool_pad_merge_build, location='specs/lowerings.glowdef:436:1'),
+    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r71_maxpool_pad_merge_guard, build=_r71_maxpool_pad_merge_build, location='specs/lowerings.glowdef:445:1'),
+    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r72_transpose_identity_guard, build=_r72_transpose_identity_build, location='specs/lowerings.glowdef:455:1'),
+    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r73_transpose_transpose_build, location='specs/lowerings.glowdef:458:1'),
+    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r74_transpose_to_reshape_guard, build=_r74_transpose_to_reshape_build, location='specs/lowerings.glowdef:461:1'),
+    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r75_reshape_noop_guard, build=_r75_reshape_noop_build, location='specs/lowerings.glowdef:464:1'),
+    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r76_reshape_reshape_build, location='specs/lowerings.glowdef:467:1'),
+    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r77_concat_single_build, location='specs/lowerings.glowdef:470:1'),
+    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r78_concat_flatten_guard, build=_r78_concat_flatten_build, location='specs/lowerings.glowdef:473:1'),
+    RuleInfo(name='relu_transpose_sink', phases=('canonicalize',), pattern=P('Relu', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r79_relu_transpose_sink_guard, build=_r79_relu_transpose_sink_build, location='specs/lowerings.glowdef:477:1'),
+    RuleInfo(name='sigmoid_transpose_sink', phases=('canonicalize',), pattern=P('Sigmoid', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r80_sigmoid_transpose_sink_guard, build=_r80_sigmoid_transpose_sink_build, location='specs/lowerings.glowdef:480:1'),
+    RuleInfo(name='tanh_transpose_sink', phases=('canonicalize',), pattern=P('Tanh', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r81_tanh_transpose_sink_guard, build=_r81_tanh_transpose_sink_build, location='specs/lowerings.glowdef:483:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r82_add_transpose_sink_guard, build=_r82_add_transpose_sink_build, location='specs/lowerings.glowdef:486:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r83_mul_transpose_sink_guard, build=_r83_mul_transpose_sink_build, location='specs/lowerings.glowdef:490:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r84_add_const_transpose_sink_guard, build=_r84_add_const_transpose_sink_build, location='specs/lowerings.glowdef:495:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r85_mul_const_transpose_sink_guard, build=_r85_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:500:1'),
+    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r86_prelu_to_select_build, location='specs/lowerings.glowdef:506:1'),
+    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r87_castlike_to_cast_build, location='specs/lowerings.glowdef:510:1'),
+    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r88_tile_to_expand_build, location='specs/lowerings.glowdef:514:1'),
+    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r89_depth_to_space_dcr_guard, build=_r89_depth_to_space_dcr_build, location='specs/lowerings.glowdef:520:1'),
+    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r90_depth_to_space_crd_guard, build=_r90_depth_to_space_crd_build, location='specs/lowerings.glowdef:527:1'),
+    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r91_space_to_depth_dcr_guard, build=_r91_space_to_depth_dcr_build, location='specs/lowerings.glowdef:534:1'),
+    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r92_space_to_depth_crd_guard, build=_r92_space_to_depth_crd_build, location='specs/lowerings.glowdef:541:1'),
+    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r93_instancenorm_expand_build, location='specs/lowerings.glowdef:548:1'),
+    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r94_lpnorm_l2_guard, build=_r94_lpnorm_l2_build, location='specs/lowerings.glowdef:557:1'),
+    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r95_lpnorm_l1_guard, build=_r95_lpnorm_l1_build, location='specs/lowerings.glowdef:562:1'),
+    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r96_convn_1d_guard, build=_r96_convn_1d_build, location='specs/lowerings.glowdef:571:1'),
+    RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r97_convn_1d_no_bias_guard, build=_r97_convn_1d_no_bias_build, location='specs/lowerings.glowdef:579:1'),
+    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r98_maxpooln_1d_guard, build=_r98_maxpooln_1d_build, location='specs/lowerings.glowdef:587:1'),
+    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r99_avgpooln_1d_guard, build=_r99_avgpooln_1d_build, location='specs/lowerings.glowdef:594:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r100_resize_identity_guard, build=_r100_resize_identity_build, location='specs/lowerings.glowdef:612:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r101_resize_one_axis_at_a_time_guard, build=_r101_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:615:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r102_resize_nearest_gather_guard, build=_r102_resize_nearest_gather_build, location='specs/lowerings.glowdef:629:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r103_resize_axis_taps_guard, build=_r103_resize_axis_taps_build, location='specs/lowerings.glowdef:638:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r104_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:653:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r105_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:664:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r106_lppool_to_conv_build, location='specs/lowerings.glowdef:673:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r107_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:683:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r108_gridsample_expand_build, location='specs/lowerings.glowdef:703:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r109_reflect_expand_build, location='specs/lowerings.glowdef:755:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r110_lstm_unroll_build, location='specs/lowerings.glowdef:887:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r111_gru_unroll_build, location='specs/lowerings.glowdef:891:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r112_rnn_unroll_build, location='specs/lowerings.glowdef:895:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r113_quant_param_to_reshape_guard, build=_r113_quant_param_to_reshape_build, location='specs/lowerings.glowdef:906:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r114_quant_param_blocked_to_gather_guard, build=_r114_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:910:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='q'), size=1, guard=None, build=_r115_quantize_linear_expand_build, location='specs/lowerings.glowdef:917:1'),
+    RuleInfo(name='quantize_linear_no_zero_point', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale')), bind='q'), size=1, guard=None, build=_r116_quantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:926:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='d'), size=1, guard=None, build=_r117_dequantize_linear_expand_build, location='specs/lowerings.glowdef:933:1'),
+    RuleInfo(name='dequantize_linear_no_zero_point', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale')), bind='d'), size=1, guard=None, build=_r118_dequantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:940:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r119_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:946:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'), V('b_zero_point'))), size=1, guard=None, build=_r120_matmul_integer_expand_build, location='specs/lowerings.glowdef:958:1'),
+    RuleInfo(name='matmul_integer_a_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'))), size=1, guard=None, build=_r121_matmul_integer_a_zero_point_build, location='specs/lowerings.glowdef:963:1'),
+    RuleInfo(name='matmul_integer_no_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'))), size=1, guard=None, build=_r122_matmul_integer_no_zero_point_build, location='specs/lowerings.glowdef:968:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point'), V('w_zero_point')), bind='c'), size=1, guard=None, build=_r123_conv_integer_expand_build, location='specs/lowerings.glowdef:971:1'),
+    RuleInfo(name='conv_integer_x_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point')), bind='c'), size=1, guard=None, build=_r124_conv_integer_x_zero_point_build, location='specs/lowerings.glowdef:978:1'),
+    RuleInfo(name='conv_integer_no_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r125_conv_integer_no_zero_point_build, location='specs/lowerings.glowdef:985:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b')), bind='c'), size=1, guard=None, build=_r126_qlinear_conv_expand_build, location='specs/lowerings.glowdef:992:1'),
+    RuleInfo(name='qlinear_conv_no_bias', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point')), bind='c'), size=1, guard=None, build=_r127_qlinear_conv_no_bias_build, location='specs/lowerings.glowdef:1004:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r128_dft_to_matmul_build, location='specs/lowerings.glowdef:1019:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r129_compress_to_gather_guard, build=_r129_compress_to_gather_build, location='specs/lowerings.glowdef:1029:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r130_compress_flat_to_gather_guard, build=_r130_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1033:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window')), bind='s'), size=1, guard=None, build=_r131_stft_expand_build, location='specs/lowerings.glowdef:1038:1'),
+    RuleInfo(name='stft_no_window', phases=('lower',), pattern=P('STFT', (V('signal'),), bind='s'), size=1, guard=None, build=_r132_stft_no_window_build, location='specs/lowerings.glowdef:1043:1'),
 )
