@@ -93,7 +93,9 @@ def b_slice_bounds(shape, starts, ends, axes, steps):
             s = min(max(s, 0), d)
             e = min(max(e, 0), d)
         else:
-            s = min(max(s, -1), d - 1)
+            # ONNX: a backward slice's start clamps to [0, d - 1], its end to [-1, d - 1]
+            # (-1: through element 0).
+            s = min(max(s, 0), d - 1)
             e = min(max(e, -1), d - 1)
         bounds[a] = [s, e, int(st)]
     return tuple(tuple(b) for b in bounds)

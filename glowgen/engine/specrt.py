@@ -444,6 +444,22 @@ def b_is_splat(value, element=None) -> bool:
     return element is None or bool(first == element)
 
 
+def b_reciprocal_is_normal(value) -> bool:
+    """`value` is a float Constant whose every element has a finite, normal reciprocal in its
+    element type, so that x * (1 / c) stays within an ulp or two of x / c.  Not so for 0,
+    infinities, NaN and denormals (1 / c overflows: 0 * inf is NaN where 0 / c is 0), nor for
+    elements so large that their reciprocal is denormal and has lost its precision."""
+    import ml_dtypes
+    import numpy as np
+    if not b_is_const(value) or value.data.dtype.kind not in "fV":
+        return False
+    data = value.data.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        r = np.abs(1.0 / data)
+    info = ml_dtypes.finfo(value.data.dtype)
+    return bool(np.all((r >= float(info.tiny)) & (r <= float(info.max))))
+
+
 def b_splat_value(value) -> float:
     """The repeated element of a splat Constant, as a Python number."""
     if not b_is_splat(value):

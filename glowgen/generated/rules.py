@@ -829,10 +829,10 @@ def _r55_sub_const_to_add_build(_b, _m):
 
 
 def _r56_div_const_to_mul_guard(_m, _ctx):
-    """where (is_const(c) and not is_const(x)) and is_float(x.dtype)"""
+    """where ((is_const(c) and not is_const(x)) and is_float(x.dtype)) and reciprocal_is_normal(c)"""
     x = _m['x']
     c = _m['c']
-    return bool((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype))))
+    return bool(((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype)) and rt.b_reciprocal_is_normal(c))))
 
 def _r56_div_const_to_mul_build(_b, _m):
     """=> Mul(x, Div(scalar(1.0, c.dtype), c))"""
