@@ -36,6 +36,17 @@ def _pad_for(x, pads, kernel, strides, dilations, out_hw, value):
     return np.pad(x, widths, constant_values=value)
 
 
+def _exact_matmul(a, b):
+    """A float32 product accumulated in float64 and rounded once. BLAS sums a float32 dot
+    product in an order that depends on the instruction set it picked and on the row's place
+    in its register blocks, so two output channels with the same weights may differ in the
+    last bit; the reference rounds once, so equal channels stay equal (light_squeezenet's
+    logits are 9.5e9, where one ulp decides a softmax tie)."""
+    if a.dtype == np.float32 and b.dtype == np.float32:
+        return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+    return np.matmul(a, b)
+
+
 def conv(node, x, w, b=None):
     n, c, _, _ = x.shape
     m, cg, kh, kw = w.shape
@@ -47,7 +58,7 @@ def conv(node, x, w, b=None):
     win = win.reshape(n, g, cg, oh, ow, kh, kw)
     cols = win.transpose(1, 0, 3, 4, 2, 5, 6).reshape(g, n * oh * ow, cg * kh * kw)
     wg = w.reshape(g, m // g, cg * kh * kw).transpose(0, 2, 1)            # G K MG
-    y = np.matmul(cols, wg)                                                 # G (N OH OW) MG
+    y = _exact_matmul(cols, wg)                                             # G (N OH OW) MG
     y = y.reshape(g, n, oh, ow, m // g).transpose(1, 0, 4, 2, 3).reshape(n, m, oh, ow)
     if b is not None:
         y = y + b.reshape(1, m, 1, 1)
@@ -356,7 +367,7 @@ PRIMITIVES = {
     "Conv": conv,
     "MaxPool": max_pool,
     "AvgPool": avg_pool,
-    "BatchMatMul": lambda node, a, b: np.matmul(a, b),
+    "BatchMatMul": lambda node, a, b: _exact_matmul(a, b),
     "ReduceSum": reduce_with(np.sum),
     "ReduceMax": reduce_with(np.max),
     "ReduceMin": reduce_with(np.min),
