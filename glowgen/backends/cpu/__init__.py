@@ -12,6 +12,7 @@ from ..base import REGIONS, ContextPool, aligned_bytes, region_view
 from .backend import CpuBackend  # noqa: F401  (registered by name in backends/base.py)
 from .codegen import ModuleBuilder, io_slots
 from .jit import JitFunction
+from .threads import ThreadPool
 
 
 def entry_name(name: str) -> str:
@@ -24,13 +25,13 @@ class _Context:
     """What one call writes: its mutable and activation regions (the constant region is
     shared), the pointer table of the `_io` entry, and the output arrays it hands out."""
 
-    def __init__(self, prog: Program, constant: np.ndarray, n_slots: int):
+    def __init__(self, prog: Program, constant: np.ndarray, n_slots: int, pool_args: tuple):
         self.regions = {"constant": constant,
                         "mutable": aligned_bytes(prog.region_sizes["mutable"]),
                         "activation": aligned_bytes(prog.region_sizes["activation"])}
         self.table = (ctypes.c_void_p * n_slots)()
         self.returned: dict[int, tuple] = {}    # output slot -> (array, address) of the last run
-        self.args = (*(self.regions[k].ctypes.data for k in REGIONS), self.table)
+        self.args = (*(self.regions[k].ctypes.data for k in REGIONS), self.table, *pool_args)
 
     def view(self, w) -> np.ndarray:
         return region_view(self.regions, w)
@@ -52,16 +53,19 @@ class _Context:
 
 
 class CpuRunner:
-    """The JIT-compiled entry point, the constant weights every call shares, and a pool of
-    execution contexts (backends/base.ContextPool) for the memory each call writes."""
+    """The JIT-compiled entry point, the constant weights every call shares, a pool of
+    execution contexts (backends/base.ContextPool) for the memory each call writes, and the
+    threads (threads.ThreadPool) that split steps run on, for as long as the model lives."""
 
     def __init__(self, prog: Program, registry, stacking: bool = True, name: str = "glowgen_main",
-                 profile: bool = False):
+                 profile: bool = False, threads: int = 1):
         self.prog = prog
         self.name = entry_name(name)
-        builder = ModuleBuilder(prog, registry, self.name, stacking, io_entry=True, profile=profile)
+        self.threads = threads
+        builder = ModuleBuilder(prog, registry, self.name, stacking, profile=profile, threads=threads)
         self.ir = str(builder.build())
         self.step_names = builder.step_names
+        self.split_steps = builder.split_steps     # (step, tasks) of the steps run in parallel
         self.jit = JitFunction(self.ir, self.name, io_entry=True)
         self._counters = None
         if profile:
@@ -85,10 +89,13 @@ class CpuRunner:
         in_slot = {id(w) for w in slots}
         self._region_inputs = [(n, w) for n, w in prog.inputs.items() if id(w) not in in_slot]
         self._region_outputs = [(n, w) for n, w in prog.outputs.items() if id(w) not in in_slot]
+        # Only a program with split steps needs the workers.
+        self.pool = ThreadPool(threads) if threads > 1 and any(p > 1 for p in builder.parts.values()) else None
+        self._pool_args = (self.pool.parallel_for, self.pool.pointer) if self.pool else (None, None)
         self.contexts = ContextPool(self._new_context)
 
     def _new_context(self) -> "_Context":
-        return _Context(self.prog, self.constant, self._n_slots)
+        return _Context(self.prog, self.constant, self._n_slots, self._pool_args)
 
     def run(self, feeds: dict) -> dict:
         """Run on checked feeds (api.CompiledModel.check_feeds): right shapes and dtypes.

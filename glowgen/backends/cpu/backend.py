@@ -5,7 +5,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from ...errors import GlowgenError
 from ..base import Backend
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its affinity mask, as onnxruntime counts them)."""
+    import os
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def resolve_threads(threads) -> int:
+    """`threads=` checked: a positive integer, or None for every core of this machine."""
+    if threads is None:
+        return machine_cores()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise GlowgenError(f"threads must be a positive integer (or None for this machine's "
+                           f"{machine_cores()} cores), not {threads!r}")
+    return threads
 
 
 class CpuBackend(Backend):
@@ -13,7 +33,13 @@ class CpuBackend(Backend):
     options = {
         "stacking": True,     # stack runs of elementwise instructions into single loops
         "profile": False,     # count cycles per native step (CompiledModel.profile())
+        "threads": None,      # threads a call may use (None: this machine's cores)
     }
+
+    def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        options = super().check_options(options)
+        options["threads"] = resolve_threads(options["threads"])
+        return options
 
     def implemented_ops(self, registry) -> frozenset[str]:
         # specs/cpu_kernels.glowdef: elementwise kernels plus the loop-nest primitives.
@@ -22,7 +48,7 @@ class CpuBackend(Backend):
     def make_runner(self, prog, registry, options: Mapping[str, Any]):
         from . import CpuRunner
         return CpuRunner(prog, registry, stacking=options["stacking"], name=prog.name,
-                         profile=options["profile"])
+                         profile=options["profile"], threads=options["threads"])
 
     def bundle_target(self, triple: Optional[str] = None, cpu: Optional[str] = None,
                       name: Optional[str] = None, source: Optional[Path] = None):
@@ -34,4 +60,5 @@ class CpuBackend(Backend):
         if options.get("profile"):
             from ...errors import GlowgenError
             raise GlowgenError("profile=True counts cycles in the JIT; a bundle cannot carry it")
-        return write_bundle(prog, registry, out_dir, target, stacking=options["stacking"])
+        return write_bundle(prog, registry, out_dir, target, stacking=options["stacking"],
+                            threads=options["threads"])

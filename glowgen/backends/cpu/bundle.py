@@ -458,8 +458,9 @@ def bundle_target(triple: Optional[str] = None, cpu: Optional[str] = None,
 
 
 def write_bundle(prog: Program, registry, out_dir, target: BundleTarget,
-                 stacking: bool = True) -> Bundle:
-    """Write the compiled program `prog` as a bundle for `target` into `out_dir`."""
+                 stacking: bool = True, threads: int = 1) -> Bundle:
+    """Write the compiled program `prog` as a bundle for `target` into `out_dir`, its steps
+    split for `threads` threads (the entry NAME_parallel takes the caller's pool)."""
     from ..base import prepare_output_dir
     from .codegen import ModuleBuilder
     from .jit import optimize
@@ -467,7 +468,8 @@ def write_bundle(prog: Program, registry, out_dir, target: BundleTarget,
     name, source = target.name, target.source
     directory = prepare_output_dir(out_dir)
     tm = target.machine
-    ir_text = str(ModuleBuilder(prog, registry, name, stacking, features=target.features).build())
+    ir_text = str(ModuleBuilder(prog, registry, name, stacking, features=target.features,
+                                      threads=threads).build())
     # The builder re-plans the activation arena: sizes and offsets are final only now.
     module = optimize(ir_text, tm)
     obj = tm.emit_object(module)

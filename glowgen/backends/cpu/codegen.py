@@ -6,7 +6,12 @@ instruction), passing typed pointers at the offsets the memory plan fixed at com
 Pointers whose bytes overlap no other argument are marked `noalias`, so LLVM vectorizes
 without runtime checks.
 
-For the JIT, a second entry point `i32 NAME_io(.., .., .., i8** io)` takes the graph inputs
+Compiled for several threads, a step worth splitting (parallel.py) runs as tasks handed to
+a `parallel_for(pool, n, task, env)` the caller supplies: `NAME_parallel(.., .., ..,
+parallel_for, pool)` takes it (threads.py has the JIT's; a bundle's main.c has one on POSIX
+threads), and NAME runs the same tasks one after another.
+
+For the JIT, `i32 NAME_io(.., .., .., i8** io, parallel_for, pool)` takes the graph inputs
 and outputs listed in `io_slots(prog)` from a table of pointers instead of the mutable
 region, so a caller can run on its own arrays without copying them in and out.
 """
@@ -20,8 +25,11 @@ from .epilogue import EpilogueEmitter, fuse_epilogues
 from .kernels import KERNELS, SCRATCH, KernelArgs
 from . import kernels_more  # noqa: F401  (registers the kernels of the last `extern` section)
 from .packing import pack_constant_weights
-from .llvmutil import F32, I8P, I32, i64, intrinsic, set_target_features, storage_type
-from .loops import blocked_loops, broadcast_strides, contiguous_strides, innermost_extent, strided_loops
+from .llvmutil import F32, I8P, I32, I64, for_range, i64, intrinsic, set_target_features, storage_type
+from .loops import (blocked_loops, broadcast_strides, contiguous_strides, innermost_extent, loop_work,
+                    strided_loops)
+from .parallel import PARALLEL, WHOLE, Split
+from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
 from .stacking import BLOCK, Step, cost_groups, form_steps, replan_activations, stores_needed
 
@@ -87,7 +95,7 @@ def describe_step(step: Step) -> str:
 
 class ModuleBuilder:
     def __init__(self, prog: Program, registry, name: str, stacking: bool = True,
-                 features: str | None = None, io_entry: bool = False, profile: bool = False):
+                 features: str | None = None, profile: bool = False, threads: int = 1):
         from .gemm import choose_shape
         from .jit import host_target
         self.prog, self.registry, self.name = prog, registry, name
@@ -99,9 +107,10 @@ class ModuleBuilder:
         self.gemm_shape = choose_shape(features)
         self.scratch_offset = None       # of the kernels' scratch in the activation region
         self.scratch_steps: set[int] = set()  # ids of the steps whose kernels use it
-        self.io_entry = io_entry
         self.profile = profile
         self.step_names: list[str] = []   # what each step computes, for profiles
+        self.threads = threads
+        self.parts: dict[int, int] = {}   # step id -> tasks it is split into (parallel.py)
 
     def build(self) -> ir.Module:
         from .kernels import conv_weight_layout
@@ -112,9 +121,12 @@ class ModuleBuilder:
         if self.stacking:
             steps = fuse_epilogues(steps, self.registry)
         replan_activations(self.prog, steps)
+        self.parts = {id(step): self._split_parts(step) for step in steps}
         self._declare_scratch(steps)
         calls = [self._step_function(i, step) for i, step in enumerate(steps)]
         self.step_names = [describe_step(step) for step in steps]
+        self.split_steps = [(name, self.parts[id(step)]) for name, step in zip(self.step_names, steps)
+                            if self.parts[id(step)] > 1]
         self._counters = None
         if self.profile:
             # Each step's fewest cycles over the runs: the cycle counter is wall time, and the
@@ -122,22 +134,23 @@ class ModuleBuilder:
             ty = ir.ArrayType(ir.IntType(64), max(1, len(steps)))
             self._counters = ir.GlobalVariable(self.module, ty, name=f"{self.name}_profile")
             self._counters.initializer = ir.Constant(ty, [ir.Constant(ir.IntType(64), 2 ** 64 - 1)] * ty.count)
-        if not self.io_entry:
-            self._entry(self.name, calls, slots=None)
-            return self.module
+        self._serial_for = self._serial_parallel_for()
         # One entry calls the steps (each step function has one call site, so LLVM inlines
         # them all: with two entries calling them it would not, and MobileNetV2 ran 30%
-        # slower); the region entry passes a table of its own region pointers.
+        # slower); the region entries pass a table of their own region pointers.
         slots = io_slots(self.prog)
         io_fn = self._entry(self.name + "_io", calls, slots=slots)
-        self._region_entry(io_fn, slots)
+        self._region_entry(self.name, io_fn, slots, parallel=False)
+        self._region_entry(self.name + "_parallel", io_fn, slots, parallel=True)
         return self.module
 
-    def _region_entry(self, io_fn, slots) -> None:
-        """`NAME(constant, mutable, activations)`: NAME_io with the io buffers at their places
-        in the mutable region."""
-        entry = ir.Function(self.module, ir.FunctionType(I32, [I8P, I8P, I8P]), name=self.name)
-        for arg, n in zip(entry.args, REGION_ORDER):
+    def _region_entry(self, name: str, io_fn, slots, parallel: bool) -> None:
+        """`NAME(constant, mutable, activations)` and `NAME_parallel(.., .., ..,
+        parallel_for, pool)`: NAME_io with the io buffers at their places in the mutable
+        region (NAME runs every task on the calling thread)."""
+        params = [I8P, I8P, I8P] + ([PARALLEL_FOR_TYPE.as_pointer(), I8P] if parallel else [])
+        entry = ir.Function(self.module, ir.FunctionType(I32, params), name=name)
+        for arg, n in zip(entry.args, REGION_ORDER + ("parallel_for", "pool")):
             arg.name = n
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         table = b.alloca(ir.ArrayType(I8P, max(1, len(slots))), name="io")
@@ -145,22 +158,52 @@ class ModuleBuilder:
             b.store(b.gep(entry.args[REGION_ORDER.index(w.region)], [i64(w.offset)]),
                     b.gep(table, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
         first = b.gep(table, [ir.Constant(I32, 0), ir.Constant(I32, 0)])
-        b.ret(b.call(io_fn, list(entry.args) + [first]))
+        pool = (list(entry.args[3:]) if parallel
+                else [ir.Constant(PARALLEL_FOR_TYPE.as_pointer(), None), ir.Constant(I8P, None)])
+        b.ret(b.call(io_fn, list(entry.args[:3]) + [first] + pool))
+
+    def _serial_parallel_for(self) -> ir.Function:
+        """The parallel_for of a caller that gives none: every task in order, here."""
+        fn = ir.Function(self.module, PARALLEL_FOR_TYPE, name=f"{self.name}_serial_for")
+        fn.linkage = "internal"
+        _, n, task, env = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        with for_range(b, n, name="task") as i:
+            b.call(task, [env, i])
+        b.ret_void()
+        return fn
+
+    def _task_function(self, index: int, fn, n_ptrs: int) -> ir.Function:
+        """`void task(i8* env, i64 part)`: the step's pointers from `env`, then its share."""
+        task = ir.Function(self.module, TASK_TYPE, name=f"s{index}_task")
+        task.linkage = "internal"
+        env, part = task.args
+        b = ir.IRBuilder(task.append_basic_block("entry"))
+        table = b.bitcast(env, I8P.as_pointer())
+        args = [b.bitcast(b.load(b.gep(table, [i64(j)])), fn.args[j].type) for j in range(n_ptrs)]
+        b.call(fn, args + [part])
+        b.ret_void()
+        return task
 
     def _entry(self, name: str, calls, slots) -> None:
-        """An entry point calling every step; with `slots`, the buffers listed there come
-        from the pointer table of a fourth argument rather than from the mutable region."""
-        params = [I8P, I8P, I8P] + ([I8P.as_pointer()] if slots is not None else [])
+        """The entry point calling every step: the buffers listed in `slots` come from the
+        pointer table of a fourth argument rather than from the mutable region; split steps
+        go to the parallel_for of the fifth (with the pool of the sixth)."""
+        params = [I8P, I8P, I8P, I8P.as_pointer(), PARALLEL_FOR_TYPE.as_pointer(), I8P]
         entry = ir.Function(self.module, ir.FunctionType(I32, params), name=name)
-        for arg, n in zip(entry.args, REGION_ORDER + ("io",)):
+        for arg, n in zip(entry.args, REGION_ORDER + ("io", "parallel_for", "pool")):
             arg.name = n
-            arg.add_attribute("noalias")
+            if n != "parallel_for":
+                arg.add_attribute("noalias")
         b = ir.IRBuilder(entry.append_basic_block("entry"))
         regions = dict(zip(REGION_ORDER, entry.args))
         slot_of = {id(w): k for k, w in enumerate(slots or ())}
+        given, pool = entry.args[4], entry.args[5]
+        parallel_for = b.select(b.icmp_unsigned("==", b.ptrtoint(given, I64), i64(0)),
+                                self._serial_for, given)
         clock = (intrinsic(self.module, "llvm.readcyclecounter", ir.IntType(64), [])
                  if self._counters is not None else None)
-        for index, (fn, buffers, uses_scratch) in enumerate(calls):
+        for index, (fn, buffers, uses_scratch, task) in enumerate(calls):
             ptrs = []
             for buf in buffers:
                 k = slot_of.get(id(buf.root()))
@@ -171,7 +214,13 @@ class ModuleBuilder:
                 raw = b.gep(regions["activation"], [i64(self.scratch_offset)])
                 ptrs.append(b.bitcast(raw, F32.as_pointer()))
             start = b.call(clock, []) if clock is not None else None
-            b.call(fn, ptrs)
+            if task is None:
+                b.call(fn, ptrs)
+            else:
+                env = b.alloca(ir.ArrayType(I8P, len(ptrs)), name=f"env{index}")
+                for j, p in enumerate(ptrs):
+                    b.store(b.bitcast(p, I8P), b.gep(env, [ir.Constant(I32, 0), ir.Constant(I32, j)]))
+                b.call(parallel_for, [pool, i64(task[1]), task[0], b.bitcast(env, I8P)])
             if clock is not None:
                 slot = b.gep(self._counters, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), index)])
                 spent = b.sub(b.call(clock, []), start)
@@ -180,11 +229,27 @@ class ModuleBuilder:
         b.ret(ir.Constant(I32, 0))
         return entry
 
+    def _split_parts(self, step: Step) -> int:
+        """How many tasks `step` runs as (parallel.py): 1 unless its kernel can split and
+        every share is worth a round of the pool."""
+        if self.threads <= 1:
+            return 1
+        if step.stacked:
+            _, _, maps = self._stack_operands(step)
+            return loop_work(step.shape, maps, cost=len(step.instrs)).parts(self.threads)
+        ins = step.instrs[0]
+        work = PARALLEL.get(ins.kind)
+        if work is None or ins.node is None:
+            return 1
+        return work(ins.node, self.gemm_shape, ins).parts(self.threads)
+
     def _declare_scratch(self, steps) -> None:
         """Scratch memory for the kernels that need it (im2col panels, padded planes), as
         large as the largest need, at the end of the activation region: the code keeps no
-        state of its own, so concurrent calls with their own regions stay independent."""
+        state of its own, so concurrent calls with their own regions stay independent.  A
+        split step's tasks each have a share of their own (`scratch_stride` bytes apart)."""
         need = 0
+        self.scratch_stride: dict[int, int] = {}
         for step in steps:
             for ins in step.instrs:
                 fn = SCRATCH.get(ins.kind)
@@ -192,6 +257,9 @@ class ModuleBuilder:
                     bytes_ = fn(ins.node, self.gemm_shape)
                     if bytes_:
                         self.scratch_steps.add(id(step))
+                        stride = -(-bytes_ // 64) * 64
+                        self.scratch_stride[id(step)] = stride
+                        bytes_ = stride * self.parts[id(step)]
                     need = max(need, bytes_)
         if need:
             self.scratch_offset = -(-self.prog.region_sizes["activation"] // 64) * 64
@@ -207,8 +275,10 @@ class ModuleBuilder:
         kinds = "_".join(i.kind for i in step.instrs[:3]) + ("_etc" if len(step.instrs) > 3 else "")
         # A step whose kernel uses scratch takes it as a last argument (it overlaps nothing).
         uses_scratch = id(step) in self.scratch_steps
+        parts = self.parts.get(id(step), 1)
         params = [storage_type(x.type.dtype).as_pointer() for x in buffers]
-        fnty = ir.FunctionType(ir.VoidType(), params + ([F32.as_pointer()] if uses_scratch else []))
+        params += [F32.as_pointer()] if uses_scratch else []
+        fnty = ir.FunctionType(ir.VoidType(), params + ([I64] if parts > 1 else []))
         fn = ir.Function(self.module, fnty, name=f"s{index}_{kinds}")
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
@@ -217,24 +287,34 @@ class ModuleBuilder:
             arg.name = buf.name.replace('"', "")
             if not any(_overlaps(ranges[j], r) for k, r in enumerate(ranges) if k != j):
                 arg.add_attribute("noalias")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        split = WHOLE
+        if parts > 1:
+            fn.args[-1].name = "part"
+            split = Split(fn.args[-1], parts)
         self._scratch_arg = None
         if uses_scratch:
-            self._scratch_arg = fn.args[-1]
-            self._scratch_arg.name = "scratch"
-            self._scratch_arg.add_attribute("noalias")
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
+            scratch = fn.args[len(buffers)]
+            scratch.name = "scratch"
+            scratch.add_attribute("noalias")
+            if parts > 1:          # this task's own share of the scratch memory
+                floats = self.scratch_stride[id(step)] // 4
+                scratch = b.gep(scratch, [b.mul(split.index, i64(floats))], name="own_scratch")
+            self._scratch_arg = scratch
         ptr = {id(buf): arg for buf, arg in zip(buffers, fn.args)}
         if step.stacked:
-            self._emit_stack(b, step, ptr)
+            self._emit_stack(b, step, ptr, split)
         elif getattr(step, "epilogue", None) is not None:
             epilogue = EpilogueEmitter(step, self.prog, self.life, self.registry, ptr, self.gemm_shape.vw)
-            self._emit_single(b, step.instrs[0], ptr, epilogue)
+            self._emit_single(b, step.instrs[0], ptr, split, epilogue)
         else:
-            self._emit_single(b, step.instrs[0], ptr)
+            self._emit_single(b, step.instrs[0], ptr, split)
         b.ret_void()
-        return fn, buffers, uses_scratch
+        n_ptrs = len(buffers) + (1 if uses_scratch else 0)
+        task = (self._task_function(index, fn, n_ptrs), parts) if parts > 1 else None
+        return fn, buffers, uses_scratch, task
 
-    def _emit_single(self, b, ins: Instr, ptr, epilogue=None):
+    def _emit_single(self, b, ins: Instr, ptr, split: Split = WHOLE, epilogue=None):
         if ins.kind == Instr.COPY:
             dst, src = ins.operands[0][1], ins.operands[1][1]
             n = dst.type.size
@@ -260,14 +340,16 @@ class ModuleBuilder:
         scratch = self._scratch_arg
         args = KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch)
         args.epilogue = epilogue
+        args.split = split
         args.packed = getattr(ins, "packed", None)
         args.packed_nr = getattr(ins, "packed_nr", None)
         emitter(args)
 
-    def _emit_stack(self, b, step: Step, ptr):
+    def _stack_operands(self, step: Step):
+        """A stack's external operands (every buffer read before the step writes it), the
+        values it stores, and the index maps of both over the step's shape."""
         shape = step.shape
         needed = stores_needed(step, self.prog, self.life)
-        # External operands: every buffer read before the step writes it.
         externals: list[Buffer] = []
         written: set[int] = set()
         for ins in step.instrs:
@@ -276,13 +358,18 @@ class ModuleBuilder:
                     externals.append(buf)
             written.update(id(x.root()) for x in ins.writes())
         stored = [ins.writes()[0] for ins, need in zip(step.instrs, needed) if need]
-        bases = [ptr[id(x)] for x in externals] + [ptr[id(x)] for x in stored]
         maps = ([broadcast_strides(x.type.shape, shape) for x in externals]
                 + [contiguous_strides(shape) for _ in stored])
+        return externals, stored, maps
+
+    def _emit_stack(self, b, step: Step, ptr, split: Split = WHOLE):
+        shape = step.shape
+        externals, stored, maps = self._stack_operands(step)
+        bases = [ptr[id(x)] for x in externals] + [ptr[id(x)] for x in stored]
         registry = self.registry
         groups = cost_groups(step, registry)
         if len(groups) > 1 and innermost_extent(shape, maps) >= 2 * BLOCK:
-            self._emit_stack_blocked(b, step, groups, externals, stored, bases, maps)
+            self._emit_stack_blocked(b, step, groups, externals, stored, bases, maps, split)
             return
 
         def body(bb, ps):
@@ -292,9 +379,9 @@ class ModuleBuilder:
             for j, buf in enumerate(stored):
                 store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
 
-        strided_loops(b, shape, bases, maps, [0] * len(bases), body)
+        strided_loops(b, shape, bases, maps, [0] * len(bases), body, split=split)
 
-    def _emit_stack_blocked(self, b, step: Step, groups, externals, stored, bases, maps):
+    def _emit_stack_blocked(self, b, step: Step, groups, externals, stored, bases, maps, split: Split):
         """A costly stack as groups run one after another over each block of elements
         (stacking.cost_groups); values one group passes to a later one wait in per-block
         arrays on the stack, in L1."""
@@ -346,4 +433,4 @@ class ModuleBuilder:
             return body
 
         blocked_loops(b, step.shape, bases, maps, BLOCK,
-                      [make_body(g, instrs) for g, instrs in enumerate(groups)])
+                      [make_body(g, instrs) for g, instrs in enumerate(groups)], split=split)

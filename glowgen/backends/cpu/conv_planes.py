@@ -73,8 +73,9 @@ def emit_conv_planes(k, vw: int) -> None:
     plane = k.scratch
 
     zero_planes(b, g, plane, 1)
+    lo, hi = k.split.range(b, groups)          # a split task's groups (kernels.conv_work)
     with for_range(b, n_img, name="img") as img:
-        with for_range(b, groups, name="grp") as gi:
+        with for_range(b, hi, start=lo, name="grp") as gi:
             with for_range(b, g.cg, name="ci") as ci:
                 chan = b.add(b.mul(gi, i64(g.cg)), ci)
                 fill_plane(b, g, b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), chan), i64(g.h * g.w))]), plane)
@@ -309,7 +310,8 @@ def emit_max_pool_planes(k, vw: int) -> None:
     planes = k.scratch
     zero_planes(b, g, planes, 1, float("-inf"))
     n, c = xt.shape[:2]
-    with for_range(b, n * c, name="pp") as nc:
+    lo, hi = k.split.range(b, n * c)           # a split task's planes (kernels_more.pool_work)
+    with for_range(b, hi, start=lo, name="pp") as nc:
         fill_plane(b, g, b.gep(x, [b.mul(nc, i64(g.h * g.w))]), planes)
         ybase = b.mul(nc, i64(g.oh * g.ow))
         with for_range(b, g.oh, name="oh") as oh:

@@ -65,6 +65,12 @@ def scratch_floats(node, shape) -> int:
     return sum(_layout(node, shape))
 
 
+def transposed_items(node, shape) -> int:
+    """What a split shares out (parallel.py): whole panels of filters (B's, in the product
+    below); each task builds the whole patch matrix in its own scratch."""
+    return node.inputs[1].type.shape[0] // shape.nr
+
+
 def emit_conv_transposed(k) -> None:
     b, shape, node = k.b, k.gemm_shape, k.node
     (y, _), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
@@ -100,15 +106,17 @@ def emit_conv_transposed(k) -> None:
             with for_range(b, -(-n // mr), name="blk") as j:
                 patch_panel(b, geo, planes, b.gep(patches, [b.mul(j, i64(mr * kk))]), mr, b.mul(j, i64(mr)))
         emit_gemm(b, GemmShape(vw, mr, shape.nv), n, m, kk, patches, kk, w, None, ct, m, name="ct",
-                  a_packed=True)
+                  a_packed=True, split=k.split)
         _store_transposed(k, ct, n, m, img, y, bias)
 
 
 def _store_transposed(k, ct, n: int, m: int, img, y, bias) -> None:
     """y[img, f, p] = C^T[p, f] + bias[f], through the epilogue when there is one: blocks of
     VW pixels x VW filters are loaded as VW vectors along the filters and transposed in
-    registers into VW vectors along the pixels."""
+    registers into VW vectors along the pixels.  A split task stores the filters of its
+    panels (the last one, the filters past the last whole panel too)."""
     b, vw = k.b, k.gemm_shape.vw
+    split, nr = k.split, k.gemm_shape.nr
     zero = ir.Constant(_vec(vw), [0.0] * vw)
 
     def block(p0, f0, pixels: int, filters: int):
@@ -130,10 +138,18 @@ def _store_transposed(k, ct, n: int, m: int, img, y, bias) -> None:
     def filters_of(p0, pixels: int):
         f_full = m // vw
         if f_full:
-            with for_range(b, f_full * vw, step=vw, name="tf") as f0:
+            lo, hi = i64(0), i64(f_full * vw)
+            if not split.whole:
+                lo, hi = split.range(b, m // nr)
+                lo, hi = b.mul(lo, i64(nr)), b.select(split.is_last(b), i64(f_full * vw), b.mul(hi, i64(nr)))
+            with for_range(b, hi, start=lo, step=vw, name="tf") as f0:
                 block(p0, f0, pixels, vw)
         if m % vw:
-            block(p0, i64(f_full * vw), pixels, m % vw)
+            if split.whole:
+                block(p0, i64(f_full * vw), pixels, m % vw)
+            else:
+                with b.if_then(split.is_last(b)):
+                    block(p0, i64(f_full * vw), pixels, m % vw)
 
     p_full = n // vw
     if p_full:

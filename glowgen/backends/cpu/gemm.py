@@ -14,6 +14,7 @@ from typing import Callable, Optional
 from llvmlite import ir
 
 from .llvmutil import F32, I1, I64, for_range, i64, intrinsic
+from .parallel import WHOLE, Split
 
 
 class GemmShape:
@@ -90,7 +91,8 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               a, lda: int, bmat, ldb: Optional[int], c, ldc: int,
               row_init: Optional[Callable] = None,
               epilogue: Optional[Callable] = None, name: str = "g", a_packed: bool = False,
-              pack_panel: Optional[Callable] = None, panel_nr: Optional[int] = None) -> None:
+              pack_panel: Optional[Callable] = None, panel_nr: Optional[int] = None,
+              split: Split = WHOLE, split_rows: bool = False) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
@@ -103,7 +105,12 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     panel p (K x NR) to `bmat`, and every row block of A then meets that panel while it is
     in cache, so B never exists whole (im2col of a large image, with A small enough to be
     re-read from L2 for each panel).  `panel_nr` is the width of B's packed panels when it is
-    not the tile's NR (packing.gemv_panel_width: a matrix-vector product's wide tiles)."""
+    not the tile's NR (packing.gemv_panel_width: a matrix-vector product's wide tiles).
+
+    With a `split` (parallel.py), only a share of the tiles: of B's whole panels (the last
+    task also takes the ragged last panel; B must be packed, `ldb=None`, so that every row
+    block uses one panel width), or with `split_rows`, of A's whole blocks of MR rows (the
+    last task also takes the rows that do not fill a block).  gemm_items counts them."""
     vw = shape.vw
     fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", _vec(vw), [_vec(vw)] * 3)
 
@@ -168,6 +175,24 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 out = b.gep(c, [b.add(b.mul(m, i64(ldc)), n_at)])
                 vstore(b, v, out, vw, col_valid if col_valid < vw else None)
 
+    by_panels = not split.whole and not split_rows
+    assert not (by_panels and ldb is not None), "a split by panels needs B packed"
+    assert not (split_rows and not split.whole and pack_panel is not None), "panel by panel splits by panels"
+
+    def panels(n_full: int, n_tail: int, full, tail):
+        """full(p) for each whole panel (of this task's share), then tail() if this task
+        takes the ragged one."""
+        if n_full:
+            lo, hi = split.range(b, n_full) if by_panels else (i64(0), i64(n_full))
+            with for_range(b, hi, start=lo, name=f"{name}.p") as p:
+                full(p)
+        if n_tail:
+            if by_panels:
+                with b.if_then(split.is_last(b)):
+                    tail()
+            else:
+                tail()
+
     def panel_by_panel():
         n_full, n_tail = divmod(N, shape.nr)
         m_main = (M // shape.mr) * shape.mr
@@ -182,11 +207,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                     tile(shape.mr, shape.nv, m0, n0, valid, i64(0))
             if M - m_main:
                 tile(M - m_main, shape.nv, i64(m_main), n0, valid, i64(0))
-        if n_full:
-            with for_range(b, n_full, name=f"{name}.p") as p:
-                panel(p, shape.nr)
-        if n_tail:
-            panel(i64(n_full), n_tail)
+        panels(n_full, n_tail, lambda p: panel(p, shape.nr), lambda: panel(i64(n_full), n_tail))
 
     def rows(mr: int, m_start: int, m_count: int):
         """All tiles of `m_count` rows (a multiple of mr) from m_start.  Fewer rows than the
@@ -197,12 +218,13 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         nv = (shape.nv if ldb is None else wide_nv(shape, mr)) if panel_nr is None else panel_nr // vw
         nr = vw * nv
         n_full, n_tail = divmod(N, nr)
-        with for_range(b, m_start + m_count, start=m_start, step=mr, name=f"{name}.m{mr}") as m0:
-            if n_full:
-                with for_range(b, n_full, name=f"{name}.n") as p:
-                    tile(mr, nv, m0, b.mul(p, i64(nr)), nr, p)
-            if n_tail:
-                tile(mr, nv, m0, i64(n_full * nr), n_tail, i64(n_full))
+        lo, hi = i64(m_start), i64(m_start + m_count)
+        if split_rows and not split.whole:                        # this task's row blocks
+            lo, hi = split.range(b, m_count // mr)
+            lo, hi = b.add(i64(m_start), b.mul(lo, i64(mr))), b.add(i64(m_start), b.mul(hi, i64(mr)))
+        with for_range(b, hi, start=lo, step=mr, name=f"{name}.m{mr}") as m0:
+            panels(n_full, n_tail, lambda p: tile(mr, nv, m0, b.mul(p, i64(nr)), nr, p),
+                   lambda: tile(mr, nv, m0, i64(n_full * nr), n_tail, i64(n_full)))
 
     if pack_panel is not None:
         panel_by_panel()
@@ -212,7 +234,11 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     rows(mr, 0, m_main)
     rest = M - m_main
     if rest:
-        rows(rest, m_main, rest)
+        if split_rows and not split.whole:
+            with b.if_then(split.is_last(b)):
+                rows(rest, m_main, rest)
+        else:
+            rows(rest, m_main, rest)
 
 
 def pack_panels_size(N: int, K: int, shape: GemmShape, width: Optional[int] = None) -> int:
@@ -227,3 +253,8 @@ def wide_nv(shape: GemmShape, rows: int) -> int:
     full tile has (at most 16 vectors wide), so a matrix-vector product streams whole rows
     of B instead of narrow columns."""
     return max(shape.nv, min(16, (shape.mr * shape.nv) // rows))
+
+
+def gemm_items(M: int, N: int, shape: GemmShape, split_rows: bool, panel_nr: Optional[int] = None) -> int:
+    """What a split of emit_gemm shares out: whole blocks of MR rows, or whole panels of B."""
+    return M // shape.mr if split_rows else N // (panel_nr or shape.nr)

@@ -67,9 +67,8 @@ class JitFunction:
         addr = self.engine.get_function_address(name)
         proto = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
         self.fn = proto(addr)
-        if io_entry:        # NAME_io(constant, mutable, activations, io pointer table)
-            proto_io = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
-                                        ctypes.c_void_p, ctypes.c_void_p)
+        if io_entry:        # NAME_io(constant, mutable, activations, io table, parallel_for, pool)
+            proto_io = ctypes.CFUNCTYPE(ctypes.c_int32, *[ctypes.c_void_p] * 6)
             self.fn_io = proto_io(self.engine.get_function_address(name + "_io"))
 
     def assembly(self) -> str:

@@ -13,6 +13,7 @@ from llvmlite import ir
 
 from ... import shapelib
 from .conv_planes import conv_is_pointwise
+from .parallel import WHOLE, Work, parallel
 from .llvmutil import I64, for_range, i64, is_float, register_type, storage_type
 from .loops import broadcast_strides, contiguous_strides, strided_loops
 from .scalar import ScalarEmitter, Value, const, load_elem, store_elem
@@ -42,6 +43,7 @@ class KernelArgs:
         self.epilogue = None              # elementwise run fused into the store (epilogue.py)
         self.packed = None                # "a" / "b": a constant operand repacked (packing.py)
         self.packed_nr = None             # the width of B's packed panels
+        self.split = WHOLE                # the share of the work this function does (parallel.py)
 
     @property
     def attrs(self):
@@ -215,13 +217,31 @@ def batch_matmul(k: KernelArgs):
     packed = k.packed == "b"          # a constant rhs in panels (packing.py)
     width = k.packed_nr if packed else None
     c_stride = pack_panels_size(n, kk, k.gemm_shape, width) if packed else kk * n
-    with for_range(b, nb, name="bmm") as bi:
+    # A split (bmm_work) shares out the batch, or else B's panels or A's row blocks.
+    split = k.split
+    by_batch = nb > 1
+    lo, hi = split.range(b, nb) if by_batch else (i64(0), i64(nb))
+    inner = WHOLE if by_batch else split
+    with for_range(b, hi, start=lo, name="bmm") as bi:
         epi = None
         if k.epilogue is not None:
             epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, bi, row, col, valid)  # noqa: E731
         emit_gemm(b, k.gemm_shape, m, n, kk, b.gep(a, [b.mul(bi, i64(m * kk))]), kk,
                   b.gep(c, [b.mul(bi, i64(c_stride))]), None if packed else n,
-                  b.gep(y, [b.mul(bi, i64(m * n))]), n, epilogue=epi, name="mm", panel_nr=width)
+                  b.gep(y, [b.mul(bi, i64(m * n))]), n, epilogue=epi, name="mm", panel_nr=width,
+                  split=inner, split_rows=not packed)
+
+
+@parallel("BatchMatMul")
+def bmm_work(node, shape, ins) -> Work:
+    from .gemm import gemm_items
+    nb, m, kk = node.inputs[0].type.shape
+    n = node.inputs[1].type.shape[2]
+    if shape is None or node.outputs[0].type.dtype != "f32":
+        return Work(1)
+    packed = getattr(ins, "packed", None) == "b"
+    items = nb if nb > 1 else gemm_items(m, n, shape, not packed, getattr(ins, "packed_nr", None))
+    return Work(items, flops=2.0 * nb * m * n * kk)
 
 
 def batch_matmul_loops(k: KernelArgs):
@@ -454,6 +474,9 @@ def conv(k: KernelArgs):
         planes, panels = k.scratch, b.gep(k.scratch, [i64(aligned_floats(cg * geo.size))])
         zero_planes(b, geo, planes, cg)
         nr = k.gemm_shape.nr
+    # A split (conv_work) shares out the patch matrix's panels, or for a pointwise
+    # convolution, the blocks of filters; every task deals the input planes in its own scratch.
+    split = k.split
     with for_range(b, n_img, name="img") as img:
         with for_range(b, g, name="grp") as gi:
             a = b.gep(w, [b.mul(gi, i64(a_stride))])
@@ -470,8 +493,14 @@ def conv(k: KernelArgs):
                 if _conv_panel_by_panel(node):
                     pack_panel = lambda p: patch_panel(b, geo, planes, panels, nr, b.mul(p, i64(nr)))  # noqa: E731
                 else:
-                    with for_range(b, -(-N // nr), name="panel") as p:
+                    def build(p):
                         patch_panel(b, geo, planes, b.gep(panels, [b.mul(p, i64(K * nr))]), nr, b.mul(p, i64(nr)))
+                    lo, hi = split.range(b, N // nr)
+                    with for_range(b, hi, start=lo, name="panel") as p:
+                        build(p)
+                    if N % nr:
+                        with b.if_then(split.is_last(b)):
+                            build(i64(N // nr))
             row_init = None
             if bias is not None:
                 bptr = b.gep(bias[0], [b.mul(gi, i64(mg))])
@@ -481,4 +510,25 @@ def conv(k: KernelArgs):
                 chan0 = b.mul(gi, i64(mg))
                 epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, img, bb.add(chan0, row), col, valid)  # noqa: E731
             emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
-                      epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel)
+                      epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel,
+                      split=split, split_rows=pointwise)
+
+
+@parallel("Conv")
+def conv_work(node, shape, ins) -> Work:
+    """What a convolution shares out (see conv): its groups when it runs over planes, the
+    filter panels of the transposed product, the filter blocks of a pointwise one, the
+    patch matrix's panels otherwise."""
+    from .conv_transposed import transposed_items
+    from .gemm import gemm_items
+    n, m, oh, ow = node.outputs[0].type.shape
+    cg, kh, kw = node.inputs[1].type.shape[1:]
+    flops = 2.0 * n * m * oh * ow * cg * kh * kw
+    if shape is None or node.outputs[0].type.dtype != "f32":
+        return Work(1)
+    if _conv_by_planes(node):
+        return Work(node.group, flops=flops)
+    if getattr(ins, "packed", None) == "t":
+        return Work(transposed_items(node, shape), flops=flops)
+    pointwise = conv_is_pointwise(node)
+    return Work(gemm_items(m // node.group, oh * ow, shape, pointwise), flops=flops)

@@ -19,6 +19,7 @@ from ... import shapelib
 from .kernels import SCRATCH, KernelArgs, _identity, kernel
 from .llvmutil import I1, I64, for_range, i64, is_float, is_signed, register_type, storage_type
 from .loops import contiguous_strides, strided_loops
+from .parallel import Work, parallel
 from .scalar import ScalarEmitter, Value, const, convert, load_elem, store_elem
 
 TRUE = ir.Constant(I1, 1)
@@ -555,7 +556,17 @@ def _pool_nd(k: KernelArgs, is_max: bool):
                 div = Value(b.sitofp(total, register_type(dtype)), dtype)
                 store_elem(b, em.f_div(load_elem(b, acc_ptr, dtype), div), acc_ptr, dtype)
         _nest(b, out, per_out, "po")
-    _nest(b, (n * c,), per_plane, "pp")
+    lo, hi = k.split.range(b, n * c)           # a split task's planes (pool_work)
+    with for_range(b, hi, start=lo, name="pp") as nc:
+        per_plane((nc,))
+
+
+@parallel("MaxPool", "MaxPoolN", "AvgPool", "AvgPoolN")
+def pool_work(node, shape, ins) -> Work:
+    """Pooling shares out its planes (one per image and channel)."""
+    n, c = node.inputs[0].type.shape[:2]
+    taps = prod(node.kernel)
+    return Work(n * c, elements=prod(node.outputs[0].type.shape) * taps / 4)
 
 
 @kernel("MaxPool", "MaxPoolN")

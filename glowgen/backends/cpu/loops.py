@@ -6,11 +6,13 @@ loop nest with different index maps, which is how XLA's elemental emitter sees t
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 from llvmlite import ir
 
 from .llvmutil import for_range, i64
+from .parallel import FLAT_ALIGN, WHOLE, Split, Work
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -52,15 +54,36 @@ def collapse(shape: Sequence[int], maps: Sequence[Sequence[int]]) -> tuple[list,
     return shape, maps
 
 
+def loop_work(shape: Sequence[int], maps: Sequence[Sequence[int]], cost: float = 1.0) -> Work:
+    """What the loop nest strided_loops / blocked_loops runs offers a split (parallel.py):
+    its outermost (collapsed) loop's iterations, or a flat loop's groups of FLAT_ALIGN."""
+    shape, _ = collapse(shape, maps)
+    elements = math.prod(shape)
+    items = shape[0] if len(shape) > 1 else -(-shape[0] // FLAT_ALIGN)
+    return Work(items, elements=elements * cost)
+
+
+def _outer_range(b, extent: int, rank: int, split: Split, align: int):
+    """The bounds of the outermost loop for `split`'s share: whole iterations of an outer
+    dimension, or runs of `align` elements of a flat loop."""
+    return split.range(b, extent, align if rank == 1 else 1)
+
+
 def strided_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: Sequence[Sequence[int]],
                   offsets: Sequence[int], body: Callable[[ir.IRBuilder, list], None],
-                  name: str = "d") -> None:
-    """Loop over `shape`; call `body(b, ptrs)` with each operand's element pointer."""
+                  name: str = "d", split: Split = WHOLE) -> None:
+    """Loop over `shape`; call `body(b, ptrs)` with each operand's element pointer.  With a
+    `split`, only its share of the outermost loop."""
     shape, maps = collapse(shape, maps)
 
     def level(d: int, offs: list):
         if d == len(shape):
             body(b, [b.gep(base, [off]) for base, off in zip(bases, offs)])
+            return
+        if d == 0 and not split.whole:
+            lo, hi = _outer_range(b, shape[0], len(shape), split, FLAT_ALIGN)
+            with for_range(b, hi, start=lo, name=f"{name}{d}") as idx:
+                level(1, [b.add(off, b.mul(idx, i64(m[0]))) if m[0] else off for off, m in zip(offs, maps)])
             return
         with for_range(b, shape[d], name=f"{name}{d}") as idx:
             nxt = [b.add(off, b.mul(idx, i64(m[d]))) if m[d] else off for off, m in zip(offs, maps)]
@@ -70,7 +93,7 @@ def strided_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: 
 
 
 def blocked_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: Sequence[Sequence[int]],
-                  block: int, bodies: Sequence[Callable], name: str = "d") -> None:
+                  block: int, bodies: Sequence[Callable], name: str = "d", split: Split = WHOLE) -> None:
     """Loop over `shape` with the innermost (collapsed) dimension cut into blocks of
     `block` elements; within each block, run every body in turn over the block's elements:
     `body(b, ptrs, j)` with each operand's element pointer and j, the index in the block.
@@ -80,11 +103,13 @@ def blocked_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: 
 
     def level(d: int, offs: list):
         if d < len(shape) - 1:
-            with for_range(b, shape[d], name=f"{name}{d}") as idx:
+            lo, hi = (i64(0), i64(shape[d])) if d or split.whole else split.range(b, shape[0])
+            with for_range(b, hi, start=lo, name=f"{name}{d}") as idx:
                 level(d + 1, [b.add(off, b.mul(idx, i64(m[d]))) if m[d] else off
                               for off, m in zip(offs, maps)])
             return
-        with for_range(b, inner, step=block, name=f"{name}blk") as start:
+        lo, hi = (i64(0), i64(inner)) if len(shape) > 1 or split.whole else split.range(b, inner, block)
+        with for_range(b, hi, start=lo, step=block, name=f"{name}blk") as start:
             rest = b.sub(i64(inner), start)
             count = b.select(b.icmp_signed("<", rest, i64(block)), rest, i64(block))
             for k, body in enumerate(bodies):

@@ -1,0 +1,96 @@
+"""Intra-op parallelism: how a step's work is shared among the threads of a pool.
+
+A step that is worth splitting becomes `parts` tasks.  Its function takes the task's index
+as a last argument, and its kernel computes only its share of the outermost loop it
+declares splittable (`Split.range`); the entry point hands the tasks to the pool's
+`parallel_for` (threads.py for the JIT, the linking program's for a bundle).  The split is
+decided here, at compile time, from the static shapes.  A share is a range of whole output
+elements (rows, channels, tiles, panels): every element is computed by the same code in the
+same order whichever task computes it, so results are identical bit for bit for any number
+of threads.
+
+Kernels that can split register `PARALLEL[kind] = fn(node, gemm_shape) -> Work`: how many
+independent items their outermost loop has and what the whole step costs.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+from llvmlite import ir
+
+from .llvmutil import i64
+
+# A parallel_for round costs a few microseconds (waking workers, claiming, waiting for the
+# last): a step is split only when each share keeps a core busy well beyond that.
+MIN_FLOPS_PER_PART = 2_000_000          # ~10 us of FMAs at 100+ GFLOPS
+MIN_ELEMENTS_PER_PART = 16_384          # ~10 us of a short elementwise stack
+FLAT_ALIGN = 64                         # a flat loop's shares start on whole vector groups
+
+
+class Work:
+    """What a kernel's splittable loop offers: `items` independent iterations, and the
+    step's cost in floating-point operations (or elements, for memory-bound kernels)."""
+
+    def __init__(self, items: int, flops: float = 0.0, elements: float = 0.0):
+        self.items, self.flops, self.elements = items, flops, elements
+
+    def parts(self, threads: int) -> int:
+        if threads <= 1 or self.items <= 1:
+            return 1
+        by_cost = max(int(self.flops // MIN_FLOPS_PER_PART), int(self.elements // MIN_ELEMENTS_PER_PART))
+        return max(1, min(threads, self.items, by_cost))
+
+
+PARALLEL: dict[str, Callable] = {}
+
+
+def parallel(*kinds):
+    """Register how the kernels of `kinds` split (see Work)."""
+    def register(fn):
+        for kind in kinds:
+            PARALLEL[kind] = fn
+        return fn
+    return register
+
+
+class Split:
+    """The share of a step one task computes: task `index` (an i64 value of the step
+    function) of `parts`.  The whole step is Split(None, 1)."""
+
+    def __init__(self, index: Optional[ir.Value], parts: int):
+        self.index, self.parts = index, parts
+
+    @property
+    def whole(self) -> bool:
+        return self.parts == 1
+
+    def chunk(self, extent: int, align: int = 1) -> int:
+        per = -(-extent // self.parts)
+        return -(-per // align) * align
+
+    def range(self, b: ir.IRBuilder, extent: int, align: int = 1):
+        """(lo, hi) of this task's share of [0, extent): consecutive shares of
+        ceil(extent / parts) items rounded up to a multiple of `align` (the last may be
+        shorter or empty)."""
+        if self.whole:
+            return i64(0), i64(extent)
+        chunk = self.chunk(extent, align)
+        lo = b.mul(self.index, i64(chunk))
+        lo = b.select(b.icmp_signed("<", lo, i64(extent)), lo, i64(extent))
+        hi = b.add(lo, i64(chunk))
+        hi = b.select(b.icmp_signed("<", hi, i64(extent)), hi, i64(extent))
+        return lo, hi
+
+    def is_last(self, b: ir.IRBuilder) -> ir.Value:
+        """An i1: this task takes what does not divide evenly (a loop's ragged tail)."""
+        if self.whole:
+            return ir.Constant(ir.IntType(1), 1)
+        return b.icmp_signed("==", self.index, i64(self.parts - 1))
+
+
+WHOLE = Split(None, 1)
+
+
+def flat_parts(elements: int, threads: int) -> int:
+    return Work(math.ceil(elements / FLAT_ALIGN), elements=elements).parts(threads)
