@@ -83,7 +83,8 @@ def _summary(a: np.ndarray) -> str:
 
 def cmd_run(args) -> int:
     from .api import compile as compile_model
-    model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args))
+    model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
+                          **_thread_option(args))
     feeds = _feeds(args, model, say_random=True)
     outputs = model.run(feeds)
     for name, value in outputs.items():
@@ -191,7 +192,8 @@ def cmd_compile(args) -> int:
     from .api import write_bundle
     t0 = time.perf_counter()
     b = write_bundle(args.model, args.output, name=args.name, triple=args.target, cpu=args.cpu,
-                     input_shapes=_input_shapes(args), stacking=not args.no_stacking)
+                     input_shapes=_input_shapes(args), stacking=not args.no_stacking,
+                     **_thread_option(args, "cpu"))
     seconds = time.perf_counter() - t0
     sizes = b.program.region_sizes
     print(f"compiled {args.model} for {b.triple} (cpu {b.cpu or 'generic'}) in {seconds:.2f} s")
@@ -256,6 +258,7 @@ def _stats_line(times) -> str:
 def cmd_bench(args) -> int:
     import time
     from .api import compile as compile_model
+    args.threads = _thread_count(args)
     if args.layers:
         return _bench_layers(args)
     if args.model is None:
@@ -264,8 +267,6 @@ def cmd_bench(args) -> int:
         raise InputError("--filter and --json go with --layers")
     if args.runs < 1 or (args.warmup is not None and args.warmup < 0):
         raise InputError("--runs must be at least 1 and --warmup at least 0")
-    if args.threads < 1:
-        raise InputError("--threads must be at least 1")
     if args.no_stacking and args.backend != "cpu":
         raise InputError("--no-stacking applies to the cpu backend: add --backend cpu")
     if args.profile and args.backend != "cpu":
@@ -280,7 +281,7 @@ def cmd_bench(args) -> int:
                                  "(pip install onnxruntime, or pass --compare none)") from None
     t0 = time.perf_counter()
     model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
-                          **({"stacking": False} if args.no_stacking else {}))
+                          **({"stacking": False} if args.no_stacking else {}), **_thread_option(args))
     compile_s = time.perf_counter() - t0
     feeds = _feeds(args, model)
     desc = ", ".join(f"{n}: {t}" for n, t in model.input_types.items())
@@ -289,10 +290,9 @@ def cmd_bench(args) -> int:
             f"a warm-up of {WARMUP_SECONDS:g} s (at least {WARMUP_RUNS} runs)")
     print(f"runs         {args.runs} timed after {warm} each, same inputs for every engine")
     extra = "" if args.backend != "cpu" else f", stacking {'off' if args.no_stacking else 'on'}"
-    print(f"glowgen      backend {args.backend}{extra}, 1 thread, compiled in {compile_s:.2f} s")
-    if args.threads > 1:
-        print(f"note         glowgen runs single-threaded; --threads {args.threads} applies to "
-              f"onnxruntime only")
+    used = model.options.get("threads", 1)
+    print(f"glowgen      backend {args.backend}{extra}, {used} thread{'s' if used > 1 else ''}, "
+          f"compiled in {compile_s:.2f} s")
     g_times = _timings(lambda: model.run(feeds), args.runs, args.warmup)
     print(f"  latency    {_stats_line(g_times)}")
     if ort is None:
@@ -334,6 +334,24 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _thread_count(args) -> int:
+    """--threads N checked; left out: this machine's cores."""
+    from .backends.cpu.backend import machine_cores
+    if args.threads is None:
+        return machine_cores()
+    if args.threads < 1:
+        raise InputError(f"--threads must be at least 1, not {args.threads}")
+    return args.threads
+
+
+def _thread_option(args, backend: str = None) -> dict:
+    """The compile option for --threads, for a backend that takes it."""
+    from .backends.base import get_backend
+    if "threads" not in get_backend(backend or args.backend).options:
+        return {}               # a backend without threads runs on one (bench says so)
+    return {"threads": _thread_count(args)}
+
+
 def _bench_layers(args) -> int:
     if args.model is not None:
         raise InputError("--layers runs its own grid of layers: leave MODEL out")
@@ -355,7 +373,7 @@ def _print_profile(args, feeds) -> None:
     timed runs above carry no counters)."""
     from .api import compile as compile_model
     model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
-                          stacking=not args.no_stacking, profile=True)
+                          stacking=not args.no_stacking, profile=True, threads=args.threads)
     import time
     _warm_up(lambda: model.run(feeds), args.warmup)
     model.profile(reset=True)
@@ -465,6 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "LLVM, JIT-compiled for this machine); default: " + pipeline.DEFAULT_BACKEND)
     r.add_argument("--save-outputs", metavar="DIR", help="write DIR/<output name>.npy for each output")
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    r.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="cpu backend: threads a call runs on (default: this machine's cores)")
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("dump", help="print the graph at a stage of compilation",
@@ -505,9 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "                    uint8_t *activations); region sizes, alignment, and each\n"
                     "                    input's and output's offset, shape and element type\n"
                     "  main.c            an example: reads inputs from raw files, writes outputs\n"
-                    "Build the example with `gcc -O2 main.c NAME.o -lm -o NAME` in DIR; the object\n"
+                    "Build the example with `gcc -O2 -pthread main.c NAME.o -lm -o NAME` in DIR; the object\n"
                     "needs no library but libm.",
-        epilog="example:\n  glowgen compile mlp.onnx -o out/ && cd out && gcc -O2 main.c mlp.o -lm -o mlp\n"
+        epilog="example:\n  glowgen compile mlp.onnx -o out/ && cd out && gcc -O2 -pthread main.c mlp.o -lm -o mlp\n"
                "  ./mlp input.bin output.bin     # raw little-endian, row-major tensors")
     k.add_argument("model", help="path to an .onnx file")
     k.add_argument("-o", "--output", required=True, metavar="DIR",
@@ -521,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
     k.add_argument("--no-stacking", action="store_true",
                    help="one loop per elementwise op (for comparison)")
+    k.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="threads to split the work for (default: this machine's cores); "
+                        "NAME_parallel runs on the caller's pool, main.c's --threads sets its size")
     k.set_defaults(func=cmd_compile)
 
     bn = sub.add_parser(
@@ -529,8 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "through the Python API (model.run, InferenceSession.run): the "
                     "median, min and 90th percentile latency of glowgen and, when onnxruntime is "
                     "installed, of onnxruntime in the same process on the same input, and their "
-                    "ratio.  glowgen runs single-threaded; --threads sets onnxruntime's "
-                    "intra-op threads.")
+                    "ratio.  Both run on --threads N threads (default: this machine's cores).")
     bn.add_argument("model", nargs="?", help="path to an .onnx file (not with --layers)")
     bn.add_argument("--layers", action="store_true",
                     help="instead of a model, a grid of single-op layers (convolutions, products, "
@@ -542,9 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="glowgen backend (default: cpu)")
     bn.add_argument("--compare", default="auto", choices=["auto", "onnxruntime", "none"],
                     help="compare with onnxruntime (default: auto, when it is installed)")
-    bn.add_argument("--threads", type=int, default=1,
-                    help="onnxruntime's intra_op_num_threads (default 1); glowgen is "
-                         "single-threaded today whatever N is")
+    bn.add_argument("--threads", type=int, default=None, metavar="N",
+                    help="threads for glowgen (threads=N) and for onnxruntime "
+                         "(intra_op_num_threads=N); default: this machine's cores")
     bn.add_argument("--no-stacking", action="store_true",
                     help="cpu backend: one loop per elementwise op (for comparison)")
     bn.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")

@@ -28,21 +28,21 @@ needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not i
 
 def build(bundle) -> Path:
     """Exactly the command `glowgen compile` prints."""
-    cmd = ["gcc", "-O2", "main.c", f"{bundle.name}.o", "-lm", "-o", bundle.name]
+    cmd = ["gcc", "-O2", "-pthread", "main.c", f"{bundle.name}.o", "-lm", "-o", bundle.name]
     assert bundle.build_command == " ".join(cmd)
     done = subprocess.run(cmd, cwd=bundle.directory, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     return bundle.directory / bundle.name
 
 
-def run_bundle(exe: Path, prog, feeds: dict, tmp: Path) -> dict:
+def run_bundle(exe: Path, prog, feeds: dict, tmp: Path, extra=()) -> dict:
     files = []
     for i, (name, w) in enumerate(prog.inputs.items()):
         f = tmp / f"in{i}.bin"
         np.ascontiguousarray(feeds[name]).astype(w.type.np_dtype.newbyteorder("<")).tofile(f)
         files.append(f)
     outs = [tmp / f"out{i}.bin" for i in range(len(prog.outputs))]
-    done = subprocess.run([str(exe)] + [str(f) for f in files + outs], capture_output=True, text=True,
+    done = subprocess.run([str(exe), *extra] + [str(f) for f in files + outs], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr
     return {name: np.fromfile(f, w.type.np_dtype.newbyteorder("<")).astype(w.type.np_dtype)
@@ -96,6 +96,29 @@ def test_bench_mlp_bundle_matches_jit_bit_for_bit(tmp_path):
     bundle, jit = check_bundle_matches_jit(directory / manifest["file"], tmp_path)
     assert bundle.name == "mlp"
     assert jit.input_types[manifest["input"]].shape == tuple(manifest["input_shape"])
+
+
+@needs_gcc
+def test_bundle_on_threads_matches_the_jit_bit_for_bit(tmp_path):
+    """A bundle compiled for 2 threads, run by main.c's POSIX-thread pool with --threads 2
+    (and 3, and 1: the entry without a pool), computes what the JIT computes on 2 threads."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 16, 48, 48)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Tanh", ["c"], ["t"]),
+             helper.make_node("MaxPool", ["t"], ["y"], kernel_shape=[2, 2], strides=[2, 2])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": (rng.standard_normal((48, 16, 3, 3)) * 0.1).astype(np.float32),
+                                               "b": rng.standard_normal(48).astype(np.float32)})
+    bundle = glowgen.write_bundle(model, tmp_path / "b", name="convs", threads=2)
+    exe = build(bundle)
+    jit = glowgen.compile(model, threads=2)
+    assert jit._runner.split_steps, "nothing was split: the test would show nothing"
+    expected = jit.run({"x": x})
+    for threads in ("2", "3", "1"):
+        got = run_bundle(exe, bundle.program, {"x": x}, tmp_path, extra=["--threads", threads])
+        assert_bitwise_equal(got, expected)
+    done = subprocess.run([str(exe), "--threads", "0"], capture_output=True, text=True)
+    assert done.returncode == 1 and "--threads takes a number" in done.stderr
 
 
 def _odd_names_model():
@@ -193,7 +216,7 @@ def test_main_c_help_and_bad_files(tmp_path):
     bundle = write_bundle(TINY, tmp_path)
     exe = build(bundle)
     source = (tmp_path / "main.c").read_text()
-    assert "gcc -O2 main.c tiny_cnn.o -lm -o tiny_cnn" in source.split("*/")[0]
+    assert "gcc -O2 -pthread main.c tiny_cnn.o -lm -o tiny_cnn" in source.split("*/")[0]
     assert "image" in source.split("*/")[0] and "little-endian" in source.split("*/")[0]
     done = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
     assert done.returncode == 0
@@ -213,7 +236,7 @@ def test_compile_command_prints_files_and_build_command(tmp_path, capsys):
     for f in ("net.o", "net.weights.bin", "net.h", "main.c"):
         assert str(tmp_path / "out" / f) in out
         assert (tmp_path / "out" / f).exists()
-    assert "gcc -O2 main.c net.o -lm -o net" in out
+    assert "gcc -O2 -pthread main.c net.o -lm -o net" in out
 
 
 def test_compile_for_another_target_writes_its_object(tmp_path, capsys):
@@ -271,7 +294,7 @@ def test_bench_prints_latencies(capsys):
     out = capsys.readouterr().out
     assert "compiled in" in out
     assert re.search(r"latency +median [\d.]+ ms +min [\d.]+ ms +p90 [\d.]+ ms", out)
-    assert "glowgen runs single-threaded" in out
+    assert re.search(r"glowgen +backend cpu, .*2 threads", out)
     pytest.importorskip("onnxruntime")
     assert len(re.findall(r"latency +median", out)) == 2
     assert re.search(r"onnxruntime .*2 threads", out)

@@ -212,7 +212,7 @@ def run_layer(layer: Layer, peak_gflops: float, threads: int, budget: float,
     import glowgen
     model, feeds = layer.build()
     try:
-        compiled = glowgen.compile(model, **(compile_options or {}))
+        compiled = glowgen.compile(model, **{"threads": threads, **(compile_options or {})})
     except glowgen.GlowgenError as e:
         return Row(layer.name, layer.kind, layer.mflop, float("nan"), float("nan"), float("nan"),
                    error=str(e).splitlines()[0])

@@ -10,7 +10,8 @@ out_dir)` compiles a model and calls it) as, for NAME (the model file's stem by 
     main.c            an example program: loads the weights, reads inputs from raw files,
                       runs, writes outputs to raw files
 
-Build the example with `gcc -O2 main.c NAME.o -lm -o NAME`: the object needs nothing but libm.
+Build the example with `gcc -O2 -pthread main.c NAME.o -lm -o NAME`: the object needs nothing
+but libm (main.c brings the POSIX threads its `--threads` option runs the model on).
 """
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def _dims(shape) -> str:
 
 
 def header_text(prog: Program, name: str, *, source: str = "", triple: str = "",
-                cpu: str = "", byte_order: str = "little") -> str:
+                cpu: str = "", byte_order: str = "little", threads: int = 1) -> str:
     P = name.upper()
     sizes = prog.region_sizes
     ins = tensor_macro_names(prog.inputs)
@@ -113,6 +114,10 @@ def header_text(prog: Program, name: str, *, source: str = "", triple: str = "",
          " *",
          f" * Entry point: int {name}(uint8_t *constant_weights, uint8_t *mutable_weights,",
          f" *                 {' ' * len(name)}uint8_t *activations);",
+         f" *   or, on several threads: int {name}_parallel(.., .., .., parallel_for, pool)",
+         " *   with a glowgen_parallel_for (below) that runs task(env, i) for every i in [0, n)",
+         " *   on the caller's pool (and on the calling thread) and returns when all are done;",
+         f" *   the work was split for {P}_THREADS threads (main.c has a pool on POSIX threads).",
          f" * over three buffers, each aligned to {P}_ALIGNMENT bytes:",
          f" *   constant_weights  {P}_CONSTANT_MEM_SIZE bytes: the contents of {name}.weights.bin (read only)",
          f" *   mutable_weights   {P}_MUTABLE_MEM_SIZE bytes: write each input at its offset before the",
@@ -133,7 +138,8 @@ def header_text(prog: Program, name: str, *, source: str = "", triple: str = "",
          f"#define {P}_ACTIVATIONS_MEM_SIZE {sizes['activation']}",
          f"#define {P}_NUM_INPUTS {len(prog.inputs)}",
          f"#define {P}_NUM_OUTPUTS {len(prog.outputs)}",
-         f"#define {P}_MAX_RANK {max_rank}", ""]
+         f"#define {P}_MAX_RANK {max_rank}",
+         f"#define {P}_THREADS {threads} /* the threads its steps were split for */", ""]
     for kind, table, safe in (("INPUT", prog.inputs, ins), ("OUTPUT", prog.outputs, outs)):
         for tname, w in table.items():
             m = f"{P}_{kind}_{safe[tname]}"
@@ -156,6 +162,12 @@ def header_text(prog: Program, name: str, *, source: str = "", triple: str = "",
           "  int rank;",
           "  const int64_t *dims;",
           "} glowgen_tensor_info;", "#endif",
+          "#ifndef GLOWGEN_PARALLEL_FOR_DEFINED", "#define GLOWGEN_PARALLEL_FOR_DEFINED",
+          "/* Runs task(env, i) for every i in [0, n), in any order, on any threads; returns",
+          " * when every call has returned.  Results never depend on which thread runs what. */",
+          "typedef void (*glowgen_task)(void *env, int64_t i);",
+          "typedef void (*glowgen_parallel_for)(void *pool, int64_t n, glowgen_task task, void *env);",
+          "#endif",
           "#ifndef GLOWGEN_UNUSED",
           "#if defined(__GNUC__) || defined(__clang__)",
           "#define GLOWGEN_UNUSED __attribute__((unused))",
@@ -175,6 +187,8 @@ def header_text(prog: Program, name: str, *, source: str = "", triple: str = "",
         L.append("  {0, 0, 0, 0, 0, 0, 0}")
         L.append("};")
     L += ["", f"int {name}(uint8_t *constant_weights, uint8_t *mutable_weights, uint8_t *activations);",
+          f"int {name}_parallel(uint8_t *constant_weights, uint8_t *mutable_weights, uint8_t *activations,",
+          f"     {' ' * len(name)}          glowgen_parallel_for parallel_for, void *pool);",
           "", "#ifdef __cplusplus", "}", "#endif", f"#endif /* {P}_H */", ""]
     return "\n".join(L)
 
@@ -194,8 +208,8 @@ def _c_string(s: str) -> str:
 # --------------------------------------------------------------------------- main.c
 MAIN_C = r"""/* main.c: run the glowgen bundle `@NAME@` once, on inputs read from raw binary files.
  *
- * Build:  gcc -O2 main.c @NAME@.o -lm -o @NAME@
- * Usage:  ./@NAME@ [--weights FILE] INPUT_FILE... OUTPUT_FILE...
+ * Build:  gcc -O2 -pthread main.c @NAME@.o -lm -o @NAME@
+ * Usage:  ./@NAME@ [--weights FILE] [--threads N] INPUT_FILE... OUTPUT_FILE...
  *   one file per model input, in order, then one file per model output, in order:
 @IO_DOC@
  *   `./@NAME@ --help` prints the same list.
@@ -204,8 +218,12 @@ MAIN_C = r"""/* main.c: run the glowgen bundle `@NAME@` once, on inputs read fro
  *   x.astype("<f4").tofile("input.bin")      np.fromfile("output.bin", "<f4").reshape(shape)
  * The weights are read from @NAME@.weights.bin in the executable's directory (or the current
  * directory when the executable was found through PATH) unless --weights FILE is given.
+ * --threads N runs the model on N threads (default @P@_THREADS, what it was compiled for):
+ * a small pool on POSIX threads (pool_parallel_for below) that @NAME@_parallel hands its
+ * split steps to.  The answer is the same bit for bit for any N.
  * Exit status: 0 on success, 1 for bad usage, 2 for a file error, 3 if the model fails.
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,10 +231,62 @@ MAIN_C = r"""/* main.c: run the glowgen bundle `@NAME@` once, on inputs read fro
 
 #include "@NAME@.h"
 
+/* A work pool: the caller publishes a round of n items; it and the workers take items one
+ * at a time under the lock (each item is a large piece of a kernel: the lock is not hot). */
+typedef struct {
+  pthread_mutex_t lock;
+  pthread_cond_t start, done;
+  glowgen_task task;
+  void *env;
+  int64_t n, next, finished;
+  unsigned long round;
+  int stop;
+} pool_t;
+
+/* With the lock held: run items of the current round until none is left. */
+static void pool_take_items(pool_t *p) {
+  while (p->next < p->n) {
+    int64_t i = p->next++;
+    pthread_mutex_unlock(&p->lock);
+    p->task(p->env, i);
+    pthread_mutex_lock(&p->lock);
+    if (++p->finished == p->n) pthread_cond_broadcast(&p->done);
+  }
+}
+
+static void *pool_worker(void *arg) {
+  pool_t *p = (pool_t *)arg;
+  unsigned long seen = 0;
+  pthread_mutex_lock(&p->lock);
+  for (;;) {
+    while (!p->stop && p->round == seen) pthread_cond_wait(&p->start, &p->lock);
+    if (p->stop) break;
+    seen = p->round;
+    pool_take_items(p);
+  }
+  pthread_mutex_unlock(&p->lock);
+  return NULL;
+}
+
+static void pool_parallel_for(void *pool, int64_t n, glowgen_task task, void *env) {
+  pool_t *p = (pool_t *)pool;
+  pthread_mutex_lock(&p->lock);
+  p->task = task;
+  p->env = env;
+  p->n = n;
+  p->next = 0;
+  p->finished = 0;
+  p->round++;
+  pthread_cond_broadcast(&p->start);
+  pool_take_items(p);
+  while (p->finished < p->n) pthread_cond_wait(&p->done, &p->lock);
+  pthread_mutex_unlock(&p->lock);
+}
+
 static void usage(FILE *f, const char *prog) {
   const glowgen_tensor_info *t;
   int i;
-  fprintf(f, "usage: %s [--weights FILE] INPUT_FILE... OUTPUT_FILE...\n", prog);
+  fprintf(f, "usage: %s [--weights FILE] [--threads N] INPUT_FILE... OUTPUT_FILE...\n", prog);
   fprintf(f, "Runs the model @NAME@ once. Files hold raw tensors: little-endian, row-major, no header.\n");
   fprintf(f, "inputs (%d files to read, in this order):\n", @P@_NUM_INPUTS);
   for (t = @NAME@_inputs; t->name; t++) {
@@ -231,7 +301,8 @@ static void usage(FILE *f, const char *prog) {
     fprintf(f, "]  %zu bytes\n", t->size);
   }
   fprintf(f, "options:\n  --weights FILE  the constant weights (default: @NAME@.weights.bin "
-             "next to the executable)\n  -h, --help      this message\n");
+             "next to the executable)\n  --threads N     threads to run on (default %d, what the "
+             "model was compiled for)\n  -h, --help      this message\n", @P@_THREADS);
 }
 
 /* A region of `size` bytes aligned to @P@_ALIGNMENT (aligned_alloc wants a multiple of it). */
@@ -303,8 +374,10 @@ int main(int argc, char **argv) {
   const char *weights = NULL;
   char *default_weights = NULL;
   const char **files = (const char **)calloc((size_t)argc + 1, sizeof(char *));
-  int nfiles = 0, i, status;
+  int nfiles = 0, i, status, threads = @P@_THREADS;
   uint8_t *constant, *mutable_, *activations, *out;
+  pool_t pool;
+  pthread_t *workers = NULL;
   const glowgen_tensor_info *t;
 
   if (!files) return 2;
@@ -318,6 +391,19 @@ int main(int argc, char **argv) {
         return 1;
       }
       weights = argv[i];
+    } else if (!strcmp(argv[i], "--threads")) {
+      char *end;
+      long n;
+      if (++i == argc) {
+        fprintf(stderr, "error: --threads needs a number\n");
+        return 1;
+      }
+      n = strtol(argv[i], &end, 10);
+      if (*end || n < 1 || n > 1024) {
+        fprintf(stderr, "error: --threads takes a number from 1 to 1024, not '%s'\n", argv[i]);
+        return 1;
+      }
+      threads = (int)n;
     } else {
       files[nfiles++] = argv[i];
     }
@@ -349,13 +435,34 @@ int main(int argc, char **argv) {
     to_native(mutable_ + t->offset, t->size, t->elem_size);
   }
 
-  status = @NAME@(constant, mutable_, activations);
+  if (threads > 1) {
+    memset(&pool, 0, sizeof pool);
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.start, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    workers = (pthread_t *)calloc((size_t)threads - 1, sizeof(pthread_t));
+    if (!workers) return 2;
+    for (i = 0; i < threads - 1; i++)
+      if (pthread_create(&workers[i], NULL, pool_worker, &pool) != 0) {
+        fprintf(stderr, "error: cannot start %d threads\n", threads);
+        return 2;
+      }
+    status = @NAME@_parallel(constant, mutable_, activations, pool_parallel_for, &pool);
+    pthread_mutex_lock(&pool.lock);
+    pool.stop = 1;
+    pthread_cond_broadcast(&pool.start);
+    pthread_mutex_unlock(&pool.lock);
+    for (i = 0; i < threads - 1; i++) pthread_join(workers[i], NULL);
+    free(workers);
+  } else {
+    status = @NAME@(constant, mutable_, activations);
+  }
   if (status != 0) {
     fprintf(stderr, "error: the model returned %d\n", status);
     return 3;
   }
 
-  for (t = @NAME@_outputs; t->name; t++, i++) {
+  for (i = @P@_NUM_INPUTS, t = @NAME@_outputs; t->name; t++, i++) {
     out = (uint8_t *)malloc(t->size ? t->size : 1);
     if (!out) return 2;
     memcpy(out, mutable_ + t->offset, t->size);
@@ -479,7 +586,7 @@ def write_bundle(prog: Program, registry, out_dir, target: BundleTarget,
         f"{name}.o": obj,
         f"{name}.weights.bin": constant_region(prog, big_endian),
         f"{name}.h": header_text(prog, name, source=source, triple=target.triple, cpu=target.cpu,
-                                 byte_order="big" if big_endian else "little").encode(),
+                                 byte_order="big" if big_endian else "little", threads=threads).encode(),
         "main.c": main_c_text(prog, name).encode(),
     }
     written = []
@@ -492,4 +599,4 @@ def write_bundle(prog: Program, registry, out_dir, target: BundleTarget,
         written.append(path)
     cc = "gcc" if target.host else f"<a C compiler for {target.triple}>"
     return Bundle(name, directory, written, target.triple, target.cpu, prog, target.host,
-                  f"{cc} -O2 main.c {name}.o -lm -o {name}")
+                  f"{cc} -O2 -pthread main.c {name}.o -lm -o {name}")
