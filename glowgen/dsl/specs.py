@@ -7,7 +7,7 @@ import attrs
 
 from ..engine.types import DTYPES
 from . import ast as A
-from .parser import parse_file
+from .parser import op_from_items, parse_file
 from .pyexpr import spec_error
 
 SPEC_FILES = ("ops.glowdef", "lowerings.glowdef", "cpu_kernels.glowdef")
@@ -36,6 +36,22 @@ class SpecSet:
     kernels: dict = attrs.field(factory=dict)
     scalars: dict = attrs.field(factory=dict)
     externs: list = attrs.field(factory=list)         # (name, Pos)
+    templates: dict = attrs.field(factory=dict)
+    families: dict = attrs.field(factory=dict)        # template name -> names of its ops
+    groups: dict = attrs.field(factory=dict)          # group name -> Group
+    helpers: dict = attrs.field(factory=dict)         # helper name -> Helper
+
+    def group_members(self, name: str) -> tuple:
+        """The ops a pattern naming `name` (a family or a group) matches; () for neither."""
+        if name in self.families:
+            return tuple(self.families[name])
+        if name in self.groups:
+            out: dict = {}
+            for m in self.groups[name].members:
+                for op in ((m,) if m in self.ops else self.group_members(m)):
+                    out[op] = None
+            return tuple(out)
+        return ()
 
 
 def display_name(spec_dir: Path, file: str) -> str:
@@ -64,7 +80,27 @@ def _add(specs: SpecSet, item) -> None:
         if name in table:
             raise spec_error(f"{what} {name!r} is defined twice (first at {table[name].pos})", item.pos)
 
-    if isinstance(item, A.TypeVar):
+    if isinstance(item, A.Template):
+        unique(specs.templates, item.name, "template")
+        specs.templates[item.name] = item
+        specs.families[item.name] = []
+    elif isinstance(item, A.OpInstance):
+        op = instantiate(specs, item)
+        unique(specs.ops, op.name, "op")
+        specs.ops[op.name] = op
+        specs.families[item.template].append(op.name)
+    elif isinstance(item, A.Group):
+        if item.name in specs.groups or item.name in specs.templates or item.name in specs.ops:
+            raise spec_error(f"group {item.name!r}: the name is taken by another declaration", item.pos)
+        for m in item.members:      # declared before: so groups cannot form cycles
+            if m not in specs.ops and m not in specs.families and m not in specs.groups:
+                raise spec_error(f"group {item.name}: {m!r} is not an op, template or group "
+                                 f"declared before it", item.pos)
+        specs.groups[item.name] = item
+    elif isinstance(item, A.Helper):
+        unique(specs.helpers, item.name, "helper")
+        specs.helpers[item.name] = item
+    elif isinstance(item, A.TypeVar):
         unique(specs.typevars, item.name, "typevar")
         for d in item.dtypes:
             if d not in DTYPES:
@@ -93,6 +129,47 @@ def _add(specs: SpecSet, item) -> None:
         specs.scalars[item.name] = item
     elif isinstance(item, A.Extern):
         specs.externs.extend((n, item.pos) for n in item.names)
+
+
+def substitute(node, mapping: dict):
+    """`node` (any spec AST, or tuples of it) with every name in `mapping` replaced."""
+    if isinstance(node, A.Name):
+        return mapping.get(node.id, node)
+    if isinstance(node, tuple):
+        return tuple(substitute(x, mapping) for x in node)
+    if isinstance(node, list):
+        return [substitute(x, mapping) for x in node]
+    if attrs.has(type(node)) and not isinstance(node, A.Pos):
+        changes = {}
+        for f in attrs.fields(type(node)):
+            old = getattr(node, f.name)
+            new = substitute(old, mapping)
+            if new is not old:
+                changes[f.name] = new
+        return attrs.evolve(node, **changes) if changes else node
+    return node
+
+
+def instantiate(specs: SpecSet, inst: A.OpInstance) -> A.OpDef:
+    """The op `op Name = Template(args) { items }` declares."""
+    template = specs.templates.get(inst.template)
+    if template is None:
+        raise spec_error(f"op {inst.name}: no template named {inst.template!r} is declared "
+                         f"before it", inst.pos)
+    if len(inst.args) != len(template.params):
+        raise spec_error(f"op {inst.name}: template {template.name} takes {len(template.params)} "
+                         f"arguments ({', '.join(template.params)}), got {len(inst.args)}", inst.pos)
+    mapping = dict(zip(template.params, inst.args))
+    items = []
+    for kind, val in template.items:
+        if kind == "doc_param":
+            if val not in mapping or not isinstance(mapping[val], A.Str):
+                raise spec_error(f"op {inst.name}: 'doc {val}' in template {template.name} needs "
+                                 f"a string argument {val}", inst.pos)
+            items.append(("doc", mapping[val].value))
+        else:
+            items.append((kind, substitute(val, mapping)))
+    return op_from_items(inst.name, items + list(inst.items), inst.pos)
 
 
 def _check(specs: SpecSet) -> None:
