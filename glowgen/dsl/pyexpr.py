@@ -72,6 +72,8 @@ def to_py(e, scope: Scope) -> str:
         return "(" + "".join(to_py(x, scope) + ", " for x in e.items) + ")"
     if isinstance(e, A.Star):
         return "*" + to_py(e.value, scope)
+    if isinstance(e, A.Forward):
+        raise spec_error(f"...{e.name} forwards attributes only to an op a rule builds", e.pos)
     if isinstance(e, A.Call):
         if scope.call_hook is not None:
             hooked = scope.call_hook(e, scope)
@@ -128,6 +130,8 @@ def unparse(e) -> str:
         return "[" + ", ".join(unparse(x) for x in e.items) + "]"
     if isinstance(e, A.Star):
         return "*" + unparse(e.value)
+    if isinstance(e, A.Forward):
+        return "..." + e.name
     if isinstance(e, A.Call):
         args = [unparse(a) for a in e.args] + [f"{k} = {unparse(v)}" for k, v in e.kwargs]
         return f"{e.func}({', '.join(args)})"

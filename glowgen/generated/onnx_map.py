@@ -432,123 +432,123 @@ _MinN_0_clause = OnnxClause(onnx_op='Min', op='MinN', since=6, until=None, input
 
 
 def _Reshape_0(o):
-    """ONNX Reshape -> Reshape (specs/ops.glowdef:308:3)."""
+    """ONNX Reshape -> Reshape (specs/ops.glowdef:311:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:308:37', lambda: sl.b_reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
+    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:311:37', lambda: sl.b_reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
     return attrs
 
-_Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:308:3', guard=None)
+_Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:311:3', guard=None)
 
 
 def _Flatten_0(o):
-    """ONNX Flatten -> Flatten (specs/ops.glowdef:316:3)."""
+    """ONNX Flatten -> Flatten (specs/ops.glowdef:319:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:316:18', lambda: (rt.add(o.attr('axis', 1), rt.b_rank(o.input('input'))) if rt.lt(o.attr('axis', 1), 0) else o.attr('axis', 1)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:319:18', lambda: (rt.add(o.attr('axis', 1), rt.b_rank(o.input('input'))) if rt.lt(o.attr('axis', 1), 0) else o.attr('axis', 1)))
     return attrs
 
-_Flatten_0_clause = OnnxClause(onnx_op='Flatten', op='Flatten', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Flatten_0, consumed=('axis',), location='specs/ops.glowdef:316:3', guard=None)
+_Flatten_0_clause = OnnxClause(onnx_op='Flatten', op='Flatten', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Flatten_0, consumed=('axis',), location='specs/ops.glowdef:319:3', guard=None)
 
 
 def _Squeeze_0(o):
-    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:324:3)."""
+    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:327:3)."""
     attrs = {}
     if o.has_attr('axes'):
         attrs['axes'] = o.attr('axes')
     return attrs
 
-_Squeeze_0_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Squeeze_0, consumed=('axes',), location='specs/ops.glowdef:324:3', guard=None)
+_Squeeze_0_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Squeeze_0, consumed=('axes',), location='specs/ops.glowdef:327:3', guard=None)
 
 
 def _Squeeze_1(o):
-    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:325:3)."""
+    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:328:3)."""
     attrs = {}
     if o.input('axes').present:
         attrs['axes'] = o.input('axes').value
     return attrs
 
-_Squeeze_1_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Squeeze_1, consumed=(), location='specs/ops.glowdef:325:3', guard=None)
+_Squeeze_1_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Squeeze_1, consumed=(), location='specs/ops.glowdef:328:3', guard=None)
 
 
 def _Unsqueeze_0(o):
-    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:333:3)."""
+    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:336:3)."""
     attrs = {}
     if o.has_attr('axes'):
         attrs['axes'] = o.attr('axes')
     return attrs
 
-_Unsqueeze_0_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Unsqueeze_0, consumed=('axes',), location='specs/ops.glowdef:333:3', guard=None)
+_Unsqueeze_0_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Unsqueeze_0, consumed=('axes',), location='specs/ops.glowdef:336:3', guard=None)
 
 
 def _Unsqueeze_1(o):
-    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:335:3)."""
+    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:338:3)."""
     attrs = {}
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:335:40', lambda: rt.b_ints(o.input('axes').value))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:338:40', lambda: rt.b_ints(o.input('axes').value))
     return attrs
 
-_Unsqueeze_1_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'single')), operands=(('data', 0),), attributes=_Unsqueeze_1, consumed=(), location='specs/ops.glowdef:335:3', guard=None)
+_Unsqueeze_1_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'single')), operands=(('data', 0),), attributes=_Unsqueeze_1, consumed=(), location='specs/ops.glowdef:338:3', guard=None)
 
 
 def _Transpose_0(o):
-    """ONNX Transpose -> Transpose (specs/ops.glowdef:345:3)."""
+    """ONNX Transpose -> Transpose (specs/ops.glowdef:348:3)."""
     attrs = {}
-    attrs['perm'] = o.evaluating('perm', 'specs/ops.glowdef:345:31', lambda: (o.attr('perm', None) if rt.b_defined(o.attr('perm', None)) else rt.b_reversed(rt.b_range(rt.b_rank(o.input('data'))))))
+    attrs['perm'] = o.evaluating('perm', 'specs/ops.glowdef:348:31', lambda: (o.attr('perm', None) if rt.b_defined(o.attr('perm', None)) else rt.b_reversed(rt.b_range(rt.b_rank(o.input('data'))))))
     return attrs
 
-_Transpose_0_clause = OnnxClause(onnx_op='Transpose', op='Transpose', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Transpose_0, consumed=('perm',), location='specs/ops.glowdef:345:3', guard=None)
+_Transpose_0_clause = OnnxClause(onnx_op='Transpose', op='Transpose', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Transpose_0, consumed=('perm',), location='specs/ops.glowdef:348:3', guard=None)
 
 
 def _Concat_0(o):
-    """ONNX Concat -> Concat (specs/ops.glowdef:354:3)."""
+    """ONNX Concat -> Concat (specs/ops.glowdef:357:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:354:25', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:357:25', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
     return attrs
 
-_Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None, inputs=(('inputs', 'variadic'),), operands=(('inputs', 0),), attributes=_Concat_0, consumed=('axis',), location='specs/ops.glowdef:354:3', guard=None)
+_Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None, inputs=(('inputs', 'variadic'),), operands=(('inputs', 0),), attributes=_Concat_0, consumed=('axis',), location='specs/ops.glowdef:357:3', guard=None)
 
 
 def _Slice_0(o):
-    """ONNX Slice -> Slice (specs/ops.glowdef:367:3)."""
+    """ONNX Slice -> Slice (specs/ops.glowdef:370:3)."""
     attrs = {}
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:369:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:370:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:371:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:372:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:373:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:374:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), (), 2))
     return attrs
 
-_Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=None, until=9, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Slice_0, consumed=('axes', 'ends', 'starts'), location='specs/ops.glowdef:367:3', guard=None)
+_Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=None, until=9, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Slice_0, consumed=('axes', 'ends', 'starts'), location='specs/ops.glowdef:370:3', guard=None)
 
 
 def _Slice_1(o):
-    """ONNX Slice -> Slice (specs/ops.glowdef:373:3)."""
+    """ONNX Slice -> Slice (specs/ops.glowdef:376:3)."""
     attrs = {}
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:375:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:376:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:377:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:378:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:379:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:380:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, (o.input('axes').value if o.input('axes').present else ()), (o.input('steps').value if o.input('steps').present else ()), 2))
     return attrs
 
-_Slice_1_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_1, consumed=(), location='specs/ops.glowdef:373:3', guard=None)
+_Slice_1_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_1, consumed=(), location='specs/ops.glowdef:376:3', guard=None)
 
 
 def _Gather_0(o):
-    """ONNX Gather -> Gather (specs/ops.glowdef:387:3)."""
+    """ONNX Gather -> Gather (specs/ops.glowdef:390:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:387:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:390:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_Gather_0_clause = OnnxClause(onnx_op='Gather', op='Gather', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_Gather_0, consumed=('axis',), location='specs/ops.glowdef:387:3', guard=None)
+_Gather_0_clause = OnnxClause(onnx_op='Gather', op='Gather', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_Gather_0, consumed=('axis',), location='specs/ops.glowdef:390:3', guard=None)
 
 
 def _Expand_0(o):
-    """ONNX Expand -> Expand (specs/ops.glowdef:396:3)."""
+    """ONNX Expand -> Expand (specs/ops.glowdef:399:3)."""
     attrs = {}
     if o.input('shape').present:
         attrs['shape'] = o.input('shape').value
     return attrs
 
-_Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:396:3', guard=None)
+_Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:399:3', guard=None)
 
 
 def _Shape_0(o):
-    """ONNX Shape -> Shape (specs/ops.glowdef:406:3)."""
+    """ONNX Shape -> Shape (specs/ops.glowdef:409:3)."""
     attrs = {}
     if o.has_attr('end'):
         attrs['end'] = o.attr('end')
@@ -558,185 +558,185 @@ def _Shape_0(o):
         attrs['start'] = 0
     return attrs
 
-_Shape_0_clause = OnnxClause(onnx_op='Shape', op='Shape', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Shape_0, consumed=('end', 'start'), location='specs/ops.glowdef:406:3', guard=None)
+_Shape_0_clause = OnnxClause(onnx_op='Shape', op='Shape', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Shape_0, consumed=('end', 'start'), location='specs/ops.glowdef:409:3', guard=None)
 
 
 def _Size_0(o):
-    """ONNX Size -> Size (specs/ops.glowdef:414:3)."""
+    """ONNX Size -> Size (specs/ops.glowdef:417:3)."""
     attrs = {}
     return attrs
 
-_Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Size_0, consumed=(), location='specs/ops.glowdef:414:3', guard=None)
+_Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Size_0, consumed=(), location='specs/ops.glowdef:417:3', guard=None)
 
 
 def _Splat_0(o):
-    """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:424:3)."""
+    """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:427:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:424:26', lambda: rt.b_ints(o.input('input').value))
-    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:424:53', lambda: rt.b_item(o.attr('value', None), 0.0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:424:79', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
+    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:427:26', lambda: rt.b_ints(o.input('input').value))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:427:53', lambda: rt.b_item(o.attr('value', None), 0.0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:427:79', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
     return attrs
 
-_Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:424:3', guard=None)
+_Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:427:3', guard=None)
 
 
 def _Range_0(o):
-    """ONNX Range -> Range (specs/ops.glowdef:436:3)."""
+    """ONNX Range -> Range (specs/ops.glowdef:439:3)."""
     attrs = {}
-    attrs['start'] = o.evaluating('start', 'specs/ops.glowdef:437:5', lambda: rt.b_item(o.input('start').value))
-    attrs['limit'] = o.evaluating('limit', 'specs/ops.glowdef:437:32', lambda: rt.b_item(o.input('limit').value))
-    attrs['delta'] = o.evaluating('delta', 'specs/ops.glowdef:437:59', lambda: rt.b_item(o.input('delta').value))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:437:86', lambda: o.input('start').dtype)
+    attrs['start'] = o.evaluating('start', 'specs/ops.glowdef:440:5', lambda: rt.b_item(o.input('start').value))
+    attrs['limit'] = o.evaluating('limit', 'specs/ops.glowdef:440:32', lambda: rt.b_item(o.input('limit').value))
+    attrs['delta'] = o.evaluating('delta', 'specs/ops.glowdef:440:59', lambda: rt.b_item(o.input('delta').value))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:440:86', lambda: o.input('start').dtype)
     return attrs
 
-_Range_0_clause = OnnxClause(onnx_op='Range', op='Range', since=None, until=None, inputs=(('start', 'single'), ('limit', 'single'), ('delta', 'single')), operands=(), attributes=_Range_0, consumed=(), location='specs/ops.glowdef:436:3', guard=None)
+_Range_0_clause = OnnxClause(onnx_op='Range', op='Range', since=None, until=None, inputs=(('start', 'single'), ('limit', 'single'), ('delta', 'single')), operands=(), attributes=_Range_0, consumed=(), location='specs/ops.glowdef:439:3', guard=None)
 
 
 def _ReduceSum_0(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:450:3)."""
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:453:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:450:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:453:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:450:3', guard=None)
+_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:453:3', guard=None)
 
 
 def _ReduceSum_1(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:451:3)."""
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:454:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:454:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:453:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:457:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:456:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:451:3', guard=None)
+_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:454:3', guard=None)
 
 
 def _ReduceMax_0(o):
-    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:466:3)."""
+    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:469:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:466:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:469:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:466:3', guard=None)
+_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:469:3', guard=None)
 
 
 def _ReduceMax_1(o):
-    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:467:3)."""
+    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:470:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:470:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:469:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:473:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:472:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:467:3', guard=None)
+_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:470:3', guard=None)
 
 
 def _ReduceMin_0(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:482:3)."""
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:485:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:482:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:485:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:482:3', guard=None)
+_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:485:3', guard=None)
 
 
 def _ReduceMin_1(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:483:3)."""
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:486:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:486:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:485:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:489:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:488:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:483:3', guard=None)
+_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:486:3', guard=None)
 
 
 def _ReduceProd_0(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:498:3)."""
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:501:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:498:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:501:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:498:3', guard=None)
+_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:501:3', guard=None)
 
 
 def _ReduceProd_1(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:499:3)."""
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:502:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:502:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:501:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:505:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:504:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:499:3', guard=None)
+_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:502:3', guard=None)
 
 
 def _ReduceMean_0(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:513:3)."""
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:516:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:513:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:516:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:513:3', guard=None)
+_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:516:3', guard=None)
 
 
 def _ReduceMean_1(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:514:3)."""
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:517:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:517:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:516:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:520:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:519:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:514:3', guard=None)
+_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:517:3', guard=None)
 
 
 def _MatMul_0(o):
-    """ONNX MatMul -> MatMul (specs/ops.glowdef:536:3)."""
+    """ONNX MatMul -> MatMul (specs/ops.glowdef:539:3)."""
     attrs = {}
     return attrs
 
-_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:536:3', guard=None)
+_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:539:3', guard=None)
 
 
 def _Gemm_0(o):
-    """ONNX Gemm -> Gemm (specs/ops.glowdef:549:3)."""
+    """ONNX Gemm -> Gemm (specs/ops.glowdef:552:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -756,11 +756,11 @@ def _Gemm_0(o):
         attrs['transA'] = 0
     return attrs
 
-_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:549:3', guard=None)
+_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:552:3', guard=None)
 
 
 def _Gemm_1(o):
-    """ONNX Gemm -> Gemm (specs/ops.glowdef:550:3)."""
+    """ONNX Gemm -> Gemm (specs/ops.glowdef:553:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -780,11 +780,11 @@ def _Gemm_1(o):
         attrs['transA'] = 0
     return attrs
 
-_Gemm_1_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=6, until=6, inputs=(('A', 'single'), ('B', 'single'), ('C', 'single')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_1, consumed=('alpha', 'beta', 'broadcast', 'transA', 'transB'), location='specs/ops.glowdef:550:3', guard=None)
+_Gemm_1_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=6, until=6, inputs=(('A', 'single'), ('B', 'single'), ('C', 'single')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_1, consumed=('alpha', 'beta', 'broadcast', 'transA', 'transB'), location='specs/ops.glowdef:553:3', guard=None)
 
 
 def _Conv_0(o):
-    """ONNX Conv -> Conv (specs/ops.glowdef:575:3)."""
+    """ONNX Conv -> Conv (specs/ops.glowdef:578:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
@@ -794,18 +794,18 @@ def _Conv_0(o):
         attrs['strides'] = o.attr('strides')
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:577:5')
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:578:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:580:5')
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:581:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _Conv_0_guard(o):
     return bool(rt.eq(rt.b_rank(o.input('X')), 4))
 
-_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:575:3', guard=_Conv_0_guard)
+_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:578:3', guard=_Conv_0_guard)
 
 
 def _MaxPool_0(o):
-    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:594:3)."""
+    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:597:3)."""
     attrs = {}
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
@@ -815,19 +815,19 @@ def _MaxPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:596:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:597:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:598:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:599:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:600:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:601:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _MaxPool_0_guard(o):
     return bool((rt.eq(rt.b_rank(o.input('X')), 4) and rt.eq(rt.b_len(o.outputs), 1)))
 
-_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:594:3', guard=_MaxPool_0_guard)
+_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:597:3', guard=_MaxPool_0_guard)
 
 
 def _AvgPool_0(o):
-    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:614:3)."""
+    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:617:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -839,34 +839,34 @@ def _AvgPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:616:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:617:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:619:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:620:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPool_0_guard(o):
     return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1))))
 
-_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:614:3', guard=_AvgPool_0_guard)
+_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:617:3', guard=_AvgPool_0_guard)
 
 
 def _GlobalAveragePool_0(o):
-    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:626:3)."""
+    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:629:3)."""
     attrs = {}
     return attrs
 
-_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:626:3', guard=None)
+_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:629:3', guard=None)
 
 
 def _GlobalMaxPool_0(o):
-    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:633:3)."""
+    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:636:3)."""
     attrs = {}
     return attrs
 
-_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:633:3', guard=None)
+_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:636:3', guard=None)
 
 
 def _LRN_0(o):
-    """ONNX LRN -> LRN (specs/ops.glowdef:644:3)."""
+    """ONNX LRN -> LRN (specs/ops.glowdef:647:3)."""
     attrs = {}
     if o.has_attr('bias'):
         attrs['bias'] = o.attr('bias')
@@ -884,227 +884,227 @@ def _LRN_0(o):
         attrs['size'] = o.attr('size')
     return attrs
 
-_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:644:3', guard=None)
+_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:647:3', guard=None)
 
 
 def _BatchNormalization_0(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:654:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:657:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:655:5')
-    o.check(rt.ne(o.attr('is_test', 0), 0), 'training mode (is_test=0) is not supported', 'specs/ops.glowdef:656:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:658:5')
+    o.check(rt.ne(o.attr('is_test', 0), 0), 'training mode (is_test=0) is not supported', 'specs/ops.glowdef:659:5')
     return attrs
 
-_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=6, until=6, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'is_test', 'momentum', 'spatial'), location='specs/ops.glowdef:654:3', guard=None)
+_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=6, until=6, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'is_test', 'momentum', 'spatial'), location='specs/ops.glowdef:657:3', guard=None)
 
 
 def _BatchNormalization_1(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:659:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:662:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:660:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:663:5')
     return attrs
 
-_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:659:3', guard=None)
+_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:662:3', guard=None)
 
 
 def _BatchNormalization_2(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:663:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:666:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:664:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:667:5')
     return attrs
 
-_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:663:3', guard=None)
+_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:666:3', guard=None)
 
 
 def _BatchNormalization_3(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:667:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:670:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:668:5')
+    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:671:5')
     return attrs
 
-_BatchNormalization_3_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_3, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:667:3', guard=None)
+_BatchNormalization_3_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_3, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:670:3', guard=None)
 
 
 def _LayerNormalization_0(o):
-    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:682:3)."""
+    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:685:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:684:5')
-    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:685:5')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:686:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:687:5')
+    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:688:5')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:689:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:682:3', guard=None)
+_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:685:3', guard=None)
 
 
 def _Softmax_0(o):
-    """ONNX Softmax -> Softmax (specs/ops.glowdef:695:3)."""
+    """ONNX Softmax -> Softmax (specs/ops.glowdef:698:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:695:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:698:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:695:3', guard=None)
+_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:698:3', guard=None)
 
 
 def _LogSoftmax_0(o):
-    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:703:3)."""
+    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:706:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:703:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:706:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:703:3', guard=None)
+_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:706:3', guard=None)
 
 
 def _SoftmaxFlat_0(o):
-    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:711:3)."""
+    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:714:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:711:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:714:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:711:3', guard=None)
+_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:714:3', guard=None)
 
 
 def _LogSoftmaxFlat_0(o):
-    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:719:3)."""
+    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:722:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:719:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:722:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:719:3', guard=None)
+_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:722:3', guard=None)
 
 
 def _Sin_0(o):
-    """ONNX Sin -> Sin (specs/ops.glowdef:726:42)."""
+    """ONNX Sin -> Sin (specs/ops.glowdef:729:42)."""
     attrs = {}
     return attrs
 
-_Sin_0_clause = OnnxClause(onnx_op='Sin', op='Sin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sin_0, consumed=(), location='specs/ops.glowdef:726:42', guard=None)
+_Sin_0_clause = OnnxClause(onnx_op='Sin', op='Sin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sin_0, consumed=(), location='specs/ops.glowdef:729:42', guard=None)
 
 
 def _Cos_0(o):
-    """ONNX Cos -> Cos (specs/ops.glowdef:727:44)."""
+    """ONNX Cos -> Cos (specs/ops.glowdef:730:44)."""
     attrs = {}
     return attrs
 
-_Cos_0_clause = OnnxClause(onnx_op='Cos', op='Cos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cos_0, consumed=(), location='specs/ops.glowdef:727:44', guard=None)
+_Cos_0_clause = OnnxClause(onnx_op='Cos', op='Cos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cos_0, consumed=(), location='specs/ops.glowdef:730:44', guard=None)
 
 
 def _Tan_0(o):
-    """ONNX Tan -> Tan (specs/ops.glowdef:728:45)."""
+    """ONNX Tan -> Tan (specs/ops.glowdef:731:45)."""
     attrs = {}
     return attrs
 
-_Tan_0_clause = OnnxClause(onnx_op='Tan', op='Tan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tan_0, consumed=(), location='specs/ops.glowdef:728:45', guard=None)
+_Tan_0_clause = OnnxClause(onnx_op='Tan', op='Tan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tan_0, consumed=(), location='specs/ops.glowdef:731:45', guard=None)
 
 
 def _Asin_0(o):
-    """ONNX Asin -> Asin (specs/ops.glowdef:729:46)."""
+    """ONNX Asin -> Asin (specs/ops.glowdef:732:46)."""
     attrs = {}
     return attrs
 
-_Asin_0_clause = OnnxClause(onnx_op='Asin', op='Asin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asin_0, consumed=(), location='specs/ops.glowdef:729:46', guard=None)
+_Asin_0_clause = OnnxClause(onnx_op='Asin', op='Asin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asin_0, consumed=(), location='specs/ops.glowdef:732:46', guard=None)
 
 
 def _Acos_0(o):
-    """ONNX Acos -> Acos (specs/ops.glowdef:730:48)."""
+    """ONNX Acos -> Acos (specs/ops.glowdef:733:48)."""
     attrs = {}
     return attrs
 
-_Acos_0_clause = OnnxClause(onnx_op='Acos', op='Acos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acos_0, consumed=(), location='specs/ops.glowdef:730:48', guard=None)
+_Acos_0_clause = OnnxClause(onnx_op='Acos', op='Acos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acos_0, consumed=(), location='specs/ops.glowdef:733:48', guard=None)
 
 
 def _Atan_0(o):
-    """ONNX Atan -> Atan (specs/ops.glowdef:731:49)."""
+    """ONNX Atan -> Atan (specs/ops.glowdef:734:49)."""
     attrs = {}
     return attrs
 
-_Atan_0_clause = OnnxClause(onnx_op='Atan', op='Atan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atan_0, consumed=(), location='specs/ops.glowdef:731:49', guard=None)
+_Atan_0_clause = OnnxClause(onnx_op='Atan', op='Atan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atan_0, consumed=(), location='specs/ops.glowdef:734:49', guard=None)
 
 
 def _Sinh_0(o):
-    """ONNX Sinh -> Sinh (specs/ops.glowdef:732:54)."""
+    """ONNX Sinh -> Sinh (specs/ops.glowdef:735:54)."""
     attrs = {}
     return attrs
 
-_Sinh_0_clause = OnnxClause(onnx_op='Sinh', op='Sinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sinh_0, consumed=(), location='specs/ops.glowdef:732:54', guard=None)
+_Sinh_0_clause = OnnxClause(onnx_op='Sinh', op='Sinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sinh_0, consumed=(), location='specs/ops.glowdef:735:54', guard=None)
 
 
 def _Cosh_0(o):
-    """ONNX Cosh -> Cosh (specs/ops.glowdef:733:56)."""
+    """ONNX Cosh -> Cosh (specs/ops.glowdef:736:56)."""
     attrs = {}
     return attrs
 
-_Cosh_0_clause = OnnxClause(onnx_op='Cosh', op='Cosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cosh_0, consumed=(), location='specs/ops.glowdef:733:56', guard=None)
+_Cosh_0_clause = OnnxClause(onnx_op='Cosh', op='Cosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cosh_0, consumed=(), location='specs/ops.glowdef:736:56', guard=None)
 
 
 def _Asinh_0(o):
-    """ONNX Asinh -> Asinh (specs/ops.glowdef:734:63)."""
+    """ONNX Asinh -> Asinh (specs/ops.glowdef:737:63)."""
     attrs = {}
     return attrs
 
-_Asinh_0_clause = OnnxClause(onnx_op='Asinh', op='Asinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asinh_0, consumed=(), location='specs/ops.glowdef:734:63', guard=None)
+_Asinh_0_clause = OnnxClause(onnx_op='Asinh', op='Asinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asinh_0, consumed=(), location='specs/ops.glowdef:737:63', guard=None)
 
 
 def _Acosh_0(o):
-    """ONNX Acosh -> Acosh (specs/ops.glowdef:735:65)."""
+    """ONNX Acosh -> Acosh (specs/ops.glowdef:738:65)."""
     attrs = {}
     return attrs
 
-_Acosh_0_clause = OnnxClause(onnx_op='Acosh', op='Acosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acosh_0, consumed=(), location='specs/ops.glowdef:735:65', guard=None)
+_Acosh_0_clause = OnnxClause(onnx_op='Acosh', op='Acosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acosh_0, consumed=(), location='specs/ops.glowdef:738:65', guard=None)
 
 
 def _Atanh_0(o):
-    """ONNX Atanh -> Atanh (specs/ops.glowdef:736:66)."""
+    """ONNX Atanh -> Atanh (specs/ops.glowdef:739:66)."""
     attrs = {}
     return attrs
 
-_Atanh_0_clause = OnnxClause(onnx_op='Atanh', op='Atanh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atanh_0, consumed=(), location='specs/ops.glowdef:736:66', guard=None)
+_Atanh_0_clause = OnnxClause(onnx_op='Atanh', op='Atanh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atanh_0, consumed=(), location='specs/ops.glowdef:739:66', guard=None)
 
 
 def _Sign_0(o):
-    """ONNX Sign -> Sign (specs/ops.glowdef:737:55)."""
+    """ONNX Sign -> Sign (specs/ops.glowdef:740:55)."""
     attrs = {}
     return attrs
 
-_Sign_0_clause = OnnxClause(onnx_op='Sign', op='Sign', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sign_0, consumed=(), location='specs/ops.glowdef:737:55', guard=None)
+_Sign_0_clause = OnnxClause(onnx_op='Sign', op='Sign', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sign_0, consumed=(), location='specs/ops.glowdef:740:55', guard=None)
 
 
 def _Round_0(o):
-    """ONNX Round -> Round (specs/ops.glowdef:738:87)."""
+    """ONNX Round -> Round (specs/ops.glowdef:741:87)."""
     attrs = {}
     return attrs
 
-_Round_0_clause = OnnxClause(onnx_op='Round', op='Round', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Round_0, consumed=(), location='specs/ops.glowdef:738:87', guard=None)
+_Round_0_clause = OnnxClause(onnx_op='Round', op='Round', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Round_0, consumed=(), location='specs/ops.glowdef:741:87', guard=None)
 
 
 def _IsNaN_0(o):
-    """ONNX IsNaN -> IsNaN (specs/ops.glowdef:739:52)."""
+    """ONNX IsNaN -> IsNaN (specs/ops.glowdef:742:52)."""
     attrs = {}
     return attrs
 
-_IsNaN_0_clause = OnnxClause(onnx_op='IsNaN', op='IsNaN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsNaN_0, consumed=(), location='specs/ops.glowdef:739:52', guard=None)
+_IsNaN_0_clause = OnnxClause(onnx_op='IsNaN', op='IsNaN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsNaN_0, consumed=(), location='specs/ops.glowdef:742:52', guard=None)
 
 
 def _IsInf_0(o):
-    """ONNX IsInf -> IsInf (specs/ops.glowdef:744:3)."""
+    """ONNX IsInf -> IsInf (specs/ops.glowdef:747:3)."""
     attrs = {}
     if o.has_attr('detect_negative'):
         attrs['detect_negative'] = o.attr('detect_negative')
@@ -1116,19 +1116,19 @@ def _IsInf_0(o):
         attrs['detect_positive'] = 1
     return attrs
 
-_IsInf_0_clause = OnnxClause(onnx_op='IsInf', op='IsInf', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsInf_0, consumed=('detect_negative', 'detect_positive'), location='specs/ops.glowdef:744:3', guard=None)
+_IsInf_0_clause = OnnxClause(onnx_op='IsInf', op='IsInf', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsInf_0, consumed=('detect_negative', 'detect_positive'), location='specs/ops.glowdef:747:3', guard=None)
 
 
 def _BitwiseNot_0(o):
-    """ONNX BitwiseNot -> BitwiseNot (specs/ops.glowdef:747:63)."""
+    """ONNX BitwiseNot -> BitwiseNot (specs/ops.glowdef:750:63)."""
     attrs = {}
     return attrs
 
-_BitwiseNot_0_clause = OnnxClause(onnx_op='BitwiseNot', op='BitwiseNot', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_BitwiseNot_0, consumed=(), location='specs/ops.glowdef:747:63', guard=None)
+_BitwiseNot_0_clause = OnnxClause(onnx_op='BitwiseNot', op='BitwiseNot', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_BitwiseNot_0, consumed=(), location='specs/ops.glowdef:750:63', guard=None)
 
 
 def _Selu_0(o):
-    """ONNX Selu -> Selu (specs/ops.glowdef:752:3)."""
+    """ONNX Selu -> Selu (specs/ops.glowdef:755:3)."""
     attrs = {}
     if o.has_attr('gamma'):
         attrs['gamma'] = o.attr('gamma')
@@ -1140,11 +1140,11 @@ def _Selu_0(o):
         attrs['alpha'] = 1.6732631921768188
     return attrs
 
-_Selu_0_clause = OnnxClause(onnx_op='Selu', op='Selu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Selu_0, consumed=('alpha', 'gamma'), location='specs/ops.glowdef:752:3', guard=None)
+_Selu_0_clause = OnnxClause(onnx_op='Selu', op='Selu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Selu_0, consumed=('alpha', 'gamma'), location='specs/ops.glowdef:755:3', guard=None)
 
 
 def _ThresholdedRelu_0(o):
-    """ONNX ThresholdedRelu -> ThresholdedRelu (specs/ops.glowdef:755:92)."""
+    """ONNX ThresholdedRelu -> ThresholdedRelu (specs/ops.glowdef:758:92)."""
     attrs = {}
     if o.has_attr('alpha'):
         attrs['alpha'] = o.attr('alpha')
@@ -1152,11 +1152,11 @@ def _ThresholdedRelu_0(o):
         attrs['alpha'] = 1.0
     return attrs
 
-_ThresholdedRelu_0_clause = OnnxClause(onnx_op='ThresholdedRelu', op='ThresholdedRelu', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_ThresholdedRelu_0, consumed=('alpha',), location='specs/ops.glowdef:755:92', guard=None)
+_ThresholdedRelu_0_clause = OnnxClause(onnx_op='ThresholdedRelu', op='ThresholdedRelu', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_ThresholdedRelu_0, consumed=('alpha',), location='specs/ops.glowdef:758:92', guard=None)
 
 
 def _Shrink_0(o):
-    """ONNX Shrink -> Shrink (specs/ops.glowdef:760:3)."""
+    """ONNX Shrink -> Shrink (specs/ops.glowdef:763:3)."""
     attrs = {}
     if o.has_attr('bias'):
         attrs['bias'] = o.attr('bias')
@@ -1168,11 +1168,11 @@ def _Shrink_0(o):
         attrs['lambd'] = 0.5
     return attrs
 
-_Shrink_0_clause = OnnxClause(onnx_op='Shrink', op='Shrink', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Shrink_0, consumed=('bias', 'lambd'), location='specs/ops.glowdef:760:3', guard=None)
+_Shrink_0_clause = OnnxClause(onnx_op='Shrink', op='Shrink', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Shrink_0, consumed=('bias', 'lambd'), location='specs/ops.glowdef:763:3', guard=None)
 
 
 def _Mod_0(o):
-    """ONNX Mod -> Mod (specs/ops.glowdef:771:3)."""
+    """ONNX Mod -> Mod (specs/ops.glowdef:774:3)."""
     attrs = {}
     if o.has_attr('fmod'):
         attrs['fmod'] = o.attr('fmod')
@@ -1180,92 +1180,92 @@ def _Mod_0(o):
         attrs['fmod'] = 0
     return attrs
 
-_Mod_0_clause = OnnxClause(onnx_op='Mod', op='Mod', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mod_0, consumed=('fmod',), location='specs/ops.glowdef:771:3', guard=None)
+_Mod_0_clause = OnnxClause(onnx_op='Mod', op='Mod', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mod_0, consumed=('fmod',), location='specs/ops.glowdef:774:3', guard=None)
 
 
 def _BitShift_0(o):
-    """ONNX BitShift -> BitShift (specs/ops.glowdef:781:3)."""
+    """ONNX BitShift -> BitShift (specs/ops.glowdef:784:3)."""
     attrs = {}
-    attrs['left'] = o.evaluating('left', 'specs/ops.glowdef:781:39', lambda: (1 if rt.eq(o.attr('direction', None), 'LEFT') else 0))
+    attrs['left'] = o.evaluating('left', 'specs/ops.glowdef:784:39', lambda: (1 if rt.eq(o.attr('direction', None), 'LEFT') else 0))
     return attrs
 
-_BitShift_0_clause = OnnxClause(onnx_op='BitShift', op='BitShift', since=None, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_BitShift_0, consumed=('direction',), location='specs/ops.glowdef:781:3', guard=None)
+_BitShift_0_clause = OnnxClause(onnx_op='BitShift', op='BitShift', since=None, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_BitShift_0, consumed=('direction',), location='specs/ops.glowdef:784:3', guard=None)
 
 
 def _BitwiseAnd_0(o):
-    """ONNX BitwiseAnd -> BitwiseAnd (specs/ops.glowdef:790:3)."""
+    """ONNX BitwiseAnd -> BitwiseAnd (specs/ops.glowdef:793:3)."""
     attrs = {}
     return attrs
 
-_BitwiseAnd_0_clause = OnnxClause(onnx_op='BitwiseAnd', op='BitwiseAnd', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseAnd_0, consumed=(), location='specs/ops.glowdef:790:3', guard=None)
+_BitwiseAnd_0_clause = OnnxClause(onnx_op='BitwiseAnd', op='BitwiseAnd', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseAnd_0, consumed=(), location='specs/ops.glowdef:793:3', guard=None)
 
 
 def _BitwiseOr_0(o):
-    """ONNX BitwiseOr -> BitwiseOr (specs/ops.glowdef:799:3)."""
+    """ONNX BitwiseOr -> BitwiseOr (specs/ops.glowdef:802:3)."""
     attrs = {}
     return attrs
 
-_BitwiseOr_0_clause = OnnxClause(onnx_op='BitwiseOr', op='BitwiseOr', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseOr_0, consumed=(), location='specs/ops.glowdef:799:3', guard=None)
+_BitwiseOr_0_clause = OnnxClause(onnx_op='BitwiseOr', op='BitwiseOr', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseOr_0, consumed=(), location='specs/ops.glowdef:802:3', guard=None)
 
 
 def _BitwiseXor_0(o):
-    """ONNX BitwiseXor -> BitwiseXor (specs/ops.glowdef:808:3)."""
+    """ONNX BitwiseXor -> BitwiseXor (specs/ops.glowdef:811:3)."""
     attrs = {}
     return attrs
 
-_BitwiseXor_0_clause = OnnxClause(onnx_op='BitwiseXor', op='BitwiseXor', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseXor_0, consumed=(), location='specs/ops.glowdef:808:3', guard=None)
+_BitwiseXor_0_clause = OnnxClause(onnx_op='BitwiseXor', op='BitwiseXor', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseXor_0, consumed=(), location='specs/ops.glowdef:811:3', guard=None)
 
 
 def _PRelu_0(o):
-    """ONNX PRelu -> PRelu (specs/ops.glowdef:817:3)."""
+    """ONNX PRelu -> PRelu (specs/ops.glowdef:820:3)."""
     attrs = {}
     return attrs
 
 def _PRelu_0_guard(o):
     return bool(((rt.ge(o.opset, 7) or rt.ne(rt.b_len(o.input('slope').shape), 1)) or rt.lt(rt.b_rank(o.input('X')), 2)))
 
-_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:817:3', guard=_PRelu_0_guard)
+_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:820:3', guard=_PRelu_0_guard)
 
 
 def _CastLike_0(o):
-    """ONNX CastLike -> CastLike (specs/ops.glowdef:824:3)."""
+    """ONNX CastLike -> CastLike (specs/ops.glowdef:827:3)."""
     attrs = {}
     return attrs
 
-_CastLike_0_clause = OnnxClause(onnx_op='CastLike', op='CastLike', since=None, until=None, inputs=(('input', 'single'), ('target_type', 'single')), operands=(('input', 0), ('target_type', 1)), attributes=_CastLike_0, consumed=('saturate',), location='specs/ops.glowdef:824:3', guard=None)
+_CastLike_0_clause = OnnxClause(onnx_op='CastLike', op='CastLike', since=None, until=None, inputs=(('input', 'single'), ('target_type', 'single')), operands=(('input', 0), ('target_type', 1)), attributes=_CastLike_0, consumed=('saturate',), location='specs/ops.glowdef:827:3', guard=None)
 
 
 def _Split_0(o):
-    """ONNX Split -> Split (specs/ops.glowdef:836:3)."""
+    """ONNX Split -> Split (specs/ops.glowdef:839:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:838:5', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:839:5', lambda: sl.b_split_sizes(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))), (o.attr('split', None) if rt.b_defined(o.attr('split', None)) else ()), rt.b_len(o.outputs)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:841:5', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:842:5', lambda: sl.b_split_sizes(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))), (o.attr('split', None) if rt.b_defined(o.attr('split', None)) else ()), rt.b_len(o.outputs)))
     return attrs
 
-_Split_0_clause = OnnxClause(onnx_op='Split', op='Split', since=2, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Split_0, consumed=('axis', 'split'), location='specs/ops.glowdef:836:3', guard=None)
+_Split_0_clause = OnnxClause(onnx_op='Split', op='Split', since=2, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Split_0, consumed=('axis', 'split'), location='specs/ops.glowdef:839:3', guard=None)
 
 
 def _Split_1(o):
-    """ONNX Split -> Split (specs/ops.glowdef:841:3)."""
+    """ONNX Split -> Split (specs/ops.glowdef:844:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:843:5', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:844:5', lambda: sl.b_split_sizes(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))), (o.input('split').value if o.input('split').present else ()), rt.b_len(o.outputs)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:846:5', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:847:5', lambda: sl.b_split_sizes(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))), (o.input('split').value if o.input('split').present else ()), rt.b_len(o.outputs)))
     return attrs
 
-_Split_1_clause = OnnxClause(onnx_op='Split', op='Split', since=13, until=None, inputs=(('input', 'single'), ('split', 'optional')), operands=(('input', 0),), attributes=_Split_1, consumed=('axis', 'num_outputs'), location='specs/ops.glowdef:841:3', guard=None)
+_Split_1_clause = OnnxClause(onnx_op='Split', op='Split', since=13, until=None, inputs=(('input', 'single'), ('split', 'optional')), operands=(('input', 0),), attributes=_Split_1, consumed=('axis', 'num_outputs'), location='specs/ops.glowdef:844:3', guard=None)
 
 
 def _Tile_0(o):
-    """ONNX Tile -> Tile (specs/ops.glowdef:855:3)."""
+    """ONNX Tile -> Tile (specs/ops.glowdef:858:3)."""
     attrs = {}
-    attrs['repeats'] = o.evaluating('repeats', 'specs/ops.glowdef:855:35', lambda: rt.b_ints(o.input('repeats').value))
+    attrs['repeats'] = o.evaluating('repeats', 'specs/ops.glowdef:858:35', lambda: rt.b_ints(o.input('repeats').value))
     return attrs
 
-_Tile_0_clause = OnnxClause(onnx_op='Tile', op='Tile', since=6, until=None, inputs=(('input', 'single'), ('repeats', 'single')), operands=(('input', 0),), attributes=_Tile_0, consumed=(), location='specs/ops.glowdef:855:3', guard=None)
+_Tile_0_clause = OnnxClause(onnx_op='Tile', op='Tile', since=6, until=None, inputs=(('input', 'single'), ('repeats', 'single')), operands=(('input', 0),), attributes=_Tile_0, consumed=(), location='specs/ops.glowdef:858:3', guard=None)
 
 
 def _Pad_0(o):
-    """ONNX Pad -> Pad (specs/ops.glowdef:869:3)."""
+    """ONNX Pad -> Pad (specs/ops.glowdef:872:3)."""
     attrs = {}
     if o.has_attr('value'):
         attrs['value'] = o.attr('value')
@@ -1279,47 +1279,47 @@ def _Pad_0(o):
         attrs['pads'] = o.attr('pads')
     return attrs
 
-_Pad_0_clause = OnnxClause(onnx_op='Pad', op='Pad', since=2, until=10, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Pad_0, consumed=('mode', 'pads', 'value'), location='specs/ops.glowdef:869:3', guard=None)
+_Pad_0_clause = OnnxClause(onnx_op='Pad', op='Pad', since=2, until=10, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Pad_0, consumed=('mode', 'pads', 'value'), location='specs/ops.glowdef:872:3', guard=None)
 
 
 def _Pad_1(o):
-    """ONNX Pad -> Pad (specs/ops.glowdef:870:3)."""
+    """ONNX Pad -> Pad (specs/ops.glowdef:873:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'constant'
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:872:5', lambda: sl.b_full_pads(rt.b_rank(o.input('data')), rt.b_ints(o.input('pads').value), (rt.b_ints(o.input('axes').value) if o.input('axes').present else ())))
-    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:873:5', lambda: (rt.b_item(o.input('constant_value').value) if o.input('constant_value').present else 0.0))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:875:5', lambda: sl.b_full_pads(rt.b_rank(o.input('data')), rt.b_ints(o.input('pads').value), (rt.b_ints(o.input('axes').value) if o.input('axes').present else ())))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:876:5', lambda: (rt.b_item(o.input('constant_value').value) if o.input('constant_value').present else 0.0))
     return attrs
 
-_Pad_1_clause = OnnxClause(onnx_op='Pad', op='Pad', since=11, until=None, inputs=(('data', 'single'), ('pads', 'single'), ('constant_value', 'optional'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Pad_1, consumed=('mode',), location='specs/ops.glowdef:870:3', guard=None)
+_Pad_1_clause = OnnxClause(onnx_op='Pad', op='Pad', since=11, until=None, inputs=(('data', 'single'), ('pads', 'single'), ('constant_value', 'optional'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Pad_1, consumed=('mode',), location='specs/ops.glowdef:873:3', guard=None)
 
 
 def _Trilu_0(o):
-    """ONNX Trilu -> Trilu (specs/ops.glowdef:885:3)."""
+    """ONNX Trilu -> Trilu (specs/ops.glowdef:888:3)."""
     attrs = {}
     if o.has_attr('upper'):
         attrs['upper'] = o.attr('upper')
     else:
         attrs['upper'] = 1
-    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:885:28', lambda: (rt.b_item(o.input('k').value) if o.input('k').present else 0))
+    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:888:28', lambda: (rt.b_item(o.input('k').value) if o.input('k').present else 0))
     return attrs
 
-_Trilu_0_clause = OnnxClause(onnx_op='Trilu', op='Trilu', since=None, until=None, inputs=(('input', 'single'), ('k', 'optional')), operands=(('input', 0),), attributes=_Trilu_0, consumed=('upper',), location='specs/ops.glowdef:885:3', guard=None)
+_Trilu_0_clause = OnnxClause(onnx_op='Trilu', op='Trilu', since=None, until=None, inputs=(('input', 'single'), ('k', 'optional')), operands=(('input', 0),), attributes=_Trilu_0, consumed=('upper',), location='specs/ops.glowdef:888:3', guard=None)
 
 
 def _GatherElements_0(o):
-    """ONNX GatherElements -> GatherElements (specs/ops.glowdef:895:3)."""
+    """ONNX GatherElements -> GatherElements (specs/ops.glowdef:898:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:895:56', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:898:56', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_GatherElements_0_clause = OnnxClause(onnx_op='GatherElements', op='GatherElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherElements_0, consumed=('axis',), location='specs/ops.glowdef:895:3', guard=None)
+_GatherElements_0_clause = OnnxClause(onnx_op='GatherElements', op='GatherElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherElements_0, consumed=('axis',), location='specs/ops.glowdef:898:3', guard=None)
 
 
 def _GatherND_0(o):
-    """ONNX GatherND -> GatherND (specs/ops.glowdef:904:3)."""
+    """ONNX GatherND -> GatherND (specs/ops.glowdef:907:3)."""
     attrs = {}
     if o.has_attr('batch_dims'):
         attrs['batch_dims'] = o.attr('batch_dims')
@@ -1327,24 +1327,24 @@ def _GatherND_0(o):
         attrs['batch_dims'] = 0
     return attrs
 
-_GatherND_0_clause = OnnxClause(onnx_op='GatherND', op='GatherND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherND_0, consumed=('batch_dims',), location='specs/ops.glowdef:904:3', guard=None)
+_GatherND_0_clause = OnnxClause(onnx_op='GatherND', op='GatherND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherND_0, consumed=('batch_dims',), location='specs/ops.glowdef:907:3', guard=None)
 
 
 def _ScatterElements_0(o):
-    """ONNX ScatterElements -> ScatterElements (specs/ops.glowdef:914:3)."""
+    """ONNX ScatterElements -> ScatterElements (specs/ops.glowdef:917:3)."""
     attrs = {}
     if o.has_attr('reduction'):
         attrs['reduction'] = o.attr('reduction')
     else:
         attrs['reduction'] = 'none'
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:914:77', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:917:77', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ScatterElements_0_clause = OnnxClause(onnx_op='ScatterElements', op='ScatterElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterElements_0, consumed=('axis', 'reduction'), location='specs/ops.glowdef:914:3', guard=None)
+_ScatterElements_0_clause = OnnxClause(onnx_op='ScatterElements', op='ScatterElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterElements_0, consumed=('axis', 'reduction'), location='specs/ops.glowdef:917:3', guard=None)
 
 
 def _ScatterND_0(o):
-    """ONNX ScatterND -> ScatterND (specs/ops.glowdef:923:3)."""
+    """ONNX ScatterND -> ScatterND (specs/ops.glowdef:926:3)."""
     attrs = {}
     if o.has_attr('reduction'):
         attrs['reduction'] = o.attr('reduction')
@@ -1352,11 +1352,11 @@ def _ScatterND_0(o):
         attrs['reduction'] = 'none'
     return attrs
 
-_ScatterND_0_clause = OnnxClause(onnx_op='ScatterND', op='ScatterND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterND_0, consumed=('reduction',), location='specs/ops.glowdef:923:3', guard=None)
+_ScatterND_0_clause = OnnxClause(onnx_op='ScatterND', op='ScatterND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterND_0, consumed=('reduction',), location='specs/ops.glowdef:926:3', guard=None)
 
 
 def _DepthToSpace_0(o):
-    """ONNX DepthToSpace -> DepthToSpace (specs/ops.glowdef:933:3)."""
+    """ONNX DepthToSpace -> DepthToSpace (specs/ops.glowdef:936:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -1366,11 +1366,11 @@ def _DepthToSpace_0(o):
         attrs['blocksize'] = o.attr('blocksize')
     return attrs
 
-_DepthToSpace_0_clause = OnnxClause(onnx_op='DepthToSpace', op='DepthToSpace', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_DepthToSpace_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:933:3', guard=None)
+_DepthToSpace_0_clause = OnnxClause(onnx_op='DepthToSpace', op='DepthToSpace', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_DepthToSpace_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:936:3', guard=None)
 
 
 def _SpaceToDepth_0(o):
-    """ONNX SpaceToDepth -> SpaceToDepth (specs/ops.glowdef:943:3)."""
+    """ONNX SpaceToDepth -> SpaceToDepth (specs/ops.glowdef:946:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -1380,37 +1380,37 @@ def _SpaceToDepth_0(o):
         attrs['blocksize'] = o.attr('blocksize')
     return attrs
 
-_SpaceToDepth_0_clause = OnnxClause(onnx_op='SpaceToDepth', op='SpaceToDepth', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SpaceToDepth_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:943:3', guard=None)
+_SpaceToDepth_0_clause = OnnxClause(onnx_op='SpaceToDepth', op='SpaceToDepth', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SpaceToDepth_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:946:3', guard=None)
 
 
 def _EyeLike_0(o):
-    """ONNX EyeLike -> EyeLike (specs/ops.glowdef:953:3)."""
+    """ONNX EyeLike -> EyeLike (specs/ops.glowdef:956:3)."""
     attrs = {}
     if o.has_attr('k'):
         attrs['k'] = o.attr('k')
     else:
         attrs['k'] = 0
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:953:30', lambda: (sl.b_onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:956:30', lambda: (sl.b_onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
     return attrs
 
-_EyeLike_0_clause = OnnxClause(onnx_op='EyeLike', op='EyeLike', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_EyeLike_0, consumed=('dtype', 'k'), location='specs/ops.glowdef:953:3', guard=None)
+_EyeLike_0_clause = OnnxClause(onnx_op='EyeLike', op='EyeLike', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_EyeLike_0, consumed=('dtype', 'k'), location='specs/ops.glowdef:956:3', guard=None)
 
 
 def _OneHot_0(o):
-    """ONNX OneHot -> OneHot (specs/ops.glowdef:963:3)."""
+    """ONNX OneHot -> OneHot (specs/ops.glowdef:966:3)."""
     attrs = {}
     if o.has_attr('axis'):
         attrs['axis'] = o.attr('axis')
     else:
         attrs['axis'] = -1
-    attrs['depth'] = o.evaluating('depth', 'specs/ops.glowdef:963:55', lambda: rt.b_int(rt.b_item(o.input('depth').value)))
+    attrs['depth'] = o.evaluating('depth', 'specs/ops.glowdef:966:55', lambda: rt.b_int(rt.b_item(o.input('depth').value)))
     return attrs
 
-_OneHot_0_clause = OnnxClause(onnx_op='OneHot', op='OneHot', since=None, until=None, inputs=(('indices', 'single'), ('depth', 'single'), ('values', 'single')), operands=(('indices', 0), ('values', 1)), attributes=_OneHot_0, consumed=('axis',), location='specs/ops.glowdef:963:3', guard=None)
+_OneHot_0_clause = OnnxClause(onnx_op='OneHot', op='OneHot', since=None, until=None, inputs=(('indices', 'single'), ('depth', 'single'), ('values', 'single')), operands=(('indices', 0), ('values', 1)), attributes=_OneHot_0, consumed=('axis',), location='specs/ops.glowdef:966:3', guard=None)
 
 
 def _ArgMax_0(o):
-    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:975:3)."""
+    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:978:3)."""
     attrs = {}
     if o.has_attr('select_last_index'):
         attrs['select_last_index'] = o.attr('select_last_index')
@@ -1420,14 +1420,14 @@ def _ArgMax_0(o):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:975:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:978:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:975:3', guard=None)
+_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:978:3', guard=None)
 
 
 def _ArgMin_0(o):
-    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:986:3)."""
+    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:989:3)."""
     attrs = {}
     if o.has_attr('select_last_index'):
         attrs['select_last_index'] = o.attr('select_last_index')
@@ -1437,40 +1437,40 @@ def _ArgMin_0(o):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:986:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:989:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:986:3', guard=None)
+_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:989:3', guard=None)
 
 
 def _TopK_0(o):
-    """ONNX TopK -> TopK (specs/ops.glowdef:998:3)."""
+    """ONNX TopK -> TopK (specs/ops.glowdef:1001:3)."""
     attrs = {}
     if o.has_attr('k'):
         attrs['k'] = o.attr('k')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:998:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1001:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:998:3', guard=None)
+_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:1001:3', guard=None)
 
 
 def _TopK_1(o):
-    """ONNX TopK -> TopK (specs/ops.glowdef:999:3)."""
+    """ONNX TopK -> TopK (specs/ops.glowdef:1002:3)."""
     attrs = {}
     if o.has_attr('largest'):
         attrs['largest'] = o.attr('largest')
     else:
         attrs['largest'] = 1
-    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:1003:5')
-    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:1001:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1002:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:1006:5')
+    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:1004:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1005:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:999:3', guard=None)
+_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:1002:3', guard=None)
 
 
 def _CumSum_0(o):
-    """ONNX CumSum -> CumSum (specs/ops.glowdef:1015:3)."""
+    """ONNX CumSum -> CumSum (specs/ops.glowdef:1018:3)."""
     attrs = {}
     if o.has_attr('reverse'):
         attrs['reverse'] = o.attr('reverse')
@@ -1480,14 +1480,14 @@ def _CumSum_0(o):
         attrs['exclusive'] = o.attr('exclusive')
     else:
         attrs['exclusive'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1015:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1018:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
     return attrs
 
-_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1015:3', guard=None)
+_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1018:3', guard=None)
 
 
 def _CumProd_0(o):
-    """ONNX CumProd -> CumProd (specs/ops.glowdef:1026:3)."""
+    """ONNX CumProd -> CumProd (specs/ops.glowdef:1029:3)."""
     attrs = {}
     if o.has_attr('reverse'):
         attrs['reverse'] = o.attr('reverse')
@@ -1497,33 +1497,33 @@ def _CumProd_0(o):
         attrs['exclusive'] = o.attr('exclusive')
     else:
         attrs['exclusive'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1026:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1029:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
     return attrs
 
-_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1026:3', guard=None)
+_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:1029:3', guard=None)
 
 
 def _Hardmax_0(o):
-    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:1035:3)."""
+    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:1038:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1035:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1038:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:1035:3', guard=None)
+_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:1038:3', guard=None)
 
 
 def _Einsum_0(o):
-    """ONNX Einsum -> Einsum (specs/ops.glowdef:1044:3)."""
+    """ONNX Einsum -> Einsum (specs/ops.glowdef:1047:3)."""
     attrs = {}
     if o.has_attr('equation'):
         attrs['equation'] = o.attr('equation')
     return attrs
 
-_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:1044:3', guard=None)
+_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:1047:3', guard=None)
 
 
 def _InstanceNormalization_0(o):
-    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1053:3)."""
+    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1056:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
@@ -1531,58 +1531,58 @@ def _InstanceNormalization_0(o):
         attrs['epsilon'] = 9.999999747378752e-06
     return attrs
 
-_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1053:3', guard=None)
+_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1056:3', guard=None)
 
 
 def _LpNormalization_0(o):
-    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1062:3)."""
+    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1065:3)."""
     attrs = {}
     if o.has_attr('p'):
         attrs['p'] = o.attr('p')
     else:
         attrs['p'] = 2
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1062:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1065:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1062:3', guard=None)
+_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1065:3', guard=None)
 
 
 def _ConvN_0(o):
-    """ONNX Conv -> ConvN (specs/ops.glowdef:1080:3)."""
+    """ONNX Conv -> ConvN (specs/ops.glowdef:1083:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1082:5')
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1083:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1084:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1085:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1085:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1086:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1087:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1088:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1080:3', guard=None)
+_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1083:3', guard=None)
 
 
 def _MaxPoolN_0(o):
-    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:1102:3)."""
+    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:1105:3)."""
     attrs = {}
     if o.has_attr('ceil_mode'):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:1104:5')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:1105:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1106:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1107:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1108:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1109:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:1107:5')
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:1108:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1109:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1110:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1111:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1112:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:1102:3', guard=None)
+_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:1105:3', guard=None)
 
 
 def _AvgPoolN_0(o):
-    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:1126:3)."""
+    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:1129:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1592,36 +1592,36 @@ def _AvgPoolN_0(o):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1129:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1130:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1131:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1132:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1133:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1134:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPoolN_0_guard(o):
     return bool(((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1)))
 
-_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1126:3', guard=_AvgPoolN_0_guard)
+_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1129:3', guard=_AvgPoolN_0_guard)
 
 
 def _ConvTranspose_0(o):
-    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:1148:3)."""
+    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:1151:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1150:5')
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1151:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1152:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:1153:5', lambda: (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1154:5', lambda: sl.b_convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1153:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1154:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1155:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:1156:5', lambda: (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1157:5', lambda: sl.b_convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
     return attrs
 
-_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1148:3', guard=None)
+_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1151:3', guard=None)
 
 
 def _Resize_0(o):
-    """ONNX Resize -> Resize (specs/ops.glowdef:1191:3)."""
+    """ONNX Resize -> Resize (specs/ops.glowdef:1194:3)."""
     attrs = {}
     if o.has_attr('antialias'):
         attrs['antialias'] = o.attr('antialias')
@@ -1651,146 +1651,146 @@ def _Resize_0(o):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1193:5', lambda: sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1195:5', lambda: sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1197:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel')))
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1199:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel'))))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1196:5', lambda: sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1198:5', lambda: sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1200:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel')))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1202:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_scales(o.input('X').shape, (o.input('scales').value if o.input('scales').present else ()), (o.input('sizes').value if o.input('sizes').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('keep_aspect_ratio_policy', 'stretch')), sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), o.attr('coordinate_transformation_mode', 'half_pixel'))))
     return attrs
 
-_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1191:3', guard=None)
+_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1194:3', guard=None)
 
 
 def _Resize_1(o):
-    """ONNX Resize -> Resize (specs/ops.glowdef:1207:3)."""
+    """ONNX Resize -> Resize (specs/ops.glowdef:1210:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1209:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1210:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1211:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1212:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1214:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1215:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1212:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1213:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1214:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1215:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1217:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1218:5', lambda: 'legacy')
     return attrs
 
-_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1207:3', guard=None)
+_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1210:3', guard=None)
 
 
 def _Resize_2(o):
-    """ONNX Upsample -> Resize (specs/ops.glowdef:1217:3)."""
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1220:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1219:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1220:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1221:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1222:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1224:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1225:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1222:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1223:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1224:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1225:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1227:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1228:5', lambda: 'legacy')
     return attrs
 
-_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1217:3', guard=None)
+_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1220:3', guard=None)
 
 
 def _Resize_3(o):
-    """ONNX Upsample -> Resize (specs/ops.glowdef:1227:3)."""
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1230:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1229:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1230:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1231:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1232:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1234:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1235:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1232:5', lambda: sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1233:5', lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1234:5', lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1235:5', lambda: sl.b_resize_active_axes(o.input('X').shape, sl.b_resize_sizes(o.input('X').shape, sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), (), (), 'stretch'), sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)), sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric')))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1237:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1238:5', lambda: 'legacy')
     return attrs
 
-_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1227:3', guard=None)
+_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1230:3', guard=None)
 
 
 def _LegacyBroadcast_0(o):
-    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1251:3)."""
+    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1254:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1251:89', lambda: 'Add')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1251:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1254:89', lambda: 'Add')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1254:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_0_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1251:3', guard=_LegacyBroadcast_0_guard)
+_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1254:3', guard=_LegacyBroadcast_0_guard)
 
 
 def _LegacyBroadcast_1(o):
-    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1252:3)."""
+    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1255:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1252:89', lambda: 'Sub')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1252:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1255:89', lambda: 'Sub')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1255:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_1_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1252:3', guard=_LegacyBroadcast_1_guard)
+_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1255:3', guard=_LegacyBroadcast_1_guard)
 
 
 def _LegacyBroadcast_2(o):
-    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1253:3)."""
+    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1256:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1253:89', lambda: 'Mul')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1253:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1256:89', lambda: 'Mul')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1256:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_2_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1253:3', guard=_LegacyBroadcast_2_guard)
+_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1256:3', guard=_LegacyBroadcast_2_guard)
 
 
 def _LegacyBroadcast_3(o):
-    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1254:3)."""
+    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1257:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1254:89', lambda: 'Div')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1254:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1257:89', lambda: 'Div')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1257:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_3_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1254:3', guard=_LegacyBroadcast_3_guard)
+_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1257:3', guard=_LegacyBroadcast_3_guard)
 
 
 def _LegacyBroadcast_4(o):
-    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1255:3)."""
+    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1258:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1255:81', lambda: 'Pow')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1255:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1258:81', lambda: 'Pow')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1258:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
     return attrs
 
 def _LegacyBroadcast_4_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1255:3', guard=_LegacyBroadcast_4_guard)
+_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1258:3', guard=_LegacyBroadcast_4_guard)
 
 
 def _LegacyBroadcast_5(o):
-    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1256:3)."""
+    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1259:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1256:56', lambda: 'PRelu')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1256:70', lambda: 1)
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1259:56', lambda: 'PRelu')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1259:70', lambda: 1)
     return attrs
 
-_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1256:3', guard=None)
+_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1259:3', guard=None)
 
 
 def _AvgPoolDilated_0(o):
-    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1274:3)."""
+    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1277:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1802,19 +1802,19 @@ def _AvgPoolDilated_0(o):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1276:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1277:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1278:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1279:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1280:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1281:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPoolDilated_0_guard(o):
     return bool((rt.b_defined(o.attr('dilations', None)) and rt.gt(rt.b_max(o.attr('dilations', None)), 1)))
 
-_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1274:3', guard=_AvgPoolDilated_0_guard)
+_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1277:3', guard=_AvgPoolDilated_0_guard)
 
 
 def _LpPool_0(o):
-    """ONNX LpPool -> LpPool (specs/ops.glowdef:1295:3)."""
+    """ONNX LpPool -> LpPool (specs/ops.glowdef:1298:3)."""
     attrs = {}
     if o.has_attr('p'):
         attrs['p'] = o.attr('p')
@@ -1824,30 +1824,30 @@ def _LpPool_0(o):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1297:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1298:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1299:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1300:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1300:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1301:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1302:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1303:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1295:3', guard=None)
+_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1298:3', guard=None)
 
 
 def _Col2Im_0(o):
-    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1319:3)."""
+    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1322:3)."""
     attrs = {}
-    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1321:5', lambda: rt.b_ints(o.input('image_shape').value))
-    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1322:5', lambda: rt.b_ints(o.input('block_shape').value))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1323:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1324:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1325:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
+    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1324:5', lambda: rt.b_ints(o.input('image_shape').value))
+    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1325:5', lambda: rt.b_ints(o.input('block_shape').value))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1326:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1327:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1328:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
     return attrs
 
-_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1319:3', guard=None)
+_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1322:3', guard=None)
 
 
 def _GridSample_0(o):
-    """ONNX GridSample -> GridSample (specs/ops.glowdef:1340:3)."""
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1343:3)."""
     attrs = {}
     if o.has_attr('align_corners'):
         attrs['align_corners'] = o.attr('align_corners')
@@ -1863,11 +1863,11 @@ def _GridSample_0(o):
         attrs['mode'] = 'linear'
     return attrs
 
-_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1340:3', guard=None)
+_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1343:3', guard=None)
 
 
 def _GridSample_1(o):
-    """ONNX GridSample -> GridSample (specs/ops.glowdef:1341:3)."""
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1344:3)."""
     attrs = {}
     if o.has_attr('align_corners'):
         attrs['align_corners'] = o.attr('align_corners')
@@ -1877,14 +1877,14 @@ def _GridSample_1(o):
         attrs['padding_mode'] = o.attr('padding_mode')
     else:
         attrs['padding_mode'] = 'zeros'
-    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1343:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
+    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1346:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
     return attrs
 
-_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1341:3', guard=None)
+_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1344:3', guard=None)
 
 
 def _LSTM_0(o):
-    """ONNX LSTM -> LSTM (specs/ops.glowdef:1381:3)."""
+    """ONNX LSTM -> LSTM (specs/ops.glowdef:1384:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1904,16 +1904,16 @@ def _LSTM_0(o):
         attrs['layout'] = 0
     if o.has_attr('activations'):
         attrs['activations'] = o.attr('activations')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1383:5')
-    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1385:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1387:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1386:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1388:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1390:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_LSTM_0_clause = OnnxClause(onnx_op='LSTM', op='LSTM', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional'), ('initial_c', 'optional'), ('P', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4), ('initial_c', 5), ('P', 6)), attributes=_LSTM_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'input_forget', 'layout'), location='specs/ops.glowdef:1381:3', guard=None)
+_LSTM_0_clause = OnnxClause(onnx_op='LSTM', op='LSTM', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional'), ('initial_c', 'optional'), ('P', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4), ('initial_c', 5), ('P', 6)), attributes=_LSTM_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'input_forget', 'layout'), location='specs/ops.glowdef:1384:3', guard=None)
 
 
 def _GRU_0(o):
-    """ONNX GRU -> GRU (specs/ops.glowdef:1408:3)."""
+    """ONNX GRU -> GRU (specs/ops.glowdef:1411:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1933,16 +1933,16 @@ def _GRU_0(o):
         attrs['linear_before_reset'] = 0
     if o.has_attr('activations'):
         attrs['activations'] = o.attr('activations')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1410:5')
-    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1412:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1414:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1413:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1415:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1417:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_GRU_0_clause = OnnxClause(onnx_op='GRU', op='GRU', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_GRU_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout', 'linear_before_reset'), location='specs/ops.glowdef:1408:3', guard=None)
+_GRU_0_clause = OnnxClause(onnx_op='GRU', op='GRU', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_GRU_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout', 'linear_before_reset'), location='specs/ops.glowdef:1411:3', guard=None)
 
 
 def _RNN_0(o):
-    """ONNX RNN -> RNN (specs/ops.glowdef:1434:3)."""
+    """ONNX RNN -> RNN (specs/ops.glowdef:1437:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1960,95 +1960,95 @@ def _RNN_0(o):
         attrs['activations'] = o.attr('activations')
     else:
         attrs['activations'] = ('Tanh', 'Tanh')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1436:5')
-    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.b_all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1438:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1440:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1439:5')
+    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.b_all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1441:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1443:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1434:3', guard=None)
+_RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1437:3', guard=None)
 
 
 def _QuantizeLinear_0(o):
-    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1475:3)."""
+    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1478:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1477:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1478:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
-    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1479:5', lambda: (sl.b_onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.b_float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1480:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1481:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
+    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1482:5', lambda: (sl.b_onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.b_float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
     return attrs
 
-_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1475:3', guard=None)
+_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1478:3', guard=None)
 
 
 def _DequantizeLinear_0(o):
-    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1494:3)."""
+    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1497:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1496:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1497:5', lambda: (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1499:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1500:5', lambda: (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
     return attrs
 
-_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1494:3', guard=None)
+_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1497:3', guard=None)
 
 
 def _QLinearMatMul_0(o):
-    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1523:3)."""
+    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1526:3)."""
     attrs = {}
     return attrs
 
-_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1523:3', guard=None)
+_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1526:3', guard=None)
 
 
 def _MatMulInteger_0(o):
-    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1533:3)."""
+    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1536:3)."""
     attrs = {}
-    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1535:5')
+    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1538:5')
     return attrs
 
-_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1533:3', guard=None)
+_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1536:3', guard=None)
 
 
 def _ConvInteger_0(o):
-    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1552:3)."""
+    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1555:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1554:5')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1556:5')
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1557:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1558:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1559:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1557:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1559:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1560:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1561:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1562:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1552:3', guard=None)
+_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1555:3', guard=None)
 
 
 def _QLinearConv_0(o):
-    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1580:3)."""
+    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1583:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1583:5')
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1584:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1585:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1586:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1586:5')
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1587:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1588:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1589:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1580:3', guard=None)
+_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1583:3', guard=None)
 
 
 def _DFT_0(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1603:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1606:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2058,15 +2058,15 @@ def _DFT_0(o):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1605:5', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1606:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1608:5', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1609:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1603:3', guard=None)
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1606:3', guard=None)
 
 
 def _DFT_1(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1609:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1612:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2076,36 +2076,36 @@ def _DFT_1(o):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1611:5', lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1612:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1614:5', lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1615:5', lambda: sl.b_dft_length(o.input('input').shape, rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1609:3', guard=None)
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1612:3', guard=None)
 
 
 def _Compress_0(o):
-    """ONNX Compress -> Compress (specs/ops.glowdef:1626:3)."""
+    """ONNX Compress -> Compress (specs/ops.glowdef:1629:3)."""
     attrs = {}
-    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1628:5', lambda: sl.b_true_positions(o.input('condition').value))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1629:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
-    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1630:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1631:5', lambda: sl.b_true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1632:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1633:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
     return attrs
 
-_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1626:3', guard=None)
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1629:3', guard=None)
 
 
 def _STFT_0(o):
-    """ONNX STFT -> STFT (specs/ops.glowdef:1644:3)."""
+    """ONNX STFT -> STFT (specs/ops.glowdef:1647:3)."""
     attrs = {}
     if o.has_attr('onesided'):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 1
-    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1646:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
-    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1647:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1649:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1650:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
     return attrs
 
-_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1644:3', guard=None)
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1647:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,
