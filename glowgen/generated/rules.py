@@ -252,7 +252,24 @@ def _r14_min_chain_build(_b, _m):
 
 
 
-def _r15_flatten_to_reshape_build(_b, _m):
+def _r15_prelu_to_select_build(_b, _m):
+    """=> Select(Less(x, scalar(0, x.dtype)), Mul(x, slope), Expand(x, shape = p.shape))"""
+    p = _m['p']
+    x = _m['x']
+    slope = _m['slope']
+    return rt.results(_b.op('Select', [_b.op('Less', [x, _b.scalar(0, x.dtype)], {}), _b.op('Mul', [x, slope], {}), _b.op('Expand', [x], {'shape': p.shape})], {}))
+
+
+
+def _r16_castlike_to_cast_build(_b, _m):
+    """=> Cast(x, to = like.dtype)"""
+    x = _m['x']
+    like = _m['like']
+    return rt.results(_b.op('Cast', [x], {'to': like.dtype}))
+
+
+
+def _r17_flatten_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = f.shape)"""
     f = _m['f']
     x = _m['x']
@@ -260,7 +277,7 @@ def _r15_flatten_to_reshape_build(_b, _m):
 
 
 
-def _r16_squeeze_to_reshape_build(_b, _m):
+def _r18_squeeze_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = s.shape)"""
     s = _m['s']
     x = _m['x']
@@ -268,7 +285,7 @@ def _r16_squeeze_to_reshape_build(_b, _m):
 
 
 
-def _r17_unsqueeze_to_reshape_build(_b, _m):
+def _r19_unsqueeze_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = u.shape)"""
     u = _m['u']
     x = _m['x']
@@ -276,7 +293,75 @@ def _r17_unsqueeze_to_reshape_build(_b, _m):
 
 
 
-def _r18_gemm_to_matmul_guard(_m, _ctx):
+def _r20_tile_to_expand_build(_b, _m):
+    """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
+    t = _m['t']
+    x = _m['x']
+    return rt.results(_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.b_interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.b_interleave(t.repeats, x.shape)})], {'shape': t.shape}))
+
+
+
+def _r21_depth_to_space_dcr_guard(_m, _ctx):
+    'where d.mode == "DCR"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'DCR')))
+
+def _r21_depth_to_space_dcr_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], b, b, x.shape[1] // (b * b), x.shape[2], x.shape[3]]), perm = [0, 3, 4, 1, 5, 2]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], b, b, rt.floordiv(x.shape[1], rt.mul(b, b)), x.shape[2], x.shape[3], )})], {'perm': (0, 3, 4, 1, 5, 2, )})], {'shape': d.shape}))
+
+
+
+def _r22_depth_to_space_crd_guard(_m, _ctx):
+    'where d.mode == "CRD"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'CRD')))
+
+def _r22_depth_to_space_crd_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1] // (b * b), b, b, x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], rt.floordiv(x.shape[1], rt.mul(b, b)), b, b, x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': d.shape}))
+
+
+
+def _r23_space_to_depth_dcr_guard(_m, _ctx):
+    'where d.mode == "DCR"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'DCR')))
+
+def _r23_space_to_depth_dcr_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 3, 5, 1, 2, 4, )})], {'shape': d.shape}))
+
+
+
+def _r24_space_to_depth_crd_guard(_m, _ctx):
+    'where d.mode == "CRD"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'CRD')))
+
+def _r24_space_to_depth_crd_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 1, 3, 5, 2, 4]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 1, 3, 5, 2, 4, )})], {'shape': d.shape}))
+
+
+
+def _r25_gemm_to_matmul_guard(_m, _ctx):
     """where """
     g = _m['g']
     a = _m['a']
@@ -284,7 +369,7 @@ def _r18_gemm_to_matmul_guard(_m, _ctx):
     c = _m['c']
     return bool(((not _ctx.backend_has('Gemm'))))
 
-def _r18_gemm_to_matmul_build(_b, _m):
+def _r25_gemm_to_matmul_build(_b, _m):
     """=> Add(p2, Mul(c, scalar(g.beta, c.dtype)) if g.beta != 1.0 else c) if defined(c) else p2"""
     g = _m['g']
     a = _m['a']
@@ -298,14 +383,14 @@ def _r18_gemm_to_matmul_build(_b, _m):
 
 
 
-def _r19_fc_to_matmul_guard(_m, _ctx):
+def _r26_fc_to_matmul_guard(_m, _ctx):
     """where """
     x = _m['x']
     w = _m['w']
     b = _m['b']
     return bool(((not _ctx.backend_has('FullyConnected'))))
 
-def _r19_fc_to_matmul_build(_b, _m):
+def _r26_fc_to_matmul_build(_b, _m):
     """=> Add(MatMul(x, w), b)"""
     x = _m['x']
     w = _m['w']
@@ -314,14 +399,14 @@ def _r19_fc_to_matmul_build(_b, _m):
 
 
 
-def _r20_matmul_vector_lhs_guard(_m, _ctx):
+def _r27_matmul_vector_lhs_guard(_m, _ctx):
     """where rank(a) == 1"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool((rt.eq(rt.b_rank(a), 1)))
 
-def _r20_matmul_vector_lhs_build(_b, _m):
+def _r27_matmul_vector_lhs_build(_b, _m):
     """=> Reshape(MatMul(Reshape(a, shape = [1, a.shape[0]]), b), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -330,14 +415,14 @@ def _r20_matmul_vector_lhs_build(_b, _m):
 
 
 
-def _r21_matmul_vector_rhs_guard(_m, _ctx):
+def _r28_matmul_vector_rhs_guard(_m, _ctx):
     """where (rank(b) == 1) and (rank(a) >= 2)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.eq(rt.b_rank(b), 1) and rt.ge(rt.b_rank(a), 2))))
 
-def _r21_matmul_vector_rhs_build(_b, _m):
+def _r28_matmul_vector_rhs_build(_b, _m):
     """=> Reshape(MatMul(a, Reshape(b, shape = [b.shape[0], 1])), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -346,14 +431,14 @@ def _r21_matmul_vector_rhs_build(_b, _m):
 
 
 
-def _r22_matmul_shared_rhs_guard(_m, _ctx):
+def _r29_matmul_shared_rhs_guard(_m, _ctx):
     """where (rank(a) >= 2) and (rank(b) == 2)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.ge(rt.b_rank(a), 2) and rt.eq(rt.b_rank(b), 2))))
 
-def _r22_matmul_shared_rhs_build(_b, _m):
+def _r29_matmul_shared_rhs_build(_b, _m):
     """=> Reshape(BatchMatMul(Reshape(a, shape = [1, prod(a.shape[:-1]), a.shape[-1]]), Reshape(b, shape = concat([1], b.shape))), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -362,14 +447,14 @@ def _r22_matmul_shared_rhs_build(_b, _m):
 
 
 
-def _r23_matmul_batched_guard(_m, _ctx):
+def _r30_matmul_batched_guard(_m, _ctx):
     """where (rank(a) >= 2) and (rank(b) > 2)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.ge(rt.b_rank(a), 2) and rt.gt(rt.b_rank(b), 2))))
 
-def _r23_matmul_batched_build(_b, _m):
+def _r30_matmul_batched_build(_b, _m):
     """=> Reshape(BatchMatMul(Reshape(a2, shape = concat([prod(batch)], a.shape[-2:])), Reshape(b2, shape = concat([prod(batch)], b.shape[-2:]))), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -381,7 +466,7 @@ def _r23_matmul_batched_build(_b, _m):
 
 
 
-def _r24_batchnorm_to_affine_build(_b, _m):
+def _r31_batchnorm_to_affine_build(_b, _m):
     """=> Add(Mul(x, Reshape(s, shape = cs)), Reshape(t, shape = cs))"""
     bn = _m['bn']
     x = _m['x']
@@ -396,7 +481,7 @@ def _r24_batchnorm_to_affine_build(_b, _m):
 
 
 
-def _r25_layernorm_expand_build(_b, _m):
+def _r32_layernorm_expand_build(_b, _m):
     """=> Add(scaled, bias) if defined(bias) else scaled"""
     ln = _m['ln']
     x = _m['x']
@@ -410,7 +495,7 @@ def _r25_layernorm_expand_build(_b, _m):
 
 
 
-def _r26_softmax_expand_build(_b, _m):
+def _r33_softmax_expand_build(_b, _m):
     """=> Div(e, ReduceSum(e, axes = [sm.axis], keepdims = 1))"""
     sm = _m['sm']
     x = _m['x']
@@ -419,7 +504,7 @@ def _r26_softmax_expand_build(_b, _m):
 
 
 
-def _r27_logsoftmax_expand_build(_b, _m):
+def _r34_logsoftmax_expand_build(_b, _m):
     """=> Sub(d, Log(ReduceSum(Exp(d), axes = [sm.axis], keepdims = 1)))"""
     sm = _m['sm']
     x = _m['x']
@@ -428,7 +513,7 @@ def _r27_logsoftmax_expand_build(_b, _m):
 
 
 
-def _r28_softmax_flat_to_2d_build(_b, _m):
+def _r35_softmax_flat_to_2d_build(_b, _m):
     """=> Reshape(Softmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
@@ -436,7 +521,7 @@ def _r28_softmax_flat_to_2d_build(_b, _m):
 
 
 
-def _r29_logsoftmax_flat_to_2d_build(_b, _m):
+def _r36_logsoftmax_flat_to_2d_build(_b, _m):
     """=> Reshape(LogSoftmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
@@ -444,7 +529,51 @@ def _r29_logsoftmax_flat_to_2d_build(_b, _m):
 
 
 
-def _r30_reducemean_to_sum_build(_b, _m):
+def _r37_instancenorm_expand_build(_b, _m):
+    """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, shape = cs)), Reshape(bias, shape = cs))"""
+    n = _m['n']
+    x = _m['x']
+    scale = _m['scale']
+    bias = _m['bias']
+    axes = rt.b_range(2, rt.b_rank(x))
+    d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
+    var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
+    cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
+    return rt.results(_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'shape': cs})], {}), _b.op('Reshape', [bias], {'shape': cs})], {}))
+
+
+
+def _r38_lpnorm_l2_guard(_m, _ctx):
+    """where n.p == 2"""
+    n = _m['n']
+    x = _m['x']
+    return bool((rt.eq(n.p, 2)))
+
+def _r38_lpnorm_l2_build(_b, _m):
+    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
+    n = _m['n']
+    x = _m['x']
+    norm = _b.op('Sqrt', [_b.op('ReduceSum', [_b.op('Mul', [x, x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {})
+    return rt.results(_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}))
+
+
+
+def _r39_lpnorm_l1_guard(_m, _ctx):
+    """where n.p == 1"""
+    n = _m['n']
+    x = _m['x']
+    return bool((rt.eq(n.p, 1)))
+
+def _r39_lpnorm_l1_build(_b, _m):
+    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
+    n = _m['n']
+    x = _m['x']
+    norm = _b.op('ReduceSum', [_b.op('Abs', [x], {})], {'axes': (n.axis, ), 'keepdims': 1})
+    return rt.results(_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}))
+
+
+
+def _r40_reducemean_to_sum_build(_b, _m):
     """=> Div(ReduceSum(x, ...r), scalar(prod(x.shape) // max(1, prod(r.shape)), x.dtype))"""
     r = _m['r']
     x = _m['x']
@@ -452,21 +581,21 @@ def _r30_reducemean_to_sum_build(_b, _m):
 
 
 
-def _r31_global_avgpool_to_mean_build(_b, _m):
+def _r41_global_avgpool_to_mean_build(_b, _m):
     """=> ReduceMean(x, axes = range(2, rank(x)), keepdims = 1)"""
     x = _m['x']
     return rt.results(_b.op('ReduceMean', [x], {'axes': rt.b_range(2, rt.b_rank(x)), 'keepdims': 1}))
 
 
 
-def _r32_global_maxpool_to_max_build(_b, _m):
+def _r42_global_maxpool_to_max_build(_b, _m):
     """=> ReduceMax(x, axes = range(2, rank(x)), keepdims = 1)"""
     x = _m['x']
     return rt.results(_b.op('ReduceMax', [x], {'axes': rt.b_range(2, rt.b_rank(x)), 'keepdims': 1}))
 
 
 
-def _r33_lrn_expand_build(_b, _m):
+def _r43_lrn_expand_build(_b, _m):
     """=> Div(x, Pow(Add(Mul(Reshape(win, shape = x.shape), scalar(n.alpha, x.dtype)), scalar(n.bias, x.dtype)), scalar(n.beta, x.dtype)))"""
     n = _m['n']
     x = _m['x']
@@ -476,7 +605,7 @@ def _r33_lrn_expand_build(_b, _m):
 
 
 
-def _r34_convtranspose_nonoverlapping_to_conv_guard(_m, _ctx):
+def _r44_convtranspose_nonoverlapping_to_conv_guard(_m, _ctx):
     """where (((((((rank(x) == 4) and (c.group == 1)) and (tuple(c.strides) == tuple(w.shape[2:]))) and (c.dilations == [1, 1])) and (c.pads == [0, 0, 0, 0])) and (c.output_padding == [0, 0])) and is_const(w)) and is_const(b)"""
     c = _m['c']
     x = _m['x']
@@ -484,7 +613,7 @@ def _r34_convtranspose_nonoverlapping_to_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((((((((rt.eq(rt.b_rank(x), 4) and rt.eq(c.group, 1)) and rt.eq(rt.b_tuple(c.strides), rt.b_tuple(tuple(w.shape)[2:]))) and rt.eq(c.dilations, (1, 1, ))) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.output_padding, (0, 0, ))) and rt.b_is_const(w)) and rt.b_is_const(b))))
 
-def _r34_convtranspose_nonoverlapping_to_conv_build(_b, _m):
+def _r44_convtranspose_nonoverlapping_to_conv_build(_b, _m):
     """=> Reshape(Transpose(Reshape(y, shape = [x.shape[0], m, w.shape[2], w.shape[3], x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -499,7 +628,7 @@ def _r34_convtranspose_nonoverlapping_to_conv_build(_b, _m):
 
 
 
-def _r35_convtranspose_phases_to_conv_guard(_m, _ctx):
+def _r45_convtranspose_phases_to_conv_guard(_m, _ctx):
     """where (((((((rank(x) == 4) and (c.group == 1)) and (c.dilations == [1, 1])) and is_const(w)) and is_const(b)) and not (((tuple(c.strides) == tuple(w.shape[2:])) and (c.pads == [0, 0, 0, 0])) and (c.output_padding == [0, 0]))) and ((c.pads[0] + c.shape[2]) <= (c.strides[0] * ((x.shape[2] + (((w.shape[2] + c.strides[0]) - 1) // c.strides[0])) - 1)))) and ((c.pads[1] + c.shape[3]) <= (c.strides[1] * ((x.shape[3] + (((w.shape[3] + c.strides[1]) - 1) // c.strides[1])) - 1)))"""
     c = _m['c']
     x = _m['x']
@@ -507,7 +636,7 @@ def _r35_convtranspose_phases_to_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((((((((rt.eq(rt.b_rank(x), 4) and rt.eq(c.group, 1)) and rt.eq(c.dilations, (1, 1, ))) and rt.b_is_const(w)) and rt.b_is_const(b)) and (not ((rt.eq(rt.b_tuple(c.strides), rt.b_tuple(tuple(w.shape)[2:])) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.output_padding, (0, 0, ))))) and rt.le(rt.add(c.pads[0], c.shape[2]), rt.mul(c.strides[0], rt.sub(rt.add(x.shape[2], rt.floordiv(rt.sub(rt.add(w.shape[2], c.strides[0]), 1), c.strides[0])), 1)))) and rt.le(rt.add(c.pads[1], c.shape[3]), rt.mul(c.strides[1], rt.sub(rt.add(x.shape[3], rt.floordiv(rt.sub(rt.add(w.shape[3], c.strides[1]), 1), c.strides[1])), 1))))))
 
-def _r35_convtranspose_phases_to_conv_build(_b, _m):
+def _r45_convtranspose_phases_to_conv_build(_b, _m):
     """=> Slice(full, starts = [0, 0, c.pads[0], c.pads[1]], stops = [x.shape[0], m, c.pads[0] + c.shape[2], c.pads[1] + c.shape[3]], steps = [1, 1, 1, 1])"""
     c = _m['c']
     x = _m['x']
@@ -529,14 +658,14 @@ def _r35_convtranspose_phases_to_conv_build(_b, _m):
 
 
 
-def _r36_f16_matmul_in_f32_guard(_m, _ctx):
+def _r46_f16_matmul_in_f32_guard(_m, _ctx):
     """where (m.dtype == f16) or (m.dtype == bf16)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.eq(m.dtype, 'f16') or rt.eq(m.dtype, 'bf16'))))
 
-def _r36_f16_matmul_in_f32_build(_b, _m):
+def _r46_f16_matmul_in_f32_build(_b, _m):
     """=> Cast(BatchMatMul(Cast(a, to = f32), Cast(b, to = f32)), to = m.dtype)"""
     m = _m['m']
     a = _m['a']
@@ -545,7 +674,7 @@ def _r36_f16_matmul_in_f32_build(_b, _m):
 
 
 
-def _r37_f16_conv_in_f32_guard(_m, _ctx):
+def _r47_f16_conv_in_f32_guard(_m, _ctx):
     """where (c.dtype == f16) or (c.dtype == bf16)"""
     c = _m['c']
     x = _m['x']
@@ -553,7 +682,7 @@ def _r37_f16_conv_in_f32_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
 
-def _r37_f16_conv_in_f32_build(_b, _m):
+def _r47_f16_conv_in_f32_build(_b, _m):
     """=> Cast(Conv(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), ...c), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -563,7 +692,7 @@ def _r37_f16_conv_in_f32_build(_b, _m):
 
 
 
-def _r38_f16_convn_in_f32_guard(_m, _ctx):
+def _r48_f16_convn_in_f32_guard(_m, _ctx):
     """where (c.dtype == f16) or (c.dtype == bf16)"""
     c = _m['c']
     x = _m['x']
@@ -571,7 +700,7 @@ def _r38_f16_convn_in_f32_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
 
-def _r38_f16_convn_in_f32_build(_b, _m):
+def _r48_f16_convn_in_f32_build(_b, _m):
     """=> Cast(ConvN(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), ...c), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -581,13 +710,13 @@ def _r38_f16_convn_in_f32_build(_b, _m):
 
 
 
-def _r39_f16_reducesum_in_f32_guard(_m, _ctx):
+def _r49_f16_reducesum_in_f32_guard(_m, _ctx):
     """where r.dtype == f16"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(r.dtype, 'f16')))
 
-def _r39_f16_reducesum_in_f32_build(_b, _m):
+def _r49_f16_reducesum_in_f32_build(_b, _m):
     """=> Cast(ReduceSum(Cast(x, to = f32), ...r), to = f16)"""
     r = _m['r']
     x = _m['x']
@@ -595,13 +724,13 @@ def _r39_f16_reducesum_in_f32_build(_b, _m):
 
 
 
-def _r40_f16_avgpool_in_f32_guard(_m, _ctx):
+def _r50_f16_avgpool_in_f32_guard(_m, _ctx):
     """where p.dtype == f16"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(p.dtype, 'f16')))
 
-def _r40_f16_avgpool_in_f32_build(_b, _m):
+def _r50_f16_avgpool_in_f32_build(_b, _m):
     """=> Cast(AvgPool(Cast(x, to = f32), ...p), to = f16)"""
     p = _m['p']
     x = _m['x']
@@ -609,13 +738,13 @@ def _r40_f16_avgpool_in_f32_build(_b, _m):
 
 
 
-def _r41_cast_same_type_guard(_m, _ctx):
+def _r51_cast_same_type_guard(_m, _ctx):
     """where c.to == x.dtype"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.to, x.dtype)))
 
-def _r41_cast_same_type_build(_b, _m):
+def _r51_cast_same_type_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
@@ -623,14 +752,14 @@ def _r41_cast_same_type_build(_b, _m):
 
 
 
-def _r42_add_zero_guard(_m, _ctx):
+def _r52_add_zero_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == a.shape)"""
     a = _m['a']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, a.shape))))
 
-def _r42_add_zero_build(_b, _m):
+def _r52_add_zero_build(_b, _m):
     """=> x"""
     a = _m['a']
     x = _m['x']
@@ -639,14 +768,14 @@ def _r42_add_zero_build(_b, _m):
 
 
 
-def _r43_sub_zero_guard(_m, _ctx):
+def _r53_sub_zero_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == s.shape)"""
     s = _m['s']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, s.shape))))
 
-def _r43_sub_zero_build(_b, _m):
+def _r53_sub_zero_build(_b, _m):
     """=> x"""
     s = _m['s']
     x = _m['x']
@@ -655,14 +784,14 @@ def _r43_sub_zero_build(_b, _m):
 
 
 
-def _r44_mul_one_guard(_m, _ctx):
+def _r54_mul_one_guard(_m, _ctx):
     """where is_splat(c, 1) and (x.shape == m.shape)"""
     m = _m['m']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, m.shape))))
 
-def _r44_mul_one_build(_b, _m):
+def _r54_mul_one_build(_b, _m):
     """=> x"""
     m = _m['m']
     x = _m['x']
@@ -671,14 +800,14 @@ def _r44_mul_one_build(_b, _m):
 
 
 
-def _r45_div_one_guard(_m, _ctx):
+def _r55_div_one_guard(_m, _ctx):
     """where is_splat(c, 1) and (x.shape == d.shape)"""
     d = _m['d']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, d.shape))))
 
-def _r45_div_one_build(_b, _m):
+def _r55_div_one_build(_b, _m):
     """=> x"""
     d = _m['d']
     x = _m['x']
@@ -687,7 +816,7 @@ def _r45_div_one_build(_b, _m):
 
 
 
-def _r46_relu_relu_build(_b, _m):
+def _r56_relu_relu_build(_b, _m):
     """=> r"""
     r = _m['r']
     x = _m['x']
@@ -695,20 +824,20 @@ def _r46_relu_relu_build(_b, _m):
 
 
 
-def _r47_max_same_build(_b, _m):
+def _r57_max_same_build(_b, _m):
     """=> x"""
     x = _m['x']
     return rt.results(x)
 
 
 
-def _r48_clip_unbounded_guard(_m, _ctx):
+def _r58_clip_unbounded_guard(_m, _ctx):
     """where (c.min == -inf) and (c.max == inf)"""
     c = _m['c']
     x = _m['x']
     return bool(((rt.eq(c.min, rt.neg(float('inf'))) and rt.eq(c.max, float('inf')))))
 
-def _r48_clip_unbounded_build(_b, _m):
+def _r58_clip_unbounded_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
@@ -716,14 +845,14 @@ def _r48_clip_unbounded_build(_b, _m):
 
 
 
-def _r49_max_zero_to_relu_guard(_m, _ctx):
+def _r59_max_zero_to_relu_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == m.shape)"""
     m = _m['m']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, m.shape))))
 
-def _r49_max_zero_to_relu_build(_b, _m):
+def _r59_max_zero_to_relu_build(_b, _m):
     """=> Relu(x)"""
     m = _m['m']
     x = _m['x']
@@ -732,7 +861,7 @@ def _r49_max_zero_to_relu_build(_b, _m):
 
 
 
-def _r50_min_max_to_clip_guard(_m, _ctx):
+def _r60_min_max_to_clip_guard(_m, _ctx):
     """where ((((is_splat(lo) and is_splat(hi)) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(lo) <= splat_value(hi))) and (uses(m) == 1)"""
     n = _m['n']
     m = _m['m']
@@ -741,7 +870,7 @@ def _r50_min_max_to_clip_guard(_m, _ctx):
     hi = _m['hi']
     return bool((_ctx.backend_has('Clip')) and ((((((rt.b_is_splat(lo) and rt.b_is_splat(hi)) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.le(rt.b_splat_value(lo), rt.b_splat_value(hi))) and rt.eq(_ctx.uses(m), 1))))
 
-def _r50_min_max_to_clip_build(_b, _m):
+def _r60_min_max_to_clip_build(_b, _m):
     """=> Clip(x, min = splat_value(lo), max = splat_value(hi))"""
     n = _m['n']
     m = _m['m']
@@ -752,7 +881,7 @@ def _r50_min_max_to_clip_build(_b, _m):
 
 
 
-def _r51_min_relu_to_clip_guard(_m, _ctx):
+def _r61_min_relu_to_clip_guard(_m, _ctx):
     """where (((is_splat(hi) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(hi) >= 0)) and (uses(r) == 1)"""
     n = _m['n']
     r = _m['r']
@@ -760,7 +889,7 @@ def _r51_min_relu_to_clip_guard(_m, _ctx):
     hi = _m['hi']
     return bool((_ctx.backend_has('Clip')) and (((((rt.b_is_splat(hi) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.ge(rt.b_splat_value(hi), 0)) and rt.eq(_ctx.uses(r), 1))))
 
-def _r51_min_relu_to_clip_build(_b, _m):
+def _r61_min_relu_to_clip_build(_b, _m):
     """=> Clip(x, min = 0.0, max = splat_value(hi))"""
     n = _m['n']
     r = _m['r']
@@ -770,13 +899,13 @@ def _r51_min_relu_to_clip_build(_b, _m):
 
 
 
-def _r52_swish_fuse_guard(_m, _ctx):
+def _r62_swish_fuse_guard(_m, _ctx):
     """where uses(s) == 1"""
     x = _m['x']
     s = _m['s']
     return bool((_ctx.backend_has('Swish')) and (rt.eq(_ctx.uses(s), 1)))
 
-def _r52_swish_fuse_build(_b, _m):
+def _r62_swish_fuse_build(_b, _m):
     """=> Swish(x)"""
     x = _m['x']
     s = _m['s']
@@ -784,13 +913,13 @@ def _r52_swish_fuse_build(_b, _m):
 
 
 
-def _r53_sub_const_to_add_guard(_m, _ctx):
+def _r63_sub_const_to_add_guard(_m, _ctx):
     """where (is_const(c) and not is_const(x)) and is_float(x.dtype)"""
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype))))
 
-def _r53_sub_const_to_add_build(_b, _m):
+def _r63_sub_const_to_add_build(_b, _m):
     """=> Add(x, Neg(c))"""
     x = _m['x']
     c = _m['c']
@@ -798,13 +927,13 @@ def _r53_sub_const_to_add_build(_b, _m):
 
 
 
-def _r54_div_const_to_mul_guard(_m, _ctx):
+def _r64_div_const_to_mul_guard(_m, _ctx):
     """where ((is_const(c) and not is_const(x)) and is_float(x.dtype)) and reciprocal_is_normal(c)"""
     x = _m['x']
     c = _m['c']
     return bool(((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype)) and rt.b_reciprocal_is_normal(c))))
 
-def _r54_div_const_to_mul_build(_b, _m):
+def _r64_div_const_to_mul_build(_b, _m):
     """=> Mul(x, Div(scalar(1.0, c.dtype), c))"""
     x = _m['x']
     c = _m['c']
@@ -812,7 +941,7 @@ def _r54_div_const_to_mul_build(_b, _m):
 
 
 
-def _r55_add_const_reassociate_guard(_m, _ctx):
+def _r65_add_const_reassociate_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -820,7 +949,7 @@ def _r55_add_const_reassociate_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r55_add_const_reassociate_build(_b, _m):
+def _r65_add_const_reassociate_build(_b, _m):
     """=> Add(x, Add(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -830,7 +959,7 @@ def _r55_add_const_reassociate_build(_b, _m):
 
 
 
-def _r56_mul_const_reassociate_guard(_m, _ctx):
+def _r66_mul_const_reassociate_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -838,7 +967,7 @@ def _r56_mul_const_reassociate_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r56_mul_const_reassociate_build(_b, _m):
+def _r66_mul_const_reassociate_build(_b, _m):
     """=> Mul(x, Mul(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -848,7 +977,7 @@ def _r56_mul_const_reassociate_build(_b, _m):
 
 
 
-def _r57_mul_add_distribute_guard(_m, _ctx):
+def _r67_mul_add_distribute_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -856,7 +985,7 @@ def _r57_mul_add_distribute_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r57_mul_add_distribute_build(_b, _m):
+def _r67_mul_add_distribute_build(_b, _m):
     """=> Add(Mul(x, b), Mul(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -866,7 +995,7 @@ def _r57_mul_add_distribute_build(_b, _m):
 
 
 
-def _r58_conv_bias_zero_build(_b, _m):
+def _r68_conv_bias_zero_build(_b, _m):
     """=> Conv(x, w, Splat(shape = [w.shape[0]], value = 0.0, dtype = w.dtype), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -875,7 +1004,7 @@ def _r58_conv_bias_zero_build(_b, _m):
 
 
 
-def _r59_conv_batchnorm_fold_guard(_m, _ctx):
+def _r69_conv_batchnorm_fold_guard(_m, _ctx):
     """where (((((is_const(w) and is_const(b)) and is_const(scale)) and is_const(bias)) and is_const(mean)) and is_const(var)) and (uses(c) == 1)"""
     bn = _m['bn']
     c = _m['c']
@@ -888,7 +1017,7 @@ def _r59_conv_batchnorm_fold_guard(_m, _ctx):
     var = _m['var']
     return bool((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1))))
 
-def _r59_conv_batchnorm_fold_build(_b, _m):
+def _r69_conv_batchnorm_fold_build(_b, _m):
     """=> Conv(x, Mul(w, Reshape(k, shape = [w.shape[0], 1, 1, 1])), Add(Mul(Sub(b, mean), k), bias), ...c)"""
     bn = _m['bn']
     c = _m['c']
@@ -904,7 +1033,7 @@ def _r59_conv_batchnorm_fold_build(_b, _m):
 
 
 
-def _r60_conv_mul_fold_guard(_m, _ctx):
+def _r70_conv_mul_fold_guard(_m, _ctx):
     """where (((is_const(w) and is_const(b)) and is_const(s)) and (uses(c) == 1)) and varies_only_along(s.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -913,7 +1042,7 @@ def _r60_conv_mul_fold_guard(_m, _ctx):
     s = _m['s']
     return bool((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(s.shape, c.shape, 1))))
 
-def _r60_conv_mul_fold_build(_b, _m):
+def _r70_conv_mul_fold_build(_b, _m):
     """=> Conv(x, Mul(w, Reshape(s, shape = [prod(s.shape), 1, 1, 1])), Mul(b, Reshape(s, shape = [prod(s.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -924,7 +1053,7 @@ def _r60_conv_mul_fold_build(_b, _m):
 
 
 
-def _r61_conv_add_fold_guard(_m, _ctx):
+def _r71_conv_add_fold_guard(_m, _ctx):
     """where ((is_const(b) and is_const(t)) and (uses(c) == 1)) and varies_only_along(t.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -933,7 +1062,7 @@ def _r61_conv_add_fold_guard(_m, _ctx):
     t = _m['t']
     return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(t.shape, c.shape, 1))))
 
-def _r61_conv_add_fold_build(_b, _m):
+def _r71_conv_add_fold_build(_b, _m):
     """=> Conv(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -944,7 +1073,7 @@ def _r61_conv_add_fold_build(_b, _m):
 
 
 
-def _r62_matmul_mul_fold_guard(_m, _ctx):
+def _r72_matmul_mul_fold_guard(_m, _ctx):
     """where ((((is_const(w) and is_const(s)) and not is_const(x)) and (rank(w) == 2)) and (uses(mm) == 1)) and varies_only_along(s.shape, mm.shape, rank(mm) - 1)"""
     mm = _m['mm']
     x = _m['x']
@@ -952,7 +1081,7 @@ def _r62_matmul_mul_fold_guard(_m, _ctx):
     s = _m['s']
     return bool(((((((rt.b_is_const(w) and rt.b_is_const(s)) and (not rt.b_is_const(x))) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1)) and sl.b_varies_only_along(s.shape, mm.shape, rt.sub(rt.b_rank(mm), 1)))))
 
-def _r62_matmul_mul_fold_build(_b, _m):
+def _r72_matmul_mul_fold_build(_b, _m):
     """=> MatMul(x, Mul(w, Reshape(s, shape = [prod(s.shape)])))"""
     mm = _m['mm']
     x = _m['x']
@@ -962,7 +1091,7 @@ def _r62_matmul_mul_fold_build(_b, _m):
 
 
 
-def _r63_convtranspose_bias_zero_build(_b, _m):
+def _r73_convtranspose_bias_zero_build(_b, _m):
     """=> ConvTranspose(x, w, Splat(shape = [w.shape[1] * c.group], value = 0.0, dtype = w.dtype), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -971,7 +1100,7 @@ def _r63_convtranspose_bias_zero_build(_b, _m):
 
 
 
-def _r64_convtranspose_batchnorm_fold_guard(_m, _ctx):
+def _r74_convtranspose_batchnorm_fold_guard(_m, _ctx):
     """where ((((((is_const(w) and is_const(b)) and is_const(scale)) and is_const(bias)) and is_const(mean)) and is_const(var)) and (uses(c) == 1)) and (c.group == 1)"""
     bn = _m['bn']
     c = _m['c']
@@ -984,7 +1113,7 @@ def _r64_convtranspose_batchnorm_fold_guard(_m, _ctx):
     var = _m['var']
     return bool(((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1))))
 
-def _r64_convtranspose_batchnorm_fold_build(_b, _m):
+def _r74_convtranspose_batchnorm_fold_build(_b, _m):
     """=> ConvTranspose(x, Mul(w, Reshape(k, shape = concat([1, w.shape[1]], ones(rank(w) - 2)))), Add(Mul(Sub(b, mean), k), bias), ...c)"""
     bn = _m['bn']
     c = _m['c']
@@ -1000,7 +1129,7 @@ def _r64_convtranspose_batchnorm_fold_build(_b, _m):
 
 
 
-def _r65_convtranspose_mul_fold_guard(_m, _ctx):
+def _r75_convtranspose_mul_fold_guard(_m, _ctx):
     """where ((((is_const(w) and is_const(b)) and is_const(s)) and (uses(c) == 1)) and (c.group == 1)) and varies_only_along(s.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -1009,7 +1138,7 @@ def _r65_convtranspose_mul_fold_guard(_m, _ctx):
     s = _m['s']
     return bool(((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1)) and sl.b_varies_only_along(s.shape, c.shape, 1))))
 
-def _r65_convtranspose_mul_fold_build(_b, _m):
+def _r75_convtranspose_mul_fold_build(_b, _m):
     """=> ConvTranspose(x, Mul(w, Reshape(s, shape = concat([1, prod(s.shape)], ones(rank(w) - 2)))), Mul(b, Reshape(s, shape = [prod(s.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -1020,7 +1149,7 @@ def _r65_convtranspose_mul_fold_build(_b, _m):
 
 
 
-def _r66_convtranspose_add_fold_guard(_m, _ctx):
+def _r76_convtranspose_add_fold_guard(_m, _ctx):
     """where ((is_const(b) and is_const(t)) and (uses(c) == 1)) and varies_only_along(t.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -1029,7 +1158,7 @@ def _r66_convtranspose_add_fold_guard(_m, _ctx):
     t = _m['t']
     return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(t.shape, c.shape, 1))))
 
-def _r66_convtranspose_add_fold_build(_b, _m):
+def _r76_convtranspose_add_fold_build(_b, _m):
     """=> ConvTranspose(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -1040,7 +1169,7 @@ def _r66_convtranspose_add_fold_build(_b, _m):
 
 
 
-def _r67_conv_pad_merge_guard(_m, _ctx):
+def _r77_conv_pad_merge_guard(_m, _ctx):
     'where ((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)'
     c = _m['c']
     p = _m['p']
@@ -1049,7 +1178,7 @@ def _r67_conv_pad_merge_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0))))
 
-def _r67_conv_pad_merge_build(_b, _m):
+def _r77_conv_pad_merge_build(_b, _m):
     """=> Conv(x, w, b, ...c, pads = c.pads + spatial_pads(p.pads))"""
     c = _m['c']
     p = _m['p']
@@ -1060,14 +1189,14 @@ def _r67_conv_pad_merge_build(_b, _m):
 
 
 
-def _r68_avgpool_pad_merge_guard(_m, _ctx):
+def _r78_avgpool_pad_merge_guard(_m, _ctx):
     'where (((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and ((a.count_include_pad == 1) or (max(a.pads) == 0))'
     a = _m['a']
     p = _m['p']
     x = _m['x']
     return bool(((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and (rt.eq(a.count_include_pad, 1) or rt.eq(rt.b_max(a.pads), 0)))))
 
-def _r68_avgpool_pad_merge_build(_b, _m):
+def _r78_avgpool_pad_merge_build(_b, _m):
     """=> AvgPool(x, ...a, pads = a.pads + spatial_pads(p.pads), count_include_pad = 1)"""
     a = _m['a']
     p = _m['p']
@@ -1076,7 +1205,7 @@ def _r68_avgpool_pad_merge_build(_b, _m):
 
 
 
-def _r69_maxpool_pad_merge_guard(_m, _ctx):
+def _r79_maxpool_pad_merge_guard(_m, _ctx):
     'where (((((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and (m.ceil_mode == 0)) and (m.dilations == [1, 1])) and all((m.pads + spatial_pads(p.pads)) < concat(m.kernel, m.kernel))'
     m = _m['m']
     p = _m['p']
@@ -1084,7 +1213,7 @@ def _r69_maxpool_pad_merge_guard(_m, _ctx):
     x = _m['x']
     return bool(((((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and rt.eq(m.ceil_mode, 0)) and rt.eq(m.dilations, (1, 1, ))) and rt.b_all(rt.lt(rt.add(m.pads, sl.b_spatial_pads(p.pads)), rt.b_concat(m.kernel, m.kernel))))))
 
-def _r69_maxpool_pad_merge_build(_b, _m):
+def _r79_maxpool_pad_merge_build(_b, _m):
     """=> MaxPool(r, ...m, pads = m.pads + spatial_pads(p.pads))"""
     m = _m['m']
     p = _m['p']
@@ -1094,302 +1223,7 @@ def _r69_maxpool_pad_merge_build(_b, _m):
 
 
 
-def _r70_transpose_identity_guard(_m, _ctx):
-    """where t.perm == range(rank(x))"""
-    t = _m['t']
-    x = _m['x']
-    return bool((rt.eq(t.perm, rt.b_range(rt.b_rank(x)))))
-
-def _r70_transpose_identity_build(_b, _m):
-    """=> x"""
-    t = _m['t']
-    x = _m['x']
-    return rt.results(x)
-
-
-
-def _r71_transpose_transpose_build(_b, _m):
-    """=> Transpose(x, perm = compose_perm(i.perm, o.perm))"""
-    o = _m['o']
-    i = _m['i']
-    x = _m['x']
-    return rt.results(_b.op('Transpose', [x], {'perm': sl.b_compose_perm(i.perm, o.perm)}))
-
-
-
-def _r72_transpose_to_reshape_guard(_m, _ctx):
-    """where not moves_data(x.shape, t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    return bool(((not sl.b_moves_data(x.shape, t.perm))))
-
-def _r72_transpose_to_reshape_build(_b, _m):
-    """=> Reshape(x, shape = t.shape)"""
-    t = _m['t']
-    x = _m['x']
-    return rt.results(_b.op('Reshape', [x], {'shape': t.shape}))
-
-
-
-def _r73_reshape_noop_guard(_m, _ctx):
-    """where x.shape == r.shape"""
-    r = _m['r']
-    x = _m['x']
-    return bool((rt.eq(x.shape, r.shape)))
-
-def _r73_reshape_noop_build(_b, _m):
-    """=> x"""
-    r = _m['r']
-    x = _m['x']
-    return rt.results(x)
-
-
-
-def _r74_reshape_reshape_build(_b, _m):
-    """=> Reshape(x, shape = r.shape)"""
-    r = _m['r']
-    x = _m['x']
-    return rt.results(_b.op('Reshape', [x], {'shape': r.shape}))
-
-
-
-def _r75_concat_single_build(_b, _m):
-    """=> x"""
-    x = _m['x']
-    return rt.results(x)
-
-
-
-def _r76_concat_flatten_guard(_m, _ctx):
-    """where nested(xs, c)"""
-    c = _m['c']
-    xs = _m['xs']
-    return bool((rt.b_nested(xs, c)))
-
-def _r76_concat_flatten_build(_b, _m):
-    """=> Concat(*unnest(xs, c), axis = c.axis)"""
-    c = _m['c']
-    xs = _m['xs']
-    return rt.results(_b.op('Concat', [(*rt.b_unnest(xs, c),)], {'axis': c.axis}))
-
-
-
-def _r77_unary_transpose_sink_guard(_m, _ctx):
-    """where uses(t) == 1"""
-    u = _m['u']
-    t = _m['t']
-    x = _m['x']
-    return bool((rt.eq(_ctx.uses(t), 1)))
-
-def _r77_unary_transpose_sink_build(_b, _m):
-    """=> Transpose(u(x), perm = t.perm)"""
-    u = _m['u']
-    t = _m['t']
-    x = _m['x']
-    return rt.results(_b.op('Transpose', [_b.like(u, [x], {})], {'perm': t.perm}))
-
-
-
-def _r78_add_transpose_sink_guard(_m, _ctx):
-    """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
-    t = _m['t']
-    x = _m['x']
-    u = _m['u']
-    y = _m['y']
-    return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
-
-def _r78_add_transpose_sink_build(_b, _m):
-    """=> Transpose(Add(x, y), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    u = _m['u']
-    y = _m['y']
-    return rt.results(_b.op('Transpose', [_b.op('Add', [x, y], {})], {'perm': t.perm}))
-
-
-
-def _r79_mul_transpose_sink_guard(_m, _ctx):
-    """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
-    t = _m['t']
-    x = _m['x']
-    u = _m['u']
-    y = _m['y']
-    return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
-
-def _r79_mul_transpose_sink_build(_b, _m):
-    """=> Transpose(Mul(x, y), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    u = _m['u']
-    y = _m['y']
-    return rt.results(_b.op('Transpose', [_b.op('Mul', [x, y], {})], {'perm': t.perm}))
-
-
-
-def _r80_add_const_transpose_sink_guard(_m, _ctx):
-    """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
-    t = _m['t']
-    x = _m['x']
-    c = _m['c']
-    return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
-
-def _r80_add_const_transpose_sink_build(_b, _m):
-    """=> Transpose(Add(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    c = _m['c']
-    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
-    return rt.results(_b.op('Transpose', [_b.op('Add', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
-
-
-
-def _r81_mul_const_transpose_sink_guard(_m, _ctx):
-    """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
-    t = _m['t']
-    x = _m['x']
-    c = _m['c']
-    return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
-
-def _r81_mul_const_transpose_sink_build(_b, _m):
-    """=> Transpose(Mul(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    c = _m['c']
-    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
-    return rt.results(_b.op('Transpose', [_b.op('Mul', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
-
-
-
-def _r82_prelu_to_select_build(_b, _m):
-    """=> Select(Less(x, scalar(0, x.dtype)), Mul(x, slope), Expand(x, shape = p.shape))"""
-    p = _m['p']
-    x = _m['x']
-    slope = _m['slope']
-    return rt.results(_b.op('Select', [_b.op('Less', [x, _b.scalar(0, x.dtype)], {}), _b.op('Mul', [x, slope], {}), _b.op('Expand', [x], {'shape': p.shape})], {}))
-
-
-
-def _r83_castlike_to_cast_build(_b, _m):
-    """=> Cast(x, to = like.dtype)"""
-    x = _m['x']
-    like = _m['like']
-    return rt.results(_b.op('Cast', [x], {'to': like.dtype}))
-
-
-
-def _r84_tile_to_expand_build(_b, _m):
-    """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
-    t = _m['t']
-    x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.b_interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.b_interleave(t.repeats, x.shape)})], {'shape': t.shape}))
-
-
-
-def _r85_depth_to_space_dcr_guard(_m, _ctx):
-    'where d.mode == "DCR"'
-    d = _m['d']
-    x = _m['x']
-    return bool((rt.eq(d.mode, 'DCR')))
-
-def _r85_depth_to_space_dcr_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], b, b, x.shape[1] // (b * b), x.shape[2], x.shape[3]]), perm = [0, 3, 4, 1, 5, 2]), shape = d.shape)"""
-    d = _m['d']
-    x = _m['x']
-    b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], b, b, rt.floordiv(x.shape[1], rt.mul(b, b)), x.shape[2], x.shape[3], )})], {'perm': (0, 3, 4, 1, 5, 2, )})], {'shape': d.shape}))
-
-
-
-def _r86_depth_to_space_crd_guard(_m, _ctx):
-    'where d.mode == "CRD"'
-    d = _m['d']
-    x = _m['x']
-    return bool((rt.eq(d.mode, 'CRD')))
-
-def _r86_depth_to_space_crd_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1] // (b * b), b, b, x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = d.shape)"""
-    d = _m['d']
-    x = _m['x']
-    b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], rt.floordiv(x.shape[1], rt.mul(b, b)), b, b, x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': d.shape}))
-
-
-
-def _r87_space_to_depth_dcr_guard(_m, _ctx):
-    'where d.mode == "DCR"'
-    d = _m['d']
-    x = _m['x']
-    return bool((rt.eq(d.mode, 'DCR')))
-
-def _r87_space_to_depth_dcr_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), shape = d.shape)"""
-    d = _m['d']
-    x = _m['x']
-    b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 3, 5, 1, 2, 4, )})], {'shape': d.shape}))
-
-
-
-def _r88_space_to_depth_crd_guard(_m, _ctx):
-    'where d.mode == "CRD"'
-    d = _m['d']
-    x = _m['x']
-    return bool((rt.eq(d.mode, 'CRD')))
-
-def _r88_space_to_depth_crd_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 1, 3, 5, 2, 4]), shape = d.shape)"""
-    d = _m['d']
-    x = _m['x']
-    b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 1, 3, 5, 2, 4, )})], {'shape': d.shape}))
-
-
-
-def _r89_instancenorm_expand_build(_b, _m):
-    """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, shape = cs)), Reshape(bias, shape = cs))"""
-    n = _m['n']
-    x = _m['x']
-    scale = _m['scale']
-    bias = _m['bias']
-    axes = rt.b_range(2, rt.b_rank(x))
-    d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
-    var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
-    cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
-    return rt.results(_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'shape': cs})], {}), _b.op('Reshape', [bias], {'shape': cs})], {}))
-
-
-
-def _r90_lpnorm_l2_guard(_m, _ctx):
-    """where n.p == 2"""
-    n = _m['n']
-    x = _m['x']
-    return bool((rt.eq(n.p, 2)))
-
-def _r90_lpnorm_l2_build(_b, _m):
-    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
-    n = _m['n']
-    x = _m['x']
-    norm = _b.op('Sqrt', [_b.op('ReduceSum', [_b.op('Mul', [x, x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {})
-    return rt.results(_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}))
-
-
-
-def _r91_lpnorm_l1_guard(_m, _ctx):
-    """where n.p == 1"""
-    n = _m['n']
-    x = _m['x']
-    return bool((rt.eq(n.p, 1)))
-
-def _r91_lpnorm_l1_build(_b, _m):
-    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
-    n = _m['n']
-    x = _m['x']
-    norm = _b.op('ReduceSum', [_b.op('Abs', [x], {})], {'axes': (n.axis, ), 'keepdims': 1})
-    return rt.results(_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}))
-
-
-
-def _r92_convn_1d_guard(_m, _ctx):
+def _r80_convn_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     c = _m['c']
     x = _m['x']
@@ -1397,7 +1231,7 @@ def _r92_convn_1d_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r92_convn_1d_build(_b, _m):
+def _r80_convn_1d_build(_b, _m):
     """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), b, strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -1407,13 +1241,13 @@ def _r92_convn_1d_build(_b, _m):
 
 
 
-def _r93_maxpooln_1d_guard(_m, _ctx):
+def _r81_maxpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r93_maxpooln_1d_build(_b, _m):
+def _r81_maxpooln_1d_build(_b, _m):
     """=> Reshape(MaxPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -1421,17 +1255,183 @@ def _r93_maxpooln_1d_build(_b, _m):
 
 
 
-def _r94_avgpooln_1d_guard(_m, _ctx):
+def _r82_avgpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r94_avgpooln_1d_build(_b, _m):
+def _r82_avgpooln_1d_build(_b, _m):
     """=> Reshape(AvgPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
     return rt.results(_b.op('Reshape', [_b.op('AvgPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'shape': p.shape}))
+
+
+
+def _r83_transpose_identity_guard(_m, _ctx):
+    """where t.perm == range(rank(x))"""
+    t = _m['t']
+    x = _m['x']
+    return bool((rt.eq(t.perm, rt.b_range(rt.b_rank(x)))))
+
+def _r83_transpose_identity_build(_b, _m):
+    """=> x"""
+    t = _m['t']
+    x = _m['x']
+    return rt.results(x)
+
+
+
+def _r84_transpose_transpose_build(_b, _m):
+    """=> Transpose(x, perm = compose_perm(i.perm, o.perm))"""
+    o = _m['o']
+    i = _m['i']
+    x = _m['x']
+    return rt.results(_b.op('Transpose', [x], {'perm': sl.b_compose_perm(i.perm, o.perm)}))
+
+
+
+def _r85_transpose_to_reshape_guard(_m, _ctx):
+    """where not moves_data(x.shape, t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    return bool(((not sl.b_moves_data(x.shape, t.perm))))
+
+def _r85_transpose_to_reshape_build(_b, _m):
+    """=> Reshape(x, shape = t.shape)"""
+    t = _m['t']
+    x = _m['x']
+    return rt.results(_b.op('Reshape', [x], {'shape': t.shape}))
+
+
+
+def _r86_reshape_noop_guard(_m, _ctx):
+    """where x.shape == r.shape"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(x.shape, r.shape)))
+
+def _r86_reshape_noop_build(_b, _m):
+    """=> x"""
+    r = _m['r']
+    x = _m['x']
+    return rt.results(x)
+
+
+
+def _r87_reshape_reshape_build(_b, _m):
+    """=> Reshape(x, shape = r.shape)"""
+    r = _m['r']
+    x = _m['x']
+    return rt.results(_b.op('Reshape', [x], {'shape': r.shape}))
+
+
+
+def _r88_concat_single_build(_b, _m):
+    """=> x"""
+    x = _m['x']
+    return rt.results(x)
+
+
+
+def _r89_concat_flatten_guard(_m, _ctx):
+    """where nested(xs, c)"""
+    c = _m['c']
+    xs = _m['xs']
+    return bool((rt.b_nested(xs, c)))
+
+def _r89_concat_flatten_build(_b, _m):
+    """=> Concat(*unnest(xs, c), axis = c.axis)"""
+    c = _m['c']
+    xs = _m['xs']
+    return rt.results(_b.op('Concat', [(*rt.b_unnest(xs, c),)], {'axis': c.axis}))
+
+
+
+def _r90_unary_transpose_sink_guard(_m, _ctx):
+    """where uses(t) == 1"""
+    u = _m['u']
+    t = _m['t']
+    x = _m['x']
+    return bool((rt.eq(_ctx.uses(t), 1)))
+
+def _r90_unary_transpose_sink_build(_b, _m):
+    """=> Transpose(u(x), perm = t.perm)"""
+    u = _m['u']
+    t = _m['t']
+    x = _m['x']
+    return rt.results(_b.op('Transpose', [_b.like(u, [x], {})], {'perm': t.perm}))
+
+
+
+def _r91_add_transpose_sink_guard(_m, _ctx):
+    """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
+
+def _r91_add_transpose_sink_build(_b, _m):
+    """=> Transpose(Add(x, y), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return rt.results(_b.op('Transpose', [_b.op('Add', [x, y], {})], {'perm': t.perm}))
+
+
+
+def _r92_mul_transpose_sink_guard(_m, _ctx):
+    """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
+
+def _r92_mul_transpose_sink_build(_b, _m):
+    """=> Transpose(Mul(x, y), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return rt.results(_b.op('Transpose', [_b.op('Mul', [x, y], {})], {'perm': t.perm}))
+
+
+
+def _r93_add_const_transpose_sink_guard(_m, _ctx):
+    """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
+
+def _r93_add_const_transpose_sink_build(_b, _m):
+    """=> Transpose(Add(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
+    return rt.results(_b.op('Transpose', [_b.op('Add', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
+
+
+
+def _r94_mul_const_transpose_sink_guard(_m, _ctx):
+    """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
+
+def _r94_mul_const_transpose_sink_build(_b, _m):
+    """=> Transpose(Mul(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
+    return rt.results(_b.op('Transpose', [_b.op('Mul', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
 
 
 
@@ -1826,109 +1826,109 @@ RULES = (
     RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:75:1'),
     RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:78:1'),
     RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:81:1'),
-    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r15_flatten_to_reshape_build, location='specs/lowerings.glowdef:86:1'),
-    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r16_squeeze_to_reshape_build, location='specs/lowerings.glowdef:89:1'),
-    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r17_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:92:1'),
-    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c', optional=True)), bind='g'), size=1, guard=_r18_gemm_to_matmul_guard, build=_r18_gemm_to_matmul_build, location='specs/lowerings.glowdef:99:1'),
-    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r19_fc_to_matmul_guard, build=_r19_fc_to_matmul_build, location='specs/lowerings.glowdef:107:1'),
-    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r20_matmul_vector_lhs_guard, build=_r20_matmul_vector_lhs_build, location='specs/lowerings.glowdef:110:1'),
-    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r21_matmul_vector_rhs_guard, build=_r21_matmul_vector_rhs_build, location='specs/lowerings.glowdef:114:1'),
-    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r22_matmul_shared_rhs_guard, build=_r22_matmul_shared_rhs_build, location='specs/lowerings.glowdef:119:1'),
-    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r23_matmul_batched_guard, build=_r23_matmul_batched_build, location='specs/lowerings.glowdef:125:1'),
-    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r24_batchnorm_to_affine_build, location='specs/lowerings.glowdef:136:1'),
-    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias', optional=True)), bind='ln'), size=1, guard=None, build=_r25_layernorm_expand_build, location='specs/lowerings.glowdef:143:1'),
-    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r26_softmax_expand_build, location='specs/lowerings.glowdef:151:1'),
-    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r27_logsoftmax_expand_build, location='specs/lowerings.glowdef:156:1'),
-    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r28_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:161:1'),
-    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r29_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:165:1'),
-    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r30_reducemean_to_sum_build, location='specs/lowerings.glowdef:171:1'),
-    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r31_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:175:1'),
-    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r32_global_maxpool_to_max_build, location='specs/lowerings.glowdef:178:1'),
-    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r33_lrn_expand_build, location='specs/lowerings.glowdef:182:1'),
-    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r34_convtranspose_nonoverlapping_to_conv_guard, build=_r34_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:201:1'),
-    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r35_convtranspose_phases_to_conv_guard, build=_r35_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:219:1'),
-    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r36_f16_matmul_in_f32_guard, build=_r36_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:244:1'),
-    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r37_f16_conv_in_f32_guard, build=_r37_f16_conv_in_f32_build, location='specs/lowerings.glowdef:248:1'),
-    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r38_f16_convn_in_f32_guard, build=_r38_f16_convn_in_f32_build, location='specs/lowerings.glowdef:252:1'),
-    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r39_f16_reducesum_in_f32_guard, build=_r39_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:256:1'),
-    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r40_f16_avgpool_in_f32_guard, build=_r40_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:260:1'),
-    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r41_cast_same_type_guard, build=_r41_cast_same_type_build, location='specs/lowerings.glowdef:270:1'),
-    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r42_add_zero_guard, build=_r42_add_zero_build, location='specs/lowerings.glowdef:273:1'),
-    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r43_sub_zero_guard, build=_r43_sub_zero_build, location='specs/lowerings.glowdef:276:1'),
-    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r44_mul_one_guard, build=_r44_mul_one_build, location='specs/lowerings.glowdef:279:1'),
-    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r45_div_one_guard, build=_r45_div_one_build, location='specs/lowerings.glowdef:282:1'),
-    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r46_relu_relu_build, location='specs/lowerings.glowdef:285:1'),
-    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r47_max_same_build, location='specs/lowerings.glowdef:288:1'),
-    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r48_clip_unbounded_guard, build=_r48_clip_unbounded_build, location='specs/lowerings.glowdef:291:1'),
-    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r49_max_zero_to_relu_guard, build=_r49_max_zero_to_relu_build, location='specs/lowerings.glowdef:296:1'),
-    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r50_min_max_to_clip_guard, build=_r50_min_max_to_clip_build, location='specs/lowerings.glowdef:299:1'),
-    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r51_min_relu_to_clip_guard, build=_r51_min_relu_to_clip_build, location='specs/lowerings.glowdef:307:1'),
-    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r52_swish_fuse_guard, build=_r52_swish_fuse_build, location='specs/lowerings.glowdef:314:1'),
-    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r53_sub_const_to_add_guard, build=_r53_sub_const_to_add_build, location='specs/lowerings.glowdef:321:1'),
-    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r54_div_const_to_mul_guard, build=_r54_div_const_to_mul_build, location='specs/lowerings.glowdef:324:1'),
-    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r55_add_const_reassociate_guard, build=_r55_add_const_reassociate_build, location='specs/lowerings.glowdef:328:1'),
-    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r56_mul_const_reassociate_guard, build=_r56_mul_const_reassociate_build, location='specs/lowerings.glowdef:332:1'),
-    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r57_mul_add_distribute_guard, build=_r57_mul_add_distribute_build, location='specs/lowerings.glowdef:336:1'),
-    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r58_conv_bias_zero_build, location='specs/lowerings.glowdef:343:1'),
-    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r59_conv_batchnorm_fold_guard, build=_r59_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:347:1'),
-    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r60_conv_mul_fold_guard, build=_r60_conv_mul_fold_build, location='specs/lowerings.glowdef:354:1'),
-    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r61_conv_add_fold_guard, build=_r61_conv_add_fold_build, location='specs/lowerings.glowdef:360:1'),
-    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r62_matmul_mul_fold_guard, build=_r62_matmul_mul_fold_build, location='specs/lowerings.glowdef:367:1'),
-    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r63_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:375:1'),
-    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r64_convtranspose_batchnorm_fold_guard, build=_r64_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:379:1'),
-    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r65_convtranspose_mul_fold_guard, build=_r65_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:387:1'),
-    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r66_convtranspose_add_fold_guard, build=_r66_convtranspose_add_fold_build, location='specs/lowerings.glowdef:394:1'),
-    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r67_conv_pad_merge_guard, build=_r67_conv_pad_merge_build, location='specs/lowerings.glowdef:401:1'),
-    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r68_avgpool_pad_merge_guard, build=_r68_avgpool_pad_merge_build, location='specs/lowerings.glowdef:407:1'),
-    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r69_maxpool_pad_merge_guard, build=_r69_maxpool_pad_merge_build, location='specs/lowerings.glowdef:415:1'),
-    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r70_transpose_identity_guard, build=_r70_transpose_identity_build, location='specs/lowerings.glowdef:424:1'),
-    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r71_transpose_transpose_build, location='specs/lowerings.glowdef:427:1'),
-    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r72_transpose_to_reshape_guard, build=_r72_transpose_to_reshape_build, location='specs/lowerings.glowdef:430:1'),
-    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r73_reshape_noop_guard, build=_r73_reshape_noop_build, location='specs/lowerings.glowdef:433:1'),
-    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r74_reshape_reshape_build, location='specs/lowerings.glowdef:436:1'),
-    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r75_concat_single_build, location='specs/lowerings.glowdef:439:1'),
-    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r76_concat_flatten_guard, build=_r76_concat_flatten_build, location='specs/lowerings.glowdef:442:1'),
-    RuleInfo(name='unary_transpose_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Transpose', (V('x'),), bind='t'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r77_unary_transpose_sink_guard, build=_r77_unary_transpose_sink_build, location='specs/lowerings.glowdef:448:1'),
-    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r78_add_transpose_sink_guard, build=_r78_add_transpose_sink_build, location='specs/lowerings.glowdef:451:1'),
-    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r79_mul_transpose_sink_guard, build=_r79_mul_transpose_sink_build, location='specs/lowerings.glowdef:455:1'),
-    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r80_add_const_transpose_sink_guard, build=_r80_add_const_transpose_sink_build, location='specs/lowerings.glowdef:460:1'),
-    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r81_mul_const_transpose_sink_guard, build=_r81_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:465:1'),
-    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r82_prelu_to_select_build, location='specs/lowerings.glowdef:471:1'),
-    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r83_castlike_to_cast_build, location='specs/lowerings.glowdef:475:1'),
-    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r84_tile_to_expand_build, location='specs/lowerings.glowdef:479:1'),
-    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r85_depth_to_space_dcr_guard, build=_r85_depth_to_space_dcr_build, location='specs/lowerings.glowdef:485:1'),
-    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r86_depth_to_space_crd_guard, build=_r86_depth_to_space_crd_build, location='specs/lowerings.glowdef:492:1'),
-    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r87_space_to_depth_dcr_guard, build=_r87_space_to_depth_dcr_build, location='specs/lowerings.glowdef:499:1'),
-    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r88_space_to_depth_crd_guard, build=_r88_space_to_depth_crd_build, location='specs/lowerings.glowdef:506:1'),
-    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r89_instancenorm_expand_build, location='specs/lowerings.glowdef:513:1'),
-    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r90_lpnorm_l2_guard, build=_r90_lpnorm_l2_build, location='specs/lowerings.glowdef:522:1'),
-    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r91_lpnorm_l1_guard, build=_r91_lpnorm_l1_build, location='specs/lowerings.glowdef:527:1'),
-    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r92_convn_1d_guard, build=_r92_convn_1d_build, location='specs/lowerings.glowdef:536:1'),
-    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r93_maxpooln_1d_guard, build=_r93_maxpooln_1d_build, location='specs/lowerings.glowdef:544:1'),
-    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r94_avgpooln_1d_guard, build=_r94_avgpooln_1d_build, location='specs/lowerings.glowdef:551:1'),
-    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_identity_guard, build=_r95_resize_identity_build, location='specs/lowerings.glowdef:569:1'),
-    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_one_axis_at_a_time_guard, build=_r96_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:572:1'),
-    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_nearest_gather_guard, build=_r97_resize_nearest_gather_build, location='specs/lowerings.glowdef:577:1'),
-    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r98_resize_axis_taps_guard, build=_r98_resize_axis_taps_build, location='specs/lowerings.glowdef:586:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r99_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:601:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r100_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:612:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r101_lppool_to_conv_build, location='specs/lowerings.glowdef:621:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r102_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:631:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r103_gridsample_expand_build, location='specs/lowerings.glowdef:651:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r104_reflect_expand_build, location='specs/lowerings.glowdef:703:1'),
-    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r105_lstm_unroll_build, location='specs/lowerings.glowdef:835:1'),
-    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r106_gru_unroll_build, location='specs/lowerings.glowdef:839:1'),
-    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r107_rnn_unroll_build, location='specs/lowerings.glowdef:843:1'),
-    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r108_quant_param_to_reshape_guard, build=_r108_quant_param_to_reshape_build, location='specs/lowerings.glowdef:854:1'),
-    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r109_quant_param_blocked_to_gather_guard, build=_r109_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:858:1'),
-    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r110_quantize_linear_expand_build, location='specs/lowerings.glowdef:865:1'),
-    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r111_dequantize_linear_expand_build, location='specs/lowerings.glowdef:874:1'),
-    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r112_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:882:1'),
-    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r113_matmul_integer_expand_build, location='specs/lowerings.glowdef:895:1'),
-    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r114_conv_integer_expand_build, location='specs/lowerings.glowdef:903:1'),
-    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r115_qlinear_conv_expand_build, location='specs/lowerings.glowdef:911:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r116_dft_to_matmul_build, location='specs/lowerings.glowdef:926:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r117_compress_to_gather_guard, build=_r117_compress_to_gather_build, location='specs/lowerings.glowdef:936:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r118_compress_flat_to_gather_guard, build=_r118_compress_flat_to_gather_build, location='specs/lowerings.glowdef:940:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r119_stft_expand_build, location='specs/lowerings.glowdef:945:1'),
+    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r15_prelu_to_select_build, location='specs/lowerings.glowdef:84:1'),
+    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r16_castlike_to_cast_build, location='specs/lowerings.glowdef:88:1'),
+    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r17_flatten_to_reshape_build, location='specs/lowerings.glowdef:93:1'),
+    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r18_squeeze_to_reshape_build, location='specs/lowerings.glowdef:96:1'),
+    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r19_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:99:1'),
+    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r20_tile_to_expand_build, location='specs/lowerings.glowdef:103:1'),
+    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r21_depth_to_space_dcr_guard, build=_r21_depth_to_space_dcr_build, location='specs/lowerings.glowdef:109:1'),
+    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r22_depth_to_space_crd_guard, build=_r22_depth_to_space_crd_build, location='specs/lowerings.glowdef:116:1'),
+    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r23_space_to_depth_dcr_guard, build=_r23_space_to_depth_dcr_build, location='specs/lowerings.glowdef:123:1'),
+    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r24_space_to_depth_crd_guard, build=_r24_space_to_depth_crd_build, location='specs/lowerings.glowdef:130:1'),
+    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c', optional=True)), bind='g'), size=1, guard=_r25_gemm_to_matmul_guard, build=_r25_gemm_to_matmul_build, location='specs/lowerings.glowdef:141:1'),
+    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r26_fc_to_matmul_guard, build=_r26_fc_to_matmul_build, location='specs/lowerings.glowdef:149:1'),
+    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r27_matmul_vector_lhs_guard, build=_r27_matmul_vector_lhs_build, location='specs/lowerings.glowdef:152:1'),
+    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r28_matmul_vector_rhs_guard, build=_r28_matmul_vector_rhs_build, location='specs/lowerings.glowdef:156:1'),
+    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r29_matmul_shared_rhs_guard, build=_r29_matmul_shared_rhs_build, location='specs/lowerings.glowdef:161:1'),
+    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r30_matmul_batched_guard, build=_r30_matmul_batched_build, location='specs/lowerings.glowdef:167:1'),
+    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r31_batchnorm_to_affine_build, location='specs/lowerings.glowdef:178:1'),
+    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias', optional=True)), bind='ln'), size=1, guard=None, build=_r32_layernorm_expand_build, location='specs/lowerings.glowdef:185:1'),
+    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r33_softmax_expand_build, location='specs/lowerings.glowdef:193:1'),
+    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r34_logsoftmax_expand_build, location='specs/lowerings.glowdef:198:1'),
+    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r35_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:203:1'),
+    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r36_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:207:1'),
+    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r37_instancenorm_expand_build, location='specs/lowerings.glowdef:211:1'),
+    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r38_lpnorm_l2_guard, build=_r38_lpnorm_l2_build, location='specs/lowerings.glowdef:220:1'),
+    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r39_lpnorm_l1_guard, build=_r39_lpnorm_l1_build, location='specs/lowerings.glowdef:225:1'),
+    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r40_reducemean_to_sum_build, location='specs/lowerings.glowdef:232:1'),
+    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r41_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:236:1'),
+    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r42_global_maxpool_to_max_build, location='specs/lowerings.glowdef:239:1'),
+    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r43_lrn_expand_build, location='specs/lowerings.glowdef:243:1'),
+    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r44_convtranspose_nonoverlapping_to_conv_guard, build=_r44_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:256:1'),
+    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r45_convtranspose_phases_to_conv_guard, build=_r45_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:274:1'),
+    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r46_f16_matmul_in_f32_guard, build=_r46_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:306:1'),
+    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r47_f16_conv_in_f32_guard, build=_r47_f16_conv_in_f32_build, location='specs/lowerings.glowdef:310:1'),
+    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r48_f16_convn_in_f32_guard, build=_r48_f16_convn_in_f32_build, location='specs/lowerings.glowdef:314:1'),
+    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r49_f16_reducesum_in_f32_guard, build=_r49_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:318:1'),
+    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r50_f16_avgpool_in_f32_guard, build=_r50_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:322:1'),
+    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r51_cast_same_type_guard, build=_r51_cast_same_type_build, location='specs/lowerings.glowdef:332:1'),
+    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r52_add_zero_guard, build=_r52_add_zero_build, location='specs/lowerings.glowdef:335:1'),
+    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r53_sub_zero_guard, build=_r53_sub_zero_build, location='specs/lowerings.glowdef:338:1'),
+    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r54_mul_one_guard, build=_r54_mul_one_build, location='specs/lowerings.glowdef:341:1'),
+    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r55_div_one_guard, build=_r55_div_one_build, location='specs/lowerings.glowdef:344:1'),
+    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r56_relu_relu_build, location='specs/lowerings.glowdef:347:1'),
+    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r57_max_same_build, location='specs/lowerings.glowdef:350:1'),
+    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r58_clip_unbounded_guard, build=_r58_clip_unbounded_build, location='specs/lowerings.glowdef:353:1'),
+    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r59_max_zero_to_relu_guard, build=_r59_max_zero_to_relu_build, location='specs/lowerings.glowdef:358:1'),
+    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r60_min_max_to_clip_guard, build=_r60_min_max_to_clip_build, location='specs/lowerings.glowdef:361:1'),
+    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r61_min_relu_to_clip_guard, build=_r61_min_relu_to_clip_build, location='specs/lowerings.glowdef:369:1'),
+    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r62_swish_fuse_guard, build=_r62_swish_fuse_build, location='specs/lowerings.glowdef:376:1'),
+    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r63_sub_const_to_add_guard, build=_r63_sub_const_to_add_build, location='specs/lowerings.glowdef:383:1'),
+    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r64_div_const_to_mul_guard, build=_r64_div_const_to_mul_build, location='specs/lowerings.glowdef:386:1'),
+    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r65_add_const_reassociate_guard, build=_r65_add_const_reassociate_build, location='specs/lowerings.glowdef:390:1'),
+    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r66_mul_const_reassociate_guard, build=_r66_mul_const_reassociate_build, location='specs/lowerings.glowdef:394:1'),
+    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r67_mul_add_distribute_guard, build=_r67_mul_add_distribute_build, location='specs/lowerings.glowdef:398:1'),
+    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r68_conv_bias_zero_build, location='specs/lowerings.glowdef:405:1'),
+    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r69_conv_batchnorm_fold_guard, build=_r69_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:409:1'),
+    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r70_conv_mul_fold_guard, build=_r70_conv_mul_fold_build, location='specs/lowerings.glowdef:416:1'),
+    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r71_conv_add_fold_guard, build=_r71_conv_add_fold_build, location='specs/lowerings.glowdef:422:1'),
+    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r72_matmul_mul_fold_guard, build=_r72_matmul_mul_fold_build, location='specs/lowerings.glowdef:429:1'),
+    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r73_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:437:1'),
+    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r74_convtranspose_batchnorm_fold_guard, build=_r74_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:441:1'),
+    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r75_convtranspose_mul_fold_guard, build=_r75_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:449:1'),
+    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r76_convtranspose_add_fold_guard, build=_r76_convtranspose_add_fold_build, location='specs/lowerings.glowdef:456:1'),
+    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r77_conv_pad_merge_guard, build=_r77_conv_pad_merge_build, location='specs/lowerings.glowdef:463:1'),
+    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r78_avgpool_pad_merge_guard, build=_r78_avgpool_pad_merge_build, location='specs/lowerings.glowdef:469:1'),
+    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r79_maxpool_pad_merge_guard, build=_r79_maxpool_pad_merge_build, location='specs/lowerings.glowdef:477:1'),
+    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r80_convn_1d_guard, build=_r80_convn_1d_build, location='specs/lowerings.glowdef:489:1'),
+    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r81_maxpooln_1d_guard, build=_r81_maxpooln_1d_build, location='specs/lowerings.glowdef:497:1'),
+    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r82_avgpooln_1d_guard, build=_r82_avgpooln_1d_build, location='specs/lowerings.glowdef:504:1'),
+    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r83_transpose_identity_guard, build=_r83_transpose_identity_build, location='specs/lowerings.glowdef:513:1'),
+    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r84_transpose_transpose_build, location='specs/lowerings.glowdef:516:1'),
+    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r85_transpose_to_reshape_guard, build=_r85_transpose_to_reshape_build, location='specs/lowerings.glowdef:519:1'),
+    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r86_reshape_noop_guard, build=_r86_reshape_noop_build, location='specs/lowerings.glowdef:522:1'),
+    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r87_reshape_reshape_build, location='specs/lowerings.glowdef:525:1'),
+    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r88_concat_single_build, location='specs/lowerings.glowdef:528:1'),
+    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r89_concat_flatten_guard, build=_r89_concat_flatten_build, location='specs/lowerings.glowdef:531:1'),
+    RuleInfo(name='unary_transpose_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Transpose', (V('x'),), bind='t'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r90_unary_transpose_sink_guard, build=_r90_unary_transpose_sink_build, location='specs/lowerings.glowdef:537:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r91_add_transpose_sink_guard, build=_r91_add_transpose_sink_build, location='specs/lowerings.glowdef:540:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r92_mul_transpose_sink_guard, build=_r92_mul_transpose_sink_build, location='specs/lowerings.glowdef:544:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r93_add_const_transpose_sink_guard, build=_r93_add_const_transpose_sink_build, location='specs/lowerings.glowdef:549:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r94_mul_const_transpose_sink_guard, build=_r94_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:554:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_identity_guard, build=_r95_resize_identity_build, location='specs/lowerings.glowdef:571:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_one_axis_at_a_time_guard, build=_r96_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:574:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_nearest_gather_guard, build=_r97_resize_nearest_gather_build, location='specs/lowerings.glowdef:579:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r98_resize_axis_taps_guard, build=_r98_resize_axis_taps_build, location='specs/lowerings.glowdef:588:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r99_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:603:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r100_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:614:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r101_lppool_to_conv_build, location='specs/lowerings.glowdef:623:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r102_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:633:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r103_gridsample_expand_build, location='specs/lowerings.glowdef:653:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r104_reflect_expand_build, location='specs/lowerings.glowdef:705:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r105_lstm_unroll_build, location='specs/lowerings.glowdef:837:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r106_gru_unroll_build, location='specs/lowerings.glowdef:841:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r107_rnn_unroll_build, location='specs/lowerings.glowdef:845:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r108_quant_param_to_reshape_guard, build=_r108_quant_param_to_reshape_build, location='specs/lowerings.glowdef:856:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r109_quant_param_blocked_to_gather_guard, build=_r109_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:860:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r110_quantize_linear_expand_build, location='specs/lowerings.glowdef:867:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r111_dequantize_linear_expand_build, location='specs/lowerings.glowdef:876:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r112_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:884:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r113_matmul_integer_expand_build, location='specs/lowerings.glowdef:897:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r114_conv_integer_expand_build, location='specs/lowerings.glowdef:905:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r115_qlinear_conv_expand_build, location='specs/lowerings.glowdef:913:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r116_dft_to_matmul_build, location='specs/lowerings.glowdef:928:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r117_compress_to_gather_guard, build=_r117_compress_to_gather_build, location='specs/lowerings.glowdef:938:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r118_compress_flat_to_gather_guard, build=_r118_compress_flat_to_gather_build, location='specs/lowerings.glowdef:942:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r119_stft_expand_build, location='specs/lowerings.glowdef:947:1'),
 )
