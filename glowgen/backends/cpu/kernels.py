@@ -241,7 +241,8 @@ def bmm_work(node, shape, ins) -> Work:
         return Work(1)
     packed = getattr(ins, "packed", None) == "b"
     items = nb if nb > 1 else gemm_items(m, n, shape, not packed, getattr(ins, "packed_nr", None))
-    return Work(items, flops=2.0 * nb * m * n * kk)
+    # A product with few rows streams B from memory: its time is B's size, not its FLOPs.
+    return Work(items, flops=2.0 * nb * m * n * kk, elements=nb * kk * n / 4)
 
 
 def batch_matmul_loops(k: KernelArgs):

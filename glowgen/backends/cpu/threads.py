@@ -34,6 +34,7 @@ WORD, DONE, EPOCH, SLEEPERS, SHUTDOWN, TASK, ENV, BUSY = 0, 64, 128, 132, 136, 1
 POOL_BYTES = 320
 MAX_ITEMS = (1 << 24) - 1
 SPINS = 1 << 14                 # pause instructions before an idle worker sleeps (~0.3 ms)
+WAIT_SPINS = 1 << 12            # pauses before the caller, waiting for workers, yields its core
 
 TASK_TYPE = ir.FunctionType(ir.VoidType(), [I8P, I64])
 PARALLEL_FOR_TYPE = ir.FunctionType(ir.VoidType(), [I8P, I64, TASK_TYPE.as_pointer(), I8P])
@@ -160,6 +161,11 @@ class _Emitter:
         b.branch(work)
         b.position_at_end(work)
         self.run_claimed(b, fn, pool, claim)
+        # Wait for the items workers took.  A worker the OS has descheduled mid-item (more
+        # threads than free cores) would keep us spinning for a whole time slice: after a
+        # while, give the core away at each look.
+        waited = b.alloca(I64)
+        b.store(i64(0), waited)
         wait, finished = fn.append_basic_block("wait"), fn.append_basic_block("finished")
         b.branch(wait)
         b.position_at_end(wait)
@@ -167,7 +173,15 @@ class _Emitter:
         spin = fn.append_basic_block("spin")
         b.cbranch(b.icmp_signed(">=", done, n), finished, spin)
         b.position_at_end(spin)
+        count = b.add(b.load(waited), i64(1))
+        b.store(count, waited)
+        pause, give = fn.append_basic_block("pause"), fn.append_basic_block("yield")
+        b.cbranch(b.icmp_signed("<", count, i64(WAIT_SPINS)), pause, give)
+        b.position_at_end(pause)
         self.pause(b)
+        b.branch(wait)
+        b.position_at_end(give)
+        b.call(self.sched_yield, [])
         b.branch(wait)
         b.position_at_end(finished)
         b.store_atomic(ir.Constant(I32, 0), busy, "release", 4)
