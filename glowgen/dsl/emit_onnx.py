@@ -39,7 +39,7 @@ def _attr_default(attr_schema):
 def emit_onnx(specs: SpecSet) -> str:
     lines = [
         "from glowgen.engine import specrt as rt",
-        "from glowgen import shapelib as sl",
+        "from glowgen import speclib as sl",
         "from glowgen.engine.onnxmap import OnnxClause",
         "",
         "from .fns import *  # noqa: F401,F403",
@@ -122,7 +122,7 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
         names[n] = f"o.attr({n!r}, {default!r})"
     names["opset"] = "o.opset"
     names["outputs"] = "o.outputs"
-    scope = Scope(names, specs.fns, what=f"onnx clause {clause.onnx_op} of op {op.name}")
+    scope = Scope(names, specs.callables, what=f"onnx clause {clause.onnx_op} of op {op.name}")
     # `let`s are computed once, when a setting first needs them, so that an error in one is
     # reported for that setting, as if the expression were written there.
     let_lines = []

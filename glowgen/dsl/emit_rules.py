@@ -179,10 +179,10 @@ class _RuleEmitter:
         guard = "None"
         self._guard = True
         if rule.where is not None or rule.when is not None:
-            scope = Scope(dict(names), specs.fns, self.call_hook, what=f"guard of rule {rule.name}")
+            scope = Scope(dict(names), specs.callables, self.call_hook, what=f"guard of rule {rule.name}")
             conds = []
             if rule.when is not None:
-                when_scope = Scope(dict(names), specs.fns, self._when_hook,
+                when_scope = Scope(dict(names), specs.callables, self._when_hook,
                                    what=f"when of rule {rule.name}")
                 conds.append(to_py(rule.when, when_scope))
             if rule.where is not None:
@@ -192,7 +192,7 @@ class _RuleEmitter:
                       f"    return bool({' and '.join('(' + c + ')' for c in conds)})", ""]
             guard = f"{base}_guard"
         self._guard = False
-        scope = Scope(dict(names), specs.fns, self.call_hook, what=f"rule {rule.name}")
+        scope = Scope(dict(names), specs.callables, self.call_hook, what=f"rule {rule.name}")
         body = []
         for name, e in rule.lets:
             body.append(f"    {py_ident(name)} = {to_py(e, scope)}")
@@ -212,7 +212,7 @@ class _RuleEmitter:
     def emit_build(self) -> list[str]:
         """A builder as a Python function of the rewrite's Builder and its parameters."""
         build = self.rule
-        scope = Scope({n: py_ident(n) for n in build.params}, self.specs.fns, self.call_hook,
+        scope = Scope({n: py_ident(n) for n in build.params}, self.specs.callables, self.call_hook,
                       what=f"build {build.name}")
         body = []
         for name, e in build.lets:
@@ -237,7 +237,7 @@ class _RuleEmitter:
 def emit_rules(specs: SpecSet) -> str:
     lines = [
         "from glowgen.engine import specrt as rt",
-        "from glowgen import shapelib as sl",
+        "from glowgen import speclib as sl",
         "from glowgen.engine.patterns import P, R, RuleInfo, V",
         "",
         "from .fns import *  # noqa: F401,F403",

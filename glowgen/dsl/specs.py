@@ -10,7 +10,7 @@ from . import ast as A
 from .parser import op_from_items, parse_file
 from .pyexpr import spec_error
 
-SPEC_FILES = ("ops.glowdef", "lowerings.glowdef", "cpu_kernels.glowdef")
+SPEC_FILES = ("helpers.glowdef", "ops.glowdef", "lowerings.glowdef", "cpu_kernels.glowdef")
 # The closed vocabulary of traits the engine understands:
 #   elementwise  one result element from the same-index operand elements (stackable)
 #   broadcast    operands broadcast NumPy-style
@@ -40,6 +40,11 @@ class SpecSet:
     families: dict = attrs.field(factory=dict)        # template name -> names of its ops
     groups: dict = attrs.field(factory=dict)          # group name -> Group
     helpers: dict = attrs.field(factory=dict)         # helper name -> Helper
+
+    @property
+    def callables(self) -> dict:
+        """What a call in a spec expression may name: `fn` definitions and declared helpers."""
+        return {**self.helpers, **self.fns}
 
     def group_members(self, name: str) -> tuple:
         """The ops a pattern naming `name` (a family or a group) matches; () for neither."""
@@ -172,8 +177,47 @@ def instantiate(specs: SpecSet, inst: A.OpInstance) -> A.OpDef:
     return op_from_items(inst.name, items + list(inst.items), inst.pos)
 
 
+def _check_helpers(specs: SpecSet) -> None:
+    """Every declared helper is a registered function of its module that accepts the declared
+    parameters, and every registered helper is declared."""
+    import inspect
+
+    from .. import speclib
+    for h in specs.helpers.values():
+        if h.name in specs.fns:
+            raise spec_error(f"helper {h.name}: an fn of that name is declared too "
+                             f"({specs.fns[h.name].pos})", h.pos)
+        if h.module not in speclib.MODULES:
+            raise spec_error(f"helper {h.module}.{h.name}: no module glowgen/speclib/{h.module}.py "
+                             f"(modules: {', '.join(sorted(speclib.MODULES))})", h.pos)
+        fn = speclib.HELPERS.get(h.name)
+        if fn is None or speclib.module_of(fn) != h.module:
+            raise spec_error(f"helper {h.module}.{h.name}: glowgen/speclib/{h.module}.py registers no "
+                             f"helper {h.name!r} (mark the function with @helper)", h.pos)
+        params = list(inspect.signature(fn).parameters.values())
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = sum(1 for p in positional if p.default is p.empty)
+        star = any(p.kind == p.VAR_POSITIONAL for p in params)
+        declared_min, declared_max = h.arity()
+        python_max = None if star else len(positional)
+        if declared_min < required or (python_max is not None and
+                                       (declared_max is None or declared_max > python_max)):
+            sig = f"{h.name}{inspect.signature(fn)}"
+            raise spec_error(f"helper {h.module}.{h.name}: the declaration "
+                             f"({', '.join(('*' if p.star else '') + p.name + ('?' if p.optional else '') for p in h.params)}) "
+                             f"does not fit the Python function {sig}", h.pos)
+    declared = set(specs.helpers)
+    missing = sorted(n for n in speclib.HELPERS if n not in declared)
+    if missing:
+        from ..errors import SpecError
+        raise SpecError(f"glowgen/speclib registers helpers that {display_name(specs.directory, 'helpers.glowdef')} "
+                        f"does not declare: {', '.join(missing)} (declare each as "
+                        f"`helper module.name(params)`)")
+
+
 def _check(specs: SpecSet) -> None:
     """Checks that span declarations; per-expression name checks happen while emitting."""
+    _check_helpers(specs)
     for op in specs.ops.values():
         for t in op.traits:
             if t.name not in TRAITS:

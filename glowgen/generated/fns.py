@@ -2,7 +2,7 @@
 # Do not edit: change the spec and run `glowgen regen`.
 # flake8: noqa
 
-from glowgen import shapelib as sl
+from glowgen import speclib as sl
 from glowgen.engine import specrt as rt
 
 
@@ -23,22 +23,22 @@ def fn_rnn_directions(direction):
 
 def fn_per_row(p, s):
     """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1463:1)"""
-    return sl.b_param_along(p, s[rt.neg(2)], rt.sub(rt.b_len(s), 2), rt.b_len(s))
+    return sl.quant.param_along(p, s[rt.neg(2)], rt.sub(rt.b_len(s), 2), rt.b_len(s))
 
 
 def fn_per_column(p, s):
     """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1464:1)"""
-    return sl.b_param_along(p, s[rt.neg(1)], rt.sub(rt.b_len(s), 1), rt.b_len(s))
+    return sl.quant.param_along(p, s[rt.neg(1)], rt.sub(rt.b_len(s), 1), rt.b_len(s))
 
 
 def fn_per_filter(p, s):
     """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1465:1)"""
-    return sl.b_param_along(p, s[0], 0, rt.b_len(s))
+    return sl.quant.param_along(p, s[0], 0, rt.b_len(s))
 
 
 def fn_per_out_channel(p, m, rank):
     """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1466:1)"""
-    return sl.b_param_along(p, m, 1, rank)
+    return sl.quant.param_along(p, m, 1, rank)
 
 
 def fn_resize_args(r, n):

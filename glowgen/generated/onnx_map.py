@@ -3,7 +3,7 @@
 # flake8: noqa
 
 from glowgen.engine import specrt as rt
-from glowgen import shapelib as sl
+from glowgen import speclib as sl
 from glowgen.engine.onnxmap import OnnxClause
 
 from .fns import *  # noqa: F401,F403
@@ -552,7 +552,7 @@ _Shrink_0_clause = OnnxClause(onnx_op='Shrink', op='Shrink', since=None, until=N
 def _Cast_0(o):
     """ONNX Cast -> Cast (specs/ops.glowdef:323:3)."""
     attrs = {}
-    attrs['to'] = o.evaluating('to', 'specs/ops.glowdef:323:23', lambda: sl.b_onnx_dtype(o.attr('to', None)))
+    attrs['to'] = o.evaluating('to', 'specs/ops.glowdef:323:23', lambda: sl.shapes.onnx_dtype(o.attr('to', None)))
     return attrs
 
 _Cast_0_clause = OnnxClause(onnx_op='Cast', op='Cast', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cast_0, consumed=('saturate', 'to'), location='specs/ops.glowdef:323:3', guard=None)
@@ -678,7 +678,7 @@ _MinN_0_clause = OnnxClause(onnx_op='Min', op='MinN', since=6, until=None, input
 def _Reshape_0(o):
     """ONNX Reshape -> Reshape (specs/ops.glowdef:409:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:409:37', lambda: sl.b_reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
+    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:409:37', lambda: sl.shapes.reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
     return attrs
 
 _Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:409:3', guard=None)
@@ -754,9 +754,9 @@ def _Slice_0(o):
     """ONNX Slice -> Slice (specs/ops.glowdef:468:3)."""
     attrs = {}
     _let_given_axes = rt.once(lambda: (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()))
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:471:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:472:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:473:5', lambda: sl.b_slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:471:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:472:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:473:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 2))
     return attrs
 
 _Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=None, until=9, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Slice_0, consumed=('axes', 'ends', 'starts'), location='specs/ops.glowdef:468:3', guard=None)
@@ -767,9 +767,9 @@ def _Slice_1(o):
     attrs = {}
     _let_given_axes = rt.once(lambda: (o.input('axes').value if o.input('axes').present else ()))
     _let_given_steps = rt.once(lambda: (o.input('steps').value if o.input('steps').present else ()))
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:479:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:480:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:481:5', lambda: sl.b_slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:479:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:480:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:481:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 2))
     return attrs
 
 _Slice_1_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_1, consumed=(), location='specs/ops.glowdef:475:3', guard=None)
@@ -844,7 +844,7 @@ def _Split_0(o):
     attrs = {}
     _let_split_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
     attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:556:5', lambda: _let_split_axis())
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:557:5', lambda: sl.b_split_sizes(o.input('input').shape, _let_split_axis(), (o.attr('split', None) if rt.b_defined(o.attr('split', None)) else ()), rt.b_len(o.outputs)))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:557:5', lambda: sl.shapes.split_sizes(o.input('input').shape, _let_split_axis(), (o.attr('split', None) if rt.b_defined(o.attr('split', None)) else ()), rt.b_len(o.outputs)))
     return attrs
 
 _Split_0_clause = OnnxClause(onnx_op='Split', op='Split', since=2, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Split_0, consumed=('axis', 'split'), location='specs/ops.glowdef:553:3', guard=None)
@@ -855,7 +855,7 @@ def _Split_1(o):
     attrs = {}
     _let_split_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
     attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:562:5', lambda: _let_split_axis())
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:563:5', lambda: sl.b_split_sizes(o.input('input').shape, _let_split_axis(), (o.input('split').value if o.input('split').present else ()), rt.b_len(o.outputs)))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:563:5', lambda: sl.shapes.split_sizes(o.input('input').shape, _let_split_axis(), (o.input('split').value if o.input('split').present else ()), rt.b_len(o.outputs)))
     return attrs
 
 _Split_1_clause = OnnxClause(onnx_op='Split', op='Split', since=13, until=None, inputs=(('input', 'single'), ('split', 'optional')), operands=(('input', 0),), attributes=_Split_1, consumed=('axis', 'num_outputs'), location='specs/ops.glowdef:559:3', guard=None)
@@ -895,7 +895,7 @@ def _Pad_1(o):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'constant'
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:591:5', lambda: sl.b_full_pads(rt.b_rank(o.input('data')), rt.b_ints(o.input('pads').value), (rt.b_ints(o.input('axes').value) if o.input('axes').present else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:591:5', lambda: sl.shapes.full_pads(rt.b_rank(o.input('data')), rt.b_ints(o.input('pads').value), (rt.b_ints(o.input('axes').value) if o.input('axes').present else ())))
     attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:592:5', lambda: (rt.b_item(o.input('constant_value').value) if o.input('constant_value').present else 0.0))
     return attrs
 
@@ -996,7 +996,7 @@ def _EyeLike_0(o):
         attrs['k'] = o.attr('k')
     else:
         attrs['k'] = 0
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:672:30', lambda: (sl.b_onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:672:30', lambda: (sl.shapes.onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
     return attrs
 
 _EyeLike_0_clause = OnnxClause(onnx_op='EyeLike', op='EyeLike', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_EyeLike_0, consumed=('dtype', 'k'), location='specs/ops.glowdef:672:3', guard=None)
@@ -1331,7 +1331,7 @@ def _Conv_0(o):
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
     o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:901:5')
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:902:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:902:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _Conv_0_guard(o):
@@ -1353,7 +1353,7 @@ def _MaxPool_0(o):
         attrs['strides'] = o.attr('strides')
     o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:920:5')
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:921:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:922:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:922:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _MaxPool_0_guard(o):
@@ -1376,7 +1376,7 @@ def _AvgPool_0(o):
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:940:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:941:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:941:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPool_0_guard(o):
@@ -1435,7 +1435,7 @@ def _ConvN_0(o):
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:991:5', lambda: _let_given_strides())
     attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:992:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:993:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:993:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 _ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:986:3', guard=None)
@@ -1455,7 +1455,7 @@ def _MaxPoolN_0(o):
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1013:5', lambda: o.attr('kernel_shape', None))
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1016:5', lambda: _let_given_strides())
     attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1017:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1018:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1018:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 _MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:1009:3', guard=None)
@@ -1475,7 +1475,7 @@ def _AvgPoolN_0(o):
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1037:5', lambda: o.attr('kernel_shape', None))
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1039:5', lambda: _let_given_strides())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1040:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1040:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPoolN_0_guard(o):
@@ -1498,7 +1498,7 @@ def _ConvTranspose_0(o):
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1062:5', lambda: _let_given_strides())
     attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1063:5', lambda: _let_given_dilations())
     attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:1064:5', lambda: _let_given_output_padding())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1065:5', lambda: sl.b_convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), _let_given_output_padding(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1065:5', lambda: sl.conv.convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), _let_given_output_padding(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
     return attrs
 
 _ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:1056:3', guard=None)
@@ -1667,13 +1667,13 @@ def _Resize_0(o):
     _let_given_scales = rt.once(lambda: (o.input('scales').value if o.input('scales').present else ()))
     _let_given_sizes = rt.once(lambda: (o.input('sizes').value if o.input('sizes').present else ()))
     _let_given_axes = rt.once(lambda: (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()))
-    _let_new_sizes = rt.once(lambda: sl.b_resize_sizes(o.input('X').shape, _let_given_scales(), _let_given_sizes(), _let_given_axes(), o.attr('keep_aspect_ratio_policy', 'stretch')))
-    _let_new_scales = rt.once(lambda: sl.b_resize_scales(o.input('X').shape, _let_given_scales(), _let_given_sizes(), _let_given_axes(), o.attr('keep_aspect_ratio_policy', 'stretch')))
-    _let_new_roi = rt.once(lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), _let_given_axes(), o.attr('coordinate_transformation_mode', 'half_pixel')))
+    _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_given_scales(), _let_given_sizes(), _let_given_axes(), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    _let_new_scales = rt.once(lambda: sl.resize.resize_scales(o.input('X').shape, _let_given_scales(), _let_given_sizes(), _let_given_axes(), o.attr('keep_aspect_ratio_policy', 'stretch')))
+    _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), _let_given_axes(), o.attr('coordinate_transformation_mode', 'half_pixel')))
     attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1200:5', lambda: _let_new_sizes())
     attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1201:5', lambda: _let_new_scales())
     attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1202:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1203:5', lambda: sl.b_resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_new_scales(), _let_new_roi()))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1203:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_new_scales(), _let_new_roi()))
     return attrs
 
 _Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1192:3', guard=None)
@@ -1686,13 +1686,13 @@ def _Resize_1(o):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    _let_legacy_scales = rt.once(lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
-    _let_new_sizes = rt.once(lambda: sl.b_resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
-    _let_new_roi = rt.once(lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    _let_legacy_scales = rt.once(lambda: sl.resize.legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
+    _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
     attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1210:5', lambda: _let_new_sizes())
     attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1211:5', lambda: _let_legacy_scales())
     attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1212:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1213:5', lambda: sl.b_resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1213:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
     attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1214:5', lambda: 'asymmetric')
     attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1215:5', lambda: 'legacy')
     return attrs
@@ -1707,13 +1707,13 @@ def _Resize_2(o):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    _let_legacy_scales = rt.once(lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.input('scales').value))
-    _let_new_sizes = rt.once(lambda: sl.b_resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
-    _let_new_roi = rt.once(lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    _let_legacy_scales = rt.once(lambda: sl.resize.legacy_resize_scales(o.input('X').shape, o.input('scales').value))
+    _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
+    _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
     attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1222:5', lambda: _let_new_sizes())
     attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1223:5', lambda: _let_legacy_scales())
     attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1224:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1225:5', lambda: sl.b_resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1225:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
     attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1226:5', lambda: 'asymmetric')
     attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1227:5', lambda: 'legacy')
     return attrs
@@ -1728,13 +1728,13 @@ def _Resize_3(o):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'nearest'
-    _let_legacy_scales = rt.once(lambda: sl.b_legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
-    _let_new_sizes = rt.once(lambda: sl.b_resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
-    _let_new_roi = rt.once(lambda: sl.b_resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
+    _let_legacy_scales = rt.once(lambda: sl.resize.legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
+    _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
+    _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
     attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1234:5', lambda: _let_new_sizes())
     attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1235:5', lambda: _let_legacy_scales())
     attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1236:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1237:5', lambda: sl.b_resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1237:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
     attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1238:5', lambda: 'asymmetric')
     attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1239:5', lambda: 'legacy')
     return attrs
@@ -1833,7 +1833,7 @@ def _AvgPoolDilated_0(o):
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1280:5', lambda: o.attr('kernel_shape', None))
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1282:5', lambda: _let_given_strides())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1283:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1283:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPoolDilated_0_guard(o):
@@ -1858,7 +1858,7 @@ def _LpPool_0(o):
     attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1301:5', lambda: o.attr('kernel_shape', None))
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1304:5', lambda: _let_given_strides())
     attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1305:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1306:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1306:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 _LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1299:3', guard=None)
@@ -1936,7 +1936,7 @@ def _LSTM_0(o):
     if o.has_attr('activations'):
         attrs['activations'] = o.attr('activations')
     o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1388:5')
-    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1390:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.rnn.all_in(o.attr('activations', None), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1390:5')
     attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1392:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
@@ -1965,7 +1965,7 @@ def _GRU_0(o):
     if o.has_attr('activations'):
         attrs['activations'] = o.attr('activations')
     o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1415:5')
-    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.b_all_in(o.attr('activations', None), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1417:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.rnn.all_in(o.attr('activations', None), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1417:5')
     attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1419:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
@@ -1992,7 +1992,7 @@ def _RNN_0(o):
     else:
         attrs['activations'] = ('Tanh', 'Tanh')
     o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1441:5')
-    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.b_all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.b_rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1443:5')
+    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.rnn.all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1443:5')
     attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1445:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
@@ -2007,8 +2007,8 @@ def _QuantizeLinear_0(o):
     else:
         attrs['block_size'] = 0
     attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1482:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1483:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
-    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1484:5', lambda: (sl.b_onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.b_float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1483:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
+    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1484:5', lambda: (sl.shapes.onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.quant.float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
     return attrs
 
 _QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1480:3', guard=None)
@@ -2022,7 +2022,7 @@ def _DequantizeLinear_0(o):
     else:
         attrs['block_size'] = 0
     attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1501:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1502:5', lambda: (sl.b_onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1502:5', lambda: (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
     return attrs
 
 _DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1499:3', guard=None)
@@ -2058,7 +2058,7 @@ def _ConvInteger_0(o):
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1564:5', lambda: _let_given_strides())
     attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1565:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1566:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1566:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 _ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1557:3', guard=None)
@@ -2076,7 +2076,7 @@ def _QLinearConv_0(o):
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
     attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1592:5', lambda: _let_given_strides())
     attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1593:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1594:5', lambda: sl.b_auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1594:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 _QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1586:3', guard=None)
@@ -2095,7 +2095,7 @@ def _DFT_0(o):
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1613:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1614:5', lambda: sl.b_dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1614:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
 _DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1610:3', guard=None)
@@ -2114,7 +2114,7 @@ def _DFT_1(o):
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
     attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1619:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1620:5', lambda: sl.b_dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1620:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
 _DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1616:3', guard=None)
@@ -2123,7 +2123,7 @@ _DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs
 def _Compress_0(o):
     """ONNX Compress -> Compress (specs/ops.glowdef:1633:3)."""
     attrs = {}
-    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1635:5', lambda: sl.b_true_positions(o.input('condition').value))
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1635:5', lambda: sl.shapes.true_positions(o.input('condition').value))
     attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1636:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
     attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1637:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
     return attrs

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from glowgen import shapelib as sl
+from glowgen import speclib as sl
 from glowgen.engine import specrt as rt
 from glowgen.engine.graph import AttrInfo, Node, OperandInfo
 from glowgen.engine.specpy import call_py as rt_py
@@ -3287,7 +3287,7 @@ class Flatten(Node):
         S = u.dim('S')
         A = u.dtype('A')
         rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:415:3')
-        return (rt.result_type('Flatten', _node, A, (*sl.b_flatten_shape(S, axis),), 'specs/ops.glowdef:416:7'), )
+        return (rt.result_type('Flatten', _node, A, (*sl.shapes.flatten_shape(S, axis),), 'specs/ops.glowdef:416:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3331,7 +3331,7 @@ class Squeeze(Node):
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:422:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Squeeze', _node, A, (*sl.b_squeeze_shape(S, axes),), 'specs/ops.glowdef:424:7'), )
+        return (rt.result_type('Squeeze', _node, A, (*sl.shapes.squeeze_shape(S, axes),), 'specs/ops.glowdef:424:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3375,7 +3375,7 @@ class Unsqueeze(Node):
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:431:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Unsqueeze', _node, A, (*sl.b_unsqueeze_shape(S, axes),), 'specs/ops.glowdef:433:7'), )
+        return (rt.result_type('Unsqueeze', _node, A, (*sl.shapes.unsqueeze_shape(S, axes),), 'specs/ops.glowdef:433:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3469,7 +3469,7 @@ class Concat(Node):
         S = tuple(_t.shape for _t in xs)
         A = u.dtype('A')
         rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:453:3')
-        return (rt.result_type('Concat', _node, A, (*sl.b_concat_shape(S, axis),), 'specs/ops.glowdef:454:7'), )
+        return (rt.result_type('Concat', _node, A, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:454:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3519,7 +3519,7 @@ class Slice(Node):
         S = u.dim('S')
         A = u.dtype('A')
         rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:465:3')
-        return (rt.result_type('Slice', _node, A, (*sl.b_slice_shape(starts, stops, steps),), 'specs/ops.glowdef:467:7'), )
+        return (rt.result_type('Slice', _node, A, (*sl.shapes.slice_shape(starts, stops, steps),), 'specs/ops.glowdef:467:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3575,7 +3575,7 @@ class Gather(Node):
         A = u.dtype('A')
         I = u.dtype('I')
         rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:489:3')
-        return (rt.result_type('Gather', _node, A, (*sl.b_gather_shape(S, Q, axis),), 'specs/ops.glowdef:490:7'), )
+        return (rt.result_type('Gather', _node, A, (*sl.shapes.gather_shape(S, Q, axis),), 'specs/ops.glowdef:490:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3667,7 +3667,7 @@ class Shape(Node):
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:506:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.b_shape_range(S, start, end)),), 'specs/ops.glowdef:509:7'), )
+        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.shapes.shape_range(S, start, end)),), 'specs/ops.glowdef:509:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3839,7 +3839,7 @@ class Split(Node):
         A = u.dtype('A')
         rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Split', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:549:3')
         rt.check(rt.eq(rt.b_sum(sizes), S[axis]), 'Split', _node, 'the split sizes must add up to the split dimension', 'specs/ops.glowdef:551:3')
-        return (*(rt.result_type('Split', _node, A, _s, 'specs/ops.glowdef:552:7') for _s in sl.b_split_shapes(S, axis, sizes)), )
+        return (*(rt.result_type('Split', _node, A, _s, 'specs/ops.glowdef:552:7') for _s in sl.shapes.split_shapes(S, axis, sizes)), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3935,7 +3935,7 @@ class Pad(Node):
         A = u.dtype('A')
         rt.check(rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(S))), 'Pad', _node, 'pads must give a begin and an end for every dimension', 'specs/ops.glowdef:584:3')
         rt.check((((rt.eq(mode, 'constant') or rt.eq(mode, 'reflect')) or rt.eq(mode, 'edge')) or rt.eq(mode, 'wrap')), 'Pad', _node, 'mode must be constant, reflect, edge or wrap', 'specs/ops.glowdef:585:3')
-        return (rt.result_type('Pad', _node, A, (*sl.b_pad_shape(S, pads),), 'specs/ops.glowdef:587:7'), )
+        return (rt.result_type('Pad', _node, A, (*sl.shapes.pad_shape(S, pads),), 'specs/ops.glowdef:587:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4094,7 +4094,7 @@ class GatherND(Node):
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('GatherND', _node, A, (*sl.b_gathernd_shape(S, Q, batch_dims),), 'specs/ops.glowdef:622:7'), )
+        return (rt.result_type('GatherND', _node, A, (*sl.shapes.gathernd_shape(S, Q, batch_dims),), 'specs/ops.glowdef:622:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4429,7 +4429,7 @@ class OneHot(Node):
         S = u.dim('S')
         A = u.dtype('A')
         P = u.dtype('P')
-        return (rt.result_type('OneHot', _node, A, (*sl.b_insert_dim(S, axis, depth),), 'specs/ops.glowdef:681:7'), )
+        return (rt.result_type('OneHot', _node, A, (*sl.shapes.insert_dim(S, axis, depth),), 'specs/ops.glowdef:681:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4821,7 +4821,7 @@ class TopK(Node):
         rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:792:3')
         rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:793:3')
         rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:795:3')
-        return (rt.result_type('TopK', _node, T, (*sl.b_replace_dim(S, axis, k),), 'specs/ops.glowdef:796:7'), rt.result_type('TopK', _node, 'i64', (*sl.b_replace_dim(S, axis, k),), 'specs/ops.glowdef:796:52'), )
+        return (rt.result_type('TopK', _node, T, (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:796:7'), rt.result_type('TopK', _node, 'i64', (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:796:52'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5071,7 +5071,7 @@ class MatMul(Node):
         Y = u.dim('Y')
         T = u.dtype('T')
         rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:849:3')
-        return (rt.result_type('MatMul', _node, T, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:850:7'), )
+        return (rt.result_type('MatMul', _node, T, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:850:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5249,7 +5249,7 @@ class Einsum(Node):
             u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:877:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('Einsum', _node, T, (*sl.b_einsum_shape(equation, S),), 'specs/ops.glowdef:879:7'), )
+        return (rt.result_type('Einsum', _node, T, (*sl.shapes.einsum_shape(equation, S),), 'specs/ops.glowdef:879:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5680,7 +5680,7 @@ class ConvN(Node):
         rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:981:3')
         rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:983:3')
         rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:984:3')
-        return (rt.result_type('ConvN', _node, F, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:985:9'), )
+        return (rt.result_type('ConvN', _node, F, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:985:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5740,7 +5740,7 @@ class MaxPoolN(Node):
         rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1003:3')
         rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1004:3')
         rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1006:3')
-        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1008:9'), )
+        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1008:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5799,7 +5799,7 @@ class AvgPoolN(Node):
         rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1027:3')
         rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1028:3')
         rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:1031:3')
-        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:1033:9'), )
+        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:1033:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5880,7 +5880,7 @@ class ConvTranspose(Node):
         rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1052:3')
         rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:1053:3')
         rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1054:3')
-        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.b_convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:1055:9'), )
+        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.conv.convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:1055:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6385,7 +6385,7 @@ class Resize(Node):
         rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1182:3')
         rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1186:3')
         rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1189:3')
-        return (rt.result_type('Resize', _node, T, (*sl.b_resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1191:7'), )
+        return (rt.result_type('Resize', _node, T, (*sl.resize.resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1191:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6443,7 +6443,7 @@ class LegacyBroadcast(Node):
         T = u.dtype('T')
         rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1250:3')
         rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1252:3')
-        rt.check(sl.b_axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1253:3')
+        rt.check(sl.shapes.axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1253:3')
         return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1254:7'), )
 
 
@@ -6505,7 +6505,7 @@ class AvgPoolDilated(Node):
         rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1271:3')
         rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1272:3')
         rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1275:3')
-        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1277:9'), )
+        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1277:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6567,7 +6567,7 @@ class LpPool(Node):
         rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1293:3')
         rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1295:3')
         rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1296:3')
-        return (rt.result_type('LpPool', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1298:9'), )
+        return (rt.result_type('LpPool', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1298:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6628,7 +6628,7 @@ class Col2Im(Node):
         rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1317:3')
         rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1318:3')
         rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1320:3')
-        rt.check(rt.eq(L, rt.b_prod(sl.b_conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1321:3')
+        rt.check(rt.eq(L, rt.b_prod(sl.conv.conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1321:3')
         return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1323:9'), )
 
 
@@ -6886,7 +6886,7 @@ class LSTM(Node):
         rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1380:3')
         rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1381:3')
         rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1382:3')
-        return (rt.result_type('LSTM', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1383:8'), rt.result_type('LSTM', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1384:8'), rt.result_type('LSTM', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1385:8'), )
+        return (rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1383:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1384:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1385:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6995,7 +6995,7 @@ class GRU(Node):
         rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1408:3')
         rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1409:3')
         rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1410:3')
-        return (rt.result_type('GRU', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1411:8'), rt.result_type('GRU', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1412:8'), )
+        return (rt.result_type('GRU', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1411:8'), rt.result_type('GRU', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1412:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7102,7 +7102,7 @@ class RNN(Node):
         rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1434:3')
         rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1435:3')
         rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1436:3')
-        return (rt.result_type('RNN', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1437:8'), rt.result_type('RNN', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1438:8'), )
+        return (rt.result_type('RNN', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1437:8'), rt.result_type('RNN', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1438:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7175,7 +7175,7 @@ class QuantizeLinear(Node):
         rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1472:3')
         rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1475:3')
         rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1476:3')
-        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1477:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1477:3')
         return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1479:7'), )
 
 
@@ -7246,7 +7246,7 @@ class DequantizeLinear(Node):
         rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1492:3')
         rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1493:3')
         rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1495:3')
-        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1496:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1496:3')
         return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1498:7'), )
 
 
@@ -7295,7 +7295,7 @@ class QuantParam(Node):
         u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1508:7')
         C = u.dim('C')
         A = u.dtype('A')
-        return (rt.result_type('QuantParam', _node, A, (*sl.b_quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1512:7'), )
+        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1512:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7403,10 +7403,10 @@ class QLinearMatMul(Node):
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
         rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1520:3')
-        rt.check((sl.b_param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1521:3')
-        rt.check((sl.b_param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1523:3')
-        rt.check((sl.b_param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1525:3')
-        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1527:7'), )
+        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1521:3')
+        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1523:3')
+        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1525:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1527:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7478,9 +7478,9 @@ class MatMulInteger(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1534:3')
-        rt.check(sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1535:3')
-        rt.check(sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1536:3')
-        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1537:7'), )
+        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1535:3')
+        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1536:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1537:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7571,8 +7571,8 @@ class ConvInteger(Node):
         rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1552:3')
         rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1553:3')
         rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1554:3')
-        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1555:3')
-        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1556:9'), )
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1555:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1556:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7708,10 +7708,10 @@ class QLinearConv(Node):
         rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1579:3')
         rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1580:3')
         rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1581:3')
-        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1582:3')
-        rt.check(sl.b_param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1583:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1582:3')
+        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1583:3')
         rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1584:3')
-        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1585:9'), )
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1585:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7764,7 +7764,7 @@ class DFT(Node):
         rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1604:3')
         rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1607:3')
         rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1608:3')
-        return (rt.result_type('DFT', _node, F, (*sl.b_dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1609:7'), )
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1609:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7814,7 +7814,7 @@ class Compress(Node):
         A = u.dtype('A')
         rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1630:3')
         rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1631:3')
-        return (rt.result_type('Compress', _node, A, (*sl.b_compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1632:7'), )
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1632:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7879,7 +7879,7 @@ class STFT(Node):
         rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1647:3')
         rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1648:3')
         rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1649:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.b_dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1650:7'), )
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1650:7'), )
 
 
 OPS = {

@@ -3,7 +3,7 @@
 # flake8: noqa
 
 from glowgen.engine import specrt as rt
-from glowgen import shapelib as sl
+from glowgen import speclib as sl
 from glowgen.engine.patterns import P, R, RuleInfo, V
 
 from .fns import *  # noqa: F401,F403
@@ -65,7 +65,7 @@ def build_clipped(_b, x, limit):
 
 def build_held(_b, seq_lens, t, new, old):
     """= Select(const(rnn_step_mask(seq_lens, t), bool), new, old) if rnn_step_masked(seq_lens, t) else new"""
-    return (_b.op('Select', [_b.const(sl.b_rnn_step_mask(seq_lens, t), 'bool'), new, old], {}) if sl.b_rnn_step_masked(seq_lens, t) else new)
+    return (_b.op('Select', [_b.const(sl.rnn.rnn_step_mask(seq_lens, t), 'bool'), new, old], {}) if sl.rnn.rnn_step_masked(seq_lens, t) else new)
 
 
 
@@ -297,7 +297,7 @@ def _r20_tile_to_expand_build(_b, _m):
     """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
     t = _m['t']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.b_interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.b_interleave(t.repeats, x.shape)})], {'shape': t.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.shapes.interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.shapes.interleave(t.repeats, x.shape)})], {'shape': t.shape}))
 
 
 
@@ -476,7 +476,7 @@ def _r31_batchnorm_to_affine_build(_b, _m):
     var = _m['var']
     s = _b.op('Div', [scale, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(bn.epsilon, var.dtype)], {})], {})], {})
     t = _b.op('Sub', [bias, _b.op('Mul', [mean, s], {})], {})
-    cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
+    cs = sl.shapes.channel_shape(rt.b_rank(x), x.shape[1])
     return rt.results(_b.op('Add', [_b.op('Mul', [x, _b.op('Reshape', [s], {'shape': cs})], {}), _b.op('Reshape', [t], {'shape': cs})], {}))
 
 
@@ -517,7 +517,7 @@ def _r35_softmax_flat_to_2d_build(_b, _m):
     """=> Reshape(Softmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('Softmax', [_b.op('Reshape', [x], {'shape': sl.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Softmax', [_b.op('Reshape', [x], {'shape': sl.shapes.flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
 
 
 
@@ -525,7 +525,7 @@ def _r36_logsoftmax_flat_to_2d_build(_b, _m):
     """=> Reshape(LogSoftmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('LogSoftmax', [_b.op('Reshape', [x], {'shape': sl.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('LogSoftmax', [_b.op('Reshape', [x], {'shape': sl.shapes.flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
 
 
 
@@ -538,7 +538,7 @@ def _r37_instancenorm_expand_build(_b, _m):
     axes = rt.b_range(2, rt.b_rank(x))
     d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
     var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
-    cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
+    cs = sl.shapes.channel_shape(rt.b_rank(x), x.shape[1])
     return rt.results(_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'shape': cs})], {}), _b.op('Reshape', [bias], {'shape': cs})], {}))
 
 
@@ -1040,7 +1040,7 @@ def _r70_conv_mul_fold_guard(_m, _ctx):
     w = _m['w']
     b = _m['b']
     s = _m['s']
-    return bool((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(s.shape, c.shape, 1))))
+    return bool((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(s.shape, c.shape, 1))))
 
 def _r70_conv_mul_fold_build(_b, _m):
     """=> Conv(x, Mul(w, Reshape(s, shape = [prod(s.shape), 1, 1, 1])), Mul(b, Reshape(s, shape = [prod(s.shape)])), ...c)"""
@@ -1060,7 +1060,7 @@ def _r71_conv_add_fold_guard(_m, _ctx):
     w = _m['w']
     b = _m['b']
     t = _m['t']
-    return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(t.shape, c.shape, 1))))
+    return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(t.shape, c.shape, 1))))
 
 def _r71_conv_add_fold_build(_b, _m):
     """=> Conv(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), ...c)"""
@@ -1079,7 +1079,7 @@ def _r72_matmul_mul_fold_guard(_m, _ctx):
     x = _m['x']
     w = _m['w']
     s = _m['s']
-    return bool(((((((rt.b_is_const(w) and rt.b_is_const(s)) and (not rt.b_is_const(x))) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1)) and sl.b_varies_only_along(s.shape, mm.shape, rt.sub(rt.b_rank(mm), 1)))))
+    return bool(((((((rt.b_is_const(w) and rt.b_is_const(s)) and (not rt.b_is_const(x))) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1)) and sl.shapes.varies_only_along(s.shape, mm.shape, rt.sub(rt.b_rank(mm), 1)))))
 
 def _r72_matmul_mul_fold_build(_b, _m):
     """=> MatMul(x, Mul(w, Reshape(s, shape = [prod(s.shape)])))"""
@@ -1136,7 +1136,7 @@ def _r75_convtranspose_mul_fold_guard(_m, _ctx):
     w = _m['w']
     b = _m['b']
     s = _m['s']
-    return bool(((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1)) and sl.b_varies_only_along(s.shape, c.shape, 1))))
+    return bool(((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1)) and sl.shapes.varies_only_along(s.shape, c.shape, 1))))
 
 def _r75_convtranspose_mul_fold_build(_b, _m):
     """=> ConvTranspose(x, Mul(w, Reshape(s, shape = concat([1, prod(s.shape)], ones(rank(w) - 2)))), Mul(b, Reshape(s, shape = [prod(s.shape)])), ...c)"""
@@ -1156,7 +1156,7 @@ def _r76_convtranspose_add_fold_guard(_m, _ctx):
     w = _m['w']
     b = _m['b']
     t = _m['t']
-    return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(t.shape, c.shape, 1))))
+    return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(t.shape, c.shape, 1))))
 
 def _r76_convtranspose_add_fold_build(_b, _m):
     """=> ConvTranspose(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), ...c)"""
@@ -1176,7 +1176,7 @@ def _r77_conv_pad_merge_guard(_m, _ctx):
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return bool((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0))))
+    return bool((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.conv.outer_pads(p.pads, 2)), 0))))
 
 def _r77_conv_pad_merge_build(_b, _m):
     """=> Conv(x, w, b, ...c, pads = c.pads + spatial_pads(p.pads))"""
@@ -1185,7 +1185,7 @@ def _r77_conv_pad_merge_build(_b, _m):
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return rt.results(_b.op('Conv', [x, w, b], {'pads': rt.add(c.pads, sl.b_spatial_pads(p.pads)), 'strides': c.strides, 'dilations': c.dilations, 'group': c.group}))
+    return rt.results(_b.op('Conv', [x, w, b], {'pads': rt.add(c.pads, sl.conv.spatial_pads(p.pads)), 'strides': c.strides, 'dilations': c.dilations, 'group': c.group}))
 
 
 
@@ -1194,14 +1194,14 @@ def _r78_avgpool_pad_merge_guard(_m, _ctx):
     a = _m['a']
     p = _m['p']
     x = _m['x']
-    return bool(((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and (rt.eq(a.count_include_pad, 1) or rt.eq(rt.b_max(a.pads), 0)))))
+    return bool(((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.conv.outer_pads(p.pads, 2)), 0)) and (rt.eq(a.count_include_pad, 1) or rt.eq(rt.b_max(a.pads), 0)))))
 
 def _r78_avgpool_pad_merge_build(_b, _m):
     """=> AvgPool(x, ...a, pads = a.pads + spatial_pads(p.pads), count_include_pad = 1)"""
     a = _m['a']
     p = _m['p']
     x = _m['x']
-    return rt.results(_b.op('AvgPool', [x], {'pads': rt.add(a.pads, sl.b_spatial_pads(p.pads)), 'count_include_pad': 1, 'kernel': a.kernel, 'strides': a.strides, 'ceil_mode': a.ceil_mode}))
+    return rt.results(_b.op('AvgPool', [x], {'pads': rt.add(a.pads, sl.conv.spatial_pads(p.pads)), 'count_include_pad': 1, 'kernel': a.kernel, 'strides': a.strides, 'ceil_mode': a.ceil_mode}))
 
 
 
@@ -1211,7 +1211,7 @@ def _r79_maxpool_pad_merge_guard(_m, _ctx):
     p = _m['p']
     r = _m['r']
     x = _m['x']
-    return bool(((((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and rt.eq(m.ceil_mode, 0)) and rt.eq(m.dilations, (1, 1, ))) and rt.b_all(rt.lt(rt.add(m.pads, sl.b_spatial_pads(p.pads)), rt.b_concat(m.kernel, m.kernel))))))
+    return bool(((((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.conv.outer_pads(p.pads, 2)), 0)) and rt.eq(m.ceil_mode, 0)) and rt.eq(m.dilations, (1, 1, ))) and rt.b_all(rt.lt(rt.add(m.pads, sl.conv.spatial_pads(p.pads)), rt.b_concat(m.kernel, m.kernel))))))
 
 def _r79_maxpool_pad_merge_build(_b, _m):
     """=> MaxPool(r, ...m, pads = m.pads + spatial_pads(p.pads))"""
@@ -1219,7 +1219,7 @@ def _r79_maxpool_pad_merge_build(_b, _m):
     p = _m['p']
     r = _m['r']
     x = _m['x']
-    return rt.results(_b.op('MaxPool', [r], {'pads': rt.add(m.pads, sl.b_spatial_pads(p.pads)), 'kernel': m.kernel, 'strides': m.strides, 'dilations': m.dilations, 'ceil_mode': m.ceil_mode}))
+    return rt.results(_b.op('MaxPool', [r], {'pads': rt.add(m.pads, sl.conv.spatial_pads(p.pads)), 'kernel': m.kernel, 'strides': m.strides, 'dilations': m.dilations, 'ceil_mode': m.ceil_mode}))
 
 
 
@@ -1288,7 +1288,7 @@ def _r84_transpose_transpose_build(_b, _m):
     o = _m['o']
     i = _m['i']
     x = _m['x']
-    return rt.results(_b.op('Transpose', [x], {'perm': sl.b_compose_perm(i.perm, o.perm)}))
+    return rt.results(_b.op('Transpose', [x], {'perm': sl.shapes.compose_perm(i.perm, o.perm)}))
 
 
 
@@ -1296,7 +1296,7 @@ def _r85_transpose_to_reshape_guard(_m, _ctx):
     """where not moves_data(x.shape, t.perm)"""
     t = _m['t']
     x = _m['x']
-    return bool(((not sl.b_moves_data(x.shape, t.perm))))
+    return bool(((not sl.shapes.moves_data(x.shape, t.perm))))
 
 def _r85_transpose_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = t.shape)"""
@@ -1467,13 +1467,13 @@ def _r97_resize_nearest_gather_guard(_m, _ctx):
     'where ((len(r.axes) == 1) and (r.mode == "nearest")) and not resize_extrapolates(*resize_args(r, x.shape[r.axes[0]]))'
     r = _m['r']
     x = _m['x']
-    return bool((((rt.eq(rt.b_len(r.axes), 1) and rt.eq(r.mode, 'nearest')) and (not sl.b_resize_extrapolates(*fn_resize_args(r, x.shape[r.axes[0]]))))))
+    return bool((((rt.eq(rt.b_len(r.axes), 1) and rt.eq(r.mode, 'nearest')) and (not sl.resize.resize_extrapolates(*fn_resize_args(r, x.shape[r.axes[0]]))))))
 
 def _r97_resize_nearest_gather_build(_b, _m):
     """=> Gather(x, const(resize_gather_indices(*resize_args(r, x.shape[r.axes[0]])), i64), axis = r.axes[0])"""
     r = _m['r']
     x = _m['x']
-    return rt.results(_b.op('Gather', [x, _b.const(sl.b_resize_gather_indices(*fn_resize_args(r, x.shape[r.axes[0]])), 'i64')], {'axis': r.axes[0]}))
+    return rt.results(_b.op('Gather', [x, _b.const(sl.resize.resize_gather_indices(*fn_resize_args(r, x.shape[r.axes[0]])), 'i64')], {'axis': r.axes[0]}))
 
 
 
@@ -1489,12 +1489,12 @@ def _r98_resize_axis_taps_build(_b, _m):
     x = _m['x']
     a = r.axes[0]
     args = fn_resize_args(r, x.shape[a])
-    picked = _b.op('Gather', [x, _b.const(sl.b_resize_tap_indices(*args), 'i64')], {'axis': a})
-    weights = _b.const(sl.b_resize_tap_weights(*args), x.dtype)
+    picked = _b.op('Gather', [x, _b.const(sl.resize.resize_tap_indices(*args), 'i64')], {'axis': a})
+    weights = _b.const(sl.resize.resize_tap_weights(*args), x.dtype)
     trailing = rt.b_ones(rt.sub(rt.sub(rt.b_rank(x), a), 1))
     y = _b.op('ReduceSum', [_b.op('Mul', [picked, _b.op('Reshape', [weights], {'shape': rt.b_concat(weights.shape, trailing)})], {})], {'axes': (rt.add(a, 1), ), 'keepdims': 0})
-    fill = _b.const(sl.b_resize_fill(*args, value=r.extrapolation_value), x.dtype)
-    return rt.results((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.b_resize_extrapolates(*args) else y))
+    fill = _b.const(sl.resize.resize_fill(*args, value=r.extrapolation_value), x.dtype)
+    return rt.results((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.resize.resize_extrapolates(*args) else y))
 
 
 
@@ -1513,8 +1513,8 @@ def _r100_avgpool_dilated_to_conv_build(_b, _m):
     p = _m['p']
     x = _m['x']
     ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
-    sums = _b.op('ConvN', [x, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
-    return rt.results(_b.op('Div', [sums, _b.const(sl.b_window_counts(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype)], {}))
+    sums = _b.op('ConvN', [x, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.conv.window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
+    return rt.results(_b.op('Div', [sums, _b.const(sl.conv.window_counts(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype)], {}))
 
 
 
@@ -1524,7 +1524,7 @@ def _r101_lppool_to_conv_build(_b, _m):
     x = _m['x']
     powered = (_b.op('Mul', [x, x], {}) if rt.eq(p.p, 2) else (_b.op('Abs', [x], {}) if rt.eq(p.p, 1) else _b.op('Pow', [_b.op('Abs', [x], {}), _b.scalar(p.p, x.dtype)], {})))
     ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
-    sums = _b.op('ConvN', [powered, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
+    sums = _b.op('ConvN', [powered, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.conv.window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
     return rt.results((_b.op('Sqrt', [sums], {}) if rt.eq(p.p, 2) else (sums if rt.eq(p.p, 1) else _b.op('Pow', [sums, _b.scalar(rt.truediv(1.0, p.p), x.dtype)], {}))))
 
 
@@ -1533,9 +1533,9 @@ def _r102_col2im_to_convtranspose_build(_b, _m):
     """=> ConvTranspose(Reshape(x, shape = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
     c = _m['c']
     x = _m['x']
-    blocks = sl.b_conv_shape(c.image, c.block, c.pads, c.strides, c.dilations)
+    blocks = sl.conv.conv_shape(c.image, c.block, c.pads, c.strides, c.dilations)
     channels = rt.floordiv(x.shape[1], rt.b_prod(c.block))
-    return rt.results(_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.b_col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.b_col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}))
+    return rt.results(_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.conv.col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.conv.col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}))
 
 
 
@@ -1549,20 +1549,20 @@ def _r103_gridsample_expand_build(_b, _m):
     sp = tuple(x.shape)[2:]
     r = rt.sub(rt.b_rank(x), 2)
     points = rt.b_prod(tuple(g.shape)[2:])
-    taps = rt.b_len(sl.b_grid_tap_offsets(g.mode))
-    combos = sl.b_grid_tap_combinations(r, taps)
+    taps = rt.b_len(sl.resize.grid_tap_offsets(g.mode))
+    combos = sl.resize.grid_tap_combinations(r, taps)
     zero = _b.scalar(0.0, x.dtype)
     one = _b.scalar(1.0, x.dtype)
-    low = _b.const(sl.b_grid_low(sp, g.align_corners), x.dtype)
-    high = _b.const(sl.b_grid_high(sp, g.align_corners), x.dtype)
-    last = _b.const(sl.b_grid_high(sp, 1), x.dtype)
+    low = _b.const(sl.resize.grid_low(sp, g.align_corners), x.dtype)
+    high = _b.const(sl.resize.grid_high(sp, g.align_corners), x.dtype)
+    last = _b.const(sl.resize.grid_high(sp, 1), x.dtype)
     coords = _b.op('Gather', [_b.op('Reshape', [grid], {'shape': (n, points, r, )}), _b.const(rt.b_reversed(rt.b_range(r)), 'i64')], {'axis': 2})
-    v0 = _b.op('Add', [_b.op('Mul', [_b.op('Add', [coords, one], {}), _b.const(sl.b_grid_scale(sp, g.align_corners), x.dtype)], {}), _b.const(sl.b_grid_offset(sp, g.align_corners), x.dtype)], {})
+    v0 = _b.op('Add', [_b.op('Mul', [_b.op('Add', [coords, one], {}), _b.const(sl.resize.grid_scale(sp, g.align_corners), x.dtype)], {}), _b.const(sl.resize.grid_offset(sp, g.align_corners), x.dtype)], {})
     v1 = (_b.op('Round', [v0], {}) if rt.eq(g.mode, 'nearest') else v0)
     outside = _b.op('Or', [_b.op('Less', [v1, low], {}), _b.op('Greater', [v1, high], {})], {})
     v = (_b.op('Select', [outside, _b.op('Min', [_b.op('Max', [v1, zero], {}), last], {}), v1], {}) if rt.eq(g.padding_mode, 'border') else (_b.op('Reflect', [v1, low, high], {}) if rt.eq(g.padding_mode, 'reflection') else v1))
     base = _b.op('Floor', [v], {})
-    offsets = _b.const(sl.b_grid_tap_offsets(g.mode), x.dtype)
+    offsets = _b.const(sl.resize.grid_tap_offsets(g.mode), x.dtype)
     at = _b.op('Add', [_b.op('Reshape', [base], {'shape': (n, points, r, 1, )}), offsets], {})
     d = _b.op('Abs', [_b.op('Sub', [_b.op('Reshape', [_b.op('Sub', [v, base], {})], {'shape': (n, points, r, 1, )}), offsets], {})], {})
     near = _b.op('Add', [_b.op('Mul', [_b.op('Mul', [_b.op('Sub', [_b.op('Mul', [d, _b.scalar(1.25, x.dtype)], {}), _b.scalar(2.25, x.dtype)], {}), d], {}), d], {}), one], {})
@@ -1574,7 +1574,7 @@ def _r103_gridsample_expand_build(_b, _m):
     at2 = (_b.op('Reflect', [at, _b.op('Reshape', [low], {'shape': per_axis}), _b.op('Reshape', [high], {'shape': per_axis})], {}) if rt.eq(g.padding_mode, 'reflection') else at)
     idx = _b.op('Cast', [_b.op('Min', [_b.op('Max', [_b.op('Floor', [at2], {}), zero], {}), _b.op('Reshape', [last], {'shape': per_axis})], {})], {'to': 'i64'})
     pick = _b.const(combos, 'i64')
-    flat = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Gather', [_b.op('Reshape', [idx], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2}), _b.const(sl.b_row_major_strides(sp), 'i64')], {})], {'axes': (3, ), 'keepdims': 0})
+    flat = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Gather', [_b.op('Reshape', [idx], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2}), _b.const(sl.resize.row_major_strides(sp), 'i64')], {})], {'axes': (3, ), 'keepdims': 0})
     weight = _b.op('ReduceProd', [_b.op('Gather', [_b.op('Reshape', [w], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2})], {'axes': (3, ), 'keepdims': 0})
     k = rt.b_len(combos)
     batch_start = _b.op('Reshape', [_b.const(rt.b_range(0, rt.mul(n, rt.b_prod(sp)), rt.b_prod(sp)), 'i64')], {'shape': (n, 1, 1, )})
@@ -1663,7 +1663,7 @@ def _r109_quant_param_blocked_to_gather_build(_b, _m):
     """=> Gather(p, const(block_indices(q.like[q.axis], q.block_size), i64), axis = q.axis)"""
     q = _m['q']
     p = _m['p']
-    return rt.results(_b.op('Gather', [p, _b.const(sl.b_block_indices(q.like[q.axis], q.block_size), 'i64')], {'axis': q.axis}))
+    return rt.results(_b.op('Gather', [p, _b.const(sl.quant.block_indices(q.like[q.axis], q.block_size), 'i64')], {'axis': q.axis}))
 
 
 
@@ -1673,7 +1673,7 @@ def _r110_quantize_linear_expand_build(_b, _m):
     x = _m['x']
     scale = _m['scale']
     zero_point = _m['zero_point']
-    wide = sl.b_exact_float(q.compute)
+    wide = sl.quant.exact_float(q.compute)
     s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size})
     z = (_b.op('QuantParam', [zero_point], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size}) if rt.b_defined(zero_point) else None)
     r = _b.op('Cast', [_b.op('Round', [_b.op('Div', [_b.op('Cast', [x], {'to': q.compute}), _b.op('Cast', [s], {'to': q.compute})], {})], {})], {'to': wide})
@@ -1687,7 +1687,7 @@ def _r111_dequantize_linear_expand_build(_b, _m):
     x = _m['x']
     scale = _m['scale']
     zero_point = _m['zero_point']
-    wide = sl.b_float_promote(sl.b_exact_float(x.dtype), scale.dtype)
+    wide = sl.quant.float_promote(sl.quant.exact_float(x.dtype), scale.dtype)
     s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size})
     z = (_b.op('QuantParam', [zero_point], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size}) if rt.b_defined(zero_point) else None)
     xw = _b.op('Cast', [x], {'to': wide})
@@ -1763,11 +1763,11 @@ def _r116_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), shape = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
-    perm = sl.b_dft_perm(rt.b_rank(x), d.axis)
+    perm = sl.signal.dft_perm(rt.b_rank(x), d.axis)
     moved = _b.op('Transpose', [x], {'perm': perm})
     batch = tuple(moved.shape)[:rt.neg(2)]
     rows = _b.op('Reshape', [moved], {'shape': (rt.b_prod(batch), rt.mul(x.shape[d.axis], x.shape[rt.neg(1)]), )})
-    m = _b.const(sl.b_dft_matrix(x.shape[d.axis], x.shape[rt.neg(1)], d.length, d.inverse, d.onesided), x.dtype)
+    m = _b.const(sl.signal.dft_matrix(x.shape[d.axis], x.shape[rt.neg(1)], d.length, d.inverse, d.onesided), x.dtype)
     out = d.shape[rt.neg(1)]
     return rt.results(_b.op('Transpose', [_b.op('Reshape', [_b.op('MatMul', [rows, m], {})], {'shape': rt.b_concat(batch, (d.shape[d.axis], out, ))})], {'perm': rt.b_inverse_perm(perm)}))
 
@@ -1806,7 +1806,7 @@ def _r119_stft_expand_build(_b, _m):
     s = _m['s']
     signal = _m['signal']
     window = _m['window']
-    frames = _b.op('Gather', [signal, _b.const(sl.b_frame_indices(signal.shape[1], s.frame, s.step), 'i64')], {'axis': 1})
+    frames = _b.op('Gather', [signal, _b.const(sl.signal.frame_indices(signal.shape[1], s.frame, s.step), 'i64')], {'axis': 1})
     return rt.results(_b.op('DFT', [(_b.op('Mul', [frames, _b.op('Reshape', [window], {'shape': (s.frame, 1, )})], {}) if rt.b_defined(window) else frames)], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}))
 
 
