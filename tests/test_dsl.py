@@ -158,7 +158,7 @@ def test_rule_in_an_unknown_phase(tmp_path):
 
 def test_uses_belongs_in_guards(tmp_path):
     err = _error_of(tmp_path, "lowerings.glowdef",
-                    "\nrule nope [canonicalize]:\n  Relu(x) => Reshape(x, shape = [uses(x)])\n")
+                    "\nrule nope [canonicalize]:\n  Relu(x) => Reshape(x, dims = [uses(x)])\n")
     assert "uses(...) may only be used in a guard" in str(err)
 
 

@@ -28,7 +28,7 @@ def test_shape_subgraph_is_folded_at_import():
     model = make_model(nodes, {"x": x}, ["y"], {"axes0": np.array([0], np.int64)})
     fn = api.load(model)
     reshape = next(n for n in fn.nodes if n.OP == "Reshape")
-    assert reshape.shape == (2, 12) and tuple(reshape.attr_values()["shape"]) == (2, 12)
+    assert reshape.shape == (2, 12) and tuple(reshape.attr_values()["dims"]) == (2, 12)
     lowered = api.lower(fn)
     assert {n.OP for n in lowered.nodes} == {"Reshape", "Relu"}   # Shape/Gather/Concat gone
     assert_close(glowgen.compile(model).run({"x": x}), run_ort(model, {"x": x}))

@@ -125,7 +125,7 @@ def test_constant_folding_does_not_materialize_huge_broadcasts():
     text = """\
         graph g {
           input %x: f32[512, 512]
-          %big = Splat() {shape = [512, 512], value = 3.0, dtype = "f32"} : f32[512, 512]
+          %big = Splat() {dims = [512, 512], value = 3.0, dtype = "f32"} : f32[512, 512]
           %y = Mul(%x, %big) : f32[512, 512]
           output "y" = %y
         }

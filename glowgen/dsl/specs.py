@@ -227,6 +227,11 @@ def _check(specs: SpecSet) -> None:
             if a.kind not in ATTR_KINDS:
                 raise spec_error(f"op {op.name}: attribute {a.name}: unknown type {a.kind!r}; "
                                  f"use one of {', '.join(sorted(ATTR_KINDS))}", a.pos)
+        for a in op.attrs:
+            if a.name == "shape":
+                # `n.shape` in a spec is always the result's shape; an attribute may not hide it.
+                raise spec_error(f"op {op.name}: an attribute may not be called 'shape' (n.shape is "
+                                 f"the result's shape); call it 'dims' or what it means", a.pos)
         seen = {}
         for o in list(op.inputs) + list(op.outputs) + list(op.attrs):
             if o.name in seen:

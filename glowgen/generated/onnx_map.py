@@ -678,7 +678,7 @@ _MinN_0_clause = OnnxClause(onnx_op='Min', op='MinN', since=6, until=None, input
 def _Reshape_0(o):
     """ONNX Reshape -> Reshape (specs/ops.glowdef:409:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:409:37', lambda: sl.shapes.reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
+    attrs['dims'] = o.evaluating('dims', 'specs/ops.glowdef:409:37', lambda: sl.shapes.reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
     return attrs
 
 _Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:409:3', guard=None)
@@ -788,7 +788,7 @@ def _Expand_0(o):
     """ONNX Expand -> Expand (specs/ops.glowdef:500:3)."""
     attrs = {}
     if o.input('shape').present:
-        attrs['shape'] = o.input('shape').value
+        attrs['dims'] = o.input('shape').value
     return attrs
 
 _Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:500:3', guard=None)
@@ -819,9 +819,9 @@ _Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, i
 def _Splat_0(o):
     """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:528:3)."""
     attrs = {}
-    attrs['shape'] = o.evaluating('shape', 'specs/ops.glowdef:528:26', lambda: rt.b_ints(o.input('input').value))
-    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:528:53', lambda: rt.b_item(o.attr('value', None), 0.0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:528:79', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
+    attrs['dims'] = o.evaluating('dims', 'specs/ops.glowdef:528:26', lambda: rt.b_ints(o.input('input').value))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:528:52', lambda: rt.b_item(o.attr('value', None), 0.0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:528:78', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
     return attrs
 
 _Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:528:3', guard=None)

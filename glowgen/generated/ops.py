@@ -3201,14 +3201,14 @@ class MinN(Node):
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class Reshape(Node):
-    """The same elements in a new shape (a view: no data moves).
+    """The same elements with dimensions `dims` (a view: no data moves).
     
     Operands:
         x: Tensor[A, *S]
     Results:
-        y: Tensor[A, *shape]
+        y: Tensor[A, *dims]
     Attributes:
-        shape: ints
+        dims: ints
     Traits: primitive, view
     Declared at specs/ops.glowdef:402:1.
     """
@@ -3216,12 +3216,12 @@ class Reshape(Node):
     OP: ClassVar[str] = 'Reshape'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('dims', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'view'])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:402:1'
 
-    shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dims: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
     @property
     def x(self):
@@ -3230,19 +3230,19 @@ class Reshape(Node):
 
     @property
     def y(self):
-        """Result y: Tensor[A, *shape]"""
+        """Result y: Tensor[A, *dims]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(x, *, _node='', shape=None):
+    def infer(x, *, _node='', dims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reshape', _node)
         u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:405:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:405:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_prod(shape), rt.b_prod(S)), 'Reshape', _node, 'the new shape must have as many elements as the operand', 'specs/ops.glowdef:407:3')
-        return (rt.result_type('Reshape', _node, A, (*shape,), 'specs/ops.glowdef:408:7'), )
+        rt.check(rt.eq(rt.b_prod(dims), rt.b_prod(S)), 'Reshape', _node, 'the new shape must have as many elements as the operand', 'specs/ops.glowdef:407:3')
+        return (rt.result_type('Reshape', _node, A, (*dims,), 'specs/ops.glowdef:408:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3580,14 +3580,14 @@ class Gather(Node):
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class Expand(Node):
-    """Broadcast `x` to `shape` (NumPy rules, as ONNX Expand), materializing the copies.
+    """Broadcast `x` against dimensions `dims` (NumPy rules, as ONNX Expand), materializing the copies.
     
     Operands:
         x: Tensor[A, *S]
     Results:
-        y: Tensor[A, *broadcast(S, shape)]
+        y: Tensor[A, *broadcast(S, dims)]
     Attributes:
-        shape: ints
+        dims: ints
     Traits: primitive
     Declared at specs/ops.glowdef:494:1.
     """
@@ -3595,12 +3595,12 @@ class Expand(Node):
     OP: ClassVar[str] = 'Expand'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('dims', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:494:1'
 
-    shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dims: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
     @property
     def x(self):
@@ -3609,18 +3609,18 @@ class Expand(Node):
 
     @property
     def y(self):
-        """Result y: Tensor[A, *broadcast(S, shape)]"""
+        """Result y: Tensor[A, *broadcast(S, dims)]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(x, *, _node='', shape=None):
+    def infer(x, *, _node='', dims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Expand', _node)
         u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:497:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:497:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, shape),), 'specs/ops.glowdef:499:7'), )
+        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, dims),), 'specs/ops.glowdef:499:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3714,13 +3714,13 @@ class Size(Node):
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class Splat(Node):
-    """A tensor of `shape` with every element `value` (ONNX ConstantOfShape).
+    """A tensor of dimensions `dims` with every element `value` (ONNX ConstantOfShape).
     
     Operands:
     Results:
-        y: Tensor[dtype, *shape]
+        y: Tensor[dtype, *dims]
     Attributes:
-        shape: ints
+        dims: ints
         value: float = 0.0
         dtype: dtype = f32
     Traits: primitive
@@ -3730,25 +3730,25 @@ class Splat(Node):
     OP: ClassVar[str] = 'Splat'
     INPUTS: ClassVar[tuple] = ()
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), AttrInfo('value', 'float', 0.0, True), AttrInfo('dtype', 'dtype', 'f32', True), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('dims', 'ints', None, False), AttrInfo('value', 'float', 0.0, True), AttrInfo('dtype', 'dtype', 'f32', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:521:1'
 
-    shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dims: object = attrs.field(converter=rt.CONVERTERS['ints'])
     value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
     dtype: object = attrs.field(default='f32', converter=rt.CONVERTERS['dtype'])
 
     @property
     def y(self):
-        """Result y: Tensor[dtype, *shape]"""
+        """Result y: Tensor[dtype, *dims]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(*, _node='', shape=None, value=None, dtype=None):
+    def infer(*, _node='', dims=None, value=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Splat', _node)
-        return (rt.result_type('Splat', _node, dtype, (*shape,), 'specs/ops.glowdef:527:7'), )
+        return (rt.result_type('Splat', _node, dtype, (*dims,), 'specs/ops.glowdef:527:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)

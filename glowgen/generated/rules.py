@@ -10,8 +10,8 @@ from .fns import *  # noqa: F401,F403
 
 
 def build_pick(_b, x, i):
-    """= Reshape(Slice(x, starts = concat([i], repeat(0, rank(x) - 1)), stops = concat([i + 1], x.shape[1:]), steps = ones(rank(x))), shape = x.shape[1:])"""
-    return _b.op('Reshape', [_b.op('Slice', [x], {'starts': rt.b_concat((i, ), rt.b_repeat(0, rt.sub(rt.b_rank(x), 1))), 'stops': rt.b_concat((rt.add(i, 1), ), tuple(x.shape)[1:]), 'steps': rt.b_ones(rt.b_rank(x))})], {'shape': tuple(x.shape)[1:]})
+    """= Reshape(Slice(x, starts = concat([i], repeat(0, rank(x) - 1)), stops = concat([i + 1], x.shape[1:]), steps = ones(rank(x))), dims = x.shape[1:])"""
+    return _b.op('Reshape', [_b.op('Slice', [x], {'starts': rt.b_concat((i, ), rt.b_repeat(0, rt.sub(rt.b_rank(x), 1))), 'stops': rt.b_concat((rt.add(i, 1), ), tuple(x.shape)[1:]), 'steps': rt.b_ones(rt.b_rank(x))})], {'dims': tuple(x.shape)[1:]})
 
 
 
@@ -40,14 +40,14 @@ def build_batch_first(_b, x, layout, perm):
 
 
 def build_rnn_bias(_b, b, d, half, g, dtype):
-    """= gate(pick(b, d), half, g) if defined(b) else Splat(shape = [g], value = 0.0, dtype = dtype)"""
-    return (build_gate(_b, build_pick(_b, b, d), half, g) if rt.b_defined(b) else _b.op('Splat', [], {'shape': (g, ), 'value': 0.0, 'dtype': dtype}))
+    """= gate(pick(b, d), half, g) if defined(b) else Splat(dims = [g], value = 0.0, dtype = dtype)"""
+    return (build_gate(_b, build_pick(_b, b, d), half, g) if rt.b_defined(b) else _b.op('Splat', [], {'dims': (g, ), 'value': 0.0, 'dtype': dtype}))
 
 
 
 def build_rnn_initial(_b, s, layout, d, batch, hidden, dtype):
-    """= pick(sequence_first(s, layout), d) if defined(s) else Splat(shape = [batch, hidden], value = 0.0, dtype = dtype)"""
-    return (build_pick(_b, build_sequence_first(_b, s, layout), d) if rt.b_defined(s) else _b.op('Splat', [], {'shape': (batch, hidden, ), 'value': 0.0, 'dtype': dtype}))
+    """= pick(sequence_first(s, layout), d) if defined(s) else Splat(dims = [batch, hidden], value = 0.0, dtype = dtype)"""
+    return (build_pick(_b, build_sequence_first(_b, s, layout), d) if rt.b_defined(s) else _b.op('Splat', [], {'dims': (batch, hidden, ), 'value': 0.0, 'dtype': dtype}))
 
 
 
@@ -110,21 +110,21 @@ def build_rnn_steps(_b, l, d, ts, xw, rt_, rb, p, h, c):
     next = build_rnn_cell(_b, l, d, build_pick(_b, xw, t), rt_, rb, p, h, c)
     h2 = build_held(_b, l.seq_lens, t, next[0], h)
     c2 = build_held(_b, l.seq_lens, t, next[1], c)
-    y = _b.op('Reshape', [build_held(_b, l.seq_lens, t, next[0], _b.scalar(0.0, h.dtype))], {'shape': rt.b_concat((1, 1, ), h.shape)})
+    y = _b.op('Reshape', [build_held(_b, l.seq_lens, t, next[0], _b.scalar(0.0, h.dtype))], {'dims': rt.b_concat((1, 1, ), h.shape)})
     rest = (build_rnn_steps(_b, l, d, tuple(ts)[1:], xw, rt_, rb, p, h2, c2) if rt.gt(rt.b_len(ts), 1) else ((), h2, c2, ))
     return rt.b_list(rt.b_concat((y, ), rest[0]), rest[1], rest[2])
 
 
 
 def build_rnn_direction(_b, l, g, xs, w, r, b, h0, c0, p, d):
-    """= list(Concat(*ys, axis = 0), Reshape(run[1], shape = [1, batch, n]), Reshape(run[2], shape = [1, batch, n]))"""
+    """= list(Concat(*ys, axis = 0), Reshape(run[1], dims = [1, batch, n]), Reshape(run[2], dims = [1, batch, n]))"""
     n = l.hidden_size
     batch = xs.shape[1]
     xw = _b.op('Add', [_b.op('MatMul', [xs, _b.op('Transpose', [build_pick(_b, w, d)], {'perm': (1, 0, )})], {}), build_rnn_bias(_b, b, d, 0, g, xs.dtype)], {})
     order = (rt.b_reversed(rt.b_range(xs.shape[0])) if fn_rnn_reverses(l.direction, d) else rt.b_range(xs.shape[0]))
     run = build_rnn_steps(_b, l, d, order, xw, _b.op('Transpose', [build_pick(_b, r, d)], {'perm': (1, 0, )}), build_rnn_bias(_b, b, d, 1, g, xs.dtype), p, build_rnn_initial(_b, h0, l.layout, d, batch, n, xs.dtype), build_rnn_initial(_b, c0, l.layout, d, batch, n, xs.dtype))
     ys = (rt.b_reversed(run[0]) if fn_rnn_reverses(l.direction, d) else run[0])
-    return rt.b_list(_b.op('Concat', [(*ys,)], {'axis': 0}), _b.op('Reshape', [run[1]], {'shape': (1, batch, n, )}), _b.op('Reshape', [run[2]], {'shape': (1, batch, n, )}))
+    return rt.b_list(_b.op('Concat', [(*ys,)], {'axis': 0}), _b.op('Reshape', [run[1]], {'dims': (1, batch, n, )}), _b.op('Reshape', [run[2]], {'dims': (1, batch, n, )}))
 
 
 
@@ -153,9 +153,9 @@ def _r1_dropout_remove_build(_b, _m):
 
 
 def _r2_dropout_mask_build(_b, _m):
-    """=> [x, Splat(shape = x.shape, value = 1.0, dtype = bool)]"""
+    """=> [x, Splat(dims = x.shape, value = 1.0, dtype = bool)]"""
     x = _m['x']
-    return (x, _b.op('Splat', [], {'shape': x.shape, 'value': 1.0, 'dtype': 'bool'}), )
+    return (x, _b.op('Splat', [], {'dims': x.shape, 'value': 1.0, 'dtype': 'bool'}), )
 
 
 
@@ -253,11 +253,11 @@ def _r14_min_chain_build(_b, _m):
 
 
 def _r15_prelu_to_select_build(_b, _m):
-    """=> Select(Less(x, scalar(0, x.dtype)), Mul(x, slope), Expand(x, shape = p.shape))"""
+    """=> Select(Less(x, scalar(0, x.dtype)), Mul(x, slope), Expand(x, dims = p.shape))"""
     p = _m['p']
     x = _m['x']
     slope = _m['slope']
-    return rt.results(_b.op('Select', [_b.op('Less', [x, _b.scalar(0, x.dtype)], {}), _b.op('Mul', [x, slope], {}), _b.op('Expand', [x], {'shape': p.shape})], {}))
+    return rt.results(_b.op('Select', [_b.op('Less', [x, _b.scalar(0, x.dtype)], {}), _b.op('Mul', [x, slope], {}), _b.op('Expand', [x], {'dims': p.shape})], {}))
 
 
 
@@ -270,34 +270,34 @@ def _r16_castlike_to_cast_build(_b, _m):
 
 
 def _r17_flatten_to_reshape_build(_b, _m):
-    """=> Reshape(x, shape = f.shape)"""
+    """=> Reshape(x, dims = f.shape)"""
     f = _m['f']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [x], {'shape': f.shape}))
+    return rt.results(_b.op('Reshape', [x], {'dims': f.shape}))
 
 
 
 def _r18_squeeze_to_reshape_build(_b, _m):
-    """=> Reshape(x, shape = s.shape)"""
+    """=> Reshape(x, dims = s.shape)"""
     s = _m['s']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [x], {'shape': s.shape}))
+    return rt.results(_b.op('Reshape', [x], {'dims': s.shape}))
 
 
 
 def _r19_unsqueeze_to_reshape_build(_b, _m):
-    """=> Reshape(x, shape = u.shape)"""
+    """=> Reshape(x, dims = u.shape)"""
     u = _m['u']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [x], {'shape': u.shape}))
+    return rt.results(_b.op('Reshape', [x], {'dims': u.shape}))
 
 
 
 def _r20_tile_to_expand_build(_b, _m):
-    """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
+    """=> Reshape(Expand(Reshape(x, dims = interleave(ones(rank(x)), x.shape)), dims = interleave(t.repeats, x.shape)), dims = t.shape)"""
     t = _m['t']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.shapes.interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.shapes.interleave(t.repeats, x.shape)})], {'shape': t.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'dims': sl.shapes.interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'dims': sl.shapes.interleave(t.repeats, x.shape)})], {'dims': t.shape}))
 
 
 
@@ -308,11 +308,11 @@ def _r21_depth_to_space_dcr_guard(_m, _ctx):
     return bool((rt.eq(d.mode, 'DCR')))
 
 def _r21_depth_to_space_dcr_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], b, b, x.shape[1] // (b * b), x.shape[2], x.shape[3]]), perm = [0, 3, 4, 1, 5, 2]), shape = d.shape)"""
+    """=> Reshape(Transpose(Reshape(x, dims = [x.shape[0], b, b, x.shape[1] // (b * b), x.shape[2], x.shape[3]]), perm = [0, 3, 4, 1, 5, 2]), dims = d.shape)"""
     d = _m['d']
     x = _m['x']
     b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], b, b, rt.floordiv(x.shape[1], rt.mul(b, b)), x.shape[2], x.shape[3], )})], {'perm': (0, 3, 4, 1, 5, 2, )})], {'shape': d.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'dims': (x.shape[0], b, b, rt.floordiv(x.shape[1], rt.mul(b, b)), x.shape[2], x.shape[3], )})], {'perm': (0, 3, 4, 1, 5, 2, )})], {'dims': d.shape}))
 
 
 
@@ -323,11 +323,11 @@ def _r22_depth_to_space_crd_guard(_m, _ctx):
     return bool((rt.eq(d.mode, 'CRD')))
 
 def _r22_depth_to_space_crd_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1] // (b * b), b, b, x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = d.shape)"""
+    """=> Reshape(Transpose(Reshape(x, dims = [x.shape[0], x.shape[1] // (b * b), b, b, x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), dims = d.shape)"""
     d = _m['d']
     x = _m['x']
     b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], rt.floordiv(x.shape[1], rt.mul(b, b)), b, b, x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': d.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'dims': (x.shape[0], rt.floordiv(x.shape[1], rt.mul(b, b)), b, b, x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'dims': d.shape}))
 
 
 
@@ -338,11 +338,11 @@ def _r23_space_to_depth_dcr_guard(_m, _ctx):
     return bool((rt.eq(d.mode, 'DCR')))
 
 def _r23_space_to_depth_dcr_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), shape = d.shape)"""
+    """=> Reshape(Transpose(Reshape(x, dims = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), dims = d.shape)"""
     d = _m['d']
     x = _m['x']
     b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 3, 5, 1, 2, 4, )})], {'shape': d.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'dims': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 3, 5, 1, 2, 4, )})], {'dims': d.shape}))
 
 
 
@@ -353,11 +353,11 @@ def _r24_space_to_depth_crd_guard(_m, _ctx):
     return bool((rt.eq(d.mode, 'CRD')))
 
 def _r24_space_to_depth_crd_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 1, 3, 5, 2, 4]), shape = d.shape)"""
+    """=> Reshape(Transpose(Reshape(x, dims = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 1, 3, 5, 2, 4]), dims = d.shape)"""
     d = _m['d']
     x = _m['x']
     b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 1, 3, 5, 2, 4, )})], {'shape': d.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'dims': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 1, 3, 5, 2, 4, )})], {'dims': d.shape}))
 
 
 
@@ -407,11 +407,11 @@ def _r27_matmul_vector_lhs_guard(_m, _ctx):
     return bool((rt.eq(rt.b_rank(a), 1)))
 
 def _r27_matmul_vector_lhs_build(_b, _m):
-    """=> Reshape(MatMul(Reshape(a, shape = [1, a.shape[0]]), b), shape = m.shape)"""
+    """=> Reshape(MatMul(Reshape(a, dims = [1, a.shape[0]]), b), dims = m.shape)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
-    return rt.results(_b.op('Reshape', [_b.op('MatMul', [_b.op('Reshape', [a], {'shape': (1, a.shape[0], )}), b], {})], {'shape': m.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('MatMul', [_b.op('Reshape', [a], {'dims': (1, a.shape[0], )}), b], {})], {'dims': m.shape}))
 
 
 
@@ -423,11 +423,11 @@ def _r28_matmul_vector_rhs_guard(_m, _ctx):
     return bool(((rt.eq(rt.b_rank(b), 1) and rt.ge(rt.b_rank(a), 2))))
 
 def _r28_matmul_vector_rhs_build(_b, _m):
-    """=> Reshape(MatMul(a, Reshape(b, shape = [b.shape[0], 1])), shape = m.shape)"""
+    """=> Reshape(MatMul(a, Reshape(b, dims = [b.shape[0], 1])), dims = m.shape)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
-    return rt.results(_b.op('Reshape', [_b.op('MatMul', [a, _b.op('Reshape', [b], {'shape': (b.shape[0], 1, )})], {})], {'shape': m.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('MatMul', [a, _b.op('Reshape', [b], {'dims': (b.shape[0], 1, )})], {})], {'dims': m.shape}))
 
 
 
@@ -439,11 +439,11 @@ def _r29_matmul_shared_rhs_guard(_m, _ctx):
     return bool(((rt.ge(rt.b_rank(a), 2) and rt.eq(rt.b_rank(b), 2))))
 
 def _r29_matmul_shared_rhs_build(_b, _m):
-    """=> Reshape(BatchMatMul(Reshape(a, shape = [1, prod(a.shape[:-1]), a.shape[-1]]), Reshape(b, shape = concat([1], b.shape))), shape = m.shape)"""
+    """=> Reshape(BatchMatMul(Reshape(a, dims = [1, prod(a.shape[:-1]), a.shape[-1]]), Reshape(b, dims = concat([1], b.shape))), dims = m.shape)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
-    return rt.results(_b.op('Reshape', [_b.op('BatchMatMul', [_b.op('Reshape', [a], {'shape': (1, rt.b_prod(tuple(a.shape)[:rt.neg(1)]), a.shape[rt.neg(1)], )}), _b.op('Reshape', [b], {'shape': rt.b_concat((1, ), b.shape)})], {})], {'shape': m.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('BatchMatMul', [_b.op('Reshape', [a], {'dims': (1, rt.b_prod(tuple(a.shape)[:rt.neg(1)]), a.shape[rt.neg(1)], )}), _b.op('Reshape', [b], {'dims': rt.b_concat((1, ), b.shape)})], {})], {'dims': m.shape}))
 
 
 
@@ -455,19 +455,19 @@ def _r30_matmul_batched_guard(_m, _ctx):
     return bool(((rt.ge(rt.b_rank(a), 2) and rt.gt(rt.b_rank(b), 2))))
 
 def _r30_matmul_batched_build(_b, _m):
-    """=> Reshape(BatchMatMul(Reshape(a2, shape = concat([prod(batch)], a.shape[-2:])), Reshape(b2, shape = concat([prod(batch)], b.shape[-2:]))), shape = m.shape)"""
+    """=> Reshape(BatchMatMul(Reshape(a2, dims = concat([prod(batch)], a.shape[-2:])), Reshape(b2, dims = concat([prod(batch)], b.shape[-2:]))), dims = m.shape)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     batch = rt.b_broadcast(tuple(a.shape)[:rt.neg(2)], tuple(b.shape)[:rt.neg(2)])
-    a2 = (_b.op('Expand', [a], {'shape': rt.b_concat(batch, tuple(a.shape)[rt.neg(2):])}) if rt.ne(rt.b_tuple(tuple(a.shape)[:rt.neg(2)]), batch) else a)
-    b2 = (_b.op('Expand', [b], {'shape': rt.b_concat(batch, tuple(b.shape)[rt.neg(2):])}) if rt.ne(rt.b_tuple(tuple(b.shape)[:rt.neg(2)]), batch) else b)
-    return rt.results(_b.op('Reshape', [_b.op('BatchMatMul', [_b.op('Reshape', [a2], {'shape': rt.b_concat((rt.b_prod(batch), ), tuple(a.shape)[rt.neg(2):])}), _b.op('Reshape', [b2], {'shape': rt.b_concat((rt.b_prod(batch), ), tuple(b.shape)[rt.neg(2):])})], {})], {'shape': m.shape}))
+    a2 = (_b.op('Expand', [a], {'dims': rt.b_concat(batch, tuple(a.shape)[rt.neg(2):])}) if rt.ne(rt.b_tuple(tuple(a.shape)[:rt.neg(2)]), batch) else a)
+    b2 = (_b.op('Expand', [b], {'dims': rt.b_concat(batch, tuple(b.shape)[rt.neg(2):])}) if rt.ne(rt.b_tuple(tuple(b.shape)[:rt.neg(2)]), batch) else b)
+    return rt.results(_b.op('Reshape', [_b.op('BatchMatMul', [_b.op('Reshape', [a2], {'dims': rt.b_concat((rt.b_prod(batch), ), tuple(a.shape)[rt.neg(2):])}), _b.op('Reshape', [b2], {'dims': rt.b_concat((rt.b_prod(batch), ), tuple(b.shape)[rt.neg(2):])})], {})], {'dims': m.shape}))
 
 
 
 def _r31_batchnorm_to_affine_build(_b, _m):
-    """=> Add(Mul(x, Reshape(s, shape = cs)), Reshape(t, shape = cs))"""
+    """=> Add(Mul(x, Reshape(s, dims = cs)), Reshape(t, dims = cs))"""
     bn = _m['bn']
     x = _m['x']
     scale = _m['scale']
@@ -477,7 +477,7 @@ def _r31_batchnorm_to_affine_build(_b, _m):
     s = _b.op('Div', [scale, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(bn.epsilon, var.dtype)], {})], {})], {})
     t = _b.op('Sub', [bias, _b.op('Mul', [mean, s], {})], {})
     cs = sl.shapes.channel_shape(rt.b_rank(x), x.shape[1])
-    return rt.results(_b.op('Add', [_b.op('Mul', [x, _b.op('Reshape', [s], {'shape': cs})], {}), _b.op('Reshape', [t], {'shape': cs})], {}))
+    return rt.results(_b.op('Add', [_b.op('Mul', [x, _b.op('Reshape', [s], {'dims': cs})], {}), _b.op('Reshape', [t], {'dims': cs})], {}))
 
 
 
@@ -514,23 +514,23 @@ def _r34_logsoftmax_expand_build(_b, _m):
 
 
 def _r35_softmax_flat_to_2d_build(_b, _m):
-    """=> Reshape(Softmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
+    """=> Reshape(Softmax(Reshape(x, dims = flatten_shape(x.shape, sm.axis)), axis = 1), dims = x.shape)"""
     sm = _m['sm']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('Softmax', [_b.op('Reshape', [x], {'shape': sl.shapes.flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Softmax', [_b.op('Reshape', [x], {'dims': sl.shapes.flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'dims': x.shape}))
 
 
 
 def _r36_logsoftmax_flat_to_2d_build(_b, _m):
-    """=> Reshape(LogSoftmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
+    """=> Reshape(LogSoftmax(Reshape(x, dims = flatten_shape(x.shape, sm.axis)), axis = 1), dims = x.shape)"""
     sm = _m['sm']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('LogSoftmax', [_b.op('Reshape', [x], {'shape': sl.shapes.flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('LogSoftmax', [_b.op('Reshape', [x], {'dims': sl.shapes.flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'dims': x.shape}))
 
 
 
 def _r37_instancenorm_expand_build(_b, _m):
-    """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, shape = cs)), Reshape(bias, shape = cs))"""
+    """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, dims = cs)), Reshape(bias, dims = cs))"""
     n = _m['n']
     x = _m['x']
     scale = _m['scale']
@@ -539,7 +539,7 @@ def _r37_instancenorm_expand_build(_b, _m):
     d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
     var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
     cs = sl.shapes.channel_shape(rt.b_rank(x), x.shape[1])
-    return rt.results(_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'shape': cs})], {}), _b.op('Reshape', [bias], {'shape': cs})], {}))
+    return rt.results(_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'dims': cs})], {}), _b.op('Reshape', [bias], {'dims': cs})], {}))
 
 
 
@@ -596,12 +596,12 @@ def _r42_global_maxpool_to_max_build(_b, _m):
 
 
 def _r43_lrn_expand_build(_b, _m):
-    """=> Div(x, Pow(Add(Mul(Reshape(win, shape = x.shape), scalar(n.alpha, x.dtype)), scalar(n.bias, x.dtype)), scalar(n.beta, x.dtype)))"""
+    """=> Div(x, Pow(Add(Mul(Reshape(win, dims = x.shape), scalar(n.alpha, x.dtype)), scalar(n.bias, x.dtype)), scalar(n.beta, x.dtype)))"""
     n = _m['n']
     x = _m['x']
     half = rt.floordiv(rt.sub(n.size, 1), 2)
-    win = _b.op('AvgPool', [_b.op('Reshape', [_b.op('Mul', [x, x], {})], {'shape': (x.shape[0], 1, x.shape[1], rt.b_prod(tuple(x.shape)[2:]), )})], {'kernel': (n.size, 1, ), 'pads': (half, 0, rt.sub(rt.sub(n.size, 1), half), 0, ), 'count_include_pad': 1})
-    return rt.results(_b.op('Div', [x, _b.op('Pow', [_b.op('Add', [_b.op('Mul', [_b.op('Reshape', [win], {'shape': x.shape}), _b.scalar(n.alpha, x.dtype)], {}), _b.scalar(n.bias, x.dtype)], {}), _b.scalar(n.beta, x.dtype)], {})], {}))
+    win = _b.op('AvgPool', [_b.op('Reshape', [_b.op('Mul', [x, x], {})], {'dims': (x.shape[0], 1, x.shape[1], rt.b_prod(tuple(x.shape)[2:]), )})], {'kernel': (n.size, 1, ), 'pads': (half, 0, rt.sub(rt.sub(n.size, 1), half), 0, ), 'count_include_pad': 1})
+    return rt.results(_b.op('Div', [x, _b.op('Pow', [_b.op('Add', [_b.op('Mul', [_b.op('Reshape', [win], {'dims': x.shape}), _b.scalar(n.alpha, x.dtype)], {}), _b.scalar(n.bias, x.dtype)], {}), _b.scalar(n.beta, x.dtype)], {})], {}))
 
 
 
@@ -614,17 +614,17 @@ def _r44_convtranspose_nonoverlapping_to_conv_guard(_m, _ctx):
     return bool(((((((((rt.eq(rt.b_rank(x), 4) and rt.eq(c.group, 1)) and rt.eq(rt.b_tuple(c.strides), rt.b_tuple(tuple(w.shape)[2:]))) and rt.eq(c.dilations, (1, 1, ))) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.output_padding, (0, 0, ))) and rt.b_is_const(w)) and rt.b_is_const(b))))
 
 def _r44_convtranspose_nonoverlapping_to_conv_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(y, shape = [x.shape[0], m, w.shape[2], w.shape[3], x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = c.shape)"""
+    """=> Reshape(Transpose(Reshape(y, dims = [x.shape[0], m, w.shape[2], w.shape[3], x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), dims = c.shape)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
     m = w.shape[1]
     taps = rt.mul(w.shape[2], w.shape[3])
-    filters = _b.op('Reshape', [_b.op('Transpose', [w], {'perm': (1, 2, 3, 0, )})], {'shape': (rt.mul(m, taps), w.shape[0], 1, 1, )})
-    bias = _b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [b], {'shape': (m, 1, )})], {'shape': (m, taps, )})], {'shape': (rt.mul(m, taps), )})
+    filters = _b.op('Reshape', [_b.op('Transpose', [w], {'perm': (1, 2, 3, 0, )})], {'dims': (rt.mul(m, taps), w.shape[0], 1, 1, )})
+    bias = _b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [b], {'dims': (m, 1, )})], {'dims': (m, taps, )})], {'dims': (rt.mul(m, taps), )})
     y = _b.op('Conv', [x, filters, bias], {'strides': (1, 1, ), 'pads': (0, 0, 0, 0, ), 'dilations': (1, 1, ), 'group': 1})
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [y], {'shape': (x.shape[0], m, w.shape[2], w.shape[3], x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': c.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [y], {'dims': (x.shape[0], m, w.shape[2], w.shape[3], x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'dims': c.shape}))
 
 
 
@@ -647,13 +647,13 @@ def _r45_convtranspose_phases_to_conv_build(_b, _m):
     jh = rt.floordiv(rt.sub(rt.add(w.shape[2], s[0]), 1), s[0])
     jw = rt.floordiv(rt.sub(rt.add(w.shape[3], s[1]), 1), s[1])
     padded = _b.op('Pad', [w], {'pads': (0, 0, 0, 0, 0, 0, rt.sub(rt.mul(jh, s[0]), w.shape[2]), rt.sub(rt.mul(jw, s[1]), w.shape[3]), )})
-    phases = _b.op('Transpose', [_b.op('Reshape', [padded], {'shape': (w.shape[0], m, jh, s[0], jw, s[1], )})], {'perm': (1, 3, 5, 0, 2, 4, )})
-    filters = _b.op('Reshape', [_b.op('Slice', [phases], {'starts': (0, 0, 0, 0, rt.sub(jh, 1), rt.sub(jw, 1), ), 'stops': (m, s[0], s[1], w.shape[0], rt.neg(1), rt.neg(1), ), 'steps': (1, 1, 1, 1, rt.neg(1), rt.neg(1), )})], {'shape': (rt.mul(rt.mul(m, s[0]), s[1]), w.shape[0], jh, jw, )})
-    bias = _b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [b], {'shape': (m, 1, )})], {'shape': (m, rt.mul(s[0], s[1]), )})], {'shape': (rt.mul(rt.mul(m, s[0]), s[1]), )})
+    phases = _b.op('Transpose', [_b.op('Reshape', [padded], {'dims': (w.shape[0], m, jh, s[0], jw, s[1], )})], {'perm': (1, 3, 5, 0, 2, 4, )})
+    filters = _b.op('Reshape', [_b.op('Slice', [phases], {'starts': (0, 0, 0, 0, rt.sub(jh, 1), rt.sub(jw, 1), ), 'stops': (m, s[0], s[1], w.shape[0], rt.neg(1), rt.neg(1), ), 'steps': (1, 1, 1, 1, rt.neg(1), rt.neg(1), )})], {'dims': (rt.mul(rt.mul(m, s[0]), s[1]), w.shape[0], jh, jw, )})
+    bias = _b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [b], {'dims': (m, 1, )})], {'dims': (m, rt.mul(s[0], s[1]), )})], {'dims': (rt.mul(rt.mul(m, s[0]), s[1]), )})
     y = _b.op('Conv', [x, filters, bias], {'strides': (1, 1, ), 'pads': (rt.sub(jh, 1), rt.sub(jw, 1), rt.sub(jh, 1), rt.sub(jw, 1), ), 'dilations': (1, 1, ), 'group': 1})
     fh = rt.sub(rt.add(x.shape[2], jh), 1)
     fw = rt.sub(rt.add(x.shape[3], jw), 1)
-    full = _b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [y], {'shape': (x.shape[0], m, s[0], s[1], fh, fw, )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': (x.shape[0], m, rt.mul(fh, s[0]), rt.mul(fw, s[1]), )})
+    full = _b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [y], {'dims': (x.shape[0], m, s[0], s[1], fh, fw, )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'dims': (x.shape[0], m, rt.mul(fh, s[0]), rt.mul(fw, s[1]), )})
     return rt.results(_b.op('Slice', [full], {'starts': (0, 0, c.pads[0], c.pads[1], ), 'stops': (x.shape[0], m, rt.add(c.pads[0], c.shape[2]), rt.add(c.pads[1], c.shape[3]), ), 'steps': (1, 1, 1, 1, )}))
 
 
@@ -996,11 +996,11 @@ def _r67_mul_add_distribute_build(_b, _m):
 
 
 def _r68_conv_bias_zero_build(_b, _m):
-    """=> Conv(x, w, Splat(shape = [w.shape[0]], value = 0.0, dtype = w.dtype), ...c)"""
+    """=> Conv(x, w, Splat(dims = [w.shape[0]], value = 0.0, dtype = w.dtype), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
-    return rt.results(_b.op('Conv', [x, w, _b.op('Splat', [], {'shape': (w.shape[0], ), 'value': 0.0, 'dtype': w.dtype})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    return rt.results(_b.op('Conv', [x, w, _b.op('Splat', [], {'dims': (w.shape[0], ), 'value': 0.0, 'dtype': w.dtype})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
 
 
 
@@ -1018,7 +1018,7 @@ def _r69_conv_batchnorm_fold_guard(_m, _ctx):
     return bool((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1))))
 
 def _r69_conv_batchnorm_fold_build(_b, _m):
-    """=> Conv(x, Mul(w, Reshape(k, shape = [w.shape[0], 1, 1, 1])), Add(Mul(Sub(b, mean), k), bias), ...c)"""
+    """=> Conv(x, Mul(w, Reshape(k, dims = [w.shape[0], 1, 1, 1])), Add(Mul(Sub(b, mean), k), bias), ...c)"""
     bn = _m['bn']
     c = _m['c']
     x = _m['x']
@@ -1029,7 +1029,7 @@ def _r69_conv_batchnorm_fold_build(_b, _m):
     mean = _m['mean']
     var = _m['var']
     k = _b.op('Div', [scale, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(bn.epsilon, var.dtype)], {})], {})], {})
-    return rt.results(_b.op('Conv', [x, _b.op('Mul', [w, _b.op('Reshape', [k], {'shape': (w.shape[0], 1, 1, 1, )})], {}), _b.op('Add', [_b.op('Mul', [_b.op('Sub', [b, mean], {}), k], {}), bias], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    return rt.results(_b.op('Conv', [x, _b.op('Mul', [w, _b.op('Reshape', [k], {'dims': (w.shape[0], 1, 1, 1, )})], {}), _b.op('Add', [_b.op('Mul', [_b.op('Sub', [b, mean], {}), k], {}), bias], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
 
 
 
@@ -1043,13 +1043,13 @@ def _r70_conv_mul_fold_guard(_m, _ctx):
     return bool((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(s.shape, c.shape, 1))))
 
 def _r70_conv_mul_fold_build(_b, _m):
-    """=> Conv(x, Mul(w, Reshape(s, shape = [prod(s.shape), 1, 1, 1])), Mul(b, Reshape(s, shape = [prod(s.shape)])), ...c)"""
+    """=> Conv(x, Mul(w, Reshape(s, dims = [prod(s.shape), 1, 1, 1])), Mul(b, Reshape(s, dims = [prod(s.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
     s = _m['s']
-    return rt.results(_b.op('Conv', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), 1, 1, 1, )})], {}), _b.op('Mul', [b, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    return rt.results(_b.op('Conv', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'dims': (rt.b_prod(s.shape), 1, 1, 1, )})], {}), _b.op('Mul', [b, _b.op('Reshape', [s], {'dims': (rt.b_prod(s.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
 
 
 
@@ -1063,13 +1063,13 @@ def _r71_conv_add_fold_guard(_m, _ctx):
     return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(t.shape, c.shape, 1))))
 
 def _r71_conv_add_fold_build(_b, _m):
-    """=> Conv(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), ...c)"""
+    """=> Conv(x, w, Add(b, Reshape(t, dims = [prod(t.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
     t = _m['t']
-    return rt.results(_b.op('Conv', [x, w, _b.op('Add', [b, _b.op('Reshape', [t], {'shape': (rt.b_prod(t.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    return rt.results(_b.op('Conv', [x, w, _b.op('Add', [b, _b.op('Reshape', [t], {'dims': (rt.b_prod(t.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
 
 
 
@@ -1082,21 +1082,21 @@ def _r72_matmul_mul_fold_guard(_m, _ctx):
     return bool(((((((rt.b_is_const(w) and rt.b_is_const(s)) and (not rt.b_is_const(x))) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1)) and sl.shapes.varies_only_along(s.shape, mm.shape, rt.sub(rt.b_rank(mm), 1)))))
 
 def _r72_matmul_mul_fold_build(_b, _m):
-    """=> MatMul(x, Mul(w, Reshape(s, shape = [prod(s.shape)])))"""
+    """=> MatMul(x, Mul(w, Reshape(s, dims = [prod(s.shape)])))"""
     mm = _m['mm']
     x = _m['x']
     w = _m['w']
     s = _m['s']
-    return rt.results(_b.op('MatMul', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), )})], {})], {}))
+    return rt.results(_b.op('MatMul', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'dims': (rt.b_prod(s.shape), )})], {})], {}))
 
 
 
 def _r73_convtranspose_bias_zero_build(_b, _m):
-    """=> ConvTranspose(x, w, Splat(shape = [w.shape[1] * c.group], value = 0.0, dtype = w.dtype), ...c)"""
+    """=> ConvTranspose(x, w, Splat(dims = [w.shape[1] * c.group], value = 0.0, dtype = w.dtype), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
-    return rt.results(_b.op('ConvTranspose', [x, w, _b.op('Splat', [], {'shape': (rt.mul(w.shape[1], c.group), ), 'value': 0.0, 'dtype': w.dtype})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
+    return rt.results(_b.op('ConvTranspose', [x, w, _b.op('Splat', [], {'dims': (rt.mul(w.shape[1], c.group), ), 'value': 0.0, 'dtype': w.dtype})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
 
 
 
@@ -1114,7 +1114,7 @@ def _r74_convtranspose_batchnorm_fold_guard(_m, _ctx):
     return bool(((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1))))
 
 def _r74_convtranspose_batchnorm_fold_build(_b, _m):
-    """=> ConvTranspose(x, Mul(w, Reshape(k, shape = concat([1, w.shape[1]], ones(rank(w) - 2)))), Add(Mul(Sub(b, mean), k), bias), ...c)"""
+    """=> ConvTranspose(x, Mul(w, Reshape(k, dims = concat([1, w.shape[1]], ones(rank(w) - 2)))), Add(Mul(Sub(b, mean), k), bias), ...c)"""
     bn = _m['bn']
     c = _m['c']
     x = _m['x']
@@ -1125,7 +1125,7 @@ def _r74_convtranspose_batchnorm_fold_build(_b, _m):
     mean = _m['mean']
     var = _m['var']
     k = _b.op('Div', [scale, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(bn.epsilon, var.dtype)], {})], {})], {})
-    return rt.results(_b.op('ConvTranspose', [x, _b.op('Mul', [w, _b.op('Reshape', [k], {'shape': rt.b_concat((1, w.shape[1], ), rt.b_ones(rt.sub(rt.b_rank(w), 2)))})], {}), _b.op('Add', [_b.op('Mul', [_b.op('Sub', [b, mean], {}), k], {}), bias], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
+    return rt.results(_b.op('ConvTranspose', [x, _b.op('Mul', [w, _b.op('Reshape', [k], {'dims': rt.b_concat((1, w.shape[1], ), rt.b_ones(rt.sub(rt.b_rank(w), 2)))})], {}), _b.op('Add', [_b.op('Mul', [_b.op('Sub', [b, mean], {}), k], {}), bias], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
 
 
 
@@ -1139,13 +1139,13 @@ def _r75_convtranspose_mul_fold_guard(_m, _ctx):
     return bool(((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1)) and sl.shapes.varies_only_along(s.shape, c.shape, 1))))
 
 def _r75_convtranspose_mul_fold_build(_b, _m):
-    """=> ConvTranspose(x, Mul(w, Reshape(s, shape = concat([1, prod(s.shape)], ones(rank(w) - 2)))), Mul(b, Reshape(s, shape = [prod(s.shape)])), ...c)"""
+    """=> ConvTranspose(x, Mul(w, Reshape(s, dims = concat([1, prod(s.shape)], ones(rank(w) - 2)))), Mul(b, Reshape(s, dims = [prod(s.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
     s = _m['s']
-    return rt.results(_b.op('ConvTranspose', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'shape': rt.b_concat((1, rt.b_prod(s.shape), ), rt.b_ones(rt.sub(rt.b_rank(w), 2)))})], {}), _b.op('Mul', [b, _b.op('Reshape', [s], {'shape': (rt.b_prod(s.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
+    return rt.results(_b.op('ConvTranspose', [x, _b.op('Mul', [w, _b.op('Reshape', [s], {'dims': rt.b_concat((1, rt.b_prod(s.shape), ), rt.b_ones(rt.sub(rt.b_rank(w), 2)))})], {}), _b.op('Mul', [b, _b.op('Reshape', [s], {'dims': (rt.b_prod(s.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
 
 
 
@@ -1159,13 +1159,13 @@ def _r76_convtranspose_add_fold_guard(_m, _ctx):
     return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(t.shape, c.shape, 1))))
 
 def _r76_convtranspose_add_fold_build(_b, _m):
-    """=> ConvTranspose(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), ...c)"""
+    """=> ConvTranspose(x, w, Add(b, Reshape(t, dims = [prod(t.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
     t = _m['t']
-    return rt.results(_b.op('ConvTranspose', [x, w, _b.op('Add', [b, _b.op('Reshape', [t], {'shape': (rt.b_prod(t.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
+    return rt.results(_b.op('ConvTranspose', [x, w, _b.op('Add', [b, _b.op('Reshape', [t], {'dims': (rt.b_prod(t.shape), )})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'output_padding': c.output_padding, 'group': c.group}))
 
 
 
@@ -1232,12 +1232,12 @@ def _r80_convn_1d_guard(_m, _ctx):
     return bool((rt.eq(rt.b_rank(x), 3)))
 
 def _r80_convn_1d_build(_b, _m):
-    """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), b, strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
+    """=> Reshape(Conv(Reshape(x, dims = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, dims = [w.shape[0], w.shape[1], 1, w.shape[2]]), b, strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), dims = c.shape)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return rt.results(_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'shape': (w.shape[0], w.shape[1], 1, w.shape[2], )}), b], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'shape': c.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'dims': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'dims': (w.shape[0], w.shape[1], 1, w.shape[2], )}), b], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'dims': c.shape}))
 
 
 
@@ -1248,10 +1248,10 @@ def _r81_maxpooln_1d_guard(_m, _ctx):
     return bool((rt.eq(rt.b_rank(x), 3)))
 
 def _r81_maxpooln_1d_build(_b, _m):
-    """=> Reshape(MaxPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), shape = p.shape)"""
+    """=> Reshape(MaxPool(Reshape(x, dims = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), dims = p.shape)"""
     p = _m['p']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('MaxPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'dilations': (1, p.dilations[0], ), 'ceil_mode': p.ceil_mode})], {'shape': p.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('MaxPool', [_b.op('Reshape', [x], {'dims': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'dilations': (1, p.dilations[0], ), 'ceil_mode': p.ceil_mode})], {'dims': p.shape}))
 
 
 
@@ -1262,10 +1262,10 @@ def _r82_avgpooln_1d_guard(_m, _ctx):
     return bool((rt.eq(rt.b_rank(x), 3)))
 
 def _r82_avgpooln_1d_build(_b, _m):
-    """=> Reshape(AvgPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), shape = p.shape)"""
+    """=> Reshape(AvgPool(Reshape(x, dims = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), dims = p.shape)"""
     p = _m['p']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('AvgPool', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'shape': p.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('AvgPool', [_b.op('Reshape', [x], {'dims': (x.shape[0], x.shape[1], 1, x.shape[2], )})], {'kernel': (1, p.kernel[0], ), 'strides': (1, p.strides[0], ), 'pads': (0, p.pads[0], 0, p.pads[1], ), 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'dims': p.shape}))
 
 
 
@@ -1299,10 +1299,10 @@ def _r85_transpose_to_reshape_guard(_m, _ctx):
     return bool(((not sl.shapes.moves_data(x.shape, t.perm))))
 
 def _r85_transpose_to_reshape_build(_b, _m):
-    """=> Reshape(x, shape = t.shape)"""
+    """=> Reshape(x, dims = t.shape)"""
     t = _m['t']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [x], {'shape': t.shape}))
+    return rt.results(_b.op('Reshape', [x], {'dims': t.shape}))
 
 
 
@@ -1321,10 +1321,10 @@ def _r86_reshape_noop_build(_b, _m):
 
 
 def _r87_reshape_reshape_build(_b, _m):
-    """=> Reshape(x, shape = r.shape)"""
+    """=> Reshape(x, dims = r.shape)"""
     r = _m['r']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [x], {'shape': r.shape}))
+    return rt.results(_b.op('Reshape', [x], {'dims': r.shape}))
 
 
 
@@ -1413,7 +1413,7 @@ def _r93_add_const_transpose_sink_build(_b, _m):
     t = _m['t']
     x = _m['x']
     c = _m['c']
-    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
+    full = _b.op('Reshape', [c], {'dims': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
     return rt.results(_b.op('Transpose', [_b.op('Add', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
 
 
@@ -1430,7 +1430,7 @@ def _r94_mul_const_transpose_sink_build(_b, _m):
     t = _m['t']
     x = _m['x']
     c = _m['c']
-    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
+    full = _b.op('Reshape', [c], {'dims': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
     return rt.results(_b.op('Transpose', [_b.op('Mul', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
 
 
@@ -1484,7 +1484,7 @@ def _r98_resize_axis_taps_guard(_m, _ctx):
     return bool((rt.eq(rt.b_len(r.axes), 1)))
 
 def _r98_resize_axis_taps_build(_b, _m):
-    """=> Add(y, Reshape(fill, shape = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
+    """=> Add(y, Reshape(fill, dims = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
     r = _m['r']
     x = _m['x']
     a = r.axes[0]
@@ -1492,9 +1492,9 @@ def _r98_resize_axis_taps_build(_b, _m):
     picked = _b.op('Gather', [x, _b.const(sl.resize.resize_tap_indices(*args), 'i64')], {'axis': a})
     weights = _b.const(sl.resize.resize_tap_weights(*args), x.dtype)
     trailing = rt.b_ones(rt.sub(rt.sub(rt.b_rank(x), a), 1))
-    y = _b.op('ReduceSum', [_b.op('Mul', [picked, _b.op('Reshape', [weights], {'shape': rt.b_concat(weights.shape, trailing)})], {})], {'axes': (rt.add(a, 1), ), 'keepdims': 0})
+    y = _b.op('ReduceSum', [_b.op('Mul', [picked, _b.op('Reshape', [weights], {'dims': rt.b_concat(weights.shape, trailing)})], {})], {'axes': (rt.add(a, 1), ), 'keepdims': 0})
     fill = _b.const(sl.resize.resize_fill(*args, value=r.extrapolation_value), x.dtype)
-    return rt.results((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.resize.resize_extrapolates(*args) else y))
+    return rt.results((_b.op('Add', [y, _b.op('Reshape', [fill], {'dims': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.resize.resize_extrapolates(*args) else y))
 
 
 
@@ -1503,7 +1503,7 @@ def _r99_legacy_broadcast_expand_build(_b, _m):
     n = _m['n']
     a = _m['a']
     b = _m['b']
-    b2 = _b.op('Reshape', [b], {'shape': rt.b_concat(b.shape, rt.b_ones(rt.sub(rt.sub(rt.b_rank(a), n.axis), rt.b_rank(b))))})
+    b2 = _b.op('Reshape', [b], {'dims': rt.b_concat(b.shape, rt.b_ones(rt.sub(rt.sub(rt.b_rank(a), n.axis), rt.b_rank(b))))})
     return rt.results((_b.op('Add', [a, b2], {}) if rt.eq(n.op, 'Add') else (_b.op('Sub', [a, b2], {}) if rt.eq(n.op, 'Sub') else (_b.op('Mul', [a, b2], {}) if rt.eq(n.op, 'Mul') else (_b.op('Div', [a, b2], {}) if rt.eq(n.op, 'Div') else (_b.op('Pow', [a, b2], {}) if rt.eq(n.op, 'Pow') else _b.op('PRelu', [a, b2], {})))))))
 
 
@@ -1512,7 +1512,7 @@ def _r100_avgpool_dilated_to_conv_build(_b, _m):
     """=> Div(sums, const(window_counts(x.shape[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype))"""
     p = _m['p']
     x = _m['x']
-    ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
+    ones = _b.op('Splat', [], {'dims': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
     sums = _b.op('ConvN', [x, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.conv.window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
     return rt.results(_b.op('Div', [sums, _b.const(sl.conv.window_counts(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype)], {}))
 
@@ -1523,24 +1523,24 @@ def _r101_lppool_to_conv_build(_b, _m):
     p = _m['p']
     x = _m['x']
     powered = (_b.op('Mul', [x, x], {}) if rt.eq(p.p, 2) else (_b.op('Abs', [x], {}) if rt.eq(p.p, 1) else _b.op('Pow', [_b.op('Abs', [x], {}), _b.scalar(p.p, x.dtype)], {})))
-    ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
+    ones = _b.op('Splat', [], {'dims': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
     sums = _b.op('ConvN', [powered, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.conv.window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
     return rt.results((_b.op('Sqrt', [sums], {}) if rt.eq(p.p, 2) else (sums if rt.eq(p.p, 1) else _b.op('Pow', [sums, _b.scalar(rt.truediv(1.0, p.p), x.dtype)], {}))))
 
 
 
 def _r102_col2im_to_convtranspose_build(_b, _m):
-    """=> ConvTranspose(Reshape(x, shape = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
+    """=> ConvTranspose(Reshape(x, dims = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
     c = _m['c']
     x = _m['x']
     blocks = sl.conv.conv_shape(c.image, c.block, c.pads, c.strides, c.dilations)
     channels = rt.floordiv(x.shape[1], rt.b_prod(c.block))
-    return rt.results(_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.conv.col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.conv.col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}))
+    return rt.results(_b.op('ConvTranspose', [_b.op('Reshape', [x], {'dims': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.conv.col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.conv.col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}))
 
 
 
 def _r103_gridsample_expand_build(_b, _m):
-    """=> Reshape(Transpose(sums, perm = [1, 0, 2]), shape = g.shape)"""
+    """=> Reshape(Transpose(sums, perm = [1, 0, 2]), dims = g.shape)"""
     g = _m['g']
     x = _m['x']
     grid = _m['grid']
@@ -1556,32 +1556,32 @@ def _r103_gridsample_expand_build(_b, _m):
     low = _b.const(sl.resize.grid_low(sp, g.align_corners), x.dtype)
     high = _b.const(sl.resize.grid_high(sp, g.align_corners), x.dtype)
     last = _b.const(sl.resize.grid_high(sp, 1), x.dtype)
-    coords = _b.op('Gather', [_b.op('Reshape', [grid], {'shape': (n, points, r, )}), _b.const(rt.b_reversed(rt.b_range(r)), 'i64')], {'axis': 2})
+    coords = _b.op('Gather', [_b.op('Reshape', [grid], {'dims': (n, points, r, )}), _b.const(rt.b_reversed(rt.b_range(r)), 'i64')], {'axis': 2})
     v0 = _b.op('Add', [_b.op('Mul', [_b.op('Add', [coords, one], {}), _b.const(sl.resize.grid_scale(sp, g.align_corners), x.dtype)], {}), _b.const(sl.resize.grid_offset(sp, g.align_corners), x.dtype)], {})
     v1 = (_b.op('Round', [v0], {}) if rt.eq(g.mode, 'nearest') else v0)
     outside = _b.op('Or', [_b.op('Less', [v1, low], {}), _b.op('Greater', [v1, high], {})], {})
     v = (_b.op('Select', [outside, _b.op('Min', [_b.op('Max', [v1, zero], {}), last], {}), v1], {}) if rt.eq(g.padding_mode, 'border') else (_b.op('Reflect', [v1, low, high], {}) if rt.eq(g.padding_mode, 'reflection') else v1))
     base = _b.op('Floor', [v], {})
     offsets = _b.const(sl.resize.grid_tap_offsets(g.mode), x.dtype)
-    at = _b.op('Add', [_b.op('Reshape', [base], {'shape': (n, points, r, 1, )}), offsets], {})
-    d = _b.op('Abs', [_b.op('Sub', [_b.op('Reshape', [_b.op('Sub', [v, base], {})], {'shape': (n, points, r, 1, )}), offsets], {})], {})
+    at = _b.op('Add', [_b.op('Reshape', [base], {'dims': (n, points, r, 1, )}), offsets], {})
+    d = _b.op('Abs', [_b.op('Sub', [_b.op('Reshape', [_b.op('Sub', [v, base], {})], {'dims': (n, points, r, 1, )}), offsets], {})], {})
     near = _b.op('Add', [_b.op('Mul', [_b.op('Mul', [_b.op('Sub', [_b.op('Mul', [d, _b.scalar(1.25, x.dtype)], {}), _b.scalar(2.25, x.dtype)], {}), d], {}), d], {}), one], {})
     far = _b.op('Sub', [_b.op('Mul', [_b.op('Add', [_b.op('Mul', [_b.op('Sub', [_b.op('Mul', [d, _b.scalar(rt.neg(0.75), x.dtype)], {}), _b.scalar(rt.neg(3.75), x.dtype)], {}), d], {}), _b.scalar(rt.neg(6.0), x.dtype)], {}), d], {}), _b.scalar(rt.neg(3.0), x.dtype)], {})
-    w0 = (_b.op('Splat', [], {'shape': (n, points, r, 1, ), 'value': 1.0, 'dtype': x.dtype}) if rt.eq(g.mode, 'nearest') else (_b.op('Sub', [one, d], {}) if rt.eq(g.mode, 'linear') else _b.op('Select', [_b.op('LessOrEqual', [d, one], {}), near, far], {})))
+    w0 = (_b.op('Splat', [], {'dims': (n, points, r, 1, ), 'value': 1.0, 'dtype': x.dtype}) if rt.eq(g.mode, 'nearest') else (_b.op('Sub', [one, d], {}) if rt.eq(g.mode, 'linear') else _b.op('Select', [_b.op('LessOrEqual', [d, one], {}), near, far], {})))
     per_axis = (r, 1, )
-    inside = _b.op('And', [_b.op('GreaterOrEqual', [at, zero], {}), _b.op('Less', [at, _b.op('Reshape', [_b.const(sp, x.dtype)], {'shape': per_axis})], {})], {})
+    inside = _b.op('And', [_b.op('GreaterOrEqual', [at, zero], {}), _b.op('Less', [at, _b.op('Reshape', [_b.const(sp, x.dtype)], {'dims': per_axis})], {})], {})
     w = (_b.op('Mul', [w0, _b.op('Cast', [inside], {'to': x.dtype})], {}) if rt.eq(g.padding_mode, 'zeros') else w0)
-    at2 = (_b.op('Reflect', [at, _b.op('Reshape', [low], {'shape': per_axis}), _b.op('Reshape', [high], {'shape': per_axis})], {}) if rt.eq(g.padding_mode, 'reflection') else at)
-    idx = _b.op('Cast', [_b.op('Min', [_b.op('Max', [_b.op('Floor', [at2], {}), zero], {}), _b.op('Reshape', [last], {'shape': per_axis})], {})], {'to': 'i64'})
+    at2 = (_b.op('Reflect', [at, _b.op('Reshape', [low], {'dims': per_axis}), _b.op('Reshape', [high], {'dims': per_axis})], {}) if rt.eq(g.padding_mode, 'reflection') else at)
+    idx = _b.op('Cast', [_b.op('Min', [_b.op('Max', [_b.op('Floor', [at2], {}), zero], {}), _b.op('Reshape', [last], {'dims': per_axis})], {})], {'to': 'i64'})
     pick = _b.const(combos, 'i64')
-    flat = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Gather', [_b.op('Reshape', [idx], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2}), _b.const(sl.resize.row_major_strides(sp), 'i64')], {})], {'axes': (3, ), 'keepdims': 0})
-    weight = _b.op('ReduceProd', [_b.op('Gather', [_b.op('Reshape', [w], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2})], {'axes': (3, ), 'keepdims': 0})
+    flat = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Gather', [_b.op('Reshape', [idx], {'dims': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2}), _b.const(sl.resize.row_major_strides(sp), 'i64')], {})], {'axes': (3, ), 'keepdims': 0})
+    weight = _b.op('ReduceProd', [_b.op('Gather', [_b.op('Reshape', [w], {'dims': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2})], {'axes': (3, ), 'keepdims': 0})
     k = rt.b_len(combos)
-    batch_start = _b.op('Reshape', [_b.const(rt.b_range(0, rt.mul(n, rt.b_prod(sp)), rt.b_prod(sp)), 'i64')], {'shape': (n, 1, 1, )})
-    by_channel = _b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (n, c, rt.b_prod(sp), )})], {'perm': (1, 0, 2, )})], {'shape': (c, rt.mul(n, rt.b_prod(sp)), )})
-    values = _b.op('Gather', [by_channel, _b.op('Reshape', [_b.op('Add', [flat, batch_start], {})], {'shape': (n, rt.mul(points, k), )})], {'axis': 1})
-    sums = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Reshape', [values], {'shape': (c, n, points, k, )}), weight], {})], {'axes': (3, ), 'keepdims': 0})
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [sums], {'perm': (1, 0, 2, )})], {'shape': g.shape}))
+    batch_start = _b.op('Reshape', [_b.const(rt.b_range(0, rt.mul(n, rt.b_prod(sp)), rt.b_prod(sp)), 'i64')], {'dims': (n, 1, 1, )})
+    by_channel = _b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'dims': (n, c, rt.b_prod(sp), )})], {'perm': (1, 0, 2, )})], {'dims': (c, rt.mul(n, rt.b_prod(sp)), )})
+    values = _b.op('Gather', [by_channel, _b.op('Reshape', [_b.op('Add', [flat, batch_start], {})], {'dims': (n, rt.mul(points, k), )})], {'axis': 1})
+    sums = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Reshape', [values], {'dims': (c, n, points, k, )}), weight], {})], {'axes': (3, ), 'keepdims': 0})
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [sums], {'perm': (1, 0, 2, )})], {'dims': g.shape}))
 
 
 
@@ -1646,10 +1646,10 @@ def _r108_quant_param_to_reshape_guard(_m, _ctx):
     return bool((rt.eq(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
 def _r108_quant_param_to_reshape_build(_b, _m):
-    """=> Reshape(p, shape = q.shape)"""
+    """=> Reshape(p, dims = q.shape)"""
     q = _m['q']
     p = _m['p']
-    return rt.results(_b.op('Reshape', [p], {'shape': q.shape}))
+    return rt.results(_b.op('Reshape', [p], {'dims': q.shape}))
 
 
 
@@ -1706,9 +1706,9 @@ def _r112_qlinear_matmul_expand_build(_b, _m):
     b_zero_point = _m['b_zero_point']
     y_scale = _m['y_scale']
     y_zero_point = _m['y_zero_point']
-    acc = _b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': fn_per_column(b_zero_point.shape, b.shape)})], {'to': 'i32'})], {})], {})
-    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [a_scale], {'shape': fn_per_row(a_scale.shape, a.shape)}), _b.op('Reshape', [b_scale], {'shape': fn_per_column(b_scale.shape, b.shape)})], {}), _b.op('Reshape', [y_scale], {'shape': fn_per_row(y_scale.shape, a.shape)})], {})
-    zy = _b.op('Reshape', [y_zero_point], {'shape': fn_per_row(y_zero_point.shape, a.shape)})
+    acc = _b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'dims': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'dims': fn_per_column(b_zero_point.shape, b.shape)})], {'to': 'i32'})], {})], {})
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [a_scale], {'dims': fn_per_row(a_scale.shape, a.shape)}), _b.op('Reshape', [b_scale], {'dims': fn_per_column(b_scale.shape, b.shape)})], {}), _b.op('Reshape', [y_scale], {'dims': fn_per_row(y_scale.shape, a.shape)})], {})
+    zy = _b.op('Reshape', [y_zero_point], {'dims': fn_per_row(y_zero_point.shape, a.shape)})
     return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [_b.op('Cast', [acc], {'to': 'f64'}), _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [zy], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}))
 
 
@@ -1719,8 +1719,8 @@ def _r113_matmul_integer_expand_build(_b, _m):
     b = _m['b']
     a_zero_point = _m['a_zero_point']
     b_zero_point = _m['b_zero_point']
-    a2 = (_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}) if rt.b_defined(a_zero_point) else _b.op('Cast', [a], {'to': 'i32'}))
-    b2 = (_b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': fn_per_column(b_zero_point.shape, b.shape)})], {'to': 'i32'})], {}) if rt.b_defined(b_zero_point) else _b.op('Cast', [b], {'to': 'i32'}))
+    a2 = (_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'dims': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}) if rt.b_defined(a_zero_point) else _b.op('Cast', [a], {'to': 'i32'}))
+    b2 = (_b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'dims': fn_per_column(b_zero_point.shape, b.shape)})], {'to': 'i32'})], {}) if rt.b_defined(b_zero_point) else _b.op('Cast', [b], {'to': 'i32'}))
     return rt.results(_b.op('MatMul', [a2, b2], {}))
 
 
@@ -1732,14 +1732,14 @@ def _r114_conv_integer_expand_build(_b, _m):
     w = _m['w']
     x_zero_point = _m['x_zero_point']
     w_zero_point = _m['w_zero_point']
-    xs = (_b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {}) if rt.b_defined(x_zero_point) else _b.op('Cast', [x], {'to': 'f64'}))
-    ws = (_b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {}) if rt.b_defined(w_zero_point) else _b.op('Cast', [w], {'to': 'f64'}))
+    xs = (_b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'dims': ()})], {'to': 'f64'})], {}) if rt.b_defined(x_zero_point) else _b.op('Cast', [x], {'to': 'f64'}))
+    ws = (_b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'dims': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {}) if rt.b_defined(w_zero_point) else _b.op('Cast', [w], {'to': 'f64'}))
     return rt.results(_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}))
 
 
 
 def _r115_qlinear_conv_expand_build(_b, _m):
-    """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
+    """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, dims = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
     x_scale = _m['x_scale']
@@ -1750,26 +1750,26 @@ def _r115_qlinear_conv_expand_build(_b, _m):
     y_scale = _m['y_scale']
     y_zero_point = _m['y_zero_point']
     b = _m['b']
-    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
-    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
+    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'dims': ()})], {'to': 'f64'})], {})
+    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'dims': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
     bias = (_b.op('Cast', [b], {'to': 'f64'}) if rt.b_defined(b) else None)
     acc = (_b.op('Conv', [xs, ws, bias], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws, bias], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
-    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': fn_per_out_channel(w_scale.shape, w.shape[0], rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
-    return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'shape': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}))
+    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'dims': ()}), _b.op('Reshape', [w_scale], {'dims': fn_per_out_channel(w_scale.shape, w.shape[0], rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'dims': ()})], {})
+    return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'dims': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}))
 
 
 
 def _r116_dft_to_matmul_build(_b, _m):
-    """=> Transpose(Reshape(MatMul(rows, m), shape = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
+    """=> Transpose(Reshape(MatMul(rows, m), dims = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
     perm = sl.signal.dft_perm(rt.b_rank(x), d.axis)
     moved = _b.op('Transpose', [x], {'perm': perm})
     batch = tuple(moved.shape)[:rt.neg(2)]
-    rows = _b.op('Reshape', [moved], {'shape': (rt.b_prod(batch), rt.mul(x.shape[d.axis], x.shape[rt.neg(1)]), )})
+    rows = _b.op('Reshape', [moved], {'dims': (rt.b_prod(batch), rt.mul(x.shape[d.axis], x.shape[rt.neg(1)]), )})
     m = _b.const(sl.signal.dft_matrix(x.shape[d.axis], x.shape[rt.neg(1)], d.length, d.inverse, d.onesided), x.dtype)
     out = d.shape[rt.neg(1)]
-    return rt.results(_b.op('Transpose', [_b.op('Reshape', [_b.op('MatMul', [rows, m], {})], {'shape': rt.b_concat(batch, (d.shape[d.axis], out, ))})], {'perm': rt.b_inverse_perm(perm)}))
+    return rt.results(_b.op('Transpose', [_b.op('Reshape', [_b.op('MatMul', [rows, m], {})], {'dims': rt.b_concat(batch, (d.shape[d.axis], out, ))})], {'perm': rt.b_inverse_perm(perm)}))
 
 
 
@@ -1794,20 +1794,20 @@ def _r118_compress_flat_to_gather_guard(_m, _ctx):
     return bool((rt.eq(c.flatten, 1)))
 
 def _r118_compress_flat_to_gather_build(_b, _m):
-    """=> Gather(Reshape(x, shape = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
+    """=> Gather(Reshape(x, dims = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
-    return rt.results(_b.op('Gather', [_b.op('Reshape', [x], {'shape': (rt.b_prod(x.shape), )}), _b.const(c.indices, 'i64')], {'axis': 0}))
+    return rt.results(_b.op('Gather', [_b.op('Reshape', [x], {'dims': (rt.b_prod(x.shape), )}), _b.const(c.indices, 'i64')], {'axis': 0}))
 
 
 
 def _r119_stft_expand_build(_b, _m):
-    """=> DFT(Mul(frames, Reshape(window, shape = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
+    """=> DFT(Mul(frames, Reshape(window, dims = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
     window = _m['window']
     frames = _b.op('Gather', [signal, _b.const(sl.signal.frame_indices(signal.shape[1], s.frame, s.step), 'i64')], {'axis': 1})
-    return rt.results(_b.op('DFT', [(_b.op('Mul', [frames, _b.op('Reshape', [window], {'shape': (s.frame, 1, )})], {}) if rt.b_defined(window) else frames)], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}))
+    return rt.results(_b.op('DFT', [(_b.op('Mul', [frames, _b.op('Reshape', [window], {'dims': (s.frame, 1, )})], {}) if rt.b_defined(window) else frames)], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}))
 
 
 RULES = (
