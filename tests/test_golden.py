@@ -1,8 +1,10 @@
-"""One golden test per rule of specs/lowerings.glowdef.
+"""Golden tests of the rules of specs/lowerings.glowdef: one case per rule, or per form a rule
+handles (a case `rule.variant`, e.g. `gemm_to_matmul.no_bias` for a Gemm without its
+optional operand, `unary_transpose_sink.tanh` for one member of the family it matches).
 
-Each rule has a case: a small ONNX model in which the rule applies (or, for ops ONNX does not
-have, a graph in textual form and a NumPy oracle).  tests/golden/<rule>.txt holds the graph
-before (as imported) and after applying that rule alone.  The test checks that the rule fires,
+Each case is a small ONNX model in which the rule applies (or, for ops ONNX does not
+have, a graph in textual form and a NumPy oracle).  tests/golden/<case>.txt holds the graph
+before (as imported) and after applying its rule alone.  The test checks that the rule fires,
 that before/after match the golden text, and that the rewritten graph, lowered and run, computes
 what onnxruntime computes on the original model.
 
@@ -228,7 +230,7 @@ CASES = {
     "unsqueeze_to_reshape": onnx_case("Unsqueeze", {"x": f32(2, 3)}, consts={"axes": np.array([1], np.int64)}),
     "gemm_to_matmul": onnx_case("Gemm", {"a": f32(2, 3), "b": f32(4, 3), "c": f32(4)},
                                 attrs={"transB": 1, "alpha": 0.5, "beta": 2.0}),
-    "gemm_no_bias_to_matmul": onnx_case("Gemm", {"a": f32(3, 2), "b": f32(3, 4)}, attrs={"transA": 1}),
+    "gemm_to_matmul.no_bias": onnx_case("Gemm", {"a": f32(3, 2), "b": f32(3, 4)}, attrs={"transA": 1}),
     "fc_to_matmul": text_case(_fc_text, {"x": _FC_X}, lambda f: {"y": f["x"] @ _FC_W + _FC_B}),
     "matmul_vector_lhs": onnx_case("MatMul", {"a": f32(3), "b": f32(3, 2)}),
     "matmul_vector_rhs": onnx_case("MatMul", {"a": f32(2, 3), "b": f32(3)}),
@@ -237,7 +239,7 @@ CASES = {
     "batchnorm_to_affine": onnx_case("BatchNormalization", {"x": f32(1, 2, 2, 2)},
                                      consts={"s": pos(2), "b": f32(2), "m": f32(2), "v": pos(2)}),
     "layernorm_expand": onnx_case("LayerNormalization", {"x": f32(2, 4)}, consts={"s": f32(4), "b": f32(4)}),
-    "layernorm_no_bias_expand": onnx_case("LayerNormalization", {"x": f32(2, 4)}, consts={"s": f32(4)}),
+    "layernorm_expand.no_bias": onnx_case("LayerNormalization", {"x": f32(2, 4)}, consts={"s": f32(4)}),
     "softmax_expand": onnx_case("Softmax", {"x": f32(2, 3)}),
     "logsoftmax_expand": onnx_case("LogSoftmax", {"x": f32(2, 3)}),
     "softmax_flat_to_2d": onnx_case("Softmax", {"x": f32(2, 2, 3)}, attrs={"axis": 1}, opset=11),
@@ -311,9 +313,9 @@ CASES = {
     "concat_flatten": graph_case([("Concat", ["a", "b"], ["ab"], {"axis": 1}),
                                   ("Concat", ["c", "ab"], ["y"], {"axis": -1})],
                                  {"a": f32(2, 1), "b": f32(2, 2), "c": f32(2, 3)}),
-    "relu_transpose_sink": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("Relu", [], None)], f32(2, 3)),
-    "sigmoid_transpose_sink": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("Sigmoid", [], None)], f32(2, 3)),
-    "tanh_transpose_sink": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("Tanh", [], None)], f32(2, 3)),
+    "unary_transpose_sink.relu": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("Relu", [], None)], f32(2, 3)),
+    "unary_transpose_sink.sigmoid": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("Sigmoid", [], None)], f32(2, 3)),
+    "unary_transpose_sink.tanh": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("Tanh", [], None)], f32(2, 3)),
     "add_transpose_sink": graph_case([("Transpose", ["a"], ["ta"], {"perm": [2, 0, 1]}),
                                       ("Transpose", ["b"], ["tb"], {"perm": [2, 0, 1]}),
                                       ("Add", ["ta", "tb"], ["y"], None)],
@@ -342,7 +344,7 @@ CASES = {
     "lpnorm_l1": onnx_case("LpNormalization", {"x": pos(2, 3)}, attrs={"p": 1, "axis": 0}),
     "convn_1d": onnx_case("Conv", {"x": f32(1, 2, 6)}, consts={"w": f32(3, 2, 3), "b": f32(3)},
                           attrs={"strides": [2], "pads": [1, 0]}),
-    "convn_1d_no_bias": onnx_case("Conv", {"x": f32(1, 2, 6)}, consts={"w": f32(3, 2, 3)},
+    "convn_1d.no_bias": onnx_case("Conv", {"x": f32(1, 2, 6)}, consts={"w": f32(3, 2, 3)},
                                   attrs={"dilations": [2]}),
     "maxpooln_1d": onnx_case("MaxPool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [3], "strides": [2]}),
     "avgpooln_1d": onnx_case("AveragePool", {"x": f32(1, 2, 7)}, attrs={"kernel_shape": [3], "pads": [1, 1]}),
@@ -388,10 +390,10 @@ CASES = {
                                                lambda f: {"y": np.repeat(f["p"], 2, axis=1)[:, :5]}),
     "quantize_linear_expand": onnx_case("QuantizeLinear", {"x": f32(2, 3, 4) * 100, "s": pos(3)},
                                         consts={"z": np.array([-3, 0, 7], np.int8)}, opset=13),
-    "quantize_linear_no_zero_point": onnx_case("QuantizeLinear", {"x": f32(2, 3) * 300, "s": pos()}, opset=13),
+    "quantize_linear_expand.no_zero_point": onnx_case("QuantizeLinear", {"x": f32(2, 3) * 300, "s": pos()}, opset=13),
     "dequantize_linear_expand": onnx_case("DequantizeLinear", {"x": _u8(2, 3), "s": pos()},
                                           consts={"z": np.uint8(128)}, opset=13),
-    "dequantize_linear_no_zero_point": onnx_case("DequantizeLinear", {"x": _u8(2, 3), "s": pos(3)},
+    "dequantize_linear_expand.no_zero_point": onnx_case("DequantizeLinear", {"x": _u8(2, 3), "s": pos(3)},
                                                  attrs={"axis": 1}, opset=13),
     "qlinear_matmul_expand": graph_case(
         [("QLinearMatMul", ["a", "as", "az", "b", "bs", "bz", "ys", "yz"], ["y"], None)],
@@ -400,22 +402,22 @@ CASES = {
          "ys": np.float32(0.4), "yz": np.uint8(20)}),
     "matmul_integer_expand": onnx_case("MatMulInteger", {"a": _u8(2, 3), "b": _u8(3, 4)},
                                        consts={"az": np.uint8(3), "bz": np.uint8(250)}),
-    "matmul_integer_a_zero_point": onnx_case("MatMulInteger", {"a": _u8(2, 3), "b": _u8(3, 4)},
+    "matmul_integer_expand.a_zero_point": onnx_case("MatMulInteger", {"a": _u8(2, 3), "b": _u8(3, 4)},
                                              consts={"az": np.uint8(100)}),
-    "matmul_integer_no_zero_point": onnx_case("MatMulInteger", {"a": _u8(2, 3), "b": _u8(3, 4)}),
+    "matmul_integer_expand.no_zero_point": onnx_case("MatMulInteger", {"a": _u8(2, 3), "b": _u8(3, 4)}),
     "conv_integer_expand": onnx_case("ConvInteger", {"x": _u8(1, 2, 4, 4)},
                                      consts={"w": _u8(3, 2, 2, 2), "xz": np.uint8(9), "wz": np.uint8(100)}),
-    "conv_integer_x_zero_point": onnx_case("ConvInteger", {"x": _u8(1, 2, 4, 4)},
+    "conv_integer_expand.x_zero_point": onnx_case("ConvInteger", {"x": _u8(1, 2, 4, 4)},
                                            consts={"w": _u8(3, 2, 2, 2), "xz": np.uint8(9)},
                                            attrs={"pads": [1, 1, 0, 0]}),
-    "conv_integer_no_zero_point": onnx_case("ConvInteger", {"x": _u8(1, 2, 5)}, consts={"w": _u8(3, 2, 2)}),
+    "conv_integer_expand.no_zero_point": onnx_case("ConvInteger", {"x": _u8(1, 2, 5)}, consts={"w": _u8(3, 2, 2)}),
     "qlinear_conv_expand": graph_case(
         [("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["y"], None)],
         {"x": _u8(1, 2, 4, 4)},
         {"xs": np.float32(0.05), "xz": np.uint8(128), "w": _u8(3, 2, 2, 2), "ws": np.float32(0.01),
          "wz": np.uint8(127), "ys": np.float32(0.3), "yz": np.uint8(100),
          "b": np.array([-300, 0, 200], np.int32)}),
-    "qlinear_conv_no_bias": graph_case(
+    "qlinear_conv_expand.no_bias": graph_case(
         [("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"], ["y"], None)],
         {"x": _u8(1, 2, 4, 4)},
         {"xs": np.float32(0.05), "xz": np.uint8(128), "w": _u8(3, 2, 2, 2),
@@ -432,7 +434,7 @@ CASES = {
         "STFT", {"s": _qrng.uniform(-1, 1, (1, 10, 1)).astype(np.float32)},
         consts={"step": np.array(3, np.int64), "w": np.hanning(4).astype(np.float32)},
         attrs={"onesided": 1}, opset=17)),
-    "stft_no_window": _with_reference(graph_case(
+    "stft_expand.no_window": _with_reference(graph_case(
         [("STFT", ["s", "step", "", "n"], ["y"], {"onesided": 0})], {"s": _qrng.uniform(-1, 1, (1, 10, 1)).astype(np.float32)},
         {"step": np.array(2, np.int64), "n": np.array(4, np.int64)}, opset=17)),
     # (appended: the module's random draws above stay as their golden files recorded them)
@@ -450,9 +452,13 @@ CASES = {
     "convtranspose_phases_to_conv": _onnx_chain(
         [("ConvTranspose", ["w", "b"], {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]})],
         f32(1, 2, 3, 4), {"w": f32(2, 3, 3, 2), "b": f32(3)}),
+    # The family rule rebuilds whichever op it matched, with its attributes.
+    "unary_transpose_sink.leaky_relu": _onnx_chain(
+        [("Transpose", [], {"perm": [1, 0]}), ("LeakyRelu", [], {"alpha": 0.3})], f32(2, 3)),
+    "unary_transpose_sink.is_nan": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("IsNaN", [], None)], f32(2, 3)),
 }
 
-HEADER = ("# Golden test of rule {rule}: the graph before, and after applying the rule alone.\n"
+HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"
           "# Regenerate for review with: pytest tests/test_golden.py --regen-golden\n")
 
 
@@ -462,28 +468,36 @@ def _before(case, registry):
     return api.load(case["model"], registry=registry)
 
 
-def _golden_text(rule_name, before, after):
-    return (HEADER.format(rule=rule_name) + "# ---- before\n" + before + "# ---- after\n" + after)
+def _golden_text(case_name, before, after):
+    rule, _, variant = case_name.partition(".")
+    return (HEADER.format(rule=rule, variant=f" (case {variant})" if variant else "")
+            + "# ---- before\n" + before + "# ---- after\n" + after)
 
 
 def _rules():
     return [r.name for r in Registry.default().rules]
 
 
+def _rule_of(case_name):
+    return case_name.partition(".")[0]
+
+
 def test_every_rule_has_a_case_and_a_golden_file():
     rules = _rules()
-    assert not sorted(set(rules) - set(CASES)), "rules without a golden case in tests/test_golden.py"
-    assert not sorted(set(CASES) - set(rules)), "golden cases for rules that no longer exist"
-    missing = [r for r in rules if not (GOLDEN / f"{r}.txt").exists()]
-    assert not missing, f"rules without tests/golden/<rule>.txt (run with --regen-golden): {missing}"
-    stray = sorted(p.stem for p in GOLDEN.glob("*.txt") if p.stem not in rules)
-    assert not stray, f"golden files for unknown rules: {stray}"
+    covered = {_rule_of(c) for c in CASES}
+    assert not sorted(set(rules) - covered), "rules without a golden case in tests/test_golden.py"
+    assert not sorted(covered - set(rules)), "golden cases for rules that no longer exist"
+    missing = [c for c in CASES if not (GOLDEN / f"{c}.txt").exists()]
+    assert not missing, f"cases without tests/golden/<case>.txt (run with --regen-golden): {missing}"
+    stray = sorted(p.stem for p in GOLDEN.glob("*.txt") if p.stem not in CASES)
+    assert not stray, f"golden files for unknown cases: {stray}"
 
 
-@pytest.mark.parametrize("rule_name", _rules())
-def test_rule_golden(rule_name, request):
+@pytest.mark.parametrize("case_name", list(CASES))
+def test_rule_golden(case_name, request):
     registry = Registry.default()
-    case = CASES[rule_name]
+    case = CASES[case_name]
+    rule_name = _rule_of(case_name)
     rule = next(r for r in registry.rules if r.name == rule_name)
     fn = _before(case, registry)
     before = print_function(fn)
@@ -492,8 +506,8 @@ def test_rule_golden(rule_name, request):
     fn.dead_code_elimination()
     assert stats.fired[rule_name] >= 1, f"rule {rule_name} did not fire on its golden case"
     after = print_function(fn)
-    text = _golden_text(rule_name, before, after)
-    path = GOLDEN / f"{rule_name}.txt"
+    text = _golden_text(case_name, before, after)
+    path = GOLDEN / f"{case_name}.txt"
     if request.config.getoption("--regen-golden"):
         GOLDEN.mkdir(exist_ok=True)
         path.write_text(text)

@@ -60,6 +60,14 @@ class Star:
 
 
 @attrs.frozen
+class Forward:
+    """`...node` in the arguments of an op built by a rule: the attributes of the matched
+    `node` that the built op declares too, unless given explicitly."""
+    name: str
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
 class GetAttr:
     obj: "Expr"
     name: str
@@ -120,6 +128,8 @@ def walk(expr):
             yield from walk(v)
     elif isinstance(expr, Star):
         yield from walk(expr.value)
+    elif isinstance(expr, Forward):
+        yield Name(expr.name, expr.pos)
     elif isinstance(expr, GetAttr):
         yield from walk(expr.obj)
     elif isinstance(expr, Index):
@@ -193,6 +203,7 @@ class OnnxClause:
     checks: tuple                   # Check
     pos: Pos = attrs.field(eq=False)
     guard: Optional[Expr] = None    # `where` condition: the clause applies only when it holds
+    lets: tuple = ()                # (name, Expr, Pos): values the settings share
 
 
 @attrs.frozen
@@ -210,6 +221,57 @@ class OpDef:
 
     def trait_names(self) -> set[str]:
         return {t.name for t in self.traits}
+
+
+@attrs.frozen
+class Template:
+    """`template Name(params) { op items }`: the items are kept as parsed, (kind, value)
+    pairs, and substituted for each op made from the template."""
+    name: str
+    params: tuple
+    items: tuple
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class OpInstance:
+    """`op Name = Template(args) { more items }`."""
+    name: str
+    template: str
+    args: tuple                     # Expr
+    items: tuple                    # (kind, value) pairs added to the template's
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class Group:
+    """`group Name = A | B | ...`: ops and families (templates) a pattern may name at once."""
+    name: str
+    members: tuple
+    pos: Pos = attrs.field(eq=False)
+
+
+@attrs.frozen
+class HelperParam:
+    name: str
+    star: bool
+    optional: bool
+
+
+@attrs.frozen
+class Helper:
+    """`helper module.name(params)`: a Python function of glowgen/speclib/<module>.py that
+    spec expressions may call."""
+    module: str
+    name: str
+    params: tuple                   # HelperParam
+    pos: Pos = attrs.field(eq=False)
+
+    def arity(self) -> tuple:
+        """(fewest, most) positional arguments; most is None for a `*rest` parameter."""
+        required = sum(1 for p in self.params if not p.optional and not p.star)
+        most = None if any(p.star for p in self.params) else len(self.params)
+        return required, most
 
 
 @attrs.frozen

@@ -57,6 +57,17 @@ class _KernelTranslator:
             if e.kwargs:
                 raise spec_error("kernel functions take no keyword arguments", e.pos)
             args = tuple(self.tree(a) for a in e.args)
+            if e.func == "poly":
+                # poly(x, c0, c1, ..., cn) = c0 + c1 x + ... + cn x**n, by Horner's rule with
+                # one fused multiply-add per coefficient: fma(...fma(cn, x, cn-1)..., x, c0).
+                if len(args) < 3:
+                    raise spec_error("poly(x, c0, c1, ...) takes the variable and at least two "
+                                     "coefficients", e.pos)
+                x, coeffs = args[0], args[1:]
+                acc = coeffs[-1]
+                for c in reversed(coeffs[:-1]):
+                    acc = ("call", "fma", (acc, x, c))
+                return acc
             if e.func in self.specs.scalars:
                 sc = self.specs.scalars[e.func]
                 if len(args) != len(sc.params):

@@ -39,7 +39,7 @@ def _attr_default(attr_schema):
 def emit_onnx(specs: SpecSet) -> str:
     lines = [
         "from glowgen.engine import specrt as rt",
-        "from glowgen import shapelib as sl",
+        "from glowgen import speclib as sl",
         "from glowgen.engine.onnxmap import OnnxClause",
         "",
         "from .fns import *  # noqa: F401,F403",
@@ -79,6 +79,8 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
                              f"attribute of op {op.name}", pos)
     referenced = set()
     for _, e, _ in clause.sets:
+        referenced |= names_in(e)
+    for _, e, _ in clause.lets:
         referenced |= names_in(e)
     for c in clause.checks:
         referenced |= names_in(c.expr)
@@ -120,7 +122,17 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
         names[n] = f"o.attr({n!r}, {default!r})"
     names["opset"] = "o.opset"
     names["outputs"] = "o.outputs"
-    scope = Scope(names, specs.fns, what=f"onnx clause {clause.onnx_op} of op {op.name}")
+    scope = Scope(names, specs.callables, what=f"onnx clause {clause.onnx_op} of op {op.name}")
+    # `let`s are computed once, when a setting first needs them, so that an error in one is
+    # reported for that setting, as if the expression were written there.
+    let_lines = []
+    set_scope = scope
+    for name, e, pos in clause.lets:
+        if name in names or name in set_scope.names:
+            raise spec_error(f"onnx {clause.onnx_op}: let {name}: the name is taken (an ONNX input, "
+                             f"attribute or an earlier let); choose another", pos)
+        let_lines.append(f"    _let_{name} = rt.once(lambda: {to_py(e, set_scope)})")
+        set_scope = set_scope.child({name: f"_let_{name}()"})
 
     lines = ["", "", f"def {fn_name}(o):",
              f'    """ONNX {clause.onnx_op} -> {op.name} ({clause.pos})."""',
@@ -137,8 +149,9 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
         lines.append(f"        attrs[{attr!r}] = o.input({onnx_name!r}).value")
     for c in clause.checks:
         lines.append(f"    o.check({to_py(c.expr, scope)}, {c.message!r}, {str(c.pos)!r})")
+    lines += let_lines
     for name, e, pos in clause.sets:
-        lines.append(f"    attrs[{name!r}] = o.evaluating({name!r}, {str(pos)!r}, lambda: {to_py(e, scope)})")
+        lines.append(f"    attrs[{name!r}] = o.evaluating({name!r}, {str(pos)!r}, lambda: {to_py(e, set_scope)})")
     lines.append("    return attrs")
     lines.append("")
     guard = "None"

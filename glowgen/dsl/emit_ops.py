@@ -8,9 +8,9 @@ from .specs import SpecSet
 
 
 def emit_fns(specs: SpecSet) -> str:
-    lines = ["from glowgen import shapelib as sl", "from glowgen.engine import specrt as rt", ""]
+    lines = ["from glowgen import speclib as sl", "from glowgen.engine import specrt as rt", ""]
     for fn in specs.fns.values():
-        scope = Scope({p: py_ident(p) for p in fn.params}, specs.fns, what=f"fn {fn.name}")
+        scope = Scope({p: py_ident(p) for p in fn.params}, specs.callables, what=f"fn {fn.name}")
         lines += ["", f"def fn_{fn.name}({', '.join(py_ident(p) for p in fn.params)}):",
                   f'    """{fn.name}({", ".join(fn.params)}) = {unparse(fn.body)}  ({fn.pos})"""',
                   f"    return {to_py(fn.body, scope)}", ""]
@@ -100,7 +100,7 @@ class _OpEmitter:
     def _default_py(self, a: A.Attr):
         if a.default is None:
             return None
-        return to_py(a.default, Scope({}, self.specs.fns, what=f"default of {self.op.name}.{a.name}"))
+        return to_py(a.default, Scope({}, self.specs.callables, what=f"default of {self.op.name}.{a.name}"))
 
     def _emit_infer(self):
         op, specs = self.op, self.specs
@@ -181,7 +181,7 @@ class _OpEmitter:
         for tv in sorted(bound_types):
             w(f"        {tv} = u.dtype({tv!r})")
             names.setdefault(tv, tv)
-        scope = Scope(names, specs.fns, what=f"op {op.name}")
+        scope = Scope(names, specs.callables, what=f"op {op.name}")
         for a in op.attrs:
             if a.length is not None:
                 w(f"        rt.check(len({py_ident(a.name)}) == {a.length}, {op.name!r}, _node, "
@@ -249,7 +249,7 @@ from typing import ClassVar
 
 import attrs
 
-from glowgen import shapelib as sl
+from glowgen import speclib as sl
 from glowgen.engine import specrt as rt
 from glowgen.engine.graph import AttrInfo, Node, OperandInfo
 from glowgen.engine.specpy import call_py as rt_py

@@ -12,13 +12,15 @@ BUILDER_BUILTINS = {"scalar", "const"}
 CONTEXT_BUILTINS = {"uses": 1}
 
 
-def _pattern_py(specs: SpecSet, p, binds: dict) -> str:
+def _pattern_py(specs: SpecSet, p, binds: dict, node_ops: dict) -> str:
+    """The matcher's data for pattern `p`; fills `binds` (name -> kind) and `node_ops` (name
+    bound to a node -> the ops it may be)."""
     if isinstance(p, A.PatRest):
         _bind(binds, p.name, p.pos, "rest")
         return f"R({p.name!r})"
     if isinstance(p, A.PatVar):
-        if p.name in specs.ops:
-            raise spec_error(f"{p.name} is an op: write {p.name}(...) to match it", p.pos)
+        if p.name in specs.ops or specs.group_members(p.name):
+            raise spec_error(f"{p.name} is an op or a family: write {p.name}(...) to match it", p.pos)
         if p.name != "_":
             binds.setdefault(p.name, "value")
         if p.bind:
@@ -27,24 +29,32 @@ def _pattern_py(specs: SpecSet, p, binds: dict) -> str:
             raise spec_error("write an optional operand as name?, not _?", p.pos)
         return (f"V({p.name!r}{', bind=' + repr(p.bind) if p.bind else ''}"
                 f"{', optional=True' if p.optional else ''})")
-    op = specs.ops.get(p.op)
-    if op is None:
-        raise spec_error(f"pattern names op {p.op!r}, which is not declared in ops.glowdef", p.pos)
-    variadic = any(o.variadic for o in op.inputs)
+    group = ()
+    if p.op in specs.ops:
+        members = (p.op,)
+    else:
+        group = members = specs.group_members(p.op)
+        if not members:
+            raise spec_error(f"pattern names {p.op!r}, which is neither an op of ops.glowdef nor "
+                             f"a template or group with ops", p.pos)
     has_rest = any(isinstance(a, A.PatRest) for a in p.args)
-    if has_rest and not (variadic and len(op.inputs) == 1):
-        raise spec_error(f"a '*rest' pattern needs an op with one variadic operand; {op.name} "
-                         f"is not one", p.pos)
-    if not variadic:
-        required = sum(1 for o in op.inputs if not o.optional)
-        if not required <= len(p.args) <= len(op.inputs):
-            raise spec_error(f"pattern {p.op}(...) has {len(p.args)} operands; op {op.name} has "
-                             f"{len(op.inputs)} ({', '.join(o.name for o in op.inputs)})", p.pos)
+    for name in members:
+        op = specs.ops[name]
+        variadic = any(o.variadic for o in op.inputs)
+        if has_rest and not (variadic and len(op.inputs) == 1):
+            raise spec_error(f"a '*rest' pattern needs an op with one variadic operand; {op.name} "
+                             f"is not one", p.pos)
+        if not variadic:
+            required = sum(1 for o in op.inputs if not o.optional)
+            if not required <= len(p.args) <= len(op.inputs):
+                raise spec_error(f"pattern {p.op}(...) has {len(p.args)} operands; op {op.name} has "
+                                 f"{len(op.inputs)} ({', '.join(o.name for o in op.inputs)})", p.pos)
     if p.bind:
         _bind(binds, p.bind, p.pos, "node")
-    args = ", ".join(_pattern_py(specs, a, binds) for a in p.args)
+        node_ops[p.bind] = members
+    args = ", ".join(_pattern_py(specs, a, binds, node_ops) for a in p.args)
     return (f"P({p.op!r}, ({args}{',' if len(p.args) == 1 else ''})"
-            + (f", bind={p.bind!r}" if p.bind else "") + ")")
+            + (f", bind={p.bind!r}" if p.bind else "") + (f", ops={group!r}" if group else "") + ")")
 
 
 def _doc(text: str) -> str:
@@ -62,6 +72,28 @@ class _RuleEmitter:
     def __init__(self, specs: SpecSet, rule):
         self.specs, self.rule = specs, rule
         self._guard = False
+        self.node_ops: dict = {}        # names bound to matched nodes -> the ops they may be
+
+    def _forwarded(self, e: A.Call, op: A.OpDef) -> list:
+        """The (attribute, source node) pairs `...node` arguments of `e` forward to `op`: each
+        attribute `op` declares, the node's op declares too, and `e` does not give."""
+        given = {k for k, _ in e.kwargs}
+        out = []
+        for f in (a for a in e.args if isinstance(a, A.Forward)):
+            sources = self.node_ops.get(f.name)
+            if sources is None:
+                raise spec_error(f"...{f.name}: {f.name} is not a node matched by the pattern "
+                                 f"(bind one with 'as {f.name}')", f.pos)
+            if len(sources) != 1:
+                raise spec_error(f"...{f.name}: {f.name} matches several ops; its attributes are "
+                                 f"not known (rebuild it with {f.name}(...) instead)", f.pos)
+            declared = {a.name for a in self.specs.ops[sources[0]].attrs}
+            names = [a.name for a in op.attrs if a.name in declared and a.name not in given]
+            if not names:
+                raise spec_error(f"...{f.name}: op {sources[0]} has no attribute that {op.name} "
+                                 f"takes and the call does not give", f.pos)
+            out += [(n, f.name) for n in names if n not in {x for x, _ in out}]
+        return out
 
     def call_hook(self, e: A.Call, scope: Scope):
         if e.func in CONTEXT_BUILTINS:
@@ -81,8 +113,13 @@ class _RuleEmitter:
         if e.func in BUILDER_BUILTINS:
             args = [to_py(a, scope) for a in e.args] + [f"{k}={to_py(v, scope)}" for k, v in e.kwargs]
             return f"_b.{e.func}({', '.join(args)})"
+        if e.func in self.node_ops and not self._guard:
+            return self._rebuild(e, scope)
         op = self.specs.ops.get(e.func)
         if op is None:
+            if any(isinstance(a, A.Forward) for a in e.args):
+                raise spec_error(f"...node forwards attributes to an op built by a rule; "
+                                 f"{e.func} is not an op", e.pos)
             return None
         if self._guard:
             raise spec_error(f"a guard cannot build op {e.func}", e.pos)
@@ -91,7 +128,8 @@ class _RuleEmitter:
             if k not in attr_names:
                 raise spec_error(f"op {op.name} has no attribute {k!r} (attributes: "
                                  f"{', '.join(sorted(attr_names)) or 'none'})", e.pos)
-        args = [to_py(a, scope) for a in e.args]
+        forwarded = self._forwarded(e, op)
+        args = [to_py(a, scope) for a in e.args if not isinstance(a, A.Forward)]
         if any(o.variadic for o in op.inputs):
             if len(op.inputs) != 1:
                 raise spec_error(f"building op {op.name} with several operands, one variadic, is "
@@ -103,13 +141,37 @@ class _RuleEmitter:
                 raise spec_error(f"{op.name}(...) takes {len(op.inputs)} operands "
                                  f"({', '.join(o.name for o in op.inputs)}), got {len(args)}", e.pos)
             operands = f"[{', '.join(args)}]"
-        kwargs = "{" + ", ".join(f"{k!r}: {to_py(v, scope)}" for k, v in e.kwargs) + "}"
+        given = [(k, to_py(v, scope)) for k, v in e.kwargs]
+        given += [(k, f"{py_ident(src)}.{py_ident(k)}") for k, src in forwarded]
+        kwargs = "{" + ", ".join(f"{k!r}: {v}" for k, v in given) + "}"
         return f"_b.op({op.name!r}, {operands}, {kwargs})"
+
+    def _rebuild(self, e: A.Call, scope: Scope) -> str:
+        """`u(x, ...)` for a node `u` bound by the pattern: an op of u's kind with these
+        operands and u's attributes (those given in the call replaced)."""
+        members = self.node_ops[e.func]
+        if any(isinstance(a, (A.Star, A.Forward)) for a in e.args):
+            raise spec_error(f"{e.func}(...) rebuilds the matched node with the operands given; "
+                             f"'*' and '...' do not apply", e.pos)
+        for name in members:
+            op = self.specs.ops[name]
+            required = sum(1 for o in op.inputs if not o.optional)
+            if any(o.variadic for o in op.inputs) or not required <= len(e.args) <= len(op.inputs):
+                raise spec_error(f"{e.func}(...) has {len(e.args)} operands; op {name}, which "
+                                 f"{e.func} may be, takes {len(op.inputs)}", e.pos)
+            attr_names = {a.name for a in op.attrs}
+            for k, _ in e.kwargs:
+                if k not in attr_names:
+                    raise spec_error(f"{e.func}(...): op {name}, which {e.func} may be, has no "
+                                     f"attribute {k!r}", e.pos)
+        args = ", ".join(to_py(a, scope) for a in e.args)
+        kwargs = "{" + ", ".join(f"{k!r}: {to_py(v, scope)}" for k, v in e.kwargs) + "}"
+        return f"_b.like({py_ident(e.func)}, [{args}], {kwargs})"
 
     def emit(self, index: int) -> tuple[list[str], str]:
         rule, specs = self.rule, self.specs
         binds: dict[str, str] = {}
-        pattern = _pattern_py(specs, rule.pattern, binds)
+        pattern = _pattern_py(specs, rule.pattern, binds, self.node_ops)
         names = {n: py_ident(n) for n in binds}
         unpack = [f"    {py_ident(n)} = _m[{n!r}]" for n in binds]
         base = f"_r{index}_{rule.name}"
@@ -117,10 +179,10 @@ class _RuleEmitter:
         guard = "None"
         self._guard = True
         if rule.where is not None or rule.when is not None:
-            scope = Scope(dict(names), specs.fns, self.call_hook, what=f"guard of rule {rule.name}")
+            scope = Scope(dict(names), specs.callables, self.call_hook, what=f"guard of rule {rule.name}")
             conds = []
             if rule.when is not None:
-                when_scope = Scope(dict(names), specs.fns, self._when_hook,
+                when_scope = Scope(dict(names), specs.callables, self._when_hook,
                                    what=f"when of rule {rule.name}")
                 conds.append(to_py(rule.when, when_scope))
             if rule.where is not None:
@@ -130,7 +192,7 @@ class _RuleEmitter:
                       f"    return bool({' and '.join('(' + c + ')' for c in conds)})", ""]
             guard = f"{base}_guard"
         self._guard = False
-        scope = Scope(dict(names), specs.fns, self.call_hook, what=f"rule {rule.name}")
+        scope = Scope(dict(names), specs.callables, self.call_hook, what=f"rule {rule.name}")
         body = []
         for name, e in rule.lets:
             body.append(f"    {py_ident(name)} = {to_py(e, scope)}")
@@ -150,7 +212,7 @@ class _RuleEmitter:
     def emit_build(self) -> list[str]:
         """A builder as a Python function of the rewrite's Builder and its parameters."""
         build = self.rule
-        scope = Scope({n: py_ident(n) for n in build.params}, self.specs.fns, self.call_hook,
+        scope = Scope({n: py_ident(n) for n in build.params}, self.specs.callables, self.call_hook,
                       what=f"build {build.name}")
         body = []
         for name, e in build.lets:
@@ -175,7 +237,7 @@ class _RuleEmitter:
 def emit_rules(specs: SpecSet) -> str:
     lines = [
         "from glowgen.engine import specrt as rt",
-        "from glowgen import shapelib as sl",
+        "from glowgen import speclib as sl",
         "from glowgen.engine.patterns import P, R, RuleInfo, V",
         "",
         "from .fns import *  # noqa: F401,F403",

@@ -117,6 +117,8 @@ class _ToAst(Transformer):
         for a in (arglist or []):
             if isinstance(a, tuple):
                 kwargs.append(a)
+            elif isinstance(a, A.Forward):
+                args.append(a)          # `...node` may come anywhere
             else:
                 if kwargs:
                     raise SpecError("positional argument after keyword argument",
@@ -133,6 +135,10 @@ class _ToAst(Transformer):
     @v_args(meta=True)
     def star_arg(self, meta, c):
         return A.Star(c[1], self._pos(c[0]))
+
+    @v_args(meta=True)
+    def forward_arg(self, meta, c):
+        return A.Forward(str(c[1]), self._pos(c[0]))
 
     # ---------------------------------------------------------------- declarations
     def start(self, c):
@@ -214,9 +220,13 @@ class _ToAst(Transformer):
         return c[0]
 
     @v_args(meta=True)
+    def onnx_let(self, meta, c):
+        return ("let", (str(c[0]), c[1], self._pos(meta)))
+
+    @v_args(meta=True)
     def onnx_clause(self, meta, c):
         name, since, until, guard, *items = c
-        maps, sets, ignore, checks = [], [], [], []
+        maps, sets, ignore, checks, lets = [], [], [], [], []
         for kind, val in items:
             if kind == "map":
                 maps.append(val)
@@ -224,24 +234,48 @@ class _ToAst(Transformer):
                 sets.append(val)
             elif kind == "ignore":
                 ignore.extend(val)
+            elif kind == "let":
+                lets.append(val)
             else:
                 checks.append(val)
         return ("onnx", A.OnnxClause(str(name), since, until, tuple(maps), tuple(sets),
-                                     tuple(ignore), tuple(checks), self._pos(meta), guard))
+                                     tuple(ignore), tuple(checks), self._pos(meta), guard,
+                                     tuple(lets)))
 
     @v_args(meta=True)
     def op_def(self, meta, c):
-        name = str(c[0])
-        fields = {"doc": [], "traits": [], "in": [], "out": [], "attr": [], "check": [],
-                  "verify": [], "onnx": []}
-        for kind, val in c[1:]:
-            if kind in ("traits", "in", "out"):
-                fields[kind].extend(val)
-            else:
-                fields[kind].append(val)
-        return A.OpDef(name, " ".join(fields["doc"]), tuple(fields["traits"]), tuple(fields["in"]),
-                       tuple(fields["out"]), tuple(fields["attr"]), tuple(fields["check"]),
-                       tuple(fields["verify"]), tuple(fields["onnx"]), self._pos(meta))
+        return op_from_items(str(c[0]), c[1:], self._pos(meta))
+
+    @v_args(meta=True)
+    def op_inst(self, meta, c):
+        name, template, args, *items = c
+        args = args or []
+        if any(isinstance(a, tuple) for a in args):
+            raise SpecError("template arguments are positional", self.file, meta.line, meta.column)
+        return A.OpInstance(str(name), str(template), tuple(args),
+                            tuple(i for i in items if i is not None), self._pos(meta))
+
+    @v_args(meta=True)
+    def template_def(self, meta, c):
+        name, params, *items = c
+        return A.Template(str(name), tuple(params or ()), tuple(items), self._pos(meta))
+
+    @v_args(meta=True)
+    def group_def(self, meta, c):
+        return A.Group(str(c[0]), tuple(str(x) for x in c[1:]), self._pos(meta))
+
+    def doc_param(self, c):
+        return ("doc_param", str(c[0]))
+
+    @v_args(meta=True)
+    def helper_def(self, meta, c):
+        module, name, *params = c
+        params = tuple(p for p in params if p is not None)
+        return A.Helper(str(module), str(name), params, self._pos(meta))
+
+    def helper_param(self, c):
+        star, name, optional = c
+        return A.HelperParam(str(name), star is not None, optional is not None)
 
     # ---------------------------------------------------------------- rules
     @v_args(meta=True)
@@ -321,6 +355,23 @@ class _ToAst(Transformer):
     @v_args(meta=True)
     def extern_def(self, meta, c):
         return A.Extern(tuple(str(x) for x in c), self._pos(meta))
+
+
+def op_from_items(name: str, items, pos: A.Pos) -> A.OpDef:
+    """An op declaration from its items, (kind, value) pairs in the order written."""
+    fields = {"doc": [], "traits": [], "in": [], "out": [], "attr": [], "check": [],
+              "verify": [], "onnx": []}
+    for kind, val in items:
+        if kind == "doc_param":
+            raise SpecError(f"op {name}: 'doc {val}' names a template parameter outside a "
+                            f"template", pos.file, pos.line, pos.column)
+        if kind in ("traits", "in", "out"):
+            fields[kind].extend(val)
+        else:
+            fields[kind].append(val)
+    return A.OpDef(name, " ".join(fields["doc"]), tuple(fields["traits"]), tuple(fields["in"]),
+                   tuple(fields["out"]), tuple(fields["attr"]), tuple(fields["check"]),
+                   tuple(fields["verify"]), tuple(fields["onnx"]), pos)
 
 
 def attrs_evolve(obj, **changes):

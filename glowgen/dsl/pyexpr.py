@@ -9,7 +9,6 @@ import keyword
 import math
 from typing import Callable, Optional
 
-from .. import shapelib
 from ..engine import specrt
 from ..errors import SpecError
 from . import ast as A
@@ -72,6 +71,8 @@ def to_py(e, scope: Scope) -> str:
         return "(" + "".join(to_py(x, scope) + ", " for x in e.items) + ")"
     if isinstance(e, A.Star):
         return "*" + to_py(e.value, scope)
+    if isinstance(e, A.Forward):
+        raise spec_error(f"...{e.name} forwards attributes only to an op a rule builds", e.pos)
     if isinstance(e, A.Call):
         if scope.call_hook is not None:
             hooked = scope.call_hook(e, scope)
@@ -79,6 +80,8 @@ def to_py(e, scope: Scope) -> str:
                 return hooked
         args = [to_py(a, scope) for a in e.args] + [f"{py_ident(k)}={to_py(v, scope)}"
                                                     for k, v in e.kwargs]
+        if isinstance(scope.fns.get(e.func), A.Helper):
+            return _helper_call(e, scope.fns[e.func], args, scope)
         if e.func in scope.fns:
             fn = scope.fns[e.func]
             if e.kwargs or (len(e.args) != len(fn.params) and not any(isinstance(a, A.Star) for a in e.args)):
@@ -88,9 +91,9 @@ def to_py(e, scope: Scope) -> str:
         fn = specrt.BUILTINS.get(e.func)
         if callable(fn):
             return f"rt.b_{e.func}({', '.join(args)})"
-        if e.func in shapelib.FUNCTIONS:
-            return f"sl.b_{e.func}({', '.join(args)})"
-        raise spec_error(f"unknown function {e.func!r} in {scope.what}", e.pos)
+        raise spec_error(f"unknown function {e.func!r} in {scope.what}: no fn, builtin or helper "
+                         f"of that name (declare a Python helper of glowgen/speclib in "
+                         f"specs/helpers.glowdef: `helper module.{e.func}(params)`)", e.pos)
     if isinstance(e, A.GetAttr):
         return f"{to_py(e.obj, scope)}.{e.name}"
     if isinstance(e, A.Index):
@@ -116,6 +119,24 @@ def to_py(e, scope: Scope) -> str:
     raise TypeError(f"not an expression: {e!r}")
 
 
+def _helper_call(e: A.Call, h: A.Helper, args: list, scope: Scope) -> str:
+    """A call of a declared helper, checked against its declaration."""
+    fewest, most = h.arity()
+    if not any(isinstance(a, A.Star) for a in e.args):
+        n = len(e.args)
+        if n < fewest or (most is not None and n > most):
+            want = (f"{fewest}" if fewest == most else f"{fewest} to {most}" if most is not None
+                    else f"at least {fewest}")
+            raise spec_error(f"helper {e.func} takes {want} arguments "
+                             f"({', '.join(('*' if p.star else '') + p.name + ('?' if p.optional else '') for p in h.params)}; "
+                             f"declared at {h.pos}), got {n}", e.pos)
+    names = {p.name for p in h.params if not p.star}
+    for k, _ in e.kwargs:
+        if k not in names:
+            raise spec_error(f"helper {e.func} has no parameter {k!r} (declared at {h.pos})", e.pos)
+    return f"sl.{h.module}.{h.name}({', '.join(args)})"
+
+
 def unparse(e) -> str:
     """The spec text of an expression (for messages and docstrings)."""
     if isinstance(e, A.Num):
@@ -128,6 +149,8 @@ def unparse(e) -> str:
         return "[" + ", ".join(unparse(x) for x in e.items) + "]"
     if isinstance(e, A.Star):
         return "*" + unparse(e.value)
+    if isinstance(e, A.Forward):
+        return "..." + e.name
     if isinstance(e, A.Call):
         args = [unparse(a) for a in e.args] + [f"{k} = {unparse(v)}" for k, v in e.kwargs]
         return f"{e.func}({', '.join(args)})"

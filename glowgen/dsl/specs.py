@@ -7,10 +7,10 @@ import attrs
 
 from ..engine.types import DTYPES
 from . import ast as A
-from .parser import parse_file
+from .parser import op_from_items, parse_file
 from .pyexpr import spec_error
 
-SPEC_FILES = ("ops.glowdef", "lowerings.glowdef", "cpu_kernels.glowdef")
+SPEC_FILES = ("helpers.glowdef", "ops.glowdef", "lowerings.glowdef", "cpu_kernels.glowdef")
 # The closed vocabulary of traits the engine understands:
 #   elementwise  one result element from the same-index operand elements (stackable)
 #   broadcast    operands broadcast NumPy-style
@@ -36,6 +36,27 @@ class SpecSet:
     kernels: dict = attrs.field(factory=dict)
     scalars: dict = attrs.field(factory=dict)
     externs: list = attrs.field(factory=list)         # (name, Pos)
+    templates: dict = attrs.field(factory=dict)
+    families: dict = attrs.field(factory=dict)        # template name -> names of its ops
+    groups: dict = attrs.field(factory=dict)          # group name -> Group
+    helpers: dict = attrs.field(factory=dict)         # helper name -> Helper
+
+    @property
+    def callables(self) -> dict:
+        """What a call in a spec expression may name: `fn` definitions and declared helpers."""
+        return {**self.helpers, **self.fns}
+
+    def group_members(self, name: str) -> tuple:
+        """The ops a pattern naming `name` (a family or a group) matches; () for neither."""
+        if name in self.families:
+            return tuple(self.families[name])
+        if name in self.groups:
+            out: dict = {}
+            for m in self.groups[name].members:
+                for op in ((m,) if m in self.ops else self.group_members(m)):
+                    out[op] = None
+            return tuple(out)
+        return ()
 
 
 def display_name(spec_dir: Path, file: str) -> str:
@@ -64,7 +85,27 @@ def _add(specs: SpecSet, item) -> None:
         if name in table:
             raise spec_error(f"{what} {name!r} is defined twice (first at {table[name].pos})", item.pos)
 
-    if isinstance(item, A.TypeVar):
+    if isinstance(item, A.Template):
+        unique(specs.templates, item.name, "template")
+        specs.templates[item.name] = item
+        specs.families[item.name] = []
+    elif isinstance(item, A.OpInstance):
+        op = instantiate(specs, item)
+        unique(specs.ops, op.name, "op")
+        specs.ops[op.name] = op
+        specs.families[item.template].append(op.name)
+    elif isinstance(item, A.Group):
+        if item.name in specs.groups or item.name in specs.templates or item.name in specs.ops:
+            raise spec_error(f"group {item.name!r}: the name is taken by another declaration", item.pos)
+        for m in item.members:      # declared before: so groups cannot form cycles
+            if m not in specs.ops and m not in specs.families and m not in specs.groups:
+                raise spec_error(f"group {item.name}: {m!r} is not an op, template or group "
+                                 f"declared before it", item.pos)
+        specs.groups[item.name] = item
+    elif isinstance(item, A.Helper):
+        unique(specs.helpers, item.name, "helper")
+        specs.helpers[item.name] = item
+    elif isinstance(item, A.TypeVar):
         unique(specs.typevars, item.name, "typevar")
         for d in item.dtypes:
             if d not in DTYPES:
@@ -95,8 +136,88 @@ def _add(specs: SpecSet, item) -> None:
         specs.externs.extend((n, item.pos) for n in item.names)
 
 
+def substitute(node, mapping: dict):
+    """`node` (any spec AST, or tuples of it) with every name in `mapping` replaced."""
+    if isinstance(node, A.Name):
+        return mapping.get(node.id, node)
+    if isinstance(node, tuple):
+        return tuple(substitute(x, mapping) for x in node)
+    if isinstance(node, list):
+        return [substitute(x, mapping) for x in node]
+    if attrs.has(type(node)) and not isinstance(node, A.Pos):
+        changes = {}
+        for f in attrs.fields(type(node)):
+            old = getattr(node, f.name)
+            new = substitute(old, mapping)
+            if new is not old:
+                changes[f.name] = new
+        return attrs.evolve(node, **changes) if changes else node
+    return node
+
+
+def instantiate(specs: SpecSet, inst: A.OpInstance) -> A.OpDef:
+    """The op `op Name = Template(args) { items }` declares."""
+    template = specs.templates.get(inst.template)
+    if template is None:
+        raise spec_error(f"op {inst.name}: no template named {inst.template!r} is declared "
+                         f"before it", inst.pos)
+    if len(inst.args) != len(template.params):
+        raise spec_error(f"op {inst.name}: template {template.name} takes {len(template.params)} "
+                         f"arguments ({', '.join(template.params)}), got {len(inst.args)}", inst.pos)
+    mapping = dict(zip(template.params, inst.args))
+    items = []
+    for kind, val in template.items:
+        if kind == "doc_param":
+            if val not in mapping or not isinstance(mapping[val], A.Str):
+                raise spec_error(f"op {inst.name}: 'doc {val}' in template {template.name} needs "
+                                 f"a string argument {val}", inst.pos)
+            items.append(("doc", mapping[val].value))
+        else:
+            items.append((kind, substitute(val, mapping)))
+    return op_from_items(inst.name, items + list(inst.items), inst.pos)
+
+
+def _check_helpers(specs: SpecSet) -> None:
+    """Every declared helper is a registered function of its module that accepts the declared
+    parameters, and every registered helper is declared."""
+    import inspect
+
+    from .. import speclib
+    for h in specs.helpers.values():
+        if h.name in specs.fns:
+            raise spec_error(f"helper {h.name}: an fn of that name is declared too "
+                             f"({specs.fns[h.name].pos})", h.pos)
+        if h.module not in speclib.MODULES:
+            raise spec_error(f"helper {h.module}.{h.name}: no module glowgen/speclib/{h.module}.py "
+                             f"(modules: {', '.join(sorted(speclib.MODULES))})", h.pos)
+        fn = speclib.HELPERS.get(h.name)
+        if fn is None or speclib.module_of(fn) != h.module:
+            raise spec_error(f"helper {h.module}.{h.name}: glowgen/speclib/{h.module}.py registers no "
+                             f"helper {h.name!r} (mark the function with @helper)", h.pos)
+        params = list(inspect.signature(fn).parameters.values())
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = sum(1 for p in positional if p.default is p.empty)
+        star = any(p.kind == p.VAR_POSITIONAL for p in params)
+        declared_min, declared_max = h.arity()
+        python_max = None if star else len(positional)
+        if declared_min < required or (python_max is not None and
+                                       (declared_max is None or declared_max > python_max)):
+            sig = f"{h.name}{inspect.signature(fn)}"
+            raise spec_error(f"helper {h.module}.{h.name}: the declaration "
+                             f"({', '.join(('*' if p.star else '') + p.name + ('?' if p.optional else '') for p in h.params)}) "
+                             f"does not fit the Python function {sig}", h.pos)
+    declared = set(specs.helpers)
+    missing = sorted(n for n in speclib.HELPERS if n not in declared)
+    if missing:
+        from ..errors import SpecError
+        raise SpecError(f"glowgen/speclib registers helpers that {display_name(specs.directory, 'helpers.glowdef')} "
+                        f"does not declare: {', '.join(missing)} (declare each as "
+                        f"`helper module.name(params)`)")
+
+
 def _check(specs: SpecSet) -> None:
     """Checks that span declarations; per-expression name checks happen while emitting."""
+    _check_helpers(specs)
     for op in specs.ops.values():
         for t in op.traits:
             if t.name not in TRAITS:

@@ -115,13 +115,22 @@ def _run_step(function: Function, step, ctx: PassContext) -> int:
     if isinstance(step, Rules):
         rules = ctx.registry.rules_for(step.phase)
         if step.skip_native and ctx.backend_ops is not None:
-            rules = [r for r in rules if r.pattern.op not in ctx.backend_ops]
+            rules = [_without_native(r, ctx.backend_ops) for r in rules
+                     if not all(op in ctx.backend_ops for op in r.pattern.root_ops)]
         stats = apply_rules(function, ctx.registry, rules, ctx.rewrite_context())
         ctx.fired.update(stats.fired)
         return sum(stats.fired.values())
     changes = PASSES[step.name][0](function, ctx)
     ctx.passes[step.name] += changes
     return changes
+
+
+def _without_native(rule, native: set):
+    """`rule`, its root no longer matching the ops the backend implements (for a family)."""
+    if not rule.pattern.ops or not any(op in native for op in rule.pattern.ops):
+        return rule
+    kept = tuple(op for op in rule.pattern.ops if op not in native)
+    return attrs.evolve(rule, pattern=attrs.evolve(rule.pattern, ops=kept))
 
 
 # ----------------------------------------------------------------------------- passes

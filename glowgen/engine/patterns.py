@@ -30,10 +30,20 @@ class R:
 
 @attrs.frozen
 class P:
-    """An op pattern: the value must be result 0 of a node of kind `op`."""
+    """An op pattern: the value must be result 0 of a node of kind `op`, or, for a family or
+    group of ops (`op` is its name), of any kind in `ops`."""
     op: str
     args: tuple
     bind: Optional[str] = None
+    ops: tuple = ()
+
+    @property
+    def root_ops(self) -> tuple:
+        """The node kinds the pattern's root matches."""
+        return self.ops or (self.op,)
+
+    def accepts(self, kind: str) -> bool:
+        return kind == self.op if not self.ops else kind in self.ops
 
 
 @attrs.frozen
@@ -69,7 +79,7 @@ def _operand_lists(node: Node, nargs: int, has_rest: bool) -> Iterator[list]:
 
 def match(pattern: P, node: Node) -> Iterator[dict]:
     """Yield every binding of `pattern` rooted at `node`."""
-    if node.OP != pattern.op:
+    if not pattern.accepts(node.OP):
         return
     yield from _match_node(pattern, node, {})
 
@@ -78,7 +88,7 @@ MATCHED = "__matched__"      # key of the tuple of every node a match covers (pr
 
 
 def _match_node(p: P, node: Node, m: dict) -> Iterator[dict]:
-    if node.OP != p.op:
+    if not p.accepts(node.OP):
         return
     m = {**m, MATCHED: m.get(MATCHED, ()) + (node,)}
     if p.bind:

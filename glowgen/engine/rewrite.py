@@ -67,6 +67,11 @@ class Builder:
         self.created.append(node)
         return node.outputs[0]
 
+    def like(self, node: Node, operands: list, attrs: dict) -> Value:
+        """An op of `node`'s kind on `operands`, with `node`'s attributes updated by `attrs`
+        (a rule's `u(x)` for a node `u` its pattern matched)."""
+        return self.op(node.OP, operands, {**node.attr_values(), **attrs})
+
     def scalar(self, value, dtype: str) -> Value:
         from .types import numpy_dtype
         return self.function.add_constant(np.array(value, dtype=numpy_dtype(dtype)),
@@ -99,7 +104,8 @@ def apply_rules(function: Function, registry: Registry, rules: Iterable[RuleInfo
     ctx.function = function
     by_op: dict[str, list[RuleInfo]] = {}
     for r in sorted(rules, key=lambda r: -r.size):
-        by_op.setdefault(r.pattern.op, []).append(r)
+        for op in r.pattern.root_ops:
+            by_op.setdefault(op, []).append(r)
     stats = RewriteStats()
     limit = max_rewrites or max(10_000, 100 * len(function.nodes))
     recent: deque = deque(maxlen=50)

@@ -339,6 +339,17 @@ def b_is_float(dtype):
     return dtype in FLOAT_DTYPES
 
 
+def once(thunk):
+    """`thunk`, evaluated the first time it is called and remembered (an onnx clause's `let`)."""
+    cell = []
+
+    def get():
+        if not cell:
+            cell.append(thunk())
+        return cell[0]
+    return get
+
+
 def b_item(value, default=None):
     if value is None:
         return default

@@ -2,7 +2,7 @@
 # Do not edit: change the spec and run `glowgen regen`.
 # flake8: noqa
 
-from glowgen import shapelib as sl
+from glowgen import speclib as sl
 from glowgen.engine import specrt as rt
 
 
@@ -17,40 +17,40 @@ def fn_pool_out(i, k, p0, p1, s, d, ceil_mode):
 
 
 def fn_rnn_directions(direction):
-    """rnn_directions(direction) = 2 if direction == "bidirectional" else 1  (specs/ops.glowdef:1584:1)"""
+    """rnn_directions(direction) = 2 if direction == "bidirectional" else 1  (specs/ops.glowdef:1366:1)"""
     return (2 if rt.eq(direction, 'bidirectional') else 1)
 
 
 def fn_per_row(p, s):
-    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1681:1)"""
-    return sl.b_param_along(p, s[rt.neg(2)], rt.sub(rt.b_len(s), 2), rt.b_len(s))
+    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1463:1)"""
+    return sl.quant.param_along(p, s[rt.neg(2)], rt.sub(rt.b_len(s), 2), rt.b_len(s))
 
 
 def fn_per_column(p, s):
-    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1682:1)"""
-    return sl.b_param_along(p, s[rt.neg(1)], rt.sub(rt.b_len(s), 1), rt.b_len(s))
+    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1464:1)"""
+    return sl.quant.param_along(p, s[rt.neg(1)], rt.sub(rt.b_len(s), 1), rt.b_len(s))
 
 
 def fn_per_filter(p, s):
-    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1683:1)"""
-    return sl.b_param_along(p, s[0], 0, rt.b_len(s))
+    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1465:1)"""
+    return sl.quant.param_along(p, s[0], 0, rt.b_len(s))
 
 
 def fn_per_out_channel(p, m, rank):
-    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1684:1)"""
-    return sl.b_param_along(p, m, 1, rank)
+    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1466:1)"""
+    return sl.quant.param_along(p, m, 1, rank)
 
 
 def fn_resize_args(r, n):
-    """resize_args(r, n) = [n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias]  (specs/lowerings.glowdef:609:1)"""
+    """resize_args(r, n) = [n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias]  (specs/lowerings.glowdef:568:1)"""
     return (n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias, )
 
 
 def fn_rnn_activation(acts, defaults, d, j):
-    """rnn_activation(acts, defaults, d, j) = acts[((d * len(defaults)) + j) % len(acts)] if len(acts) > 0 else defaults[j]  (specs/lowerings.glowdef:802:1)"""
+    """rnn_activation(acts, defaults, d, j) = acts[((d * len(defaults)) + j) % len(acts)] if len(acts) > 0 else defaults[j]  (specs/lowerings.glowdef:752:1)"""
     return (acts[rt.mod(rt.add(rt.mul(d, rt.b_len(defaults)), j), rt.b_len(acts))] if rt.gt(rt.b_len(acts), 0) else defaults[j])
 
 
 def fn_rnn_reverses(direction, d):
-    """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:863:1)"""
+    """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:813:1)"""
     return (rt.eq(direction, 'reverse') or rt.eq(d, 1))

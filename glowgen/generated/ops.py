@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import attrs
 
-from glowgen import shapelib as sl
+from glowgen import speclib as sl
 from glowgen.engine import specrt as rt
 from glowgen.engine.graph import AttrInfo, Node, OperandInfo
 from glowgen.engine.specpy import call_py as rt_py
@@ -855,6 +855,375 @@ class Select(Node):
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
+class Mod(Node):
+    """Elementwise remainder: the divisor's sign (fmod = 0, integers) or the dividend's (fmod = 1, C fmod).
+    
+    Operands:
+        lhs: Tensor[T, *X]
+        rhs: Tensor[T, *Y]
+    Results:
+        y: Tensor[T, *broadcast(X, Y)]
+    Attributes:
+        fmod: int = 0
+    Traits: elementwise, broadcast, primitive
+    Declared at specs/ops.glowdef:173:1.
+    """
+
+    OP: ClassVar[str] = 'Mod'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('fmod', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:173:1'
+
+    fmod: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[T, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[T, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node='', fmod=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Mod', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:176:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:176:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:176:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:176:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        T = u.dtype('T')
+        rt.check(rt.b_broadcastable(X, Y), 'Mod', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:178:3')
+        return (rt.result_type('Mod', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:179:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitShift(Node):
+    """Elementwise shift of lhs by rhs bits, left when `left` is 1.
+    
+    Operands:
+        lhs: Tensor[B, *X]
+        rhs: Tensor[B, *Y]
+    Results:
+        y: Tensor[B, *broadcast(X, Y)]
+    Attributes:
+        left: int
+    Traits: elementwise, broadcast, primitive
+    Declared at specs/ops.glowdef:183:1.
+    """
+
+    OP: ClassVar[str] = 'BitShift'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('left', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:183:1'
+
+    left: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[B, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node='', left=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitShift', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:186:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:186:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:186:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:186:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        B = u.dtype('B')
+        rt.check(rt.b_broadcastable(X, Y), 'BitShift', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:188:3')
+        return (rt.result_type('BitShift', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:189:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitwiseAnd(Node):
+    """Elementwise bitwise and.
+    
+    Operands:
+        lhs: Tensor[B, *X]
+        rhs: Tensor[B, *Y]
+    Results:
+        y: Tensor[B, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, commutative, primitive
+    Declared at specs/ops.glowdef:193:1.
+    """
+
+    OP: ClassVar[str] = 'BitwiseAnd'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:193:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[B, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitwiseAnd', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:196:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:196:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:196:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:196:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        B = u.dtype('B')
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseAnd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:197:3')
+        return (rt.result_type('BitwiseAnd', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:198:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitwiseOr(Node):
+    """Elementwise bitwise or.
+    
+    Operands:
+        lhs: Tensor[B, *X]
+        rhs: Tensor[B, *Y]
+    Results:
+        y: Tensor[B, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, commutative, primitive
+    Declared at specs/ops.glowdef:202:1.
+    """
+
+    OP: ClassVar[str] = 'BitwiseOr'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:202:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[B, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitwiseOr', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:205:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:205:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:205:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:205:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        B = u.dtype('B')
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseOr', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:206:3')
+        return (rt.result_type('BitwiseOr', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:207:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitwiseXor(Node):
+    """Elementwise bitwise exclusive or.
+    
+    Operands:
+        lhs: Tensor[B, *X]
+        rhs: Tensor[B, *Y]
+    Results:
+        y: Tensor[B, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, commutative, primitive
+    Declared at specs/ops.glowdef:211:1.
+    """
+
+    OP: ClassVar[str] = 'BitwiseXor'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:211:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[B, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitwiseXor', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:214:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:214:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:214:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:214:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        B = u.dtype('B')
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseXor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:215:3')
+        return (rt.result_type('BitwiseXor', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:216:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class PRelu(Node):
+    """Elementwise x < 0 ? slope * x : x, slope broadcast to x.
+    
+    Operands:
+        x: Tensor[T, *S]
+        slope: Tensor[T, *Q]
+    Results:
+        y: Tensor[T, *broadcast(S, Q)]
+    Traits: elementwise
+    Declared at specs/ops.glowdef:220:1.
+    """
+
+    OP: ClassVar[str] = 'PRelu'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('slope', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:220:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def slope(self):
+        """Operand slope: Tensor[T, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *broadcast(S, Q)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, slope, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('PRelu', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:223:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:223:7')
+        u.elem('slope', slope, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:223:25')
+        u.shape('slope', slope, (), 'Q', (), 'specs/ops.glowdef:223:25')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check(rt.b_broadcastable(S, Q), 'PRelu', _node, 'slope must broadcast to the operand', 'specs/ops.glowdef:224:3')
+        return (rt.result_type('PRelu', _node, T, (*rt.b_broadcast(S, Q),), 'specs/ops.glowdef:225:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class CastLike(Node):
+    """Cast x to the element type of `like` (ONNX CastLike).
+    
+    Operands:
+        x: Tensor[A, *S]
+        like: Tensor[A2, *Q]
+    Results:
+        y: Tensor[A2, *S]
+    Declared at specs/ops.glowdef:229:1.
+    """
+
+    OP: ClassVar[str] = 'CastLike'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('like', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:229:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def like(self):
+        """Operand like: Tensor[A2, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A2, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, like, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('CastLike', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:231:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:231:7')
+        u.elem('like', like, 'A2', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:231:25')
+        u.shape('like', like, (), 'Q', (), 'specs/ops.glowdef:231:25')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        A = u.dtype('A')
+        A2 = u.dtype('A2')
+        return (rt.result_type('CastLike', _node, A2, (*S,), 'specs/ops.glowdef:232:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
 class Neg(Node):
     """Elementwise negation.
     
@@ -863,7 +1232,7 @@ class Neg(Node):
     Results:
         y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:175:1.
+    Declared at specs/ops.glowdef:265:1.
     """
 
     OP: ClassVar[str] = 'Neg'
@@ -872,7 +1241,7 @@ class Neg(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:175:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:265:1'
 
 
     @property
@@ -889,11 +1258,11 @@ class Neg(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Neg', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:178:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:178:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Neg', _node, T, (*S,), 'specs/ops.glowdef:179:7'), )
+        return (rt.result_type('Neg', _node, T, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -905,7 +1274,7 @@ class Abs(Node):
     Results:
         y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:183:1.
+    Declared at specs/ops.glowdef:266:1.
     """
 
     OP: ClassVar[str] = 'Abs'
@@ -914,7 +1283,7 @@ class Abs(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:183:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:266:1'
 
 
     @property
@@ -931,11 +1300,11 @@ class Abs(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Abs', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:186:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:186:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Abs', _node, T, (*S,), 'specs/ops.glowdef:187:7'), )
+        return (rt.result_type('Abs', _node, T, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -947,7 +1316,7 @@ class Exp(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:191:1.
+    Declared at specs/ops.glowdef:267:1.
     """
 
     OP: ClassVar[str] = 'Exp'
@@ -956,7 +1325,7 @@ class Exp(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:191:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:267:1'
 
 
     @property
@@ -973,11 +1342,11 @@ class Exp(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Exp', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:194:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:194:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Exp', _node, F, (*S,), 'specs/ops.glowdef:195:7'), )
+        return (rt.result_type('Exp', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -989,7 +1358,7 @@ class Log(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:199:1.
+    Declared at specs/ops.glowdef:268:1.
     """
 
     OP: ClassVar[str] = 'Log'
@@ -998,7 +1367,7 @@ class Log(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:199:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:268:1'
 
 
     @property
@@ -1015,11 +1384,11 @@ class Log(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Log', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:202:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:202:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Log', _node, F, (*S,), 'specs/ops.glowdef:203:7'), )
+        return (rt.result_type('Log', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1031,7 +1400,7 @@ class Sqrt(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:207:1.
+    Declared at specs/ops.glowdef:269:1.
     """
 
     OP: ClassVar[str] = 'Sqrt'
@@ -1040,7 +1409,7 @@ class Sqrt(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:207:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:269:1'
 
 
     @property
@@ -1057,11 +1426,11 @@ class Sqrt(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sqrt', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:210:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:210:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Sqrt', _node, F, (*S,), 'specs/ops.glowdef:211:7'), )
+        return (rt.result_type('Sqrt', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1073,7 +1442,7 @@ class Relu(Node):
     Results:
         y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:215:1.
+    Declared at specs/ops.glowdef:270:1.
     """
 
     OP: ClassVar[str] = 'Relu'
@@ -1082,7 +1451,7 @@ class Relu(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:215:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:270:1'
 
 
     @property
@@ -1099,11 +1468,11 @@ class Relu(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Relu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:218:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:218:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Relu', _node, T, (*S,), 'specs/ops.glowdef:219:7'), )
+        return (rt.result_type('Relu', _node, T, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1117,7 +1486,7 @@ class LeakyRelu(Node):
     Attributes:
         alpha: float = 0.01
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:223:1.
+    Declared at specs/ops.glowdef:271:1.
     """
 
     OP: ClassVar[str] = 'LeakyRelu'
@@ -1126,7 +1495,7 @@ class LeakyRelu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.01, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:223:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:271:1'
 
     alpha: object = attrs.field(default=0.01, converter=rt.CONVERTERS['float'])
 
@@ -1144,11 +1513,11 @@ class LeakyRelu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LeakyRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:226:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:226:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('LeakyRelu', _node, F, (*S,), 'specs/ops.glowdef:228:7'), )
+        return (rt.result_type('LeakyRelu', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1162,7 +1531,7 @@ class Elu(Node):
     Attributes:
         alpha: float = 1.0
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:232:1.
+    Declared at specs/ops.glowdef:272:1.
     """
 
     OP: ClassVar[str] = 'Elu'
@@ -1171,7 +1540,7 @@ class Elu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:232:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:272:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
 
@@ -1189,11 +1558,11 @@ class Elu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Elu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:235:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:235:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Elu', _node, F, (*S,), 'specs/ops.glowdef:237:7'), )
+        return (rt.result_type('Elu', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1205,178 +1574,10 @@ class Sigmoid(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:241:1.
-    """
-
-    OP: ClassVar[str] = 'Sigmoid'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:241:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:244:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:244:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Sigmoid', _node, F, (*S,), 'specs/ops.glowdef:245:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Tanh(Node):
-    """Elementwise hyperbolic tangent.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:249:1.
-    """
-
-    OP: ClassVar[str] = 'Tanh'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:249:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Tanh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:252:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:252:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Tanh', _node, F, (*S,), 'specs/ops.glowdef:253:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Erf(Node):
-    """Elementwise error function.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:257:1.
-    """
-
-    OP: ClassVar[str] = 'Erf'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:257:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Erf', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:260:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:260:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Erf', _node, F, (*S,), 'specs/ops.glowdef:261:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Softplus(Node):
-    """Elementwise log(1 + exp(x)), computed without overflow.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:265:1.
-    """
-
-    OP: ClassVar[str] = 'Softplus'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:265:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Softplus', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:268:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:268:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Softplus', _node, F, (*S,), 'specs/ops.glowdef:269:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Floor(Node):
-    """Elementwise floor.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:273:1.
     """
 
-    OP: ClassVar[str] = 'Floor'
+    OP: ClassVar[str] = 'Sigmoid'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1398,12 +1599,180 @@ class Floor(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Floor', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:276:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:276:7')
+        u = rt.Unifier('Sigmoid', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Floor', _node, F, (*S,), 'specs/ops.glowdef:277:7'), )
+        return (rt.result_type('Sigmoid', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Tanh(Node):
+    """Elementwise hyperbolic tangent.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:274:1.
+    """
+
+    OP: ClassVar[str] = 'Tanh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:274:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Tanh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Tanh', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Erf(Node):
+    """Elementwise error function.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:275:1.
+    """
+
+    OP: ClassVar[str] = 'Erf'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:275:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Erf', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Erf', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Softplus(Node):
+    """Elementwise log(1 + exp(x)), computed without overflow.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:276:1.
+    """
+
+    OP: ClassVar[str] = 'Softplus'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:276:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Softplus', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Softplus', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Floor(Node):
+    """Elementwise floor.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:277:1.
+    """
+
+    OP: ClassVar[str] = 'Floor'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:277:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Floor', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Floor', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1415,10 +1784,135 @@ class Ceil(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:281:1.
+    Declared at specs/ops.glowdef:278:1.
     """
 
     OP: ClassVar[str] = 'Ceil'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:278:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Ceil', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Ceil', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Not(Node):
+    """Elementwise logical not.
+    
+    Operands:
+        x: Tensor[bool, *S]
+    Results:
+        y: Tensor[bool, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:279:1.
+    """
+
+    OP: ClassVar[str] = 'Not'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:279:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[bool, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[bool, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Not', _node)
+        u.exact_elem('x', x, 'bool', 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        return (rt.result_type('Not', _node, 'bool', (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sin(Node):
+    """Elementwise sine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:280:1.
+    """
+
+    OP: ClassVar[str] = 'Sin'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:280:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Sin', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Sin', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Cos(Node):
+    """Elementwise cosine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:281:1.
+    """
+
+    OP: ClassVar[str] = 'Cos'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1440,27 +1934,321 @@ class Ceil(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Ceil', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:284:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:284:7')
+        u = rt.Unifier('Cos', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Ceil', _node, F, (*S,), 'specs/ops.glowdef:285:7'), )
+        return (rt.result_type('Cos', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Not(Node):
-    """Elementwise logical not.
+class Tan(Node):
+    """Elementwise tangent.
     
     Operands:
-        x: Tensor[bool, *S]
+        x: Tensor[F, *S]
     Results:
-        y: Tensor[bool, *S]
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:282:1.
+    """
+
+    OP: ClassVar[str] = 'Tan'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:282:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Tan', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Tan', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Asin(Node):
+    """Elementwise arcsine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:283:1.
+    """
+
+    OP: ClassVar[str] = 'Asin'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:283:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Asin', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Asin', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Acos(Node):
+    """Elementwise arccosine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:284:1.
+    """
+
+    OP: ClassVar[str] = 'Acos'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:284:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Acos', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Acos', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Atan(Node):
+    """Elementwise arctangent.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:285:1.
+    """
+
+    OP: ClassVar[str] = 'Atan'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:285:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Atan', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Atan', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sinh(Node):
+    """Elementwise hyperbolic sine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:286:1.
+    """
+
+    OP: ClassVar[str] = 'Sinh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:286:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Sinh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Sinh', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Cosh(Node):
+    """Elementwise hyperbolic cosine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:287:1.
+    """
+
+    OP: ClassVar[str] = 'Cosh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:287:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Cosh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Cosh', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Asinh(Node):
+    """Elementwise inverse hyperbolic sine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:288:1.
+    """
+
+    OP: ClassVar[str] = 'Asinh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:288:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Asinh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Asinh', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Acosh(Node):
+    """Elementwise inverse hyperbolic cosine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:289:1.
     """
 
-    OP: ClassVar[str] = 'Not'
+    OP: ClassVar[str] = 'Acosh'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1471,7 +2259,175 @@ class Not(Node):
 
     @property
     def x(self):
-        """Operand x: Tensor[bool, *S]"""
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Acosh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Acosh', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Atanh(Node):
+    """Elementwise inverse hyperbolic tangent.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:290:1.
+    """
+
+    OP: ClassVar[str] = 'Atanh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:290:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Atanh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Atanh', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sign(Node):
+    """Elementwise sign: -1, 0 or 1.
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:291:1.
+    """
+
+    OP: ClassVar[str] = 'Sign'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:291:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Sign', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        return (rt.result_type('Sign', _node, T, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Round(Node):
+    """Elementwise rounding to the nearest integer, halves to even.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:292:1.
+    """
+
+    OP: ClassVar[str] = 'Round'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:292:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Round', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Round', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class IsNaN(Node):
+    """Elementwise x is NaN.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[bool, *S]
+    Traits: elementwise, primitive
+    Declared at specs/ops.glowdef:293:1.
+    """
+
+    OP: ClassVar[str] = 'IsNaN'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:293:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
         return self.inputs[0]
 
     @property
@@ -1482,11 +2438,240 @@ class Not(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Not', _node)
-        u.exact_elem('x', x, 'bool', 'specs/ops.glowdef:292:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:292:7')
+        u = rt.Unifier('IsNaN', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:253:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:253:7')
         S = u.dim('S')
-        return (rt.result_type('Not', _node, 'bool', (*S,), 'specs/ops.glowdef:293:7'), )
+        F = u.dtype('F')
+        return (rt.result_type('IsNaN', _node, 'bool', (*S,), 'specs/ops.glowdef:254:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class IsInf(Node):
+    """Elementwise x is +inf (when detect_positive) or -inf (when detect_negative).
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[bool, *S]
+    Attributes:
+        detect_negative: int = 1
+        detect_positive: int = 1
+    Traits: elementwise, primitive
+    Declared at specs/ops.glowdef:295:1.
+    """
+
+    OP: ClassVar[str] = 'IsInf'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('detect_negative', 'int', 1, True), AttrInfo('detect_positive', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:295:1'
+
+    detect_negative: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    detect_positive: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[bool, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', detect_negative=None, detect_positive=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('IsInf', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:253:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:253:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('IsInf', _node, 'bool', (*S,), 'specs/ops.glowdef:254:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitwiseNot(Node):
+    """Elementwise bitwise complement.
+    
+    Operands:
+        x: Tensor[B, *S]
+    Results:
+        y: Tensor[B, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:301:1.
+    """
+
+    OP: ClassVar[str] = 'BitwiseNot'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:301:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[B, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitwiseNot', _node)
+        u.elem('x', x, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        B = u.dtype('B')
+        return (rt.result_type('BitwiseNot', _node, B, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Selu(Node):
+    """Elementwise gamma * (x > 0 ? x : alpha * (exp(x) - 1)).
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        alpha: float = 1.6732631921768188
+        gamma: float = 1.0507010221481323
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:303:1.
+    """
+
+    OP: ClassVar[str] = 'Selu'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.6732631921768188, True), AttrInfo('gamma', 'float', 1.0507010221481323, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:303:1'
+
+    alpha: object = attrs.field(default=1.6732631921768188, converter=rt.CONVERTERS['float'])
+    gamma: object = attrs.field(default=1.0507010221481323, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', alpha=None, gamma=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Selu', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Selu', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ThresholdedRelu(Node):
+    """Elementwise x > alpha ? x : 0.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        alpha: float = 1.0
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:309:1.
+    """
+
+    OP: ClassVar[str] = 'ThresholdedRelu'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:309:1'
+
+    alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', alpha=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ThresholdedRelu', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('ThresholdedRelu', _node, F, (*S,), 'specs/ops.glowdef:246:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Shrink(Node):
+    """Elementwise x < -lambd ? x + bias : (x > lambd ? x - bias : 0).
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Attributes:
+        bias: float = 0.0
+        lambd: float = 0.5
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:311:1.
+    """
+
+    OP: ClassVar[str] = 'Shrink'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('bias', 'float', 0.0, True), AttrInfo('lambd', 'float', 0.5, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:311:1'
+
+    bias: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
+    lambd: object = attrs.field(default=0.5, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', bias=None, lambd=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Shrink', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:245:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:245:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        return (rt.result_type('Shrink', _node, T, (*S,), 'specs/ops.glowdef:246:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1500,7 +2685,7 @@ class Cast(Node):
     Attributes:
         to: dtype
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:297:1.
+    Declared at specs/ops.glowdef:317:1.
     """
 
     OP: ClassVar[str] = 'Cast'
@@ -1509,7 +2694,7 @@ class Cast(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('to', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:297:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:317:1'
 
     to: object = attrs.field(converter=rt.CONVERTERS['dtype'])
 
@@ -1527,11 +2712,11 @@ class Cast(Node):
     def infer(x, *, _node='', to=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Cast', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:300:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:300:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:320:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:320:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Cast', _node, to, (*S,), 'specs/ops.glowdef:302:7'), )
+        return (rt.result_type('Cast', _node, to, (*S,), 'specs/ops.glowdef:322:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1543,7 +2728,7 @@ class Reciprocal(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise
-    Declared at specs/ops.glowdef:308:1.
+    Declared at specs/ops.glowdef:328:1.
     """
 
     OP: ClassVar[str] = 'Reciprocal'
@@ -1552,7 +2737,7 @@ class Reciprocal(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:308:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:328:1'
 
 
     @property
@@ -1569,11 +2754,11 @@ class Reciprocal(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reciprocal', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:311:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:311:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:261:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:261:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Reciprocal', _node, F, (*S,), 'specs/ops.glowdef:312:7'), )
+        return (rt.result_type('Reciprocal', _node, F, (*S,), 'specs/ops.glowdef:262:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1588,7 +2773,7 @@ class Clip(Node):
         min: float = -inf
         max: float = inf
     Traits: elementwise
-    Declared at specs/ops.glowdef:316:1.
+    Declared at specs/ops.glowdef:330:1.
     """
 
     OP: ClassVar[str] = 'Clip'
@@ -1597,7 +2782,7 @@ class Clip(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('min', 'float', rt.neg(float('inf')), True), AttrInfo('max', 'float', float('inf'), True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:316:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:330:1'
 
     min: object = attrs.field(default=rt.neg(float('inf')), converter=rt.CONVERTERS['float'])
     max: object = attrs.field(default=float('inf'), converter=rt.CONVERTERS['float'])
@@ -1616,11 +2801,11 @@ class Clip(Node):
     def infer(x, *, _node='', min=None, max=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Clip', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:319:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:319:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:261:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:261:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Clip', _node, T, (*S,), 'specs/ops.glowdef:322:7'), )
+        return (rt.result_type('Clip', _node, T, (*S,), 'specs/ops.glowdef:262:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1632,7 +2817,7 @@ class Swish(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, inplace(y, x)
-    Declared at specs/ops.glowdef:327:1.
+    Declared at specs/ops.glowdef:337:1.
     """
 
     OP: ClassVar[str] = 'Swish'
@@ -1641,7 +2826,7 @@ class Swish(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:327:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:337:1'
 
 
     @property
@@ -1658,11 +2843,11 @@ class Swish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Swish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:330:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:330:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:261:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:261:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Swish', _node, F, (*S,), 'specs/ops.glowdef:331:7'), )
+        return (rt.result_type('Swish', _node, F, (*S,), 'specs/ops.glowdef:262:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1677,7 +2862,7 @@ class HardSigmoid(Node):
         alpha: float = 0.2
         beta: float = 0.5
     Traits: elementwise
-    Declared at specs/ops.glowdef:334:1.
+    Declared at specs/ops.glowdef:341:1.
     """
 
     OP: ClassVar[str] = 'HardSigmoid'
@@ -1686,7 +2871,7 @@ class HardSigmoid(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.2, True), AttrInfo('beta', 'float', 0.5, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:334:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:341:1'
 
     alpha: object = attrs.field(default=0.2, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.5, converter=rt.CONVERTERS['float'])
@@ -1705,11 +2890,11 @@ class HardSigmoid(Node):
     def infer(x, *, _node='', alpha=None, beta=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:337:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:337:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:261:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:261:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('HardSigmoid', _node, F, (*S,), 'specs/ops.glowdef:340:7'), )
+        return (rt.result_type('HardSigmoid', _node, F, (*S,), 'specs/ops.glowdef:262:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1721,7 +2906,7 @@ class HardSwish(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise
-    Declared at specs/ops.glowdef:344:1.
+    Declared at specs/ops.glowdef:347:1.
     """
 
     OP: ClassVar[str] = 'HardSwish'
@@ -1730,7 +2915,7 @@ class HardSwish(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:344:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:347:1'
 
 
     @property
@@ -1747,11 +2932,11 @@ class HardSwish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSwish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:347:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:347:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:261:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:261:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('HardSwish', _node, F, (*S,), 'specs/ops.glowdef:348:7'), )
+        return (rt.result_type('HardSwish', _node, F, (*S,), 'specs/ops.glowdef:262:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1762,7 +2947,7 @@ class Identity(Node):
         x: Tensor[A, *S]
     Results:
         y: Tensor[A, *S]
-    Declared at specs/ops.glowdef:352:1.
+    Declared at specs/ops.glowdef:349:1.
     """
 
     OP: ClassVar[str] = 'Identity'
@@ -1771,7 +2956,7 @@ class Identity(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:352:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:349:1'
 
 
     @property
@@ -1788,11 +2973,11 @@ class Identity(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Identity', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:354:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:354:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:351:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:351:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Identity', _node, A, (*S,), 'specs/ops.glowdef:355:7'), )
+        return (rt.result_type('Identity', _node, A, (*S,), 'specs/ops.glowdef:352:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1804,7 +2989,7 @@ class Dropout(Node):
     Results:
         y: Tensor[F, *S]
         mask: Tensor[bool, *S]?
-    Declared at specs/ops.glowdef:359:1.
+    Declared at specs/ops.glowdef:356:1.
     """
 
     OP: ClassVar[str] = 'Dropout'
@@ -1813,7 +2998,7 @@ class Dropout(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:359:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:356:1'
 
 
     @property
@@ -1835,11 +3020,11 @@ class Dropout(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dropout', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:361:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:361:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:358:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:358:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Dropout', _node, F, (*S,), 'specs/ops.glowdef:362:7'), rt.result_type('Dropout', _node, 'bool', (*S,), 'specs/ops.glowdef:362:25'), )
+        return (rt.result_type('Dropout', _node, F, (*S,), 'specs/ops.glowdef:359:7'), rt.result_type('Dropout', _node, 'bool', (*S,), 'specs/ops.glowdef:359:25'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1850,7 +3035,7 @@ class SumN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:372:1.
+    Declared at specs/ops.glowdef:369:1.
     """
 
     OP: ClassVar[str] = 'SumN'
@@ -1859,7 +3044,7 @@ class SumN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:372:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:369:1'
 
 
     @property
@@ -1877,12 +3062,12 @@ class SumN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SumN', _node)
         if len(xs) == 0:
-            rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:374:7')
+            rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:371:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:374:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:371:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:375:7'), )
+        return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:372:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1893,7 +3078,7 @@ class MeanN(Node):
         xs: Tensor[F, *S]...
     Results:
         y: Tensor[F, *broadcast(S)]
-    Declared at specs/ops.glowdef:379:1.
+    Declared at specs/ops.glowdef:376:1.
     """
 
     OP: ClassVar[str] = 'MeanN'
@@ -1902,7 +3087,7 @@ class MeanN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:379:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:376:1'
 
 
     @property
@@ -1920,12 +3105,12 @@ class MeanN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MeanN', _node)
         if len(xs) == 0:
-            rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:381:7')
+            rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:378:7')
         for _t in xs:
-            u.elem('xs', _t, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:381:7')
+            u.elem('xs', _t, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:378:7')
         S = tuple(_t.shape for _t in xs)
         F = u.dtype('F')
-        return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:382:7'), )
+        return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:379:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1936,7 +3121,7 @@ class MaxN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:386:1.
+    Declared at specs/ops.glowdef:383:1.
     """
 
     OP: ClassVar[str] = 'MaxN'
@@ -1945,7 +3130,7 @@ class MaxN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:386:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:383:1'
 
 
     @property
@@ -1963,12 +3148,12 @@ class MaxN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxN', _node)
         if len(xs) == 0:
-            rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:388:7')
+            rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:385:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:388:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:385:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:389:7'), )
+        return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:386:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1979,7 +3164,7 @@ class MinN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:393:1.
+    Declared at specs/ops.glowdef:390:1.
     """
 
     OP: ClassVar[str] = 'MinN'
@@ -1988,7 +3173,7 @@ class MinN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:393:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:390:1'
 
 
     @property
@@ -2006,12 +3191,12 @@ class MinN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MinN', _node)
         if len(xs) == 0:
-            rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:395:7')
+            rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:392:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:395:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:392:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:396:7'), )
+        return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:393:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2102,7 +3287,7 @@ class Flatten(Node):
         S = u.dim('S')
         A = u.dtype('A')
         rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:415:3')
-        return (rt.result_type('Flatten', _node, A, (*sl.b_flatten_shape(S, axis),), 'specs/ops.glowdef:416:7'), )
+        return (rt.result_type('Flatten', _node, A, (*sl.shapes.flatten_shape(S, axis),), 'specs/ops.glowdef:416:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2146,7 +3331,7 @@ class Squeeze(Node):
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:422:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Squeeze', _node, A, (*sl.b_squeeze_shape(S, axes),), 'specs/ops.glowdef:424:7'), )
+        return (rt.result_type('Squeeze', _node, A, (*sl.shapes.squeeze_shape(S, axes),), 'specs/ops.glowdef:424:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2190,7 +3375,7 @@ class Unsqueeze(Node):
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:431:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Unsqueeze', _node, A, (*sl.b_unsqueeze_shape(S, axes),), 'specs/ops.glowdef:433:7'), )
+        return (rt.result_type('Unsqueeze', _node, A, (*sl.shapes.unsqueeze_shape(S, axes),), 'specs/ops.glowdef:433:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2284,7 +3469,7 @@ class Concat(Node):
         S = tuple(_t.shape for _t in xs)
         A = u.dtype('A')
         rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:453:3')
-        return (rt.result_type('Concat', _node, A, (*sl.b_concat_shape(S, axis),), 'specs/ops.glowdef:454:7'), )
+        return (rt.result_type('Concat', _node, A, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:454:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2334,7 +3519,7 @@ class Slice(Node):
         S = u.dim('S')
         A = u.dtype('A')
         rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:465:3')
-        return (rt.result_type('Slice', _node, A, (*sl.b_slice_shape(starts, stops, steps),), 'specs/ops.glowdef:467:7'), )
+        return (rt.result_type('Slice', _node, A, (*sl.shapes.slice_shape(starts, stops, steps),), 'specs/ops.glowdef:467:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2349,7 +3534,7 @@ class Gather(Node):
     Attributes:
         axis: int = 0 where (axis >= 0) and (axis < len(S))
     Traits: primitive
-    Declared at specs/ops.glowdef:482:1.
+    Declared at specs/ops.glowdef:485:1.
     """
 
     OP: ClassVar[str] = 'Gather'
@@ -2358,7 +3543,7 @@ class Gather(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:482:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:485:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
 
@@ -2381,16 +3566,16 @@ class Gather(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gather', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:485:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:485:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:485:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:485:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:488:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:488:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:488:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:488:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:486:3')
-        return (rt.result_type('Gather', _node, A, (*sl.b_gather_shape(S, Q, axis),), 'specs/ops.glowdef:487:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:489:3')
+        return (rt.result_type('Gather', _node, A, (*sl.shapes.gather_shape(S, Q, axis),), 'specs/ops.glowdef:490:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2404,7 +3589,7 @@ class Expand(Node):
     Attributes:
         shape: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:491:1.
+    Declared at specs/ops.glowdef:494:1.
     """
 
     OP: ClassVar[str] = 'Expand'
@@ -2413,7 +3598,7 @@ class Expand(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:491:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:494:1'
 
     shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -2431,11 +3616,11 @@ class Expand(Node):
     def infer(x, *, _node='', shape=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Expand', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:494:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:494:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:497:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:497:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, shape),), 'specs/ops.glowdef:496:7'), )
+        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, shape),), 'specs/ops.glowdef:499:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2450,7 +3635,7 @@ class Shape(Node):
         start: int = 0
         end: int = 9223372036854775807
     Traits: primitive, shape_only
-    Declared at specs/ops.glowdef:500:1.
+    Declared at specs/ops.glowdef:503:1.
     """
 
     OP: ClassVar[str] = 'Shape'
@@ -2459,7 +3644,7 @@ class Shape(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('start', 'int', 0, True), AttrInfo('end', 'int', 9223372036854775807, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'shape_only'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:500:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:503:1'
 
     start: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     end: object = attrs.field(default=9223372036854775807, converter=rt.CONVERTERS['int'])
@@ -2478,11 +3663,11 @@ class Shape(Node):
     def infer(x, *, _node='', start=None, end=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:503:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:503:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:506:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:506:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.b_shape_range(S, start, end)),), 'specs/ops.glowdef:506:7'), )
+        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.shapes.shape_range(S, start, end)),), 'specs/ops.glowdef:509:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2494,7 +3679,7 @@ class Size(Node):
     Results:
         y: Tensor[i64]
     Traits: primitive, shape_only
-    Declared at specs/ops.glowdef:510:1.
+    Declared at specs/ops.glowdef:513:1.
     """
 
     OP: ClassVar[str] = 'Size'
@@ -2503,7 +3688,7 @@ class Size(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'shape_only'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:510:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:513:1'
 
 
     @property
@@ -2520,11 +3705,11 @@ class Size(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Size', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:513:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:513:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:516:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:516:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Size', _node, 'i64', (), 'specs/ops.glowdef:514:7'), )
+        return (rt.result_type('Size', _node, 'i64', (), 'specs/ops.glowdef:517:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2539,7 +3724,7 @@ class Splat(Node):
         value: float = 0.0
         dtype: dtype = f32
     Traits: primitive
-    Declared at specs/ops.glowdef:518:1.
+    Declared at specs/ops.glowdef:521:1.
     """
 
     OP: ClassVar[str] = 'Splat'
@@ -2548,7 +3733,7 @@ class Splat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('shape', 'ints', None, False), AttrInfo('value', 'float', 0.0, True), AttrInfo('dtype', 'dtype', 'f32', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:518:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:521:1'
 
     shape: object = attrs.field(converter=rt.CONVERTERS['ints'])
     value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
@@ -2563,7 +3748,7 @@ class Splat(Node):
     def infer(*, _node='', shape=None, value=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Splat', _node)
-        return (rt.result_type('Splat', _node, dtype, (*shape,), 'specs/ops.glowdef:524:7'), )
+        return (rt.result_type('Splat', _node, dtype, (*shape,), 'specs/ops.glowdef:527:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2579,7 +3764,7 @@ class Range(Node):
         delta: float
         dtype: dtype
     Traits: primitive
-    Declared at specs/ops.glowdef:528:1.
+    Declared at specs/ops.glowdef:531:1.
     """
 
     OP: ClassVar[str] = 'Range'
@@ -2588,7 +3773,7 @@ class Range(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('start', 'float', None, False), AttrInfo('limit', 'float', None, False), AttrInfo('delta', 'float', None, False), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:528:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:531:1'
 
     start: object = attrs.field(converter=rt.CONVERTERS['float'])
     limit: object = attrs.field(converter=rt.CONVERTERS['float'])
@@ -2604,8 +3789,647 @@ class Range(Node):
     def infer(*, _node='', start=None, limit=None, delta=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Range', _node)
-        rt.check(rt.ne(delta, 0), 'Range', _node, 'delta must not be 0', 'specs/ops.glowdef:535:3')
-        return (rt.result_type('Range', _node, dtype, (rt.b_max(0, rt.b_ceil(rt.truediv(rt.sub(limit, start), delta))),), 'specs/ops.glowdef:536:7'), )
+        rt.check(rt.ne(delta, 0), 'Range', _node, 'delta must not be 0', 'specs/ops.glowdef:538:3')
+        return (rt.result_type('Range', _node, dtype, (rt.b_max(0, rt.b_ceil(rt.truediv(rt.sub(limit, start), delta))),), 'specs/ops.glowdef:539:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Split(Node):
+    """Split x along `axis` into pieces of `sizes` (one result per piece).
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        ys: Tensor[A, *split_shapes(S, axis, sizes)]...
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        sizes: ints
+    Traits: primitive
+    Declared at specs/ops.glowdef:545:1.
+    """
+
+    OP: ClassVar[str] = 'Split'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('ys', optional=False, variadic=True), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('sizes', 'ints', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:545:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def ys(self):
+        """Result ys: Tensor[A, *split_shapes(S, axis, sizes)]..."""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, sizes=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Split', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:548:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:548:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Split', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:549:3')
+        rt.check(rt.eq(rt.b_sum(sizes), S[axis]), 'Split', _node, 'the split sizes must add up to the split dimension', 'specs/ops.glowdef:551:3')
+        return (*(rt.result_type('Split', _node, A, _s, 'specs/ops.glowdef:552:7') for _s in sl.shapes.split_shapes(S, axis, sizes)), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Tile(Node):
+    """Repeat x `repeats[i]` times along every dimension i.
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        y: Tensor[A, *S * repeats]
+    Attributes:
+        repeats: ints
+    Declared at specs/ops.glowdef:568:1.
+    """
+
+    OP: ClassVar[str] = 'Tile'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('repeats', 'ints', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:568:1'
+
+    repeats: object = attrs.field(converter=rt.CONVERTERS['ints'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *S * repeats]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', repeats=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Tile', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:570:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:570:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check(rt.eq(rt.b_len(repeats), rt.b_len(S)), 'Tile', _node, 'repeats must have one entry per dimension', 'specs/ops.glowdef:572:3')
+        return (rt.result_type('Tile', _node, A, (*rt.mul(S, repeats),), 'specs/ops.glowdef:573:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Pad(Node):
+    """Pad (or, with negative pads, crop) x; pads are [begin..., end...]; modes constant, reflect, edge, wrap.
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        y: Tensor[A, *pad_shape(S, pads)]
+    Attributes:
+        pads: ints
+        mode: string = "constant"
+        value: float = 0.0
+    Traits: primitive
+    Declared at specs/ops.glowdef:577:1.
+    """
+
+    OP: ClassVar[str] = 'Pad'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('pads', 'ints', None, False), AttrInfo('mode', 'string', 'constant', True), AttrInfo('value', 'float', 0.0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:577:1'
+
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    mode: object = attrs.field(default='constant', converter=rt.CONVERTERS['string'])
+    value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *pad_shape(S, pads)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', pads=None, mode=None, value=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Pad', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:580:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:580:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check(rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(S))), 'Pad', _node, 'pads must give a begin and an end for every dimension', 'specs/ops.glowdef:584:3')
+        rt.check((((rt.eq(mode, 'constant') or rt.eq(mode, 'reflect')) or rt.eq(mode, 'edge')) or rt.eq(mode, 'wrap')), 'Pad', _node, 'mode must be constant, reflect, edge or wrap', 'specs/ops.glowdef:585:3')
+        return (rt.result_type('Pad', _node, A, (*sl.shapes.pad_shape(S, pads),), 'specs/ops.glowdef:587:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Trilu(Node):
+    """Keep the upper (upper = 1) or lower triangle of the last two dimensions, from diagonal k.
+    
+    Operands:
+        x: Tensor[A, *S]
+    Results:
+        y: Tensor[A, *S]
+    Attributes:
+        upper: int = 1
+        k: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:596:1.
+    """
+
+    OP: ClassVar[str] = 'Trilu'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('upper', 'int', 1, True), AttrInfo('k', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:596:1'
+
+    upper: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', upper=None, k=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Trilu', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:599:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:599:7')
+        S = u.dim('S')
+        A = u.dtype('A')
+        rt.check(rt.ge(rt.b_len(S), 2), 'Trilu', _node, 'the operand must have rank at least 2', 'specs/ops.glowdef:602:3')
+        return (rt.result_type('Trilu', _node, A, (*S,), 'specs/ops.glowdef:603:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class GatherElements(Node):
+    """y[i...] = x[i... with index `axis` replaced by indices[i...]] (negative indices count from the end).
+    
+    Operands:
+        x: Tensor[A, *S]
+        indices: Tensor[I, *Q]
+    Results:
+        y: Tensor[A, *Q]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+    Traits: primitive
+    Declared at specs/ops.glowdef:607:1.
+    """
+
+    OP: ClassVar[str] = 'GatherElements'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:607:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def indices(self):
+        """Operand indices: Tensor[I, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *Q]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, indices, *, _node='', axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('GatherElements', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:610:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:610:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:610:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:610:25')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        A = u.dtype('A')
+        I = u.dtype('I')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'GatherElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:611:3')
+        rt.check(rt.eq(rt.b_len(S), rt.b_len(Q)), 'GatherElements', _node, 'indices must have the rank of the operand', 'specs/ops.glowdef:612:3')
+        return (rt.result_type('GatherElements', _node, A, (*Q,), 'specs/ops.glowdef:613:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class GatherND(Node):
+    """Gather slices of x at the index tuples of the last dimension of `indices` (ONNX GatherND).
+    
+    Operands:
+        x: Tensor[A, *S]
+        indices: Tensor[i64, *Q]
+    Results:
+        y: Tensor[A, *gathernd_shape(S, Q, batch_dims)]
+    Attributes:
+        batch_dims: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:617:1.
+    """
+
+    OP: ClassVar[str] = 'GatherND'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('batch_dims', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:617:1'
+
+    batch_dims: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def indices(self):
+        """Operand indices: Tensor[i64, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *gathernd_shape(S, Q, batch_dims)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, indices, *, _node='', batch_dims=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('GatherND', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:620:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:620:7')
+        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:620:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:620:25')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        A = u.dtype('A')
+        return (rt.result_type('GatherND', _node, A, (*sl.shapes.gathernd_shape(S, Q, batch_dims),), 'specs/ops.glowdef:622:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ScatterElements(Node):
+    """A copy of x with updates written (or combined by `reduction`) at indices along `axis`.
+    
+    Operands:
+        x: Tensor[A, *S]
+        indices: Tensor[I, *Q]
+        updates: Tensor[A, *Q]
+    Results:
+        y: Tensor[A, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        reduction: string = "none"
+    Traits: primitive
+    Declared at specs/ops.glowdef:626:1.
+    """
+
+    OP: ClassVar[str] = 'ScatterElements'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), OperandInfo('updates', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('reduction', 'string', 'none', True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:626:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    reduction: object = attrs.field(default='none', converter=rt.CONVERTERS['string'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def indices(self):
+        """Operand indices: Tensor[I, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def updates(self):
+        """Operand updates: Tensor[A, *Q]"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, indices, updates, *, _node='', axis=None, reduction=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ScatterElements', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:629:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:629:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:629:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:629:25')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:629:49')
+        u.shape('updates', updates, (), 'Q', (), 'specs/ops.glowdef:629:49')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        A = u.dtype('A')
+        I = u.dtype('I')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ScatterElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:630:3')
+        return (rt.result_type('ScatterElements', _node, A, (*S,), 'specs/ops.glowdef:632:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ScatterND(Node):
+    """A copy of x with updates written (or combined by `reduction`) at the index tuples of `indices`.
+    
+    Operands:
+        x: Tensor[A, *S]
+        indices: Tensor[i64, *Q]
+        updates: Tensor[A, *U]
+    Results:
+        y: Tensor[A, *S]
+    Attributes:
+        reduction: string = "none"
+    Traits: primitive
+    Declared at specs/ops.glowdef:636:1.
+    """
+
+    OP: ClassVar[str] = 'ScatterND'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), OperandInfo('updates', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('reduction', 'string', 'none', True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:636:1'
+
+    reduction: object = attrs.field(default='none', converter=rt.CONVERTERS['string'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, *S]"""
+        return self.inputs[0]
+
+    @property
+    def indices(self):
+        """Operand indices: Tensor[i64, *Q]"""
+        return self.inputs[1]
+
+    @property
+    def updates(self):
+        """Operand updates: Tensor[A, *U]"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, indices, updates, *, _node='', reduction=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ScatterND', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:639:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:639:7')
+        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:639:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:639:25')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:639:51')
+        u.shape('updates', updates, (), 'U', (), 'specs/ops.glowdef:639:51')
+        Q = u.dim('Q')
+        S = u.dim('S')
+        U = u.dim('U')
+        A = u.dtype('A')
+        return (rt.result_type('ScatterND', _node, A, (*S,), 'specs/ops.glowdef:641:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class DepthToSpace(Node):
+    """Move blocks of channels into space (DCR or CRD order).
+    
+    Operands:
+        x: Tensor[A, N, C, H, W]
+    Results:
+        y: Tensor[A, N, C // (blocksize * blocksize), H * blocksize, W * blocksize]
+    Attributes:
+        blocksize: int where blocksize > 0
+        mode: string = "DCR"
+    Declared at specs/ops.glowdef:645:1.
+    """
+
+    OP: ClassVar[str] = 'DepthToSpace'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:645:1'
+
+    blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
+    mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, N, C, H, W]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, N, C // (blocksize * blocksize), H * blocksize, W * blocksize]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', blocksize=None, mode=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('DepthToSpace', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:647:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:647:7')
+        C = u.dim('C')
+        H = u.dim('H')
+        N = u.dim('N')
+        W = u.dim('W')
+        A = u.dtype('A')
+        rt.check(rt.gt(blocksize, 0), 'DepthToSpace', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:648:3')
+        rt.check(rt.eq(rt.mod(C, rt.mul(blocksize, blocksize)), 0), 'DepthToSpace', _node, 'channels must divide by blocksize squared', 'specs/ops.glowdef:650:3')
+        return (rt.result_type('DepthToSpace', _node, A, (N, rt.floordiv(C, rt.mul(blocksize, blocksize)), rt.mul(H, blocksize), rt.mul(W, blocksize),), 'specs/ops.glowdef:651:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class SpaceToDepth(Node):
+    """Move spatial blocks into channels.
+    
+    Operands:
+        x: Tensor[A, N, C, H, W]
+    Results:
+        y: Tensor[A, N, (C * blocksize) * blocksize, H // blocksize, W // blocksize]
+    Attributes:
+        blocksize: int where blocksize > 0
+        mode: string = "DCR"
+    Declared at specs/ops.glowdef:655:1.
+    """
+
+    OP: ClassVar[str] = 'SpaceToDepth'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:655:1'
+
+    blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
+    mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, N, C, H, W]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, N, (C * blocksize) * blocksize, H // blocksize, W // blocksize]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', blocksize=None, mode=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('SpaceToDepth', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:657:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:657:7')
+        C = u.dim('C')
+        H = u.dim('H')
+        N = u.dim('N')
+        W = u.dim('W')
+        A = u.dtype('A')
+        rt.check(rt.gt(blocksize, 0), 'SpaceToDepth', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:658:3')
+        rt.check((rt.eq(rt.mod(H, blocksize), 0) and rt.eq(rt.mod(W, blocksize), 0)), 'SpaceToDepth', _node, 'height and width must divide by blocksize', 'specs/ops.glowdef:660:3')
+        return (rt.result_type('SpaceToDepth', _node, A, (N, rt.mul(rt.mul(C, blocksize), blocksize), rt.floordiv(H, blocksize), rt.floordiv(W, blocksize),), 'specs/ops.glowdef:661:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class EyeLike(Node):
+    """A 2-D tensor with ones on diagonal k and zeros elsewhere, shaped like x.
+    
+    Operands:
+        x: Tensor[A, R, C]
+    Results:
+        y: Tensor[dtype, R, C]
+    Attributes:
+        k: int = 0
+        dtype: dtype
+    Traits: primitive
+    Declared at specs/ops.glowdef:665:1.
+    """
+
+    OP: ClassVar[str] = 'EyeLike'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:665:1'
+
+    k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    dtype: object = attrs.field(converter=rt.CONVERTERS['dtype'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[A, R, C]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[dtype, R, C]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', k=None, dtype=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('EyeLike', _node)
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:668:7')
+        u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:668:7')
+        C = u.dim('C')
+        R = u.dim('R')
+        A = u.dtype('A')
+        return (rt.result_type('EyeLike', _node, dtype, (R, C,), 'specs/ops.glowdef:671:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class OneHot(Node):
+    """values[1] where indices (negative from the end) hit, values[0] elsewhere, along new axis `axis`.
+    
+    Operands:
+        indices: Tensor[P, *S]
+        values: Tensor[A, 2]
+    Results:
+        y: Tensor[A, *insert_dim(S, axis, depth)]
+    Attributes:
+        depth: int
+        axis: int
+    Traits: primitive
+    Declared at specs/ops.glowdef:675:1.
+    """
+
+    OP: ClassVar[str] = 'OneHot'
+    INPUTS: ClassVar[tuple] = (OperandInfo('indices', optional=False, variadic=False), OperandInfo('values', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('depth', 'int', None, False), AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:675:1'
+
+    depth: object = attrs.field(converter=rt.CONVERTERS['int'])
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def indices(self):
+        """Operand indices: Tensor[P, *S]"""
+        return self.inputs[0]
+
+    @property
+    def values(self):
+        """Operand values: Tensor[A, 2]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[A, *insert_dim(S, axis, depth)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(indices, values, *, _node='', depth=None, axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('OneHot', _node)
+        u.elem('indices', indices, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:678:7')
+        u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:678:7')
+        u.elem('values', values, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:678:31')
+        u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:678:31')
+        S = u.dim('S')
+        A = u.dtype('A')
+        P = u.dtype('P')
+        return (rt.result_type('OneHot', _node, A, (*sl.shapes.insert_dim(S, axis, depth),), 'specs/ops.glowdef:681:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2620,7 +4444,7 @@ class ReduceSum(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:544:1.
+    Declared at specs/ops.glowdef:687:1.
     """
 
     OP: ClassVar[str] = 'ReduceSum'
@@ -2629,7 +4453,7 @@ class ReduceSum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:544:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:687:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2648,11 +4472,11 @@ class ReduceSum(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:547:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:547:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:690:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:690:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceSum', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:550:7'), )
+        return (rt.result_type('ReduceSum', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:693:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2667,7 +4491,7 @@ class ReduceMax(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:560:1.
+    Declared at specs/ops.glowdef:703:1.
     """
 
     OP: ClassVar[str] = 'ReduceMax'
@@ -2676,7 +4500,7 @@ class ReduceMax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:560:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:703:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2695,11 +4519,11 @@ class ReduceMax(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:563:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:563:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:706:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:706:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:566:7'), )
+        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:709:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2714,7 +4538,7 @@ class ReduceMin(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:576:1.
+    Declared at specs/ops.glowdef:719:1.
     """
 
     OP: ClassVar[str] = 'ReduceMin'
@@ -2723,7 +4547,7 @@ class ReduceMin(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:576:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:719:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2742,11 +4566,11 @@ class ReduceMin(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:579:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:579:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:722:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:722:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:582:7'), )
+        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:725:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2761,7 +4585,7 @@ class ReduceProd(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:592:1.
+    Declared at specs/ops.glowdef:735:1.
     """
 
     OP: ClassVar[str] = 'ReduceProd'
@@ -2770,7 +4594,7 @@ class ReduceProd(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:592:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:735:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2789,11 +4613,11 @@ class ReduceProd(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:595:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:595:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:738:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:738:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:598:7'), )
+        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:741:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2807,7 +4631,7 @@ class ReduceMean(Node):
     Attributes:
         axes: ints = []
         keepdims: int = 1
-    Declared at specs/ops.glowdef:608:1.
+    Declared at specs/ops.glowdef:751:1.
     """
 
     OP: ClassVar[str] = 'ReduceMean'
@@ -2816,7 +4640,7 @@ class ReduceMean(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:608:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:751:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2835,11 +4659,315 @@ class ReduceMean(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMean', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:610:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:610:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:753:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:753:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:613:7'), )
+        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:756:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ArgMax(Node):
+    """Index of the largest element along `axis` (the first, or the last when select_last_index).
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]
+    Attributes:
+        axis: int = 0 where (axis >= 0) and (axis < len(S))
+        keepdims: int = 1
+        select_last_index: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:766:1.
+    """
+
+    OP: ClassVar[str] = 'ArgMax'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:766:1'
+
+    axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    select_last_index: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ArgMax', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:769:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:769:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:770:3')
+        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:773:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ArgMin(Node):
+    """Index of the smallest element along `axis` (the first, or the last when select_last_index).
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]
+    Attributes:
+        axis: int = 0 where (axis >= 0) and (axis < len(S))
+        keepdims: int = 1
+        select_last_index: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:777:1.
+    """
+
+    OP: ClassVar[str] = 'ArgMin'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:777:1'
+
+    axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+    select_last_index: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ArgMin', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:780:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:780:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:781:3')
+        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:784:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class TopK(Node):
+    """The k largest (or smallest) elements along `axis` and their indices, sorted.
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        values: Tensor[T, *replace_dim(S, axis, k)]
+        indices: Tensor[i64, *replace_dim(S, axis, k)]
+    Attributes:
+        k: int where k >= 0
+        axis: int where (axis >= 0) and (axis < len(S))
+        largest: int = 1
+    Traits: primitive
+    Declared at specs/ops.glowdef:788:1.
+    """
+
+    OP: ClassVar[str] = 'TopK'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('values', optional=False), OperandInfo('indices', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('largest', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:788:1'
+
+    k: object = attrs.field(converter=rt.CONVERTERS['int'])
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    largest: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def values(self):
+        """Result values: Tensor[T, *replace_dim(S, axis, k)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @property
+    def indices(self):
+        """Result indices: Tensor[i64, *replace_dim(S, axis, k)]"""
+        return self.outputs[1] if len(self.outputs) > 1 else None
+
+    @staticmethod
+    def infer(x, *, _node='', k=None, axis=None, largest=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('TopK', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:791:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:791:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:792:3')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:793:3')
+        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:795:3')
+        return (rt.result_type('TopK', _node, T, (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:796:7'), rt.result_type('TopK', _node, 'i64', (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:796:52'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class CumSum(Node):
+    """Cumulative sum along `axis` (exclusive / reverse as in ONNX).
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        exclusive: int = 0
+        reverse: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:806:1.
+    """
+
+    OP: ClassVar[str] = 'CumSum'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:806:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    reverse: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('CumSum', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:809:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:809:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:810:3')
+        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:813:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class CumProd(Node):
+    """Cumulative product along `axis` (exclusive / reverse as in ONNX).
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        exclusive: int = 0
+        reverse: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:817:1.
+    """
+
+    OP: ClassVar[str] = 'CumProd'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:817:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    reverse: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('CumProd', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:820:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:820:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:821:3')
+        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:824:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Hardmax(Node):
+    """1 at the first maximum along `axis`, 0 elsewhere.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+    Traits: primitive
+    Declared at specs/ops.glowdef:828:1.
+    """
+
+    OP: ClassVar[str] = 'Hardmax'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:828:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Hardmax', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:831:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:831:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:832:3')
+        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:833:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2852,7 +4980,7 @@ class BatchMatMul(Node):
     Results:
         y: Tensor[T, B, M, P]
     Traits: primitive
-    Declared at specs/ops.glowdef:625:1.
+    Declared at specs/ops.glowdef:839:1.
     """
 
     OP: ClassVar[str] = 'BatchMatMul'
@@ -2861,7 +4989,7 @@ class BatchMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:625:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:839:1'
 
 
     @property
@@ -2883,16 +5011,16 @@ class BatchMatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchMatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:628:7')
-        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:628:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:628:32')
-        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:628:32')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:842:7')
+        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:842:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:842:32')
+        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:842:32')
         B = u.dim('B')
         K = u.dim('K')
         M = u.dim('M')
         P = u.dim('P')
         T = u.dtype('T')
-        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:629:7'), )
+        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:843:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2904,7 +5032,7 @@ class MatMul(Node):
         rhs: Tensor[T, *Y]
     Results:
         y: Tensor[T, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:632:1.
+    Declared at specs/ops.glowdef:846:1.
     """
 
     OP: ClassVar[str] = 'MatMul'
@@ -2913,7 +5041,7 @@ class MatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:632:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:846:1'
 
 
     @property
@@ -2935,15 +5063,15 @@ class MatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:634:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:634:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:634:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:634:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:848:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:848:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:848:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:848:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:635:3')
-        return (rt.result_type('MatMul', _node, T, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:636:7'), )
+        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:849:3')
+        return (rt.result_type('MatMul', _node, T, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:850:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2961,7 +5089,7 @@ class Gemm(Node):
         beta: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:640:1.
+    Declared at specs/ops.glowdef:854:1.
     """
 
     OP: ClassVar[str] = 'Gemm'
@@ -2970,7 +5098,7 @@ class Gemm(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('beta', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:640:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:854:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
@@ -3001,21 +5129,21 @@ class Gemm(Node):
     def infer(a, b, c=None, *, _node='', alpha=None, beta=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gemm', _node)
-        u.elem('a', a, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:642:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:642:7')
-        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:642:29')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:642:29')
+        u.elem('a', a, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:856:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:856:7')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:856:29')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:856:29')
         if c is not None:
-            u.elem('c', c, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:642:51')
-            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:642:51')
+            u.elem('c', c, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:856:51')
+            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:856:51')
         K0 = u.dim('K0')
         K1 = u.dim('K1')
         M0 = u.dim('M0')
         N1 = u.dim('N1')
         Q = u.dims['Q'][0] if 'Q' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:647:3')
-        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:649:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:861:3')
+        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:863:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3028,7 +5156,7 @@ class FullyConnected(Node):
         b: Tensor[F, N]
     Results:
         y: Tensor[F, M, N]
-    Declared at specs/ops.glowdef:654:1.
+    Declared at specs/ops.glowdef:868:1.
     """
 
     OP: ClassVar[str] = 'FullyConnected'
@@ -3037,7 +5165,7 @@ class FullyConnected(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:654:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:868:1'
 
 
     @property
@@ -3064,17 +5192,64 @@ class FullyConnected(Node):
     def infer(x, w, b, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('FullyConnected', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:656:7')
-        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:656:7')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:656:27')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:656:27')
-        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:656:47')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:656:47')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:870:7')
+        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:870:7')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:870:27')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:870:27')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:870:47')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:870:47')
         K = u.dim('K')
         M = u.dim('M')
         N = u.dim('N')
         F = u.dtype('F')
-        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:657:7'), )
+        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:871:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Einsum(Node):
+    """Einstein summation over the operands (numpy.einsum).
+    
+    Operands:
+        xs: Tensor[T, *S]...
+    Results:
+        y: Tensor[T, *einsum_shape(equation, S)]
+    Attributes:
+        equation: string
+    Traits: primitive
+    Declared at specs/ops.glowdef:874:1.
+    """
+
+    OP: ClassVar[str] = 'Einsum'
+    INPUTS: ClassVar[tuple] = (OperandInfo('xs', optional=False, variadic=True), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('equation', 'string', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:874:1'
+
+    equation: object = attrs.field(converter=rt.CONVERTERS['string'])
+
+    @property
+    def xs(self):
+        """Operand xs: Tensor[T, *S]..."""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *einsum_shape(equation, S)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(xs, *, _node='', equation=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Einsum', _node)
+        if len(xs) == 0:
+            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:877:7')
+        for _t in xs:
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:877:7')
+        S = tuple(_t.shape for _t in xs)
+        T = u.dtype('T')
+        return (rt.result_type('Einsum', _node, T, (*sl.shapes.einsum_shape(equation, S),), 'specs/ops.glowdef:879:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3093,7 +5268,7 @@ class Conv(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:662:1.
+    Declared at specs/ops.glowdef:885:1.
     """
 
     OP: ClassVar[str] = 'Conv'
@@ -3102,7 +5277,7 @@ class Conv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:662:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:885:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -3133,13 +5308,13 @@ class Conv(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Conv', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:665:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:665:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:665:35')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:665:35')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:888:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:888:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:888:35')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:888:35')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:665:64')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:665:64')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:888:64')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:888:64')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -3149,17 +5324,17 @@ class Conv(Node):
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:666:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:666:3')
-        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:667:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:667:3')
-        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:668:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:668:3')
-        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:669:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:670:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:671:3')
-        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:672:3')
-        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:674:9'), )
+        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:889:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:889:3')
+        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:890:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:890:3')
+        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:891:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:891:3')
+        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:892:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:893:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:894:3')
+        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:895:3')
+        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:897:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3177,7 +5352,7 @@ class MaxPool(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         ceil_mode: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:684:1.
+    Declared at specs/ops.glowdef:907:1.
     """
 
     OP: ClassVar[str] = 'MaxPool'
@@ -3186,7 +5361,7 @@ class MaxPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('ceil_mode', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:684:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:907:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -3208,22 +5383,22 @@ class MaxPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:687:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:687:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:910:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:910:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         T = u.dtype('T')
-        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:688:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:688:3')
-        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:689:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:689:3')
-        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:690:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:690:3')
-        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:691:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:691:3')
-        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:693:9'), )
+        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:911:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:911:3')
+        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:912:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:912:3')
+        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:913:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:913:3')
+        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:914:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:914:3')
+        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:916:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3241,7 +5416,7 @@ class AvgPool(Node):
         ceil_mode: int = 0
         count_include_pad: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:704:1.
+    Declared at specs/ops.glowdef:927:1.
     """
 
     OP: ClassVar[str] = 'AvgPool'
@@ -3250,7 +5425,7 @@ class AvgPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:704:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:927:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -3272,20 +5447,20 @@ class AvgPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:707:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:707:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:930:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:930:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:708:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:708:3')
-        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:709:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:709:3')
-        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:710:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:710:3')
-        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:713:9'), )
+        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:931:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:931:3')
+        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:932:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:932:3')
+        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:933:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:933:3')
+        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:936:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3296,7 +5471,7 @@ class GlobalAveragePool(Node):
         x: Tensor[F, N, C, *S]
     Results:
         y: Tensor[F, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:723:1.
+    Declared at specs/ops.glowdef:946:1.
     """
 
     OP: ClassVar[str] = 'GlobalAveragePool'
@@ -3305,7 +5480,7 @@ class GlobalAveragePool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:723:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:946:1'
 
 
     @property
@@ -3322,13 +5497,13 @@ class GlobalAveragePool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalAveragePool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:725:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:725:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:948:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:948:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:726:7'), )
+        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:949:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3339,7 +5514,7 @@ class GlobalMaxPool(Node):
         x: Tensor[T, N, C, *S]
     Results:
         y: Tensor[T, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:730:1.
+    Declared at specs/ops.glowdef:953:1.
     """
 
     OP: ClassVar[str] = 'GlobalMaxPool'
@@ -3348,7 +5523,7 @@ class GlobalMaxPool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:730:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:953:1'
 
 
     @property
@@ -3365,13 +5540,13 @@ class GlobalMaxPool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalMaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:732:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:732:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:955:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:955:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:733:7'), )
+        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:956:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3387,7 +5562,7 @@ class LRN(Node):
         beta: float = 0.75
         bias: float = 1.0
         size: int where size >= 1
-    Declared at specs/ops.glowdef:737:1.
+    Declared at specs/ops.glowdef:960:1.
     """
 
     OP: ClassVar[str] = 'LRN'
@@ -3396,7 +5571,7 @@ class LRN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.0001, True), AttrInfo('beta', 'float', 0.75, True), AttrInfo('bias', 'float', 1.0, True), AttrInfo('size', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:737:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:960:1'
 
     alpha: object = attrs.field(default=0.0001, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.75, converter=rt.CONVERTERS['float'])
@@ -3417,14 +5592,295 @@ class LRN(Node):
     def infer(x, *, _node='', alpha=None, beta=None, bias=None, size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LRN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:739:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:739:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:962:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:962:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:743:3')
-        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:744:7'), )
+        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:966:3')
+        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:967:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ConvN(Node):
+    """N-D convolution, any spatial rank; pads are [begin..., end...]. 1-D and 2-D lower to Conv.
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+        w: Tensor[F, M, CG, *K]
+        b: Tensor[F, M]?
+    Results:
+        y: Tensor[F, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]
+    Attributes:
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        group: int = 1 where group >= 1
+    Traits: primitive
+    Declared at specs/ops.glowdef:972:1.
+    """
+
+    OP: ClassVar[str] = 'ConvN'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:972:1'
+
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[F, M, CG, *K]"""
+        return self.inputs[1]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[F, M]?"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ConvN', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:975:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:975:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:975:33')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:975:33')
+        if b is not None:
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:975:58')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:975:58')
+        C = u.dim('C')
+        CG = u.dim('CG')
+        D = u.dim('D')
+        K = u.dim('K')
+        M = u.dim('M')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:976:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:977:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:978:3')
+        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:979:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:980:3')
+        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:981:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:983:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:984:3')
+        return (rt.result_type('ConvN', _node, F, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:985:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class MaxPoolN(Node):
+    """N-D max pooling, any spatial rank; 1-D and 2-D lower to MaxPool.
+    
+    Operands:
+        x: Tensor[T, N, C, *D]
+    Results:
+        y: Tensor[T, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]
+    Attributes:
+        kernel: ints where all(kernel > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        dilations: ints where all(dilations > 0)
+        ceil_mode: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:997:1.
+    """
+
+    OP: ClassVar[str] = 'MaxPoolN'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:997:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('MaxPoolN', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1000:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1000:9')
+        C = u.dim('C')
+        D = u.dim('D')
+        N = u.dim('N')
+        T = u.dtype('T')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1001:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1002:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1003:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1004:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1006:3')
+        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1008:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class AvgPoolN(Node):
+    """N-D average pooling, any spatial rank; 1-D and 2-D lower to AvgPool.
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+    Results:
+        y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, ones(len(D)), ceil_mode)]
+    Attributes:
+        kernel: ints where all(kernel > 0)
+        strides: ints where all(strides > 0)
+        pads: ints where all(pads >= 0)
+        ceil_mode: int = 0
+        count_include_pad: int = 0
+    Traits: primitive
+    Declared at specs/ops.glowdef:1022:1.
+    """
+
+    OP: ClassVar[str] = 'AvgPoolN'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1022:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    count_include_pad: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, ones(len(D)), ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('AvgPoolN', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1025:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1025:9')
+        C = u.dim('C')
+        D = u.dim('D')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1026:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1027:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1028:3')
+        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:1031:3')
+        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:1033:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class ConvTranspose(Node):
+    """N-D transposed convolution; pads are [begin..., end...] cropped from the full result.
+    
+    Operands:
+        x: Tensor[F, N, C, *D]
+        w: Tensor[F, C2, MG, *K]
+        b: Tensor[F, M]?
+    Results:
+        y: Tensor[F, N, MG * group, *convtranspose_shape(D, K, pads, strides, dilations, output_padding)]
+    Attributes:
+        strides: ints where all(strides > 0)
+        pads: ints
+        dilations: ints where all(dilations > 0)
+        output_padding: ints
+        group: int = 1 where group >= 1
+    Traits: primitive
+    Declared at specs/ops.glowdef:1044:1.
+    """
+
+    OP: ClassVar[str] = 'ConvTranspose'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('output_padding', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1044:1'
+
+    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    output_padding: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, N, C, *D]"""
+        return self.inputs[0]
+
+    @property
+    def w(self):
+        """Operand w: Tensor[F, C2, MG, *K]"""
+        return self.inputs[1]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[F, M]?"""
+        return self.inputs[2]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, N, MG * group, *convtranspose_shape(D, K, pads, strides, dilations, output_padding)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, output_padding=None, group=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('ConvTranspose', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1047:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1047:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1047:33')
+        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:1047:33')
+        if b is not None:
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1047:59')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1047:59')
+        C = u.dim('C')
+        C2 = u.dim('C2')
+        D = u.dim('D')
+        K = u.dim('K')
+        M = u.dims['M'][0] if 'M' in u.dims else None
+        MG = u.dim('MG')
+        N = u.dim('N')
+        F = u.dtype('F')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1048:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1050:3')
+        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1052:3')
+        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:1053:3')
+        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1054:3')
+        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.conv.convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:1055:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3441,7 +5897,7 @@ class BatchNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:750:1.
+    Declared at specs/ops.glowdef:1072:1.
     """
 
     OP: ClassVar[str] = 'BatchNormalization'
@@ -3450,7 +5906,7 @@ class BatchNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:750:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1072:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -3488,21 +5944,21 @@ class BatchNormalization(Node):
     def infer(x, scale, bias, mean, var, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:752:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:752:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:752:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:752:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:752:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:752:52')
-        u.elem('mean', mean, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:752:72')
-        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:752:72')
-        u.elem('var', var, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:752:92')
-        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:752:92')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1074:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1074:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1074:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1074:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1074:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1074:52')
+        u.elem('mean', mean, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1074:72')
+        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:1074:72')
+        u.elem('var', var, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1074:92')
+        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:1074:92')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:754:7'), )
+        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1076:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3518,7 +5974,7 @@ class LayerNormalization(Node):
     Attributes:
         axis: int = -1
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:775:1.
+    Declared at specs/ops.glowdef:1097:1.
     """
 
     OP: ClassVar[str] = 'LayerNormalization'
@@ -3527,7 +5983,7 @@ class LayerNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', rt.neg(1), True), AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:775:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1097:1'
 
     axis: object = attrs.field(default=rt.neg(1), converter=rt.CONVERTERS['int'])
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
@@ -3556,20 +6012,20 @@ class LayerNormalization(Node):
     def infer(x, scale, bias=None, *, _node='', axis=None, epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LayerNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:777:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:777:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:777:25')
-        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:777:25')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1099:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1099:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1099:25')
+        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:1099:25')
         if bias is not None:
-            u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:777:47')
-            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:777:47')
+            u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1099:47')
+            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:1099:47')
         G = u.dim('G')
         H = u.dims['H'][0] if 'H' in u.dims else None
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:780:3')
-        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:781:3')
-        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:782:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:1102:3')
+        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:1103:3')
+        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:1104:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3582,7 +6038,7 @@ class Softmax(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
-    Declared at specs/ops.glowdef:791:1.
+    Declared at specs/ops.glowdef:1113:1.
     """
 
     OP: ClassVar[str] = 'Softmax'
@@ -3591,7 +6047,7 @@ class Softmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:791:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1113:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -3609,12 +6065,12 @@ class Softmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Softmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:793:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:793:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1115:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1115:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:794:3')
-        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:795:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1116:3')
+        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:1117:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3627,7 +6083,7 @@ class LogSoftmax(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
-    Declared at specs/ops.glowdef:799:1.
+    Declared at specs/ops.glowdef:1121:1.
     """
 
     OP: ClassVar[str] = 'LogSoftmax'
@@ -3636,7 +6092,7 @@ class LogSoftmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:799:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1121:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -3654,12 +6110,12 @@ class LogSoftmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LogSoftmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:801:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:801:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1123:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1123:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:802:3')
-        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:803:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1124:3')
+        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:1125:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3672,7 +6128,7 @@ class SoftmaxFlat(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis <= len(S))
-    Declared at specs/ops.glowdef:807:1.
+    Declared at specs/ops.glowdef:1129:1.
     """
 
     OP: ClassVar[str] = 'SoftmaxFlat'
@@ -3681,7 +6137,7 @@ class SoftmaxFlat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:807:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1129:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -3699,12 +6155,12 @@ class SoftmaxFlat(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:809:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:809:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1131:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1131:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:810:3')
-        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:811:7'), )
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1132:3')
+        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1133:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3717,7 +6173,7 @@ class LogSoftmaxFlat(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis <= len(S))
-    Declared at specs/ops.glowdef:815:1.
+    Declared at specs/ops.glowdef:1137:1.
     """
 
     OP: ClassVar[str] = 'LogSoftmaxFlat'
@@ -3726,7 +6182,7 @@ class LogSoftmaxFlat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:815:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1137:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -3744,2187 +6200,12 @@ class LogSoftmaxFlat(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LogSoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:817:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:817:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1139:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1139:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:818:3')
-        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:819:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Sin(Node):
-    """Elementwise sine.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:827:1.
-    """
-
-    OP: ClassVar[str] = 'Sin'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:827:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sin', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:830:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:830:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Sin', _node, F, (*S,), 'specs/ops.glowdef:831:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Cos(Node):
-    """Elementwise cosine.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:835:1.
-    """
-
-    OP: ClassVar[str] = 'Cos'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:835:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Cos', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:838:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:838:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Cos', _node, F, (*S,), 'specs/ops.glowdef:839:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Tan(Node):
-    """Elementwise tangent.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:843:1.
-    """
-
-    OP: ClassVar[str] = 'Tan'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:843:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Tan', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:846:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:846:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Tan', _node, F, (*S,), 'specs/ops.glowdef:847:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Asin(Node):
-    """Elementwise arcsine.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:851:1.
-    """
-
-    OP: ClassVar[str] = 'Asin'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:851:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Asin', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:854:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:854:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Asin', _node, F, (*S,), 'specs/ops.glowdef:855:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Acos(Node):
-    """Elementwise arccosine.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:859:1.
-    """
-
-    OP: ClassVar[str] = 'Acos'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:859:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Acos', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:862:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:862:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Acos', _node, F, (*S,), 'specs/ops.glowdef:863:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Atan(Node):
-    """Elementwise arctangent.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:867:1.
-    """
-
-    OP: ClassVar[str] = 'Atan'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:867:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Atan', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:870:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:870:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Atan', _node, F, (*S,), 'specs/ops.glowdef:871:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Sinh(Node):
-    """Elementwise hyperbolic sine.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:875:1.
-    """
-
-    OP: ClassVar[str] = 'Sinh'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:875:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sinh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:878:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:878:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Sinh', _node, F, (*S,), 'specs/ops.glowdef:879:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Cosh(Node):
-    """Elementwise hyperbolic cosine.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:883:1.
-    """
-
-    OP: ClassVar[str] = 'Cosh'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:883:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Cosh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:886:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:886:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Cosh', _node, F, (*S,), 'specs/ops.glowdef:887:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Asinh(Node):
-    """Elementwise inverse hyperbolic sine.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:891:1.
-    """
-
-    OP: ClassVar[str] = 'Asinh'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:891:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Asinh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:894:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:894:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Asinh', _node, F, (*S,), 'specs/ops.glowdef:895:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Acosh(Node):
-    """Elementwise inverse hyperbolic cosine.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:899:1.
-    """
-
-    OP: ClassVar[str] = 'Acosh'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:899:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Acosh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:902:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:902:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Acosh', _node, F, (*S,), 'specs/ops.glowdef:903:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Atanh(Node):
-    """Elementwise inverse hyperbolic tangent.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:907:1.
-    """
-
-    OP: ClassVar[str] = 'Atanh'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:907:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Atanh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:910:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:910:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Atanh', _node, F, (*S,), 'specs/ops.glowdef:911:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Sign(Node):
-    """Elementwise sign: -1, 0 or 1.
-    
-    Operands:
-        x: Tensor[T, *S]
-    Results:
-        y: Tensor[T, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:915:1.
-    """
-
-    OP: ClassVar[str] = 'Sign'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:915:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sign', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:918:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:918:7')
-        S = u.dim('S')
-        T = u.dtype('T')
-        return (rt.result_type('Sign', _node, T, (*S,), 'specs/ops.glowdef:919:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Round(Node):
-    """Elementwise rounding to the nearest integer, halves to even.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:923:1.
-    """
-
-    OP: ClassVar[str] = 'Round'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:923:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Round', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:926:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:926:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Round', _node, F, (*S,), 'specs/ops.glowdef:927:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class IsNaN(Node):
-    """Elementwise x is NaN.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[bool, *S]
-    Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:931:1.
-    """
-
-    OP: ClassVar[str] = 'IsNaN'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:931:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[bool, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('IsNaN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:934:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:934:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('IsNaN', _node, 'bool', (*S,), 'specs/ops.glowdef:935:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class IsInf(Node):
-    """Elementwise x is +inf (when detect_positive) or -inf (when detect_negative).
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[bool, *S]
-    Attributes:
-        detect_negative: int = 1
-        detect_positive: int = 1
-    Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:939:1.
-    """
-
-    OP: ClassVar[str] = 'IsInf'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('detect_negative', 'int', 1, True), AttrInfo('detect_positive', 'int', 1, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:939:1'
-
-    detect_negative: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
-    detect_positive: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[bool, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', detect_negative=None, detect_positive=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('IsInf', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:942:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:942:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('IsInf', _node, 'bool', (*S,), 'specs/ops.glowdef:945:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class BitwiseNot(Node):
-    """Elementwise bitwise complement.
-    
-    Operands:
-        x: Tensor[B, *S]
-    Results:
-        y: Tensor[B, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:949:1.
-    """
-
-    OP: ClassVar[str] = 'BitwiseNot'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:949:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[B, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[B, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('BitwiseNot', _node)
-        u.elem('x', x, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:952:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:952:7')
-        S = u.dim('S')
-        B = u.dtype('B')
-        return (rt.result_type('BitwiseNot', _node, B, (*S,), 'specs/ops.glowdef:953:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Selu(Node):
-    """Elementwise gamma * (x > 0 ? x : alpha * (exp(x) - 1)).
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        alpha: float = 1.6732631921768188
-        gamma: float = 1.0507010221481323
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:957:1.
-    """
-
-    OP: ClassVar[str] = 'Selu'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.6732631921768188, True), AttrInfo('gamma', 'float', 1.0507010221481323, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:957:1'
-
-    alpha: object = attrs.field(default=1.6732631921768188, converter=rt.CONVERTERS['float'])
-    gamma: object = attrs.field(default=1.0507010221481323, converter=rt.CONVERTERS['float'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', alpha=None, gamma=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Selu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:960:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:960:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Selu', _node, F, (*S,), 'specs/ops.glowdef:963:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class ThresholdedRelu(Node):
-    """Elementwise x > alpha ? x : 0.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        alpha: float = 1.0
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:967:1.
-    """
-
-    OP: ClassVar[str] = 'ThresholdedRelu'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:967:1'
-
-    alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', alpha=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('ThresholdedRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:970:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:970:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('ThresholdedRelu', _node, F, (*S,), 'specs/ops.glowdef:972:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Shrink(Node):
-    """Elementwise x < -lambd ? x + bias : (x > lambd ? x - bias : 0).
-    
-    Operands:
-        x: Tensor[T, *S]
-    Results:
-        y: Tensor[T, *S]
-    Attributes:
-        bias: float = 0.0
-        lambd: float = 0.5
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:976:1.
-    """
-
-    OP: ClassVar[str] = 'Shrink'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('bias', 'float', 0.0, True), AttrInfo('lambd', 'float', 0.5, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:976:1'
-
-    bias: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
-    lambd: object = attrs.field(default=0.5, converter=rt.CONVERTERS['float'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', bias=None, lambd=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Shrink', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:979:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:979:7')
-        S = u.dim('S')
-        T = u.dtype('T')
-        return (rt.result_type('Shrink', _node, T, (*S,), 'specs/ops.glowdef:982:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Mod(Node):
-    """Elementwise remainder: the divisor's sign (fmod = 0, integers) or the dividend's (fmod = 1, C fmod).
-    
-    Operands:
-        lhs: Tensor[T, *X]
-        rhs: Tensor[T, *Y]
-    Results:
-        y: Tensor[T, *broadcast(X, Y)]
-    Attributes:
-        fmod: int = 0
-    Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:987:1.
-    """
-
-    OP: ClassVar[str] = 'Mod'
-    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('fmod', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:987:1'
-
-    fmod: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-
-    @property
-    def lhs(self):
-        """Operand lhs: Tensor[T, *X]"""
-        return self.inputs[0]
-
-    @property
-    def rhs(self):
-        """Operand rhs: Tensor[T, *Y]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *broadcast(X, Y)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(lhs, rhs, *, _node='', fmod=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Mod', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:990:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:990:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:990:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:990:27')
-        X = u.dim('X')
-        Y = u.dim('Y')
-        T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Mod', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:992:3')
-        return (rt.result_type('Mod', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:993:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class BitShift(Node):
-    """Elementwise shift of lhs by rhs bits, left when `left` is 1.
-    
-    Operands:
-        lhs: Tensor[B, *X]
-        rhs: Tensor[B, *Y]
-    Results:
-        y: Tensor[B, *broadcast(X, Y)]
-    Attributes:
-        left: int
-    Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:997:1.
-    """
-
-    OP: ClassVar[str] = 'BitShift'
-    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('left', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:997:1'
-
-    left: object = attrs.field(converter=rt.CONVERTERS['int'])
-
-    @property
-    def lhs(self):
-        """Operand lhs: Tensor[B, *X]"""
-        return self.inputs[0]
-
-    @property
-    def rhs(self):
-        """Operand rhs: Tensor[B, *Y]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[B, *broadcast(X, Y)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(lhs, rhs, *, _node='', left=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('BitShift', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1000:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1000:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1000:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1000:27')
-        X = u.dim('X')
-        Y = u.dim('Y')
-        B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitShift', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1002:3')
-        return (rt.result_type('BitShift', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:1003:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class BitwiseAnd(Node):
-    """Elementwise bitwise and.
-    
-    Operands:
-        lhs: Tensor[B, *X]
-        rhs: Tensor[B, *Y]
-    Results:
-        y: Tensor[B, *broadcast(X, Y)]
-    Traits: elementwise, broadcast, commutative, primitive
-    Declared at specs/ops.glowdef:1007:1.
-    """
-
-    OP: ClassVar[str] = 'BitwiseAnd'
-    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1007:1'
-
-
-    @property
-    def lhs(self):
-        """Operand lhs: Tensor[B, *X]"""
-        return self.inputs[0]
-
-    @property
-    def rhs(self):
-        """Operand rhs: Tensor[B, *Y]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[B, *broadcast(X, Y)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(lhs, rhs, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('BitwiseAnd', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1010:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1010:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1010:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1010:27')
-        X = u.dim('X')
-        Y = u.dim('Y')
-        B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitwiseAnd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1011:3')
-        return (rt.result_type('BitwiseAnd', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:1012:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class BitwiseOr(Node):
-    """Elementwise bitwise or.
-    
-    Operands:
-        lhs: Tensor[B, *X]
-        rhs: Tensor[B, *Y]
-    Results:
-        y: Tensor[B, *broadcast(X, Y)]
-    Traits: elementwise, broadcast, commutative, primitive
-    Declared at specs/ops.glowdef:1016:1.
-    """
-
-    OP: ClassVar[str] = 'BitwiseOr'
-    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1016:1'
-
-
-    @property
-    def lhs(self):
-        """Operand lhs: Tensor[B, *X]"""
-        return self.inputs[0]
-
-    @property
-    def rhs(self):
-        """Operand rhs: Tensor[B, *Y]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[B, *broadcast(X, Y)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(lhs, rhs, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('BitwiseOr', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1019:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1019:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1019:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1019:27')
-        X = u.dim('X')
-        Y = u.dim('Y')
-        B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitwiseOr', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1020:3')
-        return (rt.result_type('BitwiseOr', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:1021:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class BitwiseXor(Node):
-    """Elementwise bitwise exclusive or.
-    
-    Operands:
-        lhs: Tensor[B, *X]
-        rhs: Tensor[B, *Y]
-    Results:
-        y: Tensor[B, *broadcast(X, Y)]
-    Traits: elementwise, broadcast, commutative, primitive
-    Declared at specs/ops.glowdef:1025:1.
-    """
-
-    OP: ClassVar[str] = 'BitwiseXor'
-    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1025:1'
-
-
-    @property
-    def lhs(self):
-        """Operand lhs: Tensor[B, *X]"""
-        return self.inputs[0]
-
-    @property
-    def rhs(self):
-        """Operand rhs: Tensor[B, *Y]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[B, *broadcast(X, Y)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(lhs, rhs, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('BitwiseXor', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1028:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1028:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:1028:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1028:27')
-        X = u.dim('X')
-        Y = u.dim('Y')
-        B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitwiseXor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1029:3')
-        return (rt.result_type('BitwiseXor', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:1030:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class PRelu(Node):
-    """Elementwise x < 0 ? slope * x : x, slope broadcast to x.
-    
-    Operands:
-        x: Tensor[T, *S]
-        slope: Tensor[T, *Q]
-    Results:
-        y: Tensor[T, *broadcast(S, Q)]
-    Traits: elementwise
-    Declared at specs/ops.glowdef:1034:1.
-    """
-
-    OP: ClassVar[str] = 'PRelu'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('slope', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1034:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def slope(self):
-        """Operand slope: Tensor[T, *Q]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *broadcast(S, Q)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, slope, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('PRelu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1037:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1037:7')
-        u.elem('slope', slope, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1037:25')
-        u.shape('slope', slope, (), 'Q', (), 'specs/ops.glowdef:1037:25')
-        Q = u.dim('Q')
-        S = u.dim('S')
-        T = u.dtype('T')
-        rt.check(rt.b_broadcastable(S, Q), 'PRelu', _node, 'slope must broadcast to the operand', 'specs/ops.glowdef:1038:3')
-        return (rt.result_type('PRelu', _node, T, (*rt.b_broadcast(S, Q),), 'specs/ops.glowdef:1039:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class CastLike(Node):
-    """Cast x to the element type of `like` (ONNX CastLike).
-    
-    Operands:
-        x: Tensor[A, *S]
-        like: Tensor[A2, *Q]
-    Results:
-        y: Tensor[A2, *S]
-    Declared at specs/ops.glowdef:1043:1.
-    """
-
-    OP: ClassVar[str] = 'CastLike'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('like', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1043:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, *S]"""
-        return self.inputs[0]
-
-    @property
-    def like(self):
-        """Operand like: Tensor[A2, *Q]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A2, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, like, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('CastLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1045:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1045:7')
-        u.elem('like', like, 'A2', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1045:25')
-        u.shape('like', like, (), 'Q', (), 'specs/ops.glowdef:1045:25')
-        Q = u.dim('Q')
-        S = u.dim('S')
-        A = u.dtype('A')
-        A2 = u.dtype('A2')
-        return (rt.result_type('CastLike', _node, A2, (*S,), 'specs/ops.glowdef:1046:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Split(Node):
-    """Split x along `axis` into pieces of `sizes` (one result per piece).
-    
-    Operands:
-        x: Tensor[A, *S]
-    Results:
-        ys: Tensor[A, *split_shapes(S, axis, sizes)]...
-    Attributes:
-        axis: int where (axis >= 0) and (axis < len(S))
-        sizes: ints
-    Traits: primitive
-    Declared at specs/ops.glowdef:1051:1.
-    """
-
-    OP: ClassVar[str] = 'Split'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('ys', optional=False, variadic=True), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('sizes', 'ints', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1051:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-    sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, *S]"""
-        return self.inputs[0]
-
-    @property
-    def ys(self):
-        """Result ys: Tensor[A, *split_shapes(S, axis, sizes)]..."""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None, sizes=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Split', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1054:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1054:7')
-        S = u.dim('S')
-        A = u.dtype('A')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Split', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1055:3')
-        rt.check(rt.eq(rt.b_sum(sizes), S[axis]), 'Split', _node, 'the split sizes must add up to the split dimension', 'specs/ops.glowdef:1057:3')
-        return (*(rt.result_type('Split', _node, A, _s, 'specs/ops.glowdef:1058:7') for _s in sl.b_split_shapes(S, axis, sizes)), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Tile(Node):
-    """Repeat x `repeats[i]` times along every dimension i.
-    
-    Operands:
-        x: Tensor[A, *S]
-    Results:
-        y: Tensor[A, *S * repeats]
-    Attributes:
-        repeats: ints
-    Declared at specs/ops.glowdef:1072:1.
-    """
-
-    OP: ClassVar[str] = 'Tile'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('repeats', 'ints', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1072:1'
-
-    repeats: object = attrs.field(converter=rt.CONVERTERS['ints'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, *S * repeats]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', repeats=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Tile', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1074:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1074:7')
-        S = u.dim('S')
-        A = u.dtype('A')
-        rt.check(rt.eq(rt.b_len(repeats), rt.b_len(S)), 'Tile', _node, 'repeats must have one entry per dimension', 'specs/ops.glowdef:1076:3')
-        return (rt.result_type('Tile', _node, A, (*rt.mul(S, repeats),), 'specs/ops.glowdef:1077:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Pad(Node):
-    """Pad (or, with negative pads, crop) x; pads are [begin..., end...]; modes constant, reflect, edge, wrap.
-    
-    Operands:
-        x: Tensor[A, *S]
-    Results:
-        y: Tensor[A, *pad_shape(S, pads)]
-    Attributes:
-        pads: ints
-        mode: string = "constant"
-        value: float = 0.0
-    Traits: primitive
-    Declared at specs/ops.glowdef:1081:1.
-    """
-
-    OP: ClassVar[str] = 'Pad'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('pads', 'ints', None, False), AttrInfo('mode', 'string', 'constant', True), AttrInfo('value', 'float', 0.0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1081:1'
-
-    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    mode: object = attrs.field(default='constant', converter=rt.CONVERTERS['string'])
-    value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, *pad_shape(S, pads)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', pads=None, mode=None, value=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Pad', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1084:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1084:7')
-        S = u.dim('S')
-        A = u.dtype('A')
-        rt.check(rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(S))), 'Pad', _node, 'pads must give a begin and an end for every dimension', 'specs/ops.glowdef:1088:3')
-        rt.check((((rt.eq(mode, 'constant') or rt.eq(mode, 'reflect')) or rt.eq(mode, 'edge')) or rt.eq(mode, 'wrap')), 'Pad', _node, 'mode must be constant, reflect, edge or wrap', 'specs/ops.glowdef:1089:3')
-        return (rt.result_type('Pad', _node, A, (*sl.b_pad_shape(S, pads),), 'specs/ops.glowdef:1091:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Trilu(Node):
-    """Keep the upper (upper = 1) or lower triangle of the last two dimensions, from diagonal k.
-    
-    Operands:
-        x: Tensor[A, *S]
-    Results:
-        y: Tensor[A, *S]
-    Attributes:
-        upper: int = 1
-        k: int = 0
-    Traits: primitive
-    Declared at specs/ops.glowdef:1100:1.
-    """
-
-    OP: ClassVar[str] = 'Trilu'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('upper', 'int', 1, True), AttrInfo('k', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1100:1'
-
-    upper: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
-    k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', upper=None, k=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Trilu', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1103:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1103:7')
-        S = u.dim('S')
-        A = u.dtype('A')
-        rt.check(rt.ge(rt.b_len(S), 2), 'Trilu', _node, 'the operand must have rank at least 2', 'specs/ops.glowdef:1106:3')
-        return (rt.result_type('Trilu', _node, A, (*S,), 'specs/ops.glowdef:1107:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class GatherElements(Node):
-    """y[i...] = x[i... with index `axis` replaced by indices[i...]] (negative indices count from the end).
-    
-    Operands:
-        x: Tensor[A, *S]
-        indices: Tensor[I, *Q]
-    Results:
-        y: Tensor[A, *Q]
-    Attributes:
-        axis: int where (axis >= 0) and (axis < len(S))
-    Traits: primitive
-    Declared at specs/ops.glowdef:1111:1.
-    """
-
-    OP: ClassVar[str] = 'GatherElements'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1111:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, *S]"""
-        return self.inputs[0]
-
-    @property
-    def indices(self):
-        """Operand indices: Tensor[I, *Q]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, *Q]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, indices, *, _node='', axis=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('GatherElements', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1114:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1114:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:1114:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1114:25')
-        Q = u.dim('Q')
-        S = u.dim('S')
-        A = u.dtype('A')
-        I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'GatherElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1115:3')
-        rt.check(rt.eq(rt.b_len(S), rt.b_len(Q)), 'GatherElements', _node, 'indices must have the rank of the operand', 'specs/ops.glowdef:1116:3')
-        return (rt.result_type('GatherElements', _node, A, (*Q,), 'specs/ops.glowdef:1117:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class GatherND(Node):
-    """Gather slices of x at the index tuples of the last dimension of `indices` (ONNX GatherND).
-    
-    Operands:
-        x: Tensor[A, *S]
-        indices: Tensor[i64, *Q]
-    Results:
-        y: Tensor[A, *gathernd_shape(S, Q, batch_dims)]
-    Attributes:
-        batch_dims: int = 0
-    Traits: primitive
-    Declared at specs/ops.glowdef:1121:1.
-    """
-
-    OP: ClassVar[str] = 'GatherND'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('batch_dims', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1121:1'
-
-    batch_dims: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, *S]"""
-        return self.inputs[0]
-
-    @property
-    def indices(self):
-        """Operand indices: Tensor[i64, *Q]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, *gathernd_shape(S, Q, batch_dims)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, indices, *, _node='', batch_dims=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('GatherND', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1124:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1124:7')
-        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:1124:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1124:25')
-        Q = u.dim('Q')
-        S = u.dim('S')
-        A = u.dtype('A')
-        return (rt.result_type('GatherND', _node, A, (*sl.b_gathernd_shape(S, Q, batch_dims),), 'specs/ops.glowdef:1126:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class ScatterElements(Node):
-    """A copy of x with updates written (or combined by `reduction`) at indices along `axis`.
-    
-    Operands:
-        x: Tensor[A, *S]
-        indices: Tensor[I, *Q]
-        updates: Tensor[A, *Q]
-    Results:
-        y: Tensor[A, *S]
-    Attributes:
-        axis: int where (axis >= 0) and (axis < len(S))
-        reduction: string = "none"
-    Traits: primitive
-    Declared at specs/ops.glowdef:1130:1.
-    """
-
-    OP: ClassVar[str] = 'ScatterElements'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), OperandInfo('updates', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('reduction', 'string', 'none', True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1130:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-    reduction: object = attrs.field(default='none', converter=rt.CONVERTERS['string'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, *S]"""
-        return self.inputs[0]
-
-    @property
-    def indices(self):
-        """Operand indices: Tensor[I, *Q]"""
-        return self.inputs[1]
-
-    @property
-    def updates(self):
-        """Operand updates: Tensor[A, *Q]"""
-        return self.inputs[2]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, indices, updates, *, _node='', axis=None, reduction=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('ScatterElements', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1133:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1133:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:1133:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1133:25')
-        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1133:49')
-        u.shape('updates', updates, (), 'Q', (), 'specs/ops.glowdef:1133:49')
-        Q = u.dim('Q')
-        S = u.dim('S')
-        A = u.dtype('A')
-        I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ScatterElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1134:3')
-        return (rt.result_type('ScatterElements', _node, A, (*S,), 'specs/ops.glowdef:1136:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class ScatterND(Node):
-    """A copy of x with updates written (or combined by `reduction`) at the index tuples of `indices`.
-    
-    Operands:
-        x: Tensor[A, *S]
-        indices: Tensor[i64, *Q]
-        updates: Tensor[A, *U]
-    Results:
-        y: Tensor[A, *S]
-    Attributes:
-        reduction: string = "none"
-    Traits: primitive
-    Declared at specs/ops.glowdef:1140:1.
-    """
-
-    OP: ClassVar[str] = 'ScatterND'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), OperandInfo('updates', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('reduction', 'string', 'none', True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1140:1'
-
-    reduction: object = attrs.field(default='none', converter=rt.CONVERTERS['string'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, *S]"""
-        return self.inputs[0]
-
-    @property
-    def indices(self):
-        """Operand indices: Tensor[i64, *Q]"""
-        return self.inputs[1]
-
-    @property
-    def updates(self):
-        """Operand updates: Tensor[A, *U]"""
-        return self.inputs[2]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, indices, updates, *, _node='', reduction=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('ScatterND', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1143:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1143:7')
-        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:1143:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:1143:25')
-        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1143:51')
-        u.shape('updates', updates, (), 'U', (), 'specs/ops.glowdef:1143:51')
-        Q = u.dim('Q')
-        S = u.dim('S')
-        U = u.dim('U')
-        A = u.dtype('A')
-        return (rt.result_type('ScatterND', _node, A, (*S,), 'specs/ops.glowdef:1145:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class DepthToSpace(Node):
-    """Move blocks of channels into space (DCR or CRD order).
-    
-    Operands:
-        x: Tensor[A, N, C, H, W]
-    Results:
-        y: Tensor[A, N, C // (blocksize * blocksize), H * blocksize, W * blocksize]
-    Attributes:
-        blocksize: int where blocksize > 0
-        mode: string = "DCR"
-    Declared at specs/ops.glowdef:1149:1.
-    """
-
-    OP: ClassVar[str] = 'DepthToSpace'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1149:1'
-
-    blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
-    mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, N, C, H, W]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, N, C // (blocksize * blocksize), H * blocksize, W * blocksize]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', blocksize=None, mode=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('DepthToSpace', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1151:7')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1151:7')
-        C = u.dim('C')
-        H = u.dim('H')
-        N = u.dim('N')
-        W = u.dim('W')
-        A = u.dtype('A')
-        rt.check(rt.gt(blocksize, 0), 'DepthToSpace', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:1152:3')
-        rt.check(rt.eq(rt.mod(C, rt.mul(blocksize, blocksize)), 0), 'DepthToSpace', _node, 'channels must divide by blocksize squared', 'specs/ops.glowdef:1154:3')
-        return (rt.result_type('DepthToSpace', _node, A, (N, rt.floordiv(C, rt.mul(blocksize, blocksize)), rt.mul(H, blocksize), rt.mul(W, blocksize),), 'specs/ops.glowdef:1155:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class SpaceToDepth(Node):
-    """Move spatial blocks into channels.
-    
-    Operands:
-        x: Tensor[A, N, C, H, W]
-    Results:
-        y: Tensor[A, N, (C * blocksize) * blocksize, H // blocksize, W // blocksize]
-    Attributes:
-        blocksize: int where blocksize > 0
-        mode: string = "DCR"
-    Declared at specs/ops.glowdef:1159:1.
-    """
-
-    OP: ClassVar[str] = 'SpaceToDepth'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1159:1'
-
-    blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
-    mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, N, C, H, W]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, N, (C * blocksize) * blocksize, H // blocksize, W // blocksize]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', blocksize=None, mode=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('SpaceToDepth', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1161:7')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1161:7')
-        C = u.dim('C')
-        H = u.dim('H')
-        N = u.dim('N')
-        W = u.dim('W')
-        A = u.dtype('A')
-        rt.check(rt.gt(blocksize, 0), 'SpaceToDepth', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:1162:3')
-        rt.check((rt.eq(rt.mod(H, blocksize), 0) and rt.eq(rt.mod(W, blocksize), 0)), 'SpaceToDepth', _node, 'height and width must divide by blocksize', 'specs/ops.glowdef:1164:3')
-        return (rt.result_type('SpaceToDepth', _node, A, (N, rt.mul(rt.mul(C, blocksize), blocksize), rt.floordiv(H, blocksize), rt.floordiv(W, blocksize),), 'specs/ops.glowdef:1165:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class EyeLike(Node):
-    """A 2-D tensor with ones on diagonal k and zeros elsewhere, shaped like x.
-    
-    Operands:
-        x: Tensor[A, R, C]
-    Results:
-        y: Tensor[dtype, R, C]
-    Attributes:
-        k: int = 0
-        dtype: dtype
-    Traits: primitive
-    Declared at specs/ops.glowdef:1169:1.
-    """
-
-    OP: ClassVar[str] = 'EyeLike'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1169:1'
-
-    k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-    dtype: object = attrs.field(converter=rt.CONVERTERS['dtype'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[A, R, C]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[dtype, R, C]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', k=None, dtype=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('EyeLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1172:7')
-        u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:1172:7')
-        C = u.dim('C')
-        R = u.dim('R')
-        A = u.dtype('A')
-        return (rt.result_type('EyeLike', _node, dtype, (R, C,), 'specs/ops.glowdef:1175:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class OneHot(Node):
-    """values[1] where indices (negative from the end) hit, values[0] elsewhere, along new axis `axis`.
-    
-    Operands:
-        indices: Tensor[P, *S]
-        values: Tensor[A, 2]
-    Results:
-        y: Tensor[A, *insert_dim(S, axis, depth)]
-    Attributes:
-        depth: int
-        axis: int
-    Traits: primitive
-    Declared at specs/ops.glowdef:1179:1.
-    """
-
-    OP: ClassVar[str] = 'OneHot'
-    INPUTS: ClassVar[tuple] = (OperandInfo('indices', optional=False, variadic=False), OperandInfo('values', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('depth', 'int', None, False), AttrInfo('axis', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1179:1'
-
-    depth: object = attrs.field(converter=rt.CONVERTERS['int'])
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-
-    @property
-    def indices(self):
-        """Operand indices: Tensor[P, *S]"""
-        return self.inputs[0]
-
-    @property
-    def values(self):
-        """Operand values: Tensor[A, 2]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[A, *insert_dim(S, axis, depth)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(indices, values, *, _node='', depth=None, axis=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('OneHot', _node)
-        u.elem('indices', indices, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1182:7')
-        u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:1182:7')
-        u.elem('values', values, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1182:31')
-        u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:1182:31')
-        S = u.dim('S')
-        A = u.dtype('A')
-        P = u.dtype('P')
-        return (rt.result_type('OneHot', _node, A, (*sl.b_insert_dim(S, axis, depth),), 'specs/ops.glowdef:1185:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class ArgMax(Node):
-    """Index of the largest element along `axis` (the first, or the last when select_last_index).
-    
-    Operands:
-        x: Tensor[T, *S]
-    Results:
-        y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]
-    Attributes:
-        axis: int = 0 where (axis >= 0) and (axis < len(S))
-        keepdims: int = 1
-        select_last_index: int = 0
-    Traits: primitive
-    Declared at specs/ops.glowdef:1190:1.
-    """
-
-    OP: ClassVar[str] = 'ArgMax'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1190:1'
-
-    axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-    keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
-    select_last_index: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('ArgMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1193:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1193:7')
-        S = u.dim('S')
-        T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1194:3')
-        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:1197:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class ArgMin(Node):
-    """Index of the smallest element along `axis` (the first, or the last when select_last_index).
-    
-    Operands:
-        x: Tensor[T, *S]
-    Results:
-        y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]
-    Attributes:
-        axis: int = 0 where (axis >= 0) and (axis < len(S))
-        keepdims: int = 1
-        select_last_index: int = 0
-    Traits: primitive
-    Declared at specs/ops.glowdef:1201:1.
-    """
-
-    OP: ClassVar[str] = 'ArgMin'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1201:1'
-
-    axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-    keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
-    select_last_index: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[i64, *reduce_shape(S, [axis], keepdims)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('ArgMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1204:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1204:7')
-        S = u.dim('S')
-        T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1205:3')
-        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:1208:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class TopK(Node):
-    """The k largest (or smallest) elements along `axis` and their indices, sorted.
-    
-    Operands:
-        x: Tensor[T, *S]
-    Results:
-        values: Tensor[T, *replace_dim(S, axis, k)]
-        indices: Tensor[i64, *replace_dim(S, axis, k)]
-    Attributes:
-        k: int where k >= 0
-        axis: int where (axis >= 0) and (axis < len(S))
-        largest: int = 1
-    Traits: primitive
-    Declared at specs/ops.glowdef:1212:1.
-    """
-
-    OP: ClassVar[str] = 'TopK'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('values', optional=False), OperandInfo('indices', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('largest', 'int', 1, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1212:1'
-
-    k: object = attrs.field(converter=rt.CONVERTERS['int'])
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-    largest: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def values(self):
-        """Result values: Tensor[T, *replace_dim(S, axis, k)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @property
-    def indices(self):
-        """Result indices: Tensor[i64, *replace_dim(S, axis, k)]"""
-        return self.outputs[1] if len(self.outputs) > 1 else None
-
-    @staticmethod
-    def infer(x, *, _node='', k=None, axis=None, largest=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('TopK', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1215:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1215:7')
-        S = u.dim('S')
-        T = u.dtype('T')
-        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:1216:3')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1217:3')
-        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:1219:3')
-        return (rt.result_type('TopK', _node, T, (*sl.b_replace_dim(S, axis, k),), 'specs/ops.glowdef:1220:7'), rt.result_type('TopK', _node, 'i64', (*sl.b_replace_dim(S, axis, k),), 'specs/ops.glowdef:1220:52'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class CumSum(Node):
-    """Cumulative sum along `axis` (exclusive / reverse as in ONNX).
-    
-    Operands:
-        x: Tensor[T, *S]
-    Results:
-        y: Tensor[T, *S]
-    Attributes:
-        axis: int where (axis >= 0) and (axis < len(S))
-        exclusive: int = 0
-        reverse: int = 0
-    Traits: primitive
-    Declared at specs/ops.glowdef:1230:1.
-    """
-
-    OP: ClassVar[str] = 'CumSum'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1230:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-    exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-    reverse: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('CumSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1233:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1233:7')
-        S = u.dim('S')
-        T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1234:3')
-        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:1237:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class CumProd(Node):
-    """Cumulative product along `axis` (exclusive / reverse as in ONNX).
-    
-    Operands:
-        x: Tensor[T, *S]
-    Results:
-        y: Tensor[T, *S]
-    Attributes:
-        axis: int where (axis >= 0) and (axis < len(S))
-        exclusive: int = 0
-        reverse: int = 0
-    Traits: primitive
-    Declared at specs/ops.glowdef:1241:1.
-    """
-
-    OP: ClassVar[str] = 'CumProd'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1241:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-    exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-    reverse: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('CumProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1244:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1244:7')
-        S = u.dim('S')
-        T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1245:3')
-        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:1248:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Hardmax(Node):
-    """1 at the first maximum along `axis`, 0 elsewhere.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        axis: int where (axis >= 0) and (axis < len(S))
-    Traits: primitive
-    Declared at specs/ops.glowdef:1252:1.
-    """
-
-    OP: ClassVar[str] = 'Hardmax'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1252:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Hardmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1255:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1255:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1256:3')
-        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:1257:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Einsum(Node):
-    """Einstein summation over the operands (numpy.einsum).
-    
-    Operands:
-        xs: Tensor[T, *S]...
-    Results:
-        y: Tensor[T, *einsum_shape(equation, S)]
-    Attributes:
-        equation: string
-    Traits: primitive
-    Declared at specs/ops.glowdef:1261:1.
-    """
-
-    OP: ClassVar[str] = 'Einsum'
-    INPUTS: ClassVar[tuple] = (OperandInfo('xs', optional=False, variadic=True), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('equation', 'string', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1261:1'
-
-    equation: object = attrs.field(converter=rt.CONVERTERS['string'])
-
-    @property
-    def xs(self):
-        """Operand xs: Tensor[T, *S]..."""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *einsum_shape(equation, S)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(xs, *, _node='', equation=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Einsum', _node)
-        if len(xs) == 0:
-            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1264:7')
-        for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1264:7')
-        S = tuple(_t.shape for _t in xs)
-        T = u.dtype('T')
-        return (rt.result_type('Einsum', _node, T, (*sl.b_einsum_shape(equation, S),), 'specs/ops.glowdef:1266:7'), )
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1140:3')
+        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1141:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5939,7 +6220,7 @@ class InstanceNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:1271:1.
+    Declared at specs/ops.glowdef:1145:1.
     """
 
     OP: ClassVar[str] = 'InstanceNormalization'
@@ -5948,7 +6229,7 @@ class InstanceNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1271:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1145:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -5976,17 +6257,17 @@ class InstanceNormalization(Node):
     def infer(x, scale, bias, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('InstanceNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1273:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1273:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1273:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1273:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1273:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1273:52')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1147:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1147:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1147:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1147:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1147:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1147:52')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1275:7'), )
+        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1149:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6000,7 +6281,7 @@ class LpNormalization(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
         p: int = 2 where (p == 1) or (p == 2)
-    Declared at specs/ops.glowdef:1279:1.
+    Declared at specs/ops.glowdef:1153:1.
     """
 
     OP: ClassVar[str] = 'LpNormalization'
@@ -6009,7 +6290,7 @@ class LpNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('p', 'int', 2, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1279:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1153:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     p: object = attrs.field(default=2, converter=rt.CONVERTERS['int'])
@@ -6028,294 +6309,13 @@ class LpNormalization(Node):
     def infer(x, *, _node='', axis=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1281:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1281:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1155:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1155:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1282:3')
-        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1283:3')
-        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1284:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class ConvN(Node):
-    """N-D convolution, any spatial rank; pads are [begin..., end...]. 1-D and 2-D lower to Conv.
-    
-    Operands:
-        x: Tensor[F, N, C, *D]
-        w: Tensor[F, M, CG, *K]
-        b: Tensor[F, M]?
-    Results:
-        y: Tensor[F, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]
-    Attributes:
-        strides: ints where all(strides > 0)
-        pads: ints where all(pads >= 0)
-        dilations: ints where all(dilations > 0)
-        group: int = 1 where group >= 1
-    Traits: primitive
-    Declared at specs/ops.glowdef:1289:1.
-    """
-
-    OP: ClassVar[str] = 'ConvN'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1289:1'
-
-    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, N, C, *D]"""
-        return self.inputs[0]
-
-    @property
-    def w(self):
-        """Operand w: Tensor[F, M, CG, *K]"""
-        return self.inputs[1]
-
-    @property
-    def b(self):
-        """Operand b: Tensor[F, M]?"""
-        return self.inputs[2]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, N, M, *conv_shape(D, K, pads, strides, dilations, 0)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('ConvN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1292:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1292:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1292:33')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1292:33')
-        if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1292:58')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1292:58')
-        C = u.dim('C')
-        CG = u.dim('CG')
-        D = u.dim('D')
-        K = u.dim('K')
-        M = u.dim('M')
-        N = u.dim('N')
-        F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1293:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1294:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1295:3')
-        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1296:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1297:3')
-        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1298:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1300:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1301:3')
-        return (rt.result_type('ConvN', _node, F, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1302:9'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class MaxPoolN(Node):
-    """N-D max pooling, any spatial rank; 1-D and 2-D lower to MaxPool.
-    
-    Operands:
-        x: Tensor[T, N, C, *D]
-    Results:
-        y: Tensor[T, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]
-    Attributes:
-        kernel: ints where all(kernel > 0)
-        strides: ints where all(strides > 0)
-        pads: ints where all(pads >= 0)
-        dilations: ints where all(dilations > 0)
-        ceil_mode: int = 0
-    Traits: primitive
-    Declared at specs/ops.glowdef:1313:1.
-    """
-
-    OP: ClassVar[str] = 'MaxPoolN'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1313:1'
-
-    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, N, C, *D]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, N, C, *pool_shape(D, kernel, pads, strides, dilations, ceil_mode)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('MaxPoolN', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1316:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1316:9')
-        C = u.dim('C')
-        D = u.dim('D')
-        N = u.dim('N')
-        T = u.dtype('T')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1317:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1318:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1319:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1320:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1322:3')
-        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1324:9'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class AvgPoolN(Node):
-    """N-D average pooling, any spatial rank; 1-D and 2-D lower to AvgPool.
-    
-    Operands:
-        x: Tensor[F, N, C, *D]
-    Results:
-        y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, ones(len(D)), ceil_mode)]
-    Attributes:
-        kernel: ints where all(kernel > 0)
-        strides: ints where all(strides > 0)
-        pads: ints where all(pads >= 0)
-        ceil_mode: int = 0
-        count_include_pad: int = 0
-    Traits: primitive
-    Declared at specs/ops.glowdef:1337:1.
-    """
-
-    OP: ClassVar[str] = 'AvgPoolN'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1337:1'
-
-    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-    count_include_pad: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, N, C, *D]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, N, C, *pool_shape(D, kernel, pads, strides, ones(len(D)), ceil_mode)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('AvgPoolN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1340:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1340:9')
-        C = u.dim('C')
-        D = u.dim('D')
-        N = u.dim('N')
-        F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1341:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1342:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1343:3')
-        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:1346:3')
-        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:1348:9'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class ConvTranspose(Node):
-    """N-D transposed convolution; pads are [begin..., end...] cropped from the full result.
-    
-    Operands:
-        x: Tensor[F, N, C, *D]
-        w: Tensor[F, C2, MG, *K]
-        b: Tensor[F, M]?
-    Results:
-        y: Tensor[F, N, MG * group, *convtranspose_shape(D, K, pads, strides, dilations, output_padding)]
-    Attributes:
-        strides: ints where all(strides > 0)
-        pads: ints
-        dilations: ints where all(dilations > 0)
-        output_padding: ints
-        group: int = 1 where group >= 1
-    Traits: primitive
-    Declared at specs/ops.glowdef:1359:1.
-    """
-
-    OP: ClassVar[str] = 'ConvTranspose'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('b', optional=True, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('output_padding', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1359:1'
-
-    strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    dilations: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    output_padding: object = attrs.field(converter=rt.CONVERTERS['ints'])
-    group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, N, C, *D]"""
-        return self.inputs[0]
-
-    @property
-    def w(self):
-        """Operand w: Tensor[F, C2, MG, *K]"""
-        return self.inputs[1]
-
-    @property
-    def b(self):
-        """Operand b: Tensor[F, M]?"""
-        return self.inputs[2]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, N, MG * group, *convtranspose_shape(D, K, pads, strides, dilations, output_padding)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, output_padding=None, group=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('ConvTranspose', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1362:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1362:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1362:33')
-        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:1362:33')
-        if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1362:59')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1362:59')
-        C = u.dim('C')
-        C2 = u.dim('C2')
-        D = u.dim('D')
-        K = u.dim('K')
-        M = u.dims['M'][0] if 'M' in u.dims else None
-        MG = u.dim('MG')
-        N = u.dim('N')
-        F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1363:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1365:3')
-        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1367:3')
-        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:1368:3')
-        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1369:3')
-        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.b_convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:1370:9'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1156:3')
+        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1157:3')
+        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1158:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6338,7 +6338,7 @@ class Resize(Node):
         exclude_outside: int = 0
         extrapolation_value: float = 0.0
         antialias: int = 0
-    Declared at specs/ops.glowdef:1386:1.
+    Declared at specs/ops.glowdef:1164:1.
     """
 
     OP: ClassVar[str] = 'Resize'
@@ -6347,7 +6347,7 @@ class Resize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), AttrInfo('sizes', 'ints', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('roi', 'floats', None, False), AttrInfo('mode', 'string', 'nearest', True), AttrInfo('coordinate_transformation_mode', 'string', 'half_pixel', True), AttrInfo('nearest_mode', 'string', 'round_prefer_floor', True), AttrInfo('cubic_coeff_a', 'float', rt.neg(0.75), True), AttrInfo('exclude_outside', 'int', 0, True), AttrInfo('extrapolation_value', 'float', 0.0, True), AttrInfo('antialias', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1386:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1164:1'
 
     axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
     sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6375,17 +6375,17 @@ class Resize(Node):
     def infer(x, *, _node='', axes=None, sizes=None, scales=None, roi=None, mode=None, coordinate_transformation_mode=None, nearest_mode=None, cubic_coeff_a=None, exclude_outside=None, extrapolation_value=None, antialias=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Resize', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1388:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1388:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1166:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1166:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1400:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1402:3')
-        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1403:3')
-        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1404:3')
-        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1408:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1411:3')
-        return (rt.result_type('Resize', _node, T, (*sl.b_resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1413:7'), )
+        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1178:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1180:3')
+        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1181:3')
+        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1182:3')
+        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1186:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1189:3')
+        return (rt.result_type('Resize', _node, T, (*sl.resize.resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1191:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6400,7 +6400,7 @@ class LegacyBroadcast(Node):
     Attributes:
         op: string
         axis: int
-    Declared at specs/ops.glowdef:1464:1.
+    Declared at specs/ops.glowdef:1245:1.
     """
 
     OP: ClassVar[str] = 'LegacyBroadcast'
@@ -6409,7 +6409,7 @@ class LegacyBroadcast(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('op', 'string', None, False), AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1464:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1245:1'
 
     op: object = attrs.field(converter=rt.CONVERTERS['string'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -6433,18 +6433,18 @@ class LegacyBroadcast(Node):
     def infer(lhs, rhs, *, _node='', op=None, axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LegacyBroadcast', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1466:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1466:7')
-        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1466:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1466:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1247:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1247:7')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1247:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1247:27')
         X = u.dim('X')
         Y = u.dim('Y')
         P = u.dtype('P')
         T = u.dtype('T')
-        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1469:3')
-        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1471:3')
-        rt.check(sl.b_axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1472:3')
-        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1473:7'), )
+        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1250:3')
+        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1252:3')
+        rt.check(sl.shapes.axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1253:3')
+        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1254:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6462,7 +6462,7 @@ class AvgPoolDilated(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
         count_include_pad: int = 0
-    Declared at specs/ops.glowdef:1485:1.
+    Declared at specs/ops.glowdef:1266:1.
     """
 
     OP: ClassVar[str] = 'AvgPoolDilated'
@@ -6471,7 +6471,7 @@ class AvgPoolDilated(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1485:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1266:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6494,18 +6494,18 @@ class AvgPoolDilated(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolDilated', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1487:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1487:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1268:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1268:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1488:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1489:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1490:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1491:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1494:3')
-        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1496:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1269:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1270:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1271:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1272:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1275:3')
+        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1277:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6523,7 +6523,7 @@ class LpPool(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
         p: int = 2 where p >= 1
-    Declared at specs/ops.glowdef:1506:1.
+    Declared at specs/ops.glowdef:1287:1.
     """
 
     OP: ClassVar[str] = 'LpPool'
@@ -6532,7 +6532,7 @@ class LpPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('p', 'int', 2, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1506:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1287:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6555,19 +6555,19 @@ class LpPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1508:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1508:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1289:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1289:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1509:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1510:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1511:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1512:3')
-        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1514:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1515:3')
-        return (rt.result_type('LpPool', _node, F, (N, C, *sl.b_pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1517:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1290:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1291:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1292:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1293:3')
+        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1295:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1296:3')
+        return (rt.result_type('LpPool', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1298:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6584,7 +6584,7 @@ class Col2Im(Node):
         strides: ints where all(strides > 0)
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
-    Declared at specs/ops.glowdef:1528:1.
+    Declared at specs/ops.glowdef:1310:1.
     """
 
     OP: ClassVar[str] = 'Col2Im'
@@ -6593,7 +6593,7 @@ class Col2Im(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('image', 'ints', None, False), AttrInfo('block', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1528:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1310:1'
 
     image: object = attrs.field(converter=rt.CONVERTERS['ints'])
     block: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6615,21 +6615,21 @@ class Col2Im(Node):
     def infer(x, *, _node='', image=None, block=None, strides=None, pads=None, dilations=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Col2Im', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1530:9')
-        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1530:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1312:9')
+        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1312:9')
         CK = u.dim('CK')
         L = u.dim('L')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1531:3')
-        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1532:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1533:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1534:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1535:3')
-        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1536:3')
-        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1538:3')
-        rt.check(rt.eq(L, rt.b_prod(sl.b_conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1539:3')
-        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1541:9'), )
+        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1313:3')
+        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1314:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1315:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1316:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1317:3')
+        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1318:3')
+        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1320:3')
+        rt.check(rt.eq(L, rt.b_prod(sl.conv.conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1321:3')
+        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1323:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6645,7 +6645,7 @@ class GridSample(Node):
         mode: string = "linear"
         padding_mode: string = "zeros"
         align_corners: int = 0
-    Declared at specs/ops.glowdef:1552:1.
+    Declared at specs/ops.glowdef:1334:1.
     """
 
     OP: ClassVar[str] = 'GridSample'
@@ -6654,7 +6654,7 @@ class GridSample(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('mode', 'string', 'linear', True), AttrInfo('padding_mode', 'string', 'zeros', True), AttrInfo('align_corners', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1552:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1334:1'
 
     mode: object = attrs.field(default='linear', converter=rt.CONVERTERS['string'])
     padding_mode: object = attrs.field(default='zeros', converter=rt.CONVERTERS['string'])
@@ -6679,19 +6679,19 @@ class GridSample(Node):
     def infer(x, grid, *, _node='', mode=None, padding_mode=None, align_corners=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GridSample', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1554:9')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1554:9')
-        u.elem('grid', grid, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1554:33')
-        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1554:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1336:9')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1336:9')
+        u.elem('grid', grid, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1336:33')
+        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1336:33')
         C = u.dim('C')
         G = u.dim('G')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1558:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1559:3')
-        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1560:3')
-        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1562:9'), )
+        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1340:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1341:3')
+        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1342:3')
+        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1344:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6704,7 +6704,7 @@ class Reflect(Node):
         high: Tensor[F, *H]
     Results:
         y: Tensor[F, *broadcast(S, L, H)]
-    Declared at specs/ops.glowdef:1570:1.
+    Declared at specs/ops.glowdef:1352:1.
     """
 
     OP: ClassVar[str] = 'Reflect'
@@ -6713,7 +6713,7 @@ class Reflect(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1570:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1352:1'
 
 
     @property
@@ -6740,18 +6740,18 @@ class Reflect(Node):
     def infer(x, low, high, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reflect', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1572:9')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1572:9')
-        u.elem('low', low, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1572:27')
-        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1572:27')
-        u.elem('high', high, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1572:47')
-        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1572:47')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1354:9')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1354:9')
+        u.elem('low', low, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1354:27')
+        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1354:27')
+        u.elem('high', high, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1354:47')
+        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1354:47')
         H = u.dim('H')
         L = u.dim('L')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1573:3')
-        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1574:9'), )
+        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1355:3')
+        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1356:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6778,7 +6778,7 @@ class LSTM(Node):
         input_forget: int = 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1586:1.
+    Declared at specs/ops.glowdef:1368:1.
     """
 
     OP: ClassVar[str] = 'LSTM'
@@ -6787,7 +6787,7 @@ class LSTM(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('input_forget', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1586:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1368:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6851,24 +6851,24 @@ class LSTM(Node):
     def infer(x, w, r, b=None, h0=None, c0=None, p=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, input_forget=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LSTM', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1588:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1588:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1588:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1588:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1588:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1588:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1370:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1370:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1370:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1370:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1370:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1370:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1588:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1588:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1370:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1370:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1589:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1589:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1371:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1371:8')
         if c0 is not None:
-            u.elem('c0', c0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1589:29')
-            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1589:29')
+            u.elem('c0', c0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1371:29')
+            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1371:29')
         if p is not None:
-            u.elem('p', p, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1589:50')
-            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1589:50')
+            u.elem('p', p, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1371:50')
+            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1371:50')
         CS = u.dims['CS'][0] if 'CS' in u.dims else None
         D = u.dim('D')
         G = u.dim('G')
@@ -6879,14 +6879,14 @@ class LSTM(Node):
         P3 = u.dims['P3'][0] if 'P3' in u.dims else None
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1590:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1592:3')
-        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1593:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1597:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1598:3')
-        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1599:3')
-        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1600:3')
-        return (rt.result_type('LSTM', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1601:8'), rt.result_type('LSTM', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1602:8'), rt.result_type('LSTM', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1603:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1372:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1374:3')
+        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1375:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1379:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1380:3')
+        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1381:3')
+        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1382:3')
+        return (rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1383:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1384:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1385:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6910,7 +6910,7 @@ class GRU(Node):
         linear_before_reset: int = 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1614:1.
+    Declared at specs/ops.glowdef:1396:1.
     """
 
     OP: ClassVar[str] = 'GRU'
@@ -6919,7 +6919,7 @@ class GRU(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('linear_before_reset', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1614:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1396:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6968,18 +6968,18 @@ class GRU(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, linear_before_reset=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GRU', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1616:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1616:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1616:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1616:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1616:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1616:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1398:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1398:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1398:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1398:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1398:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1398:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1616:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1616:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1398:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1398:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1617:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1617:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1399:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1399:8')
         D = u.dim('D')
         G = u.dim('G')
         G2 = u.dims['G2'][0] if 'G2' in u.dims else None
@@ -6988,14 +6988,14 @@ class GRU(Node):
         I = u.dim('I')
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1618:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1620:3')
-        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1621:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1625:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1626:3')
-        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1627:3')
-        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1628:3')
-        return (rt.result_type('GRU', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1629:8'), rt.result_type('GRU', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1630:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1400:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1402:3')
+        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1403:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1407:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1408:3')
+        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1409:3')
+        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1410:3')
+        return (rt.result_type('GRU', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1411:8'), rt.result_type('GRU', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1412:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7018,7 +7018,7 @@ class RNN(Node):
         clip: float = inf where clip > 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1641:1.
+    Declared at specs/ops.glowdef:1423:1.
     """
 
     OP: ClassVar[str] = 'RNN'
@@ -7027,7 +7027,7 @@ class RNN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1641:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1423:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -7075,18 +7075,18 @@ class RNN(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('RNN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1643:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1643:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1643:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1643:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1643:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1643:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1425:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1425:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1425:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1425:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1425:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1425:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1643:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1643:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1425:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1425:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1644:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1644:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1426:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1426:8')
         D = u.dim('D')
         G = u.dim('G')
         G2 = u.dims['G2'][0] if 'G2' in u.dims else None
@@ -7095,14 +7095,14 @@ class RNN(Node):
         I = u.dim('I')
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1645:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1647:3')
-        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1648:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1651:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1652:3')
-        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1653:3')
-        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1654:3')
-        return (rt.result_type('RNN', _node, F, (*sl.b_rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1655:8'), rt.result_type('RNN', _node, F, (*sl.b_rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1656:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1427:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1429:3')
+        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1430:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1433:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1434:3')
+        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1435:3')
+        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1436:3')
+        return (rt.result_type('RNN', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1437:8'), rt.result_type('RNN', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1438:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7120,7 +7120,7 @@ class QuantizeLinear(Node):
         block_size: int = 0 where block_size >= 0
         dtype: dtype
         compute: dtype
-    Declared at specs/ops.glowdef:1686:1.
+    Declared at specs/ops.glowdef:1468:1.
     """
 
     OP: ClassVar[str] = 'QuantizeLinear'
@@ -7129,7 +7129,7 @@ class QuantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), AttrInfo('compute', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1686:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1468:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7160,23 +7160,23 @@ class QuantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None, compute=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizeLinear', _node)
-        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1688:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1688:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1688:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1688:26')
+        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1470:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1470:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1470:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1470:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1688:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1688:48')
+            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1470:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1470:48')
         C = u.dim('C')
         S = u.dim('S')
         F = u.dtype('F')
         QX = u.dtype('QX')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1689:3')
-        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1690:3')
-        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1693:3')
-        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1694:3')
-        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1695:3')
-        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1697:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1471:3')
+        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1472:3')
+        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1475:3')
+        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1476:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1477:3')
+        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1479:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7193,7 +7193,7 @@ class DequantizeLinear(Node):
         axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
         block_size: int = 0 where block_size >= 0
         dtype: dtype
-    Declared at specs/ops.glowdef:1707:1.
+    Declared at specs/ops.glowdef:1489:1.
     """
 
     OP: ClassVar[str] = 'DequantizeLinear'
@@ -7202,7 +7202,7 @@ class DequantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1707:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1489:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7232,22 +7232,22 @@ class DequantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizeLinear', _node)
-        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1709:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1709:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1709:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1709:26')
+        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1491:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1491:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1491:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1491:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1709:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1709:48')
+            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1491:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1491:48')
         C = u.dim('C')
         S = u.dim('S')
         DQ = u.dtype('DQ')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1710:3')
-        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1711:3')
-        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1713:3')
-        rt.check(sl.b_quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1714:3')
-        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1716:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1492:3')
+        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1493:3')
+        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1495:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1496:3')
+        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1498:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7262,7 +7262,7 @@ class QuantParam(Node):
         like: ints
         axis: int
         block_size: int = 0
-    Declared at specs/ops.glowdef:1724:1.
+    Declared at specs/ops.glowdef:1506:1.
     """
 
     OP: ClassVar[str] = 'QuantParam'
@@ -7271,7 +7271,7 @@ class QuantParam(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('like', 'ints', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('block_size', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1724:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1506:1'
 
     like: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7291,11 +7291,11 @@ class QuantParam(Node):
     def infer(p, *, _node='', like=None, axis=None, block_size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantParam', _node)
-        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1726:7')
-        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1726:7')
+        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1508:7')
+        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1508:7')
         C = u.dim('C')
         A = u.dtype('A')
-        return (rt.result_type('QuantParam', _node, A, (*sl.b_quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1730:7'), )
+        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1512:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7313,7 +7313,7 @@ class QLinearMatMul(Node):
         y_zero_point: Tensor[Q8Y, *YZ]
     Results:
         y: Tensor[Q8Y, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1733:1.
+    Declared at specs/ops.glowdef:1515:1.
     """
 
     OP: ClassVar[str] = 'QLinearMatMul'
@@ -7322,7 +7322,7 @@ class QLinearMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1733:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1515:1'
 
 
     @property
@@ -7374,22 +7374,22 @@ class QLinearMatMul(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearMatMul', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1735:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1735:7')
-        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1735:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1735:26')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1735:51')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1735:51')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1736:7')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1736:7')
-        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1736:27')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1736:27')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1736:52')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1736:52')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1737:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1737:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1737:32')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1737:32')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1517:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1517:7')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1517:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1517:26')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1517:51')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1517:51')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1518:7')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1518:7')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1518:27')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1518:27')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1518:52')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1518:52')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1519:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1519:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1519:32')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1519:32')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -7402,11 +7402,11 @@ class QLinearMatMul(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1738:3')
-        rt.check((sl.b_param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1739:3')
-        rt.check((sl.b_param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1741:3')
-        rt.check((sl.b_param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.b_param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1743:3')
-        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1745:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1520:3')
+        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1521:3')
+        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1523:3')
+        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1525:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1527:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7420,7 +7420,7 @@ class MatMulInteger(Node):
         b_zero_point: Tensor[Q8B, *BZ]?
     Results:
         y: Tensor[i32, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1749:1.
+    Declared at specs/ops.glowdef:1531:1.
     """
 
     OP: ClassVar[str] = 'MatMulInteger'
@@ -7429,7 +7429,7 @@ class MatMulInteger(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1749:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1531:1'
 
 
     @property
@@ -7461,26 +7461,26 @@ class MatMulInteger(Node):
     def infer(a, b, a_zero_point=None, b_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMulInteger', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1751:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1751:7')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1751:26')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1751:26')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1533:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1533:7')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1533:26')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1533:26')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1751:46')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1751:46')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1533:46')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1533:46')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1751:78')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1751:78')
+            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1533:78')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1533:78')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
         BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
         X = u.dim('X')
         Y = u.dim('Y')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1752:3')
-        rt.check(sl.b_param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1753:3')
-        rt.check(sl.b_param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1754:3')
-        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.b_matmul_shape(X, Y),), 'specs/ops.glowdef:1755:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1534:3')
+        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1535:3')
+        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1536:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1537:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7499,7 +7499,7 @@ class ConvInteger(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1763:1.
+    Declared at specs/ops.glowdef:1545:1.
     """
 
     OP: ClassVar[str] = 'ConvInteger'
@@ -7508,7 +7508,7 @@ class ConvInteger(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1763:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1545:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7544,16 +7544,16 @@ class ConvInteger(Node):
     def infer(x, w, x_zero_point=None, w_zero_point=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvInteger', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1765:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1765:9')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1765:34')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1765:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1547:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1547:9')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1547:34')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1547:34')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1765:61')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1765:61')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1547:61')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1547:61')
         if w_zero_point is not None:
-            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1765:93')
-            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1765:93')
+            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1547:93')
+            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1547:93')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7564,15 +7564,15 @@ class ConvInteger(Node):
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1766:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1767:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1768:3')
-        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1769:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1770:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1771:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1772:3')
-        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1773:3')
-        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1774:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1548:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1549:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1550:3')
+        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1551:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1552:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1553:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1554:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1555:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1556:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7596,7 +7596,7 @@ class QLinearConv(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1787:1.
+    Declared at specs/ops.glowdef:1570:1.
     """
 
     OP: ClassVar[str] = 'QLinearConv'
@@ -7605,7 +7605,7 @@ class QLinearConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1787:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1570:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7666,25 +7666,25 @@ class QLinearConv(Node):
     def infer(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConv', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1789:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1789:9')
-        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1789:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1789:34')
-        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1789:59')
-        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1789:59')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1790:9')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1790:9')
-        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1790:36')
-        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1790:36')
-        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1790:61')
-        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1790:61')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1791:9')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1791:9')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1791:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1791:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1572:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1572:9')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1572:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1572:34')
+        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1572:59')
+        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1572:59')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1573:9')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1573:9')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1573:36')
+        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1573:36')
+        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1573:61')
+        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1573:61')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1574:9')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1574:9')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1574:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1574:34')
         if b is not None:
-            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1791:66')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1791:66')
+            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1574:66')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1574:66')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7701,17 +7701,17 @@ class QLinearConv(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1792:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1793:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1794:3')
-        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1795:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1796:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1797:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1798:3')
-        rt.check(sl.b_param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1799:3')
-        rt.check(sl.b_param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1800:3')
-        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1801:3')
-        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.b_conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1802:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1575:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1576:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1577:3')
+        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1578:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1579:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1580:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1581:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1582:3')
+        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1583:3')
+        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1584:3')
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1585:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7727,7 +7727,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1816:1.
+    Declared at specs/ops.glowdef:1600:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -7736,7 +7736,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1816:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1600:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7757,14 +7757,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1818:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1818:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1602:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1602:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1820:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1823:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1824:3')
-        return (rt.result_type('DFT', _node, F, (*sl.b_dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1825:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1604:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1607:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1608:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1609:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7779,7 +7779,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1840:1.
+    Declared at specs/ops.glowdef:1624:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -7788,7 +7788,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1840:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1624:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7808,13 +7808,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1842:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1842:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1626:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1626:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1846:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1847:3')
-        return (rt.result_type('Compress', _node, A, (*sl.b_compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1848:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1630:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1631:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1632:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7830,7 +7830,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1857:1.
+    Declared at specs/ops.glowdef:1641:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -7839,7 +7839,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1857:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1641:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7864,22 +7864,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1859:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1859:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1643:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1643:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1859:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1859:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1643:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1643:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1860:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1861:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1863:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1864:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1865:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.b_dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1866:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1644:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1645:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1647:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1648:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1649:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1650:7'), )
 
 
 OPS = {
@@ -7899,6 +7899,13 @@ OPS = {
     'Or': Or,
     'Xor': Xor,
     'Select': Select,
+    'Mod': Mod,
+    'BitShift': BitShift,
+    'BitwiseAnd': BitwiseAnd,
+    'BitwiseOr': BitwiseOr,
+    'BitwiseXor': BitwiseXor,
+    'PRelu': PRelu,
+    'CastLike': CastLike,
     'Neg': Neg,
     'Abs': Abs,
     'Exp': Exp,
@@ -7914,6 +7921,25 @@ OPS = {
     'Floor': Floor,
     'Ceil': Ceil,
     'Not': Not,
+    'Sin': Sin,
+    'Cos': Cos,
+    'Tan': Tan,
+    'Asin': Asin,
+    'Acos': Acos,
+    'Atan': Atan,
+    'Sinh': Sinh,
+    'Cosh': Cosh,
+    'Asinh': Asinh,
+    'Acosh': Acosh,
+    'Atanh': Atanh,
+    'Sign': Sign,
+    'Round': Round,
+    'IsNaN': IsNaN,
+    'IsInf': IsInf,
+    'BitwiseNot': BitwiseNot,
+    'Selu': Selu,
+    'ThresholdedRelu': ThresholdedRelu,
+    'Shrink': Shrink,
     'Cast': Cast,
     'Reciprocal': Reciprocal,
     'Clip': Clip,
@@ -7939,53 +7965,6 @@ OPS = {
     'Size': Size,
     'Splat': Splat,
     'Range': Range,
-    'ReduceSum': ReduceSum,
-    'ReduceMax': ReduceMax,
-    'ReduceMin': ReduceMin,
-    'ReduceProd': ReduceProd,
-    'ReduceMean': ReduceMean,
-    'BatchMatMul': BatchMatMul,
-    'MatMul': MatMul,
-    'Gemm': Gemm,
-    'FullyConnected': FullyConnected,
-    'Conv': Conv,
-    'MaxPool': MaxPool,
-    'AvgPool': AvgPool,
-    'GlobalAveragePool': GlobalAveragePool,
-    'GlobalMaxPool': GlobalMaxPool,
-    'LRN': LRN,
-    'BatchNormalization': BatchNormalization,
-    'LayerNormalization': LayerNormalization,
-    'Softmax': Softmax,
-    'LogSoftmax': LogSoftmax,
-    'SoftmaxFlat': SoftmaxFlat,
-    'LogSoftmaxFlat': LogSoftmaxFlat,
-    'Sin': Sin,
-    'Cos': Cos,
-    'Tan': Tan,
-    'Asin': Asin,
-    'Acos': Acos,
-    'Atan': Atan,
-    'Sinh': Sinh,
-    'Cosh': Cosh,
-    'Asinh': Asinh,
-    'Acosh': Acosh,
-    'Atanh': Atanh,
-    'Sign': Sign,
-    'Round': Round,
-    'IsNaN': IsNaN,
-    'IsInf': IsInf,
-    'BitwiseNot': BitwiseNot,
-    'Selu': Selu,
-    'ThresholdedRelu': ThresholdedRelu,
-    'Shrink': Shrink,
-    'Mod': Mod,
-    'BitShift': BitShift,
-    'BitwiseAnd': BitwiseAnd,
-    'BitwiseOr': BitwiseOr,
-    'BitwiseXor': BitwiseXor,
-    'PRelu': PRelu,
-    'CastLike': CastLike,
     'Split': Split,
     'Tile': Tile,
     'Pad': Pad,
@@ -7998,19 +7977,40 @@ OPS = {
     'SpaceToDepth': SpaceToDepth,
     'EyeLike': EyeLike,
     'OneHot': OneHot,
+    'ReduceSum': ReduceSum,
+    'ReduceMax': ReduceMax,
+    'ReduceMin': ReduceMin,
+    'ReduceProd': ReduceProd,
+    'ReduceMean': ReduceMean,
     'ArgMax': ArgMax,
     'ArgMin': ArgMin,
     'TopK': TopK,
     'CumSum': CumSum,
     'CumProd': CumProd,
     'Hardmax': Hardmax,
+    'BatchMatMul': BatchMatMul,
+    'MatMul': MatMul,
+    'Gemm': Gemm,
+    'FullyConnected': FullyConnected,
     'Einsum': Einsum,
-    'InstanceNormalization': InstanceNormalization,
-    'LpNormalization': LpNormalization,
+    'Conv': Conv,
+    'MaxPool': MaxPool,
+    'AvgPool': AvgPool,
+    'GlobalAveragePool': GlobalAveragePool,
+    'GlobalMaxPool': GlobalMaxPool,
+    'LRN': LRN,
     'ConvN': ConvN,
     'MaxPoolN': MaxPoolN,
     'AvgPoolN': AvgPoolN,
     'ConvTranspose': ConvTranspose,
+    'BatchNormalization': BatchNormalization,
+    'LayerNormalization': LayerNormalization,
+    'Softmax': Softmax,
+    'LogSoftmax': LogSoftmax,
+    'SoftmaxFlat': SoftmaxFlat,
+    'LogSoftmaxFlat': LogSoftmaxFlat,
+    'InstanceNormalization': InstanceNormalization,
+    'LpNormalization': LpNormalization,
     'Resize': Resize,
     'LegacyBroadcast': LegacyBroadcast,
     'AvgPoolDilated': AvgPoolDilated,

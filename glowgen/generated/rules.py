@@ -3,7 +3,7 @@
 # flake8: noqa
 
 from glowgen.engine import specrt as rt
-from glowgen import shapelib as sl
+from glowgen import speclib as sl
 from glowgen.engine.patterns import P, R, RuleInfo, V
 
 from .fns import *  # noqa: F401,F403
@@ -65,7 +65,7 @@ def build_clipped(_b, x, limit):
 
 def build_held(_b, seq_lens, t, new, old):
     """= Select(const(rnn_step_mask(seq_lens, t), bool), new, old) if rnn_step_masked(seq_lens, t) else new"""
-    return (_b.op('Select', [_b.const(sl.b_rnn_step_mask(seq_lens, t), 'bool'), new, old], {}) if sl.b_rnn_step_masked(seq_lens, t) else new)
+    return (_b.op('Select', [_b.const(sl.rnn.rnn_step_mask(seq_lens, t), 'bool'), new, old], {}) if sl.rnn.rnn_step_masked(seq_lens, t) else new)
 
 
 
@@ -252,7 +252,24 @@ def _r14_min_chain_build(_b, _m):
 
 
 
-def _r15_flatten_to_reshape_build(_b, _m):
+def _r15_prelu_to_select_build(_b, _m):
+    """=> Select(Less(x, scalar(0, x.dtype)), Mul(x, slope), Expand(x, shape = p.shape))"""
+    p = _m['p']
+    x = _m['x']
+    slope = _m['slope']
+    return rt.results(_b.op('Select', [_b.op('Less', [x, _b.scalar(0, x.dtype)], {}), _b.op('Mul', [x, slope], {}), _b.op('Expand', [x], {'shape': p.shape})], {}))
+
+
+
+def _r16_castlike_to_cast_build(_b, _m):
+    """=> Cast(x, to = like.dtype)"""
+    x = _m['x']
+    like = _m['like']
+    return rt.results(_b.op('Cast', [x], {'to': like.dtype}))
+
+
+
+def _r17_flatten_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = f.shape)"""
     f = _m['f']
     x = _m['x']
@@ -260,7 +277,7 @@ def _r15_flatten_to_reshape_build(_b, _m):
 
 
 
-def _r16_squeeze_to_reshape_build(_b, _m):
+def _r18_squeeze_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = s.shape)"""
     s = _m['s']
     x = _m['x']
@@ -268,7 +285,7 @@ def _r16_squeeze_to_reshape_build(_b, _m):
 
 
 
-def _r17_unsqueeze_to_reshape_build(_b, _m):
+def _r19_unsqueeze_to_reshape_build(_b, _m):
     """=> Reshape(x, shape = u.shape)"""
     u = _m['u']
     x = _m['x']
@@ -276,7 +293,75 @@ def _r17_unsqueeze_to_reshape_build(_b, _m):
 
 
 
-def _r18_gemm_to_matmul_guard(_m, _ctx):
+def _r20_tile_to_expand_build(_b, _m):
+    """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
+    t = _m['t']
+    x = _m['x']
+    return rt.results(_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.shapes.interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.shapes.interleave(t.repeats, x.shape)})], {'shape': t.shape}))
+
+
+
+def _r21_depth_to_space_dcr_guard(_m, _ctx):
+    'where d.mode == "DCR"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'DCR')))
+
+def _r21_depth_to_space_dcr_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], b, b, x.shape[1] // (b * b), x.shape[2], x.shape[3]]), perm = [0, 3, 4, 1, 5, 2]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], b, b, rt.floordiv(x.shape[1], rt.mul(b, b)), x.shape[2], x.shape[3], )})], {'perm': (0, 3, 4, 1, 5, 2, )})], {'shape': d.shape}))
+
+
+
+def _r22_depth_to_space_crd_guard(_m, _ctx):
+    'where d.mode == "CRD"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'CRD')))
+
+def _r22_depth_to_space_crd_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1] // (b * b), b, b, x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], rt.floordiv(x.shape[1], rt.mul(b, b)), b, b, x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': d.shape}))
+
+
+
+def _r23_space_to_depth_dcr_guard(_m, _ctx):
+    'where d.mode == "DCR"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'DCR')))
+
+def _r23_space_to_depth_dcr_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 3, 5, 1, 2, 4, )})], {'shape': d.shape}))
+
+
+
+def _r24_space_to_depth_crd_guard(_m, _ctx):
+    'where d.mode == "CRD"'
+    d = _m['d']
+    x = _m['x']
+    return bool((rt.eq(d.mode, 'CRD')))
+
+def _r24_space_to_depth_crd_build(_b, _m):
+    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 1, 3, 5, 2, 4]), shape = d.shape)"""
+    d = _m['d']
+    x = _m['x']
+    b = d.blocksize
+    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 1, 3, 5, 2, 4, )})], {'shape': d.shape}))
+
+
+
+def _r25_gemm_to_matmul_guard(_m, _ctx):
     """where """
     g = _m['g']
     a = _m['a']
@@ -284,8 +369,8 @@ def _r18_gemm_to_matmul_guard(_m, _ctx):
     c = _m['c']
     return bool(((not _ctx.backend_has('Gemm'))))
 
-def _r18_gemm_to_matmul_build(_b, _m):
-    """=> Add(p2, Mul(c, scalar(g.beta, c.dtype)) if g.beta != 1.0 else c)"""
+def _r25_gemm_to_matmul_build(_b, _m):
+    """=> Add(p2, Mul(c, scalar(g.beta, c.dtype)) if g.beta != 1.0 else c) if defined(c) else p2"""
     g = _m['g']
     a = _m['a']
     b = _m['b']
@@ -294,37 +379,18 @@ def _r18_gemm_to_matmul_build(_b, _m):
     b2 = (_b.op('Transpose', [b], {'perm': (1, 0, )}) if rt.ne(g.transB, 0) else b)
     p = _b.op('MatMul', [a2, b2], {})
     p2 = (_b.op('Mul', [p, _b.scalar(g.alpha, p.dtype)], {}) if rt.ne(g.alpha, 1.0) else p)
-    return rt.results(_b.op('Add', [p2, (_b.op('Mul', [c, _b.scalar(g.beta, c.dtype)], {}) if rt.ne(g.beta, 1.0) else c)], {}))
+    return rt.results((_b.op('Add', [p2, (_b.op('Mul', [c, _b.scalar(g.beta, c.dtype)], {}) if rt.ne(g.beta, 1.0) else c)], {}) if rt.b_defined(c) else p2))
 
 
 
-def _r19_gemm_no_bias_to_matmul_guard(_m, _ctx):
-    """where """
-    g = _m['g']
-    a = _m['a']
-    b = _m['b']
-    return bool(((not _ctx.backend_has('Gemm'))))
-
-def _r19_gemm_no_bias_to_matmul_build(_b, _m):
-    """=> Mul(p, scalar(g.alpha, p.dtype)) if g.alpha != 1.0 else p"""
-    g = _m['g']
-    a = _m['a']
-    b = _m['b']
-    a2 = (_b.op('Transpose', [a], {'perm': (1, 0, )}) if rt.ne(g.transA, 0) else a)
-    b2 = (_b.op('Transpose', [b], {'perm': (1, 0, )}) if rt.ne(g.transB, 0) else b)
-    p = _b.op('MatMul', [a2, b2], {})
-    return rt.results((_b.op('Mul', [p, _b.scalar(g.alpha, p.dtype)], {}) if rt.ne(g.alpha, 1.0) else p))
-
-
-
-def _r20_fc_to_matmul_guard(_m, _ctx):
+def _r26_fc_to_matmul_guard(_m, _ctx):
     """where """
     x = _m['x']
     w = _m['w']
     b = _m['b']
     return bool(((not _ctx.backend_has('FullyConnected'))))
 
-def _r20_fc_to_matmul_build(_b, _m):
+def _r26_fc_to_matmul_build(_b, _m):
     """=> Add(MatMul(x, w), b)"""
     x = _m['x']
     w = _m['w']
@@ -333,14 +399,14 @@ def _r20_fc_to_matmul_build(_b, _m):
 
 
 
-def _r21_matmul_vector_lhs_guard(_m, _ctx):
+def _r27_matmul_vector_lhs_guard(_m, _ctx):
     """where rank(a) == 1"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool((rt.eq(rt.b_rank(a), 1)))
 
-def _r21_matmul_vector_lhs_build(_b, _m):
+def _r27_matmul_vector_lhs_build(_b, _m):
     """=> Reshape(MatMul(Reshape(a, shape = [1, a.shape[0]]), b), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -349,14 +415,14 @@ def _r21_matmul_vector_lhs_build(_b, _m):
 
 
 
-def _r22_matmul_vector_rhs_guard(_m, _ctx):
+def _r28_matmul_vector_rhs_guard(_m, _ctx):
     """where (rank(b) == 1) and (rank(a) >= 2)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.eq(rt.b_rank(b), 1) and rt.ge(rt.b_rank(a), 2))))
 
-def _r22_matmul_vector_rhs_build(_b, _m):
+def _r28_matmul_vector_rhs_build(_b, _m):
     """=> Reshape(MatMul(a, Reshape(b, shape = [b.shape[0], 1])), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -365,14 +431,14 @@ def _r22_matmul_vector_rhs_build(_b, _m):
 
 
 
-def _r23_matmul_shared_rhs_guard(_m, _ctx):
+def _r29_matmul_shared_rhs_guard(_m, _ctx):
     """where (rank(a) >= 2) and (rank(b) == 2)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.ge(rt.b_rank(a), 2) and rt.eq(rt.b_rank(b), 2))))
 
-def _r23_matmul_shared_rhs_build(_b, _m):
+def _r29_matmul_shared_rhs_build(_b, _m):
     """=> Reshape(BatchMatMul(Reshape(a, shape = [1, prod(a.shape[:-1]), a.shape[-1]]), Reshape(b, shape = concat([1], b.shape))), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -381,14 +447,14 @@ def _r23_matmul_shared_rhs_build(_b, _m):
 
 
 
-def _r24_matmul_batched_guard(_m, _ctx):
+def _r30_matmul_batched_guard(_m, _ctx):
     """where (rank(a) >= 2) and (rank(b) > 2)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.ge(rt.b_rank(a), 2) and rt.gt(rt.b_rank(b), 2))))
 
-def _r24_matmul_batched_build(_b, _m):
+def _r30_matmul_batched_build(_b, _m):
     """=> Reshape(BatchMatMul(Reshape(a2, shape = concat([prod(batch)], a.shape[-2:])), Reshape(b2, shape = concat([prod(batch)], b.shape[-2:]))), shape = m.shape)"""
     m = _m['m']
     a = _m['a']
@@ -400,7 +466,7 @@ def _r24_matmul_batched_build(_b, _m):
 
 
 
-def _r25_batchnorm_to_affine_build(_b, _m):
+def _r31_batchnorm_to_affine_build(_b, _m):
     """=> Add(Mul(x, Reshape(s, shape = cs)), Reshape(t, shape = cs))"""
     bn = _m['bn']
     x = _m['x']
@@ -410,13 +476,13 @@ def _r25_batchnorm_to_affine_build(_b, _m):
     var = _m['var']
     s = _b.op('Div', [scale, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(bn.epsilon, var.dtype)], {})], {})], {})
     t = _b.op('Sub', [bias, _b.op('Mul', [mean, s], {})], {})
-    cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
+    cs = sl.shapes.channel_shape(rt.b_rank(x), x.shape[1])
     return rt.results(_b.op('Add', [_b.op('Mul', [x, _b.op('Reshape', [s], {'shape': cs})], {}), _b.op('Reshape', [t], {'shape': cs})], {}))
 
 
 
-def _r26_layernorm_expand_build(_b, _m):
-    """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(ln.epsilon, x.dtype)))), scale), bias)"""
+def _r32_layernorm_expand_build(_b, _m):
+    """=> Add(scaled, bias) if defined(bias) else scaled"""
     ln = _m['ln']
     x = _m['x']
     scale = _m['scale']
@@ -424,23 +490,12 @@ def _r26_layernorm_expand_build(_b, _m):
     axes = rt.b_range(ln.axis, rt.b_rank(x))
     d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
     var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
-    return rt.results(_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(ln.epsilon, x.dtype)], {})], {})], {}), scale], {}), bias], {}))
+    scaled = _b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(ln.epsilon, x.dtype)], {})], {})], {}), scale], {})
+    return rt.results((_b.op('Add', [scaled, bias], {}) if rt.b_defined(bias) else scaled))
 
 
 
-def _r27_layernorm_no_bias_expand_build(_b, _m):
-    """=> Mul(Div(d, Sqrt(Add(var, scalar(ln.epsilon, x.dtype)))), scale)"""
-    ln = _m['ln']
-    x = _m['x']
-    scale = _m['scale']
-    axes = rt.b_range(ln.axis, rt.b_rank(x))
-    d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
-    var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
-    return rt.results(_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(ln.epsilon, x.dtype)], {})], {})], {}), scale], {}))
-
-
-
-def _r28_softmax_expand_build(_b, _m):
+def _r33_softmax_expand_build(_b, _m):
     """=> Div(e, ReduceSum(e, axes = [sm.axis], keepdims = 1))"""
     sm = _m['sm']
     x = _m['x']
@@ -449,7 +504,7 @@ def _r28_softmax_expand_build(_b, _m):
 
 
 
-def _r29_logsoftmax_expand_build(_b, _m):
+def _r34_logsoftmax_expand_build(_b, _m):
     """=> Sub(d, Log(ReduceSum(Exp(d), axes = [sm.axis], keepdims = 1)))"""
     sm = _m['sm']
     x = _m['x']
@@ -458,45 +513,89 @@ def _r29_logsoftmax_expand_build(_b, _m):
 
 
 
-def _r30_softmax_flat_to_2d_build(_b, _m):
+def _r35_softmax_flat_to_2d_build(_b, _m):
     """=> Reshape(Softmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('Softmax', [_b.op('Reshape', [x], {'shape': sl.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('Softmax', [_b.op('Reshape', [x], {'shape': sl.shapes.flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
 
 
 
-def _r31_logsoftmax_flat_to_2d_build(_b, _m):
+def _r36_logsoftmax_flat_to_2d_build(_b, _m):
     """=> Reshape(LogSoftmax(Reshape(x, shape = flatten_shape(x.shape, sm.axis)), axis = 1), shape = x.shape)"""
     sm = _m['sm']
     x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('LogSoftmax', [_b.op('Reshape', [x], {'shape': sl.b_flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
+    return rt.results(_b.op('Reshape', [_b.op('LogSoftmax', [_b.op('Reshape', [x], {'shape': sl.shapes.flatten_shape(x.shape, sm.axis)})], {'axis': 1})], {'shape': x.shape}))
 
 
 
-def _r32_reducemean_to_sum_build(_b, _m):
-    """=> Div(ReduceSum(x, axes = r.axes, keepdims = r.keepdims), scalar(prod(x.shape) // max(1, prod(r.shape)), x.dtype))"""
+def _r37_instancenorm_expand_build(_b, _m):
+    """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, shape = cs)), Reshape(bias, shape = cs))"""
+    n = _m['n']
+    x = _m['x']
+    scale = _m['scale']
+    bias = _m['bias']
+    axes = rt.b_range(2, rt.b_rank(x))
+    d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
+    var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
+    cs = sl.shapes.channel_shape(rt.b_rank(x), x.shape[1])
+    return rt.results(_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'shape': cs})], {}), _b.op('Reshape', [bias], {'shape': cs})], {}))
+
+
+
+def _r38_lpnorm_l2_guard(_m, _ctx):
+    """where n.p == 2"""
+    n = _m['n']
+    x = _m['x']
+    return bool((rt.eq(n.p, 2)))
+
+def _r38_lpnorm_l2_build(_b, _m):
+    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
+    n = _m['n']
+    x = _m['x']
+    norm = _b.op('Sqrt', [_b.op('ReduceSum', [_b.op('Mul', [x, x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {})
+    return rt.results(_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}))
+
+
+
+def _r39_lpnorm_l1_guard(_m, _ctx):
+    """where n.p == 1"""
+    n = _m['n']
+    x = _m['x']
+    return bool((rt.eq(n.p, 1)))
+
+def _r39_lpnorm_l1_build(_b, _m):
+    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
+    n = _m['n']
+    x = _m['x']
+    norm = _b.op('ReduceSum', [_b.op('Abs', [x], {})], {'axes': (n.axis, ), 'keepdims': 1})
+    return rt.results(_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}))
+
+
+
+def _r40_reducemean_to_sum_build(_b, _m):
+    """=> Div(ReduceSum(x, ...r), scalar(prod(x.shape) // max(1, prod(r.shape)), x.dtype))"""
     r = _m['r']
     x = _m['x']
     return rt.results(_b.op('Div', [_b.op('ReduceSum', [x], {'axes': r.axes, 'keepdims': r.keepdims}), _b.scalar(rt.floordiv(rt.b_prod(x.shape), rt.b_max(1, rt.b_prod(r.shape))), x.dtype)], {}))
 
 
 
-def _r33_global_avgpool_to_mean_build(_b, _m):
+def _r41_global_avgpool_to_mean_build(_b, _m):
     """=> ReduceMean(x, axes = range(2, rank(x)), keepdims = 1)"""
     x = _m['x']
     return rt.results(_b.op('ReduceMean', [x], {'axes': rt.b_range(2, rt.b_rank(x)), 'keepdims': 1}))
 
 
 
-def _r34_global_maxpool_to_max_build(_b, _m):
+def _r42_global_maxpool_to_max_build(_b, _m):
     """=> ReduceMax(x, axes = range(2, rank(x)), keepdims = 1)"""
     x = _m['x']
     return rt.results(_b.op('ReduceMax', [x], {'axes': rt.b_range(2, rt.b_rank(x)), 'keepdims': 1}))
 
 
 
-def _r35_lrn_expand_build(_b, _m):
+def _r43_lrn_expand_build(_b, _m):
     """=> Div(x, Pow(Add(Mul(Reshape(win, shape = x.shape), scalar(n.alpha, x.dtype)), scalar(n.bias, x.dtype)), scalar(n.beta, x.dtype)))"""
     n = _m['n']
     x = _m['x']
@@ -506,7 +605,7 @@ def _r35_lrn_expand_build(_b, _m):
 
 
 
-def _r36_convtranspose_nonoverlapping_to_conv_guard(_m, _ctx):
+def _r44_convtranspose_nonoverlapping_to_conv_guard(_m, _ctx):
     """where (((((((rank(x) == 4) and (c.group == 1)) and (tuple(c.strides) == tuple(w.shape[2:]))) and (c.dilations == [1, 1])) and (c.pads == [0, 0, 0, 0])) and (c.output_padding == [0, 0])) and is_const(w)) and is_const(b)"""
     c = _m['c']
     x = _m['x']
@@ -514,7 +613,7 @@ def _r36_convtranspose_nonoverlapping_to_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((((((((rt.eq(rt.b_rank(x), 4) and rt.eq(c.group, 1)) and rt.eq(rt.b_tuple(c.strides), rt.b_tuple(tuple(w.shape)[2:]))) and rt.eq(c.dilations, (1, 1, ))) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.output_padding, (0, 0, ))) and rt.b_is_const(w)) and rt.b_is_const(b))))
 
-def _r36_convtranspose_nonoverlapping_to_conv_build(_b, _m):
+def _r44_convtranspose_nonoverlapping_to_conv_build(_b, _m):
     """=> Reshape(Transpose(Reshape(y, shape = [x.shape[0], m, w.shape[2], w.shape[3], x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -529,7 +628,7 @@ def _r36_convtranspose_nonoverlapping_to_conv_build(_b, _m):
 
 
 
-def _r37_convtranspose_phases_to_conv_guard(_m, _ctx):
+def _r45_convtranspose_phases_to_conv_guard(_m, _ctx):
     """where (((((((rank(x) == 4) and (c.group == 1)) and (c.dilations == [1, 1])) and is_const(w)) and is_const(b)) and not (((tuple(c.strides) == tuple(w.shape[2:])) and (c.pads == [0, 0, 0, 0])) and (c.output_padding == [0, 0]))) and ((c.pads[0] + c.shape[2]) <= (c.strides[0] * ((x.shape[2] + (((w.shape[2] + c.strides[0]) - 1) // c.strides[0])) - 1)))) and ((c.pads[1] + c.shape[3]) <= (c.strides[1] * ((x.shape[3] + (((w.shape[3] + c.strides[1]) - 1) // c.strides[1])) - 1)))"""
     c = _m['c']
     x = _m['x']
@@ -537,7 +636,7 @@ def _r37_convtranspose_phases_to_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((((((((rt.eq(rt.b_rank(x), 4) and rt.eq(c.group, 1)) and rt.eq(c.dilations, (1, 1, ))) and rt.b_is_const(w)) and rt.b_is_const(b)) and (not ((rt.eq(rt.b_tuple(c.strides), rt.b_tuple(tuple(w.shape)[2:])) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.output_padding, (0, 0, ))))) and rt.le(rt.add(c.pads[0], c.shape[2]), rt.mul(c.strides[0], rt.sub(rt.add(x.shape[2], rt.floordiv(rt.sub(rt.add(w.shape[2], c.strides[0]), 1), c.strides[0])), 1)))) and rt.le(rt.add(c.pads[1], c.shape[3]), rt.mul(c.strides[1], rt.sub(rt.add(x.shape[3], rt.floordiv(rt.sub(rt.add(w.shape[3], c.strides[1]), 1), c.strides[1])), 1))))))
 
-def _r37_convtranspose_phases_to_conv_build(_b, _m):
+def _r45_convtranspose_phases_to_conv_build(_b, _m):
     """=> Slice(full, starts = [0, 0, c.pads[0], c.pads[1]], stops = [x.shape[0], m, c.pads[0] + c.shape[2], c.pads[1] + c.shape[3]], steps = [1, 1, 1, 1])"""
     c = _m['c']
     x = _m['x']
@@ -559,14 +658,14 @@ def _r37_convtranspose_phases_to_conv_build(_b, _m):
 
 
 
-def _r38_f16_matmul_in_f32_guard(_m, _ctx):
+def _r46_f16_matmul_in_f32_guard(_m, _ctx):
     """where (m.dtype == f16) or (m.dtype == bf16)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.eq(m.dtype, 'f16') or rt.eq(m.dtype, 'bf16'))))
 
-def _r38_f16_matmul_in_f32_build(_b, _m):
+def _r46_f16_matmul_in_f32_build(_b, _m):
     """=> Cast(BatchMatMul(Cast(a, to = f32), Cast(b, to = f32)), to = m.dtype)"""
     m = _m['m']
     a = _m['a']
@@ -575,7 +674,7 @@ def _r38_f16_matmul_in_f32_build(_b, _m):
 
 
 
-def _r39_f16_conv_in_f32_guard(_m, _ctx):
+def _r47_f16_conv_in_f32_guard(_m, _ctx):
     """where (c.dtype == f16) or (c.dtype == bf16)"""
     c = _m['c']
     x = _m['x']
@@ -583,8 +682,8 @@ def _r39_f16_conv_in_f32_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
 
-def _r39_f16_conv_in_f32_build(_b, _m):
-    """=> Cast(Conv(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = c.dtype)"""
+def _r47_f16_conv_in_f32_build(_b, _m):
+    """=> Cast(Conv(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), ...c), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
@@ -593,7 +692,7 @@ def _r39_f16_conv_in_f32_build(_b, _m):
 
 
 
-def _r40_f16_convn_in_f32_guard(_m, _ctx):
+def _r48_f16_convn_in_f32_guard(_m, _ctx):
     """where (c.dtype == f16) or (c.dtype == bf16)"""
     c = _m['c']
     x = _m['x']
@@ -601,8 +700,8 @@ def _r40_f16_convn_in_f32_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
 
-def _r40_f16_convn_in_f32_build(_b, _m):
-    """=> Cast(ConvN(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = c.dtype)"""
+def _r48_f16_convn_in_f32_build(_b, _m):
+    """=> Cast(ConvN(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), ...c), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
@@ -611,41 +710,41 @@ def _r40_f16_convn_in_f32_build(_b, _m):
 
 
 
-def _r41_f16_reducesum_in_f32_guard(_m, _ctx):
+def _r49_f16_reducesum_in_f32_guard(_m, _ctx):
     """where r.dtype == f16"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(r.dtype, 'f16')))
 
-def _r41_f16_reducesum_in_f32_build(_b, _m):
-    """=> Cast(ReduceSum(Cast(x, to = f32), axes = r.axes, keepdims = r.keepdims), to = f16)"""
+def _r49_f16_reducesum_in_f32_build(_b, _m):
+    """=> Cast(ReduceSum(Cast(x, to = f32), ...r), to = f16)"""
     r = _m['r']
     x = _m['x']
     return rt.results(_b.op('Cast', [_b.op('ReduceSum', [_b.op('Cast', [x], {'to': 'f32'})], {'axes': r.axes, 'keepdims': r.keepdims})], {'to': 'f16'}))
 
 
 
-def _r42_f16_avgpool_in_f32_guard(_m, _ctx):
+def _r50_f16_avgpool_in_f32_guard(_m, _ctx):
     """where p.dtype == f16"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(p.dtype, 'f16')))
 
-def _r42_f16_avgpool_in_f32_build(_b, _m):
-    """=> Cast(AvgPool(Cast(x, to = f32), kernel = p.kernel, strides = p.strides, pads = p.pads, ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), to = f16)"""
+def _r50_f16_avgpool_in_f32_build(_b, _m):
+    """=> Cast(AvgPool(Cast(x, to = f32), ...p), to = f16)"""
     p = _m['p']
     x = _m['x']
     return rt.results(_b.op('Cast', [_b.op('AvgPool', [_b.op('Cast', [x], {'to': 'f32'})], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'ceil_mode': p.ceil_mode, 'count_include_pad': p.count_include_pad})], {'to': 'f16'}))
 
 
 
-def _r43_cast_same_type_guard(_m, _ctx):
+def _r51_cast_same_type_guard(_m, _ctx):
     """where c.to == x.dtype"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.to, x.dtype)))
 
-def _r43_cast_same_type_build(_b, _m):
+def _r51_cast_same_type_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
@@ -653,14 +752,14 @@ def _r43_cast_same_type_build(_b, _m):
 
 
 
-def _r44_add_zero_guard(_m, _ctx):
+def _r52_add_zero_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == a.shape)"""
     a = _m['a']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, a.shape))))
 
-def _r44_add_zero_build(_b, _m):
+def _r52_add_zero_build(_b, _m):
     """=> x"""
     a = _m['a']
     x = _m['x']
@@ -669,14 +768,14 @@ def _r44_add_zero_build(_b, _m):
 
 
 
-def _r45_sub_zero_guard(_m, _ctx):
+def _r53_sub_zero_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == s.shape)"""
     s = _m['s']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, s.shape))))
 
-def _r45_sub_zero_build(_b, _m):
+def _r53_sub_zero_build(_b, _m):
     """=> x"""
     s = _m['s']
     x = _m['x']
@@ -685,14 +784,14 @@ def _r45_sub_zero_build(_b, _m):
 
 
 
-def _r46_mul_one_guard(_m, _ctx):
+def _r54_mul_one_guard(_m, _ctx):
     """where is_splat(c, 1) and (x.shape == m.shape)"""
     m = _m['m']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, m.shape))))
 
-def _r46_mul_one_build(_b, _m):
+def _r54_mul_one_build(_b, _m):
     """=> x"""
     m = _m['m']
     x = _m['x']
@@ -701,14 +800,14 @@ def _r46_mul_one_build(_b, _m):
 
 
 
-def _r47_div_one_guard(_m, _ctx):
+def _r55_div_one_guard(_m, _ctx):
     """where is_splat(c, 1) and (x.shape == d.shape)"""
     d = _m['d']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, d.shape))))
 
-def _r47_div_one_build(_b, _m):
+def _r55_div_one_build(_b, _m):
     """=> x"""
     d = _m['d']
     x = _m['x']
@@ -717,7 +816,7 @@ def _r47_div_one_build(_b, _m):
 
 
 
-def _r48_relu_relu_build(_b, _m):
+def _r56_relu_relu_build(_b, _m):
     """=> r"""
     r = _m['r']
     x = _m['x']
@@ -725,20 +824,20 @@ def _r48_relu_relu_build(_b, _m):
 
 
 
-def _r49_max_same_build(_b, _m):
+def _r57_max_same_build(_b, _m):
     """=> x"""
     x = _m['x']
     return rt.results(x)
 
 
 
-def _r50_clip_unbounded_guard(_m, _ctx):
+def _r58_clip_unbounded_guard(_m, _ctx):
     """where (c.min == -inf) and (c.max == inf)"""
     c = _m['c']
     x = _m['x']
     return bool(((rt.eq(c.min, rt.neg(float('inf'))) and rt.eq(c.max, float('inf')))))
 
-def _r50_clip_unbounded_build(_b, _m):
+def _r58_clip_unbounded_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
@@ -746,14 +845,14 @@ def _r50_clip_unbounded_build(_b, _m):
 
 
 
-def _r51_max_zero_to_relu_guard(_m, _ctx):
+def _r59_max_zero_to_relu_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == m.shape)"""
     m = _m['m']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, m.shape))))
 
-def _r51_max_zero_to_relu_build(_b, _m):
+def _r59_max_zero_to_relu_build(_b, _m):
     """=> Relu(x)"""
     m = _m['m']
     x = _m['x']
@@ -762,7 +861,7 @@ def _r51_max_zero_to_relu_build(_b, _m):
 
 
 
-def _r52_min_max_to_clip_guard(_m, _ctx):
+def _r60_min_max_to_clip_guard(_m, _ctx):
     """where ((((is_splat(lo) and is_splat(hi)) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(lo) <= splat_value(hi))) and (uses(m) == 1)"""
     n = _m['n']
     m = _m['m']
@@ -771,7 +870,7 @@ def _r52_min_max_to_clip_guard(_m, _ctx):
     hi = _m['hi']
     return bool((_ctx.backend_has('Clip')) and ((((((rt.b_is_splat(lo) and rt.b_is_splat(hi)) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.le(rt.b_splat_value(lo), rt.b_splat_value(hi))) and rt.eq(_ctx.uses(m), 1))))
 
-def _r52_min_max_to_clip_build(_b, _m):
+def _r60_min_max_to_clip_build(_b, _m):
     """=> Clip(x, min = splat_value(lo), max = splat_value(hi))"""
     n = _m['n']
     m = _m['m']
@@ -782,7 +881,7 @@ def _r52_min_max_to_clip_build(_b, _m):
 
 
 
-def _r53_min_relu_to_clip_guard(_m, _ctx):
+def _r61_min_relu_to_clip_guard(_m, _ctx):
     """where (((is_splat(hi) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(hi) >= 0)) and (uses(r) == 1)"""
     n = _m['n']
     r = _m['r']
@@ -790,7 +889,7 @@ def _r53_min_relu_to_clip_guard(_m, _ctx):
     hi = _m['hi']
     return bool((_ctx.backend_has('Clip')) and (((((rt.b_is_splat(hi) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.ge(rt.b_splat_value(hi), 0)) and rt.eq(_ctx.uses(r), 1))))
 
-def _r53_min_relu_to_clip_build(_b, _m):
+def _r61_min_relu_to_clip_build(_b, _m):
     """=> Clip(x, min = 0.0, max = splat_value(hi))"""
     n = _m['n']
     r = _m['r']
@@ -800,13 +899,13 @@ def _r53_min_relu_to_clip_build(_b, _m):
 
 
 
-def _r54_swish_fuse_guard(_m, _ctx):
+def _r62_swish_fuse_guard(_m, _ctx):
     """where uses(s) == 1"""
     x = _m['x']
     s = _m['s']
     return bool((_ctx.backend_has('Swish')) and (rt.eq(_ctx.uses(s), 1)))
 
-def _r54_swish_fuse_build(_b, _m):
+def _r62_swish_fuse_build(_b, _m):
     """=> Swish(x)"""
     x = _m['x']
     s = _m['s']
@@ -814,13 +913,13 @@ def _r54_swish_fuse_build(_b, _m):
 
 
 
-def _r55_sub_const_to_add_guard(_m, _ctx):
+def _r63_sub_const_to_add_guard(_m, _ctx):
     """where (is_const(c) and not is_const(x)) and is_float(x.dtype)"""
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype))))
 
-def _r55_sub_const_to_add_build(_b, _m):
+def _r63_sub_const_to_add_build(_b, _m):
     """=> Add(x, Neg(c))"""
     x = _m['x']
     c = _m['c']
@@ -828,13 +927,13 @@ def _r55_sub_const_to_add_build(_b, _m):
 
 
 
-def _r56_div_const_to_mul_guard(_m, _ctx):
+def _r64_div_const_to_mul_guard(_m, _ctx):
     """where ((is_const(c) and not is_const(x)) and is_float(x.dtype)) and reciprocal_is_normal(c)"""
     x = _m['x']
     c = _m['c']
     return bool(((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype)) and rt.b_reciprocal_is_normal(c))))
 
-def _r56_div_const_to_mul_build(_b, _m):
+def _r64_div_const_to_mul_build(_b, _m):
     """=> Mul(x, Div(scalar(1.0, c.dtype), c))"""
     x = _m['x']
     c = _m['c']
@@ -842,7 +941,7 @@ def _r56_div_const_to_mul_build(_b, _m):
 
 
 
-def _r57_add_const_reassociate_guard(_m, _ctx):
+def _r65_add_const_reassociate_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -850,7 +949,7 @@ def _r57_add_const_reassociate_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r57_add_const_reassociate_build(_b, _m):
+def _r65_add_const_reassociate_build(_b, _m):
     """=> Add(x, Add(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -860,7 +959,7 @@ def _r57_add_const_reassociate_build(_b, _m):
 
 
 
-def _r58_mul_const_reassociate_guard(_m, _ctx):
+def _r66_mul_const_reassociate_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -868,7 +967,7 @@ def _r58_mul_const_reassociate_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r58_mul_const_reassociate_build(_b, _m):
+def _r66_mul_const_reassociate_build(_b, _m):
     """=> Mul(x, Mul(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -878,7 +977,7 @@ def _r58_mul_const_reassociate_build(_b, _m):
 
 
 
-def _r59_mul_add_distribute_guard(_m, _ctx):
+def _r67_mul_add_distribute_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -886,7 +985,7 @@ def _r59_mul_add_distribute_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r59_mul_add_distribute_build(_b, _m):
+def _r67_mul_add_distribute_build(_b, _m):
     """=> Add(Mul(x, b), Mul(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -896,8 +995,8 @@ def _r59_mul_add_distribute_build(_b, _m):
 
 
 
-def _r60_conv_bias_zero_build(_b, _m):
-    """=> Conv(x, w, Splat(shape = [w.shape[0]], value = 0.0, dtype = w.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+def _r68_conv_bias_zero_build(_b, _m):
+    """=> Conv(x, w, Splat(shape = [w.shape[0]], value = 0.0, dtype = w.dtype), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
@@ -905,7 +1004,7 @@ def _r60_conv_bias_zero_build(_b, _m):
 
 
 
-def _r61_conv_batchnorm_fold_guard(_m, _ctx):
+def _r69_conv_batchnorm_fold_guard(_m, _ctx):
     """where (((((is_const(w) and is_const(b)) and is_const(scale)) and is_const(bias)) and is_const(mean)) and is_const(var)) and (uses(c) == 1)"""
     bn = _m['bn']
     c = _m['c']
@@ -918,8 +1017,8 @@ def _r61_conv_batchnorm_fold_guard(_m, _ctx):
     var = _m['var']
     return bool((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1))))
 
-def _r61_conv_batchnorm_fold_build(_b, _m):
-    """=> Conv(x, Mul(w, Reshape(k, shape = [w.shape[0], 1, 1, 1])), Add(Mul(Sub(b, mean), k), bias), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+def _r69_conv_batchnorm_fold_build(_b, _m):
+    """=> Conv(x, Mul(w, Reshape(k, shape = [w.shape[0], 1, 1, 1])), Add(Mul(Sub(b, mean), k), bias), ...c)"""
     bn = _m['bn']
     c = _m['c']
     x = _m['x']
@@ -934,17 +1033,17 @@ def _r61_conv_batchnorm_fold_build(_b, _m):
 
 
 
-def _r62_conv_mul_fold_guard(_m, _ctx):
+def _r70_conv_mul_fold_guard(_m, _ctx):
     """where (((is_const(w) and is_const(b)) and is_const(s)) and (uses(c) == 1)) and varies_only_along(s.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
     s = _m['s']
-    return bool((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(s.shape, c.shape, 1))))
+    return bool((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(s.shape, c.shape, 1))))
 
-def _r62_conv_mul_fold_build(_b, _m):
-    """=> Conv(x, Mul(w, Reshape(s, shape = [prod(s.shape), 1, 1, 1])), Mul(b, Reshape(s, shape = [prod(s.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+def _r70_conv_mul_fold_build(_b, _m):
+    """=> Conv(x, Mul(w, Reshape(s, shape = [prod(s.shape), 1, 1, 1])), Mul(b, Reshape(s, shape = [prod(s.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
@@ -954,17 +1053,17 @@ def _r62_conv_mul_fold_build(_b, _m):
 
 
 
-def _r63_conv_add_fold_guard(_m, _ctx):
+def _r71_conv_add_fold_guard(_m, _ctx):
     """where ((is_const(b) and is_const(t)) and (uses(c) == 1)) and varies_only_along(t.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
     t = _m['t']
-    return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(t.shape, c.shape, 1))))
+    return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(t.shape, c.shape, 1))))
 
-def _r63_conv_add_fold_build(_b, _m):
-    """=> Conv(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+def _r71_conv_add_fold_build(_b, _m):
+    """=> Conv(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
@@ -974,15 +1073,15 @@ def _r63_conv_add_fold_build(_b, _m):
 
 
 
-def _r64_matmul_mul_fold_guard(_m, _ctx):
+def _r72_matmul_mul_fold_guard(_m, _ctx):
     """where ((((is_const(w) and is_const(s)) and not is_const(x)) and (rank(w) == 2)) and (uses(mm) == 1)) and varies_only_along(s.shape, mm.shape, rank(mm) - 1)"""
     mm = _m['mm']
     x = _m['x']
     w = _m['w']
     s = _m['s']
-    return bool(((((((rt.b_is_const(w) and rt.b_is_const(s)) and (not rt.b_is_const(x))) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1)) and sl.b_varies_only_along(s.shape, mm.shape, rt.sub(rt.b_rank(mm), 1)))))
+    return bool(((((((rt.b_is_const(w) and rt.b_is_const(s)) and (not rt.b_is_const(x))) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1)) and sl.shapes.varies_only_along(s.shape, mm.shape, rt.sub(rt.b_rank(mm), 1)))))
 
-def _r64_matmul_mul_fold_build(_b, _m):
+def _r72_matmul_mul_fold_build(_b, _m):
     """=> MatMul(x, Mul(w, Reshape(s, shape = [prod(s.shape)])))"""
     mm = _m['mm']
     x = _m['x']
@@ -992,8 +1091,8 @@ def _r64_matmul_mul_fold_build(_b, _m):
 
 
 
-def _r65_convtranspose_bias_zero_build(_b, _m):
-    """=> ConvTranspose(x, w, Splat(shape = [w.shape[1] * c.group], value = 0.0, dtype = w.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, output_padding = c.output_padding, group = c.group)"""
+def _r73_convtranspose_bias_zero_build(_b, _m):
+    """=> ConvTranspose(x, w, Splat(shape = [w.shape[1] * c.group], value = 0.0, dtype = w.dtype), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
@@ -1001,7 +1100,7 @@ def _r65_convtranspose_bias_zero_build(_b, _m):
 
 
 
-def _r66_convtranspose_batchnorm_fold_guard(_m, _ctx):
+def _r74_convtranspose_batchnorm_fold_guard(_m, _ctx):
     """where ((((((is_const(w) and is_const(b)) and is_const(scale)) and is_const(bias)) and is_const(mean)) and is_const(var)) and (uses(c) == 1)) and (c.group == 1)"""
     bn = _m['bn']
     c = _m['c']
@@ -1014,8 +1113,8 @@ def _r66_convtranspose_batchnorm_fold_guard(_m, _ctx):
     var = _m['var']
     return bool(((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1))))
 
-def _r66_convtranspose_batchnorm_fold_build(_b, _m):
-    """=> ConvTranspose(x, Mul(w, Reshape(k, shape = concat([1, w.shape[1]], ones(rank(w) - 2)))), Add(Mul(Sub(b, mean), k), bias), strides = c.strides, pads = c.pads, dilations = c.dilations, output_padding = c.output_padding, group = c.group)"""
+def _r74_convtranspose_batchnorm_fold_build(_b, _m):
+    """=> ConvTranspose(x, Mul(w, Reshape(k, shape = concat([1, w.shape[1]], ones(rank(w) - 2)))), Add(Mul(Sub(b, mean), k), bias), ...c)"""
     bn = _m['bn']
     c = _m['c']
     x = _m['x']
@@ -1030,17 +1129,17 @@ def _r66_convtranspose_batchnorm_fold_build(_b, _m):
 
 
 
-def _r67_convtranspose_mul_fold_guard(_m, _ctx):
+def _r75_convtranspose_mul_fold_guard(_m, _ctx):
     """where ((((is_const(w) and is_const(b)) and is_const(s)) and (uses(c) == 1)) and (c.group == 1)) and varies_only_along(s.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
     s = _m['s']
-    return bool(((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1)) and sl.b_varies_only_along(s.shape, c.shape, 1))))
+    return bool(((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1)) and sl.shapes.varies_only_along(s.shape, c.shape, 1))))
 
-def _r67_convtranspose_mul_fold_build(_b, _m):
-    """=> ConvTranspose(x, Mul(w, Reshape(s, shape = concat([1, prod(s.shape)], ones(rank(w) - 2)))), Mul(b, Reshape(s, shape = [prod(s.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, output_padding = c.output_padding, group = c.group)"""
+def _r75_convtranspose_mul_fold_build(_b, _m):
+    """=> ConvTranspose(x, Mul(w, Reshape(s, shape = concat([1, prod(s.shape)], ones(rank(w) - 2)))), Mul(b, Reshape(s, shape = [prod(s.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
@@ -1050,17 +1149,17 @@ def _r67_convtranspose_mul_fold_build(_b, _m):
 
 
 
-def _r68_convtranspose_add_fold_guard(_m, _ctx):
+def _r76_convtranspose_add_fold_guard(_m, _ctx):
     """where ((is_const(b) and is_const(t)) and (uses(c) == 1)) and varies_only_along(t.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
     t = _m['t']
-    return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.b_varies_only_along(t.shape, c.shape, 1))))
+    return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(t.shape, c.shape, 1))))
 
-def _r68_convtranspose_add_fold_build(_b, _m):
-    """=> ConvTranspose(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), strides = c.strides, pads = c.pads, dilations = c.dilations, output_padding = c.output_padding, group = c.group)"""
+def _r76_convtranspose_add_fold_build(_b, _m):
+    """=> ConvTranspose(x, w, Add(b, Reshape(t, shape = [prod(t.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
@@ -1070,382 +1169,61 @@ def _r68_convtranspose_add_fold_build(_b, _m):
 
 
 
-def _r69_conv_pad_merge_guard(_m, _ctx):
+def _r77_conv_pad_merge_guard(_m, _ctx):
     'where ((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)'
     c = _m['c']
     p = _m['p']
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return bool((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0))))
+    return bool((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.conv.outer_pads(p.pads, 2)), 0))))
 
-def _r69_conv_pad_merge_build(_b, _m):
-    """=> Conv(x, w, b, strides = c.strides, pads = c.pads + spatial_pads(p.pads), dilations = c.dilations, group = c.group)"""
+def _r77_conv_pad_merge_build(_b, _m):
+    """=> Conv(x, w, b, ...c, pads = c.pads + spatial_pads(p.pads))"""
     c = _m['c']
     p = _m['p']
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return rt.results(_b.op('Conv', [x, w, b], {'strides': c.strides, 'pads': rt.add(c.pads, sl.b_spatial_pads(p.pads)), 'dilations': c.dilations, 'group': c.group}))
+    return rt.results(_b.op('Conv', [x, w, b], {'pads': rt.add(c.pads, sl.conv.spatial_pads(p.pads)), 'strides': c.strides, 'dilations': c.dilations, 'group': c.group}))
 
 
 
-def _r70_avgpool_pad_merge_guard(_m, _ctx):
+def _r78_avgpool_pad_merge_guard(_m, _ctx):
     'where (((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and ((a.count_include_pad == 1) or (max(a.pads) == 0))'
     a = _m['a']
     p = _m['p']
     x = _m['x']
-    return bool(((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and (rt.eq(a.count_include_pad, 1) or rt.eq(rt.b_max(a.pads), 0)))))
+    return bool(((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.conv.outer_pads(p.pads, 2)), 0)) and (rt.eq(a.count_include_pad, 1) or rt.eq(rt.b_max(a.pads), 0)))))
 
-def _r70_avgpool_pad_merge_build(_b, _m):
-    """=> AvgPool(x, kernel = a.kernel, strides = a.strides, pads = a.pads + spatial_pads(p.pads), ceil_mode = a.ceil_mode, count_include_pad = 1)"""
+def _r78_avgpool_pad_merge_build(_b, _m):
+    """=> AvgPool(x, ...a, pads = a.pads + spatial_pads(p.pads), count_include_pad = 1)"""
     a = _m['a']
     p = _m['p']
     x = _m['x']
-    return rt.results(_b.op('AvgPool', [x], {'kernel': a.kernel, 'strides': a.strides, 'pads': rt.add(a.pads, sl.b_spatial_pads(p.pads)), 'ceil_mode': a.ceil_mode, 'count_include_pad': 1}))
+    return rt.results(_b.op('AvgPool', [x], {'pads': rt.add(a.pads, sl.conv.spatial_pads(p.pads)), 'count_include_pad': 1, 'kernel': a.kernel, 'strides': a.strides, 'ceil_mode': a.ceil_mode}))
 
 
 
-def _r71_maxpool_pad_merge_guard(_m, _ctx):
+def _r79_maxpool_pad_merge_guard(_m, _ctx):
     'where (((((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and (m.ceil_mode == 0)) and (m.dilations == [1, 1])) and all((m.pads + spatial_pads(p.pads)) < concat(m.kernel, m.kernel))'
     m = _m['m']
     p = _m['p']
     r = _m['r']
     x = _m['x']
-    return bool(((((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.b_outer_pads(p.pads, 2)), 0)) and rt.eq(m.ceil_mode, 0)) and rt.eq(m.dilations, (1, 1, ))) and rt.b_all(rt.lt(rt.add(m.pads, sl.b_spatial_pads(p.pads)), rt.b_concat(m.kernel, m.kernel))))))
+    return bool(((((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.conv.outer_pads(p.pads, 2)), 0)) and rt.eq(m.ceil_mode, 0)) and rt.eq(m.dilations, (1, 1, ))) and rt.b_all(rt.lt(rt.add(m.pads, sl.conv.spatial_pads(p.pads)), rt.b_concat(m.kernel, m.kernel))))))
 
-def _r71_maxpool_pad_merge_build(_b, _m):
-    """=> MaxPool(r, kernel = m.kernel, strides = m.strides, pads = m.pads + spatial_pads(p.pads), dilations = m.dilations, ceil_mode = m.ceil_mode)"""
+def _r79_maxpool_pad_merge_build(_b, _m):
+    """=> MaxPool(r, ...m, pads = m.pads + spatial_pads(p.pads))"""
     m = _m['m']
     p = _m['p']
     r = _m['r']
     x = _m['x']
-    return rt.results(_b.op('MaxPool', [r], {'kernel': m.kernel, 'strides': m.strides, 'pads': rt.add(m.pads, sl.b_spatial_pads(p.pads)), 'dilations': m.dilations, 'ceil_mode': m.ceil_mode}))
+    return rt.results(_b.op('MaxPool', [r], {'pads': rt.add(m.pads, sl.conv.spatial_pads(p.pads)), 'kernel': m.kernel, 'strides': m.strides, 'dilations': m.dilations, 'ceil_mode': m.ceil_mode}))
 
 
 
-def _r72_transpose_identity_guard(_m, _ctx):
-    """where t.perm == range(rank(x))"""
-    t = _m['t']
-    x = _m['x']
-    return bool((rt.eq(t.perm, rt.b_range(rt.b_rank(x)))))
-
-def _r72_transpose_identity_build(_b, _m):
-    """=> x"""
-    t = _m['t']
-    x = _m['x']
-    return rt.results(x)
-
-
-
-def _r73_transpose_transpose_build(_b, _m):
-    """=> Transpose(x, perm = compose_perm(i.perm, o.perm))"""
-    o = _m['o']
-    i = _m['i']
-    x = _m['x']
-    return rt.results(_b.op('Transpose', [x], {'perm': sl.b_compose_perm(i.perm, o.perm)}))
-
-
-
-def _r74_transpose_to_reshape_guard(_m, _ctx):
-    """where not moves_data(x.shape, t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    return bool(((not sl.b_moves_data(x.shape, t.perm))))
-
-def _r74_transpose_to_reshape_build(_b, _m):
-    """=> Reshape(x, shape = t.shape)"""
-    t = _m['t']
-    x = _m['x']
-    return rt.results(_b.op('Reshape', [x], {'shape': t.shape}))
-
-
-
-def _r75_reshape_noop_guard(_m, _ctx):
-    """where x.shape == r.shape"""
-    r = _m['r']
-    x = _m['x']
-    return bool((rt.eq(x.shape, r.shape)))
-
-def _r75_reshape_noop_build(_b, _m):
-    """=> x"""
-    r = _m['r']
-    x = _m['x']
-    return rt.results(x)
-
-
-
-def _r76_reshape_reshape_build(_b, _m):
-    """=> Reshape(x, shape = r.shape)"""
-    r = _m['r']
-    x = _m['x']
-    return rt.results(_b.op('Reshape', [x], {'shape': r.shape}))
-
-
-
-def _r77_concat_single_build(_b, _m):
-    """=> x"""
-    x = _m['x']
-    return rt.results(x)
-
-
-
-def _r78_concat_flatten_guard(_m, _ctx):
-    """where nested(xs, c)"""
-    c = _m['c']
-    xs = _m['xs']
-    return bool((rt.b_nested(xs, c)))
-
-def _r78_concat_flatten_build(_b, _m):
-    """=> Concat(*unnest(xs, c), axis = c.axis)"""
-    c = _m['c']
-    xs = _m['xs']
-    return rt.results(_b.op('Concat', [(*rt.b_unnest(xs, c),)], {'axis': c.axis}))
-
-
-
-def _r79_relu_transpose_sink_guard(_m, _ctx):
-    """where uses(t) == 1"""
-    t = _m['t']
-    x = _m['x']
-    return bool((rt.eq(_ctx.uses(t), 1)))
-
-def _r79_relu_transpose_sink_build(_b, _m):
-    """=> Transpose(Relu(x), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    return rt.results(_b.op('Transpose', [_b.op('Relu', [x], {})], {'perm': t.perm}))
-
-
-
-def _r80_sigmoid_transpose_sink_guard(_m, _ctx):
-    """where uses(t) == 1"""
-    t = _m['t']
-    x = _m['x']
-    return bool((rt.eq(_ctx.uses(t), 1)))
-
-def _r80_sigmoid_transpose_sink_build(_b, _m):
-    """=> Transpose(Sigmoid(x), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    return rt.results(_b.op('Transpose', [_b.op('Sigmoid', [x], {})], {'perm': t.perm}))
-
-
-
-def _r81_tanh_transpose_sink_guard(_m, _ctx):
-    """where uses(t) == 1"""
-    t = _m['t']
-    x = _m['x']
-    return bool((rt.eq(_ctx.uses(t), 1)))
-
-def _r81_tanh_transpose_sink_build(_b, _m):
-    """=> Transpose(Tanh(x), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    return rt.results(_b.op('Transpose', [_b.op('Tanh', [x], {})], {'perm': t.perm}))
-
-
-
-def _r82_add_transpose_sink_guard(_m, _ctx):
-    """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
-    t = _m['t']
-    x = _m['x']
-    u = _m['u']
-    y = _m['y']
-    return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
-
-def _r82_add_transpose_sink_build(_b, _m):
-    """=> Transpose(Add(x, y), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    u = _m['u']
-    y = _m['y']
-    return rt.results(_b.op('Transpose', [_b.op('Add', [x, y], {})], {'perm': t.perm}))
-
-
-
-def _r83_mul_transpose_sink_guard(_m, _ctx):
-    """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
-    t = _m['t']
-    x = _m['x']
-    u = _m['u']
-    y = _m['y']
-    return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
-
-def _r83_mul_transpose_sink_build(_b, _m):
-    """=> Transpose(Mul(x, y), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    u = _m['u']
-    y = _m['y']
-    return rt.results(_b.op('Transpose', [_b.op('Mul', [x, y], {})], {'perm': t.perm}))
-
-
-
-def _r84_add_const_transpose_sink_guard(_m, _ctx):
-    """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
-    t = _m['t']
-    x = _m['x']
-    c = _m['c']
-    return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
-
-def _r84_add_const_transpose_sink_build(_b, _m):
-    """=> Transpose(Add(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    c = _m['c']
-    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
-    return rt.results(_b.op('Transpose', [_b.op('Add', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
-
-
-
-def _r85_mul_const_transpose_sink_guard(_m, _ctx):
-    """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
-    t = _m['t']
-    x = _m['x']
-    c = _m['c']
-    return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
-
-def _r85_mul_const_transpose_sink_build(_b, _m):
-    """=> Transpose(Mul(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
-    t = _m['t']
-    x = _m['x']
-    c = _m['c']
-    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
-    return rt.results(_b.op('Transpose', [_b.op('Mul', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
-
-
-
-def _r86_prelu_to_select_build(_b, _m):
-    """=> Select(Less(x, scalar(0, x.dtype)), Mul(x, slope), Expand(x, shape = p.shape))"""
-    p = _m['p']
-    x = _m['x']
-    slope = _m['slope']
-    return rt.results(_b.op('Select', [_b.op('Less', [x, _b.scalar(0, x.dtype)], {}), _b.op('Mul', [x, slope], {}), _b.op('Expand', [x], {'shape': p.shape})], {}))
-
-
-
-def _r87_castlike_to_cast_build(_b, _m):
-    """=> Cast(x, to = like.dtype)"""
-    x = _m['x']
-    like = _m['like']
-    return rt.results(_b.op('Cast', [x], {'to': like.dtype}))
-
-
-
-def _r88_tile_to_expand_build(_b, _m):
-    """=> Reshape(Expand(Reshape(x, shape = interleave(ones(rank(x)), x.shape)), shape = interleave(t.repeats, x.shape)), shape = t.shape)"""
-    t = _m['t']
-    x = _m['x']
-    return rt.results(_b.op('Reshape', [_b.op('Expand', [_b.op('Reshape', [x], {'shape': sl.b_interleave(rt.b_ones(rt.b_rank(x)), x.shape)})], {'shape': sl.b_interleave(t.repeats, x.shape)})], {'shape': t.shape}))
-
-
-
-def _r89_depth_to_space_dcr_guard(_m, _ctx):
-    'where d.mode == "DCR"'
-    d = _m['d']
-    x = _m['x']
-    return bool((rt.eq(d.mode, 'DCR')))
-
-def _r89_depth_to_space_dcr_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], b, b, x.shape[1] // (b * b), x.shape[2], x.shape[3]]), perm = [0, 3, 4, 1, 5, 2]), shape = d.shape)"""
-    d = _m['d']
-    x = _m['x']
-    b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], b, b, rt.floordiv(x.shape[1], rt.mul(b, b)), x.shape[2], x.shape[3], )})], {'perm': (0, 3, 4, 1, 5, 2, )})], {'shape': d.shape}))
-
-
-
-def _r90_depth_to_space_crd_guard(_m, _ctx):
-    'where d.mode == "CRD"'
-    d = _m['d']
-    x = _m['x']
-    return bool((rt.eq(d.mode, 'CRD')))
-
-def _r90_depth_to_space_crd_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1] // (b * b), b, b, x.shape[2], x.shape[3]]), perm = [0, 1, 4, 2, 5, 3]), shape = d.shape)"""
-    d = _m['d']
-    x = _m['x']
-    b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], rt.floordiv(x.shape[1], rt.mul(b, b)), b, b, x.shape[2], x.shape[3], )})], {'perm': (0, 1, 4, 2, 5, 3, )})], {'shape': d.shape}))
-
-
-
-def _r91_space_to_depth_dcr_guard(_m, _ctx):
-    'where d.mode == "DCR"'
-    d = _m['d']
-    x = _m['x']
-    return bool((rt.eq(d.mode, 'DCR')))
-
-def _r91_space_to_depth_dcr_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 3, 5, 1, 2, 4]), shape = d.shape)"""
-    d = _m['d']
-    x = _m['x']
-    b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 3, 5, 1, 2, 4, )})], {'shape': d.shape}))
-
-
-
-def _r92_space_to_depth_crd_guard(_m, _ctx):
-    'where d.mode == "CRD"'
-    d = _m['d']
-    x = _m['x']
-    return bool((rt.eq(d.mode, 'CRD')))
-
-def _r92_space_to_depth_crd_build(_b, _m):
-    """=> Reshape(Transpose(Reshape(x, shape = [x.shape[0], x.shape[1], x.shape[2] // b, b, x.shape[3] // b, b]), perm = [0, 1, 3, 5, 2, 4]), shape = d.shape)"""
-    d = _m['d']
-    x = _m['x']
-    b = d.blocksize
-    return rt.results(_b.op('Reshape', [_b.op('Transpose', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], rt.floordiv(x.shape[2], b), b, rt.floordiv(x.shape[3], b), b, )})], {'perm': (0, 1, 3, 5, 2, 4, )})], {'shape': d.shape}))
-
-
-
-def _r93_instancenorm_expand_build(_b, _m):
-    """=> Add(Mul(Div(d, Sqrt(Add(var, scalar(n.epsilon, x.dtype)))), Reshape(scale, shape = cs)), Reshape(bias, shape = cs))"""
-    n = _m['n']
-    x = _m['x']
-    scale = _m['scale']
-    bias = _m['bias']
-    axes = rt.b_range(2, rt.b_rank(x))
-    d = _b.op('Sub', [x, _b.op('ReduceMean', [x], {'axes': axes, 'keepdims': 1})], {})
-    var = _b.op('ReduceMean', [_b.op('Mul', [d, d], {})], {'axes': axes, 'keepdims': 1})
-    cs = sl.b_channel_shape(rt.b_rank(x), x.shape[1])
-    return rt.results(_b.op('Add', [_b.op('Mul', [_b.op('Div', [d, _b.op('Sqrt', [_b.op('Add', [var, _b.scalar(n.epsilon, x.dtype)], {})], {})], {}), _b.op('Reshape', [scale], {'shape': cs})], {}), _b.op('Reshape', [bias], {'shape': cs})], {}))
-
-
-
-def _r94_lpnorm_l2_guard(_m, _ctx):
-    """where n.p == 2"""
-    n = _m['n']
-    x = _m['x']
-    return bool((rt.eq(n.p, 2)))
-
-def _r94_lpnorm_l2_build(_b, _m):
-    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
-    n = _m['n']
-    x = _m['x']
-    norm = _b.op('Sqrt', [_b.op('ReduceSum', [_b.op('Mul', [x, x], {})], {'axes': (n.axis, ), 'keepdims': 1})], {})
-    return rt.results(_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}))
-
-
-
-def _r95_lpnorm_l1_guard(_m, _ctx):
-    """where n.p == 1"""
-    n = _m['n']
-    x = _m['x']
-    return bool((rt.eq(n.p, 1)))
-
-def _r95_lpnorm_l1_build(_b, _m):
-    """=> Select(Equal(norm, scalar(0, x.dtype)), scalar(0, x.dtype), Div(x, norm))"""
-    n = _m['n']
-    x = _m['x']
-    norm = _b.op('ReduceSum', [_b.op('Abs', [x], {})], {'axes': (n.axis, ), 'keepdims': 1})
-    return rt.results(_b.op('Select', [_b.op('Equal', [norm, _b.scalar(0, x.dtype)], {}), _b.scalar(0, x.dtype), _b.op('Div', [x, norm], {})], {}))
-
-
-
-def _r96_convn_1d_guard(_m, _ctx):
+def _r80_convn_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     c = _m['c']
     x = _m['x']
@@ -1453,7 +1231,7 @@ def _r96_convn_1d_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r96_convn_1d_build(_b, _m):
+def _r80_convn_1d_build(_b, _m):
     """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), b, strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -1463,29 +1241,13 @@ def _r96_convn_1d_build(_b, _m):
 
 
 
-def _r97_convn_1d_no_bias_guard(_m, _ctx):
-    """where rank(x) == 3"""
-    c = _m['c']
-    x = _m['x']
-    w = _m['w']
-    return bool((rt.eq(rt.b_rank(x), 3)))
-
-def _r97_convn_1d_no_bias_build(_b, _m):
-    """=> Reshape(Conv(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, shape = [w.shape[0], w.shape[1], 1, w.shape[2]]), strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), shape = c.shape)"""
-    c = _m['c']
-    x = _m['x']
-    w = _m['w']
-    return rt.results(_b.op('Reshape', [_b.op('Conv', [_b.op('Reshape', [x], {'shape': (x.shape[0], x.shape[1], 1, x.shape[2], )}), _b.op('Reshape', [w], {'shape': (w.shape[0], w.shape[1], 1, w.shape[2], )})], {'strides': (1, c.strides[0], ), 'pads': (0, c.pads[0], 0, c.pads[1], ), 'dilations': (1, c.dilations[0], ), 'group': c.group})], {'shape': c.shape}))
-
-
-
-def _r98_maxpooln_1d_guard(_m, _ctx):
+def _r81_maxpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r98_maxpooln_1d_build(_b, _m):
+def _r81_maxpooln_1d_build(_b, _m):
     """=> Reshape(MaxPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -1493,13 +1255,13 @@ def _r98_maxpooln_1d_build(_b, _m):
 
 
 
-def _r99_avgpooln_1d_guard(_m, _ctx):
+def _r82_avgpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r99_avgpooln_1d_build(_b, _m):
+def _r82_avgpooln_1d_build(_b, _m):
     """=> Reshape(AvgPool(Reshape(x, shape = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), shape = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -1507,13 +1269,50 @@ def _r99_avgpooln_1d_build(_b, _m):
 
 
 
-def _r100_resize_identity_guard(_m, _ctx):
-    """where len(r.axes) == 0"""
+def _r83_transpose_identity_guard(_m, _ctx):
+    """where t.perm == range(rank(x))"""
+    t = _m['t']
+    x = _m['x']
+    return bool((rt.eq(t.perm, rt.b_range(rt.b_rank(x)))))
+
+def _r83_transpose_identity_build(_b, _m):
+    """=> x"""
+    t = _m['t']
+    x = _m['x']
+    return rt.results(x)
+
+
+
+def _r84_transpose_transpose_build(_b, _m):
+    """=> Transpose(x, perm = compose_perm(i.perm, o.perm))"""
+    o = _m['o']
+    i = _m['i']
+    x = _m['x']
+    return rt.results(_b.op('Transpose', [x], {'perm': sl.shapes.compose_perm(i.perm, o.perm)}))
+
+
+
+def _r85_transpose_to_reshape_guard(_m, _ctx):
+    """where not moves_data(x.shape, t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    return bool(((not sl.shapes.moves_data(x.shape, t.perm))))
+
+def _r85_transpose_to_reshape_build(_b, _m):
+    """=> Reshape(x, shape = t.shape)"""
+    t = _m['t']
+    x = _m['x']
+    return rt.results(_b.op('Reshape', [x], {'shape': t.shape}))
+
+
+
+def _r86_reshape_noop_guard(_m, _ctx):
+    """where x.shape == r.shape"""
     r = _m['r']
     x = _m['x']
-    return bool((rt.eq(rt.b_len(r.axes), 0)))
+    return bool((rt.eq(x.shape, r.shape)))
 
-def _r100_resize_identity_build(_b, _m):
+def _r86_reshape_noop_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -1521,56 +1320,185 @@ def _r100_resize_identity_build(_b, _m):
 
 
 
-def _r101_resize_one_axis_at_a_time_guard(_m, _ctx):
+def _r87_reshape_reshape_build(_b, _m):
+    """=> Reshape(x, shape = r.shape)"""
+    r = _m['r']
+    x = _m['x']
+    return rt.results(_b.op('Reshape', [x], {'shape': r.shape}))
+
+
+
+def _r88_concat_single_build(_b, _m):
+    """=> x"""
+    x = _m['x']
+    return rt.results(x)
+
+
+
+def _r89_concat_flatten_guard(_m, _ctx):
+    """where nested(xs, c)"""
+    c = _m['c']
+    xs = _m['xs']
+    return bool((rt.b_nested(xs, c)))
+
+def _r89_concat_flatten_build(_b, _m):
+    """=> Concat(*unnest(xs, c), axis = c.axis)"""
+    c = _m['c']
+    xs = _m['xs']
+    return rt.results(_b.op('Concat', [(*rt.b_unnest(xs, c),)], {'axis': c.axis}))
+
+
+
+def _r90_unary_transpose_sink_guard(_m, _ctx):
+    """where uses(t) == 1"""
+    u = _m['u']
+    t = _m['t']
+    x = _m['x']
+    return bool((rt.eq(_ctx.uses(t), 1)))
+
+def _r90_unary_transpose_sink_build(_b, _m):
+    """=> Transpose(u(x), perm = t.perm)"""
+    u = _m['u']
+    t = _m['t']
+    x = _m['x']
+    return rt.results(_b.op('Transpose', [_b.like(u, [x], {})], {'perm': t.perm}))
+
+
+
+def _r91_add_transpose_sink_guard(_m, _ctx):
+    """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
+
+def _r91_add_transpose_sink_build(_b, _m):
+    """=> Transpose(Add(x, y), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return rt.results(_b.op('Transpose', [_b.op('Add', [x, y], {})], {'perm': t.perm}))
+
+
+
+def _r92_mul_transpose_sink_guard(_m, _ctx):
+    """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
+
+def _r92_mul_transpose_sink_build(_b, _m):
+    """=> Transpose(Mul(x, y), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    u = _m['u']
+    y = _m['y']
+    return rt.results(_b.op('Transpose', [_b.op('Mul', [x, y], {})], {'perm': t.perm}))
+
+
+
+def _r93_add_const_transpose_sink_guard(_m, _ctx):
+    """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
+
+def _r93_add_const_transpose_sink_build(_b, _m):
+    """=> Transpose(Add(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
+    return rt.results(_b.op('Transpose', [_b.op('Add', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
+
+
+
+def _r94_mul_const_transpose_sink_guard(_m, _ctx):
+    """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
+
+def _r94_mul_const_transpose_sink_build(_b, _m):
+    """=> Transpose(Mul(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
+    t = _m['t']
+    x = _m['x']
+    c = _m['c']
+    full = _b.op('Reshape', [c], {'shape': rt.b_concat(rt.b_ones(rt.sub(rt.b_rank(x), rt.b_rank(c))), c.shape)})
+    return rt.results(_b.op('Transpose', [_b.op('Mul', [x, _b.op('Transpose', [full], {'perm': rt.b_inverse_perm(t.perm)})], {})], {'perm': t.perm}))
+
+
+
+def _r95_resize_identity_guard(_m, _ctx):
+    """where len(r.axes) == 0"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(rt.b_len(r.axes), 0)))
+
+def _r95_resize_identity_build(_b, _m):
+    """=> x"""
+    r = _m['r']
+    x = _m['x']
+    return rt.results(x)
+
+
+
+def _r96_resize_one_axis_at_a_time_guard(_m, _ctx):
     """where len(r.axes) > 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.gt(rt.b_len(r.axes), 1)))
 
-def _r101_resize_one_axis_at_a_time_build(_b, _m):
-    """=> Resize(Resize(x, axes = r.axes[:1], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias), axes = r.axes[1:], sizes = r.sizes, scales = r.scales, roi = r.roi, mode = r.mode, coordinate_transformation_mode = r.coordinate_transformation_mode, nearest_mode = r.nearest_mode, cubic_coeff_a = r.cubic_coeff_a, exclude_outside = r.exclude_outside, extrapolation_value = r.extrapolation_value, antialias = r.antialias)"""
+def _r96_resize_one_axis_at_a_time_build(_b, _m):
+    """=> Resize(Resize(x, ...r, axes = r.axes[:1]), ...r, axes = r.axes[1:])"""
     r = _m['r']
     x = _m['x']
     return rt.results(_b.op('Resize', [_b.op('Resize', [x], {'axes': tuple(r.axes)[:1], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'axes': tuple(r.axes)[1:], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}))
 
 
 
-def _r102_resize_nearest_gather_guard(_m, _ctx):
+def _r97_resize_nearest_gather_guard(_m, _ctx):
     'where ((len(r.axes) == 1) and (r.mode == "nearest")) and not resize_extrapolates(*resize_args(r, x.shape[r.axes[0]]))'
     r = _m['r']
     x = _m['x']
-    return bool((((rt.eq(rt.b_len(r.axes), 1) and rt.eq(r.mode, 'nearest')) and (not sl.b_resize_extrapolates(*fn_resize_args(r, x.shape[r.axes[0]]))))))
+    return bool((((rt.eq(rt.b_len(r.axes), 1) and rt.eq(r.mode, 'nearest')) and (not sl.resize.resize_extrapolates(*fn_resize_args(r, x.shape[r.axes[0]]))))))
 
-def _r102_resize_nearest_gather_build(_b, _m):
+def _r97_resize_nearest_gather_build(_b, _m):
     """=> Gather(x, const(resize_gather_indices(*resize_args(r, x.shape[r.axes[0]])), i64), axis = r.axes[0])"""
     r = _m['r']
     x = _m['x']
-    return rt.results(_b.op('Gather', [x, _b.const(sl.b_resize_gather_indices(*fn_resize_args(r, x.shape[r.axes[0]])), 'i64')], {'axis': r.axes[0]}))
+    return rt.results(_b.op('Gather', [x, _b.const(sl.resize.resize_gather_indices(*fn_resize_args(r, x.shape[r.axes[0]])), 'i64')], {'axis': r.axes[0]}))
 
 
 
-def _r103_resize_axis_taps_guard(_m, _ctx):
+def _r98_resize_axis_taps_guard(_m, _ctx):
     """where len(r.axes) == 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(rt.b_len(r.axes), 1)))
 
-def _r103_resize_axis_taps_build(_b, _m):
+def _r98_resize_axis_taps_build(_b, _m):
     """=> Add(y, Reshape(fill, shape = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
     r = _m['r']
     x = _m['x']
     a = r.axes[0]
     args = fn_resize_args(r, x.shape[a])
-    picked = _b.op('Gather', [x, _b.const(sl.b_resize_tap_indices(*args), 'i64')], {'axis': a})
-    weights = _b.const(sl.b_resize_tap_weights(*args), x.dtype)
+    picked = _b.op('Gather', [x, _b.const(sl.resize.resize_tap_indices(*args), 'i64')], {'axis': a})
+    weights = _b.const(sl.resize.resize_tap_weights(*args), x.dtype)
     trailing = rt.b_ones(rt.sub(rt.sub(rt.b_rank(x), a), 1))
     y = _b.op('ReduceSum', [_b.op('Mul', [picked, _b.op('Reshape', [weights], {'shape': rt.b_concat(weights.shape, trailing)})], {})], {'axes': (rt.add(a, 1), ), 'keepdims': 0})
-    fill = _b.const(sl.b_resize_fill(*args, value=r.extrapolation_value), x.dtype)
-    return rt.results((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.b_resize_extrapolates(*args) else y))
+    fill = _b.const(sl.resize.resize_fill(*args, value=r.extrapolation_value), x.dtype)
+    return rt.results((_b.op('Add', [y, _b.op('Reshape', [fill], {'shape': rt.b_concat((r.sizes[a], ), trailing)})], {}) if sl.resize.resize_extrapolates(*args) else y))
 
 
 
-def _r104_legacy_broadcast_expand_build(_b, _m):
+def _r99_legacy_broadcast_expand_build(_b, _m):
     '=> Add(a, b2) if n.op == "Add" else Sub(a, b2) if n.op == "Sub" else Mul(a, b2) if n.op == "Mul" else Div(a, b2) if n.op == "Div" else Pow(a, b2) if n.op == "Pow" else PRelu(a, b2)'
     n = _m['n']
     a = _m['a']
@@ -1580,38 +1508,38 @@ def _r104_legacy_broadcast_expand_build(_b, _m):
 
 
 
-def _r105_avgpool_dilated_to_conv_build(_b, _m):
+def _r100_avgpool_dilated_to_conv_build(_b, _m):
     """=> Div(sums, const(window_counts(x.shape[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype))"""
     p = _m['p']
     x = _m['x']
     ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
-    sums = _b.op('ConvN', [x, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
-    return rt.results(_b.op('Div', [sums, _b.const(sl.b_window_counts(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype)], {}))
+    sums = _b.op('ConvN', [x, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.conv.window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
+    return rt.results(_b.op('Div', [sums, _b.const(sl.conv.window_counts(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype)], {}))
 
 
 
-def _r106_lppool_to_conv_build(_b, _m):
+def _r101_lppool_to_conv_build(_b, _m):
     """=> Sqrt(sums) if p.p == 2 else sums if p.p == 1 else Pow(sums, scalar(1.0 / p.p, x.dtype))"""
     p = _m['p']
     x = _m['x']
     powered = (_b.op('Mul', [x, x], {}) if rt.eq(p.p, 2) else (_b.op('Abs', [x], {}) if rt.eq(p.p, 1) else _b.op('Pow', [_b.op('Abs', [x], {}), _b.scalar(p.p, x.dtype)], {})))
     ones = _b.op('Splat', [], {'shape': rt.b_concat((x.shape[1], 1, ), p.kernel), 'value': 1.0, 'dtype': x.dtype})
-    sums = _b.op('ConvN', [powered, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.b_window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
+    sums = _b.op('ConvN', [powered, ones], {'strides': p.strides, 'dilations': p.dilations, 'group': x.shape[1], 'pads': sl.conv.window_pads(tuple(x.shape)[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode)})
     return rt.results((_b.op('Sqrt', [sums], {}) if rt.eq(p.p, 2) else (sums if rt.eq(p.p, 1) else _b.op('Pow', [sums, _b.scalar(rt.truediv(1.0, p.p), x.dtype)], {}))))
 
 
 
-def _r107_col2im_to_convtranspose_build(_b, _m):
+def _r102_col2im_to_convtranspose_build(_b, _m):
     """=> ConvTranspose(Reshape(x, shape = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
     c = _m['c']
     x = _m['x']
-    blocks = sl.b_conv_shape(c.image, c.block, c.pads, c.strides, c.dilations)
+    blocks = sl.conv.conv_shape(c.image, c.block, c.pads, c.strides, c.dilations)
     channels = rt.floordiv(x.shape[1], rt.b_prod(c.block))
-    return rt.results(_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.b_col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.b_col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}))
+    return rt.results(_b.op('ConvTranspose', [_b.op('Reshape', [x], {'shape': rt.b_concat(tuple(x.shape)[:2], blocks)}), _b.const(sl.conv.col2im_weights(channels, c.block), x.dtype)], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': channels, 'output_padding': sl.conv.col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations)}))
 
 
 
-def _r108_gridsample_expand_build(_b, _m):
+def _r103_gridsample_expand_build(_b, _m):
     """=> Reshape(Transpose(sums, perm = [1, 0, 2]), shape = g.shape)"""
     g = _m['g']
     x = _m['x']
@@ -1621,20 +1549,20 @@ def _r108_gridsample_expand_build(_b, _m):
     sp = tuple(x.shape)[2:]
     r = rt.sub(rt.b_rank(x), 2)
     points = rt.b_prod(tuple(g.shape)[2:])
-    taps = rt.b_len(sl.b_grid_tap_offsets(g.mode))
-    combos = sl.b_grid_tap_combinations(r, taps)
+    taps = rt.b_len(sl.resize.grid_tap_offsets(g.mode))
+    combos = sl.resize.grid_tap_combinations(r, taps)
     zero = _b.scalar(0.0, x.dtype)
     one = _b.scalar(1.0, x.dtype)
-    low = _b.const(sl.b_grid_low(sp, g.align_corners), x.dtype)
-    high = _b.const(sl.b_grid_high(sp, g.align_corners), x.dtype)
-    last = _b.const(sl.b_grid_high(sp, 1), x.dtype)
+    low = _b.const(sl.resize.grid_low(sp, g.align_corners), x.dtype)
+    high = _b.const(sl.resize.grid_high(sp, g.align_corners), x.dtype)
+    last = _b.const(sl.resize.grid_high(sp, 1), x.dtype)
     coords = _b.op('Gather', [_b.op('Reshape', [grid], {'shape': (n, points, r, )}), _b.const(rt.b_reversed(rt.b_range(r)), 'i64')], {'axis': 2})
-    v0 = _b.op('Add', [_b.op('Mul', [_b.op('Add', [coords, one], {}), _b.const(sl.b_grid_scale(sp, g.align_corners), x.dtype)], {}), _b.const(sl.b_grid_offset(sp, g.align_corners), x.dtype)], {})
+    v0 = _b.op('Add', [_b.op('Mul', [_b.op('Add', [coords, one], {}), _b.const(sl.resize.grid_scale(sp, g.align_corners), x.dtype)], {}), _b.const(sl.resize.grid_offset(sp, g.align_corners), x.dtype)], {})
     v1 = (_b.op('Round', [v0], {}) if rt.eq(g.mode, 'nearest') else v0)
     outside = _b.op('Or', [_b.op('Less', [v1, low], {}), _b.op('Greater', [v1, high], {})], {})
     v = (_b.op('Select', [outside, _b.op('Min', [_b.op('Max', [v1, zero], {}), last], {}), v1], {}) if rt.eq(g.padding_mode, 'border') else (_b.op('Reflect', [v1, low, high], {}) if rt.eq(g.padding_mode, 'reflection') else v1))
     base = _b.op('Floor', [v], {})
-    offsets = _b.const(sl.b_grid_tap_offsets(g.mode), x.dtype)
+    offsets = _b.const(sl.resize.grid_tap_offsets(g.mode), x.dtype)
     at = _b.op('Add', [_b.op('Reshape', [base], {'shape': (n, points, r, 1, )}), offsets], {})
     d = _b.op('Abs', [_b.op('Sub', [_b.op('Reshape', [_b.op('Sub', [v, base], {})], {'shape': (n, points, r, 1, )}), offsets], {})], {})
     near = _b.op('Add', [_b.op('Mul', [_b.op('Mul', [_b.op('Sub', [_b.op('Mul', [d, _b.scalar(1.25, x.dtype)], {}), _b.scalar(2.25, x.dtype)], {}), d], {}), d], {}), one], {})
@@ -1646,7 +1574,7 @@ def _r108_gridsample_expand_build(_b, _m):
     at2 = (_b.op('Reflect', [at, _b.op('Reshape', [low], {'shape': per_axis}), _b.op('Reshape', [high], {'shape': per_axis})], {}) if rt.eq(g.padding_mode, 'reflection') else at)
     idx = _b.op('Cast', [_b.op('Min', [_b.op('Max', [_b.op('Floor', [at2], {}), zero], {}), _b.op('Reshape', [last], {'shape': per_axis})], {})], {'to': 'i64'})
     pick = _b.const(combos, 'i64')
-    flat = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Gather', [_b.op('Reshape', [idx], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2}), _b.const(sl.b_row_major_strides(sp), 'i64')], {})], {'axes': (3, ), 'keepdims': 0})
+    flat = _b.op('ReduceSum', [_b.op('Mul', [_b.op('Gather', [_b.op('Reshape', [idx], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2}), _b.const(sl.resize.row_major_strides(sp), 'i64')], {})], {'axes': (3, ), 'keepdims': 0})
     weight = _b.op('ReduceProd', [_b.op('Gather', [_b.op('Reshape', [w], {'shape': (n, points, rt.mul(r, taps), )}), pick], {'axis': 2})], {'axes': (3, ), 'keepdims': 0})
     k = rt.b_len(combos)
     batch_start = _b.op('Reshape', [_b.const(rt.b_range(0, rt.mul(n, rt.b_prod(sp)), rt.b_prod(sp)), 'i64')], {'shape': (n, 1, 1, )})
@@ -1657,7 +1585,7 @@ def _r108_gridsample_expand_build(_b, _m):
 
 
 
-def _r109_reflect_expand_build(_b, _m):
+def _r104_reflect_expand_build(_b, _m):
     """=> Select(Or(below, Greater(x, high)), Select(from_low, Add(low, rest), Sub(high, rest)), x)"""
     x = _m['x']
     low = _m['low']
@@ -1673,7 +1601,7 @@ def _r109_reflect_expand_build(_b, _m):
 
 
 
-def _r110_lstm_unroll_build(_b, _m):
+def _r105_lstm_unroll_build(_b, _m):
     """=> rnn_layer(l, 4 * l.hidden_size, x, w, r, b, h0, c0, p)"""
     l = _m['l']
     x = _m['x']
@@ -1687,7 +1615,7 @@ def _r110_lstm_unroll_build(_b, _m):
 
 
 
-def _r111_gru_unroll_build(_b, _m):
+def _r106_gru_unroll_build(_b, _m):
     """=> rnn_layer(l, 3 * l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1699,7 +1627,7 @@ def _r111_gru_unroll_build(_b, _m):
 
 
 
-def _r112_rnn_unroll_build(_b, _m):
+def _r107_rnn_unroll_build(_b, _m):
     """=> rnn_layer(l, l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1711,13 +1639,13 @@ def _r112_rnn_unroll_build(_b, _m):
 
 
 
-def _r113_quant_param_to_reshape_guard(_m, _ctx):
+def _r108_quant_param_to_reshape_guard(_m, _ctx):
     """where prod(q.shape) == prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.eq(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r113_quant_param_to_reshape_build(_b, _m):
+def _r108_quant_param_to_reshape_build(_b, _m):
     """=> Reshape(p, shape = q.shape)"""
     q = _m['q']
     p = _m['p']
@@ -1725,70 +1653,49 @@ def _r113_quant_param_to_reshape_build(_b, _m):
 
 
 
-def _r114_quant_param_blocked_to_gather_guard(_m, _ctx):
+def _r109_quant_param_blocked_to_gather_guard(_m, _ctx):
     """where prod(q.shape) != prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.ne(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r114_quant_param_blocked_to_gather_build(_b, _m):
+def _r109_quant_param_blocked_to_gather_build(_b, _m):
     """=> Gather(p, const(block_indices(q.like[q.axis], q.block_size), i64), axis = q.axis)"""
     q = _m['q']
     p = _m['p']
-    return rt.results(_b.op('Gather', [p, _b.const(sl.b_block_indices(q.like[q.axis], q.block_size), 'i64')], {'axis': q.axis}))
+    return rt.results(_b.op('Gather', [p, _b.const(sl.quant.block_indices(q.like[q.axis], q.block_size), 'i64')], {'axis': q.axis}))
 
 
 
-def _r115_quantize_linear_expand_build(_b, _m):
-    """=> Cast(Clip(Add(Cast(r, to = wide), Cast(z, to = wide)), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
+def _r110_quantize_linear_expand_build(_b, _m):
+    """=> Cast(Clip(Add(r, Cast(z, to = wide)) if defined(z) else r, min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     x = _m['x']
     scale = _m['scale']
     zero_point = _m['zero_point']
-    wide = sl.b_exact_float(q.compute)
+    wide = sl.quant.exact_float(q.compute)
     s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size})
-    z = _b.op('QuantParam', [zero_point], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size})
-    r = _b.op('Round', [_b.op('Div', [_b.op('Cast', [x], {'to': q.compute}), _b.op('Cast', [s], {'to': q.compute})], {})], {})
-    return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Add', [_b.op('Cast', [r], {'to': wide}), _b.op('Cast', [z], {'to': wide})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}))
+    z = (_b.op('QuantParam', [zero_point], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size}) if rt.b_defined(zero_point) else None)
+    r = _b.op('Cast', [_b.op('Round', [_b.op('Div', [_b.op('Cast', [x], {'to': q.compute}), _b.op('Cast', [s], {'to': q.compute})], {})], {})], {'to': wide})
+    return rt.results(_b.op('Cast', [_b.op('Clip', [(_b.op('Add', [r, _b.op('Cast', [z], {'to': wide})], {}) if rt.b_defined(z) else r)], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}))
 
 
 
-def _r116_quantize_linear_no_zero_point_build(_b, _m):
-    """=> Cast(Clip(Cast(r, to = exact_float(q.compute)), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
-    q = _m['q']
-    x = _m['x']
-    scale = _m['scale']
-    s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': q.axis, 'block_size': q.block_size})
-    r = _b.op('Round', [_b.op('Div', [_b.op('Cast', [x], {'to': q.compute}), _b.op('Cast', [s], {'to': q.compute})], {})], {})
-    return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Cast', [r], {'to': sl.b_exact_float(q.compute)})], {'min': rt.b_clamp_to(rt.neg(float('inf')), q.dtype), 'max': rt.b_clamp_to(float('inf'), q.dtype)})], {'to': q.dtype}))
-
-
-
-def _r117_dequantize_linear_expand_build(_b, _m):
-    """=> Cast(Mul(Sub(Cast(x, to = wide), Cast(z, to = wide)), Cast(s, to = wide)), to = d.dtype)"""
+def _r111_dequantize_linear_expand_build(_b, _m):
+    """=> Cast(Mul(Sub(xw, Cast(z, to = wide)) if defined(z) else xw, Cast(s, to = wide)), to = d.dtype)"""
     d = _m['d']
     x = _m['x']
     scale = _m['scale']
     zero_point = _m['zero_point']
-    wide = sl.b_float_promote(sl.b_exact_float(x.dtype), scale.dtype)
+    wide = sl.quant.float_promote(sl.quant.exact_float(x.dtype), scale.dtype)
     s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size})
-    z = _b.op('QuantParam', [zero_point], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size})
-    return rt.results(_b.op('Cast', [_b.op('Mul', [_b.op('Sub', [_b.op('Cast', [x], {'to': wide}), _b.op('Cast', [z], {'to': wide})], {}), _b.op('Cast', [s], {'to': wide})], {})], {'to': d.dtype}))
+    z = (_b.op('QuantParam', [zero_point], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size}) if rt.b_defined(zero_point) else None)
+    xw = _b.op('Cast', [x], {'to': wide})
+    return rt.results(_b.op('Cast', [_b.op('Mul', [(_b.op('Sub', [xw, _b.op('Cast', [z], {'to': wide})], {}) if rt.b_defined(z) else xw), _b.op('Cast', [s], {'to': wide})], {})], {'to': d.dtype}))
 
 
 
-def _r118_dequantize_linear_no_zero_point_build(_b, _m):
-    """=> Cast(Mul(Cast(x, to = wide), Cast(s, to = wide)), to = d.dtype)"""
-    d = _m['d']
-    x = _m['x']
-    scale = _m['scale']
-    wide = sl.b_float_promote(sl.b_exact_float(x.dtype), scale.dtype)
-    s = _b.op('QuantParam', [scale], {'like': x.shape, 'axis': d.axis, 'block_size': d.block_size})
-    return rt.results(_b.op('Cast', [_b.op('Mul', [_b.op('Cast', [x], {'to': wide}), _b.op('Cast', [s], {'to': wide})], {})], {'to': d.dtype}))
-
-
-
-def _r119_qlinear_matmul_expand_build(_b, _m):
+def _r112_qlinear_matmul_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(Cast(acc, to = f64), Cast(multiplier, to = f64)), Cast(zy, to = f64))), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -1806,70 +1713,32 @@ def _r119_qlinear_matmul_expand_build(_b, _m):
 
 
 
-def _r120_matmul_integer_expand_build(_b, _m):
-    """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = per_row(a_zero_point.shape, a.shape)), to = i32)), Sub(Cast(b, to = i32), Cast(Reshape(b_zero_point, shape = per_column(b_zero_point.shape, b.shape)), to = i32)))"""
+def _r113_matmul_integer_expand_build(_b, _m):
+    """=> MatMul(a2, b2)"""
     a = _m['a']
     b = _m['b']
     a_zero_point = _m['a_zero_point']
     b_zero_point = _m['b_zero_point']
-    return rt.results(_b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}), _b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': fn_per_column(b_zero_point.shape, b.shape)})], {'to': 'i32'})], {})], {}))
+    a2 = (_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}) if rt.b_defined(a_zero_point) else _b.op('Cast', [a], {'to': 'i32'}))
+    b2 = (_b.op('Sub', [_b.op('Cast', [b], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [b_zero_point], {'shape': fn_per_column(b_zero_point.shape, b.shape)})], {'to': 'i32'})], {}) if rt.b_defined(b_zero_point) else _b.op('Cast', [b], {'to': 'i32'}))
+    return rt.results(_b.op('MatMul', [a2, b2], {}))
 
 
 
-def _r121_matmul_integer_a_zero_point_build(_b, _m):
-    """=> MatMul(Sub(Cast(a, to = i32), Cast(Reshape(a_zero_point, shape = per_row(a_zero_point.shape, a.shape)), to = i32)), Cast(b, to = i32))"""
-    a = _m['a']
-    b = _m['b']
-    a_zero_point = _m['a_zero_point']
-    return rt.results(_b.op('MatMul', [_b.op('Sub', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [_b.op('Reshape', [a_zero_point], {'shape': fn_per_row(a_zero_point.shape, a.shape)})], {'to': 'i32'})], {}), _b.op('Cast', [b], {'to': 'i32'})], {}))
-
-
-
-def _r122_matmul_integer_no_zero_point_build(_b, _m):
-    """=> MatMul(Cast(a, to = i32), Cast(b, to = i32))"""
-    a = _m['a']
-    b = _m['b']
-    return rt.results(_b.op('MatMul', [_b.op('Cast', [a], {'to': 'i32'}), _b.op('Cast', [b], {'to': 'i32'})], {}))
-
-
-
-def _r123_conv_integer_expand_build(_b, _m):
-    """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
+def _r114_conv_integer_expand_build(_b, _m):
+    """=> Cast(Conv(xs, ws, ...c) if rank(x) == 4 else ConvN(xs, ws, ...c), to = i32)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     x_zero_point = _m['x_zero_point']
     w_zero_point = _m['w_zero_point']
-    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
-    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
+    xs = (_b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {}) if rt.b_defined(x_zero_point) else _b.op('Cast', [x], {'to': 'f64'}))
+    ws = (_b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {}) if rt.b_defined(w_zero_point) else _b.op('Cast', [w], {'to': 'f64'}))
     return rt.results(_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}))
 
 
 
-def _r124_conv_integer_x_zero_point_build(_b, _m):
-    """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
-    c = _m['c']
-    x = _m['x']
-    w = _m['w']
-    x_zero_point = _m['x_zero_point']
-    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
-    ws = _b.op('Cast', [w], {'to': 'f64'})
-    return rt.results(_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}))
-
-
-
-def _r125_conv_integer_no_zero_point_build(_b, _m):
-    """=> Cast(Conv(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group) if rank(x) == 4 else ConvN(xs, ws, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), to = i32)"""
-    c = _m['c']
-    x = _m['x']
-    w = _m['w']
-    xs = _b.op('Cast', [x], {'to': 'f64'})
-    ws = _b.op('Cast', [w], {'to': 'f64'})
-    return rt.results(_b.op('Cast', [(_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))], {'to': 'i32'}))
-
-
-
-def _r126_qlinear_conv_expand_build(_b, _m):
+def _r115_qlinear_conv_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -1883,52 +1752,34 @@ def _r126_qlinear_conv_expand_build(_b, _m):
     b = _m['b']
     xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
     ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
-    acc = (_b.op('Conv', [xs, ws, _b.op('Cast', [b], {'to': 'f64'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws, _b.op('Cast', [b], {'to': 'f64'})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    bias = (_b.op('Cast', [b], {'to': 'f64'}) if rt.b_defined(b) else None)
+    acc = (_b.op('Conv', [xs, ws, bias], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws, bias], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
     multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': fn_per_out_channel(w_scale.shape, w.shape[0], rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
     return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'shape': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}))
 
 
 
-def _r127_qlinear_conv_no_bias_build(_b, _m):
-    """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, shape = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
-    c = _m['c']
-    x = _m['x']
-    x_scale = _m['x_scale']
-    x_zero_point = _m['x_zero_point']
-    w = _m['w']
-    w_scale = _m['w_scale']
-    w_zero_point = _m['w_zero_point']
-    y_scale = _m['y_scale']
-    y_zero_point = _m['y_zero_point']
-    xs = _b.op('Sub', [_b.op('Cast', [x], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [x_zero_point], {'shape': ()})], {'to': 'f64'})], {})
-    ws = _b.op('Sub', [_b.op('Cast', [w], {'to': 'f64'}), _b.op('Cast', [_b.op('Reshape', [w_zero_point], {'shape': fn_per_filter(w_zero_point.shape, w.shape)})], {'to': 'f64'})], {})
-    acc = (_b.op('Conv', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}) if rt.eq(rt.b_rank(x), 4) else _b.op('ConvN', [xs, ws], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
-    multiplier = _b.op('Div', [_b.op('Mul', [_b.op('Reshape', [x_scale], {'shape': ()}), _b.op('Reshape', [w_scale], {'shape': fn_per_out_channel(w_scale.shape, w.shape[0], rt.b_rank(x))})], {}), _b.op('Reshape', [y_scale], {'shape': ()})], {})
-    return rt.results(_b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Add', [_b.op('Mul', [acc, _b.op('Cast', [multiplier], {'to': 'f64'})], {}), _b.op('Cast', [_b.op('Reshape', [y_zero_point], {'shape': ()})], {'to': 'f64'})], {})], {})], {'min': rt.b_clamp_to(rt.neg(float('inf')), c.dtype), 'max': rt.b_clamp_to(float('inf'), c.dtype)})], {'to': c.dtype}))
-
-
-
-def _r128_dft_to_matmul_build(_b, _m):
+def _r116_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), shape = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
-    perm = sl.b_dft_perm(rt.b_rank(x), d.axis)
+    perm = sl.signal.dft_perm(rt.b_rank(x), d.axis)
     moved = _b.op('Transpose', [x], {'perm': perm})
     batch = tuple(moved.shape)[:rt.neg(2)]
     rows = _b.op('Reshape', [moved], {'shape': (rt.b_prod(batch), rt.mul(x.shape[d.axis], x.shape[rt.neg(1)]), )})
-    m = _b.const(sl.b_dft_matrix(x.shape[d.axis], x.shape[rt.neg(1)], d.length, d.inverse, d.onesided), x.dtype)
+    m = _b.const(sl.signal.dft_matrix(x.shape[d.axis], x.shape[rt.neg(1)], d.length, d.inverse, d.onesided), x.dtype)
     out = d.shape[rt.neg(1)]
     return rt.results(_b.op('Transpose', [_b.op('Reshape', [_b.op('MatMul', [rows, m], {})], {'shape': rt.b_concat(batch, (d.shape[d.axis], out, ))})], {'perm': rt.b_inverse_perm(perm)}))
 
 
 
-def _r129_compress_to_gather_guard(_m, _ctx):
+def _r117_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r129_compress_to_gather_build(_b, _m):
+def _r117_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -1936,13 +1787,13 @@ def _r129_compress_to_gather_build(_b, _m):
 
 
 
-def _r130_compress_flat_to_gather_guard(_m, _ctx):
+def _r118_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r130_compress_flat_to_gather_build(_b, _m):
+def _r118_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, shape = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -1950,21 +1801,13 @@ def _r130_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r131_stft_expand_build(_b, _m):
-    """=> DFT(Mul(frames, Reshape(window, shape = [s.frame, 1])), axis = 2, length = s.frame, onesided = s.onesided)"""
+def _r119_stft_expand_build(_b, _m):
+    """=> DFT(Mul(frames, Reshape(window, shape = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
     window = _m['window']
-    frames = _b.op('Gather', [signal, _b.const(sl.b_frame_indices(signal.shape[1], s.frame, s.step), 'i64')], {'axis': 1})
-    return rt.results(_b.op('DFT', [_b.op('Mul', [frames, _b.op('Reshape', [window], {'shape': (s.frame, 1, )})], {})], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}))
-
-
-
-def _r132_stft_no_window_build(_b, _m):
-    """=> DFT(Gather(signal, const(frame_indices(signal.shape[1], s.frame, s.step), i64), axis = 1), axis = 2, length = s.frame, onesided = s.onesided)"""
-    s = _m['s']
-    signal = _m['signal']
-    return rt.results(_b.op('DFT', [_b.op('Gather', [signal, _b.const(sl.b_frame_indices(signal.shape[1], s.frame, s.step), 'i64')], {'axis': 1})], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}))
+    frames = _b.op('Gather', [signal, _b.const(sl.signal.frame_indices(signal.shape[1], s.frame, s.step), 'i64')], {'axis': 1})
+    return rt.results(_b.op('DFT', [(_b.op('Mul', [frames, _b.op('Reshape', [window], {'shape': (s.frame, 1, )})], {}) if rt.b_defined(window) else frames)], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}))
 
 
 RULES = (
@@ -1983,122 +1826,109 @@ RULES = (
     RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:75:1'),
     RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:78:1'),
     RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:81:1'),
-    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r15_flatten_to_reshape_build, location='specs/lowerings.glowdef:86:1'),
-    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r16_squeeze_to_reshape_build, location='specs/lowerings.glowdef:89:1'),
-    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r17_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:92:1'),
-    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c')), bind='g'), size=1, guard=_r18_gemm_to_matmul_guard, build=_r18_gemm_to_matmul_build, location='specs/lowerings.glowdef:99:1'),
-    RuleInfo(name='gemm_no_bias_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b')), bind='g'), size=1, guard=_r19_gemm_no_bias_to_matmul_guard, build=_r19_gemm_no_bias_to_matmul_build, location='specs/lowerings.glowdef:107:1'),
-    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r20_fc_to_matmul_guard, build=_r20_fc_to_matmul_build, location='specs/lowerings.glowdef:114:1'),
-    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r21_matmul_vector_lhs_guard, build=_r21_matmul_vector_lhs_build, location='specs/lowerings.glowdef:117:1'),
-    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r22_matmul_vector_rhs_guard, build=_r22_matmul_vector_rhs_build, location='specs/lowerings.glowdef:121:1'),
-    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r23_matmul_shared_rhs_guard, build=_r23_matmul_shared_rhs_build, location='specs/lowerings.glowdef:126:1'),
-    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r24_matmul_batched_guard, build=_r24_matmul_batched_build, location='specs/lowerings.glowdef:132:1'),
-    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r25_batchnorm_to_affine_build, location='specs/lowerings.glowdef:143:1'),
-    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias')), bind='ln'), size=1, guard=None, build=_r26_layernorm_expand_build, location='specs/lowerings.glowdef:150:1'),
-    RuleInfo(name='layernorm_no_bias_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale')), bind='ln'), size=1, guard=None, build=_r27_layernorm_no_bias_expand_build, location='specs/lowerings.glowdef:157:1'),
-    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r28_softmax_expand_build, location='specs/lowerings.glowdef:164:1'),
-    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r29_logsoftmax_expand_build, location='specs/lowerings.glowdef:169:1'),
-    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r30_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:174:1'),
-    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r31_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:178:1'),
-    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r32_reducemean_to_sum_build, location='specs/lowerings.glowdef:184:1'),
-    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r33_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:188:1'),
-    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r34_global_maxpool_to_max_build, location='specs/lowerings.glowdef:191:1'),
-    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r35_lrn_expand_build, location='specs/lowerings.glowdef:195:1'),
-    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r36_convtranspose_nonoverlapping_to_conv_guard, build=_r36_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:214:1'),
-    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r37_convtranspose_phases_to_conv_guard, build=_r37_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:232:1'),
-    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r38_f16_matmul_in_f32_guard, build=_r38_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:257:1'),
-    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r39_f16_conv_in_f32_guard, build=_r39_f16_conv_in_f32_build, location='specs/lowerings.glowdef:261:1'),
-    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r40_f16_convn_in_f32_guard, build=_r40_f16_convn_in_f32_build, location='specs/lowerings.glowdef:266:1'),
-    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r41_f16_reducesum_in_f32_guard, build=_r41_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:271:1'),
-    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r42_f16_avgpool_in_f32_guard, build=_r42_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:275:1'),
-    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r43_cast_same_type_guard, build=_r43_cast_same_type_build, location='specs/lowerings.glowdef:286:1'),
-    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r44_add_zero_guard, build=_r44_add_zero_build, location='specs/lowerings.glowdef:289:1'),
-    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r45_sub_zero_guard, build=_r45_sub_zero_build, location='specs/lowerings.glowdef:292:1'),
-    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r46_mul_one_guard, build=_r46_mul_one_build, location='specs/lowerings.glowdef:295:1'),
-    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r47_div_one_guard, build=_r47_div_one_build, location='specs/lowerings.glowdef:298:1'),
-    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r48_relu_relu_build, location='specs/lowerings.glowdef:301:1'),
-    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r49_max_same_build, location='specs/lowerings.glowdef:304:1'),
-    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r50_clip_unbounded_guard, build=_r50_clip_unbounded_build, location='specs/lowerings.glowdef:307:1'),
-    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r51_max_zero_to_relu_guard, build=_r51_max_zero_to_relu_build, location='specs/lowerings.glowdef:312:1'),
-    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r52_min_max_to_clip_guard, build=_r52_min_max_to_clip_build, location='specs/lowerings.glowdef:315:1'),
-    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r53_min_relu_to_clip_guard, build=_r53_min_relu_to_clip_build, location='specs/lowerings.glowdef:323:1'),
-    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r54_swish_fuse_guard, build=_r54_swish_fuse_build, location='specs/lowerings.glowdef:330:1'),
-    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r55_sub_const_to_add_guard, build=_r55_sub_const_to_add_build, location='specs/lowerings.glowdef:337:1'),
-    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r56_div_const_to_mul_guard, build=_r56_div_const_to_mul_build, location='specs/lowerings.glowdef:340:1'),
-    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r57_add_const_reassociate_guard, build=_r57_add_const_reassociate_build, location='specs/lowerings.glowdef:344:1'),
-    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r58_mul_const_reassociate_guard, build=_r58_mul_const_reassociate_build, location='specs/lowerings.glowdef:348:1'),
-    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r59_mul_add_distribute_guard, build=_r59_mul_add_distribute_build, location='specs/lowerings.glowdef:352:1'),
-    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r60_conv_bias_zero_build, location='specs/lowerings.glowdef:359:1'),
-    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r61_conv_batchnorm_fold_guard, build=_r61_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:364:1'),
-    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r62_conv_mul_fold_guard, build=_r62_conv_mul_fold_build, location='specs/lowerings.glowdef:372:1'),
-    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r63_conv_add_fold_guard, build=_r63_conv_add_fold_build, location='specs/lowerings.glowdef:379:1'),
-    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r64_matmul_mul_fold_guard, build=_r64_matmul_mul_fold_build, location='specs/lowerings.glowdef:387:1'),
-    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r65_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:395:1'),
-    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r66_convtranspose_batchnorm_fold_guard, build=_r66_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:401:1'),
-    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r67_convtranspose_mul_fold_guard, build=_r67_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:411:1'),
-    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r68_convtranspose_add_fold_guard, build=_r68_convtranspose_add_fold_build, location='specs/lowerings.glowdef:420:1'),
-    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r69_conv_pad_merge_guard, build=_r69_conv_pad_merge_build, location='specs/lowerings.glowdef:429:1'),
-    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r70_avgpool_pad_merge_guard, build=_r70_avgpool_pad_merge_build, location='specs/lowerings.glowdef:436:1'),
-    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r71_maxpool_pad_merge_guard, build=_r71_maxpool_pad_merge_build, location='specs/lowerings.glowdef:445:1'),
-    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r72_transpose_identity_guard, build=_r72_transpose_identity_build, location='specs/lowerings.glowdef:455:1'),
-    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r73_transpose_transpose_build, location='specs/lowerings.glowdef:458:1'),
-    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r74_transpose_to_reshape_guard, build=_r74_transpose_to_reshape_build, location='specs/lowerings.glowdef:461:1'),
-    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r75_reshape_noop_guard, build=_r75_reshape_noop_build, location='specs/lowerings.glowdef:464:1'),
-    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r76_reshape_reshape_build, location='specs/lowerings.glowdef:467:1'),
-    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r77_concat_single_build, location='specs/lowerings.glowdef:470:1'),
-    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r78_concat_flatten_guard, build=_r78_concat_flatten_build, location='specs/lowerings.glowdef:473:1'),
-    RuleInfo(name='relu_transpose_sink', phases=('canonicalize',), pattern=P('Relu', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r79_relu_transpose_sink_guard, build=_r79_relu_transpose_sink_build, location='specs/lowerings.glowdef:477:1'),
-    RuleInfo(name='sigmoid_transpose_sink', phases=('canonicalize',), pattern=P('Sigmoid', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r80_sigmoid_transpose_sink_guard, build=_r80_sigmoid_transpose_sink_build, location='specs/lowerings.glowdef:480:1'),
-    RuleInfo(name='tanh_transpose_sink', phases=('canonicalize',), pattern=P('Tanh', (P('Transpose', (V('x'),), bind='t'),)), size=2, guard=_r81_tanh_transpose_sink_guard, build=_r81_tanh_transpose_sink_build, location='specs/lowerings.glowdef:483:1'),
-    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r82_add_transpose_sink_guard, build=_r82_add_transpose_sink_build, location='specs/lowerings.glowdef:486:1'),
-    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r83_mul_transpose_sink_guard, build=_r83_mul_transpose_sink_build, location='specs/lowerings.glowdef:490:1'),
-    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r84_add_const_transpose_sink_guard, build=_r84_add_const_transpose_sink_build, location='specs/lowerings.glowdef:495:1'),
-    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r85_mul_const_transpose_sink_guard, build=_r85_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:500:1'),
-    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r86_prelu_to_select_build, location='specs/lowerings.glowdef:506:1'),
-    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r87_castlike_to_cast_build, location='specs/lowerings.glowdef:510:1'),
-    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r88_tile_to_expand_build, location='specs/lowerings.glowdef:514:1'),
-    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r89_depth_to_space_dcr_guard, build=_r89_depth_to_space_dcr_build, location='specs/lowerings.glowdef:520:1'),
-    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r90_depth_to_space_crd_guard, build=_r90_depth_to_space_crd_build, location='specs/lowerings.glowdef:527:1'),
-    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r91_space_to_depth_dcr_guard, build=_r91_space_to_depth_dcr_build, location='specs/lowerings.glowdef:534:1'),
-    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r92_space_to_depth_crd_guard, build=_r92_space_to_depth_crd_build, location='specs/lowerings.glowdef:541:1'),
-    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r93_instancenorm_expand_build, location='specs/lowerings.glowdef:548:1'),
-    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r94_lpnorm_l2_guard, build=_r94_lpnorm_l2_build, location='specs/lowerings.glowdef:557:1'),
-    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r95_lpnorm_l1_guard, build=_r95_lpnorm_l1_build, location='specs/lowerings.glowdef:562:1'),
-    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r96_convn_1d_guard, build=_r96_convn_1d_build, location='specs/lowerings.glowdef:571:1'),
-    RuleInfo(name='convn_1d_no_bias', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w')), bind='c'), size=1, guard=_r97_convn_1d_no_bias_guard, build=_r97_convn_1d_no_bias_build, location='specs/lowerings.glowdef:579:1'),
-    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r98_maxpooln_1d_guard, build=_r98_maxpooln_1d_build, location='specs/lowerings.glowdef:587:1'),
-    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r99_avgpooln_1d_guard, build=_r99_avgpooln_1d_build, location='specs/lowerings.glowdef:594:1'),
-    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r100_resize_identity_guard, build=_r100_resize_identity_build, location='specs/lowerings.glowdef:612:1'),
-    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r101_resize_one_axis_at_a_time_guard, build=_r101_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:615:1'),
-    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r102_resize_nearest_gather_guard, build=_r102_resize_nearest_gather_build, location='specs/lowerings.glowdef:629:1'),
-    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r103_resize_axis_taps_guard, build=_r103_resize_axis_taps_build, location='specs/lowerings.glowdef:638:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r104_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:653:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r105_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:664:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r106_lppool_to_conv_build, location='specs/lowerings.glowdef:673:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r107_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:683:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r108_gridsample_expand_build, location='specs/lowerings.glowdef:703:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r109_reflect_expand_build, location='specs/lowerings.glowdef:755:1'),
-    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r110_lstm_unroll_build, location='specs/lowerings.glowdef:887:1'),
-    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r111_gru_unroll_build, location='specs/lowerings.glowdef:891:1'),
-    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r112_rnn_unroll_build, location='specs/lowerings.glowdef:895:1'),
-    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r113_quant_param_to_reshape_guard, build=_r113_quant_param_to_reshape_build, location='specs/lowerings.glowdef:906:1'),
-    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r114_quant_param_blocked_to_gather_guard, build=_r114_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:910:1'),
-    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='q'), size=1, guard=None, build=_r115_quantize_linear_expand_build, location='specs/lowerings.glowdef:917:1'),
-    RuleInfo(name='quantize_linear_no_zero_point', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale')), bind='q'), size=1, guard=None, build=_r116_quantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:926:1'),
-    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point')), bind='d'), size=1, guard=None, build=_r117_dequantize_linear_expand_build, location='specs/lowerings.glowdef:933:1'),
-    RuleInfo(name='dequantize_linear_no_zero_point', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale')), bind='d'), size=1, guard=None, build=_r118_dequantize_linear_no_zero_point_build, location='specs/lowerings.glowdef:940:1'),
-    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r119_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:946:1'),
-    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'), V('b_zero_point'))), size=1, guard=None, build=_r120_matmul_integer_expand_build, location='specs/lowerings.glowdef:958:1'),
-    RuleInfo(name='matmul_integer_a_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point'))), size=1, guard=None, build=_r121_matmul_integer_a_zero_point_build, location='specs/lowerings.glowdef:963:1'),
-    RuleInfo(name='matmul_integer_no_zero_point', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'))), size=1, guard=None, build=_r122_matmul_integer_no_zero_point_build, location='specs/lowerings.glowdef:968:1'),
-    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point'), V('w_zero_point')), bind='c'), size=1, guard=None, build=_r123_conv_integer_expand_build, location='specs/lowerings.glowdef:971:1'),
-    RuleInfo(name='conv_integer_x_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point')), bind='c'), size=1, guard=None, build=_r124_conv_integer_x_zero_point_build, location='specs/lowerings.glowdef:978:1'),
-    RuleInfo(name='conv_integer_no_zero_point', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r125_conv_integer_no_zero_point_build, location='specs/lowerings.glowdef:985:1'),
-    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b')), bind='c'), size=1, guard=None, build=_r126_qlinear_conv_expand_build, location='specs/lowerings.glowdef:992:1'),
-    RuleInfo(name='qlinear_conv_no_bias', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point')), bind='c'), size=1, guard=None, build=_r127_qlinear_conv_no_bias_build, location='specs/lowerings.glowdef:1004:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r128_dft_to_matmul_build, location='specs/lowerings.glowdef:1019:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r129_compress_to_gather_guard, build=_r129_compress_to_gather_build, location='specs/lowerings.glowdef:1029:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r130_compress_flat_to_gather_guard, build=_r130_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1033:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window')), bind='s'), size=1, guard=None, build=_r131_stft_expand_build, location='specs/lowerings.glowdef:1038:1'),
-    RuleInfo(name='stft_no_window', phases=('lower',), pattern=P('STFT', (V('signal'),), bind='s'), size=1, guard=None, build=_r132_stft_no_window_build, location='specs/lowerings.glowdef:1043:1'),
+    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r15_prelu_to_select_build, location='specs/lowerings.glowdef:84:1'),
+    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r16_castlike_to_cast_build, location='specs/lowerings.glowdef:88:1'),
+    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r17_flatten_to_reshape_build, location='specs/lowerings.glowdef:93:1'),
+    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r18_squeeze_to_reshape_build, location='specs/lowerings.glowdef:96:1'),
+    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r19_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:99:1'),
+    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r20_tile_to_expand_build, location='specs/lowerings.glowdef:103:1'),
+    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r21_depth_to_space_dcr_guard, build=_r21_depth_to_space_dcr_build, location='specs/lowerings.glowdef:109:1'),
+    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r22_depth_to_space_crd_guard, build=_r22_depth_to_space_crd_build, location='specs/lowerings.glowdef:116:1'),
+    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r23_space_to_depth_dcr_guard, build=_r23_space_to_depth_dcr_build, location='specs/lowerings.glowdef:123:1'),
+    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r24_space_to_depth_crd_guard, build=_r24_space_to_depth_crd_build, location='specs/lowerings.glowdef:130:1'),
+    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c', optional=True)), bind='g'), size=1, guard=_r25_gemm_to_matmul_guard, build=_r25_gemm_to_matmul_build, location='specs/lowerings.glowdef:141:1'),
+    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r26_fc_to_matmul_guard, build=_r26_fc_to_matmul_build, location='specs/lowerings.glowdef:149:1'),
+    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r27_matmul_vector_lhs_guard, build=_r27_matmul_vector_lhs_build, location='specs/lowerings.glowdef:152:1'),
+    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r28_matmul_vector_rhs_guard, build=_r28_matmul_vector_rhs_build, location='specs/lowerings.glowdef:156:1'),
+    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r29_matmul_shared_rhs_guard, build=_r29_matmul_shared_rhs_build, location='specs/lowerings.glowdef:161:1'),
+    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r30_matmul_batched_guard, build=_r30_matmul_batched_build, location='specs/lowerings.glowdef:167:1'),
+    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r31_batchnorm_to_affine_build, location='specs/lowerings.glowdef:178:1'),
+    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias', optional=True)), bind='ln'), size=1, guard=None, build=_r32_layernorm_expand_build, location='specs/lowerings.glowdef:185:1'),
+    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r33_softmax_expand_build, location='specs/lowerings.glowdef:193:1'),
+    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r34_logsoftmax_expand_build, location='specs/lowerings.glowdef:198:1'),
+    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r35_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:203:1'),
+    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r36_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:207:1'),
+    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r37_instancenorm_expand_build, location='specs/lowerings.glowdef:211:1'),
+    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r38_lpnorm_l2_guard, build=_r38_lpnorm_l2_build, location='specs/lowerings.glowdef:220:1'),
+    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r39_lpnorm_l1_guard, build=_r39_lpnorm_l1_build, location='specs/lowerings.glowdef:225:1'),
+    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r40_reducemean_to_sum_build, location='specs/lowerings.glowdef:232:1'),
+    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r41_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:236:1'),
+    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r42_global_maxpool_to_max_build, location='specs/lowerings.glowdef:239:1'),
+    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r43_lrn_expand_build, location='specs/lowerings.glowdef:243:1'),
+    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r44_convtranspose_nonoverlapping_to_conv_guard, build=_r44_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:256:1'),
+    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r45_convtranspose_phases_to_conv_guard, build=_r45_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:274:1'),
+    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r46_f16_matmul_in_f32_guard, build=_r46_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:306:1'),
+    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r47_f16_conv_in_f32_guard, build=_r47_f16_conv_in_f32_build, location='specs/lowerings.glowdef:310:1'),
+    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r48_f16_convn_in_f32_guard, build=_r48_f16_convn_in_f32_build, location='specs/lowerings.glowdef:314:1'),
+    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r49_f16_reducesum_in_f32_guard, build=_r49_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:318:1'),
+    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r50_f16_avgpool_in_f32_guard, build=_r50_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:322:1'),
+    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r51_cast_same_type_guard, build=_r51_cast_same_type_build, location='specs/lowerings.glowdef:332:1'),
+    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r52_add_zero_guard, build=_r52_add_zero_build, location='specs/lowerings.glowdef:335:1'),
+    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r53_sub_zero_guard, build=_r53_sub_zero_build, location='specs/lowerings.glowdef:338:1'),
+    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r54_mul_one_guard, build=_r54_mul_one_build, location='specs/lowerings.glowdef:341:1'),
+    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r55_div_one_guard, build=_r55_div_one_build, location='specs/lowerings.glowdef:344:1'),
+    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r56_relu_relu_build, location='specs/lowerings.glowdef:347:1'),
+    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r57_max_same_build, location='specs/lowerings.glowdef:350:1'),
+    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r58_clip_unbounded_guard, build=_r58_clip_unbounded_build, location='specs/lowerings.glowdef:353:1'),
+    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r59_max_zero_to_relu_guard, build=_r59_max_zero_to_relu_build, location='specs/lowerings.glowdef:358:1'),
+    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r60_min_max_to_clip_guard, build=_r60_min_max_to_clip_build, location='specs/lowerings.glowdef:361:1'),
+    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r61_min_relu_to_clip_guard, build=_r61_min_relu_to_clip_build, location='specs/lowerings.glowdef:369:1'),
+    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r62_swish_fuse_guard, build=_r62_swish_fuse_build, location='specs/lowerings.glowdef:376:1'),
+    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r63_sub_const_to_add_guard, build=_r63_sub_const_to_add_build, location='specs/lowerings.glowdef:383:1'),
+    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r64_div_const_to_mul_guard, build=_r64_div_const_to_mul_build, location='specs/lowerings.glowdef:386:1'),
+    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r65_add_const_reassociate_guard, build=_r65_add_const_reassociate_build, location='specs/lowerings.glowdef:390:1'),
+    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r66_mul_const_reassociate_guard, build=_r66_mul_const_reassociate_build, location='specs/lowerings.glowdef:394:1'),
+    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r67_mul_add_distribute_guard, build=_r67_mul_add_distribute_build, location='specs/lowerings.glowdef:398:1'),
+    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r68_conv_bias_zero_build, location='specs/lowerings.glowdef:405:1'),
+    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r69_conv_batchnorm_fold_guard, build=_r69_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:409:1'),
+    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r70_conv_mul_fold_guard, build=_r70_conv_mul_fold_build, location='specs/lowerings.glowdef:416:1'),
+    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r71_conv_add_fold_guard, build=_r71_conv_add_fold_build, location='specs/lowerings.glowdef:422:1'),
+    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r72_matmul_mul_fold_guard, build=_r72_matmul_mul_fold_build, location='specs/lowerings.glowdef:429:1'),
+    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r73_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:437:1'),
+    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r74_convtranspose_batchnorm_fold_guard, build=_r74_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:441:1'),
+    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r75_convtranspose_mul_fold_guard, build=_r75_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:449:1'),
+    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r76_convtranspose_add_fold_guard, build=_r76_convtranspose_add_fold_build, location='specs/lowerings.glowdef:456:1'),
+    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r77_conv_pad_merge_guard, build=_r77_conv_pad_merge_build, location='specs/lowerings.glowdef:463:1'),
+    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r78_avgpool_pad_merge_guard, build=_r78_avgpool_pad_merge_build, location='specs/lowerings.glowdef:469:1'),
+    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r79_maxpool_pad_merge_guard, build=_r79_maxpool_pad_merge_build, location='specs/lowerings.glowdef:477:1'),
+    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r80_convn_1d_guard, build=_r80_convn_1d_build, location='specs/lowerings.glowdef:489:1'),
+    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r81_maxpooln_1d_guard, build=_r81_maxpooln_1d_build, location='specs/lowerings.glowdef:497:1'),
+    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r82_avgpooln_1d_guard, build=_r82_avgpooln_1d_build, location='specs/lowerings.glowdef:504:1'),
+    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r83_transpose_identity_guard, build=_r83_transpose_identity_build, location='specs/lowerings.glowdef:513:1'),
+    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r84_transpose_transpose_build, location='specs/lowerings.glowdef:516:1'),
+    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r85_transpose_to_reshape_guard, build=_r85_transpose_to_reshape_build, location='specs/lowerings.glowdef:519:1'),
+    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r86_reshape_noop_guard, build=_r86_reshape_noop_build, location='specs/lowerings.glowdef:522:1'),
+    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r87_reshape_reshape_build, location='specs/lowerings.glowdef:525:1'),
+    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r88_concat_single_build, location='specs/lowerings.glowdef:528:1'),
+    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r89_concat_flatten_guard, build=_r89_concat_flatten_build, location='specs/lowerings.glowdef:531:1'),
+    RuleInfo(name='unary_transpose_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Transpose', (V('x'),), bind='t'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r90_unary_transpose_sink_guard, build=_r90_unary_transpose_sink_build, location='specs/lowerings.glowdef:537:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r91_add_transpose_sink_guard, build=_r91_add_transpose_sink_build, location='specs/lowerings.glowdef:540:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r92_mul_transpose_sink_guard, build=_r92_mul_transpose_sink_build, location='specs/lowerings.glowdef:544:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r93_add_const_transpose_sink_guard, build=_r93_add_const_transpose_sink_build, location='specs/lowerings.glowdef:549:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r94_mul_const_transpose_sink_guard, build=_r94_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:554:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_identity_guard, build=_r95_resize_identity_build, location='specs/lowerings.glowdef:571:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_one_axis_at_a_time_guard, build=_r96_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:574:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_nearest_gather_guard, build=_r97_resize_nearest_gather_build, location='specs/lowerings.glowdef:579:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r98_resize_axis_taps_guard, build=_r98_resize_axis_taps_build, location='specs/lowerings.glowdef:588:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r99_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:603:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r100_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:614:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r101_lppool_to_conv_build, location='specs/lowerings.glowdef:623:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r102_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:633:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r103_gridsample_expand_build, location='specs/lowerings.glowdef:653:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r104_reflect_expand_build, location='specs/lowerings.glowdef:705:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r105_lstm_unroll_build, location='specs/lowerings.glowdef:837:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r106_gru_unroll_build, location='specs/lowerings.glowdef:841:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r107_rnn_unroll_build, location='specs/lowerings.glowdef:845:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r108_quant_param_to_reshape_guard, build=_r108_quant_param_to_reshape_build, location='specs/lowerings.glowdef:856:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r109_quant_param_blocked_to_gather_guard, build=_r109_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:860:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r110_quantize_linear_expand_build, location='specs/lowerings.glowdef:867:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r111_dequantize_linear_expand_build, location='specs/lowerings.glowdef:876:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r112_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:884:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r113_matmul_integer_expand_build, location='specs/lowerings.glowdef:897:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r114_conv_integer_expand_build, location='specs/lowerings.glowdef:905:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r115_qlinear_conv_expand_build, location='specs/lowerings.glowdef:913:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r116_dft_to_matmul_build, location='specs/lowerings.glowdef:928:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r117_compress_to_gather_guard, build=_r117_compress_to_gather_build, location='specs/lowerings.glowdef:938:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r118_compress_flat_to_gather_guard, build=_r118_compress_flat_to_gather_build, location='specs/lowerings.glowdef:942:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r119_stft_expand_build, location='specs/lowerings.glowdef:947:1'),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .. import shapelib
+from ..speclib.shapes import einsum_parse, shape_range
 
 
 def _einsum(eq, *xs):
@@ -354,7 +354,7 @@ def hardmax(node, x):
 
 
 def einsum(node, xs):
-    labels, out = shapelib.einsum_parse(node.equation, [x.shape for x in xs])
+    labels, out = einsum_parse(node.equation, [x.shape for x in xs])
     names = {}
     letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
     def term(ls):
@@ -379,7 +379,7 @@ PRIMITIVES = {
     "Slice": slice_,
     "Gather": gather,
     "Expand": lambda node, x: np.broadcast_to(x, node.outputs[0].type.shape).copy(),
-    "Shape": lambda node, x: np.array(shapelib.b_shape_range(x.shape, node.start, node.end), np.int64),
+    "Shape": lambda node, x: np.array(shape_range(x.shape, node.start, node.end), np.int64),
     "Size": lambda node, x: np.array(x.size, np.int64),
     "Splat": lambda node: np.full(node.shape, node.value, dtype=node.outputs[0].type.np_dtype),
     "Range": range_,

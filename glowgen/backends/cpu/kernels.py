@@ -11,7 +11,7 @@ from typing import Callable
 
 from llvmlite import ir
 
-from ... import shapelib
+from ...speclib.shapes import shape_range
 from .conv_planes import conv_is_pointwise
 from .parallel import WHOLE, Work, parallel
 from .llvmutil import I64, for_range, i64, is_float, register_type, storage_type
@@ -159,7 +159,7 @@ def shape_of(k: KernelArgs):
     if k.node.OP == "Size":
         values = [xt.size]
     else:
-        values = list(shapelib.b_shape_range(xt.shape, k.attrs["start"], k.attrs["end"]))
+        values = list(shape_range(xt.shape, k.attrs["start"], k.attrs["end"]))
     for i, v in enumerate(values):
         b.store(i64(v), b.gep(y, [i64(i)]))
 

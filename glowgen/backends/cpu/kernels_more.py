@@ -15,7 +15,7 @@ from math import prod
 
 from llvmlite import ir
 
-from ... import shapelib
+from ...speclib.shapes import einsum_parse
 from .kernels import SCRATCH, KernelArgs, _identity, kernel
 from .llvmutil import I1, I64, for_range, i64, is_float, is_signed, register_type, storage_type
 from .loops import contiguous_strides, strided_loops
@@ -645,7 +645,7 @@ def einsum(k: KernelArgs):
     (y, yt) = k.outs[0]
     xs = k.ins[0]
     shapes = [t.shape for _, t in xs]
-    labels, out_labels = shapelib.einsum_parse(k.attrs["equation"], shapes)
+    labels, out_labels = einsum_parse(k.attrs["equation"], shapes)
     sizes: dict = {}
     for ls, s in zip(labels, shapes):
         for l, d in zip(ls, s):

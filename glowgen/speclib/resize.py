@@ -7,8 +7,9 @@ extrapolates.  W is sparse (each output reads a few neighbours), so the graph us
 exclude_outside) is only a different W, computed here at compile time from the attributes,
 following ONNX's definition of Resize (onnx/reference/ops/op_resize.py) axis by axis.
 
-The functions are plain functions of numbers and lists; shapelib exports them to the spec
-language by name (`resize_tap_weights(...)` in specs/lowerings.glowdef).
+The functions are plain functions of numbers and lists; those marked @helper are callable
+from the specs (`resize_tap_weights(...)` in specs/lowerings.glowdef), where
+specs/helpers.glowdef declares them.  Grid sampling's positions and taps live here too.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import math
 
 import numpy as np
 
-from .errors import ShapeError
+from ..errors import ShapeError
+from .registry import helper
 
 RESIZE_MODES = ("nearest", "linear", "cubic")
 COORDINATE_MODES = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -67,17 +69,20 @@ def _resize_plan(shape, scales, sizes, axes, policy):
     return tuple(int(shape[i] * full[i]) for i in range(rank)), tuple(full)
 
 
-def b_resize_sizes(shape, scales, sizes, axes, policy="stretch"):
+@helper
+def resize_sizes(shape, scales, sizes, axes, policy="stretch"):
     """The output shape of ONNX Resize (scales and sizes as given, for `axes` or all)."""
     return _resize_plan(shape, scales, sizes, axes, policy)[0]
 
 
-def b_resize_scales(shape, scales, sizes, axes, policy="stretch"):
+@helper
+def resize_scales(shape, scales, sizes, axes, policy="stretch"):
     """The scale of every dimension of ONNX Resize (what the coordinate transform divides by)."""
     return _resize_plan(shape, scales, sizes, axes, policy)[1]
 
 
-def b_resize_roi(rank, roi, axes, mode):
+@helper
+def resize_roi(rank, roi, axes, mode):
     """The region of interest [starts..., ends...] of every dimension; only
     tf_crop_and_resize reads it, every other mode the whole input."""
     full = [0.0] * rank + [1.0] * rank
@@ -92,7 +97,8 @@ def b_resize_roi(rank, roi, axes, mode):
     return tuple(full)
 
 
-def b_resize_active_axes(shape, sizes, scales, roi):
+@helper
+def resize_active_axes(shape, sizes, scales, roi):
     """The axes Resize changes: an axis with scale 1, the same size and the whole input as
     its region is the identity (as in ONNX's definition), whatever the mode."""
     rank = len(shape)
@@ -101,12 +107,14 @@ def b_resize_active_axes(shape, sizes, scales, roi):
                          and math.isclose(roi[a], 0.0) and math.isclose(roi[rank + a], 1.0)))
 
 
-def b_resize_shape(shape, sizes, axes):
+@helper
+def resize_shape(shape, sizes, axes):
     """The shape after resizing `axes` to `sizes` (the other dimensions keep theirs)."""
     return tuple(sizes[i] if i in axes else d for i, d in enumerate(shape))
 
 
-def b_legacy_resize_scales(shape, scales):
+@helper
+def legacy_resize_scales(shape, scales):
     """Upsample and Resize-10 give a scale per dimension and floor the output size."""
     scales = [float(s) for s in np.asarray(scales, np.float64).reshape(-1)]
     if len(scales) != len(shape):
@@ -229,26 +237,31 @@ def _sparse_rows(w):
     return idx, weights
 
 
-def b_resize_tap_indices(*args):
+@helper
+def resize_tap_indices(*args):
     """The input positions each output position reads along the axis, [out_len, taps]."""
     return _sparse_rows(_axis_map(*_axis_args(*args))[0])[0].tolist()
 
 
-def b_resize_tap_weights(*args):
+@helper
+def resize_tap_weights(*args):
     """Their weights, [out_len, taps]."""
     return _sparse_rows(_axis_map(*_axis_args(*args))[0])[1].tolist()
 
 
-def b_resize_fill(*args, value=0.0):
+@helper
+def resize_fill(*args, value=0.0):
     """What tf_crop_and_resize adds where it extrapolates: `value` there, 0 elsewhere."""
     return [float(value) if o else 0.0 for o in _axis_map(*_axis_args(*args))[1]]
 
 
-def b_resize_extrapolates(*args):
+@helper
+def resize_extrapolates(*args):
     return bool(_axis_map(*_axis_args(*args))[1].any())
 
 
-def b_resize_gather_indices(*args):
+@helper
+def resize_gather_indices(*args):
     """The input position each output position copies, where every row of W is one 1."""
     return np.argmax(_axis_map(*_axis_args(*args))[0], axis=1).tolist()
 
@@ -256,39 +269,46 @@ def b_resize_gather_indices(*args):
 # ----------------------------------------------------------------------------- GridSample
 # GridSample reads its sampling positions from a tensor, so its weights are computed in the
 # graph; these are the constants that computation needs, one entry per spatial axis.
-def b_grid_scale(spatial, align_corners):
+@helper
+def grid_scale(spatial, align_corners):
     """Denormalizing a grid coordinate g of an axis of length n is (g + 1) * scale + offset:
     (g + 1) / 2 * (n - 1) with align_corners, ((g + 1) * n - 1) / 2 without."""
     return tuple((n - 1) / 2 if align_corners else n / 2 for n in spatial)
 
 
-def b_grid_offset(spatial, align_corners):
+@helper
+def grid_offset(spatial, align_corners):
     return tuple(0.0 if align_corners else -0.5 for _ in spatial)
 
 
-def b_grid_low(spatial, align_corners):
+@helper
+def grid_low(spatial, align_corners):
     """The border reflection and border padding go by: the outer edge of the first element,
     or its centre with align_corners."""
     return tuple(0.0 if align_corners else -0.5 for _ in spatial)
 
 
-def b_grid_high(spatial, align_corners):
+@helper
+def grid_high(spatial, align_corners):
     return tuple(n - 1.0 if align_corners else n - 0.5 for n in spatial)
 
 
-def b_grid_tap_offsets(mode):
+@helper
+def grid_tap_offsets(mode):
     """The input positions a sample reads, relative to the one at or below it."""
     return {"nearest": (0.0,), "linear": (0.0, 1.0), "cubic": (-1.0, 0.0, 1.0, 2.0)}[mode]
 
 
-def b_grid_tap_combinations(rank, taps):
+@helper
+def grid_tap_combinations(rank, taps):
     """For each of the taps ** rank combinations of one tap per axis, where its tap on axis
     i sits in a [rank * taps] list of per-axis taps: entry i * taps + tap."""
     combos = np.stack(np.meshgrid(*[np.arange(taps)] * rank, indexing="ij"), -1).reshape(-1, rank)
     return (combos + np.arange(rank) * taps).tolist()
 
 
-def b_row_major_strides(shape):
+@helper
+def row_major_strides(shape):
     strides, step = [], 1
     for d in reversed(shape):
         strides.append(step)

@@ -1,0 +1,95 @@
+"""Quantization: how scales and zero points broadcast, blocked parameters, the float
+types the arithmetic runs in.
+
+Each function marked @helper is callable from the specs, where specs/helpers.glowdef declares
+it with its parameters."""
+from __future__ import annotations
+
+from ..engine.specrt import b_broadcastable, b_prod
+from ..errors import ShapeError
+from .registry import helper
+from .shapes import channel_shape
+
+
+@helper
+def quant_param_shape(shape, param_shape, axis, block_size):
+    """The shape a quantization scale or zero point takes to broadcast against a tensor of
+    `shape` (ONNX QuantizeLinear / DequantizeLinear): one value -> a scalar; a vector -> one
+    value per index of `axis`; with `block_size` > 0, the parameter has the tensor's rank
+    and ceil(shape[axis] / block_size) entries along `axis`, each repeated block_size times."""
+    shape, param_shape = tuple(shape), tuple(param_shape)
+    if b_prod(param_shape) == 1 and len(param_shape) <= 1:
+        return ()
+    if block_size == 0:
+        if len(param_shape) != 1 or axis >= len(shape) or param_shape[0] != shape[axis]:
+            raise ShapeError(f"a per-axis scale or zero point must be a vector of the {shape[axis] if axis < len(shape) else '?'} "
+                             f"indices of axis {axis} of {list(shape)}, got shape {list(param_shape)}")
+        return channel_shape(len(shape), param_shape[0], axis)
+    blocks = -(-shape[axis] // block_size)
+    expected = shape[:axis] + (blocks,) + shape[axis + 1:]
+    if param_shape != expected:
+        raise ShapeError(f"a blocked scale or zero point for {list(shape)} with block_size {block_size} "
+                         f"along axis {axis} must have shape {list(expected)}, got {list(param_shape)}")
+    return shape
+
+
+@helper
+def quant_param_fits(shape, param_shape, axis, block_size):
+    try:
+        quant_param_shape(shape, param_shape, axis, block_size)
+        return True
+    except ShapeError:
+        return False
+
+
+@helper
+def block_indices(size, block_size):
+    """Index of the block each of `size` positions belongs to: [0]*block_size + [1]*block_size..."""
+    return tuple(i // block_size for i in range(size))
+
+
+@helper
+def float_promote(a, b):
+    """The float type NumPy computes a / b in (an integer operand takes the other's type)."""
+    order = ("bf16", "f16", "f32", "f64")
+    floats = [d for d in (a, b) if d in order]
+    if not floats:
+        return "f64"
+    if set(floats) == {"bf16", "f16"}:
+        return "f32"            # neither holds the other
+    return max(floats, key=order.index)
+
+
+@helper
+def exact_float(dtype):
+    """A float type wide enough to hold every value of `dtype` (an integer of up to 16 bits
+    or a float) and the sums of a few of them exactly: f32, or f64 for f64 and wide integers."""
+    return "f64" if dtype in ("f64", "i32", "u32", "i64", "u64") else "f32"
+
+
+@helper
+def param_along(param_shape, size, axis, rank):
+    """The shape a scale or zero point takes to broadcast against a rank-`rank` tensor: one
+    value -> a scalar; a vector of `size` values -> along dimension `axis`; a tensor of the
+    full rank (MatMulInteger's [D1, D2, M, 1] form) stays as it is."""
+    param_shape = tuple(param_shape)
+    if b_prod(param_shape) == 1 and len(param_shape) <= 1:
+        return ()
+    if param_shape == (size,):
+        return channel_shape(rank, size, axis)
+    if len(param_shape) == rank and b_broadcastable(param_shape, channel_shape(rank, size, axis)):
+        return param_shape
+    raise ShapeError(f"a scale or zero point must hold one value or one per index ({size}) of "
+                     f"dimension {axis}, got shape {list(param_shape)}")
+
+
+@helper
+def param_fits(param_shape, size, axis, rank):
+    """`param_shape` (None for an absent optional parameter) fits `param_along`."""
+    if param_shape is None:
+        return True
+    try:
+        param_along(param_shape, size, axis, rank)
+        return True
+    except ShapeError:
+        return False
