@@ -334,6 +334,10 @@ def cmd_bench(args) -> int:
     return 0
 
 
+CPU_HELP = ("cpu backend: the CPU to compile for, this machine's (default; $GLOWGEN_CPU) or an "
+            "x86-64 level it can run, e.g. x86-64-v3 for the AVX2 + FMA code of a CPU without AVX-512")
+
+
 def _thread_count(args) -> int:
     """--threads N checked; left out: this machine's cores."""
     from .backends.cpu.backend import machine_cores
@@ -345,11 +349,15 @@ def _thread_count(args) -> int:
 
 
 def _thread_option(args, backend: str = None) -> dict:
-    """The compile option for --threads, for a backend that takes it."""
+    """The compile options for --threads and --cpu, for a backend that takes them."""
     from .backends.base import get_backend
-    if "threads" not in get_backend(backend or args.backend).options:
+    options = get_backend(backend or args.backend).options
+    cpu = getattr(args, "cpu", None) if backend is None else None     # compile's --cpu is the bundle's
+    if cpu is not None and "cpu" not in options:
+        raise InputError(f"--cpu applies to the cpu backend, not {args.backend}")
+    if "threads" not in options:
         return {}               # a backend without threads runs on one (bench says so)
-    return {"threads": _thread_count(args)}
+    return {"threads": _thread_count(args), **({"cpu": cpu} if cpu is not None else {})}
 
 
 def _bench_layers(args) -> int:
@@ -485,6 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     r.add_argument("--threads", type=int, default=None, metavar="N",
                    help="cpu backend: threads a call runs on (default: this machine's cores)")
+    r.add_argument("--cpu", default=None, help=CPU_HELP)
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("dump", help="print the graph at a stage of compilation",
@@ -567,6 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--threads", type=int, default=None, metavar="N",
                     help="threads for glowgen (threads=N) and for onnxruntime "
                          "(intra_op_num_threads=N); default: this machine's cores")
+    bn.add_argument("--cpu", default=None, help=CPU_HELP)
     bn.add_argument("--no-stacking", action="store_true",
                     help="cpu backend: one loop per elementwise op (for comparison)")
     bn.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")

@@ -155,7 +155,8 @@ def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
-def test_matrix_vector_weights_are_packed_in_wide_panels():
+@pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
+def test_matrix_vector_weights_are_packed_in_wide_panels(cpu):
     """A product with fewer rows than the tile runs wide tiles; its constant B is packed in
     panels that wide (no wider than N needs), so each tile streams one contiguous panel."""
     from glowgen.backends.cpu.packing import gemv_panel_width
@@ -165,18 +166,34 @@ def test_matrix_vector_weights_are_packed_in_wide_panels():
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
              helper.make_node("MatMul", ["r", "w2"], ["y"])]
     model = make_model(nodes, {"x": x}, ["y"], {"w1": w1, "w2": w2})
-    compiled = glowgen.compile(model, backend="cpu")
+    compiled = glowgen.compile(model, backend="cpu", cpu=_cpu_or_skip(cpu))
     widths = [getattr(i, "packed_nr", None) for i in compiled.program.instrs if i.kind == "BatchMatMul"]
-    shape = _host_shape()
+    shape = _target_shape(cpu)
     assert widths == [gemv_panel_width(shape, 3, 300), gemv_panel_width(shape, 3, 10)]
-    assert widths[0] > shape.nr and widths[1] == shape.vw, widths
+    # Wider than the tile for N = 300; for N = 10, the fewest whole vectors that cover it.
+    assert widths[0] > shape.nr and widths[1] == -(-10 // shape.vw) * shape.vw, widths
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
 def _host_shape():
+    return _target_shape(None)
+
+
+def _target_shape(cpu):
+    """The GEMM tile the cpu backend uses for `cpu` (None: the default target)."""
     from glowgen.backends.cpu.gemm import choose_shape
-    from glowgen.backends.cpu.jit import host_target
-    return choose_shape(host_target()[2])
+    from glowgen.backends.cpu.target import resolve_cpu
+    return choose_shape(resolve_cpu(cpu).features)
+
+
+def _cpu_or_skip(cpu):
+    """`cpu`, or a skip where this machine cannot run that level's code."""
+    from glowgen.backends.cpu.target import resolve_cpu
+    try:
+        resolve_cpu(cpu)
+    except glowgen.GlowgenError as e:
+        pytest.skip(str(e))
+    return cpu
 
 
 PLANE_CONVS = [
@@ -279,7 +296,7 @@ def test_small_output_convolution_runs_transposed(ws, attrs):
     fused residual Add and Relu; batch 2, partial pixel and filter blocks included."""
     from glowgen.backends.cpu.conv_transposed import conv_is_transposed
     from glowgen.backends.cpu.gemm import choose_shape
-    from glowgen.backends.cpu.jit import host_target
+    from glowgen.backends.cpu.target import resolve_cpu
     x = rng.standard_normal((2, 24, 7, 7)).astype(np.float32)
     w = (rng.standard_normal(ws) * 0.2).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]
@@ -290,7 +307,7 @@ def test_small_output_convolution_runs_transposed(ws, attrs):
     model = make_model(nodes, {"x": x, "r": r}, ["y"], {"w": w, "b": rng.standard_normal(ws[0]).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
-    assert conv_is_transposed(conv.node, choose_shape(host_target()[2])) and conv.packed == "t"
+    assert conv_is_transposed(conv.node, choose_shape(resolve_cpu().features)) and conv.packed == "t"
     assert [[i.kind for i in s.instrs] for s in _steps(compiled)] == [["Conv", "Add", "Relu"]]
     assert_close(compiled.run({"x": x, "r": r}), run_ort(model, {"x": x, "r": r}), rtol=1e-4, atol=1e-4)
 
@@ -312,3 +329,38 @@ def test_generated_code_keeps_no_state():
     assert '%"scratch"' in ir_text
     assert not re.findall(r"^@\S+ = (?:internal )?global", ir_text, re.M)
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ the JIT's target CPU
+def test_an_x86_64_level_below_the_host_gets_its_own_code():
+    """cpu="x86-64-v3" compiles the AVX2 + FMA code a CPU without AVX-512 runs: no zmm register
+    in the machine code, 8-float GEMM tiles, and the answer of onnxruntime."""
+    cpu = _cpu_or_skip("x86-64-v3")
+    x = rng.standard_normal((1, 8, 20, 20)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Tanh", ["c"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": (rng.standard_normal((16, 8, 3, 3)) * 0.2).astype(np.float32)})
+    compiled = glowgen.compile(model, cpu=cpu)
+    assert compiled.options["cpu"] == "x86-64-v3"
+    asm = compiled._runner.assembly()
+    assert "ymm" in asm and "zmm" not in asm
+    assert _target_shape(cpu).vw == 8
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bad, words", [("pentium9", "x86-64-v3"), ("cortex-a76", "x86-64 level")])
+def test_a_cpu_the_jit_cannot_target_is_refused(bad, words):
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], {"x": np.zeros(4, np.float32)}, ["y"])
+    with pytest.raises(glowgen.GlowgenError, match=words):
+        glowgen.compile(model, cpu=bad)
+
+
+def test_run_takes_cpu_and_threads(tmp_path, capsys):
+    from glowgen.cli import main
+    from conftest import REPO
+    tiny = str(REPO / "examples" / "tiny_cnn.onnx")
+    cpu = _cpu_or_skip("x86-64-v3")
+    assert main(["run", tiny, "--cpu", cpu, "--threads", "2"]) == 0
+    assert main(["run", tiny, "--cpu", "pentium9"]) == 2
+    assert main(["run", tiny, "--threads", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "error: cpu='pentium9'" in err and "--threads must be at least 1" in err and "Traceback" not in err

@@ -47,7 +47,7 @@ def _models():
     yield make_model([helper.make_node("MatMul", ["a", "w"], ["y"])],
                      {"a": np.zeros((40, 512), np.float32)}, ["y"], {"w": _w(512, 1000)}), "BatchMatMul"  # packed panels
     yield make_model([helper.make_node("MatMul", ["a", "c"], ["y"])],
-                     {"a": np.zeros((200, 300), np.float32), "c": np.zeros((300, 120), np.float32)},
+                     {"a": np.zeros((203, 300), np.float32), "c": np.zeros((300, 120), np.float32)},
                      ["y"]), "BatchMatMul"                                                  # by row blocks
     yield make_model([helper.make_node("Tanh", ["x"], ["t"]), helper.make_node("Mul", ["t", "x"], ["y"])],
                      {"x": np.zeros((100_003,), np.float32)}, ["y"]), "Tanh+Mul"           # a flat loop

@@ -12,6 +12,7 @@ from ..base import REGIONS, ContextPool, aligned_bytes, region_view
 from .backend import CpuBackend  # noqa: F401  (registered by name in backends/base.py)
 from .codegen import ModuleBuilder, io_slots
 from .jit import JitFunction
+from .target import resolve_cpu
 from .threads import ThreadPool
 
 
@@ -58,15 +59,17 @@ class CpuRunner:
     threads (threads.ThreadPool) that split steps run on, for as long as the model lives."""
 
     def __init__(self, prog: Program, registry, stacking: bool = True, name: str = "glowgen_main",
-                 profile: bool = False, threads: int = 1):
+                 profile: bool = False, threads: int = 1, cpu=None):
         self.prog = prog
         self.name = entry_name(name)
         self.threads = threads
-        builder = ModuleBuilder(prog, registry, self.name, stacking, profile=profile, threads=threads)
+        self.cpu = cpu or resolve_cpu()
+        builder = ModuleBuilder(prog, registry, self.name, stacking, profile=profile, threads=threads,
+                                features=self.cpu.features)
         self.ir = str(builder.build())
         self.step_names = builder.step_names
         self.split_steps = builder.split_steps     # (step, tasks) of the steps run in parallel
-        self.jit = JitFunction(self.ir, self.name, io_entry=True)
+        self.jit = JitFunction(self.ir, self.name, io_entry=True, cpu=self.cpu)
         self._counters = None
         if profile:
             addr = self.jit.engine.get_global_value_address(f"{self.name}_profile")

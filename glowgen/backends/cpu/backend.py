@@ -34,11 +34,15 @@ class CpuBackend(Backend):
         "stacking": True,     # stack runs of elementwise instructions into single loops
         "profile": False,     # count cycles per native step (CompiledModel.profile())
         "threads": None,      # threads a call may use (None: this machine's cores)
+        "cpu": None,          # the JIT's target: None ($GLOWGEN_CPU, else this machine) or an
+                              # x86-64 level such as "x86-64-v3" (target.py)
     }
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         options = super().check_options(options)
         options["threads"] = resolve_threads(options["threads"])
+        from .target import resolve_cpu
+        options["cpu"] = resolve_cpu(options["cpu"]).name
         return options
 
     def implemented_ops(self, registry) -> frozenset[str]:
@@ -47,8 +51,10 @@ class CpuBackend(Backend):
 
     def make_runner(self, prog, registry, options: Mapping[str, Any]):
         from . import CpuRunner
+        from .target import resolve_cpu
         return CpuRunner(prog, registry, stacking=options["stacking"], name=prog.name,
-                         profile=options["profile"], threads=options["threads"])
+                         profile=options["profile"], threads=options["threads"],
+                         cpu=resolve_cpu(options["cpu"]))
 
     def bundle_target(self, triple: Optional[str] = None, cpu: Optional[str] = None,
                       name: Optional[str] = None, source: Optional[Path] = None):

@@ -552,6 +552,9 @@ def bundle_target(triple: Optional[str] = None, cpu: Optional[str] = None,
     """The target for `--target TRIPLE` / `--cpu CPU` (default: this machine) and the bundle's
     NAME (default: the model file's stem), checked."""
     from .jit import host_target
+    from .target import ENV
+    if cpu is None and triple is None:
+        cpu = os.environ.get(ENV) or None      # the default CPU of the JIT too (target.py)
     name = check_name(name) if name is not None else default_name(source or "model")
     tm = _bundle_target_machine(triple, cpu)
     host_triple, host_cpu, host_features = host_target()
@@ -560,6 +563,9 @@ def bundle_target(triple: Optional[str] = None, cpu: Optional[str] = None,
     # Instruction choices follow the target: this machine's features when compiling for it,
     # none beyond the baseline otherwise (llvmlite cannot list a named CPU's features).
     features = host_features if (triple, used_cpu) == (host_triple, host_cpu) else ""
+    from .target import LEVELS, level_features
+    if triple.startswith("x86_64") and used_cpu in LEVELS:
+        features = level_features(used_cpu)         # an x86-64 level's are known
     return BundleTarget(tm, triple, used_cpu, features, triple == host_triple, name,
                         source.name if source is not None else "an in-memory model")
 

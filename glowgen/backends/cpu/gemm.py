@@ -209,7 +209,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 tile(M - m_main, shape.nv, i64(m_main), n0, valid, i64(0))
         panels(n_full, n_tail, lambda p: panel(p, shape.nr), lambda: panel(i64(n_full), n_tail))
 
-    def rows(mr: int, m_start: int, m_count: int):
+    def rows(mr: int, m_start: int, m_count: int, shared: bool = False):
         """All tiles of `m_count` rows (a multiple of mr) from m_start.  Fewer rows than the
         tile's take wider tiles (same number of accumulators) when B is row-major, so a
         matrix-vector product streams whole rows of B instead of narrow columns."""
@@ -219,7 +219,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         nr = vw * nv
         n_full, n_tail = divmod(N, nr)
         lo, hi = i64(m_start), i64(m_start + m_count)
-        if split_rows and not split.whole:                        # this task's row blocks
+        if shared and split_rows and not split.whole:             # this task's row blocks
             lo, hi = split.range(b, m_count // mr)
             lo, hi = b.add(i64(m_start), b.mul(lo, i64(mr))), b.add(i64(m_start), b.mul(hi, i64(mr)))
         with for_range(b, hi, start=lo, step=mr, name=f"{name}.m{mr}") as m0:
@@ -231,7 +231,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         return
     mr = shape.mr
     m_main = (M // mr) * mr
-    rows(mr, 0, m_main)
+    rows(mr, 0, m_main, shared=True)
     rest = M - m_main
     if rest:
         if split_rows and not split.whole:

@@ -59,8 +59,9 @@ def optimize(ir_text: str, tm) -> "llvm.ModuleRef":
 class JitFunction:
     """An optimized module loaded into this process; `fn(constant, mutable, activations)`."""
 
-    def __init__(self, ir_text: str, name: str, io_entry: bool = False):
-        self.tm = target_machine()
+    def __init__(self, ir_text: str, name: str, io_entry: bool = False, cpu=None):
+        # cpu: a target.CpuTarget (None: this machine's CPU and features)
+        self.tm = target_machine() if cpu is None or cpu.host else target_machine(None, cpu.name, cpu.features)
         self.module = optimize(ir_text, self.tm)
         self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
         self.engine.finalize_object()
