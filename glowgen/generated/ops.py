@@ -25,7 +25,7 @@ class Add(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs)
-    Declared at specs/ops.glowdef:36:1.
+    Declared at specs/ops.glowdef:44:1.
     """
 
     OP: ClassVar[str] = 'Add'
@@ -34,7 +34,7 @@ class Add(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:36:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:44:1'
 
 
     @property
@@ -56,15 +56,15 @@ class Add(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Add', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Add', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Add', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Add', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Add', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -77,7 +77,7 @@ class Sub(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:42:1.
+    Declared at specs/ops.glowdef:50:1.
     """
 
     OP: ClassVar[str] = 'Sub'
@@ -86,7 +86,7 @@ class Sub(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:42:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:50:1'
 
 
     @property
@@ -108,15 +108,15 @@ class Sub(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sub', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Sub', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Sub', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Sub', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Sub', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -129,7 +129,7 @@ class Mul(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs)
-    Declared at specs/ops.glowdef:48:1.
+    Declared at specs/ops.glowdef:56:1.
     """
 
     OP: ClassVar[str] = 'Mul'
@@ -138,7 +138,7 @@ class Mul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:48:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:56:1'
 
 
     @property
@@ -160,15 +160,15 @@ class Mul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Mul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Mul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Mul', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Mul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Mul', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -181,7 +181,7 @@ class Div(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:54:1.
+    Declared at specs/ops.glowdef:62:1.
     """
 
     OP: ClassVar[str] = 'Div'
@@ -190,7 +190,7 @@ class Div(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:54:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:62:1'
 
 
     @property
@@ -212,15 +212,15 @@ class Div(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Div', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Div', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Div', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Div', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Div', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -233,7 +233,7 @@ class Pow(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:60:1.
+    Declared at specs/ops.glowdef:68:1.
     """
 
     OP: ClassVar[str] = 'Pow'
@@ -242,7 +242,7 @@ class Pow(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:60:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:68:1'
 
 
     @property
@@ -264,16 +264,16 @@ class Pow(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Pow', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:63:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:63:7')
-        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:63:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:63:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:71:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:71:7')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:71:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:71:27')
         X = u.dim('X')
         Y = u.dim('Y')
         P = u.dtype('P')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Pow', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:64:3')
-        return (rt.result_type('Pow', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:65:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Pow', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:72:3')
+        return (rt.result_type('Pow', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:73:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -286,7 +286,7 @@ class Max(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs)
-    Declared at specs/ops.glowdef:70:1.
+    Declared at specs/ops.glowdef:78:1.
     """
 
     OP: ClassVar[str] = 'Max'
@@ -295,7 +295,7 @@ class Max(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:70:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:78:1'
 
 
     @property
@@ -317,15 +317,15 @@ class Max(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Max', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Max', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Max', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Max', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Max', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -338,7 +338,7 @@ class Min(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs)
-    Declared at specs/ops.glowdef:71:1.
+    Declared at specs/ops.glowdef:79:1.
     """
 
     OP: ClassVar[str] = 'Min'
@@ -347,7 +347,7 @@ class Min(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:71:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:79:1'
 
 
     @property
@@ -369,15 +369,15 @@ class Min(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Min', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Min', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Min', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Min', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Min', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -390,7 +390,7 @@ class Equal(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative
-    Declared at specs/ops.glowdef:72:1.
+    Declared at specs/ops.glowdef:80:1.
     """
 
     OP: ClassVar[str] = 'Equal'
@@ -399,7 +399,7 @@ class Equal(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:72:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:80:1'
 
 
     @property
@@ -421,15 +421,15 @@ class Equal(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Equal', _node)
-        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         A = u.dtype('A')
-        rt.check(rt.b_broadcastable(X, Y), 'Equal', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Equal', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Equal', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Equal', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -442,7 +442,7 @@ class Less(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:73:1.
+    Declared at specs/ops.glowdef:81:1.
     """
 
     OP: ClassVar[str] = 'Less'
@@ -451,7 +451,7 @@ class Less(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:73:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:81:1'
 
 
     @property
@@ -473,15 +473,15 @@ class Less(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Less', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Less', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Less', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Less', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Less', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -494,7 +494,7 @@ class LessOrEqual(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:74:1.
+    Declared at specs/ops.glowdef:82:1.
     """
 
     OP: ClassVar[str] = 'LessOrEqual'
@@ -503,7 +503,7 @@ class LessOrEqual(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:74:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:82:1'
 
 
     @property
@@ -525,15 +525,15 @@ class LessOrEqual(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LessOrEqual', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'LessOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('LessOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'LessOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('LessOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -546,7 +546,7 @@ class Greater(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:75:1.
+    Declared at specs/ops.glowdef:83:1.
     """
 
     OP: ClassVar[str] = 'Greater'
@@ -555,7 +555,7 @@ class Greater(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:75:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:83:1'
 
 
     @property
@@ -577,15 +577,15 @@ class Greater(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Greater', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Greater', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Greater', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Greater', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Greater', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -598,7 +598,7 @@ class GreaterOrEqual(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:76:1.
+    Declared at specs/ops.glowdef:84:1.
     """
 
     OP: ClassVar[str] = 'GreaterOrEqual'
@@ -607,7 +607,7 @@ class GreaterOrEqual(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:76:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:84:1'
 
 
     @property
@@ -629,15 +629,15 @@ class GreaterOrEqual(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GreaterOrEqual', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'GreaterOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('GreaterOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'GreaterOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('GreaterOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -650,7 +650,7 @@ class And(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative
-    Declared at specs/ops.glowdef:77:1.
+    Declared at specs/ops.glowdef:85:1.
     """
 
     OP: ClassVar[str] = 'And'
@@ -659,7 +659,7 @@ class And(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:77:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:85:1'
 
 
     @property
@@ -681,14 +681,14 @@ class And(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('And', _node)
-        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
-        rt.check(rt.b_broadcastable(X, Y), 'And', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('And', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'And', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('And', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -701,7 +701,7 @@ class Or(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative
-    Declared at specs/ops.glowdef:78:1.
+    Declared at specs/ops.glowdef:86:1.
     """
 
     OP: ClassVar[str] = 'Or'
@@ -710,7 +710,7 @@ class Or(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:78:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:86:1'
 
 
     @property
@@ -732,14 +732,14 @@ class Or(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Or', _node)
-        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
-        rt.check(rt.b_broadcastable(X, Y), 'Or', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Or', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Or', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Or', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -752,7 +752,7 @@ class Xor(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative
-    Declared at specs/ops.glowdef:79:1.
+    Declared at specs/ops.glowdef:87:1.
     """
 
     OP: ClassVar[str] = 'Xor'
@@ -761,7 +761,7 @@ class Xor(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:79:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:87:1'
 
 
     @property
@@ -783,14 +783,14 @@ class Xor(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Xor', _node)
-        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
-        rt.check(rt.b_broadcastable(X, Y), 'Xor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Xor', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Xor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Xor', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -804,7 +804,7 @@ class Select(Node):
     Results:
         y: Tensor[A, *broadcast(C, X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:81:1.
+    Declared at specs/ops.glowdef:89:1.
     """
 
     OP: ClassVar[str] = 'Select'
@@ -813,7 +813,7 @@ class Select(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:81:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:89:1'
 
 
     @property
@@ -840,18 +840,18 @@ class Select(Node):
     def infer(cond, lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Select', _node)
-        u.exact_elem('cond', cond, 'bool', 'specs/ops.glowdef:84:7')
-        u.shape('cond', cond, (), 'C', (), 'specs/ops.glowdef:84:7')
-        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:84:31')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:84:31')
-        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:84:51')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:84:51')
+        u.exact_elem('cond', cond, 'bool', 'specs/ops.glowdef:92:7')
+        u.shape('cond', cond, (), 'C', (), 'specs/ops.glowdef:92:7')
+        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:92:31')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:92:31')
+        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:92:51')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:92:51')
         C = u.dim('C')
         X = u.dim('X')
         Y = u.dim('Y')
         A = u.dtype('A')
-        rt.check(rt.b_broadcastable(C, X, Y), 'Select', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:85:3')
-        return (rt.result_type('Select', _node, A, (*rt.b_broadcast(C, X, Y),), 'specs/ops.glowdef:86:7'), )
+        rt.check(rt.b_broadcastable(C, X, Y), 'Select', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:93:3')
+        return (rt.result_type('Select', _node, A, (*rt.b_broadcast(C, X, Y),), 'specs/ops.glowdef:94:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -866,7 +866,7 @@ class Mod(Node):
     Attributes:
         fmod: int = 0
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:90:1.
+    Declared at specs/ops.glowdef:98:1.
     """
 
     OP: ClassVar[str] = 'Mod'
@@ -875,7 +875,7 @@ class Mod(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('fmod', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:90:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:98:1'
 
     fmod: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
 
@@ -898,15 +898,15 @@ class Mod(Node):
     def infer(lhs, rhs, *, _node='', fmod=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Mod', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Mod', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('Mod', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Mod', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('Mod', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -921,7 +921,7 @@ class BitShift(Node):
     Attributes:
         left: int
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:95:1.
+    Declared at specs/ops.glowdef:103:1.
     """
 
     OP: ClassVar[str] = 'BitShift'
@@ -930,7 +930,7 @@ class BitShift(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('left', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:95:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:103:1'
 
     left: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -953,15 +953,15 @@ class BitShift(Node):
     def infer(lhs, rhs, *, _node='', left=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BitShift', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitShift', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('BitShift', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'BitShift', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('BitShift', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -974,7 +974,7 @@ class BitwiseAnd(Node):
     Results:
         y: Tensor[B, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative
-    Declared at specs/ops.glowdef:100:1.
+    Declared at specs/ops.glowdef:108:1.
     """
 
     OP: ClassVar[str] = 'BitwiseAnd'
@@ -983,7 +983,7 @@ class BitwiseAnd(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:100:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:108:1'
 
 
     @property
@@ -1005,15 +1005,15 @@ class BitwiseAnd(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BitwiseAnd', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitwiseAnd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('BitwiseAnd', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseAnd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('BitwiseAnd', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1026,7 +1026,7 @@ class BitwiseOr(Node):
     Results:
         y: Tensor[B, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative
-    Declared at specs/ops.glowdef:101:1.
+    Declared at specs/ops.glowdef:109:1.
     """
 
     OP: ClassVar[str] = 'BitwiseOr'
@@ -1035,7 +1035,7 @@ class BitwiseOr(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:101:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:109:1'
 
 
     @property
@@ -1057,15 +1057,15 @@ class BitwiseOr(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BitwiseOr', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitwiseOr', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('BitwiseOr', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseOr', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('BitwiseOr', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1078,7 +1078,7 @@ class BitwiseXor(Node):
     Results:
         y: Tensor[B, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative
-    Declared at specs/ops.glowdef:102:1.
+    Declared at specs/ops.glowdef:110:1.
     """
 
     OP: ClassVar[str] = 'BitwiseXor'
@@ -1087,7 +1087,7 @@ class BitwiseXor(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:102:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:110:1'
 
 
     @property
@@ -1109,15 +1109,15 @@ class BitwiseXor(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BitwiseXor', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:31:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:31:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:31:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:31:27')
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
         X = u.dim('X')
         Y = u.dim('Y')
         B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitwiseXor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:32:3')
-        return (rt.result_type('BitwiseXor', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:33:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseXor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
+        return (rt.result_type('BitwiseXor', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1130,7 +1130,7 @@ class PRelu(Node):
     Results:
         y: Tensor[T, *broadcast(S, Q)]
     Traits: elementwise
-    Declared at specs/ops.glowdef:104:1.
+    Declared at specs/ops.glowdef:112:1.
     """
 
     OP: ClassVar[str] = 'PRelu'
@@ -1139,7 +1139,7 @@ class PRelu(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:104:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:112:1'
 
 
     @property
@@ -1161,15 +1161,15 @@ class PRelu(Node):
     def infer(x, slope, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('PRelu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:107:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:107:7')
-        u.elem('slope', slope, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:107:25')
-        u.shape('slope', slope, (), 'Q', (), 'specs/ops.glowdef:107:25')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:115:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:115:7')
+        u.elem('slope', slope, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:115:25')
+        u.shape('slope', slope, (), 'Q', (), 'specs/ops.glowdef:115:25')
         Q = u.dim('Q')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(S, Q), 'PRelu', _node, 'slope must broadcast to the operand', 'specs/ops.glowdef:108:3')
-        return (rt.result_type('PRelu', _node, T, (*rt.b_broadcast(S, Q),), 'specs/ops.glowdef:109:7'), )
+        rt.check(rt.b_broadcastable(S, Q), 'PRelu', _node, 'slope must broadcast to the operand', 'specs/ops.glowdef:116:3')
+        return (rt.result_type('PRelu', _node, T, (*rt.b_broadcast(S, Q),), 'specs/ops.glowdef:117:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1181,7 +1181,7 @@ class CastLike(Node):
         like: Tensor[A2, *Q]
     Results:
         y: Tensor[A2, *S]
-    Declared at specs/ops.glowdef:113:1.
+    Declared at specs/ops.glowdef:121:1.
     """
 
     OP: ClassVar[str] = 'CastLike'
@@ -1190,7 +1190,7 @@ class CastLike(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:113:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:121:1'
 
 
     @property
@@ -1212,15 +1212,15 @@ class CastLike(Node):
     def infer(x, like, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CastLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:115:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:115:7')
-        u.elem('like', like, 'A2', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:115:25')
-        u.shape('like', like, (), 'Q', (), 'specs/ops.glowdef:115:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:123:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:123:7')
+        u.elem('like', like, 'A2', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:123:25')
+        u.shape('like', like, (), 'Q', (), 'specs/ops.glowdef:123:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         A2 = u.dtype('A2')
-        return (rt.result_type('CastLike', _node, A2, (*S,), 'specs/ops.glowdef:116:7'), )
+        return (rt.result_type('CastLike', _node, A2, (*S,), 'specs/ops.glowdef:124:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1232,7 +1232,7 @@ class Neg(Node):
     Results:
         y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:149:1.
+    Declared at specs/ops.glowdef:157:1.
     """
 
     OP: ClassVar[str] = 'Neg'
@@ -1241,7 +1241,7 @@ class Neg(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:149:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:157:1'
 
 
     @property
@@ -1258,11 +1258,11 @@ class Neg(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Neg', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Neg', _node, T, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Neg', _node, T, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1274,7 +1274,7 @@ class Abs(Node):
     Results:
         y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:150:1.
+    Declared at specs/ops.glowdef:158:1.
     """
 
     OP: ClassVar[str] = 'Abs'
@@ -1283,7 +1283,7 @@ class Abs(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:150:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:158:1'
 
 
     @property
@@ -1300,11 +1300,11 @@ class Abs(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Abs', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Abs', _node, T, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Abs', _node, T, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1316,352 +1316,10 @@ class Exp(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:151:1.
-    """
-
-    OP: ClassVar[str] = 'Exp'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:151:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Exp', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Exp', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Log(Node):
-    """Elementwise natural logarithm.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:152:1.
-    """
-
-    OP: ClassVar[str] = 'Log'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:152:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Log', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Log', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Sqrt(Node):
-    """Elementwise square root.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:153:1.
-    """
-
-    OP: ClassVar[str] = 'Sqrt'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:153:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sqrt', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Sqrt', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Relu(Node):
-    """Elementwise max(x, 0).
-    
-    Operands:
-        x: Tensor[T, *S]
-    Results:
-        y: Tensor[T, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:154:1.
-    """
-
-    OP: ClassVar[str] = 'Relu'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:154:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Relu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
-        S = u.dim('S')
-        T = u.dtype('T')
-        return (rt.result_type('Relu', _node, T, (*S,), 'specs/ops.glowdef:130:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class LeakyRelu(Node):
-    """Elementwise x < 0 ? alpha * x : x.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        alpha: float = 0.01
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:155:1.
-    """
-
-    OP: ClassVar[str] = 'LeakyRelu'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.01, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:155:1'
-
-    alpha: object = attrs.field(default=0.01, converter=rt.CONVERTERS['float'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', alpha=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('LeakyRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('LeakyRelu', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Elu(Node):
-    """Elementwise x < 0 ? alpha * (exp(x) - 1) : x.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        alpha: float = 1.0
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:156:1.
-    """
-
-    OP: ClassVar[str] = 'Elu'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:156:1'
-
-    alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', alpha=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Elu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Elu', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Sigmoid(Node):
-    """Elementwise 1 / (1 + exp(-x)).
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:157:1.
-    """
-
-    OP: ClassVar[str] = 'Sigmoid'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:157:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Sigmoid', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Tanh(Node):
-    """Elementwise hyperbolic tangent.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:158:1.
-    """
-
-    OP: ClassVar[str] = 'Tanh'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:158:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Tanh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Tanh', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Erf(Node):
-    """Elementwise error function.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:159:1.
     """
 
-    OP: ClassVar[str] = 'Erf'
+    OP: ClassVar[str] = 'Exp'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1683,17 +1341,17 @@ class Erf(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Erf', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Exp', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Erf', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Exp', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Softplus(Node):
-    """Elementwise log(1 + exp(x)), computed without overflow.
+class Log(Node):
+    """Elementwise natural logarithm.
     
     Operands:
         x: Tensor[F, *S]
@@ -1703,7 +1361,7 @@ class Softplus(Node):
     Declared at specs/ops.glowdef:160:1.
     """
 
-    OP: ClassVar[str] = 'Softplus'
+    OP: ClassVar[str] = 'Log'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1725,17 +1383,17 @@ class Softplus(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Softplus', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Log', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Softplus', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Log', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Floor(Node):
-    """Elementwise floor.
+class Sqrt(Node):
+    """Elementwise square root.
     
     Operands:
         x: Tensor[F, *S]
@@ -1745,7 +1403,7 @@ class Floor(Node):
     Declared at specs/ops.glowdef:161:1.
     """
 
-    OP: ClassVar[str] = 'Floor'
+    OP: ClassVar[str] = 'Sqrt'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1767,27 +1425,27 @@ class Floor(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Floor', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Sqrt', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Floor', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Sqrt', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Ceil(Node):
-    """Elementwise ceiling.
+class Relu(Node):
+    """Elementwise max(x, 0).
     
     Operands:
-        x: Tensor[F, *S]
+        x: Tensor[T, *S]
     Results:
-        y: Tensor[F, *S]
+        y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:162:1.
     """
 
-    OP: ClassVar[str] = 'Ceil'
+    OP: ClassVar[str] = 'Relu'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1798,86 +1456,48 @@ class Ceil(Node):
 
     @property
     def x(self):
-        """Operand x: Tensor[F, *S]"""
+        """Operand x: Tensor[T, *S]"""
         return self.inputs[0]
 
     @property
     def y(self):
-        """Result y: Tensor[F, *S]"""
+        """Result y: Tensor[T, *S]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Ceil', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Relu', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Ceil', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        T = u.dtype('T')
+        return (rt.result_type('Relu', _node, T, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Not(Node):
-    """Elementwise logical not.
-    
-    Operands:
-        x: Tensor[bool, *S]
-    Results:
-        y: Tensor[bool, *S]
-    Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:163:1.
-    """
-
-    OP: ClassVar[str] = 'Not'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:163:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[bool, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[bool, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Not', _node)
-        u.exact_elem('x', x, 'bool', 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
-        S = u.dim('S')
-        return (rt.result_type('Not', _node, 'bool', (*S,), 'specs/ops.glowdef:130:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Sin(Node):
-    """Elementwise sine.
+class LeakyRelu(Node):
+    """Elementwise x < 0 ? alpha * x : x.
     
     Operands:
         x: Tensor[F, *S]
     Results:
         y: Tensor[F, *S]
+    Attributes:
+        alpha: float = 0.01
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:164:1.
+    Declared at specs/ops.glowdef:163:1.
     """
 
-    OP: ClassVar[str] = 'Sin'
+    OP: ClassVar[str] = 'LeakyRelu'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
+    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.01, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:164:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:163:1'
 
+    alpha: object = attrs.field(default=0.01, converter=rt.CONVERTERS['float'])
 
     @property
     def x(self):
@@ -1890,19 +1510,64 @@ class Sin(Node):
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(x, *, _node=''):
+    def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sin', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('LeakyRelu', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Sin', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('LeakyRelu', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Cos(Node):
-    """Elementwise cosine.
+class Elu(Node):
+    """Elementwise x < 0 ? alpha * (exp(x) - 1) : x.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        alpha: float = 1.0
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:164:1.
+    """
+
+    OP: ClassVar[str] = 'Elu'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:164:1'
+
+    alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', alpha=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Elu', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Elu', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sigmoid(Node):
+    """Elementwise 1 / (1 + exp(-x)).
     
     Operands:
         x: Tensor[F, *S]
@@ -1912,7 +1577,7 @@ class Cos(Node):
     Declared at specs/ops.glowdef:165:1.
     """
 
-    OP: ClassVar[str] = 'Cos'
+    OP: ClassVar[str] = 'Sigmoid'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1934,17 +1599,17 @@ class Cos(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Cos', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Sigmoid', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Cos', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Sigmoid', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Tan(Node):
-    """Elementwise tangent.
+class Tanh(Node):
+    """Elementwise hyperbolic tangent.
     
     Operands:
         x: Tensor[F, *S]
@@ -1954,7 +1619,7 @@ class Tan(Node):
     Declared at specs/ops.glowdef:166:1.
     """
 
-    OP: ClassVar[str] = 'Tan'
+    OP: ClassVar[str] = 'Tanh'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1976,17 +1641,17 @@ class Tan(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Tan', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Tanh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Tan', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Tanh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Asin(Node):
-    """Elementwise arcsine.
+class Erf(Node):
+    """Elementwise error function.
     
     Operands:
         x: Tensor[F, *S]
@@ -1996,7 +1661,7 @@ class Asin(Node):
     Declared at specs/ops.glowdef:167:1.
     """
 
-    OP: ClassVar[str] = 'Asin'
+    OP: ClassVar[str] = 'Erf'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2018,17 +1683,17 @@ class Asin(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Asin', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Erf', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Asin', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Erf', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Acos(Node):
-    """Elementwise arccosine.
+class Softplus(Node):
+    """Elementwise log(1 + exp(x)), computed without overflow.
     
     Operands:
         x: Tensor[F, *S]
@@ -2038,7 +1703,7 @@ class Acos(Node):
     Declared at specs/ops.glowdef:168:1.
     """
 
-    OP: ClassVar[str] = 'Acos'
+    OP: ClassVar[str] = 'Softplus'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2060,17 +1725,17 @@ class Acos(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Acos', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Softplus', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Acos', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Softplus', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Atan(Node):
-    """Elementwise arctangent.
+class Floor(Node):
+    """Elementwise floor.
     
     Operands:
         x: Tensor[F, *S]
@@ -2080,7 +1745,7 @@ class Atan(Node):
     Declared at specs/ops.glowdef:169:1.
     """
 
-    OP: ClassVar[str] = 'Atan'
+    OP: ClassVar[str] = 'Floor'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2102,17 +1767,17 @@ class Atan(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Atan', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Floor', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Atan', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Floor', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Sinh(Node):
-    """Elementwise hyperbolic sine.
+class Ceil(Node):
+    """Elementwise ceiling.
     
     Operands:
         x: Tensor[F, *S]
@@ -2122,7 +1787,7 @@ class Sinh(Node):
     Declared at specs/ops.glowdef:170:1.
     """
 
-    OP: ClassVar[str] = 'Sinh'
+    OP: ClassVar[str] = 'Ceil'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2144,27 +1809,27 @@ class Sinh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sinh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Ceil', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Sinh', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Ceil', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Cosh(Node):
-    """Elementwise hyperbolic cosine.
+class Not(Node):
+    """Elementwise logical not.
     
     Operands:
-        x: Tensor[F, *S]
+        x: Tensor[bool, *S]
     Results:
-        y: Tensor[F, *S]
+        y: Tensor[bool, *S]
     Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:171:1.
     """
 
-    OP: ClassVar[str] = 'Cosh'
+    OP: ClassVar[str] = 'Not'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2175,28 +1840,27 @@ class Cosh(Node):
 
     @property
     def x(self):
-        """Operand x: Tensor[F, *S]"""
+        """Operand x: Tensor[bool, *S]"""
         return self.inputs[0]
 
     @property
     def y(self):
-        """Result y: Tensor[F, *S]"""
+        """Result y: Tensor[bool, *S]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Cosh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Not', _node)
+        u.exact_elem('x', x, 'bool', 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Cosh', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Not', _node, 'bool', (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Asinh(Node):
-    """Elementwise inverse hyperbolic sine.
+class Sin(Node):
+    """Elementwise sine.
     
     Operands:
         x: Tensor[F, *S]
@@ -2206,7 +1870,7 @@ class Asinh(Node):
     Declared at specs/ops.glowdef:172:1.
     """
 
-    OP: ClassVar[str] = 'Asinh'
+    OP: ClassVar[str] = 'Sin'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2228,17 +1892,17 @@ class Asinh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Asinh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Sin', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Asinh', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Sin', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Acosh(Node):
-    """Elementwise inverse hyperbolic cosine.
+class Cos(Node):
+    """Elementwise cosine.
     
     Operands:
         x: Tensor[F, *S]
@@ -2248,7 +1912,7 @@ class Acosh(Node):
     Declared at specs/ops.glowdef:173:1.
     """
 
-    OP: ClassVar[str] = 'Acosh'
+    OP: ClassVar[str] = 'Cos'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2270,17 +1934,17 @@ class Acosh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Acosh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Cos', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Acosh', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Cos', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Atanh(Node):
-    """Elementwise inverse hyperbolic tangent.
+class Tan(Node):
+    """Elementwise tangent.
     
     Operands:
         x: Tensor[F, *S]
@@ -2290,7 +1954,7 @@ class Atanh(Node):
     Declared at specs/ops.glowdef:174:1.
     """
 
-    OP: ClassVar[str] = 'Atanh'
+    OP: ClassVar[str] = 'Tan'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2312,27 +1976,27 @@ class Atanh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Atanh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Tan', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Atanh', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Tan', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Sign(Node):
-    """Elementwise sign: -1, 0 or 1.
+class Asin(Node):
+    """Elementwise arcsine.
     
     Operands:
-        x: Tensor[T, *S]
+        x: Tensor[F, *S]
     Results:
-        y: Tensor[T, *S]
+        y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:175:1.
     """
 
-    OP: ClassVar[str] = 'Sign'
+    OP: ClassVar[str] = 'Asin'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2343,28 +2007,28 @@ class Sign(Node):
 
     @property
     def x(self):
-        """Operand x: Tensor[T, *S]"""
+        """Operand x: Tensor[F, *S]"""
         return self.inputs[0]
 
     @property
     def y(self):
-        """Result y: Tensor[T, *S]"""
+        """Result y: Tensor[F, *S]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sign', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Asin', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
-        T = u.dtype('T')
-        return (rt.result_type('Sign', _node, T, (*S,), 'specs/ops.glowdef:130:7'), )
+        F = u.dtype('F')
+        return (rt.result_type('Asin', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Round(Node):
-    """Elementwise rounding to the nearest integer, halves to even.
+class Acos(Node):
+    """Elementwise arccosine.
     
     Operands:
         x: Tensor[F, *S]
@@ -2374,7 +2038,7 @@ class Round(Node):
     Declared at specs/ops.glowdef:176:1.
     """
 
-    OP: ClassVar[str] = 'Round'
+    OP: ClassVar[str] = 'Acos'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2396,12 +2060,348 @@ class Round(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Round', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u = rt.Unifier('Acos', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Round', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Acos', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Atan(Node):
+    """Elementwise arctangent.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:177:1.
+    """
+
+    OP: ClassVar[str] = 'Atan'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:177:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Atan', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Atan', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sinh(Node):
+    """Elementwise hyperbolic sine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:178:1.
+    """
+
+    OP: ClassVar[str] = 'Sinh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:178:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Sinh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Sinh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Cosh(Node):
+    """Elementwise hyperbolic cosine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:179:1.
+    """
+
+    OP: ClassVar[str] = 'Cosh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:179:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Cosh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Cosh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Asinh(Node):
+    """Elementwise inverse hyperbolic sine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:180:1.
+    """
+
+    OP: ClassVar[str] = 'Asinh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:180:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Asinh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Asinh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Acosh(Node):
+    """Elementwise inverse hyperbolic cosine.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:181:1.
+    """
+
+    OP: ClassVar[str] = 'Acosh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:181:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Acosh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Acosh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Atanh(Node):
+    """Elementwise inverse hyperbolic tangent.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:182:1.
+    """
+
+    OP: ClassVar[str] = 'Atanh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:182:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Atanh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Atanh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sign(Node):
+    """Elementwise sign: -1, 0 or 1.
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:183:1.
+    """
+
+    OP: ClassVar[str] = 'Sign'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:183:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Sign', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        return (rt.result_type('Sign', _node, T, (*S,), 'specs/ops.glowdef:138:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Round(Node):
+    """Elementwise rounding to the nearest integer, halves to even.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:184:1.
+    """
+
+    OP: ClassVar[str] = 'Round'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:184:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Round', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Round', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2413,7 +2413,7 @@ class IsNaN(Node):
     Results:
         y: Tensor[bool, *S]
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:177:1.
+    Declared at specs/ops.glowdef:185:1.
     """
 
     OP: ClassVar[str] = 'IsNaN'
@@ -2422,7 +2422,7 @@ class IsNaN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:177:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:185:1'
 
 
     @property
@@ -2439,11 +2439,11 @@ class IsNaN(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('IsNaN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:145:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:145:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('IsNaN', _node, 'bool', (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('IsNaN', _node, 'bool', (*S,), 'specs/ops.glowdef:146:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2458,7 +2458,7 @@ class IsInf(Node):
         detect_negative: int = 1
         detect_positive: int = 1
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:179:1.
+    Declared at specs/ops.glowdef:187:1.
     """
 
     OP: ClassVar[str] = 'IsInf'
@@ -2467,7 +2467,7 @@ class IsInf(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('detect_negative', 'int', 1, True), AttrInfo('detect_positive', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:179:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:187:1'
 
     detect_negative: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     detect_positive: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2486,11 +2486,11 @@ class IsInf(Node):
     def infer(x, *, _node='', detect_negative=None, detect_positive=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('IsInf', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:145:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:145:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('IsInf', _node, 'bool', (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('IsInf', _node, 'bool', (*S,), 'specs/ops.glowdef:146:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2502,7 +2502,7 @@ class BitwiseNot(Node):
     Results:
         y: Tensor[B, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:185:1.
+    Declared at specs/ops.glowdef:193:1.
     """
 
     OP: ClassVar[str] = 'BitwiseNot'
@@ -2511,7 +2511,7 @@ class BitwiseNot(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:185:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:193:1'
 
 
     @property
@@ -2528,11 +2528,11 @@ class BitwiseNot(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BitwiseNot', _node)
-        u.elem('x', x, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u.elem('x', x, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         B = u.dtype('B')
-        return (rt.result_type('BitwiseNot', _node, B, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('BitwiseNot', _node, B, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2547,7 +2547,7 @@ class Selu(Node):
         alpha: float = 1.6732631921768188
         gamma: float = 1.0507010221481323
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:187:1.
+    Declared at specs/ops.glowdef:195:1.
     """
 
     OP: ClassVar[str] = 'Selu'
@@ -2556,7 +2556,7 @@ class Selu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.6732631921768188, True), AttrInfo('gamma', 'float', 1.0507010221481323, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:187:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:195:1'
 
     alpha: object = attrs.field(default=1.6732631921768188, converter=rt.CONVERTERS['float'])
     gamma: object = attrs.field(default=1.0507010221481323, converter=rt.CONVERTERS['float'])
@@ -2575,11 +2575,11 @@ class Selu(Node):
     def infer(x, *, _node='', alpha=None, gamma=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Selu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Selu', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Selu', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2593,7 +2593,7 @@ class ThresholdedRelu(Node):
     Attributes:
         alpha: float = 1.0
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:193:1.
+    Declared at specs/ops.glowdef:201:1.
     """
 
     OP: ClassVar[str] = 'ThresholdedRelu'
@@ -2602,7 +2602,7 @@ class ThresholdedRelu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:193:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:201:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
 
@@ -2620,11 +2620,11 @@ class ThresholdedRelu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ThresholdedRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('ThresholdedRelu', _node, F, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('ThresholdedRelu', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2639,7 +2639,7 @@ class Shrink(Node):
         bias: float = 0.0
         lambd: float = 0.5
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:195:1.
+    Declared at specs/ops.glowdef:203:1.
     """
 
     OP: ClassVar[str] = 'Shrink'
@@ -2648,7 +2648,7 @@ class Shrink(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('bias', 'float', 0.0, True), AttrInfo('lambd', 'float', 0.5, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:195:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:203:1'
 
     bias: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
     lambd: object = attrs.field(default=0.5, converter=rt.CONVERTERS['float'])
@@ -2667,11 +2667,11 @@ class Shrink(Node):
     def infer(x, *, _node='', bias=None, lambd=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shrink', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:129:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:129:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:137:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Shrink', _node, T, (*S,), 'specs/ops.glowdef:130:7'), )
+        return (rt.result_type('Shrink', _node, T, (*S,), 'specs/ops.glowdef:138:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2685,7 +2685,7 @@ class Cast(Node):
     Attributes:
         to: dtype
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:201:1.
+    Declared at specs/ops.glowdef:209:1.
     """
 
     OP: ClassVar[str] = 'Cast'
@@ -2694,7 +2694,7 @@ class Cast(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('to', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:201:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:209:1'
 
     to: object = attrs.field(converter=rt.CONVERTERS['dtype'])
 
@@ -2712,11 +2712,11 @@ class Cast(Node):
     def infer(x, *, _node='', to=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Cast', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:204:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:204:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:212:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:212:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Cast', _node, to, (*S,), 'specs/ops.glowdef:206:7'), )
+        return (rt.result_type('Cast', _node, to, (*S,), 'specs/ops.glowdef:214:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2728,7 +2728,7 @@ class Reciprocal(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise
-    Declared at specs/ops.glowdef:212:1.
+    Declared at specs/ops.glowdef:220:1.
     """
 
     OP: ClassVar[str] = 'Reciprocal'
@@ -2737,7 +2737,7 @@ class Reciprocal(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:212:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:220:1'
 
 
     @property
@@ -2754,11 +2754,11 @@ class Reciprocal(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reciprocal', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:145:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:145:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:153:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:153:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Reciprocal', _node, F, (*S,), 'specs/ops.glowdef:146:7'), )
+        return (rt.result_type('Reciprocal', _node, F, (*S,), 'specs/ops.glowdef:154:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2773,7 +2773,7 @@ class Clip(Node):
         min: float = -inf
         max: float = inf
     Traits: elementwise
-    Declared at specs/ops.glowdef:214:1.
+    Declared at specs/ops.glowdef:222:1.
     """
 
     OP: ClassVar[str] = 'Clip'
@@ -2782,7 +2782,7 @@ class Clip(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('min', 'float', rt.neg(float('inf')), True), AttrInfo('max', 'float', float('inf'), True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:214:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:222:1'
 
     min: object = attrs.field(default=rt.neg(float('inf')), converter=rt.CONVERTERS['float'])
     max: object = attrs.field(default=float('inf'), converter=rt.CONVERTERS['float'])
@@ -2801,11 +2801,11 @@ class Clip(Node):
     def infer(x, *, _node='', min=None, max=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Clip', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:145:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:145:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:153:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:153:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Clip', _node, T, (*S,), 'specs/ops.glowdef:146:7'), )
+        return (rt.result_type('Clip', _node, T, (*S,), 'specs/ops.glowdef:154:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2817,7 +2817,7 @@ class Swish(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, inplace(y, x)
-    Declared at specs/ops.glowdef:221:1.
+    Declared at specs/ops.glowdef:229:1.
     """
 
     OP: ClassVar[str] = 'Swish'
@@ -2826,7 +2826,7 @@ class Swish(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:221:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:229:1'
 
 
     @property
@@ -2843,11 +2843,11 @@ class Swish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Swish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:145:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:145:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:153:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:153:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Swish', _node, F, (*S,), 'specs/ops.glowdef:146:7'), )
+        return (rt.result_type('Swish', _node, F, (*S,), 'specs/ops.glowdef:154:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2862,7 +2862,7 @@ class HardSigmoid(Node):
         alpha: float = 0.2
         beta: float = 0.5
     Traits: elementwise
-    Declared at specs/ops.glowdef:225:1.
+    Declared at specs/ops.glowdef:233:1.
     """
 
     OP: ClassVar[str] = 'HardSigmoid'
@@ -2871,7 +2871,7 @@ class HardSigmoid(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.2, True), AttrInfo('beta', 'float', 0.5, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:225:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:233:1'
 
     alpha: object = attrs.field(default=0.2, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.5, converter=rt.CONVERTERS['float'])
@@ -2890,11 +2890,11 @@ class HardSigmoid(Node):
     def infer(x, *, _node='', alpha=None, beta=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:145:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:145:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:153:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:153:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('HardSigmoid', _node, F, (*S,), 'specs/ops.glowdef:146:7'), )
+        return (rt.result_type('HardSigmoid', _node, F, (*S,), 'specs/ops.glowdef:154:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2906,7 +2906,7 @@ class HardSwish(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise
-    Declared at specs/ops.glowdef:231:1.
+    Declared at specs/ops.glowdef:239:1.
     """
 
     OP: ClassVar[str] = 'HardSwish'
@@ -2915,7 +2915,7 @@ class HardSwish(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:231:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:239:1'
 
 
     @property
@@ -2932,11 +2932,11 @@ class HardSwish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSwish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:145:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:145:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:153:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:153:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('HardSwish', _node, F, (*S,), 'specs/ops.glowdef:146:7'), )
+        return (rt.result_type('HardSwish', _node, F, (*S,), 'specs/ops.glowdef:154:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2947,7 +2947,7 @@ class Identity(Node):
         x: Tensor[A, *S]
     Results:
         y: Tensor[A, *S]
-    Declared at specs/ops.glowdef:233:1.
+    Declared at specs/ops.glowdef:241:1.
     """
 
     OP: ClassVar[str] = 'Identity'
@@ -2956,7 +2956,7 @@ class Identity(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:233:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:241:1'
 
 
     @property
@@ -2973,11 +2973,11 @@ class Identity(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Identity', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:235:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:235:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:243:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:243:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Identity', _node, A, (*S,), 'specs/ops.glowdef:236:7'), )
+        return (rt.result_type('Identity', _node, A, (*S,), 'specs/ops.glowdef:244:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2989,7 +2989,7 @@ class Dropout(Node):
     Results:
         y: Tensor[F, *S]
         mask: Tensor[bool, *S]?
-    Declared at specs/ops.glowdef:240:1.
+    Declared at specs/ops.glowdef:248:1.
     """
 
     OP: ClassVar[str] = 'Dropout'
@@ -2998,7 +2998,7 @@ class Dropout(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:240:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:248:1'
 
 
     @property
@@ -3020,11 +3020,11 @@ class Dropout(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dropout', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:242:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:242:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:250:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:250:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Dropout', _node, F, (*S,), 'specs/ops.glowdef:243:7'), rt.result_type('Dropout', _node, 'bool', (*S,), 'specs/ops.glowdef:243:25'), )
+        return (rt.result_type('Dropout', _node, F, (*S,), 'specs/ops.glowdef:251:7'), rt.result_type('Dropout', _node, 'bool', (*S,), 'specs/ops.glowdef:251:25'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3035,7 +3035,7 @@ class SumN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:253:1.
+    Declared at specs/ops.glowdef:261:1.
     """
 
     OP: ClassVar[str] = 'SumN'
@@ -3044,7 +3044,7 @@ class SumN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:253:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:261:1'
 
 
     @property
@@ -3062,12 +3062,12 @@ class SumN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SumN', _node)
         if len(xs) == 0:
-            rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:255:7')
+            rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:263:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:255:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:263:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:256:7'), )
+        return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:264:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3078,7 +3078,7 @@ class MeanN(Node):
         xs: Tensor[F, *S]...
     Results:
         y: Tensor[F, *broadcast(S)]
-    Declared at specs/ops.glowdef:260:1.
+    Declared at specs/ops.glowdef:268:1.
     """
 
     OP: ClassVar[str] = 'MeanN'
@@ -3087,7 +3087,7 @@ class MeanN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:260:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:268:1'
 
 
     @property
@@ -3105,12 +3105,12 @@ class MeanN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MeanN', _node)
         if len(xs) == 0:
-            rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:262:7')
+            rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:270:7')
         for _t in xs:
-            u.elem('xs', _t, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:262:7')
+            u.elem('xs', _t, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:270:7')
         S = tuple(_t.shape for _t in xs)
         F = u.dtype('F')
-        return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:263:7'), )
+        return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:271:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3121,7 +3121,7 @@ class MaxN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:267:1.
+    Declared at specs/ops.glowdef:275:1.
     """
 
     OP: ClassVar[str] = 'MaxN'
@@ -3130,7 +3130,7 @@ class MaxN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:267:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:275:1'
 
 
     @property
@@ -3148,12 +3148,12 @@ class MaxN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxN', _node)
         if len(xs) == 0:
-            rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:269:7')
+            rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:277:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:269:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:277:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:270:7'), )
+        return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:278:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3164,7 +3164,7 @@ class MinN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:274:1.
+    Declared at specs/ops.glowdef:282:1.
     """
 
     OP: ClassVar[str] = 'MinN'
@@ -3173,7 +3173,7 @@ class MinN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:274:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:282:1'
 
 
     @property
@@ -3191,12 +3191,12 @@ class MinN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MinN', _node)
         if len(xs) == 0:
-            rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:276:7')
+            rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:284:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:276:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:284:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:277:7'), )
+        return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:285:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3210,7 +3210,7 @@ class Reshape(Node):
     Attributes:
         dims: ints
     Traits: primitive, view
-    Declared at specs/ops.glowdef:286:1.
+    Declared at specs/ops.glowdef:294:1.
     """
 
     OP: ClassVar[str] = 'Reshape'
@@ -3219,7 +3219,7 @@ class Reshape(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('dims', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'view'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:286:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:294:1'
 
     dims: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -3237,12 +3237,12 @@ class Reshape(Node):
     def infer(x, *, _node='', dims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reshape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:289:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:289:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:297:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:297:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_prod(dims), rt.b_prod(S)), 'Reshape', _node, 'the new shape must have as many elements as the operand', 'specs/ops.glowdef:291:3')
-        return (rt.result_type('Reshape', _node, A, (*dims,), 'specs/ops.glowdef:292:7'), )
+        rt.check(rt.eq(rt.b_prod(dims), rt.b_prod(S)), 'Reshape', _node, 'the new shape must have as many elements as the operand', 'specs/ops.glowdef:299:3')
+        return (rt.result_type('Reshape', _node, A, (*dims,), 'specs/ops.glowdef:300:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3255,7 +3255,7 @@ class Flatten(Node):
         y: Tensor[A, *flatten_shape(S, axis)]
     Attributes:
         axis: int = 1 where (-len(S) <= axis) and (axis <= len(S))
-    Declared at specs/ops.glowdef:296:1.
+    Declared at specs/ops.glowdef:304:1.
     """
 
     OP: ClassVar[str] = 'Flatten'
@@ -3264,7 +3264,7 @@ class Flatten(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:296:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:304:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
 
@@ -3282,12 +3282,12 @@ class Flatten(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Flatten', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:298:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:298:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:306:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:306:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:299:3')
-        return (rt.result_type('Flatten', _node, A, (*sl.shapes.flatten_shape(S, axis),), 'specs/ops.glowdef:300:7'), )
+        rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:307:3')
+        return (rt.result_type('Flatten', _node, A, (*sl.shapes.flatten_shape(S, axis),), 'specs/ops.glowdef:308:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3300,7 +3300,7 @@ class Squeeze(Node):
         y: Tensor[A, *squeeze_shape(S, axes)]
     Attributes:
         axes: ints = []
-    Declared at specs/ops.glowdef:304:1.
+    Declared at specs/ops.glowdef:312:1.
     """
 
     OP: ClassVar[str] = 'Squeeze'
@@ -3309,7 +3309,7 @@ class Squeeze(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:304:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:312:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
 
@@ -3327,11 +3327,11 @@ class Squeeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Squeeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:306:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:306:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:314:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:314:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Squeeze', _node, A, (*sl.shapes.squeeze_shape(S, axes),), 'specs/ops.glowdef:308:7'), )
+        return (rt.result_type('Squeeze', _node, A, (*sl.shapes.squeeze_shape(S, axes),), 'specs/ops.glowdef:316:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3344,7 +3344,7 @@ class Unsqueeze(Node):
         y: Tensor[A, *unsqueeze_shape(S, axes)]
     Attributes:
         axes: ints
-    Declared at specs/ops.glowdef:313:1.
+    Declared at specs/ops.glowdef:321:1.
     """
 
     OP: ClassVar[str] = 'Unsqueeze'
@@ -3353,7 +3353,7 @@ class Unsqueeze(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:313:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:321:1'
 
     axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -3371,11 +3371,11 @@ class Unsqueeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Unsqueeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:315:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:315:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:323:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:323:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Unsqueeze', _node, A, (*sl.shapes.unsqueeze_shape(S, axes),), 'specs/ops.glowdef:317:7'), )
+        return (rt.result_type('Unsqueeze', _node, A, (*sl.shapes.unsqueeze_shape(S, axes),), 'specs/ops.glowdef:325:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3389,7 +3389,7 @@ class Transpose(Node):
     Attributes:
         perm: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:323:1.
+    Declared at specs/ops.glowdef:331:1.
     """
 
     OP: ClassVar[str] = 'Transpose'
@@ -3398,7 +3398,7 @@ class Transpose(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('perm', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:323:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:331:1'
 
     perm: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -3416,12 +3416,12 @@ class Transpose(Node):
     def infer(x, *, _node='', perm=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Transpose', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:326:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:326:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:334:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:334:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_len(perm), rt.b_len(S)), 'Transpose', _node, 'perm must name every dimension once', 'specs/ops.glowdef:328:3')
-        return (rt.result_type('Transpose', _node, A, (*rt.b_permute(S, perm),), 'specs/ops.glowdef:329:7'), )
+        rt.check(rt.eq(rt.b_len(perm), rt.b_len(S)), 'Transpose', _node, 'perm must name every dimension once', 'specs/ops.glowdef:336:3')
+        return (rt.result_type('Transpose', _node, A, (*rt.b_permute(S, perm),), 'specs/ops.glowdef:337:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3435,7 +3435,7 @@ class Concat(Node):
     Attributes:
         axis: int where axis >= 0
     Traits: primitive
-    Declared at specs/ops.glowdef:333:1.
+    Declared at specs/ops.glowdef:341:1.
     """
 
     OP: ClassVar[str] = 'Concat'
@@ -3444,7 +3444,7 @@ class Concat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:333:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:341:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -3463,13 +3463,13 @@ class Concat(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Concat', _node)
         if len(xs) == 0:
-            rt.fail('Concat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:336:7')
+            rt.fail('Concat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:344:7')
         for _t in xs:
-            u.elem('xs', _t, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:336:7')
+            u.elem('xs', _t, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:344:7')
         S = tuple(_t.shape for _t in xs)
         A = u.dtype('A')
-        rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:337:3')
-        return (rt.result_type('Concat', _node, A, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:338:7'), )
+        rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:345:3')
+        return (rt.result_type('Concat', _node, A, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:346:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3485,7 +3485,7 @@ class Slice(Node):
         stops: ints
         steps: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:342:1.
+    Declared at specs/ops.glowdef:350:1.
     """
 
     OP: ClassVar[str] = 'Slice'
@@ -3494,7 +3494,7 @@ class Slice(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('starts', 'ints', None, False), AttrInfo('stops', 'ints', None, False), AttrInfo('steps', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:342:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:350:1'
 
     starts: object = attrs.field(converter=rt.CONVERTERS['ints'])
     stops: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -3514,12 +3514,12 @@ class Slice(Node):
     def infer(x, *, _node='', starts=None, stops=None, steps=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Slice', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:345:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:345:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:353:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:353:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:349:3')
-        return (rt.result_type('Slice', _node, A, (*sl.shapes.slice_shape(starts, stops, steps),), 'specs/ops.glowdef:351:7'), )
+        rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:357:3')
+        return (rt.result_type('Slice', _node, A, (*sl.shapes.slice_shape(starts, stops, steps),), 'specs/ops.glowdef:359:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3534,7 +3534,7 @@ class Gather(Node):
     Attributes:
         axis: int = 0 where (axis >= 0) and (axis < len(S))
     Traits: primitive
-    Declared at specs/ops.glowdef:369:1.
+    Declared at specs/ops.glowdef:377:1.
     """
 
     OP: ClassVar[str] = 'Gather'
@@ -3543,7 +3543,7 @@ class Gather(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:369:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:377:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
 
@@ -3566,16 +3566,16 @@ class Gather(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gather', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:372:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:372:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:372:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:372:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:380:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:380:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:380:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:380:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:373:3')
-        return (rt.result_type('Gather', _node, A, (*sl.shapes.gather_shape(S, Q, axis),), 'specs/ops.glowdef:374:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:381:3')
+        return (rt.result_type('Gather', _node, A, (*sl.shapes.gather_shape(S, Q, axis),), 'specs/ops.glowdef:382:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3589,7 +3589,7 @@ class Expand(Node):
     Attributes:
         dims: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:378:1.
+    Declared at specs/ops.glowdef:386:1.
     """
 
     OP: ClassVar[str] = 'Expand'
@@ -3598,7 +3598,7 @@ class Expand(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('dims', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:378:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:386:1'
 
     dims: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -3616,11 +3616,11 @@ class Expand(Node):
     def infer(x, *, _node='', dims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Expand', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:381:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:381:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:389:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:389:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, dims),), 'specs/ops.glowdef:383:7'), )
+        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, dims),), 'specs/ops.glowdef:391:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3635,7 +3635,7 @@ class Shape(Node):
         start: int = 0
         end: int = 9223372036854775807
     Traits: primitive, shape_only
-    Declared at specs/ops.glowdef:387:1.
+    Declared at specs/ops.glowdef:395:1.
     """
 
     OP: ClassVar[str] = 'Shape'
@@ -3644,7 +3644,7 @@ class Shape(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('start', 'int', 0, True), AttrInfo('end', 'int', 9223372036854775807, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'shape_only'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:387:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:395:1'
 
     start: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     end: object = attrs.field(default=9223372036854775807, converter=rt.CONVERTERS['int'])
@@ -3663,11 +3663,11 @@ class Shape(Node):
     def infer(x, *, _node='', start=None, end=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:390:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:390:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:398:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:398:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.shapes.shape_range(S, start, end)),), 'specs/ops.glowdef:393:7'), )
+        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.shapes.shape_range(S, start, end)),), 'specs/ops.glowdef:401:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3679,7 +3679,7 @@ class Size(Node):
     Results:
         y: Tensor[i64]
     Traits: primitive, shape_only
-    Declared at specs/ops.glowdef:397:1.
+    Declared at specs/ops.glowdef:405:1.
     """
 
     OP: ClassVar[str] = 'Size'
@@ -3688,7 +3688,7 @@ class Size(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'shape_only'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:397:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:405:1'
 
 
     @property
@@ -3705,11 +3705,11 @@ class Size(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Size', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:400:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:400:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:408:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:408:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Size', _node, 'i64', (), 'specs/ops.glowdef:401:7'), )
+        return (rt.result_type('Size', _node, 'i64', (), 'specs/ops.glowdef:409:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3724,7 +3724,7 @@ class Splat(Node):
         value: float = 0.0
         dtype: dtype = f32
     Traits: primitive
-    Declared at specs/ops.glowdef:405:1.
+    Declared at specs/ops.glowdef:413:1.
     """
 
     OP: ClassVar[str] = 'Splat'
@@ -3733,7 +3733,7 @@ class Splat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('dims', 'ints', None, False), AttrInfo('value', 'float', 0.0, True), AttrInfo('dtype', 'dtype', 'f32', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:405:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:413:1'
 
     dims: object = attrs.field(converter=rt.CONVERTERS['ints'])
     value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
@@ -3748,7 +3748,7 @@ class Splat(Node):
     def infer(*, _node='', dims=None, value=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Splat', _node)
-        return (rt.result_type('Splat', _node, dtype, (*dims,), 'specs/ops.glowdef:411:7'), )
+        return (rt.result_type('Splat', _node, dtype, (*dims,), 'specs/ops.glowdef:419:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3764,7 +3764,7 @@ class Range(Node):
         delta: float
         dtype: dtype
     Traits: primitive
-    Declared at specs/ops.glowdef:415:1.
+    Declared at specs/ops.glowdef:423:1.
     """
 
     OP: ClassVar[str] = 'Range'
@@ -3773,7 +3773,7 @@ class Range(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('start', 'float', None, False), AttrInfo('limit', 'float', None, False), AttrInfo('delta', 'float', None, False), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:415:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:423:1'
 
     start: object = attrs.field(converter=rt.CONVERTERS['float'])
     limit: object = attrs.field(converter=rt.CONVERTERS['float'])
@@ -3789,8 +3789,8 @@ class Range(Node):
     def infer(*, _node='', start=None, limit=None, delta=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Range', _node)
-        rt.check(rt.ne(delta, 0), 'Range', _node, 'delta must not be 0', 'specs/ops.glowdef:422:3')
-        return (rt.result_type('Range', _node, dtype, (rt.b_max(0, rt.b_ceil(rt.truediv(rt.sub(limit, start), delta))),), 'specs/ops.glowdef:423:7'), )
+        rt.check(rt.ne(delta, 0), 'Range', _node, 'delta must not be 0', 'specs/ops.glowdef:430:3')
+        return (rt.result_type('Range', _node, dtype, (rt.b_max(0, rt.b_ceil(rt.truediv(rt.sub(limit, start), delta))),), 'specs/ops.glowdef:431:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3805,7 +3805,7 @@ class Split(Node):
         axis: int where (axis >= 0) and (axis < len(S))
         sizes: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:429:1.
+    Declared at specs/ops.glowdef:437:1.
     """
 
     OP: ClassVar[str] = 'Split'
@@ -3814,7 +3814,7 @@ class Split(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('sizes', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:429:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:437:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -3833,13 +3833,13 @@ class Split(Node):
     def infer(x, *, _node='', axis=None, sizes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Split', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:432:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:432:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:440:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:440:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Split', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:433:3')
-        rt.check(rt.eq(rt.b_sum(sizes), S[axis]), 'Split', _node, 'the split sizes must add up to the split dimension', 'specs/ops.glowdef:435:3')
-        return (*(rt.result_type('Split', _node, A, _s, 'specs/ops.glowdef:436:7') for _s in sl.shapes.split_shapes(S, axis, sizes)), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Split', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:441:3')
+        rt.check(rt.eq(rt.b_sum(sizes), S[axis]), 'Split', _node, 'the split sizes must add up to the split dimension', 'specs/ops.glowdef:443:3')
+        return (*(rt.result_type('Split', _node, A, _s, 'specs/ops.glowdef:444:7') for _s in sl.shapes.split_shapes(S, axis, sizes)), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3852,7 +3852,7 @@ class Tile(Node):
         y: Tensor[A, *S * repeats]
     Attributes:
         repeats: ints
-    Declared at specs/ops.glowdef:452:1.
+    Declared at specs/ops.glowdef:460:1.
     """
 
     OP: ClassVar[str] = 'Tile'
@@ -3861,7 +3861,7 @@ class Tile(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('repeats', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:452:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:460:1'
 
     repeats: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -3879,12 +3879,12 @@ class Tile(Node):
     def infer(x, *, _node='', repeats=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Tile', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:454:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:454:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:462:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:462:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_len(repeats), rt.b_len(S)), 'Tile', _node, 'repeats must have one entry per dimension', 'specs/ops.glowdef:456:3')
-        return (rt.result_type('Tile', _node, A, (*rt.mul(S, repeats),), 'specs/ops.glowdef:457:7'), )
+        rt.check(rt.eq(rt.b_len(repeats), rt.b_len(S)), 'Tile', _node, 'repeats must have one entry per dimension', 'specs/ops.glowdef:464:3')
+        return (rt.result_type('Tile', _node, A, (*rt.mul(S, repeats),), 'specs/ops.glowdef:465:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3900,7 +3900,7 @@ class Pad(Node):
         mode: string = "constant"
         value: float = 0.0
     Traits: primitive
-    Declared at specs/ops.glowdef:461:1.
+    Declared at specs/ops.glowdef:469:1.
     """
 
     OP: ClassVar[str] = 'Pad'
@@ -3909,7 +3909,7 @@ class Pad(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('pads', 'ints', None, False), AttrInfo('mode', 'string', 'constant', True), AttrInfo('value', 'float', 0.0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:461:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:469:1'
 
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
     mode: object = attrs.field(default='constant', converter=rt.CONVERTERS['string'])
@@ -3929,13 +3929,13 @@ class Pad(Node):
     def infer(x, *, _node='', pads=None, mode=None, value=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Pad', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:464:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:464:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:472:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:472:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(S))), 'Pad', _node, 'pads must give a begin and an end for every dimension', 'specs/ops.glowdef:468:3')
-        rt.check((((rt.eq(mode, 'constant') or rt.eq(mode, 'reflect')) or rt.eq(mode, 'edge')) or rt.eq(mode, 'wrap')), 'Pad', _node, 'mode must be constant, reflect, edge or wrap', 'specs/ops.glowdef:469:3')
-        return (rt.result_type('Pad', _node, A, (*sl.shapes.pad_shape(S, pads),), 'specs/ops.glowdef:471:7'), )
+        rt.check(rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(S))), 'Pad', _node, 'pads must give a begin and an end for every dimension', 'specs/ops.glowdef:476:3')
+        rt.check((((rt.eq(mode, 'constant') or rt.eq(mode, 'reflect')) or rt.eq(mode, 'edge')) or rt.eq(mode, 'wrap')), 'Pad', _node, 'mode must be constant, reflect, edge or wrap', 'specs/ops.glowdef:477:3')
+        return (rt.result_type('Pad', _node, A, (*sl.shapes.pad_shape(S, pads),), 'specs/ops.glowdef:479:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3950,7 +3950,7 @@ class Trilu(Node):
         upper: int = 1
         k: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:480:1.
+    Declared at specs/ops.glowdef:488:1.
     """
 
     OP: ClassVar[str] = 'Trilu'
@@ -3959,7 +3959,7 @@ class Trilu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('upper', 'int', 1, True), AttrInfo('k', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:480:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:488:1'
 
     upper: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -3978,12 +3978,12 @@ class Trilu(Node):
     def infer(x, *, _node='', upper=None, k=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Trilu', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:483:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:483:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:491:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:491:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.ge(rt.b_len(S), 2), 'Trilu', _node, 'the operand must have rank at least 2', 'specs/ops.glowdef:486:3')
-        return (rt.result_type('Trilu', _node, A, (*S,), 'specs/ops.glowdef:487:7'), )
+        rt.check(rt.ge(rt.b_len(S), 2), 'Trilu', _node, 'the operand must have rank at least 2', 'specs/ops.glowdef:494:3')
+        return (rt.result_type('Trilu', _node, A, (*S,), 'specs/ops.glowdef:495:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3998,7 +3998,7 @@ class GatherElements(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
     Traits: primitive
-    Declared at specs/ops.glowdef:491:1.
+    Declared at specs/ops.glowdef:499:1.
     """
 
     OP: ClassVar[str] = 'GatherElements'
@@ -4007,7 +4007,7 @@ class GatherElements(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:491:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:499:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -4030,17 +4030,17 @@ class GatherElements(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GatherElements', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:494:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:494:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:494:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:494:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:502:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:502:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:502:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:502:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'GatherElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:495:3')
-        rt.check(rt.eq(rt.b_len(S), rt.b_len(Q)), 'GatherElements', _node, 'indices must have the rank of the operand', 'specs/ops.glowdef:496:3')
-        return (rt.result_type('GatherElements', _node, A, (*Q,), 'specs/ops.glowdef:497:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'GatherElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:503:3')
+        rt.check(rt.eq(rt.b_len(S), rt.b_len(Q)), 'GatherElements', _node, 'indices must have the rank of the operand', 'specs/ops.glowdef:504:3')
+        return (rt.result_type('GatherElements', _node, A, (*Q,), 'specs/ops.glowdef:505:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4055,7 +4055,7 @@ class GatherND(Node):
     Attributes:
         batch_dims: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:501:1.
+    Declared at specs/ops.glowdef:509:1.
     """
 
     OP: ClassVar[str] = 'GatherND'
@@ -4064,7 +4064,7 @@ class GatherND(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('batch_dims', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:501:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:509:1'
 
     batch_dims: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
 
@@ -4087,14 +4087,14 @@ class GatherND(Node):
     def infer(x, indices, *, _node='', batch_dims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GatherND', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:504:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:504:7')
-        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:504:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:504:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:512:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:512:7')
+        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:512:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:512:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('GatherND', _node, A, (*sl.shapes.gathernd_shape(S, Q, batch_dims),), 'specs/ops.glowdef:506:7'), )
+        return (rt.result_type('GatherND', _node, A, (*sl.shapes.gathernd_shape(S, Q, batch_dims),), 'specs/ops.glowdef:514:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4111,7 +4111,7 @@ class ScatterElements(Node):
         axis: int where (axis >= 0) and (axis < len(S))
         reduction: string = "none"
     Traits: primitive
-    Declared at specs/ops.glowdef:510:1.
+    Declared at specs/ops.glowdef:518:1.
     """
 
     OP: ClassVar[str] = 'ScatterElements'
@@ -4120,7 +4120,7 @@ class ScatterElements(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('reduction', 'string', 'none', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:510:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:518:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     reduction: object = attrs.field(default='none', converter=rt.CONVERTERS['string'])
@@ -4149,18 +4149,18 @@ class ScatterElements(Node):
     def infer(x, indices, updates, *, _node='', axis=None, reduction=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ScatterElements', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:513:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:513:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:513:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:513:25')
-        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:513:49')
-        u.shape('updates', updates, (), 'Q', (), 'specs/ops.glowdef:513:49')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:521:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:521:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:521:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:521:25')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:521:49')
+        u.shape('updates', updates, (), 'Q', (), 'specs/ops.glowdef:521:49')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ScatterElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:514:3')
-        return (rt.result_type('ScatterElements', _node, A, (*S,), 'specs/ops.glowdef:516:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ScatterElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:522:3')
+        return (rt.result_type('ScatterElements', _node, A, (*S,), 'specs/ops.glowdef:524:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4176,7 +4176,7 @@ class ScatterND(Node):
     Attributes:
         reduction: string = "none"
     Traits: primitive
-    Declared at specs/ops.glowdef:520:1.
+    Declared at specs/ops.glowdef:528:1.
     """
 
     OP: ClassVar[str] = 'ScatterND'
@@ -4185,7 +4185,7 @@ class ScatterND(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('reduction', 'string', 'none', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:520:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:528:1'
 
     reduction: object = attrs.field(default='none', converter=rt.CONVERTERS['string'])
 
@@ -4213,17 +4213,17 @@ class ScatterND(Node):
     def infer(x, indices, updates, *, _node='', reduction=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ScatterND', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:523:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:523:7')
-        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:523:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:523:25')
-        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:523:51')
-        u.shape('updates', updates, (), 'U', (), 'specs/ops.glowdef:523:51')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:531:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:531:7')
+        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:531:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:531:25')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:531:51')
+        u.shape('updates', updates, (), 'U', (), 'specs/ops.glowdef:531:51')
         Q = u.dim('Q')
         S = u.dim('S')
         U = u.dim('U')
         A = u.dtype('A')
-        return (rt.result_type('ScatterND', _node, A, (*S,), 'specs/ops.glowdef:525:7'), )
+        return (rt.result_type('ScatterND', _node, A, (*S,), 'specs/ops.glowdef:533:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4237,7 +4237,7 @@ class DepthToSpace(Node):
     Attributes:
         blocksize: int where blocksize > 0
         mode: string = "DCR"
-    Declared at specs/ops.glowdef:529:1.
+    Declared at specs/ops.glowdef:537:1.
     """
 
     OP: ClassVar[str] = 'DepthToSpace'
@@ -4246,7 +4246,7 @@ class DepthToSpace(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:529:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:537:1'
 
     blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
     mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
@@ -4265,16 +4265,16 @@ class DepthToSpace(Node):
     def infer(x, *, _node='', blocksize=None, mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DepthToSpace', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:531:7')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:531:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:539:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:539:7')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         A = u.dtype('A')
-        rt.check(rt.gt(blocksize, 0), 'DepthToSpace', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:532:3')
-        rt.check(rt.eq(rt.mod(C, rt.mul(blocksize, blocksize)), 0), 'DepthToSpace', _node, 'channels must divide by blocksize squared', 'specs/ops.glowdef:534:3')
-        return (rt.result_type('DepthToSpace', _node, A, (N, rt.floordiv(C, rt.mul(blocksize, blocksize)), rt.mul(H, blocksize), rt.mul(W, blocksize),), 'specs/ops.glowdef:535:7'), )
+        rt.check(rt.gt(blocksize, 0), 'DepthToSpace', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:540:3')
+        rt.check(rt.eq(rt.mod(C, rt.mul(blocksize, blocksize)), 0), 'DepthToSpace', _node, 'channels must divide by blocksize squared', 'specs/ops.glowdef:542:3')
+        return (rt.result_type('DepthToSpace', _node, A, (N, rt.floordiv(C, rt.mul(blocksize, blocksize)), rt.mul(H, blocksize), rt.mul(W, blocksize),), 'specs/ops.glowdef:543:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4288,7 +4288,7 @@ class SpaceToDepth(Node):
     Attributes:
         blocksize: int where blocksize > 0
         mode: string = "DCR"
-    Declared at specs/ops.glowdef:539:1.
+    Declared at specs/ops.glowdef:547:1.
     """
 
     OP: ClassVar[str] = 'SpaceToDepth'
@@ -4297,7 +4297,7 @@ class SpaceToDepth(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:539:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:547:1'
 
     blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
     mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
@@ -4316,16 +4316,16 @@ class SpaceToDepth(Node):
     def infer(x, *, _node='', blocksize=None, mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SpaceToDepth', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:541:7')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:541:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:549:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:549:7')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         A = u.dtype('A')
-        rt.check(rt.gt(blocksize, 0), 'SpaceToDepth', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:542:3')
-        rt.check((rt.eq(rt.mod(H, blocksize), 0) and rt.eq(rt.mod(W, blocksize), 0)), 'SpaceToDepth', _node, 'height and width must divide by blocksize', 'specs/ops.glowdef:544:3')
-        return (rt.result_type('SpaceToDepth', _node, A, (N, rt.mul(rt.mul(C, blocksize), blocksize), rt.floordiv(H, blocksize), rt.floordiv(W, blocksize),), 'specs/ops.glowdef:545:7'), )
+        rt.check(rt.gt(blocksize, 0), 'SpaceToDepth', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:550:3')
+        rt.check((rt.eq(rt.mod(H, blocksize), 0) and rt.eq(rt.mod(W, blocksize), 0)), 'SpaceToDepth', _node, 'height and width must divide by blocksize', 'specs/ops.glowdef:552:3')
+        return (rt.result_type('SpaceToDepth', _node, A, (N, rt.mul(rt.mul(C, blocksize), blocksize), rt.floordiv(H, blocksize), rt.floordiv(W, blocksize),), 'specs/ops.glowdef:553:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4340,7 +4340,7 @@ class EyeLike(Node):
         k: int = 0
         dtype: dtype
     Traits: primitive
-    Declared at specs/ops.glowdef:549:1.
+    Declared at specs/ops.glowdef:557:1.
     """
 
     OP: ClassVar[str] = 'EyeLike'
@@ -4349,7 +4349,7 @@ class EyeLike(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:549:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:557:1'
 
     k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     dtype: object = attrs.field(converter=rt.CONVERTERS['dtype'])
@@ -4368,12 +4368,12 @@ class EyeLike(Node):
     def infer(x, *, _node='', k=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('EyeLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:552:7')
-        u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:552:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:560:7')
+        u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:560:7')
         C = u.dim('C')
         R = u.dim('R')
         A = u.dtype('A')
-        return (rt.result_type('EyeLike', _node, dtype, (R, C,), 'specs/ops.glowdef:555:7'), )
+        return (rt.result_type('EyeLike', _node, dtype, (R, C,), 'specs/ops.glowdef:563:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4389,7 +4389,7 @@ class OneHot(Node):
         depth: int
         axis: int
     Traits: primitive
-    Declared at specs/ops.glowdef:559:1.
+    Declared at specs/ops.glowdef:567:1.
     """
 
     OP: ClassVar[str] = 'OneHot'
@@ -4398,7 +4398,7 @@ class OneHot(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('depth', 'int', None, False), AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:559:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:567:1'
 
     depth: object = attrs.field(converter=rt.CONVERTERS['int'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -4422,14 +4422,14 @@ class OneHot(Node):
     def infer(indices, values, *, _node='', depth=None, axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('OneHot', _node)
-        u.elem('indices', indices, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:562:7')
-        u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:562:7')
-        u.elem('values', values, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:562:31')
-        u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:562:31')
+        u.elem('indices', indices, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:570:7')
+        u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:570:7')
+        u.elem('values', values, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:570:31')
+        u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:570:31')
         S = u.dim('S')
         A = u.dtype('A')
         P = u.dtype('P')
-        return (rt.result_type('OneHot', _node, A, (*sl.shapes.insert_dim(S, axis, depth),), 'specs/ops.glowdef:565:7'), )
+        return (rt.result_type('OneHot', _node, A, (*sl.shapes.insert_dim(S, axis, depth),), 'specs/ops.glowdef:573:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4444,7 +4444,7 @@ class ReduceSum(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:571:1.
+    Declared at specs/ops.glowdef:579:1.
     """
 
     OP: ClassVar[str] = 'ReduceSum'
@@ -4453,7 +4453,7 @@ class ReduceSum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:571:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:579:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4472,11 +4472,11 @@ class ReduceSum(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:574:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:574:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:582:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:582:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceSum', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:577:7'), )
+        return (rt.result_type('ReduceSum', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:585:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4491,7 +4491,7 @@ class ReduceMax(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:587:1.
+    Declared at specs/ops.glowdef:595:1.
     """
 
     OP: ClassVar[str] = 'ReduceMax'
@@ -4500,7 +4500,7 @@ class ReduceMax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:587:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:595:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4519,11 +4519,11 @@ class ReduceMax(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:590:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:590:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:598:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:598:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:593:7'), )
+        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:601:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4538,7 +4538,7 @@ class ReduceMin(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:603:1.
+    Declared at specs/ops.glowdef:611:1.
     """
 
     OP: ClassVar[str] = 'ReduceMin'
@@ -4547,7 +4547,7 @@ class ReduceMin(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:603:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:611:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4566,11 +4566,11 @@ class ReduceMin(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:606:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:606:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:614:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:614:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:609:7'), )
+        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:617:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4585,7 +4585,7 @@ class ReduceProd(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:619:1.
+    Declared at specs/ops.glowdef:627:1.
     """
 
     OP: ClassVar[str] = 'ReduceProd'
@@ -4594,7 +4594,7 @@ class ReduceProd(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:619:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:627:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4613,11 +4613,11 @@ class ReduceProd(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:622:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:622:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:630:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:630:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:625:7'), )
+        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:633:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4631,7 +4631,7 @@ class ReduceMean(Node):
     Attributes:
         axes: ints = []
         keepdims: int = 1
-    Declared at specs/ops.glowdef:635:1.
+    Declared at specs/ops.glowdef:643:1.
     """
 
     OP: ClassVar[str] = 'ReduceMean'
@@ -4640,7 +4640,7 @@ class ReduceMean(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:635:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:643:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4659,11 +4659,11 @@ class ReduceMean(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMean', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:637:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:637:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:645:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:645:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:640:7'), )
+        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:648:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4679,7 +4679,7 @@ class ArgMax(Node):
         keepdims: int = 1
         select_last_index: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:650:1.
+    Declared at specs/ops.glowdef:658:1.
     """
 
     OP: ClassVar[str] = 'ArgMax'
@@ -4688,7 +4688,7 @@ class ArgMax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:650:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:658:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4708,12 +4708,12 @@ class ArgMax(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:653:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:653:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:661:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:661:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:654:3')
-        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:657:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:662:3')
+        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:665:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4729,7 +4729,7 @@ class ArgMin(Node):
         keepdims: int = 1
         select_last_index: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:661:1.
+    Declared at specs/ops.glowdef:669:1.
     """
 
     OP: ClassVar[str] = 'ArgMin'
@@ -4738,7 +4738,7 @@ class ArgMin(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:661:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:669:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4758,12 +4758,12 @@ class ArgMin(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:664:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:664:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:672:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:672:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:665:3')
-        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:668:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:673:3')
+        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:676:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4780,7 +4780,7 @@ class TopK(Node):
         axis: int where (axis >= 0) and (axis < len(S))
         largest: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:672:1.
+    Declared at specs/ops.glowdef:680:1.
     """
 
     OP: ClassVar[str] = 'TopK'
@@ -4789,7 +4789,7 @@ class TopK(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('largest', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:672:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:680:1'
 
     k: object = attrs.field(converter=rt.CONVERTERS['int'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -4814,14 +4814,14 @@ class TopK(Node):
     def infer(x, *, _node='', k=None, axis=None, largest=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('TopK', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:675:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:675:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:683:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:683:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:676:3')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:677:3')
-        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:679:3')
-        return (rt.result_type('TopK', _node, T, (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:680:7'), rt.result_type('TopK', _node, 'i64', (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:680:52'), )
+        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:684:3')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:685:3')
+        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:687:3')
+        return (rt.result_type('TopK', _node, T, (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:688:7'), rt.result_type('TopK', _node, 'i64', (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:688:52'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4837,7 +4837,7 @@ class CumSum(Node):
         exclusive: int = 0
         reverse: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:690:1.
+    Declared at specs/ops.glowdef:698:1.
     """
 
     OP: ClassVar[str] = 'CumSum'
@@ -4846,7 +4846,7 @@ class CumSum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:690:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:698:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -4866,12 +4866,12 @@ class CumSum(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:693:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:693:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:701:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:701:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:694:3')
-        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:697:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:702:3')
+        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:705:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4887,7 +4887,7 @@ class CumProd(Node):
         exclusive: int = 0
         reverse: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:701:1.
+    Declared at specs/ops.glowdef:709:1.
     """
 
     OP: ClassVar[str] = 'CumProd'
@@ -4896,7 +4896,7 @@ class CumProd(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:701:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:709:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -4916,12 +4916,12 @@ class CumProd(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:704:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:704:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:712:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:712:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:705:3')
-        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:708:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:713:3')
+        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:716:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4935,7 +4935,7 @@ class Hardmax(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
     Traits: primitive
-    Declared at specs/ops.glowdef:712:1.
+    Declared at specs/ops.glowdef:720:1.
     """
 
     OP: ClassVar[str] = 'Hardmax'
@@ -4944,7 +4944,7 @@ class Hardmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:712:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:720:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -4962,12 +4962,12 @@ class Hardmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Hardmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:715:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:715:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:723:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:723:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:716:3')
-        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:717:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:724:3')
+        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:725:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4980,7 +4980,7 @@ class BatchMatMul(Node):
     Results:
         y: Tensor[T, B, M, P]
     Traits: primitive
-    Declared at specs/ops.glowdef:723:1.
+    Declared at specs/ops.glowdef:731:1.
     """
 
     OP: ClassVar[str] = 'BatchMatMul'
@@ -4989,7 +4989,7 @@ class BatchMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:723:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:731:1'
 
 
     @property
@@ -5011,16 +5011,16 @@ class BatchMatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchMatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:726:7')
-        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:726:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:726:32')
-        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:726:32')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:734:7')
+        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:734:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:734:32')
+        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:734:32')
         B = u.dim('B')
         K = u.dim('K')
         M = u.dim('M')
         P = u.dim('P')
         T = u.dtype('T')
-        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:727:7'), )
+        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:735:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5032,7 +5032,7 @@ class MatMul(Node):
         rhs: Tensor[T, *Y]
     Results:
         y: Tensor[T, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:730:1.
+    Declared at specs/ops.glowdef:738:1.
     """
 
     OP: ClassVar[str] = 'MatMul'
@@ -5041,7 +5041,7 @@ class MatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:730:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:738:1'
 
 
     @property
@@ -5063,15 +5063,15 @@ class MatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:732:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:732:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:732:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:732:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:740:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:740:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:740:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:740:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:733:3')
-        return (rt.result_type('MatMul', _node, T, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:734:7'), )
+        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:741:3')
+        return (rt.result_type('MatMul', _node, T, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:742:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5089,7 +5089,7 @@ class Gemm(Node):
         beta: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:738:1.
+    Declared at specs/ops.glowdef:746:1.
     """
 
     OP: ClassVar[str] = 'Gemm'
@@ -5098,7 +5098,7 @@ class Gemm(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('beta', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:738:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:746:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
@@ -5129,21 +5129,21 @@ class Gemm(Node):
     def infer(a, b, c=None, *, _node='', alpha=None, beta=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gemm', _node)
-        u.elem('a', a, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:740:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:740:7')
-        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:740:29')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:740:29')
+        u.elem('a', a, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:748:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:748:7')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:748:29')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:748:29')
         if c is not None:
-            u.elem('c', c, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:740:51')
-            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:740:51')
+            u.elem('c', c, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:748:51')
+            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:748:51')
         K0 = u.dim('K0')
         K1 = u.dim('K1')
         M0 = u.dim('M0')
         N1 = u.dim('N1')
         Q = u.dims['Q'][0] if 'Q' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:745:3')
-        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:747:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:753:3')
+        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:755:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5156,7 +5156,7 @@ class FullyConnected(Node):
         b: Tensor[F, N]
     Results:
         y: Tensor[F, M, N]
-    Declared at specs/ops.glowdef:752:1.
+    Declared at specs/ops.glowdef:760:1.
     """
 
     OP: ClassVar[str] = 'FullyConnected'
@@ -5165,7 +5165,7 @@ class FullyConnected(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:752:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:760:1'
 
 
     @property
@@ -5192,17 +5192,17 @@ class FullyConnected(Node):
     def infer(x, w, b, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('FullyConnected', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:754:7')
-        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:754:7')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:754:27')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:754:27')
-        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:754:47')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:754:47')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:762:7')
+        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:762:7')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:762:27')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:762:27')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:762:47')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:762:47')
         K = u.dim('K')
         M = u.dim('M')
         N = u.dim('N')
         F = u.dtype('F')
-        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:755:7'), )
+        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:763:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5216,7 +5216,7 @@ class Einsum(Node):
     Attributes:
         equation: string
     Traits: primitive
-    Declared at specs/ops.glowdef:758:1.
+    Declared at specs/ops.glowdef:766:1.
     """
 
     OP: ClassVar[str] = 'Einsum'
@@ -5225,7 +5225,7 @@ class Einsum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('equation', 'string', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:758:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:766:1'
 
     equation: object = attrs.field(converter=rt.CONVERTERS['string'])
 
@@ -5244,12 +5244,12 @@ class Einsum(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Einsum', _node)
         if len(xs) == 0:
-            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:761:7')
+            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:769:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:761:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:769:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('Einsum', _node, T, (*sl.shapes.einsum_shape(equation, S),), 'specs/ops.glowdef:763:7'), )
+        return (rt.result_type('Einsum', _node, T, (*sl.shapes.einsum_shape(equation, S),), 'specs/ops.glowdef:771:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5268,7 +5268,7 @@ class Conv(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:769:1.
+    Declared at specs/ops.glowdef:777:1.
     """
 
     OP: ClassVar[str] = 'Conv'
@@ -5277,7 +5277,7 @@ class Conv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:769:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:777:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -5308,13 +5308,13 @@ class Conv(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Conv', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:772:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:772:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:772:35')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:772:35')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:780:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:780:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:780:35')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:780:35')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:772:64')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:772:64')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:780:64')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:780:64')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -5324,17 +5324,17 @@ class Conv(Node):
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:773:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:773:3')
-        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:774:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:774:3')
-        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:775:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:775:3')
-        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:776:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:777:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:778:3')
-        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:779:3')
-        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:781:9'), )
+        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:781:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:781:3')
+        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:782:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:782:3')
+        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:783:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:783:3')
+        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:784:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:785:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:786:3')
+        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:787:3')
+        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:789:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5352,7 +5352,7 @@ class MaxPool(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         ceil_mode: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:791:1.
+    Declared at specs/ops.glowdef:799:1.
     """
 
     OP: ClassVar[str] = 'MaxPool'
@@ -5361,7 +5361,7 @@ class MaxPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('ceil_mode', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:791:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:799:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -5383,22 +5383,22 @@ class MaxPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:794:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:794:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:802:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:802:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         T = u.dtype('T')
-        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:795:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:795:3')
-        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:796:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:796:3')
-        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:797:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:797:3')
-        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:798:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:798:3')
-        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:800:9'), )
+        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:803:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:803:3')
+        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:804:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:804:3')
+        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:805:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:805:3')
+        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:806:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:806:3')
+        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:808:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5416,7 +5416,7 @@ class AvgPool(Node):
         ceil_mode: int = 0
         count_include_pad: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:811:1.
+    Declared at specs/ops.glowdef:819:1.
     """
 
     OP: ClassVar[str] = 'AvgPool'
@@ -5425,7 +5425,7 @@ class AvgPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:811:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:819:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -5447,20 +5447,20 @@ class AvgPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:814:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:814:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:822:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:822:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:815:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:815:3')
-        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:816:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:816:3')
-        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:817:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:817:3')
-        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:820:9'), )
+        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:823:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:823:3')
+        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:824:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:824:3')
+        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:825:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:825:3')
+        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:828:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5471,7 +5471,7 @@ class GlobalAveragePool(Node):
         x: Tensor[F, N, C, *S]
     Results:
         y: Tensor[F, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:830:1.
+    Declared at specs/ops.glowdef:838:1.
     """
 
     OP: ClassVar[str] = 'GlobalAveragePool'
@@ -5480,7 +5480,7 @@ class GlobalAveragePool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:830:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:838:1'
 
 
     @property
@@ -5497,13 +5497,13 @@ class GlobalAveragePool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalAveragePool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:832:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:832:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:840:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:840:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:833:7'), )
+        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:841:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5514,7 +5514,7 @@ class GlobalMaxPool(Node):
         x: Tensor[T, N, C, *S]
     Results:
         y: Tensor[T, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:837:1.
+    Declared at specs/ops.glowdef:845:1.
     """
 
     OP: ClassVar[str] = 'GlobalMaxPool'
@@ -5523,7 +5523,7 @@ class GlobalMaxPool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:837:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:845:1'
 
 
     @property
@@ -5540,13 +5540,13 @@ class GlobalMaxPool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalMaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:839:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:839:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:847:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:847:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:840:7'), )
+        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:848:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5562,7 +5562,7 @@ class LRN(Node):
         beta: float = 0.75
         bias: float = 1.0
         size: int where size >= 1
-    Declared at specs/ops.glowdef:844:1.
+    Declared at specs/ops.glowdef:852:1.
     """
 
     OP: ClassVar[str] = 'LRN'
@@ -5571,7 +5571,7 @@ class LRN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.0001, True), AttrInfo('beta', 'float', 0.75, True), AttrInfo('bias', 'float', 1.0, True), AttrInfo('size', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:844:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:852:1'
 
     alpha: object = attrs.field(default=0.0001, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.75, converter=rt.CONVERTERS['float'])
@@ -5592,14 +5592,14 @@ class LRN(Node):
     def infer(x, *, _node='', alpha=None, beta=None, bias=None, size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LRN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:846:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:846:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:854:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:854:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:850:3')
-        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:851:7'), )
+        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:858:3')
+        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:859:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5618,7 +5618,7 @@ class ConvN(Node):
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:856:1.
+    Declared at specs/ops.glowdef:864:1.
     """
 
     OP: ClassVar[str] = 'ConvN'
@@ -5627,7 +5627,7 @@ class ConvN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:856:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:864:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5658,13 +5658,13 @@ class ConvN(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:859:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:859:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:859:33')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:859:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:867:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:867:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:867:33')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:867:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:859:58')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:859:58')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:867:58')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:867:58')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -5672,15 +5672,15 @@ class ConvN(Node):
         M = u.dim('M')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:860:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:861:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:862:3')
-        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:863:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:864:3')
-        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:865:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:867:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:868:3')
-        return (rt.result_type('ConvN', _node, F, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:869:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:868:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:869:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:870:3')
+        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:871:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:872:3')
+        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:873:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:875:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:876:3')
+        return (rt.result_type('ConvN', _node, F, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:877:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5698,7 +5698,7 @@ class MaxPoolN(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:881:1.
+    Declared at specs/ops.glowdef:889:1.
     """
 
     OP: ClassVar[str] = 'MaxPoolN'
@@ -5707,7 +5707,7 @@ class MaxPoolN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:881:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:889:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5729,18 +5729,18 @@ class MaxPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPoolN', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:884:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:884:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:892:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:892:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         T = u.dtype('T')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:885:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:886:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:887:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:888:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:890:3')
-        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:892:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:893:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:894:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:895:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:896:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:898:3')
+        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:900:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5758,7 +5758,7 @@ class AvgPoolN(Node):
         ceil_mode: int = 0
         count_include_pad: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:906:1.
+    Declared at specs/ops.glowdef:914:1.
     """
 
     OP: ClassVar[str] = 'AvgPoolN'
@@ -5767,7 +5767,7 @@ class AvgPoolN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:906:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:914:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5789,17 +5789,17 @@ class AvgPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:909:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:909:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:917:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:917:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:910:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:911:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:912:3')
-        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:915:3')
-        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:917:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:918:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:919:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:920:3')
+        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:923:3')
+        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:925:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5819,7 +5819,7 @@ class ConvTranspose(Node):
         output_padding: ints
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:928:1.
+    Declared at specs/ops.glowdef:936:1.
     """
 
     OP: ClassVar[str] = 'ConvTranspose'
@@ -5828,7 +5828,7 @@ class ConvTranspose(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('output_padding', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:928:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:936:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5860,13 +5860,13 @@ class ConvTranspose(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, output_padding=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvTranspose', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:931:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:931:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:931:33')
-        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:931:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:939:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:939:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:939:33')
+        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:939:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:931:59')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:931:59')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:939:59')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:939:59')
         C = u.dim('C')
         C2 = u.dim('C2')
         D = u.dim('D')
@@ -5875,12 +5875,12 @@ class ConvTranspose(Node):
         MG = u.dim('MG')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:932:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:934:3')
-        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:936:3')
-        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:937:3')
-        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:938:3')
-        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.conv.convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:939:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:940:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:942:3')
+        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:944:3')
+        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:945:3')
+        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:946:3')
+        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.conv.convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:947:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5897,7 +5897,7 @@ class BatchNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:956:1.
+    Declared at specs/ops.glowdef:964:1.
     """
 
     OP: ClassVar[str] = 'BatchNormalization'
@@ -5906,7 +5906,7 @@ class BatchNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:956:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:964:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -5944,21 +5944,21 @@ class BatchNormalization(Node):
     def infer(x, scale, bias, mean, var, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:958:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:958:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:958:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:958:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:958:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:958:52')
-        u.elem('mean', mean, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:958:72')
-        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:958:72')
-        u.elem('var', var, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:958:92')
-        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:958:92')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:966:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:966:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:966:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:966:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:966:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:966:52')
+        u.elem('mean', mean, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:966:72')
+        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:966:72')
+        u.elem('var', var, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:966:92')
+        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:966:92')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:960:7'), )
+        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:968:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5974,7 +5974,7 @@ class LayerNormalization(Node):
     Attributes:
         axis: int = -1
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:981:1.
+    Declared at specs/ops.glowdef:989:1.
     """
 
     OP: ClassVar[str] = 'LayerNormalization'
@@ -5983,7 +5983,7 @@ class LayerNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', rt.neg(1), True), AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:981:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:989:1'
 
     axis: object = attrs.field(default=rt.neg(1), converter=rt.CONVERTERS['int'])
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
@@ -6012,20 +6012,20 @@ class LayerNormalization(Node):
     def infer(x, scale, bias=None, *, _node='', axis=None, epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LayerNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:983:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:983:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:983:25')
-        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:983:25')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:991:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:991:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:991:25')
+        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:991:25')
         if bias is not None:
-            u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:983:47')
-            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:983:47')
+            u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:991:47')
+            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:991:47')
         G = u.dim('G')
         H = u.dims['H'][0] if 'H' in u.dims else None
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:986:3')
-        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:987:3')
-        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:988:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:994:3')
+        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:995:3')
+        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:996:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6038,55 +6038,10 @@ class Softmax(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
-    Declared at specs/ops.glowdef:997:1.
-    """
-
-    OP: ClassVar[str] = 'Softmax'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:997:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Softmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:999:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:999:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1000:3')
-        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:1001:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class LogSoftmax(Node):
-    """log(softmax(x)) along `axis` (normalized to >= 0).
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        axis: int where (axis >= 0) and (axis < len(S))
     Declared at specs/ops.glowdef:1005:1.
     """
 
-    OP: ClassVar[str] = 'LogSoftmax'
+    OP: ClassVar[str] = 'Softmax'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
@@ -6109,29 +6064,29 @@ class LogSoftmax(Node):
     @staticmethod
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('LogSoftmax', _node)
+        u = rt.Unifier('Softmax', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1007:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1007:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1008:3')
-        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:1009:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1008:3')
+        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:1009:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class SoftmaxFlat(Node):
-    """Softmax before opset 13: x is seen as 2-D [prod(S[:axis]), prod(S[axis:])] and normalized along dimension 1.
+class LogSoftmax(Node):
+    """log(softmax(x)) along `axis` (normalized to >= 0).
     
     Operands:
         x: Tensor[F, *S]
     Results:
         y: Tensor[F, *S]
     Attributes:
-        axis: int where (axis >= 0) and (axis <= len(S))
+        axis: int where (axis >= 0) and (axis < len(S))
     Declared at specs/ops.glowdef:1013:1.
     """
 
-    OP: ClassVar[str] = 'SoftmaxFlat'
+    OP: ClassVar[str] = 'LogSoftmax'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
@@ -6154,18 +6109,18 @@ class SoftmaxFlat(Node):
     @staticmethod
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('SoftmaxFlat', _node)
+        u = rt.Unifier('LogSoftmax', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1015:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1015:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1016:3')
-        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1017:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1016:3')
+        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:1017:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class LogSoftmaxFlat(Node):
-    """LogSoftmax before opset 13: like SoftmaxFlat.
+class SoftmaxFlat(Node):
+    """Softmax before opset 13: x is seen as 2-D [prod(S[:axis]), prod(S[axis:])] and normalized along dimension 1.
     
     Operands:
         x: Tensor[F, *S]
@@ -6176,7 +6131,7 @@ class LogSoftmaxFlat(Node):
     Declared at specs/ops.glowdef:1021:1.
     """
 
-    OP: ClassVar[str] = 'LogSoftmaxFlat'
+    OP: ClassVar[str] = 'SoftmaxFlat'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
@@ -6199,13 +6154,58 @@ class LogSoftmaxFlat(Node):
     @staticmethod
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('LogSoftmaxFlat', _node)
+        u = rt.Unifier('SoftmaxFlat', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1023:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1023:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1024:3')
-        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1025:7'), )
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1024:3')
+        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1025:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LogSoftmaxFlat(Node):
+    """LogSoftmax before opset 13: like SoftmaxFlat.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis <= len(S))
+    Declared at specs/ops.glowdef:1029:1.
+    """
+
+    OP: ClassVar[str] = 'LogSoftmaxFlat'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1029:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LogSoftmaxFlat', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1031:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1031:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1032:3')
+        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1033:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6220,7 +6220,7 @@ class InstanceNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:1029:1.
+    Declared at specs/ops.glowdef:1037:1.
     """
 
     OP: ClassVar[str] = 'InstanceNormalization'
@@ -6229,7 +6229,7 @@ class InstanceNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1029:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1037:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -6257,17 +6257,17 @@ class InstanceNormalization(Node):
     def infer(x, scale, bias, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('InstanceNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1031:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1031:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1031:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1031:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1031:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1031:52')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1039:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1039:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1039:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1039:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1039:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1039:52')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1033:7'), )
+        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1041:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6281,7 +6281,7 @@ class LpNormalization(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
         p: int = 2 where (p == 1) or (p == 2)
-    Declared at specs/ops.glowdef:1037:1.
+    Declared at specs/ops.glowdef:1045:1.
     """
 
     OP: ClassVar[str] = 'LpNormalization'
@@ -6290,7 +6290,7 @@ class LpNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('p', 'int', 2, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1037:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1045:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     p: object = attrs.field(default=2, converter=rt.CONVERTERS['int'])
@@ -6309,13 +6309,13 @@ class LpNormalization(Node):
     def infer(x, *, _node='', axis=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1039:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1039:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1047:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1047:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1040:3')
-        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1041:3')
-        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1042:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1048:3')
+        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1049:3')
+        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1050:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6338,7 +6338,7 @@ class Resize(Node):
         exclude_outside: int = 0
         extrapolation_value: float = 0.0
         antialias: int = 0
-    Declared at specs/ops.glowdef:1048:1.
+    Declared at specs/ops.glowdef:1056:1.
     """
 
     OP: ClassVar[str] = 'Resize'
@@ -6347,7 +6347,7 @@ class Resize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), AttrInfo('sizes', 'ints', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('roi', 'floats', None, False), AttrInfo('mode', 'string', 'nearest', True), AttrInfo('coordinate_transformation_mode', 'string', 'half_pixel', True), AttrInfo('nearest_mode', 'string', 'round_prefer_floor', True), AttrInfo('cubic_coeff_a', 'float', rt.neg(0.75), True), AttrInfo('exclude_outside', 'int', 0, True), AttrInfo('extrapolation_value', 'float', 0.0, True), AttrInfo('antialias', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1048:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1056:1'
 
     axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
     sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6375,17 +6375,17 @@ class Resize(Node):
     def infer(x, *, _node='', axes=None, sizes=None, scales=None, roi=None, mode=None, coordinate_transformation_mode=None, nearest_mode=None, cubic_coeff_a=None, exclude_outside=None, extrapolation_value=None, antialias=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Resize', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1050:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1050:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1058:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1058:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1062:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1064:3')
-        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1065:3')
-        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1066:3')
-        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1070:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1073:3')
-        return (rt.result_type('Resize', _node, T, (*sl.resize.resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1075:7'), )
+        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1070:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1072:3')
+        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1073:3')
+        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1074:3')
+        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1078:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1081:3')
+        return (rt.result_type('Resize', _node, T, (*sl.resize.resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1083:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6400,7 +6400,7 @@ class LegacyBroadcast(Node):
     Attributes:
         op: string
         axis: int
-    Declared at specs/ops.glowdef:1129:1.
+    Declared at specs/ops.glowdef:1137:1.
     """
 
     OP: ClassVar[str] = 'LegacyBroadcast'
@@ -6409,7 +6409,7 @@ class LegacyBroadcast(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('op', 'string', None, False), AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1129:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1137:1'
 
     op: object = attrs.field(converter=rt.CONVERTERS['string'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -6433,18 +6433,18 @@ class LegacyBroadcast(Node):
     def infer(lhs, rhs, *, _node='', op=None, axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LegacyBroadcast', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1131:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1131:7')
-        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1131:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1131:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1139:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1139:7')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1139:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1139:27')
         X = u.dim('X')
         Y = u.dim('Y')
         P = u.dtype('P')
         T = u.dtype('T')
-        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1134:3')
-        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1136:3')
-        rt.check(sl.shapes.axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1137:3')
-        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1138:7'), )
+        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1142:3')
+        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1144:3')
+        rt.check(sl.shapes.axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1145:3')
+        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1146:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6462,7 +6462,7 @@ class AvgPoolDilated(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
         count_include_pad: int = 0
-    Declared at specs/ops.glowdef:1150:1.
+    Declared at specs/ops.glowdef:1158:1.
     """
 
     OP: ClassVar[str] = 'AvgPoolDilated'
@@ -6471,7 +6471,7 @@ class AvgPoolDilated(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1150:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1158:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6494,18 +6494,18 @@ class AvgPoolDilated(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolDilated', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1152:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1152:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1160:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1160:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1153:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1154:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1155:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1156:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1159:3')
-        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1161:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1161:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1162:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1163:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1164:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1167:3')
+        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1169:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6523,7 +6523,7 @@ class LpPool(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
         p: int = 2 where p >= 1
-    Declared at specs/ops.glowdef:1171:1.
+    Declared at specs/ops.glowdef:1179:1.
     """
 
     OP: ClassVar[str] = 'LpPool'
@@ -6532,7 +6532,7 @@ class LpPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('p', 'int', 2, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1171:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1179:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6555,19 +6555,19 @@ class LpPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1173:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1173:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1181:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1181:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1174:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1175:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1176:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1177:3')
-        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1179:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1180:3')
-        return (rt.result_type('LpPool', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1182:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1182:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1183:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1184:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1185:3')
+        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1187:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1188:3')
+        return (rt.result_type('LpPool', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1190:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6584,7 +6584,7 @@ class Col2Im(Node):
         strides: ints where all(strides > 0)
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
-    Declared at specs/ops.glowdef:1194:1.
+    Declared at specs/ops.glowdef:1202:1.
     """
 
     OP: ClassVar[str] = 'Col2Im'
@@ -6593,7 +6593,7 @@ class Col2Im(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('image', 'ints', None, False), AttrInfo('block', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1194:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1202:1'
 
     image: object = attrs.field(converter=rt.CONVERTERS['ints'])
     block: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6615,21 +6615,21 @@ class Col2Im(Node):
     def infer(x, *, _node='', image=None, block=None, strides=None, pads=None, dilations=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Col2Im', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1196:9')
-        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1196:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1204:9')
+        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1204:9')
         CK = u.dim('CK')
         L = u.dim('L')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1197:3')
-        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1198:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1199:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1200:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1201:3')
-        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1202:3')
-        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1204:3')
-        rt.check(rt.eq(L, rt.b_prod(sl.conv.conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1205:3')
-        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1207:9'), )
+        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1205:3')
+        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1206:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1207:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1208:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1209:3')
+        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1210:3')
+        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1212:3')
+        rt.check(rt.eq(L, rt.b_prod(sl.conv.conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1213:3')
+        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1215:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6645,7 +6645,7 @@ class GridSample(Node):
         mode: string = "linear"
         padding_mode: string = "zeros"
         align_corners: int = 0
-    Declared at specs/ops.glowdef:1218:1.
+    Declared at specs/ops.glowdef:1226:1.
     """
 
     OP: ClassVar[str] = 'GridSample'
@@ -6654,7 +6654,7 @@ class GridSample(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('mode', 'string', 'linear', True), AttrInfo('padding_mode', 'string', 'zeros', True), AttrInfo('align_corners', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1218:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1226:1'
 
     mode: object = attrs.field(default='linear', converter=rt.CONVERTERS['string'])
     padding_mode: object = attrs.field(default='zeros', converter=rt.CONVERTERS['string'])
@@ -6679,19 +6679,19 @@ class GridSample(Node):
     def infer(x, grid, *, _node='', mode=None, padding_mode=None, align_corners=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GridSample', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1220:9')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1220:9')
-        u.elem('grid', grid, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1220:33')
-        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1220:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1228:9')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1228:9')
+        u.elem('grid', grid, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1228:33')
+        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1228:33')
         C = u.dim('C')
         G = u.dim('G')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1224:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1225:3')
-        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1226:3')
-        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1228:9'), )
+        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1232:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1233:3')
+        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1234:3')
+        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1236:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6704,7 +6704,7 @@ class Reflect(Node):
         high: Tensor[F, *H]
     Results:
         y: Tensor[F, *broadcast(S, L, H)]
-    Declared at specs/ops.glowdef:1236:1.
+    Declared at specs/ops.glowdef:1244:1.
     """
 
     OP: ClassVar[str] = 'Reflect'
@@ -6713,7 +6713,7 @@ class Reflect(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1236:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1244:1'
 
 
     @property
@@ -6740,18 +6740,18 @@ class Reflect(Node):
     def infer(x, low, high, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reflect', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1238:9')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1238:9')
-        u.elem('low', low, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1238:27')
-        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1238:27')
-        u.elem('high', high, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1238:47')
-        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1238:47')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1246:9')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1246:9')
+        u.elem('low', low, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1246:27')
+        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1246:27')
+        u.elem('high', high, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1246:47')
+        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1246:47')
         H = u.dim('H')
         L = u.dim('L')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1239:3')
-        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1240:9'), )
+        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1247:3')
+        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1248:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6778,7 +6778,7 @@ class LSTM(Node):
         input_forget: int = 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1252:1.
+    Declared at specs/ops.glowdef:1260:1.
     """
 
     OP: ClassVar[str] = 'LSTM'
@@ -6787,7 +6787,7 @@ class LSTM(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('input_forget', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1252:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1260:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6851,24 +6851,24 @@ class LSTM(Node):
     def infer(x, w, r, b=None, h0=None, c0=None, p=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, input_forget=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LSTM', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1254:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1254:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1254:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1254:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1254:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1254:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1262:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1262:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1262:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1262:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1262:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1262:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1254:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1254:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1262:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1262:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1255:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1255:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1263:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1263:8')
         if c0 is not None:
-            u.elem('c0', c0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1255:29')
-            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1255:29')
+            u.elem('c0', c0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1263:29')
+            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1263:29')
         if p is not None:
-            u.elem('p', p, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1255:50')
-            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1255:50')
+            u.elem('p', p, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1263:50')
+            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1263:50')
         CS = u.dims['CS'][0] if 'CS' in u.dims else None
         D = u.dim('D')
         G = u.dim('G')
@@ -6879,14 +6879,14 @@ class LSTM(Node):
         P3 = u.dims['P3'][0] if 'P3' in u.dims else None
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1256:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1258:3')
-        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1259:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1263:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1264:3')
-        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1265:3')
-        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1266:3')
-        return (rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1267:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1268:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1269:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1264:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1266:3')
+        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1267:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1271:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1272:3')
+        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1273:3')
+        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1274:3')
+        return (rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1275:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1276:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1277:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6910,7 +6910,7 @@ class GRU(Node):
         linear_before_reset: int = 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1280:1.
+    Declared at specs/ops.glowdef:1288:1.
     """
 
     OP: ClassVar[str] = 'GRU'
@@ -6919,7 +6919,7 @@ class GRU(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('linear_before_reset', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1280:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1288:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6968,18 +6968,18 @@ class GRU(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, linear_before_reset=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GRU', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1282:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1282:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1282:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1282:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1282:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1282:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1290:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1290:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1290:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1290:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1290:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1290:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1282:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1282:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1290:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1290:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1283:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1283:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1291:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1291:8')
         D = u.dim('D')
         G = u.dim('G')
         G2 = u.dims['G2'][0] if 'G2' in u.dims else None
@@ -6988,14 +6988,14 @@ class GRU(Node):
         I = u.dim('I')
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1284:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1286:3')
-        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1287:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1291:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1292:3')
-        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1293:3')
-        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1294:3')
-        return (rt.result_type('GRU', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1295:8'), rt.result_type('GRU', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1296:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1292:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1294:3')
+        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1295:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1299:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1300:3')
+        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1301:3')
+        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1302:3')
+        return (rt.result_type('GRU', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1303:8'), rt.result_type('GRU', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1304:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7018,7 +7018,7 @@ class RNN(Node):
         clip: float = inf where clip > 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1307:1.
+    Declared at specs/ops.glowdef:1315:1.
     """
 
     OP: ClassVar[str] = 'RNN'
@@ -7027,7 +7027,7 @@ class RNN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1307:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1315:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -7075,18 +7075,18 @@ class RNN(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('RNN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1309:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1309:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1309:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1309:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1309:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1309:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1317:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1317:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1317:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1317:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1317:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1317:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1309:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1309:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1317:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1317:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1310:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1310:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1318:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1318:8')
         D = u.dim('D')
         G = u.dim('G')
         G2 = u.dims['G2'][0] if 'G2' in u.dims else None
@@ -7095,14 +7095,14 @@ class RNN(Node):
         I = u.dim('I')
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1311:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1313:3')
-        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1314:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1317:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1318:3')
-        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1319:3')
-        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1320:3')
-        return (rt.result_type('RNN', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1321:8'), rt.result_type('RNN', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1322:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1319:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1321:3')
+        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1322:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1325:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1326:3')
+        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1327:3')
+        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1328:3')
+        return (rt.result_type('RNN', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1329:8'), rt.result_type('RNN', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1330:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7120,7 +7120,7 @@ class QuantizeLinear(Node):
         block_size: int = 0 where block_size >= 0
         dtype: dtype
         compute: dtype
-    Declared at specs/ops.glowdef:1352:1.
+    Declared at specs/ops.glowdef:1360:1.
     """
 
     OP: ClassVar[str] = 'QuantizeLinear'
@@ -7129,7 +7129,7 @@ class QuantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), AttrInfo('compute', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1352:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1360:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7160,23 +7160,23 @@ class QuantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None, compute=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizeLinear', _node)
-        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1354:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1354:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1354:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1354:26')
+        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1362:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1362:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1362:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1362:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1354:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1354:48')
+            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1362:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1362:48')
         C = u.dim('C')
         S = u.dim('S')
         F = u.dtype('F')
         QX = u.dtype('QX')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1355:3')
-        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1356:3')
-        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1359:3')
-        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1360:3')
-        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1361:3')
-        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1363:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1363:3')
+        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1364:3')
+        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1367:3')
+        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1368:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1369:3')
+        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1371:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7193,7 +7193,7 @@ class DequantizeLinear(Node):
         axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
         block_size: int = 0 where block_size >= 0
         dtype: dtype
-    Declared at specs/ops.glowdef:1373:1.
+    Declared at specs/ops.glowdef:1381:1.
     """
 
     OP: ClassVar[str] = 'DequantizeLinear'
@@ -7202,7 +7202,7 @@ class DequantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1373:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1381:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7232,22 +7232,22 @@ class DequantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizeLinear', _node)
-        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1375:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1375:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1375:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1375:26')
+        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1383:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1383:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1383:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1383:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1375:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1375:48')
+            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1383:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1383:48')
         C = u.dim('C')
         S = u.dim('S')
         DQ = u.dtype('DQ')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1376:3')
-        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1377:3')
-        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1379:3')
-        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1380:3')
-        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1382:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1384:3')
+        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1385:3')
+        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1387:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1388:3')
+        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1390:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7262,7 +7262,7 @@ class QuantParam(Node):
         like: ints
         axis: int
         block_size: int = 0
-    Declared at specs/ops.glowdef:1390:1.
+    Declared at specs/ops.glowdef:1398:1.
     """
 
     OP: ClassVar[str] = 'QuantParam'
@@ -7271,7 +7271,7 @@ class QuantParam(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('like', 'ints', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('block_size', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1390:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1398:1'
 
     like: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7291,11 +7291,11 @@ class QuantParam(Node):
     def infer(p, *, _node='', like=None, axis=None, block_size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantParam', _node)
-        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1392:7')
-        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1392:7')
+        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1400:7')
+        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1400:7')
         C = u.dim('C')
         A = u.dtype('A')
-        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1396:7'), )
+        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1404:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7313,7 +7313,7 @@ class QLinearMatMul(Node):
         y_zero_point: Tensor[Q8Y, *YZ]
     Results:
         y: Tensor[Q8Y, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1399:1.
+    Declared at specs/ops.glowdef:1407:1.
     """
 
     OP: ClassVar[str] = 'QLinearMatMul'
@@ -7322,7 +7322,7 @@ class QLinearMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1399:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1407:1'
 
 
     @property
@@ -7374,22 +7374,22 @@ class QLinearMatMul(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearMatMul', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1401:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1401:7')
-        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1401:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1401:26')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1401:51')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1401:51')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1402:7')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1402:7')
-        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1402:27')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1402:27')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1402:52')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1402:52')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1403:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1403:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1403:32')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1403:32')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1409:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1409:7')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1409:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1409:26')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1409:51')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1409:51')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1410:7')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1410:7')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1410:27')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1410:27')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1410:52')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1410:52')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1411:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1411:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1411:32')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1411:32')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -7402,11 +7402,11 @@ class QLinearMatMul(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1404:3')
-        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1405:3')
-        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1407:3')
-        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1409:3')
-        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1411:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1412:3')
+        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1413:3')
+        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1415:3')
+        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1417:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1419:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7420,7 +7420,7 @@ class MatMulInteger(Node):
         b_zero_point: Tensor[Q8B, *BZ]?
     Results:
         y: Tensor[i32, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1415:1.
+    Declared at specs/ops.glowdef:1423:1.
     """
 
     OP: ClassVar[str] = 'MatMulInteger'
@@ -7429,7 +7429,7 @@ class MatMulInteger(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1415:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1423:1'
 
 
     @property
@@ -7461,26 +7461,26 @@ class MatMulInteger(Node):
     def infer(a, b, a_zero_point=None, b_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMulInteger', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1417:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1417:7')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1417:26')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1417:26')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1425:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1425:7')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1425:26')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1425:26')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1417:46')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1417:46')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1425:46')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1425:46')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1417:78')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1417:78')
+            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1425:78')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1425:78')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
         BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
         X = u.dim('X')
         Y = u.dim('Y')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1418:3')
-        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1419:3')
-        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1420:3')
-        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1421:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1426:3')
+        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1427:3')
+        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1428:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1429:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7499,7 +7499,7 @@ class ConvInteger(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1429:1.
+    Declared at specs/ops.glowdef:1437:1.
     """
 
     OP: ClassVar[str] = 'ConvInteger'
@@ -7508,7 +7508,7 @@ class ConvInteger(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1429:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1437:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7544,16 +7544,16 @@ class ConvInteger(Node):
     def infer(x, w, x_zero_point=None, w_zero_point=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvInteger', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1431:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1431:9')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1431:34')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1431:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1439:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1439:9')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1439:34')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1439:34')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1431:61')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1431:61')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1439:61')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1439:61')
         if w_zero_point is not None:
-            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1431:93')
-            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1431:93')
+            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1439:93')
+            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1439:93')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7564,15 +7564,15 @@ class ConvInteger(Node):
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1432:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1433:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1434:3')
-        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1435:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1436:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1437:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1438:3')
-        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1439:3')
-        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1440:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1440:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1441:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1442:3')
+        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1443:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1444:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1445:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1446:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1447:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1448:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7596,7 +7596,7 @@ class QLinearConv(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1454:1.
+    Declared at specs/ops.glowdef:1462:1.
     """
 
     OP: ClassVar[str] = 'QLinearConv'
@@ -7605,7 +7605,7 @@ class QLinearConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1454:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1462:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7666,25 +7666,25 @@ class QLinearConv(Node):
     def infer(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConv', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1456:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1456:9')
-        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1456:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1456:34')
-        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1456:59')
-        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1456:59')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1457:9')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1457:9')
-        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1457:36')
-        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1457:36')
-        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1457:61')
-        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1457:61')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1458:9')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1458:9')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1458:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1458:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1464:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1464:9')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1464:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1464:34')
+        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1464:59')
+        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1464:59')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1465:9')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1465:9')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1465:36')
+        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1465:36')
+        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1465:61')
+        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1465:61')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1466:9')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1466:9')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1466:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1466:34')
         if b is not None:
-            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1458:66')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1458:66')
+            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1466:66')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1466:66')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7701,17 +7701,17 @@ class QLinearConv(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1459:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1460:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1461:3')
-        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1462:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1463:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1464:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1465:3')
-        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1466:3')
-        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1467:3')
-        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1468:3')
-        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1469:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1467:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1468:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1469:3')
+        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1470:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1471:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1472:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1473:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1474:3')
+        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1475:3')
+        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1476:3')
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1477:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7727,7 +7727,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1484:1.
+    Declared at specs/ops.glowdef:1492:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -7736,7 +7736,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1484:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1492:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7757,14 +7757,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1486:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1486:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1494:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1494:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1488:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1491:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1492:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1493:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1496:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1499:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1500:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1501:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7779,7 +7779,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1508:1.
+    Declared at specs/ops.glowdef:1516:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -7788,7 +7788,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1508:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1516:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7808,13 +7808,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1510:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1510:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1518:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1518:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1514:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1515:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1516:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1522:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1523:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1524:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7830,7 +7830,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1525:1.
+    Declared at specs/ops.glowdef:1533:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -7839,7 +7839,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1525:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1533:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7864,22 +7864,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1527:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1527:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1535:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1535:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1527:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1527:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1535:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1535:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1528:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1529:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1531:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1532:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1533:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1534:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1536:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1537:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1539:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1540:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1541:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1542:7'), )
 
 
 OPS = {
