@@ -310,3 +310,17 @@ def test_helper_declarations_match_the_registered_functions(tmp_path):
     with pytest.raises(SpecError) as e:
         regen(specs, tmp_path / "gen2")
     assert "registers helpers that" in str(e.value) and "reshape_target" in str(e.value)
+
+
+def test_lowering_a_family_skips_the_ops_the_backend_has():
+    """A [lower] rule over a family applies to the members the backend lacks only."""
+    import attrs
+    from glowgen.engine.passes import _without_native
+    from glowgen.engine.patterns import P, RuleInfo, V
+    rule = RuleInfo(name="r", phases=("lower",), pattern=P("Fam", (V("x"),), ops=("Exp", "Erf", "Tanh")),
+                    size=1, guard=None, build=lambda b, m: (), location="t")
+    narrowed = _without_native(rule, {"Exp", "Tanh", "Conv"})
+    assert narrowed.pattern.ops == ("Erf",) and narrowed.pattern.accepts("Erf")
+    assert not narrowed.pattern.accepts("Exp")
+    assert _without_native(rule, {"Conv"}) is rule
+    assert attrs.evolve(rule.pattern, ops=()).root_ops == ("Fam",)
