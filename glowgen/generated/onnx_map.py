@@ -1016,142 +1016,142 @@ _OneHot_0_clause = OnnxClause(onnx_op='OneHot', op='OneHot', since=None, until=N
 
 
 def _ReduceSum_0(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:586:3)."""
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:590:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:586:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:590:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:586:3', guard=None)
+_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:590:3', guard=None)
 
 
 def _ReduceSum_1(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:587:3)."""
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:591:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:590:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:589:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:594:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:593:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:587:3', guard=None)
+_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:591:3', guard=None)
 
 
 def _ReduceMax_0(o):
+    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:601:3)."""
+    attrs = {}
+    if o.has_attr('keepdims'):
+        attrs['keepdims'] = o.attr('keepdims')
+    else:
+        attrs['keepdims'] = 1
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:601:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    return attrs
+
+_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:601:3', guard=None)
+
+
+def _ReduceMax_1(o):
     """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:602:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:602:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:605:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:604:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:602:3', guard=None)
-
-
-def _ReduceMax_1(o):
-    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:603:3)."""
-    attrs = {}
-    if o.has_attr('keepdims'):
-        attrs['keepdims'] = o.attr('keepdims')
-    else:
-        attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:606:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:605:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
-    return attrs
-
-_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:603:3', guard=None)
+_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:602:3', guard=None)
 
 
 def _ReduceMin_0(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:618:3)."""
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:612:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:618:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:612:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:618:3', guard=None)
+_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:612:3', guard=None)
 
 
 def _ReduceMin_1(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:619:3)."""
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:613:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:622:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:621:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:616:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:615:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:619:3', guard=None)
+_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:613:3', guard=None)
 
 
 def _ReduceProd_0(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:634:3)."""
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:623:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:634:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:623:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:634:3', guard=None)
+_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:623:3', guard=None)
 
 
 def _ReduceProd_1(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:635:3)."""
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:624:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:638:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:637:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:627:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:626:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:635:3', guard=None)
+_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:624:3', guard=None)
 
 
 def _ReduceMean_0(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:649:3)."""
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:633:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:649:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:633:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:649:3', guard=None)
+_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:633:3', guard=None)
 
 
 def _ReduceMean_1(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:650:3)."""
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:634:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:653:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:652:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:637:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:636:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:650:3', guard=None)
+_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:634:3', guard=None)
 
 
 def _ArgMax_0(o):
-    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:666:3)."""
+    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:650:3)."""
     attrs = {}
     if o.has_attr('select_last_index'):
         attrs['select_last_index'] = o.attr('select_last_index')
@@ -1161,14 +1161,14 @@ def _ArgMax_0(o):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:666:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:650:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:666:3', guard=None)
+_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:650:3', guard=None)
 
 
 def _ArgMin_0(o):
-    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:677:3)."""
+    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:661:3)."""
     attrs = {}
     if o.has_attr('select_last_index'):
         attrs['select_last_index'] = o.attr('select_last_index')
@@ -1178,40 +1178,40 @@ def _ArgMin_0(o):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:677:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:661:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:677:3', guard=None)
+_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:661:3', guard=None)
 
 
 def _TopK_0(o):
-    """ONNX TopK -> TopK (specs/ops.glowdef:689:3)."""
+    """ONNX TopK -> TopK (specs/ops.glowdef:673:3)."""
     attrs = {}
     if o.has_attr('k'):
         attrs['k'] = o.attr('k')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:689:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:673:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:689:3', guard=None)
+_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:673:3', guard=None)
 
 
 def _TopK_1(o):
-    """ONNX TopK -> TopK (specs/ops.glowdef:690:3)."""
+    """ONNX TopK -> TopK (specs/ops.glowdef:674:3)."""
     attrs = {}
     if o.has_attr('largest'):
         attrs['largest'] = o.attr('largest')
     else:
         attrs['largest'] = 1
-    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:694:5')
-    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:692:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:693:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:678:5')
+    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:676:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:677:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:690:3', guard=None)
+_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:674:3', guard=None)
 
 
 def _CumSum_0(o):
-    """ONNX CumSum -> CumSum (specs/ops.glowdef:706:3)."""
+    """ONNX CumSum -> CumSum (specs/ops.glowdef:690:3)."""
     attrs = {}
     if o.has_attr('reverse'):
         attrs['reverse'] = o.attr('reverse')
@@ -1221,14 +1221,14 @@ def _CumSum_0(o):
         attrs['exclusive'] = o.attr('exclusive')
     else:
         attrs['exclusive'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:706:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:690:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
     return attrs
 
-_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:706:3', guard=None)
+_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:690:3', guard=None)
 
 
 def _CumProd_0(o):
-    """ONNX CumProd -> CumProd (specs/ops.glowdef:717:3)."""
+    """ONNX CumProd -> CumProd (specs/ops.glowdef:701:3)."""
     attrs = {}
     if o.has_attr('reverse'):
         attrs['reverse'] = o.attr('reverse')
@@ -1238,31 +1238,31 @@ def _CumProd_0(o):
         attrs['exclusive'] = o.attr('exclusive')
     else:
         attrs['exclusive'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:717:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:701:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
     return attrs
 
-_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:717:3', guard=None)
+_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:701:3', guard=None)
 
 
 def _Hardmax_0(o):
-    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:726:3)."""
+    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:710:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:726:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:710:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:726:3', guard=None)
+_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:710:3', guard=None)
 
 
 def _MatMul_0(o):
-    """ONNX MatMul -> MatMul (specs/ops.glowdef:743:3)."""
+    """ONNX MatMul -> MatMul (specs/ops.glowdef:727:3)."""
     attrs = {}
     return attrs
 
-_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:743:3', guard=None)
+_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:727:3', guard=None)
 
 
 def _Gemm_0(o):
-    """ONNX Gemm -> Gemm (specs/ops.glowdef:756:3)."""
+    """ONNX Gemm -> Gemm (specs/ops.glowdef:740:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -1282,11 +1282,11 @@ def _Gemm_0(o):
         attrs['transA'] = 0
     return attrs
 
-_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:756:3', guard=None)
+_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:740:3', guard=None)
 
 
 def _Gemm_1(o):
-    """ONNX Gemm -> Gemm (specs/ops.glowdef:757:3)."""
+    """ONNX Gemm -> Gemm (specs/ops.glowdef:741:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -1306,21 +1306,21 @@ def _Gemm_1(o):
         attrs['transA'] = 0
     return attrs
 
-_Gemm_1_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=6, until=6, inputs=(('A', 'single'), ('B', 'single'), ('C', 'single')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_1, consumed=('alpha', 'beta', 'broadcast', 'transA', 'transB'), location='specs/ops.glowdef:757:3', guard=None)
+_Gemm_1_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=6, until=6, inputs=(('A', 'single'), ('B', 'single'), ('C', 'single')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_1, consumed=('alpha', 'beta', 'broadcast', 'transA', 'transB'), location='specs/ops.glowdef:741:3', guard=None)
 
 
 def _Einsum_0(o):
-    """ONNX Einsum -> Einsum (specs/ops.glowdef:772:3)."""
+    """ONNX Einsum -> Einsum (specs/ops.glowdef:756:3)."""
     attrs = {}
     if o.has_attr('equation'):
         attrs['equation'] = o.attr('equation')
     return attrs
 
-_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:772:3', guard=None)
+_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:756:3', guard=None)
 
 
 def _Conv_0(o):
-    """ONNX Conv -> Conv (specs/ops.glowdef:791:3)."""
+    """ONNX Conv -> Conv (specs/ops.glowdef:775:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
@@ -1330,18 +1330,18 @@ def _Conv_0(o):
         attrs['strides'] = o.attr('strides')
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:793:5')
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:794:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:777:5')
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:778:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _Conv_0_guard(o):
     return bool(rt.eq(rt.b_rank(o.input('X')), 4))
 
-_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:791:3', guard=_Conv_0_guard)
+_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:775:3', guard=_Conv_0_guard)
 
 
 def _MaxPool_0(o):
-    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:810:3)."""
+    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:794:3)."""
     attrs = {}
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
@@ -1351,19 +1351,19 @@ def _MaxPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:812:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:813:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:814:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:796:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:797:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:798:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _MaxPool_0_guard(o):
     return bool((rt.eq(rt.b_rank(o.input('X')), 4) and rt.eq(rt.b_len(o.outputs), 1)))
 
-_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:810:3', guard=_MaxPool_0_guard)
+_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:794:3', guard=_MaxPool_0_guard)
 
 
 def _AvgPool_0(o):
-    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:830:3)."""
+    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:814:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1375,34 +1375,34 @@ def _AvgPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:832:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:833:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:816:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:817:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPool_0_guard(o):
     return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1))))
 
-_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:830:3', guard=_AvgPool_0_guard)
+_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:814:3', guard=_AvgPool_0_guard)
 
 
 def _GlobalAveragePool_0(o):
-    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:842:3)."""
+    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:826:3)."""
     attrs = {}
     return attrs
 
-_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:842:3', guard=None)
+_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:826:3', guard=None)
 
 
 def _GlobalMaxPool_0(o):
-    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:849:3)."""
+    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:833:3)."""
     attrs = {}
     return attrs
 
-_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:849:3', guard=None)
+_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:833:3', guard=None)
 
 
 def _LRN_0(o):
-    """ONNX LRN -> LRN (specs/ops.glowdef:860:3)."""
+    """ONNX LRN -> LRN (specs/ops.glowdef:844:3)."""
     attrs = {}
     if o.has_attr('bias'):
         attrs['bias'] = o.attr('bias')
@@ -1420,49 +1420,49 @@ def _LRN_0(o):
         attrs['size'] = o.attr('size')
     return attrs
 
-_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:860:3', guard=None)
+_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:844:3', guard=None)
 
 
 def _ConvN_0(o):
-    """ONNX Conv -> ConvN (specs/ops.glowdef:878:3)."""
+    """ONNX Conv -> ConvN (specs/ops.glowdef:862:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:880:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:864:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:883:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:884:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:885:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:867:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:868:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:869:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:878:3', guard=None)
+_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:862:3', guard=None)
 
 
 def _MaxPoolN_0(o):
-    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:901:3)."""
+    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:885:3)."""
     attrs = {}
     if o.has_attr('ceil_mode'):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:903:5')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:904:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:887:5')
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:888:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:905:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:908:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:909:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:910:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:889:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:892:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:893:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:894:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:901:3', guard=None)
+_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:885:3', guard=None)
 
 
 def _AvgPoolN_0(o):
-    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:926:3)."""
+    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:910:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1473,143 +1473,143 @@ def _AvgPoolN_0(o):
     else:
         attrs['ceil_mode'] = 0
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:929:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:931:5', lambda: _let_given_strides())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:932:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:913:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:915:5', lambda: _let_given_strides())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:916:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPoolN_0_guard(o):
     return bool(((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1)))
 
-_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:926:3', guard=_AvgPoolN_0_guard)
+_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:910:3', guard=_AvgPoolN_0_guard)
 
 
 def _ConvTranspose_0(o):
-    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:948:3)."""
+    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:932:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:950:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:934:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     _let_given_output_padding = rt.once(lambda: (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:954:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:955:5', lambda: _let_given_dilations())
-    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:956:5', lambda: _let_given_output_padding())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:957:5', lambda: sl.conv.convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), _let_given_output_padding(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:938:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:939:5', lambda: _let_given_dilations())
+    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:940:5', lambda: _let_given_output_padding())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:941:5', lambda: sl.conv.convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), _let_given_output_padding(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
     return attrs
 
-_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:948:3', guard=None)
+_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:932:3', guard=None)
 
 
 def _BatchNormalization_0(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:969:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:953:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:970:5')
-    o.check(rt.ne(o.attr('is_test', 0), 0), 'training mode (is_test=0) is not supported', 'specs/ops.glowdef:971:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:954:5')
+    o.check(rt.ne(o.attr('is_test', 0), 0), 'training mode (is_test=0) is not supported', 'specs/ops.glowdef:955:5')
     return attrs
 
-_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=6, until=6, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'is_test', 'momentum', 'spatial'), location='specs/ops.glowdef:969:3', guard=None)
+_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=6, until=6, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'is_test', 'momentum', 'spatial'), location='specs/ops.glowdef:953:3', guard=None)
 
 
 def _BatchNormalization_1(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:974:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:958:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:975:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:959:5')
     return attrs
 
-_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:974:3', guard=None)
+_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:958:3', guard=None)
 
 
 def _BatchNormalization_2(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:978:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:962:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:979:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:963:5')
     return attrs
 
-_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:978:3', guard=None)
+_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:962:3', guard=None)
 
 
 def _BatchNormalization_3(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:982:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:966:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:983:5')
+    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:967:5')
     return attrs
 
-_BatchNormalization_3_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_3, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:982:3', guard=None)
+_BatchNormalization_3_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_3, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:966:3', guard=None)
 
 
 def _LayerNormalization_0(o):
-    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:997:3)."""
+    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:981:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:999:5')
-    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:1000:5')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1001:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:983:5')
+    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:984:5')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:985:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:997:3', guard=None)
+_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:981:3', guard=None)
 
 
 def _Softmax_0(o):
-    """ONNX Softmax -> Softmax (specs/ops.glowdef:1010:3)."""
+    """ONNX Softmax -> Softmax (specs/ops.glowdef:994:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1010:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:994:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:1010:3', guard=None)
+_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:994:3', guard=None)
 
 
 def _LogSoftmax_0(o):
-    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:1018:3)."""
+    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:1002:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1018:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1002:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:1018:3', guard=None)
+_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:1002:3', guard=None)
 
 
 def _SoftmaxFlat_0(o):
-    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:1026:3)."""
+    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:1010:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1026:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1010:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:1026:3', guard=None)
+_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:1010:3', guard=None)
 
 
 def _LogSoftmaxFlat_0(o):
-    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:1034:3)."""
+    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:1018:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1034:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1018:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:1034:3', guard=None)
+_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:1018:3', guard=None)
 
 
 def _InstanceNormalization_0(o):
-    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1042:3)."""
+    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1026:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
@@ -1617,24 +1617,24 @@ def _InstanceNormalization_0(o):
         attrs['epsilon'] = 9.999999747378752e-06
     return attrs
 
-_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1042:3', guard=None)
+_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1026:3', guard=None)
 
 
 def _LpNormalization_0(o):
-    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1051:3)."""
+    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1035:3)."""
     attrs = {}
     if o.has_attr('p'):
         attrs['p'] = o.attr('p')
     else:
         attrs['p'] = 2
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1051:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1035:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1051:3', guard=None)
+_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1035:3', guard=None)
 
 
 def _Resize_0(o):
-    """ONNX Resize -> Resize (specs/ops.glowdef:1084:3)."""
+    """ONNX Resize -> Resize (specs/ops.glowdef:1068:3)."""
     attrs = {}
     if o.has_attr('antialias'):
         attrs['antialias'] = o.attr('antialias')
@@ -1670,17 +1670,17 @@ def _Resize_0(o):
     _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_given_scales(), _let_given_sizes(), _let_given_axes(), o.attr('keep_aspect_ratio_policy', 'stretch')))
     _let_new_scales = rt.once(lambda: sl.resize.resize_scales(o.input('X').shape, _let_given_scales(), _let_given_sizes(), _let_given_axes(), o.attr('keep_aspect_ratio_policy', 'stretch')))
     _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), _let_given_axes(), o.attr('coordinate_transformation_mode', 'half_pixel')))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1092:5', lambda: _let_new_sizes())
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1093:5', lambda: _let_new_scales())
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1094:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1095:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_new_scales(), _let_new_roi()))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1076:5', lambda: _let_new_sizes())
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1077:5', lambda: _let_new_scales())
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1078:5', lambda: _let_new_roi())
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1079:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_new_scales(), _let_new_roi()))
     return attrs
 
-_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1084:3', guard=None)
+_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1068:3', guard=None)
 
 
 def _Resize_1(o):
-    """ONNX Resize -> Resize (specs/ops.glowdef:1097:3)."""
+    """ONNX Resize -> Resize (specs/ops.glowdef:1081:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -1689,19 +1689,19 @@ def _Resize_1(o):
     _let_legacy_scales = rt.once(lambda: sl.resize.legacy_resize_scales(o.input('X').shape, o.input('scales').value))
     _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
     _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1102:5', lambda: _let_new_sizes())
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1103:5', lambda: _let_legacy_scales())
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1104:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1105:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1106:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1107:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1086:5', lambda: _let_new_sizes())
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1087:5', lambda: _let_legacy_scales())
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1088:5', lambda: _let_new_roi())
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1089:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1090:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1091:5', lambda: 'legacy')
     return attrs
 
-_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1097:3', guard=None)
+_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1081:3', guard=None)
 
 
 def _Resize_2(o):
-    """ONNX Upsample -> Resize (specs/ops.glowdef:1109:3)."""
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1093:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -1710,19 +1710,19 @@ def _Resize_2(o):
     _let_legacy_scales = rt.once(lambda: sl.resize.legacy_resize_scales(o.input('X').shape, o.input('scales').value))
     _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
     _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1114:5', lambda: _let_new_sizes())
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1115:5', lambda: _let_legacy_scales())
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1116:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1117:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1118:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1119:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1098:5', lambda: _let_new_sizes())
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1099:5', lambda: _let_legacy_scales())
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1100:5', lambda: _let_new_roi())
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1101:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1102:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1103:5', lambda: 'legacy')
     return attrs
 
-_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1109:3', guard=None)
+_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1093:3', guard=None)
 
 
 def _Resize_3(o):
-    """ONNX Upsample -> Resize (specs/ops.glowdef:1121:3)."""
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1105:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -1731,94 +1731,94 @@ def _Resize_3(o):
     _let_legacy_scales = rt.once(lambda: sl.resize.legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
     _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
     _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1126:5', lambda: _let_new_sizes())
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1127:5', lambda: _let_legacy_scales())
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1128:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1129:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1130:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1131:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1110:5', lambda: _let_new_sizes())
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1111:5', lambda: _let_legacy_scales())
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1112:5', lambda: _let_new_roi())
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1113:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1114:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1115:5', lambda: 'legacy')
     return attrs
 
-_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1121:3', guard=None)
+_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1105:3', guard=None)
 
 
 def _LegacyBroadcast_0(o):
-    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1147:3)."""
+    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1131:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1147:89', lambda: 'Add')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1147:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1131:89', lambda: 'Add')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1131:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_0_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1147:3', guard=_LegacyBroadcast_0_guard)
+_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1131:3', guard=_LegacyBroadcast_0_guard)
 
 
 def _LegacyBroadcast_1(o):
-    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1148:3)."""
+    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1132:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1148:89', lambda: 'Sub')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1148:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1132:89', lambda: 'Sub')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1132:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_1_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1148:3', guard=_LegacyBroadcast_1_guard)
+_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1132:3', guard=_LegacyBroadcast_1_guard)
 
 
 def _LegacyBroadcast_2(o):
-    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1149:3)."""
+    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1133:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1149:89', lambda: 'Mul')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1149:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1133:89', lambda: 'Mul')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1133:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_2_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1149:3', guard=_LegacyBroadcast_2_guard)
+_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1133:3', guard=_LegacyBroadcast_2_guard)
 
 
 def _LegacyBroadcast_3(o):
-    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1150:3)."""
+    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1134:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1150:89', lambda: 'Div')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1150:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1134:89', lambda: 'Div')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1134:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_3_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1150:3', guard=_LegacyBroadcast_3_guard)
+_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1134:3', guard=_LegacyBroadcast_3_guard)
 
 
 def _LegacyBroadcast_4(o):
-    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1151:3)."""
+    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1135:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1151:81', lambda: 'Pow')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1151:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1135:81', lambda: 'Pow')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1135:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
     return attrs
 
 def _LegacyBroadcast_4_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1151:3', guard=_LegacyBroadcast_4_guard)
+_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1135:3', guard=_LegacyBroadcast_4_guard)
 
 
 def _LegacyBroadcast_5(o):
-    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1152:3)."""
+    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1136:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1152:56', lambda: 'PRelu')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1152:70', lambda: 1)
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1136:56', lambda: 'PRelu')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1136:70', lambda: 1)
     return attrs
 
-_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1152:3', guard=None)
+_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1136:3', guard=None)
 
 
 def _AvgPoolDilated_0(o):
-    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1170:3)."""
+    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1154:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1831,19 +1831,19 @@ def _AvgPoolDilated_0(o):
     else:
         attrs['ceil_mode'] = 0
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1172:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1174:5', lambda: _let_given_strides())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1175:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1156:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1158:5', lambda: _let_given_strides())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1159:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPoolDilated_0_guard(o):
     return bool((rt.b_defined(o.attr('dilations', None)) and rt.gt(rt.b_max(o.attr('dilations', None)), 1)))
 
-_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1170:3', guard=_AvgPoolDilated_0_guard)
+_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1154:3', guard=_AvgPoolDilated_0_guard)
 
 
 def _LpPool_0(o):
-    """ONNX LpPool -> LpPool (specs/ops.glowdef:1191:3)."""
+    """ONNX LpPool -> LpPool (specs/ops.glowdef:1175:3)."""
     attrs = {}
     if o.has_attr('p'):
         attrs['p'] = o.attr('p')
@@ -1855,30 +1855,30 @@ def _LpPool_0(o):
         attrs['ceil_mode'] = 0
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1193:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1196:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1197:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1198:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1177:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1180:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1181:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1182:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1191:3', guard=None)
+_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1175:3', guard=None)
 
 
 def _Col2Im_0(o):
-    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1216:3)."""
+    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1200:3)."""
     attrs = {}
-    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1218:5', lambda: rt.b_ints(o.input('image_shape').value))
-    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1219:5', lambda: rt.b_ints(o.input('block_shape').value))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1220:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1221:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1222:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
+    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1202:5', lambda: rt.b_ints(o.input('image_shape').value))
+    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1203:5', lambda: rt.b_ints(o.input('block_shape').value))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1204:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1205:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1206:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
     return attrs
 
-_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1216:3', guard=None)
+_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1200:3', guard=None)
 
 
 def _GridSample_0(o):
-    """ONNX GridSample -> GridSample (specs/ops.glowdef:1237:3)."""
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1221:3)."""
     attrs = {}
     if o.has_attr('align_corners'):
         attrs['align_corners'] = o.attr('align_corners')
@@ -1894,11 +1894,11 @@ def _GridSample_0(o):
         attrs['mode'] = 'linear'
     return attrs
 
-_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1237:3', guard=None)
+_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1221:3', guard=None)
 
 
 def _GridSample_1(o):
-    """ONNX GridSample -> GridSample (specs/ops.glowdef:1238:3)."""
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1222:3)."""
     attrs = {}
     if o.has_attr('align_corners'):
         attrs['align_corners'] = o.attr('align_corners')
@@ -1908,14 +1908,14 @@ def _GridSample_1(o):
         attrs['padding_mode'] = o.attr('padding_mode')
     else:
         attrs['padding_mode'] = 'zeros'
-    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1240:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
+    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1224:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
     return attrs
 
-_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1238:3', guard=None)
+_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1222:3', guard=None)
 
 
 def _LSTM_0(o):
-    """ONNX LSTM -> LSTM (specs/ops.glowdef:1278:3)."""
+    """ONNX LSTM -> LSTM (specs/ops.glowdef:1262:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1935,16 +1935,16 @@ def _LSTM_0(o):
         attrs['layout'] = 0
     if o.has_attr('activations'):
         attrs['activations'] = o.attr('activations')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1280:5')
-    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.rnn.all_in(o.attr('activations', None), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1282:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1284:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1264:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.rnn.all_in(o.attr('activations', None), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1266:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1268:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_LSTM_0_clause = OnnxClause(onnx_op='LSTM', op='LSTM', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional'), ('initial_c', 'optional'), ('P', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4), ('initial_c', 5), ('P', 6)), attributes=_LSTM_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'input_forget', 'layout'), location='specs/ops.glowdef:1278:3', guard=None)
+_LSTM_0_clause = OnnxClause(onnx_op='LSTM', op='LSTM', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional'), ('initial_c', 'optional'), ('P', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4), ('initial_c', 5), ('P', 6)), attributes=_LSTM_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'input_forget', 'layout'), location='specs/ops.glowdef:1262:3', guard=None)
 
 
 def _GRU_0(o):
-    """ONNX GRU -> GRU (specs/ops.glowdef:1305:3)."""
+    """ONNX GRU -> GRU (specs/ops.glowdef:1289:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1964,16 +1964,16 @@ def _GRU_0(o):
         attrs['linear_before_reset'] = 0
     if o.has_attr('activations'):
         attrs['activations'] = o.attr('activations')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1307:5')
-    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.rnn.all_in(o.attr('activations', None), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1309:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1311:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1291:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.rnn.all_in(o.attr('activations', None), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1293:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1295:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_GRU_0_clause = OnnxClause(onnx_op='GRU', op='GRU', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_GRU_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout', 'linear_before_reset'), location='specs/ops.glowdef:1305:3', guard=None)
+_GRU_0_clause = OnnxClause(onnx_op='GRU', op='GRU', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_GRU_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout', 'linear_before_reset'), location='specs/ops.glowdef:1289:3', guard=None)
 
 
 def _RNN_0(o):
-    """ONNX RNN -> RNN (specs/ops.glowdef:1331:3)."""
+    """ONNX RNN -> RNN (specs/ops.glowdef:1315:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1991,99 +1991,99 @@ def _RNN_0(o):
         attrs['activations'] = o.attr('activations')
     else:
         attrs['activations'] = ('Tanh', 'Tanh')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1333:5')
-    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.rnn.all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1335:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1337:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1317:5')
+    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.rnn.all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1319:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1321:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1331:3', guard=None)
+_RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1315:3', guard=None)
 
 
 def _QuantizeLinear_0(o):
-    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1372:3)."""
+    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1356:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1374:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1375:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
-    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1376:5', lambda: (sl.shapes.onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.quant.float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1358:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1359:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
+    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1360:5', lambda: (sl.shapes.onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.quant.float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
     return attrs
 
-_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1372:3', guard=None)
+_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1356:3', guard=None)
 
 
 def _DequantizeLinear_0(o):
-    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1391:3)."""
+    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1375:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1393:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1394:5', lambda: (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1377:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1378:5', lambda: (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
     return attrs
 
-_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1391:3', guard=None)
+_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1375:3', guard=None)
 
 
 def _QLinearMatMul_0(o):
-    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1420:3)."""
+    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1404:3)."""
     attrs = {}
     return attrs
 
-_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1420:3', guard=None)
+_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1404:3', guard=None)
 
 
 def _MatMulInteger_0(o):
-    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1430:3)."""
+    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1414:3)."""
     attrs = {}
-    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1432:5')
+    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1416:5')
     return attrs
 
-_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1430:3', guard=None)
+_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1414:3', guard=None)
 
 
 def _ConvInteger_0(o):
-    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1449:3)."""
+    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1433:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1451:5')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1453:5')
+    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1435:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1437:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1456:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1457:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1458:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1440:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1441:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1442:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1449:3', guard=None)
+_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1433:3', guard=None)
 
 
 def _QLinearConv_0(o):
-    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1478:3)."""
+    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1462:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1481:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1465:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1484:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1485:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1486:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1468:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1469:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1470:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1478:3', guard=None)
+_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1462:3', guard=None)
 
 
 def _DFT_0(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1502:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1486:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2094,15 +2094,15 @@ def _DFT_0(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1505:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1506:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1489:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1490:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1502:3', guard=None)
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1486:3', guard=None)
 
 
 def _DFT_1(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1508:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1492:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2113,36 +2113,36 @@ def _DFT_1(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1511:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1512:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1495:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1496:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1508:3', guard=None)
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1492:3', guard=None)
 
 
 def _Compress_0(o):
-    """ONNX Compress -> Compress (specs/ops.glowdef:1525:3)."""
+    """ONNX Compress -> Compress (specs/ops.glowdef:1509:3)."""
     attrs = {}
-    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1527:5', lambda: sl.shapes.true_positions(o.input('condition').value))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1528:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
-    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1529:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1511:5', lambda: sl.shapes.true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1512:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1513:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
     return attrs
 
-_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1525:3', guard=None)
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1509:3', guard=None)
 
 
 def _STFT_0(o):
-    """ONNX STFT -> STFT (specs/ops.glowdef:1543:3)."""
+    """ONNX STFT -> STFT (specs/ops.glowdef:1527:3)."""
     attrs = {}
     if o.has_attr('onesided'):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 1
-    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1545:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
-    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1546:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1529:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1530:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
     return attrs
 
-_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1543:3', guard=None)
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1527:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,

@@ -4444,7 +4444,7 @@ class ReduceSum(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:579:1.
+    Declared at specs/ops.glowdef:588:1.
     """
 
     OP: ClassVar[str] = 'ReduceSum'
@@ -4453,7 +4453,7 @@ class ReduceSum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:579:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:588:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4491,7 +4491,7 @@ class ReduceMax(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:595:1.
+    Declared at specs/ops.glowdef:599:1.
     """
 
     OP: ClassVar[str] = 'ReduceMax'
@@ -4500,7 +4500,7 @@ class ReduceMax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:595:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:599:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4519,11 +4519,11 @@ class ReduceMax(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:598:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:598:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:582:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:582:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:601:7'), )
+        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:585:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4538,7 +4538,7 @@ class ReduceMin(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:611:1.
+    Declared at specs/ops.glowdef:610:1.
     """
 
     OP: ClassVar[str] = 'ReduceMin'
@@ -4547,7 +4547,7 @@ class ReduceMin(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:611:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:610:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4566,11 +4566,11 @@ class ReduceMin(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:614:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:614:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:582:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:582:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:617:7'), )
+        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:585:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4585,7 +4585,7 @@ class ReduceProd(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:627:1.
+    Declared at specs/ops.glowdef:621:1.
     """
 
     OP: ClassVar[str] = 'ReduceProd'
@@ -4594,7 +4594,7 @@ class ReduceProd(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:627:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:621:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4613,11 +4613,11 @@ class ReduceProd(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:630:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:630:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:582:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:582:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:633:7'), )
+        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:585:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4631,7 +4631,7 @@ class ReduceMean(Node):
     Attributes:
         axes: ints = []
         keepdims: int = 1
-    Declared at specs/ops.glowdef:643:1.
+    Declared at specs/ops.glowdef:632:1.
     """
 
     OP: ClassVar[str] = 'ReduceMean'
@@ -4640,7 +4640,7 @@ class ReduceMean(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:643:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:632:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4659,11 +4659,11 @@ class ReduceMean(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMean', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:645:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:645:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:582:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:582:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:648:7'), )
+        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:585:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4679,7 +4679,7 @@ class ArgMax(Node):
         keepdims: int = 1
         select_last_index: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:658:1.
+    Declared at specs/ops.glowdef:642:1.
     """
 
     OP: ClassVar[str] = 'ArgMax'
@@ -4688,7 +4688,7 @@ class ArgMax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:658:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:642:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4708,12 +4708,12 @@ class ArgMax(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:661:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:661:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:645:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:645:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:662:3')
-        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:665:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:646:3')
+        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:649:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4729,7 +4729,7 @@ class ArgMin(Node):
         keepdims: int = 1
         select_last_index: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:669:1.
+    Declared at specs/ops.glowdef:653:1.
     """
 
     OP: ClassVar[str] = 'ArgMin'
@@ -4738,7 +4738,7 @@ class ArgMin(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:669:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:653:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4758,12 +4758,12 @@ class ArgMin(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:672:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:672:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:656:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:656:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:673:3')
-        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:676:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:657:3')
+        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:660:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4780,7 +4780,7 @@ class TopK(Node):
         axis: int where (axis >= 0) and (axis < len(S))
         largest: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:680:1.
+    Declared at specs/ops.glowdef:664:1.
     """
 
     OP: ClassVar[str] = 'TopK'
@@ -4789,7 +4789,7 @@ class TopK(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('largest', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:680:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:664:1'
 
     k: object = attrs.field(converter=rt.CONVERTERS['int'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -4814,14 +4814,14 @@ class TopK(Node):
     def infer(x, *, _node='', k=None, axis=None, largest=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('TopK', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:683:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:683:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:667:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:667:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:684:3')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:685:3')
-        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:687:3')
-        return (rt.result_type('TopK', _node, T, (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:688:7'), rt.result_type('TopK', _node, 'i64', (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:688:52'), )
+        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:668:3')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:669:3')
+        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:671:3')
+        return (rt.result_type('TopK', _node, T, (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:672:7'), rt.result_type('TopK', _node, 'i64', (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:672:52'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4837,7 +4837,7 @@ class CumSum(Node):
         exclusive: int = 0
         reverse: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:698:1.
+    Declared at specs/ops.glowdef:682:1.
     """
 
     OP: ClassVar[str] = 'CumSum'
@@ -4846,7 +4846,7 @@ class CumSum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:698:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:682:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -4866,12 +4866,12 @@ class CumSum(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:701:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:701:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:685:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:685:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:702:3')
-        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:705:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:686:3')
+        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:689:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4887,7 +4887,7 @@ class CumProd(Node):
         exclusive: int = 0
         reverse: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:709:1.
+    Declared at specs/ops.glowdef:693:1.
     """
 
     OP: ClassVar[str] = 'CumProd'
@@ -4896,7 +4896,7 @@ class CumProd(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:709:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:693:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -4916,12 +4916,12 @@ class CumProd(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:712:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:712:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:696:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:696:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:713:3')
-        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:716:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:697:3')
+        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:700:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4935,7 +4935,7 @@ class Hardmax(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
     Traits: primitive
-    Declared at specs/ops.glowdef:720:1.
+    Declared at specs/ops.glowdef:704:1.
     """
 
     OP: ClassVar[str] = 'Hardmax'
@@ -4944,7 +4944,7 @@ class Hardmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:720:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:704:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -4962,12 +4962,12 @@ class Hardmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Hardmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:723:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:723:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:707:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:707:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:724:3')
-        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:725:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:708:3')
+        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:709:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4980,7 +4980,7 @@ class BatchMatMul(Node):
     Results:
         y: Tensor[T, B, M, P]
     Traits: primitive
-    Declared at specs/ops.glowdef:731:1.
+    Declared at specs/ops.glowdef:715:1.
     """
 
     OP: ClassVar[str] = 'BatchMatMul'
@@ -4989,7 +4989,7 @@ class BatchMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:731:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:715:1'
 
 
     @property
@@ -5011,16 +5011,16 @@ class BatchMatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchMatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:734:7')
-        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:734:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:734:32')
-        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:734:32')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:718:7')
+        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:718:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:718:32')
+        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:718:32')
         B = u.dim('B')
         K = u.dim('K')
         M = u.dim('M')
         P = u.dim('P')
         T = u.dtype('T')
-        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:735:7'), )
+        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:719:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5032,7 +5032,7 @@ class MatMul(Node):
         rhs: Tensor[T, *Y]
     Results:
         y: Tensor[T, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:738:1.
+    Declared at specs/ops.glowdef:722:1.
     """
 
     OP: ClassVar[str] = 'MatMul'
@@ -5041,7 +5041,7 @@ class MatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:738:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:722:1'
 
 
     @property
@@ -5063,15 +5063,15 @@ class MatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:740:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:740:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:740:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:740:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:724:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:724:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:724:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:724:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:741:3')
-        return (rt.result_type('MatMul', _node, T, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:742:7'), )
+        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:725:3')
+        return (rt.result_type('MatMul', _node, T, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:726:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5089,7 +5089,7 @@ class Gemm(Node):
         beta: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:746:1.
+    Declared at specs/ops.glowdef:730:1.
     """
 
     OP: ClassVar[str] = 'Gemm'
@@ -5098,7 +5098,7 @@ class Gemm(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('beta', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:746:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:730:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
@@ -5129,21 +5129,21 @@ class Gemm(Node):
     def infer(a, b, c=None, *, _node='', alpha=None, beta=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gemm', _node)
-        u.elem('a', a, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:748:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:748:7')
-        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:748:29')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:748:29')
+        u.elem('a', a, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:732:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:732:7')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:732:29')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:732:29')
         if c is not None:
-            u.elem('c', c, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:748:51')
-            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:748:51')
+            u.elem('c', c, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:732:51')
+            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:732:51')
         K0 = u.dim('K0')
         K1 = u.dim('K1')
         M0 = u.dim('M0')
         N1 = u.dim('N1')
         Q = u.dims['Q'][0] if 'Q' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:753:3')
-        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:755:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:737:3')
+        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:739:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5156,7 +5156,7 @@ class FullyConnected(Node):
         b: Tensor[F, N]
     Results:
         y: Tensor[F, M, N]
-    Declared at specs/ops.glowdef:760:1.
+    Declared at specs/ops.glowdef:744:1.
     """
 
     OP: ClassVar[str] = 'FullyConnected'
@@ -5165,7 +5165,7 @@ class FullyConnected(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:760:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:744:1'
 
 
     @property
@@ -5192,17 +5192,17 @@ class FullyConnected(Node):
     def infer(x, w, b, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('FullyConnected', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:762:7')
-        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:762:7')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:762:27')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:762:27')
-        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:762:47')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:762:47')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:746:7')
+        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:746:7')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:746:27')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:746:27')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:746:47')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:746:47')
         K = u.dim('K')
         M = u.dim('M')
         N = u.dim('N')
         F = u.dtype('F')
-        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:763:7'), )
+        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:747:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5216,7 +5216,7 @@ class Einsum(Node):
     Attributes:
         equation: string
     Traits: primitive
-    Declared at specs/ops.glowdef:766:1.
+    Declared at specs/ops.glowdef:750:1.
     """
 
     OP: ClassVar[str] = 'Einsum'
@@ -5225,7 +5225,7 @@ class Einsum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('equation', 'string', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:766:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:750:1'
 
     equation: object = attrs.field(converter=rt.CONVERTERS['string'])
 
@@ -5244,12 +5244,12 @@ class Einsum(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Einsum', _node)
         if len(xs) == 0:
-            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:769:7')
+            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:753:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:769:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:753:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('Einsum', _node, T, (*sl.shapes.einsum_shape(equation, S),), 'specs/ops.glowdef:771:7'), )
+        return (rt.result_type('Einsum', _node, T, (*sl.shapes.einsum_shape(equation, S),), 'specs/ops.glowdef:755:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5268,7 +5268,7 @@ class Conv(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:777:1.
+    Declared at specs/ops.glowdef:761:1.
     """
 
     OP: ClassVar[str] = 'Conv'
@@ -5277,7 +5277,7 @@ class Conv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:777:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:761:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -5308,13 +5308,13 @@ class Conv(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Conv', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:780:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:780:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:780:35')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:780:35')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:764:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:764:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:764:35')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:764:35')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:780:64')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:780:64')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:764:64')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:764:64')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -5324,17 +5324,17 @@ class Conv(Node):
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:781:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:781:3')
-        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:782:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:782:3')
-        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:783:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:783:3')
-        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:784:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:785:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:786:3')
-        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:787:3')
-        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:789:9'), )
+        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:765:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:765:3')
+        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:766:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:766:3')
+        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:767:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:767:3')
+        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:768:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:769:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:770:3')
+        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:771:3')
+        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:773:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5352,7 +5352,7 @@ class MaxPool(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         ceil_mode: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:799:1.
+    Declared at specs/ops.glowdef:783:1.
     """
 
     OP: ClassVar[str] = 'MaxPool'
@@ -5361,7 +5361,7 @@ class MaxPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('ceil_mode', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:799:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:783:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -5383,22 +5383,22 @@ class MaxPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:802:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:802:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:786:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:786:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         T = u.dtype('T')
-        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:803:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:803:3')
-        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:804:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:804:3')
-        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:805:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:805:3')
-        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:806:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:806:3')
-        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:808:9'), )
+        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:787:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:787:3')
+        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:788:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:788:3')
+        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:789:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:789:3')
+        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:790:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:790:3')
+        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:792:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5416,7 +5416,7 @@ class AvgPool(Node):
         ceil_mode: int = 0
         count_include_pad: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:819:1.
+    Declared at specs/ops.glowdef:803:1.
     """
 
     OP: ClassVar[str] = 'AvgPool'
@@ -5425,7 +5425,7 @@ class AvgPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:819:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:803:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -5447,20 +5447,20 @@ class AvgPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:822:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:822:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:806:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:806:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:823:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:823:3')
-        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:824:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:824:3')
-        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:825:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:825:3')
-        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:828:9'), )
+        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:807:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:807:3')
+        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:808:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:808:3')
+        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:809:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:809:3')
+        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:812:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5471,7 +5471,7 @@ class GlobalAveragePool(Node):
         x: Tensor[F, N, C, *S]
     Results:
         y: Tensor[F, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:838:1.
+    Declared at specs/ops.glowdef:822:1.
     """
 
     OP: ClassVar[str] = 'GlobalAveragePool'
@@ -5480,7 +5480,7 @@ class GlobalAveragePool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:838:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:822:1'
 
 
     @property
@@ -5497,13 +5497,13 @@ class GlobalAveragePool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalAveragePool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:840:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:840:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:824:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:824:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:841:7'), )
+        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:825:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5514,7 +5514,7 @@ class GlobalMaxPool(Node):
         x: Tensor[T, N, C, *S]
     Results:
         y: Tensor[T, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:845:1.
+    Declared at specs/ops.glowdef:829:1.
     """
 
     OP: ClassVar[str] = 'GlobalMaxPool'
@@ -5523,7 +5523,7 @@ class GlobalMaxPool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:845:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:829:1'
 
 
     @property
@@ -5540,13 +5540,13 @@ class GlobalMaxPool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalMaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:847:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:847:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:831:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:831:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:848:7'), )
+        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:832:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5562,7 +5562,7 @@ class LRN(Node):
         beta: float = 0.75
         bias: float = 1.0
         size: int where size >= 1
-    Declared at specs/ops.glowdef:852:1.
+    Declared at specs/ops.glowdef:836:1.
     """
 
     OP: ClassVar[str] = 'LRN'
@@ -5571,7 +5571,7 @@ class LRN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.0001, True), AttrInfo('beta', 'float', 0.75, True), AttrInfo('bias', 'float', 1.0, True), AttrInfo('size', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:852:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:836:1'
 
     alpha: object = attrs.field(default=0.0001, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.75, converter=rt.CONVERTERS['float'])
@@ -5592,14 +5592,14 @@ class LRN(Node):
     def infer(x, *, _node='', alpha=None, beta=None, bias=None, size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LRN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:854:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:854:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:838:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:838:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:858:3')
-        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:859:7'), )
+        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:842:3')
+        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:843:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5618,7 +5618,7 @@ class ConvN(Node):
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:864:1.
+    Declared at specs/ops.glowdef:848:1.
     """
 
     OP: ClassVar[str] = 'ConvN'
@@ -5627,7 +5627,7 @@ class ConvN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:864:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:848:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5658,13 +5658,13 @@ class ConvN(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:867:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:867:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:867:33')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:867:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:851:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:851:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:851:33')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:851:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:867:58')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:867:58')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:851:58')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:851:58')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -5672,15 +5672,15 @@ class ConvN(Node):
         M = u.dim('M')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:868:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:869:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:870:3')
-        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:871:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:872:3')
-        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:873:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:875:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:876:3')
-        return (rt.result_type('ConvN', _node, F, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:877:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:852:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:853:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:854:3')
+        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:855:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:856:3')
+        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:857:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:859:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:860:3')
+        return (rt.result_type('ConvN', _node, F, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:861:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5698,7 +5698,7 @@ class MaxPoolN(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:889:1.
+    Declared at specs/ops.glowdef:873:1.
     """
 
     OP: ClassVar[str] = 'MaxPoolN'
@@ -5707,7 +5707,7 @@ class MaxPoolN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:889:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:873:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5729,18 +5729,18 @@ class MaxPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPoolN', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:892:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:892:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:876:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:876:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         T = u.dtype('T')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:893:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:894:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:895:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:896:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:898:3')
-        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:900:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:877:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:878:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:879:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:880:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:882:3')
+        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:884:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5758,7 +5758,7 @@ class AvgPoolN(Node):
         ceil_mode: int = 0
         count_include_pad: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:914:1.
+    Declared at specs/ops.glowdef:898:1.
     """
 
     OP: ClassVar[str] = 'AvgPoolN'
@@ -5767,7 +5767,7 @@ class AvgPoolN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:914:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:898:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5789,17 +5789,17 @@ class AvgPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:917:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:917:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:901:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:901:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:918:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:919:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:920:3')
-        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:923:3')
-        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:925:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:902:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:903:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:904:3')
+        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:907:3')
+        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:909:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5819,7 +5819,7 @@ class ConvTranspose(Node):
         output_padding: ints
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:936:1.
+    Declared at specs/ops.glowdef:920:1.
     """
 
     OP: ClassVar[str] = 'ConvTranspose'
@@ -5828,7 +5828,7 @@ class ConvTranspose(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('output_padding', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:936:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:920:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5860,13 +5860,13 @@ class ConvTranspose(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, output_padding=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvTranspose', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:939:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:939:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:939:33')
-        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:939:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:923:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:923:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:923:33')
+        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:923:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:939:59')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:939:59')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:923:59')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:923:59')
         C = u.dim('C')
         C2 = u.dim('C2')
         D = u.dim('D')
@@ -5875,12 +5875,12 @@ class ConvTranspose(Node):
         MG = u.dim('MG')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:940:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:942:3')
-        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:944:3')
-        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:945:3')
-        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:946:3')
-        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.conv.convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:947:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:924:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:926:3')
+        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:928:3')
+        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:929:3')
+        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:930:3')
+        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.conv.convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:931:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5897,7 +5897,7 @@ class BatchNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:964:1.
+    Declared at specs/ops.glowdef:948:1.
     """
 
     OP: ClassVar[str] = 'BatchNormalization'
@@ -5906,7 +5906,7 @@ class BatchNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:964:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:948:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -5944,21 +5944,21 @@ class BatchNormalization(Node):
     def infer(x, scale, bias, mean, var, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:966:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:966:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:966:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:966:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:966:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:966:52')
-        u.elem('mean', mean, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:966:72')
-        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:966:72')
-        u.elem('var', var, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:966:92')
-        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:966:92')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:950:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:950:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:950:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:950:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:950:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:950:52')
+        u.elem('mean', mean, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:950:72')
+        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:950:72')
+        u.elem('var', var, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:950:92')
+        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:950:92')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:968:7'), )
+        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:952:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5974,7 +5974,7 @@ class LayerNormalization(Node):
     Attributes:
         axis: int = -1
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:989:1.
+    Declared at specs/ops.glowdef:973:1.
     """
 
     OP: ClassVar[str] = 'LayerNormalization'
@@ -5983,7 +5983,7 @@ class LayerNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', rt.neg(1), True), AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:989:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:973:1'
 
     axis: object = attrs.field(default=rt.neg(1), converter=rt.CONVERTERS['int'])
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
@@ -6012,20 +6012,20 @@ class LayerNormalization(Node):
     def infer(x, scale, bias=None, *, _node='', axis=None, epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LayerNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:991:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:991:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:991:25')
-        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:991:25')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:975:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:975:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:975:25')
+        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:975:25')
         if bias is not None:
-            u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:991:47')
-            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:991:47')
+            u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:975:47')
+            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:975:47')
         G = u.dim('G')
         H = u.dims['H'][0] if 'H' in u.dims else None
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:994:3')
-        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:995:3')
-        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:996:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:978:3')
+        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:979:3')
+        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:980:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6038,10 +6038,100 @@ class Softmax(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
-    Declared at specs/ops.glowdef:1005:1.
+    Declared at specs/ops.glowdef:989:1.
     """
 
     OP: ClassVar[str] = 'Softmax'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:989:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Softmax', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:991:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:991:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:992:3')
+        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:993:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class LogSoftmax(Node):
+    """log(softmax(x)) along `axis` (normalized to >= 0).
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+    Declared at specs/ops.glowdef:997:1.
+    """
+
+    OP: ClassVar[str] = 'LogSoftmax'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:997:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node='', axis=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('LogSoftmax', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:999:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:999:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1000:3')
+        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:1001:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class SoftmaxFlat(Node):
+    """Softmax before opset 13: x is seen as 2-D [prod(S[:axis]), prod(S[axis:])] and normalized along dimension 1.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis <= len(S))
+    Declared at specs/ops.glowdef:1005:1.
+    """
+
+    OP: ClassVar[str] = 'SoftmaxFlat'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
@@ -6064,29 +6154,29 @@ class Softmax(Node):
     @staticmethod
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Softmax', _node)
+        u = rt.Unifier('SoftmaxFlat', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1007:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1007:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1008:3')
-        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:1009:7'), )
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1008:3')
+        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1009:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class LogSoftmax(Node):
-    """log(softmax(x)) along `axis` (normalized to >= 0).
+class LogSoftmaxFlat(Node):
+    """LogSoftmax before opset 13: like SoftmaxFlat.
     
     Operands:
         x: Tensor[F, *S]
     Results:
         y: Tensor[F, *S]
     Attributes:
-        axis: int where (axis >= 0) and (axis < len(S))
+        axis: int where (axis >= 0) and (axis <= len(S))
     Declared at specs/ops.glowdef:1013:1.
     """
 
-    OP: ClassVar[str] = 'LogSoftmax'
+    OP: ClassVar[str] = 'LogSoftmaxFlat'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
@@ -6109,103 +6199,13 @@ class LogSoftmax(Node):
     @staticmethod
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('LogSoftmax', _node)
+        u = rt.Unifier('LogSoftmaxFlat', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1015:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1015:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1016:3')
-        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:1017:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class SoftmaxFlat(Node):
-    """Softmax before opset 13: x is seen as 2-D [prod(S[:axis]), prod(S[axis:])] and normalized along dimension 1.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        axis: int where (axis >= 0) and (axis <= len(S))
-    Declared at specs/ops.glowdef:1021:1.
-    """
-
-    OP: ClassVar[str] = 'SoftmaxFlat'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1021:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('SoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1023:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1023:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1024:3')
-        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1025:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class LogSoftmaxFlat(Node):
-    """LogSoftmax before opset 13: like SoftmaxFlat.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Attributes:
-        axis: int where (axis >= 0) and (axis <= len(S))
-    Declared at specs/ops.glowdef:1029:1.
-    """
-
-    OP: ClassVar[str] = 'LogSoftmaxFlat'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1029:1'
-
-    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node='', axis=None):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('LogSoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1031:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1031:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1032:3')
-        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1033:7'), )
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1016:3')
+        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1017:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6220,7 +6220,7 @@ class InstanceNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:1037:1.
+    Declared at specs/ops.glowdef:1021:1.
     """
 
     OP: ClassVar[str] = 'InstanceNormalization'
@@ -6229,7 +6229,7 @@ class InstanceNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1037:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1021:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -6257,17 +6257,17 @@ class InstanceNormalization(Node):
     def infer(x, scale, bias, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('InstanceNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1039:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1039:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1039:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1039:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1039:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1039:52')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1023:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1023:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1023:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1023:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1023:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1023:52')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1041:7'), )
+        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1025:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6281,7 +6281,7 @@ class LpNormalization(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
         p: int = 2 where (p == 1) or (p == 2)
-    Declared at specs/ops.glowdef:1045:1.
+    Declared at specs/ops.glowdef:1029:1.
     """
 
     OP: ClassVar[str] = 'LpNormalization'
@@ -6290,7 +6290,7 @@ class LpNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('p', 'int', 2, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1045:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1029:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     p: object = attrs.field(default=2, converter=rt.CONVERTERS['int'])
@@ -6309,13 +6309,13 @@ class LpNormalization(Node):
     def infer(x, *, _node='', axis=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1047:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1047:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1031:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1031:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1048:3')
-        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1049:3')
-        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1050:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1032:3')
+        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1033:3')
+        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1034:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6338,7 +6338,7 @@ class Resize(Node):
         exclude_outside: int = 0
         extrapolation_value: float = 0.0
         antialias: int = 0
-    Declared at specs/ops.glowdef:1056:1.
+    Declared at specs/ops.glowdef:1040:1.
     """
 
     OP: ClassVar[str] = 'Resize'
@@ -6347,7 +6347,7 @@ class Resize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), AttrInfo('sizes', 'ints', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('roi', 'floats', None, False), AttrInfo('mode', 'string', 'nearest', True), AttrInfo('coordinate_transformation_mode', 'string', 'half_pixel', True), AttrInfo('nearest_mode', 'string', 'round_prefer_floor', True), AttrInfo('cubic_coeff_a', 'float', rt.neg(0.75), True), AttrInfo('exclude_outside', 'int', 0, True), AttrInfo('extrapolation_value', 'float', 0.0, True), AttrInfo('antialias', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1056:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1040:1'
 
     axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
     sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6375,17 +6375,17 @@ class Resize(Node):
     def infer(x, *, _node='', axes=None, sizes=None, scales=None, roi=None, mode=None, coordinate_transformation_mode=None, nearest_mode=None, cubic_coeff_a=None, exclude_outside=None, extrapolation_value=None, antialias=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Resize', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1058:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1058:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1042:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1042:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1070:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1072:3')
-        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1073:3')
-        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1074:3')
-        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1078:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1081:3')
-        return (rt.result_type('Resize', _node, T, (*sl.resize.resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1083:7'), )
+        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1054:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1056:3')
+        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1057:3')
+        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1058:3')
+        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1062:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1065:3')
+        return (rt.result_type('Resize', _node, T, (*sl.resize.resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1067:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6400,7 +6400,7 @@ class LegacyBroadcast(Node):
     Attributes:
         op: string
         axis: int
-    Declared at specs/ops.glowdef:1137:1.
+    Declared at specs/ops.glowdef:1121:1.
     """
 
     OP: ClassVar[str] = 'LegacyBroadcast'
@@ -6409,7 +6409,7 @@ class LegacyBroadcast(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('op', 'string', None, False), AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1137:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1121:1'
 
     op: object = attrs.field(converter=rt.CONVERTERS['string'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -6433,18 +6433,18 @@ class LegacyBroadcast(Node):
     def infer(lhs, rhs, *, _node='', op=None, axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LegacyBroadcast', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1139:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1139:7')
-        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1139:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1139:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1123:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1123:7')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1123:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1123:27')
         X = u.dim('X')
         Y = u.dim('Y')
         P = u.dtype('P')
         T = u.dtype('T')
-        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1142:3')
-        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1144:3')
-        rt.check(sl.shapes.axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1145:3')
-        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1146:7'), )
+        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1126:3')
+        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1128:3')
+        rt.check(sl.shapes.axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1129:3')
+        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1130:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6462,7 +6462,7 @@ class AvgPoolDilated(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
         count_include_pad: int = 0
-    Declared at specs/ops.glowdef:1158:1.
+    Declared at specs/ops.glowdef:1142:1.
     """
 
     OP: ClassVar[str] = 'AvgPoolDilated'
@@ -6471,7 +6471,7 @@ class AvgPoolDilated(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1158:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1142:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6494,18 +6494,18 @@ class AvgPoolDilated(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolDilated', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1160:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1160:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1144:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1144:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1161:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1162:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1163:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1164:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1167:3')
-        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1169:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1145:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1146:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1147:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1148:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1151:3')
+        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1153:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6523,7 +6523,7 @@ class LpPool(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
         p: int = 2 where p >= 1
-    Declared at specs/ops.glowdef:1179:1.
+    Declared at specs/ops.glowdef:1163:1.
     """
 
     OP: ClassVar[str] = 'LpPool'
@@ -6532,7 +6532,7 @@ class LpPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('p', 'int', 2, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1179:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1163:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6555,19 +6555,19 @@ class LpPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1181:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1181:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1165:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1165:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1182:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1183:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1184:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1185:3')
-        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1187:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1188:3')
-        return (rt.result_type('LpPool', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1190:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1166:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1167:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1168:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1169:3')
+        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1171:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1172:3')
+        return (rt.result_type('LpPool', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1174:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6584,7 +6584,7 @@ class Col2Im(Node):
         strides: ints where all(strides > 0)
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
-    Declared at specs/ops.glowdef:1202:1.
+    Declared at specs/ops.glowdef:1186:1.
     """
 
     OP: ClassVar[str] = 'Col2Im'
@@ -6593,7 +6593,7 @@ class Col2Im(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('image', 'ints', None, False), AttrInfo('block', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1202:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1186:1'
 
     image: object = attrs.field(converter=rt.CONVERTERS['ints'])
     block: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6615,21 +6615,21 @@ class Col2Im(Node):
     def infer(x, *, _node='', image=None, block=None, strides=None, pads=None, dilations=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Col2Im', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1204:9')
-        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1204:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1188:9')
+        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1188:9')
         CK = u.dim('CK')
         L = u.dim('L')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1205:3')
-        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1206:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1207:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1208:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1209:3')
-        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1210:3')
-        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1212:3')
-        rt.check(rt.eq(L, rt.b_prod(sl.conv.conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1213:3')
-        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1215:9'), )
+        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1189:3')
+        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1190:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1191:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1192:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1193:3')
+        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1194:3')
+        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1196:3')
+        rt.check(rt.eq(L, rt.b_prod(sl.conv.conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1197:3')
+        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1199:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6645,7 +6645,7 @@ class GridSample(Node):
         mode: string = "linear"
         padding_mode: string = "zeros"
         align_corners: int = 0
-    Declared at specs/ops.glowdef:1226:1.
+    Declared at specs/ops.glowdef:1210:1.
     """
 
     OP: ClassVar[str] = 'GridSample'
@@ -6654,7 +6654,7 @@ class GridSample(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('mode', 'string', 'linear', True), AttrInfo('padding_mode', 'string', 'zeros', True), AttrInfo('align_corners', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1226:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1210:1'
 
     mode: object = attrs.field(default='linear', converter=rt.CONVERTERS['string'])
     padding_mode: object = attrs.field(default='zeros', converter=rt.CONVERTERS['string'])
@@ -6679,19 +6679,19 @@ class GridSample(Node):
     def infer(x, grid, *, _node='', mode=None, padding_mode=None, align_corners=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GridSample', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1228:9')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1228:9')
-        u.elem('grid', grid, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1228:33')
-        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1228:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1212:9')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1212:9')
+        u.elem('grid', grid, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1212:33')
+        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1212:33')
         C = u.dim('C')
         G = u.dim('G')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1232:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1233:3')
-        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1234:3')
-        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1236:9'), )
+        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1216:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1217:3')
+        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1218:3')
+        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1220:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6704,7 +6704,7 @@ class Reflect(Node):
         high: Tensor[F, *H]
     Results:
         y: Tensor[F, *broadcast(S, L, H)]
-    Declared at specs/ops.glowdef:1244:1.
+    Declared at specs/ops.glowdef:1228:1.
     """
 
     OP: ClassVar[str] = 'Reflect'
@@ -6713,7 +6713,7 @@ class Reflect(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1244:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1228:1'
 
 
     @property
@@ -6740,18 +6740,18 @@ class Reflect(Node):
     def infer(x, low, high, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reflect', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1246:9')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1246:9')
-        u.elem('low', low, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1246:27')
-        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1246:27')
-        u.elem('high', high, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1246:47')
-        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1246:47')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1230:9')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1230:9')
+        u.elem('low', low, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1230:27')
+        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1230:27')
+        u.elem('high', high, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1230:47')
+        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1230:47')
         H = u.dim('H')
         L = u.dim('L')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1247:3')
-        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1248:9'), )
+        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1231:3')
+        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1232:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6778,7 +6778,7 @@ class LSTM(Node):
         input_forget: int = 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1260:1.
+    Declared at specs/ops.glowdef:1244:1.
     """
 
     OP: ClassVar[str] = 'LSTM'
@@ -6787,7 +6787,7 @@ class LSTM(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('input_forget', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1260:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1244:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6851,24 +6851,24 @@ class LSTM(Node):
     def infer(x, w, r, b=None, h0=None, c0=None, p=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, input_forget=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LSTM', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1262:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1262:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1262:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1262:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1262:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1262:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1246:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1246:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1246:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1246:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1246:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1246:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1262:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1262:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1246:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1246:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1263:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1263:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1247:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1247:8')
         if c0 is not None:
-            u.elem('c0', c0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1263:29')
-            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1263:29')
+            u.elem('c0', c0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1247:29')
+            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1247:29')
         if p is not None:
-            u.elem('p', p, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1263:50')
-            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1263:50')
+            u.elem('p', p, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1247:50')
+            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1247:50')
         CS = u.dims['CS'][0] if 'CS' in u.dims else None
         D = u.dim('D')
         G = u.dim('G')
@@ -6879,14 +6879,14 @@ class LSTM(Node):
         P3 = u.dims['P3'][0] if 'P3' in u.dims else None
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1264:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1266:3')
-        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1267:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1271:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1272:3')
-        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1273:3')
-        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1274:3')
-        return (rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1275:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1276:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1277:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1248:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1250:3')
+        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1251:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1255:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1256:3')
+        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1257:3')
+        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1258:3')
+        return (rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1259:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1260:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1261:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6910,7 +6910,7 @@ class GRU(Node):
         linear_before_reset: int = 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1288:1.
+    Declared at specs/ops.glowdef:1272:1.
     """
 
     OP: ClassVar[str] = 'GRU'
@@ -6919,7 +6919,7 @@ class GRU(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('linear_before_reset', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1288:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1272:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6968,18 +6968,18 @@ class GRU(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, linear_before_reset=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GRU', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1290:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1290:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1290:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1290:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1290:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1290:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1274:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1274:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1274:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1274:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1274:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1274:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1290:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1290:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1274:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1274:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1291:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1291:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1275:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1275:8')
         D = u.dim('D')
         G = u.dim('G')
         G2 = u.dims['G2'][0] if 'G2' in u.dims else None
@@ -6988,14 +6988,14 @@ class GRU(Node):
         I = u.dim('I')
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1292:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1294:3')
-        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1295:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1299:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1300:3')
-        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1301:3')
-        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1302:3')
-        return (rt.result_type('GRU', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1303:8'), rt.result_type('GRU', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1304:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1276:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1278:3')
+        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1279:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1283:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1284:3')
+        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1285:3')
+        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1286:3')
+        return (rt.result_type('GRU', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1287:8'), rt.result_type('GRU', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1288:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7018,7 +7018,7 @@ class RNN(Node):
         clip: float = inf where clip > 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1315:1.
+    Declared at specs/ops.glowdef:1299:1.
     """
 
     OP: ClassVar[str] = 'RNN'
@@ -7027,7 +7027,7 @@ class RNN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1315:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1299:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -7075,18 +7075,18 @@ class RNN(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('RNN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1317:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1317:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1317:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1317:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1317:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1317:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1301:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1301:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1301:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1301:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1301:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1301:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1317:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1317:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1301:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1301:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1318:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1318:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1302:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1302:8')
         D = u.dim('D')
         G = u.dim('G')
         G2 = u.dims['G2'][0] if 'G2' in u.dims else None
@@ -7095,14 +7095,14 @@ class RNN(Node):
         I = u.dim('I')
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1319:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1321:3')
-        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1322:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1325:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1326:3')
-        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1327:3')
-        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1328:3')
-        return (rt.result_type('RNN', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1329:8'), rt.result_type('RNN', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1330:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1303:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1305:3')
+        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1306:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1309:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1310:3')
+        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1311:3')
+        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1312:3')
+        return (rt.result_type('RNN', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1313:8'), rt.result_type('RNN', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1314:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7120,7 +7120,7 @@ class QuantizeLinear(Node):
         block_size: int = 0 where block_size >= 0
         dtype: dtype
         compute: dtype
-    Declared at specs/ops.glowdef:1360:1.
+    Declared at specs/ops.glowdef:1344:1.
     """
 
     OP: ClassVar[str] = 'QuantizeLinear'
@@ -7129,7 +7129,7 @@ class QuantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), AttrInfo('compute', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1360:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1344:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7160,23 +7160,23 @@ class QuantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None, compute=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizeLinear', _node)
-        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1362:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1362:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1362:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1362:26')
+        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1346:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1346:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1346:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1346:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1362:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1362:48')
+            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1346:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1346:48')
         C = u.dim('C')
         S = u.dim('S')
         F = u.dtype('F')
         QX = u.dtype('QX')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1363:3')
-        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1364:3')
-        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1367:3')
-        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1368:3')
-        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1369:3')
-        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1371:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1347:3')
+        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1348:3')
+        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1351:3')
+        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1352:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1353:3')
+        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1355:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7193,7 +7193,7 @@ class DequantizeLinear(Node):
         axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
         block_size: int = 0 where block_size >= 0
         dtype: dtype
-    Declared at specs/ops.glowdef:1381:1.
+    Declared at specs/ops.glowdef:1365:1.
     """
 
     OP: ClassVar[str] = 'DequantizeLinear'
@@ -7202,7 +7202,7 @@ class DequantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1381:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1365:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7232,22 +7232,22 @@ class DequantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizeLinear', _node)
-        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1383:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1383:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1383:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1383:26')
+        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1367:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1367:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1367:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1367:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1383:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1383:48')
+            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1367:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1367:48')
         C = u.dim('C')
         S = u.dim('S')
         DQ = u.dtype('DQ')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1384:3')
-        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1385:3')
-        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1387:3')
-        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1388:3')
-        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1390:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1368:3')
+        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1369:3')
+        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1371:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1372:3')
+        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1374:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7262,7 +7262,7 @@ class QuantParam(Node):
         like: ints
         axis: int
         block_size: int = 0
-    Declared at specs/ops.glowdef:1398:1.
+    Declared at specs/ops.glowdef:1382:1.
     """
 
     OP: ClassVar[str] = 'QuantParam'
@@ -7271,7 +7271,7 @@ class QuantParam(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('like', 'ints', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('block_size', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1398:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1382:1'
 
     like: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7291,11 +7291,11 @@ class QuantParam(Node):
     def infer(p, *, _node='', like=None, axis=None, block_size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantParam', _node)
-        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1400:7')
-        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1400:7')
+        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1384:7')
+        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1384:7')
         C = u.dim('C')
         A = u.dtype('A')
-        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1404:7'), )
+        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1388:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7313,7 +7313,7 @@ class QLinearMatMul(Node):
         y_zero_point: Tensor[Q8Y, *YZ]
     Results:
         y: Tensor[Q8Y, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1407:1.
+    Declared at specs/ops.glowdef:1391:1.
     """
 
     OP: ClassVar[str] = 'QLinearMatMul'
@@ -7322,7 +7322,7 @@ class QLinearMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1407:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1391:1'
 
 
     @property
@@ -7374,22 +7374,22 @@ class QLinearMatMul(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearMatMul', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1409:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1409:7')
-        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1409:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1409:26')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1409:51')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1409:51')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1410:7')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1410:7')
-        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1410:27')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1410:27')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1410:52')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1410:52')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1411:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1411:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1411:32')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1411:32')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1393:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1393:7')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1393:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1393:26')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1393:51')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1393:51')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1394:7')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1394:7')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1394:27')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1394:27')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1394:52')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1394:52')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1395:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1395:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1395:32')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1395:32')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -7402,11 +7402,11 @@ class QLinearMatMul(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1412:3')
-        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1413:3')
-        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1415:3')
-        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1417:3')
-        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1419:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1396:3')
+        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1397:3')
+        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1399:3')
+        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1401:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1403:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7420,7 +7420,7 @@ class MatMulInteger(Node):
         b_zero_point: Tensor[Q8B, *BZ]?
     Results:
         y: Tensor[i32, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1423:1.
+    Declared at specs/ops.glowdef:1407:1.
     """
 
     OP: ClassVar[str] = 'MatMulInteger'
@@ -7429,7 +7429,7 @@ class MatMulInteger(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1423:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1407:1'
 
 
     @property
@@ -7461,26 +7461,26 @@ class MatMulInteger(Node):
     def infer(a, b, a_zero_point=None, b_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMulInteger', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1425:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1425:7')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1425:26')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1425:26')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1409:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1409:7')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1409:26')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1409:26')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1425:46')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1425:46')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1409:46')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1409:46')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1425:78')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1425:78')
+            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1409:78')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1409:78')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
         BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
         X = u.dim('X')
         Y = u.dim('Y')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1426:3')
-        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1427:3')
-        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1428:3')
-        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1429:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1410:3')
+        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1411:3')
+        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1412:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1413:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7499,7 +7499,7 @@ class ConvInteger(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1437:1.
+    Declared at specs/ops.glowdef:1421:1.
     """
 
     OP: ClassVar[str] = 'ConvInteger'
@@ -7508,7 +7508,7 @@ class ConvInteger(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1437:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1421:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7544,16 +7544,16 @@ class ConvInteger(Node):
     def infer(x, w, x_zero_point=None, w_zero_point=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvInteger', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1439:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1439:9')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1439:34')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1439:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1423:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1423:9')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1423:34')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1423:34')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1439:61')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1439:61')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1423:61')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1423:61')
         if w_zero_point is not None:
-            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1439:93')
-            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1439:93')
+            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1423:93')
+            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1423:93')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7564,15 +7564,15 @@ class ConvInteger(Node):
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1440:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1441:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1442:3')
-        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1443:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1444:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1445:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1446:3')
-        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1447:3')
-        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1448:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1424:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1425:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1426:3')
+        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1427:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1428:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1429:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1430:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1431:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1432:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7596,7 +7596,7 @@ class QLinearConv(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1462:1.
+    Declared at specs/ops.glowdef:1446:1.
     """
 
     OP: ClassVar[str] = 'QLinearConv'
@@ -7605,7 +7605,7 @@ class QLinearConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1462:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1446:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7666,25 +7666,25 @@ class QLinearConv(Node):
     def infer(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConv', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1464:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1464:9')
-        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1464:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1464:34')
-        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1464:59')
-        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1464:59')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1465:9')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1465:9')
-        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1465:36')
-        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1465:36')
-        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1465:61')
-        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1465:61')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1466:9')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1466:9')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1466:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1466:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1448:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1448:9')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1448:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1448:34')
+        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1448:59')
+        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1448:59')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1449:9')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1449:9')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1449:36')
+        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1449:36')
+        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1449:61')
+        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1449:61')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1450:9')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1450:9')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1450:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1450:34')
         if b is not None:
-            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1466:66')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1466:66')
+            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1450:66')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1450:66')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7701,17 +7701,17 @@ class QLinearConv(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1467:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1468:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1469:3')
-        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1470:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1471:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1472:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1473:3')
-        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1474:3')
-        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1475:3')
-        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1476:3')
-        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1477:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1451:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1452:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1453:3')
+        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1454:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1455:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1456:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1457:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1458:3')
+        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1459:3')
+        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1460:3')
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1461:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7727,7 +7727,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1492:1.
+    Declared at specs/ops.glowdef:1476:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -7736,7 +7736,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1492:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1476:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7757,14 +7757,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1494:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1494:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1478:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1478:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1496:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1499:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1500:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1501:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1480:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1483:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1484:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1485:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7779,7 +7779,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1516:1.
+    Declared at specs/ops.glowdef:1500:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -7788,7 +7788,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1516:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1500:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7808,13 +7808,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1518:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1518:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1502:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1502:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1522:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1523:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1524:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1506:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1507:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1508:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7830,7 +7830,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1533:1.
+    Declared at specs/ops.glowdef:1517:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -7839,7 +7839,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1533:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1517:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7864,22 +7864,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1535:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1535:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1519:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1519:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1535:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1535:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1519:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1519:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1536:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1537:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1539:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1540:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1541:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1542:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1520:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1521:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1523:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1524:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1525:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1526:7'), )
 
 
 OPS = {
