@@ -104,6 +104,9 @@ class CompiledModel:
         self.max_memory = MemoryLimit.resolve(max_memory, backend)
         self.program = build_program(function, registry, backend, self.options, self.max_memory)
         self._runner = backend.make_runner(self.program, registry, self.options)
+        # The backend's code generation may add to the plan (packed weights, kernels'
+        # scratch); one call's memory is allocated only when it first runs.
+        check_plan(self.program, self.max_memory)
         self.input_types: dict[str, Type] = {p.name: p.type for p in function.placeholders}
         self.output_types: dict[str, Type] = {n: v.type for n, v in function.outputs}
 

@@ -22,8 +22,8 @@ from ..engine.graph import Constant, Function, Placeholder, Value
 from ..engine.registry import Registry
 from ..engine.types import ONNX_CODES, Type, dtype_from_onnx
 from .onnx_control import CONTROL_FLOW
-from ..errors import (CompileTimeInputError, GlowgenError, InputError, ModelError, ShapeError,
-                      UnsupportedError)
+from ..errors import (CompileTimeInputError, GlowgenError, InputError, MemoryLimitError,
+                      ModelError, ShapeError, UnsupportedError)
 from ..memory_limit import check_limit, format_bytes
 
 ModelLike = Union[str, os.PathLike, onnx.ModelProto, bytes]
@@ -151,6 +151,19 @@ class OnnxInput:
     @property
     def dtype(self):
         return self._first().type.dtype
+
+    @property
+    def known(self) -> Optional[np.ndarray]:
+        """The input's compile-time value, or None when it is computed at run time (or absent):
+        for checks that apply only to constants (an index out of range)."""
+        if not self._values:
+            return None
+        try:
+            return self._importer.constant(self._values[0])
+        except MemoryLimitError:
+            raise
+        except GlowgenError:
+            return None         # not computable here; the value is a run-time one
 
     @property
     def value(self) -> np.ndarray:
