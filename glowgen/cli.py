@@ -384,8 +384,9 @@ def _bench_layers(args) -> int:
     except ImportError:
         raise InputError("--layers compares with onnxruntime: pip install onnxruntime") from None
     from .benchmarks.layers import run
-    run(args.filter, threads=args.threads, json_path=args.json,
-        compile_options={"stacking": False} if args.no_stacking else None)
+    options = {**({"stacking": False} if args.no_stacking else {}),
+               **({"cpu": args.cpu} if args.cpu else {})}
+    run(args.filter, threads=args.threads, json_path=args.json, compile_options=options or None)
     return 0
 
 
