@@ -86,7 +86,8 @@ def check_plan(prog: "lir.Program", max_memory: Optional[MemoryLimit],
     largest = sorted(buffers, key=lambda b: -b.nbytes)[:3]
     named = ", ".join(f"{_buffer_kind(b)} {b.name!r} ({b.type}, {format_bytes(b.nbytes)})"
                       for b in largest)
-    parts = " + ".join(f"{r} {format_bytes(prog.region_sizes[r])}" for r in regions
+    region_names = {"constant": "constants", "mutable": "inputs and outputs", "activation": "activations"}
+    parts = " + ".join(f"{region_names[r]} {format_bytes(prog.region_sizes[r])}" for r in regions
                        if prog.region_sizes[r])
     max_memory.check(f"the compiled model ({parts}; the largest: {named})", total)
 
