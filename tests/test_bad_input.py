@@ -230,3 +230,12 @@ def test_run_time_indices_keep_their_checks():
     assert glowgen.compile(model, backend="cpu").run({"x": x, "i": np.array([7])})["y"].tolist() == [3.0]
     with pytest.raises(InputError, match="Gather node 'y': an index known only at run time is out of range"):
         glowgen.compile(model, backend="interpreter").run({"x": x, "i": np.array([7])})
+
+
+def test_a_bad_cpu_target_names_where_it_came_from(monkeypatch, capsys):
+    with pytest.raises(glowgen.GlowgenError, match=r"cpu='zen9': .*x86-64-v3"):
+        glowgen.compile(EXAMPLE, cpu="zen9")
+    monkeypatch.setenv("GLOWGEN_CPU", "pentium9")
+    assert main(["run", str(EXAMPLE)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: GLOWGEN_CPU='pentium9'") and "x86-64-v3" in err and "Traceback" not in err
