@@ -24,7 +24,7 @@ def test_installed_package_has_its_specs_and_runs(tmp_path):
                            capture_output=True, text=True, cwd=tmp_path)
     assert build.returncode == 0, build.stderr[-2000:]
     assert sorted(p.name for p in (target / "glowgen" / "specs").glob("*.glowdef")) == [
-        "cpu_kernels.glowdef", "lowerings.glowdef", "ops.glowdef"]
+        "cpu_kernels.glowdef", "helpers.glowdef", "lowerings.glowdef", "ops.glowdef"]
     env = {**os.environ, "PYTHONPATH": str(target)}
     cli = [sys.executable, "-c", "import sys; from glowgen.cli import main; sys.exit(main())"]
     check = subprocess.run(cli + ["regen", "--check"], capture_output=True, text=True,
