@@ -239,3 +239,12 @@ def test_a_bad_cpu_target_names_where_it_came_from(monkeypatch, capsys):
     assert main(["run", str(EXAMPLE)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: GLOWGEN_CPU='pentium9'") and "x86-64-v3" in err and "Traceback" not in err
+
+
+def test_an_attribute_out_of_range_names_the_node_once():
+    x = np.arange(4, dtype=np.float32)
+    model = make_model([helper.make_node("CumSum", ["x", "a"], ["y"])], {"x": x}, ["y"],
+                       {"a": np.array(3, np.int64)})
+    with pytest.raises(ShapeError) as e:
+        glowgen.compile(model)
+    assert str(e.value).count("CumSum node 'y'") == 1 and "axis 3 is out of range for rank 1" in str(e.value)

@@ -573,7 +573,8 @@ class _Importer:
                                             origin=(node.name or node.output[0],),
                                             output_names=[o for o in node.output])
         except ShapeError as e:
-            raise ShapeError(f"{desc}: {e}") from None
+            # (an attribute's error names the node already: OnnxNodeView.evaluating)
+            raise ShapeError(str(e) if str(e).startswith(desc) else f"{desc}: {e}") from None
         outs = list(node.output)
         if len(outs) > len(result.outputs):
             extra = [o for o in outs[len(result.outputs):] if o]
