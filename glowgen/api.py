@@ -15,21 +15,30 @@ from .engine.registry import Registry
 from .engine.types import Type, dtype_of
 from .errors import GlowgenError, InputError
 from .frontend.onnx import ModelLike, import_model
+from .memory_limit import MemoryLimit, format_bytes
 
 
 
 def load(model: ModelLike, input_shapes: Optional[Mapping] = None,
-         registry: Optional[Registry] = None, constant_inputs: Optional[Mapping] = None) -> Function:
-    """Import an ONNX model into a typed graph (the `loaded` stage)."""
+         registry: Optional[Registry] = None, constant_inputs: Optional[Mapping] = None,
+         max_memory=None) -> Function:
+    """Import an ONNX model into a typed graph (the `loaded` stage).  `max_memory` (bytes,
+    "8G", default: what the machine has available) bounds the constants it reads and folds."""
     registry = registry or Registry.default()
-    return import_model(model, registry, pipeline.constant_value, dict(input_shapes or {}),
-                        dict(constant_inputs or {}))
+    limit = MemoryLimit.resolve(max_memory)
+
+    def constant_fn(function, value, registry):
+        return pipeline.constant_value(function, value, registry, max_memory=limit)
+
+    return import_model(model, registry, constant_fn, dict(input_shapes or {}),
+                        dict(constant_inputs or {}), max_memory=limit)
 
 
 def lower(function: Function, registry: Optional[Registry] = None,
           backend: str = "interpreter") -> Function:
     """Lower to what `backend` implements and fold constants, without optimizing, in place."""
-    pipeline.run(function, registry or Registry.default(), pipeline.UNOPTIMIZED, backend)
+    pipeline.run(function, registry or Registry.default(), pipeline.UNOPTIMIZED, backend,
+                 MemoryLimit.resolve(None))
     return function
 
 
@@ -40,28 +49,65 @@ def optimize(function: Function, registry: Optional[Registry] = None, stage: str
     counts, node counts per phase)."""
     if stage not in pipeline.STAGE_PHASES:
         raise GlowgenError(f"unknown stage {stage!r}; stages: {', '.join(pipeline.STAGES)}")
-    return pipeline.run(function, registry or Registry.default(), pipeline.STAGE_PHASES[stage], backend)
+    return pipeline.run(function, registry or Registry.default(), pipeline.STAGE_PHASES[stage], backend,
+                        MemoryLimit.resolve(None))
 
 
 def build_program(function: Function, registry: Registry, backend: Backend,
-                  options: Mapping) -> "lir.Program":
+                  options: Mapping, max_memory=None) -> "lir.Program":
     """The lowered `function` as a LIR program with its memory plan, prepared by `backend`'s
-    own LIR passes."""
-    return backend.prepare(lir.build(function, registry), registry, options)
+    own LIR passes.  `max_memory` (a MemoryLimit): the plan must fit it, before the backend's
+    passes (which may pack weights) and after them, before anything is allocated."""
+    prog = lir.build(function, registry)
+    check_plan(prog, max_memory)
+    prog = backend.prepare(prog, registry, options)
+    check_plan(prog, max_memory)
+    return prog
+
+
+def _buffer_kind(buf) -> str:
+    if isinstance(buf, lir.WeightBuffer):
+        return buf.io or "constant" if buf.region == "mutable" else "constant"
+    return "activation"
+
+
+def check_plan(prog: "lir.Program", max_memory: Optional[MemoryLimit],
+               regions=("constant", "mutable", "activation")) -> None:
+    """The memory plan's `regions` together against the limit; the message names the
+    largest buffers in them."""
+    if max_memory is None:
+        return
+    total = sum(prog.region_sizes[r] for r in regions)
+    if total <= max_memory.limit:
+        return
+    buffers = [w for w in prog.weights if w.region in regions]
+    if "activation" in regions:
+        buffers += prog.activations
+    largest = sorted(buffers, key=lambda b: -b.nbytes)[:3]
+    named = ", ".join(f"{_buffer_kind(b)} {b.name!r} ({b.type}, {format_bytes(b.nbytes)})"
+                      for b in largest)
+    region_names = {"constant": "constants", "mutable": "inputs and outputs", "activation": "activations"}
+    parts = " + ".join(f"{region_names[r]} {format_bytes(prog.region_sizes[r])}" for r in regions
+                       if prog.region_sizes[r])
+    max_memory.check(f"the compiled model ({parts}; the largest: {named})", total)
 
 
 class CompiledModel:
     """A compiled model: call `run({name: array})` (or the model itself) for outputs."""
 
     def __init__(self, function: Function, registry: Registry, backend: "str | Backend",
-                 **options):
+                 max_memory=None, **options):
         self.function = function
         self.registry = registry
         backend = get_backend(backend)
         self.backend = backend.name
         self.options = backend.check_options(options)
-        self.program = build_program(function, registry, backend, self.options)
+        self.max_memory = MemoryLimit.resolve(max_memory, backend)
+        self.program = build_program(function, registry, backend, self.options, self.max_memory)
         self._runner = backend.make_runner(self.program, registry, self.options)
+        # The backend's code generation may add to the plan (packed weights, kernels'
+        # scratch); one call's memory is allocated only when it first runs.
+        check_plan(self.program, self.max_memory)
         self.input_types: dict[str, Type] = {p.name: p.type for p in function.placeholders}
         self.output_types: dict[str, Type] = {n: v.type for n, v in function.outputs}
 
@@ -124,19 +170,20 @@ class CompiledModel:
 
 
 def _front(model: ModelLike, backend: Backend, input_shapes, registry, optimize: bool,
-           constant_inputs) -> tuple[Function, Registry]:
+           constant_inputs, max_memory: MemoryLimit) -> tuple[Function, Registry]:
     """Import and run the pipeline for `backend`: the lowered graph."""
     registry = registry or Registry.default()
-    function = load(model, input_shapes, registry, constant_inputs)
+    function = load(model, input_shapes, registry, constant_inputs, max_memory)
     phases = pipeline.PIPELINE if optimize else pipeline.UNOPTIMIZED
-    pipeline.run(function, registry, phases, backend)
+    pipeline.run(function, registry, phases, backend, max_memory)
     return function, registry
 
 
 def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEND,
             input_shapes: Optional[Mapping] = None,
             registry: Optional[Registry] = None, optimize: bool = True,
-            constant_inputs: Optional[Mapping] = None, **options) -> CompiledModel:
+            constant_inputs: Optional[Mapping] = None, max_memory=None,
+            **options) -> CompiledModel:
     """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
 
     `input_shapes` binds dynamic dimensions: {"input": (1, 3, 224, 224)}.
@@ -149,28 +196,38 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
     `glowgen.backends.register_backend`.
     Other keyword arguments are the backend's options; the cpu backend's:
     `stacking=False` emits one loop per elementwise op, for comparison;
-    `profile=True` counts cycles per native kernel: `CompiledModel.profile()`."""
+    `profile=True` counts cycles per native kernel: `CompiledModel.profile()`;
+    `cpu="x86-64-v3"` compiles for that x86-64 level instead of this machine's CPU.
+    `max_memory` (bytes, or "8G"; default: what the machine has available) is refused, at
+    compile time with the tensor named, by a model whose constants, folded constants or one
+    call's inputs, outputs and activations would need more (glowgen/memory_limit.py)."""
     backend = get_backend(backend)
     options = backend.check_options(options)      # before a long compilation
-    function, registry = _front(model, backend, input_shapes, registry, optimize, constant_inputs)
-    return CompiledModel(function, registry, backend, **options)
+    limit = MemoryLimit.resolve(max_memory, backend)
+    function, registry = _front(model, backend, input_shapes, registry, optimize, constant_inputs,
+                                limit)
+    return CompiledModel(function, registry, backend, max_memory=limit, **options)
 
 
 def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,
                  triple: Optional[str] = None, cpu: Optional[str] = None,
                  input_shapes: Optional[Mapping] = None, backend: "str | Backend" = "cpu",
-                 registry: Optional[Registry] = None, **options):
+                 registry: Optional[Registry] = None, max_memory=None, **options):
     """Compile `model` ahead of time for `triple`/`cpu` (default: this machine) and write the
-    bundle (object file, weights, header, example main.c) into `out_dir`."""
+    bundle (object file, weights, header, example main.c) into `out_dir`.  `max_memory` bounds
+    what compiling allocates here: the constants and folded constants (the activation arena
+    is the target's to allocate, and is not checked against this machine's memory)."""
     import os
     from pathlib import Path
     from .backends.base import prepare_output_dir
     backend = get_backend(backend)
     options = backend.check_options(options)
+    limit = MemoryLimit.resolve(max_memory, backend)
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     # Cheap checks first: the name, the target and the directory, before a long compilation.
     target = backend.bundle_target(triple, cpu, name, source)
     prepare_output_dir(out_dir)
-    function, registry = _front(model, backend, input_shapes, registry, True, None)
+    function, registry = _front(model, backend, input_shapes, registry, True, None, limit)
     prog = build_program(function, registry, backend, options)
+    check_plan(prog, limit, regions=("constant",))
     return backend.write_bundle(prog, registry, out_dir, target, options)

@@ -126,6 +126,8 @@ def cmd_dump(args) -> int:
     from . import api
     from .engine.textual import print_function, to_dot
     stage = args.stage or ("lowered" if args.passes or args.rules else "loaded")
+    if args.cpu and stage not in NATIVE_STAGES:
+        raise InputError("--cpu chooses the target of native code: use it with --stage llvm or asm")
     if stage in NATIVE_STAGES:
         return _dump_native(args, stage)
     args.backend = args.backend or pipeline.DEFAULT_BACKEND
@@ -176,7 +178,8 @@ def _dump_native(args, stage: str) -> int:
             raise InputError(f"--{flag} does not apply to --stage {stage}")
     if args.format != "text":
         raise InputError(f"--stage {stage} prints as text; --format dot shows graphs")
-    model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args))
+    model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
+                          **({"cpu": args.cpu} if args.cpu else {}))
     runner = model._runner
     text = runner.assembly() if stage == "asm" else runner.llvm_ir(optimized=True)
     if args.output:
@@ -334,6 +337,10 @@ def cmd_bench(args) -> int:
     return 0
 
 
+MEMORY_HELP = ("refuse, at compile time, a model whose constants or one call's inputs, outputs "
+               "and activations need more than this many bytes (units K, M, G, T: 8G); "
+               "default: what this machine has available")
+
 CPU_HELP = ("cpu backend: the CPU to compile for, this machine's (default; $GLOWGEN_CPU) or an "
             "x86-64 level it can run, e.g. x86-64-v3 for the AVX2 + FMA code of a CPU without AVX-512")
 
@@ -349,7 +356,13 @@ def _thread_count(args) -> int:
 
 
 def _thread_option(args, backend: str = None) -> dict:
-    """The compile options for --threads and --cpu, for a backend that takes them."""
+    """The compile options for --threads and --cpu, for a backend that takes them, and
+    --max-memory."""
+    limit = getattr(args, "max_memory", None)
+    return {**_backend_options(args, backend), **({"max_memory": limit} if limit is not None else {})}
+
+
+def _backend_options(args, backend: str = None) -> dict:
     from .backends.base import get_backend
     options = get_backend(backend or args.backend).options
     cpu = getattr(args, "cpu", None) if backend is None else None     # compile's --cpu is the bundle's
@@ -371,8 +384,9 @@ def _bench_layers(args) -> int:
     except ImportError:
         raise InputError("--layers compares with onnxruntime: pip install onnxruntime") from None
     from .benchmarks.layers import run
-    run(args.filter, threads=args.threads, json_path=args.json,
-        compile_options={"stacking": False} if args.no_stacking else None)
+    options = {**({"stacking": False} if args.no_stacking else {}),
+               **({"cpu": args.cpu} if args.cpu else {})}
+    run(args.filter, threads=args.threads, json_path=args.json, compile_options=options or None)
     return 0
 
 
@@ -494,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=None, metavar="N",
                    help="cpu backend: threads a call runs on (default: this machine's cores)")
     r.add_argument("--cpu", default=None, help=CPU_HELP)
+    r.add_argument("--max-memory", default=None, metavar="BYTES", help=MEMORY_HELP)
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("dump", help="print the graph at a stage of compilation",
@@ -522,6 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "constants of more than 16 values)")
     d.add_argument("--trace", action="store_true", help="show the ONNX node and rules behind each node")
     d.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
+    d.add_argument("--cpu", default=None, help="--stage llvm and asm: " + CPU_HELP)
     d.set_defaults(func=cmd_dump)
 
     k = sub.add_parser(
@@ -553,6 +569,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--threads", type=int, default=None, metavar="N",
                    help="threads to split the work for (default: this machine's cores); "
                         "NAME_parallel runs on the caller's pool, main.c's --threads sets its size")
+    k.add_argument("--max-memory", default=None, metavar="BYTES",
+                   help="refuse a model whose constants need more than this many bytes to "
+                        "compile (units K, M, G, T: 8G); default: what this machine has available")
     k.set_defaults(func=cmd_compile)
 
     bn = sub.add_parser(
@@ -577,6 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="threads for glowgen (threads=N) and for onnxruntime "
                          "(intra_op_num_threads=N); default: this machine's cores")
     bn.add_argument("--cpu", default=None, help=CPU_HELP)
+    bn.add_argument("--max-memory", default=None, metavar="BYTES", help=MEMORY_HELP)
     bn.add_argument("--no-stacking", action="store_true",
                     help="cpu backend: one loop per elementwise op (for comparison)")
     bn.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")

@@ -57,3 +57,8 @@ class RewriteError(GlowgenError):
 
 class ParseError(GlowgenError):
     """The textual form of a graph could not be parsed."""
+
+
+class MemoryLimitError(GlowgenError):
+    """The model needs more memory than the compilation may use (`max_memory=`,
+    `--max-memory`; default: what the machine has available)."""

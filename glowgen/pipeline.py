@@ -22,6 +22,7 @@ from .engine.graph import Constant, Function, Node, Placeholder, Value
 from .engine.passes import Pass, PassContext, Phase, Rules, run_pipeline
 from .engine.registry import Registry
 from .errors import GlowgenError
+from .memory_limit import MemoryLimit, check_limit
 from .reference import evaluate, implemented_ops, run_node
 
 STAGES = ("loaded", "optimized", "lowered")
@@ -50,24 +51,28 @@ def backend_ops(backend: "str | Backend", registry: Registry) -> frozenset:
     return get_backend(backend).implemented_ops(registry)
 
 
-def make_context(registry: Registry, backend: "str | Backend" = "interpreter") -> PassContext:
+def make_context(registry: Registry, backend: "str | Backend" = "interpreter",
+                 max_memory: Optional[MemoryLimit] = None) -> PassContext:
     backend = get_backend(backend)
-    return PassContext(registry, backend_ops(backend, registry), _evaluator(registry),
-                       backend=backend.name)
+    return PassContext(registry, backend_ops(backend, registry), _evaluator(registry, max_memory),
+                       backend=backend.name, max_memory=max_memory)
 
 
 def run(function: Function, registry: Registry, phases=PIPELINE,
-        backend: "str | Backend" = "interpreter") -> PassContext:
-    """Run `phases` over `function` in place; the context holds what each phase did."""
-    ctx = make_context(registry, backend)
+        backend: "str | Backend" = "interpreter",
+        max_memory: Optional[MemoryLimit] = None) -> PassContext:
+    """Run `phases` over `function` in place; the context holds what each phase did.
+    `max_memory` bounds what constant folding may materialize (memory_limit.py)."""
+    ctx = make_context(registry, backend, max_memory)
     run_pipeline(function, phases, ctx)
     return ctx
 
 
 # ----------------------------------------------------------------------------- evaluation
-def _evaluator(registry: Registry):
+def _evaluator(registry: Registry, max_memory: Optional[MemoryLimit] = None):
     """Constant folding's evaluator: the interpreter's kernel for an op it implements; for a
-    high-level op, the op alone copied into a scratch graph, lowered and run."""
+    high-level op, the op alone copied into a scratch graph, lowered and run (every value
+    of which must fit `max_memory`)."""
     native = implemented_ops(registry)
 
     def evaluate_node(node: Node, args: list) -> Optional[list]:
@@ -93,9 +98,10 @@ def _evaluator(registry: Registry):
         for i, o in enumerate(copy.outputs):
             scratch.add_output(str(i), o)
         try:
-            run_pipeline(scratch, UNOPTIMIZED, make_context(registry))
+            run_pipeline(scratch, UNOPTIMIZED, make_context(registry, max_memory=max_memory))
         except GlowgenError:
             return None         # not foldable here; the real pipeline reports it if it matters
+        check_evaluation(scratch, max_memory)
         results = evaluate(scratch, feeds, registry)
         return [results[str(i)] for i in range(len(copy.outputs))]
 
@@ -107,7 +113,18 @@ def _dummy(value: Value) -> np.ndarray:
     return np.broadcast_to(np.zeros((), value.type.np_dtype), value.type.shape)
 
 
-def constant_value(function: Function, value: Value, registry: Registry) -> Optional[np.ndarray]:
+def check_evaluation(scratch: Function, max_memory: Optional[MemoryLimit]) -> None:
+    """Every result evaluating `scratch` would allocate, against the limit, before any is."""
+    if max_memory is None:
+        return
+    for node in scratch.nodes:
+        for out in node.outputs:
+            check_limit(max_memory, f"computing {node.OP} node {node.name!r} at compile time: "
+                        f"its result ({out.type})", out.type.nbytes)
+
+
+def constant_value(function: Function, value: Value, registry: Registry,
+                   max_memory: Optional[MemoryLimit] = None) -> Optional[np.ndarray]:
     """The value of `value` if it is computable at compile time, else None (the importer
     asks this of ONNX inputs that must be constant, such as Reshape's shape).
 
@@ -149,5 +166,6 @@ def constant_value(function: Function, value: Value, registry: Registry) -> Opti
     if root is None:
         return None
     scratch.add_output("value", root)
-    run_pipeline(scratch, UNOPTIMIZED, make_context(registry))
+    run_pipeline(scratch, UNOPTIMIZED, make_context(registry, max_memory=max_memory))
+    check_evaluation(scratch, max_memory)
     return evaluate(scratch, feeds, registry)["value"]

@@ -108,3 +108,17 @@ def pytest_addoption(parser):
                      help="rewrite tests/golden/<rule>.txt from what the rules produce now")
     parser.addoption("--conformance", action="store_true", default=False,
                      help="run every ONNX backend conformance case (default: a representative half)")
+    parser.addoption("--cpu", default=None,
+                     help="the cpu backend's default target for this run, e.g. x86-64-v3 (sets "
+                          "GLOWGEN_CPU; tests that pin their own target keep it)")
+
+
+def pytest_configure(config):
+    cpu = config.getoption("--cpu")
+    if cpu:
+        os.environ["GLOWGEN_CPU"] = cpu       # xdist workers, started later, inherit it
+
+
+def pytest_report_header(config):
+    cpu = os.environ.get("GLOWGEN_CPU")
+    return f"glowgen cpu target: {cpu or 'this machine'} (GLOWGEN_CPU / --cpu)"

@@ -1,5 +1,6 @@
 """Bad input: a clear GlowgenError (what, where, what to do); from the CLI, `error: ...` on
-stderr, exit status 2 and no traceback."""
+stderr, exit status 2 and no traceback.  Bad models, one case per kind: tests/test_bad_input.py;
+here: run-time inputs, command-line mistakes and unsupported features."""
 from __future__ import annotations
 
 import subprocess
@@ -29,21 +30,6 @@ def assert_user_error(r, *fragments):
     assert "Traceback" not in r.stderr
     for f in fragments:
         assert f in r.stderr, (f, r.stderr)
-
-
-def test_truncated_model(tmp_path):
-    data = EXAMPLE.read_bytes()
-    bad = tmp_path / "truncated.onnx"
-    bad.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ModelError, match="truncated"):
-        glowgen.compile(bad)
-    assert_user_error(cli("run", bad), "truncated.onnx", "truncated")
-
-
-def test_not_an_onnx_file(tmp_path):
-    bad = tmp_path / "notes.onnx"
-    bad.write_text("these are not the weights you are looking for\n" * 20)
-    assert_user_error(cli("run", bad), "notes.onnx", "not an ONNX model")
 
 
 def test_missing_file(tmp_path):

@@ -35,11 +35,13 @@ def boolean(*shape):
 
 class Case:
     def __init__(self, name, op, inputs, attrs=None, consts=None, opset=17, outputs=("y",),
-                 oracle="ort", rtol=1e-5, atol=1e-6, input_order=None):
+                 oracle="ort", rtol=1e-5, atol=1e-6, input_order=None, steps=0):
         self.name, self.op, self.inputs, self.attrs = name, op, inputs, attrs or {}
         self.consts, self.opset, self.outputs = consts or {}, opset, outputs
         self.oracle, self.rtol, self.atol = oracle, rtol, atol
         self.input_order = input_order
+        # Quantization steps an integer output may differ by (see the QLinearConv case).
+        self.steps = steps
 
     def model(self):
         names = self.input_order or list(self.inputs) + list(self.consts)
@@ -429,11 +431,16 @@ CASES = [
     Case("ConvInteger_1d", "ConvInteger", {"x": i64(1, 3, 9, lo=-128, hi=127).astype(np.int8)},
          consts={"w": i64(2, 3, 3, lo=-128, hi=127).astype(np.int8)}, attrs={"dilations": [2]},
          oracle="reference"),
+    # onnxruntime requantizes QLinearConv's int32 sums with kernels chosen by instruction set
+    # (MLAS): on an AVX2-only CPU (Zen 3) this case came out one step away from what it gives
+    # on AVX-512 (issue 16), where a scaled sum falls within float rounding of a half.  One
+    # quantization step is all the oracle can promise across machines.
     Case("QLinearConv", "QLinearConv", {"x": i64(1, 2, 5, 5, lo=0, hi=255).astype(np.uint8)},
          consts={"xs": np.float32(0.05), "xz": np.uint8(128), "w": i64(3, 2, 3, 3, lo=-127, hi=127).astype(np.int8),
                  "ws": pos(3) * np.float32(0.01), "wz": np.zeros(3, np.int8), "ys": np.float32(0.2),
                  "yz": np.uint8(100), "b": i64(3, lo=-500, hi=500).astype(np.int32)},
-         attrs={"pads": [1, 1, 1, 1]}, input_order=["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"]),
+         attrs={"pads": [1, 1, 1, 1]}, input_order=["x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"],
+         steps=1),
     Case("DynamicQuantizeLinear", "DynamicQuantizeLinear", {"x": f32(3, 4, lo=-3, hi=5)},
          outputs=("y", "y_scale", "y_zero_point")),
     # ---- bfloat16: 16-bit storage, computed in f32 and rounded back to nearest even
@@ -486,7 +493,20 @@ def test_op_matches_oracle(case, backend):
     rtol, atol = case.rtol, case.atol
     if backend == "cpu":     # other summation orders and vectorized approximations
         rtol, atol = max(rtol, 1e-4), max(atol, 1e-5)
-    assert_close(actual, expected, rtol=rtol, atol=atol)
+    if case.steps:
+        assert_within_steps(actual, expected, case.steps)
+    else:
+        assert_close(actual, expected, rtol=rtol, atol=atol)
+
+
+def assert_within_steps(actual, expected, steps):
+    """Integer (quantized) outputs of the same shape and type, at most `steps` apart."""
+    assert set(actual) == set(expected)
+    for k in expected:
+        a, e = np.asarray(actual[k]), np.asarray(expected[k])
+        assert a.shape == e.shape and a.dtype == e.dtype, (k, a.shape, e.shape, a.dtype, e.dtype)
+        diff = np.abs(a.astype(np.int64) - e.astype(np.int64))
+        assert diff.max(initial=0) <= steps, f"{k}: {int(diff.max())} steps apart at {np.argmax(diff)}"
 
 
 def test_every_onnx_mapping_is_exercised():

@@ -95,7 +95,7 @@ def scalar_kernel(fname: str):
         y = ScalarEmitter(b, reg.scalars).emit(("call", fname, (("param", 0),)), [x], {})
         b.store(y.v, b.gep(fn.args[1], [i]))
     b.ret_void()
-    jit = JitFunction(str(mod), "kernel")
+    jit = JitFunction(str(mod), "kernel", cpu=resolve_cpu())   # the target the tests compile for
     cfn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(
         jit.engine.get_function_address("kernel"))
 
@@ -248,7 +248,7 @@ def test_ldexp_frexp_primitives_match_numpy():
             tree = ("call", fname, tuple(("param", j) for j in range(k)))
             b.store(ScalarEmitter(b, reg.scalars).emit(tree, vals, {}).v, b.gep(fn.args[k], [i]))
         b.ret_void()
-        jit = JitFunction(str(mod), "kernel")
+        jit = JitFunction(str(mod), "kernel", cpu=resolve_cpu())   # the target the tests compile for
         cfn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * (k + 1)), ctypes.c_int64)(
             jit.engine.get_function_address("kernel"))
         out = np.empty_like(x)

@@ -237,9 +237,10 @@ def _progress(text: str) -> None:
 
 def run(filter_re: Optional[str] = None, threads: int = 1, budget: float = 0.3,
         json_path: Optional[str] = None, out=sys.stdout, compile_options: Optional[dict] = None) -> list[Row]:
-    from ..backends.cpu.jit import host_target
     from ..backends.cpu.peak import fma_peak_gflops, vector_width
-    features = host_target()[2]
+    from ..backends.cpu.target import resolve_cpu
+    # The peak of the instructions the code may use: the target's (cpu=, $GLOWGEN_CPU).
+    features = resolve_cpu((compile_options or {}).get("cpu")).features
     peak = fma_peak_gflops(features)
     layers = [layer for layer in grid() if not filter_re or re.search(filter_re, layer.name)]
     cpu = _cpu_name()

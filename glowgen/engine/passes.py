@@ -84,6 +84,7 @@ class PassContext:
     evaluate: Optional[Evaluator] = None
     fold_cap: int = FOLD_ELEMENTS_CAP
     backend: str = ""                                      # for messages: "the cpu backend"
+    max_memory: Optional[object] = None                    # memory_limit.MemoryLimit: folds fit it
     fired: Counter = attrs.field(factory=Counter)          # rule name -> times fired
     passes: Counter = attrs.field(factory=Counter)         # pass name -> changes made
     log: list = attrs.field(factory=list)                  # (phase, rounds, nodes before, after)
@@ -227,6 +228,20 @@ def _within_cap(node: Node, ctx: PassContext) -> bool:
     return any(not user.has_trait("elementwise") for o in node.outputs for user, _ in o.users)
 
 
+def _check_fold_fits(function: Function, node: Node, ctx: PassContext) -> None:
+    """Each result of folding `node`, and the constants with them, must fit the memory limit
+    (checked before the evaluator allocates anything)."""
+    if ctx.max_memory is None:
+        return
+    results = sum(o.type.nbytes for o in node.outputs)
+    for o in node.outputs:
+        ctx.max_memory.check(f"folding {node.OP} node {node.name!r} into a constant: its result "
+                             f"{o.name!r} ({o.type})", o.type.nbytes)
+    held = sum(c.data.nbytes for c in function.constants)
+    ctx.max_memory.check(f"folding {node.OP} node {node.name!r} into a constant: the constants "
+                         f"with its results", held + results)
+
+
 def constant_folding(function: Function, ctx: PassContext) -> int:
     """Replace every node whose operands are all constants by the constants it computes."""
     if ctx.evaluate is None:
@@ -238,6 +253,7 @@ def constant_folding(function: Function, ctx: PassContext) -> int:
         args = _operand_arrays(node)
         if args is None:
             continue
+        _check_fold_fits(function, node, ctx)
         results = ctx.evaluate(node, args)
         if results is None:
             continue

@@ -22,15 +22,24 @@ from ..engine.graph import Constant, Function, Placeholder, Value
 from ..engine.registry import Registry
 from ..engine.types import ONNX_CODES, Type, dtype_from_onnx
 from .onnx_control import CONTROL_FLOW
-from ..errors import (CompileTimeInputError, GlowgenError, InputError, ModelError, ShapeError,
-                      UnsupportedError)
+from ..errors import (CompileTimeInputError, GlowgenError, InputError, MemoryLimitError,
+                      ModelError, ShapeError, UnsupportedError)
+from ..memory_limit import check_limit, format_bytes
 
 ModelLike = Union[str, os.PathLike, onnx.ModelProto, bytes]
 
+# The newest opset of the default ONNX domain the `onnx` clauses of specs/ops.glowdef are
+# written and checked against (ONNX 1.23's schemas; the conformance suite runs up to it).  A
+# model importing a newer one is refused, naming both versions: an op whose meaning changed
+# since would otherwise be imported with the old meaning and compute wrong answers silently.
+# Raise it after reviewing the ops ONNX changed in the new opsets (docs/Changelog.md).
+NEWEST_OPSET = 28
+
 
 # ----------------------------------------------------------------------------- loading
-def load_model(model: ModelLike) -> onnx.ModelProto:
-    """Read and check an ONNX model; every failure is a `ModelError` that says why."""
+def load_model(model: ModelLike, max_memory=None) -> onnx.ModelProto:
+    """Read and check an ONNX model; every failure is a `ModelError` that says why.
+    `max_memory` (a memory_limit.MemoryLimit) bounds the external weights read."""
     if isinstance(model, onnx.ModelProto):
         proto = model
         where = "the model"
@@ -45,7 +54,9 @@ def load_model(model: ModelLike) -> onnx.ModelProto:
         if path.is_dir():
             raise ModelError(f"{path} is a directory; pass the .onnx file")
         proto = _parse(path.read_bytes(), str(path))
-        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer):
+        external = [t for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+        if external:
+            _check_external_sizes(external, path, max_memory)
             try:
                 onnx.load_external_data_for_model(proto, str(path.parent))
             except Exception as e:
@@ -53,12 +64,23 @@ def load_model(model: ModelLike) -> onnx.ModelProto:
     if not proto.graph.node and not proto.graph.output:
         raise ModelError(f"{where} is not an ONNX model (it has no graph); is it truncated or "
                          f"another kind of file?")
+    check_opset(proto, where)
     try:
         onnx.checker.check_model(proto)
     except onnx.checker.ValidationError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else "invalid model"
         raise ModelError(f"{where} is not a valid ONNX model: {first}") from None
     return proto
+
+
+def _check_external_sizes(tensors, path: Path, max_memory) -> None:
+    """The external weights' sizes against the limit, before any is read."""
+    total = 0
+    for t in tensors:
+        ty = Type(dtype_from_onnx(t.data_type), tuple(t.dims))
+        check_limit(max_memory, f"{path}: external weight {t.name!r} ({ty})", ty.nbytes)
+        total += ty.nbytes
+    check_limit(max_memory, f"{path}: the {len(tensors)} external weights", total)
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -79,6 +101,16 @@ def default_opset(proto: onnx.ModelProto) -> int:
         if imp.domain in ("", "ai.onnx"):
             return imp.version
     return 1
+
+
+def check_opset(proto: onnx.ModelProto, where: str) -> None:
+    """Refuse a default-domain opset newer than the specs know (see NEWEST_OPSET)."""
+    opset = default_opset(proto)
+    if opset > NEWEST_OPSET:
+        raise UnsupportedError(
+            f"{where} imports opset {opset} of the default ONNX domain, but glowgen knows opsets "
+            f"1 to {NEWEST_OPSET}; export the model at opset {NEWEST_OPSET} or lower, or convert it "
+            f"with onnx.version_converter.convert_version(model, {NEWEST_OPSET})")
 
 
 # ----------------------------------------------------------------------------- node views
@@ -119,6 +151,19 @@ class OnnxInput:
     @property
     def dtype(self):
         return self._first().type.dtype
+
+    @property
+    def known(self) -> Optional[np.ndarray]:
+        """The input's compile-time value, or None when it is computed at run time (or absent):
+        for checks that apply only to constants (an index out of range)."""
+        if not self._values:
+            return None
+        try:
+            return self._importer.constant(self._values[0])
+        except MemoryLimitError:
+            raise
+        except GlowgenError:
+            return None         # not computable here; the value is a run-time one
 
     @property
     def value(self) -> np.ndarray:
@@ -191,8 +236,10 @@ def parse_dims(text: str) -> tuple[int, ...]:
 
 class _Importer:
     def __init__(self, proto: onnx.ModelProto, registry: Registry, input_shapes: dict,
-                 constant_fn: Callable, constant_inputs: Optional[dict] = None):
+                 constant_fn: Callable, constant_inputs: Optional[dict] = None, max_memory=None):
         self.proto, self.registry = proto, registry
+        self.max_memory = max_memory             # a memory_limit.MemoryLimit, or None
+        self.constant_bytes = 0                  # the model's own constants read so far
         self.input_shapes = dict(input_shapes or {})
         self.constant_inputs = dict(constant_inputs or {})
         self.constant_fn = constant_fn
@@ -292,7 +339,12 @@ class _Importer:
                     f"infers {ours.type}; the op's declaration in specs/ops.glowdef is wrong")
 
     def _tensor(self, t: onnx.TensorProto) -> np.ndarray:
-        dtype_from_onnx(t.data_type)       # rejects unsupported element types by name
+        dtype = dtype_from_onnx(t.data_type)       # rejects unsupported element types by name
+        ty = Type(dtype, tuple(t.dims))
+        check_limit(self.max_memory, f"constant {t.name!r} ({ty})", ty.nbytes)
+        self.constant_bytes += ty.nbytes
+        check_limit(self.max_memory, f"the model's constants (up to {t.name!r}, {ty}, "
+                    f"{format_bytes(ty.nbytes)})", self.constant_bytes)
         try:
             return numpy_helper.to_array(t)
         except Exception as e:
@@ -521,7 +573,8 @@ class _Importer:
                                             origin=(node.name or node.output[0],),
                                             output_names=[o for o in node.output])
         except ShapeError as e:
-            raise ShapeError(f"{desc}: {e}") from None
+            # (an attribute's error names the node already: OnnxNodeView.evaluating)
+            raise ShapeError(str(e) if str(e).startswith(desc) else f"{desc}: {e}") from None
         outs = list(node.output)
         if len(outs) > len(result.outputs):
             extra = [o for o in outs[len(result.outputs):] if o]
@@ -599,11 +652,13 @@ def _fmt_dims(dims) -> str:
 
 def import_model(model: ModelLike, registry: Registry, constant_fn: Callable,
                  input_shapes: Optional[dict] = None,
-                 constant_inputs: Optional[dict] = None) -> Function:
+                 constant_inputs: Optional[dict] = None, max_memory=None) -> Function:
     """Build a typed graph from an ONNX model.  `constant_fn(function, value, registry)` returns
     a value's compile-time data or None (the pipeline passes its constant evaluator).
-    `constant_inputs` binds model inputs to fixed arrays: the model is specialized to them."""
-    proto = load_model(model)
-    function = _Importer(proto, registry, input_shapes or {}, constant_fn, constant_inputs).run()
+    `constant_inputs` binds model inputs to fixed arrays: the model is specialized to them.
+    `max_memory` (a memory_limit.MemoryLimit) bounds each constant and all of them together."""
+    proto = load_model(model, max_memory)
+    function = _Importer(proto, registry, input_shapes or {}, constant_fn, constant_inputs,
+                         max_memory).run()
     function.verify()
     return function

@@ -778,6 +778,7 @@ _Slice_1_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, 
 def _Gather_0(o):
     """ONNX Gather -> Gather (specs/ops.glowdef:383:3)."""
     attrs = {}
+    o.check(sl.shapes.indices_in_range(o.input('indices').known, o.input('data').shape[rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data')))]), 'index out of range', 'specs/ops.glowdef:383:89')
     attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:383:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
@@ -918,6 +919,7 @@ _Trilu_0_clause = OnnxClause(onnx_op='Trilu', op='Trilu', since=None, until=None
 def _GatherElements_0(o):
     """ONNX GatherElements -> GatherElements (specs/ops.glowdef:506:3)."""
     attrs = {}
+    o.check(sl.shapes.indices_in_range(o.input('indices').known, o.input('data').shape[rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data')))]), 'index out of range', 'specs/ops.glowdef:506:97')
     attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:506:56', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
@@ -931,6 +933,7 @@ def _GatherND_0(o):
         attrs['batch_dims'] = o.attr('batch_dims')
     else:
         attrs['batch_dims'] = 0
+    o.check(sl.shapes.index_tuples_in_range(o.input('indices').known, o.input('data').shape, o.attr('batch_dims', 0)), 'index out of range', 'specs/ops.glowdef:515:50')
     return attrs
 
 _GatherND_0_clause = OnnxClause(onnx_op='GatherND', op='GatherND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherND_0, consumed=('batch_dims',), location='specs/ops.glowdef:515:3', guard=None)
@@ -943,6 +946,7 @@ def _ScatterElements_0(o):
         attrs['reduction'] = o.attr('reduction')
     else:
         attrs['reduction'] = 'none'
+    o.check(sl.shapes.indices_in_range(o.input('indices').known, o.input('data').shape[rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data')))]), 'index out of range', 'specs/ops.glowdef:525:118')
     attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:525:77', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
@@ -956,6 +960,7 @@ def _ScatterND_0(o):
         attrs['reduction'] = o.attr('reduction')
     else:
         attrs['reduction'] = 'none'
+    o.check(sl.shapes.index_tuples_in_range(o.input('indices').known, o.input('data').shape, 0), 'index out of range', 'specs/ops.glowdef:534:71')
     return attrs
 
 _ScatterND_0_clause = OnnxClause(onnx_op='ScatterND', op='ScatterND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterND_0, consumed=('reduction',), location='specs/ops.glowdef:534:3', guard=None)

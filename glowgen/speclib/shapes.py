@@ -329,3 +329,46 @@ def compress_shape(shape, count, axis, flatten):
     if flatten:
         return (count,)
     return tuple(count if i == axis else d for i, d in enumerate(shape))
+
+
+# ------------------------------------------------------------------ constant indices
+# An index known at compile time that falls outside its dimension is an error in the model,
+# reported at compile time as onnxruntime does (a run-time index is clamped by gathers and
+# skipped by scatters in native code instead: backends/cpu/kernels_more.py).
+def _first_out_of_range(idx: np.ndarray, size: int):
+    bad = np.argwhere((idx < -size) | (idx >= size))
+    return tuple(int(i) for i in bad[0]) if bad.size else None
+
+
+@helper
+def indices_in_range(known, size):
+    """True, or a ShapeError naming the first constant index outside [-size, size - 1]
+    (`known`: the indices' compile-time value, None when they are computed at run time)."""
+    if known is None:
+        return True
+    idx = np.asarray(known)
+    at = _first_out_of_range(idx, int(size))
+    if at is not None:
+        raise ShapeError(f"constant index {int(idx[at])} (at {list(at)} of the indices) is out of "
+                         f"range for a dimension of size {size}: indices must lie in "
+                         f"[{-size}, {size - 1}]")
+    return True
+
+
+@helper
+def index_tuples_in_range(known, shape, batch_dims):
+    """As indices_in_range, for GatherND / ScatterND: entry j of each index tuple (the last
+    dimension of the indices) addresses dimension batch_dims + j of `shape`."""
+    if known is None:
+        return True
+    idx = np.asarray(known)
+    if idx.ndim == 0 or idx.shape[-1] > len(shape) - batch_dims:
+        return True               # the op's declaration reports a malformed index tuple
+    for j in range(idx.shape[-1]):
+        size = int(shape[batch_dims + j])
+        at = _first_out_of_range(idx[..., j], size)
+        if at is not None:
+            raise ShapeError(f"constant index {int(idx[..., j][at])} (entry {j} of the index "
+                             f"tuple at {list(at)}) is out of range for dimension "
+                             f"{batch_dims + j} of size {size}: it must lie in [{-size}, {size - 1}]")
+    return True

@@ -45,12 +45,14 @@ def _host() -> CpuTarget:
 
 def resolve_cpu(name: Optional[str] = None) -> CpuTarget:
     """The target for `cpu=name` (None: $GLOWGEN_CPU, else this machine), checked."""
-    name = name if name is not None else (os.environ.get(ENV) or None)
+    source = f"cpu={name!r}"
+    if name is None and os.environ.get(ENV):
+        name, source = os.environ[ENV], f"{ENV}={os.environ[ENV]!r}"
     host = _host()
     if name is None or name in ("host", "native", host.name):
         return host
     if not isinstance(name, str) or name not in LEVELS:
-        raise GlowgenError(f"cpu={name!r}: the JIT compiles for this machine ({host.name}) or for "
+        raise GlowgenError(f"{source}: the JIT compiles for this machine ({host.name}) or for "
                            f"an x86-64 level it can run: {', '.join(LEVELS)} (e.g. x86-64-v3 "
                            f"for AVX2 + FMA without AVX-512); bundles take any CPU: "
                            f"glowgen compile --cpu")
@@ -58,7 +60,7 @@ def resolve_cpu(name: Optional[str] = None) -> CpuTarget:
     have = {f[1:] for f in host.features.split(",") if f.startswith("+")}
     missing = [f for f in on if f not in have and f not in ("mmx", "cx8", "cmov", "fxsr")]
     if missing:
-        raise GlowgenError(f"cpu={name!r} needs {', '.join(missing)}, which this machine "
+        raise GlowgenError(f"{source} needs {', '.join(missing)}, which this machine "
                            f"({host.name}) lacks: its code could not run here")
     return CpuTarget(name, level_features(name), False)
 

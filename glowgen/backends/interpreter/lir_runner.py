@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import InputError
 from ...lir.ir import Instr, Program
 from ...reference import run_node
 from ..base import ContextPool, aligned_bytes, region_view
@@ -58,7 +59,13 @@ class LirRunner:
                 else:
                     args.append(views[i])
                 i += count
-            results = run_node(ins.node, args, self.registry)
+            try:
+                results = run_node(ins.node, args, self.registry)
+            except IndexError as e:
+                # An index the model computed from its inputs at run time (a constant one is
+                # a compile-time error); the cpu backend clamps or skips it instead.
+                raise InputError(f"{ins.node.OP} node {ins.node.name!r}: an index known only at run "
+                                 f"time is out of range: {e}") from None
             for out, r in zip(views[:n_out], results):
                 np.copyto(out, r)
         return {name: ctx.view(w).copy() for name, w in self.prog.outputs.items()}
