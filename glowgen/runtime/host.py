@@ -70,16 +70,22 @@ class Host:
         registry = Registry.default()
         function = api.load(model, input_shapes, registry, constant_inputs)
         api.optimize(function, registry, stage="optimized", backend=self.devices[0].kind)
-        margin, plan = 1.0, None
+        margin, overflow = 1.0, None
         for attempt in range(REPLANS + 1):
-            plan = partition(function, registry, self.devices, name, mapping, replicas, margin)
+            try:
+                plan = partition(function, registry, self.devices, name, mapping, replicas, margin)
+            except GlowgenError:
+                if overflow is None:
+                    raise
+                raise GlowgenError(str(overflow)) from None   # what compiling showed, with sizes
             try:
                 loaded = provision(plan, function, registry, self.devices, options, progress)
                 break
             except MemoryOverflow as e:
                 if attempt == REPLANS or mapping:
                     raise GlowgenError(str(e)) from None
-                margin *= e.ratio * 1.01
+                # compiled programs came out larger than estimated: plan again, estimates scaled
+                overflow, margin = e, margin * e.ratio * 1.01
         replica_list = []
         constants = {v.name: np.asarray(v.data) for _, v in function.outputs
                      if not hasattr(v, "node") and hasattr(v, "data")}

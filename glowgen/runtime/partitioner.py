@@ -199,10 +199,11 @@ class Partitioner:
                 f"{what}; node {node.name!r} ({node.OP}) alone needs "
                 f"{format_bytes(single)}, {format_bytes(single - room)} "
                 f"more than the largest {kind} device has ({names}): give a device more memory")
-        raise GlowgenError(
-            f"{what}: too big for the {kind} devices ({names}) by "
-            f"{format_bytes(weights + acts - sum(free[d.name] for d in devices))} or more, and no cut "
-            f"into one piece per device fits; add {kind} devices or give them more memory")
+        short = (weights + acts) * self.margin - sum(free[d.name] for d in devices)
+        by = (f" by {format_bytes(short)} or more" if short > 0 else
+              " (together they have room, but no cut into one piece per device fits each one)")
+        raise GlowgenError(f"{what}: too big for the {kind} devices ({names}){by}; add {kind} "
+                           f"devices or give them more memory")
 
     # ------------------------------------------------------------------ the plan
     def plan(self, network: str, mapping: Optional[Mapping[str, str]] = None, replicas: int = 1) -> Plan:

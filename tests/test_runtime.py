@@ -1,0 +1,292 @@
+"""The runtime (glowgen/runtime): devices, the partitioner, the provisioner, the executor
+and the Host, against onnxruntime outputs."""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from glowgen.cli import main
+from glowgen.errors import GlowgenError, InputError
+from glowgen.runtime import Device, Host, HostClosed, QueueFull
+from glowgen.runtime.devices import parse_device_spec, parse_memory
+
+from conftest import assert_close, make_model, require_bench_dir, run_ort
+from test_backend_interface import TINY_KERNELS, tiny  # noqa: F401 - the fixture
+
+
+def _mlp(rng, width=128, layers=4):
+    """x[4, width] through `layers` MatMul + Relu/Tanh, a Softmax at the end; each weight
+    width*width*4 bytes (64 KB at 128; a width the cpu
+    backend packs without padding, so estimates and compiled sizes agree)."""
+    x = rng.standard_normal((4, width)).astype(np.float32)
+    nodes, inits, prev = [], {}, "x"
+    for i in range(layers):
+        inits[f"w{i}"] = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"matmul{i}"))
+        nodes.append(helper.make_node("Relu" if i % 2 == 0 else "Tanh", [f"m{i}"], [f"a{i}"],
+                                      name=f"act{i}"))
+        prev = f"a{i}"
+    nodes.append(helper.make_node("Softmax", [prev], ["y"], name="softmax"))
+    return make_model(nodes, {"x": x}, ["y"], inits), {"x": x}
+
+
+def _diamond(rng):
+    """Two independent branches from one input, joined at the end."""
+    x = rng.standard_normal((2, 32)).astype(np.float32)
+    w1 = (rng.standard_normal((32, 32)) / 6).astype(np.float32)
+    w2 = (rng.standard_normal((32, 32)) / 6).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["b1"], name="left"),
+             helper.make_node("Sigmoid", ["b1"], ["s1"], name="left_act"),
+             helper.make_node("MatMul", ["x", "w2"], ["b2"], name="right"),
+             helper.make_node("Tanh", ["b2"], ["s2"], name="right_act"),
+             helper.make_node("Add", ["s1", "s2"], ["y"], name="join")]
+    return make_model(nodes, {"x": x}, ["y"], {"w1": w1, "w2": w2}), {"x": x}
+
+
+# ------------------------------------------------------------------------------ devices
+def test_devices_parse_memory_and_check_kinds():
+    assert parse_memory("64MB") == 64 << 20
+    assert parse_memory("1.5 KB") == 1536
+    assert parse_memory(4096) == 4096
+    with pytest.raises(GlowgenError, match="not a size"):
+        parse_memory("lots")
+    with pytest.raises(GlowgenError, match="unknown device kind 'gpu'.*cpu.*interpreter"):
+        Device("gpu")
+    with pytest.raises(GlowgenError, match="threads"):
+        Device("cpu", threads=0)
+    d = parse_device_spec("cpu:memory=64MB,threads=2,name=a")
+    assert (d.kind, d.memory, d.threads, d.name) == ("cpu", 64 << 20, 2, "a")
+    assert d.compile_options() == {"threads": 2}            # the cpu backend takes threads
+    assert Device("interpreter").compile_options() == {}    # the interpreter does not
+    with pytest.raises(GlowgenError, match="expected KIND"):
+        parse_device_spec("cpu:speed=9")
+    with pytest.raises(GlowgenError, match="unique"):
+        Host([Device("cpu", name="a"), Device("cpu", name="a")])
+
+
+# ------------------------------------------------------------------------------ memory
+def test_a_network_too_big_for_one_device_is_split_and_matches_onnxruntime():
+    model, feeds = _mlp(np.random.default_rng(0))
+    expected = run_ort(model, feeds)
+    with Host([Device("cpu", memory="150KB"), Device("cpu", memory="150KB")]) as host:
+        plan = host.add_network("mlp", model)
+        assert len(plan.partitions) == 2
+        assert {p.device for p in plan.partitions} == {"cpu0", "cpu1"}
+        for p in plan.partitions:
+            assert p.memory <= 150 << 10 and p.compiled_memory is not None
+        assert plan.partitions[1].depends_on == [0]
+        crossing = [t for t in plan.partitions[1].inputs if t.source == 0]
+        assert len(crossing) == 1 and crossing[0].nbytes == 4 * 128 * 4   # one [4, 96] tensor
+        assert_close(host.run("mlp", feeds), expected, rtol=1e-5, atol=1e-6)
+        stats = host.stats()
+        assert all(d["used"] > 0 for d in stats["devices"].values())
+        host.remove_network("mlp")
+        assert all(d.used == 0 for d in host.devices)
+
+
+def test_a_network_that_fits_nowhere_is_refused_with_its_sizes():
+    model, _ = _mlp(np.random.default_rng(1))
+    with Host([Device("cpu", memory="150KB")]) as host:
+        with pytest.raises(GlowgenError, match=r"network needs 2\d\d\.\d KB \(weights 256\.0 KB.*"
+                                               r"cpu0 150\.0 KB free\) by \d+\.\d KB"):
+            host.add_network("mlp", model)
+        assert host.networks == []
+    with Host([Device("cpu", memory="20KB")]) as host:
+        with pytest.raises(GlowgenError, match="node 'matmul0' .*alone needs .* more than"):
+            host.add_network("mlp", model)
+
+
+def test_balanced_cut_spreads_the_work():
+    """Equal layers over three devices with room for all but one: the cut balances work
+    (two layers each way would leave one device idle)."""
+    model, feeds = _mlp(np.random.default_rng(2), width=64, layers=6)
+    with Host([Device("interpreter", memory="40KB") for _ in range(3)]) as host:
+        plan = host.add_network("mlp", model)
+        assert len(plan.partitions) >= 2
+        flops = [p.flops for p in plan.partitions]
+        assert max(flops) <= 0.6 * sum(flops), flops
+        assert_close(host.run("mlp", feeds), run_ort(model, feeds), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ support
+def test_a_device_lacking_ops_gets_partitions_without_them(tiny):  # noqa: F811
+    model, feeds = _mlp(np.random.default_rng(3), width=16, layers=2)
+    with Host([Device("tiny"), Device("cpu")]) as host:
+        plan = host.add_network("mixed", model)
+        kinds = [p.kind for p in plan.partitions]
+        assert "tiny" in kinds and "cpu" in kinds
+        from glowgen import api
+        for p in plan.partitions:
+            if p.kind == "tiny":
+                assert not any(n.startswith(("act1", "softmax")) for n in p.nodes), p.nodes
+        assert_close(host.run("mixed", feeds), run_ort(model, feeds), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------ mapping, replicas, DAG
+def test_user_mapping_by_onnx_node_names_and_independent_branches():
+    model, feeds = _diamond(np.random.default_rng(4))
+    expected = run_ort(model, feeds)
+    devices = [Device("cpu", name="a"), Device("interpreter", name="b")]
+    with Host(devices) as host:
+        plan = host.add_network("d", model, mapping={"left": "a", "left_act": "a", "right": "b",
+                                                     "right_act": "b", "join": "a"})
+        on = {n: p.device for p in plan.partitions for n in p.nodes}
+        assert on["right"] == "b" and on["left"] == "a" and on["join"] == "a"
+        assert len(plan.partitions) == 3
+        assert_close(host.run("d", feeds), expected, rtol=1e-5, atol=1e-5)
+        dot = plan.to_dot()
+        assert dot.startswith('digraph "d"') and dot.count("->") >= 4
+        with pytest.raises(GlowgenError, match="device 'zz'"):
+            host.add_network("e", model, mapping={"left": "zz"})
+        with pytest.raises(GlowgenError, match="node 'nope'"):
+            host.add_network("e", model, mapping={"nope": "a"})
+
+
+def test_replicas_go_on_different_devices_and_serve():
+    model, feeds = _mlp(np.random.default_rng(5), width=32, layers=2)
+    expected = run_ort(model, feeds)
+    with Host([Device("cpu"), Device("cpu")]) as host:
+        plan = host.add_network("m", model, replicas=2)
+        assert plan.replicas == 2 and len(plan.partitions) == 2
+        assert {p.device for p in plan.partitions} == {"cpu0", "cpu1"}
+        futures = [host.run_async("m", feeds) for _ in range(64)]
+        for f in futures:
+            assert_close(f.result(), expected, rtol=1e-5, atol=1e-6)
+        calls = [d["calls"] for d in host.stats()["devices"].values()]
+        assert all(c > 0 for c in calls), calls
+
+
+# ------------------------------------------------------------------------------ the executor
+def _bad_requests(x):
+    return [{"x": x.astype(np.float64)},                # wrong element type
+            {"x": x[:, :-1]},                          # wrong shape
+            {},                                        # missing input
+            {"x": x, "extra": x},                      # unknown input
+            "not a dict"]
+
+
+def test_a_thousand_mixed_requests_concurrently():
+    model, feeds = _mlp(np.random.default_rng(6), width=32, layers=3)
+    rng = np.random.default_rng(7)
+    with Host([Device("cpu", memory="12KB"), Device("cpu", memory="12KB")]) as host:
+        plan = host.add_network("m", model)
+        assert len(plan.partitions) >= 2
+        good_inputs = [rng.standard_normal((4, 32)).astype(np.float32) for _ in range(8)]
+        expected = [run_ort(model, {"x": x})["y"] for x in good_inputs]
+        bad = _bad_requests(good_inputs[0])
+        results = [None] * 1000
+
+        def client(k):
+            for i in range(k, 1000, 4):
+                if i % 3 == 0:
+                    results[i] = ("bad", host.run_async("m", bad[i % len(bad)]))
+                else:
+                    results[i] = (i % 8, host.run_async("m", {"x": good_inputs[i % 8]}))
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(r is not None for r in results)
+        for kind, fut in results:
+            if kind == "bad":
+                with pytest.raises(InputError):
+                    fut.result(timeout=60)
+            else:
+                np.testing.assert_allclose(fut.result(timeout=60)["y"], expected[kind], rtol=1e-5, atol=1e-6)
+        stats = host.stats()["networks"]["m"]
+        assert stats["completed"] + stats["failed"] == 1000 and stats["failed"] == 334
+        # still serving
+        np.testing.assert_allclose(host.run("m", {"x": good_inputs[0]})["y"], expected[0], rtol=1e-5, atol=1e-6)
+
+
+def test_a_full_queue_refuses_and_close_drains():
+    model, feeds = _mlp(np.random.default_rng(8), width=16, layers=1)
+    host = Host([Device("cpu")], max_pending=3)
+    host.add_network("m", model)
+    gate = threading.Event()
+    host._executor.workers["cpu0"].submit(gate.wait)     # hold the device busy
+    accepted = [host.run_async("m", feeds) for _ in range(3)]
+    with pytest.raises(QueueFull, match="3 requests pending.*max_pending=3"):
+        host.run_async("m", feeds)
+    assert host.stats()["refused"] == 1
+    gate.set()
+    closer = threading.Thread(target=host.close)
+    closer.start()
+    closer.join(timeout=30)
+    expected = run_ort(model, feeds)
+    for f in accepted:                                   # close() finished what it accepted
+        assert f.done()
+        assert_close(f.result(), expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(HostClosed):
+        host.run_async("m", feeds)
+
+
+def test_unknown_network_and_duplicate_names():
+    model, feeds = _mlp(np.random.default_rng(9), width=16, layers=1)
+    with Host() as host:
+        with pytest.raises(GlowgenError, match="no network named 'x'"):
+            host.run("x", feeds)
+        host.add_network("m", model)
+        with pytest.raises(GlowgenError, match="already"):
+            host.add_network("m", model)
+
+
+# ------------------------------------------------------------------------------ the CLI
+def test_partition_command_text_and_dot(tmp_path, capsys):
+    model, _ = _mlp(np.random.default_rng(10), width=64, layers=6)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    devs = ["--device", "cpu:memory=40KB"] * 3
+    assert main(["partition", str(path), *devs]) == 0
+    text = capsys.readouterr().out
+    assert "network mlp: 3 partitions" in text
+    for i in range(3):
+        assert f"partition {i} p{i} on cpu{i} (cpu)" in text
+    assert "from partition 0" in text
+    assert main(["partition", str(path), *devs, "--format", "dot"]) == 0
+    dot = capsys.readouterr().out
+    assert dot.startswith('digraph "mlp"') and '"p0" -> "p1"' in dot and '"p1" -> "p2"' in dot
+    assert main(["partition", str(path), "--device", "cpu:memory=20KB"]) == 2
+    assert "error: " in capsys.readouterr().err
+    assert main(["partition", str(path), "--device", "gpu"]) == 2
+    assert "unknown device kind 'gpu'" in capsys.readouterr().err
+
+
+@pytest.mark.bench_models
+def test_partition_command_mobilenet_v2_over_three_devices(capsys):
+    path = require_bench_dir() / "mobilenet_v2.onnx"
+    devs = ["--device", "cpu:memory=12MB"] * 3
+    assert main(["partition", str(path), *devs]) == 0
+    text = capsys.readouterr().out
+    assert "3 partitions" in text and "on cpu2" in text
+    assert main(["partition", str(path), *devs, "--format", "dot"]) == 0
+    dot = capsys.readouterr().out
+    assert '"p0" -> "p1"' in dot and '"p1" -> "p2"' in dot
+
+
+@pytest.mark.bench_models
+def test_resnet50_over_two_64mb_devices_matches_onnxruntime():
+    directory = require_bench_dir()
+    manifest = json.loads((directory / "manifest.json").read_text())["resnet50"]
+    path = directory / manifest["file"]
+    x = np.random.default_rng(11).standard_normal(manifest["input_shape"]).astype(np.float32)
+    feeds = {manifest["input"]: x}
+    with Host([Device("cpu", memory="64MB")]) as host:
+        with pytest.raises(GlowgenError, match=r"network needs 1\d\d\.\d MB \(weights 9\d\.\d MB.*"
+                                               r"cpu0 64\.0 MB free\) by \d+\.\d MB"):
+            host.add_network("resnet", path)
+    with Host([Device("cpu", memory="64MB"), Device("cpu", memory="64MB")]) as host:
+        plan = host.add_network("resnet", path)
+        assert len(plan.partitions) >= 2
+        assert all(p.compiled_memory <= 64 << 20 for p in plan.partitions)
+        out = host.run("resnet", feeds)
+    expected = run_ort(onnx.load(path), feeds)
+    for k in expected:
+        np.testing.assert_allclose(out[k], expected[k], rtol=1e-3, atol=1e-4)
