@@ -259,6 +259,22 @@ def test_partition_command_text_and_dot(tmp_path, capsys):
     assert "unknown device kind 'gpu'" in capsys.readouterr().err
 
 
+def test_bench_serving_against_onnxruntime(tmp_path, capsys):
+    model, _ = _mlp(np.random.default_rng(12), width=32, layers=2)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    assert main(["bench", str(path), "--devices", "2", "--concurrency", "3", "--seconds", "0.2",
+                 "--compare", "onnxruntime", "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 cpu devices of 1 thread, 1 partition x 2 replicas" in out
+    assert "glowgen " in out and "onnxruntime " in out and "req/s" in out and "p99" in out
+    assert "ratio        glowgen / onnxruntime throughput = " in out
+    diff = float(out.split("max |glowgen - onnxruntime| = ")[1].split()[0])
+    assert diff < 1e-5
+    assert main(["bench", str(path), "--devices", "0"]) == 2
+    assert "--devices" in capsys.readouterr().err
+
+
 @pytest.mark.bench_models
 def test_partition_command_mobilenet_v2_over_three_devices(capsys):
     path = require_bench_dir() / "mobilenet_v2.onnx"

@@ -73,6 +73,8 @@ def add_bench_arguments(bn) -> None:
                    help="memory of each device, e.g. 64MB (default: the machine's)")
     g.add_argument("--seconds", type=float, default=5.0,
                    help="how long each engine serves, after a warm-up (default 5)")
+    g.add_argument("--rounds", type=int, default=1,
+                   help="glowgen then onnxruntime, this many times (default 1; more on a noisy machine)")
 
 
 def _serve(call, clients: int, seconds: float, warmup: float = 1.0):
@@ -121,64 +123,79 @@ def cmd_bench_serving(args) -> int:
     from ..cli import _feeds, _input_shapes
     from .devices import Device, parse_memory
     from .host import Host
-    if args.devices < 1 or args.concurrency < 1 or args.seconds <= 0:
-        raise InputError("--devices and --concurrency must be at least 1, --seconds above 0")
+    if args.devices < 1 or args.concurrency < 1 or args.seconds <= 0 or args.rounds < 1:
+        raise InputError("--devices, --concurrency and --rounds must be at least 1, --seconds above 0")
     if args.backend != "cpu" or args.layers or args.profile:
         raise InputError("--devices serves on cpu devices: leave out --backend, --layers, --profile")
+    ort = None
+    if args.compare != "none":
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            if args.compare == "onnxruntime":
+                raise InputError("--compare onnxruntime: onnxruntime is not installed") from None
     cores = args.threads if args.threads is not None else machine_cores()
     per_device = max(1, cores // args.devices)
     memory = parse_memory(args.device_memory)
     devices = [Device("cpu", memory=memory, threads=per_device) for _ in range(args.devices)]
     replicas = args.replicas or (args.devices if memory is None else 1)
     interactive = sys.stderr.isatty()
-    if interactive:
-        print("compiling ...", file=sys.stderr, end="\r", flush=True)
+
+    def progress(done, total):
+        if interactive:
+            end = "\n" if done == total else "\r"
+            print(f"compiled {done}/{total} partitions", file=sys.stderr, end=end, flush=True)
+
     host = Host(devices, max_pending=max(1024, 4 * args.concurrency))
     try:
         t0 = time.perf_counter()
         plan = host.add_network("model", args.model, replicas=replicas,
-                                input_shapes=_input_shapes(args))
+                                input_shapes=_input_shapes(args), progress=progress)
         compile_s = time.perf_counter() - t0
-        if interactive:
-            print(" " * 20, file=sys.stderr, end="\r", flush=True)
-        from .. import api
-        signature = host._get("model")[0].signature
-        feeds = _feeds(args, _SignatureModel(signature))
+        feeds = _feeds(args, _SignatureModel(host._get("model")[0].signature))
         print(f"model        {args.model}")
         print(f"host         {args.devices} cpu device{'s' if args.devices > 1 else ''} of "
               f"{per_device} thread{'s' if per_device > 1 else ''}, {len(plan.replica(0))} "
               f"partition{'s' if len(plan.replica(0)) > 1 else ''} x {plan.replicas} "
               f"replica{'s' if plan.replicas > 1 else ''}, provisioned in {compile_s:.1f} s")
+        sess = names = ort_feeds = None
+        if ort is not None:
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = per_device * args.devices
+            opts.inter_op_num_threads = 1
+            try:
+                sess = ort.InferenceSession(str(args.model), opts, providers=["CPUExecutionProvider"])
+            except Exception as e:   # noqa: BLE001 - onnxruntime's own errors, reported as such
+                raise GlowgenError(f"onnxruntime cannot load {args.model}: {e}") from None
+            names = [o.name for o in sess.get_outputs()]
+            ort_feeds = {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}}
+            print(f"onnxruntime  {ort.__version__}, one session, {per_device * args.devices} intra-op "
+                  f"threads, serving the same clients")
+        elif args.compare == "auto":
+            print("onnxruntime  not installed: no comparison")
         print(f"clients      {args.concurrency} concurrent, each waiting for its answer; "
-              f"{args.seconds:g} s timed after 1 s of warm-up, per engine")
-        g_rate, g_lat = _serve(lambda: host.run("model", feeds), args.concurrency, args.seconds)
-        print(f"glowgen      {g_rate:8.1f} req/s  p50 {_pct(g_lat, 50):.2f} ms  p99 {_pct(g_lat, 99):.2f} ms")
+              f"{args.seconds:g} s timed after {min(1.0, args.seconds):g} s of warm-up, per engine and round")
+        ratios = []
+        for r in range(args.rounds):
+            tag = f"round {r + 1}  " if args.rounds > 1 else ""
+            g_rate, g_lat = _serve(lambda: host.run("model", feeds), args.concurrency, args.seconds,
+                                   min(1.0, args.seconds))
+            print(f"{tag}glowgen      {g_rate:8.1f} req/s  p50 {_pct(g_lat, 50):7.2f} ms  "
+                  f"p99 {_pct(g_lat, 99):7.2f} ms")
+            if sess is None:
+                continue
+            o_rate, o_lat = _serve(lambda: sess.run(names, ort_feeds), args.concurrency, args.seconds,
+                                   min(1.0, args.seconds))
+            print(f"{tag}onnxruntime  {o_rate:8.1f} req/s  p50 {_pct(o_lat, 50):7.2f} ms  "
+                  f"p99 {_pct(o_lat, 99):7.2f} ms")
+            ratios.append(g_rate / o_rate)
         ours = host.run("model", feeds)
     finally:
         host.close()
-    if args.compare == "none":
+    if not ratios:
         return 0
-    try:
-        import onnxruntime as ort
-    except ImportError:
-        if args.compare == "onnxruntime":
-            raise InputError("--compare onnxruntime: onnxruntime is not installed") from None
-        print("onnxruntime  not installed: no comparison")
-        return 0
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = per_device * args.devices
-    opts.inter_op_num_threads = 1
-    try:
-        sess = ort.InferenceSession(str(args.model), opts, providers=["CPUExecutionProvider"])
-    except Exception as e:   # noqa: BLE001 - onnxruntime's own errors, reported as such
-        raise GlowgenError(f"onnxruntime cannot load {args.model}: {e}") from None
-    names = [o.name for o in sess.get_outputs()]
-    ort_feeds = {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}}
-    o_rate, o_lat = _serve(lambda: sess.run(names, ort_feeds), args.concurrency, args.seconds)
-    print(f"onnxruntime  {o_rate:8.1f} req/s  p50 {_pct(o_lat, 50):.2f} ms  p99 {_pct(o_lat, 99):.2f} ms"
-          f"  (one session, {per_device * args.devices} threads, {ort.__version__})")
-    print(f"ratio        glowgen / onnxruntime throughput = {g_rate / o_rate:.2f} (above 1 means "
-          f"glowgen serves more)")
+    print(f"ratio        glowgen / onnxruntime throughput = "
+          + ", ".join(f"{x:.2f}" for x in ratios) + " (above 1 means glowgen serves more)")
     theirs = dict(zip(names, sess.run(names, ort_feeds)))
     diffs = [float(np.max(np.abs(ours[k].astype(np.float64) - theirs[k]))) for k in ours
              if k in theirs and np.shape(theirs[k]) == ours[k].shape and ours[k].size]
