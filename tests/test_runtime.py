@@ -113,6 +113,45 @@ def test_balanced_cut_spreads_the_work():
         assert_close(host.run("mlp", feeds), run_ort(model, feeds), rtol=1e-5, atol=1e-6)
 
 
+def _head_heavy(rng):
+    """Early layers with light weights and most of the work, late layers the reverse (as in
+    convolutional networks)."""
+    x = rng.standard_normal((256, 32)).astype(np.float32)
+    nodes, inits, prev = [], {}, "x"
+    for i in range(4):
+        inits[f"h{i}"] = (rng.standard_normal((32, 32)) / 6).astype(np.float32)
+        nodes += [helper.make_node("MatMul", [prev, f"h{i}"], [f"hm{i}"], name=f"head{i}"),
+                  helper.make_node("Relu", [f"hm{i}"], [f"ha{i}"], name=f"head_act{i}")]
+        prev = f"ha{i}"
+    nodes.append(helper.make_node("ReduceMean", [prev], ["pooled"], axes=[0], keepdims=1, name="pool"))
+    prev = "pooled"
+    for i, (a, b) in enumerate([(32, 256), (256, 128), (128, 256), (256, 32)]):
+        inits[f"t{i}"] = (rng.standard_normal((a, b)) / np.sqrt(a)).astype(np.float32)
+        nodes += [helper.make_node("MatMul", [prev, f"t{i}"], [f"tm{i}"], name=f"tail{i}"),
+                  helper.make_node("Tanh", [f"tm{i}"], [f"ta{i}"], name=f"tail_act{i}")]
+        prev = f"ta{i}"
+    return make_model(nodes, {"x": x}, [prev], inits), {"x": x}
+
+
+def test_two_devices_take_head_and_tail_on_one_when_that_balances_work():
+    """Memory keeps the heavy tail from sharing a device with much of the head: cut in two,
+    one device would do nearly all the work; head and tail on one device, the middle on the
+    other, balances it (A B A)."""
+    model, feeds = _head_heavy(np.random.default_rng(13))
+    with Host([Device("interpreter", memory="300KB"), Device("interpreter", memory="300KB")]) as host:
+        plan = host.add_network("h", model)
+        devices = [p.device for p in plan.partitions]
+        assert len(devices) == 3 and devices[0] == devices[2] != devices[1], devices
+        work = {}
+        for p in plan.partitions:
+            work[p.device] = work.get(p.device, 0) + p.flops
+        assert max(work.values()) <= 0.65 * sum(work.values()), work
+        assert_close(host.run("h", feeds), run_ort(model, feeds), rtol=1e-5, atol=1e-5)
+    with Host([Device("interpreter", memory="260KB"), Device("interpreter", memory="260KB")]) as host:
+        assert len(host.add_network("h", model).partitions) == 3      # no cut in two fits at all
+        assert_close(host.run("h", feeds), run_ort(model, feeds), rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------ support
 def test_a_device_lacking_ops_gets_partitions_without_them(tiny):  # noqa: F811
     model, feeds = _mlp(np.random.default_rng(3), width=16, layers=2)

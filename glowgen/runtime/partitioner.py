@@ -9,6 +9,9 @@
    device: each piece's weights plus inputs plus peak activations within its device's free
    memory, minimizing (the largest piece's estimated work + the bytes that cross the cuts,
    as work) -- balanced work is what lets successive requests pipeline across devices.
+   Over two devices, three pieces A B A (head and tail on one device) are taken instead
+   when they balance the devices' work better: memory often forces an uneven cut in two,
+   since early layers have little weight and much work and late layers the reverse.
 4. `replicas` copies of the whole, each placed where most memory is free.
 
 The result is a Plan (plan.py): data, printed by `glowgen partition`."""
@@ -119,10 +122,50 @@ class Partitioner:
             return w * self.margin, (w + acts) * self.margin
         order = sorted(devices, key=lambda d: -free[d.name])
         for k in range(2, len(order) + 1):
-            split = self._balanced_split(lo, hi, [free[d.name] for d in order[:k]], mem)
+            split, score = self._balanced_split(lo, hi, [free[d.name] for d in order[:k]], mem)
+            pieces = None
             if split is not None:
-                return [(a, b, order[j].name, "memory") for j, (a, b) in enumerate(split)]
+                pieces = [(a, b, order[j].name, "memory") for j, (a, b) in enumerate(split)]
+            if k == 2:
+                for first, second in ((order[0], order[1]), (order[1], order[0])):
+                    folded, folded_score = self._folded_split(
+                        lo, hi, free[first.name], free[second.name], mem)
+                    if folded is not None and folded_score < score * 0.97:
+                        score = folded_score
+                        pieces = [(a, b, dev.name, "memory, balanced")
+                                  for (a, b), dev in zip(folded, (first, second, first))]
+            if pieces is not None:
+                return pieces
         self._refuse(lo, hi, kind, devices, free, weights, acts, mem)
+
+    def _folded_split(self, lo, hi, budget_a, budget_b, mem):
+        """Three pieces on two devices, A B A: the head and the tail on A, the middle on B.
+        When memory forces an uneven cut in two (early layers: little weight, much work;
+        late layers: the reverse), folding balances the devices' work: (cuts, score) with
+        score = the busier device's work + crossing bytes as work; (None, inf) if none fits."""
+        prefix = [0.0]
+        for f in self.costs.flops[lo:hi]:
+            prefix.append(prefix[-1] + f)
+        cross = self.costs.crossing(lo, hi)
+        best, best_score = None, math.inf
+        for c1 in range(lo + 1, hi - 1):
+            head_w, head = mem(lo, c1)
+            if head_w > budget_a:
+                break
+            if head > budget_a:
+                continue
+            for c2 in range(hi - 1, c1, -1):
+                tail_w, tail = mem(c2, hi)
+                if head_w + tail_w > budget_a:
+                    break
+                if head + tail > budget_a or mem(c1, c2)[1] > budget_b:
+                    continue
+                work_a = prefix[c1 - lo] + prefix[hi - lo] - prefix[c2 - lo]
+                work_b = prefix[c2 - lo] - prefix[c1 - lo]
+                score = max(work_a, work_b) + FLOPS_PER_CROSSING_BYTE * (cross[c1 - lo] + cross[c2 - lo])
+                if score < best_score:
+                    best, best_score = [(lo, c1), (c1, c2), (c2, hi)], score
+        return best, best_score
 
     def _balanced_split(self, lo, hi, budgets, mem):
         """Cuts of [lo, hi) into len(budgets) contiguous pieces, piece j within budgets[j],
@@ -146,7 +189,7 @@ class Partitioner:
                      + FLOPS_PER_CROSSING_BYTE * sum(cross[a - lo] for a, _ in split[1:]))
             if score < best_score:
                 best, best_score = split, score
-        return best
+        return best, best_score
 
     @staticmethod
     def _min_crossing(lo, hi, budgets, mem, work, cross, limit):
