@@ -261,7 +261,7 @@ def cmd_bench(args) -> int:
     import time
     from .api import compile as compile_model
     if args.devices is not None:          # serving through glowgen.runtime.Host
-        from .runtime.commands import cmd_bench_serving
+        from .cli_runtime import cmd_bench_serving
         return cmd_bench_serving(args)
     args.threads = _thread_count(args)
     if args.layers:
@@ -597,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an input array from a .npy file (repeatable); inputs not given are random")
     bn.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     bn.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
-    from .runtime.commands import add_bench_arguments, add_partition_parser
+    from .cli_runtime import add_bench_arguments, add_partition_parser
     add_bench_arguments(bn)
     bn.set_defaults(func=cmd_bench)
     add_partition_parser(sub, shape_help)

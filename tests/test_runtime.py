@@ -16,7 +16,7 @@ from glowgen.runtime import Device, Host, HostClosed, QueueFull
 from glowgen.runtime.devices import parse_device_spec, parse_memory
 
 from conftest import assert_close, make_model, require_bench_dir, run_ort
-from test_backend_interface import TINY_KERNELS, tiny  # noqa: F401 - the fixture
+from test_backend_interface import tiny  # noqa: F401 - the fixture registering the test backend
 
 
 def _mlp(rng, width=128, layers=4):
@@ -153,13 +153,12 @@ def test_two_devices_take_head_and_tail_on_one_when_that_balances_work():
 
 
 # ------------------------------------------------------------------------------ support
-def test_a_device_lacking_ops_gets_partitions_without_them(tiny):  # noqa: F811
+def test_a_device_lacking_ops_gets_partitions_without_them(tiny):  # noqa: F811 - the fixture
     model, feeds = _mlp(np.random.default_rng(3), width=16, layers=2)
     with Host([Device("tiny"), Device("cpu")]) as host:
         plan = host.add_network("mixed", model)
         kinds = [p.kind for p in plan.partitions]
         assert "tiny" in kinds and "cpu" in kinds
-        from glowgen import api
         for p in plan.partitions:
             if p.kind == "tiny":
                 assert not any(n.startswith(("act1", "softmax")) for n in p.nodes), p.nodes

@@ -45,7 +45,8 @@ class Host:
         self.devices = name_devices(devices if devices is not None else [Device("cpu")])
         self._executor = Executor([d.name for d in self.devices], max_pending)
         self._networks: dict[str, tuple[Network, Plan, list]] = {}
-        self._lock = threading.Lock()          # adding and removing networks
+        self._lock = threading.Lock()          # the table of networks
+        self._provisioning = threading.Lock()  # one network planned and charged at a time
         self._closed = False
 
     # ------------------------------------------------------------------ networks
@@ -59,7 +60,6 @@ class Host:
         Other keyword arguments are compile options of the backends.  Returns the plan."""
         from .. import api
         from ..engine.registry import Registry
-        from .partitioner import partition
         if not isinstance(name, str) or not name:
             raise GlowgenError(f"a network needs a name (a non-empty string), not {name!r}")
         with self._lock:
@@ -70,22 +70,8 @@ class Host:
         registry = Registry.default()
         function = api.load(model, input_shapes, registry, constant_inputs)
         api.optimize(function, registry, stage="optimized", backend=self.devices[0].kind)
-        margin, overflow = 1.0, None
-        for attempt in range(REPLANS + 1):
-            try:
-                plan = partition(function, registry, self.devices, name, mapping, replicas, margin)
-            except GlowgenError:
-                if overflow is None:
-                    raise
-                raise GlowgenError(str(overflow)) from None   # what compiling showed, with sizes
-            try:
-                loaded = provision(plan, function, registry, self.devices, options, progress)
-                break
-            except MemoryOverflow as e:
-                if attempt == REPLANS or mapping:
-                    raise GlowgenError(str(e)) from None
-                # compiled programs came out larger than estimated: plan again, estimates scaled
-                overflow, margin = e, margin * e.ratio * 1.01
+        with self._provisioning:
+            plan, loaded = self._place(name, function, registry, mapping, replicas, options, progress)
         replica_list = []
         constants = {v.name: np.asarray(v.data) for _, v in function.outputs
                      if not hasattr(v, "node") and hasattr(v, "data")}
@@ -102,8 +88,34 @@ class Host:
         net = Network(name, _Signature({p.name: p.type for p in function.placeholders}),
                       replica_list, constants)
         with self._lock:
+            if name in self._networks or self._closed:       # added meanwhile by another thread
+                unload(loaded)
+                raise GlowgenError(f"the host has a network named {name!r} already; remove it first"
+                                   if not self._closed else "the host is closed")
             self._networks[name] = (net, plan, loaded)
         return plan
+
+    def _place(self, name, function, registry, mapping, replicas, options, progress):
+        """Plan and provision; plan again with scaled estimates when compiled partitions come
+        out larger than estimated."""
+        from .partitioner import partition
+        margin, overflow = 1.0, None
+        for attempt in range(REPLANS + 1):
+            try:
+                plan = partition(function, registry, self.devices, name, mapping, replicas, margin)
+            except GlowgenError:
+                if overflow is None:
+                    raise
+                raise GlowgenError(str(overflow)) from None   # what compiling showed, with sizes
+            try:
+                loaded = provision(plan, function, registry, self.devices, options, progress)
+                break
+            except MemoryOverflow as e:
+                if attempt == REPLANS or mapping:
+                    raise GlowgenError(str(e)) from None
+                # compiled programs came out larger than estimated: plan again, estimates scaled
+                overflow, margin = e, margin * e.ratio * 1.01
+        return plan, loaded
 
     def remove_network(self, name: str) -> None:
         """Stop serving `name` once its pending requests finish, and free its memory."""

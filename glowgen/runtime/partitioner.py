@@ -252,7 +252,6 @@ class Partitioner:
     def plan(self, network: str, mapping: Optional[Mapping[str, str]] = None, replicas: int = 1) -> Plan:
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
             raise GlowgenError(f"replicas must be a positive integer, not {replicas!r}")
-        n = len(self.costs)
         plan = Plan(network, inputs=[p.name for p in self.function.placeholders],
                     devices=[d.describe() for d in self.devices], replicas=replicas)
         free = {d.name: d.free for d in self.devices}

@@ -1,6 +1,6 @@
 """The runtime's command line: `glowgen partition` (the plan of a model over devices) and
 `glowgen bench MODEL --devices N --concurrency C` (serving throughput against onnxruntime).
-cli.py registers these; they live here to keep the runtime in one place."""
+cli.py registers these (the runtime itself knows nothing of the command line)."""
 from __future__ import annotations
 
 import sys
@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from ..errors import GlowgenError, InputError
+from .errors import GlowgenError, InputError
 
 
 # ---------------------------------------------------------------------------- partition
@@ -33,15 +33,15 @@ def add_partition_parser(sub, shape_help: str) -> None:
 
 
 def _devices(specs):
-    from .devices import Device, name_devices, parse_device_spec
+    from .runtime.devices import Device, name_devices, parse_device_spec
     return name_devices([parse_device_spec(s) for s in specs] if specs else [Device("cpu")])
 
 
 def cmd_partition(args) -> int:
-    from .. import api
-    from ..cli import _input_shapes, _parse_assignments
-    from ..engine.registry import Registry
-    from .partitioner import partition
+    from . import api
+    from .cli import _input_shapes, _parse_assignments
+    from .engine.registry import Registry
+    from .runtime.partitioner import partition
     devices = _devices(args.device)
     mapping = _parse_assignments(args.map, "--map")
     registry = Registry.default()
@@ -119,10 +119,10 @@ def _pct(values, q) -> float:
 
 
 def cmd_bench_serving(args) -> int:
-    from ..backends.cpu.backend import machine_cores
-    from ..cli import _feeds, _input_shapes
-    from .devices import Device, parse_memory
-    from .host import Host
+    from .backends.cpu.backend import machine_cores
+    from .cli import _feeds, _input_shapes
+    from .runtime.devices import Device, parse_memory
+    from .runtime.host import Host
     if args.devices < 1 or args.concurrency < 1 or args.seconds <= 0 or args.rounds < 1:
         raise InputError("--devices, --concurrency and --rounds must be at least 1, --seconds above 0")
     if args.backend != "cpu" or args.layers or args.profile:
@@ -194,7 +194,7 @@ def cmd_bench_serving(args) -> int:
         host.close()
     if not ratios:
         return 0
-    print(f"ratio        glowgen / onnxruntime throughput = "
+    print("ratio        glowgen / onnxruntime throughput = "
           + ", ".join(f"{x:.2f}" for x in ratios) + " (above 1 means glowgen serves more)")
     theirs = dict(zip(names, sess.run(names, ort_feeds)))
     diffs = [float(np.max(np.abs(ours[k].astype(np.float64) - theirs[k]))) for k in ours
