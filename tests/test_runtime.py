@@ -344,3 +344,18 @@ def test_resnet50_over_two_64mb_devices_matches_onnxruntime():
     expected = run_ort(onnx.load(path), feeds)
     for k in expected:
         np.testing.assert_allclose(out[k], expected[k], rtol=1e-3, atol=1e-4)
+
+
+def test_outputs_that_are_inputs_or_constants():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    passthrough = make_model([helper.make_node("Identity", ["x"], ["y"])], {"x": x}, ["y"])
+    folded = make_model([helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Relu", ["x"], ["r"])],
+                        {"x": x}, ["s", "r"])
+    with Host([Device("cpu"), Device("interpreter")]) as host:
+        assert host.add_network("p", passthrough).partitions == []
+        out = host.run("p", {"x": x})
+        assert_close(out, run_ort(passthrough, {"x": x}))
+        assert out["y"] is not x
+        plan = host.add_network("f", folded)
+        assert "output s <- s (a constant)" in plan.to_text()
+        assert_close(host.run("f", {"x": x}), run_ort(folded, {"x": x}))

@@ -19,6 +19,8 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Callable, Optional
 
+import numpy as np
+
 from ..errors import GlowgenError
 
 
@@ -201,8 +203,12 @@ class Executor:
         try:
             result = {}
             for out, tensor in request.replica.outputs:
-                result[out] = (network.constants[tensor].copy() if tensor in network.constants
-                               else request.values[tensor])
+                if tensor in network.constants:
+                    result[out] = network.constants[tensor].copy()
+                elif tensor in request.feeds:               # an input passed through: a copy
+                    result[out] = np.array(request.feeds[tensor], copy=True)
+                else:
+                    result[out] = request.values[tensor]
         except KeyError as e:       # an internal error: fail this request, keep serving
             request.failed = True
             request.future.set_exception(GlowgenError(f"network {network.name!r}: output tensor "

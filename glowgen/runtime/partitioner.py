@@ -285,7 +285,8 @@ class Partitioner:
         # the network's outputs, from replica 0's partitions
         produced = {t: p.index for p in plan.replica(0) for t in p.outputs}
         for name, v in self.function.outputs:
-            plan.outputs.append((name, v.name, produced.get(v.name)))
+            source = produced.get(v.name, "constant" if isinstance(v, Constant) else "input")
+            plan.outputs.append((name, v.name, source))
         return plan
 
     def _add_partition(self, plan: Plan, a: int, b: int, device: Device, reason: str, replica: int,

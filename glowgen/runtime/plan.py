@@ -53,7 +53,7 @@ class Plan:
     network: str
     partitions: list = field(default_factory=list)
     inputs: list = field(default_factory=list)      # the network's input names
-    outputs: list = field(default_factory=list)     # (output name, tensor name, source partition or None)
+    outputs: list = field(default_factory=list)     # (output name, tensor, partition index | "input" | "constant")
     devices: list = field(default_factory=list)     # Device.describe() of every device of the host
     replicas: int = 1
 
@@ -88,7 +88,7 @@ class Plan:
             for name in p.outputs:
                 lines.append(f"  out      {name}")
         for out, tensor, src in self.outputs:
-            where = "a network input" if src is None else f"partition {src}"
+            where = {"input": "a network input", "constant": "a constant"}.get(src, f"partition {src}")
             lines.append(f"output {out} <- {tensor} ({where})")
         return "\n".join(lines) + "\n"
 
@@ -112,8 +112,11 @@ class Plan:
                 lines.append(f"  {src} -> {q(p.name)} [label={q(t.name + ' ' + format_bytes(t.nbytes))}];")
         for out, tensor, src in self.outputs:
             lines.append(f"  {q('out:' + out)} [label={q(out)}, shape=ellipse, fillcolor=white];")
-            if src is None:
+            if src == "input":
                 lines.append(f"  {q('in:' + tensor)} -> {q('out:' + out)};")
+            elif src == "constant":
+                lines.append(f"  {q('const:' + tensor)} [label={q(tensor)}, shape=note, fillcolor=white];")
+                lines.append(f"  {q('const:' + tensor)} -> {q('out:' + out)};")
             else:
                 for p in self.partitions:
                     if tensor in p.outputs and p.replica == 0:
