@@ -177,6 +177,12 @@ def test_user_mapping_by_onnx_node_names_and_independent_branches():
         assert on["right"] == "b" and on["left"] == "a" and on["join"] == "a"
         assert len(plan.partitions) == 3
         assert_close(host.run("d", feeds), expected, rtol=1e-5, atol=1e-5)
+        assert sorted(p.depends_on for p in plan.partitions) == [[], [], [0, 1]] or \
+            [p.depends_on for p in plan.partitions].count([]) == 2        # the branches are independent
+        futures = [host.run_async("d", feeds) for _ in range(20)]
+        for f in futures:
+            assert_close(f.result(), expected, rtol=1e-5, atol=1e-5)
+        assert all(d["calls"] > 0 for d in host.stats()["devices"].values())
         dot = plan.to_dot()
         assert dot.startswith('digraph "d"') and dot.count("->") >= 4
         with pytest.raises(GlowgenError, match="device 'zz'"):
