@@ -250,6 +250,53 @@ def test_a_thousand_mixed_requests_concurrently():
         np.testing.assert_allclose(host.run("m", {"x": good_inputs[0]})["y"], expected[0], rtol=1e-5, atol=1e-6)
 
 
+class _RefusingRunner:
+    """The interpreter's runner, refusing inputs with NaNs as a device might fail a call."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def run(self, feeds):
+        if any(np.isnan(v).any() for v in feeds.values()):
+            raise GlowgenError("refusing: NaN in an input")
+        return self.inner.run(feeds)
+
+
+@pytest.fixture
+def refusing():
+    from glowgen.backends import register_backend, unregister_backend
+    from glowgen.backends.interpreter import InterpreterBackend
+
+    class Refusing(InterpreterBackend):
+        name = "refusing"
+
+        def make_runner(self, prog, registry, options):
+            return _RefusingRunner(super().make_runner(prog, registry, options))
+
+    yield register_backend(Refusing())
+    unregister_backend("refusing")
+
+
+def test_a_call_failing_on_a_device_fails_only_its_request(refusing):
+    """The left branch runs on a device that fails NaN inputs while the right branch runs on
+    another: the failed request ends (its join partition never runs), the others are right."""
+    model, feeds = _diamond(np.random.default_rng(14))
+    expected = run_ort(model, feeds)
+    nan = {"x": np.full_like(feeds["x"], np.nan)}
+    with Host([Device("refusing", name="a"), Device("cpu", name="b")]) as host:
+        host.add_network("d", model, mapping={"left": "a", "left_act": "a", "right": "b",
+                                              "right_act": "b", "join": "b"})
+        futures = [host.run_async("d", nan if i % 4 == 0 else feeds) for i in range(100)]
+        for i, f in enumerate(futures):
+            if i % 4 == 0:
+                with pytest.raises(GlowgenError, match="refusing: NaN"):
+                    f.result(timeout=60)
+            else:
+                assert_close(f.result(timeout=60), expected, rtol=1e-5, atol=1e-5)
+        assert host.stats()["networks"]["d"]["failed"] == 25
+        assert host.stats()["pending"] == 0
+
+
 def test_a_full_queue_refuses_and_close_drains():
     model, feeds = _mlp(np.random.default_rng(8), width=16, layers=1)
     host = Host([Device("cpu")], max_pending=3)
