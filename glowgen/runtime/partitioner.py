@@ -17,6 +17,7 @@
 The result is a Plan (plan.py): data, printed by `glowgen partition`."""
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Mapping, Optional, Sequence
 
@@ -122,10 +123,21 @@ class Partitioner:
             return w * self.margin, (w + acts) * self.margin
         order = sorted(devices, key=lambda d: -free[d.name])
         for k in range(2, len(order) + 1):
-            split, score = self._balanced_split(lo, hi, [free[d.name] for d in order[:k]], mem)
-            pieces = None
-            if split is not None:
-                pieces = [(a, b, order[j].name, "memory") for j, (a, b) in enumerate(split)]
+            pieces, score = None, math.inf
+            # Which device takes which piece matters when their memory differs (the heavy
+            # tail of a CNN wants the large one): every order for a few devices, else the
+            # largest first and the largest last.
+            chosen = order[:k]
+            orders = (itertools.permutations(chosen) if k <= 3 else (chosen, chosen[::-1]))
+            seen = set()
+            for devs in orders:
+                budgets = tuple(free[d.name] for d in devs)
+                if budgets in seen:
+                    continue            # devices with equal room: one order is enough
+                seen.add(budgets)
+                split, split_score = self._balanced_split(lo, hi, list(budgets), mem)
+                if split is not None and split_score < score:
+                    pieces, score = [(a, b, devs[j].name, "memory") for j, (a, b) in enumerate(split)], split_score
             if k == 2:
                 for first, second in ((order[0], order[1]), (order[1], order[0])):
                     folded, folded_score = self._folded_split(
