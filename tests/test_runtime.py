@@ -152,6 +152,19 @@ def test_two_devices_take_head_and_tail_on_one_when_that_balances_work():
         assert_close(host.run("h", feeds), run_ort(model, feeds), rtol=1e-5, atol=1e-5)
 
 
+def test_devices_of_different_memory_take_the_pieces_that_fit_them():
+    model, feeds = _head_heavy(np.random.default_rng(15))
+    devices = [Device("interpreter", memory="150KB", name="small"),
+               Device("interpreter", memory="400KB", name="large")]
+    with Host(devices) as host:
+        plan = host.add_network("h", model)
+        heavy = max(plan.partitions, key=lambda p: p.weights)
+        assert heavy.device == "large" and heavy.weights >= 160 << 10
+        for d in host.devices:
+            assert d.used <= d.memory
+        assert_close(host.run("h", feeds), run_ort(model, feeds), rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------ support
 def test_a_device_lacking_ops_gets_partitions_without_them(tiny):  # noqa: F811 - the fixture
     model, feeds = _mlp(np.random.default_rng(3), width=16, layers=2)
