@@ -155,7 +155,7 @@ def test_two_devices_take_head_and_tail_on_one_when_that_balances_work():
 def test_devices_of_different_memory_take_the_pieces_that_fit_them():
     model, feeds = _head_heavy(np.random.default_rng(15))
     devices = [Device("interpreter", memory="150KB", name="small"),
-               Device("interpreter", memory="400KB", name="large")]
+               Device("interpreter", memory="450KB", name="large")]
     with Host(devices) as host:
         plan = host.add_network("h", model)
         heavy = max(plan.partitions, key=lambda p: p.weights)
