@@ -138,7 +138,7 @@ def test_two_devices_take_head_and_tail_on_one_when_that_balances_work():
     one device would do nearly all the work; head and tail on one device, the middle on the
     other, balances it (A B A)."""
     model, feeds = _head_heavy(np.random.default_rng(13))
-    with Host([Device("interpreter", memory="300KB"), Device("interpreter", memory="300KB")]) as host:
+    with Host([Device("interpreter", memory="340KB"), Device("interpreter", memory="340KB")]) as host:
         plan = host.add_network("h", model)
         devices = [p.device for p in plan.partitions]
         assert len(devices) == 3 and devices[0] == devices[2] != devices[1], devices

@@ -71,18 +71,22 @@ class GraphCosts:
         return len(self.nodes)
 
     def memory_from(self, a: int, stop: int) -> list[tuple[int, int]]:
-        """For each end b in (a, stop]: (weights, inputs + peak activations) of nodes [a, b).
-        One sweep: the live set at node t is what nodes a..t computed and someone still reads
-        at or after t; inputs are what the run reads that was computed before it."""
+        """For each end b in (a, stop]: (weights, inputs + outputs + peak activations) of nodes
+        [a, b).  One sweep: the live set at node t is what nodes a..t computed and someone
+        still reads at or after t; inputs are what the run reads that was computed before it;
+        outputs what it computes that is read after it."""
         out = []
         weights, seen_consts = 0, set()
         inputs, seen_inputs = 0, set()
         live = peak = 0
+        outputs = 0         # what [a, t] computes and someone after t reads: the run's outputs
         for t in range(a, stop):
             if t > a:
                 for vid, nbytes, producer in self.dying[t - 1]:
                     if producer >= a:
                         live -= nbytes
+                        if producer < t - 1:
+                            outputs -= nbytes
             for cid, nbytes in self.constants[t].items():
                 if cid not in seen_consts:
                     seen_consts.add(cid)
@@ -93,7 +97,11 @@ class GraphCosts:
                     inputs += nbytes
             live += sum(nbytes for _, nbytes in self.outputs[t])
             peak = max(peak, live)
-            out.append((weights, inputs + peak))
+            outputs += sum(nbytes for vid, nbytes in self.outputs[t] if self.last_use.get(vid, t) > t)
+            # A compiled run holds its outputs for the whole call (beside its inputs) and its
+            # own values in the activation region: the outputs counted again is what that costs
+            # (an overestimate by at most the outputs, where an underestimate costs a replan).
+            out.append((weights, inputs + peak + outputs))
         return out
 
     def crossing(self, lo: int, hi: int) -> list[int]:

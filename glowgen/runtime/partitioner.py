@@ -6,7 +6,7 @@
    so runs stay long); else the one kind there is.
 2. Runs of nodes of one kind, in topological order, are the first cut.
 3. A run that fits no device of its kind is cut further into contiguous pieces, one per
-   device: each piece's weights plus inputs plus peak activations within its device's free
+   device: each piece's weights plus inputs, outputs and peak activations within its device's free
    memory, minimizing (the largest piece's estimated work + the bytes that cross the cuts,
    as work) -- balanced work is what lets successive requests pipeline across devices.
    Over two devices, three pieces A B A (head and tail on one device) are taken instead
@@ -118,7 +118,7 @@ class Partitioner:
             return [(lo, hi, best.name, "fits")]
         # contiguous pieces over k devices, the fewest k that fits
         table = {a: self.costs.memory_from(a, hi) for a in range(lo, hi)}
-        def mem(a, b):          # (weights, weights + inputs + peak activations) of [a, b)
+        def mem(a, b):          # (weights, weights + inputs + outputs + peak activations)
             w, acts = table[a][b - a - 1]
             return w * self.margin, (w + acts) * self.margin
         order = sorted(devices, key=lambda d: -free[d.name])
@@ -242,9 +242,9 @@ class Partitioner:
         room = free[biggest.name]
         alone = max(range(lo, hi), key=lambda i: mem(i, i + 1)[1])
         what = (f"network needs {format_bytes(weights + acts)} (weights {format_bytes(weights)} + "
-                f"inputs and peak activations {format_bytes(acts)})" if (lo, hi) == (0, len(self.costs))
+                f"inputs, outputs and peak activations {format_bytes(acts)})" if (lo, hi) == (0, len(self.costs))
                 else f"nodes {self.costs.nodes[lo].name!r} .. {self.costs.nodes[hi - 1].name!r} need "
-                     f"{format_bytes(weights + acts)} (weights {format_bytes(weights)} + inputs and "
+                     f"{format_bytes(weights + acts)} (weights {format_bytes(weights)} + inputs, outputs and "
                      f"peak activations {format_bytes(acts)})")
         names = ", ".join(f"{d.name} {format_bytes(free[d.name])} free" for d in devices)
         single = mem(alone, alone + 1)[1]

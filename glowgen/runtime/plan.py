@@ -29,7 +29,7 @@ class Partition:
     inputs: list                    # Tensor: what it reads from the network or other partitions
     outputs: list                   # names of the tensors it computes for others or the caller
     weights: int = 0                # estimated bytes of weights
-    activations: int = 0            # estimated bytes of inputs plus peak activations
+    activations: int = 0            # estimated bytes of inputs, outputs and peak activations
     flops: float = 0.0              # estimated work
     replica: int = 0
     reason: str = ""                # why it is cut where it is ("fits", "memory", "support", "user")
@@ -38,7 +38,7 @@ class Partition:
     @property
     def memory(self) -> int:
         """Bytes it takes on its device: the compiled program's once provisioned, the
-        estimate (weights + inputs + peak activations) before."""
+        estimate (weights + inputs + outputs + peak activations) before."""
         if self.compiled_memory is not None:
             return self.compiled_memory
         return self.weights + self.activations
@@ -76,7 +76,7 @@ class Plan:
             lines.append(f"partition {p.index} {p.name} on {p.device} ({p.kind})"
                          + (f" replica {p.replica}" if self.replicas > 1 else "")
                          + f": {len(p.nodes)} node{'s' if len(p.nodes) != 1 else ''}, memory "
-                         f"{format_bytes(p.memory)} (weights {format_bytes(p.weights)}, inputs + "
+                         f"{format_bytes(p.memory)} (weights {format_bytes(p.weights)}, inputs, outputs, "
                          f"activations {format_bytes(p.activations)}"
                          + (", compiled" if p.compiled_memory is not None else ", estimated")
                          + f"), {gflops:.3f} GFLOP" + (f", {p.reason}" if p.reason else ""))
