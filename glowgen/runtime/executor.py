@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..errors import GlowgenError
+from ..errors import GlowgenError, InputError
 
 
 class QueueFull(GlowgenError):
@@ -144,7 +144,9 @@ class Executor:
         future.set_running_or_notify_cancel()
         try:
             checked = network.signature(feeds)
-        except GlowgenError as e:
+        except Exception as e:      # noqa: BLE001 - whatever the feeds did, it is this request's
+            if not isinstance(e, GlowgenError):
+                e = InputError(f"network {network.name!r}: bad request: {type(e).__name__}: {e}")
             self._finish(network, replica, None, future, error=e)
             return future
         request = Request(replica, checked, future)
