@@ -31,6 +31,8 @@ examples:
   glowgen dump model.onnx --stage asm                   # the cpu backend's machine code
   glowgen compile model.onnx -o out/                    # a bundle: out/model.o, .h, .weights.bin, main.c
   glowgen bench model.onnx --backend cpu --runs 20      # latency, against onnxruntime
+  glowgen bench model.onnx --devices 2 --concurrency 4  # serving throughput, against onnxruntime
+  glowgen partition model.onnx --device cpu:memory=64MB --device cpu:memory=64MB [--format dot]
   glowgen ops
   glowgen conformance --backend interpreter --json results.json
   glowgen regen            # after editing specs/*.glowdef
@@ -261,6 +263,9 @@ def _stats_line(times) -> str:
 def cmd_bench(args) -> int:
     import time
     from .api import compile as compile_model
+    if args.devices is not None:          # serving through glowgen.runtime.Host
+        from .cli_runtime import cmd_bench_serving
+        return cmd_bench_serving(args)
     args.threads = _thread_count(args)
     if args.layers:
         return _bench_layers(args)
@@ -612,7 +617,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an input array from a .npy file (repeatable); inputs not given are random")
     bn.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     bn.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
+    from .cli_runtime import add_bench_arguments, add_partition_parser
+    add_bench_arguments(bn)
     bn.set_defaults(func=cmd_bench)
+    add_partition_parser(sub, shape_help)
 
     g = sub.add_parser("regen", help="regenerate glowgen/generated/ from specs/",
                        description="Parse specs/*.glowdef and write the generated Python modules.")
