@@ -9,12 +9,13 @@ from typing import Mapping, Optional
 import numpy as np
 
 from . import lir, pipeline
+from . import specialize as specializing
 from .backends.base import Backend, backend_names, get_backend
 from .engine.graph import Function
 from .engine.registry import Registry
 from .engine.types import Type, dtype_of
-from .errors import GlowgenError, InputError
-from .frontend.onnx import ModelLike, import_model
+from .errors import CompileTimeInputError, GlowgenError, InputError
+from .frontend.onnx import ModelLike, import_model, load_model
 
 
 
@@ -136,12 +137,17 @@ def _front(model: ModelLike, backend: Backend, input_shapes, registry, optimize:
 def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEND,
             input_shapes: Optional[Mapping] = None,
             registry: Optional[Registry] = None, optimize: bool = True,
-            constant_inputs: Optional[Mapping] = None, **options) -> CompiledModel:
+            constant_inputs: Optional[Mapping] = None, max_variants: int = 8,
+            specialize: Optional[bool] = None, **options) -> "CompiledModel | SpecializingModel":
     """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
 
     `input_shapes` binds dynamic dimensions: {"input": (1, 3, 224, 224)}.
     `constant_inputs` binds model inputs to fixed arrays ({"shape": np.array([2, 3])}): the
     model is specialized to them and they are no longer inputs of the compiled model.
+    With neither, a model with dynamic dimensions, or with inputs whose values decide shapes
+    or control flow, is compiled on demand, once per call signature (input shapes and those
+    values), keeping `max_variants` variants: a `SpecializingModel` (glowgen/specialize.py).
+    `specialize=False` compiles ahead of time or fails; `True` always specializes.
     `registry` selects generated code other than the built-in (see `Registry.from_dir`).
     `optimize=False` only lowers (to compare against the optimized graph).
     `backend`: "cpu" (the default: native code, JIT-compiled for this machine),
@@ -152,8 +158,31 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
     `profile=True` counts cycles per native kernel: `CompiledModel.profile()`."""
     backend = get_backend(backend)
     options = backend.check_options(options)      # before a long compilation
-    function, registry = _front(model, backend, input_shapes, registry, optimize, constant_inputs)
-    return CompiledModel(function, registry, backend, **options)
+
+    specializing.check_max_variants(max_variants)
+    if specialize is None and (input_shapes or constant_inputs):
+        specialize = False
+    if specialize is not False:
+        model = load_model(model)        # once, for every variant (weights read once)
+
+    def ahead_of_time(shapes, constants):
+        function, reg = _front(model, backend, shapes, registry, optimize, constants)
+        return CompiledModel(function, reg, backend, **options)
+
+    deciding = ()
+    if specialize is None:
+        specialize = specializing.needs_specialization(model, {})
+        if not specialize:
+            try:
+                return ahead_of_time(None, None)
+            except CompileTimeInputError as e:      # inputs whose values decide: per value
+                if not e.inputs:
+                    raise
+                specialize, deciding = True, e.inputs
+    if specialize:
+        return specializing.SpecializingModel(model, ahead_of_time, backend.name, max_variants,
+                                              deciding, options)
+    return ahead_of_time(input_shapes, constant_inputs)
 
 
 def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,

@@ -194,7 +194,7 @@ def run_case(case: Case, backend: str) -> tuple[str, str, bool]:
                 while True:
                     try:
                         compiled = glowgen.compile(
-                            model, backend=backend,
+                            model, backend=backend, specialize=False,
                             constant_inputs={k: named[k] for k in sorted(frozen)})
                         break
                     except CompileTimeInputError as e:

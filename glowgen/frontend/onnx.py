@@ -265,13 +265,20 @@ class _Importer:
         instead of as wrong numbers later."""
         proto = onnx.ModelProto()
         proto.CopyFrom(self.proto)
+        inits = {i.name for i in proto.graph.initializer}
         for vi in proto.graph.input:
             p = self.values.get(vi.name)
-            if p is not None and not isinstance(p, Constant) and vi.type.HasField("tensor_type"):
+            if p is not None and vi.name not in inits and vi.type.HasField("tensor_type"):
                 shape = vi.type.tensor_type.shape
                 shape.ClearField("dim")
                 for d in p.type.shape:
                     shape.dim.add().dim_value = d
+        # A negative dim_value elsewhere (exporters write -1 for a dynamic one) means unknown.
+        for vi in list(proto.graph.output) + list(proto.graph.value_info):
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                for d in vi.type.tensor_type.shape.dim:
+                    if d.HasField("dim_value") and d.dim_value < 0:
+                        d.ClearField("dim_value")
         try:
             inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True)
         except Exception as e:   # noqa: BLE001 - ONNX raises several kinds
@@ -304,8 +311,7 @@ class _Importer:
             raise UnsupportedError(f"input {vi.name!r} is not a tensor (sequences, maps and "
                                    f"optionals are not supported)")
         dtype = dtype_from_onnx(tt.elem_type)
-        declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                    for d in tt.shape.dim] if tt.HasField("shape") else None
+        declared = declared_dims(vi)
         given = self.input_shapes.get(vi.name) if given is None else given
         if given is not None:
             given = tuple(given)
@@ -591,6 +597,32 @@ def _instantiate(inner: onnx.NodeProto, absent: set, attrs_: dict, prefix: str) 
 
 def _with_article(noun: str) -> str:
     return ("an " if noun[:1] in "aeiou" else "a ") + noun
+
+
+def declared_dims(vi: onnx.ValueInfoProto) -> Optional[list]:
+    """The dimensions a graph input declares: an int for a fixed one, the dim_param's name
+    (a str) or None for a dynamic one; None when no shape is declared.  A negative
+    dim_value (exporters write -1) is dynamic, as onnxruntime reads it; 0 is a fixed,
+    empty dimension (onnxruntime rejects any other size for it)."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+            for d in tt.shape.dim]
+
+
+def declared_inputs(proto: onnx.ModelProto) -> list[tuple[str, str, Optional[list]]]:
+    """(name, element type, declared dims) of each graph input that is not an initializer."""
+    inits = {i.name for i in proto.graph.initializer}
+    out = []
+    for vi in proto.graph.input:
+        if vi.name in inits:
+            continue
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedError(f"input {vi.name!r} is not a tensor (sequences, maps and "
+                                   f"optionals are not supported)")
+        out.append((vi.name, dtype_from_onnx(vi.type.tensor_type.elem_type), declared_dims(vi)))
+    return out
 
 
 def _fmt_dims(dims) -> str:

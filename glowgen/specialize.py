@@ -1,0 +1,289 @@
+"""Specialization on demand: one model, compiled once per input signature that arrives.
+
+glowgen compiles static graphs: every dimension, and every value that decides a shape or the
+path through control flow (a Reshape's target, an If's condition, a Loop's trip count), is
+known while compiling.  A model with dynamic dimensions, or with inputs whose values decide
+such things ("deciding inputs"), is therefore compiled per call signature: the shapes of
+all inputs and the values of the deciding inputs.  `SpecializingModel` does that the first
+time it meets a signature and keeps the compiled variants in a bounded LRU cache.
+
+Deciding inputs are found as the importer finds them: compiling a variant raises
+`CompileTimeInputError` naming the model inputs a compile-time value depends on; they join
+the model's deciding set (bound to the call's arrays with `constant_inputs`) and the variant
+is compiled again.  So a model pays that discovery once, on its first call.
+
+Concurrency: run() may be called from many threads.  A signature is compiled by the first
+caller that needs it; callers that ask for the same signature meanwhile wait for that
+compilation (a future per key) instead of compiling it again.  Compilations of different
+signatures run one at a time in this process: llvmlite's LLVM context is global and not
+safe to use from two threads at once.  Running compiled variants is not serialized (a
+CompiledModel's run() is thread-safe), and an evicted variant stays alive for the calls
+still running it.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+import numpy as np
+import onnx
+
+from .engine.types import dtype_of, numpy_dtype
+from .errors import CompileTimeInputError, GlowgenError, InputError
+from .frontend.onnx import declared_inputs, load_model
+
+log = logging.getLogger("glowgen.specialize")
+
+DEFAULT_MAX_VARIANTS = 8
+
+# One compilation at a time in the process (see the module docstring).
+_COMPILE_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """An input's declared type: `shape` holds None for a dynamic dimension, and `dims` the
+    declaration itself (an int, the dim_param's name, or None)."""
+    dtype: str
+    dims: tuple
+
+    @property
+    def shape(self) -> Optional[tuple]:
+        """None where no shape is declared at all."""
+        return None if self.dims is None else tuple(d if isinstance(d, int) else None
+                                                    for d in self.dims)
+
+    @property
+    def rank(self) -> Optional[int]:
+        return None if self.dims is None else len(self.dims)
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        return numpy_dtype(self.dtype)
+
+    @property
+    def dynamic(self) -> bool:
+        return self.dims is None or any(not isinstance(d, int) for d in self.dims)
+
+    def __str__(self) -> str:
+        if self.dims is None:
+            return f"{self.dtype}[...]"
+        return f"{self.dtype}[{', '.join('?' if d is None else str(d) for d in self.dims)}]"
+
+
+@dataclass
+class Variant:
+    """One compiled specialization: the input shapes and deciding values it was compiled
+    for, how long compiling took, and how often it has been called."""
+    shapes: dict
+    bound: dict
+    compile_seconds: float
+    model: object = field(repr=False)
+    calls: int = 0
+
+    def describe(self) -> str:
+        parts = [f"{n}={'x'.join(map(str, s)) or 'scalar'}" for n, s in self.shapes.items()]
+        parts += [f"{n}={_short(v)}" for n, v in self.bound.items()]
+        return " ".join(parts)
+
+
+def _short(a: np.ndarray) -> str:
+    flat = a.reshape(-1)
+    text = ",".join(str(x) for x in flat[:6].tolist()) + (",..." if flat.size > 6 else "")
+    return f"[{text}]" if a.ndim else text
+
+
+def check_max_variants(max_variants) -> None:
+    if not isinstance(max_variants, int) or isinstance(max_variants, bool) or max_variants < 1:
+        raise GlowgenError(f"max_variants must be a positive integer, got {max_variants!r}")
+
+
+def needs_specialization(proto, input_shapes: Mapping) -> bool:
+    """Whether some input has a dynamic dimension that `input_shapes` leaves unbound."""
+    return any(dims is None or any(not isinstance(d, int) for d in dims)
+               for name, _, dims in declared_inputs(proto) if name not in input_shapes)
+
+
+class SpecializingModel:
+    """A model compiled per call signature (input shapes, values of the deciding inputs), on
+    first use, with at most `max_variants` variants kept (least recently used evicted).
+    Called like a CompiledModel: `run({name: array})`."""
+
+    def __init__(self, model, compile_fn, backend: str, max_variants: int = DEFAULT_MAX_VARIANTS,
+                 deciding=(), options: Optional[Mapping] = None):
+        check_max_variants(max_variants)
+        self.proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
+        self._compile_fn = compile_fn        # (input_shapes, constant_inputs) -> CompiledModel
+        self.backend = backend
+        self.options = dict(options or {})      # the backend's, as every variant gets them
+        self.max_variants = max_variants
+        self.input_types: dict[str, TensorSpec] = {}
+        for name, dtype, dims in declared_inputs(self.proto):
+            self.input_types[name] = TensorSpec(dtype, tuple(dims) if dims is not None else None)
+        self.output_names = [o.name for o in self.proto.graph.output]
+        self._deciding: tuple = tuple(n for n in self.input_types if n in set(deciding))
+        self._cache: "OrderedDict[tuple, Variant]" = OrderedDict()
+        self._pending: dict[tuple, Future] = {}
+        self._lock = threading.Lock()
+        # compiles; hits (found compiled); waits (found being compiled by another caller)
+        self.stats = {"compiles": 0, "hits": 0, "waits": 0, "evictions": 0}
+
+    # ------------------------------------------------------------------ the API
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.input_types)
+
+    @property
+    def deciding_inputs(self) -> list[str]:
+        """Inputs whose values decide shapes or control flow (known after the first call)."""
+        return list(self._deciding)
+
+    @property
+    def variants(self) -> list[Variant]:
+        """The compiled variants, least recently used first."""
+        with self._lock:
+            return list(self._cache.values())
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        arrays = self.check_feeds(feeds)
+        variant = self._variant(arrays)
+        return variant.model.run({n: a for n, a in arrays.items() if n not in variant.bound})
+
+    __call__ = run
+
+    def specialized(self, feeds: Mapping[str, np.ndarray]):
+        """The CompiledModel that serves calls like `feeds` (compiled now if it is not yet),
+        e.g. for `profile()` or to read its graph."""
+        return self._variant(self.check_feeds(feeds)).model
+
+    def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Names, element types, ranks and fixed dimensions; the rest the variant decides."""
+        if not isinstance(feeds, Mapping):
+            raise InputError("run() takes a dict {input name: numpy array}")
+        unknown = [k for k in feeds if k not in self.input_types]
+        if unknown:
+            raise InputError(f"unknown input{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(map(repr, unknown))}; the model's inputs are "
+                             f"{', '.join(map(repr, self.input_names))}")
+        missing = [k for k in self.input_types if k not in feeds]
+        if missing:
+            deciding = [k for k in missing if k in self._deciding]
+            why = (f"; {', '.join(map(repr, deciding))} decide{'s' if len(deciding) == 1 else ''} "
+                   f"shapes or control flow, so the model is compiled for each value "
+                   f"{'it takes' if len(deciding) == 1 else 'they take'}") if deciding else ""
+            raise InputError(f"missing input{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(map(repr, missing))} (expected "
+                             + ", ".join(f"{n}: {t}" for n, t in self.input_types.items()) + ")"
+                             + why)
+        checked = {}
+        for name, spec in self.input_types.items():
+            arr = np.asarray(feeds[name])
+            try:
+                got = dtype_of(arr)
+            except GlowgenError:
+                raise InputError(f"input {name!r} has element type {arr.dtype}, expected "
+                                 f"{spec.dtype}") from None
+            if got != spec.dtype:
+                raise InputError(f"input {name!r} has element type {got} ({arr.dtype}), expected "
+                                 f"{spec.dtype}; convert it with .astype(numpy.{spec.np_dtype.name})")
+            if spec.dims is not None:
+                bad = arr.ndim != spec.rank or any(
+                    isinstance(d, int) and d != s for d, s in zip(spec.dims, arr.shape))
+                if bad:
+                    raise InputError(f"input {name!r} has shape {list(arr.shape)}, expected "
+                                     f"{spec} (? and names are dynamic)")
+            checked[name] = arr
+        return checked
+
+    # ------------------------------------------------------------------ the cache
+    def _key(self, arrays: dict, deciding: tuple) -> tuple:
+        shapes = tuple(arrays[n].shape for n in self.input_types)
+        values = tuple(np.ascontiguousarray(arrays[n]).tobytes() for n in deciding)
+        return deciding, shapes, values
+
+    def _variant(self, arrays: dict) -> Variant:
+        while True:
+            with self._lock:
+                deciding = self._deciding
+                key = self._key(arrays, deciding)
+                variant = self._cache.get(key)
+                if variant is not None:
+                    self._cache.move_to_end(key)
+                    variant.calls += 1
+                    self.stats["hits"] += 1
+                    return variant
+                future = self._pending.get(key)
+                owner = future is None
+                if owner:
+                    future = self._pending[key] = Future()
+            if not owner:
+                variant = future.result()       # raises what the compilation raised
+                if variant is None:             # the deciding set grew: a new key
+                    continue
+                with self._lock:
+                    variant.calls += 1
+                    self.stats["waits"] += 1
+                return variant
+            try:
+                variant = self._compile(arrays, deciding)
+            except _MoreDeciding as more:
+                with self._lock:
+                    self._deciding = tuple(n for n in self.input_types
+                                           if n in set(self._deciding) | set(more.inputs))
+                    del self._pending[key]
+                future.set_result(None)
+                continue
+            except BaseException as e:
+                with self._lock:
+                    del self._pending[key]
+                future.set_exception(e)
+                raise
+            with self._lock:
+                variant.calls = 1
+                self._cache[key] = variant
+                del self._pending[key]
+                self.stats["compiles"] += 1
+                while len(self._cache) > self.max_variants:
+                    _, old = self._cache.popitem(last=False)
+                    self.stats["evictions"] += 1
+                    log.info("evicted variant %s (least recently used; max_variants=%d)",
+                             old.describe(), self.max_variants)
+            future.set_result(variant)
+            return variant
+
+    def _compile(self, arrays: dict, deciding: tuple) -> Variant:
+        bound = {n: arrays[n] for n in deciding}
+        shapes = {n: tuple(a.shape) for n, a in arrays.items() if n not in bound}
+        start = time.perf_counter()
+        try:
+            with _COMPILE_LOCK:
+                model = self._compile_fn(shapes, {n: a.copy() for n, a in bound.items()})
+        except CompileTimeInputError as e:
+            more = [n for n in e.inputs if n in self.input_types and n not in bound]
+            if not more:
+                raise
+            log.info("the values of %s decide shapes or control flow; compiling "
+                     "per value", ", ".join(map(repr, more)))
+            raise _MoreDeciding(more) from None
+        seconds = time.perf_counter() - start
+        variant = Variant(shapes, {n: a.copy() for n, a in bound.items()}, seconds, model)
+        log.info("compiled variant %s in %.3f s (backend %s)", variant.describe(),
+                 seconds, self.backend)
+        return variant
+
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{n}: {t}" for n, t in self.input_types.items())
+        return (f"<SpecializingModel backend={self.backend} ({ins}) -> "
+                f"({', '.join(self.output_names)}); {len(self._cache)} of {self.max_variants} "
+                f"variants compiled>")
+
+
+class _MoreDeciding(Exception):
+    def __init__(self, inputs):
+        super().__init__(inputs)
+        self.inputs = inputs
