@@ -126,6 +126,7 @@ class SpecializingModel:
         for name, dtype, dims in declared_inputs(self.proto):
             self.input_types[name] = TensorSpec(dtype, tuple(dims) if dims is not None else None)
         self.output_names = [o.name for o in self.proto.graph.output]
+        self._expected = {n: (t.np_dtype, t.shape) for n, t in self.input_types.items()}
         self._deciding: tuple = tuple(n for n in self.input_types if n in set(deciding))
         self._cache: "OrderedDict[tuple, Variant]" = OrderedDict()
         self._pending: dict[tuple, Future] = {}
@@ -152,7 +153,11 @@ class SpecializingModel:
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = self.check_feeds(feeds)
         variant = self._variant(arrays)
-        return variant.model.run({n: a for n, a in arrays.items() if n not in variant.bound})
+        if variant.bound:
+            arrays = {n: a for n, a in arrays.items() if n not in variant.bound}
+        # The variant was compiled for exactly these shapes and element types (its key), so
+        # its own check would find nothing: its runner takes the arrays directly.
+        return variant.model._runner.run(arrays)
 
     __call__ = run
 
@@ -163,8 +168,33 @@ class SpecializingModel:
 
     def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Names, element types, ranks and fixed dimensions; the rest the variant decides."""
-        if not isinstance(feeds, Mapping):
+        if type(feeds) is not dict and not isinstance(feeds, Mapping):
             raise InputError("run() takes a dict {input name: numpy array}")
+        if feeds.keys() != self.input_types.keys():
+            self._check_names(feeds)
+        checked = {}
+        for name, (np_dtype, fixed) in self._expected.items():
+            arr = np.asarray(feeds[name])
+            if arr.dtype == np_dtype and fixed is not None and arr.ndim == len(fixed) \
+                    and all(d is None or s == d for s, d in zip(arr.shape, fixed)):
+                checked[name] = arr              # the common case, quickly
+                continue
+            spec = self.input_types[name]
+            try:
+                got = dtype_of(arr)
+            except GlowgenError:
+                raise InputError(f"input {name!r} has element type {arr.dtype}, expected "
+                                 f"{spec.dtype}") from None
+            if got != spec.dtype:
+                raise InputError(f"input {name!r} has element type {got} ({arr.dtype}), expected "
+                                 f"{spec.dtype}; convert it with .astype(numpy.{spec.np_dtype.name})")
+            if spec.dims is not None:
+                raise InputError(f"input {name!r} has shape {list(arr.shape)}, expected "
+                                 f"{spec} (? and names are dynamic)")
+            checked[name] = arr
+        return checked
+
+    def _check_names(self, feeds) -> None:
         unknown = [k for k in feeds if k not in self.input_types]
         if unknown:
             raise InputError(f"unknown input{'s' if len(unknown) > 1 else ''} "
@@ -180,25 +210,6 @@ class SpecializingModel:
                              f"{', '.join(map(repr, missing))} (expected "
                              + ", ".join(f"{n}: {t}" for n, t in self.input_types.items()) + ")"
                              + why)
-        checked = {}
-        for name, spec in self.input_types.items():
-            arr = np.asarray(feeds[name])
-            try:
-                got = dtype_of(arr)
-            except GlowgenError:
-                raise InputError(f"input {name!r} has element type {arr.dtype}, expected "
-                                 f"{spec.dtype}") from None
-            if got != spec.dtype:
-                raise InputError(f"input {name!r} has element type {got} ({arr.dtype}), expected "
-                                 f"{spec.dtype}; convert it with .astype(numpy.{spec.np_dtype.name})")
-            if spec.dims is not None:
-                bad = arr.ndim != spec.rank or any(
-                    isinstance(d, int) and d != s for d, s in zip(spec.dims, arr.shape))
-                if bad:
-                    raise InputError(f"input {name!r} has shape {list(arr.shape)}, expected "
-                                     f"{spec} (? and names are dynamic)")
-            checked[name] = arr
-        return checked
 
     # ------------------------------------------------------------------ the cache
     def _key(self, arrays: dict, deciding: tuple) -> tuple:
