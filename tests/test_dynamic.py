@@ -255,3 +255,62 @@ def test_cli_run_on_a_dynamic_model_uses_ones_for_dynamic_dimensions(tmp_path):
     np.save(tmp_path / "x.npy", _x(6, 16))
     r = cli("run", path, "--input", f"x={tmp_path / 'x.npy'}")
     assert r.returncode == 0 and "shape=[6, 5]" in r.stdout and "set to 1" not in r.stderr
+
+
+def _bert_layer(d=32, heads=4, vocab=50, max_len=128):
+    """A BERT-style encoder layer as exporters write it: a dynamic sequence length, and the
+    head split computed from it at run time (Shape -> Gather -> Concat -> Reshape)."""
+    rng = np.random.default_rng(3)
+
+    def w(*shape, scale=0.2):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+    dh = d // heads
+    inits = {"emb": w(vocab, d, scale=1.0), "pos": w(max_len, d, scale=1.0),
+             "wq": w(d, d), "wk": w(d, d), "wv": w(d, d), "wo": w(d, d), "w1": w(d, 2 * d),
+             "w2": w(2 * d, d), "g": w(d) + 1, "b": w(d), "one": np.array(1, np.int64),
+             "zero": np.array(0, np.int64), "step": np.array(1, np.int64),
+             "head_dims": np.array([heads, dh], np.int64), "batch": np.array([1], np.int64),
+             "model_dim": np.array([d], np.int64), "scale": np.array(dh ** -0.5, np.float32),
+             "half": np.array(0.5, np.float32), "rsqrt2": np.array(2 ** -0.5, np.float32),
+             "onef": np.array(1, np.float32)}
+    N = helper.make_node
+    nodes = [
+        N("Gather", ["emb", "ids"], ["tok"]),
+        N("Shape", ["ids"], ["ids_shape"]), N("Gather", ["ids_shape", "one"], ["seq"]),
+        N("Range", ["zero", "seq", "step"], ["positions"]), N("Gather", ["pos", "positions"], ["pe"]),
+        N("Add", ["tok", "pe"], ["x0"]),
+        N("LayerNormalization", ["x0", "g", "b"], ["x"], axis=-1),
+        N("Unsqueeze", ["seq", "zero"], ["seq1"]),
+        N("Concat", ["batch", "seq1", "head_dims"], ["split_shape"], axis=0),
+        N("Concat", ["batch", "seq1", "model_dim"], ["merge_shape"], axis=0),
+    ]
+    for name in ("q", "k", "v"):
+        nodes += [N("MatMul", ["x", "w" + name], [name + "_"]),
+                  N("Reshape", [name + "_", "split_shape"], [name + "_h"]),
+                  N("Transpose", [name + "_h"], [name + "_t"],
+                    perm=[0, 2, 3, 1] if name == "k" else [0, 2, 1, 3])]
+    nodes += [N("MatMul", ["q_t", "k_t"], ["scores"]), N("Mul", ["scores", "scale"], ["scaled"]),
+              N("Softmax", ["scaled"], ["attn"], axis=-1), N("MatMul", ["attn", "v_t"], ["ctx_h"]),
+              N("Transpose", ["ctx_h"], ["ctx_t"], perm=[0, 2, 1, 3]),
+              N("Reshape", ["ctx_t", "merge_shape"], ["ctx"]), N("MatMul", ["ctx", "wo"], ["o"]),
+              N("Add", ["o", "x"], ["r1"]), N("LayerNormalization", ["r1", "g", "b"], ["h"], axis=-1),
+              N("MatMul", ["h", "w1"], ["f1"]), N("Mul", ["f1", "rsqrt2"], ["f1s"]),
+              N("Erf", ["f1s"], ["erf"]), N("Add", ["erf", "onef"], ["erf1"]),
+              N("Mul", ["f1", "erf1"], ["gx"]), N("Mul", ["gx", "half"], ["gelu"]),
+              N("MatMul", ["gelu", "w2"], ["f2"]), N("Add", ["f2", "h"], ["r2"]),
+              N("LayerNormalization", ["r2", "g", "b"], ["y"], axis=-1)]
+    return _model(nodes, [("ids", TensorProto.INT64, [1, "sequence"])], [("y", F, [1, "sequence", d])],
+                  inits)
+
+
+def test_bert_style_encoder_serves_sequence_lengths_in_any_order():
+    onnx_model = _bert_layer()
+    model = glowgen.compile(onnx_model)        # max_variants: 8
+    rng = np.random.default_rng(4)
+    order = [32, 8, 128, 16, 64, 8, 128, 32, 4, 12, 20, 24]   # 9 lengths: 9th evicts LRU
+    for n in order:
+        feeds = {"ids": rng.integers(0, 50, (1, n)).astype(np.int64)}
+        assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-4, atol=1e-4)
+    assert model.stats["compiles"] == 9 and model.stats["evictions"] == 1
+    lengths = [v.shapes["ids"][1] for v in model.variants]
+    assert 16 not in lengths and lengths == [64, 8, 128, 32, 4, 12, 20, 24]
