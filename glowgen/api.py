@@ -165,11 +165,12 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
     if specialize is not False:
         model = load_model(model)        # once, for every variant (weights read once)
 
-    def ahead_of_time(shapes, constants):
-        function, reg = _front(model, backend, shapes, registry, optimize, constants)
+    def ahead_of_time(shapes, constants, source=None):
+        function, reg = _front(model if source is None else source, backend, shapes, registry,
+                               optimize, constants)
         return CompiledModel(function, reg, backend, **options)
 
-    deciding = ()
+    learned = None
     if specialize is None:
         specialize = specializing.needs_specialization(model, {})
         if not specialize:
@@ -178,10 +179,14 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
             except CompileTimeInputError as e:      # inputs whose values decide: per value
                 if not e.inputs:
                     raise
-                specialize, deciding = True, e.inputs
+                specialize, learned = True, e
     if specialize:
-        return specializing.SpecializingModel(model, ahead_of_time, backend.name, max_variants,
-                                              deciding, options)
+        def decider(proto):          # the small model that computes deciding values
+            return compile(proto, backend, registry=registry, optimize=optimize,
+                           max_variants=max_variants, **options)
+        return specializing.SpecializingModel(
+            model, lambda m, shapes, constants: ahead_of_time(shapes, constants, m),
+            backend.name, max_variants, learned, options, decider)
     return ahead_of_time(input_shapes, constant_inputs)
 
 

@@ -32,6 +32,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from .engine.types import dtype_of, numpy_dtype
 from .errors import CompileTimeInputError, GlowgenError, InputError
@@ -42,7 +43,7 @@ log = logging.getLogger("glowgen.specialize")
 DEFAULT_MAX_VARIANTS = 8
 
 # One compilation at a time in the process (see the module docstring).
-_COMPILE_LOCK = threading.Lock()
+_COMPILE_LOCK = threading.RLock()
 
 
 @dataclass(frozen=True)
@@ -115,10 +116,13 @@ class SpecializingModel:
     Called like a CompiledModel: `run({name: array})`."""
 
     def __init__(self, model, compile_fn, backend: str, max_variants: int = DEFAULT_MAX_VARIANTS,
-                 deciding=(), options: Optional[Mapping] = None):
+                 learned: Optional[CompileTimeInputError] = None,
+                 options: Optional[Mapping] = None, decider_fn=None):
         check_max_variants(max_variants)
         self.proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
-        self._compile_fn = compile_fn        # (input_shapes, constant_inputs) -> CompiledModel
+        # compile_fn(model, input_shapes, constant_inputs) -> CompiledModel, ahead of time;
+        # decider_fn(model) -> a model computing the decided values (compiled as any model).
+        self._compile_fn, self._decider_fn = compile_fn, decider_fn
         self.backend = backend
         self.options = dict(options or {})      # the backend's, as every variant gets them
         self.max_variants = max_variants
@@ -127,12 +131,14 @@ class SpecializingModel:
             self.input_types[name] = TensorSpec(dtype, tuple(dims) if dims is not None else None)
         self.output_names = [o.name for o in self.proto.graph.output]
         self._expected = {n: (t.np_dtype, t.shape) for n, t in self.input_types.items()}
-        self._deciding: tuple = tuple(n for n in self.input_types if n in set(deciding))
+        self._plan = Plan()
         self._cache: "OrderedDict[tuple, Variant]" = OrderedDict()
         self._pending: dict[tuple, Future] = {}
         self._lock = threading.Lock()
         # compiles; hits (found compiled); waits (found being compiled by another caller)
         self.stats = {"compiles": 0, "hits": 0, "waits": 0, "evictions": 0}
+        if learned is not None:       # what compiling ahead of time found deciding
+            self._plan = self._grown(self._plan, learned)
 
     # ------------------------------------------------------------------ the API
     @property
@@ -141,8 +147,15 @@ class SpecializingModel:
 
     @property
     def deciding_inputs(self) -> list[str]:
-        """Inputs whose values decide shapes or control flow (known after the first call)."""
-        return list(self._deciding)
+        """Inputs whose values are part of the signature, since they decide shapes or control
+        flow (known after the first call)."""
+        return list(self._plan.inputs)
+
+    @property
+    def deciding_values(self) -> list[str]:
+        """Values computed in the model (an If's condition, say) whose values are part of the
+        signature: a variant per value, whatever the inputs they are computed from."""
+        return list(self._plan.values)
 
     @property
     def variants(self) -> list[Variant]:
@@ -202,7 +215,8 @@ class SpecializingModel:
                              f"{', '.join(map(repr, self.input_names))}")
         missing = [k for k in self.input_types if k not in feeds]
         if missing:
-            deciding = [k for k in missing if k in self._deciding]
+            deciding = [k for k in missing if k in self._plan.inputs
+                        or k in self._plan.decider_inputs]
             why = (f"; {', '.join(map(repr, deciding))} decide{'s' if len(deciding) == 1 else ''} "
                    f"shapes or control flow, so the model is compiled for each value "
                    f"{'it takes' if len(deciding) == 1 else 'they take'}") if deciding else ""
@@ -212,16 +226,19 @@ class SpecializingModel:
                              + why)
 
     # ------------------------------------------------------------------ the cache
-    def _key(self, arrays: dict, deciding: tuple) -> tuple:
+    def _key(self, arrays: dict, plan: "Plan", decided: dict) -> tuple:
         shapes = tuple(arrays[n].shape for n in self.input_types)
-        values = tuple(np.ascontiguousarray(arrays[n]).tobytes() for n in deciding)
-        return deciding, shapes, values
+        values = tuple(np.ascontiguousarray(arrays[n]).tobytes() for n in plan.inputs)
+        values += tuple((d.dtype.str, d.shape, np.ascontiguousarray(d).tobytes())
+                        for d in decided.values())
+        return plan.inputs, plan.values, shapes, values
 
     def _variant(self, arrays: dict) -> Variant:
         while True:
+            plan = self._plan
+            decided = plan.decide(arrays)
+            key = self._key(arrays, plan, decided)
             with self._lock:
-                deciding = self._deciding
-                key = self._key(arrays, deciding)
                 variant = self._cache.get(key)
                 if variant is not None:
                     self._cache.move_to_end(key)
@@ -234,18 +251,18 @@ class SpecializingModel:
                     future = self._pending[key] = Future()
             if not owner:
                 variant = future.result()       # raises what the compilation raised
-                if variant is None:             # the deciding set grew: a new key
+                if variant is None:             # the plan grew: a new key
                     continue
                 with self._lock:
                     variant.calls += 1
                     self.stats["waits"] += 1
                 return variant
             try:
-                variant = self._compile(arrays, deciding)
+                variant = self._compile(arrays, plan, decided)
             except _MoreDeciding as more:
                 with self._lock:
-                    self._deciding = tuple(n for n in self.input_types
-                                           if n in set(self._deciding) | set(more.inputs))
+                    if self._plan is plan:
+                        self._plan = more.plan
                     del self._pending[key]
                 future.set_result(None)
                 continue
@@ -267,25 +284,47 @@ class SpecializingModel:
             future.set_result(variant)
             return variant
 
-    def _compile(self, arrays: dict, deciding: tuple) -> Variant:
-        bound = {n: arrays[n] for n in deciding}
+    def _compile(self, arrays: dict, plan: "Plan", decided: dict) -> Variant:
+        bound = {n: arrays[n].copy() for n in plan.inputs}
         shapes = {n: tuple(a.shape) for n, a in arrays.items() if n not in bound}
         start = time.perf_counter()
         try:
             with _COMPILE_LOCK:
-                model = self._compile_fn(shapes, {n: a.copy() for n, a in bound.items()})
+                model = self.proto if not decided else with_values(self.proto, decided)
+                compiled = self._compile_fn(model, shapes, bound)
         except CompileTimeInputError as e:
-            more = [n for n in e.inputs if n in self.input_types and n not in bound]
-            if not more:
-                raise
-            log.info("the values of %s decide shapes or control flow; compiling "
-                     "per value", ", ".join(map(repr, more)))
-            raise _MoreDeciding(more) from None
+            raise _MoreDeciding(self._grown(plan, e)) from None
         seconds = time.perf_counter() - start
-        variant = Variant(shapes, {n: a.copy() for n, a in bound.items()}, seconds, model)
+        variant = Variant(shapes, {**bound, **decided}, seconds, compiled)
         log.info("compiled variant %s in %.3f s (backend %s)", variant.describe(),
                  seconds, self.backend)
         return variant
+
+    def _grown(self, plan: "Plan", e: CompileTimeInputError) -> "Plan":
+        """The plan that also decides what `e` says must be known while compiling: the value
+        it names, computed from the inputs by a small model of its own (so an If on
+        Equal(sr, 16000) compiles two variants, not one per sample rate), or else the inputs
+        behind it."""
+        name = e.value
+        if name and name not in plan.values and name not in self.input_types \
+                and self._decider_fn is not None:
+            try:
+                with _COMPILE_LOCK:
+                    decider = self._decider_fn(decider_model(self.proto, plan.values + (name,)))
+            except (_NotDecidable, GlowgenError) as why:
+                log.info("cannot compute %r on its own (%s); deciding on the inputs behind it",
+                         name, why)
+            else:
+                log.info("the value of %r decides shapes or control flow; compiling per value",
+                         name)
+                return Plan(plan.inputs, plan.values + (name,), decider)
+        more = [n for n in e.inputs if n in self.input_types and n not in plan.inputs]
+        if not more:
+            raise e
+        log.info("the values of %s decide shapes or control flow; compiling per value",
+                 ", ".join(map(repr, more)))
+        return Plan(tuple(n for n in self.input_types if n in set(plan.inputs) | set(more)),
+                    plan.values, plan.decider)
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{n}: {t}" for n, t in self.input_types.items())
@@ -295,6 +334,87 @@ class SpecializingModel:
 
 
 class _MoreDeciding(Exception):
-    def __init__(self, inputs):
-        super().__init__(inputs)
-        self.inputs = inputs
+    def __init__(self, plan: "Plan"):
+        super().__init__(plan)
+        self.plan = plan
+
+
+class _NotDecidable(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a signature holds besides the input shapes: the values of the deciding `inputs`
+    (bound as constants in each variant) and of computed `values` (`decider` computes them
+    from the inputs; each variant has them as constants)."""
+    inputs: tuple = ()
+    values: tuple = ()
+    decider: object = None
+
+    @property
+    def decider_inputs(self) -> tuple:
+        return tuple(self.decider.input_names) if self.decider is not None else ()
+
+    def decide(self, arrays: dict) -> dict:
+        if not self.values:
+            return {}
+        got = self.decider.run({n: arrays[n] for n in self.decider.input_names})
+        return {n: np.asarray(got[n]) for n in self.values}
+
+
+def decider_model(proto: onnx.ModelProto, names: tuple) -> onnx.ModelProto:
+    """The part of `proto` that computes the values `names` from the graph inputs, as a
+    model of its own whose outputs they are.  Only values of the main graph computed without
+    subgraphs qualify (else _NotDecidable)."""
+    producer = {o: node for node in proto.graph.node for o in node.output if o}
+    inits = {i.name: i for i in proto.graph.initializer}
+    inputs = {vi.name: vi for vi in proto.graph.input if vi.name not in inits}
+    keep, used_inits, used_inputs, stack = set(), set(), set(), list(names)
+    while stack:
+        name = stack.pop()
+        if not name or name in used_inits or name in used_inputs:
+            continue
+        if name in inputs:
+            used_inputs.add(name)
+        elif name in inits:
+            used_inits.add(name)
+        elif name in producer:
+            node = producer[name]
+            if id(node) in keep:
+                continue
+            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                   for a in node.attribute):
+                raise _NotDecidable(f"{name!r} is computed by a node with subgraphs")
+            keep.add(id(node))
+            stack.extend(node.input)
+        else:
+            raise _NotDecidable(f"{name!r} is not a value of the main graph")
+    typed = onnx.shape_inference.infer_shapes(proto)
+    types = {vi.name: vi for vi in list(typed.graph.value_info) + list(typed.graph.output)}
+    outputs = []
+    for name in names:
+        vi = types.get(name)
+        if vi is None or not vi.type.tensor_type.elem_type:
+            raise _NotDecidable(f"ONNX cannot infer the type of {name!r}")
+        outputs.append(vi)
+    graph = onnx.helper.make_graph(
+        [n for n in proto.graph.node if id(n) in keep], f"{proto.graph.name}_decider",
+        [vi for vi in proto.graph.input if vi.name in used_inputs], outputs,
+        [i for i in proto.graph.initializer if i.name in used_inits])
+    model = onnx.helper.make_model(graph, opset_imports=proto.opset_import,
+                                   ir_version=proto.ir_version)
+    return model
+
+
+def with_values(proto: onnx.ModelProto, values: dict) -> onnx.ModelProto:
+    """`proto` with the computed values `values` replaced by constants (initializers); the
+    nodes that computed them keep an output nobody reads."""
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    for node in out.graph.node:
+        for i, o in enumerate(node.output):
+            if o in values:
+                node.output[i] = f"{o}.decided_unused"
+    out.graph.initializer.extend(numpy_helper.from_array(np.asarray(a), n) for n, a in values.items())
+    return out

@@ -173,21 +173,27 @@ def _if_on_sample_rate():
 def test_if_on_an_input_condition_takes_both_branches():
     onnx_model = _if_on_sample_rate()
     model = glowgen.compile(onnx_model)
-    for n, sr in ((160, 16000), (160, 8000), (480, 16000), (160, 16000)):
+    for n, sr in ((160, 16000), (160, 8000), (160, 44100), (480, 16000), (160, 16000), (160, 22050)):
         feeds = {"x": _x(1, n, seed=n), "sr": np.array(sr, np.int64)}
         assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-6)
-    assert model.deciding_inputs == ["sr"]
+    # The condition is the deciding value, not the sample rate: one variant per branch taken.
+    assert model.deciding_values == ["c"] and model.deciding_inputs == []
     assert model.stats["compiles"] == 3
+    assert sorted((v.shapes["x"][1], bool(v.bound["c"])) for v in model.variants) == [
+        (160, False), (160, True), (480, True)]
+    with pytest.raises(InputError, match=r"missing input 'sr'.*'sr' decides shapes or control flow"):
+        model.run({"x": _x(1, 160)})
 
 
 def test_if_on_a_static_model_specializes_on_the_condition_input():
     onnx_model = _if_on_sample_rate()
     onnx_model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 64
     model = glowgen.compile(onnx_model)      # static: tries ahead of time, then per value
-    assert isinstance(model, SpecializingModel) and model.deciding_inputs == ["sr"]
-    for sr in (16000, 44100):
+    assert isinstance(model, SpecializingModel) and model.deciding_values == ["c"]
+    for sr in (16000, 44100, 8000):
         feeds = {"x": _x(1, 64), "sr": np.array(sr, np.int64)}
         assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-6)
+    assert model.stats["compiles"] == 2
 
 
 def test_loop_trip_count_from_an_input():

@@ -100,8 +100,10 @@ def _attribute_value(attr: onnx.AttributeProto):
 class OnnxInput:
     """One formal input of an ONNX node as clause expressions see it."""
 
-    def __init__(self, importer: "_Importer", node_desc: str, formal: str, values: list):
+    def __init__(self, importer: "_Importer", node_desc: str, formal: str, values: list,
+                 names: tuple = ()):
         self._importer, self._desc, self._formal, self._values = importer, node_desc, formal, values
+        self._names = names       # the ONNX names of `values`
 
     @property
     def present(self) -> bool:
@@ -131,7 +133,8 @@ class OnnxInput:
                 f"constant or a shape computation), but it depends on model input"
                 f"{'s' if len(needed) > 1 else ''} {', '.join(map(repr, needed))}; bind "
                 f"{'them' if len(needed) > 1 else 'it'} as constant{'s' if len(needed) > 1 else ''} "
-                f"to specialize the model (Python: constant_inputs=...)", needed)
+                f"to specialize the model (Python: constant_inputs=...)", needed,
+                self._names[0] if self._names else None)
         return data
 
 
@@ -166,7 +169,7 @@ class OnnxNodeView:
         try:
             return thunk()
         except CompileTimeInputError as e:
-            raise CompileTimeInputError(f"attribute {attr}: {e}", e.inputs) from None
+            raise CompileTimeInputError(f"attribute {attr}: {e}", e.inputs, e.value) from None
         except GlowgenError as e:
             raise type(e)(f"{self._desc}: attribute {attr}: {e}") from None
         except (TypeError, ValueError, IndexError, KeyError) as e:
@@ -555,7 +558,7 @@ class _Importer:
                 values.append(self.values[n])
             if option == "single" and not values:
                 raise ModelError(f"{desc}: required input {formal!r} is missing")
-            out[formal] = OnnxInput(self, desc, formal, values)
+            out[formal] = OnnxInput(self, desc, formal, values, tuple(n for n in names if n))
         return out
 
     def _constant_node(self, node, desc) -> np.ndarray:
