@@ -15,7 +15,7 @@ from .engine.graph import Function
 from .engine.registry import Registry
 from .engine.types import Type, dtype_of
 from .errors import CompileTimeInputError, GlowgenError, InputError
-from .frontend.onnx import ModelLike, import_model, load_model
+from .frontend.onnx import CheckedModel, ModelLike, import_model, load_model
 
 
 
@@ -163,7 +163,7 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
     if specialize is None and (input_shapes or constant_inputs):
         specialize = False
     if specialize is not False:
-        model = load_model(model)        # once, for every variant (weights read once)
+        model = CheckedModel(load_model(model))      # read and checked once, for every variant
 
     def ahead_of_time(shapes, constants, source=None):
         function, reg = _front(model if source is None else source, backend, shapes, registry,
@@ -172,7 +172,7 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
 
     learned = None
     if specialize is None:
-        specialize = specializing.needs_specialization(model, {})
+        specialize = specializing.needs_specialization(model.proto, {})
         if not specialize:
             try:
                 return ahead_of_time(None, None)

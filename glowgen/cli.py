@@ -644,6 +644,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--expected", metavar="FILE", help="expected-failures file (default: the bundled one)")
     c.add_argument("--write-expected", metavar="FILE",
                    help="write the failing cases, grouped by reason, as an expected-failures file")
+    c.add_argument("--specialize", action="store_true",
+                   help="give every input at run time, binding none: models whose inputs decide "
+                        "shapes or control flow compile per value (glowgen.compile's default); "
+                        "(frozen) then counts those")
     c.add_argument("-v", "--verbose", action="store_true", help="print every failure")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_conformance)

@@ -36,7 +36,7 @@ from onnx import numpy_helper
 
 from .engine.types import dtype_of, numpy_dtype
 from .errors import CompileTimeInputError, GlowgenError, InputError
-from .frontend.onnx import declared_inputs, load_model
+from .frontend.onnx import CheckedModel, declared_inputs, load_model
 
 log = logging.getLogger("glowgen.specialize")
 
@@ -119,7 +119,7 @@ class SpecializingModel:
                  learned: Optional[CompileTimeInputError] = None,
                  options: Optional[Mapping] = None, decider_fn=None):
         check_max_variants(max_variants)
-        self.proto = model if isinstance(model, onnx.ModelProto) else load_model(model)
+        self.proto = load_model(model)
         # compile_fn(model, input_shapes, constant_inputs) -> CompiledModel, ahead of time;
         # decider_fn(model) -> a model computing the decided values (compiled as any model).
         self._compile_fn, self._decider_fn = compile_fn, decider_fn
@@ -290,7 +290,7 @@ class SpecializingModel:
         start = time.perf_counter()
         try:
             with _COMPILE_LOCK:
-                model = self.proto if not decided else with_values(self.proto, decided)
+                model = CheckedModel(self.proto if not decided else with_values(self.proto, decided))
                 compiled = self._compile_fn(model, shapes, bound)
         except CompileTimeInputError as e:
             raise _MoreDeciding(self._grown(plan, e)) from None

@@ -320,3 +320,18 @@ def test_bert_style_encoder_serves_sequence_lengths_in_any_order():
     assert model.stats["compiles"] == 9 and model.stats["evictions"] == 1
     lengths = [v.shapes["ids"][1] for v in model.variants]
     assert 16 not in lengths and lengths == [64, 8, 128, 32, 4, 12, 20, 24]
+
+
+def test_conformance_runner_can_give_every_input_at_run_time():
+    from glowgen import conformance as C
+    model = _reshape_model()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    feeds = {"x": _x(2, 6), "shape": np.array([4, -1], np.int64)}
+    case = C.Case("reshape", "node", model, [([feeds["x"], feeds["shape"]],
+                                              [run_ort(model, feeds)["y"]])])
+    assert C.run_case(case, "interpreter") == (C.PASS, "", True)     # shape bound as a constant
+    assert C.run_case(case, "interpreter", specialize=True) == (C.PASS, "", True)   # per value
+    relu = _model([helper.make_node("Relu", ["x"], ["y"])], [("x", F, [2, 3])], [("y", F, [2, 3])])
+    x = _x(2, 3)
+    plain = C.Case("relu", "node", relu, [([x], [np.maximum(x, 0)])])
+    assert C.run_case(plain, "interpreter", specialize=True) == (C.PASS, "", False)

@@ -25,12 +25,22 @@ from .onnx_control import CONTROL_FLOW
 from ..errors import (CompileTimeInputError, GlowgenError, InputError, ModelError, ShapeError,
                       UnsupportedError)
 
-ModelLike = Union[str, os.PathLike, onnx.ModelProto, bytes]
+class CheckedModel:
+    """A model `load_model` has read and checked already: compiling it again (a variant per
+    input shape) skips the check, which takes seconds on a large model."""
+
+    def __init__(self, proto: onnx.ModelProto):
+        self.proto = proto
+
+
+ModelLike = Union[str, os.PathLike, onnx.ModelProto, bytes, CheckedModel]
 
 
 # ----------------------------------------------------------------------------- loading
 def load_model(model: ModelLike) -> onnx.ModelProto:
     """Read and check an ONNX model; every failure is a `ModelError` that says why."""
+    if isinstance(model, CheckedModel):
+        return model.proto
     if isinstance(model, onnx.ModelProto):
         proto = model
         where = "the model"
