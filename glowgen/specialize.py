@@ -34,9 +34,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .engine.types import dtype_of, numpy_dtype
+from .engine.types import dtype_from_onnx, dtype_of, numpy_dtype
 from .errors import CompileTimeInputError, GlowgenError, InputError
-from .frontend.onnx import CheckedModel, declared_inputs, load_model
+from .frontend.onnx import CheckedModel, declared_dims, declared_inputs, load_model
 
 log = logging.getLogger("glowgen.specialize")
 
@@ -48,9 +48,9 @@ _COMPILE_LOCK = threading.RLock()
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """An input's declared type: `shape` holds None for a dynamic dimension, and `dims` the
+    """A declared type: `shape` holds None for a dynamic dimension, and `dims` the
     declaration itself (an int, the dim_param's name, or None)."""
-    dtype: str
+    dtype: Optional[str]
     dims: tuple
 
     @property
@@ -72,9 +72,10 @@ class TensorSpec:
         return self.dims is None or any(not isinstance(d, int) for d in self.dims)
 
     def __str__(self) -> str:
+        dtype = self.dtype or "?"
         if self.dims is None:
-            return f"{self.dtype}[...]"
-        return f"{self.dtype}[{', '.join('?' if d is None else str(d) for d in self.dims)}]"
+            return f"{dtype}[...]"
+        return f"{dtype}[{', '.join('?' if d is None else str(d) for d in self.dims)}]"
 
 
 @dataclass
@@ -91,6 +92,14 @@ class Variant:
         parts = [f"{n}={'x'.join(map(str, s)) or 'scalar'}" for n, s in self.shapes.items()]
         parts += [f"{n}={_short(v)}" for n, v in self.bound.items()]
         return " ".join(parts)
+
+
+def _declared_output(vi: onnx.ValueInfoProto) -> TensorSpec:
+    """What the model declares of an output (the element type None when it declares none)."""
+    tt = vi.type.tensor_type
+    dims = declared_dims(vi)
+    dtype = dtype_from_onnx(tt.elem_type) if tt.elem_type else None
+    return TensorSpec(dtype, tuple(dims) if dims is not None else None)
 
 
 def _short(a: np.ndarray) -> str:
@@ -130,6 +139,7 @@ class SpecializingModel:
         for name, dtype, dims in declared_inputs(self.proto):
             self.input_types[name] = TensorSpec(dtype, tuple(dims) if dims is not None else None)
         self.output_names = [o.name for o in self.proto.graph.output]
+        self.output_types = {o.name: _declared_output(o) for o in self.proto.graph.output}
         self._expected = {n: (t.np_dtype, t.shape) for n, t in self.input_types.items()}
         self._plan = Plan()
         self._cache: "OrderedDict[tuple, Variant]" = OrderedDict()

@@ -64,6 +64,7 @@ def test_batch_minus_one_compiles_a_variant_per_batch_and_caches_it():
     assert isinstance(model, SpecializingModel)
     assert model.input_names == ["x"] and model.output_names == ["y"]
     assert model.input_types["x"].shape == (None, 16) and str(model.input_types["x"]) == "f32[?, 16]"
+    assert str(model.output_types["y"]) == "f32[?, 5]"
     for batch in (1, 3, 7, 1, 3, 7):
         x = _x(batch, 16, seed=batch)
         assert_close(model.run({"x": x}), run_ort(onnx_model, {"x": x}), rtol=1e-5, atol=1e-6)
@@ -335,3 +336,33 @@ def test_conformance_runner_can_give_every_input_at_run_time():
     x = _x(2, 3)
     plain = C.Case("relu", "node", relu, [([x], [np.maximum(x, 0)])])
     assert C.run_case(plain, "interpreter", specialize=True) == (C.PASS, "", False)
+
+
+def test_concurrent_first_calls_while_the_deciding_value_is_found():
+    """Eight threads call a fresh model at once with four sample rates: the first compile
+    finds that the If's condition decides, every caller retries with it, and each branch is
+    compiled once."""
+    onnx_model = _if_on_sample_rate()
+    model = glowgen.compile(onnx_model)
+    rates = [16000, 8000, 44100, 16000, 22050, 16000, 8000, 11025]
+    start = threading.Barrier(len(rates))
+    results, errors = [None] * len(rates), []
+
+    def call(t):
+        try:
+            start.wait()
+            for _ in range(3):
+                results[t] = model.run({"x": _x(1, 100), "sr": np.array(rates[t], np.int64)})
+        except Exception as e:          # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(t,)) for t in range(len(rates))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors
+    assert model.stats["compiles"] == 2 and model.deciding_values == ["c"]
+    for t, sr in enumerate(rates):
+        feeds = {"x": _x(1, 100), "sr": np.array(sr, np.int64)}
+        assert_close(results[t], run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-6)
