@@ -496,7 +496,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    shape_help = "bind an input's shape (needed for dynamic dimensions), e.g. input=1x3x224x224"
+    shape_help = ("bind an input's shape, e.g. input=1x3x224x224: compile for it ahead of time "
+                  "(compile and dump need it for dynamic dimensions; run and bench without it "
+                  "take the shape of --input, or 1 for a dynamic dimension of a random input)")
 
     r = sub.add_parser("run", help="compile a model and run it once",
                        description="Compile MODEL and run it on the given (or random) inputs; print "
