@@ -181,6 +181,8 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
                     raise
                 specialize, learned = True, e
     if specialize:
+        specializing.check_ops(model.proto, registry or Registry.default())
+
         def decider(proto):          # the small model that computes deciding values
             return compile(proto, backend, registry=registry, optimize=optimize,
                            max_variants=max_variants, **options)

@@ -35,7 +35,7 @@ import onnx
 from onnx import numpy_helper
 
 from .engine.types import dtype_from_onnx, dtype_of, numpy_dtype
-from .errors import CompileTimeInputError, GlowgenError, InputError
+from .errors import CompileTimeInputError, GlowgenError, InputError, UnsupportedError
 from .frontend.onnx import CheckedModel, declared_dims, declared_inputs, load_model
 
 log = logging.getLogger("glowgen.specialize")
@@ -111,6 +111,26 @@ def _short(a: np.ndarray) -> str:
 def check_max_variants(max_variants) -> None:
     if not isinstance(max_variants, int) or isinstance(max_variants, bool) or max_variants < 1:
         raise GlowgenError(f"max_variants must be a positive integer, got {max_variants!r}")
+
+
+def check_ops(proto: onnx.ModelProto, registry) -> None:
+    """Fail now, not on the first call, on a node of an op glowgen cannot import at all (no
+    clause in the specs, no ONNX function body, another domain).  Opset ranges and
+    attributes are checked when a variant is compiled."""
+    from onnx import defs
+    from .frontend.onnx_control import CONTROL_FLOW
+    for node in proto.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            raise UnsupportedError(f"{node.op_type} node {node.name!r} is in domain {node.domain!r}; "
+                                   f"only the default ONNX domain is supported. Run `glowgen ops` "
+                                   f"to list supported ops.")
+        if node.op_type in registry.onnx or node.op_type in CONTROL_FLOW or node.op_type == "Constant":
+            continue
+        if defs.has(node.op_type) and (defs.get_schema(node.op_type).has_function or
+                                       defs.get_schema(node.op_type).has_context_dependent_function):
+            continue
+        raise UnsupportedError(f"ONNX op {node.op_type} ({node.op_type} node {node.name!r}) is not "
+                               f"supported. Run `glowgen ops` to list the supported ops.")
 
 
 def needs_specialization(proto, input_shapes: Mapping) -> bool:

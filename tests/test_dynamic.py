@@ -366,3 +366,16 @@ def test_concurrent_first_calls_while_the_deciding_value_is_found():
     for t, sr in enumerate(rates):
         feeds = {"x": _x(1, 100), "sr": np.array(sr, np.int64)}
         assert_close(results[t], run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-6)
+
+
+def test_an_unsupported_op_is_refused_at_compile_not_at_the_first_call():
+    from glowgen.errors import UnsupportedError
+    model = _model([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("NonZero", ["r"], ["y"])],
+                   [("x", F, [-1, 3])], [("y", TensorProto.INT64, [2, None])])
+    with pytest.raises(UnsupportedError, match="ONNX op NonZero .*not supported"):
+        glowgen.compile(model)
+    custom = _model([helper.make_node("Foo", ["x"], ["y"], domain="com.example")],
+                    [("x", F, [-1, 3])], [("y", F, [-1, 3])])
+    custom.opset_import.append(helper.make_opsetid("com.example", 1))
+    with pytest.raises(UnsupportedError, match="domain 'com.example'"):
+        glowgen.compile(custom)
