@@ -120,8 +120,9 @@ def check_ops(proto: onnx.ModelProto, registry) -> None:
     from onnx import defs
     from .frontend.onnx_control import CONTROL_FLOW
     for node in proto.graph.node:
+        desc = f"{node.op_type} node {node.name or (node.output[0] if node.output else '?')!r}"
         if node.domain not in ("", "ai.onnx"):
-            raise UnsupportedError(f"{node.op_type} node {node.name!r} is in domain {node.domain!r}; "
+            raise UnsupportedError(f"{desc} is in domain {node.domain!r}; "
                                    f"only the default ONNX domain is supported. Run `glowgen ops` "
                                    f"to list supported ops.")
         if node.op_type in registry.onnx or node.op_type in CONTROL_FLOW or node.op_type == "Constant":
@@ -129,8 +130,8 @@ def check_ops(proto: onnx.ModelProto, registry) -> None:
         if defs.has(node.op_type) and (defs.get_schema(node.op_type).has_function or
                                        defs.get_schema(node.op_type).has_context_dependent_function):
             continue
-        raise UnsupportedError(f"ONNX op {node.op_type} ({node.op_type} node {node.name!r}) is not "
-                               f"supported. Run `glowgen ops` to list the supported ops.")
+        raise UnsupportedError(f"ONNX op {node.op_type} ({desc}) is not supported. Run "
+                               f"`glowgen ops` to list the supported ops.")
 
 
 def needs_specialization(proto, input_shapes: Mapping) -> bool:
