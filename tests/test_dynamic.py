@@ -379,3 +379,23 @@ def test_an_unsupported_op_is_refused_at_compile_not_at_the_first_call():
     custom.opset_import.append(helper.make_opsetid("com.example", 1))
     with pytest.raises(UnsupportedError, match="domain 'com.example'"):
         glowgen.compile(custom)
+
+
+def test_a_value_that_cannot_be_computed_on_its_own_decides_by_its_inputs():
+    """The condition comes out of an If (a node with subgraphs): no small model computes it
+    alone, so the sample rate itself becomes part of the signature."""
+    k = numpy_helper.from_array(np.array(16000, np.int64), "k")
+    inner = helper.make_graph([helper.make_node("Equal", ["sr", "k"], ["eq"])], "inner", [],
+                              [helper.make_tensor_value_info("eq", TensorProto.BOOL, [])])
+    outer = _if_on_sample_rate()
+    g = outer.graph
+    equal = g.node[0]
+    g.node.remove(equal)
+    g.node.insert(0, helper.make_node("If", ["always"], ["c"], then_branch=inner, else_branch=inner))
+    g.initializer.extend([numpy_helper.from_array(np.array(True), "always")])
+    model = glowgen.compile(outer)
+    for sr in (16000, 8000, 8000):
+        feeds = {"x": _x(1, 32), "sr": np.array(sr, np.int64)}
+        assert_close(model.run(feeds), run_ort(outer, feeds), rtol=1e-5, atol=1e-6)
+    assert model.deciding_values == [] and model.deciding_inputs == ["sr"]
+    assert model.stats["compiles"] == 2
