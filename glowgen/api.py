@@ -9,12 +9,13 @@ from typing import Mapping, Optional
 import numpy as np
 
 from . import lir, pipeline
+from . import specialize as specializing
 from .backends.base import Backend, backend_names, get_backend
 from .engine.graph import Function
 from .engine.registry import Registry
 from .engine.types import Type, dtype_of
-from .errors import GlowgenError, InputError
-from .frontend.onnx import ModelLike, import_model
+from .errors import CompileTimeInputError, GlowgenError, InputError
+from .frontend.onnx import CheckedModel, ModelLike, import_model, load_model
 from .memory_limit import MemoryLimit, format_bytes
 
 
@@ -182,13 +183,17 @@ def _front(model: ModelLike, backend: Backend, input_shapes, registry, optimize:
 def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEND,
             input_shapes: Optional[Mapping] = None,
             registry: Optional[Registry] = None, optimize: bool = True,
-            constant_inputs: Optional[Mapping] = None, max_memory=None,
-            **options) -> CompiledModel:
+            constant_inputs: Optional[Mapping] = None, max_memory=None, max_variants: int = 8,
+            specialize: Optional[bool] = None, **options) -> "CompiledModel | SpecializingModel":
     """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
 
     `input_shapes` binds dynamic dimensions: {"input": (1, 3, 224, 224)}.
     `constant_inputs` binds model inputs to fixed arrays ({"shape": np.array([2, 3])}): the
     model is specialized to them and they are no longer inputs of the compiled model.
+    With neither, a model with dynamic dimensions, or with inputs whose values decide shapes
+    or control flow, is compiled on demand, once per call signature (input shapes and those
+    values), keeping `max_variants` variants: a `SpecializingModel` (glowgen/specialize.py).
+    `specialize=False` compiles ahead of time or fails; `True` always specializes.
     `registry` selects generated code other than the built-in (see `Registry.from_dir`).
     `optimize=False` only lowers (to compare against the optimized graph).
     `backend`: "cpu" (the default: native code, JIT-compiled for this machine),
@@ -203,10 +208,39 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
     call's inputs, outputs and activations would need more (glowgen/memory_limit.py)."""
     backend = get_backend(backend)
     options = backend.check_options(options)      # before a long compilation
+
     limit = MemoryLimit.resolve(max_memory, backend)
-    function, registry = _front(model, backend, input_shapes, registry, optimize, constant_inputs,
-                                limit)
-    return CompiledModel(function, registry, backend, max_memory=limit, **options)
+    specializing.check_max_variants(max_variants)
+    if specialize is None and (input_shapes or constant_inputs):
+        specialize = False
+    if specialize is not False:
+        model = CheckedModel(load_model(model, limit))     # read and checked once for all variants
+
+    def ahead_of_time(shapes, constants, source=None):
+        function, reg = _front(model if source is None else source, backend, shapes, registry,
+                               optimize, constants, limit)
+        return CompiledModel(function, reg, backend, max_memory=limit, **options)
+
+    learned = None
+    if specialize is None:
+        specialize = specializing.needs_specialization(model.proto, {})
+        if not specialize:
+            try:
+                return ahead_of_time(None, None)
+            except CompileTimeInputError as e:      # inputs whose values decide: per value
+                if not e.inputs:
+                    raise
+                specialize, learned = True, e
+    if specialize:
+        specializing.check_ops(model.proto, registry or Registry.default())
+
+        def decider(proto):          # the small model that computes deciding values
+            return compile(proto, backend, registry=registry, optimize=optimize,
+                           max_memory=max_memory, max_variants=max_variants, **options)
+        return specializing.SpecializingModel(
+            model, lambda m, shapes, constants: ahead_of_time(shapes, constants, m),
+            backend.name, max_variants, learned, options, decider)
+    return ahead_of_time(input_shapes, constant_inputs)
 
 
 def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,

@@ -290,8 +290,11 @@ def cmd_bench(args) -> int:
     t0 = time.perf_counter()
     model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
                           **({"stacking": False} if args.no_stacking else {}), **_thread_option(args))
+    feeds = all_feeds = _feeds(args, model)
+    if hasattr(model, "specialized"):     # dynamic: the variant these inputs call, compiled now
+        model = model.specialized(feeds)
+        feeds = {k: v for k, v in feeds.items() if k in model.input_types}
     compile_s = time.perf_counter() - t0
-    feeds = _feeds(args, model)
     desc = ", ".join(f"{n}: {t}" for n, t in model.input_types.items())
     print(f"model        {args.model} ({desc})")
     warm = (f"{args.warmup} warm-up" if args.warmup is not None else
@@ -319,7 +322,7 @@ def cmd_bench(args) -> int:
     except Exception as e:   # noqa: BLE001 - onnxruntime's own errors, reported as such
         raise GlowgenError(f"onnxruntime cannot load {args.model}: {e}") from None
     ort_s = time.perf_counter() - t0
-    ort_feeds = {k: v for k, v in feeds.items() if k in {i.name for i in sess.get_inputs()}}
+    ort_feeds = {k: v for k, v in all_feeds.items() if k in {i.name for i in sess.get_inputs()}}
     names = [o.name for o in sess.get_outputs()]
     print(f"onnxruntime  {ort.__version__}, CPUExecutionProvider, {args.threads} thread"
           f"{'s' if args.threads > 1 else ''}, session created in {ort_s:.2f} s")
@@ -438,10 +441,26 @@ def _feeds(args, model, say_random: bool = False) -> dict:
         print(f"note: random input{'s' if len(missing) > 1 else ''} (seed {args.seed}) for "
               f"{', '.join(missing)}; pass --input NAME=FILE.npy to choose them")
     rng = np.random.default_rng(args.seed)
+    ones = []
     for n in missing:
-        feeds[n] = _random_input(model.input_types[n], rng)
+        ty = model.input_types[n]
+        if ty.shape is None:
+            raise InputError(f"input {n!r} declares no shape, so a random one cannot be made; "
+                             f"pass --input {n}=FILE.npy or --input-shape {n}=DIMS")
+        if None in ty.shape:      # a dynamic dimension (the model compiles per shape): 1
+            ty = _Concrete(ty.dtype, tuple(1 if d is None else d for d in ty.shape), ty.np_dtype)
+            ones.append(f"{n}={'x'.join(map(str, ty.shape))}")
+        feeds[n] = _random_input(ty, rng)
+    if ones:
+        print(f"note: dynamic dimensions of random inputs set to 1: {', '.join(ones)}; pass "
+              f"--input-shape NAME=DIMS or --input NAME=FILE.npy to choose", file=sys.stderr)
     model.check_feeds(feeds)
     return feeds
+
+
+class _Concrete:
+    def __init__(self, dtype, shape, np_dtype):
+        self.dtype, self.shape, self.np_dtype = dtype, shape, np_dtype
 
 
 def cmd_regen(args) -> int:
@@ -496,7 +515,9 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    shape_help = "bind an input's shape (needed for dynamic dimensions), e.g. input=1x3x224x224"
+    shape_help = ("bind an input's shape, e.g. input=1x3x224x224: compile for it ahead of time "
+                  "(compile and dump need it for dynamic dimensions; run and bench without it "
+                  "take the shape of --input, or 1 for a dynamic dimension of a random input)")
 
     r = sub.add_parser("run", help="compile a model and run it once",
                        description="Compile MODEL and run it on the given (or random) inputs; print "
@@ -653,6 +674,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--expected", metavar="FILE", help="expected-failures file (default: the bundled one)")
     c.add_argument("--write-expected", metavar="FILE",
                    help="write the failing cases, grouped by reason, as an expected-failures file")
+    c.add_argument("--specialize", action="store_true",
+                   help="give every input at run time, binding none: models whose inputs decide "
+                        "shapes or control flow compile per value (glowgen.compile's default); "
+                        "(frozen) then counts those")
     c.add_argument("-v", "--verbose", action="store_true", help="print every failure")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     c.set_defaults(func=cmd_conformance)

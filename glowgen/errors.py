@@ -38,9 +38,10 @@ class CompileTimeInputError(UnsupportedError):
     model inputs; `inputs` names them.  Binding them as constants (`constant_inputs=` in the
     Python API, `--constant-input` on the command line) specializes the model and resolves it."""
 
-    def __init__(self, message: str, inputs=()):
+    def __init__(self, message: str, inputs=(), value: str | None = None):
         super().__init__(message)
         self.inputs = tuple(inputs)
+        self.value = value       # the ONNX name of the value needed, when the model names it
 
 
 class ShapeError(GlowgenError):

@@ -170,12 +170,14 @@ def _as_array(value):
     return value
 
 
-def run_case(case: Case, backend: str) -> tuple[str, str, bool]:
+def run_case(case: Case, backend: str, specialize: bool = False) -> tuple[str, str, bool]:
     """Compile and run one case in this process: (outcome, message, frozen).
 
     Values the compiler needs at compile time (Reshape's shape, reduction axes...) are
     sometimes graph inputs of the case; glowgen specializes the model to the case's data
-    for those (`constant_inputs`), as an ahead-of-time user would, and `frozen` says so."""
+    for those (`constant_inputs`), as an ahead-of-time user would, and `frozen` says so.
+    With `specialize`, every input is given to run() and nothing is bound: glowgen.compile's
+    default, which compiles per value of such inputs (`frozen` then says it did)."""
     import onnx
     import glowgen
     from glowgen.errors import CompileTimeInputError, GlowgenError
@@ -194,7 +196,7 @@ def run_case(case: Case, backend: str) -> tuple[str, str, bool]:
                 while True:
                     try:
                         compiled = glowgen.compile(
-                            model, backend=backend,
+                            model, backend=backend, specialize=None if specialize else False,
                             constant_inputs={k: named[k] for k in sorted(frozen)})
                         break
                     except CompileTimeInputError as e:
@@ -214,6 +216,9 @@ def run_case(case: Case, backend: str) -> tuple[str, str, bool]:
             why = compare(list(outputs), actual, case.rtol, case.atol)
             if why:
                 return MISMATCH, why, bool(frozen)
+        if specialize:
+            frozen = set(getattr(compiled, "deciding_inputs", ())) | set(
+                getattr(compiled, "deciding_values", ()))
         return PASS, "", bool(frozen)
     except GlowgenError as e:
         return UNSUPPORTED, f"{type(e).__name__}: {e}", bool(frozen)
@@ -227,7 +232,7 @@ def run_case(case: Case, backend: str) -> tuple[str, str, bool]:
 _CASES: list[Case] = []      # inherited by forked workers
 
 
-def _worker(conn, backend: str) -> None:
+def _worker(conn, backend: str, specialize: bool) -> None:
     # Native code may print; keep the parent's table clean.
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
@@ -240,14 +245,14 @@ def _worker(conn, backend: str) -> None:
         if index is None:
             return
         t0 = time.perf_counter()
-        outcome, message, frozen = run_case(_CASES[index], backend)
+        outcome, message, frozen = run_case(_CASES[index], backend, specialize)
         conn.send((index, outcome, message, time.perf_counter() - t0, frozen))
 
 
 class _Slot:
-    def __init__(self, ctx, backend):
+    def __init__(self, ctx, backend, specialize):
         self.parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker, args=(child, backend), daemon=True)
+        self.proc = ctx.Process(target=_worker, args=(child, backend, specialize), daemon=True)
         self.proc.start()
         child.close()
         self.index: Optional[int] = None
@@ -264,15 +269,16 @@ class _Slot:
 
 
 def run_cases(cases: list[Case], backend: str = "cpu", jobs: Optional[int] = None,
-              timeout: float = 60.0, progress=None) -> list[Result]:
-    """Run every case in worker subprocesses (forked, `jobs` of them) with a per-case timeout."""
+              timeout: float = 60.0, progress=None, specialize: bool = False) -> list[Result]:
+    """Run every case in worker subprocesses (forked, `jobs` of them) with a per-case timeout;
+    `specialize`: see run_case."""
     global _CASES
     _CASES = cases
     ctx = mp.get_context("fork")
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(cases) or 1))
     results: dict[int, Result] = {}
     todo = list(range(len(cases)))[::-1]
-    slots = [_Slot(ctx, backend) for _ in range(jobs)]
+    slots = [_Slot(ctx, backend, specialize) for _ in range(jobs)]
 
     def finish(i, outcome, message, seconds, frozen=False):
         results[i] = Result(cases[i].name, cases[i].category, outcome, message, seconds, frozen)
@@ -304,12 +310,12 @@ def run_cases(cases: list[Case], backend: str = "cpu", jobs: Optional[int] = Non
                         finish(s.index, CRASH, f"the worker process died (exit code {code})",
                                time.perf_counter() - s.started)
                         s.kill()
-                        slots[k] = s = _Slot(ctx, backend)
+                        slots[k] = s = _Slot(ctx, backend, specialize)
                 elif time.perf_counter() - s.started > timeout:
                     finish(s.index, TIMEOUT, f"no result after {timeout:.0f} s",
                            time.perf_counter() - s.started)
                     s.kill()
-                    slots[k] = s = _Slot(ctx, backend)
+                    slots[k] = s = _Slot(ctx, backend, specialize)
                 if s.index is None and todo:
                     s.submit(todo.pop())
     finally:
@@ -445,12 +451,15 @@ def main(args) -> int:
         if not args.quiet and (done % 100 == 0 or done == total):
             print(f"  {done}/{total} cases ({time.perf_counter() - t0:.0f} s)", file=stream, flush=True)
 
-    results = run_cases(cases, args.backend, args.jobs, args.timeout, progress)
+    specialize = getattr(args, "specialize", False)
+    results = run_cases(cases, args.backend, args.jobs, args.timeout, progress, specialize)
     for r in results:
         exp = expected.get(r.name)
         r.expected = exp.reason if exp else None
     print(f"ONNX backend conformance, backend {args.backend}, onnx "
-          f"{__import__('onnx').__version__}, {len(results)} cases in {time.perf_counter() - t0:.0f} s")
+          f"{__import__('onnx').__version__}, {len(results)} cases in {time.perf_counter() - t0:.0f} s"
+          + ("; every input given at run time, (frozen): passes compiled per input value"
+             if specialize else ""))
     print(table(results))
     unexpected = [r for r in results if not r.passed and r.expected is None]
     stale = [r for r in results if r.passed and r.expected is not None]

@@ -26,7 +26,15 @@ from ..errors import (CompileTimeInputError, GlowgenError, InputError, MemoryLim
                       ModelError, ShapeError, UnsupportedError)
 from ..memory_limit import check_limit, format_bytes
 
-ModelLike = Union[str, os.PathLike, onnx.ModelProto, bytes]
+class CheckedModel:
+    """A model `load_model` has read and checked already: compiling it again (a variant per
+    input shape) skips the check, which takes seconds on a large model."""
+
+    def __init__(self, proto: onnx.ModelProto):
+        self.proto = proto
+
+
+ModelLike = Union[str, os.PathLike, onnx.ModelProto, bytes, CheckedModel]
 
 # The newest opset of the default ONNX domain the `onnx` clauses of specs/ops.glowdef are
 # written and checked against (ONNX 1.23's schemas; the conformance suite runs up to it).  A
@@ -40,6 +48,8 @@ NEWEST_OPSET = 28
 def load_model(model: ModelLike, max_memory=None) -> onnx.ModelProto:
     """Read and check an ONNX model; every failure is a `ModelError` that says why.
     `max_memory` (a memory_limit.MemoryLimit) bounds the external weights read."""
+    if isinstance(model, CheckedModel):
+        return model.proto
     if isinstance(model, onnx.ModelProto):
         proto = model
         where = "the model"
@@ -132,8 +142,10 @@ def _attribute_value(attr: onnx.AttributeProto):
 class OnnxInput:
     """One formal input of an ONNX node as clause expressions see it."""
 
-    def __init__(self, importer: "_Importer", node_desc: str, formal: str, values: list):
+    def __init__(self, importer: "_Importer", node_desc: str, formal: str, values: list,
+                 names: tuple = ()):
         self._importer, self._desc, self._formal, self._values = importer, node_desc, formal, values
+        self._names = names       # the ONNX names of `values`
 
     @property
     def present(self) -> bool:
@@ -176,7 +188,8 @@ class OnnxInput:
                 f"constant or a shape computation), but it depends on model input"
                 f"{'s' if len(needed) > 1 else ''} {', '.join(map(repr, needed))}; bind "
                 f"{'them' if len(needed) > 1 else 'it'} as constant{'s' if len(needed) > 1 else ''} "
-                f"to specialize the model (Python: constant_inputs=...)", needed)
+                f"to specialize the model (Python: constant_inputs=...)", needed,
+                self._names[0] if self._names else None)
         return data
 
 
@@ -211,7 +224,7 @@ class OnnxNodeView:
         try:
             return thunk()
         except CompileTimeInputError as e:
-            raise CompileTimeInputError(f"attribute {attr}: {e}", e.inputs) from None
+            raise CompileTimeInputError(f"attribute {attr}: {e}", e.inputs, e.value) from None
         except GlowgenError as e:
             raise type(e)(f"{self._desc}: attribute {attr}: {e}") from None
         except (TypeError, ValueError, IndexError, KeyError) as e:
@@ -312,13 +325,20 @@ class _Importer:
         instead of as wrong numbers later."""
         proto = onnx.ModelProto()
         proto.CopyFrom(self.proto)
+        inits = {i.name for i in proto.graph.initializer}
         for vi in proto.graph.input:
             p = self.values.get(vi.name)
-            if p is not None and not isinstance(p, Constant) and vi.type.HasField("tensor_type"):
+            if p is not None and vi.name not in inits and vi.type.HasField("tensor_type"):
                 shape = vi.type.tensor_type.shape
                 shape.ClearField("dim")
                 for d in p.type.shape:
                     shape.dim.add().dim_value = d
+        # A negative dim_value elsewhere (exporters write -1 for a dynamic one) means unknown.
+        for vi in list(proto.graph.output) + list(proto.graph.value_info):
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                for d in vi.type.tensor_type.shape.dim:
+                    if d.HasField("dim_value") and d.dim_value < 0:
+                        d.ClearField("dim_value")
         try:
             inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True)
         except Exception as e:   # noqa: BLE001 - ONNX raises several kinds
@@ -356,8 +376,7 @@ class _Importer:
             raise UnsupportedError(f"input {vi.name!r} is not a tensor (sequences, maps and "
                                    f"optionals are not supported)")
         dtype = dtype_from_onnx(tt.elem_type)
-        declared = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                    for d in tt.shape.dim] if tt.HasField("shape") else None
+        declared = declared_dims(vi)
         given = self.input_shapes.get(vi.name) if given is None else given
         if given is not None:
             given = tuple(given)
@@ -602,7 +621,7 @@ class _Importer:
                 values.append(self.values[n])
             if option == "single" and not values:
                 raise ModelError(f"{desc}: required input {formal!r} is missing")
-            out[formal] = OnnxInput(self, desc, formal, values)
+            out[formal] = OnnxInput(self, desc, formal, values, tuple(n for n in names if n))
         return out
 
     def _constant_node(self, node, desc) -> np.ndarray:
@@ -644,6 +663,32 @@ def _instantiate(inner: onnx.NodeProto, absent: set, attrs_: dict, prefix: str) 
 
 def _with_article(noun: str) -> str:
     return ("an " if noun[:1] in "aeiou" else "a ") + noun
+
+
+def declared_dims(vi: onnx.ValueInfoProto) -> Optional[list]:
+    """The dimensions a graph input declares: an int for a fixed one, the dim_param's name
+    (a str) or None for a dynamic one; None when no shape is declared.  A negative
+    dim_value (exporters write -1) is dynamic, as onnxruntime reads it; 0 is a fixed,
+    empty dimension (onnxruntime rejects any other size for it)."""
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else (d.dim_param or None)
+            for d in tt.shape.dim]
+
+
+def declared_inputs(proto: onnx.ModelProto) -> list[tuple[str, str, Optional[list]]]:
+    """(name, element type, declared dims) of each graph input that is not an initializer."""
+    inits = {i.name for i in proto.graph.initializer}
+    out = []
+    for vi in proto.graph.input:
+        if vi.name in inits:
+            continue
+        if not vi.type.HasField("tensor_type"):
+            raise UnsupportedError(f"input {vi.name!r} is not a tensor (sequences, maps and "
+                                   f"optionals are not supported)")
+        out.append((vi.name, dtype_from_onnx(vi.type.tensor_type.elem_type), declared_dims(vi)))
+    return out
 
 
 def _fmt_dims(dims) -> str:

@@ -52,7 +52,7 @@ def compile_time_value(importer, node: onnx.NodeProto, index: int, what: str, de
             f"glowgen resolves control flow while compiling, but it depends on model input"
             f"{'s' if len(needed) > 1 else ''} {', '.join(map(repr, needed))}; bind "
             f"{'them' if len(needed) > 1 else 'it'} as constant{'s' if len(needed) > 1 else ''} "
-            f"to specialize the model (Python: constant_inputs=...)", needed)
+            f"to specialize the model (Python: constant_inputs=...)", needed, node.input[index])
     return data
 
 
