@@ -39,15 +39,22 @@ def import_torch():
     return torch
 
 
+@contextlib.contextmanager
 def _quietly():
-    """The exporters print progress and warn about things that are no concern of ours
-    (deprecations, 'model is not in eval mode' for modules we have checked): keep both off the
-    user's terminal; what matters goes to the log."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-    stack.enter_context(warnings.catch_warnings())
-    warnings.simplefilter("ignore")
-    return stack
+    """The exporters print progress, log their passes and warn about things that are no
+    concern of ours (deprecations, torchvision ops they skip registering): keep all that off
+    the user's terminal; what matters (which exporter, why not the other) is our log line."""
+    loggers = {name: logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")}
+    levels = {name: lg.level for name, lg in loggers.items()}
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers.values():
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for name, lg in loggers.items():
+                lg.setLevel(levels[name])
 
 
 def export_onnx(module, args: tuple, input_names: Sequence[str], what: str = "module"):

@@ -101,19 +101,23 @@ def test_call_needing_gradients_runs_eagerly():
     assert_matches(out.detach(), eager(module, make_inputs(1)))
 
 
-def test_outputs_share_memory_with_the_runner_arrays():
-    """No copies on the way out: the returned tensor is the array the native code wrote."""
+@pytest.fixture(scope="module")
+def mlp_from_torch():
     module, make_inputs, _ = build("mlp")
-    compiled = glowgen.from_torch(module, make_inputs(1))
+    return module, make_inputs, glowgen.from_torch(module, make_inputs(1))
+
+
+def test_outputs_share_memory_with_the_runner_arrays(mlp_from_torch):
+    """No copies on the way out: the returned tensor is the array the native code wrote."""
+    module, make_inputs, compiled = mlp_from_torch
     a = compiled(*make_inputs(1))
     b = compiled(*make_inputs(2))
     assert a.data_ptr() != b.data_ptr()           # a is alive: b did not reuse its memory
     assert_matches(a, eager(module, make_inputs(1)))
 
 
-def test_from_torch_wrong_input_is_a_glowgen_error():
-    module, make_inputs, _ = build("mlp")
-    compiled = glowgen.from_torch(module, make_inputs(1))
+def test_from_torch_wrong_input_is_a_glowgen_error(mlp_from_torch):
+    module, make_inputs, compiled = mlp_from_torch
     with pytest.raises(glowgen.GlowgenError, match="shape"):
         compiled(torch.zeros(5, 20))
     with pytest.raises(glowgen.GlowgenError, match="takes 1 tensors"):
