@@ -39,6 +39,15 @@ def _static_kind(node, example) -> Optional[str]:
     return tensor_dict.get("_dynamo_static_input_type") or getattr(example, "_dynamo_static_input_type", None)
 
 
+def _version(t) -> int:
+    """A tensor's version counter (it moves on every in-place write); an inference-mode
+    tensor has none and can only be written inside inference mode: -1."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1
+
+
 def _frozen_module(gm, static: dict, scalars: dict, n_args: int):
     """The graph with its weights as buffers and its non-tensor inputs (the SymInts of a
     dynamic graph) fixed, called with the other tensors: a torch.nn.Module to export."""
@@ -133,7 +142,7 @@ class GlowgenGraph:
         # The same tensor objects, not written to since they were frozen.
         for i, (t, version) in frozen.items():
             a = args[i]
-            if a is not t or a._version != version:
+            if a is not t or _version(a) != version:
                 return False
         return True
 
@@ -169,7 +178,7 @@ class GlowgenGraph:
         stats["compiled"] += 1
         log.info("glowgen: compiled a graph of %d nodes for inputs %s (%d weights frozen)",
                  len(self.gm.graph.nodes), [list(key[i][0]) for i in dynamic], len(static))
-        frozen = {i: (t, t._version) for i, t in static.items()}
+        frozen = {i: (t, _version(t)) for i, t in static.items()}
         return compiled, feeds_of, frozen
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 import warnings
 from typing import Any, Mapping, Sequence
 
@@ -46,7 +47,8 @@ def _quietly():
     the user's terminal; what matters (which exporter, why not the other) is our log line."""
     loggers = {name: logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")}
     levels = {name: lg.level for name, lg in loggers.items()}
-    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for lg in loggers.values():
             lg.setLevel(logging.ERROR)
@@ -74,7 +76,7 @@ def export_onnx(module, args: tuple, input_names: Sequence[str], what: str = "mo
             log.info("glowgen: %s exported to ONNX with torch.onnx.export(dynamo=True)", what)
             return program.model_proto, "dynamo"
         except Exception as e:           # any exporter failure: try the other exporter
-            errors.append(f"dynamo exporter: {type(e).__name__}: {_first_line(e)}")
+            errors.append(f"dynamo exporter: {_first_line(e)}")
     try:
         buf = io.BytesIO()
         with _quietly():
@@ -86,14 +88,18 @@ def export_onnx(module, args: tuple, input_names: Sequence[str], what: str = "mo
         import onnx
         return onnx.load_from_string(buf.getvalue()), "torchscript"
     except Exception as e:
-        errors.append(f"TorchScript exporter: {type(e).__name__}: {_first_line(e)}")
-    raise GlowgenError(f"could not export the {what} to ONNX; " + "; ".join(errors)
+        errors.append(f"TorchScript exporter: {_first_line(e)}")
+    raise GlowgenError(f"could not export {what} to ONNX; " + "; ".join(errors)
                        + ". Simplify the module's forward or file an issue with the module")
 
 
-def _first_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:300] if text else ""
+def _first_line(e: BaseException) -> str:
+    """The first line of the innermost cause (the exporters wrap the op that failed in a
+    generic 'failed to convert' error), without terminal colours."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300] if text else ''}"
 
 
 def input_names_of(proto) -> list[str]:
@@ -133,6 +139,11 @@ def default_threads(options: Mapping[str, Any]) -> dict:
     return options
 
 
+def _train_dependent():
+    from torch import nn
+    return (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+
+
 class TorchCompiledModel:
     """What `glowgen.from_torch` returns: call it with tensors like the module (positional
     arguments, same shapes and dtypes as the examples); it returns tensors in the module's
@@ -144,9 +155,11 @@ class TorchCompiledModel:
         from torch.utils import _pytree as pytree
         from .. import api
         name = type(module).__name__
-        if getattr(module, "training", False):
-            log.warning("glowgen: %s is in training mode; glowgen compiles what it computes "
-                        "in that mode (call module.eval() first for inference)", name)
+        modules = module.modules() if isinstance(module, torch.nn.Module) else ()
+        if any(m.training and isinstance(m, _train_dependent()) for m in modules):
+            log.warning("glowgen: %s has BatchNorm or Dropout in training mode; glowgen "
+                        "compiles what it computes in that mode (call module.eval() first for "
+                        "inference)", name)
         args = tuple(example_inputs)
         for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor):

@@ -124,6 +124,29 @@ def test_from_torch_wrong_input_is_a_glowgen_error(mlp_from_torch):
         compiled(*make_inputs(1), *make_inputs(1))
 
 
+class Unsupported(torch.nn.Module):
+    """Singular values: neither ONNX exporter converts them."""
+
+    def forward(self, x):
+        return torch.linalg.svdvals(x) + 1
+
+
+def test_graph_glowgen_cannot_compile_runs_eagerly():
+    module, x = Unsupported(), torch.randn(4, 4)
+    torch._dynamo.reset()
+    before = dict(torch_dynamo.stats)
+    with torch.no_grad():
+        out = torch.compile(module, backend="glowgen")(x)
+    assert_matches(out, eager(module, (x,)))
+    assert torch_dynamo.stats["fallbacks"] == before["fallbacks"] + 1
+    torch._dynamo.reset()
+    strict = torch.compile(module, backend="glowgen", options={"fallback": False})
+    with torch.no_grad(), pytest.raises(glowgen.GlowgenError, match="linalg_svd"):
+        strict(x)
+    with pytest.raises(glowgen.GlowgenError, match="could not export Unsupported to ONNX"):
+        glowgen.from_torch(module, x)
+
+
 def test_backend_registered_by_entry_point():
     assert "glowgen" in torch._dynamo.list_backends()
 
