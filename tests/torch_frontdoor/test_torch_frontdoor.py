@@ -74,6 +74,20 @@ def test_from_torch(name):
     assert compiled.compiled is native
 
 
+def test_new_shapes_compile_once_each():
+    """Dynamo makes the graph dynamic at the second shape (SymInt inputs); glowgen compiles
+    one native model per concrete shape and reuses it."""
+    module, _, _ = build("mlp")
+    torch._dynamo.reset()
+    before = torch_dynamo.stats["compiled"]
+    compiled = torch.compile(module, backend="glowgen", options={"fallback": False})
+    with torch.no_grad():
+        for batch in (3, 5, 3, 5):
+            x = torch.randn(batch, 20)
+            assert_matches(compiled(x), eager(module, (x,)))
+    assert torch_dynamo.stats["compiled"] - before == 2
+
+
 def test_weights_changed_in_place_recompile():
     """The backend freezes the weights; writing to one must not leave a stale model."""
     module, make_inputs, _ = build("mlp")
