@@ -90,6 +90,8 @@ class GlowgenGraph:
         self.n_args = len(example_inputs)
         self.static = [i for i, (n, x) in enumerate(zip(placeholders, example_inputs))
                        if isinstance(x, torch.Tensor) and _static_kind(n, x)]
+        static = set(self.static)
+        self.others = [i for i in range(self.n_args) if i not in static]
         self.cache: dict = {}           # input signature -> (compiled, feed index, frozen)
         self.lock = threading.Lock()
         self.eager_reason: Optional[str] = None
@@ -129,9 +131,11 @@ class GlowgenGraph:
         return self.gm(*args)
 
     def _signature(self, args) -> tuple:
+        # The inputs other than the weights (which _weights_unchanged checks by identity):
+        # shapes and dtypes of tensors, values of the SymInts of a dynamic graph.
         torch = import_torch()
         key = []
-        for a in args:
+        for a in (args[i] for i in self.others):
             if isinstance(a, torch.Tensor):
                 key.append((tuple(a.shape), a.dtype))
             else:
@@ -177,7 +181,7 @@ class GlowgenGraph:
             return None
         stats["compiled"] += 1
         log.info("glowgen: compiled a graph of %d nodes for inputs %s (%d weights frozen)",
-                 len(self.gm.graph.nodes), [list(key[i][0]) for i in dynamic], len(static))
+                 len(self.gm.graph.nodes), [list(args[i].shape) for i in dynamic], len(static))
         frozen = {i: (t, _version(t)) for i, t in static.items()}
         return compiled, feeds_of, frozen
 
