@@ -113,11 +113,16 @@ def tensor_to_numpy(t, where: str) -> np.ndarray:
     the runner copies only what is not C-contiguous and aligned."""
     if t.device.type != "cpu":
         raise InputError(f"{where} is on {t.device}; glowgen runs on the CPU: pass t.cpu()")
-    if t.is_sparse or t.layout.__repr__() != "torch.strided":
+    torch = import_torch()
+    if t.layout != torch.strided:
         raise InputError(f"{where} has layout {t.layout}; glowgen takes dense tensors: t.to_dense()")
     if t.is_conj() or t.is_neg():
         t = t.resolve_conj().resolve_neg()
-    return t.detach().numpy()
+    try:
+        return t.detach().numpy()
+    except TypeError:                   # bfloat16 and others numpy has no type for
+        raise InputError(f"{where} has dtype {t.dtype}, which glowgen's PyTorch front door "
+                         "does not take yet; convert it (t.float())") from None
 
 
 def numpy_to_tensor(arr: np.ndarray):

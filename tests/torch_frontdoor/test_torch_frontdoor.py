@@ -140,6 +140,8 @@ def test_from_torch_wrong_input_is_a_glowgen_error(mlp_from_torch):
         compiled(torch.zeros(5, 20))
     with pytest.raises(glowgen.GlowgenError, match="takes 1 tensors"):
         compiled(*make_inputs(1), *make_inputs(1))
+    with pytest.raises(glowgen.GlowgenError, match="bfloat16"):
+        compiled(make_inputs(1)[0].bfloat16())
 
 
 class Unsupported(torch.nn.Module):
