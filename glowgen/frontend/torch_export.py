@@ -19,7 +19,7 @@ import io
 import logging
 import re
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -41,15 +41,15 @@ def import_torch():
 
 
 @contextlib.contextmanager
-def _quietly():
+def _quietly(caught: Optional[list] = None):
     """The exporters print progress, log their passes and warn about things that are no
     concern of ours (deprecations, torchvision ops they skip registering): keep all that off
     the user's terminal; what matters (which exporter, why not the other) is our log line."""
     loggers = {name: logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")}
     levels = {name: lg.level for name, lg in loggers.items()}
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+            warnings.catch_warnings(record=True) as recorded:
+        warnings.simplefilter("always")
         for lg in loggers.values():
             lg.setLevel(logging.ERROR)
         try:
@@ -57,6 +57,8 @@ def _quietly():
         finally:
             for name, lg in loggers.items():
                 lg.setLevel(levels[name])
+            if caught is not None:
+                caught.extend(recorded)
 
 
 def export_onnx(module, args: tuple, input_names: Sequence[str], what: str = "module"):
@@ -79,12 +81,19 @@ def export_onnx(module, args: tuple, input_names: Sequence[str], what: str = "mo
             errors.append(f"dynamo exporter: {_first_line(e)}")
     try:
         buf = io.BytesIO()
-        with _quietly():
+        caught: list = []
+        with _quietly(caught):
             torch.onnx.export(module, args, buf, dynamo=False, input_names=list(input_names),
                               training=torch.onnx.TrainingMode.PRESERVE, opset_version=17)
         log.warning("glowgen: %s exported to ONNX with the TorchScript exporter "
                     "(torch.onnx.export(dynamo=False)) because the dynamo exporter failed: %s",
                     what, errors[0])
+        # The tracer records one path through the code: what it says about branches on
+        # tensor values or Python numbers it froze must reach the user.
+        for w in caught:
+            if issubclass(w.category, torch.jit.TracerWarning):
+                log.warning("glowgen: the trace of %s may not hold for other inputs: %s (%s:%s)",
+                            what, str(w.message).splitlines()[0], w.filename, w.lineno)
         import onnx
         return onnx.load_from_string(buf.getvalue()), "torchscript"
     except Exception as e:

@@ -167,6 +167,26 @@ def test_graph_glowgen_cannot_compile_runs_eagerly():
         glowgen.from_torch(module, x)
 
 
+class BranchOnValue(torch.nn.Module):
+    """A branch on a tensor's value: torch.export refuses it (data-dependent control flow),
+    the TorchScript tracer records the branch the example takes."""
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+
+def test_torchscript_exporter_when_dynamo_export_fails(caplog):
+    module, x = BranchOnValue(), torch.ones(2, 3)
+    with caplog.at_level("WARNING", logger="glowgen.torch"):
+        compiled = glowgen.from_torch(module, x)
+    assert compiled.exporter == "torchscript"
+    assert "TorchScript exporter" in caplog.text
+    assert "may not hold for other inputs" in caplog.text     # the tracer's branch warning
+    assert_matches(compiled(x * 3), eager(module, (x * 3,)))
+
+
 def test_backend_registered_by_entry_point():
     assert "glowgen" in torch._dynamo.list_backends()
 
