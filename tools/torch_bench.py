@@ -17,13 +17,20 @@ all of them alike.  Every runner's output is checked against eager PyTorch first
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
-import numpy as np
-import torch
-from torch import nn
+# PyTorch's OpenMP threads spin while they wait (OMP_WAIT_POLICY=active); on a machine other
+# processes share, a descheduled spinner stalls every parallel region: ResNet-18 on 2 threads
+# took 400-1300 ms instead of 110 ms at load 11 on 2 cores.  glowgen's workers spin briefly
+# and then sleep; make PyTorch's wait passively too unless the caller chose.  (OpenMP reads
+# this when torch is imported, so it must be set before.)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 
 class BasicBlock(nn.Module):
@@ -149,6 +156,8 @@ def main(argv=None) -> int:
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.intra_op_num_threads = args.threads
+    # Like PyTorch's OpenMP above: no spinning waits on a shared machine.
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     sess = ort.InferenceSession(ft.onnx.SerializeToString(), so, providers=["CPUExecutionProvider"])
     in_name = sess.get_inputs()[0].name
     runners["onnxruntime"] = lambda t: torch.from_numpy(sess.run(None, {in_name: t.numpy()})[0])
@@ -167,8 +176,9 @@ def main(argv=None) -> int:
             for name, fn in runners.items():
                 best[name] = min(best[name], time_calls(fn, x, args.runs))
 
-    print(f"ResNet-18, input {list(x.shape)}, {args.threads} thread(s), torch {torch.__version__}; "
-          f"median of {args.runs} calls, best of {args.rounds} rounds, runners interleaved")
+    print(f"ResNet-18, input {list(x.shape)}, {args.threads} thread(s), torch {torch.__version__} "
+          f"(OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}); median of {args.runs} calls, "
+          f"best of {args.rounds} rounds, runners interleaved")
     print(f"{'runner':<26}{'ms':>9}{'vs eager':>10}{'vs ort':>9}{'compile s':>11}")
     for name, sec in best.items():
         ct = f"{compile_times[name]:.1f}" if name in compile_times else "-"
