@@ -143,7 +143,7 @@ def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
     built just before every filter block uses it (copied in runs along output rows from the
     padded, dealt planes); a partial last panel, groups, stride, dilation and uneven padding
     included."""
-    from glowgen.backends.cpu.kernels import _conv_panel_by_panel
+    from glowgen.backends.cpu.kernels.conv import conv_panel_by_panel
     x = rng.standard_normal((1, 32, 71, 69)).astype(np.float32)
     w = rng.standard_normal((20, 16, 3, 3)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=2, pads=[1, 2, 0, 1],
@@ -151,7 +151,7 @@ def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
                        {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(20).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
-    assert _conv_panel_by_panel(conv.node) and (conv.node.outputs[0].type.shape[2] * conv.node.outputs[0].type.shape[3]) % 32
+    assert conv_panel_by_panel(conv.node) and (conv.node.outputs[0].type.shape[2] * conv.node.outputs[0].type.shape[3]) % 32
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
@@ -213,7 +213,7 @@ def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs):
     """Convolutions with fewer filters per group than a GEMM tile read each input channel
     from a zero-padded copy (columns dealt by stride), and a depthwise one applies the Clip
     after it in its store."""
-    from glowgen.backends.cpu.kernels import _conv_by_planes
+    from glowgen.backends.cpu.kernels.conv import conv_by_planes
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
     lo = helper.make_tensor("lo", 1, [], [-0.5])
@@ -226,7 +226,7 @@ def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs):
                        {"w": w, "b": rng.standard_normal(ws[0]).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
-    assert _conv_by_planes(conv.node)
+    assert conv_by_planes(conv.node)
     if ws[1] == 1:
         assert [i.kind for i in _steps(compiled)[0].instrs] == ["Conv", "Clip"]
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-5)
@@ -237,7 +237,7 @@ def test_strided_convolution_reads_dealt_planes(strides, dilations, group):
     """A GEMM convolution first copies each input channel into zero-padded planes, its
     columns dealt by remainder mod the column stride; its patch matrix is then made of
     plain row copies (whole matrix here, panel by panel in the large-image test above)."""
-    from glowgen.backends.cpu.kernels import _conv_panel_by_panel, _conv_uses_gemm
+    from glowgen.backends.cpu.kernels.conv import conv_panel_by_panel, conv_uses_gemm
     x = rng.standard_normal((2, 16, 15, 23)).astype(np.float32)
     w = rng.standard_normal((16, 16 // group, 3, 3)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group, pads=[1, 0, 2, 1],
@@ -246,7 +246,7 @@ def test_strided_convolution_reads_dealt_planes(strides, dilations, group):
                        {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(16).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
-    assert _conv_uses_gemm(conv.node) and not _conv_panel_by_panel(conv.node)
+    assert conv_uses_gemm(conv.node) and not conv_panel_by_panel(conv.node)
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
@@ -261,10 +261,10 @@ def test_max_pooling_runs_over_planes_padded_with_minus_infinity(attrs):
     those are checked against a NumPy sliding-window max."""
     x = rng.standard_normal((2, 3, 11, 150)).astype(np.float32)
     model = make_model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"])
-    from glowgen.backends.cpu.kernels_more import _max_pool_by_planes
+    from glowgen.backends.cpu.kernels.pool import max_pool_by_planes
     compiled = glowgen.compile(model, backend="cpu")
     (pool,) = [i for i in compiled.program.instrs if i.kind == "MaxPool"]
-    assert _max_pool_by_planes(pool.node)
+    assert max_pool_by_planes(pool.node)
     want = run_ort(model, {"x": x})
     assert_close(compiled.run({"x": x}), want, rtol=0, atol=0)
     # NaN and -inf: NumPy's max over each window of x padded with -inf.
@@ -294,7 +294,7 @@ def test_small_output_convolution_runs_transposed(ws, attrs):
     them is computed as C^T = P^T W^T (vectorized along the filters, weights packed
     transposed at compile time), then transposed back in registers through the bias and the
     fused residual Add and Relu; batch 2, partial pixel and filter blocks included."""
-    from glowgen.backends.cpu.conv_transposed import conv_is_transposed
+    from glowgen.backends.cpu.kernels.conv_transposed import conv_is_transposed
     from glowgen.backends.cpu.gemm import choose_shape
     from glowgen.backends.cpu.target import resolve_cpu
     x = rng.standard_normal((2, 24, 7, 7)).astype(np.float32)

@@ -23,7 +23,6 @@ from ...lir.ir import Activation, Buffer, Instr, Program
 from ...lir.passes import lifetimes
 from .epilogue import EpilogueEmitter, fuse_epilogues
 from .kernels import KERNELS, SCRATCH, KernelArgs
-from . import kernels_more  # noqa: F401  (registers the kernels of the last `extern` section)
 from .packing import pack_constant_weights
 from .llvmutil import F32, I8P, I32, I64, for_range, i64, intrinsic, set_target_features, storage_type
 from .loops import (blocked_loops, broadcast_strides, contiguous_strides, innermost_extent, loop_work,
@@ -113,7 +112,7 @@ class ModuleBuilder:
         self.parts: dict[int, int] = {}   # step id -> tasks it is split into (parallel.py)
 
     def build(self) -> ir.Module:
-        from .kernels import conv_weight_layout
+        from .kernels.conv import conv_weight_layout
         if self.gemm_shape is not None:
             shape = self.gemm_shape
             pack_constant_weights(self.prog, shape, lambda node: conv_weight_layout(node, shape))

@@ -12,12 +12,12 @@ from typing import Optional
 
 from llvmlite import ir
 
-from .gemm import splat, vload, vstore
 from .llvmutil import i64
 from .loops import broadcast_strides
 from .scalar import ScalarEmitter, Value, emit_stack
 from ...scalars import SCALAR_FUNCTIONS
 from .stacking import Step, stores_needed
+from .vectors import splat, vload, vstore
 
 # Scalar functions that work unchanged on vectors (what an epilogue may compute).
 VECTOR_SAFE = frozenset(f.name for f in SCALAR_FUNCTIONS.values() if f.vector_safe)
@@ -31,10 +31,10 @@ def product_space(ins) -> Optional[tuple[int, int, int]]:
     if out.dtype != "f32":
         return None
     if ins.kind == "Conv":
-        from .kernels import _conv_by_planes, _conv_uses_gemm
+        from .kernels.conv import conv_by_planes, conv_uses_gemm
         # A direct convolution with several input channels per group accumulates them in
         # its output: only a one-channel (depthwise) one keeps the sum in registers.
-        if not (_conv_uses_gemm(node) or (_conv_by_planes(node) and node.inputs[1].type.shape[1] == 1)):
+        if not (conv_uses_gemm(node) or (conv_by_planes(node) and node.inputs[1].type.shape[1] == 1)):
             return None
         n, m, oh, ow = out.shape
         return (n, m, oh * ow)
