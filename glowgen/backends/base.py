@@ -44,6 +44,13 @@ class Backend:
         """The ops this backend runs natively after lowering."""
         raise NotImplementedError
 
+    def extern_gaps(self, registry) -> list[str]:
+        """The `extern` ops of the specs (the primitives lowering leaves to backends) this
+        backend has no implementation of: a built-in backend must have none (checked when it
+        loads, see `get_backend`)."""
+        have = self.implemented_ops(registry)
+        return sorted(op for op in registry.extern if op not in have)
+
     def lir_passes(self, options: Mapping[str, Any]) -> list[tuple[str, Callable]]:
         """(name, pass) pairs run over the program, in order, before `make_runner` or
         `write_bundle`: the backend's own decisions (packing, fusion, kernel strategies),
@@ -207,9 +214,26 @@ def get_backend(backend: "str | Backend") -> Backend:
     if backend in _BUILTIN:
         module, cls = _BUILTIN[backend].split(":")
         instance = getattr(importlib.import_module(module), cls)()
+        check_externs(instance)
         _REGISTERED[backend] = instance
         return instance
     raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(backend_names())}")
+
+
+def check_externs(backend: Backend, registry=None) -> None:
+    """An error listing the spec's `extern` ops `backend` lacks (for the default registry
+    unless given): every built-in backend implements them all, and one that does not is
+    found when it loads rather than when a model happens to need the op."""
+    if registry is None:
+        from ..engine.registry import Registry
+        registry = Registry.default()
+    gaps = backend.extern_gaps(registry)
+    if gaps:
+        raise GlowgenError(f"the {backend.name} backend has no implementation of the extern "
+                           f"op{'s' if len(gaps) > 1 else ''} {', '.join(gaps)} "
+                           f"(specs/cpu_kernels.glowdef): implement "
+                           f"{'them' if len(gaps) > 1 else 'it'} in the backend, or take "
+                           f"{'them' if len(gaps) > 1 else 'it'} off the extern list")
 
 
 def bundle_backends() -> list[str]:
