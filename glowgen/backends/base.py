@@ -84,6 +84,11 @@ class Backend:
         raise UnsupportedError(f"the {self.name} backend cannot write bundles; "
                                f"use a backend that can: {', '.join(bundle_backends())}")
 
+    def bundle_options(self, options: Mapping[str, Any], target) -> Mapping[str, Any]:
+        """The options `prepare` gets for a program written as a bundle for `target` (from
+        `bundle_target`): by default, the same as for running it here."""
+        return options
+
     def write_bundle(self, prog: Program, registry, out_dir, target, options: Mapping[str, Any]):
         """Write `prog` (already prepared) for `target` (from `bundle_target`) into `out_dir`."""
         raise UnsupportedError(f"the {self.name} backend cannot write bundles; "

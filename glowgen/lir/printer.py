@@ -42,8 +42,13 @@ def print_program(prog: Program) -> str:
             continue
         ops = ", ".join(f"@{r} %{b.name} ({_where(b)})" if b is not None else f"@{r} _"
                         for r, b in ins.operands)
-        lines.append(f"  {i:4d}  {ins.kind.lower() if ins.kind == Instr.COPY else ins.kind} {ops}{_attrs(ins)}")
+        plan = f"  ; {ins.plan}" if ins.plan is not None and str(ins.plan) else ""
+        lines.append(f"  {i:4d}  {ins.kind.lower() if ins.kind == Instr.COPY else ins.kind} {ops}{_attrs(ins)}{plan}")
     lines.append("}")
+    if prog.plan is not None:
+        # What the backend's passes decided for the whole program (steps, fusion, scratch).
+        lines.append("")
+        lines.extend(prog.plan.describe())
     return "\n".join(lines) + "\n"
 
 

@@ -13,7 +13,7 @@ from ..llvmutil import for_range, i64
 from ..loops import contiguous_strides
 from ..parallel import Work, parallel
 from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
-from .base import SCRATCH, KernelArgs, kernel
+from .base import DESCRIBE, PACKING, PRODUCT_SPACE, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 from .common import inside, lin, nest
 from .conv_planes import (MAX_TAPS, PlaneGeometry, aligned_floats, conv_is_pointwise, emit_conv_planes,
                           fill_plane, patch_panel, scratch_bytes, zero_planes)
@@ -106,47 +106,82 @@ def conv_by_planes(node) -> bool:
     return not conv_uses_gemm(node) and node.outputs[0].type.dtype == "f32" and kh * kw <= MAX_TAPS
 
 
-def conv_weight_layout(node, shape):
-    """How a Conv's constant f32 weights are packed for its kernel (packing.py)."""
-    if node.outputs[0].type.dtype != "f32" or not conv_uses_gemm(node):
-        return None
-    return "t" if conv_is_transposed(node, shape) else "a"
-
-
-def conv_scratch(node, shape) -> int:
-    need = conv_scratch_untransposed(node, shape)
-    if conv_weight_layout(node, shape) == "t":
-        # (Weights that could not be packed transposed take the other path: room for both.)
-        need = max(need, 4 * scratch_floats(node, shape))
-    return need
-
-
-def conv_scratch_untransposed(node, shape) -> int:
+@hook(STRATEGY, "Conv")
+def conv_strategy(ins, shape, packable) -> str:
+    """A 2-D convolution's strategy (plan.CONV_STRATEGIES), chosen once by the
+    kernel-strategy pass: the kernel, its weights' packing, its scratch, its split and its
+    epilogue all follow it.  Computed transposed only when its weights can be packed so."""
+    node = ins.node
     if conv_by_planes(node):
+        return "planes"
+    if node.outputs[0].type.dtype != "f32":
+        return "direct"
+    if conv_uses_gemm(node) and conv_is_transposed(node, shape) and packable(ins.operands[2][1]):
+        return "transposed"
+    if conv_is_pointwise(node):
+        return "pointwise"
+    return "gemm-panels" if conv_panel_by_panel(node) else "gemm"
+
+
+@hook(PACKING, "Conv")
+def conv_packing(ins, shape):
+    """A GEMM convolution's constant weights (operand 2: y, x, w[, b]) as the product's A in
+    MR-row blocks, or as the B of the transposed product."""
+    strategy = ins.plan.strategy
+    if strategy == "transposed":
+        return 2, "t", None
+    if strategy in ("gemm", "gemm-panels", "pointwise") and conv_uses_gemm(ins.node):
+        return 2, "a", None
+    return None
+
+
+@hook(SCRATCH, "Conv")
+def conv_scratch(ins, shape) -> int:
+    node, strategy = ins.node, ins.plan.strategy
+    if strategy == "planes":
         return scratch_bytes(node, shape.vw)
+    if strategy == "transposed":
+        return 4 * scratch_floats(node, shape)
     # Pointwise convolutions read the input as B directly (packing it measured no faster).
-    if not conv_uses_gemm(node) or conv_is_pointwise(node) or node.outputs[0].type.dtype != "f32":
+    if strategy not in ("gemm", "gemm-panels"):
         return 0
     cg, kh, kw = node.inputs[1].type.shape[1:]
     oh, ow = node.outputs[0].type.shape[2:]
     # The group's input channels in padded planes, then the patch matrix copied from them.
     planes = aligned_floats(cg * PlaneGeometry(node, shape.vw).size)
-    if conv_panel_by_panel(node):
+    if strategy == "gemm-panels":
         return 4 * (planes + cg * kh * kw * shape.nr)
     return 4 * (planes + pack_panels_size(oh * ow, cg * kh * kw, shape))
 
 
-SCRATCH["Conv"] = conv_scratch
+@hook(PRODUCT_SPACE, "Conv")
+def conv_product_space(ins):
+    """[batch, filters, pixels]: a matrix product stores whole rows of it; a direct
+    convolution over planes with several input channels per group accumulates them in its
+    output, and only a one-channel (depthwise) one keeps its sum in registers."""
+    node, strategy = ins.node, ins.plan.strategy
+    gemm = strategy in ("gemm", "gemm-panels", "pointwise", "transposed") and conv_uses_gemm(node)
+    if not (gemm or (strategy == "planes" and node.inputs[1].type.shape[1] == 1)):
+        return None
+    n, m, oh, ow = node.outputs[0].type.shape
+    return (n, m, oh * ow)
+
+
+@hook(DESCRIBE, "Conv", "ConvN")
+def describe_conv(node) -> str:
+    window = "x".join(map(str, node.inputs[1].type.shape[2:]))
+    text = f" {window} stride {'x'.join(map(str, node.strides))}"
+    return text + (f" groups {node.group}" if node.group > 1 else "")
 
 
 @kernel("Conv")
 def conv(k: KernelArgs):
-    node = k.node
-    if conv_by_planes(node):
+    node, strategy = k.node, k.strategy
+    if strategy == "planes":
         return emit_conv_planes(k, k.gemm_shape.vw)
-    if node.outputs[0].type.dtype != "f32":
+    if strategy == "direct":
         return conv_direct(k)
-    if k.packed == "t":
+    if strategy == "transposed":
         return emit_conv_transposed(k)
     b = k.b
     (y, yt), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
@@ -158,7 +193,7 @@ def conv(k: KernelArgs):
     mg = m // g
     K = cg * kh * kw
     N = oh * ow
-    pointwise = conv_is_pointwise(node)
+    pointwise = strategy == "pointwise"
     a_packed = k.packed == "a"       # constant weights in blocks of MR rows (packing.py)
     mr = k.gemm_shape.mr
     a_stride = -(-mg // mr) * mr * K if a_packed else mg * K
@@ -186,7 +221,7 @@ def conv(k: KernelArgs):
                     chan = b.mul(b.add(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), ci), i64(h * wd))
                     fill_plane(b, geo, b.gep(x, [chan]), b.gep(planes, [b.mul(ci, i64(geo.size))]))
                 bmat, ldb = panels, None
-                if conv_panel_by_panel(node):
+                if strategy == "gemm-panels":
                     pack_panel = lambda p: patch_panel(b, geo, planes, panels, nr, b.mul(p, i64(nr)))  # noqa: E731
                 else:
                     def build(p):
@@ -218,13 +253,14 @@ def conv_work(node, shape, ins) -> Work:
     n, m, oh, ow = node.outputs[0].type.shape
     cg, kh, kw = node.inputs[1].type.shape[1:]
     flops = 2.0 * n * m * oh * ow * cg * kh * kw
-    if shape is None or node.outputs[0].type.dtype != "f32":
+    strategy = ins.plan.strategy
+    if shape is None or strategy == "direct":
         return Work(1)
-    if conv_by_planes(node):
+    if strategy == "planes":
         return Work(node.group, flops=flops)
-    if getattr(ins, "packed", None) == "t":
+    if strategy == "transposed":
         return Work(transposed_items(node, shape), flops=flops)
-    pointwise = conv_is_pointwise(node)
+    pointwise = strategy == "pointwise"
     return Work(gemm_items(m // node.group, oh * ow, shape, pointwise), flops=flops)
 
 

@@ -8,14 +8,15 @@ from ..llvmutil import for_range, i64, register_type
 from ..loops import contiguous_strides
 from ..parallel import WHOLE, Work, parallel
 from ..scalar import ScalarEmitter, Value, const, convert, load_elem, store_elem
-from .base import KernelArgs, kernel
+from ..packing import gemv_panel_width
+from .base import PACKING, PRODUCT_SPACE, STRATEGY, KernelArgs, hook, kernel
 from .common import lin, nest
 
 
 @kernel("BatchMatMul")
 def batch_matmul(k: KernelArgs):
     (y, yt), (a, at), (c, _) = k.outs[0], k.ins[0], k.ins[1]
-    if k.gemm_shape is None or yt.dtype != "f32":
+    if k.strategy != "gemm":
         return batch_matmul_loops(k)
     b = k.b
     nb, m, kk = at.shape
@@ -42,12 +43,34 @@ def batch_matmul(k: KernelArgs):
 def bmm_work(node, shape, ins) -> Work:
     nb, m, kk = node.inputs[0].type.shape
     n = node.inputs[1].type.shape[2]
-    if shape is None or node.outputs[0].type.dtype != "f32":
+    if shape is None or ins.plan.strategy != "gemm":
         return Work(1)
-    packed = getattr(ins, "packed", None) == "b"
-    items = nb if nb > 1 else gemm_items(m, n, shape, not packed, getattr(ins, "packed_nr", None))
+    packed = ins.plan.packed == "b"
+    items = nb if nb > 1 else gemm_items(m, n, shape, not packed, ins.plan.packed_nr)
     # A product with few rows streams B from memory: its time is B's size, not its FLOPs.
     return Work(items, flops=2.0 * nb * m * n * kk, elements=nb * kk * n / 4)
+
+
+@hook(STRATEGY, "BatchMatMul")
+def bmm_strategy(ins, shape, packable) -> str:
+    """f32 products run the register-blocked GEMM; other types, plain loops."""
+    return "gemm" if shape is not None and ins.node.outputs[0].type.dtype == "f32" else "loops"
+
+
+@hook(PACKING, "BatchMatMul")
+def bmm_packing(ins, shape):
+    """A constant right-hand side (operand 2: y, a, b) in panels as wide as the product's
+    tiles (packing.gemv_panel_width)."""
+    if ins.plan.strategy != "gemm":
+        return None
+    m = ins.node.inputs[0].type.shape[1]
+    n = ins.node.inputs[1].type.shape[2]
+    return 2, "b", gemv_panel_width(shape, m, n)
+
+
+@hook(PRODUCT_SPACE, "BatchMatMul")
+def bmm_product_space(ins):
+    return tuple(ins.node.outputs[0].type.shape) if ins.plan.strategy == "gemm" else None
 
 
 def batch_matmul_loops(k: KernelArgs):

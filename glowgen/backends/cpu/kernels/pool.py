@@ -7,7 +7,7 @@ from ..llvmutil import I64, for_range, i64, register_type
 from ..loops import contiguous_strides
 from ..parallel import Work, parallel
 from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
-from .base import SCRATCH, KernelArgs, kernel
+from .base import SCRATCH, STRATEGY, KernelArgs, hook, kernel
 from .common import extreme, inside, lin, nest
 from .conv_planes import MAX_TAPS, emit_max_pool_planes, scratch_bytes
 
@@ -79,7 +79,7 @@ def pool_work(node, shape, ins) -> Work:
 @kernel("MaxPool")
 def max_pool(k: KernelArgs):
     """2-D max pooling: over padded planes in explicit vectors when it can."""
-    if max_pool_by_planes(k.node):
+    if k.strategy == "planes":
         return emit_max_pool_planes(k, k.gemm_shape.vw)
     _pool_nd(k, True)
 
@@ -94,11 +94,14 @@ def max_pool_by_planes(node) -> bool:
     return node.outputs[0].type.dtype == "f32" and node.kernel[0] * node.kernel[1] <= MAX_TAPS
 
 
-def _max_pool_scratch(node, shape) -> int:
-    return scratch_bytes(node, shape.vw) if max_pool_by_planes(node) else 0
+@hook(STRATEGY, "MaxPool")
+def max_pool_strategy(ins, shape, packable) -> str:
+    return "planes" if max_pool_by_planes(ins.node) else "loops"
 
 
-SCRATCH["MaxPool"] = _max_pool_scratch
+@hook(SCRATCH, "MaxPool")
+def max_pool_scratch(ins, shape) -> int:
+    return scratch_bytes(ins.node, shape.vw) if ins.plan.strategy == "planes" else 0
 
 
 @kernel("AvgPool", "AvgPoolN")
