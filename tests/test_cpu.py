@@ -430,3 +430,16 @@ def test_code_emission_follows_the_recorded_strategy():
     assert all(c.plan.packed is None and c.plan.scratch == 0 for c in convs)
     assert all(s.epilogue is None for s in compiled.program.plan.steps)
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+def test_large_window_convolution_with_few_filters_gets_its_scratch():
+    """Too few filters per group for a GEMM tile and too many taps for the planes kernel:
+    the GEMM strategy, whose padded planes need scratch memory (the scratch used to be
+    worked out apart from the kernel's choice, found none, and the build crashed)."""
+    x = rng.standard_normal((1, 2, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((4, 2, 9, 9)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[4, 4, 4, 4])], {"x": x}, ["y"], {"w": w})
+    compiled = glowgen.compile(model, backend="cpu")
+    (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
+    assert conv.plan.strategy == "gemm" and conv.plan.scratch > 0
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
