@@ -402,6 +402,11 @@ def test_lir_dump_shows_the_cpu_backends_decisions(tmp_path):
     assert any(" BatchMatMul @out" in line and "; strategy gemm, packed b nr " in line for line in lines)
     assert any(line.startswith("cpu plan {") and "scratch act@" in line for line in lines)
     assert any("Conv+Relu [1, 16, 12, 12] 3x3 stride 1x1 (epilogue Relu)" in line for line in lines)
+    # The memory report keeps the kernels' scratch apart from the arena it is compared with.
+    r = subprocess.run([sys.executable, "-m", "glowgen.cli", "dump", str(path), "--stage", "lir", "--memory"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "kernel scratch" in r.stdout and "(after the arena)" in r.stdout, r.stdout
 
 
 def test_code_emission_follows_the_recorded_strategy():

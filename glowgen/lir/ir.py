@@ -113,6 +113,9 @@ class Program:
         self.inputs: dict[str, WeightBuffer] = {}
         self.outputs: dict[str, WeightBuffer] = {}
         self.region_sizes = {"constant": 0, "mutable": 0, "activation": 0}
+        self.strategy = "?"               # the allocator order that planned the arena
+        self.scratch_bytes = 0            # of the activation region, at its end: the backend
+        #                                   kernels' scratch memory (no activation lives there)
         self.plan = None                  # what the backend's LIR passes decided for the whole
         #                                   program (steps, fusion, scratch...; printed by dump)
 

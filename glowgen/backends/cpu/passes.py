@@ -111,8 +111,8 @@ def scratch(prog: Program, registry) -> None:
             need = max(need, bytes_)
     if need:
         plan.scratch_offset = -(-prog.region_sizes["activation"] // 64) * 64
-        plan.scratch_bytes = need
         prog.region_sizes["activation"] = plan.scratch_offset + need
+        prog.scratch_bytes = need
 
 
 def cpu_passes(features: str, threads_: int, stacking_: bool) -> list[tuple[str, Callable]]:

@@ -58,8 +58,8 @@ class CpuPlan:
     stacking: bool = True               # stack elementwise runs into single loops
     steps: list = attrs.Factory(list)   # stacking.Step, in order: what the entry point calls
     scratch_offset: Optional[int] = None  # of the kernels' scratch memory in the activation
-    #                                       region (None: no kernel needs any)
-    scratch_bytes: int = 0              # its size (every task's share included)
+    #                                       region (None: no kernel needs any; its size, every
+    #                                       task's share included: Program.scratch_bytes)
 
     def describe(self) -> list[str]:
         """The steps, one a line: `step 3: Conv+Add+Relu [1, 64, 56, 56] (epilogue Add+Relu)
@@ -69,8 +69,7 @@ class CpuPlan:
         lines = [f"cpu plan {{ features {len(self.features.split(',')) if self.features else 0}, "
                  f"gemm tile {shape.mr}x{shape.nr} (vectors of {shape.vw}), threads {self.threads}, "
                  f"stacking {'on' if self.stacking else 'off'}"
-                 + (f", scratch act@{self.scratch_offset} size {self.scratch_bytes}"
-                    if self.scratch_offset is not None else "")]
+                 + (f", scratch act@{self.scratch_offset}" if self.scratch_offset is not None else "")]
         for i, step in enumerate(self.steps):
             text = f"  step {i:3d}: {describe_step(step)}"
             if step.stacked:

@@ -181,6 +181,7 @@ def replan_activations(prog: Program, steps: list[Step]) -> None:
     for a in prog.activations:
         a.offset = p.offsets.get(id(a), 0)
     prog.region_sizes["activation"] = p.size
+    prog.strategy = p.strategy
 
 
 def stack_operands(step: Step, prog: Program, life: dict):
