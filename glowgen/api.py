@@ -262,6 +262,6 @@ def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,
     target = backend.bundle_target(triple, cpu, name, source)
     prepare_output_dir(out_dir)
     function, registry = _front(model, backend, input_shapes, registry, True, None, limit)
-    prog = build_program(function, registry, backend, options)
+    prog = build_program(function, registry, backend, backend.bundle_options(options, target))
     check_plan(prog, limit, regions=("constant",))
     return backend.write_bundle(prog, registry, out_dir, target, options)

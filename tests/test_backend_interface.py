@@ -121,3 +121,25 @@ def test_backends_are_found_by_name():
         get_backend("nope")
     with pytest.raises(GlowgenError, match="registered already"):
         register_backend(TinyBackend.__new__(type("Cpu", (TinyBackend,), {"name": "cpu"})))
+
+
+def test_every_extern_op_has_a_cpu_and_an_interpreter_implementation():
+    """The spec's `extern` ops (primitives lowering leaves to the backends) all have a cpu
+    kernel and a NumPy reference; a missing one is an error when the backend loads."""
+    from glowgen.engine.registry import Registry
+    registry = Registry.default()
+    assert len(registry.extern) >= 38
+    for name in ("cpu", "interpreter"):
+        assert get_backend(name).extern_gaps(registry) == [], name
+
+
+def test_a_backend_lacking_an_extern_op_is_refused_when_it_loads():
+    import copy
+    from glowgen.backends.base import check_externs
+    from glowgen.engine.registry import Registry
+    registry = copy.copy(Registry.default())
+    registry.extern = registry.extern + ("Frobnicate", "Blend")
+    for name in ("cpu", "interpreter"):
+        with pytest.raises(GlowgenError, match=rf"the {name} backend has no implementation of the "
+                                               r"extern ops Blend, Frobnicate \(specs/cpu_kernels"):
+            check_externs(get_backend(name), registry)

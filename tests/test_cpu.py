@@ -7,8 +7,6 @@ import pytest
 from onnx import helper
 
 import glowgen
-from glowgen.backends.cpu.epilogue import fuse_epilogues
-from glowgen.backends.cpu.stacking import form_steps
 
 from conftest import assert_close, make_model, run_ort
 
@@ -16,8 +14,10 @@ rng = np.random.default_rng(11)
 
 
 def _steps(model, stacking=True):
-    steps = form_steps(model.program, model.registry, stacking)
-    return fuse_epilogues(steps, model.registry) if stacking else steps
+    """The steps the cpu backend's passes formed (stacking=False: of a model compiled so)."""
+    if model.program.plan.stacking != stacking:
+        model = glowgen.api.CompiledModel(model.function, model.registry, "cpu", stacking=stacking)
+    return model.program.plan.steps
 
 
 def test_elementwise_chain_is_one_loop():
@@ -98,7 +98,7 @@ def test_constant_gemm_operands_are_packed_at_compile_time():
              helper.make_node("Reshape", ["c", "s"], ["c2"]), helper.make_node("MatMul", ["c2", "rhs"], ["y"])]
     model = make_model(nodes, {"x": x}, ["y"], {"w": w, "rhs": rhs, "s": np.array([20, 81], np.int64)})
     compiled = glowgen.compile(model, backend="cpu")
-    assert sorted(getattr(i, "packed", "-") for i in compiled.program.instrs if i.kind in ("Conv", "BatchMatMul")) == ["a", "b"]
+    assert sorted(i.plan.packed for i in compiled.program.instrs if i.kind in ("Conv", "BatchMatMul")) == ["a", "b"]
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
@@ -143,7 +143,7 @@ def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
     built just before every filter block uses it (copied in runs along output rows from the
     padded, dealt planes); a partial last panel, groups, stride, dilation and uneven padding
     included."""
-    from glowgen.backends.cpu.kernels import _conv_panel_by_panel
+    from glowgen.backends.cpu.kernels.conv import conv_panel_by_panel
     x = rng.standard_normal((1, 32, 71, 69)).astype(np.float32)
     w = rng.standard_normal((20, 16, 3, 3)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=2, pads=[1, 2, 0, 1],
@@ -151,7 +151,7 @@ def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
                        {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(20).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
-    assert _conv_panel_by_panel(conv.node) and (conv.node.outputs[0].type.shape[2] * conv.node.outputs[0].type.shape[3]) % 32
+    assert conv.plan.strategy == "gemm-panels" and conv_panel_by_panel(conv.node) and (conv.node.outputs[0].type.shape[2] * conv.node.outputs[0].type.shape[3]) % 32
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
@@ -167,7 +167,7 @@ def test_matrix_vector_weights_are_packed_in_wide_panels(cpu):
              helper.make_node("MatMul", ["r", "w2"], ["y"])]
     model = make_model(nodes, {"x": x}, ["y"], {"w1": w1, "w2": w2})
     compiled = glowgen.compile(model, backend="cpu", cpu=_cpu_or_skip(cpu))
-    widths = [getattr(i, "packed_nr", None) for i in compiled.program.instrs if i.kind == "BatchMatMul"]
+    widths = [i.plan.packed_nr for i in compiled.program.instrs if i.kind == "BatchMatMul"]
     shape = _target_shape(cpu)
     assert widths == [gemv_panel_width(shape, 3, 300), gemv_panel_width(shape, 3, 10)]
     # Wider than the tile for N = 300; for N = 10, the fewest whole vectors that cover it.
@@ -213,7 +213,7 @@ def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs):
     """Convolutions with fewer filters per group than a GEMM tile read each input channel
     from a zero-padded copy (columns dealt by stride), and a depthwise one applies the Clip
     after it in its store."""
-    from glowgen.backends.cpu.kernels import _conv_by_planes
+    from glowgen.backends.cpu.kernels.conv import conv_by_planes
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
     lo = helper.make_tensor("lo", 1, [], [-0.5])
@@ -226,7 +226,7 @@ def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs):
                        {"w": w, "b": rng.standard_normal(ws[0]).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
-    assert _conv_by_planes(conv.node)
+    assert conv_by_planes(conv.node) and conv.plan.strategy == "planes"
     if ws[1] == 1:
         assert [i.kind for i in _steps(compiled)[0].instrs] == ["Conv", "Clip"]
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-5)
@@ -237,7 +237,7 @@ def test_strided_convolution_reads_dealt_planes(strides, dilations, group):
     """A GEMM convolution first copies each input channel into zero-padded planes, its
     columns dealt by remainder mod the column stride; its patch matrix is then made of
     plain row copies (whole matrix here, panel by panel in the large-image test above)."""
-    from glowgen.backends.cpu.kernels import _conv_panel_by_panel, _conv_uses_gemm
+    from glowgen.backends.cpu.kernels.conv import conv_panel_by_panel, conv_uses_gemm
     x = rng.standard_normal((2, 16, 15, 23)).astype(np.float32)
     w = rng.standard_normal((16, 16 // group, 3, 3)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group, pads=[1, 0, 2, 1],
@@ -246,7 +246,7 @@ def test_strided_convolution_reads_dealt_planes(strides, dilations, group):
                        {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(16).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
-    assert _conv_uses_gemm(conv.node) and not _conv_panel_by_panel(conv.node)
+    assert conv_uses_gemm(conv.node) and not conv_panel_by_panel(conv.node) and conv.plan.strategy == "gemm"
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
@@ -261,10 +261,10 @@ def test_max_pooling_runs_over_planes_padded_with_minus_infinity(attrs):
     those are checked against a NumPy sliding-window max."""
     x = rng.standard_normal((2, 3, 11, 150)).astype(np.float32)
     model = make_model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"])
-    from glowgen.backends.cpu.kernels_more import _max_pool_by_planes
+    from glowgen.backends.cpu.kernels.pool import max_pool_by_planes
     compiled = glowgen.compile(model, backend="cpu")
     (pool,) = [i for i in compiled.program.instrs if i.kind == "MaxPool"]
-    assert _max_pool_by_planes(pool.node)
+    assert max_pool_by_planes(pool.node) and pool.plan.strategy == "planes"
     want = run_ort(model, {"x": x})
     assert_close(compiled.run({"x": x}), want, rtol=0, atol=0)
     # NaN and -inf: NumPy's max over each window of x padded with -inf.
@@ -294,7 +294,7 @@ def test_small_output_convolution_runs_transposed(ws, attrs):
     them is computed as C^T = P^T W^T (vectorized along the filters, weights packed
     transposed at compile time), then transposed back in registers through the bias and the
     fused residual Add and Relu; batch 2, partial pixel and filter blocks included."""
-    from glowgen.backends.cpu.conv_transposed import conv_is_transposed
+    from glowgen.backends.cpu.kernels.conv_transposed import conv_is_transposed
     from glowgen.backends.cpu.gemm import choose_shape
     from glowgen.backends.cpu.target import resolve_cpu
     x = rng.standard_normal((2, 24, 7, 7)).astype(np.float32)
@@ -307,7 +307,7 @@ def test_small_output_convolution_runs_transposed(ws, attrs):
     model = make_model(nodes, {"x": x, "r": r}, ["y"], {"w": w, "b": rng.standard_normal(ws[0]).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
-    assert conv_is_transposed(conv.node, choose_shape(resolve_cpu().features)) and conv.packed == "t"
+    assert conv_is_transposed(conv.node, choose_shape(resolve_cpu().features)) and conv.plan.packed == "t" and conv.plan.strategy == "transposed"
     assert [[i.kind for i in s.instrs] for s in _steps(compiled)] == [["Conv", "Add", "Relu"]]
     assert_close(compiled.run({"x": x, "r": r}), run_ort(model, {"x": x, "r": r}), rtol=1e-4, atol=1e-4)
 
@@ -364,3 +364,87 @@ def test_run_takes_cpu_and_threads(tmp_path, capsys):
     assert main(["run", tiny, "--threads", "0"]) == 2
     err = capsys.readouterr().err
     assert "error: cpu='pentium9'" in err and "--threads must be at least 1" in err and "Traceback" not in err
+
+
+def _decisions_model():
+    """A GEMM convolution with a fused Relu, a depthwise one over planes, a 2-D max pool and
+    a product with a constant right-hand side."""
+    x = rng.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], group=16, pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("MatMul", ["f", "w3"], ["y"])]
+    inits = {"w1": rng.standard_normal((16, 8, 3, 3)).astype(np.float32),
+             "b1": rng.standard_normal(16).astype(np.float32),
+             "w2": rng.standard_normal((16, 1, 3, 3)).astype(np.float32),
+             "w3": rng.standard_normal((16 * 36, 10)).astype(np.float32)}
+    return make_model(nodes, {"x": x}, ["y"], inits), x
+
+
+def test_lir_dump_shows_the_cpu_backends_decisions(tmp_path):
+    """`glowgen dump --stage lir` prints the program after the cpu backend's passes: each
+    kernel's strategy, packed layouts and scratch, and the steps with their fused epilogues."""
+    import subprocess
+    import sys
+    model, _ = _decisions_model()
+    path = tmp_path / "m.onnx"
+    path.write_bytes(model.SerializeToString())
+    r = subprocess.run([sys.executable, "-m", "glowgen.cli", "dump", str(path), "--stage", "lir"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    convs = [line for line in lines if " Conv @out" in line]
+    assert "; strategy gemm, packed a, scratch " in convs[0], convs[0]
+    assert "; strategy planes, scratch " in convs[1] and "packed" not in convs[1], convs[1]
+    assert any(" MaxPool @out" in line and "; strategy planes" in line for line in lines)
+    assert any(" BatchMatMul @out" in line and "; strategy gemm, packed b nr " in line for line in lines)
+    assert any(line.startswith("cpu plan {") and "scratch act@" in line for line in lines)
+    assert any("Conv+Relu [1, 16, 12, 12] 3x3 stride 1x1 (epilogue Relu)" in line for line in lines)
+    # The memory report keeps the kernels' scratch apart from the arena it is compared with.
+    r = subprocess.run([sys.executable, "-m", "glowgen.cli", "dump", str(path), "--stage", "lir", "--memory"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "kernel scratch" in r.stdout and "(after the arena)" in r.stdout, r.stdout
+
+
+def test_code_emission_follows_the_recorded_strategy():
+    """The kernel-strategy pass decides once; a pass after it that overrules it (here: every
+    convolution in plain loops) is what the emitted code does, and it still matches."""
+    from glowgen import api
+    from glowgen.backends.cpu.backend import CpuBackend
+
+    class PlainLoops(CpuBackend):
+        name = "cpu-plain-loops"
+
+        def lir_passes(self, options):
+            passes = super().lir_passes(options)
+            at = [name for name, _ in passes].index("kernel-strategy") + 1
+            return passes[:at] + [("all-direct", _all_direct)] + passes[at:]
+
+    def _all_direct(prog, registry):
+        for ins in prog.instrs:
+            if ins.kind == "Conv":
+                ins.plan.strategy = "direct"
+
+    model, x = _decisions_model()
+    compiled = api.compile(model, backend=PlainLoops())
+    convs = [i for i in compiled.program.instrs if i.kind == "Conv"]
+    assert [c.plan.strategy for c in convs] == ["direct", "direct"]
+    assert all(c.plan.packed is None and c.plan.scratch == 0 for c in convs)
+    assert all(s.epilogue is None for s in compiled.program.plan.steps)
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+def test_large_window_convolution_with_few_filters_gets_its_scratch():
+    """Too few filters per group for a GEMM tile and too many taps for the planes kernel:
+    the GEMM strategy, whose padded planes need scratch memory (the scratch used to be
+    worked out apart from the kernel's choice, found none, and the build crashed)."""
+    x = rng.standard_normal((1, 2, 20, 20)).astype(np.float32)
+    w = rng.standard_normal((4, 2, 9, 9)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[4, 4, 4, 4])], {"x": x}, ["y"], {"w": w})
+    compiled = glowgen.compile(model, backend="cpu")
+    (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
+    assert conv.plan.strategy == "gemm" and conv.plan.scratch > 0
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)

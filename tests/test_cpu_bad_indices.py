@@ -1,6 +1,6 @@
 """Native code never reads or writes outside a buffer, whatever indices a model is fed:
 the cpu backend's gathers clamp an out-of-range run-time index into its dimension, its
-scatters skip the update (see backends/cpu/kernels_more.py)."""
+scatters skip the update (see backends/cpu/kernels/gather_scatter.py)."""
 from __future__ import annotations
 
 import numpy as np

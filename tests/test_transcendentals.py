@@ -18,7 +18,8 @@ import glowgen
 from glowgen.backends.cpu.jit import JitFunction, host_target
 from glowgen.backends.cpu.target import resolve_cpu
 from glowgen.backends.cpu.llvmutil import F32, I64, for_range
-from glowgen.backends.cpu.scalar import ScalarEmitter, Value
+from glowgen.backends.cpu.scalar import ScalarEmitter
+from glowgen.backends.cpu.values import Value
 from glowgen.reference.elementwise import compile_tree
 from glowgen.scalars import SCALAR_FUNCTIONS
 from glowgen.engine.registry import Registry

@@ -44,6 +44,13 @@ class Backend:
         """The ops this backend runs natively after lowering."""
         raise NotImplementedError
 
+    def extern_gaps(self, registry) -> list[str]:
+        """The `extern` ops of the specs (the primitives lowering leaves to backends) this
+        backend has no implementation of: a built-in backend must have none (checked when it
+        loads, see `get_backend`)."""
+        have = self.implemented_ops(registry)
+        return sorted(op for op in registry.extern if op not in have)
+
     def lir_passes(self, options: Mapping[str, Any]) -> list[tuple[str, Callable]]:
         """(name, pass) pairs run over the program, in order, before `make_runner` or
         `write_bundle`: the backend's own decisions (packing, fusion, kernel strategies),
@@ -76,6 +83,11 @@ class Backend:
         file, if any), checked before anything is compiled."""
         raise UnsupportedError(f"the {self.name} backend cannot write bundles; "
                                f"use a backend that can: {', '.join(bundle_backends())}")
+
+    def bundle_options(self, options: Mapping[str, Any], target) -> Mapping[str, Any]:
+        """The options `prepare` gets for a program written as a bundle for `target` (from
+        `bundle_target`): by default, the same as for running it here."""
+        return options
 
     def write_bundle(self, prog: Program, registry, out_dir, target, options: Mapping[str, Any]):
         """Write `prog` (already prepared) for `target` (from `bundle_target`) into `out_dir`."""
@@ -207,9 +219,26 @@ def get_backend(backend: "str | Backend") -> Backend:
     if backend in _BUILTIN:
         module, cls = _BUILTIN[backend].split(":")
         instance = getattr(importlib.import_module(module), cls)()
+        check_externs(instance)
         _REGISTERED[backend] = instance
         return instance
     raise GlowgenError(f"unknown backend {backend!r}; available: {', '.join(backend_names())}")
+
+
+def check_externs(backend: Backend, registry=None) -> None:
+    """An error listing the spec's `extern` ops `backend` lacks (for the default registry
+    unless given): every built-in backend implements them all, and one that does not is
+    found when it loads rather than when a model happens to need the op."""
+    if registry is None:
+        from ..engine.registry import Registry
+        registry = Registry.default()
+    gaps = backend.extern_gaps(registry)
+    if gaps:
+        raise GlowgenError(f"the {backend.name} backend has no implementation of the extern "
+                           f"op{'s' if len(gaps) > 1 else ''} {', '.join(gaps)} "
+                           f"(specs/cpu_kernels.glowdef): implement "
+                           f"{'them' if len(gaps) > 1 else 'it'} in the backend, or take "
+                           f"{'them' if len(gaps) > 1 else 'it'} off the extern list")
 
 
 def bundle_backends() -> list[str]:

@@ -83,6 +83,8 @@ class Instr:
         self.operands: list[tuple[str, Optional[Buffer]]] = operands
         self.node = node                  # the graph node: attributes, result types, provenance
         self.groups = groups              # per declared operand: how many operands it spans
+        self.plan = None                  # what the backend's LIR passes decided for it (its
+        #                                   kernel's strategy, packed layouts...; printed by dump)
 
     def reads(self):
         return [b for r, b in self.operands if b is not None and r in ("in", "inout")]
@@ -111,6 +113,11 @@ class Program:
         self.inputs: dict[str, WeightBuffer] = {}
         self.outputs: dict[str, WeightBuffer] = {}
         self.region_sizes = {"constant": 0, "mutable": 0, "activation": 0}
+        self.strategy = "?"               # the allocator order that planned the arena
+        self.scratch_bytes = 0            # of the activation region, at its end: the backend
+        #                                   kernels' scratch memory (no activation lives there)
+        self.plan = None                  # what the backend's LIR passes decided for the whole
+        #                                   program (steps, fusion, scratch...; printed by dump)
 
     def mutable_weights(self):
         return [w for w in self.weights if w.region == "mutable"]

@@ -42,8 +42,13 @@ def print_program(prog: Program) -> str:
             continue
         ops = ", ".join(f"@{r} %{b.name} ({_where(b)})" if b is not None else f"@{r} _"
                         for r, b in ins.operands)
-        lines.append(f"  {i:4d}  {ins.kind.lower() if ins.kind == Instr.COPY else ins.kind} {ops}{_attrs(ins)}")
+        plan = f"  ; {ins.plan}" if ins.plan is not None and str(ins.plan) else ""
+        lines.append(f"  {i:4d}  {ins.kind.lower() if ins.kind == Instr.COPY else ins.kind} {ops}{_attrs(ins)}{plan}")
     lines.append("}")
+    if prog.plan is not None:
+        # What the backend's passes decided for the whole program (steps, fusion, scratch).
+        lines.append("")
+        lines.extend(prog.plan.describe())
     return "\n".join(lines) + "\n"
 
 
@@ -52,7 +57,7 @@ def memory_report(prog: Program) -> dict:
     blocks = activation_blocks(prog)
     naive = sum(a.nbytes for a in prog.activations)
     bound = max_live(blocks)
-    arena = prog.region_sizes["activation"]
+    arena = prog.region_sizes["activation"] - prog.scratch_bytes
     return {"constant_bytes": prog.region_sizes["constant"],
             "mutable_bytes": prog.region_sizes["mutable"],
             "activation_bytes": arena,
@@ -60,7 +65,8 @@ def memory_report(prog: Program) -> dict:
             "max_live_bytes": bound,
             "arena_over_max_live": (arena / bound) if bound else 1.0,
             "arena_over_naive": (arena / naive) if naive else 1.0,
-            "strategy": getattr(prog, "strategy", "?"),
+            "scratch_bytes": prog.scratch_bytes,
+            "strategy": prog.strategy,
             "instructions": sum(1 for i in prog.instrs if i.kind not in (Instr.ALLOC, Instr.DEALLOC)),
             "copies": sum(1 for i in prog.instrs if i.kind == Instr.COPY)}
 
@@ -76,4 +82,5 @@ def format_memory_report(report: dict) -> str:
         f"  max-live bound    {mib(report['max_live_bytes'])}",
         f"  arena / max-live  {report['arena_over_max_live']:.3f}",
         f"  arena / naive     {report['arena_over_naive']:.3f}",
-    ]) + "\n"
+    ] + ([f"kernel scratch      {mib(report['scratch_bytes'])}   (after the arena)"]
+         if report["scratch_bytes"] else [])) + "\n"

@@ -58,14 +58,14 @@ class CpuRunner:
     execution contexts (backends/base.ContextPool) for the memory each call writes, and the
     threads (threads.ThreadPool) that split steps run on, for as long as the model lives."""
 
-    def __init__(self, prog: Program, registry, stacking: bool = True, name: str = "glowgen_main",
-                 profile: bool = False, threads: int = 1, cpu=None):
+    def __init__(self, prog: Program, registry, name: str = "glowgen_main", profile: bool = False,
+                 cpu=None):
+        # `prog` was prepared by the backend's passes (passes.py) for `cpu` and its threads.
         self.prog = prog
         self.name = entry_name(name)
-        self.threads = threads
+        self.threads = threads = prog.plan.threads
         self.cpu = cpu or resolve_cpu()
-        builder = ModuleBuilder(prog, registry, self.name, stacking, profile=profile, threads=threads,
-                                features=self.cpu.features)
+        builder = ModuleBuilder(prog, registry, self.name, profile=profile)
         self.ir = str(builder.build())
         self.step_names = builder.step_names
         self.split_steps = builder.split_steps     # (step, tasks) of the steps run in parallel

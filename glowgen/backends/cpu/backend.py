@@ -46,14 +46,35 @@ class CpuBackend(Backend):
         return options
 
     def implemented_ops(self, registry) -> frozenset[str]:
-        # specs/cpu_kernels.glowdef: elementwise kernels plus the loop-nest primitives.
-        return frozenset(registry.kernels) | frozenset(registry.extern)
+        # specs/cpu_kernels.glowdef: elementwise kernels plus the loop-nest primitives that
+        # have a kernel here (all of them: base.check_externs, when the backend loads).
+        from .kernels import KERNELS
+        return frozenset(registry.kernels) | frozenset(op for op in registry.extern if op in KERNELS)
+
+    def lir_passes(self, options: Mapping[str, Any]):
+        """passes.py: the backend's decisions (strategies, packing, steps, fusion, arena,
+        threads, scratch), for the target of `options` (a bundle's: bundle_options)."""
+        from .passes import cpu_passes
+        from .target import resolve_cpu
+        features = options.get("target_features")
+        if features is None:
+            features = resolve_cpu(options["cpu"]).features
+        return cpu_passes(features, options["threads"], options["stacking"])
+
+    def prepare(self, prog, registry, options: Mapping[str, Any]):
+        if prog.plan is not None:
+            from ...errors import GlowgenError
+            raise GlowgenError("this program has been prepared for the cpu backend already")
+        return super().prepare(prog, registry, options)
+
+    def bundle_options(self, options: Mapping[str, Any], target) -> dict[str, Any]:
+        # Instruction choices follow the bundle's target, not this machine's.
+        return {**options, "target_features": target.features}
 
     def make_runner(self, prog, registry, options: Mapping[str, Any]):
         from . import CpuRunner
         from .target import resolve_cpu
-        return CpuRunner(prog, registry, stacking=options["stacking"], name=prog.name,
-                         profile=options["profile"], threads=options["threads"],
+        return CpuRunner(prog, registry, name=prog.name, profile=options["profile"],
                          cpu=resolve_cpu(options["cpu"]))
 
     def bundle_target(self, triple: Optional[str] = None, cpu: Optional[str] = None,
@@ -66,5 +87,4 @@ class CpuBackend(Backend):
         if options.get("profile"):
             from ...errors import GlowgenError
             raise GlowgenError("profile=True counts cycles in the JIT; a bundle cannot carry it")
-        return write_bundle(prog, registry, out_dir, target, stacking=options["stacking"],
-                            threads=options["threads"])
+        return write_bundle(prog, registry, out_dir, target)

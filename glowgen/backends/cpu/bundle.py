@@ -570,10 +570,10 @@ def bundle_target(triple: Optional[str] = None, cpu: Optional[str] = None,
                         source.name if source is not None else "an in-memory model")
 
 
-def write_bundle(prog: Program, registry, out_dir, target: BundleTarget,
-                 stacking: bool = True, threads: int = 1) -> Bundle:
-    """Write the compiled program `prog` as a bundle for `target` into `out_dir`, its steps
-    split for `threads` threads (the entry NAME_parallel takes the caller's pool)."""
+def write_bundle(prog: Program, registry, out_dir, target: BundleTarget) -> Bundle:
+    """Write the compiled program `prog`, prepared for `target` (passes.py), as a bundle
+    into `out_dir`, its steps split for the threads it was prepared for (the entry
+    NAME_parallel takes the caller's pool)."""
     from ..base import prepare_output_dir
     from .codegen import ModuleBuilder
     from .jit import optimize
@@ -581,9 +581,8 @@ def write_bundle(prog: Program, registry, out_dir, target: BundleTarget,
     name, source = target.name, target.source
     directory = prepare_output_dir(out_dir)
     tm = target.machine
-    ir_text = str(ModuleBuilder(prog, registry, name, stacking, features=target.features,
-                                      threads=threads).build())
-    # The builder re-plans the activation arena: sizes and offsets are final only now.
+    ir_text = str(ModuleBuilder(prog, registry, name).build())
+    threads = prog.plan.threads
     module = optimize(ir_text, tm)
     obj = tm.emit_object(module)
     big_endian = str(tm.target_data).startswith("E")

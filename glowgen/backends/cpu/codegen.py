@@ -21,17 +21,14 @@ from llvmlite import ir
 
 from ...lir.ir import Activation, Buffer, Instr, Program
 from ...lir.passes import lifetimes
-from .epilogue import EpilogueEmitter, fuse_epilogues
-from .kernels import KERNELS, SCRATCH, KernelArgs
-from . import kernels_more  # noqa: F401  (registers the kernels of the last `extern` section)
-from .packing import pack_constant_weights
-from .llvmutil import F32, I8P, I32, I64, for_range, i64, intrinsic, set_target_features, storage_type
-from .loops import (blocked_loops, broadcast_strides, contiguous_strides, innermost_extent, loop_work,
-                    strided_loops)
-from .parallel import PARALLEL, WHOLE, Split
+from .epilogue import EpilogueEmitter
+from .kernels import KERNELS, KernelArgs
+from .llvmutil import F32, I8P, I32, I64, for_range, i64, intrinsic, storage_type, TargetModule
+from .loops import blocked_loops, innermost_extent, strided_loops
+from .parallel import WHOLE, Split
 from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
-from .stacking import BLOCK, Step, cost_groups, form_steps, replan_activations, stores_needed
+from .stacking import BLOCK, Step, cost_groups, describe_step, stack_operands
 
 REGION_ORDER = ("constant", "mutable", "activation")
 
@@ -79,50 +76,27 @@ def _loader(b, ptrs, externals):
     return load
 
 
-def describe_step(step: Step) -> str:
-    """`Conv+Add+Relu [1, 64, 56, 56]`: a step's instructions and its result's shape."""
-    kinds = [i.kind for i in step.instrs]          # a fused epilogue's included
-    node = step.instrs[0].node
-    shape = list(node.outputs[0].type.shape) if node is not None else []
-    text = f"{'+'.join(kinds)} {shape}"
-    if node is not None and step.instrs[0].kind in ("Conv", "ConvN"):
-        window = "x".join(map(str, node.inputs[1].type.shape[2:]))
-        text += f" {window} stride {'x'.join(map(str, node.strides))}"
-        if node.group > 1:
-            text += f" groups {node.group}"
-    return text
-
-
 class ModuleBuilder:
-    def __init__(self, prog: Program, registry, name: str, stacking: bool = True,
-                 features: str | None = None, profile: bool = False, threads: int = 1):
-        from .gemm import choose_shape
-        from .jit import host_target
+    """Emits the LLVM module of a program the cpu backend's passes have prepared (passes.py):
+    every decision it follows is in `prog.plan` and the instructions' plans."""
+
+    def __init__(self, prog: Program, registry, name: str, profile: bool = False):
+        if prog.plan is None:
+            raise ValueError("the program has not been prepared by the cpu backend's passes")
         self.prog, self.registry, self.name = prog, registry, name
-        self.stacking = stacking
-        self.module = ir.Module(name=name)
+        self.plan = prog.plan
+        self.module = TargetModule(name, self.plan.features)
         self.life = lifetimes(prog)
-        features = host_target()[2] if features is None else features
-        set_target_features(self.module, features)
-        self.gemm_shape = choose_shape(features)
-        self.scratch_offset = None       # of the kernels' scratch in the activation region
-        self.scratch_steps: set[int] = set()  # ids of the steps whose kernels use it
+        self.gemm_shape = self.plan.gemm_shape
+        self.scratch_offset = self.plan.scratch_offset   # of the kernels' scratch (activation region)
         self.profile = profile
         self.step_names: list[str] = []   # what each step computes, for profiles
-        self.threads = threads
+        self.threads = self.plan.threads
         self.parts: dict[int, int] = {}   # step id -> tasks it is split into (parallel.py)
 
     def build(self) -> ir.Module:
-        from .kernels import conv_weight_layout
-        if self.gemm_shape is not None:
-            shape = self.gemm_shape
-            pack_constant_weights(self.prog, shape, lambda node: conv_weight_layout(node, shape))
-        steps = form_steps(self.prog, self.registry, self.stacking)
-        if self.stacking:
-            steps = fuse_epilogues(steps, self.registry)
-        replan_activations(self.prog, steps)
-        self.parts = {id(step): self._split_parts(step) for step in steps}
-        self._declare_scratch(steps)
+        steps = self.plan.steps
+        self.parts = {id(step): step.parts for step in steps}
         calls = [self._step_function(i, step) for i, step in enumerate(steps)]
         self.step_names = [describe_step(step) for step in steps]
         self.split_steps = [(name, self.parts[id(step)]) for name, step in zip(self.step_names, steps)
@@ -229,42 +203,6 @@ class ModuleBuilder:
         b.ret(ir.Constant(I32, 0))
         return entry
 
-    def _split_parts(self, step: Step) -> int:
-        """How many tasks `step` runs as (parallel.py): 1 unless its kernel can split and
-        every share is worth a round of the pool."""
-        if self.threads <= 1:
-            return 1
-        if step.stacked:
-            _, _, maps = self._stack_operands(step)
-            return loop_work(step.shape, maps, cost=len(step.instrs)).parts(self.threads)
-        ins = step.instrs[0]
-        work = PARALLEL.get(ins.kind)
-        if work is None or ins.node is None:
-            return 1
-        return work(ins.node, self.gemm_shape, ins).parts(self.threads)
-
-    def _declare_scratch(self, steps) -> None:
-        """Scratch memory for the kernels that need it (im2col panels, padded planes), as
-        large as the largest need, at the end of the activation region: the code keeps no
-        state of its own, so concurrent calls with their own regions stay independent.  A
-        split step's tasks each have a share of their own (`scratch_stride` bytes apart)."""
-        need = 0
-        self.scratch_stride: dict[int, int] = {}
-        for step in steps:
-            for ins in step.instrs:
-                fn = SCRATCH.get(ins.kind)
-                if fn is not None and ins.node is not None:
-                    bytes_ = fn(ins.node, self.gemm_shape)
-                    if bytes_:
-                        self.scratch_steps.add(id(step))
-                        stride = -(-bytes_ // 64) * 64
-                        self.scratch_stride[id(step)] = stride
-                        bytes_ = stride * self.parts[id(step)]
-                    need = max(need, bytes_)
-        if need:
-            self.scratch_offset = -(-self.prog.region_sizes["activation"] // 64) * 64
-            self.prog.region_sizes["activation"] = self.scratch_offset + need
-
     # ------------------------------------------------------------------ steps
     def _step_function(self, index: int, step: Step):
         buffers: list[Buffer] = []
@@ -274,7 +212,7 @@ class ModuleBuilder:
                     buffers.append(buf)
         kinds = "_".join(i.kind for i in step.instrs[:3]) + ("_etc" if len(step.instrs) > 3 else "")
         # A step whose kernel uses scratch takes it as a last argument (it overlaps nothing).
-        uses_scratch = id(step) in self.scratch_steps
+        uses_scratch = step.scratch > 0
         parts = self.parts.get(id(step), 1)
         params = [storage_type(x.type.dtype).as_pointer() for x in buffers]
         params += [F32.as_pointer()] if uses_scratch else []
@@ -298,13 +236,13 @@ class ModuleBuilder:
             scratch.name = "scratch"
             scratch.add_attribute("noalias")
             if parts > 1:          # this task's own share of the scratch memory
-                floats = self.scratch_stride[id(step)] // 4
+                floats = step.scratch // 4
                 scratch = b.gep(scratch, [b.mul(split.index, i64(floats))], name="own_scratch")
             self._scratch_arg = scratch
         ptr = {id(buf): arg for buf, arg in zip(buffers, fn.args)}
         if step.stacked:
             self._emit_stack(b, step, ptr, split)
-        elif getattr(step, "epilogue", None) is not None:
+        elif step.epilogue is not None:
             epilogue = EpilogueEmitter(step, self.prog, self.life, self.registry, ptr, self.gemm_shape.vw)
             self._emit_single(b, step.instrs[0], ptr, split, epilogue)
         else:
@@ -338,33 +276,14 @@ class ModuleBuilder:
             ins_args.append(entries if info.variadic else entries[0])
             i += count
         scratch = self._scratch_arg
-        args = KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch)
+        args = KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch, ins.plan)
         args.epilogue = epilogue
         args.split = split
-        args.packed = getattr(ins, "packed", None)
-        args.packed_nr = getattr(ins, "packed_nr", None)
         emitter(args)
-
-    def _stack_operands(self, step: Step):
-        """A stack's external operands (every buffer read before the step writes it), the
-        values it stores, and the index maps of both over the step's shape."""
-        shape = step.shape
-        needed = stores_needed(step, self.prog, self.life)
-        externals: list[Buffer] = []
-        written: set[int] = set()
-        for ins in step.instrs:
-            for buf in ins.reads():
-                if id(buf.root()) not in written and all(buf is not x for x in externals):
-                    externals.append(buf)
-            written.update(id(x.root()) for x in ins.writes())
-        stored = [ins.writes()[0] for ins, need in zip(step.instrs, needed) if need]
-        maps = ([broadcast_strides(x.type.shape, shape) for x in externals]
-                + [contiguous_strides(shape) for _ in stored])
-        return externals, stored, maps
 
     def _emit_stack(self, b, step: Step, ptr, split: Split = WHOLE):
         shape = step.shape
-        externals, stored, maps = self._stack_operands(step)
+        externals, stored, maps = stack_operands(step, self.prog, self.life)
         bases = [ptr[id(x)] for x in externals] + [ptr[id(x)] for x in stored]
         registry = self.registry
         groups = cost_groups(step, registry)

@@ -12,35 +12,26 @@ from typing import Optional
 
 from llvmlite import ir
 
-from .gemm import splat, vload, vstore
 from .llvmutil import i64
+from .kernels import PRODUCT_SPACE
 from .loops import broadcast_strides
 from .scalar import ScalarEmitter, Value, emit_stack
 from ...scalars import SCALAR_FUNCTIONS
 from .stacking import Step, stores_needed
+from .vectors import splat, vload, vstore
 
 # Scalar functions that work unchanged on vectors (what an epilogue may compute).
 VECTOR_SAFE = frozenset(f.name for f in SCALAR_FUNCTIONS.values() if f.vector_safe)
 
 
 def product_space(ins) -> Optional[tuple[int, int, int]]:
-    """The [batch, rows, columns] view of a product's result, if its kernel stores whole
-    vectors of one row through an epilogue (GEMM kernels, depthwise convolutions)."""
-    node = ins.node
-    out = node.outputs[0].type
-    if out.dtype != "f32":
+    """The [batch, rows, columns] view of a product's result, if its kernel (as its plan has
+    it) stores whole f32 vectors of one row through an epilogue (kernels/base.PRODUCT_SPACE:
+    GEMM kernels, depthwise convolutions)."""
+    space = PRODUCT_SPACE.get(ins.kind)
+    if space is None or ins.plan is None or ins.node.outputs[0].type.dtype != "f32":
         return None
-    if ins.kind == "Conv":
-        from .kernels import _conv_by_planes, _conv_uses_gemm
-        # A direct convolution with several input channels per group accumulates them in
-        # its output: only a one-channel (depthwise) one keeps the sum in registers.
-        if not (_conv_uses_gemm(node) or (_conv_by_planes(node) and node.inputs[1].type.shape[1] == 1)):
-            return None
-        n, m, oh, ow = out.shape
-        return (n, m, oh * ow)
-    if ins.kind == "BatchMatMul":
-        return tuple(out.shape)
-    return None
+    return space(ins)
 
 
 def _group_strides(shape, strides, space) -> Optional[tuple]:
@@ -125,9 +116,7 @@ def fuse_epilogues(steps: list[Step], registry) -> list[Step]:
     for step in steps:
         if out and can_fuse(out[-1], step, registry):
             prev = out.pop()
-            fused = Step(prev.instrs + step.instrs, False)
-            fused.epilogue = step
-            out.append(fused)
+            out.append(Step(prev.instrs + step.instrs, False, epilogue=step))
         else:
             out.append(step)
     return out

@@ -13,8 +13,9 @@ from typing import Callable, Optional
 
 from llvmlite import ir
 
-from .llvmutil import F32, I1, I64, for_range, i64, intrinsic
+from .llvmutil import I64, for_range, i64, intrinsic
 from .parallel import WHOLE, Split
+from .vectors import f32_vector, splat, vload, vstore
 
 
 class GemmShape:
@@ -33,58 +34,6 @@ def choose_shape(features: str) -> GemmShape:
     if "+avx2" in features or "+avx" in features:
         return GemmShape(8, 6, 2)         # 12 accumulators of 8 floats
     return GemmShape(4, 4, 2)
-
-
-def _vec(vw):
-    return ir.VectorType(F32, vw)
-
-
-def splat(b, scalar, vw):
-    """`scalar` (of any element type) in all `vw` lanes of a vector."""
-    vty = ir.VectorType(scalar.type, vw)
-    v = b.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
-    return b.shuffle_vector(v, ir.Constant(vty, ir.Undefined),
-                            ir.Constant(ir.VectorType(ir.IntType(32), vw), [0] * vw))
-
-
-def _mask(vw, valid):
-    return ir.Constant(ir.VectorType(I1, vw), [1 if i < valid else 0 for i in range(vw)])
-
-
-def masked_load(b, ptr, mask, passthru):
-    """llvm.masked.load of f32 lanes: those of `mask` from ptr, the others from `passthru`
-    (masked-off lanes are not read, so they may lie past the end of an array)."""
-    vty = passthru.type
-    vptr = b.bitcast(ptr, vty.as_pointer())
-    fn = intrinsic(b.module, f"llvm.masked.load.v{vty.count}f32.p0", vty,
-                   [vptr.type, ir.IntType(32), mask.type, vty])
-    return b.call(fn, [vptr, ir.Constant(ir.IntType(32), 4), mask, passthru])
-
-
-def masked_store(b, value, ptr, mask):
-    """llvm.masked.store of the f32 lanes of `mask`."""
-    vptr = b.bitcast(ptr, value.type.as_pointer())
-    fn = intrinsic(b.module, f"llvm.masked.store.v{value.type.count}f32.p0", ir.VoidType(),
-                   [value.type, vptr.type, ir.IntType(32), mask.type])
-    b.call(fn, [value, vptr, ir.Constant(ir.IntType(32), 4), mask])
-
-
-def vload(b, ptr, vw, valid=None):
-    if valid is None or valid >= vw:
-        ld = b.load(b.bitcast(ptr, _vec(vw).as_pointer()))
-        ld.align = 4
-        return ld
-    return masked_load(b, ptr, _mask(vw, valid), ir.Constant(_vec(vw), [0.0] * vw))
-
-
-def vstore(b, value, ptr, vw, valid=None):
-    if valid is None or valid >= vw:
-        st = b.store(value, b.bitcast(ptr, _vec(vw).as_pointer()))
-        st.align = 4
-        return
-    if valid <= 0:
-        return
-    masked_store(b, value, ptr, _mask(vw, valid))
 
 
 def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
@@ -112,19 +61,19 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     block uses one panel width), or with `split_rows`, of A's whole blocks of MR rows (the
     last task also takes the rows that do not fill a block).  gemm_items counts them."""
     vw = shape.vw
-    fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", _vec(vw), [_vec(vw)] * 3)
+    fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", f32_vector(vw), [f32_vector(vw)] * 3)
 
     def tile(mr: int, nv: int, m0, n0, valid_cols: int, panel_index):
         """One MR x NR tile at rows m0.., columns n0.. (valid_cols of them real)."""
         entry = b.block
         loop = b.append_basic_block(f"{name}.k")
         done = b.append_basic_block(f"{name}.kdone")
-        zero = ir.Constant(_vec(vw), [0.0] * vw)
+        zero = ir.Constant(f32_vector(vw), [0.0] * vw)
         b.branch(loop)
         b.position_at_end(loop)
         k = b.phi(I64, name="k")
         k.add_incoming(i64(0), entry)
-        accs = [[b.phi(_vec(vw)) for _ in range(nv)] for _ in range(mr)]
+        accs = [[b.phi(f32_vector(vw)) for _ in range(nv)] for _ in range(mr)]
         for row in accs:
             for acc in row:
                 acc.add_incoming(zero, entry)

@@ -98,11 +98,16 @@ def call_intrinsic(b: ir.IRBuilder, base: str, args: list, ret: ir.Type = None):
     return b.call(fn, args)
 
 
-def set_target_features(module: ir.Module, features: str) -> None:
-    """Record the target's feature string ("+avx512f,+fma,...") on the module being built,
-    for emitters that pick an instruction only some targets have."""
-    module.glowgen_target_features = features or ""
+class TargetModule(ir.Module):
+    """An LLVM module that knows the target's feature string ("+avx512f,+fma,..."), for
+    emitters that pick an instruction only some targets have."""
+
+    def __init__(self, name: str, features: str):
+        super().__init__(name=name)
+        self.target_features = features or ""
 
 
 def target_has(module: ir.Module, feature: str) -> bool:
-    return f"+{feature}" in getattr(module, "glowgen_target_features", "").split(",")
+    """Whether code in `module` may use `feature` (a plain module: the baseline only)."""
+    features = module.target_features if isinstance(module, TargetModule) else ""
+    return f"+{feature}" in features.split(",")

@@ -12,8 +12,9 @@ MatMul's constant right-hand side is B.  A product with fewer rows
 than MR (a matrix-vector product) runs wide tiles, up to 16 vectors: its B is packed in
 panels that wide, so each tile streams one contiguous panel (row-major, every k would start
 a new page for the prefetcher).
-The packed buffer replaces the weight in the instruction, which records the layout in
-`Instr.packed` ("a" or "b"); the kernels take shapes from the graph node, not the buffer.
+The weight-packing pass (passes.py) asks each kernel which operand it reads packed and how
+(kernels/base.PACKING); the packed buffer replaces the weight in the instruction, whose plan
+records the layout; the kernels take shapes from the graph node, not the buffer.
 """
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def gemv_panel_width(shape, m: int, n: int) -> int:
     return vectors * shape.vw
 
 
-def _users(prog: Program) -> dict:
+def weight_users(prog: Program) -> dict:
+    """How many operands read each buffer (by the id of its root)."""
     users: dict[int, int] = {}
     for ins in prog.instrs:
         for _, buf in ins.operands:
@@ -60,58 +62,39 @@ def _users(prog: Program) -> dict:
     return users
 
 
-def _packable(buf, users) -> bool:
+def packable(buf, users) -> bool:
     """A constant f32 weight that only this operand reads (so its layout is ours to choose)."""
     root = buf.root() if buf is not None else None
     return (isinstance(root, WeightBuffer) and root.region == "constant" and root.data is not None
             and root.type.dtype == "f32" and users.get(id(root)) == 1 and root.nbytes == buf.nbytes)
 
 
-def _replace(prog: Program, ins: Instr, buf, data: np.ndarray, layout: str) -> None:
+def packed_data(data: np.ndarray, layout: str, shape, nr) -> np.ndarray:
+    """`data` ([batch, rows, columns] matrices) in `layout`: "a" in MR-row blocks, "b" in
+    `nr`-wide panels, "t" transposed then in NR-wide panels."""
+    if layout == "a":
+        return np.stack([pack_rows(a, shape.mr) for a in data])
+    if layout == "t":
+        return np.stack([pack_panels(a.T, shape.nr) for a in data])
+    return np.stack([pack_panels(bm, nr) for bm in data])
+
+
+def pack_weights(prog: Program, ins: Instr, index: int, layout: str, nr, shape, users) -> bool:
+    """Replace operand `index` of `ins`, a constant weight, by its packed copy (the
+    instruction's plan records the layout); False if the weight cannot be repacked."""
+    buf = ins.operands[index][1]
+    if not packable(buf, users):
+        return False
     root = buf.root()
-    packed = WeightBuffer(f"{root.name}.packed", Type("f32", (data.size,)), "constant",
-                          data=data.reshape(-1))
-    prog.weights[prog.weights.index(root)] = packed
-    ins.replace(buf, packed)
-    ins.packed = layout
-
-
-def pack_constant_weights(prog: Program, shape, conv_weight_layout) -> int:
-    """Repack every constant GEMM operand the kernels can read packed; returns how many.
-    `conv_weight_layout(node)` says how a Conv reads its weights: "a" (the GEMM's A, in
-    MR-row blocks), "t" (transposed, as the B of a product vectorized along the filters:
-    conv_transposed.py) or None (as they are)."""
-    users = _users(prog)
-    count = 0
-    for ins in prog.instrs:
-        node = ins.node
-        if getattr(ins, "packed", None):            # packed by an earlier build
-            continue
-        layout = conv_weight_layout(node) if ins.kind == "Conv" else None
-        if layout is not None:
-            w = ins.operands[2][1]                     # operands: y, x, w[, b]
-            if not _packable(w, users):
-                continue
-            m, cg, kh, kw = node.inputs[1].type.shape
-            g = node.group
-            data = w.root().data.reshape(g, m // g, cg * kh * kw)
-            if layout == "t":
-                packed = np.stack([pack_panels(a.T, shape.nr) for a in data])
-            else:
-                packed = np.stack([pack_rows(a, shape.mr) for a in data])
-            _replace(prog, ins, w, packed, layout)
-            count += 1
-        elif ins.kind == "BatchMatMul" and node.outputs[0].type.dtype == "f32":
-            nb, m, k = node.inputs[0].type.shape
-            n = node.inputs[1].type.shape[2]
-            rhs = ins.operands[2][1]
-            if not _packable(rhs, users):
-                continue
-            width = gemv_panel_width(shape, m, n)
-            data = rhs.root().data.reshape(-1, k, n)
-            _replace(prog, ins, rhs, np.stack([pack_panels(bm, width) for bm in data]), "b")
-            ins.packed_nr = width
-            count += 1
-    if count:
-        prog.place_weights()
-    return count
+    view = ins.node.inputs[index - len(ins.node.outputs)].type.shape
+    if len(view) == 4:               # a convolution's filters, group by group: [g, m/g, K]
+        m, cg, kh, kw = view
+        data = root.data.reshape(ins.node.group, m // ins.node.group, cg * kh * kw)
+    else:                            # matrices: [batch, K, N]
+        data = root.data.reshape((-1,) + tuple(view[-2:]))
+    packed = packed_data(data, layout, shape, nr)
+    new = WeightBuffer(f"{root.name}.packed", Type("f32", (packed.size,)), "constant", data=packed.reshape(-1))
+    prog.weights[prog.weights.index(root)] = new
+    ins.replace(buf, new)
+    ins.plan.packed, ins.plan.packed_nr = layout, nr
+    return True

@@ -15,186 +15,13 @@ import numpy as np
 from llvmlite import ir
 
 from ...engine.types import numpy_dtype
-from .llvmutil import (F32, I1, I16, I32, call_intrinsic, intrinsic, is_float, is_signed,
-                       register_type, storage_type, target_has, type_suffix)
+from .llvmutil import I1, call_intrinsic, intrinsic, is_float, is_signed, storage_type, target_has, type_suffix
+
+from .values import arith_range, image_range, known_bool, never_holds, union_range
+# Re-exported: what callers of the emitter build its operands with.
+from .values import Value, const, convert, load_elem, round_to_bf16, store_elem  # noqa: F401
 
 _FCMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "=="}
-
-
-class Value:
-    """An LLVM value of element type `dtype`.  `range`, when known, is (lo, hi) bounding every
-    value it can take that is not NaN: constants and what abs, neg, +, -, *, /, select,
-    clamps and `increasing` scalar functions make of them.  It lets a clamp that cannot bind
-    go (exp(a + a) after a = min(|x|, 9.5)) and a comparison that cannot hold fold to false,
-    taking its select's other branch (tanh of a sigmoid is its polynomial alone)."""
-    __slots__ = ("v", "dtype", "range")
-
-    def __init__(self, v, dtype: str, range=None):
-        self.v, self.dtype, self.range = v, dtype, range
-
-
-def _interval(lo, hi):
-    return None if math.isnan(lo) or math.isnan(hi) else (lo, hi)
-
-
-def _arith_range(op: str, a, c):
-    if a is None or c is None:
-        return None
-    if op == "fadd":
-        return _interval(a[0] + c[0], a[1] + c[1])
-    if op == "fsub":
-        return _interval(a[0] - c[1], a[1] - c[0])
-    if op in ("fmul", "fdiv"):
-        if op == "fdiv" and c[0] <= 0 <= c[1]:
-            return None                     # the divisor's range holds 0: anything goes
-        products = [x * y if op == "fmul" else x / y for x in a for y in c]
-        return None if any(math.isnan(p) for p in products) else (min(products), max(products))
-    return None
-
-
-def _union(a, c):
-    return None if a is None or c is None else (min(a[0], c[0]), max(a[1], c[1]))
-
-
-def _image_range(fname: str, dtype: str, rng):
-    """Bounds of an increasing function over `rng`: the exact function at its ends, widened
-    by more than an approximation's error (the spec's <= 2e-7) and a rounding of `dtype`."""
-    if rng is None:
-        return None
-    from ...scalars import SCALAR_FUNCTIONS      # the exact reference functions
-    slack = max(1e-6, 4 * float(np.finfo(numpy_dtype(dtype)).eps))
-    with np.errstate(all="ignore"):
-        lo, hi = (float(SCALAR_FUNCTIONS[fname].numpy(np.float64(v))) for v in rng)
-    if math.isnan(lo) or math.isnan(hi):
-        return None
-    return (lo - slack * abs(lo), hi + slack * abs(hi))
-
-
-def _never_holds(op: str, a, c) -> bool:
-    """Whether `a OP c` is false for every pair of values the ranges allow."""
-    if a is None or c is None:
-        return False
-    if op == "lt":
-        return a[0] >= c[1]
-    if op == "le":
-        return a[0] > c[1]
-    if op == "gt":
-        return a[1] <= c[0]
-    if op == "ge":
-        return a[1] < c[0]
-    if op == "eq":
-        return a[1] < c[0] or c[1] < a[0]
-    return False
-
-
-def _known_bool(v):
-    """The value of an i1 constant (scalar, or a vector with all lanes equal), else None."""
-    if not isinstance(v, ir.Constant):
-        return None
-    lanes = v.constant if isinstance(v.constant, (list, tuple)) else [v.constant]
-    bits = {bool(x.constant if isinstance(x, ir.Constant) else x) for x in lanes}
-    return bits.pop() if len(bits) == 1 else None
-
-
-def _ltype(dtype: str) -> ir.Type:
-    return register_type(dtype)
-
-
-def const(value, dtype: str) -> ir.Constant:
-    if dtype == "bool":
-        return ir.Constant(I1, int(bool(value)))
-    if dtype == "bf16":
-        return ir.Constant(F32, float(np.float32(numpy_dtype("bf16").type(value))))
-    if is_float(dtype):
-        return ir.Constant(storage_type(dtype), float(value))
-    info = numpy_dtype(dtype)
-    return ir.Constant(storage_type(dtype), int(value) & ((1 << (info.itemsize * 8)) - 1))
-
-
-def load_elem(b: ir.IRBuilder, ptr, dtype: str) -> Value:
-    v = b.load(ptr)
-    if dtype == "bool":
-        v = b.icmp_unsigned("!=", v, ir.Constant(v.type, 0))
-    elif dtype == "bf16":       # the 16 bits are the high half of the f32 of the same value
-        v = b.bitcast(b.shl(b.zext(v, I32), ir.Constant(I32, 16)), F32)
-    return Value(v, dtype)
-
-
-def store_elem(b: ir.IRBuilder, val: Value, ptr, dtype: str) -> None:
-    v = convert(b, val, dtype).v
-    if dtype == "bool":
-        v = b.zext(v, storage_type("bool"))
-    elif dtype == "bf16":
-        # Kernels that accumulate in registers (reductions, matrix products) hand over f32
-        # values tagged bf16: rounding here is exact for values already rounded.
-        v = b.trunc(b.lshr(_bf16_rounded_bits(b, v), ir.Constant(I32, 16)), I16)
-    b.store(v, ptr)
-
-
-def _bf16_rounded_bits(b: ir.IRBuilder, v) -> ir.Value:
-    """The bits of f32 `v` rounded to bfloat16 (nearest, ties to even) in the high half, the
-    low half zero.  NaN stays a (quiet) NaN rather than rounding into infinity."""
-    lanes = v.type.count if isinstance(v.type, ir.VectorType) else None
-    it = ir.VectorType(I32, lanes) if lanes else I32
-
-    def c(n):                   # an i32 constant, splat across the lanes of a vector
-        return ir.Constant(it, [ir.Constant(I32, n)] * lanes) if lanes else ir.Constant(I32, n)
-    bits = b.bitcast(v, it)
-    lsb = b.and_(b.lshr(bits, c(16)), c(1))
-    rounded = b.add(bits, b.add(c(0x7FFF), lsb))
-    quiet_nan = b.or_(bits, c(0x00400000))
-    is_nan = b.fcmp_unordered("uno", v, v)
-    return b.and_(b.select(is_nan, quiet_nan, rounded), c(0xFFFF0000))
-
-
-def round_to_bf16(b: ir.IRBuilder, v) -> ir.Value:
-    """f32 `v` (a scalar or a vector) rounded to the nearest bfloat16 value, still as f32."""
-    return b.bitcast(_bf16_rounded_bits(b, v), v.type)
-
-
-def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
-    """NumPy `astype` semantics (float -> int saturates instead of being undefined)."""
-    src, dst = x.dtype, dtype
-    if src == dst:
-        return x
-    if src == "bf16":           # in registers a bf16 is the f32 of the same value
-        return convert(b, Value(x.v, "f32"), dst)
-    if dst == "bf16":
-        wide = convert(b, x, "f32")
-        return Value(round_to_bf16(b, wide.v), "bf16")
-    v = x.v
-    if dst == "bool":
-        if is_float(src):
-            return Value(b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0)), "bool")
-        return Value(b.icmp_unsigned("!=", v, ir.Constant(v.type, 0)), "bool")
-    t = storage_type(dst)
-    if src == "bool":
-        return Value(b.uitofp(v, t) if is_float(dst) else b.zext(v, t), dst)
-    if is_float(src) and is_float(dst):
-        widen = _fbits(t) > _fbits(v.type)
-        if not widen and _fbits(t) == 16 and _fbits(v.type) == 64:
-            # double -> half would need a compiler-rt call the JIT does not have: go via float.
-            v = b.fptrunc(v, F32)
-        return Value(b.fpext(v, t) if widen else b.fptrunc(v, t), dst)
-    if is_float(src):
-        name = "fptosi.sat" if is_signed(dst) else "fptoui.sat"
-        fn = intrinsic(b.module, f"llvm.{name}.i{t.width}.{_ftag(v.type)}", t, [v.type])
-        return Value(b.call(fn, [v]), dst)
-    if is_float(dst):
-        return Value(b.sitofp(v, t) if is_signed(src) else b.uitofp(v, t), dst)
-    if t.width > v.type.width:
-        return Value(b.sext(v, t) if is_signed(src) else b.zext(v, t), dst)
-    if t.width < v.type.width:
-        return Value(b.trunc(v, t), dst)
-    return Value(v, dst)
-
-
-def _fbits(t) -> int:
-    return {ir.HalfType: 16, ir.FloatType: 32, ir.DoubleType: 64}[type(t)]
-
-
-def _ftag(t) -> str:
-    return {ir.HalfType: "f16", ir.FloatType: "f32", ir.DoubleType: "f64"}[type(t)]
 
 
 def _plain_constant(v) -> bool:
@@ -277,7 +104,7 @@ class ScalarEmitter:
             if fname == "select":
                 # A condition the value ranges decide: only the branch taken is emitted.
                 cond = self.emit(subs[0], args, attrs, memo)
-                known = _known_bool(cond.v) if isinstance(cond, Value) else None
+                known = known_bool(cond.v) if isinstance(cond, Value) else None
                 if known is not None:
                     r = self.emit(subs[1] if known else subs[2], args, attrs, memo)
                     memo[key] = r
@@ -330,7 +157,7 @@ class ScalarEmitter:
         if sc.get("increasing") and isinstance(r, Value) and is_float(r.dtype):
             arg = vals[0]
             rng = arg.range if isinstance(arg, Value) else (float(arg), float(arg))
-            r = Value(r.v, r.dtype, _image_range(fname, r.dtype, rng))
+            r = Value(r.v, r.dtype, image_range(fname, r.dtype, rng))
         return r
 
     # -------------------------------------------------------------- functions
@@ -340,7 +167,7 @@ class ScalarEmitter:
             # `contract`: LLVM may fuse a product into the sum that uses it (one rounding
             # instead of two, as C compilers do by default), e.g. x * scale + shift.
             return Value(getattr(self.b, fop)(a.v, c.v, flags=("contract",)), a.dtype,
-                         _arith_range(fop, a.range, c.range))
+                         arith_range(fop, a.range, c.range))
         op = uop if (uop and not is_signed(a.dtype)) else iop
         return Value(getattr(self.b, op)(a.v, c.v), a.dtype)
 
@@ -371,7 +198,7 @@ class ScalarEmitter:
     def _cmp(self, a, c, op):
         a, c = self.unify([a, c])
         if is_float(a.dtype):
-            if op != "ne" and _never_holds(op, a.range, c.range):
+            if op != "ne" and never_holds(op, a.range, c.range):
                 # Folds to false only: an ordered comparison with NaN is false too, whereas
                 # one the ranges say always holds would still fail for NaN.
                 return Value(ir.Constant(I1, 0) if not self.vw else
@@ -402,10 +229,10 @@ class ScalarEmitter:
     def f_select(self, c, a, d):
         a, d = self.unify([a, d])
         cond = self._bool(c).v
-        known = _known_bool(cond)
+        known = known_bool(cond)
         if known is not None:
             return a if known else d
-        return Value(self.b.select(cond, a.v, d.v), a.dtype, _union(a.range, d.range))
+        return Value(self.b.select(cond, a.v, d.v), a.dtype, union_range(a.range, d.range))
 
     def _minmax(self, a, c, which):
         a, c = self.unify([a, c])

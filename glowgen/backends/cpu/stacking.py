@@ -7,16 +7,23 @@ from __future__ import annotations
 
 from typing import Optional
 
+import attrs
+
 from ...lir.ir import Activation, Instr, Program
 from ...lir.passes import lifetimes
+from .loops import broadcast_strides, contiguous_strides
 
 
+@attrs.define(eq=False, repr=False)
 class Step:
-    """One native kernel: a stack of elementwise instructions, or one other instruction."""
-
-    def __init__(self, instrs: list[Instr], stacked: bool):
-        self.instrs = instrs
-        self.stacked = stacked
+    """One native kernel: a stack of elementwise instructions, or one other instruction
+    (with, after epilogue fusion, the stack applied in its store)."""
+    instrs: list                        # the instructions it runs, in order
+    stacked: bool                       # a stack of elementwise instructions (one loop)
+    epilogue: Optional["Step"] = None   # the stack fused into this product's store
+    #                                     (its instructions are also instrs[1:])
+    parts: int = 1                      # tasks it is split into (parallel.py)
+    scratch: int = 0                    # bytes of scratch memory per task (64-byte multiple)
 
     @property
     def shape(self):
@@ -24,6 +31,21 @@ class Step:
 
     def __repr__(self):
         return f"<Step {'+'.join(i.kind for i in self.instrs)}>"
+
+
+def describe_step(step: Step) -> str:
+    """`Conv+Add+Relu [1, 64, 56, 56]`: a step's instructions and its result's shape, and
+    what its kernel adds (kernels/base.DESCRIBE: a convolution's window and stride)."""
+    from .kernels import DESCRIBE
+    kinds = [i.kind for i in step.instrs]          # a fused epilogue's included
+    first = step.instrs[0]
+    node = first.node
+    shape = list(node.outputs[0].type.shape) if node is not None else []
+    text = f"{'+'.join(kinds)} {shape}"
+    describe = DESCRIBE.get(first.kind)
+    if node is not None and describe is not None:
+        text += describe(node)
+    return text
 
 
 def _elementwise(ins: Instr, registry) -> bool:
@@ -159,3 +181,22 @@ def replan_activations(prog: Program, steps: list[Step]) -> None:
     for a in prog.activations:
         a.offset = p.offsets.get(id(a), 0)
     prog.region_sizes["activation"] = p.size
+    prog.strategy = p.strategy
+
+
+def stack_operands(step: Step, prog: Program, life: dict):
+    """A stack's external operands (every buffer read before the step writes it), the
+    values it stores, and the index maps of both over the step's shape."""
+    shape = step.shape
+    needed = stores_needed(step, prog, life)
+    externals: list = []
+    written: set[int] = set()
+    for ins in step.instrs:
+        for buf in ins.reads():
+            if id(buf.root()) not in written and all(buf is not x for x in externals):
+                externals.append(buf)
+        written.update(id(x.root()) for x in ins.writes())
+    stored = [ins.writes()[0] for ins, need in zip(step.instrs, needed) if need]
+    maps = ([broadcast_strides(x.type.shape, shape) for x in externals]
+            + [contiguous_strides(shape) for _ in stored])
+    return externals, stored, maps

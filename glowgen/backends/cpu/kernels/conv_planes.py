@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .gemm import masked_load, masked_store, splat, vload, vstore
-from .llvmutil import F32, I32, I64, call_intrinsic, for_range, i64
+from ..llvmutil import F32, I32, I64, for_range, i64
+from ..vectors import copy_run, fmuladd, masked_load, splat, vload, vstore
 
 
 class PlaneGeometry:
@@ -170,7 +170,7 @@ def _filter_rows(k, g: PlaneGeometry, img, mi, ci, first, last, plane, y, w, bia
                     for c in range(g.kw):
                         q, off = g.tap(c)
                         p = b.gep(plane, [b.add(b.add(prow, col), i64(q * g.sub_plane + off))])
-                        acc = _fma(b, taps[r][c], vload(b, p, vw), acc)
+                        acc = fmuladd(b, taps[r][c], vload(b, p, vw), acc)
                 accs.append((col, valid, acc))
             # The last input channel's pass stores through the epilogue; others accumulate.
             with b.if_else(last) as (then, otherwise):
@@ -204,10 +204,6 @@ def for_row_chunks(b, g: PlaneGeometry, emit) -> None:
 
 # Taps unrolled per output vector, at most (a larger window goes to the generic kernels).
 MAX_TAPS = 64
-
-
-def _fma(b, a, x, acc):
-    return call_intrinsic(b, "fmuladd", [a, x, acc])
 
 
 def patch_panel(b, g: PlaneGeometry, planes, dst, nr: int, n0) -> None:
@@ -288,19 +284,6 @@ def _patch_panel_vectors(b, g: PlaneGeometry, planes, dst, nr: int, oh0, ow0, ru
                     vstore(b, v, b.gep(dst, [b.add(b.mul(kk, i64(nr)), i64(d * vw))]), vw)
 
 
-def copy_run(b, src, dst, count, vw: int) -> None:
-    """dst[0:count] = src[0:count] for a run-time count, in masked vectors: written as
-    vectors, the loop is not vectorized again by LLVM, which for a scalar copy between two
-    places of the scratch buffer would add alias checks and a scalar twin of every loop
-    (ResNet-18's module grew 2.5 times and took 36 s to compile)."""
-    iota = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
-    ends = splat(b, count, vw)
-    none = ir.Constant(ir.VectorType(F32, vw), [0.0] * vw)
-    with for_range(b, count, step=vw, name="run") as t:
-        mask = b.icmp_signed("<", b.add(splat(b, t, vw), iota), ends)
-        masked_store(b, masked_load(b, b.gep(src, [t]), mask, none), b.gep(dst, [t]), mask)
-
-
 def emit_max_pool_planes(k, vw: int) -> None:
     """2-D f32 max pooling over planes padded with -inf: each tap of an output row is a
     contiguous vector load and a maximum (NaN-propagating, as NumPy's)."""
@@ -310,7 +293,7 @@ def emit_max_pool_planes(k, vw: int) -> None:
     planes = k.scratch
     zero_planes(b, g, planes, 1, float("-inf"))
     n, c = xt.shape[:2]
-    lo, hi = k.split.range(b, n * c)           # a split task's planes (kernels_more.pool_work)
+    lo, hi = k.split.range(b, n * c)           # a split task's planes (pool.pool_work)
     with for_range(b, hi, start=lo, name="pp") as nc:
         fill_plane(b, g, b.gep(x, [b.mul(nc, i64(g.h * g.w))]), planes)
         ybase = b.mul(nc, i64(g.oh * g.ow))

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .conv_planes import (PlaneGeometry, aligned_floats, conv_is_pointwise, copy_run, fill_plane,
+from .conv_planes import (PlaneGeometry, aligned_floats, conv_is_pointwise, fill_plane,
                           patch_panel, zero_planes)
-from .gemm import GemmShape, _vec, emit_gemm, splat, vload, vstore
-from .llvmutil import I32, for_range, i64
+from ..gemm import GemmShape, emit_gemm
+from ..llvmutil import for_range, i64
+from ..vectors import copy_run, f32_vector, splat, transpose_block, vload, vstore
 
 # Transposed when that wastes this much less of the vector lanes.
 _MIN_GAIN = 0.1
@@ -117,13 +118,13 @@ def _store_transposed(k, ct, n: int, m: int, img, y, bias) -> None:
     panels (the last one, the filters past the last whole panel too)."""
     b, vw = k.b, k.gemm_shape.vw
     split, nr = k.split, k.gemm_shape.nr
-    zero = ir.Constant(_vec(vw), [0.0] * vw)
+    zero = ir.Constant(f32_vector(vw), [0.0] * vw)
 
     def block(p0, f0, pixels: int, filters: int):
         rows = [vload(b, b.gep(ct, [b.add(b.mul(b.add(p0, i64(r)), i64(m)), f0)]), vw,
                       filters if filters < vw else None) if r < pixels else zero
                 for r in range(vw)]
-        cols = transpose(b, rows)
+        cols = transpose_block(b, rows)
         for j in range(filters):
             f = b.add(f0, i64(j))
             v = cols[j]
@@ -157,22 +158,3 @@ def _store_transposed(k, ct, n: int, m: int, img, y, bias) -> None:
             filters_of(p0, vw)
     if n % vw:
         filters_of(i64(p_full * vw), n % vw)
-
-
-def transpose(b, rows: list) -> list:
-    """The transpose of a square block of vectors: at every scale s (VW/2, ..., 1), swap
-    the off-diagonal s x s blocks of each 2s x 2s block -- one two-input shuffle per row
-    per stage (vpermt2ps)."""
-    n = len(rows)
-    rows = list(rows)
-    s = n // 2
-    while s >= 1:
-        lo = ir.Constant(ir.VectorType(I32, n), [j if not j & s else n + j - s for j in range(n)])
-        hi = ir.Constant(ir.VectorType(I32, n), [j + s if not j & s else n + j for j in range(n)])
-        for i in range(n):
-            if i & s:
-                continue
-            a, c = rows[i], rows[i + s]
-            rows[i], rows[i + s] = b.shuffle_vector(a, c, lo), b.shuffle_vector(a, c, hi)
-        s //= 2
-    return rows

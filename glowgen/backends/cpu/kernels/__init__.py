@@ -1,0 +1,17 @@
+"""Loop nests for the non-elementwise primitives (the `extern` lists of
+specs/cpu_kernels.glowdef), specialized at compile time on shapes and attributes, one
+module per domain.  Each kernel registers itself for its instruction kinds (base.kernel);
+importing this package registers them all.
+
+Each kernel matches the NumPy reference (glowgen/reference); indices read at run time are
+never trusted (common.py).
+"""
+from __future__ import annotations
+
+from .base import DESCRIBE, KERNELS, PACKING, PRODUCT_SPACE, SCRATCH, STRATEGY, KernelArgs, hook, kernel
+from . import conv, gather_scatter, index, linalg, movement, pool, reduce  # noqa: F401  (registration)
+
+DOMAINS = (movement, index, gather_scatter, reduce, linalg, conv, pool)
+
+__all__ = ["DESCRIBE", "DOMAINS", "KERNELS", "PACKING", "PRODUCT_SPACE", "SCRATCH", "STRATEGY", "KernelArgs",
+           "hook", "kernel"]

@@ -1,0 +1,71 @@
+"""What every kernel shares: the registry of kernels by instruction kind, the registries
+of what the cpu backend's LIR passes (passes.py) ask of a kernel, and `KernelArgs`, what
+an emitter is handed."""
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+from llvmlite import ir
+
+from ..parallel import WHOLE
+from ..plan import InstrPlan
+
+KERNELS: dict[str, Callable] = {}
+
+
+def kernel(*kinds, **params):
+    """Register the decorated emitter for the instruction `kinds`; `params` are passed to
+    it as keywords (one function for several kinds, told apart by what is registered, not
+    by reading the op's name back: `@kernel("ArgMax", largest=True)`)."""
+    def register(fn):
+        for kind in kinds:
+            if kind in KERNELS:
+                raise ValueError(f"two cpu kernels registered for {kind}")
+            KERNELS[kind] = partial(fn, **params) if params else fn
+        return fn
+    return register
+
+
+# What the passes ask of the kernels that have a say, by instruction kind:
+# the kernel-strategy pass: (ins, gemm shape, packable) -> the kernel's strategy, where
+#   packable(buf) says whether a constant operand could be repacked (plan.CONV_STRATEGIES);
+STRATEGY: dict[str, Callable] = {}
+# the weight-packing pass: (ins, gemm shape) -> (operand index, layout, panel width) of a
+#   constant operand the kernel reads packed (packing.py), or None;
+PACKING: dict[str, Callable] = {}
+# the epilogue-fusion pass: ins -> the [batch, rows, columns] view of the result when the
+#   kernel stores whole vectors of a row through an epilogue (epilogue.py), or None;
+PRODUCT_SPACE: dict[str, Callable] = {}
+# the scratch pass: (ins, gemm shape) -> bytes of scratch memory one task needs.  The module
+# holds one scratch buffer as large as the largest need (kernels run one after another);
+SCRATCH: dict[str, Callable] = {}
+# step descriptions (profiles, dumps): node -> text after the shape.
+DESCRIBE: dict[str, Callable] = {}
+
+
+def hook(table: dict, *kinds):
+    """Register the decorated function in `table` for the instruction `kinds`."""
+    def register(fn):
+        for kind in kinds:
+            table[kind] = fn
+        return fn
+    return register
+
+
+class KernelArgs:
+    def __init__(self, b: ir.IRBuilder, node, outs: list, ins: list, scalars: dict,
+                 gemm_shape=None, scratch=None, plan=None):
+        self.b, self.node, self.outs, self.ins, self.scalars = b, node, outs, ins, scalars
+        self.gemm_shape = gemm_shape      # register tile for the target (see gemm.py)
+        self.scratch = scratch            # float* to the module's scratch buffer
+        self.epilogue = None              # elementwise run fused into the store (epilogue.py)
+        self.split = WHOLE                # the share of the work this function does (parallel.py)
+        plan = plan if plan is not None else InstrPlan()
+        self.strategy = plan.strategy     # what the passes decided (plan.InstrPlan)
+        self.packed = plan.packed         # "a" / "b" / "t": a constant operand repacked (packing.py)
+        self.packed_nr = plan.packed_nr   # the width of B's packed panels
+
+    @property
+    def attrs(self):
+        return self.node.attr_values()

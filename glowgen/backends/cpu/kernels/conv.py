@@ -1,0 +1,371 @@
+"""Convolutions.  A 2-D f32 Conv takes one of several strategies: a matrix product
+(GEMM) over an im2col patch matrix (whole, or built panel by panel), read directly for a
+pointwise one, or computed transposed for small output planes (conv_transposed.py); direct
+convolution over padded planes in explicit vectors when it has too few filters per group
+for a GEMM tile (conv_planes.py); plain loops for other types.  N-D convolution and
+ConvTranspose are direct loop nests."""
+from __future__ import annotations
+
+from math import prod
+
+from ..gemm import emit_gemm, gemm_items, pack_panels_size
+from ..llvmutil import for_range, i64
+from ..loops import contiguous_strides
+from ..parallel import Work, parallel
+from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
+from .base import DESCRIBE, PACKING, PRODUCT_SPACE, SCRATCH, STRATEGY, KernelArgs, hook, kernel
+from .common import inside, lin, nest
+from .conv_planes import (MAX_TAPS, PlaneGeometry, aligned_floats, conv_is_pointwise, emit_conv_planes,
+                          fill_plane, patch_panel, scratch_bytes, zero_planes)
+from .conv_transposed import conv_is_transposed, emit_conv_transposed, scratch_floats, transposed_items
+
+
+def _valid_range(b, k_idx, pad, stride, dil, in_size, out_size):
+    """Output positions o whose input o*stride - pad + k*dil lies inside [0, in_size)."""
+    # lo = ceil((pad - k*dil) / stride) clamped at 0; hi = floor((in-1+pad-k*dil)/stride)+1
+    kd = b.mul(k_idx, i64(dil))
+    num_lo = b.sub(i64(pad), kd)
+    lo = b.sdiv(b.add(num_lo, i64(stride - 1)), i64(stride))
+    lo = b.select(b.icmp_signed("<", num_lo, i64(0)), i64(0), lo)
+    num_hi = b.sub(i64(in_size - 1 + pad), kd)
+    hi = b.add(b.sdiv(num_hi, i64(stride)), i64(1))
+    hi = b.select(b.icmp_signed("<", num_hi, i64(0)), i64(0), hi)
+    hi = b.select(b.icmp_signed(">", hi, i64(out_size)), i64(out_size), hi)
+    return lo, hi
+
+
+def conv_direct(k: KernelArgs):
+    """Direct convolution, vectorized along output columns: for depthwise and other
+    convolutions with few filters per group, where a matrix product has nothing to block."""
+    b = k.b
+    (y, yt), (x, xt), (w, wt) = k.outs[0], k.ins[0], k.ins[1]
+    bias = k.ins[2]
+    n, c, h, wd = xt.shape
+    m, cg, kh, kw = wt.shape
+    oh, ow = yt.shape[2:]
+    a = k.attrs
+    (sh, sw), (dh, dw), (pt, pl) = a["strides"], a["dilations"], a["pads"][:2]
+    g = a["group"]
+    mg = m // g
+    dtype = yt.dtype
+    em = ScalarEmitter(b, k.scalars)
+    with for_range(b, n, name="n") as ni:
+        with for_range(b, m, name="m") as mi:
+            ybase = b.mul(b.add(b.mul(ni, i64(m)), mi), i64(oh * ow))
+            init = (load_elem(b, b.gep(bias[0], [mi]), dtype) if bias is not None
+                    else Value(const(0, dtype), dtype))
+            with for_range(b, oh * ow, name="z") as z:
+                store_elem(b, init, b.gep(y, [b.add(ybase, z)]), dtype)
+            gi = b.sdiv(mi, i64(mg))
+            with for_range(b, cg, name="c") as ci:
+                chan = b.add(b.mul(gi, i64(cg)), ci)
+                xbase = b.mul(b.add(b.mul(ni, i64(c)), chan), i64(h * wd))
+                # Row by row: the output row takes all KH * KW taps while it sits in L1.
+                with for_range(b, oh, name="oh") as ohi:
+                    yrow = b.add(ybase, b.mul(ohi, i64(ow)))
+                    with for_range(b, kh, name="kh") as khi:
+                        ih = b.add(b.sub(b.mul(ohi, i64(sh)), i64(pt)), b.mul(khi, i64(dh)))
+                        inside = b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(h)))
+                        with b.if_then(inside):
+                            xrow = b.add(xbase, b.mul(ih, i64(wd)))
+                            with for_range(b, kw, name="kw") as kwi:
+                                ow_lo, ow_hi = _valid_range(b, kwi, pl, sw, dw, wd, ow)
+                                widx = b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh * kw)),
+                                             b.add(b.mul(khi, i64(kw)), kwi))
+                                wv = load_elem(b, b.gep(w, [widx]), dtype)
+                                with for_range(b, ow_hi, start=ow_lo, name="ow") as owi:
+                                    iw = b.add(b.sub(b.mul(owi, i64(sw)), i64(pl)), b.mul(kwi, i64(dw)))
+                                    xv = load_elem(b, b.gep(x, [b.add(xrow, iw)]), dtype)
+                                    p = b.gep(y, [b.add(yrow, owi)])
+                                    store_elem(b, em.f_add(load_elem(b, p, dtype), em.f_mul(wv, xv)), p, dtype)
+
+
+def conv_uses_gemm(node) -> bool:
+    # At least one whole register tile of filters (MR = 8 with AVX-512) per group: fewer
+    # leave most of the tile idle, and direct convolution is faster (LeNet's 6-filter conv:
+    # 21 -> 10 us).
+    m = node.inputs[1].type.shape[0]
+    return m // node.group >= 8
+
+
+def conv_panel_by_panel(node) -> bool:
+    """im2col one panel at a time (gemm.emit_gemm's pack_panel) when the whole B would not
+    stay in L2 (over 1 MB) but a group's filters mostly would (up to 768 KB): each panel is
+    built in L1/L2 and used by every filter while there, instead of all of B being written
+    to and read back from L3 (measured: ResNet-18 47.1 -> 40.9 ms, ResNet-50 93.8 -> 86.7;
+    larger filter sets, or smaller B, measured no better)."""
+    m, cg, kh, kw = node.inputs[1].type.shape
+    oh, ow = node.outputs[0].type.shape[2:]
+    k = cg * kh * kw
+    return (m // node.group) * k * 4 <= 768 * 1024 and k * oh * ow * 4 > 1024 * 1024
+
+
+def conv_by_planes(node) -> bool:
+    """Direct f32 convolutions run over padded planes in explicit vectors (conv_planes.py)."""
+    kh, kw = node.inputs[1].type.shape[2:]
+    return not conv_uses_gemm(node) and node.outputs[0].type.dtype == "f32" and kh * kw <= MAX_TAPS
+
+
+@hook(STRATEGY, "Conv")
+def conv_strategy(ins, shape, packable) -> str:
+    """A 2-D convolution's strategy (plan.CONV_STRATEGIES), chosen once by the
+    kernel-strategy pass: the kernel, its weights' packing, its scratch, its split and its
+    epilogue all follow it.  Computed transposed only when its weights can be packed so."""
+    node = ins.node
+    if conv_by_planes(node):
+        return "planes"
+    if node.outputs[0].type.dtype != "f32":
+        return "direct"
+    if conv_uses_gemm(node) and conv_is_transposed(node, shape) and packable(ins.operands[2][1]):
+        return "transposed"
+    if conv_is_pointwise(node):
+        return "pointwise"
+    return "gemm-panels" if conv_panel_by_panel(node) else "gemm"
+
+
+@hook(PACKING, "Conv")
+def conv_packing(ins, shape):
+    """A GEMM convolution's constant weights (operand 2: y, x, w[, b]) as the product's A in
+    MR-row blocks, or as the B of the transposed product."""
+    strategy = ins.plan.strategy
+    if strategy == "transposed":
+        return 2, "t", None
+    if strategy in ("gemm", "gemm-panels", "pointwise") and conv_uses_gemm(ins.node):
+        return 2, "a", None
+    return None
+
+
+@hook(SCRATCH, "Conv")
+def conv_scratch(ins, shape) -> int:
+    node, strategy = ins.node, ins.plan.strategy
+    if strategy == "planes":
+        return scratch_bytes(node, shape.vw)
+    if strategy == "transposed":
+        return 4 * scratch_floats(node, shape)
+    # Pointwise convolutions read the input as B directly (packing it measured no faster).
+    if strategy not in ("gemm", "gemm-panels"):
+        return 0
+    cg, kh, kw = node.inputs[1].type.shape[1:]
+    oh, ow = node.outputs[0].type.shape[2:]
+    # The group's input channels in padded planes, then the patch matrix copied from them.
+    planes = aligned_floats(cg * PlaneGeometry(node, shape.vw).size)
+    if strategy == "gemm-panels":
+        return 4 * (planes + cg * kh * kw * shape.nr)
+    return 4 * (planes + pack_panels_size(oh * ow, cg * kh * kw, shape))
+
+
+@hook(PRODUCT_SPACE, "Conv")
+def conv_product_space(ins):
+    """[batch, filters, pixels]: a matrix product stores whole rows of it; a direct
+    convolution over planes with several input channels per group accumulates them in its
+    output, and only a one-channel (depthwise) one keeps its sum in registers."""
+    node, strategy = ins.node, ins.plan.strategy
+    gemm = strategy in ("gemm", "gemm-panels", "pointwise", "transposed") and conv_uses_gemm(node)
+    if not (gemm or (strategy == "planes" and node.inputs[1].type.shape[1] == 1)):
+        return None
+    n, m, oh, ow = node.outputs[0].type.shape
+    return (n, m, oh * ow)
+
+
+@hook(DESCRIBE, "Conv", "ConvN")
+def describe_conv(node) -> str:
+    window = "x".join(map(str, node.inputs[1].type.shape[2:]))
+    text = f" {window} stride {'x'.join(map(str, node.strides))}"
+    return text + (f" groups {node.group}" if node.group > 1 else "")
+
+
+@kernel("Conv")
+def conv(k: KernelArgs):
+    node, strategy = k.node, k.strategy
+    if strategy == "planes":
+        return emit_conv_planes(k, k.gemm_shape.vw)
+    if strategy == "direct":
+        return conv_direct(k)
+    if strategy == "transposed":
+        return emit_conv_transposed(k)
+    b = k.b
+    (y, yt), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
+    bias = k.ins[2]
+    n_img, c_all, h, wd = xt.shape
+    m, cg, kh, kw = node.inputs[1].type.shape
+    oh, ow = yt.shape[2:]
+    g = node.group
+    mg = m // g
+    K = cg * kh * kw
+    N = oh * ow
+    pointwise = strategy == "pointwise"
+    a_packed = k.packed == "a"       # constant weights in blocks of MR rows (packing.py)
+    mr = k.gemm_shape.mr
+    a_stride = -(-mg // mr) * mr * K if a_packed else mg * K
+    if not pointwise:
+        # Each input channel of a group is first copied into a zero-padded plane, its
+        # columns dealt by remainder mod the column stride (conv_planes.py): every row of a
+        # patch panel is then a few contiguous copies, with no bounds checks or gathers.
+        geo = PlaneGeometry(node, k.gemm_shape.vw)
+        planes, panels = k.scratch, b.gep(k.scratch, [i64(aligned_floats(cg * geo.size))])
+        zero_planes(b, geo, planes, cg)
+        nr = k.gemm_shape.nr
+    # A split (conv_work) shares out the patch matrix's panels, or for a pointwise
+    # convolution, the blocks of filters; every task deals the input planes in its own scratch.
+    split = k.split
+    with for_range(b, n_img, name="img") as img:
+        with for_range(b, g, name="grp") as gi:
+            a = b.gep(w, [b.mul(gi, i64(a_stride))])
+            out = b.gep(y, [b.mul(b.add(b.mul(img, i64(m)), b.mul(gi, i64(mg))), i64(N))])
+            pack_panel = None
+            if pointwise:
+                bmat = b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), i64(h * wd))])
+                ldb = N
+            else:
+                with for_range(b, cg, name="deal") as ci:
+                    chan = b.mul(b.add(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), ci), i64(h * wd))
+                    fill_plane(b, geo, b.gep(x, [chan]), b.gep(planes, [b.mul(ci, i64(geo.size))]))
+                bmat, ldb = panels, None
+                if strategy == "gemm-panels":
+                    pack_panel = lambda p: patch_panel(b, geo, planes, panels, nr, b.mul(p, i64(nr)))  # noqa: E731
+                else:
+                    def build(p):
+                        patch_panel(b, geo, planes, b.gep(panels, [b.mul(p, i64(K * nr))]), nr, b.mul(p, i64(nr)))
+                    lo, hi = split.range(b, N // nr)
+                    with for_range(b, hi, start=lo, name="panel") as p:
+                        build(p)
+                    if N % nr:
+                        with b.if_then(split.is_last(b)):
+                            build(i64(N // nr))
+            row_init = None
+            if bias is not None:
+                bptr = b.gep(bias[0], [b.mul(gi, i64(mg))])
+                row_init = lambda row: b.load(b.gep(bptr, [row]))  # noqa: E731
+            epi = None
+            if k.epilogue is not None:
+                chan0 = b.mul(gi, i64(mg))
+                epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, img, bb.add(chan0, row), col, valid)  # noqa: E731
+            emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
+                      epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel,
+                      split=split, split_rows=pointwise)
+
+
+@parallel("Conv")
+def conv_work(node, shape, ins) -> Work:
+    """What a convolution shares out (see conv): its groups when it runs over planes, the
+    filter panels of the transposed product, the filter blocks of a pointwise one, the
+    patch matrix's panels otherwise."""
+    n, m, oh, ow = node.outputs[0].type.shape
+    cg, kh, kw = node.inputs[1].type.shape[1:]
+    flops = 2.0 * n * m * oh * ow * cg * kh * kw
+    strategy = ins.plan.strategy
+    if shape is None or strategy == "direct":
+        return Work(1)
+    if strategy == "planes":
+        return Work(node.group, flops=flops)
+    if strategy == "transposed":
+        return Work(transposed_items(node, shape), flops=flops)
+    pointwise = strategy == "pointwise"
+    return Work(gemm_items(m // node.group, oh * ow, shape, pointwise), flops=flops)
+
+
+# --------------------------------------------------------------------------- N-D and transposed convolution
+class _DirectConv:
+    """What the N-D direct kernels (ConvN, ConvTranspose) read of their operands and
+    attributes, and the pieces they share."""
+
+    def __init__(self, k: KernelArgs):
+        (self.y, yt), (self.x, xt), (self.w, wt) = k.outs[0], k.ins[0], k.ins[1]
+        self.bias = k.ins[2]
+        a = k.attrs
+        self.n, self.c, *self.dims = xt.shape
+        self.m, *self.out = yt.shape[1:]
+        self.kern = wt.shape[2:]
+        self.wc = wt.shape[1]                  # weight channels: Conv's cg, ConvTranspose's mg
+        self.nd = len(self.dims)
+        self.strides, self.dil, self.pads = a["strides"], a["dilations"], a["pads"]
+        self.g = a["group"]
+        self.dtype = yt.dtype
+        self.xs, self.os, self.ks = (contiguous_strides(self.dims), contiguous_strides(self.out),
+                                     contiguous_strides(self.kern))
+        self.plane, self.oplane, self.kplane = prod(self.dims), prod(self.out), prod(self.kern)
+        self.k = k
+
+    def bias_or_zero(self, mi) -> Value:
+        b = self.k.b
+        return (load_elem(b, b.gep(self.bias[0], [mi]), self.dtype) if self.bias is not None
+                else Value(const(0, self.dtype), self.dtype))
+
+    def coords(self, pos, kidx) -> list:
+        """pos * stride - pad_begin + tap * dilation, per spatial dimension."""
+        b = self.k.b
+        return [b.add(b.sub(b.mul(o, i64(s)), i64(p)), b.mul(kq, i64(d)))
+                for o, kq, s, p, d in zip(pos, kidx, self.strides, self.pads[:self.nd], self.dil)]
+
+    def accumulate(self, yp, xv, wv) -> None:
+        """*yp += xv * wv."""
+        b = self.k.b
+        em = ScalarEmitter(b, self.k.scalars)
+        store_elem(b, em.f_add(load_elem(b, yp, self.dtype), em.f_mul(xv, wv)), yp, self.dtype)
+
+
+@kernel("ConvN")
+def conv_nd(k: KernelArgs):
+    """Direct N-D convolution: the accumulator lives in y; padding taps are skipped."""
+    b, cv = k.b, _DirectConv(k)
+    cg, mg = cv.wc, cv.m // cv.g
+
+    def per_filter(idx):
+        ni, mi = idx
+        ybase = b.mul(b.add(b.mul(ni, i64(cv.m)), mi), i64(cv.oplane))
+        gi = b.sdiv(mi, i64(mg))
+
+        def per_out(oidx):
+            yp = b.gep(cv.y, [lin(b, oidx, cv.os, ybase)])
+            store_elem(b, cv.bias_or_zero(mi), yp, cv.dtype)
+            with for_range(b, cg, name="cnc") as ci:
+                chan = b.add(b.mul(gi, i64(cg)), ci)
+                xbase = b.mul(b.add(b.mul(ni, i64(cv.c)), chan), i64(cv.plane))
+                wbase = b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(cv.kplane))
+
+                def per_tap(kidx):
+                    coords = cv.coords(oidx, kidx)
+                    with b.if_then(inside(b, coords, cv.dims)):
+                        xv = load_elem(b, b.gep(cv.x, [lin(b, coords, cv.xs, xbase)]), cv.dtype)
+                        wv = load_elem(b, b.gep(cv.w, [lin(b, kidx, cv.ks, wbase)]), cv.dtype)
+                        cv.accumulate(yp, xv, wv)
+                nest(b, cv.kern, per_tap, "cnk")
+        nest(b, cv.out, per_out, "cno")
+    nest(b, (cv.n, cv.m), per_filter, "cnf")
+
+
+@kernel("ConvTranspose")
+def conv_transpose(k: KernelArgs):
+    """Scatter form: each input element times each tap adds into the output position
+    in * stride + tap * dilation - pad_begin, when that falls inside y (the crop)."""
+    b, cv = k.b, _DirectConv(k)
+    mg, cg = cv.wc, cv.c // cv.g
+
+    def init(idx):
+        ni, mi = idx
+        v = cv.bias_or_zero(mi)
+        base = b.mul(b.add(b.mul(ni, i64(cv.m)), mi), i64(cv.oplane))
+        with for_range(b, cv.oplane, name="ctz") as z:
+            store_elem(b, v, b.gep(cv.y, [b.add(base, z)]), cv.dtype)
+    nest(b, (cv.n, cv.m), init, "cti")
+
+    def per_channel(idx):
+        ni, gi, ci = idx
+        chan = b.add(b.mul(gi, i64(cg)), ci)
+        xbase = b.mul(b.add(b.mul(ni, i64(cv.c)), chan), i64(cv.plane))
+
+        def per_in(iidx):
+            xv = load_elem(b, b.gep(cv.x, [lin(b, iidx, cv.xs, xbase)]), cv.dtype)
+            with for_range(b, mg, name="ctm") as mi:
+                oc = b.add(b.mul(gi, i64(mg)), mi)
+                ybase = b.mul(b.add(b.mul(ni, i64(cv.m)), oc), i64(cv.oplane))
+                wbase = b.mul(b.add(b.mul(chan, i64(mg)), mi), i64(cv.kplane))
+
+                def per_tap(kidx):
+                    coords = cv.coords(iidx, kidx)
+                    with b.if_then(inside(b, coords, cv.out)):
+                        wv = load_elem(b, b.gep(cv.w, [lin(b, kidx, cv.ks, wbase)]), cv.dtype)
+                        cv.accumulate(b.gep(cv.y, [lin(b, coords, cv.os, ybase)]), xv, wv)
+                nest(b, cv.kern, per_tap, "ctk")
+        nest(b, cv.dims, per_in, "ctx")
+    nest(b, (cv.n, cv.g, cg), per_channel, "ctc")

@@ -1,0 +1,130 @@
+"""Kernels that move elements without computing on them: transpose, broadcast, reshape,
+concatenation, slicing, splitting, triangles and padding."""
+from __future__ import annotations
+
+from math import prod
+
+from llvmlite import ir
+
+from ..llvmutil import for_range, i64
+from ..loops import broadcast_strides, contiguous_strides, strided_loops
+from ..scalar import Value, const, store_elem
+from .base import KernelArgs, kernel
+from .common import copy_loops, nest, split_axis, zero_of
+
+
+@kernel("Transpose")
+def transpose(k: KernelArgs):
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    xs = contiguous_strides(xt.shape)
+    perm = k.attrs["perm"]
+    copy_loops(k.b, yt.shape, x, [xs[p] for p in perm], 0, y, contiguous_strides(yt.shape), 0)
+
+
+@kernel("Expand")
+def expand(k: KernelArgs):
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    copy_loops(k.b, yt.shape, x, broadcast_strides(xt.shape, yt.shape), 0, y,
+               contiguous_strides(yt.shape), 0)
+
+
+@kernel("Reshape")
+def reshape(k: KernelArgs):
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    copy_loops(k.b, (yt.size,), x, (1,), 0, y, (1,), 0)
+
+
+@kernel("Concat")
+def concat(k: KernelArgs):
+    (y, yt) = k.outs[0]
+    axis = k.attrs["axis"]
+    ys = contiguous_strides(yt.shape)
+    at = 0
+    for x, xt in k.ins[0]:
+        copy_loops(k.b, xt.shape, x, contiguous_strides(xt.shape), 0, y, ys, at * ys[axis])
+        at += xt.shape[axis]
+
+
+@kernel("Slice")
+def slice_(k: KernelArgs):
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    xs = contiguous_strides(xt.shape)
+    a = k.attrs
+    offset = sum(s * st for s, st in zip(a["starts"], xs))
+    copy_loops(k.b, yt.shape, x, [st * step for st, step in zip(xs, a["steps"])], offset,
+               y, contiguous_strides(yt.shape), 0)
+
+
+@kernel("Split")
+def split(k: KernelArgs):
+    b = k.b
+    x, xt = k.ins[0]
+    axis = k.attrs["axis"]
+    outer, _, inner = split_axis(xt.shape, axis)
+    at = 0
+    for y, yt in k.outs:
+        size = yt.shape[axis]
+        # y viewed as [outer, size * inner], x as [outer, dim * inner] from column at * inner.
+        strided_loops(b, (outer, size * inner), [x, y],
+                      [(xt.shape[axis] * inner, 1), (size * inner, 1)], [at * inner, 0],
+                      lambda bb, ps: bb.store(bb.load(ps[0]), ps[1]), name="sp")
+        at += size
+
+
+@kernel("Trilu")
+def trilu(k: KernelArgs):
+    b = k.b
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    *batch, rows, cols = xt.shape
+    diag, upper = k.attrs["k"], k.attrs["upper"]
+    zero = zero_of(yt.dtype)
+
+    def body(idx):
+        bi, i, j = idx
+        off = b.add(b.mul(bi, i64(rows * cols)), b.add(b.mul(i, i64(cols)), j))
+        d = b.sub(j, i)
+        keep = b.icmp_signed(">=" if upper else "<=", d, i64(diag))
+        b.store(b.select(keep, b.load(b.gep(x, [off])), zero), b.gep(y, [off]))
+    nest(b, (prod(batch), rows, cols), body, "tr")
+
+
+@kernel("Pad")
+def pad(k: KernelArgs):
+    """Each output index maps back to an input index: constant mode fills what falls
+    outside, edge clamps, wrap wraps around, reflect mirrors (once: pads are smaller than
+    the dimension).  Negative pads crop: the index map simply starts inside."""
+    b = k.b
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    pads, mode = k.attrs["pads"], k.attrs["mode"]
+    rank = xt.rank
+    xs = contiguous_strides(xt.shape)
+    fill = Value(const(k.attrs["value"], yt.dtype), yt.dtype)
+
+    def level(d, y_off, x_off, valid):
+        if d == rank:
+            with b.if_else(valid) as (inside, outside):
+                with inside:
+                    b.store(b.load(b.gep(x, [x_off])), b.gep(y, [y_off]))
+                with outside:
+                    store_elem(b, fill, b.gep(y, [y_off]), yt.dtype)
+            return
+        size = xt.shape[d]
+        with for_range(b, yt.shape[d], name=f"p{d}") as i:
+            src = b.sub(i, i64(pads[d]))
+            ok = valid
+            if mode == "constant":
+                ok = b.and_(ok, b.and_(b.icmp_signed(">=", src, i64(0)), b.icmp_signed("<", src, i64(size))))
+                src = b.select(b.icmp_signed("<", src, i64(0)), i64(0), src)
+                src = b.select(b.icmp_signed(">=", src, i64(size)), i64(size - 1), src)
+            elif mode == "wrap":
+                src = b.srem(b.add(b.srem(src, i64(size)), i64(size)), i64(size))
+            elif mode == "edge":
+                src = b.select(b.icmp_signed("<", src, i64(0)), i64(0), src)
+                src = b.select(b.icmp_signed(">=", src, i64(size)), i64(size - 1), src)
+            else:
+                src = b.select(b.icmp_signed("<", src, i64(0)), b.neg(src), src)
+                src = b.select(b.icmp_signed(">=", src, i64(size)), b.sub(i64(2 * (size - 1)), src), src)
+            stride_y = contiguous_strides(yt.shape)[d]
+            level(d + 1, b.add(y_off, b.mul(i, i64(stride_y))), b.add(x_off, b.mul(src, i64(xs[d]))), ok)
+
+    level(0, i64(0), i64(0), ir.Constant(ir.IntType(1), 1))

@@ -1,0 +1,109 @@
+"""Pooling: max and average at any spatial rank, the 2-D f32 max over padded planes."""
+from __future__ import annotations
+
+from math import prod
+
+from ..llvmutil import I64, for_range, i64, register_type
+from ..loops import contiguous_strides
+from ..parallel import Work, parallel
+from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
+from .base import SCRATCH, STRATEGY, KernelArgs, hook, kernel
+from .common import extreme, inside, lin, nest
+from .conv_planes import MAX_TAPS, emit_max_pool_planes, scratch_bytes
+
+
+def _pool_nd(k: KernelArgs, is_max: bool):
+    """Pooling at any spatial rank (the 2-D MaxPool and AvgPool too): taps outside the input
+    are skipped; the average divides by the taps inside the input (or inside the explicit
+    pads, count_include_pad), never counting the ceil-mode overhang."""
+    b = k.b
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    a = k.attrs
+    n, c, *dims = xt.shape
+    out = yt.shape[2:]
+    nd = len(dims)
+    kern, strides, pads = a["kernel"], a["strides"], a["pads"]
+    dil = a.get("dilations", (1,) * nd)
+    count_pad = bool(a.get("count_include_pad", 0))
+    dtype = yt.dtype
+    xs, os_ = contiguous_strides(dims), contiguous_strides(out)
+    plane, oplane = prod(dims), prod(out)
+    cnt = b.alloca(I64)
+    padded = [dims[i] + pads[i] + pads[i + nd] for i in range(nd)]
+
+    def per_plane(idx):
+        (nc,) = idx
+        xbase, ybase = b.mul(nc, i64(plane)), b.mul(nc, i64(oplane))
+
+        def per_out(oidx):
+            acc_ptr = b.gep(y, [lin(b, oidx, os_, ybase)])
+            init = extreme("-inf", dtype) if is_max else 0
+            store_elem(b, Value(const(init, dtype), dtype), acc_ptr, dtype)
+            b.store(i64(0), cnt)
+
+            def per_tap(kidx):
+                coords = [b.add(b.sub(b.mul(o, i64(s)), i64(p)), b.mul(kq, i64(d)))
+                          for o, kq, s, p, d in zip(oidx, kidx, strides, pads[:nd], dil)]
+                within = inside(b, coords, dims)
+                if count_pad:
+                    counted = inside(b, [b.add(cc, i64(p)) for cc, p in zip(coords, pads[:nd])], padded)
+                else:
+                    counted = within
+                b.store(b.add(b.load(cnt), b.zext(counted, I64)), cnt)
+                with b.if_then(within):
+                    em = ScalarEmitter(b, k.scalars)
+                    xv = load_elem(b, b.gep(x, [lin(b, coords, xs, xbase)]), dtype)
+                    acc = load_elem(b, acc_ptr, dtype)
+                    store_elem(b, em.f_max(acc, xv) if is_max else em.f_add(acc, xv), acc_ptr, dtype)
+            nest(b, kern, per_tap, "pk")
+            if not is_max:
+                total = b.load(cnt)
+                total = b.select(b.icmp_signed("<", total, i64(1)), i64(1), total)
+                em = ScalarEmitter(b, k.scalars)
+                div = Value(b.sitofp(total, register_type(dtype)), dtype)
+                store_elem(b, em.f_div(load_elem(b, acc_ptr, dtype), div), acc_ptr, dtype)
+        nest(b, out, per_out, "po")
+    lo, hi = k.split.range(b, n * c)           # a split task's planes (pool_work)
+    with for_range(b, hi, start=lo, name="pp") as nc:
+        per_plane((nc,))
+
+
+@parallel("MaxPool", "MaxPoolN", "AvgPool", "AvgPoolN")
+def pool_work(node, shape, ins) -> Work:
+    """Pooling shares out its planes (one per image and channel)."""
+    n, c = node.inputs[0].type.shape[:2]
+    taps = prod(node.kernel)
+    return Work(n * c, elements=prod(node.outputs[0].type.shape) * taps / 4)
+
+
+@kernel("MaxPool")
+def max_pool(k: KernelArgs):
+    """2-D max pooling: over padded planes in explicit vectors when it can."""
+    if k.strategy == "planes":
+        return emit_max_pool_planes(k, k.gemm_shape.vw)
+    _pool_nd(k, True)
+
+
+@kernel("MaxPoolN")
+def max_pool_nd(k: KernelArgs):
+    _pool_nd(k, True)
+
+
+def max_pool_by_planes(node) -> bool:
+    """Whether a 2-D MaxPool runs over planes padded with -inf (conv_planes.py)."""
+    return node.outputs[0].type.dtype == "f32" and node.kernel[0] * node.kernel[1] <= MAX_TAPS
+
+
+@hook(STRATEGY, "MaxPool")
+def max_pool_strategy(ins, shape, packable) -> str:
+    return "planes" if max_pool_by_planes(ins.node) else "loops"
+
+
+@hook(SCRATCH, "MaxPool")
+def max_pool_scratch(ins, shape) -> int:
+    return scratch_bytes(ins.node, shape.vw) if ins.plan.strategy == "planes" else 0
+
+
+@kernel("AvgPool", "AvgPoolN")
+def avg_pool_nd(k: KernelArgs):
+    _pool_nd(k, False)

@@ -1,0 +1,194 @@
+"""Reductions along axes and along one axis: sums, products, extremes, arg-max and
+arg-min, hard max, top-k, cumulative sums and products."""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..llvmutil import I1, I64, for_range, i64, is_float, is_signed, register_type
+from ..loops import contiguous_strides, strided_loops
+from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
+from .base import KernelArgs, kernel
+from .common import extreme, lin, nest, split_axis
+
+
+# --------------------------------------------------------------------------- reductions
+def _identity(init, dtype: str):
+    return extreme(init, dtype) if init in ("-inf", "inf") else init
+
+
+@kernel("ReduceSum", combine="add", init=0)
+@kernel("ReduceMax", combine="max", init="-inf")
+@kernel("ReduceMin", combine="min", init="inf")
+@kernel("ReduceProd", combine="mul", init=1)
+def reduce_(k: KernelArgs, combine: str, init):
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    axes = set(k.attrs["axes"]) if len(k.attrs["axes"]) else set(range(xt.rank))
+    start = Value(const(_identity(init, yt.dtype), yt.dtype), yt.dtype)
+
+    def fill(b, ptrs):
+        store_elem(b, start, ptrs[0], yt.dtype)
+    strided_loops(k.b, (yt.size,), [y], [(1,)], [0], fill, name="f")
+    # y viewed with x's rank: reduced axes have stride 0.
+    kept = [1 if i in axes else d for i, d in enumerate(xt.shape)]
+    ymap = [0 if i in axes else s for i, s in enumerate(contiguous_strides(kept))]
+
+    def body(b, ptrs):
+        em = ScalarEmitter(b, k.scalars)
+        acc = load_elem(b, ptrs[1], yt.dtype)
+        v = load_elem(b, ptrs[0], xt.dtype)
+        store_elem(b, getattr(em, "f_" + combine)(acc, v), ptrs[1], yt.dtype)
+    strided_loops(k.b, xt.shape, [x, y], [contiguous_strides(xt.shape), ymap], [0, 0], body)
+
+
+# --------------------------------------------------------------------------- arg-max and friends
+def _better(b, v: Value, best: Value, largest: bool, ties: bool, nan_best: bool = True):
+    """v replaces best: strictly larger (smaller), or equal when `ties`.  A NaN beats every
+    number when `nan_best` (NumPy's argmax and argmin), loses to every number otherwise
+    (NumPy's ascending sort puts NaN last); between two NaNs the tie rule decides."""
+    op = (">=" if ties else ">") if largest else ("<=" if ties else "<")
+    if not is_float(v.dtype):
+        cmp = b.icmp_signed if is_signed(v.dtype) else b.icmp_unsigned
+        return cmp(op, v.v, best.v)
+    plain = b.fcmp_ordered(op, v.v, best.v)
+    v_nan = b.fcmp_unordered("uno", v.v, v.v)
+    best_nan = b.fcmp_unordered("uno", best.v, best.v)
+    both = ir.Constant(I1, int(ties))
+    if nan_best:
+        return b.or_(plain, b.and_(v_nan, b.or_(b.not_(best_nan), both)))
+    return b.or_(plain, b.and_(best_nan, b.or_(b.not_(v_nan), both)))
+
+
+@kernel("ArgMax", largest=True)
+@kernel("ArgMin", largest=False)
+def arg_best(k: KernelArgs, largest: bool):
+    b = k.b
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    axis = k.attrs["axis"]
+    outer, n, inner = split_axis(xt.shape, axis)
+    if yt.size == 0:
+        return
+    last = bool(k.attrs["select_last_index"])
+    best = b.alloca(register_type(xt.dtype))
+    at = b.alloca(I64)
+
+    def body(idx):
+        o, r = idx
+        base = b.add(b.mul(o, i64(n * inner)), r)
+        hit = _best_index(b, x, xt.dtype, base, n, inner, largest, last, best, at, "am")
+        b.store(hit, b.gep(y, [lin(b, idx, (inner, 1))]))
+    nest(b, (outer, inner), body, "ar")
+
+
+def _best_index(b, x, dtype, base, n, inner, largest, last, best, at, name):
+    """Index along the axis (elements base + i * inner) of the largest (or smallest) value;
+    ties go to the first index, or the last with `last`.  `best` and `at` are scratch slots."""
+    b.store(b.load(b.gep(x, [base])), best)
+    b.store(i64(0), at)
+    with for_range(b, n, start=1, name=name) as i:
+        v = load_elem(b, b.gep(x, [b.add(base, b.mul(i, i64(inner)))]), dtype)
+        with b.if_then(_better(b, v, Value(b.load(best), dtype), largest, last)):
+            b.store(v.v, best)
+            b.store(i, at)
+    return b.load(at)
+
+
+@kernel("Hardmax")
+def hardmax(k: KernelArgs):
+    b = k.b
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    axis = k.attrs["axis"]
+    outer, n, inner = split_axis(xt.shape, axis)
+    if yt.size == 0:
+        return
+    one, zero = const(1, yt.dtype), const(0, yt.dtype)
+    best = b.alloca(register_type(xt.dtype))
+    at = b.alloca(I64)
+
+    def body(idx):
+        o, r = idx
+        base = b.add(b.mul(o, i64(n * inner)), r)
+        hit = _best_index(b, x, xt.dtype, base, n, inner, True, False, best, at, "hm")
+        with for_range(b, n, name="hw") as i:
+            b.store(b.select(b.icmp_signed("==", i, hit), one, zero),
+                    b.gep(y, [b.add(base, b.mul(i, i64(inner)))]))
+    nest(b, (outer, inner), body, "hx")
+
+
+@kernel("TopK")
+def top_k(k: KernelArgs):
+    """Insertion into the sorted k-prefix of the outputs, O(n k) per line; a value enters
+    ahead of the kept ones only when strictly better, so equal values keep index order."""
+    b = k.b
+    (vy, vt), (iy, _), (x, xt) = k.outs[0], k.outs[1], k.ins[0]
+    axis, kk, largest = k.attrs["axis"], k.attrs["k"], bool(k.attrs["largest"])
+    outer, n, inner = split_axis(xt.shape, axis)
+    if kk == 0 or vt.size == 0:
+        return
+    dtype = xt.dtype
+    pos_p = b.alloca(I64)
+    fn = b.function
+
+    def body(idx):
+        o, r = idx
+        xbase = b.add(b.mul(o, i64(n * inner)), r)
+        ybase = b.add(b.mul(o, i64(kk * inner)), r)
+
+        def yat(p):
+            off = b.add(ybase, b.mul(p, i64(inner)))
+            return b.gep(vy, [off]), b.gep(iy, [off])
+        with for_range(b, n, name="tk") as i:
+            v = load_elem(b, b.gep(x, [b.add(xbase, b.mul(i, i64(inner)))]), dtype)
+            count = b.select(b.icmp_signed("<", i, i64(kk)), i, i64(kk))
+            b.store(count, pos_p)
+            head = fn.append_basic_block("tk.head")
+            shift = fn.append_basic_block("tk.shift")
+            done = fn.append_basic_block("tk.done")
+            b.branch(head)
+            b.position_at_end(head)
+            pos = b.load(pos_p)
+            has_prev = b.icmp_signed(">", pos, i64(0))
+            prev = b.select(has_prev, b.sub(pos, i64(1)), i64(0))
+            pv, pi = yat(prev)
+            wins = _better(b, v, load_elem(b, pv, dtype), largest, False, nan_best=largest)
+            b.cbranch(b.and_(has_prev, wins), shift, done)
+            b.position_at_end(shift)
+            with b.if_then(b.icmp_signed("<", pos, i64(kk))):
+                cv, ci = yat(pos)
+                b.store(b.load(pv), cv)
+                b.store(b.load(pi), ci)
+            b.store(prev, pos_p)
+            b.branch(head)
+            b.position_at_end(done)
+            pos = b.load(pos_p)
+            with b.if_then(b.icmp_signed("<", pos, i64(kk))):
+                cv, ci = yat(pos)
+                b.store(v.v, cv)
+                b.store(i, ci)
+    nest(b, (outer, inner), body, "tkl")
+
+
+# --------------------------------------------------------------------------- scans
+@kernel("CumSum", is_sum=True)
+@kernel("CumProd", is_sum=False)
+def cumulative(k: KernelArgs, is_sum: bool):
+    b = k.b
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    a = k.attrs
+    axis = a["axis"]
+    outer, n, inner = split_axis(xt.shape, axis)
+    dtype = yt.dtype
+    acc_p = b.alloca(register_type(dtype))
+
+    def body(idx):
+        o, r = idx
+        base = b.add(b.mul(o, i64(n * inner)), r)
+        b.store(const(0 if is_sum else 1, dtype), acc_p)
+        with for_range(b, n, name="cs") as i:
+            j = b.sub(i64(n - 1), i) if a["reverse"] else i
+            p = b.add(base, b.mul(j, i64(inner)))
+            em = ScalarEmitter(b, k.scalars)
+            acc = Value(b.load(acc_p), dtype)
+            new = (em.f_add if is_sum else em.f_mul)(acc, load_elem(b, b.gep(x, [p]), dtype))
+            b.store(new.v, acc_p)
+            store_elem(b, acc if a["exclusive"] else new, b.gep(y, [p]), dtype)
+    nest(b, (outer, inner), body, "cu")

@@ -1,0 +1,85 @@
+"""The cpu backend's decisions, recorded in the program by its LIR passes (passes.py) and
+only read by code emission (codegen.py).
+
+An instruction whose kernel has a choice gets an `InstrPlan` (`Instr.plan`): the strategy
+its kernel takes, how its constant weights are packed, the scratch memory it needs.  The
+program gets a `CpuPlan` (`Program.plan`): the target the decisions were made for, the
+steps (stacks of elementwise instructions, products with a fused epilogue, single kernels),
+how many tasks each step is split into, and where the kernels' scratch memory lies.
+`glowgen dump --stage lir` prints both.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import attrs
+
+# A 2-D convolution's strategies (kernels/conv.py):
+CONV_STRATEGIES = {
+    "gemm": "matrix product over the whole im2col patch matrix, copied from padded planes",
+    "gemm-panels": "matrix product, its patch matrix built one panel at a time (kept in L2)",
+    "pointwise": "matrix product reading the input as its right-hand side (1x1, stride 1)",
+    "transposed": "matrix product computed transposed, vectorized along the filters",
+    "planes": "direct convolution over padded planes in explicit vectors",
+    "direct": "direct convolution in plain loops (any element type)",
+}
+
+
+@attrs.define(eq=False)
+class InstrPlan:
+    """What the passes decided for one instruction's kernel."""
+    strategy: Optional[str] = None      # its kernel's strategy (CONV_STRATEGIES for a Conv;
+    #                                     "gemm" / "loops" for a product, "planes" / "loops"
+    #                                     for a 2-D max pool)
+    packed: Optional[str] = None        # its constant weights repacked (packing.py): "a" (the
+    #                                     GEMM's A in MR-row blocks), "b" (B in NR-wide panels),
+    #                                     "t" (a transposed convolution's B); None: as they are
+    packed_nr: Optional[int] = None     # the width of B's packed panels ("b")
+    scratch: int = 0                    # bytes of scratch memory one task of the kernel needs
+
+    def __str__(self) -> str:
+        parts = []
+        if self.strategy:
+            parts.append(f"strategy {self.strategy}")
+        if self.packed:
+            parts.append(f"packed {self.packed}" + (f" nr {self.packed_nr}" if self.packed_nr else ""))
+        if self.scratch:
+            parts.append(f"scratch {self.scratch}")
+        return ", ".join(parts)
+
+
+@attrs.define(eq=False)
+class CpuPlan:
+    """What the passes decided for the whole program."""
+    features: str                       # the target CPU's features ("+avx2,+fma,..."): what
+    #                                     instruction choices may assume
+    gemm_shape: object                  # the GEMM's register tile for them (gemm.GemmShape)
+    threads: int = 1                    # threads a call may use
+    stacking: bool = True               # stack elementwise runs into single loops
+    steps: list = attrs.Factory(list)   # stacking.Step, in order: what the entry point calls
+    scratch_offset: Optional[int] = None  # of the kernels' scratch memory in the activation
+    #                                       region (None: no kernel needs any; its size, every
+    #                                       task's share included: Program.scratch_bytes)
+
+    def describe(self) -> list[str]:
+        """The steps, one a line: `step 3: Conv+Add+Relu [1, 64, 56, 56] (epilogue Add+Relu)
+        tasks 2 scratch 2x37120`."""
+        from .stacking import describe_step
+        shape = self.gemm_shape
+        lines = [f"cpu plan {{ features {len(self.features.split(',')) if self.features else 0}, "
+                 f"gemm tile {shape.mr}x{shape.nr} (vectors of {shape.vw}), threads {self.threads}, "
+                 f"stacking {'on' if self.stacking else 'off'}"
+                 + (f", scratch act@{self.scratch_offset}" if self.scratch_offset is not None else "")]
+        for i, step in enumerate(self.steps):
+            text = f"  step {i:3d}: {describe_step(step)}"
+            if step.stacked:
+                text += f" (stack of {len(step.instrs)})"
+            if step.epilogue is not None:
+                text += f" (epilogue {'+'.join(ins.kind for ins in step.epilogue.instrs)})"
+            if step.parts > 1:
+                text += f" tasks {step.parts}"
+            if step.scratch:
+                text += f" scratch {step.parts}x{step.scratch}"
+            lines.append(text)
+        lines.append("}")
+        return lines

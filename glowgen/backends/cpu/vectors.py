@@ -1,0 +1,98 @@
+"""Explicit vectors of f32 lanes in LLVM IR: the helpers the hand-vectorized kernels
+(gemm.py, the plane and transposed convolutions, epilogues) build their loads, stores,
+masks, broadcasts and shuffles from."""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from .llvmutil import F32, I1, I32, I64, call_intrinsic, for_range, intrinsic
+
+
+def f32_vector(vw: int) -> ir.VectorType:
+    return ir.VectorType(F32, vw)
+
+
+def splat(b, scalar, vw):
+    """`scalar` (of any element type) in all `vw` lanes of a vector."""
+    vty = ir.VectorType(scalar.type, vw)
+    v = b.insert_element(ir.Constant(vty, ir.Undefined), scalar, ir.Constant(ir.IntType(32), 0))
+    return b.shuffle_vector(v, ir.Constant(vty, ir.Undefined),
+                            ir.Constant(ir.VectorType(ir.IntType(32), vw), [0] * vw))
+
+
+def lane_mask(vw: int, valid: int) -> ir.Constant:
+    """The constant mask of the first `valid` of `vw` lanes."""
+    return ir.Constant(ir.VectorType(I1, vw), [1 if i < valid else 0 for i in range(vw)])
+
+
+def masked_load(b, ptr, mask, passthru):
+    """llvm.masked.load of f32 lanes: those of `mask` from ptr, the others from `passthru`
+    (masked-off lanes are not read, so they may lie past the end of an array)."""
+    vty = passthru.type
+    vptr = b.bitcast(ptr, vty.as_pointer())
+    fn = intrinsic(b.module, f"llvm.masked.load.v{vty.count}f32.p0", vty,
+                   [vptr.type, ir.IntType(32), mask.type, vty])
+    return b.call(fn, [vptr, ir.Constant(ir.IntType(32), 4), mask, passthru])
+
+
+def masked_store(b, value, ptr, mask):
+    """llvm.masked.store of the f32 lanes of `mask`."""
+    vptr = b.bitcast(ptr, value.type.as_pointer())
+    fn = intrinsic(b.module, f"llvm.masked.store.v{value.type.count}f32.p0", ir.VoidType(),
+                   [value.type, vptr.type, ir.IntType(32), mask.type])
+    b.call(fn, [value, vptr, ir.Constant(ir.IntType(32), 4), mask])
+
+
+def vload(b, ptr, vw, valid=None):
+    if valid is None or valid >= vw:
+        ld = b.load(b.bitcast(ptr, f32_vector(vw).as_pointer()))
+        ld.align = 4
+        return ld
+    return masked_load(b, ptr, lane_mask(vw, valid), ir.Constant(f32_vector(vw), [0.0] * vw))
+
+
+def vstore(b, value, ptr, vw, valid=None):
+    if valid is None or valid >= vw:
+        st = b.store(value, b.bitcast(ptr, f32_vector(vw).as_pointer()))
+        st.align = 4
+        return
+    if valid <= 0:
+        return
+    masked_store(b, value, ptr, lane_mask(vw, valid))
+
+
+def fmuladd(b, a, x, acc):
+    """a * x + acc, fused where the target has FMA (llvm.fmuladd)."""
+    return call_intrinsic(b, "fmuladd", [a, x, acc])
+
+
+def copy_run(b, src, dst, count, vw: int) -> None:
+    """dst[0:count] = src[0:count] for a run-time count, in masked vectors: written as
+    vectors, the loop is not vectorized again by LLVM, which for a scalar copy between two
+    places of the scratch buffer would add alias checks and a scalar twin of every loop
+    (ResNet-18's module grew 2.5 times and took 36 s to compile)."""
+    iota = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
+    ends = splat(b, count, vw)
+    none = ir.Constant(ir.VectorType(F32, vw), [0.0] * vw)
+    with for_range(b, count, step=vw, name="run") as t:
+        mask = b.icmp_signed("<", b.add(splat(b, t, vw), iota), ends)
+        masked_store(b, masked_load(b, b.gep(src, [t]), mask, none), b.gep(dst, [t]), mask)
+
+
+def transpose_block(b, rows: list) -> list:
+    """The transpose of a square block of vectors: at every scale s (VW/2, ..., 1), swap
+    the off-diagonal s x s blocks of each 2s x 2s block -- one two-input shuffle per row
+    per stage (vpermt2ps)."""
+    n = len(rows)
+    rows = list(rows)
+    s = n // 2
+    while s >= 1:
+        lo = ir.Constant(ir.VectorType(I32, n), [j if not j & s else n + j - s for j in range(n)])
+        hi = ir.Constant(ir.VectorType(I32, n), [j + s if not j & s else n + j for j in range(n)])
+        for i in range(n):
+            if i & s:
+                continue
+            a, c = rows[i], rows[i + s]
+            rows[i], rows[i + s] = b.shuffle_vector(a, c, lo), b.shuffle_vector(a, c, hi)
+        s //= 2
+    return rows
