@@ -44,6 +44,46 @@ ModelLike = Union[str, os.PathLike, onnx.ModelProto, bytes, CheckedModel]
 NEWEST_OPSET = 28
 
 
+# Initializers with more elements than this reach ONNX's shape inference as typed graph inputs
+# without their data: inference needs only their types, and copying, serializing and parsing
+# back ResNet-50's 100 MB of weights took a second of every compile.  Small ones keep their data,
+# as shape inference reads the values of shape tensors (Reshape's target, Slice's bounds, ...).
+_INFERENCE_DATA_LIMIT = 1024
+
+
+def _copy_fields(src, dst, skip=()) -> None:
+    for field, value in src.ListFields():
+        if field.name in skip:
+            continue
+        repeated = getattr(field, "is_repeated", None)
+        if repeated is None:        # older protobuf: no is_repeated
+            repeated = field.label == field.LABEL_REPEATED
+        if repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def _without_large_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` for shape inference: large initializers become typed inputs."""
+    proto = onnx.ModelProto()
+    _copy_fields(model, proto, skip=("graph",))
+    _copy_fields(model.graph, proto.graph, skip=("initializer",))
+    inputs = {vi.name for vi in proto.graph.input}
+    for init in model.graph.initializer:
+        size = 1
+        for d in init.dims:
+            size *= d
+        if size <= _INFERENCE_DATA_LIMIT:
+            proto.graph.initializer.append(init)
+        elif init.name not in inputs:
+            proto.graph.input.append(helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
+    return proto
+
+
 # ----------------------------------------------------------------------------- loading
 def load_model(model: ModelLike, max_memory=None) -> onnx.ModelProto:
     """Read and check an ONNX model; every failure is a `ModelError` that says why.
@@ -323,8 +363,7 @@ class _Importer:
         """Compare every type we inferred with ONNX's own shape inference (on the model with
         the user's input shapes bound): a disagreement is a bug in a spec, caught here
         instead of as wrong numbers later."""
-        proto = onnx.ModelProto()
-        proto.CopyFrom(self.proto)
+        proto = _without_large_initializers(self.proto)
         inits = {i.name for i in proto.graph.initializer}
         for vi in proto.graph.input:
             p = self.values.get(vi.name)
