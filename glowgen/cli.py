@@ -128,8 +128,9 @@ def cmd_dump(args) -> int:
     from . import api
     from .engine.textual import print_function, to_dot
     stage = args.stage or ("lowered" if args.passes or args.rules else "loaded")
-    if args.cpu and stage not in NATIVE_STAGES:
-        raise InputError("--cpu chooses the target of native code: use it with --stage llvm or asm")
+    if args.cpu and stage not in NATIVE_STAGES + ("lir",):
+        raise InputError("--cpu chooses the target of native code and of the cpu backend's LIR "
+                         "decisions: use it with --stage lir, llvm or asm")
     if stage in NATIVE_STAGES:
         return _dump_native(args, stage)
     args.backend = args.backend or pipeline.DEFAULT_BACKEND
@@ -152,7 +153,8 @@ def cmd_dump(args) -> int:
             raise InputError("--format dot shows graphs; the lir stage prints as text")
         # After the backend's own LIR passes: the program as it will run.
         backend = get_backend(args.backend)
-        prog = api.build_program(fn, Registry.default(), backend, backend.check_options({}))
+        options = {"cpu": args.cpu} if args.cpu else {}
+        prog = api.build_program(fn, Registry.default(), backend, backend.check_options(options))
         text = format_memory_report(memory_report(prog)) if args.memory else print_program(prog)
     elif args.format == "dot":
         text = to_dot(fn)
