@@ -219,134 +219,6 @@ def cmd_compile(args) -> int:
     return 0
 
 
-def _percentile(sorted_values, q: float) -> float:
-    return float(np.percentile(np.asarray(sorted_values), q))
-
-
-# Warm-up by default: at least this many runs and this long (capped), for each engine alike.
-# Right after a compile, the first runs of a model are slower for a while (MobileNetV2 8.0 ms
-# after 3 warm-up runs, 7.1 ms after 30: caches, pages and clocks settling).
-WARMUP_RUNS, WARMUP_SECONDS, WARMUP_MAX_RUNS = 5, 0.5, 500
-
-
-def _warm_up(fn, warmup) -> None:
-    import time
-    if warmup is not None:
-        for _ in range(warmup):
-            fn()
-        return
-    start, done = time.perf_counter(), 0
-    while done < WARMUP_MAX_RUNS and (done < WARMUP_RUNS or time.perf_counter() - start < WARMUP_SECONDS):
-        fn()
-        done += 1
-
-
-def _timings(fn, runs: int, warmup) -> list[float]:
-    import time
-    _warm_up(fn, warmup)
-    out = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return sorted(out)
-
-
-def _fmt_ms(seconds: float) -> str:
-    ms = seconds * 1e3
-    return f"{ms:.3f} ms" if ms < 100 else f"{ms:.1f} ms"
-
-
-def _stats_line(times) -> str:
-    return (f"median {_fmt_ms(_percentile(times, 50))}  min {_fmt_ms(times[0])}  "
-            f"p90 {_fmt_ms(_percentile(times, 90))}")
-
-
-def cmd_bench(args) -> int:
-    import time
-    from .api import compile as compile_model
-    if args.devices is not None:          # serving through glowgen.runtime.Host
-        from .cli_runtime import cmd_bench_serving
-        return cmd_bench_serving(args)
-    args.threads = _thread_count(args)
-    if args.layers:
-        return _bench_layers(args)
-    if args.model is None:
-        raise InputError("glowgen bench needs a MODEL (or --layers for the layer grid)")
-    if args.filter or args.json:
-        raise InputError("--filter and --json go with --layers")
-    if args.runs < 1 or (args.warmup is not None and args.warmup < 0):
-        raise InputError("--runs must be at least 1 and --warmup at least 0")
-    if args.no_stacking and args.backend != "cpu":
-        raise InputError("--no-stacking applies to the cpu backend: add --backend cpu")
-    if args.profile and args.backend != "cpu":
-        raise InputError("--profile times the cpu backend's kernels: add --backend cpu")
-    ort = None
-    if args.compare != "none":
-        try:
-            import onnxruntime as ort
-        except ImportError:
-            if args.compare == "onnxruntime":
-                raise InputError("--compare onnxruntime: onnxruntime is not installed "
-                                 "(pip install onnxruntime, or pass --compare none)") from None
-    t0 = time.perf_counter()
-    model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
-                          **({"stacking": False} if args.no_stacking else {}), **_thread_option(args))
-    feeds = all_feeds = _feeds(args, model)
-    if hasattr(model, "specialized"):     # dynamic: the variant these inputs call, compiled now
-        model = model.specialized(feeds)
-        feeds = {k: v for k, v in feeds.items() if k in model.input_types}
-    compile_s = time.perf_counter() - t0
-    desc = ", ".join(f"{n}: {t}" for n, t in model.input_types.items())
-    print(f"model        {args.model} ({desc})")
-    warm = (f"{args.warmup} warm-up" if args.warmup is not None else
-            f"a warm-up of {WARMUP_SECONDS:g} s (at least {WARMUP_RUNS} runs)")
-    print(f"runs         {args.runs} timed after {warm} each, same inputs for every engine")
-    extra = "" if args.backend != "cpu" else f", stacking {'off' if args.no_stacking else 'on'}"
-    used = model.options.get("threads", 1)
-    print(f"glowgen      backend {args.backend}{extra}, {used} thread{'s' if used > 1 else ''}, "
-          f"compiled in {compile_s:.2f} s")
-    g_times = _timings(lambda: model.run(feeds), args.runs, args.warmup)
-    print(f"  latency    {_stats_line(g_times)}")
-    if ort is None:
-        if args.compare == "auto":
-            print("onnxruntime  not installed: no comparison")
-        if args.profile:
-            _print_profile(args, feeds)
-        return 0
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = args.threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    t0 = time.perf_counter()
-    try:
-        sess = ort.InferenceSession(str(args.model), opts, providers=["CPUExecutionProvider"])
-    except Exception as e:   # noqa: BLE001 - onnxruntime's own errors, reported as such
-        raise GlowgenError(f"onnxruntime cannot load {args.model}: {e}") from None
-    ort_s = time.perf_counter() - t0
-    ort_feeds = {k: v for k, v in all_feeds.items() if k in {i.name for i in sess.get_inputs()}}
-    names = [o.name for o in sess.get_outputs()]
-    print(f"onnxruntime  {ort.__version__}, CPUExecutionProvider, {args.threads} thread"
-          f"{'s' if args.threads > 1 else ''}, session created in {ort_s:.2f} s")
-    o_times = _timings(lambda: sess.run(names, ort_feeds), args.runs, args.warmup)
-    print(f"  latency    {_stats_line(o_times)}")
-    ratio = _percentile(g_times, 50) / _percentile(o_times, 50)
-    print(f"ratio        glowgen / onnxruntime = {ratio:.2f} (median latency; below 1 means "
-          f"glowgen is faster)")
-    ours = model.run(feeds)
-    theirs = dict(zip(names, sess.run(names, ort_feeds)))
-    diffs = []
-    for k, v in ours.items():
-        if k in theirs and np.asarray(theirs[k]).shape == v.shape and v.size:
-            d = np.abs(v.astype(np.float64) - np.asarray(theirs[k]).astype(np.float64))
-            diffs.append(float(np.nanmax(d)) if np.isfinite(d).any() else float("nan"))
-    if diffs:
-        print(f"outputs      max |glowgen - onnxruntime| = {max(diffs):.3g}")
-    if args.profile:
-        _print_profile(args, feeds)
-    return 0
-
-
 MEMORY_HELP = ("refuse, at compile time, a model whose constants or one call's inputs, outputs "
                "and activations need more than this many bytes (units K, M, G, T: 8G); "
                "default: what this machine has available")
@@ -381,50 +253,6 @@ def _backend_options(args, backend: str = None) -> dict:
     if "threads" not in options:
         return {}               # a backend without threads runs on one (bench says so)
     return {"threads": _thread_count(args), **({"cpu": cpu} if cpu is not None else {})}
-
-
-def _bench_layers(args) -> int:
-    if args.model is not None:
-        raise InputError("--layers runs its own grid of layers: leave MODEL out")
-    if args.backend != "cpu" or args.profile or args.input or args.input_shape:
-        raise InputError("--layers times the cpu backend on its own inputs: leave out --backend, "
-                         "--profile, --input and --input-shape")
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        raise InputError("--layers compares with onnxruntime: pip install onnxruntime") from None
-    from .benchmarks.layers import run
-    options = {**({"stacking": False} if args.no_stacking else {}),
-               **({"cpu": args.cpu} if args.cpu else {})}
-    run(args.filter, threads=args.threads, json_path=args.json, compile_options=options or None)
-    return 0
-
-
-def _print_profile(args, feeds) -> None:
-    """Time per native kernel, from cycle counters around each step of a second build (the
-    timed runs above carry no counters)."""
-    from .api import compile as compile_model
-    model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
-                          stacking=not args.no_stacking, profile=True, threads=args.threads)
-    import time
-    _warm_up(lambda: model.run(feeds), args.warmup)
-    model.profile(reset=True)
-    t0 = time.perf_counter()
-    for _ in range(args.runs):
-        model.run(feeds)
-    per_run_ms = (time.perf_counter() - t0) * 1e3 / args.runs
-    rows = model.profile()
-    total = sum(c for _, c in rows) or 1
-    print(f"profile      per kernel, its fastest of {args.runs} runs (cycle counter; ms are shares "
-          f"of the {per_run_ms:.3f} ms a profiled run took)")
-    shown = sorted(rows, key=lambda r: -r[1])[:args.profile_top]
-    for name, cycles in shown:
-        share = cycles / total
-        print(f"  {100 * share:5.1f}%  {share * per_run_ms:8.3f} ms  {name}")
-    if len(rows) > len(shown):
-        rest = sum(c for _, c in rows) - sum(c for _, c in shown)
-        print(f"  {100 * rest / total:5.1f}%  {rest / total * per_run_ms:8.3f} ms  "
-              f"({len(rows) - len(shown)} more kernels)")
 
 
 def _feeds(args, model, say_random: bool = False) -> dict:
@@ -510,6 +338,7 @@ def cmd_conformance(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .cli_bench import WARMUP_MAX_RUNS, WARMUP_RUNS, WARMUP_SECONDS, cmd_bench
     p = argparse.ArgumentParser(
         prog="glowgen",
         description="glowgen compiles ONNX models. Every op is declared in specs/*.glowdef; "
