@@ -32,3 +32,20 @@ def test_division_by_a_constant_whose_reciprocal_is_not_normal_stays_a_division(
     model = make_model([helper.make_node("Div", ["x", "c"], ["y"])], {"x": x}, ["y"], {"c": c})
     assert_close(run_glowgen(model, {"x": x}, backend=backend), run_ort(model, {"x": x}),
                  rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_step_reads_what_the_step_before_it_wrote(backend):
+    # CumSum -> GatherElements, and a Max of the CumSum as a second output: once LLVM had
+    # inlined the steps, its SLP vectorizer sank the CumSum's last stores below the
+    # GatherElements reading them, which then read the arena's old zeros (the cpu backend now
+    # puts a compiler-only barrier between steps).
+    x = np.arange(1, 8, dtype=np.int64)
+    nodes = [helper.make_node("CumSum", ["x", "axis"], ["c"]),
+             helper.make_node("GatherElements", ["c", "i"], ["g"], axis=-1),
+             helper.make_node("Max", ["c", "x"], ["m"])]
+    consts = {"axis": np.array(-1, np.int64), "i": np.array([-6, 5, -7, 0, 3, -3, -7, 6], np.int64)}
+    model = make_model(nodes, {"x": x}, ["g", "m"], consts)
+    for threads in (1, 2):
+        kw = {"threads": threads} if backend == "cpu" else {}
+        assert_close(run_glowgen(model, {"x": x}, backend=backend, **kw), run_ort(model, {"x": x}))

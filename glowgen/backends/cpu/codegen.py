@@ -195,6 +195,10 @@ class ModuleBuilder:
         clock = (intrinsic(self.module, "llvm.readcyclecounter", ir.IntType(64), [])
                  if self._counters is not None else None)
         for index, (fn, buffers, uses_scratch, task) in enumerate(calls):
+            # Steps talk through memory: a compiler-only barrier keeps LLVM from moving one
+            # step's loads and stores past another's once it has inlined them (LLVM 22's SLP
+            # vectorizer sank a CumSum's stores below the GatherElements reading them).
+            b.fence("seq_cst", "singlethread")
             ptrs = []
             for buf in buffers:
                 k = slot_of.get(id(buf.root()))
