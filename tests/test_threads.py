@@ -54,6 +54,14 @@ def _models():
     yield make_model([helper.make_node("Add", ["x", "b"], ["s"]), helper.make_node("Erf", ["s"], ["e"]),
                       helper.make_node("Mul", ["e", "x"], ["y"])],
                      {"x": np.zeros((1, 37, 61, 67), np.float32)}, ["y"], {"b": _w(1, 37, 1, 1)}), "Add+Erf+Mul"
+    yield make_model([helper.make_node("Gather", ["x", "i"], ["y"], axis=3)],                  # by outer rows
+                     {"x": np.zeros((1, 45, 80, 80), np.float32)}, ["y"],
+                     {"i": np.repeat(np.arange(80), 2).astype(np.int64)}), "Gather"
+    yield make_model([helper.make_node("Transpose", ["x"], ["y"], perm=[0, 1, 2, 4, 3, 5])],    # pixel shuffle
+                     {"x": np.zeros((1, 24, 81, 2, 80, 2), np.float32)}, ["y"]), "Transpose"
+    yield make_model([helper.make_node("Concat", ["a", "b"], ["y"], axis=1)],                 # each input's share
+                     {"a": np.zeros((1, 40, 90, 90), np.float32), "b": np.zeros((1, 17, 90, 90), np.float32)},
+                     ["y"]), "Concat"
 
 
 def _feeds(model):

@@ -12,6 +12,7 @@ from llvmlite import ir
 
 from ..llvmutil import I1, for_range, i64, is_float, storage_type
 from ..loops import strided_loops
+from ..parallel import WHOLE
 from ..scalar import Value, convert, load_elem, store_elem
 
 TRUE = ir.Constant(I1, 1)
@@ -89,11 +90,12 @@ def inside(b, coords, sizes):
     return ok
 
 
-def copy_loops(b, shape, src, src_map, src_off, dst, dst_map, dst_off):
-    """dst[dst_map . i + dst_off] = src[src_map . i + src_off] over `shape`."""
+def copy_loops(b, shape, src, src_map, src_off, dst, dst_map, dst_off, split=WHOLE):
+    """dst[dst_map . i + dst_off] = src[src_map . i + src_off] over `shape` (a `split`'s
+    share of its outermost loop)."""
     def body(bb, ptrs):
         bb.store(bb.load(ptrs[0]), ptrs[1])
-    strided_loops(b, shape, [src, dst], [src_map, dst_map], [src_off, dst_off], body)
+    strided_loops(b, shape, [src, dst], [src_map, dst_map], [src_off, dst_off], body, split=split)
 
 
 def extreme(which: str, dtype: str):

@@ -11,6 +11,7 @@ from math import prod
 from ..llvmutil import I64, for_range, i64
 from ..loops import contiguous_strides
 from ..scalar import ScalarEmitter, Value, load_elem, store_elem
+from ..parallel import Work, parallel
 from .base import KernelArgs, kernel
 from .common import TRUE, clamped_index, copy_elements, lin, load_index, nest, normalize_index
 
@@ -28,7 +29,8 @@ def gather(k: KernelArgs):
         inner *= d
     dim = xt.shape[axis]
     n_idx = it.size
-    with for_range(b, n_outer, name="o") as o:
+    lo, hi = k.split.range(b, n_outer)          # a split task's outer rows (gather_work)
+    with for_range(b, hi, start=lo, name="o") as o:
         with for_range(b, n_idx, name="j") as j:
             raw = b.load(b.gep(idx, [j]))
             raw = b.sext(raw, I64) if raw.type.width < 64 else raw
@@ -41,6 +43,14 @@ def gather(k: KernelArgs):
             dst = b.add(b.mul(o, i64(n_idx * inner)), b.mul(j, i64(inner)))
             with for_range(b, inner, name="r") as r:
                 b.store(b.load(b.gep(x, [b.add(src, r)])), b.gep(y, [b.add(dst, r)]))
+
+
+@parallel("Gather")
+def gather_work(node, shape, ins) -> Work:
+    """A gather shares out the rows before its axis (a nearest resize's planes)."""
+    x_shape = node.inputs[0].type.shape
+    return Work(prod(x_shape[:node.attr_values()["axis"]]),
+                elements=prod(node.outputs[0].type.shape))
 
 
 @kernel("GatherElements")

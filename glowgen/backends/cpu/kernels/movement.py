@@ -7,18 +7,30 @@ from math import prod
 from llvmlite import ir
 
 from ..llvmutil import for_range, i64
-from ..loops import broadcast_strides, contiguous_strides, strided_loops
+from ..loops import broadcast_strides, contiguous_strides, loop_work, strided_loops
+from ..parallel import Work, parallel
 from ..scalar import Value, const, store_elem
 from .base import KernelArgs, kernel
 from .common import copy_loops, nest, split_axis, zero_of
 
 
+def _transpose_maps(x_shape, y_shape, perm):
+    xs = contiguous_strides(x_shape)
+    return [xs[p] for p in perm], contiguous_strides(y_shape)
+
+
 @kernel("Transpose")
 def transpose(k: KernelArgs):
     (y, yt), (x, xt) = k.outs[0], k.ins[0]
-    xs = contiguous_strides(xt.shape)
-    perm = k.attrs["perm"]
-    copy_loops(k.b, yt.shape, x, [xs[p] for p in perm], 0, y, contiguous_strides(yt.shape), 0)
+    x_map, y_map = _transpose_maps(xt.shape, yt.shape, k.attrs["perm"])
+    copy_loops(k.b, yt.shape, x, x_map, 0, y, y_map, 0, split=k.split)
+
+
+@parallel("Transpose")
+def transpose_work(node, shape, ins) -> Work:
+    """A large transpose (a pixel shuffle) shares out its outermost loop."""
+    x_shape, y_shape = node.inputs[0].type.shape, node.outputs[0].type.shape
+    return loop_work(y_shape, _transpose_maps(x_shape, y_shape, node.attr_values()["perm"]))
 
 
 @kernel("Expand")
@@ -40,9 +52,20 @@ def concat(k: KernelArgs):
     axis = k.attrs["axis"]
     ys = contiguous_strides(yt.shape)
     at = 0
-    for x, xt in k.ins[0]:
-        copy_loops(k.b, xt.shape, x, contiguous_strides(xt.shape), 0, y, ys, at * ys[axis])
+    for x, xt in k.ins[0]:     # a split task copies its share of each input
+        copy_loops(k.b, xt.shape, x, contiguous_strides(xt.shape), 0, y, ys, at * ys[axis],
+                   split=k.split)
         at += xt.shape[axis]
+
+
+@parallel("Concat")
+def concat_work(node, shape, ins) -> Work:
+    """A large concatenation shares out each input's copy loop."""
+    y_shape = node.outputs[0].type.shape
+    ys = contiguous_strides(y_shape)
+    items = [loop_work(v.type.shape, [contiguous_strides(v.type.shape), ys]).items
+             for v in node.inputs[0]]
+    return Work(min(items), elements=prod(y_shape))
 
 
 @kernel("Slice")
