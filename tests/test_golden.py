@@ -456,6 +456,11 @@ CASES = {
     "unary_transpose_sink.leaky_relu": _onnx_chain(
         [("Transpose", [], {"perm": [1, 0]}), ("LeakyRelu", [], {"alpha": 0.3})], f32(2, 3)),
     "unary_transpose_sink.is_nan": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("IsNaN", [], None)], f32(2, 3)),
+    # An elementwise op sinks below a reshape, and so reaches what is behind it.
+    "unary_reshape_sink.relu": _onnx_chain([("Reshape", ["s"], None), ("Relu", [], None)], f32(2, 6),
+                                           {"s": np.array([3, 4], np.int64)}),
+    "unary_reshape_sink.exp": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("Reshape", ["s"], None),
+                                           ("Exp", [], None)], f32(2, 6), {"s": np.array([4, 3], np.int64)}),
 }
 
 HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"

@@ -1365,7 +1365,23 @@ def _r90_unary_transpose_sink_build(_b, _m):
 
 
 
-def _r91_add_transpose_sink_guard(_m, _ctx):
+def _r91_unary_reshape_sink_guard(_m, _ctx):
+    """where uses(r) == 1"""
+    u = _m['u']
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.eq(_ctx.uses(r), 1)))
+
+def _r91_unary_reshape_sink_build(_b, _m):
+    """=> Reshape(u(x), dims = r.dims)"""
+    u = _m['u']
+    r = _m['r']
+    x = _m['x']
+    return rt.results(_b.op('Reshape', [_b.like(u, [x], {})], {'dims': r.dims}))
+
+
+
+def _r92_add_transpose_sink_guard(_m, _ctx):
     """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
     t = _m['t']
     x = _m['x']
@@ -1373,7 +1389,7 @@ def _r91_add_transpose_sink_guard(_m, _ctx):
     y = _m['y']
     return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
 
-def _r91_add_transpose_sink_build(_b, _m):
+def _r92_add_transpose_sink_build(_b, _m):
     """=> Transpose(Add(x, y), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1383,7 +1399,7 @@ def _r91_add_transpose_sink_build(_b, _m):
 
 
 
-def _r92_mul_transpose_sink_guard(_m, _ctx):
+def _r93_mul_transpose_sink_guard(_m, _ctx):
     """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
     t = _m['t']
     x = _m['x']
@@ -1391,7 +1407,7 @@ def _r92_mul_transpose_sink_guard(_m, _ctx):
     y = _m['y']
     return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
 
-def _r92_mul_transpose_sink_build(_b, _m):
+def _r93_mul_transpose_sink_build(_b, _m):
     """=> Transpose(Mul(x, y), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1401,14 +1417,14 @@ def _r92_mul_transpose_sink_build(_b, _m):
 
 
 
-def _r93_add_const_transpose_sink_guard(_m, _ctx):
+def _r94_add_const_transpose_sink_guard(_m, _ctx):
     """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
     t = _m['t']
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
 
-def _r93_add_const_transpose_sink_build(_b, _m):
+def _r94_add_const_transpose_sink_build(_b, _m):
     """=> Transpose(Add(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1418,14 +1434,14 @@ def _r93_add_const_transpose_sink_build(_b, _m):
 
 
 
-def _r94_mul_const_transpose_sink_guard(_m, _ctx):
+def _r95_mul_const_transpose_sink_guard(_m, _ctx):
     """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
     t = _m['t']
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
 
-def _r94_mul_const_transpose_sink_build(_b, _m):
+def _r95_mul_const_transpose_sink_build(_b, _m):
     """=> Transpose(Mul(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1435,13 +1451,13 @@ def _r94_mul_const_transpose_sink_build(_b, _m):
 
 
 
-def _r95_resize_identity_guard(_m, _ctx):
+def _r96_resize_identity_guard(_m, _ctx):
     """where len(r.axes) == 0"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(rt.b_len(r.axes), 0)))
 
-def _r95_resize_identity_build(_b, _m):
+def _r96_resize_identity_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -1449,13 +1465,13 @@ def _r95_resize_identity_build(_b, _m):
 
 
 
-def _r96_resize_one_axis_at_a_time_guard(_m, _ctx):
+def _r97_resize_one_axis_at_a_time_guard(_m, _ctx):
     """where len(r.axes) > 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.gt(rt.b_len(r.axes), 1)))
 
-def _r96_resize_one_axis_at_a_time_build(_b, _m):
+def _r97_resize_one_axis_at_a_time_build(_b, _m):
     """=> Resize(Resize(x, ...r, axes = r.axes[:1]), ...r, axes = r.axes[1:])"""
     r = _m['r']
     x = _m['x']
@@ -1463,13 +1479,13 @@ def _r96_resize_one_axis_at_a_time_build(_b, _m):
 
 
 
-def _r97_resize_nearest_gather_guard(_m, _ctx):
+def _r98_resize_nearest_gather_guard(_m, _ctx):
     'where ((len(r.axes) == 1) and (r.mode == "nearest")) and not resize_extrapolates(*resize_args(r, x.shape[r.axes[0]]))'
     r = _m['r']
     x = _m['x']
     return bool((((rt.eq(rt.b_len(r.axes), 1) and rt.eq(r.mode, 'nearest')) and (not sl.resize.resize_extrapolates(*fn_resize_args(r, x.shape[r.axes[0]]))))))
 
-def _r97_resize_nearest_gather_build(_b, _m):
+def _r98_resize_nearest_gather_build(_b, _m):
     """=> Gather(x, const(resize_gather_indices(*resize_args(r, x.shape[r.axes[0]])), i64), axis = r.axes[0])"""
     r = _m['r']
     x = _m['x']
@@ -1477,13 +1493,13 @@ def _r97_resize_nearest_gather_build(_b, _m):
 
 
 
-def _r98_resize_axis_taps_guard(_m, _ctx):
+def _r99_resize_axis_taps_guard(_m, _ctx):
     """where len(r.axes) == 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(rt.b_len(r.axes), 1)))
 
-def _r98_resize_axis_taps_build(_b, _m):
+def _r99_resize_axis_taps_build(_b, _m):
     """=> Add(y, Reshape(fill, dims = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
     r = _m['r']
     x = _m['x']
@@ -1498,7 +1514,7 @@ def _r98_resize_axis_taps_build(_b, _m):
 
 
 
-def _r99_legacy_broadcast_expand_build(_b, _m):
+def _r100_legacy_broadcast_expand_build(_b, _m):
     '=> Add(a, b2) if n.op == "Add" else Sub(a, b2) if n.op == "Sub" else Mul(a, b2) if n.op == "Mul" else Div(a, b2) if n.op == "Div" else Pow(a, b2) if n.op == "Pow" else PRelu(a, b2)'
     n = _m['n']
     a = _m['a']
@@ -1508,7 +1524,7 @@ def _r99_legacy_broadcast_expand_build(_b, _m):
 
 
 
-def _r100_avgpool_dilated_to_conv_build(_b, _m):
+def _r101_avgpool_dilated_to_conv_build(_b, _m):
     """=> Div(sums, const(window_counts(x.shape[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype))"""
     p = _m['p']
     x = _m['x']
@@ -1518,7 +1534,7 @@ def _r100_avgpool_dilated_to_conv_build(_b, _m):
 
 
 
-def _r101_lppool_to_conv_build(_b, _m):
+def _r102_lppool_to_conv_build(_b, _m):
     """=> Sqrt(sums) if p.p == 2 else sums if p.p == 1 else Pow(sums, scalar(1.0 / p.p, x.dtype))"""
     p = _m['p']
     x = _m['x']
@@ -1529,7 +1545,7 @@ def _r101_lppool_to_conv_build(_b, _m):
 
 
 
-def _r102_col2im_to_convtranspose_build(_b, _m):
+def _r103_col2im_to_convtranspose_build(_b, _m):
     """=> ConvTranspose(Reshape(x, dims = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
     c = _m['c']
     x = _m['x']
@@ -1539,7 +1555,7 @@ def _r102_col2im_to_convtranspose_build(_b, _m):
 
 
 
-def _r103_gridsample_expand_build(_b, _m):
+def _r104_gridsample_expand_build(_b, _m):
     """=> Reshape(Transpose(sums, perm = [1, 0, 2]), dims = g.shape)"""
     g = _m['g']
     x = _m['x']
@@ -1585,7 +1601,7 @@ def _r103_gridsample_expand_build(_b, _m):
 
 
 
-def _r104_reflect_expand_build(_b, _m):
+def _r105_reflect_expand_build(_b, _m):
     """=> Select(Or(below, Greater(x, high)), Select(from_low, Add(low, rest), Sub(high, rest)), x)"""
     x = _m['x']
     low = _m['low']
@@ -1601,7 +1617,7 @@ def _r104_reflect_expand_build(_b, _m):
 
 
 
-def _r105_lstm_unroll_build(_b, _m):
+def _r106_lstm_unroll_build(_b, _m):
     """=> rnn_layer(l, 4 * l.hidden_size, x, w, r, b, h0, c0, p)"""
     l = _m['l']
     x = _m['x']
@@ -1615,7 +1631,7 @@ def _r105_lstm_unroll_build(_b, _m):
 
 
 
-def _r106_gru_unroll_build(_b, _m):
+def _r107_gru_unroll_build(_b, _m):
     """=> rnn_layer(l, 3 * l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1627,7 +1643,7 @@ def _r106_gru_unroll_build(_b, _m):
 
 
 
-def _r107_rnn_unroll_build(_b, _m):
+def _r108_rnn_unroll_build(_b, _m):
     """=> rnn_layer(l, l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1639,13 +1655,13 @@ def _r107_rnn_unroll_build(_b, _m):
 
 
 
-def _r108_quant_param_to_reshape_guard(_m, _ctx):
+def _r109_quant_param_to_reshape_guard(_m, _ctx):
     """where prod(q.shape) == prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.eq(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r108_quant_param_to_reshape_build(_b, _m):
+def _r109_quant_param_to_reshape_build(_b, _m):
     """=> Reshape(p, dims = q.shape)"""
     q = _m['q']
     p = _m['p']
@@ -1653,13 +1669,13 @@ def _r108_quant_param_to_reshape_build(_b, _m):
 
 
 
-def _r109_quant_param_blocked_to_gather_guard(_m, _ctx):
+def _r110_quant_param_blocked_to_gather_guard(_m, _ctx):
     """where prod(q.shape) != prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.ne(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r109_quant_param_blocked_to_gather_build(_b, _m):
+def _r110_quant_param_blocked_to_gather_build(_b, _m):
     """=> Gather(p, const(block_indices(q.like[q.axis], q.block_size), i64), axis = q.axis)"""
     q = _m['q']
     p = _m['p']
@@ -1667,7 +1683,7 @@ def _r109_quant_param_blocked_to_gather_build(_b, _m):
 
 
 
-def _r110_quantize_linear_expand_build(_b, _m):
+def _r111_quantize_linear_expand_build(_b, _m):
     """=> Cast(Clip(Add(r, Cast(z, to = wide)) if defined(z) else r, min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -1681,7 +1697,7 @@ def _r110_quantize_linear_expand_build(_b, _m):
 
 
 
-def _r111_dequantize_linear_expand_build(_b, _m):
+def _r112_dequantize_linear_expand_build(_b, _m):
     """=> Cast(Mul(Sub(xw, Cast(z, to = wide)) if defined(z) else xw, Cast(s, to = wide)), to = d.dtype)"""
     d = _m['d']
     x = _m['x']
@@ -1695,7 +1711,7 @@ def _r111_dequantize_linear_expand_build(_b, _m):
 
 
 
-def _r112_qlinear_matmul_expand_build(_b, _m):
+def _r113_qlinear_matmul_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(Cast(acc, to = f64), Cast(multiplier, to = f64)), Cast(zy, to = f64))), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -1713,7 +1729,7 @@ def _r112_qlinear_matmul_expand_build(_b, _m):
 
 
 
-def _r113_matmul_integer_expand_build(_b, _m):
+def _r114_matmul_integer_expand_build(_b, _m):
     """=> MatMul(a2, b2)"""
     a = _m['a']
     b = _m['b']
@@ -1725,7 +1741,7 @@ def _r113_matmul_integer_expand_build(_b, _m):
 
 
 
-def _r114_conv_integer_expand_build(_b, _m):
+def _r115_conv_integer_expand_build(_b, _m):
     """=> Cast(Conv(xs, ws, ...c) if rank(x) == 4 else ConvN(xs, ws, ...c), to = i32)"""
     c = _m['c']
     x = _m['x']
@@ -1738,7 +1754,7 @@ def _r114_conv_integer_expand_build(_b, _m):
 
 
 
-def _r115_qlinear_conv_expand_build(_b, _m):
+def _r116_qlinear_conv_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, dims = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -1759,7 +1775,7 @@ def _r115_qlinear_conv_expand_build(_b, _m):
 
 
 
-def _r116_dft_to_matmul_build(_b, _m):
+def _r117_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), dims = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -1773,13 +1789,13 @@ def _r116_dft_to_matmul_build(_b, _m):
 
 
 
-def _r117_compress_to_gather_guard(_m, _ctx):
+def _r118_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r117_compress_to_gather_build(_b, _m):
+def _r118_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -1787,13 +1803,13 @@ def _r117_compress_to_gather_build(_b, _m):
 
 
 
-def _r118_compress_flat_to_gather_guard(_m, _ctx):
+def _r119_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r118_compress_flat_to_gather_build(_b, _m):
+def _r119_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, dims = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -1801,7 +1817,7 @@ def _r118_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r119_stft_expand_build(_b, _m):
+def _r120_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, dims = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -1902,33 +1918,34 @@ RULES = (
     RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r88_concat_single_build, location='specs/lowerings.glowdef:534:1'),
     RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r89_concat_flatten_guard, build=_r89_concat_flatten_build, location='specs/lowerings.glowdef:537:1'),
     RuleInfo(name='unary_transpose_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Transpose', (V('x'),), bind='t'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r90_unary_transpose_sink_guard, build=_r90_unary_transpose_sink_build, location='specs/lowerings.glowdef:543:1'),
-    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r91_add_transpose_sink_guard, build=_r91_add_transpose_sink_build, location='specs/lowerings.glowdef:546:1'),
-    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r92_mul_transpose_sink_guard, build=_r92_mul_transpose_sink_build, location='specs/lowerings.glowdef:550:1'),
-    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r93_add_const_transpose_sink_guard, build=_r93_add_const_transpose_sink_build, location='specs/lowerings.glowdef:555:1'),
-    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r94_mul_const_transpose_sink_guard, build=_r94_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:560:1'),
-    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r95_resize_identity_guard, build=_r95_resize_identity_build, location='specs/lowerings.glowdef:577:1'),
-    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_one_axis_at_a_time_guard, build=_r96_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:580:1'),
-    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_nearest_gather_guard, build=_r97_resize_nearest_gather_build, location='specs/lowerings.glowdef:585:1'),
-    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r98_resize_axis_taps_guard, build=_r98_resize_axis_taps_build, location='specs/lowerings.glowdef:594:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r99_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:609:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r100_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:620:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r101_lppool_to_conv_build, location='specs/lowerings.glowdef:629:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r102_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:639:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r103_gridsample_expand_build, location='specs/lowerings.glowdef:659:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r104_reflect_expand_build, location='specs/lowerings.glowdef:711:1'),
-    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r105_lstm_unroll_build, location='specs/lowerings.glowdef:843:1'),
-    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r106_gru_unroll_build, location='specs/lowerings.glowdef:847:1'),
-    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r107_rnn_unroll_build, location='specs/lowerings.glowdef:851:1'),
-    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r108_quant_param_to_reshape_guard, build=_r108_quant_param_to_reshape_build, location='specs/lowerings.glowdef:862:1'),
-    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r109_quant_param_blocked_to_gather_guard, build=_r109_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:866:1'),
-    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r110_quantize_linear_expand_build, location='specs/lowerings.glowdef:873:1'),
-    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r111_dequantize_linear_expand_build, location='specs/lowerings.glowdef:882:1'),
-    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r112_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:890:1'),
-    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r113_matmul_integer_expand_build, location='specs/lowerings.glowdef:903:1'),
-    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r114_conv_integer_expand_build, location='specs/lowerings.glowdef:911:1'),
-    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r115_qlinear_conv_expand_build, location='specs/lowerings.glowdef:919:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r116_dft_to_matmul_build, location='specs/lowerings.glowdef:934:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r117_compress_to_gather_guard, build=_r117_compress_to_gather_build, location='specs/lowerings.glowdef:944:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r118_compress_flat_to_gather_guard, build=_r118_compress_flat_to_gather_build, location='specs/lowerings.glowdef:948:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r119_stft_expand_build, location='specs/lowerings.glowdef:953:1'),
+    RuleInfo(name='unary_reshape_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Reshape', (V('x'),), bind='r'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r91_unary_reshape_sink_guard, build=_r91_unary_reshape_sink_build, location='specs/lowerings.glowdef:549:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r92_add_transpose_sink_guard, build=_r92_add_transpose_sink_build, location='specs/lowerings.glowdef:552:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r93_mul_transpose_sink_guard, build=_r93_mul_transpose_sink_build, location='specs/lowerings.glowdef:556:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r94_add_const_transpose_sink_guard, build=_r94_add_const_transpose_sink_build, location='specs/lowerings.glowdef:561:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r95_mul_const_transpose_sink_guard, build=_r95_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:566:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_identity_guard, build=_r96_resize_identity_build, location='specs/lowerings.glowdef:583:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_one_axis_at_a_time_guard, build=_r97_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:586:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r98_resize_nearest_gather_guard, build=_r98_resize_nearest_gather_build, location='specs/lowerings.glowdef:591:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r99_resize_axis_taps_guard, build=_r99_resize_axis_taps_build, location='specs/lowerings.glowdef:600:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r100_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:615:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r101_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:626:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r102_lppool_to_conv_build, location='specs/lowerings.glowdef:635:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r103_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:645:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r104_gridsample_expand_build, location='specs/lowerings.glowdef:665:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r105_reflect_expand_build, location='specs/lowerings.glowdef:717:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r106_lstm_unroll_build, location='specs/lowerings.glowdef:849:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r107_gru_unroll_build, location='specs/lowerings.glowdef:853:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r108_rnn_unroll_build, location='specs/lowerings.glowdef:857:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r109_quant_param_to_reshape_guard, build=_r109_quant_param_to_reshape_build, location='specs/lowerings.glowdef:868:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r110_quant_param_blocked_to_gather_guard, build=_r110_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:872:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r111_quantize_linear_expand_build, location='specs/lowerings.glowdef:879:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r112_dequantize_linear_expand_build, location='specs/lowerings.glowdef:888:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r113_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:896:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r114_matmul_integer_expand_build, location='specs/lowerings.glowdef:909:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r115_conv_integer_expand_build, location='specs/lowerings.glowdef:917:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r116_qlinear_conv_expand_build, location='specs/lowerings.glowdef:925:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r117_dft_to_matmul_build, location='specs/lowerings.glowdef:940:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r118_compress_to_gather_guard, build=_r118_compress_to_gather_build, location='specs/lowerings.glowdef:950:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r119_compress_flat_to_gather_guard, build=_r119_compress_flat_to_gather_build, location='specs/lowerings.glowdef:954:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r120_stft_expand_build, location='specs/lowerings.glowdef:959:1'),
 )
