@@ -3,7 +3,8 @@ from .errors import GlowgenError
 
 __version__ = "0.1.0"
 
-__all__ = ["GlowgenError", "compile", "CompiledModel", "write_bundle", "from_torch"]
+__all__ = ["GlowgenError", "compile", "CompiledModel", "write_bundle", "from_torch", "profile",
+           "load_profile"]
 
 
 def from_torch(module, example_inputs, **compile_options):
@@ -19,4 +20,7 @@ def __getattr__(name):
     if name in ("compile", "CompiledModel", "write_bundle"):
         from . import api
         return getattr(api, name)
+    if name in ("profile", "load_profile"):
+        from . import quantization
+        return getattr(quantization, name)
     raise AttributeError(name)

@@ -33,6 +33,7 @@ examples:
   glowgen bench model.onnx --backend cpu --runs 20      # latency, against onnxruntime
   glowgen bench model.onnx --devices 2 --concurrency 4  # serving throughput, against onnxruntime
   glowgen partition model.onnx --device cpu:memory=64MB --device cpu:memory=64MB [--format dot]
+  glowgen profile model.onnx --calibration calib.npz -o profile.json   # tensor ranges, for int8
   glowgen ops
   glowgen conformance --backend interpreter --json results.json
   glowgen regen            # after editing specs/*.glowdef
@@ -473,6 +474,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bn)
     bn.set_defaults(func=cmd_bench)
     add_partition_parser(sub, shape_help)
+    from .cli_quantize import add_profile_parser
+    add_profile_parser(sub, shape_help, CPU_HELP, MEMORY_HELP)
 
     g = sub.add_parser("regen", help="regenerate glowgen/generated/ from specs/",
                        description="Parse specs/*.glowdef and write the generated Python modules.")

@@ -461,6 +461,14 @@ CASES = {
                                            {"s": np.array([3, 4], np.int64)}),
     "unary_reshape_sink.exp": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("Reshape", ["s"], None),
                                            ("Exp", [], None)], f32(2, 6), {"s": np.array([4, 3], np.int64)}),
+    # Profiling's histogram (not an ONNX op): values below, inside and above [-1, 1].
+    "histogram_to_scatter": text_case("""graph g {
+  input %x: f32[2, 5]
+  %y = Histogram(%x) {bins = 4, low = -1.0, high = 1.0} : f32[4]
+  output "y" = %y
+}""", {"x": np.array([[-3, -1, -0.6, -0.4, 0], [0.2, 0.5, 0.99, 1, 7]], np.float32)},
+        lambda f: {"y": np.histogram(np.clip(f["x"], -1, np.nextafter(np.float32(1), 0)),
+                                     bins=4, range=(-1, 1))[0].astype(np.float32)}),
 }
 
 HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"

@@ -1775,7 +1775,18 @@ def _r116_qlinear_conv_expand_build(_b, _m):
 
 
 
-def _r117_dft_to_matmul_build(_b, _m):
+def _r117_histogram_to_scatter_build(_b, _m):
+    '=> ScatterElements(Splat(dims = [h.bins], value = 0.0, dtype = f32), Reshape(Cast(bin, to = i32), dims = [n]), Splat(dims = [n], value = 1.0, dtype = f32), axis = 0, reduction = "add")'
+    h = _m['h']
+    x = _m['x']
+    n = rt.b_prod(x.shape)
+    width = rt.truediv(rt.sub(h.high, h.low), h.bins)
+    bin = _b.op('Clip', [_b.op('Floor', [_b.op('Mul', [_b.op('Sub', [_b.op('Cast', [x], {'to': 'f32'}), _b.scalar(h.low, 'f32')], {}), _b.scalar(rt.truediv(1.0, width), 'f32')], {})], {})], {'min': 0.0, 'max': rt.sub(h.bins, 1.0)})
+    return rt.results(_b.op('ScatterElements', [_b.op('Splat', [], {'dims': (h.bins, ), 'value': 0.0, 'dtype': 'f32'}), _b.op('Reshape', [_b.op('Cast', [bin], {'to': 'i32'})], {'dims': (n, )}), _b.op('Splat', [], {'dims': (n, ), 'value': 1.0, 'dtype': 'f32'})], {'axis': 0, 'reduction': 'add'}))
+
+
+
+def _r118_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), dims = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -1789,13 +1800,13 @@ def _r117_dft_to_matmul_build(_b, _m):
 
 
 
-def _r118_compress_to_gather_guard(_m, _ctx):
+def _r119_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r118_compress_to_gather_build(_b, _m):
+def _r119_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -1803,13 +1814,13 @@ def _r118_compress_to_gather_build(_b, _m):
 
 
 
-def _r119_compress_flat_to_gather_guard(_m, _ctx):
+def _r120_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r119_compress_flat_to_gather_build(_b, _m):
+def _r120_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, dims = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -1817,7 +1828,7 @@ def _r119_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r120_stft_expand_build(_b, _m):
+def _r121_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, dims = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -1944,8 +1955,9 @@ RULES = (
     RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r114_matmul_integer_expand_build, location='specs/lowerings.glowdef:909:1'),
     RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r115_conv_integer_expand_build, location='specs/lowerings.glowdef:917:1'),
     RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r116_qlinear_conv_expand_build, location='specs/lowerings.glowdef:925:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r117_dft_to_matmul_build, location='specs/lowerings.glowdef:940:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r118_compress_to_gather_guard, build=_r118_compress_to_gather_build, location='specs/lowerings.glowdef:950:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r119_compress_flat_to_gather_guard, build=_r119_compress_flat_to_gather_build, location='specs/lowerings.glowdef:954:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r120_stft_expand_build, location='specs/lowerings.glowdef:959:1'),
+    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'),), bind='h'), size=1, guard=None, build=_r117_histogram_to_scatter_build, location='specs/lowerings.glowdef:939:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r118_dft_to_matmul_build, location='specs/lowerings.glowdef:952:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r119_compress_to_gather_guard, build=_r119_compress_to_gather_build, location='specs/lowerings.glowdef:962:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r120_compress_flat_to_gather_guard, build=_r120_compress_flat_to_gather_build, location='specs/lowerings.glowdef:966:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r121_stft_expand_build, location='specs/lowerings.glowdef:971:1'),
 )

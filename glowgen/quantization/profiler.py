@@ -1,0 +1,223 @@
+"""Profiling: run a model on calibration samples and record every float tensor's range and
+histogram (Glow's profiling instructions), natively.
+
+The model is compiled twice, with instruments added to its graph as extra outputs:
+
+    pass 1   ReduceMin and ReduceMax of every profiled tensor: its range over all samples;
+    pass 2   Histogram(x, bins, low, high) over that range (a scatter-add of ones: one
+             elementwise loop for the bin indices, one native scatter).
+
+Two passes give exact histograms over the final range, where one pass would have to
+re-bin as the range grows.  The instruments are ordinary ops, so the instrumented graph is
+optimized, lowered and compiled like any other, on any backend.  Samples with different
+input shapes (a model with dynamic dimensions) compile one instrumented variant per shape.
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable, Mapping, Optional
+
+import numpy as np
+
+from .. import pipeline
+from ..engine.graph import Function, Placeholder, Value
+from ..engine.registry import Registry
+from ..errors import CompileTimeInputError, GlowgenError, InputError
+from ..memory_limit import MemoryLimit
+from .profile import Profile, TensorProfile, model_fingerprint
+
+DEFAULT_BINS = 2048
+_PREFIX = "glowgen.profile"
+
+
+def profiled_values(function: Function) -> list[Value]:
+    """The float32 tensors computed from the inputs, inputs included: the values that
+    quantization gives a range.  Constants and what folds from them are not profiled (their
+    values are known); empty tensors have no range."""
+    dynamic: set[int] = {id(p) for p in function.placeholders}
+    chosen = [p for p in function.placeholders]
+    for node in function.nodes:                    # topological order
+        if not any(id(v) in dynamic for v in node.flat_inputs()):
+            continue
+        for out in node.outputs:
+            dynamic.add(id(out))
+            chosen.append(out)
+    return [v for v in chosen if v.type.dtype == "f32" and v.type.size > 0]
+
+
+def _output_name(kind: str, i: int) -> str:
+    return f"{_PREFIX}.{kind}.{i}"
+
+
+def _instrument_ranges(function: Function, registry: Registry, values: list[Value]) -> None:
+    for i, v in enumerate(values):
+        for kind, op in (("min", "ReduceMin"), ("max", "ReduceMax")):
+            node = function.add_node(registry.op(op), [v], {"axes": [], "keepdims": 0},
+                                     name=f"{_PREFIX}.{kind}")
+            function.add_output(_output_name(kind, i), node.outputs[0])
+
+
+def _instrument_histograms(function: Function, registry: Registry, values: list[Value],
+                           ranges: list[tuple[float, float]], bins: int) -> None:
+    for i, (v, (lo, hi)) in enumerate(zip(values, ranges)):
+        if hi <= lo:                        # a constant tensor: one bin holds everything
+            hi = lo + 1.0
+        node = function.add_node(registry.op("Histogram"), [v],
+                                 {"bins": bins, "low": float(lo), "high": float(hi)},
+                                 name=f"{_PREFIX}.histogram")
+        function.add_output(_output_name("histogram", i), node.outputs[0])
+
+
+class _Variant:
+    """The instrumented models for one input signature."""
+
+    def __init__(self, build: Callable, shapes: dict):
+        self.build = build
+        self.shapes = shapes
+        self.names: Optional[list[str]] = None
+        self.ranges_model = None
+        self.histogram_model = None
+
+
+def _signature(feeds: Mapping[str, np.ndarray]) -> tuple:
+    return tuple(sorted((k, tuple(np.shape(v)), np.asarray(v).dtype.str) for k, v in feeds.items()))
+
+
+def _check_samples(proto, samples: list, input_shapes: Optional[Mapping]) -> None:
+    """Each sample against the inputs the model declares: names, element types, ranks and
+    static dimensions, with the sample's number in the message."""
+    from ..engine.types import dtype_of
+    from ..frontend.onnx import declared_inputs
+    declared = {name: (dtype, dims) for name, dtype, dims in declared_inputs(proto)}
+    for i, s in enumerate(samples):
+        if not isinstance(s, Mapping):
+            raise InputError(f"calibration sample {i} is a {type(s).__name__}; each sample is a "
+                             f"dict {{input name: numpy array}}")
+        unknown = [k for k in s if k not in declared]
+        missing = [k for k in declared if k not in s]
+        if unknown or missing:
+            raise InputError(f"calibration sample {i}: "
+                             + (f"{', '.join(map(repr, unknown))} is not an input of the model; " if unknown else "")
+                             + (f"lacks {', '.join(map(repr, missing))}; " if missing else "")
+                             + f"the model's inputs: {', '.join(map(repr, declared))}")
+        for name, (dtype, dims) in declared.items():
+            arr = np.asarray(s[name])
+            try:
+                got = dtype_of(arr)
+            except GlowgenError:
+                got = str(arr.dtype)
+            if got != dtype:
+                raise InputError(f"calibration sample {i}: input {name!r} has element type {got}, "
+                                 f"the model declares {dtype}")
+            want = input_shapes.get(name) if input_shapes else None
+            want = list(want) if want is not None else dims
+            if want is None:
+                continue
+            if arr.ndim != len(want) or any(isinstance(d, int) and d > 0 and d != a
+                                            for d, a in zip(want, arr.shape)):
+                shown = "x".join(str(d) if isinstance(d, int) and d > 0 else "?" for d in want)
+                raise InputError(f"calibration sample {i}: input {name!r} has shape "
+                                 f"{list(arr.shape)}, the model takes {shown} (in an .npz, each "
+                                 f"array is [samples, *input shape])")
+
+
+def profile(model, samples: Iterable[Mapping[str, np.ndarray]], input_shapes: Optional[Mapping] = None,
+            bins: int = DEFAULT_BINS, backend: str = "cpu", registry: Optional[Registry] = None,
+            progress: Optional[Callable[[str, int, int], None]] = None, max_memory=None,
+            **options) -> Profile:
+    """Profile `model` (a path, bytes or ModelProto) on `samples`, an iterable of feed dicts
+    {input name: array}: the range and a `bins`-bin histogram of every float tensor.
+
+    `input_shapes` binds dynamic dimensions for every sample (by default each sample's own
+    shapes are used, compiling once per distinct shape).  `progress(phase, done, total)` is
+    called after each sample of each pass ("ranges", then "histograms").  Other keyword
+    arguments are the backend's options (threads=N, ...)."""
+    from ..api import CompiledModel, load
+    from ..backends.base import get_backend
+    from ..frontend.onnx import CheckedModel, load_model
+
+    if isinstance(bins, bool) or not isinstance(bins, int) or not 1 <= bins <= 1 << 16:
+        raise GlowgenError(f"bins must be an integer from 1 to 65536, not {bins!r}")
+    registry = registry or Registry.default()
+    backend = get_backend(backend)
+    options = backend.check_options(options)
+    limit = MemoryLimit.resolve(max_memory, backend)
+    proto = load_model(model, limit)
+    checked = CheckedModel(proto)
+    samples = list(samples)
+    if not samples:
+        raise InputError("profiling needs at least one calibration sample")
+
+    def build(shapes, instrument) -> CompiledModel:
+        try:
+            function = load(checked, shapes, registry, None, limit)
+        except CompileTimeInputError as e:
+            raise GlowgenError(f"cannot profile this model yet: {e}; bind those inputs with "
+                               f"input shapes or export the model with them constant") from None
+        values = profiled_values(function)
+        instrument(function, values)
+        pipeline.run(function, registry, pipeline.PIPELINE, backend, limit)
+        return CompiledModel(function, registry, backend, max_memory=limit, **options), values
+
+    _check_samples(proto, samples, input_shapes)
+    variants: dict[tuple, _Variant] = {}
+    order: list[_Variant] = []
+    for s in samples:
+        key = _signature(s)
+        if key not in variants:
+            shapes = dict(input_shapes) if input_shapes else {k: tuple(np.shape(v)) for k, v in s.items()}
+            variants[key] = _Variant(build, shapes)
+        order.append(variants[key])
+
+    def run(model, feeds, i):
+        try:
+            return model.run(feeds)
+        except InputError as e:
+            raise InputError(f"calibration sample {i}: {e}") from None
+
+    # Pass 1: ranges.  Tensor names come from the first variant: every variant imports the
+    # same ONNX graph, so the same tensors (dynamic shapes only change their sizes).
+    names: Optional[list[str]] = None
+    lows: Optional[np.ndarray] = None
+    highs: Optional[np.ndarray] = None
+    for i, (variant, feeds) in enumerate(zip(order, samples)):
+        if variant.ranges_model is None:
+            variant.ranges_model, values = build(
+                variant.shapes, lambda f, vs: _instrument_ranges(f, registry, vs))
+            variant.names = [v.name for v in values]
+            if names is None:
+                names = variant.names
+                lows = np.full(len(names), np.inf)
+                highs = np.full(len(names), -np.inf)
+            elif variant.names != names:
+                raise GlowgenError("the model imports different tensors for different input "
+                                   "shapes; profile it with one input shape (input_shapes=)")
+        out = run(variant.ranges_model, feeds, i)
+        mins = np.array([out[_output_name("min", j)] for j in range(len(names))], dtype=np.float64)
+        maxs = np.array([out[_output_name("max", j)] for j in range(len(names))], dtype=np.float64)
+        lows = np.fmin(lows, mins)      # fmin/fmax: a NaN does not hide the finite values
+        highs = np.fmax(highs, maxs)
+        if progress:
+            progress("ranges", i + 1, len(samples))
+    bad = [n for n, lo, hi in zip(names, lows, highs) if not (np.isfinite(lo) and np.isfinite(hi))]
+    if bad:
+        raise InputError(f"calibration produced non-finite values in {len(bad)} tensor"
+                         f"{'s' if len(bad) > 1 else ''} ({', '.join(map(repr, bad[:3]))}"
+                         f"{', ...' if len(bad) > 3 else ''}): an infinite or NaN input, or an "
+                         f"overflow; quantization needs finite ranges")
+    ranges = list(zip(lows.tolist(), highs.tolist()))
+
+    # Pass 2: histograms over those ranges.
+    counts = np.zeros((len(names), bins), dtype=np.int64)
+    for i, (variant, feeds) in enumerate(zip(order, samples)):
+        if variant.histogram_model is None:
+            variant.histogram_model, _ = build(
+                variant.shapes, lambda f, vs: _instrument_histograms(f, registry, vs, ranges, bins))
+        out = run(variant.histogram_model, feeds, i)
+        for j in range(len(names)):
+            counts[j] += out[_output_name("histogram", j)].astype(np.int64)
+        if progress:
+            progress("histograms", i + 1, len(samples))
+
+    tensors = {name: TensorProfile(lo, hi, counts[j], int(counts[j].sum()))
+               for j, (name, (lo, hi)) in enumerate(zip(names, ranges))}
+    return Profile(tensors, model_fingerprint(proto), proto.graph.name, len(samples))

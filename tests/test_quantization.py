@@ -1,0 +1,205 @@
+"""Profile-guided quantization: profiling (ranges and histograms against onnxruntime's view of
+every tensor), the profile file, calibration and the quantization schemas."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import glowgen
+from glowgen.errors import GlowgenError, InputError
+from glowgen.quantization import (SCHEMAS, Calibration, Profile, TensorProfile, choose_params,
+                                  load_profile, model_fingerprint, tensor_range)
+from glowgen.quantization.calibration import dequantize_array, quantize_array
+
+from conftest import make_model
+
+rng = np.random.default_rng(7)
+
+
+def _cnn(batch=1):
+    """Conv -> Relu -> Flatten -> MatMul -> Add: tensors of both signs, one non-negative."""
+    w = rng.standard_normal((4, 2, 3, 3)).astype(np.float32)
+    m = rng.standard_normal((4 * 6 * 6, 5)).astype(np.float32) * 0.1
+    b = rng.standard_normal(5).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]),
+             helper.make_node("MatMul", ["f", "m"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["y"])]
+    return make_model(nodes, {"x": np.zeros((batch, 2, 6, 6), np.float32)}, ["y"],
+                      {"w": w, "m": m, "b": b})
+
+
+def _ort_tensors(model, names, samples):
+    """Every named tensor of `model` for each sample, computed by onnxruntime."""
+    import onnxruntime as ort
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for n in names:
+        if n not in [o.name for o in probe.graph.output]:
+            probe.graph.output.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = [dict(zip([o.name for o in sess.get_outputs()], sess.run(None, s))) for s in samples]
+    return {n: np.concatenate([o[n].ravel() for o in outs]) if n not in [i.name for i in model.graph.input]
+            else np.concatenate([s[n].ravel() for s in samples]) for n in names}
+
+
+def _samples(n, batch=1):
+    return [{"x": rng.standard_normal((batch, 2, 6, 6)).astype(np.float32)} for _ in range(n)]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpreter"])
+def test_profile_matches_onnxruntime_tensors(backend):
+    model, samples = _cnn(), _samples(5)
+    prof = glowgen.profile(model, samples, bins=64, backend=backend)
+    assert set(prof.tensors) == {"x", "c", "r", "f", "mm", "y"}
+    seen = _ort_tensors(model, list(prof.tensors), samples)
+    for name, values in seen.items():
+        t = prof[name]
+        np.testing.assert_allclose([t.min, t.max], [values.min(), values.max()], rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+        assert t.count == values.size == t.histogram.sum()
+        expected, _ = np.histogram(values, bins=64, range=(t.min, t.max))
+        # A value within rounding of a bin edge may land on either side of it.
+        assert np.abs(t.histogram - expected).sum() <= 2 * max(1, values.size // 10000), name
+    assert prof["r"].min == 0.0 and prof.samples == 5
+
+
+def test_profile_of_a_dynamic_batch_covers_every_shape():
+    model = _cnn()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    model.graph.output[0].type.tensor_type.shape.dim[0].dim_param = "N"
+    samples = _samples(2, batch=1) + _samples(2, batch=3)
+    prof = glowgen.profile(model, samples, bins=16)
+    seen = _ort_tensors(model, ["c", "y"], samples)
+    assert prof["c"].count == seen["c"].size == 8 * 4 * 36
+    assert prof["y"].max == pytest.approx(float(seen["y"].max()), rel=1e-5)
+
+
+def test_profile_file_round_trips_and_names_its_model(tmp_path):
+    model = _cnn()
+    prof = glowgen.profile(model, _samples(2), bins=32)
+    path = tmp_path / "p.json"
+    prof.save(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == "glowgen-profile" and data["version"] == 1
+    assert data["model"]["sha256"] == model_fingerprint(model)
+    back = glowgen.load_profile(path)
+    assert back.tensors.keys() == prof.tensors.keys()
+    for n in prof.tensors:
+        assert back[n].min == prof[n].min and back[n].max == prof[n].max
+        assert (back[n].histogram == prof[n].histogram).all()
+    back.check_model(model)                     # its own model: accepted
+
+    other = _cnn()                               # same graph, other weights
+    with pytest.raises(InputError, match="made for another model"):
+        back.check_model(other)
+
+
+def test_fingerprint_ignores_declared_shapes_only():
+    model = _cnn()
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(model)
+    renamed.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"
+    renamed.producer_name = "someone else"
+    assert model_fingerprint(renamed) == model_fingerprint(model)
+    changed = onnx.ModelProto()
+    changed.CopyFrom(model)
+    changed.graph.node[0].attribute[0].ints[0] = 0       # a pad
+    assert model_fingerprint(changed) != model_fingerprint(model)
+
+
+@pytest.mark.parametrize("text", ["{}", '{"format": "glowgen-profile", "version": 9}', "not json",
+                                  '{"format": "glowgen-profile", "version": 1, "model": {"sha256": "a"},'
+                                  ' "tensors": {"t": {"min": 2, "max": 1, "histogram": [1]}}}'])
+def test_bad_profile_files_are_refused_clearly(tmp_path, text):
+    path = tmp_path / "p.json"
+    path.write_text(text)
+    with pytest.raises(InputError, match="profile|p.json"):
+        load_profile(path)
+
+
+def test_bad_calibration_samples_are_named():
+    model = _cnn()
+    with pytest.raises(InputError, match="sample 1: input 'x' has shape"):
+        glowgen.profile(model, [{"x": np.zeros((1, 2, 6, 6), np.float32)},
+                                {"x": np.zeros((1, 2, 5, 6), np.float32)}])
+    with pytest.raises(InputError, match="sample 0: .*lacks 'x'"):
+        glowgen.profile(model, [{}])
+    with pytest.raises(InputError, match="element type"):
+        glowgen.profile(model, [{"x": np.zeros((1, 2, 6, 6), np.float64)}])
+    with pytest.raises(InputError, match="non-finite"):
+        glowgen.profile(model, [{"x": np.full((1, 2, 6, 6), np.inf, np.float32)}])
+    with pytest.raises(InputError, match="at least one"):
+        glowgen.profile(model, [])
+
+
+# ----------------------------------------------------------------------------- schemas
+@pytest.mark.parametrize("schema", SCHEMAS)
+@pytest.mark.parametrize("dtype", ["i8", "i16"])
+@pytest.mark.parametrize("lo,hi", [(-1.0, 3.0), (0.0, 6.0), (-5.0, -1.0), (-1e-3, 2e-3), (0.0, 0.0)])
+def test_schema_round_trips_within_half_a_step(schema, dtype, lo, hi):
+    q = choose_params(lo, hi, schema, dtype)
+    x = np.concatenate([rng.uniform(lo, hi, 5000), [lo, hi, 0.0]]).astype(np.float32)
+    back = dequantize_array(quantize_array(x, q, dtype), q)
+    # Half a step, and the float32 rounding of the dequantized value (it matters in i16).
+    assert np.abs(back - x).max() <= q.scale / 2 * (1 + 1e-5) + 2 * np.spacing(np.float32(max(-lo, hi)))
+    assert dequantize_array(quantize_array(np.zeros(1, np.float32), q, dtype), q)[0] == 0.0
+    if schema != "asymmetric" and not (schema == "symmetric_uint8" and lo >= 0):
+        assert q.offset == 0
+    if schema == "symmetric_power2":
+        assert np.log2(q.scale) == int(np.log2(q.scale))
+
+
+def test_calibration_narrows_a_range_with_an_outlier():
+    x = np.concatenate([rng.standard_normal(200_000), [60.0]])
+    hist, _ = np.histogram(x, bins=2048)
+    t = TensorProfile(float(x.min()), float(x.max()), hist, x.size)
+    assert tensor_range(t, "minmax") == (t.min, t.max)
+    for cal in ("percentile=99.99", "kl"):
+        lo, hi = tensor_range(t, cal, "symmetric")
+        assert 2.5 < hi < 8.0 and lo == -hi, (cal, lo, hi)
+    lo, hi = tensor_range(t, "percentile=99", "asymmetric")
+    assert -3.0 < lo < -2.0 and 2.0 < hi < 3.0
+    with pytest.raises(GlowgenError, match="percentile"):
+        Calibration.parse("percentile=30")
+    with pytest.raises(GlowgenError, match="unknown calibration"):
+        Calibration.parse("entropy")
+
+
+# ----------------------------------------------------------------------------- command line
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "glowgen.cli", *map(str, args)],
+                          capture_output=True, text=True)
+
+
+def test_cli_profile_writes_a_profile(tmp_path):
+    model = _cnn()
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((6, 1, 2, 6, 6)).astype(np.float32))
+    r = _cli("profile", tmp_path / "m.onnx", "--calibration", tmp_path / "calib.npz",
+             "-o", tmp_path / "p.json", "--limit", 4, "--bins", 100)
+    assert r.returncode == 0, r.stderr
+    assert "profiled 6 tensors on 4 samples" in r.stdout and r.stderr == ""   # piped: no progress
+    prof = load_profile(tmp_path / "p.json")
+    assert prof.samples == 4 and prof.bins == 100
+    prof.check_model(model)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda d: np.savez(d / "c.npz", y=np.zeros((2, 1, 2, 6, 6), np.float32)), "'y', not an input"),
+    (lambda d: np.savez(d / "c.npz", x=np.zeros((2, 2, 6, 6), np.float32)), "has shape"),
+    (lambda d: (d / "c.npz").write_text("hello"), "cannot read it as an .npz"),
+])
+def test_cli_profile_bad_calibration_data(tmp_path, make, message):
+    onnx.save(_cnn(), tmp_path / "m.onnx")
+    make(tmp_path)
+    r = _cli("profile", tmp_path / "m.onnx", "--calibration", tmp_path / "c.npz", "-o", tmp_path / "p.json")
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "p.json").exists()
