@@ -44,14 +44,24 @@ def lower(function: Function, registry: Optional[Registry] = None,
 
 
 def optimize(function: Function, registry: Optional[Registry] = None, stage: str = "lowered",
-             backend: str = "interpreter") -> pipeline.PassContext:
+             backend: str = "interpreter", quantization=None) -> pipeline.PassContext:
     """Run the pipeline up to `stage` ("optimized": canonicalized; "lowered": the whole
     pipeline) over `function` in place.  Returns what the phases did (rules fired, pass
-    counts, node counts per phase)."""
+    counts, node counts per phase).  With `quantization` (`quantization_options`), the
+    optimized stage is the graph after the [quantize] rules."""
     if stage not in pipeline.STAGE_PHASES:
         raise GlowgenError(f"unknown stage {stage!r}; stages: {', '.join(pipeline.STAGES)}")
-    return pipeline.run(function, registry or Registry.default(), pipeline.STAGE_PHASES[stage], backend,
-                        MemoryLimit.resolve(None))
+    registry = registry or Registry.default()
+    limit = MemoryLimit.resolve(None)
+    if quantization is None or stage == "loaded":
+        return pipeline.run(function, registry, pipeline.STAGE_PHASES[stage], backend, limit)
+    from .quantization.quantizer import calibrate
+    ctx = pipeline.run(function, registry, pipeline.CANONICAL, backend, limit)
+    calibrate(function, quantization)
+    rest = (pipeline.QUANTIZE,) + (pipeline.AFTER_CANONICAL if stage == "lowered" else ())
+    later = pipeline.run(function, registry, rest, backend, limit)
+    ctx.merge(later)
+    return ctx
 
 
 def build_program(function: Function, registry: Registry, backend: Backend,
@@ -171,20 +181,43 @@ class CompiledModel:
 
 
 def _front(model: ModelLike, backend: Backend, input_shapes, registry, optimize: bool,
-           constant_inputs, max_memory: MemoryLimit) -> tuple[Function, Registry]:
-    """Import and run the pipeline for `backend`: the lowered graph."""
+           constant_inputs, max_memory: MemoryLimit, quantization=None) -> tuple[Function, Registry]:
+    """Import and run the pipeline for `backend`: the lowered graph.  With `quantization`
+    (QuantizationOptions), the canonicalized graph is calibrated from its profile and the
+    [quantize] rules run before lowering."""
     registry = registry or Registry.default()
     function = load(model, input_shapes, registry, constant_inputs, max_memory)
+    if quantization is not None:
+        from .quantization.quantizer import calibrate
+        pipeline.run(function, registry, pipeline.CANONICAL, backend, max_memory)
+        calibrate(function, quantization)
+        pipeline.run(function, registry, (pipeline.QUANTIZE,) + pipeline.AFTER_CANONICAL, backend,
+                     max_memory)
+        return function, registry
     phases = pipeline.PIPELINE if optimize else pipeline.UNOPTIMIZED
     pipeline.run(function, registry, phases, backend, max_memory)
     return function, registry
+
+
+def quantization_options(model: "CheckedModel", quantize=None, schema: str = "asymmetric",
+                         calibration="minmax", keep_float=None, registry=None):
+    """The checked QuantizationOptions for compiling `model` with `quantize` (a profile or
+    its path), or None without one; a profile of another model is refused."""
+    if quantize is None:
+        return None
+    from .quantization.quantizer import QuantizationOptions
+    options = QuantizationOptions.make(quantize, schema, calibration, keep_float, registry=registry)
+    options.profile.check_model(model.proto)
+    return options
 
 
 def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEND,
             input_shapes: Optional[Mapping] = None,
             registry: Optional[Registry] = None, optimize: bool = True,
             constant_inputs: Optional[Mapping] = None, max_memory=None, max_variants: int = 8,
-            specialize: Optional[bool] = None, **options) -> "CompiledModel | SpecializingModel":
+            specialize: Optional[bool] = None, quantize=None, schema: str = "asymmetric",
+            calibration: str = "minmax", keep_float=None,
+            **options) -> "CompiledModel | SpecializingModel":
     """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
 
     `input_shapes` binds dynamic dimensions: {"input": (1, 3, 224, 224)}.
@@ -205,7 +238,11 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
     `cpu="x86-64-v3"` compiles for that x86-64 level instead of this machine's CPU.
     `max_memory` (bytes, or "8G"; default: what the machine has available) is refused, at
     compile time with the tensor named, by a model whose constants, folded constants or one
-    call's inputs, outputs and activations would need more (glowgen/memory_limit.py)."""
+    call's inputs, outputs and activations would need more (glowgen/memory_limit.py).
+    `quantize` (a Profile from `glowgen.profile`, or the path of one) compiles the model with
+    int8 arithmetic where the profile covers it: `schema` asymmetric | symmetric |
+    symmetric_uint8 | symmetric_power2, `calibration` minmax | kl | percentile=P,
+    `keep_float` op kinds left in float ("Conv,MatMul" or a list)."""
     backend = get_backend(backend)
     options = backend.check_options(options)      # before a long compilation
 
@@ -213,12 +250,13 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
     specializing.check_max_variants(max_variants)
     if specialize is None and (input_shapes or constant_inputs):
         specialize = False
-    if specialize is not False:
+    if specialize is not False or quantize is not None:
         model = CheckedModel(load_model(model, limit))     # read and checked once for all variants
+    quantization = quantization_options(model, quantize, schema, calibration, keep_float, registry)
 
     def ahead_of_time(shapes, constants, source=None):
         function, reg = _front(model if source is None else source, backend, shapes, registry,
-                               optimize, constants, limit)
+                               optimize, constants, limit, quantization)
         return CompiledModel(function, reg, backend, max_memory=limit, **options)
 
     learned = None
@@ -246,11 +284,14 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
 def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,
                  triple: Optional[str] = None, cpu: Optional[str] = None,
                  input_shapes: Optional[Mapping] = None, backend: "str | Backend" = "cpu",
-                 registry: Optional[Registry] = None, max_memory=None, **options):
+                 registry: Optional[Registry] = None, max_memory=None, quantize=None,
+                 schema: str = "asymmetric", calibration: str = "minmax", keep_float=None,
+                 **options):
     """Compile `model` ahead of time for `triple`/`cpu` (default: this machine) and write the
     bundle (object file, weights, header, example main.c) into `out_dir`.  `max_memory` bounds
     what compiling allocates here: the constants and folded constants (the activation arena
-    is the target's to allocate, and is not checked against this machine's memory)."""
+    is the target's to allocate, and is not checked against this machine's memory).
+    `quantize`, `schema`, `calibration`, `keep_float`: as for `compile`."""
     import os
     from pathlib import Path
     from .backends.base import prepare_output_dir
@@ -260,8 +301,12 @@ def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,
     source = Path(model) if isinstance(model, (str, os.PathLike)) else None
     # Cheap checks first: the name, the target and the directory, before a long compilation.
     target = backend.bundle_target(triple, cpu, name, source)
+    if quantize is not None:
+        model = CheckedModel(load_model(model, limit))
+    quantization = quantization_options(model, quantize, schema, calibration, keep_float, registry)
     prepare_output_dir(out_dir)
-    function, registry = _front(model, backend, input_shapes, registry, True, None, limit)
+    function, registry = _front(model, backend, input_shapes, registry, True, None, limit,
+                                quantization)
     prog = build_program(function, registry, backend, backend.bundle_options(options, target))
     check_plan(prog, limit, regions=("constant",))
     return backend.write_bundle(prog, registry, out_dir, target, options)

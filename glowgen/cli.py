@@ -34,6 +34,7 @@ examples:
   glowgen bench model.onnx --devices 2 --concurrency 4  # serving throughput, against onnxruntime
   glowgen partition model.onnx --device cpu:memory=64MB --device cpu:memory=64MB [--format dot]
   glowgen profile model.onnx --calibration calib.npz -o profile.json   # tensor ranges, for int8
+  glowgen compile model.onnx -o out/ --quantize profile.json          # int8 where the profile reaches
   glowgen ops
   glowgen conformance --backend interpreter --json results.json
   glowgen regen            # after editing specs/*.glowdef
@@ -86,8 +87,9 @@ def _summary(a: np.ndarray) -> str:
 
 def cmd_run(args) -> int:
     from .api import compile as compile_model
+    from .cli_quantize import quantize_options
     model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
-                          **_thread_option(args))
+                          **_thread_option(args), **quantize_options(args))
     feeds = _feeds(args, model, say_random=True)
     outputs = model.run(feeds)
     for name, value in outputs.items():
@@ -135,9 +137,16 @@ def cmd_dump(args) -> int:
     if stage in NATIVE_STAGES:
         return _dump_native(args, stage)
     args.backend = args.backend or pipeline.DEFAULT_BACKEND
-    fn = api.load(args.model, _input_shapes(args))
+    from .cli_quantize import quantize_options
+    from .frontend.onnx import CheckedModel, load_model
+    model = CheckedModel(load_model(args.model))
+    quantization = api.quantization_options(model, **{k: v for k, v in quantize_options(args).items()})
+    if quantization is not None and stage == "loaded":
+        raise InputError("--quantize rewrites the optimized graph: use --stage optimized, lowered or lir")
+    fn = api.load(model, _input_shapes(args))
     pipeline_stage = {"lir": "lowered"}.get(stage, stage)
-    ctx = api.optimize(fn, stage=pipeline_stage, backend=args.backend) if stage != "loaded" else None
+    ctx = (api.optimize(fn, stage=pipeline_stage, backend=args.backend, quantization=quantization)
+           if stage != "loaded" else None)
     if args.memory and stage != "lir":
         raise InputError("--memory reports the memory plan of the lir stage: add --stage lir")
     if args.passes or args.rules:
@@ -183,8 +192,9 @@ def _dump_native(args, stage: str) -> int:
             raise InputError(f"--{flag} does not apply to --stage {stage}")
     if args.format != "text":
         raise InputError(f"--stage {stage} prints as text; --format dot shows graphs")
+    from .cli_quantize import quantize_options
     model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
-                          **({"cpu": args.cpu} if args.cpu else {}))
+                          **({"cpu": args.cpu} if args.cpu else {}), **quantize_options(args))
     runner = model._runner
     text = runner.assembly() if stage == "asm" else runner.llvm_ir(optimized=True)
     if args.output:
@@ -199,9 +209,10 @@ def cmd_compile(args) -> int:
     import time
     from .api import write_bundle
     t0 = time.perf_counter()
+    from .cli_quantize import quantize_options
     b = write_bundle(args.model, args.output, name=args.name, triple=args.target, cpu=args.cpu,
                      input_shapes=_input_shapes(args), stacking=not args.no_stacking,
-                     **_thread_option(args, "cpu"))
+                     **_thread_option(args, "cpu"), **quantize_options(args))
     seconds = time.perf_counter() - t0
     sizes = b.program.region_sizes
     print(f"compiled {args.model} for {b.triple} (cpu {b.cpu or 'generic'}) in {seconds:.2f} s")
@@ -340,6 +351,7 @@ def cmd_conformance(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .cli_bench import WARMUP_MAX_RUNS, WARMUP_RUNS, WARMUP_SECONDS, cmd_bench
+    from .cli_quantize import add_quantize_arguments
     p = argparse.ArgumentParser(
         prog="glowgen",
         description="glowgen compiles ONNX models. Every op is declared in specs/*.glowdef; "
@@ -367,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cpu backend: threads a call runs on (default: this machine's cores)")
     r.add_argument("--cpu", default=None, help=CPU_HELP)
     r.add_argument("--max-memory", default=None, metavar="BYTES", help=MEMORY_HELP)
+    add_quantize_arguments(r)
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("dump", help="print the graph at a stage of compilation",
@@ -396,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--trace", action="store_true", help="show the ONNX node and rules behind each node")
     d.add_argument("-o", "--output", metavar="FILE", help="write to FILE instead of stdout")
     d.add_argument("--cpu", default=None, help="--stage llvm and asm: " + CPU_HELP)
+    add_quantize_arguments(d)
     d.set_defaults(func=cmd_dump)
 
     k = sub.add_parser(
@@ -430,6 +444,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--max-memory", default=None, metavar="BYTES",
                    help="refuse a model whose constants need more than this many bytes to "
                         "compile (units K, M, G, T: 8G); default: what this machine has available")
+    add_quantize_arguments(k)
     k.set_defaults(func=cmd_compile)
 
     bn = sub.add_parser(
@@ -472,6 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
     from .cli_runtime import add_bench_arguments, add_partition_parser
     add_bench_arguments(bn)
+    add_quantize_arguments(bn)
+    bn.add_argument("--onnxruntime-model", metavar="FILE",
+                    help="run onnxruntime on FILE instead of MODEL (same inputs): e.g. the QDQ "
+                         "model onnxruntime's quantize_static writes, against --quantize")
     bn.set_defaults(func=cmd_bench)
     add_partition_parser(sub, shape_help)
     from .cli_quantize import add_profile_parser

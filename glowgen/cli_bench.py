@@ -80,8 +80,11 @@ def cmd_bench(args) -> int:
                 raise InputError("--compare onnxruntime: onnxruntime is not installed "
                                  "(pip install onnxruntime, or pass --compare none)") from None
     t0 = time.perf_counter()
+    from .cli_quantize import quantize_options
+    quantized = quantize_options(args)
     model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
-                          **({"stacking": False} if args.no_stacking else {}), **_thread_option(args))
+                          **({"stacking": False} if args.no_stacking else {}), **_thread_option(args),
+                          **quantized)
     feeds = all_feeds = _feeds(args, model)
     if hasattr(model, "specialized"):     # dynamic: the variant these inputs call, compiled now
         model = model.specialized(feeds)
@@ -110,14 +113,16 @@ def cmd_bench(args) -> int:
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     t0 = time.perf_counter()
     try:
-        sess = ort.InferenceSession(str(args.model), opts, providers=["CPUExecutionProvider"])
+        ort_model = args.onnxruntime_model or args.model
+        sess = ort.InferenceSession(str(ort_model), opts, providers=["CPUExecutionProvider"])
     except Exception as e:   # noqa: BLE001 - onnxruntime's own errors, reported as such
-        raise GlowgenError(f"onnxruntime cannot load {args.model}: {e}") from None
+        raise GlowgenError(f"onnxruntime cannot load {ort_model}: {e}") from None
     ort_s = time.perf_counter() - t0
     ort_feeds = {k: v for k, v in all_feeds.items() if k in {i.name for i in sess.get_inputs()}}
     names = [o.name for o in sess.get_outputs()]
     print(f"onnxruntime  {ort.__version__}, CPUExecutionProvider, {args.threads} thread"
-          f"{'s' if args.threads > 1 else ''}, session created in {ort_s:.2f} s")
+          f"{'s' if args.threads > 1 else ''}, session created in {ort_s:.2f} s"
+          + (f", on {args.onnxruntime_model}" if args.onnxruntime_model else ""))
     o_times = _timings(lambda: sess.run(names, ort_feeds), args.runs, args.warmup)
     print(f"  latency    {_stats_line(o_times)}")
     ratio = _percentile(g_times, 50) / _percentile(o_times, 50)
@@ -158,9 +163,10 @@ def _print_profile(args, feeds) -> None:
     """Time per native kernel, from cycle counters around each step of a second build (the
     timed runs above carry no counters)."""
     from .api import compile as compile_model
+    from .cli_quantize import quantize_options
     model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
                           stacking=not args.no_stacking, profile=True, threads=args.threads,
-                          **({"cpu": args.cpu} if args.cpu else {}))
+                          **({"cpu": args.cpu} if args.cpu else {}), **quantize_options(args))
     import time
     _warm_up(lambda: model.run(feeds), args.warmup)
     model.profile(reset=True)

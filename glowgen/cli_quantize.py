@@ -72,3 +72,35 @@ def cmd_profile(args) -> int:
     print(f"profiled {len(result)} tensors on {len(samples)} samples in "
           f"{time.perf_counter() - t0:.1f} s; wrote {args.output}")
     return 0
+
+
+QUANTIZE_HELP = ("compile with int8 arithmetic where PROFILE (from `glowgen profile`) covers the "
+                 "graph: convolutions and matrix products in integers, conversions only at the "
+                 "borders of integer regions")
+
+
+def add_quantize_arguments(p) -> None:
+    """--quantize PROFILE and the options that choose how (compile, run, bench, dump)."""
+    from .quantization import SCHEMAS
+    p.add_argument("--quantize", metavar="PROFILE.json", help=QUANTIZE_HELP)
+    p.add_argument("--schema", default="asymmetric", choices=SCHEMAS,
+                   help="with --quantize: how ranges map onto int8 (default asymmetric)")
+    p.add_argument("--calibration", dest="quant_calibration", default="minmax", metavar="C",
+                   help="with --quantize: the range taken from each tensor's profile: minmax "
+                        "(default), kl (entropy) or percentile=P (e.g. percentile=99.99)")
+    p.add_argument("--keep-float", metavar="OPS",
+                   help="with --quantize: op kinds to keep in float, e.g. Conv,MatMul")
+
+
+def quantize_options(args) -> dict:
+    """glowgen.compile's keyword arguments for the --quantize flags."""
+    if args.quantize is None:
+        given = [flag for flag, value, default in (
+            ("--schema", args.schema, "asymmetric"), ("--calibration", args.quant_calibration, "minmax"),
+            ("--keep-float", args.keep_float, None)) if value != default]
+        if given:
+            raise InputError(f"{', '.join(given)} choose{'s' if len(given) == 1 else ''} how to "
+                             f"quantize: add --quantize PROFILE.json")
+        return {}
+    return {"quantize": args.quantize, "schema": args.schema,
+            "calibration": args.quant_calibration, "keep_float": args.keep_float}

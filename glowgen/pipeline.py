@@ -39,6 +39,12 @@ PIPELINE = (
     _CHECK,
 )
 
+# A quantizing compilation (glowgen/quantization) runs the first phase, gives the values its
+# profile covers their calibrated parameters, then runs QUANTIZE and the rest.
+CANONICAL = PIPELINE[:1]
+AFTER_CANONICAL = PIPELINE[1:]
+QUANTIZE = Phase("quantize", (Rules("quantize"),) + _CANONICALIZE_STEPS[1:], fixpoint=True)
+
 # Lowering alone, for comparison with the optimized graph and for evaluating constants.
 UNOPTIMIZED = (_LOWER, _LEGALIZE, Phase("fold", (Pass("fold"), Pass("dce"))), _CHECK)
 

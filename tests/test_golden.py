@@ -471,14 +471,167 @@ CASES = {
                                      bins=4, range=(-1, 1))[0].astype(np.float32)}),
 }
 
+# ------------------------------------------------------------------ quantization cases
+# Values of their own generator, so that the cases above keep their random values.
+_qrng = np.random.default_rng(4321)
+
+
+def _q8(x, scale, offset):
+    return np.clip(np.rint(np.asarray(x, np.float32) / np.float32(scale)) + offset, -128, 127).astype(np.int8)
+
+
+def _dq(q, scale, offset):
+    return ((q.astype(np.float32) - np.float32(offset)) * np.float32(scale)).astype(np.float32)
+
+
+def _rescale(q, in_scale, in_offset, scale, offset):
+    ratio = np.float32(in_scale) / np.float32(scale)
+    return np.clip(np.rint((q.astype(np.float32) - np.float32(in_offset)) * ratio) + offset,
+                   -128, 127).astype(np.int8)
+
+
+def _i8(*shape):
+    return _qrng.integers(-128, 128, size=shape).astype(np.int8)
+
+
+def _dense(a):
+    return "dense<[" + ", ".join(str(v) for v in np.asarray(a).reshape(-1)) + "]>"
+
+
+def _calibrated(case, ranges, atol):
+    """A float case whose values `ranges` names are calibrated to those ranges (as a profile
+    would give them); the quantized result is within `atol` of the float one."""
+    return dict(case, calibrate=ranges, rtol=0.0, atol=atol)
+
+
+# An integer product of x [2, 3] (scale 0.02, offset 5) and per-column weights, requantized.
+_QX, _QW, _QWS, _QB = _i8(2, 3), _i8(3, 4), np.float32([0.01, 0.02, 0.015, 0.03]), np.int32([100, -50, 0, 7])
+
+
+def _qmatmul_float(x, in_scale=0.02, in_offset=5):
+    acc = _dq(x, in_scale, in_offset) @ (_QW.astype(np.float32) * _QWS)
+    return acc + _QB.astype(np.float32) * (_QWS * np.float32(in_scale))
+
+
+_QMATMUL = f"""  input %x: i8[2, 3] q(0.02, 5)
+  const %w: i8[3, 4] = {_dense(_QW)}
+  const %ws: f32[4] = {_dense(_QWS)}
+  const %b: i32[4] = {_dense(_QB)}
+  %q = QuantizedMatMul(%x, %w, %ws, %b) {{scale = 0.05, offset = -3}} : i8[2, 4] q(0.05, -3)
+"""
+
+# A 1x1 integer convolution of x [1, 3, 2, 2] with 2 filters: a product per pixel.
+_QCX, _QCW = _i8(1, 3, 2, 2), _i8(2, 3, 1, 1)
+_QCWS, _QCB = np.float32([0.01, 0.02]), np.int32([30, -40])
+
+
+def _qconv_float(x, in_scale=0.02, in_offset=-4):
+    w = _QCW.reshape(2, 3).astype(np.float32) * _QCWS[:, None]
+    acc = np.einsum("mc,nchw->nmhw", w, _dq(x, in_scale, in_offset))
+    return acc + (_QCB.astype(np.float32) * _QCWS * np.float32(in_scale))[None, :, None, None]
+
+
+_QCONV = f"""  input %x: i8[1, 3, 2, 2] q(0.02, -4)
+  const %w: i8[2, 3, 1, 1] = {_dense(_QCW)}
+  const %ws: f32[2] = {_dense(_QCWS)}
+  const %b: i32[2] = {_dense(_QCB)}
+  %q = QuantizedConv(%x, %w, %ws, %b) {{scale = 0.05, offset = 2}} : i8[1, 2, 2, 2] q(0.05, 2)
+"""
+
+
+def _qtext(body, outputs="y"):
+    return "graph q {\n" + body + f'  output "{outputs}" = %y\n' + "}"
+
+
+_QI = _i8(1, 2, 4, 4)
+_QUANTIZATION_CASES = {
+    "quantize_conv": _calibrated(graph_case(
+        [("Conv", ["x", "w", "b"], ["y"], {"pads": [1, 1, 1, 1]})],
+        {"x": _qrng.uniform(-2, 2, (1, 2, 5, 5)).astype(np.float32)},
+        {"w": _qrng.uniform(-0.5, 0.5, (3, 2, 3, 3)).astype(np.float32),
+         "b": _qrng.uniform(-1, 1, 3).astype(np.float32)}), {"x": (-2.0, 2.0), "y": (-8.0, 8.0)}, 0.25),
+    "quantize_matmul": _calibrated(graph_case(
+        [("MatMul", ["x", "w"], ["y"], None)], {"x": _qrng.uniform(-2, 2, (2, 3)).astype(np.float32)},
+        {"w": _qrng.uniform(-1, 1, (3, 4)).astype(np.float32)}), {"x": (-2.0, 2.0), "y": (-6.0, 6.0)}, 0.1),
+    "bias_into_quantized_matmul": dict(text_case(_qtext(
+        _QMATMUL + "  %d = Dequantize(%q) {in_scale = 0.05, in_offset = -3} : f32[2, 4]\n"
+        "  const %c: f32[4] = dense<[0.5, -0.25, 1.0, 0.0]>\n  %y = Add(%d, %c) : f32[2, 4]\n"),
+        {"x": _QX}, lambda f: {"y": _qmatmul_float(f["x"]) + np.float32([0.5, -0.25, 1.0, 0.0])}),
+        calibrate={"y": (-16.0, 16.0)}, rtol=0.0, atol=0.25),
+    "quantize_dequantize_same": text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        "  %y = Quantize(%d) {scale = 0.02, offset = 5} : i8[2, 3] q(0.02, 5)\n"), {"x": _QX}, lambda f: {"y": f["x"]}),
+    "quantize_dequantize_to_rescale": dict(text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        "  %y = Quantize(%d) {scale = 0.03, offset = -7} : i8[2, 3] q(0.03, -7)\n"),
+        {"x": _QX}, lambda f: {"y": _q8(_dq(f["x"], 0.02, 5), 0.03, -7)}), rtol=0.0, atol=1),
+    "rescale_same": text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        "  %y = Rescale(%x) {in_scale = 0.02, in_offset = 5, scale = 0.02, offset = 5} : i8[2, 3] q(0.02, 5)\n"),
+        {"x": _QX}, lambda f: {"y": f["x"]}),
+    "rescale_into_quantized_conv": dict(text_case(_qtext(
+        _QCONV + "  %y = Rescale(%q) {in_scale = 0.05, in_offset = 2, scale = 0.08, offset = -10} : "
+        "i8[1, 2, 2, 2] q(0.08, -10)\n"), {"x": _QCX}, lambda f: {"y": _q8(_qconv_float(f["x"]), 0.08, -10)}),
+        rtol=0.0, atol=1),
+    "rescale_into_quantized_matmul": dict(text_case(_qtext(
+        _QMATMUL + "  %y = Rescale(%q) {in_scale = 0.05, in_offset = -3, scale = 0.08, offset = 1} : "
+        "i8[2, 4] q(0.08, 1)\n"), {"x": _QX}, lambda f: {"y": _q8(_qmatmul_float(f["x"]), 0.08, 1)}),
+        rtol=0.0, atol=1),
+    "relu_of_dequantized": text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n  %y = Relu(%d) : f32[2, 3]\n"),
+        {"x": _QX}, lambda f: {"y": np.maximum(_dq(f["x"], 0.02, 5), 0)}),
+    "maxpool_of_dequantized": text_case(_qtext(
+        "  input %x: i8[1, 2, 4, 4] q(0.02, 5)\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[1, 2, 4, 4]\n"
+        "  %y = MaxPool(%d) {kernel = [2, 2], strides = [2, 2]} : f32[1, 2, 2, 2]\n"),
+        {"x": _QI}, lambda f: {"y": _dq(f["x"], 0.02, 5).reshape(1, 2, 2, 2, 2, 2).max(axis=(3, 5))}),
+    "flatten_of_dequantized": text_case(_qtext(
+        "  input %x: i8[1, 2, 4, 4] q(0.02, 5)\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[1, 2, 4, 4]\n"
+        "  %y = Flatten(%d) {axis = 1} : f32[1, 32]\n"), {"x": _QI}, lambda f: {"y": _dq(f["x"], 0.02, 5).reshape(1, 32)}),
+    "reshape_of_dequantized": text_case(_qtext(
+        "  input %x: i8[1, 2, 4, 4] q(0.02, 5)\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[1, 2, 4, 4]\n"
+        "  %y = Reshape(%d) {dims = [2, 16]} : f32[2, 16]\n"), {"x": _QI}, lambda f: {"y": _dq(f["x"], 0.02, 5).reshape(2, 16)}),
+    "transpose_of_dequantized": text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        "  %y = Transpose(%d) {perm = [1, 0]} : f32[3, 2]\n"), {"x": _QX}, lambda f: {"y": _dq(f["x"], 0.02, 5).T}),
+    "rescale_through_max": text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n  const %k: i8[] = dense<[5]>\n"
+        "  %m = Max(%x, %k) : i8[2, 3] q(0.02, 5)\n"
+        "  %y = Rescale(%m) {in_scale = 0.02, in_offset = 5, scale = 0.01, offset = -128} : i8[2, 3] q(0.01, -128)\n"),
+        {"x": _QX}, lambda f: {"y": _rescale(np.maximum(f["x"], 5), 0.02, 5, 0.01, -128)}),
+    "rescale_through_maxpool": text_case(_qtext(
+        "  input %x: i8[1, 2, 4, 4] q(0.02, 5)\n"
+        "  %p = MaxPool(%x) {kernel = [2, 2], strides = [2, 2]} : i8[1, 2, 2, 2] q(0.02, 5)\n"
+        "  %y = Rescale(%p) {in_scale = 0.02, in_offset = 5, scale = 0.03, offset = 0} : i8[1, 2, 2, 2] q(0.03, 0)\n"),
+        {"x": _QI}, lambda f: {"y": _rescale(f["x"].reshape(1, 2, 2, 2, 2, 2).max(axis=(3, 5)), 0.02, 5, 0.03, 0)}),
+    "max_with_floor_remove": text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, -128)\n  const %k: i8[] = dense<[-128]>\n"
+        "  %y = Max(%x, %k) : i8[2, 3] q(0.02, -128)\n"), {"x": _QX}, lambda f: {"y": f["x"]}),
+    "quantized_conv_in_float": dict(text_case(_qtext(_QCONV + "  %y = Dequantize(%q) {in_scale = 0.05, in_offset = 2} : f32[1, 2, 2, 2]\n"),
+        {"x": _QCX}, lambda f: {"y": _dq(_q8(_qconv_float(f["x"]), 0.05, 2), 0.05, 2)}), rtol=0.0, atol=0.051),
+    "quantized_matmul_in_float": dict(text_case(_qtext(_QMATMUL + "  %y = Dequantize(%q) {in_scale = 0.05, in_offset = -3} : f32[2, 4]\n"),
+        {"x": _QX}, lambda f: {"y": _dq(_q8(_qmatmul_float(f["x"]), 0.05, -3), 0.05, -3)}), rtol=0.0, atol=0.051),
+}
+CASES.update(_QUANTIZATION_CASES)
+
 HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"
           "# Regenerate for review with: pytest tests/test_golden.py --regen-golden\n")
 
 
 def _before(case, registry):
-    if "text" in case:
-        return parse_function(case["text"], registry)
-    return api.load(case["model"], registry=registry)
+    fn = parse_function(case["text"], registry) if "text" in case else api.load(case["model"], registry=registry)
+    if "calibrate" in case:             # the [quantize] rules read calibrated values
+        from glowgen.quantization import choose_params
+        values = {v.name: v for v in list(fn.placeholders) + [o for n in fn.nodes for o in n.outputs]}
+        for name, (lo, hi) in case["calibrate"].items():
+            values[name].calibrated = ("i8", choose_params(lo, hi))
+    return fn
 
 
 def _golden_text(case_name, before, after):

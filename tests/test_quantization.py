@@ -203,3 +203,103 @@ def test_cli_profile_bad_calibration_data(tmp_path, make, message):
     r = _cli("profile", tmp_path / "m.onnx", "--calibration", tmp_path / "c.npz", "-o", tmp_path / "p.json")
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+# ----------------------------------------------------------------------------- quantized models
+def _digits():
+    """The digits CNN of shared/bench/make_digits.py (tools/make_digits.sh): real weights, real
+    labelled images."""
+    import os
+    from pathlib import Path
+    env = os.environ.get("GLOWGEN_DIGITS")
+    path = Path(env) if env else Path(__file__).resolve().parents[1] / ".cache" / "digits"
+    if not (path / "digits_cnn.onnx").exists():
+        if os.environ.get("GLOWGEN_REQUIRE_BENCH_MODELS"):
+            pytest.fail("the digits model is required here but missing; run tools/make_digits.sh")
+        pytest.skip("digits model not built; run tools/make_digits.sh")
+    return path / "digits_cnn.onnx", np.load(path / "digits_data.npz")
+
+
+@pytest.fixture(scope="module")
+def digits_profile():
+    model, data = _digits()
+    calib = [{"input": data["calib_x"][i:i + 1]} for i in range(100)]
+    return glowgen.profile(model, calib, input_shapes={"input": (1, 1, 8, 8)})
+
+
+@pytest.mark.parametrize("backend", ["cpu", "interpreter"])
+def test_digits_quantized_top1_within_half_a_point_of_float(digits_profile, backend):
+    model, data = _digits()
+    x, y = data["test_x"], data["test_y"]
+    shapes = {"input": x.shape}
+    float_top1 = (glowgen.compile(model, backend=backend, input_shapes=shapes)
+                  .run({"input": x})["logits"].argmax(1) == y).mean()
+    quantized = glowgen.compile(model, backend=backend, input_shapes=shapes, quantize=digits_profile)
+    logits = quantized.run({"input": x})["logits"]
+    top1 = (logits.argmax(1) == y).mean()
+    assert float_top1 > 0.95
+    assert top1 >= float_top1 - 0.005, (top1, float_top1)
+
+
+@pytest.mark.parametrize("schema", SCHEMAS)
+@pytest.mark.parametrize("calibration", ["minmax", "percentile=99.99"])
+def test_digits_every_schema_stays_accurate(digits_profile, schema, calibration):
+    model, data = _digits()
+    x = data["test_x"][:128]
+    reference = glowgen.compile(model, input_shapes={"input": x.shape}).run({"input": x})["logits"]
+    got = glowgen.compile(model, input_shapes={"input": x.shape}, quantize=digits_profile,
+                          schema=schema, calibration=calibration).run({"input": x})["logits"]
+    sqnr = 10 * np.log10((reference ** 2).sum() / ((reference - got) ** 2).sum())
+    assert sqnr > 25, (schema, calibration, sqnr)
+
+
+def test_digits_quantized_graph_is_one_integer_island(digits_profile):
+    from glowgen import api
+    from glowgen.frontend.onnx import CheckedModel, load_model
+    model, _ = _digits()
+    checked = CheckedModel(load_model(model))
+    fn = api.load(checked, {"input": (1, 1, 8, 8)})
+    api.optimize(fn, stage="optimized", backend="cpu",
+                 quantization=api.quantization_options(checked, digits_profile))
+    ops = [n.OP for n in fn.nodes]
+    assert ops.count("QuantizedConv") == 3 and ops.count("QuantizedMatMul") == 2
+    assert "Conv" not in ops and "MatMul" not in ops and "Relu" not in ops     # ReLUs absorbed
+    for n in fn.nodes:      # no conversion back and forth between integer ops
+        if n.OP in ("Quantize", "Rescale"):
+            assert n.inputs[0].producer is None or n.inputs[0].producer.OP not in ("Dequantize",), n
+
+
+def test_a_profile_of_another_model_is_refused_when_compiling():
+    prof = glowgen.profile(_cnn(), _samples(1), bins=8)
+    with pytest.raises(InputError, match="made for another model"):
+        glowgen.compile(_cnn(), quantize=prof)
+    with pytest.raises(GlowgenError, match="unknown quantization schema"):
+        glowgen.compile(_cnn(), quantize=prof, schema="fancy")
+
+
+def test_quantized_small_model_matches_float_within_steps():
+    model, samples = _cnn(), _samples(8)
+    prof = glowgen.profile(model, samples, bins=128)
+    from conftest import run_ort
+    for backend in ("cpu", "interpreter"):
+        q = glowgen.compile(model, backend=backend, quantize=prof)
+        for s in samples[:3]:
+            expected = run_ort(model, s)["y"]
+            got = q.run(s)["y"]
+            step = (prof["y"].max - prof["y"].min) / 255
+            assert np.abs(got - expected).max() < 4 * step + 0.05 * np.abs(expected).max()
+
+
+def test_cli_quantized_run_and_dump(tmp_path):
+    model = _cnn()
+    onnx.save(model, tmp_path / "m.onnx")
+    glowgen.profile(model, _samples(4)).save(tmp_path / "p.json")
+    r = _cli("dump", tmp_path / "m.onnx", "--stage", "optimized", "--quantize", tmp_path / "p.json")
+    assert r.returncode == 0, r.stderr
+    assert "QuantizedConv" in r.stdout and "QuantizedMatMul" in r.stdout and " q(" in r.stdout
+    r = _cli("run", tmp_path / "m.onnx", "--quantize", tmp_path / "p.json", "--schema", "symmetric")
+    assert r.returncode == 0 and "y: shape=[1, 5]" in r.stdout, r.stderr
+    r = _cli("run", tmp_path / "m.onnx", "--keep-float", "Conv")
+    assert r.returncode == 2 and "add --quantize" in r.stderr
+    r = _cli("run", tmp_path / "m.onnx", "--quantize", tmp_path / "p.json", "--keep-float", "Cnov")
+    assert r.returncode == 2 and "unknown op kind Cnov" in r.stderr

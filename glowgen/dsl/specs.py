@@ -19,9 +19,12 @@ SPEC_FILES = ("helpers.glowdef", "ops.glowdef", "lowerings.glowdef", "cpu_kernel
 #   inplace(r, o)  result r may reuse operand o's buffer
 #   shape_only   the result depends only on operand types (folded at compile time)
 #   view         the result is the operand's bytes with another type (no data moves)
-TRAITS = {"elementwise", "broadcast", "commutative", "primitive", "inplace", "shape_only", "view"}
+#   quantized    the integer result is quantized with the op's attributes scale and offset
+#   quant_passthrough  a result of the first operand's element type keeps its quantization
+TRAITS = {"elementwise", "broadcast", "commutative", "primitive", "inplace", "shape_only", "view",
+          "quantized", "quant_passthrough"}
 ATTR_KINDS = {"int", "ints", "float", "floats", "string", "strings", "dtype"}
-PHASES = ("canonicalize", "lower", "legalize")
+PHASES = ("canonicalize", "quantize", "lower", "legalize")
 
 
 @attrs.define

@@ -25,6 +25,9 @@ class Value:
         self.type = type
         self.name = name
         self.users: list[tuple["Node", int]] = []   # (node, operand index)
+        # The quantization parameters calibration chose for this value (a Quant), when the
+        # compilation quantizes and profiled it; rules of the [quantize] phase read them.
+        self.calibrated = None
 
     # Convenience accessors used by spec expressions (`x.shape`, `x.dtype`).
     @property
@@ -116,7 +119,23 @@ class Node:
         return out
 
     def infer_type(self) -> tuple[Type, ...]:
-        return self.infer(*self.operand_types(), _node=self.name, **self.attr_values())
+        types = self.infer(*self.operand_types(), _node=self.name, **self.attr_values())
+        return self._with_quant(types)
+
+    def _with_quant(self, types: tuple) -> tuple:
+        """Quantized element types, by trait: an op marked `quantized` gives its integer
+        results the scale and offset of its attributes `scale` and `offset`; one marked
+        `quant_passthrough` (data movement, max) keeps its first operand's."""
+        if "quantized" in self.TRAITS:
+            from .types import INT_DTYPES, Quant
+            q = Quant(self.scale, self.offset)
+            return tuple(t.with_quant(q) if t.dtype in INT_DTYPES else t for t in types)
+        if "quant_passthrough" in self.TRAITS and self.inputs:
+            first = self.inputs[0]
+            q = getattr(first, "type", None) and first.type.quant
+            if q is not None:
+                return tuple(t.with_quant(q) if t.dtype == first.type.dtype else t for t in types)
+        return types
 
     def verify(self) -> None:
         """Re-check the declaration against the current operand types."""

@@ -176,6 +176,8 @@ def _try_rule(function, registry, rule: RuleInfo, node: Node, ctx):
                 raise RewriteError(f"rule {rule.name} ({rule.location}) replaced {node.OP} node "
                                    f"{node.name!r} of type {out.type} with a value of type {new.type}")
         for out, new in zip(node.outputs, results):
+            if new.calibrated is None:       # the same tensor: the same calibration
+                new.calibrated = out.calibrated
             function.replace_all_uses(out, new)
         return builder.created, results
     return None

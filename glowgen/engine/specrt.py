@@ -498,6 +498,80 @@ def b_unnest(values, node) -> tuple:
     return tuple(out)
 
 
+# ----------------------------------------------------------------------------- quantization
+# Quantized types carry scale and offset (Type.quant); values a quantizing compilation
+# calibrated carry the parameters chosen for them (Value.calibrated: (dtype, Quant)).
+
+def _quant_of(x):
+    q = getattr(getattr(x, "type", x), "quant", None)
+    if q is None:
+        raise ShapeError(f"{getattr(x, 'name', x)} has no quantized type")
+    return q
+
+
+def b_is_quantized(x) -> bool:
+    """`x` (a value or a type) has a quantized element type."""
+    return getattr(getattr(x, "type", x), "quant", None) is not None
+
+
+def b_has_quant(x, scale, offset) -> bool:
+    """`x` (a value or a type) is quantized with `scale` (compared in float32, the
+    precision of scales) and `offset`."""
+    import numpy as np
+    q = getattr(getattr(x, "type", x), "quant", None)
+    return q is not None and np.float32(q.scale) == np.float32(scale) and q.offset == offset
+
+
+def b_quant_scale(x) -> float:
+    return _quant_of(x).scale
+
+
+def b_quant_offset(x) -> int:
+    return _quant_of(x).offset
+
+
+def _result(x):
+    """A matched node stands for its (first) result."""
+    outputs = getattr(x, "outputs", None)
+    return outputs[0] if outputs else x
+
+
+def b_calibrated(x) -> bool:
+    """Calibration chose quantization parameters for value `x` (a node: its result)."""
+    return getattr(_result(x), "calibrated", None) is not None
+
+
+def _calibrated(x):
+    if not b_calibrated(x):
+        raise ShapeError(f"%{getattr(x, 'name', x)} was not calibrated")
+    return _result(x).calibrated
+
+
+def b_calibrated_dtype(x) -> str:
+    return _calibrated(x)[0]
+
+
+def b_calibrated_scale(x) -> float:
+    return _calibrated(x)[1].scale
+
+
+def b_calibrated_offset(x) -> int:
+    return _calibrated(x)[1].offset
+
+
+def b_qmin(dtype) -> int:
+    """The least value of an integer element type."""
+    import numpy as np
+    from .types import numpy_dtype
+    return int(np.iinfo(numpy_dtype(dtype)).min)
+
+
+def b_qmax(dtype) -> int:
+    import numpy as np
+    from .types import numpy_dtype
+    return int(np.iinfo(numpy_dtype(dtype)).max)
+
+
 BUILTINS = {
     name[2:]: fn for name, fn in dict(globals()).items() if name.startswith("b_") and callable(fn)
 }

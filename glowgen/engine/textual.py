@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import GlowgenError, ParseError
 from .graph import Constant, Function, Value
-from .types import Type, numpy_dtype
+from .types import Quant, Type, numpy_dtype
 
 _BARE = re.compile(r"^[A-Za-z0-9_.\/\-]+(:[A-Za-z0-9_.\/\-]+)*$")
 
@@ -112,7 +112,8 @@ attrs: "{" [attr ("," attr)*] "}"
 attr: NAME "=" literal
 ?literal: number | STRING -> string | "[" [literal ("," literal)*] "]" -> list
 output: "output" STRING "=" VALUE
-type: NAME "[" [INT ("," INT)*] "]"
+type: NAME "[" [INT ("," INT)*] "]" [quant]
+quant: "q" "(" number "," number ")"
 number: SIGNED_NUMBER | INF | NAN
 INF: /-?inf/
 NAN: "nan"
@@ -175,8 +176,9 @@ def parse_function(text: str, registry, constants: Optional[dict] = None) -> Fun
         return f"line {t.meta.line}"
 
     def ty(t) -> Type:
-        dtype, *dims = t.children
-        return Type(str(dtype), tuple(int(d) for d in dims if d is not None))
+        dtype, *dims, quant = t.children
+        q = Quant(_number(quant.children[0]), _number(quant.children[1])) if quant is not None else None
+        return Type(str(dtype), tuple(int(d) for d in dims if d is not None), q)
 
     for item in items:
         try:

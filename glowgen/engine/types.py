@@ -40,11 +40,20 @@ def dtype_of(array_or_dtype) -> str:
         raise ShapeError(f"element type {dt} is not supported; supported: {', '.join(DTYPES)}") from None
 
 
+def _f32(x) -> float:
+    return float(np.float32(x))
+
+
 @attrs.frozen
 class Quant:
-    """Quantization parameters of an element type (used by int8 quantization later)."""
-    scale: float
-    offset: int
+    """Quantization parameters of an integer element type: an element q stands for the real
+    number scale * (q - offset) (Glow's convention; ONNX calls the offset the zero point).
+    The scale is a float32 value, as the kernels compute with it."""
+    scale: float = attrs.field(converter=_f32)
+    offset: int = attrs.field(converter=int)
+
+    def __str__(self) -> str:
+        return f"q({str(np.float32(self.scale))}, {self.offset})"
 
 
 def _to_shape(dims) -> tuple[int, ...]:
@@ -86,8 +95,12 @@ class Type:
     def with_shape(self, shape) -> "Type":
         return Type(self.dtype, shape, self.quant)
 
+    def with_quant(self, quant: Optional[Quant]) -> "Type":
+        return Type(self.dtype, self.shape, quant)
+
     def __str__(self) -> str:
-        return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+        text = f"{self.dtype}[{', '.join(map(str, self.shape))}]"
+        return f"{text} {self.quant}" if self.quant is not None else text
 
     @classmethod
     def of(cls, array: np.ndarray) -> "Type":

@@ -101,4 +101,7 @@ INSTRUCTIONS = {
     'MaxPoolN': InstrKind('MaxPoolN', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=False),
     'AvgPoolN': InstrKind('AvgPoolN', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=False),
     'ConvTranspose': InstrKind('ConvTranspose', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), OperandRole('w', 'in', optional=False, variadic=False), OperandRole('b', 'in', optional=True, variadic=False), ), inplace=(), elementwise=False),
+    'Quantize': InstrKind('Quantize', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=True),
+    'Dequantize': InstrKind('Dequantize', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=True),
+    'Rescale': InstrKind('Rescale', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=True),
 }

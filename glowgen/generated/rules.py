@@ -138,6 +138,24 @@ def build_rnn_layer(_b, l, g, x, w, r, b, h0, c0, p):
 
 
 
+def build_quantize_calibrated(_b, x):
+    """= Quantize(x, scale = calibrated_scale(x), offset = calibrated_offset(x))"""
+    return _b.op('Quantize', [x], {'scale': rt.b_calibrated_scale(x), 'offset': rt.b_calibrated_offset(x)})
+
+
+
+def build_weight_scales(_b, w, axes):
+    """= Div(Max(ReduceMax(Abs(w), axes = axes, keepdims = 0), scalar(1e-30, f32)), scalar(127.0, f32))"""
+    return _b.op('Div', [_b.op('Max', [_b.op('ReduceMax', [_b.op('Abs', [w], {})], {'axes': axes, 'keepdims': 0}), _b.scalar(1e-30, 'f32')], {}), _b.scalar(127.0, 'f32')], {})
+
+
+
+def build_quantize_bias(_b, b, scales, x_scale):
+    """= Cast(Clip(Round(Div(b, Mul(scales, scalar(x_scale, f32)))), min = -2147483520.0, max = 2147483520.0), to = i32)"""
+    return _b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Div', [b, _b.op('Mul', [scales, _b.scalar(x_scale, 'f32')], {})], {})], {})], {'min': rt.neg(2147483520.0), 'max': 2147483520.0})], {'to': 'i32'})
+
+
+
 def _r0_identity_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
@@ -1837,6 +1855,271 @@ def _r121_stft_expand_build(_b, _m):
     return rt.results(_b.op('DFT', [(_b.op('Mul', [frames, _b.op('Reshape', [window], {'dims': (s.frame, 1, )})], {}) if rt.b_defined(window) else frames)], {'axis': 2, 'length': s.frame, 'onesided': s.onesided}))
 
 
+
+def _r122_quantize_conv_guard(_m, _ctx):
+    """where ((calibrated(x) and calibrated(c)) and is_const(w)) and (not defined(b) or is_const(b))"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool(((((rt.b_calibrated(x) and rt.b_calibrated(c)) and rt.b_is_const(w)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
+
+def _r122_quantize_conv_build(_b, _m):
+    """=> Dequantize(q, in_scale = calibrated_scale(c), in_offset = calibrated_offset(c))"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    m = w.shape[0]
+    ws = build_weight_scales(_b, w, (1, 2, 3, ))
+    bias = (b if rt.b_defined(b) else _b.op('Splat', [], {'dims': (m, ), 'value': 0.0, 'dtype': 'f32'}))
+    q = _b.op('QuantizedConv', [build_quantize_calibrated(_b, x), _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {})], {})], {'to': 'i8'}), ws, build_quantize_bias(_b, bias, ws, rt.b_calibrated_scale(x))], {'scale': rt.b_calibrated_scale(c), 'offset': rt.b_calibrated_offset(c), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})
+    return rt.results(_b.op('Dequantize', [q], {'in_scale': rt.b_calibrated_scale(c), 'in_offset': rt.b_calibrated_offset(c)}))
+
+
+
+def _r123_quantize_matmul_guard(_m, _ctx):
+    """where ((calibrated(x) and calibrated(mm)) and is_const(w)) and (rank(w) == 2)"""
+    mm = _m['mm']
+    x = _m['x']
+    w = _m['w']
+    return bool(((((rt.b_calibrated(x) and rt.b_calibrated(mm)) and rt.b_is_const(w)) and rt.eq(rt.b_rank(w), 2))))
+
+def _r123_quantize_matmul_build(_b, _m):
+    """=> Dequantize(q, in_scale = calibrated_scale(mm), in_offset = calibrated_offset(mm))"""
+    mm = _m['mm']
+    x = _m['x']
+    w = _m['w']
+    ws = build_weight_scales(_b, w, (0, ))
+    q = _b.op('QuantizedMatMul', [build_quantize_calibrated(_b, x), _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, ws], {})], {})], {'to': 'i8'}), ws, _b.op('Splat', [], {'dims': (w.shape[1], ), 'value': 0.0, 'dtype': 'i32'})], {'scale': rt.b_calibrated_scale(mm), 'offset': rt.b_calibrated_offset(mm)})
+    return rt.results(_b.op('Dequantize', [q], {'in_scale': rt.b_calibrated_scale(mm), 'in_offset': rt.b_calibrated_offset(mm)}))
+
+
+
+def _r124_bias_into_quantized_matmul_guard(_m, _ctx):
+    """where ((((is_const(c) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and calibrated(a)) and (uses(q) == 1)) and (uses(d) == 1)"""
+    a = _m['a']
+    d = _m['d']
+    q = _m['q']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    c = _m['c']
+    return bool(((((((rt.b_is_const(c) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.b_calibrated(a)) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1))))
+
+def _r124_bias_into_quantized_matmul_build(_b, _m):
+    """=> Dequantize(qb, in_scale = calibrated_scale(a), in_offset = calibrated_offset(a))"""
+    a = _m['a']
+    d = _m['d']
+    q = _m['q']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    c = _m['c']
+    qb = _b.op('QuantizedMatMul', [x, w, ws, _b.op('Add', [b, build_quantize_bias(_b, c, ws, rt.b_quant_scale(x))], {})], {'scale': rt.b_calibrated_scale(a), 'offset': rt.b_calibrated_offset(a)})
+    return rt.results(_b.op('Dequantize', [qb], {'in_scale': rt.b_calibrated_scale(a), 'in_offset': rt.b_calibrated_offset(a)}))
+
+
+
+def _r125_quantize_dequantize_same_guard(_m, _ctx):
+    """where has_quant(x, q.scale, q.offset)"""
+    q = _m['q']
+    x = _m['x']
+    return bool((rt.b_has_quant(x, q.scale, q.offset)))
+
+def _r125_quantize_dequantize_same_build(_b, _m):
+    """=> x"""
+    q = _m['q']
+    x = _m['x']
+    return rt.results(x)
+
+
+
+def _r126_quantize_dequantize_to_rescale_build(_b, _m):
+    """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    d = _m['d']
+    x = _m['x']
+    return rt.results(_b.op('Rescale', [x], {'in_scale': d.in_scale, 'in_offset': d.in_offset, 'scale': q.scale, 'offset': q.offset}))
+
+
+
+def _r127_rescale_same_guard(_m, _ctx):
+    """where has_quant(x, r.scale, r.offset)"""
+    r = _m['r']
+    x = _m['x']
+    return bool((rt.b_has_quant(x, r.scale, r.offset)))
+
+def _r127_rescale_same_build(_b, _m):
+    """=> x"""
+    r = _m['r']
+    x = _m['x']
+    return rt.results(x)
+
+
+
+def _r128_rescale_into_quantized_conv_guard(_m, _ctx):
+    """where uses(c) == 1"""
+    r = _m['r']
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    return bool((rt.eq(_ctx.uses(c), 1)))
+
+def _r128_rescale_into_quantized_conv_build(_b, _m):
+    """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
+    r = _m['r']
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    return rt.results(_b.op('QuantizedConv', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+
+
+
+def _r129_rescale_into_quantized_matmul_guard(_m, _ctx):
+    """where uses(m) == 1"""
+    r = _m['r']
+    m = _m['m']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    return bool((rt.eq(_ctx.uses(m), 1)))
+
+def _r129_rescale_into_quantized_matmul_build(_b, _m):
+    """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
+    r = _m['r']
+    m = _m['m']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    return rt.results(_b.op('QuantizedMatMul', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset}))
+
+
+
+def _r130_relu_of_dequantized_build(_b, _m):
+    """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
+    d = _m['d']
+    x = _m['x']
+    return rt.results(_b.op('Dequantize', [_b.op('Max', [x, _b.scalar(d.in_offset, 'i8')], {})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
+
+
+
+def _r131_maxpool_of_dequantized_build(_b, _m):
+    """=> Dequantize(MaxPool(x, ...p), ...d)"""
+    p = _m['p']
+    d = _m['d']
+    x = _m['x']
+    return rt.results(_b.op('Dequantize', [_b.op('MaxPool', [x], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'dilations': p.dilations, 'ceil_mode': p.ceil_mode})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
+
+
+
+def _r132_flatten_of_dequantized_build(_b, _m):
+    """=> Dequantize(Flatten(x, ...f), ...d)"""
+    f = _m['f']
+    d = _m['d']
+    x = _m['x']
+    return rt.results(_b.op('Dequantize', [_b.op('Flatten', [x], {'axis': f.axis})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
+
+
+
+def _r133_reshape_of_dequantized_build(_b, _m):
+    """=> Dequantize(Reshape(x, ...r), ...d)"""
+    r = _m['r']
+    d = _m['d']
+    x = _m['x']
+    return rt.results(_b.op('Dequantize', [_b.op('Reshape', [x], {'dims': r.dims})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
+
+
+
+def _r134_transpose_of_dequantized_build(_b, _m):
+    """=> Dequantize(Transpose(x, ...t), ...d)"""
+    t = _m['t']
+    d = _m['d']
+    x = _m['x']
+    return rt.results(_b.op('Dequantize', [_b.op('Transpose', [x], {'perm': t.perm})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
+
+
+
+def _r135_rescale_through_max_guard(_m, _ctx):
+    """where is_splat(k) and (uses(m) == 1)"""
+    r = _m['r']
+    m = _m['m']
+    x = _m['x']
+    k = _m['k']
+    return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
+
+def _r135_rescale_through_max_build(_b, _m):
+    """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
+    r = _m['r']
+    m = _m['m']
+    x = _m['x']
+    k = _m['k']
+    return rt.results(_b.op('Max', [_b.op('Rescale', [x], {'in_scale': r.in_scale, 'in_offset': r.in_offset, 'scale': r.scale, 'offset': r.offset}), _b.scalar(sl.quant.rescaled_value(rt.b_splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), 'i8')], {}))
+
+
+
+def _r136_rescale_through_maxpool_guard(_m, _ctx):
+    """where uses(p) == 1"""
+    r = _m['r']
+    p = _m['p']
+    x = _m['x']
+    return bool((rt.eq(_ctx.uses(p), 1)))
+
+def _r136_rescale_through_maxpool_build(_b, _m):
+    """=> MaxPool(Rescale(x, ...r), ...p)"""
+    r = _m['r']
+    p = _m['p']
+    x = _m['x']
+    return rt.results(_b.op('MaxPool', [_b.op('Rescale', [x], {'in_scale': r.in_scale, 'in_offset': r.in_offset, 'scale': r.scale, 'offset': r.offset})], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'dilations': p.dilations, 'ceil_mode': p.ceil_mode}))
+
+
+
+def _r137_max_with_floor_remove_guard(_m, _ctx):
+    """where is_quantized(x) and is_splat(k, -128)"""
+    x = _m['x']
+    k = _m['k']
+    return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
+
+def _r137_max_with_floor_remove_build(_b, _m):
+    """=> x"""
+    x = _m['x']
+    k = _m['k']
+    return rt.results(x)
+
+
+
+def _r138_quantized_conv_in_float_build(_b, _m):
+    """=> Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), ...c), scale = c.scale, offset = c.offset)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    m = w.shape[0]
+    xs = rt.b_quant_scale(x)
+    return rt.results(_b.op('Quantize', [_b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'scale': c.scale, 'offset': c.offset}))
+
+
+
+def _r139_quantized_matmul_in_float_build(_b, _m):
+    """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    xs = rt.b_quant_scale(x)
+    return rt.results(_b.op('Quantize', [_b.op('Add', [_b.op('MatMul', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), ws], {})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {})], {'scale': q.scale, 'offset': q.offset}))
+
+
 RULES = (
     RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:38:1'),
     RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:41:1'),
@@ -1960,4 +2243,22 @@ RULES = (
     RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r119_compress_to_gather_guard, build=_r119_compress_to_gather_build, location='specs/lowerings.glowdef:962:1'),
     RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r120_compress_flat_to_gather_guard, build=_r120_compress_flat_to_gather_build, location='specs/lowerings.glowdef:966:1'),
     RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r121_stft_expand_build, location='specs/lowerings.glowdef:971:1'),
+    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r122_quantize_conv_guard, build=_r122_quantize_conv_build, location='specs/lowerings.glowdef:992:1'),
+    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r123_quantize_matmul_guard, build=_r123_quantize_matmul_build, location='specs/lowerings.glowdef:1002:1'),
+    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r124_bias_into_quantized_matmul_guard, build=_r124_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1011:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r125_quantize_dequantize_same_guard, build=_r125_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1020:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r126_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1023:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r127_rescale_same_guard, build=_r127_rescale_same_build, location='specs/lowerings.glowdef:1027:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r128_rescale_into_quantized_conv_guard, build=_r128_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1031:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r129_rescale_into_quantized_matmul_guard, build=_r129_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1035:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r130_relu_of_dequantized_build, location='specs/lowerings.glowdef:1041:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r131_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1044:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r132_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1047:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r133_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1050:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r134_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1053:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r135_rescale_through_max_guard, build=_r135_rescale_through_max_build, location='specs/lowerings.glowdef:1058:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r136_rescale_through_maxpool_guard, build=_r136_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1062:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r137_max_with_floor_remove_guard, build=_r137_max_with_floor_remove_build, location='specs/lowerings.glowdef:1066:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r138_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1071:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r139_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1080:1'),
 )

@@ -1,7 +1,8 @@
 """Profiling: run a model on calibration samples and record every float tensor's range and
 histogram (Glow's profiling instructions), natively.
 
-The model is compiled twice, with instruments added to its graph as extra outputs:
+The model is compiled twice, with instruments added to its canonicalized graph (where
+quantization reads the profile: pipeline.CANONICAL) as extra outputs:
 
     pass 1   ReduceMin and ReduceMax of every profiled tensor: its range over all samples;
     pass 2   Histogram(x, bins, low, high) over that range (a scatter-add of ones: one
@@ -153,9 +154,12 @@ def profile(model, samples: Iterable[Mapping[str, np.ndarray]], input_shapes: Op
         except CompileTimeInputError as e:
             raise GlowgenError(f"cannot profile this model yet: {e}; bind those inputs with "
                                f"input shapes or export the model with them constant") from None
+        # Instruments go where quantization reads the profile: after canonicalization (names
+        # of the optimized graph), so both compilations see the same tensors.
+        pipeline.run(function, registry, pipeline.CANONICAL, backend, limit)
         values = profiled_values(function)
         instrument(function, values)
-        pipeline.run(function, registry, pipeline.PIPELINE, backend, limit)
+        pipeline.run(function, registry, pipeline.AFTER_CANONICAL, backend, limit)
         return CompiledModel(function, registry, backend, max_memory=limit, **options), values
 
     _check_samples(proto, samples, input_shapes)

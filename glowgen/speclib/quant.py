@@ -93,3 +93,13 @@ def param_fits(param_shape, size, axis, rank):
         return True
     except ShapeError:
         return False
+
+
+@helper
+def rescaled_value(value, in_scale, in_offset, scale, offset):
+    """One i8 value of parameters (in_scale, in_offset) under (scale, offset), as the Rescale
+    kernel computes it (float32, halves to even, saturated)."""
+    import numpy as np
+    f32 = np.float32
+    real = (f32(value) - f32(in_offset)) * (f32(in_scale) / f32(scale))
+    return int(min(max(np.rint(real) + offset, -128), 127))

@@ -1,0 +1,67 @@
+"""Quantizing a compilation: which values get integer types, with which parameters.
+
+`QuantizationOptions` says how (profile, schema, calibration, ops kept in float);
+`calibrate(function, options)` gives each value of the canonicalized graph that the profile
+covers the parameters calibration chooses for it (Value.calibrated); the rules of the
+[quantize] phase (specs/lowerings.glowdef) then rewrite the graph.  Nothing here names an op
+but those the user asks to keep in float.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+from ..engine.graph import Function
+from ..engine.registry import Registry
+from ..errors import GlowgenError
+from .calibration import Calibration, check_schema, choose_params, tensor_range
+from .profile import Profile, as_profile
+
+QUANTIZED_DTYPES = ("i8",)
+
+
+@dataclass(frozen=True)
+class QuantizationOptions:
+    profile: Profile
+    schema: str = "asymmetric"
+    calibration: Calibration = field(default_factory=lambda: Calibration("minmax"))
+    keep_float: frozenset = frozenset()
+    dtype: str = "i8"
+
+    @classmethod
+    def make(cls, profile, schema: str = "asymmetric", calibration="minmax",
+             keep_float: Optional[Iterable[str]] = None, dtype: str = "i8",
+             registry: Optional[Registry] = None) -> "QuantizationOptions":
+        """Checked options from what a user passes (a Profile or a path, names as text)."""
+        profile = as_profile(profile)
+        if not isinstance(profile, Profile):
+            raise GlowgenError(f"quantize= takes a profile (glowgen.profile(...)) or the path of "
+                               f"one, not {type(profile).__name__}")
+        if dtype not in QUANTIZED_DTYPES:
+            raise GlowgenError(f"quantizing to {dtype!r} is not supported yet; quantized element "
+                               f"types: {', '.join(QUANTIZED_DTYPES)}")
+        if isinstance(keep_float, str):
+            keep_float = [k for k in keep_float.split(",") if k.strip()]
+        kept = frozenset(k.strip() for k in keep_float or ())
+        known = set((registry or Registry.default()).ops) | set((registry or Registry.default()).onnx)
+        unknown = sorted(k for k in kept if k not in known)
+        if unknown:
+            raise GlowgenError(f"--keep-float names unknown op kind{'s' if len(unknown) > 1 else ''} "
+                               f"{', '.join(unknown)}; give ONNX op types such as Conv,MatMul")
+        return cls(profile, check_schema(schema), Calibration.parse(calibration), kept, dtype)
+
+
+def calibrate(function: Function, options: QuantizationOptions) -> int:
+    """Give every float32 value of `function` that the profile covers its calibrated
+    parameters, except results of op kinds kept in float.  Returns how many."""
+    count = 0
+    values = list(function.placeholders) + [o for n in function.nodes
+                                            if n.OP not in options.keep_float for o in n.outputs]
+    for v in values:
+        t = options.profile.tensors.get(v.name)
+        if t is None or v.type.dtype != "f32":
+            continue
+        lo, hi = tensor_range(t, options.calibration, options.schema, options.dtype)
+        v.calibrated = (options.dtype, choose_params(lo, hi, options.schema, options.dtype))
+        count += 1
+    return count
