@@ -104,4 +104,6 @@ INSTRUCTIONS = {
     'Quantize': InstrKind('Quantize', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=True),
     'Dequantize': InstrKind('Dequantize', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=True),
     'Rescale': InstrKind('Rescale', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=True),
+    'QuantizedConv': InstrKind('QuantizedConv', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), OperandRole('w', 'in', optional=False, variadic=False), OperandRole('w_scale', 'in', optional=False, variadic=False), OperandRole('b', 'in', optional=False, variadic=False), ), inplace=(), elementwise=False),
+    'QuantizedMatMul': InstrKind('QuantizedMatMul', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), OperandRole('w', 'in', optional=False, variadic=False), OperandRole('w_scale', 'in', optional=False, variadic=False), OperandRole('b', 'in', optional=False, variadic=False), ), inplace=(), elementwise=False),
 }

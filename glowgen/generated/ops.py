@@ -7931,7 +7931,7 @@ class QuantizedConv(Node):
         group: int = 1 where group >= 1
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
-    Traits: quantized
+    Traits: quantized, primitive
     Declared at specs/ops.glowdef:1524:1.
     """
 
@@ -7939,7 +7939,7 @@ class QuantizedConv(Node):
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('w_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['quantized'])
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:1524:1'
 
@@ -8024,7 +8024,7 @@ class QuantizedMatMul(Node):
     Attributes:
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
-    Traits: quantized
+    Traits: quantized, primitive
     Declared at specs/ops.glowdef:1541:1.
     """
 
@@ -8032,7 +8032,7 @@ class QuantizedMatMul(Node):
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('w_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['quantized'])
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:1541:1'
 

@@ -65,6 +65,35 @@ def conv(node, x, w, b=None):
     return y
 
 
+def requantize_multipliers(x_scale, w_scale, scale) -> np.ndarray:
+    """The f32 multipliers x_scale * w_scale[m] / scale of an integer product's
+    requantization (computed in f64, rounded once)."""
+    return (np.float64(x_scale) * np.asarray(w_scale, np.float64) / np.float64(scale)).astype(np.float32)
+
+
+def requantize(acc, mult, offset) -> np.ndarray:
+    """i32 sums to i8 as the cpu kernels compute it: f32(acc) * mult in f32, rounded halves
+    to even, plus `offset`, saturated (`mult` broadcasts against `acc`)."""
+    with np.errstate(over="ignore"):
+        v = np.round(np.asarray(acc).astype(np.float32) * mult)
+    return np.clip(v + np.float32(offset), -128, 127).astype(np.int8)
+
+
+def quantized_conv(node, x, w, ws, b):
+    """(x - x_offset) conv w + b summed exactly (padding is real zero), then requantized."""
+    q = node.inputs[0].type.quant
+    m = w.shape[0]
+    shifted = x.astype(np.int64) - q.offset
+    acc = conv(node, shifted, w.astype(np.int64), b.astype(np.int64))
+    return requantize(acc, requantize_multipliers(q.scale, ws, node.scale).reshape(1, m, 1, 1), node.offset)
+
+
+def quantized_matmul(node, x, w, ws, b):
+    q = node.inputs[0].type.quant
+    acc = np.matmul(x.astype(np.int64) - q.offset, w.astype(np.int64)) + b.astype(np.int64)
+    return requantize(acc, requantize_multipliers(q.scale, ws, node.scale), node.offset)
+
+
 def _lowest(dtype):
     return -np.inf if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
 
@@ -385,6 +414,8 @@ PRIMITIVES = {
     "Range": range_,
     # conformance (issue 6)
     "ConvN": conv_nd,
+    "QuantizedConv": quantized_conv,
+    "QuantizedMatMul": quantized_matmul,
     "MaxPoolN": max_pool_nd,
     "AvgPoolN": avg_pool_nd,
     "ConvTranspose": conv_transpose,

@@ -19,8 +19,9 @@ from .vectors import f32_vector, splat, vload, vstore
 
 
 class GemmShape:
-    def __init__(self, vw: int, mr: int, nv: int):
+    def __init__(self, vw: int, mr: int, nv: int, features: str = ""):
         self.vw, self.mr, self.nv = vw, mr, nv
+        self.features = features          # the target's, for kernels with other choices (qgemm)
 
     @property
     def nr(self) -> int:
@@ -30,10 +31,10 @@ class GemmShape:
 def choose_shape(features: str) -> GemmShape:
     """Tile for the host's vector registers: 32 zmm with AVX-512, 16 ymm with AVX2."""
     if "+avx512f" in features:
-        return GemmShape(16, 8, 2)        # 16 accumulators of 16 floats
+        return GemmShape(16, 8, 2, features)      # 16 accumulators of 16 floats
     if "+avx2" in features or "+avx" in features:
-        return GemmShape(8, 6, 2)         # 12 accumulators of 8 floats
-    return GemmShape(4, 4, 2)
+        return GemmShape(8, 6, 2, features)       # 12 accumulators of 8 floats
+    return GemmShape(4, 4, 2, features)
 
 
 def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,

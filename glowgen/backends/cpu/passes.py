@@ -22,7 +22,7 @@ from typing import Callable
 from ...lir.ir import Program
 from ...lir.passes import lifetimes
 from .epilogue import fuse_epilogues
-from .kernels import PACKING, SCRATCH, STRATEGY
+from .kernels import PACKING, REPACK, SCRATCH, STRATEGY
 from .loops import loop_work
 from .packing import pack_weights, packable, weight_users
 from .parallel import PARALLEL
@@ -52,6 +52,10 @@ def weight_packing(prog: Program, registry) -> None:
     users = weight_users(prog)
     packed = 0
     for ins in prog.instrs:
+        repack = REPACK.get(ins.kind)
+        if repack is not None and ins.plan is not None:
+            packed += bool(repack(prog, ins, shape, users))
+            continue
         layout = PACKING.get(ins.kind)
         choice = layout(ins, shape) if layout is not None and ins.plan is not None else None
         if choice is not None and pack_weights(prog, ins, *choice, shape, users):

@@ -34,6 +34,9 @@ STRATEGY: dict[str, Callable] = {}
 # the weight-packing pass: (ins, gemm shape) -> (operand index, layout, panel width) of a
 #   constant operand the kernel reads packed (packing.py), or None;
 PACKING: dict[str, Callable] = {}
+# the weight-packing pass, for kernels that repack their constants themselves (several
+#   operands into one buffer, other element types): (prog, ins, gemm shape, users) -> bool;
+REPACK: dict[str, Callable] = {}
 # the epilogue-fusion pass: ins -> the [batch, rows, columns] view of the result when the
 #   kernel stores whole vectors of a row through an epilogue (epilogue.py), or None;
 PRODUCT_SPACE: dict[str, Callable] = {}

@@ -1,0 +1,323 @@
+"""QuantizedConv and QuantizedMatMul: int8 products with exact i32 sums, requantized to i8
+in the store (the int8 GEMM of qgemm.py).
+
+A 2-D convolution with one group reads its input in place from a *plane*: the input of one
+image padded with its real zero (the x offset, as B's element: + 128 for u8), its rows and
+columns dealt by stride into stride x stride phase planes of Hq x Wq, and G channels
+interleaved in each 32-bit element.  Output pixel (oy, ox) is then column q = oy * Wq + ox
+of the product, and tap (ky, kx) reads element q + a constant offset: every tap's vector is
+one load, no im2col.  The columns ox >= OW of each row are computed and dropped (Wq - OW of
+Wq: 2 of 58 for a 3x3 convolution at 56x56).  The product goes, requantized, to a scratch
+block [M][Q] and then its rows to the output.  A matrix product is the same with the
+transposed rows of x as its plane ([K / G][rows] elements) and one tap.
+
+Weights, the per-filter bias correction and the multipliers are packed once at compile time
+into one constant buffer (qgemm.pack_a / pack_epilogue), in place of the weights operand.
+A split shares out blocks of MR filters (each task builds the plane in its own scratch).
+
+Grouped (depthwise) convolutions, weights that are not constants and targets without AVX2
+run `loops`: plain loops computing the same sums and requantization.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ....engine.types import Type
+from ....lir.ir import WeightBuffer
+from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64
+from ..parallel import Work, parallel
+from ..qgemm import QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epilogue, requantize_scalar, \
+    requantize_vector
+from .base import DESCRIBE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
+
+_ceil = lambda a, b: -(-a // b)     # noqa: E731
+
+
+class Geometry:
+    """Where the product reads and writes, from the node's static shapes (one image)."""
+
+    def __init__(self, node, qs: QShape):
+        self.qs = qs
+        g, nr = qs.group, qs.nr
+        xt = node.inputs[0].type
+        self.conv = node.OP == "QuantizedConv"
+        if self.conv:
+            self.batch, self.c, self.h, self.w = xt.shape
+            self.m, _, kh, kw = node.inputs[1].type.shape
+            self.oh, self.ow = node.outputs[0].type.shape[2:]
+            (sh, sw), (dh, dw), p = node.strides, node.dilations, node.pads
+            self.sh, self.sw, self.pt, self.pl = sh, sw, p[0], p[1]
+            hp, wp = self.h + p[0] + p[2], self.w + p[1] + p[3]
+            self.hq, self.wq = _ceil(hp, sh), _ceil(wp, sw)
+            phase = self.hq * self.wq
+            self.taps = [(((ky * dh) % sh) * sw + (kx * dw) % sw) * phase
+                         + ((ky * dh) // sh) * self.wq + (kx * dw) // sw
+                         for ky in range(kh) for kx in range(kw)]
+            self.group_stride = sh * sw * phase
+            self.q = self.oh * self.wq
+        else:
+            *batch, self.c = xt.shape
+            self.m = node.inputs[1].type.shape[1]
+            self.batch, self.rows = 1, int(np.prod(batch, dtype=np.int64))
+            self.taps = [0]
+            self.group_stride = self.q = self.rows
+        self.groups = _ceil(self.c, g)
+        self.qpad = _ceil(self.q, nr) * nr
+        self.blocks = _ceil(self.m, qs.mr)
+        self.mpad = self.blocks * qs.mr
+        # Elements the tiles may read: the last group's taps up to the last padded column.
+        self.plane_elems = max(self.groups * self.group_stride,
+                               (self.groups - 1) * self.group_stride + max(self.taps) + self.qpad)
+        self.plane_bytes = _ceil(4 * self.plane_elems, 64) * 64
+        self.scratch = self.plane_bytes + _ceil(self.mpad * self.qpad, 64) * 64
+        self.a_bytes = self.blocks * self.groups * len(self.taps) * qs.mr * 4
+
+
+# ----------------------------------------------------------------------------- decisions
+def _constant(ins, index):
+    """The constant data of operand `index` (of the instruction) in its node's shape, or None."""
+    buf = ins.operands[index][1]
+    root = buf.root() if buf is not None else None
+    if not (isinstance(root, WeightBuffer) and root.region == "constant" and root.data is not None
+            and root.nbytes == buf.nbytes):
+        return None
+    return root.data.reshape(ins.node.inputs[index - len(ins.node.outputs)].type.shape)
+
+
+@hook(STRATEGY, "QuantizedConv", "QuantizedMatMul")
+def q_strategy(ins, shape, packable) -> str:
+    """The target's int8 product (qgemm.QSHAPES) for a single-group product with constant
+    weights, bias and scales; plain loops otherwise."""
+    qs = choose_qshape(getattr(shape, "features", ""))
+    node = ins.node
+    if qs is None or getattr(node, "group", 1) != 1 or any(_constant(ins, i) is None for i in (2, 3, 4)):
+        return "loops"
+    return qs.kind
+
+
+@hook(REPACK, "QuantizedConv", "QuantizedMatMul")
+def q_repack(prog, ins, shape, users) -> bool:
+    """Weights (qgemm.pack_a), bias corrections and multipliers (pack_epilogue) in one
+    constant buffer replacing the weights operand."""
+    if ins.plan.strategy not in QSHAPES:
+        return False
+    node, qs = ins.node, QShape(ins.plan.strategy)
+    w, ws, b = (_constant(ins, i) for i in (2, 3, 4))
+    if node.OP == "QuantizedConv":
+        w3 = w.reshape(w.shape[0], w.shape[1], -1)
+    else:
+        w3 = np.ascontiguousarray(w.T).reshape(w.shape[1], w.shape[0], 1)
+    corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
+    data = np.concatenate([pack_a(w3, w3.shape[2], qs).view(np.int8).ravel(), corr.view(np.int8),
+                           mult.view(np.int8)])
+    buf = ins.operands[2][1]
+    root = buf.root()
+    new = WeightBuffer(f"{root.name}.q{qs.kind}", Type("i8", (data.size,)), "constant", data=data)
+    if users.get(id(root)) == 1 and root in prog.weights:
+        prog.weights[prog.weights.index(root)] = new
+    else:
+        prog.weights.append(new)
+    ins.replace(buf, new)
+    ins.plan.packed = "a"
+    return True
+
+
+@hook(SCRATCH, "QuantizedConv", "QuantizedMatMul")
+def q_scratch(ins, shape) -> int:
+    if ins.plan.strategy not in QSHAPES:
+        return 0
+    return Geometry(ins.node, QShape(ins.plan.strategy)).scratch
+
+
+@parallel("QuantizedConv", "QuantizedMatMul")
+def q_work(node, shape, ins) -> Work:
+    if ins.plan is None or ins.plan.strategy not in QSHAPES:
+        return Work(1)
+    geo = Geometry(node, QShape(ins.plan.strategy))
+    flops = 2.0 * geo.batch * geo.m * geo.q * geo.c * len(geo.taps)
+    return Work(geo.blocks, flops=flops)
+
+
+@hook(DESCRIBE, "QuantizedConv", "QuantizedMatMul")
+def q_describe(node) -> str:
+    return "int8"
+
+
+# ----------------------------------------------------------------------------- kernels
+@kernel("QuantizedConv", "QuantizedMatMul")
+def quantized_product(k: KernelArgs):
+    if k.strategy not in QSHAPES:
+        return (q_conv_loops if k.node.OP == "QuantizedConv" else q_matmul_loops)(k)
+    b, node = k.b, k.node
+    qs = QShape(k.strategy)
+    geo = Geometry(node, qs)
+    (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
+    packed = b.bitcast(packed, I8.as_pointer())
+    a = b.bitcast(packed, I32.as_pointer())
+    corr = b.bitcast(b.gep(packed, [i64(geo.a_bytes)]), I32.as_pointer())
+    mult = b.bitcast(b.gep(packed, [i64(geo.a_bytes + 4 * geo.mpad)]), F32.as_pointer())
+    scratch = b.bitcast(k.scratch, I8.as_pointer())
+    plane = b.bitcast(scratch, I32.as_pointer())
+    ys = b.gep(scratch, [i64(geo.plane_bytes)])
+    lo, hi = k.split.range(b, geo.blocks)
+    x_offset = node.inputs[0].type.quant.offset
+    with for_range(b, geo.batch, name="qn") as n:
+        (build_conv_plane if geo.conv else build_matmul_plane)(b, geo, x, n, plane, x_offset)
+        with for_range(b, hi, start=lo, name="qmb") as mb:
+            a_block = b.gep(a, [b.mul(mb, i64(geo.groups * len(geo.taps) * qs.mr))])
+            with for_range(b, geo.qpad // qs.nr, name="qp") as p:
+                q0 = b.mul(p, i64(qs.nr))
+
+                def store(i, j, sums):
+                    m = b.add(b.mul(mb, i64(qs.mr)), i64(i))
+                    v = requantize_vector(b, sums, b.load(b.gep(corr, [m])), b.load(b.gep(mult, [m])),
+                                          node.offset)
+                    at = b.gep(ys, [b.add(b.add(b.mul(m, i64(geo.qpad)), q0), i64(j * qs.vw))])
+                    st = b.store(v, b.bitcast(at, v.type.as_pointer()))
+                    st.align = 1
+                emit_tile(b, qs, geo.groups, geo.taps, a_block, b.gep(plane, [q0]), geo.group_stride, store)
+        m_lo = b.mul(lo, i64(qs.mr))
+        m_hi = b.mul(hi, i64(qs.mr))
+        m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
+        (write_conv_out if geo.conv else write_matmul_out)(b, geo, ys, y, n, m_lo, m_hi)
+
+
+def _elem(b, qs: QShape, v8):
+    """An i8 activation value as B holds it: u8 bits of v + shift, or i16."""
+    if qs.bits == 8:
+        assert qs.shift == 128
+        return b.xor(v8, ir_const(I8, -128))          # v + 128 as u8 bits
+    return b.sext(v8, I16)
+
+
+def ir_const(t, v):
+    from llvmlite import ir
+    return ir.Constant(t, v)
+
+
+def _store_elem(b, qs: QShape, plane_bytes, at_elem, t: int, value):
+    """Store channel t of 32-bit element `at_elem` of the plane."""
+    et = qs.elem
+    p = b.gep(b.bitcast(plane_bytes, et.as_pointer()), [b.add(b.mul(at_elem, i64(4 // (qs.bits // 8))), i64(t))])
+    b.store(value, p)
+
+
+def build_conv_plane(b, geo: Geometry, x, n, plane, x_offset: int):
+    """Image n of x (N, C, H, W) into the plane: [C / G][phase y][phase x][Hq][Wq] elements of
+    G channels, the padding (and channels past C) the x offset."""
+    qs = geo.qs
+    pad = _elem(b, qs, ir_const(I8, x_offset))
+    phases = geo.sh * geo.sw
+    with for_range(b, geo.groups, name="pc") as cg:
+        for t in range(qs.group):
+            c = b.add(b.mul(cg, i64(qs.group)), i64(t))
+            c_ok = b.icmp_signed("<", c, i64(geo.c))
+            for ph in range(phases):
+                py, px = divmod(ph, geo.sw)
+                with for_range(b, geo.hq, name="py") as yq:
+                    yy = b.sub(b.add(b.mul(yq, i64(geo.sh)), i64(py)), i64(geo.pt))
+                    row_ok = b.and_(c_ok, b.and_(b.icmp_signed(">=", yy, i64(0)), b.icmp_signed("<", yy, i64(geo.h))))
+                    src_row = b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h)), yy), i64(geo.w))
+                    dst_row = b.mul(b.add(b.mul(b.add(b.mul(cg, i64(phases)), i64(ph)), i64(geo.hq)), yq), i64(geo.wq))
+                    with for_range(b, geo.wq, name="px") as xq:
+                        xx = b.sub(b.add(b.mul(xq, i64(geo.sw)), i64(px)), i64(geo.pl))
+                        ok = b.and_(row_ok, b.and_(b.icmp_signed(">=", xx, i64(0)), b.icmp_signed("<", xx, i64(geo.w))))
+                        src = b.select(ok, b.add(src_row, xx), i64(0))
+                        v = b.select(ok, _elem(b, qs, b.load(b.gep(x, [src]))), pad)
+                        _store_elem(b, qs, plane, b.add(dst_row, xq), t, v)
+
+
+def build_matmul_plane(b, geo: Geometry, x, n, plane, x_offset: int):
+    """x (rows, K) transposed into the plane: [K / G][rows] elements of G values of k."""
+    qs = geo.qs
+    pad = _elem(b, qs, ir_const(I8, x_offset))
+    with for_range(b, geo.rows, name="pr") as r:
+        with for_range(b, geo.groups, name="pg") as cg:
+            at = b.add(b.mul(cg, i64(geo.rows)), r)
+            for t in range(qs.group):
+                c = b.add(b.mul(cg, i64(qs.group)), i64(t))
+                ok = b.icmp_signed("<", c, i64(geo.c))
+                src = b.select(ok, b.add(b.mul(r, i64(geo.c)), c), i64(0))
+                v = b.select(ok, _elem(b, qs, b.load(b.gep(x, [src]))), pad)
+                _store_elem(b, qs, plane, at, t, v)
+
+
+def write_conv_out(b, geo: Geometry, ys, y, n, m_lo, m_hi):
+    """Rows m_lo..m_hi of the product block [M][Q] into image n of y (N, M, OH, OW),
+    dropping each row's columns past OW."""
+    with for_range(b, m_hi, start=m_lo, name="wm") as m:
+        with for_range(b, geo.oh, name="wy") as oy:
+            src = b.add(b.mul(m, i64(geo.qpad)), b.mul(oy, i64(geo.wq)))
+            dst = b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(geo.oh)), oy), i64(geo.ow))
+            with for_range(b, geo.ow, name="wx") as ox:
+                b.store(b.load(b.gep(ys, [b.add(src, ox)])), b.gep(y, [b.add(dst, ox)]))
+
+
+def write_matmul_out(b, geo: Geometry, ys, y, n, m_lo, m_hi):
+    """Rows m_lo..m_hi of the product block [N][rows], transposed into y (rows, N)."""
+    with for_range(b, geo.rows, name="wr") as r:
+        with for_range(b, m_hi, start=m_lo, name="wm") as m:
+            v = b.load(b.gep(ys, [b.add(b.mul(m, i64(geo.qpad)), r)]))
+            b.store(v, b.gep(y, [b.add(b.mul(r, i64(geo.m)), m)]))
+
+
+# ----------------------------------------------------------------------------- plain loops
+def _multiplier(b, node, ws, m):
+    """x_scale * w_scale[m] / scale in f64, rounded to f32 (as requantize_multipliers)."""
+    q = node.inputs[0].type.quant
+    v = b.fmul(ir_const(F64, float(q.scale)), b.fpext(b.load(b.gep(ws, [m])), F64))
+    return b.fptrunc(b.fdiv(v, ir_const(F64, float(node.scale))), F32)
+
+
+def _sum_into(b, acc, xv, wv, xo):
+    xs = b.sub(b.sext(xv, I32), ir_const(I32, xo))
+    b.store(b.add(b.load(acc), b.mul(xs, b.sext(wv, I32))), acc)
+
+
+def q_conv_loops(k: KernelArgs):
+    """Any QuantizedConv (grouped, depthwise, weights computed at run time): one sum per
+    output element in i32, taps outside the input skipped (they are real zeros)."""
+    b, node = k.b, k.node
+    (y, _), (x, _), (w, _), (ws, _), (bias, _) = k.outs[0], *k.ins
+    nb, c, h, wd = node.inputs[0].type.shape
+    m, cg, kh, kw = node.inputs[1].type.shape
+    oh, ow = node.outputs[0].type.shape[2:]
+    (sh, sw), (dh, dw), pads = node.strides, node.dilations, node.pads
+    mg = m // node.group
+    xo = node.inputs[0].type.quant.offset
+    acc = b.alloca(I32)
+    with for_range(b, nb, name="n") as n, for_range(b, m, name="m") as mi:
+        mult = _multiplier(b, node, ws, mi)
+        c0 = b.mul(b.sdiv(mi, i64(mg)), i64(cg))
+        with for_range(b, oh, name="oy") as oy, for_range(b, ow, name="ox") as ox:
+            b.store(b.load(b.gep(bias, [mi])), acc)
+            with for_range(b, cg, name="c") as ci, for_range(b, kh, name="ky") as ky, \
+                    for_range(b, kw, name="kx") as kx:
+                iy = b.add(b.sub(b.mul(oy, i64(sh)), i64(pads[0])), b.mul(ky, i64(dh)))
+                ix = b.add(b.sub(b.mul(ox, i64(sw)), i64(pads[1])), b.mul(kx, i64(dw)))
+                inside = b.and_(b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(h))),
+                                b.and_(b.icmp_signed(">=", ix, i64(0)), b.icmp_signed("<", ix, i64(wd))))
+                with b.if_then(inside):
+                    xi = b.add(b.mul(b.add(b.mul(b.add(b.mul(n, i64(c)), b.add(c0, ci)), i64(h)), iy), i64(wd)), ix)
+                    wi = b.add(b.mul(b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh)), ky), i64(kw)), kx)
+                    _sum_into(b, acc, b.load(b.gep(x, [xi])), b.load(b.gep(w, [wi])), xo)
+            yi = b.add(b.mul(b.add(b.mul(b.add(b.mul(n, i64(m)), mi), i64(oh)), oy), i64(ow)), ox)
+            b.store(requantize_scalar(b, b.load(acc), mult, node.offset), b.gep(y, [yi]))
+
+
+def q_matmul_loops(k: KernelArgs):
+    b, node = k.b, k.node
+    (y, _), (x, _), (w, _), (ws, _), (bias, _) = k.outs[0], *k.ins
+    *batch, kk = node.inputs[0].type.shape
+    n = node.inputs[1].type.shape[1]
+    rows = int(np.prod(batch, dtype=np.int64))
+    xo = node.inputs[0].type.quant.offset
+    acc = b.alloca(I32)
+    with for_range(b, n, name="n") as j:
+        mult = _multiplier(b, node, ws, j)
+        with for_range(b, rows, name="r") as r:
+            b.store(b.load(b.gep(bias, [j])), acc)
+            with for_range(b, kk, name="k") as ki:
+                _sum_into(b, acc, b.load(b.gep(x, [b.add(b.mul(r, i64(kk)), ki)])),
+                          b.load(b.gep(w, [b.add(b.mul(ki, i64(n)), j)])), xo)
+            b.store(requantize_scalar(b, b.load(acc), mult, node.offset), b.gep(y, [b.add(b.mul(r, i64(n)), j)]))

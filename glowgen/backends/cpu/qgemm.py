@@ -1,0 +1,192 @@
+"""An int8 register-blocked matrix product with exact i32 sums, for QuantizedConv and
+QuantizedMatMul (kernels/qlinalg.py).
+
+    C[M, Q] = A[M, K] @ B[K, Q]     A: i8 weights (constant), B: the activations
+
+A lane of a vector register holds one column q of C (an output pixel) and sums, in one
+instruction, the products of a group of G consecutive k:
+
+  "vnni"    AVX-512 VNNI `vpdpbusd`: G = 4 bytes, B as u8 (the activation + 128), A as s8;
+            4 products of at most 255 * 127 summed exactly into i32 lanes, no saturation;
+  "madd16"  AVX2 (or AVX-512BW without VNNI) `vpmaddwd`: G = 2 values widened to i16 (the
+            activation itself, A's weights); two 16-bit products summed exactly into i32.
+
+(`vpmaddubsw`'s u8 x s8 pair sums saturate at 16 bits, so they are not used.)  So each
+element of A and of B is 32 bits: G values of consecutive k.  A is packed at compile time
+in blocks of MR rows, [ceil(M / MR)][KG][MR] (pack_a), B is whatever the caller lays out
+with a constant offset per k group (qlinalg: a padded input plane read in place); the tile
+keeps MR x NV vectors of i32 sums, broadcasting A's group for a row and loading B's vectors.
+
+The shift of B to u8 is folded into a per-row correction computed at compile time,
+corr[m] = b[m] - (x_offset + shift) * sum_k A[m, k], so that C + corr is exactly
+sum_k (x - x_offset) * w + b.  Requantization runs in f32 in the store: (C + corr) as f32
+times the row's multiplier x_scale * w_scale[m] / scale, rounded halves to even, plus the
+result's offset, saturated to i8 (reference.primitives.requantize computes the same).
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+from llvmlite import ir
+
+from ...reference.primitives import requantize_multipliers
+from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic
+
+# The int8 strategies by target (`choose_qshape`): (group, element bits, shift, vector i32
+# lanes, MR, NV).
+QSHAPES = {
+    "vnni": (4, 8, 128, 16, 8, 2),       # 16 zmm accumulators
+    "madd16-512": (2, 16, 0, 16, 8, 2),  # AVX-512BW without VNNI
+    "madd16": (2, 16, 0, 8, 6, 2),       # AVX2: 12 ymm accumulators
+}
+
+
+class QShape:
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.group, self.bits, self.shift, self.vw, self.mr, self.nv = QSHAPES[kind]
+
+    @property
+    def nr(self) -> int:
+        return self.vw * self.nv
+
+    @property
+    def elem(self) -> ir.Type:
+        """The type of one activation value in B's groups (u8 as i8 bits, or i16)."""
+        return I8 if self.bits == 8 else I16
+
+
+def choose_qshape(features: str) -> Optional[QShape]:
+    """The int8 path for the target's features, or None (plain loops)."""
+    have = set((features or "").split(","))
+    if "+avx512vnni" in have and "+avx512bw" in have:
+        return QShape("vnni")
+    if "+avx512bw" in have:
+        return QShape("madd16-512")
+    if "+avx2" in have:
+        return QShape("madd16")
+    return None
+
+
+def pack_a(w: np.ndarray, taps: int, qs: QShape) -> np.ndarray:
+    """Weights [M, C, taps] (i8) -> [ceil(M / MR)][ceil(C / G) * taps][MR][G] in the element
+    type of the product (i8 or i16), the group's G channels of one tap together; k runs
+    over (channel group, tap).  Rows past M and channels past C are zero."""
+    m, c, _ = w.shape
+    g, mr = qs.group, qs.mr
+    mp, cp = -(-m // mr) * mr, -(-c // g) * g
+    padded = np.zeros((mp, cp, taps), np.int16 if qs.bits == 16 else np.int8)
+    padded[:m, :c] = w
+    # [MB, MR, CG, G, T] -> [MB, CG, T, MR, G]
+    a = padded.reshape(mp // mr, mr, cp // g, g, taps).transpose(0, 2, 4, 1, 3)
+    return np.ascontiguousarray(a)
+
+
+def pack_epilogue(w: np.ndarray, ws: np.ndarray, b: np.ndarray, x_quant, scale: float,
+                  qs: QShape) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (padded to whole MR blocks): the i32 correction b - (x_offset + shift) *
+    sum_k w and the f32 multiplier of the requantization."""
+    m = w.shape[0]
+    mp = -(-m // qs.mr) * qs.mr
+    corr = np.zeros(mp, np.int64)
+    corr[:m] = b.astype(np.int64) - (x_quant.offset + qs.shift) * w.reshape(m, -1).astype(np.int64).sum(1)
+    assert np.all(np.abs(corr) < 2 ** 31), "bias correction out of i32 range"
+    mult = np.zeros(mp, np.float32)
+    mult[:m] = requantize_multipliers(x_quant.scale, ws, scale)
+    return corr.astype(np.int32), mult
+
+
+def _vec(t: ir.Type, n: int) -> ir.VectorType:
+    return ir.VectorType(t, n)
+
+
+def _splat(b: ir.IRBuilder, v, n: int):
+    vt = _vec(v.type, n)
+    one = b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(_vec(I32, n), [0] * n))
+
+
+def _dot(b: ir.IRBuilder, qs: QShape, acc, bvec, aval):
+    """acc + the group sums of B's vector (i32 lanes of G values) times A's broadcast group."""
+    vw = qs.vw
+    avec = _splat(b, aval, vw)
+    if qs.kind == "vnni":
+        fn = intrinsic(b.module, "llvm.x86.avx512.vpdpbusd.512", _vec(I32, 16), [_vec(I32, 16)] * 3)
+        return b.call(fn, [acc, bvec, avec])            # (sums, u8 operand, s8 operand)
+    h = _vec(I16, 2 * vw)
+    name = "llvm.x86.avx512.pmaddw.d.512" if vw == 16 else "llvm.x86.avx2.pmadd.wd"
+    fn = intrinsic(b.module, name, _vec(I32, vw), [h, h])
+    return b.add(acc, b.call(fn, [b.bitcast(bvec, h), b.bitcast(avec, h)]))
+
+
+def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block, b_base,
+              group_stride: int, store: Callable, name: str = "qt") -> None:
+    """One MR x NR tile: for each of `groups` channel groups (a run-time loop) and each tap
+    (unrolled), B's NV vectors at b_base + group * group_stride + tap offset + j * VW (i32
+    elements) meet A's MR broadcast groups at a_block[(group * taps + t) * MR + i].  Then
+    store(i, j, sums) for each of the MR x NV vectors of i32 sums."""
+    vw, mr, nv = qs.vw, qs.mr, qs.nv
+    vt = _vec(I32, vw)
+    zero = ir.Constant(vt, [0] * vw)
+    entry = b.block
+    loop = b.append_basic_block(f"{name}.k")
+    done = b.append_basic_block(f"{name}.kdone")
+    b.branch(loop)
+    b.position_at_end(loop)
+    g = b.phi(I64, name="g")
+    g.add_incoming(i64(0), entry)
+    accs = [[b.phi(vt) for _ in range(nv)] for _ in range(mr)]
+    for row in accs:
+        for acc in row:
+            acc.add_incoming(zero, entry)
+    cur = [[acc for acc in row] for row in accs]
+    bg = b.gep(b_base, [b.mul(g, i64(group_stride))])
+    ag = b.gep(a_block, [b.mul(g, i64(len(taps) * mr))])
+    for t, off in enumerate(taps):
+        bvecs = []
+        for j in range(nv):
+            p = b.bitcast(b.gep(bg, [i64(off + j * vw)]), vt.as_pointer())
+            v = b.load(p)
+            v.align = 4
+            bvecs.append(v)
+        for i in range(mr):
+            av = b.load(b.gep(ag, [i64(t * mr + i)]))
+            for j in range(nv):
+                cur[i][j] = _dot(b, qs, cur[i][j], bvecs[j], av)
+    g_next = b.add(g, i64(1))
+    g.add_incoming(g_next, b.block)
+    for i in range(mr):
+        for j in range(nv):
+            accs[i][j].add_incoming(cur[i][j], b.block)
+    b.cbranch(b.icmp_signed("<", g_next, i64(groups)), loop, done)
+    b.position_at_end(done)
+    for i in range(mr):
+        for j in range(nv):
+            store(i, j, cur[i][j])
+
+
+def requantize_vector(b: ir.IRBuilder, sums, corr, mult, offset: int):
+    """i32 sums + corr (i32 scalar) -> i8 vector: f32 times mult (f32 scalar), rounded halves
+    to even, + offset, saturated."""
+    vw = sums.type.count
+    ft = _vec(F32, vw)
+    v = b.add(sums, _splat(b, corr, vw))
+    f = b.fmul(b.sitofp(v, ft), _splat(b, mult, vw))
+    rnd = intrinsic(b.module, f"llvm.roundeven.v{vw}f32", ft, [ft])
+    f = b.fadd(b.call(rnd, [f]), ir.Constant(ft, [float(offset)] * vw))
+    lo, hi = ir.Constant(ft, [-128.0] * vw), ir.Constant(ft, [127.0] * vw)
+    f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
+    f = b.select(b.fcmp_ordered("<", f, lo), lo, f)
+    return b.trunc(b.fptosi(f, _vec(I32, vw)), _vec(I8, vw))
+
+
+def requantize_scalar(b: ir.IRBuilder, acc, mult, offset: int):
+    """The same for one i32 sum (plain loops)."""
+    f = b.fmul(b.sitofp(acc, F32), mult)
+    rnd = intrinsic(b.module, "llvm.roundeven.f32", F32, [F32])
+    f = b.fadd(b.call(rnd, [f]), ir.Constant(F32, float(offset)))
+    lo, hi = ir.Constant(F32, -128.0), ir.Constant(F32, 127.0)
+    f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
+    f = b.select(b.fcmp_ordered("<", f, lo), lo, f)
+    return b.trunc(b.fptosi(f, I32), I8)

@@ -1,0 +1,226 @@
+"""The cpu backend's int8 kernels for QuantizedConv and QuantizedMatMul (kernels/qlinalg.py)
+against an exact NumPy reference of their semantics: sums of (x - x_offset) * w in int64,
+plus the i32 bias, requantized in f32 as the kernels do (the accumulator and the per-channel
+multiplier x_scale * w_scale[m] / scale as f32, rounded halves to even, plus the offset,
+saturated).  Both x86 paths: AVX-512 VNNI where the host has it, and AVX2 (`cpu=x86-64-v3`)
+with exact 16-bit products; one and two threads must agree bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glowgen import pipeline
+from glowgen.api import CompiledModel
+from glowgen.engine.registry import Registry
+from glowgen.engine.textual import parse_function
+
+CPUS = [None, "x86-64-v3"]
+THREADS = [1, 2]
+
+
+def _dense(a) -> str:
+    return "dense<[" + ", ".join(repr(float(v)) if a.dtype.kind == "f" else str(int(v))
+                                 for v in a.ravel()) + "]>"
+
+
+def _shape(s) -> str:
+    return "[" + ", ".join(str(d) for d in s) + "]"
+
+
+def requantize(acc, mult, offset):
+    """The requantization the kernels compute: f32(acc) * f32(mult), halves to even,
+    + offset, saturated to i8 (acc: int64 sums with the bias; mult broadcast along it)."""
+    v = np.round(acc.astype(np.float32) * mult.astype(np.float32))
+    return np.clip(v + np.float32(offset), -128, 127).astype(np.int8)
+
+
+def multipliers(x_scale, ws, y_scale):
+    return (np.float64(x_scale) * ws.astype(np.float64) / np.float64(y_scale)).astype(np.float32)
+
+
+def ref_conv(x, xo, w, b, strides, pads, dilations, group=1):
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.full((n, c, h + pads[0] + pads[2], wd + pads[1] + pads[3]), xo, np.int64)
+    xp[:, :, pads[0]:pads[0] + h, pads[1]:pads[1] + wd] = x
+    oh = (xp.shape[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (xp.shape[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    acc = np.zeros((n, m, oh, ow), np.int64)
+    xs = xp - xo
+    for i in range(kh):
+        for j in range(kw):
+            patch = xs[:, :, i * dilations[0]:i * dilations[0] + strides[0] * (oh - 1) + 1:strides[0],
+                       j * dilations[1]:j * dilations[1] + strides[1] * (ow - 1) + 1:strides[1]]
+            for gi in range(group):
+                mg = m // group
+                acc[:, gi * mg:(gi + 1) * mg] += np.einsum(
+                    "nchw,mc->nmhw", patch[:, gi * cg:(gi + 1) * cg], w[gi * mg:(gi + 1) * mg, :, i, j].astype(np.int64))
+    return acc + b.reshape(1, m, 1, 1)
+
+
+def _compile(text, cpu, threads):
+    registry = Registry.default()
+    fn = parse_function(text, registry)
+    pipeline.run(fn, registry, pipeline.PIPELINE, "cpu")
+    ops = {n.OP for n in fn.nodes}
+    return CompiledModel(fn, registry, "cpu", threads=threads, cpu=cpu), ops
+
+
+def conv_case(rng, n, c, h, w_, m, k, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1):
+    xs, xo, ys, yo = 0.02, int(rng.integers(-20, 20)), 0.05, int(rng.integers(-10, 10))
+    x = rng.integers(-128, 128, (n, c, h, w_)).astype(np.int8)
+    w = rng.integers(-127, 128, (m, c // group, k, k)).astype(np.int8)
+    ws = (rng.random(m) * 0.01 + 0.001).astype(np.float32)
+    b = rng.integers(-5000, 5000, m).astype(np.int32)
+    oh = (h + pads[0] + pads[2] - dilations[0] * (k - 1) - 1) // strides[0] + 1
+    ow = (w_ + pads[1] + pads[3] - dilations[1] * (k - 1) - 1) // strides[1] + 1
+    text = f"""graph test {{
+  input %x: i8{_shape(x.shape)} q({xs}, {xo})
+  const %w: i8{_shape(w.shape)} = {_dense(w)}
+  const %ws: f32[{m}] = {_dense(ws)}
+  const %b: i32[{m}] = {_dense(b)}
+  %y = QuantizedConv(%x, %w, %ws, %b) {{strides = {list(strides)}, pads = {list(pads)}, dilations = {list(dilations)}, group = {group}, scale = {ys}, offset = {yo}}} : i8[{n}, {m}, {oh}, {ow}] q({ys}, {yo})
+  output "y" = %y
+}}"""
+    acc = ref_conv(x.astype(np.int64), xo, w, b.astype(np.int64), strides, pads, dilations, group)
+    want = requantize(acc, multipliers(xs, ws, ys).reshape(1, m, 1, 1), yo)
+    return text, {"x": x}, want
+
+
+def matmul_case(rng, batch, k, n):
+    xs, xo, ys, yo = 0.03, int(rng.integers(-20, 20)), 0.2, int(rng.integers(-10, 10))
+    x = rng.integers(-128, 128, tuple(batch) + (k,)).astype(np.int8)
+    w = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    ws = (rng.random(n) * 0.01 + 0.001).astype(np.float32)
+    b = rng.integers(-5000, 5000, n).astype(np.int32)
+    text = f"""graph test {{
+  input %x: i8{_shape(x.shape)} q({xs}, {xo})
+  const %w: i8{_shape(w.shape)} = {_dense(w)}
+  const %ws: f32[{n}] = {_dense(ws)}
+  const %b: i32[{n}] = {_dense(b)}
+  %y = QuantizedMatMul(%x, %w, %ws, %b) {{scale = {ys}, offset = {yo}}} : i8{_shape(tuple(batch) + (n,))} q({ys}, {yo})
+  output "y" = %y
+}}"""
+    acc = (x.astype(np.int64) - xo) @ w.astype(np.int64) + b
+    want = requantize(acc, multipliers(xs, ws, ys), yo)
+    return text, {"x": x}, want
+
+
+CONV_CASES = [
+    # n, c, h, w, m, k, strides, pads, dilations
+    (1, 3, 9, 11, 5, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 8, 8, 8, 16, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (1, 7, 13, 10, 9, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (1, 16, 12, 12, 24, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (2, 6, 11, 11, 13, 1, (2, 2), (0, 0, 0, 0), (1, 1)),
+    (1, 3, 20, 18, 10, 7, (2, 2), (3, 3, 3, 3), (1, 1)),
+    (1, 5, 10, 10, 7, 3, (1, 1), (2, 0, 1, 2), (2, 2)),
+    (1, 33, 7, 7, 70, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 32, 20, 20, 40, 3, (1, 1), (1, 1, 1, 1), (1, 1)),      # split among 2 threads
+]
+SPLIT_CONV = {len(CONV_CASES) - 1}
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("case", range(len(CONV_CASES)))
+def test_quantized_conv_native(case, cpu):
+    n, c, h, w, m, k, s, p, d = CONV_CASES[case]
+    text, feeds, want = conv_case(np.random.default_rng(case), n, c, h, w, m, k, s, p, d)
+    results = []
+    for threads in THREADS:
+        model, ops = _compile(text, cpu, threads)
+        assert "QuantizedConv" in ops and "Conv" not in ops, ops      # native, not in float
+        strategy = [str(i.plan) for i in model.program.instrs if i.kind == "QuantizedConv"][0]
+        assert ("madd16" if cpu else "") in strategy and "loops" not in strategy, strategy
+        if threads == 2 and case in SPLIT_CONV:
+            assert max(s.parts for s in model.program.plan.steps) == 2
+        got = model.run(feeds)["y"]
+        np.testing.assert_array_equal(got, want)
+        results.append(got)
+    assert all(np.array_equal(results[0], r) for r in results)
+
+
+MATMUL_CASES = [((1,), 512, 100), ((3,), 5, 7), ((2, 5), 37, 33), ((17,), 64, 16), ((64,), 130, 257)]
+SPLIT_MATMUL = {len(MATMUL_CASES) - 1}
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("case", range(len(MATMUL_CASES)))
+def test_quantized_matmul_native(case, cpu):
+    batch, k, n = MATMUL_CASES[case]
+    text, feeds, want = matmul_case(np.random.default_rng(100 + case), batch, k, n)
+    for threads in THREADS:
+        model, ops = _compile(text, cpu, threads)
+        assert "QuantizedMatMul" in ops and "MatMul" not in ops and "BatchMatMul" not in ops, ops
+        if threads == 2 and case in SPLIT_MATMUL:
+            assert max(s.parts for s in model.program.plan.steps) == 2
+        np.testing.assert_array_equal(model.run(feeds)["y"], want)
+
+
+GROUPED = [(1, 8, 9, 9, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 8),     # depthwise
+           (2, 6, 7, 8, 4, 3, (2, 2), (1, 0, 1, 1), (1, 1), 2)]
+
+
+@pytest.mark.parametrize("case", range(len(GROUPED)))
+def test_quantized_conv_grouped_loops(case):
+    """Grouped convolutions run the plain loops (no int8 GEMM for them yet), exactly."""
+    text, feeds, want = conv_case(np.random.default_rng(50 + case), *GROUPED[case])
+    model, ops = _compile(text, None, 1)
+    assert "QuantizedConv" in ops
+    assert "loops" in [str(i.plan) for i in model.program.instrs if i.kind == "QuantizedConv"][0]
+    np.testing.assert_array_equal(model.run(feeds)["y"], want)
+
+
+@pytest.mark.parametrize("make", [conv_case, matmul_case])
+def test_interpreter_reference_matches(make):
+    """The interpreter's QuantizedConv / QuantizedMatMul (reference.primitives) compute the
+    same semantics exactly."""
+    args = CONV_CASES[2] if make is conv_case else MATMUL_CASES[2]
+    text, feeds, want = make(np.random.default_rng(3), *args)
+    registry = Registry.default()
+    fn = parse_function(text, registry)
+    pipeline.run(fn, registry, pipeline.PIPELINE, "interpreter")
+    got = CompiledModel(fn, registry, "interpreter").run(feeds)["y"]
+    np.testing.assert_array_equal(got, want)
+
+
+def _small_cnn(rng):
+    """Conv -> Relu -> Conv stride 2 -> Relu -> Flatten -> MatMul -> Add, batch 2."""
+    import onnx  # noqa: F401
+    from onnx import helper
+    from conftest import make_model
+    w1 = (rng.standard_normal((16, 3, 3, 3)) * 0.3).astype(np.float32)
+    b1 = rng.standard_normal(16).astype(np.float32) * 0.1
+    w2 = (rng.standard_normal((24, 16, 3, 3)) * 0.1).astype(np.float32)
+    m = (rng.standard_normal((24 * 5 * 5, 10)) * 0.05).astype(np.float32)
+    b = rng.standard_normal(10).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c2"], ["r2"]),
+             helper.make_node("Flatten", ["r2"], ["f"]),
+             helper.make_node("MatMul", ["f", "m"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["y"])]
+    return make_model(nodes, {"x": np.zeros((2, 3, 10, 10), np.float32)}, ["y"],
+                      {"w1": w1, "b1": b1, "w2": w2, "m": m, "b": b})
+
+
+def test_quantized_model_cpu_matches_interpreter():
+    """A profile-quantized CNN on cpu (native int8 kernels, 1 and 2 threads, VNNI and AVX2)
+    against the interpreter: within one quantization step of the output."""
+    import glowgen
+    rng = np.random.default_rng(11)
+    model = _small_cnn(rng)
+    samples = [{"x": rng.standard_normal((2, 3, 10, 10)).astype(np.float32)} for _ in range(4)]
+    profile = glowgen.profile(model, samples)
+    x = {"x": rng.standard_normal((2, 3, 10, 10)).astype(np.float32)}
+    ref = glowgen.compile(model, backend="interpreter", quantize=profile)
+    want = ref.run(x)["y"]
+    step = max(n.in_scale for n in ref.function.nodes if n.OP == "Dequantize")
+    for cpu in CPUS:
+        for threads in THREADS:
+            q = glowgen.compile(model, quantize=profile, threads=threads, cpu=cpu)
+            ops = {n.OP for n in q.function.nodes}
+            assert {"QuantizedConv", "QuantizedMatMul"} <= ops and "Conv" not in ops, ops
+            got = q.run(x)["y"]
+            assert np.abs(got - want).max() <= step * 1.001, (cpu, threads, np.abs(got - want).max(), step)
