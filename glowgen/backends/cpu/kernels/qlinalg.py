@@ -198,33 +198,34 @@ def ir_const(t, v):
 def _store_elem(b, qs: QShape, plane_bytes, at_elem, t: int, value):
     """Store channel t of 32-bit element `at_elem` of the plane."""
     et = qs.elem
-    p = b.gep(b.bitcast(plane_bytes, et.as_pointer()), [b.add(b.mul(at_elem, i64(4 // (qs.bits // 8))), i64(t))])
+    t = t if not isinstance(t, int) else i64(t)
+    p = b.gep(b.bitcast(plane_bytes, et.as_pointer()), [b.add(b.mul(at_elem, i64(4 // (qs.bits // 8))), t)])
     b.store(value, p)
 
 
 def build_conv_plane(b, geo: Geometry, x, n, plane, x_offset: int):
     """Image n of x (N, C, H, W) into the plane: [C / G][phase y][phase x][Hq][Wq] elements of
-    G channels, the padding (and channels past C) the x offset."""
+    G channels, the padding (and channels past C) the x offset.  One loop nest (run-time
+    loops over channels and phases: unrolled, LLVM took seconds over each copy)."""
     qs = geo.qs
     pad = _elem(b, qs, ir_const(I8, x_offset))
     phases = geo.sh * geo.sw
-    with for_range(b, geo.groups, name="pc") as cg:
-        for t in range(qs.group):
-            c = b.add(b.mul(cg, i64(qs.group)), i64(t))
-            c_ok = b.icmp_signed("<", c, i64(geo.c))
-            for ph in range(phases):
-                py, px = divmod(ph, geo.sw)
-                with for_range(b, geo.hq, name="py") as yq:
-                    yy = b.sub(b.add(b.mul(yq, i64(geo.sh)), i64(py)), i64(geo.pt))
-                    row_ok = b.and_(c_ok, b.and_(b.icmp_signed(">=", yy, i64(0)), b.icmp_signed("<", yy, i64(geo.h))))
-                    src_row = b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h)), yy), i64(geo.w))
-                    dst_row = b.mul(b.add(b.mul(b.add(b.mul(cg, i64(phases)), i64(ph)), i64(geo.hq)), yq), i64(geo.wq))
-                    with for_range(b, geo.wq, name="px") as xq:
-                        xx = b.sub(b.add(b.mul(xq, i64(geo.sw)), i64(px)), i64(geo.pl))
-                        ok = b.and_(row_ok, b.and_(b.icmp_signed(">=", xx, i64(0)), b.icmp_signed("<", xx, i64(geo.w))))
-                        src = b.select(ok, b.add(src_row, xx), i64(0))
-                        v = b.select(ok, _elem(b, qs, b.load(b.gep(x, [src]))), pad)
-                        _store_elem(b, qs, plane, b.add(dst_row, xq), t, v)
+    with for_range(b, geo.groups * qs.group, name="pc") as c:
+        cg, t = b.sdiv(c, i64(qs.group)), b.srem(c, i64(qs.group))
+        c_ok = b.icmp_signed("<", c, i64(geo.c))
+        with for_range(b, phases, name="ph") as ph:
+            py, px = b.sdiv(ph, i64(geo.sw)), b.srem(ph, i64(geo.sw))
+            with for_range(b, geo.hq, name="py") as yq:
+                yy = b.sub(b.add(b.mul(yq, i64(geo.sh)), py), i64(geo.pt))
+                row_ok = b.and_(c_ok, b.and_(b.icmp_signed(">=", yy, i64(0)), b.icmp_signed("<", yy, i64(geo.h))))
+                src_row = b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h)), yy), i64(geo.w))
+                dst_row = b.mul(b.add(b.mul(b.add(b.mul(cg, i64(phases)), ph), i64(geo.hq)), yq), i64(geo.wq))
+                with for_range(b, geo.wq, name="px") as xq:
+                    xx = b.sub(b.add(b.mul(xq, i64(geo.sw)), px), i64(geo.pl))
+                    ok = b.and_(row_ok, b.and_(b.icmp_signed(">=", xx, i64(0)), b.icmp_signed("<", xx, i64(geo.w))))
+                    src = b.select(ok, b.add(src_row, xx), i64(0))
+                    v = b.select(ok, _elem(b, qs, b.load(b.gep(x, [src]))), pad)
+                    _store_elem(b, qs, plane, b.add(dst_row, xq), t, v)
 
 
 def build_matmul_plane(b, geo: Geometry, x, n, plane, x_offset: int):
