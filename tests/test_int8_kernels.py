@@ -224,3 +224,22 @@ def test_quantized_model_cpu_matches_interpreter():
             assert {"QuantizedConv", "QuantizedMatMul"} <= ops and "Conv" not in ops, ops
             got = q.run(x)["y"]
             assert np.abs(got - want).max() <= step * 1.001, (cpu, threads, np.abs(got - want).max(), step)
+
+
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+                                   dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0]),
+                                   dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)])
+def test_int8_max_pool_taps(attrs):
+    """The 2-D max pool of int8 tensors (quantized models' pooling) with its taps unrolled,
+    against the interpreter, split in two."""
+    import glowgen
+    from onnx import helper
+    from conftest import make_model
+    x = np.random.default_rng(5).integers(-128, 128, (2, 5, 13, 12)).astype(np.int8)
+    model = make_model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"])
+    want = glowgen.compile(model, backend="interpreter").run({"x": x})["y"]
+    for threads in THREADS:
+        compiled = glowgen.compile(model, threads=threads)
+        (pool,) = [i for i in compiled.program.instrs if i.kind == "MaxPool"]
+        assert pool.plan.strategy == "taps"
+        np.testing.assert_array_equal(compiled.run({"x": x})["y"], want)

@@ -1,9 +1,12 @@
-"""Pooling: max and average at any spatial rank, the 2-D f32 max over padded planes."""
+"""Pooling: max and average at any spatial rank, the 2-D f32 max over padded planes, the
+2-D integer (int8) max with its taps unrolled."""
 from __future__ import annotations
 
 from math import prod
 
-from ..llvmutil import I64, for_range, i64, register_type
+from llvmlite import ir
+
+from ..llvmutil import I64, for_range, i64, register_type, storage_type
 from ..loops import contiguous_strides
 from ..parallel import Work, parallel
 from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
@@ -81,7 +84,37 @@ def max_pool(k: KernelArgs):
     """2-D max pooling: over padded planes in explicit vectors when it can."""
     if k.strategy == "planes":
         return emit_max_pool_planes(k, k.gemm_shape.vw)
+    if k.strategy == "taps":
+        return max_pool_int_taps(k)
     _pool_nd(k, True)
+
+
+def max_pool_int_taps(k: KernelArgs):
+    """A 2-D max pool of a signed integer type: each output the max of its taps, unrolled,
+    held in a register (a tap outside the input is the type's least value)."""
+    b = k.b
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    a = k.attrs
+    n, c, h, w = xt.shape
+    oh, ow = yt.shape[2:]
+    (kh, kw), (sh, sw), pads = a["kernel"], a["strides"], a["pads"]
+    dh, dw = a.get("dilations", (1, 1))
+    et = storage_type(yt.dtype)
+    lowest = ir.Constant(et, -(1 << (et.width - 1)))
+    lo, hi = k.split.range(b, n * c)
+    with for_range(b, hi, start=lo, name="pp") as nc, for_range(b, oh, name="py") as oy, \
+            for_range(b, ow, name="px") as ox:
+        best = lowest
+        for ky in range(kh):
+            iy = b.add(b.mul(oy, i64(sh)), i64(ky * dh - pads[0]))
+            y_ok = b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(h)))
+            for kx in range(kw):
+                ix = b.add(b.mul(ox, i64(sw)), i64(kx * dw - pads[1]))
+                ok = b.and_(y_ok, b.and_(b.icmp_signed(">=", ix, i64(0)), b.icmp_signed("<", ix, i64(w))))
+                at = b.select(ok, b.add(b.mul(b.add(b.mul(nc, i64(h)), iy), i64(w)), ix), i64(0))
+                v = b.select(ok, b.load(b.gep(x, [at])), lowest)
+                best = b.select(b.icmp_signed(">", v, best), v, best)
+        b.store(best, b.gep(y, [b.add(b.mul(b.add(b.mul(nc, i64(oh)), oy), i64(ow)), ox)]))
 
 
 @kernel("MaxPoolN")
@@ -96,7 +129,11 @@ def max_pool_by_planes(node) -> bool:
 
 @hook(STRATEGY, "MaxPool")
 def max_pool_strategy(ins, shape, packable) -> str:
-    return "planes" if max_pool_by_planes(ins.node) else "loops"
+    if max_pool_by_planes(ins.node):
+        return "planes"
+    dtype = ins.node.outputs[0].type.dtype
+    small = ins.node.kernel[0] * ins.node.kernel[1] <= MAX_TAPS
+    return "taps" if small and dtype in ("i8", "i16", "i32") else "loops"
 
 
 @hook(SCRATCH, "MaxPool")
