@@ -203,29 +203,57 @@ def _store_elem(b, qs: QShape, plane_bytes, at_elem, t: int, value):
     b.store(value, p)
 
 
+def _pad_element(qs: QShape, x_offset: int) -> int:
+    """The 32-bit plane element of G padding values (the real zero, as B holds it)."""
+    bits = qs.bits
+    one = (x_offset + qs.shift) & ((1 << bits) - 1)
+    word = 0
+    for t in range(qs.group):
+        word |= one << (bits * t)
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
 def build_conv_plane(b, geo: Geometry, x, n, plane, x_offset: int):
     """Image n of x (N, C, H, W) into the plane: [C / G][phase y][phase x][Hq][Wq] elements of
-    G channels, the padding (and channels past C) the x offset.  One loop nest (run-time
-    loops over channels and phases: unrolled, LLVM took seconds over each copy)."""
+    G channels, the padding (and channels past C) the x offset.  For each element row, the
+    columns inside the input in one loop (G strided loads combined into a 32-bit store, which
+    LLVM vectorizes), the padding columns on either side stored whole."""
     qs = geo.qs
-    pad = _elem(b, qs, ir_const(I8, x_offset))
+    pad = ir_const(I32, _pad_element(qs, x_offset))
     phases = geo.sh * geo.sw
-    with for_range(b, geo.groups * qs.group, name="pc") as c:
-        cg, t = b.sdiv(c, i64(qs.group)), b.srem(c, i64(qs.group))
-        c_ok = b.icmp_signed("<", c, i64(geo.c))
-        with for_range(b, phases, name="ph") as ph:
-            py, px = b.sdiv(ph, i64(geo.sw)), b.srem(ph, i64(geo.sw))
-            with for_range(b, geo.hq, name="py") as yq:
-                yy = b.sub(b.add(b.mul(yq, i64(geo.sh)), py), i64(geo.pt))
-                row_ok = b.and_(c_ok, b.and_(b.icmp_signed(">=", yy, i64(0)), b.icmp_signed("<", yy, i64(geo.h))))
-                src_row = b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h)), yy), i64(geo.w))
-                dst_row = b.mul(b.add(b.mul(b.add(b.mul(cg, i64(phases)), ph), i64(geo.hq)), yq), i64(geo.wq))
-                with for_range(b, geo.wq, name="px") as xq:
-                    xx = b.sub(b.add(b.mul(xq, i64(geo.sw)), px), i64(geo.pl))
-                    ok = b.and_(row_ok, b.and_(b.icmp_signed(">=", xx, i64(0)), b.icmp_signed("<", xx, i64(geo.w))))
-                    src = b.select(ok, b.add(src_row, xx), i64(0))
-                    v = b.select(ok, _elem(b, qs, b.load(b.gep(x, [src]))), pad)
-                    _store_elem(b, qs, plane, b.add(dst_row, xq), t, v)
+    et = qs.elem
+    with for_range(b, geo.groups, name="pc") as cg, for_range(b, phases, name="ph") as ph:
+        py, px = b.sdiv(ph, i64(geo.sw)), b.srem(ph, i64(geo.sw))
+        # Columns xq whose input column xq * sw + px - pl lies in [0, W).
+        first = b.sub(i64(geo.pl), px)                            # in (-sw, pl]
+        x_lo = b.sdiv(b.add(first, i64(geo.sw - 1)), i64(geo.sw))
+        x_lo = b.select(b.icmp_signed("<", first, i64(0)), i64(0), x_lo)
+        x_hi = b.add(b.sdiv(b.add(first, i64(geo.w - 1)), i64(geo.sw)), i64(1))
+        x_hi = b.select(b.icmp_signed(">", x_hi, i64(geo.wq)), i64(geo.wq), x_hi)
+        with for_range(b, geo.hq, name="py") as yq:
+            yy = b.sub(b.add(b.mul(yq, i64(geo.sh)), py), i64(geo.pt))
+            y_ok = b.and_(b.icmp_signed(">=", yy, i64(0)), b.icmp_signed("<", yy, i64(geo.h)))
+            dst = b.gep(plane, [b.mul(b.add(b.mul(b.add(b.mul(cg, i64(phases)), ph), i64(geo.hq)), yq), i64(geo.wq))])
+            rows = []
+            for t in range(qs.group):
+                c = b.add(b.mul(cg, i64(qs.group)), i64(t))
+                ok = b.and_(y_ok, b.icmp_signed("<", c, i64(geo.c)))
+                base = b.sub(b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h)), yy), i64(geo.w)),
+                             i64(geo.pl))
+                rows.append((ok, b.select(ok, b.add(base, px), i64(0))))
+            with for_range(b, x_lo, name="pl") as xq:
+                b.store(pad, b.gep(dst, [xq]))
+            with for_range(b, x_hi, start=x_lo, name="pm") as xq:
+                word = None
+                for t, (ok, base) in enumerate(rows):
+                    src = b.select(ok, b.add(base, b.mul(xq, i64(geo.sw))), i64(0))
+                    v = b.select(ok, _elem(b, qs, b.load(b.gep(x, [src]))),
+                                 ir_const(et, (x_offset + qs.shift) & ((1 << qs.bits) - 1)))
+                    part = b.shl(b.zext(v, I32), ir_const(I32, qs.bits * t)) if t else b.zext(v, I32)
+                    word = part if word is None else b.or_(word, part)
+                b.store(word, b.gep(dst, [xq]))
+            with for_range(b, geo.wq, start=x_hi, name="pr") as xq:
+                b.store(pad, b.gep(dst, [xq]))
 
 
 def build_matmul_plane(b, geo: Geometry, x, n, plane, x_offset: int):
