@@ -2109,7 +2109,29 @@ def _r138_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r139_quantized_matmul_in_float_build(_b, _m):
+def _r139_quantized_grouped_conv_in_float_guard(_m, _ctx):
+    """where c.group > 1"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    return bool((rt.gt(c.group, 1)))
+
+def _r139_quantized_grouped_conv_in_float_build(_b, _m):
+    """=> Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), ...c), scale = c.scale, offset = c.offset)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    m = w.shape[0]
+    xs = rt.b_quant_scale(x)
+    return rt.results(_b.op('Quantize', [_b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'scale': c.scale, 'offset': c.offset}))
+
+
+
+def _r140_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2260,5 +2282,6 @@ RULES = (
     RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r136_rescale_through_maxpool_guard, build=_r136_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1062:1'),
     RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r137_max_with_floor_remove_guard, build=_r137_max_with_floor_remove_build, location='specs/lowerings.glowdef:1066:1'),
     RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r138_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1071:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r139_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1080:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r139_quantized_grouped_conv_in_float_guard, build=_r139_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1082:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r140_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1091:1'),
 )

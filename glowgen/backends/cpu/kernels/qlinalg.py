@@ -15,8 +15,9 @@ Weights, the per-filter bias correction and the multipliers are packed once at c
 into one constant buffer (qgemm.pack_a / pack_epilogue), in place of the weights operand.
 A split shares out blocks of MR filters (each task builds the plane in its own scratch).
 
-Grouped (depthwise) convolutions, weights that are not constants and targets without AVX2
-run `loops`: plain loops computing the same sums and requantization.
+Weights that are not constants and targets without AVX2 run `loops`: plain loops computing
+the same sums and requantization (a grouped or depthwise convolution too, though the spec
+rule quantized_grouped_conv_in_float computes those in float before they get here).
 """
 from __future__ import annotations
 
