@@ -258,3 +258,21 @@ def test_int8_max_pool_taps(attrs):
         (pool,) = [i for i in compiled.program.instrs if i.kind == "MaxPool"]
         assert pool.plan.strategy == "taps"
         np.testing.assert_array_equal(compiled.run({"x": x})["y"], want)
+
+
+@pytest.mark.skipif(__import__("shutil").which("gcc") is None, reason="gcc is not installed")
+def test_quantized_bundle_matches_jit(tmp_path):
+    """A quantized bundle (int8 kernels, packed i8 weights in the weights file), built with
+    gcc, computes what the JIT computes, bit for bit."""
+    import glowgen
+    from test_bundle import build, run_bundle
+    rng = np.random.default_rng(12)
+    model = _small_cnn(rng)
+    profile = glowgen.profile(model, [{"x": rng.standard_normal((2, 3, 10, 10)).astype(np.float32)}
+                                      for _ in range(3)])
+    x = {"x": rng.standard_normal((2, 3, 10, 10)).astype(np.float32)}
+    bundle = glowgen.write_bundle(model, tmp_path / "b", name="qcnn", quantize=profile)
+    exe = build(bundle)
+    want = glowgen.compile(model, quantize=profile).run(x)
+    got = run_bundle(exe, bundle.program, x, tmp_path)
+    assert got["y"].tobytes() == want["y"].tobytes()
