@@ -32,6 +32,7 @@ from ..qgemm import QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epil
 from .base import DESCRIBE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
+PANELS_OUTER_MAX_WEIGHTS = 256 << 10   # packed weight bytes (Geometry.panels_outer)
 
 
 class Geometry:
@@ -72,6 +73,9 @@ class Geometry:
         self.plane_bytes = _ceil(4 * self.plane_elems, 64) * 64
         self.scratch = self.plane_bytes + _ceil(self.mpad * self.qpad, 64) * 64
         self.a_bytes = self.blocks * self.groups * len(self.taps) * qs.mr * 4
+        # Loop order of the tiles: over B's panels outside when all the weights fit in L2
+        # with room to spare (read from there for each panel) and there are many panels.
+        self.panels_outer = self.a_bytes <= PANELS_OUTER_MAX_WEIGHTS and self.qpad // nr >= 4
 
 
 # ----------------------------------------------------------------------------- decisions
@@ -164,19 +168,25 @@ def quantized_product(k: KernelArgs):
     x_offset = node.inputs[0].type.quant.offset
     with for_range(b, geo.batch, name="qn") as n:
         (build_conv_plane if geo.conv else build_matmul_plane)(b, geo, x, n, plane, x_offset)
-        with for_range(b, hi, start=lo, name="qmb") as mb:
-            a_block = b.gep(a, [b.mul(mb, i64(geo.groups * len(geo.taps) * qs.mr))])
-            with for_range(b, geo.qpad // qs.nr, name="qp") as p:
-                q0 = b.mul(p, i64(qs.nr))
 
-                def store(i, j, sums):
-                    m = b.add(b.mul(mb, i64(qs.mr)), i64(i))
-                    v = requantize_vector(b, sums, b.load(b.gep(corr, [m])), b.load(b.gep(mult, [m])),
-                                          node.offset)
-                    at = b.gep(ys, [b.add(b.add(b.mul(m, i64(geo.qpad)), q0), i64(j * qs.vw))])
-                    st = b.store(v, b.bitcast(at, v.type.as_pointer()))
-                    st.align = 1
-                emit_tile(b, qs, geo.groups, geo.taps, a_block, b.gep(plane, [q0]), geo.group_stride, store)
+        def tile(mb, p):
+            a_block = b.gep(a, [b.mul(mb, i64(geo.groups * len(geo.taps) * qs.mr))])
+            q0 = b.mul(p, i64(qs.nr))
+
+            def store(i, j, sums):
+                m = b.add(b.mul(mb, i64(qs.mr)), i64(i))
+                v = requantize_vector(b, sums, b.load(b.gep(corr, [m])), b.load(b.gep(mult, [m])),
+                                      node.offset)
+                at = b.gep(ys, [b.add(b.add(b.mul(m, i64(geo.qpad)), q0), i64(j * qs.vw))])
+                st = b.store(v, b.bitcast(at, v.type.as_pointer()))
+                st.align = 1
+            emit_tile(b, qs, geo.groups, geo.taps, a_block, b.gep(plane, [q0]), geo.group_stride, store)
+        if geo.panels_outer:        # all the weights stay in cache; each panel of B in L1
+            with for_range(b, geo.qpad // qs.nr, name="qp") as p, for_range(b, hi, start=lo, name="qmb") as mb:
+                tile(mb, p)
+        else:                       # a block of weights stays in L1 over every panel
+            with for_range(b, hi, start=lo, name="qmb") as mb, for_range(b, geo.qpad // qs.nr, name="qp") as p:
+                tile(mb, p)
         m_lo = b.mul(lo, i64(qs.mr))
         m_hi = b.mul(hi, i64(qs.mr))
         m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
