@@ -156,6 +156,15 @@ def build_quantize_bias(_b, b, scales, x_scale):
 
 
 
+def build_quantized_conv_of(_b, x, w, b, c, x_scale, scale, offset):
+    """= QuantizedConv(x, Cast(Round(Div(w, Reshape(ws, dims = [m, 1, 1, 1]))), to = i8), ws, quantize_bias(bias, ws, x_scale), scale = scale, offset = offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    m = w.shape[0]
+    ws = build_weight_scales(_b, w, (1, 2, 3, ))
+    bias = (b if rt.b_defined(b) else _b.op('Splat', [], {'dims': (m, ), 'value': 0.0, 'dtype': 'f32'}))
+    return _b.op('QuantizedConv', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {})], {})], {'to': 'i8'}), ws, build_quantize_bias(_b, bias, ws, x_scale)], {'scale': scale, 'offset': offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})
+
+
+
 def _r0_identity_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
@@ -1923,13 +1932,105 @@ def _r124_bias_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r125_quantize_dequantize_same_guard(_m, _ctx):
+def _r125_qdq_pair_to_quantized_guard(_m, _ctx):
+    """where (((((((((x.dtype == f32) and (dl.dtype == f32)) and ((ql.dtype == u8) or (ql.dtype == i8))) and is_splat(s)) and is_splat(s2)) and (splat_value(s) == splat_value(s2))) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))) and (not defined(z2) or is_splat(z2))) and ((splat_value(z) if defined(z) else 0) == (splat_value(z2) if defined(z2) else 0))"""
+    dl = _m['dl']
+    ql = _m['ql']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    s2 = _m['s2']
+    z2 = _m['z2']
+    return bool(((((((((((rt.eq(x.dtype, 'f32') and rt.eq(dl.dtype, 'f32')) and (rt.eq(ql.dtype, 'u8') or rt.eq(ql.dtype, 'i8'))) and rt.b_is_splat(s)) and rt.b_is_splat(s2)) and rt.eq(rt.b_splat_value(s), rt.b_splat_value(s2))) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z))) and ((not rt.b_defined(z2)) or rt.b_is_splat(z2))) and rt.eq((rt.b_splat_value(z) if rt.b_defined(z) else 0), (rt.b_splat_value(z2) if rt.b_defined(z2) else 0)))))
+
+def _r125_qdq_pair_to_quantized_build(_b, _m):
+    """=> Dequantize(Quantize(x, scale = splat_value(s), offset = offset), in_scale = splat_value(s), in_offset = offset)"""
+    dl = _m['dl']
+    ql = _m['ql']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    s2 = _m['s2']
+    z2 = _m['z2']
+    offset = rt.sub((rt.b_splat_value(z) if rt.b_defined(z) else 0), (128 if rt.eq(ql.dtype, 'u8') else 0))
+    return rt.results(_b.op('Dequantize', [_b.op('Quantize', [x], {'scale': rt.b_splat_value(s), 'offset': offset})], {'in_scale': rt.b_splat_value(s), 'in_offset': offset}))
+
+
+
+def _r126_conv_between_quantized_guard(_m, _ctx):
+    """where (is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)"""
+    q = _m['q']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1))))
+
+def _r126_conv_between_quantized_build(_b, _m):
+    """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
+    q = _m['q']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return rt.results(build_quantized_conv_of(_b, x, w, b, c, d.in_scale, q.scale, q.offset))
+
+
+
+def _r127_conv_relu_between_quantized_guard(_m, _ctx):
+    """where (((is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)) and (uses(r) == 1)) and (q.offset == -128)"""
+    q = _m['q']
+    r = _m['r']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool((((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(r), 1)) and rt.eq(q.offset, rt.neg(128)))))
+
+def _r127_conv_relu_between_quantized_build(_b, _m):
+    """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
+    q = _m['q']
+    r = _m['r']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return rt.results(build_quantized_conv_of(_b, x, w, b, c, d.in_scale, q.scale, q.offset))
+
+
+
+def _r128_matmul_between_quantized_guard(_m, _ctx):
+    """where (is_const(w) and (rank(w) == 2)) and (uses(mm) == 1)"""
+    q = _m['q']
+    mm = _m['mm']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    return bool((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1))))
+
+def _r128_matmul_between_quantized_build(_b, _m):
+    """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    mm = _m['mm']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    ws = build_weight_scales(_b, w, (0, ))
+    return rt.results(_b.op('QuantizedMatMul', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, ws], {})], {})], {'to': 'i8'}), ws, _b.op('Splat', [], {'dims': (w.shape[1], ), 'value': 0.0, 'dtype': 'i32'})], {'scale': q.scale, 'offset': q.offset}))
+
+
+
+def _r129_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r125_quantize_dequantize_same_build(_b, _m):
+def _r129_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -1937,7 +2038,7 @@ def _r125_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r126_quantize_dequantize_to_rescale_build(_b, _m):
+def _r130_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     d = _m['d']
@@ -1946,13 +2047,13 @@ def _r126_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r127_rescale_same_guard(_m, _ctx):
+def _r131_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r127_rescale_same_build(_b, _m):
+def _r131_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -1960,7 +2061,7 @@ def _r127_rescale_same_build(_b, _m):
 
 
 
-def _r128_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r132_rescale_into_quantized_conv_guard(_m, _ctx):
     """where uses(c) == 1"""
     r = _m['r']
     c = _m['c']
@@ -1970,7 +2071,7 @@ def _r128_rescale_into_quantized_conv_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r128_rescale_into_quantized_conv_build(_b, _m):
+def _r132_rescale_into_quantized_conv_build(_b, _m):
     """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     c = _m['c']
@@ -1982,7 +2083,7 @@ def _r128_rescale_into_quantized_conv_build(_b, _m):
 
 
 
-def _r129_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r133_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where uses(m) == 1"""
     r = _m['r']
     m = _m['m']
@@ -1992,7 +2093,7 @@ def _r129_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(m), 1)))
 
-def _r129_rescale_into_quantized_matmul_build(_b, _m):
+def _r133_rescale_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     m = _m['m']
@@ -2004,7 +2105,7 @@ def _r129_rescale_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r130_relu_of_dequantized_build(_b, _m):
+def _r134_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2012,7 +2113,7 @@ def _r130_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r131_maxpool_of_dequantized_build(_b, _m):
+def _r135_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2021,7 +2122,7 @@ def _r131_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r132_flatten_of_dequantized_build(_b, _m):
+def _r136_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2030,7 +2131,7 @@ def _r132_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r133_reshape_of_dequantized_build(_b, _m):
+def _r137_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2039,7 +2140,7 @@ def _r133_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r134_transpose_of_dequantized_build(_b, _m):
+def _r138_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2048,7 +2149,7 @@ def _r134_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r135_rescale_through_max_guard(_m, _ctx):
+def _r139_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2056,7 +2157,7 @@ def _r135_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r135_rescale_through_max_build(_b, _m):
+def _r139_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2066,14 +2167,14 @@ def _r135_rescale_through_max_build(_b, _m):
 
 
 
-def _r136_rescale_through_maxpool_guard(_m, _ctx):
+def _r140_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r136_rescale_through_maxpool_build(_b, _m):
+def _r140_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2082,13 +2183,13 @@ def _r136_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r137_max_with_floor_remove_guard(_m, _ctx):
+def _r141_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r137_max_with_floor_remove_build(_b, _m):
+def _r141_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2096,7 +2197,7 @@ def _r137_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r138_quantized_conv_in_float_build(_b, _m):
+def _r142_quantized_conv_in_float_build(_b, _m):
     """=> Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), ...c), scale = c.scale, offset = c.offset)"""
     c = _m['c']
     x = _m['x']
@@ -2109,7 +2210,7 @@ def _r138_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r139_quantized_matmul_in_float_build(_b, _m):
+def _r143_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2246,19 +2347,23 @@ RULES = (
     RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r122_quantize_conv_guard, build=_r122_quantize_conv_build, location='specs/lowerings.glowdef:992:1'),
     RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r123_quantize_matmul_guard, build=_r123_quantize_matmul_build, location='specs/lowerings.glowdef:1002:1'),
     RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r124_bias_into_quantized_matmul_guard, build=_r124_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1011:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r125_quantize_dequantize_same_guard, build=_r125_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1020:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r126_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1023:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r127_rescale_same_guard, build=_r127_rescale_same_build, location='specs/lowerings.glowdef:1027:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r128_rescale_into_quantized_conv_guard, build=_r128_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1031:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r129_rescale_into_quantized_matmul_guard, build=_r129_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1035:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r130_relu_of_dequantized_build, location='specs/lowerings.glowdef:1041:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r131_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1044:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r132_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1047:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r133_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1050:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r134_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1053:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r135_rescale_through_max_guard, build=_r135_rescale_through_max_build, location='specs/lowerings.glowdef:1058:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r136_rescale_through_maxpool_guard, build=_r136_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1062:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r137_max_with_floor_remove_guard, build=_r137_max_with_floor_remove_build, location='specs/lowerings.glowdef:1066:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r138_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1071:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r139_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1080:1'),
+    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r125_qdq_pair_to_quantized_guard, build=_r125_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1023:1'),
+    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r126_conv_between_quantized_guard, build=_r126_conv_between_quantized_build, location='specs/lowerings.glowdef:1040:1'),
+    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r127_conv_relu_between_quantized_guard, build=_r127_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1046:1'),
+    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r128_matmul_between_quantized_guard, build=_r128_matmul_between_quantized_build, location='specs/lowerings.glowdef:1051:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r129_quantize_dequantize_same_guard, build=_r129_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1058:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r130_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1061:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r131_rescale_same_guard, build=_r131_rescale_same_build, location='specs/lowerings.glowdef:1065:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r132_rescale_into_quantized_conv_guard, build=_r132_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1069:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r133_rescale_into_quantized_matmul_guard, build=_r133_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1073:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r134_relu_of_dequantized_build, location='specs/lowerings.glowdef:1079:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r135_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1082:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r136_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1085:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r137_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1088:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r138_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1091:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r139_rescale_through_max_guard, build=_r139_rescale_through_max_build, location='specs/lowerings.glowdef:1096:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r140_rescale_through_maxpool_guard, build=_r140_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1100:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r141_max_with_floor_remove_guard, build=_r141_max_with_floor_remove_build, location='specs/lowerings.glowdef:1104:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r142_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1109:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r143_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1118:1'),
 )
