@@ -464,7 +464,9 @@ CASES = {
     # Profiling's histogram (not an ONNX op): values below, inside and above [-1, 1].
     "histogram_to_scatter": text_case("""graph g {
   input %x: f32[2, 5]
-  %y = Histogram(%x) {bins = 4, low = -1.0, high = 1.0} : f32[4]
+  const %lo: f32[] = dense<[-1.0]>
+  const %hi: f32[] = dense<[1.0]>
+  %y = Histogram(%x, %lo, %hi) {bins = 4} : f32[4]
   output "y" = %y
 }""", {"x": np.array([[-3, -1, -0.6, -0.4, 0], [0.2, 0.5, 0.99, 1, 7]], np.float32)},
         lambda f: {"y": np.histogram(np.clip(f["x"], -1, np.nextafter(np.float32(1), 0)),

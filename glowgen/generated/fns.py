@@ -22,22 +22,22 @@ def fn_rnn_directions(direction):
 
 
 def fn_per_row(p, s):
-    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1350:1)"""
+    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1347:1)"""
     return sl.quant.param_along(p, s[rt.neg(2)], rt.sub(rt.b_len(s), 2), rt.b_len(s))
 
 
 def fn_per_column(p, s):
-    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1351:1)"""
+    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1348:1)"""
     return sl.quant.param_along(p, s[rt.neg(1)], rt.sub(rt.b_len(s), 1), rt.b_len(s))
 
 
 def fn_per_filter(p, s):
-    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1352:1)"""
+    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1349:1)"""
     return sl.quant.param_along(p, s[0], 0, rt.b_len(s))
 
 
 def fn_per_out_channel(p, m, rank):
-    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1353:1)"""
+    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1350:1)"""
     return sl.quant.param_along(p, m, 1, rank)
 
 
