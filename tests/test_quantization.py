@@ -342,3 +342,22 @@ def test_onnxruntime_qdq_model_becomes_integer_ops(tmp_path):
             got = compiled.run(s)["y"]
             # Integer ops computed with other roundings differ by a step here and there.
             assert np.abs(got - expected).max() <= 2 * y_scale, (backend, np.abs(got - expected).max())
+
+
+def test_quantized_resnet50_has_no_dequantize_quantize_pair():
+    """The rescale folding leaves no conversion to float and straight back in ResNet-50."""
+    from conftest import require_bench_dir
+    from glowgen import api
+    from glowgen.frontend.onnx import CheckedModel, load_model
+    path = require_bench_dir() / "resnet50.onnx"
+    x = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    prof = glowgen.profile(path, [{"input": x}], bins=16)
+    checked = CheckedModel(load_model(path))
+    fn = api.load(checked)
+    api.optimize(fn, stage="optimized", backend="cpu", quantization=api.quantization_options(checked, prof))
+    ops = [n.OP for n in fn.nodes]
+    assert ops.count("QuantizedConv") == 53 and "Conv" not in ops
+    pairs = [n.name for n in fn.nodes if n.OP in ("Quantize", "Rescale") and n.inputs[0].producer is not None
+             and n.inputs[0].producer.OP == "Dequantize"]
+    assert not pairs, pairs
+    assert ops.count("Quantize") == 1 + 16        # the input, and each residual sum
