@@ -157,6 +157,11 @@ class Node:
     def has_trait(self, trait: str) -> bool:
         return trait in self.TRAITS
 
+    def subfunctions(self) -> tuple:
+        """The Functions this node owns (a conditional's branches; engine/control.py).  Generic
+        passes treat such a node as opaque and run over its sub-functions separately."""
+        return ()
+
     # Spec expressions may ask a matched node for the type of its (first) result.
     @property
     def type(self) -> Type:

@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 
 from ..errors import RewriteError, UnsupportedError
+from .control import subfunctions
 from .graph import Constant, Function, Node
 from .registry import Registry
 from .rewrite import RewriteContext, apply_rules
@@ -94,8 +95,12 @@ class PassContext:
 
 
 def run_pipeline(function: Function, phases, ctx: PassContext) -> Function:
-    """Run `phases` over `function` in place; the graph is verified after every phase."""
+    """Run `phases` over `function` in place; the graph is verified after every phase.
+    Each phase runs over the sub-functions of its nodes (a conditional's branches) first,
+    so the whole program is at the same stage at every phase's end."""
     for phase in phases:
+        for sub in subfunctions(function):
+            run_pipeline(sub, (phase,), ctx)
         before = len(function.nodes)
         rounds = 0
         while True:
@@ -160,7 +165,8 @@ def _node_key(node: Node):
     if node.has_trait("commutative") and len(operands) == 2:
         operands.sort(key=repr)
     attrs_ = tuple((k, _hashable(v)) for k, v in node.attr_values().items())
-    return (node.OP, attrs_, tuple(operands))
+    # Nodes owning sub-functions are equal only if they own the same ones (never, in effect).
+    return (node.OP, attrs_, tuple(operands), tuple(id(f) for f in node.subfunctions()))
 
 
 def _merge_into(function: Function, keep, drop) -> None:
@@ -248,6 +254,8 @@ def constant_folding(function: Function, ctx: PassContext) -> int:
         return 0
     folded = 0
     for node in list(function.nodes):       # in order, so chains of constants fold in one sweep
+        if node.subfunctions():             # control flow: the importer resolved known conditions
+            continue
         if not any(function.is_used(o) for o in node.outputs) or not _within_cap(node, ctx):
             continue
         args = _operand_arrays(node)
@@ -272,7 +280,10 @@ def check_backend_coverage(function: Function, ctx: PassContext) -> int:
     """Fail, naming the ops, if the graph holds an op the backend does not implement."""
     if ctx.backend_ops is None:
         return 0
-    missing = sorted({n.OP for n in function.nodes if n.OP not in ctx.backend_ops})
+    # A node owning sub-functions is control flow, which every backend runs; its
+    # sub-functions are checked on their own (run_pipeline recurses into them).
+    missing = sorted({n.OP for n in function.nodes
+                      if n.OP not in ctx.backend_ops and not n.subfunctions()})
     if missing:
         nodes = ", ".join(repr(n.name) for n in function.nodes if n.OP in missing)
         raise UnsupportedError(f"no lowering rule applies to {', '.join(missing)} here and the "

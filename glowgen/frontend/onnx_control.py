@@ -20,7 +20,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..errors import CompileTimeInputError, UnsupportedError
+from ..errors import CompileTimeInputError, ModelError, UnsupportedError
+from .onnx_branches import conditional
 
 # Unrolling copies the body once per iteration; beyond this the model is not one to unroll.
 MAX_UNROLLED_ITERATIONS = 4096
@@ -64,13 +65,47 @@ def _bind_outputs(importer, node: onnx.NodeProto, values: list) -> None:
 
 # ----------------------------------------------------------------------------- If
 def import_if(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
-    """The branch the compile-time condition selects, inlined."""
-    cond = compile_time_value(importer, node, 0, "condition", desc)
-    if cond.size != 1:
-        raise UnsupportedError(f"{desc}: the condition has {cond.size} elements; If needs one")
+    """The branch a compile-time condition selects, inlined; with a condition known only at
+    run time, both branches in a conditional node (onnx_branches.py)."""
+    _check_condition(importer.values[node.input[0]], desc)
+    try:
+        cond = compile_time_value(importer, node, 0, "condition", desc)
+    except CompileTimeInputError as unknown:
+        _bind_outputs(importer, node, _run_time_if(importer, node, desc, opset, unknown).outputs)
+        return
     branch = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
     outputs = importer.inline_graph(graph_attribute(node, branch, desc), {}, f"{desc} ({branch})", opset)
     _bind_outputs(importer, node, outputs)
+
+
+def _check_condition(cond, desc: str) -> None:
+    if cond.type.size != 1:
+        raise ModelError(f"{desc}: the condition {cond.name!r} is {cond.type}, with "
+                         f"{cond.type.size} elements; an If's condition is one bool")
+    if cond.type.dtype != "bool":
+        raise ModelError(f"{desc}: the condition {cond.name!r} is {cond.type}; an If's condition "
+                         f"is a bool (convert it with Cast(to=BOOL))")
+
+
+def _run_time_if(importer, node: onnx.NodeProto, desc: str, opset: int,
+                 unknown: CompileTimeInputError):
+    """Both branches compiled, one run per call.  When that cannot be (the branches give
+    different types, or a branch itself needs values known while compiling), the condition
+    must be known at compile time after all: `unknown` is raised with the reason, and
+    glowgen.compile specializes the model per value of the condition."""
+    why = None
+    try:
+        cond_node = conditional(importer, node, importer.values[node.input[0]],
+                                graph_attribute(node, "then_branch", desc),
+                                graph_attribute(node, "else_branch", desc), desc, opset)
+        if cond_node is None:
+            why = "its branches give different types"
+    except CompileTimeInputError as inner:
+        why = f"a branch needs a value known at compile time ({inner})"
+    if why is not None:
+        raise CompileTimeInputError(f"{unknown} ({why}, so the If cannot be decided at run time)",
+                                    unknown.inputs, unknown.value) from None
+    return cond_node
 
 
 # ----------------------------------------------------------------------------- Loop

@@ -75,8 +75,17 @@ class TensorView(Buffer):
 
 class Instr:
     """One instruction: a kind (a primitive's name, or one of the memory kinds below) and
-    operands as (role, buffer) pairs; variadic operands give several `@in` entries."""
+    operands as (role, buffer) pairs; variadic operands give several `@in` entries.
+
+    Control flow is structured and written inline, as WebAssembly writes it: `cond @in %c`,
+    the then-branch's instructions, `else`, the else-branch's, `endcond`.  Only `cond` has an
+    operand (the one-byte condition it reads).  Every pass that reasons over the list in
+    order stays right: a call runs the instructions of one branch, a subsequence of the
+    list, so two buffers whose lifetimes in the list do not overlap do not overlap in any
+    run, and the buffers of the two branches, alive at disjoint times, share the arena."""
     ALLOC, DEALLOC, VIEW, COPY = "allocactivation", "deallocactivation", "tensorview", "copy"
+    COND, ELSE, ENDCOND = "cond", "else", "endcond"
+    CONTROL = (COND, ELSE, ENDCOND)
 
     def __init__(self, kind: str, operands: list, node=None, groups: tuple = ()):
         self.kind = kind

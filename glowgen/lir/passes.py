@@ -5,6 +5,7 @@ view is a use of the buffer under it.
 """
 from __future__ import annotations
 
+from .control import regions
 from .ir import Activation, Buffer, Instr, Program, TensorView
 
 MEMORY_KINDS = (Instr.ALLOC, Instr.DEALLOC)
@@ -33,9 +34,15 @@ def _replace_everywhere(prog: Program, old: Buffer, new: Buffer) -> None:
 
 
 def _views(prog: Program):
+    """Every tensor view an instruction names, and the views under it: those of `tensorview`
+    instructions, and those copy elimination made into a copy's destination."""
+    seen = set()
     for ins in prog.instrs:
-        if ins.kind == Instr.VIEW:
-            yield ins.operands[0][1]
+        for _, b in ins.operands:
+            while isinstance(b, TensorView) and id(b) not in seen:
+                seen.add(id(b))
+                yield b
+                b = b.base
 
 
 def _drop_activation(prog: Program, act: Activation) -> None:
@@ -137,8 +144,9 @@ def shorten_lifetimes(prog: Program) -> None:
     life = lifetimes(prog)
     first: dict[int, list] = {}
     last: dict[int, list] = {}
+    nested = sorted(regions(body), key=lambda r: -r.depth)
     for act in prog.activations:
-        s, e = life[act]
+        s, e = _around_regions(*life[act], nested)
         first.setdefault(s, []).append(act)
         last.setdefault(e, []).append(act)
     out = []
@@ -147,6 +155,20 @@ def shorten_lifetimes(prog: Program) -> None:
         out.append(ins)
         out += [Instr(Instr.DEALLOC, [("out", a)]) for a in last.get(i, [])]
     prog.instrs = out
+
+
+def _around_regions(s: int, e: int, nested) -> tuple[int, int]:
+    """A lifetime [s, e] that starts or ends inside a region but not both, widened to the
+    region's `cond` or `endcond` (innermost regions first): the alloc and dealloc of a
+    value that crosses a region's boundary stand outside it.  (Only where they are printed
+    changes: the memory plan works from `lifetimes`, on the list as it is.)"""
+    for r in nested:
+        inside_s, inside_e = r.cond < s < r.end, r.cond < e < r.end
+        if inside_s and not inside_e:
+            s = r.cond
+        elif inside_e and not inside_s:
+            e = r.end
+    return s, e
 
 
 def optimize(prog: Program, registry) -> None:

@@ -63,7 +63,13 @@ def evaluate(function: Function, feeds: dict, registry) -> dict[str, np.ndarray]
         return env[id(v)]
 
     for node in function.nodes:
-        results = run_node(node, [arg(v) for v in node.inputs], registry)
+        if node.subfunctions():          # a conditional: the branch its condition takes
+            cond, captured = arg(node.inputs[0]), arg(node.inputs[1])
+            branch = node.branch(bool(np.asarray(cond).reshape(-1)[0]))
+            got = evaluate(branch, {p.name: a for p, a in zip(branch.placeholders, captured)}, registry)
+            results = [got[name] for name, _ in branch.outputs]
+        else:
+            results = run_node(node, [arg(v) for v in node.inputs], registry)
         for o, r in zip(node.outputs, results):
             env[id(o)] = r
     return {name: arg(v) for name, v in function.outputs}

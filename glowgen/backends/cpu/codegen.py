@@ -30,7 +30,7 @@ from .loops import blocked_loops, innermost_extent, strided_loops
 from .parallel import WHOLE, Split
 from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
-from .stacking import BLOCK, Step, cost_groups, describe_step, stack_operands
+from .stacking import BLOCK, Step, cost_groups, describe_step, is_control, stack_operands
 
 REGION_ORDER = ("constant", "mutable", "activation")
 
@@ -114,7 +114,9 @@ class ModuleBuilder:
     def build(self) -> ir.Module:
         steps = self.plan.steps
         self.parts = {id(step): step.parts for step in steps}
-        calls = [self._step_function(i, step) for i, step in enumerate(steps)]
+        # A control-flow step (cond / else / endcond) is no function: the entry branches.
+        calls = [step.instrs[0] if is_control(step) else self._step_function(i, step)
+                 for i, step in enumerate(steps)]
         self.step_names = [describe_step(step) for step in steps]
         self.split_steps = [(name, self.parts[id(step)]) for name, step in zip(self.step_names, steps)
                             if self.parts[id(step)] > 1]
@@ -194,17 +196,23 @@ class ModuleBuilder:
                                 self._serial_for, given)
         clock = (intrinsic(self.module, "llvm.readcyclecounter", ir.IntType(64), [])
                  if self._counters is not None else None)
-        for index, (fn, buffers, uses_scratch, task) in enumerate(calls):
+        def pointer(buf):
+            k = slot_of.get(id(buf.root()))
+            raw = (b.load(b.gep(entry.args[3], [i64(k)])) if k is not None
+                   else b.gep(regions[region_of(buf)], [i64(buf.root().offset)]))
+            return b.bitcast(raw, storage_type(buf.type.dtype).as_pointer())
+
+        open_regions: list = []          # (else block, join block) of each region open here
+        for index, call in enumerate(calls):
             # Steps talk through memory: a compiler-only barrier keeps LLVM from moving one
             # step's loads and stores past another's once it has inlined them (LLVM 22's SLP
             # vectorizer sank a CumSum's stores below the GatherElements reading them).
             b.fence("seq_cst", "singlethread")
-            ptrs = []
-            for buf in buffers:
-                k = slot_of.get(id(buf.root()))
-                raw = (b.load(b.gep(entry.args[3], [i64(k)])) if k is not None
-                       else b.gep(regions[region_of(buf)], [i64(buf.root().offset)]))
-                ptrs.append(b.bitcast(raw, storage_type(buf.type.dtype).as_pointer()))
+            if isinstance(call, Instr):
+                self._control(b, call, pointer, open_regions)
+                continue
+            fn, buffers, uses_scratch, task = call
+            ptrs = [pointer(buf) for buf in buffers]
             if uses_scratch:
                 raw = b.gep(regions["activation"], [i64(self.scratch_offset)])
                 ptrs.append(b.bitcast(raw, F32.as_pointer()))
@@ -223,6 +231,29 @@ class ModuleBuilder:
                 b.store(b.select(b.icmp_unsigned("<", spent, old), spent, old), slot)
         b.ret(ir.Constant(I32, 0))
         return entry
+
+    @staticmethod
+    def _control(b: ir.IRBuilder, ins: Instr, pointer, open_regions: list) -> None:
+        """A region of the LIR (cond / else / endcond) as blocks of the entry: `cond` tests
+        its one-byte condition and enters the then-block or the else-block, both of which
+        end in a jump to the join block where the steps after `endcond` go.  The steps of a
+        branch are called (and split among threads) in its block as anywhere else."""
+        fn = b.function
+        if ins.kind == Instr.COND:
+            flag = b.load(pointer(ins.operands[0][1]), name="cond")
+            then_bb = fn.append_basic_block("then")
+            else_bb, join_bb = fn.append_basic_block("else"), fn.append_basic_block("endcond")
+            b.cbranch(b.icmp_unsigned("!=", flag, ir.Constant(flag.type, 0)), then_bb, else_bb)
+            open_regions.append((else_bb, join_bb))
+            b.position_at_end(then_bb)
+        elif ins.kind == Instr.ELSE:
+            else_bb, join_bb = open_regions[-1]
+            b.branch(join_bb)
+            b.position_at_end(else_bb)
+        else:
+            _, join_bb = open_regions.pop()
+            b.branch(join_bb)
+            b.position_at_end(join_bb)
 
     # ------------------------------------------------------------------ steps
     def _step_function(self, index: int, step: Step):

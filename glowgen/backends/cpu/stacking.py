@@ -33,9 +33,18 @@ class Step:
         return f"<Step {'+'.join(i.kind for i in self.instrs)}>"
 
 
+def is_control(step: Step) -> bool:
+    """A step that is a control-flow marker of the LIR (cond / else / endcond): it runs no
+    kernel; the entry point branches there (codegen.ModuleBuilder._control)."""
+    return step.instrs[0].kind in Instr.CONTROL
+
+
 def describe_step(step: Step) -> str:
     """`Conv+Add+Relu [1, 64, 56, 56]`: a step's instructions and its result's shape, and
     what its kernel adds (kernels/base.DESCRIBE: a convolution's window and stride)."""
+    if is_control(step):
+        first = step.instrs[0]
+        return first.kind + "".join(f" %{b.name}" for b in first.reads())
     from .kernels import DESCRIBE
     kinds = [i.kind for i in step.instrs]          # a fused epilogue's included
     first = step.instrs[0]

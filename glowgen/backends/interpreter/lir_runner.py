@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import InputError
+from ...lir.control import jumps
 from ...lir.ir import Instr, Program
 from ...reference import run_node
 from ..base import ContextPool, aligned_bytes, region_view
@@ -23,6 +24,9 @@ class _Context:
                         "activation": aligned_bytes(prog.region_sizes["activation"])}
         self.steps = [(ins, [self.view(b) if b is not None else None for _, b in ins.operands])
                       for ins in prog.instrs if ins.kind not in (Instr.ALLOC, Instr.DEALLOC, Instr.VIEW)]
+        # Control flow (cond / else / endcond): where a marker jumps when it does not fall
+        # through (lir/control.py), in this list's indices.
+        self.jumps = jumps([ins for ins, _ in self.steps])
 
     def view(self, buf) -> np.ndarray:
         return region_view(self.regions, buf)
@@ -47,7 +51,16 @@ class LirRunner:
     def _run(self, ctx: _Context, feeds: dict) -> dict:
         for name, w in self.prog.inputs.items():
             ctx.view(w)[...] = feeds[name]
-        for ins, views in ctx.steps:
+        steps, jumps_, pc = ctx.steps, ctx.jumps, 0
+        while pc < len(steps):
+            ins, views = steps[pc]
+            pc += 1
+            if ins.kind in Instr.CONTROL:
+                # `cond` falls into its then-branch when the condition holds; `else` is
+                # reached at the then-branch's end and skips the else-branch.
+                if ins.kind == Instr.ELSE or (ins.kind == Instr.COND and not views[0].reshape(-1)[0]):
+                    pc = jumps_[pc - 1]
+                continue
             if ins.kind == Instr.COPY:
                 np.copyto(views[0], views[1])
                 continue
