@@ -226,3 +226,16 @@ def test_a_bad_condition_is_a_clear_error(cond_type, dims, message):
                         [("x", F, [2, 3]), ("flag", cond_type, dims)], [("y", F, [2, 3])])
     with pytest.raises(GlowgenError, match=message):
         glowgen.compile(onnx_model, backend="interpreter")
+
+
+def test_the_runtime_serves_a_model_with_a_run_time_if():
+    """The partitioner copies nodes into partitions (a conditional with copies of its
+    branches) and counts the branches' weights."""
+    from glowgen.runtime import Device, Host
+    onnx_model = _sample_rate_model(rows=16, n=64)
+    with Host([Device("cpu", threads=1), Device("interpreter")]) as host:
+        plan = host.add_network("sr", onnx_model)
+        assert sum(p.weights for p in plan.partitions) >= 2 * 64 * 64 * 4
+        for seed, sr in enumerate(RATES[:3]):
+            feeds = _feeds(sr, seed, rows=16, n=64)
+            assert_close(host.run("sr", feeds), run_ort(onnx_model, feeds), rtol=1e-4, atol=1e-5)

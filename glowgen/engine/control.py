@@ -40,6 +40,9 @@ class Conditional(Node):
     def subfunctions(self) -> tuple:
         return (self.then_branch, self.else_branch)
 
+    def copy_args(self) -> dict:
+        return {"then_branch": self.then_branch.clone(), "else_branch": self.else_branch.clone()}
+
     def branch(self, taken: bool) -> Function:
         return self.then_branch if taken else self.else_branch
 

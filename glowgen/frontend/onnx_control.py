@@ -1,9 +1,9 @@
 """ONNX control flow (If, Loop, Scan), resolved at import time.
 
-glowgen graphs are static: shapes are known and there is no control flow at run time.  So
-control-flow nodes are not ops of the graph; the importer removes them while it reads the
-model.  An If whose condition is known at compile time becomes the nodes of the branch it
-takes; a Loop with a known trip count and a Scan over a static axis become their body,
+glowgen graphs have static shapes, and the importer removes control flow while it reads the
+model wherever it can.  An If whose condition is known at compile time becomes the nodes of
+the branch it takes; one whose condition is known only at run time, and whose branches give
+the same types, becomes a Conditional node owning both (onnx_branches.py); a Loop with a known trip count and a Scan over a static axis become their body,
 imported once per iteration (unrolled).  The bodies are ONNX subgraphs imported by the same
 generic importer (`_Importer.inline_graph`), in a nested name scope, so names a body does not
 define resolve to the enclosing graph as ONNX specifies.
