@@ -117,7 +117,7 @@ def test_branches_share_the_arena():
         return {id(b.root()): b.root() for ins in prog.instrs[lo:hi] for b in ins.writes()
                 if isinstance(b.root(), Activation) and ins.kind != Instr.ALLOC}
 
-    then_bufs = written(region.cond + 1, region.orelse)
+    then_bufs = written(region.start + 1, region.orelse)
     else_bufs = [b for k, b in written(region.orelse + 1, region.end).items() if k not in then_bufs]
     shared = [(a, b) for a in then_bufs.values() for b in else_bufs
               if a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes]
@@ -239,3 +239,185 @@ def test_the_runtime_serves_a_model_with_a_run_time_if():
         for seed, sr in enumerate(RATES[:3]):
             feeds = _feeds(sr, seed, rows=16, n=64)
             assert_close(host.run("sr", feeds), run_ort(onnx_model, feeds), rtol=1e-4, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- Loop
+def _vi(name, elem, dims):
+    return helper.make_tensor_value_info(name, elem, dims)
+
+
+def _loop_model(rows=4, n=8):
+    """sf, accf = Loop(M): s <- tanh(s @ w + h), acc <- acc + s, with the trip count a model
+    input and h computed before the loop (read by every iteration, never after it)."""
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+    body = helper.make_graph(
+        [helper.make_node("MatMul", ["s_in", "w"], ["m"]),
+         helper.make_node("Add", ["m", "h"], ["mh"]),
+         helper.make_node("Tanh", ["mh"], ["s_out"]),
+         helper.make_node("Add", ["acc_in", "s_out"], ["acc_out"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [_vi("i", I64, []), _vi("c_in", BOOL, []), _vi("s_in", F, [rows, n]), _vi("acc_in", F, [rows, n])],
+        [_vi("c_out", BOOL, []), _vi("s_out", F, [rows, n]), _vi("acc_out", F, [rows, n])])
+    nodes = [helper.make_node("Mul", ["x", "half"], ["h"]),
+             helper.make_node("Loop", ["M", "", "x", "zero"], ["sf", "accf"], body=body)]
+    return _model(nodes, [("x", F, [rows, n]), ("M", I64, [])], [("sf", F, [rows, n]), ("accf", F, [rows, n])],
+                  {"w": w, "half": np.array(0.5, np.float32), "zero": np.zeros((rows, n), np.float32)})
+
+
+TRIPS = (0, 1, 3, 7, 2)
+
+
+def _loop_feeds(trips, seed, rows=4, n=8):
+    x = np.random.default_rng(seed).standard_normal((rows, n)).astype(np.float32)
+    return {"x": x, "M": np.array(trips, np.int64)}
+
+
+def _inside_loops(program):
+    steps, inside, depth = program.plan.steps, [], 0
+    for step in steps:
+        kind = step.instrs[0].kind
+        depth += kind == Instr.LOOP
+        depth -= kind == Instr.ENDLOOP
+        if depth and kind not in Instr.CONTROL:
+            inside.append(step)
+    return inside
+
+
+@pytest.mark.parametrize("backend, threads", [("interpreter", 1), ("cpu", 1), ("cpu", 2)])
+def test_loop_with_a_run_time_trip_count_compiles_once(backend, threads):
+    rows, n = (128, 256) if threads == 2 else (4, 8)
+    onnx_model = _loop_model(rows, n)
+    options = {"threads": threads} if backend == "cpu" else {}
+    model = glowgen.compile(onnx_model, backend=backend, **options)
+    assert isinstance(model, CompiledModel)          # no variant per trip count
+    for seed, trips in enumerate(TRIPS):
+        feeds = _loop_feeds(trips, seed, rows, n)
+        assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-4, atol=1e-5)
+    (loop,) = regions(model.program.instrs)
+    assert loop.kind == Instr.LOOP
+    if threads == 2:
+        assert any(step.parts > 1 for step in _inside_loops(model.program))
+
+
+def _while_model(trip_count: bool):
+    """x doubles (plus the iteration number) while its sum stays below `limit`, a model input
+    (and at most 50 times, with a trip count): the loop stops on data."""
+    body = helper.make_graph(
+        [helper.make_node("Cast", ["i"], ["fi"], to=F),
+         helper.make_node("Mul", ["x_in", "two"], ["x2"]),
+         helper.make_node("Add", ["x2", "fi"], ["x_out"]),
+         helper.make_node("ReduceSum", ["x_out"], ["total"], keepdims=0),
+         helper.make_node("Less", ["total", "limit"], ["c_out"])], "body",
+        [_vi("i", I64, []), _vi("c_in", BOOL, []), _vi("x_in", F, [2, 3])],
+        [_vi("c_out", BOOL, []), _vi("x_out", F, [2, 3])])
+    inputs = ["M" if trip_count else "", "go", "x"]
+    return _model([helper.make_node("Loop", inputs, ["y"], body=body)],
+                  [("x", F, [2, 3]), ("limit", F, []), ("go", BOOL, [])], [("y", F, [2, 3])],
+                  {"two": np.array(2, np.float32), **({"M": np.array(50, np.int64)} if trip_count else {})},
+                  opset=13)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+@pytest.mark.parametrize("trip_count", [True, False])
+def test_a_loop_that_stops_on_data(backend, trip_count):
+    onnx_model = _while_model(trip_count)
+    model = glowgen.compile(onnx_model, backend=backend)
+    x = np.abs(np.random.default_rng(6).standard_normal((2, 3))).astype(np.float32) + 0.1
+    for limit, go in ((10.0, True), (1e4, True), (1e4, False), (-1.0, True), (1e30, True)):
+        feeds = {"x": x, "limit": np.array(limit, np.float32), "go": np.array(go)}
+        assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_a_loop_whose_body_swaps_its_state(backend):
+    """Fibonacci: (a, b) <- (b, a + b); the next a is the old b, so it is copied aside
+    before b is overwritten."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["a_in", "b_in"], ["b_out"]),
+         helper.make_node("Identity", ["b_in"], ["a_out"]),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [_vi("i", I64, []), _vi("c_in", BOOL, []), _vi("a_in", I64, [2]), _vi("b_in", I64, [2])],
+        [_vi("c_out", BOOL, []), _vi("a_out", I64, [2]), _vi("b_out", I64, [2])])
+    onnx_model = _model([helper.make_node("Loop", ["M", "", "a", "b"], ["fa", "fb"], body=body)],
+                        [("M", I64, []), ("a", I64, [2]), ("b", I64, [2])],
+                        [("fa", I64, [2]), ("fb", I64, [2])])
+    model = glowgen.compile(onnx_model, backend=backend)
+    for trips in (0, 1, 2, 10, 40):
+        feeds = {"M": np.array(trips, np.int64), "a": np.array([0, 2], np.int64),
+                 "b": np.array([1, 1], np.int64)}
+        assert_close(model.run(feeds), run_ort(onnx_model, feeds))
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_an_if_inside_a_run_time_loop(backend):
+    """Even iterations double the state, odd ones subtract one: a run-time If on the
+    iteration number inside a loop with a run-time trip count."""
+    double = _branch([helper.make_node("Mul", ["s_in", "two"], ["d"])], ["d"], "double")
+    less = _branch([helper.make_node("Sub", ["s_in", "one"], ["e"])], ["e"], "less")
+    body = helper.make_graph(
+        [helper.make_node("Mod", ["i", "two_i"], ["parity"]),
+         helper.make_node("Equal", ["parity", "zero_i"], ["even"]),
+         helper.make_node("If", ["even"], ["s_out"], then_branch=double, else_branch=less),
+         helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+        [_vi("i", I64, []), _vi("c_in", BOOL, []), _vi("s_in", F, [3])],
+        [_vi("c_out", BOOL, []), _vi("s_out", F, [3])])
+    onnx_model = _model([helper.make_node("Loop", ["M", "", "x"], ["y"], body=body)],
+                        [("x", F, [3]), ("M", I64, [])], [("y", F, [3])],
+                        {"two": np.array(2, np.float32), "one": np.array(1, np.float32),
+                         "two_i": np.array(2, np.int64), "zero_i": np.array(0, np.int64)})
+    model = glowgen.compile(onnx_model, backend=backend)
+    kinds = [r.kind for r in regions(model.program.instrs)]
+    assert kinds == [Instr.LOOP, Instr.COND]
+    for trips in (0, 1, 2, 5, 8):
+        feeds = {"x": np.array([1.0, -2.0, 0.5], np.float32), "M": np.array(trips, np.int64)}
+        assert_close(model.run(feeds), run_ort(onnx_model, feeds))
+
+
+@needs_gcc
+def test_loop_bundle(tmp_path, capsys):
+    import subprocess
+    onnx_model = _loop_model(128, 256)
+    path = tmp_path / "loop.onnx"
+    path.write_bytes(onnx_model.SerializeToString())
+    out = tmp_path / "out"
+    assert main(["compile", str(path), "-o", str(out), "--name", "lp", "--threads", "2"]) == 0
+    capsys.readouterr()
+    done = subprocess.run(["gcc", "-O2", "-pthread", "main.c", "lp.o", "-lm", "-o", "lp"], cwd=out,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for seed, trips in enumerate((0, 3, 5)):
+        feeds = _loop_feeds(trips, seed, 128, 256)
+        feeds["x"].astype("<f4").tofile(tmp_path / "x.bin")
+        feeds["M"].astype("<i8").tofile(tmp_path / "m.bin")
+        for threads in ("1", "2"):
+            files = [str(tmp_path / f) for f in ("x.bin", "m.bin", "sf.bin", "accf.bin")]
+            done = subprocess.run([str(out / "lp"), "--threads", threads, *files],
+                                  capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            got = {k: np.fromfile(tmp_path / f"{k}.bin", "<f4").reshape(128, 256) for k in ("sf", "accf")}
+            assert_close(got, run_ort(onnx_model, feeds), rtol=1e-4, atol=1e-4)
+
+
+def test_what_cannot_run_at_run_time_says_why():
+    """Scan outputs (their length is the trip count) and branches of different types still
+    need their deciding values at compile time: ahead of time that is an error that says
+    why; glowgen.compile specializes per value instead (tests/test_dynamic.py)."""
+    from glowgen.errors import CompileTimeInputError
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["c_in"], ["c_out"]), helper.make_node("Neg", ["s_in"], ["s_out"]),
+         helper.make_node("Identity", ["s_out"], ["scan"])], "body",
+        [_vi("i", I64, []), _vi("c_in", BOOL, []), _vi("s_in", F, [3])],
+        [_vi("c_out", BOOL, []), _vi("s_out", F, [3]), _vi("scan", F, [3])])
+    scans = _model([helper.make_node("Loop", ["M", "", "x"], ["y", "ys"], body=body)],
+                   [("x", F, [3]), ("M", I64, [])], [("y", F, [3]), ("ys", F, [None, 3])])
+    with pytest.raises(CompileTimeInputError, match=r"trip count .*must be known at compile time.*"
+                                                    r"it has scan outputs"):
+        glowgen.compile(scans, specialize=False)
+    then = _branch([helper.make_node("Neg", ["x"], ["t"])], ["t"], "then")
+    other = _branch([helper.make_node("Concat", ["x", "x"], ["e"], axis=0)], ["e"], "else")
+    types = _model([helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=other)],
+                   [("x", F, [2, 3]), ("flag", BOOL, [])], [("y", F, [None, 3])])
+    with pytest.raises(CompileTimeInputError, match=r"condition .*must be known at compile time.*"
+                                                    r"its branches give different types"):
+        glowgen.compile(types, specialize=False)

@@ -82,10 +82,17 @@ class Instr:
     operand (the one-byte condition it reads).  Every pass that reasons over the list in
     order stays right: a call runs the instructions of one branch, a subsequence of the
     list, so two buffers whose lifetimes in the list do not overlap do not overlap in any
-    run, and the buffers of the two branches, alive at disjoint times, share the arena."""
+    run, and the buffers of the two branches, alive at disjoint times, share the arena.
+
+    A loop is `loop @in %trip, @inout %iter, @in %cond`, its body, and `endloop` with the
+    same operands: `iter` counts from 0, and the body runs while `iter < trip` (no trip
+    count: always) and `cond` holds; the body's last instructions copy its new state and
+    condition over the old.  What a run repeats breaks the in-order argument for values
+    that live across iterations; `control.loop_lifetimes` widens theirs to the loop."""
     ALLOC, DEALLOC, VIEW, COPY = "allocactivation", "deallocactivation", "tensorview", "copy"
     COND, ELSE, ENDCOND = "cond", "else", "endcond"
-    CONTROL = (COND, ELSE, ENDCOND)
+    LOOP, ENDLOOP = "loop", "endloop"
+    CONTROL = (COND, ELSE, ENDCOND, LOOP, ENDLOOP)
 
     def __init__(self, kind: str, operands: list, node=None, groups: tuple = ()):
         self.kind = kind

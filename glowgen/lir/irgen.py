@@ -3,12 +3,16 @@
 Every result gets an activation (allocated before, deallocated at the end); `view` ops
 become tensor views; each graph output is a copy into its mutable weight.  A conditional
 node becomes a region (`cond` / `else` / `endcond`, see ir.Instr) holding the instructions
-of both its branches.  The passes in
+of both its branches; a loop node, a `loop` / `endloop` region holding its body's.  The passes in
 `passes.py` then remove what this naive form wastes.
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ..engine.control import Conditional, WhileLoop
 from ..engine.graph import Function, Node, Value
+from ..engine.types import Type
 from ..errors import GlowgenError
 from .ir import Activation, Instr, Program, TensorView, WeightBuffer
 
@@ -107,11 +111,22 @@ class _Generator:
         return w
 
     def activation(self, value, buffers: dict) -> Activation:
-        act = Activation(self.unique(value.name), value.type)
-        self.prog.activations.append(act)
+        act = self.buffer(value.name, value.type)
         buffers[id(value)] = act
+        return act
+
+    def buffer(self, name: str, type: Type) -> Activation:
+        act = Activation(self.unique(name), type)
+        self.prog.activations.append(act)
         self.emit(Instr(Instr.ALLOC, [("out", act)]))
         return act
+
+    def copy(self, dst, src) -> None:
+        """dst <- src; a source of another shape (a condition of shape [1] into a bool[]) is
+        read through a view of dst's type."""
+        if src.type != dst.type:
+            src = TensorView(self.unique(src.name), dst.type, src)
+        self.emit(Instr(Instr.COPY, [("out", dst), ("in", src)]))
 
     def function(self, function: Function, buffers: dict) -> None:
         """The instructions computing `function`'s nodes; `buffers` maps its placeholders
@@ -119,8 +134,10 @@ class _Generator:
         for c in function.constants:
             buffers[id(c)] = self.constant(c)
         for node in schedule(function):
-            if node.subfunctions():
+            if isinstance(node, Conditional):
                 self.conditional(node, buffers)
+            elif isinstance(node, WhileLoop):
+                self.loop(node, buffers)
             else:
                 self.node(node, buffers)
 
@@ -148,7 +165,7 @@ class _Generator:
                 groups.append(1)
         self.emit(Instr(node.OP, operands, node, tuple(groups)))
 
-    def conditional(self, node: Node, buffers: dict) -> None:
+    def conditional(self, node: Conditional, buffers: dict) -> None:
         """`cond`, the then-branch, `else`, the else-branch, `endcond`: each branch computes
         its results and copies them into the node's (copy elimination then has most
         branches compute straight into them)."""
@@ -163,3 +180,45 @@ class _Generator:
             for (_, v), result in zip(branch.outputs, results):
                 self.emit(Instr(Instr.COPY, [("out", result), ("in", inner[id(v)])]))
         self.emit(Instr(Instr.ENDCOND, [], node))
+
+    def loop(self, node: WhileLoop, buffers: dict) -> None:
+        """The state copied into the node's results, then `loop`, the body, the copies of
+        its next state and condition over the old, `endloop` (ir.Instr).  The body reads
+        the iteration counter, the condition and the state in place."""
+        state = [self.activation(out, buffers) for out in node.outputs]
+        counter = self.buffer(f"{node.name}.iter", Type("i64", ()))
+        flag = self.buffer(f"{node.name}.cond", Type("bool", ()))
+        for s, v in zip(state, node.initial):
+            self.copy(s, buffers[id(v)])
+        if node.condition is not None:
+            self.copy(flag, buffers[id(node.condition)])
+        else:                   # no condition: the body's is not read, the flag stays true
+            true = WeightBuffer(self.unique(f"{node.name}.true"), flag.type, "constant",
+                                data=np.array(True))
+            self.prog.weights.append(true)
+            self.copy(flag, true)
+        trip = buffers[id(node.trip_count)] if node.trip_count is not None else None
+        control = [("in", trip), ("inout", counter), ("in", flag)]
+        self.emit(Instr(Instr.LOOP, list(control), node))
+        captured = [buffers[id(v)] for v in node.captured]
+        inner = {id(p): b for p, b in zip(node.body.placeholders, [counter, flag] + state + captured)}
+        self.function(node.body, inner)
+        results = [inner[id(v)] for _, v in node.body.outputs]
+        updates = list(zip(state, results[1:]))
+        if node.condition is not None:
+            updates.append((flag, results[0]))
+        # The next state replaces the old one only once all of it is computed: a next value
+        # that is itself old state (a body that swaps two values) is first copied aside.
+        old = {id(b) for b in state + [flag, counter]}
+        staged = []
+        for dst, src in updates:
+            if src.root() is dst:
+                continue                    # passed through unchanged
+            if id(src.root()) in old:
+                aside = self.buffer(f"{dst.name}.next", src.type)
+                self.copy(aside, src)
+                src = aside
+            staged.append((dst, src))
+        for dst, src in staged:
+            self.copy(dst, src)
+        self.emit(Instr(Instr.ENDLOOP, list(control), node))

@@ -32,14 +32,15 @@ def print_program(prog: Program) -> str:
     lines.append(f"program {prog.name} {{")
     depth = 0                         # regions open here: their instructions are indented
     for i, ins in enumerate(prog.instrs):
-        if ins.kind in (Instr.ELSE, Instr.ENDCOND):
+        if ins.kind in (Instr.ELSE, Instr.ENDCOND, Instr.ENDLOOP):
             depth -= 1
         pad = "  " * depth
         if ins.kind in Instr.CONTROL:
-            if ins.kind != Instr.ENDCOND:
+            if ins.kind not in (Instr.ENDCOND, Instr.ENDLOOP):
                 depth += 1
-            cond = f" @in %{ins.operands[0][1].name} ({_where(ins.operands[0][1])})" if ins.operands else ""
-            lines.append(f"  {i:4d}  {pad}{ins.kind}{cond}")
+            ops = ", ".join(f"@{r} %{b.name} ({_where(b)})" if b is not None else f"@{r} _"
+                            for r, b in ins.operands)
+            lines.append(f"  {i:4d}  {pad}{ins.kind}{' ' + ops if ops else ''}")
             continue
         if ins.kind in (Instr.ALLOC, Instr.DEALLOC):
             a = ins.operands[0][1]

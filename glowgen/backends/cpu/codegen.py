@@ -25,7 +25,7 @@ from ...lir.ir import Activation, Buffer, Instr, Program
 from ...lir.passes import lifetimes
 from .epilogue import EpilogueEmitter
 from .kernels import KERNELS, KernelArgs
-from .llvmutil import F32, I8P, I32, I64, for_range, i64, intrinsic, storage_type, TargetModule
+from .llvmutil import F32, I8, I8P, I32, I64, for_range, i64, intrinsic, storage_type, TargetModule
 from .loops import blocked_loops, innermost_extent, strided_loops
 from .parallel import WHOLE, Split
 from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
@@ -202,7 +202,7 @@ class ModuleBuilder:
                    else b.gep(regions[region_of(buf)], [i64(buf.root().offset)]))
             return b.bitcast(raw, storage_type(buf.type.dtype).as_pointer())
 
-        open_regions: list = []          # (else block, join block) of each region open here
+        open_regions: list = []          # the blocks of each region open here (_control)
         for index, call in enumerate(calls):
             # Steps talk through memory: a compiler-only barrier keeps LLVM from moving one
             # step's loads and stores past another's once it has inlined them (LLVM 22's SLP
@@ -234,10 +234,11 @@ class ModuleBuilder:
 
     @staticmethod
     def _control(b: ir.IRBuilder, ins: Instr, pointer, open_regions: list) -> None:
-        """A region of the LIR (cond / else / endcond) as blocks of the entry: `cond` tests
-        its one-byte condition and enters the then-block or the else-block, both of which
-        end in a jump to the join block where the steps after `endcond` go.  The steps of a
-        branch are called (and split among threads) in its block as anywhere else."""
+        """A region of the LIR (ir.Instr) as blocks of the entry: `cond` tests its one-byte
+        condition and enters the then-block or the else-block, both of which end in a jump
+        to the join block where the steps after `endcond` go; a loop is a test block, the
+        body's block and an exit block.  The steps of a branch or body are called (and
+        split among threads) in its block as anywhere else."""
         fn = b.function
         if ins.kind == Instr.COND:
             flag = b.load(pointer(ins.operands[0][1]), name="cond")
@@ -250,10 +251,30 @@ class ModuleBuilder:
             else_bb, join_bb = open_regions[-1]
             b.branch(join_bb)
             b.position_at_end(else_bb)
-        else:
+        elif ins.kind == Instr.ENDCOND:
             _, join_bb = open_regions.pop()
             b.branch(join_bb)
             b.position_at_end(join_bb)
+        elif ins.kind == Instr.LOOP:
+            # counter = 0; test: counter < trip (if any) and the condition; body ... ;
+            # endloop: counter += 1, back to the test; the steps after it in `exit`.
+            trip, counter, flag = (pointer(buf) if buf is not None else None for _, buf in ins.operands)
+            b.store(i64(0), counter)
+            test_bb, body_bb = fn.append_basic_block("loop"), fn.append_basic_block("body")
+            exit_bb = fn.append_basic_block("endloop")
+            b.branch(test_bb)
+            b.position_at_end(test_bb)
+            going = b.icmp_unsigned("!=", b.load(flag), ir.Constant(I8, 0))
+            if trip is not None:
+                going = b.and_(going, b.icmp_signed("<", b.load(counter), b.load(trip)))
+            b.cbranch(going, body_bb, exit_bb)
+            open_regions.append((test_bb, exit_bb, counter))
+            b.position_at_end(body_bb)
+        else:                                           # ENDLOOP
+            test_bb, exit_bb, counter = open_regions.pop()
+            b.store(b.add(b.load(counter), i64(1)), counter)
+            b.branch(test_bb)
+            b.position_at_end(exit_bb)
 
     # ------------------------------------------------------------------ steps
     def _step_function(self, index: int, step: Step):

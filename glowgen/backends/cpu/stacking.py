@@ -10,6 +10,7 @@ from typing import Optional
 import attrs
 
 from ...lir.ir import Activation, Instr, Program
+from ...lir.control import loop_lifetimes
 from ...lir.passes import lifetimes
 from .loops import broadcast_strides, contiguous_strides
 
@@ -185,6 +186,7 @@ def replan_activations(prog: Program, steps: list[Step]) -> None:
                 acts[id(root)] = root
                 span = spans.setdefault(id(root), [t, t])
                 span[1] = t
+    loop_lifetimes(spans, [step.instrs[0] for step in steps])     # markers are steps
     blocks = [Block(k, acts[k].nbytes, s, e) for k, (s, e) in spans.items()]
     p = plan(blocks)
     for a in prog.activations:

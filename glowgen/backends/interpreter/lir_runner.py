@@ -56,9 +56,7 @@ class LirRunner:
             ins, views = steps[pc]
             pc += 1
             if ins.kind in Instr.CONTROL:
-                # `cond` falls into its then-branch when the condition holds; `else` is
-                # reached at the then-branch's end and skips the else-branch.
-                if ins.kind == Instr.ELSE or (ins.kind == Instr.COND and not views[0].reshape(-1)[0]):
+                if not _falls_through(ins.kind, views):
                     pc = jumps_[pc - 1]
                 continue
             if ins.kind == Instr.COPY:
@@ -82,3 +80,21 @@ class LirRunner:
             for out, r in zip(views[:n_out], results):
                 np.copyto(out, r)
         return {name: ctx.view(w).copy() for name, w in self.prog.outputs.items()}
+
+
+def _falls_through(kind: str, views: list) -> bool:
+    """Whether control goes on to the next instruction at a control-flow marker (ir.Instr).
+    `cond` enters its then-branch when the condition holds; `else`, reached at the end of
+    the then-branch, skips the else-branch; `loop` counts from 0 and enters the body, and
+    `endloop` counts one more and goes round again, while the count is below the trip
+    count (if any) and the condition holds."""
+    if kind == Instr.COND:
+        return bool(views[0].reshape(-1)[0])
+    if kind == Instr.ELSE:
+        return False
+    if kind in (Instr.LOOP, Instr.ENDLOOP):
+        trip, counter, flag = views
+        counter[...] = 0 if kind == Instr.LOOP else counter + 1
+        going = bool(flag.reshape(-1)[0]) and (trip is None or counter < trip.reshape(-1)[0])
+        return going if kind == Instr.LOOP else not going
+    return True
