@@ -421,3 +421,50 @@ def test_what_cannot_run_at_run_time_says_why():
     with pytest.raises(CompileTimeInputError, match=r"condition .*must be known at compile time.*"
                                                     r"its branches give different types"):
         glowgen.compile(types, specialize=False)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_loop_with_one_element_tensors_for_trip_count_and_conditions(backend):
+    """A trip count, an initial condition and a body condition of shape [1] (exporters
+    write them so), a negative trip count (no iteration) and a false initial condition."""
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "one"], ["s_out"]),
+                              helper.make_node("Less", ["s_out", "lim"], ["c_out"])], "body",
+                             [_vi("i", I64, []), _vi("c_in", BOOL, [1]), _vi("s_in", F, [1])],
+                             [_vi("c_out", BOOL, [1]), _vi("s_out", F, [1])])
+    onnx_model = _model([helper.make_node("Loop", ["M", "go", "s0"], ["s"], body=body)],
+                        [("M", I64, [1]), ("go", BOOL, [1]), ("s0", F, [1]), ("lim", F, [1])],
+                        [("s", F, [1])], {"one": np.array([1], np.float32)}, opset=13)
+    model = glowgen.compile(onnx_model, backend=backend)
+    for trips, go, lim in ((5, True, 3.0), (5, True, 100.0), (0, True, 3.0), (5, False, 3.0),
+                           (-2, True, 9.0)):
+        feeds = {"M": np.array([trips], np.int64), "go": np.array([go]),
+                 "s0": np.array([0.5], np.float32), "lim": np.array([lim], np.float32)}
+        assert_close(model.run(feeds), run_ort(onnx_model, feeds))
+
+
+def test_concurrent_calls_take_their_own_branches_and_trip_counts():
+    """Each call runs in its own execution context: the loop counter and condition live in
+    its activation region, so calls at once with different trip counts and branches do not
+    disturb each other."""
+    import threading
+    loop_model, if_model = _loop_model(), _sample_rate_model(rows=16, n=64)
+    loop, branch = glowgen.compile(loop_model, threads=1), glowgen.compile(if_model, threads=1)
+    start, errors = threading.Barrier(4), []
+
+    def call(t):
+        try:
+            start.wait()
+            for k in range(20):
+                feeds = _loop_feeds(TRIPS[(t + k) % len(TRIPS)], t)
+                assert_close(loop.run(feeds), run_ort(loop_model, feeds), rtol=1e-4, atol=1e-5)
+                feeds = _feeds(RATES[(t + k) % len(RATES)], t, rows=16, n=64)
+                assert_close(branch.run(feeds), run_ort(if_model, feeds), rtol=1e-4, atol=1e-5)
+        except Exception as e:          # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors

@@ -82,11 +82,11 @@ class Conditional(Node):
 @attrs.define(eq=False, repr=False, kw_only=True)
 class WhileLoop(Node):
     """A loop run at run time: `body` maps (iteration number i64[], condition bool[], the
-    carried state..., captured values...) to (next condition (one bool), next state...), and runs while
-    the iteration number is below the trip count (when there is one) and the condition
-    holds (when there is one: without it, the body's condition is not read).  The results
-    are the final state, of the state's own types: a loop whose state changes type from one
-    iteration to the next is not one of these."""
+    carried state..., captured values...) to (next condition (one bool), next state...).
+    It runs while the iteration number is below the trip count (when there is one) and the
+    condition holds (when there is one: without it, the body's condition is not read).  The
+    results are the final state, of the state's own types: a loop whose state changes type
+    from one iteration to the next is not one of these."""
     OP: ClassVar[str] = "WhileLoop"
     INPUTS: ClassVar[tuple] = (OperandInfo("trip_count", optional=True),
                                OperandInfo("condition", optional=True),

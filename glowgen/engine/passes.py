@@ -94,13 +94,13 @@ class PassContext:
         return RewriteContext(set(self.backend_ops) if self.backend_ops is not None else None)
 
 
-def run_pipeline(function: Function, phases, ctx: PassContext) -> Function:
+def run_pipeline(function: Function, phases, ctx: PassContext, _sub: bool = False) -> Function:
     """Run `phases` over `function` in place; the graph is verified after every phase.
-    Each phase runs over the sub-functions of its nodes (a conditional's branches) first,
-    so the whole program is at the same stage at every phase's end."""
+    Each phase runs over the sub-functions of its nodes (a conditional's branches, a loop's
+    body) first, so the whole program is at the same stage at every phase's end."""
     for phase in phases:
         for sub in subfunctions(function):
-            run_pipeline(sub, (phase,), ctx)
+            run_pipeline(sub, (phase,), ctx, _sub=True)
         before = len(function.nodes)
         rounds = 0
         while True:
@@ -113,7 +113,8 @@ def run_pipeline(function: Function, phases, ctx: PassContext) -> Function:
                                    f"rounds; its rules and passes undo each other (rules fired: "
                                    + ", ".join(f"{n} ({c}x)" for n, c in ctx.fired.most_common(5)) + ")")
         function.verify()
-        ctx.log.append((phase.name, rounds, before, len(function.nodes)))
+        ctx.log.append((f"{phase.name} [{function.name}]" if _sub else phase.name, rounds,
+                        before, len(function.nodes)))
     return function
 
 

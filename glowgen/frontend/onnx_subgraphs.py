@@ -13,7 +13,6 @@ either captures, in the same order, so the node has one list of operands.
 from __future__ import annotations
 
 from collections import ChainMap
-
 from typing import Optional
 
 from ..engine.control import Conditional, WhileLoop
@@ -22,7 +21,8 @@ from ..engine.types import Type
 
 
 class _Captures:
-    """What the branches of one If capture from the enclosing function, in order."""
+    """What the subgraphs of one node (an If's two branches, a Loop's body) capture from the
+    enclosing function, in the order first met."""
 
     def __init__(self):
         self.outer: dict[int, Value] = {}               # id -> the enclosing function's value
@@ -35,7 +35,7 @@ class _Captures:
 
 
 class _CaptureScope(dict):
-    """The outermost name scope of a branch: a name missing here is looked up in the
+    """The outermost name scope of a subgraph: a name missing here is looked up in the
     enclosing scope `outer` and captured (the dict then remembers it)."""
 
     def __init__(self, outer: ChainMap, branch: Function, captures: _Captures):
@@ -60,9 +60,9 @@ class _CaptureScope(dict):
 
 def _import_subgraph(importer, graph, name: str, captures: _Captures, desc: str, opset: int,
                      formals: tuple = ()):
-    """`graph` imported into a new Function, its inputs bound to placeholders of `formals`
-    ((name, Type) pairs, in order, before those of captured values); returns the Function
-    and its scope."""
+    """`graph` imported into a new Function whose first placeholders are the graph's inputs,
+    of the Types `formals` (a Loop body's iteration number, condition and state), followed
+    by those of the values it captures; returns the Function and its capture scope."""
     fn = Function(name)
     bindings = {formal.name: fn.add_placeholder(formal.name, ty)
                 for formal, ty in zip(graph.input, formals)}
