@@ -114,7 +114,8 @@ class ModuleBuilder:
     def build(self) -> ir.Module:
         steps = self.plan.steps
         self.parts = {id(step): step.parts for step in steps}
-        # A control-flow step (cond / else / endcond) is no function: the entry branches.
+        # A control-flow step (cond, else, endcond, loop, endloop) is no function: the entry
+        # branches there (_control).
         calls = [step.instrs[0] if is_control(step) else self._step_function(i, step)
                  for i, step in enumerate(steps)]
         self.step_names = [describe_step(step) for step in steps]

@@ -35,7 +35,7 @@ class Step:
 
 
 def is_control(step: Step) -> bool:
-    """A step that is a control-flow marker of the LIR (cond / else / endcond): it runs no
+    """A step that is a control-flow marker of the LIR (ir.Instr.CONTROL): it runs no
     kernel; the entry point branches there (codegen.ModuleBuilder._control)."""
     return step.instrs[0].kind in Instr.CONTROL
 

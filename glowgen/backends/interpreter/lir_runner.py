@@ -24,7 +24,7 @@ class _Context:
                         "activation": aligned_bytes(prog.region_sizes["activation"])}
         self.steps = [(ins, [self.view(b) if b is not None else None for _, b in ins.operands])
                       for ins in prog.instrs if ins.kind not in (Instr.ALLOC, Instr.DEALLOC, Instr.VIEW)]
-        # Control flow (cond / else / endcond): where a marker jumps when it does not fall
+        # Control flow (ir.Instr.CONTROL): where a marker jumps when it does not fall
         # through (lir/control.py), in this list's indices.
         self.jumps = jumps([ins for ins, _ in self.steps])
 
