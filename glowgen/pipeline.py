@@ -105,7 +105,7 @@ def _evaluator(registry: Registry, max_memory: Optional[MemoryLimit] = None):
                 p = scratch.add_placeholder(f"in{i}", v.type)
                 feeds[p.name] = a
                 operands.append(p)
-        copy = scratch.add_node(type(node), operands, node.attr_values(), name=node.name)
+        copy = scratch.add_node(type(node), operands, node.copy_args(), name=node.name)
         for i, o in enumerate(copy.outputs):
             scratch.add_output(str(i), o)
         try:
@@ -166,7 +166,7 @@ def constant_value(function: Function, value: Value, registry: Registry,
                 ins = node.map_operands(copy)
                 if ins is None:
                     return None
-            nn = scratch.add_node(type(node), ins, node.attr_values(), name=node.name)
+            nn = scratch.add_node(type(node), ins, node.copy_args(), name=node.name)
             for o, no in zip(node.outputs, nn.outputs):
                 copies[id(o)] = no
             nv = copies[id(v)]

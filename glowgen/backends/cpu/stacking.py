@@ -10,6 +10,7 @@ from typing import Optional
 import attrs
 
 from ...lir.ir import Activation, Instr, Program
+from ...lir.control import loop_lifetimes
 from ...lir.passes import lifetimes
 from .loops import broadcast_strides, contiguous_strides
 
@@ -33,9 +34,18 @@ class Step:
         return f"<Step {'+'.join(i.kind for i in self.instrs)}>"
 
 
+def is_control(step: Step) -> bool:
+    """A step that is a control-flow marker of the LIR (ir.Instr.CONTROL): it runs no
+    kernel; the entry point branches there (codegen.ModuleBuilder._control)."""
+    return step.instrs[0].kind in Instr.CONTROL
+
+
 def describe_step(step: Step) -> str:
     """`Conv+Add+Relu [1, 64, 56, 56]`: a step's instructions and its result's shape, and
     what its kernel adds (kernels/base.DESCRIBE: a convolution's window and stride)."""
+    if is_control(step):
+        first = step.instrs[0]
+        return first.kind + "".join(f" %{b.name}" for b in first.reads())
     from .kernels import DESCRIBE
     kinds = [i.kind for i in step.instrs]          # a fused epilogue's included
     first = step.instrs[0]
@@ -176,6 +186,7 @@ def replan_activations(prog: Program, steps: list[Step]) -> None:
                 acts[id(root)] = root
                 span = spans.setdefault(id(root), [t, t])
                 span[1] = t
+    loop_lifetimes(spans, [step.instrs[0] for step in steps])     # markers are steps
     blocks = [Block(k, acts[k].nbytes, s, e) for k, (s, e) in spans.items()]
     p = plan(blocks)
     for a in prog.activations:
