@@ -648,6 +648,12 @@ _QUANTIZATION_CASES = {
         "  %y = Quantize(%m) {scale = 0.05, offset = -3} : i8[2, 4] q(0.05, -3)\n"),
         {"x": _QX}, lambda f: {"y": _q8(_dq(f["x"], 0.02, 5) @ (_QW.astype(np.float32) * _QWS), 0.05, -3)}),
         rtol=0.0, atol=1),
+    # A ReLU6 before a quantization of [0, 5.1]: the saturation clips.
+    "quantize_of_clip_within_range": text_case(_qtext(
+        "  input %x: f32[2, 5]\n  %c = Clip(%x) {min = 0.0, max = 6.0} : f32[2, 5]\n"
+        "  %y = Quantize(%c) {scale = 0.02, offset = -128} : i8[2, 5] q(0.02, -128)\n"),
+        {"x": np.float32([[-3, -0.01, 0, 0.3, 2.5], [5.09, 5.1, 5.2, 6, 9]])},
+        lambda f: {"y": _q8(np.clip(f["x"], 0, 6), 0.02, -128)}),
 }
 CASES.update(_QUANTIZATION_CASES)
 

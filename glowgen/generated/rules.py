@@ -2185,13 +2185,29 @@ def _r140_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r141_max_with_floor_remove_guard(_m, _ctx):
+def _r141_quantize_of_clip_within_range_guard(_m, _ctx):
+    """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
+    q = _m['q']
+    c = _m['c']
+    v = _m['v']
+    return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
+
+def _r141_quantize_of_clip_within_range_build(_b, _m):
+    """=> Quantize(v, scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    c = _m['c']
+    v = _m['v']
+    return rt.results(_b.op('Quantize', [v], {'scale': q.scale, 'offset': q.offset}))
+
+
+
+def _r142_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r141_max_with_floor_remove_build(_b, _m):
+def _r142_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2199,7 +2215,7 @@ def _r141_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r142_quantized_conv_in_float_build(_b, _m):
+def _r143_quantized_conv_in_float_build(_b, _m):
     """=> Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), ...c), scale = c.scale, offset = c.offset)"""
     c = _m['c']
     x = _m['x']
@@ -2212,7 +2228,7 @@ def _r142_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r143_quantized_matmul_in_float_build(_b, _m):
+def _r144_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2365,7 +2381,8 @@ RULES = (
     RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r138_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1090:1'),
     RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r139_rescale_through_max_guard, build=_r139_rescale_through_max_build, location='specs/lowerings.glowdef:1095:1'),
     RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r140_rescale_through_maxpool_guard, build=_r140_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1099:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r141_max_with_floor_remove_guard, build=_r141_max_with_floor_remove_build, location='specs/lowerings.glowdef:1103:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r142_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1108:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r143_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1117:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r141_quantize_of_clip_within_range_guard, build=_r141_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1104:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r142_max_with_floor_remove_guard, build=_r142_max_with_floor_remove_build, location='specs/lowerings.glowdef:1110:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r143_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1115:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r144_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1124:1'),
 )
