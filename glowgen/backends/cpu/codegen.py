@@ -17,6 +17,7 @@ region, so a caller can run on its own arrays without copying them in and out.
 """
 from __future__ import annotations
 
+import math
 import re
 
 from llvmlite import ir
@@ -30,6 +31,7 @@ from .loops import blocked_loops, innermost_extent, strided_loops
 from .parallel import WHOLE, Split
 from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
+from .rows import emit_group, stack_rows
 from .stacking import BLOCK, Step, cost_groups, describe_step, stack_operands
 
 REGION_ORDER = ("constant", "mutable", "activation")
@@ -261,7 +263,9 @@ class ModuleBuilder:
                 scratch = b.gep(scratch, [b.mul(split.index, i64(floats))], name="own_scratch")
             self._scratch_arg = scratch
         ptr = {id(buf): arg for buf, arg in zip(buffers, fn.args)}
-        if step.stacked:
+        if step.members:
+            emit_group(self, b, step, ptr, split)
+        elif step.stacked:
             self._emit_stack(b, step, ptr, split)
         elif step.epilogue is not None:
             epilogue = EpilogueEmitter(step, self.prog, self.life, self.registry, ptr, self.gemm_shape.vw)
@@ -344,6 +348,25 @@ class ModuleBuilder:
                 store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
 
         strided_loops(b, shape, bases, maps, [0] * len(bases), body, split=split)
+
+    def _emit_stack_rows(self, b, step: Step, ptr, share):
+        """A stack in a row group (rows.py): its loop over [rows, n] (or [rows, 1]), over the
+        rows of the block `share` gives."""
+        rows, n = share.rows, share.n
+        externals, stored, maps = stack_rows(step, self.prog, self.life, rows, n)
+        bases = [ptr[id(x)] for x in externals] + [ptr[id(x)] for x in stored]
+        registry = self.registry
+        per_row = all(m[1] == 0 for m in maps) and math.prod(step.shape) == rows
+
+        def body(bb, ps):
+            em = ScalarEmitter(bb, registry.scalars)
+            current = {}
+            emit_stack(em, step.instrs, registry.kernels, current, _loader(bb, ps, externals))
+            for j, buf in enumerate(stored):
+                store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
+
+        shape = (rows, 1) if per_row else (rows, n)
+        strided_loops(b, shape, bases, maps, [0] * len(bases), body, split=share)
 
     def _emit_stack_blocked(self, b, step: Step, groups, externals, stored, bases, maps, split: Split):
         """A costly stack as groups run one after another over each block of elements

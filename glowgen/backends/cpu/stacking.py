@@ -24,6 +24,9 @@ class Step:
     #                                     (its instructions are also instrs[1:])
     parts: int = 1                      # tasks it is split into (parallel.py)
     scratch: int = 0                    # bytes of scratch memory per task (64-byte multiple)
+    members: Optional[list] = None      # a row group's steps, run block by block (rows.py;
+    #                                     their instructions are also instrs)
+    rows: tuple = ()                    # a row group's (rows, row length, rows per block)
 
     @property
     def shape(self):
@@ -38,6 +41,9 @@ def describe_step(step: Step) -> str:
     what its kernel adds (kernels/base.DESCRIBE: a convolution's window and stride)."""
     from .kernels import DESCRIBE
     kinds = [i.kind for i in step.instrs]          # a fused epilogue's included
+    if step.members:
+        rows, n, block = step.rows
+        return f"{'+'.join(kinds)} [{rows} rows of {n}] (row group, blocks of {block})"
     first = step.instrs[0]
     node = first.node
     shape = list(node.outputs[0].type.shape) if node is not None else []
@@ -146,6 +152,8 @@ def stores_needed(step: Step, prog: Program, life: Optional[dict] = None) -> lis
 def memory_touches(step: Step, prog: Program, life: dict) -> list:
     """The buffers a step reads or writes in memory: for a stack, its external loads and
     its stores, not the intermediates that stay in registers."""
+    if step.members:
+        return [b for m in step.members for b in memory_touches(m, prog, life)]
     if not step.stacked:
         return [b for ins in step.instrs for b in ins.buffers()]
     touched, written = [], set()
