@@ -28,8 +28,9 @@ from .llvmutil import for_range, i64
 from .parallel import Split, Work
 from .stacking import Step, stack_operands
 
-# A block's bytes (every full-row buffer a group touches, for its rows): well inside L1.
-BLOCK_BYTES = 16 * 1024
+# A block's bytes (every full-row buffer a group touches, for its rows): well inside L1
+# (softmax 4x128x128 ran about 2 us faster with 4 KB blocks than with 16 KB ones).
+BLOCK_BYTES = 4 * 1024
 # Only groups over at least this many elements: below, the loops' overhead is not repaid.
 MIN_ELEMENTS = 4096
 

@@ -73,8 +73,8 @@ def _reduce_rows(ins, gemm_shape):
 
 def _reduce_rows_in_vectors(k: KernelArgs, combine: str, axes: set) -> bool:
     """f32 sums, maxima and minima over trailing axes (softmax's and layer norm's rows) in
-    vectors: `_ROW_ACCUMULATORS` vector accumulators over the row, combined lane by lane in a
-    fixed order at its end.  The scalar loop's chain of dependent adds ran at one element
+    vectors: `_ROW_ACCUMULATORS` vector accumulators over the row, combined pairwise and then
+    lanes halved in a tree, in a fixed order, at its end.  The scalar loop's chain of dependent adds ran at one element
     every few cycles (softmax over 4x128x128: ReduceSum 37 us).  The order is fixed by the
     shape, so results do not depend on threads or inputs; llvm.maximum/minimum give the same
     result in any order, a sum differs from the sequential one by rounding only."""
@@ -154,10 +154,15 @@ def _row_total(b, base, row: int, vw: int, slots: list, join, start, note=None):
     while len(accs) > 1:       # pairwise, in a fixed order
         accs = [join(accs[i], accs[i + 1]) if i + 1 < len(accs) else accs[i]
                 for i in range(0, len(accs), 2)]
-    total = b.extract_element(accs[0], i64(0))
-    for lane in range(1, vw):
-        total = join(total, b.extract_element(accs[0], i64(lane)))
-    return total
+    # Lanes halved in a tree (log2(vw) dependent steps, not vw - 1: a row's sum or
+    # extreme was a chain of 15 scalar operations, the latency of short rows).
+    acc = accs[0]
+    width = vw
+    while width > 1:
+        width //= 2
+        mask = [i + width if i < width else i for i in range(vw)]
+        acc = join(acc, b.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(ir.IntType(32), vw), mask)))
+    return b.extract_element(acc, i64(0))
 
 
 # --------------------------------------------------------------------------- arg-max and friends
