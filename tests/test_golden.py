@@ -461,6 +461,12 @@ CASES = {
                                            {"s": np.array([3, 4], np.int64)}),
     "unary_reshape_sink.exp": _onnx_chain([("Transpose", [], {"perm": [1, 0]}), ("Reshape", ["s"], None),
                                            ("Exp", [], None)], f32(2, 6), {"s": np.array([4, 3], np.int64)}),
+    "resize_axis_two_taps": _resize_case({"x": f32(1, 2, 3)}, {"scales": np.array([2], np.float32)},
+                                         mode="linear", axes=[2]),
+    "resize_axis_two_taps.extrapolates": _resize_case({"x": f32(4, 2)}, {"roi": np.array([-0.2, 1.1], np.float32),
+                                                                         "sizes": np.array([3], np.int64)},
+                                                      mode="linear", extrapolation_value=5.0, axes=[0],
+                                                      coordinate_transformation_mode="tf_crop_and_resize"),
 }
 
 HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"

@@ -47,10 +47,10 @@ def fn_resize_args(r, n):
 
 
 def fn_rnn_activation(acts, defaults, d, j):
-    """rnn_activation(acts, defaults, d, j) = acts[((d * len(defaults)) + j) % len(acts)] if len(acts) > 0 else defaults[j]  (specs/lowerings.glowdef:768:1)"""
+    """rnn_activation(acts, defaults, d, j) = acts[((d * len(defaults)) + j) % len(acts)] if len(acts) > 0 else defaults[j]  (specs/lowerings.glowdef:787:1)"""
     return (acts[rt.mod(rt.add(rt.mul(d, rt.b_len(defaults)), j), rt.b_len(acts))] if rt.gt(rt.b_len(acts), 0) else defaults[j])
 
 
 def fn_rnn_reverses(direction, d):
-    """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:829:1)"""
+    """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:848:1)"""
     return (rt.eq(direction, 'reverse') or rt.eq(d, 1))

@@ -1472,10 +1472,10 @@ def _r97_resize_one_axis_at_a_time_guard(_m, _ctx):
     return bool((rt.gt(rt.b_len(r.axes), 1)))
 
 def _r97_resize_one_axis_at_a_time_build(_b, _m):
-    """=> Resize(Resize(x, ...r, axes = r.axes[:1]), ...r, axes = r.axes[1:])"""
+    """=> Resize(Resize(x, ...r, axes = r.axes[-1:]), ...r, axes = r.axes[:-1])"""
     r = _m['r']
     x = _m['x']
-    return rt.results(_b.op('Resize', [_b.op('Resize', [x], {'axes': tuple(r.axes)[:1], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'axes': tuple(r.axes)[1:], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}))
+    return rt.results(_b.op('Resize', [_b.op('Resize', [x], {'axes': tuple(r.axes)[rt.neg(1):], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'axes': tuple(r.axes)[:rt.neg(1)], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}))
 
 
 
@@ -1493,13 +1493,34 @@ def _r98_resize_nearest_gather_build(_b, _m):
 
 
 
-def _r99_resize_axis_taps_guard(_m, _ctx):
+def _r99_resize_axis_two_taps_guard(_m, _ctx):
+    """where (len(r.axes) == 1) and (resize_taps(*resize_args(r, x.shape[r.axes[0]])) == 2)"""
+    r = _m['r']
+    x = _m['x']
+    return bool(((rt.eq(rt.b_len(r.axes), 1) and rt.eq(sl.resize.resize_taps(*fn_resize_args(r, x.shape[r.axes[0]])), 2))))
+
+def _r99_resize_axis_two_taps_build(_b, _m):
+    """=> Add(y, Reshape(fill, dims = dims)) if resize_extrapolates(*args) else y"""
+    r = _m['r']
+    x = _m['x']
+    a = r.axes[0]
+    args = fn_resize_args(r, x.shape[a])
+    dims = rt.b_concat((r.sizes[a], ), rt.b_ones(rt.sub(rt.sub(rt.b_rank(x), a), 1)))
+    w0 = _b.op('Reshape', [_b.const(sl.resize.resize_weight_column(*args, tap=0), x.dtype)], {'dims': dims})
+    w1 = _b.op('Reshape', [_b.const(sl.resize.resize_weight_column(*args, tap=1), x.dtype)], {'dims': dims})
+    y = _b.op('Add', [_b.op('Mul', [_b.op('Gather', [x, _b.const(sl.resize.resize_tap_column(*args, tap=0), 'i64')], {'axis': a}), w0], {}), _b.op('Mul', [_b.op('Gather', [x, _b.const(sl.resize.resize_tap_column(*args, tap=1), 'i64')], {'axis': a}), w1], {})], {})
+    fill = _b.const(sl.resize.resize_fill(*args, value=r.extrapolation_value), x.dtype)
+    return rt.results((_b.op('Add', [y, _b.op('Reshape', [fill], {'dims': dims})], {}) if sl.resize.resize_extrapolates(*args) else y))
+
+
+
+def _r100_resize_axis_taps_guard(_m, _ctx):
     """where len(r.axes) == 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(rt.b_len(r.axes), 1)))
 
-def _r99_resize_axis_taps_build(_b, _m):
+def _r100_resize_axis_taps_build(_b, _m):
     """=> Add(y, Reshape(fill, dims = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
     r = _m['r']
     x = _m['x']
@@ -1514,7 +1535,7 @@ def _r99_resize_axis_taps_build(_b, _m):
 
 
 
-def _r100_legacy_broadcast_expand_build(_b, _m):
+def _r101_legacy_broadcast_expand_build(_b, _m):
     '=> Add(a, b2) if n.op == "Add" else Sub(a, b2) if n.op == "Sub" else Mul(a, b2) if n.op == "Mul" else Div(a, b2) if n.op == "Div" else Pow(a, b2) if n.op == "Pow" else PRelu(a, b2)'
     n = _m['n']
     a = _m['a']
@@ -1524,7 +1545,7 @@ def _r100_legacy_broadcast_expand_build(_b, _m):
 
 
 
-def _r101_avgpool_dilated_to_conv_build(_b, _m):
+def _r102_avgpool_dilated_to_conv_build(_b, _m):
     """=> Div(sums, const(window_counts(x.shape[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype))"""
     p = _m['p']
     x = _m['x']
@@ -1534,7 +1555,7 @@ def _r101_avgpool_dilated_to_conv_build(_b, _m):
 
 
 
-def _r102_lppool_to_conv_build(_b, _m):
+def _r103_lppool_to_conv_build(_b, _m):
     """=> Sqrt(sums) if p.p == 2 else sums if p.p == 1 else Pow(sums, scalar(1.0 / p.p, x.dtype))"""
     p = _m['p']
     x = _m['x']
@@ -1545,7 +1566,7 @@ def _r102_lppool_to_conv_build(_b, _m):
 
 
 
-def _r103_col2im_to_convtranspose_build(_b, _m):
+def _r104_col2im_to_convtranspose_build(_b, _m):
     """=> ConvTranspose(Reshape(x, dims = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
     c = _m['c']
     x = _m['x']
@@ -1555,7 +1576,7 @@ def _r103_col2im_to_convtranspose_build(_b, _m):
 
 
 
-def _r104_gridsample_expand_build(_b, _m):
+def _r105_gridsample_expand_build(_b, _m):
     """=> Reshape(Transpose(sums, perm = [1, 0, 2]), dims = g.shape)"""
     g = _m['g']
     x = _m['x']
@@ -1601,7 +1622,7 @@ def _r104_gridsample_expand_build(_b, _m):
 
 
 
-def _r105_reflect_expand_build(_b, _m):
+def _r106_reflect_expand_build(_b, _m):
     """=> Select(Or(below, Greater(x, high)), Select(from_low, Add(low, rest), Sub(high, rest)), x)"""
     x = _m['x']
     low = _m['low']
@@ -1617,7 +1638,7 @@ def _r105_reflect_expand_build(_b, _m):
 
 
 
-def _r106_lstm_unroll_build(_b, _m):
+def _r107_lstm_unroll_build(_b, _m):
     """=> rnn_layer(l, 4 * l.hidden_size, x, w, r, b, h0, c0, p)"""
     l = _m['l']
     x = _m['x']
@@ -1631,7 +1652,7 @@ def _r106_lstm_unroll_build(_b, _m):
 
 
 
-def _r107_gru_unroll_build(_b, _m):
+def _r108_gru_unroll_build(_b, _m):
     """=> rnn_layer(l, 3 * l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1643,7 +1664,7 @@ def _r107_gru_unroll_build(_b, _m):
 
 
 
-def _r108_rnn_unroll_build(_b, _m):
+def _r109_rnn_unroll_build(_b, _m):
     """=> rnn_layer(l, l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1655,13 +1676,13 @@ def _r108_rnn_unroll_build(_b, _m):
 
 
 
-def _r109_quant_param_to_reshape_guard(_m, _ctx):
+def _r110_quant_param_to_reshape_guard(_m, _ctx):
     """where prod(q.shape) == prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.eq(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r109_quant_param_to_reshape_build(_b, _m):
+def _r110_quant_param_to_reshape_build(_b, _m):
     """=> Reshape(p, dims = q.shape)"""
     q = _m['q']
     p = _m['p']
@@ -1669,13 +1690,13 @@ def _r109_quant_param_to_reshape_build(_b, _m):
 
 
 
-def _r110_quant_param_blocked_to_gather_guard(_m, _ctx):
+def _r111_quant_param_blocked_to_gather_guard(_m, _ctx):
     """where prod(q.shape) != prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.ne(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r110_quant_param_blocked_to_gather_build(_b, _m):
+def _r111_quant_param_blocked_to_gather_build(_b, _m):
     """=> Gather(p, const(block_indices(q.like[q.axis], q.block_size), i64), axis = q.axis)"""
     q = _m['q']
     p = _m['p']
@@ -1683,7 +1704,7 @@ def _r110_quant_param_blocked_to_gather_build(_b, _m):
 
 
 
-def _r111_quantize_linear_expand_build(_b, _m):
+def _r112_quantize_linear_expand_build(_b, _m):
     """=> Cast(Clip(Add(r, Cast(z, to = wide)) if defined(z) else r, min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -1697,7 +1718,7 @@ def _r111_quantize_linear_expand_build(_b, _m):
 
 
 
-def _r112_dequantize_linear_expand_build(_b, _m):
+def _r113_dequantize_linear_expand_build(_b, _m):
     """=> Cast(Mul(Sub(xw, Cast(z, to = wide)) if defined(z) else xw, Cast(s, to = wide)), to = d.dtype)"""
     d = _m['d']
     x = _m['x']
@@ -1711,7 +1732,7 @@ def _r112_dequantize_linear_expand_build(_b, _m):
 
 
 
-def _r113_qlinear_matmul_expand_build(_b, _m):
+def _r114_qlinear_matmul_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(Cast(acc, to = f64), Cast(multiplier, to = f64)), Cast(zy, to = f64))), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -1729,7 +1750,7 @@ def _r113_qlinear_matmul_expand_build(_b, _m):
 
 
 
-def _r114_matmul_integer_expand_build(_b, _m):
+def _r115_matmul_integer_expand_build(_b, _m):
     """=> MatMul(a2, b2)"""
     a = _m['a']
     b = _m['b']
@@ -1741,7 +1762,7 @@ def _r114_matmul_integer_expand_build(_b, _m):
 
 
 
-def _r115_conv_integer_expand_build(_b, _m):
+def _r116_conv_integer_expand_build(_b, _m):
     """=> Cast(Conv(xs, ws, ...c) if rank(x) == 4 else ConvN(xs, ws, ...c), to = i32)"""
     c = _m['c']
     x = _m['x']
@@ -1754,7 +1775,7 @@ def _r115_conv_integer_expand_build(_b, _m):
 
 
 
-def _r116_qlinear_conv_expand_build(_b, _m):
+def _r117_qlinear_conv_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, dims = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -1775,7 +1796,7 @@ def _r116_qlinear_conv_expand_build(_b, _m):
 
 
 
-def _r117_dft_to_matmul_build(_b, _m):
+def _r118_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), dims = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -1789,13 +1810,13 @@ def _r117_dft_to_matmul_build(_b, _m):
 
 
 
-def _r118_compress_to_gather_guard(_m, _ctx):
+def _r119_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r118_compress_to_gather_build(_b, _m):
+def _r119_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -1803,13 +1824,13 @@ def _r118_compress_to_gather_build(_b, _m):
 
 
 
-def _r119_compress_flat_to_gather_guard(_m, _ctx):
+def _r120_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r119_compress_flat_to_gather_build(_b, _m):
+def _r120_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, dims = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -1817,7 +1838,7 @@ def _r119_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r120_stft_expand_build(_b, _m):
+def _r121_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, dims = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -1924,28 +1945,29 @@ RULES = (
     RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r94_add_const_transpose_sink_guard, build=_r94_add_const_transpose_sink_build, location='specs/lowerings.glowdef:565:1'),
     RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r95_mul_const_transpose_sink_guard, build=_r95_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:570:1'),
     RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_identity_guard, build=_r96_resize_identity_build, location='specs/lowerings.glowdef:587:1'),
-    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_one_axis_at_a_time_guard, build=_r97_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:590:1'),
-    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r98_resize_nearest_gather_guard, build=_r98_resize_nearest_gather_build, location='specs/lowerings.glowdef:595:1'),
-    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r99_resize_axis_taps_guard, build=_r99_resize_axis_taps_build, location='specs/lowerings.glowdef:604:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r100_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:619:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r101_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:630:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r102_lppool_to_conv_build, location='specs/lowerings.glowdef:639:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r103_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:649:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r104_gridsample_expand_build, location='specs/lowerings.glowdef:669:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r105_reflect_expand_build, location='specs/lowerings.glowdef:721:1'),
-    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r106_lstm_unroll_build, location='specs/lowerings.glowdef:853:1'),
-    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r107_gru_unroll_build, location='specs/lowerings.glowdef:857:1'),
-    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r108_rnn_unroll_build, location='specs/lowerings.glowdef:861:1'),
-    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r109_quant_param_to_reshape_guard, build=_r109_quant_param_to_reshape_build, location='specs/lowerings.glowdef:872:1'),
-    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r110_quant_param_blocked_to_gather_guard, build=_r110_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:876:1'),
-    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r111_quantize_linear_expand_build, location='specs/lowerings.glowdef:883:1'),
-    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r112_dequantize_linear_expand_build, location='specs/lowerings.glowdef:892:1'),
-    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r113_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:900:1'),
-    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r114_matmul_integer_expand_build, location='specs/lowerings.glowdef:913:1'),
-    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r115_conv_integer_expand_build, location='specs/lowerings.glowdef:921:1'),
-    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r116_qlinear_conv_expand_build, location='specs/lowerings.glowdef:929:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r117_dft_to_matmul_build, location='specs/lowerings.glowdef:944:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r118_compress_to_gather_guard, build=_r118_compress_to_gather_build, location='specs/lowerings.glowdef:954:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r119_compress_flat_to_gather_guard, build=_r119_compress_flat_to_gather_build, location='specs/lowerings.glowdef:958:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r120_stft_expand_build, location='specs/lowerings.glowdef:963:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_one_axis_at_a_time_guard, build=_r97_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:593:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r98_resize_nearest_gather_guard, build=_r98_resize_nearest_gather_build, location='specs/lowerings.glowdef:598:1'),
+    RuleInfo(name='resize_axis_two_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r99_resize_axis_two_taps_guard, build=_r99_resize_axis_two_taps_build, location='specs/lowerings.glowdef:607:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r100_resize_axis_taps_guard, build=_r100_resize_axis_taps_build, location='specs/lowerings.glowdef:623:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r101_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:638:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r102_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:649:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r103_lppool_to_conv_build, location='specs/lowerings.glowdef:658:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r104_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:668:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r105_gridsample_expand_build, location='specs/lowerings.glowdef:688:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r106_reflect_expand_build, location='specs/lowerings.glowdef:740:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r107_lstm_unroll_build, location='specs/lowerings.glowdef:872:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r108_gru_unroll_build, location='specs/lowerings.glowdef:876:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r109_rnn_unroll_build, location='specs/lowerings.glowdef:880:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r110_quant_param_to_reshape_guard, build=_r110_quant_param_to_reshape_build, location='specs/lowerings.glowdef:891:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r111_quant_param_blocked_to_gather_guard, build=_r111_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:895:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r112_quantize_linear_expand_build, location='specs/lowerings.glowdef:902:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r113_dequantize_linear_expand_build, location='specs/lowerings.glowdef:911:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r114_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:919:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r115_matmul_integer_expand_build, location='specs/lowerings.glowdef:932:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r116_conv_integer_expand_build, location='specs/lowerings.glowdef:940:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r117_qlinear_conv_expand_build, location='specs/lowerings.glowdef:948:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r118_dft_to_matmul_build, location='specs/lowerings.glowdef:963:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r119_compress_to_gather_guard, build=_r119_compress_to_gather_build, location='specs/lowerings.glowdef:973:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r120_compress_flat_to_gather_guard, build=_r120_compress_flat_to_gather_build, location='specs/lowerings.glowdef:977:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r121_stft_expand_build, location='specs/lowerings.glowdef:982:1'),
 )

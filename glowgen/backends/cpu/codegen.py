@@ -32,7 +32,7 @@ from .parallel import WHOLE, Split
 from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
 from .rows import emit_group, stack_rows
-from .stacking import BLOCK, Step, cost_groups, describe_step, stack_operands
+from .stacking import BLOCK, Step, cost_groups, describe_step, has_gathers, stack_operands
 
 REGION_ORDER = ("constant", "mutable", "activation")
 
@@ -87,9 +87,9 @@ def _loader(b, ptrs, externals):
     loaded = {}
 
     def load(buf):
-        k = next(j for j, x in enumerate(externals) if x is buf)
+        k = next(j for j, x in enumerate(externals) if x is buf or getattr(x, "ins", None) is buf)
         if k not in loaded:
-            loaded[k] = load_elem(b, ptrs[k], buf.type.dtype)
+            loaded[k] = load_elem(b, ptrs[k], externals[k].type.dtype)
         return loaded[k]
     return load
 
@@ -333,10 +333,10 @@ class ModuleBuilder:
     def _emit_stack(self, b, step: Step, ptr, split: Split = WHOLE):
         shape = step.shape
         externals, stored, maps = stack_operands(step, self.prog, self.life)
-        bases = [ptr[id(x)] for x in externals] + [ptr[id(x)] for x in stored]
+        bases = [ptr[id(getattr(x, "buffer", x))] for x in externals] + [ptr[id(x)] for x in stored]
         registry = self.registry
         groups = cost_groups(step, registry)
-        if len(groups) > 1 and innermost_extent(shape, maps) >= 2 * BLOCK:
+        if len(groups) > 1 and not has_gathers(step) and innermost_extent(shape, maps) >= 2 * BLOCK:
             self._emit_stack_blocked(b, step, groups, externals, stored, bases, maps, split)
             return
 

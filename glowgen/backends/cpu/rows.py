@@ -26,7 +26,7 @@ from llvmlite import ir
 from .kernels import ROWS
 from .llvmutil import for_range, i64
 from .parallel import Split, Work
-from .stacking import Step, stack_operands
+from .stacking import Step, has_gathers, stack_operands
 
 # A block's bytes (every full-row buffer a group touches, for its rows): well inside L1
 # (softmax 4x128x128 ran about 2 us faster with 4 KB blocks than with 16 KB ones).
@@ -65,6 +65,8 @@ def _factor(shape, strides, space) -> Optional[tuple]:
 def stack_rows(step: Step, prog, life, rows: int, n: int) -> Optional[tuple]:
     """A stack's operands and their index maps over [rows, n] (or [rows, 1] for a per-row
     stack): (externals, stored, maps), or None if the stack does not split into rows."""
+    if has_gathers(step):
+        return None
     size = math.prod(step.shape)
     if size == rows * n and n > 1:
         space = (rows, n)

@@ -528,6 +528,9 @@ def emit_stack(em: "ScalarEmitter", instrs, kernels: dict, current: dict, load) 
     `current` maps buffer roots (by id) to the values this run has computed so far and is
     updated in place; an operand not in it is external and comes from `load(buffer)`."""
     for ins in instrs:
+        if ins.kind not in kernels:       # a gather a stack reads through (stacking.GatherRead)
+            current[id(ins.writes()[0].root())] = load(ins)
+            continue
         args = [current[id(buf.root())] if id(buf.root()) in current else load(buf)
                 for _, buf in ins.operands[1:]]
         value = em.emit(kernels[ins.kind]["body"], args, ins.node.attr_values())
