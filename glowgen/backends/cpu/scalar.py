@@ -441,7 +441,11 @@ class ScalarEmitter:
         v = b.select(b.fcmp_ordered("<", v, ir.Constant(t, -lim)), ir.Constant(t, -lim), v)
         return b.select(b.fcmp_ordered(">", v, ir.Constant(t, lim)), ir.Constant(t, lim), v)
 
-    def f_ldexp(self, x, n, nan_n: bool = True):
+    def f_ldexp(self, x, n):
+        return self._ldexp(x, n)
+
+    def _ldexp(self, x, n, nan_n: bool = True):
+        """ldexp; without `nan_n`, a NaN n need not give NaN (scale2's contract)."""
         x, n = self._floats([x, n])
         if target_has(self.b.module, "avx512f") and x.dtype in ("f32", "f64"):
             return self._ldexp_scalef(x, n)
@@ -481,7 +485,7 @@ class ScalarEmitter:
         if not (target_has(self.b.module, "avx512f") and x.dtype in ("f32", "f64")):
             # n is NaN only where x is (the contract): x's NaN comes through the products,
             # whatever the powers of two made of a NaN n are.
-            return self.f_ldexp(x, n, nan_n=False)
+            return self._ldexp(x, n, nan_n=False)
         # freeze: fptosi of NaN is poison; frozen it is some integer, and x is NaN then.
         ni = _freeze(self.b, self.b.fptosi(n.v, self._i32()))
         return Value(self._llvm_ldexp(x.v, ni), x.dtype)
