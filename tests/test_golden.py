@@ -471,6 +471,14 @@ CASES = {
 }""", {"x": np.array([[-3, -1, -0.6, -0.4, 0], [0.2, 0.5, 0.99, 1, 7]], np.float32)},
         lambda f: {"y": np.histogram(np.clip(f["x"], -1, np.nextafter(np.float32(1), 0)),
                                      bins=4, range=(-1, 1))[0].astype(np.float32)}),
+    "resize_axis_two_taps": _resize_case({"x": f32(1, 2, 3)}, {"scales": np.array([2], np.float32)},
+                                         mode="linear", axes=[2]),
+    "resize_axis_two_taps.extrapolates": _resize_case({"x": f32(4, 2)}, {"roi": np.array([-0.2, 1.1], np.float32),
+                                                                         "sizes": np.array([3], np.int64)},
+                                                      mode="linear", extrapolation_value=5.0, axes=[0],
+                                                      coordinate_transformation_mode="tf_crop_and_resize"),
+    # Half precision divides by the row sum (no rounded reciprocal).
+    "softmax_expand.f16": _with_reference(onnx_case("Softmax", {"x": f32(2, 3).astype(np.float16)})),
 }
 
 # ------------------------------------------------------------------ quantization cases

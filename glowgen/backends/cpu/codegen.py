@@ -17,6 +17,7 @@ region, so a caller can run on its own arrays without copying them in and out.
 """
 from __future__ import annotations
 
+import math
 import re
 
 from llvmlite import ir
@@ -30,7 +31,8 @@ from .loops import blocked_loops, innermost_extent, strided_loops
 from .parallel import WHOLE, Split
 from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
-from .stacking import BLOCK, Step, cost_groups, describe_step, is_control, stack_operands
+from .rows import emit_group, stack_rows
+from .stacking import BLOCK, Step, cost_groups, describe_step, has_gathers, is_control, stack_operands
 
 REGION_ORDER = ("constant", "mutable", "activation")
 
@@ -85,9 +87,9 @@ def _loader(b, ptrs, externals):
     loaded = {}
 
     def load(buf):
-        k = next(j for j, x in enumerate(externals) if x is buf)
+        k = next(j for j, x in enumerate(externals) if x is buf or getattr(x, "ins", None) is buf)
         if k not in loaded:
-            loaded[k] = load_elem(b, ptrs[k], buf.type.dtype)
+            loaded[k] = load_elem(b, ptrs[k], externals[k].type.dtype)
         return loaded[k]
     return load
 
@@ -314,7 +316,9 @@ class ModuleBuilder:
                 scratch = b.gep(scratch, [b.mul(split.index, i64(floats))], name="own_scratch")
             self._scratch_arg = scratch
         ptr = {id(buf): arg for buf, arg in zip(buffers, fn.args)}
-        if step.stacked:
+        if step.members:
+            emit_group(self, b, step, ptr, split)
+        elif step.stacked:
             self._emit_stack(b, step, ptr, split)
         elif step.epilogue is not None:
             epilogue = EpilogueEmitter(step, self.prog, self.life, self.registry, ptr, self.gemm_shape.vw)
@@ -382,10 +386,10 @@ class ModuleBuilder:
     def _emit_stack(self, b, step: Step, ptr, split: Split = WHOLE):
         shape = step.shape
         externals, stored, maps = stack_operands(step, self.prog, self.life)
-        bases = [ptr[id(x)] for x in externals] + [ptr[id(x)] for x in stored]
+        bases = [ptr[id(getattr(x, "buffer", x))] for x in externals] + [ptr[id(x)] for x in stored]
         registry = self.registry
         groups = cost_groups(step, registry)
-        if len(groups) > 1 and innermost_extent(shape, maps) >= 2 * BLOCK:
+        if len(groups) > 1 and not has_gathers(step) and innermost_extent(shape, maps) >= 2 * BLOCK:
             self._emit_stack_blocked(b, step, groups, externals, stored, bases, maps, split)
             return
 
@@ -397,6 +401,25 @@ class ModuleBuilder:
                 store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
 
         strided_loops(b, shape, bases, maps, [0] * len(bases), body, split=split)
+
+    def _emit_stack_rows(self, b, step: Step, ptr, share):
+        """A stack in a row group (rows.py): its loop over [rows, n] (or [rows, 1]), over the
+        rows of the block `share` gives."""
+        rows, n = share.rows, share.n
+        externals, stored, maps = stack_rows(step, self.prog, self.life, rows, n)
+        bases = [ptr[id(x)] for x in externals] + [ptr[id(x)] for x in stored]
+        registry = self.registry
+        per_row = all(m[1] == 0 for m in maps) and math.prod(step.shape) == rows
+
+        def body(bb, ps):
+            em = ScalarEmitter(bb, registry.scalars)
+            current = {}
+            emit_stack(em, step.instrs, registry.kernels, current, _loader(bb, ps, externals))
+            for j, buf in enumerate(stored):
+                store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
+
+        shape = (rows, 1) if per_row else (rows, n)
+        strided_loops(b, shape, bases, maps, [0] * len(bases), body, split=share)
 
     def _emit_stack_blocked(self, b, step: Step, groups, externals, stored, bases, maps, split: Split):
         """A costly stack as groups run one after another over each block of elements
