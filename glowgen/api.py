@@ -58,7 +58,7 @@ def optimize(function: Function, registry: Optional[Registry] = None, stage: str
     from .quantization.quantizer import calibrate
     ctx = pipeline.run(function, registry, pipeline.CANONICAL, backend, limit)
     calibrate(function, quantization)
-    rest = (pipeline.QUANTIZE,) + (pipeline.AFTER_CANONICAL if stage == "lowered" else ())
+    rest = pipeline.AFTER_CANONICAL if stage == "lowered" else pipeline.AFTER_CANONICAL[:1]
     later = pipeline.run(function, registry, rest, backend, limit)
     ctx.merge(later)
     return ctx
@@ -191,8 +191,7 @@ def _front(model: ModelLike, backend: Backend, input_shapes, registry, optimize:
         from .quantization.quantizer import calibrate
         pipeline.run(function, registry, pipeline.CANONICAL, backend, max_memory)
         calibrate(function, quantization)
-        pipeline.run(function, registry, (pipeline.QUANTIZE,) + pipeline.AFTER_CANONICAL, backend,
-                     max_memory)
+        pipeline.run(function, registry, pipeline.AFTER_CANONICAL, backend, max_memory)
         return function, registry
     phases = pipeline.PIPELINE if optimize else pipeline.UNOPTIMIZED
     pipeline.run(function, registry, phases, backend, max_memory)

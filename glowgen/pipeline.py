@@ -1,6 +1,7 @@
 """The compilation pipeline, as data: which phases run, in which order, how often.
 
     canonicalize  rules [canonicalize] + DCE + CSE + constant folding, to a fixpoint
+    quantize      rules [quantize]: integer types from QDQ pairs and from a profile
     lower         rules [lower] (ops the backend implements stay as they are) + DCE
     legalize      rules [legalize]: primitives rewritten into the form that computes them
                   exactly as specified (float16 sums accumulate in float32)
@@ -31,25 +32,29 @@ _LOWER = Phase("lower", (Rules("lower", skip_native=True), Pass("dce")))
 _LEGALIZE = Phase("legalize", (Rules("legalize"), Pass("dce")))
 _CHECK = Phase("check", (Pass("check"),))
 
+# [quantize]: integer types from ONNX's QuantizeLinear/DequantizeLinear pairs (QDQ models)
+# and, in a compilation with a profile, from its calibrated values (glowgen/quantization).
+_QUANTIZE = Phase("quantize", (Rules("quantize"),) + _CANONICALIZE_STEPS[1:], fixpoint=True)
+
 PIPELINE = (
     Phase("canonicalize", _CANONICALIZE_STEPS, fixpoint=True),
+    _QUANTIZE,
     _LOWER,
     _LEGALIZE,
     Phase("canonicalize-lowered", _CANONICALIZE_STEPS, fixpoint=True),
     _CHECK,
 )
 
-# A quantizing compilation (glowgen/quantization) runs the first phase, gives the values its
-# profile covers their calibrated parameters, then runs QUANTIZE and the rest.
+# A compilation with a profile (glowgen/quantization) runs the first phase, gives the values
+# the profile covers their calibrated parameters, then runs the rest, [quantize] first.
 CANONICAL = PIPELINE[:1]
 AFTER_CANONICAL = PIPELINE[1:]
-QUANTIZE = Phase("quantize", (Rules("quantize"),) + _CANONICALIZE_STEPS[1:], fixpoint=True)
 
 # Lowering alone, for comparison with the optimized graph and for evaluating constants.
 UNOPTIMIZED = (_LOWER, _LEGALIZE, Phase("fold", (Pass("fold"), Pass("dce"))), _CHECK)
 
 # The phases after which each stage of `glowgen dump --stage` is printed.
-STAGE_PHASES = {"loaded": (), "optimized": PIPELINE[:1], "lowered": PIPELINE}
+STAGE_PHASES = {"loaded": (), "optimized": PIPELINE[:2], "lowered": PIPELINE}
 
 
 def backend_ops(backend: "str | Backend", registry: Registry) -> frozenset:
@@ -100,7 +105,7 @@ def _evaluator(registry: Registry, max_memory: Optional[MemoryLimit] = None):
                 p = scratch.add_placeholder(f"in{i}", v.type)
                 feeds[p.name] = a
                 operands.append(p)
-        copy = scratch.add_node(type(node), operands, node.attr_values(), name=node.name)
+        copy = scratch.add_node(type(node), operands, node.copy_args(), name=node.name)
         for i, o in enumerate(copy.outputs):
             scratch.add_output(str(i), o)
         try:
@@ -161,7 +166,7 @@ def constant_value(function: Function, value: Value, registry: Registry,
                 ins = node.map_operands(copy)
                 if ins is None:
                     return None
-            nn = scratch.add_node(type(node), ins, node.attr_values(), name=node.name)
+            nn = scratch.add_node(type(node), ins, node.copy_args(), name=node.name)
             for o, no in zip(node.outputs, nn.outputs):
                 copies[id(o)] = no
             nv = copies[id(v)]

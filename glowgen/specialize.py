@@ -1,8 +1,9 @@
 """Specialization on demand: one model, compiled once per input signature that arrives.
 
-glowgen compiles static graphs: every dimension, and every value that decides a shape or the
-path through control flow (a Reshape's target, an If's condition, a Loop's trip count), is
-known while compiling.  A model with dynamic dimensions, or with inputs whose values decide
+glowgen compiles static graphs: every dimension, and every value that decides a shape (a
+Reshape's target; an If's condition when its branches give different types; a Loop's trip
+count when it has scan outputs), is known while compiling.  (Control flow whose types do
+not depend on the path is compiled once and decided at run time: engine/control.py.)  A model with dynamic dimensions, or with inputs whose values decide
 such things ("deciding inputs"), is therefore compiled per call signature: the shapes of
 all inputs and the values of the deciding inputs.  `SpecializingModel` does that the first
 time it meets a signature and keeps the compiled variants in a bounded LRU cache.

@@ -145,10 +145,11 @@ def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
     included."""
     from glowgen.backends.cpu.kernels.conv import conv_panel_by_panel
     x = rng.standard_normal((1, 32, 71, 69)).astype(np.float32)
-    w = rng.standard_normal((20, 16, 3, 3)).astype(np.float32)
+    # 40 filters per group: more than gemm-planes takes (conv.PLANES_MAX_FILTERS).
+    w = rng.standard_normal((80, 16, 3, 3)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=2, pads=[1, 2, 0, 1],
                                          strides=strides, dilations=dilations)],
-                       {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(20).astype(np.float32)})
+                       {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(80).astype(np.float32)})
     compiled = glowgen.compile(model, backend="cpu")
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
     assert conv.plan.strategy == "gemm-panels" and conv_panel_by_panel(conv.node) and (conv.node.outputs[0].type.shape[2] * conv.node.outputs[0].type.shape[3]) % 32

@@ -153,14 +153,18 @@ def test_missing_deciding_input_is_named():
     assert isinstance(fixed, CompiledModel) and fixed.input_names == ["x"]
 
 
-def _if_on_sample_rate():
+def _if_on_sample_rate(same_types: bool = True):
     """The shape of the two audio models of issue 15: If(Equal(sr, 16000)) between two
-    branches of the same type, on a signal of dynamic length."""
+    branches of the same type, on a signal of dynamic length.  With `same_types=False` the
+    else-branch gives a longer signal (x and its sine, concatenated)."""
     k = numpy_helper.from_array(np.array(16000, np.int64), "k")
     then = helper.make_graph([helper.make_node("Mul", ["x", "two"], ["t"])], "then", [],
                              [helper.make_tensor_value_info("t", F, [1, None])],
                              [numpy_helper.from_array(np.array(2, np.float32), "two")])
-    other = helper.make_graph([helper.make_node("Sin", ["x"], ["e"])], "else", [],
+    other_nodes = [helper.make_node("Sin", ["x"], ["e" if same_types else "s"])]
+    if not same_types:
+        other_nodes.append(helper.make_node("Concat", ["x", "s"], ["e"], axis=1))
+    other = helper.make_graph(other_nodes, "else", [],
                               [helper.make_tensor_value_info("e", F, [1, None])])
     nodes = [helper.make_node("Equal", ["sr", "k"], ["c"]),
              helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=other)]
@@ -171,8 +175,21 @@ def _if_on_sample_rate():
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def test_if_on_an_input_condition_takes_both_branches():
+def test_if_on_an_input_condition_is_decided_at_run_time():
+    """Branches of the same type: both compiled into each variant, one run per call, so
+    only the signal's length makes variants (tests/test_control_flow.py has more)."""
     onnx_model = _if_on_sample_rate()
+    model = glowgen.compile(onnx_model)
+    for n, sr in ((160, 16000), (160, 8000), (160, 44100), (480, 16000), (160, 16000), (480, 22050)):
+        feeds = {"x": _x(1, n, seed=n), "sr": np.array(sr, np.int64)}
+        assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-6)
+    assert model.deciding_values == [] and model.deciding_inputs == []
+    assert model.stats["compiles"] == 2
+    assert sorted(v.shapes["x"][1] for v in model.variants) == [160, 480]
+
+
+def test_if_between_branches_of_different_types_takes_both_branches():
+    onnx_model = _if_on_sample_rate(same_types=False)
     model = glowgen.compile(onnx_model)
     for n, sr in ((160, 16000), (160, 8000), (160, 44100), (480, 16000), (160, 16000), (160, 22050)):
         feeds = {"x": _x(1, n, seed=n), "sr": np.array(sr, np.int64)}
@@ -187,7 +204,7 @@ def test_if_on_an_input_condition_takes_both_branches():
 
 
 def test_if_on_a_static_model_specializes_on_the_condition_input():
-    onnx_model = _if_on_sample_rate()
+    onnx_model = _if_on_sample_rate(same_types=False)
     onnx_model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 64
     model = glowgen.compile(onnx_model)      # static: tries ahead of time, then per value
     assert isinstance(model, SpecializingModel) and model.deciding_values == ["c"]
@@ -341,8 +358,8 @@ def test_conformance_runner_can_give_every_input_at_run_time():
 def test_concurrent_first_calls_while_the_deciding_value_is_found():
     """Eight threads call a fresh model at once with four sample rates: the first compile
     finds that the If's condition decides, every caller retries with it, and each branch is
-    compiled once."""
-    onnx_model = _if_on_sample_rate()
+    compiled once (branches of different types: decided per value of the condition)."""
+    onnx_model = _if_on_sample_rate(same_types=False)
     model = glowgen.compile(onnx_model)
     rates = [16000, 8000, 44100, 16000, 22050, 16000, 8000, 11025]
     start = threading.Barrier(len(rates))
@@ -387,7 +404,7 @@ def test_a_value_that_cannot_be_computed_on_its_own_decides_by_its_inputs():
     k = numpy_helper.from_array(np.array(16000, np.int64), "k")
     inner = helper.make_graph([helper.make_node("Equal", ["sr", "k"], ["eq"])], "inner", [],
                               [helper.make_tensor_value_info("eq", TensorProto.BOOL, [])])
-    outer = _if_on_sample_rate()
+    outer = _if_on_sample_rate(same_types=False)
     g = outer.graph
     equal = g.node[0]
     g.node.remove(equal)

@@ -464,11 +464,21 @@ CASES = {
     # Profiling's histogram (not an ONNX op): values below, inside and above [-1, 1].
     "histogram_to_scatter": text_case("""graph g {
   input %x: f32[2, 5]
-  %y = Histogram(%x) {bins = 4, low = -1.0, high = 1.0} : f32[4]
+  const %lo: f32[] = dense<[-1.0]>
+  const %hi: f32[] = dense<[1.0]>
+  %y = Histogram(%x, %lo, %hi) {bins = 4} : f32[4]
   output "y" = %y
 }""", {"x": np.array([[-3, -1, -0.6, -0.4, 0], [0.2, 0.5, 0.99, 1, 7]], np.float32)},
         lambda f: {"y": np.histogram(np.clip(f["x"], -1, np.nextafter(np.float32(1), 0)),
                                      bins=4, range=(-1, 1))[0].astype(np.float32)}),
+    "resize_axis_two_taps": _resize_case({"x": f32(1, 2, 3)}, {"scales": np.array([2], np.float32)},
+                                         mode="linear", axes=[2]),
+    "resize_axis_two_taps.extrapolates": _resize_case({"x": f32(4, 2)}, {"roi": np.array([-0.2, 1.1], np.float32),
+                                                                         "sizes": np.array([3], np.int64)},
+                                                      mode="linear", extrapolation_value=5.0, axes=[0],
+                                                      coordinate_transformation_mode="tf_crop_and_resize"),
+    # Half precision divides by the row sum (no rounded reciprocal).
+    "softmax_expand.f16": _with_reference(onnx_case("Softmax", {"x": f32(2, 3).astype(np.float16)})),
 }
 
 # ------------------------------------------------------------------ quantization cases
@@ -635,6 +645,41 @@ _QUANTIZATION_CASES = {
         {"x": _QGX}, lambda f: {"y": _dq(_q8(_qgconv_float(f["x"]), 0.05, 2), 0.05, 2)}), rtol=0.0, atol=0.051),
     "quantized_matmul_in_float": dict(text_case(_qtext(_QMATMUL + "  %y = Dequantize(%q) {in_scale = 0.05, in_offset = -3} : f32[2, 4]\n"),
         {"x": _QX}, lambda f: {"y": _dq(_q8(_qmatmul_float(f["x"]), 0.05, -3), 0.05, -3)}), rtol=0.0, atol=0.051),
+    # onnxruntime's QDQ form: a u8 pair becomes an i8 quantized type (offset moved by 128).
+    "qdq_pair_to_quantized": graph_case(
+        [("QuantizeLinear", ["x", "s", "z"], ["q"], None), ("DequantizeLinear", ["q", "s", "z"], ["y"], None)],
+        {"x": _qrng.uniform(-3, 3, (2, 5)).astype(np.float32)},
+        {"s": np.float32(0.02), "z": np.uint8(100)}),
+    "conv_between_quantized": dict(text_case(_qtext(
+        "  input %x: i8[1, 3, 2, 2] q(0.02, -4)\n"
+        f"  const %w: f32[2, 3, 1, 1] = {_dense(_QCW.astype(np.float32) * _QCWS[:, None, None, None])}\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = -4} : f32[1, 3, 2, 2]\n"
+        "  %c = Conv(%d, %w) : f32[1, 2, 2, 2]\n"
+        "  %y = Quantize(%c) {scale = 0.05, offset = 2} : i8[1, 2, 2, 2] q(0.05, 2)\n"),
+        {"x": _QCX}, lambda f: {"y": _q8(_qconv_float(f["x"]) - (_QCB.astype(np.float32) * _QCWS * np.float32(0.02))
+                                         [None, :, None, None], 0.05, 2)}), rtol=0.0, atol=1),
+    "conv_relu_between_quantized": dict(text_case(_qtext(
+        "  input %x: i8[1, 3, 2, 2] q(0.02, -4)\n"
+        f"  const %w: f32[2, 3, 1, 1] = {_dense(_QCW.astype(np.float32) * _QCWS[:, None, None, None])}\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = -4} : f32[1, 3, 2, 2]\n"
+        "  %c = Conv(%d, %w) : f32[1, 2, 2, 2]\n  %r = Relu(%c) : f32[1, 2, 2, 2]\n"
+        "  %y = Quantize(%r) {scale = 0.05, offset = -128} : i8[1, 2, 2, 2] q(0.05, -128)\n"),
+        {"x": _QCX}, lambda f: {"y": _q8(np.maximum(_qconv_float(f["x"]) - (_QCB.astype(np.float32) * _QCWS
+                                         * np.float32(0.02))[None, :, None, None], 0), 0.05, -128)}), rtol=0.0, atol=1),
+    "matmul_between_quantized": dict(text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        f"  const %w: f32[3, 4] = {_dense(_QW.astype(np.float32) * _QWS)}\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        "  %m = MatMul(%d, %w) : f32[2, 4]\n"
+        "  %y = Quantize(%m) {scale = 0.05, offset = -3} : i8[2, 4] q(0.05, -3)\n"),
+        {"x": _QX}, lambda f: {"y": _q8(_dq(f["x"], 0.02, 5) @ (_QW.astype(np.float32) * _QWS), 0.05, -3)}),
+        rtol=0.0, atol=1),
+    # A ReLU6 before a quantization of [0, 5.1]: the saturation clips.
+    "quantize_of_clip_within_range": text_case(_qtext(
+        "  input %x: f32[2, 5]\n  %c = Clip(%x) {min = 0.0, max = 6.0} : f32[2, 5]\n"
+        "  %y = Quantize(%c) {scale = 0.02, offset = -128} : i8[2, 5] q(0.02, -128)\n"),
+        {"x": np.float32([[-3, -0.01, 0, 0.3, 2.5], [5.09, 5.1, 5.2, 6, 9]])},
+        lambda f: {"y": _q8(np.clip(f["x"], 0, 6), 0.02, -128)}),
 }
 CASES.update(_QUANTIZATION_CASES)
 

@@ -586,15 +586,18 @@ def test_if_constant_condition_inlines_the_branch(cond, backend):
     assert_close(run_glowgen(model, feeds, backend=backend), run_ort(model, feeds))
 
 
-def test_if_on_a_model_input_needs_it_at_compile_time():
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_if_on_a_model_input_is_decided_at_run_time(backend):
+    """Branches of the same type: both compiled ahead of time, one run per call
+    (tests/test_control_flow.py); binding the condition still inlines the branch."""
     import glowgen
-    from glowgen.errors import CompileTimeInputError
     model = _if_model(True)
     model.graph.initializer.pop(0)     # the condition becomes a model input
     model.graph.input.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
-    with pytest.raises(CompileTimeInputError, match=r"If node 'y': the condition \('c'\) must be "
-                                                    r"known at compile time.*model input 'c'"):
-        glowgen.compile(model, specialize=False)
+    compiled = glowgen.compile(model, backend=backend, specialize=False)
+    for cond in (True, False):
+        feeds = {"x": f32(2, 3), "c": np.array(cond)}
+        assert_close(compiled.run(feeds), run_ort(model, feeds))
     feeds = {"x": f32(2, 3)}
     got = glowgen.compile(model, constant_inputs={"c": np.array(False)}).run(feeds)
     np.testing.assert_allclose(got["y"], feeds["x"] * feeds["x"], rtol=1e-6)

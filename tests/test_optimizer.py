@@ -189,7 +189,8 @@ def test_dump_passes_prints_the_pipeline(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1. canonicalize (to a fixpoint): rules [canonicalize], dead-code elimination, " \
            "common-subexpression elimination, constant folding" in out
-    assert "2. lower (once): rules [lower] (except ops the backend implements)" in out
+    assert "2. quantize (to a fixpoint): rules [quantize]" in out
+    assert "3. lower (once): rules [lower] (except ops the backend implements)" in out
     assert "canonicalize-lowered" in out and "nodes 3 -> 2" in out
 
 

@@ -176,6 +176,17 @@ class Node:
     def has_trait(self, trait: str) -> bool:
         return trait in self.TRAITS
 
+    def subfunctions(self) -> tuple:
+        """The Functions this node owns (a conditional's branches; engine/control.py).  Generic
+        passes treat such a node as opaque and run over its sub-functions separately."""
+        return ()
+
+    def copy_args(self) -> dict:
+        """The keyword arguments `Function.add_node` needs to build a node like this one, in
+        another graph: its attributes (a node owning sub-functions adds copies of them, so
+        passes over one graph leave the other alone)."""
+        return self.attr_values()
+
     # Spec expressions may ask a matched node for the type of its (first) result.
     @property
     def type(self) -> Type:
@@ -387,6 +398,23 @@ class Function:
         for name, v in self.outputs:
             if id(v) not in known:
                 raise GlowgenError(f"graph is malformed: output {name!r} is not defined")
+
+    def clone(self, name: Optional[str] = None) -> "Function":
+        """A copy with nodes of its own (constant data shared: it is read-only)."""
+        copy = Function(name or self.name)
+        values: dict[int, Value] = {}
+        for p in self.placeholders:
+            values[id(p)] = copy.add_placeholder(p.name, p.type)
+        for c in self.constants:
+            values[id(c)] = copy.add_constant(c.data, c.name)
+        for n in self.nodes:
+            new = copy.add_node(type(n), n.map_operands(lambda v: values[id(v)]), n.copy_args(),
+                                name=n.name, origin=n.origin, rules=n.rules,
+                                output_names=[o.name for o in n.outputs])
+            values.update((id(o), c) for o, c in zip(n.outputs, new.outputs))
+        for name_, v in self.outputs:
+            copy.add_output(name_, values[id(v)])
+        return copy
 
     def values(self):
         yield from self.placeholders

@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 
 from ..errors import RewriteError, UnsupportedError
+from .control import subfunctions
 from .graph import Constant, Function, Node
 from .registry import Registry
 from .rewrite import RewriteContext, apply_rules
@@ -99,9 +100,13 @@ class PassContext:
         self.log.extend(later.log)
 
 
-def run_pipeline(function: Function, phases, ctx: PassContext) -> Function:
-    """Run `phases` over `function` in place; the graph is verified after every phase."""
+def run_pipeline(function: Function, phases, ctx: PassContext, _sub: bool = False) -> Function:
+    """Run `phases` over `function` in place; the graph is verified after every phase.
+    Each phase runs over the sub-functions of its nodes (a conditional's branches, a loop's
+    body) first, so the whole program is at the same stage at every phase's end."""
     for phase in phases:
+        for sub in subfunctions(function):
+            run_pipeline(sub, (phase,), ctx, _sub=True)
         before = len(function.nodes)
         rounds = 0
         while True:
@@ -114,7 +119,8 @@ def run_pipeline(function: Function, phases, ctx: PassContext) -> Function:
                                    f"rounds; its rules and passes undo each other (rules fired: "
                                    + ", ".join(f"{n} ({c}x)" for n, c in ctx.fired.most_common(5)) + ")")
         function.verify()
-        ctx.log.append((phase.name, rounds, before, len(function.nodes)))
+        ctx.log.append((f"{phase.name} [{function.name}]" if _sub else phase.name, rounds,
+                        before, len(function.nodes)))
     return function
 
 
@@ -166,7 +172,8 @@ def _node_key(node: Node):
     if node.has_trait("commutative") and len(operands) == 2:
         operands.sort(key=repr)
     attrs_ = tuple((k, _hashable(v)) for k, v in node.attr_values().items())
-    return (node.OP, attrs_, tuple(operands))
+    # Nodes owning sub-functions are equal only if they own the same ones (never, in effect).
+    return (node.OP, attrs_, tuple(operands), tuple(id(f) for f in node.subfunctions()))
 
 
 def _merge_into(function: Function, keep, drop) -> None:
@@ -254,6 +261,8 @@ def constant_folding(function: Function, ctx: PassContext) -> int:
         return 0
     folded = 0
     for node in list(function.nodes):       # in order, so chains of constants fold in one sweep
+        if node.subfunctions():             # control flow: the importer resolved known conditions
+            continue
         if not any(function.is_used(o) for o in node.outputs) or not _within_cap(node, ctx):
             continue
         args = _operand_arrays(node)
@@ -278,7 +287,10 @@ def check_backend_coverage(function: Function, ctx: PassContext) -> int:
     """Fail, naming the ops, if the graph holds an op the backend does not implement."""
     if ctx.backend_ops is None:
         return 0
-    missing = sorted({n.OP for n in function.nodes if n.OP not in ctx.backend_ops})
+    # A node owning sub-functions is control flow, which every backend runs; its
+    # sub-functions are checked on their own (run_pipeline recurses into them).
+    missing = sorted({n.OP for n in function.nodes
+                      if n.OP not in ctx.backend_ops and not n.subfunctions()})
     if missing:
         nodes = ", ".join(repr(n.name) for n in function.nodes if n.OP in missing)
         raise UnsupportedError(f"no lowering rule applies to {', '.join(missing)} here and the "

@@ -89,6 +89,11 @@ def print_function(fn: Function, max_elements: Optional[int] = None, trace: bool
         if trace and (n.origin or n.rules):
             line += f"  # from {', '.join(n.origin) or '?'}" + (f" via {', '.join(n.rules)}" if n.rules else "")
         lines.append(line)
+        # Sub-functions (a conditional's branches), indented under their node.  (Printed
+        # for reading: the parser reads graphs without control flow.)
+        for sub in n.subfunctions():
+            text = print_function(sub, max_elements, trace)
+            lines.extend("    " + t for t in text.rstrip("\n").split("\n"))
     for name, v in fn.outputs:
         lines.append(f"  output {_literal(name)} = {value_ref(v)}")
     lines.append("}")

@@ -1,12 +1,17 @@
 """ONNX control flow (If, Loop, Scan), resolved at import time.
 
-glowgen graphs are static: shapes are known and there is no control flow at run time.  So
-control-flow nodes are not ops of the graph; the importer removes them while it reads the
-model.  An If whose condition is known at compile time becomes the nodes of the branch it
-takes; a Loop with a known trip count and a Scan over a static axis become their body,
-imported once per iteration (unrolled).  The bodies are ONNX subgraphs imported by the same
-generic importer (`_Importer.inline_graph`), in a nested name scope, so names a body does not
-define resolve to the enclosing graph as ONNX specifies.
+glowgen graphs have static shapes, and the importer removes control flow while it reads the
+model wherever it can.  An If whose condition is known at compile time becomes the nodes of
+the branch it takes; a Loop with a known trip count and a Scan over a static axis become
+their body, imported once per iteration (unrolled).  The bodies are ONNX subgraphs
+imported by the same generic importer (`_Importer.inline_graph`), in a nested name scope,
+so names a body does not define resolve to the enclosing graph as ONNX specifies.
+
+What is decided only at run time stays control flow (onnx_subgraphs.py): an If whose
+branches give the same types becomes a Conditional node owning both; a Loop whose trip
+count or condition is known only at run time (or that runs too many iterations to
+unroll), with loop-carried values of fixed types and no scan outputs, a WhileLoop owning
+its body.
 
 The slicing and stacking around unrolled bodies is written as ONNX nodes too
 (`_Importer.emit_onnx`), so this module needs no glowgen op by name.
@@ -20,7 +25,8 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..errors import CompileTimeInputError, UnsupportedError
+from ..errors import CompileTimeInputError, ModelError, UnsupportedError
+from .onnx_subgraphs import conditional, while_loop
 
 # Unrolling copies the body once per iteration; beyond this the model is not one to unroll.
 MAX_UNROLLED_ITERATIONS = 4096
@@ -64,13 +70,47 @@ def _bind_outputs(importer, node: onnx.NodeProto, values: list) -> None:
 
 # ----------------------------------------------------------------------------- If
 def import_if(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
-    """The branch the compile-time condition selects, inlined."""
-    cond = compile_time_value(importer, node, 0, "condition", desc)
-    if cond.size != 1:
-        raise UnsupportedError(f"{desc}: the condition has {cond.size} elements; If needs one")
+    """The branch a compile-time condition selects, inlined; with a condition known only at
+    run time, both branches in a conditional node (onnx_subgraphs.py)."""
+    _check_condition(importer.values[node.input[0]], desc)
+    try:
+        cond = compile_time_value(importer, node, 0, "condition", desc)
+    except CompileTimeInputError as unknown:
+        _bind_outputs(importer, node, _run_time_if(importer, node, desc, opset, unknown).outputs)
+        return
     branch = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
     outputs = importer.inline_graph(graph_attribute(node, branch, desc), {}, f"{desc} ({branch})", opset)
     _bind_outputs(importer, node, outputs)
+
+
+def _check_condition(cond, desc: str) -> None:
+    if cond.type.size != 1:
+        raise ModelError(f"{desc}: the condition {cond.name!r} is {cond.type}, with "
+                         f"{cond.type.size} elements; an If's condition is one bool")
+    if cond.type.dtype != "bool":
+        raise ModelError(f"{desc}: the condition {cond.name!r} is {cond.type}; an If's condition "
+                         f"is a bool (convert it with Cast(to=BOOL))")
+
+
+def _run_time_if(importer, node: onnx.NodeProto, desc: str, opset: int,
+                 unknown: CompileTimeInputError):
+    """Both branches compiled, one run per call.  When that cannot be (the branches give
+    different types, or a branch itself needs values known while compiling), the condition
+    must be known at compile time after all: `unknown` is raised with the reason, and
+    glowgen.compile specializes the model per value of the condition."""
+    why = None
+    try:
+        cond_node = conditional(importer, node, importer.values[node.input[0]],
+                                graph_attribute(node, "then_branch", desc),
+                                graph_attribute(node, "else_branch", desc), desc, opset)
+        if cond_node is None:
+            why = "its branches give different types"
+    except CompileTimeInputError as inner:
+        why = f"a branch needs a value known at compile time ({inner})"
+    if why is not None:
+        raise CompileTimeInputError(f"{unknown} ({why}, so the If cannot be decided at run time)",
+                                    unknown.inputs, unknown.value) from None
+    return cond_node
 
 
 # ----------------------------------------------------------------------------- Loop
@@ -79,15 +119,21 @@ def import_loop(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
     condition after every iteration (a loop that stops on data cannot be unrolled)."""
     body = graph_attribute(node, "body", desc)
     inputs = list(node.input) + [""] * (2 - len(node.input))
-    trip_count = (int(compile_time_value(importer, node, 0, "trip count", desc).reshape(-1)[0])
-                  if inputs[0] else None)
-    keep_going = (bool(compile_time_value(importer, node, 1, "initial condition", desc).reshape(-1)[0])
-                  if inputs[1] else True)
-    if trip_count is None and not inputs[1]:
+    if not inputs[0] and not inputs[1]:
         raise UnsupportedError(f"{desc}: a Loop with neither trip count nor condition never ends")
+    try:
+        trip_count = (int(compile_time_value(importer, node, 0, "trip count", desc).reshape(-1)[0])
+                      if inputs[0] else None)
+        keep_going = (bool(compile_time_value(importer, node, 1, "initial condition", desc).reshape(-1)[0])
+                      if inputs[1] else True)
+    except CompileTimeInputError as unknown:
+        _run_time_loop(importer, node, body, inputs, desc, opset, unknown)
+        return
     if trip_count is not None and trip_count > MAX_UNROLLED_ITERATIONS:
-        raise UnsupportedError(f"{desc}: trip count {trip_count} is too large to unroll "
-                               f"(at most {MAX_UNROLLED_ITERATIONS})")
+        _run_time_loop(importer, node, body, inputs, desc, opset, UnsupportedError(
+            f"{desc}: trip count {trip_count} is too large to unroll (at most "
+            f"{MAX_UNROLLED_ITERATIONS})"))
+        return
     carried = [importer.values[n] for n in inputs[2:]]
     n_carried = len(carried)
     formals = [i.name for i in body.input]
@@ -109,10 +155,11 @@ def import_loop(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
         if inputs[1] or trip_count is None:
             known = importer.constant(cond_out)
             if known is None:
-                raise UnsupportedError(
+                # What this unrolling imported is dead now (DCE collects it).
+                _run_time_loop(importer, node, body, inputs, desc, opset, UnsupportedError(
                     f"{desc}: the loop's condition depends on data computed in the loop, so the "
-                    f"number of iterations is not known at compile time; glowgen unrolls loops "
-                    f"and supports only a trip count and condition known while compiling")
+                    f"number of iterations is not known at compile time"))
+                return
             keep_going = bool(np.asarray(known).reshape(-1)[0])
     if any(not stack for stack in scans):
         raise UnsupportedError(f"{desc}: the loop runs no iteration, so its scan outputs are empty "
@@ -121,6 +168,39 @@ def import_loop(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
                                              for v in stack], axis=0)[0]
                for stack in scans]
     _bind_outputs(importer, node, list(carried) + stacked)
+
+
+def _run_time_loop(importer, node: onnx.NodeProto, body, inputs: list, desc: str, opset: int,
+                   unknown: UnsupportedError) -> None:
+    """The Loop as a WhileLoop node: its body compiled once and run as many times as the
+    trip count and condition say when the model runs.  When that cannot be (scan outputs,
+    whose length is the number of iterations; a state whose type changes from one iteration
+    to the next; a body that itself needs values known at compile time), `unknown`, the
+    reason the loop could not be unrolled, is raised with that reason added: for a
+    CompileTimeInputError, glowgen.compile then specializes per trip count."""
+    trip = importer.values[inputs[0]] if inputs[0] else None
+    cond = importer.values[inputs[1]] if inputs[1] else None
+    for label, v, dtype in (("trip count", trip, "i64"), ("condition", cond, "bool")):
+        if v is not None and (v.type.dtype != dtype or v.type.size != 1):
+            raise ModelError(f"{desc}: the {label} {v.name!r} is {v.type}; a Loop's {label} is "
+                             f"one {dtype}")
+    initial = [importer.values[n] for n in inputs[2:]]
+    why, loop = None, None
+    if len(body.output) > 1 + len(initial):
+        why = "it has scan outputs, whose length is the number of iterations"
+    else:
+        try:
+            loop = while_loop(importer, node, trip, cond, initial, body, desc, opset)
+            if loop is None:
+                why = "its body gives the loop-carried values other types than it takes"
+        except CompileTimeInputError as inner:
+            why = f"its body needs a value known at compile time ({inner})"
+    if why is not None:
+        reason = f"{unknown} ({why}, so the Loop cannot run as a loop at run time either)"
+        if isinstance(unknown, CompileTimeInputError):
+            raise CompileTimeInputError(reason, unknown.inputs, unknown.value) from None
+        raise UnsupportedError(reason) from None
+    _bind_outputs(importer, node, loop.outputs)
 
 
 # ----------------------------------------------------------------------------- Scan

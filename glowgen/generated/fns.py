@@ -22,35 +22,35 @@ def fn_rnn_directions(direction):
 
 
 def fn_per_row(p, s):
-    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1350:1)"""
+    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1347:1)"""
     return sl.quant.param_along(p, s[rt.neg(2)], rt.sub(rt.b_len(s), 2), rt.b_len(s))
 
 
 def fn_per_column(p, s):
-    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1351:1)"""
+    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1348:1)"""
     return sl.quant.param_along(p, s[rt.neg(1)], rt.sub(rt.b_len(s), 1), rt.b_len(s))
 
 
 def fn_per_filter(p, s):
-    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1352:1)"""
+    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1349:1)"""
     return sl.quant.param_along(p, s[0], 0, rt.b_len(s))
 
 
 def fn_per_out_channel(p, m, rank):
-    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1353:1)"""
+    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1350:1)"""
     return sl.quant.param_along(p, m, 1, rank)
 
 
 def fn_resize_args(r, n):
-    """resize_args(r, n) = [n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias]  (specs/lowerings.glowdef:580:1)"""
+    """resize_args(r, n) = [n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias]  (specs/lowerings.glowdef:586:1)"""
     return (n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias, )
 
 
 def fn_rnn_activation(acts, defaults, d, j):
-    """rnn_activation(acts, defaults, d, j) = acts[((d * len(defaults)) + j) % len(acts)] if len(acts) > 0 else defaults[j]  (specs/lowerings.glowdef:764:1)"""
+    """rnn_activation(acts, defaults, d, j) = acts[((d * len(defaults)) + j) % len(acts)] if len(acts) > 0 else defaults[j]  (specs/lowerings.glowdef:789:1)"""
     return (acts[rt.mod(rt.add(rt.mul(d, rt.b_len(defaults)), j), rt.b_len(acts))] if rt.gt(rt.b_len(acts), 0) else defaults[j])
 
 
 def fn_rnn_reverses(direction, d):
-    """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:825:1)"""
+    """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:850:1)"""
     return (rt.eq(direction, 'reverse') or rt.eq(d, 1))

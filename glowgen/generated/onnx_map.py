@@ -2005,90 +2005,90 @@ _RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=
 
 
 def _QuantizeLinear_0(o):
-    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1367:3)."""
+    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1364:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1369:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1370:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
-    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1371:5', lambda: (sl.shapes.onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.quant.float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1366:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1367:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
+    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1368:5', lambda: (sl.shapes.onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.quant.float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
     return attrs
 
-_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1367:3', guard=None)
+_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1364:3', guard=None)
 
 
 def _DequantizeLinear_0(o):
-    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1386:3)."""
+    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1383:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1388:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1389:5', lambda: (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1385:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1386:5', lambda: (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
     return attrs
 
-_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1386:3', guard=None)
+_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1383:3', guard=None)
 
 
 def _QLinearMatMul_0(o):
-    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1415:3)."""
+    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1412:3)."""
     attrs = {}
     return attrs
 
-_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1415:3', guard=None)
+_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1412:3', guard=None)
 
 
 def _MatMulInteger_0(o):
-    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1425:3)."""
+    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1422:3)."""
     attrs = {}
-    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1427:5')
+    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1424:5')
     return attrs
 
-_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1425:3', guard=None)
+_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1422:3', guard=None)
 
 
 def _ConvInteger_0(o):
-    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1444:3)."""
+    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1441:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1446:5')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1448:5')
+    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1443:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1445:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1451:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1452:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1453:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1448:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1449:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1450:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1444:3', guard=None)
+_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1441:3', guard=None)
 
 
 def _QLinearConv_0(o):
-    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1473:3)."""
+    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1470:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1476:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1473:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1479:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1480:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1481:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1476:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1477:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1478:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1473:3', guard=None)
+_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1470:3', guard=None)
 
 
 def _DFT_0(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1563:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1560:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2099,15 +2099,15 @@ def _DFT_0(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1566:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1567:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1563:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1564:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1563:3', guard=None)
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1560:3', guard=None)
 
 
 def _DFT_1(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1569:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1566:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2118,36 +2118,36 @@ def _DFT_1(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1572:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1573:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1569:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1570:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1569:3', guard=None)
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1566:3', guard=None)
 
 
 def _Compress_0(o):
-    """ONNX Compress -> Compress (specs/ops.glowdef:1586:3)."""
+    """ONNX Compress -> Compress (specs/ops.glowdef:1583:3)."""
     attrs = {}
-    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1588:5', lambda: sl.shapes.true_positions(o.input('condition').value))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1589:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
-    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1590:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1585:5', lambda: sl.shapes.true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1586:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1587:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
     return attrs
 
-_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1586:3', guard=None)
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1583:3', guard=None)
 
 
 def _STFT_0(o):
-    """ONNX STFT -> STFT (specs/ops.glowdef:1604:3)."""
+    """ONNX STFT -> STFT (specs/ops.glowdef:1601:3)."""
     attrs = {}
     if o.has_attr('onesided'):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 1
-    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1606:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
-    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1607:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1603:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1604:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
     return attrs
 
-_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1604:3', guard=None)
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1601:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,

@@ -7108,30 +7108,28 @@ class RNN(Node):
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class Histogram(Node):
-    """How many of x's elements fall in each of `bins` equal bins over [low, high], as f32 counts; an element below low counts in the first bin, one at or above high in the last.  Not an ONNX op: profiling for quantization adds it (glowgen/quantization).
+    """How many of x's elements fall in each of `bins` equal bins over [low, high] (scalars, high > low), as f32 counts; an element below low counts in the first bin, one at or above high in the last.  Not an ONNX op: profiling for quantization adds it (glowgen/quantization), with the range as an input of the instrumented model.
     
     Operands:
         x: Tensor[F, *S]
+        low: Tensor[f32]
+        high: Tensor[f32]
     Results:
         y: Tensor[f32, bins]
     Attributes:
         bins: int where bins > 0
-        low: float
-        high: float
     Declared at specs/ops.glowdef:1331:1.
     """
 
     OP: ClassVar[str] = 'Histogram'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('low', optional=False, variadic=False), OperandInfo('high', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('bins', 'int', None, False), AttrInfo('low', 'float', None, False), AttrInfo('high', 'float', None, False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('bins', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:1331:1'
 
     bins: object = attrs.field(converter=rt.CONVERTERS['int'])
-    low: object = attrs.field(converter=rt.CONVERTERS['float'])
-    high: object = attrs.field(converter=rt.CONVERTERS['float'])
 
     @property
     def x(self):
@@ -7139,21 +7137,34 @@ class Histogram(Node):
         return self.inputs[0]
 
     @property
+    def low(self):
+        """Operand low: Tensor[f32]"""
+        return self.inputs[1]
+
+    @property
+    def high(self):
+        """Operand high: Tensor[f32]"""
+        return self.inputs[2]
+
+    @property
     def y(self):
         """Result y: Tensor[f32, bins]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(x, *, _node='', bins=None, low=None, high=None):
+    def infer(x, low, high, *, _node='', bins=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Histogram', _node)
         u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1333:7')
         u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1333:7')
+        u.exact_elem('low', low, 'f32', 'specs/ops.glowdef:1333:25')
+        u.shape('low', low, (), None, (), 'specs/ops.glowdef:1333:25')
+        u.exact_elem('high', high, 'f32', 'specs/ops.glowdef:1333:43')
+        u.shape('high', high, (), None, (), 'specs/ops.glowdef:1333:43')
         S = u.dim('S')
         F = u.dtype('F')
         rt.check(rt.gt(bins, 0), 'Histogram', _node, f'attribute bins must satisfy bins > 0, got {bins!r}', 'specs/ops.glowdef:1334:3')
-        rt.check(rt.gt(high, low), 'Histogram', _node, 'the range must not be empty', 'specs/ops.glowdef:1337:3')
-        return (rt.result_type('Histogram', _node, 'f32', (bins,), 'specs/ops.glowdef:1338:7'), )
+        return (rt.result_type('Histogram', _node, 'f32', (bins,), 'specs/ops.glowdef:1335:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7171,7 +7182,7 @@ class QuantizeLinear(Node):
         block_size: int = 0 where block_size >= 0
         dtype: dtype
         compute: dtype
-    Declared at specs/ops.glowdef:1355:1.
+    Declared at specs/ops.glowdef:1352:1.
     """
 
     OP: ClassVar[str] = 'QuantizeLinear'
@@ -7180,7 +7191,7 @@ class QuantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), AttrInfo('compute', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1355:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1352:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7211,23 +7222,23 @@ class QuantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None, compute=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizeLinear', _node)
-        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1357:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1357:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1357:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1357:26')
+        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1354:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1354:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1354:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1354:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1357:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1357:48')
+            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1354:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1354:48')
         C = u.dim('C')
         S = u.dim('S')
         F = u.dtype('F')
         QX = u.dtype('QX')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1358:3')
-        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1359:3')
-        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1362:3')
-        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1363:3')
-        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1364:3')
-        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1366:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1355:3')
+        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1356:3')
+        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1359:3')
+        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1360:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1361:3')
+        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1363:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7244,7 +7255,7 @@ class DequantizeLinear(Node):
         axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
         block_size: int = 0 where block_size >= 0
         dtype: dtype
-    Declared at specs/ops.glowdef:1376:1.
+    Declared at specs/ops.glowdef:1373:1.
     """
 
     OP: ClassVar[str] = 'DequantizeLinear'
@@ -7253,7 +7264,7 @@ class DequantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1376:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1373:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7283,22 +7294,22 @@ class DequantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizeLinear', _node)
-        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1378:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1378:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1378:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1378:26')
+        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1375:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1375:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1375:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1375:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1378:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1378:48')
+            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1375:48')
+            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1375:48')
         C = u.dim('C')
         S = u.dim('S')
         DQ = u.dtype('DQ')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1379:3')
-        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1380:3')
-        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1382:3')
-        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1383:3')
-        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1385:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1376:3')
+        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1377:3')
+        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1379:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1380:3')
+        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1382:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7313,7 +7324,7 @@ class QuantParam(Node):
         like: ints
         axis: int
         block_size: int = 0
-    Declared at specs/ops.glowdef:1393:1.
+    Declared at specs/ops.glowdef:1390:1.
     """
 
     OP: ClassVar[str] = 'QuantParam'
@@ -7322,7 +7333,7 @@ class QuantParam(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('like', 'ints', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('block_size', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1393:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1390:1'
 
     like: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7342,11 +7353,11 @@ class QuantParam(Node):
     def infer(p, *, _node='', like=None, axis=None, block_size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantParam', _node)
-        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1395:7')
-        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1395:7')
+        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1392:7')
+        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1392:7')
         C = u.dim('C')
         A = u.dtype('A')
-        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1399:7'), )
+        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1396:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7364,7 +7375,7 @@ class QLinearMatMul(Node):
         y_zero_point: Tensor[Q8Y, *YZ]
     Results:
         y: Tensor[Q8Y, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1402:1.
+    Declared at specs/ops.glowdef:1399:1.
     """
 
     OP: ClassVar[str] = 'QLinearMatMul'
@@ -7373,7 +7384,7 @@ class QLinearMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1402:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1399:1'
 
 
     @property
@@ -7425,22 +7436,22 @@ class QLinearMatMul(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearMatMul', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1404:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1404:7')
-        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1404:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1404:26')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1404:51')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1404:51')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1405:7')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1405:7')
-        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1405:27')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1405:27')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1405:52')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1405:52')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1406:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1406:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1406:32')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1406:32')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1401:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1401:7')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1401:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1401:26')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1401:51')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1401:51')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1402:7')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1402:7')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1402:27')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1402:27')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1402:52')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1402:52')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1403:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1403:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1403:32')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1403:32')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -7453,11 +7464,11 @@ class QLinearMatMul(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1407:3')
-        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1408:3')
-        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1410:3')
-        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1412:3')
-        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1414:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1404:3')
+        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1405:3')
+        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1407:3')
+        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1409:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1411:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7471,7 +7482,7 @@ class MatMulInteger(Node):
         b_zero_point: Tensor[Q8B, *BZ]?
     Results:
         y: Tensor[i32, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1418:1.
+    Declared at specs/ops.glowdef:1415:1.
     """
 
     OP: ClassVar[str] = 'MatMulInteger'
@@ -7480,7 +7491,7 @@ class MatMulInteger(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1418:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1415:1'
 
 
     @property
@@ -7512,26 +7523,26 @@ class MatMulInteger(Node):
     def infer(a, b, a_zero_point=None, b_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMulInteger', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1420:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1420:7')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1420:26')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1420:26')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1417:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1417:7')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1417:26')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1417:26')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1420:46')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1420:46')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1417:46')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1417:46')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1420:78')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1420:78')
+            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1417:78')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1417:78')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
         BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
         X = u.dim('X')
         Y = u.dim('Y')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1421:3')
-        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1422:3')
-        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1423:3')
-        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1424:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1418:3')
+        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1419:3')
+        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1420:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1421:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7550,7 +7561,7 @@ class ConvInteger(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1432:1.
+    Declared at specs/ops.glowdef:1429:1.
     """
 
     OP: ClassVar[str] = 'ConvInteger'
@@ -7559,7 +7570,7 @@ class ConvInteger(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1432:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1429:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7595,16 +7606,16 @@ class ConvInteger(Node):
     def infer(x, w, x_zero_point=None, w_zero_point=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvInteger', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1434:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1434:9')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1434:34')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1434:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1431:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1431:9')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1431:34')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1431:34')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1434:61')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1434:61')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1431:61')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1431:61')
         if w_zero_point is not None:
-            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1434:93')
-            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1434:93')
+            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1431:93')
+            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1431:93')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7615,15 +7626,15 @@ class ConvInteger(Node):
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1435:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1436:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1437:3')
-        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1438:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1439:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1440:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1441:3')
-        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1442:3')
-        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1443:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1432:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1433:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1434:3')
+        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1435:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1436:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1437:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1438:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1439:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1440:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7647,7 +7658,7 @@ class QLinearConv(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1457:1.
+    Declared at specs/ops.glowdef:1454:1.
     """
 
     OP: ClassVar[str] = 'QLinearConv'
@@ -7656,7 +7667,7 @@ class QLinearConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1457:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1454:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7717,25 +7728,25 @@ class QLinearConv(Node):
     def infer(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConv', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1459:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1459:9')
-        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1459:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1459:34')
-        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1459:59')
-        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1459:59')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1460:9')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1460:9')
-        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1460:36')
-        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1460:36')
-        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1460:61')
-        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1460:61')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1461:9')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1461:9')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1461:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1461:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1456:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1456:9')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1456:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1456:34')
+        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1456:59')
+        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1456:59')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1457:9')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1457:9')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1457:36')
+        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1457:36')
+        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1457:61')
+        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1457:61')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1458:9')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1458:9')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1458:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1458:34')
         if b is not None:
-            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1461:66')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1461:66')
+            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1458:66')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1458:66')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7752,17 +7763,17 @@ class QLinearConv(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1462:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1463:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1464:3')
-        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1465:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1466:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1467:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1468:3')
-        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1469:3')
-        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1470:3')
-        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1471:3')
-        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1472:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1459:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1460:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1461:3')
+        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1462:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1463:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1464:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1465:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1466:3')
+        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1467:3')
+        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1468:3')
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1469:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7777,7 +7788,7 @@ class Quantize(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1493:1.
+    Declared at specs/ops.glowdef:1490:1.
     """
 
     OP: ClassVar[str] = 'Quantize'
@@ -7786,7 +7797,7 @@ class Quantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1493:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1490:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7805,12 +7816,12 @@ class Quantize(Node):
     def infer(x, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Quantize', _node)
-        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1496:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1496:7')
+        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1493:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1493:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1497:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1498:3')
-        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1499:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1494:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1495:3')
+        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1496:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7825,7 +7836,7 @@ class Dequantize(Node):
         in_scale: float
         in_offset: int
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:1502:1.
+    Declared at specs/ops.glowdef:1499:1.
     """
 
     OP: ClassVar[str] = 'Dequantize'
@@ -7834,7 +7845,7 @@ class Dequantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1502:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1499:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7853,11 +7864,11 @@ class Dequantize(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dequantize', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1505:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1505:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1502:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1502:7')
         S = u.dim('S')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1508:3')
-        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1509:7'), )
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1505:3')
+        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1506:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7874,7 +7885,7 @@ class Rescale(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1512:1.
+    Declared at specs/ops.glowdef:1509:1.
     """
 
     OP: ClassVar[str] = 'Rescale'
@@ -7883,7 +7894,7 @@ class Rescale(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1512:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1509:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7904,13 +7915,13 @@ class Rescale(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Rescale', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1515:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1515:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1512:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1512:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1518:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1519:3')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1520:3')
-        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1521:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1515:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1516:3')
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1517:3')
+        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1518:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7932,7 +7943,7 @@ class QuantizedConv(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1524:1.
+    Declared at specs/ops.glowdef:1521:1.
     """
 
     OP: ClassVar[str] = 'QuantizedConv'
@@ -7941,7 +7952,7 @@ class QuantizedConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1524:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1521:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -7979,14 +7990,14 @@ class QuantizedConv(Node):
     def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedConv', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1527:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1527:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1527:36')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1527:36')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1527:66')
-        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1527:66')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1527:91')
-        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1527:91')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1524:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1524:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1524:36')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1524:36')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1524:66')
+        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1524:66')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1524:91')
+        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1524:91')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -7995,19 +8006,19 @@ class QuantizedConv(Node):
         M = u.dim('M')
         N = u.dim('N')
         W = u.dim('W')
-        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1528:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1528:3')
-        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1529:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1529:3')
-        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1530:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1530:3')
-        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1531:3')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1532:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1533:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1534:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1535:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1536:3')
-        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1537:9'), )
+        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1525:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1525:3')
+        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1526:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1526:3')
+        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1527:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1527:3')
+        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1528:3')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1529:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1530:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1531:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1532:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1533:3')
+        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1534:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8025,7 +8036,7 @@ class QuantizedMatMul(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1541:1.
+    Declared at specs/ops.glowdef:1538:1.
     """
 
     OP: ClassVar[str] = 'QuantizedMatMul'
@@ -8034,7 +8045,7 @@ class QuantizedMatMul(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1541:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1538:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8068,21 +8079,21 @@ class QuantizedMatMul(Node):
     def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedMatMul', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1544:9')
-        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1544:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1544:31')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1544:31')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1544:52')
-        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1544:52')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1544:77')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1544:77')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1541:9')
+        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1541:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1541:31')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1541:31')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1541:52')
+        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1541:52')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1541:77')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1541:77')
         B = u.dim('B')
         K = u.dim('K')
         N = u.dim('N')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1545:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1546:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1547:3')
-        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1548:9'), )
+        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1542:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1543:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1544:3')
+        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1545:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8098,7 +8109,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1553:1.
+    Declared at specs/ops.glowdef:1550:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -8107,7 +8118,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1553:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1550:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8128,14 +8139,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1555:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1555:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1552:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1552:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1557:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1560:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1561:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1562:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1554:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1557:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1558:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1559:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8150,7 +8161,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1577:1.
+    Declared at specs/ops.glowdef:1574:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -8159,7 +8170,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1577:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1574:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -8179,13 +8190,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1579:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1579:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1576:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1576:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1583:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1584:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1585:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1580:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1581:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1582:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8201,7 +8212,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1594:1.
+    Declared at specs/ops.glowdef:1591:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -8210,7 +8221,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1594:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1591:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8235,22 +8246,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1596:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1596:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1593:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1593:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1596:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1596:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1593:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1593:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1597:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1598:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1600:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1601:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1602:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1603:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1594:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1595:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1597:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1598:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1599:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1600:7'), )
 
 
 OPS = {

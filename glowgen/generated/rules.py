@@ -156,6 +156,15 @@ def build_quantize_bias(_b, b, scales, x_scale):
 
 
 
+def build_quantized_conv_of(_b, x, w, b, c, x_scale, scale, offset):
+    """= QuantizedConv(x, Cast(Round(Div(w, Reshape(ws, dims = [m, 1, 1, 1]))), to = i8), ws, quantize_bias(bias, ws, x_scale), scale = scale, offset = offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    m = w.shape[0]
+    ws = build_weight_scales(_b, w, (1, 2, 3, ))
+    bias = (b if rt.b_defined(b) else _b.op('Splat', [], {'dims': (m, ), 'value': 0.0, 'dtype': 'f32'}))
+    return _b.op('QuantizedConv', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {})], {})], {'to': 'i8'}), ws, build_quantize_bias(_b, bias, ws, x_scale)], {'scale': scale, 'offset': offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})
+
+
+
 def _r0_identity_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
@@ -514,11 +523,12 @@ def _r32_layernorm_expand_build(_b, _m):
 
 
 def _r33_softmax_expand_build(_b, _m):
-    """=> Div(e, ReduceSum(e, axes = [sm.axis], keepdims = 1))"""
+    """=> Mul(e, Div(scalar(1.0, x.dtype), s)) if (x.dtype == f32) or (x.dtype == f64) else Div(e, s)"""
     sm = _m['sm']
     x = _m['x']
     e = _b.op('Exp', [_b.op('Sub', [x, _b.op('ReduceMax', [x], {'axes': (sm.axis, ), 'keepdims': 1})], {})], {})
-    return rt.results(_b.op('Div', [e, _b.op('ReduceSum', [e], {'axes': (sm.axis, ), 'keepdims': 1})], {}))
+    s = _b.op('ReduceSum', [e], {'axes': (sm.axis, ), 'keepdims': 1})
+    return rt.results((_b.op('Mul', [e, _b.op('Div', [_b.scalar(1.0, x.dtype), s], {})], {}) if (rt.eq(x.dtype, 'f32') or rt.eq(x.dtype, 'f64')) else _b.op('Div', [e, s], {})))
 
 
 
@@ -1490,10 +1500,10 @@ def _r97_resize_one_axis_at_a_time_guard(_m, _ctx):
     return bool((rt.gt(rt.b_len(r.axes), 1)))
 
 def _r97_resize_one_axis_at_a_time_build(_b, _m):
-    """=> Resize(Resize(x, ...r, axes = r.axes[:1]), ...r, axes = r.axes[1:])"""
+    """=> Resize(Resize(x, ...r, axes = r.axes[-1:]), ...r, axes = r.axes[:-1])"""
     r = _m['r']
     x = _m['x']
-    return rt.results(_b.op('Resize', [_b.op('Resize', [x], {'axes': tuple(r.axes)[:1], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'axes': tuple(r.axes)[1:], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}))
+    return rt.results(_b.op('Resize', [_b.op('Resize', [x], {'axes': tuple(r.axes)[rt.neg(1):], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'axes': tuple(r.axes)[:rt.neg(1)], 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}))
 
 
 
@@ -1511,13 +1521,34 @@ def _r98_resize_nearest_gather_build(_b, _m):
 
 
 
-def _r99_resize_axis_taps_guard(_m, _ctx):
+def _r99_resize_axis_two_taps_guard(_m, _ctx):
+    """where (len(r.axes) == 1) and (resize_taps(*resize_args(r, x.shape[r.axes[0]])) == 2)"""
+    r = _m['r']
+    x = _m['x']
+    return bool(((rt.eq(rt.b_len(r.axes), 1) and rt.eq(sl.resize.resize_taps(*fn_resize_args(r, x.shape[r.axes[0]])), 2))))
+
+def _r99_resize_axis_two_taps_build(_b, _m):
+    """=> Add(y, Reshape(fill, dims = dims)) if resize_extrapolates(*args) else y"""
+    r = _m['r']
+    x = _m['x']
+    a = r.axes[0]
+    args = fn_resize_args(r, x.shape[a])
+    dims = rt.b_concat((r.sizes[a], ), rt.b_ones(rt.sub(rt.sub(rt.b_rank(x), a), 1)))
+    w0 = _b.op('Reshape', [_b.const(sl.resize.resize_weight_column(*args, tap=0), x.dtype)], {'dims': dims})
+    w1 = _b.op('Reshape', [_b.const(sl.resize.resize_weight_column(*args, tap=1), x.dtype)], {'dims': dims})
+    y = _b.op('Add', [_b.op('Mul', [_b.op('Gather', [x, _b.const(sl.resize.resize_tap_column(*args, tap=0), 'i64')], {'axis': a}), w0], {}), _b.op('Mul', [_b.op('Gather', [x, _b.const(sl.resize.resize_tap_column(*args, tap=1), 'i64')], {'axis': a}), w1], {})], {})
+    fill = _b.const(sl.resize.resize_fill(*args, value=r.extrapolation_value), x.dtype)
+    return rt.results((_b.op('Add', [y, _b.op('Reshape', [fill], {'dims': dims})], {}) if sl.resize.resize_extrapolates(*args) else y))
+
+
+
+def _r100_resize_axis_taps_guard(_m, _ctx):
     """where len(r.axes) == 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(rt.b_len(r.axes), 1)))
 
-def _r99_resize_axis_taps_build(_b, _m):
+def _r100_resize_axis_taps_build(_b, _m):
     """=> Add(y, Reshape(fill, dims = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
     r = _m['r']
     x = _m['x']
@@ -1532,7 +1563,7 @@ def _r99_resize_axis_taps_build(_b, _m):
 
 
 
-def _r100_legacy_broadcast_expand_build(_b, _m):
+def _r101_legacy_broadcast_expand_build(_b, _m):
     '=> Add(a, b2) if n.op == "Add" else Sub(a, b2) if n.op == "Sub" else Mul(a, b2) if n.op == "Mul" else Div(a, b2) if n.op == "Div" else Pow(a, b2) if n.op == "Pow" else PRelu(a, b2)'
     n = _m['n']
     a = _m['a']
@@ -1542,7 +1573,7 @@ def _r100_legacy_broadcast_expand_build(_b, _m):
 
 
 
-def _r101_avgpool_dilated_to_conv_build(_b, _m):
+def _r102_avgpool_dilated_to_conv_build(_b, _m):
     """=> Div(sums, const(window_counts(x.shape[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype))"""
     p = _m['p']
     x = _m['x']
@@ -1552,7 +1583,7 @@ def _r101_avgpool_dilated_to_conv_build(_b, _m):
 
 
 
-def _r102_lppool_to_conv_build(_b, _m):
+def _r103_lppool_to_conv_build(_b, _m):
     """=> Sqrt(sums) if p.p == 2 else sums if p.p == 1 else Pow(sums, scalar(1.0 / p.p, x.dtype))"""
     p = _m['p']
     x = _m['x']
@@ -1563,7 +1594,7 @@ def _r102_lppool_to_conv_build(_b, _m):
 
 
 
-def _r103_col2im_to_convtranspose_build(_b, _m):
+def _r104_col2im_to_convtranspose_build(_b, _m):
     """=> ConvTranspose(Reshape(x, dims = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
     c = _m['c']
     x = _m['x']
@@ -1573,7 +1604,7 @@ def _r103_col2im_to_convtranspose_build(_b, _m):
 
 
 
-def _r104_gridsample_expand_build(_b, _m):
+def _r105_gridsample_expand_build(_b, _m):
     """=> Reshape(Transpose(sums, perm = [1, 0, 2]), dims = g.shape)"""
     g = _m['g']
     x = _m['x']
@@ -1619,7 +1650,7 @@ def _r104_gridsample_expand_build(_b, _m):
 
 
 
-def _r105_reflect_expand_build(_b, _m):
+def _r106_reflect_expand_build(_b, _m):
     """=> Select(Or(below, Greater(x, high)), Select(from_low, Add(low, rest), Sub(high, rest)), x)"""
     x = _m['x']
     low = _m['low']
@@ -1635,7 +1666,7 @@ def _r105_reflect_expand_build(_b, _m):
 
 
 
-def _r106_lstm_unroll_build(_b, _m):
+def _r107_lstm_unroll_build(_b, _m):
     """=> rnn_layer(l, 4 * l.hidden_size, x, w, r, b, h0, c0, p)"""
     l = _m['l']
     x = _m['x']
@@ -1649,7 +1680,7 @@ def _r106_lstm_unroll_build(_b, _m):
 
 
 
-def _r107_gru_unroll_build(_b, _m):
+def _r108_gru_unroll_build(_b, _m):
     """=> rnn_layer(l, 3 * l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1661,7 +1692,7 @@ def _r107_gru_unroll_build(_b, _m):
 
 
 
-def _r108_rnn_unroll_build(_b, _m):
+def _r109_rnn_unroll_build(_b, _m):
     """=> rnn_layer(l, l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1673,13 +1704,13 @@ def _r108_rnn_unroll_build(_b, _m):
 
 
 
-def _r109_quant_param_to_reshape_guard(_m, _ctx):
+def _r110_quant_param_to_reshape_guard(_m, _ctx):
     """where prod(q.shape) == prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.eq(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r109_quant_param_to_reshape_build(_b, _m):
+def _r110_quant_param_to_reshape_build(_b, _m):
     """=> Reshape(p, dims = q.shape)"""
     q = _m['q']
     p = _m['p']
@@ -1687,13 +1718,13 @@ def _r109_quant_param_to_reshape_build(_b, _m):
 
 
 
-def _r110_quant_param_blocked_to_gather_guard(_m, _ctx):
+def _r111_quant_param_blocked_to_gather_guard(_m, _ctx):
     """where prod(q.shape) != prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.ne(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r110_quant_param_blocked_to_gather_build(_b, _m):
+def _r111_quant_param_blocked_to_gather_build(_b, _m):
     """=> Gather(p, const(block_indices(q.like[q.axis], q.block_size), i64), axis = q.axis)"""
     q = _m['q']
     p = _m['p']
@@ -1701,7 +1732,7 @@ def _r110_quant_param_blocked_to_gather_build(_b, _m):
 
 
 
-def _r111_quantize_linear_expand_build(_b, _m):
+def _r112_quantize_linear_expand_build(_b, _m):
     """=> Cast(Clip(Add(r, Cast(z, to = wide)) if defined(z) else r, min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -1715,7 +1746,7 @@ def _r111_quantize_linear_expand_build(_b, _m):
 
 
 
-def _r112_dequantize_linear_expand_build(_b, _m):
+def _r113_dequantize_linear_expand_build(_b, _m):
     """=> Cast(Mul(Sub(xw, Cast(z, to = wide)) if defined(z) else xw, Cast(s, to = wide)), to = d.dtype)"""
     d = _m['d']
     x = _m['x']
@@ -1729,7 +1760,7 @@ def _r112_dequantize_linear_expand_build(_b, _m):
 
 
 
-def _r113_qlinear_matmul_expand_build(_b, _m):
+def _r114_qlinear_matmul_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(Cast(acc, to = f64), Cast(multiplier, to = f64)), Cast(zy, to = f64))), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -1747,7 +1778,7 @@ def _r113_qlinear_matmul_expand_build(_b, _m):
 
 
 
-def _r114_matmul_integer_expand_build(_b, _m):
+def _r115_matmul_integer_expand_build(_b, _m):
     """=> MatMul(a2, b2)"""
     a = _m['a']
     b = _m['b']
@@ -1759,7 +1790,7 @@ def _r114_matmul_integer_expand_build(_b, _m):
 
 
 
-def _r115_conv_integer_expand_build(_b, _m):
+def _r116_conv_integer_expand_build(_b, _m):
     """=> Cast(Conv(xs, ws, ...c) if rank(x) == 4 else ConvN(xs, ws, ...c), to = i32)"""
     c = _m['c']
     x = _m['x']
@@ -1772,7 +1803,7 @@ def _r115_conv_integer_expand_build(_b, _m):
 
 
 
-def _r116_qlinear_conv_expand_build(_b, _m):
+def _r117_qlinear_conv_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, dims = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -1793,18 +1824,20 @@ def _r116_qlinear_conv_expand_build(_b, _m):
 
 
 
-def _r117_histogram_to_scatter_build(_b, _m):
+def _r118_histogram_to_scatter_build(_b, _m):
     '=> ScatterElements(Splat(dims = [h.bins], value = 0.0, dtype = f32), Reshape(Cast(bin, to = i32), dims = [n]), Splat(dims = [n], value = 1.0, dtype = f32), axis = 0, reduction = "add")'
     h = _m['h']
     x = _m['x']
+    low = _m['low']
+    high = _m['high']
     n = rt.b_prod(x.shape)
-    width = rt.truediv(rt.sub(h.high, h.low), h.bins)
-    bin = _b.op('Clip', [_b.op('Floor', [_b.op('Mul', [_b.op('Sub', [_b.op('Cast', [x], {'to': 'f32'}), _b.scalar(h.low, 'f32')], {}), _b.scalar(rt.truediv(1.0, width), 'f32')], {})], {})], {'min': 0.0, 'max': rt.sub(h.bins, 1.0)})
+    per_unit = _b.op('Div', [_b.scalar(h.bins, 'f32'), _b.op('Sub', [high, low], {})], {})
+    bin = _b.op('Clip', [_b.op('Floor', [_b.op('Mul', [_b.op('Sub', [_b.op('Cast', [x], {'to': 'f32'}), low], {}), per_unit], {})], {})], {'min': 0.0, 'max': rt.sub(h.bins, 1.0)})
     return rt.results(_b.op('ScatterElements', [_b.op('Splat', [], {'dims': (h.bins, ), 'value': 0.0, 'dtype': 'f32'}), _b.op('Reshape', [_b.op('Cast', [bin], {'to': 'i32'})], {'dims': (n, )}), _b.op('Splat', [], {'dims': (n, ), 'value': 1.0, 'dtype': 'f32'})], {'axis': 0, 'reduction': 'add'}))
 
 
 
-def _r118_dft_to_matmul_build(_b, _m):
+def _r119_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), dims = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -1818,13 +1851,13 @@ def _r118_dft_to_matmul_build(_b, _m):
 
 
 
-def _r119_compress_to_gather_guard(_m, _ctx):
+def _r120_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r119_compress_to_gather_build(_b, _m):
+def _r120_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -1832,13 +1865,13 @@ def _r119_compress_to_gather_build(_b, _m):
 
 
 
-def _r120_compress_flat_to_gather_guard(_m, _ctx):
+def _r121_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r120_compress_flat_to_gather_build(_b, _m):
+def _r121_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, dims = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -1846,7 +1879,7 @@ def _r120_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r121_stft_expand_build(_b, _m):
+def _r122_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, dims = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -1856,7 +1889,7 @@ def _r121_stft_expand_build(_b, _m):
 
 
 
-def _r122_quantize_conv_guard(_m, _ctx):
+def _r123_quantize_conv_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(c)) and is_const(w)) and (not defined(b) or is_const(b))"""
     c = _m['c']
     x = _m['x']
@@ -1864,7 +1897,7 @@ def _r122_quantize_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(c)) and rt.b_is_const(w)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
 
-def _r122_quantize_conv_build(_b, _m):
+def _r123_quantize_conv_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(c), in_offset = calibrated_offset(c))"""
     c = _m['c']
     x = _m['x']
@@ -1878,14 +1911,14 @@ def _r122_quantize_conv_build(_b, _m):
 
 
 
-def _r123_quantize_matmul_guard(_m, _ctx):
+def _r124_quantize_matmul_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(mm)) and is_const(w)) and (rank(w) == 2)"""
     mm = _m['mm']
     x = _m['x']
     w = _m['w']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(mm)) and rt.b_is_const(w)) and rt.eq(rt.b_rank(w), 2))))
 
-def _r123_quantize_matmul_build(_b, _m):
+def _r124_quantize_matmul_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(mm), in_offset = calibrated_offset(mm))"""
     mm = _m['mm']
     x = _m['x']
@@ -1896,7 +1929,7 @@ def _r123_quantize_matmul_build(_b, _m):
 
 
 
-def _r124_bias_into_quantized_matmul_guard(_m, _ctx):
+def _r125_bias_into_quantized_matmul_guard(_m, _ctx):
     """where ((((is_const(c) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and calibrated(a)) and (uses(q) == 1)) and (uses(d) == 1)"""
     a = _m['a']
     d = _m['d']
@@ -1908,7 +1941,7 @@ def _r124_bias_into_quantized_matmul_guard(_m, _ctx):
     c = _m['c']
     return bool(((((((rt.b_is_const(c) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.b_calibrated(a)) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1))))
 
-def _r124_bias_into_quantized_matmul_build(_b, _m):
+def _r125_bias_into_quantized_matmul_build(_b, _m):
     """=> Dequantize(qb, in_scale = calibrated_scale(a), in_offset = calibrated_offset(a))"""
     a = _m['a']
     d = _m['d']
@@ -1923,13 +1956,105 @@ def _r124_bias_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r125_quantize_dequantize_same_guard(_m, _ctx):
+def _r126_qdq_pair_to_quantized_guard(_m, _ctx):
+    """where (((((((((x.dtype == f32) and (dl.dtype == f32)) and ((ql.dtype == u8) or (ql.dtype == i8))) and is_splat(s)) and is_splat(s2)) and (splat_value(s) == splat_value(s2))) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))) and (not defined(z2) or is_splat(z2))) and ((splat_value(z) if defined(z) else 0) == (splat_value(z2) if defined(z2) else 0))"""
+    dl = _m['dl']
+    ql = _m['ql']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    s2 = _m['s2']
+    z2 = _m['z2']
+    return bool(((((((((((rt.eq(x.dtype, 'f32') and rt.eq(dl.dtype, 'f32')) and (rt.eq(ql.dtype, 'u8') or rt.eq(ql.dtype, 'i8'))) and rt.b_is_splat(s)) and rt.b_is_splat(s2)) and rt.eq(rt.b_splat_value(s), rt.b_splat_value(s2))) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z))) and ((not rt.b_defined(z2)) or rt.b_is_splat(z2))) and rt.eq((rt.b_splat_value(z) if rt.b_defined(z) else 0), (rt.b_splat_value(z2) if rt.b_defined(z2) else 0)))))
+
+def _r126_qdq_pair_to_quantized_build(_b, _m):
+    """=> Dequantize(Quantize(x, scale = splat_value(s), offset = offset), in_scale = splat_value(s), in_offset = offset)"""
+    dl = _m['dl']
+    ql = _m['ql']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    s2 = _m['s2']
+    z2 = _m['z2']
+    offset = rt.sub((rt.b_splat_value(z) if rt.b_defined(z) else 0), (128 if rt.eq(ql.dtype, 'u8') else 0))
+    return rt.results(_b.op('Dequantize', [_b.op('Quantize', [x], {'scale': rt.b_splat_value(s), 'offset': offset})], {'in_scale': rt.b_splat_value(s), 'in_offset': offset}))
+
+
+
+def _r127_conv_between_quantized_guard(_m, _ctx):
+    """where (is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)"""
+    q = _m['q']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1))))
+
+def _r127_conv_between_quantized_build(_b, _m):
+    """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
+    q = _m['q']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return rt.results(build_quantized_conv_of(_b, x, w, b, c, d.in_scale, q.scale, q.offset))
+
+
+
+def _r128_conv_relu_between_quantized_guard(_m, _ctx):
+    """where (((is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)) and (uses(r) == 1)) and (q.offset == -128)"""
+    q = _m['q']
+    r = _m['r']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool((((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(r), 1)) and rt.eq(q.offset, rt.neg(128)))))
+
+def _r128_conv_relu_between_quantized_build(_b, _m):
+    """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
+    q = _m['q']
+    r = _m['r']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return rt.results(build_quantized_conv_of(_b, x, w, b, c, d.in_scale, q.scale, q.offset))
+
+
+
+def _r129_matmul_between_quantized_guard(_m, _ctx):
+    """where (is_const(w) and (rank(w) == 2)) and (uses(mm) == 1)"""
+    q = _m['q']
+    mm = _m['mm']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    return bool((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1))))
+
+def _r129_matmul_between_quantized_build(_b, _m):
+    """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    mm = _m['mm']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    ws = build_weight_scales(_b, w, (0, ))
+    return rt.results(_b.op('QuantizedMatMul', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, ws], {})], {})], {'to': 'i8'}), ws, _b.op('Splat', [], {'dims': (w.shape[1], ), 'value': 0.0, 'dtype': 'i32'})], {'scale': q.scale, 'offset': q.offset}))
+
+
+
+def _r130_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r125_quantize_dequantize_same_build(_b, _m):
+def _r130_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -1937,7 +2062,7 @@ def _r125_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r126_quantize_dequantize_to_rescale_build(_b, _m):
+def _r131_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     d = _m['d']
@@ -1946,13 +2071,13 @@ def _r126_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r127_rescale_same_guard(_m, _ctx):
+def _r132_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r127_rescale_same_build(_b, _m):
+def _r132_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -1960,7 +2085,7 @@ def _r127_rescale_same_build(_b, _m):
 
 
 
-def _r128_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r133_rescale_into_quantized_conv_guard(_m, _ctx):
     """where uses(c) == 1"""
     r = _m['r']
     c = _m['c']
@@ -1970,7 +2095,7 @@ def _r128_rescale_into_quantized_conv_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r128_rescale_into_quantized_conv_build(_b, _m):
+def _r133_rescale_into_quantized_conv_build(_b, _m):
     """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     c = _m['c']
@@ -1982,7 +2107,7 @@ def _r128_rescale_into_quantized_conv_build(_b, _m):
 
 
 
-def _r129_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r134_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where uses(m) == 1"""
     r = _m['r']
     m = _m['m']
@@ -1992,7 +2117,7 @@ def _r129_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(m), 1)))
 
-def _r129_rescale_into_quantized_matmul_build(_b, _m):
+def _r134_rescale_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     m = _m['m']
@@ -2004,7 +2129,7 @@ def _r129_rescale_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r130_relu_of_dequantized_build(_b, _m):
+def _r135_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2012,7 +2137,7 @@ def _r130_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r131_maxpool_of_dequantized_build(_b, _m):
+def _r136_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2021,7 +2146,7 @@ def _r131_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r132_flatten_of_dequantized_build(_b, _m):
+def _r137_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2030,7 +2155,7 @@ def _r132_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r133_reshape_of_dequantized_build(_b, _m):
+def _r138_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2039,7 +2164,7 @@ def _r133_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r134_transpose_of_dequantized_build(_b, _m):
+def _r139_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2048,7 +2173,7 @@ def _r134_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r135_rescale_through_max_guard(_m, _ctx):
+def _r140_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2056,7 +2181,7 @@ def _r135_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r135_rescale_through_max_build(_b, _m):
+def _r140_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2066,14 +2191,14 @@ def _r135_rescale_through_max_build(_b, _m):
 
 
 
-def _r136_rescale_through_maxpool_guard(_m, _ctx):
+def _r141_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r136_rescale_through_maxpool_build(_b, _m):
+def _r141_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2082,13 +2207,29 @@ def _r136_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r137_max_with_floor_remove_guard(_m, _ctx):
+def _r142_quantize_of_clip_within_range_guard(_m, _ctx):
+    """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
+    q = _m['q']
+    c = _m['c']
+    v = _m['v']
+    return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
+
+def _r142_quantize_of_clip_within_range_build(_b, _m):
+    """=> Quantize(v, scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    c = _m['c']
+    v = _m['v']
+    return rt.results(_b.op('Quantize', [v], {'scale': q.scale, 'offset': q.offset}))
+
+
+
+def _r143_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r137_max_with_floor_remove_build(_b, _m):
+def _r143_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2096,7 +2237,7 @@ def _r137_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r138_quantized_conv_in_float_build(_b, _m):
+def _r144_quantized_conv_in_float_build(_b, _m):
     """=> Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), ...c), scale = c.scale, offset = c.offset)"""
     c = _m['c']
     x = _m['x']
@@ -2109,7 +2250,7 @@ def _r138_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r139_quantized_grouped_conv_in_float_guard(_m, _ctx):
+def _r145_quantized_grouped_conv_in_float_guard(_m, _ctx):
     """where c.group > 1"""
     c = _m['c']
     x = _m['x']
@@ -2118,7 +2259,7 @@ def _r139_quantized_grouped_conv_in_float_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.gt(c.group, 1)))
 
-def _r139_quantized_grouped_conv_in_float_build(_b, _m):
+def _r145_quantized_grouped_conv_in_float_build(_b, _m):
     """=> Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), ...c), scale = c.scale, offset = c.offset)"""
     c = _m['c']
     x = _m['x']
@@ -2131,7 +2272,7 @@ def _r139_quantized_grouped_conv_in_float_build(_b, _m):
 
 
 
-def _r140_quantized_matmul_in_float_build(_b, _m):
+def _r146_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2176,112 +2317,118 @@ RULES = (
     RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r30_matmul_batched_guard, build=_r30_matmul_batched_build, location='specs/lowerings.glowdef:173:1'),
     RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r31_batchnorm_to_affine_build, location='specs/lowerings.glowdef:184:1'),
     RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias', optional=True)), bind='ln'), size=1, guard=None, build=_r32_layernorm_expand_build, location='specs/lowerings.glowdef:191:1'),
-    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r33_softmax_expand_build, location='specs/lowerings.glowdef:199:1'),
-    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r34_logsoftmax_expand_build, location='specs/lowerings.glowdef:204:1'),
-    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r35_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:209:1'),
-    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r36_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:213:1'),
-    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r37_instancenorm_expand_build, location='specs/lowerings.glowdef:217:1'),
-    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r38_lpnorm_l2_guard, build=_r38_lpnorm_l2_build, location='specs/lowerings.glowdef:226:1'),
-    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r39_lpnorm_l1_guard, build=_r39_lpnorm_l1_build, location='specs/lowerings.glowdef:231:1'),
-    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r40_reducemean_to_sum_build, location='specs/lowerings.glowdef:238:1'),
-    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r41_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:242:1'),
-    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r42_global_maxpool_to_max_build, location='specs/lowerings.glowdef:245:1'),
-    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r43_lrn_expand_build, location='specs/lowerings.glowdef:249:1'),
-    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r44_convtranspose_nonoverlapping_to_conv_guard, build=_r44_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:262:1'),
-    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r45_convtranspose_phases_to_conv_guard, build=_r45_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:280:1'),
-    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r46_f16_matmul_in_f32_guard, build=_r46_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:312:1'),
-    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r47_f16_conv_in_f32_guard, build=_r47_f16_conv_in_f32_build, location='specs/lowerings.glowdef:316:1'),
-    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r48_f16_convn_in_f32_guard, build=_r48_f16_convn_in_f32_build, location='specs/lowerings.glowdef:320:1'),
-    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r49_f16_reducesum_in_f32_guard, build=_r49_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:324:1'),
-    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r50_f16_avgpool_in_f32_guard, build=_r50_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:328:1'),
-    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r51_cast_same_type_guard, build=_r51_cast_same_type_build, location='specs/lowerings.glowdef:338:1'),
-    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r52_add_zero_guard, build=_r52_add_zero_build, location='specs/lowerings.glowdef:341:1'),
-    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r53_sub_zero_guard, build=_r53_sub_zero_build, location='specs/lowerings.glowdef:344:1'),
-    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r54_mul_one_guard, build=_r54_mul_one_build, location='specs/lowerings.glowdef:347:1'),
-    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r55_div_one_guard, build=_r55_div_one_build, location='specs/lowerings.glowdef:350:1'),
-    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r56_relu_relu_build, location='specs/lowerings.glowdef:353:1'),
-    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r57_max_same_build, location='specs/lowerings.glowdef:356:1'),
-    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r58_clip_unbounded_guard, build=_r58_clip_unbounded_build, location='specs/lowerings.glowdef:359:1'),
-    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r59_max_zero_to_relu_guard, build=_r59_max_zero_to_relu_build, location='specs/lowerings.glowdef:364:1'),
-    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r60_min_max_to_clip_guard, build=_r60_min_max_to_clip_build, location='specs/lowerings.glowdef:367:1'),
-    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r61_min_relu_to_clip_guard, build=_r61_min_relu_to_clip_build, location='specs/lowerings.glowdef:375:1'),
-    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r62_swish_fuse_guard, build=_r62_swish_fuse_build, location='specs/lowerings.glowdef:382:1'),
-    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r63_sub_const_to_add_guard, build=_r63_sub_const_to_add_build, location='specs/lowerings.glowdef:389:1'),
-    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r64_div_const_to_mul_guard, build=_r64_div_const_to_mul_build, location='specs/lowerings.glowdef:392:1'),
-    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r65_add_const_reassociate_guard, build=_r65_add_const_reassociate_build, location='specs/lowerings.glowdef:396:1'),
-    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r66_mul_const_reassociate_guard, build=_r66_mul_const_reassociate_build, location='specs/lowerings.glowdef:400:1'),
-    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r67_mul_add_distribute_guard, build=_r67_mul_add_distribute_build, location='specs/lowerings.glowdef:404:1'),
-    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r68_conv_bias_zero_build, location='specs/lowerings.glowdef:411:1'),
-    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r69_conv_batchnorm_fold_guard, build=_r69_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:415:1'),
-    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r70_conv_mul_fold_guard, build=_r70_conv_mul_fold_build, location='specs/lowerings.glowdef:422:1'),
-    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r71_conv_add_fold_guard, build=_r71_conv_add_fold_build, location='specs/lowerings.glowdef:428:1'),
-    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r72_matmul_mul_fold_guard, build=_r72_matmul_mul_fold_build, location='specs/lowerings.glowdef:435:1'),
-    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r73_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:443:1'),
-    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r74_convtranspose_batchnorm_fold_guard, build=_r74_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:447:1'),
-    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r75_convtranspose_mul_fold_guard, build=_r75_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:455:1'),
-    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r76_convtranspose_add_fold_guard, build=_r76_convtranspose_add_fold_build, location='specs/lowerings.glowdef:462:1'),
-    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r77_conv_pad_merge_guard, build=_r77_conv_pad_merge_build, location='specs/lowerings.glowdef:469:1'),
-    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r78_avgpool_pad_merge_guard, build=_r78_avgpool_pad_merge_build, location='specs/lowerings.glowdef:475:1'),
-    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r79_maxpool_pad_merge_guard, build=_r79_maxpool_pad_merge_build, location='specs/lowerings.glowdef:483:1'),
-    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r80_convn_1d_guard, build=_r80_convn_1d_build, location='specs/lowerings.glowdef:495:1'),
-    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r81_maxpooln_1d_guard, build=_r81_maxpooln_1d_build, location='specs/lowerings.glowdef:503:1'),
-    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r82_avgpooln_1d_guard, build=_r82_avgpooln_1d_build, location='specs/lowerings.glowdef:510:1'),
-    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r83_transpose_identity_guard, build=_r83_transpose_identity_build, location='specs/lowerings.glowdef:519:1'),
-    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r84_transpose_transpose_build, location='specs/lowerings.glowdef:522:1'),
-    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r85_transpose_to_reshape_guard, build=_r85_transpose_to_reshape_build, location='specs/lowerings.glowdef:525:1'),
-    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r86_reshape_noop_guard, build=_r86_reshape_noop_build, location='specs/lowerings.glowdef:528:1'),
-    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r87_reshape_reshape_build, location='specs/lowerings.glowdef:531:1'),
-    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r88_concat_single_build, location='specs/lowerings.glowdef:534:1'),
-    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r89_concat_flatten_guard, build=_r89_concat_flatten_build, location='specs/lowerings.glowdef:537:1'),
-    RuleInfo(name='unary_transpose_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Transpose', (V('x'),), bind='t'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r90_unary_transpose_sink_guard, build=_r90_unary_transpose_sink_build, location='specs/lowerings.glowdef:543:1'),
-    RuleInfo(name='unary_reshape_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Reshape', (V('x'),), bind='r'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r91_unary_reshape_sink_guard, build=_r91_unary_reshape_sink_build, location='specs/lowerings.glowdef:549:1'),
-    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r92_add_transpose_sink_guard, build=_r92_add_transpose_sink_build, location='specs/lowerings.glowdef:552:1'),
-    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r93_mul_transpose_sink_guard, build=_r93_mul_transpose_sink_build, location='specs/lowerings.glowdef:556:1'),
-    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r94_add_const_transpose_sink_guard, build=_r94_add_const_transpose_sink_build, location='specs/lowerings.glowdef:561:1'),
-    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r95_mul_const_transpose_sink_guard, build=_r95_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:566:1'),
-    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_identity_guard, build=_r96_resize_identity_build, location='specs/lowerings.glowdef:583:1'),
-    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_one_axis_at_a_time_guard, build=_r97_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:586:1'),
-    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r98_resize_nearest_gather_guard, build=_r98_resize_nearest_gather_build, location='specs/lowerings.glowdef:591:1'),
-    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r99_resize_axis_taps_guard, build=_r99_resize_axis_taps_build, location='specs/lowerings.glowdef:600:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r100_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:615:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r101_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:626:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r102_lppool_to_conv_build, location='specs/lowerings.glowdef:635:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r103_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:645:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r104_gridsample_expand_build, location='specs/lowerings.glowdef:665:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r105_reflect_expand_build, location='specs/lowerings.glowdef:717:1'),
-    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r106_lstm_unroll_build, location='specs/lowerings.glowdef:849:1'),
-    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r107_gru_unroll_build, location='specs/lowerings.glowdef:853:1'),
-    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r108_rnn_unroll_build, location='specs/lowerings.glowdef:857:1'),
-    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r109_quant_param_to_reshape_guard, build=_r109_quant_param_to_reshape_build, location='specs/lowerings.glowdef:868:1'),
-    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r110_quant_param_blocked_to_gather_guard, build=_r110_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:872:1'),
-    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r111_quantize_linear_expand_build, location='specs/lowerings.glowdef:879:1'),
-    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r112_dequantize_linear_expand_build, location='specs/lowerings.glowdef:888:1'),
-    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r113_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:896:1'),
-    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r114_matmul_integer_expand_build, location='specs/lowerings.glowdef:909:1'),
-    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r115_conv_integer_expand_build, location='specs/lowerings.glowdef:917:1'),
-    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r116_qlinear_conv_expand_build, location='specs/lowerings.glowdef:925:1'),
-    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'),), bind='h'), size=1, guard=None, build=_r117_histogram_to_scatter_build, location='specs/lowerings.glowdef:939:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r118_dft_to_matmul_build, location='specs/lowerings.glowdef:952:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r119_compress_to_gather_guard, build=_r119_compress_to_gather_build, location='specs/lowerings.glowdef:962:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r120_compress_flat_to_gather_guard, build=_r120_compress_flat_to_gather_build, location='specs/lowerings.glowdef:966:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r121_stft_expand_build, location='specs/lowerings.glowdef:971:1'),
-    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r122_quantize_conv_guard, build=_r122_quantize_conv_build, location='specs/lowerings.glowdef:992:1'),
-    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r123_quantize_matmul_guard, build=_r123_quantize_matmul_build, location='specs/lowerings.glowdef:1002:1'),
-    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r124_bias_into_quantized_matmul_guard, build=_r124_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1011:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r125_quantize_dequantize_same_guard, build=_r125_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1020:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r126_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1023:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r127_rescale_same_guard, build=_r127_rescale_same_build, location='specs/lowerings.glowdef:1027:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r128_rescale_into_quantized_conv_guard, build=_r128_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1031:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r129_rescale_into_quantized_matmul_guard, build=_r129_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1035:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r130_relu_of_dequantized_build, location='specs/lowerings.glowdef:1041:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r131_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1044:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r132_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1047:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r133_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1050:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r134_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1053:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r135_rescale_through_max_guard, build=_r135_rescale_through_max_build, location='specs/lowerings.glowdef:1058:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r136_rescale_through_maxpool_guard, build=_r136_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1062:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r137_max_with_floor_remove_guard, build=_r137_max_with_floor_remove_build, location='specs/lowerings.glowdef:1066:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r138_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1071:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r139_quantized_grouped_conv_in_float_guard, build=_r139_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1082:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r140_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1091:1'),
+    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r33_softmax_expand_build, location='specs/lowerings.glowdef:204:1'),
+    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r34_logsoftmax_expand_build, location='specs/lowerings.glowdef:210:1'),
+    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r35_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:215:1'),
+    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r36_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:219:1'),
+    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r37_instancenorm_expand_build, location='specs/lowerings.glowdef:223:1'),
+    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r38_lpnorm_l2_guard, build=_r38_lpnorm_l2_build, location='specs/lowerings.glowdef:232:1'),
+    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r39_lpnorm_l1_guard, build=_r39_lpnorm_l1_build, location='specs/lowerings.glowdef:237:1'),
+    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r40_reducemean_to_sum_build, location='specs/lowerings.glowdef:244:1'),
+    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r41_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:248:1'),
+    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r42_global_maxpool_to_max_build, location='specs/lowerings.glowdef:251:1'),
+    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r43_lrn_expand_build, location='specs/lowerings.glowdef:255:1'),
+    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r44_convtranspose_nonoverlapping_to_conv_guard, build=_r44_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:268:1'),
+    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r45_convtranspose_phases_to_conv_guard, build=_r45_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:286:1'),
+    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r46_f16_matmul_in_f32_guard, build=_r46_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:318:1'),
+    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r47_f16_conv_in_f32_guard, build=_r47_f16_conv_in_f32_build, location='specs/lowerings.glowdef:322:1'),
+    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r48_f16_convn_in_f32_guard, build=_r48_f16_convn_in_f32_build, location='specs/lowerings.glowdef:326:1'),
+    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r49_f16_reducesum_in_f32_guard, build=_r49_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:330:1'),
+    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r50_f16_avgpool_in_f32_guard, build=_r50_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:334:1'),
+    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r51_cast_same_type_guard, build=_r51_cast_same_type_build, location='specs/lowerings.glowdef:344:1'),
+    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r52_add_zero_guard, build=_r52_add_zero_build, location='specs/lowerings.glowdef:347:1'),
+    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r53_sub_zero_guard, build=_r53_sub_zero_build, location='specs/lowerings.glowdef:350:1'),
+    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r54_mul_one_guard, build=_r54_mul_one_build, location='specs/lowerings.glowdef:353:1'),
+    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r55_div_one_guard, build=_r55_div_one_build, location='specs/lowerings.glowdef:356:1'),
+    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r56_relu_relu_build, location='specs/lowerings.glowdef:359:1'),
+    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r57_max_same_build, location='specs/lowerings.glowdef:362:1'),
+    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r58_clip_unbounded_guard, build=_r58_clip_unbounded_build, location='specs/lowerings.glowdef:365:1'),
+    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r59_max_zero_to_relu_guard, build=_r59_max_zero_to_relu_build, location='specs/lowerings.glowdef:370:1'),
+    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r60_min_max_to_clip_guard, build=_r60_min_max_to_clip_build, location='specs/lowerings.glowdef:373:1'),
+    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r61_min_relu_to_clip_guard, build=_r61_min_relu_to_clip_build, location='specs/lowerings.glowdef:381:1'),
+    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r62_swish_fuse_guard, build=_r62_swish_fuse_build, location='specs/lowerings.glowdef:388:1'),
+    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r63_sub_const_to_add_guard, build=_r63_sub_const_to_add_build, location='specs/lowerings.glowdef:395:1'),
+    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r64_div_const_to_mul_guard, build=_r64_div_const_to_mul_build, location='specs/lowerings.glowdef:398:1'),
+    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r65_add_const_reassociate_guard, build=_r65_add_const_reassociate_build, location='specs/lowerings.glowdef:402:1'),
+    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r66_mul_const_reassociate_guard, build=_r66_mul_const_reassociate_build, location='specs/lowerings.glowdef:406:1'),
+    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r67_mul_add_distribute_guard, build=_r67_mul_add_distribute_build, location='specs/lowerings.glowdef:410:1'),
+    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r68_conv_bias_zero_build, location='specs/lowerings.glowdef:417:1'),
+    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r69_conv_batchnorm_fold_guard, build=_r69_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:421:1'),
+    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r70_conv_mul_fold_guard, build=_r70_conv_mul_fold_build, location='specs/lowerings.glowdef:428:1'),
+    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r71_conv_add_fold_guard, build=_r71_conv_add_fold_build, location='specs/lowerings.glowdef:434:1'),
+    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r72_matmul_mul_fold_guard, build=_r72_matmul_mul_fold_build, location='specs/lowerings.glowdef:441:1'),
+    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r73_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:449:1'),
+    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r74_convtranspose_batchnorm_fold_guard, build=_r74_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:453:1'),
+    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r75_convtranspose_mul_fold_guard, build=_r75_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:461:1'),
+    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r76_convtranspose_add_fold_guard, build=_r76_convtranspose_add_fold_build, location='specs/lowerings.glowdef:468:1'),
+    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r77_conv_pad_merge_guard, build=_r77_conv_pad_merge_build, location='specs/lowerings.glowdef:475:1'),
+    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r78_avgpool_pad_merge_guard, build=_r78_avgpool_pad_merge_build, location='specs/lowerings.glowdef:481:1'),
+    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r79_maxpool_pad_merge_guard, build=_r79_maxpool_pad_merge_build, location='specs/lowerings.glowdef:489:1'),
+    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r80_convn_1d_guard, build=_r80_convn_1d_build, location='specs/lowerings.glowdef:501:1'),
+    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r81_maxpooln_1d_guard, build=_r81_maxpooln_1d_build, location='specs/lowerings.glowdef:509:1'),
+    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r82_avgpooln_1d_guard, build=_r82_avgpooln_1d_build, location='specs/lowerings.glowdef:516:1'),
+    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r83_transpose_identity_guard, build=_r83_transpose_identity_build, location='specs/lowerings.glowdef:525:1'),
+    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r84_transpose_transpose_build, location='specs/lowerings.glowdef:528:1'),
+    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r85_transpose_to_reshape_guard, build=_r85_transpose_to_reshape_build, location='specs/lowerings.glowdef:531:1'),
+    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r86_reshape_noop_guard, build=_r86_reshape_noop_build, location='specs/lowerings.glowdef:534:1'),
+    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r87_reshape_reshape_build, location='specs/lowerings.glowdef:537:1'),
+    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r88_concat_single_build, location='specs/lowerings.glowdef:540:1'),
+    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r89_concat_flatten_guard, build=_r89_concat_flatten_build, location='specs/lowerings.glowdef:543:1'),
+    RuleInfo(name='unary_transpose_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Transpose', (V('x'),), bind='t'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r90_unary_transpose_sink_guard, build=_r90_unary_transpose_sink_build, location='specs/lowerings.glowdef:549:1'),
+    RuleInfo(name='unary_reshape_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Reshape', (V('x'),), bind='r'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r91_unary_reshape_sink_guard, build=_r91_unary_reshape_sink_build, location='specs/lowerings.glowdef:555:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r92_add_transpose_sink_guard, build=_r92_add_transpose_sink_build, location='specs/lowerings.glowdef:558:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r93_mul_transpose_sink_guard, build=_r93_mul_transpose_sink_build, location='specs/lowerings.glowdef:562:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r94_add_const_transpose_sink_guard, build=_r94_add_const_transpose_sink_build, location='specs/lowerings.glowdef:567:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r95_mul_const_transpose_sink_guard, build=_r95_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:572:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_identity_guard, build=_r96_resize_identity_build, location='specs/lowerings.glowdef:589:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_one_axis_at_a_time_guard, build=_r97_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:595:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r98_resize_nearest_gather_guard, build=_r98_resize_nearest_gather_build, location='specs/lowerings.glowdef:600:1'),
+    RuleInfo(name='resize_axis_two_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r99_resize_axis_two_taps_guard, build=_r99_resize_axis_two_taps_build, location='specs/lowerings.glowdef:609:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r100_resize_axis_taps_guard, build=_r100_resize_axis_taps_build, location='specs/lowerings.glowdef:625:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r101_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:640:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r102_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:651:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r103_lppool_to_conv_build, location='specs/lowerings.glowdef:660:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r104_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:670:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r105_gridsample_expand_build, location='specs/lowerings.glowdef:690:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r106_reflect_expand_build, location='specs/lowerings.glowdef:742:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r107_lstm_unroll_build, location='specs/lowerings.glowdef:874:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r108_gru_unroll_build, location='specs/lowerings.glowdef:878:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r109_rnn_unroll_build, location='specs/lowerings.glowdef:882:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r110_quant_param_to_reshape_guard, build=_r110_quant_param_to_reshape_build, location='specs/lowerings.glowdef:893:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r111_quant_param_blocked_to_gather_guard, build=_r111_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:897:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r112_quantize_linear_expand_build, location='specs/lowerings.glowdef:904:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r113_dequantize_linear_expand_build, location='specs/lowerings.glowdef:913:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r114_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:921:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r115_matmul_integer_expand_build, location='specs/lowerings.glowdef:934:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r116_conv_integer_expand_build, location='specs/lowerings.glowdef:942:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r117_qlinear_conv_expand_build, location='specs/lowerings.glowdef:950:1'),
+    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r118_histogram_to_scatter_build, location='specs/lowerings.glowdef:964:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r119_dft_to_matmul_build, location='specs/lowerings.glowdef:976:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r120_compress_to_gather_guard, build=_r120_compress_to_gather_build, location='specs/lowerings.glowdef:986:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r121_compress_flat_to_gather_guard, build=_r121_compress_flat_to_gather_build, location='specs/lowerings.glowdef:990:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r122_stft_expand_build, location='specs/lowerings.glowdef:995:1'),
+    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r123_quantize_conv_guard, build=_r123_quantize_conv_build, location='specs/lowerings.glowdef:1016:1'),
+    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r124_quantize_matmul_guard, build=_r124_quantize_matmul_build, location='specs/lowerings.glowdef:1026:1'),
+    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r125_bias_into_quantized_matmul_guard, build=_r125_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1035:1'),
+    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r126_qdq_pair_to_quantized_guard, build=_r126_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1047:1'),
+    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r127_conv_between_quantized_guard, build=_r127_conv_between_quantized_build, location='specs/lowerings.glowdef:1064:1'),
+    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r128_conv_relu_between_quantized_guard, build=_r128_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1070:1'),
+    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r129_matmul_between_quantized_guard, build=_r129_matmul_between_quantized_build, location='specs/lowerings.glowdef:1075:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r130_quantize_dequantize_same_guard, build=_r130_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1082:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r131_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1085:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r132_rescale_same_guard, build=_r132_rescale_same_build, location='specs/lowerings.glowdef:1089:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r133_rescale_into_quantized_conv_guard, build=_r133_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1093:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r134_rescale_into_quantized_matmul_guard, build=_r134_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1097:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r135_relu_of_dequantized_build, location='specs/lowerings.glowdef:1103:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r136_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1106:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r137_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1109:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r138_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1112:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r139_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1115:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r140_rescale_through_max_guard, build=_r140_rescale_through_max_build, location='specs/lowerings.glowdef:1120:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r141_rescale_through_maxpool_guard, build=_r141_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1124:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r142_quantize_of_clip_within_range_guard, build=_r142_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1129:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r143_max_with_floor_remove_guard, build=_r143_max_with_floor_remove_build, location='specs/lowerings.glowdef:1135:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r144_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1140:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r145_quantized_grouped_conv_in_float_guard, build=_r145_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1151:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r146_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1160:1'),
 )

@@ -75,8 +75,24 @@ class TensorView(Buffer):
 
 class Instr:
     """One instruction: a kind (a primitive's name, or one of the memory kinds below) and
-    operands as (role, buffer) pairs; variadic operands give several `@in` entries."""
+    operands as (role, buffer) pairs; variadic operands give several `@in` entries.
+
+    Control flow is structured and written inline, as WebAssembly writes it: `cond @in %c`,
+    the then-branch's instructions, `else`, the else-branch's, `endcond`.  Only `cond` has an
+    operand (the one-byte condition it reads).  Every pass that reasons over the list in
+    order stays right: a call runs the instructions of one branch, a subsequence of the
+    list, so two buffers whose lifetimes in the list do not overlap do not overlap in any
+    run, and the buffers of the two branches, alive at disjoint times, share the arena.
+
+    A loop is `loop @in %trip, @inout %iter, @in %cond`, its body, and `endloop` with the
+    same operands: `iter` counts from 0, and the body runs while `iter < trip` (no trip
+    count: always) and `cond` holds; the body's last instructions copy its new state and
+    condition over the old.  What a run repeats breaks the in-order argument for values
+    that live across iterations; `control.loop_lifetimes` widens theirs to the loop."""
     ALLOC, DEALLOC, VIEW, COPY = "allocactivation", "deallocactivation", "tensorview", "copy"
+    COND, ELSE, ENDCOND = "cond", "else", "endcond"
+    LOOP, ENDLOOP = "loop", "endloop"
+    CONTROL = (COND, ELSE, ENDCOND, LOOP, ENDLOOP)
 
     def __init__(self, kind: str, operands: list, node=None, groups: tuple = ()):
         self.kind = kind

@@ -5,13 +5,15 @@ view is a use of the buffer under it.
 """
 from __future__ import annotations
 
+from .control import loop_lifetimes, regions
 from .ir import Activation, Buffer, Instr, Program, TensorView
 
 MEMORY_KINDS = (Instr.ALLOC, Instr.DEALLOC)
 
 
 def lifetimes(prog: Program) -> dict[Activation, tuple[int, int]]:
-    """First and last instruction index (allocs and deallocs aside) touching each activation."""
+    """First and last instruction index (allocs and deallocs aside) touching each activation;
+    a value that lives across a loop's iterations, over the whole loop (control.py)."""
     spans: dict[Activation, list[int]] = {}
     for i, ins in enumerate(prog.instrs):
         if ins.kind in MEMORY_KINDS:
@@ -21,7 +23,15 @@ def lifetimes(prog: Program) -> dict[Activation, tuple[int, int]]:
             if isinstance(r, Activation):
                 span = spans.setdefault(r, [i, i])
                 span[1] = i
+    loop_lifetimes(spans, prog.instrs)
     return {a: (s[0], s[1]) for a, s in spans.items()}
+
+
+def _touched_between(prog: Program, buf: Buffer, lo: int, hi: int) -> bool:
+    """Does an instruction in [lo, hi) read or write `buf`'s root?"""
+    root = buf.root()
+    return any(b.root() is root for ins in prog.instrs[lo:hi] if ins.kind not in MEMORY_KINDS
+               for b in ins.buffers())
 
 
 def _replace_everywhere(prog: Program, old: Buffer, new: Buffer) -> None:
@@ -33,9 +43,15 @@ def _replace_everywhere(prog: Program, old: Buffer, new: Buffer) -> None:
 
 
 def _views(prog: Program):
+    """Every tensor view an instruction names, and the views under it: those of `tensorview`
+    instructions, and those copy elimination made into a copy's destination."""
+    seen = set()
     for ins in prog.instrs:
-        if ins.kind == Instr.VIEW:
-            yield ins.operands[0][1]
+        for _, b in ins.operands:
+            while isinstance(b, TensorView) and id(b) not in seen:
+                seen.add(id(b))
+                yield b
+                b = b.base
 
 
 def _drop_activation(prog: Program, act: Activation) -> None:
@@ -61,6 +77,9 @@ def eliminate_copies(prog: Program) -> int:
         here = prog.instrs.index(ins)
         if life.get(root, (here, here))[1] != here:
             continue            # the value is still read after the copy
+        if _touched_between(prog, dst, life[root][0], here):
+            continue            # the destination's old value is still read meanwhile (a
+            #                     loop's state, read by the body that computes its next)
         if root.type == dst.type:
             _replace_everywhere(prog, root, dst)
         else:
@@ -137,8 +156,9 @@ def shorten_lifetimes(prog: Program) -> None:
     life = lifetimes(prog)
     first: dict[int, list] = {}
     last: dict[int, list] = {}
+    nested = sorted(regions(body), key=lambda r: -r.depth)
     for act in prog.activations:
-        s, e = life[act]
+        s, e = _around_regions(*life[act], nested)
         first.setdefault(s, []).append(act)
         last.setdefault(e, []).append(act)
     out = []
@@ -147,6 +167,20 @@ def shorten_lifetimes(prog: Program) -> None:
         out.append(ins)
         out += [Instr(Instr.DEALLOC, [("out", a)]) for a in last.get(i, [])]
     prog.instrs = out
+
+
+def _around_regions(s: int, e: int, nested) -> tuple[int, int]:
+    """A lifetime [s, e] that starts or ends inside a region but not both, widened to the
+    region's start or end marker (innermost regions first): the alloc and dealloc of a
+    value that crosses a region's boundary stand outside it.  (Only where they are printed
+    changes: the memory plan works from `lifetimes`, on the list as it is.)"""
+    for r in nested:
+        inside_s, inside_e = r.start < s < r.end, r.start < e < r.end
+        if inside_s and not inside_e:
+            s = r.start
+        elif inside_e and not inside_s:
+            e = r.end
+    return s, e
 
 
 def optimize(prog: Program, registry) -> None:

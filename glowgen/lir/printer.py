@@ -30,20 +30,31 @@ def print_program(prog: Program) -> str:
     lines.append("}")
     lines.append("")
     lines.append(f"program {prog.name} {{")
+    depth = 0                         # regions open here: their instructions are indented
     for i, ins in enumerate(prog.instrs):
+        if ins.kind in (Instr.ELSE, Instr.ENDCOND, Instr.ENDLOOP):
+            depth -= 1
+        pad = "  " * depth
+        if ins.kind in Instr.CONTROL:
+            if ins.kind not in (Instr.ENDCOND, Instr.ENDLOOP):
+                depth += 1
+            ops = ", ".join(f"@{r} %{b.name} ({_where(b)})" if b is not None else f"@{r} _"
+                            for r, b in ins.operands)
+            lines.append(f"  {i:4d}  {pad}{ins.kind}{' ' + ops if ops else ''}")
+            continue
         if ins.kind in (Instr.ALLOC, Instr.DEALLOC):
             a = ins.operands[0][1]
             detail = f" : {a.type} act@{a.offset} size {a.nbytes}" if ins.kind == Instr.ALLOC else ""
-            lines.append(f"  {i:4d}  {ins.kind} @out %{a.name}{detail}")
+            lines.append(f"  {i:4d}  {pad}{ins.kind} @out %{a.name}{detail}")
             continue
         if ins.kind == Instr.VIEW:
             v, base = ins.operands[0][1], ins.operands[1][1]
-            lines.append(f"  {i:4d}  %{v.name} = tensorview @in %{base.name} : {v.type} {_where(v)}")
+            lines.append(f"  {i:4d}  {pad}%{v.name} = tensorview @in %{base.name} : {v.type} {_where(v)}")
             continue
         ops = ", ".join(f"@{r} %{b.name} ({_where(b)})" if b is not None else f"@{r} _"
                         for r, b in ins.operands)
         plan = f"  ; {ins.plan}" if ins.plan is not None and str(ins.plan) else ""
-        lines.append(f"  {i:4d}  {ins.kind.lower() if ins.kind == Instr.COPY else ins.kind} {ops}{_attrs(ins)}{plan}")
+        lines.append(f"  {i:4d}  {pad}{ins.kind.lower() if ins.kind == Instr.COPY else ins.kind} {ops}{_attrs(ins)}{plan}")
     lines.append("}")
     if prog.plan is not None:
         # What the backend's passes decided for the whole program (steps, fusion, scratch).
@@ -67,7 +78,8 @@ def memory_report(prog: Program) -> dict:
             "arena_over_naive": (arena / naive) if naive else 1.0,
             "scratch_bytes": prog.scratch_bytes,
             "strategy": prog.strategy,
-            "instructions": sum(1 for i in prog.instrs if i.kind not in (Instr.ALLOC, Instr.DEALLOC)),
+            "instructions": sum(1 for i in prog.instrs
+                                if i.kind not in (Instr.ALLOC, Instr.DEALLOC) + Instr.CONTROL),
             "copies": sum(1 for i in prog.instrs if i.kind == Instr.COPY)}
 
 

@@ -1,17 +1,20 @@
 """Profiling: run a model on calibration samples and record every float tensor's range and
 histogram (Glow's profiling instructions), natively.
 
-The model is compiled twice, with instruments added to its canonicalized graph (where
-quantization reads the profile: pipeline.CANONICAL) as extra outputs:
+The model's canonicalized graph (where quantization reads the profile: pipeline.CANONICAL)
+gets instruments as extra outputs, and is compiled once:
 
-    pass 1   ReduceMin and ReduceMax of every profiled tensor: its range over all samples;
-    pass 2   Histogram(x, bins, low, high) over that range (a scatter-add of ones: one
-             elementwise loop for the bin indices, one native scatter).
+    ReduceMin, ReduceMax     each profiled tensor's extremes in one sample;
+    Histogram(x, low, high)  its counts in `bins` equal bins over [low, high], two inputs of
+                             the instrumented model (a scatter-add of ones: one elementwise
+                             loop for the bin indices, one native scatter).
 
-Two passes give exact histograms over the final range, where one pass would have to
-re-bin as the range grows.  The instruments are ordinary ops, so the instrumented graph is
-optimized, lowered and compiled like any other, on any backend.  Samples with different
-input shapes (a model with dynamic dimensions) compile one instrumented variant per shape.
+The samples run twice: first for the ranges (the histograms are ignored), then with those
+ranges as the histograms' inputs.  Two passes give exact histograms over the final range,
+where one would have to re-bin as the range grows.  The instruments are ordinary ops, so the
+instrumented graph is optimized, lowered and compiled like any other, on any backend.
+Samples with different input shapes (a model with dynamic dimensions) compile one
+instrumented variant per shape.
 """
 from __future__ import annotations
 
@@ -20,8 +23,9 @@ from typing import Callable, Iterable, Mapping, Optional
 import numpy as np
 
 from .. import pipeline
-from ..engine.graph import Function, Placeholder, Value
+from ..engine.graph import Function, Value
 from ..engine.registry import Registry
+from ..engine.types import Type
 from ..errors import CompileTimeInputError, GlowgenError, InputError
 from ..memory_limit import MemoryLimit
 from .profile import Profile, TensorProfile, model_fingerprint
@@ -49,34 +53,27 @@ def _output_name(kind: str, i: int) -> str:
     return f"{_PREFIX}.{kind}.{i}"
 
 
-def _instrument_ranges(function: Function, registry: Registry, values: list[Value]) -> None:
+def _instrument(function: Function, registry: Registry, values: list[Value], bins: int) -> None:
+    """Outputs min.i, max.i and histogram.i of every profiled value i; inputs low.i, high.i."""
     for i, v in enumerate(values):
         for kind, op in (("min", "ReduceMin"), ("max", "ReduceMax")):
             node = function.add_node(registry.op(op), [v], {"axes": [], "keepdims": 0},
                                      name=f"{_PREFIX}.{kind}")
             function.add_output(_output_name(kind, i), node.outputs[0])
-
-
-def _instrument_histograms(function: Function, registry: Registry, values: list[Value],
-                           ranges: list[tuple[float, float]], bins: int) -> None:
-    for i, (v, (lo, hi)) in enumerate(zip(values, ranges)):
-        if hi <= lo:                        # a constant tensor: one bin holds everything
-            hi = lo + 1.0
-        node = function.add_node(registry.op("Histogram"), [v],
-                                 {"bins": bins, "low": float(lo), "high": float(hi)},
+        low = function.add_placeholder(_output_name("low", i), Type("f32", ()))
+        high = function.add_placeholder(_output_name("high", i), Type("f32", ()))
+        node = function.add_node(registry.op("Histogram"), [v, low, high], {"bins": bins},
                                  name=f"{_PREFIX}.histogram")
         function.add_output(_output_name("histogram", i), node.outputs[0])
 
 
 class _Variant:
-    """The instrumented models for one input signature."""
+    """The instrumented model for one input signature, and the tensors it profiles."""
 
-    def __init__(self, build: Callable, shapes: dict):
-        self.build = build
+    def __init__(self, shapes: dict):
         self.shapes = shapes
+        self.model = None
         self.names: Optional[list[str]] = None
-        self.ranges_model = None
-        self.histogram_model = None
 
 
 def _signature(feeds: Mapping[str, np.ndarray]) -> tuple:
@@ -148,19 +145,18 @@ def profile(model, samples: Iterable[Mapping[str, np.ndarray]], input_shapes: Op
     if not samples:
         raise InputError("profiling needs at least one calibration sample")
 
-    def build(shapes, instrument) -> CompiledModel:
+    def build(variant: _Variant) -> None:
         try:
-            function = load(checked, shapes, registry, None, limit)
+            function = load(checked, variant.shapes, registry, None, limit)
         except CompileTimeInputError as e:
             raise GlowgenError(f"cannot profile this model yet: {e}; bind those inputs with "
                                f"input shapes or export the model with them constant") from None
-        # Instruments go where quantization reads the profile: after canonicalization (names
-        # of the optimized graph), so both compilations see the same tensors.
         pipeline.run(function, registry, pipeline.CANONICAL, backend, limit)
         values = profiled_values(function)
-        instrument(function, values)
+        _instrument(function, registry, values, bins)
         pipeline.run(function, registry, pipeline.AFTER_CANONICAL, backend, limit)
-        return CompiledModel(function, registry, backend, max_memory=limit, **options), values
+        variant.model = CompiledModel(function, registry, backend, max_memory=limit, **options)
+        variant.names = [v.name for v in values]
 
     _check_samples(proto, samples, input_shapes)
     variants: dict[tuple, _Variant] = {}
@@ -169,37 +165,39 @@ def profile(model, samples: Iterable[Mapping[str, np.ndarray]], input_shapes: Op
         key = _signature(s)
         if key not in variants:
             shapes = dict(input_shapes) if input_shapes else {k: tuple(np.shape(v)) for k, v in s.items()}
-            variants[key] = _Variant(build, shapes)
+            variants[key] = _Variant(shapes)
         order.append(variants[key])
 
-    def run(model, feeds, i):
-        try:
-            return model.run(feeds)
-        except InputError as e:
-            raise InputError(f"calibration sample {i}: {e}") from None
-
-    # Pass 1: ranges.  Tensor names come from the first variant: every variant imports the
-    # same ONNX graph, so the same tensors (dynamic shapes only change their sizes).
     names: Optional[list[str]] = None
-    lows: Optional[np.ndarray] = None
-    highs: Optional[np.ndarray] = None
-    for i, (variant, feeds) in enumerate(zip(order, samples)):
-        if variant.ranges_model is None:
-            variant.ranges_model, values = build(
-                variant.shapes, lambda f, vs: _instrument_ranges(f, registry, vs))
-            variant.names = [v.name for v in values]
+
+    def run(variant: _Variant, feeds, i: int, ranges) -> dict:
+        nonlocal names
+        if variant.model is None:
+            build(variant)
+            # Every variant imports the same ONNX graph, so the same tensors (dynamic
+            # shapes only change their sizes).
             if names is None:
                 names = variant.names
-                lows = np.full(len(names), np.inf)
-                highs = np.full(len(names), -np.inf)
             elif variant.names != names:
                 raise GlowgenError("the model imports different tensors for different input "
                                    "shapes; profile it with one input shape (input_shapes=)")
-        out = run(variant.ranges_model, feeds, i)
+        feeds = dict(feeds)
+        for j, (lo, hi) in enumerate(ranges or [(0.0, 1.0)] * len(names)):
+            feeds[_output_name("low", j)] = np.float32(lo)
+            feeds[_output_name("high", j)] = np.float32(hi)
+        try:
+            return variant.model.run(feeds)
+        except InputError as e:
+            raise InputError(f"calibration sample {i}: {e}") from None
+
+    # Pass 1: ranges.
+    lows = highs = None
+    for i, (variant, feeds) in enumerate(zip(order, samples)):
+        out = run(variant, feeds, i, None)
         mins = np.array([out[_output_name("min", j)] for j in range(len(names))], dtype=np.float64)
         maxs = np.array([out[_output_name("max", j)] for j in range(len(names))], dtype=np.float64)
-        lows = np.fmin(lows, mins)      # fmin/fmax: a NaN does not hide the finite values
-        highs = np.fmax(highs, maxs)
+        lows = mins if lows is None else np.fmin(lows, mins)   # fmin: NaNs do not hide values
+        highs = maxs if highs is None else np.fmax(highs, maxs)
         if progress:
             progress("ranges", i + 1, len(samples))
     bad = [n for n, lo, hi in zip(names, lows, highs) if not (np.isfinite(lo) and np.isfinite(hi))]
@@ -209,14 +207,13 @@ def profile(model, samples: Iterable[Mapping[str, np.ndarray]], input_shapes: Op
                          f"{', ...' if len(bad) > 3 else ''}): an infinite or NaN input, or an "
                          f"overflow; quantization needs finite ranges")
     ranges = list(zip(lows.tolist(), highs.tolist()))
+    # A constant tensor's one value counts in the first bin of a range of width one.
+    bin_ranges = [(lo, hi if hi > lo else lo + 1.0) for lo, hi in ranges]
 
     # Pass 2: histograms over those ranges.
     counts = np.zeros((len(names), bins), dtype=np.int64)
     for i, (variant, feeds) in enumerate(zip(order, samples)):
-        if variant.histogram_model is None:
-            variant.histogram_model, _ = build(
-                variant.shapes, lambda f, vs: _instrument_histograms(f, registry, vs, ranges, bins))
-        out = run(variant.histogram_model, feeds, i)
+        out = run(variant, feeds, i, bin_ranges)
         for j in range(len(names)):
             counts[j] += out[_output_name("histogram", j)].astype(np.int64)
         if progress:

@@ -47,6 +47,11 @@ def run_node(node: Node, args: list, registry) -> list[np.ndarray]:
 
 def evaluate(function: Function, feeds: dict, registry) -> dict[str, np.ndarray]:
     """Run every node of a lowered function; `feeds` maps placeholder names to arrays."""
+
+    def run(sub: Function, arrays: list) -> list:
+        got = evaluate(sub, {p.name: a for p, a in zip(sub.placeholders, arrays)}, registry)
+        return [got[name] for name, _ in sub.outputs]
+
     env: dict[int, np.ndarray] = {}
     for p in function.placeholders:
         env[id(p)] = feeds[p.name]
@@ -63,7 +68,10 @@ def evaluate(function: Function, feeds: dict, registry) -> dict[str, np.ndarray]
         return env[id(v)]
 
     for node in function.nodes:
-        results = run_node(node, [arg(v) for v in node.inputs], registry)
+        if node.subfunctions():          # control flow (engine/control.py)
+            results = node.evaluate([arg(v) for v in node.inputs], run)
+        else:
+            results = run_node(node, [arg(v) for v in node.inputs], registry)
         for o, r in zip(node.outputs, results):
             env[id(o)] = r
     return {name: arg(v) for name, v in function.outputs}

@@ -31,6 +31,23 @@ def node_flops(node: Node) -> float:
     return float(max(out_elems, sum(v.type.size for v in ins)))
 
 
+def _flops(node) -> float:
+    """A node's work; a conditional's: that of its costlier branch."""
+    if node.subfunctions():
+        return max(sum(_flops(n) for n in f.nodes) for f in node.subfunctions())
+    return node_flops(node)
+
+
+def _branch_constants(node) -> dict:
+    """{id: bytes} of the constants a node's sub-functions hold (both branches are loaded)."""
+    out = {}
+    for f in node.subfunctions():
+        out.update((id(c), c.type.nbytes) for c in f.constants)
+        for n in f.nodes:
+            out.update(_branch_constants(n))
+    return out
+
+
 class GraphCosts:
     """Per-node facts of `function` in its node order, and the cost of any contiguous run."""
 
@@ -40,7 +57,7 @@ class GraphCosts:
         n = len(self.nodes)
         self.index = {id(node): i for i, node in enumerate(self.nodes)}
         graph_outputs = {id(v) for _, v in function.outputs}
-        self.flops = [node_flops(node) for node in self.nodes]
+        self.flops = [_flops(node) for node in self.nodes]
         self.constants = []            # per node: {id(constant): bytes}
         self.reads = []                # per node: [(id(value), bytes, producer index or -1)]
         self.outputs = []              # per node: [(id(value), bytes)]
@@ -55,6 +72,7 @@ class GraphCosts:
                     p = v.producer
                     reads.append((id(v), v.type.nbytes, self.index[id(p)] if p is not None else -1))
                     self.last_use[id(v)] = i
+            consts.update(_branch_constants(node))
             self.constants.append(consts)
             self.reads.append(reads)
             self.outputs.append([(id(o), o.type.nbytes) for o in node.outputs])

@@ -55,7 +55,8 @@ class Partitioner:
         """Does `kind`'s backend run `node` once it is lowered for it?  Asked of a copy of the
         node alone in a scratch graph (its constants kept: lowering may depend on them)."""
         key = (kind, node.OP, repr(sorted(node.attr_values().items())),
-               tuple((v.type, isinstance(v, Constant)) for v in node.flat_inputs()))
+               tuple((v.type, isinstance(v, Constant)) for v in node.flat_inputs()),
+               tuple(id(f) for f in node.subfunctions()))
         if key not in self._support_cache:
             from .. import pipeline
             scratch = Function("support")
@@ -63,7 +64,7 @@ class Partitioner:
                 if isinstance(v, Constant):
                     return scratch.add_constant(v.data, "c")
                 return scratch.add_placeholder("x", v.type)
-            copy = scratch.add_node(type(node), node.map_operands(operand), node.attr_values())
+            copy = scratch.add_node(type(node), node.map_operands(operand), node.copy_args())
             for i, o in enumerate(copy.outputs):
                 scratch.add_output(f"y{i}", o)
             try:

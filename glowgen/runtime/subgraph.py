@@ -62,7 +62,7 @@ def cut(function: Function, nodes: Iterable[Node], name: str) -> tuple[Function,
         assert copies[id(v)].name == v.name, v.name
     for n in nodes:
         operands = n.map_operands(lambda v: _operand(sub, copies, v))
-        copy = sub.add_node(type(n), operands, n.attr_values(), name=n.name, origin=n.origin,
+        copy = sub.add_node(type(n), operands, n.copy_args(), name=n.name, origin=n.origin,
                             rules=n.rules, output_names=[o.name for o in n.outputs])
         for o, c in zip(n.outputs, copy.outputs):
             copies[id(o)] = c

@@ -250,6 +250,24 @@ def resize_tap_weights(*args):
 
 
 @helper
+def resize_taps(*args):
+    """How many input positions an output position reads (T of the [out_len, T] taps)."""
+    return int(_sparse_rows(_axis_map(*_axis_args(*args))[0])[0].shape[1])
+
+
+@helper
+def resize_tap_column(*args, tap=0):
+    """The input position each output position reads as its tap `tap`, [out_len]."""
+    return _sparse_rows(_axis_map(*_axis_args(*args))[0])[0][:, int(tap)].tolist()
+
+
+@helper
+def resize_weight_column(*args, tap=0):
+    """The weight of that tap, [out_len]."""
+    return _sparse_rows(_axis_map(*_axis_args(*args))[0])[1][:, int(tap)].tolist()
+
+
+@helper
 def resize_fill(*args, value=0.0):
     """What tf_crop_and_resize adds where it extrapolates: `value` there, 0 elsewhere."""
     return [float(value) if o else 0.0 for o in _axis_map(*_axis_args(*args))[1]]

@@ -17,6 +17,7 @@ region, so a caller can run on its own arrays without copying them in and out.
 """
 from __future__ import annotations
 
+import math
 import re
 
 from llvmlite import ir
@@ -25,12 +26,13 @@ from ...lir.ir import Activation, Buffer, Instr, Program
 from ...lir.passes import lifetimes
 from .epilogue import EpilogueEmitter
 from .kernels import KERNELS, KernelArgs
-from .llvmutil import F32, I8P, I32, I64, for_range, i64, intrinsic, storage_type, TargetModule
+from .llvmutil import F32, I8, I8P, I32, I64, for_range, i64, intrinsic, storage_type, TargetModule
 from .loops import blocked_loops, innermost_extent, strided_loops
 from .parallel import WHOLE, Split
 from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
-from .stacking import BLOCK, Step, cost_groups, describe_step, stack_operands
+from .rows import emit_group, stack_rows
+from .stacking import BLOCK, Step, cost_groups, describe_step, has_gathers, is_control, stack_operands
 
 REGION_ORDER = ("constant", "mutable", "activation")
 
@@ -85,9 +87,9 @@ def _loader(b, ptrs, externals):
     loaded = {}
 
     def load(buf):
-        k = next(j for j, x in enumerate(externals) if x is buf)
+        k = next(j for j, x in enumerate(externals) if x is buf or getattr(x, "ins", None) is buf)
         if k not in loaded:
-            loaded[k] = load_elem(b, ptrs[k], buf.type.dtype)
+            loaded[k] = load_elem(b, ptrs[k], externals[k].type.dtype)
         return loaded[k]
     return load
 
@@ -114,7 +116,10 @@ class ModuleBuilder:
     def build(self) -> ir.Module:
         steps = self.plan.steps
         self.parts = {id(step): step.parts for step in steps}
-        calls = [self._step_function(i, step) for i, step in enumerate(steps)]
+        # A control-flow step (cond, else, endcond, loop, endloop) is no function: the entry
+        # branches there (_control).
+        calls = [step.instrs[0] if is_control(step) else self._step_function(i, step)
+                 for i, step in enumerate(steps)]
         self.step_names = [describe_step(step) for step in steps]
         self.split_steps = [(name, self.parts[id(step)]) for name, step in zip(self.step_names, steps)
                             if self.parts[id(step)] > 1]
@@ -194,17 +199,23 @@ class ModuleBuilder:
                                 self._serial_for, given)
         clock = (intrinsic(self.module, "llvm.readcyclecounter", ir.IntType(64), [])
                  if self._counters is not None else None)
-        for index, (fn, buffers, uses_scratch, task) in enumerate(calls):
+        def pointer(buf):
+            k = slot_of.get(id(buf.root()))
+            raw = (b.load(b.gep(entry.args[3], [i64(k)])) if k is not None
+                   else b.gep(regions[region_of(buf)], [i64(buf.root().offset)]))
+            return b.bitcast(raw, storage_type(buf.type.dtype).as_pointer())
+
+        open_regions: list = []          # the blocks of each region open here (_control)
+        for index, call in enumerate(calls):
             # Steps talk through memory: a compiler-only barrier keeps LLVM from moving one
             # step's loads and stores past another's once it has inlined them (LLVM 22's SLP
             # vectorizer sank a CumSum's stores below the GatherElements reading them).
             b.fence("seq_cst", "singlethread")
-            ptrs = []
-            for buf in buffers:
-                k = slot_of.get(id(buf.root()))
-                raw = (b.load(b.gep(entry.args[3], [i64(k)])) if k is not None
-                       else b.gep(regions[region_of(buf)], [i64(buf.root().offset)]))
-                ptrs.append(b.bitcast(raw, storage_type(buf.type.dtype).as_pointer()))
+            if isinstance(call, Instr):
+                self._control(b, call, pointer, open_regions)
+                continue
+            fn, buffers, uses_scratch, task = call
+            ptrs = [pointer(buf) for buf in buffers]
             if uses_scratch:
                 raw = b.gep(regions["activation"], [i64(self.scratch_offset)])
                 ptrs.append(b.bitcast(raw, F32.as_pointer()))
@@ -223,6 +234,50 @@ class ModuleBuilder:
                 b.store(b.select(b.icmp_unsigned("<", spent, old), spent, old), slot)
         b.ret(ir.Constant(I32, 0))
         return entry
+
+    @staticmethod
+    def _control(b: ir.IRBuilder, ins: Instr, pointer, open_regions: list) -> None:
+        """A region of the LIR (ir.Instr) as blocks of the entry: `cond` tests its one-byte
+        condition and enters the then-block or the else-block, both of which end in a jump
+        to the join block where the steps after `endcond` go; a loop is a test block, the
+        body's block and an exit block.  The steps of a branch or body are called (and
+        split among threads) in its block as anywhere else."""
+        fn = b.function
+        if ins.kind == Instr.COND:
+            flag = b.load(pointer(ins.operands[0][1]), name="cond")
+            then_bb = fn.append_basic_block("then")
+            else_bb, join_bb = fn.append_basic_block("else"), fn.append_basic_block("endcond")
+            b.cbranch(b.icmp_unsigned("!=", flag, ir.Constant(flag.type, 0)), then_bb, else_bb)
+            open_regions.append((else_bb, join_bb))
+            b.position_at_end(then_bb)
+        elif ins.kind == Instr.ELSE:
+            else_bb, join_bb = open_regions[-1]
+            b.branch(join_bb)
+            b.position_at_end(else_bb)
+        elif ins.kind == Instr.ENDCOND:
+            _, join_bb = open_regions.pop()
+            b.branch(join_bb)
+            b.position_at_end(join_bb)
+        elif ins.kind == Instr.LOOP:
+            # counter = 0; test: counter < trip (if any) and the condition; body ... ;
+            # endloop: counter += 1, back to the test; the steps after it in `exit`.
+            trip, counter, flag = (pointer(buf) if buf is not None else None for _, buf in ins.operands)
+            b.store(i64(0), counter)
+            test_bb, body_bb = fn.append_basic_block("loop"), fn.append_basic_block("body")
+            exit_bb = fn.append_basic_block("endloop")
+            b.branch(test_bb)
+            b.position_at_end(test_bb)
+            going = b.icmp_unsigned("!=", b.load(flag), ir.Constant(I8, 0))
+            if trip is not None:
+                going = b.and_(going, b.icmp_signed("<", b.load(counter), b.load(trip)))
+            b.cbranch(going, body_bb, exit_bb)
+            open_regions.append((test_bb, exit_bb, counter))
+            b.position_at_end(body_bb)
+        else:                                           # ENDLOOP
+            test_bb, exit_bb, counter = open_regions.pop()
+            b.store(b.add(b.load(counter), i64(1)), counter)
+            b.branch(test_bb)
+            b.position_at_end(exit_bb)
 
     # ------------------------------------------------------------------ steps
     def _step_function(self, index: int, step: Step):
@@ -261,7 +316,9 @@ class ModuleBuilder:
                 scratch = b.gep(scratch, [b.mul(split.index, i64(floats))], name="own_scratch")
             self._scratch_arg = scratch
         ptr = {id(buf): arg for buf, arg in zip(buffers, fn.args)}
-        if step.stacked:
+        if step.members:
+            emit_group(self, b, step, ptr, split)
+        elif step.stacked:
             self._emit_stack(b, step, ptr, split)
         elif step.epilogue is not None:
             epilogue = EpilogueEmitter(step, self.prog, self.life, self.registry, ptr, self.gemm_shape.vw)
@@ -329,10 +386,10 @@ class ModuleBuilder:
     def _emit_stack(self, b, step: Step, ptr, split: Split = WHOLE):
         shape = step.shape
         externals, stored, maps = stack_operands(step, self.prog, self.life)
-        bases = [ptr[id(x)] for x in externals] + [ptr[id(x)] for x in stored]
+        bases = [ptr[id(getattr(x, "buffer", x))] for x in externals] + [ptr[id(x)] for x in stored]
         registry = self.registry
         groups = cost_groups(step, registry)
-        if len(groups) > 1 and innermost_extent(shape, maps) >= 2 * BLOCK:
+        if len(groups) > 1 and not has_gathers(step) and innermost_extent(shape, maps) >= 2 * BLOCK:
             self._emit_stack_blocked(b, step, groups, externals, stored, bases, maps, split)
             return
 
@@ -344,6 +401,25 @@ class ModuleBuilder:
                 store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
 
         strided_loops(b, shape, bases, maps, [0] * len(bases), body, split=split)
+
+    def _emit_stack_rows(self, b, step: Step, ptr, share):
+        """A stack in a row group (rows.py): its loop over [rows, n] (or [rows, 1]), over the
+        rows of the block `share` gives."""
+        rows, n = share.rows, share.n
+        externals, stored, maps = stack_rows(step, self.prog, self.life, rows, n)
+        bases = [ptr[id(x)] for x in externals] + [ptr[id(x)] for x in stored]
+        registry = self.registry
+        per_row = all(m[1] == 0 for m in maps) and math.prod(step.shape) == rows
+
+        def body(bb, ps):
+            em = ScalarEmitter(bb, registry.scalars)
+            current = {}
+            emit_stack(em, step.instrs, registry.kernels, current, _loader(bb, ps, externals))
+            for j, buf in enumerate(stored):
+                store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
+
+        shape = (rows, 1) if per_row else (rows, n)
+        strided_loops(b, shape, bases, maps, [0] * len(bases), body, split=share)
 
     def _emit_stack_blocked(self, b, step: Step, groups, externals, stored, bases, maps, split: Split):
         """A costly stack as groups run one after another over each block of elements

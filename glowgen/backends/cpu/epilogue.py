@@ -17,7 +17,7 @@ from .kernels import PRODUCT_SPACE
 from .loops import broadcast_strides
 from .scalar import ScalarEmitter, Value, emit_stack
 from ...scalars import SCALAR_FUNCTIONS
-from .stacking import Step, stores_needed
+from .stacking import Step, has_gathers, stores_needed
 from .vectors import splat, vload, vstore
 
 # Scalar functions that work unchanged on vectors (what an epilogue may compute).
@@ -70,7 +70,7 @@ def _tree_funcs(tree, scalars, seen=None) -> set:
 
 
 def can_fuse(producer: Step, stack: Step, registry) -> bool:
-    if producer.stacked or not stack.stacked or len(producer.instrs) != 1:
+    if producer.stacked or not stack.stacked or len(producer.instrs) != 1 or has_gathers(stack):
         return False
     prod = producer.instrs[0]
     space = product_space(prod)

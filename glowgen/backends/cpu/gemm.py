@@ -42,7 +42,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               row_init: Optional[Callable] = None,
               epilogue: Optional[Callable] = None, name: str = "g", a_packed: bool = False,
               pack_panel: Optional[Callable] = None, panel_nr: Optional[int] = None,
-              split: Split = WHOLE, split_rows: bool = False) -> None:
+              split: Split = WHOLE, split_rows: bool = False, b_table=None) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
@@ -60,11 +60,16 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     With a `split` (parallel.py), only a share of the tiles: of B's whole panels (the last
     task also takes the ragged last panel; B must be packed, `ldb=None`, so that every row
     block uses one panel width), or with `split_rows`, of A's whole blocks of MR rows (the
-    last task also takes the rows that do not fill a block).  gemm_items counts them."""
+    last task also takes the rows that do not fill a block).  gemm_items counts them.
+    With `b_table = (offsets, oh, ow, pitch)`, B is never built: its columns are the pixels
+    of an oh x ow image, and B[k][oy * ow + ox] is bmat[offsets[k] + oy * pitch + ox]
+    (offsets: a constant i32 array of K; a convolution's padded input planes, read in
+    place, conv.py).  Tiles run along each image row (masked at its end); a split shares
+    out whole image rows."""
     vw = shape.vw
     fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", f32_vector(vw), [f32_vector(vw)] * 3)
 
-    def tile(mr: int, nv: int, m0, n0, valid_cols: int, panel_index):
+    def tile(mr: int, nv: int, m0, n0, valid_cols: int, panel_index, b_base=None):
         """One MR x NR tile at rows m0.., columns n0.. (valid_cols of them real)."""
         entry = b.block
         loop = b.append_basic_block(f"{name}.k")
@@ -81,9 +86,17 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         # B vectors for this k
         nr = vw * nv
         bvecs = []
+        if b_table is not None:
+            row = b.add(b.sext(b.load(b.gep(b_table[0], [ir.Constant(I64, 0), k])), I64), b_base)
         for j in range(nv):
             col_valid = valid_cols - j * vw
-            if ldb is None:
+            if b_table is not None:
+                if col_valid <= 0:
+                    bvecs.append(zero)
+                    continue
+                bvecs.append(vload(b, b.gep(bmat, [b.add(row, i64(j * vw))]), vw,
+                                   col_valid if col_valid < vw else None))
+            elif ldb is None:
                 off = b.add(b.mul(b.add(b.mul(panel_index, i64(K)), k), i64(vw * nv)), i64(j * vw))
                 bvecs.append(vload(b, b.gep(bmat, [off]), vw))
             else:
@@ -176,6 +189,31 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
             panels(n_full, n_tail, lambda p: tile(mr, nv, m0, b.mul(p, i64(nr)), nr, p),
                    lambda: tile(mr, nv, m0, i64(n_full * nr), n_tail, i64(n_full)))
 
+    def image_rows():
+        _, oh, ow, pitch = b_table
+        nr = shape.nr
+        m_main = (M // shape.mr) * shape.mr
+        n_full, n_tail = divmod(ow, nr)
+        lo, hi = split.range(b, oh)
+
+        def tiles(oy, ox0, valid: int):
+            n0 = b.add(b.mul(oy, i64(ow)), ox0)
+            base = b.add(b.mul(oy, i64(pitch)), ox0)
+            if m_main:
+                with for_range(b, m_main, step=shape.mr, name=f"{name}.m{valid}") as m0:
+                    tile(shape.mr, shape.nv, m0, n0, valid, None, base)
+            if M - m_main:
+                tile(M - m_main, shape.nv, i64(m_main), n0, valid, None, base)
+        with for_range(b, hi, start=lo, name=f"{name}.oy") as oy:
+            if n_full:
+                with for_range(b, n_full, name=f"{name}.ox") as t:
+                    tiles(oy, b.mul(t, i64(nr)), nr)
+            if n_tail:
+                tiles(oy, i64(n_full * nr), n_tail)
+
+    if b_table is not None:
+        image_rows()
+        return
     if pack_panel is not None:
         panel_by_panel()
         return

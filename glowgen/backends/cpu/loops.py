@@ -7,12 +7,55 @@ loop nest with different index maps, which is how XLA's elemental emitter sees t
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Callable, Sequence
+
+import numpy as np
 
 from llvmlite import ir
 
 from .llvmutil import for_range, i64
 from .parallel import FLAT_ALIGN, WHOLE, Split, Work
+
+
+class Indexed:
+    """An index map entry that reads through a table: index i of the dimension is element
+    `table[i] * stride` (a Gather with constant indices read by a stack, stacking.py).  Such
+    a dimension is never merged with a neighbour."""
+
+    def __init__(self, table: tuple, stride: int):
+        self.table, self.stride = tuple(int(t) for t in table), int(stride)
+
+    def __bool__(self):
+        return True
+
+    def __repr__(self):
+        return f"Indexed({len(self.table)} entries, stride {self.stride})"
+
+    def global_table(self, module: ir.Module) -> ir.GlobalVariable:
+        """The table as an internal constant i32 array of `module` (one per distinct table)."""
+        data = np.asarray(self.table, np.int32)
+        name = f"gather_table_{len(self.table)}_{zlib.crc32(data.tobytes()):08x}"
+        if name in module.globals:
+            return module.globals[name]
+        ty = ir.ArrayType(ir.IntType(32), len(self.table))
+        g = ir.GlobalVariable(module, ty, name=name)
+        g.initializer = ir.Constant(ty, [int(t) for t in self.table])
+        g.global_constant = True
+        g.linkage = "internal"
+        return g
+
+    def offset(self, b: ir.IRBuilder, idx: ir.Value) -> ir.Value:
+        g = self.global_table(b.module)
+        entry = b.load(b.gep(g, [ir.Constant(ir.IntType(32), 0), idx]))
+        return b.mul(b.sext(entry, ir.IntType(64)), i64(self.stride))
+
+
+def _step(b: ir.IRBuilder, off, idx, m):
+    """An operand's offset advanced by index `idx` of a dimension with map entry `m`."""
+    if isinstance(m, Indexed):
+        return b.add(off, m.offset(b, idx))
+    return b.add(off, b.mul(idx, i64(m))) if m else off
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -42,7 +85,9 @@ def collapse(shape: Sequence[int], maps: Sequence[Sequence[int]]) -> tuple[list,
     i = len(shape) - 2
     while i >= 0:
         outer, inner = shape[i], shape[i + 1]
-        if inner == 1 or outer == 1 or all(m[i] == m[i + 1] * inner for m in maps):
+        if inner == 1 or outer == 1 or all(
+                not isinstance(m[i], Indexed) and not isinstance(m[i + 1], Indexed) and m[i] == m[i + 1] * inner
+                for m in maps):
             for m in maps:
                 m[i] = m[i] if inner == 1 else m[i + 1]
                 del m[i + 1]
@@ -83,11 +128,10 @@ def strided_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: 
         if d == 0 and not split.whole:
             lo, hi = _outer_range(b, shape[0], len(shape), split, FLAT_ALIGN)
             with for_range(b, hi, start=lo, name=f"{name}{d}") as idx:
-                level(1, [b.add(off, b.mul(idx, i64(m[0]))) if m[0] else off for off, m in zip(offs, maps)])
+                level(1, [_step(b, off, idx, m[0]) for off, m in zip(offs, maps)])
             return
         with for_range(b, shape[d], name=f"{name}{d}") as idx:
-            nxt = [b.add(off, b.mul(idx, i64(m[d]))) if m[d] else off for off, m in zip(offs, maps)]
-            level(d + 1, nxt)
+            level(d + 1, [_step(b, off, idx, m[d]) for off, m in zip(offs, maps)])
 
     level(0, [i64(o) for o in offsets])
 

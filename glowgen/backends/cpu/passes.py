@@ -8,6 +8,8 @@ and recording it in the program (plan.py), in this order:
   weight-packing   constant GEMM operands repacked into the layout their kernel reads
   stacking         runs of elementwise instructions become steps of one loop each
   epilogue-fusion  a stack following a matrix product is applied in the product's store
+  row-fusion       steps that work row by row over the same rows (softmax's reductions and
+                   stacks) run block by block of rows, in one loop (rows.py)
   arena            the activation arena planned again with a step as the unit of time
   threads          how many tasks each step is split into
   scratch          each kernel's scratch memory, after the arena (which grows by it)
@@ -27,6 +29,7 @@ from .loops import loop_work
 from .packing import pack_weights, packable, weight_users
 from .parallel import PARALLEL
 from .plan import CpuPlan, InstrPlan
+from .rows import fuse_rows, group_work
 from .stacking import form_steps, replan_activations, stack_operands
 
 
@@ -73,6 +76,11 @@ def epilogue_fusion(prog: Program, registry) -> None:
         prog.plan.steps = fuse_epilogues(prog.plan.steps, registry)
 
 
+def row_fusion(prog: Program, registry) -> None:
+    if prog.plan.stacking:
+        prog.plan.steps = fuse_rows(prog.plan.steps, prog, lifetimes(prog), prog.plan.gemm_shape)
+
+
 def arena(prog: Program, registry) -> None:
     replan_activations(prog, prog.plan.steps)
 
@@ -85,6 +93,9 @@ def threads(prog: Program, registry) -> None:
         return
     life = lifetimes(prog)
     for step in plan.steps:
+        if step.members:
+            step.parts = group_work(step).parts(plan.threads)
+            continue
         if step.stacked:
             _, _, maps = stack_operands(step, prog, life)
             step.parts = loop_work(step.shape, maps, cost=len(step.instrs)).parts(plan.threads)
@@ -126,6 +137,7 @@ def cpu_passes(features: str, threads_: int, stacking_: bool) -> list[tuple[str,
             ("weight-packing", weight_packing),
             ("stacking", stacking),
             ("epilogue-fusion", epilogue_fusion),
+            ("row-fusion", row_fusion),
             ("arena", arena),
             ("threads", threads),
             ("scratch", scratch)]

@@ -18,6 +18,7 @@ import attrs
 CONV_STRATEGIES = {
     "gemm": "matrix product over the whole im2col patch matrix, copied from padded planes",
     "gemm-panels": "matrix product, its patch matrix built one panel at a time (kept in L2)",
+    "gemm-planes": "matrix product reading its patch matrix in place from the padded planes",
     "pointwise": "matrix product reading the input as its right-hand side (1x1, stride 1)",
     "transposed": "matrix product computed transposed, vectorized along the filters",
     "planes": "direct convolution over padded planes in explicit vectors",

@@ -288,10 +288,19 @@ class ScalarEmitter:
         return Value(call_intrinsic(self.b, name, [a.v]), a.dtype)
 
     def f_sqrt(self, a): return self._unary_intrinsic("sqrt", a)
-    def f_floor(self, a): return self._unary_intrinsic("floor", a)
-    def f_ceil(self, a): return self._unary_intrinsic("ceil", a)
-    def f_round(self, a): return self._unary_intrinsic("roundeven", a)
-    def f_trunc(self, a): return self._unary_intrinsic("trunc", a)
+    def _rounding(self, name, a, fn):
+        """floor / ceil / roundeven / trunc: increasing, so a value range maps end to end."""
+        (a,) = self.unify([a])
+        r = self._unary_intrinsic(name, a)
+        rng = a.range if is_float(a.dtype) else None
+        if rng is not None and all(math.isfinite(v) for v in rng):
+            r.range = (float(fn(rng[0])), float(fn(rng[1])))
+        return r
+
+    def f_floor(self, a): return self._rounding("floor", a, math.floor)
+    def f_ceil(self, a): return self._rounding("ceil", a, math.ceil)
+    def f_round(self, a): return self._rounding("roundeven", a, round)
+    def f_trunc(self, a): return self._rounding("trunc", a, math.trunc)
     def f_exp(self, a): return self._unary_intrinsic("exp", a)
     def f_log(self, a): return self._unary_intrinsic("log", a)
     def f_sin(self, a): return self._unary_intrinsic("sin", a)
@@ -433,6 +442,10 @@ class ScalarEmitter:
         return b.select(b.fcmp_ordered(">", v, ir.Constant(t, lim)), ir.Constant(t, lim), v)
 
     def f_ldexp(self, x, n):
+        return self._ldexp(x, n)
+
+    def _ldexp(self, x, n, nan_n: bool = True):
+        """ldexp; without `nan_n`, a NaN n need not give NaN (scale2's contract)."""
         x, n = self._floats([x, n])
         if target_has(self.b.module, "avx512f") and x.dtype in ("f32", "f64"):
             return self._ldexp_scalef(x, n)
@@ -440,11 +453,18 @@ class ScalarEmitter:
         t = x.v.type
         bits, mbits, bias = self._LAYOUT[dt]
         half = lambda v: call_intrinsic(b, "floor", [b.fmul(v, ir.Constant(t, 0.5))])
-        if dt != "f64":
+        rng = n.range if n.range is not None and all(math.isfinite(v) for v in n.range) else None
+        if dt != "f64" and rng is not None and -(bias - 1) <= rng[0] and rng[1] <= bias - 1:
+            # n's value range keeps 2**n normal: one factor, no clamp (exp(x) of a value
+            # range that keeps it out of the denormals).
+            ks = (n.v,)
+        elif dt != "f64":
             # Two normal powers of two, 2**(n//2) and 2**(n - n//2): x * 2**(n//2) stays
             # normal for the |x| of a range reduction, so the second product is the only
-            # rounding (into denormals, or to ±inf).
-            nc = self._clamp(n.v, 2.0 * (bias - 1))
+            # rounding (into denormals, or to ±inf).  No clamp where n's value range needs
+            # none (an exp's n is within [-150, 128]).
+            lim = 2.0 * (bias - 1)
+            nc = n.v if rng is not None and -lim <= rng[0] and rng[1] <= lim else self._clamp(n.v, lim)
             k1 = half(nc)
             ks = (k1, b.fsub(nc, k1))
         else:
@@ -455,13 +475,17 @@ class ScalarEmitter:
         r = x.v
         for kk in ks:
             r = b.fmul(r, self._pow2(kk, dt))
+        if not nan_n:
+            return Value(r, dt)
         nan = b.fcmp_unordered("uno", n.v, n.v)
         return Value(b.select(nan, n.v, r), dt)
 
     def f_scale2(self, x, n):
         x, n = self._floats([x, n])
         if not (target_has(self.b.module, "avx512f") and x.dtype in ("f32", "f64")):
-            return self.f_ldexp(x, n)
+            # n is NaN only where x is (the contract): x's NaN comes through the products,
+            # whatever the powers of two made of a NaN n are.
+            return self._ldexp(x, n, nan_n=False)
         # freeze: fptosi of NaN is poison; frozen it is some integer, and x is NaN then.
         ni = _freeze(self.b, self.b.fptosi(n.v, self._i32()))
         return Value(self._llvm_ldexp(x.v, ni), x.dtype)
@@ -528,6 +552,9 @@ def emit_stack(em: "ScalarEmitter", instrs, kernels: dict, current: dict, load) 
     `current` maps buffer roots (by id) to the values this run has computed so far and is
     updated in place; an operand not in it is external and comes from `load(buffer)`."""
     for ins in instrs:
+        if ins.kind not in kernels:       # a gather a stack reads through (stacking.GatherRead)
+            current[id(ins.writes()[0].root())] = load(ins)
+            continue
         args = [current[id(buf.root())] if id(buf.root()) in current else load(buf)
                 for _, buf in ins.operands[1:]]
         value = em.emit(kernels[ins.kind]["body"], args, ins.node.attr_values())

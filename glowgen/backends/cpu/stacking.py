@@ -9,9 +9,12 @@ from typing import Optional
 
 import attrs
 
-from ...lir.ir import Activation, Instr, Program
+import numpy as np
+
+from ...lir.control import loop_lifetimes
+from ...lir.ir import Activation, Instr, Program, WeightBuffer
 from ...lir.passes import lifetimes
-from .loops import broadcast_strides, contiguous_strides
+from .loops import Indexed, broadcast_strides, contiguous_strides
 
 
 @attrs.define(eq=False, repr=False)
@@ -24,6 +27,9 @@ class Step:
     #                                     (its instructions are also instrs[1:])
     parts: int = 1                      # tasks it is split into (parallel.py)
     scratch: int = 0                    # bytes of scratch memory per task (64-byte multiple)
+    members: Optional[list] = None      # a row group's steps, run block by block (rows.py;
+    #                                     their instructions are also instrs)
+    rows: tuple = ()                    # a row group's (rows, row length, rows per block)
 
     @property
     def shape(self):
@@ -33,11 +39,23 @@ class Step:
         return f"<Step {'+'.join(i.kind for i in self.instrs)}>"
 
 
+def is_control(step: Step) -> bool:
+    """A step that is a control-flow marker of the LIR (ir.Instr.CONTROL): it runs no
+    kernel; the entry point branches there (codegen.ModuleBuilder._control)."""
+    return step.instrs[0].kind in Instr.CONTROL
+
+
 def describe_step(step: Step) -> str:
     """`Conv+Add+Relu [1, 64, 56, 56]`: a step's instructions and its result's shape, and
     what its kernel adds (kernels/base.DESCRIBE: a convolution's window and stride)."""
+    if is_control(step):
+        first = step.instrs[0]
+        return first.kind + "".join(f" %{b.name}" for b in first.reads())
     from .kernels import DESCRIBE
     kinds = [i.kind for i in step.instrs]          # a fused epilogue's included
+    if step.members:
+        rows, n, block = step.rows
+        return f"{'+'.join(kinds)} [{rows} rows of {n}] (row group, blocks of {block})"
     first = step.instrs[0]
     node = first.node
     shape = list(node.outputs[0].type.shape) if node is not None else []
@@ -50,6 +68,52 @@ def describe_step(step: Step) -> str:
 
 def _elementwise(ins: Instr, registry) -> bool:
     return ins.kind in registry.kernels
+
+
+# ------------------------------------------------------------------ gathers read by a stack
+# A Gather along one axis with constant indices (a resize's taps, an embedding's fixed rows)
+# is a load with an index table: a stack reads its operand there (loops.Indexed) instead of
+# a gathered copy written by one kernel and read back by the next.
+
+def gather_table(ins: Instr) -> Optional[tuple]:
+    """(axis, indices) of a Gather a stack can read through: constant 1-D indices (at least
+    two), all within the axis (negative ones counted from its end)."""
+    if ins.kind != "Gather" or ins.node is None:
+        return None
+    x, idx = ins.reads()[0], ins.reads()[1]
+    root = idx.root()
+    if (not isinstance(root, WeightBuffer) or root.region != "constant" or root.data is None
+            or idx.type.rank != 1 or idx.type.size < 2):
+        return None
+    axis = ins.node.attr_values()["axis"]
+    axis = axis + x.type.rank if axis < 0 else axis
+    dim = x.type.shape[axis]
+    table = np.asarray(root.data).reshape(-1).astype(np.int64)
+    if table.size != idx.type.size or np.any(table < -dim) or np.any(table >= dim):
+        return None
+    return axis, tuple(int(t) for t in np.where(table < 0, table + dim, table))
+
+
+class GatherRead:
+    """A stack's external operand that is a Gather's input read through its index table."""
+
+    def __init__(self, ins: Instr):
+        self.ins = ins
+        self.buffer = ins.reads()[0]
+        self.type = self.buffer.type
+
+    def root(self):
+        return self.buffer.root()
+
+    def strides(self) -> list:
+        """Its index map over the Gather's output shape."""
+        axis, table = gather_table(self.ins)
+        own = contiguous_strides(self.buffer.type.shape)
+        return [Indexed(table, s) if d == axis else s for d, s in enumerate(own)]
+
+
+def has_gathers(step: "Step") -> bool:
+    return step.stacked and any(ins.kind == "Gather" for ins in step.instrs)
 
 
 def form_steps(prog: Program, registry, stacking: bool = True) -> list[Step]:
@@ -67,19 +131,30 @@ def form_steps(prog: Program, registry, stacking: bool = True) -> list[Step]:
     for ins in prog.instrs:
         if ins.kind in (Instr.ALLOC, Instr.DEALLOC, Instr.VIEW):
             continue                    # no code: memory is planned, views are free
-        if not _elementwise(ins, registry):
+        gather = stacking and gather_table(ins) is not None
+        if not gather and not _elementwise(ins, registry):
             flush()
             steps.append(Step([ins], False))
             continue
         shape = ins.node.outputs[0].type.shape
-        fits = stacking and run and shape == run[0].node.outputs[0].type.shape and all(
-            b.type.shape == shape for b in ins.reads() if id(b.root()) in written)
+        if gather:          # its input must be in memory: not a value of this iteration
+            fits = run and shape == run[0].node.outputs[0].type.shape and id(ins.reads()[0].root()) not in written
+        else:
+            fits = stacking and run and shape == run[0].node.outputs[0].type.shape and all(
+                b.type.shape == shape for b in ins.reads() if id(b.root()) in written)
         if not fits:
             flush()
         run.append(ins)
         written.update(id(b.root()) for b in ins.writes())
     flush()
-    return steps
+    # A run of gathers alone stays with the Gather kernel (it copies whole rows).
+    out: list[Step] = []
+    for step in steps:
+        if step.stacked and all(ins.kind == "Gather" for ins in step.instrs):
+            out.extend(Step([ins], False) for ins in step.instrs)
+        else:
+            out.append(step)
+    return out
 
 
 # ------------------------------------------------------------------ strip-mined stacks
@@ -117,7 +192,8 @@ def cost_groups(step: Step, registry) -> list[list]:
     groups: list[list] = [[]]
     heavy = False
     for ins in step.instrs:
-        is_heavy = kernel_cost(registry.kernels[ins.kind]["body"], registry) > HEAVY_COST
+        kern = registry.kernels.get(ins.kind)          # None: a gather (a load)
+        is_heavy = kern is not None and kernel_cost(kern["body"], registry) > HEAVY_COST
         if is_heavy and heavy:
             groups.append([])
             heavy = False
@@ -146,6 +222,8 @@ def stores_needed(step: Step, prog: Program, life: Optional[dict] = None) -> lis
 def memory_touches(step: Step, prog: Program, life: dict) -> list:
     """The buffers a step reads or writes in memory: for a stack, its external loads and
     its stores, not the intermediates that stay in registers."""
+    if step.members:
+        return [b for m in step.members for b in memory_touches(m, prog, life)]
     if not step.stacked:
         return [b for ins in step.instrs for b in ins.buffers()]
     touched, written = [], set()
@@ -176,6 +254,7 @@ def replan_activations(prog: Program, steps: list[Step]) -> None:
                 acts[id(root)] = root
                 span = spans.setdefault(id(root), [t, t])
                 span[1] = t
+    loop_lifetimes(spans, [step.instrs[0] for step in steps])     # markers are steps
     blocks = [Block(k, acts[k].nbytes, s, e) for k, (s, e) in spans.items()]
     p = plan(blocks)
     for a in prog.activations:
@@ -192,11 +271,15 @@ def stack_operands(step: Step, prog: Program, life: dict):
     externals: list = []
     written: set[int] = set()
     for ins in step.instrs:
-        for buf in ins.reads():
-            if id(buf.root()) not in written and all(buf is not x for x in externals):
-                externals.append(buf)
+        if ins.kind == "Gather":                   # its input, through the index table
+            externals.append(GatherRead(ins))
+        else:
+            for buf in ins.reads():
+                if id(buf.root()) not in written and all(buf is not x for x in externals):
+                    externals.append(buf)
         written.update(id(x.root()) for x in ins.writes())
     stored = [ins.writes()[0] for ins, need in zip(step.instrs, needed) if need]
-    maps = ([broadcast_strides(x.type.shape, shape) for x in externals]
+    maps = ([x.strides() if isinstance(x, GatherRead) else broadcast_strides(x.type.shape, shape)
+             for x in externals]
             + [contiguous_strides(shape) for _ in stored])
     return externals, stored, maps

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import InputError
+from ...lir.control import jumps
 from ...lir.ir import Instr, Program
 from ...reference import run_node
 from ..base import ContextPool, aligned_bytes, region_view
@@ -23,6 +24,9 @@ class _Context:
                         "activation": aligned_bytes(prog.region_sizes["activation"])}
         self.steps = [(ins, [self.view(b) if b is not None else None for _, b in ins.operands])
                       for ins in prog.instrs if ins.kind not in (Instr.ALLOC, Instr.DEALLOC, Instr.VIEW)]
+        # Control flow (ir.Instr.CONTROL): where a marker jumps when it does not fall
+        # through (lir/control.py), in this list's indices.
+        self.jumps = jumps([ins for ins, _ in self.steps])
 
     def view(self, buf) -> np.ndarray:
         return region_view(self.regions, buf)
@@ -47,7 +51,14 @@ class LirRunner:
     def _run(self, ctx: _Context, feeds: dict) -> dict:
         for name, w in self.prog.inputs.items():
             ctx.view(w)[...] = feeds[name]
-        for ins, views in ctx.steps:
+        steps, jumps_, pc = ctx.steps, ctx.jumps, 0
+        while pc < len(steps):
+            ins, views = steps[pc]
+            pc += 1
+            if ins.kind in Instr.CONTROL:
+                if not _falls_through(ins.kind, views):
+                    pc = jumps_[pc - 1]
+                continue
             if ins.kind == Instr.COPY:
                 np.copyto(views[0], views[1])
                 continue
@@ -69,3 +80,21 @@ class LirRunner:
             for out, r in zip(views[:n_out], results):
                 np.copyto(out, r)
         return {name: ctx.view(w).copy() for name, w in self.prog.outputs.items()}
+
+
+def _falls_through(kind: str, views: list) -> bool:
+    """Whether control goes on to the next instruction at a control-flow marker (ir.Instr).
+    `cond` enters its then-branch when the condition holds; `else`, reached at the end of
+    the then-branch, skips the else-branch; `loop` counts from 0 and enters the body, and
+    `endloop` counts one more and goes round again, while the count is below the trip
+    count (if any) and the condition holds."""
+    if kind == Instr.COND:
+        return bool(views[0].reshape(-1)[0])
+    if kind == Instr.ELSE:
+        return False
+    if kind in (Instr.LOOP, Instr.ENDLOOP):
+        trip, counter, flag = views
+        counter[...] = 0 if kind == Instr.LOOP else counter + 1
+        going = bool(flag.reshape(-1)[0]) and (trip is None or counter < trip.reshape(-1)[0])
+        return going if kind == Instr.LOOP else not going
+    return True

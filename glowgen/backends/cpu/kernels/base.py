@@ -43,6 +43,9 @@ PRODUCT_SPACE: dict[str, Callable] = {}
 # the scratch pass: (ins, gemm shape) -> bytes of scratch memory one task needs.  The module
 # holds one scratch buffer as large as the largest need (kernels run one after another);
 SCRATCH: dict[str, Callable] = {}
+# the row-fusion pass: (ins, gemm shape) -> (rows, row length) when the kernel works row by
+#   row and computes only the rows a `rows.RowBlock` share gives it, or None;
+ROWS: dict[str, Callable] = {}
 # step descriptions (profiles, dumps): node -> text after the shape.
 DESCRIBE: dict[str, Callable] = {}
 

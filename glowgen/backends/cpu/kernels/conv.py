@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from math import prod
 
+from llvmlite import ir
+
 from ..gemm import emit_gemm, gemm_items, pack_panels_size
 from ..llvmutil import for_range, i64
 from ..loops import contiguous_strides
@@ -125,7 +127,36 @@ def conv_strategy(ins, shape, packable) -> str:
         return "transposed"
     if conv_is_pointwise(node):
         return "pointwise"
+    if conv_reads_planes(node, shape.nr):
+        return "gemm-planes"
     return "gemm-panels" if conv_panel_by_panel(node) else "gemm"
+
+
+# Filters per group up to which the patch matrix is read in place (gemm-planes).
+PLANES_MAX_FILTERS = 32
+
+
+def conv_reads_planes(node, nr: int) -> bool:
+    """A product with few filters per group (at most PLANES_MAX_FILTERS: four MR-row blocks)
+    and a unit column stride reads its patch matrix from the padded planes in place: row k =
+    (channel, tap) of B is the plane row the tap reads, so a table of K offsets replaces the
+    im2col copy, which so few filter blocks do not amortize (det_fpn's 96 -> 24 3x3 at
+    160x160: the panel copies were a quarter of its time).  More filters reuse each copied
+    panel enough for its contiguous reads to pay (the ResNets keep gemm-panels).  Its tiles
+    run along output rows, so only where rows fill them (at most 1/8 of a tile's columns
+    idle) and the patch matrix is large (over 256 KB; a small one is built whole, in L2)."""
+    m, cg, kh, kw = node.inputs[1].type.shape
+    oh, ow = node.outputs[0].type.shape[2:]
+    tiles = -(-ow // nr) * nr
+    return (node.strides[1] == 1 and m // node.group <= PLANES_MAX_FILTERS and not conv_is_pointwise(node)
+            and 8 * ow >= 7 * tiles and cg * kh * kw * oh * ow * 4 > 256 * 1024)
+
+
+def _tap_offsets(geo: PlaneGeometry) -> list:
+    """Where row k = (channel, tap row, tap column) of the patch matrix starts in the planes,
+    for output pixel (0, 0)."""
+    return [ci * geo.size + r * geo.dh * geo.cols + c * geo.dw
+            for ci in range(geo.cg) for r in range(geo.kh) for c in range(geo.kw)]
 
 
 @hook(PACKING, "Conv")
@@ -135,7 +166,7 @@ def conv_packing(ins, shape):
     strategy = ins.plan.strategy
     if strategy == "transposed":
         return 2, "t", None
-    if strategy in ("gemm", "gemm-panels", "pointwise") and conv_uses_gemm(ins.node):
+    if strategy in ("gemm", "gemm-panels", "gemm-planes", "pointwise") and conv_uses_gemm(ins.node):
         return 2, "a", None
     return None
 
@@ -148,12 +179,14 @@ def conv_scratch(ins, shape) -> int:
     if strategy == "transposed":
         return 4 * scratch_floats(node, shape)
     # Pointwise convolutions read the input as B directly (packing it measured no faster).
-    if strategy not in ("gemm", "gemm-panels"):
+    if strategy not in ("gemm", "gemm-panels", "gemm-planes"):
         return 0
     cg, kh, kw = node.inputs[1].type.shape[1:]
     oh, ow = node.outputs[0].type.shape[2:]
     # The group's input channels in padded planes, then the patch matrix copied from them.
     planes = aligned_floats(cg * PlaneGeometry(node, shape.vw).size)
+    if strategy == "gemm-planes":
+        return 4 * planes
     if strategy == "gemm-panels":
         return 4 * (planes + cg * kh * kw * shape.nr)
     return 4 * (planes + pack_panels_size(oh * ow, cg * kh * kw, shape))
@@ -165,7 +198,7 @@ def conv_product_space(ins):
     convolution over planes with several input channels per group accumulates them in its
     output, and only a one-channel (depthwise) one keeps its sum in registers."""
     node, strategy = ins.node, ins.plan.strategy
-    gemm = strategy in ("gemm", "gemm-panels", "pointwise", "transposed") and conv_uses_gemm(node)
+    gemm = strategy in ("gemm", "gemm-panels", "gemm-planes", "pointwise", "transposed") and conv_uses_gemm(node)
     if not (gemm or (strategy == "planes" and node.inputs[1].type.shape[1] == 1)):
         return None
     n, m, oh, ow = node.outputs[0].type.shape
@@ -226,7 +259,9 @@ def conv(k: KernelArgs):
                     chan = b.mul(b.add(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), ci), i64(h * wd))
                     fill_plane(b, geo, b.gep(x, [chan]), b.gep(planes, [b.mul(ci, i64(geo.size))]))
                 bmat, ldb = panels, None
-                if strategy == "gemm-panels":
+                if strategy == "gemm-planes":
+                    bmat = planes
+                elif strategy == "gemm-panels":
                     pack_panel = lambda p: patch_panel(b, geo, planes, panels, nr, b.mul(p, i64(nr)))  # noqa: E731
                 else:
                     def build(p):
@@ -245,9 +280,27 @@ def conv(k: KernelArgs):
             if k.epilogue is not None:
                 chan0 = b.mul(gi, i64(mg))
                 epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, img, bb.add(chan0, row), col, valid)  # noqa: E731
+            table = None
+            if strategy == "gemm-planes":
+                table = (_offsets_global(b.module, _tap_offsets(geo)), oh, ow, geo.sh * geo.cols)
             emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
                       epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel,
-                      split=split, split_rows=pointwise)
+                      split=split, split_rows=pointwise, b_table=table)
+
+
+def _offsets_global(module, offsets: list):
+    """A constant i32 array of `offsets` in `module` (one per distinct table)."""
+    import zlib
+    data = ",".join(map(str, offsets)).encode()
+    name = f"conv_taps_{len(offsets)}_{zlib.crc32(data):08x}"
+    if name in module.globals:
+        return module.globals[name]
+    ty = ir.ArrayType(ir.IntType(32), len(offsets))
+    g = ir.GlobalVariable(module, ty, name=name)
+    g.initializer = ir.Constant(ty, offsets)
+    g.global_constant = True
+    g.linkage = "internal"
+    return g
 
 
 @parallel("Conv")
@@ -270,6 +323,8 @@ def conv_work(node, shape, ins) -> Work:
         return Work(node.group, flops=flops, elements=n * (m * oh * ow + c * ih * iw))
     if strategy == "transposed":
         return Work(transposed_items(node, shape), flops=flops)
+    if strategy == "gemm-planes":
+        return Work(oh, flops=flops)          # whole image rows (gemm.emit_gemm's b_table)
     pointwise = strategy == "pointwise"
     return Work(gemm_items(m // node.group, oh * ow, shape, pointwise), flops=flops)
 

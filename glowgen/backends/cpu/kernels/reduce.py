@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ..llvmutil import I1, I64, call_intrinsic, for_range, i64, is_float, is_signed, register_type
+from ..llvmutil import F32, I1, I64, call_intrinsic, for_range, i64, is_float, is_signed, register_type
 from ..loops import contiguous_strides, strided_loops
 from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
 from ..vectors import f32_vector, lane_mask, vload
-from .base import KernelArgs, kernel
+from .base import ROWS, KernelArgs, hook, kernel
 from .common import extreme, lin, nest, split_axis
 
 
@@ -48,61 +48,121 @@ _ROW_ACCUMULATORS = 4
 _VECTOR_OPS = {"add": None, "max": "maximum", "min": "minimum"}
 
 
-def _reduce_rows_in_vectors(k: KernelArgs, combine: str, axes: set) -> bool:
-    """f32 sums, maxima and minima over trailing axes (softmax's and layer norm's rows) in
-    vectors: `_ROW_ACCUMULATORS` vector accumulators over the row, combined lane by lane in a
-    fixed order at its end.  The scalar loop's chain of dependent adds ran at one element
-    every few cycles (softmax over 4x128x128: ReduceSum 37 us).  The order is fixed by the
-    shape, so results do not depend on threads or inputs; llvm.maximum/minimum give the same
-    result in any order, a sum differs from the sequential one by rounding only."""
-    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+def _vector_rows(combine: str, xt, yt, axes: set, vw: int):
+    """(rows, row length) when a reduction runs as vector row reductions, else None."""
     rank = xt.rank
     trailing = set(range(rank - len(axes), rank))
-    vw = k.gemm_shape.vw if k.gemm_shape is not None else 0
     row = 1
     for d in xt.shape[rank - len(axes):]:
         row *= d
     if (combine not in _VECTOR_OPS or xt.dtype != "f32" or yt.dtype != "f32" or not axes
             or axes != trailing or vw < 4 or row < 2 * vw or yt.size == 0):
+        return None
+    return yt.size, row
+
+
+@hook(ROWS, "ReduceSum", "ReduceMax", "ReduceMin")
+def _reduce_rows(ins, gemm_shape):
+    """Row reductions in vectors work row by row (the row-fusion pass, rows.py)."""
+    combine = {"ReduceSum": "add", "ReduceMax": "max", "ReduceMin": "min"}[ins.kind]
+    y, x = ins.writes()[0], ins.reads()[0]
+    axes = list(ins.node.attr_values()["axes"])
+    axes = set(axes) if axes else set(range(x.type.rank))
+    return _vector_rows(combine, x.type, y.type, axes, gemm_shape.vw if gemm_shape is not None else 0)
+
+
+def _reduce_rows_in_vectors(k: KernelArgs, combine: str, axes: set) -> bool:
+    """f32 sums, maxima and minima over trailing axes (softmax's and layer norm's rows) in
+    vectors: `_ROW_ACCUMULATORS` vector accumulators over the row, combined pairwise and then
+    lanes halved in a tree, in a fixed order, at its end.  The scalar loop's chain of dependent adds ran at one element
+    every few cycles (softmax over 4x128x128: ReduceSum 37 us).  The order is fixed by the
+    shape, so results do not depend on threads or inputs; llvm.maximum/minimum give the same
+    result in any order, a sum differs from the sequential one by rounding only."""
+    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    vw = k.gemm_shape.vw if k.gemm_shape is not None else 0
+    space = _vector_rows(combine, xt, yt, axes, vw)
+    if space is None:
         return False
+    row = space[1]
     b = k.b
     vty = f32_vector(vw)
     op = _VECTOR_OPS[combine]
-
-    def join(p, q):
-        return b.fadd(p, q) if op is None else call_intrinsic(b, op, [p, q])
     identity = {"add": 0.0, "max": float("-inf"), "min": float("inf")}[combine]
     start = ir.Constant(vty, [identity] * vw)
     lanes = min(_ROW_ACCUMULATORS, row // vw)
-    step = lanes * vw
     with b.goto_entry_block():
         slots = [b.alloca(vty, name=f"racc{j}") for j in range(lanes)]
-    with for_range(b, yt.size, name="rrow") as r:
+        bad_slot = b.alloca(ir.VectorType(I1, vw), name="rbad") if op is not None else None
+        out_slot = b.alloca(F32, name="rout")
+
+    def exact(p, q):
+        return b.fadd(p, q) if op is None else call_intrinsic(b, op, [p, q])
+
+    def cheap(p, q):
+        # An x86 max/min (one instruction): a NaN in q is dropped and the sign of a zero
+        # result is the order's; `bad` notes what it may have got wrong.
+        return b.select(b.fcmp_ordered(">" if combine == "max" else "<", q, p), q, p)
+
+    lo, hi = k.split.range(b, yt.size)        # a row group's block (rows.py), or all rows
+    with for_range(b, hi, start=lo, name="rrow") as r:
         base = b.gep(x, [b.mul(r, i64(row))])
-        for slot in slots:
-            b.store(start, slot)
-        with for_range(b, row // step, name="rblk") as c:
-            at = b.mul(c, i64(step))
-            for j, slot in enumerate(slots):
-                v = vload(b, b.gep(base, [b.add(at, i64(j * vw))]), vw)
-                b.store(join(b.load(slot), v), slot)
-        accs = [b.load(slot) for slot in slots]
-        done = row // step * step
-        for j, at in enumerate(range(done, row, vw)):     # the rest, the last vector masked
-            valid = min(vw, row - at)
-            v = vload(b, b.gep(base, [i64(at)]), vw, valid)
-            if valid < vw:        # masked-off lanes hold the identity, not 0
-                v = b.select(lane_mask(vw, valid), v, start)
-            accs[j % lanes] = join(accs[j % lanes], v)
-        while len(accs) > 1:       # pairwise, in a fixed order
-            accs = [join(accs[i], accs[i + 1]) if i + 1 < len(accs) else accs[i]
-                    for i in range(0, len(accs), 2)]
-        total = b.extract_element(accs[0], i64(0))
-        for lane in range(1, vw):
-            lane_v = b.extract_element(accs[0], i64(lane))
-            total = b.fadd(total, lane_v) if op is None else call_intrinsic(b, op, [total, lane_v])
-        b.store(total, b.gep(y, [r]))
+        if op is None:
+            b.store(_row_total(b, base, row, vw, slots, exact, start), b.gep(y, [r]))
+        else:
+            # Extremes: first with the cheap max/min, noting NaNs; a row with a NaN, or whose
+            # extreme is a zero (llvm.maximum orders -0 below +0), is done again exactly, so
+            # the result is llvm.maximum's (minimum's) in every case.
+            b.store(ir.Constant(bad_slot.type.pointee, [0] * vw), bad_slot)
+
+            def note(v):
+                b.store(b.or_(b.load(bad_slot), b.fcmp_unordered("uno", v, v)), bad_slot)
+            total = _row_total(b, base, row, vw, slots, cheap, start, note)
+            bits = b.bitcast(b.load(bad_slot), ir.IntType(vw))
+            redo = b.or_(b.icmp_unsigned("!=", bits, ir.Constant(ir.IntType(vw), 0)),
+                         b.fcmp_unordered("ueq", total, ir.Constant(F32, 0.0)))
+            b.store(total, out_slot)
+            with b.if_then(redo, likely=False):
+                b.store(_row_total(b, base, row, vw, slots, exact, start), out_slot)
+            b.store(b.load(out_slot), b.gep(y, [r]))
     return True
+
+
+def _row_total(b, base, row: int, vw: int, slots: list, join, start, note=None):
+    """One row's reduction with `join`: len(slots) vector accumulators over the row, combined
+    pairwise and then lane by lane in a fixed order.  `note(v)` sees every vector read."""
+    lanes = len(slots)
+    step = lanes * vw
+    for slot in slots:
+        b.store(start, slot)
+    with for_range(b, row // step, name="rblk") as c:
+        at = b.mul(c, i64(step))
+        for j, slot in enumerate(slots):
+            v = vload(b, b.gep(base, [b.add(at, i64(j * vw))]), vw)
+            if note is not None:
+                note(v)
+            b.store(join(b.load(slot), v), slot)
+    accs = [b.load(slot) for slot in slots]
+    done = row // step * step
+    for j, at in enumerate(range(done, row, vw)):     # the rest, the last vector masked
+        valid = min(vw, row - at)
+        v = vload(b, b.gep(base, [i64(at)]), vw, valid)
+        if valid < vw:        # masked-off lanes hold the identity, not 0
+            v = b.select(lane_mask(vw, valid), v, start)
+        if note is not None:
+            note(v)
+        accs[j % lanes] = join(accs[j % lanes], v)
+    while len(accs) > 1:       # pairwise, in a fixed order
+        accs = [join(accs[i], accs[i + 1]) if i + 1 < len(accs) else accs[i]
+                for i in range(0, len(accs), 2)]
+    # Lanes halved in a tree (log2(vw) dependent steps, not vw - 1: a row's sum or
+    # extreme was a chain of 15 scalar operations, the latency of short rows).
+    acc = accs[0]
+    width = vw
+    while width > 1:
+        width //= 2
+        mask = [i + width if i < width else i for i in range(vw)]
+        acc = join(acc, b.shuffle_vector(acc, acc, ir.Constant(ir.VectorType(ir.IntType(32), vw), mask)))
+    return b.extract_element(acc, i64(0))
 
 
 # --------------------------------------------------------------------------- arg-max and friends

@@ -1,0 +1,76 @@
+"""Convolutions with few filters per group and a unit column stride read their patch
+matrix in place from the padded planes (conv strategy gemm-planes: gemm.emit_gemm's
+b_table): against onnxruntime, and bit for bit across thread counts."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import glowgen
+from conftest import assert_close, make_model, run_ort
+
+CASES = {
+    # name: (x shape, w shape, attrs, relu); output rows that fill the tiles (conv_reads_planes)
+    "96->24 3x3 pad 1 relu": ((1, 96, 64, 64), (24, 96, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+    "ragged last tile, batch 2": ((2, 5, 40, 62), (8, 5, 3, 3), {"pads": [1, 1, 1, 1]}, False),
+    "row stride 2": ((1, 6, 121, 31), (12, 6, 3, 3), {"pads": [1, 0, 1, 2], "strides": [2, 1]}, True),
+    "dilated, uneven pads": ((1, 4, 70, 34), (16, 4, 3, 3), {"pads": [0, 1, 2, 1], "dilations": [2, 2]}, False),
+    "groups": ((1, 32, 32, 32), (32, 16, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}, True),
+    "5x5 8 filters": ((1, 8, 50, 60), (8, 8, 5, 5), {"pads": [2, 2, 2, 2]}, False),
+    "2x2 no padding": ((1, 16, 40, 33), (9, 16, 2, 2), {}, False),
+}
+
+
+def _model(case, seed=0):
+    xs, ws, attrs, relu = CASES[case]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) * 0.2).astype(np.float32)
+    bias = rng.standard_normal(ws[0]).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], **attrs)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    return make_model(nodes, {"x": x}, ["y"], {"w": w, "b": bias}), x
+
+
+def _strategies(compiled):
+    return [ins.plan.strategy for s in compiled.program.plan.steps for ins in s.instrs
+            if ins.kind == "Conv" and ins.plan is not None]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_gemm_planes_matches_onnxruntime(case):
+    model, x = _model(case)
+    compiled = glowgen.compile(model, threads=1)
+    assert _strategies(compiled) == ["gemm-planes"], compiled.program.plan.describe()
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("case", ["96->24 3x3 pad 1 relu", "row stride 2", "groups"])
+def test_gemm_planes_same_bits_for_any_thread_count(case):
+    model, x = _model(case, seed=1)
+    one = glowgen.compile(model, threads=1)
+    two = glowgen.compile(model, threads=2)
+    assert any(s.parts > 1 for s in two.program.plan.steps) or case != "96->24 3x3 pad 1 relu"
+    np.testing.assert_array_equal(one.run({"x": x})["y"], two.run({"x": x})["y"])
+
+
+def test_narrow_rows_keep_the_patch_matrix():
+    """Rows much narrower than a tile would leave most of its columns idle."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 64, 80, 12)).astype(np.float32)
+    w = (rng.standard_normal((16, 64, 3, 3)) * 0.1).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": x}, ["y"], {"w": w})
+    compiled = glowgen.compile(model, threads=1)
+    assert "gemm-planes" not in _strategies(compiled)
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+
+
+def test_many_filters_keep_the_copied_panels():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 64, 40, 40)).astype(np.float32)
+    w = (rng.standard_normal((64, 64, 3, 3)) * 0.1).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": x}, ["y"], {"w": w})
+    compiled = glowgen.compile(model, threads=1)
+    assert "gemm-planes" not in _strategies(compiled)
