@@ -170,8 +170,23 @@ def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
         return Value(b.fpext(v, t) if widen else b.fptrunc(v, t), dst)
     if is_float(src):
         name = "fptosi.sat" if is_signed(dst) else "fptoui.sat"
-        fn = intrinsic(b.module, f"llvm.{name}.i{t.width}.{float_tag(v.type)}", t, [v.type])
-        return Value(b.call(fn, [v]), dst)
+        if t.width >= 32:
+            fn = intrinsic(b.module, f"llvm.{name}.i{t.width}.{float_tag(v.type)}", t, [v.type])
+            return Value(b.call(fn, [v]), dst)
+        # To 8 or 16 bits: clamp in float (NaN to 0), convert exactly, truncate.  The same
+        # values as fptosi.sat; but LLVM scalarizes a vector fptosi.sat (one conversion per
+        # lane), and this is a quantized model's every requantizing loop.
+        if float_bits(v.type) == 16:      # 65535 is no half: clamp in f32
+            v = b.fpext(v, F32)
+        if is_signed(dst):
+            lo, hi = -(1 << (t.width - 1)), (1 << (t.width - 1)) - 1
+        else:
+            lo, hi = 0, (1 << t.width) - 1
+        flo, fhi, zero = (ir.Constant(v.type, float(c)) for c in (lo, hi, 0))
+        c = b.select(b.fcmp_ordered("<", v, flo), flo, v)
+        c = b.select(b.fcmp_ordered(">", c, fhi), fhi, c)
+        c = b.select(b.fcmp_unordered("uno", v, v), zero, c)
+        return Value(b.trunc(b.fptosi(c, ir.IntType(32)), t), dst)
     if is_float(dst):
         return Value(b.sitofp(v, t) if is_signed(src) else b.uitofp(v, t), dst)
     if t.width > v.type.width:
