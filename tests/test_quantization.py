@@ -167,6 +167,15 @@ def test_calibration_narrows_a_range_with_an_outlier():
         assert 2.5 < hi < 8.0 and lo == -hi, (cal, lo, hi)
     lo, hi = tensor_range(t, "percentile=99", "asymmetric")
     assert -3.0 < lo < -2.0 and 2.0 < hi < 3.0
+    # A ReLU's output: half exact zeros.  The spike at zero must not pull the entropy
+    # threshold down; pixels of a few distinct values keep their whole range.
+    relu = np.concatenate([np.zeros(100_000), np.abs(rng.standard_normal(100_000))])
+    hist, _ = np.histogram(relu, bins=2048)
+    t = TensorProfile(0.0, float(relu.max()), hist, relu.size)
+    assert 2.5 < tensor_range(t, "kl", "asymmetric")[1] <= t.max
+    pixels = rng.integers(0, 17, 10_000) / 16
+    hist, _ = np.histogram(pixels, bins=2048)
+    assert tensor_range(TensorProfile(0.0, 1.0, hist, pixels.size), "kl")[1] == 1.0
     with pytest.raises(GlowgenError, match="percentile"):
         Calibration.parse("percentile=30")
     with pytest.raises(GlowgenError, match="unknown calibration"):
@@ -242,7 +251,7 @@ def test_digits_quantized_top1_within_half_a_point_of_float(digits_profile, back
 
 
 @pytest.mark.parametrize("schema", SCHEMAS)
-@pytest.mark.parametrize("calibration", ["minmax", "percentile=99.99"])
+@pytest.mark.parametrize("calibration", ["minmax", "percentile=99.99", "kl"])
 def test_digits_every_schema_stays_accurate(digits_profile, schema, calibration):
     model, data = _digits()
     x = data["test_x"][:128]

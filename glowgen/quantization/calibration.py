@@ -104,18 +104,29 @@ def _kl_threshold(hist: np.ndarray, top: float, levels: int) -> float:
     n = len(hist)
     if n <= levels or top == 0.0:
         return top
+    # The bin at zero is inside every threshold; left in, the spike of exact zeros a ReLU
+    # writes (often half the values) dominates the divergence as each candidate's first level
+    # spreads it over its neighbours, and pulls the threshold far down.
+    hist = hist.copy()
+    hist[0] = 0
     best_i, best_kl = n, math.inf
     total = hist.sum()
+    if total == 0 or np.count_nonzero(hist) <= levels:
+        return top          # few distinct values (pixels in k/16 steps): levels enough for all
     for i in range(levels, n + 1, max(1, (n - levels) // 256)):
         p = hist[:i].copy()
         p[-1] += hist[i:].sum()                        # outliers clipped into the last bin
-        # Q: P merged into `levels` groups, each spread evenly over its nonzero bins.
-        groups = np.array_split(np.arange(i), levels)
-        q = np.zeros(i)
-        for g in groups:
-            nz = hist[g] > 0
-            if nz.any():
-                q[g[nz]] = hist[g].sum() / nz.sum()
+        # Q: P merged into `levels` groups (as np.array_split cuts them), each spread evenly
+        # over its nonzero bins.
+        sizes = np.full(levels, i // levels)
+        sizes[:i % levels] += 1
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        sliced = hist[:i]
+        nonzero = sliced > 0
+        sums = np.add.reduceat(sliced, starts).astype(np.float64)
+        counts = np.add.reduceat(nonzero.astype(np.int64), starts)
+        per_bin = np.divide(sums, counts, out=np.zeros(levels), where=counts > 0)
+        q = np.where(nonzero, np.repeat(per_bin, sizes), 0.0)
         mask = p > 0
         if not mask.any():
             continue
