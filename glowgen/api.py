@@ -51,17 +51,8 @@ def optimize(function: Function, registry: Optional[Registry] = None, stage: str
     optimized stage is the graph after the [quantize] rules."""
     if stage not in pipeline.STAGE_PHASES:
         raise GlowgenError(f"unknown stage {stage!r}; stages: {', '.join(pipeline.STAGES)}")
-    registry = registry or Registry.default()
-    limit = MemoryLimit.resolve(None)
-    if quantization is None or stage == "loaded":
-        return pipeline.run(function, registry, pipeline.STAGE_PHASES[stage], backend, limit)
-    from .quantization.quantizer import calibrate
-    ctx = pipeline.run(function, registry, pipeline.CANONICAL, backend, limit)
-    calibrate(function, quantization)
-    rest = pipeline.AFTER_CANONICAL if stage == "lowered" else pipeline.AFTER_CANONICAL[:1]
-    later = pipeline.run(function, registry, rest, backend, limit)
-    ctx.merge(later)
-    return ctx
+    return pipeline.run(function, registry or Registry.default(), pipeline.STAGE_PHASES[stage],
+                        backend, MemoryLimit.resolve(None), quantization)
 
 
 def build_program(function: Function, registry: Registry, backend: Backend,
@@ -187,14 +178,8 @@ def _front(model: ModelLike, backend: Backend, input_shapes, registry, optimize:
     [quantize] rules run before lowering."""
     registry = registry or Registry.default()
     function = load(model, input_shapes, registry, constant_inputs, max_memory)
-    if quantization is not None:
-        from .quantization.quantizer import calibrate
-        pipeline.run(function, registry, pipeline.CANONICAL, backend, max_memory)
-        calibrate(function, quantization)
-        pipeline.run(function, registry, pipeline.AFTER_CANONICAL, backend, max_memory)
-        return function, registry
-    phases = pipeline.PIPELINE if optimize else pipeline.UNOPTIMIZED
-    pipeline.run(function, registry, phases, backend, max_memory)
+    phases = pipeline.PIPELINE if optimize or quantization is not None else pipeline.UNOPTIMIZED
+    pipeline.run(function, registry, phases, backend, max_memory, quantization)
     return function, registry
 
 

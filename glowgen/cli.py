@@ -140,7 +140,7 @@ def cmd_dump(args) -> int:
     from .cli_quantize import quantize_options
     from .frontend.onnx import CheckedModel, load_model
     model = CheckedModel(load_model(args.model))
-    quantization = api.quantization_options(model, **{k: v for k, v in quantize_options(args).items()})
+    quantization = api.quantization_options(model, **quantize_options(args))
     if quantization is not None and stage == "loaded":
         raise InputError("--quantize rewrites the optimized graph: use --stage optimized, lowered or lir")
     fn = api.load(model, _input_shapes(args))

@@ -71,10 +71,17 @@ def make_context(registry: Registry, backend: "str | Backend" = "interpreter",
 
 def run(function: Function, registry: Registry, phases=PIPELINE,
         backend: "str | Backend" = "interpreter",
-        max_memory: Optional[MemoryLimit] = None) -> PassContext:
+        max_memory: Optional[MemoryLimit] = None, quantization=None) -> PassContext:
     """Run `phases` over `function` in place; the context holds what each phase did.
-    `max_memory` bounds what constant folding may materialize (memory_limit.py)."""
+    `max_memory` bounds what constant folding may materialize (memory_limit.py).  With
+    `quantization` (quantization/quantizer.py's QuantizationOptions) and phases that begin
+    with CANONICAL, the values its profile covers are calibrated after that phase."""
     ctx = make_context(registry, backend, max_memory)
+    if quantization is not None and tuple(phases[:1]) == CANONICAL:
+        from .quantization.quantizer import calibrate
+        run_pipeline(function, phases[:1], ctx)
+        calibrate(function, quantization)
+        phases = phases[1:]
     run_pipeline(function, phases, ctx)
     return ctx
 

@@ -93,12 +93,6 @@ class PassContext:
     def rewrite_context(self) -> RewriteContext:
         return RewriteContext(set(self.backend_ops) if self.backend_ops is not None else None)
 
-    def merge(self, later: "PassContext") -> None:
-        """Add what a later run over the same function did (a pipeline run in parts)."""
-        self.fired.update(later.fired)
-        self.passes.update(later.passes)
-        self.log.extend(later.log)
-
 
 def run_pipeline(function: Function, phases, ctx: PassContext, _sub: bool = False) -> Function:
     """Run `phases` over `function` in place; the graph is verified after every phase.

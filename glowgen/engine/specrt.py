@@ -559,19 +559,6 @@ def b_calibrated_offset(x) -> int:
     return _calibrated(x)[1].offset
 
 
-def b_qmin(dtype) -> int:
-    """The least value of an integer element type."""
-    import numpy as np
-    from .types import numpy_dtype
-    return int(np.iinfo(numpy_dtype(dtype)).min)
-
-
-def b_qmax(dtype) -> int:
-    import numpy as np
-    from .types import numpy_dtype
-    return int(np.iinfo(numpy_dtype(dtype)).max)
-
-
 BUILTINS = {
     name[2:]: fn for name, fn in dict(globals()).items() if name.startswith("b_") and callable(fn)
 }

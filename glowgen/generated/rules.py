@@ -165,6 +165,14 @@ def build_quantized_conv_of(_b, x, w, b, c, x_scale, scale, offset):
 
 
 
+def build_quantized_conv_in_float_of(_b, x, w, ws, b, c):
+    """= Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), scale = c.scale, offset = c.offset)"""
+    m = w.shape[0]
+    xs = rt.b_quant_scale(x)
+    return _b.op('Quantize', [_b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'scale': c.scale, 'offset': c.offset})
+
+
+
 def _r0_identity_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
@@ -2238,15 +2246,13 @@ def _r143_max_with_floor_remove_build(_b, _m):
 
 
 def _r144_quantized_conv_in_float_build(_b, _m):
-    """=> Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), ...c), scale = c.scale, offset = c.offset)"""
+    """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    m = w.shape[0]
-    xs = rt.b_quant_scale(x)
-    return rt.results(_b.op('Quantize', [_b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'scale': c.scale, 'offset': c.offset}))
+    return rt.results(build_quantized_conv_in_float_of(_b, x, w, ws, b, c))
 
 
 
@@ -2260,15 +2266,13 @@ def _r145_quantized_grouped_conv_in_float_guard(_m, _ctx):
     return bool((rt.gt(c.group, 1)))
 
 def _r145_quantized_grouped_conv_in_float_build(_b, _m):
-    """=> Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), ...c), scale = c.scale, offset = c.offset)"""
+    """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    m = w.shape[0]
-    xs = rt.b_quant_scale(x)
-    return rt.results(_b.op('Quantize', [_b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'scale': c.scale, 'offset': c.offset}))
+    return rt.results(build_quantized_conv_in_float_of(_b, x, w, ws, b, c))
 
 
 
@@ -2428,7 +2432,7 @@ RULES = (
     RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r141_rescale_through_maxpool_guard, build=_r141_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1124:1'),
     RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r142_quantize_of_clip_within_range_guard, build=_r142_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1129:1'),
     RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r143_max_with_floor_remove_guard, build=_r143_max_with_floor_remove_build, location='specs/lowerings.glowdef:1135:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r144_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1140:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r145_quantized_grouped_conv_in_float_guard, build=_r145_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1151:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r146_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1160:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r144_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1149:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r145_quantized_grouped_conv_in_float_guard, build=_r145_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1154:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r146_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1157:1'),
 )

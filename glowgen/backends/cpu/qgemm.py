@@ -32,6 +32,7 @@ from llvmlite import ir
 
 from ...reference.primitives import requantize_multipliers
 from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic
+from .vectors import splat
 
 # The int8 strategies by target (`choose_qshape`): (group, element bits, shift, vector i32
 # lanes, MR, NV).
@@ -101,16 +102,10 @@ def _vec(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-def _splat(b: ir.IRBuilder, v, n: int):
-    vt = _vec(v.type, n)
-    one = b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(one, ir.Constant(vt, ir.Undefined), ir.Constant(_vec(I32, n), [0] * n))
-
-
 def _dot(b: ir.IRBuilder, qs: QShape, acc, bvec, aval):
     """acc + the group sums of B's vector (i32 lanes of G values) times A's broadcast group."""
     vw = qs.vw
-    avec = _splat(b, aval, vw)
+    avec = splat(b, aval, vw)
     if qs.kind == "vnni":
         fn = intrinsic(b.module, "llvm.x86.avx512.vpdpbusd.512", _vec(I32, 16), [_vec(I32, 16)] * 3)
         return b.call(fn, [acc, bvec, avec])            # (sums, u8 operand, s8 operand)
@@ -166,27 +161,24 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
             store(i, j, cur[i][j])
 
 
-def requantize_vector(b: ir.IRBuilder, sums, corr, mult, offset: int):
-    """i32 sums + corr (i32 scalar) -> i8 vector: f32 times mult (f32 scalar), rounded halves
-    to even, + offset, saturated."""
-    vw = sums.type.count
-    ft = _vec(F32, vw)
-    v = b.add(sums, _splat(b, corr, vw))
-    f = b.fmul(b.sitofp(v, ft), _splat(b, mult, vw))
-    rnd = intrinsic(b.module, f"llvm.roundeven.v{vw}f32", ft, [ft])
-    f = b.fadd(b.call(rnd, [f]), ir.Constant(ft, [float(offset)] * vw))
-    lo, hi = ir.Constant(ft, [-128.0] * vw), ir.Constant(ft, [127.0] * vw)
+def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None):
+    """i32 sums (a scalar, or a vector with scalar `mult` and `corr` for all lanes) -> i8:
+    (sums + corr) as f32 times mult, rounded halves to even, + offset, saturated."""
+    vw = sums.type.count if isinstance(sums.type, ir.VectorType) else None
+    ft, it, qt = (F32, I32, I8) if vw is None else (_vec(F32, vw), _vec(I32, vw), _vec(I8, vw))
+
+    def lanes(v):
+        return v if vw is None else splat(b, v, vw)
+
+    def const(x: float):
+        return ir.Constant(ft, x if vw is None else [x] * vw)
+
+    if corr is not None:
+        sums = b.add(sums, lanes(corr))
+    f = b.fmul(b.sitofp(sums, ft), lanes(mult))
+    rnd = intrinsic(b.module, "llvm.roundeven." + ("f32" if vw is None else f"v{vw}f32"), ft, [ft])
+    f = b.fadd(b.call(rnd, [f]), const(float(offset)))
+    lo, hi = const(-128.0), const(127.0)
     f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
     f = b.select(b.fcmp_ordered("<", f, lo), lo, f)
-    return b.trunc(b.fptosi(f, _vec(I32, vw)), _vec(I8, vw))
-
-
-def requantize_scalar(b: ir.IRBuilder, acc, mult, offset: int):
-    """The same for one i32 sum (plain loops)."""
-    f = b.fmul(b.sitofp(acc, F32), mult)
-    rnd = intrinsic(b.module, "llvm.roundeven.f32", F32, [F32])
-    f = b.fadd(b.call(rnd, [f]), ir.Constant(F32, float(offset)))
-    lo, hi = ir.Constant(F32, -128.0), ir.Constant(F32, 127.0)
-    f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
-    f = b.select(b.fcmp_ordered("<", f, lo), lo, f)
-    return b.trunc(b.fptosi(f, I32), I8)
+    return b.trunc(b.fptosi(f, it), qt)

@@ -25,10 +25,9 @@ import numpy as np
 
 from ....engine.types import Type
 from ....lir.ir import WeightBuffer
-from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64
+from ..llvmutil import F32, F64, I8, I16, I32, for_range, i64
 from ..parallel import Work, parallel
-from ..qgemm import QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epilogue, requantize_scalar, \
-    requantize_vector
+from ..qgemm import QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epilogue, requantize
 from .base import DESCRIBE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
@@ -175,8 +174,8 @@ def quantized_product(k: KernelArgs):
 
             def store(i, j, sums):
                 m = b.add(b.mul(mb, i64(qs.mr)), i64(i))
-                v = requantize_vector(b, sums, b.load(b.gep(corr, [m])), b.load(b.gep(mult, [m])),
-                                      node.offset)
+                v = requantize(b, sums, b.load(b.gep(mult, [m])), node.offset,
+                               corr=b.load(b.gep(corr, [m])))
                 at = b.gep(ys, [b.add(b.add(b.mul(m, i64(geo.qpad)), q0), i64(j * qs.vw))])
                 st = b.store(v, b.bitcast(at, v.type.as_pointer()))
                 st.align = 1
@@ -342,7 +341,7 @@ def q_conv_loops(k: KernelArgs):
                     wi = b.add(b.mul(b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh)), ky), i64(kw)), kx)
                     _sum_into(b, acc, b.load(b.gep(x, [xi])), b.load(b.gep(w, [wi])), xo)
             yi = b.add(b.mul(b.add(b.mul(b.add(b.mul(n, i64(m)), mi), i64(oh)), oy), i64(ow)), ox)
-            b.store(requantize_scalar(b, b.load(acc), mult, node.offset), b.gep(y, [yi]))
+            b.store(requantize(b, b.load(acc), mult, node.offset), b.gep(y, [yi]))
 
 
 def q_matmul_loops(k: KernelArgs):
@@ -360,4 +359,4 @@ def q_matmul_loops(k: KernelArgs):
             with for_range(b, kk, name="k") as ki:
                 _sum_into(b, acc, b.load(b.gep(x, [b.add(b.mul(r, i64(kk)), ki)])),
                           b.load(b.gep(w, [b.add(b.mul(ki, i64(n)), j)])), xo)
-            b.store(requantize_scalar(b, b.load(acc), mult, node.offset), b.gep(y, [b.add(b.mul(r, i64(n)), j)]))
+            b.store(requantize(b, b.load(acc), mult, node.offset), b.gep(y, [b.add(b.mul(r, i64(n)), j)]))
