@@ -163,7 +163,8 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
 
 def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None):
     """i32 sums (a scalar, or a vector with scalar `mult` and `corr` for all lanes) -> i8:
-    (sums + corr) as f32 times mult, rounded halves to even, + offset, saturated."""
+    (sums + corr) as f32 times mult, rounded halves to even, + offset (an int, or an f32
+    value read at run time), saturated."""
     vw = sums.type.count if isinstance(sums.type, ir.VectorType) else None
     ft, it, qt = (F32, I32, I8) if vw is None else (_vec(F32, vw), _vec(I32, vw), _vec(I8, vw))
 
@@ -177,7 +178,7 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None):
         sums = b.add(sums, lanes(corr))
     f = b.fmul(b.sitofp(sums, ft), lanes(mult))
     rnd = intrinsic(b.module, "llvm.roundeven." + ("f32" if vw is None else f"v{vw}f32"), ft, [ft])
-    f = b.fadd(b.call(rnd, [f]), const(float(offset)))
+    f = b.fadd(b.call(rnd, [f]), const(float(offset)) if isinstance(offset, int) else lanes(offset))
     lo, hi = const(-128.0), const(127.0)
     f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
     f = b.select(b.fcmp_ordered("<", f, lo), lo, f)

@@ -12,7 +12,10 @@ block [M][Q] and then its rows to the output.  A matrix product is the same with
 transposed rows of x as its plane ([K / G][rows] elements) and one tap.
 
 Weights, the per-filter bias correction and the multipliers are packed once at compile time
-into one constant buffer (qgemm.pack_a / pack_epilogue), in place of the weights operand.
+into one constant buffer (qgemm.pack_a / pack_epilogue), in place of the weights operand,
+followed by the two offsets (the result's, and the plane's padding element).  The code then
+holds no scale or offset of its own: products of the same shapes are one function
+(codegen's twins), which halves the LLVM optimization time of a quantized ResNet-50.
 A split shares out blocks of MR filters (each task builds the plane in its own scratch).
 
 Weights that are not constants and targets without AVX2 run `loops`: plain loops computing
@@ -112,8 +115,10 @@ def q_repack(prog, ins, shape, users) -> bool:
     else:
         w3 = np.ascontiguousarray(w.T).reshape(w.shape[1], w.shape[0], 1)
     corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
+    offsets = [np.array([node.offset], np.float32).view(np.int8),
+               np.array([_pad_element(qs, node.inputs[0].type.quant.offset)], np.int32).view(np.int8)]
     data = np.concatenate([pack_a(w3, w3.shape[2], qs).view(np.int8).ravel(), corr.view(np.int8),
-                           mult.view(np.int8)])
+                           mult.view(np.int8), *offsets])
     buf = ins.operands[2][1]
     root = buf.root()
     new = WeightBuffer(f"{root.name}.q{qs.kind}", Type("i8", (data.size,)), "constant", data=data)
@@ -160,13 +165,15 @@ def quantized_product(k: KernelArgs):
     a = b.bitcast(packed, I32.as_pointer())
     corr = b.bitcast(b.gep(packed, [i64(geo.a_bytes)]), I32.as_pointer())
     mult = b.bitcast(b.gep(packed, [i64(geo.a_bytes + 4 * geo.mpad)]), F32.as_pointer())
+    tail = geo.a_bytes + 8 * geo.mpad
+    y_offset = b.load(b.bitcast(b.gep(packed, [i64(tail)]), F32.as_pointer()))
+    pad = b.load(b.bitcast(b.gep(packed, [i64(tail + 4)]), I32.as_pointer()))
     scratch = b.bitcast(k.scratch, I8.as_pointer())
     plane = b.bitcast(scratch, I32.as_pointer())
     ys = b.gep(scratch, [i64(geo.plane_bytes)])
     lo, hi = k.split.range(b, geo.blocks)
-    x_offset = node.inputs[0].type.quant.offset
     with for_range(b, geo.batch, name="qn") as n:
-        (build_conv_plane if geo.conv else build_matmul_plane)(b, geo, x, n, plane, x_offset)
+        (build_conv_plane if geo.conv else build_matmul_plane)(b, geo, x, n, plane, pad)
 
         def tile(mb, p):
             a_block = b.gep(a, [b.mul(mb, i64(geo.groups * len(geo.taps) * qs.mr))])
@@ -174,7 +181,7 @@ def quantized_product(k: KernelArgs):
 
             def store(i, j, sums):
                 m = b.add(b.mul(mb, i64(qs.mr)), i64(i))
-                v = requantize(b, sums, b.load(b.gep(mult, [m])), node.offset,
+                v = requantize(b, sums, b.load(b.gep(mult, [m])), y_offset,
                                corr=b.load(b.gep(corr, [m])))
                 at = b.gep(ys, [b.add(b.add(b.mul(m, i64(geo.qpad)), q0), i64(j * qs.vw))])
                 st = b.store(v, b.bitcast(at, v.type.as_pointer()))
@@ -223,15 +230,15 @@ def _pad_element(qs: QShape, x_offset: int) -> int:
     return word - (1 << 32) if word >= 1 << 31 else word
 
 
-def build_conv_plane(b, geo: Geometry, x, n, plane, x_offset: int):
+def build_conv_plane(b, geo: Geometry, x, n, plane, pad):
     """Image n of x (N, C, H, W) into the plane: [C / G][phase y][phase x][Hq][Wq] elements of
     G channels, the padding (and channels past C) the x offset.  For each element row, the
     columns inside the input in one loop (G strided loads combined into a 32-bit store, which
-    LLVM vectorizes), the padding columns on either side stored whole."""
+    LLVM vectorizes), the padding columns on either side stored whole.  `pad`: the 32-bit
+    element of G padding values (_pad_element), read from the packed constants."""
     qs = geo.qs
-    pad = ir_const(I32, _pad_element(qs, x_offset))
+    pad_value = b.trunc(pad, qs.elem)
     phases = geo.sh * geo.sw
-    et = qs.elem
     with for_range(b, geo.groups, name="pc") as cg, for_range(b, phases, name="ph") as ph:
         py, px = b.sdiv(ph, i64(geo.sw)), b.srem(ph, i64(geo.sw))
         # Columns xq whose input column xq * sw + px - pl lies in [0, W).
@@ -257,8 +264,7 @@ def build_conv_plane(b, geo: Geometry, x, n, plane, x_offset: int):
                 word = None
                 for t, (ok, base) in enumerate(rows):
                     src = b.select(ok, b.add(base, b.mul(xq, i64(geo.sw))), i64(0))
-                    v = b.select(ok, _elem(b, qs, b.load(b.gep(x, [src]))),
-                                 ir_const(et, (x_offset + qs.shift) & ((1 << qs.bits) - 1)))
+                    v = b.select(ok, _elem(b, qs, b.load(b.gep(x, [src]))), pad_value)
                     part = b.shl(b.zext(v, I32), ir_const(I32, qs.bits * t)) if t else b.zext(v, I32)
                     word = part if word is None else b.or_(word, part)
                 b.store(word, b.gep(dst, [xq]))
@@ -266,10 +272,10 @@ def build_conv_plane(b, geo: Geometry, x, n, plane, x_offset: int):
                 b.store(pad, b.gep(dst, [xq]))
 
 
-def build_matmul_plane(b, geo: Geometry, x, n, plane, x_offset: int):
+def build_matmul_plane(b, geo: Geometry, x, n, plane, pad):
     """x (rows, K) transposed into the plane: [K / G][rows] elements of G values of k."""
     qs = geo.qs
-    pad = _elem(b, qs, ir_const(I8, x_offset))
+    pad = b.trunc(pad, qs.elem)
     with for_range(b, geo.rows, name="pr") as r:
         with for_range(b, geo.groups, name="pg") as cg:
             at = b.add(b.mul(cg, i64(geo.rows)), r)
