@@ -140,8 +140,11 @@ def test_quantized_conv_native(case, cpu):
     assert all(np.array_equal(results[0], r) for r in results)
 
 
-MATMUL_CASES = [((1,), 512, 100), ((3,), 5, 7), ((2, 5), 37, 33), ((17,), 64, 16), ((64,), 130, 257)]
-SPLIT_MATMUL = {len(MATMUL_CASES) - 1}
+# Up to a tile's broadcast rows (6 for AVX2, 8 for VNNI), the product has its features in
+# the lanes (qgemv.py): ragged feature counts, K not a multiple of the group, a split.
+MATMUL_CASES = [((1,), 512, 100), ((3,), 5, 7), ((2, 5), 37, 33), ((17,), 64, 16), ((1,), 3, 1),
+                ((2, 3), 71, 50), ((1, 1), 1000, 33), ((64,), 130, 257), ((4,), 640, 800)]
+SPLIT_MATMUL = {len(MATMUL_CASES) - 2, len(MATMUL_CASES) - 1}
 
 
 @pytest.mark.parametrize("cpu", CPUS)

@@ -102,13 +102,16 @@ def _vec(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-def _dot(b: ir.IRBuilder, qs: QShape, acc, bvec, aval):
-    """acc + the group sums of B's vector (i32 lanes of G values) times A's broadcast group."""
+def _dot(b: ir.IRBuilder, qs: QShape, acc, bvec, aval, broadcast_u8: bool = False):
+    """acc + the group sums of B's vector (i32 lanes of G values) times A's broadcast group.
+    With VNNI, B holds the u8 values and A the s8 ones, or the other way round when
+    `broadcast_u8`."""
     vw = qs.vw
     avec = splat(b, aval, vw)
     if qs.kind == "vnni":
         fn = intrinsic(b.module, "llvm.x86.avx512.vpdpbusd.512", _vec(I32, 16), [_vec(I32, 16)] * 3)
-        return b.call(fn, [acc, bvec, avec])            # (sums, u8 operand, s8 operand)
+        u8, s8 = (avec, bvec) if broadcast_u8 else (bvec, avec)
+        return b.call(fn, [acc, u8, s8])
     h = _vec(I16, 2 * vw)
     name = "llvm.x86.avx512.pmaddw.d.512" if vw == 16 else "llvm.x86.avx2.pmadd.wd"
     fn = intrinsic(b.module, name, _vec(I32, vw), [h, h])
@@ -116,12 +119,14 @@ def _dot(b: ir.IRBuilder, qs: QShape, acc, bvec, aval):
 
 
 def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block, b_base,
-              group_stride: int, store: Callable, name: str = "qt") -> None:
+              group_stride: int, store: Callable, name: str = "qt", rows: Optional[int] = None,
+              broadcast_u8: bool = False) -> None:
     """One MR x NR tile: for each of `groups` channel groups (a run-time loop) and each tap
     (unrolled), B's NV vectors at b_base + group * group_stride + tap offset + j * VW (i32
     elements) meet A's MR broadcast groups at a_block[(group * taps + t) * MR + i].  Then
-    store(i, j, sums) for each of the MR x NV vectors of i32 sums."""
-    vw, mr, nv = qs.vw, qs.mr, qs.nv
+    store(i, j, sums) for each of the MR x NV vectors of i32 sums.  `rows` (at most MR)
+    replaces MR; `broadcast_u8`: A holds the u8 values (_dot)."""
+    vw, mr, nv = qs.vw, rows or qs.mr, qs.nv
     vt = _vec(I32, vw)
     zero = ir.Constant(vt, [0] * vw)
     entry = b.block
@@ -148,7 +153,7 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
         for i in range(mr):
             av = b.load(b.gep(ag, [i64(t * mr + i)]))
             for j in range(nv):
-                cur[i][j] = _dot(b, qs, cur[i][j], bvecs[j], av)
+                cur[i][j] = _dot(b, qs, cur[i][j], bvecs[j], av, broadcast_u8)
     g_next = b.add(g, i64(1))
     g.add_incoming(g_next, b.block)
     for i in range(mr):
@@ -162,14 +167,14 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
 
 
 def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None):
-    """i32 sums (a scalar, or a vector with scalar `mult` and `corr` for all lanes) -> i8:
+    """i32 sums (a scalar, or a vector with `mult` and `corr` per lane or for all lanes) -> i8:
     (sums + corr) as f32 times mult, rounded halves to even, + offset (an int, or an f32
     value read at run time), saturated."""
     vw = sums.type.count if isinstance(sums.type, ir.VectorType) else None
     ft, it, qt = (F32, I32, I8) if vw is None else (_vec(F32, vw), _vec(I32, vw), _vec(I8, vw))
 
     def lanes(v):
-        return v if vw is None else splat(b, v, vw)
+        return v if vw is None or isinstance(v.type, ir.VectorType) else splat(b, v, vw)
 
     def const(x: float):
         return ir.Constant(ft, x if vw is None else [x] * vw)

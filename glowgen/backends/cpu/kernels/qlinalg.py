@@ -9,7 +9,8 @@ of the product, and tap (ky, kx) reads element q + a constant offset: every tap'
 one load, no im2col.  The columns ox >= OW of each row are computed and dropped (Wq - OW of
 Wq: 2 of 58 for a 3x3 convolution at 56x56).  The product goes, requantized, to a scratch
 block [M][Q] and then its rows to the output.  A matrix product is the same with the
-transposed rows of x as its plane ([K / G][rows] elements) and one tap.
+transposed rows of x as its plane ([K / G][rows] elements) and one tap; one with no more
+rows than a tile broadcasts (batch 1) turns around, its features in the lanes (qgemv.py).
 
 Weights, the per-filter bias correction and the multipliers are packed once at compile time
 into one constant buffer (qgemm.pack_a / pack_epilogue), in place of the weights operand,
@@ -31,6 +32,7 @@ from ....lir.ir import WeightBuffer
 from ..llvmutil import F32, F64, I8, I16, I32, for_range, i64
 from ..parallel import Work, parallel
 from ..qgemm import QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epilogue, requantize
+from . import qgemv
 from .base import DESCRIBE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
@@ -104,8 +106,8 @@ def q_strategy(ins, shape, packable) -> str:
 
 @hook(REPACK, "QuantizedConv", "QuantizedMatMul")
 def q_repack(prog, ins, shape, users) -> bool:
-    """Weights (qgemm.pack_a), bias corrections and multipliers (pack_epilogue) in one
-    constant buffer replacing the weights operand."""
+    """Weights (qgemm.pack_a, or qgemv.pack), bias corrections, multipliers and offsets in
+    one constant buffer replacing the weights operand."""
     if ins.plan.strategy not in QSHAPES:
         return False
     node, qs = ins.node, QShape(ins.plan.strategy)
@@ -114,11 +116,11 @@ def q_repack(prog, ins, shape, users) -> bool:
         w3 = w.reshape(w.shape[0], w.shape[1], -1)
     else:
         w3 = np.ascontiguousarray(w.T).reshape(w.shape[1], w.shape[0], 1)
-    corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
-    offsets = [np.array([node.offset], np.float32).view(np.int8),
-               np.array([_pad_element(qs, node.inputs[0].type.quant.offset)], np.int32).view(np.int8)]
-    data = np.concatenate([pack_a(w3, w3.shape[2], qs).view(np.int8).ravel(), corr.view(np.int8),
-                           mult.view(np.int8), *offsets])
+    pad = _pad_element(qs, node.inputs[0].type.quant.offset)
+    if qgemv.is_gemv(node, qs):
+        data = qgemv.pack(node, w, ws, b, qs, pad)
+    else:
+        data = _pack(node, w3, ws, b, qs, pad)
     buf = ins.operands[2][1]
     root = buf.root()
     new = WeightBuffer(f"{root.name}.q{qs.kind}", Type("i8", (data.size,)), "constant", data=data)
@@ -131,18 +133,31 @@ def q_repack(prog, ins, shape, users) -> bool:
     return True
 
 
+def _pack(node, w3, ws, b, qs: QShape, pad: int) -> np.ndarray:
+    corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
+    offsets = [np.array([node.offset], np.float32).view(np.int8),
+               np.array([pad], np.int32).view(np.int8)]
+    return np.concatenate([pack_a(w3, w3.shape[2], qs).view(np.int8).ravel(), corr.view(np.int8),
+                           mult.view(np.int8), *offsets])
+
+
 @hook(SCRATCH, "QuantizedConv", "QuantizedMatMul")
 def q_scratch(ins, shape) -> int:
     if ins.plan.strategy not in QSHAPES:
         return 0
-    return Geometry(ins.node, QShape(ins.plan.strategy)).scratch
+    qs = QShape(ins.plan.strategy)
+    return (qgemv.GemvGeometry if qgemv.is_gemv(ins.node, qs) else Geometry)(ins.node, qs).scratch
 
 
 @parallel("QuantizedConv", "QuantizedMatMul")
 def q_work(node, shape, ins) -> Work:
     if ins.plan is None or ins.plan.strategy not in QSHAPES:
         return Work(1)
-    geo = Geometry(node, QShape(ins.plan.strategy))
+    qs = QShape(ins.plan.strategy)
+    if qgemv.is_gemv(node, qs):
+        geo = qgemv.GemvGeometry(node, qs)
+        return Work(geo.tiles, flops=2.0 * geo.rows * geo.n * geo.c)
+    geo = Geometry(node, qs)
     flops = 2.0 * geo.batch * geo.m * geo.q * geo.c * len(geo.taps)
     return Work(geo.blocks, flops=flops)
 
@@ -159,6 +174,8 @@ def quantized_product(k: KernelArgs):
         return (q_conv_loops if k.node.OP == "QuantizedConv" else q_matmul_loops)(k)
     b, node = k.b, k.node
     qs = QShape(k.strategy)
+    if qgemv.is_gemv(node, qs):
+        return qgemv.emit(b, k, qs, build_matmul_plane)
     geo = Geometry(node, qs)
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
     packed = b.bitcast(packed, I8.as_pointer())
