@@ -551,3 +551,25 @@ def test_only_compile_takes_several_shape_variants(capsys):
     assert main(["run", str(TINY), "--input-shape", "image=1x3x8x8", "--input-shape", "image=2x3x8x8"]) == 2
     err = capsys.readouterr().err
     assert "only `glowgen compile` writes several" in err and "Traceback" not in err
+
+
+def test_write_bundle_of_shape_variants_shares_constants(tmp_path):
+    """The Python API: a list of input shapes is a bundle of variants; a constant both
+    variants hold with the same bytes lies at one offset, read by both."""
+    from glowgen.backends.cpu.bundle import constant_bytes
+    path = _dynamic_batch_model(tmp_path / "dyn.onnx")
+    bundle = write_bundle(path, tmp_path / "b", input_shapes=[{"x": (1, 3, 8, 8)}, {"x": (3, 3, 8, 8)}])
+    first, second = bundle.variants
+    assert bundle.program is first and first.inputs["x"].type.shape == (1, 3, 8, 8)
+    offsets = {constant_bytes(w): w.offset for w in first.constant_weights()}
+    shared = [w for w in second.constant_weights() if constant_bytes(w) in offsets]
+    assert shared and all(w.offset == offsets[constant_bytes(w)] for w in shared)
+    weights = (tmp_path / "b" / "dyn.weights.bin").read_bytes()
+    for prog in bundle.variants:                     # each variant finds its constants in the file
+        for w in prog.constant_weights():
+            assert weights[w.offset:w.offset + w.nbytes] == constant_bytes(w)
+    d = _defines((tmp_path / "b" / "dyn.h").read_text())
+    assert d["DYN_NUM_VARIANTS"] == "2" and d["DYN_V1_INPUT_x_DIMS"] == "{3, 3, 8, 8}"
+    assert int(d["DYN_MUTABLE_MEM_SIZE"]) == max(p.region_sizes["mutable"] for p in bundle.variants)
+    with pytest.raises(InputError, match="empty list"):
+        write_bundle(path, tmp_path / "c", input_shapes=[])
