@@ -275,7 +275,10 @@ def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,
     bundle (object file, weights, header, example main.c) into `out_dir`.  `max_memory` bounds
     what compiling allocates here: the constants and folded constants (the activation arena
     is the target's to allocate, and is not checked against this machine's memory).
-    `quantize`, `schema`, `calibration`, `keep_float`: as for `compile`."""
+    `quantize`, `schema`, `calibration`, `keep_float`: as for `compile`.
+    `input_shapes` may also be a list of such mappings: one bundle with a compiled entry
+    point per shape variant, their constants shared, and a function that picks the variant
+    for given input shapes (backends/cpu/bundle_variants.py)."""
     import os
     from pathlib import Path
     from .backends.base import prepare_output_dir
@@ -288,9 +291,22 @@ def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,
     if quantize is not None:
         model = CheckedModel(load_model(model, limit))
     quantization = quantization_options(model, quantize, schema, calibration, keep_float, registry)
+    several = not isinstance(input_shapes, Mapping) and input_shapes is not None
+    variants = list(input_shapes) if several else [input_shapes]
+    if several and not variants:
+        raise InputError("input_shapes is an empty list: give at least one shape variant")
     prepare_output_dir(out_dir)
-    function, registry = _front(model, backend, input_shapes, registry, True, None, limit,
-                                quantization)
-    prog = build_program(function, registry, backend, backend.bundle_options(options, target))
-    check_plan(prog, limit, regions=("constant",))
-    return backend.write_bundle(prog, registry, out_dir, target, options)
+    progs = []
+    for k, shapes in enumerate(variants):
+        try:
+            function, registry = _front(model, backend, shapes, registry, True, None, limit,
+                                        quantization)
+            prog = build_program(function, registry, backend, backend.bundle_options(options, target))
+        except GlowgenError as e:
+            if several and len(e.args) == 1:      # say which variant: the same type, its context
+                bound = ", ".join(f"{n}={'x'.join(map(str, d))}" for n, d in dict(shapes).items())
+                e.args = (f"shape variant {k + 1} ({bound}): {e.args[0]}",)
+            raise
+        check_plan(prog, limit, regions=("constant",))
+        progs.append(prog)
+    return backend.write_bundle(progs if several else progs[0], registry, out_dir, target, options)

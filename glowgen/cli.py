@@ -30,6 +30,7 @@ examples:
   glowgen dump model.onnx --stage loaded --format dot > graph.dot
   glowgen dump model.onnx --stage asm                   # the cpu backend's machine code
   glowgen compile model.onnx -o out/                    # a bundle: out/model.o, .h, .weights.bin, main.c
+  glowgen compile model.onnx -o out/ --input-shape x=1x8 --input-shape x=4x8   # one bundle, two shape variants
   glowgen bench model.onnx --backend cpu --runs 20      # latency, against onnxruntime
   glowgen bench model.onnx --devices 2 --concurrency 4  # serving throughput, against onnxruntime
   glowgen partition model.onnx --device cpu:memory=64MB --device cpu:memory=64MB [--format dot]
@@ -52,9 +53,53 @@ def _parse_assignments(items, what: str) -> dict[str, str]:
     return out
 
 
-def _input_shapes(args) -> dict:
+def shape_variants(items) -> list[dict]:
+    """`--input-shape` items as shape variants (input name -> dims), in order.
+
+    An item binds one input or several, comma-separated (`x=1x8,mask=1x8`; a comma inside
+    dims, `x=1,8`, still reads as dims: only a comma before `NAME=` separates).  Items add
+    to the current variant; an item naming an input the current variant already binds starts
+    the next one.  Every variant must bind the same inputs, and no two may be equal."""
     from .frontend.onnx import parse_dims
-    return {k: parse_dims(v) for k, v in _parse_assignments(args.input_shape, "--input-shape").items()}
+    variants: list[dict] = []
+    for item in items or []:
+        binding = {}
+        for piece in re.split(r",(?=[^,=]*=)", item):
+            name, sep, value = piece.rpartition("=")
+            if not sep or not name or not value:
+                raise InputError(f"--input-shape takes NAME=DIMS (or NAME=DIMS,NAME=DIMS,... for "
+                                 f"several inputs), got {item!r}")
+            if name in binding:
+                raise InputError(f"--input-shape {item!r} binds {name!r} twice; give each shape "
+                                 f"variant its own --input-shape")
+            binding[name] = parse_dims(value)
+        if not variants or binding.keys() & variants[-1].keys():
+            variants.append({})
+        variants[-1].update(binding)
+    for k, v in enumerate(variants[1:], 2):
+        if v.keys() != variants[0].keys():
+            raise InputError(
+                f"--input-shape: shape variant 1 binds {', '.join(sorted(variants[0]))} but variant "
+                f"{k} binds {', '.join(sorted(v))}; every variant must bind the same inputs (naming "
+                f"an input again starts a new variant)")
+        if v in variants[:k - 1]:
+            raise InputError(f"--input-shape: shape variant {k} repeats variant "
+                             f"{variants.index(v) + 1} ({_describe_variant(v)})")
+    return variants
+
+
+def _describe_variant(shapes: dict) -> str:
+    return ",".join(f"{n}={'x'.join(map(str, d)) or 'scalar'}" for n, d in shapes.items())
+
+
+def _input_shapes(args) -> dict:
+    """The one set of input shapes of a command that compiles one variant."""
+    variants = shape_variants(args.input_shape)
+    if len(variants) > 1:
+        raise InputError(f"--input-shape gives {len(variants)} shape variants "
+                         f"({' | '.join(map(_describe_variant, variants))}): only `glowgen compile` "
+                         f"writes several, into one bundle; bind each input once here")
+    return variants[0] if variants else {}
 
 
 def _safe_filename(name: str) -> str:
@@ -204,6 +249,12 @@ def _dump_native(args, stage: str) -> int:
     return 0
 
 
+def _bundle_shapes(args):
+    """compile's --input-shape: one variant's shapes, or a list of several variants'."""
+    variants = shape_variants(args.input_shape)
+    return variants if len(variants) > 1 else (variants[0] if variants else {})
+
+
 def cmd_compile(args) -> int:
     import shlex
     import time
@@ -211,17 +262,28 @@ def cmd_compile(args) -> int:
     t0 = time.perf_counter()
     from .cli_quantize import quantize_options
     b = write_bundle(args.model, args.output, name=args.name, triple=args.target, cpu=args.cpu,
-                     input_shapes=_input_shapes(args), stacking=not args.no_stacking,
+                     input_shapes=_bundle_shapes(args), stacking=not args.no_stacking,
                      **_thread_option(args, "cpu"), **quantize_options(args))
     seconds = time.perf_counter() - t0
     sizes = b.program.region_sizes
     print(f"compiled {args.model} for {b.triple} (cpu {b.cpu or 'generic'}) in {seconds:.2f} s")
     for path in b.files:
         print(f"  wrote {path} ({path.stat().st_size} bytes)")
-    print(f"  entry point: int {b.name}(uint8_t *constant_weights, uint8_t *mutable_weights, "
-          f"uint8_t *activations)")
-    print(f"  regions: constant {sizes['constant']} bytes, mutable {sizes['mutable']} bytes, "
-          f"activations {sizes['activation']} bytes (64-byte aligned)")
+    if b.variants:
+        from .backends.cpu.bundle_variants import describe_inputs
+        print(f"  {len(b.variants)} shape variants, picked by int {b.name}_select_variant(ranks, dims) "
+              f"and run by int {b.name}_run(variant, constant_weights, mutable_weights, activations):")
+        for k, prog in enumerate(b.variants):
+            print(f"    {k}: {b.name}_v{k}  {describe_inputs(prog)}")
+        sizes = {r: max(p.region_sizes[r] for p in b.variants) for r in sizes}
+        print(f"  regions: constant {sizes['constant']} bytes (one for every variant), mutable "
+              f"{sizes['mutable']} bytes, activations {sizes['activation']} bytes (the largest "
+              f"variant's; 64-byte aligned)")
+    else:
+        print(f"  entry point: int {b.name}(uint8_t *constant_weights, uint8_t *mutable_weights, "
+              f"uint8_t *activations)")
+        print(f"  regions: constant {sizes['constant']} bytes, mutable {sizes['mutable']} bytes, "
+              f"activations {sizes['activation']} bytes (64-byte aligned)")
     print("build and run the example program:")
     print(f"  cd {shlex.quote(str(b.directory))} && {b.build_command}")
     if b.host:
@@ -359,9 +421,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
-    shape_help = ("bind an input's shape, e.g. input=1x3x224x224: compile for it ahead of time "
-                  "(compile and dump need it for dynamic dimensions; run and bench without it "
-                  "take the shape of --input, or 1 for a dynamic dimension of a random input)")
+    shape_help = ("bind an input's shape, e.g. input=1x3x224x224 (several inputs: "
+                  "x=1x8,mask=1x8): compile for it ahead of time (compile and dump need it for "
+                  "dynamic dimensions; run and bench without it take the shape of --input, or 1 "
+                  "for a dynamic dimension of a random input)")
+    variants_help = ("bind an input's shape, e.g. image=1x3x224x224, or several inputs' at once: "
+                     "x=1x8,mask=1x8 (needed for dynamic dimensions). Repeat it to bind more "
+                     "inputs; naming an input again starts another shape variant: "
+                     "--input-shape x=1x3x32x32 --input-shape x=4x3x32x32 writes one bundle "
+                     "with an entry point per variant (NAME_v0, NAME_v1, ...; weights shared) "
+                     "and NAME_select_variant(ranks, dims), which picks the variant for given "
+                     "input shapes, and NAME_run(variant, ...); every variant binds the same "
+                     "inputs, e.g. x=1x8,mask=1x8 then x=4x8,mask=4x8")
 
     r = sub.add_parser("run", help="compile a model and run it once",
                        description="Compile MODEL and run it on the given (or random) inputs; print "
@@ -423,9 +494,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "                    input's and output's offset, shape and element type\n"
                     "  main.c            an example: reads inputs from raw files, writes outputs\n"
                     "Build the example with `gcc -O2 -pthread main.c NAME.o -lm -o NAME` in DIR; the object\n"
-                    "needs no library but libm.",
-        epilog="example:\n  glowgen compile mlp.onnx -o out/ && cd out && gcc -O2 -pthread main.c mlp.o -lm -o mlp\n"
-               "  ./mlp input.bin output.bin     # raw little-endian, row-major tensors")
+                    "needs no library but libm.\n"
+                    "With several shape variants (--input-shape naming an input again), NAME.h has an\n"
+                    "entry point per variant and NAME_select_variant / NAME_run to pick and run one;\n"
+                    "main.c runs the variant of its inputs' shapes (from the file sizes, or --shape).",
+        epilog="examples:\n  glowgen compile mlp.onnx -o out/ && cd out && gcc -O2 -pthread main.c mlp.o -lm -o mlp\n"
+               "  ./mlp input.bin output.bin     # raw little-endian, row-major tensors\n"
+               "  glowgen compile net.onnx -o out/ --input-shape x=1x3x32x32 --input-shape x=4x3x32x32\n"
+               "  ./net x4.bin y4.bin            # the batch-4 variant, chosen by x4.bin's size\n"
+               "  glowgen compile bert.onnx -o out/ --input-shape ids=1x8,mask=1x8 --input-shape ids=1x16,mask=1x16")
     k.add_argument("model", help="path to an .onnx file")
     k.add_argument("-o", "--output", required=True, metavar="DIR",
                    help="directory to write the bundle to (created if needed)")
@@ -435,7 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="LLVM target triple, e.g. aarch64-linux-gnu (default: this machine)")
     k.add_argument("--cpu", help="CPU to tune and select instructions for, e.g. x86-64-v3 "
                                  "(default: this machine's CPU for the host triple, else generic)")
-    k.add_argument("--input-shape", action="append", metavar="NAME=DIMS", help=shape_help)
+    k.add_argument("--input-shape", action="append", metavar="NAME=DIMS[,NAME=DIMS...]",
+                   help=variants_help)
     k.add_argument("--no-stacking", action="store_true",
                    help="one loop per elementwise op (for comparison)")
     k.add_argument("--threads", type=int, default=None, metavar="N",

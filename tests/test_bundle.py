@@ -386,3 +386,190 @@ def test_quantized_bundle_matches_jit_bit_for_bit(tmp_path):
     got = run_bundle(build(bundle), bundle.program, feeds, tmp_path)
     assert_bitwise_equal(got, quantized.run(feeds))
     assert any(np.abs(got[k] - jit.run(feeds)[k]).max() > 0 for k in got)    # really quantized
+
+
+# --------------------------------------------------------------------------- shape variants
+def _dynamic_batch_model(path: Path) -> Path:
+    """Conv -> Relu -> GlobalAveragePool -> Flatten -> Gemm over a batch of dim_param N."""
+    rng = np.random.default_rng(11)
+    inits = [onnx.numpy_helper.from_array((rng.standard_normal((6, 3, 3, 3)) * 0.3).astype(np.float32), "w"),
+             onnx.numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b"),
+             onnx.numpy_helper.from_array(rng.standard_normal((6, 4)).astype(np.float32), "g"),
+             onnx.numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "gb")]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]),
+             helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("Gemm", ["f", "g", "gb"], ["y"])]
+    graph = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def _run_files(exe: Path, inputs: list, n_outputs: int, tmp: Path, extra=()):
+    files = []
+    for i, x in enumerate(inputs):
+        files.append(tmp / f"vin{i}.bin")
+        np.ascontiguousarray(x).astype(x.dtype.newbyteorder("<")).tofile(files[-1])
+    outs = [tmp / f"vout{i}.bin" for i in range(n_outputs)]
+    done = subprocess.run([str(exe), *extra] + [str(f) for f in files + outs], capture_output=True,
+                          text=True, timeout=120)
+    return done, outs
+
+
+@needs_gcc
+def test_bundle_of_shape_variants_matches_onnxruntime(tmp_path, capsys):
+    """`--input-shape x=.. --input-shape x=..` names the input again: one bundle, one entry per
+    batch size, weights shared; main.c picks the variant from the input file's size (or
+    --shape) and runs it on 1 or 2 threads; a batch size not in the bundle is refused."""
+    import onnxruntime as ort
+    path = _dynamic_batch_model(tmp_path / "dyn.onnx")
+    batches = (1, 2, 5)
+    argv = ["compile", str(path), "-o", str(tmp_path / "b"), "--threads", "2"]
+    for n in batches:
+        argv += ["--input-shape", f"x={n}x3x8x8"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "3 shape variants" in out and "dyn_v2  x f32[5, 3, 8, 8]" in out
+    d = tmp_path / "b"
+    cmd = ["gcc", "-O2", "-pthread", "main.c", "dyn.o", "-lm", "-o", "dyn"]
+    built = subprocess.run(cmd, cwd=d, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    exe = d / "dyn"
+    session = ort.InferenceSession(str(path))
+    rng = np.random.default_rng(5)
+    for n in batches:
+        x = rng.standard_normal((n, 3, 8, 8)).astype(np.float32)
+        expected = session.run(None, {"x": x})[0]
+        for extra in ([], ["--threads", "2"], ["--shape", f"x={n}x3x8x8"]):
+            done, outs = _run_files(exe, [x], 1, tmp_path, extra)
+            assert done.returncode == 0, done.stderr
+            got = np.fromfile(outs[0], "<f4").reshape(n, 4)
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    # Constants are the same for every batch size: stored once, as in a bundle of one.
+    single = write_bundle(path, tmp_path / "one", input_shapes={"x": (1, 3, 8, 8)})
+    assert (d / "dyn.weights.bin").stat().st_size == single.program.region_sizes["constant"]
+    # A batch the bundle was not compiled for.
+    x3 = rng.standard_normal((3, 3, 8, 8)).astype(np.float32)
+    done, _ = _run_files(exe, [x3], 1, tmp_path)
+    assert done.returncode == 4 and "no variant of dyn takes an input 'x' of that size" in done.stderr
+    assert "f32[5, 3, 8, 8]" in done.stderr                     # it lists what the bundle has
+    done, _ = _run_files(exe, [x3], 1, tmp_path, ["--shape", "x=3x3x8x8"])
+    assert done.returncode == 4 and "no variant of dyn was compiled for the input shapes x[3, 3, 8, 8]" in done.stderr
+    done, _ = _run_files(exe, [x3], 1, tmp_path, ["--shape", "y=3x3x8x8"])
+    assert done.returncode == 1 and "names no input of dyn" in done.stderr
+    done, _ = _run_files(exe, [x3], 1, tmp_path, ["--shape", "x=5x3x8x8"])     # the wrong size for it
+    assert done.returncode == 2 and "needs exactly" in done.stderr
+    done = subprocess.run([str(exe), "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "variant 2" in done.stdout and "--shape NAME=DIMS" in done.stdout
+
+
+@needs_gcc
+def test_variant_picker_of_a_two_input_model(tmp_path):
+    """Two inputs bound together (x=..,mask=..) per variant; NAME_select_variant and NAME_run
+    from the header, called by a strict C11 program, against onnxruntime."""
+    import onnxruntime as ort
+    nodes = [helper.make_node("Mul", ["x", "mask"], ["m"]), helper.make_node("ReduceSum", ["m"], ["y"], keepdims=0)]
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["B", "T"]),
+                                             helper.make_tensor_value_info("mask", onnx.TensorProto.FLOAT, ["B", "T"])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [])])
+    path = tmp_path / "two.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), path)
+    assert main(["compile", str(path), "-o", str(tmp_path), "--input-shape", "x=1x8,mask=1x8",
+                 "--input-shape", "x=2,4,mask=2,4", "--input-shape", "x=4x2", "--input-shape", "mask=4x2"]) == 0
+    header = (tmp_path / "two.h").read_text()
+    assert "#define TWO_NUM_VARIANTS 3" in header and "two_select_variant" in header
+    (tmp_path / "t.c").write_text(r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "two.h"
+int main(int argc, char **argv) {
+  int64_t x_dims[2], mask_dims[2];
+  const int64_t *dims[2] = {x_dims, mask_dims};
+  int ranks[2] = {2, 2}, v, i, n;
+  uint8_t *c = aligned_alloc(64, 64 + TWO_CONSTANT_MEM_SIZE), *m = aligned_alloc(64, TWO_MUTABLE_MEM_SIZE),
+          *a = aligned_alloc(64, 64 + TWO_ACTIVATIONS_MEM_SIZE);
+  float *x, *mask;
+  x_dims[0] = mask_dims[0] = atoi(argv[1]);
+  x_dims[1] = atoi(argv[2]);
+  mask_dims[1] = atoi(argv[3]);
+  v = two_select_variant(ranks, dims);
+  if (v == TWO_NO_VARIANT) { printf("none\n"); return two_run(TWO_NUM_VARIANTS, c, m, a) == TWO_NO_VARIANT ? 0 : 1; }
+  n = (int)(x_dims[0] * x_dims[1]);
+  x = (float *)(m + two_variants[v].inputs[0].offset);
+  mask = (float *)(m + two_variants[v].inputs[1].offset);
+  for (i = 0; i < n; i++) { x[i] = (float)i * 0.5f - 1.0f; mask[i] = (float)(i % 3); }
+  if (two_run(v, c, m, a) != 0) return 1;
+  printf("%d %.6f\n", v, *(float *)(m + two_variants[v].outputs[0].offset));
+  (void)argc;
+  return 0;
+}
+""")
+    built = subprocess.run(["gcc", "-Wall", "-Wextra", "-Werror", "-std=c11", "-pedantic", "-O2", "t.c", "two.o",
+                            "-lm", "-o", "t"], cwd=tmp_path, capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr
+    session = ort.InferenceSession(str(path))
+    for k, (b, t) in enumerate([(1, 8), (2, 4), (4, 2)]):
+        done = subprocess.run([str(tmp_path / "t"), str(b), str(t), str(t)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        v, y = done.stdout.split()
+        i = np.arange(b * t, dtype=np.float32)
+        expected = session.run(None, {"x": (i * 0.5 - 1).reshape(b, t), "mask": (i % 3).reshape(b, t)})[0]
+        assert int(v) == k and float(y) == pytest.approx(float(expected), rel=1e-6)
+    for b, t, tm in [(3, 8, 8), (1, 8, 4)]:             # no such variant; mismatched inputs
+        done = subprocess.run([str(tmp_path / "t"), str(b), str(t), str(tm)], capture_output=True, text=True)
+        assert done.returncode == 0 and done.stdout == "none\n"
+
+
+def test_shape_variants_of_the_command_line():
+    from glowgen.cli import shape_variants
+    assert shape_variants(["x=1x8,mask=1,8", "x=2x8", "mask=2x8"]) == [
+        {"x": (1, 8), "mask": (1, 8)}, {"x": (2, 8), "mask": (2, 8)}]
+    assert shape_variants(["x=1x8", "mask=1x8"]) == [{"x": (1, 8), "mask": (1, 8)}]
+    assert shape_variants(["x=1x8", "x=2x8"]) == [{"x": (1, 8)}, {"x": (2, 8)}]
+    assert shape_variants(None) == []
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--input-shape", "image=1x3x8x8", "--input-shape", "image=1x3x8x8"], "shape variant 2 repeats variant 1"),
+    (["--input-shape", "image=1x3x8x8,k=1", "--input-shape", "image=2x3x8x8"],
+     "every variant must bind the same inputs"),
+    (["--input-shape", "image=1x3x8x8,image=2x3x8x8"], "binds 'image' twice"),
+    (["--input-shape", "image=1x3x8x8,=2"], "takes NAME=DIMS"),
+    (["--input-shape", "image=1x3x8x8", "--input-shape", "image=2x3x8"], "shape variant 2 (image=2x3x8): input 'image' has rank 4"),
+])
+def test_compile_bad_shape_variants(tmp_path, capsys, argv, message):
+    assert main(["compile", str(TINY), "-o", str(tmp_path / "b")] + argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and "Traceback" not in err
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())
+
+
+def test_only_compile_takes_several_shape_variants(capsys):
+    assert main(["run", str(TINY), "--input-shape", "image=1x3x8x8", "--input-shape", "image=2x3x8x8"]) == 2
+    err = capsys.readouterr().err
+    assert "only `glowgen compile` writes several" in err and "Traceback" not in err
+
+
+def test_write_bundle_of_shape_variants_shares_constants(tmp_path):
+    """The Python API: a list of input shapes is a bundle of variants; a constant both
+    variants hold with the same bytes lies at one offset, read by both."""
+    from glowgen.backends.cpu.bundle import constant_bytes
+    path = _dynamic_batch_model(tmp_path / "dyn.onnx")
+    bundle = write_bundle(path, tmp_path / "b", input_shapes=[{"x": (1, 3, 8, 8)}, {"x": (3, 3, 8, 8)}])
+    first, second = bundle.variants
+    assert bundle.program is first and first.inputs["x"].type.shape == (1, 3, 8, 8)
+    offsets = {constant_bytes(w): w.offset for w in first.constant_weights()}
+    shared = [w for w in second.constant_weights() if constant_bytes(w) in offsets]
+    assert shared and all(w.offset == offsets[constant_bytes(w)] for w in shared)
+    weights = (tmp_path / "b" / "dyn.weights.bin").read_bytes()
+    for prog in bundle.variants:                     # each variant finds its constants in the file
+        for w in prog.constant_weights():
+            assert weights[w.offset:w.offset + w.nbytes] == constant_bytes(w)
+    d = _defines((tmp_path / "b" / "dyn.h").read_text())
+    assert d["DYN_NUM_VARIANTS"] == "2" and d["DYN_V1_INPUT_x_DIMS"] == "{3, 3, 8, 8}"
+    assert int(d["DYN_MUTABLE_MEM_SIZE"]) == max(p.region_sizes["mutable"] for p in bundle.variants)
+    with pytest.raises(InputError, match="empty list"):
+        write_bundle(path, tmp_path / "c", input_shapes=[])

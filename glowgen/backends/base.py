@@ -89,8 +89,10 @@ class Backend:
         `bundle_target`): by default, the same as for running it here."""
         return options
 
-    def write_bundle(self, prog: Program, registry, out_dir, target, options: Mapping[str, Any]):
-        """Write `prog` (already prepared) for `target` (from `bundle_target`) into `out_dir`."""
+    def write_bundle(self, prog: "Program | list[Program]", registry, out_dir, target, options: Mapping[str, Any]):
+        """Write `prog` (already prepared) for `target` (from `bundle_target`) into `out_dir`;
+        a list of programs is one model compiled for several sets of input shapes, written
+        as one bundle of shape variants."""
         raise UnsupportedError(f"the {self.name} backend cannot write bundles; "
                                f"use a backend that can: {', '.join(bundle_backends())}")
 

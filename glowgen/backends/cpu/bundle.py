@@ -12,6 +12,9 @@ out_dir)` compiles a model and calls it) as, for NAME (the model file's stem by 
 
 Build the example with `gcc -O2 -pthread main.c NAME.o -lm -o NAME`: the object needs nothing
 but libm (main.c brings the POSIX threads its `--threads` option runs the model on).
+
+A model compiled for several sets of input shapes is one bundle of shape variants: see
+bundle_variants.py.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import numpy as np
 
 from ...errors import GlowgenError
 from ...lir.ir import ALIGNMENT, Program
-from .bundle_main import main_c_text
+from .bundle_main import main_c_text, variants_main_c_text
 
 # Names a bundle's entry point must not take: C keywords, `main`, and the C library and libm
 # functions that main.c or the generated code link against.
@@ -85,16 +88,22 @@ def tensor_macro_names(names) -> dict[str, str]:
     return out
 
 
+def constant_bytes(w, big_endian: bool = False) -> bytes:
+    """A constant weight's bytes, as the code reads them."""
+    if w.nbytes == 0:
+        return b""
+    data = np.ascontiguousarray(np.asarray(w.data, dtype=w.type.np_dtype).reshape(w.type.shape))
+    if big_endian and data.dtype.itemsize > 1:
+        data = data.astype(data.dtype.newbyteorder(">"))
+    return data.tobytes()
+
+
 def constant_region(prog: Program, big_endian: bool = False) -> bytes:
     """The constant region's bytes: every constant weight at its offset (zeros between)."""
     region = np.zeros(prog.region_sizes["constant"], np.uint8)
     for w in prog.constant_weights():
-        if w.nbytes == 0:
-            continue
-        data = np.ascontiguousarray(np.asarray(w.data, dtype=w.type.np_dtype).reshape(w.type.shape))
-        if big_endian and data.dtype.itemsize > 1:
-            data = data.astype(data.dtype.newbyteorder(">"))
-        region[w.offset:w.offset + w.nbytes] = np.frombuffer(data.tobytes(), np.uint8)
+        if w.nbytes:
+            region[w.offset:w.offset + w.nbytes] = np.frombuffer(constant_bytes(w, big_endian), np.uint8)
     return region.tobytes()
 
 
@@ -103,12 +112,77 @@ def _dims(shape) -> str:
     return "{" + ", ".join(str(d) for d in shape) + "}" if shape else "{0}"
 
 
+def tensor_macros(prog: Program, P: str) -> list[str]:
+    """Each input's and output's offset, size, rank, dims and element type, as macros
+    P_INPUT_<name>_OFFSET, ..."""
+    L = []
+    for kind, table in (("INPUT", prog.inputs), ("OUTPUT", prog.outputs)):
+        safe = tensor_macro_names(table)
+        for tname, w in table.items():
+            m = f"{P}_{kind}_{safe[tname]}"
+            ty = w.type
+            L += [f"/* {kind.lower()} {tname!r}: {ty.dtype}{list(ty.shape)} */",
+                  f"#define {m}_OFFSET {w.offset}",
+                  f"#define {m}_SIZE {w.nbytes} /* bytes */",
+                  f"#define {m}_RANK {len(ty.shape)}",
+                  f"#define {m}_DIMS {_dims(ty.shape)}" + (" /* rank 0: a scalar */" if not ty.shape else ""),
+                  f'#define {m}_ELEM_TYPE "{ty.dtype}"',
+                  f"#define {m}_ELEM_SIZE {ty.np_dtype.itemsize}", ""]
+    return L
+
+
+# The types every bundle's header shares (guarded: a program may include several headers).
+COMMON_TYPES = [
+    "#ifndef GLOWGEN_TENSOR_INFO_DEFINED", "#define GLOWGEN_TENSOR_INFO_DEFINED",
+    "/* One model input or output, for programs that handle any bundle generically. */",
+    "typedef struct {",
+    "  const char *name;      /* the ONNX name */",
+    "  size_t offset;         /* in the mutable region */",
+    "  size_t size;           /* bytes */",
+    "  const char *elem_type; /* \"f32\", \"i64\", ... */",
+    "  size_t elem_size;      /* bytes per element */",
+    "  int rank;",
+    "  const int64_t *dims;",
+    "} glowgen_tensor_info;", "#endif",
+    "#ifndef GLOWGEN_PARALLEL_FOR_DEFINED", "#define GLOWGEN_PARALLEL_FOR_DEFINED",
+    "/* Runs task(env, i) for every i in [0, n), in any order, on any threads; returns",
+    " * when every call has returned.  Results never depend on which thread runs what. */",
+    "typedef void (*glowgen_task)(void *env, int64_t i);",
+    "typedef void (*glowgen_parallel_for)(void *pool, int64_t n, glowgen_task task, void *env);",
+    "#endif",
+    "#ifndef GLOWGEN_UNUSED",
+    "#if defined(__GNUC__) || defined(__clang__)",
+    "#define GLOWGEN_UNUSED __attribute__((unused))",
+    "#else", "#define GLOWGEN_UNUSED", "#endif", "#endif", ""]
+
+
+def tensor_tables(prog: Program, P: str, prefix: str, counts: str) -> list[str]:
+    """The tables prefix_inputs[] and prefix_outputs[] of glowgen_tensor_info, over the
+    macros of `tensor_macros(prog, P)`; `counts`_NUM_INPUTS and _NUM_OUTPUTS size them."""
+    L = []
+    for kind, table in (("INPUT", prog.inputs), ("OUTPUT", prog.outputs)):
+        safe = tensor_macro_names(table)
+        for tname in table:
+            m = f"{P}_{kind}_{safe[tname]}"
+            L.append(f"static const int64_t GLOWGEN_UNUSED {prefix}_{kind.lower()}_{safe[tname]}_dims[] = {m}_DIMS;")
+    L.append("")
+    for kind, table in (("INPUT", prog.inputs), ("OUTPUT", prog.outputs)):
+        safe = tensor_macro_names(table)
+        L.append(f"/* The {kind.lower()}s in order, then an entry whose name is NULL. */")
+        L.append(f"static const glowgen_tensor_info GLOWGEN_UNUSED {prefix}_{kind.lower()}s[{counts}_NUM_{kind}S + 1] = {{")
+        for tname in table:
+            m = f"{P}_{kind}_{safe[tname]}"
+            L.append(f"  {{{_c_string(tname)}, {m}_OFFSET, {m}_SIZE, {m}_ELEM_TYPE, {m}_ELEM_SIZE, "
+                     f"{m}_RANK, {prefix}_{kind.lower()}_{safe[tname]}_dims}},")
+        L.append("  {0, 0, 0, 0, 0, 0, 0}")
+        L.append("};")
+    return L
+
+
 def header_text(prog: Program, name: str, *, source: str = "", triple: str = "",
                 cpu: str = "", byte_order: str = "little", threads: int = 1) -> str:
     P = name.upper()
     sizes = prog.region_sizes
-    ins = tensor_macro_names(prog.inputs)
-    outs = tensor_macro_names(prog.outputs)
     max_rank = max([1] + [len(w.type.shape) for w in list(prog.inputs.values()) + list(prog.outputs.values())])
     target = f" for {triple}" + (f" (cpu {cpu})" if cpu else "") if triple else ""
     L = [f"/* {name}.h: generated by glowgen from {source or 'a model'}{target}.",
@@ -141,52 +215,9 @@ def header_text(prog: Program, name: str, *, source: str = "", triple: str = "",
          f"#define {P}_NUM_OUTPUTS {len(prog.outputs)}",
          f"#define {P}_MAX_RANK {max_rank}",
          f"#define {P}_THREADS {threads} /* the threads its steps were split for */", ""]
-    for kind, table, safe in (("INPUT", prog.inputs, ins), ("OUTPUT", prog.outputs, outs)):
-        for tname, w in table.items():
-            m = f"{P}_{kind}_{safe[tname]}"
-            ty = w.type
-            L += [f"/* {kind.lower()} {tname!r}: {ty.dtype}{list(ty.shape)} */",
-                  f"#define {m}_OFFSET {w.offset}",
-                  f"#define {m}_SIZE {w.nbytes} /* bytes */",
-                  f"#define {m}_RANK {len(ty.shape)}",
-                  f"#define {m}_DIMS {_dims(ty.shape)}" + (" /* rank 0: a scalar */" if not ty.shape else ""),
-                  f'#define {m}_ELEM_TYPE "{ty.dtype}"',
-                  f"#define {m}_ELEM_SIZE {ty.np_dtype.itemsize}", ""]
-    L += ["#ifndef GLOWGEN_TENSOR_INFO_DEFINED", "#define GLOWGEN_TENSOR_INFO_DEFINED",
-          "/* One model input or output, for programs that handle any bundle generically. */",
-          "typedef struct {",
-          "  const char *name;      /* the ONNX name */",
-          "  size_t offset;         /* in the mutable region */",
-          "  size_t size;           /* bytes */",
-          "  const char *elem_type; /* \"f32\", \"i64\", ... */",
-          "  size_t elem_size;      /* bytes per element */",
-          "  int rank;",
-          "  const int64_t *dims;",
-          "} glowgen_tensor_info;", "#endif",
-          "#ifndef GLOWGEN_PARALLEL_FOR_DEFINED", "#define GLOWGEN_PARALLEL_FOR_DEFINED",
-          "/* Runs task(env, i) for every i in [0, n), in any order, on any threads; returns",
-          " * when every call has returned.  Results never depend on which thread runs what. */",
-          "typedef void (*glowgen_task)(void *env, int64_t i);",
-          "typedef void (*glowgen_parallel_for)(void *pool, int64_t n, glowgen_task task, void *env);",
-          "#endif",
-          "#ifndef GLOWGEN_UNUSED",
-          "#if defined(__GNUC__) || defined(__clang__)",
-          "#define GLOWGEN_UNUSED __attribute__((unused))",
-          "#else", "#define GLOWGEN_UNUSED", "#endif", "#endif", ""]
-    for kind, table, safe in (("INPUT", prog.inputs, ins), ("OUTPUT", prog.outputs, outs)):
-        for tname in table:
-            m = f"{P}_{kind}_{safe[tname]}"
-            L.append(f"static const int64_t GLOWGEN_UNUSED {name}_{kind.lower()}_{safe[tname]}_dims[] = {m}_DIMS;")
-    L.append("")
-    for kind, table, safe in (("INPUT", prog.inputs, ins), ("OUTPUT", prog.outputs, outs)):
-        L.append(f"/* The {kind.lower()}s in order, then an entry whose name is NULL. */")
-        L.append(f"static const glowgen_tensor_info GLOWGEN_UNUSED {name}_{kind.lower()}s[{P}_NUM_{kind}S + 1] = {{")
-        for tname in table:
-            m = f"{P}_{kind}_{safe[tname]}"
-            L.append(f"  {{{_c_string(tname)}, {m}_OFFSET, {m}_SIZE, {m}_ELEM_TYPE, {m}_ELEM_SIZE, "
-                     f"{m}_RANK, {name}_{kind.lower()}_{safe[tname]}_dims}},")
-        L.append("  {0, 0, 0, 0, 0, 0, 0}")
-        L.append("};")
+    L += tensor_macros(prog, P)
+    L += COMMON_TYPES
+    L += tensor_tables(prog, P, name, P)
     L += ["", f"int {name}(uint8_t *constant_weights, uint8_t *mutable_weights, uint8_t *activations);",
           f"int {name}_parallel(uint8_t *constant_weights, uint8_t *mutable_weights, uint8_t *activations,",
           f"     {' ' * len(name)}          glowgen_parallel_for parallel_for, void *pool);",
@@ -214,9 +245,10 @@ class Bundle:
     files: list[Path]
     triple: str
     cpu: str
-    program: Program
+    program: Program             # the first shape variant's, with several
     host: bool
     build_command: str = field(default="")
+    variants: list[Program] = field(default_factory=list)   # with several shape variants
 
 
 def _bundle_target_machine(triple: Optional[str], cpu: Optional[str]):
@@ -282,29 +314,46 @@ def bundle_target(triple: Optional[str] = None, cpu: Optional[str] = None,
                         source.name if source is not None else "an in-memory model")
 
 
-def write_bundle(prog: Program, registry, out_dir, target: BundleTarget) -> Bundle:
+def write_bundle(prog: "Program | list[Program]", registry, out_dir, target: BundleTarget) -> Bundle:
     """Write the compiled program `prog`, prepared for `target` (passes.py), as a bundle
     into `out_dir`, its steps split for the threads it was prepared for (the entry
-    NAME_parallel takes the caller's pool)."""
+    NAME_parallel takes the caller's pool).  A list of programs, one model compiled for
+    several sets of input shapes, is written as one bundle of shape variants
+    (bundle_variants.py)."""
     from ..base import prepare_output_dir
+    from . import bundle_variants
     from .codegen import ModuleBuilder
     from .jit import optimize
 
     name, source = target.name, target.source
+    variants = prog if isinstance(prog, list) else None
+    progs = variants or [prog]
     directory = prepare_output_dir(out_dir)
     tm = target.machine
-    ir_text = str(ModuleBuilder(prog, registry, name).build())
-    threads = prog.plan.threads
-    module = optimize(ir_text, tm)
-    obj = tm.emit_object(module)
     big_endian = str(tm.target_data).startswith("E")
-
+    byte_order = "big" if big_endian else "little"
+    threads = progs[0].plan.threads
+    if variants is None:
+        module = optimize(str(ModuleBuilder(prog, registry, name).build()), tm)
+        weights = constant_region(prog, big_endian)
+        header = header_text(prog, name, source=source, triple=target.triple, cpu=target.cpu,
+                             byte_order=byte_order, threads=threads)
+        main_c = main_c_text(prog, name)
+    else:
+        bundle_variants.check_variants(variants)
+        # Constants move to their shared offsets before code generation reads them.
+        weights = bundle_variants.share_constants(variants, big_endian)
+        module = bundle_variants.link([str(ModuleBuilder(p, registry, bundle_variants.entry_name(name, k)).build())
+                                       for k, p in enumerate(variants)])
+        module = optimize(module, tm)
+        header = bundle_variants.header_text(variants, name, source=source, triple=target.triple,
+                                             cpu=target.cpu, byte_order=byte_order, threads=threads)
+        main_c = variants_main_c_text(variants, name)
     files = {
-        f"{name}.o": obj,
-        f"{name}.weights.bin": constant_region(prog, big_endian),
-        f"{name}.h": header_text(prog, name, source=source, triple=target.triple, cpu=target.cpu,
-                                 byte_order="big" if big_endian else "little", threads=threads).encode(),
-        "main.c": main_c_text(prog, name).encode(),
+        f"{name}.o": tm.emit_object(module),
+        f"{name}.weights.bin": weights,
+        f"{name}.h": header.encode(),
+        "main.c": main_c.encode(),
     }
     written = []
     for fname, data in files.items():
@@ -315,5 +364,5 @@ def write_bundle(prog: Program, registry, out_dir, target: BundleTarget) -> Bund
             raise GlowgenError(f"cannot write {path}: {e.strerror or e}") from None
         written.append(path)
     cc = "gcc" if target.host else f"<a C compiler for {target.triple}>"
-    return Bundle(name, directory, written, target.triple, target.cpu, prog, target.host,
-                  f"{cc} -O2 -pthread main.c {name}.o -lm -o {name}")
+    return Bundle(name, directory, written, target.triple, target.cpu, progs[0], target.host,
+                  f"{cc} -O2 -pthread main.c {name}.o -lm -o {name}", variants or [])

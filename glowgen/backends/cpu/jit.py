@@ -43,8 +43,9 @@ def target_machine(triple: Optional[str] = None, cpu: Optional[str] = None, feat
                                         codemodel=codemodel)
 
 
-def optimize(ir_text: str, tm) -> "llvm.ModuleRef":
-    mod = llvm.parse_assembly(ir_text)
+def optimize(ir, tm) -> "llvm.ModuleRef":
+    """The module (LLVM text, or a parsed module, optimized in place) through LLVM's -O3."""
+    mod = llvm.parse_assembly(ir) if isinstance(ir, str) else ir
     mod.verify()
     mod.triple = tm.triple
     mod.data_layout = str(tm.target_data)
