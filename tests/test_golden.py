@@ -621,6 +621,16 @@ _QUANTIZATION_CASES = {
         "  input %x: i8[2, 3] q(0.02, 5)\n"
         "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
         "  %y = Transpose(%d) {perm = [1, 0]} : f32[3, 2]\n"), {"x": _QX}, lambda f: {"y": _dq(f["x"], 0.02, 5).T}),
+    "slice_of_dequantized": text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        "  %y = Slice(%d) {starts = [0, 1], stops = [2, 3], steps = [1, 1]} : f32[2, 2]\n"),
+        {"x": _QX}, lambda f: {"y": _dq(f["x"], 0.02, 5)[:, 1:3]}),
+    "gather_of_dequantized": text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n  const %i: i64[4] = dense<[2, 0, -1, 1]>\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        "  %y = Gather(%d, %i) {axis = 1} : f32[2, 4]\n"),
+        {"x": _QX}, lambda f: {"y": _dq(f["x"], 0.02, 5)[:, [2, 0, -1, 1]]}),
     "rescale_through_max": text_case(_qtext(
         "  input %x: i8[2, 3] q(0.02, 5)\n  const %k: i8[] = dense<[5]>\n"
         "  %m = Max(%x, %k) : i8[2, 3] q(0.02, 5)\n"

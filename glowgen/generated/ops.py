@@ -3485,7 +3485,7 @@ class Slice(Node):
         starts: ints
         stops: ints
         steps: ints
-    Traits: primitive
+    Traits: primitive, quant_passthrough
     Declared at specs/ops.glowdef:351:1.
     """
 
@@ -3493,7 +3493,7 @@ class Slice(Node):
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('starts', 'ints', None, False), AttrInfo('stops', 'ints', None, False), AttrInfo('steps', 'ints', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quant_passthrough'])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:351:1'
 
@@ -3534,7 +3534,7 @@ class Gather(Node):
         y: Tensor[A, *gather_shape(S, Q, axis)]
     Attributes:
         axis: int = 0 where (axis >= 0) and (axis < len(S))
-    Traits: primitive
+    Traits: primitive, quant_passthrough
     Declared at specs/ops.glowdef:378:1.
     """
 
@@ -3542,7 +3542,7 @@ class Gather(Node):
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('indices', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quant_passthrough'])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:378:1'
 

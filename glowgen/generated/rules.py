@@ -2181,7 +2181,26 @@ def _r139_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r140_rescale_through_max_guard(_m, _ctx):
+def _r140_slice_of_dequantized_build(_b, _m):
+    """=> Dequantize(Slice(x, ...s), ...d)"""
+    s = _m['s']
+    d = _m['d']
+    x = _m['x']
+    return rt.results(_b.op('Dequantize', [_b.op('Slice', [x], {'starts': s.starts, 'stops': s.stops, 'steps': s.steps})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
+
+
+
+def _r141_gather_of_dequantized_build(_b, _m):
+    """=> Dequantize(Gather(x, i, ...g), ...d)"""
+    g = _m['g']
+    d = _m['d']
+    x = _m['x']
+    i = _m['i']
+    return rt.results(_b.op('Dequantize', [_b.op('Gather', [x, i], {'axis': g.axis})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
+
+
+
+def _r142_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2189,7 +2208,7 @@ def _r140_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r140_rescale_through_max_build(_b, _m):
+def _r142_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2199,14 +2218,14 @@ def _r140_rescale_through_max_build(_b, _m):
 
 
 
-def _r141_rescale_through_maxpool_guard(_m, _ctx):
+def _r143_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r141_rescale_through_maxpool_build(_b, _m):
+def _r143_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2215,14 +2234,14 @@ def _r141_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r142_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r144_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
 
-def _r142_quantize_of_clip_within_range_build(_b, _m):
+def _r144_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2231,13 +2250,13 @@ def _r142_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r143_max_with_floor_remove_guard(_m, _ctx):
+def _r145_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r143_max_with_floor_remove_build(_b, _m):
+def _r145_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2245,7 +2264,7 @@ def _r143_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r144_quantized_conv_in_float_build(_b, _m):
+def _r146_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2256,7 +2275,7 @@ def _r144_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r145_quantized_grouped_conv_in_float_guard(_m, _ctx):
+def _r147_quantized_grouped_conv_in_float_guard(_m, _ctx):
     """where c.group > 1"""
     c = _m['c']
     x = _m['x']
@@ -2265,7 +2284,7 @@ def _r145_quantized_grouped_conv_in_float_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.gt(c.group, 1)))
 
-def _r145_quantized_grouped_conv_in_float_build(_b, _m):
+def _r147_quantized_grouped_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2276,7 +2295,7 @@ def _r145_quantized_grouped_conv_in_float_build(_b, _m):
 
 
 
-def _r146_quantized_matmul_in_float_build(_b, _m):
+def _r148_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2428,11 +2447,13 @@ RULES = (
     RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r137_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1109:1'),
     RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r138_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1112:1'),
     RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r139_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1115:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r140_rescale_through_max_guard, build=_r140_rescale_through_max_build, location='specs/lowerings.glowdef:1120:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r141_rescale_through_maxpool_guard, build=_r141_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1124:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r142_quantize_of_clip_within_range_guard, build=_r142_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1129:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r143_max_with_floor_remove_guard, build=_r143_max_with_floor_remove_build, location='specs/lowerings.glowdef:1135:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r144_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1149:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r145_quantized_grouped_conv_in_float_guard, build=_r145_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1154:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r146_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1157:1'),
+    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r140_slice_of_dequantized_build, location='specs/lowerings.glowdef:1118:1'),
+    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r141_gather_of_dequantized_build, location='specs/lowerings.glowdef:1121:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r142_rescale_through_max_guard, build=_r142_rescale_through_max_build, location='specs/lowerings.glowdef:1126:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r143_rescale_through_maxpool_guard, build=_r143_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1130:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r144_quantize_of_clip_within_range_guard, build=_r144_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1135:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r145_max_with_floor_remove_guard, build=_r145_max_with_floor_remove_build, location='specs/lowerings.glowdef:1141:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r146_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1155:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r147_quantized_grouped_conv_in_float_guard, build=_r147_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1160:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r148_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1163:1'),
 )
