@@ -11,6 +11,9 @@ import pytest
 
 from glowgen import pipeline
 from glowgen.api import CompiledModel
+from glowgen.backends.cpu.kernels import qlanes
+from glowgen.backends.cpu.kernels.qlinalg import Geometry
+from glowgen.backends.cpu.qgemm import QShape
 from glowgen.engine.registry import Registry
 from glowgen.engine.textual import parse_function
 
@@ -116,9 +119,17 @@ CONV_CASES = [
     (1, 3, 20, 18, 10, 7, (2, 2), (3, 3, 3, 3), (1, 1)),
     (1, 5, 10, 10, 7, 3, (1, 1), (2, 0, 1, 2), (2, 2)),
     (1, 33, 7, 7, 70, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    # Small images (with VNNI) and single pixels: features in the lanes, pixels broadcast
+    # (qlanes.py); IN_LANES says which cases do.
+    (1, 64, 7, 7, 64, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (2, 520, 7, 7, 64, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (1, 64, 13, 14, 64, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
+    (2, 40, 2, 2, 24, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (1, 512, 7, 7, 256, 1, (1, 1), (0, 0, 0, 0), (1, 1)),      # split among 2 threads
     (2, 32, 20, 20, 40, 3, (1, 1), (1, 1, 1, 1), (1, 1)),      # split among 2 threads
 ]
-SPLIT_CONV = {len(CONV_CASES) - 1}
+SPLIT_CONV = {len(CONV_CASES) - 2, len(CONV_CASES) - 1}
+IN_LANES = {"vnni": {8, 9, 10, 11, 12}, "madd16": {11}}
 
 
 @pytest.mark.parametrize("cpu", CPUS)
@@ -134,6 +145,9 @@ def test_quantized_conv_native(case, cpu):
         assert ("madd16" if cpu else "") in strategy and "loops" not in strategy, strategy
         if threads == 2 and case in SPLIT_CONV:
             assert max(s.parts for s in model.program.plan.steps) == 2
+        ins = [i for i in model.program.instrs if i.kind == "QuantizedConv"][0]
+        qs = QShape(ins.plan.strategy)
+        assert qlanes.in_lanes(Geometry(ins.node, qs), qs) == (case in IN_LANES["vnni" if qs.kind == "vnni" else "madd16"])
         got = model.run(feeds)["y"]
         np.testing.assert_array_equal(got, want)
         results.append(got)
@@ -141,7 +155,7 @@ def test_quantized_conv_native(case, cpu):
 
 
 # Up to a tile's broadcast rows (6 for AVX2, 8 for VNNI), the product has its features in
-# the lanes (qgemv.py): ragged feature counts, K not a multiple of the group, a split.
+# the lanes (qlanes.py): ragged feature counts, K not a multiple of the group, a split.
 MATMUL_CASES = [((1,), 512, 100), ((3,), 5, 7), ((2, 5), 37, 33), ((17,), 64, 16), ((1,), 3, 1),
                 ((2, 3), 71, 50), ((1, 1), 1000, 33), ((64,), 130, 257), ((4,), 640, 800)]
 SPLIT_MATMUL = {len(MATMUL_CASES) - 2, len(MATMUL_CASES) - 1}

@@ -120,12 +120,13 @@ def _dot(b: ir.IRBuilder, qs: QShape, acc, bvec, aval, broadcast_u8: bool = Fals
 
 def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block, b_base,
               group_stride: int, store: Callable, name: str = "qt", rows: Optional[int] = None,
-              broadcast_u8: bool = False) -> None:
+              broadcast_u8: bool = False, a_at: Optional[Callable] = None) -> None:
     """One MR x NR tile: for each of `groups` channel groups (a run-time loop) and each tap
     (unrolled), B's NV vectors at b_base + group * group_stride + tap offset + j * VW (i32
     elements) meet A's MR broadcast groups at a_block[(group * taps + t) * MR + i].  Then
     store(i, j, sums) for each of the MR x NV vectors of i32 sums.  `rows` (at most MR)
-    replaces MR; `broadcast_u8`: A holds the u8 values (_dot)."""
+    replaces MR; `broadcast_u8`: A holds the u8 values (_dot); `a_at(group, t, i)`, when
+    given, is the pointer to A's group for row i and tap t in place of a_block's."""
     vw, mr, nv = qs.vw, rows or qs.mr, qs.nv
     vt = _vec(I32, vw)
     zero = ir.Constant(vt, [0] * vw)
@@ -142,7 +143,7 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
             acc.add_incoming(zero, entry)
     cur = [[acc for acc in row] for row in accs]
     bg = b.gep(b_base, [b.mul(g, i64(group_stride))])
-    ag = b.gep(a_block, [b.mul(g, i64(len(taps) * mr))])
+    ag = b.gep(a_block, [b.mul(g, i64(len(taps) * mr))]) if a_at is None else None
     for t, off in enumerate(taps):
         bvecs = []
         for j in range(nv):
@@ -151,7 +152,7 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
             v.align = 4
             bvecs.append(v)
         for i in range(mr):
-            av = b.load(b.gep(ag, [i64(t * mr + i)]))
+            av = b.load(a_at(g, t, i) if a_at is not None else b.gep(ag, [i64(t * mr + i)]))
             for j in range(nv):
                 cur[i][j] = _dot(b, qs, cur[i][j], bvecs[j], av, broadcast_u8)
     g_next = b.add(g, i64(1))

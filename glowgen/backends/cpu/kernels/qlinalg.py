@@ -10,7 +10,8 @@ one load, no im2col.  The columns ox >= OW of each row are computed and dropped 
 Wq: 2 of 58 for a 3x3 convolution at 56x56).  The product goes, requantized, to a scratch
 block [M][Q] and then its rows to the output.  A matrix product is the same with the
 transposed rows of x as its plane ([K / G][rows] elements) and one tap; one with no more
-rows than a tile broadcasts (batch 1) turns around, its features in the lanes (qgemv.py).
+rows than a tile broadcasts (batch 1), or a convolution of small images, turns around, its
+features in the lanes (qlanes.py), where that leaves fewer lanes idle.
 
 Weights, the per-filter bias correction and the multipliers are packed once at compile time
 into one constant buffer (qgemm.pack_a / pack_epilogue), in place of the weights operand,
@@ -32,7 +33,7 @@ from ....lir.ir import WeightBuffer
 from ..llvmutil import F32, F64, I8, I16, I32, for_range, i64
 from ..parallel import Work, parallel
 from ..qgemm import QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epilogue, requantize
-from . import qgemv
+from . import qlanes
 from .base import DESCRIBE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
@@ -106,7 +107,7 @@ def q_strategy(ins, shape, packable) -> str:
 
 @hook(REPACK, "QuantizedConv", "QuantizedMatMul")
 def q_repack(prog, ins, shape, users) -> bool:
-    """Weights (qgemm.pack_a, or qgemv.pack), bias corrections, multipliers and offsets in
+    """Weights (qgemm.pack_a, or qlanes.pack), bias corrections, multipliers and offsets in
     one constant buffer replacing the weights operand."""
     if ins.plan.strategy not in QSHAPES:
         return False
@@ -117,8 +118,9 @@ def q_repack(prog, ins, shape, users) -> bool:
     else:
         w3 = np.ascontiguousarray(w.T).reshape(w.shape[1], w.shape[0], 1)
     pad = _pad_element(qs, node.inputs[0].type.quant.offset)
-    if qgemv.is_gemv(node, qs):
-        data = qgemv.pack(node, w, ws, b, qs, pad)
+    geo = Geometry(node, qs)
+    if qlanes.in_lanes(geo, qs):
+        data = qlanes.pack(node, geo, w3, ws, b, qs, pad)
     else:
         data = _pack(node, w3, ws, b, qs, pad)
     buf = ins.operands[2][1]
@@ -146,7 +148,8 @@ def q_scratch(ins, shape) -> int:
     if ins.plan.strategy not in QSHAPES:
         return 0
     qs = QShape(ins.plan.strategy)
-    return (qgemv.GemvGeometry if qgemv.is_gemv(ins.node, qs) else Geometry)(ins.node, qs).scratch
+    geo = Geometry(ins.node, qs)
+    return qlanes.Lanes(geo, qs).scratch if qlanes.in_lanes(geo, qs) else geo.scratch
 
 
 @parallel("QuantizedConv", "QuantizedMatMul")
@@ -154,12 +157,9 @@ def q_work(node, shape, ins) -> Work:
     if ins.plan is None or ins.plan.strategy not in QSHAPES:
         return Work(1)
     qs = QShape(ins.plan.strategy)
-    if qgemv.is_gemv(node, qs):
-        geo = qgemv.GemvGeometry(node, qs)
-        return Work(geo.tiles, flops=2.0 * geo.rows * geo.n * geo.c)
     geo = Geometry(node, qs)
     flops = 2.0 * geo.batch * geo.m * geo.q * geo.c * len(geo.taps)
-    return Work(geo.blocks, flops=flops)
+    return Work(qlanes.Lanes(geo, qs).tiles if qlanes.in_lanes(geo, qs) else geo.blocks, flops=flops)
 
 
 @hook(DESCRIBE, "QuantizedConv", "QuantizedMatMul")
@@ -174,9 +174,9 @@ def quantized_product(k: KernelArgs):
         return (q_conv_loops if k.node.OP == "QuantizedConv" else q_matmul_loops)(k)
     b, node = k.b, k.node
     qs = QShape(k.strategy)
-    if qgemv.is_gemv(node, qs):
-        return qgemv.emit(b, k, qs, build_matmul_plane)
     geo = Geometry(node, qs)
+    if qlanes.in_lanes(geo, qs):
+        return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane)
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
     packed = b.bitcast(packed, I8.as_pointer())
     a = b.bitcast(packed, I32.as_pointer())

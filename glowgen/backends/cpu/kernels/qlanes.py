@@ -1,0 +1,150 @@
+"""int8 products with the output features in the vector lanes: the product of qgemm.py
+turned around, for shapes where lanes over pixels (or rows) would idle.
+
+The general product (qlinalg.py) puts output pixels (a matrix product's rows) in the lanes
+and broadcasts weights, in tiles of 32 (VNNI) or 16 (AVX2) pixels of a plane whose rows
+carry the padding columns: a 7x7 image fills 49 of 64 lanes, a 14x14 one under a 3x3 kernel
+196 of 224, and a matrix product of one row 1 of 32.  Here the weights are the vectors and
+each output pixel (or row) is broadcast from its own place in the plane:
+
+    Y[R, M] = X[R, K * taps] @ W[K * taps, M]    R: output pixels (or rows), M: features
+
+W is packed at compile time as [K / G][taps][Mpad] elements of G values of k (s8 for VNNI,
+i16 for AVX2).  A tile is `mr` rows by NV vectors of features, `mr` chosen so that the rows
+divide evenly into tiles where they can (7 for 49 or 196 pixels).  With VNNI the broadcast
+activations are the u8 operand of `vpdpbusd` and the weights the s8 one; the +128 of the
+activations folds into a per-feature correction as in qgemm.pack_epilogue.  The packed
+constant: weights, then per feature the i32 correction and the f32 multiplier, then the
+result's offset (f32) and the plane's padding element (i32).  Tasks split the features,
+so every sum is computed whole by one task (identical for any thread count).
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from ..llvmutil import F32, I8, I32, for_range, i64
+from ..qgemm import QShape, emit_tile, pack_epilogue, requantize
+
+_ceil = lambda a, b: -(-a // b)     # noqa: E731
+# Features in the lanes when they waste this much less than pixels in the lanes.
+GAIN = 1.04
+
+
+class Lanes:
+    """The lanes-over-features layout of a product whose qlinalg.Geometry is `geo`."""
+
+    def __init__(self, geo, qs: QShape):
+        self.geo, self.qs = geo, qs
+        self.rows = geo.oh * geo.ow if geo.conv else geo.rows
+        self.mr = min(range(qs.mr, max(1, qs.mr - 3) - 1, -1), key=lambda r: _ceil(self.rows, r) * r)
+        self.row_blocks = _ceil(self.rows, self.mr)
+        self.tiles = _ceil(geo.m, qs.nr)
+        self.npad = self.tiles * qs.nr
+        self.taps = len(geo.taps)
+        self.b_bytes = geo.groups * self.taps * self.npad * 4
+        # The result block's rows one cache line longer than the features: y takes its columns,
+        # and rows a power of two apart would all fall into the same few sets of the L1 cache.
+        self.ys_stride = self.npad + 64
+        self.scratch = geo.plane_bytes + _ceil(self.row_blocks * self.mr * self.ys_stride, 64) * 64
+
+    def useful(self) -> float:
+        return self.rows / (self.row_blocks * self.mr) * self.geo.m / self.npad
+
+
+def pixels_useful(geo) -> float:
+    """The fraction of the general product's lanes and rows that compute real outputs."""
+    real = geo.oh * geo.ow if geo.conv else geo.rows
+    return real / geo.qpad * geo.m / geo.mpad
+
+
+# Products of few rows always; with VNNI, also those where the lanes would idle less and each
+# output has at least this many products to sum (the result block's columns are copied into
+# y one byte at a time, which costs about what 256 products do).  With AVX2 (`vpmaddwd`, fewer
+# registers) broadcasting pixels measured slower than broadcasting weights.
+MIN_PRODUCTS_PER_OUTPUT = 512
+
+
+def in_lanes(geo, qs: QShape) -> bool:
+    """Whether the product computes with its features in the lanes (this module)."""
+    lanes = Lanes(geo, qs)
+    if lanes.rows <= qs.mr:
+        return True
+    return (qs.kind == "vnni" and geo.c * len(geo.taps) >= MIN_PRODUCTS_PER_OUTPUT
+            and lanes.useful() > GAIN * pixels_useful(geo))
+
+
+def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> np.ndarray:
+    """The packed constant of the module docstring, as bytes; w3: weights [M, C, taps]."""
+    lanes = Lanes(geo, qs)
+    m, c, taps = w3.shape
+    g = qs.group
+    padded = np.zeros((geo.groups * g, taps, lanes.npad), np.int16 if qs.bits == 16 else np.int8)
+    padded[:c, :, :m] = w3.transpose(1, 2, 0)
+    # [KG, G, taps, Mpad] -> [KG, taps, Mpad, G]: the G values of k of one feature in one element.
+    weights = np.ascontiguousarray(padded.reshape(geo.groups, g, taps, lanes.npad).transpose(0, 2, 3, 1))
+    corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
+    corr_p, mult_p = np.zeros(lanes.npad, np.int32), np.zeros(lanes.npad, np.float32)
+    corr_p[:m], mult_p[:m] = corr[:m], mult[:m]
+    tail = [np.array([node.offset], np.float32).view(np.int8), np.array([pad_element], np.int32).view(np.int8)]
+    return np.concatenate([weights.view(np.int8).ravel(), corr_p.view(np.int8), mult_p.view(np.int8), *tail])
+
+
+def emit(b, k, geo, qs: QShape, build_plane):
+    """Per image: the plane of x, the tiles of this task's features over every row block,
+    then their columns of the result block [rows][Mpad + 64] copied into y."""
+    lanes = Lanes(geo, qs)
+    mr, npad, stride = lanes.mr, lanes.npad, lanes.ys_stride
+    (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
+    packed = b.bitcast(packed, I8.as_pointer())
+    weights = b.bitcast(packed, I32.as_pointer())
+    corr = b.bitcast(b.gep(packed, [i64(lanes.b_bytes)]), I32.as_pointer())
+    mult = b.bitcast(b.gep(packed, [i64(lanes.b_bytes + 4 * npad)]), F32.as_pointer())
+    tail = lanes.b_bytes + 8 * npad
+    y_offset = b.load(b.bitcast(b.gep(packed, [i64(tail)]), F32.as_pointer()))
+    pad = b.load(b.bitcast(b.gep(packed, [i64(tail + 4)]), I32.as_pointer()))
+    scratch = b.bitcast(k.scratch, I8.as_pointer())
+    plane = b.bitcast(scratch, I32.as_pointer())
+    ys = b.gep(scratch, [i64(geo.plane_bytes)])
+    lo, hi = k.split.range(b, lanes.tiles)
+    with for_range(b, geo.batch, name="ln") as n:
+        build_plane(b, geo, x, n, plane, pad)
+        with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, lanes.row_blocks, name="lr") as rb:
+            n0 = b.mul(tile, i64(qs.nr))
+            r0 = b.mul(rb, i64(mr))
+            # Each row's place in the plane (rows past the last repeat it: computed, not kept).
+            starts = []
+            for i in range(mr):
+                r = b.add(r0, i64(i))
+                r = b.select(b.icmp_signed("<", r, i64(lanes.rows)), r, i64(lanes.rows - 1))
+                if geo.conv:
+                    r = b.add(b.mul(b.sdiv(r, i64(geo.ow)), i64(geo.wq)), b.srem(r, i64(geo.ow)))
+                starts.append(b.gep(plane, [r]))
+
+            def a_at(g, t, i):
+                return b.gep(starts[i], [b.add(b.mul(g, i64(geo.group_stride)), i64(geo.taps[t]))])
+
+            def store(i, j, sums):
+                f = b.add(n0, i64(j * qs.vw))
+                cv = b.load(b.bitcast(b.gep(corr, [f]), sums.type.as_pointer()))
+                cv.align = 4
+                mv = b.load(b.bitcast(b.gep(mult, [f]), ir.VectorType(F32, qs.vw).as_pointer()))
+                mv.align = 4
+                v = requantize(b, sums, mv, y_offset, corr=cv)
+                at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), f)])
+                st = b.store(v, b.bitcast(at, v.type.as_pointer()))
+                st.align = 1
+            emit_tile(b, qs, geo.groups, [t * npad for t in range(lanes.taps)], None,
+                      b.gep(weights, [n0]), lanes.taps * npad, store, name="lq", rows=mr,
+                      broadcast_u8=True, a_at=a_at)
+        m_lo = b.mul(lo, i64(qs.nr))
+        m_hi = b.mul(hi, i64(qs.nr))
+        m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
+        if geo.conv:        # y[n, m, pixel] = ys[pixel][m]
+            with for_range(b, m_hi, start=m_lo, name="lm") as m, for_range(b, lanes.rows, name="lp") as r:
+                v = b.load(b.gep(ys, [b.add(b.mul(r, i64(stride)), m)]))
+                b.store(v, b.gep(y, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(lanes.rows)), r)]))
+        else:               # y[row, m] = ys[row][m]
+            with for_range(b, lanes.rows, name="lp") as r, for_range(b, m_hi, start=m_lo, name="lm") as m:
+                v = b.load(b.gep(ys, [b.add(b.mul(r, i64(stride)), m)]))
+                b.store(v, b.gep(y, [b.add(b.mul(r, i64(geo.m)), m)]))
