@@ -693,6 +693,12 @@ CASES.update({
     "convtranspose_phases_to_conv": _onnx_chain(
         [("ConvTranspose", ["w", "b"], {"strides": [2, 2], "pads": [1, 1, 1, 1]})],
         f32(1, 2, 3, 4), {"w": f32(2, 3, 4, 2), "b": f32(3)}),
+    # A unary op sinks into each part of a concatenation it alone reads.
+    "unary_concat_sink": graph_case([("Neg", ["x"], ["n"], None), ("Concat", ["x", "n"], ["c"], {"axis": 1}),
+                                     ("Relu", ["c"], ["y"], None)], {"x": f32(2, 3)}),
+    # ... and into a slice that keeps most of its operand.
+    "unary_slice_sink": _onnx_chain([("Slice", ["s0", "s1"], None), ("Tanh", [], None)], f32(4, 6),
+                                    {"s0": np.array([0, 1], np.int64), "s1": np.array([4, 6], np.int64)}),
 })
 
 HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"
