@@ -94,3 +94,29 @@ def test_other_kernels_keep_one_product_over_the_phases(kernel, pads, act):
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
     two = glowgen.compile(model, threads=2)
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], two.run({"x": x})["y"])
+
+
+def _sweep(count: int, seed: int):
+    """Seeded random ConvTransposes (strides 2-3, kernels 2-5, pads up to past the kernel,
+    every output_padding below the stride), those with an output: phases or not."""
+    rng = np.random.default_rng(seed)
+    out = []
+    while len(out) < count:
+        s = [int(v) for v in rng.integers(2, 4, 2)]
+        k = [int(v) for v in rng.integers(2, 6, 2)]
+        pads = [int(rng.integers(0, k[i % 2] + 3)) for i in range(4)]
+        op = [int(rng.integers(0, s[i])) for i in range(2)]
+        x = [int(v) for v in rng.integers(1, 8, 2)]
+        if all(s[i] * (x[i] - 1) + op[i] + k[i] - pads[i] - pads[i + 2] >= 1 for i in range(2)):
+            out.append((s, k, pads, op, x))
+    return out
+
+
+@pytest.mark.parametrize("s, k, pads, op, x", _sweep(24, 18))
+def test_random_configurations_match_onnxruntime(s, k, pads, op, x):
+    rng = np.random.default_rng(0)
+    xv = rng.standard_normal((1, 3, *x)).astype(np.float32)
+    consts = {"w": rng.standard_normal((3, 4, *k)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32)}
+    model = make_model([helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], strides=s, pads=pads,
+                                         output_padding=op)], {"x": xv}, ["y"], consts)
+    assert_close(glowgen.compile(model, threads=1).run({"x": xv}), run_ort(model, {"x": xv}), rtol=1e-4, atol=1e-4)
