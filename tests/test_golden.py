@@ -449,7 +449,7 @@ CASES = {
                                           f32(1, 2, 3, 3), {"w": f32(2, 3, 3, 3), "b": f32(3), "t": f32(3, 1, 1)}),
     "convtranspose_nonoverlapping_to_conv": _onnx_chain(
         [("ConvTranspose", ["w", "b"], {"strides": [2, 2]})], f32(1, 2, 3, 3), {"w": f32(2, 3, 2, 2), "b": f32(3)}),
-    "convtranspose_phases_to_conv": _onnx_chain(
+    "convtranspose_phases_to_convs": _onnx_chain(
         [("ConvTranspose", ["w", "b"], {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]})],
         f32(1, 2, 3, 4), {"w": f32(2, 3, 3, 2), "b": f32(3)}),
     # The family rule rebuilds whichever op it matched, with its attributes.
@@ -692,6 +692,24 @@ _QUANTIZATION_CASES = {
         lambda f: {"y": _q8(np.clip(f["x"], 0, 6), 0.02, -128)}),
 }
 CASES.update(_QUANTIZATION_CASES)
+
+# (appended after the other cases: their random draws stay as their golden files recorded them)
+CASES.update({
+    # A pad past a phase's first tap: that phase's input is cut instead (odd output, cropped).
+    "convtranspose_phases_to_convs.cut_input": _onnx_chain(
+        [("ConvTranspose", ["w", "b"], {"strides": [2, 2], "pads": [3, 2, 3, 3]})],
+        f32(1, 2, 5, 5), {"w": f32(2, 3, 3, 3), "b": f32(3)}),
+    # A kernel a multiple of the stride: one Conv over all phases, no zero taps.
+    "convtranspose_phases_to_conv": _onnx_chain(
+        [("ConvTranspose", ["w", "b"], {"strides": [2, 2], "pads": [1, 1, 1, 1]})],
+        f32(1, 2, 3, 4), {"w": f32(2, 3, 4, 2), "b": f32(3)}),
+    # A unary op sinks into each part of a concatenation it alone reads.
+    "unary_concat_sink": graph_case([("Neg", ["x"], ["n"], None), ("Concat", ["x", "n"], ["c"], {"axis": 1}),
+                                     ("Relu", ["c"], ["y"], None)], {"x": f32(2, 3)}),
+    # ... and into a slice that keeps most of its operand.
+    "unary_slice_sink": _onnx_chain([("Slice", ["s0", "s1"], None), ("Tanh", [], None)], f32(4, 6),
+                                    {"s0": np.array([0, 1], np.int64), "s1": np.array([4, 6], np.int64)}),
+})
 
 HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"
           "# Regenerate for review with: pytest tests/test_golden.py --regen-golden\n")

@@ -6,8 +6,9 @@ from . import ast as A
 from .pyexpr import Scope, py_ident, spec_error, to_py, unparse
 from .specs import SpecSet
 
-# Builtins of rule right-hand sides that create constants through the builder.
-BUILDER_BUILTINS = {"scalar", "const"}
+# Builtins of rule right-hand sides that create nodes through the builder: constants, and
+# each_like(u, xs), the matched node u rebuilt on each of the values xs in turn.
+BUILDER_BUILTINS = {"scalar", "const", "each_like"}
 # Builtins of guards that ask the rewrite context about the graph being rewritten.
 CONTEXT_BUILTINS = {"uses": 1}
 

@@ -72,6 +72,11 @@ class Builder:
         (a rule's `u(x)` for a node `u` its pattern matched)."""
         return self.op(node.OP, operands, {**node.attr_values(), **attrs})
 
+    def each_like(self, node: Node, values) -> list:
+        """`node`'s op, with its attributes, on each of `values` alone (a rule's
+        each_like(u, xs): a unary op distributed over a variadic operand list)."""
+        return [self.like(node, [v], {}) for v in values]
+
     def scalar(self, value, dtype: str) -> Value:
         from .types import numpy_dtype
         return self.function.add_constant(np.array(value, dtype=numpy_dtype(dtype)),

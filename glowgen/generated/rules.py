@@ -9,6 +9,31 @@ from glowgen.engine.patterns import P, R, RuleInfo, V
 from .fns import *  # noqa: F401,F403
 
 
+def build_convtranspose_phase(_b, x, w, b, c, ry, rx):
+    """= Conv(xin, filters, b, strides = [1, 1], dilations = [1, 1], group = 1, pads = [max(0, pads[0]), max(0, pads[1]), max(0, pads[2]), max(0, pads[3])])"""
+    s = c.strides
+    kh = w.shape[2]
+    kw = w.shape[3]
+    th = fn_ct_taps(kh, s[0], c.pads[0], ry)
+    tw = fn_ct_taps(kw, s[1], c.pads[1], rx)
+    qh = rt.floordiv(rt.sub(rt.add(c.shape[2], s[0]), 1), s[0])
+    qw = rt.floordiv(rt.sub(rt.add(c.shape[3], s[1]), 1), s[1])
+    pads = (fn_ct_pad_begin(kh, s[0], c.pads[0], ry), fn_ct_pad_begin(kw, s[1], c.pads[1], rx), fn_ct_pad_end(x.shape[2], qh, s[0], c.pads[0], ry), fn_ct_pad_end(x.shape[3], qw, s[1], c.pads[1], rx), )
+    cut = (rt.b_max(0, rt.neg(pads[0])), rt.b_max(0, rt.neg(pads[1])), rt.b_max(0, rt.neg(pads[2])), rt.b_max(0, rt.neg(pads[3])), )
+    xin = (_b.op('Slice', [x], {'starts': (0, 0, cut[0], cut[1], ), 'stops': (x.shape[0], x.shape[1], rt.sub(x.shape[2], cut[2]), rt.sub(x.shape[3], cut[3]), ), 'steps': (1, 1, 1, 1, )}) if rt.gt(rt.b_max(cut), 0) else x)
+    taps = _b.op('Slice', [w], {'starts': (0, 0, rt.mod(rt.add(ry, c.pads[0]), s[0]), rt.mod(rt.add(rx, c.pads[1]), s[1]), ), 'stops': w.shape, 'steps': (1, 1, s[0], s[1], )})
+    filters = _b.op('Transpose', [_b.op('Slice', [taps], {'starts': (0, 0, rt.sub(th, 1), rt.sub(tw, 1), ), 'stops': (w.shape[0], w.shape[1], rt.neg(1), rt.neg(1), ), 'steps': (1, 1, rt.neg(1), rt.neg(1), )})], {'perm': (1, 0, 2, 3, )})
+    return _b.op('Conv', [xin, filters, b], {'strides': (1, 1, ), 'dilations': (1, 1, ), 'group': 1, 'pads': (rt.b_max(0, pads[0]), rt.b_max(0, pads[1]), rt.b_max(0, pads[2]), rt.b_max(0, pads[3]), )})
+
+
+
+def build_convtranspose_phases(_b, x, w, b, c, i):
+    """= concat([phase], convtranspose_phases(x, w, b, c, i + 1)) if (i + 1) < (c.strides[0] * c.strides[1]) else [phase]"""
+    phase = build_convtranspose_phase(_b, x, w, b, c, rt.floordiv(i, c.strides[1]), rt.mod(i, c.strides[1]))
+    return (rt.b_concat((phase, ), build_convtranspose_phases(_b, x, w, b, c, rt.add(i, 1))) if rt.lt(rt.add(i, 1), rt.mul(c.strides[0], c.strides[1])) else (phase, ))
+
+
+
 def build_pick(_b, x, i):
     """= Reshape(Slice(x, starts = concat([i], repeat(0, rank(x) - 1)), stops = concat([i + 1], x.shape[1:]), steps = ones(rank(x))), dims = x.shape[1:])"""
     return _b.op('Reshape', [_b.op('Slice', [x], {'starts': rt.b_concat((i, ), rt.b_repeat(0, rt.sub(rt.b_rank(x), 1))), 'stops': rt.b_concat((rt.add(i, 1), ), tuple(x.shape)[1:]), 'steps': rt.b_ones(rt.b_rank(x))})], {'dims': tuple(x.shape)[1:]})
@@ -664,15 +689,39 @@ def _r44_convtranspose_nonoverlapping_to_conv_build(_b, _m):
 
 
 
-def _r45_convtranspose_phases_to_conv_guard(_m, _ctx):
-    """where (((((((rank(x) == 4) and (c.group == 1)) and (c.dilations == [1, 1])) and is_const(w)) and is_const(b)) and not (((tuple(c.strides) == tuple(w.shape[2:])) and (c.pads == [0, 0, 0, 0])) and (c.output_padding == [0, 0]))) and ((c.pads[0] + c.shape[2]) <= (c.strides[0] * ((x.shape[2] + (((w.shape[2] + c.strides[0]) - 1) // c.strides[0])) - 1)))) and ((c.pads[1] + c.shape[3]) <= (c.strides[1] * ((x.shape[3] + (((w.shape[3] + c.strides[1]) - 1) // c.strides[1])) - 1)))"""
+def _r45_convtranspose_phases_to_convs_guard(_m, _ctx):
+    """where ((((((((rank(x) == 4) and (c.group == 1)) and (c.dilations == [1, 1])) and is_const(w)) and is_const(b)) and not (((tuple(c.strides) == tuple(w.shape[2:])) and (c.pads == [0, 0, 0, 0])) and (c.output_padding == [0, 0]))) and (w.shape[2] >= c.strides[0])) and (w.shape[3] >= c.strides[1])) and (((w.shape[2] % c.strides[0]) != 0) or ((w.shape[3] % c.strides[1]) != 0))"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return bool(((((((((rt.eq(rt.b_rank(x), 4) and rt.eq(c.group, 1)) and rt.eq(c.dilations, (1, 1, ))) and rt.b_is_const(w)) and rt.b_is_const(b)) and (not ((rt.eq(rt.b_tuple(c.strides), rt.b_tuple(tuple(w.shape)[2:])) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.output_padding, (0, 0, ))))) and rt.le(rt.add(c.pads[0], c.shape[2]), rt.mul(c.strides[0], rt.sub(rt.add(x.shape[2], rt.floordiv(rt.sub(rt.add(w.shape[2], c.strides[0]), 1), c.strides[0])), 1)))) and rt.le(rt.add(c.pads[1], c.shape[3]), rt.mul(c.strides[1], rt.sub(rt.add(x.shape[3], rt.floordiv(rt.sub(rt.add(w.shape[3], c.strides[1]), 1), c.strides[1])), 1))))))
+    return bool((((((((((rt.eq(rt.b_rank(x), 4) and rt.eq(c.group, 1)) and rt.eq(c.dilations, (1, 1, ))) and rt.b_is_const(w)) and rt.b_is_const(b)) and (not ((rt.eq(rt.b_tuple(c.strides), rt.b_tuple(tuple(w.shape)[2:])) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.output_padding, (0, 0, ))))) and rt.ge(w.shape[2], c.strides[0])) and rt.ge(w.shape[3], c.strides[1])) and (rt.ne(rt.mod(w.shape[2], c.strides[0]), 0) or rt.ne(rt.mod(w.shape[3], c.strides[1]), 0)))))
 
-def _r45_convtranspose_phases_to_conv_build(_b, _m):
+def _r45_convtranspose_phases_to_convs_build(_b, _m):
+    """=> Slice(full, starts = [0, 0, 0, 0], stops = c.shape, steps = [1, 1, 1, 1]) if ((qh * s[0]) != c.shape[2]) or ((qw * s[1]) != c.shape[3]) else full"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    s = c.strides
+    m = w.shape[1]
+    qh = rt.floordiv(rt.sub(rt.add(c.shape[2], s[0]), 1), s[0])
+    qw = rt.floordiv(rt.sub(rt.add(c.shape[3], s[1]), 1), s[1])
+    phases = _b.op('Reshape', [_b.op('Concat', [(*build_convtranspose_phases(_b, x, w, b, c, 0),)], {'axis': 1})], {'dims': (x.shape[0], s[0], s[1], m, qh, qw, )})
+    full = _b.op('Reshape', [_b.op('Transpose', [phases], {'perm': (0, 3, 4, 1, 5, 2, )})], {'dims': (x.shape[0], m, rt.mul(qh, s[0]), rt.mul(qw, s[1]), )})
+    return rt.results((_b.op('Slice', [full], {'starts': (0, 0, 0, 0, ), 'stops': c.shape, 'steps': (1, 1, 1, 1, )}) if (rt.ne(rt.mul(qh, s[0]), c.shape[2]) or rt.ne(rt.mul(qw, s[1]), c.shape[3])) else full))
+
+
+
+def _r46_convtranspose_phases_to_conv_guard(_m, _ctx):
+    """where ((((((((rank(x) == 4) and (c.group == 1)) and (c.dilations == [1, 1])) and is_const(w)) and is_const(b)) and (((w.shape[2] < c.strides[0]) or (w.shape[3] < c.strides[1])) or (((w.shape[2] % c.strides[0]) == 0) and ((w.shape[3] % c.strides[1]) == 0)))) and not (((tuple(c.strides) == tuple(w.shape[2:])) and (c.pads == [0, 0, 0, 0])) and (c.output_padding == [0, 0]))) and ((c.pads[0] + c.shape[2]) <= (c.strides[0] * ((x.shape[2] + (((w.shape[2] + c.strides[0]) - 1) // c.strides[0])) - 1)))) and ((c.pads[1] + c.shape[3]) <= (c.strides[1] * ((x.shape[3] + (((w.shape[3] + c.strides[1]) - 1) // c.strides[1])) - 1)))"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    b = _m['b']
+    return bool((((((((((rt.eq(rt.b_rank(x), 4) and rt.eq(c.group, 1)) and rt.eq(c.dilations, (1, 1, ))) and rt.b_is_const(w)) and rt.b_is_const(b)) and ((rt.lt(w.shape[2], c.strides[0]) or rt.lt(w.shape[3], c.strides[1])) or (rt.eq(rt.mod(w.shape[2], c.strides[0]), 0) and rt.eq(rt.mod(w.shape[3], c.strides[1]), 0)))) and (not ((rt.eq(rt.b_tuple(c.strides), rt.b_tuple(tuple(w.shape)[2:])) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.output_padding, (0, 0, ))))) and rt.le(rt.add(c.pads[0], c.shape[2]), rt.mul(c.strides[0], rt.sub(rt.add(x.shape[2], rt.floordiv(rt.sub(rt.add(w.shape[2], c.strides[0]), 1), c.strides[0])), 1)))) and rt.le(rt.add(c.pads[1], c.shape[3]), rt.mul(c.strides[1], rt.sub(rt.add(x.shape[3], rt.floordiv(rt.sub(rt.add(w.shape[3], c.strides[1]), 1), c.strides[1])), 1))))))
+
+def _r46_convtranspose_phases_to_conv_build(_b, _m):
     """=> Slice(full, starts = [0, 0, c.pads[0], c.pads[1]], stops = [x.shape[0], m, c.pads[0] + c.shape[2], c.pads[1] + c.shape[3]], steps = [1, 1, 1, 1])"""
     c = _m['c']
     x = _m['x']
@@ -694,14 +743,14 @@ def _r45_convtranspose_phases_to_conv_build(_b, _m):
 
 
 
-def _r46_f16_matmul_in_f32_guard(_m, _ctx):
+def _r47_f16_matmul_in_f32_guard(_m, _ctx):
     """where (m.dtype == f16) or (m.dtype == bf16)"""
     m = _m['m']
     a = _m['a']
     b = _m['b']
     return bool(((rt.eq(m.dtype, 'f16') or rt.eq(m.dtype, 'bf16'))))
 
-def _r46_f16_matmul_in_f32_build(_b, _m):
+def _r47_f16_matmul_in_f32_build(_b, _m):
     """=> Cast(BatchMatMul(Cast(a, to = f32), Cast(b, to = f32)), to = m.dtype)"""
     m = _m['m']
     a = _m['a']
@@ -710,7 +759,7 @@ def _r46_f16_matmul_in_f32_build(_b, _m):
 
 
 
-def _r47_f16_conv_in_f32_guard(_m, _ctx):
+def _r48_f16_conv_in_f32_guard(_m, _ctx):
     """where (c.dtype == f16) or (c.dtype == bf16)"""
     c = _m['c']
     x = _m['x']
@@ -718,7 +767,7 @@ def _r47_f16_conv_in_f32_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
 
-def _r47_f16_conv_in_f32_build(_b, _m):
+def _r48_f16_conv_in_f32_build(_b, _m):
     """=> Cast(Conv(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), ...c), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -728,7 +777,7 @@ def _r47_f16_conv_in_f32_build(_b, _m):
 
 
 
-def _r48_f16_convn_in_f32_guard(_m, _ctx):
+def _r49_f16_convn_in_f32_guard(_m, _ctx):
     """where (c.dtype == f16) or (c.dtype == bf16)"""
     c = _m['c']
     x = _m['x']
@@ -736,7 +785,7 @@ def _r48_f16_convn_in_f32_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(c.dtype, 'f16') or rt.eq(c.dtype, 'bf16'))))
 
-def _r48_f16_convn_in_f32_build(_b, _m):
+def _r49_f16_convn_in_f32_build(_b, _m):
     """=> Cast(ConvN(Cast(x, to = f32), Cast(w, to = f32), Cast(b, to = f32), ...c), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -746,13 +795,13 @@ def _r48_f16_convn_in_f32_build(_b, _m):
 
 
 
-def _r49_f16_reducesum_in_f32_guard(_m, _ctx):
+def _r50_f16_reducesum_in_f32_guard(_m, _ctx):
     """where r.dtype == f16"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(r.dtype, 'f16')))
 
-def _r49_f16_reducesum_in_f32_build(_b, _m):
+def _r50_f16_reducesum_in_f32_build(_b, _m):
     """=> Cast(ReduceSum(Cast(x, to = f32), ...r), to = f16)"""
     r = _m['r']
     x = _m['x']
@@ -760,13 +809,13 @@ def _r49_f16_reducesum_in_f32_build(_b, _m):
 
 
 
-def _r50_f16_avgpool_in_f32_guard(_m, _ctx):
+def _r51_f16_avgpool_in_f32_guard(_m, _ctx):
     """where p.dtype == f16"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(p.dtype, 'f16')))
 
-def _r50_f16_avgpool_in_f32_build(_b, _m):
+def _r51_f16_avgpool_in_f32_build(_b, _m):
     """=> Cast(AvgPool(Cast(x, to = f32), ...p), to = f16)"""
     p = _m['p']
     x = _m['x']
@@ -774,13 +823,13 @@ def _r50_f16_avgpool_in_f32_build(_b, _m):
 
 
 
-def _r51_cast_same_type_guard(_m, _ctx):
+def _r52_cast_same_type_guard(_m, _ctx):
     """where c.to == x.dtype"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.to, x.dtype)))
 
-def _r51_cast_same_type_build(_b, _m):
+def _r52_cast_same_type_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
@@ -788,14 +837,14 @@ def _r51_cast_same_type_build(_b, _m):
 
 
 
-def _r52_add_zero_guard(_m, _ctx):
+def _r53_add_zero_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == a.shape)"""
     a = _m['a']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, a.shape))))
 
-def _r52_add_zero_build(_b, _m):
+def _r53_add_zero_build(_b, _m):
     """=> x"""
     a = _m['a']
     x = _m['x']
@@ -804,14 +853,14 @@ def _r52_add_zero_build(_b, _m):
 
 
 
-def _r53_sub_zero_guard(_m, _ctx):
+def _r54_sub_zero_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == s.shape)"""
     s = _m['s']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, s.shape))))
 
-def _r53_sub_zero_build(_b, _m):
+def _r54_sub_zero_build(_b, _m):
     """=> x"""
     s = _m['s']
     x = _m['x']
@@ -820,14 +869,14 @@ def _r53_sub_zero_build(_b, _m):
 
 
 
-def _r54_mul_one_guard(_m, _ctx):
+def _r55_mul_one_guard(_m, _ctx):
     """where is_splat(c, 1) and (x.shape == m.shape)"""
     m = _m['m']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, m.shape))))
 
-def _r54_mul_one_build(_b, _m):
+def _r55_mul_one_build(_b, _m):
     """=> x"""
     m = _m['m']
     x = _m['x']
@@ -836,14 +885,14 @@ def _r54_mul_one_build(_b, _m):
 
 
 
-def _r55_div_one_guard(_m, _ctx):
+def _r56_div_one_guard(_m, _ctx):
     """where is_splat(c, 1) and (x.shape == d.shape)"""
     d = _m['d']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 1) and rt.eq(x.shape, d.shape))))
 
-def _r55_div_one_build(_b, _m):
+def _r56_div_one_build(_b, _m):
     """=> x"""
     d = _m['d']
     x = _m['x']
@@ -852,7 +901,7 @@ def _r55_div_one_build(_b, _m):
 
 
 
-def _r56_relu_relu_build(_b, _m):
+def _r57_relu_relu_build(_b, _m):
     """=> r"""
     r = _m['r']
     x = _m['x']
@@ -860,20 +909,20 @@ def _r56_relu_relu_build(_b, _m):
 
 
 
-def _r57_max_same_build(_b, _m):
+def _r58_max_same_build(_b, _m):
     """=> x"""
     x = _m['x']
     return rt.results(x)
 
 
 
-def _r58_clip_unbounded_guard(_m, _ctx):
+def _r59_clip_unbounded_guard(_m, _ctx):
     """where (c.min == -inf) and (c.max == inf)"""
     c = _m['c']
     x = _m['x']
     return bool(((rt.eq(c.min, rt.neg(float('inf'))) and rt.eq(c.max, float('inf')))))
 
-def _r58_clip_unbounded_build(_b, _m):
+def _r59_clip_unbounded_build(_b, _m):
     """=> x"""
     c = _m['c']
     x = _m['x']
@@ -881,14 +930,14 @@ def _r58_clip_unbounded_build(_b, _m):
 
 
 
-def _r59_max_zero_to_relu_guard(_m, _ctx):
+def _r60_max_zero_to_relu_guard(_m, _ctx):
     """where is_splat(c, 0) and (x.shape == m.shape)"""
     m = _m['m']
     x = _m['x']
     c = _m['c']
     return bool(((rt.b_is_splat(c, 0) and rt.eq(x.shape, m.shape))))
 
-def _r59_max_zero_to_relu_build(_b, _m):
+def _r60_max_zero_to_relu_build(_b, _m):
     """=> Relu(x)"""
     m = _m['m']
     x = _m['x']
@@ -897,7 +946,7 @@ def _r59_max_zero_to_relu_build(_b, _m):
 
 
 
-def _r60_min_max_to_clip_guard(_m, _ctx):
+def _r61_min_max_to_clip_guard(_m, _ctx):
     """where ((((is_splat(lo) and is_splat(hi)) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(lo) <= splat_value(hi))) and (uses(m) == 1)"""
     n = _m['n']
     m = _m['m']
@@ -906,7 +955,7 @@ def _r60_min_max_to_clip_guard(_m, _ctx):
     hi = _m['hi']
     return bool((_ctx.backend_has('Clip')) and ((((((rt.b_is_splat(lo) and rt.b_is_splat(hi)) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.le(rt.b_splat_value(lo), rt.b_splat_value(hi))) and rt.eq(_ctx.uses(m), 1))))
 
-def _r60_min_max_to_clip_build(_b, _m):
+def _r61_min_max_to_clip_build(_b, _m):
     """=> Clip(x, min = splat_value(lo), max = splat_value(hi))"""
     n = _m['n']
     m = _m['m']
@@ -917,7 +966,7 @@ def _r60_min_max_to_clip_build(_b, _m):
 
 
 
-def _r61_min_relu_to_clip_guard(_m, _ctx):
+def _r62_min_relu_to_clip_guard(_m, _ctx):
     """where (((is_splat(hi) and is_float(x.dtype)) and (x.shape == n.shape)) and (splat_value(hi) >= 0)) and (uses(r) == 1)"""
     n = _m['n']
     r = _m['r']
@@ -925,7 +974,7 @@ def _r61_min_relu_to_clip_guard(_m, _ctx):
     hi = _m['hi']
     return bool((_ctx.backend_has('Clip')) and (((((rt.b_is_splat(hi) and rt.b_is_float(x.dtype)) and rt.eq(x.shape, n.shape)) and rt.ge(rt.b_splat_value(hi), 0)) and rt.eq(_ctx.uses(r), 1))))
 
-def _r61_min_relu_to_clip_build(_b, _m):
+def _r62_min_relu_to_clip_build(_b, _m):
     """=> Clip(x, min = 0.0, max = splat_value(hi))"""
     n = _m['n']
     r = _m['r']
@@ -935,13 +984,13 @@ def _r61_min_relu_to_clip_build(_b, _m):
 
 
 
-def _r62_swish_fuse_guard(_m, _ctx):
+def _r63_swish_fuse_guard(_m, _ctx):
     """where uses(s) == 1"""
     x = _m['x']
     s = _m['s']
     return bool((_ctx.backend_has('Swish')) and (rt.eq(_ctx.uses(s), 1)))
 
-def _r62_swish_fuse_build(_b, _m):
+def _r63_swish_fuse_build(_b, _m):
     """=> Swish(x)"""
     x = _m['x']
     s = _m['s']
@@ -949,13 +998,13 @@ def _r62_swish_fuse_build(_b, _m):
 
 
 
-def _r63_sub_const_to_add_guard(_m, _ctx):
+def _r64_sub_const_to_add_guard(_m, _ctx):
     """where (is_const(c) and not is_const(x)) and is_float(x.dtype)"""
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype))))
 
-def _r63_sub_const_to_add_build(_b, _m):
+def _r64_sub_const_to_add_build(_b, _m):
     """=> Add(x, Neg(c))"""
     x = _m['x']
     c = _m['c']
@@ -963,13 +1012,13 @@ def _r63_sub_const_to_add_build(_b, _m):
 
 
 
-def _r64_div_const_to_mul_guard(_m, _ctx):
+def _r65_div_const_to_mul_guard(_m, _ctx):
     """where ((is_const(c) and not is_const(x)) and is_float(x.dtype)) and reciprocal_is_normal(c)"""
     x = _m['x']
     c = _m['c']
     return bool(((((rt.b_is_const(c) and (not rt.b_is_const(x))) and rt.b_is_float(x.dtype)) and rt.b_reciprocal_is_normal(c))))
 
-def _r64_div_const_to_mul_build(_b, _m):
+def _r65_div_const_to_mul_build(_b, _m):
     """=> Mul(x, Div(scalar(1.0, c.dtype), c))"""
     x = _m['x']
     c = _m['c']
@@ -977,7 +1026,7 @@ def _r64_div_const_to_mul_build(_b, _m):
 
 
 
-def _r65_add_const_reassociate_guard(_m, _ctx):
+def _r66_add_const_reassociate_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -985,7 +1034,7 @@ def _r65_add_const_reassociate_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r65_add_const_reassociate_build(_b, _m):
+def _r66_add_const_reassociate_build(_b, _m):
     """=> Add(x, Add(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -995,7 +1044,7 @@ def _r65_add_const_reassociate_build(_b, _m):
 
 
 
-def _r66_mul_const_reassociate_guard(_m, _ctx):
+def _r67_mul_const_reassociate_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -1003,7 +1052,7 @@ def _r66_mul_const_reassociate_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r66_mul_const_reassociate_build(_b, _m):
+def _r67_mul_const_reassociate_build(_b, _m):
     """=> Mul(x, Mul(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -1013,7 +1062,7 @@ def _r66_mul_const_reassociate_build(_b, _m):
 
 
 
-def _r67_mul_add_distribute_guard(_m, _ctx):
+def _r68_mul_add_distribute_guard(_m, _ctx):
     """where ((is_const(a) and is_const(b)) and not is_const(x)) and (uses(i) == 1)"""
     i = _m['i']
     x = _m['x']
@@ -1021,7 +1070,7 @@ def _r67_mul_add_distribute_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_is_const(a) and rt.b_is_const(b)) and (not rt.b_is_const(x))) and rt.eq(_ctx.uses(i), 1))))
 
-def _r67_mul_add_distribute_build(_b, _m):
+def _r68_mul_add_distribute_build(_b, _m):
     """=> Add(Mul(x, b), Mul(a, b))"""
     i = _m['i']
     x = _m['x']
@@ -1031,7 +1080,7 @@ def _r67_mul_add_distribute_build(_b, _m):
 
 
 
-def _r68_conv_bias_zero_build(_b, _m):
+def _r69_conv_bias_zero_build(_b, _m):
     """=> Conv(x, w, Splat(dims = [w.shape[0]], value = 0.0, dtype = w.dtype), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -1040,7 +1089,7 @@ def _r68_conv_bias_zero_build(_b, _m):
 
 
 
-def _r69_conv_batchnorm_fold_guard(_m, _ctx):
+def _r70_conv_batchnorm_fold_guard(_m, _ctx):
     """where (((((is_const(w) and is_const(b)) and is_const(scale)) and is_const(bias)) and is_const(mean)) and is_const(var)) and (uses(c) == 1)"""
     bn = _m['bn']
     c = _m['c']
@@ -1053,7 +1102,7 @@ def _r69_conv_batchnorm_fold_guard(_m, _ctx):
     var = _m['var']
     return bool((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1))))
 
-def _r69_conv_batchnorm_fold_build(_b, _m):
+def _r70_conv_batchnorm_fold_build(_b, _m):
     """=> Conv(x, Mul(w, Reshape(k, dims = [w.shape[0], 1, 1, 1])), Add(Mul(Sub(b, mean), k), bias), ...c)"""
     bn = _m['bn']
     c = _m['c']
@@ -1069,7 +1118,7 @@ def _r69_conv_batchnorm_fold_build(_b, _m):
 
 
 
-def _r70_conv_mul_fold_guard(_m, _ctx):
+def _r71_conv_mul_fold_guard(_m, _ctx):
     """where (((is_const(w) and is_const(b)) and is_const(s)) and (uses(c) == 1)) and varies_only_along(s.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -1078,7 +1127,7 @@ def _r70_conv_mul_fold_guard(_m, _ctx):
     s = _m['s']
     return bool((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(s.shape, c.shape, 1))))
 
-def _r70_conv_mul_fold_build(_b, _m):
+def _r71_conv_mul_fold_build(_b, _m):
     """=> Conv(x, Mul(w, Reshape(s, dims = [prod(s.shape), 1, 1, 1])), Mul(b, Reshape(s, dims = [prod(s.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -1089,7 +1138,7 @@ def _r70_conv_mul_fold_build(_b, _m):
 
 
 
-def _r71_conv_add_fold_guard(_m, _ctx):
+def _r72_conv_add_fold_guard(_m, _ctx):
     """where ((is_const(b) and is_const(t)) and (uses(c) == 1)) and varies_only_along(t.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -1098,7 +1147,7 @@ def _r71_conv_add_fold_guard(_m, _ctx):
     t = _m['t']
     return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(t.shape, c.shape, 1))))
 
-def _r71_conv_add_fold_build(_b, _m):
+def _r72_conv_add_fold_build(_b, _m):
     """=> Conv(x, w, Add(b, Reshape(t, dims = [prod(t.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -1109,7 +1158,7 @@ def _r71_conv_add_fold_build(_b, _m):
 
 
 
-def _r72_matmul_mul_fold_guard(_m, _ctx):
+def _r73_matmul_mul_fold_guard(_m, _ctx):
     """where ((((is_const(w) and is_const(s)) and not is_const(x)) and (rank(w) == 2)) and (uses(mm) == 1)) and varies_only_along(s.shape, mm.shape, rank(mm) - 1)"""
     mm = _m['mm']
     x = _m['x']
@@ -1117,7 +1166,7 @@ def _r72_matmul_mul_fold_guard(_m, _ctx):
     s = _m['s']
     return bool(((((((rt.b_is_const(w) and rt.b_is_const(s)) and (not rt.b_is_const(x))) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1)) and sl.shapes.varies_only_along(s.shape, mm.shape, rt.sub(rt.b_rank(mm), 1)))))
 
-def _r72_matmul_mul_fold_build(_b, _m):
+def _r73_matmul_mul_fold_build(_b, _m):
     """=> MatMul(x, Mul(w, Reshape(s, dims = [prod(s.shape)])))"""
     mm = _m['mm']
     x = _m['x']
@@ -1127,7 +1176,7 @@ def _r72_matmul_mul_fold_build(_b, _m):
 
 
 
-def _r73_convtranspose_bias_zero_build(_b, _m):
+def _r74_convtranspose_bias_zero_build(_b, _m):
     """=> ConvTranspose(x, w, Splat(dims = [w.shape[1] * c.group], value = 0.0, dtype = w.dtype), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -1136,7 +1185,7 @@ def _r73_convtranspose_bias_zero_build(_b, _m):
 
 
 
-def _r74_convtranspose_batchnorm_fold_guard(_m, _ctx):
+def _r75_convtranspose_batchnorm_fold_guard(_m, _ctx):
     """where ((((((is_const(w) and is_const(b)) and is_const(scale)) and is_const(bias)) and is_const(mean)) and is_const(var)) and (uses(c) == 1)) and (c.group == 1)"""
     bn = _m['bn']
     c = _m['c']
@@ -1149,7 +1198,7 @@ def _r74_convtranspose_batchnorm_fold_guard(_m, _ctx):
     var = _m['var']
     return bool(((((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(scale)) and rt.b_is_const(bias)) and rt.b_is_const(mean)) and rt.b_is_const(var)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1))))
 
-def _r74_convtranspose_batchnorm_fold_build(_b, _m):
+def _r75_convtranspose_batchnorm_fold_build(_b, _m):
     """=> ConvTranspose(x, Mul(w, Reshape(k, dims = concat([1, w.shape[1]], ones(rank(w) - 2)))), Add(Mul(Sub(b, mean), k), bias), ...c)"""
     bn = _m['bn']
     c = _m['c']
@@ -1165,7 +1214,7 @@ def _r74_convtranspose_batchnorm_fold_build(_b, _m):
 
 
 
-def _r75_convtranspose_mul_fold_guard(_m, _ctx):
+def _r76_convtranspose_mul_fold_guard(_m, _ctx):
     """where ((((is_const(w) and is_const(b)) and is_const(s)) and (uses(c) == 1)) and (c.group == 1)) and varies_only_along(s.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -1174,7 +1223,7 @@ def _r75_convtranspose_mul_fold_guard(_m, _ctx):
     s = _m['s']
     return bool(((((((rt.b_is_const(w) and rt.b_is_const(b)) and rt.b_is_const(s)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(c.group, 1)) and sl.shapes.varies_only_along(s.shape, c.shape, 1))))
 
-def _r75_convtranspose_mul_fold_build(_b, _m):
+def _r76_convtranspose_mul_fold_build(_b, _m):
     """=> ConvTranspose(x, Mul(w, Reshape(s, dims = concat([1, prod(s.shape)], ones(rank(w) - 2)))), Mul(b, Reshape(s, dims = [prod(s.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -1185,7 +1234,7 @@ def _r75_convtranspose_mul_fold_build(_b, _m):
 
 
 
-def _r76_convtranspose_add_fold_guard(_m, _ctx):
+def _r77_convtranspose_add_fold_guard(_m, _ctx):
     """where ((is_const(b) and is_const(t)) and (uses(c) == 1)) and varies_only_along(t.shape, c.shape, 1)"""
     c = _m['c']
     x = _m['x']
@@ -1194,7 +1243,7 @@ def _r76_convtranspose_add_fold_guard(_m, _ctx):
     t = _m['t']
     return bool(((((rt.b_is_const(b) and rt.b_is_const(t)) and rt.eq(_ctx.uses(c), 1)) and sl.shapes.varies_only_along(t.shape, c.shape, 1))))
 
-def _r76_convtranspose_add_fold_build(_b, _m):
+def _r77_convtranspose_add_fold_build(_b, _m):
     """=> ConvTranspose(x, w, Add(b, Reshape(t, dims = [prod(t.shape)])), ...c)"""
     c = _m['c']
     x = _m['x']
@@ -1205,7 +1254,7 @@ def _r76_convtranspose_add_fold_build(_b, _m):
 
 
 
-def _r77_conv_pad_merge_guard(_m, _ctx):
+def _r78_conv_pad_merge_guard(_m, _ctx):
     'where ((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)'
     c = _m['c']
     p = _m['p']
@@ -1214,7 +1263,7 @@ def _r77_conv_pad_merge_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.conv.outer_pads(p.pads, 2)), 0))))
 
-def _r77_conv_pad_merge_build(_b, _m):
+def _r78_conv_pad_merge_build(_b, _m):
     """=> Conv(x, w, b, ...c, pads = c.pads + spatial_pads(p.pads))"""
     c = _m['c']
     p = _m['p']
@@ -1225,14 +1274,14 @@ def _r77_conv_pad_merge_build(_b, _m):
 
 
 
-def _r78_avgpool_pad_merge_guard(_m, _ctx):
+def _r79_avgpool_pad_merge_guard(_m, _ctx):
     'where (((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and ((a.count_include_pad == 1) or (max(a.pads) == 0))'
     a = _m['a']
     p = _m['p']
     x = _m['x']
     return bool(((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.conv.outer_pads(p.pads, 2)), 0)) and (rt.eq(a.count_include_pad, 1) or rt.eq(rt.b_max(a.pads), 0)))))
 
-def _r78_avgpool_pad_merge_build(_b, _m):
+def _r79_avgpool_pad_merge_build(_b, _m):
     """=> AvgPool(x, ...a, pads = a.pads + spatial_pads(p.pads), count_include_pad = 1)"""
     a = _m['a']
     p = _m['p']
@@ -1241,7 +1290,7 @@ def _r78_avgpool_pad_merge_build(_b, _m):
 
 
 
-def _r79_maxpool_pad_merge_guard(_m, _ctx):
+def _r80_maxpool_pad_merge_guard(_m, _ctx):
     'where (((((p.mode == "constant") and (p.value == 0.0)) and (max(outer_pads(p.pads, 2)) == 0)) and (m.ceil_mode == 0)) and (m.dilations == [1, 1])) and all((m.pads + spatial_pads(p.pads)) < concat(m.kernel, m.kernel))'
     m = _m['m']
     p = _m['p']
@@ -1249,7 +1298,7 @@ def _r79_maxpool_pad_merge_guard(_m, _ctx):
     x = _m['x']
     return bool(((((((rt.eq(p.mode, 'constant') and rt.eq(p.value, 0.0)) and rt.eq(rt.b_max(sl.conv.outer_pads(p.pads, 2)), 0)) and rt.eq(m.ceil_mode, 0)) and rt.eq(m.dilations, (1, 1, ))) and rt.b_all(rt.lt(rt.add(m.pads, sl.conv.spatial_pads(p.pads)), rt.b_concat(m.kernel, m.kernel))))))
 
-def _r79_maxpool_pad_merge_build(_b, _m):
+def _r80_maxpool_pad_merge_build(_b, _m):
     """=> MaxPool(r, ...m, pads = m.pads + spatial_pads(p.pads))"""
     m = _m['m']
     p = _m['p']
@@ -1259,7 +1308,7 @@ def _r79_maxpool_pad_merge_build(_b, _m):
 
 
 
-def _r80_convn_1d_guard(_m, _ctx):
+def _r81_convn_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     c = _m['c']
     x = _m['x']
@@ -1267,7 +1316,7 @@ def _r80_convn_1d_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r80_convn_1d_build(_b, _m):
+def _r81_convn_1d_build(_b, _m):
     """=> Reshape(Conv(Reshape(x, dims = [x.shape[0], x.shape[1], 1, x.shape[2]]), Reshape(w, dims = [w.shape[0], w.shape[1], 1, w.shape[2]]), b, strides = [1, c.strides[0]], pads = [0, c.pads[0], 0, c.pads[1]], dilations = [1, c.dilations[0]], group = c.group), dims = c.shape)"""
     c = _m['c']
     x = _m['x']
@@ -1277,13 +1326,13 @@ def _r80_convn_1d_build(_b, _m):
 
 
 
-def _r81_maxpooln_1d_guard(_m, _ctx):
+def _r82_maxpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r81_maxpooln_1d_build(_b, _m):
+def _r82_maxpooln_1d_build(_b, _m):
     """=> Reshape(MaxPool(Reshape(x, dims = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], dilations = [1, p.dilations[0]], ceil_mode = p.ceil_mode), dims = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -1291,13 +1340,13 @@ def _r81_maxpooln_1d_build(_b, _m):
 
 
 
-def _r82_avgpooln_1d_guard(_m, _ctx):
+def _r83_avgpooln_1d_guard(_m, _ctx):
     """where rank(x) == 3"""
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(rt.b_rank(x), 3)))
 
-def _r82_avgpooln_1d_build(_b, _m):
+def _r83_avgpooln_1d_build(_b, _m):
     """=> Reshape(AvgPool(Reshape(x, dims = [x.shape[0], x.shape[1], 1, x.shape[2]]), kernel = [1, p.kernel[0]], strides = [1, p.strides[0]], pads = [0, p.pads[0], 0, p.pads[1]], ceil_mode = p.ceil_mode, count_include_pad = p.count_include_pad), dims = p.shape)"""
     p = _m['p']
     x = _m['x']
@@ -1305,13 +1354,13 @@ def _r82_avgpooln_1d_build(_b, _m):
 
 
 
-def _r83_transpose_identity_guard(_m, _ctx):
+def _r84_transpose_identity_guard(_m, _ctx):
     """where t.perm == range(rank(x))"""
     t = _m['t']
     x = _m['x']
     return bool((rt.eq(t.perm, rt.b_range(rt.b_rank(x)))))
 
-def _r83_transpose_identity_build(_b, _m):
+def _r84_transpose_identity_build(_b, _m):
     """=> x"""
     t = _m['t']
     x = _m['x']
@@ -1319,7 +1368,7 @@ def _r83_transpose_identity_build(_b, _m):
 
 
 
-def _r84_transpose_transpose_build(_b, _m):
+def _r85_transpose_transpose_build(_b, _m):
     """=> Transpose(x, perm = compose_perm(i.perm, o.perm))"""
     o = _m['o']
     i = _m['i']
@@ -1328,13 +1377,13 @@ def _r84_transpose_transpose_build(_b, _m):
 
 
 
-def _r85_transpose_to_reshape_guard(_m, _ctx):
+def _r86_transpose_to_reshape_guard(_m, _ctx):
     """where not moves_data(x.shape, t.perm)"""
     t = _m['t']
     x = _m['x']
     return bool(((not sl.shapes.moves_data(x.shape, t.perm))))
 
-def _r85_transpose_to_reshape_build(_b, _m):
+def _r86_transpose_to_reshape_build(_b, _m):
     """=> Reshape(x, dims = t.shape)"""
     t = _m['t']
     x = _m['x']
@@ -1342,13 +1391,13 @@ def _r85_transpose_to_reshape_build(_b, _m):
 
 
 
-def _r86_reshape_noop_guard(_m, _ctx):
+def _r87_reshape_noop_guard(_m, _ctx):
     """where x.shape == r.shape"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(x.shape, r.shape)))
 
-def _r86_reshape_noop_build(_b, _m):
+def _r87_reshape_noop_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -1356,7 +1405,7 @@ def _r86_reshape_noop_build(_b, _m):
 
 
 
-def _r87_reshape_reshape_build(_b, _m):
+def _r88_reshape_reshape_build(_b, _m):
     """=> Reshape(x, dims = r.shape)"""
     r = _m['r']
     x = _m['x']
@@ -1364,20 +1413,20 @@ def _r87_reshape_reshape_build(_b, _m):
 
 
 
-def _r88_concat_single_build(_b, _m):
+def _r89_concat_single_build(_b, _m):
     """=> x"""
     x = _m['x']
     return rt.results(x)
 
 
 
-def _r89_concat_flatten_guard(_m, _ctx):
+def _r90_concat_flatten_guard(_m, _ctx):
     """where nested(xs, c)"""
     c = _m['c']
     xs = _m['xs']
     return bool((rt.b_nested(xs, c)))
 
-def _r89_concat_flatten_build(_b, _m):
+def _r90_concat_flatten_build(_b, _m):
     """=> Concat(*unnest(xs, c), axis = c.axis)"""
     c = _m['c']
     xs = _m['xs']
@@ -1385,14 +1434,14 @@ def _r89_concat_flatten_build(_b, _m):
 
 
 
-def _r90_unary_transpose_sink_guard(_m, _ctx):
+def _r91_unary_transpose_sink_guard(_m, _ctx):
     """where uses(t) == 1"""
     u = _m['u']
     t = _m['t']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(t), 1)))
 
-def _r90_unary_transpose_sink_build(_b, _m):
+def _r91_unary_transpose_sink_build(_b, _m):
     """=> Transpose(u(x), perm = t.perm)"""
     u = _m['u']
     t = _m['t']
@@ -1401,14 +1450,46 @@ def _r90_unary_transpose_sink_build(_b, _m):
 
 
 
-def _r91_unary_reshape_sink_guard(_m, _ctx):
+def _r92_unary_concat_sink_guard(_m, _ctx):
+    """where uses(c) == 1"""
+    u = _m['u']
+    c = _m['c']
+    xs = _m['xs']
+    return bool((rt.eq(_ctx.uses(c), 1)))
+
+def _r92_unary_concat_sink_build(_b, _m):
+    """=> Concat(*each_like(u, xs), axis = c.axis)"""
+    u = _m['u']
+    c = _m['c']
+    xs = _m['xs']
+    return rt.results(_b.op('Concat', [(*_b.each_like(u, xs),)], {'axis': c.axis}))
+
+
+
+def _r93_unary_slice_sink_guard(_m, _ctx):
+    """where (uses(s) == 1) and ((4 * prod(s.shape)) >= (3 * prod(x.shape)))"""
+    u = _m['u']
+    s = _m['s']
+    x = _m['x']
+    return bool(((rt.eq(_ctx.uses(s), 1) and rt.ge(rt.mul(4, rt.b_prod(s.shape)), rt.mul(3, rt.b_prod(x.shape))))))
+
+def _r93_unary_slice_sink_build(_b, _m):
+    """=> Slice(u(x), starts = s.starts, stops = s.stops, steps = s.steps)"""
+    u = _m['u']
+    s = _m['s']
+    x = _m['x']
+    return rt.results(_b.op('Slice', [_b.like(u, [x], {})], {'starts': s.starts, 'stops': s.stops, 'steps': s.steps}))
+
+
+
+def _r94_unary_reshape_sink_guard(_m, _ctx):
     """where uses(r) == 1"""
     u = _m['u']
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(r), 1)))
 
-def _r91_unary_reshape_sink_build(_b, _m):
+def _r94_unary_reshape_sink_build(_b, _m):
     """=> Reshape(u(x), dims = r.dims)"""
     u = _m['u']
     r = _m['r']
@@ -1417,7 +1498,7 @@ def _r91_unary_reshape_sink_build(_b, _m):
 
 
 
-def _r92_add_transpose_sink_guard(_m, _ctx):
+def _r95_add_transpose_sink_guard(_m, _ctx):
     """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
     t = _m['t']
     x = _m['x']
@@ -1425,7 +1506,7 @@ def _r92_add_transpose_sink_guard(_m, _ctx):
     y = _m['y']
     return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
 
-def _r92_add_transpose_sink_build(_b, _m):
+def _r95_add_transpose_sink_build(_b, _m):
     """=> Transpose(Add(x, y), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1435,7 +1516,7 @@ def _r92_add_transpose_sink_build(_b, _m):
 
 
 
-def _r93_mul_transpose_sink_guard(_m, _ctx):
+def _r96_mul_transpose_sink_guard(_m, _ctx):
     """where ((t.perm == u.perm) and (uses(t) == 1)) and (uses(u) == 1)"""
     t = _m['t']
     x = _m['x']
@@ -1443,7 +1524,7 @@ def _r93_mul_transpose_sink_guard(_m, _ctx):
     y = _m['y']
     return bool((((rt.eq(t.perm, u.perm) and rt.eq(_ctx.uses(t), 1)) and rt.eq(_ctx.uses(u), 1))))
 
-def _r93_mul_transpose_sink_build(_b, _m):
+def _r96_mul_transpose_sink_build(_b, _m):
     """=> Transpose(Mul(x, y), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1453,14 +1534,14 @@ def _r93_mul_transpose_sink_build(_b, _m):
 
 
 
-def _r94_add_const_transpose_sink_guard(_m, _ctx):
+def _r97_add_const_transpose_sink_guard(_m, _ctx):
     """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
     t = _m['t']
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
 
-def _r94_add_const_transpose_sink_build(_b, _m):
+def _r97_add_const_transpose_sink_build(_b, _m):
     """=> Transpose(Add(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1470,14 +1551,14 @@ def _r94_add_const_transpose_sink_build(_b, _m):
 
 
 
-def _r95_mul_const_transpose_sink_guard(_m, _ctx):
+def _r98_mul_const_transpose_sink_guard(_m, _ctx):
     """where (is_const(c) and (rank(c) <= rank(x))) and (uses(t) == 1)"""
     t = _m['t']
     x = _m['x']
     c = _m['c']
     return bool((((rt.b_is_const(c) and rt.le(rt.b_rank(c), rt.b_rank(x))) and rt.eq(_ctx.uses(t), 1))))
 
-def _r95_mul_const_transpose_sink_build(_b, _m):
+def _r98_mul_const_transpose_sink_build(_b, _m):
     """=> Transpose(Mul(x, Transpose(full, perm = inverse_perm(t.perm))), perm = t.perm)"""
     t = _m['t']
     x = _m['x']
@@ -1487,13 +1568,13 @@ def _r95_mul_const_transpose_sink_build(_b, _m):
 
 
 
-def _r96_resize_identity_guard(_m, _ctx):
+def _r99_resize_identity_guard(_m, _ctx):
     """where len(r.axes) == 0"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(rt.b_len(r.axes), 0)))
 
-def _r96_resize_identity_build(_b, _m):
+def _r99_resize_identity_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -1501,13 +1582,13 @@ def _r96_resize_identity_build(_b, _m):
 
 
 
-def _r97_resize_one_axis_at_a_time_guard(_m, _ctx):
+def _r100_resize_one_axis_at_a_time_guard(_m, _ctx):
     """where len(r.axes) > 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.gt(rt.b_len(r.axes), 1)))
 
-def _r97_resize_one_axis_at_a_time_build(_b, _m):
+def _r100_resize_one_axis_at_a_time_build(_b, _m):
     """=> Resize(Resize(x, ...r, axes = r.axes[-1:]), ...r, axes = r.axes[:-1])"""
     r = _m['r']
     x = _m['x']
@@ -1515,13 +1596,13 @@ def _r97_resize_one_axis_at_a_time_build(_b, _m):
 
 
 
-def _r98_resize_nearest_gather_guard(_m, _ctx):
+def _r101_resize_nearest_gather_guard(_m, _ctx):
     'where ((len(r.axes) == 1) and (r.mode == "nearest")) and not resize_extrapolates(*resize_args(r, x.shape[r.axes[0]]))'
     r = _m['r']
     x = _m['x']
     return bool((((rt.eq(rt.b_len(r.axes), 1) and rt.eq(r.mode, 'nearest')) and (not sl.resize.resize_extrapolates(*fn_resize_args(r, x.shape[r.axes[0]]))))))
 
-def _r98_resize_nearest_gather_build(_b, _m):
+def _r101_resize_nearest_gather_build(_b, _m):
     """=> Gather(x, const(resize_gather_indices(*resize_args(r, x.shape[r.axes[0]])), i64), axis = r.axes[0])"""
     r = _m['r']
     x = _m['x']
@@ -1529,13 +1610,13 @@ def _r98_resize_nearest_gather_build(_b, _m):
 
 
 
-def _r99_resize_axis_two_taps_guard(_m, _ctx):
+def _r102_resize_axis_two_taps_guard(_m, _ctx):
     """where (len(r.axes) == 1) and (resize_taps(*resize_args(r, x.shape[r.axes[0]])) == 2)"""
     r = _m['r']
     x = _m['x']
     return bool(((rt.eq(rt.b_len(r.axes), 1) and rt.eq(sl.resize.resize_taps(*fn_resize_args(r, x.shape[r.axes[0]])), 2))))
 
-def _r99_resize_axis_two_taps_build(_b, _m):
+def _r102_resize_axis_two_taps_build(_b, _m):
     """=> Add(y, Reshape(fill, dims = dims)) if resize_extrapolates(*args) else y"""
     r = _m['r']
     x = _m['x']
@@ -1550,13 +1631,13 @@ def _r99_resize_axis_two_taps_build(_b, _m):
 
 
 
-def _r100_resize_axis_taps_guard(_m, _ctx):
+def _r103_resize_axis_taps_guard(_m, _ctx):
     """where len(r.axes) == 1"""
     r = _m['r']
     x = _m['x']
     return bool((rt.eq(rt.b_len(r.axes), 1)))
 
-def _r100_resize_axis_taps_build(_b, _m):
+def _r103_resize_axis_taps_build(_b, _m):
     """=> Add(y, Reshape(fill, dims = concat([r.sizes[a]], trailing))) if resize_extrapolates(*args) else y"""
     r = _m['r']
     x = _m['x']
@@ -1571,7 +1652,7 @@ def _r100_resize_axis_taps_build(_b, _m):
 
 
 
-def _r101_legacy_broadcast_expand_build(_b, _m):
+def _r104_legacy_broadcast_expand_build(_b, _m):
     '=> Add(a, b2) if n.op == "Add" else Sub(a, b2) if n.op == "Sub" else Mul(a, b2) if n.op == "Mul" else Div(a, b2) if n.op == "Div" else Pow(a, b2) if n.op == "Pow" else PRelu(a, b2)'
     n = _m['n']
     a = _m['a']
@@ -1581,7 +1662,7 @@ def _r101_legacy_broadcast_expand_build(_b, _m):
 
 
 
-def _r102_avgpool_dilated_to_conv_build(_b, _m):
+def _r105_avgpool_dilated_to_conv_build(_b, _m):
     """=> Div(sums, const(window_counts(x.shape[2:], p.kernel, p.pads, p.strides, p.dilations, p.ceil_mode, p.count_include_pad), x.dtype))"""
     p = _m['p']
     x = _m['x']
@@ -1591,7 +1672,7 @@ def _r102_avgpool_dilated_to_conv_build(_b, _m):
 
 
 
-def _r103_lppool_to_conv_build(_b, _m):
+def _r106_lppool_to_conv_build(_b, _m):
     """=> Sqrt(sums) if p.p == 2 else sums if p.p == 1 else Pow(sums, scalar(1.0 / p.p, x.dtype))"""
     p = _m['p']
     x = _m['x']
@@ -1602,7 +1683,7 @@ def _r103_lppool_to_conv_build(_b, _m):
 
 
 
-def _r104_col2im_to_convtranspose_build(_b, _m):
+def _r107_col2im_to_convtranspose_build(_b, _m):
     """=> ConvTranspose(Reshape(x, dims = concat(x.shape[:2], blocks)), const(col2im_weights(channels, c.block), x.dtype), strides = c.strides, pads = c.pads, dilations = c.dilations, group = channels, output_padding = col2im_output_padding(c.image, blocks, c.block, c.pads, c.strides, c.dilations))"""
     c = _m['c']
     x = _m['x']
@@ -1612,7 +1693,7 @@ def _r104_col2im_to_convtranspose_build(_b, _m):
 
 
 
-def _r105_gridsample_expand_build(_b, _m):
+def _r108_gridsample_expand_build(_b, _m):
     """=> Reshape(Transpose(sums, perm = [1, 0, 2]), dims = g.shape)"""
     g = _m['g']
     x = _m['x']
@@ -1658,7 +1739,7 @@ def _r105_gridsample_expand_build(_b, _m):
 
 
 
-def _r106_reflect_expand_build(_b, _m):
+def _r109_reflect_expand_build(_b, _m):
     """=> Select(Or(below, Greater(x, high)), Select(from_low, Add(low, rest), Sub(high, rest)), x)"""
     x = _m['x']
     low = _m['low']
@@ -1674,7 +1755,7 @@ def _r106_reflect_expand_build(_b, _m):
 
 
 
-def _r107_lstm_unroll_build(_b, _m):
+def _r110_lstm_unroll_build(_b, _m):
     """=> rnn_layer(l, 4 * l.hidden_size, x, w, r, b, h0, c0, p)"""
     l = _m['l']
     x = _m['x']
@@ -1688,7 +1769,7 @@ def _r107_lstm_unroll_build(_b, _m):
 
 
 
-def _r108_gru_unroll_build(_b, _m):
+def _r111_gru_unroll_build(_b, _m):
     """=> rnn_layer(l, 3 * l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1700,7 +1781,7 @@ def _r108_gru_unroll_build(_b, _m):
 
 
 
-def _r109_rnn_unroll_build(_b, _m):
+def _r112_rnn_unroll_build(_b, _m):
     """=> rnn_layer(l, l.hidden_size, x, w, r, b, h0, none, none)[:2]"""
     l = _m['l']
     x = _m['x']
@@ -1712,13 +1793,13 @@ def _r109_rnn_unroll_build(_b, _m):
 
 
 
-def _r110_quant_param_to_reshape_guard(_m, _ctx):
+def _r113_quant_param_to_reshape_guard(_m, _ctx):
     """where prod(q.shape) == prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.eq(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r110_quant_param_to_reshape_build(_b, _m):
+def _r113_quant_param_to_reshape_build(_b, _m):
     """=> Reshape(p, dims = q.shape)"""
     q = _m['q']
     p = _m['p']
@@ -1726,13 +1807,13 @@ def _r110_quant_param_to_reshape_build(_b, _m):
 
 
 
-def _r111_quant_param_blocked_to_gather_guard(_m, _ctx):
+def _r114_quant_param_blocked_to_gather_guard(_m, _ctx):
     """where prod(q.shape) != prod(p.shape)"""
     q = _m['q']
     p = _m['p']
     return bool((rt.ne(rt.b_prod(q.shape), rt.b_prod(p.shape))))
 
-def _r111_quant_param_blocked_to_gather_build(_b, _m):
+def _r114_quant_param_blocked_to_gather_build(_b, _m):
     """=> Gather(p, const(block_indices(q.like[q.axis], q.block_size), i64), axis = q.axis)"""
     q = _m['q']
     p = _m['p']
@@ -1740,7 +1821,7 @@ def _r111_quant_param_blocked_to_gather_build(_b, _m):
 
 
 
-def _r112_quantize_linear_expand_build(_b, _m):
+def _r115_quantize_linear_expand_build(_b, _m):
     """=> Cast(Clip(Add(r, Cast(z, to = wide)) if defined(z) else r, min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -1754,7 +1835,7 @@ def _r112_quantize_linear_expand_build(_b, _m):
 
 
 
-def _r113_dequantize_linear_expand_build(_b, _m):
+def _r116_dequantize_linear_expand_build(_b, _m):
     """=> Cast(Mul(Sub(xw, Cast(z, to = wide)) if defined(z) else xw, Cast(s, to = wide)), to = d.dtype)"""
     d = _m['d']
     x = _m['x']
@@ -1768,7 +1849,7 @@ def _r113_dequantize_linear_expand_build(_b, _m):
 
 
 
-def _r114_qlinear_matmul_expand_build(_b, _m):
+def _r117_qlinear_matmul_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(Cast(acc, to = f64), Cast(multiplier, to = f64)), Cast(zy, to = f64))), min = clamp_to(-inf, q.dtype), max = clamp_to(inf, q.dtype)), to = q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -1786,7 +1867,7 @@ def _r114_qlinear_matmul_expand_build(_b, _m):
 
 
 
-def _r115_matmul_integer_expand_build(_b, _m):
+def _r118_matmul_integer_expand_build(_b, _m):
     """=> MatMul(a2, b2)"""
     a = _m['a']
     b = _m['b']
@@ -1798,7 +1879,7 @@ def _r115_matmul_integer_expand_build(_b, _m):
 
 
 
-def _r116_conv_integer_expand_build(_b, _m):
+def _r119_conv_integer_expand_build(_b, _m):
     """=> Cast(Conv(xs, ws, ...c) if rank(x) == 4 else ConvN(xs, ws, ...c), to = i32)"""
     c = _m['c']
     x = _m['x']
@@ -1811,7 +1892,7 @@ def _r116_conv_integer_expand_build(_b, _m):
 
 
 
-def _r117_qlinear_conv_expand_build(_b, _m):
+def _r120_qlinear_conv_expand_build(_b, _m):
     """=> Cast(Clip(Round(Add(Mul(acc, Cast(multiplier, to = f64)), Cast(Reshape(y_zero_point, dims = []), to = f64))), min = clamp_to(-inf, c.dtype), max = clamp_to(inf, c.dtype)), to = c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -1832,7 +1913,7 @@ def _r117_qlinear_conv_expand_build(_b, _m):
 
 
 
-def _r118_histogram_to_scatter_build(_b, _m):
+def _r121_histogram_to_scatter_build(_b, _m):
     '=> ScatterElements(Splat(dims = [h.bins], value = 0.0, dtype = f32), Reshape(Cast(bin, to = i32), dims = [n]), Splat(dims = [n], value = 1.0, dtype = f32), axis = 0, reduction = "add")'
     h = _m['h']
     x = _m['x']
@@ -1845,7 +1926,7 @@ def _r118_histogram_to_scatter_build(_b, _m):
 
 
 
-def _r119_dft_to_matmul_build(_b, _m):
+def _r122_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), dims = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -1859,13 +1940,13 @@ def _r119_dft_to_matmul_build(_b, _m):
 
 
 
-def _r120_compress_to_gather_guard(_m, _ctx):
+def _r123_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r120_compress_to_gather_build(_b, _m):
+def _r123_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -1873,13 +1954,13 @@ def _r120_compress_to_gather_build(_b, _m):
 
 
 
-def _r121_compress_flat_to_gather_guard(_m, _ctx):
+def _r124_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r121_compress_flat_to_gather_build(_b, _m):
+def _r124_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, dims = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -1887,7 +1968,7 @@ def _r121_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r122_stft_expand_build(_b, _m):
+def _r125_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, dims = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -1897,7 +1978,7 @@ def _r122_stft_expand_build(_b, _m):
 
 
 
-def _r123_quantize_conv_guard(_m, _ctx):
+def _r126_quantize_conv_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(c)) and is_const(w)) and (not defined(b) or is_const(b))"""
     c = _m['c']
     x = _m['x']
@@ -1905,7 +1986,7 @@ def _r123_quantize_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(c)) and rt.b_is_const(w)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
 
-def _r123_quantize_conv_build(_b, _m):
+def _r126_quantize_conv_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(c), in_offset = calibrated_offset(c))"""
     c = _m['c']
     x = _m['x']
@@ -1919,14 +2000,14 @@ def _r123_quantize_conv_build(_b, _m):
 
 
 
-def _r124_quantize_matmul_guard(_m, _ctx):
+def _r127_quantize_matmul_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(mm)) and is_const(w)) and (rank(w) == 2)"""
     mm = _m['mm']
     x = _m['x']
     w = _m['w']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(mm)) and rt.b_is_const(w)) and rt.eq(rt.b_rank(w), 2))))
 
-def _r124_quantize_matmul_build(_b, _m):
+def _r127_quantize_matmul_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(mm), in_offset = calibrated_offset(mm))"""
     mm = _m['mm']
     x = _m['x']
@@ -1937,7 +2018,7 @@ def _r124_quantize_matmul_build(_b, _m):
 
 
 
-def _r125_bias_into_quantized_matmul_guard(_m, _ctx):
+def _r128_bias_into_quantized_matmul_guard(_m, _ctx):
     """where ((((is_const(c) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and calibrated(a)) and (uses(q) == 1)) and (uses(d) == 1)"""
     a = _m['a']
     d = _m['d']
@@ -1949,7 +2030,7 @@ def _r125_bias_into_quantized_matmul_guard(_m, _ctx):
     c = _m['c']
     return bool(((((((rt.b_is_const(c) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.b_calibrated(a)) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1))))
 
-def _r125_bias_into_quantized_matmul_build(_b, _m):
+def _r128_bias_into_quantized_matmul_build(_b, _m):
     """=> Dequantize(qb, in_scale = calibrated_scale(a), in_offset = calibrated_offset(a))"""
     a = _m['a']
     d = _m['d']
@@ -1964,7 +2045,7 @@ def _r125_bias_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r126_qdq_pair_to_quantized_guard(_m, _ctx):
+def _r129_qdq_pair_to_quantized_guard(_m, _ctx):
     """where (((((((((x.dtype == f32) and (dl.dtype == f32)) and ((ql.dtype == u8) or (ql.dtype == i8))) and is_splat(s)) and is_splat(s2)) and (splat_value(s) == splat_value(s2))) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))) and (not defined(z2) or is_splat(z2))) and ((splat_value(z) if defined(z) else 0) == (splat_value(z2) if defined(z2) else 0))"""
     dl = _m['dl']
     ql = _m['ql']
@@ -1975,7 +2056,7 @@ def _r126_qdq_pair_to_quantized_guard(_m, _ctx):
     z2 = _m['z2']
     return bool(((((((((((rt.eq(x.dtype, 'f32') and rt.eq(dl.dtype, 'f32')) and (rt.eq(ql.dtype, 'u8') or rt.eq(ql.dtype, 'i8'))) and rt.b_is_splat(s)) and rt.b_is_splat(s2)) and rt.eq(rt.b_splat_value(s), rt.b_splat_value(s2))) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z))) and ((not rt.b_defined(z2)) or rt.b_is_splat(z2))) and rt.eq((rt.b_splat_value(z) if rt.b_defined(z) else 0), (rt.b_splat_value(z2) if rt.b_defined(z2) else 0)))))
 
-def _r126_qdq_pair_to_quantized_build(_b, _m):
+def _r129_qdq_pair_to_quantized_build(_b, _m):
     """=> Dequantize(Quantize(x, scale = splat_value(s), offset = offset), in_scale = splat_value(s), in_offset = offset)"""
     dl = _m['dl']
     ql = _m['ql']
@@ -1989,7 +2070,7 @@ def _r126_qdq_pair_to_quantized_build(_b, _m):
 
 
 
-def _r127_conv_between_quantized_guard(_m, _ctx):
+def _r130_conv_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
@@ -1999,7 +2080,7 @@ def _r127_conv_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1))))
 
-def _r127_conv_between_quantized_build(_b, _m):
+def _r130_conv_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2011,7 +2092,7 @@ def _r127_conv_between_quantized_build(_b, _m):
 
 
 
-def _r128_conv_relu_between_quantized_guard(_m, _ctx):
+def _r131_conv_relu_between_quantized_guard(_m, _ctx):
     """where (((is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)) and (uses(r) == 1)) and (q.offset == -128)"""
     q = _m['q']
     r = _m['r']
@@ -2022,7 +2103,7 @@ def _r128_conv_relu_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(r), 1)) and rt.eq(q.offset, rt.neg(128)))))
 
-def _r128_conv_relu_between_quantized_build(_b, _m):
+def _r131_conv_relu_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     r = _m['r']
@@ -2035,7 +2116,7 @@ def _r128_conv_relu_between_quantized_build(_b, _m):
 
 
 
-def _r129_matmul_between_quantized_guard(_m, _ctx):
+def _r132_matmul_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (rank(w) == 2)) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
@@ -2044,7 +2125,7 @@ def _r129_matmul_between_quantized_guard(_m, _ctx):
     w = _m['w']
     return bool((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1))))
 
-def _r129_matmul_between_quantized_build(_b, _m):
+def _r132_matmul_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
@@ -2056,13 +2137,13 @@ def _r129_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r130_quantize_dequantize_same_guard(_m, _ctx):
+def _r133_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r130_quantize_dequantize_same_build(_b, _m):
+def _r133_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -2070,7 +2151,7 @@ def _r130_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r131_quantize_dequantize_to_rescale_build(_b, _m):
+def _r134_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     d = _m['d']
@@ -2079,13 +2160,13 @@ def _r131_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r132_rescale_same_guard(_m, _ctx):
+def _r135_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r132_rescale_same_build(_b, _m):
+def _r135_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -2093,7 +2174,7 @@ def _r132_rescale_same_build(_b, _m):
 
 
 
-def _r133_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r136_rescale_into_quantized_conv_guard(_m, _ctx):
     """where uses(c) == 1"""
     r = _m['r']
     c = _m['c']
@@ -2103,7 +2184,7 @@ def _r133_rescale_into_quantized_conv_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r133_rescale_into_quantized_conv_build(_b, _m):
+def _r136_rescale_into_quantized_conv_build(_b, _m):
     """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     c = _m['c']
@@ -2115,7 +2196,7 @@ def _r133_rescale_into_quantized_conv_build(_b, _m):
 
 
 
-def _r134_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r137_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where uses(m) == 1"""
     r = _m['r']
     m = _m['m']
@@ -2125,7 +2206,7 @@ def _r134_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(m), 1)))
 
-def _r134_rescale_into_quantized_matmul_build(_b, _m):
+def _r137_rescale_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     m = _m['m']
@@ -2137,7 +2218,7 @@ def _r134_rescale_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r135_relu_of_dequantized_build(_b, _m):
+def _r138_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2145,7 +2226,7 @@ def _r135_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r136_maxpool_of_dequantized_build(_b, _m):
+def _r139_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2154,7 +2235,7 @@ def _r136_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r137_flatten_of_dequantized_build(_b, _m):
+def _r140_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2163,7 +2244,7 @@ def _r137_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r138_reshape_of_dequantized_build(_b, _m):
+def _r141_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2172,7 +2253,7 @@ def _r138_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r139_transpose_of_dequantized_build(_b, _m):
+def _r142_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2181,7 +2262,7 @@ def _r139_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r140_slice_of_dequantized_build(_b, _m):
+def _r143_slice_of_dequantized_build(_b, _m):
     """=> Dequantize(Slice(x, ...s), ...d)"""
     s = _m['s']
     d = _m['d']
@@ -2190,7 +2271,7 @@ def _r140_slice_of_dequantized_build(_b, _m):
 
 
 
-def _r141_gather_of_dequantized_build(_b, _m):
+def _r144_gather_of_dequantized_build(_b, _m):
     """=> Dequantize(Gather(x, i, ...g), ...d)"""
     g = _m['g']
     d = _m['d']
@@ -2200,7 +2281,7 @@ def _r141_gather_of_dequantized_build(_b, _m):
 
 
 
-def _r142_rescale_through_max_guard(_m, _ctx):
+def _r145_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2208,7 +2289,7 @@ def _r142_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r142_rescale_through_max_build(_b, _m):
+def _r145_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2218,14 +2299,14 @@ def _r142_rescale_through_max_build(_b, _m):
 
 
 
-def _r143_rescale_through_maxpool_guard(_m, _ctx):
+def _r146_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r143_rescale_through_maxpool_build(_b, _m):
+def _r146_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2234,14 +2315,14 @@ def _r143_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r144_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r147_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
 
-def _r144_quantize_of_clip_within_range_build(_b, _m):
+def _r147_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2250,13 +2331,13 @@ def _r144_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r145_max_with_floor_remove_guard(_m, _ctx):
+def _r148_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r145_max_with_floor_remove_build(_b, _m):
+def _r148_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2264,7 +2345,7 @@ def _r145_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r146_quantized_conv_in_float_build(_b, _m):
+def _r149_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2275,7 +2356,7 @@ def _r146_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r147_quantized_grouped_conv_in_float_guard(_m, _ctx):
+def _r150_quantized_grouped_conv_in_float_guard(_m, _ctx):
     """where c.group > 1"""
     c = _m['c']
     x = _m['x']
@@ -2284,7 +2365,7 @@ def _r147_quantized_grouped_conv_in_float_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.gt(c.group, 1)))
 
-def _r147_quantized_grouped_conv_in_float_build(_b, _m):
+def _r150_quantized_grouped_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2295,7 +2376,7 @@ def _r147_quantized_grouped_conv_in_float_build(_b, _m):
 
 
 
-def _r148_quantized_matmul_in_float_build(_b, _m):
+def _r151_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2307,153 +2388,156 @@ def _r148_quantized_matmul_in_float_build(_b, _m):
 
 
 RULES = (
-    RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:38:1'),
-    RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:41:1'),
-    RuleInfo(name='dropout_mask', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r2_dropout_mask_build, location='specs/lowerings.glowdef:44:1'),
-    RuleInfo(name='reciprocal_to_div', phases=('lower',), pattern=P('Reciprocal', (V('x'),)), size=1, guard=None, build=_r3_reciprocal_to_div_build, location='specs/lowerings.glowdef:49:1'),
-    RuleInfo(name='clip_to_max_min', phases=('lower',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=None, build=_r4_clip_to_max_min_build, location='specs/lowerings.glowdef:52:1'),
-    RuleInfo(name='swish_expand', phases=('lower',), pattern=P('Swish', (V('x'),)), size=1, guard=None, build=_r5_swish_expand_build, location='specs/lowerings.glowdef:56:1'),
-    RuleInfo(name='hardsigmoid_expand', phases=('lower',), pattern=P('HardSigmoid', (V('x'),), bind='h'), size=1, guard=None, build=_r6_hardsigmoid_expand_build, location='specs/lowerings.glowdef:59:1'),
-    RuleInfo(name='hardswish_expand', phases=('lower',), pattern=P('HardSwish', (V('x'),)), size=1, guard=None, build=_r7_hardswish_expand_build, location='specs/lowerings.glowdef:64:1'),
-    RuleInfo(name='sum_single', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('x'),)), size=1, guard=None, build=_r8_sum_single_build, location='specs/lowerings.glowdef:69:1'),
-    RuleInfo(name='sum_chain', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r9_sum_chain_build, location='specs/lowerings.glowdef:72:1'),
-    RuleInfo(name='mean_to_sum', phases=('lower',), pattern=P('MeanN', (R('xs'),), bind='m'), size=1, guard=None, build=_r10_mean_to_sum_build, location='specs/lowerings.glowdef:75:1'),
-    RuleInfo(name='max_single', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('x'),)), size=1, guard=None, build=_r11_max_single_build, location='specs/lowerings.glowdef:78:1'),
-    RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:81:1'),
-    RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:84:1'),
-    RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:87:1'),
-    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r15_prelu_to_select_build, location='specs/lowerings.glowdef:90:1'),
-    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r16_castlike_to_cast_build, location='specs/lowerings.glowdef:94:1'),
-    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r17_flatten_to_reshape_build, location='specs/lowerings.glowdef:99:1'),
-    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r18_squeeze_to_reshape_build, location='specs/lowerings.glowdef:102:1'),
-    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r19_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:105:1'),
-    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r20_tile_to_expand_build, location='specs/lowerings.glowdef:109:1'),
-    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r21_depth_to_space_dcr_guard, build=_r21_depth_to_space_dcr_build, location='specs/lowerings.glowdef:115:1'),
-    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r22_depth_to_space_crd_guard, build=_r22_depth_to_space_crd_build, location='specs/lowerings.glowdef:122:1'),
-    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r23_space_to_depth_dcr_guard, build=_r23_space_to_depth_dcr_build, location='specs/lowerings.glowdef:129:1'),
-    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r24_space_to_depth_crd_guard, build=_r24_space_to_depth_crd_build, location='specs/lowerings.glowdef:136:1'),
-    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c', optional=True)), bind='g'), size=1, guard=_r25_gemm_to_matmul_guard, build=_r25_gemm_to_matmul_build, location='specs/lowerings.glowdef:147:1'),
-    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r26_fc_to_matmul_guard, build=_r26_fc_to_matmul_build, location='specs/lowerings.glowdef:155:1'),
-    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r27_matmul_vector_lhs_guard, build=_r27_matmul_vector_lhs_build, location='specs/lowerings.glowdef:158:1'),
-    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r28_matmul_vector_rhs_guard, build=_r28_matmul_vector_rhs_build, location='specs/lowerings.glowdef:162:1'),
-    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r29_matmul_shared_rhs_guard, build=_r29_matmul_shared_rhs_build, location='specs/lowerings.glowdef:167:1'),
-    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r30_matmul_batched_guard, build=_r30_matmul_batched_build, location='specs/lowerings.glowdef:173:1'),
-    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r31_batchnorm_to_affine_build, location='specs/lowerings.glowdef:184:1'),
-    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias', optional=True)), bind='ln'), size=1, guard=None, build=_r32_layernorm_expand_build, location='specs/lowerings.glowdef:191:1'),
-    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r33_softmax_expand_build, location='specs/lowerings.glowdef:204:1'),
-    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r34_logsoftmax_expand_build, location='specs/lowerings.glowdef:210:1'),
-    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r35_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:215:1'),
-    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r36_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:219:1'),
-    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r37_instancenorm_expand_build, location='specs/lowerings.glowdef:223:1'),
-    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r38_lpnorm_l2_guard, build=_r38_lpnorm_l2_build, location='specs/lowerings.glowdef:232:1'),
-    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r39_lpnorm_l1_guard, build=_r39_lpnorm_l1_build, location='specs/lowerings.glowdef:237:1'),
-    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r40_reducemean_to_sum_build, location='specs/lowerings.glowdef:244:1'),
-    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r41_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:248:1'),
-    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r42_global_maxpool_to_max_build, location='specs/lowerings.glowdef:251:1'),
-    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r43_lrn_expand_build, location='specs/lowerings.glowdef:255:1'),
-    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r44_convtranspose_nonoverlapping_to_conv_guard, build=_r44_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:268:1'),
-    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r45_convtranspose_phases_to_conv_guard, build=_r45_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:286:1'),
-    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r46_f16_matmul_in_f32_guard, build=_r46_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:318:1'),
-    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r47_f16_conv_in_f32_guard, build=_r47_f16_conv_in_f32_build, location='specs/lowerings.glowdef:322:1'),
-    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r48_f16_convn_in_f32_guard, build=_r48_f16_convn_in_f32_build, location='specs/lowerings.glowdef:326:1'),
-    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r49_f16_reducesum_in_f32_guard, build=_r49_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:330:1'),
-    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r50_f16_avgpool_in_f32_guard, build=_r50_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:334:1'),
-    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r51_cast_same_type_guard, build=_r51_cast_same_type_build, location='specs/lowerings.glowdef:344:1'),
-    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r52_add_zero_guard, build=_r52_add_zero_build, location='specs/lowerings.glowdef:347:1'),
-    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r53_sub_zero_guard, build=_r53_sub_zero_build, location='specs/lowerings.glowdef:350:1'),
-    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r54_mul_one_guard, build=_r54_mul_one_build, location='specs/lowerings.glowdef:353:1'),
-    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r55_div_one_guard, build=_r55_div_one_build, location='specs/lowerings.glowdef:356:1'),
-    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r56_relu_relu_build, location='specs/lowerings.glowdef:359:1'),
-    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r57_max_same_build, location='specs/lowerings.glowdef:362:1'),
-    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r58_clip_unbounded_guard, build=_r58_clip_unbounded_build, location='specs/lowerings.glowdef:365:1'),
-    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r59_max_zero_to_relu_guard, build=_r59_max_zero_to_relu_build, location='specs/lowerings.glowdef:370:1'),
-    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r60_min_max_to_clip_guard, build=_r60_min_max_to_clip_build, location='specs/lowerings.glowdef:373:1'),
-    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r61_min_relu_to_clip_guard, build=_r61_min_relu_to_clip_build, location='specs/lowerings.glowdef:381:1'),
-    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r62_swish_fuse_guard, build=_r62_swish_fuse_build, location='specs/lowerings.glowdef:388:1'),
-    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r63_sub_const_to_add_guard, build=_r63_sub_const_to_add_build, location='specs/lowerings.glowdef:395:1'),
-    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r64_div_const_to_mul_guard, build=_r64_div_const_to_mul_build, location='specs/lowerings.glowdef:398:1'),
-    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r65_add_const_reassociate_guard, build=_r65_add_const_reassociate_build, location='specs/lowerings.glowdef:402:1'),
-    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r66_mul_const_reassociate_guard, build=_r66_mul_const_reassociate_build, location='specs/lowerings.glowdef:406:1'),
-    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r67_mul_add_distribute_guard, build=_r67_mul_add_distribute_build, location='specs/lowerings.glowdef:410:1'),
-    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r68_conv_bias_zero_build, location='specs/lowerings.glowdef:417:1'),
-    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r69_conv_batchnorm_fold_guard, build=_r69_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:421:1'),
-    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r70_conv_mul_fold_guard, build=_r70_conv_mul_fold_build, location='specs/lowerings.glowdef:428:1'),
-    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r71_conv_add_fold_guard, build=_r71_conv_add_fold_build, location='specs/lowerings.glowdef:434:1'),
-    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r72_matmul_mul_fold_guard, build=_r72_matmul_mul_fold_build, location='specs/lowerings.glowdef:441:1'),
-    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r73_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:449:1'),
-    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r74_convtranspose_batchnorm_fold_guard, build=_r74_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:453:1'),
-    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r75_convtranspose_mul_fold_guard, build=_r75_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:461:1'),
-    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r76_convtranspose_add_fold_guard, build=_r76_convtranspose_add_fold_build, location='specs/lowerings.glowdef:468:1'),
-    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r77_conv_pad_merge_guard, build=_r77_conv_pad_merge_build, location='specs/lowerings.glowdef:475:1'),
-    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r78_avgpool_pad_merge_guard, build=_r78_avgpool_pad_merge_build, location='specs/lowerings.glowdef:481:1'),
-    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r79_maxpool_pad_merge_guard, build=_r79_maxpool_pad_merge_build, location='specs/lowerings.glowdef:489:1'),
-    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r80_convn_1d_guard, build=_r80_convn_1d_build, location='specs/lowerings.glowdef:501:1'),
-    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r81_maxpooln_1d_guard, build=_r81_maxpooln_1d_build, location='specs/lowerings.glowdef:509:1'),
-    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r82_avgpooln_1d_guard, build=_r82_avgpooln_1d_build, location='specs/lowerings.glowdef:516:1'),
-    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r83_transpose_identity_guard, build=_r83_transpose_identity_build, location='specs/lowerings.glowdef:525:1'),
-    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r84_transpose_transpose_build, location='specs/lowerings.glowdef:528:1'),
-    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r85_transpose_to_reshape_guard, build=_r85_transpose_to_reshape_build, location='specs/lowerings.glowdef:531:1'),
-    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r86_reshape_noop_guard, build=_r86_reshape_noop_build, location='specs/lowerings.glowdef:534:1'),
-    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r87_reshape_reshape_build, location='specs/lowerings.glowdef:537:1'),
-    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r88_concat_single_build, location='specs/lowerings.glowdef:540:1'),
-    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r89_concat_flatten_guard, build=_r89_concat_flatten_build, location='specs/lowerings.glowdef:543:1'),
-    RuleInfo(name='unary_transpose_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Transpose', (V('x'),), bind='t'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r90_unary_transpose_sink_guard, build=_r90_unary_transpose_sink_build, location='specs/lowerings.glowdef:549:1'),
-    RuleInfo(name='unary_reshape_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Reshape', (V('x'),), bind='r'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r91_unary_reshape_sink_guard, build=_r91_unary_reshape_sink_build, location='specs/lowerings.glowdef:555:1'),
-    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r92_add_transpose_sink_guard, build=_r92_add_transpose_sink_build, location='specs/lowerings.glowdef:558:1'),
-    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r93_mul_transpose_sink_guard, build=_r93_mul_transpose_sink_build, location='specs/lowerings.glowdef:562:1'),
-    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r94_add_const_transpose_sink_guard, build=_r94_add_const_transpose_sink_build, location='specs/lowerings.glowdef:567:1'),
-    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r95_mul_const_transpose_sink_guard, build=_r95_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:572:1'),
-    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r96_resize_identity_guard, build=_r96_resize_identity_build, location='specs/lowerings.glowdef:589:1'),
-    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r97_resize_one_axis_at_a_time_guard, build=_r97_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:595:1'),
-    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r98_resize_nearest_gather_guard, build=_r98_resize_nearest_gather_build, location='specs/lowerings.glowdef:600:1'),
-    RuleInfo(name='resize_axis_two_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r99_resize_axis_two_taps_guard, build=_r99_resize_axis_two_taps_build, location='specs/lowerings.glowdef:609:1'),
-    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r100_resize_axis_taps_guard, build=_r100_resize_axis_taps_build, location='specs/lowerings.glowdef:625:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r101_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:640:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r102_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:651:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r103_lppool_to_conv_build, location='specs/lowerings.glowdef:660:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r104_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:670:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r105_gridsample_expand_build, location='specs/lowerings.glowdef:690:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r106_reflect_expand_build, location='specs/lowerings.glowdef:742:1'),
-    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r107_lstm_unroll_build, location='specs/lowerings.glowdef:874:1'),
-    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r108_gru_unroll_build, location='specs/lowerings.glowdef:878:1'),
-    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r109_rnn_unroll_build, location='specs/lowerings.glowdef:882:1'),
-    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r110_quant_param_to_reshape_guard, build=_r110_quant_param_to_reshape_build, location='specs/lowerings.glowdef:893:1'),
-    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r111_quant_param_blocked_to_gather_guard, build=_r111_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:897:1'),
-    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r112_quantize_linear_expand_build, location='specs/lowerings.glowdef:904:1'),
-    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r113_dequantize_linear_expand_build, location='specs/lowerings.glowdef:913:1'),
-    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r114_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:921:1'),
-    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r115_matmul_integer_expand_build, location='specs/lowerings.glowdef:934:1'),
-    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r116_conv_integer_expand_build, location='specs/lowerings.glowdef:942:1'),
-    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r117_qlinear_conv_expand_build, location='specs/lowerings.glowdef:950:1'),
-    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r118_histogram_to_scatter_build, location='specs/lowerings.glowdef:964:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r119_dft_to_matmul_build, location='specs/lowerings.glowdef:976:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r120_compress_to_gather_guard, build=_r120_compress_to_gather_build, location='specs/lowerings.glowdef:986:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r121_compress_flat_to_gather_guard, build=_r121_compress_flat_to_gather_build, location='specs/lowerings.glowdef:990:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r122_stft_expand_build, location='specs/lowerings.glowdef:995:1'),
-    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r123_quantize_conv_guard, build=_r123_quantize_conv_build, location='specs/lowerings.glowdef:1016:1'),
-    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r124_quantize_matmul_guard, build=_r124_quantize_matmul_build, location='specs/lowerings.glowdef:1026:1'),
-    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r125_bias_into_quantized_matmul_guard, build=_r125_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1035:1'),
-    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r126_qdq_pair_to_quantized_guard, build=_r126_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1047:1'),
-    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r127_conv_between_quantized_guard, build=_r127_conv_between_quantized_build, location='specs/lowerings.glowdef:1064:1'),
-    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r128_conv_relu_between_quantized_guard, build=_r128_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1070:1'),
-    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r129_matmul_between_quantized_guard, build=_r129_matmul_between_quantized_build, location='specs/lowerings.glowdef:1075:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r130_quantize_dequantize_same_guard, build=_r130_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1082:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r131_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1085:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r132_rescale_same_guard, build=_r132_rescale_same_build, location='specs/lowerings.glowdef:1089:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r133_rescale_into_quantized_conv_guard, build=_r133_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1093:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r134_rescale_into_quantized_matmul_guard, build=_r134_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1097:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r135_relu_of_dequantized_build, location='specs/lowerings.glowdef:1103:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r136_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1106:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r137_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1109:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r138_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1112:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r139_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1115:1'),
-    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r140_slice_of_dequantized_build, location='specs/lowerings.glowdef:1118:1'),
-    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r141_gather_of_dequantized_build, location='specs/lowerings.glowdef:1121:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r142_rescale_through_max_guard, build=_r142_rescale_through_max_build, location='specs/lowerings.glowdef:1126:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r143_rescale_through_maxpool_guard, build=_r143_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1130:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r144_quantize_of_clip_within_range_guard, build=_r144_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1135:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r145_max_with_floor_remove_guard, build=_r145_max_with_floor_remove_build, location='specs/lowerings.glowdef:1141:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r146_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1155:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r147_quantized_grouped_conv_in_float_guard, build=_r147_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1160:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r148_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1163:1'),
+    RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:39:1'),
+    RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:42:1'),
+    RuleInfo(name='dropout_mask', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r2_dropout_mask_build, location='specs/lowerings.glowdef:45:1'),
+    RuleInfo(name='reciprocal_to_div', phases=('lower',), pattern=P('Reciprocal', (V('x'),)), size=1, guard=None, build=_r3_reciprocal_to_div_build, location='specs/lowerings.glowdef:50:1'),
+    RuleInfo(name='clip_to_max_min', phases=('lower',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=None, build=_r4_clip_to_max_min_build, location='specs/lowerings.glowdef:53:1'),
+    RuleInfo(name='swish_expand', phases=('lower',), pattern=P('Swish', (V('x'),)), size=1, guard=None, build=_r5_swish_expand_build, location='specs/lowerings.glowdef:57:1'),
+    RuleInfo(name='hardsigmoid_expand', phases=('lower',), pattern=P('HardSigmoid', (V('x'),), bind='h'), size=1, guard=None, build=_r6_hardsigmoid_expand_build, location='specs/lowerings.glowdef:60:1'),
+    RuleInfo(name='hardswish_expand', phases=('lower',), pattern=P('HardSwish', (V('x'),)), size=1, guard=None, build=_r7_hardswish_expand_build, location='specs/lowerings.glowdef:65:1'),
+    RuleInfo(name='sum_single', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('x'),)), size=1, guard=None, build=_r8_sum_single_build, location='specs/lowerings.glowdef:70:1'),
+    RuleInfo(name='sum_chain', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r9_sum_chain_build, location='specs/lowerings.glowdef:73:1'),
+    RuleInfo(name='mean_to_sum', phases=('lower',), pattern=P('MeanN', (R('xs'),), bind='m'), size=1, guard=None, build=_r10_mean_to_sum_build, location='specs/lowerings.glowdef:76:1'),
+    RuleInfo(name='max_single', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('x'),)), size=1, guard=None, build=_r11_max_single_build, location='specs/lowerings.glowdef:79:1'),
+    RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:82:1'),
+    RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:85:1'),
+    RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:88:1'),
+    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r15_prelu_to_select_build, location='specs/lowerings.glowdef:91:1'),
+    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r16_castlike_to_cast_build, location='specs/lowerings.glowdef:95:1'),
+    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r17_flatten_to_reshape_build, location='specs/lowerings.glowdef:100:1'),
+    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r18_squeeze_to_reshape_build, location='specs/lowerings.glowdef:103:1'),
+    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r19_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:106:1'),
+    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r20_tile_to_expand_build, location='specs/lowerings.glowdef:110:1'),
+    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r21_depth_to_space_dcr_guard, build=_r21_depth_to_space_dcr_build, location='specs/lowerings.glowdef:116:1'),
+    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r22_depth_to_space_crd_guard, build=_r22_depth_to_space_crd_build, location='specs/lowerings.glowdef:123:1'),
+    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r23_space_to_depth_dcr_guard, build=_r23_space_to_depth_dcr_build, location='specs/lowerings.glowdef:130:1'),
+    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r24_space_to_depth_crd_guard, build=_r24_space_to_depth_crd_build, location='specs/lowerings.glowdef:137:1'),
+    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c', optional=True)), bind='g'), size=1, guard=_r25_gemm_to_matmul_guard, build=_r25_gemm_to_matmul_build, location='specs/lowerings.glowdef:148:1'),
+    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r26_fc_to_matmul_guard, build=_r26_fc_to_matmul_build, location='specs/lowerings.glowdef:156:1'),
+    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r27_matmul_vector_lhs_guard, build=_r27_matmul_vector_lhs_build, location='specs/lowerings.glowdef:159:1'),
+    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r28_matmul_vector_rhs_guard, build=_r28_matmul_vector_rhs_build, location='specs/lowerings.glowdef:163:1'),
+    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r29_matmul_shared_rhs_guard, build=_r29_matmul_shared_rhs_build, location='specs/lowerings.glowdef:168:1'),
+    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r30_matmul_batched_guard, build=_r30_matmul_batched_build, location='specs/lowerings.glowdef:174:1'),
+    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r31_batchnorm_to_affine_build, location='specs/lowerings.glowdef:185:1'),
+    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias', optional=True)), bind='ln'), size=1, guard=None, build=_r32_layernorm_expand_build, location='specs/lowerings.glowdef:192:1'),
+    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r33_softmax_expand_build, location='specs/lowerings.glowdef:205:1'),
+    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r34_logsoftmax_expand_build, location='specs/lowerings.glowdef:211:1'),
+    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r35_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:216:1'),
+    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r36_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:220:1'),
+    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r37_instancenorm_expand_build, location='specs/lowerings.glowdef:224:1'),
+    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r38_lpnorm_l2_guard, build=_r38_lpnorm_l2_build, location='specs/lowerings.glowdef:233:1'),
+    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r39_lpnorm_l1_guard, build=_r39_lpnorm_l1_build, location='specs/lowerings.glowdef:238:1'),
+    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r40_reducemean_to_sum_build, location='specs/lowerings.glowdef:245:1'),
+    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r41_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:249:1'),
+    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r42_global_maxpool_to_max_build, location='specs/lowerings.glowdef:252:1'),
+    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r43_lrn_expand_build, location='specs/lowerings.glowdef:256:1'),
+    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r44_convtranspose_nonoverlapping_to_conv_guard, build=_r44_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:269:1'),
+    RuleInfo(name='convtranspose_phases_to_convs', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r45_convtranspose_phases_to_convs_guard, build=_r45_convtranspose_phases_to_convs_build, location='specs/lowerings.glowdef:324:1'),
+    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r46_convtranspose_phases_to_conv_guard, build=_r46_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:345:1'),
+    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r47_f16_matmul_in_f32_guard, build=_r47_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:379:1'),
+    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r48_f16_conv_in_f32_guard, build=_r48_f16_conv_in_f32_build, location='specs/lowerings.glowdef:383:1'),
+    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r49_f16_convn_in_f32_guard, build=_r49_f16_convn_in_f32_build, location='specs/lowerings.glowdef:387:1'),
+    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r50_f16_reducesum_in_f32_guard, build=_r50_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:391:1'),
+    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r51_f16_avgpool_in_f32_guard, build=_r51_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:395:1'),
+    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r52_cast_same_type_guard, build=_r52_cast_same_type_build, location='specs/lowerings.glowdef:405:1'),
+    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r53_add_zero_guard, build=_r53_add_zero_build, location='specs/lowerings.glowdef:408:1'),
+    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r54_sub_zero_guard, build=_r54_sub_zero_build, location='specs/lowerings.glowdef:411:1'),
+    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r55_mul_one_guard, build=_r55_mul_one_build, location='specs/lowerings.glowdef:414:1'),
+    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r56_div_one_guard, build=_r56_div_one_build, location='specs/lowerings.glowdef:417:1'),
+    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r57_relu_relu_build, location='specs/lowerings.glowdef:420:1'),
+    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r58_max_same_build, location='specs/lowerings.glowdef:423:1'),
+    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r59_clip_unbounded_guard, build=_r59_clip_unbounded_build, location='specs/lowerings.glowdef:426:1'),
+    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r60_max_zero_to_relu_guard, build=_r60_max_zero_to_relu_build, location='specs/lowerings.glowdef:431:1'),
+    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r61_min_max_to_clip_guard, build=_r61_min_max_to_clip_build, location='specs/lowerings.glowdef:434:1'),
+    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r62_min_relu_to_clip_guard, build=_r62_min_relu_to_clip_build, location='specs/lowerings.glowdef:442:1'),
+    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r63_swish_fuse_guard, build=_r63_swish_fuse_build, location='specs/lowerings.glowdef:449:1'),
+    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r64_sub_const_to_add_guard, build=_r64_sub_const_to_add_build, location='specs/lowerings.glowdef:456:1'),
+    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r65_div_const_to_mul_guard, build=_r65_div_const_to_mul_build, location='specs/lowerings.glowdef:459:1'),
+    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r66_add_const_reassociate_guard, build=_r66_add_const_reassociate_build, location='specs/lowerings.glowdef:463:1'),
+    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r67_mul_const_reassociate_guard, build=_r67_mul_const_reassociate_build, location='specs/lowerings.glowdef:467:1'),
+    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r68_mul_add_distribute_guard, build=_r68_mul_add_distribute_build, location='specs/lowerings.glowdef:471:1'),
+    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r69_conv_bias_zero_build, location='specs/lowerings.glowdef:478:1'),
+    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r70_conv_batchnorm_fold_guard, build=_r70_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:482:1'),
+    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r71_conv_mul_fold_guard, build=_r71_conv_mul_fold_build, location='specs/lowerings.glowdef:489:1'),
+    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r72_conv_add_fold_guard, build=_r72_conv_add_fold_build, location='specs/lowerings.glowdef:495:1'),
+    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r73_matmul_mul_fold_guard, build=_r73_matmul_mul_fold_build, location='specs/lowerings.glowdef:502:1'),
+    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r74_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:510:1'),
+    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r75_convtranspose_batchnorm_fold_guard, build=_r75_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:514:1'),
+    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r76_convtranspose_mul_fold_guard, build=_r76_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:522:1'),
+    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r77_convtranspose_add_fold_guard, build=_r77_convtranspose_add_fold_build, location='specs/lowerings.glowdef:529:1'),
+    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r78_conv_pad_merge_guard, build=_r78_conv_pad_merge_build, location='specs/lowerings.glowdef:536:1'),
+    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r79_avgpool_pad_merge_guard, build=_r79_avgpool_pad_merge_build, location='specs/lowerings.glowdef:542:1'),
+    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r80_maxpool_pad_merge_guard, build=_r80_maxpool_pad_merge_build, location='specs/lowerings.glowdef:550:1'),
+    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r81_convn_1d_guard, build=_r81_convn_1d_build, location='specs/lowerings.glowdef:562:1'),
+    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r82_maxpooln_1d_guard, build=_r82_maxpooln_1d_build, location='specs/lowerings.glowdef:570:1'),
+    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r83_avgpooln_1d_guard, build=_r83_avgpooln_1d_build, location='specs/lowerings.glowdef:577:1'),
+    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r84_transpose_identity_guard, build=_r84_transpose_identity_build, location='specs/lowerings.glowdef:586:1'),
+    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r85_transpose_transpose_build, location='specs/lowerings.glowdef:589:1'),
+    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r86_transpose_to_reshape_guard, build=_r86_transpose_to_reshape_build, location='specs/lowerings.glowdef:592:1'),
+    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r87_reshape_noop_guard, build=_r87_reshape_noop_build, location='specs/lowerings.glowdef:595:1'),
+    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r88_reshape_reshape_build, location='specs/lowerings.glowdef:598:1'),
+    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r89_concat_single_build, location='specs/lowerings.glowdef:601:1'),
+    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r90_concat_flatten_guard, build=_r90_concat_flatten_build, location='specs/lowerings.glowdef:604:1'),
+    RuleInfo(name='unary_transpose_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Transpose', (V('x'),), bind='t'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r91_unary_transpose_sink_guard, build=_r91_unary_transpose_sink_build, location='specs/lowerings.glowdef:610:1'),
+    RuleInfo(name='unary_concat_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Concat', (R('xs'),), bind='c'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r92_unary_concat_sink_guard, build=_r92_unary_concat_sink_build, location='specs/lowerings.glowdef:615:1'),
+    RuleInfo(name='unary_slice_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Slice', (V('x'),), bind='s'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r93_unary_slice_sink_guard, build=_r93_unary_slice_sink_build, location='specs/lowerings.glowdef:621:1'),
+    RuleInfo(name='unary_reshape_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Reshape', (V('x'),), bind='r'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r94_unary_reshape_sink_guard, build=_r94_unary_reshape_sink_build, location='specs/lowerings.glowdef:628:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r95_add_transpose_sink_guard, build=_r95_add_transpose_sink_build, location='specs/lowerings.glowdef:631:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r96_mul_transpose_sink_guard, build=_r96_mul_transpose_sink_build, location='specs/lowerings.glowdef:635:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r97_add_const_transpose_sink_guard, build=_r97_add_const_transpose_sink_build, location='specs/lowerings.glowdef:640:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r98_mul_const_transpose_sink_guard, build=_r98_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:645:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r99_resize_identity_guard, build=_r99_resize_identity_build, location='specs/lowerings.glowdef:662:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r100_resize_one_axis_at_a_time_guard, build=_r100_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:668:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r101_resize_nearest_gather_guard, build=_r101_resize_nearest_gather_build, location='specs/lowerings.glowdef:673:1'),
+    RuleInfo(name='resize_axis_two_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r102_resize_axis_two_taps_guard, build=_r102_resize_axis_two_taps_build, location='specs/lowerings.glowdef:682:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r103_resize_axis_taps_guard, build=_r103_resize_axis_taps_build, location='specs/lowerings.glowdef:698:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r104_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:713:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r105_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:724:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r106_lppool_to_conv_build, location='specs/lowerings.glowdef:733:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r107_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:743:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r108_gridsample_expand_build, location='specs/lowerings.glowdef:763:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r109_reflect_expand_build, location='specs/lowerings.glowdef:815:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r110_lstm_unroll_build, location='specs/lowerings.glowdef:947:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r111_gru_unroll_build, location='specs/lowerings.glowdef:951:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r112_rnn_unroll_build, location='specs/lowerings.glowdef:955:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r113_quant_param_to_reshape_guard, build=_r113_quant_param_to_reshape_build, location='specs/lowerings.glowdef:966:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r114_quant_param_blocked_to_gather_guard, build=_r114_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:970:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r115_quantize_linear_expand_build, location='specs/lowerings.glowdef:977:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r116_dequantize_linear_expand_build, location='specs/lowerings.glowdef:986:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r117_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:994:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r118_matmul_integer_expand_build, location='specs/lowerings.glowdef:1007:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r119_conv_integer_expand_build, location='specs/lowerings.glowdef:1015:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r120_qlinear_conv_expand_build, location='specs/lowerings.glowdef:1023:1'),
+    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r121_histogram_to_scatter_build, location='specs/lowerings.glowdef:1037:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r122_dft_to_matmul_build, location='specs/lowerings.glowdef:1049:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r123_compress_to_gather_guard, build=_r123_compress_to_gather_build, location='specs/lowerings.glowdef:1059:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r124_compress_flat_to_gather_guard, build=_r124_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1063:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r125_stft_expand_build, location='specs/lowerings.glowdef:1068:1'),
+    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r126_quantize_conv_guard, build=_r126_quantize_conv_build, location='specs/lowerings.glowdef:1089:1'),
+    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r127_quantize_matmul_guard, build=_r127_quantize_matmul_build, location='specs/lowerings.glowdef:1099:1'),
+    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r128_bias_into_quantized_matmul_guard, build=_r128_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1108:1'),
+    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r129_qdq_pair_to_quantized_guard, build=_r129_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1120:1'),
+    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r130_conv_between_quantized_guard, build=_r130_conv_between_quantized_build, location='specs/lowerings.glowdef:1137:1'),
+    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r131_conv_relu_between_quantized_guard, build=_r131_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1143:1'),
+    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r132_matmul_between_quantized_guard, build=_r132_matmul_between_quantized_build, location='specs/lowerings.glowdef:1148:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r133_quantize_dequantize_same_guard, build=_r133_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1155:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r134_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1158:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r135_rescale_same_guard, build=_r135_rescale_same_build, location='specs/lowerings.glowdef:1162:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r136_rescale_into_quantized_conv_guard, build=_r136_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1166:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r137_rescale_into_quantized_matmul_guard, build=_r137_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1170:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r138_relu_of_dequantized_build, location='specs/lowerings.glowdef:1176:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r139_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1179:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r140_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1182:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r141_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1185:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r142_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1188:1'),
+    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r143_slice_of_dequantized_build, location='specs/lowerings.glowdef:1191:1'),
+    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r144_gather_of_dequantized_build, location='specs/lowerings.glowdef:1194:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r145_rescale_through_max_guard, build=_r145_rescale_through_max_build, location='specs/lowerings.glowdef:1199:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r146_rescale_through_maxpool_guard, build=_r146_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1203:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r147_quantize_of_clip_within_range_guard, build=_r147_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1208:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r148_max_with_floor_remove_guard, build=_r148_max_with_floor_remove_build, location='specs/lowerings.glowdef:1214:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r149_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1228:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r150_quantized_grouped_conv_in_float_guard, build=_r150_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1233:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r151_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1236:1'),
 )

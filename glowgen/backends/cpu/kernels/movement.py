@@ -6,10 +6,11 @@ from math import prod
 
 from llvmlite import ir
 
-from ..llvmutil import for_range, i64
-from ..loops import broadcast_strides, contiguous_strides, loop_work, strided_loops
+from ..llvmutil import F32, for_range, i64
+from ..loops import broadcast_strides, collapse, contiguous_strides, loop_work, strided_loops
 from ..parallel import Work, parallel
 from ..scalar import Value, const, store_elem
+from ..vectors import f32_vector, vload, vstore
 from .base import KernelArgs, kernel
 from .common import copy_loops, nest, split_axis, zero_of
 
@@ -23,7 +24,89 @@ def _transpose_maps(x_shape, y_shape, perm):
 def transpose(k: KernelArgs):
     (y, yt), (x, xt) = k.outs[0], k.ins[0]
     x_map, y_map = _transpose_maps(xt.shape, yt.shape, k.attrs["perm"])
+    four_bytes = yt.size and yt.nbytes == 4 * yt.size
+    lanes = k.gemm_shape.vw if k.gemm_shape is not None and four_bytes else 0
+    loops = _interleaved(yt.shape, x_map, y_map, lanes)
+    if loops is not None:
+        return _interleave(k.b, *loops, x, y, lanes, k.split)
     copy_loops(k.b, yt.shape, x, x_map, 0, y, y_map, 0, split=k.split)
+
+
+# The output's innermost dimension is short and read across the input, the one outside it
+# contiguously: a pixel shuffle ([M, H, s, W, s] from [s, s, M, H, W]).  Element by element,
+# each load and store moves one value; instead, a vector from each of the f input rows is
+# loaded and the f vectors are interleaved in registers into f contiguous output vectors
+# (4-byte elements, moved as f32 bits: loads, shuffles and stores change no bit).
+MAX_INTERLEAVE = 4
+
+
+def _interleaved(shape, x_map, y_map, lanes: int):
+    """(collapsed shape, x map, y map) of a transpose whose last collapsed output
+    dimension (f <= MAX_INTERLEAVE values) interleaves f input rows read with unit stride,
+    at least a vector long; None otherwise."""
+    if lanes < 2:
+        return None
+    shape, (xm, ym) = collapse(shape, [x_map, y_map])
+    if len(shape) < 2:
+        return None
+    n, f = shape[-2], shape[-1]
+    if 2 <= f <= MAX_INTERLEAVE and ym[-1] == 1 and ym[-2] == f and xm[-2] == 1 and xm[-1] != 1 and n >= lanes:
+        return shape, xm, ym
+    return None
+
+
+def _interleave(b, shape, xm, ym, x, y, lanes: int, split) -> None:
+    """y[..., w, r] = x[..., r, w] over the last two dimensions (n, f), `lanes` values of w
+    at a time; a split shares out the outermost loop."""
+    n, f = shape[-2], shape[-1]
+    x, y = b.bitcast(x, F32.as_pointer()), b.bitcast(y, F32.as_pointer())
+    # Output lane j is lane j // f of input row j % f: the rows (padded to a power of two
+    # with undefined vectors) joined pairwise, then one shuffle picks.
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), f * lanes), [(j % f) * lanes + j // f for j in range(f * lanes)])
+    undef = ir.Constant(f32_vector(lanes), ir.Undefined)
+
+    def block(xoff, yoff, w, valid=None):
+        vs = [vload(b, b.gep(x, [b.add(b.add(xoff, i64(r * xm[-1])), w)]), lanes, valid) for r in range(f)]
+        vs += [undef] * ((2 if f == 2 else 4) - f)
+        while len(vs) > 1:
+            width = vs[0].type.count
+            both = ir.Constant(ir.VectorType(ir.IntType(32), 2 * width), list(range(2 * width)))
+            vs = [b.shuffle_vector(vs[i], vs[i + 1], both) for i in range(0, len(vs), 2)]
+        out = b.shuffle_vector(vs[0], ir.Constant(vs[0].type, ir.Undefined), mask)
+        vstore(b, out, b.gep(y, [b.add(yoff, b.mul(w, i64(f)))]), f * lanes, None if valid is None else f * valid)
+
+    def rows(xoff, yoff, lo, hi):
+        """Whole vectors from lo while they fit before hi; then the rest one by one."""
+        with for_range(b, b.sub(hi, i64(lanes - 1)), start=lo, step=lanes, name="ilv") as w:
+            block(xoff, yoff, w)
+        done = b.add(lo, b.mul(b.sdiv(b.sub(hi, lo), i64(lanes)), i64(lanes)))
+        with for_range(b, hi, start=done, name="ilt") as w:
+            for r in range(f):
+                b.store(b.load(b.gep(x, [b.add(b.add(xoff, i64(r * xm[-1])), w)])),
+                        b.gep(y, [b.add(b.add(yoff, b.mul(w, i64(f))), i64(r))]))
+
+    def whole_rows(xoff, yoff):
+        """All n: whole vectors, then one masked vector (n is a compile-time constant)."""
+        with for_range(b, n - lanes + 1, step=lanes, name="ilv") as w:
+            block(xoff, yoff, w)
+        if n % lanes:
+            block(xoff, yoff, i64(n - n % lanes), n % lanes)
+
+    if len(shape) == 2:
+        if split.whole:
+            whole_rows(i64(0), i64(0))
+        else:
+            rows(i64(0), i64(0), *split.range(b, n))
+        return
+
+    def level(d, xoff, yoff):
+        if d == len(shape) - 2:
+            whole_rows(xoff, yoff)
+            return
+        lo, hi = split.range(b, shape[0]) if d == 0 else (i64(0), i64(shape[d]))
+        with for_range(b, hi, start=lo, name=f"ilo{d}") as i:
+            level(d + 1, b.add(xoff, b.mul(i, i64(xm[d]))), b.add(yoff, b.mul(i, i64(ym[d]))))
+    level(0, i64(0), i64(0))
 
 
 @parallel("Transpose")
