@@ -258,20 +258,25 @@ def test_quantized_model_cpu_matches_interpreter():
             assert np.abs(got - want).max() <= step * 1.001, (cpu, threads, np.abs(got - want).max(), step)
 
 
+@pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("attrs", [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
                                    dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0]),
-                                   dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)])
-def test_int8_max_pool_taps(attrs):
-    """The 2-D max pool of int8 tensors (quantized models' pooling) with its taps unrolled,
-    against the interpreter, split in two."""
+                                   dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+                                   dict(kernel_shape=[3, 2], strides=[1, 1], pads=[2, 1, 1, 1], dilations=[2, 3]),
+                                   dict(kernel_shape=[5, 5], strides=[3, 3], pads=[2, 2, 2, 2]),
+                                   dict(kernel_shape=[1, 1], strides=[2, 2])])
+def test_int8_max_pool_taps(attrs, cpu):
+    """The 2-D max pool of int8 tensors (quantized models' pooling), separable over rows of
+    maxima, against onnxruntime, split in two."""
     import glowgen
+    import onnxruntime as ort
     from onnx import helper
     from conftest import make_model
-    x = np.random.default_rng(5).integers(-128, 128, (2, 5, 13, 12)).astype(np.int8)
+    x = np.random.default_rng(5).integers(-128, 128, (2, 5, 13, 40)).astype(np.int8)
     model = make_model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"])
-    want = glowgen.compile(model, backend="interpreter").run({"x": x})["y"]
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     for threads in THREADS:
-        compiled = glowgen.compile(model, threads=threads)
+        compiled = glowgen.compile(model, threads=threads, cpu=cpu)
         (pool,) = [i for i in compiled.program.instrs if i.kind == "MaxPool"]
         assert pool.plan.strategy == "taps"
         np.testing.assert_array_equal(compiled.run({"x": x})["y"], want)

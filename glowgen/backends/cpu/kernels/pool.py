@@ -89,32 +89,73 @@ def max_pool(k: KernelArgs):
     _pool_nd(k, True)
 
 
+def _int_pool_geometry(node):
+    n, c, h, w = node.inputs[0].type.shape
+    oh, ow = node.outputs[0].type.shape[2:]
+    return n, c, h, w, oh, ow
+
+
 def max_pool_int_taps(k: KernelArgs):
-    """A 2-D max pool of a signed integer type: each output the max of its taps, unrolled,
-    held in a register (a tap outside the input is the type's least value)."""
+    """A 2-D max pool of a signed integer type, separably: per plane, the max over the
+    horizontal taps of every input row into scratch rows (the columns whose taps all lie
+    inside the row in a loop without bounds checks, which LLVM vectorizes over the strided
+    loads; the few edge columns checked one by one), then each output row the max of the
+    scratch rows its vertical taps reach, whole rows at a time.  A tap outside the input is
+    the type's least value; maxima are exact in any order."""
     b = k.b
-    (y, yt), (x, xt) = k.outs[0], k.ins[0]
+    (y, yt), (x, _) = k.outs[0], k.ins[0]
     a = k.attrs
-    n, c, h, w = xt.shape
-    oh, ow = yt.shape[2:]
+    n, c, h, w, oh, ow = _int_pool_geometry(k.node)
     (kh, kw), (sh, sw), pads = a["kernel"], a["strides"], a["pads"]
     dh, dw = a.get("dilations", (1, 1))
     et = storage_type(yt.dtype)
     lowest = ir.Constant(et, -(1 << (et.width - 1)))
+    rows = b.bitcast(k.scratch, et.as_pointer())            # [h][ow]: each input row's maxima
+    # Output columns whose horizontal taps all lie in [0, w).
+    ox_lo = min(ow, max(0, -(-pads[1] // sw)))
+    ox_hi = max(ox_lo, min(ow, (w - 1 + pads[1] - (kw - 1) * dw) // sw + 1))
     lo, hi = k.split.range(b, n * c)
-    with for_range(b, hi, start=lo, name="pp") as nc, for_range(b, oh, name="py") as oy, \
-            for_range(b, ow, name="px") as ox:
-        best = lowest
-        for ky in range(kh):
-            iy = b.add(b.mul(oy, i64(sh)), i64(ky * dh - pads[0]))
-            y_ok = b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(h)))
-            for kx in range(kw):
-                ix = b.add(b.mul(ox, i64(sw)), i64(kx * dw - pads[1]))
-                ok = b.and_(y_ok, b.and_(b.icmp_signed(">=", ix, i64(0)), b.icmp_signed("<", ix, i64(w))))
-                at = b.select(ok, b.add(b.mul(b.add(b.mul(nc, i64(h)), iy), i64(w)), ix), i64(0))
-                v = b.select(ok, b.load(b.gep(x, [at])), lowest)
-                best = b.select(b.icmp_signed(">", v, best), v, best)
-        b.store(best, b.gep(y, [b.add(b.mul(b.add(b.mul(nc, i64(oh)), oy), i64(ow)), ox)]))
+
+    def smax(u, v):
+        return b.select(b.icmp_signed(">", u, v), u, v)
+
+    with for_range(b, hi, start=lo, name="pp") as nc:
+        plane = b.gep(x, [b.mul(nc, i64(h * w))])
+        with for_range(b, h, name="pr") as iy:
+            src = b.gep(plane, [b.mul(iy, i64(w))])
+            dst = b.gep(rows, [b.mul(iy, i64(ow))])
+
+            def checked(ox):
+                best = lowest
+                for kx in range(kw):
+                    ix = b.add(b.mul(ox, i64(sw)), i64(kx * dw - pads[1]))
+                    ok = b.and_(b.icmp_signed(">=", ix, i64(0)), b.icmp_signed("<", ix, i64(w)))
+                    v = b.load(b.gep(src, [b.select(ok, ix, i64(0))]))
+                    best = smax(b.select(ok, v, lowest), best)
+                b.store(best, b.gep(dst, [ox]))
+            with for_range(b, ox_lo, name="pl") as ox:
+                checked(ox)
+            with for_range(b, ox_hi, start=ox_lo, name="pm") as ox:
+                base = b.sub(b.mul(ox, i64(sw)), i64(pads[1]))
+                best = b.load(b.gep(src, [base]))
+                for kx in range(1, kw):
+                    best = smax(b.load(b.gep(src, [b.add(base, i64(kx * dw))])), best)
+                b.store(best, b.gep(dst, [ox]))
+            with for_range(b, ow, start=ox_hi, name="pr") as ox:
+                checked(ox)
+        out = b.gep(y, [b.mul(nc, i64(oh * ow))])
+        with for_range(b, oh, name="py") as oy:
+            orow = b.gep(out, [b.mul(oy, i64(ow))])
+            with for_range(b, ow, name="pi") as ox:
+                b.store(lowest, b.gep(orow, [ox]))
+            for ky in range(kh):
+                iy = b.add(b.mul(oy, i64(sh)), i64(ky * dh - pads[0]))
+                ok = b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(h)))
+                with b.if_then(ok):
+                    srow = b.gep(rows, [b.mul(iy, i64(ow))])
+                    with for_range(b, ow, name="pv") as ox:
+                        at = b.gep(orow, [ox])
+                        b.store(smax(b.load(b.gep(srow, [ox])), b.load(at)), at)
 
 
 @kernel("MaxPoolN")
@@ -138,7 +179,12 @@ def max_pool_strategy(ins, shape, packable) -> str:
 
 @hook(SCRATCH, "MaxPool")
 def max_pool_scratch(ins, shape) -> int:
-    return scratch_bytes(ins.node, shape.vw) if ins.plan.strategy == "planes" else 0
+    if ins.plan.strategy == "planes":
+        return scratch_bytes(ins.node, shape.vw)
+    if ins.plan.strategy == "taps":     # max_pool_int_taps' rows of maxima
+        _, _, h, _, _, ow = _int_pool_geometry(ins.node)
+        return h * ow * storage_type(ins.node.outputs[0].type.dtype).width // 8
+    return 0
 
 
 @kernel("AvgPool", "AvgPoolN")
