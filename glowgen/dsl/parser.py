@@ -216,6 +216,9 @@ class _ToAst(Transformer):
     def onnx_ignore(self, c):
         return ("ignore", tuple(str(x) for x in c))
 
+    def onnx_name(self, c):
+        return ".".join(str(x) for x in c)
+
     def onnx_guard(self, c):
         return c[0]
 

@@ -443,6 +443,11 @@ def b_is_const(value) -> bool:
     return isinstance(value, Constant)
 
 
+def b_is_computed(value) -> bool:
+    """`value` is the result of a node: neither a model input nor a Constant."""
+    return getattr(value, "producer", None) is not None
+
+
 def b_is_splat(value, element=None) -> bool:
     """`value` is a non-empty Constant whose elements are all equal (to `element` if given)."""
     import numpy as np

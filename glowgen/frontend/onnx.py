@@ -316,10 +316,11 @@ class _Importer:
         if node.op_type in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
             CONTROL_FLOW[node.op_type](self, node, desc, opset)
             return
-        if node.domain not in ("", "ai.onnx"):
-            raise UnsupportedError(f"{desc} is in domain {node.domain!r}; only the default ONNX "
-                                   f"domain is supported. Run `glowgen ops` to list supported ops.")
-        clauses = self.registry.onnx.get(node.op_type)
+        clauses = self.registry.onnx.get(onnx_op_name(node))
+        if not clauses and node.domain not in ("", "ai.onnx"):
+            raise UnsupportedError(f"{desc} is in domain {node.domain!r}, which glowgen does not "
+                                   f"know {node.op_type} of. Run `glowgen ops --onnx` to list "
+                                   f"supported ops (other domains' ops are named with their domain).")
         if not clauses:
             if self._expand_function(node, desc, opset):
                 return
@@ -562,6 +563,14 @@ def _instantiate(inner: onnx.NodeProto, absent: set, attrs_: dict, prefix: str) 
         else:
             out.attribute.append(a)
     return out
+
+
+def onnx_op_name(node: onnx.NodeProto) -> str:
+    """The name the specs' `onnx` clauses give the op of `node`: its op type, qualified with
+    its domain outside the default one (com.microsoft.QLinearAdd)."""
+    if node.domain in ("", "ai.onnx"):
+        return node.op_type
+    return f"{node.domain}.{node.op_type}"
 
 
 def _with_article(noun: str) -> str:
