@@ -207,8 +207,8 @@ def _small_cnn():
     return make_ms_model(nodes, {"x": x}, {"y": (TensorProto.FLOAT, (1, 5))}, consts, opset=13)
 
 
-@pytest.mark.parametrize("act", ["QUInt8", "QInt8"])
-def test_onnxruntime_qoperator_cnn_compiles_to_int8_kernels(tmp_path, act):
+@pytest.mark.parametrize("act, per_channel", [("QUInt8", True), ("QInt8", True), ("QUInt8", False)])
+def test_onnxruntime_qoperator_cnn_compiles_to_int8_kernels(tmp_path, act, per_channel):
     ortq = pytest.importorskip("onnxruntime.quantization")
     import onnxruntime as ort
     onnx.save(_small_cnn(), tmp_path / "f.onnx")
@@ -222,7 +222,7 @@ def test_onnxruntime_qoperator_cnn_compiles_to_int8_kernels(tmp_path, act):
             return next(self.it, None)
 
     ortq.quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(),
-                         quant_format=ortq.QuantFormat.QOperator, per_channel=True,
+                         quant_format=ortq.QuantFormat.QOperator, per_channel=per_channel,
                          activation_type=getattr(ortq.QuantType, act), weight_type=ortq.QuantType.QInt8)
     qop = onnx.load(tmp_path / "q.onnx")
     written = {n.op_type for n in qop.graph.node}
