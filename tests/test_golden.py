@@ -709,6 +709,10 @@ _QOP_PARAMS = {"s": np.float32(0.05), "z": np.uint8(120), "s2": np.float32(0.03)
                "ys": np.float32(0.06), "yz": np.uint8(110)}
 _QOP_PARAMS_I8 = {"s": np.float32(0.05), "z": np.int8(-8), "ys": np.float32(0.02), "yz": np.int8(3)}
 
+# Their own generator: the cases below keep the data their golden files recorded.
+_QCONCAT_A, _QCONCAT_B = (np.random.default_rng(15).integers(-128, 128, shape).astype(np.int8)
+                          for shape in ((2, 3), (2, 2)))
+
 _QOPERATOR_CASES = {
     "qlinear_add_to_float": _ms_case(
         [("QLinearAdd", ["a", "s", "z", "b", "s2", "z2", "ys", "yz"], {}, _MS)],
@@ -764,6 +768,20 @@ _QOPERATOR_CASES = {
     "dequantize_linear_of_transpose": _ms_case(
         [("Transpose", ["x"], {"perm": [1, 0]}, ""), ("DequantizeLinear", ["t0", "s", "z"], {}, "")],
         {"x": _qu8(2, 3)}, {"s": np.float32(0.05), "z": np.uint8(120)}, (3, 2), out_dtype=TensorProto.FLOAT, atol=0),
+    "qlinear_concat_to_float": _ms_case(
+        [("QLinearConcat", ["ys", "yz", "a", "s", "z", "b", "s2", "z2"], {"axis": 1}, _MS)],
+        {"a": _qu8(2, 3), "b": _qu8(2, 2)}, _QOP_PARAMS, (2, 5)),
+    "dequantized_concat_peel": text_case(
+        "graph g {\n  input %a: i8[2, 3]\n  input %b: i8[2, 2]\n"
+        "  %y = DequantizedConcat([%a, %b]) {axis = 1, scales = [0.05, 0.02], zero_points = [3, -2]} : f32[2, 5]\n"
+        '  output "y" = %y\n}',
+        {"a": _QCONCAT_A, "b": _QCONCAT_B},
+        lambda f: {"y": np.concatenate([_dq(f["a"], 0.05, 3), _dq(f["b"], 0.02, -2)], axis=1)}),
+    "dequantized_concat_single": text_case(
+        "graph g {\n  input %a: i8[2, 3]\n"
+        "  %y = DequantizedConcat([%a]) {axis = 1, scales = [0.05], zero_points = [3]} : f32[2, 3]\n"
+        '  output "y" = %y\n}',
+        {"a": _QCONCAT_A}, lambda f: {"y": _dq(f["a"], 0.05, 3)}),
     # A Gemm's bias after the integer product's float form, before its quantization.
     "matmul_bias_between_quantized": dict(text_case(_qtext(
         "  input %x: i8[2, 3] q(0.02, 5)\n"

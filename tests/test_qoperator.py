@@ -241,3 +241,22 @@ def test_onnxruntime_qoperator_cnn_compiles_to_int8_kernels(tmp_path, act, per_c
             s = {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)}
             diff = float(np.abs(compiled.run(s)["y"] - sess.run(None, s)[0]).max())
             assert diff <= step * 1.0001, (backend, diff, step)
+
+
+@pytest.mark.parametrize("act", [U8, I8], ids=["u8", "i8"])
+def test_qlinear_concat_dequantizes_each_input_with_its_own_parameters(act):
+    """onnxruntime's QLinearConcat interleaves (tensor, scale, zero point) triples."""
+    consts = {"s1": np.float32(0.05), "z1": _zero(act, -3), "s2": np.float32(0.02), "z2": _zero(act, 9),
+              "s3": np.float32(0.08), "z3": _zero(act, 0), "ys": np.float32(0.06), "yz": _zero(act, 2)}
+    nodes = [helper.make_node("QuantizeLinear", [f"x{i}", f"s{i}", f"z{i}"], [f"q{i}"]) for i in (1, 2, 3)]
+    nodes += [helper.make_node("QLinearConcat", ["ys", "yz", "q1", "s1", "z1", "q2", "s2", "z2", "q3", "s3", "z3"],
+                               ["yq"], domain=MS, axis=-1),
+              helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    feeds = {"x1": rng.uniform(-3, 3, (2, 3, 4)).astype(np.float32),
+             "x2": rng.uniform(-3, 3, (2, 3, 1)).astype(np.float32),
+             "x3": rng.uniform(-3, 3, (2, 3, 2)).astype(np.float32)}
+    model = make_ms_model(nodes, feeds, {"y": (TensorProto.FLOAT, (2, 3, 7))}, consts)
+    ops = _optimized_ops(model)
+    assert not {"QLinearConcat", "DequantizedConcat", "QuantizeLinear", "DequantizeLinear"} & set(ops), ops
+    assert ops.count("Concat") == 1, ops
+    _assert_within_steps(model, feeds, 0.06)

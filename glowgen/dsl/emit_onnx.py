@@ -106,12 +106,21 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
 
     # ---- inputs: explicit maps, else positional
     operand_map: dict[str, int] = {}        # onnx input -> our operand index
+    strided: list = []                       # (onnx input, our operand index, start, step)
     attr_inputs: dict[str, str] = {}         # onnx input -> our attribute (must be constant)
-    for onnx_name, target, pos in clause.maps:
+    kinds = dict(onnx_inputs)
+    for onnx_name, target, pos, every in clause.maps:
         if onnx_name not in onnx_input_names:
             raise spec_error(f"onnx {clause.onnx_op}: ONNX input {onnx_name!r} does not exist "
                              f"(inputs: {', '.join(onnx_input_names) or 'none'})", pos)
-        if target in operand_names:
+        if every is not None:
+            index = operand_names.index(target) if target in operand_names else None
+            if kinds[onnx_name] != "variadic" or index is None or not op.inputs[index].variadic or every[1] < 1:
+                raise spec_error(f"onnx {clause.onnx_op}: a strided map ({onnx_name}[{every[0]}::{every[1]}]) "
+                                 f"picks values of a variadic ONNX input onto a variadic operand, with a "
+                                 f"step of at least 1", pos)
+            strided.append((onnx_name, index) + every)
+        elif target in operand_names:
             operand_map[onnx_name] = operand_names.index(target)
         elif target in attr_names:
             attr_inputs[onnx_name] = target
@@ -133,13 +142,15 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
         for i, n in enumerate(free):
             if i < len(operand_names):
                 operand_map[n] = i
+    strided_names = {n for n, *_ in strided}
     for n in onnx_input_names:
-        if n not in operand_map and n not in attr_inputs and n not in referenced and n not in clause.ignore:
+        if (n not in operand_map and n not in strided_names and n not in attr_inputs and n not in referenced
+                and n not in clause.ignore):
             raise spec_error(f"onnx {clause.onnx_op}: ONNX input {n!r} is not mapped to an operand "
                              f"or attribute of op {op.name} (map it with '{n} -> name', use it in "
                              f"an expression, or 'ignore {n}')", clause.pos)
     for idx, o in enumerate(op.inputs):
-        if idx not in operand_map.values() and not o.optional:
+        if idx not in operand_map.values() and idx not in {i for _, i, *_ in strided} and not o.optional:
             raise spec_error(f"onnx {clause.onnx_op}: operand {o.name!r} of op {op.name} gets no "
                              f"ONNX input", clause.pos)
 
@@ -204,6 +215,7 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
         f"since={clause.since!r}, until={clause.until!r}, "
         f"inputs={tuple(onnx_inputs)!r}, "
         f"operands={tuple(sorted(operand_map.items(), key=lambda kv: onnx_input_names.index(kv[0])))!r}, "
+        + (f"strided={tuple(strided)!r}, " if strided else "") +
         f"attributes={fn_name}, consumed={tuple(sorted(consumed))!r}, "
         f"location={str(clause.pos)!r}, guard={guard})")
     return lines

@@ -96,6 +96,17 @@ class OnnxInput:
                 self._names[0] if self._names else None)
         return data
 
+    def every(self, start: int, step: int) -> "OnnxInput":
+        """Every step-th value of a variadic input from `start`, as an input of its own."""
+        return OnnxInput(self._importer, self._desc, f"{self._formal}[{start}::{step}]",
+                         self._values[start::step], self._names[start::step])
+
+    @property
+    def values(self) -> list:
+        """The compile-time value of each value of a variadic input."""
+        return [OnnxInput(self._importer, self._desc, f"{self._formal}[{i}]", [v], self._names[i:i + 1]).value
+                for i, v in enumerate(self._values)]
+
 
 class OnnxNodeView:
     """What generated clause functions read: attributes (with ONNX defaults), inputs, opset."""
@@ -486,8 +497,9 @@ class _Importer:
         try:
             attrs_ = clause.attributes(view)
             operands = [None] * len(cls.INPUTS)
-            for formal, index in clause.operands:
-                vals = inputs[formal]._values
+            picks = [(formal, index, 0, 1) for formal, index in clause.operands] + list(clause.strided)
+            for formal, index, start, step in picks:
+                vals = inputs[formal]._values[start::step]
                 if cls.INPUTS[index].variadic:
                     operands[index] = tuple(vals)
                 elif vals:

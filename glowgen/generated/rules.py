@@ -1922,7 +1922,37 @@ def _r123_qlinear_average_pool_to_float_build(_b, _m):
 
 
 
-def _r124_qgemm_to_float_build(_b, _m):
+def _r124_qlinear_concat_to_float_build(_b, _m):
+    """=> requantized(DequantizedConcat(*xs, axis = q.axis, scales = q.scales, zero_points = q.zero_points), const(q.y_scale, f32), const(q.y_zero_point, q.dtype), q.dtype)"""
+    q = _m['q']
+    xs = _m['xs']
+    return rt.results(build_requantized(_b, _b.op('DequantizedConcat', [(*xs,)], {'axis': q.axis, 'scales': q.scales, 'zero_points': q.zero_points}), _b.const(q.y_scale, 'f32'), _b.const(q.y_zero_point, q.dtype), q.dtype))
+
+
+
+def _r125_dequantized_concat_peel_guard(_m, _ctx):
+    """where len(xs) > 1"""
+    d = _m['d']
+    xs = _m['xs']
+    return bool((rt.gt(rt.b_len(xs), 1)))
+
+def _r125_dequantized_concat_peel_build(_b, _m):
+    """=> Concat(dequantized(xs[0], const(d.scales[0], f32), const(d.zero_points[0], xs[0].dtype)), DequantizedConcat(*xs[1:], axis = d.axis, scales = d.scales[1:], zero_points = d.zero_points[1:]), axis = d.axis)"""
+    d = _m['d']
+    xs = _m['xs']
+    return rt.results(_b.op('Concat', [(build_dequantized(_b, xs[0], _b.const(d.scales[0], 'f32'), _b.const(d.zero_points[0], xs[0].dtype)), _b.op('DequantizedConcat', [(*tuple(xs)[1:],)], {'axis': d.axis, 'scales': tuple(d.scales)[1:], 'zero_points': tuple(d.zero_points)[1:]}))], {'axis': d.axis}))
+
+
+
+def _r126_dequantized_concat_single_build(_b, _m):
+    """=> dequantized(x, const(d.scales[0], f32), const(d.zero_points[0], x.dtype))"""
+    d = _m['d']
+    x = _m['x']
+    return rt.results(build_dequantized(_b, x, _b.const(d.scales[0], 'f32'), _b.const(d.zero_points[0], x.dtype)))
+
+
+
+def _r127_qgemm_to_float_build(_b, _m):
     """=> requantized(g, y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -1941,7 +1971,7 @@ def _r124_qgemm_to_float_build(_b, _m):
 
 
 
-def _r125_histogram_to_scatter_build(_b, _m):
+def _r128_histogram_to_scatter_build(_b, _m):
     '=> ScatterElements(Splat(dims = [h.bins], value = 0.0, dtype = f32), Reshape(Cast(bin, to = i32), dims = [n]), Splat(dims = [n], value = 1.0, dtype = f32), axis = 0, reduction = "add")'
     h = _m['h']
     x = _m['x']
@@ -1954,7 +1984,7 @@ def _r125_histogram_to_scatter_build(_b, _m):
 
 
 
-def _r126_dft_to_matmul_build(_b, _m):
+def _r129_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), dims = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -1968,13 +1998,13 @@ def _r126_dft_to_matmul_build(_b, _m):
 
 
 
-def _r127_compress_to_gather_guard(_m, _ctx):
+def _r130_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r127_compress_to_gather_build(_b, _m):
+def _r130_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -1982,13 +2012,13 @@ def _r127_compress_to_gather_build(_b, _m):
 
 
 
-def _r128_compress_flat_to_gather_guard(_m, _ctx):
+def _r131_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r128_compress_flat_to_gather_build(_b, _m):
+def _r131_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, dims = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -1996,7 +2026,7 @@ def _r128_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r129_stft_expand_build(_b, _m):
+def _r132_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, dims = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -2006,7 +2036,7 @@ def _r129_stft_expand_build(_b, _m):
 
 
 
-def _r130_quantize_conv_guard(_m, _ctx):
+def _r133_quantize_conv_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(c)) and is_const(w)) and (not defined(b) or is_const(b))"""
     c = _m['c']
     x = _m['x']
@@ -2014,7 +2044,7 @@ def _r130_quantize_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(c)) and rt.b_is_const(w)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
 
-def _r130_quantize_conv_build(_b, _m):
+def _r133_quantize_conv_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(c), in_offset = calibrated_offset(c))"""
     c = _m['c']
     x = _m['x']
@@ -2028,14 +2058,14 @@ def _r130_quantize_conv_build(_b, _m):
 
 
 
-def _r131_quantize_matmul_guard(_m, _ctx):
+def _r134_quantize_matmul_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(mm)) and is_const(w)) and (rank(w) == 2)"""
     mm = _m['mm']
     x = _m['x']
     w = _m['w']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(mm)) and rt.b_is_const(w)) and rt.eq(rt.b_rank(w), 2))))
 
-def _r131_quantize_matmul_build(_b, _m):
+def _r134_quantize_matmul_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(mm), in_offset = calibrated_offset(mm))"""
     mm = _m['mm']
     x = _m['x']
@@ -2046,7 +2076,7 @@ def _r131_quantize_matmul_build(_b, _m):
 
 
 
-def _r132_bias_into_quantized_matmul_guard(_m, _ctx):
+def _r135_bias_into_quantized_matmul_guard(_m, _ctx):
     """where ((((is_const(c) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and calibrated(a)) and (uses(q) == 1)) and (uses(d) == 1)"""
     a = _m['a']
     d = _m['d']
@@ -2058,7 +2088,7 @@ def _r132_bias_into_quantized_matmul_guard(_m, _ctx):
     c = _m['c']
     return bool(((((((rt.b_is_const(c) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.b_calibrated(a)) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1))))
 
-def _r132_bias_into_quantized_matmul_build(_b, _m):
+def _r135_bias_into_quantized_matmul_build(_b, _m):
     """=> Dequantize(qb, in_scale = calibrated_scale(a), in_offset = calibrated_offset(a))"""
     a = _m['a']
     d = _m['d']
@@ -2073,7 +2103,7 @@ def _r132_bias_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r133_qdq_pair_to_quantized_guard(_m, _ctx):
+def _r136_qdq_pair_to_quantized_guard(_m, _ctx):
     """where (((((((((x.dtype == f32) and (dl.dtype == f32)) and ((ql.dtype == u8) or (ql.dtype == i8))) and is_splat(s)) and is_splat(s2)) and (splat_value(s) == splat_value(s2))) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))) and (not defined(z2) or is_splat(z2))) and ((splat_value(z) if defined(z) else 0) == (splat_value(z2) if defined(z2) else 0))"""
     dl = _m['dl']
     ql = _m['ql']
@@ -2084,7 +2114,7 @@ def _r133_qdq_pair_to_quantized_guard(_m, _ctx):
     z2 = _m['z2']
     return bool(((((((((((rt.eq(x.dtype, 'f32') and rt.eq(dl.dtype, 'f32')) and (rt.eq(ql.dtype, 'u8') or rt.eq(ql.dtype, 'i8'))) and rt.b_is_splat(s)) and rt.b_is_splat(s2)) and rt.eq(rt.b_splat_value(s), rt.b_splat_value(s2))) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z))) and ((not rt.b_defined(z2)) or rt.b_is_splat(z2))) and rt.eq((rt.b_splat_value(z) if rt.b_defined(z) else 0), (rt.b_splat_value(z2) if rt.b_defined(z2) else 0)))))
 
-def _r133_qdq_pair_to_quantized_build(_b, _m):
+def _r136_qdq_pair_to_quantized_build(_b, _m):
     """=> Dequantize(Quantize(x, scale = splat_value(s), offset = offset), in_scale = splat_value(s), in_offset = offset)"""
     dl = _m['dl']
     ql = _m['ql']
@@ -2098,7 +2128,7 @@ def _r133_qdq_pair_to_quantized_build(_b, _m):
 
 
 
-def _r134_conv_between_quantized_guard(_m, _ctx):
+def _r137_conv_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
@@ -2108,7 +2138,7 @@ def _r134_conv_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1))))
 
-def _r134_conv_between_quantized_build(_b, _m):
+def _r137_conv_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2120,7 +2150,7 @@ def _r134_conv_between_quantized_build(_b, _m):
 
 
 
-def _r135_conv_relu_between_quantized_guard(_m, _ctx):
+def _r138_conv_relu_between_quantized_guard(_m, _ctx):
     """where (((is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)) and (uses(r) == 1)) and (q.offset == -128)"""
     q = _m['q']
     r = _m['r']
@@ -2131,7 +2161,7 @@ def _r135_conv_relu_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(r), 1)) and rt.eq(q.offset, rt.neg(128)))))
 
-def _r135_conv_relu_between_quantized_build(_b, _m):
+def _r138_conv_relu_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     r = _m['r']
@@ -2144,7 +2174,7 @@ def _r135_conv_relu_between_quantized_build(_b, _m):
 
 
 
-def _r136_matmul_between_quantized_guard(_m, _ctx):
+def _r139_matmul_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (rank(w) == 2)) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
@@ -2153,7 +2183,7 @@ def _r136_matmul_between_quantized_guard(_m, _ctx):
     w = _m['w']
     return bool((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1))))
 
-def _r136_matmul_between_quantized_build(_b, _m):
+def _r139_matmul_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
@@ -2165,7 +2195,7 @@ def _r136_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r137_matmul_bias_between_quantized_guard(_m, _ctx):
+def _r140_matmul_bias_between_quantized_guard(_m, _ctx):
     """where (((((is_const(w) and (rank(w) == 2)) and is_const(c)) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2176,7 +2206,7 @@ def _r137_matmul_bias_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool((((((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(c)) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
 
-def _r137_matmul_bias_between_quantized_build(_b, _m):
+def _r140_matmul_bias_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, quantize_bias(c, ws, d.in_scale), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     a = _m['a']
@@ -2190,7 +2220,7 @@ def _r137_matmul_bias_between_quantized_build(_b, _m):
 
 
 
-def _r138_qlinear_conv_between_quantized_guard(_m, _ctx):
+def _r141_qlinear_conv_between_quantized_guard(_m, _ctx):
     """where ((((is_computed(x) and (rank(x) == 4)) and is_const(w)) and is_const(w_scale)) and is_const(w_zero_point)) and (not defined(b) or is_const(b))"""
     c = _m['c']
     x = _m['x']
@@ -2204,7 +2234,7 @@ def _r138_qlinear_conv_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool(((((((rt.b_is_computed(x) and rt.eq(rt.b_rank(x), 4)) and rt.b_is_const(w)) and rt.b_is_const(w_scale)) and rt.b_is_const(w_zero_point)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
 
-def _r138_qlinear_conv_between_quantized_build(_b, _m):
+def _r141_qlinear_conv_between_quantized_build(_b, _m):
     """=> requantized(Conv(dequantized(x, x_scale, x_zero_point), DequantizeLinear(w, w_scale, w_zero_point, axis = 0, dtype = f32), bias, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), y_scale, y_zero_point, c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -2221,7 +2251,7 @@ def _r138_qlinear_conv_between_quantized_build(_b, _m):
 
 
 
-def _r139_qlinear_matmul_between_quantized_guard(_m, _ctx):
+def _r142_qlinear_matmul_between_quantized_guard(_m, _ctx):
     """where (((((((is_computed(a) and is_const(b)) and (rank(b) == 2)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)) and (prod(a_scale.shape) == 1)) and (prod(a_zero_point.shape) == 1)) and (prod(y_scale.shape) == 1)) and (prod(y_zero_point.shape) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2234,7 +2264,7 @@ def _r139_qlinear_matmul_between_quantized_guard(_m, _ctx):
     y_zero_point = _m['y_zero_point']
     return bool((((((((((rt.b_is_computed(a) and rt.b_is_const(b)) and rt.eq(rt.b_rank(b), 2)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1)) and rt.eq(rt.b_prod(a_scale.shape), 1)) and rt.eq(rt.b_prod(a_zero_point.shape), 1)) and rt.eq(rt.b_prod(y_scale.shape), 1)) and rt.eq(rt.b_prod(y_zero_point.shape), 1))))
 
-def _r139_qlinear_matmul_between_quantized_build(_b, _m):
+def _r142_qlinear_matmul_between_quantized_build(_b, _m):
     """=> requantized(MatMul(dequantized(a, a_scale, a_zero_point), DequantizeLinear(b, b_scale, b_zero_point, axis = 1, dtype = f32)), y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -2249,7 +2279,7 @@ def _r139_qlinear_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r140_dequantize_linear_of_maxpool_guard(_m, _ctx):
+def _r143_dequantize_linear_of_maxpool_guard(_m, _ctx):
     """where (is_splat(s) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     p = _m['p']
@@ -2258,7 +2288,7 @@ def _r140_dequantize_linear_of_maxpool_guard(_m, _ctx):
     z = _m['z']
     return bool((((rt.b_is_splat(s) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r140_dequantize_linear_of_maxpool_build(_b, _m):
+def _r143_dequantize_linear_of_maxpool_build(_b, _m):
     """=> MaxPool(DequantizeLinear(x, s, z, ...d), ...p)"""
     d = _m['d']
     p = _m['p']
@@ -2269,7 +2299,7 @@ def _r140_dequantize_linear_of_maxpool_build(_b, _m):
 
 
 
-def _r141_dequantize_linear_of_flatten_guard(_m, _ctx):
+def _r144_dequantize_linear_of_flatten_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     f = _m['f']
@@ -2278,7 +2308,7 @@ def _r141_dequantize_linear_of_flatten_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r141_dequantize_linear_of_flatten_build(_b, _m):
+def _r144_dequantize_linear_of_flatten_build(_b, _m):
     """=> Flatten(DequantizeLinear(x, s, z, ...d), ...f)"""
     d = _m['d']
     f = _m['f']
@@ -2289,7 +2319,7 @@ def _r141_dequantize_linear_of_flatten_build(_b, _m):
 
 
 
-def _r142_dequantize_linear_of_reshape_guard(_m, _ctx):
+def _r145_dequantize_linear_of_reshape_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
@@ -2298,7 +2328,7 @@ def _r142_dequantize_linear_of_reshape_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r142_dequantize_linear_of_reshape_build(_b, _m):
+def _r145_dequantize_linear_of_reshape_build(_b, _m):
     """=> Reshape(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2309,7 +2339,7 @@ def _r142_dequantize_linear_of_reshape_build(_b, _m):
 
 
 
-def _r143_dequantize_linear_of_transpose_guard(_m, _ctx):
+def _r146_dequantize_linear_of_transpose_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     t = _m['t']
@@ -2318,7 +2348,7 @@ def _r143_dequantize_linear_of_transpose_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r143_dequantize_linear_of_transpose_build(_b, _m):
+def _r146_dequantize_linear_of_transpose_build(_b, _m):
     """=> Transpose(DequantizeLinear(x, s, z, ...d), ...t)"""
     d = _m['d']
     t = _m['t']
@@ -2329,13 +2359,13 @@ def _r143_dequantize_linear_of_transpose_build(_b, _m):
 
 
 
-def _r144_quantize_dequantize_same_guard(_m, _ctx):
+def _r147_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r144_quantize_dequantize_same_build(_b, _m):
+def _r147_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -2343,7 +2373,7 @@ def _r144_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r145_quantize_dequantize_to_rescale_build(_b, _m):
+def _r148_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     d = _m['d']
@@ -2352,13 +2382,13 @@ def _r145_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r146_rescale_same_guard(_m, _ctx):
+def _r149_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r146_rescale_same_build(_b, _m):
+def _r149_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -2366,7 +2396,7 @@ def _r146_rescale_same_build(_b, _m):
 
 
 
-def _r147_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r150_rescale_into_quantized_conv_guard(_m, _ctx):
     """where uses(c) == 1"""
     r = _m['r']
     c = _m['c']
@@ -2376,7 +2406,7 @@ def _r147_rescale_into_quantized_conv_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r147_rescale_into_quantized_conv_build(_b, _m):
+def _r150_rescale_into_quantized_conv_build(_b, _m):
     """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     c = _m['c']
@@ -2388,7 +2418,7 @@ def _r147_rescale_into_quantized_conv_build(_b, _m):
 
 
 
-def _r148_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r151_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where uses(m) == 1"""
     r = _m['r']
     m = _m['m']
@@ -2398,7 +2428,7 @@ def _r148_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(m), 1)))
 
-def _r148_rescale_into_quantized_matmul_build(_b, _m):
+def _r151_rescale_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     m = _m['m']
@@ -2410,7 +2440,7 @@ def _r148_rescale_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r149_relu_of_dequantized_build(_b, _m):
+def _r152_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2418,7 +2448,7 @@ def _r149_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r150_maxpool_of_dequantized_build(_b, _m):
+def _r153_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2427,7 +2457,7 @@ def _r150_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r151_flatten_of_dequantized_build(_b, _m):
+def _r154_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2436,7 +2466,7 @@ def _r151_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r152_reshape_of_dequantized_build(_b, _m):
+def _r155_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2445,7 +2475,7 @@ def _r152_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r153_transpose_of_dequantized_build(_b, _m):
+def _r156_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2454,7 +2484,7 @@ def _r153_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r154_rescale_through_max_guard(_m, _ctx):
+def _r157_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2462,7 +2492,7 @@ def _r154_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r154_rescale_through_max_build(_b, _m):
+def _r157_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2472,14 +2502,14 @@ def _r154_rescale_through_max_build(_b, _m):
 
 
 
-def _r155_rescale_through_maxpool_guard(_m, _ctx):
+def _r158_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r155_rescale_through_maxpool_build(_b, _m):
+def _r158_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2488,14 +2518,14 @@ def _r155_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r156_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r159_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
 
-def _r156_quantize_of_clip_within_range_build(_b, _m):
+def _r159_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2504,13 +2534,13 @@ def _r156_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r157_max_with_floor_remove_guard(_m, _ctx):
+def _r160_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r157_max_with_floor_remove_build(_b, _m):
+def _r160_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2518,7 +2548,7 @@ def _r157_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r158_quantized_conv_in_float_build(_b, _m):
+def _r161_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2529,7 +2559,7 @@ def _r158_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r159_quantized_grouped_conv_in_float_guard(_m, _ctx):
+def _r162_quantized_grouped_conv_in_float_guard(_m, _ctx):
     """where c.group > 1"""
     c = _m['c']
     x = _m['x']
@@ -2538,7 +2568,7 @@ def _r159_quantized_grouped_conv_in_float_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.gt(c.group, 1)))
 
-def _r159_quantized_grouped_conv_in_float_build(_b, _m):
+def _r162_quantized_grouped_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2549,7 +2579,7 @@ def _r159_quantized_grouped_conv_in_float_build(_b, _m):
 
 
 
-def _r160_quantized_matmul_in_float_build(_b, _m):
+def _r163_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2685,41 +2715,44 @@ RULES = (
     RuleInfo(name='qlinear_leaky_relu_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearLeakyRelu', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r121_qlinear_leaky_relu_to_float_build, location='specs/lowerings.glowdef:985:1'),
     RuleInfo(name='qlinear_global_average_pool_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearGlobalAveragePool', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r122_qlinear_global_average_pool_to_float_build, location='specs/lowerings.glowdef:989:1'),
     RuleInfo(name='qlinear_average_pool_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearAveragePool', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r123_qlinear_average_pool_to_float_build, location='specs/lowerings.glowdef:993:1'),
-    RuleInfo(name='qgemm_to_float', phases=('canonicalize', 'lower'), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r124_qgemm_to_float_build, location='specs/lowerings.glowdef:1000:1'),
-    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r125_histogram_to_scatter_build, location='specs/lowerings.glowdef:1011:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r126_dft_to_matmul_build, location='specs/lowerings.glowdef:1023:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r127_compress_to_gather_guard, build=_r127_compress_to_gather_build, location='specs/lowerings.glowdef:1033:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r128_compress_flat_to_gather_guard, build=_r128_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1037:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r129_stft_expand_build, location='specs/lowerings.glowdef:1042:1'),
-    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r130_quantize_conv_guard, build=_r130_quantize_conv_build, location='specs/lowerings.glowdef:1063:1'),
-    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r131_quantize_matmul_guard, build=_r131_quantize_matmul_build, location='specs/lowerings.glowdef:1073:1'),
-    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r132_bias_into_quantized_matmul_guard, build=_r132_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1082:1'),
-    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r133_qdq_pair_to_quantized_guard, build=_r133_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1094:1'),
-    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r134_conv_between_quantized_guard, build=_r134_conv_between_quantized_build, location='specs/lowerings.glowdef:1111:1'),
-    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r135_conv_relu_between_quantized_guard, build=_r135_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1117:1'),
-    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r136_matmul_between_quantized_guard, build=_r136_matmul_between_quantized_build, location='specs/lowerings.glowdef:1122:1'),
-    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r137_matmul_bias_between_quantized_guard, build=_r137_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1129:1'),
-    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r138_qlinear_conv_between_quantized_guard, build=_r138_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1142:1'),
-    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r139_qlinear_matmul_between_quantized_guard, build=_r139_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1152:1'),
-    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r140_dequantize_linear_of_maxpool_guard, build=_r140_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1163:1'),
-    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r141_dequantize_linear_of_flatten_guard, build=_r141_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1167:1'),
-    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r142_dequantize_linear_of_reshape_guard, build=_r142_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1171:1'),
-    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r143_dequantize_linear_of_transpose_guard, build=_r143_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1175:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r144_quantize_dequantize_same_guard, build=_r144_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1180:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r145_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1183:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r146_rescale_same_guard, build=_r146_rescale_same_build, location='specs/lowerings.glowdef:1187:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r147_rescale_into_quantized_conv_guard, build=_r147_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1191:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r148_rescale_into_quantized_matmul_guard, build=_r148_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1195:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r149_relu_of_dequantized_build, location='specs/lowerings.glowdef:1201:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r150_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1204:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r151_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1207:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r152_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1210:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r153_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1213:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r154_rescale_through_max_guard, build=_r154_rescale_through_max_build, location='specs/lowerings.glowdef:1218:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r155_rescale_through_maxpool_guard, build=_r155_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1222:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r156_quantize_of_clip_within_range_guard, build=_r156_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1227:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r157_max_with_floor_remove_guard, build=_r157_max_with_floor_remove_build, location='specs/lowerings.glowdef:1233:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r158_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1247:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r159_quantized_grouped_conv_in_float_guard, build=_r159_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1252:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r160_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1255:1'),
+    RuleInfo(name='qlinear_concat_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearConcat', (R('xs'),), bind='q'), size=1, guard=None, build=_r124_qlinear_concat_to_float_build, location='specs/lowerings.glowdef:1001:1'),
+    RuleInfo(name='dequantized_concat_peel', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (R('xs'),), bind='d'), size=1, guard=_r125_dequantized_concat_peel_guard, build=_r125_dequantized_concat_peel_build, location='specs/lowerings.glowdef:1006:1'),
+    RuleInfo(name='dequantized_concat_single', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (V('x'),), bind='d'), size=1, guard=None, build=_r126_dequantized_concat_single_build, location='specs/lowerings.glowdef:1012:1'),
+    RuleInfo(name='qgemm_to_float', phases=('canonicalize', 'lower'), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r127_qgemm_to_float_build, location='specs/lowerings.glowdef:1016:1'),
+    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r128_histogram_to_scatter_build, location='specs/lowerings.glowdef:1027:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r129_dft_to_matmul_build, location='specs/lowerings.glowdef:1039:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r130_compress_to_gather_guard, build=_r130_compress_to_gather_build, location='specs/lowerings.glowdef:1049:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r131_compress_flat_to_gather_guard, build=_r131_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1053:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r132_stft_expand_build, location='specs/lowerings.glowdef:1058:1'),
+    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r133_quantize_conv_guard, build=_r133_quantize_conv_build, location='specs/lowerings.glowdef:1079:1'),
+    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r134_quantize_matmul_guard, build=_r134_quantize_matmul_build, location='specs/lowerings.glowdef:1089:1'),
+    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r135_bias_into_quantized_matmul_guard, build=_r135_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1098:1'),
+    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r136_qdq_pair_to_quantized_guard, build=_r136_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1110:1'),
+    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r137_conv_between_quantized_guard, build=_r137_conv_between_quantized_build, location='specs/lowerings.glowdef:1127:1'),
+    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r138_conv_relu_between_quantized_guard, build=_r138_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1133:1'),
+    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r139_matmul_between_quantized_guard, build=_r139_matmul_between_quantized_build, location='specs/lowerings.glowdef:1138:1'),
+    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r140_matmul_bias_between_quantized_guard, build=_r140_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1145:1'),
+    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r141_qlinear_conv_between_quantized_guard, build=_r141_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1158:1'),
+    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r142_qlinear_matmul_between_quantized_guard, build=_r142_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1168:1'),
+    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r143_dequantize_linear_of_maxpool_guard, build=_r143_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1179:1'),
+    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r144_dequantize_linear_of_flatten_guard, build=_r144_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1183:1'),
+    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r145_dequantize_linear_of_reshape_guard, build=_r145_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1187:1'),
+    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r146_dequantize_linear_of_transpose_guard, build=_r146_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1191:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r147_quantize_dequantize_same_guard, build=_r147_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1196:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r148_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1199:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r149_rescale_same_guard, build=_r149_rescale_same_build, location='specs/lowerings.glowdef:1203:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r150_rescale_into_quantized_conv_guard, build=_r150_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1207:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r151_rescale_into_quantized_matmul_guard, build=_r151_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1211:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r152_relu_of_dequantized_build, location='specs/lowerings.glowdef:1217:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r153_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1220:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r154_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1223:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r155_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1226:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r156_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1229:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r157_rescale_through_max_guard, build=_r157_rescale_through_max_build, location='specs/lowerings.glowdef:1234:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r158_rescale_through_maxpool_guard, build=_r158_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1238:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r159_quantize_of_clip_within_range_guard, build=_r159_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1243:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r160_max_with_floor_remove_guard, build=_r160_max_with_floor_remove_build, location='specs/lowerings.glowdef:1249:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r161_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1263:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r162_quantized_grouped_conv_in_float_guard, build=_r162_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1268:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r163_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1271:1'),
 )
