@@ -713,6 +713,8 @@ _QOP_PARAMS_I8 = {"s": np.float32(0.05), "z": np.int8(-8), "ys": np.float32(0.02
 _QCONCAT_A, _QCONCAT_B = (np.random.default_rng(15).integers(-128, 128, shape).astype(np.int8)
                           for shape in ((2, 3), (2, 2)))
 
+_QRESIZE_X = np.random.default_rng(16).integers(0, 256, (1, 2, 2, 3)).astype(np.uint8)
+
 _QOPERATOR_CASES = {
     "qlinear_add_to_float": _ms_case(
         [("QLinearAdd", ["a", "s", "z", "b", "s2", "z2", "ys", "yz"], {}, _MS)],
@@ -758,6 +760,11 @@ _QOPERATOR_CASES = {
         [("MaxPool", ["x"], {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1]}, ""),
          ("DequantizeLinear", ["t0", "s", "z"], {}, "")],
         {"x": _qu8(1, 2, 3, 3)}, {"s": np.float32(0.05), "z": np.uint8(120)}, (1, 2, 4, 4), out_dtype=TensorProto.FLOAT, atol=0),
+    "dequantize_linear_of_nearest_resize": _ms_case(
+        [("Resize", ["x", "", "scales"], {"mode": "nearest", "coordinate_transformation_mode": "asymmetric"}, ""),
+         ("DequantizeLinear", ["t0", "s", "z"], {}, "")],
+        {"x": _QRESIZE_X}, {"scales": np.float32([1, 1, 2, 2]), "s": np.float32(0.05), "z": np.uint8(120)},
+        (1, 2, 4, 6), out_dtype=TensorProto.FLOAT, atol=0),
     "dequantize_linear_of_flatten": _ms_case(
         [("Flatten", ["x"], {}, ""), ("DequantizeLinear", ["t0", "s", "z"], {}, "")],
         {"x": _qi8(2, 3, 2)}, {"s": np.float32(0.05), "z": np.int8(-7)}, (2, 6), out_dtype=TensorProto.FLOAT, atol=0),

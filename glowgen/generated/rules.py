@@ -2299,7 +2299,27 @@ def _r143_dequantize_linear_of_maxpool_build(_b, _m):
 
 
 
-def _r144_dequantize_linear_of_flatten_guard(_m, _ctx):
+def _r144_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
+    'where (((r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")) and is_splat(s)) and (not defined(z) or is_splat(z))'
+    d = _m['d']
+    r = _m['r']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return bool(((((rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize')) and rt.b_is_splat(s)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
+
+def _r144_dequantize_linear_of_nearest_resize_build(_b, _m):
+    """=> Resize(DequantizeLinear(x, s, z, ...d), ...r)"""
+    d = _m['d']
+    r = _m['r']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return rt.results(_b.op('Resize', [_b.op('DequantizeLinear', [x, s, z], {'axis': d.axis, 'block_size': d.block_size, 'dtype': d.dtype})], {'axes': r.axes, 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}))
+
+
+
+def _r145_dequantize_linear_of_flatten_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     f = _m['f']
@@ -2308,7 +2328,7 @@ def _r144_dequantize_linear_of_flatten_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r144_dequantize_linear_of_flatten_build(_b, _m):
+def _r145_dequantize_linear_of_flatten_build(_b, _m):
     """=> Flatten(DequantizeLinear(x, s, z, ...d), ...f)"""
     d = _m['d']
     f = _m['f']
@@ -2319,7 +2339,7 @@ def _r144_dequantize_linear_of_flatten_build(_b, _m):
 
 
 
-def _r145_dequantize_linear_of_reshape_guard(_m, _ctx):
+def _r146_dequantize_linear_of_reshape_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
@@ -2328,7 +2348,7 @@ def _r145_dequantize_linear_of_reshape_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r145_dequantize_linear_of_reshape_build(_b, _m):
+def _r146_dequantize_linear_of_reshape_build(_b, _m):
     """=> Reshape(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2339,7 +2359,7 @@ def _r145_dequantize_linear_of_reshape_build(_b, _m):
 
 
 
-def _r146_dequantize_linear_of_transpose_guard(_m, _ctx):
+def _r147_dequantize_linear_of_transpose_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     t = _m['t']
@@ -2348,7 +2368,7 @@ def _r146_dequantize_linear_of_transpose_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r146_dequantize_linear_of_transpose_build(_b, _m):
+def _r147_dequantize_linear_of_transpose_build(_b, _m):
     """=> Transpose(DequantizeLinear(x, s, z, ...d), ...t)"""
     d = _m['d']
     t = _m['t']
@@ -2359,13 +2379,13 @@ def _r146_dequantize_linear_of_transpose_build(_b, _m):
 
 
 
-def _r147_quantize_dequantize_same_guard(_m, _ctx):
+def _r148_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r147_quantize_dequantize_same_build(_b, _m):
+def _r148_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -2373,7 +2393,7 @@ def _r147_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r148_quantize_dequantize_to_rescale_build(_b, _m):
+def _r149_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     d = _m['d']
@@ -2382,13 +2402,13 @@ def _r148_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r149_rescale_same_guard(_m, _ctx):
+def _r150_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r149_rescale_same_build(_b, _m):
+def _r150_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -2396,7 +2416,7 @@ def _r149_rescale_same_build(_b, _m):
 
 
 
-def _r150_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r151_rescale_into_quantized_conv_guard(_m, _ctx):
     """where uses(c) == 1"""
     r = _m['r']
     c = _m['c']
@@ -2406,7 +2426,7 @@ def _r150_rescale_into_quantized_conv_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r150_rescale_into_quantized_conv_build(_b, _m):
+def _r151_rescale_into_quantized_conv_build(_b, _m):
     """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     c = _m['c']
@@ -2418,7 +2438,7 @@ def _r150_rescale_into_quantized_conv_build(_b, _m):
 
 
 
-def _r151_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r152_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where uses(m) == 1"""
     r = _m['r']
     m = _m['m']
@@ -2428,7 +2448,7 @@ def _r151_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(m), 1)))
 
-def _r151_rescale_into_quantized_matmul_build(_b, _m):
+def _r152_rescale_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     m = _m['m']
@@ -2440,7 +2460,7 @@ def _r151_rescale_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r152_relu_of_dequantized_build(_b, _m):
+def _r153_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2448,7 +2468,7 @@ def _r152_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r153_maxpool_of_dequantized_build(_b, _m):
+def _r154_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2457,7 +2477,7 @@ def _r153_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r154_flatten_of_dequantized_build(_b, _m):
+def _r155_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2466,7 +2486,7 @@ def _r154_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r155_reshape_of_dequantized_build(_b, _m):
+def _r156_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2475,7 +2495,7 @@ def _r155_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r156_transpose_of_dequantized_build(_b, _m):
+def _r157_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2484,7 +2504,7 @@ def _r156_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r157_rescale_through_max_guard(_m, _ctx):
+def _r158_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2492,7 +2512,7 @@ def _r157_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r157_rescale_through_max_build(_b, _m):
+def _r158_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2502,14 +2522,14 @@ def _r157_rescale_through_max_build(_b, _m):
 
 
 
-def _r158_rescale_through_maxpool_guard(_m, _ctx):
+def _r159_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r158_rescale_through_maxpool_build(_b, _m):
+def _r159_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2518,14 +2538,14 @@ def _r158_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r159_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r160_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
 
-def _r159_quantize_of_clip_within_range_build(_b, _m):
+def _r160_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2534,13 +2554,13 @@ def _r159_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r160_max_with_floor_remove_guard(_m, _ctx):
+def _r161_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r160_max_with_floor_remove_build(_b, _m):
+def _r161_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2548,7 +2568,7 @@ def _r160_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r161_quantized_conv_in_float_build(_b, _m):
+def _r162_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2559,7 +2579,7 @@ def _r161_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r162_quantized_grouped_conv_in_float_guard(_m, _ctx):
+def _r163_quantized_grouped_conv_in_float_guard(_m, _ctx):
     """where c.group > 1"""
     c = _m['c']
     x = _m['x']
@@ -2568,7 +2588,7 @@ def _r162_quantized_grouped_conv_in_float_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.gt(c.group, 1)))
 
-def _r162_quantized_grouped_conv_in_float_build(_b, _m):
+def _r163_quantized_grouped_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2579,7 +2599,7 @@ def _r162_quantized_grouped_conv_in_float_build(_b, _m):
 
 
 
-def _r163_quantized_matmul_in_float_build(_b, _m):
+def _r164_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2735,24 +2755,25 @@ RULES = (
     RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r141_qlinear_conv_between_quantized_guard, build=_r141_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1158:1'),
     RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r142_qlinear_matmul_between_quantized_guard, build=_r142_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1168:1'),
     RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r143_dequantize_linear_of_maxpool_guard, build=_r143_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1179:1'),
-    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r144_dequantize_linear_of_flatten_guard, build=_r144_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1183:1'),
-    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r145_dequantize_linear_of_reshape_guard, build=_r145_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1187:1'),
-    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r146_dequantize_linear_of_transpose_guard, build=_r146_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1191:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r147_quantize_dequantize_same_guard, build=_r147_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1196:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r148_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1199:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r149_rescale_same_guard, build=_r149_rescale_same_build, location='specs/lowerings.glowdef:1203:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r150_rescale_into_quantized_conv_guard, build=_r150_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1207:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r151_rescale_into_quantized_matmul_guard, build=_r151_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1211:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r152_relu_of_dequantized_build, location='specs/lowerings.glowdef:1217:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r153_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1220:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r154_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1223:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r155_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1226:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r156_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1229:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r157_rescale_through_max_guard, build=_r157_rescale_through_max_build, location='specs/lowerings.glowdef:1234:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r158_rescale_through_maxpool_guard, build=_r158_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1238:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r159_quantize_of_clip_within_range_guard, build=_r159_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1243:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r160_max_with_floor_remove_guard, build=_r160_max_with_floor_remove_build, location='specs/lowerings.glowdef:1249:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r161_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1263:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r162_quantized_grouped_conv_in_float_guard, build=_r162_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1268:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r163_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1271:1'),
+    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r144_dequantize_linear_of_nearest_resize_guard, build=_r144_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1184:1'),
+    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r145_dequantize_linear_of_flatten_guard, build=_r145_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1190:1'),
+    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r146_dequantize_linear_of_reshape_guard, build=_r146_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1194:1'),
+    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r147_dequantize_linear_of_transpose_guard, build=_r147_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1198:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r148_quantize_dequantize_same_guard, build=_r148_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1203:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r149_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1206:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r150_rescale_same_guard, build=_r150_rescale_same_build, location='specs/lowerings.glowdef:1210:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r151_rescale_into_quantized_conv_guard, build=_r151_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1214:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r152_rescale_into_quantized_matmul_guard, build=_r152_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1218:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r153_relu_of_dequantized_build, location='specs/lowerings.glowdef:1224:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r154_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1227:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r155_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1230:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r156_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1233:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r157_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1236:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r158_rescale_through_max_guard, build=_r158_rescale_through_max_build, location='specs/lowerings.glowdef:1241:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r159_rescale_through_maxpool_guard, build=_r159_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1245:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r160_quantize_of_clip_within_range_guard, build=_r160_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1250:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r161_max_with_floor_remove_guard, build=_r161_max_with_floor_remove_build, location='specs/lowerings.glowdef:1256:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r162_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1270:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r163_quantized_grouped_conv_in_float_guard, build=_r163_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1275:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r164_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1278:1'),
 )
