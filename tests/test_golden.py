@@ -715,6 +715,9 @@ _QCONCAT_A, _QCONCAT_B = (np.random.default_rng(15).integers(-128, 128, shape).a
 
 _QRESIZE_X = np.random.default_rng(16).integers(0, 256, (1, 2, 2, 3)).astype(np.uint8)
 
+_qgrng = np.random.default_rng(17)
+_QGEMM_X, _QGEMM_W = _qgrng.uniform(-3, 3, (2, 6)).astype(np.float32), _qgrng.integers(-127, 128, (4, 6)).astype(np.int8)
+
 _QOPERATOR_CASES = {
     "qlinear_add_to_float": _ms_case(
         [("QLinearAdd", ["a", "s", "z", "b", "s2", "z2", "ys", "yz"], {}, _MS)],
@@ -789,6 +792,45 @@ _QOPERATOR_CASES = {
         "  %y = DequantizedConcat([%a]) {axis = 1, scales = [0.05], zero_points = [3]} : f32[2, 3]\n"
         '  output "y" = %y\n}',
         {"a": _QCONCAT_A}, lambda f: {"y": _dq(f["a"], 0.05, 3)}),
+    # The model's i8 weights (per filter) dequantized in the float form: kept as they are.
+    "conv_of_quantized_weights_between_quantized": dict(text_case(_qtext(
+        "  input %x: i8[1, 3, 2, 2] q(0.02, -4)\n"
+        f"  const %w: i8[2, 3, 1, 1] = {_dense(_QCW)}\n  const %ws: f32[2] = {_dense(_QCWS)}\n"
+        "  const %b: f32[2] = dense<[0.5, -0.25]>\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = -4} : f32[1, 3, 2, 2]\n"
+        '  %wd = DequantizeLinear(%w, %ws) {axis = 0, block_size = 0, dtype = "f32"} : f32[2, 3, 1, 1]\n'
+        "  %c = Conv(%d, %wd, %b) : f32[1, 2, 2, 2]\n"
+        "  %y = Quantize(%c) {scale = 0.05, offset = 2} : i8[1, 2, 2, 2] q(0.05, 2)\n"),
+        {"x": _QCX}, lambda f: {"y": _q8(_qconv_float(f["x"]) + (np.float32([0.5, -0.25]) - _QCB.astype(np.float32)
+                                         * _QCWS * np.float32(0.02))[None, :, None, None], 0.05, 2)}), rtol=0.0, atol=1),
+    "matmul_of_quantized_weights_between_quantized": dict(text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        f"  const %w: i8[3, 4] = {_dense(_QW)}\n  const %ws: f32[4] = {_dense(_QWS)}\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        '  %wd = DequantizeLinear(%w, %ws) {axis = 1, block_size = 0, dtype = "f32"} : f32[3, 4]\n'
+        "  %m = MatMul(%d, %wd) : f32[2, 4]\n"
+        "  %y = Quantize(%m) {scale = 0.05, offset = -3} : i8[2, 4] q(0.05, -3)\n"),
+        {"x": _QX}, lambda f: {"y": _q8(_dq(f["x"], 0.02, 5) @ (_QW.astype(np.float32) * _QWS), 0.05, -3)}),
+        rtol=0.0, atol=1),
+    "matmul_bias_of_quantized_weights_between_quantized": dict(text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        f"  const %w: i8[3, 4] = {_dense(_QW)}\n  const %ws: f32[] = dense<[0.015]>\n"
+        "  const %c: f32[4] = dense<[0.5, -0.25, 1.0, 0.0]>\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        '  %wd = DequantizeLinear(%w, %ws) {axis = 1, block_size = 0, dtype = "f32"} : f32[3, 4]\n'
+        "  %m = MatMul(%d, %wd) : f32[2, 4]\n  %a = Add(%m, %c) : f32[2, 4]\n"
+        "  %y = Quantize(%a) {scale = 0.05, offset = -3} : i8[2, 4] q(0.05, -3)\n"),
+        {"x": _QX}, lambda f: {"y": _q8(_dq(f["x"], 0.02, 5) @ (_QW.astype(np.float32) * np.float32(0.015))
+                                        + np.float32([0.5, -0.25, 1.0, 0.0]), 0.05, -3)}),
+        rtol=0.0, atol=1),
+    # A QGemm over a value the model quantized (transB: the weights transposed at compile time).
+    "qgemm_between_quantized": _ms_case(
+        [("QuantizeLinear", ["x", "s", "z"], {}, ""),
+         ("QGemm", ["t0", "s", "z", "w", "ws", "wz", "c", "ys", "yz"], {"transB": 1}, _MS)],
+        {"x": _QGEMM_X},
+        {"s": np.float32(0.05), "z": np.uint8(120), "w": _QGEMM_W,
+         "ws": np.float32([0.01, 0.02, 0.005, 0.015]), "wz": np.zeros(4, np.int8),
+         "c": np.int32([300, -200, 0, 1000]), "ys": np.float32(0.08), "yz": np.uint8(128)}, (2, 4)),
     # A Gemm's bias after the integer product's float form, before its quantization.
     "matmul_bias_between_quantized": dict(text_case(_qtext(
         "  input %x: i8[2, 3] q(0.02, 5)\n"

@@ -177,6 +177,12 @@ def build_quantized_conv_of(_b, x, w, b, c, x_scale, scale, offset):
 
 
 
+def build_broadcast_scales(_b, ws, n):
+    """= Add(Reshape(ws, dims = [prod(ws.shape)]), Splat(dims = [n], value = 0.0, dtype = f32))"""
+    return _b.op('Add', [_b.op('Reshape', [ws], {'dims': (rt.b_prod(ws.shape), )}), _b.op('Splat', [], {'dims': (n, ), 'value': 0.0, 'dtype': 'f32'})], {})
+
+
+
 def build_quantized_conv_in_float_of(_b, x, w, ws, b, c):
     """= Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), scale = c.scale, offset = c.offset)"""
     m = w.shape[0]
@@ -2279,7 +2285,120 @@ def _r142_qlinear_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r143_dequantize_linear_of_maxpool_guard(_m, _ctx):
+def _r143_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
+    """where (((is_const(w) and (w.dtype == i8)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(c) == 1)"""
+    q = _m['q']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    b = _m['b']
+    return bool((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(c), 1))))
+
+def _r143_conv_of_quantized_weights_between_quantized_build(_b, _m):
+    """=> QuantizedConv(x, w, scales, quantize_bias(bias, scales, d.in_scale), scale = q.scale, offset = q.offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    q = _m['q']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    b = _m['b']
+    m = w.shape[0]
+    scales = build_broadcast_scales(_b, ws, m)
+    bias = (b if rt.b_defined(b) else _b.op('Splat', [], {'dims': (m, ), 'value': 0.0, 'dtype': 'f32'}))
+    return rt.results(_b.op('QuantizedConv', [x, w, scales, build_quantize_bias(_b, bias, scales, d.in_scale)], {'scale': q.scale, 'offset': q.offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+
+
+
+def _r144_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
+    """where ((((is_const(w) and (w.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(mm) == 1)"""
+    q = _m['q']
+    mm = _m['mm']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    return bool(((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(mm), 1))))
+
+def _r144_matmul_of_quantized_weights_between_quantized_build(_b, _m):
+    """=> QuantizedMatMul(x, w, broadcast_scales(ws, w.shape[1]), Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    mm = _m['mm']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    return rt.results(_b.op('QuantizedMatMul', [x, w, build_broadcast_scales(_b, ws, w.shape[1]), _b.op('Splat', [], {'dims': (w.shape[1], ), 'value': 0.0, 'dtype': 'i32'})], {'scale': q.scale, 'offset': q.offset}))
+
+
+
+def _r145_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
+    """where (((((((is_const(w) and (w.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
+    q = _m['q']
+    a = _m['a']
+    mm = _m['mm']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    c = _m['c']
+    return bool((((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
+
+def _r145_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
+    """=> QuantizedMatMul(x, w, scales, quantize_bias(c, scales, d.in_scale), scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    a = _m['a']
+    mm = _m['mm']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    c = _m['c']
+    scales = build_broadcast_scales(_b, ws, w.shape[1])
+    return rt.results(_b.op('QuantizedMatMul', [x, w, scales, build_quantize_bias(_b, c, scales, d.in_scale)], {'scale': q.scale, 'offset': q.offset}))
+
+
+
+def _r146_qgemm_between_quantized_guard(_m, _ctx):
+    """where (((((is_computed(a) and (q.transA == 0)) and (q.alpha == 1.0)) and is_const(b)) and is_const(b_scale)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    c = _m['c']
+    return bool((((((((rt.b_is_computed(a) and rt.eq(q.transA, 0)) and rt.eq(q.alpha, 1.0)) and rt.b_is_const(b)) and rt.b_is_const(b_scale)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1))))
+
+def _r146_qgemm_between_quantized_build(_b, _m):
+    """=> requantized(Add(p, bias) if defined(bias) else p, y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    c = _m['c']
+    w = (_b.const(rt.b_transposed_data(b), b.dtype) if rt.ne(q.transB, 0) else b)
+    p = _b.op('MatMul', [build_dequantized(_b, a, a_scale, a_zero_point), _b.op('DequantizeLinear', [w, b_scale, b_zero_point], {'axis': 1, 'dtype': 'f32'})], {})
+    bias = (_b.op('Mul', [_b.op('Cast', [c], {'to': 'f32'}), _b.op('Mul', [_b.op('Reshape', [b_scale], {'dims': (rt.b_prod(b_scale.shape), )}), _b.op('Reshape', [a_scale], {'dims': ()})], {})], {}) if rt.b_defined(c) else None)
+    return rt.results(build_requantized(_b, (_b.op('Add', [p, bias], {}) if rt.b_defined(bias) else p), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r147_dequantize_linear_of_maxpool_guard(_m, _ctx):
     """where (is_splat(s) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     p = _m['p']
@@ -2288,7 +2407,7 @@ def _r143_dequantize_linear_of_maxpool_guard(_m, _ctx):
     z = _m['z']
     return bool((((rt.b_is_splat(s) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r143_dequantize_linear_of_maxpool_build(_b, _m):
+def _r147_dequantize_linear_of_maxpool_build(_b, _m):
     """=> MaxPool(DequantizeLinear(x, s, z, ...d), ...p)"""
     d = _m['d']
     p = _m['p']
@@ -2299,7 +2418,7 @@ def _r143_dequantize_linear_of_maxpool_build(_b, _m):
 
 
 
-def _r144_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
+def _r148_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
     'where (((r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")) and is_splat(s)) and (not defined(z) or is_splat(z))'
     d = _m['d']
     r = _m['r']
@@ -2308,7 +2427,7 @@ def _r144_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
     z = _m['z']
     return bool(((((rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize')) and rt.b_is_splat(s)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r144_dequantize_linear_of_nearest_resize_build(_b, _m):
+def _r148_dequantize_linear_of_nearest_resize_build(_b, _m):
     """=> Resize(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2319,7 +2438,7 @@ def _r144_dequantize_linear_of_nearest_resize_build(_b, _m):
 
 
 
-def _r145_dequantize_linear_of_flatten_guard(_m, _ctx):
+def _r149_dequantize_linear_of_flatten_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     f = _m['f']
@@ -2328,7 +2447,7 @@ def _r145_dequantize_linear_of_flatten_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r145_dequantize_linear_of_flatten_build(_b, _m):
+def _r149_dequantize_linear_of_flatten_build(_b, _m):
     """=> Flatten(DequantizeLinear(x, s, z, ...d), ...f)"""
     d = _m['d']
     f = _m['f']
@@ -2339,7 +2458,7 @@ def _r145_dequantize_linear_of_flatten_build(_b, _m):
 
 
 
-def _r146_dequantize_linear_of_reshape_guard(_m, _ctx):
+def _r150_dequantize_linear_of_reshape_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
@@ -2348,7 +2467,7 @@ def _r146_dequantize_linear_of_reshape_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r146_dequantize_linear_of_reshape_build(_b, _m):
+def _r150_dequantize_linear_of_reshape_build(_b, _m):
     """=> Reshape(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2359,7 +2478,7 @@ def _r146_dequantize_linear_of_reshape_build(_b, _m):
 
 
 
-def _r147_dequantize_linear_of_transpose_guard(_m, _ctx):
+def _r151_dequantize_linear_of_transpose_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     t = _m['t']
@@ -2368,7 +2487,7 @@ def _r147_dequantize_linear_of_transpose_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r147_dequantize_linear_of_transpose_build(_b, _m):
+def _r151_dequantize_linear_of_transpose_build(_b, _m):
     """=> Transpose(DequantizeLinear(x, s, z, ...d), ...t)"""
     d = _m['d']
     t = _m['t']
@@ -2379,13 +2498,13 @@ def _r147_dequantize_linear_of_transpose_build(_b, _m):
 
 
 
-def _r148_quantize_dequantize_same_guard(_m, _ctx):
+def _r152_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r148_quantize_dequantize_same_build(_b, _m):
+def _r152_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -2393,7 +2512,7 @@ def _r148_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r149_quantize_dequantize_to_rescale_build(_b, _m):
+def _r153_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     d = _m['d']
@@ -2402,13 +2521,13 @@ def _r149_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r150_rescale_same_guard(_m, _ctx):
+def _r154_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r150_rescale_same_build(_b, _m):
+def _r154_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -2416,7 +2535,7 @@ def _r150_rescale_same_build(_b, _m):
 
 
 
-def _r151_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r155_rescale_into_quantized_conv_guard(_m, _ctx):
     """where uses(c) == 1"""
     r = _m['r']
     c = _m['c']
@@ -2426,7 +2545,7 @@ def _r151_rescale_into_quantized_conv_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r151_rescale_into_quantized_conv_build(_b, _m):
+def _r155_rescale_into_quantized_conv_build(_b, _m):
     """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     c = _m['c']
@@ -2438,7 +2557,7 @@ def _r151_rescale_into_quantized_conv_build(_b, _m):
 
 
 
-def _r152_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r156_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where uses(m) == 1"""
     r = _m['r']
     m = _m['m']
@@ -2448,7 +2567,7 @@ def _r152_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(m), 1)))
 
-def _r152_rescale_into_quantized_matmul_build(_b, _m):
+def _r156_rescale_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     m = _m['m']
@@ -2460,7 +2579,7 @@ def _r152_rescale_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r153_relu_of_dequantized_build(_b, _m):
+def _r157_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2468,7 +2587,7 @@ def _r153_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r154_maxpool_of_dequantized_build(_b, _m):
+def _r158_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2477,7 +2596,7 @@ def _r154_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r155_flatten_of_dequantized_build(_b, _m):
+def _r159_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2486,7 +2605,7 @@ def _r155_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r156_reshape_of_dequantized_build(_b, _m):
+def _r160_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2495,7 +2614,7 @@ def _r156_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r157_transpose_of_dequantized_build(_b, _m):
+def _r161_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2504,7 +2623,7 @@ def _r157_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r158_rescale_through_max_guard(_m, _ctx):
+def _r162_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2512,7 +2631,7 @@ def _r158_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r158_rescale_through_max_build(_b, _m):
+def _r162_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2522,14 +2641,14 @@ def _r158_rescale_through_max_build(_b, _m):
 
 
 
-def _r159_rescale_through_maxpool_guard(_m, _ctx):
+def _r163_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r159_rescale_through_maxpool_build(_b, _m):
+def _r163_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2538,14 +2657,14 @@ def _r159_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r160_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r164_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
 
-def _r160_quantize_of_clip_within_range_build(_b, _m):
+def _r164_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2554,13 +2673,13 @@ def _r160_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r161_max_with_floor_remove_guard(_m, _ctx):
+def _r165_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r161_max_with_floor_remove_build(_b, _m):
+def _r165_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2568,7 +2687,7 @@ def _r161_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r162_quantized_conv_in_float_build(_b, _m):
+def _r166_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2579,7 +2698,7 @@ def _r162_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r163_quantized_grouped_conv_in_float_guard(_m, _ctx):
+def _r167_quantized_grouped_conv_in_float_guard(_m, _ctx):
     """where c.group > 1"""
     c = _m['c']
     x = _m['x']
@@ -2588,7 +2707,7 @@ def _r163_quantized_grouped_conv_in_float_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.gt(c.group, 1)))
 
-def _r163_quantized_grouped_conv_in_float_build(_b, _m):
+def _r167_quantized_grouped_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2599,7 +2718,7 @@ def _r163_quantized_grouped_conv_in_float_build(_b, _m):
 
 
 
-def _r164_quantized_matmul_in_float_build(_b, _m):
+def _r168_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2738,42 +2857,46 @@ RULES = (
     RuleInfo(name='qlinear_concat_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearConcat', (R('xs'),), bind='q'), size=1, guard=None, build=_r124_qlinear_concat_to_float_build, location='specs/lowerings.glowdef:1001:1'),
     RuleInfo(name='dequantized_concat_peel', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (R('xs'),), bind='d'), size=1, guard=_r125_dequantized_concat_peel_guard, build=_r125_dequantized_concat_peel_build, location='specs/lowerings.glowdef:1006:1'),
     RuleInfo(name='dequantized_concat_single', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (V('x'),), bind='d'), size=1, guard=None, build=_r126_dequantized_concat_single_build, location='specs/lowerings.glowdef:1012:1'),
-    RuleInfo(name='qgemm_to_float', phases=('canonicalize', 'lower'), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r127_qgemm_to_float_build, location='specs/lowerings.glowdef:1016:1'),
-    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r128_histogram_to_scatter_build, location='specs/lowerings.glowdef:1027:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r129_dft_to_matmul_build, location='specs/lowerings.glowdef:1039:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r130_compress_to_gather_guard, build=_r130_compress_to_gather_build, location='specs/lowerings.glowdef:1049:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r131_compress_flat_to_gather_guard, build=_r131_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1053:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r132_stft_expand_build, location='specs/lowerings.glowdef:1058:1'),
-    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r133_quantize_conv_guard, build=_r133_quantize_conv_build, location='specs/lowerings.glowdef:1079:1'),
-    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r134_quantize_matmul_guard, build=_r134_quantize_matmul_build, location='specs/lowerings.glowdef:1089:1'),
-    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r135_bias_into_quantized_matmul_guard, build=_r135_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1098:1'),
-    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r136_qdq_pair_to_quantized_guard, build=_r136_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1110:1'),
-    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r137_conv_between_quantized_guard, build=_r137_conv_between_quantized_build, location='specs/lowerings.glowdef:1127:1'),
-    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r138_conv_relu_between_quantized_guard, build=_r138_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1133:1'),
-    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r139_matmul_between_quantized_guard, build=_r139_matmul_between_quantized_build, location='specs/lowerings.glowdef:1138:1'),
-    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r140_matmul_bias_between_quantized_guard, build=_r140_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1145:1'),
-    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r141_qlinear_conv_between_quantized_guard, build=_r141_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1158:1'),
-    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r142_qlinear_matmul_between_quantized_guard, build=_r142_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1168:1'),
-    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r143_dequantize_linear_of_maxpool_guard, build=_r143_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1179:1'),
-    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r144_dequantize_linear_of_nearest_resize_guard, build=_r144_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1184:1'),
-    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r145_dequantize_linear_of_flatten_guard, build=_r145_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1190:1'),
-    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r146_dequantize_linear_of_reshape_guard, build=_r146_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1194:1'),
-    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r147_dequantize_linear_of_transpose_guard, build=_r147_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1198:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r148_quantize_dequantize_same_guard, build=_r148_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1203:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r149_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1206:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r150_rescale_same_guard, build=_r150_rescale_same_build, location='specs/lowerings.glowdef:1210:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r151_rescale_into_quantized_conv_guard, build=_r151_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1214:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r152_rescale_into_quantized_matmul_guard, build=_r152_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1218:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r153_relu_of_dequantized_build, location='specs/lowerings.glowdef:1224:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r154_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1227:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r155_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1230:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r156_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1233:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r157_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1236:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r158_rescale_through_max_guard, build=_r158_rescale_through_max_build, location='specs/lowerings.glowdef:1241:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r159_rescale_through_maxpool_guard, build=_r159_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1245:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r160_quantize_of_clip_within_range_guard, build=_r160_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1250:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r161_max_with_floor_remove_guard, build=_r161_max_with_floor_remove_build, location='specs/lowerings.glowdef:1256:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r162_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1270:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r163_quantized_grouped_conv_in_float_guard, build=_r163_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1275:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r164_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1278:1'),
+    RuleInfo(name='qgemm_to_float', phases=('lower',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r127_qgemm_to_float_build, location='specs/lowerings.glowdef:1018:1'),
+    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r128_histogram_to_scatter_build, location='specs/lowerings.glowdef:1029:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r129_dft_to_matmul_build, location='specs/lowerings.glowdef:1041:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r130_compress_to_gather_guard, build=_r130_compress_to_gather_build, location='specs/lowerings.glowdef:1051:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r131_compress_flat_to_gather_guard, build=_r131_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1055:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r132_stft_expand_build, location='specs/lowerings.glowdef:1060:1'),
+    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r133_quantize_conv_guard, build=_r133_quantize_conv_build, location='specs/lowerings.glowdef:1081:1'),
+    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r134_quantize_matmul_guard, build=_r134_quantize_matmul_build, location='specs/lowerings.glowdef:1091:1'),
+    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r135_bias_into_quantized_matmul_guard, build=_r135_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1100:1'),
+    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r136_qdq_pair_to_quantized_guard, build=_r136_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1112:1'),
+    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r137_conv_between_quantized_guard, build=_r137_conv_between_quantized_build, location='specs/lowerings.glowdef:1129:1'),
+    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r138_conv_relu_between_quantized_guard, build=_r138_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1135:1'),
+    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r139_matmul_between_quantized_guard, build=_r139_matmul_between_quantized_build, location='specs/lowerings.glowdef:1140:1'),
+    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r140_matmul_bias_between_quantized_guard, build=_r140_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1147:1'),
+    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r141_qlinear_conv_between_quantized_guard, build=_r141_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1160:1'),
+    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r142_qlinear_matmul_between_quantized_guard, build=_r142_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1170:1'),
+    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r143_conv_of_quantized_weights_between_quantized_guard, build=_r143_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1184:1'),
+    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r144_matmul_of_quantized_weights_between_quantized_guard, build=_r144_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1193:1'),
+    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r145_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r145_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1201:1'),
+    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r146_qgemm_between_quantized_guard, build=_r146_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1211:1'),
+    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r147_dequantize_linear_of_maxpool_guard, build=_r147_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1224:1'),
+    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r148_dequantize_linear_of_nearest_resize_guard, build=_r148_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1229:1'),
+    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r149_dequantize_linear_of_flatten_guard, build=_r149_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1235:1'),
+    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r150_dequantize_linear_of_reshape_guard, build=_r150_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1239:1'),
+    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r151_dequantize_linear_of_transpose_guard, build=_r151_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1243:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r152_quantize_dequantize_same_guard, build=_r152_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1248:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r153_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1251:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r154_rescale_same_guard, build=_r154_rescale_same_build, location='specs/lowerings.glowdef:1255:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r155_rescale_into_quantized_conv_guard, build=_r155_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1259:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r156_rescale_into_quantized_matmul_guard, build=_r156_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1263:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r157_relu_of_dequantized_build, location='specs/lowerings.glowdef:1269:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r158_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1272:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r159_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1275:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r160_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1278:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r161_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1281:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r162_rescale_through_max_guard, build=_r162_rescale_through_max_build, location='specs/lowerings.glowdef:1286:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r163_rescale_through_maxpool_guard, build=_r163_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1290:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r164_quantize_of_clip_within_range_guard, build=_r164_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1295:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r165_max_with_floor_remove_guard, build=_r165_max_with_floor_remove_build, location='specs/lowerings.glowdef:1301:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r166_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1315:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r167_quantized_grouped_conv_in_float_guard, build=_r167_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1320:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r168_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1323:1'),
 )
