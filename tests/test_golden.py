@@ -717,6 +717,7 @@ _QRESIZE_X = np.random.default_rng(16).integers(0, 256, (1, 2, 2, 3)).astype(np.
 
 _qgrng = np.random.default_rng(17)
 _QGEMM_X, _QGEMM_W = _qgrng.uniform(-3, 3, (2, 6)).astype(np.float32), _qgrng.integers(-127, 128, (4, 6)).astype(np.int8)
+_QGEMM_A = _qgrng.integers(0, 256, (2, 6)).astype(np.uint8)
 
 _QOPERATOR_CASES = {
     "qlinear_add_to_float": _ms_case(
@@ -745,6 +746,11 @@ _QOPERATOR_CASES = {
         {"s": np.float32(0.05), "z": np.uint8(120), "w": _qi8(4, 6),
          "ws": np.float32([0.01, 0.02, 0.005, 0.015]), "wz": np.zeros(4, np.int8),
          "c": np.int32([300, -200, 0, 1000]), "ys": np.float32(0.08), "yz": np.uint8(128)}, (2, 4)),
+    "qgemm_to_float_result": _ms_case(
+        [("QGemm", ["a", "s", "z", "w", "ws", "wz", "c"], {"transB": 1}, _MS)],
+        {"a": _QGEMM_A}, {"s": np.float32(0.05), "z": np.uint8(120), "w": _QGEMM_W, "ws": np.float32(0.01),
+                          "wz": np.int8(0), "c": np.int32([300, -200, 0, 1000])}, (2, 4),
+        out_dtype=TensorProto.FLOAT, atol=1e-5),
     # A QLinearConv over a value the model quantized (per-channel i8 weights, a bias).
     "qlinear_conv_between_quantized": _ms_case(
         [("QuantizeLinear", ["x", "s", "z"], {}, ""),

@@ -180,17 +180,34 @@ def test_qgemm_becomes_quantized_matmul(per_channel):
     _assert_within_steps(model, {"x": x}, 0.1)
 
 
+def test_qgemm_with_a_float_result():
+    """A QGemm without y_scale gives f32: the product of the dequantized operands plus c."""
+    w = rng.integers(-127, 128, (8, 5)).astype(I8)
+    consts = {"xs": np.float32(0.05), "xz": U8(120), "w": w, "ws": rng.uniform(0.002, 0.01, 5).astype(np.float32),
+              "wz": np.zeros(5, I8), "c": rng.integers(-2000, 2000, 5).astype(np.int32)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             _ms("QGemm", ["xq", "xs", "xz", "w", "ws", "wz", "c"], alpha=0.5)]
+    nodes[-1].output[0] = "y"
+    x = rng.uniform(-5, 5, (3, 8)).astype(np.float32)
+    model = make_ms_model(nodes, {"x": x}, {"y": (TensorProto.FLOAT, (3, 5))}, consts)
+    expected = run_ort(model, {"x": x})["y"]
+    for backend in ("cpu", "interpreter"):
+        got = glowgen.compile(model, backend=backend).run({"x": x})["y"]
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * float(np.abs(expected).max()))
+
+
 def test_unsupported_forms_are_refused_clearly():
     pool = _ms("QLinearGlobalAveragePool", ["xq", "xs", "xz", "ys", "yz"], channels_last=1)
     model, _ = _quantized_model([pool], (1, 3, 4, 4), (1, 1, 1, 4), {})
     with pytest.raises(UnsupportedError, match="channels_last=1 is not supported"):
         glowgen.compile(model)
     w = rng.integers(-127, 128, (4, 5)).astype(I8)
-    gemm = helper.make_node("QGemm", ["xq", "xs", "xz", "w", "ws", "wz"], ["f"], domain=MS)
+    gemm = helper.make_node("QGemm", ["xq", "xs", "xz", "w", "ws", "wz", "", "", "yz"], ["f"], domain=MS)
     model = make_ms_model([helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]), gemm],
                           {"x": np.zeros((2, 4), np.float32)}, {"f": (TensorProto.FLOAT, (2, 5))},
-                          {"xs": np.float32(0.1), "xz": U8(128), "w": w, "ws": np.float32(0.01), "wz": I8(0)})
-    with pytest.raises(UnsupportedError, match="QGemm with a float result"):
+                          {"xs": np.float32(0.1), "xz": U8(128), "w": w, "ws": np.float32(0.01), "wz": I8(0),
+                           "yz": U8(128)})
+    with pytest.raises(UnsupportedError, match="y_zero_point but no y_scale"):
         glowgen.compile(model)
     model = make_ms_model([helper.make_node("QAttention", ["x"], ["y"], domain=MS)],
                           {"x": np.zeros((2, 4), np.float32)}, {"y": (TensorProto.FLOAT, (2, 4))})

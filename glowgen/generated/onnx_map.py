@@ -2182,14 +2182,41 @@ def _QGemm_0(o):
         attrs['transA'] = o.attr('transA')
     else:
         attrs['transA'] = 0
-    o.check((o.input('y_scale').present and o.input('y_zero_point').present), 'a QGemm with a float result (no y_scale and y_zero_point) is not supported', 'specs/ops.glowdef:1623:5')
+    o.check(o.input('y_zero_point').present, 'a QGemm with y_scale but no y_zero_point is not supported; give it a zero point', 'specs/ops.glowdef:1623:5')
     return attrs
 
-_QGemm_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemm', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 8), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QGemm_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1620:3', guard=None)
+def _QGemm_0_guard(o):
+    return bool(o.input('y_scale').present)
+
+_QGemm_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemm', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 8), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QGemm_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1620:3', guard=_QGemm_0_guard)
+
+
+def _QGemmToFloat_0(o):
+    """ONNX com.microsoft.QGemm -> QGemmToFloat (specs/ops.glowdef:1640:3)."""
+    attrs = {}
+    if o.has_attr('transB'):
+        attrs['transB'] = o.attr('transB')
+    else:
+        attrs['transB'] = 0
+    if o.has_attr('alpha'):
+        attrs['alpha'] = o.attr('alpha')
+    else:
+        attrs['alpha'] = 1.0
+    if o.has_attr('transA'):
+        attrs['transA'] = o.attr('transA')
+    else:
+        attrs['transA'] = 0
+    o.check((not o.input('y_zero_point').present), 'a QGemm with y_zero_point but no y_scale is not supported; give it a scale', 'specs/ops.glowdef:1643:5')
+    return attrs
+
+def _QGemmToFloat_0_guard(o):
+    return bool((not o.input('y_scale').present))
+
+_QGemmToFloat_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemmToFloat', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 6)), attributes=_QGemmToFloat_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1640:3', guard=_QGemmToFloat_0_guard)
 
 
 def _DFT_0(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1706:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1725:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2200,15 +2227,15 @@ def _DFT_0(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1709:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1710:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1728:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1729:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1706:3', guard=None)
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1725:3', guard=None)
 
 
 def _DFT_1(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1712:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1731:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2219,36 +2246,36 @@ def _DFT_1(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1715:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1716:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1734:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1735:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1712:3', guard=None)
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1731:3', guard=None)
 
 
 def _Compress_0(o):
-    """ONNX Compress -> Compress (specs/ops.glowdef:1729:3)."""
+    """ONNX Compress -> Compress (specs/ops.glowdef:1748:3)."""
     attrs = {}
-    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1731:5', lambda: sl.shapes.true_positions(o.input('condition').value))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1732:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
-    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1733:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1750:5', lambda: sl.shapes.true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1751:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1752:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
     return attrs
 
-_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1729:3', guard=None)
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1748:3', guard=None)
 
 
 def _STFT_0(o):
-    """ONNX STFT -> STFT (specs/ops.glowdef:1747:3)."""
+    """ONNX STFT -> STFT (specs/ops.glowdef:1766:3)."""
     attrs = {}
     if o.has_attr('onesided'):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 1
-    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1749:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
-    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1750:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1768:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1769:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
     return attrs
 
-_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1747:3', guard=None)
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1766:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,
@@ -2428,6 +2455,7 @@ CLAUSES = (
     _QLinearAveragePool_0_clause,
     _QLinearConcat_0_clause,
     _QGemm_0_clause,
+    _QGemmToFloat_0_clause,
     _DFT_0_clause,
     _DFT_1_clause,
     _Compress_0_clause,

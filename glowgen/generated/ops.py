@@ -8582,6 +8582,115 @@ class QGemm(Node):
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
+class QGemmToFloat(Node):
+    """com.microsoft QGemm without y_scale: alpha * op(a) @ op(b) + c of the dequantized a and b and the i32 c at scale alpha * a_scale * b_scale, in f32.
+    
+    Operands:
+        a: Tensor[Q8, M0, K0]
+        a_scale: Tensor[f32, *AS]
+        a_zero_point: Tensor[Q8, *AZ]
+        b: Tensor[Q8B, K1, N1]
+        b_scale: Tensor[f32, *BS]
+        b_zero_point: Tensor[Q8B, *BZ]
+        c: Tensor[i32, *CS]?
+    Results:
+        y: Tensor[f32, M0 if transA == 0 else K0, N1 if transB == 0 else K1]
+    Attributes:
+        alpha: float = 1.0
+        transA: int = 0
+        transB: int = 0
+    Declared at specs/ops.glowdef:1627:1.
+    """
+
+    OP: ClassVar[str] = 'QGemmToFloat'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('a_scale', optional=False, variadic=False), OperandInfo('a_zero_point', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('b_scale', optional=False, variadic=False), OperandInfo('b_zero_point', optional=False, variadic=False), OperandInfo('c', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1627:1'
+
+    alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
+    transA: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    transB: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def a(self):
+        """Operand a: Tensor[Q8, M0, K0]"""
+        return self.inputs[0]
+
+    @property
+    def a_scale(self):
+        """Operand a_scale: Tensor[f32, *AS]"""
+        return self.inputs[1]
+
+    @property
+    def a_zero_point(self):
+        """Operand a_zero_point: Tensor[Q8, *AZ]"""
+        return self.inputs[2]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[Q8B, K1, N1]"""
+        return self.inputs[3]
+
+    @property
+    def b_scale(self):
+        """Operand b_scale: Tensor[f32, *BS]"""
+        return self.inputs[4]
+
+    @property
+    def b_zero_point(self):
+        """Operand b_zero_point: Tensor[Q8B, *BZ]"""
+        return self.inputs[5]
+
+    @property
+    def c(self):
+        """Operand c: Tensor[i32, *CS]?"""
+        return self.inputs[6]
+
+    @property
+    def y(self):
+        """Result y: Tensor[f32, M0 if transA == 0 else K0, N1 if transB == 0 else K1]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, *, _node='', alpha=None, transA=None, transB=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QGemmToFloat', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1629:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1629:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1629:30')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1629:30')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1629:57')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1629:57')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1630:7')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1630:7')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1630:31')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1630:31')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1630:58')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1630:58')
+        if c is not None:
+            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1630:90')
+            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1630:90')
+        AS = u.dim('AS')
+        AZ = u.dim('AZ')
+        BS = u.dim('BS')
+        BZ = u.dim('BZ')
+        CS = u.dims['CS'][0] if 'CS' in u.dims else None
+        K0 = u.dim('K0')
+        K1 = u.dim('K1')
+        M0 = u.dim('M0')
+        N1 = u.dim('N1')
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemmToFloat', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1634:3')
+        rt.check((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)), 'QGemmToFloat', _node, 'a_scale and a_zero_point must hold one value', 'specs/ops.glowdef:1636:3')
+        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemmToFloat', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1637:3')
+        return (rt.result_type('QGemmToFloat', _node, 'f32', ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1639:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
 class Quantize(Node):
     """x as i8 with the given scale and offset: round(x / scale) + offset, halves to even, saturated to [-128, 127].
     
@@ -8593,7 +8702,7 @@ class Quantize(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1636:1.
+    Declared at specs/ops.glowdef:1655:1.
     """
 
     OP: ClassVar[str] = 'Quantize'
@@ -8602,7 +8711,7 @@ class Quantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1636:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1655:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8621,12 +8730,12 @@ class Quantize(Node):
     def infer(x, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Quantize', _node)
-        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1639:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1639:7')
+        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1658:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1658:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1640:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1641:3')
-        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1642:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1659:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1660:3')
+        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1661:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8641,7 +8750,7 @@ class Dequantize(Node):
         in_scale: float
         in_offset: int
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:1645:1.
+    Declared at specs/ops.glowdef:1664:1.
     """
 
     OP: ClassVar[str] = 'Dequantize'
@@ -8650,7 +8759,7 @@ class Dequantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1645:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1664:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8669,11 +8778,11 @@ class Dequantize(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dequantize', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1648:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1648:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1667:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1667:7')
         S = u.dim('S')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1651:3')
-        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1652:7'), )
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1670:3')
+        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1671:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8690,7 +8799,7 @@ class Rescale(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1655:1.
+    Declared at specs/ops.glowdef:1674:1.
     """
 
     OP: ClassVar[str] = 'Rescale'
@@ -8699,7 +8808,7 @@ class Rescale(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1655:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1674:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8720,13 +8829,13 @@ class Rescale(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Rescale', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1658:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1658:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1677:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1677:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1661:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1662:3')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1663:3')
-        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1664:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1680:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1681:3')
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1682:3')
+        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1683:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8748,7 +8857,7 @@ class QuantizedConv(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1667:1.
+    Declared at specs/ops.glowdef:1686:1.
     """
 
     OP: ClassVar[str] = 'QuantizedConv'
@@ -8757,7 +8866,7 @@ class QuantizedConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1667:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1686:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -8795,14 +8904,14 @@ class QuantizedConv(Node):
     def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedConv', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1670:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1670:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1670:36')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1670:36')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1670:66')
-        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1670:66')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1670:91')
-        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1670:91')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1689:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1689:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1689:36')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1689:36')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1689:66')
+        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1689:66')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1689:91')
+        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1689:91')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -8811,19 +8920,19 @@ class QuantizedConv(Node):
         M = u.dim('M')
         N = u.dim('N')
         W = u.dim('W')
-        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1671:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1671:3')
-        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1672:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1672:3')
-        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1673:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1673:3')
-        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1674:3')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1675:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1676:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1677:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1678:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1679:3')
-        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1680:9'), )
+        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1690:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1690:3')
+        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1691:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1691:3')
+        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1692:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1692:3')
+        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1693:3')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1694:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1695:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1696:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1697:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1698:3')
+        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1699:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8841,7 +8950,7 @@ class QuantizedMatMul(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1684:1.
+    Declared at specs/ops.glowdef:1703:1.
     """
 
     OP: ClassVar[str] = 'QuantizedMatMul'
@@ -8850,7 +8959,7 @@ class QuantizedMatMul(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1684:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1703:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8884,21 +8993,21 @@ class QuantizedMatMul(Node):
     def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedMatMul', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1687:9')
-        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1687:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1687:31')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1687:31')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1687:52')
-        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1687:52')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1687:77')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1687:77')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1706:9')
+        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1706:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1706:31')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1706:31')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1706:52')
+        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1706:52')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1706:77')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1706:77')
         B = u.dim('B')
         K = u.dim('K')
         N = u.dim('N')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1688:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1689:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1690:3')
-        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1691:9'), )
+        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1707:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1708:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1709:3')
+        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1710:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8914,7 +9023,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1696:1.
+    Declared at specs/ops.glowdef:1715:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -8923,7 +9032,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1696:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1715:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8944,14 +9053,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1698:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1698:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1717:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1717:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1700:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1703:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1704:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1705:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1719:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1722:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1723:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1724:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8966,7 +9075,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1720:1.
+    Declared at specs/ops.glowdef:1739:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -8975,7 +9084,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1720:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1739:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -8995,13 +9104,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1722:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1722:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1741:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1741:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1726:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1727:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1728:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1745:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1746:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1747:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9017,7 +9126,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1737:1.
+    Declared at specs/ops.glowdef:1756:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -9026,7 +9135,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1737:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1756:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9051,22 +9160,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1739:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1739:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1758:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1758:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1739:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1739:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1758:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1758:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1740:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1741:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1743:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1744:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1745:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1746:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1759:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1760:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1762:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1763:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1764:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1765:7'), )
 
 
 OPS = {
@@ -9225,6 +9334,7 @@ OPS = {
     'QLinearConcat': QLinearConcat,
     'DequantizedConcat': DequantizedConcat,
     'QGemm': QGemm,
+    'QGemmToFloat': QGemmToFloat,
     'Quantize': Quantize,
     'Dequantize': Dequantize,
     'Rescale': Rescale,

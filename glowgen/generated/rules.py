@@ -150,6 +150,14 @@ def build_requantized(_b, v, scale, zero_point, dtype):
 
 
 
+def build_qgemm_in_float(_b, q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c):
+    """= Gemm(dequantized(a, a_scale, a_zero_point), bf, Mul(cf, scalar(q.alpha, f32)) if defined(cf) else none, alpha = q.alpha, transA = q.transA, transB = q.transB)"""
+    bf = _b.op('DequantizeLinear', [b, b_scale, b_zero_point], {'axis': (0 if rt.ne(q.transB, 0) else 1), 'dtype': 'f32'})
+    cf = (_b.op('Mul', [_b.op('Cast', [c], {'to': 'f32'}), _b.op('Mul', [_b.op('Reshape', [b_scale], {'dims': (rt.b_prod(b_scale.shape), )}), _b.op('Reshape', [a_scale], {'dims': ()})], {})], {}) if rt.b_defined(c) else None)
+    return _b.op('Gemm', [build_dequantized(_b, a, a_scale, a_zero_point), bf, (_b.op('Mul', [cf, _b.scalar(q.alpha, 'f32')], {}) if rt.b_defined(cf) else None)], {'alpha': q.alpha, 'transA': q.transA, 'transB': q.transB})
+
+
+
 def build_quantize_calibrated(_b, x):
     """= Quantize(x, scale = calibrated_scale(x), offset = calibrated_offset(x))"""
     return _b.op('Quantize', [x], {'scale': rt.b_calibrated_scale(x), 'offset': rt.b_calibrated_offset(x)})
@@ -1959,7 +1967,7 @@ def _r126_dequantized_concat_single_build(_b, _m):
 
 
 def _r127_qgemm_to_float_build(_b, _m):
-    """=> requantized(g, y_scale, y_zero_point, q.dtype)"""
+    """=> requantized(qgemm_in_float(q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c), y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
     a_scale = _m['a_scale']
@@ -1970,14 +1978,25 @@ def _r127_qgemm_to_float_build(_b, _m):
     y_scale = _m['y_scale']
     y_zero_point = _m['y_zero_point']
     c = _m['c']
-    bf = _b.op('DequantizeLinear', [b, b_scale, b_zero_point], {'axis': (0 if rt.ne(q.transB, 0) else 1), 'dtype': 'f32'})
-    cf = (_b.op('Mul', [_b.op('Cast', [c], {'to': 'f32'}), _b.op('Mul', [_b.op('Reshape', [b_scale], {'dims': (rt.b_prod(b_scale.shape), )}), _b.op('Reshape', [a_scale], {'dims': ()})], {})], {}) if rt.b_defined(c) else None)
-    g = _b.op('Gemm', [build_dequantized(_b, a, a_scale, a_zero_point), bf, (_b.op('Mul', [cf, _b.scalar(q.alpha, 'f32')], {}) if rt.b_defined(cf) else None)], {'alpha': q.alpha, 'transA': q.transA, 'transB': q.transB})
-    return rt.results(build_requantized(_b, g, y_scale, y_zero_point, q.dtype))
+    return rt.results(build_requantized(_b, build_qgemm_in_float(_b, q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c), y_scale, y_zero_point, q.dtype))
 
 
 
-def _r128_histogram_to_scatter_build(_b, _m):
+def _r128_qgemm_to_float_result_build(_b, _m):
+    """=> qgemm_in_float(q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    c = _m['c']
+    return rt.results(build_qgemm_in_float(_b, q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c))
+
+
+
+def _r129_histogram_to_scatter_build(_b, _m):
     '=> ScatterElements(Splat(dims = [h.bins], value = 0.0, dtype = f32), Reshape(Cast(bin, to = i32), dims = [n]), Splat(dims = [n], value = 1.0, dtype = f32), axis = 0, reduction = "add")'
     h = _m['h']
     x = _m['x']
@@ -1990,7 +2009,7 @@ def _r128_histogram_to_scatter_build(_b, _m):
 
 
 
-def _r129_dft_to_matmul_build(_b, _m):
+def _r130_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), dims = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -2004,13 +2023,13 @@ def _r129_dft_to_matmul_build(_b, _m):
 
 
 
-def _r130_compress_to_gather_guard(_m, _ctx):
+def _r131_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r130_compress_to_gather_build(_b, _m):
+def _r131_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -2018,13 +2037,13 @@ def _r130_compress_to_gather_build(_b, _m):
 
 
 
-def _r131_compress_flat_to_gather_guard(_m, _ctx):
+def _r132_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r131_compress_flat_to_gather_build(_b, _m):
+def _r132_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, dims = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -2032,7 +2051,7 @@ def _r131_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r132_stft_expand_build(_b, _m):
+def _r133_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, dims = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -2042,7 +2061,7 @@ def _r132_stft_expand_build(_b, _m):
 
 
 
-def _r133_quantize_conv_guard(_m, _ctx):
+def _r134_quantize_conv_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(c)) and is_const(w)) and (not defined(b) or is_const(b))"""
     c = _m['c']
     x = _m['x']
@@ -2050,7 +2069,7 @@ def _r133_quantize_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(c)) and rt.b_is_const(w)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
 
-def _r133_quantize_conv_build(_b, _m):
+def _r134_quantize_conv_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(c), in_offset = calibrated_offset(c))"""
     c = _m['c']
     x = _m['x']
@@ -2064,14 +2083,14 @@ def _r133_quantize_conv_build(_b, _m):
 
 
 
-def _r134_quantize_matmul_guard(_m, _ctx):
+def _r135_quantize_matmul_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(mm)) and is_const(w)) and (rank(w) == 2)"""
     mm = _m['mm']
     x = _m['x']
     w = _m['w']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(mm)) and rt.b_is_const(w)) and rt.eq(rt.b_rank(w), 2))))
 
-def _r134_quantize_matmul_build(_b, _m):
+def _r135_quantize_matmul_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(mm), in_offset = calibrated_offset(mm))"""
     mm = _m['mm']
     x = _m['x']
@@ -2082,7 +2101,7 @@ def _r134_quantize_matmul_build(_b, _m):
 
 
 
-def _r135_bias_into_quantized_matmul_guard(_m, _ctx):
+def _r136_bias_into_quantized_matmul_guard(_m, _ctx):
     """where ((((is_const(c) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and calibrated(a)) and (uses(q) == 1)) and (uses(d) == 1)"""
     a = _m['a']
     d = _m['d']
@@ -2094,7 +2113,7 @@ def _r135_bias_into_quantized_matmul_guard(_m, _ctx):
     c = _m['c']
     return bool(((((((rt.b_is_const(c) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.b_calibrated(a)) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1))))
 
-def _r135_bias_into_quantized_matmul_build(_b, _m):
+def _r136_bias_into_quantized_matmul_build(_b, _m):
     """=> Dequantize(qb, in_scale = calibrated_scale(a), in_offset = calibrated_offset(a))"""
     a = _m['a']
     d = _m['d']
@@ -2109,7 +2128,7 @@ def _r135_bias_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r136_qdq_pair_to_quantized_guard(_m, _ctx):
+def _r137_qdq_pair_to_quantized_guard(_m, _ctx):
     """where (((((((((x.dtype == f32) and (dl.dtype == f32)) and ((ql.dtype == u8) or (ql.dtype == i8))) and is_splat(s)) and is_splat(s2)) and (splat_value(s) == splat_value(s2))) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))) and (not defined(z2) or is_splat(z2))) and ((splat_value(z) if defined(z) else 0) == (splat_value(z2) if defined(z2) else 0))"""
     dl = _m['dl']
     ql = _m['ql']
@@ -2120,7 +2139,7 @@ def _r136_qdq_pair_to_quantized_guard(_m, _ctx):
     z2 = _m['z2']
     return bool(((((((((((rt.eq(x.dtype, 'f32') and rt.eq(dl.dtype, 'f32')) and (rt.eq(ql.dtype, 'u8') or rt.eq(ql.dtype, 'i8'))) and rt.b_is_splat(s)) and rt.b_is_splat(s2)) and rt.eq(rt.b_splat_value(s), rt.b_splat_value(s2))) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z))) and ((not rt.b_defined(z2)) or rt.b_is_splat(z2))) and rt.eq((rt.b_splat_value(z) if rt.b_defined(z) else 0), (rt.b_splat_value(z2) if rt.b_defined(z2) else 0)))))
 
-def _r136_qdq_pair_to_quantized_build(_b, _m):
+def _r137_qdq_pair_to_quantized_build(_b, _m):
     """=> Dequantize(Quantize(x, scale = splat_value(s), offset = offset), in_scale = splat_value(s), in_offset = offset)"""
     dl = _m['dl']
     ql = _m['ql']
@@ -2134,7 +2153,7 @@ def _r136_qdq_pair_to_quantized_build(_b, _m):
 
 
 
-def _r137_conv_between_quantized_guard(_m, _ctx):
+def _r138_conv_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
@@ -2144,7 +2163,7 @@ def _r137_conv_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1))))
 
-def _r137_conv_between_quantized_build(_b, _m):
+def _r138_conv_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2156,7 +2175,7 @@ def _r137_conv_between_quantized_build(_b, _m):
 
 
 
-def _r138_conv_relu_between_quantized_guard(_m, _ctx):
+def _r139_conv_relu_between_quantized_guard(_m, _ctx):
     """where (((is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)) and (uses(r) == 1)) and (q.offset == -128)"""
     q = _m['q']
     r = _m['r']
@@ -2167,7 +2186,7 @@ def _r138_conv_relu_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(r), 1)) and rt.eq(q.offset, rt.neg(128)))))
 
-def _r138_conv_relu_between_quantized_build(_b, _m):
+def _r139_conv_relu_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     r = _m['r']
@@ -2180,7 +2199,7 @@ def _r138_conv_relu_between_quantized_build(_b, _m):
 
 
 
-def _r139_matmul_between_quantized_guard(_m, _ctx):
+def _r140_matmul_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (rank(w) == 2)) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
@@ -2189,7 +2208,7 @@ def _r139_matmul_between_quantized_guard(_m, _ctx):
     w = _m['w']
     return bool((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1))))
 
-def _r139_matmul_between_quantized_build(_b, _m):
+def _r140_matmul_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
@@ -2201,7 +2220,7 @@ def _r139_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r140_matmul_bias_between_quantized_guard(_m, _ctx):
+def _r141_matmul_bias_between_quantized_guard(_m, _ctx):
     """where (((((is_const(w) and (rank(w) == 2)) and is_const(c)) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2212,7 +2231,7 @@ def _r140_matmul_bias_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool((((((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(c)) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
 
-def _r140_matmul_bias_between_quantized_build(_b, _m):
+def _r141_matmul_bias_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, quantize_bias(c, ws, d.in_scale), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     a = _m['a']
@@ -2226,7 +2245,7 @@ def _r140_matmul_bias_between_quantized_build(_b, _m):
 
 
 
-def _r141_qlinear_conv_between_quantized_guard(_m, _ctx):
+def _r142_qlinear_conv_between_quantized_guard(_m, _ctx):
     """where ((((is_computed(x) and (rank(x) == 4)) and is_const(w)) and is_const(w_scale)) and is_const(w_zero_point)) and (not defined(b) or is_const(b))"""
     c = _m['c']
     x = _m['x']
@@ -2240,7 +2259,7 @@ def _r141_qlinear_conv_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool(((((((rt.b_is_computed(x) and rt.eq(rt.b_rank(x), 4)) and rt.b_is_const(w)) and rt.b_is_const(w_scale)) and rt.b_is_const(w_zero_point)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
 
-def _r141_qlinear_conv_between_quantized_build(_b, _m):
+def _r142_qlinear_conv_between_quantized_build(_b, _m):
     """=> requantized(Conv(dequantized(x, x_scale, x_zero_point), DequantizeLinear(w, w_scale, w_zero_point, axis = 0, dtype = f32), bias, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), y_scale, y_zero_point, c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -2257,7 +2276,7 @@ def _r141_qlinear_conv_between_quantized_build(_b, _m):
 
 
 
-def _r142_qlinear_matmul_between_quantized_guard(_m, _ctx):
+def _r143_qlinear_matmul_between_quantized_guard(_m, _ctx):
     """where (((((((is_computed(a) and is_const(b)) and (rank(b) == 2)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)) and (prod(a_scale.shape) == 1)) and (prod(a_zero_point.shape) == 1)) and (prod(y_scale.shape) == 1)) and (prod(y_zero_point.shape) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2270,7 +2289,7 @@ def _r142_qlinear_matmul_between_quantized_guard(_m, _ctx):
     y_zero_point = _m['y_zero_point']
     return bool((((((((((rt.b_is_computed(a) and rt.b_is_const(b)) and rt.eq(rt.b_rank(b), 2)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1)) and rt.eq(rt.b_prod(a_scale.shape), 1)) and rt.eq(rt.b_prod(a_zero_point.shape), 1)) and rt.eq(rt.b_prod(y_scale.shape), 1)) and rt.eq(rt.b_prod(y_zero_point.shape), 1))))
 
-def _r142_qlinear_matmul_between_quantized_build(_b, _m):
+def _r143_qlinear_matmul_between_quantized_build(_b, _m):
     """=> requantized(MatMul(dequantized(a, a_scale, a_zero_point), DequantizeLinear(b, b_scale, b_zero_point, axis = 1, dtype = f32)), y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -2285,7 +2304,7 @@ def _r142_qlinear_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r143_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r144_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where (((is_const(w) and (w.dtype == i8)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
@@ -2297,7 +2316,7 @@ def _r143_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(c), 1))))
 
-def _r143_conv_of_quantized_weights_between_quantized_build(_b, _m):
+def _r144_conv_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedConv(x, w, scales, quantize_bias(bias, scales, d.in_scale), scale = q.scale, offset = q.offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     q = _m['q']
     c = _m['c']
@@ -2314,7 +2333,7 @@ def _r143_conv_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r144_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r145_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where ((((is_const(w) and (w.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
@@ -2324,7 +2343,7 @@ def _r144_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
     wz = _m['wz']
     return bool(((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(mm), 1))))
 
-def _r144_matmul_of_quantized_weights_between_quantized_build(_b, _m):
+def _r145_matmul_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, w, broadcast_scales(ws, w.shape[1]), Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
@@ -2336,7 +2355,7 @@ def _r144_matmul_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r145_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r146_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where (((((((is_const(w) and (w.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2349,7 +2368,7 @@ def _r145_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool((((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
 
-def _r145_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
+def _r146_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, w, scales, quantize_bias(c, scales, d.in_scale), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     a = _m['a']
@@ -2365,7 +2384,7 @@ def _r145_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r146_qgemm_between_quantized_guard(_m, _ctx):
+def _r147_qgemm_between_quantized_guard(_m, _ctx):
     """where (((((is_computed(a) and (q.transA == 0)) and (q.alpha == 1.0)) and is_const(b)) and is_const(b_scale)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)"""
     q = _m['q']
     a = _m['a']
@@ -2379,7 +2398,7 @@ def _r146_qgemm_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool((((((((rt.b_is_computed(a) and rt.eq(q.transA, 0)) and rt.eq(q.alpha, 1.0)) and rt.b_is_const(b)) and rt.b_is_const(b_scale)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1))))
 
-def _r146_qgemm_between_quantized_build(_b, _m):
+def _r147_qgemm_between_quantized_build(_b, _m):
     """=> requantized(Add(p, bias) if defined(bias) else p, y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -2398,7 +2417,7 @@ def _r146_qgemm_between_quantized_build(_b, _m):
 
 
 
-def _r147_dequantize_linear_of_maxpool_guard(_m, _ctx):
+def _r148_dequantize_linear_of_maxpool_guard(_m, _ctx):
     """where (is_splat(s) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     p = _m['p']
@@ -2407,7 +2426,7 @@ def _r147_dequantize_linear_of_maxpool_guard(_m, _ctx):
     z = _m['z']
     return bool((((rt.b_is_splat(s) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r147_dequantize_linear_of_maxpool_build(_b, _m):
+def _r148_dequantize_linear_of_maxpool_build(_b, _m):
     """=> MaxPool(DequantizeLinear(x, s, z, ...d), ...p)"""
     d = _m['d']
     p = _m['p']
@@ -2418,7 +2437,7 @@ def _r147_dequantize_linear_of_maxpool_build(_b, _m):
 
 
 
-def _r148_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
+def _r149_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
     'where (((r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")) and is_splat(s)) and (not defined(z) or is_splat(z))'
     d = _m['d']
     r = _m['r']
@@ -2427,7 +2446,7 @@ def _r148_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
     z = _m['z']
     return bool(((((rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize')) and rt.b_is_splat(s)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r148_dequantize_linear_of_nearest_resize_build(_b, _m):
+def _r149_dequantize_linear_of_nearest_resize_build(_b, _m):
     """=> Resize(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2438,7 +2457,7 @@ def _r148_dequantize_linear_of_nearest_resize_build(_b, _m):
 
 
 
-def _r149_dequantize_linear_of_flatten_guard(_m, _ctx):
+def _r150_dequantize_linear_of_flatten_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     f = _m['f']
@@ -2447,7 +2466,7 @@ def _r149_dequantize_linear_of_flatten_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r149_dequantize_linear_of_flatten_build(_b, _m):
+def _r150_dequantize_linear_of_flatten_build(_b, _m):
     """=> Flatten(DequantizeLinear(x, s, z, ...d), ...f)"""
     d = _m['d']
     f = _m['f']
@@ -2458,7 +2477,7 @@ def _r149_dequantize_linear_of_flatten_build(_b, _m):
 
 
 
-def _r150_dequantize_linear_of_reshape_guard(_m, _ctx):
+def _r151_dequantize_linear_of_reshape_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
@@ -2467,7 +2486,7 @@ def _r150_dequantize_linear_of_reshape_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r150_dequantize_linear_of_reshape_build(_b, _m):
+def _r151_dequantize_linear_of_reshape_build(_b, _m):
     """=> Reshape(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2478,7 +2497,7 @@ def _r150_dequantize_linear_of_reshape_build(_b, _m):
 
 
 
-def _r151_dequantize_linear_of_transpose_guard(_m, _ctx):
+def _r152_dequantize_linear_of_transpose_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     t = _m['t']
@@ -2487,7 +2506,7 @@ def _r151_dequantize_linear_of_transpose_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r151_dequantize_linear_of_transpose_build(_b, _m):
+def _r152_dequantize_linear_of_transpose_build(_b, _m):
     """=> Transpose(DequantizeLinear(x, s, z, ...d), ...t)"""
     d = _m['d']
     t = _m['t']
@@ -2498,13 +2517,13 @@ def _r151_dequantize_linear_of_transpose_build(_b, _m):
 
 
 
-def _r152_quantize_dequantize_same_guard(_m, _ctx):
+def _r153_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r152_quantize_dequantize_same_build(_b, _m):
+def _r153_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -2512,7 +2531,7 @@ def _r152_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r153_quantize_dequantize_to_rescale_build(_b, _m):
+def _r154_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     d = _m['d']
@@ -2521,13 +2540,13 @@ def _r153_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r154_rescale_same_guard(_m, _ctx):
+def _r155_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r154_rescale_same_build(_b, _m):
+def _r155_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -2535,7 +2554,7 @@ def _r154_rescale_same_build(_b, _m):
 
 
 
-def _r155_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r156_rescale_into_quantized_conv_guard(_m, _ctx):
     """where uses(c) == 1"""
     r = _m['r']
     c = _m['c']
@@ -2545,7 +2564,7 @@ def _r155_rescale_into_quantized_conv_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r155_rescale_into_quantized_conv_build(_b, _m):
+def _r156_rescale_into_quantized_conv_build(_b, _m):
     """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     c = _m['c']
@@ -2557,7 +2576,7 @@ def _r155_rescale_into_quantized_conv_build(_b, _m):
 
 
 
-def _r156_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r157_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where uses(m) == 1"""
     r = _m['r']
     m = _m['m']
@@ -2567,7 +2586,7 @@ def _r156_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(m), 1)))
 
-def _r156_rescale_into_quantized_matmul_build(_b, _m):
+def _r157_rescale_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     m = _m['m']
@@ -2579,7 +2598,7 @@ def _r156_rescale_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r157_relu_of_dequantized_build(_b, _m):
+def _r158_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2587,7 +2606,7 @@ def _r157_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r158_maxpool_of_dequantized_build(_b, _m):
+def _r159_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2596,7 +2615,7 @@ def _r158_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r159_flatten_of_dequantized_build(_b, _m):
+def _r160_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2605,7 +2624,7 @@ def _r159_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r160_reshape_of_dequantized_build(_b, _m):
+def _r161_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2614,7 +2633,7 @@ def _r160_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r161_transpose_of_dequantized_build(_b, _m):
+def _r162_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2623,7 +2642,7 @@ def _r161_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r162_rescale_through_max_guard(_m, _ctx):
+def _r163_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2631,7 +2650,7 @@ def _r162_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r162_rescale_through_max_build(_b, _m):
+def _r163_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2641,14 +2660,14 @@ def _r162_rescale_through_max_build(_b, _m):
 
 
 
-def _r163_rescale_through_maxpool_guard(_m, _ctx):
+def _r164_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r163_rescale_through_maxpool_build(_b, _m):
+def _r164_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2657,14 +2676,14 @@ def _r163_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r164_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r165_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
 
-def _r164_quantize_of_clip_within_range_build(_b, _m):
+def _r165_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2673,13 +2692,13 @@ def _r164_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r165_max_with_floor_remove_guard(_m, _ctx):
+def _r166_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r165_max_with_floor_remove_build(_b, _m):
+def _r166_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2687,7 +2706,7 @@ def _r165_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r166_quantized_conv_in_float_build(_b, _m):
+def _r167_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2698,7 +2717,7 @@ def _r166_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r167_quantized_grouped_conv_in_float_guard(_m, _ctx):
+def _r168_quantized_grouped_conv_in_float_guard(_m, _ctx):
     """where c.group > 1"""
     c = _m['c']
     x = _m['x']
@@ -2707,7 +2726,7 @@ def _r167_quantized_grouped_conv_in_float_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.gt(c.group, 1)))
 
-def _r167_quantized_grouped_conv_in_float_build(_b, _m):
+def _r168_quantized_grouped_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2718,7 +2737,7 @@ def _r167_quantized_grouped_conv_in_float_build(_b, _m):
 
 
 
-def _r168_quantized_matmul_in_float_build(_b, _m):
+def _r169_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2857,46 +2876,47 @@ RULES = (
     RuleInfo(name='qlinear_concat_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearConcat', (R('xs'),), bind='q'), size=1, guard=None, build=_r124_qlinear_concat_to_float_build, location='specs/lowerings.glowdef:1001:1'),
     RuleInfo(name='dequantized_concat_peel', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (R('xs'),), bind='d'), size=1, guard=_r125_dequantized_concat_peel_guard, build=_r125_dequantized_concat_peel_build, location='specs/lowerings.glowdef:1006:1'),
     RuleInfo(name='dequantized_concat_single', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (V('x'),), bind='d'), size=1, guard=None, build=_r126_dequantized_concat_single_build, location='specs/lowerings.glowdef:1012:1'),
-    RuleInfo(name='qgemm_to_float', phases=('lower',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r127_qgemm_to_float_build, location='specs/lowerings.glowdef:1018:1'),
-    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r128_histogram_to_scatter_build, location='specs/lowerings.glowdef:1029:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r129_dft_to_matmul_build, location='specs/lowerings.glowdef:1041:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r130_compress_to_gather_guard, build=_r130_compress_to_gather_build, location='specs/lowerings.glowdef:1051:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r131_compress_flat_to_gather_guard, build=_r131_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1055:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r132_stft_expand_build, location='specs/lowerings.glowdef:1060:1'),
-    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r133_quantize_conv_guard, build=_r133_quantize_conv_build, location='specs/lowerings.glowdef:1081:1'),
-    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r134_quantize_matmul_guard, build=_r134_quantize_matmul_build, location='specs/lowerings.glowdef:1091:1'),
-    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r135_bias_into_quantized_matmul_guard, build=_r135_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1100:1'),
-    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r136_qdq_pair_to_quantized_guard, build=_r136_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1112:1'),
-    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r137_conv_between_quantized_guard, build=_r137_conv_between_quantized_build, location='specs/lowerings.glowdef:1129:1'),
-    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r138_conv_relu_between_quantized_guard, build=_r138_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1135:1'),
-    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r139_matmul_between_quantized_guard, build=_r139_matmul_between_quantized_build, location='specs/lowerings.glowdef:1140:1'),
-    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r140_matmul_bias_between_quantized_guard, build=_r140_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1147:1'),
-    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r141_qlinear_conv_between_quantized_guard, build=_r141_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1160:1'),
-    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r142_qlinear_matmul_between_quantized_guard, build=_r142_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1170:1'),
-    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r143_conv_of_quantized_weights_between_quantized_guard, build=_r143_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1184:1'),
-    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r144_matmul_of_quantized_weights_between_quantized_guard, build=_r144_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1193:1'),
-    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r145_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r145_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1201:1'),
-    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r146_qgemm_between_quantized_guard, build=_r146_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1211:1'),
-    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r147_dequantize_linear_of_maxpool_guard, build=_r147_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1224:1'),
-    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r148_dequantize_linear_of_nearest_resize_guard, build=_r148_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1229:1'),
-    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r149_dequantize_linear_of_flatten_guard, build=_r149_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1235:1'),
-    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r150_dequantize_linear_of_reshape_guard, build=_r150_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1239:1'),
-    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r151_dequantize_linear_of_transpose_guard, build=_r151_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1243:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r152_quantize_dequantize_same_guard, build=_r152_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1248:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r153_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1251:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r154_rescale_same_guard, build=_r154_rescale_same_build, location='specs/lowerings.glowdef:1255:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r155_rescale_into_quantized_conv_guard, build=_r155_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1259:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r156_rescale_into_quantized_matmul_guard, build=_r156_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1263:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r157_relu_of_dequantized_build, location='specs/lowerings.glowdef:1269:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r158_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1272:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r159_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1275:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r160_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1278:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r161_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1281:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r162_rescale_through_max_guard, build=_r162_rescale_through_max_build, location='specs/lowerings.glowdef:1286:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r163_rescale_through_maxpool_guard, build=_r163_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1290:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r164_quantize_of_clip_within_range_guard, build=_r164_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1295:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r165_max_with_floor_remove_guard, build=_r165_max_with_floor_remove_build, location='specs/lowerings.glowdef:1301:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r166_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1315:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r167_quantized_grouped_conv_in_float_guard, build=_r167_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1320:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r168_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1323:1'),
+    RuleInfo(name='qgemm_to_float', phases=('lower',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r127_qgemm_to_float_build, location='specs/lowerings.glowdef:1025:1'),
+    RuleInfo(name='qgemm_to_float_result', phases=('canonicalize', 'lower'), pattern=P('QGemmToFloat', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r128_qgemm_to_float_result_build, location='specs/lowerings.glowdef:1030:1'),
+    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r129_histogram_to_scatter_build, location='specs/lowerings.glowdef:1036:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r130_dft_to_matmul_build, location='specs/lowerings.glowdef:1048:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r131_compress_to_gather_guard, build=_r131_compress_to_gather_build, location='specs/lowerings.glowdef:1058:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r132_compress_flat_to_gather_guard, build=_r132_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1062:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r133_stft_expand_build, location='specs/lowerings.glowdef:1067:1'),
+    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r134_quantize_conv_guard, build=_r134_quantize_conv_build, location='specs/lowerings.glowdef:1088:1'),
+    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r135_quantize_matmul_guard, build=_r135_quantize_matmul_build, location='specs/lowerings.glowdef:1098:1'),
+    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r136_bias_into_quantized_matmul_guard, build=_r136_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1107:1'),
+    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r137_qdq_pair_to_quantized_guard, build=_r137_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1119:1'),
+    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r138_conv_between_quantized_guard, build=_r138_conv_between_quantized_build, location='specs/lowerings.glowdef:1136:1'),
+    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r139_conv_relu_between_quantized_guard, build=_r139_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1142:1'),
+    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r140_matmul_between_quantized_guard, build=_r140_matmul_between_quantized_build, location='specs/lowerings.glowdef:1147:1'),
+    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r141_matmul_bias_between_quantized_guard, build=_r141_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1154:1'),
+    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r142_qlinear_conv_between_quantized_guard, build=_r142_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1167:1'),
+    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r143_qlinear_matmul_between_quantized_guard, build=_r143_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1177:1'),
+    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r144_conv_of_quantized_weights_between_quantized_guard, build=_r144_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1191:1'),
+    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r145_matmul_of_quantized_weights_between_quantized_guard, build=_r145_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1200:1'),
+    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r146_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r146_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1208:1'),
+    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r147_qgemm_between_quantized_guard, build=_r147_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1218:1'),
+    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r148_dequantize_linear_of_maxpool_guard, build=_r148_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1231:1'),
+    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r149_dequantize_linear_of_nearest_resize_guard, build=_r149_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1236:1'),
+    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r150_dequantize_linear_of_flatten_guard, build=_r150_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1242:1'),
+    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r151_dequantize_linear_of_reshape_guard, build=_r151_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1246:1'),
+    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r152_dequantize_linear_of_transpose_guard, build=_r152_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1250:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r153_quantize_dequantize_same_guard, build=_r153_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1255:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r154_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1258:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r155_rescale_same_guard, build=_r155_rescale_same_build, location='specs/lowerings.glowdef:1262:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r156_rescale_into_quantized_conv_guard, build=_r156_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1266:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r157_rescale_into_quantized_matmul_guard, build=_r157_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1270:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r158_relu_of_dequantized_build, location='specs/lowerings.glowdef:1276:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r159_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1279:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r160_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1282:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r161_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1285:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r162_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1288:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r163_rescale_through_max_guard, build=_r163_rescale_through_max_build, location='specs/lowerings.glowdef:1293:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r164_rescale_through_maxpool_guard, build=_r164_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1297:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r165_quantize_of_clip_within_range_guard, build=_r165_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1302:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r166_max_with_floor_remove_guard, build=_r166_max_with_floor_remove_build, location='specs/lowerings.glowdef:1308:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r167_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1322:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r168_quantized_grouped_conv_in_float_guard, build=_r168_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1327:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r169_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1330:1'),
 )
