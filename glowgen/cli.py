@@ -392,10 +392,11 @@ def cmd_ops(args) -> int:
     from .engine.registry import Registry
     reg = Registry.default()
     if args.onnx:
+        width = max(len(name) for name in reg.onnx)
         for onnx_op in sorted(reg.onnx):
             clauses = reg.onnx[onnx_op]
             parts = [f"{c.op} (opset {c.since or 1}{'..' + str(c.until) if c.until else '+'})" for c in clauses]
-            print(f"{onnx_op:22s} -> {', '.join(parts)}")
+            print(f"{onnx_op:{width}s} -> {', '.join(parts)}")
         return 0
     for name, cls in sorted(reg.ops.items()):
         kind = "primitive" if "primitive" in cls.TRAITS else "lowered"

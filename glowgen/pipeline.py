@@ -34,7 +34,10 @@ _CHECK = Phase("check", (Pass("check"),))
 
 # [quantize]: integer types from ONNX's QuantizeLinear/DequantizeLinear pairs (QDQ models)
 # and, in a compilation with a profile, from its calibrated values (glowgen/quantization).
-_QUANTIZE = Phase("quantize", (Rules("quantize"),) + _CANONICALIZE_STEPS[1:], fixpoint=True)
+# The rules run again once CSE has merged what rewriting each consumer duplicated, before
+# constant folding turns the dequantization of integer weights into floats.
+_QUANTIZE = Phase("quantize", (Rules("quantize"), Pass("dce"), Pass("cse"), Rules("quantize"), Pass("fold")),
+                  fixpoint=True)
 
 PIPELINE = (
     Phase("canonicalize", _CANONICALIZE_STEPS, fixpoint=True),

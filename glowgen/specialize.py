@@ -119,14 +119,17 @@ def check_ops(proto: onnx.ModelProto, registry) -> None:
     clause in the specs, no ONNX function body, another domain).  Opset ranges and
     attributes are checked when a variant is compiled."""
     from onnx import defs
+    from .frontend.onnx import onnx_op_name
     from .frontend.onnx_control import CONTROL_FLOW
     for node in proto.graph.node:
         desc = f"{node.op_type} node {node.name or (node.output[0] if node.output else '?')!r}"
+        if onnx_op_name(node) in registry.onnx:
+            continue
         if node.domain not in ("", "ai.onnx"):
-            raise UnsupportedError(f"{desc} is in domain {node.domain!r}; "
-                                   f"only the default ONNX domain is supported. Run `glowgen ops` "
-                                   f"to list supported ops.")
-        if node.op_type in registry.onnx or node.op_type in CONTROL_FLOW or node.op_type == "Constant":
+            raise UnsupportedError(f"{desc} is in domain {node.domain!r}, which glowgen does not "
+                                   f"know {node.op_type} of. Run `glowgen ops --onnx` to list "
+                                   f"supported ops.")
+        if node.op_type in CONTROL_FLOW or node.op_type == "Constant":
             continue
         if defs.has(node.op_type) and (defs.get_schema(node.op_type).has_function or
                                        defs.get_schema(node.op_type).has_context_dependent_function):

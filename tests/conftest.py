@@ -54,6 +54,17 @@ def make_model(nodes, inputs: dict, outputs, initializers: dict | None = None, o
     return model
 
 
+def make_ms_model(nodes, inputs: dict, outputs: dict, initializers: dict | None = None, opset=17):
+    """A model that may use onnxruntime's com.microsoft ops (nodes made with that domain);
+    `outputs` maps each output name to its (ONNX element type, shape): ONNX cannot infer them."""
+    inits = [numpy_helper.from_array(np.asarray(v), k) for k, v in (initializers or {}).items()]
+    graph = helper.make_graph(nodes, "test", [value_info(k, v) for k, v in inputs.items()],
+                              [helper.make_tensor_value_info(k, dt, shape) for k, (dt, shape) in outputs.items()],
+                              inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                   helper.make_opsetid("com.microsoft", 1)], ir_version=8)
+
+
 def run_ort(model, feeds):
     import onnxruntime as ort
     opts = ort.SessionOptions()

@@ -99,6 +99,21 @@ def test_onnx_mapping_checked_against_onnx_schema(tmp_path):
     assert "ONNX input 'Xx' does not exist" in str(err)
 
 
+def test_onnx_mapping_of_another_domain_checked_against_its_schema(tmp_path):
+    """A clause naming a com.microsoft op is checked against onnxruntime's schema of it."""
+    op = "\nop Bad4 {{\n  in x: Tensor[F, *S]\n  out y: Tensor[F, *S]\n  onnx {clause}\n}}\n"
+    for sub in "abcd":
+        (tmp_path / sub).mkdir()
+    err = _error_of(tmp_path / "a", "ops.glowdef", op.format(clause="com.microsoft.QLinearFrob"))
+    assert "onnxruntime has no operator QLinearFrob in domain com.microsoft" in str(err)
+    err = _error_of(tmp_path / "b", "ops.glowdef", op.format(clause="com.microsoft.QLinearSoftmax { Xx -> x }"))
+    assert "ONNX input 'Xx' does not exist (inputs: X, X_scale, x_zero_point" in str(err)
+    err = _error_of(tmp_path / "c", "ops.glowdef", op.format(clause="com.microsoft.QLinearSoftmax since 13"))
+    assert "a clause of domain com.microsoft takes neither" in str(err)
+    err = _error_of(tmp_path / "d", "ops.glowdef", op.format(clause="com.microsoft.QLinearSoftmax { X[0::2] -> x }"))
+    assert "a strided map (X[0::2]) picks values of a variadic ONNX input" in str(err)
+
+
 def test_kernel_for_unknown_function(tmp_path):
     err = _error_of(tmp_path, "cpu_kernels.glowdef", "\nkernel Relu(x) = frob(x)\n")
     assert str(err).startswith("specs/cpu_kernels.glowdef:")

@@ -24,7 +24,7 @@ from glowgen.engine.registry import Registry
 from glowgen.engine.rewrite import RewriteContext, apply_rules
 from glowgen.engine.textual import parse_function, print_function
 
-from conftest import make_model, run_ort
+from conftest import make_model, make_ms_model, run_ort
 
 GOLDEN = Path(__file__).parent / "golden"
 rng = np.random.default_rng(2024)
@@ -710,6 +710,174 @@ CASES.update({
     "unary_slice_sink": _onnx_chain([("Slice", ["s0", "s1"], None), ("Tanh", [], None)], f32(4, 6),
                                     {"s0": np.array([0, 1], np.int64), "s1": np.array([4, 6], np.int64)}),
 })
+
+# ---- QOperator models (onnxruntime's quantize_static): the com.microsoft ops and ONNX's
+# QLinearConv / QLinearMatMul, against onnxruntime within one quantization step.
+_qorng = np.random.default_rng(1414)
+_MS = "com.microsoft"
+
+
+def _ms_case(nodes, inputs, consts, shape, out_dtype=TensorProto.UINT8, atol=1):
+    """ONNX nodes (op, inputs, attrs, domain), chained into y of `shape`, against onnxruntime."""
+    made = [helper.make_node(op, list(ins), ["y" if i == len(nodes) - 1 else f"t{i}"], domain=domain, **attrs)
+            for i, (op, ins, attrs, domain) in enumerate(nodes)]
+    model = make_ms_model(made, inputs, {"y": (out_dtype, shape)}, consts)
+    return {"model": model, "feeds": inputs, "rtol": 0.0, "atol": atol}
+
+
+def _qu8(*shape):
+    return _qorng.integers(0, 256, size=shape).astype(np.uint8)
+
+
+def _qi8(*shape):
+    return _qorng.integers(-128, 128, size=shape).astype(np.int8)
+
+
+_QOP_PARAMS = {"s": np.float32(0.05), "z": np.uint8(120), "s2": np.float32(0.03), "z2": np.uint8(100),
+               "ys": np.float32(0.06), "yz": np.uint8(110)}
+_QOP_PARAMS_I8 = {"s": np.float32(0.05), "z": np.int8(-8), "ys": np.float32(0.02), "yz": np.int8(3)}
+
+# Their own generator: the cases below keep the data their golden files recorded.
+_QCONCAT_A, _QCONCAT_B = (np.random.default_rng(15).integers(-128, 128, shape).astype(np.int8)
+                          for shape in ((2, 3), (2, 2)))
+
+_QRESIZE_X = np.random.default_rng(16).integers(0, 256, (1, 2, 2, 3)).astype(np.uint8)
+
+_qgrng = np.random.default_rng(17)
+_QGEMM_X, _QGEMM_W = _qgrng.uniform(-3, 3, (2, 6)).astype(np.float32), _qgrng.integers(-127, 128, (4, 6)).astype(np.int8)
+_QGEMM_A = _qgrng.integers(0, 256, (2, 6)).astype(np.uint8)
+
+_QOPERATOR_CASES = {
+    "qlinear_add_to_float": _ms_case(
+        [("QLinearAdd", ["a", "s", "z", "b", "s2", "z2", "ys", "yz"], {}, _MS)],
+        {"a": _qu8(2, 3, 4), "b": _qu8(3, 1)}, _QOP_PARAMS, (2, 3, 4)),
+    "qlinear_mul_to_float": _ms_case(
+        [("QLinearMul", ["a", "s", "z", "b", "s2", "z2", "ys", "yz"], {}, _MS)],
+        {"a": _qu8(2, 5), "b": _qu8(2, 5)}, dict(_QOP_PARAMS, ys=np.float32(0.05)), (2, 5)),
+    "qlinear_sigmoid_to_float": _ms_case(
+        [("QLinearSigmoid", ["x", "s", "z", "ys", "yz"], {}, _MS)],
+        {"x": _qi8(2, 6)}, dict(_QOP_PARAMS_I8, ys=np.float32(1 / 256), yz=np.int8(-128)), (2, 6), out_dtype=TensorProto.INT8),
+    "qlinear_leaky_relu_to_float": _ms_case(
+        [("QLinearLeakyRelu", ["x", "s", "z", "ys", "yz"], {"alpha": 0.2}, _MS)],
+        {"x": _qi8(2, 6)}, _QOP_PARAMS_I8, (2, 6), out_dtype=TensorProto.INT8),
+    "qlinear_global_average_pool_to_float": _ms_case(
+        [("QLinearGlobalAveragePool", ["x", "s", "z", "ys", "yz"], {}, _MS)],
+        {"x": _qu8(1, 3, 4, 5)}, _QOP_PARAMS, (1, 3, 1, 1)),
+    "qlinear_average_pool_to_float": _ms_case(
+        [("QLinearAveragePool", ["x", "s", "z", "ys", "yz"],
+          {"kernel_shape": [2, 2], "strides": [2, 1], "pads": [1, 0, 1, 1]}, _MS)],
+        {"x": _qu8(1, 2, 5, 5)}, _QOP_PARAMS, (1, 2, 3, 5)),
+    # Weights [N, K] (transB) quantized per column of op(b), an i32 bias, alpha.
+    "qgemm_to_float": _ms_case(
+        [("QGemm", ["a", "s", "z", "w", "ws", "wz", "c", "ys", "yz"], {"transB": 1, "alpha": 0.5}, _MS)],
+        {"a": _qu8(2, 6)},
+        {"s": np.float32(0.05), "z": np.uint8(120), "w": _qi8(4, 6),
+         "ws": np.float32([0.01, 0.02, 0.005, 0.015]), "wz": np.zeros(4, np.int8),
+         "c": np.int32([300, -200, 0, 1000]), "ys": np.float32(0.08), "yz": np.uint8(128)}, (2, 4)),
+    "qgemm_to_float_result": _ms_case(
+        [("QGemm", ["a", "s", "z", "w", "ws", "wz", "c"], {"transB": 1}, _MS)],
+        {"a": _QGEMM_A}, {"s": np.float32(0.05), "z": np.uint8(120), "w": _QGEMM_W, "ws": np.float32(0.01),
+                          "wz": np.int8(0), "c": np.int32([300, -200, 0, 1000])}, (2, 4),
+        out_dtype=TensorProto.FLOAT, atol=1e-5),
+    # A QLinearConv over a value the model quantized (per-channel i8 weights, a bias).
+    "qlinear_conv_between_quantized": _ms_case(
+        [("QuantizeLinear", ["x", "s", "z"], {}, ""),
+         ("QLinearConv", ["t0", "s", "z", "w", "ws", "wz", "ys", "yz", "b"], {"pads": [1, 1, 1, 1]}, "")],
+        {"x": _qorng.uniform(-4, 4, (1, 2, 4, 4)).astype(np.float32)},
+        {"s": np.float32(0.05), "z": np.uint8(120), "w": _qi8(3, 2, 3, 3),
+         "ws": np.float32([0.004, 0.002, 0.003]), "wz": np.zeros(3, np.int8),
+         "ys": np.float32(0.3), "yz": np.uint8(100), "b": np.int32([-300, 0, 200])}, (1, 3, 4, 4)),
+    "qlinear_matmul_between_quantized": _ms_case(
+        [("QuantizeLinear", ["x", "s", "z"], {}, ""),
+         ("QLinearMatMul", ["t0", "s", "z", "w", "ws", "wz", "ys", "yz"], {}, "")],
+        {"x": _qorng.uniform(-1, 1, (2, 3, 5)).astype(np.float32)},
+        {"s": np.float32(0.01), "z": np.int8(3), "w": _qi8(5, 4), "ws": np.float32([0.01, 0.02, 0.005, 0.015]),
+         "wz": np.zeros(4, np.int8), "ys": np.float32(0.05), "yz": np.int8(-5)}, (2, 3, 4), out_dtype=TensorProto.INT8),
+    "dequantize_linear_of_maxpool": _ms_case(
+        [("MaxPool", ["x"], {"kernel_shape": [2, 2], "pads": [1, 1, 1, 1]}, ""),
+         ("DequantizeLinear", ["t0", "s", "z"], {}, "")],
+        {"x": _qu8(1, 2, 3, 3)}, {"s": np.float32(0.05), "z": np.uint8(120)}, (1, 2, 4, 4), out_dtype=TensorProto.FLOAT, atol=0),
+    "dequantize_linear_of_nearest_resize": _ms_case(
+        [("Resize", ["x", "", "scales"], {"mode": "nearest", "coordinate_transformation_mode": "asymmetric"}, ""),
+         ("DequantizeLinear", ["t0", "s", "z"], {}, "")],
+        {"x": _QRESIZE_X}, {"scales": np.float32([1, 1, 2, 2]), "s": np.float32(0.05), "z": np.uint8(120)},
+        (1, 2, 4, 6), out_dtype=TensorProto.FLOAT, atol=0),
+    "dequantize_linear_of_flatten": _ms_case(
+        [("Flatten", ["x"], {}, ""), ("DequantizeLinear", ["t0", "s", "z"], {}, "")],
+        {"x": _qi8(2, 3, 2)}, {"s": np.float32(0.05), "z": np.int8(-7)}, (2, 6), out_dtype=TensorProto.FLOAT, atol=0),
+    "dequantize_linear_of_reshape": _ms_case(
+        [("Reshape", ["x", "shape"], {}, ""), ("DequantizeLinear", ["t0", "s", "z"], {}, "")],
+        {"x": _qu8(2, 6)}, {"shape": np.int64([3, 4]), "s": np.float32(0.05), "z": np.uint8(120)},
+        (3, 4), out_dtype=TensorProto.FLOAT, atol=0),
+    "dequantize_linear_of_transpose": _ms_case(
+        [("Transpose", ["x"], {"perm": [1, 0]}, ""), ("DequantizeLinear", ["t0", "s", "z"], {}, "")],
+        {"x": _qu8(2, 3)}, {"s": np.float32(0.05), "z": np.uint8(120)}, (3, 2), out_dtype=TensorProto.FLOAT, atol=0),
+    "qlinear_concat_to_float": _ms_case(
+        [("QLinearConcat", ["ys", "yz", "a", "s", "z", "b", "s2", "z2"], {"axis": 1}, _MS)],
+        {"a": _qu8(2, 3), "b": _qu8(2, 2)}, _QOP_PARAMS, (2, 5)),
+    "dequantized_concat_peel": text_case(
+        "graph g {\n  input %a: i8[2, 3]\n  input %b: i8[2, 2]\n"
+        "  %y = DequantizedConcat([%a, %b]) {axis = 1, scales = [0.05, 0.02], zero_points = [3, -2]} : f32[2, 5]\n"
+        '  output "y" = %y\n}',
+        {"a": _QCONCAT_A, "b": _QCONCAT_B},
+        lambda f: {"y": np.concatenate([_dq(f["a"], 0.05, 3), _dq(f["b"], 0.02, -2)], axis=1)}),
+    "dequantized_concat_single": text_case(
+        "graph g {\n  input %a: i8[2, 3]\n"
+        "  %y = DequantizedConcat([%a]) {axis = 1, scales = [0.05], zero_points = [3]} : f32[2, 3]\n"
+        '  output "y" = %y\n}',
+        {"a": _QCONCAT_A}, lambda f: {"y": _dq(f["a"], 0.05, 3)}),
+    # The model's i8 weights (per filter) dequantized in the float form: kept as they are.
+    "conv_of_quantized_weights_between_quantized": dict(text_case(_qtext(
+        "  input %x: i8[1, 3, 2, 2] q(0.02, -4)\n"
+        f"  const %w: i8[2, 3, 1, 1] = {_dense(_QCW)}\n  const %ws: f32[2] = {_dense(_QCWS)}\n"
+        "  const %b: f32[2] = dense<[0.5, -0.25]>\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = -4} : f32[1, 3, 2, 2]\n"
+        '  %wd = DequantizeLinear(%w, %ws) {axis = 0, block_size = 0, dtype = "f32"} : f32[2, 3, 1, 1]\n'
+        "  %c = Conv(%d, %wd, %b) : f32[1, 2, 2, 2]\n"
+        "  %y = Quantize(%c) {scale = 0.05, offset = 2} : i8[1, 2, 2, 2] q(0.05, 2)\n"),
+        {"x": _QCX}, lambda f: {"y": _q8(_qconv_float(f["x"]) + (np.float32([0.5, -0.25]) - _QCB.astype(np.float32)
+                                         * _QCWS * np.float32(0.02))[None, :, None, None], 0.05, 2)}), rtol=0.0, atol=1),
+    "matmul_of_quantized_weights_between_quantized": dict(text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        f"  const %w: i8[3, 4] = {_dense(_QW)}\n  const %ws: f32[4] = {_dense(_QWS)}\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        '  %wd = DequantizeLinear(%w, %ws) {axis = 1, block_size = 0, dtype = "f32"} : f32[3, 4]\n'
+        "  %m = MatMul(%d, %wd) : f32[2, 4]\n"
+        "  %y = Quantize(%m) {scale = 0.05, offset = -3} : i8[2, 4] q(0.05, -3)\n"),
+        {"x": _QX}, lambda f: {"y": _q8(_dq(f["x"], 0.02, 5) @ (_QW.astype(np.float32) * _QWS), 0.05, -3)}),
+        rtol=0.0, atol=1),
+    "matmul_bias_of_quantized_weights_between_quantized": dict(text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        f"  const %w: i8[3, 4] = {_dense(_QW)}\n  const %ws: f32[] = dense<[0.015]>\n"
+        "  const %c: f32[4] = dense<[0.5, -0.25, 1.0, 0.0]>\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        '  %wd = DequantizeLinear(%w, %ws) {axis = 1, block_size = 0, dtype = "f32"} : f32[3, 4]\n'
+        "  %m = MatMul(%d, %wd) : f32[2, 4]\n  %a = Add(%m, %c) : f32[2, 4]\n"
+        "  %y = Quantize(%a) {scale = 0.05, offset = -3} : i8[2, 4] q(0.05, -3)\n"),
+        {"x": _QX}, lambda f: {"y": _q8(_dq(f["x"], 0.02, 5) @ (_QW.astype(np.float32) * np.float32(0.015))
+                                        + np.float32([0.5, -0.25, 1.0, 0.0]), 0.05, -3)}),
+        rtol=0.0, atol=1),
+    # A QGemm over a value the model quantized (transB: the weights transposed at compile time).
+    "qgemm_between_quantized": _ms_case(
+        [("QuantizeLinear", ["x", "s", "z"], {}, ""),
+         ("QGemm", ["t0", "s", "z", "w", "ws", "wz", "c", "ys", "yz"], {"transB": 1}, _MS)],
+        {"x": _QGEMM_X},
+        {"s": np.float32(0.05), "z": np.uint8(120), "w": _QGEMM_W,
+         "ws": np.float32([0.01, 0.02, 0.005, 0.015]), "wz": np.zeros(4, np.int8),
+         "c": np.int32([300, -200, 0, 1000]), "ys": np.float32(0.08), "yz": np.uint8(128)}, (2, 4)),
+    # A Gemm's bias after the integer product's float form, before its quantization.
+    "matmul_bias_between_quantized": dict(text_case(_qtext(
+        "  input %x: i8[2, 3] q(0.02, 5)\n"
+        f"  const %w: f32[3, 4] = {_dense(_QW.astype(np.float32) * _QWS)}\n"
+        "  const %c: f32[4] = dense<[0.5, -0.25, 1.0, 0.0]>\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        "  %m = MatMul(%d, %w) : f32[2, 4]\n  %a = Add(%m, %c) : f32[2, 4]\n"
+        "  %y = Quantize(%a) {scale = 0.05, offset = -3} : i8[2, 4] q(0.05, -3)\n"),
+        {"x": _QX}, lambda f: {"y": _q8(_dq(f["x"], 0.02, 5) @ (_QW.astype(np.float32) * _QWS)
+                                        + np.float32([0.5, -0.25, 1.0, 0.0]), 0.05, -3)}),
+        rtol=0.0, atol=1),
+}
+CASES.update(_QOPERATOR_CASES)
 
 HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"
           "# Regenerate for review with: pytest tests/test_golden.py --regen-golden\n")

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import assert_close, make_model, run_glowgen, run_ort, run_reference
+from conftest import assert_close, make_model, make_ms_model, run_glowgen, run_ort, run_reference
 
 rng = np.random.default_rng(1234)
 
@@ -35,17 +35,24 @@ def boolean(*shape):
 
 class Case:
     def __init__(self, name, op, inputs, attrs=None, consts=None, opset=17, outputs=("y",),
-                 oracle="ort", rtol=1e-5, atol=1e-6, input_order=None, steps=0):
+                 oracle="ort", rtol=1e-5, atol=1e-6, input_order=None, steps=0, out_type=None):
         self.name, self.op, self.inputs, self.attrs = name, op, inputs, attrs or {}
         self.consts, self.opset, self.outputs = consts or {}, opset, outputs
         self.oracle, self.rtol, self.atol = oracle, rtol, atol
         self.input_order = input_order
         # Quantization steps an integer output may differ by (see the QLinearConv case).
         self.steps = steps
+        # An op of another domain (op "com.microsoft.QLinearAdd"): the result's (ONNX element
+        # type, shape), which ONNX cannot infer.
+        self.out_type = out_type
 
     def model(self):
         names = self.input_order or list(self.inputs) + list(self.consts)
-        node = helper.make_node(self.op, names, list(self.outputs), **self.attrs)
+        domain, _, op_type = self.op.rpartition(".")
+        node = helper.make_node(op_type, names, list(self.outputs), domain=domain or None, **self.attrs)
+        if domain:
+            return make_ms_model([node], self.inputs, {o: self.out_type for o in self.outputs}, self.consts,
+                                 opset=self.opset)
         return make_model([node], self.inputs, list(self.outputs), self.consts, opset=self.opset)
 
 
@@ -480,6 +487,49 @@ CASES = [
          consts={"step": np.array(4, np.int64), "n": np.array(5, np.int64)},
          attrs={"onesided": 0}, input_order=["s", "step", "", "n"], opset=17, oracle="reference",
          rtol=1e-4, atol=1e-4),
+    # ---- onnxruntime's quantized ops (com.microsoft, QOperator models): float ops between
+    # (de)quantizations, one quantization step from onnxruntime's own kernels.
+    Case("QLinearAdd", "com.microsoft.QLinearAdd",
+         {"a": i64(2, 3, 4, lo=0, hi=255).astype(np.uint8), "b": i64(4, lo=0, hi=255).astype(np.uint8)},
+         consts={"as": np.float32(0.05), "az": np.uint8(120), "bs": np.float32(0.02), "bz": np.uint8(130),
+                 "ys": np.float32(0.06), "yz": np.uint8(128)},
+         input_order=["a", "as", "az", "b", "bs", "bz", "ys", "yz"], steps=1, out_type=(TensorProto.UINT8, (2, 3, 4))),
+    Case("QLinearMul_int8", "com.microsoft.QLinearMul",
+         {"a": i64(3, 4, lo=-128, hi=127).astype(np.int8), "b": i64(3, 1, lo=-128, hi=127).astype(np.int8)},
+         consts={"as": np.float32(0.05), "az": np.int8(-3), "bs": np.float32(0.02), "bz": np.int8(4),
+                 "ys": np.float32(0.1), "yz": np.int8(-5)},
+         input_order=["a", "as", "az", "b", "bs", "bz", "ys", "yz"], steps=1, out_type=(TensorProto.INT8, (3, 4))),
+    Case("QLinearSigmoid", "com.microsoft.QLinearSigmoid", {"x": i64(2, 5, lo=0, hi=255).astype(np.uint8)},
+         consts={"xs": np.float32(0.05), "xz": np.uint8(128), "ys": np.float32(1 / 256), "yz": np.uint8(0)},
+         input_order=["x", "xs", "xz", "ys", "yz"], steps=1, out_type=(TensorProto.UINT8, (2, 5))),
+    Case("QLinearLeakyRelu_int8", "com.microsoft.QLinearLeakyRelu", {"x": i64(2, 5, lo=-128, hi=127).astype(np.int8)},
+         consts={"xs": np.float32(0.05), "xz": np.int8(3), "ys": np.float32(0.04), "yz": np.int8(-20)},
+         attrs={"alpha": 0.3}, input_order=["x", "xs", "xz", "ys", "yz"], steps=1,
+         out_type=(TensorProto.INT8, (2, 5))),
+    Case("QLinearGlobalAveragePool", "com.microsoft.QLinearGlobalAveragePool",
+         {"x": i64(1, 3, 4, 4, lo=0, hi=255).astype(np.uint8)},
+         consts={"xs": np.float32(0.05), "xz": np.uint8(128), "ys": np.float32(0.02), "yz": np.uint8(120)},
+         input_order=["x", "xs", "xz", "ys", "yz"], steps=1, out_type=(TensorProto.UINT8, (1, 3, 1, 1))),
+    Case("QLinearAveragePool", "com.microsoft.QLinearAveragePool", {"x": i64(1, 2, 5, 5, lo=0, hi=255).astype(np.uint8)},
+         consts={"xs": np.float32(0.05), "xz": np.uint8(128), "ys": np.float32(0.04), "yz": np.uint8(120)},
+         attrs={"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+         input_order=["x", "xs", "xz", "ys", "yz"], steps=1, out_type=(TensorProto.UINT8, (1, 2, 3, 3))),
+    Case("QLinearConcat", "com.microsoft.QLinearConcat",
+         {"a": i64(2, 3, lo=0, hi=255).astype(np.uint8), "b": i64(2, 2, lo=0, hi=255).astype(np.uint8)},
+         consts={"ys": np.float32(0.05), "yz": np.uint8(128), "as": np.float32(0.04), "az": np.uint8(100),
+                 "bs": np.float32(0.07), "bz": np.uint8(140)},
+         attrs={"axis": 1}, input_order=["ys", "yz", "a", "as", "az", "b", "bs", "bz"], steps=1,
+         out_type=(TensorProto.UINT8, (2, 5))),
+    Case("QGemm", "com.microsoft.QGemm", {"a": i64(3, 4, lo=0, hi=255).astype(np.uint8)},
+         consts={"as": np.float32(0.05), "az": np.uint8(120), "b": i64(5, 4, lo=-127, hi=127).astype(np.int8),
+                 "bs": pos(5) * np.float32(0.01), "bz": np.zeros(5, np.int8),
+                 "c": i64(5, lo=-500, hi=500).astype(np.int32), "ys": np.float32(0.1), "yz": np.uint8(128)},
+         attrs={"transB": 1}, input_order=["a", "as", "az", "b", "bs", "bz", "c", "ys", "yz"], steps=1,
+         out_type=(TensorProto.UINT8, (3, 5))),
+    Case("QGemm_float_result", "com.microsoft.QGemm", {"a": i64(3, 4, lo=0, hi=255).astype(np.uint8)},
+         consts={"as": np.float32(0.05), "az": np.uint8(120), "b": i64(4, 5, lo=-127, hi=127).astype(np.int8),
+                 "bs": np.float32(0.01), "bz": np.int8(0)},
+         attrs={"alpha": 2.0}, input_order=["a", "as", "az", "b", "bs", "bz"], out_type=(TensorProto.FLOAT, (3, 5))),
 ]
 
 

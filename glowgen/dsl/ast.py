@@ -197,7 +197,7 @@ class OnnxClause:
     onnx_op: str
     since: Optional[int]
     until: Optional[int]
-    maps: tuple                     # (onnx_name, target, Pos)
+    maps: tuple                     # (onnx_name, target, Pos, (start, step) or None)
     sets: tuple                     # (attr_name, Expr, Pos)
     ignore: tuple                   # names
     checks: tuple                   # Check

@@ -5,6 +5,7 @@ generation time, so a typo in a mapping is a spec error, not a silent mismatch.
 """
 from __future__ import annotations
 
+import attrs
 import onnx
 from onnx import defs, helper
 
@@ -13,17 +14,57 @@ from .pyexpr import Scope, names_in, spec_error, to_py
 from .specs import SpecSet
 
 
-def _schema(clause: A.OnnxClause):
+_KINDS = {"Single": "single", "Optional": "optional", "Variadic": "variadic"}
+
+
+@attrs.frozen
+class _Signature:
+    """What a clause may name of an ONNX op: its inputs in order with their kind
+    ("single", "optional", "variadic") and its attributes with their defaults."""
+    inputs: tuple
+    attributes: dict
+
+
+def _signature(clause: A.OnnxClause) -> _Signature:
+    domain, _, name = clause.onnx_op.rpartition(".")
+    if domain:
+        return _contrib_signature(clause, domain, name)
     version = clause.until if clause.until is not None else (defs.onnx_opset_version())
     try:
-        return defs.get_schema(clause.onnx_op, version, "")
+        schema = defs.get_schema(clause.onnx_op, version, "")
     except Exception:
         raise spec_error(f"onnx {clause.onnx_op}: ONNX has no operator of that name at opset "
                          f"{version}", clause.pos) from None
+    return _Signature(tuple((i.name, _KINDS[i.option.name]) for i in schema.inputs),
+                      {n: _attr_default(a.default_value) for n, a in schema.attributes.items()})
 
 
-def _attr_default(attr_schema):
-    v = attr_schema.default_value
+def _contrib_signature(clause: A.OnnxClause, domain: str, name: str) -> _Signature:
+    """The schema of an op of another domain (onnxruntime's com.microsoft contrib ops): ONNX
+    does not know them, onnxruntime registers them (needed to regenerate, not to run)."""
+    if clause.since is not None or clause.until is not None:
+        raise spec_error(f"onnx {clause.onnx_op}: since/until count opsets of the default "
+                         f"domain; a clause of domain {domain} takes neither", clause.pos)
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+    except ImportError:
+        raise spec_error(f"onnx {clause.onnx_op}: the schemas of domain {domain} come from "
+                         f"onnxruntime; install it (pip install -e '.[test]') to regenerate",
+                         clause.pos) from None
+    found = [s for s in ort_state.get_all_operator_schema() if s.domain == domain and s.name == name]
+    if not found:
+        raise spec_error(f"onnx {clause.onnx_op}: onnxruntime has no operator {name} in domain "
+                         f"{domain}", clause.pos)
+    schema = max(found, key=lambda s: s.since_version)
+    defaults = {}
+    for attr_name, a in schema.attributes.items():
+        proto = onnx.AttributeProto()
+        proto.ParseFromString(a._default_value)
+        defaults[attr_name] = _attr_default(proto)
+    return _Signature(tuple((i.name, _KINDS[i.option.name]) for i in schema.inputs), defaults)
+
+
+def _attr_default(v):
     if v is None or v.type == 0:
         return None
     value = helper.get_attribute_value(v)
@@ -56,21 +97,30 @@ def emit_onnx(specs: SpecSet) -> str:
 
 
 def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str) -> list[str]:
-    schema = _schema(clause)
-    onnx_inputs = [(i.name, i.option) for i in schema.inputs]
+    signature = _signature(clause)
+    onnx_inputs = signature.inputs
     onnx_input_names = [n for n, _ in onnx_inputs]
-    onnx_attrs = {name: _attr_default(a) for name, a in schema.attributes.items()}
+    onnx_attrs = signature.attributes
     operand_names = [o.name for o in op.inputs]
     attr_names = {a.name: a for a in op.attrs}
 
     # ---- inputs: explicit maps, else positional
     operand_map: dict[str, int] = {}        # onnx input -> our operand index
+    strided: list = []                       # (onnx input, our operand index, start, step)
     attr_inputs: dict[str, str] = {}         # onnx input -> our attribute (must be constant)
-    for onnx_name, target, pos in clause.maps:
+    kinds = dict(onnx_inputs)
+    for onnx_name, target, pos, every in clause.maps:
         if onnx_name not in onnx_input_names:
             raise spec_error(f"onnx {clause.onnx_op}: ONNX input {onnx_name!r} does not exist "
                              f"(inputs: {', '.join(onnx_input_names) or 'none'})", pos)
-        if target in operand_names:
+        if every is not None:
+            index = operand_names.index(target) if target in operand_names else None
+            if kinds[onnx_name] != "variadic" or index is None or not op.inputs[index].variadic or every[1] < 1:
+                raise spec_error(f"onnx {clause.onnx_op}: a strided map ({onnx_name}[{every[0]}::{every[1]}]) "
+                                 f"picks values of a variadic ONNX input onto a variadic operand, with a "
+                                 f"step of at least 1", pos)
+            strided.append((onnx_name, index) + every)
+        elif target in operand_names:
             operand_map[onnx_name] = operand_names.index(target)
         elif target in attr_names:
             attr_inputs[onnx_name] = target
@@ -92,13 +142,15 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
         for i, n in enumerate(free):
             if i < len(operand_names):
                 operand_map[n] = i
+    strided_names = {n for n, *_ in strided}
     for n in onnx_input_names:
-        if n not in operand_map and n not in attr_inputs and n not in referenced and n not in clause.ignore:
+        if (n not in operand_map and n not in strided_names and n not in attr_inputs and n not in referenced
+                and n not in clause.ignore):
             raise spec_error(f"onnx {clause.onnx_op}: ONNX input {n!r} is not mapped to an operand "
                              f"or attribute of op {op.name} (map it with '{n} -> name', use it in "
                              f"an expression, or 'ignore {n}')", clause.pos)
     for idx, o in enumerate(op.inputs):
-        if idx not in operand_map.values() and not o.optional:
+        if idx not in operand_map.values() and idx not in {i for _, i, *_ in strided} and not o.optional:
             raise spec_error(f"onnx {clause.onnx_op}: operand {o.name!r} of op {op.name} gets no "
                              f"ONNX input", clause.pos)
 
@@ -161,15 +213,10 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
     lines.append(
         f"{fn_name}_clause = OnnxClause(onnx_op={clause.onnx_op!r}, op={op.name!r}, "
         f"since={clause.since!r}, until={clause.until!r}, "
-        f"inputs={tuple((n, opt) for n, opt in _options(onnx_inputs))!r}, "
+        f"inputs={tuple(onnx_inputs)!r}, "
         f"operands={tuple(sorted(operand_map.items(), key=lambda kv: onnx_input_names.index(kv[0])))!r}, "
+        + (f"strided={tuple(strided)!r}, " if strided else "") +
         f"attributes={fn_name}, consumed={tuple(sorted(consumed))!r}, "
         f"location={str(clause.pos)!r}, guard={guard})")
     return lines
 
-
-def _options(onnx_inputs):
-    kinds = {defs.OpSchema.FormalParameterOption.Single: "single",
-             defs.OpSchema.FormalParameterOption.Optional: "optional",
-             defs.OpSchema.FormalParameterOption.Variadic: "variadic"}
-    return [(n, kinds[opt]) for n, opt in onnx_inputs]

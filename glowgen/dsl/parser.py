@@ -207,7 +207,10 @@ class _ToAst(Transformer):
 
     @v_args(meta=True)
     def onnx_map(self, meta, c):
-        return ("map", (str(c[0]), str(c[1]), self._pos(meta)))
+        return ("map", (str(c[0]), str(c[2]), self._pos(meta), c[1]))
+
+    def onnx_every(self, c):
+        return (int(c[0]), int(c[1]))
 
     @v_args(meta=True)
     def onnx_set(self, meta, c):
@@ -215,6 +218,9 @@ class _ToAst(Transformer):
 
     def onnx_ignore(self, c):
         return ("ignore", tuple(str(x) for x in c))
+
+    def onnx_name(self, c):
+        return ".".join(str(x) for x in c)
 
     def onnx_guard(self, c):
         return c[0]

@@ -18,6 +18,9 @@ class OnnxClause:
     consumed: tuple               # ONNX attribute names this clause understands
     location: str
     guard: Optional[Callable] = None   # (OnnxNodeView) -> bool: does this clause take the node?
+    # (onnx variadic input, our operand index, start, step): every step-th of its values from
+    # start (onnxruntime's QLinearConcat interleaves tensors, scales and zero points).
+    strided: tuple = ()
 
     def applies(self, opset: int) -> bool:
         return (self.since is None or opset >= self.since) and (self.until is None or opset <= self.until)

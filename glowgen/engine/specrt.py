@@ -443,6 +443,18 @@ def b_is_const(value) -> bool:
     return isinstance(value, Constant)
 
 
+def b_is_computed(value) -> bool:
+    """`value` is the result of a node: neither a model input nor a Constant."""
+    return getattr(value, "producer", None) is not None
+
+
+def b_transposed_data(value):
+    """The data of a 2-D Constant, transposed (for a constant of the transposed shape)."""
+    if not b_is_const(value) or value.data.ndim != 2:
+        raise ShapeError(f"%{value.name} is not a 2-D constant")
+    return value.data.T
+
+
 def b_is_splat(value, element=None) -> bool:
     """`value` is a non-empty Constant whose elements are all equal (to `element` if given)."""
     import numpy as np

@@ -96,6 +96,17 @@ class OnnxInput:
                 self._names[0] if self._names else None)
         return data
 
+    def every(self, start: int, step: int) -> "OnnxInput":
+        """Every step-th value of a variadic input from `start`, as an input of its own."""
+        return OnnxInput(self._importer, self._desc, f"{self._formal}[{start}::{step}]",
+                         self._values[start::step], self._names[start::step])
+
+    @property
+    def values(self) -> list:
+        """The compile-time value of each value of a variadic input."""
+        return [OnnxInput(self._importer, self._desc, f"{self._formal}[{i}]", [v], self._names[i:i + 1]).value
+                for i, v in enumerate(self._values)]
+
 
 class OnnxNodeView:
     """What generated clause functions read: attributes (with ONNX defaults), inputs, opset."""
@@ -316,10 +327,11 @@ class _Importer:
         if node.op_type in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
             CONTROL_FLOW[node.op_type](self, node, desc, opset)
             return
-        if node.domain not in ("", "ai.onnx"):
-            raise UnsupportedError(f"{desc} is in domain {node.domain!r}; only the default ONNX "
-                                   f"domain is supported. Run `glowgen ops` to list supported ops.")
-        clauses = self.registry.onnx.get(node.op_type)
+        clauses = self.registry.onnx.get(onnx_op_name(node))
+        if not clauses and node.domain not in ("", "ai.onnx"):
+            raise UnsupportedError(f"{desc} is in domain {node.domain!r}, which glowgen does not "
+                                   f"know {node.op_type} of. Run `glowgen ops --onnx` to list "
+                                   f"supported ops (other domains' ops are named with their domain).")
         if not clauses:
             if self._expand_function(node, desc, opset):
                 return
@@ -485,8 +497,9 @@ class _Importer:
         try:
             attrs_ = clause.attributes(view)
             operands = [None] * len(cls.INPUTS)
-            for formal, index in clause.operands:
-                vals = inputs[formal]._values
+            picks = [(formal, index, 0, 1) for formal, index in clause.operands] + list(clause.strided)
+            for formal, index, start, step in picks:
+                vals = inputs[formal]._values[start::step]
                 if cls.INPUTS[index].variadic:
                     operands[index] = tuple(vals)
                 elif vals:
@@ -562,6 +575,14 @@ def _instantiate(inner: onnx.NodeProto, absent: set, attrs_: dict, prefix: str) 
         else:
             out.attribute.append(a)
     return out
+
+
+def onnx_op_name(node: onnx.NodeProto) -> str:
+    """The name the specs' `onnx` clauses give the op of `node`: its op type, qualified with
+    its domain outside the default one (com.microsoft.QLinearAdd)."""
+    if node.domain in ("", "ai.onnx"):
+        return node.op_type
+    return f"{node.domain}.{node.op_type}"
 
 
 def _with_article(noun: str) -> str:

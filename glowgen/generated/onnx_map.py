@@ -2087,8 +2087,136 @@ def _QLinearConv_0(o):
 _QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1470:3', guard=None)
 
 
+def _QLinearAdd_0(o):
+    """ONNX com.microsoft.QLinearAdd -> QLinearAdd (specs/ops.glowdef:1511:3)."""
+    attrs = {}
+    return attrs
+
+_QLinearAdd_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAdd', op='QLinearAdd', since=None, until=None, inputs=(('A', 'single'), ('A_scale', 'single'), ('A_zero_point', 'optional'), ('B', 'single'), ('B_scale', 'single'), ('B_zero_point', 'optional'), ('C_scale', 'single'), ('C_zero_point', 'optional')), operands=(('A', 0), ('A_scale', 1), ('A_zero_point', 5), ('B', 2), ('B_scale', 3), ('B_zero_point', 6), ('C_scale', 4), ('C_zero_point', 7)), attributes=_QLinearAdd_0, consumed=(), location='specs/ops.glowdef:1511:3', guard=None)
+
+
+def _QLinearMul_0(o):
+    """ONNX com.microsoft.QLinearMul -> QLinearMul (specs/ops.glowdef:1518:3)."""
+    attrs = {}
+    return attrs
+
+_QLinearMul_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearMul', op='QLinearMul', since=None, until=None, inputs=(('A', 'single'), ('A_scale', 'single'), ('A_zero_point', 'optional'), ('B', 'single'), ('B_scale', 'single'), ('B_zero_point', 'optional'), ('C_scale', 'single'), ('C_zero_point', 'optional')), operands=(('A', 0), ('A_scale', 1), ('A_zero_point', 5), ('B', 2), ('B_scale', 3), ('B_zero_point', 6), ('C_scale', 4), ('C_zero_point', 7)), attributes=_QLinearMul_0, consumed=(), location='specs/ops.glowdef:1518:3', guard=None)
+
+
+def _QLinearSigmoid_0(o):
+    """ONNX com.microsoft.QLinearSigmoid -> QLinearSigmoid (specs/ops.glowdef:1525:3)."""
+    attrs = {}
+    return attrs
+
+_QLinearSigmoid_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearSigmoid', op='QLinearSigmoid', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearSigmoid_0, consumed=(), location='specs/ops.glowdef:1525:3', guard=None)
+
+
+def _QLinearLeakyRelu_0(o):
+    """ONNX com.microsoft.QLinearLeakyRelu -> QLinearLeakyRelu (specs/ops.glowdef:1532:3)."""
+    attrs = {}
+    if o.has_attr('alpha'):
+        attrs['alpha'] = o.attr('alpha')
+    else:
+        attrs['alpha'] = 0.009999999776482582
+    return attrs
+
+_QLinearLeakyRelu_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearLeakyRelu', op='QLinearLeakyRelu', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearLeakyRelu_0, consumed=('alpha',), location='specs/ops.glowdef:1532:3', guard=None)
+
+
+def _QLinearGlobalAveragePool_0(o):
+    """ONNX com.microsoft.QLinearGlobalAveragePool -> QLinearGlobalAveragePool (specs/ops.glowdef:1545:3)."""
+    attrs = {}
+    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1547:5')
+    return attrs
+
+_QLinearGlobalAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearGlobalAveragePool', op='QLinearGlobalAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearGlobalAveragePool_0, consumed=('channels_last',), location='specs/ops.glowdef:1545:3', guard=None)
+
+
+def _QLinearAveragePool_0(o):
+    """ONNX com.microsoft.QLinearAveragePool -> QLinearAveragePool (specs/ops.glowdef:1565:3)."""
+    attrs = {}
+    if o.has_attr('ceil_mode'):
+        attrs['ceil_mode'] = o.attr('ceil_mode')
+    else:
+        attrs['ceil_mode'] = 0
+    if o.has_attr('strides'):
+        attrs['strides'] = o.attr('strides')
+    if o.has_attr('count_include_pad'):
+        attrs['count_include_pad'] = o.attr('count_include_pad')
+    else:
+        attrs['count_include_pad'] = 0
+    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1567:5')
+    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (NCHW operands) is supported', 'specs/ops.glowdef:1568:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1569:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1570:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    return attrs
+
+_QLinearAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAveragePool', op='QLinearAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearAveragePool_0, consumed=('auto_pad', 'ceil_mode', 'channels_last', 'count_include_pad', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1565:3', guard=None)
+
+
+def _QLinearConcat_0(o):
+    """ONNX com.microsoft.QLinearConcat -> QLinearConcat (specs/ops.glowdef:1585:3)."""
+    attrs = {}
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1587:5', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1588:5', lambda: sl.quant.items_every(o.input('inputs'), 1, 3))
+    attrs['zero_points'] = o.evaluating('zero_points', 'specs/ops.glowdef:1589:5', lambda: sl.quant.items_every(o.input('inputs'), 2, 3))
+    attrs['y_scale'] = o.evaluating('y_scale', 'specs/ops.glowdef:1590:5', lambda: rt.b_item(o.input('Y_scale').value))
+    attrs['y_zero_point'] = o.evaluating('y_zero_point', 'specs/ops.glowdef:1591:5', lambda: rt.b_item(o.input('Y_zero_point').value))
+    return attrs
+
+_QLinearConcat_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearConcat', op='QLinearConcat', since=None, until=None, inputs=(('Y_scale', 'single'), ('Y_zero_point', 'single'), ('inputs', 'variadic')), operands=(), strided=(('inputs', 0, 0, 3),), attributes=_QLinearConcat_0, consumed=('axis',), location='specs/ops.glowdef:1585:3', guard=None)
+
+
+def _QGemm_0(o):
+    """ONNX com.microsoft.QGemm -> QGemm (specs/ops.glowdef:1620:3)."""
+    attrs = {}
+    if o.has_attr('transB'):
+        attrs['transB'] = o.attr('transB')
+    else:
+        attrs['transB'] = 0
+    if o.has_attr('alpha'):
+        attrs['alpha'] = o.attr('alpha')
+    else:
+        attrs['alpha'] = 1.0
+    if o.has_attr('transA'):
+        attrs['transA'] = o.attr('transA')
+    else:
+        attrs['transA'] = 0
+    o.check(o.input('y_zero_point').present, 'a QGemm with y_scale but no y_zero_point is not supported; give it a zero point', 'specs/ops.glowdef:1623:5')
+    return attrs
+
+def _QGemm_0_guard(o):
+    return bool(o.input('y_scale').present)
+
+_QGemm_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemm', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 8), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QGemm_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1620:3', guard=_QGemm_0_guard)
+
+
+def _QGemmToFloat_0(o):
+    """ONNX com.microsoft.QGemm -> QGemmToFloat (specs/ops.glowdef:1640:3)."""
+    attrs = {}
+    if o.has_attr('transB'):
+        attrs['transB'] = o.attr('transB')
+    else:
+        attrs['transB'] = 0
+    if o.has_attr('alpha'):
+        attrs['alpha'] = o.attr('alpha')
+    else:
+        attrs['alpha'] = 1.0
+    if o.has_attr('transA'):
+        attrs['transA'] = o.attr('transA')
+    else:
+        attrs['transA'] = 0
+    o.check((not o.input('y_zero_point').present), 'a QGemm with y_zero_point but no y_scale is not supported; give it a scale', 'specs/ops.glowdef:1643:5')
+    return attrs
+
+def _QGemmToFloat_0_guard(o):
+    return bool((not o.input('y_scale').present))
+
+_QGemmToFloat_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemmToFloat', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 6)), attributes=_QGemmToFloat_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1640:3', guard=_QGemmToFloat_0_guard)
+
+
 def _DFT_0(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1560:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1725:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2099,15 +2227,15 @@ def _DFT_0(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1563:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1564:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1728:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1729:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1560:3', guard=None)
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1725:3', guard=None)
 
 
 def _DFT_1(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1566:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1731:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2118,36 +2246,36 @@ def _DFT_1(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1569:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1570:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1734:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1735:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1566:3', guard=None)
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1731:3', guard=None)
 
 
 def _Compress_0(o):
-    """ONNX Compress -> Compress (specs/ops.glowdef:1583:3)."""
+    """ONNX Compress -> Compress (specs/ops.glowdef:1748:3)."""
     attrs = {}
-    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1585:5', lambda: sl.shapes.true_positions(o.input('condition').value))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1586:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
-    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1587:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1750:5', lambda: sl.shapes.true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1751:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1752:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
     return attrs
 
-_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1583:3', guard=None)
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1748:3', guard=None)
 
 
 def _STFT_0(o):
-    """ONNX STFT -> STFT (specs/ops.glowdef:1601:3)."""
+    """ONNX STFT -> STFT (specs/ops.glowdef:1766:3)."""
     attrs = {}
     if o.has_attr('onesided'):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 1
-    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1603:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
-    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1604:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1768:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1769:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
     return attrs
 
-_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1601:3', guard=None)
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1766:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,
@@ -2319,6 +2447,15 @@ CLAUSES = (
     _MatMulInteger_0_clause,
     _ConvInteger_0_clause,
     _QLinearConv_0_clause,
+    _QLinearAdd_0_clause,
+    _QLinearMul_0_clause,
+    _QLinearSigmoid_0_clause,
+    _QLinearLeakyRelu_0_clause,
+    _QLinearGlobalAveragePool_0_clause,
+    _QLinearAveragePool_0_clause,
+    _QLinearConcat_0_clause,
+    _QGemm_0_clause,
+    _QGemmToFloat_0_clause,
     _DFT_0_clause,
     _DFT_1_clause,
     _Compress_0_clause,

@@ -7777,6 +7777,920 @@ class QLinearConv(Node):
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearAdd(Node):
+    """com.microsoft QLinearAdd: a + b of the dequantized operands (broadcasting), quantized with y_scale and y_zero_point.
+    
+    Operands:
+        a: Tensor[Q8, *A]
+        a_scale: Tensor[f32, *AS]
+        b: Tensor[Q8, *B]
+        b_scale: Tensor[f32, *BS]
+        y_scale: Tensor[f32, *YS]
+        a_zero_point: Tensor[Q8, *AZ]?
+        b_zero_point: Tensor[Q8, *BZ]?
+        y_zero_point: Tensor[Q8, *YZ]?
+    Results:
+        y: Tensor[Q8, *broadcast(A, B)]
+    Declared at specs/ops.glowdef:1510:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearAdd'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('a_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('b_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('a_zero_point', optional=True, variadic=False), OperandInfo('b_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1510:1'
+
+
+    @property
+    def a(self):
+        """Operand a: Tensor[Q8, *A]"""
+        return self.inputs[0]
+
+    @property
+    def a_scale(self):
+        """Operand a_scale: Tensor[f32, *AS]"""
+        return self.inputs[1]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[Q8, *B]"""
+        return self.inputs[2]
+
+    @property
+    def b_scale(self):
+        """Operand b_scale: Tensor[f32, *BS]"""
+        return self.inputs[3]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[f32, *YS]"""
+        return self.inputs[4]
+
+    @property
+    def a_zero_point(self):
+        """Operand a_zero_point: Tensor[Q8, *AZ]?"""
+        return self.inputs[5]
+
+    @property
+    def b_zero_point(self):
+        """Operand b_zero_point: Tensor[Q8, *BZ]?"""
+        return self.inputs[6]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8, *YZ]?"""
+        return self.inputs[7]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8, *broadcast(A, B)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, a_scale, b, b_scale, y_scale, a_zero_point=None, b_zero_point=None, y_zero_point=None, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearAdd', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1500:7')
+        u.shape('a', a, (), 'A', (), 'specs/ops.glowdef:1500:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1500:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1500:26')
+        u.elem('b', b, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1500:53')
+        u.shape('b', b, (), 'B', (), 'specs/ops.glowdef:1500:53')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1500:72')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1500:72')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1501:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1501:7')
+        if a_zero_point is not None:
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:7')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1502:7')
+        if b_zero_point is not None:
+            u.elem('b_zero_point', b_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:39')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1502:39')
+        if y_zero_point is not None:
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:71')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1502:71')
+        A = u.dim('A')
+        AS = u.dim('AS')
+        AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
+        B = u.dim('B')
+        BS = u.dim('BS')
+        BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
+        YS = u.dim('YS')
+        YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        rt.check(rt.b_broadcastable(A, B), 'QLinearAdd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1503:3')
+        rt.check(((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(BS), 1)) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAdd', _node, 'the scales must hold one value', 'specs/ops.glowdef:1504:3')
+        rt.check(((((not rt.b_defined(AZ)) or rt.eq(rt.b_prod(AZ), 1)) and ((not rt.b_defined(BZ)) or rt.eq(rt.b_prod(BZ), 1))) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAdd', _node, 'the zero points must hold one value', 'specs/ops.glowdef:1505:3')
+        return (rt.result_type('QLinearAdd', _node, Q8, (*rt.b_broadcast(A, B),), 'specs/ops.glowdef:1507:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearMul(Node):
+    """com.microsoft QLinearMul: a * b of the dequantized operands (broadcasting), quantized with y_scale and y_zero_point.
+    
+    Operands:
+        a: Tensor[Q8, *A]
+        a_scale: Tensor[f32, *AS]
+        b: Tensor[Q8, *B]
+        b_scale: Tensor[f32, *BS]
+        y_scale: Tensor[f32, *YS]
+        a_zero_point: Tensor[Q8, *AZ]?
+        b_zero_point: Tensor[Q8, *BZ]?
+        y_zero_point: Tensor[Q8, *YZ]?
+    Results:
+        y: Tensor[Q8, *broadcast(A, B)]
+    Declared at specs/ops.glowdef:1517:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearMul'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('a_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('b_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('a_zero_point', optional=True, variadic=False), OperandInfo('b_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1517:1'
+
+
+    @property
+    def a(self):
+        """Operand a: Tensor[Q8, *A]"""
+        return self.inputs[0]
+
+    @property
+    def a_scale(self):
+        """Operand a_scale: Tensor[f32, *AS]"""
+        return self.inputs[1]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[Q8, *B]"""
+        return self.inputs[2]
+
+    @property
+    def b_scale(self):
+        """Operand b_scale: Tensor[f32, *BS]"""
+        return self.inputs[3]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[f32, *YS]"""
+        return self.inputs[4]
+
+    @property
+    def a_zero_point(self):
+        """Operand a_zero_point: Tensor[Q8, *AZ]?"""
+        return self.inputs[5]
+
+    @property
+    def b_zero_point(self):
+        """Operand b_zero_point: Tensor[Q8, *BZ]?"""
+        return self.inputs[6]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8, *YZ]?"""
+        return self.inputs[7]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8, *broadcast(A, B)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, a_scale, b, b_scale, y_scale, a_zero_point=None, b_zero_point=None, y_zero_point=None, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearMul', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1500:7')
+        u.shape('a', a, (), 'A', (), 'specs/ops.glowdef:1500:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1500:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1500:26')
+        u.elem('b', b, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1500:53')
+        u.shape('b', b, (), 'B', (), 'specs/ops.glowdef:1500:53')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1500:72')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1500:72')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1501:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1501:7')
+        if a_zero_point is not None:
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:7')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1502:7')
+        if b_zero_point is not None:
+            u.elem('b_zero_point', b_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:39')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1502:39')
+        if y_zero_point is not None:
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:71')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1502:71')
+        A = u.dim('A')
+        AS = u.dim('AS')
+        AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
+        B = u.dim('B')
+        BS = u.dim('BS')
+        BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
+        YS = u.dim('YS')
+        YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        rt.check(rt.b_broadcastable(A, B), 'QLinearMul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1503:3')
+        rt.check(((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(BS), 1)) and rt.eq(rt.b_prod(YS), 1)), 'QLinearMul', _node, 'the scales must hold one value', 'specs/ops.glowdef:1504:3')
+        rt.check(((((not rt.b_defined(AZ)) or rt.eq(rt.b_prod(AZ), 1)) and ((not rt.b_defined(BZ)) or rt.eq(rt.b_prod(BZ), 1))) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearMul', _node, 'the zero points must hold one value', 'specs/ops.glowdef:1505:3')
+        return (rt.result_type('QLinearMul', _node, Q8, (*rt.b_broadcast(A, B),), 'specs/ops.glowdef:1507:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearSigmoid(Node):
+    """com.microsoft QLinearSigmoid: the sigmoid of the dequantized x, quantized with y_scale and y_zero_point.
+    
+    Operands:
+        x: Tensor[Q8, *S]
+        x_scale: Tensor[f32, *XS]
+        y_scale: Tensor[f32, *YS]
+        x_zero_point: Tensor[Q8, *XZ]?
+        y_zero_point: Tensor[Q8, *YZ]?
+    Results:
+        y: Tensor[Q8, *S]
+    Declared at specs/ops.glowdef:1524:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearSigmoid'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('x_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('x_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1524:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[Q8, *S]"""
+        return self.inputs[0]
+
+    @property
+    def x_scale(self):
+        """Operand x_scale: Tensor[f32, *XS]"""
+        return self.inputs[1]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[f32, *YS]"""
+        return self.inputs[2]
+
+    @property
+    def x_zero_point(self):
+        """Operand x_zero_point: Tensor[Q8, *XZ]?"""
+        return self.inputs[3]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8, *YZ]?"""
+        return self.inputs[4]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearSigmoid', _node)
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1490:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1490:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1490:26')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1490:26')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1490:53')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1490:53')
+        if x_zero_point is not None:
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1491:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1491:7')
+        if y_zero_point is not None:
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1491:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1491:39')
+        S = u.dim('S')
+        XS = u.dim('XS')
+        XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
+        YS = u.dim('YS')
+        YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearSigmoid', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1492:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearSigmoid', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1493:3')
+        return (rt.result_type('QLinearSigmoid', _node, Q8, (*S,), 'specs/ops.glowdef:1495:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearLeakyRelu(Node):
+    """com.microsoft QLinearLeakyRelu: LeakyRelu (alpha) of the dequantized x, quantized with y_scale and y_zero_point.
+    
+    Operands:
+        x: Tensor[Q8, *S]
+        x_scale: Tensor[f32, *XS]
+        y_scale: Tensor[f32, *YS]
+        x_zero_point: Tensor[Q8, *XZ]?
+        y_zero_point: Tensor[Q8, *YZ]?
+    Results:
+        y: Tensor[Q8, *S]
+    Attributes:
+        alpha: float = 0.01
+    Declared at specs/ops.glowdef:1530:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearLeakyRelu'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('x_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('x_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.01, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1530:1'
+
+    alpha: object = attrs.field(default=0.01, converter=rt.CONVERTERS['float'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[Q8, *S]"""
+        return self.inputs[0]
+
+    @property
+    def x_scale(self):
+        """Operand x_scale: Tensor[f32, *XS]"""
+        return self.inputs[1]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[f32, *YS]"""
+        return self.inputs[2]
+
+    @property
+    def x_zero_point(self):
+        """Operand x_zero_point: Tensor[Q8, *XZ]?"""
+        return self.inputs[3]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8, *YZ]?"""
+        return self.inputs[4]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node='', alpha=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearLeakyRelu', _node)
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1490:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1490:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1490:26')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1490:26')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1490:53')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1490:53')
+        if x_zero_point is not None:
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1491:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1491:7')
+        if y_zero_point is not None:
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1491:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1491:39')
+        S = u.dim('S')
+        XS = u.dim('XS')
+        XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
+        YS = u.dim('YS')
+        YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearLeakyRelu', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1492:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearLeakyRelu', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1493:3')
+        return (rt.result_type('QLinearLeakyRelu', _node, Q8, (*S,), 'specs/ops.glowdef:1495:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearGlobalAveragePool(Node):
+    """com.microsoft QLinearGlobalAveragePool: the mean over the spatial dimensions (NC...) of the dequantized x, quantized with y_scale and y_zero_point.
+    
+    Operands:
+        x: Tensor[Q8, N, C, *S]
+        x_scale: Tensor[f32, *XS]
+        y_scale: Tensor[f32, *YS]
+        x_zero_point: Tensor[Q8, *XZ]?
+        y_zero_point: Tensor[Q8, *YZ]?
+    Results:
+        y: Tensor[Q8, N, C, *ones(len(S))]
+    Declared at specs/ops.glowdef:1537:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearGlobalAveragePool'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('x_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('x_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1537:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[Q8, N, C, *S]"""
+        return self.inputs[0]
+
+    @property
+    def x_scale(self):
+        """Operand x_scale: Tensor[f32, *XS]"""
+        return self.inputs[1]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[f32, *YS]"""
+        return self.inputs[2]
+
+    @property
+    def x_zero_point(self):
+        """Operand x_zero_point: Tensor[Q8, *XZ]?"""
+        return self.inputs[3]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8, *YZ]?"""
+        return self.inputs[4]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8, N, C, *ones(len(S))]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearGlobalAveragePool', _node)
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1539:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1539:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1539:32')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1539:32')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1539:59')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1539:59')
+        if x_zero_point is not None:
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1540:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1540:7')
+        if y_zero_point is not None:
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1540:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1540:39')
+        C = u.dim('C')
+        N = u.dim('N')
+        S = u.dim('S')
+        XS = u.dim('XS')
+        XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
+        YS = u.dim('YS')
+        YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearGlobalAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1541:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearGlobalAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1542:3')
+        return (rt.result_type('QLinearGlobalAveragePool', _node, Q8, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:1544:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearAveragePool(Node):
+    """com.microsoft QLinearAveragePool: 2-D average pooling (as AvgPool) of the dequantized x, quantized with y_scale and y_zero_point.
+    
+    Operands:
+        x: Tensor[Q8, N, C, H, W]
+        x_scale: Tensor[f32, *XS]
+        y_scale: Tensor[f32, *YS]
+        x_zero_point: Tensor[Q8, *XZ]?
+        y_zero_point: Tensor[Q8, *YZ]?
+    Results:
+        y: Tensor[Q8, N, C, pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode)]
+    Attributes:
+        kernel: ints[2] where all(kernel > 0)
+        strides: ints[2] = [1, 1] where all(strides > 0)
+        pads: ints[4] = [0, 0, 0, 0] where all(pads >= 0)
+        ceil_mode: int = 0
+        count_include_pad: int = 0
+    Declared at specs/ops.glowdef:1551:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearAveragePool'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('x_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('x_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1551:1'
+
+    kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
+    pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
+    ceil_mode: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    count_include_pad: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[Q8, N, C, H, W]"""
+        return self.inputs[0]
+
+    @property
+    def x_scale(self):
+        """Operand x_scale: Tensor[f32, *XS]"""
+        return self.inputs[1]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[f32, *YS]"""
+        return self.inputs[2]
+
+    @property
+    def x_zero_point(self):
+        """Operand x_zero_point: Tensor[Q8, *XZ]?"""
+        return self.inputs[3]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8, *YZ]?"""
+        return self.inputs[4]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8, N, C, pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearAveragePool', _node)
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1553:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1553:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1553:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1553:34')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1553:61')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1553:61')
+        if x_zero_point is not None:
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1554:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1554:7')
+        if y_zero_point is not None:
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1554:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1554:39')
+        C = u.dim('C')
+        H = u.dim('H')
+        N = u.dim('N')
+        W = u.dim('W')
+        XS = u.dim('XS')
+        XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
+        YS = u.dim('YS')
+        YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        rt.check(len(kernel) == 2, 'QLinearAveragePool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:1555:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'QLinearAveragePool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1555:3')
+        rt.check(len(strides) == 2, 'QLinearAveragePool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1556:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearAveragePool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1556:3')
+        rt.check(len(pads) == 4, 'QLinearAveragePool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1557:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearAveragePool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1557:3')
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1560:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1561:3')
+        return (rt.result_type('QLinearAveragePool', _node, Q8, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:1563:9'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearConcat(Node):
+    """com.microsoft QLinearConcat: the dequantized xs (each with its scale and zero point in `scales`, `zero_points`) joined along `axis`, quantized with y_scale and y_zero_point.
+    
+    Operands:
+        xs: Tensor[Q8, *S]...
+    Results:
+        y: Tensor[Q8, *concat_shape(S, axis)]
+    Attributes:
+        axis: int where axis >= 0
+        scales: floats
+        zero_points: ints
+        y_scale: float
+        y_zero_point: int
+    Declared at specs/ops.glowdef:1575:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearConcat'
+    INPUTS: ClassVar[tuple] = (OperandInfo('xs', optional=False, variadic=True), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('zero_points', 'ints', None, False), AttrInfo('y_scale', 'float', None, False), AttrInfo('y_zero_point', 'int', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1575:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
+    zero_points: object = attrs.field(converter=rt.CONVERTERS['ints'])
+    y_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
+    y_zero_point: object = attrs.field(converter=rt.CONVERTERS['int'])
+
+    @property
+    def xs(self):
+        """Operand xs: Tensor[Q8, *S]..."""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8, *concat_shape(S, axis)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(xs, *, _node='', axis=None, scales=None, zero_points=None, y_scale=None, y_zero_point=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearConcat', _node)
+        if len(xs) == 0:
+            rt.fail('QLinearConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1577:7')
+        for _t in xs:
+            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1577:7')
+        S = tuple(_t.shape for _t in xs)
+        Q8 = u.dtype('Q8')
+        rt.check(rt.ge(axis, 0), 'QLinearConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1578:3')
+        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'QLinearConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1583:3')
+        return (rt.result_type('QLinearConcat', _node, Q8, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1584:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class DequantizedConcat(Node):
+    """The dequantized xs (each with its scale and zero point in `scales`, `zero_points`) joined along `axis`, in f32: what a QLinearConcat quantizes (not an ONNX op).
+    
+    Operands:
+        xs: Tensor[Q8, *S]...
+    Results:
+        y: Tensor[f32, *concat_shape(S, axis)]
+    Attributes:
+        axis: int where axis >= 0
+        scales: floats
+        zero_points: ints
+    Declared at specs/ops.glowdef:1595:1.
+    """
+
+    OP: ClassVar[str] = 'DequantizedConcat'
+    INPUTS: ClassVar[tuple] = (OperandInfo('xs', optional=False, variadic=True), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('zero_points', 'ints', None, False), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1595:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
+    zero_points: object = attrs.field(converter=rt.CONVERTERS['ints'])
+
+    @property
+    def xs(self):
+        """Operand xs: Tensor[Q8, *S]..."""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[f32, *concat_shape(S, axis)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(xs, *, _node='', axis=None, scales=None, zero_points=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('DequantizedConcat', _node)
+        if len(xs) == 0:
+            rt.fail('DequantizedConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1597:7')
+        for _t in xs:
+            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1597:7')
+        S = tuple(_t.shape for _t in xs)
+        Q8 = u.dtype('Q8')
+        rt.check(rt.ge(axis, 0), 'DequantizedConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1598:3')
+        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'DequantizedConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1601:3')
+        return (rt.result_type('DequantizedConcat', _node, 'f32', (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1602:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QGemm(Node):
+    """com.microsoft QGemm: alpha * op(a) @ op(b) + c of the dequantized a and b (b's parameters may be per column of op(b)) and the i32 c at scale alpha * a_scale * b_scale, quantized with y_scale and y_zero_point.
+    
+    Operands:
+        a: Tensor[Q8, M0, K0]
+        a_scale: Tensor[f32, *AS]
+        a_zero_point: Tensor[Q8, *AZ]
+        b: Tensor[Q8B, K1, N1]
+        b_scale: Tensor[f32, *BS]
+        b_zero_point: Tensor[Q8B, *BZ]
+        y_scale: Tensor[f32, *YS]
+        y_zero_point: Tensor[Q8Y, *YZ]
+        c: Tensor[i32, *CS]?
+    Results:
+        y: Tensor[Q8Y, M0 if transA == 0 else K0, N1 if transB == 0 else K1]
+    Attributes:
+        alpha: float = 1.0
+        transA: int = 0
+        transB: int = 0
+    Declared at specs/ops.glowdef:1605:1.
+    """
+
+    OP: ClassVar[str] = 'QGemm'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('a_scale', optional=False, variadic=False), OperandInfo('a_zero_point', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('b_scale', optional=False, variadic=False), OperandInfo('b_zero_point', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('y_zero_point', optional=False, variadic=False), OperandInfo('c', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1605:1'
+
+    alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
+    transA: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    transB: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def a(self):
+        """Operand a: Tensor[Q8, M0, K0]"""
+        return self.inputs[0]
+
+    @property
+    def a_scale(self):
+        """Operand a_scale: Tensor[f32, *AS]"""
+        return self.inputs[1]
+
+    @property
+    def a_zero_point(self):
+        """Operand a_zero_point: Tensor[Q8, *AZ]"""
+        return self.inputs[2]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[Q8B, K1, N1]"""
+        return self.inputs[3]
+
+    @property
+    def b_scale(self):
+        """Operand b_scale: Tensor[f32, *BS]"""
+        return self.inputs[4]
+
+    @property
+    def b_zero_point(self):
+        """Operand b_zero_point: Tensor[Q8B, *BZ]"""
+        return self.inputs[5]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[f32, *YS]"""
+        return self.inputs[6]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8Y, *YZ]"""
+        return self.inputs[7]
+
+    @property
+    def c(self):
+        """Operand c: Tensor[i32, *CS]?"""
+        return self.inputs[8]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8Y, M0 if transA == 0 else K0, N1 if transB == 0 else K1]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, c=None, *, _node='', alpha=None, transA=None, transB=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QGemm', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1607:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1607:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1607:30')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1607:30')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1607:57')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1607:57')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1608:7')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1608:7')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1608:31')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1608:31')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1608:58')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1608:58')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1609:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1609:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1609:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1609:34')
+        if c is not None:
+            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1609:66')
+            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1609:66')
+        AS = u.dim('AS')
+        AZ = u.dim('AZ')
+        BS = u.dim('BS')
+        BZ = u.dim('BZ')
+        CS = u.dims['CS'][0] if 'CS' in u.dims else None
+        K0 = u.dim('K0')
+        K1 = u.dim('K1')
+        M0 = u.dim('M0')
+        N1 = u.dim('N1')
+        YS = u.dim('YS')
+        YZ = u.dim('YZ')
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        Q8Y = u.dtype('Q8Y')
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1613:3')
+        rt.check((((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QGemm', _node, 'a_scale, a_zero_point, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1615:3')
+        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemm', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1617:3')
+        return (rt.result_type('QGemm', _node, Q8Y, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1619:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QGemmToFloat(Node):
+    """com.microsoft QGemm without y_scale: alpha * op(a) @ op(b) + c of the dequantized a and b and the i32 c at scale alpha * a_scale * b_scale, in f32.
+    
+    Operands:
+        a: Tensor[Q8, M0, K0]
+        a_scale: Tensor[f32, *AS]
+        a_zero_point: Tensor[Q8, *AZ]
+        b: Tensor[Q8B, K1, N1]
+        b_scale: Tensor[f32, *BS]
+        b_zero_point: Tensor[Q8B, *BZ]
+        c: Tensor[i32, *CS]?
+    Results:
+        y: Tensor[f32, M0 if transA == 0 else K0, N1 if transB == 0 else K1]
+    Attributes:
+        alpha: float = 1.0
+        transA: int = 0
+        transB: int = 0
+    Declared at specs/ops.glowdef:1627:1.
+    """
+
+    OP: ClassVar[str] = 'QGemmToFloat'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('a_scale', optional=False, variadic=False), OperandInfo('a_zero_point', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('b_scale', optional=False, variadic=False), OperandInfo('b_zero_point', optional=False, variadic=False), OperandInfo('c', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1627:1'
+
+    alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
+    transA: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+    transB: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def a(self):
+        """Operand a: Tensor[Q8, M0, K0]"""
+        return self.inputs[0]
+
+    @property
+    def a_scale(self):
+        """Operand a_scale: Tensor[f32, *AS]"""
+        return self.inputs[1]
+
+    @property
+    def a_zero_point(self):
+        """Operand a_zero_point: Tensor[Q8, *AZ]"""
+        return self.inputs[2]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[Q8B, K1, N1]"""
+        return self.inputs[3]
+
+    @property
+    def b_scale(self):
+        """Operand b_scale: Tensor[f32, *BS]"""
+        return self.inputs[4]
+
+    @property
+    def b_zero_point(self):
+        """Operand b_zero_point: Tensor[Q8B, *BZ]"""
+        return self.inputs[5]
+
+    @property
+    def c(self):
+        """Operand c: Tensor[i32, *CS]?"""
+        return self.inputs[6]
+
+    @property
+    def y(self):
+        """Result y: Tensor[f32, M0 if transA == 0 else K0, N1 if transB == 0 else K1]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, *, _node='', alpha=None, transA=None, transB=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QGemmToFloat', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1629:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1629:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1629:30')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1629:30')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1629:57')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1629:57')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1630:7')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1630:7')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1630:31')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1630:31')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1630:58')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1630:58')
+        if c is not None:
+            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1630:90')
+            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1630:90')
+        AS = u.dim('AS')
+        AZ = u.dim('AZ')
+        BS = u.dim('BS')
+        BZ = u.dim('BZ')
+        CS = u.dims['CS'][0] if 'CS' in u.dims else None
+        K0 = u.dim('K0')
+        K1 = u.dim('K1')
+        M0 = u.dim('M0')
+        N1 = u.dim('N1')
+        Q8 = u.dtype('Q8')
+        Q8B = u.dtype('Q8B')
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemmToFloat', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1634:3')
+        rt.check((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)), 'QGemmToFloat', _node, 'a_scale and a_zero_point must hold one value', 'specs/ops.glowdef:1636:3')
+        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemmToFloat', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1637:3')
+        return (rt.result_type('QGemmToFloat', _node, 'f32', ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1639:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
 class Quantize(Node):
     """x as i8 with the given scale and offset: round(x / scale) + offset, halves to even, saturated to [-128, 127].
     
@@ -7788,7 +8702,7 @@ class Quantize(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1490:1.
+    Declared at specs/ops.glowdef:1655:1.
     """
 
     OP: ClassVar[str] = 'Quantize'
@@ -7797,7 +8711,7 @@ class Quantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1490:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1655:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7816,12 +8730,12 @@ class Quantize(Node):
     def infer(x, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Quantize', _node)
-        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1493:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1493:7')
+        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1658:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1658:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1494:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1495:3')
-        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1496:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1659:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1660:3')
+        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1661:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7836,7 +8750,7 @@ class Dequantize(Node):
         in_scale: float
         in_offset: int
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:1499:1.
+    Declared at specs/ops.glowdef:1664:1.
     """
 
     OP: ClassVar[str] = 'Dequantize'
@@ -7845,7 +8759,7 @@ class Dequantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1499:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1664:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7864,11 +8778,11 @@ class Dequantize(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dequantize', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1502:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1502:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1667:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1667:7')
         S = u.dim('S')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1505:3')
-        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1506:7'), )
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1670:3')
+        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1671:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7885,7 +8799,7 @@ class Rescale(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1509:1.
+    Declared at specs/ops.glowdef:1674:1.
     """
 
     OP: ClassVar[str] = 'Rescale'
@@ -7894,7 +8808,7 @@ class Rescale(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1509:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1674:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7915,13 +8829,13 @@ class Rescale(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Rescale', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1512:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1512:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1677:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1677:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1515:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1516:3')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1517:3')
-        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1518:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1680:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1681:3')
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1682:3')
+        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1683:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7943,7 +8857,7 @@ class QuantizedConv(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1521:1.
+    Declared at specs/ops.glowdef:1686:1.
     """
 
     OP: ClassVar[str] = 'QuantizedConv'
@@ -7952,7 +8866,7 @@ class QuantizedConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1521:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1686:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -7990,14 +8904,14 @@ class QuantizedConv(Node):
     def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedConv', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1524:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1524:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1524:36')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1524:36')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1524:66')
-        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1524:66')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1524:91')
-        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1524:91')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1689:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1689:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1689:36')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1689:36')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1689:66')
+        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1689:66')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1689:91')
+        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1689:91')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -8006,19 +8920,19 @@ class QuantizedConv(Node):
         M = u.dim('M')
         N = u.dim('N')
         W = u.dim('W')
-        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1525:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1525:3')
-        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1526:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1526:3')
-        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1527:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1527:3')
-        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1528:3')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1529:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1530:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1531:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1532:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1533:3')
-        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1534:9'), )
+        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1690:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1690:3')
+        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1691:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1691:3')
+        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1692:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1692:3')
+        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1693:3')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1694:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1695:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1696:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1697:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1698:3')
+        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1699:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8036,7 +8950,7 @@ class QuantizedMatMul(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1538:1.
+    Declared at specs/ops.glowdef:1703:1.
     """
 
     OP: ClassVar[str] = 'QuantizedMatMul'
@@ -8045,7 +8959,7 @@ class QuantizedMatMul(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1538:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1703:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8079,21 +8993,21 @@ class QuantizedMatMul(Node):
     def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedMatMul', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1541:9')
-        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1541:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1541:31')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1541:31')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1541:52')
-        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1541:52')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1541:77')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1541:77')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1706:9')
+        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1706:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1706:31')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1706:31')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1706:52')
+        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1706:52')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1706:77')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1706:77')
         B = u.dim('B')
         K = u.dim('K')
         N = u.dim('N')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1542:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1543:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1544:3')
-        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1545:9'), )
+        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1707:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1708:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1709:3')
+        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1710:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8109,7 +9023,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1550:1.
+    Declared at specs/ops.glowdef:1715:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -8118,7 +9032,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1550:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1715:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8139,14 +9053,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1552:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1552:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1717:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1717:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1554:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1557:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1558:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1559:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1719:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1722:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1723:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1724:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8161,7 +9075,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1574:1.
+    Declared at specs/ops.glowdef:1739:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -8170,7 +9084,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1574:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1739:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -8190,13 +9104,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1576:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1576:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1741:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1741:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1580:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1581:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1582:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1745:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1746:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1747:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8212,7 +9126,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1591:1.
+    Declared at specs/ops.glowdef:1756:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -8221,7 +9135,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1591:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1756:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8246,22 +9160,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1593:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1593:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1758:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1758:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1593:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1593:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1758:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1758:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1594:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1595:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1597:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1598:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1599:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1600:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1759:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1760:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1762:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1763:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1764:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1765:7'), )
 
 
 OPS = {
@@ -8411,6 +9325,16 @@ OPS = {
     'MatMulInteger': MatMulInteger,
     'ConvInteger': ConvInteger,
     'QLinearConv': QLinearConv,
+    'QLinearAdd': QLinearAdd,
+    'QLinearMul': QLinearMul,
+    'QLinearSigmoid': QLinearSigmoid,
+    'QLinearLeakyRelu': QLinearLeakyRelu,
+    'QLinearGlobalAveragePool': QLinearGlobalAveragePool,
+    'QLinearAveragePool': QLinearAveragePool,
+    'QLinearConcat': QLinearConcat,
+    'DequantizedConcat': DequantizedConcat,
+    'QGemm': QGemm,
+    'QGemmToFloat': QGemmToFloat,
     'Quantize': Quantize,
     'Dequantize': Dequantize,
     'Rescale': Rescale,

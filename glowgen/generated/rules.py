@@ -163,6 +163,26 @@ def build_rnn_layer(_b, l, g, x, w, r, b, h0, c0, p):
 
 
 
+def build_dequantized(_b, x, scale, zero_point):
+    """= DequantizeLinear(x, scale, zero_point, axis = 0, dtype = f32)"""
+    return _b.op('DequantizeLinear', [x, scale, zero_point], {'axis': 0, 'dtype': 'f32'})
+
+
+
+def build_requantized(_b, v, scale, zero_point, dtype):
+    """= QuantizeLinear(v, scale, zero_point, axis = 0, dtype = dtype, compute = f32)"""
+    return _b.op('QuantizeLinear', [v, scale, zero_point], {'axis': 0, 'dtype': dtype, 'compute': 'f32'})
+
+
+
+def build_qgemm_in_float(_b, q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c):
+    """= Gemm(dequantized(a, a_scale, a_zero_point), bf, Mul(cf, scalar(q.alpha, f32)) if defined(cf) else none, alpha = q.alpha, transA = q.transA, transB = q.transB)"""
+    bf = _b.op('DequantizeLinear', [b, b_scale, b_zero_point], {'axis': (0 if rt.ne(q.transB, 0) else 1), 'dtype': 'f32'})
+    cf = (_b.op('Mul', [_b.op('Cast', [c], {'to': 'f32'}), _b.op('Mul', [_b.op('Reshape', [b_scale], {'dims': (rt.b_prod(b_scale.shape), )}), _b.op('Reshape', [a_scale], {'dims': ()})], {})], {}) if rt.b_defined(c) else None)
+    return _b.op('Gemm', [build_dequantized(_b, a, a_scale, a_zero_point), bf, (_b.op('Mul', [cf, _b.scalar(q.alpha, 'f32')], {}) if rt.b_defined(cf) else None)], {'alpha': q.alpha, 'transA': q.transA, 'transB': q.transB})
+
+
+
 def build_quantize_calibrated(_b, x):
     """= Quantize(x, scale = calibrated_scale(x), offset = calibrated_offset(x))"""
     return _b.op('Quantize', [x], {'scale': rt.b_calibrated_scale(x), 'offset': rt.b_calibrated_offset(x)})
@@ -187,6 +207,12 @@ def build_quantized_conv_of(_b, x, w, b, c, x_scale, scale, offset):
     ws = build_weight_scales(_b, w, (1, 2, 3, ))
     bias = (b if rt.b_defined(b) else _b.op('Splat', [], {'dims': (m, ), 'value': 0.0, 'dtype': 'f32'}))
     return _b.op('QuantizedConv', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {})], {})], {'to': 'i8'}), ws, build_quantize_bias(_b, bias, ws, x_scale)], {'scale': scale, 'offset': offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})
+
+
+
+def build_broadcast_scales(_b, ws, n):
+    """= Add(Reshape(ws, dims = [prod(ws.shape)]), Splat(dims = [n], value = 0.0, dtype = f32))"""
+    return _b.op('Add', [_b.op('Reshape', [ws], {'dims': (rt.b_prod(ws.shape), )}), _b.op('Splat', [], {'dims': (n, ), 'value': 0.0, 'dtype': 'f32'})], {})
 
 
 
@@ -1913,7 +1939,145 @@ def _r120_qlinear_conv_expand_build(_b, _m):
 
 
 
-def _r121_histogram_to_scatter_build(_b, _m):
+def _r121_qlinear_add_to_float_build(_b, _m):
+    """=> requantized(Add(dequantized(a, a_scale, a_zero_point), dequantized(b, b_scale, b_zero_point)), y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    y_scale = _m['y_scale']
+    a_zero_point = _m['a_zero_point']
+    b_zero_point = _m['b_zero_point']
+    y_zero_point = _m['y_zero_point']
+    return rt.results(build_requantized(_b, _b.op('Add', [build_dequantized(_b, a, a_scale, a_zero_point), build_dequantized(_b, b, b_scale, b_zero_point)], {}), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r122_qlinear_mul_to_float_build(_b, _m):
+    """=> requantized(Mul(dequantized(a, a_scale, a_zero_point), dequantized(b, b_scale, b_zero_point)), y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    y_scale = _m['y_scale']
+    a_zero_point = _m['a_zero_point']
+    b_zero_point = _m['b_zero_point']
+    y_zero_point = _m['y_zero_point']
+    return rt.results(build_requantized(_b, _b.op('Mul', [build_dequantized(_b, a, a_scale, a_zero_point), build_dequantized(_b, b, b_scale, b_zero_point)], {}), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r123_qlinear_sigmoid_to_float_build(_b, _m):
+    """=> requantized(Sigmoid(dequantized(x, x_scale, x_zero_point)), y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    y_scale = _m['y_scale']
+    x_zero_point = _m['x_zero_point']
+    y_zero_point = _m['y_zero_point']
+    return rt.results(build_requantized(_b, _b.op('Sigmoid', [build_dequantized(_b, x, x_scale, x_zero_point)], {}), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r124_qlinear_leaky_relu_to_float_build(_b, _m):
+    """=> requantized(LeakyRelu(dequantized(x, x_scale, x_zero_point), alpha = q.alpha), y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    y_scale = _m['y_scale']
+    x_zero_point = _m['x_zero_point']
+    y_zero_point = _m['y_zero_point']
+    return rt.results(build_requantized(_b, _b.op('LeakyRelu', [build_dequantized(_b, x, x_scale, x_zero_point)], {'alpha': q.alpha}), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r125_qlinear_global_average_pool_to_float_build(_b, _m):
+    """=> requantized(GlobalAveragePool(dequantized(x, x_scale, x_zero_point)), y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    y_scale = _m['y_scale']
+    x_zero_point = _m['x_zero_point']
+    y_zero_point = _m['y_zero_point']
+    return rt.results(build_requantized(_b, _b.op('GlobalAveragePool', [build_dequantized(_b, x, x_scale, x_zero_point)], {}), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r126_qlinear_average_pool_to_float_build(_b, _m):
+    """=> requantized(AvgPool(dequantized(x, x_scale, x_zero_point), kernel = q.kernel, strides = q.strides, pads = q.pads, ceil_mode = q.ceil_mode, count_include_pad = q.count_include_pad), y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    y_scale = _m['y_scale']
+    x_zero_point = _m['x_zero_point']
+    y_zero_point = _m['y_zero_point']
+    return rt.results(build_requantized(_b, _b.op('AvgPool', [build_dequantized(_b, x, x_scale, x_zero_point)], {'kernel': q.kernel, 'strides': q.strides, 'pads': q.pads, 'ceil_mode': q.ceil_mode, 'count_include_pad': q.count_include_pad}), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r127_qlinear_concat_to_float_build(_b, _m):
+    """=> requantized(DequantizedConcat(*xs, axis = q.axis, scales = q.scales, zero_points = q.zero_points), const(q.y_scale, f32), const(q.y_zero_point, q.dtype), q.dtype)"""
+    q = _m['q']
+    xs = _m['xs']
+    return rt.results(build_requantized(_b, _b.op('DequantizedConcat', [(*xs,)], {'axis': q.axis, 'scales': q.scales, 'zero_points': q.zero_points}), _b.const(q.y_scale, 'f32'), _b.const(q.y_zero_point, q.dtype), q.dtype))
+
+
+
+def _r128_dequantized_concat_peel_guard(_m, _ctx):
+    """where len(xs) > 1"""
+    d = _m['d']
+    xs = _m['xs']
+    return bool((rt.gt(rt.b_len(xs), 1)))
+
+def _r128_dequantized_concat_peel_build(_b, _m):
+    """=> Concat(dequantized(xs[0], const(d.scales[0], f32), const(d.zero_points[0], xs[0].dtype)), DequantizedConcat(*xs[1:], axis = d.axis, scales = d.scales[1:], zero_points = d.zero_points[1:]), axis = d.axis)"""
+    d = _m['d']
+    xs = _m['xs']
+    return rt.results(_b.op('Concat', [(build_dequantized(_b, xs[0], _b.const(d.scales[0], 'f32'), _b.const(d.zero_points[0], xs[0].dtype)), _b.op('DequantizedConcat', [(*tuple(xs)[1:],)], {'axis': d.axis, 'scales': tuple(d.scales)[1:], 'zero_points': tuple(d.zero_points)[1:]}))], {'axis': d.axis}))
+
+
+
+def _r129_dequantized_concat_single_build(_b, _m):
+    """=> dequantized(x, const(d.scales[0], f32), const(d.zero_points[0], x.dtype))"""
+    d = _m['d']
+    x = _m['x']
+    return rt.results(build_dequantized(_b, x, _b.const(d.scales[0], 'f32'), _b.const(d.zero_points[0], x.dtype)))
+
+
+
+def _r130_qgemm_to_float_build(_b, _m):
+    """=> requantized(qgemm_in_float(q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c), y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    c = _m['c']
+    return rt.results(build_requantized(_b, build_qgemm_in_float(_b, q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r131_qgemm_to_float_result_build(_b, _m):
+    """=> qgemm_in_float(q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    c = _m['c']
+    return rt.results(build_qgemm_in_float(_b, q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c))
+
+
+
+def _r132_histogram_to_scatter_build(_b, _m):
     '=> ScatterElements(Splat(dims = [h.bins], value = 0.0, dtype = f32), Reshape(Cast(bin, to = i32), dims = [n]), Splat(dims = [n], value = 1.0, dtype = f32), axis = 0, reduction = "add")'
     h = _m['h']
     x = _m['x']
@@ -1926,7 +2090,7 @@ def _r121_histogram_to_scatter_build(_b, _m):
 
 
 
-def _r122_dft_to_matmul_build(_b, _m):
+def _r133_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), dims = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -1940,13 +2104,13 @@ def _r122_dft_to_matmul_build(_b, _m):
 
 
 
-def _r123_compress_to_gather_guard(_m, _ctx):
+def _r134_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r123_compress_to_gather_build(_b, _m):
+def _r134_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -1954,13 +2118,13 @@ def _r123_compress_to_gather_build(_b, _m):
 
 
 
-def _r124_compress_flat_to_gather_guard(_m, _ctx):
+def _r135_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r124_compress_flat_to_gather_build(_b, _m):
+def _r135_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, dims = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -1968,7 +2132,7 @@ def _r124_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r125_stft_expand_build(_b, _m):
+def _r136_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, dims = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -1978,7 +2142,7 @@ def _r125_stft_expand_build(_b, _m):
 
 
 
-def _r126_quantize_conv_guard(_m, _ctx):
+def _r137_quantize_conv_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(c)) and is_const(w)) and (not defined(b) or is_const(b))"""
     c = _m['c']
     x = _m['x']
@@ -1986,7 +2150,7 @@ def _r126_quantize_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(c)) and rt.b_is_const(w)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
 
-def _r126_quantize_conv_build(_b, _m):
+def _r137_quantize_conv_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(c), in_offset = calibrated_offset(c))"""
     c = _m['c']
     x = _m['x']
@@ -2000,14 +2164,14 @@ def _r126_quantize_conv_build(_b, _m):
 
 
 
-def _r127_quantize_matmul_guard(_m, _ctx):
+def _r138_quantize_matmul_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(mm)) and is_const(w)) and (rank(w) == 2)"""
     mm = _m['mm']
     x = _m['x']
     w = _m['w']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(mm)) and rt.b_is_const(w)) and rt.eq(rt.b_rank(w), 2))))
 
-def _r127_quantize_matmul_build(_b, _m):
+def _r138_quantize_matmul_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(mm), in_offset = calibrated_offset(mm))"""
     mm = _m['mm']
     x = _m['x']
@@ -2018,7 +2182,7 @@ def _r127_quantize_matmul_build(_b, _m):
 
 
 
-def _r128_bias_into_quantized_matmul_guard(_m, _ctx):
+def _r139_bias_into_quantized_matmul_guard(_m, _ctx):
     """where ((((is_const(c) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and calibrated(a)) and (uses(q) == 1)) and (uses(d) == 1)"""
     a = _m['a']
     d = _m['d']
@@ -2030,7 +2194,7 @@ def _r128_bias_into_quantized_matmul_guard(_m, _ctx):
     c = _m['c']
     return bool(((((((rt.b_is_const(c) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.b_calibrated(a)) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1))))
 
-def _r128_bias_into_quantized_matmul_build(_b, _m):
+def _r139_bias_into_quantized_matmul_build(_b, _m):
     """=> Dequantize(qb, in_scale = calibrated_scale(a), in_offset = calibrated_offset(a))"""
     a = _m['a']
     d = _m['d']
@@ -2045,7 +2209,7 @@ def _r128_bias_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r129_qdq_pair_to_quantized_guard(_m, _ctx):
+def _r140_qdq_pair_to_quantized_guard(_m, _ctx):
     """where (((((((((x.dtype == f32) and (dl.dtype == f32)) and ((ql.dtype == u8) or (ql.dtype == i8))) and is_splat(s)) and is_splat(s2)) and (splat_value(s) == splat_value(s2))) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))) and (not defined(z2) or is_splat(z2))) and ((splat_value(z) if defined(z) else 0) == (splat_value(z2) if defined(z2) else 0))"""
     dl = _m['dl']
     ql = _m['ql']
@@ -2056,7 +2220,7 @@ def _r129_qdq_pair_to_quantized_guard(_m, _ctx):
     z2 = _m['z2']
     return bool(((((((((((rt.eq(x.dtype, 'f32') and rt.eq(dl.dtype, 'f32')) and (rt.eq(ql.dtype, 'u8') or rt.eq(ql.dtype, 'i8'))) and rt.b_is_splat(s)) and rt.b_is_splat(s2)) and rt.eq(rt.b_splat_value(s), rt.b_splat_value(s2))) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z))) and ((not rt.b_defined(z2)) or rt.b_is_splat(z2))) and rt.eq((rt.b_splat_value(z) if rt.b_defined(z) else 0), (rt.b_splat_value(z2) if rt.b_defined(z2) else 0)))))
 
-def _r129_qdq_pair_to_quantized_build(_b, _m):
+def _r140_qdq_pair_to_quantized_build(_b, _m):
     """=> Dequantize(Quantize(x, scale = splat_value(s), offset = offset), in_scale = splat_value(s), in_offset = offset)"""
     dl = _m['dl']
     ql = _m['ql']
@@ -2070,7 +2234,7 @@ def _r129_qdq_pair_to_quantized_build(_b, _m):
 
 
 
-def _r130_conv_between_quantized_guard(_m, _ctx):
+def _r141_conv_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
@@ -2080,7 +2244,7 @@ def _r130_conv_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1))))
 
-def _r130_conv_between_quantized_build(_b, _m):
+def _r141_conv_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2092,7 +2256,7 @@ def _r130_conv_between_quantized_build(_b, _m):
 
 
 
-def _r131_conv_relu_between_quantized_guard(_m, _ctx):
+def _r142_conv_relu_between_quantized_guard(_m, _ctx):
     """where (((is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)) and (uses(r) == 1)) and (q.offset == -128)"""
     q = _m['q']
     r = _m['r']
@@ -2103,7 +2267,7 @@ def _r131_conv_relu_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(r), 1)) and rt.eq(q.offset, rt.neg(128)))))
 
-def _r131_conv_relu_between_quantized_build(_b, _m):
+def _r142_conv_relu_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     r = _m['r']
@@ -2116,7 +2280,7 @@ def _r131_conv_relu_between_quantized_build(_b, _m):
 
 
 
-def _r132_matmul_between_quantized_guard(_m, _ctx):
+def _r143_matmul_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (rank(w) == 2)) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
@@ -2125,7 +2289,7 @@ def _r132_matmul_between_quantized_guard(_m, _ctx):
     w = _m['w']
     return bool((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1))))
 
-def _r132_matmul_between_quantized_build(_b, _m):
+def _r143_matmul_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
@@ -2137,13 +2301,310 @@ def _r132_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r133_quantize_dequantize_same_guard(_m, _ctx):
+def _r144_matmul_bias_between_quantized_guard(_m, _ctx):
+    """where (((((is_const(w) and (rank(w) == 2)) and is_const(c)) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
+    q = _m['q']
+    a = _m['a']
+    mm = _m['mm']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    c = _m['c']
+    return bool((((((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(c)) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
+
+def _r144_matmul_bias_between_quantized_build(_b, _m):
+    """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, quantize_bias(c, ws, d.in_scale), scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    a = _m['a']
+    mm = _m['mm']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    c = _m['c']
+    ws = build_weight_scales(_b, w, (0, ))
+    return rt.results(_b.op('QuantizedMatMul', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, ws], {})], {})], {'to': 'i8'}), ws, build_quantize_bias(_b, c, ws, d.in_scale)], {'scale': q.scale, 'offset': q.offset}))
+
+
+
+def _r145_qlinear_conv_between_quantized_guard(_m, _ctx):
+    """where ((((is_computed(x) and (rank(x) == 4)) and is_const(w)) and is_const(w_scale)) and is_const(w_zero_point)) and (not defined(b) or is_const(b))"""
+    c = _m['c']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    x_zero_point = _m['x_zero_point']
+    w = _m['w']
+    w_scale = _m['w_scale']
+    w_zero_point = _m['w_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    b = _m['b']
+    return bool(((((((rt.b_is_computed(x) and rt.eq(rt.b_rank(x), 4)) and rt.b_is_const(w)) and rt.b_is_const(w_scale)) and rt.b_is_const(w_zero_point)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
+
+def _r145_qlinear_conv_between_quantized_build(_b, _m):
+    """=> requantized(Conv(dequantized(x, x_scale, x_zero_point), DequantizeLinear(w, w_scale, w_zero_point, axis = 0, dtype = f32), bias, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), y_scale, y_zero_point, c.dtype)"""
+    c = _m['c']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    x_zero_point = _m['x_zero_point']
+    w = _m['w']
+    w_scale = _m['w_scale']
+    w_zero_point = _m['w_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    b = _m['b']
+    bias = (_b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [_b.op('Reshape', [w_scale], {'dims': (rt.b_prod(w_scale.shape), )}), _b.op('Reshape', [x_scale], {'dims': ()})], {})], {}) if rt.b_defined(b) else None)
+    return rt.results(build_requantized(_b, _b.op('Conv', [build_dequantized(_b, x, x_scale, x_zero_point), _b.op('DequantizeLinear', [w, w_scale, w_zero_point], {'axis': 0, 'dtype': 'f32'}), bias], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}), y_scale, y_zero_point, c.dtype))
+
+
+
+def _r146_qlinear_matmul_between_quantized_guard(_m, _ctx):
+    """where (((((((is_computed(a) and is_const(b)) and (rank(b) == 2)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)) and (prod(a_scale.shape) == 1)) and (prod(a_zero_point.shape) == 1)) and (prod(y_scale.shape) == 1)) and (prod(y_zero_point.shape) == 1)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    return bool((((((((((rt.b_is_computed(a) and rt.b_is_const(b)) and rt.eq(rt.b_rank(b), 2)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1)) and rt.eq(rt.b_prod(a_scale.shape), 1)) and rt.eq(rt.b_prod(a_zero_point.shape), 1)) and rt.eq(rt.b_prod(y_scale.shape), 1)) and rt.eq(rt.b_prod(y_zero_point.shape), 1))))
+
+def _r146_qlinear_matmul_between_quantized_build(_b, _m):
+    """=> requantized(MatMul(dequantized(a, a_scale, a_zero_point), DequantizeLinear(b, b_scale, b_zero_point, axis = 1, dtype = f32)), y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    return rt.results(build_requantized(_b, _b.op('MatMul', [build_dequantized(_b, a, a_scale, a_zero_point), _b.op('DequantizeLinear', [b, b_scale, b_zero_point], {'axis': 1, 'dtype': 'f32'})], {}), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r147_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
+    """where (((is_const(w) and (w.dtype == i8)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(c) == 1)"""
+    q = _m['q']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    b = _m['b']
+    return bool((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(c), 1))))
+
+def _r147_conv_of_quantized_weights_between_quantized_build(_b, _m):
+    """=> QuantizedConv(x, w, scales, quantize_bias(bias, scales, d.in_scale), scale = q.scale, offset = q.offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    q = _m['q']
+    c = _m['c']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    b = _m['b']
+    m = w.shape[0]
+    scales = build_broadcast_scales(_b, ws, m)
+    bias = (b if rt.b_defined(b) else _b.op('Splat', [], {'dims': (m, ), 'value': 0.0, 'dtype': 'f32'}))
+    return rt.results(_b.op('QuantizedConv', [x, w, scales, build_quantize_bias(_b, bias, scales, d.in_scale)], {'scale': q.scale, 'offset': q.offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+
+
+
+def _r148_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
+    """where ((((is_const(w) and (w.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(mm) == 1)"""
+    q = _m['q']
+    mm = _m['mm']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    return bool(((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(mm), 1))))
+
+def _r148_matmul_of_quantized_weights_between_quantized_build(_b, _m):
+    """=> QuantizedMatMul(x, w, broadcast_scales(ws, w.shape[1]), Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    mm = _m['mm']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    return rt.results(_b.op('QuantizedMatMul', [x, w, build_broadcast_scales(_b, ws, w.shape[1]), _b.op('Splat', [], {'dims': (w.shape[1], ), 'value': 0.0, 'dtype': 'i32'})], {'scale': q.scale, 'offset': q.offset}))
+
+
+
+def _r149_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
+    """where (((((((is_const(w) and (w.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
+    q = _m['q']
+    a = _m['a']
+    mm = _m['mm']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    c = _m['c']
+    return bool((((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
+
+def _r149_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
+    """=> QuantizedMatMul(x, w, scales, quantize_bias(c, scales, d.in_scale), scale = q.scale, offset = q.offset)"""
+    q = _m['q']
+    a = _m['a']
+    mm = _m['mm']
+    d = _m['d']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    wz = _m['wz']
+    c = _m['c']
+    scales = build_broadcast_scales(_b, ws, w.shape[1])
+    return rt.results(_b.op('QuantizedMatMul', [x, w, scales, build_quantize_bias(_b, c, scales, d.in_scale)], {'scale': q.scale, 'offset': q.offset}))
+
+
+
+def _r150_qgemm_between_quantized_guard(_m, _ctx):
+    """where (((((is_computed(a) and (q.transA == 0)) and (q.alpha == 1.0)) and is_const(b)) and is_const(b_scale)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    c = _m['c']
+    return bool((((((((rt.b_is_computed(a) and rt.eq(q.transA, 0)) and rt.eq(q.alpha, 1.0)) and rt.b_is_const(b)) and rt.b_is_const(b_scale)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1))))
+
+def _r150_qgemm_between_quantized_build(_b, _m):
+    """=> requantized(Add(p, bias) if defined(bias) else p, y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    a = _m['a']
+    a_scale = _m['a_scale']
+    a_zero_point = _m['a_zero_point']
+    b = _m['b']
+    b_scale = _m['b_scale']
+    b_zero_point = _m['b_zero_point']
+    y_scale = _m['y_scale']
+    y_zero_point = _m['y_zero_point']
+    c = _m['c']
+    w = (_b.const(rt.b_transposed_data(b), b.dtype) if rt.ne(q.transB, 0) else b)
+    p = _b.op('MatMul', [build_dequantized(_b, a, a_scale, a_zero_point), _b.op('DequantizeLinear', [w, b_scale, b_zero_point], {'axis': 1, 'dtype': 'f32'})], {})
+    bias = (_b.op('Mul', [_b.op('Cast', [c], {'to': 'f32'}), _b.op('Mul', [_b.op('Reshape', [b_scale], {'dims': (rt.b_prod(b_scale.shape), )}), _b.op('Reshape', [a_scale], {'dims': ()})], {})], {}) if rt.b_defined(c) else None)
+    return rt.results(build_requantized(_b, (_b.op('Add', [p, bias], {}) if rt.b_defined(bias) else p), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r151_dequantize_linear_of_maxpool_guard(_m, _ctx):
+    """where (is_splat(s) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))"""
+    d = _m['d']
+    p = _m['p']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return bool((((rt.b_is_splat(s) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
+
+def _r151_dequantize_linear_of_maxpool_build(_b, _m):
+    """=> MaxPool(DequantizeLinear(x, s, z, ...d), ...p)"""
+    d = _m['d']
+    p = _m['p']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return rt.results(_b.op('MaxPool', [_b.op('DequantizeLinear', [x, s, z], {'axis': d.axis, 'block_size': d.block_size, 'dtype': d.dtype})], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'dilations': p.dilations, 'ceil_mode': p.ceil_mode}))
+
+
+
+def _r152_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
+    'where (((r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")) and is_splat(s)) and (not defined(z) or is_splat(z))'
+    d = _m['d']
+    r = _m['r']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return bool(((((rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize')) and rt.b_is_splat(s)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
+
+def _r152_dequantize_linear_of_nearest_resize_build(_b, _m):
+    """=> Resize(DequantizeLinear(x, s, z, ...d), ...r)"""
+    d = _m['d']
+    r = _m['r']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return rt.results(_b.op('Resize', [_b.op('DequantizeLinear', [x, s, z], {'axis': d.axis, 'block_size': d.block_size, 'dtype': d.dtype})], {'axes': r.axes, 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias}))
+
+
+
+def _r153_dequantize_linear_of_flatten_guard(_m, _ctx):
+    """where is_splat(s) and (not defined(z) or is_splat(z))"""
+    d = _m['d']
+    f = _m['f']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
+
+def _r153_dequantize_linear_of_flatten_build(_b, _m):
+    """=> Flatten(DequantizeLinear(x, s, z, ...d), ...f)"""
+    d = _m['d']
+    f = _m['f']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return rt.results(_b.op('Flatten', [_b.op('DequantizeLinear', [x, s, z], {'axis': d.axis, 'block_size': d.block_size, 'dtype': d.dtype})], {'axis': f.axis}))
+
+
+
+def _r154_dequantize_linear_of_reshape_guard(_m, _ctx):
+    """where is_splat(s) and (not defined(z) or is_splat(z))"""
+    d = _m['d']
+    r = _m['r']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
+
+def _r154_dequantize_linear_of_reshape_build(_b, _m):
+    """=> Reshape(DequantizeLinear(x, s, z, ...d), ...r)"""
+    d = _m['d']
+    r = _m['r']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return rt.results(_b.op('Reshape', [_b.op('DequantizeLinear', [x, s, z], {'axis': d.axis, 'block_size': d.block_size, 'dtype': d.dtype})], {'dims': r.dims}))
+
+
+
+def _r155_dequantize_linear_of_transpose_guard(_m, _ctx):
+    """where is_splat(s) and (not defined(z) or is_splat(z))"""
+    d = _m['d']
+    t = _m['t']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
+
+def _r155_dequantize_linear_of_transpose_build(_b, _m):
+    """=> Transpose(DequantizeLinear(x, s, z, ...d), ...t)"""
+    d = _m['d']
+    t = _m['t']
+    x = _m['x']
+    s = _m['s']
+    z = _m['z']
+    return rt.results(_b.op('Transpose', [_b.op('DequantizeLinear', [x, s, z], {'axis': d.axis, 'block_size': d.block_size, 'dtype': d.dtype})], {'perm': t.perm}))
+
+
+
+def _r156_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r133_quantize_dequantize_same_build(_b, _m):
+def _r156_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -2151,7 +2612,7 @@ def _r133_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r134_quantize_dequantize_to_rescale_build(_b, _m):
+def _r157_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     d = _m['d']
@@ -2160,13 +2621,13 @@ def _r134_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r135_rescale_same_guard(_m, _ctx):
+def _r158_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r135_rescale_same_build(_b, _m):
+def _r158_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -2174,7 +2635,7 @@ def _r135_rescale_same_build(_b, _m):
 
 
 
-def _r136_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r159_rescale_into_quantized_conv_guard(_m, _ctx):
     """where uses(c) == 1"""
     r = _m['r']
     c = _m['c']
@@ -2184,7 +2645,7 @@ def _r136_rescale_into_quantized_conv_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r136_rescale_into_quantized_conv_build(_b, _m):
+def _r159_rescale_into_quantized_conv_build(_b, _m):
     """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     c = _m['c']
@@ -2196,7 +2657,7 @@ def _r136_rescale_into_quantized_conv_build(_b, _m):
 
 
 
-def _r137_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r160_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where uses(m) == 1"""
     r = _m['r']
     m = _m['m']
@@ -2206,7 +2667,7 @@ def _r137_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(m), 1)))
 
-def _r137_rescale_into_quantized_matmul_build(_b, _m):
+def _r160_rescale_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
     r = _m['r']
     m = _m['m']
@@ -2218,7 +2679,7 @@ def _r137_rescale_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r138_relu_of_dequantized_build(_b, _m):
+def _r161_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2226,7 +2687,7 @@ def _r138_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r139_maxpool_of_dequantized_build(_b, _m):
+def _r162_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2235,7 +2696,7 @@ def _r139_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r140_flatten_of_dequantized_build(_b, _m):
+def _r163_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2244,7 +2705,7 @@ def _r140_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r141_reshape_of_dequantized_build(_b, _m):
+def _r164_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2253,7 +2714,7 @@ def _r141_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r142_transpose_of_dequantized_build(_b, _m):
+def _r165_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2262,7 +2723,7 @@ def _r142_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r143_slice_of_dequantized_build(_b, _m):
+def _r166_slice_of_dequantized_build(_b, _m):
     """=> Dequantize(Slice(x, ...s), ...d)"""
     s = _m['s']
     d = _m['d']
@@ -2271,7 +2732,7 @@ def _r143_slice_of_dequantized_build(_b, _m):
 
 
 
-def _r144_gather_of_dequantized_build(_b, _m):
+def _r167_gather_of_dequantized_build(_b, _m):
     """=> Dequantize(Gather(x, i, ...g), ...d)"""
     g = _m['g']
     d = _m['d']
@@ -2281,7 +2742,7 @@ def _r144_gather_of_dequantized_build(_b, _m):
 
 
 
-def _r145_rescale_through_max_guard(_m, _ctx):
+def _r168_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2289,7 +2750,7 @@ def _r145_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r145_rescale_through_max_build(_b, _m):
+def _r168_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2299,14 +2760,14 @@ def _r145_rescale_through_max_build(_b, _m):
 
 
 
-def _r146_rescale_through_maxpool_guard(_m, _ctx):
+def _r169_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r146_rescale_through_maxpool_build(_b, _m):
+def _r169_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2315,14 +2776,14 @@ def _r146_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r147_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r170_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
 
-def _r147_quantize_of_clip_within_range_build(_b, _m):
+def _r170_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2331,13 +2792,13 @@ def _r147_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r148_max_with_floor_remove_guard(_m, _ctx):
+def _r171_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r148_max_with_floor_remove_build(_b, _m):
+def _r171_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2345,7 +2806,7 @@ def _r148_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r149_quantized_conv_in_float_build(_b, _m):
+def _r172_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2356,7 +2817,7 @@ def _r149_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r150_quantized_grouped_conv_in_float_guard(_m, _ctx):
+def _r173_quantized_grouped_conv_in_float_guard(_m, _ctx):
     """where c.group > 1"""
     c = _m['c']
     x = _m['x']
@@ -2365,7 +2826,7 @@ def _r150_quantized_grouped_conv_in_float_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.gt(c.group, 1)))
 
-def _r150_quantized_grouped_conv_in_float_build(_b, _m):
+def _r173_quantized_grouped_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2376,7 +2837,7 @@ def _r150_quantized_grouped_conv_in_float_build(_b, _m):
 
 
 
-def _r151_quantized_matmul_in_float_build(_b, _m):
+def _r174_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2388,156 +2849,179 @@ def _r151_quantized_matmul_in_float_build(_b, _m):
 
 
 RULES = (
-    RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:39:1'),
-    RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:42:1'),
-    RuleInfo(name='dropout_mask', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r2_dropout_mask_build, location='specs/lowerings.glowdef:45:1'),
-    RuleInfo(name='reciprocal_to_div', phases=('lower',), pattern=P('Reciprocal', (V('x'),)), size=1, guard=None, build=_r3_reciprocal_to_div_build, location='specs/lowerings.glowdef:50:1'),
-    RuleInfo(name='clip_to_max_min', phases=('lower',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=None, build=_r4_clip_to_max_min_build, location='specs/lowerings.glowdef:53:1'),
-    RuleInfo(name='swish_expand', phases=('lower',), pattern=P('Swish', (V('x'),)), size=1, guard=None, build=_r5_swish_expand_build, location='specs/lowerings.glowdef:57:1'),
-    RuleInfo(name='hardsigmoid_expand', phases=('lower',), pattern=P('HardSigmoid', (V('x'),), bind='h'), size=1, guard=None, build=_r6_hardsigmoid_expand_build, location='specs/lowerings.glowdef:60:1'),
-    RuleInfo(name='hardswish_expand', phases=('lower',), pattern=P('HardSwish', (V('x'),)), size=1, guard=None, build=_r7_hardswish_expand_build, location='specs/lowerings.glowdef:65:1'),
-    RuleInfo(name='sum_single', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('x'),)), size=1, guard=None, build=_r8_sum_single_build, location='specs/lowerings.glowdef:70:1'),
-    RuleInfo(name='sum_chain', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r9_sum_chain_build, location='specs/lowerings.glowdef:73:1'),
-    RuleInfo(name='mean_to_sum', phases=('lower',), pattern=P('MeanN', (R('xs'),), bind='m'), size=1, guard=None, build=_r10_mean_to_sum_build, location='specs/lowerings.glowdef:76:1'),
-    RuleInfo(name='max_single', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('x'),)), size=1, guard=None, build=_r11_max_single_build, location='specs/lowerings.glowdef:79:1'),
-    RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:82:1'),
-    RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:85:1'),
-    RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:88:1'),
-    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r15_prelu_to_select_build, location='specs/lowerings.glowdef:91:1'),
-    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r16_castlike_to_cast_build, location='specs/lowerings.glowdef:95:1'),
-    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r17_flatten_to_reshape_build, location='specs/lowerings.glowdef:100:1'),
-    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r18_squeeze_to_reshape_build, location='specs/lowerings.glowdef:103:1'),
-    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r19_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:106:1'),
-    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r20_tile_to_expand_build, location='specs/lowerings.glowdef:110:1'),
-    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r21_depth_to_space_dcr_guard, build=_r21_depth_to_space_dcr_build, location='specs/lowerings.glowdef:116:1'),
-    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r22_depth_to_space_crd_guard, build=_r22_depth_to_space_crd_build, location='specs/lowerings.glowdef:123:1'),
-    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r23_space_to_depth_dcr_guard, build=_r23_space_to_depth_dcr_build, location='specs/lowerings.glowdef:130:1'),
-    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r24_space_to_depth_crd_guard, build=_r24_space_to_depth_crd_build, location='specs/lowerings.glowdef:137:1'),
-    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c', optional=True)), bind='g'), size=1, guard=_r25_gemm_to_matmul_guard, build=_r25_gemm_to_matmul_build, location='specs/lowerings.glowdef:148:1'),
-    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r26_fc_to_matmul_guard, build=_r26_fc_to_matmul_build, location='specs/lowerings.glowdef:156:1'),
-    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r27_matmul_vector_lhs_guard, build=_r27_matmul_vector_lhs_build, location='specs/lowerings.glowdef:159:1'),
-    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r28_matmul_vector_rhs_guard, build=_r28_matmul_vector_rhs_build, location='specs/lowerings.glowdef:163:1'),
-    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r29_matmul_shared_rhs_guard, build=_r29_matmul_shared_rhs_build, location='specs/lowerings.glowdef:168:1'),
-    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r30_matmul_batched_guard, build=_r30_matmul_batched_build, location='specs/lowerings.glowdef:174:1'),
-    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r31_batchnorm_to_affine_build, location='specs/lowerings.glowdef:185:1'),
-    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias', optional=True)), bind='ln'), size=1, guard=None, build=_r32_layernorm_expand_build, location='specs/lowerings.glowdef:192:1'),
-    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r33_softmax_expand_build, location='specs/lowerings.glowdef:205:1'),
-    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r34_logsoftmax_expand_build, location='specs/lowerings.glowdef:211:1'),
-    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r35_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:216:1'),
-    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r36_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:220:1'),
-    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r37_instancenorm_expand_build, location='specs/lowerings.glowdef:224:1'),
-    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r38_lpnorm_l2_guard, build=_r38_lpnorm_l2_build, location='specs/lowerings.glowdef:233:1'),
-    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r39_lpnorm_l1_guard, build=_r39_lpnorm_l1_build, location='specs/lowerings.glowdef:238:1'),
-    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r40_reducemean_to_sum_build, location='specs/lowerings.glowdef:245:1'),
-    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r41_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:249:1'),
-    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r42_global_maxpool_to_max_build, location='specs/lowerings.glowdef:252:1'),
-    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r43_lrn_expand_build, location='specs/lowerings.glowdef:256:1'),
-    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r44_convtranspose_nonoverlapping_to_conv_guard, build=_r44_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:269:1'),
-    RuleInfo(name='convtranspose_phases_to_convs', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r45_convtranspose_phases_to_convs_guard, build=_r45_convtranspose_phases_to_convs_build, location='specs/lowerings.glowdef:324:1'),
-    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r46_convtranspose_phases_to_conv_guard, build=_r46_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:345:1'),
-    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r47_f16_matmul_in_f32_guard, build=_r47_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:379:1'),
-    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r48_f16_conv_in_f32_guard, build=_r48_f16_conv_in_f32_build, location='specs/lowerings.glowdef:383:1'),
-    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r49_f16_convn_in_f32_guard, build=_r49_f16_convn_in_f32_build, location='specs/lowerings.glowdef:387:1'),
-    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r50_f16_reducesum_in_f32_guard, build=_r50_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:391:1'),
-    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r51_f16_avgpool_in_f32_guard, build=_r51_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:395:1'),
-    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r52_cast_same_type_guard, build=_r52_cast_same_type_build, location='specs/lowerings.glowdef:405:1'),
-    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r53_add_zero_guard, build=_r53_add_zero_build, location='specs/lowerings.glowdef:408:1'),
-    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r54_sub_zero_guard, build=_r54_sub_zero_build, location='specs/lowerings.glowdef:411:1'),
-    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r55_mul_one_guard, build=_r55_mul_one_build, location='specs/lowerings.glowdef:414:1'),
-    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r56_div_one_guard, build=_r56_div_one_build, location='specs/lowerings.glowdef:417:1'),
-    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r57_relu_relu_build, location='specs/lowerings.glowdef:420:1'),
-    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r58_max_same_build, location='specs/lowerings.glowdef:423:1'),
-    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r59_clip_unbounded_guard, build=_r59_clip_unbounded_build, location='specs/lowerings.glowdef:426:1'),
-    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r60_max_zero_to_relu_guard, build=_r60_max_zero_to_relu_build, location='specs/lowerings.glowdef:431:1'),
-    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r61_min_max_to_clip_guard, build=_r61_min_max_to_clip_build, location='specs/lowerings.glowdef:434:1'),
-    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r62_min_relu_to_clip_guard, build=_r62_min_relu_to_clip_build, location='specs/lowerings.glowdef:442:1'),
-    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r63_swish_fuse_guard, build=_r63_swish_fuse_build, location='specs/lowerings.glowdef:449:1'),
-    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r64_sub_const_to_add_guard, build=_r64_sub_const_to_add_build, location='specs/lowerings.glowdef:456:1'),
-    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r65_div_const_to_mul_guard, build=_r65_div_const_to_mul_build, location='specs/lowerings.glowdef:459:1'),
-    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r66_add_const_reassociate_guard, build=_r66_add_const_reassociate_build, location='specs/lowerings.glowdef:463:1'),
-    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r67_mul_const_reassociate_guard, build=_r67_mul_const_reassociate_build, location='specs/lowerings.glowdef:467:1'),
-    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r68_mul_add_distribute_guard, build=_r68_mul_add_distribute_build, location='specs/lowerings.glowdef:471:1'),
-    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r69_conv_bias_zero_build, location='specs/lowerings.glowdef:478:1'),
-    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r70_conv_batchnorm_fold_guard, build=_r70_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:482:1'),
-    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r71_conv_mul_fold_guard, build=_r71_conv_mul_fold_build, location='specs/lowerings.glowdef:489:1'),
-    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r72_conv_add_fold_guard, build=_r72_conv_add_fold_build, location='specs/lowerings.glowdef:495:1'),
-    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r73_matmul_mul_fold_guard, build=_r73_matmul_mul_fold_build, location='specs/lowerings.glowdef:502:1'),
-    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r74_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:510:1'),
-    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r75_convtranspose_batchnorm_fold_guard, build=_r75_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:514:1'),
-    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r76_convtranspose_mul_fold_guard, build=_r76_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:522:1'),
-    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r77_convtranspose_add_fold_guard, build=_r77_convtranspose_add_fold_build, location='specs/lowerings.glowdef:529:1'),
-    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r78_conv_pad_merge_guard, build=_r78_conv_pad_merge_build, location='specs/lowerings.glowdef:536:1'),
-    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r79_avgpool_pad_merge_guard, build=_r79_avgpool_pad_merge_build, location='specs/lowerings.glowdef:542:1'),
-    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r80_maxpool_pad_merge_guard, build=_r80_maxpool_pad_merge_build, location='specs/lowerings.glowdef:550:1'),
-    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r81_convn_1d_guard, build=_r81_convn_1d_build, location='specs/lowerings.glowdef:562:1'),
-    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r82_maxpooln_1d_guard, build=_r82_maxpooln_1d_build, location='specs/lowerings.glowdef:570:1'),
-    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r83_avgpooln_1d_guard, build=_r83_avgpooln_1d_build, location='specs/lowerings.glowdef:577:1'),
-    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r84_transpose_identity_guard, build=_r84_transpose_identity_build, location='specs/lowerings.glowdef:586:1'),
-    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r85_transpose_transpose_build, location='specs/lowerings.glowdef:589:1'),
-    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r86_transpose_to_reshape_guard, build=_r86_transpose_to_reshape_build, location='specs/lowerings.glowdef:592:1'),
-    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r87_reshape_noop_guard, build=_r87_reshape_noop_build, location='specs/lowerings.glowdef:595:1'),
-    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r88_reshape_reshape_build, location='specs/lowerings.glowdef:598:1'),
-    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r89_concat_single_build, location='specs/lowerings.glowdef:601:1'),
-    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r90_concat_flatten_guard, build=_r90_concat_flatten_build, location='specs/lowerings.glowdef:604:1'),
-    RuleInfo(name='unary_transpose_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Transpose', (V('x'),), bind='t'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r91_unary_transpose_sink_guard, build=_r91_unary_transpose_sink_build, location='specs/lowerings.glowdef:610:1'),
-    RuleInfo(name='unary_concat_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Concat', (R('xs'),), bind='c'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r92_unary_concat_sink_guard, build=_r92_unary_concat_sink_build, location='specs/lowerings.glowdef:615:1'),
-    RuleInfo(name='unary_slice_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Slice', (V('x'),), bind='s'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r93_unary_slice_sink_guard, build=_r93_unary_slice_sink_build, location='specs/lowerings.glowdef:621:1'),
-    RuleInfo(name='unary_reshape_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Reshape', (V('x'),), bind='r'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r94_unary_reshape_sink_guard, build=_r94_unary_reshape_sink_build, location='specs/lowerings.glowdef:628:1'),
-    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r95_add_transpose_sink_guard, build=_r95_add_transpose_sink_build, location='specs/lowerings.glowdef:631:1'),
-    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r96_mul_transpose_sink_guard, build=_r96_mul_transpose_sink_build, location='specs/lowerings.glowdef:635:1'),
-    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r97_add_const_transpose_sink_guard, build=_r97_add_const_transpose_sink_build, location='specs/lowerings.glowdef:640:1'),
-    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r98_mul_const_transpose_sink_guard, build=_r98_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:645:1'),
-    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r99_resize_identity_guard, build=_r99_resize_identity_build, location='specs/lowerings.glowdef:662:1'),
-    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r100_resize_one_axis_at_a_time_guard, build=_r100_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:668:1'),
-    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r101_resize_nearest_gather_guard, build=_r101_resize_nearest_gather_build, location='specs/lowerings.glowdef:673:1'),
-    RuleInfo(name='resize_axis_two_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r102_resize_axis_two_taps_guard, build=_r102_resize_axis_two_taps_build, location='specs/lowerings.glowdef:682:1'),
-    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r103_resize_axis_taps_guard, build=_r103_resize_axis_taps_build, location='specs/lowerings.glowdef:698:1'),
-    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r104_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:713:1'),
-    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r105_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:724:1'),
-    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r106_lppool_to_conv_build, location='specs/lowerings.glowdef:733:1'),
-    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r107_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:743:1'),
-    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r108_gridsample_expand_build, location='specs/lowerings.glowdef:763:1'),
-    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r109_reflect_expand_build, location='specs/lowerings.glowdef:815:1'),
-    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r110_lstm_unroll_build, location='specs/lowerings.glowdef:947:1'),
-    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r111_gru_unroll_build, location='specs/lowerings.glowdef:951:1'),
-    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r112_rnn_unroll_build, location='specs/lowerings.glowdef:955:1'),
-    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r113_quant_param_to_reshape_guard, build=_r113_quant_param_to_reshape_build, location='specs/lowerings.glowdef:966:1'),
-    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r114_quant_param_blocked_to_gather_guard, build=_r114_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:970:1'),
-    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r115_quantize_linear_expand_build, location='specs/lowerings.glowdef:977:1'),
-    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r116_dequantize_linear_expand_build, location='specs/lowerings.glowdef:986:1'),
-    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r117_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:994:1'),
-    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r118_matmul_integer_expand_build, location='specs/lowerings.glowdef:1007:1'),
-    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r119_conv_integer_expand_build, location='specs/lowerings.glowdef:1015:1'),
-    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r120_qlinear_conv_expand_build, location='specs/lowerings.glowdef:1023:1'),
-    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r121_histogram_to_scatter_build, location='specs/lowerings.glowdef:1037:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r122_dft_to_matmul_build, location='specs/lowerings.glowdef:1049:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r123_compress_to_gather_guard, build=_r123_compress_to_gather_build, location='specs/lowerings.glowdef:1059:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r124_compress_flat_to_gather_guard, build=_r124_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1063:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r125_stft_expand_build, location='specs/lowerings.glowdef:1068:1'),
-    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r126_quantize_conv_guard, build=_r126_quantize_conv_build, location='specs/lowerings.glowdef:1089:1'),
-    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r127_quantize_matmul_guard, build=_r127_quantize_matmul_build, location='specs/lowerings.glowdef:1099:1'),
-    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r128_bias_into_quantized_matmul_guard, build=_r128_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1108:1'),
-    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r129_qdq_pair_to_quantized_guard, build=_r129_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1120:1'),
-    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r130_conv_between_quantized_guard, build=_r130_conv_between_quantized_build, location='specs/lowerings.glowdef:1137:1'),
-    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r131_conv_relu_between_quantized_guard, build=_r131_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1143:1'),
-    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r132_matmul_between_quantized_guard, build=_r132_matmul_between_quantized_build, location='specs/lowerings.glowdef:1148:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r133_quantize_dequantize_same_guard, build=_r133_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1155:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r134_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1158:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r135_rescale_same_guard, build=_r135_rescale_same_build, location='specs/lowerings.glowdef:1162:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r136_rescale_into_quantized_conv_guard, build=_r136_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1166:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r137_rescale_into_quantized_matmul_guard, build=_r137_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1170:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r138_relu_of_dequantized_build, location='specs/lowerings.glowdef:1176:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r139_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1179:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r140_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1182:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r141_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1185:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r142_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1188:1'),
-    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r143_slice_of_dequantized_build, location='specs/lowerings.glowdef:1191:1'),
-    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r144_gather_of_dequantized_build, location='specs/lowerings.glowdef:1194:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r145_rescale_through_max_guard, build=_r145_rescale_through_max_build, location='specs/lowerings.glowdef:1199:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r146_rescale_through_maxpool_guard, build=_r146_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1203:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r147_quantize_of_clip_within_range_guard, build=_r147_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1208:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r148_max_with_floor_remove_guard, build=_r148_max_with_floor_remove_build, location='specs/lowerings.glowdef:1214:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r149_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1228:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r150_quantized_grouped_conv_in_float_guard, build=_r150_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1233:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r151_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1236:1'),
+    RuleInfo(name='identity_remove', phases=('canonicalize', 'lower'), pattern=P('Identity', (V('x'),)), size=1, guard=None, build=_r0_identity_remove_build, location='specs/lowerings.glowdef:42:1'),
+    RuleInfo(name='dropout_remove', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r1_dropout_remove_build, location='specs/lowerings.glowdef:45:1'),
+    RuleInfo(name='dropout_mask', phases=('canonicalize', 'lower'), pattern=P('Dropout', (V('x'),)), size=1, guard=None, build=_r2_dropout_mask_build, location='specs/lowerings.glowdef:48:1'),
+    RuleInfo(name='reciprocal_to_div', phases=('lower',), pattern=P('Reciprocal', (V('x'),)), size=1, guard=None, build=_r3_reciprocal_to_div_build, location='specs/lowerings.glowdef:53:1'),
+    RuleInfo(name='clip_to_max_min', phases=('lower',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=None, build=_r4_clip_to_max_min_build, location='specs/lowerings.glowdef:56:1'),
+    RuleInfo(name='swish_expand', phases=('lower',), pattern=P('Swish', (V('x'),)), size=1, guard=None, build=_r5_swish_expand_build, location='specs/lowerings.glowdef:60:1'),
+    RuleInfo(name='hardsigmoid_expand', phases=('lower',), pattern=P('HardSigmoid', (V('x'),), bind='h'), size=1, guard=None, build=_r6_hardsigmoid_expand_build, location='specs/lowerings.glowdef:63:1'),
+    RuleInfo(name='hardswish_expand', phases=('lower',), pattern=P('HardSwish', (V('x'),)), size=1, guard=None, build=_r7_hardswish_expand_build, location='specs/lowerings.glowdef:68:1'),
+    RuleInfo(name='sum_single', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('x'),)), size=1, guard=None, build=_r8_sum_single_build, location='specs/lowerings.glowdef:73:1'),
+    RuleInfo(name='sum_chain', phases=('canonicalize', 'lower'), pattern=P('SumN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r9_sum_chain_build, location='specs/lowerings.glowdef:76:1'),
+    RuleInfo(name='mean_to_sum', phases=('lower',), pattern=P('MeanN', (R('xs'),), bind='m'), size=1, guard=None, build=_r10_mean_to_sum_build, location='specs/lowerings.glowdef:79:1'),
+    RuleInfo(name='max_single', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('x'),)), size=1, guard=None, build=_r11_max_single_build, location='specs/lowerings.glowdef:82:1'),
+    RuleInfo(name='max_chain', phases=('canonicalize', 'lower'), pattern=P('MaxN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r12_max_chain_build, location='specs/lowerings.glowdef:85:1'),
+    RuleInfo(name='min_single', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('x'),)), size=1, guard=None, build=_r13_min_single_build, location='specs/lowerings.glowdef:88:1'),
+    RuleInfo(name='min_chain', phases=('canonicalize', 'lower'), pattern=P('MinN', (V('a'), V('b'), R('rest'))), size=1, guard=None, build=_r14_min_chain_build, location='specs/lowerings.glowdef:91:1'),
+    RuleInfo(name='prelu_to_select', phases=('lower',), pattern=P('PRelu', (V('x'), V('slope')), bind='p'), size=1, guard=None, build=_r15_prelu_to_select_build, location='specs/lowerings.glowdef:94:1'),
+    RuleInfo(name='castlike_to_cast', phases=('lower',), pattern=P('CastLike', (V('x'), V('like'))), size=1, guard=None, build=_r16_castlike_to_cast_build, location='specs/lowerings.glowdef:98:1'),
+    RuleInfo(name='flatten_to_reshape', phases=('lower',), pattern=P('Flatten', (V('x'),), bind='f'), size=1, guard=None, build=_r17_flatten_to_reshape_build, location='specs/lowerings.glowdef:103:1'),
+    RuleInfo(name='squeeze_to_reshape', phases=('lower',), pattern=P('Squeeze', (V('x'),), bind='s'), size=1, guard=None, build=_r18_squeeze_to_reshape_build, location='specs/lowerings.glowdef:106:1'),
+    RuleInfo(name='unsqueeze_to_reshape', phases=('lower',), pattern=P('Unsqueeze', (V('x'),), bind='u'), size=1, guard=None, build=_r19_unsqueeze_to_reshape_build, location='specs/lowerings.glowdef:109:1'),
+    RuleInfo(name='tile_to_expand', phases=('lower',), pattern=P('Tile', (V('x'),), bind='t'), size=1, guard=None, build=_r20_tile_to_expand_build, location='specs/lowerings.glowdef:113:1'),
+    RuleInfo(name='depth_to_space_dcr', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r21_depth_to_space_dcr_guard, build=_r21_depth_to_space_dcr_build, location='specs/lowerings.glowdef:119:1'),
+    RuleInfo(name='depth_to_space_crd', phases=('lower',), pattern=P('DepthToSpace', (V('x'),), bind='d'), size=1, guard=_r22_depth_to_space_crd_guard, build=_r22_depth_to_space_crd_build, location='specs/lowerings.glowdef:126:1'),
+    RuleInfo(name='space_to_depth_dcr', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r23_space_to_depth_dcr_guard, build=_r23_space_to_depth_dcr_build, location='specs/lowerings.glowdef:133:1'),
+    RuleInfo(name='space_to_depth_crd', phases=('lower',), pattern=P('SpaceToDepth', (V('x'),), bind='d'), size=1, guard=_r24_space_to_depth_crd_guard, build=_r24_space_to_depth_crd_build, location='specs/lowerings.glowdef:140:1'),
+    RuleInfo(name='gemm_to_matmul', phases=('canonicalize', 'lower'), pattern=P('Gemm', (V('a'), V('b'), V('c', optional=True)), bind='g'), size=1, guard=_r25_gemm_to_matmul_guard, build=_r25_gemm_to_matmul_build, location='specs/lowerings.glowdef:151:1'),
+    RuleInfo(name='fc_to_matmul', phases=('canonicalize', 'lower'), pattern=P('FullyConnected', (V('x'), V('w'), V('b'))), size=1, guard=_r26_fc_to_matmul_guard, build=_r26_fc_to_matmul_build, location='specs/lowerings.glowdef:159:1'),
+    RuleInfo(name='matmul_vector_lhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r27_matmul_vector_lhs_guard, build=_r27_matmul_vector_lhs_build, location='specs/lowerings.glowdef:162:1'),
+    RuleInfo(name='matmul_vector_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r28_matmul_vector_rhs_guard, build=_r28_matmul_vector_rhs_build, location='specs/lowerings.glowdef:166:1'),
+    RuleInfo(name='matmul_shared_rhs', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r29_matmul_shared_rhs_guard, build=_r29_matmul_shared_rhs_build, location='specs/lowerings.glowdef:171:1'),
+    RuleInfo(name='matmul_batched', phases=('lower',), pattern=P('MatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r30_matmul_batched_guard, build=_r30_matmul_batched_build, location='specs/lowerings.glowdef:177:1'),
+    RuleInfo(name='batchnorm_to_affine', phases=('lower',), pattern=P('BatchNormalization', (V('x'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=1, guard=None, build=_r31_batchnorm_to_affine_build, location='specs/lowerings.glowdef:188:1'),
+    RuleInfo(name='layernorm_expand', phases=('lower',), pattern=P('LayerNormalization', (V('x'), V('scale'), V('bias', optional=True)), bind='ln'), size=1, guard=None, build=_r32_layernorm_expand_build, location='specs/lowerings.glowdef:195:1'),
+    RuleInfo(name='softmax_expand', phases=('lower',), pattern=P('Softmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r33_softmax_expand_build, location='specs/lowerings.glowdef:208:1'),
+    RuleInfo(name='logsoftmax_expand', phases=('lower',), pattern=P('LogSoftmax', (V('x'),), bind='sm'), size=1, guard=None, build=_r34_logsoftmax_expand_build, location='specs/lowerings.glowdef:214:1'),
+    RuleInfo(name='softmax_flat_to_2d', phases=('lower',), pattern=P('SoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r35_softmax_flat_to_2d_build, location='specs/lowerings.glowdef:219:1'),
+    RuleInfo(name='logsoftmax_flat_to_2d', phases=('lower',), pattern=P('LogSoftmaxFlat', (V('x'),), bind='sm'), size=1, guard=None, build=_r36_logsoftmax_flat_to_2d_build, location='specs/lowerings.glowdef:223:1'),
+    RuleInfo(name='instancenorm_expand', phases=('lower',), pattern=P('InstanceNormalization', (V('x'), V('scale'), V('bias')), bind='n'), size=1, guard=None, build=_r37_instancenorm_expand_build, location='specs/lowerings.glowdef:227:1'),
+    RuleInfo(name='lpnorm_l2', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r38_lpnorm_l2_guard, build=_r38_lpnorm_l2_build, location='specs/lowerings.glowdef:236:1'),
+    RuleInfo(name='lpnorm_l1', phases=('lower',), pattern=P('LpNormalization', (V('x'),), bind='n'), size=1, guard=_r39_lpnorm_l1_guard, build=_r39_lpnorm_l1_build, location='specs/lowerings.glowdef:241:1'),
+    RuleInfo(name='reducemean_to_sum', phases=('lower',), pattern=P('ReduceMean', (V('x'),), bind='r'), size=1, guard=None, build=_r40_reducemean_to_sum_build, location='specs/lowerings.glowdef:248:1'),
+    RuleInfo(name='global_avgpool_to_mean', phases=('lower',), pattern=P('GlobalAveragePool', (V('x'),)), size=1, guard=None, build=_r41_global_avgpool_to_mean_build, location='specs/lowerings.glowdef:252:1'),
+    RuleInfo(name='global_maxpool_to_max', phases=('lower',), pattern=P('GlobalMaxPool', (V('x'),)), size=1, guard=None, build=_r42_global_maxpool_to_max_build, location='specs/lowerings.glowdef:255:1'),
+    RuleInfo(name='lrn_expand', phases=('lower',), pattern=P('LRN', (V('x'),), bind='n'), size=1, guard=None, build=_r43_lrn_expand_build, location='specs/lowerings.glowdef:259:1'),
+    RuleInfo(name='convtranspose_nonoverlapping_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r44_convtranspose_nonoverlapping_to_conv_guard, build=_r44_convtranspose_nonoverlapping_to_conv_build, location='specs/lowerings.glowdef:272:1'),
+    RuleInfo(name='convtranspose_phases_to_convs', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r45_convtranspose_phases_to_convs_guard, build=_r45_convtranspose_phases_to_convs_build, location='specs/lowerings.glowdef:327:1'),
+    RuleInfo(name='convtranspose_phases_to_conv', phases=('legalize',), pattern=P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r46_convtranspose_phases_to_conv_guard, build=_r46_convtranspose_phases_to_conv_build, location='specs/lowerings.glowdef:348:1'),
+    RuleInfo(name='f16_matmul_in_f32', phases=('legalize',), pattern=P('BatchMatMul', (V('a'), V('b')), bind='m'), size=1, guard=_r47_f16_matmul_in_f32_guard, build=_r47_f16_matmul_in_f32_build, location='specs/lowerings.glowdef:382:1'),
+    RuleInfo(name='f16_conv_in_f32', phases=('legalize',), pattern=P('Conv', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r48_f16_conv_in_f32_guard, build=_r48_f16_conv_in_f32_build, location='specs/lowerings.glowdef:386:1'),
+    RuleInfo(name='f16_convn_in_f32', phases=('legalize',), pattern=P('ConvN', (V('x'), V('w'), V('b')), bind='c'), size=1, guard=_r49_f16_convn_in_f32_guard, build=_r49_f16_convn_in_f32_build, location='specs/lowerings.glowdef:390:1'),
+    RuleInfo(name='f16_reducesum_in_f32', phases=('legalize',), pattern=P('ReduceSum', (V('x'),), bind='r'), size=1, guard=_r50_f16_reducesum_in_f32_guard, build=_r50_f16_reducesum_in_f32_build, location='specs/lowerings.glowdef:394:1'),
+    RuleInfo(name='f16_avgpool_in_f32', phases=('legalize',), pattern=P('AvgPool', (V('x'),), bind='p'), size=1, guard=_r51_f16_avgpool_in_f32_guard, build=_r51_f16_avgpool_in_f32_build, location='specs/lowerings.glowdef:398:1'),
+    RuleInfo(name='cast_same_type', phases=('canonicalize',), pattern=P('Cast', (V('x'),), bind='c'), size=1, guard=_r52_cast_same_type_guard, build=_r52_cast_same_type_build, location='specs/lowerings.glowdef:408:1'),
+    RuleInfo(name='add_zero', phases=('canonicalize',), pattern=P('Add', (V('x'), V('c')), bind='a'), size=1, guard=_r53_add_zero_guard, build=_r53_add_zero_build, location='specs/lowerings.glowdef:411:1'),
+    RuleInfo(name='sub_zero', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c')), bind='s'), size=1, guard=_r54_sub_zero_guard, build=_r54_sub_zero_build, location='specs/lowerings.glowdef:414:1'),
+    RuleInfo(name='mul_one', phases=('canonicalize',), pattern=P('Mul', (V('x'), V('c')), bind='m'), size=1, guard=_r55_mul_one_guard, build=_r55_mul_one_build, location='specs/lowerings.glowdef:417:1'),
+    RuleInfo(name='div_one', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c')), bind='d'), size=1, guard=_r56_div_one_guard, build=_r56_div_one_build, location='specs/lowerings.glowdef:420:1'),
+    RuleInfo(name='relu_relu', phases=('canonicalize',), pattern=P('Relu', (P('Relu', (V('x'),), bind='r'),)), size=2, guard=None, build=_r57_relu_relu_build, location='specs/lowerings.glowdef:423:1'),
+    RuleInfo(name='max_same', phases=('canonicalize',), pattern=P('Max', (V('x'), V('x'))), size=1, guard=None, build=_r58_max_same_build, location='specs/lowerings.glowdef:426:1'),
+    RuleInfo(name='clip_unbounded', phases=('canonicalize',), pattern=P('Clip', (V('x'),), bind='c'), size=1, guard=_r59_clip_unbounded_guard, build=_r59_clip_unbounded_build, location='specs/lowerings.glowdef:429:1'),
+    RuleInfo(name='max_zero_to_relu', phases=('canonicalize',), pattern=P('Max', (V('x'), V('c')), bind='m'), size=1, guard=_r60_max_zero_to_relu_guard, build=_r60_max_zero_to_relu_build, location='specs/lowerings.glowdef:434:1'),
+    RuleInfo(name='min_max_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Max', (V('x'), V('lo')), bind='m'), V('hi')), bind='n'), size=2, guard=_r61_min_max_to_clip_guard, build=_r61_min_max_to_clip_build, location='specs/lowerings.glowdef:437:1'),
+    RuleInfo(name='min_relu_to_clip', phases=('canonicalize',), pattern=P('Min', (P('Relu', (V('x'),), bind='r'), V('hi')), bind='n'), size=2, guard=_r62_min_relu_to_clip_guard, build=_r62_min_relu_to_clip_build, location='specs/lowerings.glowdef:445:1'),
+    RuleInfo(name='swish_fuse', phases=('canonicalize',), pattern=P('Mul', (V('x'), P('Sigmoid', (V('x'),), bind='s'))), size=2, guard=_r63_swish_fuse_guard, build=_r63_swish_fuse_build, location='specs/lowerings.glowdef:452:1'),
+    RuleInfo(name='sub_const_to_add', phases=('canonicalize',), pattern=P('Sub', (V('x'), V('c'))), size=1, guard=_r64_sub_const_to_add_guard, build=_r64_sub_const_to_add_build, location='specs/lowerings.glowdef:459:1'),
+    RuleInfo(name='div_const_to_mul', phases=('canonicalize',), pattern=P('Div', (V('x'), V('c'))), size=1, guard=_r65_div_const_to_mul_guard, build=_r65_div_const_to_mul_build, location='specs/lowerings.glowdef:462:1'),
+    RuleInfo(name='add_const_reassociate', phases=('canonicalize',), pattern=P('Add', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r66_add_const_reassociate_guard, build=_r66_add_const_reassociate_build, location='specs/lowerings.glowdef:466:1'),
+    RuleInfo(name='mul_const_reassociate', phases=('canonicalize',), pattern=P('Mul', (P('Mul', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r67_mul_const_reassociate_guard, build=_r67_mul_const_reassociate_build, location='specs/lowerings.glowdef:470:1'),
+    RuleInfo(name='mul_add_distribute', phases=('canonicalize',), pattern=P('Mul', (P('Add', (V('x'), V('a')), bind='i'), V('b'))), size=2, guard=_r68_mul_add_distribute_guard, build=_r68_mul_add_distribute_build, location='specs/lowerings.glowdef:474:1'),
+    RuleInfo(name='conv_bias_zero', phases=('canonicalize',), pattern=P('Conv', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r69_conv_bias_zero_build, location='specs/lowerings.glowdef:481:1'),
+    RuleInfo(name='conv_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r70_conv_batchnorm_fold_guard, build=_r70_conv_batchnorm_fold_build, location='specs/lowerings.glowdef:485:1'),
+    RuleInfo(name='conv_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r71_conv_mul_fold_guard, build=_r71_conv_mul_fold_build, location='specs/lowerings.glowdef:492:1'),
+    RuleInfo(name='conv_add_fold', phases=('canonicalize',), pattern=P('Add', (P('Conv', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r72_conv_add_fold_guard, build=_r72_conv_add_fold_build, location='specs/lowerings.glowdef:498:1'),
+    RuleInfo(name='matmul_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('MatMul', (V('x'), V('w')), bind='mm'), V('s'))), size=2, guard=_r73_matmul_mul_fold_guard, build=_r73_matmul_mul_fold_build, location='specs/lowerings.glowdef:505:1'),
+    RuleInfo(name='convtranspose_bias_zero', phases=('canonicalize',), pattern=P('ConvTranspose', (V('x'), V('w')), bind='c'), size=1, guard=None, build=_r74_convtranspose_bias_zero_build, location='specs/lowerings.glowdef:513:1'),
+    RuleInfo(name='convtranspose_batchnorm_fold', phases=('canonicalize',), pattern=P('BatchNormalization', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('scale'), V('bias'), V('mean'), V('var')), bind='bn'), size=2, guard=_r75_convtranspose_batchnorm_fold_guard, build=_r75_convtranspose_batchnorm_fold_build, location='specs/lowerings.glowdef:517:1'),
+    RuleInfo(name='convtranspose_mul_fold', phases=('canonicalize',), pattern=P('Mul', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('s'))), size=2, guard=_r76_convtranspose_mul_fold_guard, build=_r76_convtranspose_mul_fold_build, location='specs/lowerings.glowdef:525:1'),
+    RuleInfo(name='convtranspose_add_fold', phases=('canonicalize',), pattern=P('Add', (P('ConvTranspose', (V('x'), V('w'), V('b')), bind='c'), V('t'))), size=2, guard=_r77_convtranspose_add_fold_guard, build=_r77_convtranspose_add_fold_build, location='specs/lowerings.glowdef:532:1'),
+    RuleInfo(name='conv_pad_merge', phases=('canonicalize',), pattern=P('Conv', (P('Pad', (V('x'),), bind='p'), V('w'), V('b')), bind='c'), size=2, guard=_r78_conv_pad_merge_guard, build=_r78_conv_pad_merge_build, location='specs/lowerings.glowdef:539:1'),
+    RuleInfo(name='avgpool_pad_merge', phases=('canonicalize',), pattern=P('AvgPool', (P('Pad', (V('x'),), bind='p'),), bind='a'), size=2, guard=_r79_avgpool_pad_merge_guard, build=_r79_avgpool_pad_merge_build, location='specs/lowerings.glowdef:545:1'),
+    RuleInfo(name='maxpool_pad_merge', phases=('canonicalize',), pattern=P('MaxPool', (P('Pad', (P('Relu', (V('x'),), bind='r'),), bind='p'),), bind='m'), size=3, guard=_r80_maxpool_pad_merge_guard, build=_r80_maxpool_pad_merge_build, location='specs/lowerings.glowdef:553:1'),
+    RuleInfo(name='convn_1d', phases=('canonicalize',), pattern=P('ConvN', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r81_convn_1d_guard, build=_r81_convn_1d_build, location='specs/lowerings.glowdef:565:1'),
+    RuleInfo(name='maxpooln_1d', phases=('canonicalize',), pattern=P('MaxPoolN', (V('x'),), bind='p'), size=1, guard=_r82_maxpooln_1d_guard, build=_r82_maxpooln_1d_build, location='specs/lowerings.glowdef:573:1'),
+    RuleInfo(name='avgpooln_1d', phases=('canonicalize',), pattern=P('AvgPoolN', (V('x'),), bind='p'), size=1, guard=_r83_avgpooln_1d_guard, build=_r83_avgpooln_1d_build, location='specs/lowerings.glowdef:580:1'),
+    RuleInfo(name='transpose_identity', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r84_transpose_identity_guard, build=_r84_transpose_identity_build, location='specs/lowerings.glowdef:589:1'),
+    RuleInfo(name='transpose_transpose', phases=('canonicalize',), pattern=P('Transpose', (P('Transpose', (V('x'),), bind='i'),), bind='o'), size=2, guard=None, build=_r85_transpose_transpose_build, location='specs/lowerings.glowdef:592:1'),
+    RuleInfo(name='transpose_to_reshape', phases=('canonicalize',), pattern=P('Transpose', (V('x'),), bind='t'), size=1, guard=_r86_transpose_to_reshape_guard, build=_r86_transpose_to_reshape_build, location='specs/lowerings.glowdef:595:1'),
+    RuleInfo(name='reshape_noop', phases=('canonicalize',), pattern=P('Reshape', (V('x'),), bind='r'), size=1, guard=_r87_reshape_noop_guard, build=_r87_reshape_noop_build, location='specs/lowerings.glowdef:598:1'),
+    RuleInfo(name='reshape_reshape', phases=('canonicalize',), pattern=P('Reshape', (P('Reshape', (V('x'),)),), bind='r'), size=2, guard=None, build=_r88_reshape_reshape_build, location='specs/lowerings.glowdef:601:1'),
+    RuleInfo(name='concat_single', phases=('canonicalize',), pattern=P('Concat', (V('x'),)), size=1, guard=None, build=_r89_concat_single_build, location='specs/lowerings.glowdef:604:1'),
+    RuleInfo(name='concat_flatten', phases=('canonicalize',), pattern=P('Concat', (R('xs'),), bind='c'), size=1, guard=_r90_concat_flatten_guard, build=_r90_concat_flatten_build, location='specs/lowerings.glowdef:607:1'),
+    RuleInfo(name='unary_transpose_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Transpose', (V('x'),), bind='t'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r91_unary_transpose_sink_guard, build=_r91_unary_transpose_sink_build, location='specs/lowerings.glowdef:613:1'),
+    RuleInfo(name='unary_concat_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Concat', (R('xs'),), bind='c'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r92_unary_concat_sink_guard, build=_r92_unary_concat_sink_build, location='specs/lowerings.glowdef:618:1'),
+    RuleInfo(name='unary_slice_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Slice', (V('x'),), bind='s'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r93_unary_slice_sink_guard, build=_r93_unary_slice_sink_build, location='specs/lowerings.glowdef:624:1'),
+    RuleInfo(name='unary_reshape_sink', phases=('canonicalize',), pattern=P('UnaryElementwise', (P('Reshape', (V('x'),), bind='r'),), bind='u', ops=('Neg', 'Abs', 'Exp', 'Log', 'Sqrt', 'Relu', 'LeakyRelu', 'Elu', 'Sigmoid', 'Tanh', 'Erf', 'Softplus', 'Floor', 'Ceil', 'Not', 'Sin', 'Cos', 'Tan', 'Asin', 'Acos', 'Atan', 'Sinh', 'Cosh', 'Asinh', 'Acosh', 'Atanh', 'Sign', 'Round', 'BitwiseNot', 'Selu', 'ThresholdedRelu', 'Shrink', 'IsNaN', 'IsInf', 'Reciprocal', 'Clip', 'Swish', 'HardSigmoid', 'HardSwish', 'Cast')), size=2, guard=_r94_unary_reshape_sink_guard, build=_r94_unary_reshape_sink_build, location='specs/lowerings.glowdef:631:1'),
+    RuleInfo(name='add_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r95_add_transpose_sink_guard, build=_r95_add_transpose_sink_build, location='specs/lowerings.glowdef:634:1'),
+    RuleInfo(name='mul_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), P('Transpose', (V('y'),), bind='u'))), size=3, guard=_r96_mul_transpose_sink_guard, build=_r96_mul_transpose_sink_build, location='specs/lowerings.glowdef:638:1'),
+    RuleInfo(name='add_const_transpose_sink', phases=('canonicalize',), pattern=P('Add', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r97_add_const_transpose_sink_guard, build=_r97_add_const_transpose_sink_build, location='specs/lowerings.glowdef:643:1'),
+    RuleInfo(name='mul_const_transpose_sink', phases=('canonicalize',), pattern=P('Mul', (P('Transpose', (V('x'),), bind='t'), V('c'))), size=2, guard=_r98_mul_const_transpose_sink_guard, build=_r98_mul_const_transpose_sink_build, location='specs/lowerings.glowdef:648:1'),
+    RuleInfo(name='resize_identity', phases=('canonicalize', 'lower'), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r99_resize_identity_guard, build=_r99_resize_identity_build, location='specs/lowerings.glowdef:665:1'),
+    RuleInfo(name='resize_one_axis_at_a_time', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r100_resize_one_axis_at_a_time_guard, build=_r100_resize_one_axis_at_a_time_build, location='specs/lowerings.glowdef:671:1'),
+    RuleInfo(name='resize_nearest_gather', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r101_resize_nearest_gather_guard, build=_r101_resize_nearest_gather_build, location='specs/lowerings.glowdef:676:1'),
+    RuleInfo(name='resize_axis_two_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r102_resize_axis_two_taps_guard, build=_r102_resize_axis_two_taps_build, location='specs/lowerings.glowdef:685:1'),
+    RuleInfo(name='resize_axis_taps', phases=('lower',), pattern=P('Resize', (V('x'),), bind='r'), size=1, guard=_r103_resize_axis_taps_guard, build=_r103_resize_axis_taps_build, location='specs/lowerings.glowdef:701:1'),
+    RuleInfo(name='legacy_broadcast_expand', phases=('canonicalize', 'lower'), pattern=P('LegacyBroadcast', (V('a'), V('b')), bind='n'), size=1, guard=None, build=_r104_legacy_broadcast_expand_build, location='specs/lowerings.glowdef:716:1'),
+    RuleInfo(name='avgpool_dilated_to_conv', phases=('lower',), pattern=P('AvgPoolDilated', (V('x'),), bind='p'), size=1, guard=None, build=_r105_avgpool_dilated_to_conv_build, location='specs/lowerings.glowdef:727:1'),
+    RuleInfo(name='lppool_to_conv', phases=('lower',), pattern=P('LpPool', (V('x'),), bind='p'), size=1, guard=None, build=_r106_lppool_to_conv_build, location='specs/lowerings.glowdef:736:1'),
+    RuleInfo(name='col2im_to_convtranspose', phases=('lower',), pattern=P('Col2Im', (V('x'),), bind='c'), size=1, guard=None, build=_r107_col2im_to_convtranspose_build, location='specs/lowerings.glowdef:746:1'),
+    RuleInfo(name='gridsample_expand', phases=('lower',), pattern=P('GridSample', (V('x'), V('grid')), bind='g'), size=1, guard=None, build=_r108_gridsample_expand_build, location='specs/lowerings.glowdef:766:1'),
+    RuleInfo(name='reflect_expand', phases=('lower',), pattern=P('Reflect', (V('x'), V('low'), V('high'))), size=1, guard=None, build=_r109_reflect_expand_build, location='specs/lowerings.glowdef:818:1'),
+    RuleInfo(name='lstm_unroll', phases=('lower',), pattern=P('LSTM', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True), V('c0', optional=True), V('p', optional=True)), bind='l'), size=1, guard=None, build=_r110_lstm_unroll_build, location='specs/lowerings.glowdef:950:1'),
+    RuleInfo(name='gru_unroll', phases=('lower',), pattern=P('GRU', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r111_gru_unroll_build, location='specs/lowerings.glowdef:954:1'),
+    RuleInfo(name='rnn_unroll', phases=('lower',), pattern=P('RNN', (V('x'), V('w'), V('r'), V('b', optional=True), V('h0', optional=True)), bind='l'), size=1, guard=None, build=_r112_rnn_unroll_build, location='specs/lowerings.glowdef:958:1'),
+    RuleInfo(name='quant_param_to_reshape', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r113_quant_param_to_reshape_guard, build=_r113_quant_param_to_reshape_build, location='specs/lowerings.glowdef:969:1'),
+    RuleInfo(name='quant_param_blocked_to_gather', phases=('lower',), pattern=P('QuantParam', (V('p'),), bind='q'), size=1, guard=_r114_quant_param_blocked_to_gather_guard, build=_r114_quant_param_blocked_to_gather_build, location='specs/lowerings.glowdef:973:1'),
+    RuleInfo(name='quantize_linear_expand', phases=('lower',), pattern=P('QuantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r115_quantize_linear_expand_build, location='specs/lowerings.glowdef:980:1'),
+    RuleInfo(name='dequantize_linear_expand', phases=('lower',), pattern=P('DequantizeLinear', (V('x'), V('scale'), V('zero_point', optional=True)), bind='d'), size=1, guard=None, build=_r116_dequantize_linear_expand_build, location='specs/lowerings.glowdef:989:1'),
+    RuleInfo(name='qlinear_matmul_expand', phases=('lower',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=None, build=_r117_qlinear_matmul_expand_build, location='specs/lowerings.glowdef:997:1'),
+    RuleInfo(name='matmul_integer_expand', phases=('lower',), pattern=P('MatMulInteger', (V('a'), V('b'), V('a_zero_point', optional=True), V('b_zero_point', optional=True))), size=1, guard=None, build=_r118_matmul_integer_expand_build, location='specs/lowerings.glowdef:1010:1'),
+    RuleInfo(name='conv_integer_expand', phases=('lower',), pattern=P('ConvInteger', (V('x'), V('w'), V('x_zero_point', optional=True), V('w_zero_point', optional=True)), bind='c'), size=1, guard=None, build=_r119_conv_integer_expand_build, location='specs/lowerings.glowdef:1018:1'),
+    RuleInfo(name='qlinear_conv_expand', phases=('lower',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=None, build=_r120_qlinear_conv_expand_build, location='specs/lowerings.glowdef:1026:1'),
+    RuleInfo(name='qlinear_add_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearAdd', (V('a'), V('a_scale'), V('b'), V('b_scale'), V('y_scale'), V('a_zero_point', optional=True), V('b_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r121_qlinear_add_to_float_build, location='specs/lowerings.glowdef:1047:1'),
+    RuleInfo(name='qlinear_mul_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearMul', (V('a'), V('a_scale'), V('b'), V('b_scale'), V('y_scale'), V('a_zero_point', optional=True), V('b_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r122_qlinear_mul_to_float_build, location='specs/lowerings.glowdef:1052:1'),
+    RuleInfo(name='qlinear_sigmoid_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearSigmoid', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r123_qlinear_sigmoid_to_float_build, location='specs/lowerings.glowdef:1057:1'),
+    RuleInfo(name='qlinear_leaky_relu_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearLeakyRelu', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r124_qlinear_leaky_relu_to_float_build, location='specs/lowerings.glowdef:1061:1'),
+    RuleInfo(name='qlinear_global_average_pool_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearGlobalAveragePool', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r125_qlinear_global_average_pool_to_float_build, location='specs/lowerings.glowdef:1065:1'),
+    RuleInfo(name='qlinear_average_pool_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearAveragePool', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r126_qlinear_average_pool_to_float_build, location='specs/lowerings.glowdef:1069:1'),
+    RuleInfo(name='qlinear_concat_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearConcat', (R('xs'),), bind='q'), size=1, guard=None, build=_r127_qlinear_concat_to_float_build, location='specs/lowerings.glowdef:1077:1'),
+    RuleInfo(name='dequantized_concat_peel', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (R('xs'),), bind='d'), size=1, guard=_r128_dequantized_concat_peel_guard, build=_r128_dequantized_concat_peel_build, location='specs/lowerings.glowdef:1082:1'),
+    RuleInfo(name='dequantized_concat_single', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (V('x'),), bind='d'), size=1, guard=None, build=_r129_dequantized_concat_single_build, location='specs/lowerings.glowdef:1088:1'),
+    RuleInfo(name='qgemm_to_float', phases=('lower',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r130_qgemm_to_float_build, location='specs/lowerings.glowdef:1101:1'),
+    RuleInfo(name='qgemm_to_float_result', phases=('canonicalize', 'lower'), pattern=P('QGemmToFloat', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r131_qgemm_to_float_result_build, location='specs/lowerings.glowdef:1106:1'),
+    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r132_histogram_to_scatter_build, location='specs/lowerings.glowdef:1112:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r133_dft_to_matmul_build, location='specs/lowerings.glowdef:1124:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r134_compress_to_gather_guard, build=_r134_compress_to_gather_build, location='specs/lowerings.glowdef:1134:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r135_compress_flat_to_gather_guard, build=_r135_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1138:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r136_stft_expand_build, location='specs/lowerings.glowdef:1143:1'),
+    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r137_quantize_conv_guard, build=_r137_quantize_conv_build, location='specs/lowerings.glowdef:1164:1'),
+    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r138_quantize_matmul_guard, build=_r138_quantize_matmul_build, location='specs/lowerings.glowdef:1174:1'),
+    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r139_bias_into_quantized_matmul_guard, build=_r139_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1183:1'),
+    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r140_qdq_pair_to_quantized_guard, build=_r140_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1195:1'),
+    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r141_conv_between_quantized_guard, build=_r141_conv_between_quantized_build, location='specs/lowerings.glowdef:1212:1'),
+    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r142_conv_relu_between_quantized_guard, build=_r142_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1218:1'),
+    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r143_matmul_between_quantized_guard, build=_r143_matmul_between_quantized_build, location='specs/lowerings.glowdef:1223:1'),
+    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r144_matmul_bias_between_quantized_guard, build=_r144_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1230:1'),
+    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r145_qlinear_conv_between_quantized_guard, build=_r145_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1243:1'),
+    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r146_qlinear_matmul_between_quantized_guard, build=_r146_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1253:1'),
+    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r147_conv_of_quantized_weights_between_quantized_guard, build=_r147_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1267:1'),
+    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r148_matmul_of_quantized_weights_between_quantized_guard, build=_r148_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1276:1'),
+    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r149_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r149_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1284:1'),
+    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r150_qgemm_between_quantized_guard, build=_r150_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1294:1'),
+    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r151_dequantize_linear_of_maxpool_guard, build=_r151_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1307:1'),
+    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r152_dequantize_linear_of_nearest_resize_guard, build=_r152_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1312:1'),
+    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r153_dequantize_linear_of_flatten_guard, build=_r153_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1318:1'),
+    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r154_dequantize_linear_of_reshape_guard, build=_r154_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1322:1'),
+    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r155_dequantize_linear_of_transpose_guard, build=_r155_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1326:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r156_quantize_dequantize_same_guard, build=_r156_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1331:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r157_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1334:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r158_rescale_same_guard, build=_r158_rescale_same_build, location='specs/lowerings.glowdef:1338:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r159_rescale_into_quantized_conv_guard, build=_r159_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1342:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r160_rescale_into_quantized_matmul_guard, build=_r160_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1346:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r161_relu_of_dequantized_build, location='specs/lowerings.glowdef:1352:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r162_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1355:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r163_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1358:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r164_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1361:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r165_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1364:1'),
+    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r166_slice_of_dequantized_build, location='specs/lowerings.glowdef:1367:1'),
+    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r167_gather_of_dequantized_build, location='specs/lowerings.glowdef:1370:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r168_rescale_through_max_guard, build=_r168_rescale_through_max_build, location='specs/lowerings.glowdef:1375:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r169_rescale_through_maxpool_guard, build=_r169_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1379:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r170_quantize_of_clip_within_range_guard, build=_r170_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1384:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r171_max_with_floor_remove_guard, build=_r171_max_with_floor_remove_build, location='specs/lowerings.glowdef:1390:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r172_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1404:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r173_quantized_grouped_conv_in_float_guard, build=_r173_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1409:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r174_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1412:1'),
 )

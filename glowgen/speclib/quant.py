@@ -103,3 +103,16 @@ def rescaled_value(value, in_scale, in_offset, scale, offset):
     f32 = np.float32
     real = (f32(value) - f32(in_offset)) * (f32(in_scale) / f32(scale))
     return int(min(max(np.rint(real) + offset, -128), 127))
+
+
+@helper
+def items_every(onnx_input, start, step):
+    """The one element of every step-th compile-time value of a variadic ONNX input from
+    `start`: onnxruntime's QLinearConcat's scales (start 1, step 3) and zero points (start 2)."""
+    items = []
+    for i, value in enumerate(onnx_input.every(start, step).values):
+        if value.size != 1:
+            raise ShapeError(f"variadic input value {start + i * step} must hold one value (per-tensor "
+                             f"quantization), not {value.size}")
+        items.append(value.reshape(-1)[0].item())
+    return items
