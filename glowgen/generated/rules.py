@@ -2257,13 +2257,13 @@ def _r144_quantized_conv_in_float_build(_b, _m):
 
 
 def _r145_quantized_grouped_conv_in_float_guard(_m, _ctx):
-    """where c.group > 1"""
+    """where (c.group > 1) and not int8_depthwise(x, w, c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return bool((rt.gt(c.group, 1)))
+    return bool(((rt.gt(c.group, 1) and (not fn_int8_depthwise(x, w, c)))))
 
 def _r145_quantized_grouped_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
@@ -2433,6 +2433,6 @@ RULES = (
     RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r142_quantize_of_clip_within_range_guard, build=_r142_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1129:1'),
     RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r143_max_with_floor_remove_guard, build=_r143_max_with_floor_remove_build, location='specs/lowerings.glowdef:1135:1'),
     RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r144_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1149:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r145_quantized_grouped_conv_in_float_guard, build=_r145_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1154:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r146_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1157:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r145_quantized_grouped_conv_in_float_guard, build=_r145_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1158:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r146_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1162:1'),
 )

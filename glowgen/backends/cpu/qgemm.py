@@ -102,7 +102,7 @@ def _vec(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-def _dot(b: ir.IRBuilder, qs: QShape, acc, bvec, aval):
+def dot_groups(b: ir.IRBuilder, qs: QShape, acc, bvec, aval):
     """acc + the group sums of B's vector (i32 lanes of G values) times A's broadcast group."""
     vw = qs.vw
     avec = splat(b, aval, vw)
@@ -148,7 +148,7 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
         for i in range(mr):
             av = b.load(b.gep(ag, [i64(t * mr + i)]))
             for j in range(nv):
-                cur[i][j] = _dot(b, qs, cur[i][j], bvecs[j], av)
+                cur[i][j] = dot_groups(b, qs, cur[i][j], bvecs[j], av)
     g_next = b.add(g, i64(1))
     g.add_incoming(g_next, b.block)
     for i in range(mr):

@@ -1,0 +1,229 @@
+"""QuantizedConv with one filter per channel (depthwise): exact i32 sums of int8 products,
+requantized to i8 in the store, vectorized along the output pixels of a channel.
+
+Each channel of an image is first copied into a byte *plane*: the input padded with its
+real zero (the x offset, as the product's element holds it: + 128 as u8 for VNNI), its rows
+dealt by the row stride sh into sh phases of Hq rows of sw * Wq bytes.  Output pixel
+(oy, ox) is lane q = oy * Wq + ox of the channel's product, and tap (ky, kx) reads byte
+sw * q + a constant (ky's phase and row, kx * dw): the whole channel is one run of lanes,
+the columns ox >= OW of each row computed and dropped (2 of 58 at 56x56, 3x3, stride 1).
+
+The products sum G horizontal taps of a filter row in one instruction (qgemm.dot_groups:
+VNNI `vpdpbusd` takes 4, `vpmaddwd` 2): a row is ceil(KW / G) tap groups, each group's
+weights one 32-bit element (zeros past KW), and the G bytes of each lane, at
+sw * q + dw * (G * t + u) for u < G, come from one load and one constant byte shuffle of
+the plane.  A 3x3 depthwise convolution is three `vpdpbusd` per 16 pixels on AVX-512 VNNI,
+six `vpmaddwd` per 8 on AVX2.  The sums start from the per-channel correction (the bias
+minus the shift to u8 and the x offset, times the filter's sum: qgemm.pack_epilogue) and
+are requantized by qgemm.requantize, as the other int8 kernels and the interpreter do.
+
+The requantized lanes go to a row of scratch memory, whose OW first columns of each output
+row are then copied out.  A split shares out the channels; each task has its own plane.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from ..llvmutil import F32, I8, I16, I32, for_range, i64
+from ..parallel import Work
+from ..qgemm import QShape, dot_groups, pack_epilogue, requantize
+from ..vectors import splat
+
+PREFIX = "depthwise-"
+# What the kernel covers (the spec's rule quantized_grouped_conv_in_float leaves these
+# grouped convolutions to it): a lane's G bytes must lie within one 64-byte load.
+MAX_STRIDE = 2
+MAX_DILATION = 4
+NV = 2               # independent vectors of sums per step of the lane loop
+COPY = 32            # bytes of the vectors the plane's rows and the output rows are copied in
+
+_ceil = lambda a, b: -(-a // b)          # noqa: E731
+_align = lambda n: _ceil(n, 64) * 64     # noqa: E731
+
+
+def covers(node) -> bool:
+    """A depthwise convolution the kernel computes: one filter per channel, strides of at
+    most MAX_STRIDE, dilations of at most MAX_DILATION."""
+    c = node.inputs[0].type.shape[1]
+    return (node.group == c == node.inputs[1].type.shape[0]
+            and max(node.strides) <= MAX_STRIDE and max(node.dilations) <= MAX_DILATION)
+
+
+def strategy(qs: QShape) -> str:
+    return PREFIX + qs.kind
+
+
+def is_depthwise(strategy_name) -> bool:
+    return bool(strategy_name) and strategy_name.startswith(PREFIX)
+
+
+def qshape(strategy_name: str) -> QShape:
+    return QShape(strategy_name[len(PREFIX):])
+
+
+class DepthwiseGeometry:
+    """The plane, the lanes and the tap groups of one channel, from the node's static shapes."""
+
+    def __init__(self, node, qs: QShape):
+        self.qs = qs
+        g, vw = qs.group, qs.vw
+        self.batch, self.c, self.h, self.w = node.inputs[0].type.shape
+        _, _, self.kh, self.kw = node.inputs[1].type.shape
+        self.oh, self.ow = node.outputs[0].type.shape[2:]
+        (sh, sw), (dh, dw), p = node.strides, node.dilations, node.pads
+        self.sh, self.sw, self.pt, self.pl = sh, sw, p[0], p[1]
+        self.hq = _ceil(self.h + p[0] + p[2], sh)
+        self.wq = _ceil(self.w + p[1] + p[3], sw)
+        self.row = sw * self.wq                      # bytes of a plane row
+        self.phase = self.hq * self.row
+        self.groups = _ceil(self.kw, g)              # tap groups of a filter row
+        self.taps = [((ky * dh) % sh) * self.phase + ((ky * dh) // sh) * self.row + dw * g * t
+                     for ky in range(self.kh) for t in range(self.groups)]
+        # Lane i's G bytes in a load from the lane's first byte: sw * i + dw * u.
+        self.lanes = [sw * i + dw * u for i in range(vw) for u in range(g)]
+        self.load = 1 << (max(self.lanes)).bit_length()
+        assert self.load <= 64, (sw, dw, qs.kind)
+        self.q = (self.oh - 1) * self.wq + self.ow
+        self.step = vw * NV
+        self.qpad = _ceil(self.q, self.step) * self.step
+        # The plane, and every byte the loads of the last lanes may reach past it.
+        self.plane_bytes = _align(max(sh * self.phase, max(self.taps) + sw * (self.qpad - vw) + self.load))
+        self.scratch = self.plane_bytes + _align(self.qpad)
+        self.a_words = self.c * len(self.taps)
+
+    def input_rows(self):
+        """(phase, first plane row, end plane row, first input row) of the rows of each
+        phase that hold input rows (the others are padding)."""
+        spans = []
+        for py in range(self.sh):
+            lo = max(0, _ceil(self.pt - py, self.sh))
+            hi = min(self.hq, (self.h - 1 + self.pt - py) // self.sh + 1)
+            if hi > lo:
+                spans.append((py, lo, hi, lo * self.sh + py - self.pt))
+        return spans
+
+
+# ----------------------------------------------------------------------------- compile time
+def pack(node, w: np.ndarray, ws: np.ndarray, bias: np.ndarray, qs: QShape) -> np.ndarray:
+    """The kernel's constant buffer (bytes): the weights as [C][KH][groups] 32-bit elements
+    of G taps (i8 for VNNI, i16 for vpmaddwd; zero past KW), then the i32 corrections and
+    the f32 multipliers of the C channels."""
+    c, _, kh, kw = w.shape
+    g = qs.group
+    groups = _ceil(kw, g)
+    taps = np.zeros((c, kh, groups * g), np.int16 if qs.bits == 16 else np.int8)
+    taps[:, :, :kw] = w[:, 0]
+    corr, mult = pack_epilogue(w.reshape(c, 1, kh * kw), ws, bias, node.inputs[0].type.quant, node.scale, qs)
+    return np.concatenate([taps.view(np.int8).ravel(), corr[:c].view(np.int8), mult[:c].view(np.int8)])
+
+
+def work(node, qs: QShape) -> Work:
+    """Channels, split by the elements read and written, as the float depthwise kernel:
+    the few integer products hardly cost more than moving the bytes."""
+    geo = DepthwiseGeometry(node, qs)
+    flops = 2.0 * geo.batch * geo.c * geo.oh * geo.ow * geo.kh * geo.kw
+    return Work(geo.c, flops=flops, elements=geo.batch * geo.c * (geo.oh * geo.ow + geo.h * geo.w))
+
+
+# ----------------------------------------------------------------------------- the kernel
+def emit(k, qs: QShape) -> None:
+    b, node = k.b, k.node
+    geo = DepthwiseGeometry(node, qs)
+    (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
+    packed = b.bitcast(packed, I8.as_pointer())
+    words = b.bitcast(packed, I32.as_pointer())
+    corr = b.bitcast(b.gep(packed, [i64(4 * geo.a_words)]), I32.as_pointer())
+    mult = b.bitcast(b.gep(packed, [i64(4 * geo.a_words + 4 * geo.c)]), F32.as_pointer())
+    plane = b.bitcast(k.scratch, I8.as_pointer())
+    ys = b.gep(plane, [i64(geo.plane_bytes)])
+    x_offset = node.inputs[0].type.quant.offset
+    pad = (x_offset + qs.shift) & 0xFF
+    flip = qs.shift == 128                           # i8 -> the u8 bits of x + 128
+
+    fill_bytes(b, plane, geo.plane_bytes, pad)       # the padding; rows are copied over it
+    lo, hi = k.split.range(b, geo.c)
+    with for_range(b, geo.batch, name="dn") as n, for_range(b, hi, start=lo, name="dc") as c:
+        image = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h * geo.w))
+        for py, yq0, yq1, iy0 in geo.input_rows():
+            with for_range(b, yq1, start=yq0, name="drow") as yq:
+                iy = b.add(b.mul(b.sub(yq, i64(yq0)), i64(geo.sh)), i64(iy0))
+                src = b.gep(x, [b.add(image, b.mul(iy, i64(geo.w)))])
+                dst = b.gep(plane, [b.add(b.mul(yq, i64(geo.row)), i64(py * geo.phase + geo.pl))])
+                copy_bytes(b, src, dst, geo.w, flip)
+        channel_lanes(b, geo, plane, ys, b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
+                      b.load(b.gep(corr, [c])), b.load(b.gep(mult, [c])), node.offset)
+        out = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.oh * geo.ow))
+        with for_range(b, geo.oh, name="dout") as oy:
+            copy_bytes(b, b.gep(ys, [b.mul(oy, i64(geo.wq))]), b.gep(y, [b.add(out, b.mul(oy, i64(geo.ow)))]),
+                       geo.ow, False)
+
+
+def channel_lanes(b, geo: DepthwiseGeometry, plane, ys, words, corr, mult, offset: int) -> None:
+    """All lanes of one channel, NV vectors at a time: the tap groups' sums from the
+    correction, requantized into ys."""
+    qs, vw = geo.qs, geo.qs.vw
+    weights = [b.load(b.gep(words, [i64(t)])) for t in range(len(geo.taps))]
+    load_t = ir.VectorType(I8, geo.load)
+    mask = ir.Constant(ir.VectorType(I32, len(geo.lanes)), geo.lanes)
+    i32v = ir.VectorType(I32, vw)
+    wide = ir.VectorType(I16, 2 * vw)
+    init = splat(b, corr, vw)
+    with for_range(b, geo.qpad, step=geo.step, name="dq") as q0:
+        sums = [init] * NV
+        for tap, weight in zip(geo.taps, weights):
+            for j in range(NV):
+                at = b.add(b.mul(b.add(q0, i64(j * vw)), i64(geo.sw)), i64(tap))
+                raw = b.load(b.bitcast(b.gep(plane, [at]), load_t.as_pointer()))
+                raw.align = 1
+                elems = b.shuffle_vector(raw, ir.Constant(load_t, ir.Undefined), mask)
+                if qs.bits == 16:
+                    elems = b.sext(elems, wide)
+                sums[j] = dot_groups(b, qs, sums[j], b.bitcast(elems, i32v), weight)
+        for j in range(NV):
+            v = requantize(b, sums[j], mult, offset)
+            st = b.store(v, b.bitcast(b.gep(ys, [b.add(q0, i64(j * vw))]), v.type.as_pointer()))
+            st.align = 1
+
+
+def fill_bytes(b, dst, count: int, value: int) -> None:
+    """dst[0:count] = value, count a multiple of COPY."""
+    assert count % COPY == 0
+    vt = ir.VectorType(I8, COPY)
+    fill = ir.Constant(vt, [value] * COPY)
+    with for_range(b, count, step=COPY, name="dfill") as i:
+        st = b.store(fill, b.bitcast(b.gep(dst, [i]), vt.as_pointer()))
+        st.align = 1
+
+
+def copy_bytes(b, src, dst, count: int, flip: bool) -> None:
+    """dst[0:count] = src[0:count] (each byte's top bit flipped, for `flip`: i8 -> the u8 of
+    x + 128), in vectors of COPY bytes, the last of them overlapping the one before when
+    count is not a multiple; a shorter run in vectors of 16, 8, ... bytes."""
+    def move(at: int, size: int, index=None):
+        vt = ir.VectorType(I8, size)
+        off = i64(at) if index is None else index
+        v = b.load(b.bitcast(b.gep(src, [off]), vt.as_pointer()))
+        v.align = 1
+        if flip:
+            v = b.xor(v, ir.Constant(vt, [-128] * size))
+        st = b.store(v, b.bitcast(b.gep(dst, [off]), vt.as_pointer()))
+        st.align = 1
+
+    if count >= COPY:
+        full = count // COPY
+        if full <= 4:
+            for i in range(full):
+                move(i * COPY, COPY)
+        else:
+            with for_range(b, full * COPY, step=COPY, name="dcopy") as i:
+                move(0, COPY, i)
+        if count % COPY:
+            move(count - COPY, COPY)
+        return
+    at, size = 0, COPY // 2
+    while at < count:
+        while size > count - at:
+            size //= 2
+        move(at, size)
+        at += size
