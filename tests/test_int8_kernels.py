@@ -68,8 +68,8 @@ def _compile(text, cpu, threads):
     return CompiledModel(fn, registry, "cpu", threads=threads, cpu=cpu), ops
 
 
-def conv_case(rng, n, c, h, w_, m, k, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1):
-    xs, xo, ys, yo = 0.02, int(rng.integers(-20, 20)), 0.05, int(rng.integers(-10, 10))
+def conv_case(rng, n, c, h, w_, m, k, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1, ys=0.05):
+    xs, xo, yo = 0.02, int(rng.integers(-20, 20)), int(rng.integers(-10, 10))
     x = rng.integers(-128, 128, (n, c, h, w_)).astype(np.int8)
     w = rng.integers(-127, 128, (m, c // group, k, k)).astype(np.int8)
     ws = (rng.random(m) * 0.01 + 0.001).astype(np.float32)
@@ -208,6 +208,18 @@ def test_quantized_depthwise_conv_matches_interpreter(case):
         (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
         assert (plan.strategy == "loops") == (cpu == "x86-64"), (cpu, plan)
         assert model.run(feeds)["y"].tobytes() == reference.tobytes(), cpu
+
+
+def test_quantized_depthwise_conv_out_of_range_takes_loops():
+    """Sums whose requantized values could leave the i32 range (an absurdly small result
+    scale) are beyond the depthwise kernel's requantization: the plain loops saturate them."""
+    text, feeds, want = conv_case(np.random.default_rng(9), *DEPTHWISE_CASES[0], ys=1e-9)
+    model, _ = _compile(text, None, 1)
+    (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
+    assert plan.strategy == "loops", plan
+    got = model.run(feeds)["y"]
+    np.testing.assert_array_equal(got, want)
+    assert set(np.unique(got)) <= {-128, 127}
 
 
 GROUPED = [(2, 6, 7, 8, 4, 3, (2, 2), (1, 0, 1, 1), (1, 1), 2),      # two filters of 3 channels

@@ -15,7 +15,8 @@ sw * q + dw * (G * t + u) for u < G, come from one load and one constant byte sh
 the plane.  A 3x3 depthwise convolution is three `vpdpbusd` per 16 pixels on AVX-512 VNNI,
 six `vpmaddwd` per 8 on AVX2.  The sums start from the per-channel correction (the bias
 minus the shift to u8 and the x offset, times the filter's sum: qgemm.pack_epilogue) and
-are requantized by qgemm.requantize, as the other int8 kernels and the interpreter do.
+are requantized as the other int8 kernels and the interpreter do, by
+qgemm.requantize_in_range (the sums' range is checked at compile time: sums_in_range).
 
 The requantized lanes go to a row of scratch memory, whose OW first columns of each output
 row are then copied out.  A split shares out the channels; each task has its own plane.
@@ -27,7 +28,7 @@ from llvmlite import ir
 
 from ..llvmutil import F32, I8, I16, I32, for_range, i64
 from ..parallel import Work
-from ..qgemm import QShape, dot_groups, pack_epilogue, requantize
+from ..qgemm import QShape, dot_groups, pack_epilogue, products_in_range, requantize_in_range
 from ..vectors import splat
 
 PREFIX = "depthwise-"
@@ -52,6 +53,16 @@ def covers(node) -> bool:
 
 def strategy(qs: QShape) -> str:
     return PREFIX + qs.kind
+
+
+def sums_in_range(node, w: np.ndarray, ws: np.ndarray, bias: np.ndarray, qs: QShape) -> bool:
+    """Whether every channel's requantized sums stay within qgemm.IN_RANGE, as the kernel's
+    requantization needs: the sums lie within the correction +- 255 * the filter's
+    absolute sum (always so but for absurd scales)."""
+    c = w.shape[0]
+    corr, mult = pack_epilogue(w.reshape(c, 1, -1), ws, bias, node.inputs[0].type.quant, node.scale, qs)
+    bound = np.abs(corr[:c].astype(np.int64)) + 255 * np.abs(w.reshape(c, -1).astype(np.int64)).sum(1)
+    return products_in_range(bound, mult[:c])
 
 
 def is_depthwise(strategy_name) -> bool:
@@ -181,7 +192,7 @@ def channel_lanes(b, geo: DepthwiseGeometry, plane, ys, words, corr, mult, offse
                     elems = b.sext(elems, wide)
                 sums[j] = dot_groups(b, qs, sums[j], b.bitcast(elems, i32v), weight)
         for j in range(NV):
-            v = requantize(b, sums[j], mult, offset)
+            v = requantize_in_range(b, sums[j], mult, offset)
             st = b.store(v, b.bitcast(b.gep(ys, [b.add(q0, i64(j * vw))]), v.type.as_pointer()))
             st.align = 1
 

@@ -101,7 +101,9 @@ def q_strategy(ins, shape, packable) -> str:
     if qs is None or any(_constant(ins, i) is None for i in (2, 3, 4)):
         return "loops"
     if getattr(node, "group", 1) != 1:
-        return depthwise.strategy(qs) if depthwise.covers(node) else "loops"
+        if depthwise.covers(node) and depthwise.sums_in_range(node, *(_constant(ins, i) for i in (2, 3, 4)), qs):
+            return depthwise.strategy(qs)
+        return "loops"
     return qs.kind
 
 
