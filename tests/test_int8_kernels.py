@@ -169,22 +169,29 @@ DEPTHWISE_CASES = [
     (1, 40, 7, 7, 40, 3, (1, 1), (1, 1, 1, 1), (1, 1), 40),
     (1, 3, 20, 21, 3, 7, (2, 1), (3, 3, 3, 3), (1, 4), 3),        # 7x7, dilated columns
     (1, 3, 70, 71, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),        # rows of several vectors
+    (1, 6, 14, 14, 6, 3, (1, 1), (1, 1, 1, 1), (1, 1), 6),         # VNNI: 224 lanes of 32, not 256
+    (1, 4, 11, 12, 4, 3, (1, 1), (2, 2, 2, 2), (2, 2), 4),         # dilated at unit strides
     (1, 32, 40, 40, 32, 3, (1, 1), (1, 1, 1, 1), (1, 1), 32),     # split among 2 threads
 ]
 SPLIT_DEPTHWISE = {len(DEPTHWISE_CASES) - 1}
+# The host's own int8 path, AVX2's, and AVX-512BW's without VNNI (x86-64-v4) where it runs.
+_AVX512BW = "avx512bw" in open("/proc/cpuinfo").read()
+DEPTHWISE_CPUS = CPUS + (["x86-64-v4"] if _AVX512BW else [])
 
 
-@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
 @pytest.mark.parametrize("case", range(len(DEPTHWISE_CASES)))
 def test_quantized_depthwise_conv_native(case, cpu):
-    """Depthwise convolutions take the int8 depthwise kernel (qdepthwise.py), exactly."""
+    """Depthwise convolutions take the int8 depthwise kernel (qdepthwise.py), exactly, in
+    each of its modes (interleaved, expand, shuffle) and int8 paths."""
     text, feeds, want = conv_case(np.random.default_rng(70 + case), *DEPTHWISE_CASES[case])
     results = []
     for threads in THREADS:
         model, ops = _compile(text, cpu, threads)
         assert "QuantizedConv" in ops and "Conv" not in ops, ops
         (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
-        assert plan.strategy == ("depthwise-madd16" if cpu else "depthwise-vnni"), plan
+        kind = {None: "", "x86-64-v3": "-madd16", "x86-64-v4": "-madd16-512"}[cpu]
+        assert plan.strategy.startswith("depthwise-") and plan.strategy.endswith(kind), plan
         if threads == 2 and case in SPLIT_DEPTHWISE:
             assert max(s.parts for s in model.program.plan.steps) == 2
         results.append(model.run(feeds)["y"])

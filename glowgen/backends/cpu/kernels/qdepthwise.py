@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from ..llvmutil import F32, I8, I16, I32, for_range, i64
+from ..llvmutil import F32, I8, I16, I32, for_range, i64, intrinsic, target_has
 from ..parallel import Work
 from ..qgemm import QShape, dot_groups, pack_epilogue, products_in_range, requantize_in_range
 from ..vectors import splat
@@ -94,13 +94,40 @@ class DepthwiseGeometry:
         # Lane i's G bytes in a load from the lane's first byte: sw * i + dw * u.
         self.lanes = [sw * i + dw * u for i in range(vw) for u in range(g)]
         self.load = 1 << (max(self.lanes)).bit_length()
+        if len(self.lanes) == 64:
+            self.load = 64          # vpermb's whole register (lane_groups)
         assert self.load <= 64, (sw, dw, qs.kind)
         self.q = (self.oh - 1) * self.wq + self.ow
-        self.step = vw * NV
+        # How a tap's groups reach the lanes (channel_lanes):
+        # "interleaved" (VNNI, unit strides and dilations, lanes of 64 not wasting more
+        #   than lanes of 32): a group is 4 consecutive bytes,
+        #   so a plain load from byte q0 + r of the plane holds the groups of lanes
+        #   q0 + r + 4k in its 32-bit elements; 4 such vectors (r = 0..3) are 64 lanes,
+        #   interleaved back into order when stored;
+        # "expand" (vpmaddwd, unit strides): the groups are expanded once into an element
+        #   plane, element i the group of bytes i + dw * u, from which tap t of lane q is
+        #   element q + t: a plain vector load;
+        # "shuffle" (other strides): each tap's groups are a load and a shuffle of the
+        #   plane (lane_groups); expanded, the element plane would hold 4x the lanes.
+        per_step = lambda step: _ceil(self.q, step) * step    # noqa: E731  lanes computed
+        if (sh, sw) == (1, 1) and qs.kind == "vnni" and dw == 1 \
+                and per_step(g * vw) <= 1.05 * per_step(NV * vw):     # (14x14: 256 lanes for 224)
+            self.mode = "interleaved"
+        elif (sh, sw) == (1, 1) and qs.bits == 16:
+            self.mode = "expand"
+        else:
+            self.mode = "shuffle"
+        self.step = vw * (g if self.mode == "interleaved" else NV)
         self.qpad = _ceil(self.q, self.step) * self.step
+        reach = max(self.taps) + sw * (self.qpad - vw)       # the last lanes' first byte
+        if self.mode == "interleaved":
+            reach = max(self.taps) + self.qpad - self.step + g - 1
+            self.load = 4 * vw
+        self.elems = _ceil(reach + vw, vw) * vw if self.mode == "expand" else 0
         # The plane, and every byte the loads of the last lanes may reach past it.
-        self.plane_bytes = _align(max(sh * self.phase, max(self.taps) + sw * (self.qpad - vw) + self.load))
-        self.scratch = self.plane_bytes + _align(self.qpad)
+        self.plane_bytes = _align(max(sh * self.phase, (self.elems - vw if self.elems else reach) + self.load))
+        self.elem_bytes = _align(4 * self.elems)
+        self.scratch = self.plane_bytes + self.elem_bytes + _align(self.qpad)
         self.a_words = self.c * len(self.taps)
 
     def input_rows(self):
@@ -147,7 +174,8 @@ def emit(k, qs: QShape) -> None:
     corr = b.bitcast(b.gep(packed, [i64(4 * geo.a_words)]), I32.as_pointer())
     mult = b.bitcast(b.gep(packed, [i64(4 * geo.a_words + 4 * geo.c)]), F32.as_pointer())
     plane = b.bitcast(k.scratch, I8.as_pointer())
-    ys = b.gep(plane, [i64(geo.plane_bytes)])
+    elems = b.bitcast(b.gep(plane, [i64(geo.plane_bytes)]), I32.as_pointer())
+    ys = b.gep(plane, [i64(geo.plane_bytes + geo.elem_bytes)])
     x_offset = node.inputs[0].type.quant.offset
     pad = (x_offset + qs.shift) & 0xFF
     flip = qs.shift == 128                           # i8 -> the u8 bits of x + 128
@@ -162,7 +190,12 @@ def emit(k, qs: QShape) -> None:
                 src = b.gep(x, [b.add(image, b.mul(iy, i64(geo.w)))])
                 dst = b.gep(plane, [b.add(b.mul(yq, i64(geo.row)), i64(py * geo.phase + geo.pl))])
                 copy_bytes(b, src, dst, geo.w, flip)
-        channel_lanes(b, geo, plane, ys, b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
+        if geo.mode == "expand":
+            with for_range(b, geo.elems, step=qs.vw, name="dexp") as i:
+                v = lane_groups(b, geo, plane, i)
+                st = b.store(v, b.bitcast(b.gep(elems, [i]), v.type.as_pointer()))
+                st.align = 4
+        channel_lanes(b, geo, plane, elems, ys, b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
                       b.load(b.gep(corr, [c])), b.load(b.gep(mult, [c])), node.offset)
         out = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.oh * geo.ow))
         with for_range(b, geo.oh, name="dout") as oy:
@@ -170,31 +203,68 @@ def emit(k, qs: QShape) -> None:
                        geo.ow, False)
 
 
-def channel_lanes(b, geo: DepthwiseGeometry, plane, ys, words, corr, mult, offset: int) -> None:
-    """All lanes of one channel, NV vectors at a time: the tap groups' sums from the
-    correction, requantized into ys."""
+def lane_groups(b, geo: DepthwiseGeometry, plane, at):
+    """The G values of lanes q0..q0+VW of a tap whose first byte is `at`: bytes
+    at + sw * i + dw * u of the plane, one load and one constant shuffle, as VW 32-bit
+    elements (i8 for VNNI, widened to i16 for vpmaddwd)."""
+    qs, vw = geo.qs, geo.qs.vw
+    load_t = ir.VectorType(I8, geo.load)
+    raw = b.load(b.bitcast(b.gep(plane, [at]), load_t.as_pointer()))
+    raw.align = 1
+    if geo.load == len(geo.lanes) == 64 and target_has(b.module, "avx512vbmi"):
+        # One vpermb: LLVM's own lowering of the shuffle is sometimes a dozen unpacks.
+        vt = ir.VectorType(I8, 64)
+        fn = intrinsic(b.module, "llvm.x86.avx512.permvar.qi.512", vt, [vt, vt])
+        v = b.call(fn, [raw, ir.Constant(vt, geo.lanes)])
+    else:
+        v = b.shuffle_vector(raw, ir.Constant(load_t, ir.Undefined),
+                             ir.Constant(ir.VectorType(I32, len(geo.lanes)), geo.lanes))
+    if qs.bits == 16:
+        v = b.sext(v, ir.VectorType(I16, 2 * vw))
+    return b.bitcast(v, ir.VectorType(I32, vw))
+
+
+def channel_lanes(b, geo: DepthwiseGeometry, plane, elems, ys, words, corr, mult, offset: int) -> None:
+    """All lanes of one channel, geo.step at a time: the tap groups' sums from the
+    correction, requantized into ys (geo.mode says where each tap's groups come from)."""
     qs, vw = geo.qs, geo.qs.vw
     weights = [b.load(b.gep(words, [i64(t)])) for t in range(len(geo.taps))]
-    load_t = ir.VectorType(I8, geo.load)
-    mask = ir.Constant(ir.VectorType(I32, len(geo.lanes)), geo.lanes)
     i32v = ir.VectorType(I32, vw)
-    wide = ir.VectorType(I16, 2 * vw)
     init = splat(b, corr, vw)
+    vectors = geo.step // vw
+
+    def groups(q0, j, tap):
+        if geo.mode == "shuffle":
+            return lane_groups(b, geo, plane, b.add(b.mul(b.add(q0, i64(j * vw)), i64(geo.sw)), i64(tap)))
+        if geo.mode == "expand":
+            base, at = elems, b.add(q0, i64(j * vw + tap))
+        else:                   # interleaved: vector j holds lanes q0 + j + 4k
+            base, at = plane, b.add(q0, i64(j + tap))
+        v = b.load(b.bitcast(b.gep(base, [at]), i32v.as_pointer()))
+        v.align = 1
+        return v
+
     with for_range(b, geo.qpad, step=geo.step, name="dq") as q0:
-        sums = [init] * NV
+        sums = [init] * vectors
         for tap, weight in zip(geo.taps, weights):
-            for j in range(NV):
-                at = b.add(b.mul(b.add(q0, i64(j * vw)), i64(geo.sw)), i64(tap))
-                raw = b.load(b.bitcast(b.gep(plane, [at]), load_t.as_pointer()))
-                raw.align = 1
-                elems = b.shuffle_vector(raw, ir.Constant(load_t, ir.Undefined), mask)
-                if qs.bits == 16:
-                    elems = b.sext(elems, wide)
-                sums[j] = dot_groups(b, qs, sums[j], b.bitcast(elems, i32v), weight)
-        for j in range(NV):
-            v = requantize_in_range(b, sums[j], mult, offset)
+            for j in range(vectors):
+                sums[j] = dot_groups(b, qs, sums[j], groups(q0, j, tap), weight)
+        out = [requantize_in_range(b, v, mult, offset) for v in sums]
+        if geo.mode == "interleaved":
+            out = [interleave(b, out)]
+        for j, v in enumerate(out):
             st = b.store(v, b.bitcast(b.gep(ys, [b.add(q0, i64(j * vw))]), v.type.as_pointer()))
             st.align = 1
+
+
+def interleave(b, vectors: list):
+    """Lanes k of vectors r = 0..G-1 into lane G * k + r of one vector."""
+    n, g = vectors[0].type.count, len(vectors)
+    assert g == 4
+    pairs = [b.shuffle_vector(vectors[r], vectors[r + 1], ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+             for r in (0, 2)]
+    order = [r * n + k for k in range(n) for r in range(g)]
+    return b.shuffle_vector(pairs[0], pairs[1], ir.Constant(ir.VectorType(I32, g * n), order))
 
 
 def fill_bytes(b, dst, count: int, value: int) -> None:
