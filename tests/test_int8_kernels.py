@@ -418,3 +418,19 @@ def test_qdq_depthwise_against_onnxruntime(case, tmp_path):
             (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
             assert plan.strategy.startswith("depthwise-"), plan
             assert model.run(x)["y"].tobytes() == reference.tobytes(), (cpu, threads)
+
+
+@pytest.mark.skipif(__import__("shutil").which("gcc") is None, reason="gcc is not installed")
+def test_qdq_depthwise_bundle_matches_jit(tmp_path):
+    """A bundle of onnxruntime's QDQ depthwise convolution (the depthwise kernel's packed
+    constants in the weights file), split in two, computes what the JIT computes."""
+    import glowgen
+    from test_bundle import build, run_bundle
+    c, hw, k, stride, pads, activation, relu = QDQ_DEPTHWISE[0]
+    path, shape = _qdq_depthwise(tmp_path, c, hw * 3, k, stride, pads, activation, relu, 90)
+    x = {"x": (np.random.default_rng(91).standard_normal(shape) + 0.3).astype(np.float32)}
+    bundle = glowgen.write_bundle(path, tmp_path / "b", name="qdw", threads=2)
+    assert [i.plan.strategy for i in bundle.program.instrs if i.kind == "QuantizedConv"][0].startswith("depthwise-")
+    assert max(s.parts for s in bundle.program.plan.steps) == 2
+    got = run_bundle(build(bundle), bundle.program, x, tmp_path)
+    assert got["y"].tobytes() == glowgen.compile(path, threads=1).run(x)["y"].tobytes()
