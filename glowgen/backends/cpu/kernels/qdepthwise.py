@@ -10,10 +10,11 @@ the columns ox >= OW of each row computed and dropped (2 of 58 at 56x56, 3x3, st
 
 The products sum G horizontal taps of a filter row in one instruction (qgemm.dot_groups:
 VNNI `vpdpbusd` takes 4, `vpmaddwd` 2): a row is ceil(KW / G) tap groups, each group's
-weights one 32-bit element (zeros past KW), and the G bytes of each lane, at
-sw * q + dw * (G * t + u) for u < G, come from one load and one constant byte shuffle of
-the plane.  A 3x3 depthwise convolution is three `vpdpbusd` per 16 pixels on AVX-512 VNNI,
-six `vpmaddwd` per 8 on AVX2.  The sums start from the per-channel correction (the bias
+weights one 32-bit element (zeros past KW).  The G bytes of each lane, at
+sw * q + dw * (G * t + u) for u < G, are one load and one constant byte shuffle of the
+plane (vpermb), or at unit strides a plain load (DepthwiseGeometry.mode).  A 3x3 depthwise
+convolution is three `vpdpbusd` per 16 pixels on AVX-512 VNNI, six `vpmaddwd` per 8 on
+AVX2.  The sums start from the per-channel correction (the bias
 minus the shift to u8 and the x offset, times the filter's sum: qgemm.pack_epilogue) and
 are requantized as the other int8 kernels and the interpreter do, by
 qgemm.requantize_in_range (the sums' range is checked at compile time: sums_in_range).
@@ -26,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from ..llvmutil import F32, I8, I16, I32, for_range, i64, intrinsic, target_has
+from ..llvmutil import F32, I8, I16, I32, for_range, i64
 from ..parallel import Work
 from ..qgemm import QShape, dot_groups, pack_epilogue, products_in_range, requantize_in_range
 from ..vectors import splat
@@ -94,8 +95,6 @@ class DepthwiseGeometry:
         # Lane i's G bytes in a load from the lane's first byte: sw * i + dw * u.
         self.lanes = [sw * i + dw * u for i in range(vw) for u in range(g)]
         self.load = 1 << (max(self.lanes)).bit_length()
-        if len(self.lanes) == 64:
-            self.load = 64          # vpermb's whole register (lane_groups)
         assert self.load <= 64, (sw, dw, qs.kind)
         self.q = (self.oh - 1) * self.wq + self.ow
         # How a tap's groups reach the lanes (channel_lanes):
@@ -211,14 +210,7 @@ def lane_groups(b, geo: DepthwiseGeometry, plane, at):
     load_t = ir.VectorType(I8, geo.load)
     raw = b.load(b.bitcast(b.gep(plane, [at]), load_t.as_pointer()))
     raw.align = 1
-    if geo.load == len(geo.lanes) == 64 and target_has(b.module, "avx512vbmi"):
-        # One vpermb: LLVM's own lowering of the shuffle is sometimes a dozen unpacks.
-        vt = ir.VectorType(I8, 64)
-        fn = intrinsic(b.module, "llvm.x86.avx512.permvar.qi.512", vt, [vt, vt])
-        v = b.call(fn, [raw, ir.Constant(vt, geo.lanes)])
-    else:
-        v = b.shuffle_vector(raw, ir.Constant(load_t, ir.Undefined),
-                             ir.Constant(ir.VectorType(I32, len(geo.lanes)), geo.lanes))
+    v = b.shuffle_vector(raw, ir.Constant(load_t, ir.Undefined), ir.Constant(ir.VectorType(I32, len(geo.lanes)), geo.lanes))
     if qs.bits == 16:
         v = b.sext(v, ir.VectorType(I16, 2 * vw))
     return b.bitcast(v, ir.VectorType(I32, vw))
