@@ -38,7 +38,9 @@ def requantize(acc, mult, offset):
 
 
 def multipliers(x_scale, ws, y_scale):
-    return (np.float64(x_scale) * ws.astype(np.float64) / np.float64(y_scale)).astype(np.float32)
+    """x_scale * ws / y_scale in f64, rounded to f32; x_scale as x's quantized type holds it
+    (an f32: 0.02 is 0.0199999995, which moves a product such as 29313 * mult off a tie)."""
+    return (np.float64(np.float32(x_scale)) * ws.astype(np.float64) / np.float64(y_scale)).astype(np.float32)
 
 
 def ref_conv(x, xo, w, b, strides, pads, dilations, group=1):
@@ -69,8 +71,8 @@ def _compile(text, cpu, threads):
     return CompiledModel(fn, registry, "cpu", threads=threads, cpu=cpu), ops
 
 
-def conv_case(rng, n, c, h, w_, m, k, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1):
-    xs, xo, ys, yo = 0.02, int(rng.integers(-20, 20)), 0.05, int(rng.integers(-10, 10))
+def conv_case(rng, n, c, h, w_, m, k, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1, ys=0.05):
+    xs, xo, yo = 0.02, int(rng.integers(-20, 20)), int(rng.integers(-10, 10))
     x = rng.integers(-128, 128, (n, c, h, w_)).astype(np.int8)
     w = rng.integers(-127, 128, (m, c // group, k, k)).astype(np.int8)
     ws = (rng.random(m) * 0.01 + 0.001).astype(np.float32)
@@ -174,13 +176,84 @@ def test_quantized_matmul_native(case, cpu):
         np.testing.assert_array_equal(model.run(feeds)["y"], want)
 
 
-GROUPED = [(1, 8, 9, 9, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 8),     # depthwise
-           (2, 6, 7, 8, 4, 3, (2, 2), (1, 0, 1, 1), (1, 1), 2)]
+DEPTHWISE_CASES = [
+    # n, c, h, w, m, k, strides, pads, dilations, group (= c = m: one filter per channel)
+    (1, 8, 9, 9, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 8),
+    (2, 16, 14, 13, 16, 3, (2, 2), (1, 1, 1, 1), (1, 1), 16),
+    (1, 5, 12, 11, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 5),
+    (1, 5, 12, 11, 5, 5, (2, 2), (2, 1, 2, 2), (1, 1), 5),
+    (1, 4, 10, 10, 4, 3, (1, 2), (0, 0, 0, 0), (2, 1), 4),       # no padding; dilated rows
+    (1, 40, 7, 7, 40, 3, (1, 1), (1, 1, 1, 1), (1, 1), 40),
+    (1, 3, 20, 21, 3, 7, (2, 1), (3, 3, 3, 3), (1, 4), 3),        # 7x7, dilated columns
+    (1, 3, 70, 71, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3),        # rows of several vectors
+    (1, 6, 14, 14, 6, 3, (1, 1), (1, 1, 1, 1), (1, 1), 6),         # VNNI: 224 lanes of 32, not 256
+    (1, 4, 11, 12, 4, 3, (1, 1), (2, 2, 2, 2), (2, 2), 4),         # dilated at unit strides
+    (1, 32, 40, 40, 32, 3, (1, 1), (1, 1, 1, 1), (1, 1), 32),     # split among 2 threads
+]
+SPLIT_DEPTHWISE = {len(DEPTHWISE_CASES) - 1}
+# The host's own int8 path, AVX2's, and AVX-512BW's without VNNI (x86-64-v4) where it runs.
+_AVX512BW = "avx512bw" in open("/proc/cpuinfo").read()
+DEPTHWISE_CPUS = CPUS + (["x86-64-v4"] if _AVX512BW else [])
+
+
+@pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
+@pytest.mark.parametrize("case", range(len(DEPTHWISE_CASES)))
+def test_quantized_depthwise_conv_native(case, cpu):
+    """Depthwise convolutions take the int8 depthwise kernel (qdepthwise.py), exactly, in
+    each of its modes (interleaved, expand, shuffle) and int8 paths."""
+    text, feeds, want = conv_case(np.random.default_rng(70 + case), *DEPTHWISE_CASES[case])
+    results = []
+    for threads in THREADS:
+        model, ops = _compile(text, cpu, threads)
+        assert "QuantizedConv" in ops and "Conv" not in ops, ops
+        (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
+        kind = {None: "", "x86-64-v3": "-madd16", "x86-64-v4": "-madd16-512"}[cpu]
+        assert plan.strategy.startswith("depthwise-") and plan.strategy.endswith(kind), plan
+        if threads == 2 and case in SPLIT_DEPTHWISE:
+            assert max(s.parts for s in model.program.plan.steps) == 2
+        results.append(model.run(feeds)["y"])
+        np.testing.assert_array_equal(results[-1], want)
+    assert results[0].tobytes() == results[1].tobytes()
+
+
+@pytest.mark.parametrize("case", [0, 3, 6])
+def test_quantized_depthwise_conv_matches_interpreter(case):
+    """The cpu kernel and the interpreter (reference.primitives.quantized_conv) agree bit for
+    bit; so do the plain loops of a target without AVX2."""
+    text, feeds, want = conv_case(np.random.default_rng(70 + case), *DEPTHWISE_CASES[case])
+    registry = Registry.default()
+    fn = parse_function(text, registry)
+    pipeline.run(fn, registry, pipeline.PIPELINE, "interpreter")
+    assert {n.OP for n in fn.nodes} == {"QuantizedConv"}
+    reference = CompiledModel(fn, registry, "interpreter").run(feeds)["y"]
+    np.testing.assert_array_equal(reference, want)
+    for cpu in CPUS + ["x86-64"]:
+        model, _ = _compile(text, cpu, 1)
+        (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
+        assert (plan.strategy == "loops") == (cpu == "x86-64"), (cpu, plan)
+        assert model.run(feeds)["y"].tobytes() == reference.tobytes(), cpu
+
+
+def test_quantized_depthwise_conv_out_of_range_takes_loops():
+    """Sums whose requantized values could leave the i32 range (an absurdly small result
+    scale) are beyond the depthwise kernel's requantization: the plain loops saturate them."""
+    text, feeds, want = conv_case(np.random.default_rng(9), *DEPTHWISE_CASES[0], ys=1e-9)
+    model, _ = _compile(text, None, 1)
+    (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
+    assert plan.strategy == "loops", plan
+    got = model.run(feeds)["y"]
+    np.testing.assert_array_equal(got, want)
+    assert set(np.unique(got)) <= {-128, 127}
+
+
+GROUPED = [(2, 6, 7, 8, 4, 3, (2, 2), (1, 0, 1, 1), (1, 1), 2),      # two filters of 3 channels
+           (1, 4, 9, 9, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 4),       # two filters per channel
+           (1, 4, 11, 11, 4, 3, (3, 3), (1, 1, 1, 1), (1, 1), 4)]     # depthwise, stride 3
 
 
 @pytest.mark.parametrize("case", range(len(GROUPED)))
 def test_quantized_conv_grouped_in_float(case):
-    """Grouped convolutions are not the int8 kernels' yet: the legalize rule
+    """Grouped convolutions the int8 kernels do not cover: the legalize rule
     quantized_grouped_conv_in_float computes them in float, within one step."""
     text, feeds, want = conv_case(np.random.default_rng(50 + case), *GROUPED[case])
     model, ops = _compile(text, None, 1)
@@ -298,3 +371,88 @@ def test_quantized_bundle_matches_jit(tmp_path):
     want = glowgen.compile(model, quantize=profile).run(x)
     got = run_bundle(exe, bundle.program, x, tmp_path)
     assert got["y"].tobytes() == want["y"].tobytes()
+
+
+def _qdq_depthwise(tmp_path, c, hw, k, stride, pads, activation, relu, seed):
+    """A depthwise Conv (+ Relu) quantized by onnxruntime's quantize_static in QDQ form:
+    per-channel i8 weights, u8 or i8 activations."""
+    ortq = pytest.importorskip("onnxruntime.quantization")
+    from onnx import helper
+    import onnx
+    from conftest import make_model
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((c, 1, k, k)) * rng.uniform(0.05, 0.5, (c, 1, 1, 1))).astype(np.float32)
+    b = (rng.standard_normal(c) * 0.2).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], group=c, kernel_shape=[k, k],
+                              strides=[stride, stride], pads=list(pads))]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    shape = (1, c, hw, hw)
+    model = make_model(nodes, {"x": np.zeros(shape, np.float32)}, ["y"], {"w": w, "b": b})
+    onnx.save(model, tmp_path / "f.onnx")
+    samples = [{"x": (rng.standard_normal(shape) + 0.3).astype(np.float32)} for _ in range(8)]
+
+    class Reader(ortq.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(samples)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    ortq.quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(),
+                         quant_format=ortq.QuantFormat.QDQ, per_channel=True,
+                         activation_type=getattr(ortq.QuantType, activation), weight_type=ortq.QuantType.QInt8)
+    return tmp_path / "q.onnx", shape
+
+
+QDQ_DEPTHWISE = [
+    # channels, size, kernel, stride, pads, activations, relu
+    (16, 14, 3, 1, (1, 1, 1, 1), "QUInt8", True),
+    (16, 15, 3, 2, (1, 1, 1, 1), "QUInt8", False),
+    (8, 12, 5, 1, (2, 2, 2, 2), "QInt8", False),
+    (8, 13, 5, 2, (2, 2, 2, 2), "QInt8", True),
+    (24, 9, 3, 2, (0, 1, 1, 0), "QUInt8", False),
+]
+
+
+@pytest.mark.parametrize("case", range(len(QDQ_DEPTHWISE)))
+def test_qdq_depthwise_against_onnxruntime(case, tmp_path):
+    """onnxruntime's QDQ depthwise convolutions run on the int8 depthwise kernel: within a
+    quantization step of onnxruntime (whose integer kernels round their own way), and bit
+    for bit the interpreter's result at 1 and 2 threads, with AVX-512 VNNI and with AVX2."""
+    import glowgen
+    import onnxruntime as ort
+    from onnx import numpy_helper
+    import onnx
+    c, hw, k, stride, pads, activation, relu = QDQ_DEPTHWISE[case]
+    path, shape = _qdq_depthwise(tmp_path, c, hw, k, stride, pads, activation, relu, 80 + case)
+    qdq = onnx.load(path)
+    (y_scale,) = [float(numpy_helper.to_array(t)) for t in qdq.graph.initializer
+                  if t.name == [n for n in qdq.graph.node if n.op_type == "QuantizeLinear"][-1].input[1]]
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = {"x": (np.random.default_rng(case).standard_normal(shape) + 0.3).astype(np.float32)}
+    expected = sess.run(None, x)[0]
+    reference = glowgen.compile(path, backend="interpreter").run(x)["y"]
+    assert np.abs(reference - expected).max() <= y_scale * 1.001, np.abs(reference - expected).max() / y_scale
+    for cpu in CPUS:
+        for threads in THREADS:
+            model = glowgen.compile(path, threads=threads, cpu=cpu)
+            (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
+            assert plan.strategy.startswith("depthwise-"), plan
+            assert model.run(x)["y"].tobytes() == reference.tobytes(), (cpu, threads)
+
+
+@pytest.mark.skipif(__import__("shutil").which("gcc") is None, reason="gcc is not installed")
+def test_qdq_depthwise_bundle_matches_jit(tmp_path):
+    """A bundle of onnxruntime's QDQ depthwise convolution (the depthwise kernel's packed
+    constants in the weights file), split in two, computes what the JIT computes."""
+    import glowgen
+    from test_bundle import build, run_bundle
+    c, hw, k, stride, pads, activation, relu = QDQ_DEPTHWISE[0]
+    path, shape = _qdq_depthwise(tmp_path, c, hw * 3, k, stride, pads, activation, relu, 90)
+    x = {"x": (np.random.default_rng(91).standard_normal(shape) + 0.3).astype(np.float32)}
+    bundle = glowgen.write_bundle(path, tmp_path / "b", name="qdw", threads=2)
+    assert [i.plan.strategy for i in bundle.program.instrs if i.kind == "QuantizedConv"][0].startswith("depthwise-")
+    assert max(s.parts for s in bundle.program.plan.steps) == 2
+    got = run_bundle(build(bundle), bundle.program, x, tmp_path)
+    assert got["y"].tobytes() == glowgen.compile(path, threads=1).run(x)["y"].tobytes()

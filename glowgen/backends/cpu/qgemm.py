@@ -31,7 +31,7 @@ import numpy as np
 from llvmlite import ir
 
 from ...reference.primitives import requantize_multipliers
-from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic
+from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic, target_has
 from .vectors import splat
 
 # The int8 strategies by target (`choose_qshape`): (group, element bits, shift, vector i32
@@ -102,7 +102,7 @@ def _vec(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 
 
-def _dot(b: ir.IRBuilder, qs: QShape, acc, bvec, aval, broadcast_u8: bool = False):
+def dot_groups(b: ir.IRBuilder, qs: QShape, acc, bvec, aval, broadcast_u8: bool = False):
     """acc + the group sums of B's vector (i32 lanes of G values) times A's broadcast group.
     With VNNI, B holds the u8 values and A the s8 ones, or the other way round when
     `broadcast_u8`."""
@@ -154,7 +154,7 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
         for i in range(mr):
             av = b.load(a_at(g, t, i) if a_at is not None else b.gep(ag, [i64(t * mr + i)]))
             for j in range(nv):
-                cur[i][j] = _dot(b, qs, cur[i][j], bvecs[j], av, broadcast_u8)
+                cur[i][j] = dot_groups(b, qs, cur[i][j], bvecs[j], av, broadcast_u8)
     g_next = b.add(g, i64(1))
     g.add_incoming(g_next, b.block)
     for i in range(mr):
@@ -189,3 +189,35 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None):
     f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
     f = b.select(b.fcmp_ordered("<", f, lo), lo, f)
     return b.trunc(b.fptosi(f, it), qt)
+
+
+# |sums * mult| below this converts to i32 exactly with room for the offset: the
+# precondition of requantize_in_range, checked at compile time (products_in_range).
+IN_RANGE = 2.0 ** 30
+
+
+def products_in_range(bound: np.ndarray, mult: np.ndarray) -> bool:
+    """Whether sums of magnitude at most `bound` (per row) times the rows' f32 multipliers
+    stay below IN_RANGE (with room for f32 rounding)."""
+    return bool(np.all(np.abs(bound.astype(np.float64)) * np.abs(mult.astype(np.float64)) * 1.001 < IN_RANGE))
+
+
+def requantize_in_range(b: ir.IRBuilder, sums, mult, offset: int):
+    """requantize for a vector of sums whose products with `mult` stay below IN_RANGE
+    (products_in_range): rounded halves to even in f32, then converted, offset and saturated
+    in i32 (vpmovsdb, or AVX2's saturating packs), the same values in two instructions fewer.
+    (Outside the range the conversion would not be exact: fptosi of a too-large value is
+    poison.)"""
+    vw = sums.type.count
+    ft, it = _vec(F32, vw), _vec(I32, vw)
+    f = b.fmul(b.sitofp(sums, ft), splat(b, mult, vw))
+    if vw == 16 and target_has(b.module, "avx512f"):
+        # vcvtps2dq {rn-sae}: rounded halves to even whatever MXCSR says, in one instruction.
+        cvt = intrinsic(b.module, "llvm.x86.avx512.mask.cvtps2dq.512", it, [ft, it, I16, I32])
+        r = b.call(cvt, [f, ir.Constant(it, [0] * vw), ir.Constant(I16, -1), ir.Constant(I32, 8)])
+    else:
+        r = b.fptosi(b.call(intrinsic(b.module, f"llvm.roundeven.v{vw}f32", ft, [ft]), [f]), it)
+    r = b.add(r, ir.Constant(it, [offset] * vw))
+    r = b.call(intrinsic(b.module, f"llvm.smin.v{vw}i32", it, [it, it]), [r, ir.Constant(it, [127] * vw)])
+    r = b.call(intrinsic(b.module, f"llvm.smax.v{vw}i32", it, [it, it]), [r, ir.Constant(it, [-128] * vw)])
+    return b.trunc(r, _vec(I8, vw))

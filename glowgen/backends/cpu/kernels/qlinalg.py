@@ -20,9 +20,11 @@ holds no scale or offset of its own: products of the same shapes are one functio
 (codegen's twins), which halves the LLVM optimization time of a quantized ResNet-50.
 A split shares out blocks of MR filters (each task builds the plane in its own scratch).
 
+A depthwise convolution (one filter per channel) takes its own kernel, qdepthwise.py.
 Weights that are not constants and targets without AVX2 run `loops`: plain loops computing
-the same sums and requantization (a grouped or depthwise convolution too, though the spec
-rule quantized_grouped_conv_in_float computes those in float before they get here).
+the same sums and requantization (a grouped convolution too, though the spec rule
+quantized_grouped_conv_in_float computes those the kernels do not cover in float before
+they get here).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ from ....lir.ir import WeightBuffer
 from ..llvmutil import F32, F64, I8, I16, I32, for_range, i64
 from ..parallel import Work, parallel
 from ..qgemm import QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epilogue, requantize
+from . import qdepthwise as depthwise
 from . import qlanes
 from .base import DESCRIBE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 
@@ -97,35 +100,45 @@ def _constant(ins, index):
 @hook(STRATEGY, "QuantizedConv", "QuantizedMatMul")
 def q_strategy(ins, shape, packable) -> str:
     """The target's int8 product (qgemm.QSHAPES) for a single-group product with constant
-    weights, bias and scales; plain loops otherwise."""
+    weights, bias and scales, its depthwise kernel (qdepthwise.py) for one filter per
+    channel; plain loops otherwise."""
     qs = choose_qshape(getattr(shape, "features", ""))
     node = ins.node
-    if qs is None or getattr(node, "group", 1) != 1 or any(_constant(ins, i) is None for i in (2, 3, 4)):
+    if qs is None or any(_constant(ins, i) is None for i in (2, 3, 4)):
+        return "loops"
+    if getattr(node, "group", 1) != 1:
+        if depthwise.covers(node) and depthwise.sums_in_range(node, *(_constant(ins, i) for i in (2, 3, 4)), qs):
+            return depthwise.strategy(qs)
         return "loops"
     return qs.kind
 
 
 @hook(REPACK, "QuantizedConv", "QuantizedMatMul")
 def q_repack(prog, ins, shape, users) -> bool:
-    """Weights (qgemm.pack_a, or qlanes.pack), bias corrections, multipliers and offsets in
-    one constant buffer replacing the weights operand."""
-    if ins.plan.strategy not in QSHAPES:
-        return False
-    node, qs = ins.node, QShape(ins.plan.strategy)
+    """Weights (qgemm.pack_a, qlanes.pack, or qdepthwise.pack), bias corrections, multipliers
+    and offsets in one constant buffer replacing the weights operand."""
+    strategy = ins.plan.strategy
+    node = ins.node
     w, ws, b = (_constant(ins, i) for i in (2, 3, 4))
-    if node.OP == "QuantizedConv":
-        w3 = w.reshape(w.shape[0], w.shape[1], -1)
+    if depthwise.is_depthwise(strategy):
+        data = depthwise.pack(node, w, ws, b, depthwise.qshape(strategy))
+    elif strategy in QSHAPES:
+        qs = QShape(strategy)
+        if node.OP == "QuantizedConv":
+            w3 = w.reshape(w.shape[0], w.shape[1], -1)
+        else:
+            w3 = np.ascontiguousarray(w.T).reshape(w.shape[1], w.shape[0], 1)
+        pad = _pad_element(qs, node.inputs[0].type.quant.offset)
+        geo = Geometry(node, qs)
+        if qlanes.in_lanes(geo, qs):
+            data = qlanes.pack(node, geo, w3, ws, b, qs, pad)
+        else:
+            data = _pack(node, w3, ws, b, qs, pad)
     else:
-        w3 = np.ascontiguousarray(w.T).reshape(w.shape[1], w.shape[0], 1)
-    pad = _pad_element(qs, node.inputs[0].type.quant.offset)
-    geo = Geometry(node, qs)
-    if qlanes.in_lanes(geo, qs):
-        data = qlanes.pack(node, geo, w3, ws, b, qs, pad)
-    else:
-        data = _pack(node, w3, ws, b, qs, pad)
+        return False
     buf = ins.operands[2][1]
     root = buf.root()
-    new = WeightBuffer(f"{root.name}.q{qs.kind}", Type("i8", (data.size,)), "constant", data=data)
+    new = WeightBuffer(f"{root.name}.q{strategy}", Type("i8", (data.size,)), "constant", data=data)
     if users.get(id(root)) == 1 and root in prog.weights:
         prog.weights[prog.weights.index(root)] = new
     else:
@@ -145,6 +158,8 @@ def _pack(node, w3, ws, b, qs: QShape, pad: int) -> np.ndarray:
 
 @hook(SCRATCH, "QuantizedConv", "QuantizedMatMul")
 def q_scratch(ins, shape) -> int:
+    if depthwise.is_depthwise(ins.plan.strategy):
+        return depthwise.DepthwiseGeometry(ins.node, depthwise.qshape(ins.plan.strategy)).scratch
     if ins.plan.strategy not in QSHAPES:
         return 0
     qs = QShape(ins.plan.strategy)
@@ -154,6 +169,8 @@ def q_scratch(ins, shape) -> int:
 
 @parallel("QuantizedConv", "QuantizedMatMul")
 def q_work(node, shape, ins) -> Work:
+    if ins.plan is not None and depthwise.is_depthwise(ins.plan.strategy):
+        return depthwise.work(node, depthwise.qshape(ins.plan.strategy))
     if ins.plan is None or ins.plan.strategy not in QSHAPES:
         return Work(1)
     qs = QShape(ins.plan.strategy)
@@ -164,12 +181,14 @@ def q_work(node, shape, ins) -> Work:
 
 @hook(DESCRIBE, "QuantizedConv", "QuantizedMatMul")
 def q_describe(node) -> str:
-    return "int8"
+    return "int8" + (" depthwise" if getattr(node, "group", 1) > 1 else "")
 
 
 # ----------------------------------------------------------------------------- kernels
 @kernel("QuantizedConv", "QuantizedMatMul")
 def quantized_product(k: KernelArgs):
+    if depthwise.is_depthwise(k.strategy):
+        return depthwise.emit(k, depthwise.qshape(k.strategy))
     if k.strategy not in QSHAPES:
         return (q_conv_loops if k.node.OP == "QuantizedConv" else q_matmul_loops)(k)
     b, node = k.b, k.node

@@ -1,0 +1,302 @@
+"""QuantizedConv with one filter per channel (depthwise): exact i32 sums of int8 products,
+requantized to i8 in the store, vectorized along the output pixels of a channel.
+
+Each channel of an image is first copied into a byte *plane*: the input padded with its
+real zero (the x offset, as the product's element holds it: + 128 as u8 for VNNI), its rows
+dealt by the row stride sh into sh phases of Hq rows of sw * Wq bytes.  Output pixel
+(oy, ox) is lane q = oy * Wq + ox of the channel's product, and tap (ky, kx) reads byte
+sw * q + a constant (ky's phase and row, kx * dw): the whole channel is one run of lanes,
+the columns ox >= OW of each row computed and dropped (2 of 58 at 56x56, 3x3, stride 1).
+
+The products sum G horizontal taps of a filter row in one instruction (qgemm.dot_groups:
+VNNI `vpdpbusd` takes 4, `vpmaddwd` 2): a row is ceil(KW / G) tap groups, each group's
+weights one 32-bit element (zeros past KW).  The G bytes of each lane, at
+sw * q + dw * (G * t + u) for u < G, are one load and one constant byte shuffle of the
+plane (vpermb), or at unit strides a plain load (DepthwiseGeometry.mode).  A 3x3 depthwise
+convolution is three `vpdpbusd` per 16 pixels on AVX-512 VNNI, six `vpmaddwd` per 8 on
+AVX2.  The sums start from the per-channel correction (the bias
+minus the shift to u8 and the x offset, times the filter's sum: qgemm.pack_epilogue) and
+are requantized as the other int8 kernels and the interpreter do, by
+qgemm.requantize_in_range (the sums' range is checked at compile time: sums_in_range).
+
+The requantized lanes go to a row of scratch memory, whose OW first columns of each output
+row are then copied out.  A split shares out the channels; each task has its own plane.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from ..llvmutil import F32, I8, I16, I32, for_range, i64
+from ..parallel import Work
+from ..qgemm import QShape, dot_groups, pack_epilogue, products_in_range, requantize_in_range
+from ..vectors import splat
+
+PREFIX = "depthwise-"
+# What the kernel covers (the spec's rule quantized_grouped_conv_in_float leaves these
+# grouped convolutions to it): a lane's G bytes must lie within one 64-byte load.
+MAX_STRIDE = 2
+MAX_DILATION = 4
+NV = 2               # independent vectors of sums per step of the lane loop
+COPY = 32            # bytes of the vectors the plane's rows and the output rows are copied in
+
+_ceil = lambda a, b: -(-a // b)          # noqa: E731
+_align = lambda n: _ceil(n, 64) * 64     # noqa: E731
+
+
+def covers(node) -> bool:
+    """A depthwise convolution the kernel computes: one filter per channel, strides of at
+    most MAX_STRIDE, dilations of at most MAX_DILATION."""
+    c = node.inputs[0].type.shape[1]
+    return (node.group == c == node.inputs[1].type.shape[0]
+            and max(node.strides) <= MAX_STRIDE and max(node.dilations) <= MAX_DILATION)
+
+
+def strategy(qs: QShape) -> str:
+    return PREFIX + qs.kind
+
+
+def sums_in_range(node, w: np.ndarray, ws: np.ndarray, bias: np.ndarray, qs: QShape) -> bool:
+    """Whether every channel's requantized sums stay within qgemm.IN_RANGE, as the kernel's
+    requantization needs: the sums lie within the correction +- 255 * the filter's
+    absolute sum (always so but for absurd scales)."""
+    c = w.shape[0]
+    corr, mult = pack_epilogue(w.reshape(c, 1, -1), ws, bias, node.inputs[0].type.quant, node.scale, qs)
+    bound = np.abs(corr[:c].astype(np.int64)) + 255 * np.abs(w.reshape(c, -1).astype(np.int64)).sum(1)
+    return products_in_range(bound, mult[:c])
+
+
+def is_depthwise(strategy_name) -> bool:
+    return bool(strategy_name) and strategy_name.startswith(PREFIX)
+
+
+def qshape(strategy_name: str) -> QShape:
+    return QShape(strategy_name[len(PREFIX):])
+
+
+class DepthwiseGeometry:
+    """The plane, the lanes and the tap groups of one channel, from the node's static shapes."""
+
+    def __init__(self, node, qs: QShape):
+        self.qs = qs
+        g, vw = qs.group, qs.vw
+        self.batch, self.c, self.h, self.w = node.inputs[0].type.shape
+        _, _, self.kh, self.kw = node.inputs[1].type.shape
+        self.oh, self.ow = node.outputs[0].type.shape[2:]
+        (sh, sw), (dh, dw), p = node.strides, node.dilations, node.pads
+        self.sh, self.sw, self.pt, self.pl = sh, sw, p[0], p[1]
+        self.hq = _ceil(self.h + p[0] + p[2], sh)
+        self.wq = _ceil(self.w + p[1] + p[3], sw)
+        self.row = sw * self.wq                      # bytes of a plane row
+        self.phase = self.hq * self.row
+        self.groups = _ceil(self.kw, g)              # tap groups of a filter row
+        self.taps = [((ky * dh) % sh) * self.phase + ((ky * dh) // sh) * self.row + dw * g * t
+                     for ky in range(self.kh) for t in range(self.groups)]
+        # Lane i's G bytes in a load from the lane's first byte: sw * i + dw * u.
+        self.lanes = [sw * i + dw * u for i in range(vw) for u in range(g)]
+        self.load = 1 << (max(self.lanes)).bit_length()
+        assert self.load <= 64, (sw, dw, qs.kind)
+        self.q = (self.oh - 1) * self.wq + self.ow
+        # How a tap's groups reach the lanes (channel_lanes):
+        # "interleaved" (VNNI, unit strides and dilations, lanes of 64 not wasting more
+        #   than lanes of 32): a group is 4 consecutive bytes,
+        #   so a plain load from byte q0 + r of the plane holds the groups of lanes
+        #   q0 + r + 4k in its 32-bit elements; 4 such vectors (r = 0..3) are 64 lanes,
+        #   interleaved back into order when stored;
+        # "expand" (vpmaddwd, unit strides): the groups are expanded once into an element
+        #   plane, element i the group of bytes i + dw * u, from which tap t of lane q is
+        #   element q + t: a plain vector load;
+        # "shuffle" (other strides): each tap's groups are a load and a shuffle of the
+        #   plane (lane_groups); expanded, the element plane would hold 4x the lanes.
+        per_step = lambda step: _ceil(self.q, step) * step    # noqa: E731  lanes computed
+        if (sh, sw) == (1, 1) and qs.kind == "vnni" and dw == 1 \
+                and per_step(g * vw) <= 1.05 * per_step(NV * vw):     # (14x14: 256 lanes for 224)
+            self.mode = "interleaved"
+        elif (sh, sw) == (1, 1) and qs.bits == 16:
+            self.mode = "expand"
+        else:
+            self.mode = "shuffle"
+        self.step = vw * (g if self.mode == "interleaved" else NV)
+        self.qpad = _ceil(self.q, self.step) * self.step
+        reach = max(self.taps) + sw * (self.qpad - vw)       # the last lanes' first byte
+        if self.mode == "interleaved":
+            reach = max(self.taps) + self.qpad - self.step + g - 1
+            self.load = 4 * vw
+        self.elems = _ceil(reach + vw, vw) * vw if self.mode == "expand" else 0
+        # The plane, and every byte the loads of the last lanes may reach past it.
+        self.plane_bytes = _align(max(sh * self.phase, (self.elems - vw if self.elems else reach) + self.load))
+        self.elem_bytes = _align(4 * self.elems)
+        self.scratch = self.plane_bytes + self.elem_bytes + _align(self.qpad)
+        self.a_words = self.c * len(self.taps)
+
+    def input_rows(self):
+        """(phase, first plane row, end plane row, first input row) of the rows of each
+        phase that hold input rows (the others are padding)."""
+        spans = []
+        for py in range(self.sh):
+            lo = max(0, _ceil(self.pt - py, self.sh))
+            hi = min(self.hq, (self.h - 1 + self.pt - py) // self.sh + 1)
+            if hi > lo:
+                spans.append((py, lo, hi, lo * self.sh + py - self.pt))
+        return spans
+
+
+# ----------------------------------------------------------------------------- compile time
+def pack(node, w: np.ndarray, ws: np.ndarray, bias: np.ndarray, qs: QShape) -> np.ndarray:
+    """The kernel's constant buffer (bytes): the weights as [C][KH][groups] 32-bit elements
+    of G taps (i8 for VNNI, i16 for vpmaddwd; zero past KW), then the i32 corrections and
+    the f32 multipliers of the C channels."""
+    c, _, kh, kw = w.shape
+    g = qs.group
+    groups = _ceil(kw, g)
+    taps = np.zeros((c, kh, groups * g), np.int16 if qs.bits == 16 else np.int8)
+    taps[:, :, :kw] = w[:, 0]
+    corr, mult = pack_epilogue(w.reshape(c, 1, kh * kw), ws, bias, node.inputs[0].type.quant, node.scale, qs)
+    return np.concatenate([taps.view(np.int8).ravel(), corr[:c].view(np.int8), mult[:c].view(np.int8)])
+
+
+def work(node, qs: QShape) -> Work:
+    """Channels, split by the elements read and written, as the float depthwise kernel:
+    the few integer products hardly cost more than moving the bytes."""
+    geo = DepthwiseGeometry(node, qs)
+    flops = 2.0 * geo.batch * geo.c * geo.oh * geo.ow * geo.kh * geo.kw
+    return Work(geo.c, flops=flops, elements=geo.batch * geo.c * (geo.oh * geo.ow + geo.h * geo.w))
+
+
+# ----------------------------------------------------------------------------- the kernel
+def emit(k, qs: QShape) -> None:
+    b, node = k.b, k.node
+    geo = DepthwiseGeometry(node, qs)
+    (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
+    packed = b.bitcast(packed, I8.as_pointer())
+    words = b.bitcast(packed, I32.as_pointer())
+    corr = b.bitcast(b.gep(packed, [i64(4 * geo.a_words)]), I32.as_pointer())
+    mult = b.bitcast(b.gep(packed, [i64(4 * geo.a_words + 4 * geo.c)]), F32.as_pointer())
+    plane = b.bitcast(k.scratch, I8.as_pointer())
+    elems = b.bitcast(b.gep(plane, [i64(geo.plane_bytes)]), I32.as_pointer())
+    ys = b.gep(plane, [i64(geo.plane_bytes + geo.elem_bytes)])
+    x_offset = node.inputs[0].type.quant.offset
+    pad = (x_offset + qs.shift) & 0xFF
+    flip = qs.shift == 128                           # i8 -> the u8 bits of x + 128
+
+    fill_bytes(b, plane, geo.plane_bytes, pad)       # the padding; rows are copied over it
+    lo, hi = k.split.range(b, geo.c)
+    with for_range(b, geo.batch, name="dn") as n, for_range(b, hi, start=lo, name="dc") as c:
+        image = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h * geo.w))
+        for py, yq0, yq1, iy0 in geo.input_rows():
+            with for_range(b, yq1, start=yq0, name="drow") as yq:
+                iy = b.add(b.mul(b.sub(yq, i64(yq0)), i64(geo.sh)), i64(iy0))
+                src = b.gep(x, [b.add(image, b.mul(iy, i64(geo.w)))])
+                dst = b.gep(plane, [b.add(b.mul(yq, i64(geo.row)), i64(py * geo.phase + geo.pl))])
+                copy_bytes(b, src, dst, geo.w, flip)
+        if geo.mode == "expand":
+            with for_range(b, geo.elems, step=qs.vw, name="dexp") as i:
+                v = lane_groups(b, geo, plane, i)
+                st = b.store(v, b.bitcast(b.gep(elems, [i]), v.type.as_pointer()))
+                st.align = 4
+        channel_lanes(b, geo, plane, elems, ys, b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
+                      b.load(b.gep(corr, [c])), b.load(b.gep(mult, [c])), node.offset)
+        out = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.oh * geo.ow))
+        with for_range(b, geo.oh, name="dout") as oy:
+            copy_bytes(b, b.gep(ys, [b.mul(oy, i64(geo.wq))]), b.gep(y, [b.add(out, b.mul(oy, i64(geo.ow)))]),
+                       geo.ow, False)
+
+
+def lane_groups(b, geo: DepthwiseGeometry, plane, at):
+    """The G values of lanes q0..q0+VW of a tap whose first byte is `at`: bytes
+    at + sw * i + dw * u of the plane, one load and one constant shuffle, as VW 32-bit
+    elements (i8 for VNNI, widened to i16 for vpmaddwd)."""
+    qs, vw = geo.qs, geo.qs.vw
+    load_t = ir.VectorType(I8, geo.load)
+    raw = b.load(b.bitcast(b.gep(plane, [at]), load_t.as_pointer()))
+    raw.align = 1
+    v = b.shuffle_vector(raw, ir.Constant(load_t, ir.Undefined), ir.Constant(ir.VectorType(I32, len(geo.lanes)), geo.lanes))
+    if qs.bits == 16:
+        v = b.sext(v, ir.VectorType(I16, 2 * vw))
+    return b.bitcast(v, ir.VectorType(I32, vw))
+
+
+def channel_lanes(b, geo: DepthwiseGeometry, plane, elems, ys, words, corr, mult, offset: int) -> None:
+    """All lanes of one channel, geo.step at a time: the tap groups' sums from the
+    correction, requantized into ys (geo.mode says where each tap's groups come from)."""
+    qs, vw = geo.qs, geo.qs.vw
+    weights = [b.load(b.gep(words, [i64(t)])) for t in range(len(geo.taps))]
+    i32v = ir.VectorType(I32, vw)
+    init = splat(b, corr, vw)
+    vectors = geo.step // vw
+
+    def groups(q0, j, tap):
+        if geo.mode == "shuffle":
+            return lane_groups(b, geo, plane, b.add(b.mul(b.add(q0, i64(j * vw)), i64(geo.sw)), i64(tap)))
+        if geo.mode == "expand":
+            base, at = elems, b.add(q0, i64(j * vw + tap))
+        else:                   # interleaved: vector j holds lanes q0 + j + 4k
+            base, at = plane, b.add(q0, i64(j + tap))
+        v = b.load(b.bitcast(b.gep(base, [at]), i32v.as_pointer()))
+        v.align = 1
+        return v
+
+    with for_range(b, geo.qpad, step=geo.step, name="dq") as q0:
+        sums = [init] * vectors
+        for tap, weight in zip(geo.taps, weights):
+            for j in range(vectors):
+                sums[j] = dot_groups(b, qs, sums[j], groups(q0, j, tap), weight)
+        out = [requantize_in_range(b, v, mult, offset) for v in sums]
+        if geo.mode == "interleaved":
+            out = [interleave(b, out)]
+        for j, v in enumerate(out):
+            st = b.store(v, b.bitcast(b.gep(ys, [b.add(q0, i64(j * vw))]), v.type.as_pointer()))
+            st.align = 1
+
+
+def interleave(b, vectors: list):
+    """Lanes k of vectors r = 0..G-1 into lane G * k + r of one vector."""
+    n, g = vectors[0].type.count, len(vectors)
+    assert g == 4
+    pairs = [b.shuffle_vector(vectors[r], vectors[r + 1], ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n))))
+             for r in (0, 2)]
+    order = [r * n + k for k in range(n) for r in range(g)]
+    return b.shuffle_vector(pairs[0], pairs[1], ir.Constant(ir.VectorType(I32, g * n), order))
+
+
+def fill_bytes(b, dst, count: int, value: int) -> None:
+    """dst[0:count] = value, count a multiple of COPY."""
+    assert count % COPY == 0
+    vt = ir.VectorType(I8, COPY)
+    fill = ir.Constant(vt, [value] * COPY)
+    with for_range(b, count, step=COPY, name="dfill") as i:
+        st = b.store(fill, b.bitcast(b.gep(dst, [i]), vt.as_pointer()))
+        st.align = 1
+
+
+def copy_bytes(b, src, dst, count: int, flip: bool) -> None:
+    """dst[0:count] = src[0:count] (each byte's top bit flipped, for `flip`: i8 -> the u8 of
+    x + 128), in vectors of COPY bytes, the last of them overlapping the one before when
+    count is not a multiple; a shorter run in vectors of 16, 8, ... bytes."""
+    def move(at: int, size: int, index=None):
+        vt = ir.VectorType(I8, size)
+        off = i64(at) if index is None else index
+        v = b.load(b.bitcast(b.gep(src, [off]), vt.as_pointer()))
+        v.align = 1
+        if flip:
+            v = b.xor(v, ir.Constant(vt, [-128] * size))
+        st = b.store(v, b.bitcast(b.gep(dst, [off]), vt.as_pointer()))
+        st.align = 1
+
+    if count >= COPY:
+        full = count // COPY
+        if full <= 4:
+            for i in range(full):
+                move(i * COPY, COPY)
+        else:
+            with for_range(b, full * COPY, step=COPY, name="dcopy") as i:
+                move(0, COPY, i)
+        if count % COPY:
+            move(count - COPY, COPY)
+        return
+    at, size = 0, COPY // 2
+    while at < count:
+        while size > count - at:
+            size //= 2
+        move(at, size)
+        at += size
