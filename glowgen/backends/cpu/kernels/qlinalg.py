@@ -15,9 +15,8 @@ features in the lanes (qlanes.py), where that leaves fewer lanes idle.
 
 Weights, the per-filter bias correction and the multipliers are packed once at compile time
 into one constant buffer (qgemm.pack_a / pack_epilogue), in place of the weights operand,
-followed by the two offsets (the result's, and the plane's padding element).  The code then
-holds no scale or offset of its own: products of the same shapes are one function
-(codegen's twins), which halves the LLVM optimization time of a quantized ResNet-50.
+followed by the two offsets (the result's, and the plane's padding element): the code holds
+no scale or offset of its own.
 A split shares out blocks of MR filters (each task builds the plane in its own scratch).
 
 A depthwise convolution (one filter per channel) takes its own kernel, qdepthwise.py.
