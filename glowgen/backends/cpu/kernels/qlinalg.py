@@ -80,6 +80,11 @@ class Geometry:
         self.plane_bytes = _ceil(4 * self.plane_elems, 64) * 64
         self.scratch = self.plane_bytes + _ceil(self.mpad * self.qpad, 64) * 64
         self.a_bytes = self.blocks * self.groups * len(self.taps) * qs.mr * 4
+        # Product columns that are output pixels (no dropped columns: a 1x1 convolution) are
+        # stored straight into y, with no result block in scratch to copy out.
+        self.direct = self.conv and self.wq == self.ow
+        if self.direct:
+            self.scratch = self.plane_bytes
         # Loop order of the tiles: over B's panels outside when all the weights fit in L2
         # with room to spare (read from there for each panel) and there are many panels.
         self.panels_outer = self.a_bytes <= PANELS_OUTER_MAX_WEIGHTS and self.qpad // nr >= 4
@@ -218,6 +223,9 @@ def quantized_product(k: KernelArgs):
                 m = b.add(b.mul(mb, i64(qs.mr)), i64(i))
                 v = requantize(b, sums, b.load(b.gep(mult, [m])), y_offset,
                                corr=b.load(b.gep(corr, [m])))
+                if geo.direct:
+                    store_direct(b, geo, v, y, n, m, b.add(q0, i64(j * qs.vw)))
+                    return
                 at = b.gep(ys, [b.add(b.add(b.mul(m, i64(geo.qpad)), q0), i64(j * qs.vw))])
                 st = b.store(v, b.bitcast(at, v.type.as_pointer()))
                 st.align = 1
@@ -228,10 +236,29 @@ def quantized_product(k: KernelArgs):
         else:                       # a block of weights stays in L1 over every panel
             with for_range(b, hi, start=lo, name="qmb") as mb, for_range(b, geo.qpad // qs.nr, name="qp") as p:
                 tile(mb, p)
-        m_lo = b.mul(lo, i64(qs.mr))
-        m_hi = b.mul(hi, i64(qs.mr))
-        m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
-        (write_conv_out if geo.conv else write_matmul_out)(b, geo, ys, y, n, m_lo, m_hi)
+        if not geo.direct:          # else the tiles stored into y themselves
+            m_lo = b.mul(lo, i64(qs.mr))
+            m_hi = b.mul(hi, i64(qs.mr))
+            m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
+            (write_conv_out if geo.conv else write_matmul_out)(b, geo, ys, y, n, m_lo, m_hi)
+
+
+def store_direct(b, geo: Geometry, v, y, n, m, q):
+    """The i8 vector v of output pixels q.. of filter m, into image n of y: whole when all of
+    it lies inside (pixels < OH * OW, filters < M), else lane by lane where it does."""
+    vw = v.type.count
+    npix = geo.oh * geo.ow
+    at = b.gep(y, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(npix)), q)])
+    whole = b.and_(b.icmp_signed("<=", b.add(q, i64(vw)), i64(npix)), b.icmp_signed("<", m, i64(geo.m)))
+    with b.if_else(whole) as (then, otherwise):
+        with then:
+            st = b.store(v, b.bitcast(at, v.type.as_pointer()))
+            st.align = 1
+        with otherwise:
+            with b.if_then(b.icmp_signed("<", m, i64(geo.m))):
+                for lane in range(vw):
+                    with b.if_then(b.icmp_signed("<", b.add(q, i64(lane)), i64(npix))):
+                        b.store(b.extract_element(v, ir_const(I32, lane)), b.gep(at, [i64(lane)]))
 
 
 def _elem(b, qs: QShape, v8):
