@@ -31,9 +31,12 @@ import numpy as np
 
 from ....engine.types import Type
 from ....lir.ir import WeightBuffer
-from ..llvmutil import F32, F64, I8, I16, I32, for_range, i64
+from llvmlite import ir
+
+from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Work, parallel
 from ..qgemm import QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epilogue, requantize
+from ..vectors import splat
 from . import qdepthwise as depthwise
 from . import qlanes
 from .base import DESCRIBE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
@@ -244,21 +247,31 @@ def quantized_product(k: KernelArgs):
 
 
 def store_direct(b, geo: Geometry, v, y, n, m, q):
-    """The i8 vector v of output pixels q.. of filter m, into image n of y: whole when all of
-    it lies inside (pixels < OH * OW, filters < M), else lane by lane where it does."""
+    """The i8 vector v of output pixels q.. of filter m, into image n of y: only its lanes
+    inside (pixels < OH * OW, filters < M).  AVX-512BW stores them in one masked store;
+    otherwise a whole vector at once, the ragged end a byte at a time in a small loop (one
+    per store: unrolled lane by lane, 16 stores a tile made the module slow to optimize)."""
     vw = v.type.count
     npix = geo.oh * geo.ow
     at = b.gep(y, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(npix)), q)])
+    if target_has(b.module, "avx512bw"):
+        lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
+        inside = b.icmp_signed("<", b.add(lanes, splat(b, q, vw)), splat(b, i64(npix), vw))
+        mask = b.and_(inside, splat(b, b.icmp_signed("<", m, i64(geo.m)), vw))
+        vty = v.type
+        fn = intrinsic(b.module, f"llvm.masked.store.v{vw}i8.p0", ir.VoidType(),
+                       [vty, vty.as_pointer(), I32, mask.type])
+        b.call(fn, [v, b.bitcast(at, vty.as_pointer()), ir.Constant(I32, 1), mask])
+        return
     whole = b.and_(b.icmp_signed("<=", b.add(q, i64(vw)), i64(npix)), b.icmp_signed("<", m, i64(geo.m)))
     with b.if_else(whole) as (then, otherwise):
         with then:
             st = b.store(v, b.bitcast(at, v.type.as_pointer()))
             st.align = 1
         with otherwise:
-            with b.if_then(b.icmp_signed("<", m, i64(geo.m))):
-                for lane in range(vw):
-                    with b.if_then(b.icmp_signed("<", b.add(q, i64(lane)), i64(npix))):
-                        b.store(b.extract_element(v, ir_const(I32, lane)), b.gep(at, [i64(lane)]))
+            count = b.select(b.icmp_signed("<", m, i64(geo.m)), b.sub(i64(npix), q), i64(0))
+            with for_range(b, count, name="ragged") as lane:
+                b.store(b.extract_element(v, lane), b.gep(at, [lane]))
 
 
 def _elem(b, qs: QShape, v8):
