@@ -158,6 +158,24 @@ def test_quantized_conv_native(case, cpu):
 
 # Up to a tile's broadcast rows (6 for AVX2, 8 for VNNI), the product has its features in
 # the lanes (qlanes.py): ragged feature counts, K not a multiple of the group, a split.
+@pytest.mark.parametrize("cpu", CPUS)
+def test_requantization_out_of_i32_range(cpu):
+    """A result scale so small that the requantized sums leave the i32 range: the store
+    requantizes in f32 and saturates (the i32 requantization's precondition does not hold)."""
+    from glowgen.backends.cpu.kernels.qlinalg import PACKED_IN_RANGE
+    text, feeds, want = conv_case(np.random.default_rng(7), 1, 16, 12, 12, 24, 1, ys=1e-9)
+    assert np.any(want == 127) and np.any(want == -128)
+    for threads in THREADS:
+        model, _ = _compile(text, cpu, threads)
+        ins = [i for i in model.program.instrs if i.kind == "QuantizedConv"][0]
+        assert ins.plan.packed == "a"
+        np.testing.assert_array_equal(model.run(feeds)["y"], want)
+    text, feeds, want = conv_case(np.random.default_rng(7), 1, 16, 12, 12, 24, 1)
+    model, _ = _compile(text, cpu, 1)
+    assert [i for i in model.program.instrs if i.kind == "QuantizedConv"][0].plan.packed == PACKED_IN_RANGE
+    np.testing.assert_array_equal(model.run(feeds)["y"], want)
+
+
 MATMUL_CASES = [((1,), 512, 100), ((3,), 5, 7), ((2, 5), 37, 33), ((17,), 64, 16), ((1,), 3, 1),
                 ((2, 3), 71, 50), ((1, 1), 1000, 33), ((64,), 130, 257), ((4,), 640, 800)]
 SPLIT_MATMUL = {len(MATMUL_CASES) - 2, len(MATMUL_CASES) - 1}

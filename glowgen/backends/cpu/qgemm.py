@@ -202,10 +202,11 @@ def products_in_range(bound: np.ndarray, mult: np.ndarray) -> bool:
     return bool(np.all(np.abs(bound.astype(np.float64)) * np.abs(mult.astype(np.float64)) * 1.001 < IN_RANGE))
 
 
-def requantize_in_range(b: ir.IRBuilder, sums, mult, offset: int):
+def requantize_in_range(b: ir.IRBuilder, sums, mult, offset):
     """requantize for a vector of sums whose products with `mult` stay below IN_RANGE
     (products_in_range): rounded halves to even in f32, then converted, offset and saturated
     in i32 (vpmovsdb, or AVX2's saturating packs), the same values in two instructions fewer.
+    `offset`: an int, or an i32 value read at run time.
     (Outside the range the conversion would not be exact: fptosi of a too-large value is
     poison.)"""
     vw = sums.type.count
@@ -217,7 +218,7 @@ def requantize_in_range(b: ir.IRBuilder, sums, mult, offset: int):
         r = b.call(cvt, [f, ir.Constant(it, [0] * vw), ir.Constant(I16, -1), ir.Constant(I32, 8)])
     else:
         r = b.fptosi(b.call(intrinsic(b.module, f"llvm.roundeven.v{vw}f32", ft, [ft]), [f]), it)
-    r = b.add(r, ir.Constant(it, [offset] * vw))
+    r = b.add(r, ir.Constant(it, [offset] * vw) if isinstance(offset, int) else splat(b, offset, vw))
     r = b.call(intrinsic(b.module, f"llvm.smin.v{vw}i32", it, [it, it]), [r, ir.Constant(it, [127] * vw)])
     r = b.call(intrinsic(b.module, f"llvm.smax.v{vw}i32", it, [it, it]), [r, ir.Constant(it, [-128] * vw)])
     return b.trunc(r, _vec(I8, vw))

@@ -35,7 +35,8 @@ from llvmlite import ir
 
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Work, parallel
-from ..qgemm import QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epilogue, requantize
+from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epilogue, products_in_range,
+                     requantize, requantize_in_range)
 from ..vectors import splat
 from . import qdepthwise as depthwise
 from . import qlanes
@@ -43,6 +44,10 @@ from .base import DESCRIBE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 PANELS_OUTER_MAX_WEIGHTS = 256 << 10   # packed weight bytes (Geometry.panels_outer)
+# The packing of a product whose requantized sums are known to stay within qgemm.IN_RANGE
+# (sums_in_range): its store requantizes in i32, two instructions a vector fewer, which a
+# product of few channels (64 -> 256 1x1, a third of each tile in requantization) feels.
+PACKED_IN_RANGE = "a, sums in range"
 
 
 class Geometry:
@@ -127,6 +132,7 @@ def q_repack(prog, ins, shape, users) -> bool:
     strategy = ins.plan.strategy
     node = ins.node
     w, ws, b = (_constant(ins, i) for i in (2, 3, 4))
+    exact = False
     if depthwise.is_depthwise(strategy):
         data = depthwise.pack(node, w, ws, b, depthwise.qshape(strategy))
     elif strategy in QSHAPES:
@@ -141,6 +147,7 @@ def q_repack(prog, ins, shape, users) -> bool:
             data = qlanes.pack(node, geo, w3, ws, b, qs, pad)
         else:
             data = _pack(node, w3, ws, b, qs, pad)
+            exact = sums_in_range(node, w3, ws, b, qs)
     else:
         return False
     buf = ins.operands[2][1]
@@ -151,8 +158,18 @@ def q_repack(prog, ins, shape, users) -> bool:
     else:
         prog.weights.append(new)
     ins.replace(buf, new)
-    ins.plan.packed = "a"
+    ins.plan.packed = PACKED_IN_RANGE if exact else "a"
     return True
+
+
+def sums_in_range(node, w3, ws, b, qs: QShape) -> bool:
+    """Whether every filter's requantized sums stay within qgemm.IN_RANGE (so the store may
+    requantize with qgemm.requantize_in_range): the sums lie within the correction +- 255
+    times the filter's absolute sum (always so but for absurd scales)."""
+    corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
+    m = w3.shape[0]
+    bound = np.abs(corr[:m].astype(np.int64)) + 255 * np.abs(w3.reshape(m, -1).astype(np.int64)).sum(1)
+    return products_in_range(bound, mult[:m])
 
 
 def _pack(node, w3, ws, b, qs: QShape, pad: int) -> np.ndarray:
@@ -211,6 +228,7 @@ def quantized_product(k: KernelArgs):
     tail = geo.a_bytes + 8 * geo.mpad
     y_offset = b.load(b.bitcast(b.gep(packed, [i64(tail)]), F32.as_pointer()))
     pad = b.load(b.bitcast(b.gep(packed, [i64(tail + 4)]), I32.as_pointer()))
+    y_offset_i32 = b.fptosi(y_offset, I32)
     scratch = b.bitcast(k.scratch, I8.as_pointer())
     plane = b.bitcast(scratch, I32.as_pointer())
     ys = b.gep(scratch, [i64(geo.plane_bytes)])
@@ -224,8 +242,12 @@ def quantized_product(k: KernelArgs):
 
             def store(i, j, sums):
                 m = b.add(b.mul(mb, i64(qs.mr)), i64(i))
-                v = requantize(b, sums, b.load(b.gep(mult, [m])), y_offset,
-                               corr=b.load(b.gep(corr, [m])))
+                if k.packed == PACKED_IN_RANGE:
+                    v = requantize_in_range(b, b.add(sums, splat(b, b.load(b.gep(corr, [m])), qs.vw)),
+                                            b.load(b.gep(mult, [m])), y_offset_i32)
+                else:
+                    v = requantize(b, sums, b.load(b.gep(mult, [m])), y_offset,
+                                   corr=b.load(b.gep(corr, [m])))
                 if geo.direct:
                     store_direct(b, geo, v, y, n, m, b.add(q0, i64(j * qs.vw)))
                     return
