@@ -65,6 +65,25 @@ def make_ms_model(nodes, inputs: dict, outputs: dict, initializers: dict | None 
                                                    helper.make_opsetid("com.microsoft", 1)], ir_version=8)
 
 
+def ort_quantize_static(model_path, out_path, samples, quant_format="QDQ", activation="QUInt8",
+                        per_channel=True):
+    """onnxruntime's quantize_static of the model at `model_path` into `out_path`, calibrated
+    on `samples` (feed dicts), i8 weights; returns `out_path`."""
+    ortq = pytest.importorskip("onnxruntime.quantization")
+
+    class Reader(ortq.CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(samples)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    ortq.quantize_static(str(model_path), str(out_path), Reader(),
+                         quant_format=getattr(ortq.QuantFormat, quant_format), per_channel=per_channel,
+                         activation_type=getattr(ortq.QuantType, activation), weight_type=ortq.QuantType.QInt8)
+    return out_path
+
+
 def run_ort(model, feeds):
     import onnxruntime as ort
     opts = ort.SessionOptions()

@@ -394,10 +394,10 @@ def test_quantized_bundle_matches_jit(tmp_path):
 def _qdq_depthwise(tmp_path, c, hw, k, stride, pads, activation, relu, seed):
     """A depthwise Conv (+ Relu) quantized by onnxruntime's quantize_static in QDQ form:
     per-channel i8 weights, u8 or i8 activations."""
-    ortq = pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("onnxruntime.quantization")
     from onnx import helper
     import onnx
-    from conftest import make_model
+    from conftest import make_model, ort_quantize_static
     rng = np.random.default_rng(seed)
     w = (rng.standard_normal((c, 1, k, k)) * rng.uniform(0.05, 0.5, (c, 1, 1, 1))).astype(np.float32)
     b = (rng.standard_normal(c) * 0.2).astype(np.float32)
@@ -409,18 +409,7 @@ def _qdq_depthwise(tmp_path, c, hw, k, stride, pads, activation, relu, seed):
     model = make_model(nodes, {"x": np.zeros(shape, np.float32)}, ["y"], {"w": w, "b": b})
     onnx.save(model, tmp_path / "f.onnx")
     samples = [{"x": (rng.standard_normal(shape) + 0.3).astype(np.float32)} for _ in range(8)]
-
-    class Reader(ortq.CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(samples)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    ortq.quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(),
-                         quant_format=ortq.QuantFormat.QDQ, per_channel=True,
-                         activation_type=getattr(ortq.QuantType, activation), weight_type=ortq.QuantType.QInt8)
-    return tmp_path / "q.onnx", shape
+    return ort_quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", samples, "QDQ", activation), shape
 
 
 QDQ_DEPTHWISE = [

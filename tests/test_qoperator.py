@@ -15,7 +15,7 @@ import glowgen
 from glowgen import api
 from glowgen.errors import UnsupportedError
 
-from conftest import make_ms_model, run_ort
+from conftest import make_ms_model, ort_quantize_static, run_ort
 
 rng = np.random.default_rng(14)
 
@@ -235,21 +235,11 @@ def _small_cnn():
 
 @pytest.mark.parametrize("act, per_channel", [("QUInt8", True), ("QInt8", True), ("QUInt8", False)])
 def test_onnxruntime_qoperator_cnn_compiles_to_int8_kernels(tmp_path, act, per_channel):
-    ortq = pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("onnxruntime.quantization")
     import onnxruntime as ort
     onnx.save(_small_cnn(), tmp_path / "f.onnx")
     samples = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
-
-    class Reader(ortq.CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(samples)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    ortq.quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(),
-                         quant_format=ortq.QuantFormat.QOperator, per_channel=per_channel,
-                         activation_type=getattr(ortq.QuantType, act), weight_type=ortq.QuantType.QInt8)
+    ort_quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", samples, "QOperator", act, per_channel)
     qop = onnx.load(tmp_path / "q.onnx")
     written = {n.op_type for n in qop.graph.node}
     assert {"QLinearConv", "QLinearAdd", "QLinearGlobalAveragePool", "QGemm"} <= written, written

@@ -17,7 +17,7 @@ from glowgen.quantization import (SCHEMAS, Calibration, Profile, TensorProfile, 
                                   load_profile, model_fingerprint, tensor_range)
 from glowgen.quantization.calibration import dequantize_array, quantize_array
 
-from conftest import make_model
+from conftest import make_model, ort_quantize_static
 
 rng = np.random.default_rng(7)
 
@@ -317,22 +317,12 @@ def test_cli_quantized_run_and_dump(tmp_path):
 def test_onnxruntime_qdq_model_becomes_integer_ops(tmp_path):
     """A QDQ model from onnxruntime's quantize_static (u8 activations, per-channel i8 weights)
     compiles to the same quantized types and integer ops, and agrees with onnxruntime on it."""
-    ortq = pytest.importorskip("onnxruntime.quantization")
+    pytest.importorskip("onnxruntime.quantization")
     import onnxruntime as ort
     model = _cnn()
     onnx.save(model, tmp_path / "f.onnx")
     samples = _samples(16)
-
-    class Reader(ortq.CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(samples)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    ortq.quantize_static(str(tmp_path / "f.onnx"), str(tmp_path / "q.onnx"), Reader(),
-                         quant_format=ortq.QuantFormat.QDQ, per_channel=True,
-                         activation_type=ortq.QuantType.QUInt8, weight_type=ortq.QuantType.QInt8)
+    ort_quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", samples, "QDQ", "QUInt8")
     qdq = onnx.load(tmp_path / "q.onnx")
     assert sum(n.op_type == "QuantizeLinear" for n in qdq.graph.node) >= 2
 

@@ -176,28 +176,9 @@ static void to_native(uint8_t *p, size_t size, size_t elem_size) {
 
 """
 
-SINGLE_MAIN = r"""int main(int argc, char **argv) {
-  const char *weights = NULL;
-  char *default_weights = NULL;
-  const char **files = (const char **)calloc((size_t)argc + 1, sizeof(char *));
-  int nfiles = 0, i, status, threads = @P@_THREADS;
-  uint8_t *constant, *mutable_, *activations, *out;
-  pool_t pool;
-  pthread_t *workers = NULL;
-  const glowgen_tensor_info *t;
-
-  if (!files) return 2;
-  for (i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-      usage(stdout, argv[0]);
-      return 0;
-    } else if (!strcmp(argv[i], "--weights")) {
-      if (++i == argc) {
-        fprintf(stderr, "error: --weights needs a file\n");
-        return 1;
-      }
-      weights = argv[i];
-    } else if (!strcmp(argv[i], "--threads")) {
+# The end of both main.c's option loops: --threads N, anything else an input or output file,
+# then the count of files checked.
+THREADS_AND_FILES = r"""    } else if (!strcmp(argv[i], "--threads")) {
       char *end;
       long n;
       if (++i == argc) {
@@ -220,7 +201,30 @@ SINGLE_MAIN = r"""int main(int argc, char **argv) {
     usage(stderr, argv[0]);
     return 1;
   }
-  if (!weights) {
+"""
+
+SINGLE_MAIN = r"""int main(int argc, char **argv) {
+  const char *weights = NULL;
+  char *default_weights = NULL;
+  const char **files = (const char **)calloc((size_t)argc + 1, sizeof(char *));
+  int nfiles = 0, i, status, threads = @P@_THREADS;
+  uint8_t *constant, *mutable_, *activations, *out;
+  pool_t pool;
+  pthread_t *workers = NULL;
+  const glowgen_tensor_info *t;
+
+  if (!files) return 2;
+  for (i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      usage(stdout, argv[0]);
+      return 0;
+    } else if (!strcmp(argv[i], "--weights")) {
+      if (++i == argc) {
+        fprintf(stderr, "error: --weights needs a file\n");
+        return 1;
+      }
+      weights = argv[i];
+""" + THREADS_AND_FILES + r"""  if (!weights) {
     const char *slash = strrchr(argv[0], '/');
     size_t dir = slash ? (size_t)(slash - argv[0]) + 1 : 0;
     default_weights = (char *)malloc(dir + sizeof("@NAME@.weights.bin"));
@@ -422,30 +426,7 @@ VARIANTS_MAIN = r"""int main(int argc, char **argv) {
         return 1;
       }
       shapes[nshapes++] = argv[i];
-    } else if (!strcmp(argv[i], "--threads")) {
-      char *end;
-      long n;
-      if (++i == argc) {
-        fprintf(stderr, "error: --threads needs a number\n");
-        return 1;
-      }
-      n = strtol(argv[i], &end, 10);
-      if (*end || n < 1 || n > 1024) {
-        fprintf(stderr, "error: --threads takes a number from 1 to 1024, not '%s'\n", argv[i]);
-        return 1;
-      }
-      threads = (int)n;
-    } else {
-      files[nfiles++] = argv[i];
-    }
-  }
-  if (nfiles != @P@_NUM_INPUTS + @P@_NUM_OUTPUTS) {
-    fprintf(stderr, "error: expected %d input files and %d output files, got %d files\n",
-            @P@_NUM_INPUTS, @P@_NUM_OUTPUTS, nfiles);
-    usage(stderr, argv[0]);
-    return 1;
-  }
-
+""" + THREADS_AND_FILES + r"""
   /* Each input's shape: from --shape, or from its file's size. */
   memset(given, 0, sizeof given);
   for (k = 0; k < nshapes; k++) {

@@ -98,6 +98,21 @@ def pack_epilogue(w: np.ndarray, ws: np.ndarray, b: np.ndarray, x_quant, scale: 
     return corr.astype(np.int32), mult
 
 
+def pack_offsets(node, pad_element: int) -> list[np.ndarray]:
+    """The tail of a packed product's constants: the result's offset (f32) and the padding
+    element of its plane (i32), as bytes; load_offsets reads them back in the kernel."""
+    return [np.array([node.offset], np.float32).view(np.int8),
+            np.array([pad_element], np.int32).view(np.int8)]
+
+
+def load_offsets(b: ir.IRBuilder, packed, at: int):
+    """(the result's offset as f32, the plane's padding element as i32) from byte `at` of
+    the packed constants (pack_offsets)."""
+    y_offset = b.load(b.bitcast(b.gep(packed, [i64(at)]), F32.as_pointer()))
+    pad = b.load(b.bitcast(b.gep(packed, [i64(at + 4)]), I32.as_pointer()))
+    return y_offset, pad
+
+
 def _vec(t: ir.Type, n: int) -> ir.VectorType:
     return ir.VectorType(t, n)
 

@@ -24,7 +24,7 @@ import numpy as np
 from llvmlite import ir
 
 from ..llvmutil import F32, I8, I32, for_range, i64
-from ..qgemm import QShape, emit_tile, pack_epilogue, requantize
+from ..qgemm import QShape, emit_tile, load_offsets, pack_epilogue, pack_offsets, requantize
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 # Features in the lanes when they waste this much less than pixels in the lanes.
@@ -89,8 +89,8 @@ def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> np.ndarray:
     corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
     corr_p, mult_p = np.zeros(lanes.npad, np.int32), np.zeros(lanes.npad, np.float32)
     corr_p[:m], mult_p[:m] = corr[:m], mult[:m]
-    tail = [np.array([node.offset], np.float32).view(np.int8), np.array([pad_element], np.int32).view(np.int8)]
-    return np.concatenate([weights.view(np.int8).ravel(), corr_p.view(np.int8), mult_p.view(np.int8), *tail])
+    return np.concatenate([weights.view(np.int8).ravel(), corr_p.view(np.int8), mult_p.view(np.int8),
+                           *pack_offsets(node, pad_element)])
 
 
 def emit(b, k, geo, qs: QShape, build_plane):
@@ -103,9 +103,7 @@ def emit(b, k, geo, qs: QShape, build_plane):
     weights = b.bitcast(packed, I32.as_pointer())
     corr = b.bitcast(b.gep(packed, [i64(lanes.b_bytes)]), I32.as_pointer())
     mult = b.bitcast(b.gep(packed, [i64(lanes.b_bytes + 4 * npad)]), F32.as_pointer())
-    tail = lanes.b_bytes + 8 * npad
-    y_offset = b.load(b.bitcast(b.gep(packed, [i64(tail)]), F32.as_pointer()))
-    pad = b.load(b.bitcast(b.gep(packed, [i64(tail + 4)]), I32.as_pointer()))
+    y_offset, pad = load_offsets(b, packed, lanes.b_bytes + 8 * npad)
     scratch = b.bitcast(k.scratch, I8.as_pointer())
     plane = b.bitcast(scratch, I32.as_pointer())
     ys = b.gep(scratch, [i64(geo.plane_bytes)])

@@ -35,8 +35,8 @@ from llvmlite import ir
 
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Work, parallel
-from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, pack_a, pack_epilogue, products_in_range,
-                     requantize, requantize_in_range)
+from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, load_offsets, pack_a, pack_epilogue,
+                     pack_offsets, products_in_range, requantize, requantize_in_range)
 from ..vectors import splat
 from . import qdepthwise as depthwise
 from . import qlanes
@@ -45,7 +45,7 @@ from .base import DESCRIBE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 PANELS_OUTER_MAX_WEIGHTS = 256 << 10   # packed weight bytes (Geometry.panels_outer)
 # The packing of a product whose requantized sums are known to stay within qgemm.IN_RANGE
-# (sums_in_range): its store requantizes in i32, two instructions a vector fewer, which a
+# (_pack): its store requantizes in i32, two instructions a vector fewer, which a
 # product of few channels (64 -> 256 1x1, a third of each tile in requantization) feels.
 PACKED_IN_RANGE = "a, sums in range"
 
@@ -146,8 +146,7 @@ def q_repack(prog, ins, shape, users) -> bool:
         if qlanes.in_lanes(geo, qs):
             data = qlanes.pack(node, geo, w3, ws, b, qs, pad)
         else:
-            data = _pack(node, w3, ws, b, qs, pad)
-            exact = sums_in_range(node, w3, ws, b, qs)
+            data, exact = _pack(node, w3, ws, b, qs, pad)
     else:
         return False
     buf = ins.operands[2][1]
@@ -162,22 +161,17 @@ def q_repack(prog, ins, shape, users) -> bool:
     return True
 
 
-def sums_in_range(node, w3, ws, b, qs: QShape) -> bool:
-    """Whether every filter's requantized sums stay within qgemm.IN_RANGE (so the store may
-    requantize with qgemm.requantize_in_range): the sums lie within the correction +- 255
-    times the filter's absolute sum (always so but for absurd scales)."""
+def _pack(node, w3, ws, b, qs: QShape, pad: int) -> tuple[np.ndarray, bool]:
+    """The packed constants of the general product, and whether every filter's requantized
+    sums stay within qgemm.IN_RANGE (so that its store may requantize with
+    qgemm.requantize_in_range): the sums lie within the correction +- 255 times the
+    filter's absolute sum (always so but for absurd scales)."""
     corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
     m = w3.shape[0]
     bound = np.abs(corr[:m].astype(np.int64)) + 255 * np.abs(w3.reshape(m, -1).astype(np.int64)).sum(1)
-    return products_in_range(bound, mult[:m])
-
-
-def _pack(node, w3, ws, b, qs: QShape, pad: int) -> np.ndarray:
-    corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
-    offsets = [np.array([node.offset], np.float32).view(np.int8),
-               np.array([pad], np.int32).view(np.int8)]
-    return np.concatenate([pack_a(w3, w3.shape[2], qs).view(np.int8).ravel(), corr.view(np.int8),
-                           mult.view(np.int8), *offsets])
+    data = np.concatenate([pack_a(w3, w3.shape[2], qs).view(np.int8).ravel(), corr.view(np.int8),
+                           mult.view(np.int8), *pack_offsets(node, pad)])
+    return data, products_in_range(bound, mult[:m])
 
 
 @hook(SCRATCH, "QuantizedConv", "QuantizedMatMul")
@@ -225,9 +219,7 @@ def quantized_product(k: KernelArgs):
     a = b.bitcast(packed, I32.as_pointer())
     corr = b.bitcast(b.gep(packed, [i64(geo.a_bytes)]), I32.as_pointer())
     mult = b.bitcast(b.gep(packed, [i64(geo.a_bytes + 4 * geo.mpad)]), F32.as_pointer())
-    tail = geo.a_bytes + 8 * geo.mpad
-    y_offset = b.load(b.bitcast(b.gep(packed, [i64(tail)]), F32.as_pointer()))
-    pad = b.load(b.bitcast(b.gep(packed, [i64(tail + 4)]), I32.as_pointer()))
+    y_offset, pad = load_offsets(b, packed, geo.a_bytes + 8 * geo.mpad)
     y_offset_i32 = b.fptosi(y_offset, I32)
     scratch = b.bitcast(k.scratch, I8.as_pointer())
     plane = b.bitcast(scratch, I32.as_pointer())
