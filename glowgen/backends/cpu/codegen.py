@@ -169,9 +169,9 @@ class ModuleBuilder:
         b.ret_void()
         return fn
 
-    def _task_function(self, index: int, fn, n_ptrs: int) -> ir.Function:
+    def _task_function(self, index: int, fn, n_ptrs: int, phase=None) -> ir.Function:
         """`void task(i8* env, i64 part)`: the step's pointers from `env`, then its share."""
-        task = ir.Function(self.module, TASK_TYPE, name=f"s{index}_task")
+        task = ir.Function(self.module, TASK_TYPE, name=f"s{index}{'' if phase is None else f'p{phase}'}_task")
         task.linkage = "internal"
         env, part = task.args
         b = ir.IRBuilder(task.append_basic_block("entry"))
@@ -214,18 +214,21 @@ class ModuleBuilder:
             if isinstance(call, Instr):
                 self._control(b, call, pointer, open_regions)
                 continue
-            fn, buffers, uses_scratch, task = call
+            buffers, uses_scratch, rounds = call
             ptrs = [pointer(buf) for buf in buffers]
             if uses_scratch:
                 raw = b.gep(regions["activation"], [i64(self.scratch_offset)])
                 ptrs.append(b.bitcast(raw, F32.as_pointer()))
             start = b.call(clock, []) if clock is not None else None
-            if task is None:
-                b.call(fn, ptrs)
-            else:
-                env = b.alloca(ir.ArrayType(I8P, len(ptrs)), name=f"env{index}")
-                for j, p in enumerate(ptrs):
-                    b.store(b.bitcast(p, I8P), b.gep(env, [ir.Constant(I32, 0), ir.Constant(I32, j)]))
+            env = None
+            for fn, task in rounds:         # a phased step's rounds, each after the last
+                if task is None:
+                    b.call(fn, ptrs)
+                    continue
+                if env is None:
+                    env = b.alloca(ir.ArrayType(I8P, len(ptrs)), name=f"env{index}")
+                    for j, p in enumerate(ptrs):
+                        b.store(b.bitcast(p, I8P), b.gep(env, [ir.Constant(I32, 0), ir.Constant(I32, j)]))
                 b.call(parallel_for, [pool, i64(task[1]), task[0], b.bitcast(env, I8P)])
             if clock is not None:
                 slot = b.gep(self._counters, [ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), index)])
@@ -281,19 +284,31 @@ class ModuleBuilder:
 
     # ------------------------------------------------------------------ steps
     def _step_function(self, index: int, step: Step):
+        """The step's functions, one per round of its tasks (a phased kernel's phases, else
+        one), with the buffers and scratch they take: (buffers, uses scratch, [(function,
+        (task function, tasks) or None)])."""
         buffers: list[Buffer] = []
         for ins in step.instrs:
             for _, buf in ins.operands:
                 if buf is not None and all(buf is not x for x in buffers):
                     buffers.append(buf)
-        kinds = "_".join(i.kind for i in step.instrs[:3]) + ("_etc" if len(step.instrs) > 3 else "")
         # A step whose kernel uses scratch takes it as a last argument (it overlaps nothing).
-        uses_scratch = step.scratch > 0
+        uses_scratch = step.scratch > 0 or step.shared_scratch > 0
         parts = self.parts.get(id(step), 1)
+        n_ptrs = len(buffers) + (1 if uses_scratch else 0)
+        rounds = []
+        for phase in (range(step.phases) if step.phases > 1 else [None]):
+            fn = self._phase_function(index, step, buffers, uses_scratch, parts, phase)
+            task = (self._task_function(index, fn, n_ptrs, phase), parts) if parts > 1 else None
+            rounds.append((fn, task))
+        return buffers, uses_scratch, rounds
+
+    def _phase_function(self, index: int, step: Step, buffers: list, uses_scratch: bool, parts: int, phase):
+        kinds = "_".join(i.kind for i in step.instrs[:3]) + ("_etc" if len(step.instrs) > 3 else "")
         params = [storage_type(x.type.dtype).as_pointer() for x in buffers]
         params += [F32.as_pointer()] if uses_scratch else []
         fnty = ir.FunctionType(ir.VoidType(), params + ([I64] if parts > 1 else []))
-        fn = ir.Function(self.module, fnty, name=f"s{index}_{kinds}")
+        fn = ir.Function(self.module, fnty, name=f"s{index}{'' if phase is None else f'p{phase}'}_{kinds}")
         fn.linkage = "internal"
         fn.attributes.add("nounwind")
         ranges = [byte_range(x) for x in buffers]
@@ -306,15 +321,17 @@ class ModuleBuilder:
         if parts > 1:
             fn.args[-1].name = "part"
             split = Split(fn.args[-1], parts)
-        self._scratch_arg = None
+        self._scratch_arg = self._shared_scratch_arg = None
         if uses_scratch:
+            # The scratch the tasks share (a phased kernel's), then each task's own share.
             scratch = fn.args[len(buffers)]
             scratch.name = "scratch"
             scratch.add_attribute("noalias")
-            if parts > 1:          # this task's own share of the scratch memory
-                floats = step.scratch // 4
-                scratch = b.gep(scratch, [b.mul(split.index, i64(floats))], name="own_scratch")
-            self._scratch_arg = scratch
+            self._shared_scratch_arg = scratch if step.shared_scratch else None
+            own = b.gep(scratch, [i64(step.shared_scratch // 4)]) if step.shared_scratch else scratch
+            if parts > 1 and step.scratch:
+                own = b.gep(own, [b.mul(split.index, i64(step.scratch // 4))], name="own_scratch")
+            self._scratch_arg = own
         ptr = {id(buf): arg for buf, arg in zip(buffers, fn.args)}
         if step.members:
             emit_group(self, b, step, ptr, split)
@@ -322,14 +339,11 @@ class ModuleBuilder:
             self._emit_stack(b, step, ptr, split)
         elif step.epilogue is not None:
             epilogue = EpilogueEmitter(step, self.prog, self.life, self.registry, ptr, self.gemm_shape.vw)
-            self._emit_single(b, step.instrs[0], ptr, split, epilogue)
+            self._emit_single(b, step.instrs[0], ptr, split, epilogue, phase)
         else:
-            self._emit_single(b, step.instrs[0], ptr, split)
+            self._emit_single(b, step.instrs[0], ptr, split, phase=phase)
         b.ret_void()
-        fn = self._shared_twin(fn, step)
-        n_ptrs = len(buffers) + (1 if uses_scratch else 0)
-        task = (self._task_function(index, fn, n_ptrs), parts) if parts > 1 else None
-        return fn, buffers, uses_scratch, task
+        return self._shared_twin(fn, step)
 
     def _shared_twin(self, fn: ir.Function, step: Step) -> ir.Function:
         """An earlier step function with the same code as `fn` (up to names), which then
@@ -356,7 +370,7 @@ class ModuleBuilder:
         candidates.append((fn, text))
         return fn
 
-    def _emit_single(self, b, ins: Instr, ptr, split: Split = WHOLE, epilogue=None):
+    def _emit_single(self, b, ins: Instr, ptr, split: Split = WHOLE, epilogue=None, phase=None):
         if ins.kind == Instr.COPY:
             dst, src = ins.operands[0][1], ins.operands[1][1]
             n = dst.type.size
@@ -383,6 +397,7 @@ class ModuleBuilder:
         args = KernelArgs(b, node, outs, ins_args, self.registry.scalars, self.gemm_shape, scratch, ins.plan)
         args.epilogue = epilogue
         args.split = split
+        args.phase, args.shared_scratch = phase, self._shared_scratch_arg
         emitter(args)
 
     def _emit_stack(self, b, step: Step, ptr, split: Split = WHOLE):

@@ -24,7 +24,7 @@ from typing import Callable
 from ...lir.ir import Program
 from ...lir.passes import lifetimes
 from .epilogue import fuse_epilogues
-from .kernels import PACKING, REPACK, SCRATCH, STRATEGY
+from .kernels import PACKING, PHASES, REPACK, SCRATCH, STRATEGY
 from .loops import loop_work
 from .packing import pack_weights, packable, weight_users
 from .parallel import PARALLEL
@@ -104,13 +104,20 @@ def threads(prog: Program, registry) -> None:
         work = PARALLEL.get(ins.kind)
         if work is not None and ins.node is not None:
             step.parts = work(ins.node, plan.gemm_shape, ins).parts(plan.threads)
+        phased = PHASES.get(ins.kind)
+        if step.parts > 1 and phased is not None and ins.plan is not None:
+            ins.plan.phases = phased(ins, plan.gemm_shape)
+            if ins.plan.phases is not None:
+                step.phases = ins.plan.phases.count
+                step.shared_scratch = -(-ins.plan.phases.shared // 64) * 64
 
 
 def scratch(prog: Program, registry) -> None:
     """Scratch memory for the kernels that need it (im2col panels, padded planes), as large
     as the largest need, at the end of the activation region: the code keeps no state of
     its own, so concurrent calls with their own regions stay independent.  A split step's
-    tasks each have a share of their own (`Step.scratch` bytes apart)."""
+    tasks each have a share of their own (`Step.scratch` bytes apart), after the scratch a
+    phased kernel's tasks share (`Step.shared_scratch`)."""
     plan = prog.plan
     need = 0
     for step in plan.steps:
@@ -122,8 +129,7 @@ def scratch(prog: Program, registry) -> None:
             if bytes_:
                 ins.plan.scratch = bytes_
                 step.scratch = -(-bytes_ // 64) * 64
-                bytes_ = step.scratch * step.parts
-            need = max(need, bytes_)
+            need = max(need, step.shared_scratch + step.scratch * step.parts)
     if need:
         plan.scratch_offset = -(-prog.region_sizes["activation"] // 64) * 64
         prog.region_sizes["activation"] = plan.scratch_offset + need

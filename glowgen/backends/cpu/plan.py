@@ -37,6 +37,7 @@ class InstrPlan:
     #                                     "t" (a transposed convolution's B); None: as they are
     packed_nr: Optional[int] = None     # the width of B's packed panels ("b")
     scratch: int = 0                    # bytes of scratch memory one task of the kernel needs
+    phases: Optional["Phases"] = None   # its tasks prepare data together first (Phases)
 
     def __str__(self) -> str:
         parts = []
@@ -46,7 +47,22 @@ class InstrPlan:
             parts.append(f"packed {self.packed}" + (f" nr {self.packed_nr}" if self.packed_nr else ""))
         if self.scratch:
             parts.append(f"scratch {self.scratch}")
+        if self.phases:
+            parts.append(str(self.phases))
         return ", ".join(parts)
+
+
+@attrs.define(frozen=True)
+class Phases:
+    """A split kernel run as rounds of tasks, each round waiting for the last: the first
+    rounds prepare data (padded planes, patch matrices) that every task of the last one
+    reads, each task preparing its share once, where unphased every task prepares all it
+    reads in scratch of its own (duplicated work that grows with the threads)."""
+    count: int                          # rounds of the step's tasks
+    shared: int                         # bytes of scratch the tasks share (before their own)
+
+    def __str__(self) -> str:
+        return f"phases {self.count} (shared scratch {self.shared})"
 
 
 @attrs.define(eq=False)
@@ -79,6 +95,8 @@ class CpuPlan:
                 text += f" (epilogue {'+'.join(ins.kind for ins in step.epilogue.instrs)})"
             if step.parts > 1:
                 text += f" tasks {step.parts}"
+            if step.shared_scratch:
+                text += f" phases {step.phases} shared scratch {step.shared_scratch}"
             if step.scratch:
                 text += f" scratch {step.parts}x{step.scratch}"
             lines.append(text)

@@ -27,6 +27,9 @@ class Step:
     #                                     (its instructions are also instrs[1:])
     parts: int = 1                      # tasks it is split into (parallel.py)
     scratch: int = 0                    # bytes of scratch memory per task (64-byte multiple)
+    phases: int = 1                     # rounds of its tasks (plan.Phases), each after the last
+    shared_scratch: int = 0             # bytes of scratch its tasks share (64-byte multiple),
+    #                                     before their own shares
     members: Optional[list] = None      # a row group's steps, run block by block (rows.py;
     #                                     their instructions are also instrs)
     rows: tuple = ()                    # a row group's (rows, row length, rows per block)

@@ -8,10 +8,11 @@ never trusted (common.py).
 """
 from __future__ import annotations
 
-from .base import DESCRIBE, KERNELS, PACKING, PRODUCT_SPACE, REPACK, ROWS, SCRATCH, STRATEGY, KernelArgs, hook, kernel
+from .base import (DESCRIBE, KERNELS, PACKING, PHASES, PRODUCT_SPACE, REPACK, ROWS, SCRATCH, STRATEGY,
+                   KernelArgs, hook, kernel)
 from . import conv, gather_scatter, index, linalg, movement, pool, qlinalg, reduce  # noqa: F401  (registration)
 
 DOMAINS = (movement, index, gather_scatter, reduce, linalg, qlinalg, conv, pool)
 
-__all__ = ["DESCRIBE", "DOMAINS", "KERNELS", "PACKING", "PRODUCT_SPACE", "REPACK", "ROWS", "SCRATCH", "STRATEGY", "KernelArgs",
-           "hook", "kernel"]
+__all__ = ["DESCRIBE", "DOMAINS", "KERNELS", "PACKING", "PHASES", "PRODUCT_SPACE", "REPACK", "ROWS", "SCRATCH",
+           "STRATEGY", "KernelArgs", "hook", "kernel"]

@@ -43,6 +43,10 @@ PRODUCT_SPACE: dict[str, Callable] = {}
 # the scratch pass: (ins, gemm shape) -> bytes of scratch memory one task needs.  The module
 # holds one scratch buffer as large as the largest need (kernels run one after another);
 SCRATCH: dict[str, Callable] = {}
+# the threads pass, for a step split into tasks: (ins, gemm shape) -> plan.Phases when the
+#   kernel's tasks first prepare data together (each its share, in scratch they all read),
+#   wait for each other, and then compute from it; or None (every task prepares its own);
+PHASES: dict[str, Callable] = {}
 # the row-fusion pass: (ins, gemm shape) -> (rows, row length) when the kernel works row by
 #   row and computes only the rows a `rows.RowBlock` share gives it, or None;
 ROWS: dict[str, Callable] = {}
@@ -71,6 +75,15 @@ class KernelArgs:
         self.strategy = plan.strategy     # what the passes decided (plan.InstrPlan)
         self.packed = plan.packed         # "a" / "b" / "t": a constant operand repacked (packing.py)
         self.packed_nr = plan.packed_nr   # the width of B's packed panels
+        # A phased kernel (PHASES) is emitted once per phase: this function runs `phase` of
+        # `plan.phases.count` (None: unphased, all of it), with the scratch all tasks share.
+        self.phases = plan.phases
+        self.phase = None
+        self.shared_scratch = None
+
+    @property
+    def phased(self) -> bool:
+        return self.phase is not None
 
     @property
     def attrs(self):

@@ -15,12 +15,15 @@ in registers and stores each output row through the bias and the fused elementwi
 """
 from __future__ import annotations
 
+from typing import Optional
+
 from llvmlite import ir
 
 from .conv_planes import (PlaneGeometry, aligned_floats, conv_is_pointwise, fill_plane,
                           patch_panel, zero_planes)
 from ..gemm import GemmShape, emit_gemm
 from ..llvmutil import for_range, i64
+from ..plan import Phases
 from ..vectors import copy_run, f32_vector, splat, transpose_block, vload, vstore
 
 # Transposed when that wastes this much less of the vector lanes: not for LeNet's second
@@ -70,8 +73,17 @@ def scratch_floats(node, shape) -> int:
 
 def transposed_items(node, shape) -> int:
     """What a split shares out (parallel.py): whole panels of filters (B's, in the product
-    below); each task builds the whole patch matrix in its own scratch."""
+    below).  Unphased, each task builds the whole patch matrix in its own scratch."""
     return node.inputs[1].type.shape[0] // shape.nr
+
+
+def transposed_phases(node, shape) -> Optional[Phases]:
+    """Split over one image, the tasks deal the input planes among them, then the patch
+    matrix's pixel blocks, then the filter panels of the product, each a round after the
+    last, all in scratch they share (a pointwise convolution has no planes to fill)."""
+    if node.inputs[0].type.shape[0] != 1:
+        return None
+    return Phases(2 if conv_is_pointwise(node) else 3, 4 * scratch_floats(node, shape))
 
 
 def emit_conv_transposed(k) -> None:
@@ -84,33 +96,53 @@ def emit_conv_transposed(k) -> None:
     n, kk = oh * ow, cg * kh * kw
     mr, vw = pixel_block(n, shape), shape.vw
     planes_n, patches_n, _ = _layout(node, shape)
-    planes = k.scratch
-    patches = b.gep(k.scratch, [i64(planes_n)])
-    ct = b.gep(k.scratch, [i64(planes_n + patches_n)])
+    scratch = k.shared_scratch if k.phased else k.scratch
+    planes = scratch
+    patches = b.gep(scratch, [i64(planes_n)])
+    ct = b.gep(scratch, [i64(planes_n + patches_n)])
     pointwise = conv_is_pointwise(node)
-    if not pointwise:
-        geo = PlaneGeometry(node, vw)
-        zero_planes(b, geo, planes, cg)
-    with for_range(b, n_img, name="img") as img:
-        xbase = b.mul(img, i64(c * h * wd))
-        # P^T in blocks of MR pixels: block j holds, for each k, pixels j*MR .. j*MR+MR-1.
-        if pointwise:
-            with for_range(b, -(-n // mr), name="blk") as j:
+    geo = None if pointwise else PlaneGeometry(node, vw)
+    blocks = -(-n // mr)
+
+    def fill(xbase, lo, hi):
+        """Input channels lo..hi-1 in their zero-padded planes."""
+        with for_range(b, hi, start=lo, name="deal") as ci:
+            plane = b.gep(planes, [b.mul(ci, i64(geo.size))])
+            if k.phased:
+                zero_planes(b, geo, plane, 1)
+            fill_plane(b, geo, b.gep(x, [b.add(xbase, b.mul(ci, i64(h * wd)))]), plane)
+
+    def patch_blocks(xbase, lo, hi):
+        """P^T in blocks of MR pixels: block j holds, for each k, pixels j*MR .. j*MR+MR-1."""
+        with for_range(b, hi, start=lo, name="blk") as j:
+            if pointwise:
                 count = b.sub(i64(n), b.mul(j, i64(mr)))
                 count = b.select(b.icmp_signed("<", count, i64(mr)), count, i64(mr))
                 with for_range(b, kk, name="row") as r:
                     src = b.gep(x, [b.add(xbase, b.add(b.mul(r, i64(n)), b.mul(j, i64(mr))))])
                     copy_run(b, src, b.gep(patches, [b.add(b.mul(j, i64(mr * kk)), b.mul(r, i64(mr)))]),
                              count, mr)
-        else:
-            with for_range(b, cg, name="deal") as ci:
-                fill_plane(b, geo, b.gep(x, [b.add(xbase, b.mul(ci, i64(h * wd)))]),
-                           b.gep(planes, [b.mul(ci, i64(geo.size))]))
-            with for_range(b, -(-n // mr), name="blk") as j:
+            else:
                 patch_panel(b, geo, planes, b.gep(patches, [b.mul(j, i64(mr * kk))]), mr, b.mul(j, i64(mr)))
+
+    def product(img):
         emit_gemm(b, GemmShape(vw, mr, shape.nv), n, m, kk, patches, kk, w, None, ct, m, name="ct",
                   a_packed=True, split=k.split)
         _store_transposed(k, ct, n, m, img, y, bias)
+
+    if k.phased:                                  # one image: a round of each
+        rounds = ([] if pointwise else [lambda: fill(i64(0), *k.split.range(b, cg))])
+        rounds += [lambda: patch_blocks(i64(0), *k.split.range(b, blocks)), lambda: product(i64(0))]
+        rounds[k.phase]()
+        return
+    if not pointwise:
+        zero_planes(b, geo, planes, cg)
+    with for_range(b, n_img, name="img") as img:
+        xbase = b.mul(img, i64(c * h * wd))
+        if not pointwise:
+            fill(xbase, i64(0), i64(cg))
+        patch_blocks(xbase, i64(0), i64(blocks))
+        product(img)
 
 
 def _store_transposed(k, ct, n: int, m: int, img, y, bias) -> None:
