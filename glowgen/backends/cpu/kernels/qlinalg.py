@@ -302,7 +302,8 @@ def quantized_product(k: KernelArgs):
             if geo.conv:
                 write_conv_out(b, geo, ys, y, n, r_lo, r_hi)
             else:
-                write_matmul_out(b, geo, ys, y, n, r_lo, b.select(b.icmp_signed("<", r_hi, i64(geo.m)), r_hi, i64(geo.m)))
+                r_hi = b.select(b.icmp_signed("<", r_hi, i64(geo.m)), r_hi, i64(geo.m))
+                write_matmul_out(b, geo, ys, y, n, r_lo, r_hi)
 
 
 def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q):
