@@ -535,24 +535,6 @@ _QCX, _QCW = _i8(1, 3, 2, 2), _i8(2, 3, 1, 1)
 _QCWS, _QCB = np.float32([0.01, 0.02]), np.int32([30, -40])
 
 
-_QGX = np.random.default_rng(77).integers(-128, 128, (1, 4, 2, 2)).astype(np.int8)   # its own: the shared generator feeds the other cases
-
-
-def _qdwconv_float(x, in_scale=0.02, in_offset=-4):
-    """The 1x1 depthwise convolution at stride 3 of the depthwise case."""
-    w = _QCW.reshape(-1)[:2].astype(np.float32) * _QCWS
-    xs = _dq(x, in_scale, in_offset)[:, :, ::3, ::3]
-    return xs * w[None, :, None, None] + (_QCB.astype(np.float32) * _QCWS * np.float32(in_scale))[None, :, None, None]
-
-
-def _qgconv_float(x, in_scale=0.02, in_offset=-4):
-    """The 2-group convolution of the grouped case: channels 2g, 2g+1 into filter g."""
-    w = _QCW.reshape(-1)[:4].reshape(2, 2).astype(np.float32) * _QCWS[:, None]
-    xs = _dq(x, in_scale, in_offset).reshape(1, 2, 2, 2, 2)
-    acc = np.einsum("gc,ngchw->nghw", w, xs)
-    return acc + (_QCB.astype(np.float32) * _QCWS * np.float32(in_scale))[None, :, None, None]
-
-
 def _qconv_float(x, in_scale=0.02, in_offset=-4):
     w = _QCW.reshape(2, 3).astype(np.float32) * _QCWS[:, None]
     acc = np.einsum("mc,nchw->nmhw", w, _dq(x, in_scale, in_offset))
@@ -653,22 +635,6 @@ _QUANTIZATION_CASES = {
         "  %y = Max(%x, %k) : i8[2, 3] q(0.02, -128)\n"), {"x": _QX}, lambda f: {"y": f["x"]}),
     "quantized_conv_in_float": dict(text_case(_qtext(_QCONV + "  %y = Dequantize(%q) {in_scale = 0.05, in_offset = 2} : f32[1, 2, 2, 2]\n"),
         {"x": _QCX}, lambda f: {"y": _dq(_q8(_qconv_float(f["x"]), 0.05, 2), 0.05, 2)}), rtol=0.0, atol=0.051),
-    "quantized_grouped_conv_in_float": dict(text_case(_qtext(
-        "  input %x: i8[1, 4, 2, 2] q(0.02, -4)\n"
-        f"  const %w: i8[2, 2, 1, 1] = {_dense(_QCW.reshape(-1)[:4])}\n"
-        f"  const %ws: f32[2] = {_dense(_QCWS)}\n  const %b: i32[2] = {_dense(_QCB)}\n"
-        "  %q = QuantizedConv(%x, %w, %ws, %b) {group = 2, scale = 0.05, offset = 2} : i8[1, 2, 2, 2] q(0.05, 2)\n"
-        "  %y = Dequantize(%q) {in_scale = 0.05, in_offset = 2} : f32[1, 2, 2, 2]\n"),
-        {"x": _QGX}, lambda f: {"y": _dq(_q8(_qgconv_float(f["x"]), 0.05, 2), 0.05, 2)}), rtol=0.0, atol=0.051),
-    # A depthwise convolution outside the int8 depthwise kernel's strides (at most 2).
-    "quantized_grouped_conv_in_float.depthwise_stride_3": dict(text_case(_qtext(
-        "  input %x: i8[1, 2, 4, 4] q(0.02, -4)\n"
-        f"  const %w: i8[2, 1, 1, 1] = {_dense(_QCW.reshape(-1)[:2])}\n"
-        f"  const %ws: f32[2] = {_dense(_QCWS)}\n  const %b: i32[2] = {_dense(_QCB)}\n"
-        "  %q = QuantizedConv(%x, %w, %ws, %b) {strides = [3, 3], group = 2, scale = 0.05, offset = 2} : "
-        "i8[1, 2, 2, 2] q(0.05, 2)\n"
-        "  %y = Dequantize(%q) {in_scale = 0.05, in_offset = 2} : f32[1, 2, 2, 2]\n"),
-        {"x": _QI}, lambda f: {"y": _dq(_q8(_qdwconv_float(f["x"]), 0.05, 2), 0.05, 2)}), rtol=0.0, atol=0.051),
     "quantized_matmul_in_float": dict(text_case(_qtext(_QMATMUL + "  %y = Dequantize(%q) {in_scale = 0.05, in_offset = -3} : f32[2, 4]\n"),
         {"x": _QX}, lambda f: {"y": _dq(_q8(_qmatmul_float(f["x"]), 0.05, -3), 0.05, -3)}), rtol=0.0, atol=0.051),
     # onnxruntime's QDQ form: a u8 pair becomes an i8 quantized type (offset moved by 128).

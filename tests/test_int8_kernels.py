@@ -13,7 +13,7 @@ from glowgen import pipeline
 from glowgen.api import CompiledModel
 from glowgen.backends.cpu.kernels import qlanes
 from glowgen.backends.cpu.kernels.qlinalg import Geometry
-from glowgen.backends.cpu.qgemm import QShape
+from glowgen.backends.cpu.qgemm import QSHAPES, QShape
 from glowgen.engine.registry import Registry
 from glowgen.engine.textual import parse_function
 
@@ -264,19 +264,63 @@ def test_quantized_depthwise_conv_out_of_range_takes_loops():
     assert set(np.unique(got)) <= {-128, 127}
 
 
-GROUPED = [(2, 6, 7, 8, 4, 3, (2, 2), (1, 0, 1, 1), (1, 1), 2),      # two filters of 3 channels
-           (1, 4, 9, 9, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 4),       # two filters per channel
-           (1, 4, 11, 11, 4, 3, (3, 3), (1, 1, 1, 1), (1, 1), 4)]     # depthwise, stride 3
+GROUPED = [
+    # n, c, h, w, m, k, strides, pads, dilations, group
+    (2, 4, 7, 8, 6, 3, (2, 2), (1, 0, 1, 1), (1, 1), 2),        # 2 channels, 3 filters a group
+    (1, 16, 9, 10, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 4),      # 4 channels, 2 filters
+    (1, 128, 12, 12, 128, 3, (1, 1), (1, 1, 1, 1), (1, 1), 32),  # ResNeXt's 32 groups of 4
+    (2, 64, 11, 13, 64, 3, (3, 3), (1, 1, 1, 1), (1, 1), 8),    # 8 channels, stride 3
+    (1, 16, 10, 9, 24, 3, (2, 1), (0, 1, 2, 1), (1, 1), 2),     # 12 filters a group (2 x 6 rows)
+    (1, 8, 13, 11, 20, 3, (3, 3), (2, 1, 0, 1), (1, 1), 4),     # 2 channels, 5 filters, stride 3
+    (1, 8, 8, 8, 40, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2),       # 20 filters a group (3 blocks of 7)
+    (1, 8, 17, 17, 8, 5, (4, 4), (2, 2, 2, 2), (1, 1), 2),      # stride 4, 5x5
+    (1, 8, 12, 12, 8, 3, (1, 1), (2, 2, 2, 2), (2, 2), 4),      # dilated
+    (1, 24, 10, 10, 36, 1, (1, 1), (0, 0, 0, 0), (1, 1), 2),    # 1x1: tiles store into y
+    (1, 4, 9, 9, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 4),        # one channel, two filters a group
+    (1, 4, 11, 11, 4, 3, (3, 3), (1, 1, 1, 1), (1, 1), 4),      # depthwise at stride 3
+    (1, 256, 14, 14, 256, 3, (1, 1), (1, 1, 1, 1), (1, 1), 32),  # split among 2 threads
+]
+SPLIT_GROUPED = {len(GROUPED) - 1}
+# The general product's int8 path by target: AVX2's, AVX-512BW's (and the host's: its own).
+KINDS = {"x86-64-v3": "madd16", "x86-64-v4": "madd16-512"}
 
 
+@pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
 @pytest.mark.parametrize("case", range(len(GROUPED)))
-def test_quantized_conv_grouped_in_float(case):
-    """Grouped convolutions the int8 kernels do not cover: the legalize rule
-    quantized_grouped_conv_in_float computes them in float, within one step."""
+def test_quantized_conv_grouped_native(case, cpu):
+    """Grouped convolutions other than the depthwise kernel's (several channels or filters a
+    group, strides above 2) run the general int8 product group by group, exactly, at one
+    and two threads alike."""
     text, feeds, want = conv_case(np.random.default_rng(50 + case), *GROUPED[case])
-    model, ops = _compile(text, None, 1)
-    assert "QuantizedConv" not in ops and "Conv" in ops
-    assert np.abs(model.run(feeds)["y"].astype(int) - want).max() <= 1
+    results = []
+    for threads in THREADS:
+        model, ops = _compile(text, cpu, threads)
+        assert ops == {"QuantizedConv"}, ops
+        (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
+        assert plan.strategy == KINDS.get(cpu, plan.strategy) and plan.strategy in QSHAPES, plan
+        if threads == 2 and case in SPLIT_GROUPED:
+            assert max(s.parts for s in model.program.plan.steps) == 2
+        results.append(model.run(feeds)["y"])
+        np.testing.assert_array_equal(results[-1], want)
+    assert results[0].tobytes() == results[1].tobytes()
+
+
+@pytest.mark.parametrize("case", [0, 3, 5])
+def test_quantized_conv_grouped_matches_interpreter(case):
+    """The grouped product and the interpreter (reference.primitives.quantized_conv) agree
+    bit for bit; so do the plain loops of a target without AVX2."""
+    text, feeds, want = conv_case(np.random.default_rng(50 + case), *GROUPED[case])
+    registry = Registry.default()
+    fn = parse_function(text, registry)
+    pipeline.run(fn, registry, pipeline.PIPELINE, "interpreter")
+    assert {n.OP for n in fn.nodes} == {"QuantizedConv"}
+    reference = CompiledModel(fn, registry, "interpreter").run(feeds)["y"]
+    np.testing.assert_array_equal(reference, want)
+    for cpu in CPUS + ["x86-64"]:
+        model, _ = _compile(text, cpu, 1)
+        (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
+        assert (plan.strategy == "loops") == (cpu == "x86-64"), (cpu, plan)
+        assert model.run(feeds)["y"].tobytes() == reference.tobytes(), cpu
 
 
 @pytest.mark.parametrize("make, case", [(conv_case, CONV_CASES[2]), (matmul_case, MATMUL_CASES[2])])
@@ -394,18 +438,25 @@ def test_quantized_bundle_matches_jit(tmp_path):
 def _qdq_depthwise(tmp_path, c, hw, k, stride, pads, activation, relu, seed):
     """A depthwise Conv (+ Relu) quantized by onnxruntime's quantize_static in QDQ form:
     per-channel i8 weights, u8 or i8 activations."""
+    return _qdq_conv(tmp_path, c, c, c, (1, hw, hw), k, stride, pads, activation, relu, seed)
+
+
+def _qdq_conv(tmp_path, c, m, group, nhw, k, stride, pads, activation, relu, seed):
+    """A Conv of `group` groups, c -> m channels, on inputs (n, c, h, w) (+ Relu), quantized
+    by onnxruntime's quantize_static in QDQ form: per-channel i8 weights, u8 or i8
+    activations."""
     pytest.importorskip("onnxruntime.quantization")
     from onnx import helper
     import onnx
     from conftest import make_model, ort_quantize_static
     rng = np.random.default_rng(seed)
-    w = (rng.standard_normal((c, 1, k, k)) * rng.uniform(0.05, 0.5, (c, 1, 1, 1))).astype(np.float32)
-    b = (rng.standard_normal(c) * 0.2).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], group=c, kernel_shape=[k, k],
+    w = (rng.standard_normal((m, c // group, k, k)) * rng.uniform(0.05, 0.5, (m, 1, 1, 1))).astype(np.float32)
+    b = (rng.standard_normal(m) * 0.2).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], group=group, kernel_shape=[k, k],
                               strides=[stride, stride], pads=list(pads))]
     if relu:
         nodes.append(helper.make_node("Relu", ["c"], ["y"]))
-    shape = (1, c, hw, hw)
+    shape = (nhw[0], c, nhw[1], nhw[2])
     model = make_model(nodes, {"x": np.zeros(shape, np.float32)}, ["y"], {"w": w, "b": b})
     onnx.save(model, tmp_path / "f.onnx")
     samples = [{"x": (rng.standard_normal(shape) + 0.3).astype(np.float32)} for _ in range(8)]
@@ -446,6 +497,44 @@ def test_qdq_depthwise_against_onnxruntime(case, tmp_path):
             model = glowgen.compile(path, threads=threads, cpu=cpu)
             (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
             assert plan.strategy.startswith("depthwise-"), plan
+            assert model.run(x)["y"].tobytes() == reference.tobytes(), (cpu, threads)
+
+
+QDQ_GROUPED = [
+    # channels in, out, groups, (n, h, w), kernel, stride, pads, activations, relu
+    (128, 128, 32, (1, 14, 14), 3, 1, (1, 1, 1, 1), "QUInt8", True),   # ResNeXt's 3x3
+    (64, 64, 8, (2, 15, 13), 3, 2, (1, 1, 1, 1), "QInt8", False),
+    (16, 32, 4, (1, 17, 16), 3, 3, (1, 0, 1, 2), "QUInt8", False),
+    (8, 12, 2, (2, 9, 9), 3, 1, (0, 0, 0, 0), "QInt8", True),
+    (24, 24, 12, (1, 10, 11), 3, 1, (1, 1, 1, 1), "QUInt8", False),    # 2 channels a group
+]
+
+
+@pytest.mark.parametrize("case", range(len(QDQ_GROUPED)))
+def test_qdq_grouped_against_onnxruntime(case, tmp_path):
+    """onnxruntime's QDQ grouped convolutions run on the general int8 product group by
+    group: within a quantization step of onnxruntime, and bit for bit the interpreter's
+    result at 1 and 2 threads, with AVX-512 VNNI, AVX-512BW (x86-64-v4) and AVX2."""
+    import glowgen
+    import onnxruntime as ort
+    from onnx import numpy_helper
+    import onnx
+    c, m, group, nhw, k, stride, pads, activation, relu = QDQ_GROUPED[case]
+    path, shape = _qdq_conv(tmp_path, c, m, group, nhw, k, stride, pads, activation, relu, 100 + case)
+    qdq = onnx.load(path)
+    (y_scale,) = [float(numpy_helper.to_array(t)) for t in qdq.graph.initializer
+                  if t.name == [n for n in qdq.graph.node if n.op_type == "QuantizeLinear"][-1].input[1]]
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = {"x": (np.random.default_rng(case).standard_normal(shape) + 0.3).astype(np.float32)}
+    expected = sess.run(None, x)[0]
+    reference = glowgen.compile(path, backend="interpreter").run(x)["y"]
+    assert np.abs(reference - expected).max() <= y_scale * 1.001, np.abs(reference - expected).max() / y_scale
+    for cpu in DEPTHWISE_CPUS:
+        for threads in THREADS:
+            model = glowgen.compile(path, threads=threads, cpu=cpu)
+            (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedConv"]
+            assert ins.node.group == group and ins.plan.strategy == KINDS.get(cpu, ins.plan.strategy), ins.plan
+            assert ins.plan.strategy in QSHAPES, ins.plan
             assert model.run(x)["y"].tobytes() == reference.tobytes(), (cpu, threads)
 
 

@@ -69,8 +69,3 @@ def fn_rnn_activation(acts, defaults, d, j):
 def fn_rnn_reverses(direction, d):
     """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:926:1)"""
     return (rt.eq(direction, 'reverse') or rt.eq(d, 1))
-
-
-def fn_int8_depthwise(x, w, c):
-    """int8_depthwise(x, w, c) = (((c.group == x.shape[1]) and (w.shape[0] == c.group)) and (max(c.strides) <= 2)) and (max(c.dilations) <= 4)  (specs/lowerings.glowdef:1410:1)"""
-    return (((rt.eq(c.group, x.shape[1]) and rt.eq(w.shape[0], c.group)) and rt.le(rt.b_max(c.strides), 2)) and rt.le(rt.b_max(c.dilations), 4))

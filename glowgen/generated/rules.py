@@ -2817,27 +2817,7 @@ def _r172_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r173_quantized_grouped_conv_in_float_guard(_m, _ctx):
-    """where (c.group > 1) and not int8_depthwise(x, w, c)"""
-    c = _m['c']
-    x = _m['x']
-    w = _m['w']
-    ws = _m['ws']
-    b = _m['b']
-    return bool(((rt.gt(c.group, 1) and (not fn_int8_depthwise(x, w, c)))))
-
-def _r173_quantized_grouped_conv_in_float_build(_b, _m):
-    """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
-    c = _m['c']
-    x = _m['x']
-    w = _m['w']
-    ws = _m['ws']
-    b = _m['b']
-    return rt.results(build_quantized_conv_in_float_of(_b, x, w, ws, b, c))
-
-
-
-def _r174_quantized_matmul_in_float_build(_b, _m):
+def _r173_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -3022,6 +3002,5 @@ RULES = (
     RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r170_quantize_of_clip_within_range_guard, build=_r170_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1384:1'),
     RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r171_max_with_floor_remove_guard, build=_r171_max_with_floor_remove_build, location='specs/lowerings.glowdef:1390:1'),
     RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r172_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1404:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r173_quantized_grouped_conv_in_float_guard, build=_r173_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1413:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r174_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1417:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r173_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1407:1'),
 )

@@ -70,12 +70,13 @@ def choose_qshape(features: str) -> Optional[QShape]:
     return None
 
 
-def pack_a(w: np.ndarray, taps: int, qs: QShape) -> np.ndarray:
+def pack_a(w: np.ndarray, taps: int, qs: QShape, mr: Optional[int] = None) -> np.ndarray:
     """Weights [M, C, taps] (i8) -> [ceil(M / MR)][ceil(C / G) * taps][MR][G] in the element
     type of the product (i8 or i16), the group's G channels of one tap together; k runs
-    over (channel group, tap).  Rows past M and channels past C are zero."""
+    over (channel group, tap).  Rows past M and channels past C are zero.  `mr` (at most
+    MR) replaces MR: the rows of a tile (emit_tile's `rows`)."""
     m, c, _ = w.shape
-    g, mr = qs.group, qs.mr
+    g, mr = qs.group, mr or qs.mr
     mp, cp = -(-m // mr) * mr, -(-c // g) * g
     padded = np.zeros((mp, cp, taps), np.int16 if qs.bits == 16 else np.int8)
     padded[:m, :c] = w

@@ -33,8 +33,8 @@ from ..qgemm import QShape, dot_groups, pack_epilogue, products_in_range, requan
 from ..vectors import splat
 
 PREFIX = "depthwise-"
-# What the kernel covers (the spec's rule quantized_grouped_conv_in_float leaves these
-# grouped convolutions to it): a lane's G bytes must lie within one 64-byte load.
+# What the kernel covers (qlinalg's general product takes the depthwise convolutions
+# beyond): a lane's G bytes must lie within one 64-byte load.
 MAX_STRIDE = 2
 MAX_DILATION = 4
 NV = 2               # independent vectors of sums per step of the lane loop

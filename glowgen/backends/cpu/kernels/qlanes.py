@@ -69,7 +69,10 @@ MAX_ROWS = 256
 
 
 def in_lanes(geo, qs: QShape) -> bool:
-    """Whether the product computes with its features in the lanes (this module)."""
+    """Whether the product computes with its features in the lanes (this module): not a
+    grouped one, whose groups' filters would share the lanes but not their inputs."""
+    if geo.ng > 1:
+        return False
     lanes = Lanes(geo, qs)
     if lanes.rows <= qs.mr:
         return True

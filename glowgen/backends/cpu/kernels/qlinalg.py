@@ -19,11 +19,14 @@ followed by the two offsets (the result's, and the plane's padding element): the
 no scale or offset of its own.
 A split shares out blocks of MR filters (each task builds the plane in its own scratch).
 
-A depthwise convolution (one filter per channel) takes its own kernel, qdepthwise.py.
+A grouped convolution is one product per group, side by side in one loop of blocks: each
+group's filters packed as their own blocks, meeting only its own channels' elements of the
+plane (Geometry); a split shares out the blocks of every group, and a task builds the
+plane of its groups only.  Any stride and dilation: the plane is dealt by stride, a tap
+is an offset.  A depthwise convolution (one filter per channel) takes its own kernel,
+qdepthwise.py, where that covers it (strides up to 2), and this product otherwise.
 Weights that are not constants and targets without AVX2 run `loops`: plain loops computing
-the same sums and requantization (a grouped convolution too, though the spec rule
-quantized_grouped_conv_in_float computes those the kernels do not cover in float before
-they get here).
+the same sums and requantization.
 """
 from __future__ import annotations
 
@@ -51,13 +54,21 @@ PACKED_IN_RANGE = "a, sums in range"
 
 
 class Geometry:
-    """Where the product reads and writes, from the node's static shapes (one image)."""
+    """Where the product reads and writes, from the node's static shapes (one image).
+
+    A grouped convolution (`ng` groups of `cg` input channels and `mg` filters) is `ng`
+    products side by side: group i's filters, packed as their own blocks of `mr` rows,
+    meet the elements of its own channels in the plane ([ng][ceil(cg / G)][phases][Hq][Wq]:
+    each group's channels padded to whole elements).  Blocks are numbered group by group
+    (`bpg` a group), rows within them padded to `mr`: the padded row r = block * mr + i is
+    filter (r // (bpg * mr)) * mg + r % (bpg * mr) when that remainder is below mg."""
 
     def __init__(self, node, qs: QShape):
         self.qs = qs
         g, nr = qs.group, qs.nr
         xt = node.inputs[0].type
         self.conv = node.OP == "QuantizedConv"
+        self.ng = getattr(node, "group", 1)
         if self.conv:
             self.batch, self.c, self.h, self.w = xt.shape
             self.m, _, kh, kw = node.inputs[1].type.shape
@@ -78,16 +89,21 @@ class Geometry:
             self.batch, self.rows = 1, int(np.prod(batch, dtype=np.int64))
             self.taps = [0]
             self.group_stride = self.q = self.rows
-        self.groups = _ceil(self.c, g)
+        self.cg, self.mg = self.c // self.ng, self.m // self.ng
+        self.groups = _ceil(self.cg, g)             # elements of G channels a tile sums over
+        self.plane_groups = self.ng * self.groups   # ... and the plane holds
         self.qpad = _ceil(self.q, nr) * nr
-        self.blocks = _ceil(self.m, qs.mr)
-        self.mpad = self.blocks * qs.mr
+        self.bpg = _ceil(self.mg, qs.mr)
+        # A group's filters in blocks of equal rows (12 as 2 x 6, not 8 + 4; 4 as one of 4).
+        self.mr = qs.mr if self.ng == 1 else _ceil(self.mg, self.bpg)
+        self.blocks = self.ng * self.bpg
+        self.mpad = self.blocks * self.mr
         # Elements the tiles may read: the last group's taps up to the last padded column.
-        self.plane_elems = max(self.groups * self.group_stride,
-                               (self.groups - 1) * self.group_stride + max(self.taps) + self.qpad)
+        self.plane_elems = max(self.plane_groups * self.group_stride,
+                               (self.plane_groups - 1) * self.group_stride + max(self.taps) + self.qpad)
         self.plane_bytes = _ceil(4 * self.plane_elems, 64) * 64
         self.scratch = self.plane_bytes + _ceil(self.mpad * self.qpad, 64) * 64
-        self.a_bytes = self.blocks * self.groups * len(self.taps) * qs.mr * 4
+        self.a_bytes = self.blocks * self.groups * len(self.taps) * self.mr * 4
         # Product columns that are output pixels (no dropped columns: a 1x1 convolution) are
         # stored straight into y, with no result block in scratch to copy out.
         self.direct = self.conv and self.wq == self.ow
@@ -96,6 +112,20 @@ class Geometry:
         # Loop order of the tiles: over B's panels outside when all the weights fit in L2
         # with room to spare (read from there for each panel) and there are many panels.
         self.panels_outer = self.a_bytes <= PANELS_OUTER_MAX_WEIGHTS and self.qpad // nr >= 4
+
+    def padded_rows(self) -> np.ndarray:
+        """The padded row (class docstring) of each filter."""
+        m = np.arange(self.m)
+        return (m // self.mg) * self.bpg * self.mr + m % self.mg
+
+    def filter_of_row(self, b, r):
+        """(filter, whether one) of padded row r, an i64 value."""
+        if self.ng == 1:
+            return r, b.icmp_signed("<", r, i64(self.m))
+        span = self.bpg * self.mr
+        local = b.urem(r, i64(span))
+        return (b.add(b.mul(b.udiv(r, i64(span)), i64(self.mg)), local),
+                b.icmp_signed("<", local, i64(self.mg)))
 
 
 # ----------------------------------------------------------------------------- decisions
@@ -111,15 +141,15 @@ def _constant(ins, index):
 
 @hook(STRATEGY, "QuantizedConv", "QuantizedMatMul")
 def q_strategy(ins, shape, packable) -> str:
-    """The target's int8 product (qgemm.QSHAPES) for a single-group product with constant
-    weights, bias and scales, its depthwise kernel (qdepthwise.py) for one filter per
-    channel; plain loops otherwise."""
+    """With constant weights, bias and scales: the target's depthwise kernel (qdepthwise.py)
+    for one filter per channel where it covers the shape, its int8 product (qgemm.QSHAPES)
+    for any other convolution, grouped or not, and matrix product; plain loops otherwise."""
     qs = choose_qshape(getattr(shape, "features", ""))
     node = ins.node
     if qs is None or any(_constant(ins, i) is None for i in (2, 3, 4)):
         return "loops"
-    if getattr(node, "group", 1) != 1:
-        if depthwise.covers(node) and depthwise.sums_in_range(node, *(_constant(ins, i) for i in (2, 3, 4)), qs):
+    if getattr(node, "group", 1) != 1 and depthwise.covers(node):
+        if depthwise.sums_in_range(node, *(_constant(ins, i) for i in (2, 3, 4)), qs):
             return depthwise.strategy(qs)
         return "loops"
     return qs.kind
@@ -146,7 +176,7 @@ def q_repack(prog, ins, shape, users) -> bool:
         if qlanes.in_lanes(geo, qs):
             data = qlanes.pack(node, geo, w3, ws, b, qs, pad)
         else:
-            data, exact = _pack(node, w3, ws, b, qs, pad)
+            data, exact = _pack(node, geo, w3, ws, b, qs, pad)
     else:
         return False
     buf = ins.operands[2][1]
@@ -161,17 +191,20 @@ def q_repack(prog, ins, shape, users) -> bool:
     return True
 
 
-def _pack(node, w3, ws, b, qs: QShape, pad: int) -> tuple[np.ndarray, bool]:
-    """The packed constants of the general product, and whether every filter's requantized
-    sums stay within qgemm.IN_RANGE (so that its store may requantize with
+def _pack(node, geo: Geometry, w3, ws, b, qs: QShape, pad: int) -> tuple[np.ndarray, bool]:
+    """The packed constants of the general product (each group's filters its own blocks,
+    the corrections and multipliers at their padded rows), and whether every filter's
+    requantized sums stay within qgemm.IN_RANGE (so that its store may requantize with
     qgemm.requantize_in_range): the sums lie within the correction +- 255 times the
     filter's absolute sum (always so but for absurd scales)."""
-    corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
-    m = w3.shape[0]
-    bound = np.abs(corr[:m].astype(np.int64)) + 255 * np.abs(w3.reshape(m, -1).astype(np.int64)).sum(1)
-    data = np.concatenate([pack_a(w3, w3.shape[2], qs).view(np.int8).ravel(), corr.view(np.int8),
-                           mult.view(np.int8), *pack_offsets(node, pad)])
-    return data, products_in_range(bound, mult[:m])
+    m, taps = w3.shape[0], w3.shape[2]
+    corr_m, mult_m = (v[:m] for v in pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs))
+    corr, mult = np.zeros(geo.mpad, np.int32), np.zeros(geo.mpad, np.float32)
+    corr[geo.padded_rows()], mult[geo.padded_rows()] = corr_m, mult_m
+    a = [pack_a(wg, taps, qs, geo.mr).view(np.int8).ravel() for wg in w3.reshape(geo.ng, geo.mg, geo.cg, taps)]
+    bound = np.abs(corr_m.astype(np.int64)) + 255 * np.abs(w3.reshape(m, -1).astype(np.int64)).sum(1)
+    data = np.concatenate([*a, corr.view(np.int8), mult.view(np.int8), *pack_offsets(node, pad)])
+    return data, products_in_range(bound, mult_m)
 
 
 @hook(SCRATCH, "QuantizedConv", "QuantizedMatMul")
@@ -193,13 +226,15 @@ def q_work(node, shape, ins) -> Work:
         return Work(1)
     qs = QShape(ins.plan.strategy)
     geo = Geometry(node, qs)
-    flops = 2.0 * geo.batch * geo.m * geo.q * geo.c * len(geo.taps)
+    flops = 2.0 * geo.batch * geo.m * geo.q * geo.cg * len(geo.taps)
     return Work(qlanes.Lanes(geo, qs).tiles if qlanes.in_lanes(geo, qs) else geo.blocks, flops=flops)
 
 
 @hook(DESCRIBE, "QuantizedConv", "QuantizedMatMul")
 def q_describe(node) -> str:
-    return "int8" + (" depthwise" if getattr(node, "group", 1) > 1 else "")
+    if getattr(node, "group", 1) == 1:
+        return "int8"
+    return "int8 depthwise" if depthwise.covers(node) else "int8 grouped"
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -226,27 +261,36 @@ def quantized_product(k: KernelArgs):
     ys = b.gep(scratch, [i64(geo.plane_bytes)])
     lo, hi = k.split.range(b, geo.blocks)
     with for_range(b, geo.batch, name="qn") as n:
-        (build_conv_plane if geo.conv else build_matmul_plane)(b, geo, x, n, plane, pad)
+        if geo.conv:        # the plane of this task's groups only
+            first = b.mul(b.udiv(lo, i64(geo.bpg)), i64(geo.groups))
+            last = b.mul(b.udiv(b.add(hi, i64(geo.bpg - 1)), i64(geo.bpg)), i64(geo.groups))
+            build_conv_plane(b, geo, x, n, plane, pad, first, last)
+        else:
+            build_matmul_plane(b, geo, x, n, plane, pad)
 
         def tile(mb, p):
-            a_block = b.gep(a, [b.mul(mb, i64(geo.groups * len(geo.taps) * qs.mr))])
+            a_block = b.gep(a, [b.mul(mb, i64(geo.groups * len(geo.taps) * geo.mr))])
             q0 = b.mul(p, i64(qs.nr))
+            # The elements of this block's group (the product of a single group: all).
+            b_base = b.gep(plane, [q0 if geo.ng == 1 else b.add(
+                q0, b.mul(b.udiv(mb, i64(geo.bpg)), i64(geo.groups * geo.group_stride)))])
 
             def store(i, j, sums):
-                m = b.add(b.mul(mb, i64(qs.mr)), i64(i))
+                r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
                 if k.packed == PACKED_IN_RANGE:
-                    v = requantize_in_range(b, b.add(sums, splat(b, b.load(b.gep(corr, [m])), qs.vw)),
-                                            b.load(b.gep(mult, [m])), y_offset_i32)
+                    v = requantize_in_range(b, b.add(sums, splat(b, b.load(b.gep(corr, [r])), qs.vw)),
+                                            b.load(b.gep(mult, [r])), y_offset_i32)
                 else:
-                    v = requantize(b, sums, b.load(b.gep(mult, [m])), y_offset,
-                                   corr=b.load(b.gep(corr, [m])))
+                    v = requantize(b, sums, b.load(b.gep(mult, [r])), y_offset,
+                                   corr=b.load(b.gep(corr, [r])))
                 if geo.direct:
-                    store_direct(b, geo, v, y, n, m, b.add(q0, i64(j * qs.vw)))
+                    store_direct(b, geo, v, y, n, *geo.filter_of_row(b, r), b.add(q0, i64(j * qs.vw)))
                     return
-                at = b.gep(ys, [b.add(b.add(b.mul(m, i64(geo.qpad)), q0), i64(j * qs.vw))])
+                at = b.gep(ys, [b.add(b.add(b.mul(r, i64(geo.qpad)), q0), i64(j * qs.vw))])
                 st = b.store(v, b.bitcast(at, v.type.as_pointer()))
                 st.align = 1
-            emit_tile(b, qs, geo.groups, geo.taps, a_block, b.gep(plane, [q0]), geo.group_stride, store)
+            emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, geo.group_stride, store,
+                      rows=geo.mr)
         if geo.panels_outer:        # all the weights stay in cache; each panel of B in L1
             with for_range(b, geo.qpad // qs.nr, name="qp") as p, for_range(b, hi, start=lo, name="qmb") as mb:
                 tile(mb, p)
@@ -254,15 +298,18 @@ def quantized_product(k: KernelArgs):
             with for_range(b, hi, start=lo, name="qmb") as mb, for_range(b, geo.qpad // qs.nr, name="qp") as p:
                 tile(mb, p)
         if not geo.direct:          # else the tiles stored into y themselves
-            m_lo = b.mul(lo, i64(qs.mr))
-            m_hi = b.mul(hi, i64(qs.mr))
-            m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
-            (write_conv_out if geo.conv else write_matmul_out)(b, geo, ys, y, n, m_lo, m_hi)
+            r_lo, r_hi = b.mul(lo, i64(geo.mr)), b.mul(hi, i64(geo.mr))
+            if geo.conv:
+                write_conv_out(b, geo, ys, y, n, r_lo, r_hi)
+            else:
+                r_hi = b.select(b.icmp_signed("<", r_hi, i64(geo.m)), r_hi, i64(geo.m))
+                write_matmul_out(b, geo, ys, y, n, r_lo, r_hi)
 
 
-def store_direct(b, geo: Geometry, v, y, n, m, q):
+def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q):
     """The i8 vector v of output pixels q.. of filter m, into image n of y: only its lanes
-    inside (pixels < OH * OW, filters < M).  AVX-512BW stores them in one masked store;
+    inside (pixels < OH * OW, and none unless `is_filter`: m is a padded row's filter (a
+    real one) when it holds).  AVX-512BW stores them in one masked store;
     otherwise a whole vector at once, the ragged end a byte at a time in a small loop (one
     per store: unrolled lane by lane, 16 stores a tile made the module slow to optimize)."""
     vw = v.type.count
@@ -271,19 +318,19 @@ def store_direct(b, geo: Geometry, v, y, n, m, q):
     if target_has(b.module, "avx512bw"):
         lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
         inside = b.icmp_signed("<", b.add(lanes, splat(b, q, vw)), splat(b, i64(npix), vw))
-        mask = b.and_(inside, splat(b, b.icmp_signed("<", m, i64(geo.m)), vw))
+        mask = b.and_(inside, splat(b, is_filter, vw))
         vty = v.type
         fn = intrinsic(b.module, f"llvm.masked.store.v{vw}i8.p0", ir.VoidType(),
                        [vty, vty.as_pointer(), I32, mask.type])
         b.call(fn, [v, b.bitcast(at, vty.as_pointer()), ir.Constant(I32, 1), mask])
         return
-    whole = b.and_(b.icmp_signed("<=", b.add(q, i64(vw)), i64(npix)), b.icmp_signed("<", m, i64(geo.m)))
+    whole = b.and_(b.icmp_signed("<=", b.add(q, i64(vw)), i64(npix)), is_filter)
     with b.if_else(whole) as (then, otherwise):
         with then:
             st = b.store(v, b.bitcast(at, v.type.as_pointer()))
             st.align = 1
         with otherwise:
-            count = b.select(b.icmp_signed("<", m, i64(geo.m)), b.sub(i64(npix), q), i64(0))
+            count = b.select(is_filter, b.sub(i64(npix), q), i64(0))
             with for_range(b, count, name="ragged") as lane:
                 b.store(b.extract_element(v, lane), b.gep(at, [lane]))
 
@@ -319,16 +366,19 @@ def _pad_element(qs: QShape, x_offset: int) -> int:
     return word - (1 << 32) if word >= 1 << 31 else word
 
 
-def build_conv_plane(b, geo: Geometry, x, n, plane, pad):
-    """Image n of x (N, C, H, W) into the plane: [C / G][phase y][phase x][Hq][Wq] elements of
-    G channels, the padding (and channels past C) the x offset.  For each element row, the
+def build_conv_plane(b, geo: Geometry, x, n, plane, pad, first=None, last=None):
+    """Image n of x (N, C, H, W) into the plane: [groups][CG / G][phase y][phase x][Hq][Wq]
+    elements of G channels, the padding (and channels past each group's CG) the x offset;
+    only its elements first..last (i64 values; default all).  For each element row, the
     columns inside the input in one loop (G strided loads combined into a 32-bit store, which
     LLVM vectorizes), the padding columns on either side stored whole.  `pad`: the 32-bit
     element of G padding values (_pad_element), read from the packed constants."""
     qs = geo.qs
     pad_value = b.trunc(pad, qs.elem)
     phases = geo.sh * geo.sw
-    with for_range(b, geo.groups, name="pc") as cg, for_range(b, phases, name="ph") as ph:
+    first = i64(0) if first is None else first
+    last = i64(geo.plane_groups) if last is None else last
+    with for_range(b, last, start=first, name="pc") as e, for_range(b, phases, name="ph") as ph:
         py, px = b.sdiv(ph, i64(geo.sw)), b.srem(ph, i64(geo.sw))
         # Columns xq whose input column xq * sw + px - pl lies in [0, W).
         first = b.sub(i64(geo.pl), px)                            # in (-sw, pl]
@@ -339,11 +389,14 @@ def build_conv_plane(b, geo: Geometry, x, n, plane, pad):
         with for_range(b, geo.hq, name="py") as yq:
             yy = b.sub(b.add(b.mul(yq, i64(geo.sh)), py), i64(geo.pt))
             y_ok = b.and_(b.icmp_signed(">=", yy, i64(0)), b.icmp_signed("<", yy, i64(geo.h)))
-            dst = b.gep(plane, [b.mul(b.add(b.mul(b.add(b.mul(cg, i64(phases)), ph), i64(geo.hq)), yq), i64(geo.wq))])
+            dst = b.gep(plane, [b.mul(b.add(b.mul(b.add(b.mul(e, i64(phases)), ph), i64(geo.hq)), yq), i64(geo.wq))])
+            # Element e holds channels G * (e % groups) + t of group e // groups.
+            group, local = (i64(0), e) if geo.ng == 1 else (b.udiv(e, i64(geo.groups)), b.urem(e, i64(geo.groups)))
             rows = []
             for t in range(qs.group):
-                c = b.add(b.mul(cg, i64(qs.group)), i64(t))
-                ok = b.and_(y_ok, b.icmp_signed("<", c, i64(geo.c)))
+                c_local = b.add(b.mul(local, i64(qs.group)), i64(t))
+                c = b.add(b.mul(group, i64(geo.cg)), c_local)
+                ok = b.and_(y_ok, b.icmp_signed("<", c_local, i64(geo.cg)))
                 base = b.sub(b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h)), yy), i64(geo.w)),
                              i64(geo.pl))
                 rows.append((ok, b.select(ok, b.add(base, px), i64(0))))
@@ -376,12 +429,13 @@ def build_matmul_plane(b, geo: Geometry, x, n, plane, pad):
                 _store_elem(b, qs, plane, at, t, v)
 
 
-def write_conv_out(b, geo: Geometry, ys, y, n, m_lo, m_hi):
-    """Rows m_lo..m_hi of the product block [M][Q] into image n of y (N, M, OH, OW),
-    dropping each row's columns past OW."""
-    with for_range(b, m_hi, start=m_lo, name="wm") as m:
-        with for_range(b, geo.oh, name="wy") as oy:
-            src = b.add(b.mul(m, i64(geo.qpad)), b.mul(oy, i64(geo.wq)))
+def write_conv_out(b, geo: Geometry, ys, y, n, r_lo, r_hi):
+    """Padded rows r_lo..r_hi of the product block [Mpad][Q] into image n of y (N, M, OH, OW),
+    the filters' rows only, dropping each row's columns past OW."""
+    with for_range(b, r_hi, start=r_lo, name="wm") as r:
+        m, is_filter = geo.filter_of_row(b, r)
+        with b.if_then(is_filter), for_range(b, geo.oh, name="wy") as oy:
+            src = b.add(b.mul(r, i64(geo.qpad)), b.mul(oy, i64(geo.wq)))
             dst = b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(geo.oh)), oy), i64(geo.ow))
             with for_range(b, geo.ow, name="wx") as ox:
                 b.store(b.load(b.gep(ys, [b.add(src, ox)])), b.gep(y, [b.add(dst, ox)]))
