@@ -172,7 +172,7 @@ def test_scan_along_another_axis(backend, unroll_limit):
     assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)
 
 
-def _scan_in_a_model(length=64, batch=4, n=96):
+def _scan_in_a_model(length, batch, n):
     """A small recurrent net: a MatMul projects every step's input before the Scan, whose
     body multiplies the state by a recurrent weight it captures and adds the step's
     projection; a Relu and a ReduceMean follow it."""
@@ -199,8 +199,8 @@ def _scan_in_a_model(length=64, batch=4, n=96):
 def test_scan_inside_a_model_at_one_and_two_threads():
     """Steps inside the loop are split among threads like any others, each element computed
     by the same code in the same order: two threads give the answer of one bit for bit."""
-    onnx_model = _scan_in_a_model()
-    feeds = {"x": _f32(64, 4, 96, seed=1), "h0": _f32(4, 96, seed=2)}
+    onnx_model = _scan_in_a_model(length=24, batch=64, n=256)
+    feeds = {"x": _f32(24, 64, 256, seed=1), "h0": _f32(64, 256, seed=2)}
     want = run_ort(onnx_model, feeds)
     one = glowgen.compile(onnx_model, threads=1)
     two = glowgen.compile(onnx_model, threads=2)
@@ -209,6 +209,13 @@ def test_scan_inside_a_model_at_one_and_two_threads():
     for name in got1:
         np.testing.assert_array_equal(got1[name], got2[name])
     assert len(_loops(two)) == 1
+    steps, inside, depth = two.program.plan.steps, [], 0
+    for step in steps:
+        depth += step.instrs[0].kind == Instr.LOOP
+        depth -= step.instrs[0].kind == Instr.ENDLOOP
+        if depth and step.instrs[0].kind not in Instr.CONTROL:
+            inside.append(step)
+    assert any(step.parts > 1 for step in inside)
     assert isinstance(next(n for n in two.function.nodes if n.subfunctions()), WhileLoop)
 
 

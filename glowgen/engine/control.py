@@ -140,8 +140,15 @@ class WhileLoop(Node):
         return (self.body,)
 
     def copy_args(self) -> dict:
-        return {"body": self.body.clone(), "length": self.length,
-                "reverse_scanned": self.reverse_scanned, "reverse_stacked": self.reverse_stacked}
+        return {"body": self.body.clone(), **self.attr_values()}
+
+    def attr_values(self) -> dict:
+        """What a loop that scans or stacks adds to its operands (printed in dumps as
+        attributes: 1 for a direction read or written from the last slice back)."""
+        if not (self.scanned or self.reverse_stacked):
+            return {}
+        return {"length": self.length, "reverse_scanned": tuple(map(int, self.reverse_scanned)),
+                "reverse_stacked": tuple(map(int, self.reverse_stacked))}
 
     def stacked_slices(self) -> list[Type]:
         """The types of the body's slices of the stacked results."""

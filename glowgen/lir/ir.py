@@ -119,7 +119,9 @@ class Instr:
     same operands: `iter` counts from 0, and the body runs while `iter < trip` (no trip
     count: always) and `cond` holds; the body's last instructions copy its new state and
     condition over the old.  What a run repeats breaks the in-order argument for values
-    that live across iterations; `control.loop_lifetimes` widens theirs to the loop."""
+    that live across iterations; `control.loop_lifetimes` widens theirs to the loop.  The
+    body reads and writes the slices of scanned and stacked tensors through `SliceView`s
+    of them, whose place the counter decides."""
     ALLOC, DEALLOC, VIEW, COPY = "allocactivation", "deallocactivation", "tensorview", "copy"
     COND, ELSE, ENDCOND = "cond", "else", "endcond"
     LOOP, ENDLOOP = "loop", "endloop"
