@@ -6,12 +6,15 @@ writes slice i of each scan output in place (lir.ir.SliceView).  Every case runs
 checked against onnxruntime."""
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import glowgen
 from glowgen.api import CompiledModel
+from glowgen.cli import main
 from glowgen.engine.control import WhileLoop
 from glowgen.errors import UnsupportedError
 from glowgen.frontend import onnx_control
@@ -236,3 +239,28 @@ def test_a_long_scan_compiles_to_one_loop_over_its_body():
     body = long.program.instrs[loop.start + 1:loop.end]
     assert any(isinstance(b, SliceView) and b.root() is long.program.inputs["xs"]
                for ins in body for b in ins.reads())
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_scan_bundle(tmp_path, capsys):
+    """A bundle's entry point computes the slices' addresses from the loop counter too."""
+    import subprocess
+    length, n = 40, 6
+    onnx_model = _scan_model(length, 1, n)
+    path = tmp_path / "scan.onnx"
+    path.write_bytes(onnx_model.SerializeToString())
+    out = tmp_path / "out"
+    assert main(["compile", str(path), "-o", str(out), "--name", "sc"]) == 0
+    capsys.readouterr()
+    done = subprocess.run(["gcc", "-O2", "-pthread", "main.c", "sc.o", "-lm", "-o", "sc"], cwd=out,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    feeds = _scan_feeds(length, n, seed=9)
+    for name, value in feeds.items():
+        value.astype("<f4").tofile(tmp_path / f"{name}.bin")
+    shapes = {"s": (n,), "p": (n,), "ys": (length, n), "zs": (length, n)}
+    files = [str(tmp_path / f"{k}.bin") for k in list(feeds) + list(shapes)]
+    done = subprocess.run([str(out / "sc"), *files], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    got = {k: np.fromfile(tmp_path / f"{k}.bin", "<f4").reshape(shape) for k, shape in shapes.items()}
+    assert_close(got, run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)
