@@ -166,6 +166,19 @@ def test_scan_forward_and_reverse(backend, reverse, length, unroll_limit):
     assert len(_loops(model)) == (1 if native else 0)
 
 
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_the_graph_reference_runs_a_scanning_loop(reverse):
+    """glowgen/reference evaluates the WhileLoop node itself (what constant folding and the
+    golden tests use), slices and directions included."""
+    from glowgen.reference import evaluate
+    onnx_model = _scan_model(30, reverse)
+    feeds = _scan_feeds(30, seed=11)
+    model = glowgen.compile(onnx_model, backend="interpreter")
+    assert any(isinstance(n, WhileLoop) for n in model.function.nodes)
+    assert_close(evaluate(model.function, feeds, model.registry), run_ort(onnx_model, feeds),
+                 rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("backend", ["interpreter", "cpu"])
 def test_scan_along_another_axis(backend, unroll_limit):
     """A scan input and output along axis 1: transposed before and after the loop."""

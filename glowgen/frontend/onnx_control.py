@@ -142,7 +142,7 @@ def import_loop(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
     carried = [importer.values[n] for n in inputs[2:]]
     n_carried = len(carried)
     n_scans = len(body.output) - 1 - n_carried
-    if trip_count is not None and (trip_count > UNROLL_AT_MOST or (n_scans and trip_count <= 0)):
+    if trip_count is not None and (trip_count > UNROLL_AT_MOST or (n_scans > 0 and trip_count <= 0)):
         loop = _known_trip_loop(importer, node, body, inputs, trip_count, keep_going, desc, opset)
         if loop is not None:
             _bind_outputs(importer, node, loop.outputs)
