@@ -277,3 +277,29 @@ def test_scan_bundle(tmp_path, capsys):
     assert done.returncode == 0, done.stderr
     got = {k: np.fromfile(tmp_path / f"{k}.bin", "<f4").reshape(shape) for k, shape in shapes.items()}
     assert_close(got, run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_a_scan_inside_a_scan(backend):
+    """Nested loops: the inner Scan scans the outer one's slice (a slice of a slice, two
+    counters) and its stacked result becomes the outer one's slice (computed there)."""
+    outer_len, inner_len, n = 20, 18, 5
+    inner = helper.make_graph(
+        [helper.make_node("Add", ["t_in", "r"], ["a"]),
+         helper.make_node("Tanh", ["a"], ["t_out"]),
+         helper.make_node("Mul", ["t_out", "r"], ["y"])], "inner",
+        [_vi("t_in", F, [n]), _vi("r", F, [n])], [_vi("t_out", F, [n]), _vi("y", F, [n])])
+    outer = helper.make_graph(
+        [helper.make_node("Scan", ["s_in", "x_t"], ["s_out", "ys_t"], body=inner, num_scan_inputs=1,
+                          scan_input_directions=[1])], "outer",
+        [_vi("s_in", F, [n]), _vi("x_t", F, [inner_len, n])],
+        [_vi("s_out", F, [n]), _vi("ys_t", F, [inner_len, n])])
+    onnx_model = _model(
+        [helper.make_node("Scan", ["s0", "xs"], ["s", "ys"], body=outer, num_scan_inputs=1,
+                          scan_output_directions=[1])],
+        [("s0", F, [n]), ("xs", F, [outer_len, inner_len, n])],
+        [("s", F, [n]), ("ys", F, [outer_len, inner_len, n])])
+    model = glowgen.compile(onnx_model, backend=backend)
+    assert [r.depth for r in _loops(model)] == [0, 1]
+    feeds = {"s0": _f32(n, seed=1), "xs": _f32(outer_len, inner_len, n, seed=2)}
+    assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)

@@ -8,8 +8,8 @@ from .ir import Activation, Instr, Program, WeightBuffer, dynamic_views
 def _where(b) -> str:
     r = b.root()
     # A loop's slice of a tensor: its place moves with the counter (ir.SliceView).
-    moves = "".join(f" + {'%d - ' % (v.length - 1) if v.reverse else ''}%{v.counter.name} * {v.slice_bytes}"
-                    for v in dynamic_views(b))
+    moves = "".join(f" + ({v.length - 1} - %{v.counter.name}) * {v.slice_bytes}" if v.reverse
+                    else f" + %{v.counter.name} * {v.slice_bytes}" for v in dynamic_views(b))
     if isinstance(r, WeightBuffer):
         region = "const" if r.region == "constant" else "mutable"
         return f"{region}@{r.offset}{moves}"
