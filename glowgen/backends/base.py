@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 import numpy as np
 
 from ..errors import GlowgenError, UnsupportedError
-from ..lir.ir import ALIGNMENT, Activation, Program
+from ..lir.ir import ALIGNMENT, Activation, Program, dynamic_views
 
 REGIONS = ("constant", "mutable", "activation")
 
@@ -146,12 +146,17 @@ def aligned_bytes(size: int) -> np.ndarray:
 
 
 def region_view(regions: Mapping[str, np.ndarray], buf) -> np.ndarray:
-    """The NumPy view of LIR buffer `buf` at its planned place in `regions`."""
+    """The NumPy view of LIR buffer `buf` at its planned place in `regions` (a loop's slice
+    of a tensor, ir.SliceView, where its loop counter stands now)."""
     root = buf.root()
     region = "activation" if isinstance(root, Activation) else root.region
     if buf.nbytes == 0:
         return np.empty(buf.type.shape, buf.type.np_dtype)
-    return np.ndarray(buf.type.shape, buf.type.np_dtype, buffer=regions[region], offset=root.offset)
+    offset = root.offset
+    for view in dynamic_views(buf):
+        counter = int(region_view(regions, view.counter).reshape(-1)[0])
+        offset += view.index(counter) * view.slice_bytes
+    return np.ndarray(buf.type.shape, buf.type.np_dtype, buffer=regions[region], offset=offset)
 
 
 def prepare_output_dir(out_dir) -> "Path":

@@ -3,15 +3,19 @@
 glowgen graphs have static shapes, and the importer removes control flow while it reads the
 model wherever it can.  An If whose condition is known at compile time becomes the nodes of
 the branch it takes; a Loop with a known trip count and a Scan over a static axis become
-their body, imported once per iteration (unrolled).  The bodies are ONNX subgraphs
+their body, imported once per iteration (unrolled), when they run a few iterations; longer
+ones become a native loop over their body compiled once (a WhileLoop, below).  The bodies
+are ONNX subgraphs
 imported by the same generic importer (`_Importer.inline_graph`), in a nested name scope,
 so names a body does not define resolve to the enclosing graph as ONNX specifies.
 
 What is decided only at run time stays control flow (onnx_subgraphs.py): an If whose
 branches give the same types becomes a Conditional node owning both; a Loop whose trip
-count or condition is known only at run time (or that runs too many iterations to
-unroll), with loop-carried values of fixed types and no scan outputs, a WhileLoop owning
-its body.
+count or condition is known only at run time, with loop-carried values of fixed types
+and no scan outputs (their length, the number of iterations, is part of the types), a
+WhileLoop owning its body.  A Loop with a known trip count and a Scan that run more than
+UNROLL_AT_MOST iterations become WhileLoops too, their scan inputs and outputs read and
+written slice by slice in place.
 
 The slicing and stacking around unrolled bodies is written as ONNX nodes too
 (`_Importer.emit_onnx`), so this module needs no glowgen op by name.
@@ -23,13 +27,19 @@ from typing import Callable, Optional
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ..errors import CompileTimeInputError, ModelError, UnsupportedError
-from .onnx_subgraphs import conditional, while_loop
+from .onnx_subgraphs import conditional, scan_loop, while_loop
 
 # Unrolling copies the body once per iteration; beyond this the model is not one to unroll.
 MAX_UNROLLED_ITERATIONS = 4096
+# A Loop with a known trip count, or a Scan, running more iterations than this runs as a
+# native loop over its body compiled once (a WhileLoop) where it can: unrolling a few
+# iterations lets the optimizer fold and fuse across them, but its compile time grows
+# with the iterations (faster than linearly: a 1000-iteration Loop with a scan output
+# took 196 s to compile unrolled).
+UNROLL_AT_MOST = 16
 
 
 def graph_attribute(node: onnx.NodeProto, name: str, desc: str) -> onnx.GraphProto:
@@ -129,13 +139,19 @@ def import_loop(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
     except CompileTimeInputError as unknown:
         _run_time_loop(importer, node, body, inputs, desc, opset, unknown)
         return
+    carried = [importer.values[n] for n in inputs[2:]]
+    n_carried = len(carried)
+    n_scans = len(body.output) - 1 - n_carried
+    if trip_count is not None and (trip_count > UNROLL_AT_MOST or (n_scans > 0 and trip_count <= 0)):
+        loop = _known_trip_loop(importer, node, body, inputs, trip_count, keep_going, desc, opset)
+        if loop is not None:
+            _bind_outputs(importer, node, loop.outputs)
+            return
     if trip_count is not None and trip_count > MAX_UNROLLED_ITERATIONS:
         _run_time_loop(importer, node, body, inputs, desc, opset, UnsupportedError(
             f"{desc}: trip count {trip_count} is too large to unroll (at most "
             f"{MAX_UNROLLED_ITERATIONS})"))
         return
-    carried = [importer.values[n] for n in inputs[2:]]
-    n_carried = len(carried)
     formals = [i.name for i in body.input]
     scans: list[list] = [[] for _ in body.output[1 + n_carried:]]
     iteration = 0
@@ -168,6 +184,47 @@ def import_loop(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
                                              for v in stack], axis=0)[0]
                for stack in scans]
     _bind_outputs(importer, node, list(carried) + stacked)
+
+
+def _known_trip_loop(importer, node: onnx.NodeProto, body, inputs: list, trip_count: int,
+                     keep_going: bool, desc: str, opset: int):
+    """A Loop whose trip count is known at compile time as a native loop (a WhileLoop), or
+    None when it cannot be one (the caller unrolls it).  Its scan outputs have the trip count
+    for length, so a loop with some must provably run all its iterations: its condition is
+    true initially and its body passes it through or gives a constant true."""
+    n_carried = len(inputs) - 2
+    trip = importer.values[inputs[0]]
+    if trip.type.dtype != "i64" or trip.type.size != 1:
+        return None                                     # _run_time_loop's error says why
+    cond = importer.values[inputs[1]] if inputs[1] else None
+    length = None
+    if len(body.output) > 1 + n_carried:
+        if not keep_going or (cond is not None and not _passes_condition_through(body)):
+            return None
+        cond, length = None, max(trip_count, 0)
+    try:
+        return while_loop(importer, node, trip, cond, [importer.values[n] for n in inputs[2:]],
+                          body, desc, opset, length)
+    except CompileTimeInputError:
+        return None                                     # the body needs unrolled constants
+
+
+def _passes_condition_through(body: onnx.GraphProto) -> bool:
+    """Whether a Loop body's condition output is its condition input, or a constant true."""
+    out, given = body.output[0].name, body.input[1].name
+    producers = {o: n for n in body.node for o in n.output}
+    while out in producers and producers[out].op_type == "Identity":
+        out = producers[out].input[0]
+    if out == given:
+        return True
+    made = producers.get(out)
+    value = next((a.t for a in made.attribute if a.name == "value"), None) if (
+        made is not None and made.op_type == "Constant") else next(
+        (t for t in body.initializer if t.name == out), None)
+    if value is None:
+        return False
+    data = numpy_helper.to_array(value)
+    return data.size == 1 and bool(data.reshape(-1)[0])
 
 
 def _run_time_loop(importer, node: onnx.NodeProto, body, inputs: list, desc: str, opset: int,
@@ -229,25 +286,78 @@ def import_scan(importer, node: onnx.NodeProto, desc: str, opset: int) -> None:
         return
     values = [importer.values[n] for n in node.input]
     n_state = len(values) - n_scan_in
-    outputs = _unroll_scan(importer, ScanLayout.of(node), body, values[:n_state], values[n_state:],
-                           desc, opset)
+    outputs = _scan(importer, node, ScanLayout.of(node), body, values[:n_state],
+                    values[n_state:], desc, opset)
     _bind_outputs(importer, node, outputs)
 
 
-def _unroll_scan(importer, layout: ScanLayout, body, states: list, scan_inputs: list, desc: str,
-                 opset: int) -> list:
-    """Scan (opset 9 semantics) unrolled over the scan axis: the final states, then the scan
-    outputs stacked along their axes."""
-    n_state, n_in = len(states), len(scan_inputs)
-    n_out = len(body.output) - n_state
+def _scan(importer, node, layout: ScanLayout, body, states: list, scan_inputs: list, desc: str,
+          opset: int) -> list:
+    """Scan (opset 9 semantics): the final states, then the scan outputs stacked along their
+    axes; a native loop over the body when the scan is long, else unrolled."""
+    n_in = len(scan_inputs)
+    if not n_in:
+        raise UnsupportedError(f"{desc}: a Scan needs at least one scan input")
     in_axes = _normalized(layout.input_axes or [0] * n_in, [v.type.rank for v in scan_inputs],
                           desc, "scan_input_axes")
-    in_dirs = list(layout.input_directions or [0] * n_in)
     lengths = {v.type.shape[a] for v, a in zip(scan_inputs, in_axes)}
     if len(lengths) != 1:
         raise UnsupportedError(f"{desc}: the scan inputs have different lengths "
                                f"{sorted(lengths)} along their scan axes")
     steps = lengths.pop()
+    if steps > UNROLL_AT_MOST:
+        outputs = _scan_loop(importer, node, layout, body, states, scan_inputs, in_axes, desc, opset)
+        if outputs is not None:
+            return outputs
+    return _unroll_scan(importer, layout, body, states, scan_inputs, in_axes, steps, desc, opset)
+
+
+def _scan_loop(importer, node, layout: ScanLayout, body, states: list, scan_inputs: list,
+               in_axes: list, desc: str, opset: int) -> Optional[list]:
+    """The Scan as a native loop (a WhileLoop), iteration i reading slice i of each scan
+    input and writing slice i of each scan output in place.  The loop scans and stacks
+    along first axes: a scan input along another axis is transposed to put it first (once,
+    before the loop), and a scan output is transposed back after it.  None when the body
+    gives its state other types than it takes, or needs values known at compile time that
+    unrolling makes constants (the caller unrolls it then; what the transposes added is
+    dead and DCE collects it)."""
+    n_state = len(states)
+    n_out = len(body.output) - n_state
+    firsts = [_axis_first(importer, v, axis) for v, axis in zip(scan_inputs, in_axes)]
+    try:
+        loop = scan_loop(importer, node, states, firsts,
+                         layout.input_directions or [0] * len(scan_inputs),
+                         layout.output_directions or [0] * n_out, body, desc, opset)
+    except CompileTimeInputError:
+        loop = None                 # the body needs values unrolling makes constants
+    if loop is None:
+        return None
+    results = list(loop.outputs[:n_state])
+    stacked = loop.outputs[n_state:]
+    out_axes = _normalized(layout.output_axes or [0] * n_out, [v.type.rank for v in stacked],
+                           desc, "scan_output_axes")
+    for value, axis in zip(stacked, out_axes):
+        if axis:
+            # The stacked axis (first) goes to `axis`, the others keep their order.
+            perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, value.type.rank))
+            value = importer.emit_onnx("Transpose", [value], perm=perm)[0]
+        results.append(value)
+    return results
+
+
+def _axis_first(importer, value, axis: int):
+    if axis == 0:
+        return value
+    perm = [axis] + [d for d in range(value.type.rank) if d != axis]
+    return importer.emit_onnx("Transpose", [value], perm=perm)[0]
+
+
+def _unroll_scan(importer, layout: ScanLayout, body, states: list, scan_inputs: list,
+                 in_axes: list, steps: int, desc: str, opset: int) -> list:
+    """The Scan unrolled over the scan axis (`steps` long)."""
+    n_state = len(states)
+    n_out = len(body.output) - n_state
+    in_dirs = list(layout.input_directions or [0] * len(scan_inputs))
     if steps == 0:
         raise UnsupportedError(f"{desc}: the scan axis is empty, so the scan outputs are empty "
                                f"tensors of unknown shape, which glowgen does not support")
@@ -301,8 +411,8 @@ def _import_scan8(importer, node, body, n_scan_in, desc, opset) -> None:
     for b in range(values[0].type.shape[0]):
         sliced = [importer.emit_onnx("Squeeze", [importer.emit_onnx(
             "Slice", [v], starts=[b], ends=[b + 1], axes=[0])[0]], axes=[0])[0] for v in values]
-        per_batch.append(_unroll_scan(importer, layout, body, sliced[:n_state], sliced[n_state:],
-                                      f"{desc} (batch {b})", opset))
+        per_batch.append(_scan(importer, node, layout, body, sliced[:n_state], sliced[n_state:],
+                               f"{desc} (batch {b})", opset))
     outputs = [importer.emit_onnx("Concat", [importer.emit_onnx("Unsqueeze", [r[i]], axes=[0])[0]
                                              for r in per_batch], axis=0)[0]
                for i in range(len(per_batch[0]))]

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import ChainMap
 from typing import Optional
 
+import numpy as np
+
 from ..engine.control import Conditional, WhileLoop
 from ..engine.graph import Constant, Function, Value
 from ..engine.types import Type
@@ -59,11 +61,15 @@ class _CaptureScope(dict):
 
 
 def _import_subgraph(importer, graph, name: str, captures: _Captures, desc: str, opset: int,
-                     formals: tuple = ()):
-    """`graph` imported into a new Function whose first placeholders are the graph's inputs,
-    of the Types `formals` (a Loop body's iteration number, condition and state), followed
-    by those of the values it captures; returns the Function and its capture scope."""
+                     formals: tuple = (), leading: tuple = ()):
+    """`graph` imported into a new Function whose first placeholders are `leading` ((name,
+    Type) pairs the graph does not take: a Scan body's iteration number and condition), then
+    the graph's inputs, of the Types `formals` (a Loop body's iteration number, condition
+    and state), followed by those of the values it captures; returns the Function and its
+    capture scope."""
     fn = Function(name)
+    for label, ty in leading:
+        fn.add_placeholder(label, ty)
     bindings = {formal.name: fn.add_placeholder(formal.name, ty)
                 for formal, ty in zip(graph.input, formals)}
     scope = _CaptureScope(importer.values, fn, captures)
@@ -101,24 +107,58 @@ def conditional(importer, node, cond: Value, then_graph, else_graph, desc: str, 
 
 
 def while_loop(importer, node, trip_count: Optional[Value], cond: Optional[Value], initial: list,
-               body_graph, desc: str, opset: int):
-    """Import Loop `node`'s body (no scan outputs) into a WhileLoop of the function being
-    built.  Returns the node, or None when the body gives its state other types than it
-    takes (the caller then needs the trip count at compile time instead)."""
+               body_graph, desc: str, opset: int, length: Optional[int] = None):
+    """Import Loop `node`'s body into a WhileLoop of the function being built.  Scan outputs
+    need `length`, the number of iterations, known at compile time (the caller has checked
+    that the loop runs exactly that many: the condition, if any, is left out).  Returns the
+    node, or None when the body gives its state other types than it takes (the caller then
+    needs the trip count at compile time instead) or has scan outputs without a `length`."""
     n_state = len(initial)
-    if len(body_graph.output) != 1 + n_state or len(body_graph.input) != 2 + n_state:
+    if len(body_graph.input) != 2 + n_state or len(body_graph.output) < 1 + n_state:
+        return None
+    n_stacked = len(body_graph.output) - 1 - n_state
+    if n_stacked and length is None:
         return None
     captures = _Captures()
     label = node.name or node.output[0] or "loop"
     formals = (Type("i64", ()), Type("bool", ())) + tuple(v.type for v in initial)
     body, scope = _import_subgraph(importer, body_graph, f"{label}.body", captures, f"{desc} (body)",
                                    opset, formals)
-    cond_out, state_out = body.outputs[0][1].type, [v.type for _, v in body.outputs[1:]]
+    cond_out, state_out = body.outputs[0][1].type, [v.type for _, v in body.outputs[1:1 + n_state]]
     if cond_out.dtype != "bool" or cond_out.size != 1 or state_out != [v.type for v in initial]:
         return None
     outer = list(captures.outer.values())
     body.placeholders = body.placeholders[:2 + n_state] + [
         captures.placeholder(body, v, scope.made) for v in outer]
     return importer.function.add_node(
-        WhileLoop, [trip_count, cond, tuple(initial), tuple(outer)], {"body": body},
+        WhileLoop, [trip_count, cond, tuple(initial), (), tuple(outer)],
+        {"body": body, "length": length or 0, "reverse_stacked": (False,) * n_stacked},
+        name=label, origin=(label,), output_names=list(node.output))
+
+
+def scan_loop(importer, node, states: list, scanned: list, reverse_scanned: list,
+              reverse_stacked: list, body_graph, desc: str, opset: int):
+    """Import Scan `node`'s body into a WhileLoop of the function being built, running once
+    per slice of `scanned` (each already with its scan axis first): the body gets an
+    iteration number and a condition it ignores, and gives a condition that stays true.
+    Returns the node, or None when the body gives its state other types than it takes."""
+    n_state, length = len(states), scanned[0].type.shape[0]
+    captures = _Captures()
+    label = node.name or node.output[0] or "scan"
+    formals = tuple(v.type for v in states) + tuple(
+        v.type.with_shape(tuple(v.type.shape[1:])) for v in scanned)
+    body, scope = _import_subgraph(importer, body_graph, f"{label}.body", captures,
+                                   f"{desc} (body)", opset, formals,
+                                   leading=(("iter", Type("i64", ())), ("cond", Type("bool", ()))))
+    if [v.type for _, v in body.outputs[:n_state]] != [v.type for v in states]:
+        return None
+    body.outputs.insert(0, ("cond", body.add_constant(np.array(True), "true")))
+    outer = list(captures.outer.values())
+    body.placeholders = body.placeholders[:2 + len(formals)] + [
+        captures.placeholder(body, v, scope.made) for v in outer]
+    trip = importer.function.add_constant(np.array(length, np.int64), f"{label}.length")
+    return importer.function.add_node(
+        WhileLoop, [trip, None, tuple(states), tuple(scanned), tuple(outer)],
+        {"body": body, "length": length, "reverse_scanned": tuple(map(bool, reverse_scanned)),
+         "reverse_stacked": tuple(map(bool, reverse_stacked))},
         name=label, origin=(label,), output_names=list(node.output))

@@ -5,7 +5,10 @@ Buffers live in one of three regions, as in Glow's bundles:
   mutable    the model's inputs and outputs, each at a fixed offset
   activation everything else, between `allocactivation` and `deallocactivation`,
              at offsets chosen by the static memory planner
-A `TensorView` reinterprets another buffer's bytes with a new type (Reshape costs nothing).
+A `TensorView` reinterprets another buffer's bytes with a new type (Reshape costs nothing);
+a `SliceView`, one slice of another buffer chosen by a loop's counter at run time (a Loop's
+or Scan's iteration reads its slice of a scan input and writes its slice of a scan output
+in place).
 """
 from __future__ import annotations
 
@@ -73,6 +76,34 @@ class TensorView(Buffer):
         return b
 
 
+class SliceView(TensorView):
+    """Slice `index` of `base` along its first axis, `index` read at run time from `counter`
+    (an i64 buffer, a loop's iteration number): slice `counter`, or `length - 1 - counter`
+    when `reverse`.  Its bytes start `slice_bytes * index` past its base's, so its place is
+    known only while running: every pass that reasons over roots sees it as a use of the
+    whole base (which it is, over a loop's iterations), and the backends add `dynamic_offset`
+    to the root's address where they take an operand's address."""
+
+    def __init__(self, name: str, base: Buffer, counter: Buffer, reverse: bool = False):
+        length = base.type.shape[0]
+        super().__init__(name, base.type.with_shape(tuple(base.type.shape[1:])), base)
+        self.counter, self.reverse, self.length = counter, reverse, length
+        self.slice_bytes = self.type.nbytes
+
+    def index(self, counter_value: int) -> int:
+        return self.length - 1 - counter_value if self.reverse else counter_value
+
+
+def dynamic_views(buf: Optional[Buffer]) -> list:
+    """The slice views between `buf` and its root (a buffer whose place is fixed: none)."""
+    out = []
+    while isinstance(buf, TensorView):
+        if isinstance(buf, SliceView):
+            out.append(buf)
+        buf = buf.base
+    return out
+
+
 class Instr:
     """One instruction: a kind (a primitive's name, or one of the memory kinds below) and
     operands as (role, buffer) pairs; variadic operands give several `@in` entries.
@@ -88,7 +119,9 @@ class Instr:
     same operands: `iter` counts from 0, and the body runs while `iter < trip` (no trip
     count: always) and `cond` holds; the body's last instructions copy its new state and
     condition over the old.  What a run repeats breaks the in-order argument for values
-    that live across iterations; `control.loop_lifetimes` widens theirs to the loop."""
+    that live across iterations; `control.loop_lifetimes` widens theirs to the loop.  The
+    body reads and writes the slices of scanned and stacked tensors through `SliceView`s
+    of them, whose place the counter decides."""
     ALLOC, DEALLOC, VIEW, COPY = "allocactivation", "deallocactivation", "tensorview", "copy"
     COND, ELSE, ENDCOND = "cond", "else", "endcond"
     LOOP, ENDLOOP = "loop", "endloop"

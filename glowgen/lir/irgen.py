@@ -14,7 +14,7 @@ from ..engine.control import Conditional, WhileLoop
 from ..engine.graph import Function, Node, Value
 from ..engine.types import Type
 from ..errors import GlowgenError
-from .ir import Activation, Instr, Program, TensorView, WeightBuffer
+from .ir import Activation, Instr, Program, SliceView, TensorView, WeightBuffer
 
 
 def schedule(function: Function) -> list[Node]:
@@ -184,8 +184,13 @@ class _Generator:
     def loop(self, node: WhileLoop, buffers: dict) -> None:
         """The state copied into the node's results, then `loop`, the body, the copies of
         its next state and condition over the old, `endloop` (ir.Instr).  The body reads
-        the iteration counter, the condition and the state in place."""
-        state = [self.activation(out, buffers) for out in node.outputs]
+        the iteration counter, the condition and the state in place, and the slices of the
+        scanned values through views whose offset the counter decides (ir.SliceView); it
+        copies each slice it stacks into such a view of the stacked result, which copy
+        elimination turns into computing it there."""
+        n_state = node.n_state
+        state = [self.activation(out, buffers) for out in node.outputs[:n_state]]
+        stacked = [self.activation(out, buffers) for out in node.outputs[n_state:]]
         counter = self.buffer(f"{node.name}.iter", Type("i64", ()))
         flag = self.buffer(f"{node.name}.cond", Type("bool", ()))
         for s, v in zip(state, node.initial):
@@ -200,11 +205,16 @@ class _Generator:
         trip = buffers[id(node.trip_count)] if node.trip_count is not None else None
         control = [("in", trip), ("inout", counter), ("in", flag)]
         self.emit(Instr(Instr.LOOP, list(control), node))
+        slices = [SliceView(self.unique(f"{buffers[id(v)].name}.slice"), buffers[id(v)], counter,
+                            reverse) for v, reverse in zip(node.scanned, node.reverse_scanned)]
         captured = [buffers[id(v)] for v in node.captured]
-        inner = {id(p): b for p, b in zip(node.body.placeholders, [counter, flag] + state + captured)}
+        inner = {id(p): b for p, b in zip(node.body.placeholders,
+                                          [counter, flag] + state + slices + captured)}
         self.function(node.body, inner)
         results = [inner[id(v)] for _, v in node.body.outputs]
-        updates = list(zip(state, results[1:]))
+        for whole, piece, reverse in zip(stacked, results[1 + n_state:], node.reverse_stacked):
+            self.copy(SliceView(self.unique(f"{whole.name}.slice"), whole, counter, reverse), piece)
+        updates = list(zip(state, results[1:1 + n_state]))
         if node.condition is not None:
             updates.append((flag, results[0]))
         # The next state replaces the old one only once all of it is computed: a next value

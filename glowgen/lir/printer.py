@@ -2,16 +2,19 @@
 from __future__ import annotations
 
 from .allocator import max_live
-from .ir import Activation, Instr, Program, WeightBuffer
+from .ir import Activation, Instr, Program, WeightBuffer, dynamic_views
 
 
 def _where(b) -> str:
     r = b.root()
+    # A loop's slice of a tensor: its place moves with the counter (ir.SliceView).
+    moves = "".join(f" + ({v.length - 1} - %{v.counter.name}) * {v.slice_bytes}" if v.reverse
+                    else f" + %{v.counter.name} * {v.slice_bytes}" for v in dynamic_views(b))
     if isinstance(r, WeightBuffer):
         region = "const" if r.region == "constant" else "mutable"
-        return f"{region}@{r.offset}"
+        return f"{region}@{r.offset}{moves}"
     if isinstance(r, Activation):
-        return f"act@{r.offset}"
+        return f"act@{r.offset}{moves}"
     return "?"
 
 

@@ -22,7 +22,7 @@ import re
 
 from llvmlite import ir
 
-from ...lir.ir import Activation, Buffer, Instr, Program
+from ...lir.ir import Activation, Buffer, Instr, Program, dynamic_views
 from ...lir.passes import lifetimes
 from .epilogue import EpilogueEmitter
 from .kernels import KERNELS, KernelArgs
@@ -43,8 +43,11 @@ def region_of(buf: Buffer) -> str:
 
 
 def byte_range(buf: Buffer) -> tuple[str, int, int]:
+    """The bytes `buf` may cover: a slice whose place the loop counter decides, any of its
+    root's."""
     root = buf.root()
-    return region_of(buf), root.offset, root.offset + max(buf.nbytes, 1)
+    size = root.nbytes if dynamic_views(buf) else buf.nbytes
+    return region_of(buf), root.offset, root.offset + max(size, 1)
 
 
 def _overlaps(a, b) -> bool:
@@ -203,6 +206,11 @@ class ModuleBuilder:
             k = slot_of.get(id(buf.root()))
             raw = (b.load(b.gep(entry.args[3], [i64(k)])) if k is not None
                    else b.gep(regions[region_of(buf)], [i64(buf.root().offset)]))
+            for view in dynamic_views(buf):         # a loop's slice: counter * slice bytes on
+                index = b.load(pointer(view.counter))
+                if view.reverse:
+                    index = b.sub(i64(view.length - 1), index)
+                raw = b.gep(raw, [b.mul(index, i64(view.slice_bytes))])
             return b.bitcast(raw, storage_type(buf.type.dtype).as_pointer())
 
         open_regions: list = []          # the blocks of each region open here (_control)

@@ -86,7 +86,7 @@ def gather_table(ins: Instr) -> Optional[tuple]:
     x, idx = ins.reads()[0], ins.reads()[1]
     root = idx.root()
     if (not isinstance(root, WeightBuffer) or root.region != "constant" or root.data is None
-            or idx.type.rank != 1 or idx.type.size < 2):
+            or root.nbytes != idx.nbytes or idx.type.rank != 1 or idx.type.size < 2):
         return None
     axis = ins.node.attr_values()["axis"]
     axis = axis + x.type.rank if axis < 0 else axis

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...errors import InputError
 from ...lir.control import jumps
-from ...lir.ir import Instr, Program
+from ...lir.ir import Instr, Program, dynamic_views
 from ...reference import run_node
 from ..base import ContextPool, aligned_bytes, region_view
 
@@ -22,7 +22,9 @@ class _Context:
         self.regions = {"constant": constant,
                         "mutable": aligned_bytes(prog.region_sizes["mutable"]),
                         "activation": aligned_bytes(prog.region_sizes["activation"])}
-        self.steps = [(ins, [self.view(b) if b is not None else None for _, b in ins.operands])
+        # A loop's slice of a tensor (ir.SliceView) moves with the loop counter: its view is
+        # made again each time (a function in the list).
+        self.steps = [(ins, [None if b is None else self._place(b) for _, b in ins.operands])
                       for ins in prog.instrs if ins.kind not in (Instr.ALLOC, Instr.DEALLOC, Instr.VIEW)]
         # Control flow (ir.Instr.CONTROL): where a marker jumps when it does not fall
         # through (lir/control.py), in this list's indices.
@@ -30,6 +32,9 @@ class _Context:
 
     def view(self, buf) -> np.ndarray:
         return region_view(self.regions, buf)
+
+    def _place(self, buf):
+        return (lambda: self.view(buf)) if dynamic_views(buf) else self.view(buf)
 
 
 class LirRunner:
@@ -55,6 +60,7 @@ class LirRunner:
         while pc < len(steps):
             ins, views = steps[pc]
             pc += 1
+            views = [v() if callable(v) else v for v in views]
             if ins.kind in Instr.CONTROL:
                 if not _falls_through(ins.kind, views):
                     pc = jumps_[pc - 1]
