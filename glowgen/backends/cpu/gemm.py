@@ -58,9 +58,10 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     not the tile's NR (packing.gemv_panel_width: a matrix-vector product's wide tiles).
 
     With a `split` (parallel.py), only a share of the tiles: of B's whole panels (the last
-    task also takes the ragged last panel; B must be packed, `ldb=None`, so that every row
-    block uses one panel width), or with `split_rows`, of A's whole blocks of MR rows (the
-    last task also takes the rows that do not fill a block).  gemm_items counts them.
+    task also takes the ragged last panel; with B row-major, the rows past the last whole
+    block of MR are tiles of another width, whose panels are shared out apart), or with
+    `split_rows`, of A's whole blocks of MR rows (the last task also takes the rows that do
+    not fill a block).  gemm_items counts them.
     With `b_table = (offsets, oh, ow, pitch)`, B is never built: its columns are the pixels
     of an oh x ow image, and B[k][oy * ow + ox] is bmat[offsets[k] + oy * pitch + ox]
     (offsets: a constant i32 array of K; a convolution's padded input planes, read in
@@ -139,7 +140,6 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 vstore(b, v, out, vw, col_valid if col_valid < vw else None)
 
     by_panels = not split.whole and not split_rows
-    assert not (by_panels and ldb is not None), "a split by panels needs B packed"
     assert not (split_rows and not split.whole and pack_panel is not None), "panel by panel splits by panels"
 
     def panels(n_full: int, n_tail: int, full, tail):
