@@ -162,9 +162,13 @@ class ModuleBuilder:
         b.ret(b.call(io_fn, list(entry.args[:3]) + [first] + pool))
 
     def _serial_parallel_for(self) -> ir.Function:
-        """The parallel_for of a caller that gives none: every task in order, here."""
+        """The parallel_for of a caller that gives none: every task in order, here.  Never
+        inlined: LLVM would then inline the small tasks it calls into the entry for this
+        serial path alone (ResNet-50's entry grew to 35,000 lines of IR, a third more
+        compile time, when phases made several tasks small)."""
         fn = ir.Function(self.module, PARALLEL_FOR_TYPE, name=f"{self.name}_serial_for")
         fn.linkage = "internal"
+        fn.attributes.add("noinline")
         _, n, task, env = fn.args
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         with for_range(b, n, name="task") as i:
@@ -351,16 +355,16 @@ class ModuleBuilder:
         else:
             self._emit_single(b, step.instrs[0], ptr, split, phase=phase)
         b.ret_void()
-        return self._shared_twin(fn, step)
+        return self._shared_twin(fn, step, phase)
 
-    def _shared_twin(self, fn: ir.Function, step: Step) -> ir.Function:
+    def _shared_twin(self, fn: ir.Function, step: Step, phase=None) -> ir.Function:
         """An earlier step function with the same code as `fn` (up to names), which then
         replaces it; else `fn`.  Repeated blocks (ResNet-50's 16 bottlenecks are 12 distinct
         ones) compute the same thing on other buffers, and their pointers are arguments:
         compiling each once halves the LLVM module and its optimization time.  Quantized
         types carry their scales, so int8 products of other scales are never twins: shared,
         they are no longer inlined into the entry, and int8 ResNet-18 ran 5% slower so."""
-        key = (str(fn.function_type), tuple(str(a.attributes) for a in fn.args),
+        key = (phase, str(fn.function_type), tuple(str(a.attributes) for a in fn.args),
                tuple((ins.kind, tuple(buf.type if buf is not None else None for _, buf in ins.operands))
                      for ins in step.instrs))
         candidates = self._twins.setdefault(key, [])
