@@ -17,27 +17,27 @@ def fn_pool_out(i, k, p0, p1, s, d, ceil_mode):
 
 
 def fn_rnn_directions(direction):
-    """rnn_directions(direction) = 2 if direction == "bidirectional" else 1  (specs/ops.glowdef:1243:1)"""
+    """rnn_directions(direction) = 2 if direction == "bidirectional" else 1  (specs/ops.glowdef:1245:1)"""
     return (2 if rt.eq(direction, 'bidirectional') else 1)
 
 
 def fn_per_row(p, s):
-    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1347:1)"""
+    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1349:1)"""
     return sl.quant.param_along(p, s[rt.neg(2)], rt.sub(rt.b_len(s), 2), rt.b_len(s))
 
 
 def fn_per_column(p, s):
-    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1348:1)"""
+    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1350:1)"""
     return sl.quant.param_along(p, s[rt.neg(1)], rt.sub(rt.b_len(s), 1), rt.b_len(s))
 
 
 def fn_per_filter(p, s):
-    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1349:1)"""
+    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1351:1)"""
     return sl.quant.param_along(p, s[0], 0, rt.b_len(s))
 
 
 def fn_per_out_channel(p, m, rank):
-    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1350:1)"""
+    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1352:1)"""
     return sl.quant.param_along(p, m, 1, rank)
 
 
@@ -71,6 +71,11 @@ def fn_rnn_reverses(direction, d):
     return (rt.eq(direction, 'reverse') or rt.eq(d, 1))
 
 
+def fn_picks_elements(r):
+    """picks_elements(r) = (r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")  (specs/lowerings.glowdef:1312:1)"""
+    return (rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize'))
+
+
 def fn_int8_depthwise(x, w, c):
-    """int8_depthwise(x, w, c) = (((c.group == x.shape[1]) and (w.shape[0] == c.group)) and (max(c.strides) <= 2)) and (max(c.dilations) <= 4)  (specs/lowerings.glowdef:1410:1)"""
+    """int8_depthwise(x, w, c) = (((c.group == x.shape[1]) and (w.shape[0] == c.group)) and (max(c.strides) <= 2)) and (max(c.dilations) <= 4)  (specs/lowerings.glowdef:1435:1)"""
     return (((rt.eq(c.group, x.shape[1]) and rt.eq(w.shape[0], c.group)) and rt.le(rt.b_max(c.strides), 2)) and rt.le(rt.b_max(c.dilations), 4))

@@ -216,6 +216,15 @@ def build_broadcast_scales(_b, ws, n):
 
 
 
+def build_saturated_as_rescaled(_b, y, r):
+    """= Min(above, scalar(hi, i8)) if hi < 127 else above"""
+    lo = sl.quant.rescaled_value(rt.neg(128), r.in_scale, r.in_offset, r.scale, r.offset)
+    hi = sl.quant.rescaled_value(127, r.in_scale, r.in_offset, r.scale, r.offset)
+    above = (_b.op('Max', [y, _b.scalar(lo, 'i8')], {}) if rt.gt(lo, rt.neg(128)) else y)
+    return (_b.op('Min', [above, _b.scalar(hi, 'i8')], {}) if rt.lt(hi, 127) else above)
+
+
+
 def build_quantized_conv_in_float_of(_b, x, w, ws, b, c):
     """= Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), scale = c.scale, offset = c.offset)"""
     m = w.shape[0]
@@ -2519,13 +2528,13 @@ def _r151_dequantize_linear_of_maxpool_build(_b, _m):
 
 
 def _r152_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
-    'where (((r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")) and is_splat(s)) and (not defined(z) or is_splat(z))'
+    """where (picks_elements(r) and is_splat(s)) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
     x = _m['x']
     s = _m['s']
     z = _m['z']
-    return bool(((((rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize')) and rt.b_is_splat(s)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
+    return bool((((fn_picks_elements(r) and rt.b_is_splat(s)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
 def _r152_dequantize_linear_of_nearest_resize_build(_b, _m):
     """=> Resize(DequantizeLinear(x, s, z, ...d), ...r)"""
@@ -2646,14 +2655,14 @@ def _r159_rescale_into_quantized_conv_guard(_m, _ctx):
     return bool((rt.eq(_ctx.uses(c), 1)))
 
 def _r159_rescale_into_quantized_conv_build(_b, _m):
-    """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
+    """=> saturated_as_rescaled(QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset), r)"""
     r = _m['r']
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return rt.results(_b.op('QuantizedConv', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    return rt.results(build_saturated_as_rescaled(_b, _b.op('QuantizedConv', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}), r))
 
 
 
@@ -2668,14 +2677,14 @@ def _r160_rescale_into_quantized_matmul_guard(_m, _ctx):
     return bool((rt.eq(_ctx.uses(m), 1)))
 
 def _r160_rescale_into_quantized_matmul_build(_b, _m):
-    """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
+    """=> saturated_as_rescaled(QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset), r)"""
     r = _m['r']
     m = _m['m']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return rt.results(_b.op('QuantizedMatMul', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset}))
+    return rt.results(build_saturated_as_rescaled(_b, _b.op('QuantizedMatMul', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset}), r))
 
 
 
@@ -2742,7 +2751,39 @@ def _r167_gather_of_dequantized_build(_b, _m):
 
 
 
-def _r168_rescale_through_max_guard(_m, _ctx):
+def _r168_resize_of_dequantized_guard(_m, _ctx):
+    """where picks_elements(r)"""
+    r = _m['r']
+    d = _m['d']
+    x = _m['x']
+    return bool((fn_picks_elements(r)))
+
+def _r168_resize_of_dequantized_build(_b, _m):
+    """=> Dequantize(Resize(x, ...r), ...d)"""
+    r = _m['r']
+    d = _m['d']
+    x = _m['x']
+    return rt.results(_b.op('Dequantize', [_b.op('Resize', [x], {'axes': r.axes, 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
+
+
+
+def _r169_quantize_of_concat_guard(_m, _ctx):
+    """where uses(c) == 1"""
+    q = _m['q']
+    c = _m['c']
+    xs = _m['xs']
+    return bool((rt.eq(_ctx.uses(c), 1)))
+
+def _r169_quantize_of_concat_build(_b, _m):
+    """=> Concat(*each_like(q, xs), axis = c.axis)"""
+    q = _m['q']
+    c = _m['c']
+    xs = _m['xs']
+    return rt.results(_b.op('Concat', [(*_b.each_like(q, xs),)], {'axis': c.axis}))
+
+
+
+def _r170_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2750,7 +2791,7 @@ def _r168_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r168_rescale_through_max_build(_b, _m):
+def _r170_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2760,14 +2801,14 @@ def _r168_rescale_through_max_build(_b, _m):
 
 
 
-def _r169_rescale_through_maxpool_guard(_m, _ctx):
+def _r171_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r169_rescale_through_maxpool_build(_b, _m):
+def _r171_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2776,14 +2817,30 @@ def _r169_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r170_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r172_rescale_through_resize_guard(_m, _ctx):
+    """where picks_elements(z) and (uses(z) == 1)"""
+    r = _m['r']
+    z = _m['z']
+    x = _m['x']
+    return bool(((fn_picks_elements(z) and rt.eq(_ctx.uses(z), 1))))
+
+def _r172_rescale_through_resize_build(_b, _m):
+    """=> Resize(Rescale(x, ...r), ...z)"""
+    r = _m['r']
+    z = _m['z']
+    x = _m['x']
+    return rt.results(_b.op('Resize', [_b.op('Rescale', [x], {'in_scale': r.in_scale, 'in_offset': r.in_offset, 'scale': r.scale, 'offset': r.offset})], {'axes': z.axes, 'sizes': z.sizes, 'scales': z.scales, 'roi': z.roi, 'mode': z.mode, 'coordinate_transformation_mode': z.coordinate_transformation_mode, 'nearest_mode': z.nearest_mode, 'cubic_coeff_a': z.cubic_coeff_a, 'exclude_outside': z.exclude_outside, 'extrapolation_value': z.extrapolation_value, 'antialias': z.antialias}))
+
+
+
+def _r173_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
 
-def _r170_quantize_of_clip_within_range_build(_b, _m):
+def _r173_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2792,13 +2849,13 @@ def _r170_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r171_max_with_floor_remove_guard(_m, _ctx):
+def _r174_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r171_max_with_floor_remove_build(_b, _m):
+def _r174_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2806,7 +2863,7 @@ def _r171_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r172_quantized_conv_in_float_build(_b, _m):
+def _r175_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2817,7 +2874,7 @@ def _r172_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r173_quantized_grouped_conv_in_float_guard(_m, _ctx):
+def _r176_quantized_grouped_conv_in_float_guard(_m, _ctx):
     """where (c.group > 1) and not int8_depthwise(x, w, c)"""
     c = _m['c']
     x = _m['x']
@@ -2826,7 +2883,7 @@ def _r173_quantized_grouped_conv_in_float_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.gt(c.group, 1) and (not fn_int8_depthwise(x, w, c)))))
 
-def _r173_quantized_grouped_conv_in_float_build(_b, _m):
+def _r176_quantized_grouped_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2837,7 +2894,7 @@ def _r173_quantized_grouped_conv_in_float_build(_b, _m):
 
 
 
-def _r174_quantized_matmul_in_float_build(_b, _m):
+def _r177_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -3001,27 +3058,30 @@ RULES = (
     RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r149_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r149_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1284:1'),
     RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r150_qgemm_between_quantized_guard, build=_r150_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1294:1'),
     RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r151_dequantize_linear_of_maxpool_guard, build=_r151_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1307:1'),
-    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r152_dequantize_linear_of_nearest_resize_guard, build=_r152_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1312:1'),
-    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r153_dequantize_linear_of_flatten_guard, build=_r153_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1318:1'),
-    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r154_dequantize_linear_of_reshape_guard, build=_r154_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1322:1'),
-    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r155_dequantize_linear_of_transpose_guard, build=_r155_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1326:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r156_quantize_dequantize_same_guard, build=_r156_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1331:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r157_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1334:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r158_rescale_same_guard, build=_r158_rescale_same_build, location='specs/lowerings.glowdef:1338:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r159_rescale_into_quantized_conv_guard, build=_r159_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1342:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r160_rescale_into_quantized_matmul_guard, build=_r160_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1346:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r161_relu_of_dequantized_build, location='specs/lowerings.glowdef:1352:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r162_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1355:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r163_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1358:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r164_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1361:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r165_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1364:1'),
-    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r166_slice_of_dequantized_build, location='specs/lowerings.glowdef:1367:1'),
-    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r167_gather_of_dequantized_build, location='specs/lowerings.glowdef:1370:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r168_rescale_through_max_guard, build=_r168_rescale_through_max_build, location='specs/lowerings.glowdef:1375:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r169_rescale_through_maxpool_guard, build=_r169_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1379:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r170_quantize_of_clip_within_range_guard, build=_r170_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1384:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r171_max_with_floor_remove_guard, build=_r171_max_with_floor_remove_build, location='specs/lowerings.glowdef:1390:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r172_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1404:1'),
-    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r173_quantized_grouped_conv_in_float_guard, build=_r173_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1413:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r174_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1417:1'),
+    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r152_dequantize_linear_of_nearest_resize_guard, build=_r152_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1314:1'),
+    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r153_dequantize_linear_of_flatten_guard, build=_r153_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1319:1'),
+    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r154_dequantize_linear_of_reshape_guard, build=_r154_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1323:1'),
+    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r155_dequantize_linear_of_transpose_guard, build=_r155_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1327:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r156_quantize_dequantize_same_guard, build=_r156_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1332:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r157_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1335:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r158_rescale_same_guard, build=_r158_rescale_same_build, location='specs/lowerings.glowdef:1339:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r159_rescale_into_quantized_conv_guard, build=_r159_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1352:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r160_rescale_into_quantized_matmul_guard, build=_r160_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1356:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r161_relu_of_dequantized_build, location='specs/lowerings.glowdef:1362:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r162_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1365:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r163_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1368:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r164_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1371:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r165_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1374:1'),
+    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r166_slice_of_dequantized_build, location='specs/lowerings.glowdef:1377:1'),
+    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r167_gather_of_dequantized_build, location='specs/lowerings.glowdef:1380:1'),
+    RuleInfo(name='resize_of_dequantized', phases=('quantize',), pattern=P('Resize', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=_r168_resize_of_dequantized_guard, build=_r168_resize_of_dequantized_build, location='specs/lowerings.glowdef:1384:1'),
+    RuleInfo(name='quantize_of_concat', phases=('quantize',), pattern=P('Quantize', (P('Concat', (R('xs'),), bind='c'),), bind='q'), size=2, guard=_r169_quantize_of_concat_guard, build=_r169_quantize_of_concat_build, location='specs/lowerings.glowdef:1391:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r170_rescale_through_max_guard, build=_r170_rescale_through_max_build, location='specs/lowerings.glowdef:1396:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r171_rescale_through_maxpool_guard, build=_r171_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1400:1'),
+    RuleInfo(name='rescale_through_resize', phases=('quantize',), pattern=P('Rescale', (P('Resize', (V('x'),), bind='z'),), bind='r'), size=2, guard=_r172_rescale_through_resize_guard, build=_r172_rescale_through_resize_build, location='specs/lowerings.glowdef:1404:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r173_quantize_of_clip_within_range_guard, build=_r173_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1409:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r174_max_with_floor_remove_guard, build=_r174_max_with_floor_remove_build, location='specs/lowerings.glowdef:1415:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r175_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1429:1'),
+    RuleInfo(name='quantized_grouped_conv_in_float', phases=('legalize',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=_r176_quantized_grouped_conv_in_float_guard, build=_r176_quantized_grouped_conv_in_float_build, location='specs/lowerings.glowdef:1438:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r177_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1442:1'),
 )
