@@ -897,7 +897,7 @@ _QOPERATOR_CASES = {
 }
 CASES.update(_QOPERATOR_CASES)
 
-# ---- int8 through concatenations and nearest resizes (own generator)
+# ---- int8 through concatenations and nearest resizes; QLinearSoftmax (own generator)
 _qcrng = np.random.default_rng(1415)
 _QCAT_A, _QCAT_B = (_qcrng.integers(-128, 128, shape).astype(np.int8) for shape in ((2, 3), (2, 2)))
 _QUP_X = _qcrng.integers(-128, 128, (1, 2, 2, 3)).astype(np.int8)
@@ -937,6 +937,15 @@ CASES.update({
         "i8[1, 2, 2, 2] q(0.04, 0)\n"), {"x": _QCX},
         lambda f: {"y": _rescale(_q8(_qconv_float(f["x"]), 0.05, 2), 0.05, 2, 0.04, 0)}),
         rtol=0.0, atol=1),
+    "qlinear_softmax_to_float": _ms_case(
+        [("QLinearSoftmax", ["x", "s", "z", "ys", "yz"], {"opset": 13, "axis": -1}, _MS)],
+        {"x": _qcrng.integers(-128, 128, (2, 6)).astype(np.int8)},
+        dict(_QOP_PARAMS_I8, ys=np.float32(1 / 256), yz=np.int8(-128)), (2, 6), out_dtype=TensorProto.INT8),
+    # Before opset 13: the softmax of x seen as 2-D from axis on.
+    "qlinear_softmax_to_float.flat": _ms_case(
+        [("QLinearSoftmax", ["x", "s", "z", "ys", "yz"], {"opset": 12, "axis": 1}, _MS)],
+        {"x": _qcrng.integers(0, 256, (2, 3, 4)).astype(np.uint8)},
+        dict(_QOP_PARAMS, ys=np.float32(1 / 256), yz=np.uint8(0)), (2, 3, 4)),
 })
 
 HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"

@@ -72,10 +72,10 @@ def fn_rnn_reverses(direction, d):
 
 
 def fn_picks_elements(r):
-    """picks_elements(r) = (r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")  (specs/lowerings.glowdef:1312:1)"""
+    """picks_elements(r) = (r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")  (specs/lowerings.glowdef:1318:1)"""
     return (rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize'))
 
 
 def fn_int8_depthwise(x, w, c):
-    """int8_depthwise(x, w, c) = (((c.group == x.shape[1]) and (w.shape[0] == c.group)) and (max(c.strides) <= 2)) and (max(c.dilations) <= 4)  (specs/lowerings.glowdef:1435:1)"""
+    """int8_depthwise(x, w, c) = (((c.group == x.shape[1]) and (w.shape[0] == c.group)) and (max(c.strides) <= 2)) and (max(c.dilations) <= 4)  (specs/lowerings.glowdef:1441:1)"""
     return (((rt.eq(c.group, x.shape[1]) and rt.eq(w.shape[0], c.group)) and rt.le(rt.b_max(c.strides), 2)) and rt.le(rt.b_max(c.dilations), 4))

@@ -2123,17 +2123,28 @@ def _QLinearLeakyRelu_0(o):
 _QLinearLeakyRelu_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearLeakyRelu', op='QLinearLeakyRelu', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearLeakyRelu_0, consumed=('alpha',), location='specs/ops.glowdef:1534:3', guard=None)
 
 
-def _QLinearGlobalAveragePool_0(o):
-    """ONNX com.microsoft.QLinearGlobalAveragePool -> QLinearGlobalAveragePool (specs/ops.glowdef:1547:3)."""
+def _QLinearSoftmax_0(o):
+    """ONNX com.microsoft.QLinearSoftmax -> QLinearSoftmax (specs/ops.glowdef:1542:3)."""
     attrs = {}
-    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1549:5')
+    o.check(rt.b_defined(o.attr('opset', None)), 'the attribute opset (the opset of the Softmax it follows) is missing; onnxruntime requires it', 'specs/ops.glowdef:1544:5')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1545:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    attrs['flat'] = o.evaluating('flat', 'specs/ops.glowdef:1546:5', lambda: (1 if rt.lt(o.attr('opset', None), 13) else 0))
     return attrs
 
-_QLinearGlobalAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearGlobalAveragePool', op='QLinearGlobalAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearGlobalAveragePool_0, consumed=('channels_last',), location='specs/ops.glowdef:1547:3', guard=None)
+_QLinearSoftmax_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearSoftmax', op='QLinearSoftmax', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('X_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearSoftmax_0, consumed=('axis', 'opset'), location='specs/ops.glowdef:1542:3', guard=None)
+
+
+def _QLinearGlobalAveragePool_0(o):
+    """ONNX com.microsoft.QLinearGlobalAveragePool -> QLinearGlobalAveragePool (specs/ops.glowdef:1558:3)."""
+    attrs = {}
+    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1560:5')
+    return attrs
+
+_QLinearGlobalAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearGlobalAveragePool', op='QLinearGlobalAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearGlobalAveragePool_0, consumed=('channels_last',), location='specs/ops.glowdef:1558:3', guard=None)
 
 
 def _QLinearAveragePool_0(o):
-    """ONNX com.microsoft.QLinearAveragePool -> QLinearAveragePool (specs/ops.glowdef:1567:3)."""
+    """ONNX com.microsoft.QLinearAveragePool -> QLinearAveragePool (specs/ops.glowdef:1578:3)."""
     attrs = {}
     if o.has_attr('ceil_mode'):
         attrs['ceil_mode'] = o.attr('ceil_mode')
@@ -2145,30 +2156,30 @@ def _QLinearAveragePool_0(o):
         attrs['count_include_pad'] = o.attr('count_include_pad')
     else:
         attrs['count_include_pad'] = 0
-    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1569:5')
-    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (NCHW operands) is supported', 'specs/ops.glowdef:1570:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1571:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1572:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1580:5')
+    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (NCHW operands) is supported', 'specs/ops.glowdef:1581:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1582:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1583:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_QLinearAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAveragePool', op='QLinearAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearAveragePool_0, consumed=('auto_pad', 'ceil_mode', 'channels_last', 'count_include_pad', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1567:3', guard=None)
+_QLinearAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAveragePool', op='QLinearAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearAveragePool_0, consumed=('auto_pad', 'ceil_mode', 'channels_last', 'count_include_pad', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1578:3', guard=None)
 
 
 def _QLinearConcat_0(o):
-    """ONNX com.microsoft.QLinearConcat -> QLinearConcat (specs/ops.glowdef:1587:3)."""
+    """ONNX com.microsoft.QLinearConcat -> QLinearConcat (specs/ops.glowdef:1598:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1589:5', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1590:5', lambda: sl.quant.items_every(o.input('inputs'), 1, 3))
-    attrs['zero_points'] = o.evaluating('zero_points', 'specs/ops.glowdef:1591:5', lambda: sl.quant.items_every(o.input('inputs'), 2, 3))
-    attrs['y_scale'] = o.evaluating('y_scale', 'specs/ops.glowdef:1592:5', lambda: rt.b_item(o.input('Y_scale').value))
-    attrs['y_zero_point'] = o.evaluating('y_zero_point', 'specs/ops.glowdef:1593:5', lambda: rt.b_item(o.input('Y_zero_point').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1600:5', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1601:5', lambda: sl.quant.items_every(o.input('inputs'), 1, 3))
+    attrs['zero_points'] = o.evaluating('zero_points', 'specs/ops.glowdef:1602:5', lambda: sl.quant.items_every(o.input('inputs'), 2, 3))
+    attrs['y_scale'] = o.evaluating('y_scale', 'specs/ops.glowdef:1603:5', lambda: rt.b_item(o.input('Y_scale').value))
+    attrs['y_zero_point'] = o.evaluating('y_zero_point', 'specs/ops.glowdef:1604:5', lambda: rt.b_item(o.input('Y_zero_point').value))
     return attrs
 
-_QLinearConcat_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearConcat', op='QLinearConcat', since=None, until=None, inputs=(('Y_scale', 'single'), ('Y_zero_point', 'single'), ('inputs', 'variadic')), operands=(), strided=(('inputs', 0, 0, 3),), attributes=_QLinearConcat_0, consumed=('axis',), location='specs/ops.glowdef:1587:3', guard=None)
+_QLinearConcat_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearConcat', op='QLinearConcat', since=None, until=None, inputs=(('Y_scale', 'single'), ('Y_zero_point', 'single'), ('inputs', 'variadic')), operands=(), strided=(('inputs', 0, 0, 3),), attributes=_QLinearConcat_0, consumed=('axis',), location='specs/ops.glowdef:1598:3', guard=None)
 
 
 def _QGemm_0(o):
-    """ONNX com.microsoft.QGemm -> QGemm (specs/ops.glowdef:1622:3)."""
+    """ONNX com.microsoft.QGemm -> QGemm (specs/ops.glowdef:1633:3)."""
     attrs = {}
     if o.has_attr('transB'):
         attrs['transB'] = o.attr('transB')
@@ -2182,17 +2193,17 @@ def _QGemm_0(o):
         attrs['transA'] = o.attr('transA')
     else:
         attrs['transA'] = 0
-    o.check(o.input('y_zero_point').present, 'a QGemm with y_scale but no y_zero_point is not supported; give it a zero point', 'specs/ops.glowdef:1625:5')
+    o.check(o.input('y_zero_point').present, 'a QGemm with y_scale but no y_zero_point is not supported; give it a zero point', 'specs/ops.glowdef:1636:5')
     return attrs
 
 def _QGemm_0_guard(o):
     return bool(o.input('y_scale').present)
 
-_QGemm_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemm', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 8), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QGemm_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1622:3', guard=_QGemm_0_guard)
+_QGemm_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemm', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 8), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QGemm_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1633:3', guard=_QGemm_0_guard)
 
 
 def _QGemmToFloat_0(o):
-    """ONNX com.microsoft.QGemm -> QGemmToFloat (specs/ops.glowdef:1642:3)."""
+    """ONNX com.microsoft.QGemm -> QGemmToFloat (specs/ops.glowdef:1653:3)."""
     attrs = {}
     if o.has_attr('transB'):
         attrs['transB'] = o.attr('transB')
@@ -2206,17 +2217,17 @@ def _QGemmToFloat_0(o):
         attrs['transA'] = o.attr('transA')
     else:
         attrs['transA'] = 0
-    o.check((not o.input('y_zero_point').present), 'a QGemm with y_zero_point but no y_scale is not supported; give it a scale', 'specs/ops.glowdef:1645:5')
+    o.check((not o.input('y_zero_point').present), 'a QGemm with y_zero_point but no y_scale is not supported; give it a scale', 'specs/ops.glowdef:1656:5')
     return attrs
 
 def _QGemmToFloat_0_guard(o):
     return bool((not o.input('y_scale').present))
 
-_QGemmToFloat_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemmToFloat', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 6)), attributes=_QGemmToFloat_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1642:3', guard=_QGemmToFloat_0_guard)
+_QGemmToFloat_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemmToFloat', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 6)), attributes=_QGemmToFloat_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1653:3', guard=_QGemmToFloat_0_guard)
 
 
 def _DFT_0(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1727:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1738:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2227,15 +2238,15 @@ def _DFT_0(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1730:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1731:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1741:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1742:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1727:3', guard=None)
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1738:3', guard=None)
 
 
 def _DFT_1(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1733:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1744:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2246,36 +2257,36 @@ def _DFT_1(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1736:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1737:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1747:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1748:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1733:3', guard=None)
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1744:3', guard=None)
 
 
 def _Compress_0(o):
-    """ONNX Compress -> Compress (specs/ops.glowdef:1750:3)."""
+    """ONNX Compress -> Compress (specs/ops.glowdef:1761:3)."""
     attrs = {}
-    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1752:5', lambda: sl.shapes.true_positions(o.input('condition').value))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1753:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
-    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1754:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1763:5', lambda: sl.shapes.true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1764:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1765:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
     return attrs
 
-_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1750:3', guard=None)
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1761:3', guard=None)
 
 
 def _STFT_0(o):
-    """ONNX STFT -> STFT (specs/ops.glowdef:1768:3)."""
+    """ONNX STFT -> STFT (specs/ops.glowdef:1779:3)."""
     attrs = {}
     if o.has_attr('onesided'):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 1
-    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1770:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
-    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1771:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1781:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1782:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
     return attrs
 
-_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1768:3', guard=None)
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1779:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,
@@ -2451,6 +2462,7 @@ CLAUSES = (
     _QLinearMul_0_clause,
     _QLinearSigmoid_0_clause,
     _QLinearLeakyRelu_0_clause,
+    _QLinearSoftmax_0_clause,
     _QLinearGlobalAveragePool_0_clause,
     _QLinearAveragePool_0_clause,
     _QLinearConcat_0_clause,

@@ -8164,6 +8164,94 @@ class QLinearLeakyRelu(Node):
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearSoftmax(Node):
+    """com.microsoft QLinearSoftmax: the softmax along `axis` of the dequantized x (with `flat`, of x seen as 2-D [prod(S[:axis]), prod(S[axis:])], as ONNX Softmax before opset 13), quantized with y_scale and y_zero_point.
+    
+    Operands:
+        x: Tensor[Q8, *S]
+        x_scale: Tensor[f32, *XS]
+        y_scale: Tensor[f32, *YS]
+        x_zero_point: Tensor[Q8, *XZ]?
+        y_zero_point: Tensor[Q8, *YZ]?
+    Results:
+        y: Tensor[Q8, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        flat: int = 0 where (flat == 0) or (flat == 1)
+    Declared at specs/ops.glowdef:1539:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearSoftmax'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('x_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('x_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('flat', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1539:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    flat: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[Q8, *S]"""
+        return self.inputs[0]
+
+    @property
+    def x_scale(self):
+        """Operand x_scale: Tensor[f32, *XS]"""
+        return self.inputs[1]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[f32, *YS]"""
+        return self.inputs[2]
+
+    @property
+    def x_zero_point(self):
+        """Operand x_zero_point: Tensor[Q8, *XZ]?"""
+        return self.inputs[3]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8, *YZ]?"""
+        return self.inputs[4]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node='', axis=None, flat=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearSoftmax', _node)
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1492:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1492:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1492:26')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1492:26')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1492:53')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1492:53')
+        if x_zero_point is not None:
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1493:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1493:7')
+        if y_zero_point is not None:
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1493:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1493:39')
+        S = u.dim('S')
+        XS = u.dim('XS')
+        XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
+        YS = u.dim('YS')
+        YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'QLinearSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1540:3')
+        rt.check((rt.eq(flat, 0) or rt.eq(flat, 1)), 'QLinearSoftmax', _node, f'attribute flat must satisfy (flat == 0) or (flat == 1), got {flat!r}', 'specs/ops.glowdef:1541:3')
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearSoftmax', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1494:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearSoftmax', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1495:3')
+        return (rt.result_type('QLinearSoftmax', _node, Q8, (*S,), 'specs/ops.glowdef:1497:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
 class QLinearGlobalAveragePool(Node):
     """com.microsoft QLinearGlobalAveragePool: the mean over the spatial dimensions (NC...) of the dequantized x, quantized with y_scale and y_zero_point.
     
@@ -8175,7 +8263,7 @@ class QLinearGlobalAveragePool(Node):
         y_zero_point: Tensor[Q8, *YZ]?
     Results:
         y: Tensor[Q8, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:1539:1.
+    Declared at specs/ops.glowdef:1550:1.
     """
 
     OP: ClassVar[str] = 'QLinearGlobalAveragePool'
@@ -8184,7 +8272,7 @@ class QLinearGlobalAveragePool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1539:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1550:1'
 
 
     @property
@@ -8221,18 +8309,18 @@ class QLinearGlobalAveragePool(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearGlobalAveragePool', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1541:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1541:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1541:32')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1541:32')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1541:59')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1541:59')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1552:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1552:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1552:32')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1552:32')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1552:59')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1552:59')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1542:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1542:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1553:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1553:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1542:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1542:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1553:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1553:39')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
@@ -8241,9 +8329,9 @@ class QLinearGlobalAveragePool(Node):
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearGlobalAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1543:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearGlobalAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1544:3')
-        return (rt.result_type('QLinearGlobalAveragePool', _node, Q8, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:1546:7'), )
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearGlobalAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1554:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearGlobalAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1555:3')
+        return (rt.result_type('QLinearGlobalAveragePool', _node, Q8, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:1557:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8264,7 +8352,7 @@ class QLinearAveragePool(Node):
         pads: ints[4] = [0, 0, 0, 0] where all(pads >= 0)
         ceil_mode: int = 0
         count_include_pad: int = 0
-    Declared at specs/ops.glowdef:1553:1.
+    Declared at specs/ops.glowdef:1564:1.
     """
 
     OP: ClassVar[str] = 'QLinearAveragePool'
@@ -8273,7 +8361,7 @@ class QLinearAveragePool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1553:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1564:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -8315,18 +8403,18 @@ class QLinearAveragePool(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearAveragePool', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1555:7')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1555:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1555:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1555:34')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1555:61')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1555:61')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1566:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1566:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1566:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1566:34')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1566:61')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1566:61')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1556:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1556:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1567:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1567:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1556:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1556:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1567:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1567:39')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
@@ -8336,15 +8424,15 @@ class QLinearAveragePool(Node):
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check(len(kernel) == 2, 'QLinearAveragePool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:1557:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'QLinearAveragePool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1557:3')
-        rt.check(len(strides) == 2, 'QLinearAveragePool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1558:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearAveragePool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1558:3')
-        rt.check(len(pads) == 4, 'QLinearAveragePool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1559:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearAveragePool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1559:3')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1562:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1563:3')
-        return (rt.result_type('QLinearAveragePool', _node, Q8, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:1565:9'), )
+        rt.check(len(kernel) == 2, 'QLinearAveragePool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:1568:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'QLinearAveragePool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1568:3')
+        rt.check(len(strides) == 2, 'QLinearAveragePool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1569:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearAveragePool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1569:3')
+        rt.check(len(pads) == 4, 'QLinearAveragePool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1570:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearAveragePool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1570:3')
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1573:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1574:3')
+        return (rt.result_type('QLinearAveragePool', _node, Q8, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:1576:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8361,7 +8449,7 @@ class QLinearConcat(Node):
         zero_points: ints
         y_scale: float
         y_zero_point: int
-    Declared at specs/ops.glowdef:1577:1.
+    Declared at specs/ops.glowdef:1588:1.
     """
 
     OP: ClassVar[str] = 'QLinearConcat'
@@ -8370,7 +8458,7 @@ class QLinearConcat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('zero_points', 'ints', None, False), AttrInfo('y_scale', 'float', None, False), AttrInfo('y_zero_point', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1577:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1588:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
@@ -8393,14 +8481,14 @@ class QLinearConcat(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConcat', _node)
         if len(xs) == 0:
-            rt.fail('QLinearConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1579:7')
+            rt.fail('QLinearConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1590:7')
         for _t in xs:
-            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1579:7')
+            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1590:7')
         S = tuple(_t.shape for _t in xs)
         Q8 = u.dtype('Q8')
-        rt.check(rt.ge(axis, 0), 'QLinearConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1580:3')
-        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'QLinearConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1585:3')
-        return (rt.result_type('QLinearConcat', _node, Q8, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1586:7'), )
+        rt.check(rt.ge(axis, 0), 'QLinearConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1591:3')
+        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'QLinearConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1596:3')
+        return (rt.result_type('QLinearConcat', _node, Q8, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1597:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8415,7 +8503,7 @@ class DequantizedConcat(Node):
         axis: int where axis >= 0
         scales: floats
         zero_points: ints
-    Declared at specs/ops.glowdef:1597:1.
+    Declared at specs/ops.glowdef:1608:1.
     """
 
     OP: ClassVar[str] = 'DequantizedConcat'
@@ -8424,7 +8512,7 @@ class DequantizedConcat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('zero_points', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1597:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1608:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
@@ -8445,14 +8533,14 @@ class DequantizedConcat(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizedConcat', _node)
         if len(xs) == 0:
-            rt.fail('DequantizedConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1599:7')
+            rt.fail('DequantizedConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1610:7')
         for _t in xs:
-            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1599:7')
+            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1610:7')
         S = tuple(_t.shape for _t in xs)
         Q8 = u.dtype('Q8')
-        rt.check(rt.ge(axis, 0), 'DequantizedConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1600:3')
-        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'DequantizedConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1603:3')
-        return (rt.result_type('DequantizedConcat', _node, 'f32', (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1604:7'), )
+        rt.check(rt.ge(axis, 0), 'DequantizedConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1611:3')
+        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'DequantizedConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1614:3')
+        return (rt.result_type('DequantizedConcat', _node, 'f32', (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1615:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8475,7 +8563,7 @@ class QGemm(Node):
         alpha: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:1607:1.
+    Declared at specs/ops.glowdef:1618:1.
     """
 
     OP: ClassVar[str] = 'QGemm'
@@ -8484,7 +8572,7 @@ class QGemm(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1607:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1618:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     transA: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -8544,25 +8632,25 @@ class QGemm(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, c=None, *, _node='', alpha=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QGemm', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1609:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1609:7')
-        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1609:30')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1609:30')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1609:57')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1609:57')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1610:7')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1610:7')
-        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1610:31')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1610:31')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1610:58')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1610:58')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1611:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1611:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1611:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1611:34')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1620:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1620:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1620:30')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1620:30')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1620:57')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1620:57')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1621:7')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1621:7')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1621:31')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1621:31')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1621:58')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1621:58')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1622:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1622:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1622:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1622:34')
         if c is not None:
-            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1611:66')
-            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1611:66')
+            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1622:66')
+            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1622:66')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -8577,10 +8665,10 @@ class QGemm(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1615:3')
-        rt.check((((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QGemm', _node, 'a_scale, a_zero_point, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1617:3')
-        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemm', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1619:3')
-        return (rt.result_type('QGemm', _node, Q8Y, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1621:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1626:3')
+        rt.check((((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QGemm', _node, 'a_scale, a_zero_point, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1628:3')
+        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemm', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1630:3')
+        return (rt.result_type('QGemm', _node, Q8Y, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1632:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8601,7 +8689,7 @@ class QGemmToFloat(Node):
         alpha: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:1629:1.
+    Declared at specs/ops.glowdef:1640:1.
     """
 
     OP: ClassVar[str] = 'QGemmToFloat'
@@ -8610,7 +8698,7 @@ class QGemmToFloat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1629:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1640:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     transA: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -8660,21 +8748,21 @@ class QGemmToFloat(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, *, _node='', alpha=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QGemmToFloat', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1631:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1631:7')
-        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1631:30')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1631:30')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1631:57')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1631:57')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1632:7')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1632:7')
-        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1632:31')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1632:31')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1632:58')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1632:58')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1642:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1642:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1642:30')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1642:30')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1642:57')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1642:57')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1643:7')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1643:7')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1643:31')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1643:31')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1643:58')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1643:58')
         if c is not None:
-            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1632:90')
-            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1632:90')
+            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1643:90')
+            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1643:90')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -8686,10 +8774,10 @@ class QGemmToFloat(Node):
         N1 = u.dim('N1')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemmToFloat', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1636:3')
-        rt.check((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)), 'QGemmToFloat', _node, 'a_scale and a_zero_point must hold one value', 'specs/ops.glowdef:1638:3')
-        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemmToFloat', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1639:3')
-        return (rt.result_type('QGemmToFloat', _node, 'f32', ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1641:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemmToFloat', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1647:3')
+        rt.check((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)), 'QGemmToFloat', _node, 'a_scale and a_zero_point must hold one value', 'specs/ops.glowdef:1649:3')
+        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemmToFloat', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1650:3')
+        return (rt.result_type('QGemmToFloat', _node, 'f32', ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1652:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8704,7 +8792,7 @@ class Quantize(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1657:1.
+    Declared at specs/ops.glowdef:1668:1.
     """
 
     OP: ClassVar[str] = 'Quantize'
@@ -8713,7 +8801,7 @@ class Quantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1657:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1668:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8732,12 +8820,12 @@ class Quantize(Node):
     def infer(x, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Quantize', _node)
-        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1660:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1660:7')
+        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1671:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1671:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1661:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1662:3')
-        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1663:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1672:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1673:3')
+        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1674:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8752,7 +8840,7 @@ class Dequantize(Node):
         in_scale: float
         in_offset: int
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:1666:1.
+    Declared at specs/ops.glowdef:1677:1.
     """
 
     OP: ClassVar[str] = 'Dequantize'
@@ -8761,7 +8849,7 @@ class Dequantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1666:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1677:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8780,11 +8868,11 @@ class Dequantize(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dequantize', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1669:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1669:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1680:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1680:7')
         S = u.dim('S')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1672:3')
-        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1673:7'), )
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1683:3')
+        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1684:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8801,7 +8889,7 @@ class Rescale(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1676:1.
+    Declared at specs/ops.glowdef:1687:1.
     """
 
     OP: ClassVar[str] = 'Rescale'
@@ -8810,7 +8898,7 @@ class Rescale(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1676:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1687:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8831,13 +8919,13 @@ class Rescale(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Rescale', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1679:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1679:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1690:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1690:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1682:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1683:3')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1684:3')
-        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1685:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1693:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1694:3')
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1695:3')
+        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1696:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8859,7 +8947,7 @@ class QuantizedConv(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1688:1.
+    Declared at specs/ops.glowdef:1699:1.
     """
 
     OP: ClassVar[str] = 'QuantizedConv'
@@ -8868,7 +8956,7 @@ class QuantizedConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1688:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1699:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -8906,14 +8994,14 @@ class QuantizedConv(Node):
     def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedConv', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1691:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1691:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1691:36')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1691:36')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1691:66')
-        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1691:66')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1691:91')
-        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1691:91')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1702:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1702:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1702:36')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1702:36')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1702:66')
+        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1702:66')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1702:91')
+        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1702:91')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -8922,19 +9010,19 @@ class QuantizedConv(Node):
         M = u.dim('M')
         N = u.dim('N')
         W = u.dim('W')
-        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1692:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1692:3')
-        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1693:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1693:3')
-        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1694:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1694:3')
-        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1695:3')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1696:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1697:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1698:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1699:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1700:3')
-        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1701:9'), )
+        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1703:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1703:3')
+        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1704:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1704:3')
+        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1705:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1705:3')
+        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1706:3')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1707:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1708:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1709:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1710:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1711:3')
+        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1712:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8952,7 +9040,7 @@ class QuantizedMatMul(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1705:1.
+    Declared at specs/ops.glowdef:1716:1.
     """
 
     OP: ClassVar[str] = 'QuantizedMatMul'
@@ -8961,7 +9049,7 @@ class QuantizedMatMul(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1705:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1716:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8995,21 +9083,21 @@ class QuantizedMatMul(Node):
     def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedMatMul', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1708:9')
-        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1708:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1708:31')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1708:31')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1708:52')
-        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1708:52')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1708:77')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1708:77')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1719:9')
+        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1719:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1719:31')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1719:31')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1719:52')
+        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1719:52')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1719:77')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1719:77')
         B = u.dim('B')
         K = u.dim('K')
         N = u.dim('N')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1709:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1710:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1711:3')
-        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1712:9'), )
+        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1720:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1721:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1722:3')
+        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1723:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9025,7 +9113,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1717:1.
+    Declared at specs/ops.glowdef:1728:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -9034,7 +9122,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1717:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1728:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9055,14 +9143,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1719:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1719:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1730:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1730:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1721:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1724:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1725:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1726:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1732:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1735:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1736:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1737:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9077,7 +9165,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1741:1.
+    Declared at specs/ops.glowdef:1752:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -9086,7 +9174,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1741:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1752:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -9106,13 +9194,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1743:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1743:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1754:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1754:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1747:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1748:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1749:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1758:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1759:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1760:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9128,7 +9216,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1758:1.
+    Declared at specs/ops.glowdef:1769:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -9137,7 +9225,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1758:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1769:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9162,22 +9250,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1760:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1760:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1771:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1771:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1760:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1760:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1771:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1771:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1761:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1762:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1764:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1765:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1766:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1767:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1772:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1773:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1775:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1776:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1777:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1778:7'), )
 
 
 OPS = {
@@ -9331,6 +9419,7 @@ OPS = {
     'QLinearMul': QLinearMul,
     'QLinearSigmoid': QLinearSigmoid,
     'QLinearLeakyRelu': QLinearLeakyRelu,
+    'QLinearSoftmax': QLinearSoftmax,
     'QLinearGlobalAveragePool': QLinearGlobalAveragePool,
     'QLinearAveragePool': QLinearAveragePool,
     'QLinearConcat': QLinearConcat,
