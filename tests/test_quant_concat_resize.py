@@ -179,3 +179,22 @@ def test_a_concatenation_of_differently_quantized_parts_is_refused():
             "  %y = Concat([%a, %b]) {axis = 1} : i8[2, 5] q(0.02, 5)\n  output \"y\" = %y\n}")
     with pytest.raises(GlowgenError, match="quantized operands must share their scale and offset"):
         parse_function(text, Registry.default())
+
+
+def test_quantize_static_det_fpn_keeps_its_feature_pyramid_int8(tmp_path):
+    """The bench set's det_fpn as onnxruntime's QDQ file: its six nearest upsamplings and its
+    concatenation of four levels (each of its own parameters) run on i8, every convolution
+    is an integer one, and the output agrees with onnxruntime's on the file within one step."""
+    from conftest import require_bench_dir
+    path = require_bench_dir() / "det_fpn.onnx"
+    samples = [{"input": rng.random((1, 3, 640, 640)).astype(np.float32)} for _ in range(3)]
+    ort_quantize_static(path, tmp_path / "q.onnx", samples[:2], "QDQ", "QUInt8")
+    qdq = onnx.load(tmp_path / "q.onnx")
+    fn = _optimized(qdq)
+    assert len(_int8_nodes(fn, "Concat")) == 1 and len(_int8_nodes(fn, "Resize")) == 6, _ops(fn)
+    assert _ops(fn).count("QuantizedConv") == 34 and "Conv" not in _ops(fn)
+    import onnxruntime as ort
+    sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+    got = glowgen.compile(qdq, backend="cpu").run(samples[2])["output"]
+    step = next(float(numpy_helper.to_array(t)) for t in qdq.graph.initializer if t.name == "output_scale")
+    assert np.abs(got - sess.run(None, samples[2])[0]).max() <= step * 1.0001

@@ -2005,114 +2005,114 @@ _RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=
 
 
 def _QuantizeLinear_0(o):
-    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1366:3)."""
+    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1368:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1368:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1369:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
-    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1370:5', lambda: (sl.shapes.onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.quant.float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1370:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1371:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
+    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1372:5', lambda: (sl.shapes.onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.quant.float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
     return attrs
 
-_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1366:3', guard=None)
+_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1368:3', guard=None)
 
 
 def _DequantizeLinear_0(o):
-    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1385:3)."""
+    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1389:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1387:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1388:5', lambda: (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1391:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1392:5', lambda: (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
     return attrs
 
-_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1385:3', guard=None)
+_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1389:3', guard=None)
 
 
 def _QLinearMatMul_0(o):
-    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1414:3)."""
+    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1418:3)."""
     attrs = {}
     return attrs
 
-_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1414:3', guard=None)
+_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1418:3', guard=None)
 
 
 def _MatMulInteger_0(o):
-    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1424:3)."""
+    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1428:3)."""
     attrs = {}
-    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1426:5')
+    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1430:5')
     return attrs
 
-_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1424:3', guard=None)
+_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1428:3', guard=None)
 
 
 def _ConvInteger_0(o):
-    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1443:3)."""
+    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1447:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1445:5')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1447:5')
+    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1449:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1451:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1450:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1451:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1452:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1454:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1455:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1456:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1443:3', guard=None)
+_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1447:3', guard=None)
 
 
 def _QLinearConv_0(o):
-    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1472:3)."""
+    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1476:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1475:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1479:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1478:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1479:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1480:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1482:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1483:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1484:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1472:3', guard=None)
+_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1476:3', guard=None)
 
 
 def _QLinearAdd_0(o):
-    """ONNX com.microsoft.QLinearAdd -> QLinearAdd (specs/ops.glowdef:1513:3)."""
+    """ONNX com.microsoft.QLinearAdd -> QLinearAdd (specs/ops.glowdef:1517:3)."""
     attrs = {}
     return attrs
 
-_QLinearAdd_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAdd', op='QLinearAdd', since=None, until=None, inputs=(('A', 'single'), ('A_scale', 'single'), ('A_zero_point', 'optional'), ('B', 'single'), ('B_scale', 'single'), ('B_zero_point', 'optional'), ('C_scale', 'single'), ('C_zero_point', 'optional')), operands=(('A', 0), ('A_scale', 1), ('A_zero_point', 5), ('B', 2), ('B_scale', 3), ('B_zero_point', 6), ('C_scale', 4), ('C_zero_point', 7)), attributes=_QLinearAdd_0, consumed=(), location='specs/ops.glowdef:1513:3', guard=None)
+_QLinearAdd_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAdd', op='QLinearAdd', since=None, until=None, inputs=(('A', 'single'), ('A_scale', 'single'), ('A_zero_point', 'optional'), ('B', 'single'), ('B_scale', 'single'), ('B_zero_point', 'optional'), ('C_scale', 'single'), ('C_zero_point', 'optional')), operands=(('A', 0), ('A_scale', 1), ('A_zero_point', 5), ('B', 2), ('B_scale', 3), ('B_zero_point', 6), ('C_scale', 4), ('C_zero_point', 7)), attributes=_QLinearAdd_0, consumed=(), location='specs/ops.glowdef:1517:3', guard=None)
 
 
 def _QLinearMul_0(o):
-    """ONNX com.microsoft.QLinearMul -> QLinearMul (specs/ops.glowdef:1520:3)."""
+    """ONNX com.microsoft.QLinearMul -> QLinearMul (specs/ops.glowdef:1524:3)."""
     attrs = {}
     return attrs
 
-_QLinearMul_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearMul', op='QLinearMul', since=None, until=None, inputs=(('A', 'single'), ('A_scale', 'single'), ('A_zero_point', 'optional'), ('B', 'single'), ('B_scale', 'single'), ('B_zero_point', 'optional'), ('C_scale', 'single'), ('C_zero_point', 'optional')), operands=(('A', 0), ('A_scale', 1), ('A_zero_point', 5), ('B', 2), ('B_scale', 3), ('B_zero_point', 6), ('C_scale', 4), ('C_zero_point', 7)), attributes=_QLinearMul_0, consumed=(), location='specs/ops.glowdef:1520:3', guard=None)
+_QLinearMul_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearMul', op='QLinearMul', since=None, until=None, inputs=(('A', 'single'), ('A_scale', 'single'), ('A_zero_point', 'optional'), ('B', 'single'), ('B_scale', 'single'), ('B_zero_point', 'optional'), ('C_scale', 'single'), ('C_zero_point', 'optional')), operands=(('A', 0), ('A_scale', 1), ('A_zero_point', 5), ('B', 2), ('B_scale', 3), ('B_zero_point', 6), ('C_scale', 4), ('C_zero_point', 7)), attributes=_QLinearMul_0, consumed=(), location='specs/ops.glowdef:1524:3', guard=None)
 
 
 def _QLinearSigmoid_0(o):
-    """ONNX com.microsoft.QLinearSigmoid -> QLinearSigmoid (specs/ops.glowdef:1527:3)."""
+    """ONNX com.microsoft.QLinearSigmoid -> QLinearSigmoid (specs/ops.glowdef:1531:3)."""
     attrs = {}
     return attrs
 
-_QLinearSigmoid_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearSigmoid', op='QLinearSigmoid', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearSigmoid_0, consumed=(), location='specs/ops.glowdef:1527:3', guard=None)
+_QLinearSigmoid_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearSigmoid', op='QLinearSigmoid', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearSigmoid_0, consumed=(), location='specs/ops.glowdef:1531:3', guard=None)
 
 
 def _QLinearLeakyRelu_0(o):
-    """ONNX com.microsoft.QLinearLeakyRelu -> QLinearLeakyRelu (specs/ops.glowdef:1534:3)."""
+    """ONNX com.microsoft.QLinearLeakyRelu -> QLinearLeakyRelu (specs/ops.glowdef:1538:3)."""
     attrs = {}
     if o.has_attr('alpha'):
         attrs['alpha'] = o.attr('alpha')
@@ -2120,31 +2120,31 @@ def _QLinearLeakyRelu_0(o):
         attrs['alpha'] = 0.009999999776482582
     return attrs
 
-_QLinearLeakyRelu_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearLeakyRelu', op='QLinearLeakyRelu', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearLeakyRelu_0, consumed=('alpha',), location='specs/ops.glowdef:1534:3', guard=None)
+_QLinearLeakyRelu_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearLeakyRelu', op='QLinearLeakyRelu', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearLeakyRelu_0, consumed=('alpha',), location='specs/ops.glowdef:1538:3', guard=None)
 
 
 def _QLinearSoftmax_0(o):
-    """ONNX com.microsoft.QLinearSoftmax -> QLinearSoftmax (specs/ops.glowdef:1542:3)."""
+    """ONNX com.microsoft.QLinearSoftmax -> QLinearSoftmax (specs/ops.glowdef:1546:3)."""
     attrs = {}
-    o.check(rt.b_defined(o.attr('opset', None)), 'the attribute opset (the opset of the Softmax it follows) is missing; onnxruntime requires it', 'specs/ops.glowdef:1544:5')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1545:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
-    attrs['flat'] = o.evaluating('flat', 'specs/ops.glowdef:1546:5', lambda: (1 if rt.lt(o.attr('opset', None), 13) else 0))
+    o.check(rt.b_defined(o.attr('opset', None)), 'the attribute opset (the opset of the Softmax it follows) is missing; onnxruntime requires it', 'specs/ops.glowdef:1548:5')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1549:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    attrs['flat'] = o.evaluating('flat', 'specs/ops.glowdef:1550:5', lambda: (1 if rt.lt(o.attr('opset', None), 13) else 0))
     return attrs
 
-_QLinearSoftmax_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearSoftmax', op='QLinearSoftmax', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('X_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearSoftmax_0, consumed=('axis', 'opset'), location='specs/ops.glowdef:1542:3', guard=None)
+_QLinearSoftmax_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearSoftmax', op='QLinearSoftmax', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('X_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearSoftmax_0, consumed=('axis', 'opset'), location='specs/ops.glowdef:1546:3', guard=None)
 
 
 def _QLinearGlobalAveragePool_0(o):
-    """ONNX com.microsoft.QLinearGlobalAveragePool -> QLinearGlobalAveragePool (specs/ops.glowdef:1558:3)."""
+    """ONNX com.microsoft.QLinearGlobalAveragePool -> QLinearGlobalAveragePool (specs/ops.glowdef:1562:3)."""
     attrs = {}
-    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1560:5')
+    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1564:5')
     return attrs
 
-_QLinearGlobalAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearGlobalAveragePool', op='QLinearGlobalAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearGlobalAveragePool_0, consumed=('channels_last',), location='specs/ops.glowdef:1558:3', guard=None)
+_QLinearGlobalAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearGlobalAveragePool', op='QLinearGlobalAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearGlobalAveragePool_0, consumed=('channels_last',), location='specs/ops.glowdef:1562:3', guard=None)
 
 
 def _QLinearAveragePool_0(o):
-    """ONNX com.microsoft.QLinearAveragePool -> QLinearAveragePool (specs/ops.glowdef:1578:3)."""
+    """ONNX com.microsoft.QLinearAveragePool -> QLinearAveragePool (specs/ops.glowdef:1582:3)."""
     attrs = {}
     if o.has_attr('ceil_mode'):
         attrs['ceil_mode'] = o.attr('ceil_mode')
@@ -2156,30 +2156,30 @@ def _QLinearAveragePool_0(o):
         attrs['count_include_pad'] = o.attr('count_include_pad')
     else:
         attrs['count_include_pad'] = 0
-    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1580:5')
-    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (NCHW operands) is supported', 'specs/ops.glowdef:1581:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1582:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1583:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1584:5')
+    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (NCHW operands) is supported', 'specs/ops.glowdef:1585:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1586:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1587:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_QLinearAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAveragePool', op='QLinearAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearAveragePool_0, consumed=('auto_pad', 'ceil_mode', 'channels_last', 'count_include_pad', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1578:3', guard=None)
+_QLinearAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAveragePool', op='QLinearAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearAveragePool_0, consumed=('auto_pad', 'ceil_mode', 'channels_last', 'count_include_pad', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1582:3', guard=None)
 
 
 def _QLinearConcat_0(o):
-    """ONNX com.microsoft.QLinearConcat -> QLinearConcat (specs/ops.glowdef:1598:3)."""
+    """ONNX com.microsoft.QLinearConcat -> QLinearConcat (specs/ops.glowdef:1602:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1600:5', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1601:5', lambda: sl.quant.items_every(o.input('inputs'), 1, 3))
-    attrs['zero_points'] = o.evaluating('zero_points', 'specs/ops.glowdef:1602:5', lambda: sl.quant.items_every(o.input('inputs'), 2, 3))
-    attrs['y_scale'] = o.evaluating('y_scale', 'specs/ops.glowdef:1603:5', lambda: rt.b_item(o.input('Y_scale').value))
-    attrs['y_zero_point'] = o.evaluating('y_zero_point', 'specs/ops.glowdef:1604:5', lambda: rt.b_item(o.input('Y_zero_point').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1604:5', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1605:5', lambda: sl.quant.items_every(o.input('inputs'), 1, 3))
+    attrs['zero_points'] = o.evaluating('zero_points', 'specs/ops.glowdef:1606:5', lambda: sl.quant.items_every(o.input('inputs'), 2, 3))
+    attrs['y_scale'] = o.evaluating('y_scale', 'specs/ops.glowdef:1607:5', lambda: rt.b_item(o.input('Y_scale').value))
+    attrs['y_zero_point'] = o.evaluating('y_zero_point', 'specs/ops.glowdef:1608:5', lambda: rt.b_item(o.input('Y_zero_point').value))
     return attrs
 
-_QLinearConcat_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearConcat', op='QLinearConcat', since=None, until=None, inputs=(('Y_scale', 'single'), ('Y_zero_point', 'single'), ('inputs', 'variadic')), operands=(), strided=(('inputs', 0, 0, 3),), attributes=_QLinearConcat_0, consumed=('axis',), location='specs/ops.glowdef:1598:3', guard=None)
+_QLinearConcat_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearConcat', op='QLinearConcat', since=None, until=None, inputs=(('Y_scale', 'single'), ('Y_zero_point', 'single'), ('inputs', 'variadic')), operands=(), strided=(('inputs', 0, 0, 3),), attributes=_QLinearConcat_0, consumed=('axis',), location='specs/ops.glowdef:1602:3', guard=None)
 
 
 def _QGemm_0(o):
-    """ONNX com.microsoft.QGemm -> QGemm (specs/ops.glowdef:1633:3)."""
+    """ONNX com.microsoft.QGemm -> QGemm (specs/ops.glowdef:1637:3)."""
     attrs = {}
     if o.has_attr('transB'):
         attrs['transB'] = o.attr('transB')
@@ -2193,17 +2193,17 @@ def _QGemm_0(o):
         attrs['transA'] = o.attr('transA')
     else:
         attrs['transA'] = 0
-    o.check(o.input('y_zero_point').present, 'a QGemm with y_scale but no y_zero_point is not supported; give it a zero point', 'specs/ops.glowdef:1636:5')
+    o.check(o.input('y_zero_point').present, 'a QGemm with y_scale but no y_zero_point is not supported; give it a zero point', 'specs/ops.glowdef:1640:5')
     return attrs
 
 def _QGemm_0_guard(o):
     return bool(o.input('y_scale').present)
 
-_QGemm_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemm', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 8), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QGemm_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1633:3', guard=_QGemm_0_guard)
+_QGemm_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemm', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 8), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QGemm_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1637:3', guard=_QGemm_0_guard)
 
 
 def _QGemmToFloat_0(o):
-    """ONNX com.microsoft.QGemm -> QGemmToFloat (specs/ops.glowdef:1653:3)."""
+    """ONNX com.microsoft.QGemm -> QGemmToFloat (specs/ops.glowdef:1657:3)."""
     attrs = {}
     if o.has_attr('transB'):
         attrs['transB'] = o.attr('transB')
@@ -2217,17 +2217,17 @@ def _QGemmToFloat_0(o):
         attrs['transA'] = o.attr('transA')
     else:
         attrs['transA'] = 0
-    o.check((not o.input('y_zero_point').present), 'a QGemm with y_zero_point but no y_scale is not supported; give it a scale', 'specs/ops.glowdef:1656:5')
+    o.check((not o.input('y_zero_point').present), 'a QGemm with y_zero_point but no y_scale is not supported; give it a scale', 'specs/ops.glowdef:1660:5')
     return attrs
 
 def _QGemmToFloat_0_guard(o):
     return bool((not o.input('y_scale').present))
 
-_QGemmToFloat_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemmToFloat', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 6)), attributes=_QGemmToFloat_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1653:3', guard=_QGemmToFloat_0_guard)
+_QGemmToFloat_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemmToFloat', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 6)), attributes=_QGemmToFloat_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1657:3', guard=_QGemmToFloat_0_guard)
 
 
 def _DFT_0(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1738:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1742:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2238,15 +2238,15 @@ def _DFT_0(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1741:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1742:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1745:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1746:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1738:3', guard=None)
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1742:3', guard=None)
 
 
 def _DFT_1(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1744:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1748:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2257,36 +2257,36 @@ def _DFT_1(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1747:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1748:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1751:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1752:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1744:3', guard=None)
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1748:3', guard=None)
 
 
 def _Compress_0(o):
-    """ONNX Compress -> Compress (specs/ops.glowdef:1761:3)."""
+    """ONNX Compress -> Compress (specs/ops.glowdef:1765:3)."""
     attrs = {}
-    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1763:5', lambda: sl.shapes.true_positions(o.input('condition').value))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1764:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
-    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1765:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1767:5', lambda: sl.shapes.true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1768:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1769:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
     return attrs
 
-_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1761:3', guard=None)
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1765:3', guard=None)
 
 
 def _STFT_0(o):
-    """ONNX STFT -> STFT (specs/ops.glowdef:1779:3)."""
+    """ONNX STFT -> STFT (specs/ops.glowdef:1783:3)."""
     attrs = {}
     if o.has_attr('onesided'):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 1
-    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1781:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
-    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1782:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1785:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1786:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
     return attrs
 
-_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1779:3', guard=None)
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1783:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,

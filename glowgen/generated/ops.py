@@ -7176,7 +7176,7 @@ class QuantizeLinear(Node):
     Operands:
         x: Tensor[QX, *S]
         scale: Tensor[F, *C]
-        zero_point: Tensor[QI, *C]?
+        zero_point: Tensor[QI, *Z]?
     Results:
         y: Tensor[dtype, *S]
     Attributes:
@@ -7212,7 +7212,7 @@ class QuantizeLinear(Node):
 
     @property
     def zero_point(self):
-        """Operand zero_point: Tensor[QI, *C]?"""
+        """Operand zero_point: Tensor[QI, *Z]?"""
         return self.inputs[2]
 
     @property
@@ -7230,17 +7230,19 @@ class QuantizeLinear(Node):
         u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1356:26')
         if zero_point is not None:
             u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1356:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1356:48')
+            u.shape('zero_point', zero_point, (), 'Z', (), 'specs/ops.glowdef:1356:48')
         C = u.dim('C')
         S = u.dim('S')
+        Z = u.dims['Z'][0] if 'Z' in u.dims else None
         F = u.dtype('F')
         QX = u.dtype('QX')
         rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1357:3')
         rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1358:3')
         rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1361:3')
         rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1362:3')
-        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1363:3')
-        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1365:7'), )
+        rt.check((((not rt.b_defined(Z)) or rt.eq(Z, C)) or (rt.eq(rt.b_prod(Z), 1) and rt.eq(rt.b_prod(C), 1))), 'QuantizeLinear', _node, 'zero_point must have the shape of scale (or, for one value, any shape of one element)', 'specs/ops.glowdef:1363:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1365:3')
+        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1367:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7250,14 +7252,14 @@ class DequantizeLinear(Node):
     Operands:
         x: Tensor[DQ, *S]
         scale: Tensor[F, *C]
-        zero_point: Tensor[DQ, *C]?
+        zero_point: Tensor[DQ, *Z]?
     Results:
         y: Tensor[dtype, *S]
     Attributes:
         axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
         block_size: int = 0 where block_size >= 0
         dtype: dtype
-    Declared at specs/ops.glowdef:1375:1.
+    Declared at specs/ops.glowdef:1377:1.
     """
 
     OP: ClassVar[str] = 'DequantizeLinear'
@@ -7266,7 +7268,7 @@ class DequantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1375:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1377:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7284,7 +7286,7 @@ class DequantizeLinear(Node):
 
     @property
     def zero_point(self):
-        """Operand zero_point: Tensor[DQ, *C]?"""
+        """Operand zero_point: Tensor[DQ, *Z]?"""
         return self.inputs[2]
 
     @property
@@ -7296,22 +7298,24 @@ class DequantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizeLinear', _node)
-        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1377:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1377:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1377:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1377:26')
+        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1379:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1379:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1379:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1379:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1377:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1377:48')
+            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1379:48')
+            u.shape('zero_point', zero_point, (), 'Z', (), 'specs/ops.glowdef:1379:48')
         C = u.dim('C')
         S = u.dim('S')
+        Z = u.dims['Z'][0] if 'Z' in u.dims else None
         DQ = u.dtype('DQ')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1378:3')
-        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1379:3')
-        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1381:3')
-        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1382:3')
-        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1384:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1380:3')
+        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1381:3')
+        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1383:3')
+        rt.check((((not rt.b_defined(Z)) or rt.eq(Z, C)) or (rt.eq(rt.b_prod(Z), 1) and rt.eq(rt.b_prod(C), 1))), 'DequantizeLinear', _node, 'zero_point must have the shape of scale (or, for one value, any shape of one element)', 'specs/ops.glowdef:1384:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1386:3')
+        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1388:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7326,7 +7330,7 @@ class QuantParam(Node):
         like: ints
         axis: int
         block_size: int = 0
-    Declared at specs/ops.glowdef:1392:1.
+    Declared at specs/ops.glowdef:1396:1.
     """
 
     OP: ClassVar[str] = 'QuantParam'
@@ -7335,7 +7339,7 @@ class QuantParam(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('like', 'ints', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('block_size', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1392:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1396:1'
 
     like: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7355,11 +7359,11 @@ class QuantParam(Node):
     def infer(p, *, _node='', like=None, axis=None, block_size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantParam', _node)
-        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1394:7')
-        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1394:7')
+        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1398:7')
+        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1398:7')
         C = u.dim('C')
         A = u.dtype('A')
-        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1398:7'), )
+        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1402:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7377,7 +7381,7 @@ class QLinearMatMul(Node):
         y_zero_point: Tensor[Q8Y, *YZ]
     Results:
         y: Tensor[Q8Y, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1401:1.
+    Declared at specs/ops.glowdef:1405:1.
     """
 
     OP: ClassVar[str] = 'QLinearMatMul'
@@ -7386,7 +7390,7 @@ class QLinearMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1401:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1405:1'
 
 
     @property
@@ -7438,22 +7442,22 @@ class QLinearMatMul(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearMatMul', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1403:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1403:7')
-        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1403:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1403:26')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1403:51')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1403:51')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1404:7')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1404:7')
-        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1404:27')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1404:27')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1404:52')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1404:52')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1405:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1405:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1405:32')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1405:32')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1407:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1407:7')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1407:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1407:26')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1407:51')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1407:51')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1408:7')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1408:7')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1408:27')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1408:27')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1408:52')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1408:52')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1409:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1409:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1409:32')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1409:32')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -7466,11 +7470,11 @@ class QLinearMatMul(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1406:3')
-        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1407:3')
-        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1409:3')
-        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1411:3')
-        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1413:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1410:3')
+        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1411:3')
+        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1413:3')
+        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1415:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1417:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7484,7 +7488,7 @@ class MatMulInteger(Node):
         b_zero_point: Tensor[Q8B, *BZ]?
     Results:
         y: Tensor[i32, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1417:1.
+    Declared at specs/ops.glowdef:1421:1.
     """
 
     OP: ClassVar[str] = 'MatMulInteger'
@@ -7493,7 +7497,7 @@ class MatMulInteger(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1417:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1421:1'
 
 
     @property
@@ -7525,26 +7529,26 @@ class MatMulInteger(Node):
     def infer(a, b, a_zero_point=None, b_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMulInteger', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1419:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1419:7')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1419:26')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1419:26')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1423:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1423:7')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1423:26')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1423:26')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1419:46')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1419:46')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1423:46')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1423:46')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1419:78')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1419:78')
+            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1423:78')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1423:78')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
         BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
         X = u.dim('X')
         Y = u.dim('Y')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1420:3')
-        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1421:3')
-        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1422:3')
-        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1423:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1424:3')
+        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1425:3')
+        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1426:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1427:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7563,7 +7567,7 @@ class ConvInteger(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1431:1.
+    Declared at specs/ops.glowdef:1435:1.
     """
 
     OP: ClassVar[str] = 'ConvInteger'
@@ -7572,7 +7576,7 @@ class ConvInteger(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1431:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1435:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7608,16 +7612,16 @@ class ConvInteger(Node):
     def infer(x, w, x_zero_point=None, w_zero_point=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvInteger', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1433:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1433:9')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1433:34')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1433:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1437:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1437:9')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1437:34')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1437:34')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1433:61')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1433:61')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1437:61')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1437:61')
         if w_zero_point is not None:
-            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1433:93')
-            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1433:93')
+            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1437:93')
+            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1437:93')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7628,15 +7632,15 @@ class ConvInteger(Node):
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1434:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1435:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1436:3')
-        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1437:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1438:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1439:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1440:3')
-        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1441:3')
-        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1442:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1438:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1439:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1440:3')
+        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1441:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1442:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1443:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1444:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1445:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1446:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7660,7 +7664,7 @@ class QLinearConv(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1456:1.
+    Declared at specs/ops.glowdef:1460:1.
     """
 
     OP: ClassVar[str] = 'QLinearConv'
@@ -7669,7 +7673,7 @@ class QLinearConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1456:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1460:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7730,25 +7734,25 @@ class QLinearConv(Node):
     def infer(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConv', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1458:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1458:9')
-        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1458:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1458:34')
-        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1458:59')
-        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1458:59')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1459:9')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1459:9')
-        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1459:36')
-        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1459:36')
-        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1459:61')
-        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1459:61')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1460:9')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1460:9')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1460:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1460:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1462:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1462:9')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1462:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1462:34')
+        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1462:59')
+        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1462:59')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1463:9')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1463:9')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1463:36')
+        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1463:36')
+        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1463:61')
+        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1463:61')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1464:9')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1464:9')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1464:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1464:34')
         if b is not None:
-            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1460:66')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1460:66')
+            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1464:66')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1464:66')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7765,17 +7769,17 @@ class QLinearConv(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1461:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1462:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1463:3')
-        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1464:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1465:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1466:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1467:3')
-        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1468:3')
-        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1469:3')
-        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1470:3')
-        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1471:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1465:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1466:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1467:3')
+        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1468:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1469:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1470:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1471:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1472:3')
+        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1473:3')
+        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1474:3')
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1475:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7793,7 +7797,7 @@ class QLinearAdd(Node):
         y_zero_point: Tensor[Q8, *YZ]?
     Results:
         y: Tensor[Q8, *broadcast(A, B)]
-    Declared at specs/ops.glowdef:1512:1.
+    Declared at specs/ops.glowdef:1516:1.
     """
 
     OP: ClassVar[str] = 'QLinearAdd'
@@ -7802,7 +7806,7 @@ class QLinearAdd(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1512:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1516:1'
 
 
     @property
@@ -7854,25 +7858,25 @@ class QLinearAdd(Node):
     def infer(a, a_scale, b, b_scale, y_scale, a_zero_point=None, b_zero_point=None, y_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearAdd', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:7')
-        u.shape('a', a, (), 'A', (), 'specs/ops.glowdef:1502:7')
-        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1502:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1502:26')
-        u.elem('b', b, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:53')
-        u.shape('b', b, (), 'B', (), 'specs/ops.glowdef:1502:53')
-        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1502:72')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1502:72')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1503:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1503:7')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1506:7')
+        u.shape('a', a, (), 'A', (), 'specs/ops.glowdef:1506:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1506:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1506:26')
+        u.elem('b', b, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1506:53')
+        u.shape('b', b, (), 'B', (), 'specs/ops.glowdef:1506:53')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1506:72')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1506:72')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1507:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1507:7')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1504:7')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1504:7')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1508:7')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1508:7')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1504:39')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1504:39')
+            u.elem('b_zero_point', b_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1508:39')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1508:39')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1504:71')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1504:71')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1508:71')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1508:71')
         A = u.dim('A')
         AS = u.dim('AS')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
@@ -7882,10 +7886,10 @@ class QLinearAdd(Node):
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check(rt.b_broadcastable(A, B), 'QLinearAdd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1505:3')
-        rt.check(((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(BS), 1)) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAdd', _node, 'the scales must hold one value', 'specs/ops.glowdef:1506:3')
-        rt.check(((((not rt.b_defined(AZ)) or rt.eq(rt.b_prod(AZ), 1)) and ((not rt.b_defined(BZ)) or rt.eq(rt.b_prod(BZ), 1))) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAdd', _node, 'the zero points must hold one value', 'specs/ops.glowdef:1507:3')
-        return (rt.result_type('QLinearAdd', _node, Q8, (*rt.b_broadcast(A, B),), 'specs/ops.glowdef:1509:7'), )
+        rt.check(rt.b_broadcastable(A, B), 'QLinearAdd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1509:3')
+        rt.check(((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(BS), 1)) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAdd', _node, 'the scales must hold one value', 'specs/ops.glowdef:1510:3')
+        rt.check(((((not rt.b_defined(AZ)) or rt.eq(rt.b_prod(AZ), 1)) and ((not rt.b_defined(BZ)) or rt.eq(rt.b_prod(BZ), 1))) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAdd', _node, 'the zero points must hold one value', 'specs/ops.glowdef:1511:3')
+        return (rt.result_type('QLinearAdd', _node, Q8, (*rt.b_broadcast(A, B),), 'specs/ops.glowdef:1513:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7903,7 +7907,7 @@ class QLinearMul(Node):
         y_zero_point: Tensor[Q8, *YZ]?
     Results:
         y: Tensor[Q8, *broadcast(A, B)]
-    Declared at specs/ops.glowdef:1519:1.
+    Declared at specs/ops.glowdef:1523:1.
     """
 
     OP: ClassVar[str] = 'QLinearMul'
@@ -7912,7 +7916,7 @@ class QLinearMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1519:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1523:1'
 
 
     @property
@@ -7964,25 +7968,25 @@ class QLinearMul(Node):
     def infer(a, a_scale, b, b_scale, y_scale, a_zero_point=None, b_zero_point=None, y_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearMul', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:7')
-        u.shape('a', a, (), 'A', (), 'specs/ops.glowdef:1502:7')
-        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1502:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1502:26')
-        u.elem('b', b, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:53')
-        u.shape('b', b, (), 'B', (), 'specs/ops.glowdef:1502:53')
-        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1502:72')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1502:72')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1503:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1503:7')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1506:7')
+        u.shape('a', a, (), 'A', (), 'specs/ops.glowdef:1506:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1506:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1506:26')
+        u.elem('b', b, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1506:53')
+        u.shape('b', b, (), 'B', (), 'specs/ops.glowdef:1506:53')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1506:72')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1506:72')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1507:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1507:7')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1504:7')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1504:7')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1508:7')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1508:7')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1504:39')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1504:39')
+            u.elem('b_zero_point', b_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1508:39')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1508:39')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1504:71')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1504:71')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1508:71')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1508:71')
         A = u.dim('A')
         AS = u.dim('AS')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
@@ -7992,10 +7996,10 @@ class QLinearMul(Node):
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check(rt.b_broadcastable(A, B), 'QLinearMul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1505:3')
-        rt.check(((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(BS), 1)) and rt.eq(rt.b_prod(YS), 1)), 'QLinearMul', _node, 'the scales must hold one value', 'specs/ops.glowdef:1506:3')
-        rt.check(((((not rt.b_defined(AZ)) or rt.eq(rt.b_prod(AZ), 1)) and ((not rt.b_defined(BZ)) or rt.eq(rt.b_prod(BZ), 1))) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearMul', _node, 'the zero points must hold one value', 'specs/ops.glowdef:1507:3')
-        return (rt.result_type('QLinearMul', _node, Q8, (*rt.b_broadcast(A, B),), 'specs/ops.glowdef:1509:7'), )
+        rt.check(rt.b_broadcastable(A, B), 'QLinearMul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1509:3')
+        rt.check(((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(BS), 1)) and rt.eq(rt.b_prod(YS), 1)), 'QLinearMul', _node, 'the scales must hold one value', 'specs/ops.glowdef:1510:3')
+        rt.check(((((not rt.b_defined(AZ)) or rt.eq(rt.b_prod(AZ), 1)) and ((not rt.b_defined(BZ)) or rt.eq(rt.b_prod(BZ), 1))) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearMul', _node, 'the zero points must hold one value', 'specs/ops.glowdef:1511:3')
+        return (rt.result_type('QLinearMul', _node, Q8, (*rt.b_broadcast(A, B),), 'specs/ops.glowdef:1513:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8010,7 +8014,7 @@ class QLinearSigmoid(Node):
         y_zero_point: Tensor[Q8, *YZ]?
     Results:
         y: Tensor[Q8, *S]
-    Declared at specs/ops.glowdef:1526:1.
+    Declared at specs/ops.glowdef:1530:1.
     """
 
     OP: ClassVar[str] = 'QLinearSigmoid'
@@ -8019,7 +8023,7 @@ class QLinearSigmoid(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1526:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1530:1'
 
 
     @property
@@ -8056,27 +8060,27 @@ class QLinearSigmoid(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearSigmoid', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1492:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1492:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1492:26')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1492:26')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1492:53')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1492:53')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1496:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1496:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1496:26')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1496:26')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1496:53')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1496:53')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1493:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1493:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1497:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1497:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1493:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1493:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1497:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1497:39')
         S = u.dim('S')
         XS = u.dim('XS')
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearSigmoid', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1494:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearSigmoid', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1495:3')
-        return (rt.result_type('QLinearSigmoid', _node, Q8, (*S,), 'specs/ops.glowdef:1497:7'), )
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearSigmoid', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1498:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearSigmoid', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1499:3')
+        return (rt.result_type('QLinearSigmoid', _node, Q8, (*S,), 'specs/ops.glowdef:1501:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8093,7 +8097,7 @@ class QLinearLeakyRelu(Node):
         y: Tensor[Q8, *S]
     Attributes:
         alpha: float = 0.01
-    Declared at specs/ops.glowdef:1532:1.
+    Declared at specs/ops.glowdef:1536:1.
     """
 
     OP: ClassVar[str] = 'QLinearLeakyRelu'
@@ -8102,7 +8106,7 @@ class QLinearLeakyRelu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.01, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1532:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1536:1'
 
     alpha: object = attrs.field(default=0.01, converter=rt.CONVERTERS['float'])
 
@@ -8140,27 +8144,27 @@ class QLinearLeakyRelu(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearLeakyRelu', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1492:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1492:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1492:26')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1492:26')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1492:53')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1492:53')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1496:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1496:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1496:26')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1496:26')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1496:53')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1496:53')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1493:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1493:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1497:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1497:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1493:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1493:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1497:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1497:39')
         S = u.dim('S')
         XS = u.dim('XS')
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearLeakyRelu', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1494:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearLeakyRelu', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1495:3')
-        return (rt.result_type('QLinearLeakyRelu', _node, Q8, (*S,), 'specs/ops.glowdef:1497:7'), )
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearLeakyRelu', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1498:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearLeakyRelu', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1499:3')
+        return (rt.result_type('QLinearLeakyRelu', _node, Q8, (*S,), 'specs/ops.glowdef:1501:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8178,7 +8182,7 @@ class QLinearSoftmax(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
         flat: int = 0 where (flat == 0) or (flat == 1)
-    Declared at specs/ops.glowdef:1539:1.
+    Declared at specs/ops.glowdef:1543:1.
     """
 
     OP: ClassVar[str] = 'QLinearSoftmax'
@@ -8187,7 +8191,7 @@ class QLinearSoftmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('flat', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1539:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1543:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     flat: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -8226,29 +8230,29 @@ class QLinearSoftmax(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node='', axis=None, flat=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearSoftmax', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1492:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1492:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1492:26')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1492:26')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1492:53')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1492:53')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1496:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1496:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1496:26')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1496:26')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1496:53')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1496:53')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1493:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1493:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1497:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1497:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1493:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1493:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1497:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1497:39')
         S = u.dim('S')
         XS = u.dim('XS')
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'QLinearSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1540:3')
-        rt.check((rt.eq(flat, 0) or rt.eq(flat, 1)), 'QLinearSoftmax', _node, f'attribute flat must satisfy (flat == 0) or (flat == 1), got {flat!r}', 'specs/ops.glowdef:1541:3')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearSoftmax', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1494:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearSoftmax', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1495:3')
-        return (rt.result_type('QLinearSoftmax', _node, Q8, (*S,), 'specs/ops.glowdef:1497:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'QLinearSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1544:3')
+        rt.check((rt.eq(flat, 0) or rt.eq(flat, 1)), 'QLinearSoftmax', _node, f'attribute flat must satisfy (flat == 0) or (flat == 1), got {flat!r}', 'specs/ops.glowdef:1545:3')
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearSoftmax', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1498:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearSoftmax', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1499:3')
+        return (rt.result_type('QLinearSoftmax', _node, Q8, (*S,), 'specs/ops.glowdef:1501:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8263,7 +8267,7 @@ class QLinearGlobalAveragePool(Node):
         y_zero_point: Tensor[Q8, *YZ]?
     Results:
         y: Tensor[Q8, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:1550:1.
+    Declared at specs/ops.glowdef:1554:1.
     """
 
     OP: ClassVar[str] = 'QLinearGlobalAveragePool'
@@ -8272,7 +8276,7 @@ class QLinearGlobalAveragePool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1550:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1554:1'
 
 
     @property
@@ -8309,18 +8313,18 @@ class QLinearGlobalAveragePool(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearGlobalAveragePool', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1552:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1552:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1552:32')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1552:32')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1552:59')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1552:59')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1556:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1556:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1556:32')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1556:32')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1556:59')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1556:59')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1553:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1553:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1557:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1557:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1553:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1553:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1557:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1557:39')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
@@ -8329,9 +8333,9 @@ class QLinearGlobalAveragePool(Node):
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearGlobalAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1554:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearGlobalAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1555:3')
-        return (rt.result_type('QLinearGlobalAveragePool', _node, Q8, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:1557:7'), )
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearGlobalAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1558:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearGlobalAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1559:3')
+        return (rt.result_type('QLinearGlobalAveragePool', _node, Q8, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:1561:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8352,7 +8356,7 @@ class QLinearAveragePool(Node):
         pads: ints[4] = [0, 0, 0, 0] where all(pads >= 0)
         ceil_mode: int = 0
         count_include_pad: int = 0
-    Declared at specs/ops.glowdef:1564:1.
+    Declared at specs/ops.glowdef:1568:1.
     """
 
     OP: ClassVar[str] = 'QLinearAveragePool'
@@ -8361,7 +8365,7 @@ class QLinearAveragePool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1564:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1568:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -8403,18 +8407,18 @@ class QLinearAveragePool(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearAveragePool', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1566:7')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1566:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1566:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1566:34')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1566:61')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1566:61')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1570:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1570:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1570:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1570:34')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1570:61')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1570:61')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1567:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1567:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1571:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1571:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1567:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1567:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1571:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1571:39')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
@@ -8424,15 +8428,15 @@ class QLinearAveragePool(Node):
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check(len(kernel) == 2, 'QLinearAveragePool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:1568:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'QLinearAveragePool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1568:3')
-        rt.check(len(strides) == 2, 'QLinearAveragePool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1569:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearAveragePool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1569:3')
-        rt.check(len(pads) == 4, 'QLinearAveragePool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1570:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearAveragePool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1570:3')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1573:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1574:3')
-        return (rt.result_type('QLinearAveragePool', _node, Q8, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:1576:9'), )
+        rt.check(len(kernel) == 2, 'QLinearAveragePool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:1572:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'QLinearAveragePool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1572:3')
+        rt.check(len(strides) == 2, 'QLinearAveragePool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1573:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearAveragePool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1573:3')
+        rt.check(len(pads) == 4, 'QLinearAveragePool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1574:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearAveragePool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1574:3')
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1577:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1578:3')
+        return (rt.result_type('QLinearAveragePool', _node, Q8, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:1580:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8449,7 +8453,7 @@ class QLinearConcat(Node):
         zero_points: ints
         y_scale: float
         y_zero_point: int
-    Declared at specs/ops.glowdef:1588:1.
+    Declared at specs/ops.glowdef:1592:1.
     """
 
     OP: ClassVar[str] = 'QLinearConcat'
@@ -8458,7 +8462,7 @@ class QLinearConcat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('zero_points', 'ints', None, False), AttrInfo('y_scale', 'float', None, False), AttrInfo('y_zero_point', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1588:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1592:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
@@ -8481,14 +8485,14 @@ class QLinearConcat(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConcat', _node)
         if len(xs) == 0:
-            rt.fail('QLinearConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1590:7')
+            rt.fail('QLinearConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1594:7')
         for _t in xs:
-            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1590:7')
+            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1594:7')
         S = tuple(_t.shape for _t in xs)
         Q8 = u.dtype('Q8')
-        rt.check(rt.ge(axis, 0), 'QLinearConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1591:3')
-        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'QLinearConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1596:3')
-        return (rt.result_type('QLinearConcat', _node, Q8, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1597:7'), )
+        rt.check(rt.ge(axis, 0), 'QLinearConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1595:3')
+        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'QLinearConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1600:3')
+        return (rt.result_type('QLinearConcat', _node, Q8, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1601:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8503,7 +8507,7 @@ class DequantizedConcat(Node):
         axis: int where axis >= 0
         scales: floats
         zero_points: ints
-    Declared at specs/ops.glowdef:1608:1.
+    Declared at specs/ops.glowdef:1612:1.
     """
 
     OP: ClassVar[str] = 'DequantizedConcat'
@@ -8512,7 +8516,7 @@ class DequantizedConcat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('zero_points', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1608:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1612:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
@@ -8533,14 +8537,14 @@ class DequantizedConcat(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizedConcat', _node)
         if len(xs) == 0:
-            rt.fail('DequantizedConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1610:7')
+            rt.fail('DequantizedConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1614:7')
         for _t in xs:
-            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1610:7')
+            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1614:7')
         S = tuple(_t.shape for _t in xs)
         Q8 = u.dtype('Q8')
-        rt.check(rt.ge(axis, 0), 'DequantizedConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1611:3')
-        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'DequantizedConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1614:3')
-        return (rt.result_type('DequantizedConcat', _node, 'f32', (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1615:7'), )
+        rt.check(rt.ge(axis, 0), 'DequantizedConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1615:3')
+        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'DequantizedConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1618:3')
+        return (rt.result_type('DequantizedConcat', _node, 'f32', (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1619:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8563,7 +8567,7 @@ class QGemm(Node):
         alpha: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:1618:1.
+    Declared at specs/ops.glowdef:1622:1.
     """
 
     OP: ClassVar[str] = 'QGemm'
@@ -8572,7 +8576,7 @@ class QGemm(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1618:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1622:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     transA: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -8632,25 +8636,25 @@ class QGemm(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, c=None, *, _node='', alpha=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QGemm', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1620:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1620:7')
-        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1620:30')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1620:30')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1620:57')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1620:57')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1621:7')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1621:7')
-        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1621:31')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1621:31')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1621:58')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1621:58')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1622:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1622:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1622:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1622:34')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1624:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1624:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1624:30')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1624:30')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1624:57')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1624:57')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1625:7')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1625:7')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1625:31')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1625:31')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1625:58')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1625:58')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1626:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1626:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1626:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1626:34')
         if c is not None:
-            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1622:66')
-            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1622:66')
+            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1626:66')
+            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1626:66')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -8665,10 +8669,10 @@ class QGemm(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1626:3')
-        rt.check((((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QGemm', _node, 'a_scale, a_zero_point, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1628:3')
-        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemm', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1630:3')
-        return (rt.result_type('QGemm', _node, Q8Y, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1632:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1630:3')
+        rt.check((((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QGemm', _node, 'a_scale, a_zero_point, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1632:3')
+        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemm', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1634:3')
+        return (rt.result_type('QGemm', _node, Q8Y, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1636:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8689,7 +8693,7 @@ class QGemmToFloat(Node):
         alpha: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:1640:1.
+    Declared at specs/ops.glowdef:1644:1.
     """
 
     OP: ClassVar[str] = 'QGemmToFloat'
@@ -8698,7 +8702,7 @@ class QGemmToFloat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1640:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1644:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     transA: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -8748,21 +8752,21 @@ class QGemmToFloat(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, *, _node='', alpha=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QGemmToFloat', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1642:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1642:7')
-        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1642:30')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1642:30')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1642:57')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1642:57')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1643:7')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1643:7')
-        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1643:31')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1643:31')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1643:58')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1643:58')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1646:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1646:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1646:30')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1646:30')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1646:57')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1646:57')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1647:7')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1647:7')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1647:31')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1647:31')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1647:58')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1647:58')
         if c is not None:
-            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1643:90')
-            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1643:90')
+            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1647:90')
+            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1647:90')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -8774,10 +8778,10 @@ class QGemmToFloat(Node):
         N1 = u.dim('N1')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemmToFloat', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1647:3')
-        rt.check((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)), 'QGemmToFloat', _node, 'a_scale and a_zero_point must hold one value', 'specs/ops.glowdef:1649:3')
-        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemmToFloat', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1650:3')
-        return (rt.result_type('QGemmToFloat', _node, 'f32', ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1652:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemmToFloat', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1651:3')
+        rt.check((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)), 'QGemmToFloat', _node, 'a_scale and a_zero_point must hold one value', 'specs/ops.glowdef:1653:3')
+        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemmToFloat', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1654:3')
+        return (rt.result_type('QGemmToFloat', _node, 'f32', ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1656:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8792,7 +8796,7 @@ class Quantize(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1668:1.
+    Declared at specs/ops.glowdef:1672:1.
     """
 
     OP: ClassVar[str] = 'Quantize'
@@ -8801,7 +8805,7 @@ class Quantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1668:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1672:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8820,12 +8824,12 @@ class Quantize(Node):
     def infer(x, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Quantize', _node)
-        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1671:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1671:7')
+        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1675:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1675:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1672:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1673:3')
-        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1674:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1676:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1677:3')
+        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1678:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8840,7 +8844,7 @@ class Dequantize(Node):
         in_scale: float
         in_offset: int
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:1677:1.
+    Declared at specs/ops.glowdef:1681:1.
     """
 
     OP: ClassVar[str] = 'Dequantize'
@@ -8849,7 +8853,7 @@ class Dequantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1677:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1681:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8868,11 +8872,11 @@ class Dequantize(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dequantize', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1680:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1680:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1684:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1684:7')
         S = u.dim('S')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1683:3')
-        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1684:7'), )
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1687:3')
+        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1688:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8889,7 +8893,7 @@ class Rescale(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1687:1.
+    Declared at specs/ops.glowdef:1691:1.
     """
 
     OP: ClassVar[str] = 'Rescale'
@@ -8898,7 +8902,7 @@ class Rescale(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1687:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1691:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8919,13 +8923,13 @@ class Rescale(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Rescale', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1690:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1690:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1694:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1694:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1693:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1694:3')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1695:3')
-        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1696:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1697:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1698:3')
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1699:3')
+        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1700:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8947,7 +8951,7 @@ class QuantizedConv(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1699:1.
+    Declared at specs/ops.glowdef:1703:1.
     """
 
     OP: ClassVar[str] = 'QuantizedConv'
@@ -8956,7 +8960,7 @@ class QuantizedConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1699:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1703:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -8994,14 +8998,14 @@ class QuantizedConv(Node):
     def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedConv', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1702:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1702:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1702:36')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1702:36')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1702:66')
-        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1702:66')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1702:91')
-        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1702:91')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1706:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1706:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1706:36')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1706:36')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1706:66')
+        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1706:66')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1706:91')
+        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1706:91')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -9010,19 +9014,19 @@ class QuantizedConv(Node):
         M = u.dim('M')
         N = u.dim('N')
         W = u.dim('W')
-        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1703:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1703:3')
-        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1704:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1704:3')
-        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1705:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1705:3')
-        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1706:3')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1707:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1708:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1709:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1710:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1711:3')
-        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1712:9'), )
+        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1707:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1707:3')
+        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1708:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1708:3')
+        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1709:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1709:3')
+        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1710:3')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1711:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1712:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1713:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1714:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1715:3')
+        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1716:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9040,7 +9044,7 @@ class QuantizedMatMul(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1716:1.
+    Declared at specs/ops.glowdef:1720:1.
     """
 
     OP: ClassVar[str] = 'QuantizedMatMul'
@@ -9049,7 +9053,7 @@ class QuantizedMatMul(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1716:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1720:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9083,21 +9087,21 @@ class QuantizedMatMul(Node):
     def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedMatMul', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1719:9')
-        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1719:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1719:31')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1719:31')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1719:52')
-        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1719:52')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1719:77')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1719:77')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1723:9')
+        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1723:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1723:31')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1723:31')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1723:52')
+        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1723:52')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1723:77')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1723:77')
         B = u.dim('B')
         K = u.dim('K')
         N = u.dim('N')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1720:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1721:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1722:3')
-        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1723:9'), )
+        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1724:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1725:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1726:3')
+        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1727:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9113,7 +9117,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1728:1.
+    Declared at specs/ops.glowdef:1732:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -9122,7 +9126,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1728:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1732:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9143,14 +9147,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1730:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1730:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1734:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1734:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1732:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1735:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1736:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1737:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1736:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1739:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1740:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1741:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9165,7 +9169,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1752:1.
+    Declared at specs/ops.glowdef:1756:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -9174,7 +9178,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1752:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1756:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -9194,13 +9198,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1754:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1754:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1758:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1758:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1758:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1759:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1760:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1762:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1763:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1764:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9216,7 +9220,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1769:1.
+    Declared at specs/ops.glowdef:1773:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -9225,7 +9229,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1769:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1773:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9250,22 +9254,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1771:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1771:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1775:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1775:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1771:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1771:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1775:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1775:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1772:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1773:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1775:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1776:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1777:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1778:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1776:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1777:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1779:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1780:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1781:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1782:7'), )
 
 
 OPS = {
