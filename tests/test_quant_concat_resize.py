@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 import glowgen
 from glowgen import api
@@ -28,14 +28,11 @@ def _own_random_data(request):
 
 
 def _optimized(model, quantize=None):
-    fn = api.load(model)
-    options = None
-    if quantize is not None:
-        from glowgen.frontend.onnx import CheckedModel, load_model
-        checked = CheckedModel(load_model(model))
-        fn = api.load(checked)
-        options = api.quantization_options(checked, quantize)
-    api.optimize(fn, stage="optimized", backend="cpu", quantization=options)
+    """The optimized graph (with `quantize`, a profile: after the [quantize] rules)."""
+    from glowgen.frontend.onnx import CheckedModel, load_model
+    checked = CheckedModel(load_model(model))
+    fn = api.load(checked)
+    api.optimize(fn, stage="optimized", backend="cpu", quantization=api.quantization_options(checked, quantize))
     return fn
 
 
