@@ -106,12 +106,13 @@ def test_onnx_mapping_of_another_domain_checked_against_its_schema(tmp_path):
         (tmp_path / sub).mkdir()
     err = _error_of(tmp_path / "a", "ops.glowdef", op.format(clause="com.microsoft.QLinearFrob"))
     assert "onnxruntime has no operator QLinearFrob in domain com.microsoft" in str(err)
-    err = _error_of(tmp_path / "b", "ops.glowdef", op.format(clause="com.microsoft.QLinearSoftmax { Xx -> x }"))
-    assert "ONNX input 'Xx' does not exist (inputs: X, X_scale, x_zero_point" in str(err)
-    err = _error_of(tmp_path / "c", "ops.glowdef", op.format(clause="com.microsoft.QLinearSoftmax since 13"))
+    # (QLinearReduceMean: an op the specs do not map)
+    err = _error_of(tmp_path / "b", "ops.glowdef", op.format(clause="com.microsoft.QLinearReduceMean { datum -> x }"))
+    assert "ONNX input 'datum' does not exist (inputs: data, data_scale, data_zero_point" in str(err)
+    err = _error_of(tmp_path / "c", "ops.glowdef", op.format(clause="com.microsoft.QLinearReduceMean since 13"))
     assert "a clause of domain com.microsoft takes neither" in str(err)
-    err = _error_of(tmp_path / "d", "ops.glowdef", op.format(clause="com.microsoft.QLinearSoftmax { X[0::2] -> x }"))
-    assert "a strided map (X[0::2]) picks values of a variadic ONNX input" in str(err)
+    err = _error_of(tmp_path / "d", "ops.glowdef", op.format(clause="com.microsoft.QLinearReduceMean { data[0::2] -> x }"))
+    assert "a strided map (data[0::2]) picks values of a variadic ONNX input" in str(err)
 
 
 def test_kernel_for_unknown_function(tmp_path):

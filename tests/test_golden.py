@@ -583,11 +583,13 @@ _QUANTIZATION_CASES = {
         {"x": _QX}, lambda f: {"y": f["x"]}),
     "rescale_into_quantized_conv": dict(text_case(_qtext(
         _QCONV + "  %y = Rescale(%q) {in_scale = 0.05, in_offset = 2, scale = 0.08, offset = -10} : "
-        "i8[1, 2, 2, 2] q(0.08, -10)\n"), {"x": _QCX}, lambda f: {"y": _q8(_qconv_float(f["x"]), 0.08, -10)}),
+        "i8[1, 2, 2, 2] q(0.08, -10)\n"), {"x": _QCX},
+        lambda f: {"y": _rescale(_q8(_qconv_float(f["x"]), 0.05, 2), 0.05, 2, 0.08, -10)}),
         rtol=0.0, atol=1),
     "rescale_into_quantized_matmul": dict(text_case(_qtext(
         _QMATMUL + "  %y = Rescale(%q) {in_scale = 0.05, in_offset = -3, scale = 0.08, offset = 1} : "
-        "i8[2, 4] q(0.08, 1)\n"), {"x": _QX}, lambda f: {"y": _q8(_qmatmul_float(f["x"]), 0.08, 1)}),
+        "i8[2, 4] q(0.08, 1)\n"), {"x": _QX},
+        lambda f: {"y": _rescale(_q8(_qmatmul_float(f["x"]), 0.05, -3), 0.05, -3, 0.08, 1)}),
         rtol=0.0, atol=1),
     "relu_of_dequantized": text_case(_qtext(
         "  input %x: i8[2, 3] q(0.02, 5)\n"
@@ -860,6 +862,57 @@ _QOPERATOR_CASES = {
         rtol=0.0, atol=1),
 }
 CASES.update(_QOPERATOR_CASES)
+
+# ---- int8 through concatenations and nearest resizes; QLinearSoftmax (own generator)
+_qcrng = np.random.default_rng(1415)
+_QCAT_A, _QCAT_B = (_qcrng.integers(-128, 128, shape).astype(np.int8) for shape in ((2, 3), (2, 2)))
+_QUP_X = _qcrng.integers(-128, 128, (1, 2, 2, 3)).astype(np.int8)
+_NEAREST_X2 = ('{axes = [2, 3], sizes = [1, 2, 4, 6], scales = [1.0, 1.0, 2.0, 2.0], '
+               'roi = [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0], mode = "nearest", '
+               'coordinate_transformation_mode = "asymmetric", nearest_mode = "floor"}')
+
+
+def _up2(x):
+    """A nearest 2x upsampling of the last two dimensions."""
+    return x.repeat(2, axis=-2).repeat(2, axis=-1)
+
+
+CASES.update({
+    # Parts of different parameters; the second has the result's already.
+    "quantize_of_concat": text_case(_qtext(
+        "  input %a: i8[2, 3] q(0.02, 5)\n  input %b: i8[2, 2] q(0.05, -3)\n"
+        "  %da = Dequantize(%a) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n"
+        "  %db = Dequantize(%b) {in_scale = 0.05, in_offset = -3} : f32[2, 2]\n"
+        "  %c = Concat([%da, %db]) {axis = 1} : f32[2, 5]\n"
+        "  %y = Quantize(%c) {scale = 0.05, offset = -3} : i8[2, 5] q(0.05, -3)\n"),
+        {"a": _QCAT_A, "b": _QCAT_B},
+        lambda f: {"y": np.concatenate([_q8(_dq(f["a"], 0.02, 5), 0.05, -3), f["b"]], axis=1)}),
+    "resize_of_dequantized": text_case(_qtext(
+        "  input %x: i8[1, 2, 2, 3] q(0.02, 5)\n"
+        "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[1, 2, 2, 3]\n"
+        f"  %y = Resize(%d) {_NEAREST_X2} : f32[1, 2, 4, 6]\n"),
+        {"x": _QUP_X}, lambda f: {"y": _up2(_dq(f["x"], 0.02, 5))}),
+    "rescale_through_resize": text_case(_qtext(
+        "  input %x: i8[1, 2, 2, 3] q(0.02, 5)\n"
+        f"  %r = Resize(%x) {_NEAREST_X2} : i8[1, 2, 4, 6] q(0.02, 5)\n"
+        "  %y = Rescale(%r) {in_scale = 0.02, in_offset = 5, scale = 0.03, offset = -7} : i8[1, 2, 4, 6] q(0.03, -7)\n"),
+        {"x": _QUP_X}, lambda f: {"y": _up2(_rescale(f["x"], 0.02, 5, 0.03, -7))}),
+    # The rescale's range lies within the product's: its saturation is the only one left.
+    "rescale_into_quantized_conv.within_range": dict(text_case(_qtext(
+        _QCONV + "  %y = Rescale(%q) {in_scale = 0.05, in_offset = 2, scale = 0.04, offset = 0} : "
+        "i8[1, 2, 2, 2] q(0.04, 0)\n"), {"x": _QCX},
+        lambda f: {"y": _rescale(_q8(_qconv_float(f["x"]), 0.05, 2), 0.05, 2, 0.04, 0)}),
+        rtol=0.0, atol=1),
+    "qlinear_softmax_to_float": _ms_case(
+        [("QLinearSoftmax", ["x", "s", "z", "ys", "yz"], {"opset": 13, "axis": -1}, _MS)],
+        {"x": _qcrng.integers(-128, 128, (2, 6)).astype(np.int8)},
+        dict(_QOP_PARAMS_I8, ys=np.float32(1 / 256), yz=np.int8(-128)), (2, 6), out_dtype=TensorProto.INT8),
+    # Before opset 13: the softmax of x seen as 2-D from axis on.
+    "qlinear_softmax_to_float.flat": _ms_case(
+        [("QLinearSoftmax", ["x", "s", "z", "ys", "yz"], {"opset": 12, "axis": 1}, _MS)],
+        {"x": _qcrng.integers(0, 256, (2, 3, 4)).astype(np.uint8)},
+        dict(_QOP_PARAMS, ys=np.float32(1 / 256), yz=np.uint8(0)), (2, 3, 4)),
+})
 
 HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"
           "# Regenerate for review with: pytest tests/test_golden.py --regen-golden\n")

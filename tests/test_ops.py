@@ -530,6 +530,10 @@ CASES = [
          consts={"as": np.float32(0.05), "az": np.uint8(120), "b": i64(4, 5, lo=-127, hi=127).astype(np.int8),
                  "bs": np.float32(0.01), "bz": np.int8(0)},
          attrs={"alpha": 2.0}, input_order=["a", "as", "az", "b", "bs", "bz"], out_type=(TensorProto.FLOAT, (3, 5))),
+    Case("QLinearSoftmax", "com.microsoft.QLinearSoftmax", {"x": i64(2, 3, 5, lo=0, hi=255).astype(np.uint8)},
+         consts={"xs": np.float32(0.05), "xz": np.uint8(128), "ys": np.float32(1 / 256), "yz": np.uint8(0)},
+         attrs={"opset": 13, "axis": 1}, input_order=["x", "xs", "xz", "ys", "yz"], steps=1,
+         out_type=(TensorProto.UINT8, (2, 3, 5))),
 ]
 
 
@@ -804,6 +808,25 @@ def test_quantize_linear_scale_of_the_wrong_length_is_named():
                          attrs={"axis": 1})
     with pytest.raises(GlowgenError, match="scale and zero_point must hold one value, one per index"):
         run_glowgen(model, {"x": f32(2, 3)})
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+def test_one_value_scale_and_zero_point_of_other_ranks(backend):
+    """onnxruntime's quantize_static writes a bias's scale as [1] beside a scalar zero point
+    (det_fpn's QDQ file): one value each, however shaped."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("DequantizeLinear", ["b", "s", "z"], ["e"]),
+             helper.make_node("Add", ["d", "e"], ["y"])]
+    consts = {"s": np.float32([0.05]), "z": np.uint8(120), "b": np.arange(0, 240, 40, dtype=np.uint8)}
+    model = make_model(nodes, {"x": f32(6)}, ["y"], consts, opset=17)
+    feeds = {"x": f32(6)}
+    assert_close(run_glowgen(model, feeds, backend=backend), run_ort(model, feeds))
+    # Per-channel scales need as many zero points.
+    bad = _quant_model("QuantizeLinear", {"x": f32(2, 3)}, {"s": pos(2), "z": np.uint8(1)}, attrs={"axis": 0})
+    from glowgen.errors import GlowgenError
+    with pytest.raises(GlowgenError, match="zero_point must have the shape of scale"):
+        run_glowgen(bad, {"x": f32(2, 3)})
 
 
 def test_quantize_linear_to_float8_is_unsupported():

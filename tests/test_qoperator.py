@@ -167,6 +167,26 @@ def test_com_microsoft_op_runs_between_quantized_types(op, act):
     _assert_within_steps(model, {"x": x}, y_scale)
 
 
+@pytest.mark.parametrize("act", [U8, I8], ids=["u8", "i8"])
+@pytest.mark.parametrize("opset, axis", [(13, None), (13, 1), (12, 1), (12, 2)],
+                         ids=["opset13_default_axis", "opset13_axis1", "opset12_flat_axis1", "opset12_flat_axis2"])
+def test_qlinear_softmax_runs_between_quantized_types(act, opset, axis):
+    """onnxruntime's QLinearSoftmax: ONNX Softmax of its `opset` (before 13: over x seen as
+    2-D) on the dequantized x, quantized as onnxruntime's quantizer writes it (scale 1/256,
+    the zero point at the bottom of the range)."""
+    attrs = {"opset": opset} if axis is None else {"opset": opset, "axis": axis}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             _ms("QLinearSoftmax", ["xq", "xs", "xz", "ys", "yz"], **attrs),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    x = rng.uniform(-4, 4, (2, 3, 5)).astype(np.float32)
+    consts = {"xs": np.float32(0.04), "xz": _zero(act, 3), "ys": np.float32(1 / 256), "yz": _zero(act, -128)}
+    model = make_ms_model(nodes, {"x": x}, {"y": (TensorProto.FLOAT, x.shape)}, consts)
+    ops = _optimized_ops(model)
+    assert not {"QuantizeLinear", "DequantizeLinear", "QLinearSoftmax"} & set(ops), ops
+    assert "Quantize" in ops and "Dequantize" in ops
+    _assert_within_steps(model, {"x": x}, 1 / 256)
+
+
 @pytest.mark.parametrize("per_channel", [True, False], ids=["per_channel", "per_tensor"])
 def test_qgemm_becomes_quantized_matmul(per_channel):
     w = rng.integers(-127, 128, (5, 8)).astype(I8)              # [N, K], transB
@@ -208,6 +228,10 @@ def test_unsupported_forms_are_refused_clearly():
                           {"xs": np.float32(0.1), "xz": U8(128), "w": w, "ws": np.float32(0.01), "wz": I8(0),
                            "yz": U8(128)})
     with pytest.raises(UnsupportedError, match="y_zero_point but no y_scale"):
+        glowgen.compile(model)
+    softmax = _ms("QLinearSoftmax", ["xq", "xs", "xz", "ys", "yz"])
+    model, _ = _quantized_model([softmax], (2, 3), (2, 3), {})
+    with pytest.raises(UnsupportedError, match="the attribute opset .* is missing"):
         glowgen.compile(model)
     model = make_ms_model([helper.make_node("QAttention", ["x"], ["y"], domain=MS)],
                           {"x": np.zeros((2, 4), np.float32)}, {"y": (TensorProto.FLOAT, (2, 4))})

@@ -172,7 +172,9 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
         names[n] = f"o.input({n!r})"
     for n, default in onnx_attrs.items():
         names[n] = f"o.attr({n!r}, {default!r})"
-    names["opset"] = "o.opset"
+    # `opset` is the model's opset, unless the ONNX op has an attribute of that name: then
+    # the attribute (onnxruntime's QLinearSoftmax says which Softmax it follows by one).
+    names.setdefault("opset", "o.opset")
     names["outputs"] = "o.outputs"
     scope = Scope(names, specs.callables, what=f"onnx clause {clause.onnx_op} of op {op.name}")
     # `let`s are computed once, when a setting first needs them, so that an error in one is

@@ -125,13 +125,16 @@ class Node:
     def _with_quant(self, types: tuple) -> tuple:
         """Quantized element types, by trait: an op marked `quantized` gives its integer
         results the scale and offset of its attributes `scale` and `offset`; one marked
-        `quant_passthrough` (data movement, max) keeps its first operand's."""
+        `quant_passthrough` (data movement, max) keeps its first operand's (for a concatenation,
+        its first part's: every part has the same, its check says)."""
         if "quantized" in self.TRAITS:
             from .types import INT_DTYPES, Quant
             q = Quant(self.scale, self.offset)
             return tuple(t.with_quant(q) if t.dtype in INT_DTYPES else t for t in types)
         if "quant_passthrough" in self.TRAITS and self.inputs:
             first = self.inputs[0]
+            if isinstance(first, tuple):        # a variadic operand: its first value
+                first = first[0] if first else None
             q = getattr(first, "type", None) and first.type.quant
             if q is not None:
                 return tuple(t.with_quant(q) if t.dtype == first.type.dtype else t for t in types)

@@ -534,6 +534,13 @@ def b_has_quant(x, scale, offset) -> bool:
     return q is not None and np.float32(q.scale) == np.float32(scale) and q.offset == offset
 
 
+def b_same_quant(xs) -> bool:
+    """The values or types `xs` are all quantized with the same parameters, or none is: what
+    joining them into one tensor (a concatenation) needs."""
+    quants = {getattr(getattr(x, "type", x), "quant", None) for x in xs}
+    return len(quants) <= 1
+
+
 def b_quant_scale(x) -> float:
     return _quant_of(x).scale
 

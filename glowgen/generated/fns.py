@@ -7,37 +7,37 @@ from glowgen.engine import specrt as rt
 
 
 def fn_conv_out(i, k, p0, p1, s, d):
-    """conv_out(i, k, p0, p1, s, d) = (((((i + p0) + p1) - (d * (k - 1))) - 1) // s) + 1  (specs/ops.glowdef:26:1)"""
+    """conv_out(i, k, p0, p1, s, d) = (((((i + p0) + p1) - (d * (k - 1))) - 1) // s) + 1  (specs/ops.glowdef:27:1)"""
     return rt.add(rt.floordiv(rt.sub(rt.sub(rt.add(rt.add(i, p0), p1), rt.mul(d, rt.sub(k, 1))), 1), s), 1)
 
 
 def fn_pool_out(i, k, p0, p1, s, d, ceil_mode):
-    """pool_out(i, k, p0, p1, s, d, ceil_mode) = conv_out(i, k, p0, p1, s, d) if ceil_mode == 0 else ((((((((i + p0) + p1) - (d * (k - 1))) - 1) + s) - 1) // s) + 1) - (1 if ((((((((i + p0) + p1) - (d * (k - 1))) - 1) + s) - 1) // s) * s) >= (i + p0) else 0)  (specs/ops.glowdef:27:1)"""
+    """pool_out(i, k, p0, p1, s, d, ceil_mode) = conv_out(i, k, p0, p1, s, d) if ceil_mode == 0 else ((((((((i + p0) + p1) - (d * (k - 1))) - 1) + s) - 1) // s) + 1) - (1 if ((((((((i + p0) + p1) - (d * (k - 1))) - 1) + s) - 1) // s) * s) >= (i + p0) else 0)  (specs/ops.glowdef:28:1)"""
     return (fn_conv_out(i, k, p0, p1, s, d) if rt.eq(ceil_mode, 0) else rt.sub(rt.add(rt.floordiv(rt.sub(rt.add(rt.sub(rt.sub(rt.add(rt.add(i, p0), p1), rt.mul(d, rt.sub(k, 1))), 1), s), 1), s), 1), (1 if rt.ge(rt.mul(rt.floordiv(rt.sub(rt.add(rt.sub(rt.sub(rt.add(rt.add(i, p0), p1), rt.mul(d, rt.sub(k, 1))), 1), s), 1), s), s), rt.add(i, p0)) else 0)))
 
 
 def fn_rnn_directions(direction):
-    """rnn_directions(direction) = 2 if direction == "bidirectional" else 1  (specs/ops.glowdef:1243:1)"""
+    """rnn_directions(direction) = 2 if direction == "bidirectional" else 1  (specs/ops.glowdef:1246:1)"""
     return (2 if rt.eq(direction, 'bidirectional') else 1)
 
 
 def fn_per_row(p, s):
-    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1347:1)"""
+    """per_row(p, s) = param_along(p, s[-2], len(s) - 2, len(s))  (specs/ops.glowdef:1350:1)"""
     return sl.quant.param_along(p, s[rt.neg(2)], rt.sub(rt.b_len(s), 2), rt.b_len(s))
 
 
 def fn_per_column(p, s):
-    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1348:1)"""
+    """per_column(p, s) = param_along(p, s[-1], len(s) - 1, len(s))  (specs/ops.glowdef:1351:1)"""
     return sl.quant.param_along(p, s[rt.neg(1)], rt.sub(rt.b_len(s), 1), rt.b_len(s))
 
 
 def fn_per_filter(p, s):
-    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1349:1)"""
+    """per_filter(p, s) = param_along(p, s[0], 0, len(s))  (specs/ops.glowdef:1352:1)"""
     return sl.quant.param_along(p, s[0], 0, rt.b_len(s))
 
 
 def fn_per_out_channel(p, m, rank):
-    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1350:1)"""
+    """per_out_channel(p, m, rank) = param_along(p, m, 1, rank)  (specs/ops.glowdef:1353:1)"""
     return sl.quant.param_along(p, m, 1, rank)
 
 
@@ -69,3 +69,8 @@ def fn_rnn_activation(acts, defaults, d, j):
 def fn_rnn_reverses(direction, d):
     """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:926:1)"""
     return (rt.eq(direction, 'reverse') or rt.eq(d, 1))
+
+
+def fn_picks_elements(r):
+    """picks_elements(r) = (r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")  (specs/lowerings.glowdef:1318:1)"""
+    return (rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize'))

@@ -11,174 +11,174 @@ from .fns import *  # noqa: F401,F403
 
 
 def _Add_0(o):
-    """ONNX Add -> Add (specs/ops.glowdef:46:3)."""
+    """ONNX Add -> Add (specs/ops.glowdef:47:3)."""
     attrs = {}
     return attrs
 
-_Add_0_clause = OnnxClause(onnx_op='Add', op='Add', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_0, consumed=(), location='specs/ops.glowdef:46:3', guard=None)
+_Add_0_clause = OnnxClause(onnx_op='Add', op='Add', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_0, consumed=(), location='specs/ops.glowdef:47:3', guard=None)
 
 
 def _Add_1(o):
-    """ONNX Add -> Add (specs/ops.glowdef:47:3)."""
+    """ONNX Add -> Add (specs/ops.glowdef:48:3)."""
     attrs = {}
     return attrs
 
 def _Add_1_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
 
-_Add_1_clause = OnnxClause(onnx_op='Add', op='Add', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:47:3', guard=_Add_1_guard)
+_Add_1_clause = OnnxClause(onnx_op='Add', op='Add', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Add_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:48:3', guard=_Add_1_guard)
 
 
 def _Sub_0(o):
-    """ONNX Sub -> Sub (specs/ops.glowdef:52:3)."""
+    """ONNX Sub -> Sub (specs/ops.glowdef:53:3)."""
     attrs = {}
     return attrs
 
-_Sub_0_clause = OnnxClause(onnx_op='Sub', op='Sub', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_0, consumed=(), location='specs/ops.glowdef:52:3', guard=None)
+_Sub_0_clause = OnnxClause(onnx_op='Sub', op='Sub', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_0, consumed=(), location='specs/ops.glowdef:53:3', guard=None)
 
 
 def _Sub_1(o):
-    """ONNX Sub -> Sub (specs/ops.glowdef:53:3)."""
+    """ONNX Sub -> Sub (specs/ops.glowdef:54:3)."""
     attrs = {}
     return attrs
 
 def _Sub_1_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
 
-_Sub_1_clause = OnnxClause(onnx_op='Sub', op='Sub', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:53:3', guard=_Sub_1_guard)
+_Sub_1_clause = OnnxClause(onnx_op='Sub', op='Sub', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Sub_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:54:3', guard=_Sub_1_guard)
 
 
 def _Mul_0(o):
-    """ONNX Mul -> Mul (specs/ops.glowdef:58:3)."""
+    """ONNX Mul -> Mul (specs/ops.glowdef:59:3)."""
     attrs = {}
     return attrs
 
-_Mul_0_clause = OnnxClause(onnx_op='Mul', op='Mul', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_0, consumed=(), location='specs/ops.glowdef:58:3', guard=None)
+_Mul_0_clause = OnnxClause(onnx_op='Mul', op='Mul', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_0, consumed=(), location='specs/ops.glowdef:59:3', guard=None)
 
 
 def _Mul_1(o):
-    """ONNX Mul -> Mul (specs/ops.glowdef:59:3)."""
+    """ONNX Mul -> Mul (specs/ops.glowdef:60:3)."""
     attrs = {}
     return attrs
 
 def _Mul_1_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
 
-_Mul_1_clause = OnnxClause(onnx_op='Mul', op='Mul', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:59:3', guard=_Mul_1_guard)
+_Mul_1_clause = OnnxClause(onnx_op='Mul', op='Mul', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mul_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:60:3', guard=_Mul_1_guard)
 
 
 def _Div_0(o):
-    """ONNX Div -> Div (specs/ops.glowdef:64:3)."""
+    """ONNX Div -> Div (specs/ops.glowdef:65:3)."""
     attrs = {}
     return attrs
 
-_Div_0_clause = OnnxClause(onnx_op='Div', op='Div', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_0, consumed=(), location='specs/ops.glowdef:64:3', guard=None)
+_Div_0_clause = OnnxClause(onnx_op='Div', op='Div', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_0, consumed=(), location='specs/ops.glowdef:65:3', guard=None)
 
 
 def _Div_1(o):
-    """ONNX Div -> Div (specs/ops.glowdef:65:3)."""
+    """ONNX Div -> Div (specs/ops.glowdef:66:3)."""
     attrs = {}
     return attrs
 
 def _Div_1_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
 
-_Div_1_clause = OnnxClause(onnx_op='Div', op='Div', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:65:3', guard=_Div_1_guard)
+_Div_1_clause = OnnxClause(onnx_op='Div', op='Div', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Div_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:66:3', guard=_Div_1_guard)
 
 
 def _Pow_0(o):
-    """ONNX Pow -> Pow (specs/ops.glowdef:74:3)."""
+    """ONNX Pow -> Pow (specs/ops.glowdef:75:3)."""
     attrs = {}
     return attrs
 
-_Pow_0_clause = OnnxClause(onnx_op='Pow', op='Pow', since=7, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_0, consumed=(), location='specs/ops.glowdef:74:3', guard=None)
+_Pow_0_clause = OnnxClause(onnx_op='Pow', op='Pow', since=7, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_0, consumed=(), location='specs/ops.glowdef:75:3', guard=None)
 
 
 def _Pow_1(o):
-    """ONNX Pow -> Pow (specs/ops.glowdef:75:3)."""
+    """ONNX Pow -> Pow (specs/ops.glowdef:76:3)."""
     attrs = {}
     return attrs
 
 def _Pow_1_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 0) or (not rt.b_defined(o.attr('axis', None)))))
 
-_Pow_1_clause = OnnxClause(onnx_op='Pow', op='Pow', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:75:3', guard=_Pow_1_guard)
+_Pow_1_clause = OnnxClause(onnx_op='Pow', op='Pow', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_Pow_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:76:3', guard=_Pow_1_guard)
 
 
 def _Equal_0(o):
-    """ONNX Equal -> Equal (specs/ops.glowdef:80:77)."""
+    """ONNX Equal -> Equal (specs/ops.glowdef:81:77)."""
     attrs = {}
     return attrs
 
-_Equal_0_clause = OnnxClause(onnx_op='Equal', op='Equal', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Equal_0, consumed=(), location='specs/ops.glowdef:80:77', guard=None)
+_Equal_0_clause = OnnxClause(onnx_op='Equal', op='Equal', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Equal_0, consumed=(), location='specs/ops.glowdef:81:77', guard=None)
 
 
 def _Less_0(o):
-    """ONNX Less -> Less (specs/ops.glowdef:81:55)."""
+    """ONNX Less -> Less (specs/ops.glowdef:82:55)."""
     attrs = {}
     return attrs
 
-_Less_0_clause = OnnxClause(onnx_op='Less', op='Less', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Less_0, consumed=(), location='specs/ops.glowdef:81:55', guard=None)
+_Less_0_clause = OnnxClause(onnx_op='Less', op='Less', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Less_0, consumed=(), location='specs/ops.glowdef:82:55', guard=None)
 
 
 def _LessOrEqual_0(o):
-    """ONNX LessOrEqual -> LessOrEqual (specs/ops.glowdef:82:63)."""
+    """ONNX LessOrEqual -> LessOrEqual (specs/ops.glowdef:83:63)."""
     attrs = {}
     return attrs
 
-_LessOrEqual_0_clause = OnnxClause(onnx_op='LessOrEqual', op='LessOrEqual', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LessOrEqual_0, consumed=(), location='specs/ops.glowdef:82:63', guard=None)
+_LessOrEqual_0_clause = OnnxClause(onnx_op='LessOrEqual', op='LessOrEqual', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LessOrEqual_0, consumed=(), location='specs/ops.glowdef:83:63', guard=None)
 
 
 def _Greater_0(o):
-    """ONNX Greater -> Greater (specs/ops.glowdef:83:58)."""
+    """ONNX Greater -> Greater (specs/ops.glowdef:84:58)."""
     attrs = {}
     return attrs
 
-_Greater_0_clause = OnnxClause(onnx_op='Greater', op='Greater', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Greater_0, consumed=(), location='specs/ops.glowdef:83:58', guard=None)
+_Greater_0_clause = OnnxClause(onnx_op='Greater', op='Greater', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Greater_0, consumed=(), location='specs/ops.glowdef:84:58', guard=None)
 
 
 def _GreaterOrEqual_0(o):
-    """ONNX GreaterOrEqual -> GreaterOrEqual (specs/ops.glowdef:84:66)."""
+    """ONNX GreaterOrEqual -> GreaterOrEqual (specs/ops.glowdef:85:66)."""
     attrs = {}
     return attrs
 
-_GreaterOrEqual_0_clause = OnnxClause(onnx_op='GreaterOrEqual', op='GreaterOrEqual', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_GreaterOrEqual_0, consumed=(), location='specs/ops.glowdef:84:66', guard=None)
+_GreaterOrEqual_0_clause = OnnxClause(onnx_op='GreaterOrEqual', op='GreaterOrEqual', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_GreaterOrEqual_0, consumed=(), location='specs/ops.glowdef:85:66', guard=None)
 
 
 def _And_0(o):
-    """ONNX And -> And (specs/ops.glowdef:85:79)."""
+    """ONNX And -> And (specs/ops.glowdef:86:79)."""
     attrs = {}
     return attrs
 
-_And_0_clause = OnnxClause(onnx_op='And', op='And', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_And_0, consumed=(), location='specs/ops.glowdef:85:79', guard=None)
+_And_0_clause = OnnxClause(onnx_op='And', op='And', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_And_0, consumed=(), location='specs/ops.glowdef:86:79', guard=None)
 
 
 def _Or_0(o):
-    """ONNX Or -> Or (specs/ops.glowdef:86:77)."""
+    """ONNX Or -> Or (specs/ops.glowdef:87:77)."""
     attrs = {}
     return attrs
 
-_Or_0_clause = OnnxClause(onnx_op='Or', op='Or', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Or_0, consumed=(), location='specs/ops.glowdef:86:77', guard=None)
+_Or_0_clause = OnnxClause(onnx_op='Or', op='Or', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Or_0, consumed=(), location='specs/ops.glowdef:87:77', guard=None)
 
 
 def _Xor_0(o):
-    """ONNX Xor -> Xor (specs/ops.glowdef:87:88)."""
+    """ONNX Xor -> Xor (specs/ops.glowdef:88:88)."""
     attrs = {}
     return attrs
 
-_Xor_0_clause = OnnxClause(onnx_op='Xor', op='Xor', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Xor_0, consumed=(), location='specs/ops.glowdef:87:88', guard=None)
+_Xor_0_clause = OnnxClause(onnx_op='Xor', op='Xor', since=7, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Xor_0, consumed=(), location='specs/ops.glowdef:88:88', guard=None)
 
 
 def _Select_0(o):
-    """ONNX Where -> Select (specs/ops.glowdef:95:3)."""
+    """ONNX Where -> Select (specs/ops.glowdef:96:3)."""
     attrs = {}
     return attrs
 
-_Select_0_clause = OnnxClause(onnx_op='Where', op='Select', since=None, until=None, inputs=(('condition', 'single'), ('X', 'single'), ('Y', 'single')), operands=(('condition', 0), ('X', 1), ('Y', 2)), attributes=_Select_0, consumed=(), location='specs/ops.glowdef:95:3', guard=None)
+_Select_0_clause = OnnxClause(onnx_op='Where', op='Select', since=None, until=None, inputs=(('condition', 'single'), ('X', 'single'), ('Y', 'single')), operands=(('condition', 0), ('X', 1), ('Y', 2)), attributes=_Select_0, consumed=(), location='specs/ops.glowdef:96:3', guard=None)
 
 
 def _Mod_0(o):
-    """ONNX Mod -> Mod (specs/ops.glowdef:100:3)."""
+    """ONNX Mod -> Mod (specs/ops.glowdef:101:3)."""
     attrs = {}
     if o.has_attr('fmod'):
         attrs['fmod'] = o.attr('fmod')
@@ -186,111 +186,111 @@ def _Mod_0(o):
         attrs['fmod'] = 0
     return attrs
 
-_Mod_0_clause = OnnxClause(onnx_op='Mod', op='Mod', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mod_0, consumed=('fmod',), location='specs/ops.glowdef:100:3', guard=None)
+_Mod_0_clause = OnnxClause(onnx_op='Mod', op='Mod', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_Mod_0, consumed=('fmod',), location='specs/ops.glowdef:101:3', guard=None)
 
 
 def _BitShift_0(o):
-    """ONNX BitShift -> BitShift (specs/ops.glowdef:105:3)."""
+    """ONNX BitShift -> BitShift (specs/ops.glowdef:106:3)."""
     attrs = {}
-    attrs['left'] = o.evaluating('left', 'specs/ops.glowdef:105:39', lambda: (1 if rt.eq(o.attr('direction', None), 'LEFT') else 0))
+    attrs['left'] = o.evaluating('left', 'specs/ops.glowdef:106:39', lambda: (1 if rt.eq(o.attr('direction', None), 'LEFT') else 0))
     return attrs
 
-_BitShift_0_clause = OnnxClause(onnx_op='BitShift', op='BitShift', since=None, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_BitShift_0, consumed=('direction',), location='specs/ops.glowdef:105:3', guard=None)
+_BitShift_0_clause = OnnxClause(onnx_op='BitShift', op='BitShift', since=None, until=None, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_BitShift_0, consumed=('direction',), location='specs/ops.glowdef:106:3', guard=None)
 
 
 def _BitwiseAnd_0(o):
-    """ONNX BitwiseAnd -> BitwiseAnd (specs/ops.glowdef:108:80)."""
+    """ONNX BitwiseAnd -> BitwiseAnd (specs/ops.glowdef:109:80)."""
     attrs = {}
     return attrs
 
-_BitwiseAnd_0_clause = OnnxClause(onnx_op='BitwiseAnd', op='BitwiseAnd', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseAnd_0, consumed=(), location='specs/ops.glowdef:108:80', guard=None)
+_BitwiseAnd_0_clause = OnnxClause(onnx_op='BitwiseAnd', op='BitwiseAnd', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseAnd_0, consumed=(), location='specs/ops.glowdef:109:80', guard=None)
 
 
 def _BitwiseOr_0(o):
-    """ONNX BitwiseOr -> BitwiseOr (specs/ops.glowdef:109:78)."""
+    """ONNX BitwiseOr -> BitwiseOr (specs/ops.glowdef:110:78)."""
     attrs = {}
     return attrs
 
-_BitwiseOr_0_clause = OnnxClause(onnx_op='BitwiseOr', op='BitwiseOr', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseOr_0, consumed=(), location='specs/ops.glowdef:109:78', guard=None)
+_BitwiseOr_0_clause = OnnxClause(onnx_op='BitwiseOr', op='BitwiseOr', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseOr_0, consumed=(), location='specs/ops.glowdef:110:78', guard=None)
 
 
 def _BitwiseXor_0(o):
-    """ONNX BitwiseXor -> BitwiseXor (specs/ops.glowdef:110:89)."""
+    """ONNX BitwiseXor -> BitwiseXor (specs/ops.glowdef:111:89)."""
     attrs = {}
     return attrs
 
-_BitwiseXor_0_clause = OnnxClause(onnx_op='BitwiseXor', op='BitwiseXor', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseXor_0, consumed=(), location='specs/ops.glowdef:110:89', guard=None)
+_BitwiseXor_0_clause = OnnxClause(onnx_op='BitwiseXor', op='BitwiseXor', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_BitwiseXor_0, consumed=(), location='specs/ops.glowdef:111:89', guard=None)
 
 
 def _PRelu_0(o):
-    """ONNX PRelu -> PRelu (specs/ops.glowdef:118:3)."""
+    """ONNX PRelu -> PRelu (specs/ops.glowdef:119:3)."""
     attrs = {}
     return attrs
 
 def _PRelu_0_guard(o):
     return bool(((rt.ge(o.opset, 7) or rt.ne(rt.b_len(o.input('slope').shape), 1)) or rt.lt(rt.b_rank(o.input('X')), 2)))
 
-_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:118:3', guard=_PRelu_0_guard)
+_PRelu_0_clause = OnnxClause(onnx_op='PRelu', op='PRelu', since=6, until=None, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_PRelu_0, consumed=(), location='specs/ops.glowdef:119:3', guard=_PRelu_0_guard)
 
 
 def _CastLike_0(o):
-    """ONNX CastLike -> CastLike (specs/ops.glowdef:125:3)."""
+    """ONNX CastLike -> CastLike (specs/ops.glowdef:126:3)."""
     attrs = {}
     return attrs
 
-_CastLike_0_clause = OnnxClause(onnx_op='CastLike', op='CastLike', since=None, until=None, inputs=(('input', 'single'), ('target_type', 'single')), operands=(('input', 0), ('target_type', 1)), attributes=_CastLike_0, consumed=('saturate',), location='specs/ops.glowdef:125:3', guard=None)
+_CastLike_0_clause = OnnxClause(onnx_op='CastLike', op='CastLike', since=None, until=None, inputs=(('input', 'single'), ('target_type', 'single')), operands=(('input', 0), ('target_type', 1)), attributes=_CastLike_0, consumed=('saturate',), location='specs/ops.glowdef:126:3', guard=None)
 
 
 def _Neg_0(o):
-    """ONNX Neg -> Neg (specs/ops.glowdef:157:46)."""
+    """ONNX Neg -> Neg (specs/ops.glowdef:158:46)."""
     attrs = {}
     return attrs
 
-_Neg_0_clause = OnnxClause(onnx_op='Neg', op='Neg', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Neg_0, consumed=(), location='specs/ops.glowdef:157:46', guard=None)
+_Neg_0_clause = OnnxClause(onnx_op='Neg', op='Neg', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Neg_0, consumed=(), location='specs/ops.glowdef:158:46', guard=None)
 
 
 def _Abs_0(o):
-    """ONNX Abs -> Abs (specs/ops.glowdef:158:52)."""
+    """ONNX Abs -> Abs (specs/ops.glowdef:159:52)."""
     attrs = {}
     return attrs
 
-_Abs_0_clause = OnnxClause(onnx_op='Abs', op='Abs', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Abs_0, consumed=(), location='specs/ops.glowdef:158:52', guard=None)
+_Abs_0_clause = OnnxClause(onnx_op='Abs', op='Abs', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Abs_0, consumed=(), location='specs/ops.glowdef:159:52', guard=None)
 
 
 def _Exp_0(o):
-    """ONNX Exp -> Exp (specs/ops.glowdef:159:44)."""
+    """ONNX Exp -> Exp (specs/ops.glowdef:160:44)."""
     attrs = {}
     return attrs
 
-_Exp_0_clause = OnnxClause(onnx_op='Exp', op='Exp', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Exp_0, consumed=(), location='specs/ops.glowdef:159:44', guard=None)
+_Exp_0_clause = OnnxClause(onnx_op='Exp', op='Exp', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Exp_0, consumed=(), location='specs/ops.glowdef:160:44', guard=None)
 
 
 def _Log_0(o):
-    """ONNX Log -> Log (specs/ops.glowdef:160:55)."""
+    """ONNX Log -> Log (specs/ops.glowdef:161:55)."""
     attrs = {}
     return attrs
 
-_Log_0_clause = OnnxClause(onnx_op='Log', op='Log', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Log_0, consumed=(), location='specs/ops.glowdef:160:55', guard=None)
+_Log_0_clause = OnnxClause(onnx_op='Log', op='Log', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Log_0, consumed=(), location='specs/ops.glowdef:161:55', guard=None)
 
 
 def _Sqrt_0(o):
-    """ONNX Sqrt -> Sqrt (specs/ops.glowdef:161:50)."""
+    """ONNX Sqrt -> Sqrt (specs/ops.glowdef:162:50)."""
     attrs = {}
     return attrs
 
-_Sqrt_0_clause = OnnxClause(onnx_op='Sqrt', op='Sqrt', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Sqrt_0, consumed=(), location='specs/ops.glowdef:161:50', guard=None)
+_Sqrt_0_clause = OnnxClause(onnx_op='Sqrt', op='Sqrt', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Sqrt_0, consumed=(), location='specs/ops.glowdef:162:50', guard=None)
 
 
 def _Relu_0(o):
-    """ONNX Relu -> Relu (specs/ops.glowdef:162:74)."""
+    """ONNX Relu -> Relu (specs/ops.glowdef:163:74)."""
     attrs = {}
     return attrs
 
-_Relu_0_clause = OnnxClause(onnx_op='Relu', op='Relu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Relu_0, consumed=(), location='specs/ops.glowdef:162:74', guard=None)
+_Relu_0_clause = OnnxClause(onnx_op='Relu', op='Relu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Relu_0, consumed=(), location='specs/ops.glowdef:163:74', guard=None)
 
 
 def _LeakyRelu_0(o):
-    """ONNX LeakyRelu -> LeakyRelu (specs/ops.glowdef:163:91)."""
+    """ONNX LeakyRelu -> LeakyRelu (specs/ops.glowdef:164:91)."""
     attrs = {}
     if o.has_attr('alpha'):
         attrs['alpha'] = o.attr('alpha')
@@ -298,11 +298,11 @@ def _LeakyRelu_0(o):
         attrs['alpha'] = 0.009999999776482582
     return attrs
 
-_LeakyRelu_0_clause = OnnxClause(onnx_op='LeakyRelu', op='LeakyRelu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LeakyRelu_0, consumed=('alpha',), location='specs/ops.glowdef:163:91', guard=None)
+_LeakyRelu_0_clause = OnnxClause(onnx_op='LeakyRelu', op='LeakyRelu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LeakyRelu_0, consumed=('alpha',), location='specs/ops.glowdef:164:91', guard=None)
 
 
 def _Elu_0(o):
-    """ONNX Elu -> Elu (specs/ops.glowdef:164:95)."""
+    """ONNX Elu -> Elu (specs/ops.glowdef:165:95)."""
     attrs = {}
     if o.has_attr('alpha'):
         attrs['alpha'] = o.attr('alpha')
@@ -310,179 +310,179 @@ def _Elu_0(o):
         attrs['alpha'] = 1.0
     return attrs
 
-_Elu_0_clause = OnnxClause(onnx_op='Elu', op='Elu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Elu_0, consumed=('alpha',), location='specs/ops.glowdef:164:95', guard=None)
+_Elu_0_clause = OnnxClause(onnx_op='Elu', op='Elu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Elu_0, consumed=('alpha',), location='specs/ops.glowdef:165:95', guard=None)
 
 
 def _Sigmoid_0(o):
-    """ONNX Sigmoid -> Sigmoid (specs/ops.glowdef:165:59)."""
+    """ONNX Sigmoid -> Sigmoid (specs/ops.glowdef:166:59)."""
     attrs = {}
     return attrs
 
-_Sigmoid_0_clause = OnnxClause(onnx_op='Sigmoid', op='Sigmoid', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Sigmoid_0, consumed=(), location='specs/ops.glowdef:165:59', guard=None)
+_Sigmoid_0_clause = OnnxClause(onnx_op='Sigmoid', op='Sigmoid', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Sigmoid_0, consumed=(), location='specs/ops.glowdef:166:59', guard=None)
 
 
 def _Tanh_0(o):
-    """ONNX Tanh -> Tanh (specs/ops.glowdef:166:57)."""
+    """ONNX Tanh -> Tanh (specs/ops.glowdef:167:57)."""
     attrs = {}
     return attrs
 
-_Tanh_0_clause = OnnxClause(onnx_op='Tanh', op='Tanh', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tanh_0, consumed=(), location='specs/ops.glowdef:166:57', guard=None)
+_Tanh_0_clause = OnnxClause(onnx_op='Tanh', op='Tanh', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tanh_0, consumed=(), location='specs/ops.glowdef:167:57', guard=None)
 
 
 def _Erf_0(o):
-    """ONNX Erf -> Erf (specs/ops.glowdef:167:52)."""
+    """ONNX Erf -> Erf (specs/ops.glowdef:168:52)."""
     attrs = {}
     return attrs
 
-_Erf_0_clause = OnnxClause(onnx_op='Erf', op='Erf', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Erf_0, consumed=(), location='specs/ops.glowdef:167:52', guard=None)
+_Erf_0_clause = OnnxClause(onnx_op='Erf', op='Erf', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Erf_0, consumed=(), location='specs/ops.glowdef:168:52', guard=None)
 
 
 def _Softplus_0(o):
-    """ONNX Softplus -> Softplus (specs/ops.glowdef:168:85)."""
+    """ONNX Softplus -> Softplus (specs/ops.glowdef:169:85)."""
     attrs = {}
     return attrs
 
-_Softplus_0_clause = OnnxClause(onnx_op='Softplus', op='Softplus', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Softplus_0, consumed=(), location='specs/ops.glowdef:168:85', guard=None)
+_Softplus_0_clause = OnnxClause(onnx_op='Softplus', op='Softplus', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Softplus_0, consumed=(), location='specs/ops.glowdef:169:85', guard=None)
 
 
 def _Floor_0(o):
-    """ONNX Floor -> Floor (specs/ops.glowdef:169:45)."""
+    """ONNX Floor -> Floor (specs/ops.glowdef:170:45)."""
     attrs = {}
     return attrs
 
-_Floor_0_clause = OnnxClause(onnx_op='Floor', op='Floor', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Floor_0, consumed=(), location='specs/ops.glowdef:169:45', guard=None)
+_Floor_0_clause = OnnxClause(onnx_op='Floor', op='Floor', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Floor_0, consumed=(), location='specs/ops.glowdef:170:45', guard=None)
 
 
 def _Ceil_0(o):
-    """ONNX Ceil -> Ceil (specs/ops.glowdef:170:46)."""
+    """ONNX Ceil -> Ceil (specs/ops.glowdef:171:46)."""
     attrs = {}
     return attrs
 
-_Ceil_0_clause = OnnxClause(onnx_op='Ceil', op='Ceil', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Ceil_0, consumed=(), location='specs/ops.glowdef:170:46', guard=None)
+_Ceil_0_clause = OnnxClause(onnx_op='Ceil', op='Ceil', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Ceil_0, consumed=(), location='specs/ops.glowdef:171:46', guard=None)
 
 
 def _Not_0(o):
-    """ONNX Not -> Not (specs/ops.glowdef:171:52)."""
+    """ONNX Not -> Not (specs/ops.glowdef:172:52)."""
     attrs = {}
     return attrs
 
-_Not_0_clause = OnnxClause(onnx_op='Not', op='Not', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Not_0, consumed=(), location='specs/ops.glowdef:171:52', guard=None)
+_Not_0_clause = OnnxClause(onnx_op='Not', op='Not', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Not_0, consumed=(), location='specs/ops.glowdef:172:52', guard=None)
 
 
 def _Sin_0(o):
-    """ONNX Sin -> Sin (specs/ops.glowdef:172:42)."""
+    """ONNX Sin -> Sin (specs/ops.glowdef:173:42)."""
     attrs = {}
     return attrs
 
-_Sin_0_clause = OnnxClause(onnx_op='Sin', op='Sin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sin_0, consumed=(), location='specs/ops.glowdef:172:42', guard=None)
+_Sin_0_clause = OnnxClause(onnx_op='Sin', op='Sin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sin_0, consumed=(), location='specs/ops.glowdef:173:42', guard=None)
 
 
 def _Cos_0(o):
-    """ONNX Cos -> Cos (specs/ops.glowdef:173:44)."""
+    """ONNX Cos -> Cos (specs/ops.glowdef:174:44)."""
     attrs = {}
     return attrs
 
-_Cos_0_clause = OnnxClause(onnx_op='Cos', op='Cos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cos_0, consumed=(), location='specs/ops.glowdef:173:44', guard=None)
+_Cos_0_clause = OnnxClause(onnx_op='Cos', op='Cos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cos_0, consumed=(), location='specs/ops.glowdef:174:44', guard=None)
 
 
 def _Tan_0(o):
-    """ONNX Tan -> Tan (specs/ops.glowdef:174:45)."""
+    """ONNX Tan -> Tan (specs/ops.glowdef:175:45)."""
     attrs = {}
     return attrs
 
-_Tan_0_clause = OnnxClause(onnx_op='Tan', op='Tan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tan_0, consumed=(), location='specs/ops.glowdef:174:45', guard=None)
+_Tan_0_clause = OnnxClause(onnx_op='Tan', op='Tan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Tan_0, consumed=(), location='specs/ops.glowdef:175:45', guard=None)
 
 
 def _Asin_0(o):
-    """ONNX Asin -> Asin (specs/ops.glowdef:175:46)."""
+    """ONNX Asin -> Asin (specs/ops.glowdef:176:46)."""
     attrs = {}
     return attrs
 
-_Asin_0_clause = OnnxClause(onnx_op='Asin', op='Asin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asin_0, consumed=(), location='specs/ops.glowdef:175:46', guard=None)
+_Asin_0_clause = OnnxClause(onnx_op='Asin', op='Asin', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asin_0, consumed=(), location='specs/ops.glowdef:176:46', guard=None)
 
 
 def _Acos_0(o):
-    """ONNX Acos -> Acos (specs/ops.glowdef:176:48)."""
+    """ONNX Acos -> Acos (specs/ops.glowdef:177:48)."""
     attrs = {}
     return attrs
 
-_Acos_0_clause = OnnxClause(onnx_op='Acos', op='Acos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acos_0, consumed=(), location='specs/ops.glowdef:176:48', guard=None)
+_Acos_0_clause = OnnxClause(onnx_op='Acos', op='Acos', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acos_0, consumed=(), location='specs/ops.glowdef:177:48', guard=None)
 
 
 def _Atan_0(o):
-    """ONNX Atan -> Atan (specs/ops.glowdef:177:49)."""
+    """ONNX Atan -> Atan (specs/ops.glowdef:178:49)."""
     attrs = {}
     return attrs
 
-_Atan_0_clause = OnnxClause(onnx_op='Atan', op='Atan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atan_0, consumed=(), location='specs/ops.glowdef:177:49', guard=None)
+_Atan_0_clause = OnnxClause(onnx_op='Atan', op='Atan', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atan_0, consumed=(), location='specs/ops.glowdef:178:49', guard=None)
 
 
 def _Sinh_0(o):
-    """ONNX Sinh -> Sinh (specs/ops.glowdef:178:54)."""
+    """ONNX Sinh -> Sinh (specs/ops.glowdef:179:54)."""
     attrs = {}
     return attrs
 
-_Sinh_0_clause = OnnxClause(onnx_op='Sinh', op='Sinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sinh_0, consumed=(), location='specs/ops.glowdef:178:54', guard=None)
+_Sinh_0_clause = OnnxClause(onnx_op='Sinh', op='Sinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sinh_0, consumed=(), location='specs/ops.glowdef:179:54', guard=None)
 
 
 def _Cosh_0(o):
-    """ONNX Cosh -> Cosh (specs/ops.glowdef:179:56)."""
+    """ONNX Cosh -> Cosh (specs/ops.glowdef:180:56)."""
     attrs = {}
     return attrs
 
-_Cosh_0_clause = OnnxClause(onnx_op='Cosh', op='Cosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cosh_0, consumed=(), location='specs/ops.glowdef:179:56', guard=None)
+_Cosh_0_clause = OnnxClause(onnx_op='Cosh', op='Cosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cosh_0, consumed=(), location='specs/ops.glowdef:180:56', guard=None)
 
 
 def _Asinh_0(o):
-    """ONNX Asinh -> Asinh (specs/ops.glowdef:180:63)."""
+    """ONNX Asinh -> Asinh (specs/ops.glowdef:181:63)."""
     attrs = {}
     return attrs
 
-_Asinh_0_clause = OnnxClause(onnx_op='Asinh', op='Asinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asinh_0, consumed=(), location='specs/ops.glowdef:180:63', guard=None)
+_Asinh_0_clause = OnnxClause(onnx_op='Asinh', op='Asinh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Asinh_0, consumed=(), location='specs/ops.glowdef:181:63', guard=None)
 
 
 def _Acosh_0(o):
-    """ONNX Acosh -> Acosh (specs/ops.glowdef:181:65)."""
+    """ONNX Acosh -> Acosh (specs/ops.glowdef:182:65)."""
     attrs = {}
     return attrs
 
-_Acosh_0_clause = OnnxClause(onnx_op='Acosh', op='Acosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acosh_0, consumed=(), location='specs/ops.glowdef:181:65', guard=None)
+_Acosh_0_clause = OnnxClause(onnx_op='Acosh', op='Acosh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Acosh_0, consumed=(), location='specs/ops.glowdef:182:65', guard=None)
 
 
 def _Atanh_0(o):
-    """ONNX Atanh -> Atanh (specs/ops.glowdef:182:66)."""
+    """ONNX Atanh -> Atanh (specs/ops.glowdef:183:66)."""
     attrs = {}
     return attrs
 
-_Atanh_0_clause = OnnxClause(onnx_op='Atanh', op='Atanh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atanh_0, consumed=(), location='specs/ops.glowdef:182:66', guard=None)
+_Atanh_0_clause = OnnxClause(onnx_op='Atanh', op='Atanh', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Atanh_0, consumed=(), location='specs/ops.glowdef:183:66', guard=None)
 
 
 def _Sign_0(o):
-    """ONNX Sign -> Sign (specs/ops.glowdef:183:55)."""
+    """ONNX Sign -> Sign (specs/ops.glowdef:184:55)."""
     attrs = {}
     return attrs
 
-_Sign_0_clause = OnnxClause(onnx_op='Sign', op='Sign', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sign_0, consumed=(), location='specs/ops.glowdef:183:55', guard=None)
+_Sign_0_clause = OnnxClause(onnx_op='Sign', op='Sign', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Sign_0, consumed=(), location='specs/ops.glowdef:184:55', guard=None)
 
 
 def _Round_0(o):
-    """ONNX Round -> Round (specs/ops.glowdef:184:87)."""
+    """ONNX Round -> Round (specs/ops.glowdef:185:87)."""
     attrs = {}
     return attrs
 
-_Round_0_clause = OnnxClause(onnx_op='Round', op='Round', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Round_0, consumed=(), location='specs/ops.glowdef:184:87', guard=None)
+_Round_0_clause = OnnxClause(onnx_op='Round', op='Round', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Round_0, consumed=(), location='specs/ops.glowdef:185:87', guard=None)
 
 
 def _IsNaN_0(o):
-    """ONNX IsNaN -> IsNaN (specs/ops.glowdef:185:52)."""
+    """ONNX IsNaN -> IsNaN (specs/ops.glowdef:186:52)."""
     attrs = {}
     return attrs
 
-_IsNaN_0_clause = OnnxClause(onnx_op='IsNaN', op='IsNaN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsNaN_0, consumed=(), location='specs/ops.glowdef:185:52', guard=None)
+_IsNaN_0_clause = OnnxClause(onnx_op='IsNaN', op='IsNaN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsNaN_0, consumed=(), location='specs/ops.glowdef:186:52', guard=None)
 
 
 def _IsInf_0(o):
-    """ONNX IsInf -> IsInf (specs/ops.glowdef:190:3)."""
+    """ONNX IsInf -> IsInf (specs/ops.glowdef:191:3)."""
     attrs = {}
     if o.has_attr('detect_negative'):
         attrs['detect_negative'] = o.attr('detect_negative')
@@ -494,19 +494,19 @@ def _IsInf_0(o):
         attrs['detect_positive'] = 1
     return attrs
 
-_IsInf_0_clause = OnnxClause(onnx_op='IsInf', op='IsInf', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsInf_0, consumed=('detect_negative', 'detect_positive'), location='specs/ops.glowdef:190:3', guard=None)
+_IsInf_0_clause = OnnxClause(onnx_op='IsInf', op='IsInf', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_IsInf_0, consumed=('detect_negative', 'detect_positive'), location='specs/ops.glowdef:191:3', guard=None)
 
 
 def _BitwiseNot_0(o):
-    """ONNX BitwiseNot -> BitwiseNot (specs/ops.glowdef:193:63)."""
+    """ONNX BitwiseNot -> BitwiseNot (specs/ops.glowdef:194:63)."""
     attrs = {}
     return attrs
 
-_BitwiseNot_0_clause = OnnxClause(onnx_op='BitwiseNot', op='BitwiseNot', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_BitwiseNot_0, consumed=(), location='specs/ops.glowdef:193:63', guard=None)
+_BitwiseNot_0_clause = OnnxClause(onnx_op='BitwiseNot', op='BitwiseNot', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_BitwiseNot_0, consumed=(), location='specs/ops.glowdef:194:63', guard=None)
 
 
 def _Selu_0(o):
-    """ONNX Selu -> Selu (specs/ops.glowdef:198:3)."""
+    """ONNX Selu -> Selu (specs/ops.glowdef:199:3)."""
     attrs = {}
     if o.has_attr('gamma'):
         attrs['gamma'] = o.attr('gamma')
@@ -518,11 +518,11 @@ def _Selu_0(o):
         attrs['alpha'] = 1.6732631921768188
     return attrs
 
-_Selu_0_clause = OnnxClause(onnx_op='Selu', op='Selu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Selu_0, consumed=('alpha', 'gamma'), location='specs/ops.glowdef:198:3', guard=None)
+_Selu_0_clause = OnnxClause(onnx_op='Selu', op='Selu', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Selu_0, consumed=('alpha', 'gamma'), location='specs/ops.glowdef:199:3', guard=None)
 
 
 def _ThresholdedRelu_0(o):
-    """ONNX ThresholdedRelu -> ThresholdedRelu (specs/ops.glowdef:201:92)."""
+    """ONNX ThresholdedRelu -> ThresholdedRelu (specs/ops.glowdef:202:92)."""
     attrs = {}
     if o.has_attr('alpha'):
         attrs['alpha'] = o.attr('alpha')
@@ -530,11 +530,11 @@ def _ThresholdedRelu_0(o):
         attrs['alpha'] = 1.0
     return attrs
 
-_ThresholdedRelu_0_clause = OnnxClause(onnx_op='ThresholdedRelu', op='ThresholdedRelu', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_ThresholdedRelu_0, consumed=('alpha',), location='specs/ops.glowdef:201:92', guard=None)
+_ThresholdedRelu_0_clause = OnnxClause(onnx_op='ThresholdedRelu', op='ThresholdedRelu', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_ThresholdedRelu_0, consumed=('alpha',), location='specs/ops.glowdef:202:92', guard=None)
 
 
 def _Shrink_0(o):
-    """ONNX Shrink -> Shrink (specs/ops.glowdef:206:3)."""
+    """ONNX Shrink -> Shrink (specs/ops.glowdef:207:3)."""
     attrs = {}
     if o.has_attr('bias'):
         attrs['bias'] = o.attr('bias')
@@ -546,28 +546,28 @@ def _Shrink_0(o):
         attrs['lambd'] = 0.5
     return attrs
 
-_Shrink_0_clause = OnnxClause(onnx_op='Shrink', op='Shrink', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Shrink_0, consumed=('bias', 'lambd'), location='specs/ops.glowdef:206:3', guard=None)
+_Shrink_0_clause = OnnxClause(onnx_op='Shrink', op='Shrink', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Shrink_0, consumed=('bias', 'lambd'), location='specs/ops.glowdef:207:3', guard=None)
 
 
 def _Cast_0(o):
-    """ONNX Cast -> Cast (specs/ops.glowdef:215:3)."""
+    """ONNX Cast -> Cast (specs/ops.glowdef:216:3)."""
     attrs = {}
-    attrs['to'] = o.evaluating('to', 'specs/ops.glowdef:215:23', lambda: sl.shapes.onnx_dtype(o.attr('to', None)))
+    attrs['to'] = o.evaluating('to', 'specs/ops.glowdef:216:23', lambda: sl.shapes.onnx_dtype(o.attr('to', None)))
     return attrs
 
-_Cast_0_clause = OnnxClause(onnx_op='Cast', op='Cast', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cast_0, consumed=('saturate', 'to'), location='specs/ops.glowdef:215:3', guard=None)
+_Cast_0_clause = OnnxClause(onnx_op='Cast', op='Cast', since=6, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Cast_0, consumed=('saturate', 'to'), location='specs/ops.glowdef:216:3', guard=None)
 
 
 def _Reciprocal_0(o):
-    """ONNX Reciprocal -> Reciprocal (specs/ops.glowdef:220:54)."""
+    """ONNX Reciprocal -> Reciprocal (specs/ops.glowdef:221:54)."""
     attrs = {}
     return attrs
 
-_Reciprocal_0_clause = OnnxClause(onnx_op='Reciprocal', op='Reciprocal', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Reciprocal_0, consumed=(), location='specs/ops.glowdef:220:54', guard=None)
+_Reciprocal_0_clause = OnnxClause(onnx_op='Reciprocal', op='Reciprocal', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Reciprocal_0, consumed=(), location='specs/ops.glowdef:221:54', guard=None)
 
 
 def _Clip_0(o):
-    """ONNX Clip -> Clip (specs/ops.glowdef:225:3)."""
+    """ONNX Clip -> Clip (specs/ops.glowdef:226:3)."""
     attrs = {}
     if o.has_attr('max'):
         attrs['max'] = o.attr('max')
@@ -579,11 +579,11 @@ def _Clip_0(o):
         attrs['min'] = -3.4028234663852886e+38
     return attrs
 
-_Clip_0_clause = OnnxClause(onnx_op='Clip', op='Clip', since=6, until=10, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Clip_0, consumed=('max', 'min'), location='specs/ops.glowdef:225:3', guard=None)
+_Clip_0_clause = OnnxClause(onnx_op='Clip', op='Clip', since=6, until=10, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Clip_0, consumed=('max', 'min'), location='specs/ops.glowdef:226:3', guard=None)
 
 
 def _Clip_1(o):
-    """ONNX Clip -> Clip (specs/ops.glowdef:226:3)."""
+    """ONNX Clip -> Clip (specs/ops.glowdef:227:3)."""
     attrs = {}
     if o.input('min').present:
         attrs['min'] = o.input('min').value
@@ -591,11 +591,11 @@ def _Clip_1(o):
         attrs['max'] = o.input('max').value
     return attrs
 
-_Clip_1_clause = OnnxClause(onnx_op='Clip', op='Clip', since=11, until=None, inputs=(('input', 'single'), ('min', 'optional'), ('max', 'optional')), operands=(('input', 0),), attributes=_Clip_1, consumed=(), location='specs/ops.glowdef:226:3', guard=None)
+_Clip_1_clause = OnnxClause(onnx_op='Clip', op='Clip', since=11, until=None, inputs=(('input', 'single'), ('min', 'optional'), ('max', 'optional')), operands=(('input', 0),), attributes=_Clip_1, consumed=(), location='specs/ops.glowdef:227:3', guard=None)
 
 
 def _HardSigmoid_0(o):
-    """ONNX HardSigmoid -> HardSigmoid (specs/ops.glowdef:236:3)."""
+    """ONNX HardSigmoid -> HardSigmoid (specs/ops.glowdef:237:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -607,196 +607,196 @@ def _HardSigmoid_0(o):
         attrs['alpha'] = 0.20000000298023224
     return attrs
 
-_HardSigmoid_0_clause = OnnxClause(onnx_op='HardSigmoid', op='HardSigmoid', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSigmoid_0, consumed=('alpha', 'beta'), location='specs/ops.glowdef:236:3', guard=None)
+_HardSigmoid_0_clause = OnnxClause(onnx_op='HardSigmoid', op='HardSigmoid', since=6, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSigmoid_0, consumed=('alpha', 'beta'), location='specs/ops.glowdef:237:3', guard=None)
 
 
 def _HardSwish_0(o):
-    """ONNX HardSwish -> HardSwish (specs/ops.glowdef:239:81)."""
+    """ONNX HardSwish -> HardSwish (specs/ops.glowdef:240:81)."""
     attrs = {}
     return attrs
 
-_HardSwish_0_clause = OnnxClause(onnx_op='HardSwish', op='HardSwish', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSwish_0, consumed=(), location='specs/ops.glowdef:239:81', guard=None)
+_HardSwish_0_clause = OnnxClause(onnx_op='HardSwish', op='HardSwish', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_HardSwish_0, consumed=(), location='specs/ops.glowdef:240:81', guard=None)
 
 
 def _Identity_0(o):
-    """ONNX Identity -> Identity (specs/ops.glowdef:245:3)."""
+    """ONNX Identity -> Identity (specs/ops.glowdef:246:3)."""
     attrs = {}
     return attrs
 
-_Identity_0_clause = OnnxClause(onnx_op='Identity', op='Identity', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Identity_0, consumed=(), location='specs/ops.glowdef:245:3', guard=None)
+_Identity_0_clause = OnnxClause(onnx_op='Identity', op='Identity', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Identity_0, consumed=(), location='specs/ops.glowdef:246:3', guard=None)
 
 
 def _Dropout_0(o):
-    """ONNX Dropout -> Dropout (specs/ops.glowdef:252:3)."""
+    """ONNX Dropout -> Dropout (specs/ops.glowdef:253:3)."""
     attrs = {}
     return attrs
 
-_Dropout_0_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=7, until=11, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Dropout_0, consumed=('ratio',), location='specs/ops.glowdef:252:3', guard=None)
+_Dropout_0_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=7, until=11, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Dropout_0, consumed=('ratio',), location='specs/ops.glowdef:253:3', guard=None)
 
 
 def _Dropout_1(o):
-    """ONNX Dropout -> Dropout (specs/ops.glowdef:253:3)."""
+    """ONNX Dropout -> Dropout (specs/ops.glowdef:254:3)."""
     attrs = {}
-    o.check(((not o.input('training_mode').present) or rt.eq(rt.b_item(o.input('training_mode').value), 0)), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:255:5')
+    o.check(((not o.input('training_mode').present) or rt.eq(rt.b_item(o.input('training_mode').value), 0)), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:256:5')
     return attrs
 
-_Dropout_1_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=12, until=None, inputs=(('data', 'single'), ('ratio', 'optional'), ('training_mode', 'optional')), operands=(('data', 0),), attributes=_Dropout_1, consumed=('ratio', 'seed'), location='specs/ops.glowdef:253:3', guard=None)
+_Dropout_1_clause = OnnxClause(onnx_op='Dropout', op='Dropout', since=12, until=None, inputs=(('data', 'single'), ('ratio', 'optional'), ('training_mode', 'optional')), operands=(('data', 0),), attributes=_Dropout_1, consumed=('ratio', 'seed'), location='specs/ops.glowdef:254:3', guard=None)
 
 
 def _SumN_0(o):
-    """ONNX Sum -> SumN (specs/ops.glowdef:265:3)."""
+    """ONNX Sum -> SumN (specs/ops.glowdef:266:3)."""
     attrs = {}
     return attrs
 
-_SumN_0_clause = OnnxClause(onnx_op='Sum', op='SumN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_SumN_0, consumed=(), location='specs/ops.glowdef:265:3', guard=None)
+_SumN_0_clause = OnnxClause(onnx_op='Sum', op='SumN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_SumN_0, consumed=(), location='specs/ops.glowdef:266:3', guard=None)
 
 
 def _MeanN_0(o):
-    """ONNX Mean -> MeanN (specs/ops.glowdef:272:3)."""
+    """ONNX Mean -> MeanN (specs/ops.glowdef:273:3)."""
     attrs = {}
     return attrs
 
-_MeanN_0_clause = OnnxClause(onnx_op='Mean', op='MeanN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MeanN_0, consumed=(), location='specs/ops.glowdef:272:3', guard=None)
+_MeanN_0_clause = OnnxClause(onnx_op='Mean', op='MeanN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MeanN_0, consumed=(), location='specs/ops.glowdef:273:3', guard=None)
 
 
 def _MaxN_0(o):
-    """ONNX Max -> MaxN (specs/ops.glowdef:279:3)."""
+    """ONNX Max -> MaxN (specs/ops.glowdef:280:3)."""
     attrs = {}
     return attrs
 
-_MaxN_0_clause = OnnxClause(onnx_op='Max', op='MaxN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MaxN_0, consumed=(), location='specs/ops.glowdef:279:3', guard=None)
+_MaxN_0_clause = OnnxClause(onnx_op='Max', op='MaxN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MaxN_0, consumed=(), location='specs/ops.glowdef:280:3', guard=None)
 
 
 def _MinN_0(o):
-    """ONNX Min -> MinN (specs/ops.glowdef:286:3)."""
+    """ONNX Min -> MinN (specs/ops.glowdef:287:3)."""
     attrs = {}
     return attrs
 
-_MinN_0_clause = OnnxClause(onnx_op='Min', op='MinN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MinN_0, consumed=(), location='specs/ops.glowdef:286:3', guard=None)
+_MinN_0_clause = OnnxClause(onnx_op='Min', op='MinN', since=6, until=None, inputs=(('data_0', 'variadic'),), operands=(('data_0', 0),), attributes=_MinN_0, consumed=(), location='specs/ops.glowdef:287:3', guard=None)
 
 
 def _Reshape_0(o):
-    """ONNX Reshape -> Reshape (specs/ops.glowdef:301:3)."""
+    """ONNX Reshape -> Reshape (specs/ops.glowdef:302:3)."""
     attrs = {}
-    attrs['dims'] = o.evaluating('dims', 'specs/ops.glowdef:301:37', lambda: sl.shapes.reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
+    attrs['dims'] = o.evaluating('dims', 'specs/ops.glowdef:302:37', lambda: sl.shapes.reshape_target(o.input('data').shape, o.input('shape').value, o.attr('allowzero', 0)))
     return attrs
 
-_Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:301:3', guard=None)
+_Reshape_0_clause = OnnxClause(onnx_op='Reshape', op='Reshape', since=5, until=None, inputs=(('data', 'single'), ('shape', 'single')), operands=(('data', 0),), attributes=_Reshape_0, consumed=('allowzero',), location='specs/ops.glowdef:302:3', guard=None)
 
 
 def _Flatten_0(o):
-    """ONNX Flatten -> Flatten (specs/ops.glowdef:310:3)."""
+    """ONNX Flatten -> Flatten (specs/ops.glowdef:311:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:310:18', lambda: (rt.add(o.attr('axis', 1), rt.b_rank(o.input('input'))) if rt.lt(o.attr('axis', 1), 0) else o.attr('axis', 1)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:311:18', lambda: (rt.add(o.attr('axis', 1), rt.b_rank(o.input('input'))) if rt.lt(o.attr('axis', 1), 0) else o.attr('axis', 1)))
     return attrs
 
-_Flatten_0_clause = OnnxClause(onnx_op='Flatten', op='Flatten', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Flatten_0, consumed=('axis',), location='specs/ops.glowdef:310:3', guard=None)
+_Flatten_0_clause = OnnxClause(onnx_op='Flatten', op='Flatten', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Flatten_0, consumed=('axis',), location='specs/ops.glowdef:311:3', guard=None)
 
 
 def _Squeeze_0(o):
-    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:318:3)."""
+    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:319:3)."""
     attrs = {}
     if o.has_attr('axes'):
         attrs['axes'] = o.attr('axes')
     return attrs
 
-_Squeeze_0_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Squeeze_0, consumed=('axes',), location='specs/ops.glowdef:318:3', guard=None)
+_Squeeze_0_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Squeeze_0, consumed=('axes',), location='specs/ops.glowdef:319:3', guard=None)
 
 
 def _Squeeze_1(o):
-    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:319:3)."""
+    """ONNX Squeeze -> Squeeze (specs/ops.glowdef:320:3)."""
     attrs = {}
     if o.input('axes').present:
         attrs['axes'] = o.input('axes').value
     return attrs
 
-_Squeeze_1_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Squeeze_1, consumed=(), location='specs/ops.glowdef:319:3', guard=None)
+_Squeeze_1_clause = OnnxClause(onnx_op='Squeeze', op='Squeeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Squeeze_1, consumed=(), location='specs/ops.glowdef:320:3', guard=None)
 
 
 def _Unsqueeze_0(o):
-    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:327:3)."""
+    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:328:3)."""
     attrs = {}
     if o.has_attr('axes'):
         attrs['axes'] = o.attr('axes')
     return attrs
 
-_Unsqueeze_0_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Unsqueeze_0, consumed=('axes',), location='specs/ops.glowdef:327:3', guard=None)
+_Unsqueeze_0_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Unsqueeze_0, consumed=('axes',), location='specs/ops.glowdef:328:3', guard=None)
 
 
 def _Unsqueeze_1(o):
-    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:329:3)."""
+    """ONNX Unsqueeze -> Unsqueeze (specs/ops.glowdef:330:3)."""
     attrs = {}
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:329:40', lambda: rt.b_ints(o.input('axes').value))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:330:40', lambda: rt.b_ints(o.input('axes').value))
     return attrs
 
-_Unsqueeze_1_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'single')), operands=(('data', 0),), attributes=_Unsqueeze_1, consumed=(), location='specs/ops.glowdef:329:3', guard=None)
+_Unsqueeze_1_clause = OnnxClause(onnx_op='Unsqueeze', op='Unsqueeze', since=13, until=None, inputs=(('data', 'single'), ('axes', 'single')), operands=(('data', 0),), attributes=_Unsqueeze_1, consumed=(), location='specs/ops.glowdef:330:3', guard=None)
 
 
 def _Transpose_0(o):
-    """ONNX Transpose -> Transpose (specs/ops.glowdef:339:3)."""
+    """ONNX Transpose -> Transpose (specs/ops.glowdef:340:3)."""
     attrs = {}
-    attrs['perm'] = o.evaluating('perm', 'specs/ops.glowdef:339:31', lambda: (o.attr('perm', None) if rt.b_defined(o.attr('perm', None)) else rt.b_reversed(rt.b_range(rt.b_rank(o.input('data'))))))
+    attrs['perm'] = o.evaluating('perm', 'specs/ops.glowdef:340:31', lambda: (o.attr('perm', None) if rt.b_defined(o.attr('perm', None)) else rt.b_reversed(rt.b_range(rt.b_rank(o.input('data'))))))
     return attrs
 
-_Transpose_0_clause = OnnxClause(onnx_op='Transpose', op='Transpose', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Transpose_0, consumed=('perm',), location='specs/ops.glowdef:339:3', guard=None)
+_Transpose_0_clause = OnnxClause(onnx_op='Transpose', op='Transpose', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Transpose_0, consumed=('perm',), location='specs/ops.glowdef:340:3', guard=None)
 
 
 def _Concat_0(o):
-    """ONNX Concat -> Concat (specs/ops.glowdef:348:3)."""
+    """ONNX Concat -> Concat (specs/ops.glowdef:350:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:348:25', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:350:25', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
     return attrs
 
-_Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None, inputs=(('inputs', 'variadic'),), operands=(('inputs', 0),), attributes=_Concat_0, consumed=('axis',), location='specs/ops.glowdef:348:3', guard=None)
+_Concat_0_clause = OnnxClause(onnx_op='Concat', op='Concat', since=4, until=None, inputs=(('inputs', 'variadic'),), operands=(('inputs', 0),), attributes=_Concat_0, consumed=('axis',), location='specs/ops.glowdef:350:3', guard=None)
 
 
 def _Slice_0(o):
-    """ONNX Slice -> Slice (specs/ops.glowdef:361:3)."""
+    """ONNX Slice -> Slice (specs/ops.glowdef:363:3)."""
     attrs = {}
     _let_given_axes = rt.once(lambda: (o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()))
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:364:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:365:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:366:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:366:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:367:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:368:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.attr('starts', None), o.attr('ends', None), _let_given_axes(), (), 2))
     return attrs
 
-_Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=None, until=9, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Slice_0, consumed=('axes', 'ends', 'starts'), location='specs/ops.glowdef:361:3', guard=None)
+_Slice_0_clause = OnnxClause(onnx_op='Slice', op='Slice', since=None, until=9, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Slice_0, consumed=('axes', 'ends', 'starts'), location='specs/ops.glowdef:363:3', guard=None)
 
 
 def _Slice_1(o):
-    """ONNX Slice -> Slice (specs/ops.glowdef:368:3)."""
+    """ONNX Slice -> Slice (specs/ops.glowdef:370:3)."""
     attrs = {}
     _let_given_axes = rt.once(lambda: (o.input('axes').value if o.input('axes').present else ()))
     _let_given_steps = rt.once(lambda: (o.input('steps').value if o.input('steps').present else ()))
-    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:372:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 0))
-    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:373:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 1))
-    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:374:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 2))
+    attrs['starts'] = o.evaluating('starts', 'specs/ops.glowdef:374:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 0))
+    attrs['stops'] = o.evaluating('stops', 'specs/ops.glowdef:375:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 1))
+    attrs['steps'] = o.evaluating('steps', 'specs/ops.glowdef:376:5', lambda: sl.shapes.slice_part(o.input('data').shape, o.input('starts').value, o.input('ends').value, _let_given_axes(), _let_given_steps(), 2))
     return attrs
 
-_Slice_1_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_1, consumed=(), location='specs/ops.glowdef:368:3', guard=None)
+_Slice_1_clause = OnnxClause(onnx_op='Slice', op='Slice', since=10, until=None, inputs=(('data', 'single'), ('starts', 'single'), ('ends', 'single'), ('axes', 'optional'), ('steps', 'optional')), operands=(('data', 0),), attributes=_Slice_1, consumed=(), location='specs/ops.glowdef:370:3', guard=None)
 
 
 def _Gather_0(o):
-    """ONNX Gather -> Gather (specs/ops.glowdef:384:3)."""
+    """ONNX Gather -> Gather (specs/ops.glowdef:386:3)."""
     attrs = {}
-    o.check(sl.shapes.indices_in_range(o.input('indices').known, o.input('data').shape[rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data')))]), 'index out of range', 'specs/ops.glowdef:384:89')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:384:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    o.check(sl.shapes.indices_in_range(o.input('indices').known, o.input('data').shape[rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data')))]), 'index out of range', 'specs/ops.glowdef:386:89')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:386:48', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_Gather_0_clause = OnnxClause(onnx_op='Gather', op='Gather', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_Gather_0, consumed=('axis',), location='specs/ops.glowdef:384:3', guard=None)
+_Gather_0_clause = OnnxClause(onnx_op='Gather', op='Gather', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_Gather_0, consumed=('axis',), location='specs/ops.glowdef:386:3', guard=None)
 
 
 def _Expand_0(o):
-    """ONNX Expand -> Expand (specs/ops.glowdef:393:3)."""
+    """ONNX Expand -> Expand (specs/ops.glowdef:395:3)."""
     attrs = {}
     if o.input('shape').present:
         attrs['dims'] = o.input('shape').value
     return attrs
 
-_Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:393:3', guard=None)
+_Expand_0_clause = OnnxClause(onnx_op='Expand', op='Expand', since=None, until=None, inputs=(('input', 'single'), ('shape', 'single')), operands=(('input', 0),), attributes=_Expand_0, consumed=(), location='specs/ops.glowdef:395:3', guard=None)
 
 
 def _Shape_0(o):
-    """ONNX Shape -> Shape (specs/ops.glowdef:403:3)."""
+    """ONNX Shape -> Shape (specs/ops.glowdef:405:3)."""
     attrs = {}
     if o.has_attr('end'):
         attrs['end'] = o.attr('end')
@@ -806,73 +806,73 @@ def _Shape_0(o):
         attrs['start'] = 0
     return attrs
 
-_Shape_0_clause = OnnxClause(onnx_op='Shape', op='Shape', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Shape_0, consumed=('end', 'start'), location='specs/ops.glowdef:403:3', guard=None)
+_Shape_0_clause = OnnxClause(onnx_op='Shape', op='Shape', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Shape_0, consumed=('end', 'start'), location='specs/ops.glowdef:405:3', guard=None)
 
 
 def _Size_0(o):
-    """ONNX Size -> Size (specs/ops.glowdef:411:3)."""
+    """ONNX Size -> Size (specs/ops.glowdef:413:3)."""
     attrs = {}
     return attrs
 
-_Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Size_0, consumed=(), location='specs/ops.glowdef:411:3', guard=None)
+_Size_0_clause = OnnxClause(onnx_op='Size', op='Size', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Size_0, consumed=(), location='specs/ops.glowdef:413:3', guard=None)
 
 
 def _Splat_0(o):
-    """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:421:3)."""
+    """ONNX ConstantOfShape -> Splat (specs/ops.glowdef:423:3)."""
     attrs = {}
-    attrs['dims'] = o.evaluating('dims', 'specs/ops.glowdef:421:26', lambda: rt.b_ints(o.input('input').value))
-    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:421:52', lambda: rt.b_item(o.attr('value', None), 0.0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:421:78', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
+    attrs['dims'] = o.evaluating('dims', 'specs/ops.glowdef:423:26', lambda: rt.b_ints(o.input('input').value))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:423:52', lambda: rt.b_item(o.attr('value', None), 0.0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:423:78', lambda: rt.b_elem_dtype(o.attr('value', None), 'f32'))
     return attrs
 
-_Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:421:3', guard=None)
+_Splat_0_clause = OnnxClause(onnx_op='ConstantOfShape', op='Splat', since=None, until=None, inputs=(('input', 'single'),), operands=(), attributes=_Splat_0, consumed=('value',), location='specs/ops.glowdef:423:3', guard=None)
 
 
 def _Range_0(o):
-    """ONNX Range -> Range (specs/ops.glowdef:433:3)."""
+    """ONNX Range -> Range (specs/ops.glowdef:435:3)."""
     attrs = {}
-    attrs['start'] = o.evaluating('start', 'specs/ops.glowdef:434:5', lambda: rt.b_item(o.input('start').value))
-    attrs['limit'] = o.evaluating('limit', 'specs/ops.glowdef:434:32', lambda: rt.b_item(o.input('limit').value))
-    attrs['delta'] = o.evaluating('delta', 'specs/ops.glowdef:434:59', lambda: rt.b_item(o.input('delta').value))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:434:86', lambda: o.input('start').dtype)
+    attrs['start'] = o.evaluating('start', 'specs/ops.glowdef:436:5', lambda: rt.b_item(o.input('start').value))
+    attrs['limit'] = o.evaluating('limit', 'specs/ops.glowdef:436:32', lambda: rt.b_item(o.input('limit').value))
+    attrs['delta'] = o.evaluating('delta', 'specs/ops.glowdef:436:59', lambda: rt.b_item(o.input('delta').value))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:436:86', lambda: o.input('start').dtype)
     return attrs
 
-_Range_0_clause = OnnxClause(onnx_op='Range', op='Range', since=None, until=None, inputs=(('start', 'single'), ('limit', 'single'), ('delta', 'single')), operands=(), attributes=_Range_0, consumed=(), location='specs/ops.glowdef:433:3', guard=None)
+_Range_0_clause = OnnxClause(onnx_op='Range', op='Range', since=None, until=None, inputs=(('start', 'single'), ('limit', 'single'), ('delta', 'single')), operands=(), attributes=_Range_0, consumed=(), location='specs/ops.glowdef:435:3', guard=None)
 
 
 def _Split_0(o):
-    """ONNX Split -> Split (specs/ops.glowdef:446:3)."""
+    """ONNX Split -> Split (specs/ops.glowdef:448:3)."""
     attrs = {}
     _let_split_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:449:5', lambda: _let_split_axis())
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:450:5', lambda: sl.shapes.split_sizes(o.input('input').shape, _let_split_axis(), (o.attr('split', None) if rt.b_defined(o.attr('split', None)) else ()), rt.b_len(o.outputs)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:451:5', lambda: _let_split_axis())
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:452:5', lambda: sl.shapes.split_sizes(o.input('input').shape, _let_split_axis(), (o.attr('split', None) if rt.b_defined(o.attr('split', None)) else ()), rt.b_len(o.outputs)))
     return attrs
 
-_Split_0_clause = OnnxClause(onnx_op='Split', op='Split', since=2, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Split_0, consumed=('axis', 'split'), location='specs/ops.glowdef:446:3', guard=None)
+_Split_0_clause = OnnxClause(onnx_op='Split', op='Split', since=2, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Split_0, consumed=('axis', 'split'), location='specs/ops.glowdef:448:3', guard=None)
 
 
 def _Split_1(o):
-    """ONNX Split -> Split (specs/ops.glowdef:452:3)."""
+    """ONNX Split -> Split (specs/ops.glowdef:454:3)."""
     attrs = {}
     _let_split_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:455:5', lambda: _let_split_axis())
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:456:5', lambda: sl.shapes.split_sizes(o.input('input').shape, _let_split_axis(), (o.input('split').value if o.input('split').present else ()), rt.b_len(o.outputs)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:457:5', lambda: _let_split_axis())
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:458:5', lambda: sl.shapes.split_sizes(o.input('input').shape, _let_split_axis(), (o.input('split').value if o.input('split').present else ()), rt.b_len(o.outputs)))
     return attrs
 
-_Split_1_clause = OnnxClause(onnx_op='Split', op='Split', since=13, until=None, inputs=(('input', 'single'), ('split', 'optional')), operands=(('input', 0),), attributes=_Split_1, consumed=('axis', 'num_outputs'), location='specs/ops.glowdef:452:3', guard=None)
+_Split_1_clause = OnnxClause(onnx_op='Split', op='Split', since=13, until=None, inputs=(('input', 'single'), ('split', 'optional')), operands=(('input', 0),), attributes=_Split_1, consumed=('axis', 'num_outputs'), location='specs/ops.glowdef:454:3', guard=None)
 
 
 def _Tile_0(o):
-    """ONNX Tile -> Tile (specs/ops.glowdef:467:3)."""
+    """ONNX Tile -> Tile (specs/ops.glowdef:469:3)."""
     attrs = {}
-    attrs['repeats'] = o.evaluating('repeats', 'specs/ops.glowdef:467:35', lambda: rt.b_ints(o.input('repeats').value))
+    attrs['repeats'] = o.evaluating('repeats', 'specs/ops.glowdef:469:35', lambda: rt.b_ints(o.input('repeats').value))
     return attrs
 
-_Tile_0_clause = OnnxClause(onnx_op='Tile', op='Tile', since=6, until=None, inputs=(('input', 'single'), ('repeats', 'single')), operands=(('input', 0),), attributes=_Tile_0, consumed=(), location='specs/ops.glowdef:467:3', guard=None)
+_Tile_0_clause = OnnxClause(onnx_op='Tile', op='Tile', since=6, until=None, inputs=(('input', 'single'), ('repeats', 'single')), operands=(('input', 0),), attributes=_Tile_0, consumed=(), location='specs/ops.glowdef:469:3', guard=None)
 
 
 def _Pad_0(o):
-    """ONNX Pad -> Pad (specs/ops.glowdef:481:3)."""
+    """ONNX Pad -> Pad (specs/ops.glowdef:483:3)."""
     attrs = {}
     if o.has_attr('value'):
         attrs['value'] = o.attr('value')
@@ -886,88 +886,88 @@ def _Pad_0(o):
         attrs['pads'] = o.attr('pads')
     return attrs
 
-_Pad_0_clause = OnnxClause(onnx_op='Pad', op='Pad', since=2, until=10, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Pad_0, consumed=('mode', 'pads', 'value'), location='specs/ops.glowdef:481:3', guard=None)
+_Pad_0_clause = OnnxClause(onnx_op='Pad', op='Pad', since=2, until=10, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_Pad_0, consumed=('mode', 'pads', 'value'), location='specs/ops.glowdef:483:3', guard=None)
 
 
 def _Pad_1(o):
-    """ONNX Pad -> Pad (specs/ops.glowdef:482:3)."""
+    """ONNX Pad -> Pad (specs/ops.glowdef:484:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
     else:
         attrs['mode'] = 'constant'
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:484:5', lambda: sl.shapes.full_pads(rt.b_rank(o.input('data')), rt.b_ints(o.input('pads').value), (rt.b_ints(o.input('axes').value) if o.input('axes').present else ())))
-    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:485:5', lambda: (rt.b_item(o.input('constant_value').value) if o.input('constant_value').present else 0.0))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:486:5', lambda: sl.shapes.full_pads(rt.b_rank(o.input('data')), rt.b_ints(o.input('pads').value), (rt.b_ints(o.input('axes').value) if o.input('axes').present else ())))
+    attrs['value'] = o.evaluating('value', 'specs/ops.glowdef:487:5', lambda: (rt.b_item(o.input('constant_value').value) if o.input('constant_value').present else 0.0))
     return attrs
 
-_Pad_1_clause = OnnxClause(onnx_op='Pad', op='Pad', since=11, until=None, inputs=(('data', 'single'), ('pads', 'single'), ('constant_value', 'optional'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Pad_1, consumed=('mode',), location='specs/ops.glowdef:482:3', guard=None)
+_Pad_1_clause = OnnxClause(onnx_op='Pad', op='Pad', since=11, until=None, inputs=(('data', 'single'), ('pads', 'single'), ('constant_value', 'optional'), ('axes', 'optional')), operands=(('data', 0),), attributes=_Pad_1, consumed=('mode',), location='specs/ops.glowdef:484:3', guard=None)
 
 
 def _Trilu_0(o):
-    """ONNX Trilu -> Trilu (specs/ops.glowdef:497:3)."""
+    """ONNX Trilu -> Trilu (specs/ops.glowdef:499:3)."""
     attrs = {}
     if o.has_attr('upper'):
         attrs['upper'] = o.attr('upper')
     else:
         attrs['upper'] = 1
-    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:497:28', lambda: (rt.b_item(o.input('k').value) if o.input('k').present else 0))
+    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:499:28', lambda: (rt.b_item(o.input('k').value) if o.input('k').present else 0))
     return attrs
 
-_Trilu_0_clause = OnnxClause(onnx_op='Trilu', op='Trilu', since=None, until=None, inputs=(('input', 'single'), ('k', 'optional')), operands=(('input', 0),), attributes=_Trilu_0, consumed=('upper',), location='specs/ops.glowdef:497:3', guard=None)
+_Trilu_0_clause = OnnxClause(onnx_op='Trilu', op='Trilu', since=None, until=None, inputs=(('input', 'single'), ('k', 'optional')), operands=(('input', 0),), attributes=_Trilu_0, consumed=('upper',), location='specs/ops.glowdef:499:3', guard=None)
 
 
 def _GatherElements_0(o):
-    """ONNX GatherElements -> GatherElements (specs/ops.glowdef:507:3)."""
+    """ONNX GatherElements -> GatherElements (specs/ops.glowdef:509:3)."""
     attrs = {}
-    o.check(sl.shapes.indices_in_range(o.input('indices').known, o.input('data').shape[rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data')))]), 'index out of range', 'specs/ops.glowdef:507:97')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:507:56', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    o.check(sl.shapes.indices_in_range(o.input('indices').known, o.input('data').shape[rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data')))]), 'index out of range', 'specs/ops.glowdef:509:97')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:509:56', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_GatherElements_0_clause = OnnxClause(onnx_op='GatherElements', op='GatherElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherElements_0, consumed=('axis',), location='specs/ops.glowdef:507:3', guard=None)
+_GatherElements_0_clause = OnnxClause(onnx_op='GatherElements', op='GatherElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherElements_0, consumed=('axis',), location='specs/ops.glowdef:509:3', guard=None)
 
 
 def _GatherND_0(o):
-    """ONNX GatherND -> GatherND (specs/ops.glowdef:516:3)."""
+    """ONNX GatherND -> GatherND (specs/ops.glowdef:518:3)."""
     attrs = {}
     if o.has_attr('batch_dims'):
         attrs['batch_dims'] = o.attr('batch_dims')
     else:
         attrs['batch_dims'] = 0
-    o.check(sl.shapes.index_tuples_in_range(o.input('indices').known, o.input('data').shape, o.attr('batch_dims', 0)), 'index out of range', 'specs/ops.glowdef:516:50')
+    o.check(sl.shapes.index_tuples_in_range(o.input('indices').known, o.input('data').shape, o.attr('batch_dims', 0)), 'index out of range', 'specs/ops.glowdef:518:50')
     return attrs
 
-_GatherND_0_clause = OnnxClause(onnx_op='GatherND', op='GatherND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherND_0, consumed=('batch_dims',), location='specs/ops.glowdef:516:3', guard=None)
+_GatherND_0_clause = OnnxClause(onnx_op='GatherND', op='GatherND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single')), operands=(('data', 0), ('indices', 1)), attributes=_GatherND_0, consumed=('batch_dims',), location='specs/ops.glowdef:518:3', guard=None)
 
 
 def _ScatterElements_0(o):
-    """ONNX ScatterElements -> ScatterElements (specs/ops.glowdef:526:3)."""
+    """ONNX ScatterElements -> ScatterElements (specs/ops.glowdef:528:3)."""
     attrs = {}
     if o.has_attr('reduction'):
         attrs['reduction'] = o.attr('reduction')
     else:
         attrs['reduction'] = 'none'
-    o.check(sl.shapes.indices_in_range(o.input('indices').known, o.input('data').shape[rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data')))]), 'index out of range', 'specs/ops.glowdef:526:118')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:526:77', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    o.check(sl.shapes.indices_in_range(o.input('indices').known, o.input('data').shape[rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data')))]), 'index out of range', 'specs/ops.glowdef:528:118')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:528:77', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ScatterElements_0_clause = OnnxClause(onnx_op='ScatterElements', op='ScatterElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterElements_0, consumed=('axis', 'reduction'), location='specs/ops.glowdef:526:3', guard=None)
+_ScatterElements_0_clause = OnnxClause(onnx_op='ScatterElements', op='ScatterElements', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterElements_0, consumed=('axis', 'reduction'), location='specs/ops.glowdef:528:3', guard=None)
 
 
 def _ScatterND_0(o):
-    """ONNX ScatterND -> ScatterND (specs/ops.glowdef:535:3)."""
+    """ONNX ScatterND -> ScatterND (specs/ops.glowdef:537:3)."""
     attrs = {}
     if o.has_attr('reduction'):
         attrs['reduction'] = o.attr('reduction')
     else:
         attrs['reduction'] = 'none'
-    o.check(sl.shapes.index_tuples_in_range(o.input('indices').known, o.input('data').shape, 0), 'index out of range', 'specs/ops.glowdef:535:71')
+    o.check(sl.shapes.index_tuples_in_range(o.input('indices').known, o.input('data').shape, 0), 'index out of range', 'specs/ops.glowdef:537:71')
     return attrs
 
-_ScatterND_0_clause = OnnxClause(onnx_op='ScatterND', op='ScatterND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterND_0, consumed=('reduction',), location='specs/ops.glowdef:535:3', guard=None)
+_ScatterND_0_clause = OnnxClause(onnx_op='ScatterND', op='ScatterND', since=None, until=None, inputs=(('data', 'single'), ('indices', 'single'), ('updates', 'single')), operands=(('data', 0), ('indices', 1), ('updates', 2)), attributes=_ScatterND_0, consumed=('reduction',), location='specs/ops.glowdef:537:3', guard=None)
 
 
 def _DepthToSpace_0(o):
-    """ONNX DepthToSpace -> DepthToSpace (specs/ops.glowdef:545:3)."""
+    """ONNX DepthToSpace -> DepthToSpace (specs/ops.glowdef:547:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -977,11 +977,11 @@ def _DepthToSpace_0(o):
         attrs['blocksize'] = o.attr('blocksize')
     return attrs
 
-_DepthToSpace_0_clause = OnnxClause(onnx_op='DepthToSpace', op='DepthToSpace', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_DepthToSpace_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:545:3', guard=None)
+_DepthToSpace_0_clause = OnnxClause(onnx_op='DepthToSpace', op='DepthToSpace', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_DepthToSpace_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:547:3', guard=None)
 
 
 def _SpaceToDepth_0(o):
-    """ONNX SpaceToDepth -> SpaceToDepth (specs/ops.glowdef:555:3)."""
+    """ONNX SpaceToDepth -> SpaceToDepth (specs/ops.glowdef:557:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -991,172 +991,172 @@ def _SpaceToDepth_0(o):
         attrs['blocksize'] = o.attr('blocksize')
     return attrs
 
-_SpaceToDepth_0_clause = OnnxClause(onnx_op='SpaceToDepth', op='SpaceToDepth', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SpaceToDepth_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:555:3', guard=None)
+_SpaceToDepth_0_clause = OnnxClause(onnx_op='SpaceToDepth', op='SpaceToDepth', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SpaceToDepth_0, consumed=('blocksize', 'mode'), location='specs/ops.glowdef:557:3', guard=None)
 
 
 def _EyeLike_0(o):
-    """ONNX EyeLike -> EyeLike (specs/ops.glowdef:565:3)."""
+    """ONNX EyeLike -> EyeLike (specs/ops.glowdef:567:3)."""
     attrs = {}
     if o.has_attr('k'):
         attrs['k'] = o.attr('k')
     else:
         attrs['k'] = 0
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:565:30', lambda: (sl.shapes.onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:567:30', lambda: (sl.shapes.onnx_dtype(o.attr('dtype', None)) if rt.b_defined(o.attr('dtype', None)) else o.input('input').dtype))
     return attrs
 
-_EyeLike_0_clause = OnnxClause(onnx_op='EyeLike', op='EyeLike', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_EyeLike_0, consumed=('dtype', 'k'), location='specs/ops.glowdef:565:3', guard=None)
+_EyeLike_0_clause = OnnxClause(onnx_op='EyeLike', op='EyeLike', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_EyeLike_0, consumed=('dtype', 'k'), location='specs/ops.glowdef:567:3', guard=None)
 
 
 def _OneHot_0(o):
-    """ONNX OneHot -> OneHot (specs/ops.glowdef:575:3)."""
+    """ONNX OneHot -> OneHot (specs/ops.glowdef:577:3)."""
     attrs = {}
     if o.has_attr('axis'):
         attrs['axis'] = o.attr('axis')
     else:
         attrs['axis'] = -1
-    attrs['depth'] = o.evaluating('depth', 'specs/ops.glowdef:575:55', lambda: rt.b_int(rt.b_item(o.input('depth').value)))
+    attrs['depth'] = o.evaluating('depth', 'specs/ops.glowdef:577:55', lambda: rt.b_int(rt.b_item(o.input('depth').value)))
     return attrs
 
-_OneHot_0_clause = OnnxClause(onnx_op='OneHot', op='OneHot', since=None, until=None, inputs=(('indices', 'single'), ('depth', 'single'), ('values', 'single')), operands=(('indices', 0), ('values', 1)), attributes=_OneHot_0, consumed=('axis',), location='specs/ops.glowdef:575:3', guard=None)
+_OneHot_0_clause = OnnxClause(onnx_op='OneHot', op='OneHot', since=None, until=None, inputs=(('indices', 'single'), ('depth', 'single'), ('values', 'single')), operands=(('indices', 0), ('values', 1)), attributes=_OneHot_0, consumed=('axis',), location='specs/ops.glowdef:577:3', guard=None)
 
 
 def _ReduceSum_0(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:591:3)."""
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:593:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:591:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:593:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:591:3', guard=None)
+_ReduceSum_0_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=None, until=12, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceSum_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:593:3', guard=None)
 
 
 def _ReduceSum_1(o):
-    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:592:3)."""
+    """ONNX ReduceSum -> ReduceSum (specs/ops.glowdef:594:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:595:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:594:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:597:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:596:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:592:3', guard=None)
+_ReduceSum_1_clause = OnnxClause(onnx_op='ReduceSum', op='ReduceSum', since=13, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceSum_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:594:3', guard=None)
 
 
 def _ReduceMax_0(o):
-    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:602:3)."""
+    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:604:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:602:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:604:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:602:3', guard=None)
+_ReduceMax_0_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMax_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:604:3', guard=None)
 
 
 def _ReduceMax_1(o):
-    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:603:3)."""
+    """ONNX ReduceMax -> ReduceMax (specs/ops.glowdef:605:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:606:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:605:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:608:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:607:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:603:3', guard=None)
+_ReduceMax_1_clause = OnnxClause(onnx_op='ReduceMax', op='ReduceMax', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMax_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:605:3', guard=None)
 
 
 def _ReduceMin_0(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:613:3)."""
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:615:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:613:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:615:40', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:613:3', guard=None)
+_ReduceMin_0_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMin_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:615:3', guard=None)
 
 
 def _ReduceMin_1(o):
-    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:614:3)."""
+    """ONNX ReduceMin -> ReduceMin (specs/ops.glowdef:616:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:617:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:616:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:619:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:618:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:614:3', guard=None)
+_ReduceMin_1_clause = OnnxClause(onnx_op='ReduceMin', op='ReduceMin', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMin_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:616:3', guard=None)
 
 
 def _ReduceProd_0(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:624:3)."""
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:626:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:624:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:626:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:624:3', guard=None)
+_ReduceProd_0_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceProd_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:626:3', guard=None)
 
 
 def _ReduceProd_1(o):
-    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:625:3)."""
+    """ONNX ReduceProd -> ReduceProd (specs/ops.glowdef:627:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:628:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:627:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:630:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:629:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:625:3', guard=None)
+_ReduceProd_1_clause = OnnxClause(onnx_op='ReduceProd', op='ReduceProd', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceProd_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:627:3', guard=None)
 
 
 def _ReduceMean_0(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:634:3)."""
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:636:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:634:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:636:41', lambda: rt.b_normalize_axes((o.attr('axes', None) if rt.b_defined(o.attr('axes', None)) else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:634:3', guard=None)
+_ReduceMean_0_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=None, until=17, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ReduceMean_0, consumed=('axes', 'keepdims'), location='specs/ops.glowdef:636:3', guard=None)
 
 
 def _ReduceMean_1(o):
-    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:635:3)."""
+    """ONNX ReduceMean -> ReduceMean (specs/ops.glowdef:637:3)."""
     attrs = {}
     if o.has_attr('keepdims'):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:638:5')
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:637:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
+    o.check((rt.eq(o.attr('noop_with_empty_axes', 0), 0) or (o.input('axes').present and rt.gt(rt.b_len(o.input('axes').value), 0))), 'noop_with_empty_axes=1 with empty axes is not supported', 'specs/ops.glowdef:640:5')
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:639:5', lambda: rt.b_normalize_axes((o.input('axes').value if o.input('axes').present else ()), rt.b_rank(o.input('data'))))
     return attrs
 
-_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:635:3', guard=None)
+_ReduceMean_1_clause = OnnxClause(onnx_op='ReduceMean', op='ReduceMean', since=18, until=None, inputs=(('data', 'single'), ('axes', 'optional')), operands=(('data', 0),), attributes=_ReduceMean_1, consumed=('keepdims', 'noop_with_empty_axes'), location='specs/ops.glowdef:637:3', guard=None)
 
 
 def _ArgMax_0(o):
-    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:651:3)."""
+    """ONNX ArgMax -> ArgMax (specs/ops.glowdef:653:3)."""
     attrs = {}
     if o.has_attr('select_last_index'):
         attrs['select_last_index'] = o.attr('select_last_index')
@@ -1166,14 +1166,14 @@ def _ArgMax_0(o):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:651:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:653:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:651:3', guard=None)
+_ArgMax_0_clause = OnnxClause(onnx_op='ArgMax', op='ArgMax', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMax_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:653:3', guard=None)
 
 
 def _ArgMin_0(o):
-    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:662:3)."""
+    """ONNX ArgMin -> ArgMin (specs/ops.glowdef:664:3)."""
     attrs = {}
     if o.has_attr('select_last_index'):
         attrs['select_last_index'] = o.attr('select_last_index')
@@ -1183,40 +1183,40 @@ def _ArgMin_0(o):
         attrs['keepdims'] = o.attr('keepdims')
     else:
         attrs['keepdims'] = 1
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:662:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:664:28', lambda: rt.b_normalize_axis(o.attr('axis', 0), rt.b_rank(o.input('data'))))
     return attrs
 
-_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:662:3', guard=None)
+_ArgMin_0_clause = OnnxClause(onnx_op='ArgMin', op='ArgMin', since=None, until=None, inputs=(('data', 'single'),), operands=(('data', 0),), attributes=_ArgMin_0, consumed=('axis', 'keepdims', 'select_last_index'), location='specs/ops.glowdef:664:3', guard=None)
 
 
 def _TopK_0(o):
-    """ONNX TopK -> TopK (specs/ops.glowdef:674:3)."""
+    """ONNX TopK -> TopK (specs/ops.glowdef:676:3)."""
     attrs = {}
     if o.has_attr('k'):
         attrs['k'] = o.attr('k')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:674:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:676:31', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:674:3', guard=None)
+_TopK_0_clause = OnnxClause(onnx_op='TopK', op='TopK', since=None, until=9, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_TopK_0, consumed=('axis', 'k'), location='specs/ops.glowdef:676:3', guard=None)
 
 
 def _TopK_1(o):
-    """ONNX TopK -> TopK (specs/ops.glowdef:675:3)."""
+    """ONNX TopK -> TopK (specs/ops.glowdef:677:3)."""
     attrs = {}
     if o.has_attr('largest'):
         attrs['largest'] = o.attr('largest')
     else:
         attrs['largest'] = 1
-    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:679:5')
-    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:677:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:678:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.ne(o.attr('sorted', 1), 0), 'sorted=0 is not supported', 'specs/ops.glowdef:681:5')
+    attrs['k'] = o.evaluating('k', 'specs/ops.glowdef:679:5', lambda: rt.b_int(rt.b_item(o.input('K').value)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:680:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:675:3', guard=None)
+_TopK_1_clause = OnnxClause(onnx_op='TopK', op='TopK', since=10, until=None, inputs=(('X', 'single'), ('K', 'single')), operands=(('X', 0),), attributes=_TopK_1, consumed=('axis', 'largest', 'sorted'), location='specs/ops.glowdef:677:3', guard=None)
 
 
 def _CumSum_0(o):
-    """ONNX CumSum -> CumSum (specs/ops.glowdef:691:3)."""
+    """ONNX CumSum -> CumSum (specs/ops.glowdef:693:3)."""
     attrs = {}
     if o.has_attr('reverse'):
         attrs['reverse'] = o.attr('reverse')
@@ -1226,14 +1226,14 @@ def _CumSum_0(o):
         attrs['exclusive'] = o.attr('exclusive')
     else:
         attrs['exclusive'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:691:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:693:25', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
     return attrs
 
-_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:691:3', guard=None)
+_CumSum_0_clause = OnnxClause(onnx_op='CumSum', op='CumSum', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumSum_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:693:3', guard=None)
 
 
 def _CumProd_0(o):
-    """ONNX CumProd -> CumProd (specs/ops.glowdef:702:3)."""
+    """ONNX CumProd -> CumProd (specs/ops.glowdef:704:3)."""
     attrs = {}
     if o.has_attr('reverse'):
         attrs['reverse'] = o.attr('reverse')
@@ -1243,31 +1243,31 @@ def _CumProd_0(o):
         attrs['exclusive'] = o.attr('exclusive')
     else:
         attrs['exclusive'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:702:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:704:26', lambda: rt.b_normalize_axis(rt.b_item(o.input('axis').value), rt.b_rank(o.input('x'))))
     return attrs
 
-_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:702:3', guard=None)
+_CumProd_0_clause = OnnxClause(onnx_op='CumProd', op='CumProd', since=None, until=None, inputs=(('x', 'single'), ('axis', 'single')), operands=(('x', 0),), attributes=_CumProd_0, consumed=('exclusive', 'reverse'), location='specs/ops.glowdef:704:3', guard=None)
 
 
 def _Hardmax_0(o):
-    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:711:3)."""
+    """ONNX Hardmax -> Hardmax (specs/ops.glowdef:713:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:711:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:713:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:711:3', guard=None)
+_Hardmax_0_clause = OnnxClause(onnx_op='Hardmax', op='Hardmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Hardmax_0, consumed=('axis',), location='specs/ops.glowdef:713:3', guard=None)
 
 
 def _MatMul_0(o):
-    """ONNX MatMul -> MatMul (specs/ops.glowdef:728:3)."""
+    """ONNX MatMul -> MatMul (specs/ops.glowdef:730:3)."""
     attrs = {}
     return attrs
 
-_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:728:3', guard=None)
+_MatMul_0_clause = OnnxClause(onnx_op='MatMul', op='MatMul', since=None, until=None, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_MatMul_0, consumed=(), location='specs/ops.glowdef:730:3', guard=None)
 
 
 def _Gemm_0(o):
-    """ONNX Gemm -> Gemm (specs/ops.glowdef:741:3)."""
+    """ONNX Gemm -> Gemm (specs/ops.glowdef:743:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -1287,11 +1287,11 @@ def _Gemm_0(o):
         attrs['transA'] = 0
     return attrs
 
-_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:741:3', guard=None)
+_Gemm_0_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=7, until=None, inputs=(('A', 'single'), ('B', 'single'), ('C', 'optional')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_0, consumed=('alpha', 'beta', 'transA', 'transB'), location='specs/ops.glowdef:743:3', guard=None)
 
 
 def _Gemm_1(o):
-    """ONNX Gemm -> Gemm (specs/ops.glowdef:742:3)."""
+    """ONNX Gemm -> Gemm (specs/ops.glowdef:744:3)."""
     attrs = {}
     if o.has_attr('beta'):
         attrs['beta'] = o.attr('beta')
@@ -1311,21 +1311,21 @@ def _Gemm_1(o):
         attrs['transA'] = 0
     return attrs
 
-_Gemm_1_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=6, until=6, inputs=(('A', 'single'), ('B', 'single'), ('C', 'single')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_1, consumed=('alpha', 'beta', 'broadcast', 'transA', 'transB'), location='specs/ops.glowdef:742:3', guard=None)
+_Gemm_1_clause = OnnxClause(onnx_op='Gemm', op='Gemm', since=6, until=6, inputs=(('A', 'single'), ('B', 'single'), ('C', 'single')), operands=(('A', 0), ('B', 1), ('C', 2)), attributes=_Gemm_1, consumed=('alpha', 'beta', 'broadcast', 'transA', 'transB'), location='specs/ops.glowdef:744:3', guard=None)
 
 
 def _Einsum_0(o):
-    """ONNX Einsum -> Einsum (specs/ops.glowdef:757:3)."""
+    """ONNX Einsum -> Einsum (specs/ops.glowdef:759:3)."""
     attrs = {}
     if o.has_attr('equation'):
         attrs['equation'] = o.attr('equation')
     return attrs
 
-_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:757:3', guard=None)
+_Einsum_0_clause = OnnxClause(onnx_op='Einsum', op='Einsum', since=None, until=None, inputs=(('Inputs', 'variadic'),), operands=(('Inputs', 0),), attributes=_Einsum_0, consumed=('equation',), location='specs/ops.glowdef:759:3', guard=None)
 
 
 def _Conv_0(o):
-    """ONNX Conv -> Conv (specs/ops.glowdef:776:3)."""
+    """ONNX Conv -> Conv (specs/ops.glowdef:778:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
@@ -1335,18 +1335,18 @@ def _Conv_0(o):
         attrs['strides'] = o.attr('strides')
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:778:5')
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:779:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:780:5')
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:781:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _Conv_0_guard(o):
     return bool(rt.eq(rt.b_rank(o.input('X')), 4))
 
-_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:776:3', guard=_Conv_0_guard)
+_Conv_0_clause = OnnxClause(onnx_op='Conv', op='Conv', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_Conv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:778:3', guard=_Conv_0_guard)
 
 
 def _MaxPool_0(o):
-    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:795:3)."""
+    """ONNX MaxPool -> MaxPool (specs/ops.glowdef:797:3)."""
     attrs = {}
     if o.has_attr('dilations'):
         attrs['dilations'] = o.attr('dilations')
@@ -1356,19 +1356,19 @@ def _MaxPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:797:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:798:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:799:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:799:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:800:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:801:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else (1, 1, )), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _MaxPool_0_guard(o):
     return bool((rt.eq(rt.b_rank(o.input('X')), 4) and rt.eq(rt.b_len(o.outputs), 1)))
 
-_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:795:3', guard=_MaxPool_0_guard)
+_MaxPool_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:797:3', guard=_MaxPool_0_guard)
 
 
 def _AvgPool_0(o):
-    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:815:3)."""
+    """ONNX AveragePool -> AvgPool (specs/ops.glowdef:817:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1380,34 +1380,34 @@ def _AvgPool_0(o):
         attrs['ceil_mode'] = 0
     if o.has_attr('strides'):
         attrs['strides'] = o.attr('strides')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:817:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:818:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:819:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:820:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPool_0_guard(o):
     return bool((rt.eq(rt.b_rank(o.input('X')), 4) and ((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1))))
 
-_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:815:3', guard=_AvgPool_0_guard)
+_AvgPool_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPool_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:817:3', guard=_AvgPool_0_guard)
 
 
 def _GlobalAveragePool_0(o):
-    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:827:3)."""
+    """ONNX GlobalAveragePool -> GlobalAveragePool (specs/ops.glowdef:829:3)."""
     attrs = {}
     return attrs
 
-_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:827:3', guard=None)
+_GlobalAveragePool_0_clause = OnnxClause(onnx_op='GlobalAveragePool', op='GlobalAveragePool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalAveragePool_0, consumed=(), location='specs/ops.glowdef:829:3', guard=None)
 
 
 def _GlobalMaxPool_0(o):
-    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:834:3)."""
+    """ONNX GlobalMaxPool -> GlobalMaxPool (specs/ops.glowdef:836:3)."""
     attrs = {}
     return attrs
 
-_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:834:3', guard=None)
+_GlobalMaxPool_0_clause = OnnxClause(onnx_op='GlobalMaxPool', op='GlobalMaxPool', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_GlobalMaxPool_0, consumed=(), location='specs/ops.glowdef:836:3', guard=None)
 
 
 def _LRN_0(o):
-    """ONNX LRN -> LRN (specs/ops.glowdef:845:3)."""
+    """ONNX LRN -> LRN (specs/ops.glowdef:847:3)."""
     attrs = {}
     if o.has_attr('bias'):
         attrs['bias'] = o.attr('bias')
@@ -1425,49 +1425,49 @@ def _LRN_0(o):
         attrs['size'] = o.attr('size')
     return attrs
 
-_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:845:3', guard=None)
+_LRN_0_clause = OnnxClause(onnx_op='LRN', op='LRN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LRN_0, consumed=('alpha', 'beta', 'bias', 'size'), location='specs/ops.glowdef:847:3', guard=None)
 
 
 def _ConvN_0(o):
-    """ONNX Conv -> ConvN (specs/ops.glowdef:863:3)."""
+    """ONNX Conv -> ConvN (specs/ops.glowdef:865:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:865:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:867:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:868:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:869:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:870:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:870:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:871:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:872:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:863:3', guard=None)
+_ConvN_0_clause = OnnxClause(onnx_op='Conv', op='ConvN', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvN_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:865:3', guard=None)
 
 
 def _MaxPoolN_0(o):
-    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:886:3)."""
+    """ONNX MaxPool -> MaxPoolN (specs/ops.glowdef:888:3)."""
     attrs = {}
     if o.has_attr('ceil_mode'):
         attrs['ceil_mode'] = o.attr('ceil_mode')
     else:
         attrs['ceil_mode'] = 0
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:888:5')
-    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:889:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'the Indices output is not supported', 'specs/ops.glowdef:890:5')
+    o.check(rt.eq(o.attr('storage_order', 0), 0), 'storage_order=1 is not supported', 'specs/ops.glowdef:891:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:890:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:893:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:894:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:895:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:892:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:895:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:896:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:897:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:886:3', guard=None)
+_MaxPoolN_0_clause = OnnxClause(onnx_op='MaxPool', op='MaxPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_MaxPoolN_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'pads', 'storage_order', 'strides'), location='specs/ops.glowdef:888:3', guard=None)
 
 
 def _AvgPoolN_0(o):
-    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:911:3)."""
+    """ONNX AveragePool -> AvgPoolN (specs/ops.glowdef:913:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1478,143 +1478,143 @@ def _AvgPoolN_0(o):
     else:
         attrs['ceil_mode'] = 0
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:914:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:916:5', lambda: _let_given_strides())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:917:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:916:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:918:5', lambda: _let_given_strides())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:919:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2)), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPoolN_0_guard(o):
     return bool(((not rt.b_defined(o.attr('dilations', None))) or rt.eq(rt.b_max(o.attr('dilations', None)), 1)))
 
-_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:911:3', guard=_AvgPoolN_0_guard)
+_AvgPoolN_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolN', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolN_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:913:3', guard=_AvgPoolN_0_guard)
 
 
 def _ConvTranspose_0(o):
-    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:933:3)."""
+    """ONNX ConvTranspose -> ConvTranspose (specs/ops.glowdef:935:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:935:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('W').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:937:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     _let_given_output_padding = rt.once(lambda: (o.attr('output_padding', None) if rt.b_defined(o.attr('output_padding', None)) else rt.b_repeat(0, rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:939:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:940:5', lambda: _let_given_dilations())
-    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:941:5', lambda: _let_given_output_padding())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:942:5', lambda: sl.conv.convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), _let_given_output_padding(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:941:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:942:5', lambda: _let_given_dilations())
+    attrs['output_padding'] = o.evaluating('output_padding', 'specs/ops.glowdef:943:5', lambda: _let_given_output_padding())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:944:5', lambda: sl.conv.convtranspose_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], tuple(o.input('W').shape)[2:], _let_given_strides(), _let_given_dilations(), _let_given_output_padding(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ()), (o.attr('output_shape', None) if rt.b_defined(o.attr('output_shape', None)) else ())))
     return attrs
 
-_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:933:3', guard=None)
+_ConvTranspose_0_clause = OnnxClause(onnx_op='ConvTranspose', op='ConvTranspose', since=None, until=None, inputs=(('X', 'single'), ('W', 'single'), ('B', 'optional')), operands=(('X', 0), ('W', 1), ('B', 2)), attributes=_ConvTranspose_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'output_padding', 'output_shape', 'pads', 'strides'), location='specs/ops.glowdef:935:3', guard=None)
 
 
 def _BatchNormalization_0(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:954:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:956:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:955:5')
-    o.check(rt.ne(o.attr('is_test', 0), 0), 'training mode (is_test=0) is not supported', 'specs/ops.glowdef:956:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:957:5')
+    o.check(rt.ne(o.attr('is_test', 0), 0), 'training mode (is_test=0) is not supported', 'specs/ops.glowdef:958:5')
     return attrs
 
-_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=6, until=6, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'is_test', 'momentum', 'spatial'), location='specs/ops.glowdef:954:3', guard=None)
+_BatchNormalization_0_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=6, until=6, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_0, consumed=('epsilon', 'is_test', 'momentum', 'spatial'), location='specs/ops.glowdef:956:3', guard=None)
 
 
 def _BatchNormalization_1(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:959:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:961:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:960:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:962:5')
     return attrs
 
-_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:959:3', guard=None)
+_BatchNormalization_1_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=7, until=8, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_1, consumed=('epsilon', 'momentum', 'spatial'), location='specs/ops.glowdef:961:3', guard=None)
 
 
 def _BatchNormalization_2(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:963:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:965:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:964:5')
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'training outputs (running statistics) are not supported', 'specs/ops.glowdef:966:5')
     return attrs
 
-_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:963:3', guard=None)
+_BatchNormalization_2_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=9, until=13, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('mean', 'single'), ('var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('mean', 3), ('var', 4)), attributes=_BatchNormalization_2, consumed=('epsilon', 'momentum'), location='specs/ops.glowdef:965:3', guard=None)
 
 
 def _BatchNormalization_3(o):
-    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:967:3)."""
+    """ONNX BatchNormalization -> BatchNormalization (specs/ops.glowdef:969:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:968:5')
+    o.check(rt.eq(o.attr('training_mode', 0), 0), 'training mode is not supported (glowgen compiles models for inference)', 'specs/ops.glowdef:970:5')
     return attrs
 
-_BatchNormalization_3_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_3, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:967:3', guard=None)
+_BatchNormalization_3_clause = OnnxClause(onnx_op='BatchNormalization', op='BatchNormalization', since=14, until=None, inputs=(('X', 'single'), ('scale', 'single'), ('B', 'single'), ('input_mean', 'single'), ('input_var', 'single')), operands=(('X', 0), ('scale', 1), ('B', 2), ('input_mean', 3), ('input_var', 4)), attributes=_BatchNormalization_3, consumed=('epsilon', 'momentum', 'training_mode'), location='specs/ops.glowdef:969:3', guard=None)
 
 
 def _LayerNormalization_0(o):
-    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:982:3)."""
+    """ONNX LayerNormalization -> LayerNormalization (specs/ops.glowdef:984:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
     else:
         attrs['epsilon'] = 9.999999747378752e-06
-    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:984:5')
-    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:985:5')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:986:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    o.check(rt.eq(rt.b_len(o.outputs), 1), 'Mean and InvStdDev outputs are not supported', 'specs/ops.glowdef:986:5')
+    o.check(rt.eq(o.attr('stash_type', 1), 1), 'stash_type other than float is not supported', 'specs/ops.glowdef:987:5')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:988:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
     return attrs
 
-_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:982:3', guard=None)
+_LayerNormalization_0_clause = OnnxClause(onnx_op='LayerNormalization', op='LayerNormalization', since=None, until=None, inputs=(('X', 'single'), ('Scale', 'single'), ('B', 'optional')), operands=(('X', 0), ('Scale', 1), ('B', 2)), attributes=_LayerNormalization_0, consumed=('axis', 'epsilon', 'stash_type'), location='specs/ops.glowdef:984:3', guard=None)
 
 
 def _Softmax_0(o):
-    """ONNX Softmax -> Softmax (specs/ops.glowdef:995:3)."""
+    """ONNX Softmax -> Softmax (specs/ops.glowdef:997:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:995:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:997:27', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:995:3', guard=None)
+_Softmax_0_clause = OnnxClause(onnx_op='Softmax', op='Softmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_Softmax_0, consumed=('axis',), location='specs/ops.glowdef:997:3', guard=None)
 
 
 def _LogSoftmax_0(o):
-    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:1003:3)."""
+    """ONNX LogSoftmax -> LogSoftmax (specs/ops.glowdef:1005:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1003:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1005:30', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:1003:3', guard=None)
+_LogSoftmax_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmax', since=13, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmax_0, consumed=('axis',), location='specs/ops.glowdef:1005:3', guard=None)
 
 
 def _SoftmaxFlat_0(o):
-    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:1011:3)."""
+    """ONNX Softmax -> SoftmaxFlat (specs/ops.glowdef:1013:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1011:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1013:27', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:1011:3', guard=None)
+_SoftmaxFlat_0_clause = OnnxClause(onnx_op='Softmax', op='SoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_SoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:1013:3', guard=None)
 
 
 def _LogSoftmaxFlat_0(o):
-    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:1019:3)."""
+    """ONNX LogSoftmax -> LogSoftmaxFlat (specs/ops.glowdef:1021:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1019:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1021:30', lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:1019:3', guard=None)
+_LogSoftmaxFlat_0_clause = OnnxClause(onnx_op='LogSoftmax', op='LogSoftmaxFlat', since=None, until=12, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LogSoftmaxFlat_0, consumed=('axis',), location='specs/ops.glowdef:1021:3', guard=None)
 
 
 def _InstanceNormalization_0(o):
-    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1027:3)."""
+    """ONNX InstanceNormalization -> InstanceNormalization (specs/ops.glowdef:1029:3)."""
     attrs = {}
     if o.has_attr('epsilon'):
         attrs['epsilon'] = o.attr('epsilon')
@@ -1622,24 +1622,24 @@ def _InstanceNormalization_0(o):
         attrs['epsilon'] = 9.999999747378752e-06
     return attrs
 
-_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1027:3', guard=None)
+_InstanceNormalization_0_clause = OnnxClause(onnx_op='InstanceNormalization', op='InstanceNormalization', since=None, until=None, inputs=(('input', 'single'), ('scale', 'single'), ('B', 'single')), operands=(('input', 0), ('scale', 1), ('B', 2)), attributes=_InstanceNormalization_0, consumed=('epsilon',), location='specs/ops.glowdef:1029:3', guard=None)
 
 
 def _LpNormalization_0(o):
-    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1036:3)."""
+    """ONNX LpNormalization -> LpNormalization (specs/ops.glowdef:1038:3)."""
     attrs = {}
     if o.has_attr('p'):
         attrs['p'] = o.attr('p')
     else:
         attrs['p'] = 2
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1036:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1038:38', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('input'))))
     return attrs
 
-_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1036:3', guard=None)
+_LpNormalization_0_clause = OnnxClause(onnx_op='LpNormalization', op='LpNormalization', since=None, until=None, inputs=(('input', 'single'),), operands=(('input', 0),), attributes=_LpNormalization_0, consumed=('axis', 'p'), location='specs/ops.glowdef:1038:3', guard=None)
 
 
 def _Resize_0(o):
-    """ONNX Resize -> Resize (specs/ops.glowdef:1069:3)."""
+    """ONNX Resize -> Resize (specs/ops.glowdef:1072:3)."""
     attrs = {}
     if o.has_attr('antialias'):
         attrs['antialias'] = o.attr('antialias')
@@ -1675,17 +1675,17 @@ def _Resize_0(o):
     _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_given_scales(), _let_given_sizes(), _let_given_axes(), o.attr('keep_aspect_ratio_policy', 'stretch')))
     _let_new_scales = rt.once(lambda: sl.resize.resize_scales(o.input('X').shape, _let_given_scales(), _let_given_sizes(), _let_given_axes(), o.attr('keep_aspect_ratio_policy', 'stretch')))
     _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (o.input('roi').value if o.input('roi').present else ()), _let_given_axes(), o.attr('coordinate_transformation_mode', 'half_pixel')))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1077:5', lambda: _let_new_sizes())
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1078:5', lambda: _let_new_scales())
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1079:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1080:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_new_scales(), _let_new_roi()))
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1080:5', lambda: _let_new_sizes())
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1081:5', lambda: _let_new_scales())
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1082:5', lambda: _let_new_roi())
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1083:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_new_scales(), _let_new_roi()))
     return attrs
 
-_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1069:3', guard=None)
+_Resize_0_clause = OnnxClause(onnx_op='Resize', op='Resize', since=11, until=None, inputs=(('X', 'single'), ('roi', 'optional'), ('scales', 'optional'), ('sizes', 'optional')), operands=(('X', 0),), attributes=_Resize_0, consumed=('antialias', 'axes', 'coordinate_transformation_mode', 'cubic_coeff_a', 'exclude_outside', 'extrapolation_value', 'keep_aspect_ratio_policy', 'mode', 'nearest_mode'), location='specs/ops.glowdef:1072:3', guard=None)
 
 
 def _Resize_1(o):
-    """ONNX Resize -> Resize (specs/ops.glowdef:1082:3)."""
+    """ONNX Resize -> Resize (specs/ops.glowdef:1085:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -1694,19 +1694,19 @@ def _Resize_1(o):
     _let_legacy_scales = rt.once(lambda: sl.resize.legacy_resize_scales(o.input('X').shape, o.input('scales').value))
     _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
     _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1087:5', lambda: _let_new_sizes())
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1088:5', lambda: _let_legacy_scales())
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1089:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1090:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1091:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1092:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1090:5', lambda: _let_new_sizes())
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1091:5', lambda: _let_legacy_scales())
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1092:5', lambda: _let_new_roi())
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1093:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1094:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1095:5', lambda: 'legacy')
     return attrs
 
-_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1082:3', guard=None)
+_Resize_1_clause = OnnxClause(onnx_op='Resize', op='Resize', since=10, until=10, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_1, consumed=('mode',), location='specs/ops.glowdef:1085:3', guard=None)
 
 
 def _Resize_2(o):
-    """ONNX Upsample -> Resize (specs/ops.glowdef:1094:3)."""
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1097:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -1715,19 +1715,19 @@ def _Resize_2(o):
     _let_legacy_scales = rt.once(lambda: sl.resize.legacy_resize_scales(o.input('X').shape, o.input('scales').value))
     _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
     _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1099:5', lambda: _let_new_sizes())
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1100:5', lambda: _let_legacy_scales())
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1101:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1102:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1103:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1104:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1102:5', lambda: _let_new_sizes())
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1103:5', lambda: _let_legacy_scales())
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1104:5', lambda: _let_new_roi())
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1105:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1106:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1107:5', lambda: 'legacy')
     return attrs
 
-_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1094:3', guard=None)
+_Resize_2_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=9, until=9, inputs=(('X', 'single'), ('scales', 'single')), operands=(('X', 0),), attributes=_Resize_2, consumed=('mode',), location='specs/ops.glowdef:1097:3', guard=None)
 
 
 def _Resize_3(o):
-    """ONNX Upsample -> Resize (specs/ops.glowdef:1106:3)."""
+    """ONNX Upsample -> Resize (specs/ops.glowdef:1109:3)."""
     attrs = {}
     if o.has_attr('mode'):
         attrs['mode'] = o.attr('mode')
@@ -1736,94 +1736,94 @@ def _Resize_3(o):
     _let_legacy_scales = rt.once(lambda: sl.resize.legacy_resize_scales(o.input('X').shape, o.attr('scales', None)))
     _let_new_sizes = rt.once(lambda: sl.resize.resize_sizes(o.input('X').shape, _let_legacy_scales(), (), (), 'stretch'))
     _let_new_roi = rt.once(lambda: sl.resize.resize_roi(rt.b_rank(o.input('X')), (), (), 'asymmetric'))
-    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1111:5', lambda: _let_new_sizes())
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1112:5', lambda: _let_legacy_scales())
-    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1113:5', lambda: _let_new_roi())
-    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1114:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
-    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1115:5', lambda: 'asymmetric')
-    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1116:5', lambda: 'legacy')
+    attrs['sizes'] = o.evaluating('sizes', 'specs/ops.glowdef:1114:5', lambda: _let_new_sizes())
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1115:5', lambda: _let_legacy_scales())
+    attrs['roi'] = o.evaluating('roi', 'specs/ops.glowdef:1116:5', lambda: _let_new_roi())
+    attrs['axes'] = o.evaluating('axes', 'specs/ops.glowdef:1117:5', lambda: sl.resize.resize_active_axes(o.input('X').shape, _let_new_sizes(), _let_legacy_scales(), _let_new_roi()))
+    attrs['coordinate_transformation_mode'] = o.evaluating('coordinate_transformation_mode', 'specs/ops.glowdef:1118:5', lambda: 'asymmetric')
+    attrs['nearest_mode'] = o.evaluating('nearest_mode', 'specs/ops.glowdef:1119:5', lambda: 'legacy')
     return attrs
 
-_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1106:3', guard=None)
+_Resize_3_clause = OnnxClause(onnx_op='Upsample', op='Resize', since=7, until=8, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_Resize_3, consumed=('mode', 'scales'), location='specs/ops.glowdef:1109:3', guard=None)
 
 
 def _LegacyBroadcast_0(o):
-    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1132:3)."""
+    """ONNX Add -> LegacyBroadcast (specs/ops.glowdef:1135:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1132:89', lambda: 'Add')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1132:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1135:89', lambda: 'Add')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1135:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_0_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1132:3', guard=_LegacyBroadcast_0_guard)
+_LegacyBroadcast_0_clause = OnnxClause(onnx_op='Add', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_0, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1135:3', guard=_LegacyBroadcast_0_guard)
 
 
 def _LegacyBroadcast_1(o):
-    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1133:3)."""
+    """ONNX Sub -> LegacyBroadcast (specs/ops.glowdef:1136:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1133:89', lambda: 'Sub')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1133:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1136:89', lambda: 'Sub')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1136:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_1_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1133:3', guard=_LegacyBroadcast_1_guard)
+_LegacyBroadcast_1_clause = OnnxClause(onnx_op='Sub', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_1, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1136:3', guard=_LegacyBroadcast_1_guard)
 
 
 def _LegacyBroadcast_2(o):
-    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1134:3)."""
+    """ONNX Mul -> LegacyBroadcast (specs/ops.glowdef:1137:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1134:89', lambda: 'Mul')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1134:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1137:89', lambda: 'Mul')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1137:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_2_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1134:3', guard=_LegacyBroadcast_2_guard)
+_LegacyBroadcast_2_clause = OnnxClause(onnx_op='Mul', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_2, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1137:3', guard=_LegacyBroadcast_2_guard)
 
 
 def _LegacyBroadcast_3(o):
-    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1135:3)."""
+    """ONNX Div -> LegacyBroadcast (specs/ops.glowdef:1138:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1135:89', lambda: 'Div')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1135:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1138:89', lambda: 'Div')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1138:101', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('A'))))
     return attrs
 
 def _LegacyBroadcast_3_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1135:3', guard=_LegacyBroadcast_3_guard)
+_LegacyBroadcast_3_clause = OnnxClause(onnx_op='Div', op='LegacyBroadcast', since=6, until=6, inputs=(('A', 'single'), ('B', 'single')), operands=(('A', 0), ('B', 1)), attributes=_LegacyBroadcast_3, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1138:3', guard=_LegacyBroadcast_3_guard)
 
 
 def _LegacyBroadcast_4(o):
-    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1136:3)."""
+    """ONNX Pow -> LegacyBroadcast (specs/ops.glowdef:1139:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1136:81', lambda: 'Pow')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1136:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1139:81', lambda: 'Pow')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1139:93', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('X'))))
     return attrs
 
 def _LegacyBroadcast_4_guard(o):
     return bool((rt.eq(o.attr('broadcast', 0), 1) and rt.b_defined(o.attr('axis', None))))
 
-_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1136:3', guard=_LegacyBroadcast_4_guard)
+_LegacyBroadcast_4_clause = OnnxClause(onnx_op='Pow', op='LegacyBroadcast', since=None, until=6, inputs=(('X', 'single'), ('Y', 'single')), operands=(('X', 0), ('Y', 1)), attributes=_LegacyBroadcast_4, consumed=('axis', 'broadcast'), location='specs/ops.glowdef:1139:3', guard=_LegacyBroadcast_4_guard)
 
 
 def _LegacyBroadcast_5(o):
-    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1137:3)."""
+    """ONNX PRelu -> LegacyBroadcast (specs/ops.glowdef:1140:3)."""
     attrs = {}
-    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1137:56', lambda: 'PRelu')
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1137:70', lambda: 1)
+    attrs['op'] = o.evaluating('op', 'specs/ops.glowdef:1140:56', lambda: 'PRelu')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1140:70', lambda: 1)
     return attrs
 
-_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1137:3', guard=None)
+_LegacyBroadcast_5_clause = OnnxClause(onnx_op='PRelu', op='LegacyBroadcast', since=6, until=6, inputs=(('X', 'single'), ('slope', 'single')), operands=(('X', 0), ('slope', 1)), attributes=_LegacyBroadcast_5, consumed=(), location='specs/ops.glowdef:1140:3', guard=None)
 
 
 def _AvgPoolDilated_0(o):
-    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1155:3)."""
+    """ONNX AveragePool -> AvgPoolDilated (specs/ops.glowdef:1158:3)."""
     attrs = {}
     if o.has_attr('count_include_pad'):
         attrs['count_include_pad'] = o.attr('count_include_pad')
@@ -1836,19 +1836,19 @@ def _AvgPoolDilated_0(o):
     else:
         attrs['ceil_mode'] = 0
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1157:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1159:5', lambda: _let_given_strides())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1160:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1160:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1162:5', lambda: _let_given_strides())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1163:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), o.attr('dilations', None), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
 def _AvgPoolDilated_0_guard(o):
     return bool((rt.b_defined(o.attr('dilations', None)) and rt.gt(rt.b_max(o.attr('dilations', None)), 1)))
 
-_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1155:3', guard=_AvgPoolDilated_0_guard)
+_AvgPoolDilated_0_clause = OnnxClause(onnx_op='AveragePool', op='AvgPoolDilated', since=None, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_AvgPoolDilated_0, consumed=('auto_pad', 'ceil_mode', 'count_include_pad', 'dilations', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1158:3', guard=_AvgPoolDilated_0_guard)
 
 
 def _LpPool_0(o):
-    """ONNX LpPool -> LpPool (specs/ops.glowdef:1176:3)."""
+    """ONNX LpPool -> LpPool (specs/ops.glowdef:1179:3)."""
     attrs = {}
     if o.has_attr('p'):
         attrs['p'] = o.attr('p')
@@ -1860,30 +1860,30 @@ def _LpPool_0(o):
         attrs['ceil_mode'] = 0
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('X')), 2))))
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1178:5', lambda: o.attr('kernel_shape', None))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1181:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1182:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1183:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1181:5', lambda: o.attr('kernel_shape', None))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1184:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1185:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1186:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1176:3', guard=None)
+_LpPool_0_clause = OnnxClause(onnx_op='LpPool', op='LpPool', since=2, until=None, inputs=(('X', 'single'),), operands=(('X', 0),), attributes=_LpPool_0, consumed=('auto_pad', 'ceil_mode', 'dilations', 'kernel_shape', 'p', 'pads', 'strides'), location='specs/ops.glowdef:1179:3', guard=None)
 
 
 def _Col2Im_0(o):
-    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1201:3)."""
+    """ONNX Col2Im -> Col2Im (specs/ops.glowdef:1204:3)."""
     attrs = {}
-    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1203:5', lambda: rt.b_ints(o.input('image_shape').value))
-    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1204:5', lambda: rt.b_ints(o.input('block_shape').value))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1205:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1206:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1207:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
+    attrs['image'] = o.evaluating('image', 'specs/ops.glowdef:1206:5', lambda: rt.b_ints(o.input('image_shape').value))
+    attrs['block'] = o.evaluating('block', 'specs/ops.glowdef:1207:5', lambda: rt.b_ints(o.input('block_shape').value))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1208:5', lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1209:5', lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.b_len(o.input('image_shape').value))))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1210:5', lambda: (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else rt.b_repeat(0, rt.mul(2, rt.b_len(o.input('image_shape').value)))))
     return attrs
 
-_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1201:3', guard=None)
+_Col2Im_0_clause = OnnxClause(onnx_op='Col2Im', op='Col2Im', since=None, until=None, inputs=(('input', 'single'), ('image_shape', 'single'), ('block_shape', 'single')), operands=(('input', 0),), attributes=_Col2Im_0, consumed=('dilations', 'pads', 'strides'), location='specs/ops.glowdef:1204:3', guard=None)
 
 
 def _GridSample_0(o):
-    """ONNX GridSample -> GridSample (specs/ops.glowdef:1222:3)."""
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1225:3)."""
     attrs = {}
     if o.has_attr('align_corners'):
         attrs['align_corners'] = o.attr('align_corners')
@@ -1899,11 +1899,11 @@ def _GridSample_0(o):
         attrs['mode'] = 'linear'
     return attrs
 
-_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1222:3', guard=None)
+_GridSample_0_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=20, until=None, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_0, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1225:3', guard=None)
 
 
 def _GridSample_1(o):
-    """ONNX GridSample -> GridSample (specs/ops.glowdef:1223:3)."""
+    """ONNX GridSample -> GridSample (specs/ops.glowdef:1226:3)."""
     attrs = {}
     if o.has_attr('align_corners'):
         attrs['align_corners'] = o.attr('align_corners')
@@ -1913,14 +1913,14 @@ def _GridSample_1(o):
         attrs['padding_mode'] = o.attr('padding_mode')
     else:
         attrs['padding_mode'] = 'zeros'
-    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1225:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
+    attrs['mode'] = o.evaluating('mode', 'specs/ops.glowdef:1228:5', lambda: ('linear' if rt.eq(o.attr('mode', 'bilinear'), 'bilinear') else ('cubic' if rt.eq(o.attr('mode', 'bilinear'), 'bicubic') else o.attr('mode', 'bilinear'))))
     return attrs
 
-_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1223:3', guard=None)
+_GridSample_1_clause = OnnxClause(onnx_op='GridSample', op='GridSample', since=16, until=19, inputs=(('X', 'single'), ('grid', 'single')), operands=(('X', 0), ('grid', 1)), attributes=_GridSample_1, consumed=('align_corners', 'mode', 'padding_mode'), location='specs/ops.glowdef:1226:3', guard=None)
 
 
 def _LSTM_0(o):
-    """ONNX LSTM -> LSTM (specs/ops.glowdef:1263:3)."""
+    """ONNX LSTM -> LSTM (specs/ops.glowdef:1266:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1940,16 +1940,16 @@ def _LSTM_0(o):
         attrs['layout'] = 0
     if o.has_attr('activations'):
         attrs['activations'] = o.attr('activations')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1265:5')
-    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.rnn.all_in(o.attr('activations', None), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1267:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1269:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1268:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.rnn.all_in(o.attr('activations', None), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1270:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1272:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_LSTM_0_clause = OnnxClause(onnx_op='LSTM', op='LSTM', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional'), ('initial_c', 'optional'), ('P', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4), ('initial_c', 5), ('P', 6)), attributes=_LSTM_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'input_forget', 'layout'), location='specs/ops.glowdef:1263:3', guard=None)
+_LSTM_0_clause = OnnxClause(onnx_op='LSTM', op='LSTM', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional'), ('initial_c', 'optional'), ('P', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4), ('initial_c', 5), ('P', 6)), attributes=_LSTM_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'input_forget', 'layout'), location='specs/ops.glowdef:1266:3', guard=None)
 
 
 def _GRU_0(o):
-    """ONNX GRU -> GRU (specs/ops.glowdef:1290:3)."""
+    """ONNX GRU -> GRU (specs/ops.glowdef:1293:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1969,16 +1969,16 @@ def _GRU_0(o):
         attrs['linear_before_reset'] = 0
     if o.has_attr('activations'):
         attrs['activations'] = o.attr('activations')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1292:5')
-    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.rnn.all_in(o.attr('activations', None), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1294:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1296:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1295:5')
+    o.check(((not rt.b_defined(o.attr('activations', None))) or sl.rnn.all_in(o.attr('activations', None), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1297:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1299:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_GRU_0_clause = OnnxClause(onnx_op='GRU', op='GRU', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_GRU_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout', 'linear_before_reset'), location='specs/ops.glowdef:1290:3', guard=None)
+_GRU_0_clause = OnnxClause(onnx_op='GRU', op='GRU', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_GRU_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout', 'linear_before_reset'), location='specs/ops.glowdef:1293:3', guard=None)
 
 
 def _RNN_0(o):
-    """ONNX RNN -> RNN (specs/ops.glowdef:1316:3)."""
+    """ONNX RNN -> RNN (specs/ops.glowdef:1319:3)."""
     attrs = {}
     if o.has_attr('clip'):
         attrs['clip'] = o.attr('clip')
@@ -1996,123 +1996,123 @@ def _RNN_0(o):
         attrs['activations'] = o.attr('activations')
     else:
         attrs['activations'] = ('Tanh', 'Tanh')
-    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1318:5')
-    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.rnn.all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1320:5')
-    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1322:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
+    o.check(((not rt.b_defined(o.attr('activation_alpha', None))) and (not rt.b_defined(o.attr('activation_beta', None)))), 'activation_alpha and activation_beta are not supported', 'specs/ops.glowdef:1321:5')
+    o.check(((not rt.b_defined(o.attr('activations', ('Tanh', 'Tanh')))) or sl.rnn.all_in(o.attr('activations', ('Tanh', 'Tanh')), sl.rnn.rnn_activations())), 'activations must be among Sigmoid, Tanh, Relu, LeakyRelu, HardSigmoid, Elu, Softplus, ThresholdedRelu', 'specs/ops.glowdef:1323:5')
+    attrs['seq_lens'] = o.evaluating('seq_lens', 'specs/ops.glowdef:1325:5', lambda: (rt.b_ints(o.input('sequence_lens').value) if o.input('sequence_lens').present else ()))
     return attrs
 
-_RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1316:3', guard=None)
+_RNN_0_clause = OnnxClause(onnx_op='RNN', op='RNN', since=7, until=None, inputs=(('X', 'single'), ('W', 'single'), ('R', 'single'), ('B', 'optional'), ('sequence_lens', 'optional'), ('initial_h', 'optional')), operands=(('X', 0), ('W', 1), ('R', 2), ('B', 3), ('initial_h', 4)), attributes=_RNN_0, consumed=('activation_alpha', 'activation_beta', 'activations', 'clip', 'direction', 'hidden_size', 'layout'), location='specs/ops.glowdef:1319:3', guard=None)
 
 
 def _QuantizeLinear_0(o):
-    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1364:3)."""
+    """ONNX QuantizeLinear -> QuantizeLinear (specs/ops.glowdef:1369:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1366:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1367:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
-    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1368:5', lambda: (sl.shapes.onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.quant.float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1371:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('y_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1372:5', lambda: (o.input('y_zero_point').dtype if o.input('y_zero_point').present else (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else 'u8')))
+    attrs['compute'] = o.evaluating('compute', 'specs/ops.glowdef:1373:5', lambda: (sl.shapes.onnx_dtype(o.attr('precision', 0)) if rt.ne(o.attr('precision', 0), 0) else sl.quant.float_promote(o.input('x').dtype, o.input('y_scale').dtype)))
     return attrs
 
-_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1364:3', guard=None)
+_QuantizeLinear_0_clause = OnnxClause(onnx_op='QuantizeLinear', op='QuantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('x', 0), ('y_scale', 1), ('y_zero_point', 2)), attributes=_QuantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype', 'precision', 'saturate'), location='specs/ops.glowdef:1369:3', guard=None)
 
 
 def _DequantizeLinear_0(o):
-    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1383:3)."""
+    """ONNX DequantizeLinear -> DequantizeLinear (specs/ops.glowdef:1390:3)."""
     attrs = {}
     if o.has_attr('block_size'):
         attrs['block_size'] = o.attr('block_size')
     else:
         attrs['block_size'] = 0
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1385:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
-    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1386:5', lambda: (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1392:5', lambda: (rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('x'))) if rt.gt(rt.b_prod(o.input('x_scale').shape), 1) else 0))
+    attrs['dtype'] = o.evaluating('dtype', 'specs/ops.glowdef:1393:5', lambda: (sl.shapes.onnx_dtype(o.attr('output_dtype', 0)) if rt.ne(o.attr('output_dtype', 0), 0) else o.input('x_scale').dtype))
     return attrs
 
-_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1383:3', guard=None)
+_DequantizeLinear_0_clause = OnnxClause(onnx_op='DequantizeLinear', op='DequantizeLinear', since=10, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2)), attributes=_DequantizeLinear_0, consumed=('axis', 'block_size', 'output_dtype'), location='specs/ops.glowdef:1390:3', guard=None)
 
 
 def _QLinearMatMul_0(o):
-    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1412:3)."""
+    """ONNX QLinearMatMul -> QLinearMatMul (specs/ops.glowdef:1419:3)."""
     attrs = {}
     return attrs
 
-_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1412:3', guard=None)
+_QLinearMatMul_0_clause = OnnxClause(onnx_op='QLinearMatMul', op='QLinearMatMul', since=None, until=None, inputs=(('a', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('b', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('a', 0), ('a_scale', 1), ('a_zero_point', 2), ('b', 3), ('b_scale', 4), ('b_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QLinearMatMul_0, consumed=(), location='specs/ops.glowdef:1419:3', guard=None)
 
 
 def _MatMulInteger_0(o):
-    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1422:3)."""
+    """ONNX MatMulInteger -> MatMulInteger (specs/ops.glowdef:1429:3)."""
     attrs = {}
-    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1424:5')
+    o.check((o.input('a_zero_point').present or (not o.input('b_zero_point').present)), 'a b_zero_point without an a_zero_point is not supported; pass a zero a_zero_point', 'specs/ops.glowdef:1431:5')
     return attrs
 
-_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1422:3', guard=None)
+_MatMulInteger_0_clause = OnnxClause(onnx_op='MatMulInteger', op='MatMulInteger', since=None, until=None, inputs=(('A', 'single'), ('B', 'single'), ('a_zero_point', 'optional'), ('b_zero_point', 'optional')), operands=(('A', 0), ('B', 1), ('a_zero_point', 2), ('b_zero_point', 3)), attributes=_MatMulInteger_0, consumed=(), location='specs/ops.glowdef:1429:3', guard=None)
 
 
 def _ConvInteger_0(o):
-    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1441:3)."""
+    """ONNX ConvInteger -> ConvInteger (specs/ops.glowdef:1448:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1443:5')
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1445:5')
+    o.check((o.input('x_zero_point').present or (not o.input('w_zero_point').present)), 'a w_zero_point without an x_zero_point is not supported; pass a zero x_zero_point', 'specs/ops.glowdef:1450:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1452:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1448:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1449:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1450:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1455:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1456:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1457:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1441:3', guard=None)
+_ConvInteger_0_clause = OnnxClause(onnx_op='ConvInteger', op='ConvInteger', since=None, until=None, inputs=(('x', 'single'), ('w', 'single'), ('x_zero_point', 'optional'), ('w_zero_point', 'optional')), operands=(('x', 0), ('w', 1), ('x_zero_point', 2), ('w_zero_point', 3)), attributes=_ConvInteger_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1448:3', guard=None)
 
 
 def _QLinearConv_0(o):
-    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1470:3)."""
+    """ONNX QLinearConv -> QLinearConv (specs/ops.glowdef:1477:3)."""
     attrs = {}
     if o.has_attr('group'):
         attrs['group'] = o.attr('group')
     else:
         attrs['group'] = 1
-    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1473:5')
+    o.check(((not rt.b_defined(o.attr('kernel_shape', None))) or rt.eq(rt.b_tuple(o.attr('kernel_shape', None)), rt.b_tuple(tuple(o.input('w').shape)[2:]))), 'kernel_shape must match the weights', 'specs/ops.glowdef:1480:5')
     _let_given_strides = rt.once(lambda: (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
     _let_given_dilations = rt.once(lambda: (o.attr('dilations', None) if rt.b_defined(o.attr('dilations', None)) else rt.b_ones(rt.sub(rt.b_rank(o.input('x')), 2))))
-    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1476:5', lambda: _let_given_strides())
-    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1477:5', lambda: _let_given_dilations())
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1478:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    attrs['strides'] = o.evaluating('strides', 'specs/ops.glowdef:1483:5', lambda: _let_given_strides())
+    attrs['dilations'] = o.evaluating('dilations', 'specs/ops.glowdef:1484:5', lambda: _let_given_dilations())
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1485:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('x').shape)[2:], tuple(o.input('w').shape)[2:], _let_given_strides(), _let_given_dilations(), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1470:3', guard=None)
+_QLinearConv_0_clause = OnnxClause(onnx_op='QLinearConv', op='QLinearConv', since=None, until=None, inputs=(('x', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('w', 'single'), ('w_scale', 'single'), ('w_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single'), ('B', 'optional')), operands=(('x', 0), ('x_scale', 1), ('x_zero_point', 2), ('w', 3), ('w_scale', 4), ('w_zero_point', 5), ('y_scale', 6), ('y_zero_point', 7), ('B', 8)), attributes=_QLinearConv_0, consumed=('auto_pad', 'dilations', 'group', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1477:3', guard=None)
 
 
 def _QLinearAdd_0(o):
-    """ONNX com.microsoft.QLinearAdd -> QLinearAdd (specs/ops.glowdef:1511:3)."""
+    """ONNX com.microsoft.QLinearAdd -> QLinearAdd (specs/ops.glowdef:1518:3)."""
     attrs = {}
     return attrs
 
-_QLinearAdd_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAdd', op='QLinearAdd', since=None, until=None, inputs=(('A', 'single'), ('A_scale', 'single'), ('A_zero_point', 'optional'), ('B', 'single'), ('B_scale', 'single'), ('B_zero_point', 'optional'), ('C_scale', 'single'), ('C_zero_point', 'optional')), operands=(('A', 0), ('A_scale', 1), ('A_zero_point', 5), ('B', 2), ('B_scale', 3), ('B_zero_point', 6), ('C_scale', 4), ('C_zero_point', 7)), attributes=_QLinearAdd_0, consumed=(), location='specs/ops.glowdef:1511:3', guard=None)
+_QLinearAdd_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAdd', op='QLinearAdd', since=None, until=None, inputs=(('A', 'single'), ('A_scale', 'single'), ('A_zero_point', 'optional'), ('B', 'single'), ('B_scale', 'single'), ('B_zero_point', 'optional'), ('C_scale', 'single'), ('C_zero_point', 'optional')), operands=(('A', 0), ('A_scale', 1), ('A_zero_point', 5), ('B', 2), ('B_scale', 3), ('B_zero_point', 6), ('C_scale', 4), ('C_zero_point', 7)), attributes=_QLinearAdd_0, consumed=(), location='specs/ops.glowdef:1518:3', guard=None)
 
 
 def _QLinearMul_0(o):
-    """ONNX com.microsoft.QLinearMul -> QLinearMul (specs/ops.glowdef:1518:3)."""
+    """ONNX com.microsoft.QLinearMul -> QLinearMul (specs/ops.glowdef:1525:3)."""
     attrs = {}
     return attrs
 
-_QLinearMul_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearMul', op='QLinearMul', since=None, until=None, inputs=(('A', 'single'), ('A_scale', 'single'), ('A_zero_point', 'optional'), ('B', 'single'), ('B_scale', 'single'), ('B_zero_point', 'optional'), ('C_scale', 'single'), ('C_zero_point', 'optional')), operands=(('A', 0), ('A_scale', 1), ('A_zero_point', 5), ('B', 2), ('B_scale', 3), ('B_zero_point', 6), ('C_scale', 4), ('C_zero_point', 7)), attributes=_QLinearMul_0, consumed=(), location='specs/ops.glowdef:1518:3', guard=None)
+_QLinearMul_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearMul', op='QLinearMul', since=None, until=None, inputs=(('A', 'single'), ('A_scale', 'single'), ('A_zero_point', 'optional'), ('B', 'single'), ('B_scale', 'single'), ('B_zero_point', 'optional'), ('C_scale', 'single'), ('C_zero_point', 'optional')), operands=(('A', 0), ('A_scale', 1), ('A_zero_point', 5), ('B', 2), ('B_scale', 3), ('B_zero_point', 6), ('C_scale', 4), ('C_zero_point', 7)), attributes=_QLinearMul_0, consumed=(), location='specs/ops.glowdef:1525:3', guard=None)
 
 
 def _QLinearSigmoid_0(o):
-    """ONNX com.microsoft.QLinearSigmoid -> QLinearSigmoid (specs/ops.glowdef:1525:3)."""
+    """ONNX com.microsoft.QLinearSigmoid -> QLinearSigmoid (specs/ops.glowdef:1532:3)."""
     attrs = {}
     return attrs
 
-_QLinearSigmoid_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearSigmoid', op='QLinearSigmoid', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearSigmoid_0, consumed=(), location='specs/ops.glowdef:1525:3', guard=None)
+_QLinearSigmoid_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearSigmoid', op='QLinearSigmoid', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearSigmoid_0, consumed=(), location='specs/ops.glowdef:1532:3', guard=None)
 
 
 def _QLinearLeakyRelu_0(o):
-    """ONNX com.microsoft.QLinearLeakyRelu -> QLinearLeakyRelu (specs/ops.glowdef:1532:3)."""
+    """ONNX com.microsoft.QLinearLeakyRelu -> QLinearLeakyRelu (specs/ops.glowdef:1539:3)."""
     attrs = {}
     if o.has_attr('alpha'):
         attrs['alpha'] = o.attr('alpha')
@@ -2120,20 +2120,31 @@ def _QLinearLeakyRelu_0(o):
         attrs['alpha'] = 0.009999999776482582
     return attrs
 
-_QLinearLeakyRelu_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearLeakyRelu', op='QLinearLeakyRelu', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearLeakyRelu_0, consumed=('alpha',), location='specs/ops.glowdef:1532:3', guard=None)
+_QLinearLeakyRelu_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearLeakyRelu', op='QLinearLeakyRelu', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('X_zero_point', 'optional'), ('Y_scale', 'single'), ('Y_zero_point', 'optional')), operands=(('X', 0), ('X_scale', 1), ('X_zero_point', 3), ('Y_scale', 2), ('Y_zero_point', 4)), attributes=_QLinearLeakyRelu_0, consumed=('alpha',), location='specs/ops.glowdef:1539:3', guard=None)
+
+
+def _QLinearSoftmax_0(o):
+    """ONNX com.microsoft.QLinearSoftmax -> QLinearSoftmax (specs/ops.glowdef:1547:3)."""
+    attrs = {}
+    o.check(rt.b_defined(o.attr('opset', None)), 'the attribute opset (the opset of the Softmax it follows) is missing; onnxruntime requires it', 'specs/ops.glowdef:1549:5')
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1550:5', lambda: rt.b_normalize_axis(o.attr('axis', -1), rt.b_rank(o.input('X'))))
+    attrs['flat'] = o.evaluating('flat', 'specs/ops.glowdef:1551:5', lambda: (1 if rt.lt(o.attr('opset', None), 13) else 0))
+    return attrs
+
+_QLinearSoftmax_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearSoftmax', op='QLinearSoftmax', since=None, until=None, inputs=(('X', 'single'), ('X_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('X_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearSoftmax_0, consumed=('axis', 'opset'), location='specs/ops.glowdef:1547:3', guard=None)
 
 
 def _QLinearGlobalAveragePool_0(o):
-    """ONNX com.microsoft.QLinearGlobalAveragePool -> QLinearGlobalAveragePool (specs/ops.glowdef:1545:3)."""
+    """ONNX com.microsoft.QLinearGlobalAveragePool -> QLinearGlobalAveragePool (specs/ops.glowdef:1563:3)."""
     attrs = {}
-    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1547:5')
+    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1565:5')
     return attrs
 
-_QLinearGlobalAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearGlobalAveragePool', op='QLinearGlobalAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearGlobalAveragePool_0, consumed=('channels_last',), location='specs/ops.glowdef:1545:3', guard=None)
+_QLinearGlobalAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearGlobalAveragePool', op='QLinearGlobalAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'single'), ('y_scale', 'single'), ('y_zero_point', 'single')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearGlobalAveragePool_0, consumed=('channels_last',), location='specs/ops.glowdef:1563:3', guard=None)
 
 
 def _QLinearAveragePool_0(o):
-    """ONNX com.microsoft.QLinearAveragePool -> QLinearAveragePool (specs/ops.glowdef:1565:3)."""
+    """ONNX com.microsoft.QLinearAveragePool -> QLinearAveragePool (specs/ops.glowdef:1583:3)."""
     attrs = {}
     if o.has_attr('ceil_mode'):
         attrs['ceil_mode'] = o.attr('ceil_mode')
@@ -2145,30 +2156,30 @@ def _QLinearAveragePool_0(o):
         attrs['count_include_pad'] = o.attr('count_include_pad')
     else:
         attrs['count_include_pad'] = 0
-    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1567:5')
-    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (NCHW operands) is supported', 'specs/ops.glowdef:1568:5')
-    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1569:5', lambda: o.attr('kernel_shape', None))
-    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1570:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
+    o.check(rt.eq(o.attr('channels_last', 0), 0), 'channels_last=1 is not supported; export the model with NCHW pooling', 'specs/ops.glowdef:1585:5')
+    o.check(rt.eq(rt.b_rank(o.input('X')), 4), 'only 2-D pooling (NCHW operands) is supported', 'specs/ops.glowdef:1586:5')
+    attrs['kernel'] = o.evaluating('kernel', 'specs/ops.glowdef:1587:5', lambda: o.attr('kernel_shape', None))
+    attrs['pads'] = o.evaluating('pads', 'specs/ops.glowdef:1588:5', lambda: sl.conv.auto_pads(o.attr('auto_pad', 'NOTSET'), tuple(o.input('X').shape)[2:], o.attr('kernel_shape', None), (o.attr('strides', None) if rt.b_defined(o.attr('strides', None)) else (1, 1, )), (1, 1, ), (o.attr('pads', None) if rt.b_defined(o.attr('pads', None)) else ())))
     return attrs
 
-_QLinearAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAveragePool', op='QLinearAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearAveragePool_0, consumed=('auto_pad', 'ceil_mode', 'channels_last', 'count_include_pad', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1565:3', guard=None)
+_QLinearAveragePool_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearAveragePool', op='QLinearAveragePool', since=None, until=None, inputs=(('X', 'single'), ('x_scale', 'single'), ('x_zero_point', 'optional'), ('y_scale', 'single'), ('y_zero_point', 'optional')), operands=(('X', 0), ('x_scale', 1), ('x_zero_point', 3), ('y_scale', 2), ('y_zero_point', 4)), attributes=_QLinearAveragePool_0, consumed=('auto_pad', 'ceil_mode', 'channels_last', 'count_include_pad', 'kernel_shape', 'pads', 'strides'), location='specs/ops.glowdef:1583:3', guard=None)
 
 
 def _QLinearConcat_0(o):
-    """ONNX com.microsoft.QLinearConcat -> QLinearConcat (specs/ops.glowdef:1585:3)."""
+    """ONNX com.microsoft.QLinearConcat -> QLinearConcat (specs/ops.glowdef:1603:3)."""
     attrs = {}
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1587:5', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
-    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1588:5', lambda: sl.quant.items_every(o.input('inputs'), 1, 3))
-    attrs['zero_points'] = o.evaluating('zero_points', 'specs/ops.glowdef:1589:5', lambda: sl.quant.items_every(o.input('inputs'), 2, 3))
-    attrs['y_scale'] = o.evaluating('y_scale', 'specs/ops.glowdef:1590:5', lambda: rt.b_item(o.input('Y_scale').value))
-    attrs['y_zero_point'] = o.evaluating('y_zero_point', 'specs/ops.glowdef:1591:5', lambda: rt.b_item(o.input('Y_zero_point').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1605:5', lambda: rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('inputs'))))
+    attrs['scales'] = o.evaluating('scales', 'specs/ops.glowdef:1606:5', lambda: sl.quant.items_every(o.input('inputs'), 1, 3))
+    attrs['zero_points'] = o.evaluating('zero_points', 'specs/ops.glowdef:1607:5', lambda: sl.quant.items_every(o.input('inputs'), 2, 3))
+    attrs['y_scale'] = o.evaluating('y_scale', 'specs/ops.glowdef:1608:5', lambda: rt.b_item(o.input('Y_scale').value))
+    attrs['y_zero_point'] = o.evaluating('y_zero_point', 'specs/ops.glowdef:1609:5', lambda: rt.b_item(o.input('Y_zero_point').value))
     return attrs
 
-_QLinearConcat_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearConcat', op='QLinearConcat', since=None, until=None, inputs=(('Y_scale', 'single'), ('Y_zero_point', 'single'), ('inputs', 'variadic')), operands=(), strided=(('inputs', 0, 0, 3),), attributes=_QLinearConcat_0, consumed=('axis',), location='specs/ops.glowdef:1585:3', guard=None)
+_QLinearConcat_0_clause = OnnxClause(onnx_op='com.microsoft.QLinearConcat', op='QLinearConcat', since=None, until=None, inputs=(('Y_scale', 'single'), ('Y_zero_point', 'single'), ('inputs', 'variadic')), operands=(), strided=(('inputs', 0, 0, 3),), attributes=_QLinearConcat_0, consumed=('axis',), location='specs/ops.glowdef:1603:3', guard=None)
 
 
 def _QGemm_0(o):
-    """ONNX com.microsoft.QGemm -> QGemm (specs/ops.glowdef:1620:3)."""
+    """ONNX com.microsoft.QGemm -> QGemm (specs/ops.glowdef:1638:3)."""
     attrs = {}
     if o.has_attr('transB'):
         attrs['transB'] = o.attr('transB')
@@ -2182,17 +2193,17 @@ def _QGemm_0(o):
         attrs['transA'] = o.attr('transA')
     else:
         attrs['transA'] = 0
-    o.check(o.input('y_zero_point').present, 'a QGemm with y_scale but no y_zero_point is not supported; give it a zero point', 'specs/ops.glowdef:1623:5')
+    o.check(o.input('y_zero_point').present, 'a QGemm with y_scale but no y_zero_point is not supported; give it a zero point', 'specs/ops.glowdef:1641:5')
     return attrs
 
 def _QGemm_0_guard(o):
     return bool(o.input('y_scale').present)
 
-_QGemm_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemm', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 8), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QGemm_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1620:3', guard=_QGemm_0_guard)
+_QGemm_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemm', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 8), ('y_scale', 6), ('y_zero_point', 7)), attributes=_QGemm_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1638:3', guard=_QGemm_0_guard)
 
 
 def _QGemmToFloat_0(o):
-    """ONNX com.microsoft.QGemm -> QGemmToFloat (specs/ops.glowdef:1640:3)."""
+    """ONNX com.microsoft.QGemm -> QGemmToFloat (specs/ops.glowdef:1658:3)."""
     attrs = {}
     if o.has_attr('transB'):
         attrs['transB'] = o.attr('transB')
@@ -2206,17 +2217,17 @@ def _QGemmToFloat_0(o):
         attrs['transA'] = o.attr('transA')
     else:
         attrs['transA'] = 0
-    o.check((not o.input('y_zero_point').present), 'a QGemm with y_zero_point but no y_scale is not supported; give it a scale', 'specs/ops.glowdef:1643:5')
+    o.check((not o.input('y_zero_point').present), 'a QGemm with y_zero_point but no y_scale is not supported; give it a scale', 'specs/ops.glowdef:1661:5')
     return attrs
 
 def _QGemmToFloat_0_guard(o):
     return bool((not o.input('y_scale').present))
 
-_QGemmToFloat_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemmToFloat', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 6)), attributes=_QGemmToFloat_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1640:3', guard=_QGemmToFloat_0_guard)
+_QGemmToFloat_0_clause = OnnxClause(onnx_op='com.microsoft.QGemm', op='QGemmToFloat', since=None, until=None, inputs=(('A', 'single'), ('a_scale', 'single'), ('a_zero_point', 'single'), ('B', 'single'), ('b_scale', 'single'), ('b_zero_point', 'single'), ('C', 'optional'), ('y_scale', 'optional'), ('y_zero_point', 'optional')), operands=(('A', 0), ('a_scale', 1), ('a_zero_point', 2), ('B', 3), ('b_scale', 4), ('b_zero_point', 5), ('C', 6)), attributes=_QGemmToFloat_0, consumed=('alpha', 'transA', 'transB'), location='specs/ops.glowdef:1658:3', guard=_QGemmToFloat_0_guard)
 
 
 def _DFT_0(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1725:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1743:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2227,15 +2238,15 @@ def _DFT_0(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis(o.attr('axis', 1), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1728:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1729:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1746:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1747:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1725:3', guard=None)
+_DFT_0_clause = OnnxClause(onnx_op='DFT', op='DFT', since=17, until=19, inputs=(('input', 'single'), ('dft_length', 'optional')), operands=(('input', 0),), attributes=_DFT_0, consumed=('axis', 'inverse', 'onesided'), location='specs/ops.glowdef:1743:3', guard=None)
 
 
 def _DFT_1(o):
-    """ONNX DFT -> DFT (specs/ops.glowdef:1731:3)."""
+    """ONNX DFT -> DFT (specs/ops.glowdef:1749:3)."""
     attrs = {}
     if o.has_attr('inverse'):
         attrs['inverse'] = o.attr('inverse')
@@ -2246,36 +2257,36 @@ def _DFT_1(o):
     else:
         attrs['onesided'] = 0
     _let_dft_axis = rt.once(lambda: rt.b_normalize_axis((rt.b_int(rt.b_item(o.input('axis').value)) if o.input('axis').present else rt.neg(2)), rt.b_rank(o.input('input'))))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1734:5', lambda: _let_dft_axis())
-    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1735:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1752:5', lambda: _let_dft_axis())
+    attrs['length'] = o.evaluating('length', 'specs/ops.glowdef:1753:5', lambda: sl.signal.dft_length(o.input('input').shape, _let_dft_axis(), (rt.b_int(rt.b_item(o.input('dft_length').value)) if o.input('dft_length').present else 0), o.attr('inverse', 0), o.attr('onesided', 0)))
     return attrs
 
-_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1731:3', guard=None)
+_DFT_1_clause = OnnxClause(onnx_op='DFT', op='DFT', since=20, until=None, inputs=(('input', 'single'), ('dft_length', 'optional'), ('axis', 'optional')), operands=(('input', 0),), attributes=_DFT_1, consumed=('inverse', 'onesided'), location='specs/ops.glowdef:1749:3', guard=None)
 
 
 def _Compress_0(o):
-    """ONNX Compress -> Compress (specs/ops.glowdef:1748:3)."""
+    """ONNX Compress -> Compress (specs/ops.glowdef:1766:3)."""
     attrs = {}
-    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1750:5', lambda: sl.shapes.true_positions(o.input('condition').value))
-    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1751:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
-    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1752:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
+    attrs['indices'] = o.evaluating('indices', 'specs/ops.glowdef:1768:5', lambda: sl.shapes.true_positions(o.input('condition').value))
+    attrs['axis'] = o.evaluating('axis', 'specs/ops.glowdef:1769:5', lambda: (rt.b_normalize_axis(o.attr('axis', None), rt.b_rank(o.input('input'))) if rt.b_defined(o.attr('axis', None)) else 0))
+    attrs['flatten'] = o.evaluating('flatten', 'specs/ops.glowdef:1770:5', lambda: (0 if rt.b_defined(o.attr('axis', None)) else 1))
     return attrs
 
-_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1748:3', guard=None)
+_Compress_0_clause = OnnxClause(onnx_op='Compress', op='Compress', since=None, until=None, inputs=(('input', 'single'), ('condition', 'single')), operands=(('input', 0),), attributes=_Compress_0, consumed=('axis',), location='specs/ops.glowdef:1766:3', guard=None)
 
 
 def _STFT_0(o):
-    """ONNX STFT -> STFT (specs/ops.glowdef:1766:3)."""
+    """ONNX STFT -> STFT (specs/ops.glowdef:1784:3)."""
     attrs = {}
     if o.has_attr('onesided'):
         attrs['onesided'] = o.attr('onesided')
     else:
         attrs['onesided'] = 1
-    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1768:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
-    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1769:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
+    attrs['step'] = o.evaluating('step', 'specs/ops.glowdef:1786:5', lambda: rt.b_int(rt.b_item(o.input('frame_step').value)))
+    attrs['frame'] = o.evaluating('frame', 'specs/ops.glowdef:1787:5', lambda: (rt.b_int(rt.b_item(o.input('frame_length').value)) if o.input('frame_length').present else o.input('window').shape[0]))
     return attrs
 
-_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1766:3', guard=None)
+_STFT_0_clause = OnnxClause(onnx_op='STFT', op='STFT', since=None, until=None, inputs=(('signal', 'single'), ('frame_step', 'single'), ('window', 'optional'), ('frame_length', 'optional')), operands=(('signal', 0), ('window', 1)), attributes=_STFT_0, consumed=('onesided',), location='specs/ops.glowdef:1784:3', guard=None)
 
 CLAUSES = (
     _Add_0_clause,
@@ -2451,6 +2462,7 @@ CLAUSES = (
     _QLinearMul_0_clause,
     _QLinearSigmoid_0_clause,
     _QLinearLeakyRelu_0_clause,
+    _QLinearSoftmax_0_clause,
     _QLinearGlobalAveragePool_0_clause,
     _QLinearAveragePool_0_clause,
     _QLinearConcat_0_clause,

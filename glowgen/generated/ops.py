@@ -25,7 +25,7 @@ class Add(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs)
-    Declared at specs/ops.glowdef:44:1.
+    Declared at specs/ops.glowdef:45:1.
     """
 
     OP: ClassVar[str] = 'Add'
@@ -34,7 +34,7 @@ class Add(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:44:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:45:1'
 
 
     @property
@@ -56,15 +56,15 @@ class Add(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Add', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Add', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Add', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Add', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Add', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -77,7 +77,7 @@ class Sub(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:50:1.
+    Declared at specs/ops.glowdef:51:1.
     """
 
     OP: ClassVar[str] = 'Sub'
@@ -86,7 +86,7 @@ class Sub(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:50:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:51:1'
 
 
     @property
@@ -108,15 +108,15 @@ class Sub(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sub', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Sub', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Sub', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Sub', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Sub', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -129,7 +129,7 @@ class Mul(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs)
-    Declared at specs/ops.glowdef:56:1.
+    Declared at specs/ops.glowdef:57:1.
     """
 
     OP: ClassVar[str] = 'Mul'
@@ -138,7 +138,7 @@ class Mul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:56:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:57:1'
 
 
     @property
@@ -160,15 +160,15 @@ class Mul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Mul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Mul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Mul', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Mul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Mul', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -181,7 +181,7 @@ class Div(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:62:1.
+    Declared at specs/ops.glowdef:63:1.
     """
 
     OP: ClassVar[str] = 'Div'
@@ -190,7 +190,7 @@ class Div(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:62:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:63:1'
 
 
     @property
@@ -212,15 +212,15 @@ class Div(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Div', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Div', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Div', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Div', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Div', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -233,7 +233,7 @@ class Pow(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, inplace(y, lhs)
-    Declared at specs/ops.glowdef:68:1.
+    Declared at specs/ops.glowdef:69:1.
     """
 
     OP: ClassVar[str] = 'Pow'
@@ -242,7 +242,7 @@ class Pow(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:68:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:69:1'
 
 
     @property
@@ -264,16 +264,16 @@ class Pow(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Pow', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:71:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:71:7')
-        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:71:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:71:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:72:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:72:7')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:72:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:72:27')
         X = u.dim('X')
         Y = u.dim('Y')
         P = u.dtype('P')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Pow', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:72:3')
-        return (rt.result_type('Pow', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:73:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Pow', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:73:3')
+        return (rt.result_type('Pow', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:74:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -286,7 +286,7 @@ class Max(Node):
     Results:
         y: Tensor[T, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs), quant_passthrough
-    Declared at specs/ops.glowdef:78:1.
+    Declared at specs/ops.glowdef:79:1.
     """
 
     OP: ClassVar[str] = 'Max'
@@ -294,58 +294,6 @@ class Max(Node):
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive', 'quant_passthrough'])
-    INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:78:1'
-
-
-    @property
-    def lhs(self):
-        """Operand lhs: Tensor[T, *X]"""
-        return self.inputs[0]
-
-    @property
-    def rhs(self):
-        """Operand rhs: Tensor[T, *Y]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *broadcast(X, Y)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(lhs, rhs, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Max', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
-        X = u.dim('X')
-        Y = u.dim('Y')
-        T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Max', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Max', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Min(Node):
-    """Elementwise minimum of two tensors (NaN propagates).
-    
-    Operands:
-        lhs: Tensor[T, *X]
-        rhs: Tensor[T, *Y]
-    Results:
-        y: Tensor[T, *broadcast(X, Y)]
-    Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs)
-    Declared at specs/ops.glowdef:79:1.
-    """
-
-    OP: ClassVar[str] = 'Min'
-    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:79:1'
 
@@ -368,16 +316,68 @@ class Min(Node):
     @staticmethod
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Min', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u = rt.Unifier('Max', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Min', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Min', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Max', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Max', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Min(Node):
+    """Elementwise minimum of two tensors (NaN propagates).
+    
+    Operands:
+        lhs: Tensor[T, *X]
+        rhs: Tensor[T, *Y]
+    Results:
+        y: Tensor[T, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs), quant_passthrough
+    Declared at specs/ops.glowdef:80:1.
+    """
+
+    OP: ClassVar[str] = 'Min'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive', 'quant_passthrough'])
+    INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:80:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[T, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[T, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Min', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        T = u.dtype('T')
+        rt.check(rt.b_broadcastable(X, Y), 'Min', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Min', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -390,7 +390,7 @@ class Equal(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative
-    Declared at specs/ops.glowdef:80:1.
+    Declared at specs/ops.glowdef:81:1.
     """
 
     OP: ClassVar[str] = 'Equal'
@@ -399,7 +399,7 @@ class Equal(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:80:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:81:1'
 
 
     @property
@@ -421,15 +421,15 @@ class Equal(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Equal', _node)
-        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         A = u.dtype('A')
-        rt.check(rt.b_broadcastable(X, Y), 'Equal', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Equal', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Equal', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Equal', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -442,62 +442,10 @@ class Less(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:81:1.
-    """
-
-    OP: ClassVar[str] = 'Less'
-    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:81:1'
-
-
-    @property
-    def lhs(self):
-        """Operand lhs: Tensor[T, *X]"""
-        return self.inputs[0]
-
-    @property
-    def rhs(self):
-        """Operand rhs: Tensor[T, *Y]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[bool, *broadcast(X, Y)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(lhs, rhs, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Less', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
-        X = u.dim('X')
-        Y = u.dim('Y')
-        T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Less', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Less', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class LessOrEqual(Node):
-    """Elementwise lhs <= rhs.
-    
-    Operands:
-        lhs: Tensor[T, *X]
-        rhs: Tensor[T, *Y]
-    Results:
-        y: Tensor[bool, *broadcast(X, Y)]
-    Traits: elementwise, broadcast, primitive
     Declared at specs/ops.glowdef:82:1.
     """
 
-    OP: ClassVar[str] = 'LessOrEqual'
+    OP: ClassVar[str] = 'Less'
     INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -524,21 +472,21 @@ class LessOrEqual(Node):
     @staticmethod
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('LessOrEqual', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u = rt.Unifier('Less', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'LessOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('LessOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Less', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Less', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Greater(Node):
-    """Elementwise lhs > rhs.
+class LessOrEqual(Node):
+    """Elementwise lhs <= rhs.
     
     Operands:
         lhs: Tensor[T, *X]
@@ -549,7 +497,7 @@ class Greater(Node):
     Declared at specs/ops.glowdef:83:1.
     """
 
-    OP: ClassVar[str] = 'Greater'
+    OP: ClassVar[str] = 'LessOrEqual'
     INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -576,21 +524,21 @@ class Greater(Node):
     @staticmethod
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Greater', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u = rt.Unifier('LessOrEqual', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Greater', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Greater', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'LessOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('LessOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class GreaterOrEqual(Node):
-    """Elementwise lhs >= rhs.
+class Greater(Node):
+    """Elementwise lhs > rhs.
     
     Operands:
         lhs: Tensor[T, *X]
@@ -601,7 +549,7 @@ class GreaterOrEqual(Node):
     Declared at specs/ops.glowdef:84:1.
     """
 
-    OP: ClassVar[str] = 'GreaterOrEqual'
+    OP: ClassVar[str] = 'Greater'
     INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -628,16 +576,68 @@ class GreaterOrEqual(Node):
     @staticmethod
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('GreaterOrEqual', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u = rt.Unifier('Greater', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'GreaterOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('GreaterOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Greater', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Greater', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class GreaterOrEqual(Node):
+    """Elementwise lhs >= rhs.
+    
+    Operands:
+        lhs: Tensor[T, *X]
+        rhs: Tensor[T, *Y]
+    Results:
+        y: Tensor[bool, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, primitive
+    Declared at specs/ops.glowdef:85:1.
+    """
+
+    OP: ClassVar[str] = 'GreaterOrEqual'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:85:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[T, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[T, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[bool, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('GreaterOrEqual', _node)
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        T = u.dtype('T')
+        rt.check(rt.b_broadcastable(X, Y), 'GreaterOrEqual', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('GreaterOrEqual', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -650,61 +650,10 @@ class And(Node):
     Results:
         y: Tensor[bool, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative
-    Declared at specs/ops.glowdef:85:1.
-    """
-
-    OP: ClassVar[str] = 'And'
-    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:85:1'
-
-
-    @property
-    def lhs(self):
-        """Operand lhs: Tensor[bool, *X]"""
-        return self.inputs[0]
-
-    @property
-    def rhs(self):
-        """Operand rhs: Tensor[bool, *Y]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[bool, *broadcast(X, Y)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(lhs, rhs, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('And', _node)
-        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
-        X = u.dim('X')
-        Y = u.dim('Y')
-        rt.check(rt.b_broadcastable(X, Y), 'And', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('And', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Or(Node):
-    """Elementwise logical or.
-    
-    Operands:
-        lhs: Tensor[bool, *X]
-        rhs: Tensor[bool, *Y]
-    Results:
-        y: Tensor[bool, *broadcast(X, Y)]
-    Traits: elementwise, broadcast, primitive, commutative
     Declared at specs/ops.glowdef:86:1.
     """
 
-    OP: ClassVar[str] = 'Or'
+    OP: ClassVar[str] = 'And'
     INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -731,20 +680,20 @@ class Or(Node):
     @staticmethod
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Or', _node)
-        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u = rt.Unifier('And', _node)
+        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
-        rt.check(rt.b_broadcastable(X, Y), 'Or', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Or', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'And', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('And', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Xor(Node):
-    """Elementwise logical exclusive or.
+class Or(Node):
+    """Elementwise logical or.
     
     Operands:
         lhs: Tensor[bool, *X]
@@ -755,7 +704,7 @@ class Xor(Node):
     Declared at specs/ops.glowdef:87:1.
     """
 
-    OP: ClassVar[str] = 'Xor'
+    OP: ClassVar[str] = 'Or'
     INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -782,15 +731,66 @@ class Xor(Node):
     @staticmethod
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Xor', _node)
-        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u = rt.Unifier('Or', _node)
+        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
-        rt.check(rt.b_broadcastable(X, Y), 'Xor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Xor', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Or', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Or', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Xor(Node):
+    """Elementwise logical exclusive or.
+    
+    Operands:
+        lhs: Tensor[bool, *X]
+        rhs: Tensor[bool, *Y]
+    Results:
+        y: Tensor[bool, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, primitive, commutative
+    Declared at specs/ops.glowdef:88:1.
+    """
+
+    OP: ClassVar[str] = 'Xor'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:88:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[bool, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[bool, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[bool, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Xor', _node)
+        u.exact_elem('lhs', lhs, 'bool', 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.exact_elem('rhs', rhs, 'bool', 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        rt.check(rt.b_broadcastable(X, Y), 'Xor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Xor', _node, 'bool', (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -804,7 +804,7 @@ class Select(Node):
     Results:
         y: Tensor[A, *broadcast(C, X, Y)]
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:89:1.
+    Declared at specs/ops.glowdef:90:1.
     """
 
     OP: ClassVar[str] = 'Select'
@@ -813,7 +813,7 @@ class Select(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:89:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:90:1'
 
 
     @property
@@ -840,18 +840,18 @@ class Select(Node):
     def infer(cond, lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Select', _node)
-        u.exact_elem('cond', cond, 'bool', 'specs/ops.glowdef:92:7')
-        u.shape('cond', cond, (), 'C', (), 'specs/ops.glowdef:92:7')
-        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:92:31')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:92:31')
-        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:92:51')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:92:51')
+        u.exact_elem('cond', cond, 'bool', 'specs/ops.glowdef:93:7')
+        u.shape('cond', cond, (), 'C', (), 'specs/ops.glowdef:93:7')
+        u.elem('lhs', lhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:93:31')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:93:31')
+        u.elem('rhs', rhs, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:93:51')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:93:51')
         C = u.dim('C')
         X = u.dim('X')
         Y = u.dim('Y')
         A = u.dtype('A')
-        rt.check(rt.b_broadcastable(C, X, Y), 'Select', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:93:3')
-        return (rt.result_type('Select', _node, A, (*rt.b_broadcast(C, X, Y),), 'specs/ops.glowdef:94:7'), )
+        rt.check(rt.b_broadcastable(C, X, Y), 'Select', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:94:3')
+        return (rt.result_type('Select', _node, A, (*rt.b_broadcast(C, X, Y),), 'specs/ops.glowdef:95:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -866,7 +866,7 @@ class Mod(Node):
     Attributes:
         fmod: int = 0
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:98:1.
+    Declared at specs/ops.glowdef:99:1.
     """
 
     OP: ClassVar[str] = 'Mod'
@@ -875,7 +875,7 @@ class Mod(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('fmod', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:98:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:99:1'
 
     fmod: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
 
@@ -898,15 +898,15 @@ class Mod(Node):
     def infer(lhs, rhs, *, _node='', fmod=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Mod', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(X, Y), 'Mod', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('Mod', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'Mod', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('Mod', _node, T, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -921,7 +921,7 @@ class BitShift(Node):
     Attributes:
         left: int
     Traits: elementwise, broadcast, primitive
-    Declared at specs/ops.glowdef:103:1.
+    Declared at specs/ops.glowdef:104:1.
     """
 
     OP: ClassVar[str] = 'BitShift'
@@ -930,7 +930,7 @@ class BitShift(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('left', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:103:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:104:1'
 
     left: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -953,15 +953,15 @@ class BitShift(Node):
     def infer(lhs, rhs, *, _node='', left=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BitShift', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitShift', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('BitShift', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'BitShift', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('BitShift', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -974,62 +974,10 @@ class BitwiseAnd(Node):
     Results:
         y: Tensor[B, *broadcast(X, Y)]
     Traits: elementwise, broadcast, primitive, commutative
-    Declared at specs/ops.glowdef:108:1.
-    """
-
-    OP: ClassVar[str] = 'BitwiseAnd'
-    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:108:1'
-
-
-    @property
-    def lhs(self):
-        """Operand lhs: Tensor[B, *X]"""
-        return self.inputs[0]
-
-    @property
-    def rhs(self):
-        """Operand rhs: Tensor[B, *Y]"""
-        return self.inputs[1]
-
-    @property
-    def y(self):
-        """Result y: Tensor[B, *broadcast(X, Y)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(lhs, rhs, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('BitwiseAnd', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
-        X = u.dim('X')
-        Y = u.dim('Y')
-        B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitwiseAnd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('BitwiseAnd', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class BitwiseOr(Node):
-    """Elementwise bitwise or.
-    
-    Operands:
-        lhs: Tensor[B, *X]
-        rhs: Tensor[B, *Y]
-    Results:
-        y: Tensor[B, *broadcast(X, Y)]
-    Traits: elementwise, broadcast, primitive, commutative
     Declared at specs/ops.glowdef:109:1.
     """
 
-    OP: ClassVar[str] = 'BitwiseOr'
+    OP: ClassVar[str] = 'BitwiseAnd'
     INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1056,21 +1004,21 @@ class BitwiseOr(Node):
     @staticmethod
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('BitwiseOr', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u = rt.Unifier('BitwiseAnd', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitwiseOr', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('BitwiseOr', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseAnd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('BitwiseAnd', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class BitwiseXor(Node):
-    """Elementwise bitwise exclusive or.
+class BitwiseOr(Node):
+    """Elementwise bitwise or.
     
     Operands:
         lhs: Tensor[B, *X]
@@ -1081,7 +1029,7 @@ class BitwiseXor(Node):
     Declared at specs/ops.glowdef:110:1.
     """
 
-    OP: ClassVar[str] = 'BitwiseXor'
+    OP: ClassVar[str] = 'BitwiseOr'
     INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1108,16 +1056,68 @@ class BitwiseXor(Node):
     @staticmethod
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('BitwiseXor', _node)
-        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:39:7')
-        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:39:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:39:27')
+        u = rt.Unifier('BitwiseOr', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
         X = u.dim('X')
         Y = u.dim('Y')
         B = u.dtype('B')
-        rt.check(rt.b_broadcastable(X, Y), 'BitwiseXor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:40:3')
-        return (rt.result_type('BitwiseXor', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:41:7'), )
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseOr', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('BitwiseOr', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class BitwiseXor(Node):
+    """Elementwise bitwise exclusive or.
+    
+    Operands:
+        lhs: Tensor[B, *X]
+        rhs: Tensor[B, *Y]
+    Results:
+        y: Tensor[B, *broadcast(X, Y)]
+    Traits: elementwise, broadcast, primitive, commutative
+    Declared at specs/ops.glowdef:111:1.
+    """
+
+    OP: ClassVar[str] = 'BitwiseXor'
+    INPUTS: ClassVar[tuple] = (OperandInfo('lhs', optional=False, variadic=False), OperandInfo('rhs', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'primitive'])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:111:1'
+
+
+    @property
+    def lhs(self):
+        """Operand lhs: Tensor[B, *X]"""
+        return self.inputs[0]
+
+    @property
+    def rhs(self):
+        """Operand rhs: Tensor[B, *Y]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[B, *broadcast(X, Y)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(lhs, rhs, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('BitwiseXor', _node)
+        u.elem('lhs', lhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:40:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:40:7')
+        u.elem('rhs', rhs, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:40:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:40:27')
+        X = u.dim('X')
+        Y = u.dim('Y')
+        B = u.dtype('B')
+        rt.check(rt.b_broadcastable(X, Y), 'BitwiseXor', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:41:3')
+        return (rt.result_type('BitwiseXor', _node, B, (*rt.b_broadcast(X, Y),), 'specs/ops.glowdef:42:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1130,7 +1130,7 @@ class PRelu(Node):
     Results:
         y: Tensor[T, *broadcast(S, Q)]
     Traits: elementwise
-    Declared at specs/ops.glowdef:112:1.
+    Declared at specs/ops.glowdef:113:1.
     """
 
     OP: ClassVar[str] = 'PRelu'
@@ -1139,7 +1139,7 @@ class PRelu(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:112:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:113:1'
 
 
     @property
@@ -1161,15 +1161,15 @@ class PRelu(Node):
     def infer(x, slope, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('PRelu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:115:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:115:7')
-        u.elem('slope', slope, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:115:25')
-        u.shape('slope', slope, (), 'Q', (), 'specs/ops.glowdef:115:25')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:116:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:116:7')
+        u.elem('slope', slope, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:116:25')
+        u.shape('slope', slope, (), 'Q', (), 'specs/ops.glowdef:116:25')
         Q = u.dim('Q')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check(rt.b_broadcastable(S, Q), 'PRelu', _node, 'slope must broadcast to the operand', 'specs/ops.glowdef:116:3')
-        return (rt.result_type('PRelu', _node, T, (*rt.b_broadcast(S, Q),), 'specs/ops.glowdef:117:7'), )
+        rt.check(rt.b_broadcastable(S, Q), 'PRelu', _node, 'slope must broadcast to the operand', 'specs/ops.glowdef:117:3')
+        return (rt.result_type('PRelu', _node, T, (*rt.b_broadcast(S, Q),), 'specs/ops.glowdef:118:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1181,7 +1181,7 @@ class CastLike(Node):
         like: Tensor[A2, *Q]
     Results:
         y: Tensor[A2, *S]
-    Declared at specs/ops.glowdef:121:1.
+    Declared at specs/ops.glowdef:122:1.
     """
 
     OP: ClassVar[str] = 'CastLike'
@@ -1190,7 +1190,7 @@ class CastLike(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:121:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:122:1'
 
 
     @property
@@ -1212,15 +1212,15 @@ class CastLike(Node):
     def infer(x, like, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CastLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:123:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:123:7')
-        u.elem('like', like, 'A2', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:123:25')
-        u.shape('like', like, (), 'Q', (), 'specs/ops.glowdef:123:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:124:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:124:7')
+        u.elem('like', like, 'A2', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:124:25')
+        u.shape('like', like, (), 'Q', (), 'specs/ops.glowdef:124:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         A2 = u.dtype('A2')
-        return (rt.result_type('CastLike', _node, A2, (*S,), 'specs/ops.glowdef:124:7'), )
+        return (rt.result_type('CastLike', _node, A2, (*S,), 'specs/ops.glowdef:125:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1232,52 +1232,10 @@ class Neg(Node):
     Results:
         y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:157:1.
-    """
-
-    OP: ClassVar[str] = 'Neg'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:157:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[T, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[T, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Neg', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
-        S = u.dim('S')
-        T = u.dtype('T')
-        return (rt.result_type('Neg', _node, T, (*S,), 'specs/ops.glowdef:138:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Abs(Node):
-    """Elementwise absolute value.
-    
-    Operands:
-        x: Tensor[T, *S]
-    Results:
-        y: Tensor[T, *S]
-    Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:158:1.
     """
 
-    OP: ClassVar[str] = 'Abs'
+    OP: ClassVar[str] = 'Neg'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1299,12 +1257,54 @@ class Abs(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Abs', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Neg', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Abs', _node, T, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Neg', _node, T, (*S,), 'specs/ops.glowdef:139:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Abs(Node):
+    """Elementwise absolute value.
+    
+    Operands:
+        x: Tensor[T, *S]
+    Results:
+        y: Tensor[T, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:159:1.
+    """
+
+    OP: ClassVar[str] = 'Abs'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:159:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[T, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[T, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Abs', _node)
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
+        S = u.dim('S')
+        T = u.dtype('T')
+        return (rt.result_type('Abs', _node, T, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1316,52 +1316,10 @@ class Exp(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:159:1.
-    """
-
-    OP: ClassVar[str] = 'Exp'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:159:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Exp', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Exp', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Log(Node):
-    """Elementwise natural logarithm.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:160:1.
     """
 
-    OP: ClassVar[str] = 'Log'
+    OP: ClassVar[str] = 'Exp'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1383,17 +1341,17 @@ class Log(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Log', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Exp', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Log', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Exp', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Sqrt(Node):
-    """Elementwise square root.
+class Log(Node):
+    """Elementwise natural logarithm.
     
     Operands:
         x: Tensor[F, *S]
@@ -1403,7 +1361,7 @@ class Sqrt(Node):
     Declared at specs/ops.glowdef:161:1.
     """
 
-    OP: ClassVar[str] = 'Sqrt'
+    OP: ClassVar[str] = 'Log'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1425,12 +1383,54 @@ class Sqrt(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sqrt', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Log', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Sqrt', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Log', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Sqrt(Node):
+    """Elementwise square root.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:162:1.
+    """
+
+    OP: ClassVar[str] = 'Sqrt'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:162:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Sqrt', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Sqrt', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1442,7 +1442,7 @@ class Relu(Node):
     Results:
         y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x), quant_passthrough
-    Declared at specs/ops.glowdef:162:1.
+    Declared at specs/ops.glowdef:163:1.
     """
 
     OP: ClassVar[str] = 'Relu'
@@ -1451,7 +1451,7 @@ class Relu(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive', 'quant_passthrough'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:162:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:163:1'
 
 
     @property
@@ -1468,11 +1468,11 @@ class Relu(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Relu', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Relu', _node, T, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Relu', _node, T, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1486,7 +1486,7 @@ class LeakyRelu(Node):
     Attributes:
         alpha: float = 0.01
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:163:1.
+    Declared at specs/ops.glowdef:164:1.
     """
 
     OP: ClassVar[str] = 'LeakyRelu'
@@ -1495,7 +1495,7 @@ class LeakyRelu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.01, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:163:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:164:1'
 
     alpha: object = attrs.field(default=0.01, converter=rt.CONVERTERS['float'])
 
@@ -1513,11 +1513,11 @@ class LeakyRelu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LeakyRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('LeakyRelu', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('LeakyRelu', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1531,7 +1531,7 @@ class Elu(Node):
     Attributes:
         alpha: float = 1.0
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:164:1.
+    Declared at specs/ops.glowdef:165:1.
     """
 
     OP: ClassVar[str] = 'Elu'
@@ -1540,7 +1540,7 @@ class Elu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:164:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:165:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
 
@@ -1558,11 +1558,11 @@ class Elu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Elu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Elu', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Elu', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1574,52 +1574,10 @@ class Sigmoid(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:165:1.
-    """
-
-    OP: ClassVar[str] = 'Sigmoid'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:165:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Sigmoid', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Tanh(Node):
-    """Elementwise hyperbolic tangent.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:166:1.
     """
 
-    OP: ClassVar[str] = 'Tanh'
+    OP: ClassVar[str] = 'Sigmoid'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1641,17 +1599,17 @@ class Tanh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Tanh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Sigmoid', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Tanh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Sigmoid', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Erf(Node):
-    """Elementwise error function.
+class Tanh(Node):
+    """Elementwise hyperbolic tangent.
     
     Operands:
         x: Tensor[F, *S]
@@ -1661,7 +1619,7 @@ class Erf(Node):
     Declared at specs/ops.glowdef:167:1.
     """
 
-    OP: ClassVar[str] = 'Erf'
+    OP: ClassVar[str] = 'Tanh'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1683,17 +1641,17 @@ class Erf(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Erf', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Tanh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Erf', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Tanh', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Softplus(Node):
-    """Elementwise log(1 + exp(x)), computed without overflow.
+class Erf(Node):
+    """Elementwise error function.
     
     Operands:
         x: Tensor[F, *S]
@@ -1703,7 +1661,7 @@ class Softplus(Node):
     Declared at specs/ops.glowdef:168:1.
     """
 
-    OP: ClassVar[str] = 'Softplus'
+    OP: ClassVar[str] = 'Erf'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1725,17 +1683,17 @@ class Softplus(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Softplus', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Erf', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Softplus', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Erf', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Floor(Node):
-    """Elementwise floor.
+class Softplus(Node):
+    """Elementwise log(1 + exp(x)), computed without overflow.
     
     Operands:
         x: Tensor[F, *S]
@@ -1745,7 +1703,7 @@ class Floor(Node):
     Declared at specs/ops.glowdef:169:1.
     """
 
-    OP: ClassVar[str] = 'Floor'
+    OP: ClassVar[str] = 'Softplus'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1767,17 +1725,17 @@ class Floor(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Floor', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Softplus', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Floor', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Softplus', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Ceil(Node):
-    """Elementwise ceiling.
+class Floor(Node):
+    """Elementwise floor.
     
     Operands:
         x: Tensor[F, *S]
@@ -1787,7 +1745,7 @@ class Ceil(Node):
     Declared at specs/ops.glowdef:170:1.
     """
 
-    OP: ClassVar[str] = 'Ceil'
+    OP: ClassVar[str] = 'Floor'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1809,12 +1767,54 @@ class Ceil(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Ceil', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Floor', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Ceil', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Floor', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Ceil(Node):
+    """Elementwise ceiling.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:171:1.
+    """
+
+    OP: ClassVar[str] = 'Ceil'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:171:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Ceil', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Ceil', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1826,7 +1826,7 @@ class Not(Node):
     Results:
         y: Tensor[bool, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:171:1.
+    Declared at specs/ops.glowdef:172:1.
     """
 
     OP: ClassVar[str] = 'Not'
@@ -1835,7 +1835,7 @@ class Not(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:171:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:172:1'
 
 
     @property
@@ -1852,10 +1852,10 @@ class Not(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Not', _node)
-        u.exact_elem('x', x, 'bool', 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.exact_elem('x', x, 'bool', 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
-        return (rt.result_type('Not', _node, 'bool', (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Not', _node, 'bool', (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -1867,52 +1867,10 @@ class Sin(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:172:1.
-    """
-
-    OP: ClassVar[str] = 'Sin'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:172:1'
-
-
-    @property
-    def x(self):
-        """Operand x: Tensor[F, *S]"""
-        return self.inputs[0]
-
-    @property
-    def y(self):
-        """Result y: Tensor[F, *S]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(x, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sin', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
-        S = u.dim('S')
-        F = u.dtype('F')
-        return (rt.result_type('Sin', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class Cos(Node):
-    """Elementwise cosine.
-    
-    Operands:
-        x: Tensor[F, *S]
-    Results:
-        y: Tensor[F, *S]
-    Traits: elementwise, primitive, inplace(y, x)
     Declared at specs/ops.glowdef:173:1.
     """
 
-    OP: ClassVar[str] = 'Cos'
+    OP: ClassVar[str] = 'Sin'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1934,17 +1892,17 @@ class Cos(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Cos', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Sin', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Cos', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Sin', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Tan(Node):
-    """Elementwise tangent.
+class Cos(Node):
+    """Elementwise cosine.
     
     Operands:
         x: Tensor[F, *S]
@@ -1954,7 +1912,7 @@ class Tan(Node):
     Declared at specs/ops.glowdef:174:1.
     """
 
-    OP: ClassVar[str] = 'Tan'
+    OP: ClassVar[str] = 'Cos'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -1976,17 +1934,17 @@ class Tan(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Tan', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Cos', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Tan', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Cos', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Asin(Node):
-    """Elementwise arcsine.
+class Tan(Node):
+    """Elementwise tangent.
     
     Operands:
         x: Tensor[F, *S]
@@ -1996,7 +1954,7 @@ class Asin(Node):
     Declared at specs/ops.glowdef:175:1.
     """
 
-    OP: ClassVar[str] = 'Asin'
+    OP: ClassVar[str] = 'Tan'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2018,17 +1976,17 @@ class Asin(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Asin', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Tan', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Asin', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Tan', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Acos(Node):
-    """Elementwise arccosine.
+class Asin(Node):
+    """Elementwise arcsine.
     
     Operands:
         x: Tensor[F, *S]
@@ -2038,7 +1996,7 @@ class Acos(Node):
     Declared at specs/ops.glowdef:176:1.
     """
 
-    OP: ClassVar[str] = 'Acos'
+    OP: ClassVar[str] = 'Asin'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2060,17 +2018,17 @@ class Acos(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Acos', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Asin', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Acos', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Asin', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Atan(Node):
-    """Elementwise arctangent.
+class Acos(Node):
+    """Elementwise arccosine.
     
     Operands:
         x: Tensor[F, *S]
@@ -2080,7 +2038,7 @@ class Atan(Node):
     Declared at specs/ops.glowdef:177:1.
     """
 
-    OP: ClassVar[str] = 'Atan'
+    OP: ClassVar[str] = 'Acos'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2102,17 +2060,17 @@ class Atan(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Atan', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Acos', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Atan', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Acos', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Sinh(Node):
-    """Elementwise hyperbolic sine.
+class Atan(Node):
+    """Elementwise arctangent.
     
     Operands:
         x: Tensor[F, *S]
@@ -2122,7 +2080,7 @@ class Sinh(Node):
     Declared at specs/ops.glowdef:178:1.
     """
 
-    OP: ClassVar[str] = 'Sinh'
+    OP: ClassVar[str] = 'Atan'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2144,17 +2102,17 @@ class Sinh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Sinh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Atan', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Sinh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Atan', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Cosh(Node):
-    """Elementwise hyperbolic cosine.
+class Sinh(Node):
+    """Elementwise hyperbolic sine.
     
     Operands:
         x: Tensor[F, *S]
@@ -2164,7 +2122,7 @@ class Cosh(Node):
     Declared at specs/ops.glowdef:179:1.
     """
 
-    OP: ClassVar[str] = 'Cosh'
+    OP: ClassVar[str] = 'Sinh'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2186,17 +2144,17 @@ class Cosh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Cosh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Sinh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Cosh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Sinh', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Asinh(Node):
-    """Elementwise inverse hyperbolic sine.
+class Cosh(Node):
+    """Elementwise hyperbolic cosine.
     
     Operands:
         x: Tensor[F, *S]
@@ -2206,7 +2164,7 @@ class Asinh(Node):
     Declared at specs/ops.glowdef:180:1.
     """
 
-    OP: ClassVar[str] = 'Asinh'
+    OP: ClassVar[str] = 'Cosh'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2228,17 +2186,17 @@ class Asinh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Asinh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Cosh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Asinh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Cosh', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Acosh(Node):
-    """Elementwise inverse hyperbolic cosine.
+class Asinh(Node):
+    """Elementwise inverse hyperbolic sine.
     
     Operands:
         x: Tensor[F, *S]
@@ -2248,7 +2206,7 @@ class Acosh(Node):
     Declared at specs/ops.glowdef:181:1.
     """
 
-    OP: ClassVar[str] = 'Acosh'
+    OP: ClassVar[str] = 'Asinh'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2270,17 +2228,17 @@ class Acosh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Acosh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Asinh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Acosh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Asinh', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
-class Atanh(Node):
-    """Elementwise inverse hyperbolic tangent.
+class Acosh(Node):
+    """Elementwise inverse hyperbolic cosine.
     
     Operands:
         x: Tensor[F, *S]
@@ -2290,7 +2248,7 @@ class Atanh(Node):
     Declared at specs/ops.glowdef:182:1.
     """
 
-    OP: ClassVar[str] = 'Atanh'
+    OP: ClassVar[str] = 'Acosh'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -2312,12 +2270,54 @@ class Atanh(Node):
     @staticmethod
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('Atanh', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u = rt.Unifier('Acosh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Atanh', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Acosh', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class Atanh(Node):
+    """Elementwise inverse hyperbolic tangent.
+    
+    Operands:
+        x: Tensor[F, *S]
+    Results:
+        y: Tensor[F, *S]
+    Traits: elementwise, primitive, inplace(y, x)
+    Declared at specs/ops.glowdef:183:1.
+    """
+
+    OP: ClassVar[str] = 'Atanh'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
+    INPLACE: ClassVar[tuple] = (('y', 'x'),)
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:183:1'
+
+
+    @property
+    def x(self):
+        """Operand x: Tensor[F, *S]"""
+        return self.inputs[0]
+
+    @property
+    def y(self):
+        """Result y: Tensor[F, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('Atanh', _node)
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
+        S = u.dim('S')
+        F = u.dtype('F')
+        return (rt.result_type('Atanh', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2329,7 +2329,7 @@ class Sign(Node):
     Results:
         y: Tensor[T, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:183:1.
+    Declared at specs/ops.glowdef:184:1.
     """
 
     OP: ClassVar[str] = 'Sign'
@@ -2338,7 +2338,7 @@ class Sign(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:183:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:184:1'
 
 
     @property
@@ -2355,11 +2355,11 @@ class Sign(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Sign', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Sign', _node, T, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Sign', _node, T, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2371,7 +2371,7 @@ class Round(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:184:1.
+    Declared at specs/ops.glowdef:185:1.
     """
 
     OP: ClassVar[str] = 'Round'
@@ -2380,7 +2380,7 @@ class Round(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:184:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:185:1'
 
 
     @property
@@ -2397,11 +2397,11 @@ class Round(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Round', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Round', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Round', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2413,7 +2413,7 @@ class IsNaN(Node):
     Results:
         y: Tensor[bool, *S]
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:185:1.
+    Declared at specs/ops.glowdef:186:1.
     """
 
     OP: ClassVar[str] = 'IsNaN'
@@ -2422,7 +2422,7 @@ class IsNaN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:185:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:186:1'
 
 
     @property
@@ -2439,11 +2439,11 @@ class IsNaN(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('IsNaN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:145:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:145:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:146:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:146:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('IsNaN', _node, 'bool', (*S,), 'specs/ops.glowdef:146:7'), )
+        return (rt.result_type('IsNaN', _node, 'bool', (*S,), 'specs/ops.glowdef:147:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2458,7 +2458,7 @@ class IsInf(Node):
         detect_negative: int = 1
         detect_positive: int = 1
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:187:1.
+    Declared at specs/ops.glowdef:188:1.
     """
 
     OP: ClassVar[str] = 'IsInf'
@@ -2467,7 +2467,7 @@ class IsInf(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('detect_negative', 'int', 1, True), AttrInfo('detect_positive', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:187:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:188:1'
 
     detect_negative: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     detect_positive: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -2486,11 +2486,11 @@ class IsInf(Node):
     def infer(x, *, _node='', detect_negative=None, detect_positive=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('IsInf', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:145:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:145:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:146:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:146:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('IsInf', _node, 'bool', (*S,), 'specs/ops.glowdef:146:7'), )
+        return (rt.result_type('IsInf', _node, 'bool', (*S,), 'specs/ops.glowdef:147:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2502,7 +2502,7 @@ class BitwiseNot(Node):
     Results:
         y: Tensor[B, *S]
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:193:1.
+    Declared at specs/ops.glowdef:194:1.
     """
 
     OP: ClassVar[str] = 'BitwiseNot'
@@ -2511,7 +2511,7 @@ class BitwiseNot(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:193:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:194:1'
 
 
     @property
@@ -2528,11 +2528,11 @@ class BitwiseNot(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BitwiseNot', _node)
-        u.elem('x', x, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'B', ('u8', 'u16', 'u32', 'u64', 'i8', 'i16', 'i32', 'i64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         B = u.dtype('B')
-        return (rt.result_type('BitwiseNot', _node, B, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('BitwiseNot', _node, B, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2547,7 +2547,7 @@ class Selu(Node):
         alpha: float = 1.6732631921768188
         gamma: float = 1.0507010221481323
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:195:1.
+    Declared at specs/ops.glowdef:196:1.
     """
 
     OP: ClassVar[str] = 'Selu'
@@ -2556,7 +2556,7 @@ class Selu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.6732631921768188, True), AttrInfo('gamma', 'float', 1.0507010221481323, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:195:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:196:1'
 
     alpha: object = attrs.field(default=1.6732631921768188, converter=rt.CONVERTERS['float'])
     gamma: object = attrs.field(default=1.0507010221481323, converter=rt.CONVERTERS['float'])
@@ -2575,11 +2575,11 @@ class Selu(Node):
     def infer(x, *, _node='', alpha=None, gamma=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Selu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Selu', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Selu', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2593,7 +2593,7 @@ class ThresholdedRelu(Node):
     Attributes:
         alpha: float = 1.0
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:201:1.
+    Declared at specs/ops.glowdef:202:1.
     """
 
     OP: ClassVar[str] = 'ThresholdedRelu'
@@ -2602,7 +2602,7 @@ class ThresholdedRelu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:201:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:202:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
 
@@ -2620,11 +2620,11 @@ class ThresholdedRelu(Node):
     def infer(x, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ThresholdedRelu', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('ThresholdedRelu', _node, F, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('ThresholdedRelu', _node, F, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2639,7 +2639,7 @@ class Shrink(Node):
         bias: float = 0.0
         lambd: float = 0.5
     Traits: elementwise, primitive, inplace(y, x)
-    Declared at specs/ops.glowdef:203:1.
+    Declared at specs/ops.glowdef:204:1.
     """
 
     OP: ClassVar[str] = 'Shrink'
@@ -2648,7 +2648,7 @@ class Shrink(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('bias', 'float', 0.0, True), AttrInfo('lambd', 'float', 0.5, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:203:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:204:1'
 
     bias: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
     lambd: object = attrs.field(default=0.5, converter=rt.CONVERTERS['float'])
@@ -2667,11 +2667,11 @@ class Shrink(Node):
     def infer(x, *, _node='', bias=None, lambd=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shrink', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:137:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:137:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:138:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:138:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Shrink', _node, T, (*S,), 'specs/ops.glowdef:138:7'), )
+        return (rt.result_type('Shrink', _node, T, (*S,), 'specs/ops.glowdef:139:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2685,7 +2685,7 @@ class Cast(Node):
     Attributes:
         to: dtype
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:209:1.
+    Declared at specs/ops.glowdef:210:1.
     """
 
     OP: ClassVar[str] = 'Cast'
@@ -2694,7 +2694,7 @@ class Cast(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('to', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:209:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:210:1'
 
     to: object = attrs.field(converter=rt.CONVERTERS['dtype'])
 
@@ -2712,11 +2712,11 @@ class Cast(Node):
     def infer(x, *, _node='', to=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Cast', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:212:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:212:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:213:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:213:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Cast', _node, to, (*S,), 'specs/ops.glowdef:214:7'), )
+        return (rt.result_type('Cast', _node, to, (*S,), 'specs/ops.glowdef:215:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2728,7 +2728,7 @@ class Reciprocal(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise
-    Declared at specs/ops.glowdef:220:1.
+    Declared at specs/ops.glowdef:221:1.
     """
 
     OP: ClassVar[str] = 'Reciprocal'
@@ -2737,7 +2737,7 @@ class Reciprocal(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:220:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:221:1'
 
 
     @property
@@ -2754,11 +2754,11 @@ class Reciprocal(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reciprocal', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:153:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:153:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:154:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:154:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Reciprocal', _node, F, (*S,), 'specs/ops.glowdef:154:7'), )
+        return (rt.result_type('Reciprocal', _node, F, (*S,), 'specs/ops.glowdef:155:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2773,7 +2773,7 @@ class Clip(Node):
         min: float = -inf
         max: float = inf
     Traits: elementwise
-    Declared at specs/ops.glowdef:222:1.
+    Declared at specs/ops.glowdef:223:1.
     """
 
     OP: ClassVar[str] = 'Clip'
@@ -2782,7 +2782,7 @@ class Clip(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('min', 'float', rt.neg(float('inf')), True), AttrInfo('max', 'float', float('inf'), True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:222:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:223:1'
 
     min: object = attrs.field(default=rt.neg(float('inf')), converter=rt.CONVERTERS['float'])
     max: object = attrs.field(default=float('inf'), converter=rt.CONVERTERS['float'])
@@ -2801,11 +2801,11 @@ class Clip(Node):
     def infer(x, *, _node='', min=None, max=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Clip', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:153:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:153:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:154:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:154:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('Clip', _node, T, (*S,), 'specs/ops.glowdef:154:7'), )
+        return (rt.result_type('Clip', _node, T, (*S,), 'specs/ops.glowdef:155:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2817,7 +2817,7 @@ class Swish(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise, inplace(y, x)
-    Declared at specs/ops.glowdef:229:1.
+    Declared at specs/ops.glowdef:230:1.
     """
 
     OP: ClassVar[str] = 'Swish'
@@ -2826,7 +2826,7 @@ class Swish(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace'])
     INPLACE: ClassVar[tuple] = (('y', 'x'),)
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:229:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:230:1'
 
 
     @property
@@ -2843,11 +2843,11 @@ class Swish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Swish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:153:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:153:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:154:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:154:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Swish', _node, F, (*S,), 'specs/ops.glowdef:154:7'), )
+        return (rt.result_type('Swish', _node, F, (*S,), 'specs/ops.glowdef:155:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2862,7 +2862,7 @@ class HardSigmoid(Node):
         alpha: float = 0.2
         beta: float = 0.5
     Traits: elementwise
-    Declared at specs/ops.glowdef:233:1.
+    Declared at specs/ops.glowdef:234:1.
     """
 
     OP: ClassVar[str] = 'HardSigmoid'
@@ -2871,7 +2871,7 @@ class HardSigmoid(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.2, True), AttrInfo('beta', 'float', 0.5, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:233:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:234:1'
 
     alpha: object = attrs.field(default=0.2, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.5, converter=rt.CONVERTERS['float'])
@@ -2890,11 +2890,11 @@ class HardSigmoid(Node):
     def infer(x, *, _node='', alpha=None, beta=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSigmoid', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:153:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:153:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:154:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:154:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('HardSigmoid', _node, F, (*S,), 'specs/ops.glowdef:154:7'), )
+        return (rt.result_type('HardSigmoid', _node, F, (*S,), 'specs/ops.glowdef:155:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2906,7 +2906,7 @@ class HardSwish(Node):
     Results:
         y: Tensor[F, *S]
     Traits: elementwise
-    Declared at specs/ops.glowdef:239:1.
+    Declared at specs/ops.glowdef:240:1.
     """
 
     OP: ClassVar[str] = 'HardSwish'
@@ -2915,7 +2915,7 @@ class HardSwish(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:239:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:240:1'
 
 
     @property
@@ -2932,11 +2932,11 @@ class HardSwish(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('HardSwish', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:153:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:153:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:154:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:154:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('HardSwish', _node, F, (*S,), 'specs/ops.glowdef:154:7'), )
+        return (rt.result_type('HardSwish', _node, F, (*S,), 'specs/ops.glowdef:155:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2947,7 +2947,7 @@ class Identity(Node):
         x: Tensor[A, *S]
     Results:
         y: Tensor[A, *S]
-    Declared at specs/ops.glowdef:241:1.
+    Declared at specs/ops.glowdef:242:1.
     """
 
     OP: ClassVar[str] = 'Identity'
@@ -2956,7 +2956,7 @@ class Identity(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:241:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:242:1'
 
 
     @property
@@ -2973,11 +2973,11 @@ class Identity(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Identity', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:243:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:243:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:244:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:244:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Identity', _node, A, (*S,), 'specs/ops.glowdef:244:7'), )
+        return (rt.result_type('Identity', _node, A, (*S,), 'specs/ops.glowdef:245:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -2989,7 +2989,7 @@ class Dropout(Node):
     Results:
         y: Tensor[F, *S]
         mask: Tensor[bool, *S]?
-    Declared at specs/ops.glowdef:248:1.
+    Declared at specs/ops.glowdef:249:1.
     """
 
     OP: ClassVar[str] = 'Dropout'
@@ -2998,7 +2998,7 @@ class Dropout(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:248:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:249:1'
 
 
     @property
@@ -3020,11 +3020,11 @@ class Dropout(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dropout', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:250:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:250:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:251:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:251:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('Dropout', _node, F, (*S,), 'specs/ops.glowdef:251:7'), rt.result_type('Dropout', _node, 'bool', (*S,), 'specs/ops.glowdef:251:25'), )
+        return (rt.result_type('Dropout', _node, F, (*S,), 'specs/ops.glowdef:252:7'), rt.result_type('Dropout', _node, 'bool', (*S,), 'specs/ops.glowdef:252:25'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3035,7 +3035,7 @@ class SumN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:261:1.
+    Declared at specs/ops.glowdef:262:1.
     """
 
     OP: ClassVar[str] = 'SumN'
@@ -3044,7 +3044,7 @@ class SumN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:261:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:262:1'
 
 
     @property
@@ -3062,12 +3062,12 @@ class SumN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SumN', _node)
         if len(xs) == 0:
-            rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:263:7')
+            rt.fail('SumN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:264:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:263:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:264:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:264:7'), )
+        return (rt.result_type('SumN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:265:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3078,7 +3078,7 @@ class MeanN(Node):
         xs: Tensor[F, *S]...
     Results:
         y: Tensor[F, *broadcast(S)]
-    Declared at specs/ops.glowdef:268:1.
+    Declared at specs/ops.glowdef:269:1.
     """
 
     OP: ClassVar[str] = 'MeanN'
@@ -3087,7 +3087,7 @@ class MeanN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:268:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:269:1'
 
 
     @property
@@ -3105,12 +3105,12 @@ class MeanN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MeanN', _node)
         if len(xs) == 0:
-            rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:270:7')
+            rt.fail('MeanN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:271:7')
         for _t in xs:
-            u.elem('xs', _t, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:270:7')
+            u.elem('xs', _t, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:271:7')
         S = tuple(_t.shape for _t in xs)
         F = u.dtype('F')
-        return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:271:7'), )
+        return (rt.result_type('MeanN', _node, F, (*rt.b_broadcast(S),), 'specs/ops.glowdef:272:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3121,7 +3121,7 @@ class MaxN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:275:1.
+    Declared at specs/ops.glowdef:276:1.
     """
 
     OP: ClassVar[str] = 'MaxN'
@@ -3130,7 +3130,7 @@ class MaxN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:275:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:276:1'
 
 
     @property
@@ -3148,12 +3148,12 @@ class MaxN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxN', _node)
         if len(xs) == 0:
-            rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:277:7')
+            rt.fail('MaxN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:278:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:277:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:278:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:278:7'), )
+        return (rt.result_type('MaxN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:279:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3164,7 +3164,7 @@ class MinN(Node):
         xs: Tensor[T, *S]...
     Results:
         y: Tensor[T, *broadcast(S)]
-    Declared at specs/ops.glowdef:282:1.
+    Declared at specs/ops.glowdef:283:1.
     """
 
     OP: ClassVar[str] = 'MinN'
@@ -3173,7 +3173,7 @@ class MinN(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:282:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:283:1'
 
 
     @property
@@ -3191,12 +3191,12 @@ class MinN(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MinN', _node)
         if len(xs) == 0:
-            rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:284:7')
+            rt.fail('MinN', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:285:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:284:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:285:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:285:7'), )
+        return (rt.result_type('MinN', _node, T, (*rt.b_broadcast(S),), 'specs/ops.glowdef:286:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3210,7 +3210,7 @@ class Reshape(Node):
     Attributes:
         dims: ints
     Traits: primitive, view, quant_passthrough
-    Declared at specs/ops.glowdef:294:1.
+    Declared at specs/ops.glowdef:295:1.
     """
 
     OP: ClassVar[str] = 'Reshape'
@@ -3219,7 +3219,7 @@ class Reshape(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('dims', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quant_passthrough', 'view'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:294:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:295:1'
 
     dims: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -3237,12 +3237,12 @@ class Reshape(Node):
     def infer(x, *, _node='', dims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reshape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:297:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:297:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:298:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:298:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_prod(dims), rt.b_prod(S)), 'Reshape', _node, 'the new shape must have as many elements as the operand', 'specs/ops.glowdef:299:3')
-        return (rt.result_type('Reshape', _node, A, (*dims,), 'specs/ops.glowdef:300:7'), )
+        rt.check(rt.eq(rt.b_prod(dims), rt.b_prod(S)), 'Reshape', _node, 'the new shape must have as many elements as the operand', 'specs/ops.glowdef:300:3')
+        return (rt.result_type('Reshape', _node, A, (*dims,), 'specs/ops.glowdef:301:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3256,7 +3256,7 @@ class Flatten(Node):
     Attributes:
         axis: int = 1 where (-len(S) <= axis) and (axis <= len(S))
     Traits: quant_passthrough
-    Declared at specs/ops.glowdef:304:1.
+    Declared at specs/ops.glowdef:305:1.
     """
 
     OP: ClassVar[str] = 'Flatten'
@@ -3265,7 +3265,7 @@ class Flatten(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['quant_passthrough'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:304:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:305:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
 
@@ -3283,12 +3283,12 @@ class Flatten(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Flatten', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:307:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:307:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:308:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:308:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:308:3')
-        return (rt.result_type('Flatten', _node, A, (*sl.shapes.flatten_shape(S, axis),), 'specs/ops.glowdef:309:7'), )
+        rt.check((rt.le(rt.neg(rt.b_len(S)), axis) and rt.le(axis, rt.b_len(S))), 'Flatten', _node, f'attribute axis must satisfy (-len(S) <= axis) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:309:3')
+        return (rt.result_type('Flatten', _node, A, (*sl.shapes.flatten_shape(S, axis),), 'specs/ops.glowdef:310:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3301,7 +3301,7 @@ class Squeeze(Node):
         y: Tensor[A, *squeeze_shape(S, axes)]
     Attributes:
         axes: ints = []
-    Declared at specs/ops.glowdef:313:1.
+    Declared at specs/ops.glowdef:314:1.
     """
 
     OP: ClassVar[str] = 'Squeeze'
@@ -3310,7 +3310,7 @@ class Squeeze(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:313:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:314:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
 
@@ -3328,11 +3328,11 @@ class Squeeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Squeeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:315:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:315:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:316:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:316:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Squeeze', _node, A, (*sl.shapes.squeeze_shape(S, axes),), 'specs/ops.glowdef:317:7'), )
+        return (rt.result_type('Squeeze', _node, A, (*sl.shapes.squeeze_shape(S, axes),), 'specs/ops.glowdef:318:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3345,7 +3345,7 @@ class Unsqueeze(Node):
         y: Tensor[A, *unsqueeze_shape(S, axes)]
     Attributes:
         axes: ints
-    Declared at specs/ops.glowdef:322:1.
+    Declared at specs/ops.glowdef:323:1.
     """
 
     OP: ClassVar[str] = 'Unsqueeze'
@@ -3354,7 +3354,7 @@ class Unsqueeze(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:322:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:323:1'
 
     axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -3372,11 +3372,11 @@ class Unsqueeze(Node):
     def infer(x, *, _node='', axes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Unsqueeze', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:324:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:324:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:325:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:325:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Unsqueeze', _node, A, (*sl.shapes.unsqueeze_shape(S, axes),), 'specs/ops.glowdef:326:7'), )
+        return (rt.result_type('Unsqueeze', _node, A, (*sl.shapes.unsqueeze_shape(S, axes),), 'specs/ops.glowdef:327:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3390,7 +3390,7 @@ class Transpose(Node):
     Attributes:
         perm: ints
     Traits: primitive, quant_passthrough
-    Declared at specs/ops.glowdef:332:1.
+    Declared at specs/ops.glowdef:333:1.
     """
 
     OP: ClassVar[str] = 'Transpose'
@@ -3399,7 +3399,7 @@ class Transpose(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('perm', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quant_passthrough'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:332:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:333:1'
 
     perm: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -3417,12 +3417,12 @@ class Transpose(Node):
     def infer(x, *, _node='', perm=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Transpose', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:335:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:335:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:336:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:336:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_len(perm), rt.b_len(S)), 'Transpose', _node, 'perm must name every dimension once', 'specs/ops.glowdef:337:3')
-        return (rt.result_type('Transpose', _node, A, (*rt.b_permute(S, perm),), 'specs/ops.glowdef:338:7'), )
+        rt.check(rt.eq(rt.b_len(perm), rt.b_len(S)), 'Transpose', _node, 'perm must name every dimension once', 'specs/ops.glowdef:338:3')
+        return (rt.result_type('Transpose', _node, A, (*rt.b_permute(S, perm),), 'specs/ops.glowdef:339:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3435,17 +3435,17 @@ class Concat(Node):
         y: Tensor[A, *concat_shape(S, axis)]
     Attributes:
         axis: int where axis >= 0
-    Traits: primitive
-    Declared at specs/ops.glowdef:342:1.
+    Traits: primitive, quant_passthrough
+    Declared at specs/ops.glowdef:343:1.
     """
 
     OP: ClassVar[str] = 'Concat'
     INPUTS: ClassVar[tuple] = (OperandInfo('xs', optional=False, variadic=True), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
+    TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quant_passthrough'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:342:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:343:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -3464,13 +3464,14 @@ class Concat(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Concat', _node)
         if len(xs) == 0:
-            rt.fail('Concat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:345:7')
+            rt.fail('Concat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:346:7')
         for _t in xs:
-            u.elem('xs', _t, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:345:7')
+            u.elem('xs', _t, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:346:7')
         S = tuple(_t.shape for _t in xs)
         A = u.dtype('A')
-        rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:346:3')
-        return (rt.result_type('Concat', _node, A, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:347:7'), )
+        rt.check(rt.ge(axis, 0), 'Concat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:347:3')
+        rt.check(rt.b_same_quant(xs), 'Concat', _node, 'quantized operands must share their scale and offset (rescale them to one)', 'specs/ops.glowdef:348:3')
+        return (rt.result_type('Concat', _node, A, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:349:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3486,7 +3487,7 @@ class Slice(Node):
         stops: ints
         steps: ints
     Traits: primitive, quant_passthrough
-    Declared at specs/ops.glowdef:351:1.
+    Declared at specs/ops.glowdef:353:1.
     """
 
     OP: ClassVar[str] = 'Slice'
@@ -3495,7 +3496,7 @@ class Slice(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('starts', 'ints', None, False), AttrInfo('stops', 'ints', None, False), AttrInfo('steps', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quant_passthrough'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:351:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:353:1'
 
     starts: object = attrs.field(converter=rt.CONVERTERS['ints'])
     stops: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -3515,12 +3516,12 @@ class Slice(Node):
     def infer(x, *, _node='', starts=None, stops=None, steps=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Slice', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:354:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:354:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:356:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:356:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:358:3')
-        return (rt.result_type('Slice', _node, A, (*sl.shapes.slice_shape(starts, stops, steps),), 'specs/ops.glowdef:360:7'), )
+        rt.check(((rt.eq(rt.b_len(starts), rt.b_len(S)) and rt.eq(rt.b_len(stops), rt.b_len(S))) and rt.eq(rt.b_len(steps), rt.b_len(S))), 'Slice', _node, 'starts, stops and steps must give one entry per dimension', 'specs/ops.glowdef:360:3')
+        return (rt.result_type('Slice', _node, A, (*sl.shapes.slice_shape(starts, stops, steps),), 'specs/ops.glowdef:362:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3535,7 +3536,7 @@ class Gather(Node):
     Attributes:
         axis: int = 0 where (axis >= 0) and (axis < len(S))
     Traits: primitive, quant_passthrough
-    Declared at specs/ops.glowdef:378:1.
+    Declared at specs/ops.glowdef:380:1.
     """
 
     OP: ClassVar[str] = 'Gather'
@@ -3544,7 +3545,7 @@ class Gather(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quant_passthrough'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:378:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:380:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
 
@@ -3567,16 +3568,16 @@ class Gather(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gather', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:381:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:381:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:381:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:381:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:383:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:383:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:383:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:383:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:382:3')
-        return (rt.result_type('Gather', _node, A, (*sl.shapes.gather_shape(S, Q, axis),), 'specs/ops.glowdef:383:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Gather', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:384:3')
+        return (rt.result_type('Gather', _node, A, (*sl.shapes.gather_shape(S, Q, axis),), 'specs/ops.glowdef:385:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3590,7 +3591,7 @@ class Expand(Node):
     Attributes:
         dims: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:387:1.
+    Declared at specs/ops.glowdef:389:1.
     """
 
     OP: ClassVar[str] = 'Expand'
@@ -3599,7 +3600,7 @@ class Expand(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('dims', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:387:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:389:1'
 
     dims: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -3617,11 +3618,11 @@ class Expand(Node):
     def infer(x, *, _node='', dims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Expand', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:390:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:390:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:392:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:392:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, dims),), 'specs/ops.glowdef:392:7'), )
+        return (rt.result_type('Expand', _node, A, (*rt.b_broadcast(S, dims),), 'specs/ops.glowdef:394:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3636,7 +3637,7 @@ class Shape(Node):
         start: int = 0
         end: int = 9223372036854775807
     Traits: primitive, shape_only
-    Declared at specs/ops.glowdef:396:1.
+    Declared at specs/ops.glowdef:398:1.
     """
 
     OP: ClassVar[str] = 'Shape'
@@ -3645,7 +3646,7 @@ class Shape(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('start', 'int', 0, True), AttrInfo('end', 'int', 9223372036854775807, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'shape_only'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:396:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:398:1'
 
     start: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     end: object = attrs.field(default=9223372036854775807, converter=rt.CONVERTERS['int'])
@@ -3664,11 +3665,11 @@ class Shape(Node):
     def infer(x, *, _node='', start=None, end=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Shape', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:399:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:399:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:401:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:401:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.shapes.shape_range(S, start, end)),), 'specs/ops.glowdef:402:7'), )
+        return (rt.result_type('Shape', _node, 'i64', (rt.b_len(sl.shapes.shape_range(S, start, end)),), 'specs/ops.glowdef:404:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3680,7 +3681,7 @@ class Size(Node):
     Results:
         y: Tensor[i64]
     Traits: primitive, shape_only
-    Declared at specs/ops.glowdef:406:1.
+    Declared at specs/ops.glowdef:408:1.
     """
 
     OP: ClassVar[str] = 'Size'
@@ -3689,7 +3690,7 @@ class Size(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'shape_only'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:406:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:408:1'
 
 
     @property
@@ -3706,11 +3707,11 @@ class Size(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Size', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:409:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:409:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:411:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:411:7')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('Size', _node, 'i64', (), 'specs/ops.glowdef:410:7'), )
+        return (rt.result_type('Size', _node, 'i64', (), 'specs/ops.glowdef:412:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3725,7 +3726,7 @@ class Splat(Node):
         value: float = 0.0
         dtype: dtype = f32
     Traits: primitive
-    Declared at specs/ops.glowdef:414:1.
+    Declared at specs/ops.glowdef:416:1.
     """
 
     OP: ClassVar[str] = 'Splat'
@@ -3734,7 +3735,7 @@ class Splat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('dims', 'ints', None, False), AttrInfo('value', 'float', 0.0, True), AttrInfo('dtype', 'dtype', 'f32', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:414:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:416:1'
 
     dims: object = attrs.field(converter=rt.CONVERTERS['ints'])
     value: object = attrs.field(default=0.0, converter=rt.CONVERTERS['float'])
@@ -3749,7 +3750,7 @@ class Splat(Node):
     def infer(*, _node='', dims=None, value=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Splat', _node)
-        return (rt.result_type('Splat', _node, dtype, (*dims,), 'specs/ops.glowdef:420:7'), )
+        return (rt.result_type('Splat', _node, dtype, (*dims,), 'specs/ops.glowdef:422:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3765,7 +3766,7 @@ class Range(Node):
         delta: float
         dtype: dtype
     Traits: primitive
-    Declared at specs/ops.glowdef:424:1.
+    Declared at specs/ops.glowdef:426:1.
     """
 
     OP: ClassVar[str] = 'Range'
@@ -3774,7 +3775,7 @@ class Range(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('start', 'float', None, False), AttrInfo('limit', 'float', None, False), AttrInfo('delta', 'float', None, False), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:424:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:426:1'
 
     start: object = attrs.field(converter=rt.CONVERTERS['float'])
     limit: object = attrs.field(converter=rt.CONVERTERS['float'])
@@ -3790,8 +3791,8 @@ class Range(Node):
     def infer(*, _node='', start=None, limit=None, delta=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Range', _node)
-        rt.check(rt.ne(delta, 0), 'Range', _node, 'delta must not be 0', 'specs/ops.glowdef:431:3')
-        return (rt.result_type('Range', _node, dtype, (rt.b_max(0, rt.b_ceil(rt.truediv(rt.sub(limit, start), delta))),), 'specs/ops.glowdef:432:7'), )
+        rt.check(rt.ne(delta, 0), 'Range', _node, 'delta must not be 0', 'specs/ops.glowdef:433:3')
+        return (rt.result_type('Range', _node, dtype, (rt.b_max(0, rt.b_ceil(rt.truediv(rt.sub(limit, start), delta))),), 'specs/ops.glowdef:434:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3806,7 +3807,7 @@ class Split(Node):
         axis: int where (axis >= 0) and (axis < len(S))
         sizes: ints
     Traits: primitive
-    Declared at specs/ops.glowdef:438:1.
+    Declared at specs/ops.glowdef:440:1.
     """
 
     OP: ClassVar[str] = 'Split'
@@ -3815,7 +3816,7 @@ class Split(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('sizes', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:438:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:440:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -3834,13 +3835,13 @@ class Split(Node):
     def infer(x, *, _node='', axis=None, sizes=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Split', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:441:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:441:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:443:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:443:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Split', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:442:3')
-        rt.check(rt.eq(rt.b_sum(sizes), S[axis]), 'Split', _node, 'the split sizes must add up to the split dimension', 'specs/ops.glowdef:444:3')
-        return (*(rt.result_type('Split', _node, A, _s, 'specs/ops.glowdef:445:7') for _s in sl.shapes.split_shapes(S, axis, sizes)), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Split', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:444:3')
+        rt.check(rt.eq(rt.b_sum(sizes), S[axis]), 'Split', _node, 'the split sizes must add up to the split dimension', 'specs/ops.glowdef:446:3')
+        return (*(rt.result_type('Split', _node, A, _s, 'specs/ops.glowdef:447:7') for _s in sl.shapes.split_shapes(S, axis, sizes)), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3853,7 +3854,7 @@ class Tile(Node):
         y: Tensor[A, *S * repeats]
     Attributes:
         repeats: ints
-    Declared at specs/ops.glowdef:461:1.
+    Declared at specs/ops.glowdef:463:1.
     """
 
     OP: ClassVar[str] = 'Tile'
@@ -3862,7 +3863,7 @@ class Tile(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('repeats', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:461:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:463:1'
 
     repeats: object = attrs.field(converter=rt.CONVERTERS['ints'])
 
@@ -3880,12 +3881,12 @@ class Tile(Node):
     def infer(x, *, _node='', repeats=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Tile', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:463:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:463:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:465:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:465:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_len(repeats), rt.b_len(S)), 'Tile', _node, 'repeats must have one entry per dimension', 'specs/ops.glowdef:465:3')
-        return (rt.result_type('Tile', _node, A, (*rt.mul(S, repeats),), 'specs/ops.glowdef:466:7'), )
+        rt.check(rt.eq(rt.b_len(repeats), rt.b_len(S)), 'Tile', _node, 'repeats must have one entry per dimension', 'specs/ops.glowdef:467:3')
+        return (rt.result_type('Tile', _node, A, (*rt.mul(S, repeats),), 'specs/ops.glowdef:468:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3901,7 +3902,7 @@ class Pad(Node):
         mode: string = "constant"
         value: float = 0.0
     Traits: primitive
-    Declared at specs/ops.glowdef:470:1.
+    Declared at specs/ops.glowdef:472:1.
     """
 
     OP: ClassVar[str] = 'Pad'
@@ -3910,7 +3911,7 @@ class Pad(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('pads', 'ints', None, False), AttrInfo('mode', 'string', 'constant', True), AttrInfo('value', 'float', 0.0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:470:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:472:1'
 
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
     mode: object = attrs.field(default='constant', converter=rt.CONVERTERS['string'])
@@ -3930,13 +3931,13 @@ class Pad(Node):
     def infer(x, *, _node='', pads=None, mode=None, value=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Pad', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:473:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:473:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:475:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:475:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(S))), 'Pad', _node, 'pads must give a begin and an end for every dimension', 'specs/ops.glowdef:477:3')
-        rt.check((((rt.eq(mode, 'constant') or rt.eq(mode, 'reflect')) or rt.eq(mode, 'edge')) or rt.eq(mode, 'wrap')), 'Pad', _node, 'mode must be constant, reflect, edge or wrap', 'specs/ops.glowdef:478:3')
-        return (rt.result_type('Pad', _node, A, (*sl.shapes.pad_shape(S, pads),), 'specs/ops.glowdef:480:7'), )
+        rt.check(rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(S))), 'Pad', _node, 'pads must give a begin and an end for every dimension', 'specs/ops.glowdef:479:3')
+        rt.check((((rt.eq(mode, 'constant') or rt.eq(mode, 'reflect')) or rt.eq(mode, 'edge')) or rt.eq(mode, 'wrap')), 'Pad', _node, 'mode must be constant, reflect, edge or wrap', 'specs/ops.glowdef:480:3')
+        return (rt.result_type('Pad', _node, A, (*sl.shapes.pad_shape(S, pads),), 'specs/ops.glowdef:482:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3951,7 +3952,7 @@ class Trilu(Node):
         upper: int = 1
         k: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:489:1.
+    Declared at specs/ops.glowdef:491:1.
     """
 
     OP: ClassVar[str] = 'Trilu'
@@ -3960,7 +3961,7 @@ class Trilu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('upper', 'int', 1, True), AttrInfo('k', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:489:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:491:1'
 
     upper: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -3979,12 +3980,12 @@ class Trilu(Node):
     def infer(x, *, _node='', upper=None, k=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Trilu', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:492:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:492:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:494:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:494:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check(rt.ge(rt.b_len(S), 2), 'Trilu', _node, 'the operand must have rank at least 2', 'specs/ops.glowdef:495:3')
-        return (rt.result_type('Trilu', _node, A, (*S,), 'specs/ops.glowdef:496:7'), )
+        rt.check(rt.ge(rt.b_len(S), 2), 'Trilu', _node, 'the operand must have rank at least 2', 'specs/ops.glowdef:497:3')
+        return (rt.result_type('Trilu', _node, A, (*S,), 'specs/ops.glowdef:498:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -3999,7 +4000,7 @@ class GatherElements(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
     Traits: primitive
-    Declared at specs/ops.glowdef:500:1.
+    Declared at specs/ops.glowdef:502:1.
     """
 
     OP: ClassVar[str] = 'GatherElements'
@@ -4008,7 +4009,7 @@ class GatherElements(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:500:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:502:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -4031,17 +4032,17 @@ class GatherElements(Node):
     def infer(x, indices, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GatherElements', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:503:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:503:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:503:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:503:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:505:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:505:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:505:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:505:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'GatherElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:504:3')
-        rt.check(rt.eq(rt.b_len(S), rt.b_len(Q)), 'GatherElements', _node, 'indices must have the rank of the operand', 'specs/ops.glowdef:505:3')
-        return (rt.result_type('GatherElements', _node, A, (*Q,), 'specs/ops.glowdef:506:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'GatherElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:506:3')
+        rt.check(rt.eq(rt.b_len(S), rt.b_len(Q)), 'GatherElements', _node, 'indices must have the rank of the operand', 'specs/ops.glowdef:507:3')
+        return (rt.result_type('GatherElements', _node, A, (*Q,), 'specs/ops.glowdef:508:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4056,7 +4057,7 @@ class GatherND(Node):
     Attributes:
         batch_dims: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:510:1.
+    Declared at specs/ops.glowdef:512:1.
     """
 
     OP: ClassVar[str] = 'GatherND'
@@ -4065,7 +4066,7 @@ class GatherND(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('batch_dims', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:510:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:512:1'
 
     batch_dims: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
 
@@ -4088,14 +4089,14 @@ class GatherND(Node):
     def infer(x, indices, *, _node='', batch_dims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GatherND', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:513:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:513:7')
-        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:513:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:513:25')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:515:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:515:7')
+        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:515:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:515:25')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
-        return (rt.result_type('GatherND', _node, A, (*sl.shapes.gathernd_shape(S, Q, batch_dims),), 'specs/ops.glowdef:515:7'), )
+        return (rt.result_type('GatherND', _node, A, (*sl.shapes.gathernd_shape(S, Q, batch_dims),), 'specs/ops.glowdef:517:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4112,7 +4113,7 @@ class ScatterElements(Node):
         axis: int where (axis >= 0) and (axis < len(S))
         reduction: string = "none"
     Traits: primitive
-    Declared at specs/ops.glowdef:519:1.
+    Declared at specs/ops.glowdef:521:1.
     """
 
     OP: ClassVar[str] = 'ScatterElements'
@@ -4121,7 +4122,7 @@ class ScatterElements(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('reduction', 'string', 'none', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:519:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:521:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     reduction: object = attrs.field(default='none', converter=rt.CONVERTERS['string'])
@@ -4150,18 +4151,18 @@ class ScatterElements(Node):
     def infer(x, indices, updates, *, _node='', axis=None, reduction=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ScatterElements', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:522:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:522:7')
-        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:522:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:522:25')
-        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:522:49')
-        u.shape('updates', updates, (), 'Q', (), 'specs/ops.glowdef:522:49')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:524:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:524:7')
+        u.elem('indices', indices, 'I', ('i32', 'i64'), 'specs/ops.glowdef:524:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:524:25')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:524:49')
+        u.shape('updates', updates, (), 'Q', (), 'specs/ops.glowdef:524:49')
         Q = u.dim('Q')
         S = u.dim('S')
         A = u.dtype('A')
         I = u.dtype('I')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ScatterElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:523:3')
-        return (rt.result_type('ScatterElements', _node, A, (*S,), 'specs/ops.glowdef:525:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ScatterElements', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:525:3')
+        return (rt.result_type('ScatterElements', _node, A, (*S,), 'specs/ops.glowdef:527:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4177,7 +4178,7 @@ class ScatterND(Node):
     Attributes:
         reduction: string = "none"
     Traits: primitive
-    Declared at specs/ops.glowdef:529:1.
+    Declared at specs/ops.glowdef:531:1.
     """
 
     OP: ClassVar[str] = 'ScatterND'
@@ -4186,7 +4187,7 @@ class ScatterND(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('reduction', 'string', 'none', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:529:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:531:1'
 
     reduction: object = attrs.field(default='none', converter=rt.CONVERTERS['string'])
 
@@ -4214,17 +4215,17 @@ class ScatterND(Node):
     def infer(x, indices, updates, *, _node='', reduction=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ScatterND', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:532:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:532:7')
-        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:532:25')
-        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:532:25')
-        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:532:51')
-        u.shape('updates', updates, (), 'U', (), 'specs/ops.glowdef:532:51')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:534:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:534:7')
+        u.exact_elem('indices', indices, 'i64', 'specs/ops.glowdef:534:25')
+        u.shape('indices', indices, (), 'Q', (), 'specs/ops.glowdef:534:25')
+        u.elem('updates', updates, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:534:51')
+        u.shape('updates', updates, (), 'U', (), 'specs/ops.glowdef:534:51')
         Q = u.dim('Q')
         S = u.dim('S')
         U = u.dim('U')
         A = u.dtype('A')
-        return (rt.result_type('ScatterND', _node, A, (*S,), 'specs/ops.glowdef:534:7'), )
+        return (rt.result_type('ScatterND', _node, A, (*S,), 'specs/ops.glowdef:536:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4238,7 +4239,7 @@ class DepthToSpace(Node):
     Attributes:
         blocksize: int where blocksize > 0
         mode: string = "DCR"
-    Declared at specs/ops.glowdef:538:1.
+    Declared at specs/ops.glowdef:540:1.
     """
 
     OP: ClassVar[str] = 'DepthToSpace'
@@ -4247,7 +4248,7 @@ class DepthToSpace(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:538:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:540:1'
 
     blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
     mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
@@ -4266,16 +4267,16 @@ class DepthToSpace(Node):
     def infer(x, *, _node='', blocksize=None, mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DepthToSpace', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:540:7')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:540:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:542:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:542:7')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         A = u.dtype('A')
-        rt.check(rt.gt(blocksize, 0), 'DepthToSpace', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:541:3')
-        rt.check(rt.eq(rt.mod(C, rt.mul(blocksize, blocksize)), 0), 'DepthToSpace', _node, 'channels must divide by blocksize squared', 'specs/ops.glowdef:543:3')
-        return (rt.result_type('DepthToSpace', _node, A, (N, rt.floordiv(C, rt.mul(blocksize, blocksize)), rt.mul(H, blocksize), rt.mul(W, blocksize),), 'specs/ops.glowdef:544:7'), )
+        rt.check(rt.gt(blocksize, 0), 'DepthToSpace', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:543:3')
+        rt.check(rt.eq(rt.mod(C, rt.mul(blocksize, blocksize)), 0), 'DepthToSpace', _node, 'channels must divide by blocksize squared', 'specs/ops.glowdef:545:3')
+        return (rt.result_type('DepthToSpace', _node, A, (N, rt.floordiv(C, rt.mul(blocksize, blocksize)), rt.mul(H, blocksize), rt.mul(W, blocksize),), 'specs/ops.glowdef:546:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4289,7 +4290,7 @@ class SpaceToDepth(Node):
     Attributes:
         blocksize: int where blocksize > 0
         mode: string = "DCR"
-    Declared at specs/ops.glowdef:548:1.
+    Declared at specs/ops.glowdef:550:1.
     """
 
     OP: ClassVar[str] = 'SpaceToDepth'
@@ -4298,7 +4299,7 @@ class SpaceToDepth(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('blocksize', 'int', None, False), AttrInfo('mode', 'string', 'DCR', True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:548:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:550:1'
 
     blocksize: object = attrs.field(converter=rt.CONVERTERS['int'])
     mode: object = attrs.field(default='DCR', converter=rt.CONVERTERS['string'])
@@ -4317,16 +4318,16 @@ class SpaceToDepth(Node):
     def infer(x, *, _node='', blocksize=None, mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SpaceToDepth', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:550:7')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:550:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:552:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:552:7')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         A = u.dtype('A')
-        rt.check(rt.gt(blocksize, 0), 'SpaceToDepth', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:551:3')
-        rt.check((rt.eq(rt.mod(H, blocksize), 0) and rt.eq(rt.mod(W, blocksize), 0)), 'SpaceToDepth', _node, 'height and width must divide by blocksize', 'specs/ops.glowdef:553:3')
-        return (rt.result_type('SpaceToDepth', _node, A, (N, rt.mul(rt.mul(C, blocksize), blocksize), rt.floordiv(H, blocksize), rt.floordiv(W, blocksize),), 'specs/ops.glowdef:554:7'), )
+        rt.check(rt.gt(blocksize, 0), 'SpaceToDepth', _node, f'attribute blocksize must satisfy blocksize > 0, got {blocksize!r}', 'specs/ops.glowdef:553:3')
+        rt.check((rt.eq(rt.mod(H, blocksize), 0) and rt.eq(rt.mod(W, blocksize), 0)), 'SpaceToDepth', _node, 'height and width must divide by blocksize', 'specs/ops.glowdef:555:3')
+        return (rt.result_type('SpaceToDepth', _node, A, (N, rt.mul(rt.mul(C, blocksize), blocksize), rt.floordiv(H, blocksize), rt.floordiv(W, blocksize),), 'specs/ops.glowdef:556:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4341,7 +4342,7 @@ class EyeLike(Node):
         k: int = 0
         dtype: dtype
     Traits: primitive
-    Declared at specs/ops.glowdef:558:1.
+    Declared at specs/ops.glowdef:560:1.
     """
 
     OP: ClassVar[str] = 'EyeLike'
@@ -4350,7 +4351,7 @@ class EyeLike(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:558:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:560:1'
 
     k: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     dtype: object = attrs.field(converter=rt.CONVERTERS['dtype'])
@@ -4369,12 +4370,12 @@ class EyeLike(Node):
     def infer(x, *, _node='', k=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('EyeLike', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:561:7')
-        u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:561:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:563:7')
+        u.shape('x', x, ('R', 'C'), None, (), 'specs/ops.glowdef:563:7')
         C = u.dim('C')
         R = u.dim('R')
         A = u.dtype('A')
-        return (rt.result_type('EyeLike', _node, dtype, (R, C,), 'specs/ops.glowdef:564:7'), )
+        return (rt.result_type('EyeLike', _node, dtype, (R, C,), 'specs/ops.glowdef:566:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4390,7 +4391,7 @@ class OneHot(Node):
         depth: int
         axis: int
     Traits: primitive
-    Declared at specs/ops.glowdef:568:1.
+    Declared at specs/ops.glowdef:570:1.
     """
 
     OP: ClassVar[str] = 'OneHot'
@@ -4399,7 +4400,7 @@ class OneHot(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('depth', 'int', None, False), AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:568:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:570:1'
 
     depth: object = attrs.field(converter=rt.CONVERTERS['int'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -4423,14 +4424,14 @@ class OneHot(Node):
     def infer(indices, values, *, _node='', depth=None, axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('OneHot', _node)
-        u.elem('indices', indices, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:571:7')
-        u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:571:7')
-        u.elem('values', values, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:571:31')
-        u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:571:31')
+        u.elem('indices', indices, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:573:7')
+        u.shape('indices', indices, (), 'S', (), 'specs/ops.glowdef:573:7')
+        u.elem('values', values, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:573:31')
+        u.shape('values', values, (2,), None, (), 'specs/ops.glowdef:573:31')
         S = u.dim('S')
         A = u.dtype('A')
         P = u.dtype('P')
-        return (rt.result_type('OneHot', _node, A, (*sl.shapes.insert_dim(S, axis, depth),), 'specs/ops.glowdef:574:7'), )
+        return (rt.result_type('OneHot', _node, A, (*sl.shapes.insert_dim(S, axis, depth),), 'specs/ops.glowdef:576:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4445,7 +4446,7 @@ class ReduceSum(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:589:1.
+    Declared at specs/ops.glowdef:591:1.
     """
 
     OP: ClassVar[str] = 'ReduceSum'
@@ -4454,7 +4455,7 @@ class ReduceSum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:589:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:591:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4473,11 +4474,11 @@ class ReduceSum(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:583:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:583:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:585:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:585:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceSum', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:586:7'), )
+        return (rt.result_type('ReduceSum', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:588:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4492,7 +4493,7 @@ class ReduceMax(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:600:1.
+    Declared at specs/ops.glowdef:602:1.
     """
 
     OP: ClassVar[str] = 'ReduceMax'
@@ -4501,7 +4502,7 @@ class ReduceMax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:600:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:602:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4520,11 +4521,11 @@ class ReduceMax(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:583:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:583:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:585:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:585:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:586:7'), )
+        return (rt.result_type('ReduceMax', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:588:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4539,7 +4540,7 @@ class ReduceMin(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:611:1.
+    Declared at specs/ops.glowdef:613:1.
     """
 
     OP: ClassVar[str] = 'ReduceMin'
@@ -4548,7 +4549,7 @@ class ReduceMin(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:611:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:613:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4567,11 +4568,11 @@ class ReduceMin(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:583:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:583:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:585:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:585:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:586:7'), )
+        return (rt.result_type('ReduceMin', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:588:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4586,7 +4587,7 @@ class ReduceProd(Node):
         axes: ints = []
         keepdims: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:622:1.
+    Declared at specs/ops.glowdef:624:1.
     """
 
     OP: ClassVar[str] = 'ReduceProd'
@@ -4595,7 +4596,7 @@ class ReduceProd(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:622:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:624:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4614,11 +4615,11 @@ class ReduceProd(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:583:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:583:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:585:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:585:7')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:586:7'), )
+        return (rt.result_type('ReduceProd', _node, T, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:588:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4632,7 +4633,7 @@ class ReduceMean(Node):
     Attributes:
         axes: ints = []
         keepdims: int = 1
-    Declared at specs/ops.glowdef:633:1.
+    Declared at specs/ops.glowdef:635:1.
     """
 
     OP: ClassVar[str] = 'ReduceMean'
@@ -4641,7 +4642,7 @@ class ReduceMean(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', (), True), AttrInfo('keepdims', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:633:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:635:1'
 
     axes: object = attrs.field(default=(), converter=rt.CONVERTERS['ints'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4660,11 +4661,11 @@ class ReduceMean(Node):
     def infer(x, *, _node='', axes=None, keepdims=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ReduceMean', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:583:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:583:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:585:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:585:7')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:586:7'), )
+        return (rt.result_type('ReduceMean', _node, F, (*rt.b_reduce_shape(S, axes, keepdims),), 'specs/ops.glowdef:588:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4680,7 +4681,7 @@ class ArgMax(Node):
         keepdims: int = 1
         select_last_index: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:643:1.
+    Declared at specs/ops.glowdef:645:1.
     """
 
     OP: ClassVar[str] = 'ArgMax'
@@ -4689,7 +4690,7 @@ class ArgMax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:643:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:645:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4709,12 +4710,12 @@ class ArgMax(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMax', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:646:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:646:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:648:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:648:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:647:3')
-        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:650:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:649:3')
+        return (rt.result_type('ArgMax', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:652:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4730,7 +4731,7 @@ class ArgMin(Node):
         keepdims: int = 1
         select_last_index: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:654:1.
+    Declared at specs/ops.glowdef:656:1.
     """
 
     OP: ClassVar[str] = 'ArgMin'
@@ -4739,7 +4740,7 @@ class ArgMin(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 0, True), AttrInfo('keepdims', 'int', 1, True), AttrInfo('select_last_index', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:654:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:656:1'
 
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
     keepdims: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
@@ -4759,12 +4760,12 @@ class ArgMin(Node):
     def infer(x, *, _node='', axis=None, keepdims=None, select_last_index=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ArgMin', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:657:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:657:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:659:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:659:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:658:3')
-        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:661:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'ArgMin', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:660:3')
+        return (rt.result_type('ArgMin', _node, 'i64', (*rt.b_reduce_shape(S, (axis, ), keepdims),), 'specs/ops.glowdef:663:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4781,7 +4782,7 @@ class TopK(Node):
         axis: int where (axis >= 0) and (axis < len(S))
         largest: int = 1
     Traits: primitive
-    Declared at specs/ops.glowdef:665:1.
+    Declared at specs/ops.glowdef:667:1.
     """
 
     OP: ClassVar[str] = 'TopK'
@@ -4790,7 +4791,7 @@ class TopK(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('k', 'int', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('largest', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:665:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:667:1'
 
     k: object = attrs.field(converter=rt.CONVERTERS['int'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -4815,14 +4816,14 @@ class TopK(Node):
     def infer(x, *, _node='', k=None, axis=None, largest=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('TopK', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:668:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:668:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:670:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:670:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:669:3')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:670:3')
-        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:672:3')
-        return (rt.result_type('TopK', _node, T, (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:673:7'), rt.result_type('TopK', _node, 'i64', (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:673:52'), )
+        rt.check(rt.ge(k, 0), 'TopK', _node, f'attribute k must satisfy k >= 0, got {k!r}', 'specs/ops.glowdef:671:3')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'TopK', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:672:3')
+        rt.check(rt.le(k, S[axis]), 'TopK', _node, 'k must not exceed the dimension', 'specs/ops.glowdef:674:3')
+        return (rt.result_type('TopK', _node, T, (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:675:7'), rt.result_type('TopK', _node, 'i64', (*sl.shapes.replace_dim(S, axis, k),), 'specs/ops.glowdef:675:52'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4838,7 +4839,7 @@ class CumSum(Node):
         exclusive: int = 0
         reverse: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:683:1.
+    Declared at specs/ops.glowdef:685:1.
     """
 
     OP: ClassVar[str] = 'CumSum'
@@ -4847,7 +4848,7 @@ class CumSum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:683:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:685:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -4867,12 +4868,12 @@ class CumSum(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumSum', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:686:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:686:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:688:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:688:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:687:3')
-        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:690:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumSum', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:689:3')
+        return (rt.result_type('CumSum', _node, T, (*S,), 'specs/ops.glowdef:692:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4888,7 +4889,7 @@ class CumProd(Node):
         exclusive: int = 0
         reverse: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:694:1.
+    Declared at specs/ops.glowdef:696:1.
     """
 
     OP: ClassVar[str] = 'CumProd'
@@ -4897,7 +4898,7 @@ class CumProd(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('exclusive', 'int', 0, True), AttrInfo('reverse', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:694:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:696:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     exclusive: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -4917,12 +4918,12 @@ class CumProd(Node):
     def infer(x, *, _node='', axis=None, exclusive=None, reverse=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('CumProd', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:697:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:697:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:699:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:699:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:698:3')
-        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:701:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'CumProd', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:700:3')
+        return (rt.result_type('CumProd', _node, T, (*S,), 'specs/ops.glowdef:703:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4936,7 +4937,7 @@ class Hardmax(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
     Traits: primitive
-    Declared at specs/ops.glowdef:705:1.
+    Declared at specs/ops.glowdef:707:1.
     """
 
     OP: ClassVar[str] = 'Hardmax'
@@ -4945,7 +4946,7 @@ class Hardmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:705:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:707:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -4963,12 +4964,12 @@ class Hardmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Hardmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:708:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:708:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:710:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:710:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:709:3')
-        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:710:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Hardmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:711:3')
+        return (rt.result_type('Hardmax', _node, F, (*S,), 'specs/ops.glowdef:712:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -4981,7 +4982,7 @@ class BatchMatMul(Node):
     Results:
         y: Tensor[T, B, M, P]
     Traits: primitive
-    Declared at specs/ops.glowdef:716:1.
+    Declared at specs/ops.glowdef:718:1.
     """
 
     OP: ClassVar[str] = 'BatchMatMul'
@@ -4990,7 +4991,7 @@ class BatchMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:716:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:718:1'
 
 
     @property
@@ -5012,16 +5013,16 @@ class BatchMatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchMatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:719:7')
-        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:719:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:719:32')
-        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:719:32')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:721:7')
+        u.shape('lhs', lhs, ('B', 'M', 'K'), None, (), 'specs/ops.glowdef:721:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:721:32')
+        u.shape('rhs', rhs, ('B', 'K', 'P'), None, (), 'specs/ops.glowdef:721:32')
         B = u.dim('B')
         K = u.dim('K')
         M = u.dim('M')
         P = u.dim('P')
         T = u.dtype('T')
-        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:720:7'), )
+        return (rt.result_type('BatchMatMul', _node, T, (B, M, P,), 'specs/ops.glowdef:722:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5033,7 +5034,7 @@ class MatMul(Node):
         rhs: Tensor[T, *Y]
     Results:
         y: Tensor[T, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:723:1.
+    Declared at specs/ops.glowdef:725:1.
     """
 
     OP: ClassVar[str] = 'MatMul'
@@ -5042,7 +5043,7 @@ class MatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:723:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:725:1'
 
 
     @property
@@ -5064,15 +5065,15 @@ class MatMul(Node):
     def infer(lhs, rhs, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMul', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:725:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:725:7')
-        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:725:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:725:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:727:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:727:7')
+        u.elem('rhs', rhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:727:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:727:27')
         X = u.dim('X')
         Y = u.dim('Y')
         T = u.dtype('T')
-        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:726:3')
-        return (rt.result_type('MatMul', _node, T, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:727:7'), )
+        rt.check((rt.ge(rt.b_len(X), 1) and rt.ge(rt.b_len(Y), 1)), 'MatMul', _node, 'operands must have rank at least 1', 'specs/ops.glowdef:728:3')
+        return (rt.result_type('MatMul', _node, T, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:729:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5090,7 +5091,7 @@ class Gemm(Node):
         beta: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:731:1.
+    Declared at specs/ops.glowdef:733:1.
     """
 
     OP: ClassVar[str] = 'Gemm'
@@ -5099,7 +5100,7 @@ class Gemm(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('beta', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:731:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:733:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
@@ -5130,21 +5131,21 @@ class Gemm(Node):
     def infer(a, b, c=None, *, _node='', alpha=None, beta=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Gemm', _node)
-        u.elem('a', a, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:733:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:733:7')
-        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:733:29')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:733:29')
+        u.elem('a', a, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:735:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:735:7')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:735:29')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:735:29')
         if c is not None:
-            u.elem('c', c, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:733:51')
-            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:733:51')
+            u.elem('c', c, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:735:51')
+            u.shape('c', c, (), 'Q', (), 'specs/ops.glowdef:735:51')
         K0 = u.dim('K0')
         K1 = u.dim('K1')
         M0 = u.dim('M0')
         N1 = u.dim('N1')
         Q = u.dims['Q'][0] if 'Q' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:738:3')
-        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:740:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'Gemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:740:3')
+        return (rt.result_type('Gemm', _node, F, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:742:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5157,7 +5158,7 @@ class FullyConnected(Node):
         b: Tensor[F, N]
     Results:
         y: Tensor[F, M, N]
-    Declared at specs/ops.glowdef:745:1.
+    Declared at specs/ops.glowdef:747:1.
     """
 
     OP: ClassVar[str] = 'FullyConnected'
@@ -5166,7 +5167,7 @@ class FullyConnected(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:745:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:747:1'
 
 
     @property
@@ -5193,17 +5194,17 @@ class FullyConnected(Node):
     def infer(x, w, b, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('FullyConnected', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:747:7')
-        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:747:7')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:747:27')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:747:27')
-        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:747:47')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:747:47')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:749:7')
+        u.shape('x', x, ('M', 'K'), None, (), 'specs/ops.glowdef:749:7')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:749:27')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:749:27')
+        u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:749:47')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:749:47')
         K = u.dim('K')
         M = u.dim('M')
         N = u.dim('N')
         F = u.dtype('F')
-        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:748:7'), )
+        return (rt.result_type('FullyConnected', _node, F, (M, N,), 'specs/ops.glowdef:750:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5217,7 +5218,7 @@ class Einsum(Node):
     Attributes:
         equation: string
     Traits: primitive
-    Declared at specs/ops.glowdef:751:1.
+    Declared at specs/ops.glowdef:753:1.
     """
 
     OP: ClassVar[str] = 'Einsum'
@@ -5226,7 +5227,7 @@ class Einsum(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('equation', 'string', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:751:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:753:1'
 
     equation: object = attrs.field(converter=rt.CONVERTERS['string'])
 
@@ -5245,12 +5246,12 @@ class Einsum(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Einsum', _node)
         if len(xs) == 0:
-            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:754:7')
+            rt.fail('Einsum', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:756:7')
         for _t in xs:
-            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:754:7')
+            u.elem('xs', _t, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:756:7')
         S = tuple(_t.shape for _t in xs)
         T = u.dtype('T')
-        return (rt.result_type('Einsum', _node, T, (*sl.shapes.einsum_shape(equation, S),), 'specs/ops.glowdef:756:7'), )
+        return (rt.result_type('Einsum', _node, T, (*sl.shapes.einsum_shape(equation, S),), 'specs/ops.glowdef:758:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5269,7 +5270,7 @@ class Conv(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:762:1.
+    Declared at specs/ops.glowdef:764:1.
     """
 
     OP: ClassVar[str] = 'Conv'
@@ -5278,7 +5279,7 @@ class Conv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:762:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:764:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -5309,13 +5310,13 @@ class Conv(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Conv', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:765:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:765:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:765:35')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:765:35')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:767:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:767:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:767:35')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:767:35')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:765:64')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:765:64')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:767:64')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:767:64')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -5325,17 +5326,17 @@ class Conv(Node):
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:766:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:766:3')
-        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:767:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:767:3')
-        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:768:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:768:3')
-        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:769:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:770:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:771:3')
-        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:772:3')
-        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:774:9'), )
+        rt.check(len(strides) == 2, 'Conv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:768:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Conv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:768:3')
+        rt.check(len(pads) == 4, 'Conv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:769:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Conv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:769:3')
+        rt.check(len(dilations) == 2, 'Conv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:770:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Conv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:770:3')
+        rt.check(rt.ge(group, 1), 'Conv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:771:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'Conv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:772:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'Conv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:773:3')
+        rt.check((rt.gt(fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), 0) and rt.gt(fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]), 0)), 'Conv', _node, 'the kernel does not fit in the padded input', 'specs/ops.glowdef:774:3')
+        return (rt.result_type('Conv', _node, F, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:776:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5353,7 +5354,7 @@ class MaxPool(Node):
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         ceil_mode: int = 0
     Traits: primitive, quant_passthrough
-    Declared at specs/ops.glowdef:784:1.
+    Declared at specs/ops.glowdef:786:1.
     """
 
     OP: ClassVar[str] = 'MaxPool'
@@ -5362,7 +5363,7 @@ class MaxPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('ceil_mode', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quant_passthrough'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:784:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:786:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -5384,22 +5385,22 @@ class MaxPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:787:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:787:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:789:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:789:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         T = u.dtype('T')
-        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:788:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:788:3')
-        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:789:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:789:3')
-        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:790:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:790:3')
-        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:791:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:791:3')
-        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:793:9'), )
+        rt.check(len(kernel) == 2, 'MaxPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:790:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:790:3')
+        rt.check(len(strides) == 2, 'MaxPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:791:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:791:3')
+        rt.check(len(pads) == 4, 'MaxPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:792:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:792:3')
+        rt.check(len(dilations) == 2, 'MaxPool', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:793:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:793:3')
+        return (rt.result_type('MaxPool', _node, T, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], dilations[0], ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], dilations[1], ceil_mode),), 'specs/ops.glowdef:795:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5417,7 +5418,7 @@ class AvgPool(Node):
         ceil_mode: int = 0
         count_include_pad: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:804:1.
+    Declared at specs/ops.glowdef:806:1.
     """
 
     OP: ClassVar[str] = 'AvgPool'
@@ -5426,7 +5427,7 @@ class AvgPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:804:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:806:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -5448,20 +5449,20 @@ class AvgPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:807:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:807:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:809:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:809:9')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
         W = u.dim('W')
         F = u.dtype('F')
-        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:808:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:808:3')
-        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:809:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:809:3')
-        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:810:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:810:3')
-        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:813:9'), )
+        rt.check(len(kernel) == 2, 'AvgPool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:810:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:810:3')
+        rt.check(len(strides) == 2, 'AvgPool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:811:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:811:3')
+        rt.check(len(pads) == 4, 'AvgPool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:812:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:812:3')
+        return (rt.result_type('AvgPool', _node, F, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:815:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5472,7 +5473,7 @@ class GlobalAveragePool(Node):
         x: Tensor[F, N, C, *S]
     Results:
         y: Tensor[F, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:823:1.
+    Declared at specs/ops.glowdef:825:1.
     """
 
     OP: ClassVar[str] = 'GlobalAveragePool'
@@ -5481,7 +5482,7 @@ class GlobalAveragePool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:823:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:825:1'
 
 
     @property
@@ -5498,13 +5499,13 @@ class GlobalAveragePool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalAveragePool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:825:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:825:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:827:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:827:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:826:7'), )
+        return (rt.result_type('GlobalAveragePool', _node, F, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:828:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5515,7 +5516,7 @@ class GlobalMaxPool(Node):
         x: Tensor[T, N, C, *S]
     Results:
         y: Tensor[T, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:830:1.
+    Declared at specs/ops.glowdef:832:1.
     """
 
     OP: ClassVar[str] = 'GlobalMaxPool'
@@ -5524,7 +5525,7 @@ class GlobalMaxPool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:830:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:832:1'
 
 
     @property
@@ -5541,13 +5542,13 @@ class GlobalMaxPool(Node):
     def infer(x, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GlobalMaxPool', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:832:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:832:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:834:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:834:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         T = u.dtype('T')
-        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:833:7'), )
+        return (rt.result_type('GlobalMaxPool', _node, T, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:835:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5563,7 +5564,7 @@ class LRN(Node):
         beta: float = 0.75
         bias: float = 1.0
         size: int where size >= 1
-    Declared at specs/ops.glowdef:837:1.
+    Declared at specs/ops.glowdef:839:1.
     """
 
     OP: ClassVar[str] = 'LRN'
@@ -5572,7 +5573,7 @@ class LRN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.0001, True), AttrInfo('beta', 'float', 0.75, True), AttrInfo('bias', 'float', 1.0, True), AttrInfo('size', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:837:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:839:1'
 
     alpha: object = attrs.field(default=0.0001, converter=rt.CONVERTERS['float'])
     beta: object = attrs.field(default=0.75, converter=rt.CONVERTERS['float'])
@@ -5593,14 +5594,14 @@ class LRN(Node):
     def infer(x, *, _node='', alpha=None, beta=None, bias=None, size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LRN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:839:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:839:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:841:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:841:7')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:843:3')
-        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:844:7'), )
+        rt.check(rt.ge(size, 1), 'LRN', _node, f'attribute size must satisfy size >= 1, got {size!r}', 'specs/ops.glowdef:845:3')
+        return (rt.result_type('LRN', _node, F, (N, C, *S,), 'specs/ops.glowdef:846:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5619,7 +5620,7 @@ class ConvN(Node):
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:849:1.
+    Declared at specs/ops.glowdef:851:1.
     """
 
     OP: ClassVar[str] = 'ConvN'
@@ -5628,7 +5629,7 @@ class ConvN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:849:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:851:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5659,13 +5660,13 @@ class ConvN(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:852:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:852:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:852:33')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:852:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:854:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:854:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:854:33')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:854:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:852:58')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:852:58')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:854:58')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:854:58')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -5673,15 +5674,15 @@ class ConvN(Node):
         M = u.dim('M')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:853:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:854:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:855:3')
-        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:856:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:857:3')
-        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:858:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:860:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:861:3')
-        return (rt.result_type('ConvN', _node, F, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:862:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:855:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:856:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:857:3')
+        rt.check(rt.ge(group, 1), 'ConvN', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:858:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvN', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:859:3')
+        rt.check(((rt.eq(rt.b_len(strides), rt.b_len(D)) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'ConvN', _node, 'strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:860:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvN', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:862:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'ConvN', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:863:3')
+        return (rt.result_type('ConvN', _node, F, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:864:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5699,7 +5700,7 @@ class MaxPoolN(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:874:1.
+    Declared at specs/ops.glowdef:876:1.
     """
 
     OP: ClassVar[str] = 'MaxPoolN'
@@ -5708,7 +5709,7 @@ class MaxPoolN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:874:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:876:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5730,18 +5731,18 @@ class MaxPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MaxPoolN', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:877:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:877:9')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:879:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:879:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         T = u.dtype('T')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:878:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:879:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:880:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:881:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:883:3')
-        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:885:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'MaxPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:880:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'MaxPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:881:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'MaxPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:882:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'MaxPoolN', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:883:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'MaxPoolN', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:885:3')
+        return (rt.result_type('MaxPoolN', _node, T, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:887:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5759,7 +5760,7 @@ class AvgPoolN(Node):
         ceil_mode: int = 0
         count_include_pad: int = 0
     Traits: primitive
-    Declared at specs/ops.glowdef:899:1.
+    Declared at specs/ops.glowdef:901:1.
     """
 
     OP: ClassVar[str] = 'AvgPoolN'
@@ -5768,7 +5769,7 @@ class AvgPoolN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:899:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:901:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5790,17 +5791,17 @@ class AvgPoolN(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:902:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:902:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:904:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:904:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:903:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:904:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:905:3')
-        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:908:3')
-        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:910:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolN', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:905:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolN', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:906:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolN', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:907:3')
+        rt.check(((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolN', _node, 'kernel, strides and pads must match the spatial rank', 'specs/ops.glowdef:910:3')
+        return (rt.result_type('AvgPoolN', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, rt.b_ones(rt.b_len(D)), ceil_mode),), 'specs/ops.glowdef:912:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5820,7 +5821,7 @@ class ConvTranspose(Node):
         output_padding: ints
         group: int = 1 where group >= 1
     Traits: primitive
-    Declared at specs/ops.glowdef:921:1.
+    Declared at specs/ops.glowdef:923:1.
     """
 
     OP: ClassVar[str] = 'ConvTranspose'
@@ -5829,7 +5830,7 @@ class ConvTranspose(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('output_padding', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:921:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:923:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -5861,13 +5862,13 @@ class ConvTranspose(Node):
     def infer(x, w, b=None, *, _node='', strides=None, pads=None, dilations=None, output_padding=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvTranspose', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:924:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:924:9')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:924:33')
-        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:924:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:926:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:926:9')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:926:33')
+        u.shape('w', w, ('C2', 'MG'), 'K', (), 'specs/ops.glowdef:926:33')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:924:59')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:924:59')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:926:59')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:926:59')
         C = u.dim('C')
         C2 = u.dim('C2')
         D = u.dim('D')
@@ -5876,12 +5877,12 @@ class ConvTranspose(Node):
         MG = u.dim('MG')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:925:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:927:3')
-        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:929:3')
-        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:930:3')
-        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:931:3')
-        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.conv.convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:932:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvTranspose', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:927:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvTranspose', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:929:3')
+        rt.check(rt.ge(group, 1), 'ConvTranspose', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:931:3')
+        rt.check(rt.eq(C, C2), 'ConvTranspose', _node, 'weights must have one filter per input channel', 'specs/ops.glowdef:932:3')
+        rt.check(rt.eq(rt.b_len(D), rt.b_len(K)), 'ConvTranspose', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:933:3')
+        return (rt.result_type('ConvTranspose', _node, F, (N, rt.mul(MG, group), *sl.conv.convtranspose_shape(D, K, pads, strides, dilations, output_padding),), 'specs/ops.glowdef:934:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5898,7 +5899,7 @@ class BatchNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:949:1.
+    Declared at specs/ops.glowdef:951:1.
     """
 
     OP: ClassVar[str] = 'BatchNormalization'
@@ -5907,7 +5908,7 @@ class BatchNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:949:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:951:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -5945,21 +5946,21 @@ class BatchNormalization(Node):
     def infer(x, scale, bias, mean, var, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('BatchNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:951:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:951:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:951:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:951:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:951:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:951:52')
-        u.elem('mean', mean, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:951:72')
-        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:951:72')
-        u.elem('var', var, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:951:92')
-        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:951:92')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:953:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:953:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:953:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:953:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:953:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:953:52')
+        u.elem('mean', mean, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:953:72')
+        u.shape('mean', mean, ('C',), None, (), 'specs/ops.glowdef:953:72')
+        u.elem('var', var, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:953:92')
+        u.shape('var', var, ('C',), None, (), 'specs/ops.glowdef:953:92')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:953:7'), )
+        return (rt.result_type('BatchNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:955:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -5975,7 +5976,7 @@ class LayerNormalization(Node):
     Attributes:
         axis: int = -1
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:974:1.
+    Declared at specs/ops.glowdef:976:1.
     """
 
     OP: ClassVar[str] = 'LayerNormalization'
@@ -5984,7 +5985,7 @@ class LayerNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', rt.neg(1), True), AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:974:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:976:1'
 
     axis: object = attrs.field(default=rt.neg(1), converter=rt.CONVERTERS['int'])
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
@@ -6013,20 +6014,20 @@ class LayerNormalization(Node):
     def infer(x, scale, bias=None, *, _node='', axis=None, epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LayerNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:976:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:976:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:976:25')
-        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:976:25')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:978:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:978:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:978:25')
+        u.shape('scale', scale, (), 'G', (), 'specs/ops.glowdef:978:25')
         if bias is not None:
-            u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:976:47')
-            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:976:47')
+            u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:978:47')
+            u.shape('bias', bias, (), 'H', (), 'specs/ops.glowdef:978:47')
         G = u.dim('G')
         H = u.dims['H'][0] if 'H' in u.dims else None
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:979:3')
-        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:980:3')
-        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:981:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LayerNormalization', _node, 'axis must be normalized', 'specs/ops.glowdef:981:3')
+        rt.check(rt.b_broadcastable(S, G), 'LayerNormalization', _node, 'scale must broadcast to the operand', 'specs/ops.glowdef:982:3')
+        return (rt.result_type('LayerNormalization', _node, F, (*S,), 'specs/ops.glowdef:983:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6039,7 +6040,7 @@ class Softmax(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
-    Declared at specs/ops.glowdef:990:1.
+    Declared at specs/ops.glowdef:992:1.
     """
 
     OP: ClassVar[str] = 'Softmax'
@@ -6048,7 +6049,7 @@ class Softmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:990:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:992:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -6066,12 +6067,12 @@ class Softmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Softmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:992:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:992:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:994:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:994:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:993:3')
-        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:994:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'Softmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:995:3')
+        return (rt.result_type('Softmax', _node, F, (*S,), 'specs/ops.glowdef:996:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6084,7 +6085,7 @@ class LogSoftmax(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
-    Declared at specs/ops.glowdef:998:1.
+    Declared at specs/ops.glowdef:1000:1.
     """
 
     OP: ClassVar[str] = 'LogSoftmax'
@@ -6093,7 +6094,7 @@ class LogSoftmax(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:998:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1000:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -6111,12 +6112,12 @@ class LogSoftmax(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LogSoftmax', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1000:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1000:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1002:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1002:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1001:3')
-        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:1002:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LogSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1003:3')
+        return (rt.result_type('LogSoftmax', _node, F, (*S,), 'specs/ops.glowdef:1004:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6129,7 +6130,7 @@ class SoftmaxFlat(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis <= len(S))
-    Declared at specs/ops.glowdef:1006:1.
+    Declared at specs/ops.glowdef:1008:1.
     """
 
     OP: ClassVar[str] = 'SoftmaxFlat'
@@ -6138,7 +6139,7 @@ class SoftmaxFlat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1006:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1008:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -6156,12 +6157,12 @@ class SoftmaxFlat(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('SoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1008:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1008:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1010:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1010:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1009:3')
-        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1010:7'), )
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'SoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1011:3')
+        return (rt.result_type('SoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1012:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6174,7 +6175,7 @@ class LogSoftmaxFlat(Node):
         y: Tensor[F, *S]
     Attributes:
         axis: int where (axis >= 0) and (axis <= len(S))
-    Declared at specs/ops.glowdef:1014:1.
+    Declared at specs/ops.glowdef:1016:1.
     """
 
     OP: ClassVar[str] = 'LogSoftmaxFlat'
@@ -6183,7 +6184,7 @@ class LogSoftmaxFlat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1014:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1016:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -6201,12 +6202,12 @@ class LogSoftmaxFlat(Node):
     def infer(x, *, _node='', axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LogSoftmaxFlat', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1016:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1016:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1018:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1018:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1017:3')
-        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1018:7'), )
+        rt.check((rt.ge(axis, 0) and rt.le(axis, rt.b_len(S))), 'LogSoftmaxFlat', _node, f'attribute axis must satisfy (axis >= 0) and (axis <= len(S)), got {axis!r}', 'specs/ops.glowdef:1019:3')
+        return (rt.result_type('LogSoftmaxFlat', _node, F, (*S,), 'specs/ops.glowdef:1020:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6221,7 +6222,7 @@ class InstanceNormalization(Node):
         y: Tensor[F, N, C, *S]
     Attributes:
         epsilon: float = 1e-05
-    Declared at specs/ops.glowdef:1022:1.
+    Declared at specs/ops.glowdef:1024:1.
     """
 
     OP: ClassVar[str] = 'InstanceNormalization'
@@ -6230,7 +6231,7 @@ class InstanceNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('epsilon', 'float', 1e-05, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1022:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1024:1'
 
     epsilon: object = attrs.field(default=1e-05, converter=rt.CONVERTERS['float'])
 
@@ -6258,17 +6259,17 @@ class InstanceNormalization(Node):
     def infer(x, scale, bias, *, _node='', epsilon=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('InstanceNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1024:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1024:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1024:31')
-        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1024:31')
-        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1024:52')
-        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1024:52')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1026:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1026:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1026:31')
+        u.shape('scale', scale, ('C',), None, (), 'specs/ops.glowdef:1026:31')
+        u.elem('bias', bias, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1026:52')
+        u.shape('bias', bias, ('C',), None, (), 'specs/ops.glowdef:1026:52')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1026:7'), )
+        return (rt.result_type('InstanceNormalization', _node, F, (N, C, *S,), 'specs/ops.glowdef:1028:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6282,7 +6283,7 @@ class LpNormalization(Node):
     Attributes:
         axis: int where (axis >= 0) and (axis < len(S))
         p: int = 2 where (p == 1) or (p == 2)
-    Declared at specs/ops.glowdef:1030:1.
+    Declared at specs/ops.glowdef:1032:1.
     """
 
     OP: ClassVar[str] = 'LpNormalization'
@@ -6291,7 +6292,7 @@ class LpNormalization(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('p', 'int', 2, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1030:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1032:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     p: object = attrs.field(default=2, converter=rt.CONVERTERS['int'])
@@ -6310,13 +6311,13 @@ class LpNormalization(Node):
     def infer(x, *, _node='', axis=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpNormalization', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1032:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1032:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1034:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1034:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1033:3')
-        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1034:3')
-        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1035:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'LpNormalization', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1035:3')
+        rt.check((rt.eq(p, 1) or rt.eq(p, 2)), 'LpNormalization', _node, f'attribute p must satisfy (p == 1) or (p == 2), got {p!r}', 'specs/ops.glowdef:1036:3')
+        return (rt.result_type('LpNormalization', _node, F, (*S,), 'specs/ops.glowdef:1037:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6339,16 +6340,17 @@ class Resize(Node):
         exclude_outside: int = 0
         extrapolation_value: float = 0.0
         antialias: int = 0
-    Declared at specs/ops.glowdef:1041:1.
+    Traits: quant_passthrough
+    Declared at specs/ops.glowdef:1043:1.
     """
 
     OP: ClassVar[str] = 'Resize'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = (AttrInfo('axes', 'ints', None, False), AttrInfo('sizes', 'ints', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('roi', 'floats', None, False), AttrInfo('mode', 'string', 'nearest', True), AttrInfo('coordinate_transformation_mode', 'string', 'half_pixel', True), AttrInfo('nearest_mode', 'string', 'round_prefer_floor', True), AttrInfo('cubic_coeff_a', 'float', rt.neg(0.75), True), AttrInfo('exclude_outside', 'int', 0, True), AttrInfo('extrapolation_value', 'float', 0.0, True), AttrInfo('antialias', 'int', 0, True), )
-    TRAITS: ClassVar[frozenset] = frozenset([])
+    TRAITS: ClassVar[frozenset] = frozenset(['quant_passthrough'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1041:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1043:1'
 
     axes: object = attrs.field(converter=rt.CONVERTERS['ints'])
     sizes: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6376,17 +6378,17 @@ class Resize(Node):
     def infer(x, *, _node='', axes=None, sizes=None, scales=None, roi=None, mode=None, coordinate_transformation_mode=None, nearest_mode=None, cubic_coeff_a=None, exclude_outside=None, extrapolation_value=None, antialias=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Resize', _node)
-        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1043:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1043:7')
+        u.elem('x', x, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1046:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1046:7')
         S = u.dim('S')
         T = u.dtype('T')
-        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1055:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1057:3')
-        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1058:3')
-        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1059:3')
-        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1063:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1066:3')
-        return (rt.result_type('Resize', _node, T, (*sl.resize.resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1068:7'), )
+        rt.check(((rt.eq(rt.b_len(sizes), rt.b_len(S)) and rt.eq(rt.b_len(scales), rt.b_len(S))) and rt.eq(rt.b_len(roi), rt.mul(2, rt.b_len(S)))), 'Resize', _node, 'sizes and scales must give one entry per dimension, roi two', 'specs/ops.glowdef:1058:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'Resize', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1060:3')
+        rt.check((rt.eq(mode, 'nearest') or rt.b_is_float(T)), 'Resize', _node, 'linear and cubic Resize of integer tensors is not supported', 'specs/ops.glowdef:1061:3')
+        rt.check((((((rt.eq(coordinate_transformation_mode, 'half_pixel') or rt.eq(coordinate_transformation_mode, 'half_pixel_symmetric')) or rt.eq(coordinate_transformation_mode, 'pytorch_half_pixel')) or rt.eq(coordinate_transformation_mode, 'align_corners')) or rt.eq(coordinate_transformation_mode, 'asymmetric')) or rt.eq(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'coordinate_transformation_mode must be one of half_pixel, half_pixel_symmetric, pytorch_half_pixel, align_corners, asymmetric, tf_crop_and_resize', 'specs/ops.glowdef:1062:3')
+        rt.check(((((rt.eq(nearest_mode, 'round_prefer_floor') or rt.eq(nearest_mode, 'round_prefer_ceil')) or rt.eq(nearest_mode, 'floor')) or rt.eq(nearest_mode, 'ceil')) or rt.eq(nearest_mode, 'legacy')), 'Resize', _node, 'nearest_mode must be one of round_prefer_floor, round_prefer_ceil, floor, ceil', 'specs/ops.glowdef:1066:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(antialias, 0)) or rt.ne(coordinate_transformation_mode, 'tf_crop_and_resize')), 'Resize', _node, 'antialias with tf_crop_and_resize is not supported', 'specs/ops.glowdef:1069:3')
+        return (rt.result_type('Resize', _node, T, (*sl.resize.resize_shape(S, sizes, axes),), 'specs/ops.glowdef:1071:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6401,7 +6403,7 @@ class LegacyBroadcast(Node):
     Attributes:
         op: string
         axis: int
-    Declared at specs/ops.glowdef:1122:1.
+    Declared at specs/ops.glowdef:1125:1.
     """
 
     OP: ClassVar[str] = 'LegacyBroadcast'
@@ -6410,7 +6412,7 @@ class LegacyBroadcast(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('op', 'string', None, False), AttrInfo('axis', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1122:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1125:1'
 
     op: object = attrs.field(converter=rt.CONVERTERS['string'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -6434,18 +6436,18 @@ class LegacyBroadcast(Node):
     def infer(lhs, rhs, *, _node='', op=None, axis=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LegacyBroadcast', _node)
-        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1124:7')
-        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1124:7')
-        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1124:27')
-        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1124:27')
+        u.elem('lhs', lhs, 'T', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1127:7')
+        u.shape('lhs', lhs, (), 'X', (), 'specs/ops.glowdef:1127:7')
+        u.elem('rhs', rhs, 'P', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64'), 'specs/ops.glowdef:1127:27')
+        u.shape('rhs', rhs, (), 'Y', (), 'specs/ops.glowdef:1127:27')
         X = u.dim('X')
         Y = u.dim('Y')
         P = u.dtype('P')
         T = u.dtype('T')
-        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1127:3')
-        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1129:3')
-        rt.check(sl.shapes.axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1130:3')
-        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1131:7'), )
+        rt.check((((((rt.eq(op, 'Add') or rt.eq(op, 'Sub')) or rt.eq(op, 'Mul')) or rt.eq(op, 'Div')) or rt.eq(op, 'Pow')) or rt.eq(op, 'PRelu')), 'LegacyBroadcast', _node, 'op must be Add, Sub, Mul, Div, Pow or PRelu', 'specs/ops.glowdef:1130:3')
+        rt.check((rt.ge(axis, 0) and rt.le(rt.add(axis, rt.b_len(Y)), rt.b_len(X))), 'LegacyBroadcast', _node, 'the rhs must fit in the lhs from axis on', 'specs/ops.glowdef:1132:3')
+        rt.check(sl.shapes.axis_broadcastable(X, Y, axis), 'LegacyBroadcast', _node, 'each rhs dimension must equal the lhs dimension it lines up with, or be 1', 'specs/ops.glowdef:1133:3')
+        return (rt.result_type('LegacyBroadcast', _node, T, (*X,), 'specs/ops.glowdef:1134:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6463,7 +6465,7 @@ class AvgPoolDilated(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
         count_include_pad: int = 0
-    Declared at specs/ops.glowdef:1143:1.
+    Declared at specs/ops.glowdef:1146:1.
     """
 
     OP: ClassVar[str] = 'AvgPoolDilated'
@@ -6472,7 +6474,7 @@ class AvgPoolDilated(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1143:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1146:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6495,18 +6497,18 @@ class AvgPoolDilated(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('AvgPoolDilated', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1145:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1145:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1148:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1148:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1146:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1147:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1148:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1149:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1152:3')
-        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1154:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'AvgPoolDilated', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1149:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'AvgPoolDilated', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1150:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'AvgPoolDilated', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1151:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'AvgPoolDilated', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1152:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'AvgPoolDilated', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1155:3')
+        return (rt.result_type('AvgPoolDilated', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1157:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6524,7 +6526,7 @@ class LpPool(Node):
         dilations: ints where all(dilations > 0)
         ceil_mode: int = 0
         p: int = 2 where p >= 1
-    Declared at specs/ops.glowdef:1164:1.
+    Declared at specs/ops.glowdef:1167:1.
     """
 
     OP: ClassVar[str] = 'LpPool'
@@ -6533,7 +6535,7 @@ class LpPool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('p', 'int', 2, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1164:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1167:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6556,19 +6558,19 @@ class LpPool(Node):
     def infer(x, *, _node='', kernel=None, strides=None, pads=None, dilations=None, ceil_mode=None, p=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LpPool', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1166:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1166:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1169:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1169:9')
         C = u.dim('C')
         D = u.dim('D')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1167:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1168:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1169:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1170:3')
-        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1172:3')
-        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1173:3')
-        return (rt.result_type('LpPool', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1175:9'), )
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'LpPool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1170:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'LpPool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1171:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'LpPool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1172:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'LpPool', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1173:3')
+        rt.check(rt.ge(p, 1), 'LpPool', _node, f'attribute p must satisfy p >= 1, got {p!r}', 'specs/ops.glowdef:1175:3')
+        rt.check((((rt.eq(rt.b_len(kernel), rt.b_len(D)) and rt.eq(rt.b_len(strides), rt.b_len(D))) and rt.eq(rt.b_len(dilations), rt.b_len(D))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(D)))), 'LpPool', _node, 'kernel, strides, dilations and pads must match the spatial rank', 'specs/ops.glowdef:1176:3')
+        return (rt.result_type('LpPool', _node, F, (N, C, *sl.conv.pool_shape(D, kernel, pads, strides, dilations, ceil_mode),), 'specs/ops.glowdef:1178:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6585,7 +6587,7 @@ class Col2Im(Node):
         strides: ints where all(strides > 0)
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
-    Declared at specs/ops.glowdef:1187:1.
+    Declared at specs/ops.glowdef:1190:1.
     """
 
     OP: ClassVar[str] = 'Col2Im'
@@ -6594,7 +6596,7 @@ class Col2Im(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('image', 'ints', None, False), AttrInfo('block', 'ints', None, False), AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1187:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1190:1'
 
     image: object = attrs.field(converter=rt.CONVERTERS['ints'])
     block: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -6616,21 +6618,21 @@ class Col2Im(Node):
     def infer(x, *, _node='', image=None, block=None, strides=None, pads=None, dilations=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Col2Im', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1189:9')
-        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1189:9')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1192:9')
+        u.shape('x', x, ('N', 'CK', 'L'), None, (), 'specs/ops.glowdef:1192:9')
         CK = u.dim('CK')
         L = u.dim('L')
         N = u.dim('N')
         F = u.dtype('F')
-        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1190:3')
-        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1191:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1192:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1193:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1194:3')
-        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1195:3')
-        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1197:3')
-        rt.check(rt.eq(L, rt.b_prod(sl.conv.conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1198:3')
-        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1200:9'), )
+        rt.check(rt.b_all(rt.gt(image, 0)), 'Col2Im', _node, f'attribute image must satisfy all(image > 0), got {image!r}', 'specs/ops.glowdef:1193:3')
+        rt.check(rt.b_all(rt.gt(block, 0)), 'Col2Im', _node, f'attribute block must satisfy all(block > 0), got {block!r}', 'specs/ops.glowdef:1194:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'Col2Im', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1195:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'Col2Im', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1196:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'Col2Im', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1197:3')
+        rt.check((((rt.eq(rt.b_len(block), rt.b_len(image)) and rt.eq(rt.b_len(strides), rt.b_len(image))) and rt.eq(rt.b_len(dilations), rt.b_len(image))) and rt.eq(rt.b_len(pads), rt.mul(2, rt.b_len(image)))), 'Col2Im', _node, 'block_shape, strides, dilations and pads must match the image rank', 'specs/ops.glowdef:1198:3')
+        rt.check(rt.eq(rt.mod(CK, rt.b_prod(block)), 0), 'Col2Im', _node, 'the channel dimension must be a multiple of the block size', 'specs/ops.glowdef:1200:3')
+        rt.check(rt.eq(L, rt.b_prod(sl.conv.conv_shape(image, block, pads, strides, dilations))), 'Col2Im', _node, 'the last dimension must count the blocks that fit in the padded image', 'specs/ops.glowdef:1201:3')
+        return (rt.result_type('Col2Im', _node, F, (N, rt.floordiv(CK, rt.b_prod(block)), *image,), 'specs/ops.glowdef:1203:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6646,7 +6648,7 @@ class GridSample(Node):
         mode: string = "linear"
         padding_mode: string = "zeros"
         align_corners: int = 0
-    Declared at specs/ops.glowdef:1211:1.
+    Declared at specs/ops.glowdef:1214:1.
     """
 
     OP: ClassVar[str] = 'GridSample'
@@ -6655,7 +6657,7 @@ class GridSample(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('mode', 'string', 'linear', True), AttrInfo('padding_mode', 'string', 'zeros', True), AttrInfo('align_corners', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1211:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1214:1'
 
     mode: object = attrs.field(default='linear', converter=rt.CONVERTERS['string'])
     padding_mode: object = attrs.field(default='zeros', converter=rt.CONVERTERS['string'])
@@ -6680,19 +6682,19 @@ class GridSample(Node):
     def infer(x, grid, *, _node='', mode=None, padding_mode=None, align_corners=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GridSample', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1213:9')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1213:9')
-        u.elem('grid', grid, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1213:33')
-        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1213:33')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1216:9')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1216:9')
+        u.elem('grid', grid, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1216:33')
+        u.shape('grid', grid, ('N',), 'G', (), 'specs/ops.glowdef:1216:33')
         C = u.dim('C')
         G = u.dim('G')
         N = u.dim('N')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1217:3')
-        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1218:3')
-        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1219:3')
-        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1221:9'), )
+        rt.check((rt.eq(rt.b_len(G), rt.add(rt.b_len(S), 1)) and rt.eq(G[rt.b_len(S)], rt.b_len(S))), 'GridSample', _node, 'grid must be [N, *output, spatial rank of x]', 'specs/ops.glowdef:1220:3')
+        rt.check(((rt.eq(mode, 'nearest') or rt.eq(mode, 'linear')) or rt.eq(mode, 'cubic')), 'GridSample', _node, 'mode must be nearest, linear or cubic', 'specs/ops.glowdef:1221:3')
+        rt.check(((rt.eq(padding_mode, 'zeros') or rt.eq(padding_mode, 'border')) or rt.eq(padding_mode, 'reflection')), 'GridSample', _node, 'padding_mode must be zeros, border or reflection', 'specs/ops.glowdef:1222:3')
+        return (rt.result_type('GridSample', _node, F, (N, C, *tuple(G)[:rt.b_len(S)],), 'specs/ops.glowdef:1224:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6705,7 +6707,7 @@ class Reflect(Node):
         high: Tensor[F, *H]
     Results:
         y: Tensor[F, *broadcast(S, L, H)]
-    Declared at specs/ops.glowdef:1229:1.
+    Declared at specs/ops.glowdef:1232:1.
     """
 
     OP: ClassVar[str] = 'Reflect'
@@ -6714,7 +6716,7 @@ class Reflect(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1229:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1232:1'
 
 
     @property
@@ -6741,18 +6743,18 @@ class Reflect(Node):
     def infer(x, low, high, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Reflect', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1231:9')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1231:9')
-        u.elem('low', low, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1231:27')
-        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1231:27')
-        u.elem('high', high, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1231:47')
-        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1231:47')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1234:9')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1234:9')
+        u.elem('low', low, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1234:27')
+        u.shape('low', low, (), 'L', (), 'specs/ops.glowdef:1234:27')
+        u.elem('high', high, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1234:47')
+        u.shape('high', high, (), 'H', (), 'specs/ops.glowdef:1234:47')
         H = u.dim('H')
         L = u.dim('L')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1232:3')
-        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1233:9'), )
+        rt.check((rt.b_broadcastable(S, L) and rt.b_broadcastable(S, H)), 'Reflect', _node, 'the borders must broadcast to x', 'specs/ops.glowdef:1235:3')
+        return (rt.result_type('Reflect', _node, F, (*rt.b_broadcast(S, L, H),), 'specs/ops.glowdef:1236:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6779,7 +6781,7 @@ class LSTM(Node):
         input_forget: int = 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1245:1.
+    Declared at specs/ops.glowdef:1248:1.
     """
 
     OP: ClassVar[str] = 'LSTM'
@@ -6788,7 +6790,7 @@ class LSTM(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('input_forget', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1245:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1248:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6852,24 +6854,24 @@ class LSTM(Node):
     def infer(x, w, r, b=None, h0=None, c0=None, p=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, input_forget=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('LSTM', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1247:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1247:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1247:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1247:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1247:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1247:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1250:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1250:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1250:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1250:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1250:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1250:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1247:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1247:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1250:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1250:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1248:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1248:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1251:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1251:8')
         if c0 is not None:
-            u.elem('c0', c0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1248:29')
-            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1248:29')
+            u.elem('c0', c0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1251:29')
+            u.shape('c0', c0, (), 'CS', (), 'specs/ops.glowdef:1251:29')
         if p is not None:
-            u.elem('p', p, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1248:50')
-            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1248:50')
+            u.elem('p', p, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1251:50')
+            u.shape('p', p, ('D', 'P3'), None, (), 'specs/ops.glowdef:1251:50')
         CS = u.dims['CS'][0] if 'CS' in u.dims else None
         D = u.dim('D')
         G = u.dim('G')
@@ -6880,14 +6882,14 @@ class LSTM(Node):
         P3 = u.dims['P3'][0] if 'P3' in u.dims else None
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1249:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1251:3')
-        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1252:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1256:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1257:3')
-        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1258:3')
-        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1259:3')
-        return (rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1260:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1261:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1262:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'LSTM', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1252:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'LSTM', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1254:3')
+        rt.check(rt.gt(clip, 0), 'LSTM', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1255:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'LSTM', _node, 'X must have rank 3', 'specs/ops.glowdef:1259:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'LSTM', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1260:3')
+        rt.check((rt.eq(G, rt.mul(4, hidden_size)) and rt.eq(H, hidden_size)), 'LSTM', _node, 'W and R must hold 4 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1261:3')
+        rt.check(rt.eq(I, XS[2]), 'LSTM', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1262:3')
+        return (rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1263:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1264:8'), rt.result_type('LSTM', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1265:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -6911,7 +6913,7 @@ class GRU(Node):
         linear_before_reset: int = 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1273:1.
+    Declared at specs/ops.glowdef:1276:1.
     """
 
     OP: ClassVar[str] = 'GRU'
@@ -6920,7 +6922,7 @@ class GRU(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('linear_before_reset', 'int', 0, True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1273:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1276:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -6969,18 +6971,18 @@ class GRU(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, linear_before_reset=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('GRU', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1275:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1275:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1275:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1275:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1275:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1275:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1278:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1278:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1278:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1278:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1278:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1278:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1275:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1275:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1278:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1278:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1276:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1276:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1279:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1279:8')
         D = u.dim('D')
         G = u.dim('G')
         G2 = u.dims['G2'][0] if 'G2' in u.dims else None
@@ -6989,14 +6991,14 @@ class GRU(Node):
         I = u.dim('I')
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1277:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1279:3')
-        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1280:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1284:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1285:3')
-        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1286:3')
-        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1287:3')
-        return (rt.result_type('GRU', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1288:8'), rt.result_type('GRU', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1289:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'GRU', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1280:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'GRU', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1282:3')
+        rt.check(rt.gt(clip, 0), 'GRU', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1283:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'GRU', _node, 'X must have rank 3', 'specs/ops.glowdef:1287:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'GRU', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1288:3')
+        rt.check((rt.eq(G, rt.mul(3, hidden_size)) and rt.eq(H, hidden_size)), 'GRU', _node, 'W and R must hold 3 * hidden_size gate rows of hidden_size', 'specs/ops.glowdef:1289:3')
+        rt.check(rt.eq(I, XS[2]), 'GRU', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1290:3')
+        return (rt.result_type('GRU', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1291:8'), rt.result_type('GRU', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1292:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7019,7 +7021,7 @@ class RNN(Node):
         clip: float = inf where clip > 0
         activations: strings = []
         seq_lens: ints = []
-    Declared at specs/ops.glowdef:1300:1.
+    Declared at specs/ops.glowdef:1303:1.
     """
 
     OP: ClassVar[str] = 'RNN'
@@ -7028,7 +7030,7 @@ class RNN(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('hidden_size', 'int', None, False), AttrInfo('direction', 'string', 'forward', True), AttrInfo('layout', 'int', 0, True), AttrInfo('clip', 'float', float('inf'), True), AttrInfo('activations', 'strings', (), True), AttrInfo('seq_lens', 'ints', (), True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1300:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1303:1'
 
     hidden_size: object = attrs.field(converter=rt.CONVERTERS['int'])
     direction: object = attrs.field(default='forward', converter=rt.CONVERTERS['string'])
@@ -7076,18 +7078,18 @@ class RNN(Node):
     def infer(x, w, r, b=None, h0=None, *, _node='', hidden_size=None, direction=None, layout=None, clip=None, activations=None, seq_lens=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('RNN', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1302:8')
-        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1302:8')
-        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1302:27')
-        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1302:27')
-        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1302:50')
-        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1302:50')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1305:8')
+        u.shape('x', x, (), 'XS', (), 'specs/ops.glowdef:1305:8')
+        u.elem('w', w, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1305:27')
+        u.shape('w', w, ('D', 'G', 'I'), None, (), 'specs/ops.glowdef:1305:27')
+        u.elem('r', r, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1305:50')
+        u.shape('r', r, ('D', 'G', 'H'), None, (), 'specs/ops.glowdef:1305:50')
         if b is not None:
-            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1302:73')
-            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1302:73')
+            u.elem('b', b, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1305:73')
+            u.shape('b', b, ('D', 'G2'), None, (), 'specs/ops.glowdef:1305:73')
         if h0 is not None:
-            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1303:8')
-            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1303:8')
+            u.elem('h0', h0, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1306:8')
+            u.shape('h0', h0, (), 'HS', (), 'specs/ops.glowdef:1306:8')
         D = u.dim('D')
         G = u.dim('G')
         G2 = u.dims['G2'][0] if 'G2' in u.dims else None
@@ -7096,14 +7098,14 @@ class RNN(Node):
         I = u.dim('I')
         XS = u.dim('XS')
         F = u.dtype('F')
-        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1304:3')
-        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1306:3')
-        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1307:3')
-        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1310:3')
-        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1311:3')
-        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1312:3')
-        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1313:3')
-        return (rt.result_type('RNN', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1314:8'), rt.result_type('RNN', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1315:8'), )
+        rt.check(rt.gt(hidden_size, 0), 'RNN', _node, f'attribute hidden_size must satisfy hidden_size > 0, got {hidden_size!r}', 'specs/ops.glowdef:1307:3')
+        rt.check((rt.eq(layout, 0) or rt.eq(layout, 1)), 'RNN', _node, f'attribute layout must satisfy (layout == 0) or (layout == 1), got {layout!r}', 'specs/ops.glowdef:1309:3')
+        rt.check(rt.gt(clip, 0), 'RNN', _node, f'attribute clip must satisfy clip > 0, got {clip!r}', 'specs/ops.glowdef:1310:3')
+        rt.check(rt.eq(rt.b_len(XS), 3), 'RNN', _node, 'X must have rank 3', 'specs/ops.glowdef:1313:3')
+        rt.check(rt.eq(D, fn_rnn_directions(direction)), 'RNN', _node, 'W and R must hold one set of weights per direction', 'specs/ops.glowdef:1314:3')
+        rt.check((rt.eq(G, hidden_size) and rt.eq(H, hidden_size)), 'RNN', _node, 'W and R must hold hidden_size rows of hidden_size', 'specs/ops.glowdef:1315:3')
+        rt.check(rt.eq(I, XS[2]), 'RNN', _node, "W's input size must equal X's last dimension", 'specs/ops.glowdef:1316:3')
+        return (rt.result_type('RNN', _node, F, (*sl.rnn.rnn_sequence_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1317:8'), rt.result_type('RNN', _node, F, (*sl.rnn.rnn_state_shape(XS, layout, D, hidden_size),), 'specs/ops.glowdef:1318:8'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7118,7 +7120,7 @@ class Histogram(Node):
         y: Tensor[f32, bins]
     Attributes:
         bins: int where bins > 0
-    Declared at specs/ops.glowdef:1331:1.
+    Declared at specs/ops.glowdef:1334:1.
     """
 
     OP: ClassVar[str] = 'Histogram'
@@ -7127,7 +7129,7 @@ class Histogram(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('bins', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1331:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1334:1'
 
     bins: object = attrs.field(converter=rt.CONVERTERS['int'])
 
@@ -7155,16 +7157,16 @@ class Histogram(Node):
     def infer(x, low, high, *, _node='', bins=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Histogram', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1333:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1333:7')
-        u.exact_elem('low', low, 'f32', 'specs/ops.glowdef:1333:25')
-        u.shape('low', low, (), None, (), 'specs/ops.glowdef:1333:25')
-        u.exact_elem('high', high, 'f32', 'specs/ops.glowdef:1333:43')
-        u.shape('high', high, (), None, (), 'specs/ops.glowdef:1333:43')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1336:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1336:7')
+        u.exact_elem('low', low, 'f32', 'specs/ops.glowdef:1336:25')
+        u.shape('low', low, (), None, (), 'specs/ops.glowdef:1336:25')
+        u.exact_elem('high', high, 'f32', 'specs/ops.glowdef:1336:43')
+        u.shape('high', high, (), None, (), 'specs/ops.glowdef:1336:43')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.gt(bins, 0), 'Histogram', _node, f'attribute bins must satisfy bins > 0, got {bins!r}', 'specs/ops.glowdef:1334:3')
-        return (rt.result_type('Histogram', _node, 'f32', (bins,), 'specs/ops.glowdef:1335:7'), )
+        rt.check(rt.gt(bins, 0), 'Histogram', _node, f'attribute bins must satisfy bins > 0, got {bins!r}', 'specs/ops.glowdef:1337:3')
+        return (rt.result_type('Histogram', _node, 'f32', (bins,), 'specs/ops.glowdef:1338:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7174,7 +7176,7 @@ class QuantizeLinear(Node):
     Operands:
         x: Tensor[QX, *S]
         scale: Tensor[F, *C]
-        zero_point: Tensor[QI, *C]?
+        zero_point: Tensor[QI, *Z]?
     Results:
         y: Tensor[dtype, *S]
     Attributes:
@@ -7182,7 +7184,7 @@ class QuantizeLinear(Node):
         block_size: int = 0 where block_size >= 0
         dtype: dtype
         compute: dtype
-    Declared at specs/ops.glowdef:1352:1.
+    Declared at specs/ops.glowdef:1355:1.
     """
 
     OP: ClassVar[str] = 'QuantizeLinear'
@@ -7191,7 +7193,7 @@ class QuantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), AttrInfo('compute', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1352:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1355:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7210,7 +7212,7 @@ class QuantizeLinear(Node):
 
     @property
     def zero_point(self):
-        """Operand zero_point: Tensor[QI, *C]?"""
+        """Operand zero_point: Tensor[QI, *Z]?"""
         return self.inputs[2]
 
     @property
@@ -7222,23 +7224,25 @@ class QuantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None, compute=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizeLinear', _node)
-        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1354:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1354:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1354:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1354:26')
+        u.elem('x', x, 'QX', ('f32', 'f16', 'bf16', 'f64', 'i32'), 'specs/ops.glowdef:1357:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1357:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1357:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1357:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1354:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1354:48')
+            u.elem('zero_point', zero_point, 'QI', ('i8', 'u8', 'i16', 'u16'), 'specs/ops.glowdef:1357:48')
+            u.shape('zero_point', zero_point, (), 'Z', (), 'specs/ops.glowdef:1357:48')
         C = u.dim('C')
         S = u.dim('S')
+        Z = u.dims['Z'][0] if 'Z' in u.dims else None
         F = u.dtype('F')
         QX = u.dtype('QX')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1355:3')
-        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1356:3')
-        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1359:3')
-        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1360:3')
-        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1361:3')
-        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1363:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'QuantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1358:3')
+        rt.check(rt.ge(block_size, 0), 'QuantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1359:3')
+        rt.check((((rt.eq(dtype, 'i8') or rt.eq(dtype, 'u8')) or rt.eq(dtype, 'i16')) or rt.eq(dtype, 'u16')), 'QuantizeLinear', _node, 'the result must be i8, u8, i16 or u16', 'specs/ops.glowdef:1362:3')
+        rt.check(rt.b_is_float(compute), 'QuantizeLinear', _node, 'x / scale must be computed in a float type', 'specs/ops.glowdef:1363:3')
+        rt.check((((not rt.b_defined(Z)) or rt.eq(Z, C)) or (rt.eq(rt.b_prod(Z), 1) and rt.eq(rt.b_prod(C), 1))), 'QuantizeLinear', _node, 'zero_point must have the shape of scale (or, for one value, any shape of one element)', 'specs/ops.glowdef:1364:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'QuantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1366:3')
+        return (rt.result_type('QuantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1368:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7248,14 +7252,14 @@ class DequantizeLinear(Node):
     Operands:
         x: Tensor[DQ, *S]
         scale: Tensor[F, *C]
-        zero_point: Tensor[DQ, *C]?
+        zero_point: Tensor[DQ, *Z]?
     Results:
         y: Tensor[dtype, *S]
     Attributes:
         axis: int = 1 where (axis >= 0) and (axis < max(1, len(S)))
         block_size: int = 0 where block_size >= 0
         dtype: dtype
-    Declared at specs/ops.glowdef:1373:1.
+    Declared at specs/ops.glowdef:1378:1.
     """
 
     OP: ClassVar[str] = 'DequantizeLinear'
@@ -7264,7 +7268,7 @@ class DequantizeLinear(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', 1, True), AttrInfo('block_size', 'int', 0, True), AttrInfo('dtype', 'dtype', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1373:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1378:1'
 
     axis: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     block_size: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -7282,7 +7286,7 @@ class DequantizeLinear(Node):
 
     @property
     def zero_point(self):
-        """Operand zero_point: Tensor[DQ, *C]?"""
+        """Operand zero_point: Tensor[DQ, *Z]?"""
         return self.inputs[2]
 
     @property
@@ -7294,22 +7298,24 @@ class DequantizeLinear(Node):
     def infer(x, scale, zero_point=None, *, _node='', axis=None, block_size=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizeLinear', _node)
-        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1375:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1375:7')
-        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1375:26')
-        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1375:26')
+        u.elem('x', x, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1380:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1380:7')
+        u.elem('scale', scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1380:26')
+        u.shape('scale', scale, (), 'C', (), 'specs/ops.glowdef:1380:26')
         if zero_point is not None:
-            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1375:48')
-            u.shape('zero_point', zero_point, (), 'C', (), 'specs/ops.glowdef:1375:48')
+            u.elem('zero_point', zero_point, 'DQ', ('i8', 'u8', 'i16', 'u16', 'i32'), 'specs/ops.glowdef:1380:48')
+            u.shape('zero_point', zero_point, (), 'Z', (), 'specs/ops.glowdef:1380:48')
         C = u.dim('C')
         S = u.dim('S')
+        Z = u.dims['Z'][0] if 'Z' in u.dims else None
         DQ = u.dtype('DQ')
         F = u.dtype('F')
-        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1376:3')
-        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1377:3')
-        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1379:3')
-        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1380:3')
-        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1382:7'), )
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_max(1, rt.b_len(S)))), 'DequantizeLinear', _node, f'attribute axis must satisfy (axis >= 0) and (axis < max(1, len(S))), got {axis!r}', 'specs/ops.glowdef:1381:3')
+        rt.check(rt.ge(block_size, 0), 'DequantizeLinear', _node, f'attribute block_size must satisfy block_size >= 0, got {block_size!r}', 'specs/ops.glowdef:1382:3')
+        rt.check(rt.b_is_float(dtype), 'DequantizeLinear', _node, 'the result must be a float type', 'specs/ops.glowdef:1384:3')
+        rt.check((((not rt.b_defined(Z)) or rt.eq(Z, C)) or (rt.eq(rt.b_prod(Z), 1) and rt.eq(rt.b_prod(C), 1))), 'DequantizeLinear', _node, 'zero_point must have the shape of scale (or, for one value, any shape of one element)', 'specs/ops.glowdef:1385:3')
+        rt.check(sl.quant.quant_param_fits(S, C, axis, block_size), 'DequantizeLinear', _node, 'scale and zero_point must hold one value, one per index of axis, or one per block of block_size along axis', 'specs/ops.glowdef:1387:3')
+        return (rt.result_type('DequantizeLinear', _node, dtype, (*S,), 'specs/ops.glowdef:1389:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7324,7 +7330,7 @@ class QuantParam(Node):
         like: ints
         axis: int
         block_size: int = 0
-    Declared at specs/ops.glowdef:1390:1.
+    Declared at specs/ops.glowdef:1397:1.
     """
 
     OP: ClassVar[str] = 'QuantParam'
@@ -7333,7 +7339,7 @@ class QuantParam(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('like', 'ints', None, False), AttrInfo('axis', 'int', None, False), AttrInfo('block_size', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1390:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1397:1'
 
     like: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -7353,11 +7359,11 @@ class QuantParam(Node):
     def infer(p, *, _node='', like=None, axis=None, block_size=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantParam', _node)
-        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1392:7')
-        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1392:7')
+        u.elem('p', p, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1399:7')
+        u.shape('p', p, (), 'C', (), 'specs/ops.glowdef:1399:7')
         C = u.dim('C')
         A = u.dtype('A')
-        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1396:7'), )
+        return (rt.result_type('QuantParam', _node, A, (*sl.quant.quant_param_shape(like, C, axis, block_size),), 'specs/ops.glowdef:1403:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7375,7 +7381,7 @@ class QLinearMatMul(Node):
         y_zero_point: Tensor[Q8Y, *YZ]
     Results:
         y: Tensor[Q8Y, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1399:1.
+    Declared at specs/ops.glowdef:1406:1.
     """
 
     OP: ClassVar[str] = 'QLinearMatMul'
@@ -7384,7 +7390,7 @@ class QLinearMatMul(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1399:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1406:1'
 
 
     @property
@@ -7436,22 +7442,22 @@ class QLinearMatMul(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearMatMul', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1401:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1401:7')
-        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1401:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1401:26')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1401:51')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1401:51')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1402:7')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1402:7')
-        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1402:27')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1402:27')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1402:52')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1402:52')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1403:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1403:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1403:32')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1403:32')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1408:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1408:7')
+        u.elem('a_scale', a_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1408:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1408:26')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1408:51')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1408:51')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1409:7')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1409:7')
+        u.elem('b_scale', b_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1409:27')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1409:27')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1409:52')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1409:52')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1410:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1410:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1410:32')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1410:32')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -7464,11 +7470,11 @@ class QLinearMatMul(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1404:3')
-        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1405:3')
-        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1407:3')
-        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1409:3')
-        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1411:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'QLinearMatMul', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1411:3')
+        rt.check((sl.quant.param_fits(AS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'a_scale and a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1412:3')
+        rt.check((sl.quant.param_fits(BS, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)) and sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y))), 'QLinearMatMul', _node, 'b_scale and b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1414:3')
+        rt.check((sl.quant.param_fits(YS, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)) and sl.quant.param_fits(YZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X))), 'QLinearMatMul', _node, 'y_scale and y_zero_point must hold one value or one per row of y', 'specs/ops.glowdef:1416:3')
+        return (rt.result_type('QLinearMatMul', _node, Q8Y, (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1418:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7482,7 +7488,7 @@ class MatMulInteger(Node):
         b_zero_point: Tensor[Q8B, *BZ]?
     Results:
         y: Tensor[i32, *matmul_shape(X, Y)]
-    Declared at specs/ops.glowdef:1415:1.
+    Declared at specs/ops.glowdef:1422:1.
     """
 
     OP: ClassVar[str] = 'MatMulInteger'
@@ -7491,7 +7497,7 @@ class MatMulInteger(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1415:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1422:1'
 
 
     @property
@@ -7523,26 +7529,26 @@ class MatMulInteger(Node):
     def infer(a, b, a_zero_point=None, b_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('MatMulInteger', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1417:7')
-        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1417:7')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1417:26')
-        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1417:26')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1424:7')
+        u.shape('a', a, (), 'X', (), 'specs/ops.glowdef:1424:7')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1424:26')
+        u.shape('b', b, (), 'Y', (), 'specs/ops.glowdef:1424:26')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1417:46')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1417:46')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1424:46')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1424:46')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1417:78')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1417:78')
+            u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1424:78')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1424:78')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
         BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
         X = u.dim('X')
         Y = u.dim('Y')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1418:3')
-        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1419:3')
-        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1420:3')
-        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1421:7'), )
+        rt.check((rt.ge(rt.b_len(X), 2) and rt.ge(rt.b_len(Y), 2)), 'MatMulInteger', _node, 'operands must have rank at least 2', 'specs/ops.glowdef:1425:3')
+        rt.check(sl.quant.param_fits(AZ, X[rt.neg(2)], rt.sub(rt.b_len(X), 2), rt.b_len(X)), 'MatMulInteger', _node, 'a_zero_point must hold one value or one per row of a', 'specs/ops.glowdef:1426:3')
+        rt.check(sl.quant.param_fits(BZ, Y[rt.neg(1)], rt.sub(rt.b_len(Y), 1), rt.b_len(Y)), 'MatMulInteger', _node, 'b_zero_point must hold one value or one per column of b', 'specs/ops.glowdef:1427:3')
+        return (rt.result_type('MatMulInteger', _node, 'i32', (*sl.shapes.matmul_shape(X, Y),), 'specs/ops.glowdef:1428:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7561,7 +7567,7 @@ class ConvInteger(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1429:1.
+    Declared at specs/ops.glowdef:1436:1.
     """
 
     OP: ClassVar[str] = 'ConvInteger'
@@ -7570,7 +7576,7 @@ class ConvInteger(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1429:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1436:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7606,16 +7612,16 @@ class ConvInteger(Node):
     def infer(x, w, x_zero_point=None, w_zero_point=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('ConvInteger', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1431:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1431:9')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1431:34')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1431:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1438:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1438:9')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1438:34')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1438:34')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1431:61')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1431:61')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1438:61')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1438:61')
         if w_zero_point is not None:
-            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1431:93')
-            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1431:93')
+            u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1438:93')
+            u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1438:93')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7626,15 +7632,15 @@ class ConvInteger(Node):
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1432:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1433:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1434:3')
-        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1435:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1436:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1437:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1438:3')
-        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1439:3')
-        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1440:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'ConvInteger', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1439:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'ConvInteger', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1440:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'ConvInteger', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1441:3')
+        rt.check(rt.ge(group, 1), 'ConvInteger', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1442:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'ConvInteger', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1443:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'ConvInteger', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1444:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'ConvInteger', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1445:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'ConvInteger', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1446:3')
+        return (rt.result_type('ConvInteger', _node, 'i32', (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1447:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7658,7 +7664,7 @@ class QLinearConv(Node):
         pads: ints where all(pads >= 0)
         dilations: ints where all(dilations > 0)
         group: int = 1 where group >= 1
-    Declared at specs/ops.glowdef:1454:1.
+    Declared at specs/ops.glowdef:1461:1.
     """
 
     OP: ClassVar[str] = 'QLinearConv'
@@ -7667,7 +7673,7 @@ class QLinearConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', None, False), AttrInfo('pads', 'ints', None, False), AttrInfo('dilations', 'ints', None, False), AttrInfo('group', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1454:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1461:1'
 
     strides: object = attrs.field(converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(converter=rt.CONVERTERS['ints'])
@@ -7728,25 +7734,25 @@ class QLinearConv(Node):
     def infer(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *, _node='', strides=None, pads=None, dilations=None, group=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConv', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1456:9')
-        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1456:9')
-        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1456:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1456:34')
-        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1456:59')
-        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1456:59')
-        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1457:9')
-        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1457:9')
-        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1457:36')
-        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1457:36')
-        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1457:61')
-        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1457:61')
-        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1458:9')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1458:9')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1458:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1458:34')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1463:9')
+        u.shape('x', x, ('N', 'C'), 'D', (), 'specs/ops.glowdef:1463:9')
+        u.elem('x_scale', x_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1463:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1463:34')
+        u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1463:59')
+        u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1463:59')
+        u.elem('w', w, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1464:9')
+        u.shape('w', w, ('M', 'CG'), 'K', (), 'specs/ops.glowdef:1464:9')
+        u.elem('w_scale', w_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1464:36')
+        u.shape('w_scale', w_scale, (), 'WS', (), 'specs/ops.glowdef:1464:36')
+        u.elem('w_zero_point', w_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1464:61')
+        u.shape('w_zero_point', w_zero_point, (), 'WZ', (), 'specs/ops.glowdef:1464:61')
+        u.elem('y_scale', y_scale, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1465:9')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1465:9')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1465:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1465:34')
         if b is not None:
-            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1458:66')
-            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1458:66')
+            u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1465:66')
+            u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1465:66')
         C = u.dim('C')
         CG = u.dim('CG')
         D = u.dim('D')
@@ -7763,17 +7769,17 @@ class QLinearConv(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1459:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1460:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1461:3')
-        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1462:3')
-        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1463:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1464:3')
-        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1465:3')
-        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1466:3')
-        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1467:3')
-        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1468:3')
-        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1469:9'), )
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1466:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1467:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QLinearConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1468:3')
+        rt.check(rt.ge(group, 1), 'QLinearConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1469:3')
+        rt.check((rt.eq(rt.b_len(D), rt.b_len(K)) and rt.ge(rt.b_len(D), 1)), 'QLinearConv', _node, "weights must have the operand's spatial rank", 'specs/ops.glowdef:1470:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QLinearConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1471:3')
+        rt.check(((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)), 'QLinearConv', _node, 'x_zero_point must hold one value (per-tensor quantization)', 'specs/ops.glowdef:1472:3')
+        rt.check(sl.quant.param_fits(WZ, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_zero_point must hold one value or one per output channel', 'specs/ops.glowdef:1473:3')
+        rt.check(sl.quant.param_fits(WS, M, 0, rt.add(rt.b_len(K), 2)), 'QLinearConv', _node, 'w_scale must hold one value or one per output channel', 'specs/ops.glowdef:1474:3')
+        rt.check(((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QLinearConv', _node, 'x_scale, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1475:3')
+        return (rt.result_type('QLinearConv', _node, Q8Y, (N, M, *sl.conv.conv_shape(D, K, pads, strides, dilations, 0),), 'specs/ops.glowdef:1476:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -7791,120 +7797,10 @@ class QLinearAdd(Node):
         y_zero_point: Tensor[Q8, *YZ]?
     Results:
         y: Tensor[Q8, *broadcast(A, B)]
-    Declared at specs/ops.glowdef:1510:1.
-    """
-
-    OP: ClassVar[str] = 'QLinearAdd'
-    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('a_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('b_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('a_zero_point', optional=True, variadic=False), OperandInfo('b_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
-    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = ()
-    TRAITS: ClassVar[frozenset] = frozenset([])
-    INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1510:1'
-
-
-    @property
-    def a(self):
-        """Operand a: Tensor[Q8, *A]"""
-        return self.inputs[0]
-
-    @property
-    def a_scale(self):
-        """Operand a_scale: Tensor[f32, *AS]"""
-        return self.inputs[1]
-
-    @property
-    def b(self):
-        """Operand b: Tensor[Q8, *B]"""
-        return self.inputs[2]
-
-    @property
-    def b_scale(self):
-        """Operand b_scale: Tensor[f32, *BS]"""
-        return self.inputs[3]
-
-    @property
-    def y_scale(self):
-        """Operand y_scale: Tensor[f32, *YS]"""
-        return self.inputs[4]
-
-    @property
-    def a_zero_point(self):
-        """Operand a_zero_point: Tensor[Q8, *AZ]?"""
-        return self.inputs[5]
-
-    @property
-    def b_zero_point(self):
-        """Operand b_zero_point: Tensor[Q8, *BZ]?"""
-        return self.inputs[6]
-
-    @property
-    def y_zero_point(self):
-        """Operand y_zero_point: Tensor[Q8, *YZ]?"""
-        return self.inputs[7]
-
-    @property
-    def y(self):
-        """Result y: Tensor[Q8, *broadcast(A, B)]"""
-        return self.outputs[0] if len(self.outputs) > 0 else None
-
-    @staticmethod
-    def infer(a, a_scale, b, b_scale, y_scale, a_zero_point=None, b_zero_point=None, y_zero_point=None, *, _node=''):
-        """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('QLinearAdd', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1500:7')
-        u.shape('a', a, (), 'A', (), 'specs/ops.glowdef:1500:7')
-        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1500:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1500:26')
-        u.elem('b', b, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1500:53')
-        u.shape('b', b, (), 'B', (), 'specs/ops.glowdef:1500:53')
-        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1500:72')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1500:72')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1501:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1501:7')
-        if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:7')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1502:7')
-        if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:39')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1502:39')
-        if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:71')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1502:71')
-        A = u.dim('A')
-        AS = u.dim('AS')
-        AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
-        B = u.dim('B')
-        BS = u.dim('BS')
-        BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
-        YS = u.dim('YS')
-        YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
-        Q8 = u.dtype('Q8')
-        rt.check(rt.b_broadcastable(A, B), 'QLinearAdd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1503:3')
-        rt.check(((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(BS), 1)) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAdd', _node, 'the scales must hold one value', 'specs/ops.glowdef:1504:3')
-        rt.check(((((not rt.b_defined(AZ)) or rt.eq(rt.b_prod(AZ), 1)) and ((not rt.b_defined(BZ)) or rt.eq(rt.b_prod(BZ), 1))) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAdd', _node, 'the zero points must hold one value', 'specs/ops.glowdef:1505:3')
-        return (rt.result_type('QLinearAdd', _node, Q8, (*rt.b_broadcast(A, B),), 'specs/ops.glowdef:1507:7'), )
-
-
-@attrs.define(eq=False, repr=False, kw_only=True)
-class QLinearMul(Node):
-    """com.microsoft QLinearMul: a * b of the dequantized operands (broadcasting), quantized with y_scale and y_zero_point.
-    
-    Operands:
-        a: Tensor[Q8, *A]
-        a_scale: Tensor[f32, *AS]
-        b: Tensor[Q8, *B]
-        b_scale: Tensor[f32, *BS]
-        y_scale: Tensor[f32, *YS]
-        a_zero_point: Tensor[Q8, *AZ]?
-        b_zero_point: Tensor[Q8, *BZ]?
-        y_zero_point: Tensor[Q8, *YZ]?
-    Results:
-        y: Tensor[Q8, *broadcast(A, B)]
     Declared at specs/ops.glowdef:1517:1.
     """
 
-    OP: ClassVar[str] = 'QLinearMul'
+    OP: ClassVar[str] = 'QLinearAdd'
     INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('a_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('b_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('a_zero_point', optional=True, variadic=False), OperandInfo('b_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
@@ -7961,26 +7857,26 @@ class QLinearMul(Node):
     @staticmethod
     def infer(a, a_scale, b, b_scale, y_scale, a_zero_point=None, b_zero_point=None, y_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
-        u = rt.Unifier('QLinearMul', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1500:7')
-        u.shape('a', a, (), 'A', (), 'specs/ops.glowdef:1500:7')
-        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1500:26')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1500:26')
-        u.elem('b', b, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1500:53')
-        u.shape('b', b, (), 'B', (), 'specs/ops.glowdef:1500:53')
-        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1500:72')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1500:72')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1501:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1501:7')
+        u = rt.Unifier('QLinearAdd', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1507:7')
+        u.shape('a', a, (), 'A', (), 'specs/ops.glowdef:1507:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1507:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1507:26')
+        u.elem('b', b, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1507:53')
+        u.shape('b', b, (), 'B', (), 'specs/ops.glowdef:1507:53')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1507:72')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1507:72')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1508:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1508:7')
         if a_zero_point is not None:
-            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:7')
-            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1502:7')
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1509:7')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1509:7')
         if b_zero_point is not None:
-            u.elem('b_zero_point', b_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:39')
-            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1502:39')
+            u.elem('b_zero_point', b_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1509:39')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1509:39')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1502:71')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1502:71')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1509:71')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1509:71')
         A = u.dim('A')
         AS = u.dim('AS')
         AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
@@ -7990,10 +7886,120 @@ class QLinearMul(Node):
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check(rt.b_broadcastable(A, B), 'QLinearMul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1503:3')
-        rt.check(((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(BS), 1)) and rt.eq(rt.b_prod(YS), 1)), 'QLinearMul', _node, 'the scales must hold one value', 'specs/ops.glowdef:1504:3')
-        rt.check(((((not rt.b_defined(AZ)) or rt.eq(rt.b_prod(AZ), 1)) and ((not rt.b_defined(BZ)) or rt.eq(rt.b_prod(BZ), 1))) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearMul', _node, 'the zero points must hold one value', 'specs/ops.glowdef:1505:3')
-        return (rt.result_type('QLinearMul', _node, Q8, (*rt.b_broadcast(A, B),), 'specs/ops.glowdef:1507:7'), )
+        rt.check(rt.b_broadcastable(A, B), 'QLinearAdd', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1510:3')
+        rt.check(((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(BS), 1)) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAdd', _node, 'the scales must hold one value', 'specs/ops.glowdef:1511:3')
+        rt.check(((((not rt.b_defined(AZ)) or rt.eq(rt.b_prod(AZ), 1)) and ((not rt.b_defined(BZ)) or rt.eq(rt.b_prod(BZ), 1))) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAdd', _node, 'the zero points must hold one value', 'specs/ops.glowdef:1512:3')
+        return (rt.result_type('QLinearAdd', _node, Q8, (*rt.b_broadcast(A, B),), 'specs/ops.glowdef:1514:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearMul(Node):
+    """com.microsoft QLinearMul: a * b of the dequantized operands (broadcasting), quantized with y_scale and y_zero_point.
+    
+    Operands:
+        a: Tensor[Q8, *A]
+        a_scale: Tensor[f32, *AS]
+        b: Tensor[Q8, *B]
+        b_scale: Tensor[f32, *BS]
+        y_scale: Tensor[f32, *YS]
+        a_zero_point: Tensor[Q8, *AZ]?
+        b_zero_point: Tensor[Q8, *BZ]?
+        y_zero_point: Tensor[Q8, *YZ]?
+    Results:
+        y: Tensor[Q8, *broadcast(A, B)]
+    Declared at specs/ops.glowdef:1524:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearMul'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('a_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('b_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('a_zero_point', optional=True, variadic=False), OperandInfo('b_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = ()
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1524:1'
+
+
+    @property
+    def a(self):
+        """Operand a: Tensor[Q8, *A]"""
+        return self.inputs[0]
+
+    @property
+    def a_scale(self):
+        """Operand a_scale: Tensor[f32, *AS]"""
+        return self.inputs[1]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[Q8, *B]"""
+        return self.inputs[2]
+
+    @property
+    def b_scale(self):
+        """Operand b_scale: Tensor[f32, *BS]"""
+        return self.inputs[3]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[f32, *YS]"""
+        return self.inputs[4]
+
+    @property
+    def a_zero_point(self):
+        """Operand a_zero_point: Tensor[Q8, *AZ]?"""
+        return self.inputs[5]
+
+    @property
+    def b_zero_point(self):
+        """Operand b_zero_point: Tensor[Q8, *BZ]?"""
+        return self.inputs[6]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8, *YZ]?"""
+        return self.inputs[7]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8, *broadcast(A, B)]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, a_scale, b, b_scale, y_scale, a_zero_point=None, b_zero_point=None, y_zero_point=None, *, _node=''):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearMul', _node)
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1507:7')
+        u.shape('a', a, (), 'A', (), 'specs/ops.glowdef:1507:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1507:26')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1507:26')
+        u.elem('b', b, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1507:53')
+        u.shape('b', b, (), 'B', (), 'specs/ops.glowdef:1507:53')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1507:72')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1507:72')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1508:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1508:7')
+        if a_zero_point is not None:
+            u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1509:7')
+            u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1509:7')
+        if b_zero_point is not None:
+            u.elem('b_zero_point', b_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1509:39')
+            u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1509:39')
+        if y_zero_point is not None:
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1509:71')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1509:71')
+        A = u.dim('A')
+        AS = u.dim('AS')
+        AZ = u.dims['AZ'][0] if 'AZ' in u.dims else None
+        B = u.dim('B')
+        BS = u.dim('BS')
+        BZ = u.dims['BZ'][0] if 'BZ' in u.dims else None
+        YS = u.dim('YS')
+        YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        rt.check(rt.b_broadcastable(A, B), 'QLinearMul', _node, 'operand shapes do not broadcast', 'specs/ops.glowdef:1510:3')
+        rt.check(((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(BS), 1)) and rt.eq(rt.b_prod(YS), 1)), 'QLinearMul', _node, 'the scales must hold one value', 'specs/ops.glowdef:1511:3')
+        rt.check(((((not rt.b_defined(AZ)) or rt.eq(rt.b_prod(AZ), 1)) and ((not rt.b_defined(BZ)) or rt.eq(rt.b_prod(BZ), 1))) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearMul', _node, 'the zero points must hold one value', 'specs/ops.glowdef:1512:3')
+        return (rt.result_type('QLinearMul', _node, Q8, (*rt.b_broadcast(A, B),), 'specs/ops.glowdef:1514:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8008,7 +8014,7 @@ class QLinearSigmoid(Node):
         y_zero_point: Tensor[Q8, *YZ]?
     Results:
         y: Tensor[Q8, *S]
-    Declared at specs/ops.glowdef:1524:1.
+    Declared at specs/ops.glowdef:1531:1.
     """
 
     OP: ClassVar[str] = 'QLinearSigmoid'
@@ -8017,7 +8023,7 @@ class QLinearSigmoid(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1524:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1531:1'
 
 
     @property
@@ -8054,27 +8060,27 @@ class QLinearSigmoid(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearSigmoid', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1490:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1490:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1490:26')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1490:26')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1490:53')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1490:53')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1497:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1497:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1497:26')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1497:26')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1497:53')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1497:53')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1491:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1491:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1498:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1491:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1491:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1498:39')
         S = u.dim('S')
         XS = u.dim('XS')
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearSigmoid', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1492:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearSigmoid', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1493:3')
-        return (rt.result_type('QLinearSigmoid', _node, Q8, (*S,), 'specs/ops.glowdef:1495:7'), )
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearSigmoid', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1499:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearSigmoid', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1500:3')
+        return (rt.result_type('QLinearSigmoid', _node, Q8, (*S,), 'specs/ops.glowdef:1502:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8091,7 +8097,7 @@ class QLinearLeakyRelu(Node):
         y: Tensor[Q8, *S]
     Attributes:
         alpha: float = 0.01
-    Declared at specs/ops.glowdef:1530:1.
+    Declared at specs/ops.glowdef:1537:1.
     """
 
     OP: ClassVar[str] = 'QLinearLeakyRelu'
@@ -8100,7 +8106,7 @@ class QLinearLeakyRelu(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 0.01, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1530:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1537:1'
 
     alpha: object = attrs.field(default=0.01, converter=rt.CONVERTERS['float'])
 
@@ -8138,27 +8144,115 @@ class QLinearLeakyRelu(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node='', alpha=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearLeakyRelu', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1490:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1490:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1490:26')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1490:26')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1490:53')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1490:53')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1497:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1497:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1497:26')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1497:26')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1497:53')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1497:53')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1491:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1491:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1498:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1491:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1491:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1498:39')
         S = u.dim('S')
         XS = u.dim('XS')
         XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearLeakyRelu', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1492:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearLeakyRelu', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1493:3')
-        return (rt.result_type('QLinearLeakyRelu', _node, Q8, (*S,), 'specs/ops.glowdef:1495:7'), )
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearLeakyRelu', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1499:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearLeakyRelu', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1500:3')
+        return (rt.result_type('QLinearLeakyRelu', _node, Q8, (*S,), 'specs/ops.glowdef:1502:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
+class QLinearSoftmax(Node):
+    """com.microsoft QLinearSoftmax: the softmax along `axis` of the dequantized x (with `flat`, of x seen as 2-D [prod(S[:axis]), prod(S[axis:])], as ONNX Softmax before opset 13), quantized with y_scale and y_zero_point.
+    
+    Operands:
+        x: Tensor[Q8, *S]
+        x_scale: Tensor[f32, *XS]
+        y_scale: Tensor[f32, *YS]
+        x_zero_point: Tensor[Q8, *XZ]?
+        y_zero_point: Tensor[Q8, *YZ]?
+    Results:
+        y: Tensor[Q8, *S]
+    Attributes:
+        axis: int where (axis >= 0) and (axis < len(S))
+        flat: int = 0 where (flat == 0) or (flat == 1)
+    Declared at specs/ops.glowdef:1544:1.
+    """
+
+    OP: ClassVar[str] = 'QLinearSoftmax'
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('x_scale', optional=False, variadic=False), OperandInfo('y_scale', optional=False, variadic=False), OperandInfo('x_zero_point', optional=True, variadic=False), OperandInfo('y_zero_point', optional=True, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('flat', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset([])
+    INPLACE: ClassVar[tuple] = ()
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1544:1'
+
+    axis: object = attrs.field(converter=rt.CONVERTERS['int'])
+    flat: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
+
+    @property
+    def x(self):
+        """Operand x: Tensor[Q8, *S]"""
+        return self.inputs[0]
+
+    @property
+    def x_scale(self):
+        """Operand x_scale: Tensor[f32, *XS]"""
+        return self.inputs[1]
+
+    @property
+    def y_scale(self):
+        """Operand y_scale: Tensor[f32, *YS]"""
+        return self.inputs[2]
+
+    @property
+    def x_zero_point(self):
+        """Operand x_zero_point: Tensor[Q8, *XZ]?"""
+        return self.inputs[3]
+
+    @property
+    def y_zero_point(self):
+        """Operand y_zero_point: Tensor[Q8, *YZ]?"""
+        return self.inputs[4]
+
+    @property
+    def y(self):
+        """Result y: Tensor[Q8, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node='', axis=None, flat=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QLinearSoftmax', _node)
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1497:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1497:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1497:26')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1497:26')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1497:53')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1497:53')
+        if x_zero_point is not None:
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1498:7')
+        if y_zero_point is not None:
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1498:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1498:39')
+        S = u.dim('S')
+        XS = u.dim('XS')
+        XZ = u.dims['XZ'][0] if 'XZ' in u.dims else None
+        YS = u.dim('YS')
+        YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
+        Q8 = u.dtype('Q8')
+        rt.check((rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S))), 'QLinearSoftmax', _node, f'attribute axis must satisfy (axis >= 0) and (axis < len(S)), got {axis!r}', 'specs/ops.glowdef:1545:3')
+        rt.check((rt.eq(flat, 0) or rt.eq(flat, 1)), 'QLinearSoftmax', _node, f'attribute flat must satisfy (flat == 0) or (flat == 1), got {flat!r}', 'specs/ops.glowdef:1546:3')
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearSoftmax', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1499:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearSoftmax', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1500:3')
+        return (rt.result_type('QLinearSoftmax', _node, Q8, (*S,), 'specs/ops.glowdef:1502:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8173,7 +8267,7 @@ class QLinearGlobalAveragePool(Node):
         y_zero_point: Tensor[Q8, *YZ]?
     Results:
         y: Tensor[Q8, N, C, *ones(len(S))]
-    Declared at specs/ops.glowdef:1537:1.
+    Declared at specs/ops.glowdef:1555:1.
     """
 
     OP: ClassVar[str] = 'QLinearGlobalAveragePool'
@@ -8182,7 +8276,7 @@ class QLinearGlobalAveragePool(Node):
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1537:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1555:1'
 
 
     @property
@@ -8219,18 +8313,18 @@ class QLinearGlobalAveragePool(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node=''):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearGlobalAveragePool', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1539:7')
-        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1539:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1539:32')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1539:32')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1539:59')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1539:59')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1557:7')
+        u.shape('x', x, ('N', 'C'), 'S', (), 'specs/ops.glowdef:1557:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1557:32')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1557:32')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1557:59')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1557:59')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1540:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1540:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1558:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1558:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1540:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1540:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1558:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1558:39')
         C = u.dim('C')
         N = u.dim('N')
         S = u.dim('S')
@@ -8239,9 +8333,9 @@ class QLinearGlobalAveragePool(Node):
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearGlobalAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1541:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearGlobalAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1542:3')
-        return (rt.result_type('QLinearGlobalAveragePool', _node, Q8, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:1544:7'), )
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearGlobalAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1559:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearGlobalAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1560:3')
+        return (rt.result_type('QLinearGlobalAveragePool', _node, Q8, (N, C, *rt.b_ones(rt.b_len(S)),), 'specs/ops.glowdef:1562:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8262,7 +8356,7 @@ class QLinearAveragePool(Node):
         pads: ints[4] = [0, 0, 0, 0] where all(pads >= 0)
         ceil_mode: int = 0
         count_include_pad: int = 0
-    Declared at specs/ops.glowdef:1551:1.
+    Declared at specs/ops.glowdef:1569:1.
     """
 
     OP: ClassVar[str] = 'QLinearAveragePool'
@@ -8271,7 +8365,7 @@ class QLinearAveragePool(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('kernel', 'ints', None, False), AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('ceil_mode', 'int', 0, True), AttrInfo('count_include_pad', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1551:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1569:1'
 
     kernel: object = attrs.field(converter=rt.CONVERTERS['ints'])
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -8313,18 +8407,18 @@ class QLinearAveragePool(Node):
     def infer(x, x_scale, y_scale, x_zero_point=None, y_zero_point=None, *, _node='', kernel=None, strides=None, pads=None, ceil_mode=None, count_include_pad=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearAveragePool', _node)
-        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1553:7')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1553:7')
-        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1553:34')
-        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1553:34')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1553:61')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1553:61')
+        u.elem('x', x, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1571:7')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1571:7')
+        u.exact_elem('x_scale', x_scale, 'f32', 'specs/ops.glowdef:1571:34')
+        u.shape('x_scale', x_scale, (), 'XS', (), 'specs/ops.glowdef:1571:34')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1571:61')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1571:61')
         if x_zero_point is not None:
-            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1554:7')
-            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1554:7')
+            u.elem('x_zero_point', x_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1572:7')
+            u.shape('x_zero_point', x_zero_point, (), 'XZ', (), 'specs/ops.glowdef:1572:7')
         if y_zero_point is not None:
-            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1554:39')
-            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1554:39')
+            u.elem('y_zero_point', y_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1572:39')
+            u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1572:39')
         C = u.dim('C')
         H = u.dim('H')
         N = u.dim('N')
@@ -8334,15 +8428,15 @@ class QLinearAveragePool(Node):
         YS = u.dim('YS')
         YZ = u.dims['YZ'][0] if 'YZ' in u.dims else None
         Q8 = u.dtype('Q8')
-        rt.check(len(kernel) == 2, 'QLinearAveragePool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:1555:3')
-        rt.check(rt.b_all(rt.gt(kernel, 0)), 'QLinearAveragePool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1555:3')
-        rt.check(len(strides) == 2, 'QLinearAveragePool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1556:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearAveragePool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1556:3')
-        rt.check(len(pads) == 4, 'QLinearAveragePool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1557:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearAveragePool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1557:3')
-        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1560:3')
-        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1561:3')
-        return (rt.result_type('QLinearAveragePool', _node, Q8, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:1563:9'), )
+        rt.check(len(kernel) == 2, 'QLinearAveragePool', _node, f'attribute kernel must have 2 entries, got {kernel!r}', 'specs/ops.glowdef:1573:3')
+        rt.check(rt.b_all(rt.gt(kernel, 0)), 'QLinearAveragePool', _node, f'attribute kernel must satisfy all(kernel > 0), got {kernel!r}', 'specs/ops.glowdef:1573:3')
+        rt.check(len(strides) == 2, 'QLinearAveragePool', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1574:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QLinearAveragePool', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1574:3')
+        rt.check(len(pads) == 4, 'QLinearAveragePool', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1575:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QLinearAveragePool', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1575:3')
+        rt.check((rt.eq(rt.b_prod(XS), 1) and rt.eq(rt.b_prod(YS), 1)), 'QLinearAveragePool', _node, 'x_scale and y_scale must hold one value', 'specs/ops.glowdef:1578:3')
+        rt.check((((not rt.b_defined(XZ)) or rt.eq(rt.b_prod(XZ), 1)) and ((not rt.b_defined(YZ)) or rt.eq(rt.b_prod(YZ), 1))), 'QLinearAveragePool', _node, 'x_zero_point and y_zero_point must hold one value', 'specs/ops.glowdef:1579:3')
+        return (rt.result_type('QLinearAveragePool', _node, Q8, (N, C, fn_pool_out(H, kernel[0], pads[0], pads[2], strides[0], 1, ceil_mode), fn_pool_out(W, kernel[1], pads[1], pads[3], strides[1], 1, ceil_mode),), 'specs/ops.glowdef:1581:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8359,7 +8453,7 @@ class QLinearConcat(Node):
         zero_points: ints
         y_scale: float
         y_zero_point: int
-    Declared at specs/ops.glowdef:1575:1.
+    Declared at specs/ops.glowdef:1593:1.
     """
 
     OP: ClassVar[str] = 'QLinearConcat'
@@ -8368,7 +8462,7 @@ class QLinearConcat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('zero_points', 'ints', None, False), AttrInfo('y_scale', 'float', None, False), AttrInfo('y_zero_point', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1575:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1593:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
@@ -8391,14 +8485,14 @@ class QLinearConcat(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QLinearConcat', _node)
         if len(xs) == 0:
-            rt.fail('QLinearConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1577:7')
+            rt.fail('QLinearConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1595:7')
         for _t in xs:
-            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1577:7')
+            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1595:7')
         S = tuple(_t.shape for _t in xs)
         Q8 = u.dtype('Q8')
-        rt.check(rt.ge(axis, 0), 'QLinearConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1578:3')
-        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'QLinearConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1583:3')
-        return (rt.result_type('QLinearConcat', _node, Q8, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1584:7'), )
+        rt.check(rt.ge(axis, 0), 'QLinearConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1596:3')
+        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'QLinearConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1601:3')
+        return (rt.result_type('QLinearConcat', _node, Q8, (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1602:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8413,7 +8507,7 @@ class DequantizedConcat(Node):
         axis: int where axis >= 0
         scales: floats
         zero_points: ints
-    Declared at specs/ops.glowdef:1595:1.
+    Declared at specs/ops.glowdef:1613:1.
     """
 
     OP: ClassVar[str] = 'DequantizedConcat'
@@ -8422,7 +8516,7 @@ class DequantizedConcat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('scales', 'floats', None, False), AttrInfo('zero_points', 'ints', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1595:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1613:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     scales: object = attrs.field(converter=rt.CONVERTERS['floats'])
@@ -8443,14 +8537,14 @@ class DequantizedConcat(Node):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DequantizedConcat', _node)
         if len(xs) == 0:
-            rt.fail('DequantizedConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1597:7')
+            rt.fail('DequantizedConcat', _node, 'operand xs needs at least one value', 'specs/ops.glowdef:1615:7')
         for _t in xs:
-            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1597:7')
+            u.elem('xs', _t, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1615:7')
         S = tuple(_t.shape for _t in xs)
         Q8 = u.dtype('Q8')
-        rt.check(rt.ge(axis, 0), 'DequantizedConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1598:3')
-        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'DequantizedConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1601:3')
-        return (rt.result_type('DequantizedConcat', _node, 'f32', (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1602:7'), )
+        rt.check(rt.ge(axis, 0), 'DequantizedConcat', _node, f'attribute axis must satisfy axis >= 0, got {axis!r}', 'specs/ops.glowdef:1616:3')
+        rt.check((rt.eq(rt.b_len(scales), rt.b_len(S)) and rt.eq(rt.b_len(zero_points), rt.b_len(S))), 'DequantizedConcat', _node, 'every input needs its scale and zero point', 'specs/ops.glowdef:1619:3')
+        return (rt.result_type('DequantizedConcat', _node, 'f32', (*sl.shapes.concat_shape(S, axis),), 'specs/ops.glowdef:1620:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8473,7 +8567,7 @@ class QGemm(Node):
         alpha: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:1605:1.
+    Declared at specs/ops.glowdef:1623:1.
     """
 
     OP: ClassVar[str] = 'QGemm'
@@ -8482,7 +8576,7 @@ class QGemm(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1605:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1623:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     transA: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -8542,25 +8636,25 @@ class QGemm(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, c=None, *, _node='', alpha=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QGemm', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1607:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1607:7')
-        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1607:30')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1607:30')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1607:57')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1607:57')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1608:7')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1608:7')
-        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1608:31')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1608:31')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1608:58')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1608:58')
-        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1609:7')
-        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1609:7')
-        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1609:34')
-        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1609:34')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1625:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1625:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1625:30')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1625:30')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1625:57')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1625:57')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1626:7')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1626:7')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1626:31')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1626:31')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1626:58')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1626:58')
+        u.exact_elem('y_scale', y_scale, 'f32', 'specs/ops.glowdef:1627:7')
+        u.shape('y_scale', y_scale, (), 'YS', (), 'specs/ops.glowdef:1627:7')
+        u.elem('y_zero_point', y_zero_point, 'Q8Y', ('i8', 'u8'), 'specs/ops.glowdef:1627:34')
+        u.shape('y_zero_point', y_zero_point, (), 'YZ', (), 'specs/ops.glowdef:1627:34')
         if c is not None:
-            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1609:66')
-            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1609:66')
+            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1627:66')
+            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1627:66')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -8575,10 +8669,10 @@ class QGemm(Node):
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
         Q8Y = u.dtype('Q8Y')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1613:3')
-        rt.check((((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QGemm', _node, 'a_scale, a_zero_point, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1615:3')
-        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemm', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1617:3')
-        return (rt.result_type('QGemm', _node, Q8Y, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1619:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemm', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1631:3')
+        rt.check((((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)) and rt.eq(rt.b_prod(YS), 1)) and rt.eq(rt.b_prod(YZ), 1)), 'QGemm', _node, 'a_scale, a_zero_point, y_scale and y_zero_point must hold one value', 'specs/ops.glowdef:1633:3')
+        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemm', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1635:3')
+        return (rt.result_type('QGemm', _node, Q8Y, ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1637:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8599,7 +8693,7 @@ class QGemmToFloat(Node):
         alpha: float = 1.0
         transA: int = 0
         transB: int = 0
-    Declared at specs/ops.glowdef:1627:1.
+    Declared at specs/ops.glowdef:1645:1.
     """
 
     OP: ClassVar[str] = 'QGemmToFloat'
@@ -8608,7 +8702,7 @@ class QGemmToFloat(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('alpha', 'float', 1.0, True), AttrInfo('transA', 'int', 0, True), AttrInfo('transB', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1627:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1645:1'
 
     alpha: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
     transA: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -8658,21 +8752,21 @@ class QGemmToFloat(Node):
     def infer(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, *, _node='', alpha=None, transA=None, transB=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QGemmToFloat', _node)
-        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1629:7')
-        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1629:7')
-        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1629:30')
-        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1629:30')
-        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1629:57')
-        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1629:57')
-        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1630:7')
-        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1630:7')
-        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1630:31')
-        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1630:31')
-        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1630:58')
-        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1630:58')
+        u.elem('a', a, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1647:7')
+        u.shape('a', a, ('M0', 'K0'), None, (), 'specs/ops.glowdef:1647:7')
+        u.exact_elem('a_scale', a_scale, 'f32', 'specs/ops.glowdef:1647:30')
+        u.shape('a_scale', a_scale, (), 'AS', (), 'specs/ops.glowdef:1647:30')
+        u.elem('a_zero_point', a_zero_point, 'Q8', ('i8', 'u8'), 'specs/ops.glowdef:1647:57')
+        u.shape('a_zero_point', a_zero_point, (), 'AZ', (), 'specs/ops.glowdef:1647:57')
+        u.elem('b', b, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1648:7')
+        u.shape('b', b, ('K1', 'N1'), None, (), 'specs/ops.glowdef:1648:7')
+        u.exact_elem('b_scale', b_scale, 'f32', 'specs/ops.glowdef:1648:31')
+        u.shape('b_scale', b_scale, (), 'BS', (), 'specs/ops.glowdef:1648:31')
+        u.elem('b_zero_point', b_zero_point, 'Q8B', ('i8', 'u8'), 'specs/ops.glowdef:1648:58')
+        u.shape('b_zero_point', b_zero_point, (), 'BZ', (), 'specs/ops.glowdef:1648:58')
         if c is not None:
-            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1630:90')
-            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1630:90')
+            u.exact_elem('c', c, 'i32', 'specs/ops.glowdef:1648:90')
+            u.shape('c', c, (), 'CS', (), 'specs/ops.glowdef:1648:90')
         AS = u.dim('AS')
         AZ = u.dim('AZ')
         BS = u.dim('BS')
@@ -8684,10 +8778,10 @@ class QGemmToFloat(Node):
         N1 = u.dim('N1')
         Q8 = u.dtype('Q8')
         Q8B = u.dtype('Q8B')
-        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemmToFloat', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1634:3')
-        rt.check((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)), 'QGemmToFloat', _node, 'a_scale and a_zero_point must hold one value', 'specs/ops.glowdef:1636:3')
-        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemmToFloat', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1637:3')
-        return (rt.result_type('QGemmToFloat', _node, 'f32', ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1639:7'), )
+        rt.check(rt.eq((K0 if rt.eq(transA, 0) else M0), (K1 if rt.eq(transB, 0) else N1)), 'QGemmToFloat', _node, 'inner dimensions of a and b (after transA / transB) must agree', 'specs/ops.glowdef:1652:3')
+        rt.check((rt.eq(rt.b_prod(AS), 1) and rt.eq(rt.b_prod(AZ), 1)), 'QGemmToFloat', _node, 'a_scale and a_zero_point must hold one value', 'specs/ops.glowdef:1654:3')
+        rt.check((sl.quant.param_fits(BS, (N1 if rt.eq(transB, 0) else K1), 0, 1) and sl.quant.param_fits(BZ, (N1 if rt.eq(transB, 0) else K1), 0, 1)), 'QGemmToFloat', _node, 'b_scale and b_zero_point must hold one value or one per column of op(b)', 'specs/ops.glowdef:1655:3')
+        return (rt.result_type('QGemmToFloat', _node, 'f32', ((M0 if rt.eq(transA, 0) else K0), (N1 if rt.eq(transB, 0) else K1),), 'specs/ops.glowdef:1657:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8702,7 +8796,7 @@ class Quantize(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1655:1.
+    Declared at specs/ops.glowdef:1673:1.
     """
 
     OP: ClassVar[str] = 'Quantize'
@@ -8711,7 +8805,7 @@ class Quantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1655:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1673:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8730,12 +8824,12 @@ class Quantize(Node):
     def infer(x, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Quantize', _node)
-        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1658:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1658:7')
+        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1676:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1676:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1659:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1660:3')
-        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1661:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1677:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1678:3')
+        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1679:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8750,7 +8844,7 @@ class Dequantize(Node):
         in_scale: float
         in_offset: int
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:1664:1.
+    Declared at specs/ops.glowdef:1682:1.
     """
 
     OP: ClassVar[str] = 'Dequantize'
@@ -8759,7 +8853,7 @@ class Dequantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1664:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1682:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8778,11 +8872,11 @@ class Dequantize(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dequantize', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1667:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1667:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1685:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1685:7')
         S = u.dim('S')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1670:3')
-        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1671:7'), )
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1688:3')
+        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1689:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8799,7 +8893,7 @@ class Rescale(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1674:1.
+    Declared at specs/ops.glowdef:1692:1.
     """
 
     OP: ClassVar[str] = 'Rescale'
@@ -8808,7 +8902,7 @@ class Rescale(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1674:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1692:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8829,13 +8923,13 @@ class Rescale(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Rescale', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1677:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1677:7')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1695:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1695:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1680:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1681:3')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1682:3')
-        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1683:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1698:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1699:3')
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1700:3')
+        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1701:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8857,7 +8951,7 @@ class QuantizedConv(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1686:1.
+    Declared at specs/ops.glowdef:1704:1.
     """
 
     OP: ClassVar[str] = 'QuantizedConv'
@@ -8866,7 +8960,7 @@ class QuantizedConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1686:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1704:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -8904,14 +8998,14 @@ class QuantizedConv(Node):
     def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedConv', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1689:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1689:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1689:36')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1689:36')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1689:66')
-        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1689:66')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1689:91')
-        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1689:91')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1707:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1707:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1707:36')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1707:36')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1707:66')
+        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1707:66')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1707:91')
+        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1707:91')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -8920,19 +9014,19 @@ class QuantizedConv(Node):
         M = u.dim('M')
         N = u.dim('N')
         W = u.dim('W')
-        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1690:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1690:3')
-        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1691:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1691:3')
-        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1692:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1692:3')
-        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1693:3')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1694:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1695:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1696:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1697:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1698:3')
-        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1699:9'), )
+        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1708:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1708:3')
+        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1709:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1709:3')
+        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1710:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1710:3')
+        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1711:3')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1712:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1713:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1714:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1715:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1716:3')
+        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1717:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -8950,7 +9044,7 @@ class QuantizedMatMul(Node):
         scale: float where scale > 0.0
         offset: int where (offset >= -128) and (offset <= 127)
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1703:1.
+    Declared at specs/ops.glowdef:1721:1.
     """
 
     OP: ClassVar[str] = 'QuantizedMatMul'
@@ -8959,7 +9053,7 @@ class QuantizedMatMul(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1703:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1721:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -8993,21 +9087,21 @@ class QuantizedMatMul(Node):
     def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedMatMul', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1706:9')
-        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1706:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1706:31')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1706:31')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1706:52')
-        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1706:52')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1706:77')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1706:77')
+        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1724:9')
+        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1724:9')
+        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1724:31')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1724:31')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1724:52')
+        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1724:52')
+        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1724:77')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1724:77')
         B = u.dim('B')
         K = u.dim('K')
         N = u.dim('N')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1707:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1708:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1709:3')
-        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1710:9'), )
+        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1725:3')
+        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1726:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1727:3')
+        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1728:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9023,7 +9117,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1715:1.
+    Declared at specs/ops.glowdef:1733:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -9032,7 +9126,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1715:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1733:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9053,14 +9147,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1717:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1717:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1735:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1735:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1719:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1722:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1723:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1724:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1737:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1740:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1741:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1742:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9075,7 +9169,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1739:1.
+    Declared at specs/ops.glowdef:1757:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -9084,7 +9178,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1739:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1757:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -9104,13 +9198,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1741:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1741:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1759:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1759:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1745:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1746:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1747:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1763:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1764:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1765:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9126,7 +9220,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1756:1.
+    Declared at specs/ops.glowdef:1774:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -9135,7 +9229,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1756:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1774:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9160,22 +9254,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1758:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1758:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1776:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1776:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1758:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1758:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1776:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1776:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1759:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1760:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1762:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1763:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1764:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1765:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1777:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1778:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1780:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1781:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1782:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1783:7'), )
 
 
 OPS = {
@@ -9329,6 +9423,7 @@ OPS = {
     'QLinearMul': QLinearMul,
     'QLinearSigmoid': QLinearSigmoid,
     'QLinearLeakyRelu': QLinearLeakyRelu,
+    'QLinearSoftmax': QLinearSoftmax,
     'QLinearGlobalAveragePool': QLinearGlobalAveragePool,
     'QLinearAveragePool': QLinearAveragePool,
     'QLinearConcat': QLinearConcat,

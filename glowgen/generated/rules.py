@@ -216,6 +216,15 @@ def build_broadcast_scales(_b, ws, n):
 
 
 
+def build_saturated_as_rescaled(_b, y, r):
+    """= Min(above, scalar(hi, i8)) if hi < 127 else above"""
+    lo = sl.quant.rescaled_value(rt.neg(128), r.in_scale, r.in_offset, r.scale, r.offset)
+    hi = sl.quant.rescaled_value(127, r.in_scale, r.in_offset, r.scale, r.offset)
+    above = (_b.op('Max', [y, _b.scalar(lo, 'i8')], {}) if rt.gt(lo, rt.neg(128)) else y)
+    return (_b.op('Min', [above, _b.scalar(hi, 'i8')], {}) if rt.lt(hi, 127) else above)
+
+
+
 def build_quantized_conv_in_float_of(_b, x, w, ws, b, c):
     """= Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), scale = c.scale, offset = c.offset)"""
     m = w.shape[0]
@@ -1993,7 +2002,20 @@ def _r124_qlinear_leaky_relu_to_float_build(_b, _m):
 
 
 
-def _r125_qlinear_global_average_pool_to_float_build(_b, _m):
+def _r125_qlinear_softmax_to_float_build(_b, _m):
+    """=> requantized(SoftmaxFlat(v, axis = q.axis) if q.flat == 1 else Softmax(v, axis = q.axis), y_scale, y_zero_point, q.dtype)"""
+    q = _m['q']
+    x = _m['x']
+    x_scale = _m['x_scale']
+    y_scale = _m['y_scale']
+    x_zero_point = _m['x_zero_point']
+    y_zero_point = _m['y_zero_point']
+    v = build_dequantized(_b, x, x_scale, x_zero_point)
+    return rt.results(build_requantized(_b, (_b.op('SoftmaxFlat', [v], {'axis': q.axis}) if rt.eq(q.flat, 1) else _b.op('Softmax', [v], {'axis': q.axis})), y_scale, y_zero_point, q.dtype))
+
+
+
+def _r126_qlinear_global_average_pool_to_float_build(_b, _m):
     """=> requantized(GlobalAveragePool(dequantized(x, x_scale, x_zero_point)), y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -2005,7 +2027,7 @@ def _r125_qlinear_global_average_pool_to_float_build(_b, _m):
 
 
 
-def _r126_qlinear_average_pool_to_float_build(_b, _m):
+def _r127_qlinear_average_pool_to_float_build(_b, _m):
     """=> requantized(AvgPool(dequantized(x, x_scale, x_zero_point), kernel = q.kernel, strides = q.strides, pads = q.pads, ceil_mode = q.ceil_mode, count_include_pad = q.count_include_pad), y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -2017,7 +2039,7 @@ def _r126_qlinear_average_pool_to_float_build(_b, _m):
 
 
 
-def _r127_qlinear_concat_to_float_build(_b, _m):
+def _r128_qlinear_concat_to_float_build(_b, _m):
     """=> requantized(DequantizedConcat(*xs, axis = q.axis, scales = q.scales, zero_points = q.zero_points), const(q.y_scale, f32), const(q.y_zero_point, q.dtype), q.dtype)"""
     q = _m['q']
     xs = _m['xs']
@@ -2025,13 +2047,13 @@ def _r127_qlinear_concat_to_float_build(_b, _m):
 
 
 
-def _r128_dequantized_concat_peel_guard(_m, _ctx):
+def _r129_dequantized_concat_peel_guard(_m, _ctx):
     """where len(xs) > 1"""
     d = _m['d']
     xs = _m['xs']
     return bool((rt.gt(rt.b_len(xs), 1)))
 
-def _r128_dequantized_concat_peel_build(_b, _m):
+def _r129_dequantized_concat_peel_build(_b, _m):
     """=> Concat(dequantized(xs[0], const(d.scales[0], f32), const(d.zero_points[0], xs[0].dtype)), DequantizedConcat(*xs[1:], axis = d.axis, scales = d.scales[1:], zero_points = d.zero_points[1:]), axis = d.axis)"""
     d = _m['d']
     xs = _m['xs']
@@ -2039,7 +2061,7 @@ def _r128_dequantized_concat_peel_build(_b, _m):
 
 
 
-def _r129_dequantized_concat_single_build(_b, _m):
+def _r130_dequantized_concat_single_build(_b, _m):
     """=> dequantized(x, const(d.scales[0], f32), const(d.zero_points[0], x.dtype))"""
     d = _m['d']
     x = _m['x']
@@ -2047,7 +2069,7 @@ def _r129_dequantized_concat_single_build(_b, _m):
 
 
 
-def _r130_qgemm_to_float_build(_b, _m):
+def _r131_qgemm_to_float_build(_b, _m):
     """=> requantized(qgemm_in_float(q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c), y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -2063,7 +2085,7 @@ def _r130_qgemm_to_float_build(_b, _m):
 
 
 
-def _r131_qgemm_to_float_result_build(_b, _m):
+def _r132_qgemm_to_float_result_build(_b, _m):
     """=> qgemm_in_float(q, a, a_scale, a_zero_point, b, b_scale, b_zero_point, c)"""
     q = _m['q']
     a = _m['a']
@@ -2077,7 +2099,7 @@ def _r131_qgemm_to_float_result_build(_b, _m):
 
 
 
-def _r132_histogram_to_scatter_build(_b, _m):
+def _r133_histogram_to_scatter_build(_b, _m):
     '=> ScatterElements(Splat(dims = [h.bins], value = 0.0, dtype = f32), Reshape(Cast(bin, to = i32), dims = [n]), Splat(dims = [n], value = 1.0, dtype = f32), axis = 0, reduction = "add")'
     h = _m['h']
     x = _m['x']
@@ -2090,7 +2112,7 @@ def _r132_histogram_to_scatter_build(_b, _m):
 
 
 
-def _r133_dft_to_matmul_build(_b, _m):
+def _r134_dft_to_matmul_build(_b, _m):
     """=> Transpose(Reshape(MatMul(rows, m), dims = concat(batch, [d.shape[d.axis], out])), perm = inverse_perm(perm))"""
     d = _m['d']
     x = _m['x']
@@ -2104,13 +2126,13 @@ def _r133_dft_to_matmul_build(_b, _m):
 
 
 
-def _r134_compress_to_gather_guard(_m, _ctx):
+def _r135_compress_to_gather_guard(_m, _ctx):
     """where c.flatten == 0"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 0)))
 
-def _r134_compress_to_gather_build(_b, _m):
+def _r135_compress_to_gather_build(_b, _m):
     """=> Gather(x, const(c.indices, i64), axis = c.axis)"""
     c = _m['c']
     x = _m['x']
@@ -2118,13 +2140,13 @@ def _r134_compress_to_gather_build(_b, _m):
 
 
 
-def _r135_compress_flat_to_gather_guard(_m, _ctx):
+def _r136_compress_flat_to_gather_guard(_m, _ctx):
     """where c.flatten == 1"""
     c = _m['c']
     x = _m['x']
     return bool((rt.eq(c.flatten, 1)))
 
-def _r135_compress_flat_to_gather_build(_b, _m):
+def _r136_compress_flat_to_gather_build(_b, _m):
     """=> Gather(Reshape(x, dims = [prod(x.shape)]), const(c.indices, i64), axis = 0)"""
     c = _m['c']
     x = _m['x']
@@ -2132,7 +2154,7 @@ def _r135_compress_flat_to_gather_build(_b, _m):
 
 
 
-def _r136_stft_expand_build(_b, _m):
+def _r137_stft_expand_build(_b, _m):
     """=> DFT(Mul(frames, Reshape(window, dims = [s.frame, 1])) if defined(window) else frames, axis = 2, length = s.frame, onesided = s.onesided)"""
     s = _m['s']
     signal = _m['signal']
@@ -2142,7 +2164,7 @@ def _r136_stft_expand_build(_b, _m):
 
 
 
-def _r137_quantize_conv_guard(_m, _ctx):
+def _r138_quantize_conv_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(c)) and is_const(w)) and (not defined(b) or is_const(b))"""
     c = _m['c']
     x = _m['x']
@@ -2150,7 +2172,7 @@ def _r137_quantize_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(c)) and rt.b_is_const(w)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
 
-def _r137_quantize_conv_build(_b, _m):
+def _r138_quantize_conv_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(c), in_offset = calibrated_offset(c))"""
     c = _m['c']
     x = _m['x']
@@ -2164,14 +2186,14 @@ def _r137_quantize_conv_build(_b, _m):
 
 
 
-def _r138_quantize_matmul_guard(_m, _ctx):
+def _r139_quantize_matmul_guard(_m, _ctx):
     """where ((calibrated(x) and calibrated(mm)) and is_const(w)) and (rank(w) == 2)"""
     mm = _m['mm']
     x = _m['x']
     w = _m['w']
     return bool(((((rt.b_calibrated(x) and rt.b_calibrated(mm)) and rt.b_is_const(w)) and rt.eq(rt.b_rank(w), 2))))
 
-def _r138_quantize_matmul_build(_b, _m):
+def _r139_quantize_matmul_build(_b, _m):
     """=> Dequantize(q, in_scale = calibrated_scale(mm), in_offset = calibrated_offset(mm))"""
     mm = _m['mm']
     x = _m['x']
@@ -2182,7 +2204,7 @@ def _r138_quantize_matmul_build(_b, _m):
 
 
 
-def _r139_bias_into_quantized_matmul_guard(_m, _ctx):
+def _r140_bias_into_quantized_matmul_guard(_m, _ctx):
     """where ((((is_const(c) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and calibrated(a)) and (uses(q) == 1)) and (uses(d) == 1)"""
     a = _m['a']
     d = _m['d']
@@ -2194,7 +2216,7 @@ def _r139_bias_into_quantized_matmul_guard(_m, _ctx):
     c = _m['c']
     return bool(((((((rt.b_is_const(c) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.b_calibrated(a)) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1))))
 
-def _r139_bias_into_quantized_matmul_build(_b, _m):
+def _r140_bias_into_quantized_matmul_build(_b, _m):
     """=> Dequantize(qb, in_scale = calibrated_scale(a), in_offset = calibrated_offset(a))"""
     a = _m['a']
     d = _m['d']
@@ -2209,7 +2231,7 @@ def _r139_bias_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r140_qdq_pair_to_quantized_guard(_m, _ctx):
+def _r141_qdq_pair_to_quantized_guard(_m, _ctx):
     """where (((((((((x.dtype == f32) and (dl.dtype == f32)) and ((ql.dtype == u8) or (ql.dtype == i8))) and is_splat(s)) and is_splat(s2)) and (splat_value(s) == splat_value(s2))) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))) and (not defined(z2) or is_splat(z2))) and ((splat_value(z) if defined(z) else 0) == (splat_value(z2) if defined(z2) else 0))"""
     dl = _m['dl']
     ql = _m['ql']
@@ -2220,7 +2242,7 @@ def _r140_qdq_pair_to_quantized_guard(_m, _ctx):
     z2 = _m['z2']
     return bool(((((((((((rt.eq(x.dtype, 'f32') and rt.eq(dl.dtype, 'f32')) and (rt.eq(ql.dtype, 'u8') or rt.eq(ql.dtype, 'i8'))) and rt.b_is_splat(s)) and rt.b_is_splat(s2)) and rt.eq(rt.b_splat_value(s), rt.b_splat_value(s2))) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z))) and ((not rt.b_defined(z2)) or rt.b_is_splat(z2))) and rt.eq((rt.b_splat_value(z) if rt.b_defined(z) else 0), (rt.b_splat_value(z2) if rt.b_defined(z2) else 0)))))
 
-def _r140_qdq_pair_to_quantized_build(_b, _m):
+def _r141_qdq_pair_to_quantized_build(_b, _m):
     """=> Dequantize(Quantize(x, scale = splat_value(s), offset = offset), in_scale = splat_value(s), in_offset = offset)"""
     dl = _m['dl']
     ql = _m['ql']
@@ -2234,7 +2256,7 @@ def _r140_qdq_pair_to_quantized_build(_b, _m):
 
 
 
-def _r141_conv_between_quantized_guard(_m, _ctx):
+def _r142_conv_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
@@ -2244,7 +2266,7 @@ def _r141_conv_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1))))
 
-def _r141_conv_between_quantized_build(_b, _m):
+def _r142_conv_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2256,7 +2278,7 @@ def _r141_conv_between_quantized_build(_b, _m):
 
 
 
-def _r142_conv_relu_between_quantized_guard(_m, _ctx):
+def _r143_conv_relu_between_quantized_guard(_m, _ctx):
     """where (((is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)) and (uses(r) == 1)) and (q.offset == -128)"""
     q = _m['q']
     r = _m['r']
@@ -2267,7 +2289,7 @@ def _r142_conv_relu_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(r), 1)) and rt.eq(q.offset, rt.neg(128)))))
 
-def _r142_conv_relu_between_quantized_build(_b, _m):
+def _r143_conv_relu_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     r = _m['r']
@@ -2280,7 +2302,7 @@ def _r142_conv_relu_between_quantized_build(_b, _m):
 
 
 
-def _r143_matmul_between_quantized_guard(_m, _ctx):
+def _r144_matmul_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (rank(w) == 2)) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
@@ -2289,7 +2311,7 @@ def _r143_matmul_between_quantized_guard(_m, _ctx):
     w = _m['w']
     return bool((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1))))
 
-def _r143_matmul_between_quantized_build(_b, _m):
+def _r144_matmul_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
@@ -2301,7 +2323,7 @@ def _r143_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r144_matmul_bias_between_quantized_guard(_m, _ctx):
+def _r145_matmul_bias_between_quantized_guard(_m, _ctx):
     """where (((((is_const(w) and (rank(w) == 2)) and is_const(c)) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2312,7 +2334,7 @@ def _r144_matmul_bias_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool((((((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(c)) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
 
-def _r144_matmul_bias_between_quantized_build(_b, _m):
+def _r145_matmul_bias_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, quantize_bias(c, ws, d.in_scale), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     a = _m['a']
@@ -2326,7 +2348,7 @@ def _r144_matmul_bias_between_quantized_build(_b, _m):
 
 
 
-def _r145_qlinear_conv_between_quantized_guard(_m, _ctx):
+def _r146_qlinear_conv_between_quantized_guard(_m, _ctx):
     """where ((((is_computed(x) and (rank(x) == 4)) and is_const(w)) and is_const(w_scale)) and is_const(w_zero_point)) and (not defined(b) or is_const(b))"""
     c = _m['c']
     x = _m['x']
@@ -2340,7 +2362,7 @@ def _r145_qlinear_conv_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool(((((((rt.b_is_computed(x) and rt.eq(rt.b_rank(x), 4)) and rt.b_is_const(w)) and rt.b_is_const(w_scale)) and rt.b_is_const(w_zero_point)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
 
-def _r145_qlinear_conv_between_quantized_build(_b, _m):
+def _r146_qlinear_conv_between_quantized_build(_b, _m):
     """=> requantized(Conv(dequantized(x, x_scale, x_zero_point), DequantizeLinear(w, w_scale, w_zero_point, axis = 0, dtype = f32), bias, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), y_scale, y_zero_point, c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -2357,7 +2379,7 @@ def _r145_qlinear_conv_between_quantized_build(_b, _m):
 
 
 
-def _r146_qlinear_matmul_between_quantized_guard(_m, _ctx):
+def _r147_qlinear_matmul_between_quantized_guard(_m, _ctx):
     """where (((((((is_computed(a) and is_const(b)) and (rank(b) == 2)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)) and (prod(a_scale.shape) == 1)) and (prod(a_zero_point.shape) == 1)) and (prod(y_scale.shape) == 1)) and (prod(y_zero_point.shape) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2370,7 +2392,7 @@ def _r146_qlinear_matmul_between_quantized_guard(_m, _ctx):
     y_zero_point = _m['y_zero_point']
     return bool((((((((((rt.b_is_computed(a) and rt.b_is_const(b)) and rt.eq(rt.b_rank(b), 2)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1)) and rt.eq(rt.b_prod(a_scale.shape), 1)) and rt.eq(rt.b_prod(a_zero_point.shape), 1)) and rt.eq(rt.b_prod(y_scale.shape), 1)) and rt.eq(rt.b_prod(y_zero_point.shape), 1))))
 
-def _r146_qlinear_matmul_between_quantized_build(_b, _m):
+def _r147_qlinear_matmul_between_quantized_build(_b, _m):
     """=> requantized(MatMul(dequantized(a, a_scale, a_zero_point), DequantizeLinear(b, b_scale, b_zero_point, axis = 1, dtype = f32)), y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -2385,7 +2407,7 @@ def _r146_qlinear_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r147_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r148_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where (((is_const(w) and (w.dtype == i8)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
@@ -2397,7 +2419,7 @@ def _r147_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(c), 1))))
 
-def _r147_conv_of_quantized_weights_between_quantized_build(_b, _m):
+def _r148_conv_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedConv(x, w, scales, quantize_bias(bias, scales, d.in_scale), scale = q.scale, offset = q.offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     q = _m['q']
     c = _m['c']
@@ -2414,7 +2436,7 @@ def _r147_conv_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r148_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r149_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where ((((is_const(w) and (w.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
@@ -2424,7 +2446,7 @@ def _r148_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
     wz = _m['wz']
     return bool(((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(mm), 1))))
 
-def _r148_matmul_of_quantized_weights_between_quantized_build(_b, _m):
+def _r149_matmul_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, w, broadcast_scales(ws, w.shape[1]), Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
@@ -2436,7 +2458,7 @@ def _r148_matmul_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r149_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r150_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where (((((((is_const(w) and (w.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2449,7 +2471,7 @@ def _r149_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool((((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
 
-def _r149_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
+def _r150_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, w, scales, quantize_bias(c, scales, d.in_scale), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     a = _m['a']
@@ -2465,7 +2487,7 @@ def _r149_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r150_qgemm_between_quantized_guard(_m, _ctx):
+def _r151_qgemm_between_quantized_guard(_m, _ctx):
     """where (((((is_computed(a) and (q.transA == 0)) and (q.alpha == 1.0)) and is_const(b)) and is_const(b_scale)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)"""
     q = _m['q']
     a = _m['a']
@@ -2479,7 +2501,7 @@ def _r150_qgemm_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool((((((((rt.b_is_computed(a) and rt.eq(q.transA, 0)) and rt.eq(q.alpha, 1.0)) and rt.b_is_const(b)) and rt.b_is_const(b_scale)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1))))
 
-def _r150_qgemm_between_quantized_build(_b, _m):
+def _r151_qgemm_between_quantized_build(_b, _m):
     """=> requantized(Add(p, bias) if defined(bias) else p, y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -2498,7 +2520,7 @@ def _r150_qgemm_between_quantized_build(_b, _m):
 
 
 
-def _r151_dequantize_linear_of_maxpool_guard(_m, _ctx):
+def _r152_dequantize_linear_of_maxpool_guard(_m, _ctx):
     """where (is_splat(s) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     p = _m['p']
@@ -2507,7 +2529,7 @@ def _r151_dequantize_linear_of_maxpool_guard(_m, _ctx):
     z = _m['z']
     return bool((((rt.b_is_splat(s) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r151_dequantize_linear_of_maxpool_build(_b, _m):
+def _r152_dequantize_linear_of_maxpool_build(_b, _m):
     """=> MaxPool(DequantizeLinear(x, s, z, ...d), ...p)"""
     d = _m['d']
     p = _m['p']
@@ -2518,16 +2540,16 @@ def _r151_dequantize_linear_of_maxpool_build(_b, _m):
 
 
 
-def _r152_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
-    'where (((r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")) and is_splat(s)) and (not defined(z) or is_splat(z))'
+def _r153_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
+    """where (picks_elements(r) and is_splat(s)) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
     x = _m['x']
     s = _m['s']
     z = _m['z']
-    return bool(((((rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize')) and rt.b_is_splat(s)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
+    return bool((((fn_picks_elements(r) and rt.b_is_splat(s)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r152_dequantize_linear_of_nearest_resize_build(_b, _m):
+def _r153_dequantize_linear_of_nearest_resize_build(_b, _m):
     """=> Resize(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2538,7 +2560,7 @@ def _r152_dequantize_linear_of_nearest_resize_build(_b, _m):
 
 
 
-def _r153_dequantize_linear_of_flatten_guard(_m, _ctx):
+def _r154_dequantize_linear_of_flatten_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     f = _m['f']
@@ -2547,7 +2569,7 @@ def _r153_dequantize_linear_of_flatten_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r153_dequantize_linear_of_flatten_build(_b, _m):
+def _r154_dequantize_linear_of_flatten_build(_b, _m):
     """=> Flatten(DequantizeLinear(x, s, z, ...d), ...f)"""
     d = _m['d']
     f = _m['f']
@@ -2558,7 +2580,7 @@ def _r153_dequantize_linear_of_flatten_build(_b, _m):
 
 
 
-def _r154_dequantize_linear_of_reshape_guard(_m, _ctx):
+def _r155_dequantize_linear_of_reshape_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
@@ -2567,7 +2589,7 @@ def _r154_dequantize_linear_of_reshape_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r154_dequantize_linear_of_reshape_build(_b, _m):
+def _r155_dequantize_linear_of_reshape_build(_b, _m):
     """=> Reshape(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2578,7 +2600,7 @@ def _r154_dequantize_linear_of_reshape_build(_b, _m):
 
 
 
-def _r155_dequantize_linear_of_transpose_guard(_m, _ctx):
+def _r156_dequantize_linear_of_transpose_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     t = _m['t']
@@ -2587,7 +2609,7 @@ def _r155_dequantize_linear_of_transpose_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r155_dequantize_linear_of_transpose_build(_b, _m):
+def _r156_dequantize_linear_of_transpose_build(_b, _m):
     """=> Transpose(DequantizeLinear(x, s, z, ...d), ...t)"""
     d = _m['d']
     t = _m['t']
@@ -2598,13 +2620,13 @@ def _r155_dequantize_linear_of_transpose_build(_b, _m):
 
 
 
-def _r156_quantize_dequantize_same_guard(_m, _ctx):
+def _r157_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r156_quantize_dequantize_same_build(_b, _m):
+def _r157_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -2612,7 +2634,7 @@ def _r156_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r157_quantize_dequantize_to_rescale_build(_b, _m):
+def _r158_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     d = _m['d']
@@ -2621,13 +2643,13 @@ def _r157_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r158_rescale_same_guard(_m, _ctx):
+def _r159_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r158_rescale_same_build(_b, _m):
+def _r159_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -2635,7 +2657,7 @@ def _r158_rescale_same_build(_b, _m):
 
 
 
-def _r159_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r160_rescale_into_quantized_conv_guard(_m, _ctx):
     """where uses(c) == 1"""
     r = _m['r']
     c = _m['c']
@@ -2645,19 +2667,19 @@ def _r159_rescale_into_quantized_conv_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r159_rescale_into_quantized_conv_build(_b, _m):
-    """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset)"""
+def _r160_rescale_into_quantized_conv_build(_b, _m):
+    """=> saturated_as_rescaled(QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset), r)"""
     r = _m['r']
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return rt.results(_b.op('QuantizedConv', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    return rt.results(build_saturated_as_rescaled(_b, _b.op('QuantizedConv', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}), r))
 
 
 
-def _r160_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r161_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where uses(m) == 1"""
     r = _m['r']
     m = _m['m']
@@ -2667,19 +2689,19 @@ def _r160_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool((rt.eq(_ctx.uses(m), 1)))
 
-def _r160_rescale_into_quantized_matmul_build(_b, _m):
-    """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset)"""
+def _r161_rescale_into_quantized_matmul_build(_b, _m):
+    """=> saturated_as_rescaled(QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset), r)"""
     r = _m['r']
     m = _m['m']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return rt.results(_b.op('QuantizedMatMul', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset}))
+    return rt.results(build_saturated_as_rescaled(_b, _b.op('QuantizedMatMul', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset}), r))
 
 
 
-def _r161_relu_of_dequantized_build(_b, _m):
+def _r162_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2687,7 +2709,7 @@ def _r161_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r162_maxpool_of_dequantized_build(_b, _m):
+def _r163_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2696,7 +2718,7 @@ def _r162_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r163_flatten_of_dequantized_build(_b, _m):
+def _r164_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2705,7 +2727,7 @@ def _r163_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r164_reshape_of_dequantized_build(_b, _m):
+def _r165_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2714,7 +2736,7 @@ def _r164_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r165_transpose_of_dequantized_build(_b, _m):
+def _r166_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2723,7 +2745,7 @@ def _r165_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r166_slice_of_dequantized_build(_b, _m):
+def _r167_slice_of_dequantized_build(_b, _m):
     """=> Dequantize(Slice(x, ...s), ...d)"""
     s = _m['s']
     d = _m['d']
@@ -2732,7 +2754,7 @@ def _r166_slice_of_dequantized_build(_b, _m):
 
 
 
-def _r167_gather_of_dequantized_build(_b, _m):
+def _r168_gather_of_dequantized_build(_b, _m):
     """=> Dequantize(Gather(x, i, ...g), ...d)"""
     g = _m['g']
     d = _m['d']
@@ -2742,7 +2764,39 @@ def _r167_gather_of_dequantized_build(_b, _m):
 
 
 
-def _r168_rescale_through_max_guard(_m, _ctx):
+def _r169_resize_of_dequantized_guard(_m, _ctx):
+    """where picks_elements(r)"""
+    r = _m['r']
+    d = _m['d']
+    x = _m['x']
+    return bool((fn_picks_elements(r)))
+
+def _r169_resize_of_dequantized_build(_b, _m):
+    """=> Dequantize(Resize(x, ...r), ...d)"""
+    r = _m['r']
+    d = _m['d']
+    x = _m['x']
+    return rt.results(_b.op('Dequantize', [_b.op('Resize', [x], {'axes': r.axes, 'sizes': r.sizes, 'scales': r.scales, 'roi': r.roi, 'mode': r.mode, 'coordinate_transformation_mode': r.coordinate_transformation_mode, 'nearest_mode': r.nearest_mode, 'cubic_coeff_a': r.cubic_coeff_a, 'exclude_outside': r.exclude_outside, 'extrapolation_value': r.extrapolation_value, 'antialias': r.antialias})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
+
+
+
+def _r170_quantize_of_concat_guard(_m, _ctx):
+    """where uses(c) == 1"""
+    q = _m['q']
+    c = _m['c']
+    xs = _m['xs']
+    return bool((rt.eq(_ctx.uses(c), 1)))
+
+def _r170_quantize_of_concat_build(_b, _m):
+    """=> Concat(*each_like(q, xs), axis = c.axis)"""
+    q = _m['q']
+    c = _m['c']
+    xs = _m['xs']
+    return rt.results(_b.op('Concat', [(*_b.each_like(q, xs),)], {'axis': c.axis}))
+
+
+
+def _r171_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2750,7 +2804,7 @@ def _r168_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r168_rescale_through_max_build(_b, _m):
+def _r171_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
     r = _m['r']
     m = _m['m']
@@ -2760,14 +2814,14 @@ def _r168_rescale_through_max_build(_b, _m):
 
 
 
-def _r169_rescale_through_maxpool_guard(_m, _ctx):
+def _r172_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r169_rescale_through_maxpool_build(_b, _m):
+def _r172_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2776,14 +2830,30 @@ def _r169_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r170_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r173_rescale_through_resize_guard(_m, _ctx):
+    """where picks_elements(z) and (uses(z) == 1)"""
+    r = _m['r']
+    z = _m['z']
+    x = _m['x']
+    return bool(((fn_picks_elements(z) and rt.eq(_ctx.uses(z), 1))))
+
+def _r173_rescale_through_resize_build(_b, _m):
+    """=> Resize(Rescale(x, ...r), ...z)"""
+    r = _m['r']
+    z = _m['z']
+    x = _m['x']
+    return rt.results(_b.op('Resize', [_b.op('Rescale', [x], {'in_scale': r.in_scale, 'in_offset': r.in_offset, 'scale': r.scale, 'offset': r.offset})], {'axes': z.axes, 'sizes': z.sizes, 'scales': z.scales, 'roi': z.roi, 'mode': z.mode, 'coordinate_transformation_mode': z.coordinate_transformation_mode, 'nearest_mode': z.nearest_mode, 'cubic_coeff_a': z.cubic_coeff_a, 'exclude_outside': z.exclude_outside, 'extrapolation_value': z.extrapolation_value, 'antialias': z.antialias}))
+
+
+
+def _r174_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
 
-def _r170_quantize_of_clip_within_range_build(_b, _m):
+def _r174_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2792,13 +2862,13 @@ def _r170_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r171_max_with_floor_remove_guard(_m, _ctx):
+def _r175_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, -128)"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
 
-def _r171_max_with_floor_remove_build(_b, _m):
+def _r175_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2806,7 +2876,7 @@ def _r171_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r172_quantized_conv_in_float_build(_b, _m):
+def _r176_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2817,7 +2887,7 @@ def _r172_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r173_quantized_matmul_in_float_build(_b, _m):
+def _r177_quantized_matmul_in_float_build(_b, _m):
     """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     x = _m['x']
@@ -2954,53 +3024,57 @@ RULES = (
     RuleInfo(name='qlinear_mul_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearMul', (V('a'), V('a_scale'), V('b'), V('b_scale'), V('y_scale'), V('a_zero_point', optional=True), V('b_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r122_qlinear_mul_to_float_build, location='specs/lowerings.glowdef:1052:1'),
     RuleInfo(name='qlinear_sigmoid_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearSigmoid', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r123_qlinear_sigmoid_to_float_build, location='specs/lowerings.glowdef:1057:1'),
     RuleInfo(name='qlinear_leaky_relu_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearLeakyRelu', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r124_qlinear_leaky_relu_to_float_build, location='specs/lowerings.glowdef:1061:1'),
-    RuleInfo(name='qlinear_global_average_pool_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearGlobalAveragePool', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r125_qlinear_global_average_pool_to_float_build, location='specs/lowerings.glowdef:1065:1'),
-    RuleInfo(name='qlinear_average_pool_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearAveragePool', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r126_qlinear_average_pool_to_float_build, location='specs/lowerings.glowdef:1069:1'),
-    RuleInfo(name='qlinear_concat_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearConcat', (R('xs'),), bind='q'), size=1, guard=None, build=_r127_qlinear_concat_to_float_build, location='specs/lowerings.glowdef:1077:1'),
-    RuleInfo(name='dequantized_concat_peel', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (R('xs'),), bind='d'), size=1, guard=_r128_dequantized_concat_peel_guard, build=_r128_dequantized_concat_peel_build, location='specs/lowerings.glowdef:1082:1'),
-    RuleInfo(name='dequantized_concat_single', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (V('x'),), bind='d'), size=1, guard=None, build=_r129_dequantized_concat_single_build, location='specs/lowerings.glowdef:1088:1'),
-    RuleInfo(name='qgemm_to_float', phases=('lower',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r130_qgemm_to_float_build, location='specs/lowerings.glowdef:1101:1'),
-    RuleInfo(name='qgemm_to_float_result', phases=('canonicalize', 'lower'), pattern=P('QGemmToFloat', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r131_qgemm_to_float_result_build, location='specs/lowerings.glowdef:1106:1'),
-    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r132_histogram_to_scatter_build, location='specs/lowerings.glowdef:1112:1'),
-    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r133_dft_to_matmul_build, location='specs/lowerings.glowdef:1124:1'),
-    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r134_compress_to_gather_guard, build=_r134_compress_to_gather_build, location='specs/lowerings.glowdef:1134:1'),
-    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r135_compress_flat_to_gather_guard, build=_r135_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1138:1'),
-    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r136_stft_expand_build, location='specs/lowerings.glowdef:1143:1'),
-    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r137_quantize_conv_guard, build=_r137_quantize_conv_build, location='specs/lowerings.glowdef:1164:1'),
-    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r138_quantize_matmul_guard, build=_r138_quantize_matmul_build, location='specs/lowerings.glowdef:1174:1'),
-    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r139_bias_into_quantized_matmul_guard, build=_r139_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1183:1'),
-    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r140_qdq_pair_to_quantized_guard, build=_r140_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1195:1'),
-    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r141_conv_between_quantized_guard, build=_r141_conv_between_quantized_build, location='specs/lowerings.glowdef:1212:1'),
-    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r142_conv_relu_between_quantized_guard, build=_r142_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1218:1'),
-    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r143_matmul_between_quantized_guard, build=_r143_matmul_between_quantized_build, location='specs/lowerings.glowdef:1223:1'),
-    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r144_matmul_bias_between_quantized_guard, build=_r144_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1230:1'),
-    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r145_qlinear_conv_between_quantized_guard, build=_r145_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1243:1'),
-    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r146_qlinear_matmul_between_quantized_guard, build=_r146_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1253:1'),
-    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r147_conv_of_quantized_weights_between_quantized_guard, build=_r147_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1267:1'),
-    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r148_matmul_of_quantized_weights_between_quantized_guard, build=_r148_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1276:1'),
-    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r149_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r149_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1284:1'),
-    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r150_qgemm_between_quantized_guard, build=_r150_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1294:1'),
-    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r151_dequantize_linear_of_maxpool_guard, build=_r151_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1307:1'),
-    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r152_dequantize_linear_of_nearest_resize_guard, build=_r152_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1312:1'),
-    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r153_dequantize_linear_of_flatten_guard, build=_r153_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1318:1'),
-    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r154_dequantize_linear_of_reshape_guard, build=_r154_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1322:1'),
-    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r155_dequantize_linear_of_transpose_guard, build=_r155_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1326:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r156_quantize_dequantize_same_guard, build=_r156_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1331:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r157_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1334:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r158_rescale_same_guard, build=_r158_rescale_same_build, location='specs/lowerings.glowdef:1338:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r159_rescale_into_quantized_conv_guard, build=_r159_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1342:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r160_rescale_into_quantized_matmul_guard, build=_r160_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1346:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r161_relu_of_dequantized_build, location='specs/lowerings.glowdef:1352:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r162_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1355:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r163_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1358:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r164_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1361:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r165_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1364:1'),
-    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r166_slice_of_dequantized_build, location='specs/lowerings.glowdef:1367:1'),
-    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r167_gather_of_dequantized_build, location='specs/lowerings.glowdef:1370:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r168_rescale_through_max_guard, build=_r168_rescale_through_max_build, location='specs/lowerings.glowdef:1375:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r169_rescale_through_maxpool_guard, build=_r169_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1379:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r170_quantize_of_clip_within_range_guard, build=_r170_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1384:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r171_max_with_floor_remove_guard, build=_r171_max_with_floor_remove_build, location='specs/lowerings.glowdef:1390:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r172_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1404:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r173_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1407:1'),
+    RuleInfo(name='qlinear_softmax_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearSoftmax', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r125_qlinear_softmax_to_float_build, location='specs/lowerings.glowdef:1065:1'),
+    RuleInfo(name='qlinear_global_average_pool_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearGlobalAveragePool', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r126_qlinear_global_average_pool_to_float_build, location='specs/lowerings.glowdef:1071:1'),
+    RuleInfo(name='qlinear_average_pool_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearAveragePool', (V('x'), V('x_scale'), V('y_scale'), V('x_zero_point', optional=True), V('y_zero_point', optional=True)), bind='q'), size=1, guard=None, build=_r127_qlinear_average_pool_to_float_build, location='specs/lowerings.glowdef:1075:1'),
+    RuleInfo(name='qlinear_concat_to_float', phases=('canonicalize', 'lower'), pattern=P('QLinearConcat', (R('xs'),), bind='q'), size=1, guard=None, build=_r128_qlinear_concat_to_float_build, location='specs/lowerings.glowdef:1083:1'),
+    RuleInfo(name='dequantized_concat_peel', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (R('xs'),), bind='d'), size=1, guard=_r129_dequantized_concat_peel_guard, build=_r129_dequantized_concat_peel_build, location='specs/lowerings.glowdef:1088:1'),
+    RuleInfo(name='dequantized_concat_single', phases=('canonicalize', 'lower'), pattern=P('DequantizedConcat', (V('x'),), bind='d'), size=1, guard=None, build=_r130_dequantized_concat_single_build, location='specs/lowerings.glowdef:1094:1'),
+    RuleInfo(name='qgemm_to_float', phases=('lower',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r131_qgemm_to_float_build, location='specs/lowerings.glowdef:1107:1'),
+    RuleInfo(name='qgemm_to_float_result', phases=('canonicalize', 'lower'), pattern=P('QGemmToFloat', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=None, build=_r132_qgemm_to_float_result_build, location='specs/lowerings.glowdef:1112:1'),
+    RuleInfo(name='histogram_to_scatter', phases=('lower',), pattern=P('Histogram', (V('x'), V('low'), V('high')), bind='h'), size=1, guard=None, build=_r133_histogram_to_scatter_build, location='specs/lowerings.glowdef:1118:1'),
+    RuleInfo(name='dft_to_matmul', phases=('lower',), pattern=P('DFT', (V('x'),), bind='d'), size=1, guard=None, build=_r134_dft_to_matmul_build, location='specs/lowerings.glowdef:1130:1'),
+    RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r135_compress_to_gather_guard, build=_r135_compress_to_gather_build, location='specs/lowerings.glowdef:1140:1'),
+    RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r136_compress_flat_to_gather_guard, build=_r136_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1144:1'),
+    RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r137_stft_expand_build, location='specs/lowerings.glowdef:1149:1'),
+    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r138_quantize_conv_guard, build=_r138_quantize_conv_build, location='specs/lowerings.glowdef:1170:1'),
+    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r139_quantize_matmul_guard, build=_r139_quantize_matmul_build, location='specs/lowerings.glowdef:1180:1'),
+    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r140_bias_into_quantized_matmul_guard, build=_r140_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1189:1'),
+    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r141_qdq_pair_to_quantized_guard, build=_r141_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1201:1'),
+    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r142_conv_between_quantized_guard, build=_r142_conv_between_quantized_build, location='specs/lowerings.glowdef:1218:1'),
+    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r143_conv_relu_between_quantized_guard, build=_r143_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1224:1'),
+    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r144_matmul_between_quantized_guard, build=_r144_matmul_between_quantized_build, location='specs/lowerings.glowdef:1229:1'),
+    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r145_matmul_bias_between_quantized_guard, build=_r145_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1236:1'),
+    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r146_qlinear_conv_between_quantized_guard, build=_r146_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1249:1'),
+    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r147_qlinear_matmul_between_quantized_guard, build=_r147_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1259:1'),
+    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r148_conv_of_quantized_weights_between_quantized_guard, build=_r148_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1273:1'),
+    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r149_matmul_of_quantized_weights_between_quantized_guard, build=_r149_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1282:1'),
+    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r150_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r150_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1290:1'),
+    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r151_qgemm_between_quantized_guard, build=_r151_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1300:1'),
+    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r152_dequantize_linear_of_maxpool_guard, build=_r152_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1313:1'),
+    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r153_dequantize_linear_of_nearest_resize_guard, build=_r153_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1320:1'),
+    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r154_dequantize_linear_of_flatten_guard, build=_r154_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1325:1'),
+    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r155_dequantize_linear_of_reshape_guard, build=_r155_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1329:1'),
+    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r156_dequantize_linear_of_transpose_guard, build=_r156_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1333:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r157_quantize_dequantize_same_guard, build=_r157_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1338:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r158_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1341:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r159_rescale_same_guard, build=_r159_rescale_same_build, location='specs/lowerings.glowdef:1345:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r160_rescale_into_quantized_conv_guard, build=_r160_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1358:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r161_rescale_into_quantized_matmul_guard, build=_r161_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1362:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r162_relu_of_dequantized_build, location='specs/lowerings.glowdef:1368:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r163_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1371:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r164_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1374:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r165_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1377:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r166_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1380:1'),
+    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r167_slice_of_dequantized_build, location='specs/lowerings.glowdef:1383:1'),
+    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r168_gather_of_dequantized_build, location='specs/lowerings.glowdef:1386:1'),
+    RuleInfo(name='resize_of_dequantized', phases=('quantize',), pattern=P('Resize', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=_r169_resize_of_dequantized_guard, build=_r169_resize_of_dequantized_build, location='specs/lowerings.glowdef:1390:1'),
+    RuleInfo(name='quantize_of_concat', phases=('quantize',), pattern=P('Quantize', (P('Concat', (R('xs'),), bind='c'),), bind='q'), size=2, guard=_r170_quantize_of_concat_guard, build=_r170_quantize_of_concat_build, location='specs/lowerings.glowdef:1397:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r171_rescale_through_max_guard, build=_r171_rescale_through_max_build, location='specs/lowerings.glowdef:1402:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r172_rescale_through_maxpool_guard, build=_r172_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1406:1'),
+    RuleInfo(name='rescale_through_resize', phases=('quantize',), pattern=P('Rescale', (P('Resize', (V('x'),), bind='z'),), bind='r'), size=2, guard=_r173_rescale_through_resize_guard, build=_r173_rescale_through_resize_build, location='specs/lowerings.glowdef:1410:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r174_quantize_of_clip_within_range_guard, build=_r174_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1415:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r175_max_with_floor_remove_guard, build=_r175_max_with_floor_remove_build, location='specs/lowerings.glowdef:1421:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r176_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1435:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r177_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1438:1'),
 )
