@@ -24,7 +24,12 @@ CASES = {
     "1x1 stride 2 256->512 (transposed)": ((1, 256, 14, 14), (512, 256, 1, 1), {"strides": [2, 2]},
                                            "transposed", 3),
     "1x1 512->272 @7 (transposed, pointwise)": ((1, 512, 7, 7), (272, 512, 1, 1), {}, "transposed", 2),
+    # Three filter panels: two tasks share out runs of pixels instead (transposed_split_pixels).
+    "1x1 576->96 @14 (transposed, by pixels)": ((1, 576, 14, 14), (96, 576, 1, 1), {}, "transposed", 2),
+    "3x3 64->96 @10 (transposed, by pixels, ragged)": ((1, 64, 10, 10), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]},
+                                                       "transposed", 3),
     "batch 2 (unphased)": ((2, 64, 28, 28), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, None, 1),
+    "batch 2 (unphased, transposed by pixels)": ((2, 576, 14, 14), (96, 576, 1, 1), {}, "transposed", 1),
 }
 
 

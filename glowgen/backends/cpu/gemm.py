@@ -42,7 +42,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               row_init: Optional[Callable] = None,
               epilogue: Optional[Callable] = None, name: str = "g", a_packed: bool = False,
               pack_panel: Optional[Callable] = None, panel_nr: Optional[int] = None,
-              split: Split = WHOLE, split_rows: bool = False, b_table=None) -> None:
+              split: Split = WHOLE, split_rows: bool = False, row_align: int = 1, b_table=None) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
@@ -60,8 +60,9 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     With a `split` (parallel.py), only a share of the tiles: of B's whole panels (the last
     task also takes the ragged last panel; with B row-major, the rows past the last whole
     block of MR are tiles of another width, whose panels are shared out apart), or with
-    `split_rows`, of A's whole blocks of MR rows (the last task also takes the rows that do
-    not fill a block).  gemm_items counts them.
+    `split_rows`, of A's whole blocks of MR rows, or of whole runs of `row_align` blocks
+    (the last task also takes the blocks past the last whole run and the rows that do not
+    fill a block).  gemm_items counts them.
     With `b_table = (offsets, oh, ow, pitch)`, B is never built: its columns are the pixels
     of an oh x ow image, and B[k][oy * ow + ox] is bmat[offsets[k] + oy * pitch + ox]
     (offsets: a constant i32 array of K; a convolution's padded input planes, read in
@@ -183,7 +184,13 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         n_full, n_tail = divmod(N, nr)
         lo, hi = i64(m_start), i64(m_start + m_count)
         if shared and split_rows and not split.whole:             # this task's row blocks
-            lo, hi = split.range(b, m_count // mr)
+            blocks = m_count // mr
+            if row_align > 1:     # runs of row_align blocks; the last task to the end
+                lo, hi = split.range(b, blocks // row_align)
+                lo = b.mul(lo, i64(row_align))
+                hi = b.select(split.is_last(b), i64(blocks), b.mul(hi, i64(row_align)))
+            else:
+                lo, hi = split.range(b, blocks)
             lo, hi = b.add(i64(m_start), b.mul(lo, i64(mr))), b.add(i64(m_start), b.mul(hi, i64(mr)))
         with for_range(b, hi, start=lo, step=mr, name=f"{name}.m{mr}") as m0:
             panels(n_full, n_tail, lambda p: tile(mr, nv, m0, b.mul(p, i64(nr)), nr, p),

@@ -15,6 +15,7 @@ in registers and stores each output row through the bias and the fused elementwi
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 from llvmlite import ir
@@ -73,8 +74,29 @@ def scratch_floats(node, shape) -> int:
 
 def transposed_items(node, shape) -> int:
     """What a split shares out (parallel.py): whole panels of filters (B's, in the product
-    below).  Unphased, each task builds the whole patch matrix in its own scratch."""
-    return node.inputs[1].type.shape[0] // shape.nr
+    below), or runs of pixels (transposed_split_pixels), whichever are more.  Unphased,
+    each task builds the whole patch matrix in its own scratch."""
+    return max(node.inputs[1].type.shape[0] // shape.nr, _pixel_units(node, shape)[1])
+
+
+def _pixel_units(node, shape) -> tuple:
+    """(pixels, count) of the runs of pixels a split by pixels shares out: whole blocks of the
+    product's rows that also start whole vectors of the transposed store."""
+    oh, ow = node.outputs[0].type.shape[2:]
+    mr = pixel_block(oh * ow, shape)
+    unit = mr * shape.vw // math.gcd(mr, shape.vw)
+    return unit, oh * ow // unit
+
+
+def transposed_split_pixels(node, shape, parts: int) -> bool:
+    """A split transposed convolution shares out its filter panels when they divide evenly
+    among the tasks or are many, else runs of pixels, each task computing and storing all
+    filters of its pixels (MobileNetV2's 96-filter projections at 14 x 14: three panels
+    kept one of two cores idle a third of the time)."""
+    panels = node.inputs[1].type.shape[0] // shape.nr
+    if panels >= parts and (panels % parts == 0 or panels >= 4 * parts):
+        return False
+    return _pixel_units(node, shape)[1] >= parts
 
 
 def transposed_phases(node, shape) -> Optional[Phases]:
@@ -125,10 +147,13 @@ def emit_conv_transposed(k) -> None:
             else:
                 patch_panel(b, geo, planes, b.gep(patches, [b.mul(j, i64(mr * kk))]), mr, b.mul(j, i64(mr)))
 
+    by_pixels = not k.split.whole and transposed_split_pixels(node, shape, k.split.parts)
+
     def product(img):
+        unit = _pixel_units(node, shape)[0]
         emit_gemm(b, GemmShape(vw, mr, shape.nv), n, m, kk, patches, kk, w, None, ct, m, name="ct",
-                  a_packed=True, split=k.split)
-        _store_transposed(k, ct, n, m, img, y, bias)
+                  a_packed=True, split=k.split, split_rows=by_pixels, row_align=unit // mr)
+        _store_transposed(k, ct, n, m, img, y, bias, unit if by_pixels else None)
 
     if k.phased:                                  # one image: a round of each
         rounds = ([] if pointwise else [lambda: fill(i64(0), *k.split.range(b, cg))])
@@ -145,13 +170,15 @@ def emit_conv_transposed(k) -> None:
         product(img)
 
 
-def _store_transposed(k, ct, n: int, m: int, img, y, bias) -> None:
+def _store_transposed(k, ct, n: int, m: int, img, y, bias, pixel_unit=None) -> None:
     """y[img, f, p] = C^T[p, f] + bias[f], through the epilogue when there is one: blocks of
     VW pixels x VW filters are loaded as VW vectors along the filters and transposed in
     registers into VW vectors along the pixels.  A split task stores the filters of its
-    panels (the last one, the filters past the last whole panel too)."""
+    panels (the last one, the filters past the last whole panel too), or with `pixel_unit`,
+    every filter of its runs of that many pixels (the last one, the pixels past them too)."""
     b, vw = k.b, k.gemm_shape.vw
     split, nr = k.split, k.gemm_shape.nr
+    by_pixels = pixel_unit is not None
     zero = ir.Constant(f32_vector(vw), [0.0] * vw)
 
     def block(p0, f0, pixels: int, filters: int):
@@ -174,21 +201,30 @@ def _store_transposed(k, ct, n: int, m: int, img, y, bias) -> None:
         f_full = m // vw
         if f_full:
             lo, hi = i64(0), i64(f_full * vw)
-            if not split.whole:
+            if not split.whole and not by_pixels:
                 lo, hi = split.range(b, m // nr)
                 lo, hi = b.mul(lo, i64(nr)), b.select(split.is_last(b), i64(f_full * vw), b.mul(hi, i64(nr)))
             with for_range(b, hi, start=lo, step=vw, name="tf") as f0:
                 block(p0, f0, pixels, vw)
         if m % vw:
-            if split.whole:
+            if split.whole or by_pixels:
                 block(p0, i64(f_full * vw), pixels, m % vw)
             else:
                 with b.if_then(split.is_last(b)):
                     block(p0, i64(f_full * vw), pixels, m % vw)
 
     p_full = n // vw
+    if by_pixels:     # the pixels of the product's rows this task computed (emit_gemm's row_align)
+        lo, hi = split.range(b, n // pixel_unit)
+        lo, hi = b.mul(lo, i64(pixel_unit)), b.select(split.is_last(b), i64(p_full * vw), b.mul(hi, i64(pixel_unit)))
+    else:
+        lo, hi = i64(0), i64(p_full * vw)
     if p_full:
-        with for_range(b, p_full * vw, step=vw, name="tp") as p0:
+        with for_range(b, hi, start=lo, step=vw, name="tp") as p0:
             filters_of(p0, vw)
     if n % vw:
-        filters_of(i64(p_full * vw), n % vw)
+        if by_pixels:
+            with b.if_then(split.is_last(b)):
+                filters_of(i64(p_full * vw), n % vw)
+        else:
+            filters_of(i64(p_full * vw), n % vw)
