@@ -96,6 +96,15 @@ def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> np.ndarray:
                            *pack_offsets(node, pad_element)])
 
 
+def plane_and_result(b, k, geo):
+    """The plane (i32 elements) and the result block (bytes) in the kernel's scratch: the
+    plane first in its own, or in the scratch a phased kernel's tasks share (q_phases)."""
+    scratch = b.bitcast(k.scratch, I8.as_pointer())
+    if k.phased:
+        return b.bitcast(k.shared_scratch, I32.as_pointer()), scratch
+    return b.bitcast(scratch, I32.as_pointer()), b.gep(scratch, [i64(geo.plane_bytes)])
+
+
 def emit(b, k, geo, qs: QShape, build_plane):
     """Per image: the plane of x, the tiles of this task's features over every row block,
     then their columns of the result block [rows][Mpad + 64] copied into y."""
@@ -107,12 +116,14 @@ def emit(b, k, geo, qs: QShape, build_plane):
     corr = b.bitcast(b.gep(packed, [i64(lanes.b_bytes)]), I32.as_pointer())
     mult = b.bitcast(b.gep(packed, [i64(lanes.b_bytes + 4 * npad)]), F32.as_pointer())
     y_offset, pad = load_offsets(b, packed, lanes.b_bytes + 8 * npad)
-    scratch = b.bitcast(k.scratch, I8.as_pointer())
-    plane = b.bitcast(scratch, I32.as_pointer())
-    ys = b.gep(scratch, [i64(geo.plane_bytes)])
+    plane, ys = plane_and_result(b, k, geo)
+    if k.phased and k.phase == 0:           # this task's share of the shared plane
+        build_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
+        return
     lo, hi = k.split.range(b, lanes.tiles)
     with for_range(b, geo.batch, name="ln") as n:
-        build_plane(b, geo, x, n, plane, pad)
+        if not k.phased:
+            build_plane(b, geo, x, n, plane, pad)
         with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, lanes.row_blocks, name="lr") as rb:
             n0 = b.mul(tile, i64(qs.nr))
             r0 = b.mul(rb, i64(mr))
