@@ -3,7 +3,7 @@
 pointwise one, or computed transposed for small output planes (conv_transposed.py); direct
 convolution over padded planes in explicit vectors when it has too few filters per group
 for a GEMM tile (conv_planes.py); plain loops for other types.  N-D convolution and
-ConvTranspose are direct loop nests."""
+ConvTranspose (but a 2x2 stride 2 one: conv_transpose_gemm.py) are direct loop nests."""
 from __future__ import annotations
 
 from math import prod
@@ -282,13 +282,13 @@ def conv(k: KernelArgs):
                 epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, img, bb.add(chan0, row), col, valid)  # noqa: E731
             table = None
             if strategy == "gemm-planes":
-                table = (_offsets_global(b.module, _tap_offsets(geo)), oh, ow, geo.sh * geo.cols)
+                table = (offsets_global(b.module, _tap_offsets(geo)), oh, ow, geo.sh * geo.cols)
             emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
                       epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel,
                       split=split, split_rows=pointwise, b_table=table)
 
 
-def _offsets_global(module, offsets: list):
+def offsets_global(module, offsets: list):
     """A constant i32 array of `offsets` in `module` (one per distinct table)."""
     import zlib
     data = ",".join(map(str, offsets)).encode()
@@ -399,9 +399,8 @@ def conv_nd(k: KernelArgs):
     nest(b, (cv.n, cv.m), per_filter, "cnf")
 
 
-@kernel("ConvTranspose")
-def conv_transpose(k: KernelArgs):
-    """Scatter form: each input element times each tap adds into the output position
+def conv_transpose_scatter(k: KernelArgs):
+    """Any ConvTranspose (conv_transpose_gemm.py registers the kernel), in scatter form: each input element times each tap adds into the output position
     in * stride + tap * dilation - pad_begin, when that falls inside y (the crop)."""
     b, cv = k.b, _DirectConv(k)
     mg, cg = cv.wc, cv.c // cv.g
