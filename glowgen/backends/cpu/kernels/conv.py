@@ -138,24 +138,25 @@ PLANES_MAX_FILTERS = 32
 
 def conv_reads_planes(node, nr: int) -> bool:
     """A product with few filters per group (at most PLANES_MAX_FILTERS: four MR-row blocks)
-    and a unit column stride reads its patch matrix from the padded planes in place: row k =
-    (channel, tap) of B is the plane row the tap reads, so a table of K offsets replaces the
-    im2col copy, which so few filter blocks do not amortize (det_fpn's 96 -> 24 3x3 at
-    160x160: the panel copies were a quarter of its time).  More filters reuse each copied
+    reads its patch matrix from the padded planes in place: row k = (channel, tap) of B is
+    the plane row the tap reads (in the sub-plane of its column phase, for a column
+    stride), so a table of K offsets replaces the im2col copy, which so few filter blocks do
+    not amortize (det_fpn's 96 -> 24 3x3 at 160x160: the panel copies were a quarter of its
+    time; a 3 -> 16 3x3 stride 2 stem at 640x640: 1.27 -> 1.05 ms).  More filters reuse each copied
     panel enough for its contiguous reads to pay (the ResNets keep gemm-panels).  Its tiles
     run along output rows, so only where rows fill them (at most 1/8 of a tile's columns
     idle) and the patch matrix is large (over 256 KB; a small one is built whole, in L2)."""
     m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = node.outputs[0].type.shape[2:]
     tiles = -(-ow // nr) * nr
-    return (node.strides[1] == 1 and m // node.group <= PLANES_MAX_FILTERS and not conv_is_pointwise(node)
+    return (m // node.group <= PLANES_MAX_FILTERS and not conv_is_pointwise(node)
             and 8 * ow >= 7 * tiles and cg * kh * kw * oh * ow * 4 > 256 * 1024)
 
 
 def _tap_offsets(geo: PlaneGeometry) -> list:
     """Where row k = (channel, tap row, tap column) of the patch matrix starts in the planes,
-    for output pixel (0, 0)."""
-    return [ci * geo.size + r * geo.dh * geo.cols + c * geo.dw
+    for output pixel (0, 0): the tap column's sub-plane and column in it (PlaneGeometry.tap)."""
+    return [ci * geo.size + geo.tap(c)[0] * geo.sub_plane + r * geo.dh * geo.cols + geo.tap(c)[1]
             for ci in range(geo.cg) for r in range(geo.kh) for c in range(geo.kw)]
 
 

@@ -87,14 +87,46 @@ def emit_conv_planes(k, vw: int) -> None:
 
 
 def zero_planes(b, g: PlaneGeometry, planes, count: int, value: float = 0.0) -> None:
-    """Set `count` planes to `value` (zero; -inf around a max pooling's input): the padding,
-    which fill_plane never writes, keeps it for every channel copied in afterwards."""
-    vw, size = g.vw, g.size * count
-    fill = ir.Constant(ir.VectorType(F32, vw), [value] * vw)
-    full = size - size % vw
-    with for_range(b, full, step=vw, name="zero") as i:
-        vstore(b, fill, b.gep(planes, [i]), vw)
-    vstore(b, fill, b.gep(planes, [i64(full)]), vw, size % vw)
+    """Set the padding of `count` planes to `value` (zero; -inf around a max pooling's
+    input): every element fill_plane never writes, which keeps it for every channel copied
+    in afterwards.  Only the border: the interior is the input's, written by fill_plane
+    (a 3-channel 640 x 640 image's planes are 4.9 MB, and writing them whole cost as much
+    as copying the input in)."""
+    fill = ir.Constant(ir.VectorType(F32, g.vw), [value] * g.vw)
+    below = g.rows - g.pt - g.h
+    with for_range(b, count, name="zp") as ci:
+        for q, (lo, hi) in enumerate(_spans(g)):
+            sub = b.gep(planes, [b.add(b.mul(ci, i64(g.size)), i64(q * g.sub_plane))])
+            _fill_run(b, sub, g.pt * g.cols, fill, g.vw)
+            _fill_run(b, b.gep(sub, [i64((g.pt + g.h) * g.cols)]), below * g.cols, fill, g.vw)
+            if lo > 0 or hi < g.cols:
+                with for_range(b, g.h, name="zr") as ih:
+                    row = b.gep(sub, [b.mul(b.add(ih, i64(g.pt)), i64(g.cols))])
+                    _fill_run(b, row, lo, fill, g.vw)
+                    _fill_run(b, b.gep(row, [i64(hi)]), g.cols - hi, fill, g.vw)
+
+
+def _fill_run(b, ptr, count: int, fill, vw: int) -> None:
+    """`count` floats from ptr set to the vector `fill`'s lanes."""
+    full = count - count % vw
+    if full > vw:
+        with for_range(b, full, step=vw, name="fill") as i:
+            vstore(b, fill, b.gep(ptr, [i]), vw)
+    elif full:
+        vstore(b, fill, ptr, vw)
+    if count % vw:
+        vstore(b, fill, b.gep(ptr, [i64(full)]), vw, count % vw)
+
+
+def _spans(g: PlaneGeometry) -> list:
+    """(lo, hi) per sub-plane q: the columns fill_plane writes in each of its rows (column j
+    of sub-plane q holds input column j * sw + q - pl, where that is inside [0, w))."""
+    spans = []
+    for q in range(g.sw):
+        lo = min(g.cols, max(0, -(-(g.pl - q) // g.sw)))
+        hi = min(g.cols, (g.w - 1 + g.pl - q) // g.sw + 1)
+        spans.append((lo, max(lo, hi)))
+    return spans
 
 
 def fill_plane(b, g: PlaneGeometry, src, plane) -> None:
@@ -102,12 +134,7 @@ def fill_plane(b, g: PlaneGeometry, src, plane) -> None:
     padded column c = iw + pl goes to sub-plane c % sw, column c // sw.  The columns every
     sub-plane fills are copied in one loop, whose loads LLVM vectorizes as an interleaved
     group (all sw phases of a run of input columns at once); the ragged edges loop apart."""
-    spans = []
-    for q in range(g.sw):
-        # Column j of sub-plane q holds input column j * sw + q - pl, where inside [0, w).
-        lo = max(0, -(-(g.pl - q) // g.sw))
-        hi = min(g.cols, (g.w - 1 + g.pl - q) // g.sw + 1)
-        spans.append((lo, max(lo, hi)))
+    spans = _spans(g)
     j0 = max(lo for lo, _ in spans)
     j1 = max(j0, min(hi for _, hi in spans))
     with for_range(b, g.h, name="fr") as ih:
