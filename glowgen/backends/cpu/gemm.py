@@ -43,7 +43,8 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               epilogue: Optional[Callable] = None, name: str = "g", a_packed: bool = False,
               pack_panel: Optional[Callable] = None, panel_nr: Optional[int] = None,
               split: Split = WHOLE, split_rows: bool = False, b_table=None,
-              a_transposed: bool = False, store_tile: Optional[Callable] = None) -> None:
+              a_transposed: bool = False, store_tile: Optional[Callable] = None,
+              image_rows: Optional[tuple] = None) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
@@ -67,7 +68,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     of an oh x ow image, and B[k][oy * ow + ox] is bmat[offsets[k] + oy * pitch + ox]
     (offsets: a constant i32 array of K; a convolution's padded input planes, read in
     place, conv.py).  Tiles run along each image row (masked at its end); a split shares
-    out whole image rows.
+    out whole image rows, or `image_rows = (lo, hi)` gives the rows to compute.
 
     With `store_tile`, the whole tile goes to store_tile(b, rows, m0, n0, valid_cols) once
     its sums are complete (rows[i][j]: row m0 + i, columns n0 + j * VW.., row_init added),
@@ -203,12 +204,12 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
             panels(n_full, n_tail, lambda p: tile(mr, nv, m0, b.mul(p, i64(nr)), nr, p),
                    lambda: tile(mr, nv, m0, i64(n_full * nr), n_tail, i64(n_full)))
 
-    def image_rows():
+    def by_image_rows():
         _, oh, ow, pitch = b_table
         nr = shape.nr
         m_main = (M // shape.mr) * shape.mr
         n_full, n_tail = divmod(ow, nr)
-        lo, hi = split.range(b, oh)
+        lo, hi = image_rows if image_rows is not None else split.range(b, oh)
 
         def tiles(oy, ox0, valid: int):
             n0 = b.add(b.mul(oy, i64(ow)), ox0)
@@ -227,7 +228,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 tiles(oy, i64(n_full * nr), n_tail)
 
     if b_table is not None:
-        image_rows()
+        by_image_rows()
         return
     if pack_panel is not None:
         panel_by_panel()

@@ -7,6 +7,7 @@ ConvTranspose (but a 2x2 stride 2 one: conv_transpose_gemm.py) are direct loop n
 from __future__ import annotations
 
 from math import prod
+from typing import Optional
 
 from llvmlite import ir
 
@@ -18,7 +19,7 @@ from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
 from .base import DESCRIBE, PACKING, PRODUCT_SPACE, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 from .common import inside, lin, nest
 from .conv_planes import (MAX_TAPS, PlaneGeometry, aligned_floats, conv_is_pointwise, emit_conv_planes,
-                          fill_plane, patch_panel, scratch_bytes, zero_planes)
+                          fill_plane, fill_plane_band, patch_panel, scratch_bytes, zero_planes)
 from .conv_transposed import conv_is_transposed, emit_conv_transposed, scratch_floats, transposed_items
 
 
@@ -134,6 +135,26 @@ def conv_strategy(ins, shape, packable) -> str:
 
 # Filters per group up to which the patch matrix is read in place (gemm-planes).
 PLANES_MAX_FILTERS = 32
+# The planes of a band of output rows stay in L2 while the product reads them (planes_band).
+PLANES_BAND_BYTES = 256 * 1024
+
+
+def planes_band(node, vw: int) -> Optional[int]:
+    """Output rows per band when a gemm-planes convolution deals its planes a band at a time
+    (conv_planes.fill_plane_band), each band read by the product while in L2, or None for
+    the whole planes at once.  Bands when the planes exceed PLANES_BAND_BYTES and a band of
+    that size re-deals at most a quarter of its rows (the KH - 1 rows it shares with the
+    next): few channels at high resolution (a 3-channel stem at 640 x 640 has 4.9 MB of
+    planes, written and read back from L3, and dealt whole by every thread)."""
+    geo = PlaneGeometry(node, vw)
+    row_bytes = 4 * geo.cg * geo.sw * geo.cols        # a padded row of the group's channels
+    if geo.cg * geo.size * 4 <= PLANES_BAND_BYTES:
+        return None
+    shared = (geo.kh - 1) * geo.dh
+    out_rows = (PLANES_BAND_BYTES // row_bytes - shared - 1) // geo.sh + 1
+    if out_rows < 1 or 4 * shared > out_rows * geo.sh or out_rows >= geo.oh:
+        return None
+    return out_rows
 
 
 def conv_reads_planes(node, nr: int) -> bool:
@@ -187,7 +208,8 @@ def conv_scratch(ins, shape) -> int:
     # The group's input channels in padded planes, then the patch matrix copied from them.
     planes = aligned_floats(cg * PlaneGeometry(node, shape.vw).size)
     if strategy == "gemm-planes":
-        return 4 * planes
+        band = planes_band(node, shape.vw)
+        return 4 * (aligned_floats(cg * PlaneGeometry(node, shape.vw).band(band).size) if band else planes)
     if strategy == "gemm-panels":
         return 4 * (planes + cg * kh * kw * shape.nr)
     return 4 * (planes + pack_panels_size(oh * ow, cg * kh * kw, shape))
@@ -236,13 +258,19 @@ def conv(k: KernelArgs):
     a_packed = k.packed == "a"       # constant weights in blocks of MR rows (packing.py)
     mr = k.gemm_shape.mr
     a_stride = -(-mg // mr) * mr * K if a_packed else mg * K
+    band = None
     if not pointwise:
         # Each input channel of a group is first copied into a zero-padded plane, its
         # columns dealt by remainder mod the column stride (conv_planes.py): every row of a
         # patch panel is then a few contiguous copies, with no bounds checks or gathers.
         geo = PlaneGeometry(node, k.gemm_shape.vw)
+        if strategy == "gemm-planes":
+            band = planes_band(node, k.gemm_shape.vw)
+        if band:                  # the planes a band at a time, with the product over it
+            geo = geo.band(band)
         planes, panels = k.scratch, b.gep(k.scratch, [i64(aligned_floats(cg * geo.size))])
-        zero_planes(b, geo, planes, cg)
+        if not band:
+            zero_planes(b, geo, planes, cg)
         nr = k.gemm_shape.nr
     # A split (conv_work) shares out the patch matrix's panels, or for a pointwise
     # convolution, the blocks of filters; every task deals the input planes in its own scratch.
@@ -256,9 +284,11 @@ def conv(k: KernelArgs):
                 bmat = b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), i64(h * wd))])
                 ldb = N
             else:
-                with for_range(b, cg, name="deal") as ci:
-                    chan = b.mul(b.add(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), ci), i64(h * wd))
-                    fill_plane(b, geo, b.gep(x, [chan]), b.gep(planes, [b.mul(ci, i64(geo.size))]))
+                def channel(ci):
+                    return b.gep(x, [b.mul(b.add(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), ci), i64(h * wd))])
+                if not band:
+                    with for_range(b, cg, name="deal") as ci:
+                        fill_plane(b, geo, channel(ci), b.gep(planes, [b.mul(ci, i64(geo.size))]))
                 bmat, ldb = panels, None
                 if strategy == "gemm-planes":
                     bmat = planes
@@ -284,9 +314,24 @@ def conv(k: KernelArgs):
             table = None
             if strategy == "gemm-planes":
                 table = (offsets_global(b.module, _tap_offsets(geo)), oh, ow, geo.sh * geo.cols)
-            emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
-                      epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel,
-                      split=split, split_rows=pointwise, b_table=table)
+            if band:
+                # This task's output rows band by band: a band's padded rows dealt into the
+                # planes, then the product reads them in place (B shifted so that output row
+                # o0 reads the band's first row).
+                lo, hi = split.range(b, oh)
+                with for_range(b, hi, start=lo, step=band, name="band") as o0:
+                    first = b.mul(o0, i64(geo.sh))
+                    with for_range(b, cg, name="deal") as ci:
+                        fill_plane_band(b, geo, channel(ci), b.gep(planes, [b.mul(ci, i64(geo.size))]), first)
+                    o1 = b.add(o0, i64(band))
+                    o1 = b.select(b.icmp_signed("<", o1, hi), o1, hi)
+                    emit_gemm(b, k.gemm_shape, mg, N, K, a, K, b.gep(planes, [b.neg(b.mul(first, i64(geo.cols)))]),
+                              None, out, N, row_init=row_init, epilogue=epi, name="cv", a_packed=a_packed,
+                              b_table=table, image_rows=(o0, o1))
+            else:
+                emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
+                          epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel,
+                          split=split, split_rows=pointwise, b_table=table)
 
 
 def offsets_global(module, offsets: list):
