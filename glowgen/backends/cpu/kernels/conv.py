@@ -136,23 +136,25 @@ def conv_strategy(ins, shape, packable) -> str:
 # Filters per group up to which the patch matrix is read in place (gemm-planes).
 PLANES_MAX_FILTERS = 32
 # The planes of a band of output rows stay in L2 while the product reads them (planes_band).
-PLANES_BAND_BYTES = 256 * 1024
+PLANES_BAND_BYTES = 512 * 1024
 
 
 def planes_band(node, vw: int) -> Optional[int]:
     """Output rows per band when a gemm-planes convolution deals its planes a band at a time
     (conv_planes.fill_plane_band), each band read by the product while in L2, or None for
     the whole planes at once.  Bands when the planes exceed PLANES_BAND_BYTES and a band of
-    that size re-deals at most a quarter of its rows (the KH - 1 rows it shares with the
-    next): few channels at high resolution (a 3-channel stem at 640 x 640 has 4.9 MB of
-    planes, written and read back from L3, and dealt whole by every thread)."""
+    that size computes at least as many rows as it re-deals (the KH - 1 it shares with the
+    next).  Planes written whole and read back from L3 starved the product: det_fpn's
+    96 -> 24 3x3 at 160x160 (11 MB of planes) ran at 39% of the FMA peak, in bands of 5
+    output rows at 88% (23.2 -> 10.2 ms, Zen 4); a 3-channel stem at 640x640 (4.9 MB), dealt
+    whole by every thread, 1.00 -> 0.95 ms."""
     geo = PlaneGeometry(node, vw)
     row_bytes = 4 * geo.cg * geo.sw * geo.cols        # a padded row of the group's channels
     if geo.cg * geo.size * 4 <= PLANES_BAND_BYTES:
         return None
     shared = (geo.kh - 1) * geo.dh
     out_rows = (PLANES_BAND_BYTES // row_bytes - shared - 1) // geo.sh + 1
-    if out_rows < 1 or 4 * shared > out_rows * geo.sh or out_rows >= geo.oh:
+    if out_rows < 1 or shared > out_rows * geo.sh or out_rows >= geo.oh:
         return None
     return out_rows
 
