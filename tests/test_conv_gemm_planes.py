@@ -1,6 +1,6 @@
-"""Convolutions with few filters per group and a unit column stride read their patch
-matrix in place from the padded planes (conv strategy gemm-planes: gemm.emit_gemm's
-b_table): against onnxruntime, and bit for bit across thread counts."""
+"""Convolutions with few filters per group read their patch matrix in place from the padded
+planes, columns dealt by their remainder mod the column stride (conv strategy gemm-planes:
+gemm.emit_gemm's b_table): against onnxruntime, and bit for bit across thread counts."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +8,7 @@ import pytest
 from onnx import helper
 
 import glowgen
+from glowgen.backends.cpu.kernels.conv import planes_band
 from conftest import assert_close, make_model, run_ort
 
 CASES = {
@@ -19,18 +20,30 @@ CASES = {
     "groups": ((1, 32, 32, 32), (32, 16, 3, 3), {"pads": [1, 1, 1, 1], "group": 2}, True),
     "5x5 8 filters": ((1, 8, 50, 60), (8, 8, 5, 5), {"pads": [2, 2, 2, 2]}, False),
     "2x2 no padding": ((1, 16, 40, 33), (9, 16, 2, 2), {}, False),
+    # Column strides: every tap reads its sub-plane of dealt columns in place.
+    "stem 3->16 3x3/2, HardSwish": ((1, 3, 130, 250), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]},
+                                    "HardSwish"),
+    "stride 2 ragged rows, batch 2": ((2, 3, 99, 119), (16, 3, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]},
+                                      True),
+    "5x5/2 uneven pads": ((1, 4, 50, 126), (8, 4, 5, 5), {"pads": [2, 1, 1, 2], "strides": [2, 2]}, False),
+    "3x3/3 no padding": ((1, 3, 130, 190), (12, 3, 3, 3), {"strides": [3, 3]}, True),
+    # Planes over 512 KB, dealt a band of output rows at a time (conv.planes_band).
+    "bands, stride 2, ragged last band": ((1, 3, 400, 250), (16, 3, 3, 3), {"pads": [2, 1, 0, 1], "strides": [2, 2]},
+                                          "HardSwish"),
+    "bands, stride 1, batch 2": ((2, 2, 300, 300), (8, 2, 3, 3), {"pads": [1, 1, 1, 1]}, True),
 }
+BANDED = ["96->24 3x3 pad 1 relu", "bands, stride 2, ragged last band", "bands, stride 1, batch 2"]
 
 
 def _model(case, seed=0):
-    xs, ws, attrs, relu = CASES[case]
+    xs, ws, attrs, act = CASES[case]          # act: True for Relu, or another op's name
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal(ws) * 0.2).astype(np.float32)
     bias = rng.standard_normal(ws[0]).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if relu else "y"], **attrs)]
-    if relu:
-        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c" if act else "y"], **attrs)]
+    if act:
+        nodes.append(helper.make_node("Relu" if act is True else act, ["c"], ["y"]))
     return make_model(nodes, {"x": x}, ["y"], {"w": w, "b": bias}), x
 
 
@@ -47,13 +60,22 @@ def test_gemm_planes_matches_onnxruntime(case):
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("case", ["96->24 3x3 pad 1 relu", "row stride 2", "groups"])
+@pytest.mark.parametrize("case", ["row stride 2", "groups", "stride 2 ragged rows, batch 2",
+                                  "stem 3->16 3x3/2, HardSwish"] + BANDED)
 def test_gemm_planes_same_bits_for_any_thread_count(case):
     model, x = _model(case, seed=1)
     one = glowgen.compile(model, threads=1)
     two = glowgen.compile(model, threads=2)
     assert any(s.parts > 1 for s in two.program.plan.steps) or case != "96->24 3x3 pad 1 relu"
     np.testing.assert_array_equal(one.run({"x": x})["y"], two.run({"x": x})["y"])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_planes_dealt_by_bands_when_large(case):
+    model, _ = _model(case)
+    compiled = glowgen.compile(model, threads=1)
+    conv = next(ins for s in compiled.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
+    assert (planes_band(conv.node, compiled.program.plan.gemm_shape.vw) is not None) == (case in BANDED)
 
 
 def test_narrow_rows_keep_the_patch_matrix():

@@ -17,7 +17,9 @@ CASES = {
     "3x3 64->64 @56 (panels)": ((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "gemm-panels", 2),
     "3x3 stride 2 ragged (whole patch matrix)": ((1, 24, 45, 37), (40, 24, 3, 3),
                                                  {"pads": [1, 0, 1, 2], "strides": [2, 2]}, "gemm", 2),
-    "3x3 96->24 (planes in place)": ((1, 96, 64, 64), (24, 96, 3, 3), {"pads": [1, 1, 1, 1]}, "gemm-planes", 2),
+    "3x3 96->24 @32 (planes in place)": ((1, 96, 32, 32), (24, 96, 3, 3), {"pads": [1, 1, 1, 1]}, "gemm-planes", 2),
+    # Planes over 512 KB are dealt a band of rows at a time, each task its own rows: unphased.
+    "3x3 96->24 @64 (planes in bands)": ((1, 96, 64, 64), (24, 96, 3, 3), {"pads": [1, 1, 1, 1]}, "gemm-planes", 1),
     "3x3 256->256 @7 (transposed)": ((1, 256, 7, 7), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed", 3),
     "3x3 stride 2 96->272 @13 (transposed)": ((1, 96, 13, 13), (272, 96, 3, 3),
                                               {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "transposed", 3),
@@ -63,7 +65,7 @@ def test_phased_convolution_matches_onnxruntime_and_every_thread_count(case):
     (got_strategy, got_phases), = _conv_steps(two)
     if two.program.plan.gemm_shape.vw == 16:      # the strategies the cases were chosen for
         assert (got_strategy, got_phases) == (strategy or got_strategy, phases), two.program.plan.describe()
-    elif phases > 1:                              # other tiles may choose other strategies
+    elif phases > 1 and got_phases > 1:           # other tiles may choose other strategies
         pointwise = CASES[case][1][2:] == (1, 1) and "strides" not in CASES[case][2]
         want = PHASES.get(got_strategy, 1) - (pointwise and got_strategy == "transposed")
         assert got_phases == want, two.program.plan.describe()

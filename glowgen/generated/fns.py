@@ -42,35 +42,35 @@ def fn_per_out_channel(p, m, rank):
 
 
 def fn_ct_taps(k, s, p, r):
-    """ct_taps(k, s, p, r) = (((k - ((r + p) % s)) + s) - 1) // s  (specs/lowerings.glowdef:296:1)"""
+    """ct_taps(k, s, p, r) = (((k - ((r + p) % s)) + s) - 1) // s  (specs/lowerings.glowdef:300:1)"""
     return rt.floordiv(rt.sub(rt.add(rt.sub(k, rt.mod(rt.add(r, p), s)), s), 1), s)
 
 
 def fn_ct_pad_begin(k, s, p, r):
-    """ct_pad_begin(k, s, p, r) = (ct_taps(k, s, p, r) - 1) - ((r + p) // s)  (specs/lowerings.glowdef:297:1)"""
+    """ct_pad_begin(k, s, p, r) = (ct_taps(k, s, p, r) - 1) - ((r + p) // s)  (specs/lowerings.glowdef:301:1)"""
     return rt.sub(rt.sub(fn_ct_taps(k, s, p, r), 1), rt.floordiv(rt.add(r, p), s))
 
 
 def fn_ct_pad_end(size, rows, s, p, r):
-    """ct_pad_end(size, rows, s, p, r) = (rows - size) + ((r + p) // s)  (specs/lowerings.glowdef:298:1)"""
+    """ct_pad_end(size, rows, s, p, r) = (rows - size) + ((r + p) // s)  (specs/lowerings.glowdef:302:1)"""
     return rt.add(rt.sub(rows, size), rt.floordiv(rt.add(r, p), s))
 
 
 def fn_resize_args(r, n):
-    """resize_args(r, n) = [n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias]  (specs/lowerings.glowdef:662:1)"""
+    """resize_args(r, n) = [n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias]  (specs/lowerings.glowdef:666:1)"""
     return (n, r.axes[0], r.sizes, r.scales, r.roi, r.mode, r.coordinate_transformation_mode, r.nearest_mode, r.cubic_coeff_a, r.exclude_outside, r.antialias, )
 
 
 def fn_rnn_activation(acts, defaults, d, j):
-    """rnn_activation(acts, defaults, d, j) = acts[((d * len(defaults)) + j) % len(acts)] if len(acts) > 0 else defaults[j]  (specs/lowerings.glowdef:865:1)"""
+    """rnn_activation(acts, defaults, d, j) = acts[((d * len(defaults)) + j) % len(acts)] if len(acts) > 0 else defaults[j]  (specs/lowerings.glowdef:869:1)"""
     return (acts[rt.mod(rt.add(rt.mul(d, rt.b_len(defaults)), j), rt.b_len(acts))] if rt.gt(rt.b_len(acts), 0) else defaults[j])
 
 
 def fn_rnn_reverses(direction, d):
-    """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:926:1)"""
+    """rnn_reverses(direction, d) = (direction == "reverse") or (d == 1)  (specs/lowerings.glowdef:930:1)"""
     return (rt.eq(direction, 'reverse') or rt.eq(d, 1))
 
 
 def fn_picks_elements(r):
-    """picks_elements(r) = (r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")  (specs/lowerings.glowdef:1318:1)"""
+    """picks_elements(r) = (r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")  (specs/lowerings.glowdef:1322:1)"""
     return (rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize'))

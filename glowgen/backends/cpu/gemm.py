@@ -42,14 +42,17 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               row_init: Optional[Callable] = None,
               epilogue: Optional[Callable] = None, name: str = "g", a_packed: bool = False,
               pack_panel: Optional[Callable] = None, panel_nr: Optional[int] = None,
-              split: Split = WHOLE, split_rows: bool = False, row_align: int = 1, b_table=None) -> None:
+              split: Split = WHOLE, split_rows: bool = False, row_align: int = 1, b_table=None,
+              a_transposed: bool = False, store_tile: Optional[Callable] = None,
+              image_rows: Optional[tuple] = None) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
 
     `ldb=None` means B is packed in NR-wide panels; otherwise B is row-major with row
     stride `ldb` (the last panel is then read with masked loads).  `a_packed` means A is
-    packed in blocks of MR rows, column by column (packing.pack_rows; `lda` is unused).
+    packed in blocks of MR rows, column by column (packing.pack_rows; `lda` is unused);
+    `a_transposed` that A is stored as its transpose, A[m][k] at k * lda + m.
 
     With `pack_panel(p)`, B is produced one panel at a time: the call emits code that writes
     panel p (K x NR) to `bmat`, and every row block of A then meets that panel while it is
@@ -67,7 +70,11 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     of an oh x ow image, and B[k][oy * ow + ox] is bmat[offsets[k] + oy * pitch + ox]
     (offsets: a constant i32 array of K; a convolution's padded input planes, read in
     place, conv.py).  Tiles run along each image row (masked at its end); a split shares
-    out whole image rows."""
+    out whole image rows, or `image_rows = (lo, hi)` gives the rows to compute.
+
+    With `store_tile`, the whole tile goes to store_tile(b, rows, m0, n0, valid_cols) once
+    its sums are complete (rows[i][j]: row m0 + i, columns n0 + j * VW.., row_init added),
+    which stores it as it likes (a ConvTranspose's rows interleaved, conv_transpose_gemm.py)."""
     vw = shape.vw
     fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", f32_vector(vw), [f32_vector(vw)] * 3)
 
@@ -111,6 +118,8 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         for i in range(mr):
             if a_packed:       # block m0 // MR starts at m0 * K; then MR floats per k
                 at = b.add(b.add(b.mul(m0, i64(K)), b.mul(k, i64(shape.mr))), i64(i))
+            elif a_transposed:
+                at = b.add(b.add(b.mul(k, i64(lda)), m0), i64(i))
             else:
                 at = b.add(b.mul(b.add(m0, i64(i)), i64(lda)), k)
             av = b.load(b.gep(a, [at]))
@@ -123,9 +132,13 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 accs[i][j].add_incoming(new_accs[i][j], b.block)
         b.cbranch(b.icmp_signed("<", k_next, i64(K)), loop, done)
         b.position_at_end(done)
+        rows = []
         for i in range(mr):
             m = b.add(m0, i64(i))
             init = row_init(m) if row_init is not None else None
+            if store_tile is not None:
+                rows.append([b.fadd(v, splat(b, init, vw)) if init is not None else v for v in new_accs[i]])
+                continue
             for j in range(nv):
                 col_valid = valid_cols - j * vw
                 if col_valid <= 0:
@@ -139,6 +152,8 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                     continue
                 out = b.gep(c, [b.add(b.mul(m, i64(ldc)), n_at)])
                 vstore(b, v, out, vw, col_valid if col_valid < vw else None)
+        if store_tile is not None:
+            store_tile(b, rows, m0, n0, valid_cols)
 
     by_panels = not split.whole and not split_rows
     assert not (split_rows and not split.whole and pack_panel is not None), "panel by panel splits by panels"
@@ -196,21 +211,22 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
             panels(n_full, n_tail, lambda p: tile(mr, nv, m0, b.mul(p, i64(nr)), nr, p),
                    lambda: tile(mr, nv, m0, i64(n_full * nr), n_tail, i64(n_full)))
 
-    def image_rows():
+    def by_image_rows():
         _, oh, ow, pitch = b_table
         nr = shape.nr
         m_main = (M // shape.mr) * shape.mr
         n_full, n_tail = divmod(ow, nr)
-        lo, hi = split.range(b, oh)
+        lo, hi = image_rows if image_rows is not None else split.range(b, oh)
 
         def tiles(oy, ox0, valid: int):
             n0 = b.add(b.mul(oy, i64(ow)), ox0)
             base = b.add(b.mul(oy, i64(pitch)), ox0)
+            nv = -(-valid // vw)          # a row's ragged end: only the vectors it reaches
             if m_main:
                 with for_range(b, m_main, step=shape.mr, name=f"{name}.m{valid}") as m0:
-                    tile(shape.mr, shape.nv, m0, n0, valid, None, base)
+                    tile(shape.mr, nv, m0, n0, valid, None, base)
             if M - m_main:
-                tile(M - m_main, shape.nv, i64(m_main), n0, valid, None, base)
+                tile(M - m_main, nv, i64(m_main), n0, valid, None, base)
         with for_range(b, hi, start=lo, name=f"{name}.oy") as oy:
             if n_full:
                 with for_range(b, n_full, name=f"{name}.ox") as t:
@@ -219,7 +235,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 tiles(oy, i64(n_full * nr), n_tail)
 
     if b_table is not None:
-        image_rows()
+        by_image_rows()
         return
     if pack_panel is not None:
         panel_by_panel()

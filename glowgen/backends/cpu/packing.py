@@ -79,15 +79,20 @@ def packed_data(data: np.ndarray, layout: str, shape, nr) -> np.ndarray:
     return np.stack([pack_panels(bm, nr) for bm in data])
 
 
-def pack_weights(prog: Program, ins: Instr, index: int, layout: str, nr, shape, users) -> bool:
+def pack_weights(prog: Program, ins: Instr, index: int, layout: str, nr, shape, users,
+                 matrices=None) -> bool:
     """Replace operand `index` of `ins`, a constant weight, by its packed copy (the
-    instruction's plan records the layout); False if the weight cannot be repacked."""
+    instruction's plan records the layout); False if the weight cannot be repacked.
+    `matrices(data)`: the weight's data as the [batch, rows, columns] matrices to pack, when
+    they are not the operand's own view (a convolution's filters, or matrices)."""
     buf = ins.operands[index][1]
     if not packable(buf, users):
         return False
     root = buf.root()
     view = ins.node.inputs[index - len(ins.node.outputs)].type.shape
-    if len(view) == 4:               # a convolution's filters, group by group: [g, m/g, K]
+    if matrices is not None:
+        data = matrices(root.data)
+    elif len(view) == 4:             # a convolution's filters, group by group: [g, m/g, K]
         m, cg, kh, kw = view
         data = root.data.reshape(ins.node.group, m // ins.node.group, cg * kh * kw)
     else:                            # matrices: [batch, K, N]

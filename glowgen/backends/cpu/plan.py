@@ -25,11 +25,18 @@ CONV_STRATEGIES = {
     "direct": "direct convolution in plain loops (any element type)",
 }
 
+# A ConvTranspose's (kernels/conv_transpose_gemm.py):
+CONV_TRANSPOSE_STRATEGIES = {
+    "interleaved": "matrix product over the KH x 2 taps, pairs of its rows interleaved into the output",
+    "scatter": "each input element times each tap added into the output, in plain loops",
+}
+
 
 @attrs.define(eq=False)
 class InstrPlan:
     """What the passes decided for one instruction's kernel."""
-    strategy: Optional[str] = None      # its kernel's strategy (CONV_STRATEGIES for a Conv;
+    strategy: Optional[str] = None      # its kernel's strategy (CONV_STRATEGIES for a Conv,
+    #                                     CONV_TRANSPOSE_STRATEGIES for a ConvTranspose;
     #                                     "gemm" / "loops" for a product, "planes" / "loops"
     #                                     for a 2-D max pool)
     packed: Optional[str] = None        # its constant weights repacked (packing.py): "a" (the

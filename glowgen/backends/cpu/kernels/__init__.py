@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from .base import (DESCRIBE, KERNELS, PACKING, PHASES, PRODUCT_SPACE, REPACK, ROWS, SCRATCH, STRATEGY,
                    KernelArgs, hook, kernel)
-from . import conv, gather_scatter, index, linalg, movement, pool, qlinalg, reduce  # noqa: F401  (registration)
+from . import conv, conv_transpose_gemm, gather_scatter, index, linalg, movement, pool, qlinalg, reduce  # noqa: F401  (registration)
 
-DOMAINS = (movement, index, gather_scatter, reduce, linalg, qlinalg, conv, pool)
+DOMAINS = (movement, index, gather_scatter, reduce, linalg, qlinalg, conv, conv_transpose_gemm, pool)
 
 __all__ = ["DESCRIBE", "DOMAINS", "KERNELS", "PACKING", "PHASES", "PRODUCT_SPACE", "REPACK", "ROWS", "SCRATCH",
            "STRATEGY", "KernelArgs", "hook", "kernel"]

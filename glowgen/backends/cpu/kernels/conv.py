@@ -3,7 +3,7 @@
 pointwise one, or computed transposed for small output planes (conv_transposed.py); direct
 convolution over padded planes in explicit vectors when it has too few filters per group
 for a GEMM tile (conv_planes.py); plain loops for other types.  N-D convolution and
-ConvTranspose are direct loop nests."""
+ConvTranspose (but a 2x2 stride 2 one: conv_transpose_gemm.py) are direct loop nests."""
 from __future__ import annotations
 
 from math import prod
@@ -20,7 +20,7 @@ from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
 from .base import DESCRIBE, PACKING, PHASES, PRODUCT_SPACE, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 from .common import inside, lin, nest
 from .conv_planes import (MAX_TAPS, PlaneGeometry, aligned_floats, conv_is_pointwise, emit_conv_planes,
-                          fill_plane, patch_panel, scratch_bytes, zero_planes)
+                          fill_plane, fill_plane_band, patch_panel, scratch_bytes, zero_planes)
 from .conv_transposed import (conv_is_transposed, emit_conv_transposed, scratch_floats, transposed_items,
                               transposed_phases)
 
@@ -137,28 +137,51 @@ def conv_strategy(ins, shape, packable) -> str:
 
 # Filters per group up to which the patch matrix is read in place (gemm-planes).
 PLANES_MAX_FILTERS = 32
+# The planes of a band of output rows stay in L2 while the product reads them (planes_band).
+PLANES_BAND_BYTES = 512 * 1024
+
+
+def planes_band(node, vw: int) -> Optional[int]:
+    """Output rows per band when a gemm-planes convolution deals its planes a band at a time
+    (conv_planes.fill_plane_band), each band read by the product while in L2, or None for
+    the whole planes at once.  Bands when the planes exceed PLANES_BAND_BYTES and a band of
+    that size computes at least as many rows as it re-deals (the KH - 1 it shares with the
+    next).  Planes written whole and read back from L3 starved the product: det_fpn's
+    96 -> 24 3x3 at 160x160 (11 MB of planes) ran at 39% of the FMA peak, in bands of 5
+    output rows at 88% (23.2 -> 10.2 ms, Zen 4); a 3-channel stem at 640x640 (4.9 MB), dealt
+    whole by every thread, 1.00 -> 0.95 ms."""
+    geo = PlaneGeometry(node, vw)
+    row_bytes = 4 * geo.cg * geo.sw * geo.cols        # a padded row of the group's channels
+    if geo.cg * geo.size * 4 <= PLANES_BAND_BYTES:
+        return None
+    shared = (geo.kh - 1) * geo.dh
+    out_rows = (PLANES_BAND_BYTES // row_bytes - shared - 1) // geo.sh + 1
+    if out_rows < 1 or shared > out_rows * geo.sh or out_rows >= geo.oh:
+        return None
+    return out_rows
 
 
 def conv_reads_planes(node, nr: int) -> bool:
     """A product with few filters per group (at most PLANES_MAX_FILTERS: four MR-row blocks)
-    and a unit column stride reads its patch matrix from the padded planes in place: row k =
-    (channel, tap) of B is the plane row the tap reads, so a table of K offsets replaces the
-    im2col copy, which so few filter blocks do not amortize (det_fpn's 96 -> 24 3x3 at
-    160x160: the panel copies were a quarter of its time).  More filters reuse each copied
+    reads its patch matrix from the padded planes in place: row k = (channel, tap) of B is
+    the plane row the tap reads (in the sub-plane of its column phase, for a column
+    stride), so a table of K offsets replaces the im2col copy, which so few filter blocks do
+    not amortize (det_fpn's 96 -> 24 3x3 at 160x160: the panel copies were a quarter of its
+    time; a 3 -> 16 3x3 stride 2 stem at 640x640: 1.27 -> 1.05 ms).  More filters reuse each copied
     panel enough for its contiguous reads to pay (the ResNets keep gemm-panels).  Its tiles
     run along output rows, so only where rows fill them (at most 1/8 of a tile's columns
     idle) and the patch matrix is large (over 256 KB; a small one is built whole, in L2)."""
     m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = node.outputs[0].type.shape[2:]
     tiles = -(-ow // nr) * nr
-    return (node.strides[1] == 1 and m // node.group <= PLANES_MAX_FILTERS and not conv_is_pointwise(node)
+    return (m // node.group <= PLANES_MAX_FILTERS and not conv_is_pointwise(node)
             and 8 * ow >= 7 * tiles and cg * kh * kw * oh * ow * 4 > 256 * 1024)
 
 
 def _tap_offsets(geo: PlaneGeometry) -> list:
     """Where row k = (channel, tap row, tap column) of the patch matrix starts in the planes,
-    for output pixel (0, 0)."""
-    return [ci * geo.size + r * geo.dh * geo.cols + c * geo.dw
+    for output pixel (0, 0): the tap column's sub-plane and column in it (PlaneGeometry.tap)."""
+    return [ci * geo.size + geo.tap(c)[0] * geo.sub_plane + r * geo.dh * geo.cols + geo.tap(c)[1]
             for ci in range(geo.cg) for r in range(geo.kh) for c in range(geo.kw)]
 
 
@@ -190,7 +213,8 @@ def conv_scratch(ins, shape) -> int:
     # the patch matrix copied from them.
     planes = 0 if ins.plan.phases else gemm_planes_floats(node, shape)
     if strategy == "gemm-planes":
-        return 4 * planes
+        band = planes_band(node, shape.vw)
+        return 4 * (aligned_floats(cg * PlaneGeometry(node, shape.vw).band(band).size) if band else planes)
     if strategy == "gemm-panels":
         return 4 * (planes + cg * kh * kw * shape.nr)
     return 4 * (planes + pack_panels_size(oh * ow, cg * kh * kw, shape))
@@ -209,8 +233,8 @@ def conv_phases(ins, shape) -> Optional[Phases]:
     node, strategy = ins.node, ins.plan.strategy
     if node.inputs[0].type.shape[0] != 1 or node.group != 1:
         return None
-    if strategy in ("gemm", "gemm-panels", "gemm-planes"):
-        return Phases(2, 4 * gemm_planes_floats(node, shape))
+    if strategy in ("gemm", "gemm-panels") or (strategy == "gemm-planes" and not planes_band(node, shape.vw)):
+        return Phases(2, 4 * gemm_planes_floats(node, shape))      # (banded planes: each task its own rows)
     if strategy == "transposed":
         return transposed_phases(node, shape)
     return None
@@ -259,11 +283,16 @@ def conv(k: KernelArgs):
     a_packed = k.packed == "a"       # constant weights in blocks of MR rows (packing.py)
     mr = k.gemm_shape.mr
     a_stride = -(-mg // mr) * mr * K if a_packed else mg * K
+    band = None
     if not pointwise:
         # Each input channel of a group is first copied into a zero-padded plane, its
         # columns dealt by remainder mod the column stride (conv_planes.py): every row of a
         # patch panel is then a few contiguous copies, with no bounds checks or gathers.
         geo = PlaneGeometry(node, k.gemm_shape.vw)
+        if strategy == "gemm-planes":
+            band = planes_band(node, k.gemm_shape.vw)
+        if band:                  # the planes a band at a time, with the product over it
+            geo = geo.band(band)
         nr = k.gemm_shape.nr
         if k.phased:                  # one image, one group: the tasks share the planes
             planes, panels = k.shared_scratch, k.scratch
@@ -276,7 +305,8 @@ def conv(k: KernelArgs):
                 return
         else:
             planes, panels = k.scratch, b.gep(k.scratch, [i64(aligned_floats(cg * geo.size))])
-            zero_planes(b, geo, planes, cg)
+            if not band:
+                zero_planes(b, geo, planes, cg)
     # A split (conv_work) shares out the patch matrix's panels, or for a pointwise
     # convolution, the blocks of filters; unphased, every task deals the input planes in
     # its own scratch.
@@ -290,10 +320,11 @@ def conv(k: KernelArgs):
                 bmat = b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), i64(h * wd))])
                 ldb = N
             else:
-                if not k.phased:
+                def channel(ci):
+                    return b.gep(x, [b.mul(b.add(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), ci), i64(h * wd))])
+                if not band and not k.phased:
                     with for_range(b, cg, name="deal") as ci:
-                        chan = b.mul(b.add(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), ci), i64(h * wd))
-                        fill_plane(b, geo, b.gep(x, [chan]), b.gep(planes, [b.mul(ci, i64(geo.size))]))
+                        fill_plane(b, geo, channel(ci), b.gep(planes, [b.mul(ci, i64(geo.size))]))
                 bmat, ldb = panels, None
                 if strategy == "gemm-planes":
                     bmat = planes
@@ -318,14 +349,29 @@ def conv(k: KernelArgs):
                 epi = lambda bb, v, row, col, valid: k.epilogue(bb, v, img, bb.add(chan0, row), col, valid)  # noqa: E731
             table = None
             if strategy == "gemm-planes":
-                table = (_offsets_global(b.module, _tap_offsets(geo)), oh, ow, geo.sh * geo.cols)
-            emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
-                      epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel,
-                      split=split, split_rows=pointwise and pointwise_splits_rows(mg, k.gemm_shape, split.parts),
-                      b_table=table)
+                table = (offsets_global(b.module, _tap_offsets(geo)), oh, ow, geo.sh * geo.cols)
+            if band:
+                # This task's output rows band by band: a band's padded rows dealt into the
+                # planes, then the product reads them in place (B shifted so that output row
+                # o0 reads the band's first row).
+                lo, hi = split.range(b, oh)
+                with for_range(b, hi, start=lo, step=band, name="band") as o0:
+                    first = b.mul(o0, i64(geo.sh))
+                    with for_range(b, cg, name="deal") as ci:
+                        fill_plane_band(b, geo, channel(ci), b.gep(planes, [b.mul(ci, i64(geo.size))]), first)
+                    o1 = b.add(o0, i64(band))
+                    o1 = b.select(b.icmp_signed("<", o1, hi), o1, hi)
+                    emit_gemm(b, k.gemm_shape, mg, N, K, a, K, b.gep(planes, [b.neg(b.mul(first, i64(geo.cols)))]),
+                              None, out, N, row_init=row_init, epilogue=epi, name="cv", a_packed=a_packed,
+                              b_table=table, image_rows=(o0, o1))
+            else:
+                emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
+                          epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel,
+                          split=split, split_rows=pointwise and pointwise_splits_rows(mg, k.gemm_shape, split.parts),
+                          b_table=table)
 
 
-def _offsets_global(module, offsets: list):
+def offsets_global(module, offsets: list):
     """A constant i32 array of `offsets` in `module` (one per distinct table)."""
     import zlib
     data = ",".join(map(str, offsets)).encode()
@@ -447,9 +493,8 @@ def conv_nd(k: KernelArgs):
     nest(b, (cv.n, cv.m), per_filter, "cnf")
 
 
-@kernel("ConvTranspose")
-def conv_transpose(k: KernelArgs):
-    """Scatter form: each input element times each tap adds into the output position
+def conv_transpose_scatter(k: KernelArgs):
+    """Any ConvTranspose (conv_transpose_gemm.py registers the kernel), in scatter form: each input element times each tap adds into the output position
     in * stride + tap * dilation - pad_begin, when that falls inside y (the crop)."""
     b, cv = k.b, _DirectConv(k)
     mg, cg = cv.wc, cv.c // cv.g

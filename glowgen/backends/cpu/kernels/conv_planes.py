@@ -15,6 +15,8 @@ contiguous vector load -- no bounds checks, no strided or gathered loads.  Three
 """
 from __future__ import annotations
 
+import copy
+
 from llvmlite import ir
 
 from ..llvmutil import F32, I32, I64, for_range, i64
@@ -44,6 +46,15 @@ class PlaneGeometry:
         self.cols = max(-(-(self.w + self.pl) // self.sw), self.chunks * vw + reach)
         self.sub_plane = self.rows * self.cols
         self.size = self.sw * self.sub_plane           # floats per input channel
+
+    def band(self, out_rows: int) -> "PlaneGeometry":
+        """The geometry of a band of the planes: the padded rows `out_rows` consecutive
+        output rows read (fill_plane_band), columns as in the whole planes."""
+        g = copy.copy(self)
+        g.rows = (out_rows - 1) * self.sh + (self.kh - 1) * self.dh + 1
+        g.sub_plane = g.rows * g.cols
+        g.size = g.sw * g.sub_plane
+        return g
 
     def tap(self, kwi: int) -> tuple[int, int]:
         """(sub-plane, column offset) from which output column j reads tap `kwi`."""
@@ -87,14 +98,46 @@ def emit_conv_planes(k, vw: int) -> None:
 
 
 def zero_planes(b, g: PlaneGeometry, planes, count: int, value: float = 0.0) -> None:
-    """Set `count` planes to `value` (zero; -inf around a max pooling's input): the padding,
-    which fill_plane never writes, keeps it for every channel copied in afterwards."""
-    vw, size = g.vw, g.size * count
-    fill = ir.Constant(ir.VectorType(F32, vw), [value] * vw)
-    full = size - size % vw
-    with for_range(b, full, step=vw, name="zero") as i:
-        vstore(b, fill, b.gep(planes, [i]), vw)
-    vstore(b, fill, b.gep(planes, [i64(full)]), vw, size % vw)
+    """Set the padding of `count` planes to `value` (zero; -inf around a max pooling's
+    input): every element fill_plane never writes, which keeps it for every channel copied
+    in afterwards.  Only the border: the interior is the input's, written by fill_plane
+    (a 3-channel 640 x 640 image's planes are 4.9 MB, and writing them whole cost as much
+    as copying the input in)."""
+    fill = ir.Constant(ir.VectorType(F32, g.vw), [value] * g.vw)
+    below = g.rows - g.pt - g.h
+    with for_range(b, count, name="zp") as ci:
+        for q, (lo, hi) in enumerate(_spans(g)):
+            sub = b.gep(planes, [b.add(b.mul(ci, i64(g.size)), i64(q * g.sub_plane))])
+            _fill_run(b, sub, g.pt * g.cols, fill, g.vw)
+            _fill_run(b, b.gep(sub, [i64((g.pt + g.h) * g.cols)]), below * g.cols, fill, g.vw)
+            if lo > 0 or hi < g.cols:
+                with for_range(b, g.h, name="zr") as ih:
+                    row = b.gep(sub, [b.mul(b.add(ih, i64(g.pt)), i64(g.cols))])
+                    _fill_run(b, row, lo, fill, g.vw)
+                    _fill_run(b, b.gep(row, [i64(hi)]), g.cols - hi, fill, g.vw)
+
+
+def _fill_run(b, ptr, count: int, fill, vw: int) -> None:
+    """`count` floats from ptr set to the vector `fill`'s lanes."""
+    full = count - count % vw
+    if full > vw:
+        with for_range(b, full, step=vw, name="fill") as i:
+            vstore(b, fill, b.gep(ptr, [i]), vw)
+    elif full:
+        vstore(b, fill, ptr, vw)
+    if count % vw:
+        vstore(b, fill, b.gep(ptr, [i64(full)]), vw, count % vw)
+
+
+def _spans(g: PlaneGeometry) -> list:
+    """(lo, hi) per sub-plane q: the columns fill_plane writes in each of its rows (column j
+    of sub-plane q holds input column j * sw + q - pl, where that is inside [0, w))."""
+    spans = []
+    for q in range(g.sw):
+        lo = min(g.cols, max(0, -(-(g.pl - q) // g.sw)))
+        hi = min(g.cols, (g.w - 1 + g.pl - q) // g.sw + 1)
+        spans.append((lo, max(lo, hi)))
+    return spans
 
 
 def fill_plane(b, g: PlaneGeometry, src, plane) -> None:
@@ -102,49 +145,72 @@ def fill_plane(b, g: PlaneGeometry, src, plane) -> None:
     padded column c = iw + pl goes to sub-plane c % sw, column c // sw.  The columns every
     sub-plane fills are copied in one loop, whose loads LLVM vectorizes as an interleaved
     group (all sw phases of a run of input columns at once); the ragged edges loop apart."""
-    spans = []
-    for q in range(g.sw):
-        # Column j of sub-plane q holds input column j * sw + q - pl, where inside [0, w).
-        lo = max(0, -(-(g.pl - q) // g.sw))
-        hi = min(g.cols, (g.w - 1 + g.pl - q) // g.sw + 1)
-        spans.append((lo, max(lo, hi)))
+    with for_range(b, g.h, name="fr") as ih:
+        _deal_row(b, g, b.gep(src, [b.mul(ih, i64(g.w))]), _rows_at(b, g, plane, b.add(ih, i64(g.pt))))
+
+
+def fill_plane_band(b, g: PlaneGeometry, src, band, first_row) -> None:
+    """Padded rows first_row .. first_row + g.rows of one input channel into `band` (g: a
+    PlaneGeometry.band), whole: its input rows dealt, with their border columns, and rows
+    of padding (or past the image) set to zero."""
+    fill = ir.Constant(ir.VectorType(F32, g.vw), [0.0] * g.vw)
+    spans = _spans(g)
+    with for_range(b, g.rows, name="br") as r:
+        ih = b.sub(b.add(first_row, r), i64(g.pt))
+        rows = _rows_at(b, g, band, r)
+        inside = b.and_(b.icmp_signed(">=", ih, i64(0)), b.icmp_signed("<", ih, i64(g.h)))
+        with b.if_else(inside) as (then, otherwise):
+            with then:
+                _deal_row(b, g, b.gep(src, [b.mul(ih, i64(g.w))]), rows)
+                for row, (lo, hi) in zip(rows, spans):
+                    _fill_run(b, row, lo, fill, g.vw)
+                    _fill_run(b, b.gep(row, [i64(hi)]), g.cols - hi, fill, g.vw)
+            with otherwise:
+                for row in rows:
+                    _fill_run(b, row, g.cols, fill, g.vw)
+
+
+def _rows_at(b, g: PlaneGeometry, plane, row) -> list:
+    """Row `row` of each sub-plane of `plane`."""
+    return [b.gep(plane, [b.add(i64(q * g.sub_plane), b.mul(row, i64(g.cols)))]) for q in range(g.sw)]
+
+
+def _deal_row(b, g: PlaneGeometry, srow, drows) -> None:
+    """One input row's columns into the rows `drows` of the sub-planes (see fill_plane)."""
+    spans = _spans(g)
     j0 = max(lo for lo, _ in spans)
     j1 = max(j0, min(hi for _, hi in spans))
-    with for_range(b, g.h, name="fr") as ih:
-        srow = b.gep(src, [b.mul(ih, i64(g.w))])
-        drows = [b.gep(plane, [b.add(i64(q * g.sub_plane), b.mul(b.add(ih, i64(g.pt)), i64(g.cols)))])
-                 for q in range(g.sw)]
 
-        def copy(qs, start, stop, name):
+    def copy(qs, start, stop, name):
+        if stop <= start:
+            return
+        if g.sw == 1:
+            copy_run(b, b.gep(srow, [i64(start - g.pl)]), b.gep(drows[0], [i64(start)]),
+                     i64(stop - start), g.vw)
+            return
+        if g.sw == 2 and len(qs) == 2 and stop - start >= g.vw:
+            # Even and odd columns: two vectors in, two shuffles, two vectors out.
+            vw = g.vw
+            evens = ir.Constant(ir.VectorType(I32, vw), [2 * i for i in range(vw)])
+            odds = ir.Constant(ir.VectorType(I32, vw), [2 * i + 1 for i in range(vw)])
+            full = (stop - start) // vw * vw
+            with for_range(b, start + full, start=start, step=vw, name=name) as j:
+                at = b.sub(b.mul(j, i64(2)), i64(g.pl))
+                lo_v = vload(b, b.gep(srow, [at]), vw)
+                hi_v = vload(b, b.gep(srow, [b.add(at, i64(vw))]), vw)
+                vstore(b, b.shuffle_vector(lo_v, hi_v, evens), b.gep(drows[0], [j]), vw)
+                vstore(b, b.shuffle_vector(lo_v, hi_v, odds), b.gep(drows[1], [j]), vw)
+            start += full
             if stop <= start:
                 return
-            if g.sw == 1:
-                copy_run(b, b.gep(srow, [i64(start - g.pl)]), b.gep(drows[0], [i64(start)]),
-                         i64(stop - start), g.vw)
-                return
-            if g.sw == 2 and len(qs) == 2 and stop - start >= g.vw:
-                # Even and odd columns: two vectors in, two shuffles, two vectors out.
-                vw = g.vw
-                evens = ir.Constant(ir.VectorType(I32, vw), [2 * i for i in range(vw)])
-                odds = ir.Constant(ir.VectorType(I32, vw), [2 * i + 1 for i in range(vw)])
-                full = (stop - start) // vw * vw
-                with for_range(b, start + full, start=start, step=vw, name=name) as j:
-                    at = b.sub(b.mul(j, i64(2)), i64(g.pl))
-                    lo_v = vload(b, b.gep(srow, [at]), vw)
-                    hi_v = vload(b, b.gep(srow, [b.add(at, i64(vw))]), vw)
-                    vstore(b, b.shuffle_vector(lo_v, hi_v, evens), b.gep(drows[0], [j]), vw)
-                    vstore(b, b.shuffle_vector(lo_v, hi_v, odds), b.gep(drows[1], [j]), vw)
-                start += full
-                if stop <= start:
-                    return
-            with for_range(b, stop, start=start, name=name) as j:
-                for q in qs:
-                    iw = b.add(b.mul(j, i64(g.sw)), i64(q - g.pl))
-                    b.store(b.load(b.gep(srow, [iw])), b.gep(drows[q], [j]))
-        copy(range(g.sw), j0, j1, "fc")
-        for q, (lo, hi) in enumerate(spans):
-            copy([q], lo, min(hi, j0), f"fl{q}")
-            copy([q], max(lo, j1), hi, f"fh{q}")
+        with for_range(b, stop, start=start, name=name) as j:
+            for q in qs:
+                iw = b.add(b.mul(j, i64(g.sw)), i64(q - g.pl))
+                b.store(b.load(b.gep(srow, [iw])), b.gep(drows[q], [j]))
+    copy(range(g.sw), j0, j1, "fc")
+    for q, (lo, hi) in enumerate(spans):
+        copy([q], lo, min(hi, j0), f"fl{q}")
+        copy([q], max(lo, j1), hi, f"fh{q}")
 
 
 def _filter_rows(k, g: PlaneGeometry, img, mi, ci, first, last, plane, y, w, bias) -> None:
