@@ -145,11 +145,11 @@ def test_digits_int16_matches_float(schema):
 
 
 # ----------------------------------------------------------------------------- kernels
-def _compile_text(text, backend):
+def _compile_text(text, backend, **options):
     registry = Registry.default()
     fn = parse_function(text, registry)
     pipeline.run(fn, registry, pipeline.PIPELINE, backend)
-    return CompiledModel(fn, registry, backend)
+    return CompiledModel(fn, registry, backend, **options)
 
 
 def _dense(a):
@@ -209,6 +209,31 @@ def test_int16_conv_sums_beyond_i32_exactly(backend):
     mult = (np.float64(xs) * ws.astype(np.float64) / np.float64(ys)).reshape(1, m, 1, 1)
     want = np.clip(np.rint(acc.astype(np.float64) * mult) + yo, -32768, 32767).astype(np.int16)
     np.testing.assert_array_equal(got, want)
+
+
+def test_int16_products_split_among_threads_bit_for_bit():
+    """Enough work to split (shares of the filters, of the product's columns): 1 and 2
+    threads give the interpreter's integers."""
+    c, h, m, n = 16, 24, 32, 96
+    x = rng.integers(-32768, 32768, (1, c, h, h)).astype(np.int16)
+    w = rng.integers(-32767, 32768, (m, c, 3, 3)).astype(np.int16)
+    w2 = rng.integers(-32767, 32768, (h, n)).astype(np.int16)
+    text = f"""graph qt {{
+  input %x: i16[1, {c}, {h}, {h}] q(0.001, 12)
+  const %w: i16[{m}, {c}, 3, 3] = {_dense(w)}
+  const %ws: f32[{m}] = {_dense(np.full(m, 3e-5, np.float32))}
+  const %b: i64[{m}] = {_dense(np.arange(m) * 1000)}
+  const %w2: i16[{h}, {n}] = {_dense(w2)}
+  const %ws2: f32[{n}] = {_dense(np.full(n, 2e-5, np.float32))}
+  const %b2: i64[{n}] = {_dense(np.zeros(n, np.int64))}
+  %c = QuantizedConv(%x, %w, %ws, %b) {{pads = [1, 1, 1, 1], scale = 2.0, offset = -5}} : i16[1, {m}, {h}, {h}] q(2.0, -5)
+  %y = QuantizedMatMul(%c, %w2, %ws2, %b2) {{scale = 0.5, offset = 3}} : i16[1, {m}, {h}, {n}] q(0.5, 3)
+  output "y" = %y
+}}"""
+    want = _compile_text(text, "interpreter").run({"x": x})["y"]
+    assert np.unique(want).size > 1000
+    for threads in (1, 2):
+        np.testing.assert_array_equal(_compile_text(text, "cpu", threads=threads).run({"x": x})["y"], want)
 
 
 # ----------------------------------------------------------------------------- errors

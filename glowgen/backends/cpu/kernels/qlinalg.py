@@ -225,6 +225,12 @@ def q_scratch(ins, shape) -> int:
 def q_work(node, shape, ins) -> Work:
     if ins.plan is not None and depthwise.is_depthwise(ins.plan.strategy):
         return depthwise.work(node, depthwise.qshape(ins.plan.strategy))
+    if ins.plan is not None and ins.plan.strategy == "loops" and node.inputs[0].type.dtype == "i16":
+        # i16 loops (LoopTypes): shares of the filters (of a product's columns).
+        w = node.inputs[1].type.shape
+        conv = node.OP == "QuantizedConv"
+        per_output = float(np.prod(w[1:])) if conv else float(w[0])
+        return Work(w[0] if conv else w[1], flops=2.0 * float(np.prod(node.outputs[0].type.shape)) * per_output)
     if ins.plan is None or ins.plan.strategy not in QSHAPES:
         return Work(1)
     qs = QShape(ins.plan.strategy)
@@ -500,7 +506,8 @@ def q_conv_loops(k: KernelArgs):
     xo = node.inputs[0].type.quant.offset
     lt = LoopTypes(node)
     acc = b.alloca(lt.acc)
-    with for_range(b, nb, name="n") as n, for_range(b, m, name="m") as mi:
+    m_lo, m_hi = k.split.range(b, m)            # the whole of it but for i16 (q_work)
+    with for_range(b, nb, name="n") as n, for_range(b, m_hi, start=m_lo, name="m") as mi:
         mult = lt.multiplier(b, node, ws, mi)
         c0 = b.mul(b.sdiv(mi, i64(mg)), i64(cg))
         with for_range(b, oh, name="oy") as oy, for_range(b, ow, name="ox") as ox:
@@ -528,7 +535,8 @@ def q_matmul_loops(k: KernelArgs):
     xo = node.inputs[0].type.quant.offset
     lt = LoopTypes(node)
     acc = b.alloca(lt.acc)
-    with for_range(b, n, name="n") as j:
+    n_lo, n_hi = k.split.range(b, n)            # the whole of it but for i16 (q_work)
+    with for_range(b, n_hi, start=n_lo, name="n") as j:
         mult = lt.multiplier(b, node, ws, j)
         with for_range(b, rows, name="r") as r:
             b.store(b.load(b.gep(bias, [j])), acc)
