@@ -184,13 +184,18 @@ def _front(model: ModelLike, backend: Backend, input_shapes, registry, optimize:
 
 
 def quantization_options(model: "CheckedModel", quantize=None, schema: str = "asymmetric",
-                         calibration="minmax", keep_float=None, registry=None):
+                         calibration="minmax", keep_float=None, registry=None, precision=None):
     """The checked QuantizationOptions for compiling `model` with `quantize` (a profile or
     its path), or None without one; a profile of another model is refused."""
+    from .quantization.quantizer import QuantizationOptions, check_precision
     if quantize is None:
+        if precision is not None:
+            check_precision(precision)
+            raise GlowgenError(f"precision={precision!r} chooses the integer type of quantization: "
+                               f"give quantize= a profile too (glowgen.profile(...))")
         return None
-    from .quantization.quantizer import QuantizationOptions
-    options = QuantizationOptions.make(quantize, schema, calibration, keep_float, registry=registry)
+    options = QuantizationOptions.make(quantize, schema, calibration, keep_float, registry=registry,
+                                       precision=precision or "int8")
     options.profile.check_model(model.proto)
     return options
 
@@ -200,7 +205,7 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
             registry: Optional[Registry] = None, optimize: bool = True,
             constant_inputs: Optional[Mapping] = None, max_memory=None, max_variants: int = 8,
             specialize: Optional[bool] = None, quantize=None, schema: str = "asymmetric",
-            calibration: str = "minmax", keep_float=None,
+            calibration: str = "minmax", keep_float=None, precision: Optional[str] = None,
             **options) -> "CompiledModel | SpecializingModel":
     """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
 
@@ -224,9 +229,11 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
     compile time with the tensor named, by a model whose constants, folded constants or one
     call's inputs, outputs and activations would need more (glowgen/memory_limit.py).
     `quantize` (a Profile from `glowgen.profile`, or the path of one) compiles the model with
-    int8 arithmetic where the profile covers it: `schema` asymmetric | symmetric |
+    integer arithmetic where the profile covers it: `schema` asymmetric | symmetric |
     symmetric_uint8 | symmetric_power2, `calibration` minmax | kl | percentile=P,
-    `keep_float` op kinds left in float ("Conv,MatMul" or a list)."""
+    `keep_float` op kinds left in float ("Conv,MatMul" or a list), `precision` "int8" (the
+    default) or "int16" (activations and weights in i16: 256 times finer steps, exact i64
+    sums; compiled as plain loops, slower than float)."""
     backend = get_backend(backend)
     options = backend.check_options(options)      # before a long compilation
 
@@ -236,7 +243,8 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
         specialize = False
     if specialize is not False or quantize is not None:
         model = CheckedModel(load_model(model, limit))     # read and checked once for all variants
-    quantization = quantization_options(model, quantize, schema, calibration, keep_float, registry)
+    quantization = quantization_options(model, quantize, schema, calibration, keep_float, registry,
+                                        precision)
 
     def ahead_of_time(shapes, constants, source=None):
         function, reg = _front(model if source is None else source, backend, shapes, registry,
@@ -270,12 +278,12 @@ def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,
                  input_shapes: Optional[Mapping] = None, backend: "str | Backend" = "cpu",
                  registry: Optional[Registry] = None, max_memory=None, quantize=None,
                  schema: str = "asymmetric", calibration: str = "minmax", keep_float=None,
-                 **options):
+                 precision: Optional[str] = None, **options):
     """Compile `model` ahead of time for `triple`/`cpu` (default: this machine) and write the
     bundle (object file, weights, header, example main.c) into `out_dir`.  `max_memory` bounds
     what compiling allocates here: the constants and folded constants (the activation arena
     is the target's to allocate, and is not checked against this machine's memory).
-    `quantize`, `schema`, `calibration`, `keep_float`: as for `compile`.
+    `quantize`, `schema`, `calibration`, `keep_float`, `precision`: as for `compile`.
     `input_shapes` may also be a list of such mappings: one bundle with a compiled entry
     point per shape variant, their constants shared, and a function that picks the variant
     for given input shapes (backends/cpu/bundle_variants.py)."""
@@ -290,7 +298,8 @@ def write_bundle(model: ModelLike, out_dir, name: Optional[str] = None,
     target = backend.bundle_target(triple, cpu, name, source)
     if quantize is not None:
         model = CheckedModel(load_model(model, limit))
-    quantization = quantization_options(model, quantize, schema, calibration, keep_float, registry)
+    quantization = quantization_options(model, quantize, schema, calibration, keep_float, registry,
+                                        precision)
     several = not isinstance(input_shapes, Mapping) and input_shapes is not None
     variants = list(input_shapes) if several else [input_shapes]
     if several and not variants:

@@ -74,9 +74,15 @@ def cmd_profile(args) -> int:
     return 0
 
 
-QUANTIZE_HELP = ("compile with int8 arithmetic where PROFILE (from `glowgen profile`) covers the "
-                 "graph: convolutions and matrix products in integers, conversions only at the "
-                 "borders of integer regions")
+QUANTIZE_HELP = ("compile with integer arithmetic (int8, or --precision int16) where PROFILE "
+                 "(from `glowgen profile`) covers the graph: convolutions and matrix products in "
+                 "integers, conversions only at the borders of integer regions")
+PRECISION_HELP = ("with --quantize: the integer type of activations and weights: int8 (default) "
+                  "or int16 (65536 steps: far closer to float; exact i64 sums; compiled as plain "
+                  "loops, slower than float). Either way only convolutions and matrix products "
+                  "with constant weights compute in integers; ReLU, max pooling and data "
+                  "movement follow them, other ops run in float between conversions. "
+                  "Does not apply to QDQ / QOperator models, which keep their own int8 types")
 
 
 def add_quantize_arguments(p) -> None:
@@ -84,7 +90,9 @@ def add_quantize_arguments(p) -> None:
     from .quantization import SCHEMAS
     p.add_argument("--quantize", metavar="PROFILE.json", help=QUANTIZE_HELP)
     p.add_argument("--schema", default="asymmetric", choices=SCHEMAS,
-                   help="with --quantize: how ranges map onto int8 (default asymmetric)")
+                   help="with --quantize: how ranges map onto the integers (default asymmetric; "
+                        "symmetric_uint8 is int8 only)")
+    p.add_argument("--precision", default=None, metavar="{int8,int16}", help=PRECISION_HELP)
     p.add_argument("--calibration", dest="quant_calibration", default="minmax", metavar="C",
                    help="with --quantize: the range taken from each tensor's profile: minmax "
                         "(default), kl (entropy) or percentile=P (e.g. percentile=99.99)")
@@ -97,10 +105,11 @@ def quantize_options(args) -> dict:
     if args.quantize is None:
         given = [flag for flag, value, default in (
             ("--schema", args.schema, "asymmetric"), ("--calibration", args.quant_calibration, "minmax"),
-            ("--keep-float", args.keep_float, None)) if value != default]
+            ("--keep-float", args.keep_float, None), ("--precision", args.precision, None))
+            if value != default]
         if given:
             raise InputError(f"{', '.join(given)} choose{'s' if len(given) == 1 else ''} how to "
                              f"quantize: add --quantize PROFILE.json")
         return {}
-    return {"quantize": args.quantize, "schema": args.schema,
-            "calibration": args.quant_calibration, "keep_float": args.keep_float}
+    return {"quantize": args.quantize, "schema": args.schema, "calibration": args.quant_calibration,
+            "keep_float": args.keep_float, "precision": args.precision}

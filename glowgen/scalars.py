@@ -103,6 +103,12 @@ def _cast(x, dtype):
     return np.asarray(x).astype(numpy_dtype(dtype))
 
 
+def _saturate(x, dtype):
+    """x clamped to the range of the integer type `dtype` (still in x's float type)."""
+    info = np.iinfo(numpy_dtype(dtype))
+    return np.minimum(np.maximum(x, float(info.min)), float(info.max))
+
+
 class ScalarFunction(NamedTuple):
     name: str
     arity: int
@@ -148,7 +154,7 @@ _ROWS = [
     _row("cosh", 1, np.cosh), _row("asinh", 1, np.arcsinh, "increasing"),
     _row("acosh", 1, np.arccosh, "increasing"), _row("atanh", 1, np.arctanh, "increasing"),
     # conversions and bits
-    _row("cast", 2, _cast),
+    _row("cast", 2, _cast), _row("saturate", 2, _saturate),
     _row("bitand", 2, np.bitwise_and), _row("bitor", 2, np.bitwise_or),
     _row("bitxor", 2, np.bitwise_xor), _row("bitnot", 1, np.invert),
     _row("shl", 2, np.left_shift), _row("shr", 2, np.right_shift),

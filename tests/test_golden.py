@@ -509,10 +509,10 @@ def _dense(a):
     return "dense<[" + ", ".join(str(v) for v in np.asarray(a).reshape(-1)) + "]>"
 
 
-def _calibrated(case, ranges, atol):
-    """A float case whose values `ranges` names are calibrated to those ranges (as a profile
-    would give them); the quantized result is within `atol` of the float one."""
-    return dict(case, calibrate=ranges, rtol=0.0, atol=atol)
+def _calibrated(case, ranges, atol, dtype="i8"):
+    """A float case whose values `ranges` names are calibrated to those ranges in `dtype` (as a
+    profile would give them); the quantized result is within `atol` of the float one."""
+    return dict(case, calibrate=ranges, calibrate_dtype=dtype, rtol=0.0, atol=atol)
 
 
 # An integer product of x [2, 3] (scale 0.02, offset 5) and per-column weights, requantized.
@@ -564,6 +564,15 @@ _QUANTIZATION_CASES = {
     "quantize_matmul": _calibrated(graph_case(
         [("MatMul", ["x", "w"], ["y"], None)], {"x": _qrng.uniform(-2, 2, (2, 3)).astype(np.float32)},
         {"w": _qrng.uniform(-1, 1, (3, 4)).astype(np.float32)}), {"x": (-2.0, 2.0), "y": (-6.0, 6.0)}, 0.1),
+    # Precision int16: i16 activations and weights, an i64 bias; steps 256 times finer.
+    "quantize_conv.int16": _calibrated(graph_case(
+        [("Conv", ["x", "w", "b"], ["y"], {"pads": [1, 1, 1, 1]})],
+        {"x": _qrng.uniform(-2, 2, (1, 2, 5, 5)).astype(np.float32)},
+        {"w": _qrng.uniform(-0.5, 0.5, (3, 2, 3, 3)).astype(np.float32),
+         "b": _qrng.uniform(-1, 1, 3).astype(np.float32)}), {"x": (-2.0, 2.0), "y": (-8.0, 8.0)}, 0.002, "i16"),
+    "quantize_matmul.int16": _calibrated(graph_case(
+        [("MatMul", ["x", "w"], ["y"], None)], {"x": _qrng.uniform(-2, 2, (2, 3)).astype(np.float32)},
+        {"w": _qrng.uniform(-1, 1, (3, 4)).astype(np.float32)}), {"x": (-2.0, 2.0), "y": (-6.0, 6.0)}, 0.001, "i16"),
     "bias_into_quantized_matmul": dict(text_case(_qtext(
         _QMATMUL + "  %d = Dequantize(%q) {in_scale = 0.05, in_offset = -3} : f32[2, 4]\n"
         "  const %c: f32[4] = dense<[0.5, -0.25, 1.0, 0.0]>\n  %y = Add(%d, %c) : f32[2, 4]\n"),
@@ -924,8 +933,9 @@ def _before(case, registry):
     if "calibrate" in case:             # the [quantize] rules read calibrated values
         from glowgen.quantization import choose_params
         values = {v.name: v for v in list(fn.placeholders) + [o for n in fn.nodes for o in n.outputs]}
+        dtype = case.get("calibrate_dtype", "i8")
         for name, (lo, hi) in case["calibrate"].items():
-            values[name].calibrated = ("i8", choose_params(lo, hi))
+            values[name].calibrated = (dtype, choose_params(lo, hi, dtype=dtype))
     return fn
 
 

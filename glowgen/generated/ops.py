@@ -8786,29 +8786,31 @@ class QGemmToFloat(Node):
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class Quantize(Node):
-    """x as i8 with the given scale and offset: round(x / scale) + offset, halves to even, saturated to [-128, 127].
+    """x as `dtype` (i8 or i16) with the given scale and offset: round(x / scale) + offset, halves to even, saturated to the type's range.
     
     Operands:
         x: Tensor[f32, *S]
     Results:
-        y: Tensor[i8, *S]
+        y: Tensor[dtype, *S]
     Attributes:
         scale: float where scale > 0.0
-        offset: int where (offset >= -128) and (offset <= 127)
+        offset: int
+        dtype: dtype = i8
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1673:1.
+    Declared at specs/ops.glowdef:1678:1.
     """
 
     OP: ClassVar[str] = 'Quantize'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), AttrInfo('dtype', 'dtype', 'i8', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1673:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1678:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
+    dtype: object = attrs.field(default='i8', converter=rt.CONVERTERS['dtype'])
 
     @property
     def x(self):
@@ -8817,34 +8819,35 @@ class Quantize(Node):
 
     @property
     def y(self):
-        """Result y: Tensor[i8, *S]"""
+        """Result y: Tensor[dtype, *S]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(x, *, _node='', scale=None, offset=None):
+    def infer(x, *, _node='', scale=None, offset=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Quantize', _node)
-        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1676:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1676:7')
+        u.exact_elem('x', x, 'f32', 'specs/ops.glowdef:1681:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1681:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1677:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Quantize', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1678:3')
-        return (rt.result_type('Quantize', _node, 'i8', (*S,), 'specs/ops.glowdef:1679:7'), )
+        rt.check(rt.gt(scale, 0.0), 'Quantize', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1682:3')
+        rt.check((rt.eq(dtype, 'i8') or rt.eq(dtype, 'i16')), 'Quantize', _node, 'the result must be i8 or i16', 'specs/ops.glowdef:1685:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(dtype)) and rt.le(offset, sl.quant.int_max(dtype))), 'Quantize', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1686:3')
+        return (rt.result_type('Quantize', _node, dtype, (*S,), 'specs/ops.glowdef:1687:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class Dequantize(Node):
-    """The real values in_scale * (x - in_offset) of a quantized i8 tensor.
+    """The real values in_scale * (x - in_offset) of a quantized i8 or i16 tensor.
     
     Operands:
-        x: Tensor[i8, *S]
+        x: Tensor[QT, *S]
     Results:
         y: Tensor[f32, *S]
     Attributes:
         in_scale: float
         in_offset: int
     Traits: elementwise, primitive
-    Declared at specs/ops.glowdef:1682:1.
+    Declared at specs/ops.glowdef:1690:1.
     """
 
     OP: ClassVar[str] = 'Dequantize'
@@ -8853,14 +8856,14 @@ class Dequantize(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1682:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1690:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
 
     @property
     def x(self):
-        """Operand x: Tensor[i8, *S]"""
+        """Operand x: Tensor[QT, *S]"""
         return self.inputs[0]
 
     @property
@@ -8872,86 +8875,91 @@ class Dequantize(Node):
     def infer(x, *, _node='', in_scale=None, in_offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Dequantize', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1685:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1685:7')
+        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1693:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1693:7')
         S = u.dim('S')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1688:3')
-        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1689:7'), )
+        QT = u.dtype('QT')
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Dequantize', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1696:3')
+        return (rt.result_type('Dequantize', _node, 'f32', (*S,), 'specs/ops.glowdef:1697:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class Rescale(Node):
-    """A quantized i8 tensor with other parameters: round((x - in_offset) * in_scale / scale) + offset, saturated.
+    """A quantized tensor with other parameters, as `dtype` (i8 or i16): round((x - in_offset) * in_scale / scale) + offset, saturated.
     
     Operands:
-        x: Tensor[i8, *S]
+        x: Tensor[QT, *S]
     Results:
-        y: Tensor[i8, *S]
+        y: Tensor[dtype, *S]
     Attributes:
         in_scale: float
         in_offset: int
         scale: float where scale > 0.0
-        offset: int where (offset >= -128) and (offset <= 127)
+        offset: int
+        dtype: dtype = i8
     Traits: elementwise, primitive, quantized
-    Declared at specs/ops.glowdef:1692:1.
+    Declared at specs/ops.glowdef:1700:1.
     """
 
     OP: ClassVar[str] = 'Rescale'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('in_scale', 'float', None, False), AttrInfo('in_offset', 'int', None, False), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), AttrInfo('dtype', 'dtype', 'i8', True), )
     TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1692:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1700:1'
 
     in_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     in_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
+    dtype: object = attrs.field(default='i8', converter=rt.CONVERTERS['dtype'])
 
     @property
     def x(self):
-        """Operand x: Tensor[i8, *S]"""
+        """Operand x: Tensor[QT, *S]"""
         return self.inputs[0]
 
     @property
     def y(self):
-        """Result y: Tensor[i8, *S]"""
+        """Result y: Tensor[dtype, *S]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(x, *, _node='', in_scale=None, in_offset=None, scale=None, offset=None):
+    def infer(x, *, _node='', in_scale=None, in_offset=None, scale=None, offset=None, dtype=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Rescale', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1695:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1695:7')
+        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1703:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1703:7')
         S = u.dim('S')
-        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1698:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'Rescale', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1699:3')
-        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1700:3')
-        return (rt.result_type('Rescale', _node, 'i8', (*S,), 'specs/ops.glowdef:1701:7'), )
+        QT = u.dtype('QT')
+        rt.check(rt.gt(scale, 0.0), 'Rescale', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1706:3')
+        rt.check((rt.eq(dtype, 'i8') or rt.eq(dtype, 'i16')), 'Rescale', _node, 'the result must be i8 or i16', 'specs/ops.glowdef:1709:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(dtype)) and rt.le(offset, sl.quant.int_max(dtype))), 'Rescale', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1710:3')
+        rt.check(rt.b_has_quant(x, in_scale, in_offset), 'Rescale', _node, 'the operand must be quantized with in_scale and in_offset', 'specs/ops.glowdef:1711:3')
+        return (rt.result_type('Rescale', _node, dtype, (*S,), 'specs/ops.glowdef:1712:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class QuantizedConv(Node):
-    """Conv of a quantized i8 x with i8 weights quantized per filter (w_scale[m], offset 0) and an i32 bias at scale x's scale * w_scale[m]: sums of products in i32, requantized to the result's scale and offset.
+    """Conv of a quantized x (i8 or i16) with weights of its type quantized per filter (w_scale[m], offset 0) and a bias at scale x's scale * w_scale[m] in the accumulator type (i32 for i8, i64 for i16): sums of products in that type, requantized to the result's scale and offset.
     
     Operands:
-        x: Tensor[i8, N, C, H, W]
-        w: Tensor[i8, M, CG, KH, KW]
+        x: Tensor[QT, N, C, H, W]
+        w: Tensor[QT, M, CG, KH, KW]
         w_scale: Tensor[f32, M]
-        b: Tensor[i32, M]
+        b: Tensor[QACC, M]
     Results:
-        y: Tensor[i8, N, M, conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1])]
+        y: Tensor[QT, N, M, conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1])]
     Attributes:
         strides: ints[2] = [1, 1] where all(strides > 0)
         pads: ints[4] = [0, 0, 0, 0] where all(pads >= 0)
         dilations: ints[2] = [1, 1] where all(dilations > 0)
         group: int = 1 where group >= 1
         scale: float where scale > 0.0
-        offset: int where (offset >= -128) and (offset <= 127)
+        offset: int
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1704:1.
+    Declared at specs/ops.glowdef:1715:1.
     """
 
     OP: ClassVar[str] = 'QuantizedConv'
@@ -8960,7 +8968,7 @@ class QuantizedConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1704:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1715:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -8971,12 +8979,12 @@ class QuantizedConv(Node):
 
     @property
     def x(self):
-        """Operand x: Tensor[i8, N, C, H, W]"""
+        """Operand x: Tensor[QT, N, C, H, W]"""
         return self.inputs[0]
 
     @property
     def w(self):
-        """Operand w: Tensor[i8, M, CG, KH, KW]"""
+        """Operand w: Tensor[QT, M, CG, KH, KW]"""
         return self.inputs[1]
 
     @property
@@ -8986,26 +8994,26 @@ class QuantizedConv(Node):
 
     @property
     def b(self):
-        """Operand b: Tensor[i32, M]"""
+        """Operand b: Tensor[QACC, M]"""
         return self.inputs[3]
 
     @property
     def y(self):
-        """Result y: Tensor[i8, N, M, conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1])]"""
+        """Result y: Tensor[QT, N, M, conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1])]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
     def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedConv', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1707:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1707:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1707:36')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1707:36')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1707:66')
-        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1707:66')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1707:91')
-        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1707:91')
+        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1718:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1718:9')
+        u.elem('w', w, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1718:36')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1718:36')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1718:66')
+        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1718:66')
+        u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1718:91')
+        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1718:91')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -9014,37 +9022,40 @@ class QuantizedConv(Node):
         M = u.dim('M')
         N = u.dim('N')
         W = u.dim('W')
-        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1708:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1708:3')
-        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1709:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1709:3')
-        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1710:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1710:3')
-        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1711:3')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1712:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedConv', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1713:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1714:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1715:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1716:3')
-        return (rt.result_type('QuantizedConv', _node, 'i8', (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1717:9'), )
+        QACC = u.dtype('QACC')
+        QT = u.dtype('QT')
+        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1719:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1719:3')
+        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1720:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1720:3')
+        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1721:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1721:3')
+        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1722:3')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1723:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1725:3')
+        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedConv', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1726:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedConv', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1727:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1728:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1729:3')
+        return (rt.result_type('QuantizedConv', _node, QT, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1730:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class QuantizedMatMul(Node):
-    """x @ w of a quantized i8 x [..., K] and i8 weights [K, N] quantized per column (w_scale[n], offset 0), plus an i32 bias at scale x's scale * w_scale[n]: sums in i32, requantized to the result's scale and offset.
+    """x @ w of a quantized x [..., K] (i8 or i16) and weights [K, N] of its type quantized per column (w_scale[n], offset 0), plus a bias at scale x's scale * w_scale[n] in the accumulator type (i32 for i8, i64 for i16): sums in that type, requantized to the result's scale and offset.
     
     Operands:
-        x: Tensor[i8, *B, K]
-        w: Tensor[i8, K, N]
+        x: Tensor[QT, *B, K]
+        w: Tensor[QT, K, N]
         w_scale: Tensor[f32, N]
-        b: Tensor[i32, N]
+        b: Tensor[QACC, N]
     Results:
-        y: Tensor[i8, *B, N]
+        y: Tensor[QT, *B, N]
     Attributes:
         scale: float where scale > 0.0
-        offset: int where (offset >= -128) and (offset <= 127)
+        offset: int
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1721:1.
+    Declared at specs/ops.glowdef:1734:1.
     """
 
     OP: ClassVar[str] = 'QuantizedMatMul'
@@ -9053,19 +9064,19 @@ class QuantizedMatMul(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1721:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1734:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
 
     @property
     def x(self):
-        """Operand x: Tensor[i8, *B, K]"""
+        """Operand x: Tensor[QT, *B, K]"""
         return self.inputs[0]
 
     @property
     def w(self):
-        """Operand w: Tensor[i8, K, N]"""
+        """Operand w: Tensor[QT, K, N]"""
         return self.inputs[1]
 
     @property
@@ -9075,33 +9086,36 @@ class QuantizedMatMul(Node):
 
     @property
     def b(self):
-        """Operand b: Tensor[i32, N]"""
+        """Operand b: Tensor[QACC, N]"""
         return self.inputs[3]
 
     @property
     def y(self):
-        """Result y: Tensor[i8, *B, N]"""
+        """Result y: Tensor[QT, *B, N]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
     def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedMatMul', _node)
-        u.exact_elem('x', x, 'i8', 'specs/ops.glowdef:1724:9')
-        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1724:9')
-        u.exact_elem('w', w, 'i8', 'specs/ops.glowdef:1724:31')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1724:31')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1724:52')
-        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1724:52')
-        u.exact_elem('b', b, 'i32', 'specs/ops.glowdef:1724:77')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1724:77')
+        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1737:9')
+        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1737:9')
+        u.elem('w', w, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1737:31')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1737:31')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1737:52')
+        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1737:52')
+        u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1737:77')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1737:77')
         B = u.dim('B')
         K = u.dim('K')
         N = u.dim('N')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1725:3')
-        rt.check((rt.ge(offset, rt.neg(128)) and rt.le(offset, 127)), 'QuantizedMatMul', _node, f'attribute offset must satisfy (offset >= -128) and (offset <= 127), got {offset!r}', 'specs/ops.glowdef:1726:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1727:3')
-        return (rt.result_type('QuantizedMatMul', _node, 'i8', (*B, N,), 'specs/ops.glowdef:1728:9'), )
+        QACC = u.dtype('QACC')
+        QT = u.dtype('QT')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1738:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1740:3')
+        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedMatMul', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1741:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedMatMul', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1742:3')
+        return (rt.result_type('QuantizedMatMul', _node, QT, (*B, N,), 'specs/ops.glowdef:1743:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9117,7 +9131,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1733:1.
+    Declared at specs/ops.glowdef:1748:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -9126,7 +9140,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1733:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1748:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9147,14 +9161,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1735:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1735:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1750:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1750:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1737:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1740:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1741:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1742:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1752:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1755:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1756:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1757:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9169,7 +9183,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1757:1.
+    Declared at specs/ops.glowdef:1772:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -9178,7 +9192,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1757:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1772:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -9198,13 +9212,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1759:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1759:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1774:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1774:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1763:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1764:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1765:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1778:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1779:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1780:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9220,7 +9234,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1774:1.
+    Declared at specs/ops.glowdef:1789:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -9229,7 +9243,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1774:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1789:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9254,22 +9268,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1776:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1776:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1791:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1791:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1776:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1776:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1791:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1791:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1777:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1778:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1780:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1781:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1782:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1783:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1792:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1793:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1795:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1796:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1797:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1798:7'), )
 
 
 OPS = {

@@ -184,29 +184,29 @@ def build_qgemm_in_float(_b, q, a, a_scale, a_zero_point, b, b_scale, b_zero_poi
 
 
 def build_quantize_calibrated(_b, x):
-    """= Quantize(x, scale = calibrated_scale(x), offset = calibrated_offset(x))"""
-    return _b.op('Quantize', [x], {'scale': rt.b_calibrated_scale(x), 'offset': rt.b_calibrated_offset(x)})
+    """= Quantize(x, scale = calibrated_scale(x), offset = calibrated_offset(x), dtype = calibrated_dtype(x))"""
+    return _b.op('Quantize', [x], {'scale': rt.b_calibrated_scale(x), 'offset': rt.b_calibrated_offset(x), 'dtype': rt.b_calibrated_dtype(x)})
 
 
 
-def build_weight_scales(_b, w, axes):
-    """= Div(Max(ReduceMax(Abs(w), axes = axes, keepdims = 0), scalar(1e-30, f32)), scalar(127.0, f32))"""
-    return _b.op('Div', [_b.op('Max', [_b.op('ReduceMax', [_b.op('Abs', [w], {})], {'axes': axes, 'keepdims': 0}), _b.scalar(1e-30, 'f32')], {}), _b.scalar(127.0, 'f32')], {})
+def build_weight_scales(_b, w, axes, dtype):
+    """= Div(Max(ReduceMax(Abs(w), axes = axes, keepdims = 0), scalar(1e-30, f32)), scalar(int_max(dtype), f32))"""
+    return _b.op('Div', [_b.op('Max', [_b.op('ReduceMax', [_b.op('Abs', [w], {})], {'axes': axes, 'keepdims': 0}), _b.scalar(1e-30, 'f32')], {}), _b.scalar(sl.quant.int_max(dtype), 'f32')], {})
 
 
 
-def build_quantize_bias(_b, b, scales, x_scale):
-    """= Cast(Clip(Round(Div(b, Mul(scales, scalar(x_scale, f32)))), min = -2147483520.0, max = 2147483520.0), to = i32)"""
-    return _b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Div', [b, _b.op('Mul', [scales, _b.scalar(x_scale, 'f32')], {})], {})], {})], {'min': rt.neg(2147483520.0), 'max': 2147483520.0})], {'to': 'i32'})
+def build_quantize_bias(_b, b, scales, x_scale, dtype):
+    """= Cast(Clip(Round(Div(b, Mul(scales, scalar(x_scale, f32)))), min = -2147483520.0 if dtype == i8 else -4e+18, max = 2147483520.0 if dtype == i8 else 4e+18), to = accumulator(dtype))"""
+    return _b.op('Cast', [_b.op('Clip', [_b.op('Round', [_b.op('Div', [b, _b.op('Mul', [scales, _b.scalar(x_scale, 'f32')], {})], {})], {})], {'min': (rt.neg(2147483520.0) if rt.eq(dtype, 'i8') else rt.neg(4e+18)), 'max': (2147483520.0 if rt.eq(dtype, 'i8') else 4e+18)})], {'to': sl.quant.accumulator(dtype)})
 
 
 
 def build_quantized_conv_of(_b, x, w, b, c, x_scale, scale, offset):
-    """= QuantizedConv(x, Cast(Round(Div(w, Reshape(ws, dims = [m, 1, 1, 1]))), to = i8), ws, quantize_bias(bias, ws, x_scale), scale = scale, offset = offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    """= QuantizedConv(x, Cast(Round(Div(w, Reshape(ws, dims = [m, 1, 1, 1]))), to = x.dtype), ws, quantize_bias(bias, ws, x_scale, x.dtype), scale = scale, offset = offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     m = w.shape[0]
-    ws = build_weight_scales(_b, w, (1, 2, 3, ))
+    ws = build_weight_scales(_b, w, (1, 2, 3, ), x.dtype)
     bias = (b if rt.b_defined(b) else _b.op('Splat', [], {'dims': (m, ), 'value': 0.0, 'dtype': 'f32'}))
-    return _b.op('QuantizedConv', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {})], {})], {'to': 'i8'}), ws, build_quantize_bias(_b, bias, ws, x_scale)], {'scale': scale, 'offset': offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})
+    return _b.op('QuantizedConv', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {})], {})], {'to': x.dtype}), ws, build_quantize_bias(_b, bias, ws, x_scale, x.dtype)], {'scale': scale, 'offset': offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})
 
 
 
@@ -217,19 +217,19 @@ def build_broadcast_scales(_b, ws, n):
 
 
 def build_saturated_as_rescaled(_b, y, r):
-    """= Min(above, scalar(hi, i8)) if hi < 127 else above"""
-    lo = sl.quant.rescaled_value(rt.neg(128), r.in_scale, r.in_offset, r.scale, r.offset)
-    hi = sl.quant.rescaled_value(127, r.in_scale, r.in_offset, r.scale, r.offset)
-    above = (_b.op('Max', [y, _b.scalar(lo, 'i8')], {}) if rt.gt(lo, rt.neg(128)) else y)
-    return (_b.op('Min', [above, _b.scalar(hi, 'i8')], {}) if rt.lt(hi, 127) else above)
+    """= Min(above, scalar(hi, r.dtype)) if hi < int_max(r.dtype) else above"""
+    lo = sl.quant.rescaled_value(sl.quant.int_min(r.dtype), r.in_scale, r.in_offset, r.scale, r.offset, r.dtype)
+    hi = sl.quant.rescaled_value(sl.quant.int_max(r.dtype), r.in_scale, r.in_offset, r.scale, r.offset, r.dtype)
+    above = (_b.op('Max', [y, _b.scalar(lo, r.dtype)], {}) if rt.gt(lo, sl.quant.int_min(r.dtype)) else y)
+    return (_b.op('Min', [above, _b.scalar(hi, r.dtype)], {}) if rt.lt(hi, sl.quant.int_max(r.dtype)) else above)
 
 
 
 def build_quantized_conv_in_float_of(_b, x, w, ws, b, c):
-    """= Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), scale = c.scale, offset = c.offset)"""
+    """= Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), scale = c.scale, offset = c.offset, dtype = x.dtype)"""
     m = w.shape[0]
     xs = rt.b_quant_scale(x)
-    return _b.op('Quantize', [_b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'scale': c.scale, 'offset': c.offset})
+    return _b.op('Quantize', [_b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'scale': c.scale, 'offset': c.offset, 'dtype': x.dtype})
 
 
 
@@ -2179,9 +2179,10 @@ def _r138_quantize_conv_build(_b, _m):
     w = _m['w']
     b = _m['b']
     m = w.shape[0]
-    ws = build_weight_scales(_b, w, (1, 2, 3, ))
+    t = rt.b_calibrated_dtype(x)
+    ws = build_weight_scales(_b, w, (1, 2, 3, ), t)
     bias = (b if rt.b_defined(b) else _b.op('Splat', [], {'dims': (m, ), 'value': 0.0, 'dtype': 'f32'}))
-    q = _b.op('QuantizedConv', [build_quantize_calibrated(_b, x), _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {})], {})], {'to': 'i8'}), ws, build_quantize_bias(_b, bias, ws, rt.b_calibrated_scale(x))], {'scale': rt.b_calibrated_scale(c), 'offset': rt.b_calibrated_offset(c), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})
+    q = _b.op('QuantizedConv', [build_quantize_calibrated(_b, x), _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {})], {})], {'to': t}), ws, build_quantize_bias(_b, bias, ws, rt.b_calibrated_scale(x), t)], {'scale': rt.b_calibrated_scale(c), 'offset': rt.b_calibrated_offset(c), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})
     return rt.results(_b.op('Dequantize', [q], {'in_scale': rt.b_calibrated_scale(c), 'in_offset': rt.b_calibrated_offset(c)}))
 
 
@@ -2198,8 +2199,9 @@ def _r139_quantize_matmul_build(_b, _m):
     mm = _m['mm']
     x = _m['x']
     w = _m['w']
-    ws = build_weight_scales(_b, w, (0, ))
-    q = _b.op('QuantizedMatMul', [build_quantize_calibrated(_b, x), _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, ws], {})], {})], {'to': 'i8'}), ws, _b.op('Splat', [], {'dims': (w.shape[1], ), 'value': 0.0, 'dtype': 'i32'})], {'scale': rt.b_calibrated_scale(mm), 'offset': rt.b_calibrated_offset(mm)})
+    t = rt.b_calibrated_dtype(x)
+    ws = build_weight_scales(_b, w, (0, ), t)
+    q = _b.op('QuantizedMatMul', [build_quantize_calibrated(_b, x), _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, ws], {})], {})], {'to': t}), ws, _b.op('Splat', [], {'dims': (w.shape[1], ), 'value': 0.0, 'dtype': sl.quant.accumulator(t)})], {'scale': rt.b_calibrated_scale(mm), 'offset': rt.b_calibrated_offset(mm)})
     return rt.results(_b.op('Dequantize', [q], {'in_scale': rt.b_calibrated_scale(mm), 'in_offset': rt.b_calibrated_offset(mm)}))
 
 
@@ -2226,7 +2228,7 @@ def _r140_bias_into_quantized_matmul_build(_b, _m):
     ws = _m['ws']
     b = _m['b']
     c = _m['c']
-    qb = _b.op('QuantizedMatMul', [x, w, ws, _b.op('Add', [b, build_quantize_bias(_b, c, ws, rt.b_quant_scale(x))], {})], {'scale': rt.b_calibrated_scale(a), 'offset': rt.b_calibrated_offset(a)})
+    qb = _b.op('QuantizedMatMul', [x, w, ws, _b.op('Add', [b, build_quantize_bias(_b, c, ws, rt.b_quant_scale(x), x.dtype)], {})], {'scale': rt.b_calibrated_scale(a), 'offset': rt.b_calibrated_offset(a)})
     return rt.results(_b.op('Dequantize', [qb], {'in_scale': rt.b_calibrated_scale(a), 'in_offset': rt.b_calibrated_offset(a)}))
 
 
@@ -2279,7 +2281,7 @@ def _r142_conv_between_quantized_build(_b, _m):
 
 
 def _r143_conv_relu_between_quantized_guard(_m, _ctx):
-    """where (((is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)) and (uses(r) == 1)) and (q.offset == -128)"""
+    """where (((is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)) and (uses(r) == 1)) and (q.offset == int_min(q.dtype))"""
     q = _m['q']
     r = _m['r']
     c = _m['c']
@@ -2287,7 +2289,7 @@ def _r143_conv_relu_between_quantized_guard(_m, _ctx):
     x = _m['x']
     w = _m['w']
     b = _m['b']
-    return bool((((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(r), 1)) and rt.eq(q.offset, rt.neg(128)))))
+    return bool((((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(r), 1)) and rt.eq(q.offset, sl.quant.int_min(q.dtype)))))
 
 def _r143_conv_relu_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
@@ -2312,14 +2314,14 @@ def _r144_matmul_between_quantized_guard(_m, _ctx):
     return bool((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1))))
 
 def _r144_matmul_between_quantized_build(_b, _m):
-    """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
+    """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = x.dtype), ws, Splat(dims = [w.shape[1]], value = 0.0, dtype = accumulator(x.dtype)), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
     d = _m['d']
     x = _m['x']
     w = _m['w']
-    ws = build_weight_scales(_b, w, (0, ))
-    return rt.results(_b.op('QuantizedMatMul', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, ws], {})], {})], {'to': 'i8'}), ws, _b.op('Splat', [], {'dims': (w.shape[1], ), 'value': 0.0, 'dtype': 'i32'})], {'scale': q.scale, 'offset': q.offset}))
+    ws = build_weight_scales(_b, w, (0, ), x.dtype)
+    return rt.results(_b.op('QuantizedMatMul', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, ws], {})], {})], {'to': x.dtype}), ws, _b.op('Splat', [], {'dims': (w.shape[1], ), 'value': 0.0, 'dtype': sl.quant.accumulator(x.dtype)})], {'scale': q.scale, 'offset': q.offset}))
 
 
 
@@ -2335,7 +2337,7 @@ def _r145_matmul_bias_between_quantized_guard(_m, _ctx):
     return bool((((((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(c)) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
 
 def _r145_matmul_bias_between_quantized_build(_b, _m):
-    """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = i8), ws, quantize_bias(c, ws, d.in_scale), scale = q.scale, offset = q.offset)"""
+    """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = x.dtype), ws, quantize_bias(c, ws, d.in_scale, x.dtype), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     a = _m['a']
     mm = _m['mm']
@@ -2343,8 +2345,8 @@ def _r145_matmul_bias_between_quantized_build(_b, _m):
     x = _m['x']
     w = _m['w']
     c = _m['c']
-    ws = build_weight_scales(_b, w, (0, ))
-    return rt.results(_b.op('QuantizedMatMul', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, ws], {})], {})], {'to': 'i8'}), ws, build_quantize_bias(_b, c, ws, d.in_scale)], {'scale': q.scale, 'offset': q.offset}))
+    ws = build_weight_scales(_b, w, (0, ), x.dtype)
+    return rt.results(_b.op('QuantizedMatMul', [x, _b.op('Cast', [_b.op('Round', [_b.op('Div', [w, ws], {})], {})], {'to': x.dtype}), ws, build_quantize_bias(_b, c, ws, d.in_scale, x.dtype)], {'scale': q.scale, 'offset': q.offset}))
 
 
 
@@ -2408,7 +2410,7 @@ def _r147_qlinear_matmul_between_quantized_build(_b, _m):
 
 
 def _r148_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
-    """where (((is_const(w) and (w.dtype == i8)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(c) == 1)"""
+    """where ((((is_const(w) and (w.dtype == i8)) and (x.dtype == i8)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
     d = _m['d']
@@ -2417,10 +2419,10 @@ def _r148_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
     ws = _m['ws']
     wz = _m['wz']
     b = _m['b']
-    return bool((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(c), 1))))
+    return bool(((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(x.dtype, 'i8')) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(c), 1))))
 
 def _r148_conv_of_quantized_weights_between_quantized_build(_b, _m):
-    """=> QuantizedConv(x, w, scales, quantize_bias(bias, scales, d.in_scale), scale = q.scale, offset = q.offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
+    """=> QuantizedConv(x, w, scales, quantize_bias(bias, scales, d.in_scale, i8), scale = q.scale, offset = q.offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     q = _m['q']
     c = _m['c']
     d = _m['d']
@@ -2432,19 +2434,19 @@ def _r148_conv_of_quantized_weights_between_quantized_build(_b, _m):
     m = w.shape[0]
     scales = build_broadcast_scales(_b, ws, m)
     bias = (b if rt.b_defined(b) else _b.op('Splat', [], {'dims': (m, ), 'value': 0.0, 'dtype': 'f32'}))
-    return rt.results(_b.op('QuantizedConv', [x, w, scales, build_quantize_bias(_b, bias, scales, d.in_scale)], {'scale': q.scale, 'offset': q.offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    return rt.results(_b.op('QuantizedConv', [x, w, scales, build_quantize_bias(_b, bias, scales, d.in_scale, 'i8')], {'scale': q.scale, 'offset': q.offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
 
 
 
 def _r149_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
-    """where ((((is_const(w) and (w.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(mm) == 1)"""
+    """where (((((is_const(w) and (w.dtype == i8)) and (x.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     wz = _m['wz']
-    return bool(((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(mm), 1))))
+    return bool((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(x.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(mm), 1))))
 
 def _r149_matmul_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, w, broadcast_scales(ws, w.shape[1]), Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
@@ -2459,7 +2461,7 @@ def _r149_matmul_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 def _r150_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
-    """where (((((((is_const(w) and (w.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
+    """where ((((((((is_const(w) and (w.dtype == i8)) and (x.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
     q = _m['q']
     a = _m['a']
     mm = _m['mm']
@@ -2469,10 +2471,10 @@ def _r150_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
     ws = _m['ws']
     wz = _m['wz']
     c = _m['c']
-    return bool((((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
+    return bool(((((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(x.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
 
 def _r150_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
-    """=> QuantizedMatMul(x, w, scales, quantize_bias(c, scales, d.in_scale), scale = q.scale, offset = q.offset)"""
+    """=> QuantizedMatMul(x, w, scales, quantize_bias(c, scales, d.in_scale, i8), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     a = _m['a']
     mm = _m['mm']
@@ -2483,7 +2485,7 @@ def _r150_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
     wz = _m['wz']
     c = _m['c']
     scales = build_broadcast_scales(_b, ws, w.shape[1])
-    return rt.results(_b.op('QuantizedMatMul', [x, w, scales, build_quantize_bias(_b, c, scales, d.in_scale)], {'scale': q.scale, 'offset': q.offset}))
+    return rt.results(_b.op('QuantizedMatMul', [x, w, scales, build_quantize_bias(_b, c, scales, d.in_scale, 'i8')], {'scale': q.scale, 'offset': q.offset}))
 
 
 
@@ -2635,11 +2637,11 @@ def _r157_quantize_dequantize_same_build(_b, _m):
 
 
 def _r158_quantize_dequantize_to_rescale_build(_b, _m):
-    """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset)"""
+    """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset, dtype = q.dtype)"""
     q = _m['q']
     d = _m['d']
     x = _m['x']
-    return rt.results(_b.op('Rescale', [x], {'in_scale': d.in_scale, 'in_offset': d.in_offset, 'scale': q.scale, 'offset': q.offset}))
+    return rt.results(_b.op('Rescale', [x], {'in_scale': d.in_scale, 'in_offset': d.in_offset, 'scale': q.scale, 'offset': q.offset, 'dtype': q.dtype}))
 
 
 
@@ -2658,14 +2660,14 @@ def _r159_rescale_same_build(_b, _m):
 
 
 def _r160_rescale_into_quantized_conv_guard(_m, _ctx):
-    """where uses(c) == 1"""
+    """where (uses(c) == 1) and (r.dtype == x.dtype)"""
     r = _m['r']
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return bool((rt.eq(_ctx.uses(c), 1)))
+    return bool(((rt.eq(_ctx.uses(c), 1) and rt.eq(r.dtype, x.dtype))))
 
 def _r160_rescale_into_quantized_conv_build(_b, _m):
     """=> saturated_as_rescaled(QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset), r)"""
@@ -2680,14 +2682,14 @@ def _r160_rescale_into_quantized_conv_build(_b, _m):
 
 
 def _r161_rescale_into_quantized_matmul_guard(_m, _ctx):
-    """where uses(m) == 1"""
+    """where (uses(m) == 1) and (r.dtype == x.dtype)"""
     r = _m['r']
     m = _m['m']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return bool((rt.eq(_ctx.uses(m), 1)))
+    return bool(((rt.eq(_ctx.uses(m), 1) and rt.eq(r.dtype, x.dtype))))
 
 def _r161_rescale_into_quantized_matmul_build(_b, _m):
     """=> saturated_as_rescaled(QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset), r)"""
@@ -2702,10 +2704,10 @@ def _r161_rescale_into_quantized_matmul_build(_b, _m):
 
 
 def _r162_relu_of_dequantized_build(_b, _m):
-    """=> Dequantize(Max(x, scalar(d.in_offset, i8)), ...d)"""
+    """=> Dequantize(Max(x, scalar(d.in_offset, x.dtype)), ...d)"""
     d = _m['d']
     x = _m['x']
-    return rt.results(_b.op('Dequantize', [_b.op('Max', [x, _b.scalar(d.in_offset, 'i8')], {})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
+    return rt.results(_b.op('Dequantize', [_b.op('Max', [x, _b.scalar(d.in_offset, x.dtype)], {})], {'in_scale': d.in_scale, 'in_offset': d.in_offset}))
 
 
 
@@ -2805,12 +2807,12 @@ def _r171_rescale_through_max_guard(_m, _ctx):
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
 def _r171_rescale_through_max_build(_b, _m):
-    """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), i8))"""
+    """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset, r.dtype), r.dtype))"""
     r = _m['r']
     m = _m['m']
     x = _m['x']
     k = _m['k']
-    return rt.results(_b.op('Max', [_b.op('Rescale', [x], {'in_scale': r.in_scale, 'in_offset': r.in_offset, 'scale': r.scale, 'offset': r.offset}), _b.scalar(sl.quant.rescaled_value(rt.b_splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset), 'i8')], {}))
+    return rt.results(_b.op('Max', [_b.op('Rescale', [x], {'in_scale': r.in_scale, 'in_offset': r.in_offset, 'scale': r.scale, 'offset': r.offset, 'dtype': r.dtype}), _b.scalar(sl.quant.rescaled_value(rt.b_splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset, r.dtype), r.dtype)], {}))
 
 
 
@@ -2826,7 +2828,7 @@ def _r172_rescale_through_maxpool_build(_b, _m):
     r = _m['r']
     p = _m['p']
     x = _m['x']
-    return rt.results(_b.op('MaxPool', [_b.op('Rescale', [x], {'in_scale': r.in_scale, 'in_offset': r.in_offset, 'scale': r.scale, 'offset': r.offset})], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'dilations': p.dilations, 'ceil_mode': p.ceil_mode}))
+    return rt.results(_b.op('MaxPool', [_b.op('Rescale', [x], {'in_scale': r.in_scale, 'in_offset': r.in_offset, 'scale': r.scale, 'offset': r.offset, 'dtype': r.dtype})], {'kernel': p.kernel, 'strides': p.strides, 'pads': p.pads, 'dilations': p.dilations, 'ceil_mode': p.ceil_mode}))
 
 
 
@@ -2842,31 +2844,31 @@ def _r173_rescale_through_resize_build(_b, _m):
     r = _m['r']
     z = _m['z']
     x = _m['x']
-    return rt.results(_b.op('Resize', [_b.op('Rescale', [x], {'in_scale': r.in_scale, 'in_offset': r.in_offset, 'scale': r.scale, 'offset': r.offset})], {'axes': z.axes, 'sizes': z.sizes, 'scales': z.scales, 'roi': z.roi, 'mode': z.mode, 'coordinate_transformation_mode': z.coordinate_transformation_mode, 'nearest_mode': z.nearest_mode, 'cubic_coeff_a': z.cubic_coeff_a, 'exclude_outside': z.exclude_outside, 'extrapolation_value': z.extrapolation_value, 'antialias': z.antialias}))
+    return rt.results(_b.op('Resize', [_b.op('Rescale', [x], {'in_scale': r.in_scale, 'in_offset': r.in_offset, 'scale': r.scale, 'offset': r.offset, 'dtype': r.dtype})], {'axes': z.axes, 'sizes': z.sizes, 'scales': z.scales, 'roi': z.roi, 'mode': z.mode, 'coordinate_transformation_mode': z.coordinate_transformation_mode, 'nearest_mode': z.nearest_mode, 'cubic_coeff_a': z.cubic_coeff_a, 'exclude_outside': z.exclude_outside, 'extrapolation_value': z.extrapolation_value, 'antialias': z.antialias}))
 
 
 
 def _r174_quantize_of_clip_within_range_guard(_m, _ctx):
-    """where ((uses(c) == 1) and ((q.scale * (-128 - q.offset)) >= c.min)) and ((q.scale * (127 - q.offset)) <= c.max)"""
+    """where ((uses(c) == 1) and ((q.scale * (int_min(q.dtype) - q.offset)) >= c.min)) and ((q.scale * (int_max(q.dtype) - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
-    return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(rt.neg(128), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(127, q.offset)), c.max))))
+    return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(sl.quant.int_min(q.dtype), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(sl.quant.int_max(q.dtype), q.offset)), c.max))))
 
 def _r174_quantize_of_clip_within_range_build(_b, _m):
-    """=> Quantize(v, scale = q.scale, offset = q.offset)"""
+    """=> Quantize(v, scale = q.scale, offset = q.offset, dtype = q.dtype)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
-    return rt.results(_b.op('Quantize', [v], {'scale': q.scale, 'offset': q.offset}))
+    return rt.results(_b.op('Quantize', [v], {'scale': q.scale, 'offset': q.offset, 'dtype': q.dtype}))
 
 
 
 def _r175_max_with_floor_remove_guard(_m, _ctx):
-    """where is_quantized(x) and is_splat(k, -128)"""
+    """where is_quantized(x) and is_splat(k, int_min(x.dtype))"""
     x = _m['x']
     k = _m['k']
-    return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, rt.neg(128)))))
+    return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, sl.quant.int_min(x.dtype)))))
 
 def _r175_max_with_floor_remove_build(_b, _m):
     """=> x"""
@@ -2888,14 +2890,14 @@ def _r176_quantized_conv_in_float_build(_b, _m):
 
 
 def _r177_quantized_matmul_in_float_build(_b, _m):
-    """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset)"""
+    """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset, dtype = x.dtype)"""
     q = _m['q']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
     xs = rt.b_quant_scale(x)
-    return rt.results(_b.op('Quantize', [_b.op('Add', [_b.op('MatMul', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), ws], {})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {})], {'scale': q.scale, 'offset': q.offset}))
+    return rt.results(_b.op('Quantize', [_b.op('Add', [_b.op('MatMul', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), ws], {})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {})], {'scale': q.scale, 'offset': q.offset, 'dtype': x.dtype}))
 
 
 RULES = (
@@ -3037,44 +3039,44 @@ RULES = (
     RuleInfo(name='compress_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r135_compress_to_gather_guard, build=_r135_compress_to_gather_build, location='specs/lowerings.glowdef:1144:1'),
     RuleInfo(name='compress_flat_to_gather', phases=('lower',), pattern=P('Compress', (V('x'),), bind='c'), size=1, guard=_r136_compress_flat_to_gather_guard, build=_r136_compress_flat_to_gather_build, location='specs/lowerings.glowdef:1148:1'),
     RuleInfo(name='stft_expand', phases=('lower',), pattern=P('STFT', (V('signal'), V('window', optional=True)), bind='s'), size=1, guard=None, build=_r137_stft_expand_build, location='specs/lowerings.glowdef:1153:1'),
-    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r138_quantize_conv_guard, build=_r138_quantize_conv_build, location='specs/lowerings.glowdef:1174:1'),
-    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r139_quantize_matmul_guard, build=_r139_quantize_matmul_build, location='specs/lowerings.glowdef:1184:1'),
-    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r140_bias_into_quantized_matmul_guard, build=_r140_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1193:1'),
-    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r141_qdq_pair_to_quantized_guard, build=_r141_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1205:1'),
-    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r142_conv_between_quantized_guard, build=_r142_conv_between_quantized_build, location='specs/lowerings.glowdef:1222:1'),
-    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r143_conv_relu_between_quantized_guard, build=_r143_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1228:1'),
-    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r144_matmul_between_quantized_guard, build=_r144_matmul_between_quantized_build, location='specs/lowerings.glowdef:1233:1'),
-    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r145_matmul_bias_between_quantized_guard, build=_r145_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1240:1'),
-    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r146_qlinear_conv_between_quantized_guard, build=_r146_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1253:1'),
-    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r147_qlinear_matmul_between_quantized_guard, build=_r147_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1263:1'),
-    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r148_conv_of_quantized_weights_between_quantized_guard, build=_r148_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1277:1'),
-    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r149_matmul_of_quantized_weights_between_quantized_guard, build=_r149_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1286:1'),
-    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r150_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r150_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1294:1'),
-    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r151_qgemm_between_quantized_guard, build=_r151_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1304:1'),
-    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r152_dequantize_linear_of_maxpool_guard, build=_r152_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1317:1'),
-    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r153_dequantize_linear_of_nearest_resize_guard, build=_r153_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1324:1'),
-    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r154_dequantize_linear_of_flatten_guard, build=_r154_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1329:1'),
-    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r155_dequantize_linear_of_reshape_guard, build=_r155_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1333:1'),
-    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r156_dequantize_linear_of_transpose_guard, build=_r156_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1337:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r157_quantize_dequantize_same_guard, build=_r157_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1342:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r158_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1345:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r159_rescale_same_guard, build=_r159_rescale_same_build, location='specs/lowerings.glowdef:1349:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r160_rescale_into_quantized_conv_guard, build=_r160_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1362:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r161_rescale_into_quantized_matmul_guard, build=_r161_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1366:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r162_relu_of_dequantized_build, location='specs/lowerings.glowdef:1372:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r163_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1375:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r164_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1378:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r165_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1381:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r166_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1384:1'),
-    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r167_slice_of_dequantized_build, location='specs/lowerings.glowdef:1387:1'),
-    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r168_gather_of_dequantized_build, location='specs/lowerings.glowdef:1390:1'),
-    RuleInfo(name='resize_of_dequantized', phases=('quantize',), pattern=P('Resize', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=_r169_resize_of_dequantized_guard, build=_r169_resize_of_dequantized_build, location='specs/lowerings.glowdef:1394:1'),
-    RuleInfo(name='quantize_of_concat', phases=('quantize',), pattern=P('Quantize', (P('Concat', (R('xs'),), bind='c'),), bind='q'), size=2, guard=_r170_quantize_of_concat_guard, build=_r170_quantize_of_concat_build, location='specs/lowerings.glowdef:1401:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r171_rescale_through_max_guard, build=_r171_rescale_through_max_build, location='specs/lowerings.glowdef:1406:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r172_rescale_through_maxpool_guard, build=_r172_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1410:1'),
-    RuleInfo(name='rescale_through_resize', phases=('quantize',), pattern=P('Rescale', (P('Resize', (V('x'),), bind='z'),), bind='r'), size=2, guard=_r173_rescale_through_resize_guard, build=_r173_rescale_through_resize_build, location='specs/lowerings.glowdef:1414:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r174_quantize_of_clip_within_range_guard, build=_r174_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1419:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r175_max_with_floor_remove_guard, build=_r175_max_with_floor_remove_build, location='specs/lowerings.glowdef:1425:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r176_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1439:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r177_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1442:1'),
+    RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r138_quantize_conv_guard, build=_r138_quantize_conv_build, location='specs/lowerings.glowdef:1179:1'),
+    RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r139_quantize_matmul_guard, build=_r139_quantize_matmul_build, location='specs/lowerings.glowdef:1190:1'),
+    RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r140_bias_into_quantized_matmul_guard, build=_r140_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1200:1'),
+    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r141_qdq_pair_to_quantized_guard, build=_r141_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1212:1'),
+    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r142_conv_between_quantized_guard, build=_r142_conv_between_quantized_build, location='specs/lowerings.glowdef:1229:1'),
+    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r143_conv_relu_between_quantized_guard, build=_r143_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1235:1'),
+    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r144_matmul_between_quantized_guard, build=_r144_matmul_between_quantized_build, location='specs/lowerings.glowdef:1241:1'),
+    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r145_matmul_bias_between_quantized_guard, build=_r145_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1249:1'),
+    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r146_qlinear_conv_between_quantized_guard, build=_r146_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1262:1'),
+    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r147_qlinear_matmul_between_quantized_guard, build=_r147_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1272:1'),
+    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r148_conv_of_quantized_weights_between_quantized_guard, build=_r148_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1286:1'),
+    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r149_matmul_of_quantized_weights_between_quantized_guard, build=_r149_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1296:1'),
+    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r150_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r150_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1304:1'),
+    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r151_qgemm_between_quantized_guard, build=_r151_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1314:1'),
+    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r152_dequantize_linear_of_maxpool_guard, build=_r152_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1327:1'),
+    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r153_dequantize_linear_of_nearest_resize_guard, build=_r153_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1334:1'),
+    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r154_dequantize_linear_of_flatten_guard, build=_r154_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1339:1'),
+    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r155_dequantize_linear_of_reshape_guard, build=_r155_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1343:1'),
+    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r156_dequantize_linear_of_transpose_guard, build=_r156_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1347:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r157_quantize_dequantize_same_guard, build=_r157_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1352:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r158_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1355:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r159_rescale_same_guard, build=_r159_rescale_same_build, location='specs/lowerings.glowdef:1359:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r160_rescale_into_quantized_conv_guard, build=_r160_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1373:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r161_rescale_into_quantized_matmul_guard, build=_r161_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1377:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r162_relu_of_dequantized_build, location='specs/lowerings.glowdef:1383:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r163_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1386:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r164_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1389:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r165_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1392:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r166_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1395:1'),
+    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r167_slice_of_dequantized_build, location='specs/lowerings.glowdef:1398:1'),
+    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r168_gather_of_dequantized_build, location='specs/lowerings.glowdef:1401:1'),
+    RuleInfo(name='resize_of_dequantized', phases=('quantize',), pattern=P('Resize', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=_r169_resize_of_dequantized_guard, build=_r169_resize_of_dequantized_build, location='specs/lowerings.glowdef:1405:1'),
+    RuleInfo(name='quantize_of_concat', phases=('quantize',), pattern=P('Quantize', (P('Concat', (R('xs'),), bind='c'),), bind='q'), size=2, guard=_r170_quantize_of_concat_guard, build=_r170_quantize_of_concat_build, location='specs/lowerings.glowdef:1412:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r171_rescale_through_max_guard, build=_r171_rescale_through_max_build, location='specs/lowerings.glowdef:1417:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r172_rescale_through_maxpool_guard, build=_r172_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1422:1'),
+    RuleInfo(name='rescale_through_resize', phases=('quantize',), pattern=P('Rescale', (P('Resize', (V('x'),), bind='z'),), bind='r'), size=2, guard=_r173_rescale_through_resize_guard, build=_r173_rescale_through_resize_build, location='specs/lowerings.glowdef:1426:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r174_quantize_of_clip_within_range_guard, build=_r174_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1431:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r175_max_with_floor_remove_guard, build=_r175_max_with_floor_remove_build, location='specs/lowerings.glowdef:1439:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r176_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1453:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r177_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1456:1'),
 )

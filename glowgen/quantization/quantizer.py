@@ -17,7 +17,16 @@ from ..errors import GlowgenError
 from .calibration import Calibration, check_schema, choose_params, tensor_range
 from .profile import Profile, as_profile
 
-QUANTIZED_DTYPES = ("i8",)
+# The integer precisions a profile quantizes to (`--precision`), and their element types.
+PRECISIONS = {"int8": "i8", "int16": "i16"}
+
+
+def check_precision(precision: str) -> str:
+    """The element type of `precision` ("int8" or "int16")."""
+    if precision not in PRECISIONS:
+        raise GlowgenError(f"unknown quantization precision {precision!r}; precisions: "
+                           f"{', '.join(PRECISIONS)} (default int8)")
+    return PRECISIONS[precision]
 
 
 @dataclass(frozen=True)
@@ -30,16 +39,17 @@ class QuantizationOptions:
 
     @classmethod
     def make(cls, profile, schema: str = "asymmetric", calibration="minmax",
-             keep_float: Optional[Iterable[str]] = None, dtype: str = "i8",
+             keep_float: Optional[Iterable[str]] = None, precision: str = "int8",
              registry: Optional[Registry] = None) -> "QuantizationOptions":
         """Checked options from what a user passes (a Profile or a path, names as text)."""
+        dtype = check_precision(precision)
+        if schema == "symmetric_uint8" and dtype != "i8":
+            raise GlowgenError(f"schema symmetric_uint8 reads an int8 as a uint8 and has no meaning "
+                               f"at precision {precision}; use symmetric (or asymmetric) with it")
         profile = as_profile(profile)
         if not isinstance(profile, Profile):
             raise GlowgenError(f"quantize= takes a profile (glowgen.profile(...)) or the path of "
                                f"one, not {type(profile).__name__}")
-        if dtype not in QUANTIZED_DTYPES:
-            raise GlowgenError(f"quantizing to {dtype!r} is not supported yet; quantized element "
-                               f"types: {', '.join(QUANTIZED_DTYPES)}")
         if isinstance(keep_float, str):
             keep_float = [k for k in keep_float.split(",") if k.strip()]
         kept = frozenset(k.strip() for k in keep_float or ())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from ..engine.types import numpy_dtype
 from ..speclib.shapes import einsum_parse, shape_range
 
 
@@ -65,33 +66,41 @@ def conv(node, x, w, b=None):
     return y
 
 
-def requantize_multipliers(x_scale, w_scale, scale) -> np.ndarray:
-    """The f32 multipliers x_scale * w_scale[m] / scale of an integer product's
-    requantization (computed in f64, rounded once)."""
-    return (np.float64(x_scale) * np.asarray(w_scale, np.float64) / np.float64(scale)).astype(np.float32)
+def requantize_multipliers(x_scale, w_scale, scale, dtype="i8") -> np.ndarray:
+    """The multipliers x_scale * w_scale[m] / scale of an integer product's requantization
+    (computed in f64; rounded once to f32 for i8 results, kept in f64 for i16 ones, whose
+    65536 steps an f32 product of large sums would not always round right)."""
+    mult = np.float64(x_scale) * np.asarray(w_scale, np.float64) / np.float64(scale)
+    return mult if dtype == "i16" else mult.astype(np.float32)
 
 
-def requantize(acc, mult, offset) -> np.ndarray:
-    """i32 sums to i8 as the cpu kernels compute it: f32(acc) * mult in f32, rounded halves
-    to even, plus `offset`, saturated (`mult` broadcasts against `acc`)."""
+def requantize(acc, mult, offset, dtype="i8") -> np.ndarray:
+    """Integer sums to `dtype` as the cpu kernels compute it: the sums in mult's float type
+    (f32 for i8, f64 for i16: see requantize_multipliers) times mult, rounded halves to even,
+    plus `offset`, saturated (`mult` broadcasts against `acc`)."""
+    ft = np.asarray(mult).dtype.type
+    info = np.iinfo(numpy_dtype(dtype))
     with np.errstate(over="ignore"):
-        v = np.round(np.asarray(acc).astype(np.float32) * mult)
-    return np.clip(v + np.float32(offset), -128, 127).astype(np.int8)
+        v = np.round(np.asarray(acc).astype(ft) * mult)
+    return np.clip(v + ft(offset), info.min, info.max).astype(info.dtype)
 
 
 def quantized_conv(node, x, w, ws, b):
     """(x - x_offset) conv w + b summed exactly (padding is real zero), then requantized."""
     q = node.inputs[0].type.quant
+    dtype = node.outputs[0].type.dtype
     m = w.shape[0]
     shifted = x.astype(np.int64) - q.offset
     acc = conv(node, shifted, w.astype(np.int64), b.astype(np.int64))
-    return requantize(acc, requantize_multipliers(q.scale, ws, node.scale).reshape(1, m, 1, 1), node.offset)
+    mult = requantize_multipliers(q.scale, ws, node.scale, dtype).reshape(1, m, 1, 1)
+    return requantize(acc, mult, node.offset, dtype)
 
 
 def quantized_matmul(node, x, w, ws, b):
     q = node.inputs[0].type.quant
+    dtype = node.outputs[0].type.dtype
     acc = np.matmul(x.astype(np.int64) - q.offset, w.astype(np.int64)) + b.astype(np.int64)
-    return requantize(acc, requantize_multipliers(q.scale, ws, node.scale), node.offset)
+    return requantize(acc, requantize_multipliers(q.scale, ws, node.scale, dtype), node.offset, dtype)
 
 
 def _lowest(dtype):

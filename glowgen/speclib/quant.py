@@ -96,13 +96,35 @@ def param_fits(param_shape, size, axis, rank):
 
 
 @helper
-def rescaled_value(value, in_scale, in_offset, scale, offset):
-    """One i8 value of parameters (in_scale, in_offset) under (scale, offset), as the Rescale
-    kernel computes it (float32, halves to even, saturated)."""
+def int_min(dtype):
+    """The least value of integer type `dtype` (the bottom of a quantized type's range)."""
+    import numpy as np
+    from ..engine.types import numpy_dtype
+    return int(np.iinfo(numpy_dtype(dtype)).min)
+
+
+@helper
+def int_max(dtype):
+    import numpy as np
+    from ..engine.types import numpy_dtype
+    return int(np.iinfo(numpy_dtype(dtype)).max)
+
+
+@helper
+def accumulator(dtype):
+    """The type an integer product of quantized `dtype` sums in, exactly: i32 for i8
+    (products of 2^14 at most, sums of 2^17 of them), i64 for i16 (products of 2^30)."""
+    return "i64" if dtype == "i16" else "i32"
+
+
+@helper
+def rescaled_value(value, in_scale, in_offset, scale, offset, dtype="i8"):
+    """One quantized value of parameters (in_scale, in_offset) under (scale, offset), in
+    `dtype`, as the Rescale kernel computes it (float32, halves to even, saturated)."""
     import numpy as np
     f32 = np.float32
     real = (f32(value) - f32(in_offset)) * (f32(in_scale) / f32(scale))
-    return int(min(max(np.rint(real) + offset, -128), 127))
+    return int(min(max(np.rint(real) + offset, int_min(dtype)), int_max(dtype)))
 
 
 @helper

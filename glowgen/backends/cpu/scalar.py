@@ -339,6 +339,12 @@ class ScalarEmitter:
             return Value(const(a, dtype), dtype)
         return convert(self.b, a, dtype)
 
+    def f_saturate(self, a, dtype):
+        """a (float) clamped to the range of integer type `dtype`: a max and a min with its
+        bounds, as a kernel writing them out would compile."""
+        info = np.iinfo(numpy_dtype(dtype))
+        return self.f_min(self.f_max(a, float(info.min)), float(info.max))
+
     # ---------------------------------------------------------- more libm and integer ops
     def f_tan(self, a): return self._libm("tan", a)
     def f_asin(self, a): return self._libm("asin", a)

@@ -26,7 +26,8 @@ plane of its groups only.  Any stride and dilation: the plane is dealt by stride
 is an offset.  A depthwise convolution (one filter per channel) takes its own kernel,
 qdepthwise.py, where that covers it (strides up to 2), and this product otherwise.
 Weights that are not constants and targets without AVX2 run `loops`: plain loops computing
-the same sums and requantization.
+the same sums and requantization.  So do i16 tensors (precision int16): their products sum
+in i64 and requantize in f64 (reference/primitives.requantize), compiled but not tuned.
 """
 from __future__ import annotations
 
@@ -149,6 +150,8 @@ def q_strategy(ins, shape, packable) -> str:
     for any other convolution, grouped or not, and matrix product; plain loops otherwise."""
     qs = choose_qshape(getattr(shape, "features", ""))
     node = ins.node
+    if node.inputs[0].type.dtype != "i8":
+        return "loops"                    # i16: the plain loops (no int16 product kernel yet)
     if qs is None or any(_constant(ins, i) is None for i in (2, 3, 4)):
         return "loops"
     if getattr(node, "group", 1) != 1 and depthwise.covers(node):
@@ -240,6 +243,12 @@ def q_phases(ins, shape) -> Optional[Phases]:
 def q_work(node, shape, ins) -> Work:
     if ins.plan is not None and depthwise.is_depthwise(ins.plan.strategy):
         return depthwise.work(node, depthwise.qshape(ins.plan.strategy))
+    if ins.plan is not None and ins.plan.strategy == "loops" and node.inputs[0].type.dtype == "i16":
+        # i16 loops (LoopTypes): shares of the filters (of a product's columns).
+        w = node.inputs[1].type.shape
+        conv = node.OP == "QuantizedConv"
+        per_output = float(np.prod(w[1:])) if conv else float(w[0])
+        return Work(w[0] if conv else w[1], flops=2.0 * float(np.prod(node.outputs[0].type.shape)) * per_output)
     if ins.plan is None or ins.plan.strategy not in QSHAPES:
         return Work(1)
     qs = QShape(ins.plan.strategy)
@@ -250,6 +259,8 @@ def q_work(node, shape, ins) -> Work:
 
 @hook(DESCRIBE, "QuantizedConv", "QuantizedMatMul")
 def q_describe(node) -> str:
+    if node.inputs[0].type.dtype == "i16":
+        return "int16 (plain loops)"
     if getattr(node, "group", 1) == 1:
         return "int8"
     return "int8 depthwise" if depthwise.covers(node) else "int8 grouped"
@@ -471,16 +482,36 @@ def write_matmul_out(b, geo: Geometry, ys, y, n, m_lo, m_hi):
 
 
 # ----------------------------------------------------------------------------- plain loops
-def _multiplier(b, node, ws, m):
-    """x_scale * w_scale[m] / scale in f64, rounded to f32 (as requantize_multipliers)."""
-    q = node.inputs[0].type.quant
-    v = b.fmul(ir_const(F64, float(q.scale)), b.fpext(b.load(b.gep(ws, [m])), F64))
-    return b.fptrunc(b.fdiv(v, ir_const(F64, float(node.scale))), F32)
+class LoopTypes:
+    """What the plain loops of a product compute in, by the element type of its operands
+    (as reference/primitives.requantize): i8 sums in i32, requantized in f32 (qgemm.requantize);
+    i16 sums in i64 (products of up to 2^30), requantized in f64, where f32 would round sums
+    of more than 24 bits before the 65536-step result is rounded."""
 
+    def __init__(self, node):
+        self.wide = node.inputs[0].type.dtype == "i16"
+        self.acc = I64 if self.wide else I32
 
-def _sum_into(b, acc, xv, wv, xo):
-    xs = b.sub(b.sext(xv, I32), ir_const(I32, xo))
-    b.store(b.add(b.load(acc), b.mul(xs, b.sext(wv, I32))), acc)
+    def multiplier(self, b, node, ws, m):
+        """x_scale * w_scale[m] / scale in f64 (rounded to f32 for i8, as requantize_multipliers)."""
+        q = node.inputs[0].type.quant
+        v = b.fmul(ir_const(F64, float(q.scale)), b.fpext(b.load(b.gep(ws, [m])), F64))
+        v = b.fdiv(v, ir_const(F64, float(node.scale)))
+        return v if self.wide else b.fptrunc(v, F32)
+
+    def sum_into(self, b, acc, xv, wv, xo):
+        xs = b.sub(b.sext(xv, self.acc), ir_const(self.acc, xo))
+        b.store(b.add(b.load(acc), b.mul(xs, b.sext(wv, self.acc))), acc)
+
+    def requantize(self, b, sums, mult, offset: int):
+        if not self.wide:
+            return requantize(b, sums, mult, offset)
+        f = b.fmul(b.sitofp(sums, F64), mult)
+        f = b.fadd(b.call(intrinsic(b.module, "llvm.roundeven.f64", F64, [F64]), [f]), ir_const(F64, float(offset)))
+        lo, hi = ir_const(F64, -32768.0), ir_const(F64, 32767.0)
+        f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
+        f = b.select(b.fcmp_ordered("<", f, lo), lo, f)
+        return b.trunc(b.fptosi(f, I32), I16)
 
 
 def q_conv_loops(k: KernelArgs):
@@ -494,9 +525,11 @@ def q_conv_loops(k: KernelArgs):
     (sh, sw), (dh, dw), pads = node.strides, node.dilations, node.pads
     mg = m // node.group
     xo = node.inputs[0].type.quant.offset
-    acc = b.alloca(I32)
-    with for_range(b, nb, name="n") as n, for_range(b, m, name="m") as mi:
-        mult = _multiplier(b, node, ws, mi)
+    lt = LoopTypes(node)
+    acc = b.alloca(lt.acc)
+    m_lo, m_hi = k.split.range(b, m)            # the whole of it but for i16 (q_work)
+    with for_range(b, nb, name="n") as n, for_range(b, m_hi, start=m_lo, name="m") as mi:
+        mult = lt.multiplier(b, node, ws, mi)
         c0 = b.mul(b.sdiv(mi, i64(mg)), i64(cg))
         with for_range(b, oh, name="oy") as oy, for_range(b, ow, name="ox") as ox:
             b.store(b.load(b.gep(bias, [mi])), acc)
@@ -509,9 +542,9 @@ def q_conv_loops(k: KernelArgs):
                 with b.if_then(inside):
                     xi = b.add(b.mul(b.add(b.mul(b.add(b.mul(n, i64(c)), b.add(c0, ci)), i64(h)), iy), i64(wd)), ix)
                     wi = b.add(b.mul(b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh)), ky), i64(kw)), kx)
-                    _sum_into(b, acc, b.load(b.gep(x, [xi])), b.load(b.gep(w, [wi])), xo)
+                    lt.sum_into(b, acc, b.load(b.gep(x, [xi])), b.load(b.gep(w, [wi])), xo)
             yi = b.add(b.mul(b.add(b.mul(b.add(b.mul(n, i64(m)), mi), i64(oh)), oy), i64(ow)), ox)
-            b.store(requantize(b, b.load(acc), mult, node.offset), b.gep(y, [yi]))
+            b.store(lt.requantize(b, b.load(acc), mult, node.offset), b.gep(y, [yi]))
 
 
 def q_matmul_loops(k: KernelArgs):
@@ -521,12 +554,14 @@ def q_matmul_loops(k: KernelArgs):
     n = node.inputs[1].type.shape[1]
     rows = int(np.prod(batch, dtype=np.int64))
     xo = node.inputs[0].type.quant.offset
-    acc = b.alloca(I32)
-    with for_range(b, n, name="n") as j:
-        mult = _multiplier(b, node, ws, j)
+    lt = LoopTypes(node)
+    acc = b.alloca(lt.acc)
+    n_lo, n_hi = k.split.range(b, n)            # the whole of it but for i16 (q_work)
+    with for_range(b, n_hi, start=n_lo, name="n") as j:
+        mult = lt.multiplier(b, node, ws, j)
         with for_range(b, rows, name="r") as r:
             b.store(b.load(b.gep(bias, [j])), acc)
             with for_range(b, kk, name="k") as ki:
-                _sum_into(b, acc, b.load(b.gep(x, [b.add(b.mul(r, i64(kk)), ki)])),
-                          b.load(b.gep(w, [b.add(b.mul(ki, i64(n)), j)])), xo)
-            b.store(requantize(b, b.load(acc), mult, node.offset), b.gep(y, [b.add(b.mul(r, i64(n)), j)]))
+                lt.sum_into(b, acc, b.load(b.gep(x, [b.add(b.mul(r, i64(kk)), ki)])),
+                            b.load(b.gep(w, [b.add(b.mul(ki, i64(n)), j)])), xo)
+            b.store(lt.requantize(b, b.load(acc), mult, node.offset), b.gep(y, [b.add(b.mul(r, i64(n)), j)]))
