@@ -44,6 +44,18 @@ class CompileTimeInputError(UnsupportedError):
         self.value = value       # the ONNX name of the value needed, when the model names it
 
 
+class DataDependentError(UnsupportedError):
+    """An op whose output shape depends on the values of its operands (NonZero, Unique, a
+    Compress whose condition is computed) meets operands computed at run time.  `node` and
+    `outputs` name the ONNX node; glowgen.compile's specializing model cuts the graph there
+    (glowgen/staged.py)."""
+
+    def __init__(self, message: str, node: str, outputs=()):
+        super().__init__(message)
+        self.node = node
+        self.outputs = tuple(outputs)
+
+
 class ShapeError(GlowgenError):
     """An operand's type does not satisfy its op's declaration."""
 
