@@ -249,11 +249,11 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
         if not specialize:
             try:
                 return ahead_of_time(None, None)
+            except DataDependentError as e:         # an op with data-dependent shapes: cut
+                specialize, learned = True, e
             except CompileTimeInputError as e:      # inputs whose values decide: per value
                 if not e.inputs:
                     raise
-                specialize, learned = True, e
-            except DataDependentError as e:         # an op with data-dependent shapes: cut
                 specialize, learned = True, e
     if specialize:
         specializing.check_ops(model.proto, registry or Registry.default())

@@ -390,6 +390,8 @@ class SpecializingModel:
             with _COMPILE_LOCK:
                 model = CheckedModel(self.proto if not decided else with_values(self.proto, decided))
                 compiled = self._compile_fn(model, shapes, bound)
+        except DataDependentError:
+            raise                     # cut the graph there (_variant)
         except CompileTimeInputError as e:
             raise _MoreDeciding(self._grown(plan, e)) from None
         seconds = time.perf_counter() - start

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..errors import DataDependentError, InputError, UnsupportedError
+from ..errors import CompileTimeInputError, DataDependentError, InputError
 
 
 def nonzero(inputs: Sequence, attrs: dict) -> list:
@@ -104,14 +104,24 @@ def import_node(importer, node: onnx.NodeProto, desc: str) -> bool:
         for name, array in evaluate(node, known).items():
             importer.values[name] = importer.function.add_constant(array, name)
         return True
+    behind = sorted({name for k, v in zip(known, values) if v is not None and k is None
+                     for name in importer.placeholders_behind(v)})
+    first = next(n for n, k, v in zip(node.input, known, values) if v is not None and k is None)
     if importer.subgraph_depth:
-        raise UnsupportedError(
+        # A CompileTimeInputError: a Loop whose body needs it falls back to unrolling, where
+        # the operands may be constants.
+        raise CompileTimeInputError(
             f"{desc} is inside a Loop, If or Scan body and its output shape depends on the "
             f"values of operands computed at run time; glowgen cuts the graph at such an op "
-            f"only in the main graph. Move it out of the body, or make its operands constants")
+            f"only in the main graph, so glowgen.compile(model) compiles the model per value "
+            f"of {', '.join(map(repr, behind))} instead (bound as constants). Move the op out "
+            f"of the body to cut the graph there", behind, first)
     raise DataDependentError(
         f"{desc}: its output shape depends on the values of its operands, which are computed "
-        f"at run time; compile with glowgen.compile(model) without input_shapes and "
-        f"constant_inputs (or with specialize=True) to cut the graph at it: the part before "
+        f"from model input{'s' if len(behind) > 1 else ''} {', '.join(map(repr, behind))} at "
+        f"run time; compile with glowgen.compile(model) without input_shapes and "
+        f"constant_inputs (or with specialize=True) to cut the graph at it (the part before "
         f"runs, {node.op_type} is computed on its values, and the part after is compiled for "
-        f"the shapes that come out", node.name or node.output[0], [o for o in node.output if o])
+        f"the shapes that come out), or bind {'them' if len(behind) > 1 else 'it'} with "
+        f"constant_inputs", behind, node.name or node.output[0], [o for o in node.output if o],
+        first)
