@@ -84,7 +84,7 @@ def piece(proto: onnx.ModelProto, nodes: list, outputs: list[str], types: dict,
         if value in inits:
             used_inits.append(inits[value])
         else:
-            inputs.append(declared.get(value) or _typed(types, value))
+            inputs.append(declared.get(value) or _dynamic(_typed(types, value)))
     graph = helper.make_graph(nodes, name, inputs, [_typed(types, o) for o in outputs],
                               used_inits)
     model = helper.make_model(graph, opset_imports=proto.opset_import,
@@ -99,6 +99,18 @@ def _typed(types: dict, name: str) -> onnx.ValueInfoProto:
         raise GlowgenError(f"cannot cut the graph at {name!r}: ONNX shape inference gives no "
                            f"element type for it; declare it in the model's value_info")
     return vi
+
+
+def _dynamic(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
+    """`vi` with the dimensions shape inference could not fix left blank (dynamic), rather
+    than named after its own symbols (unk__0)."""
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(vi)
+    if out.type.tensor_type.HasField("shape"):
+        for d in out.type.tensor_type.shape.dim:
+            if not d.HasField("dim_value"):
+                d.Clear()
+    return out
 
 
 # ----------------------------------------------------------------------------- the stages

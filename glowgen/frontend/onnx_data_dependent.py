@@ -122,6 +122,7 @@ def import_node(importer, node: onnx.NodeProto, desc: str) -> bool:
         f"run time; compile with glowgen.compile(model) without input_shapes and "
         f"constant_inputs (or with specialize=True) to cut the graph at it (the part before "
         f"runs, {node.op_type} is computed on its values, and the part after is compiled for "
-        f"the shapes that come out), or bind {'them' if len(behind) > 1 else 'it'} with "
-        f"constant_inputs", behind, node.name or node.output[0], [o for o in node.output if o],
+        f"the shapes that come out; `glowgen run`: without --input-shape, the inputs "
+        f"given with --input NAME=FILE.npy), or bind {'them' if len(behind) > 1 else 'it'} "
+        f"with constant_inputs", behind, node.name or node.output[0], [o for o in node.output if o],
         first)
