@@ -207,6 +207,42 @@ def test_unique_along_an_axis():
     _check(model, onnx_model, {"x": x})
 
 
+def _nms(center_point_box, with_score_threshold):
+    """Boxes and scores computed from the inputs (x 1, so the op reads run-time values),
+    NonMaxSuppression, then the selected box indices gathered from the boxes."""
+    inputs = ["b", "s", "limit", "iou"] + (["score_limit"] if with_score_threshold else [])
+    nodes = [helper.make_node("Mul", ["boxes", "one"], ["b"]),
+             helper.make_node("Mul", ["scores", "one"], ["s"]),
+             helper.make_node("NonMaxSuppression", inputs, ["sel"],
+                              center_point_box=center_point_box),
+             helper.make_node("Gather", ["sel", "two"], ["which"], axis=1),
+             helper.make_node("Gather", ["b", "which"], ["picked"], axis=1)]
+    consts = {"one": np.array(1.0, np.float32), "two": np.array(2, np.int64),
+              "limit": np.array([3], np.int64), "iou": np.array([0.4], np.float32),
+              "score_limit": np.array([0.3], np.float32)}
+    return _model(nodes, [("boxes", F, ["n", "k", 4]), ("scores", F, ["n", "c", "k"])],
+                  [("sel", I64, ["m", 3]), ("picked", F, ["n", "m", 4])], consts)
+
+
+@pytest.mark.parametrize("center_point_box", [0, 1])
+@pytest.mark.parametrize("with_score_threshold", [True, False], ids=["score_threshold", "all"])
+def test_non_max_suppression(center_point_box, with_score_threshold):
+    onnx_model = _nms(center_point_box, with_score_threshold)
+    model = glowgen.compile(onnx_model)
+    rng = np.random.default_rng(11)
+    for batches, classes, k in [(1, 1, 6), (2, 3, 10), (1, 2, 1), (2, 1, 30)]:
+        corners = rng.uniform(0, 10, (batches, k, 2)).astype(np.float32)
+        sizes = rng.uniform(0.5, 4, (batches, k, 2)).astype(np.float32)
+        if center_point_box:
+            boxes = np.concatenate([corners, sizes], axis=2)
+        else:                      # [y1, x1, y2, x2], some corners flipped
+            boxes = np.concatenate([corners, corners + sizes], axis=2)[..., [0, 1, 2, 3]]
+            boxes[:, ::3] = boxes[:, ::3][..., [2, 3, 0, 1]]
+        scores = rng.uniform(0, 1, (batches, classes, k)).astype(np.float32)
+        scores[..., ::4] = 0.5                                # ties
+        _check(model, onnx_model, {"boxes": boxes, "scores": scores})
+
+
 def test_two_cuts_in_sequence():
     """NonZero, then Compress on a condition computed after it: the part after the first
     cut is cut again."""

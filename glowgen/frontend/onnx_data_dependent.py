@@ -63,11 +63,68 @@ def unique(inputs: Sequence, attrs: dict) -> list:
     return [y, first.astype(np.int64), inverse.astype(np.int64), counts.astype(np.int64)]
 
 
+def non_max_suppression(inputs: Sequence, attrs: dict) -> list:
+    """[selected, 3] int64 (batch, class, box): per batch and class, the boxes scoring above
+    score_threshold, best first (the lower index first among equal scores), each kept unless
+    its IoU with a box kept before exceeds iou_threshold, at most max_output_boxes_per_class
+    of them (0 or absent: none)."""
+    boxes, scores = np.asarray(inputs[0]), np.asarray(inputs[1])
+    limit, iou_limit, score_limit = (None if i >= len(inputs) or inputs[i] is None
+                                     or np.asarray(inputs[i]).size == 0
+                                     else np.asarray(inputs[i]).reshape(-1)[0] for i in (2, 3, 4))
+    limit = 0 if limit is None else max(int(limit), 0)
+    iou_limit = boxes.dtype.type(0) if iou_limit is None else iou_limit
+    if boxes.ndim != 3 or boxes.shape[2] != 4 or scores.ndim != 3 \
+            or scores.shape[0] != boxes.shape[0] or scores.shape[2] != boxes.shape[1]:
+        raise InputError(f"NonMaxSuppression: boxes must be [batches, boxes, 4] and scores "
+                         f"[batches, classes, boxes], got {list(boxes.shape)} and "
+                         f"{list(scores.shape)}")
+    selected = []
+    for b in range(boxes.shape[0]):
+        suppresses = _suppression(boxes[b], attrs.get("center_point_box", 0), iou_limit)
+        for c in range(scores.shape[1]):
+            score = scores[b, c]
+            candidates = (np.arange(score.size) if score_limit is None
+                          else np.flatnonzero(score > score_limit))
+            order = candidates[np.argsort(-score[candidates], kind="stable")]
+            alive = np.ones(order.size, bool)
+            kept = 0
+            for k in range(order.size):          # greedy: each kept box suppresses the rest
+                if kept == limit:
+                    break
+                if alive[k]:
+                    selected.append((b, c, order[k]))
+                    kept += 1
+                    alive[k + 1:] &= ~suppresses[order[k], order[k + 1:]]
+    return [np.array(selected, np.int64).reshape(-1, 3)]
+
+
+def _suppression(boxes: np.ndarray, center_point_box: int, iou_limit) -> np.ndarray:
+    """[n, n] bool: whether box i suppresses box j (IoU above the limit; boxes without area
+    or apart suppress nothing), computed in the boxes' element type as onnxruntime does."""
+    if center_point_box:
+        half_w, half_h = boxes[:, 2] / 2, boxes[:, 3] / 2
+        x0, x1 = boxes[:, 0] - half_w, boxes[:, 0] + half_w
+        y0, y1 = boxes[:, 1] - half_h, boxes[:, 1] + half_h
+    else:
+        y0, y1 = np.minimum(boxes[:, 0], boxes[:, 2]), np.maximum(boxes[:, 0], boxes[:, 2])
+        x0, x1 = np.minimum(boxes[:, 1], boxes[:, 3]), np.maximum(boxes[:, 1], boxes[:, 3])
+    ix = np.minimum(x1[:, None], x1[None]) - np.maximum(x0[:, None], x0[None])
+    iy = np.minimum(y1[:, None], y1[None]) - np.maximum(y0[:, None], y0[None])
+    inter = ix * iy
+    area = (x1 - x0) * (y1 - y0)
+    union = area[:, None] + area[None] - inter
+    ok = (ix > 0) & (iy > 0) & (inter > 0) & (area[:, None] > 0) & (area[None] > 0) & (union > 0)
+    iou = np.divide(inter, union, out=np.zeros_like(inter), where=ok)
+    return ok & (iou > iou_limit)
+
+
 # op type -> (the function, the attributes it reads with their ONNX defaults)
 DATA_DEPENDENT: dict[str, tuple[Callable, dict]] = {
     "NonZero": (nonzero, {}),
     "Compress": (compress, {"axis": None}),
     "Unique": (unique, {"axis": None, "sorted": 1}),
+    "NonMaxSuppression": (non_max_suppression, {"center_point_box": 0}),
 }
 
 
