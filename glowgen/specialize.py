@@ -472,44 +472,24 @@ def decider_model(proto: onnx.ModelProto, names: tuple) -> onnx.ModelProto:
     """The part of `proto` that computes the values `names` from the graph inputs, as a
     model of its own whose outputs they are.  Only values of the main graph computed without
     subgraphs qualify (else _NotDecidable)."""
-    producer = {o: node for node in proto.graph.node for o in node.output if o}
-    inits = {i.name: i for i in proto.graph.initializer}
-    inputs = {vi.name: vi for vi in proto.graph.input if vi.name not in inits}
-    keep, used_inits, used_inputs, stack = set(), set(), set(), list(names)
-    while stack:
-        name = stack.pop()
-        if not name or name in used_inits or name in used_inputs:
-            continue
-        if name in inputs:
-            used_inputs.add(name)
-        elif name in inits:
-            used_inits.add(name)
-        elif name in producer:
-            node = producer[name]
-            if id(node) in keep:
-                continue
-            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                   for a in node.attribute):
-                raise _NotDecidable(f"{name!r} is computed by a node with subgraphs")
-            keep.add(id(node))
-            stack.extend(node.input)
-        else:
+    from .frontend.onnx_cut import ancestors, piece
+    nodes = ancestors(proto, names)
+    known = ({o for n in nodes for o in n.output} | {i.name for i in proto.graph.initializer}
+             | {vi.name for vi in proto.graph.input})
+    for node in nodes:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for a in node.attribute):
+            raise _NotDecidable(f"{node.output[0]!r} is computed by a node with subgraphs")
+    for name in [n for node in nodes for n in node.input if n] + list(names):
+        if name not in known:
             raise _NotDecidable(f"{name!r} is not a value of the main graph")
     typed = onnx.shape_inference.infer_shapes(proto)
     types = {vi.name: vi for vi in list(typed.graph.value_info) + list(typed.graph.output)}
-    outputs = []
     for name in names:
         vi = types.get(name)
         if vi is None or not vi.type.tensor_type.elem_type:
             raise _NotDecidable(f"ONNX cannot infer the type of {name!r}")
-        outputs.append(vi)
-    graph = onnx.helper.make_graph(
-        [n for n in proto.graph.node if id(n) in keep], f"{proto.graph.name}_decider",
-        [vi for vi in proto.graph.input if vi.name in used_inputs], outputs,
-        [i for i in proto.graph.initializer if i.name in used_inits])
-    model = onnx.helper.make_model(graph, opset_imports=proto.opset_import,
-                                   ir_version=proto.ir_version)
-    return model
+    return piece(proto, nodes, list(names), types, f"{proto.graph.name}_decider")
 
 
 def with_values(proto: onnx.ModelProto, values: dict) -> onnx.ModelProto:

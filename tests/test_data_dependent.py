@@ -8,7 +8,6 @@ import logging
 import threading
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
