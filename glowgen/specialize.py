@@ -21,9 +21,9 @@ safe to use from two threads at once.  Running compiled variants is not serializ
 CompiledModel's run() is thread-safe), and an evicted variant stays alive for the calls
 still running it.
 
-An op whose output shape depends on run-time values (NonZero, Unique, a Compress with a
-computed condition) cuts the model into pieces, each a SpecializingModel of its own that
-shares this one's cache: staged.py.
+An op whose output shape depends on run-time values (NonZero, Unique, NonMaxSuppression, a
+Compress with a computed condition) cuts the model into pieces, each a SpecializingModel of
+its own that shares this one's cache: staged.py.
 """
 from __future__ import annotations
 
