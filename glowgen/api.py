@@ -14,7 +14,7 @@ from .backends.base import Backend, backend_names, get_backend
 from .engine.graph import Function
 from .engine.registry import Registry
 from .engine.types import Type, dtype_of
-from .errors import CompileTimeInputError, GlowgenError, InputError
+from .errors import CompileTimeInputError, DataDependentError, GlowgenError, InputError
 from .frontend.onnx import CheckedModel, ModelLike, import_model, load_model
 from .memory_limit import MemoryLimit, format_bytes
 
@@ -257,6 +257,8 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
         if not specialize:
             try:
                 return ahead_of_time(None, None)
+            except DataDependentError as e:         # an op with data-dependent shapes: cut
+                specialize, learned = True, e
             except CompileTimeInputError as e:      # inputs whose values decide: per value
                 if not e.inputs:
                     raise

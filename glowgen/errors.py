@@ -44,6 +44,18 @@ class CompileTimeInputError(UnsupportedError):
         self.value = value       # the ONNX name of the value needed, when the model names it
 
 
+class DataDependentError(CompileTimeInputError):
+    """An op whose output shape depends on the values of its operands (NonZero, Unique, a
+    Compress whose condition is computed) meets operands computed from the model inputs
+    `inputs`.  `node` and `outputs` name the ONNX node; glowgen.compile's specializing model
+    cuts the graph there (glowgen/staged.py); binding the inputs as constants folds the op."""
+
+    def __init__(self, message: str, inputs, node: str, outputs=(), value: str | None = None):
+        super().__init__(message, inputs, value)
+        self.node = node
+        self.outputs = tuple(outputs)
+
+
 class ShapeError(GlowgenError):
     """An operand's type does not satisfy its op's declaration."""
 

@@ -20,6 +20,10 @@ signatures run one at a time in this process: llvmlite's LLVM context is global 
 safe to use from two threads at once.  Running compiled variants is not serialized (a
 CompiledModel's run() is thread-safe), and an evicted variant stays alive for the calls
 still running it.
+
+An op whose output shape depends on run-time values (NonZero, Unique, NonMaxSuppression, a
+Compress with a computed condition) cuts the model into pieces, each a SpecializingModel of
+its own that shares this one's cache: staged.py.
 """
 from __future__ import annotations
 
@@ -36,7 +40,8 @@ import onnx
 from onnx import numpy_helper
 
 from .engine.types import dtype_from_onnx, dtype_of, numpy_dtype
-from .errors import CompileTimeInputError, GlowgenError, InputError, UnsupportedError
+from .errors import (CompileTimeInputError, DataDependentError, GlowgenError, InputError,
+                     UnsupportedError)
 from .frontend.onnx import CheckedModel, declared_dims, declared_inputs, load_model
 
 log = logging.getLogger("glowgen.specialize")
@@ -88,11 +93,12 @@ class Variant:
     compile_seconds: float
     model: object = field(repr=False)
     calls: int = 0
+    piece: str = ""          # of a model cut at a data-dependent op: which piece (staged.py)
 
     def describe(self) -> str:
         parts = [f"{n}={'x'.join(map(str, s)) or 'scalar'}" for n, s in self.shapes.items()]
         parts += [f"{n}={_short(v)}" for n, v in self.bound.items()]
-        return " ".join(parts)
+        return (f"[{self.piece}] " if self.piece else "") + " ".join(parts)
 
 
 def _declared_output(vi: onnx.ValueInfoProto) -> TensorSpec:
@@ -121,9 +127,10 @@ def check_ops(proto: onnx.ModelProto, registry) -> None:
     from onnx import defs
     from .frontend.onnx import onnx_op_name
     from .frontend.onnx_control import CONTROL_FLOW
+    from .frontend.onnx_data_dependent import is_data_dependent
     for node in proto.graph.node:
         desc = f"{node.op_type} node {node.name or (node.output[0] if node.output else '?')!r}"
-        if onnx_op_name(node) in registry.onnx:
+        if onnx_op_name(node) in registry.onnx or is_data_dependent(node):
             continue
         if node.domain not in ("", "ai.onnx"):
             raise UnsupportedError(f"{desc} is in domain {node.domain!r}, which glowgen does not "
@@ -151,7 +158,8 @@ class SpecializingModel:
 
     def __init__(self, model, compile_fn, backend: str, max_variants: int = DEFAULT_MAX_VARIANTS,
                  learned: Optional[CompileTimeInputError] = None,
-                 options: Optional[Mapping] = None, decider_fn=None):
+                 options: Optional[Mapping] = None, decider_fn=None,
+                 shared: Optional["SpecializingModel"] = None, piece: str = ""):
         check_max_variants(max_variants)
         self.proto = load_model(model)
         # compile_fn(model, input_shapes, constant_inputs) -> CompiledModel, ahead of time;
@@ -167,12 +175,21 @@ class SpecializingModel:
         self.output_types = {o.name: _declared_output(o) for o in self.proto.graph.output}
         self._expected = {n: (t.np_dtype, t.shape) for n, t in self.input_types.items()}
         self._plan = Plan()
+        # A piece of a model cut at a data-dependent op (`piece` names it) shares the
+        # cache of the whole (`shared`): its bound, lock and statistics.
+        self.piece_name = piece
         self._cache: "OrderedDict[tuple, Variant]" = OrderedDict()
         self._pending: dict[tuple, Future] = {}
         self._lock = threading.Lock()
         # compiles; hits (found compiled); waits (found being compiled by another caller)
         self.stats = {"compiles": 0, "hits": 0, "waits": 0, "evictions": 0}
-        if learned is not None:       # what compiling ahead of time found deciding
+        if shared is not None:
+            self._cache, self._pending = shared._cache, shared._pending
+            self._lock, self.stats = shared._lock, shared.stats
+        self._staged = None          # a staged.Staged once the model is cut
+        if isinstance(learned, DataDependentError):
+            self._cut(learned)
+        elif learned is not None:     # what compiling ahead of time found deciding
             self._plan = self._grown(self._plan, learned)
 
     # ------------------------------------------------------------------ the API
@@ -194,25 +211,56 @@ class SpecializingModel:
 
     @property
     def variants(self) -> list[Variant]:
-        """The compiled variants, least recently used first."""
+        """The compiled variants, least recently used first (of a model cut at data-dependent
+        ops, those of all its pieces, each naming its piece)."""
         with self._lock:
             return list(self._cache.values())
 
+    @property
+    def pieces(self) -> list["SpecializingModel"]:
+        """Of a model cut at an op with data-dependent output shapes: the part before it and
+        the part after (itself cut again if it meets another); else []."""
+        return self._staged.pieces if self._staged is not None else []
+
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = self.check_feeds(feeds)
-        variant = self._variant(arrays)
+        if self._staged is None:
+            variant = self._variant(arrays)
+            if variant is not None:
+                return self._run_variant(variant, arrays)
+        return self._staged.run(arrays)
+
+    __call__ = run
+
+    def _run_variant(self, variant: Variant, arrays: dict) -> dict:
         if variant.bound:
             arrays = {n: a for n, a in arrays.items() if n not in variant.bound}
         # The variant was compiled for exactly these shapes and element types (its key), so
         # its own check would find nothing: its runner takes the arrays directly.
         return variant.model._runner.run(arrays)
 
-    __call__ = run
+    def piece(self, proto: onnx.ModelProto, name: str) -> "SpecializingModel":
+        """A SpecializingModel of `proto`, a piece of this one, sharing its cache."""
+        whole = f"{self.piece_name} | {name}" if self.piece_name else name
+        return SpecializingModel(proto, self._compile_fn, self.backend, self.max_variants,
+                                 options=self.options, decider_fn=self._decider_fn,
+                                 shared=self, piece=whole)
+
+    def _cut(self, error: DataDependentError) -> None:
+        from .staged import Staged
+        with _COMPILE_LOCK:       # one cut, whichever caller meets the op first
+            if self._staged is None:
+                self._staged = Staged(self, error)
 
     def specialized(self, feeds: Mapping[str, np.ndarray]):
         """The CompiledModel that serves calls like `feeds` (compiled now if it is not yet),
         e.g. for `profile()` or to read its graph."""
-        return self._variant(self.check_feeds(feeds)).model
+        variant = None if self._staged is not None else self._variant(self.check_feeds(feeds))
+        if variant is None:
+            raise GlowgenError("the model is cut at an op whose output shape depends on run-time "
+                               "values, so no one compiled model serves a call; see "
+                               "model.pieces for the parts compiled on each side")
+        return variant.model
 
     def check_feeds(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Names, element types, ranks and fixed dimensions; the rest the variant decides."""
@@ -266,10 +314,13 @@ class SpecializingModel:
         values = tuple(np.ascontiguousarray(arrays[n]).tobytes() for n in plan.inputs)
         values += tuple((d.dtype.str, d.shape, np.ascontiguousarray(d).tobytes())
                         for d in decided.values())
-        return plan.inputs, plan.values, shapes, values
+        return self.piece_name, plan.inputs, plan.values, shapes, values
 
-    def _variant(self, arrays: dict) -> Variant:
+    def _variant(self, arrays: dict) -> Optional[Variant]:
+        """The variant for `arrays`, compiled if need be; None once the model is cut."""
         while True:
+            if self._staged is not None:
+                return None
             plan = self._plan
             decided = plan.decide(arrays)
             key = self._key(arrays, plan, decided)
@@ -301,6 +352,18 @@ class SpecializingModel:
                     del self._pending[key]
                 future.set_result(None)
                 continue
+            except DataDependentError as cut:
+                try:
+                    self._cut(cut)
+                except BaseException as e:
+                    with self._lock:
+                        del self._pending[key]
+                    future.set_exception(e)
+                    raise
+                with self._lock:
+                    del self._pending[key]
+                future.set_result(None)
+                continue
             except BaseException as e:
                 with self._lock:
                     del self._pending[key]
@@ -327,10 +390,12 @@ class SpecializingModel:
             with _COMPILE_LOCK:
                 model = CheckedModel(self.proto if not decided else with_values(self.proto, decided))
                 compiled = self._compile_fn(model, shapes, bound)
+        except DataDependentError:
+            raise                     # cut the graph there (_variant)
         except CompileTimeInputError as e:
             raise _MoreDeciding(self._grown(plan, e)) from None
         seconds = time.perf_counter() - start
-        variant = Variant(shapes, {**bound, **decided}, seconds, compiled)
+        variant = Variant(shapes, {**bound, **decided}, seconds, compiled, piece=self.piece_name)
         log.info("compiled variant %s in %.3f s (backend %s)", variant.describe(),
                  seconds, self.backend)
         return variant
@@ -363,6 +428,11 @@ class SpecializingModel:
 
     def __repr__(self) -> str:
         ins = ", ".join(f"{n}: {t}" for n, t in self.input_types.items())
+        if self._staged is not None:
+            return (f"<SpecializingModel backend={self.backend} ({ins}) -> "
+                    f"({', '.join(self.output_names)}); cut at {self._staged.node.op_type} into "
+                    f"{len(self.pieces)} pieces, {len(self._cache)} of {self.max_variants} "
+                    f"variants compiled>")
         return (f"<SpecializingModel backend={self.backend} ({ins}) -> "
                 f"({', '.join(self.output_names)}); {len(self._cache)} of {self.max_variants} "
                 f"variants compiled>")
@@ -402,44 +472,24 @@ def decider_model(proto: onnx.ModelProto, names: tuple) -> onnx.ModelProto:
     """The part of `proto` that computes the values `names` from the graph inputs, as a
     model of its own whose outputs they are.  Only values of the main graph computed without
     subgraphs qualify (else _NotDecidable)."""
-    producer = {o: node for node in proto.graph.node for o in node.output if o}
-    inits = {i.name: i for i in proto.graph.initializer}
-    inputs = {vi.name: vi for vi in proto.graph.input if vi.name not in inits}
-    keep, used_inits, used_inputs, stack = set(), set(), set(), list(names)
-    while stack:
-        name = stack.pop()
-        if not name or name in used_inits or name in used_inputs:
-            continue
-        if name in inputs:
-            used_inputs.add(name)
-        elif name in inits:
-            used_inits.add(name)
-        elif name in producer:
-            node = producer[name]
-            if id(node) in keep:
-                continue
-            if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-                   for a in node.attribute):
-                raise _NotDecidable(f"{name!r} is computed by a node with subgraphs")
-            keep.add(id(node))
-            stack.extend(node.input)
-        else:
+    from .frontend.onnx_cut import ancestors, piece
+    nodes = ancestors(proto, names)
+    known = ({o for n in nodes for o in n.output} | {i.name for i in proto.graph.initializer}
+             | {vi.name for vi in proto.graph.input})
+    for node in nodes:
+        if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+               for a in node.attribute):
+            raise _NotDecidable(f"{node.output[0]!r} is computed by a node with subgraphs")
+    for name in [n for node in nodes for n in node.input if n] + list(names):
+        if name not in known:
             raise _NotDecidable(f"{name!r} is not a value of the main graph")
     typed = onnx.shape_inference.infer_shapes(proto)
     types = {vi.name: vi for vi in list(typed.graph.value_info) + list(typed.graph.output)}
-    outputs = []
     for name in names:
         vi = types.get(name)
         if vi is None or not vi.type.tensor_type.elem_type:
             raise _NotDecidable(f"ONNX cannot infer the type of {name!r}")
-        outputs.append(vi)
-    graph = onnx.helper.make_graph(
-        [n for n in proto.graph.node if id(n) in keep], f"{proto.graph.name}_decider",
-        [vi for vi in proto.graph.input if vi.name in used_inputs], outputs,
-        [i for i in proto.graph.initializer if i.name in used_inits])
-    model = onnx.helper.make_model(graph, opset_imports=proto.opset_import,
-                                   ir_version=proto.ir_version)
-    return model
+    return piece(proto, nodes, list(names), types, f"{proto.graph.name}_decider")
 
 
 def with_values(proto: onnx.ModelProto, values: dict) -> onnx.ModelProto:

@@ -19,6 +19,7 @@ from ..engine.graph import Constant, Function, Placeholder, Value
 from ..engine.registry import Registry
 from ..engine.types import ONNX_CODES, Type, dtype_from_onnx
 from .onnx_control import CONTROL_FLOW
+from . import onnx_data_dependent
 from ..errors import (CompileTimeInputError, GlowgenError, InputError, MemoryLimitError,
                       ModelError, ShapeError, UnsupportedError)
 from ..memory_limit import check_limit, format_bytes
@@ -178,6 +179,7 @@ class _Importer:
         self.cache: dict[int, Optional[np.ndarray]] = {}
         self._expansions = 0
         self._emitted = 0
+        self.subgraph_depth = 0                  # inside Loop / If / Scan bodies being inlined
 
     def constant(self, value: Value) -> Optional[np.ndarray]:
         if isinstance(value, Constant):
@@ -327,6 +329,9 @@ class _Importer:
         if node.op_type in CONTROL_FLOW and node.domain in ("", "ai.onnx"):
             CONTROL_FLOW[node.op_type](self, node, desc, opset)
             return
+        if onnx_data_dependent.is_data_dependent(node) and \
+                onnx_data_dependent.import_node(self, node, desc):
+            return
         clauses = self.registry.onnx.get(onnx_op_name(node))
         if not clauses and node.domain not in ("", "ai.onnx"):
             raise UnsupportedError(f"{desc} is in domain {node.domain!r}, which glowgen does not "
@@ -367,6 +372,7 @@ class _Importer:
                     f"{desc}: subgraph output {out.name!r} is not a tensor but "
                     f"{_with_article(kind.replace('_type', ''))}; sequences, maps and optionals are not supported")
         self.values = self.values.new_child()
+        self.subgraph_depth += 1
         try:
             for init in graph.initializer:
                 self.values[init.name] = self.function.add_constant(self._tensor(init), init.name)
@@ -384,6 +390,7 @@ class _Importer:
             return outputs
         finally:
             self.values = self.values.parents
+            self.subgraph_depth -= 1
 
     def emit_onnx(self, op_type: str, inputs: list, **attributes) -> list:
         """Import one ONNX node (at opset 13) over existing values: control flow slices and
