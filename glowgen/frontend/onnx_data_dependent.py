@@ -128,6 +128,11 @@ DATA_DEPENDENT: dict[str, tuple[Callable, dict]] = {
 }
 
 
+# The operands whose values decide an op's output shape, where not all of them do: a
+# Compress's shape is its condition's count of true values, whatever the data it selects.
+DECIDING: dict[str, tuple[int, ...]] = {"Compress": (1,)}
+
+
 def is_data_dependent(node: onnx.NodeProto) -> bool:
     return node.domain in ("", "ai.onnx") and node.op_type in DATA_DEPENDENT
 
@@ -155,15 +160,16 @@ def import_node(importer, node: onnx.NodeProto, desc: str) -> bool:
     if any(name and v is None for name, v in zip(node.input, values)):
         return False          # the generic path reports the undefined input
     known = [None if v is None else importer.constant(v) for v in values]
-    if all(k is not None for k, v in zip(known, values) if v is not None):
+    deciding = DECIDING.get(node.op_type, range(len(values)))
+    unknown = [i for i in deciding if i < len(values) and values[i] is not None and known[i] is None]
+    if not unknown:               # its output shape is known while compiling
         if importer.registry.onnx.get(node.op_type):
-            return False
+            return False          # (Compress with a constant condition: a Gather)
         for name, array in evaluate(node, known).items():
             importer.values[name] = importer.function.add_constant(array, name)
         return True
-    behind = sorted({name for k, v in zip(known, values) if v is not None and k is None
-                     for name in importer.placeholders_behind(v)})
-    first = next(n for n, k, v in zip(node.input, known, values) if v is not None and k is None)
+    behind = sorted({name for i in unknown for name in importer.placeholders_behind(values[i])})
+    first = node.input[unknown[0]]
     if importer.subgraph_depth:
         # A CompileTimeInputError: a Loop whose body needs it falls back to unrolling, where
         # the operands may be constants.
