@@ -15,14 +15,12 @@ from ..gemm import emit_gemm, gemm_items, pack_panels_size
 from ..llvmutil import for_range, i64
 from ..loops import contiguous_strides
 from ..parallel import Work, parallel
-from ..plan import Phases
 from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
-from .base import DESCRIBE, PACKING, PHASES, PRODUCT_SPACE, SCRATCH, STRATEGY, KernelArgs, hook, kernel
+from .base import DESCRIBE, PACKING, PRODUCT_SPACE, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 from .common import inside, lin, nest
 from .conv_planes import (MAX_TAPS, PlaneGeometry, aligned_floats, conv_is_pointwise, emit_conv_planes,
                           fill_plane, fill_plane_band, patch_panel, scratch_bytes, zero_planes)
-from .conv_transposed import (conv_is_transposed, emit_conv_transposed, scratch_floats, transposed_items,
-                              transposed_phases)
+from .conv_transposed import conv_is_transposed, emit_conv_transposed, scratch_floats, transposed_items
 
 
 def _valid_range(b, k_idx, pad, stride, dil, in_size, out_size):
@@ -203,15 +201,14 @@ def conv_scratch(ins, shape) -> int:
     if strategy == "planes":
         return scratch_bytes(node, shape.vw)
     if strategy == "transposed":
-        return 0 if ins.plan.phases else 4 * scratch_floats(node, shape)
+        return 4 * scratch_floats(node, shape)
     # Pointwise convolutions read the input as B directly (packing it measured no faster).
     if strategy not in ("gemm", "gemm-panels", "gemm-planes"):
         return 0
     cg, kh, kw = node.inputs[1].type.shape[1:]
     oh, ow = node.outputs[0].type.shape[2:]
-    # The group's input channels in padded planes (shared by a phased kernel's tasks), then
-    # the patch matrix copied from them.
-    planes = 0 if ins.plan.phases else gemm_planes_floats(node, shape)
+    # The group's input channels in padded planes, then the patch matrix copied from them.
+    planes = gemm_planes_floats(node, shape)
     if strategy == "gemm-planes":
         band = planes_band(node, shape.vw)
         return 4 * (aligned_floats(cg * PlaneGeometry(node, shape.vw).band(band).size) if band else planes)
@@ -222,22 +219,6 @@ def conv_scratch(ins, shape) -> int:
 
 def gemm_planes_floats(node, shape) -> int:
     return aligned_floats(node.inputs[1].type.shape[1] * PlaneGeometry(node, shape.vw).size)
-
-
-@hook(PHASES, "Conv")
-def conv_phases(ins, shape) -> Optional[Phases]:
-    """A split convolution over one image and one group first fills its padded input planes
-    in a round of its own, each task its share of the channels, into scratch every task then
-    reads: unphased, every task fills all of them (at two threads, 5-12% more work in
-    ResNet-18's 3x3 layers).  A transposed one also builds its patch matrix so."""
-    node, strategy = ins.node, ins.plan.strategy
-    if node.inputs[0].type.shape[0] != 1 or node.group != 1:
-        return None
-    if strategy in ("gemm", "gemm-panels") or (strategy == "gemm-planes" and not planes_band(node, shape.vw)):
-        return Phases(2, 4 * gemm_planes_floats(node, shape))      # (banded planes: each task its own rows)
-    if strategy == "transposed":
-        return transposed_phases(node, shape)
-    return None
 
 
 @hook(PRODUCT_SPACE, "Conv")
@@ -294,22 +275,14 @@ def conv(k: KernelArgs):
         if band:                  # the planes a band at a time, with the product over it
             geo = geo.band(band)
         nr = k.gemm_shape.nr
-        if k.phased:                  # one image, one group: the tasks share the planes
-            planes, panels = k.shared_scratch, k.scratch
-            if k.phase == 0:
-                lo, hi = k.split.range(b, cg)
-                with for_range(b, hi, start=lo, name="deal") as ci:
-                    plane = b.gep(planes, [b.mul(ci, i64(geo.size))])
-                    zero_planes(b, geo, plane, 1)
-                    fill_plane(b, geo, b.gep(x, [b.mul(ci, i64(h * wd))]), plane)
-                return
-        else:
-            planes, panels = k.scratch, b.gep(k.scratch, [i64(aligned_floats(cg * geo.size))])
-            if not band:
-                zero_planes(b, geo, planes, cg)
+        planes, panels = k.scratch, b.gep(k.scratch, [i64(aligned_floats(cg * geo.size))])
+        if not band:
+            zero_planes(b, geo, planes, cg)
     # A split (conv_work) shares out the patch matrix's panels, or for a pointwise
-    # convolution, the blocks of filters; unphased, every task deals the input planes in
-    # its own scratch.
+    # convolution, the blocks of filters; every task deals the input planes in its own
+    # scratch.  (Dealing them together, each task its share of the channels, then computing
+    # in a second round did a tenth less work at 2 threads but took 2-7% longer: each core
+    # then read half its planes from the other core's cache.)
     split = k.split
     with for_range(b, n_img, name="img") as img:
         with for_range(b, g, name="grp") as gi:
@@ -322,7 +295,7 @@ def conv(k: KernelArgs):
             else:
                 def channel(ci):
                     return b.gep(x, [b.mul(b.add(b.add(b.mul(img, i64(c_all)), b.mul(gi, i64(cg))), ci), i64(h * wd))])
-                if not band and not k.phased:
+                if not band:
                     with for_range(b, cg, name="deal") as ci:
                         fill_plane(b, geo, channel(ci), b.gep(planes, [b.mul(ci, i64(geo.size))]))
                 bmat, ldb = panels, None

@@ -16,7 +16,6 @@ in registers and stores each output row through the bias and the fused elementwi
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 from llvmlite import ir
 
@@ -24,7 +23,6 @@ from .conv_planes import (PlaneGeometry, aligned_floats, conv_is_pointwise, fill
                           patch_panel, zero_planes)
 from ..gemm import GemmShape, emit_gemm
 from ..llvmutil import for_range, i64
-from ..plan import Phases
 from ..vectors import copy_run, f32_vector, splat, transpose_block, vload, vstore
 
 # Transposed when that wastes this much less of the vector lanes: not for LeNet's second
@@ -74,8 +72,8 @@ def scratch_floats(node, shape) -> int:
 
 def transposed_items(node, shape) -> int:
     """What a split shares out (parallel.py): whole panels of filters (B's, in the product
-    below), or runs of pixels (transposed_split_pixels), whichever are more.  Unphased,
-    each task builds the whole patch matrix in its own scratch."""
+    below), or runs of pixels (transposed_split_pixels), whichever are more.  Each task
+    builds the whole patch matrix in its own scratch."""
     return max(node.inputs[1].type.shape[0] // shape.nr, _pixel_units(node, shape)[1])
 
 
@@ -99,15 +97,6 @@ def transposed_split_pixels(node, shape, parts: int) -> bool:
     return _pixel_units(node, shape)[1] >= parts
 
 
-def transposed_phases(node, shape) -> Optional[Phases]:
-    """Split over one image, the tasks deal the input planes among them, then the patch
-    matrix's pixel blocks, then the filter panels of the product, each a round after the
-    last, all in scratch they share (a pointwise convolution has no planes to fill)."""
-    if node.inputs[0].type.shape[0] != 1:
-        return None
-    return Phases(2 if conv_is_pointwise(node) else 3, 4 * scratch_floats(node, shape))
-
-
 def emit_conv_transposed(k) -> None:
     b, shape, node = k.b, k.gemm_shape, k.node
     (y, _), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
@@ -118,7 +107,7 @@ def emit_conv_transposed(k) -> None:
     n, kk = oh * ow, cg * kh * kw
     mr, vw = pixel_block(n, shape), shape.vw
     planes_n, patches_n, _ = _layout(node, shape)
-    scratch = k.shared_scratch if k.phased else k.scratch
+    scratch = k.scratch
     planes = scratch
     patches = b.gep(scratch, [i64(planes_n)])
     ct = b.gep(scratch, [i64(planes_n + patches_n)])
@@ -130,8 +119,6 @@ def emit_conv_transposed(k) -> None:
         """Input channels lo..hi-1 in their zero-padded planes."""
         with for_range(b, hi, start=lo, name="deal") as ci:
             plane = b.gep(planes, [b.mul(ci, i64(geo.size))])
-            if k.phased:
-                zero_planes(b, geo, plane, 1)
             fill_plane(b, geo, b.gep(x, [b.add(xbase, b.mul(ci, i64(h * wd)))]), plane)
 
     def patch_blocks(xbase, lo, hi):
@@ -155,11 +142,6 @@ def emit_conv_transposed(k) -> None:
                   a_packed=True, split=k.split, split_rows=by_pixels, row_align=unit // mr)
         _store_transposed(k, ct, n, m, img, y, bias, unit if by_pixels else None)
 
-    if k.phased:                                  # one image: a round of each
-        rounds = ([] if pointwise else [lambda: fill(i64(0), *k.split.range(b, cg))])
-        rounds += [lambda: patch_blocks(i64(0), *k.split.range(b, blocks)), lambda: product(i64(0))]
-        rounds[k.phase]()
-        return
     if not pointwise:
         zero_planes(b, geo, planes, cg)
     with for_range(b, n_img, name="img") as img:

@@ -1,0 +1,52 @@
+"""How split convolutions share out their work (conv.conv_work): a pointwise one its blocks
+of filters when they divide evenly among the tasks, else its input's column panels; a
+transposed one its filter panels, else runs of pixels.  Against onnxruntime, and bit for
+bit across thread counts."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import glowgen
+from conftest import assert_close, make_model, run_ort
+
+CASES = {
+    # name: (x shape, w shape, attrs, the strategy the cpu backend takes with AVX-512's
+    # 16-lane vectors, or None for any)
+    "1x1 4 filters @320 (column panels)": ((1, 24, 320, 320), (4, 24, 1, 1), {}, "pointwise"),
+    "1x1 24 filters @56 (column panels)": ((1, 96, 56, 56), (24, 96, 1, 1), {}, "pointwise"),
+    "1x1 12 filters @80 (column panels)": ((1, 64, 80, 80), (12, 64, 1, 1), {}, "pointwise"),
+    "1x1 64 filters @56 (filter blocks)": ((1, 32, 56, 56), (64, 32, 1, 1), {}, "pointwise"),
+    "3x3 256->256 @7 (filter panels)": ((1, 256, 7, 7), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
+    # Three filter panels: two tasks share out runs of pixels instead (transposed_split_pixels).
+    "1x1 576->96 @14 (pixels)": ((1, 576, 14, 14), (96, 576, 1, 1), {}, "transposed"),
+    "3x3 64->96 @10 (pixels, ragged)": ((1, 64, 10, 10), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
+    "1x1 576->96 @14 batch 2 (pixels)": ((2, 576, 14, 14), (96, 576, 1, 1), {}, "transposed"),
+}
+
+
+def _model(case, seed=0):
+    xs, ws, attrs, _ = CASES[case]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) * 0.1).astype(np.float32)
+    bias = rng.standard_normal(ws[0]).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)
+    relu = helper.make_node("Relu", ["c"], ["y"])            # a fused epilogue in the store
+    return make_model([conv, relu], {"x": x}, ["y"], {"w": w, "b": bias}), x
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_split_convolution_matches_onnxruntime_and_every_thread_count(case):
+    model, x = _model(case)
+    two = glowgen.compile(model, threads=2)
+    steps = [(ins.plan.strategy, step.parts) for step in two.program.plan.steps for ins in step.instrs
+             if ins.kind == "Conv"]
+    assert [parts for _, parts in steps] == [2], two.program.plan.describe()
+    if two.program.plan.gemm_shape.vw == 16:      # the strategies the cases were chosen for
+        assert steps[0][0] == CASES[case][3], two.program.plan.describe()
+    y2 = two.run({"x": x})["y"]
+    assert_close({"y": y2}, run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+    for threads in (1, 3):              # three tasks share out blocks and runs unevenly
+        np.testing.assert_array_equal(glowgen.compile(model, threads=threads).run({"x": x})["y"], y2)
