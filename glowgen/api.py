@@ -10,7 +10,7 @@ import numpy as np
 
 from . import lir, pipeline
 from . import specialize as specializing
-from .backends.base import Backend, backend_names, get_backend
+from .backends.base import Backend, get_backend
 from .engine.graph import Function
 from .engine.registry import Registry
 from .engine.types import Type, dtype_of
@@ -206,7 +206,7 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
             constant_inputs: Optional[Mapping] = None, max_memory=None, max_variants: int = 8,
             specialize: Optional[bool] = None, quantize=None, schema: str = "asymmetric",
             calibration: str = "minmax", keep_float=None, precision: Optional[str] = None,
-            **options) -> "CompiledModel | SpecializingModel":
+            **options) -> "CompiledModel | specializing.SpecializingModel":
     """Compile an ONNX model (a path, bytes or an `onnx.ModelProto`).
 
     `input_shapes` binds dynamic dimensions: {"input": (1, 3, 224, 224)}.

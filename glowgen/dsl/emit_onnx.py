@@ -196,7 +196,7 @@ def _emit_clause(specs: SpecSet, op: A.OpDef, clause: A.OnnxClause, fn_name: str
         lines.append(f"    if o.has_attr({name!r}):")
         lines.append(f"        attrs[{name!r}] = o.attr({name!r})")
         if default is not None:
-            lines.append(f"    else:")
+            lines.append("    else:")
             lines.append(f"        attrs[{name!r}] = {default!r}")
     for onnx_name, attr in attr_inputs.items():
         lines.append(f"    if o.input({onnx_name!r}).present:")

@@ -93,7 +93,6 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
             for acc in row:
                 acc.add_incoming(zero, entry)
         # B vectors for this k
-        nr = vw * nv
         bvecs = []
         if b_table is not None:
             row = b.add(b.sext(b.load(b.gep(b_table[0], [ir.Constant(I64, 0), k])), I64), b_base)
