@@ -349,25 +349,18 @@ class SpecializingModel:
                 with self._lock:
                     if self._plan is plan:
                         self._plan = more.plan
-                    del self._pending[key]
-                future.set_result(None)
+                self._settle(key, future)
                 continue
             except DataDependentError as cut:
                 try:
                     self._cut(cut)
                 except BaseException as e:
-                    with self._lock:
-                        del self._pending[key]
-                    future.set_exception(e)
+                    self._settle(key, future, e)
                     raise
-                with self._lock:
-                    del self._pending[key]
-                future.set_result(None)
+                self._settle(key, future)
                 continue
             except BaseException as e:
-                with self._lock:
-                    del self._pending[key]
-                future.set_exception(e)
+                self._settle(key, future, e)
                 raise
             with self._lock:
                 variant.calls = 1
@@ -381,6 +374,16 @@ class SpecializingModel:
                              old.describe(), self.max_variants)
             future.set_result(variant)
             return variant
+
+    def _settle(self, key, future: Future, error: Optional[BaseException] = None) -> None:
+        """The compilation of `key` ended without a variant: the callers waiting for it get
+        `error`, or None (look again: the plan has changed, or the model was cut)."""
+        with self._lock:
+            del self._pending[key]
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(None)
 
     def _compile(self, arrays: dict, plan: "Plan", decided: dict) -> Variant:
         bound = {n: arrays[n].copy() for n in plan.inputs}

@@ -179,6 +179,18 @@ def tensor_tables(prog: Program, P: str, prefix: str, counts: str) -> list[str]:
     return L
 
 
+def header_opening(P: str, byte_order: str) -> list[str]:
+    """The last lines of a header's leading comment and its opening, the same in every bundle
+    (one variant or several)."""
+    return [f" * Tensors are dense, row-major (C order), in the target's byte order ({byte_order}-endian).",
+            " * Element types: f32 f64 f16 i8 i16 i32 i64 u8 u16 u32 u64 bool (1 byte, 0 or 1),",
+            " * bf16 (bfloat16: the high 16 bits of the f32 of the same value).",
+            " */",
+            f"#ifndef {P}_H", f"#define {P}_H", "",
+            "#include <stddef.h>", "#include <stdint.h>", "",
+            "#ifdef __cplusplus", 'extern "C" {', "#endif", ""]
+
+
 def header_text(prog: Program, name: str, *, source: str = "", triple: str = "",
                 cpu: str = "", byte_order: str = "little", threads: int = 1) -> str:
     P = name.upper()
@@ -200,13 +212,7 @@ def header_text(prog: Program, name: str, *, source: str = "", triple: str = "",
          f" *   activations       {P}_ACTIVATIONS_MEM_SIZE bytes of scratch memory",
          " * It returns 0 on success.  It keeps no state between calls and is reentrant as long as",
          " * concurrent calls use distinct mutable and activation buffers.",
-         f" * Tensors are dense, row-major (C order), in the target's byte order ({byte_order}-endian).",
-         " * Element types: f32 f64 f16 i8 i16 i32 i64 u8 u16 u32 u64 bool (1 byte, 0 or 1),",
-         " * bf16 (bfloat16: the high 16 bits of the f32 of the same value).",
-         " */",
-         f"#ifndef {P}_H", f"#define {P}_H", "",
-         "#include <stddef.h>", "#include <stdint.h>", "",
-         "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
+         *header_opening(P, byte_order),
          f"#define {P}_ALIGNMENT {ALIGNMENT}",
          f"#define {P}_CONSTANT_MEM_SIZE {sizes['constant']}",
          f"#define {P}_MUTABLE_MEM_SIZE {sizes['mutable']}",

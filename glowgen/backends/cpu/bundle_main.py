@@ -68,6 +68,34 @@ static void *pool_worker(void *arg) {
   return NULL;
 }
 
+/* The pool and its threads - 1 workers (NULL, said on stderr, when they cannot start). */
+static pthread_t *pool_start(pool_t *p, int threads) {
+  pthread_t *workers;
+  int i;
+  memset(p, 0, sizeof *p);
+  pthread_mutex_init(&p->lock, NULL);
+  pthread_cond_init(&p->start, NULL);
+  pthread_cond_init(&p->done, NULL);
+  workers = (pthread_t *)calloc((size_t)threads - 1, sizeof(pthread_t));
+  if (!workers) return NULL;
+  for (i = 0; i < threads - 1; i++)
+    if (pthread_create(&workers[i], NULL, pool_worker, p) != 0) {
+      fprintf(stderr, "error: cannot start %d threads\n", threads);
+      return NULL;
+    }
+  return workers;
+}
+
+static void pool_stop(pool_t *p, pthread_t *workers, int threads) {
+  int i;
+  pthread_mutex_lock(&p->lock);
+  p->stop = 1;
+  pthread_cond_broadcast(&p->start);
+  pthread_mutex_unlock(&p->lock);
+  for (i = 0; i < threads - 1; i++) pthread_join(workers[i], NULL);
+  free(workers);
+}
+
 static void pool_parallel_for(void *pool, int64_t n, glowgen_task task, void *env) {
   pool_t *p = (pool_t *)pool;
   pthread_mutex_lock(&p->lock);
@@ -246,24 +274,10 @@ SINGLE_MAIN = r"""int main(int argc, char **argv) {
   }
 
   if (threads > 1) {
-    memset(&pool, 0, sizeof pool);
-    pthread_mutex_init(&pool.lock, NULL);
-    pthread_cond_init(&pool.start, NULL);
-    pthread_cond_init(&pool.done, NULL);
-    workers = (pthread_t *)calloc((size_t)threads - 1, sizeof(pthread_t));
+    workers = pool_start(&pool, threads);
     if (!workers) return 2;
-    for (i = 0; i < threads - 1; i++)
-      if (pthread_create(&workers[i], NULL, pool_worker, &pool) != 0) {
-        fprintf(stderr, "error: cannot start %d threads\n", threads);
-        return 2;
-      }
     status = @NAME@_parallel(constant, mutable_, activations, pool_parallel_for, &pool);
-    pthread_mutex_lock(&pool.lock);
-    pool.stop = 1;
-    pthread_cond_broadcast(&pool.start);
-    pthread_mutex_unlock(&pool.lock);
-    for (i = 0; i < threads - 1; i++) pthread_join(workers[i], NULL);
-    free(workers);
+    pool_stop(&pool, workers, threads);
   } else {
     status = @NAME@(constant, mutable_, activations);
   }
@@ -510,24 +524,10 @@ VARIANTS_MAIN = r"""int main(int argc, char **argv) {
   }
 
   if (threads > 1) {
-    memset(&pool, 0, sizeof pool);
-    pthread_mutex_init(&pool.lock, NULL);
-    pthread_cond_init(&pool.start, NULL);
-    pthread_cond_init(&pool.done, NULL);
-    workers = (pthread_t *)calloc((size_t)threads - 1, sizeof(pthread_t));
+    workers = pool_start(&pool, threads);
     if (!workers) return 2;
-    for (i = 0; i < threads - 1; i++)
-      if (pthread_create(&workers[i], NULL, pool_worker, &pool) != 0) {
-        fprintf(stderr, "error: cannot start %d threads\n", threads);
-        return 2;
-      }
     status = @NAME@_run_parallel(variant, constant, mutable_, activations, pool_parallel_for, &pool);
-    pthread_mutex_lock(&pool.lock);
-    pool.stop = 1;
-    pthread_cond_broadcast(&pool.start);
-    pthread_mutex_unlock(&pool.lock);
-    for (i = 0; i < threads - 1; i++) pthread_join(workers[i], NULL);
-    free(workers);
+    pool_stop(&pool, workers, threads);
   } else {
     status = @NAME@_run(variant, constant, mutable_, activations);
   }

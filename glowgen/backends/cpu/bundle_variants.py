@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ...errors import GlowgenError
 from ...lir.ir import ALIGNMENT, Program, align
-from .bundle import COMMON_TYPES, constant_bytes, tensor_macros, tensor_tables
+from .bundle import COMMON_TYPES, constant_bytes, header_opening, tensor_macros, tensor_tables
 
 
 def entry_name(name: str, k: int) -> str:
@@ -116,13 +116,7 @@ def header_text(progs: list[Program], name: str, *, source: str = "", triple: st
           f" *                     variant's; variant v needs {name}_variants[v].activations_mem_size)",
           " * A call keeps no state and is reentrant as long as concurrent calls use distinct",
           " * mutable and activation buffers.",
-          f" * Tensors are dense, row-major (C order), in the target's byte order ({byte_order}-endian).",
-          " * Element types: f32 f64 f16 i8 i16 i32 i64 u8 u16 u32 u64 bool (1 byte, 0 or 1),",
-          " * bf16 (bfloat16: the high 16 bits of the f32 of the same value).",
-          " */",
-          f"#ifndef {P}_H", f"#define {P}_H", "",
-          "#include <stddef.h>", "#include <stdint.h>", "",
-          "#ifdef __cplusplus", 'extern "C" {', "#endif", "",
+          *header_opening(P, byte_order),
           f"#define {P}_NUM_VARIANTS {n}",
           f"#define {P}_NO_VARIANT (-1)",
           f"#define {P}_ALIGNMENT {ALIGNMENT}",

@@ -62,9 +62,10 @@ class InstrPlan:
 @attrs.define(frozen=True)
 class Phases:
     """A split kernel run as rounds of tasks, each round waiting for the last: the first
-    rounds prepare data (padded planes, patch matrices) that every task of the last one
-    reads, each task preparing its share once, where unphased every task prepares all it
-    reads in scratch of its own (duplicated work that grows with the threads)."""
+    rounds prepare data (an int8 product's plane) that every task of the last one reads,
+    each task preparing its share once, where unphased every task prepares all it reads in
+    scratch of its own (duplicated work that grows with the threads).  Float convolutions
+    stay unphased: their cheap copies are faster read from each core's own cache."""
     count: int                          # rounds of the step's tasks
     shared: int                         # bytes of scratch the tasks share (before their own)
 

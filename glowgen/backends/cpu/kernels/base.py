@@ -77,7 +77,6 @@ class KernelArgs:
         self.packed_nr = plan.packed_nr   # the width of B's packed panels
         # A phased kernel (PHASES) is emitted once per phase: this function runs `phase` of
         # `plan.phases.count` (None: unphased, all of it), with the scratch all tasks share.
-        self.phases = plan.phases
         self.phase = None
         self.shared_scratch = None
 

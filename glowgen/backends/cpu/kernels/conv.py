@@ -208,17 +208,13 @@ def conv_scratch(ins, shape) -> int:
     cg, kh, kw = node.inputs[1].type.shape[1:]
     oh, ow = node.outputs[0].type.shape[2:]
     # The group's input channels in padded planes, then the patch matrix copied from them.
-    planes = gemm_planes_floats(node, shape)
+    planes = aligned_floats(cg * PlaneGeometry(node, shape.vw).size)
     if strategy == "gemm-planes":
         band = planes_band(node, shape.vw)
         return 4 * (aligned_floats(cg * PlaneGeometry(node, shape.vw).band(band).size) if band else planes)
     if strategy == "gemm-panels":
         return 4 * (planes + cg * kh * kw * shape.nr)
     return 4 * (planes + pack_panels_size(oh * ow, cg * kh * kw, shape))
-
-
-def gemm_planes_floats(node, shape) -> int:
-    return aligned_floats(node.inputs[1].type.shape[1] * PlaneGeometry(node, shape.vw).size)
 
 
 @hook(PRODUCT_SPACE, "Conv")

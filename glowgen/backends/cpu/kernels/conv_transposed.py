@@ -107,23 +107,22 @@ def emit_conv_transposed(k) -> None:
     n, kk = oh * ow, cg * kh * kw
     mr, vw = pixel_block(n, shape), shape.vw
     planes_n, patches_n, _ = _layout(node, shape)
-    scratch = k.scratch
-    planes = scratch
-    patches = b.gep(scratch, [i64(planes_n)])
-    ct = b.gep(scratch, [i64(planes_n + patches_n)])
+    planes = k.scratch
+    patches = b.gep(k.scratch, [i64(planes_n)])
+    ct = b.gep(k.scratch, [i64(planes_n + patches_n)])
     pointwise = conv_is_pointwise(node)
     geo = None if pointwise else PlaneGeometry(node, vw)
     blocks = -(-n // mr)
 
-    def fill(xbase, lo, hi):
-        """Input channels lo..hi-1 in their zero-padded planes."""
-        with for_range(b, hi, start=lo, name="deal") as ci:
+    def fill(xbase):
+        """The input channels in their zero-padded planes."""
+        with for_range(b, cg, name="deal") as ci:
             plane = b.gep(planes, [b.mul(ci, i64(geo.size))])
             fill_plane(b, geo, b.gep(x, [b.add(xbase, b.mul(ci, i64(h * wd)))]), plane)
 
-    def patch_blocks(xbase, lo, hi):
+    def patch_blocks(xbase):
         """P^T in blocks of MR pixels: block j holds, for each k, pixels j*MR .. j*MR+MR-1."""
-        with for_range(b, hi, start=lo, name="blk") as j:
+        with for_range(b, blocks, name="blk") as j:
             if pointwise:
                 count = b.sub(i64(n), b.mul(j, i64(mr)))
                 count = b.select(b.icmp_signed("<", count, i64(mr)), count, i64(mr))
@@ -147,8 +146,8 @@ def emit_conv_transposed(k) -> None:
     with for_range(b, n_img, name="img") as img:
         xbase = b.mul(img, i64(c * h * wd))
         if not pointwise:
-            fill(xbase, i64(0), i64(cg))
-        patch_blocks(xbase, i64(0), i64(blocks))
+            fill(xbase)
+        patch_blocks(xbase)
         product(img)
 
 

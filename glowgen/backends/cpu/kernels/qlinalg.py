@@ -291,13 +291,11 @@ def quantized_product(k: KernelArgs):
         return
     lo, hi = k.split.range(b, geo.blocks)
     with for_range(b, geo.batch, name="qn") as n:
-        if k.phased:
-            pass
-        elif geo.conv:      # the plane of this task's groups only
+        if geo.conv and not k.phased:       # the plane of this task's groups only
             first = b.mul(b.udiv(lo, i64(geo.bpg)), i64(geo.groups))
             last = b.mul(b.udiv(b.add(hi, i64(geo.bpg - 1)), i64(geo.bpg)), i64(geo.groups))
             build_conv_plane(b, geo, x, n, plane, pad, first, last)
-        else:
+        elif not geo.conv:
             build_matmul_plane(b, geo, x, n, plane, pad)
 
         def tile(mb, p):
