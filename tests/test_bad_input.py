@@ -248,3 +248,10 @@ def test_an_attribute_out_of_range_names_the_node_once():
     with pytest.raises(ShapeError) as e:
         glowgen.compile(model)
     assert str(e.value).count("CumSum node 'y'") == 1 and "axis 3 is out of range for rank 1" in str(e.value)
+
+
+# ------------------------------------------------------------------ conformance runner
+def test_conformance_without_matching_case_is_a_clear_error(capsys):
+    assert main(["conformance", "--include", "no_such_case_zzz"]) == 2
+    err = capsys.readouterr().err
+    assert "no conformance case matches --include" in err and "Traceback" not in err

@@ -33,6 +33,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from ..errors import GlowgenError
+
 CATEGORIES = ("node", "simple", "pytorch-converted", "pytorch-operator")
 EXPECTED_FILE = Path(__file__).with_name("expected_failures.toml")
 

@@ -39,7 +39,7 @@ class _OpEmitter:
         self.loc = str(op.pos)
 
     def emit(self) -> list[str]:
-        op, specs = self.op, self.specs
+        op = self.op
         w = self.lines.append
         doc = [op.doc or f"The {op.name} op."]
         doc += ["", "Operands:"] + [f"    {_operand_signature(o)}" for o in op.inputs]

@@ -401,7 +401,7 @@ def parse_text(text: str, file: str) -> A.SpecFile:
         raise SpecError(f"unexpected {got}; expected {_describe_expected(e.expected)}",
                         file, e.line if e.line != -1 else text.count("\n") + 1,
                         e.column if e.column != -1 else 1) from None
-    except lark.UnexpectedEOF as e:
+    except lark.UnexpectedEOF:
         raise SpecError("unexpected end of file", file, text.count("\n") + 1, 1) from None
     try:
         items = _ToAst(file).transform(tree)

@@ -48,7 +48,6 @@ def dft_matrix(size, parts, length, inverse, onesided):
     (c = 0) or imaginary (c = 1) part, contributes to each output (bin, part).  Built by
     transforming unit inputs with NumPy's FFT, which defines the semantics (zero padding or
     truncation to `length`, 1/length scaling of the inverse, Hermitian one-sided inverse)."""
-    import numpy as np
     rows = []
     for n in range(size):
         for c in range(parts):
