@@ -27,6 +27,9 @@ CASES = {
                                       True),
     "5x5/2 uneven pads": ((1, 4, 50, 126), (8, 4, 5, 5), {"pads": [2, 1, 1, 2], "strides": [2, 2]}, False),
     "3x3/3 no padding": ((1, 3, 130, 190), (12, 3, 3, 3), {"strides": [3, 3]}, True),
+    # Many filters, but a tile's few patch rows read in place stay in L1 (in_place_rows_fit_l1).
+    "7x7/2 stem, 64 filters": ((1, 3, 96, 120), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}, True),
+    "16 -> 48 3x3": ((1, 16, 40, 64), (48, 16, 3, 3), {"pads": [1, 1, 1, 1]}, False),
     # Planes over 512 KB, dealt a band of output rows at a time (conv.planes_band).
     "bands, stride 2, ragged last band": ((1, 3, 400, 250), (16, 3, 3, 3), {"pads": [2, 1, 0, 1], "strides": [2, 2]},
                                           "HardSwish"),

@@ -160,20 +160,39 @@ def planes_band(node, vw: int) -> Optional[int]:
 
 
 def conv_reads_planes(node, nr: int) -> bool:
-    """A product with few filters per group (at most PLANES_MAX_FILTERS: four MR-row blocks)
+    """A product with few filters per group (at most PLANES_MAX_FILTERS: four MR-row blocks),
+    or with so few patch rows that a tile's rows read in place stay in L1 (in_place_rows_fit_l1),
     reads its patch matrix from the padded planes in place: row k = (channel, tap) of B is
     the plane row the tap reads (in the sub-plane of its column phase, for a column
     stride), so a table of K offsets replaces the im2col copy, which so few filter blocks do
     not amortize (det_fpn's 96 -> 24 3x3 at 160x160: the panel copies were a quarter of its
     time; a 3 -> 16 3x3 stride 2 stem at 640x640: 1.27 -> 1.05 ms).  More filters reuse each copied
-    panel enough for its contiguous reads to pay (the ResNets keep gemm-panels).  Its tiles
-    run along output rows, so only where rows fill them (at most 1/8 of a tile's columns
-    idle) and the patch matrix is large (over 256 KB; a small one is built whole, in L2)."""
+    panel enough for its contiguous reads to pay when its rows are many (the ResNets' 3x3
+    convolutions keep gemm-panels).  Its tiles run along output rows, so only where rows fill
+    them (at most 1/8 of a tile's columns idle) and the patch matrix is large (over 256 KB; a
+    small one is built whole, in L2)."""
     m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = node.outputs[0].type.shape[2:]
     tiles = -(-ow // nr) * nr
-    return (m // node.group <= PLANES_MAX_FILTERS and not conv_is_pointwise(node)
+    few_filters = m // node.group <= PLANES_MAX_FILTERS
+    return ((few_filters or in_place_rows_fit_l1(cg * kh * kw, nr)) and not conv_is_pointwise(node)
             and 8 * ow >= 7 * tiles and cg * kh * kw * oh * ow * 4 > 256 * 1024)
+
+
+# L1 data cache of the smallest core we target (Zen 3 and Zen 4: 32 KB).
+L1_BYTES = 32 * 1024
+
+
+def in_place_rows_fit_l1(k: int, nr: int) -> bool:
+    """Whether the K rows of one NR-pixel tile column, read in place from the planes (each an
+    unaligned run of NR floats: one cache line more than its length), stay in L1 while every
+    filter block runs over them.  Then the in-place product re-reads them from L1 and the
+    im2col copy is pure cost, however many filters: ResNet's 7x7/2 stem, 3 -> 64 (K = 147),
+    2.30 -> 2.10 ms; 16 -> 64 3x3 at 112 (K = 144) 2.24 -> 2.05; 3 -> 64 5x5 1.12 -> 1.06
+    (Zen 4, 1 thread).  Past L1 the copied panels' contiguous rows win: 32 -> 64 3x3 at 56
+    (K = 288) 1.08 -> 1.17 ms in place."""
+    lines = (nr * 4) // 64 + 1
+    return k * lines * 64 <= L1_BYTES
 
 
 def _tap_offsets(geo: PlaneGeometry) -> list:
