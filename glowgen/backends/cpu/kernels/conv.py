@@ -206,7 +206,7 @@ def conv_repack(prog, ins, shape, users) -> bool:
     """The weights as conv_packing says; a channel-blocked product's transposed with their
     rows k in its order (channel block, tap, channel: conv_blocked.blocked_weights)."""
     if ins.plan.strategy == "blocked":
-        return pack_weights(prog, ins, 2, "t", None, shape, users,
+        return pack_weights(prog, ins, 2, "b", BlockedGeometry(ins.node, shape).nr, shape, users,
                             matrices=lambda data: blocked_weights(data, ins.node, shape.vw))
     choice = conv_packing(ins, shape)
     return choice is not None and pack_weights(prog, ins, *choice, shape, users)
