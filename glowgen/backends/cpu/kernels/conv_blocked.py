@@ -141,7 +141,8 @@ def emit_conv_blocked(k) -> None:
             with for_range(b, f_hi, start=b_lo, name="band") as band:
                 _band(k, g, xb, w, ct, taps, b.mul(band, i64(g.band)), g.band, p_lo, p_hi, img, y, bias)
         if ragged:
-            with b.if_then(b.icmp_signed("<", i64(full), b_hi)):
+            mine = b.and_(b.icmp_signed("<=", b_lo, i64(full)), b.icmp_signed("<", i64(full), b_hi))
+            with b.if_then(mine):
                 _band(k, g, xb, w, ct, taps, i64(full * g.band), ragged, p_lo, p_hi, img, y, bias)
 
 
