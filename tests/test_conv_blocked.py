@@ -23,6 +23,7 @@ CASES = {
     "32->32 dilated 2, no bias": ((1, 32, 15, 12), (32, 32, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]},
                                   None),
     "16->64 5x5 no padding": ((1, 16, 12, 17), (64, 16, 5, 5), {}, "relu"),
+    "64->64 1x1 stride 2": ((1, 64, 21, 20), (64, 64, 1, 1), {"strides": [2, 2]}, "relu"),
     "32->96 2x2 stride 1x2": ((1, 32, 9, 30), (96, 32, 2, 2), {"pads": [0, 1, 0, 0], "strides": [1, 2]}, None),
 }
 
@@ -75,6 +76,15 @@ def test_blocked_same_bits_for_any_thread_count(case, cpu):
         split = glowgen.compile(model, threads=threads, **options)
         assert any(s.parts > 1 for s in split.program.plan.steps) or "@7" in case
         np.testing.assert_array_equal(split.run(feeds)["y"], one)
+
+
+def test_large_input_mostly_unread_keeps_its_strategy():
+    """A 1x1 stride 2 convolution reads a quarter of its input: not copied whole when that
+    is over 1 MB (conv_blocked._copies_unread_input)."""
+    x = np.ones((1, 256, 56, 56), np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2])], {"x": x}, ["y"],
+                       {"w": np.ones((512, 256, 1, 1), np.float32)})
+    assert _strategies(glowgen.compile(model, threads=1)) != ["blocked"]
 
 
 def test_half_empty_filter_panels_keep_their_strategy():

@@ -43,14 +43,34 @@ UNROLL = 1
 
 def conv_is_blocked(node, shape) -> bool:
     """Where the channel-blocked product applies and pays: a single-group f32 convolution
-    with whole blocks of VW input channels, a window of more than one tap, and whole panels
-    of NR filters.  ResNet's 3x3 convolutions, against the im2col strategies (Zen 4, 1
+    with whole blocks of VW input channels, whole panels of NR filters, not pointwise (a 1x1
+    at stride 1 reads its input in place as it is).  ResNet's 3x3 convolutions, against the im2col strategies (Zen 4, 1
     thread, ms): 64->64 @56 2.26 -> 2.11, 64->128 /2 @56 1.10 -> 1.06, 128->128 @28 2.19 ->
     2.09, 256->256 @14 2.19 -> 2.12, 512->512 @7 2.24 -> 2.11 (the last two transposed
-    before).  A half-empty panel does not: 16->16 @320 5.0 -> 9.4 (gemm-planes)."""
+    before).  A half-empty panel does not: 16->16 @320 5.0 -> 9.4 (gemm-planes).  ResNet-18's
+    1x1 stride 2 ones: 64->128 @56 0.94 times as long, 128->256 @28 0.92, 256->512 @14 0.91.
+    On AVX2 (x86-64-v3): 64->64 @56 0.87, 128->128 @28 0.93, 256->256 @14 0.98-1.05,
+    512->512 @7 0.90-1.03, 16->16 @320 0.95-1.06 (within the noise of a shared machine)."""
     m, cg, kh, kw = node.inputs[1].type.shape
     return (node.group == 1 and node.outputs[0].type.dtype == "f32" and cg % shape.vw == 0
-            and m % shape.nr == 0 and not conv_is_pointwise(node) and kh * kw <= 64)
+            and m % shape.nr == 0 and not conv_is_pointwise(node) and kh * kw <= 64
+            and not _copies_unread_input(node))
+
+
+# A copy of the input larger than Zen 4's L2 (1 MB)...
+COPY_BYTES = 1024 * 1024
+
+
+def _copies_unread_input(node) -> bool:
+    """...that a window narrower than its stride reads only part of (a 1x1 stride-2
+    convolution: a quarter): ResNet-50's 256 -> 512 1x1/2 at 56 x 56 (a 3.2 MB copy) took
+    1.04-1.13 times as long blocked, 512 -> 1024 at 28 (1.6 MB) 0.98-1.01; with copies of
+    0.8 MB and less, 0.91-1.01 (ResNet-18's three)."""
+    _, c, h, w = node.inputs[0].type.shape
+    kh, kw = node.inputs[1].type.shape[2:]
+    (sh, sw), (dh, dw) = node.strides, node.dilations
+    skips = (kh - 1) * dh + 1 < sh or (kw - 1) * dw + 1 < sw
+    return skips and 4 * c * h * w > COPY_BYTES
 
 
 class BlockedGeometry:
