@@ -12,13 +12,12 @@ in VW x VW register transposes, and the product is computed transposed, along th
     C^T [pixels x filters] = A [pixels x K] @ W^T [K x filters],   k = (cb, kh, kw, ci)
 
 with A read in place: A[p][k] = X[tap(cb, kh, kw) + base(p) + ci], base(p) the corner of
-pixel p's window.  The micro-kernel broadcasts A's elements straight from X (AVX-512's
-embedded-broadcast FMAs) -- for each tap VW channels at constant displacements from one
-pointer per pixel row of the tile, so tiles of MR pixels may cross output rows (7 x 7 = 49
-pixels need no masks) -- and W^T is packed at compile time in NR-filter panels with its
-rows in that order (packing layout "b" of W^T, conv.conv_repack).  C^T goes to a scratch band of
-pixels, stored back to NCHW (through the bias and the fused epilogue) while in cache by
-conv_transposed's register transposes.
+pixel p's window.  The micro-kernel broadcasts A's elements straight from X -- a
+constant table of K offsets, one pointer per pixel row of the tile, so tiles of MR pixels
+may cross output rows (7 x 7 = 49 pixels need no masks) -- and W^T is packed at compile
+time in NR-filter panels with its rows in that order (packing layout "b" of W^T,
+conv.conv_repack).  C^T goes to a scratch band of pixels, stored back to NCHW (through the
+bias and the fused epilogue) while in cache by conv_transposed's register transposes.
 """
 from __future__ import annotations
 
@@ -28,17 +27,16 @@ import numpy as np
 
 from llvmlite import ir
 
-from ..llvmutil import I64, for_range, i64, intrinsic
-from ..vectors import f32_vector, splat, transpose_block, vload, vstore
+from ..gemm import GemmShape, emit_gemm
+from ..llvmutil import for_range, i64
+from ..parallel import WHOLE
+from ..vectors import f32_vector, transpose_block, vload, vstore
 from .conv_planes import aligned_floats, conv_is_pointwise, offsets_global
 from .conv_transposed import pixel_block, store_ct_block
 
 # The C^T band of pixels the product fills before it is stored back: about this many bytes
 # (kept in L1/L2 between the two; 16 KB to 64 KB measured alike within the noise).
 BAND_BYTES = 32 * 1024
-# Values of k per step of the micro-kernel's loop.  Unrolled over a tap's VW channels, LLVM's
-# scheduler hoisted all the broadcasts and spilled most of them.
-UNROLL = 1
 
 
 def conv_is_blocked(node, shape) -> bool:
@@ -102,11 +100,12 @@ class BlockedGeometry:
         self.bands = -(-self.n // self.band)
 
     def taps(self) -> list:
-        """Where each step of the micro-kernel's loop reads for pixel (0, 0): UNROLL
-        channels of tap (cb, kh, kw) from its first, in the order of k."""
+        """Where A[p][k] lies in X for pixel p = (0, 0), for each k = (cb, kh, kw, ci).  (One
+        step of the micro-kernel per k: unrolled over a tap's VW channels at constant
+        displacements, LLVM's scheduler hoisted all the broadcasts and spilled most.)"""
         return [c * self.block + (r * self.dh * self.wp + q * self.dw) * self.vw + ci
                 for c in range(self.cb) for r in range(self.kh) for q in range(self.kw)
-                for ci in range(0, self.vw, UNROLL)]
+                for ci in range(self.vw)]
 
     def scratch_floats(self) -> int:
         return aligned_floats(self.size) + aligned_floats(self.band * self.mp)
@@ -127,8 +126,9 @@ def blocked_items(node, shape) -> int:
 
 
 def blocked_split_pixels(node, shape, parts: int) -> bool:
-    """Share out bands of pixels (each task copies the whole input, computes every filter of
-    its bands) unless the filter panels divide evenly among the tasks and the bands do not."""
+    """Share out bands of pixels (each task copies the input rows they read and computes
+    every filter of its bands) unless the filter panels divide evenly among the tasks and
+    the bands do not (each task then copies the whole input)."""
     g = BlockedGeometry(node, shape)
     if g.bands >= 2 * parts:
         return True
@@ -146,10 +146,8 @@ def emit_conv_blocked(k) -> None:
     taps = offsets_global(b.module, g.taps())
     split = k.split
     by_pixels = not split.whole and blocked_split_pixels(node, shape, split.parts)
-    if split.whole or by_pixels:
-        p_lo, p_hi = i64(0), i64(g.panels)
-    else:
-        p_lo, p_hi = split.range(b, g.panels)
+    panel_split = WHOLE if by_pixels else split        # the filter panels this task computes
+    p_lo, p_hi = panel_split.range(b, g.panels)
     _zero_border(b, g, xb)
     b_lo, b_hi = split.range(b, g.bands) if by_pixels else (i64(0), i64(g.bands))
     rows = (i64(0), i64(g.h)) if not by_pixels else _input_rows(b, g, b_lo, b_hi)
@@ -159,11 +157,11 @@ def emit_conv_blocked(k) -> None:
         if full:
             f_hi = b.select(b.icmp_signed("<", b_hi, i64(full)), b_hi, i64(full))
             with for_range(b, f_hi, start=b_lo, name="band") as band:
-                _band(k, g, xb, w, ct, taps, b.mul(band, i64(g.band)), g.band, p_lo, p_hi, img, y, bias)
+                _band(k, g, xb, w, ct, taps, b.mul(band, i64(g.band)), g.band, (p_lo, p_hi), panel_split, img, y, bias)
         if ragged:
             mine = b.and_(b.icmp_signed("<=", b_lo, i64(full)), b.icmp_signed("<", i64(full), b_hi))
             with b.if_then(mine):
-                _band(k, g, xb, w, ct, taps, i64(full * g.band), ragged, p_lo, p_hi, img, y, bias)
+                _band(k, g, xb, w, ct, taps, i64(full * g.band), ragged, (p_lo, p_hi), panel_split, img, y, bias)
 
 
 def _zero_border(b, g: BlockedGeometry, xb) -> None:
@@ -227,7 +225,7 @@ def _fill_blocked(b, g: BlockedGeometry, src, xb, rows) -> None:
                 chunk(i64(full * vw), tail)
 
 
-def _band(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, p_lo, p_hi, img, y, bias) -> None:
+def _band(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, panels, panel_split, img, y, bias) -> None:
     """Pixels p0 .. p0 + count: their C^T rows for this task's filter panels, tile by tile
     (each tile's rows of X stay in L1 while every panel of W^T streams from L2), then stored
     back."""
@@ -243,49 +241,11 @@ def _band(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, p_lo, p_hi, im
             oy, ox = b.udiv(p, i64(g.ow)), b.urem(p, i64(g.ow))
             base = b.mul(b.add(b.mul(oy, i64(g.sh * g.wp)), b.mul(ox, i64(g.sw))), i64(g.vw))
             rows.append(b.gep(xb, [base]))
-        ct_tile = b.gep(ct, [b.mul(t, i64(g.mr * g.mp))])
-        with for_range(b, p_hi, start=p_lo, name="panel") as panel:
-            _tile(b, g, rows, b.gep(w, [b.mul(panel, i64(g.k * g.nr))]), taps,
-                  b.gep(ct_tile, [b.mul(panel, i64(g.nr))]))
-    _store_band(k, g, ct, p0, count, p_lo, p_hi, img, y, bias)
-
-
-def _tile(b, g: BlockedGeometry, rows: list, wpanel, taps, out) -> None:
-    """out[i][j] (row stride mp) = sum over k of A[pixel i][k] * W^T[k][j], for the tile's
-    MR pixels (`rows`: their window corners in X) and one NR-filter panel."""
-    vw, nv, mr = g.vw, g.nv, len(rows)
-    fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", f32_vector(vw), [f32_vector(vw)] * 3)
-    zero = ir.Constant(f32_vector(vw), [0.0] * vw)
-    entry = b.block
-    loop = b.append_basic_block("bk.tap")
-    done = b.append_basic_block("bk.done")
-    b.branch(loop)
-    b.position_at_end(loop)
-    t = b.phi(I64, name="tap")
-    t.add_incoming(i64(0), entry)
-    accs = [[b.phi(f32_vector(vw)) for _ in range(nv)] for _ in range(mr)]
-    for row in accs:
-        for acc in row:
-            acc.add_incoming(zero, entry)
-    off = b.sext(b.load(b.gep(taps, [ir.Constant(I64, 0), t])), I64)
-    wtap = b.gep(wpanel, [b.mul(t, i64(UNROLL * g.nr))])
-    cur = [list(r) for r in accs]
-    for ci in range(UNROLL):           # channels at constant displacements
-        wv = [vload(b, b.gep(wtap, [i64(ci * g.nr + j * vw)]), vw) for j in range(nv)]
-        at = b.add(off, i64(ci))
-        for i in range(mr):
-            a = splat(b, b.load(b.gep(rows[i], [at])), vw)
-            cur[i] = [b.call(fma, [a, wv[j], cur[i][j]]) for j in range(nv)]
-    t_next = b.add(t, i64(1))
-    t.add_incoming(t_next, b.block)
-    for i in range(mr):
-        for j in range(nv):
-            accs[i][j].add_incoming(cur[i][j], b.block)
-    b.cbranch(b.icmp_signed("<", t_next, i64(g.k // UNROLL)), loop, done)
-    b.position_at_end(done)
-    for i in range(mr):
-        for j in range(nv):
-            vstore(b, cur[i][j], b.gep(out, [i64(i * g.mp + j * vw)]), vw)
+        # This task's filter panels (emit_gemm shares them out as panel_split.range does)
+        emit_gemm(b, GemmShape(g.vw, g.mr, g.nv), g.mr, g.m, g.k, None, 0, w, None,
+                  b.gep(ct, [b.mul(t, i64(g.mr * g.mp))]), g.mp, name="bk", split=panel_split,
+                  a_table=(taps, rows))
+    _store_band(k, g, ct, p0, count, *panels, img, y, bias)
 
 
 def _store_band(k, g: BlockedGeometry, ct, p0, count: int, p_lo, p_hi, img, y, bias) -> None:
