@@ -1,6 +1,7 @@
 """Convolutions.  A 2-D f32 Conv takes one of several strategies: a matrix product
 (GEMM) over an im2col patch matrix (whole, or built panel by panel), read directly for a
-pointwise one, or computed transposed for small output planes (conv_transposed.py); direct
+pointwise one, or computed transposed for small output planes (conv_transposed.py) or over
+a channel-blocked copy of the input, read in place (conv_blocked.py); direct
 convolution over padded planes in explicit vectors when it has too few filters per group
 for a GEMM tile (conv_planes.py); plain loops for other types.  N-D convolution and
 ConvTranspose (but a 2x2 stride 2 one: conv_transpose_gemm.py) are direct loop nests."""
