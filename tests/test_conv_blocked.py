@@ -9,6 +9,7 @@ import pytest
 from onnx import helper
 
 import glowgen
+from glowgen.backends.cpu.kernels.conv_blocked import BlockedGeometry
 from conftest import assert_close, make_model, run_ort
 
 CASES = {
@@ -23,6 +24,9 @@ CASES = {
     "32->32 dilated 2, no bias": ((1, 32, 15, 12), (32, 32, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]},
                                   None),
     "16->64 5x5 no padding": ((1, 16, 12, 17), (64, 16, 5, 5), {}, "relu"),
+    # A copy over 1 MB, made band by band (BlockedGeometry.progressive)
+    "96->64 3x3/2 @60x50, copied by bands": ((1, 96, 60, 50), (64, 96, 3, 3), {"pads": [1, 1, 1, 1],
+                                                                             "strides": [2, 2]}, "relu"),
     "64->64 1x1 stride 2": ((1, 64, 21, 20), (64, 64, 1, 1), {"strides": [2, 2]}, "relu"),
     "32->96 2x2 stride 1x2": ((1, 32, 9, 30), (96, 32, 2, 2), {"pads": [0, 1, 0, 0], "strides": [1, 2]}, None),
 }
@@ -67,7 +71,7 @@ def test_blocked_matches_onnxruntime(case, cpu):
 
 @pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
 @pytest.mark.parametrize("case", ["64->64 3x3 @56 relu", "32->64 3x3 @7, batch 2, add",
-                                  "64->128 3x3/2 @14 uneven pads"])
+                                  "64->128 3x3/2 @14 uneven pads", "96->64 3x3/2 @60x50, copied by bands"])
 def test_blocked_same_bits_for_any_thread_count(case, cpu):
     model, feeds = _model(case, seed=1)
     options = {"cpu": cpu} if cpu else {}
@@ -76,6 +80,17 @@ def test_blocked_same_bits_for_any_thread_count(case, cpu):
         split = glowgen.compile(model, threads=threads, **options)
         assert any(s.parts > 1 for s in split.program.plan.steps) or "@7" in case
         np.testing.assert_array_equal(split.run(feeds)["y"], one)
+
+
+def test_large_copies_made_band_by_band():
+    model, _ = _model("96->64 3x3/2 @60x50, copied by bands")
+    compiled = glowgen.compile(model, threads=1)
+    conv = next(ins for s in compiled.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
+    assert BlockedGeometry(conv.node, compiled.program.plan.gemm_shape).progressive
+    small, _ = _model("64->64 3x3 @56 relu")
+    compiled = glowgen.compile(small, threads=1)
+    conv = next(ins for s in compiled.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
+    assert not BlockedGeometry(conv.node, compiled.program.plan.gemm_shape).progressive
 
 
 def test_large_input_mostly_unread_keeps_its_strategy():
