@@ -1,6 +1,6 @@
 """How split convolutions share out their work (conv.conv_work): a pointwise one its blocks
 of filters when they divide evenly among the tasks, else its input's column panels; a
-transposed one its filter panels, else runs of pixels.  Against onnxruntime, and bit for
+transposed or channel-blocked one its filter panels, else runs (bands) of pixels.  Against onnxruntime, and bit for
 bit across thread counts."""
 from __future__ import annotations
 
@@ -18,11 +18,18 @@ CASES = {
     "1x1 24 filters @56 (column panels)": ((1, 96, 56, 56), (24, 96, 1, 1), {}, "pointwise"),
     "1x1 12 filters @80 (column panels)": ((1, 64, 80, 80), (12, 64, 1, 1), {}, "pointwise"),
     "1x1 64 filters @56 (filter blocks)": ((1, 32, 56, 56), (64, 32, 1, 1), {}, "pointwise"),
-    "3x3 256->256 @7 (filter panels)": ((1, 256, 7, 7), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
+    # (Input channels not in whole blocks of 16: the 3x3 ones are not "blocked".)
+    "3x3 248->256 @7 (filter panels)": ((1, 248, 7, 7), (256, 248, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
     # Three filter panels: two tasks share out runs of pixels instead (transposed_split_pixels).
     "1x1 576->96 @14 (pixels)": ((1, 576, 14, 14), (96, 576, 1, 1), {}, "transposed"),
-    "3x3 64->96 @10 (pixels, ragged)": ((1, 64, 10, 10), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
+    "3x3 60->96 @10 (pixels, ragged)": ((1, 60, 10, 10), (96, 60, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
     "1x1 576->96 @14 batch 2 (pixels)": ((2, 576, 14, 14), (96, 576, 1, 1), {}, "transposed"),
+    # Channel-blocked (conv_blocked.blocked_split_pixels): filter panels, or bands of pixels.
+    "3x3 256->256 @7 blocked (filter panels)": ((1, 256, 7, 7), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]},
+                                                "blocked"),
+    "3x3 64->96 @10 blocked (two bands)": ((1, 64, 10, 10), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "blocked"),
+    "3x3/2 32->64 @40 blocked (bands)": ((1, 32, 40, 40), (64, 32, 3, 3), {"pads": [1, 1, 1, 1],
+                                                                          "strides": [2, 2]}, "blocked"),
 }
 
 

@@ -44,7 +44,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               pack_panel: Optional[Callable] = None, panel_nr: Optional[int] = None,
               split: Split = WHOLE, split_rows: bool = False, row_align: int = 1, b_table=None,
               a_transposed: bool = False, store_tile: Optional[Callable] = None,
-              image_rows: Optional[tuple] = None) -> None:
+              image_rows: Optional[tuple] = None, a_table=None) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
@@ -71,6 +71,10 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     (offsets: a constant i32 array of K; a convolution's padded input planes, read in
     place, conv.py).  Tiles run along each image row (masked at its end); a split shares
     out whole image rows, or `image_rows = (lo, hi)` gives the rows to compute.
+
+    With `a_table = (offsets, rows)`, A is never built either: M is one tile's rows, and
+    A[i][k] is rows[i][offsets[k]] (offsets: a constant i32 array of K; rows: a pointer per
+    row -- the window corners of a channel-blocked convolution's pixels, conv_blocked.py).
 
     With `store_tile`, the whole tile goes to store_tile(b, rows, m0, n0, valid_cols) once
     its sums are complete (rows[i][j]: row m0 + i, columns n0 + j * VW.., row_init added),
@@ -114,7 +118,13 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
                 off = b.add(b.mul(k, i64(ldb)), b.add(n0, i64(j * vw)))
                 bvecs.append(vload(b, b.gep(bmat, [off]), vw, col_valid if col_valid < vw else None))
         new_accs = []
+        if a_table is not None:
+            a_off = b.sext(b.load(b.gep(a_table[0], [ir.Constant(I64, 0), k])), I64)
         for i in range(mr):
+            if a_table is not None:
+                av = b.load(b.gep(a_table[1][i], [a_off]))
+                new_accs.append([b.call(fma, [splat(b, av, vw), bvecs[j], accs[i][j]]) for j in range(nv)])
+                continue
             if a_packed:       # block m0 // MR starts at m0 * K; then MR floats per k
                 at = b.add(b.add(b.mul(m0, i64(K)), b.mul(k, i64(shape.mr))), i64(i))
             elif a_transposed:

@@ -21,6 +21,7 @@ CONV_STRATEGIES = {
     "gemm-planes": "matrix product reading its patch matrix in place from the padded planes",
     "pointwise": "matrix product reading the input as its right-hand side (1x1, stride 1)",
     "transposed": "matrix product computed transposed, vectorized along the filters",
+    "blocked": "transposed matrix product reading a channel-blocked (NCHWc) copy of the input in place",
     "planes": "direct convolution over padded planes in explicit vectors",
     "direct": "direct convolution in plain loops (any element type)",
 }

@@ -1,6 +1,7 @@
 """Convolutions.  A 2-D f32 Conv takes one of several strategies: a matrix product
 (GEMM) over an im2col patch matrix (whole, or built panel by panel), read directly for a
-pointwise one, or computed transposed for small output planes (conv_transposed.py); direct
+pointwise one, or computed transposed for small output planes (conv_transposed.py) or over
+a channel-blocked copy of the input, read in place (conv_blocked.py); direct
 convolution over padded planes in explicit vectors when it has too few filters per group
 for a GEMM tile (conv_planes.py); plain loops for other types.  N-D convolution and
 ConvTranspose (but a 2x2 stride 2 one: conv_transpose_gemm.py) are direct loop nests."""
@@ -16,10 +17,14 @@ from ..llvmutil import for_range, i64
 from ..loops import contiguous_strides
 from ..parallel import Work, parallel
 from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
-from .base import DESCRIBE, PACKING, PRODUCT_SPACE, SCRATCH, STRATEGY, KernelArgs, hook, kernel
+from ..packing import pack_weights
+from .base import DESCRIBE, PACKING, PRODUCT_SPACE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 from .common import inside, lin, nest
+from .conv_blocked import (BlockedGeometry, blocked_items, blocked_weights, conv_is_blocked,
+                           emit_conv_blocked)
 from .conv_planes import (MAX_TAPS, PlaneGeometry, aligned_floats, conv_is_pointwise, emit_conv_planes,
-                          fill_plane, fill_plane_band, patch_panel, scratch_bytes, zero_planes)
+                          fill_plane, fill_plane_band, offsets_global, patch_panel, scratch_bytes,
+                          zero_planes)
 from .conv_transposed import conv_is_transposed, emit_conv_transposed, scratch_floats, transposed_items
 
 
@@ -124,6 +129,8 @@ def conv_strategy(ins, shape, packable) -> str:
         return "planes"
     if node.outputs[0].type.dtype != "f32":
         return "direct"
+    if conv_uses_gemm(node) and conv_is_blocked(node, shape) and packable(ins.operands[2][1]):
+        return "blocked"
     if conv_uses_gemm(node) and conv_is_transposed(node, shape) and packable(ins.operands[2][1]):
         return "transposed"
     if conv_is_pointwise(node):
@@ -214,6 +221,17 @@ def conv_packing(ins, shape):
     return None
 
 
+@hook(REPACK, "Conv")
+def conv_repack(prog, ins, shape, users) -> bool:
+    """The weights as conv_packing says; a channel-blocked product's transposed with their
+    rows k in its order (channel block, tap, channel: conv_blocked.blocked_weights)."""
+    if ins.plan.strategy == "blocked":
+        return pack_weights(prog, ins, 2, "b", BlockedGeometry(ins.node, shape).nr, shape, users,
+                            matrices=lambda data: blocked_weights(data, ins.node, shape.vw))
+    choice = conv_packing(ins, shape)
+    return choice is not None and pack_weights(prog, ins, *choice, shape, users)
+
+
 @hook(SCRATCH, "Conv")
 def conv_scratch(ins, shape) -> int:
     node, strategy = ins.node, ins.plan.strategy
@@ -221,6 +239,8 @@ def conv_scratch(ins, shape) -> int:
         return scratch_bytes(node, shape.vw)
     if strategy == "transposed":
         return 4 * scratch_floats(node, shape)
+    if strategy == "blocked":
+        return 4 * BlockedGeometry(node, shape).scratch_floats()
     # Pointwise convolutions read the input as B directly (packing it measured no faster).
     if strategy not in ("gemm", "gemm-panels", "gemm-planes"):
         return 0
@@ -242,7 +262,8 @@ def conv_product_space(ins):
     convolution over planes with several input channels per group accumulates them in its
     output, and only a one-channel (depthwise) one keeps its sum in registers."""
     node, strategy = ins.node, ins.plan.strategy
-    gemm = strategy in ("gemm", "gemm-panels", "gemm-planes", "pointwise", "transposed") and conv_uses_gemm(node)
+    gemm = (strategy in ("gemm", "gemm-panels", "gemm-planes", "pointwise", "transposed", "blocked")
+            and conv_uses_gemm(node))
     if not (gemm or (strategy == "planes" and node.inputs[1].type.shape[1] == 1)):
         return None
     n, m, oh, ow = node.outputs[0].type.shape
@@ -265,6 +286,8 @@ def conv(k: KernelArgs):
         return conv_direct(k)
     if strategy == "transposed":
         return emit_conv_transposed(k)
+    if strategy == "blocked":
+        return emit_conv_blocked(k)
     b = k.b
     (y, yt), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
     bias = k.ins[2]
@@ -359,21 +382,6 @@ def conv(k: KernelArgs):
                           b_table=table)
 
 
-def offsets_global(module, offsets: list):
-    """A constant i32 array of `offsets` in `module` (one per distinct table)."""
-    import zlib
-    data = ",".join(map(str, offsets)).encode()
-    name = f"conv_taps_{len(offsets)}_{zlib.crc32(data):08x}"
-    if name in module.globals:
-        return module.globals[name]
-    ty = ir.ArrayType(ir.IntType(32), len(offsets))
-    g = ir.GlobalVariable(module, ty, name=name)
-    g.initializer = ir.Constant(ty, offsets)
-    g.global_constant = True
-    g.linkage = "internal"
-    return g
-
-
 @parallel("Conv")
 def conv_work(node, shape, ins) -> Work:
     """What a convolution shares out (see conv): its groups when it runs over planes, the
@@ -394,6 +402,8 @@ def conv_work(node, shape, ins) -> Work:
         return Work(node.group, flops=flops, elements=n * (m * oh * ow + c * ih * iw))
     if strategy == "transposed":
         return Work(transposed_items(node, shape), flops=flops)
+    if strategy == "blocked":
+        return Work(blocked_items(node, shape), flops=flops)
     if strategy == "gemm-planes":
         return Work(oh, flops=flops)          # whole image rows (gemm.emit_gemm's b_table)
     if strategy == "pointwise":                 # blocks of filters, or column panels

@@ -392,3 +392,18 @@ def emit_max_pool_planes(k, vw: int) -> None:
 def aligned_floats(floats: int) -> int:
     """`floats` rounded up to whole 64-byte cache lines (where scratch parts start)."""
     return -(-floats // 16) * 16
+
+
+def offsets_global(module, offsets: list):
+    """A constant i32 array of `offsets` in `module` (one per distinct table)."""
+    import zlib
+    data = ",".join(map(str, offsets)).encode()
+    name = f"conv_taps_{len(offsets)}_{zlib.crc32(data):08x}"
+    if name in module.globals:
+        return module.globals[name]
+    ty = ir.ArrayType(ir.IntType(32), len(offsets))
+    g = ir.GlobalVariable(module, ty, name=name)
+    g.initializer = ir.Constant(ty, offsets)
+    g.global_constant = True
+    g.linkage = "internal"
+    return g

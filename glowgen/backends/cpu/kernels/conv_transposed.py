@@ -160,23 +160,9 @@ def _store_transposed(k, ct, n: int, m: int, img, y, bias, pixel_unit=None) -> N
     b, vw = k.b, k.gemm_shape.vw
     split, nr = k.split, k.gemm_shape.nr
     by_pixels = pixel_unit is not None
-    zero = ir.Constant(f32_vector(vw), [0.0] * vw)
 
     def block(p0, f0, pixels: int, filters: int):
-        rows = [vload(b, b.gep(ct, [b.add(b.mul(b.add(p0, i64(r)), i64(m)), f0)]), vw,
-                      filters if filters < vw else None) if r < pixels else zero
-                for r in range(vw)]
-        cols = transpose_block(b, rows)
-        for j in range(filters):
-            f = b.add(f0, i64(j))
-            v = cols[j]
-            if bias is not None:
-                v = b.fadd(v, splat(b, b.load(b.gep(bias[0], [f])), vw))
-            if k.epilogue is not None:
-                k.epilogue(b, v, img, f, p0, pixels)
-            else:
-                out = b.gep(y, [b.add(b.mul(b.add(b.mul(img, i64(m)), f), i64(n)), p0)])
-                vstore(b, v, out, vw, pixels if pixels < vw else None)
+        store_ct_block(k, b.gep(ct, [b.mul(p0, i64(m))]), m, f0, pixels, filters, img, p0, y, bias, m, n)
 
     def filters_of(p0, pixels: int):
         f_full = m // vw
@@ -209,3 +195,25 @@ def _store_transposed(k, ct, n: int, m: int, img, y, bias, pixel_unit=None) -> N
                 filters_of(i64(p_full * vw), n % vw)
         else:
             filters_of(i64(p_full * vw), n % vw)
+
+
+def store_ct_block(k, ct, ldct: int, f0, pixels: int, filters: int, img, p0, y, bias, m: int, n: int) -> None:
+    """y[img, f0 + j, p0 + r] = C^T[r, f0 + j] (+ bias) for `pixels` rows r of C^T from `ct`
+    (row stride `ldct`) and `filters` columns: VW rows loaded as vectors along the filters,
+    transposed in registers into vectors along the pixels, each stored (or handed to the
+    epilogue) as one output row's run of pixels."""
+    b, vw = k.b, k.gemm_shape.vw
+    zero = ir.Constant(f32_vector(vw), [0.0] * vw)
+    rows = [vload(b, b.gep(ct, [b.add(i64(r * ldct), f0)]), vw, filters if filters < vw else None)
+            if r < pixels else zero for r in range(vw)]
+    cols = transpose_block(b, rows)
+    for j in range(filters):
+        f = b.add(f0, i64(j))
+        v = cols[j]
+        if bias is not None:
+            v = b.fadd(v, splat(b, b.load(b.gep(bias[0], [f])), vw))
+        if k.epilogue is not None:
+            k.epilogue(b, v, img, f, p0, pixels)
+        else:
+            out = b.gep(y, [b.add(b.mul(b.add(b.mul(img, i64(m)), f), i64(n)), p0)])
+            vstore(b, v, out, vw, pixels if pixels < vw else None)

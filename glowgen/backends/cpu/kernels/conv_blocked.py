@@ -1,0 +1,290 @@
+"""Convolutions over a channel-blocked copy of their input (NCHWc), computed transposed.
+
+The im2col strategies copy every input channel into a padded plane, then every patch panel
+out of the planes: the panel copies were 8.6% of ResNet's 64 -> 64 3x3 at 56 x 56 and the
+plane zeroing 1.6%.  Here each image is copied once, into a zero-padded scratch
+
+    X[cb][Hp][Wp][VW]          (channel blocks of VW = the vector width)
+
+in VW x VW register transposes, and the product is computed transposed, along the filters
+(as conv_transposed.py does):
+
+    C^T [pixels x filters] = A [pixels x K] @ W^T [K x filters],   k = (cb, kh, kw, ci)
+
+with A read in place: A[p][k] = X[tap(cb, kh, kw) + base(p) + ci], base(p) the corner of
+pixel p's window.  The micro-kernel broadcasts A's elements straight from X -- a
+constant table of K offsets, one pointer per pixel row of the tile, so tiles of MR pixels
+may cross output rows (7 x 7 = 49 pixels need no masks) -- and W^T is packed at compile
+time in NR-filter panels with its rows in that order (packing layout "b" of W^T,
+conv.conv_repack).  C^T goes to a scratch band of pixels, stored back to NCHW (through the
+bias and the fused epilogue) while in cache by conv_transposed's register transposes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llvmlite import ir
+
+from ..gemm import GemmShape, emit_gemm
+from ..llvmutil import for_range, i64
+from ..parallel import WHOLE
+from ..vectors import f32_vector, transpose_block, vload, vstore
+from .conv_planes import aligned_floats, conv_is_pointwise, offsets_global
+from .conv_transposed import pixel_block, store_ct_block
+
+# The C^T band of pixels the product fills before it is stored back: about this many bytes
+# (kept in L1/L2 between the two; 16 KB to 64 KB measured alike within the noise).
+BAND_BYTES = 32 * 1024
+
+
+def conv_is_blocked(node, shape) -> bool:
+    """Where the channel-blocked product applies and pays: a single-group f32 convolution
+    with whole blocks of VW input channels, whole panels of NR filters, not pointwise (a 1x1
+    at stride 1 reads its input in place as it is).  ResNet's 3x3 convolutions, against the im2col strategies (Zen 4, 1
+    thread, ms): 64->64 @56 2.26 -> 2.11, 64->128 /2 @56 1.10 -> 1.06, 128->128 @28 2.19 ->
+    2.09, 256->256 @14 2.19 -> 2.12, 512->512 @7 2.24 -> 2.11 (the last two transposed
+    before).  A half-empty panel does not: 16->16 @320 5.0 -> 9.4 (gemm-planes).  ResNet-18's
+    1x1 stride 2 ones: 64->128 @56 0.94 times as long, 128->256 @28 0.92, 256->512 @14 0.91.
+    On AVX2 (x86-64-v3): 64->64 @56 0.87, 128->128 @28 0.93, 256->256 @14 0.98-1.05,
+    512->512 @7 0.90-1.03, 16->16 @320 0.95-1.06 (within the noise of a shared machine)."""
+    m, cg, kh, kw = node.inputs[1].type.shape
+    return (node.group == 1 and node.outputs[0].type.dtype == "f32" and cg % shape.vw == 0
+            and m % shape.nr == 0 and not conv_is_pointwise(node) and kh * kw <= 64
+            and not _copies_unread_input(node))
+
+
+# A copy of the input larger than Zen 4's L2 (1 MB)...
+COPY_BYTES = 1024 * 1024
+
+
+def _copies_unread_input(node) -> bool:
+    """...that a window narrower than its stride reads only part of (a 1x1 stride-2
+    convolution: a quarter): ResNet-50's 256 -> 512 1x1/2 at 56 x 56 (a 3.2 MB copy) took
+    1.04-1.13 times as long blocked, 512 -> 1024 at 28 (1.6 MB) 0.98-1.01; with copies of
+    0.8 MB and less, 0.91-1.01 (ResNet-18's three)."""
+    _, c, h, w = node.inputs[0].type.shape
+    kh, kw = node.inputs[1].type.shape[2:]
+    (sh, sw), (dh, dw) = node.strides, node.dilations
+    skips = (kh - 1) * dh + 1 < sh or (kw - 1) * dw + 1 < sw
+    return skips and 4 * c * h * w > COPY_BYTES
+
+
+class BlockedGeometry:
+    """The padded channel-blocked input and the product's blocking, for one convolution."""
+
+    def __init__(self, node, shape):
+        _, _, self.h, self.w = node.inputs[0].type.shape
+        self.m, self.cg, self.kh, self.kw = node.inputs[1].type.shape
+        self.oh, self.ow = node.outputs[0].type.shape[2:]
+        (self.sh, self.sw), (self.dh, self.dw) = node.strides, node.dilations
+        self.pt, self.pl = node.pads[:2]
+        # The GEMM's register tile, MR pixels x NV vectors of filters (6 x 4 and 12 x 2 on
+        # AVX-512 measured no faster than 8 x 2: the loop runs at the FMA peak).
+        self.vw, self.nr, self.nv = shape.vw, shape.nr, shape.nv
+        self.cb = self.cg // self.vw
+        self.hp = max(self.h + self.pt, (self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1)
+        self.wp = max(self.w + self.pl, (self.ow - 1) * self.sw + (self.kw - 1) * self.dw + 1)
+        self.block = self.hp * self.wp * self.vw          # floats per channel block
+        self.size = self.cb * self.block
+        self.n = self.oh * self.ow
+        self.k = self.cg * self.kh * self.kw
+        self.panels = -(-self.m // self.nr)
+        self.mp = self.panels * self.nr                    # filters with the packing's padding
+        self.mr = pixel_block(self.n, shape)
+        # Bands start whole tiles and whole vectors of the store-back.
+        self.unit = self.mr * self.vw // math.gcd(self.mr, self.vw)
+        units = max(1, BAND_BYTES // (4 * self.mp * self.unit))
+        self.band = min(units, -(-self.n // self.unit)) * self.unit
+        self.bands = -(-self.n // self.band)
+        # The input copied band by band, just before the product reads it, when X is larger
+        # than L2 (copied whole, it was read back from L3): 128->128 3x3/2 @56 (1.7 MB) 0.93-
+        # 0.96 times as long, 256->256 /2 @28 (0.9 MB) 0.98; 64->64 @56 (0.9 MB) 1.01-1.02.
+        self.progressive = 4 * self.size > COPY_BYTES
+
+    def taps(self) -> list:
+        """Where A[p][k] lies in X for pixel p = (0, 0), for each k = (cb, kh, kw, ci).  (One
+        step of the micro-kernel per k: unrolled over a tap's VW channels at constant
+        displacements, LLVM's scheduler hoisted all the broadcasts and spilled most.)"""
+        return [c * self.block + (r * self.dh * self.wp + q * self.dw) * self.vw + ci
+                for c in range(self.cb) for r in range(self.kh) for q in range(self.kw)
+                for ci in range(self.vw)]
+
+    def scratch_floats(self) -> int:
+        return aligned_floats(self.size) + aligned_floats(self.band * self.mp)
+
+
+def blocked_weights(data, node, vw: int):
+    """The filters [M, cg, kh, kw] as W^T, [1, K, M] with k = (cb, kh, kw, ci) (then packed
+    in NR-filter panels, layout "b")."""
+    m, cg, kh, kw = node.inputs[1].type.shape
+    blocks = data.reshape(m, cg // vw, vw, kh, kw).transpose(0, 1, 3, 4, 2)
+    return np.ascontiguousarray(blocks.reshape(1, m, cg * kh * kw).transpose(0, 2, 1))
+
+
+def blocked_items(node, shape) -> int:
+    """What a split shares out: whole filter panels or bands of pixels, whichever are more."""
+    g = BlockedGeometry(node, shape)
+    return max(g.panels, g.bands)
+
+
+def blocked_split_pixels(node, shape, parts: int) -> bool:
+    """Share out bands of pixels (each task copies the input rows they read and computes
+    every filter of its bands) unless the filter panels divide evenly among the tasks and
+    the bands do not (each task then copies the whole input)."""
+    g = BlockedGeometry(node, shape)
+    if g.bands >= 2 * parts:
+        return True
+    return not (g.panels >= parts and g.panels % parts == 0)
+
+
+def emit_conv_blocked(k) -> None:
+    b, shape, node = k.b, k.gemm_shape, k.node
+    (y, _), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
+    bias = k.ins[2]
+    g = BlockedGeometry(node, shape)
+    n_img, c = xt.shape[:2]
+    xb = k.scratch
+    ct = b.gep(k.scratch, [i64(aligned_floats(g.size))])
+    taps = offsets_global(b.module, g.taps())
+    split = k.split
+    by_pixels = not split.whole and blocked_split_pixels(node, shape, split.parts)
+    panel_split = WHOLE if by_pixels else split        # the filter panels this task computes
+    p_lo, p_hi = panel_split.range(b, g.panels)
+    _zero_border(b, g, xb)
+    b_lo, b_hi = split.range(b, g.bands) if by_pixels else (i64(0), i64(g.bands))
+    rows = (i64(0), i64(g.h)) if not by_pixels else _input_rows(b, g, b_lo, b_hi)
+    with for_range(b, n_img, name="img") as img:
+        src = b.gep(x, [b.mul(img, i64(c * g.h * g.w))])
+        if not g.progressive:
+            _fill_blocked(b, g, src, xb, rows)
+
+        def fill_for(band):
+            """Before a band, the input rows its windows read past the last band's."""
+            if not g.progressive:
+                return
+            lo, hi = _input_rows(b, g, band, b.add(band, i64(1)))
+            prev = _input_rows(b, g, b.sub(band, i64(1)), band)[1]
+            start = b.select(b.icmp_signed("==", band, b_lo), lo, prev)
+            _fill_blocked(b, g, src, xb, (start, hi))
+        full, ragged = divmod(g.n, g.band)
+        if full:
+            f_hi = b.select(b.icmp_signed("<", b_hi, i64(full)), b_hi, i64(full))
+            with for_range(b, f_hi, start=b_lo, name="band") as band:
+                fill_for(band)
+                _band(k, g, xb, w, ct, taps, b.mul(band, i64(g.band)), g.band, (p_lo, p_hi), panel_split, img, y, bias)
+        if ragged:
+            mine = b.and_(b.icmp_signed("<=", b_lo, i64(full)), b.icmp_signed("<", i64(full), b_hi))
+            with b.if_then(mine):
+                fill_for(i64(full))
+                _band(k, g, xb, w, ct, taps, i64(full * g.band), ragged, (p_lo, p_hi), panel_split, img, y, bias)
+
+
+def _zero_border(b, g: BlockedGeometry, xb) -> None:
+    """The padding of every channel block: what _fill_blocked never writes."""
+    zero = ir.Constant(f32_vector(g.vw), [0.0] * g.vw)
+    row = g.wp * g.vw
+    below = g.hp - g.pt - g.h
+
+    def run(ptr, pixels: int):
+        if pixels:
+            with for_range(b, pixels, name="zb") as j:
+                vstore(b, zero, b.gep(ptr, [b.mul(j, i64(g.vw))]), g.vw)
+    right = g.wp - g.pl - g.w
+    with for_range(b, g.cb, name="zcb") as cb:
+        blk = b.gep(xb, [b.mul(cb, i64(g.block))])
+        run(blk, g.pt * g.wp)
+        run(b.gep(blk, [i64((g.pt + g.h) * row)]), below * g.wp)
+        if g.pl or right:
+            with for_range(b, g.h, name="zr") as ih:
+                r = b.gep(blk, [b.mul(b.add(ih, i64(g.pt)), i64(row))])
+                run(r, g.pl)
+                run(b.gep(r, [i64((g.pl + g.w) * g.vw)]), right)
+
+
+def _input_rows(b, g: BlockedGeometry, b_lo, b_hi):
+    """(lo, hi): the input rows the windows of bands b_lo .. b_hi read (a task that shares
+    out bands of pixels copies only those)."""
+    def clamp(v):
+        v = b.select(b.icmp_signed("<", v, i64(0)), i64(0), v)
+        return b.select(b.icmp_signed(">", v, i64(g.h)), i64(g.h), v)
+    p_last = b.sub(b.mul(b_hi, i64(g.band)), i64(1))
+    p_last = b.select(b.icmp_signed("<", p_last, i64(g.n - 1)), p_last, i64(g.n - 1))
+    oy_first = b.udiv(b.mul(b_lo, i64(g.band)), i64(g.ow))
+    oy_last = b.udiv(p_last, i64(g.ow))
+    lo = b.sub(b.mul(oy_first, i64(g.sh)), i64(g.pt))
+    hi = b.add(b.sub(b.mul(oy_last, i64(g.sh)), i64(g.pt)), i64((g.kh - 1) * g.dh + 1))
+    return clamp(lo), clamp(hi)
+
+
+def _fill_blocked(b, g: BlockedGeometry, src, xb, rows) -> None:
+    """One image's input rows rows[0] .. rows[1] into the interior of X: VW channels x VW
+    columns loaded as VW vectors along the columns, transposed in registers into VW vectors
+    along the channels."""
+    vw = g.vw
+    full, tail = divmod(g.w, vw)
+    with for_range(b, g.cb, name="fcb") as cb:
+        with for_range(b, rows[1], start=rows[0], name="fr") as ih:
+            srow = b.gep(src, [b.add(b.mul(cb, i64(vw * g.h * g.w)), b.mul(ih, i64(g.w)))])
+            drow = b.gep(xb, [b.add(b.mul(cb, i64(g.block)), b.mul(b.add(ih, i64(g.pt)), i64(g.wp * vw)))])
+
+            def chunk(c0, valid: int):
+                rows = [vload(b, b.gep(srow, [b.add(c0, i64(r * g.h * g.w))]), vw, valid if valid < vw else None)
+                        for r in range(vw)]
+                cols = transpose_block(b, rows)
+                for j in range(valid):
+                    vstore(b, cols[j], b.gep(drow, [b.mul(b.add(b.add(c0, i64(j)), i64(g.pl)), i64(vw))]), vw)
+            if full:
+                with for_range(b, full * vw, step=vw, name="fc") as c0:
+                    chunk(c0, vw)
+            if tail:
+                chunk(i64(full * vw), tail)
+
+
+def _band(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, panels, panel_split, img, y, bias) -> None:
+    """Pixels p0 .. p0 + count: their C^T rows for this task's filter panels, tile by tile
+    (each tile's rows of X stay in L1 while every panel of W^T streams from L2), then stored
+    back."""
+    b = k.b
+    tiles = -(-count // g.mr)
+    with for_range(b, tiles, name="tile") as t:
+        first = b.add(p0, b.mul(t, i64(g.mr)))
+        rows = []
+        for i in range(g.mr):
+            p = b.add(first, i64(i))
+            if count % g.mr:          # the ragged tile's rows past the last pixel repeat it
+                p = b.select(b.icmp_signed("<", p, i64(g.n)), p, i64(g.n - 1))
+            oy, ox = b.udiv(p, i64(g.ow)), b.urem(p, i64(g.ow))
+            base = b.mul(b.add(b.mul(oy, i64(g.sh * g.wp)), b.mul(ox, i64(g.sw))), i64(g.vw))
+            rows.append(b.gep(xb, [base]))
+        # This task's filter panels (emit_gemm shares them out as panel_split.range does)
+        emit_gemm(b, GemmShape(g.vw, g.mr, g.nv), g.mr, g.m, g.k, None, 0, w, None,
+                  b.gep(ct, [b.mul(t, i64(g.mr * g.mp))]), g.mp, name="bk", split=panel_split,
+                  a_table=(taps, rows))
+    _store_band(k, g, ct, p0, count, *panels, img, y, bias)
+
+
+def _store_band(k, g: BlockedGeometry, ct, p0, count: int, p_lo, p_hi, img, y, bias) -> None:
+    """y[img, f, p0 + p] = C^T[p, f] (+ bias, through the epilogue) for the band's pixels and
+    this task's filters (those of its panels, short of the packing's padding)."""
+    b, vw = k.b, g.vw
+    f_lo = b.mul(p_lo, i64(g.nr))
+    f_hi = b.mul(p_hi, i64(g.nr))
+    whole = (g.m // vw) * vw
+    f_full = b.select(b.icmp_signed("<", f_hi, i64(whole)), f_hi, i64(whole))
+    ragged = g.m % vw
+
+    def pixels_of(q0, pixels: int):
+        ctq = b.gep(ct, [b.mul(q0, i64(g.mp))])
+        with for_range(b, f_full, start=f_lo, step=vw, name="sf") as f0:
+            store_ct_block(k, ctq, g.mp, f0, pixels, vw, img, b.add(p0, q0), y, bias, g.m, g.n)
+        if ragged:
+            with b.if_then(b.icmp_signed(">", f_hi, i64(whole))):
+                store_ct_block(k, ctq, g.mp, i64(whole), pixels, ragged, img, b.add(p0, q0), y, bias, g.m, g.n)
+    full, tail = divmod(count, vw)
+    if full:
+        with for_range(b, full * vw, step=vw, name="sp") as q0:
+            pixels_of(q0, vw)
+    if tail:
+        pixels_of(i64(full * vw), tail)

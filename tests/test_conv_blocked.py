@@ -1,0 +1,111 @@
+"""Convolutions over a channel-blocked (NCHWc) copy of their input, the product computed
+transposed with its left-hand side read in place (conv strategy "blocked",
+kernels/conv_blocked.py): against onnxruntime, bit for bit across thread counts, on the
+host's vectors and on AVX2 (x86-64-v3: 8-channel blocks, 16-filter panels)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper
+
+import glowgen
+from glowgen.backends.cpu.kernels.conv_blocked import BlockedGeometry
+from conftest import assert_close, make_model, run_ort
+
+CASES = {
+    # name: (x shape, w shape, attrs, epilogue): "relu", "add" (Add of a second input, then
+    # Relu: a residual block's end) or None
+    "64->64 3x3 @56 relu": ((1, 64, 56, 56), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "relu"),
+    "16->32 3x3 stride 2, odd sizes": ((1, 16, 19, 23), (32, 16, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]},
+                                       None),
+    "32->64 3x3 @7, batch 2, add": ((2, 32, 7, 7), (64, 32, 3, 3), {"pads": [1, 1, 1, 1]}, "add"),
+    "64->128 3x3/2 @14 uneven pads": ((1, 64, 14, 14), (128, 64, 3, 3), {"pads": [0, 1, 2, 1], "strides": [2, 2]},
+                                      "relu"),
+    "32->32 dilated 2, no bias": ((1, 32, 15, 12), (32, 32, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]},
+                                  None),
+    "16->64 5x5 no padding": ((1, 16, 12, 17), (64, 16, 5, 5), {}, "relu"),
+    # A copy over 1 MB, made band by band (BlockedGeometry.progressive)
+    "96->64 3x3/2 @60x50, copied by bands": ((1, 96, 60, 50), (64, 96, 3, 3), {"pads": [1, 1, 1, 1],
+                                                                             "strides": [2, 2]}, "relu"),
+    "64->64 1x1 stride 2": ((1, 64, 21, 20), (64, 64, 1, 1), {"strides": [2, 2]}, "relu"),
+    "32->96 2x2 stride 1x2": ((1, 32, 9, 30), (96, 32, 2, 2), {"pads": [0, 1, 0, 0], "strides": [1, 2]}, None),
+}
+
+
+def _model(case, seed=0):
+    xs, ws, attrs, epilogue = CASES[case]
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) * 0.2).astype(np.float32)
+    inits = {"w": w}
+    conv_inputs = ["x", "w"]
+    if "no bias" not in case:
+        inits["b"] = rng.standard_normal(ws[0]).astype(np.float32)
+        conv_inputs.append("b")
+    nodes = [helper.make_node("Conv", conv_inputs, ["c" if epilogue else "y"], **attrs)]
+    feeds = {"x": x}
+    if epilogue == "relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif epilogue == "add":
+        oh = (xs[2] + attrs["pads"][0] + attrs["pads"][2] - ws[2]) + 1
+        ow = (xs[3] + attrs["pads"][1] + attrs["pads"][3] - ws[3]) + 1
+        feeds["r"] = rng.standard_normal((xs[0], ws[0], oh, ow)).astype(np.float32)
+        nodes += [helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    return make_model(nodes, feeds, ["y"], inits), feeds
+
+
+def _strategies(compiled):
+    return [ins.plan.strategy for s in compiled.program.plan.steps for ins in s.instrs
+            if ins.kind == "Conv" and ins.plan is not None]
+
+
+@pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_blocked_matches_onnxruntime(case, cpu):
+    model, feeds = _model(case)
+    options = {"cpu": cpu} if cpu else {}
+    compiled = glowgen.compile(model, threads=1, **options)
+    assert _strategies(compiled) == ["blocked"], compiled.program.plan.describe()
+    assert_close(compiled.run(feeds), run_ort(model, feeds), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
+@pytest.mark.parametrize("case", ["64->64 3x3 @56 relu", "32->64 3x3 @7, batch 2, add",
+                                  "64->128 3x3/2 @14 uneven pads", "96->64 3x3/2 @60x50, copied by bands"])
+def test_blocked_same_bits_for_any_thread_count(case, cpu):
+    model, feeds = _model(case, seed=1)
+    options = {"cpu": cpu} if cpu else {}
+    one = glowgen.compile(model, threads=1, **options).run(feeds)["y"]
+    for threads in (2, 3):              # three tasks: shares of bands or panels, some empty
+        split = glowgen.compile(model, threads=threads, **options)
+        assert any(s.parts > 1 for s in split.program.plan.steps) or "@7" in case
+        np.testing.assert_array_equal(split.run(feeds)["y"], one)
+
+
+def test_large_copies_made_band_by_band():
+    model, _ = _model("96->64 3x3/2 @60x50, copied by bands")
+    compiled = glowgen.compile(model, threads=1)
+    conv = next(ins for s in compiled.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
+    assert BlockedGeometry(conv.node, compiled.program.plan.gemm_shape).progressive
+    small, _ = _model("64->64 3x3 @56 relu")
+    compiled = glowgen.compile(small, threads=1)
+    conv = next(ins for s in compiled.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
+    assert not BlockedGeometry(conv.node, compiled.program.plan.gemm_shape).progressive
+
+
+def test_large_input_mostly_unread_keeps_its_strategy():
+    """A 1x1 stride 2 convolution reads a quarter of its input: not copied whole when that
+    is over 1 MB (conv_blocked._copies_unread_input)."""
+    x = np.ones((1, 256, 56, 56), np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2])], {"x": x}, ["y"],
+                       {"w": np.ones((512, 256, 1, 1), np.float32)})
+    assert _strategies(glowgen.compile(model, threads=1)) != ["blocked"]
+
+
+def test_half_empty_filter_panels_keep_their_strategy():
+    """16 filters fill half of AVX-512's 32-filter panel: not blocked (conv_is_blocked)."""
+    x = np.ones((1, 16, 20, 20), np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": x}, ["y"],
+                       {"w": np.ones((16, 16, 3, 3), np.float32)})
+    compiled = glowgen.compile(model, threads=1)
+    assert (_strategies(compiled) == ["blocked"]) == (compiled.program.plan.gemm_shape.nr == 16)
