@@ -370,6 +370,24 @@ def test_an_alternating_state_is_not_copied_in_the_loop():
     assert sorted(str(ins.reads()[0].type) for ins in body if ins.kind == Instr.COPY) == ["f32[3]"] * 2
 
 
+def test_a_state_computed_in_place_keeps_one_buffer():
+    """s <- tanh(s + x_t): the old s is read before the new one is computed, so the Tanh
+    writes it over the old (two slots would double its footprint for nothing)."""
+    n = 64
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["a"]),
+                              helper.make_node("Tanh", ["a"], ["s_out"])], "body",
+                             [_vi("s_in", F, [n]), _vi("x_t", F, [n])], [_vi("s_out", F, [n])])
+    onnx_model = _model([helper.make_node("Scan", ["s0", "xs"], ["s"], body=body, num_scan_inputs=1)],
+                        [("s0", F, [n]), ("xs", F, [30, n])], [("s", F, [n])])
+    model = glowgen.compile(onnx_model)
+    (loop,) = _loops(model)
+    body_instrs = model.program.instrs[loop.start + 1:loop.end]
+    assert not any(v.phase is not None for ins in body_instrs for b in ins.buffers() for v in dynamic_views(b))
+    assert not any(ins.kind == Instr.COPY for ins in body_instrs)
+    feeds = {"s0": _f32(n, seed=1), "xs": _f32(30, n, seed=2)}
+    assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("last", ["Sub", "Relu"])
 def test_alternating_state_at_one_and_two_threads(last):
     """A state wide enough to split: two threads give one's answer bit for bit.  With Relu
