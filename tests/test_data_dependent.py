@@ -340,6 +340,60 @@ def test_a_data_dependent_op_in_a_loop_body_is_not_cut():
     assert model.deciding_inputs == ["x"] and not model.pieces
 
 
+def _count_nonzero(src):
+    """Nodes counting the nonzero elements of `src` into `cf` (f32[]) through NonZero."""
+    return [helper.make_node("NonZero", [src], ["nz"], name="nz"),
+            helper.make_node("Shape", ["nz"], ["shape"]),
+            helper.make_node("Gather", ["shape", "one"], ["count"], axis=0),
+            helper.make_node("Cast", ["count"], ["cf"], to=F)]
+
+
+def test_a_data_dependent_op_in_a_run_time_if_branch():
+    """An If with a run-time condition whose branch holds a NonZero of a model input: the
+    If cannot run as a conditional (its branch is not static), so the model is compiled per
+    value of the condition and the input (each call here a new variant), matching
+    onnxruntime on either branch."""
+    then = helper.make_graph(_count_nonzero("x"), "then", [], [helper.make_tensor_value_info("cf", F, [])])
+    orelse = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0)], "else", [],
+                               [helper.make_tensor_value_info("total", F, [])])
+    onnx_model = _model([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=orelse)],
+                        [("x", F, [4]), ("c", B, [])], [("y", F, [])], {"one": np.array(0, np.int64)})
+    with pytest.raises(UnsupportedError, match="condition.*NonZero node 'nz' is inside a Loop, If or "
+                                               "Scan body.*per value of 'x'"):
+        glowgen.compile(onnx_model, specialize=False)
+    model = glowgen.compile(onnx_model)
+    for x, c in (([1, 0, 2, 0], True), ([0, 0, 0, 0], True), ([1, 0, 2, 0], False), ([3, 3, 0, 3], True)):
+        _check(model, onnx_model, {"x": np.array(x, np.float32), "c": np.array(c)})
+    assert model.stats["compiles"] == 4
+
+
+def test_a_data_dependent_op_on_a_run_time_loop_s_state():
+    """A Loop with a run-time trip count whose body counts the positive elements of the
+    state it carries: not a native loop (its body is not static); the error names the body's
+    state, not as an input to bind; glowgen.compile unrolls it per value of the trip count
+    and the initial state."""
+    body = helper.make_graph(
+        [helper.make_node("Greater", ["s", "zero"], ["positive"])] + _count_nonzero("positive") +
+        [helper.make_node("Sub", ["s", "half"], ["s_out"]),
+         helper.make_node("Add", ["acc", "cf"], ["acc_out"]),
+         helper.make_node("Identity", ["cond"], ["cond_out"])], "body",
+        [helper.make_tensor_value_info("i", I64, []), helper.make_tensor_value_info("cond", B, []),
+         helper.make_tensor_value_info("s", F, [4]), helper.make_tensor_value_info("acc", F, [])],
+        [helper.make_tensor_value_info("cond_out", B, []), helper.make_tensor_value_info("s_out", F, [4]),
+         helper.make_tensor_value_info("acc_out", F, [])])
+    onnx_model = _model([helper.make_node("Loop", ["M", "", "x", "zero"], ["s", "y"], body=body)],
+                        [("x", F, [4]), ("M", I64, [])], [("s", F, [4]), ("y", F, [])],
+                        {"one": np.array(0, np.int64), "zero": np.array(0, np.float32),
+                         "half": np.array(0.5, np.float32)})
+    with pytest.raises(UnsupportedError, match="trip count.*NonZero node 'nz'.*per value of the model "
+                                               "inputs behind the body's 's'"):
+        glowgen.compile(onnx_model, specialize=False)
+    model = glowgen.compile(onnx_model)
+    for x, trips in (([1, 0, 2, -1], 3), ([1, 0, 2, -1], 0), ([0.4, 2, 3, 1], 5)):
+        _check(model, onnx_model, {"x": np.array(x, np.float32), "M": np.array(trips, np.int64)})
+    assert sorted(model.deciding_inputs) == ["M", "x"]
+
+
 def test_fixed_input_shapes_say_how_to_compile_such_a_model():
     with pytest.raises(GlowgenError, match="depends on the values of its operands.*specialize=True"):
         glowgen.compile(_nonzero_gather(), input_shapes={"x": (3, 4)})

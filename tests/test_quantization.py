@@ -360,3 +360,98 @@ def test_quantized_resnet50_has_no_dequantize_quantize_pair():
              and n.inputs[0].producer.OP == "Dequantize"]
     assert not pairs, pairs
     assert ops.count("Quantize") == 1 + 16        # the input, and each residual sum
+
+
+def _control_flow_model(n=8, steps=20, seed=3):
+    """A MatMul and Relu before a Scan of `steps` (a native loop) whose body is an RNN's
+    (h <- tanh(h Wr + x_t Wi), stacked through a Relu), then an If on a run-time condition
+    (then: relu(h W1), else: 2 h)."""
+    weights = np.random.default_rng(seed)
+
+    def w(name):
+        return numpy_helper.from_array((weights.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32), name)
+    vi = helper.make_tensor_value_info
+    F = TensorProto.FLOAT
+    body = helper.make_graph([helper.make_node("MatMul", ["h_in", "Wr"], ["hr"]),
+                              helper.make_node("MatMul", ["x_t", "Wi"], ["xi"]),
+                              helper.make_node("Add", ["hr", "xi"], ["pre"]),
+                              helper.make_node("Tanh", ["pre"], ["h_out"]),
+                              helper.make_node("Relu", ["h_out"], ["y_t"])], "body",
+                             [vi("h_in", F, [1, n]), vi("x_t", F, [1, n])],
+                             [vi("h_out", F, [1, n]), vi("y_t", F, [1, n])])
+    then = helper.make_graph([helper.make_node("MatMul", ["h", "W1"], ["t1"]),
+                              helper.make_node("Relu", ["t1"], ["t2"])], "then", [], [vi("t2", F, [1, n])])
+    orelse = helper.make_graph([helper.make_node("Mul", ["h", "two"], ["e1"])], "else", [], [vi("e1", F, [1, n])])
+    nodes = [helper.make_node("MatMul", ["x", "W0"], ["a"]), helper.make_node("Relu", ["a"], ["h0"]),
+             helper.make_node("Scan", ["h0", "xs"], ["h", "ys"], body=body, num_scan_inputs=1),
+             helper.make_node("If", ["c"], ["z"], then_branch=then, else_branch=orelse),
+             helper.make_node("ReduceMean", ["ys"], ["m"], axes=[0], keepdims=0),
+             helper.make_node("Add", ["z", "m"], ["y"])]
+    graph = helper.make_graph(nodes, "control_flow", [vi("x", F, [1, n]), vi("xs", F, [steps, 1, n]),
+                                                      vi("c", TensorProto.BOOL, [])], [vi("y", F, [1, n])],
+                              [w("W0"), w("Wr"), w("Wi"), w("W1"), numpy_helper.from_array(np.array(2, np.float32), "two")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def _control_flow_samples(count, n=8, steps=20, taken=(True, False), seed=4):
+    draw = np.random.default_rng(seed)
+    return [{"x": draw.standard_normal((1, n)).astype(np.float32),
+             "xs": draw.standard_normal((steps, 1, n)).astype(np.float32),
+             "c": np.array(taken[i % len(taken)])} for i in range(count)]
+
+
+def _rnn_tensors(model, samples):
+    """The body's and the then-branch's tensors over every iteration and sample, computed
+    with NumPy from the model's weights (onnxruntime does not show a body's tensors)."""
+    w = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    seen = {k: [] for k in ("h_in", "x_t", "hr", "xi", "pre", "h_out", "y_t", "t1", "t2")}
+    for s in samples:
+        h = np.maximum(s["x"] @ w["W0"], 0)
+        for x_t in s["xs"]:
+            hr, xi = h @ w["Wr"], x_t @ w["Wi"]
+            new = np.tanh(hr + xi)
+            for k, v in (("h_in", h), ("x_t", x_t), ("hr", hr), ("xi", xi), ("pre", hr + xi),
+                         ("h_out", new), ("y_t", np.maximum(new, 0))):
+                seen[k].append(v)
+            h = new
+        if s["c"]:
+            seen["t1"].append(h @ w["W1"])
+            seen["t2"].append(np.maximum(h @ w["W1"], 0))
+    return {k: np.concatenate([v.ravel() for v in vs]) for k, vs in seen.items() if vs}
+
+
+def test_profile_covers_tensors_inside_loop_bodies_and_branches():
+    """A native loop's body tensors are profiled over all its iterations, a run-time
+    branch's over the samples that took it; a branch no sample took has no profile."""
+    model = _control_flow_model()
+    samples = _control_flow_samples(5)
+    prof = glowgen.profile(model, samples, bins=32)
+    for name, values in _rnn_tensors(model, samples).items():
+        t = prof[name]
+        np.testing.assert_allclose([t.min, t.max], [values.min(), values.max()], rtol=1e-4, atol=1e-5,
+                                   err_msg=name)
+        assert t.count == values.size, name
+    assert "e1" in prof.tensors and prof["e1"].count == 2 * 8
+    never = glowgen.profile(model, _control_flow_samples(2, taken=(False,)), bins=32)
+    assert "t1" not in never.tensors and "e1" in never.tensors and "h_out" in never.tensors
+
+
+def test_quantized_model_with_control_flow_matches_float():
+    """The body's and the branch's products are quantized with their profiles (a branch
+    without one stays float), and the answer stays near onnxruntime's in float."""
+    from conftest import run_ort
+    from glowgen.engine.control import Conditional, WhileLoop
+    model = _control_flow_model()
+    samples = _control_flow_samples(8)
+    for seen in (samples, samples[1::2]):          # both branches; the else-branch only
+        prof = glowgen.profile(model, seen, bins=128)
+        step = (prof["y"].max - prof["y"].min) / 255
+        for backend in ("cpu", "interpreter"):
+            q = glowgen.compile(model, backend=backend, quantize=prof)
+            for s in seen[:4]:            # within the ranges calibration saw
+                expected = run_ort(model, s)["y"]
+                assert np.abs(q.run(s)["y"] - expected).max() < 8 * step + 0.05 * np.abs(expected).max()
+        loop = next(n for n in q.function.nodes if isinstance(n, WhileLoop))
+        assert sum(n.OP == "QuantizedMatMul" for n in loop.body.nodes) == 2
+        cond = next(n for n in q.function.nodes if isinstance(n, Conditional))
+        assert any(n.OP == "QuantizedMatMul" for n in cond.then_branch.nodes) == ("t1" in prof.tensors)

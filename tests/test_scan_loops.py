@@ -19,7 +19,7 @@ from glowgen.engine.control import WhileLoop
 from glowgen.errors import UnsupportedError
 from glowgen.frontend import onnx_control
 from glowgen.lir.control import regions
-from glowgen.lir.ir import Instr, SliceView
+from glowgen.lir.ir import Instr, SliceView, dynamic_views
 
 from conftest import assert_close, run_ort
 
@@ -303,3 +303,129 @@ def test_a_scan_inside_a_scan(backend):
     assert [r.depth for r in _loops(model)] == [0, 1]
     feeds = {"s0": _f32(n, seed=1), "xs": _f32(outer_len, inner_len, n, seed=2)}
     assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- alternating state
+def _recurrent_loop(n, scan_output=True, last="Sub"):
+    """A Loop of M iterations (a model input) carrying three states: a leaky RNN's h <- h -
+    (h - tanh(h @ W + x)) / 2 (its last op, like its first, reads the old h: the new one
+    cannot be computed over it) or, with `last="Relu"`, h <- relu(h @ W + x) (a product
+    whose input is the old state, the stack in its store writing the new); and two values
+    a, b swapped every iteration.  With `scan_output`, every h is also stacked."""
+    if last == "Relu":
+        nodes = [helper.make_node("Gemm", ["h_in", "W", "x"], ["g"]),
+                 helper.make_node("Relu", ["g"], ["h_out"])]
+    else:
+        nodes = [helper.make_node("MatMul", ["h_in", "W"], ["r"]),
+                 helper.make_node("Add", ["r", "x"], ["u"]),
+                 helper.make_node("Tanh", ["u"], ["t"]),
+                 helper.make_node("Sub", ["h_in", "t"], ["d"]),
+                 helper.make_node("Mul", ["d", "half"], ["e"]),
+                 helper.make_node("Sub", ["h_in", "e"], ["h_out"])]
+    nodes += [helper.make_node("Identity", ["b_in"], ["a_out"]),
+              helper.make_node("Identity", ["a_in"], ["b_out"]),
+              helper.make_node("Identity", ["c_in"], ["c_out"])]
+    outs = [_vi("c_out", BOOL, []), _vi("h_out", F, [1, n]), _vi("a_out", F, [3]), _vi("b_out", F, [3])]
+    if scan_output:
+        nodes.append(helper.make_node("Identity", ["h_out"], ["h_seq"]))
+        outs.append(_vi("h_seq", F, [1, n]))
+    body = helper.make_graph(nodes, "body", [_vi("i", I64, []), _vi("c_in", BOOL, []), _vi("h_in", F, [1, n]),
+                                             _vi("a_in", F, [3]), _vi("b_in", F, [3])], outs)
+    results = ["h", "a", "b"] + (["hs"] if scan_output else [])
+    loop = helper.make_node("Loop", ["M", "", "h0", "a0", "b0"], results, body=body)
+    rng = np.random.default_rng(3)
+    return _model([loop], [("h0", F, [1, n]), ("a0", F, [3]), ("b0", F, [3]), ("x", F, [1, n]), ("M", I64, [])],
+                  [("h", F, [1, n]), ("a", F, [3]), ("b", F, [3])] + ([("hs", F, [None, 1, n])] if scan_output else []),
+                  {"W": (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32),
+                   "half": np.array(0.5, np.float32)})
+
+
+def _recurrent_feeds(n, trips, seed=0):
+    return {"h0": _f32(1, n, seed=seed), "a0": _f32(3, seed=seed + 1), "b0": _f32(3, seed=seed + 2),
+            "x": _f32(1, n, seed=seed + 3), "M": np.array(trips, np.int64)}
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+@pytest.mark.parametrize("scan_output", [False, True])
+def test_a_state_computed_from_itself_alternates_between_two_slots(backend, scan_output, unroll_limit):
+    """The new h is computed while the old one is read (ir.SliceView with a phase): each
+    iteration reads one slot and writes the other, the final state is wherever the last
+    iteration left it (0, 1, 2, odd and even trip counts), the swapped pair is swapped an
+    odd number of times or not, and the state is stacked as well."""
+    onnx_model = _recurrent_loop(16, scan_output)
+    model = glowgen.compile(onnx_model, backend=backend)
+    for trips in (0, 1, 2, 3, 4, 7, 40):
+        feeds = _recurrent_feeds(16, trips, seed=trips)
+        assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_an_alternating_state_is_not_copied_in_the_loop():
+    """In the loop's body, the op computing h writes the slot the next iteration reads (no
+    copy of h), and each of the swapped values is copied once (not aside and back)."""
+    model = glowgen.compile(_recurrent_loop(16, scan_output=False))
+    (loop,) = _loops(model)
+    body = model.program.instrs[loop.start + 1:loop.end]
+    last = [ins for ins in body if ins.kind == "Sub"][-1]
+    assert [v.phase for v in dynamic_views(last.writes()[0])] == [1]
+    assert sorted(str(ins.reads()[0].type) for ins in body if ins.kind == Instr.COPY) == ["f32[3]"] * 2
+
+
+def test_a_state_computed_in_place_keeps_one_buffer():
+    """s <- tanh(s + x_t): the old s is read before the new one is computed, so the Tanh
+    writes it over the old (two slots would double its footprint for nothing)."""
+    n = 64
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "x_t"], ["a"]),
+                              helper.make_node("Tanh", ["a"], ["s_out"])], "body",
+                             [_vi("s_in", F, [n]), _vi("x_t", F, [n])], [_vi("s_out", F, [n])])
+    onnx_model = _model([helper.make_node("Scan", ["s0", "xs"], ["s"], body=body, num_scan_inputs=1)],
+                        [("s0", F, [n]), ("xs", F, [30, n])], [("s", F, [n])])
+    model = glowgen.compile(onnx_model)
+    (loop,) = _loops(model)
+    body_instrs = model.program.instrs[loop.start + 1:loop.end]
+    assert not any(v.phase is not None for ins in body_instrs for b in ins.buffers() for v in dynamic_views(b))
+    assert not any(ins.kind == Instr.COPY for ins in body_instrs)
+    feeds = {"s0": _f32(n, seed=1), "xs": _f32(30, n, seed=2)}
+    assert_close(model.run(feeds), run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("last", ["Sub", "Relu"])
+def test_alternating_state_at_one_and_two_threads(last):
+    """A state wide enough to split: two threads give one's answer bit for bit.  With Relu
+    the product reading the old state applies the Relu in its store, into the new one (the
+    same buffer, it would read values it has just overwritten: 0.6 off at 1024)."""
+    onnx_model = _recurrent_loop(1024, scan_output=False, last=last)
+    one = glowgen.compile(onnx_model, threads=1)
+    two = glowgen.compile(onnx_model, threads=2)
+    for trips in (0, 3, 6):
+        feeds = _recurrent_feeds(1024, trips, seed=5)
+        got1, got2 = one.run(feeds), two.run(feeds)
+        assert_close(got1, run_ort(onnx_model, feeds), rtol=1e-4, atol=1e-4)
+        for name in got1:
+            np.testing.assert_array_equal(got1[name], got2[name])
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+def test_alternating_state_bundle(tmp_path, capsys):
+    """A bundle's entry point places the two slots by the counter's parity too; the trip
+    count is the bundle's input."""
+    import subprocess
+    n = 16
+    onnx_model = _recurrent_loop(n, scan_output=False)
+    path = tmp_path / "rnn.onnx"
+    path.write_bytes(onnx_model.SerializeToString())
+    out = tmp_path / "out"
+    assert main(["compile", str(path), "-o", str(out), "--name", "rnn"]) == 0
+    capsys.readouterr()
+    done = subprocess.run(["gcc", "-O2", "-pthread", "main.c", "rnn.o", "-lm", "-o", "rnn"], cwd=out,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    shapes = {"h": (1, n), "a": (3,), "b": (3,)}
+    for trips in (4, 7):
+        feeds = _recurrent_feeds(n, trips, seed=trips)
+        for name, value in feeds.items():
+            value.tofile(tmp_path / f"{name}.bin")
+        files = [str(tmp_path / f"{k}.bin") for k in list(feeds) + list(shapes)]
+        done = subprocess.run([str(out / "rnn"), *files], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        got = {k: np.fromfile(tmp_path / f"{k}.bin", "<f4").reshape(shape) for k, shape in shapes.items()}
+        assert_close(got, run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)

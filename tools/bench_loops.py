@@ -3,12 +3,14 @@
 time and latency of glowgen (cpu backend) and onnxruntime side by side, per iteration count.
 
     python tools/bench_loops.py [--iterations 1000 2000] [--width 4096] [--runs 20] [--threads 1]
+                                [--rnn-widths 64 256 1024] [--only-rnn]
 
 The Loop's trip count is a model input (glowgen.compile specializes per trip count, since
 the scan output's length is the trip count: the first call with a count compiles its
 variant, timed as "compile"); the Scan's length is its input's first dimension (one model
 per length).  The body: s <- tanh(s * w + x) and a scan output 2 * s (Loop), s <- tanh(s +
-x_t) and y_t = s * x_t (Scan), on vectors of `--width` floats.  Latency is the median of
+x_t) and y_t = s * x_t (Scan), on vectors of `--width` floats; with `--rnn-widths`, Scans
+whose body is an RNN's, h <- tanh(h @ W + x_t) and h <- (h + tanh(h @ W + x_t)) / 2.  Latency is the median of
 `--runs` calls of the best of three rounds, the runners taking turns, so that a neighbour's
 load on a shared machine falls on both alike.
 """
@@ -60,6 +62,27 @@ def scan_model(length: int, n: int):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def rnn_model(length: int, n: int, leaky: bool):
+    """A Scan over `length` steps of h <- tanh(h @ W + x_t) (`leaky`: h <- h - (h - tanh(...))
+    / 2, whose last op reads the old state while it writes the new one), h of [1, n]."""
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("MatMul", ["h_in", "W"], ["r"]),
+             helper.make_node("Add", ["r", "x_t"], ["a"]),
+             helper.make_node("Tanh", ["a"], ["t" if leaky else "h_out"])]
+    if leaky:
+        nodes += [helper.make_node("Sub", ["h_in", "t"], ["d"]),
+                  helper.make_node("Mul", ["d", "half"], ["e"]),
+                  helper.make_node("Sub", ["h_in", "e"], ["h_out"])]
+    body = helper.make_graph(nodes, "body", [_vi("h_in", F, [1, n]), _vi("x_t", F, [1, n])],
+                             [_vi("h_out", F, [1, n])])
+    graph = helper.make_graph(
+        [helper.make_node("Scan", ["h0", "xs"], ["h"], body=body, num_scan_inputs=1)], "rnn",
+        [_vi("h0", F, [1, n]), _vi("xs", F, [length, 1, n])], [_vi("h", F, [1, n])],
+        [numpy_helper.from_array((rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32), "W"),
+         numpy_helper.from_array(np.array(0.5, np.float32), "half")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def _median_best(calls: dict, runs: int) -> dict:
     best = {name: float("inf") for name in calls}
     for _ in range(3):
@@ -79,6 +102,9 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=4096)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rnn-widths", type=int, nargs="*", default=[],
+                    help="also RNN-like Scans (rnn_model) of these state widths, plain and leaky")
+    ap.add_argument("--only-rnn", action="store_true", help="only the RNN-like Scans")
     args = ap.parse_args()
     n, rng = args.width, np.random.default_rng(0)
     options = ort.SessionOptions()
@@ -90,7 +116,7 @@ def main() -> None:
     specialized = glowgen.compile(onnx_loop, threads=args.threads)
     loop_session = ort.InferenceSession(onnx_loop.SerializeToString(), options,
                                         providers=["CPUExecutionProvider"])
-    for kind in ("Loop", "Scan"):
+    for kind in () if args.only_rnn else ("Loop", "Scan"):
         for count in args.iterations:
             if kind == "Loop":
                 feeds = {"x": rng.standard_normal(n).astype(np.float32), "M": np.array(count, np.int64)}
@@ -114,6 +140,25 @@ def main() -> None:
             print(f"{kind:<6} {count:>10} {compiled:>10.2f} {1e3 * t['glowgen']:>11.3f} "
                   f"{1e3 * t['ort']:>9.3f} {1e6 * t['glowgen'] / count:>16.2f} "
                   f"{t['ort'] / t['glowgen']:>12.2f}")
+    for width in args.rnn_widths:
+        for leaky in (False, True):
+            for count in args.iterations:
+                onnx_rnn = rnn_model(count, width, leaky)
+                feeds = {"h0": rng.standard_normal((1, width)).astype(np.float32),
+                         "xs": rng.standard_normal((count, 1, width)).astype(np.float32)}
+                start = time.perf_counter()
+                model = glowgen.compile(onnx_rnn, threads=args.threads)
+                compiled = time.perf_counter() - start
+                session = ort.InferenceSession(onnx_rnn.SerializeToString(), options,
+                                               providers=["CPUExecutionProvider"])
+                np.testing.assert_allclose(model.run(feeds)["h"], session.run(None, feeds)[0],
+                                           rtol=1e-4, atol=1e-5)
+                t = _median_best({"glowgen": lambda: model.run(feeds),
+                                  "ort": lambda: session.run(None, feeds)}, args.runs)
+                name = f"{'leaky' if leaky else ''}rnn{width}"
+                print(f"{name:<10} {count:>6} {compiled:>10.2f} {1e3 * t['glowgen']:>11.3f} "
+                      f"{1e3 * t['ort']:>9.3f} {1e6 * t['glowgen'] / count:>16.2f} "
+                      f"{t['ort'] / t['glowgen']:>12.2f}")
 
 
 if __name__ == "__main__":

@@ -172,13 +172,23 @@ def import_node(importer, node: onnx.NodeProto, desc: str) -> bool:
     first = node.input[unknown[0]]
     if importer.subgraph_depth:
         # A CompileTimeInputError: a Loop whose body needs it falls back to unrolling, where
-        # the operands may be constants.
+        # the operands may be constants; an If, to deciding its condition while compiling.
+        # The names behind it may be the body's own (its iteration number, the state it
+        # carries), which no caller can bind: the model inputs behind those are found when
+        # the Loop around it asks for its trip count (specialize.py grows the set).
+        inputs = {i.name for i in importer.proto.graph.input}
+        given = [n for n in behind if n in inputs]
+        own = [n for n in behind if n not in inputs]
+        what = (", ".join(map(repr, given)) if not own else
+                f"the model inputs behind the body's {', '.join(map(repr, own))}"
+                + (f" and {', '.join(map(repr, given))}" if given else ""))
         raise CompileTimeInputError(
             f"{desc} is inside a Loop, If or Scan body and its output shape depends on the "
             f"values of operands computed at run time; glowgen cuts the graph at such an op "
             f"only in the main graph, so glowgen.compile(model) compiles the model per value "
-            f"of {', '.join(map(repr, behind))} instead (bound as constants). Move the op out "
-            f"of the body to cut the graph there", behind, first)
+            f"of {what} instead (bound as constants: each new value compiles a variant, "
+            f"glowgen.compile's max_variants of them kept). Move the op out of the body to "
+            f"cut the graph there", behind, first)
     raise DataDependentError(
         f"{desc}: its output shape depends on the values of its operands, which are computed "
         f"from model input{'s' if len(behind) > 1 else ''} {', '.join(map(repr, behind))} at "

@@ -84,13 +84,21 @@ class SliceView(TensorView):
     whole base (which it is, over a loop's iterations), and the backends add `dynamic_offset`
     to the root's address where they take an operand's address."""
 
-    def __init__(self, name: str, base: Buffer, counter: Buffer, reverse: bool = False):
+    def __init__(self, name: str, base: Buffer, counter: Buffer, reverse: bool = False,
+                 phase: Optional[int] = None):
         length = base.type.shape[0]
         super().__init__(name, base.type.with_shape(tuple(base.type.shape[1:])), base)
         self.counter, self.reverse, self.length = counter, reverse, length
         self.slice_bytes = self.type.nbytes
+        # A loop's state kept in two alternating slots (`base` has two): slot
+        # (counter + phase) % 2.  Phase 0 is the state an iteration reads, phase 1 the one
+        # it writes; the next iteration's counter swaps them (irgen._Generator.loop).
+        self.phase = phase
+        assert phase is None or (length == 2 and not reverse)
 
     def index(self, counter_value: int) -> int:
+        if self.phase is not None:
+            return (counter_value + self.phase) % 2
         return self.length - 1 - counter_value if self.reverse else counter_value
 
 
@@ -102,6 +110,25 @@ def dynamic_views(buf: Optional[Buffer]) -> list:
             out.append(buf)
         buf = buf.base
     return out
+
+
+def slot(buf) -> tuple:
+    """What `buf` names while one instruction runs: its root, and which of the two slots of
+    an alternating loop state (SliceView with a phase) it is, if any.  The two slots of one
+    state are disjoint at any time (the same counter places both), so passes that track
+    values by their memory (copy elimination, stacks keeping values in registers) key them
+    by slot, not by root: an iteration reads the old slot and writes the new one."""
+    buf = getattr(buf, "buffer", buf)          # a stack's gather read: its input's
+    phase = next((v.phase for v in dynamic_views(buf) if v.phase is not None), None)
+    return (id(buf.root()), phase)
+
+
+def disjoint(a: Buffer, b: Buffer) -> bool:
+    """Do `a` and `b` have the same root but never share a byte (the two slots of an
+    alternating loop state)?"""
+    va, vb = (next((v for v in dynamic_views(x) if v.phase is not None), None) for x in (a, b))
+    return (va is not None and vb is not None and va.base is vb.base and va.counter is vb.counter
+            and va.phase != vb.phase)
 
 
 class Instr:

@@ -6,7 +6,7 @@ view is a use of the buffer under it.
 from __future__ import annotations
 
 from .control import loop_lifetimes, regions
-from .ir import Activation, Buffer, Instr, Program, TensorView
+from .ir import Activation, Buffer, Instr, Program, TensorView, disjoint
 
 MEMORY_KINDS = (Instr.ALLOC, Instr.DEALLOC)
 
@@ -28,10 +28,11 @@ def lifetimes(prog: Program) -> dict[Activation, tuple[int, int]]:
 
 
 def _touched_between(prog: Program, buf: Buffer, lo: int, hi: int) -> bool:
-    """Does an instruction in [lo, hi) read or write `buf`'s root?"""
+    """Does an instruction in [lo, hi) read or write `buf`'s bytes (its root's, but for the
+    other slot of an alternating loop state, ir.disjoint)?"""
     root = buf.root()
-    return any(b.root() is root for ins in prog.instrs[lo:hi] if ins.kind not in MEMORY_KINDS
-               for b in ins.buffers())
+    return any(b.root() is root and not disjoint(b, buf) for ins in prog.instrs[lo:hi]
+               if ins.kind not in MEMORY_KINDS for b in ins.buffers())
 
 
 def _replace_everywhere(prog: Program, old: Buffer, new: Buffer) -> None:

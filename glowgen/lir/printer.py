@@ -9,6 +9,8 @@ def _where(b) -> str:
     r = b.root()
     # A loop's slice of a tensor: its place moves with the counter (ir.SliceView).
     moves = "".join(f" + ({v.length - 1} - %{v.counter.name}) * {v.slice_bytes}" if v.reverse
+                    else f" + ((%{v.counter.name} + {v.phase}) % 2) * {v.slice_bytes}"
+                    if v.phase is not None
                     else f" + %{v.counter.name} * {v.slice_bytes}" for v in dynamic_views(b))
     if isinstance(r, WeightBuffer):
         region = "const" if r.region == "constant" else "mutable"

@@ -3,6 +3,7 @@ then compile it with integer types chosen from the profile.
 
     profile.py       the profile: per-tensor range and histogram, as JSON, tied to its model
     profiler.py      runs the instrumented model natively on the calibration samples
+    bodies.py        the tensors inside branches and loop bodies, and their instruments
     calibration.py   a tensor's range (minmax, percentile, kl) -> scale and offset (schemas)
     samples.py       calibration data from .npz files
 """

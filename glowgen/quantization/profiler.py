@@ -9,6 +9,10 @@ gets instruments as extra outputs, and is compiled once:
                              the instrumented model (a scatter-add of ones: one elementwise
                              loop for the bin indices, one native scatter).
 
+Tensors inside a run-time If's branches and a native loop's body are profiled too (their
+instruments are carried out as the conditional's results and the loop's state: bodies.py),
+so quantization reaches the ops there.
+
 The samples run twice: first for the ranges (the histograms are ignored), then with those
 ranges as the histograms' inputs.  Two passes give exact histograms over the final range,
 where one would have to re-bin as the range grows.  The instruments are ordinary ops, so the
@@ -28,43 +32,33 @@ from ..engine.registry import Registry
 from ..engine.types import Type
 from ..errors import CompileTimeInputError, GlowgenError, InputError
 from ..memory_limit import MemoryLimit
+from .bodies import Instruments, body_values, own_values
 from .profile import Profile, TensorProfile, model_fingerprint
 
 DEFAULT_BINS = 2048
 _PREFIX = "glowgen.profile"
 
 
-def profiled_values(function: Function) -> list[Value]:
-    """The float32 tensors computed from the inputs, inputs included: the values that
-    quantization gives a range.  Constants and what folds from them are not profiled (their
-    values are known); empty tensors have no range."""
-    dynamic: set[int] = {id(p) for p in function.placeholders}
-    chosen = [p for p in function.placeholders]
-    for node in function.nodes:                    # topological order
-        if not any(id(v) in dynamic for v in node.flat_inputs()):
-            continue
-        for out in node.outputs:
-            dynamic.add(id(out))
-            chosen.append(out)
-    return [v for v in chosen if v.type.dtype == "f32" and v.type.size > 0]
-
-
 def _output_name(kind: str, i: int) -> str:
     return f"{_PREFIX}.{kind}.{i}"
 
 
-def _instrument(function: Function, registry: Registry, values: list[Value], bins: int) -> None:
-    """Outputs min.i, max.i and histogram.i of every profiled value i; inputs low.i, high.i."""
-    for i, v in enumerate(values):
-        for kind, op in (("min", "ReduceMin"), ("max", "ReduceMax")):
-            node = function.add_node(registry.op(op), [v], {"axes": [], "keepdims": 0},
-                                     name=f"{_PREFIX}.{kind}")
-            function.add_output(_output_name(kind, i), node.outputs[0])
-        low = function.add_placeholder(_output_name("low", i), Type("f32", ()))
-        high = function.add_placeholder(_output_name("high", i), Type("f32", ()))
-        node = function.add_node(registry.op("Histogram"), [v, low, high], {"bins": bins},
-                                 name=f"{_PREFIX}.histogram")
-        function.add_output(_output_name("histogram", i), node.outputs[0])
+def _instrument(function: Function, registry: Registry, bins: int) -> list[Value]:
+    """Outputs min.i, max.i and histogram.i of every profiled tensor i, inputs low.i and
+    high.i; returns the tensors.  Those of the function itself first, then those inside its
+    branches and loop bodies (bodies.py)."""
+    values = own_values(function, function.placeholders)
+    inner = body_values(function)
+    profiled = values + [v for vs in inner.values() for v in vs]
+    bounds = [(function.add_placeholder(_output_name("low", i), Type("f32", ())),
+               function.add_placeholder(_output_name("high", i), Type("f32", ())))
+              for i in range(len(profiled))]
+    index = {id(v): i for i, v in enumerate(profiled)}
+    probes = Instruments(registry, bins, index, inner).function(function, values, bounds.__getitem__)
+    for i, *results in sorted(probes, key=lambda p: p[0]):
+        for kind, value in zip(("min", "max", "histogram"), results):
+            function.add_output(_output_name(kind, i), value)
+    return profiled
 
 
 class _Variant:
@@ -152,8 +146,7 @@ def profile(model, samples: Iterable[Mapping[str, np.ndarray]], input_shapes: Op
             raise GlowgenError(f"cannot profile this model yet: {e}; bind those inputs with "
                                f"input shapes or export the model with them constant") from None
         pipeline.run(function, registry, pipeline.CANONICAL, backend, limit)
-        values = profiled_values(function)
-        _instrument(function, registry, values, bins)
+        values = _instrument(function, registry, bins)
         pipeline.run(function, registry, pipeline.AFTER_CANONICAL, backend, limit)
         variant.model = CompiledModel(function, registry, backend, max_memory=limit, **options)
         variant.names = [v.name for v in values]
@@ -200,13 +193,16 @@ def profile(model, samples: Iterable[Mapping[str, np.ndarray]], input_shapes: Op
         highs = maxs if highs is None else np.fmax(highs, maxs)
         if progress:
             progress("ranges", i + 1, len(samples))
-    bad = [n for n, lo, hi in zip(names, lows, highs) if not (np.isfinite(lo) and np.isfinite(hi))]
+    # A tensor in a branch no sample took, or a loop body no sample ran, has no range.
+    seen = lows <= highs
+    bad = [n for n, lo, hi, s in zip(names, lows, highs, seen)
+           if s and not (np.isfinite(lo) and np.isfinite(hi))]
     if bad:
         raise InputError(f"calibration produced non-finite values in {len(bad)} tensor"
                          f"{'s' if len(bad) > 1 else ''} ({', '.join(map(repr, bad[:3]))}"
                          f"{', ...' if len(bad) > 3 else ''}): an infinite or NaN input, or an "
                          f"overflow; quantization needs finite ranges")
-    ranges = list(zip(lows.tolist(), highs.tolist()))
+    ranges = [(lo, hi) if s else (0.0, 1.0) for lo, hi, s in zip(lows.tolist(), highs.tolist(), seen)]
     # A constant tensor's one value counts in the first bin of a range of width one.
     bin_ranges = [(lo, hi if hi > lo else lo + 1.0) for lo, hi in ranges]
 
@@ -220,5 +216,5 @@ def profile(model, samples: Iterable[Mapping[str, np.ndarray]], input_shapes: Op
             progress("histograms", i + 1, len(samples))
 
     tensors = {name: TensorProfile(lo, hi, counts[j], int(counts[j].sum()))
-               for j, (name, (lo, hi)) in enumerate(zip(names, ranges))}
+               for j, (name, (lo, hi)) in enumerate(zip(names, ranges)) if seen[j]}
     return Profile(tensors, model_fingerprint(proto), proto.graph.name, len(samples))

@@ -14,6 +14,7 @@ from typing import Iterable, Optional
 from ..engine.graph import Function
 from ..engine.registry import Registry
 from ..errors import GlowgenError
+from .bodies import body_values, captured_placeholders, nested
 from .calibration import Calibration, check_schema, choose_params, tensor_range
 from .profile import Profile, as_profile
 
@@ -63,13 +64,27 @@ class QuantizationOptions:
 
 def calibrate(function: Function, options: QuantizationOptions) -> int:
     """Give every float32 value of `function` that the profile covers its calibrated
-    parameters, except results of op kinds kept in float.  Returns how many."""
+    parameters, except results of op kinds kept in float; and so the values inside its
+    branches and loop bodies the profile covers (bodies.py: by name, those no other
+    function names), a placeholder that stands for a captured value the calibration of that
+    value.  Returns how many."""
+    count = _calibrate(function.placeholders, function.nodes, options)
+    inner = body_values(function)
+    for node, sub in nested(function):
+        for p, outer in zip(captured_placeholders(node, sub), node.captured):
+            p.calibrated = outer.calibrated
+        own = {id(v) for v in inner[id(sub)]}
+        count += _calibrate([p for p in sub.placeholders if id(p) in own],
+                            sub.nodes, options, lambda v: id(v) in own)
+    return count
+
+
+def _calibrate(placeholders, nodes, options: QuantizationOptions, covered=lambda v: True) -> int:
     count = 0
-    values = list(function.placeholders) + [o for n in function.nodes
-                                            if n.OP not in options.keep_float for o in n.outputs]
+    values = list(placeholders) + [o for n in nodes if n.OP not in options.keep_float for o in n.outputs]
     for v in values:
         t = options.profile.tensors.get(v.name)
-        if t is None or v.type.dtype != "f32":
+        if t is None or v.type.dtype != "f32" or not covered(v):
             continue
         lo, hi = tensor_range(t, options.calibration, options.schema, options.dtype)
         v.calibrated = (options.dtype, choose_params(lo, hi, options.schema, options.dtype))

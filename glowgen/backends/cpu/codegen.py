@@ -22,7 +22,7 @@ import re
 
 from llvmlite import ir
 
-from ...lir.ir import Activation, Buffer, Instr, Program, dynamic_views
+from ...lir.ir import Activation, Buffer, Instr, Program, disjoint, dynamic_views, slot
 from ...lir.passes import lifetimes
 from .epilogue import EpilogueEmitter
 from .kernels import KERNELS, KernelArgs
@@ -214,6 +214,8 @@ class ModuleBuilder:
                 index = b.load(pointer(view.counter))
                 if view.reverse:
                     index = b.sub(i64(view.length - 1), index)
+                if view.phase is not None:          # an alternating state's slot
+                    index = b.and_(b.add(index, i64(view.phase)), i64(1))
                 raw = b.gep(raw, [b.mul(index, i64(view.slice_bytes))])
             return b.bitcast(raw, storage_type(buf.type.dtype).as_pointer())
 
@@ -326,7 +328,8 @@ class ModuleBuilder:
         ranges = [byte_range(x) for x in buffers]
         for j, (arg, buf) in enumerate(zip(fn.args, buffers)):
             arg.name = buf.name.replace('"', "")
-            if not any(_overlaps(ranges[j], r) for k, r in enumerate(ranges) if k != j):
+            if not any(_overlaps(ranges[j], r) and not disjoint(buf, buffers[k])
+                       for k, r in enumerate(ranges) if k != j):
                 arg.add_attribute("noalias")
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         split = WHOLE
@@ -424,10 +427,10 @@ class ModuleBuilder:
 
         def body(bb, ps):
             em = ScalarEmitter(bb, registry.scalars)
-            current = {}                  # root id -> value computed in this iteration
+            current = {}                  # slot -> value computed in this iteration
             emit_stack(em, step.instrs, registry.kernels, current, _loader(bb, ps, externals))
             for j, buf in enumerate(stored):
-                store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
+                store_elem(bb, current[slot(buf)], ps[len(externals) + j], buf.type.dtype)
 
         strided_loops(b, shape, bases, maps, [0] * len(bases), body, split=split)
 
@@ -445,7 +448,7 @@ class ModuleBuilder:
             current = {}
             emit_stack(em, step.instrs, registry.kernels, current, _loader(bb, ps, externals))
             for j, buf in enumerate(stored):
-                store_elem(bb, current[id(buf.root())], ps[len(externals) + j], buf.type.dtype)
+                store_elem(bb, current[slot(buf)], ps[len(externals) + j], buf.type.dtype)
 
         shape = (rows, 1) if per_row else (rows, n)
         strided_loops(b, shape, bases, maps, [0] * len(bases), body, split=share)
@@ -455,19 +458,19 @@ class ModuleBuilder:
         (stacking.cost_groups); values one group passes to a later one wait in per-block
         arrays on the stack, in L1."""
         registry = self.registry
-        group_of = {}                                   # root id -> last group writing it
+        group_of = {}                                   # slot -> last group writing it
         for g, instrs in enumerate(groups):
             for ins in instrs:
-                group_of[id(ins.writes()[0].root())] = g
+                group_of[slot(ins.writes()[0])] = g
         # A value crosses groups when a later group reads its buffer; the group that
         # computes it last before that read stores it (`handoff`: root id -> groups).
-        crossing: dict[int, object] = {}                # root id -> buffer (for its type)
+        crossing: dict[tuple, object] = {}              # slot -> buffer (for its type)
         handoff: dict[int, set] = {}
         for g, instrs in enumerate(groups):
             for ins in instrs:
                 for buf in ins.reads():
-                    k = id(buf.root())
-                    writers = [h for h in range(g) if any(id(i.writes()[0].root()) == k for i in groups[h])]
+                    k = slot(buf)
+                    writers = [h for h in range(g) if any(slot(i.writes()[0]) == k for i in groups[h])]
                     if writers:
                         crossing.setdefault(k, buf)
                         handoff.setdefault(k, set()).add(writers[-1])
@@ -497,8 +500,8 @@ class ModuleBuilder:
                     store_elem(bb, current[k], bb.gep(temps[k], [i64(0), j]), crossing[k].type.dtype)
                     ranges[k] = current[k].range
                 for i, buf in enumerate(stored):
-                    if group_of[id(buf.root())] == g:
-                        store_elem(bb, current[id(buf.root())], ps[len(externals) + i], buf.type.dtype)
+                    if group_of[slot(buf)] == g:
+                        store_elem(bb, current[slot(buf)], ps[len(externals) + i], buf.type.dtype)
             return body
 
         blocked_loops(b, step.shape, bases, maps, BLOCK,

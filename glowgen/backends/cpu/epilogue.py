@@ -12,6 +12,7 @@ from typing import Optional
 
 from llvmlite import ir
 
+from ...lir.ir import slot
 from .llvmutil import i64
 from .kernels import PRODUCT_SPACE
 from .loops import broadcast_strides
@@ -80,10 +81,16 @@ def can_fuse(producer: Step, stack: Step, registry) -> bool:
     shape = stack.shape
     if prod.node.outputs[0].type.size != size or _prod(shape) != size:
         return False
-    root = prod.writes()[0].root()
-    if not any(b.root() is root for ins in stack.instrs for b in ins.reads()):
+    result = slot(prod.writes()[0])
+    if not any(slot(b) == result for ins in stack.instrs for b in ins.reads()):
         return False
-    written = {id(root)}
+    # The product reads its operands while it stores: a stack storing into one of them (a
+    # loop's state the product reads, computed into the same buffer) would change what the
+    # product reads next.
+    read = {slot(b) for b in prod.reads()}
+    if any(slot(b) in read for ins in stack.instrs for b in ins.writes()):
+        return False
+    written = {result}
     for ins in stack.instrs:
         kern = registry.kernels[ins.kind]
         if not _tree_funcs(kern["body"], registry.scalars) <= VECTOR_SAFE:
@@ -91,7 +98,7 @@ def can_fuse(producer: Step, stack: Step, registry) -> bool:
         if ins.node.outputs[0].type.dtype != "f32":
             return False
         for b in ins.reads():
-            if id(b.root()) in written:
+            if slot(b) in written:
                 if b.type.shape != shape and b.type.shape != prod.node.outputs[0].type.shape:
                     return False
                 continue
@@ -100,7 +107,7 @@ def can_fuse(producer: Step, stack: Step, registry) -> bool:
             strides = _group_strides(shape, broadcast_strides(b.type.shape, shape), space)
             if strides is None or strides[2] not in (0, 1):
                 return False
-        written.update(id(b.root()) for b in ins.writes())
+        written.update(slot(b) for b in ins.writes())
     return True
 
 
@@ -138,7 +145,7 @@ class EpilogueEmitter:
         _, rows, cols = self.space
         flat = b.add(b.mul(b.add(b.mul(batch, i64(rows)), row), i64(cols)), col)
         mask = valid if valid < self.vw else None
-        current = {id(self.prod.writes()[0].root()): Value(vec, "f32")}
+        current = {slot(self.prod.writes()[0]): Value(vec, "f32")}
         loaded = {}
 
         def load(buf):
@@ -150,7 +157,7 @@ class EpilogueEmitter:
         for ins, need in zip(self.step.instrs, self.needed):
             if need:
                 buf = ins.writes()[0]
-                vstore(b, current[id(buf.root())].v, b.gep(self.ptr[id(buf)], [flat]), self.vw, mask)
+                vstore(b, current[slot(buf)].v, b.gep(self.ptr[id(buf)], [flat]), self.vw, mask)
 
     def _load(self, b, buf, batch, row, col, mask) -> Value:
         sb, sm, sn = _group_strides(self.shape, broadcast_strides(buf.type.shape, self.shape), self.space)

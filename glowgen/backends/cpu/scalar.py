@@ -15,6 +15,7 @@ import numpy as np
 from llvmlite import ir
 
 from ...engine.types import numpy_dtype
+from ...lir.ir import slot
 from .llvmutil import I1, call_intrinsic, intrinsic, is_float, is_signed, storage_type, target_has, type_suffix
 
 from .values import arith_range, image_range, known_bool, never_holds, union_range
@@ -555,16 +556,16 @@ class ScalarEmitter:
 def emit_stack(em: "ScalarEmitter", instrs, kernels: dict, current: dict, load) -> None:
     """Evaluate a run of elementwise instructions for one element (or vector).
 
-    `current` maps buffer roots (by id) to the values this run has computed so far and is
-    updated in place; an operand not in it is external and comes from `load(buffer)`."""
+    `current` maps buffers' memory (ir.slot) to the values this run has computed so far and
+    is updated in place; an operand not in it is external and comes from `load(buffer)`."""
     for ins in instrs:
         if ins.kind not in kernels:       # a gather a stack reads through (stacking.GatherRead)
-            current[id(ins.writes()[0].root())] = load(ins)
+            current[slot(ins.writes()[0])] = load(ins)
             continue
-        args = [current[id(buf.root())] if id(buf.root()) in current else load(buf)
+        args = [current[slot(buf)] if slot(buf) in current else load(buf)
                 for _, buf in ins.operands[1:]]
         value = em.emit(kernels[ins.kind]["body"], args, ins.node.attr_values())
         if not isinstance(value, Value):      # a constant expression: materialize it
             dtype = ins.node.outputs[0].type.dtype
             value = Value(em._const(value, dtype), dtype)
-        current[id(ins.writes()[0].root())] = value
+        current[slot(ins.writes()[0])] = value

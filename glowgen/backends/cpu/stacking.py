@@ -12,7 +12,7 @@ import attrs
 import numpy as np
 
 from ...lir.control import loop_lifetimes
-from ...lir.ir import Activation, Instr, Program, WeightBuffer
+from ...lir.ir import Activation, Instr, Program, WeightBuffer, slot
 from ...lir.passes import lifetimes
 from .loops import Indexed, broadcast_strides, contiguous_strides
 
@@ -122,7 +122,7 @@ def has_gathers(step: "Step") -> bool:
 def form_steps(prog: Program, registry, stacking: bool = True) -> list[Step]:
     steps: list[Step] = []
     run: list[Instr] = []
-    written: set[int] = set()          # roots written by the current run
+    written: set[tuple] = set()        # slots (ir.slot) written by the current run
 
     def flush():
         nonlocal run
@@ -141,14 +141,14 @@ def form_steps(prog: Program, registry, stacking: bool = True) -> list[Step]:
             continue
         shape = ins.node.outputs[0].type.shape
         if gather:          # its input must be in memory: not a value of this iteration
-            fits = run and shape == run[0].node.outputs[0].type.shape and id(ins.reads()[0].root()) not in written
+            fits = run and shape == run[0].node.outputs[0].type.shape and slot(ins.reads()[0]) not in written
         else:
             fits = stacking and run and shape == run[0].node.outputs[0].type.shape and all(
-                b.type.shape == shape for b in ins.reads() if id(b.root()) in written)
+                b.type.shape == shape for b in ins.reads() if slot(b) in written)
         if not fits:
             flush()
         run.append(ins)
-        written.update(id(b.root()) for b in ins.writes())
+        written.update(slot(b) for b in ins.writes())
     flush()
     # A run of gathers alone stays with the Gather kernel (it copies whole rows).
     out: list[Step] = []
@@ -216,7 +216,7 @@ def stores_needed(step: Step, prog: Program, life: Optional[dict] = None) -> lis
     needed = []
     for k, ins in enumerate(step.instrs):
         root = ins.writes()[0].root()
-        overwritten = any(later.writes()[0].root() is root for later in step.instrs[k + 1:])
+        overwritten = any(slot(later.writes()[0]) == slot(ins.writes()[0]) for later in step.instrs[k + 1:])
         dies_inside = isinstance(root, Activation) and life[root][1] <= last
         needed.append(not overwritten and not dies_inside)
     return needed
@@ -232,9 +232,9 @@ def memory_touches(step: Step, prog: Program, life: dict) -> list:
     touched, written = [], set()
     for ins in step.instrs:
         for b in ins.reads():
-            if id(b.root()) not in written:
+            if slot(b) not in written:
                 touched.append(b)
-        written.update(id(b.root()) for b in ins.writes())
+        written.update(slot(b) for b in ins.writes())
     needed = stores_needed(step, prog, life)
     touched += [ins.writes()[0] for ins, need in zip(step.instrs, needed) if need]
     return touched
@@ -272,15 +272,15 @@ def stack_operands(step: Step, prog: Program, life: dict):
     shape = step.shape
     needed = stores_needed(step, prog, life)
     externals: list = []
-    written: set[int] = set()
+    written: set[tuple] = set()
     for ins in step.instrs:
         if ins.kind == "Gather":                   # its input, through the index table
             externals.append(GatherRead(ins))
         else:
             for buf in ins.reads():
-                if id(buf.root()) not in written and all(buf is not x for x in externals):
+                if slot(buf) not in written and all(buf is not x for x in externals):
                     externals.append(buf)
-        written.update(id(x.root()) for x in ins.writes())
+        written.update(slot(x) for x in ins.writes())
     stored = [ins.writes()[0] for ins, need in zip(step.instrs, needed) if need]
     maps = ([x.strides() if isinstance(x, GatherRead) else broadcast_strides(x.type.shape, shape)
              for x in externals]
