@@ -835,6 +835,15 @@ _QOPERATOR_CASES = {
         '  output "y" = %y\n}',
         {"a": _QCONCAT_A}, lambda f: {"y": _dq(f["a"], 0.05, 3)}),
     # The model's i8 weights (per filter) dequantized in the float form: kept as they are.
+    # u8 weights within i8's range of their zero points (per row here): i8 weights, zero point 0.
+    "dequantize_linear_of_centered_u8_weights": dict(text_case(_qtext(
+        "  input %x: f32[2, 3]\n"
+        "  const %w: u8[2, 3] = dense<[0, 128, 255, 100, 200, 150]>\n  const %s: f32[2] = dense<[0.5, 0.25]>\n"
+        "  const %z: u8[2] = dense<[128, 130]>\n"
+        '  %wd = DequantizeLinear(%w, %s, %z) {axis = 0, block_size = 0, dtype = "f32"} : f32[2, 3]\n'
+        "  %y = Add(%x, %wd) : f32[2, 3]\n"),
+        {"x": np.float32([[1, 2, 3], [4, 5, 6]])},
+        lambda f: {"y": f["x"] + np.float32([[-64, 0, 63.5], [-7.5, 17.5, 5]])}), rtol=0.0, atol=0),
     "conv_of_quantized_weights_between_quantized": dict(text_case(_qtext(
         "  input %x: i8[1, 3, 2, 2] q(0.02, -4)\n"
         f"  const %w: i8[2, 3, 1, 1] = {_dense(_QCW)}\n  const %ws: f32[2] = {_dense(_QCWS)}\n"
