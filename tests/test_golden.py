@@ -601,6 +601,20 @@ _QUANTIZATION_CASES = {
         "i8[2, 4] q(0.08, 1)\n"), {"x": _QX},
         lambda f: {"y": _rescale(_q8(_qmatmul_float(f["x"]), 0.05, -3), 0.05, -3, 0.08, 1)}),
         rtol=0.0, atol=1),
+    # A ReLU of the product (relu_of_dequantized's max with the zero point) and a bound below
+    # its range's top: the product's saturation bounds, applied in its store.
+    "max_into_quantized_conv": dict(text_case(_qtext(
+        _QCONV + "  const %k: i8[] = dense<[5]>\n  %y = Max(%q, %k) : i8[1, 2, 2, 2] q(0.05, 2)\n"), {"x": _QCX},
+        lambda f: {"y": np.maximum(_q8(_qconv_float(f["x"]), 0.05, 2), np.int8(5))}), rtol=0.0, atol=1),
+    "min_into_quantized_conv": dict(text_case(_qtext(
+        _QCONV + "  const %k: i8[] = dense<[-6]>\n  %y = Min(%q, %k) : i8[1, 2, 2, 2] q(0.05, 2)\n"), {"x": _QCX},
+        lambda f: {"y": np.minimum(_q8(_qconv_float(f["x"]), 0.05, 2), np.int8(-6))}), rtol=0.0, atol=1),
+    "max_into_quantized_matmul": dict(text_case(_qtext(
+        _QMATMUL + "  const %k: i8[] = dense<[-3]>\n  %y = Max(%q, %k) : i8[2, 4] q(0.05, -3)\n"), {"x": _QX},
+        lambda f: {"y": np.maximum(_q8(_qmatmul_float(f["x"]), 0.05, -3), np.int8(-3))}), rtol=0.0, atol=1),
+    "min_into_quantized_matmul": dict(text_case(_qtext(
+        _QMATMUL + "  const %k: i8[] = dense<[20]>\n  %y = Min(%q, %k) : i8[2, 4] q(0.05, -3)\n"), {"x": _QX},
+        lambda f: {"y": np.minimum(_q8(_qmatmul_float(f["x"]), 0.05, -3), np.int8(20))}), rtol=0.0, atol=1),
     "relu_of_dequantized": text_case(_qtext(
         "  input %x: i8[2, 3] q(0.02, 5)\n"
         "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n  %y = Relu(%d) : f32[2, 3]\n"),
@@ -821,6 +835,15 @@ _QOPERATOR_CASES = {
         '  output "y" = %y\n}',
         {"a": _QCONCAT_A}, lambda f: {"y": _dq(f["a"], 0.05, 3)}),
     # The model's i8 weights (per filter) dequantized in the float form: kept as they are.
+    # u8 weights within i8's range of their zero points (per row here): i8 weights, zero point 0.
+    "dequantize_linear_of_centered_u8_weights": dict(text_case(_qtext(
+        "  input %x: f32[2, 3]\n"
+        "  const %w: u8[2, 3] = dense<[0, 128, 255, 100, 200, 150]>\n  const %s: f32[2] = dense<[0.5, 0.25]>\n"
+        "  const %z: u8[2] = dense<[128, 130]>\n"
+        '  %wd = DequantizeLinear(%w, %s, %z) {axis = 0, block_size = 0, dtype = "f32"} : f32[2, 3]\n'
+        "  %y = Add(%x, %wd) : f32[2, 3]\n"),
+        {"x": np.float32([[1, 2, 3], [4, 5, 6]])},
+        lambda f: {"y": f["x"] + np.float32([[-64, 0, 63.5], [-7.5, 17.5, 5]])}), rtol=0.0, atol=0),
     "conv_of_quantized_weights_between_quantized": dict(text_case(_qtext(
         "  input %x: i8[1, 3, 2, 2] q(0.02, -4)\n"
         f"  const %w: i8[2, 3, 1, 1] = {_dense(_QCW)}\n  const %ws: f32[2] = {_dense(_QCWS)}\n"

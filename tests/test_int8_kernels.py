@@ -30,11 +30,17 @@ def _shape(s) -> str:
     return "[" + ", ".join(str(d) for d in s) + "]"
 
 
-def requantize(acc, mult, offset):
+def requantize(acc, mult, offset, bounds=(-128, 127)):
     """The requantization the kernels compute: f32(acc) * f32(mult), halves to even,
-    + offset, saturated to i8 (acc: int64 sums with the bias; mult broadcast along it)."""
+    + offset, saturated to i8 and then to the product's bounds (low, high) (acc: int64 sums
+    with the bias; mult broadcast along it)."""
     v = np.round(acc.astype(np.float32) * mult.astype(np.float32))
-    return np.clip(v + np.float32(offset), -128, 127).astype(np.int8)
+    v = np.clip(v + np.float32(offset), -128, 127)
+    return np.minimum(np.maximum(v, bounds[0]), bounds[1]).astype(np.int8)
+
+
+def _bounds_attrs(bounds) -> str:
+    return "" if bounds is None else f", low = {bounds[0]}, high = {bounds[1]}"
 
 
 def multipliers(x_scale, ws, y_scale):
@@ -71,7 +77,8 @@ def _compile(text, cpu, threads):
     return CompiledModel(fn, registry, "cpu", threads=threads, cpu=cpu), ops
 
 
-def conv_case(rng, n, c, h, w_, m, k, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1, ys=0.05):
+def conv_case(rng, n, c, h, w_, m, k, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1, ys=0.05,
+              bounds=None):
     xs, xo, yo = 0.02, int(rng.integers(-20, 20)), int(rng.integers(-10, 10))
     x = rng.integers(-128, 128, (n, c, h, w_)).astype(np.int8)
     w = rng.integers(-127, 128, (m, c // group, k, k)).astype(np.int8)
@@ -84,15 +91,15 @@ def conv_case(rng, n, c, h, w_, m, k, strides=(1, 1), pads=(0, 0, 0, 0), dilatio
   const %w: i8{_shape(w.shape)} = {_dense(w)}
   const %ws: f32[{m}] = {_dense(ws)}
   const %b: i32[{m}] = {_dense(b)}
-  %y = QuantizedConv(%x, %w, %ws, %b) {{strides = {list(strides)}, pads = {list(pads)}, dilations = {list(dilations)}, group = {group}, scale = {ys}, offset = {yo}}} : i8[{n}, {m}, {oh}, {ow}] q({ys}, {yo})
+  %y = QuantizedConv(%x, %w, %ws, %b) {{strides = {list(strides)}, pads = {list(pads)}, dilations = {list(dilations)}, group = {group}, scale = {ys}, offset = {yo}{_bounds_attrs(bounds)}}} : i8[{n}, {m}, {oh}, {ow}] q({ys}, {yo})
   output "y" = %y
 }}"""
     acc = ref_conv(x.astype(np.int64), xo, w, b.astype(np.int64), strides, pads, dilations, group)
-    want = requantize(acc, multipliers(xs, ws, ys).reshape(1, m, 1, 1), yo)
+    want = requantize(acc, multipliers(xs, ws, ys).reshape(1, m, 1, 1), yo, bounds or (-128, 127))
     return text, {"x": x}, want
 
 
-def matmul_case(rng, batch, k, n):
+def matmul_case(rng, batch, k, n, bounds=None):
     xs, xo, ys, yo = 0.03, int(rng.integers(-20, 20)), 0.2, int(rng.integers(-10, 10))
     x = rng.integers(-128, 128, tuple(batch) + (k,)).astype(np.int8)
     w = rng.integers(-127, 128, (k, n)).astype(np.int8)
@@ -103,11 +110,11 @@ def matmul_case(rng, batch, k, n):
   const %w: i8{_shape(w.shape)} = {_dense(w)}
   const %ws: f32[{n}] = {_dense(ws)}
   const %b: i32[{n}] = {_dense(b)}
-  %y = QuantizedMatMul(%x, %w, %ws, %b) {{scale = {ys}, offset = {yo}}} : i8{_shape(tuple(batch) + (n,))} q({ys}, {yo})
+  %y = QuantizedMatMul(%x, %w, %ws, %b) {{scale = {ys}, offset = {yo}{_bounds_attrs(bounds)}}} : i8{_shape(tuple(batch) + (n,))} q({ys}, {yo})
   output "y" = %y
 }}"""
     acc = (x.astype(np.int64) - xo) @ w.astype(np.int64) + b
-    want = requantize(acc, multipliers(xs, ws, ys), yo)
+    want = requantize(acc, multipliers(xs, ws, ys), yo, bounds or (-128, 127))
     return text, {"x": x}, want
 
 
@@ -232,6 +239,36 @@ def test_quantized_depthwise_conv_native(case, cpu):
         results.append(model.run(feeds)["y"])
         np.testing.assert_array_equal(results[-1], want)
     assert results[0].tobytes() == results[1].tobytes()
+
+
+# Saturation bounds (a ReLU's, a folded Rescale's: low, high) in every store: the general
+# product (sums in and out of the i32 requantization's range), features in the lanes, the
+# depthwise kernel, a matrix product and the plain loops of a target without AVX2.
+BOUNDED = [("conv", (2, 8, 8, 8, 16, 3, (1, 1), (1, 1, 1, 1), (1, 1)), {}),
+           ("conv", (1, 16, 12, 12, 24, 1), dict(ys=1e-9)),
+           ("conv", CONV_CASES[8], {}),
+           ("conv", DEPTHWISE_CASES[0], {}),
+           ("matmul", ((2, 5), 37, 33), {}),
+           ("matmul", ((1,), 512, 100), {})]
+
+
+@pytest.mark.parametrize("bounds", [(-20, 127), (-5, 40)])
+@pytest.mark.parametrize("case", range(len(BOUNDED)))
+def test_saturation_bounds(case, bounds):
+    """The cpu kernels and the interpreter saturate to the bounds exactly (a max with low,
+    then a min with high, as the Max and Min the rules fold into the product)."""
+    kind, args, kw = BOUNDED[case]
+    make = conv_case if kind == "conv" else matmul_case
+    text, feeds, want = make(np.random.default_rng(200 + case), *args, bounds=bounds, **kw)
+    assert np.any(want == bounds[0]) and np.any(want == bounds[1])
+    registry = Registry.default()
+    fn = parse_function(text, registry)
+    pipeline.run(fn, registry, pipeline.PIPELINE, "interpreter")
+    np.testing.assert_array_equal(CompiledModel(fn, registry, "interpreter").run(feeds)["y"], want)
+    for cpu, threads in [(None, 1), (None, 2)] + [(c, 1) for c in DEPTHWISE_CPUS[1:] + ["x86-64"]]:
+        model, ops = _compile(text, cpu, threads)
+        assert ops <= {"QuantizedConv", "QuantizedMatMul"}, ops
+        np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{cpu} {threads}")
 
 
 @pytest.mark.parametrize("case", [0, 3, 6])

@@ -88,6 +88,26 @@ def test_qlinear_conv_becomes_quantized_conv(act, wtype, per_channel):
     _assert_within_steps(model, {"x": x}, 0.1)
 
 
+def test_u8_weights_about_128_stay_exact():
+    """u8 weights of zero point 128 (every weight within i8's range of it) are the integer
+    op's i8 weights as they are, not quantized again from their float values: the same
+    integers as onnxruntime (quantized again, 255 of 6480 outputs were a step off)."""
+    w = rng.integers(0, 256, (16, 8, 3, 3)).astype(U8)
+    wz, ws = np.full(16, 128, U8), rng.uniform(0.002, 0.01, 16).astype(np.float32)
+    b = rng.integers(-500, 500, 16).astype(np.int32)
+    conv = helper.make_node("QLinearConv", ["xq", "xs", "xz", "w", "ws", "wz", "ys", "yz", "b"], ["yq"],
+                            pads=[1, 1, 1, 1])
+    model, x = _quantized_model([conv], (2, 8, 9, 9), (2, 16, 9, 9), {"w": w, "ws": ws, "wz": wz, "b": b},
+                                y_scale=0.5)
+    fn = api.load(model)
+    api.optimize(fn, stage="optimized", backend="cpu")
+    (q,) = [n for n in fn.nodes if n.OP == "QuantizedConv"]
+    np.testing.assert_array_equal(q.inputs[1].data, w.astype(np.int16) - 128)
+    expected = run_ort(model, {"x": x})["y"]
+    for backend in ("cpu", "interpreter"):
+        np.testing.assert_array_equal(glowgen.compile(model, backend=backend).run({"x": x})["y"], expected)
+
+
 def test_grouped_qlinear_conv_runs_as_the_grouped_fallback():
     """A depthwise QLinearConv: the quantized op, computed by the float convolution on cpu."""
     w, ws, wz = _weights(I8, (4, 1, 3, 3), True)

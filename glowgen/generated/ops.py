@@ -8942,7 +8942,7 @@ class Rescale(Node):
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class QuantizedConv(Node):
-    """Conv of a quantized x (i8 or i16) with weights of its type quantized per filter (w_scale[m], offset 0) and a bias at scale x's scale * w_scale[m] in the accumulator type (i32 for i8, i64 for i16): sums of products in that type, requantized to the result's scale and offset.
+    """Conv of a quantized x (i8 or i16) with weights of its type quantized per filter (w_scale[m], offset 0) and a bias at scale x's scale * w_scale[m] in the accumulator type (i32 for i8, i64 for i16): sums of products in that type, requantized to the result's scale and offset, saturated to the type's range, then to max(y, low) and to min(y, high) (the bounds of a ReLU or of a Rescale folded into the product, in the result's integers; by default none).
     
     Operands:
         x: Tensor[QT, N, C, H, W]
@@ -8958,6 +8958,8 @@ class QuantizedConv(Node):
         group: int = 1 where group >= 1
         scale: float where scale > 0.0
         offset: int
+        low: int = -2147483648
+        high: int = 2147483647
     Traits: quantized, primitive
     Declared at specs/ops.glowdef:1715:1.
     """
@@ -8965,7 +8967,7 @@ class QuantizedConv(Node):
     OP: ClassVar[str] = 'QuantizedConv'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('w_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), AttrInfo('low', 'int', rt.neg(2147483648), True), AttrInfo('high', 'int', 2147483647, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:1715:1'
@@ -8976,6 +8978,8 @@ class QuantizedConv(Node):
     group: object = attrs.field(default=1, converter=rt.CONVERTERS['int'])
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
+    low: object = attrs.field(default=rt.neg(2147483648), converter=rt.CONVERTERS['int'])
+    high: object = attrs.field(default=2147483647, converter=rt.CONVERTERS['int'])
 
     @property
     def x(self):
@@ -9003,7 +9007,7 @@ class QuantizedConv(Node):
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None):
+    def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None, low=None, high=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedConv', _node)
         u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1718:9')
@@ -9032,17 +9036,17 @@ class QuantizedConv(Node):
         rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1721:3')
         rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1722:3')
         rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1723:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1725:3')
-        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedConv', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1726:3')
-        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedConv', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1727:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1728:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1729:3')
-        return (rt.result_type('QuantizedConv', _node, QT, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1730:9'), )
+        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1727:3')
+        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedConv', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1728:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedConv', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1729:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1730:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1731:3')
+        return (rt.result_type('QuantizedConv', _node, QT, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1732:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class QuantizedMatMul(Node):
-    """x @ w of a quantized x [..., K] (i8 or i16) and weights [K, N] of its type quantized per column (w_scale[n], offset 0), plus a bias at scale x's scale * w_scale[n] in the accumulator type (i32 for i8, i64 for i16): sums in that type, requantized to the result's scale and offset.
+    """x @ w of a quantized x [..., K] (i8 or i16) and weights [K, N] of its type quantized per column (w_scale[n], offset 0), plus a bias at scale x's scale * w_scale[n] in the accumulator type (i32 for i8, i64 for i16): sums in that type, requantized to the result's scale and offset, saturated to the type's range, then to max(y, low) and to min(y, high) (by default no bounds).
     
     Operands:
         x: Tensor[QT, *B, K]
@@ -9054,20 +9058,24 @@ class QuantizedMatMul(Node):
     Attributes:
         scale: float where scale > 0.0
         offset: int
+        low: int = -2147483648
+        high: int = 2147483647
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1734:1.
+    Declared at specs/ops.glowdef:1736:1.
     """
 
     OP: ClassVar[str] = 'QuantizedMatMul'
     INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('w_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), AttrInfo('low', 'int', rt.neg(2147483648), True), AttrInfo('high', 'int', 2147483647, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1734:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1736:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
+    low: object = attrs.field(default=rt.neg(2147483648), converter=rt.CONVERTERS['int'])
+    high: object = attrs.field(default=2147483647, converter=rt.CONVERTERS['int'])
 
     @property
     def x(self):
@@ -9095,27 +9103,27 @@ class QuantizedMatMul(Node):
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None):
+    def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None, low=None, high=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedMatMul', _node)
-        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1737:9')
-        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1737:9')
-        u.elem('w', w, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1737:31')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1737:31')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1737:52')
-        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1737:52')
-        u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1737:77')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1737:77')
+        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1739:9')
+        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1739:9')
+        u.elem('w', w, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1739:31')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1739:31')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1739:52')
+        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1739:52')
+        u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1739:77')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1739:77')
         B = u.dim('B')
         K = u.dim('K')
         N = u.dim('N')
         QACC = u.dtype('QACC')
         QT = u.dtype('QT')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1738:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1740:3')
-        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedMatMul', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1741:3')
-        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedMatMul', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1742:3')
-        return (rt.result_type('QuantizedMatMul', _node, QT, (*B, N,), 'specs/ops.glowdef:1743:9'), )
+        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1740:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1744:3')
+        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedMatMul', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1745:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedMatMul', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1746:3')
+        return (rt.result_type('QuantizedMatMul', _node, QT, (*B, N,), 'specs/ops.glowdef:1747:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9131,7 +9139,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1748:1.
+    Declared at specs/ops.glowdef:1752:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -9140,7 +9148,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1748:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1752:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9161,14 +9169,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1750:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1750:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1754:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1754:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1752:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1755:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1756:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1757:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1756:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1759:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1760:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1761:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9183,7 +9191,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1772:1.
+    Declared at specs/ops.glowdef:1776:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -9192,7 +9200,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1772:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1776:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -9212,13 +9220,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1774:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1774:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1778:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1778:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1778:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1779:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1780:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1782:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1783:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1784:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9234,7 +9242,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1789:1.
+    Declared at specs/ops.glowdef:1793:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -9243,7 +9251,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1789:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1793:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9268,22 +9276,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1791:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1791:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1795:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1795:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1791:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1791:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1795:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1795:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1792:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1793:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1795:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1796:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1797:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1798:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1796:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1797:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1799:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1800:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1801:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1802:7'), )
 
 
 OPS = {

@@ -216,20 +216,18 @@ def build_broadcast_scales(_b, ws, n):
 
 
 
-def build_saturated_as_rescaled(_b, y, r):
-    """= Min(above, scalar(hi, r.dtype)) if hi < int_max(r.dtype) else above"""
-    lo = sl.quant.rescaled_value(sl.quant.int_min(r.dtype), r.in_scale, r.in_offset, r.scale, r.offset, r.dtype)
-    hi = sl.quant.rescaled_value(sl.quant.int_max(r.dtype), r.in_scale, r.in_offset, r.scale, r.offset, r.dtype)
-    above = (_b.op('Max', [y, _b.scalar(lo, r.dtype)], {}) if rt.gt(lo, sl.quant.int_min(r.dtype)) else y)
-    return (_b.op('Min', [above, _b.scalar(hi, r.dtype)], {}) if rt.lt(hi, sl.quant.int_max(r.dtype)) else above)
+def build_within_bounds(_b, y, p, t):
+    """= Min(above, scalar(product_high(p, t), t)) if product_high(p, t) < int_max(t) else above"""
+    above = (_b.op('Max', [y, _b.scalar(fn_product_low(p, t), t)], {}) if rt.gt(fn_product_low(p, t), sl.quant.int_min(t)) else y)
+    return (_b.op('Min', [above, _b.scalar(fn_product_high(p, t), t)], {}) if rt.lt(fn_product_high(p, t), sl.quant.int_max(t)) else above)
 
 
 
 def build_quantized_conv_in_float_of(_b, x, w, ws, b, c):
-    """= Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), scale = c.scale, offset = c.offset, dtype = x.dtype)"""
+    """= within_bounds(Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), scale = c.scale, offset = c.offset, dtype = x.dtype), c, x.dtype)"""
     m = w.shape[0]
     xs = rt.b_quant_scale(x)
-    return _b.op('Quantize', [_b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'scale': c.scale, 'offset': c.offset, 'dtype': x.dtype})
+    return build_within_bounds(_b, _b.op('Quantize', [_b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'scale': c.scale, 'offset': c.offset, 'dtype': x.dtype}), c, x.dtype)
 
 
 
@@ -2207,7 +2205,7 @@ def _r139_quantize_matmul_build(_b, _m):
 
 
 def _r140_bias_into_quantized_matmul_guard(_m, _ctx):
-    """where ((((is_const(c) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and calibrated(a)) and (uses(q) == 1)) and (uses(d) == 1)"""
+    """where (((((is_const(c) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and calibrated(a)) and (uses(q) == 1)) and (uses(d) == 1)) and saturates_at_type(q, x.dtype)"""
     a = _m['a']
     d = _m['d']
     q = _m['q']
@@ -2216,7 +2214,7 @@ def _r140_bias_into_quantized_matmul_guard(_m, _ctx):
     ws = _m['ws']
     b = _m['b']
     c = _m['c']
-    return bool(((((((rt.b_is_const(c) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.b_calibrated(a)) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1))))
+    return bool((((((((rt.b_is_const(c) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.b_calibrated(a)) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1)) and fn_saturates_at_type(q, x.dtype))))
 
 def _r140_bias_into_quantized_matmul_build(_b, _m):
     """=> Dequantize(qb, in_scale = calibrated_scale(a), in_offset = calibrated_offset(a))"""
@@ -2409,7 +2407,25 @@ def _r147_qlinear_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r148_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r148_dequantize_linear_of_centered_u8_weights_guard(_m, _ctx):
+    """where (((is_const(w) and (w.dtype == u8)) and is_const(z)) and (d.block_size == 0)) and centered_fits_i8(w, z, d.axis)"""
+    d = _m['d']
+    w = _m['w']
+    s = _m['s']
+    z = _m['z']
+    return bool((((((rt.b_is_const(w) and rt.eq(w.dtype, 'u8')) and rt.b_is_const(z)) and rt.eq(d.block_size, 0)) and sl.quant.centered_fits_i8(w, z, d.axis))))
+
+def _r148_dequantize_linear_of_centered_u8_weights_build(_b, _m):
+    """=> DequantizeLinear(const(centered_i8_data(w, z, d.axis), i8), s, axis = d.axis, dtype = d.dtype)"""
+    d = _m['d']
+    w = _m['w']
+    s = _m['s']
+    z = _m['z']
+    return rt.results(_b.op('DequantizeLinear', [_b.const(sl.quant.centered_i8_data(w, z, d.axis), 'i8'), s], {'axis': d.axis, 'dtype': d.dtype}))
+
+
+
+def _r149_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where ((((is_const(w) and (w.dtype == i8)) and (x.dtype == i8)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
@@ -2421,7 +2437,7 @@ def _r148_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool(((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(x.dtype, 'i8')) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(c), 1))))
 
-def _r148_conv_of_quantized_weights_between_quantized_build(_b, _m):
+def _r149_conv_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedConv(x, w, scales, quantize_bias(bias, scales, d.in_scale, i8), scale = q.scale, offset = q.offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     q = _m['q']
     c = _m['c']
@@ -2438,7 +2454,7 @@ def _r148_conv_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r149_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r150_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where (((((is_const(w) and (w.dtype == i8)) and (x.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
@@ -2448,7 +2464,7 @@ def _r149_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
     wz = _m['wz']
     return bool((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(x.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(mm), 1))))
 
-def _r149_matmul_of_quantized_weights_between_quantized_build(_b, _m):
+def _r150_matmul_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, w, broadcast_scales(ws, w.shape[1]), Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
@@ -2460,7 +2476,7 @@ def _r149_matmul_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r150_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r151_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where ((((((((is_const(w) and (w.dtype == i8)) and (x.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2473,7 +2489,7 @@ def _r150_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool(((((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(x.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
 
-def _r150_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
+def _r151_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, w, scales, quantize_bias(c, scales, d.in_scale, i8), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     a = _m['a']
@@ -2489,7 +2505,7 @@ def _r150_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r151_qgemm_between_quantized_guard(_m, _ctx):
+def _r152_qgemm_between_quantized_guard(_m, _ctx):
     """where (((((is_computed(a) and (q.transA == 0)) and (q.alpha == 1.0)) and is_const(b)) and is_const(b_scale)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)"""
     q = _m['q']
     a = _m['a']
@@ -2503,7 +2519,7 @@ def _r151_qgemm_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool((((((((rt.b_is_computed(a) and rt.eq(q.transA, 0)) and rt.eq(q.alpha, 1.0)) and rt.b_is_const(b)) and rt.b_is_const(b_scale)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1))))
 
-def _r151_qgemm_between_quantized_build(_b, _m):
+def _r152_qgemm_between_quantized_build(_b, _m):
     """=> requantized(Add(p, bias) if defined(bias) else p, y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -2522,7 +2538,7 @@ def _r151_qgemm_between_quantized_build(_b, _m):
 
 
 
-def _r152_dequantize_linear_of_maxpool_guard(_m, _ctx):
+def _r153_dequantize_linear_of_maxpool_guard(_m, _ctx):
     """where (is_splat(s) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     p = _m['p']
@@ -2531,7 +2547,7 @@ def _r152_dequantize_linear_of_maxpool_guard(_m, _ctx):
     z = _m['z']
     return bool((((rt.b_is_splat(s) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r152_dequantize_linear_of_maxpool_build(_b, _m):
+def _r153_dequantize_linear_of_maxpool_build(_b, _m):
     """=> MaxPool(DequantizeLinear(x, s, z, ...d), ...p)"""
     d = _m['d']
     p = _m['p']
@@ -2542,7 +2558,7 @@ def _r152_dequantize_linear_of_maxpool_build(_b, _m):
 
 
 
-def _r153_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
+def _r154_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
     """where (picks_elements(r) and is_splat(s)) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
@@ -2551,7 +2567,7 @@ def _r153_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
     z = _m['z']
     return bool((((fn_picks_elements(r) and rt.b_is_splat(s)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r153_dequantize_linear_of_nearest_resize_build(_b, _m):
+def _r154_dequantize_linear_of_nearest_resize_build(_b, _m):
     """=> Resize(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2562,7 +2578,7 @@ def _r153_dequantize_linear_of_nearest_resize_build(_b, _m):
 
 
 
-def _r154_dequantize_linear_of_flatten_guard(_m, _ctx):
+def _r155_dequantize_linear_of_flatten_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     f = _m['f']
@@ -2571,7 +2587,7 @@ def _r154_dequantize_linear_of_flatten_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r154_dequantize_linear_of_flatten_build(_b, _m):
+def _r155_dequantize_linear_of_flatten_build(_b, _m):
     """=> Flatten(DequantizeLinear(x, s, z, ...d), ...f)"""
     d = _m['d']
     f = _m['f']
@@ -2582,7 +2598,7 @@ def _r154_dequantize_linear_of_flatten_build(_b, _m):
 
 
 
-def _r155_dequantize_linear_of_reshape_guard(_m, _ctx):
+def _r156_dequantize_linear_of_reshape_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
@@ -2591,7 +2607,7 @@ def _r155_dequantize_linear_of_reshape_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r155_dequantize_linear_of_reshape_build(_b, _m):
+def _r156_dequantize_linear_of_reshape_build(_b, _m):
     """=> Reshape(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2602,7 +2618,7 @@ def _r155_dequantize_linear_of_reshape_build(_b, _m):
 
 
 
-def _r156_dequantize_linear_of_transpose_guard(_m, _ctx):
+def _r157_dequantize_linear_of_transpose_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     t = _m['t']
@@ -2611,7 +2627,7 @@ def _r156_dequantize_linear_of_transpose_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r156_dequantize_linear_of_transpose_build(_b, _m):
+def _r157_dequantize_linear_of_transpose_build(_b, _m):
     """=> Transpose(DequantizeLinear(x, s, z, ...d), ...t)"""
     d = _m['d']
     t = _m['t']
@@ -2622,13 +2638,13 @@ def _r156_dequantize_linear_of_transpose_build(_b, _m):
 
 
 
-def _r157_quantize_dequantize_same_guard(_m, _ctx):
+def _r158_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r157_quantize_dequantize_same_build(_b, _m):
+def _r158_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -2636,7 +2652,7 @@ def _r157_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r158_quantize_dequantize_to_rescale_build(_b, _m):
+def _r159_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset, dtype = q.dtype)"""
     q = _m['q']
     d = _m['d']
@@ -2645,13 +2661,13 @@ def _r158_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r159_rescale_same_guard(_m, _ctx):
+def _r160_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r159_rescale_same_build(_b, _m):
+def _r160_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -2659,7 +2675,7 @@ def _r159_rescale_same_build(_b, _m):
 
 
 
-def _r160_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r161_rescale_into_quantized_conv_guard(_m, _ctx):
     """where (uses(c) == 1) and (r.dtype == x.dtype)"""
     r = _m['r']
     c = _m['c']
@@ -2669,19 +2685,19 @@ def _r160_rescale_into_quantized_conv_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(_ctx.uses(c), 1) and rt.eq(r.dtype, x.dtype))))
 
-def _r160_rescale_into_quantized_conv_build(_b, _m):
-    """=> saturated_as_rescaled(QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset), r)"""
+def _r161_rescale_into_quantized_conv_build(_b, _m):
+    """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset, low = rescaled_low(product_low(c, x.dtype), r), high = rescaled_high(product_high(c, x.dtype), r))"""
     r = _m['r']
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return rt.results(build_saturated_as_rescaled(_b, _b.op('QuantizedConv', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}), r))
+    return rt.results(_b.op('QuantizedConv', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset, 'low': fn_rescaled_low(fn_product_low(c, x.dtype), r), 'high': fn_rescaled_high(fn_product_high(c, x.dtype), r), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
 
 
 
-def _r161_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r162_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where (uses(m) == 1) and (r.dtype == x.dtype)"""
     r = _m['r']
     m = _m['m']
@@ -2691,19 +2707,107 @@ def _r161_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(_ctx.uses(m), 1) and rt.eq(r.dtype, x.dtype))))
 
-def _r161_rescale_into_quantized_matmul_build(_b, _m):
-    """=> saturated_as_rescaled(QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset), r)"""
+def _r162_rescale_into_quantized_matmul_build(_b, _m):
+    """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset, low = rescaled_low(product_low(m, x.dtype), r), high = rescaled_high(product_high(m, x.dtype), r))"""
     r = _m['r']
     m = _m['m']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return rt.results(build_saturated_as_rescaled(_b, _b.op('QuantizedMatMul', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset}), r))
+    return rt.results(_b.op('QuantizedMatMul', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset, 'low': fn_rescaled_low(fn_product_low(m, x.dtype), r), 'high': fn_rescaled_high(fn_product_high(m, x.dtype), r)}))
 
 
 
-def _r162_relu_of_dequantized_build(_b, _m):
+def _r163_max_into_quantized_conv_guard(_m, _ctx):
+    """where is_splat(k) and (uses(c) == 1)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    k = _m['k']
+    return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(c), 1))))
+
+def _r163_max_into_quantized_conv_build(_b, _m):
+    """=> QuantizedConv(x, w, ws, b, ...c, low = max(c.low, splat_value(k)), high = max(c.high, splat_value(k)))"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    k = _m['k']
+    return rt.results(_b.op('QuantizedConv', [x, w, ws, b], {'low': rt.b_max(c.low, rt.b_splat_value(k)), 'high': rt.b_max(c.high, rt.b_splat_value(k)), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'scale': c.scale, 'offset': c.offset}))
+
+
+
+def _r164_min_into_quantized_conv_guard(_m, _ctx):
+    """where is_splat(k) and (uses(c) == 1)"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    k = _m['k']
+    return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(c), 1))))
+
+def _r164_min_into_quantized_conv_build(_b, _m):
+    """=> QuantizedConv(x, w, ws, b, ...c, high = min(c.high, splat_value(k)))"""
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    k = _m['k']
+    return rt.results(_b.op('QuantizedConv', [x, w, ws, b], {'high': rt.b_min(c.high, rt.b_splat_value(k)), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'scale': c.scale, 'offset': c.offset, 'low': c.low}))
+
+
+
+def _r165_max_into_quantized_matmul_guard(_m, _ctx):
+    """where is_splat(k) and (uses(m) == 1)"""
+    m = _m['m']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    k = _m['k']
+    return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
+
+def _r165_max_into_quantized_matmul_build(_b, _m):
+    """=> QuantizedMatMul(x, w, ws, b, ...m, low = max(m.low, splat_value(k)), high = max(m.high, splat_value(k)))"""
+    m = _m['m']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    k = _m['k']
+    return rt.results(_b.op('QuantizedMatMul', [x, w, ws, b], {'low': rt.b_max(m.low, rt.b_splat_value(k)), 'high': rt.b_max(m.high, rt.b_splat_value(k)), 'scale': m.scale, 'offset': m.offset}))
+
+
+
+def _r166_min_into_quantized_matmul_guard(_m, _ctx):
+    """where is_splat(k) and (uses(m) == 1)"""
+    m = _m['m']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    k = _m['k']
+    return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
+
+def _r166_min_into_quantized_matmul_build(_b, _m):
+    """=> QuantizedMatMul(x, w, ws, b, ...m, high = min(m.high, splat_value(k)))"""
+    m = _m['m']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    k = _m['k']
+    return rt.results(_b.op('QuantizedMatMul', [x, w, ws, b], {'high': rt.b_min(m.high, rt.b_splat_value(k)), 'scale': m.scale, 'offset': m.offset, 'low': m.low}))
+
+
+
+def _r167_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, x.dtype)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2711,7 +2815,7 @@ def _r162_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r163_maxpool_of_dequantized_build(_b, _m):
+def _r168_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2720,7 +2824,7 @@ def _r163_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r164_flatten_of_dequantized_build(_b, _m):
+def _r169_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2729,7 +2833,7 @@ def _r164_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r165_reshape_of_dequantized_build(_b, _m):
+def _r170_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2738,7 +2842,7 @@ def _r165_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r166_transpose_of_dequantized_build(_b, _m):
+def _r171_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2747,7 +2851,7 @@ def _r166_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r167_slice_of_dequantized_build(_b, _m):
+def _r172_slice_of_dequantized_build(_b, _m):
     """=> Dequantize(Slice(x, ...s), ...d)"""
     s = _m['s']
     d = _m['d']
@@ -2756,7 +2860,7 @@ def _r167_slice_of_dequantized_build(_b, _m):
 
 
 
-def _r168_gather_of_dequantized_build(_b, _m):
+def _r173_gather_of_dequantized_build(_b, _m):
     """=> Dequantize(Gather(x, i, ...g), ...d)"""
     g = _m['g']
     d = _m['d']
@@ -2766,14 +2870,14 @@ def _r168_gather_of_dequantized_build(_b, _m):
 
 
 
-def _r169_resize_of_dequantized_guard(_m, _ctx):
+def _r174_resize_of_dequantized_guard(_m, _ctx):
     """where picks_elements(r)"""
     r = _m['r']
     d = _m['d']
     x = _m['x']
     return bool((fn_picks_elements(r)))
 
-def _r169_resize_of_dequantized_build(_b, _m):
+def _r174_resize_of_dequantized_build(_b, _m):
     """=> Dequantize(Resize(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2782,14 +2886,14 @@ def _r169_resize_of_dequantized_build(_b, _m):
 
 
 
-def _r170_quantize_of_concat_guard(_m, _ctx):
+def _r175_quantize_of_concat_guard(_m, _ctx):
     """where uses(c) == 1"""
     q = _m['q']
     c = _m['c']
     xs = _m['xs']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r170_quantize_of_concat_build(_b, _m):
+def _r175_quantize_of_concat_build(_b, _m):
     """=> Concat(*each_like(q, xs), axis = c.axis)"""
     q = _m['q']
     c = _m['c']
@@ -2798,7 +2902,7 @@ def _r170_quantize_of_concat_build(_b, _m):
 
 
 
-def _r171_rescale_through_max_guard(_m, _ctx):
+def _r176_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -2806,7 +2910,7 @@ def _r171_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r171_rescale_through_max_build(_b, _m):
+def _r176_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset, r.dtype), r.dtype))"""
     r = _m['r']
     m = _m['m']
@@ -2816,14 +2920,14 @@ def _r171_rescale_through_max_build(_b, _m):
 
 
 
-def _r172_rescale_through_maxpool_guard(_m, _ctx):
+def _r177_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r172_rescale_through_maxpool_build(_b, _m):
+def _r177_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -2832,14 +2936,14 @@ def _r172_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r173_rescale_through_resize_guard(_m, _ctx):
+def _r178_rescale_through_resize_guard(_m, _ctx):
     """where picks_elements(z) and (uses(z) == 1)"""
     r = _m['r']
     z = _m['z']
     x = _m['x']
     return bool(((fn_picks_elements(z) and rt.eq(_ctx.uses(z), 1))))
 
-def _r173_rescale_through_resize_build(_b, _m):
+def _r178_rescale_through_resize_build(_b, _m):
     """=> Resize(Rescale(x, ...r), ...z)"""
     r = _m['r']
     z = _m['z']
@@ -2848,14 +2952,14 @@ def _r173_rescale_through_resize_build(_b, _m):
 
 
 
-def _r174_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r179_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (int_min(q.dtype) - q.offset)) >= c.min)) and ((q.scale * (int_max(q.dtype) - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(sl.quant.int_min(q.dtype), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(sl.quant.int_max(q.dtype), q.offset)), c.max))))
 
-def _r174_quantize_of_clip_within_range_build(_b, _m):
+def _r179_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset, dtype = q.dtype)"""
     q = _m['q']
     c = _m['c']
@@ -2864,13 +2968,13 @@ def _r174_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r175_max_with_floor_remove_guard(_m, _ctx):
+def _r180_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, int_min(x.dtype))"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, sl.quant.int_min(x.dtype)))))
 
-def _r175_max_with_floor_remove_build(_b, _m):
+def _r180_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -2878,7 +2982,7 @@ def _r175_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r176_quantized_conv_in_float_build(_b, _m):
+def _r181_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -2889,15 +2993,15 @@ def _r176_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r177_quantized_matmul_in_float_build(_b, _m):
-    """=> Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset, dtype = x.dtype)"""
+def _r182_quantized_matmul_in_float_build(_b, _m):
+    """=> within_bounds(Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset, dtype = x.dtype), q, x.dtype)"""
     q = _m['q']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
     xs = rt.b_quant_scale(x)
-    return rt.results(_b.op('Quantize', [_b.op('Add', [_b.op('MatMul', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), ws], {})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {})], {'scale': q.scale, 'offset': q.offset, 'dtype': x.dtype}))
+    return rt.results(build_within_bounds(_b, _b.op('Quantize', [_b.op('Add', [_b.op('MatMul', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), ws], {})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {})], {'scale': q.scale, 'offset': q.offset, 'dtype': x.dtype}), q, x.dtype))
 
 
 RULES = (
@@ -3049,34 +3153,39 @@ RULES = (
     RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r145_matmul_bias_between_quantized_guard, build=_r145_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1249:1'),
     RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r146_qlinear_conv_between_quantized_guard, build=_r146_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1262:1'),
     RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r147_qlinear_matmul_between_quantized_guard, build=_r147_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1272:1'),
-    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r148_conv_of_quantized_weights_between_quantized_guard, build=_r148_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1286:1'),
-    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r149_matmul_of_quantized_weights_between_quantized_guard, build=_r149_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1296:1'),
-    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r150_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r150_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1304:1'),
-    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r151_qgemm_between_quantized_guard, build=_r151_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1314:1'),
-    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r152_dequantize_linear_of_maxpool_guard, build=_r152_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1327:1'),
-    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r153_dequantize_linear_of_nearest_resize_guard, build=_r153_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1334:1'),
-    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r154_dequantize_linear_of_flatten_guard, build=_r154_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1339:1'),
-    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r155_dequantize_linear_of_reshape_guard, build=_r155_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1343:1'),
-    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r156_dequantize_linear_of_transpose_guard, build=_r156_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1347:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r157_quantize_dequantize_same_guard, build=_r157_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1352:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r158_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1355:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r159_rescale_same_guard, build=_r159_rescale_same_build, location='specs/lowerings.glowdef:1359:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r160_rescale_into_quantized_conv_guard, build=_r160_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1373:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r161_rescale_into_quantized_matmul_guard, build=_r161_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1377:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r162_relu_of_dequantized_build, location='specs/lowerings.glowdef:1383:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r163_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1386:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r164_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1389:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r165_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1392:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r166_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1395:1'),
-    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r167_slice_of_dequantized_build, location='specs/lowerings.glowdef:1398:1'),
-    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r168_gather_of_dequantized_build, location='specs/lowerings.glowdef:1401:1'),
-    RuleInfo(name='resize_of_dequantized', phases=('quantize',), pattern=P('Resize', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=_r169_resize_of_dequantized_guard, build=_r169_resize_of_dequantized_build, location='specs/lowerings.glowdef:1405:1'),
-    RuleInfo(name='quantize_of_concat', phases=('quantize',), pattern=P('Quantize', (P('Concat', (R('xs'),), bind='c'),), bind='q'), size=2, guard=_r170_quantize_of_concat_guard, build=_r170_quantize_of_concat_build, location='specs/lowerings.glowdef:1412:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r171_rescale_through_max_guard, build=_r171_rescale_through_max_build, location='specs/lowerings.glowdef:1417:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r172_rescale_through_maxpool_guard, build=_r172_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1422:1'),
-    RuleInfo(name='rescale_through_resize', phases=('quantize',), pattern=P('Rescale', (P('Resize', (V('x'),), bind='z'),), bind='r'), size=2, guard=_r173_rescale_through_resize_guard, build=_r173_rescale_through_resize_build, location='specs/lowerings.glowdef:1426:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r174_quantize_of_clip_within_range_guard, build=_r174_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1431:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r175_max_with_floor_remove_guard, build=_r175_max_with_floor_remove_build, location='specs/lowerings.glowdef:1439:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r176_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1453:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r177_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1456:1'),
+    RuleInfo(name='dequantize_linear_of_centered_u8_weights', phases=('quantize',), pattern=P('DequantizeLinear', (V('w'), V('s'), V('z')), bind='d'), size=1, guard=_r148_dequantize_linear_of_centered_u8_weights_guard, build=_r148_dequantize_linear_of_centered_u8_weights_build, location='specs/lowerings.glowdef:1290:1'),
+    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r149_conv_of_quantized_weights_between_quantized_guard, build=_r149_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1295:1'),
+    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r150_matmul_of_quantized_weights_between_quantized_guard, build=_r150_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1305:1'),
+    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r151_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r151_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1313:1'),
+    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r152_qgemm_between_quantized_guard, build=_r152_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1323:1'),
+    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r153_dequantize_linear_of_maxpool_guard, build=_r153_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1336:1'),
+    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r154_dequantize_linear_of_nearest_resize_guard, build=_r154_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1343:1'),
+    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r155_dequantize_linear_of_flatten_guard, build=_r155_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1348:1'),
+    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r156_dequantize_linear_of_reshape_guard, build=_r156_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1352:1'),
+    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r157_dequantize_linear_of_transpose_guard, build=_r157_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1356:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r158_quantize_dequantize_same_guard, build=_r158_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1361:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r159_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1364:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r160_rescale_same_guard, build=_r160_rescale_same_build, location='specs/lowerings.glowdef:1368:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r161_rescale_into_quantized_conv_guard, build=_r161_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1389:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r162_rescale_into_quantized_matmul_guard, build=_r162_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1394:1'),
+    RuleInfo(name='max_into_quantized_conv', phases=('quantize',), pattern=P('Max', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), V('k'))), size=2, guard=_r163_max_into_quantized_conv_guard, build=_r163_max_into_quantized_conv_build, location='specs/lowerings.glowdef:1403:1'),
+    RuleInfo(name='min_into_quantized_conv', phases=('quantize',), pattern=P('Min', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), V('k'))), size=2, guard=_r164_min_into_quantized_conv_guard, build=_r164_min_into_quantized_conv_build, location='specs/lowerings.glowdef:1407:1'),
+    RuleInfo(name='max_into_quantized_matmul', phases=('quantize',), pattern=P('Max', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'), V('k'))), size=2, guard=_r165_max_into_quantized_matmul_guard, build=_r165_max_into_quantized_matmul_build, location='specs/lowerings.glowdef:1411:1'),
+    RuleInfo(name='min_into_quantized_matmul', phases=('quantize',), pattern=P('Min', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'), V('k'))), size=2, guard=_r166_min_into_quantized_matmul_guard, build=_r166_min_into_quantized_matmul_build, location='specs/lowerings.glowdef:1415:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r167_relu_of_dequantized_build, location='specs/lowerings.glowdef:1421:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r168_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1424:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r169_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1427:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r170_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1430:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r171_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1433:1'),
+    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r172_slice_of_dequantized_build, location='specs/lowerings.glowdef:1436:1'),
+    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r173_gather_of_dequantized_build, location='specs/lowerings.glowdef:1439:1'),
+    RuleInfo(name='resize_of_dequantized', phases=('quantize',), pattern=P('Resize', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=_r174_resize_of_dequantized_guard, build=_r174_resize_of_dequantized_build, location='specs/lowerings.glowdef:1443:1'),
+    RuleInfo(name='quantize_of_concat', phases=('quantize',), pattern=P('Quantize', (P('Concat', (R('xs'),), bind='c'),), bind='q'), size=2, guard=_r175_quantize_of_concat_guard, build=_r175_quantize_of_concat_build, location='specs/lowerings.glowdef:1450:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r176_rescale_through_max_guard, build=_r176_rescale_through_max_build, location='specs/lowerings.glowdef:1455:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r177_rescale_through_maxpool_guard, build=_r177_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1460:1'),
+    RuleInfo(name='rescale_through_resize', phases=('quantize',), pattern=P('Rescale', (P('Resize', (V('x'),), bind='z'),), bind='r'), size=2, guard=_r178_rescale_through_resize_guard, build=_r178_rescale_through_resize_build, location='specs/lowerings.glowdef:1464:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r179_quantize_of_clip_within_range_guard, build=_r179_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1469:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r180_max_with_floor_remove_guard, build=_r180_max_with_floor_remove_build, location='specs/lowerings.glowdef:1477:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r181_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1496:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r182_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1499:1'),
 )

@@ -74,15 +74,28 @@ def requantize_multipliers(x_scale, w_scale, scale, dtype="i8") -> np.ndarray:
     return mult if dtype == "i16" else mult.astype(np.float32)
 
 
-def requantize(acc, mult, offset, dtype="i8") -> np.ndarray:
+def requantize(acc, mult, offset, dtype="i8", bounds=None) -> np.ndarray:
     """Integer sums to `dtype` as the cpu kernels compute it: the sums in mult's float type
     (f32 for i8, f64 for i16: see requantize_multipliers) times mult, rounded halves to even,
-    plus `offset`, saturated (`mult` broadcasts against `acc`)."""
+    plus `offset`, saturated to `bounds` (low, high: default the type's range; max with low,
+    then min with high) (`mult` broadcasts against `acc`)."""
     ft = np.asarray(mult).dtype.type
     info = np.iinfo(numpy_dtype(dtype))
+    low, high = bounds if bounds is not None else (info.min, info.max)
     with np.errstate(over="ignore"):
         v = np.round(np.asarray(acc).astype(ft) * mult)
-    return np.clip(v + ft(offset), info.min, info.max).astype(info.dtype)
+    return np.minimum(np.maximum(v + ft(offset), low), high).astype(info.dtype)
+
+
+def saturation(node, dtype="i8") -> tuple[int, int]:
+    """The bounds (low, high) an integer product's result saturates to: its `low` and `high`
+    attributes (a ReLU's or a folded Rescale's bounds) within the range of `dtype`, low at
+    most high: a max with low then a min with high, as the Max and Min they replace, which
+    then saturates in either order (the kernels keep the order of the type's saturation
+    that LLVM turns into one saturating pack)."""
+    info = np.iinfo(numpy_dtype(dtype))
+    high = int(max(min(node.high, info.max), info.min))
+    return int(min(max(node.low, info.min), high)), high
 
 
 def quantized_conv(node, x, w, ws, b):
@@ -93,14 +106,15 @@ def quantized_conv(node, x, w, ws, b):
     shifted = x.astype(np.int64) - q.offset
     acc = conv(node, shifted, w.astype(np.int64), b.astype(np.int64))
     mult = requantize_multipliers(q.scale, ws, node.scale, dtype).reshape(1, m, 1, 1)
-    return requantize(acc, mult, node.offset, dtype)
+    return requantize(acc, mult, node.offset, dtype, saturation(node, dtype))
 
 
 def quantized_matmul(node, x, w, ws, b):
     q = node.inputs[0].type.quant
     dtype = node.outputs[0].type.dtype
     acc = np.matmul(x.astype(np.int64) - q.offset, w.astype(np.int64)) + b.astype(np.int64)
-    return requantize(acc, requantize_multipliers(q.scale, ws, node.scale, dtype), node.offset, dtype)
+    return requantize(acc, requantize_multipliers(q.scale, ws, node.scale, dtype), node.offset, dtype,
+                      saturation(node, dtype))
 
 
 def _lowest(dtype):

@@ -138,3 +138,31 @@ def items_every(onnx_input, start, step):
                              f"quantization), not {value.size}")
         items.append(value.reshape(-1)[0].item())
     return items
+
+
+def _centered(w, z, axis):
+    """Constant weights `w` less their zero points `z` (one value, or one per index of
+    `axis`), in int64."""
+    import numpy as np
+    data, zp = np.asarray(w.data, np.int64), np.asarray(z.data, np.int64)
+    if zp.size > 1:
+        shape = [1] * data.ndim
+        shape[axis] = zp.size
+        zp = zp.reshape(shape)
+    return data - zp.reshape(()) if zp.size == 1 else data - zp
+
+
+@helper
+def centered_fits_i8(w, z, axis):
+    """Every weight of constant `w` less its zero point (constant `z`, along `axis`) lies in
+    i8's range: u8 weights around zero point 128 (onnxruntime's symmetric u8 weights), or
+    of a reduced range (7 bits), are i8 weights of zero point 0 without rounding."""
+    d = _centered(w, z, axis)
+    return bool(d.size and d.min() >= -128 and d.max() <= 127)
+
+
+@helper
+def centered_i8_data(w, z, axis):
+    """The data of _centered(w, z, axis) as i8 (centered_fits_i8 holds)."""
+    import numpy as np
+    return _centered(w, z, axis).astype(np.int8)

@@ -183,10 +183,10 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
             store(i, j, cur[i][j])
 
 
-def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None):
+def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128, 127)):
     """i32 sums (a scalar, or a vector with `mult` and `corr` per lane or for all lanes) -> i8:
     (sums + corr) as f32 times mult, rounded halves to even, + offset (an int, or an f32
-    value read at run time), saturated."""
+    value read at run time), saturated to `bounds` (the product's: reference.primitives.saturation)."""
     vw = sums.type.count if isinstance(sums.type, ir.VectorType) else None
     ft, it, qt = (F32, I32, I8) if vw is None else (_vec(F32, vw), _vec(I32, vw), _vec(I8, vw))
 
@@ -201,7 +201,7 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None):
     f = b.fmul(b.sitofp(sums, ft), lanes(mult))
     rnd = intrinsic(b.module, "llvm.roundeven." + ("f32" if vw is None else f"v{vw}f32"), ft, [ft])
     f = b.fadd(b.call(rnd, [f]), const(float(offset)) if isinstance(offset, int) else lanes(offset))
-    lo, hi = const(-128.0), const(127.0)
+    lo, hi = const(float(bounds[0])), const(float(bounds[1]))
     f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
     f = b.select(b.fcmp_ordered("<", f, lo), lo, f)
     return b.trunc(b.fptosi(f, it), qt)
@@ -218,11 +218,13 @@ def products_in_range(bound: np.ndarray, mult: np.ndarray) -> bool:
     return bool(np.all(np.abs(bound.astype(np.float64)) * np.abs(mult.astype(np.float64)) * 1.001 < IN_RANGE))
 
 
-def requantize_in_range(b: ir.IRBuilder, sums, mult, offset):
+def requantize_in_range(b: ir.IRBuilder, sums, mult, offset, bounds=(-128, 127)):
     """requantize for a vector of sums whose products with `mult` stay below IN_RANGE
     (products_in_range): rounded halves to even in f32, then converted, offset and saturated
     in i32 (vpmovsdb, or AVX2's saturating packs), the same values in two instructions fewer.
-    `offset`: an int, or an i32 value read at run time.
+    `offset`: an int, or an i32 value read at run time; `bounds` as requantize's, low at
+    most high (bounds narrower than the type's, a ReLU's or a folded Rescale's, cost a
+    vector max and min before the pack, where a Max and a Min op were passes over memory).
     (Outside the range the conversion would not be exact: fptosi of a too-large value is
     poison.)"""
     vw = sums.type.count
@@ -235,6 +237,6 @@ def requantize_in_range(b: ir.IRBuilder, sums, mult, offset):
     else:
         r = b.fptosi(b.call(intrinsic(b.module, f"llvm.roundeven.v{vw}f32", ft, [ft]), [f]), it)
     r = b.add(r, ir.Constant(it, [offset] * vw) if isinstance(offset, int) else splat(b, offset, vw))
-    r = b.call(intrinsic(b.module, f"llvm.smin.v{vw}i32", it, [it, it]), [r, ir.Constant(it, [127] * vw)])
-    r = b.call(intrinsic(b.module, f"llvm.smax.v{vw}i32", it, [it, it]), [r, ir.Constant(it, [-128] * vw)])
+    r = b.call(intrinsic(b.module, f"llvm.smin.v{vw}i32", it, [it, it]), [r, ir.Constant(it, [bounds[1]] * vw)])
+    r = b.call(intrinsic(b.module, f"llvm.smax.v{vw}i32", it, [it, it]), [r, ir.Constant(it, [bounds[0]] * vw)])
     return b.trunc(r, _vec(I8, vw))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
+from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I16, I32, for_range, i64
 from ..parallel import Work
 from ..qgemm import QShape, dot_groups, pack_epilogue, products_in_range, requantize_in_range
@@ -195,7 +196,7 @@ def emit(k, qs: QShape) -> None:
                 st = b.store(v, b.bitcast(b.gep(elems, [i]), v.type.as_pointer()))
                 st.align = 4
         channel_lanes(b, geo, plane, elems, ys, b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
-                      b.load(b.gep(corr, [c])), b.load(b.gep(mult, [c])), node.offset)
+                      b.load(b.gep(corr, [c])), b.load(b.gep(mult, [c])), node.offset, saturation(node))
         out = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.oh * geo.ow))
         with for_range(b, geo.oh, name="dout") as oy:
             copy_bytes(b, b.gep(ys, [b.mul(oy, i64(geo.wq))]), b.gep(y, [b.add(out, b.mul(oy, i64(geo.ow)))]),
@@ -216,9 +217,11 @@ def lane_groups(b, geo: DepthwiseGeometry, plane, at):
     return b.bitcast(v, ir.VectorType(I32, vw))
 
 
-def channel_lanes(b, geo: DepthwiseGeometry, plane, elems, ys, words, corr, mult, offset: int) -> None:
+def channel_lanes(b, geo: DepthwiseGeometry, plane, elems, ys, words, corr, mult, offset: int,
+                  bounds: tuple[int, int]) -> None:
     """All lanes of one channel, geo.step at a time: the tap groups' sums from the
-    correction, requantized into ys (geo.mode says where each tap's groups come from)."""
+    correction, requantized into ys and saturated to `bounds` (geo.mode says where each
+    tap's groups come from)."""
     qs, vw = geo.qs, geo.qs.vw
     weights = [b.load(b.gep(words, [i64(t)])) for t in range(len(geo.taps))]
     i32v = ir.VectorType(I32, vw)
@@ -241,7 +244,7 @@ def channel_lanes(b, geo: DepthwiseGeometry, plane, elems, ys, words, corr, mult
         for tap, weight in zip(geo.taps, weights):
             for j in range(vectors):
                 sums[j] = dot_groups(b, qs, sums[j], groups(q0, j, tap), weight)
-        out = [requantize_in_range(b, v, mult, offset) for v in sums]
+        out = [requantize_in_range(b, v, mult, offset, bounds) for v in sums]
         if geo.mode == "interleaved":
             out = [interleave(b, out)]
         for j, v in enumerate(out):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
+from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
 from ..qgemm import QShape, emit_tile, load_offsets, pack_epilogue, pack_offsets, requantize
 
@@ -116,6 +117,7 @@ def emit(b, k, geo, qs: QShape, build_plane):
     corr = b.bitcast(b.gep(packed, [i64(lanes.b_bytes)]), I32.as_pointer())
     mult = b.bitcast(b.gep(packed, [i64(lanes.b_bytes + 4 * npad)]), F32.as_pointer())
     y_offset, pad = load_offsets(b, packed, lanes.b_bytes + 8 * npad)
+    bounds = saturation(k.node)
     plane, ys = plane_and_result(b, k, geo)
     if k.phased and k.phase == 0:           # this task's share of the shared plane
         build_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
@@ -145,7 +147,7 @@ def emit(b, k, geo, qs: QShape, build_plane):
                 cv.align = 4
                 mv = b.load(b.bitcast(b.gep(mult, [f]), ir.VectorType(F32, qs.vw).as_pointer()))
                 mv.align = 4
-                v = requantize(b, sums, mv, y_offset, corr=cv)
+                v = requantize(b, sums, mv, y_offset, corr=cv, bounds=bounds)
                 at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), f)])
                 st = b.store(v, b.bitcast(at, v.type.as_pointer()))
                 st.align = 1

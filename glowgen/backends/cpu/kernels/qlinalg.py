@@ -36,6 +36,7 @@ from typing import Optional
 import numpy as np
 
 from ....engine.types import Type
+from ....reference.primitives import saturation
 from ....lir.ir import WeightBuffer
 from llvmlite import ir
 
@@ -285,6 +286,7 @@ def quantized_product(k: KernelArgs):
     mult = b.bitcast(b.gep(packed, [i64(geo.a_bytes + 4 * geo.mpad)]), F32.as_pointer())
     y_offset, pad = load_offsets(b, packed, geo.a_bytes + 8 * geo.mpad)
     y_offset_i32 = b.fptosi(y_offset, I32)
+    bounds = saturation(node)
     plane, ys = qlanes.plane_and_result(b, k, geo)
     if k.phased and k.phase == 0:           # this task's share of the shared plane
         build_conv_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
@@ -309,10 +311,10 @@ def quantized_product(k: KernelArgs):
                 r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
                 if k.packed == PACKED_IN_RANGE:
                     v = requantize_in_range(b, b.add(sums, splat(b, b.load(b.gep(corr, [r])), qs.vw)),
-                                            b.load(b.gep(mult, [r])), y_offset_i32)
+                                            b.load(b.gep(mult, [r])), y_offset_i32, bounds)
                 else:
                     v = requantize(b, sums, b.load(b.gep(mult, [r])), y_offset,
-                                   corr=b.load(b.gep(corr, [r])))
+                                   corr=b.load(b.gep(corr, [r])), bounds=bounds)
                 if geo.direct:
                     store_direct(b, geo, v, y, n, *geo.filter_of_row(b, r), b.add(q0, i64(j * qs.vw)))
                     return
@@ -501,12 +503,13 @@ class LoopTypes:
         xs = b.sub(b.sext(xv, self.acc), ir_const(self.acc, xo))
         b.store(b.add(b.load(acc), b.mul(xs, b.sext(wv, self.acc))), acc)
 
-    def requantize(self, b, sums, mult, offset: int):
+    def requantize(self, b, sums, mult, node):
+        bounds = saturation(node, "i16" if self.wide else "i8")
         if not self.wide:
-            return requantize(b, sums, mult, offset)
+            return requantize(b, sums, mult, node.offset, bounds=bounds)
         f = b.fmul(b.sitofp(sums, F64), mult)
-        f = b.fadd(b.call(intrinsic(b.module, "llvm.roundeven.f64", F64, [F64]), [f]), ir_const(F64, float(offset)))
-        lo, hi = ir_const(F64, -32768.0), ir_const(F64, 32767.0)
+        f = b.fadd(b.call(intrinsic(b.module, "llvm.roundeven.f64", F64, [F64]), [f]), ir_const(F64, float(node.offset)))
+        lo, hi = (ir_const(F64, float(v)) for v in bounds)
         f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
         f = b.select(b.fcmp_ordered("<", f, lo), lo, f)
         return b.trunc(b.fptosi(f, I32), I16)
@@ -542,7 +545,7 @@ def q_conv_loops(k: KernelArgs):
                     wi = b.add(b.mul(b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh)), ky), i64(kw)), kx)
                     lt.sum_into(b, acc, b.load(b.gep(x, [xi])), b.load(b.gep(w, [wi])), xo)
             yi = b.add(b.mul(b.add(b.mul(b.add(b.mul(n, i64(m)), mi), i64(oh)), oy), i64(ow)), ox)
-            b.store(lt.requantize(b, b.load(acc), mult, node.offset), b.gep(y, [yi]))
+            b.store(lt.requantize(b, b.load(acc), mult, node), b.gep(y, [yi]))
 
 
 def q_matmul_loops(k: KernelArgs):
@@ -562,4 +565,4 @@ def q_matmul_loops(k: KernelArgs):
             with for_range(b, kk, name="k") as ki:
                 lt.sum_into(b, acc, b.load(b.gep(x, [b.add(b.mul(r, i64(kk)), ki)])),
                             b.load(b.gep(w, [b.add(b.mul(ki, i64(n)), j)])), xo)
-            b.store(lt.requantize(b, b.load(acc), mult, node.offset), b.gep(y, [b.add(b.mul(r, i64(n)), j)]))
+            b.store(lt.requantize(b, b.load(acc), mult, node), b.gep(y, [b.add(b.mul(r, i64(n)), j)]))
