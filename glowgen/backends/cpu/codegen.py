@@ -36,6 +36,9 @@ from .stacking import BLOCK, Step, cost_groups, describe_step, has_gathers, is_c
 
 REGION_ORDER = ("constant", "mutable", "activation")
 
+# Tasks of a step whose cycles a profile keeps apart (the later ones share the last slot).
+TASK_SLOTS = 8
+
 
 def region_of(buf: Buffer) -> str:
     root = buf.root()
@@ -119,13 +122,6 @@ class ModuleBuilder:
     def build(self) -> ir.Module:
         steps = self.plan.steps
         self.parts = {id(step): step.parts for step in steps}
-        # A control-flow step (cond, else, endcond, loop, endloop) is no function: the entry
-        # branches there (_control).
-        calls = [step.instrs[0] if is_control(step) else self._step_function(i, step)
-                 for i, step in enumerate(steps)]
-        self.step_names = [describe_step(step) for step in steps]
-        self.split_steps = [(name, self.parts[id(step)]) for name, step in zip(self.step_names, steps)
-                            if self.parts[id(step)] > 1]
         self._counters = None
         if self.profile:
             # Each step's fewest cycles over the runs: the cycle counter is wall time, and the
@@ -133,6 +129,17 @@ class ModuleBuilder:
             ty = ir.ArrayType(ir.IntType(64), max(1, len(steps)))
             self._counters = ir.GlobalVariable(self.module, ty, name=f"{self.name}_profile")
             self._counters.initializer = ir.Constant(ty, [ir.Constant(ir.IntType(64), 2 ** 64 - 1)] * ty.count)
+            # And each task's fewest cycles (TASK_SLOTS a step): how evenly a split shares.
+            ty = ir.ArrayType(ir.IntType(64), max(1, len(steps)) * TASK_SLOTS)
+            self._task_counters = ir.GlobalVariable(self.module, ty, name=f"{self.name}_task_profile")
+            self._task_counters.initializer = ir.Constant(ty, [ir.Constant(ir.IntType(64), 2 ** 64 - 1)] * ty.count)
+        # A control-flow step (cond, else, endcond, loop, endloop) is no function: the entry
+        # branches there (_control).
+        calls = [step.instrs[0] if is_control(step) else self._step_function(i, step)
+                 for i, step in enumerate(steps)]
+        self.step_names = [describe_step(step) for step in steps]
+        self.step_parts = [1 if is_control(step) else self.parts[id(step)] for step in steps]
+        self.split_steps = [(name, parts) for name, parts in zip(self.step_names, self.step_parts) if parts > 1]
         self._serial_for = self._serial_parallel_for()
         # One entry calls the steps (each step function has one call site, so LLVM inlines
         # them all: with two entries calling them it would not, and MobileNetV2 ran 30%
@@ -176,15 +183,26 @@ class ModuleBuilder:
         b.ret_void()
         return fn
 
-    def _task_function(self, index: int, fn, n_ptrs: int, phase=None) -> ir.Function:
-        """`void task(i8* env, i64 part)`: the step's pointers from `env`, then its share."""
+    def _task_function(self, index: int, fn, n_ptrs: int, phase=None, timed: bool = False) -> ir.Function:
+        """`void task(i8* env, i64 part)`: the step's pointers from `env`, then its share
+        (`timed`, in a profile: its fewest cycles kept in the step's task counters)."""
         task = ir.Function(self.module, TASK_TYPE, name=f"s{index}{'' if phase is None else f'p{phase}'}_task")
         task.linkage = "internal"
         env, part = task.args
         b = ir.IRBuilder(task.append_basic_block("entry"))
         table = b.bitcast(env, I8P.as_pointer())
         args = [b.bitcast(b.load(b.gep(table, [i64(j)])), fn.args[j].type) for j in range(n_ptrs)]
+        clock = (intrinsic(self.module, "llvm.readcyclecounter", ir.IntType(64), [])
+                 if timed and self._counters is not None else None)
+        start = b.call(clock, []) if clock is not None else None
         b.call(fn, args + [part])
+        if clock is not None:
+            spent = b.sub(b.call(clock, []), start)
+            last = i64(TASK_SLOTS - 1)
+            at = b.add(i64(index * TASK_SLOTS), b.select(b.icmp_signed("<", part, last), part, last))
+            slot = b.gep(self._task_counters, [i64(0), at])
+            old = b.load(slot)
+            b.store(b.select(b.icmp_unsigned("<", spent, old), spent, old), slot)
         b.ret_void()
         return task
 
@@ -311,7 +329,9 @@ class ModuleBuilder:
         rounds = []
         for phase in (range(step.phases) if step.phases > 1 else [None]):
             fn = self._phase_function(index, step, buffers, uses_scratch, parts, phase)
-            task = (self._task_function(index, fn, n_ptrs, phase), parts) if parts > 1 else None
+            # A phased step's tasks are timed in its last round (its product).
+            timed = phase is None or phase == step.phases - 1
+            task = (self._task_function(index, fn, n_ptrs, phase, timed), parts) if parts > 1 else None
             rounds.append((fn, task))
         return buffers, uses_scratch, rounds
 
