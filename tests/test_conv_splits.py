@@ -1,7 +1,7 @@
 """How split convolutions share out their work (conv.conv_work): a pointwise one its blocks
 of filters when they divide evenly among the tasks, else its input's column panels; a
-transposed one its filter panels, else runs of pixels.  Against onnxruntime, and bit for
-bit across thread counts."""
+transposed one its runs of pixels when it builds patches from planes, else its filter
+panels, else runs of pixels.  Against onnxruntime, and bit for bit across thread counts."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,6 +19,11 @@ CASES = {
     "1x1 12 filters @80 (column panels)": ((1, 64, 80, 80), (12, 64, 1, 1), {}, "pointwise"),
     "1x1 64 filters @56 (filter blocks)": ((1, 32, 56, 56), (64, 32, 1, 1), {}, "pointwise"),
     "3x3 256->256 @7 (filter panels)": ((1, 256, 7, 7), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
+    # Patches from planes, twelve runs of 16 pixels: each task builds its own pixels' only.
+    "3x3 64->256 @14 (pixels, patches from planes)": ((1, 64, 14, 14), (256, 64, 3, 3), {"pads": [1, 1, 1, 1]},
+                                                      "transposed"),
+    "3x3 64->256 @28 stride 2 (pixels)": ((1, 64, 28, 28), (256, 64, 3, 3),
+                                          {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "transposed"),
     # Three filter panels: two tasks share out runs of pixels instead (transposed_split_pixels).
     "1x1 576->96 @14 (pixels)": ((1, 576, 14, 14), (96, 576, 1, 1), {}, "transposed"),
     "3x3 64->96 @10 (pixels, ragged)": ((1, 64, 10, 10), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),

@@ -87,14 +87,23 @@ def _pixel_units(node, shape) -> tuple:
 
 
 def transposed_split_pixels(node, shape, parts: int) -> bool:
-    """A split transposed convolution shares out its filter panels when they divide evenly
-    among the tasks or are many, else runs of pixels, each task computing and storing all
-    filters of its pixels (MobileNetV2's 96-filter projections at 14 x 14: three panels
+    """A split transposed convolution shares out runs of pixels, each task computing and
+    storing all filters of its pixels, when it builds its patch matrix from padded planes
+    (not pointwise) and the runs divide evenly among the tasks or are many: each task then
+    builds only its pixels' patches, where split by filters every task built all of them
+    (ResNet-18's 3x3 convolutions at 14 x 14, 2 threads: the slower task's fastest over half
+    the 1-thread time 1.10-1.23 -> 1.02-1.09).  Else its filter panels when they divide
+    evenly among the tasks or are many (a pointwise one's patches are a plain copy, and
+    its filters shared out keep the depthwise convolution after it joined, joining.py),
+    else runs of pixels (MobileNetV2's 96-filter projections at 14 x 14: three panels
     kept one of two cores idle a third of the time)."""
     panels = node.inputs[1].type.shape[0] // shape.nr
+    units = _pixel_units(node, shape)[1]
+    if not conv_is_pointwise(node) and units >= parts and (units % parts == 0 or units >= 4 * parts):
+        return True
     if panels >= parts and (panels % parts == 0 or panels >= 4 * parts):
         return False
-    return _pixel_units(node, shape)[1] >= parts
+    return units >= parts
 
 
 def emit_conv_transposed(k) -> None:
