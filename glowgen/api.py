@@ -163,6 +163,15 @@ class CompiledModel:
                                "(glowgen.compile(model, profile=True), cpu backend)")
         return self._runner.profile(reset)
 
+    def task_profile(self, reset: bool = False) -> list[list[int]]:
+        """cpu backend, compiled with `profile=True`: per native step (as in `profile`), the
+        fewest cycles of each of its tasks when split among threads (empty when unsplit):
+        how evenly the split shares its work out."""
+        if not self.options.get("profile"):
+            raise GlowgenError("this model was compiled without profile=True "
+                               "(glowgen.compile(model, profile=True), cpu backend)")
+        return self._runner.task_profile(reset)
+
     __call__ = run
 
     def __repr__(self) -> str:

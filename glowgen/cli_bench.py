@@ -175,13 +175,18 @@ def _print_profile(args, feeds) -> None:
         model.run(feeds)
     per_run_ms = (time.perf_counter() - t0) * 1e3 / args.runs
     rows = model.profile()
+    tasks = model.task_profile()
     total = sum(c for _, c in rows) or 1
     print(f"profile      per kernel, its fastest of {args.runs} runs (cycle counter; ms are shares "
-          f"of the {per_run_ms:.3f} ms a profiled run took)")
-    shown = sorted(rows, key=lambda r: -r[1])[:args.profile_top]
-    for name, cycles in shown:
+          f"of the {per_run_ms:.3f} ms a profiled run took; a split kernel's tasks, each its "
+          f"fastest, in brackets)")
+    order = sorted(range(len(rows)), key=lambda i: -rows[i][1])[:args.profile_top]
+    shown = [rows[i] for i in order]
+    for i in order:
+        name, cycles = rows[i]
         share = cycles / total
-        print(f"  {100 * share:5.1f}%  {share * per_run_ms:8.3f} ms  {name}")
+        split = (" [" + " ".join(f"{c / total * per_run_ms:.3f}" for c in tasks[i]) + "]") if tasks[i] else ""
+        print(f"  {100 * share:5.1f}%  {share * per_run_ms:8.3f} ms  {name}{split}")
     if len(rows) > len(shown):
         rest = sum(c for _, c in rows) - sum(c for _, c in shown)
         print(f"  {100 * rest / total:5.1f}%  {rest / total * per_run_ms:8.3f} ms  "

@@ -1,7 +1,8 @@
 """How split convolutions share out their work (conv.conv_work): a pointwise one its blocks
 of filters when they divide evenly among the tasks, else its input's column panels; a
-transposed or channel-blocked one its filter panels, else runs (bands) of pixels.  Against onnxruntime, and bit for
-bit across thread counts."""
+transposed one its runs of pixels when it builds patches from planes, else its filter
+panels, else runs of pixels; a channel-blocked one its filter panels, else bands of pixels.
+Against onnxruntime, and bit for bit across thread counts."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,6 +21,11 @@ CASES = {
     "1x1 64 filters @56 (filter blocks)": ((1, 32, 56, 56), (64, 32, 1, 1), {}, "pointwise"),
     # (Input channels not in whole blocks of 16: the 3x3 ones are not "blocked".)
     "3x3 248->256 @7 (filter panels)": ((1, 248, 7, 7), (256, 248, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
+    # Patches from planes, twelve runs of 16 pixels: each task builds its own pixels' only.
+    "3x3 60->256 @14 (pixels, patches from planes)": ((1, 60, 14, 14), (256, 60, 3, 3), {"pads": [1, 1, 1, 1]},
+                                                      "transposed"),
+    "3x3 60->256 @28 stride 2 (pixels)": ((1, 60, 28, 28), (256, 60, 3, 3),
+                                          {"pads": [1, 1, 1, 1], "strides": [2, 2]}, "transposed"),
     # Three filter panels: two tasks share out runs of pixels instead (transposed_split_pixels).
     "1x1 576->96 @14 (pixels)": ((1, 576, 14, 14), (96, 576, 1, 1), {}, "transposed"),
     "3x3 60->96 @10 (pixels, ragged)": ((1, 60, 10, 10), (96, 60, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),

@@ -137,6 +137,25 @@ def test_profile_counts_cycles_per_kernel():
         glowgen.compile(model, backend="cpu").profile()
 
 
+def test_task_profile_times_each_task_of_a_split_step():
+    """With threads, a profile also keeps each task's fewest cycles per split step (how
+    evenly the split shares the step's work); an unsplit step has none."""
+    from glowgen.errors import GlowgenError
+    x = rng.standard_normal((1, 64, 56, 56)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("ReduceMax", ["c"], ["y"], keepdims=1)]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": rng.standard_normal((64, 64, 3, 3)).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu", profile=True, threads=2)
+    compiled.run({"x": x})
+    parts = [step.parts for step in compiled.program.plan.steps]
+    tasks = compiled.task_profile(reset=True)
+    assert parts[0] == 2 and [len(t) for t in tasks] == [p if p > 1 else 0 for p in parts]
+    assert all(c > 0 for c in tasks[0])
+    assert all(c == 0 for c in compiled.task_profile()[0])              # reset: no run yet
+    with pytest.raises(GlowgenError, match="profile=True"):
+        glowgen.compile(model, backend="cpu", threads=2).task_profile()
+
+
 @pytest.mark.parametrize("strides, dilations", [([1, 2], [1, 1]), ([1, 1], [1, 2]), ([2, 1], [1, 1])])
 def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
     """When the whole im2col matrix would not stay in L2 but the filters would, each panel is

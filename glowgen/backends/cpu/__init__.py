@@ -69,11 +69,15 @@ class CpuRunner:
         self.ir = str(builder.build())
         self.step_names = builder.step_names
         self.split_steps = builder.split_steps     # (step, tasks) of the steps run in parallel
+        self.step_parts = builder.step_parts        # tasks of each step
         self.jit = JitFunction(self.ir, self.name, io_entry=True, cpu=self.cpu)
         self._counters = None
         if profile:
             addr = self.jit.engine.get_global_value_address(f"{self.name}_profile")
             self._counters = (ctypes.c_uint64 * max(1, len(self.step_names))).from_address(addr)
+            from .codegen import TASK_SLOTS
+            addr = self.jit.engine.get_global_value_address(f"{self.name}_task_profile")
+            self._task_counters = (ctypes.c_uint64 * (max(1, len(self.step_names)) * TASK_SLOTS)).from_address(addr)
         # The constant weights, shared by every call and only read.
         self.constant = aligned_bytes(prog.region_sizes["constant"])
         for w in prog.constant_weights():
@@ -156,6 +160,23 @@ class CpuRunner:
         if reset:
             for i in range(len(self.step_names)):
                 self._counters[i] = never
+        return rows
+
+    def task_profile(self, reset: bool = False) -> list[list[int]]:
+        """Per step, each of its tasks' fewest cycles over the runs so far (compiled with
+        profile=True; [] for a step that is not split, 0 for a task not run yet)."""
+        from .codegen import TASK_SLOTS
+        if self._counters is None:
+            from ...errors import GlowgenError
+            raise GlowgenError("this model was compiled without profile=True")
+        never = 2 ** 64 - 1
+        rows = []
+        for i, parts in enumerate(self.step_parts):
+            slots = [self._task_counters[i * TASK_SLOTS + p] for p in range(min(parts, TASK_SLOTS))]
+            rows.append([0 if c == never else int(c) for c in slots] if parts > 1 else [])
+        if reset:
+            for i in range(len(self.step_names) * TASK_SLOTS):
+                self._task_counters[i] = never
         return rows
 
     def assembly(self) -> str:

@@ -36,6 +36,9 @@ from .stacking import BLOCK, Step, cost_groups, describe_step, has_gathers, is_c
 
 REGION_ORDER = ("constant", "mutable", "activation")
 
+# Tasks of a step whose cycles a profile keeps apart (the later ones share the last slot).
+TASK_SLOTS = 8
+
 
 def region_of(buf: Buffer) -> str:
     root = buf.root()
@@ -119,13 +122,6 @@ class ModuleBuilder:
     def build(self) -> ir.Module:
         steps = self.plan.steps
         self.parts = {id(step): step.parts for step in steps}
-        # A control-flow step (cond, else, endcond, loop, endloop) is no function: the entry
-        # branches there (_control).
-        calls = [step.instrs[0] if is_control(step) else self._step_function(i, step)
-                 for i, step in enumerate(steps)]
-        self.step_names = [describe_step(step) for step in steps]
-        self.split_steps = [(name, self.parts[id(step)]) for name, step in zip(self.step_names, steps)
-                            if self.parts[id(step)] > 1]
         self._counters = None
         if self.profile:
             # Each step's fewest cycles over the runs: the cycle counter is wall time, and the
@@ -133,6 +129,17 @@ class ModuleBuilder:
             ty = ir.ArrayType(ir.IntType(64), max(1, len(steps)))
             self._counters = ir.GlobalVariable(self.module, ty, name=f"{self.name}_profile")
             self._counters.initializer = ir.Constant(ty, [ir.Constant(ir.IntType(64), 2 ** 64 - 1)] * ty.count)
+            # And each task's fewest cycles (TASK_SLOTS a step): how evenly a split shares.
+            ty = ir.ArrayType(ir.IntType(64), max(1, len(steps)) * TASK_SLOTS)
+            self._task_counters = ir.GlobalVariable(self.module, ty, name=f"{self.name}_task_profile")
+            self._task_counters.initializer = ir.Constant(ty, [ir.Constant(ir.IntType(64), 2 ** 64 - 1)] * ty.count)
+        # A control-flow step (cond, else, endcond, loop, endloop) is no function: the entry
+        # branches there (_control).
+        calls = self._join(steps, [step.instrs[0] if is_control(step) else self._step_function(i, step)
+                                   for i, step in enumerate(steps)])
+        self.step_names = [describe_step(step) for step in steps]
+        self.step_parts = [1 if is_control(step) else self.parts[id(step)] for step in steps]
+        self.split_steps = [(name, parts) for name, parts in zip(self.step_names, self.step_parts) if parts > 1]
         self._serial_for = self._serial_parallel_for()
         # One entry calls the steps (each step function has one call site, so LLVM inlines
         # them all: with two entries calling them it would not, and MobileNetV2 ran 30%
@@ -176,17 +183,51 @@ class ModuleBuilder:
         b.ret_void()
         return fn
 
-    def _task_function(self, index: int, fn, n_ptrs: int, phase=None) -> ir.Function:
-        """`void task(i8* env, i64 part)`: the step's pointers from `env`, then its share."""
-        task = ir.Function(self.module, TASK_TYPE, name=f"s{index}{'' if phase is None else f'p{phase}'}_task")
+    def _task_function(self, name: str, members: list) -> ir.Function:
+        """`void task(i8* env, i64 part)`: for each of `members`, (step index, function,
+        pointers it takes, timed), its pointers from `env` (one after another), then its
+        share (`timed`, in a profile: its fewest cycles kept in the step's task counters).
+        Several members are joined steps (joining.py): task p of each after task p of the
+        one before."""
+        task = ir.Function(self.module, TASK_TYPE, name=name)
         task.linkage = "internal"
         env, part = task.args
         b = ir.IRBuilder(task.append_basic_block("entry"))
         table = b.bitcast(env, I8P.as_pointer())
-        args = [b.bitcast(b.load(b.gep(table, [i64(j)])), fn.args[j].type) for j in range(n_ptrs)]
-        b.call(fn, args + [part])
+        first = 0
+        for k, (index, fn, n_ptrs, timed) in enumerate(members):
+            if k:
+                b.fence("seq_cst", "singlethread")      # as between the entry's steps
+            args = [b.bitcast(b.load(b.gep(table, [i64(first + j)])), fn.args[j].type) for j in range(n_ptrs)]
+            first += n_ptrs
+            clock = (intrinsic(self.module, "llvm.readcyclecounter", ir.IntType(64), [])
+                     if timed and self._counters is not None else None)
+            start = b.call(clock, []) if clock is not None else None
+            b.call(fn, args + [part])
+            if clock is not None:
+                spent = b.sub(b.call(clock, []), start)
+                last = i64(TASK_SLOTS - 1)
+                at = b.add(i64(index * TASK_SLOTS), b.select(b.icmp_signed("<", part, last), part, last))
+                slot = b.gep(self._task_counters, [i64(0), at])
+                old = b.load(slot)
+                b.store(b.select(b.icmp_unsigned("<", spent, old), spent, old), slot)
         b.ret_void()
         return task
+
+    def _join(self, steps: list, calls: list) -> list:
+        """Each joined step's call merged into the call before it (joining.py): a call
+        (buffers, uses scratch, rounds) becomes (members, None, [(None, (task, parts))]),
+        members its steps' (buffers, uses scratch); the joined step's place, None."""
+        calls = list(calls)
+        for index, step in enumerate(steps):
+            if not step.joined:
+                continue
+            (buf_a, scratch_a, ((fn_a, _),)), (buf_b, scratch_b, ((fn_b, _),)) = calls[index - 1], calls[index]
+            members = [(index - 1, fn_a, len(buf_a) + scratch_a, True), (index, fn_b, len(buf_b) + scratch_b, True)]
+            task = self._task_function(f"s{index - 1}_s{index}_task", members)
+            calls[index - 1] = ([(buf_a, scratch_a), (buf_b, scratch_b)], None, [(None, (task, step.parts))])
+            calls[index] = None
+        return calls
 
     def _entry(self, name: str, calls, slots) -> None:
         """The entry point calling every step: the buffers listed in `slots` come from the
@@ -225,14 +266,18 @@ class ModuleBuilder:
             # step's loads and stores past another's once it has inlined them (LLVM 22's SLP
             # vectorizer sank a CumSum's stores below the GatherElements reading them).
             b.fence("seq_cst", "singlethread")
+            if call is None:                # joined to the step before: called there
+                continue
             if isinstance(call, Instr):
                 self._control(b, call, pointer, open_regions)
                 continue
             buffers, uses_scratch, rounds = call
-            ptrs = [pointer(buf) for buf in buffers]
-            if uses_scratch:
-                raw = b.gep(regions["activation"], [i64(self.scratch_offset)])
-                ptrs.append(b.bitcast(raw, F32.as_pointer()))
+            ptrs = []
+            for bufs, scratch in (buffers if uses_scratch is None else [(buffers, uses_scratch)]):
+                ptrs += [pointer(buf) for buf in bufs]
+                if scratch:
+                    raw = b.gep(regions["activation"], [i64(self.scratch_offset)])
+                    ptrs.append(b.bitcast(raw, F32.as_pointer()))
             start = b.call(clock, []) if clock is not None else None
             env = None
             for fn, task in rounds:         # a phased step's rounds, each after the last
@@ -313,7 +358,10 @@ class ModuleBuilder:
         rounds = []
         for phase in (range(step.phases) if step.phases > 1 else [None]):
             fn = self._phase_function(index, step, buffers, uses_scratch, parts, phase)
-            task = (self._task_function(index, fn, n_ptrs, phase), parts) if parts > 1 else None
+            # A phased step's tasks are timed in its last round (its product).
+            timed = phase is None or phase == step.phases - 1
+            name = f"s{index}{'' if phase is None else f'p{phase}'}_task"
+            task = (self._task_function(name, [(index, fn, n_ptrs, timed)]), parts) if parts > 1 else None
             rounds.append((fn, task))
         return buffers, uses_scratch, rounds
 

@@ -92,5 +92,13 @@ class Split:
 WHOLE = Split(None, 1)
 
 
+def shares(items: int, unit: int, parts: int, total: int) -> list[tuple[int, int]]:
+    """What each task of `parts` computes when a kernel takes Split.range(items) in units of
+    `unit` (the last task to `total`): [(lo, hi)] per task."""
+    chunk = -(-items // parts)
+    return [(min(p * chunk, items) * unit, total if p == parts - 1 else min((p + 1) * chunk, items) * unit)
+            for p in range(parts)]
+
+
 def flat_parts(elements: int, threads: int) -> int:
     return Work(math.ceil(elements / FLAT_ALIGN), elements=elements).parts(threads)

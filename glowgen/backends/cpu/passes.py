@@ -12,6 +12,8 @@ and recording it in the program (plan.py), in this order:
                    stacks) run block by block of rows, in one loop (rows.py)
   arena            the activation arena planned again with a step as the unit of time
   threads          how many tasks each step is split into
+  joining          a split step that reads only what the same task of the step before
+                   wrote runs in that step's round of tasks, with no wait (joining.py)
   scratch          each kernel's scratch memory, after the arena (which grows by it)
 
 Code emission (codegen.py) then reads what these passes recorded and decides nothing.
@@ -24,6 +26,7 @@ from typing import Callable
 from ...lir.ir import Program
 from ...lir.passes import lifetimes
 from .epilogue import fuse_epilogues
+from .joining import join_steps
 from .kernels import PACKING, PHASES, REPACK, SCRATCH, STRATEGY
 from .loops import loop_work
 from .packing import pack_weights, packable, weight_users
@@ -112,6 +115,11 @@ def threads(prog: Program, registry) -> None:
                 step.shared_scratch = -(-ins.plan.phases.shared // 64) * 64
 
 
+def joining(prog: Program, registry) -> None:
+    if prog.plan.threads > 1:
+        join_steps(prog, prog.plan.steps, prog.plan.gemm_shape)
+
+
 def scratch(prog: Program, registry) -> None:
     """Scratch memory for the kernels that need it (im2col panels, padded planes), as large
     as the largest need, at the end of the activation region: the code keeps no state of
@@ -129,7 +137,12 @@ def scratch(prog: Program, registry) -> None:
             if bytes_:
                 ins.plan.scratch = bytes_
                 step.scratch = -(-bytes_ // 64) * 64
-            need = max(need, step.shared_scratch + step.scratch * step.parts)
+    # Joined steps' tasks take shares of one size: task p's of either overlaps no other's.
+    for first, second in zip(plan.steps, plan.steps[1:]):
+        if second.joined:
+            first.scratch = second.scratch = max(first.scratch, second.scratch)
+    for step in plan.steps:
+        need = max(need, step.shared_scratch + step.scratch * step.parts)
     if need:
         plan.scratch_offset = -(-prog.region_sizes["activation"] // 64) * 64
         prog.region_sizes["activation"] = plan.scratch_offset + need
@@ -146,4 +159,5 @@ def cpu_passes(features: str, threads_: int, stacking_: bool) -> list[tuple[str,
             ("row-fusion", row_fusion),
             ("arena", arena),
             ("threads", threads),
+            ("joining", joining),
             ("scratch", scratch)]

@@ -103,7 +103,7 @@ class CpuPlan:
             if step.epilogue is not None:
                 text += f" (epilogue {'+'.join(ins.kind for ins in step.epilogue.instrs)})"
             if step.parts > 1:
-                text += f" tasks {step.parts}"
+                text += f" tasks {step.parts}" + (" (joined to the step before)" if step.joined else "")
             if step.shared_scratch:
                 text += f" phases {step.phases} shared scratch {step.shared_scratch}"
             if step.scratch:

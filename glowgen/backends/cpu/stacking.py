@@ -33,6 +33,9 @@ class Step:
     members: Optional[list] = None      # a row group's steps, run block by block (rows.py;
     #                                     their instructions are also instrs)
     rows: tuple = ()                    # a row group's (rows, row length, rows per block)
+    joined: bool = False                # its tasks run in the round of the step before,
+    #                                     each after that step's task of the same index
+    #                                     (joining.py)
 
     @property
     def shape(self):

@@ -8,11 +8,11 @@ never trusted (common.py).
 """
 from __future__ import annotations
 
-from .base import (DESCRIBE, KERNELS, PACKING, PHASES, PRODUCT_SPACE, REPACK, ROWS, SCRATCH, STRATEGY,
+from .base import (CHANNELS, DESCRIBE, KERNELS, PACKING, PHASES, PRODUCT_SPACE, REPACK, ROWS, SCRATCH, STRATEGY,
                    KernelArgs, hook, kernel)
 from . import conv, conv_transpose_gemm, gather_scatter, index, linalg, movement, pool, qlinalg, reduce  # noqa: F401  (registration)
 
 DOMAINS = (movement, index, gather_scatter, reduce, linalg, qlinalg, conv, conv_transpose_gemm, pool)
 
-__all__ = ["DESCRIBE", "DOMAINS", "KERNELS", "PACKING", "PHASES", "PRODUCT_SPACE", "REPACK", "ROWS", "SCRATCH",
+__all__ = ["CHANNELS", "DESCRIBE", "DOMAINS", "KERNELS", "PACKING", "PHASES", "PRODUCT_SPACE", "REPACK", "ROWS", "SCRATCH",
            "STRATEGY", "KernelArgs", "hook", "kernel"]

@@ -50,6 +50,10 @@ PHASES: dict[str, Callable] = {}
 # the row-fusion pass: (ins, gemm shape) -> (rows, row length) when the kernel works row by
 #   row and computes only the rows a `rows.RowBlock` share gives it, or None;
 ROWS: dict[str, Callable] = {}
+# the joining pass, for a step split into `parts` tasks: (ins, gemm shape, parts) -> (the
+#   output channels, axis 1, each task computes as [(lo, hi)], and whether each task reads
+#   only the same channels of its input x), or None when its split is not by channels;
+CHANNELS: dict[str, Callable] = {}
 # step descriptions (profiles, dumps): node -> text after the shape.
 DESCRIBE: dict[str, Callable] = {}
 

@@ -15,17 +15,18 @@ from llvmlite import ir
 from ..gemm import emit_gemm, gemm_items, pack_panels_size
 from ..llvmutil import for_range, i64
 from ..loops import contiguous_strides
-from ..parallel import Work, parallel
+from ..parallel import Work, parallel, shares
 from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
 from ..packing import pack_weights
-from .base import DESCRIBE, PACKING, PRODUCT_SPACE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
+from .base import CHANNELS, DESCRIBE, PACKING, PRODUCT_SPACE, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
 from .common import inside, lin, nest
 from .conv_blocked import (BlockedGeometry, blocked_items, blocked_weights, conv_is_blocked,
                            emit_conv_blocked)
 from .conv_planes import (MAX_TAPS, PlaneGeometry, aligned_floats, conv_is_pointwise, emit_conv_planes,
                           fill_plane, fill_plane_band, offsets_global, patch_panel, scratch_bytes,
                           zero_planes)
-from .conv_transposed import conv_is_transposed, emit_conv_transposed, scratch_floats, transposed_items
+from .conv_transposed import (conv_is_transposed, emit_conv_transposed, scratch_floats, transposed_items,
+                              transposed_split_pixels)
 
 
 def _valid_range(b, k_idx, pad, stride, dil, in_size, out_size):
@@ -410,6 +411,25 @@ def conv_work(node, shape, ins) -> Work:
         mg = m // node.group
         return Work(max(gemm_items(mg, oh * ow, shape, True), gemm_items(mg, oh * ow, shape, False)), flops=flops)
     return Work(gemm_items(m // node.group, oh * ow, shape, False), flops=flops)
+
+
+@hook(CHANNELS, "Conv")
+def conv_channel_shares(ins, shape, parts: int):
+    """The filters each task computes (see conv_work) when a split shares them out: a
+    pointwise convolution's blocks of MR, a transposed one's panels of NR, a depthwise
+    one's channels (each reading its own channel only)."""
+    node, strategy = ins.node, ins.plan.strategy
+    m, cg = node.inputs[1].type.shape[:2]
+    c = node.inputs[0].type.shape[1]
+    if strategy == "planes" and node.group == m == c and cg == 1:
+        return shares(m, 1, parts, m), True
+    if node.group != 1:
+        return None
+    if strategy == "pointwise" and pointwise_splits_rows(m, shape, parts):
+        return shares(m // shape.mr, shape.mr, parts, m), False
+    if strategy == "transposed" and not transposed_split_pixels(node, shape, parts):
+        return shares(m // shape.nr, shape.nr, parts, m), False
+    return None
 
 
 def pointwise_splits_rows(filters: int, shape, parts: int) -> bool:

@@ -73,7 +73,7 @@ def scratch_floats(node, shape) -> int:
 def transposed_items(node, shape) -> int:
     """What a split shares out (parallel.py): whole panels of filters (B's, in the product
     below), or runs of pixels (transposed_split_pixels), whichever are more.  Each task
-    builds the whole patch matrix in its own scratch."""
+    builds the patch matrix in its own scratch: the whole of it, or the blocks of its pixels."""
     return max(node.inputs[1].type.shape[0] // shape.nr, _pixel_units(node, shape)[1])
 
 
@@ -87,14 +87,23 @@ def _pixel_units(node, shape) -> tuple:
 
 
 def transposed_split_pixels(node, shape, parts: int) -> bool:
-    """A split transposed convolution shares out its filter panels when they divide evenly
-    among the tasks or are many, else runs of pixels, each task computing and storing all
-    filters of its pixels (MobileNetV2's 96-filter projections at 14 x 14: three panels
+    """A split transposed convolution shares out runs of pixels, each task computing and
+    storing all filters of its pixels, when it builds its patch matrix from padded planes
+    (not pointwise) and the runs divide evenly among the tasks or are many: each task then
+    builds only its pixels' patches, where split by filters every task built all of them
+    (ResNet-18's 3x3 convolutions at 14 x 14, 2 threads: the slower task's fastest over half
+    the 1-thread time 1.10-1.23 -> 1.02-1.09).  Else its filter panels when they divide
+    evenly among the tasks or are many (a pointwise one's patches are a plain copy, and
+    its filters shared out keep the depthwise convolution after it joined, joining.py),
+    else runs of pixels (MobileNetV2's 96-filter projections at 14 x 14: three panels
     kept one of two cores idle a third of the time)."""
     panels = node.inputs[1].type.shape[0] // shape.nr
+    units = _pixel_units(node, shape)[1]
+    if not conv_is_pointwise(node) and units >= parts and (units % parts == 0 or units >= 4 * parts):
+        return True
     if panels >= parts and (panels % parts == 0 or panels >= 4 * parts):
         return False
-    return _pixel_units(node, shape)[1] >= parts
+    return units >= parts
 
 
 def emit_conv_transposed(k) -> None:
@@ -120,9 +129,21 @@ def emit_conv_transposed(k) -> None:
             plane = b.gep(planes, [b.mul(ci, i64(geo.size))])
             fill_plane(b, geo, b.gep(x, [b.add(xbase, b.mul(ci, i64(h * wd)))]), plane)
 
+    by_pixels = not k.split.whole and transposed_split_pixels(node, shape, k.split.parts)
+    unit = _pixel_units(node, shape)[0]
+
     def patch_blocks(xbase):
-        """P^T in blocks of MR pixels: block j holds, for each k, pixels j*MR .. j*MR+MR-1."""
-        with for_range(b, blocks, name="blk") as j:
+        """P^T in blocks of MR pixels: block j holds, for each k, pixels j*MR .. j*MR+MR-1.
+        A task split by pixels builds only the blocks of its rows of the product (emit_gemm's
+        runs of `unit // mr` blocks, the last task to the end), not every block (MobileNetV2's
+        96-filter projections at 14 x 14, 2 threads, the slower task's fastest: 110 -> 103 us,
+        75 -> 70 us for the first)."""
+        lo, hi = i64(0), i64(blocks)
+        if by_pixels:
+            run = unit // mr
+            lo, hi = k.split.range(b, (n // mr) // run)
+            lo, hi = b.mul(lo, i64(run)), b.select(k.split.is_last(b), i64(blocks), b.mul(hi, i64(run)))
+        with for_range(b, hi, start=lo, name="blk") as j:
             if pointwise:
                 count = b.sub(i64(n), b.mul(j, i64(mr)))
                 count = b.select(b.icmp_signed("<", count, i64(mr)), count, i64(mr))
@@ -133,10 +154,7 @@ def emit_conv_transposed(k) -> None:
             else:
                 patch_panel(b, geo, planes, b.gep(patches, [b.mul(j, i64(mr * kk))]), mr, b.mul(j, i64(mr)))
 
-    by_pixels = not k.split.whole and transposed_split_pixels(node, shape, k.split.parts)
-
     def product(img):
-        unit = _pixel_units(node, shape)[0]
         emit_gemm(b, GemmShape(vw, mr, shape.nv), n, m, kk, patches, kk, w, None, ct, m, name="ct",
                   a_packed=True, split=k.split, split_rows=by_pixels, row_align=unit // mr)
         _store_transposed(k, ct, n, m, img, y, bias, unit if by_pixels else None)
