@@ -74,7 +74,7 @@ def _copies_unread_input(node) -> bool:
 class BlockedGeometry:
     """The padded channel-blocked input and the product's blocking, for one convolution."""
 
-    def __init__(self, node, shape):
+    def __init__(self, node, shape, parts: int = 1):
         _, _, self.h, self.w = node.inputs[0].type.shape
         self.m, self.cg, self.kh, self.kw = node.inputs[1].type.shape
         self.oh, self.ow = node.outputs[0].type.shape[2:]
@@ -95,8 +95,8 @@ class BlockedGeometry:
         self.mr = pixel_block(self.n, shape)
         # Bands start whole tiles and whole vectors of the store-back.
         self.unit = self.mr * self.vw // math.gcd(self.mr, self.vw)
-        units = max(1, BAND_BYTES // (4 * self.mp * self.unit))
-        self.band = min(units, -(-self.n // self.unit)) * self.unit
+        units = min(max(1, BAND_BYTES // (4 * self.mp * self.unit)), -(-self.n // self.unit))
+        self.band = balanced_band(self.n, self.unit, units, parts)
         self.bands = -(-self.n // self.band)
         # The input copied band by band, just before the product reads it, when X is larger
         # than L2 (copied whole, it was read back from L3): 128->128 3x3/2 @56 (1.7 MB) 0.93-
@@ -123,6 +123,28 @@ def blocked_weights(data, node, vw: int):
     return np.ascontiguousarray(blocks.reshape(1, m, cg * kh * kw).transpose(0, 2, 1))
 
 
+# What a split by filter panels costs more than its share of the product: every task copies
+# the whole input.
+PANEL_SPLIT_COPY = 1.03
+
+
+def largest_share(items: int, parts: int) -> int:
+    """The most items a task takes from Split.range(items) among `parts`."""
+    return min(items, -(-items // parts))
+
+
+def balanced_band(n: int, unit: int, units: int, parts: int) -> int:
+    """Pixels per band: at most `units` whole units, and of those the largest whose bands,
+    shared out among `parts` tasks, give the busiest task the fewest pixels.  (The largest
+    band that fits BAND_BYTES alone gave ResNet-18's 256 -> 256 3x3 at 14 x 14 seven bands of
+    32 pixels, four to one task and three to the other, one of them 4 pixels: its tasks took
+    1.56 and 0.87 ms.)"""
+    def busiest(u):
+        band = u * unit
+        return min(n, largest_share(-(-n // band), parts) * band)
+    return max(range(units, 0, -1), key=lambda u: (-busiest(u), u)) * unit
+
+
 def blocked_items(node, shape) -> int:
     """What a split shares out: whole filter panels or bands of pixels, whichever are more."""
     g = BlockedGeometry(node, shape)
@@ -131,25 +153,26 @@ def blocked_items(node, shape) -> int:
 
 def blocked_split_pixels(node, shape, parts: int) -> bool:
     """Share out bands of pixels (each task copies the input rows they read and computes
-    every filter of its bands) unless the filter panels divide evenly among the tasks and
-    the bands do not (each task then copies the whole input)."""
-    g = BlockedGeometry(node, shape)
-    if g.bands >= 2 * parts:
-        return True
-    return not (g.panels >= parts and g.panels % parts == 0)
+    every filter of its bands) unless the filter panels share out more evenly (each task
+    then copies the whole input, a few percent of the work): the busiest task's share of
+    the work, either way."""
+    g = BlockedGeometry(node, shape, parts)
+    by_pixels = min(g.n, largest_share(g.bands, parts) * g.band) / g.n
+    by_panels = largest_share(g.panels, parts) / g.panels
+    return g.bands >= parts and by_pixels <= by_panels * PANEL_SPLIT_COPY
 
 
 def emit_conv_blocked(k) -> None:
     b, shape, node = k.b, k.gemm_shape, k.node
     (y, _), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
     bias = k.ins[2]
-    g = BlockedGeometry(node, shape)
+    by_pixels = not k.split.whole and blocked_split_pixels(node, shape, k.split.parts)
+    g = BlockedGeometry(node, shape, k.split.parts if by_pixels else 1)
     n_img, c = xt.shape[:2]
     xb = k.scratch
     ct = b.gep(k.scratch, [i64(aligned_floats(g.size))])
     taps = offsets_global(b.module, g.taps())
     split = k.split
-    by_pixels = not split.whole and blocked_split_pixels(node, shape, split.parts)
     panel_split = WHOLE if by_pixels else split        # the filter panels this task computes
     p_lo, p_hi = panel_split.range(b, g.panels)
     _zero_border(b, g, xb)
