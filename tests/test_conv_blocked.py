@@ -109,3 +109,27 @@ def test_half_empty_filter_panels_keep_their_strategy():
                        {"w": np.ones((16, 16, 3, 3), np.float32)})
     compiled = glowgen.compile(model, threads=1)
     assert (_strategies(compiled) == ["blocked"]) == (compiled.program.plan.gemm_shape.nr == 16)
+
+
+@pytest.mark.parametrize("cin, cout, size", [(64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7)])
+def test_two_tasks_share_resnet_layers_evenly(cin, cout, size):
+    """Split in two, the busier task computes at most 52% of a ResNet 3x3 layer (by bands
+    of pixels or by filter panels, conv_blocked.blocked_split_pixels); seven bands of 32
+    pixels once gave one task 65% of 256 -> 256 at 14 x 14."""
+    from glowgen.backends.cpu.gemm import choose_shape
+    from glowgen.backends.cpu.kernels.conv_blocked import blocked_split_pixels, largest_share
+    rng = np.random.default_rng(0)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+                       {"x": rng.standard_normal((1, cin, size, size)).astype(np.float32)}, ["y"],
+                       {"w": rng.standard_normal((cout, cin, 3, 3)).astype(np.float32)})
+    compiled = glowgen.compile(model, threads=1)
+    (node,) = [i.node for s in compiled.program.plan.steps for i in s.instrs if i.kind == "Conv"]
+    for features in ("+avx512f", "+avx2"):
+        shape = choose_shape(features)
+        if blocked_split_pixels(node, shape, 2):
+            g = BlockedGeometry(node, shape, 2)
+            busiest = min(g.n, largest_share(g.bands, 2) * g.band) / g.n
+        else:
+            g = BlockedGeometry(node, shape)
+            busiest = largest_share(g.panels, 2) / g.panels
+        assert busiest <= 0.52, (features, busiest)
