@@ -163,9 +163,10 @@ def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
     padded, dealt planes); a partial last panel, groups, stride, dilation and uneven padding
     included."""
     from glowgen.backends.cpu.kernels.conv import conv_panel_by_panel
-    x = rng.standard_normal((1, 32, 71, 69)).astype(np.float32)
-    # 40 filters per group: more than gemm-planes takes (conv.PLANES_MAX_FILTERS).
-    w = rng.standard_normal((80, 16, 3, 3)).astype(np.float32)
+    x = rng.standard_normal((1, 64, 71, 69)).astype(np.float32)
+    # 40 filters per group: more than gemm-planes takes (conv.PLANES_MAX_FILTERS), and 288
+    # patch rows: more than stay in L1 read in place (conv.in_place_rows_fit_l1).
+    w = rng.standard_normal((80, 32, 3, 3)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=2, pads=[1, 2, 0, 1],
                                          strides=strides, dilations=dilations)],
                        {"x": x}, ["y"], {"w": w, "b": rng.standard_normal(80).astype(np.float32)})
@@ -272,8 +273,9 @@ def test_strided_convolution_reads_dealt_planes(strides, dilations, group):
     columns dealt by remainder mod the column stride; its patch matrix is then made of
     plain row copies (whole matrix here, panel by panel in the large-image test above)."""
     from glowgen.backends.cpu.kernels.conv import conv_panel_by_panel, conv_uses_gemm
-    x = rng.standard_normal((2, 16, 15, 23)).astype(np.float32)
-    w = rng.standard_normal((16, 16 // group, 3, 3)).astype(np.float32)
+    # 12 input channels: not whole 8-lane blocks, so not "blocked" with AVX2 either.
+    x = rng.standard_normal((2, 12, 15, 23)).astype(np.float32)
+    w = rng.standard_normal((16, 12 // group, 3, 3)).astype(np.float32)
     model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["c"], group=group, pads=[1, 0, 2, 1],
                                          strides=strides, dilations=dilations),
                         helper.make_node("Relu", ["c"], ["y"])],
@@ -320,8 +322,8 @@ def test_max_pooling_runs_over_planes_padded_with_minus_infinity(attrs):
     np.testing.assert_array_equal(got, ref)
 
 
-@pytest.mark.parametrize("ws, attrs", [((200, 24, 1, 1), {}), ((64, 24, 3, 3), dict(pads=[1, 1, 1, 1])),
-                                       ((200, 24, 3, 3), dict(pads=[1, 0, 1, 0], strides=[2, 1]))],
+@pytest.mark.parametrize("ws, attrs", [((200, 20, 1, 1), {}), ((64, 20, 3, 3), dict(pads=[1, 1, 1, 1])),
+                                       ((200, 20, 3, 3), dict(pads=[1, 0, 1, 0], strides=[2, 1]))],
                          ids=["pointwise", "3x3", "strided-partial-filters"])
 def test_small_output_convolution_runs_transposed(ws, attrs):
     """A convolution whose output pixels would leave vector lanes idle and whose filters fill
@@ -331,7 +333,8 @@ def test_small_output_convolution_runs_transposed(ws, attrs):
     from glowgen.backends.cpu.kernels.conv_transposed import conv_is_transposed
     from glowgen.backends.cpu.gemm import choose_shape
     from glowgen.backends.cpu.target import resolve_cpu
-    x = rng.standard_normal((2, 24, 7, 7)).astype(np.float32)
+    # 20 input channels: not whole vector blocks (the 3x3 would be "blocked", conv_blocked.py).
+    x = rng.standard_normal((2, 20, 7, 7)).astype(np.float32)
     w = (rng.standard_normal(ws) * 0.2).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], **attrs)]
     model0 = make_model(nodes, {"x": x}, ["c"], {"w": w, "b": rng.standard_normal(ws[0]).astype(np.float32)})
@@ -403,14 +406,14 @@ def test_run_takes_cpu_and_threads(tmp_path, capsys):
 def _decisions_model():
     """A GEMM convolution with a fused Relu, a depthwise one over planes, a 2-D max pool and
     a product with a constant right-hand side."""
-    x = rng.standard_normal((1, 8, 12, 12)).astype(np.float32)
+    x = rng.standard_normal((1, 6, 12, 12)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c1"], ["r1"]),
              helper.make_node("Conv", ["r1", "w2"], ["c2"], group=16, pads=[1, 1, 1, 1]),
              helper.make_node("MaxPool", ["c2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
              helper.make_node("Flatten", ["p"], ["f"]),
              helper.make_node("MatMul", ["f", "w3"], ["y"])]
-    inits = {"w1": rng.standard_normal((16, 8, 3, 3)).astype(np.float32),
+    inits = {"w1": rng.standard_normal((16, 6, 3, 3)).astype(np.float32),
              "b1": rng.standard_normal(16).astype(np.float32),
              "w2": rng.standard_normal((16, 1, 3, 3)).astype(np.float32),
              "w3": rng.standard_normal((16 * 36, 10)).astype(np.float32)}
