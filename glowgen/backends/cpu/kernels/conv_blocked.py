@@ -29,7 +29,7 @@ from llvmlite import ir
 
 from ..gemm import GemmShape, emit_gemm
 from ..llvmutil import for_range, i64
-from ..parallel import WHOLE
+from ..parallel import WHOLE, shares
 from ..vectors import f32_vector, transpose_block, vload, vstore
 from .conv_planes import aligned_floats, conv_is_pointwise, offsets_global
 from .conv_transposed import pixel_block, store_ct_block
@@ -128,9 +128,10 @@ def blocked_weights(data, node, vw: int):
 PANEL_SPLIT_COPY = 1.03
 
 
-def largest_share(items: int, parts: int) -> int:
-    """The most items a task takes from Split.range(items) among `parts`."""
-    return min(items, -(-items // parts))
+def busiest(items: int, unit: int, parts: int, total: int) -> int:
+    """The most of `total` one task computes when `parts` tasks share out `items` runs of
+    `unit` (parallel.shares, Split.range's shares)."""
+    return max(hi - lo for lo, hi in shares(items, unit, parts, total))
 
 
 def balanced_band(n: int, unit: int, units: int, parts: int) -> int:
@@ -139,10 +140,9 @@ def balanced_band(n: int, unit: int, units: int, parts: int) -> int:
     band that fits BAND_BYTES alone gave ResNet-18's 256 -> 256 3x3 at 14 x 14 seven bands of
     32 pixels, four to one task and three to the other, one of them 4 pixels: its tasks took
     1.56 and 0.87 ms.)"""
-    def busiest(u):
-        band = u * unit
-        return min(n, largest_share(-(-n // band), parts) * band)
-    return max(range(units, 0, -1), key=lambda u: (-busiest(u), u)) * unit
+    def most(u):
+        return busiest(-(-n // (u * unit)), u * unit, parts, n)
+    return max(range(units, 0, -1), key=lambda u: (-most(u), u)) * unit
 
 
 def blocked_items(node, shape) -> int:
@@ -157,8 +157,8 @@ def blocked_split_pixels(node, shape, parts: int) -> bool:
     then copies the whole input, a few percent of the work): the busiest task's share of
     the work, either way."""
     g = BlockedGeometry(node, shape, parts)
-    by_pixels = min(g.n, largest_share(g.bands, parts) * g.band) / g.n
-    by_panels = largest_share(g.panels, parts) / g.panels
+    by_pixels = busiest(g.bands, g.band, parts, g.n) / g.n
+    by_panels = busiest(g.panels, 1, parts, g.panels) / g.panels
     return g.bands >= parts and by_pixels <= by_panels * PANEL_SPLIT_COPY
 
 
