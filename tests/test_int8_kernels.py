@@ -184,8 +184,9 @@ def test_requantization_out_of_i32_range(cpu):
 
 
 MATMUL_CASES = [((1,), 512, 100), ((3,), 5, 7), ((2, 5), 37, 33), ((17,), 64, 16), ((1,), 3, 1),
-                ((2, 3), 71, 50), ((1, 1), 1000, 33), ((64,), 130, 257), ((16,), 256, 512)]
-SPLIT_MATMUL = {len(MATMUL_CASES) - 2, len(MATMUL_CASES) - 1}
+                ((2, 3), 71, 50), ((1, 1), 1000, 33), ((64,), 130, 257), ((16,), 256, 512),
+                ((1,), 1280, 1000)]     # a classifier: one row, its weights shared out by tiles
+SPLIT_MATMUL = {len(MATMUL_CASES) - 3, len(MATMUL_CASES) - 2, len(MATMUL_CASES) - 1}
 
 
 @pytest.mark.parametrize("cpu", CPUS)

@@ -9,8 +9,11 @@ each output pixel (or row) is broadcast from its own place in the plane:
 
     Y[R, M] = X[R, K * taps] @ W[K * taps, M]    R: output pixels (or rows), M: features
 
-W is packed at compile time as [K / G][taps][Mpad] elements of G values of k (s8 for VNNI,
-i16 for AVX2).  A tile is `mr` rows by NV vectors of features, `mr` chosen so that the rows
+W is packed at compile time tile by tile, [Mpad / NR][K / G][taps][NR] elements of G values
+of k (s8 for VNNI, i16 for AVX2): a tile's weights are one contiguous run, which the
+prefetchers stream.  Laid out [K / G][taps][Mpad], a tile read 256 bytes and stepped
+Mpad x 4 bytes to the next k: MobileNetV2's int8 classifier (1280 -> 1000, one row) stepped
+4 KB, a page, per read, and took 0.168 ms, 7.6 GB/s of weights.  A tile is `mr` rows by NV vectors of features, `mr` chosen so that the rows
 divide evenly into tiles where they can (7 for 49 or 196 pixels).  With VNNI the broadcast
 activations are the u8 operand of `vpdpbusd` and the weights the s8 one; the +128 of the
 activations folds into a per-feature correction as in qgemm.pack_epilogue.  The packed
@@ -88,8 +91,10 @@ def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> np.ndarray:
     g = qs.group
     padded = np.zeros((geo.groups * g, taps, lanes.npad), np.int16 if qs.bits == 16 else np.int8)
     padded[:c, :, :m] = w3.transpose(1, 2, 0)
-    # [KG, G, taps, Mpad] -> [KG, taps, Mpad, G]: the G values of k of one feature in one element.
-    weights = np.ascontiguousarray(padded.reshape(geo.groups, g, taps, lanes.npad).transpose(0, 2, 3, 1))
+    # [KG, G, taps, tiles, NR] -> [tiles, KG, taps, NR, G]: a tile's weights in one run, the G
+    # values of k of one feature in one element.
+    weights = np.ascontiguousarray(padded.reshape(geo.groups, g, taps, lanes.tiles, qs.nr)
+                                   .transpose(3, 0, 2, 4, 1))
     corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
     corr_p, mult_p = np.zeros(lanes.npad, np.int32), np.zeros(lanes.npad, np.float32)
     corr_p[:m], mult_p[:m] = corr[:m], mult[:m]
@@ -151,8 +156,9 @@ def emit(b, k, geo, qs: QShape, build_plane):
                 at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), f)])
                 st = b.store(v, b.bitcast(at, v.type.as_pointer()))
                 st.align = 1
-            emit_tile(b, qs, geo.groups, [t * npad for t in range(lanes.taps)], None,
-                      b.gep(weights, [n0]), lanes.taps * npad, store, name="lq", rows=mr,
+            tile_weights = b.gep(weights, [b.mul(tile, i64(geo.groups * lanes.taps * qs.nr))])
+            emit_tile(b, qs, geo.groups, [t * qs.nr for t in range(lanes.taps)], None,
+                      tile_weights, lanes.taps * qs.nr, store, name="lq", rows=mr,
                       broadcast_u8=True, a_at=a_at)
         m_lo = b.mul(lo, i64(qs.nr))
         m_hi = b.mul(hi, i64(qs.nr))
