@@ -202,6 +202,27 @@ def test_quantized_matmul_native(case, cpu):
         np.testing.assert_array_equal(model.run(feeds)["y"], want)
 
 
+
+# Products whose blocks of filters (features' tiles, in the lanes) do not share out evenly
+# among 2 tasks: split by panels of pixels (blocks of rows) instead (parallel.splits_blocks),
+# each task writing its own columns of the result.
+UNEVEN = [("conv", (1, 144, 56, 56, 24, 1)),                           # 3 blocks, stored direct
+          ("conv", (1, 32, 27, 27, 24, 3, (1, 1), (1, 1, 1, 1))),      # 3 blocks, via the result block
+          ("conv", (1, 576, 14, 14, 96, 1)),                           # 3 tiles in the lanes (VNNI)
+          ("matmul", ((512,), 256, 24))]                               # 3 blocks of a matrix product
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("case", range(len(UNEVEN)))
+def test_uneven_blocks_split_by_pixels(case, cpu):
+    kind, args = UNEVEN[case]
+    text, feeds, want = (conv_case if kind == "conv" else matmul_case)(np.random.default_rng(300 + case), *args)
+    for threads in (1, 2, 3):
+        model, _ = _compile(text, cpu, threads)
+        if threads > 1:
+            assert max(s.parts for s in model.program.plan.steps) == threads
+        np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{cpu} {threads} threads")
+
 DEPTHWISE_CASES = [
     # n, c, h, w, m, k, strides, pads, dilations, group (= c = m: one filter per channel)
     (1, 8, 9, 9, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 8),

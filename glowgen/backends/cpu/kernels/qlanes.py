@@ -19,7 +19,9 @@ activations are the u8 operand of `vpdpbusd` and the weights the s8 one; the +12
 activations folds into a per-feature correction as in qgemm.pack_epilogue.  The packed
 constant: weights, then per feature the i32 correction and the f32 multiplier, then the
 result's offset (f32) and the plane's padding element (i32).  Tasks split the features,
-so every sum is computed whole by one task (identical for any thread count).
+or the blocks of rows where the features' tiles would not share out evenly
+(parallel.splits_blocks); every sum is computed whole by one task (identical for any
+thread count).
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from llvmlite import ir
 
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
+from ..parallel import splits_blocks
 from ..qgemm import QShape, emit_tile, load_offsets, pack_epilogue, pack_offsets, requantize
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
@@ -127,11 +130,14 @@ def emit(b, k, geo, qs: QShape, build_plane):
     if k.phased and k.phase == 0:           # this task's share of the shared plane
         build_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
         return
-    lo, hi = k.split.range(b, lanes.tiles)
+    if splits_blocks(lanes.tiles, k.split):
+        (lo, hi), (rb_lo, rb_hi) = k.split.range(b, lanes.tiles), (i64(0), i64(lanes.row_blocks))
+    else:
+        (lo, hi), (rb_lo, rb_hi) = (i64(0), i64(lanes.tiles)), k.split.range(b, lanes.row_blocks)
     with for_range(b, geo.batch, name="ln") as n:
         if not k.phased:
             build_plane(b, geo, x, n, plane, pad)
-        with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, lanes.row_blocks, name="lr") as rb:
+        with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, rb_hi, start=rb_lo, name="lr") as rb:
             n0 = b.mul(tile, i64(qs.nr))
             r0 = b.mul(rb, i64(mr))
             # Each row's place in the plane (rows past the last repeat it: computed, not kept).
@@ -163,11 +169,14 @@ def emit(b, k, geo, qs: QShape, build_plane):
         m_lo = b.mul(lo, i64(qs.nr))
         m_hi = b.mul(hi, i64(qs.nr))
         m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
+        r_lo = b.mul(rb_lo, i64(mr))
+        r_hi = b.mul(rb_hi, i64(mr))
+        r_hi = b.select(b.icmp_signed("<", r_hi, i64(lanes.rows)), r_hi, i64(lanes.rows))
         if geo.conv:        # y[n, m, pixel] = ys[pixel][m]
-            with for_range(b, m_hi, start=m_lo, name="lm") as m, for_range(b, lanes.rows, name="lp") as r:
+            with for_range(b, m_hi, start=m_lo, name="lm") as m, for_range(b, r_hi, start=r_lo, name="lp") as r:
                 v = b.load(b.gep(ys, [b.add(b.mul(r, i64(stride)), m)]))
                 b.store(v, b.gep(y, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(lanes.rows)), r)]))
         else:               # y[row, m] = ys[row][m]
-            with for_range(b, lanes.rows, name="lp") as r, for_range(b, m_hi, start=m_lo, name="lm") as m:
+            with for_range(b, r_hi, start=r_lo, name="lp") as r, for_range(b, m_hi, start=m_lo, name="lm") as m:
                 v = b.load(b.gep(ys, [b.add(b.mul(r, i64(stride)), m)]))
                 b.store(v, b.gep(y, [b.add(b.mul(r, i64(geo.m)), m)]))

@@ -41,7 +41,7 @@ from ....lir.ir import WeightBuffer
 from llvmlite import ir
 
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
-from ..parallel import Work, parallel
+from ..parallel import Work, parallel, splits_blocks
 from ..plan import Phases
 from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, load_offsets, pack_a, pack_epilogue,
                      pack_offsets, products_in_range, requantize, requantize_in_range)
@@ -255,14 +255,15 @@ def q_work(node, shape, ins) -> Work:
     qs = QShape(ins.plan.strategy)
     geo = Geometry(node, qs)
     flops = 2.0 * geo.batch * geo.m * geo.q * geo.cg * len(geo.taps)
-    if not qlanes.in_lanes(geo, qs):
-        return Work(geo.blocks, flops=flops)
+    if not qlanes.in_lanes(geo, qs):         # blocks of filters, or panels of pixels
+        return Work(max(geo.blocks, geo.qpad // qs.nr), flops=flops)
     lanes = qlanes.Lanes(geo, qs)
     # A product of a row or a few streams its weights once, each read for those rows only:
     # bound by reading them, not by its few FLOPs.  MobileNetV2's int8 classifier (1280 ->
     # 1000, 1.3 MB) ran unsplit at 2 threads.
     weights = lanes.b_bytes / 4 if lanes.rows <= qs.mr else 0.0
-    return Work(lanes.tiles, flops=flops, elements=weights)
+    return Work(max(lanes.tiles, lanes.row_blocks), flops=flops, elements=weights)
+
 
 
 @hook(DESCRIBE, "QuantizedConv", "QuantizedMatMul")
@@ -298,7 +299,11 @@ def quantized_product(k: KernelArgs):
     if k.phased and k.phase == 0:           # this task's share of the shared plane
         build_conv_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
         return
-    lo, hi = k.split.range(b, geo.blocks)
+    panels = geo.qpad // qs.nr
+    if splits_blocks(geo.blocks, k.split):
+        (lo, hi), (p_lo, p_hi) = k.split.range(b, geo.blocks), (i64(0), i64(panels))
+    else:
+        (lo, hi), (p_lo, p_hi) = (i64(0), i64(geo.blocks)), k.split.range(b, panels)
     with for_range(b, geo.batch, name="qn") as n:
         if geo.conv and not k.phased:       # the plane of this task's groups only
             first = b.mul(b.udiv(lo, i64(geo.bpg)), i64(geo.groups))
@@ -331,18 +336,20 @@ def quantized_product(k: KernelArgs):
             emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, geo.group_stride, store,
                       rows=geo.mr)
         if geo.panels_outer:        # all the weights stay in cache; each panel of B in L1
-            with for_range(b, geo.qpad // qs.nr, name="qp") as p, for_range(b, hi, start=lo, name="qmb") as mb:
+            with for_range(b, p_hi, start=p_lo, name="qp") as p, for_range(b, hi, start=lo, name="qmb") as mb:
                 tile(mb, p)
         else:                       # a block of weights stays in L1 over every panel
-            with for_range(b, hi, start=lo, name="qmb") as mb, for_range(b, geo.qpad // qs.nr, name="qp") as p:
+            with for_range(b, hi, start=lo, name="qmb") as mb, for_range(b, p_hi, start=p_lo, name="qp") as p:
                 tile(mb, p)
         if not geo.direct:          # else the tiles stored into y themselves
             r_lo, r_hi = b.mul(lo, i64(geo.mr)), b.mul(hi, i64(geo.mr))
+            q_lo, q_hi = b.mul(p_lo, i64(qs.nr)), b.mul(p_hi, i64(qs.nr))
             if geo.conv:
-                write_conv_out(b, geo, ys, y, n, r_lo, r_hi)
+                write_conv_out(b, geo, ys, y, n, r_lo, r_hi, q_lo, q_hi)
             else:
                 r_hi = b.select(b.icmp_signed("<", r_hi, i64(geo.m)), r_hi, i64(geo.m))
-                write_matmul_out(b, geo, ys, y, n, r_lo, r_hi)
+                q_hi = b.select(b.icmp_signed("<", q_hi, i64(geo.rows)), q_hi, i64(geo.rows))
+                write_matmul_out(b, geo, ys, y, n, r_lo, r_hi, q_lo, q_hi)
 
 
 def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q):
@@ -468,21 +475,32 @@ def build_matmul_plane(b, geo: Geometry, x, n, plane, pad):
                 _store_elem(b, qs, plane, at, t, v)
 
 
-def write_conv_out(b, geo: Geometry, ys, y, n, r_lo, r_hi):
-    """Padded rows r_lo..r_hi of the product block [Mpad][Q] into image n of y (N, M, OH, OW),
-    the filters' rows only, dropping each row's columns past OW."""
+def _clamp(b, v, lo, hi):
+    v = b.select(b.icmp_signed("<", v, lo), lo, v)
+    return b.select(b.icmp_signed("<", v, hi), v, hi)
+
+
+def write_conv_out(b, geo: Geometry, ys, y, n, r_lo, r_hi, q_lo, q_hi):
+    """Padded rows r_lo..r_hi, columns q_lo..q_hi, of the product block [Mpad][Q] into image n
+    of y (N, M, OH, OW): the filters' rows only, dropping each row's columns past OW."""
+    wq = i64(geo.wq)
+    y_lo, y_hi = b.sdiv(q_lo, wq), _clamp(b, b.sdiv(b.add(q_hi, i64(geo.wq - 1)), wq), i64(0), i64(geo.oh))
     with for_range(b, r_hi, start=r_lo, name="wm") as r:
         m, is_filter = geo.filter_of_row(b, r)
-        with b.if_then(is_filter), for_range(b, geo.oh, name="wy") as oy:
-            src = b.add(b.mul(r, i64(geo.qpad)), b.mul(oy, i64(geo.wq)))
+        with b.if_then(is_filter), for_range(b, y_hi, start=y_lo, name="wy") as oy:
+            row = b.mul(oy, wq)             # this output row's columns of the block
+            x_lo = _clamp(b, b.sub(q_lo, row), i64(0), i64(geo.ow))
+            x_hi = _clamp(b, b.sub(q_hi, row), i64(0), i64(geo.ow))
+            src = b.add(b.mul(r, i64(geo.qpad)), row)
             dst = b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(geo.oh)), oy), i64(geo.ow))
-            with for_range(b, geo.ow, name="wx") as ox:
+            with for_range(b, x_hi, start=x_lo, name="wx") as ox:
                 b.store(b.load(b.gep(ys, [b.add(src, ox)])), b.gep(y, [b.add(dst, ox)]))
 
 
-def write_matmul_out(b, geo: Geometry, ys, y, n, m_lo, m_hi):
-    """Rows m_lo..m_hi of the product block [N][rows], transposed into y (rows, N)."""
-    with for_range(b, geo.rows, name="wr") as r:
+def write_matmul_out(b, geo: Geometry, ys, y, n, m_lo, m_hi, r_lo, r_hi):
+    """Rows m_lo..m_hi, columns r_lo..r_hi of the product block [N][rows], transposed into
+    y (rows, N)."""
+    with for_range(b, r_hi, start=r_lo, name="wr") as r:
         with for_range(b, m_hi, start=m_lo, name="wm") as m:
             v = b.load(b.gep(ys, [b.add(b.mul(m, i64(geo.qpad)), r)]))
             b.store(v, b.gep(y, [b.add(b.mul(r, i64(geo.m)), m)]))
