@@ -124,6 +124,13 @@ class BlockedGeometry:
         # than L2 (copied whole, it was read back from L3): 128->128 3x3/2 @56 (1.7 MB) 0.93-
         # 0.96 times as long, 256->256 /2 @28 (0.9 MB) 0.98; 64->64 @56 (0.9 MB) 1.01-1.02.
         self.progressive = 4 * self.size > COPY_BYTES
+        # A 3x3 stride-2 window with padding 1 reads every input row and column, so its copy
+        # (four times the output's pixels) has nothing to leave out, and the micro-kernel
+        # broadcasts A's elements one at a time, so X's columns dealt by parity would gain
+        # nothing either.  ResNet-50's 128 -> 128 3x3/2 @56 took 2.03-2.08 ms, the same work
+        # at stride 1 2.00 (inputs in cache; flushed 2.22 and 2.07), onnxruntime's kernel alone
+        # 2.04 (Zen 4, 1 thread).  Prefetching the next band's input rows, and every tile of a
+        # band per filter panel (W^T read once per band), measured no faster (on AVX2 either).
 
     def taps(self) -> list:
         """Where A[p][k] lies in X for pixel p = (0, 0), for each k = (cb, kh, kw, ci).  (One
