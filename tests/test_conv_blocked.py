@@ -27,7 +27,17 @@ CASES = {
     # A copy over 1 MB, made band by band (BlockedGeometry.progressive)
     "96->64 3x3/2 @60x50, copied by bands": ((1, 96, 60, 50), (64, 96, 3, 3), {"pads": [1, 1, 1, 1],
                                                                              "strides": [2, 2]}, "relu"),
+    # Strided 1x1 ones copy only the pixels their stride picks (conv_blocked.subsampled):
+    # odd and even widths (the last source vector partly past the row), batch 2 with a residual
     "64->64 1x1 stride 2": ((1, 64, 21, 20), (64, 64, 1, 1), {"strides": [2, 2]}, "relu"),
+    "32->64 1x1 stride 2 @37x45, no bias": ((1, 32, 37, 45), (64, 32, 1, 1), {"strides": [2, 2]}, None),
+    "64->96 1x1 stride 3x2, batch 2, add": ((2, 64, 17, 34), (96, 64, 1, 1), {"strides": [3, 2], "pads": [0, 0, 0, 0]},
+                                            "add"),
+    "128->256 1x1 stride 2 @57x55 (1.6 MB), add": ((1, 128, 57, 55), (256, 128, 1, 1), {"strides": [2, 2],
+                                                    "pads": [0, 0, 0, 0]}, "add"),
+    "32->64 1x1 stride 1x2 @9x33": ((1, 32, 9, 33), (64, 32, 1, 1), {"strides": [1, 2]}, "relu"),
+    "64->64 1x1 stride 2 padded": ((1, 64, 13, 14), (64, 64, 1, 1), {"strides": [2, 2], "pads": [1, 0, 0, 1]},
+                                   None),
     "32->96 2x2 stride 1x2": ((1, 32, 9, 30), (96, 32, 2, 2), {"pads": [0, 1, 0, 0], "strides": [1, 2]}, None),
 }
 
@@ -47,8 +57,9 @@ def _model(case, seed=0):
     if epilogue == "relu":
         nodes.append(helper.make_node("Relu", ["c"], ["y"]))
     elif epilogue == "add":
-        oh = (xs[2] + attrs["pads"][0] + attrs["pads"][2] - ws[2]) + 1
-        ow = (xs[3] + attrs["pads"][1] + attrs["pads"][3] - ws[3]) + 1
+        (sh, sw), pads = attrs.get("strides", [1, 1]), attrs["pads"]
+        oh = (xs[2] + pads[0] + pads[2] - ws[2]) // sh + 1
+        ow = (xs[3] + pads[1] + pads[3] - ws[3]) // sw + 1
         feeds["r"] = rng.standard_normal((xs[0], ws[0], oh, ow)).astype(np.float32)
         nodes += [helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
     return make_model(nodes, feeds, ["y"], inits), feeds
@@ -71,7 +82,8 @@ def test_blocked_matches_onnxruntime(case, cpu):
 
 @pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
 @pytest.mark.parametrize("case", ["64->64 3x3 @56 relu", "32->64 3x3 @7, batch 2, add",
-                                  "64->128 3x3/2 @14 uneven pads", "96->64 3x3/2 @60x50, copied by bands"])
+                                  "64->128 3x3/2 @14 uneven pads", "96->64 3x3/2 @60x50, copied by bands",
+                                  "128->256 1x1 stride 2 @57x55 (1.6 MB), add"])
 def test_blocked_same_bits_for_any_thread_count(case, cpu):
     model, feeds = _model(case, seed=1)
     options = {"cpu": cpu} if cpu else {}
@@ -93,13 +105,15 @@ def test_large_copies_made_band_by_band():
     assert not BlockedGeometry(conv.node, compiled.program.plan.gemm_shape).progressive
 
 
-def test_large_input_mostly_unread_keeps_its_strategy():
-    """A 1x1 stride 2 convolution reads a quarter of its input: not copied whole when that
-    is over 1 MB (conv_blocked._copies_unread_input)."""
+def test_large_input_mostly_unread_copied_only_where_read():
+    """A 1x1 stride 2 convolution reads a quarter of its input: blocked with only that
+    quarter copied (conv_blocked.subsampled), but not copied whole when that is over 1 MB
+    (conv_blocked._copies_unread_input; padded, it is not subsampled)."""
     x = np.ones((1, 256, 56, 56), np.float32)
-    model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2])], {"x": x}, ["y"],
-                       {"w": np.ones((512, 256, 1, 1), np.float32)})
-    assert _strategies(glowgen.compile(model, threads=1)) != ["blocked"]
+    for pads, blocked in (([0, 0, 0, 0], True), ([1, 1, 1, 1], False)):
+        model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2], pads=pads)], {"x": x},
+                           ["y"], {"w": np.ones((512, 256, 1, 1), np.float32)})
+        assert (_strategies(glowgen.compile(model, threads=1)) == ["blocked"]) == blocked
 
 
 def test_half_empty_filter_panels_keep_their_strategy():

@@ -61,14 +61,29 @@ COPY_BYTES = 1024 * 1024
 
 def _copies_unread_input(node) -> bool:
     """...that a window narrower than its stride reads only part of (a 1x1 stride-2
-    convolution: a quarter): ResNet-50's 256 -> 512 1x1/2 at 56 x 56 (a 3.2 MB copy) took
-    1.04-1.13 times as long blocked, 512 -> 1024 at 28 (1.6 MB) 0.98-1.01; with copies of
-    0.8 MB and less, 0.91-1.01 (ResNet-18's three)."""
+    convolution: a quarter), unless only that part is copied (subsampled): copied whole,
+    ResNet-50's 256 -> 512 1x1/2 at 56 x 56 (a 3.2 MB copy) took 1.04-1.13 times as long
+    blocked, 512 -> 1024 at 28 (1.6 MB) 0.98-1.01; with copies of 0.8 MB and less,
+    0.91-1.01 (ResNet-18's three)."""
     _, c, h, w = node.inputs[0].type.shape
     kh, kw = node.inputs[1].type.shape[2:]
     (sh, sw), (dh, dw) = node.strides, node.dilations
     skips = (kh - 1) * dh + 1 < sh or (kw - 1) * dw + 1 < sw
-    return skips and 4 * c * h * w > COPY_BYTES
+    return skips and not subsampled(node) and 4 * c * h * w > COPY_BYTES
+
+
+def subsampled(node) -> bool:
+    """A strided 1x1 convolution without padding is a pointwise one over the pixels its
+    stride picks: X then holds only those (a quarter of the input at stride 2), gathered
+    while copying, and the product runs over X at stride 1.  ResNet-50's downsamples (with
+    the residual Add and Relu fused; Zen 4, 1 thread, ms, inputs in cache / flushed):
+    256 -> 512 @56 (gemm before) 2.06 -> 1.90 / 2.42 -> 2.18, 512 -> 1024 @28 (gemm) 2.00 ->
+    1.91 / 2.19 -> 2.03, 1024 -> 2048 @14 (blocked, whole copy) 1.88 -> 1.83 / 2.14 -> 2.08;
+    on AVX2 (x86-64-v3) 3.73 -> 2.12, 2.28 -> 2.04, 2.43 -> 2.17.  Columns are gathered from
+    pairs of vectors (_gather_columns), so a column stride of at most 2."""
+    kh, kw = node.inputs[1].type.shape[2:]
+    sh, sw = node.strides
+    return kh == kw == 1 and (sh > 1 or sw > 1) and sw <= 2 and not any(node.pads)
 
 
 class BlockedGeometry:
@@ -80,6 +95,13 @@ class BlockedGeometry:
         self.oh, self.ow = node.outputs[0].type.shape[2:]
         (self.sh, self.sw), (self.dh, self.dw) = node.strides, node.dilations
         self.pt, self.pl = node.pads[:2]
+        # The input's planes, and the input rows and columns one step of X's rows and
+        # columns moves over: the stride when X holds only the pixels it picks (subsampled).
+        self.src_h, self.src_w = self.h, self.w
+        self.step_h = self.step_w = 1
+        if subsampled(node):
+            self.step_h, self.step_w = self.sh, self.sw
+            self.h, self.w, self.sh, self.sw = self.oh, self.ow, 1, 1
         # The GEMM's register tile, MR pixels x NV vectors of filters (6 x 4 and 12 x 2 on
         # AVX-512 measured no faster than 8 x 2: the loop runs at the FMA peak).
         self.vw, self.nr, self.nv = shape.vw, shape.nr, shape.nv
@@ -102,6 +124,13 @@ class BlockedGeometry:
         # than L2 (copied whole, it was read back from L3): 128->128 3x3/2 @56 (1.7 MB) 0.93-
         # 0.96 times as long, 256->256 /2 @28 (0.9 MB) 0.98; 64->64 @56 (0.9 MB) 1.01-1.02.
         self.progressive = 4 * self.size > COPY_BYTES
+        # A 3x3 stride-2 window with padding 1 reads every input row and column, so its copy
+        # (four times the output's pixels) has nothing to leave out, and the micro-kernel
+        # broadcasts A's elements one at a time, so X's columns dealt by parity would gain
+        # nothing either.  ResNet-50's 128 -> 128 3x3/2 @56 took 2.03-2.08 ms, the same work
+        # at stride 1 2.00 (inputs in cache; flushed 2.22 and 2.07), onnxruntime's kernel alone
+        # 2.04 (Zen 4, 1 thread).  Prefetching the next band's input rows, and every tile of a
+        # band per filter panel (W^T read once per band), measured no faster (on AVX2 either).
 
     def taps(self) -> list:
         """Where A[p][k] lies in X for pixel p = (0, 0), for each k = (cb, kh, kw, ci).  (One
@@ -179,7 +208,7 @@ def emit_conv_blocked(k) -> None:
     b_lo, b_hi = split.range(b, g.bands) if by_pixels else (i64(0), i64(g.bands))
     rows = (i64(0), i64(g.h)) if not by_pixels else _input_rows(b, g, b_lo, b_hi)
     with for_range(b, n_img, name="img") as img:
-        src = b.gep(x, [b.mul(img, i64(c * g.h * g.w))])
+        src = b.gep(x, [b.mul(img, i64(c * g.src_h * g.src_w))])
         if not g.progressive:
             _fill_blocked(b, g, src, xb, rows)
 
@@ -245,24 +274,42 @@ def _fill_blocked(b, g: BlockedGeometry, src, xb, rows) -> None:
     """One image's input rows rows[0] .. rows[1] into the interior of X: VW channels x VW
     columns loaded as VW vectors along the columns, transposed in registers into VW vectors
     along the channels."""
-    vw = g.vw
-    full, tail = divmod(g.w, vw)
+    vw, plane, step = g.vw, g.src_h * g.src_w, g.step_w
+    # Chunks of VW columns of X whose source columns all lie inside the row (a gather of
+    # stride 2 loads two whole vectors); the last chunks load only what is there.
+    full = min(g.w // vw, g.src_w // (vw * step))
     with for_range(b, g.cb, name="fcb") as cb:
         with for_range(b, rows[1], start=rows[0], name="fr") as ih:
-            srow = b.gep(src, [b.add(b.mul(cb, i64(vw * g.h * g.w)), b.mul(ih, i64(g.w)))])
+            srow = b.gep(src, [b.add(b.mul(cb, i64(vw * plane)), b.mul(ih, i64(g.step_h * g.src_w)))])
             drow = b.gep(xb, [b.add(b.mul(cb, i64(g.block)), b.mul(b.add(ih, i64(g.pt)), i64(g.wp * vw)))])
 
-            def chunk(c0, valid: int):
-                rows = [vload(b, b.gep(srow, [b.add(c0, i64(r * g.h * g.w))]), vw, valid if valid < vw else None)
-                        for r in range(vw)]
+            def chunk(c0, valid: int, there: int):
+                """X's columns c0 .. c0 + valid, from the `there` source floats from column
+                c0 * step on."""
+                rows = [_gather_columns(b, b.gep(srow, [b.add(b.mul(c0, i64(step)), i64(r * plane))]), vw, step,
+                                        there) for r in range(vw)]
                 cols = transpose_block(b, rows)
                 for j in range(valid):
                     vstore(b, cols[j], b.gep(drow, [b.mul(b.add(b.add(c0, i64(j)), i64(g.pl)), i64(vw))]), vw)
             if full:
                 with for_range(b, full * vw, step=vw, name="fc") as c0:
-                    chunk(c0, vw)
-            if tail:
-                chunk(i64(full * vw), tail)
+                    chunk(c0, vw, vw * step)
+            for c0 in range(full * vw, g.w, vw):
+                valid = min(vw, g.w - c0)
+                chunk(i64(c0), valid, min(valid * step, g.src_w - c0 * step))
+
+
+def _gather_columns(b, ptr, vw: int, step: int, there: int):
+    """The vector of ptr[0], ptr[step], ..., ptr[(VW - 1) * step] (step 1 or 2), reading
+    only the first `there` floats from ptr (the lanes past them are zero)."""
+    if step == 1:
+        return vload(b, ptr, vw, there if there < vw else None)
+    lo = vload(b, ptr, vw, there if there < vw else None)
+    if there <= vw:
+        hi = ir.Constant(f32_vector(vw), [0.0] * vw)
+    else:
+        hi = vload(b, b.gep(ptr, [i64(vw)]), vw, there - vw if there < 2 * vw else None)
+    return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(ir.IntType(32), vw), list(range(0, 2 * vw, 2))))
 
 
 def _band(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, panels, panel_split, img, y, bias) -> None:
