@@ -24,7 +24,8 @@ group's filters packed as their own blocks, meeting only its own channels' eleme
 plane (Geometry); a split shares out the blocks of every group, and a task builds the
 plane of its groups only.  Any stride and dilation: the plane is dealt by stride, a tap
 is an offset.  A depthwise convolution (one filter per channel) takes its own kernel,
-qdepthwise.py, where that covers it (strides up to 2), and this product otherwise.
+qdepthwise.py, where that covers it (any stride, dilations up to 4), and this product
+otherwise.
 Weights that are not constants and targets without AVX2 run `loops`: plain loops computing
 the same sums and requantization.  So do i16 tensors (precision int16): their products sum
 in i64 and requantize in f64 (reference/primitives.requantize), compiled but not tuned.
@@ -268,11 +269,18 @@ def q_work(node, shape, ins) -> Work:
 
 @hook(DESCRIBE, "QuantizedConv", "QuantizedMatMul")
 def q_describe(node) -> str:
+    """` int8 3x3 stride 2 from 64` (a convolution's window, stride and input channels), or
+    ` int8 from 2048` (a matrix product's depth): what a profile needs to tell steps apart."""
+    if node.OP == "QuantizedConv":
+        window = "x".join(map(str, node.inputs[1].type.shape[2:]))
+        shape = f" {window} stride {'x'.join(map(str, node.strides))} from {node.inputs[0].type.shape[1]}"
+    else:
+        shape = f" from {node.inputs[0].type.shape[-1]}"
     if node.inputs[0].type.dtype == "i16":
-        return "int16 (plain loops)"
+        return " int16 (plain loops)" + shape
     if getattr(node, "group", 1) == 1:
-        return "int8"
-    return "int8 depthwise" if depthwise.covers(node) else "int8 grouped"
+        return " int8" + shape
+    return (" int8 depthwise" if depthwise.covers(node) else " int8 grouped") + shape
 
 
 # ----------------------------------------------------------------------------- kernels
