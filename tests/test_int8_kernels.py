@@ -134,11 +134,15 @@ CONV_CASES = [
     (2, 520, 7, 7, 64, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
     (1, 64, 13, 14, 64, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
     (2, 40, 2, 2, 24, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (1, 600, 9, 9, 130, 1, (2, 2), (0, 0, 0, 0), (1, 1)),      # 130 features: 2 past a multiple of 4
+    # A window narrower than the stride: the plane holds the phases it reads (rows 0, 2 of
+    # 4; columns 0, 2, 3 of 4).
+    (1, 5, 17, 19, 6, 3, (4, 4), (1, 1, 1, 1), (2, 3)),
     (1, 512, 7, 7, 256, 1, (1, 1), (0, 0, 0, 0), (1, 1)),      # split among 2 threads
     (2, 32, 20, 20, 40, 3, (1, 1), (1, 1, 1, 1), (1, 1)),      # split among 2 threads
 ]
 SPLIT_CONV = {len(CONV_CASES) - 2, len(CONV_CASES) - 1}
-IN_LANES = {"vnni": {8, 9, 10, 11, 12}, "madd16": {11}}
+IN_LANES = {"vnni": {8, 9, 10, 11, 12, 14}, "madd16": {11}}
 
 
 @pytest.mark.parametrize("cpu", CPUS)
