@@ -134,11 +134,15 @@ CONV_CASES = [
     (2, 520, 7, 7, 64, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
     (1, 64, 13, 14, 64, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
     (2, 40, 2, 2, 24, 1, (1, 1), (0, 0, 0, 0), (1, 1)),
+    (1, 600, 9, 9, 130, 1, (2, 2), (0, 0, 0, 0), (1, 1)),      # 130 features: 2 past a multiple of 4
+    # A window narrower than the stride: the plane holds the phases it reads (rows 0, 2 of
+    # 4; columns 0, 2, 3 of 4).
+    (1, 5, 17, 19, 6, 3, (4, 4), (1, 1, 1, 1), (2, 3)),
     (1, 512, 7, 7, 256, 1, (1, 1), (0, 0, 0, 0), (1, 1)),      # split among 2 threads
     (2, 32, 20, 20, 40, 3, (1, 1), (1, 1, 1, 1), (1, 1)),      # split among 2 threads
 ]
 SPLIT_CONV = {len(CONV_CASES) - 2, len(CONV_CASES) - 1}
-IN_LANES = {"vnni": {8, 9, 10, 11, 12}, "madd16": {11}}
+IN_LANES = {"vnni": {8, 9, 10, 11, 12, 14}, "madd16": {11}}
 
 
 @pytest.mark.parametrize("cpu", CPUS)
@@ -263,6 +267,33 @@ def test_quantized_depthwise_conv_native(case, cpu):
     assert results[0].tobytes() == results[1].tobytes()
 
 
+WIDE_STRIDE_DEPTHWISE = [
+    # n, c, h, w, m, k, strides, pads, dilations, group: strides past 2, the lanes of a
+    # vector within one 64-byte load (3, 4) or in chunks (5 and 8 on VNNI, 11 on AVX2)
+    (1, 6, 17, 19, 6, 3, (3, 3), (1, 1, 1, 1), (1, 1), 6),
+    (2, 5, 13, 30, 5, 5, (2, 4), (2, 2, 2, 2), (1, 1), 5),
+    (1, 4, 16, 90, 4, 3, (5, 5), (0, 1, 2, 1), (1, 2), 4),
+    (1, 3, 9, 140, 3, 7, (3, 8), (3, 3, 3, 3), (1, 1), 3),
+    (1, 34, 12, 200, 34, 3, (1, 11), (1, 1, 1, 1), (1, 1), 34),     # split among threads
+]
+
+
+@pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
+@pytest.mark.parametrize("case", range(len(WIDE_STRIDE_DEPTHWISE)))
+def test_quantized_depthwise_conv_any_stride(case, cpu):
+    """Depthwise convolutions at strides of 3 and more take the depthwise kernel too (not the
+    general grouped product), exactly as the NumPy reference, bit for bit at 1, 2, 3 threads."""
+    text, feeds, want = conv_case(np.random.default_rng(90 + case), *WIDE_STRIDE_DEPTHWISE[case])
+    results = []
+    for threads in (1, 2, 3):
+        model, ops = _compile(text, cpu, threads)
+        (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
+        assert plan.strategy.startswith("depthwise-"), plan
+        results.append(model.run(feeds)["y"])
+        np.testing.assert_array_equal(results[-1], want)
+    assert results[0].tobytes() == results[1].tobytes() == results[2].tobytes()
+
+
 # Saturation bounds (a ReLU's, a folded Rescale's: low, high) in every store: the general
 # product (sums in and out of the i32 requantization's range), features in the lanes, the
 # depthwise kernel, a matrix product and the plain loops of a target without AVX2.
@@ -336,7 +367,7 @@ GROUPED = [
     (1, 8, 12, 12, 8, 3, (1, 1), (2, 2, 2, 2), (2, 2), 4),      # dilated
     (1, 24, 10, 10, 36, 1, (1, 1), (0, 0, 0, 0), (1, 1), 2),    # 1x1: tiles store into y
     (1, 4, 9, 9, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 4),        # one channel, two filters a group
-    (1, 4, 11, 11, 4, 3, (3, 3), (1, 1, 1, 1), (1, 1), 4),      # depthwise at stride 3
+    (1, 4, 16, 15, 4, 3, (3, 3), (5, 5, 5, 5), (5, 5), 4),      # depthwise dilated past 4
     (1, 256, 14, 14, 256, 3, (1, 1), (1, 1, 1, 1), (1, 1), 32),  # split among 2 threads
 ]
 SPLIT_GROUPED = {len(GROUPED) - 1}
@@ -348,7 +379,7 @@ KINDS = {"x86-64-v3": "madd16", "x86-64-v4": "madd16-512"}
 @pytest.mark.parametrize("case", range(len(GROUPED)))
 def test_quantized_conv_grouped_native(case, cpu):
     """Grouped convolutions other than the depthwise kernel's (several channels or filters a
-    group, strides above 2) run the general int8 product group by group, exactly, at one
+    group, dilations above 4) run the general int8 product group by group, exactly, at one
     and two threads alike."""
     text, feeds, want = conv_case(np.random.default_rng(50 + case), *GROUPED[case])
     results = []

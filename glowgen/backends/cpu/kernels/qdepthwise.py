@@ -12,7 +12,9 @@ The products sum G horizontal taps of a filter row in one instruction (qgemm.dot
 VNNI `vpdpbusd` takes 4, `vpmaddwd` 2): a row is ceil(KW / G) tap groups, each group's
 weights one 32-bit element (zeros past KW).  The G bytes of each lane, at
 sw * q + dw * (G * t + u) for u < G, are one load and one constant byte shuffle of the
-plane (vpermb), or at unit strides a plain load (DepthwiseGeometry.mode).  A 3x3 depthwise
+plane (vpermb), or at unit strides a plain load (DepthwiseGeometry.mode); at strides whose
+lanes span more than one 64-byte load (5 and more on VNNI), a load and a shuffle for each
+chunk of lanes within 64 bytes, the chunks joined (DepthwiseGeometry.chunk).  A 3x3 depthwise
 convolution is three `vpdpbusd` per 16 pixels on AVX-512 VNNI, six `vpmaddwd` per 8 on
 AVX2.  The sums start from the per-channel correction (the bias
 minus the shift to u8 and the x offset, times the filter's sum: qgemm.pack_epilogue) and
@@ -35,8 +37,7 @@ from ..vectors import splat
 
 PREFIX = "depthwise-"
 # What the kernel covers (qlinalg's general product takes the depthwise convolutions
-# beyond): a lane's G bytes must lie within one 64-byte load.
-MAX_STRIDE = 2
+# beyond): a lane's G bytes must lie within one 64-byte load (dw * (G - 1) < 64; any stride).
 MAX_DILATION = 4
 NV = 2               # independent vectors of sums per step of the lane loop
 COPY = 32            # bytes of the vectors the plane's rows and the output rows are copied in
@@ -46,11 +47,10 @@ _align = lambda n: _ceil(n, 64) * 64     # noqa: E731
 
 
 def covers(node) -> bool:
-    """A depthwise convolution the kernel computes: one filter per channel, strides of at
-    most MAX_STRIDE, dilations of at most MAX_DILATION."""
+    """A depthwise convolution the kernel computes: one filter per channel, any strides,
+    dilations of at most MAX_DILATION."""
     c = node.inputs[0].type.shape[1]
-    return (node.group == c == node.inputs[1].type.shape[0]
-            and max(node.strides) <= MAX_STRIDE and max(node.dilations) <= MAX_DILATION)
+    return node.group == c == node.inputs[1].type.shape[0] and max(node.dilations) <= MAX_DILATION
 
 
 def strategy(qs: QShape) -> str:
@@ -93,10 +93,16 @@ class DepthwiseGeometry:
         self.groups = _ceil(self.kw, g)              # tap groups of a filter row
         self.taps = [((ky * dh) % sh) * self.phase + ((ky * dh) // sh) * self.row + dw * g * t
                      for ky in range(self.kh) for t in range(self.groups)]
-        # Lane i's G bytes in a load from the lane's first byte: sw * i + dw * u.
-        self.lanes = [sw * i + dw * u for i in range(vw) for u in range(g)]
-        self.load = 1 << (max(self.lanes)).bit_length()
-        assert self.load <= 64, (sw, dw, qs.kind)
+        # Lane i's G bytes in a load from the lane's first byte: sw * i + dw * u, in chunks
+        # of `chunk` lanes each within one load of `chunk_load` bytes (<= 64: one vpermb),
+        # the chunk c's load from byte sw * chunk * c; `load`: the bytes all of them span.
+        self.chunk = vw
+        while self.chunk > 1 and sw * (self.chunk - 1) + dw * (g - 1) >= 64:
+            self.chunk //= 2
+        self.lanes = [sw * i + dw * u for i in range(self.chunk) for u in range(g)]
+        self.chunk_load = 1 << (max(self.lanes)).bit_length()
+        assert self.chunk_load <= 64, (sw, dw, qs.kind)
+        self.load = sw * (vw - self.chunk) + self.chunk_load
         self.q = (self.oh - 1) * self.wq + self.ow
         # How a tap's groups reach the lanes (channel_lanes):
         # "interleaved" (VNNI, unit strides and dilations, lanes of 64 not wasting more
@@ -205,13 +211,23 @@ def emit(k, qs: QShape) -> None:
 
 def lane_groups(b, geo: DepthwiseGeometry, plane, at):
     """The G values of lanes q0..q0+VW of a tap whose first byte is `at`: bytes
-    at + sw * i + dw * u of the plane, one load and one constant shuffle, as VW 32-bit
-    elements (i8 for VNNI, widened to i16 for vpmaddwd)."""
+    at + sw * i + dw * u of the plane, one load and one constant shuffle for each chunk of
+    lanes (one for all of them but at strides past 64 bytes a vector), the chunks joined, as
+    VW 32-bit elements (i8 for VNNI, widened to i16 for vpmaddwd)."""
     qs, vw = geo.qs, geo.qs.vw
-    load_t = ir.VectorType(I8, geo.load)
-    raw = b.load(b.bitcast(b.gep(plane, [at]), load_t.as_pointer()))
-    raw.align = 1
-    v = b.shuffle_vector(raw, ir.Constant(load_t, ir.Undefined), ir.Constant(ir.VectorType(I32, len(geo.lanes)), geo.lanes))
+    load_t = ir.VectorType(I8, geo.chunk_load)
+    parts = []
+    for c in range(vw // geo.chunk):
+        start = at if c == 0 else b.add(at, i64(geo.sw * geo.chunk * c))
+        raw = b.load(b.bitcast(b.gep(plane, [start]), load_t.as_pointer()))
+        raw.align = 1
+        parts.append(b.shuffle_vector(raw, ir.Constant(load_t, ir.Undefined),
+                                      ir.Constant(ir.VectorType(I32, len(geo.lanes)), geo.lanes)))
+    while len(parts) > 1:           # join neighbours: chunks of twice the lanes
+        n = parts[0].type.count
+        join = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
+        parts = [b.shuffle_vector(parts[i], parts[i + 1], join) for i in range(0, len(parts), 2)]
+    v = parts[0]
     if qs.bits == 16:
         v = b.sext(v, ir.VectorType(I16, 2 * vw))
     return b.bitcast(v, ir.VectorType(I32, vw))
