@@ -67,11 +67,12 @@ def test_residual_add_and_relu_run_in_the_conv_store():
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("channels,size,kernel", [(32, 20, 1), (64, 7, 1), (32, 12, 3)])
+@pytest.mark.parametrize("channels,size,kernel", [(32, 20, 1), (160, 20, 1), (64, 7, 1), (32, 12, 3)])
 def test_a_fused_residual_sum_is_stored_over_the_residual(channels, size, kernel):
     """A bottleneck's last convolution with the residual Add and Relu in its store writes
     the sum over the residual, which dies there (lir.passes.reuse_in_place), for each
-    strategy: pointwise, transposed (few pixels), a 3x3 one; bit for bit across threads."""
+    strategy: pointwise (with AVX2, 160 channels in blocks of K: its partial sums in the
+    convolution's own output), transposed (few pixels), a 3x3 one; bit for bit across threads."""
     rng = np.random.default_rng(7)
     x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
     pad = [kernel // 2] * 4
