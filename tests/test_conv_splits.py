@@ -19,6 +19,9 @@ CASES = {
     "1x1 24 filters @56 (column panels)": ((1, 96, 56, 56), (24, 96, 1, 1), {}, "pointwise"),
     "1x1 12 filters @80 (column panels)": ((1, 64, 80, 80), (12, 64, 1, 1), {}, "pointwise"),
     "1x1 64 filters @56 (filter blocks)": ((1, 32, 56, 56), (64, 32, 1, 1), {}, "pointwise"),
+    # AVX2: over K in blocks of 128 input channels (conv.pointwise_k_block), partial sums in y.
+    "1x1 256->64 @20 (filter blocks, blocks of K)": ((1, 256, 20, 20), (64, 256, 1, 1), {}, "pointwise"),
+    "1x1 200->12 @56 (column panels, blocks of K)": ((1, 200, 56, 56), (12, 200, 1, 1), {}, "pointwise"),
     # (Input channels not in whole blocks of 16: the 3x3 ones are not "blocked".)
     "3x3 248->256 @7 (filter panels)": ((1, 248, 7, 7), (256, 248, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
     # Patches from planes, twelve runs of 16 pixels: each task builds its own pixels' only.

@@ -67,6 +67,34 @@ def test_residual_add_and_relu_run_in_the_conv_store():
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("channels,size,kernel", [(32, 20, 1), (160, 20, 1), (64, 7, 1), (32, 12, 3)])
+def test_a_fused_residual_sum_is_stored_over_the_residual(channels, size, kernel):
+    """A bottleneck's last convolution with the residual Add and Relu in its store writes
+    the sum over the residual, which dies there (lir.passes.reuse_in_place), for each
+    strategy: pointwise (with AVX2, 160 channels in blocks of K: its partial sums in the
+    convolution's own output), transposed (few pixels), a 3x3 one; bit for bit across threads."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, channels, size, size)).astype(np.float32)
+    pad = [kernel // 2] * 4
+    consts = {f"w{i}": (rng.standard_normal((channels, channels, kernel, kernel)) * 0.1).astype(np.float32)
+              for i in range(3)}
+    consts.update({f"b{i}": rng.standard_normal(channels).astype(np.float32) for i in range(3)})
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=pad), helper.make_node("Relu", ["c0"], ["r"]),
+             helper.make_node("Conv", ["r", "w1", "b1"], ["c1"], pads=pad), helper.make_node("Relu", ["c1"], ["t"]),
+             helper.make_node("Conv", ["t", "w2", "b2"], ["c2"], pads=pad),
+             helper.make_node("Add", ["c2", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], consts)
+    compiled = glowgen.compile(model, backend="cpu")
+    assert [[i.kind for i in s.instrs] for s in _steps(compiled)][-1] == ["Conv", "Add", "Relu"]
+    (add,) = [ins for ins in compiled.program.instrs if ins.kind == "Add"]
+    out, _, residual = (buf.root() for _, buf in add.operands)
+    assert out is residual
+    y = compiled.run({"x": x})["y"]
+    assert_close({"y": y}, run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
+    for threads in (2, 3):
+        np.testing.assert_array_equal(glowgen.compile(model, backend="cpu", threads=threads).run({"x": x})["y"], y)
+
+
 def test_bias_and_clip_run_in_the_matmul_store():
     a = rng.standard_normal((3, 37)).astype(np.float32)
     nodes = [helper.make_node("MatMul", ["a", "w"], ["m"]), helper.make_node("Add", ["m", "bias"], ["s"]),

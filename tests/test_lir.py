@@ -80,6 +80,20 @@ def test_elementwise_chain_runs_in_place():
     np.testing.assert_allclose(compiled.run({"x": x})["y"], run_ort(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)
 
 
+def test_a_sum_of_two_dying_operands_goes_over_the_older():
+    """Add(b, a) with both operands dying: the sum overwrites a, written before b (b may
+    never reach memory when its producer stores the sum instead: a product's epilogue)."""
+    x = np.random.default_rng(5).standard_normal((4, 8)).astype(np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Exp", ["a"], ["b"]),
+             helper.make_node("Add", ["b", "a"], ["c"]), helper.make_node("Neg", ["c"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"])
+    compiled = glowgen.compile(model, backend="interpreter")
+    (add,) = [ins for ins in compiled.program.instrs if ins.kind == "Add"]
+    out, lhs, rhs = (buf.root() for _, buf in add.operands)
+    assert out is rhs and out is not lhs, print_program(compiled.program)
+    np.testing.assert_allclose(compiled.run({"x": x})["y"], run_ort(model, {"x": x})["y"], rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", LIGHT)
 def test_lir_matches_graph_evaluation_on_light_models(name):
     model = _compiled(ONNX_DATA / "light" / f"light_{name}.onnx")

@@ -5,7 +5,7 @@
 from glowgen.lir.kinds import InstrKind, OperandRole
 
 INSTRUCTIONS = {
-    'Add': InstrKind('Add', (OperandRole('y', 'out'), OperandRole('lhs', 'in', optional=False, variadic=False), OperandRole('rhs', 'in', optional=False, variadic=False), ), inplace=(('y', 'lhs'),), elementwise=True),
+    'Add': InstrKind('Add', (OperandRole('y', 'out'), OperandRole('lhs', 'in', optional=False, variadic=False), OperandRole('rhs', 'in', optional=False, variadic=False), ), inplace=(('y', 'lhs'), ('y', 'rhs')), elementwise=True),
     'Sub': InstrKind('Sub', (OperandRole('y', 'out'), OperandRole('lhs', 'in', optional=False, variadic=False), OperandRole('rhs', 'in', optional=False, variadic=False), ), inplace=(('y', 'lhs'),), elementwise=True),
     'Mul': InstrKind('Mul', (OperandRole('y', 'out'), OperandRole('lhs', 'in', optional=False, variadic=False), OperandRole('rhs', 'in', optional=False, variadic=False), ), inplace=(('y', 'lhs'),), elementwise=True),
     'Div': InstrKind('Div', (OperandRole('y', 'out'), OperandRole('lhs', 'in', optional=False, variadic=False), OperandRole('rhs', 'in', optional=False, variadic=False), ), inplace=(('y', 'lhs'),), elementwise=True),

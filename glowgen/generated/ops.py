@@ -24,7 +24,7 @@ class Add(Node):
         rhs: Tensor[T, *Y]
     Results:
         y: Tensor[T, *broadcast(X, Y)]
-    Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs)
+    Traits: elementwise, broadcast, primitive, commutative, inplace(y, lhs), inplace(y, rhs)
     Declared at specs/ops.glowdef:45:1.
     """
 
@@ -33,7 +33,7 @@ class Add(Node):
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
     ATTRS: ClassVar[tuple] = ()
     TRAITS: ClassVar[frozenset] = frozenset(['broadcast', 'commutative', 'elementwise', 'inplace', 'primitive'])
-    INPLACE: ClassVar[tuple] = (('y', 'lhs'),)
+    INPLACE: ClassVar[tuple] = (('y', 'lhs'), ('y', 'rhs'))
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:45:1'
 
 

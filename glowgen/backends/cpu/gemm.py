@@ -44,7 +44,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               pack_panel: Optional[Callable] = None, panel_nr: Optional[int] = None,
               split: Split = WHOLE, split_rows: bool = False, row_align: int = 1, b_table=None,
               a_transposed: bool = False, store_tile: Optional[Callable] = None,
-              image_rows: Optional[tuple] = None, a_table=None) -> None:
+              image_rows: Optional[tuple] = None, a_table=None, k_block: Optional[int] = None) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
@@ -76,26 +76,42 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     A[i][k] is rows[i][offsets[k]] (offsets: a constant i32 array of K; rows: a pointer per
     row -- the window corners of a channel-blocked convolution's pixels, conv_blocked.py).
 
+    With `k_block` (B row-major), the rows of C run over K in blocks of that many k, each
+    block's partial sums left in C for the next (the same additions in the same order), so
+    that a tile's rows of B stay in L1 while every row block of A meets them.
+
     With `store_tile`, the whole tile goes to store_tile(b, rows, m0, n0, valid_cols) once
     its sums are complete (rows[i][j]: row m0 + i, columns n0 + j * VW.., row_init added),
     which stores it as it likes (a ConvTranspose's rows interleaved, conv_transpose_gemm.py)."""
     vw = shape.vw
+    assert not k_block or (ldb is not None and c is not None and store_tile is None and b_table is None
+                           and pack_panel is None), "blocks of K: B row-major, the sums in C"
+    if k_block and k_block >= K:
+        k_block = None
     fma = intrinsic(b.module, f"llvm.fma.v{vw}f32", f32_vector(vw), [f32_vector(vw)] * 3)
 
-    def tile(mr: int, nv: int, m0, n0, valid_cols: int, panel_index, b_base=None):
-        """One MR x NR tile at rows m0.., columns n0.. (valid_cols of them real)."""
+    def tile(mr: int, nv: int, m0, n0, valid_cols: int, panel_index, b_base=None, k_range=None):
+        """One MR x NR tile at rows m0.., columns n0.. (valid_cols of them real); with
+        `k_range = (k0, k1)`, only those k, from the partial sums in C unless k0 = 0 and
+        left there unless k1 = K."""
+        k0, k1 = k_range or (0, K)
+        zero = ir.Constant(f32_vector(vw), [0.0] * vw)
+        starts = [[zero] * nv for _ in range(mr)]
+        if k0:
+            starts = [[vload(b, b.gep(c, [b.add(b.mul(b.add(m0, i64(i)), i64(ldc)), b.add(n0, i64(j * vw)))]),
+                             vw, valid_cols - j * vw if valid_cols - j * vw < vw else None)
+                       if valid_cols - j * vw > 0 else zero for j in range(nv)] for i in range(mr)]
         entry = b.block
         loop = b.append_basic_block(f"{name}.k")
         done = b.append_basic_block(f"{name}.kdone")
-        zero = ir.Constant(f32_vector(vw), [0.0] * vw)
         b.branch(loop)
         b.position_at_end(loop)
         k = b.phi(I64, name="k")
-        k.add_incoming(i64(0), entry)
+        k.add_incoming(i64(k0), entry)
         accs = [[b.phi(f32_vector(vw)) for _ in range(nv)] for _ in range(mr)]
-        for row in accs:
-            for acc in row:
-                acc.add_incoming(zero, entry)
+        for row, start in zip(accs, starts):
+            for acc, v in zip(row, start):
+                acc.add_incoming(v, entry)
         # B vectors for this k
         bvecs = []
         if b_table is not None:
@@ -139,8 +155,16 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         for i in range(mr):
             for j in range(nv):
                 accs[i][j].add_incoming(new_accs[i][j], b.block)
-        b.cbranch(b.icmp_signed("<", k_next, i64(K)), loop, done)
+        b.cbranch(b.icmp_signed("<", k_next, i64(k1)), loop, done)
         b.position_at_end(done)
+        if k1 < K:                    # partial sums, to C
+            for i in range(mr):
+                for j in range(nv):
+                    col_valid = valid_cols - j * vw
+                    if col_valid > 0:
+                        out = b.gep(c, [b.add(b.mul(b.add(m0, i64(i)), i64(ldc)), b.add(n0, i64(j * vw)))])
+                        vstore(b, new_accs[i][j], out, vw, col_valid if col_valid < vw else None)
+            return
         rows = []
         for i in range(mr):
             m = b.add(m0, i64(i))
@@ -216,9 +240,11 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
             else:
                 lo, hi = split.range(b, blocks)
             lo, hi = b.add(i64(m_start), b.mul(lo, i64(mr))), b.add(i64(m_start), b.mul(hi, i64(mr)))
-        with for_range(b, hi, start=lo, step=mr, name=f"{name}.m{mr}") as m0:
-            panels(n_full, n_tail, lambda p: tile(mr, nv, m0, b.mul(p, i64(nr)), nr, p),
-                   lambda: tile(mr, nv, m0, i64(n_full * nr), n_tail, i64(n_full)))
+        k_ranges = [(k0, min(K, k0 + k_block)) for k0 in range(0, K, k_block)] if k_block else [None]
+        for kr in k_ranges:
+            with for_range(b, hi, start=lo, step=mr, name=f"{name}.m{mr}") as m0:
+                panels(n_full, n_tail, lambda p: tile(mr, nv, m0, b.mul(p, i64(nr)), nr, p, k_range=kr),
+                       lambda: tile(mr, nv, m0, i64(n_full * nr), n_tail, i64(n_full), k_range=kr))
 
     def by_image_rows():
         _, oh, ow, pitch = b_table

@@ -7,7 +7,7 @@ for a GEMM tile (conv_planes.py); plain loops for other types.  N-D convolution 
 ConvTranspose (but a 2x2 stride 2 one: conv_transpose_gemm.py) are direct loop nests."""
 from __future__ import annotations
 
-from math import prod
+from math import gcd, prod
 from typing import Optional
 
 from llvmlite import ir
@@ -380,7 +380,7 @@ def conv(k: KernelArgs):
                 emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
                           epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel,
                           split=split, split_rows=pointwise and pointwise_splits_rows(mg, k.gemm_shape, split.parts),
-                          b_table=table)
+                          b_table=table, k_block=pointwise_k_block(k.gemm_shape, mg, N) if pointwise else None)
 
 
 @parallel("Conv")
@@ -439,6 +439,30 @@ def pointwise_splits_rows(filters: int, shape, parts: int) -> bool:
     filters at 56 x 56, three blocks, kept one of two cores idle a third of the time."""
     blocks = filters // shape.mr
     return blocks >= parts and (blocks % parts == 0 or blocks >= 4 * parts)
+
+
+def pointwise_k_block(shape, filters: int, pixels: int) -> Optional[int]:
+    """Input channels per block of K for a pointwise convolution with AVX2's tiles
+    (emit_gemm's k_block): as many rows of a tile's NR columns of the input as fill a
+    quarter of the L1 lines they can map to.  Its planes' pitch decides which: a multiple of
+    a cache line puts every row in the same few sets (56 x 56 floats, 196 lines: 16 of 64
+    sets).  A 6 x 16 tile reads 64 bytes of B per 12 FMAs, too many for L2 to feed over all
+    of K: 256 -> 64 at 56 x 56 1.36 -> 1.04 ms in blocks of 32 (64: 1.13, 128: 1.36);
+    512 -> 128 at 28 x 28 1.14 -> 0.94-0.97 (32 to 128); 1024 -> 256 at 14 x 14 1.15 ->
+    0.98 in blocks of 128 (Zen 4 compiled for x86-64-v3, 1 thread).  AVX-512's 8 x 32 tile
+    reads 128 bytes per 16 FMAs and ran as fast over all of K (blocks of 64 to 256 at 28
+    and 56: within 2%).  Only while the partial sums, re-read by every block, stay in L2
+    (half of Zen 4's, 512 KB): 256 -> 1024 at 14 x 14 (784 KB of them) took 1.09 -> 1.14 ms
+    in blocks (ResNet-50, in place)."""
+    if shape.vw != 8 or filters * pixels * 4 > 512 * 1024:
+        return None
+    pitch = pixels * 4
+    sets, ways, line = L1_BYTES // (8 * 64), 8, 64
+    if pitch % line == 0:
+        sets //= gcd(pitch // line, sets)
+    rows = sets * ways // 4 // max(1, shape.nr * 4 // line)
+    block = 1 << (rows.bit_length() - 1)
+    return max(32, block)
 
 
 # --------------------------------------------------------------------------- N-D and transposed convolution
