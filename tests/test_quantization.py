@@ -457,3 +457,30 @@ def test_quantized_model_with_control_flow_matches_float():
         assert sum(n.OP == "QuantizedMatMul" for n in loop.body.nodes) == 2
         cond = next(n for n in q.function.nodes if isinstance(n, Conditional))
         assert any(n.OP == "QuantizedMatMul" for n in cond.then_branch.nodes) == ("t1" in prof.tensors)
+
+
+def test_a_dequantized_shortcut_stacks_into_its_sum():
+    """A residual block's shortcut, computed before the main path: its Dequantize (an int8
+    tensor widened to f32) is scheduled next to the Add it feeds, and the two run as one
+    stacked loop over the int8 tensors, not as a separate pass writing 4 bytes an element."""
+    rng = np.random.default_rng(31)
+    x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
+    w = {f"w{i}": (rng.standard_normal((16, 16, k, k)) * 0.2).astype(np.float32)
+         for i, k in enumerate((1, 3, 3, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["s"]),                       # the shortcut
+             helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "s"], ["a"]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Conv", ["r", "w3"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], w)
+    samples = [{"x": rng.standard_normal(x.shape).astype(np.float32)} for _ in range(8)]
+    q = glowgen.compile(model, quantize=glowgen.profile(model, samples), threads=1)
+    steps = q._runner.step_names
+    alone = [s for s in steps if s.split(" ")[0] == "Dequantize"]
+    assert len(alone) == 1, steps           # the graph output's only (it was the shortcut's too)
+    assert any(s.startswith("Dequantize+Dequantize+Add") for s in steps), steps
+    from conftest import run_ort
+    expected, got = run_ort(model, samples[0])["y"], q.run(samples[0])["y"]
+    assert np.abs(got - expected).max() < 0.05 * np.abs(expected).max()

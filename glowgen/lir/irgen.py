@@ -52,7 +52,54 @@ def schedule(function: Function) -> list[Node]:
     for node in function.nodes:            # nodes no output depends on (kept for completeness)
         if id(node) not in done:
             visit(node)
-    return order
+    return _delay_expanding(function, order)
+
+
+def _nbytes(v: Value):
+    """The value's size in bytes, or None for a shape not known at compile time."""
+    shape = v.type.shape
+    if any(not isinstance(d, (int, np.integer)) for d in shape):
+        return None
+    return v.type.nbytes
+
+
+def _delay_expanding(function: Function, order: list[Node]) -> list[Node]:
+    """Each node with one output read by one node, whose result is at least twice the size
+    of its computed inputs (an int8 tensor dequantized to f32), moved to just before that
+    reader: the post-order may place it far earlier, next to its input's producer, where its
+    big result is written out and held while other branches run.  ResNet-50 int8: the
+    shortcut's Dequantize (a 3.2 MB f32 result at 56x56) ran right after the shortcut's
+    convolution, three convolutions before the Add it feeds; next to the Add, the two stack
+    into one loop over the int8 tensors."""
+    outputs = {id(v) for _, v in function.outputs}
+    position = {id(n): i for i, n in enumerate(order)}
+    later: dict[int, list[Node]] = {}
+    for node in order:
+        if len(node.outputs) != 1 or id(node.outputs[0]) in outputs:
+            continue
+        users = {id(u): u for u, _ in node.outputs[0].users}
+        computed = [v for v in node.flat_inputs() if v.producer is not None]
+        if len(users) != 1 or not computed:
+            continue
+        (user,) = users.values()
+        sizes = [_nbytes(v) for v in [node.outputs[0], *computed]]
+        if id(user) in position and None not in sizes and sizes[0] >= 2 * sum(sizes[1:]) \
+                and position[id(user)] > position[id(node)] + 1:
+            later.setdefault(id(user), []).append(node)
+    if not later:
+        return order
+    moved = {id(n) for nodes in later.values() for n in nodes}
+    out: list[Node] = []
+
+    def emit(node):             # a moved node's own moved inputs go just before it
+        for n in later.get(id(node), []):
+            emit(n)
+        out.append(node)
+
+    for node in order:
+        if id(node) not in moved:
+            emit(node)
+    return out
 
 
 def generate(function: Function, registry) -> Program:
