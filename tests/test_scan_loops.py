@@ -257,26 +257,38 @@ def test_a_long_scan_compiles_to_one_loop_over_its_body():
 @pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 def test_scan_bundle(tmp_path, capsys):
     """A bundle's entry point computes the slices' addresses from the loop counter too."""
-    import subprocess
     length, n = 40, 6
     onnx_model = _scan_model(length, 1, n)
-    path = tmp_path / "scan.onnx"
+    program = _built_bundle(onnx_model, "sc", tmp_path, capsys)
+    feeds = _scan_feeds(length, n, seed=9)
+    got = _run_bundle(program, feeds, {"s": (n,), "p": (n,), "ys": (length, n), "zs": (length, n)}, tmp_path)
+    assert_close(got, run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)
+
+
+def _built_bundle(onnx_model, name: str, tmp_path, capsys):
+    """`glowgen compile` of the model into a bundle, linked with its example main.c by gcc:
+    the program's path."""
+    import subprocess
+    path = tmp_path / f"{name}.onnx"
     path.write_bytes(onnx_model.SerializeToString())
     out = tmp_path / "out"
-    assert main(["compile", str(path), "-o", str(out), "--name", "sc"]) == 0
+    assert main(["compile", str(path), "-o", str(out), "--name", name]) == 0
     capsys.readouterr()
-    done = subprocess.run(["gcc", "-O2", "-pthread", "main.c", "sc.o", "-lm", "-o", "sc"], cwd=out,
+    done = subprocess.run(["gcc", "-O2", "-pthread", "main.c", f"{name}.o", "-lm", "-o", name], cwd=out,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    feeds = _scan_feeds(length, n, seed=9)
+    return out / name
+
+
+def _run_bundle(program, feeds: dict, shapes: dict, tmp_path) -> dict:
+    """The bundle program run on the feeds (written to .bin files): its outputs of `shapes`."""
+    import subprocess
     for name, value in feeds.items():
-        value.astype("<f4").tofile(tmp_path / f"{name}.bin")
-    shapes = {"s": (n,), "p": (n,), "ys": (length, n), "zs": (length, n)}
+        value.tofile(tmp_path / f"{name}.bin")     # each in its own type (a trip count: i64)
     files = [str(tmp_path / f"{k}.bin") for k in list(feeds) + list(shapes)]
-    done = subprocess.run([str(out / "sc"), *files], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([str(program), *files], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    got = {k: np.fromfile(tmp_path / f"{k}.bin", "<f4").reshape(shape) for k, shape in shapes.items()}
-    assert_close(got, run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)
+    return {k: np.fromfile(tmp_path / f"{k}.bin", "<f4").reshape(shape) for k, shape in shapes.items()}
 
 
 @pytest.mark.parametrize("backend", ["interpreter", "cpu"])
@@ -408,24 +420,10 @@ def test_alternating_state_at_one_and_two_threads(last):
 def test_alternating_state_bundle(tmp_path, capsys):
     """A bundle's entry point places the two slots by the counter's parity too; the trip
     count is the bundle's input."""
-    import subprocess
     n = 16
     onnx_model = _recurrent_loop(n, scan_output=False)
-    path = tmp_path / "rnn.onnx"
-    path.write_bytes(onnx_model.SerializeToString())
-    out = tmp_path / "out"
-    assert main(["compile", str(path), "-o", str(out), "--name", "rnn"]) == 0
-    capsys.readouterr()
-    done = subprocess.run(["gcc", "-O2", "-pthread", "main.c", "rnn.o", "-lm", "-o", "rnn"], cwd=out,
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    shapes = {"h": (1, n), "a": (3,), "b": (3,)}
+    program = _built_bundle(onnx_model, "rnn", tmp_path, capsys)
     for trips in (4, 7):
         feeds = _recurrent_feeds(n, trips, seed=trips)
-        for name, value in feeds.items():
-            value.tofile(tmp_path / f"{name}.bin")
-        files = [str(tmp_path / f"{k}.bin") for k in list(feeds) + list(shapes)]
-        done = subprocess.run([str(out / "rnn"), *files], capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
-        got = {k: np.fromfile(tmp_path / f"{k}.bin", "<f4").reshape(shape) for k, shape in shapes.items()}
+        got = _run_bundle(program, feeds, {"h": (1, n), "a": (3,), "b": (3,)}, tmp_path)
         assert_close(got, run_ort(onnx_model, feeds), rtol=1e-5, atol=1e-5)

@@ -96,11 +96,17 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         left there unless k1 = K."""
         k0, k1 = k_range or (0, K)
         zero = ir.Constant(f32_vector(vw), [0.0] * vw)
+
+        def partial_at(i, j):        # C's vector j of row i: where partial sums wait
+            return b.gep(c, [b.add(b.mul(b.add(m0, i64(i)), i64(ldc)), b.add(n0, i64(j * vw)))])
+
+        def lanes(j):                # valid lanes of vector j (None: all of them)
+            return valid_cols - j * vw if valid_cols - j * vw < vw else None
+
         starts = [[zero] * nv for _ in range(mr)]
         if k0:
-            starts = [[vload(b, b.gep(c, [b.add(b.mul(b.add(m0, i64(i)), i64(ldc)), b.add(n0, i64(j * vw)))]),
-                             vw, valid_cols - j * vw if valid_cols - j * vw < vw else None)
-                       if valid_cols - j * vw > 0 else zero for j in range(nv)] for i in range(mr)]
+            starts = [[vload(b, partial_at(i, j), vw, lanes(j)) if valid_cols - j * vw > 0 else zero
+                       for j in range(nv)] for i in range(mr)]
         entry = b.block
         loop = b.append_basic_block(f"{name}.k")
         done = b.append_basic_block(f"{name}.kdone")
@@ -160,10 +166,8 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         if k1 < K:                    # partial sums, to C
             for i in range(mr):
                 for j in range(nv):
-                    col_valid = valid_cols - j * vw
-                    if col_valid > 0:
-                        out = b.gep(c, [b.add(b.mul(b.add(m0, i64(i)), i64(ldc)), b.add(n0, i64(j * vw)))])
-                        vstore(b, new_accs[i][j], out, vw, col_valid if col_valid < vw else None)
+                    if valid_cols - j * vw > 0:
+                        vstore(b, new_accs[i][j], partial_at(i, j), vw, lanes(j))
             return
         rows = []
         for i in range(mr):

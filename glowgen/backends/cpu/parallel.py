@@ -82,6 +82,14 @@ class Split:
         hi = b.select(b.icmp_signed("<", hi, i64(extent)), hi, i64(extent))
         return lo, hi
 
+    def blocks_or_panels(self, b: ir.IRBuilder, blocks: int, panels: int):
+        """((lo, hi) of the blocks, (lo, hi) of the panels) this task computes of a product
+        of `blocks` x `panels` tiles: its share of the blocks and every panel when
+        splits_blocks, else every block and its share of the panels."""
+        if splits_blocks(blocks, self):
+            return self.range(b, blocks), (i64(0), i64(panels))
+        return (i64(0), i64(blocks)), self.range(b, panels)
+
     def is_last(self, b: ir.IRBuilder) -> ir.Value:
         """An i1: this task takes what does not divide evenly (a loop's ragged tail)."""
         if self.whole:

@@ -62,6 +62,12 @@ def clamped_index(b, raw, dim):
     return b.select(b.icmp_signed(">=", fixed, i64(dim)), i64(dim - 1), fixed)
 
 
+def clamp(b, v, lo, hi):
+    """The i64 value v clamped into [lo, hi] (i64 values)."""
+    v = b.select(b.icmp_signed("<", v, lo), lo, v)
+    return b.select(b.icmp_signed(">", v, hi), hi, v)
+
+
 def copy_elements(b, dst, src, n):
     strided_loops(b, (n,), [src, dst], [(1,), (1,)], [0, 0],
                   lambda bb, ps: bb.store(bb.load(ps[0]), ps[1]), name="cp")

@@ -31,6 +31,7 @@ from ..gemm import GemmShape, emit_gemm
 from ..llvmutil import for_range, i64
 from ..parallel import WHOLE, shares
 from ..vectors import f32_vector, transpose_block, vload, vstore
+from .common import clamp
 from .conv_planes import aligned_floats, conv_is_pointwise, offsets_global
 from .conv_transposed import pixel_block, store_ct_block
 
@@ -258,16 +259,13 @@ def _zero_border(b, g: BlockedGeometry, xb) -> None:
 def _input_rows(b, g: BlockedGeometry, b_lo, b_hi):
     """(lo, hi): the input rows the windows of bands b_lo .. b_hi read (a task that shares
     out bands of pixels copies only those)."""
-    def clamp(v):
-        v = b.select(b.icmp_signed("<", v, i64(0)), i64(0), v)
-        return b.select(b.icmp_signed(">", v, i64(g.h)), i64(g.h), v)
     p_last = b.sub(b.mul(b_hi, i64(g.band)), i64(1))
     p_last = b.select(b.icmp_signed("<", p_last, i64(g.n - 1)), p_last, i64(g.n - 1))
     oy_first = b.udiv(b.mul(b_lo, i64(g.band)), i64(g.ow))
     oy_last = b.udiv(p_last, i64(g.ow))
     lo = b.sub(b.mul(oy_first, i64(g.sh)), i64(g.pt))
     hi = b.add(b.sub(b.mul(oy_last, i64(g.sh)), i64(g.pt)), i64((g.kh - 1) * g.dh + 1))
-    return clamp(lo), clamp(hi)
+    return clamp(b, lo, i64(0), i64(g.h)), clamp(b, hi, i64(0), i64(g.h))
 
 
 def _fill_blocked(b, g: BlockedGeometry, src, xb, rows) -> None:

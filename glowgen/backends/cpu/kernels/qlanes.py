@@ -13,14 +13,15 @@ W is packed at compile time tile by tile, [Mpad / NR][K / G][taps][NR] elements 
 of k (s8 for VNNI, i16 for AVX2): a tile's weights are one contiguous run, which the
 prefetchers stream.  Laid out [K / G][taps][Mpad], a tile read 256 bytes and stepped
 Mpad x 4 bytes to the next k: MobileNetV2's int8 classifier (1280 -> 1000, one row) stepped
-4 KB, a page, per read, and took 0.168 ms, 7.6 GB/s of weights.  A tile is `mr` rows by NV vectors of features, `mr` chosen so that the rows
-divide evenly into tiles where they can (7 for 49 or 196 pixels).  With VNNI the broadcast
-activations are the u8 operand of `vpdpbusd` and the weights the s8 one; the +128 of the
+4 KB, a page, per read, and took 0.168 ms, 7.6 GB/s of weights.  A tile is `mr` rows by NV
+vectors of features, `mr` chosen so that the rows divide evenly into tiles where they can
+(7 for 49 or 196 pixels).  With VNNI the broadcast activations are the u8 operand of
+`vpdpbusd` and the weights the s8 one; the +128 of the
 activations folds into a per-feature correction as in qgemm.pack_epilogue.  The packed
 constant: weights, then per feature the i32 correction and the f32 multiplier, then the
 result's offset (f32) and the plane's padding element (i32).  Tasks split the features,
 or the blocks of rows where the features' tiles would not share out evenly
-(parallel.splits_blocks); every sum is computed whole by one task (identical for any
+(parallel.Split.blocks_or_panels); every sum is computed whole by one task (identical for any
 thread count).
 """
 from __future__ import annotations
@@ -30,7 +31,6 @@ from llvmlite import ir
 
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
-from ..parallel import splits_blocks
 from ..qgemm import QShape, emit_tile, load_offsets, pack_epilogue, pack_offsets, requantize
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
@@ -132,10 +132,7 @@ def emit(b, k, geo, qs: QShape, build_plane):
     if k.phased and k.phase == 0:           # this task's share of the shared plane
         build_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
         return
-    if splits_blocks(lanes.tiles, k.split):
-        (lo, hi), (rb_lo, rb_hi) = k.split.range(b, lanes.tiles), (i64(0), i64(lanes.row_blocks))
-    else:
-        (lo, hi), (rb_lo, rb_hi) = (i64(0), i64(lanes.tiles)), k.split.range(b, lanes.row_blocks)
+    (lo, hi), (rb_lo, rb_hi) = k.split.blocks_or_panels(b, lanes.tiles, lanes.row_blocks)
     with for_range(b, geo.batch, name="ln") as n:
         if not k.phased:
             build_plane(b, geo, x, n, plane, pad)

@@ -42,7 +42,7 @@ from ....lir.ir import WeightBuffer
 from llvmlite import ir
 
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
-from ..parallel import Work, parallel, splits_blocks
+from ..parallel import Work, parallel
 from ..plan import Phases
 from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, load_offsets, pack_a, pack_epilogue,
                      pack_offsets, products_in_range, requantize, requantize_in_range)
@@ -50,6 +50,7 @@ from ..vectors import splat
 from . import qdepthwise as depthwise
 from . import qlanes
 from .base import DESCRIBE, PHASES, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
+from .common import clamp
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 PANELS_OUTER_MAX_WEIGHTS = 256 << 10   # packed weight bytes (Geometry.panels_outer)
@@ -273,7 +274,6 @@ def q_work(node, shape, ins) -> Work:
     return Work(max(lanes.tiles, lanes.row_blocks), flops=flops, elements=weights)
 
 
-
 @hook(DESCRIBE, "QuantizedConv", "QuantizedMatMul")
 def q_describe(node) -> str:
     """` int8 3x3 stride 2 from 64` (a convolution's window, stride and input channels), or
@@ -314,11 +314,7 @@ def quantized_product(k: KernelArgs):
     if k.phased and k.phase == 0:           # this task's share of the shared plane
         build_conv_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
         return
-    panels = geo.qpad // qs.nr
-    if splits_blocks(geo.blocks, k.split):
-        (lo, hi), (p_lo, p_hi) = k.split.range(b, geo.blocks), (i64(0), i64(panels))
-    else:
-        (lo, hi), (p_lo, p_hi) = (i64(0), i64(geo.blocks)), k.split.range(b, panels)
+    (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr)
     with for_range(b, geo.batch, name="qn") as n:
         if geo.conv and not k.phased:       # the plane of this task's groups only
             first = b.mul(b.udiv(lo, i64(geo.bpg)), i64(geo.groups))
@@ -429,8 +425,8 @@ def _pad_element(qs: QShape, x_offset: int) -> int:
 
 def build_conv_plane(b, geo: Geometry, x, n, plane, pad, first=None, last=None):
     """Image n of x (N, C, H, W) into the plane: [groups][CG / G][phase y][phase x][Hq][Wq]
-    elements of G channels (the phases some tap reads: Geometry.phase_rows x phase_cols), the padding (and channels past each group's CG) the x offset;
-    only its elements first..last (i64 values; default all).  For each element row, the
+    elements of G channels (the phases some tap reads: Geometry.phase_rows x phase_cols),
+    the padding (and channels past each group's CG) the x offset; only its elements first..last (i64 values; default all).  For each element row, the
     columns inside the input in one loop (G strided loads combined into a 32-bit store, which
     LLVM vectorizes), the padding columns on either side stored whole.  `pad`: the 32-bit
     element of G padding values (_pad_element), read from the packed constants."""
@@ -503,22 +499,17 @@ def build_matmul_plane(b, geo: Geometry, x, n, plane, pad):
                 _store_elem(b, qs, plane, at, t, v)
 
 
-def _clamp(b, v, lo, hi):
-    v = b.select(b.icmp_signed("<", v, lo), lo, v)
-    return b.select(b.icmp_signed("<", v, hi), v, hi)
-
-
 def write_conv_out(b, geo: Geometry, ys, y, n, r_lo, r_hi, q_lo, q_hi):
     """Padded rows r_lo..r_hi, columns q_lo..q_hi, of the product block [Mpad][Q] into image n
     of y (N, M, OH, OW): the filters' rows only, dropping each row's columns past OW."""
     wq = i64(geo.wq)
-    y_lo, y_hi = b.sdiv(q_lo, wq), _clamp(b, b.sdiv(b.add(q_hi, i64(geo.wq - 1)), wq), i64(0), i64(geo.oh))
+    y_lo, y_hi = b.sdiv(q_lo, wq), clamp(b, b.sdiv(b.add(q_hi, i64(geo.wq - 1)), wq), i64(0), i64(geo.oh))
     with for_range(b, r_hi, start=r_lo, name="wm") as r:
         m, is_filter = geo.filter_of_row(b, r)
         with b.if_then(is_filter), for_range(b, y_hi, start=y_lo, name="wy") as oy:
             row = b.mul(oy, wq)             # this output row's columns of the block
-            x_lo = _clamp(b, b.sub(q_lo, row), i64(0), i64(geo.ow))
-            x_hi = _clamp(b, b.sub(q_hi, row), i64(0), i64(geo.ow))
+            x_lo = clamp(b, b.sub(q_lo, row), i64(0), i64(geo.ow))
+            x_hi = clamp(b, b.sub(q_hi, row), i64(0), i64(geo.ow))
             src = b.add(b.mul(r, i64(geo.qpad)), row)
             dst = b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(geo.oh)), oy), i64(geo.ow))
             with for_range(b, x_hi, start=x_lo, name="wx") as ox:
