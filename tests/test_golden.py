@@ -947,6 +947,25 @@ CASES.update({
         dict(_QOP_PARAMS, ys=np.float32(1 / 256), yz=np.uint8(0)), (2, 3, 4)),
 })
 
+# ---- quantized sums (own generator)
+_qsrng = np.random.default_rng(1416)
+_QSUM_V = _qsrng.uniform(-3, 3, (2, 5)).astype(np.float32)
+CASES.update({
+    # Two activations and their sum, each calibrated to its own range: the sum runs between
+    # conversions (within a step of each operand's and one of the sum's of the float sum).
+    "quantize_add": _calibrated(graph_case(
+        [("Add", ["a", "b"], ["y"], None)],
+        {"a": _qsrng.uniform(-2, 2, (2, 3, 4)).astype(np.float32), "b": _qsrng.uniform(-1, 1, (2, 3, 4)).astype(np.float32)}),
+        {"a": (-2.0, 2.0), "b": (-1.0, 1.0), "y": (-3.0, 3.0)}, 3.0 / 255 + 2.0 / 255 + 6.0 / 255),
+    # The ReLU of a quantized sum: quantized once, with the ReLU's range [0, 3].
+    "relu_of_quantized_sum": dict(text_case(_qtext(
+        "  input %v: f32[2, 5]\n"
+        "  %q = Quantize(%v) {scale = 0.025, offset = 0} : i8[2, 5] q(0.025, 0)\n"
+        "  %d = Dequantize(%q) {in_scale = 0.025, in_offset = 0} : f32[2, 5]\n"
+        "  %y = Relu(%d) : f32[2, 5]\n"), {"v": _QSUM_V}, lambda f: {"y": np.clip(f["v"], 0, 3)}),
+        calibrate={"y": (0.0, 3.0)}, rtol=0.0, atol=3.0 / 255),
+})
+
 HEADER = ("# Golden test of rule {rule}{variant}: the graph before, and after applying the rule alone.\n"
           "# Regenerate for review with: pytest tests/test_golden.py --regen-golden\n")
 
