@@ -25,7 +25,7 @@ CASES = {
     # Inputs over 1 MB, few filters: each column panel meets every filter block in turn
     # (conv.pointwise_panels_outer); 40 filters leave AVX2's 6-row tile a block of 4.
     "1x1 48->24 @160 (panels outer)": ((1, 48, 160, 160), (24, 48, 1, 1), {}, "pointwise"),
-    "1x1 120->40 @96 (panels outer, ragged rows)": ((1, 120, 96, 96), (40, 120, 1, 1), {}, "pointwise"),
+    "1x1 72->40 @128 (panels outer, ragged rows)": ((1, 72, 128, 128), (40, 72, 1, 1), {}, "pointwise"),
     # (Input channels not in whole blocks of 16: the 3x3 ones are not "blocked".)
     "3x3 248->256 @7 (filter panels)": ((1, 248, 7, 7), (256, 248, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
     # Patches from planes, twelve runs of 16 pixels: each task builds its own pixels' only.
