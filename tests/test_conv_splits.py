@@ -22,7 +22,7 @@ CASES = {
     # AVX2: over K in blocks of 128 input channels (conv.pointwise_k_block), partial sums in y.
     "1x1 256->64 @20 (filter blocks, blocks of K)": ((1, 256, 20, 20), (64, 256, 1, 1), {}, "pointwise"),
     "1x1 200->12 @56 (column panels, blocks of K)": ((1, 200, 56, 56), (12, 200, 1, 1), {}, "pointwise"),
-    # Inputs over 1 MB, few filters: each column panel meets every filter block in turn
+    # Inputs over 2 MB, few filters: each column panel meets every filter block in turn
     # (conv.pointwise_panels_outer); 40 filters leave AVX2's 6-row tile a block of 4.
     "1x1 48->24 @160 (panels outer)": ((1, 48, 160, 160), (24, 48, 1, 1), {}, "pointwise"),
     "1x1 72->40 @128 (panels outer, ragged rows)": ((1, 72, 128, 128), (40, 72, 1, 1), {}, "pointwise"),
@@ -81,5 +81,5 @@ def test_pointwise_panels_outer_where_the_input_is_the_traffic():
         shape = choose_shape(features)
         assert pointwise_panels_outer(shape, 24, 72, 160 * 160)
         assert not pointwise_panels_outer(shape, 72, 24, 160 * 160)          # expanding
-        assert not pointwise_panels_outer(shape, 24, 72, 40 * 40)            # input in L2
+        assert not pointwise_panels_outer(shape, 16, 32, 112 * 112)          # input 1.6 MB
         assert not pointwise_panels_outer(shape, 256, 1024, 56 * 56)        # filters past L1

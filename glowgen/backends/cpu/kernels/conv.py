@@ -474,16 +474,19 @@ def pointwise_panels_outer(shape, filters: int, channels: int, pixels: int) -> b
     """Whether a pointwise convolution runs each column panel of its input through every
     block of filters before the next (emit_gemm's panels_outer), so that an input larger
     than L2 streams from memory once instead of once per block of MR filters.  Where it
-    pays: few filters (all of A in L1), an input over 1 MB, and no more filters than
+    pays: few filters (all of A in L1), an input over 2 MB, and no more filters than
     channels -- the input, not the output, is the traffic that matters.  det_fpn at
     160 x 160 (Zen 4, 1 thread, in the model, ms): 48 -> 24 2.17 -> 1.25, 72 -> 24
     8.7 -> 1.17 (x86-64-v3); 2.4 -> 1.4 and 2.5 -> 1.5 with AVX-512.  With more filters
     than channels, each panel writes every output row at once, a plane apart (a multiple
     of 4 KB: all in one L1 set), and rows in turn stream better: 24 -> 72 at 160 x 160
-    1.03 -> 1.25, 16 -> 48 at 320 x 320 2.46 -> 3.64 (inputs in cache)."""
+    1.03 -> 1.25, 16 -> 48 at 320 x 320 2.46 -> 3.64 (inputs in cache).  Smaller inputs,
+    warm from the step before, lost: MobileNetV2's 32 -> 16 at 112 x 112 (1.6 MB) 0.147 ->
+    0.199 ms with AVX-512, 0.171 -> 0.189 on x86-64-v3; det_fpn's 72 -> 40 at 80 x 80
+    (1.8 MB) 0.41 -> 0.52 with AVX-512 (in the models)."""
     return (pointwise_k_block(shape, filters, pixels, channels) is None and filters >= shape.mr
             and filters <= channels and filters * channels * 4 <= L1_BYTES
-            and channels * pixels * 4 > 1024 * 1024)
+            and channels * pixels * 4 > 2 * 1024 * 1024)
 
 
 # --------------------------------------------------------------------------- N-D and transposed convolution
