@@ -481,9 +481,10 @@ def pointwise_panels_outer(shape, filters: int, channels: int, pixels: int) -> b
     than channels, each panel writes every output row at once, a plane apart (a multiple
     of 4 KB: all in one L1 set), and rows in turn stream better: 24 -> 72 at 160 x 160
     1.03 -> 1.25, 16 -> 48 at 320 x 320 2.46 -> 3.64 (inputs in cache).  Smaller inputs,
-    warm from the step before, lost: MobileNetV2's 32 -> 16 at 112 x 112 (1.6 MB) 0.147 ->
-    0.199 ms with AVX-512, 0.171 -> 0.189 on x86-64-v3; det_fpn's 72 -> 40 at 80 x 80
-    (1.8 MB) 0.41 -> 0.52 with AVX-512 (in the models)."""
+    warm from the step before, showed no gain: MobileNetV2's 32 -> 16 at 112 x 112 (1.6 MB)
+    0.147 -> 0.199 ms with AVX-512, 0.171 -> 0.189 on x86-64-v3, det_fpn's 72 -> 40 at
+    80 x 80 (1.8 MB) 0.41 -> 0.52 with AVX-512 (in the models; unchanged code varied by
+    0.14-0.16 on that shared machine)."""
     return (pointwise_k_block(shape, filters, pixels, channels) is None and filters >= shape.mr
             and filters <= channels and filters * channels * 4 <= L1_BYTES
             and channels * pixels * 4 > 2 * 1024 * 1024)
