@@ -13,7 +13,8 @@ from conftest import assert_close, make_model, run_ort
 
 CASES = {
     # name: (x shape, w shape, attrs, relu); output rows that fill the tiles (conv_reads_planes)
-    "96->24 3x3 pad 1 relu": ((1, 96, 64, 64), (24, 96, 3, 3), {"pads": [1, 1, 1, 1]}, True),
+    # (92 channels: 96, in whole blocks of 8, are channel-blocked on AVX2, in 24-filter panels)
+    "92->24 3x3 pad 1 relu": ((1, 92, 64, 64), (24, 92, 3, 3), {"pads": [1, 1, 1, 1]}, True),
     "ragged last tile, batch 2": ((2, 5, 40, 62), (8, 5, 3, 3), {"pads": [1, 1, 1, 1]}, False),
     "row stride 2": ((1, 6, 121, 31), (12, 6, 3, 3), {"pads": [1, 0, 1, 2], "strides": [2, 1]}, True),
     "dilated, uneven pads": ((1, 4, 70, 34), (16, 4, 3, 3), {"pads": [0, 1, 2, 1], "dilations": [2, 2]}, False),
@@ -29,13 +30,13 @@ CASES = {
     "3x3/3 no padding": ((1, 3, 130, 190), (12, 3, 3, 3), {"strides": [3, 3]}, True),
     # Many filters, but a tile's few patch rows read in place stay in L1 (in_place_rows_fit_l1).
     "7x7/2 stem, 64 filters": ((1, 3, 96, 120), (64, 3, 7, 7), {"pads": [3, 3, 3, 3], "strides": [2, 2]}, True),
-    "16 -> 48 3x3": ((1, 16, 40, 64), (48, 16, 3, 3), {"pads": [1, 1, 1, 1]}, False),
+    "16 -> 40 3x3": ((1, 16, 40, 64), (40, 16, 3, 3), {"pads": [1, 1, 1, 1]}, False),
     # Planes over 512 KB, dealt a band of output rows at a time (conv.planes_band).
     "bands, stride 2, ragged last band": ((1, 3, 400, 250), (16, 3, 3, 3), {"pads": [2, 1, 0, 1], "strides": [2, 2]},
                                           "HardSwish"),
     "bands, stride 1, batch 2": ((2, 2, 300, 300), (8, 2, 3, 3), {"pads": [1, 1, 1, 1]}, True),
 }
-BANDED = ["96->24 3x3 pad 1 relu", "bands, stride 2, ragged last band", "bands, stride 1, batch 2"]
+BANDED = ["92->24 3x3 pad 1 relu", "bands, stride 2, ragged last band", "bands, stride 1, batch 2"]
 
 
 def _model(case, seed=0):
@@ -69,7 +70,7 @@ def test_gemm_planes_same_bits_for_any_thread_count(case):
     model, x = _model(case, seed=1)
     one = glowgen.compile(model, threads=1)
     two = glowgen.compile(model, threads=2)
-    assert any(s.parts > 1 for s in two.program.plan.steps) or case != "96->24 3x3 pad 1 relu"
+    assert any(s.parts > 1 for s in two.program.plan.steps) or case != "92->24 3x3 pad 1 relu"
     np.testing.assert_array_equal(one.run({"x": x})["y"], two.run({"x": x})["y"])
 
 

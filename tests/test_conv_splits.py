@@ -22,6 +22,10 @@ CASES = {
     # AVX2: over K in blocks of 128 input channels (conv.pointwise_k_block), partial sums in y.
     "1x1 256->64 @20 (filter blocks, blocks of K)": ((1, 256, 20, 20), (64, 256, 1, 1), {}, "pointwise"),
     "1x1 200->12 @56 (column panels, blocks of K)": ((1, 200, 56, 56), (12, 200, 1, 1), {}, "pointwise"),
+    # Inputs over 2 MB, few filters: each column panel meets every filter block in turn
+    # (conv.pointwise_panels_outer); 40 filters leave AVX2's 6-row tile a block of 4.
+    "1x1 48->24 @160 (panels outer)": ((1, 48, 160, 160), (24, 48, 1, 1), {}, "pointwise"),
+    "1x1 72->40 @128 (panels outer, ragged rows)": ((1, 72, 128, 128), (40, 72, 1, 1), {}, "pointwise"),
     # (Input channels not in whole blocks of 16: the 3x3 ones are not "blocked".)
     "3x3 248->256 @7 (filter panels)": ((1, 248, 7, 7), (256, 248, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
     # Patches from planes, twelve runs of 16 pixels: each task builds its own pixels' only.
@@ -66,3 +70,16 @@ def test_split_convolution_matches_onnxruntime_and_every_thread_count(case):
     assert_close({"y": y2}, run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
     for threads in (1, 3):              # three tasks share out blocks and runs unevenly
         np.testing.assert_array_equal(glowgen.compile(model, threads=threads).run({"x": x})["y"], y2)
+
+
+def test_pointwise_panels_outer_where_the_input_is_the_traffic():
+    """det_fpn's reducing 1x1 convolutions at 160 x 160 stream their input once; ones with
+    more filters than channels, or small inputs, keep rows outer."""
+    from glowgen.backends.cpu.gemm import choose_shape
+    from glowgen.backends.cpu.kernels.conv import pointwise_panels_outer
+    for features in ("+avx512f", "+avx2"):
+        shape = choose_shape(features)
+        assert pointwise_panels_outer(shape, 24, 72, 160 * 160)
+        assert not pointwise_panels_outer(shape, 72, 24, 160 * 160)          # expanding
+        assert not pointwise_panels_outer(shape, 16, 32, 112 * 112)          # input 1.6 MB
+        assert not pointwise_panels_outer(shape, 256, 1024, 56 * 56)        # filters past L1

@@ -44,7 +44,8 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               pack_panel: Optional[Callable] = None, panel_nr: Optional[int] = None,
               split: Split = WHOLE, split_rows: bool = False, row_align: int = 1, b_table=None,
               a_transposed: bool = False, store_tile: Optional[Callable] = None,
-              image_rows: Optional[tuple] = None, a_table=None, k_block: Optional[int] = None) -> None:
+              image_rows: Optional[tuple] = None, a_table=None, k_block: Optional[int] = None,
+              panels_outer: bool = False) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
@@ -79,6 +80,10 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     With `k_block` (B row-major), the rows of C run over K in blocks of that many k, each
     block's partial sums left in C for the next (the same additions in the same order), so
     that a tile's rows of B stay in L1 while every row block of A meets them.
+
+    With `panels_outer` (B row-major), each column panel of B meets every row block of A
+    (this task's) before the next panel, instead of each row block running over all of B:
+    B streams from memory once rather than once per row block (A must stay in cache).
 
     With `store_tile`, the whole tile goes to store_tile(b, rows, m0, n0, valid_cols) once
     its sums are complete (rows[i][j]: row m0 + i, columns n0 + j * VW.., row_init added),
@@ -244,6 +249,21 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
             else:
                 lo, hi = split.range(b, blocks)
             lo, hi = b.add(i64(m_start), b.mul(lo, i64(mr))), b.add(i64(m_start), b.mul(hi, i64(mr)))
+        if panels_outer:
+            def column(p, n0, valid: int):
+                with for_range(b, hi, start=lo, step=mr, name=f"{name}.m{mr}") as m0:
+                    tile(mr, nv, m0, n0, valid, p)
+                if rest_rows:
+                    def rest():
+                        tile(rest_rows, nv, i64(M - rest_rows), n0, valid, p)
+                    if split_rows and not split.whole:
+                        with b.if_then(split.is_last(b)):
+                            rest()
+                    else:
+                        rest()
+            panels(n_full, n_tail, lambda p: column(p, b.mul(p, i64(nr)), nr),
+                   lambda: column(i64(n_full), i64(n_full * nr), n_tail))
+            return
         k_ranges = [(k0, min(K, k0 + k_block)) for k0 in range(0, K, k_block)] if k_block else [None]
         for kr in k_ranges:
             with for_range(b, hi, start=lo, step=mr, name=f"{name}.m{mr}") as m0:
@@ -281,8 +301,11 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         return
     mr = shape.mr
     m_main = (M // mr) * mr
+    assert not panels_outer or (ldb is not None and not k_block and panel_nr is None and m_main), \
+        "panels outer: B row-major, whole row blocks"
+    rest_rows = M - m_main if panels_outer else 0      # those tiles then run in each panel
     rows(mr, 0, m_main, shared=True)
-    rest = M - m_main
+    rest = M - m_main if not panels_outer else 0
     if rest:
         if split_rows and not split.whole:
             with b.if_then(split.is_last(b)):

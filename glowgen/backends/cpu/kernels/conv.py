@@ -380,7 +380,8 @@ def conv(k: KernelArgs):
                 emit_gemm(b, k.gemm_shape, mg, N, K, a, K, bmat, ldb, out, N, row_init=row_init,
                           epilogue=epi, name="cv", a_packed=a_packed, pack_panel=pack_panel,
                           split=split, split_rows=pointwise and pointwise_splits_rows(mg, k.gemm_shape, split.parts),
-                          b_table=table, k_block=pointwise_k_block(k.gemm_shape, mg, N) if pointwise else None)
+                          b_table=table, k_block=pointwise_k_block(k.gemm_shape, mg, N, K) if pointwise else None,
+                          panels_outer=pointwise and pointwise_panels_outer(k.gemm_shape, mg, K, N))
 
 
 @parallel("Conv")
@@ -441,7 +442,7 @@ def pointwise_splits_rows(filters: int, shape, parts: int) -> bool:
     return blocks >= parts and (blocks % parts == 0 or blocks >= 4 * parts)
 
 
-def pointwise_k_block(shape, filters: int, pixels: int) -> Optional[int]:
+def pointwise_k_block(shape, filters: int, pixels: int, channels: int) -> Optional[int]:
     """Input channels per block of K for a pointwise convolution with AVX2's tiles
     (emit_gemm's k_block): as many rows of a tile's NR columns of the input as fill a
     quarter of the L1 lines they can map to.  Its planes' pitch decides which: a multiple of
@@ -451,10 +452,14 @@ def pointwise_k_block(shape, filters: int, pixels: int) -> Optional[int]:
     512 -> 128 at 28 x 28 1.14 -> 0.94-0.97 (32 to 128); 1024 -> 256 at 14 x 14 1.15 ->
     0.98 in blocks of 128 (Zen 4 compiled for x86-64-v3, 1 thread).  AVX-512's 8 x 32 tile
     reads 128 bytes per 16 FMAs and ran as fast over all of K (blocks of 64 to 256 at 28
-    and 56: within 2%).  Only while the partial sums, re-read by every block, stay in L2
-    (half of Zen 4's, 512 KB): 256 -> 1024 at 14 x 14 (784 KB of them) took 1.09 -> 1.14 ms
-    in blocks (ResNet-50, in place)."""
-    if shape.vw != 8 or filters * pixels * 4 > 512 * 1024:
+    and 56: within 2%).  The partial sums are re-read by every block: while they stay in
+    L2 (half of Zen 4's, 512 KB), or up to 2 MB when the input is the larger (more channels
+    than filters; its rows then stay in L1).  256 -> 1024 at 14 x 14 (784 KB of them, a
+    200 KB input) took 0.98 -> 1.46 ms in blocks; 256 -> 64 at 56 x 56 (784 KB) 1.39 -> 1.00,
+    512 -> 256 at 28 x 28 (784 KB) 2.76 -> 2.12, 256 -> 128 at 56 x 56 (1.6 MB) 3.04 ->
+    2.48, det_fpn's 384 -> 96 at 40 x 40 (600 KB) 1.66 -> 1.16 (inputs in cache)."""
+    sums = filters * pixels * 4
+    if shape.vw != 8 or sums > (2048 if channels > filters else 512) * 1024:
         return None
     pitch = pixels * 4
     sets, ways, line = L1_BYTES // (8 * 64), 8, 64
@@ -463,6 +468,26 @@ def pointwise_k_block(shape, filters: int, pixels: int) -> Optional[int]:
     rows = sets * ways // 4 // max(1, shape.nr * 4 // line)
     block = 1 << (rows.bit_length() - 1)
     return max(32, block)
+
+
+def pointwise_panels_outer(shape, filters: int, channels: int, pixels: int) -> bool:
+    """Whether a pointwise convolution runs each column panel of its input through every
+    block of filters before the next (emit_gemm's panels_outer), so that an input larger
+    than L2 streams from memory once instead of once per block of MR filters.  Where it
+    pays: few filters (all of A in L1), an input over 2 MB, and no more filters than
+    channels -- the input, not the output, is the traffic that matters.  det_fpn at
+    160 x 160 (Zen 4, 1 thread, in the model, ms): 48 -> 24 2.17 -> 1.25, 72 -> 24
+    8.7 -> 1.17 (x86-64-v3); 2.4 -> 1.4 and 2.5 -> 1.5 with AVX-512.  With more filters
+    than channels, each panel writes every output row at once, a plane apart (a multiple
+    of 4 KB: all in one L1 set), and rows in turn stream better: 24 -> 72 at 160 x 160
+    1.03 -> 1.25, 16 -> 48 at 320 x 320 2.46 -> 3.64 (inputs in cache).  Smaller inputs,
+    warm from the step before, showed no gain: MobileNetV2's 32 -> 16 at 112 x 112 (1.6 MB)
+    0.147 -> 0.199 ms with AVX-512, 0.171 -> 0.189 on x86-64-v3, det_fpn's 72 -> 40 at
+    80 x 80 (1.8 MB) 0.41 -> 0.52 with AVX-512 (in the models; unchanged code varied by
+    0.14-0.16 on that shared machine)."""
+    return (pointwise_k_block(shape, filters, pixels, channels) is None and filters >= shape.mr
+            and filters <= channels and filters * channels * 4 <= L1_BYTES
+            and channels * pixels * 4 > 2 * 1024 * 1024)
 
 
 # --------------------------------------------------------------------------- N-D and transposed convolution

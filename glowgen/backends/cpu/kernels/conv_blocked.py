@@ -61,8 +61,18 @@ def conv_is_blocked(node, shape) -> bool:
     512->512 @7 0.90-1.03, 16->16 @320 0.95-1.06 (within the noise of a shared machine)."""
     m, cg, kh, kw = node.inputs[1].type.shape
     return (node.group == 1 and node.outputs[0].type.dtype == "f32" and cg % shape.vw == 0
-            and m % shape.nr == 0 and not conv_is_pointwise(node) and kh * kw <= 64
+            and m % blocked_tile(m, shape).nr == 0 and not conv_is_pointwise(node) and kh * kw <= 64
             and not _copies_unread_input(node))
+
+
+def blocked_tile(filters: int, shape) -> GemmShape:
+    """The product's register tile, MR pixels x NV vectors of filters: the target's, unless
+    its filter panels do not divide the filters and panels of three AVX2 vectors do (4 x 24:
+    as many accumulators as 6 x 16).  det_fpn's 96 -> 24 3x3 at 160 x 160 (x86-64-v3, Zen 4,
+    1 thread, in the model): gemm-planes 12.8 ms, blocked in 24-filter panels 11.5 ms."""
+    if shape.vw == 8 and shape.nv == 2 and filters % shape.nr and filters % (3 * shape.vw) == 0:
+        return GemmShape(shape.vw, shape.mr * shape.nv // 3, 3, shape.features)
+    return shape
 
 
 # A copy of the input larger than Zen 4's L2 (1 MB)...
@@ -80,6 +90,16 @@ def _copies_unread_input(node) -> bool:
     (sh, sw), (dh, dw) = node.strides, node.dilations
     skips = (kh - 1) * dh + 1 < sh or (kw - 1) * dw + 1 < sw
     return skips and not subsampled(node) and 4 * c * h * w > COPY_BYTES
+
+
+# The largest C^T of a whole plane computed in one band, panel by panel,
+# when the weights exceed L2.  ResNet's 512 -> 512 3x3 at 7 x 7 (x86-64-v3, Zen 4, 1 thread,
+# in the models, weights from memory): 2.62-2.67 -> 2.43-2.44 ms (ResNet-18, three of them),
+# 3x3/2 at 7 x 7 2.77 -> 2.53 (ResNet-50); ResNet-18 35.7 -> 34.9-35.1 ms.  Alone, the
+# weights warm in L3, 2.46 -> 2.64: the weights' single stream from L3 fed the tiles better.
+# With AVX-512 (7-pixel tiles, fewer re-reads) ResNet-18 measured the same either way.
+WHOLE_BAND_BYTES = 256 * 1024
+L2_BYTES = 1024 * 1024          # Zen 4's
 
 
 def subsampled(node) -> bool:
@@ -114,6 +134,7 @@ class BlockedGeometry:
             self.h, self.w, self.sh, self.sw = self.oh, self.ow, 1, 1
         # The GEMM's register tile, MR pixels x NV vectors of filters (6 x 4 and 12 x 2 on
         # AVX-512 measured no faster than 8 x 2: the loop runs at the FMA peak).
+        shape = blocked_tile(self.m, shape)
         self.vw, self.nr, self.nv = shape.vw, shape.nr, shape.nv
         self.cb = self.cg // self.vw
         self.hp = max(self.h + self.pt, (self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1)
@@ -128,6 +149,13 @@ class BlockedGeometry:
         # Bands start whole tiles and whole vectors of the store-back.
         self.unit = self.mr * self.vw // math.gcd(self.mr, self.vw)
         units = min(max(1, BAND_BYTES // (4 * self.mp * self.unit)), -(-self.n // self.unit))
+        # Weights larger than L2 (ResNet's 512 -> 512 3x3 at 7 x 7: 9.4 MB), re-read by every
+        # tile, come from L3 or memory each time: with a C^T of all the pixels small enough
+        # for L2 (WHOLE_BAND_BYTES), one band of them, each filter panel meeting every tile
+        # while in L2 (_band_panels_outer).
+        self.panels_outer = 4 * self.k * self.mp > L2_BYTES and 4 * self.n * self.mp <= WHOLE_BAND_BYTES
+        if self.panels_outer:
+            units = -(-self.n // self.unit)
         self.band = balanced_band(self.n, self.unit, units, parts)
         self.bands = -(-self.n // self.band)
         # The input copied band by band, just before the product reads it, when X is larger
@@ -322,24 +350,47 @@ def _gather_columns(b, ptr, vw: int, step: int, there: int):
 def _band(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, panels, panel_split, img, y, bias) -> None:
     """Pixels p0 .. p0 + count: their C^T rows for this task's filter panels, tile by tile
     (each tile's rows of X stay in L1 while every panel of W^T streams from L2), then stored
-    back."""
+    back.  (Or panel by panel: _band_panels_outer.)"""
     b = k.b
-    tiles = -(-count // g.mr)
-    with for_range(b, tiles, name="tile") as t:
-        first = b.add(p0, b.mul(t, i64(g.mr)))
-        rows = []
-        for i in range(g.mr):
-            p = b.add(first, i64(i))
-            if count % g.mr:          # the ragged tile's rows past the last pixel repeat it
-                p = b.select(b.icmp_signed("<", p, i64(g.n)), p, i64(g.n - 1))
-            oy, ox = b.udiv(p, i64(g.ow)), b.urem(p, i64(g.ow))
-            base = b.mul(b.add(b.mul(oy, i64(g.sh * g.wp)), b.mul(ox, i64(g.sw))), i64(g.vw))
-            rows.append(b.gep(xb, [base]))
-        # This task's filter panels (emit_gemm shares them out as panel_split.range does)
-        emit_gemm(b, GemmShape(g.vw, g.mr, g.nv), g.mr, g.m, g.k, None, 0, w, None,
-                  b.gep(ct, [b.mul(t, i64(g.mr * g.mp))]), g.mp, name="bk", split=panel_split,
-                  a_table=(taps, rows))
+    if g.panels_outer:
+        _band_panels_outer(k, g, xb, w, ct, taps, p0, count, panels)
+    else:
+        with for_range(b, -(-count // g.mr), name="tile") as t:
+            rows = _tile_rows(b, g, xb, b.add(p0, b.mul(t, i64(g.mr))), count)
+            # This task's filter panels (emit_gemm shares them out as panel_split.range does)
+            emit_gemm(b, GemmShape(g.vw, g.mr, g.nv), g.mr, g.m, g.k, None, 0, w, None,
+                      b.gep(ct, [b.mul(t, i64(g.mr * g.mp))]), g.mp, name="bk", split=panel_split,
+                      a_table=(taps, rows))
     _store_band(k, g, ct, p0, count, *panels, img, y, bias)
+
+
+def _tile_rows(b, g: BlockedGeometry, xb, first, count: int) -> list:
+    """Where each of a tile's MR pixels' windows start in X (the ragged tile's rows past
+    the last pixel repeat it)."""
+    rows = []
+    for i in range(g.mr):
+        p = b.add(first, i64(i))
+        if count % g.mr:
+            p = b.select(b.icmp_signed("<", p, i64(g.n)), p, i64(g.n - 1))
+        oy, ox = b.udiv(p, i64(g.ow)), b.urem(p, i64(g.ow))
+        base = b.mul(b.add(b.mul(oy, i64(g.sh * g.wp)), b.mul(ox, i64(g.sw))), i64(g.vw))
+        rows.append(b.gep(xb, [base]))
+    return rows
+
+
+def _band_panels_outer(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, panels) -> None:
+    """The band's C^T rows panel by panel, each filter panel of W^T meeting every tile of
+    the band while it is in L2 (weights larger than L2 are then read once a band, not once a
+    tile; BlockedGeometry.panels_outer)."""
+    b = k.b
+    p_lo, p_hi = panels
+    with for_range(b, p_hi, start=p_lo, name="bpanel") as p:
+        wp = b.gep(w, [b.mul(p, i64(g.k * g.nr))])           # panel p of W^T: K x NR
+        with for_range(b, -(-count // g.mr), name="tile") as t:
+            rows = _tile_rows(b, g, xb, b.add(p0, b.mul(t, i64(g.mr))), count)
+            c = b.gep(ct, [b.add(b.mul(t, i64(g.mr * g.mp)), b.mul(p, i64(g.nr)))])
+            emit_gemm(b, GemmShape(g.vw, g.mr, g.nv), g.mr, g.nr, g.k, None, 0, wp, None, c, g.mp, name="bo",
+                      a_table=(taps, rows))
 
 
 def _store_band(k, g: BlockedGeometry, ct, p0, count: int, p_lo, p_hi, img, y, bias) -> None:
