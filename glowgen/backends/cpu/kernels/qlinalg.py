@@ -44,8 +44,8 @@ from llvmlite import ir
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Work, parallel
 from ..plan import Phases
-from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, load_offsets, pack_a, pack_epilogue,
-                     pack_offsets, products_in_range, requantize, requantize_in_range)
+from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, load_offsets, narrowed_rows, pack_a,
+                     pack_epilogue, pack_offsets, products_in_range, requantize, requantize_unsaturated)
 from ..vectors import splat
 from . import qdepthwise as depthwise
 from . import qlanes
@@ -211,7 +211,7 @@ def _pack(node, geo: Geometry, w3, ws, b, qs: QShape, pad: int) -> tuple[np.ndar
     """The packed constants of the general product (each group's filters its own blocks,
     the corrections and multipliers at their padded rows), and whether every filter's
     requantized sums stay within qgemm.IN_RANGE (so that its store may requantize with
-    qgemm.requantize_in_range): the sums lie within the correction +- 255 times the
+    qgemm.requantize_unsaturated): the sums lie within the correction +- 255 times the
     filter's absolute sum (always so but for absurd scales)."""
     m, taps = w3.shape[0], w3.shape[2]
     corr_m, mult_m = (v[:m] for v in pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs))
@@ -330,22 +330,30 @@ def quantized_product(k: KernelArgs):
             b_base = b.gep(plane, [q0 if geo.ng == 1 else b.add(
                 q0, b.mul(b.udiv(mb, i64(geo.bpg)), i64(geo.groups * geo.group_stride)))])
 
-            def store(i, j, sums):
+            def start(i, j):        # the sums start from the row's bias correction
+                return splat(b, b.load(b.gep(corr, [b.add(b.mul(mb, i64(geo.mr)), i64(i))])), qs.vw)
+
+            rows = {}
+
+            def store(i, j, sums):   # requantized, narrowed and stored by pairs of rows
                 r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
                 if k.packed == PACKED_IN_RANGE:
-                    v = requantize_in_range(b, b.add(sums, splat(b, b.load(b.gep(corr, [r])), qs.vw)),
-                                            b.load(b.gep(mult, [r])), y_offset_i32, bounds)
+                    v = requantize_unsaturated(b, sums, b.load(b.gep(mult, [r])), None)
                 else:
-                    v = requantize(b, sums, b.load(b.gep(mult, [r])), y_offset,
-                                   corr=b.load(b.gep(corr, [r])), bounds=bounds)
-                if geo.direct:
-                    store_direct(b, geo, v, y, n, *geo.filter_of_row(b, r), b.add(q0, i64(j * qs.vw)))
-                    return
-                at = b.gep(ys, [b.add(b.add(b.mul(r, i64(geo.qpad)), q0), i64(j * qs.vw))])
-                st = b.store(v, b.bitcast(at, v.type.as_pointer()))
-                st.align = 1
+                    v = requantize(b, sums, b.load(b.gep(mult, [r])), y_offset, bounds=bounds, wide=True)
+                rows.setdefault(i, []).append(v)
             emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, geo.group_stride, store,
-                      rows=geo.mr)
+                      rows=geo.mr, init=start)
+            # (requantize's values, wide, are offset and within the bounds already)
+            exact = k.packed == PACKED_IN_RANGE
+            for i, run in narrowed_rows(b, qs, [rows[i] for i in range(geo.mr)],
+                                        bounds if exact else (-128, 127), y_offset_i32 if exact else None):
+                r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
+                if geo.direct:
+                    store_direct(b, geo, run, y, n, *geo.filter_of_row(b, r), q0)
+                    continue
+                st = b.store(run, b.bitcast(b.gep(ys, [b.add(b.mul(r, i64(geo.qpad)), q0)]), run.type.as_pointer()))
+                st.align = 1
         if geo.panels_outer:        # all the weights stay in cache; each panel of B in L1
             with for_range(b, p_hi, start=p_lo, name="qp") as p, for_range(b, hi, start=lo, name="qmb") as mb:
                 tile(mb, p)
