@@ -241,11 +241,11 @@ def requantize_in_range(b: ir.IRBuilder, sums, mult, offset, bounds=(-128, 127))
 
 
 def requantize_unsaturated(b: ir.IRBuilder, sums, mult, offset):
-    """requantize_in_range up to its saturation: the i32 vector of rounded values, offset
-    unless `offset` is None (`narrow` offsets and saturates four of them at once)."""
+    """requantize_in_range up to its saturation (`mult` for all lanes or a vector of one per
+    lane): the i32 vector of rounded values, offset unless `offset` is None (`narrow` offsets and saturates four of them at once)."""
     vw = sums.type.count
     ft, it = _vec(F32, vw), _vec(I32, vw)
-    f = b.fmul(b.sitofp(sums, ft), splat(b, mult, vw))
+    f = b.fmul(b.sitofp(sums, ft), mult if isinstance(mult.type, ir.VectorType) else splat(b, mult, vw))
     if vw == 16 and target_has(b.module, "avx512f"):
         # vcvtps2dq {rn-sae}: rounded halves to even whatever MXCSR says, in one instruction.
         cvt = intrinsic(b.module, "llvm.x86.avx512.mask.cvtps2dq.512", it, [ft, it, I16, I32])

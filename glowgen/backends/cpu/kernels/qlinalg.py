@@ -190,7 +190,7 @@ def q_repack(prog, ins, shape, users) -> bool:
         pad = _pad_element(qs, node.inputs[0].type.quant.offset)
         geo = Geometry(node, qs)
         if qlanes.in_lanes(geo, qs):
-            data = qlanes.pack(node, geo, w3, ws, b, qs, pad)
+            data, exact = qlanes.pack(node, geo, w3, ws, b, qs, pad)
         else:
             data, exact = _pack(node, geo, w3, ws, b, qs, pad)
     else:
@@ -301,7 +301,8 @@ def quantized_product(k: KernelArgs):
     qs = QShape(k.strategy)
     geo = Geometry(node, qs)
     if qlanes.in_lanes(geo, qs):
-        return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane)
+        return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane,
+                           k.packed == PACKED_IN_RANGE)
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
     packed = b.bitcast(packed, I8.as_pointer())
     a = b.bitcast(packed, I32.as_pointer())
