@@ -257,42 +257,48 @@ def requantize_unsaturated(b: ir.IRBuilder, sums, mult, offset):
     return b.add(r, ir.Constant(it, [offset] * vw) if isinstance(offset, int) else splat(b, offset, vw))
 
 
-def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None):
-    """Four i32 vectors of VW lanes (16 with AVX-512BW, 8 with AVX2) -> one i8 vector of
-    4 * VW lanes, [v0, v1, v2, v3], plus `offset` (an int or an i32 value, or None: none),
-    saturated to i8 and then to `bounds`: two saturating packs (i32 -> i16 of two vectors,
-    i16 -> i8 of the two results), which leave each 128-bit lane holding 4 values of every
-    vector, put in order by one vpermd; the offset costs a saturating i16 add for two
-    vectors, the bounds a byte max and min for all four.  In place of a vpmovsdb-style
-    narrowing with a max, a min and an offset per vector, 64 -> 22 instructions a tile of
-    8 x 2 vectors, where requantizing a product of few channels costs more than its sums:
-    with its sums started from the bias correction (emit_tile's init), MobileNetV2's int8
-    16 -> 96 1x1 at 112 x 112 476 -> 360 kcycles, 24 -> 144 at 56 x 56 218 -> 179, its
-    3x3 stride-2 stem 293 -> 255 (Zen 4, fastest of 300 runs alone)."""
-    vw = vectors[0].type.count
-    assert len(vectors) == 4 and vw in (8, 16)
+def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, interleave: bool = False):
+    """Four (or two) i32 vectors of VW lanes (16 with AVX-512BW, 8 with AVX2) -> one i8
+    vector of their lanes, [v0, v1, v2, v3] (or, `interleave`, lane k of v_r at 4k + r),
+    plus `offset` (an int or an i32 value, or None: none), saturated to i8 and then to
+    `bounds`: two saturating packs (i32 -> i16 of two vectors, i16 -> i8 of the two results),
+    which leave each 128-bit lane holding 4 values of every vector, put in order by one
+    vpermd (interleaved: by one in-lane vpshufb, a 4 x 4 byte transpose); the offset costs a
+    saturating i16 add for two vectors, the bounds a byte max and min for all four.  In
+    place of a vpmovsdb-style narrowing with a max, a min and an offset per vector, 64 -> 22
+    instructions a tile of 8 x 2 vectors, where requantizing a product of few channels costs
+    more than its sums: with its sums started from the bias correction (emit_tile's init),
+    MobileNetV2's int8 16 -> 96 1x1 at 112 x 112 476 -> 360 kcycles, 24 -> 144 at 56 x 56
+    218 -> 179, its 3x3 stride-2 stem 293 -> 255 (Zen 4, fastest of 300 runs alone)."""
+    n, vw = len(vectors), vectors[0].type.count
+    assert n in (2, 4) and vw in (8, 16) and (n == 4 or not interleave)
     lanes = vw // 4                     # 128-bit lanes a vector spans
     it, ht, bt = _vec(I32, vw), _vec(I16, 2 * vw), _vec(I8, 4 * vw)
     pack_dw = intrinsic(b.module, "llvm.x86.avx512.packssdw.512" if vw == 16 else "llvm.x86.avx2.packssdw",
                         ht, [it, it])
     pack_wb = intrinsic(b.module, "llvm.x86.avx512.packsswb.512" if vw == 16 else "llvm.x86.avx2.packsswb",
                         bt, [ht, ht])
-    halves = [b.call(pack_dw, vectors[:2]), b.call(pack_dw, vectors[2:])]
+    halves = [b.call(pack_dw, vectors[i:i + 2]) for i in range(0, n, 2)]
     if offset is not None:
         # Offset in i16 with saturation, for two vectors at once: a value the pack saturated
         # (beyond +-32767) stays beyond i8 after an offset of at most 128 either way.
         off = ir.Constant(ht, [offset] * 2 * vw) if isinstance(offset, int) else splat(b, b.trunc(offset, I16), 2 * vw)
         add_sat = intrinsic(b.module, f"llvm.sadd.sat.v{2 * vw}i16", ht, [ht, ht])
         halves = [b.call(add_sat, [h, off]) for h in halves]
-    v = b.call(pack_wb, halves)
-    # Dword (4 bytes of one vector) l * 4 + s of the packs holds vector s's lanes 4l..4l+3.
-    d = b.bitcast(v, it)
-    order = [l * 4 + s for s in range(4) for l in range(lanes)]
-    v = b.bitcast(b.shuffle_vector(d, ir.Constant(it, ir.Undefined), ir.Constant(it, order)), bt)
+    v = b.call(pack_wb, [halves[0], halves[-1]])
+    if interleave:                      # byte 4j + r of each lane from byte 4r + j
+        order = [16 * (i // 16) + 4 * (i % 4) + (i % 16) // 4 for i in range(4 * vw)]
+        v = b.shuffle_vector(v, ir.Constant(bt, ir.Undefined), ir.Constant(_vec(I32, 4 * vw), order))
+    else:
+        # Dword (4 bytes of one vector) l * 4 + s of the packs holds vector s's lanes 4l..4l+3.
+        order = [l * 4 + s for s in range(n) for l in range(lanes)]
+        v = b.bitcast(b.shuffle_vector(b.bitcast(v, it), ir.Constant(it, ir.Undefined),
+                                       ir.Constant(_vec(I32, len(order)), order)), _vec(I8, n * vw))
+    vt = v.type
     if bounds[1] < 127:
-        v = b.call(intrinsic(b.module, f"llvm.smin.v{4 * vw}i8", bt, [bt, bt]), [v, ir.Constant(bt, [bounds[1]] * 4 * vw)])
+        v = b.call(intrinsic(b.module, f"llvm.smin.v{vt.count}i8", vt, [vt, vt]), [v, ir.Constant(vt, [bounds[1]] * vt.count)])
     if bounds[0] > -128:
-        v = b.call(intrinsic(b.module, f"llvm.smax.v{4 * vw}i8", bt, [bt, bt]), [v, ir.Constant(bt, [bounds[0]] * 4 * vw)])
+        v = b.call(intrinsic(b.module, f"llvm.smax.v{vt.count}i8", vt, [vt, vt]), [v, ir.Constant(vt, [bounds[0]] * vt.count)])
     return v
 
 
