@@ -21,7 +21,9 @@ The shift of B to u8 is folded into a per-row correction computed at compile tim
 corr[m] = b[m] - (x_offset + shift) * sum_k A[m, k], so that C + corr is exactly
 sum_k (x - x_offset) * w + b.  Requantization runs in f32 in the store: (C + corr) as f32
 times the row's multiplier x_scale * w_scale[m] / scale, rounded halves to even, plus the
-result's offset, saturated to i8 (reference.primitives.requantize computes the same).
+result's offset, saturated to i8 (reference.primitives.requantize computes the same).  The
+tile's sums start from corr (emit_tile's init), and its vectors are saturated to i8 four
+at a time (narrow).
 """
 from __future__ import annotations
 
@@ -214,7 +216,7 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128
 
 
 # |sums * mult| below this converts to i32 exactly with room for the offset: the
-# precondition of requantize_in_range, checked at compile time (products_in_range).
+# precondition of requantize_unsaturated, checked at compile time (products_in_range).
 IN_RANGE = 2.0 ** 30
 
 
@@ -224,25 +226,13 @@ def products_in_range(bound: np.ndarray, mult: np.ndarray) -> bool:
     return bool(np.all(np.abs(bound.astype(np.float64)) * np.abs(mult.astype(np.float64)) * 1.001 < IN_RANGE))
 
 
-def requantize_in_range(b: ir.IRBuilder, sums, mult, offset, bounds=(-128, 127)):
-    """requantize for a vector of sums whose products with `mult` stay below IN_RANGE
-    (products_in_range): rounded halves to even in f32, then converted, offset and saturated
-    in i32 (vpmovsdb, or AVX2's saturating packs), the same values in two instructions fewer.
-    `offset`: an int, or an i32 value read at run time; `bounds` as requantize's, low at
-    most high (bounds narrower than the type's, a ReLU's or a folded Rescale's, cost a
-    vector max and min before the pack, where a Max and a Min op were passes over memory).
-    (Outside the range the conversion would not be exact: fptosi of a too-large value is
-    poison.)"""
-    r = requantize_unsaturated(b, sums, mult, offset)
-    it = r.type
-    r = b.call(intrinsic(b.module, f"llvm.smin.v{it.count}i32", it, [it, it]), [r, ir.Constant(it, [bounds[1]] * it.count)])
-    r = b.call(intrinsic(b.module, f"llvm.smax.v{it.count}i32", it, [it, it]), [r, ir.Constant(it, [bounds[0]] * it.count)])
-    return b.trunc(r, _vec(I8, it.count))
-
-
 def requantize_unsaturated(b: ir.IRBuilder, sums, mult, offset):
-    """requantize_in_range up to its saturation (`mult` for all lanes or a vector of one per
-    lane): the i32 vector of rounded values, offset unless `offset` is None (`narrow` offsets and saturates four of them at once)."""
+    """requantize for a vector of sums whose products with `mult` (for all lanes, or a vector
+    of one per lane) stay below IN_RANGE (products_in_range), up to its saturation: rounded
+    halves to even in f32, then converted to i32, plus `offset` (an int or an i32 value
+    read at run time; None: none), the i32 vector `narrow` saturates to i8 and to the
+    bounds four vectors at a time.  (Outside the range the conversion would not be exact:
+    fptosi of a too-large value is poison.)"""
     vw = sums.type.count
     ft, it = _vec(F32, vw), _vec(I32, vw)
     f = b.fmul(b.sitofp(sums, ft), mult if isinstance(mult.type, ir.VectorType) else splat(b, mult, vw))
