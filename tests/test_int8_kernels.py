@@ -12,7 +12,7 @@ import pytest
 from glowgen import pipeline
 from glowgen.api import CompiledModel
 from glowgen.backends.cpu.kernels import qlanes
-from glowgen.backends.cpu.kernels.qlinalg import Geometry
+from glowgen.backends.cpu.kernels.qlinalg import Geometry, interleaves_rows
 from glowgen.backends.cpu.qgemm import QSHAPES, QShape
 from glowgen.engine.registry import Registry
 from glowgen.engine.textual import parse_function
@@ -226,6 +226,32 @@ def test_uneven_blocks_split_by_pixels(case, cpu):
         if threads > 1:
             assert max(s.parts for s in model.program.plan.steps) == threads
         np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{cpu} {threads} threads")
+
+# 1x1 convolutions at stride 1 whose plane interleaves whole channel rows
+# (qlinalg.interleave_channels): pixels in steps of 64, of 16, and one at a time.
+INTERLEAVED = [(1, 24, 13, 11, 40, 1),      # 143 pixels: 2 x 64 + 15 single
+               (1, 16, 20, 20, 96, 1),      # 400: 6 x 64 + 16
+               (1, 64, 7, 7, 72, 1),        # 49: 3 x 16 + 1 (features in the lanes with VNNI)
+               (1, 40, 16, 16, 8, 1),       # 256: 4 x 64
+               (1, 64, 30, 30, 64, 1)]      # 900: 14 x 64 + 4; split, its plane built in shares
+SPLIT_INTERLEAVED = {len(INTERLEAVED) - 1}
+
+
+@pytest.mark.parametrize("cpu", CPUS + ["x86-64-v4"])
+@pytest.mark.parametrize("case", range(len(INTERLEAVED)))
+def test_plane_of_interleaved_rows(case, cpu):
+    text, feeds, want = conv_case(np.random.default_rng(400 + case), *INTERLEAVED[case], bounds=(-30, 100))
+    results = []
+    for threads in (1, 2, 3):
+        model, _ = _compile(text, cpu, threads)
+        ins = [i for i in model.program.instrs if i.kind == "QuantizedConv"][0]
+        assert interleaves_rows(Geometry(ins.node, QShape(ins.plan.strategy)))
+        if case in SPLIT_INTERLEAVED:
+            assert max(s.parts for s in model.program.plan.steps) == threads
+        results.append(model.run(feeds)["y"])
+        np.testing.assert_array_equal(results[-1], want, err_msg=f"{cpu} {threads} threads")
+    assert all(r.tobytes() == results[0].tobytes() for r in results)
+
 
 DEPTHWISE_CASES = [
     # n, c, h, w, m, k, strides, pads, dilations, group (= c = m: one filter per channel)

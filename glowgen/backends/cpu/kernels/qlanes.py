@@ -31,7 +31,8 @@ from llvmlite import ir
 
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
-from ..qgemm import QShape, emit_tile, load_offsets, pack_epilogue, pack_offsets, requantize
+from ..qgemm import (QShape, emit_tile, load_offsets, narrowed_rows, pack_epilogue, pack_offsets,
+                     products_in_range, requantize, requantize_unsaturated)
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 # Features in the lanes when they waste this much less than pixels in the lanes.
@@ -89,8 +90,9 @@ def in_lanes(geo, qs: QShape) -> bool:
             and lanes.rows <= MAX_ROWS and lanes.useful() > GAIN * pixels_useful(geo))
 
 
-def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> np.ndarray:
-    """The packed constant of the module docstring, as bytes; w3: weights [M, C, taps]."""
+def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> tuple[np.ndarray, bool]:
+    """The packed constant of the module docstring, as bytes; w3: weights [M, C, taps]; and
+    whether every feature's requantized sums stay within qgemm.IN_RANGE (as qlinalg._pack)."""
     lanes = Lanes(geo, qs)
     m, c, taps = w3.shape
     g = qs.group
@@ -103,8 +105,10 @@ def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> np.ndarray:
     corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
     corr_p, mult_p = np.zeros(lanes.npad, np.int32), np.zeros(lanes.npad, np.float32)
     corr_p[:m], mult_p[:m] = corr[:m], mult[:m]
-    return np.concatenate([weights.view(np.int8).ravel(), corr_p.view(np.int8), mult_p.view(np.int8),
+    bound = np.abs(corr[:m].astype(np.int64)) + 255 * np.abs(w3.reshape(m, -1).astype(np.int64)).sum(1)
+    data = np.concatenate([weights.view(np.int8).ravel(), corr_p.view(np.int8), mult_p.view(np.int8),
                            *pack_offsets(node, pad_element)])
+    return data, products_in_range(bound, mult[:m])
 
 
 def plane_and_result(b, k, geo):
@@ -116,9 +120,10 @@ def plane_and_result(b, k, geo):
     return b.bitcast(scratch, I32.as_pointer()), b.gep(scratch, [i64(geo.plane_bytes)])
 
 
-def emit(b, k, geo, qs: QShape, build_plane):
+def emit(b, k, geo, qs: QShape, build_plane, exact: bool):
     """Per image: the plane of x, the tiles of this task's features over every row block,
-    then their columns of the result block [rows][Mpad + 64] copied into y."""
+    then their columns of the result block [rows][Mpad + 64] copied into y.  `exact`: the
+    requantized sums stay in range (pack), and requantize in i32 (qgemm.narrow)."""
     lanes = Lanes(geo, qs)
     mr, npad, stride = lanes.mr, lanes.npad, lanes.ys_stride
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
@@ -127,6 +132,7 @@ def emit(b, k, geo, qs: QShape, build_plane):
     corr = b.bitcast(b.gep(packed, [i64(lanes.b_bytes)]), I32.as_pointer())
     mult = b.bitcast(b.gep(packed, [i64(lanes.b_bytes + 4 * npad)]), F32.as_pointer())
     y_offset, pad = load_offsets(b, packed, lanes.b_bytes + 8 * npad)
+    y_offset_i32 = b.fptosi(y_offset, I32)
     bounds = saturation(k.node)
     plane, ys = plane_and_result(b, k, geo)
     if k.phased and k.phase == 0:           # this task's share of the shared plane
@@ -151,20 +157,29 @@ def emit(b, k, geo, qs: QShape, build_plane):
             def a_at(g, t, i):
                 return b.gep(starts[i], [b.add(b.mul(g, i64(geo.group_stride)), i64(geo.taps[t]))])
 
-            def store(i, j, sums):
-                f = b.add(n0, i64(j * qs.vw))
-                cv = b.load(b.bitcast(b.gep(corr, [f]), sums.type.as_pointer()))
-                cv.align = 4
-                mv = b.load(b.bitcast(b.gep(mult, [f]), ir.VectorType(F32, qs.vw).as_pointer()))
-                mv.align = 4
-                v = requantize(b, sums, mv, y_offset, corr=cv, bounds=bounds)
-                at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), f)])
-                st = b.store(v, b.bitcast(at, v.type.as_pointer()))
-                st.align = 1
+            def features(j, at, t):     # the i32 / f32 vector of features n0 + j * VW of `at`
+                v = b.load(b.bitcast(b.gep(at, [b.add(n0, i64(j * qs.vw))]), ir.VectorType(t, qs.vw).as_pointer()))
+                v.align = 4
+                return v
+
+            rows = {}
+
+            def store(i, j, sums):      # requantized, narrowed and stored by pairs of rows
+                if exact:
+                    v = requantize_unsaturated(b, sums, features(j, mult, F32), None)
+                else:
+                    v = requantize(b, sums, features(j, mult, F32), y_offset, bounds=bounds, wide=True)
+                rows.setdefault(i, []).append(v)
             tile_weights = b.gep(weights, [b.mul(tile, i64(geo.groups * lanes.taps * qs.nr))])
             emit_tile(b, qs, geo.groups, [t * qs.nr for t in range(lanes.taps)], None,
                       tile_weights, lanes.taps * qs.nr, store, name="lq", rows=mr,
-                      broadcast_u8=True, a_at=a_at)
+                      broadcast_u8=True, a_at=a_at, init=lambda i, j: features(j, corr, I32))
+            # (requantize's values, wide, are offset and within the bounds already)
+            for i, run in narrowed_rows(b, qs, [rows[i] for i in range(mr)], bounds if exact else (-128, 127),
+                                        y_offset_i32 if exact else None):
+                at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), n0)])
+                st = b.store(run, b.bitcast(at, run.type.as_pointer()))
+                st.align = 1
         m_lo = b.mul(lo, i64(qs.nr))
         m_hi = b.mul(hi, i64(qs.nr))
         m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
