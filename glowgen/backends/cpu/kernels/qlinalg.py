@@ -44,7 +44,7 @@ from llvmlite import ir
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Work, parallel
 from ..plan import Phases
-from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, load_offsets, pack_a, pack_epilogue,
+from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, for_weights, load_offsets, pack_a, pack_epilogue,
                      pack_offsets, products_in_range, requantize, requantize_in_range)
 from ..vectors import splat
 from . import qdepthwise as depthwise
@@ -157,7 +157,8 @@ def _constant(ins, index):
 def q_strategy(ins, shape, packable) -> str:
     """With constant weights, bias and scales: the target's depthwise kernel (qdepthwise.py)
     for one filter per channel where it covers the shape, its int8 product (qgemm.QSHAPES)
-    for any other convolution, grouped or not, and matrix product; plain loops otherwise."""
+    for any other convolution, grouped or not, and matrix product (on AVX2 `ubsw` where the
+    weights fit 7 bits: qgemm.for_weights); plain loops otherwise."""
     qs = choose_qshape(getattr(shape, "features", ""))
     node = ins.node
     if node.inputs[0].type.dtype != "i8":
@@ -168,7 +169,7 @@ def q_strategy(ins, shape, packable) -> str:
         if depthwise.sums_in_range(node, *(_constant(ins, i) for i in (2, 3, 4)), qs):
             return depthwise.strategy(qs)
         return "loops"
-    return qs.kind
+    return for_weights(qs, _constant(ins, 2)).kind
 
 
 @hook(REPACK, "QuantizedConv", "QuantizedMatMul")
