@@ -3,7 +3,8 @@ AVX-512BW without VNNI (x86-64-v4), a product whose constant weights all lie in 
 multiplies u8 activations by s8 weights with `vpmaddubsw`, whose 16-bit pair sums cannot
 saturate with such weights; any other weight keeps the exact `madd16`.  Both against the
 exact NumPy reference of test_int8_kernels, bit for bit at 1, 2 and 3 threads, including
-the extremes: weights -64 and 63 against activations 0 and 255 (as u8: -128 and 127 + 128)."""
+the extremes: weights -64 and 63 against activations 0 and 255 (as u8: -128 and 127 + 128).
+And the quantizer's default: 7-bit weights on targets without VNNI, 8 on the others."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +12,8 @@ import pytest
 
 from glowgen.backends.cpu.kernels import qlanes
 from glowgen.backends.cpu.kernels.qlinalg import Geometry
-from glowgen.backends.cpu.qgemm import QShape
+from glowgen.backends.cpu.qgemm import QShape, fast_weight_bits
+from glowgen.backends.cpu.target import level_features
 from test_int8_kernels import _AVX512BW, _compile, conv_case, matmul_case
 
 CPUS = ["x86-64-v3"] + (["x86-64-v4"] if _AVX512BW else [])
@@ -88,3 +90,72 @@ def test_a_weight_outside_seven_bits_keeps_madd16(cpu, outlier):
         text, feeds, want = make(rng, *case, w_values=[-64, 63, outlier], x_values=[-128, 127])
         assert str(outlier) in text
         _check(text, feeds, want, cpu, kind, "madd16" if cpu == "x86-64-v3" else "madd16-512")
+
+
+def test_weight_bits_by_target():
+    """7-bit weights where the product lacks VNNI, 8 where it has it."""
+    assert fast_weight_bits(level_features("x86-64-v3")) == 7
+    assert fast_weight_bits(level_features("x86-64-v4")) == 7
+    assert fast_weight_bits(level_features("x86-64-v4").replace("-avx512vnni", "+avx512vnni")) == 8
+    assert fast_weight_bits("+sse2") == 8          # no int8 product: plain loops either way
+
+
+# ----------------------------------------------------------------------------- the quantizer
+@pytest.fixture(scope="module")
+def digits():
+    import glowgen
+    from test_quantization import _digits
+    model, data = _digits()
+    calib = [{"input": data["calib_x"][i:i + 1]} for i in range(100)]
+    return model, data, glowgen.profile(model, calib, input_shapes={"input": (1, 1, 8, 8)})
+
+
+def _weights(model):
+    """(strategy, |largest weight|) of each int8 product of a compiled model."""
+    return [(i.plan.strategy, int(np.abs(i.node.inputs[1].data).max()))
+            for i in model.program.instrs if i.kind in ("QuantizedConv", "QuantizedMatMul")]
+
+
+@pytest.mark.parametrize("cpu, weight_bits, strategy, top", [
+    ("x86-64-v3", None, "ubsw", 63), ("x86-64-v3", "auto", "ubsw", 63), ("x86-64-v3", 8, "madd16", 127),
+    ("x86-64-v4", None, "ubsw-512", 63), ("x86-64-v3", 7, "ubsw", 63)])
+def test_quantizer_weight_bits_by_target(digits, cpu, weight_bits, strategy, top):
+    """Without VNNI the quantizer's weights take 7 bits ([-63, 63]: ubsw) unless asked for 8
+    (madd16); digits top-1 stays within half a point of float either way."""
+    import glowgen
+    if cpu not in CPUS:
+        pytest.skip(f"this machine cannot run {cpu}")
+    model, data, profile = digits
+    x, y = data["test_x"], data["test_y"]
+    shapes = {"input": x.shape}
+    float_top1 = (glowgen.compile(model, input_shapes=shapes, cpu=cpu).run({"input": x})["logits"]
+                  .argmax(1) == y).mean()
+    q = glowgen.compile(model, input_shapes=shapes, cpu=cpu, quantize=profile, weight_bits=weight_bits)
+    weights = _weights(q)
+    assert len(weights) == 5 and all(w == (strategy, top) for w in weights), weights
+    top1 = (q.run({"input": x})["logits"].argmax(1) == y).mean()
+    assert top1 >= float_top1 - 0.005, (top1, float_top1)
+
+
+def test_quantizer_keeps_eight_bits_with_vnni(digits):
+    """The host's own target: 8-bit weights where it has VNNI (the interpreter: always 8)."""
+    import glowgen
+    from glowgen.backends.cpu.target import resolve_cpu
+    model, data, profile = digits
+    shapes = {"input": (1, 1, 8, 8)}
+    host = glowgen.compile(model, input_shapes=shapes, quantize=profile)
+    expected = 127 if fast_weight_bits(resolve_cpu("host").features) == 8 else 63
+    assert {w for _, w in _weights(host)} == {expected}
+
+
+def test_weight_bits_are_checked(digits):
+    import glowgen
+    from glowgen.errors import GlowgenError
+    from glowgen.quantization.quantizer import check_weight_bits
+    assert check_weight_bits("7") == 7 and check_weight_bits("auto") is None
+    with pytest.raises(GlowgenError, match="7 or 8 bits"):
+        check_weight_bits(6)
+    with pytest.raises(GlowgenError, match="int16"):
+        check_weight_bits(7, "i16")
+    with pytest.raises(GlowgenError, match="give quantize= a profile"):
+        glowgen.compile(digits[0], input_shapes={"input": (1, 1, 8, 8)}, weight_bits=7)

@@ -91,14 +91,21 @@ def choose_qshape(features: str) -> Optional[QShape]:
 def for_weights(qs: QShape, *weights: np.ndarray) -> QShape:
     """The strategy for a product with these constant weights on the target whose widest
     int8 path is `qs` (choose_qshape): `ubsw` in place of `madd16` when every weight lies
-    in UBSW_WEIGHTS, so that its pair sums cannot saturate; otherwise `qs` itself (exact
-    for any i8 weights)."""
+    in UBSW_WEIGHTS (the quantizer's 7-bit weights: fast_weight_bits), so that its pair
+    sums cannot saturate; otherwise `qs` itself (exact for any i8 weights)."""
     if not qs.kind.startswith("madd16"):
         return qs
     lo, hi = UBSW_WEIGHTS
     if all(w.size == 0 or (int(w.min()) >= lo and int(w.max()) <= hi) for w in weights):
         return QShape(qs.kind.replace("madd16", "ubsw"))
     return qs
+
+
+def fast_weight_bits(features: str) -> int:
+    """The bits of int8 weights the target's product multiplies fastest: 7 where it lacks
+    VNNI (`ubsw` takes weights in UBSW_WEIGHTS), else 8."""
+    qs = choose_qshape(features)
+    return 7 if qs is not None and qs.kind.startswith("madd16") else 8
 
 
 def pack_a(w: np.ndarray, taps: int, qs: QShape, mr: Optional[int] = None) -> np.ndarray:
