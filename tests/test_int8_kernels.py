@@ -473,23 +473,25 @@ def _small_cnn(rng):
 
 def test_quantized_model_cpu_matches_interpreter():
     """A profile-quantized CNN on cpu (native int8 kernels, 1 and 2 threads, VNNI and AVX2)
-    against the interpreter: within one quantization step of the output."""
+    against the interpreter, with the same weights (7 or 8 bits): within one quantization
+    step of the output."""
     import glowgen
     rng = np.random.default_rng(11)
     model = _small_cnn(rng)
     samples = [{"x": rng.standard_normal((2, 3, 10, 10)).astype(np.float32)} for _ in range(4)]
     profile = glowgen.profile(model, samples)
     x = {"x": rng.standard_normal((2, 3, 10, 10)).astype(np.float32)}
-    ref = glowgen.compile(model, backend="interpreter", quantize=profile)
-    want = ref.run(x)["y"]
-    step = max(n.in_scale for n in ref.function.nodes if n.OP == "Dequantize")
-    for cpu in CPUS:
-        for threads in THREADS:
-            q = glowgen.compile(model, quantize=profile, threads=threads, cpu=cpu)
-            ops = {n.OP for n in q.function.nodes}
-            assert {"QuantizedConv", "QuantizedMatMul"} <= ops and "Conv" not in ops, ops
-            got = q.run(x)["y"]
-            assert np.abs(got - want).max() <= step * 1.001, (cpu, threads, np.abs(got - want).max(), step)
+    for bits in (7, 8):
+        ref = glowgen.compile(model, backend="interpreter", quantize=profile, weight_bits=bits)
+        want = ref.run(x)["y"]
+        step = max(n.in_scale for n in ref.function.nodes if n.OP == "Dequantize")
+        for cpu in CPUS:
+            for threads in THREADS:
+                q = glowgen.compile(model, quantize=profile, threads=threads, cpu=cpu, weight_bits=bits)
+                ops = {n.OP for n in q.function.nodes}
+                assert {"QuantizedConv", "QuantizedMatMul"} <= ops and "Conv" not in ops, ops
+                got = q.run(x)["y"]
+                assert np.abs(got - want).max() <= step * 1.001, (bits, cpu, threads, np.abs(got - want).max(), step)
 
 
 @pytest.mark.parametrize("cpu", CPUS)
