@@ -173,8 +173,17 @@ def dot_groups(b: ir.IRBuilder, qs: QShape, acc, bvec, aval, broadcast_u8: bool 
         q = _vec(I8, 4 * vw)
         name = "llvm.x86.avx512.pmaddubs.w.512" if vw == 16 else "llvm.x86.avx2.pmadd.ub.sw"
         pairs = b.call(intrinsic(b.module, name, h, [q, q]), [b.bitcast(u8, q), b.bitcast(s8, q)])
-        return b.add(acc, b.call(madd, [pairs, ir.Constant(h, [1] * (2 * vw))]))
-    return b.add(acc, b.call(madd, [b.bitcast(bvec, h), b.bitcast(avec, h)]))
+        return in_register(b, b.add(acc, b.call(madd, [pairs, ir.Constant(h, [1] * (2 * vw))])))
+    return in_register(b, b.add(acc, b.call(madd, [b.bitcast(bvec, h), b.bitcast(avec, h)])))
+
+
+def in_register(b: ir.IRBuilder, v):
+    """v, through an empty inline assembly statement: a sum LLVM cannot reassociate with the
+    additions after it.  Left free, it summed a tile's products tap by tap into trees of
+    temporaries (acc + ((p1 + p2) + (p3 + p4)) ...) which with the tile's accumulators
+    overflowed the 16 ymm registers and spilled sums to the stack in every step."""
+    asm = ir.InlineAsm(ir.FunctionType(v.type, [v.type]), "", "=v,0", side_effect=False)
+    return b.call(asm, [v])
 
 
 def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block, b_base,
