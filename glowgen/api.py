@@ -251,8 +251,8 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
     `keep_float` op kinds left in float ("Conv,MatMul" or a list), `precision` "int8" (the
     default) or "int16" (activations and weights in i16: 256 times finer steps, exact i64
     sums; compiled as plain loops, slower than float), `weight_bits` 7 or 8 for int8 weights
-    (default "auto": 7 on targets without VNNI, whose int8 products are then twice as fast,
-    8 otherwise)."""
+    (default "auto": 7 on targets without VNNI, whose int8 products are then about 1.5 times
+    as fast, 8 otherwise)."""
     backend = get_backend(backend)
     options = backend.check_options(options)      # before a long compilation
 

@@ -96,7 +96,8 @@ def add_quantize_arguments(p) -> None:
     p.add_argument("--weight-bits", default=None, choices=("auto", "7", "8"),
                    help="with --quantize: the bits of int8 weights: 7 ([-63, 63]) or 8; auto "
                         "(default) takes 7 on targets without AVX-512 VNNI (AVX2), whose int8 "
-                        "products multiply 7-bit weights twice as fast and exactly, 8 otherwise")
+                        "products multiply 7-bit weights about 1.5 times as fast, exactly; 8 "
+                        "otherwise")
     p.add_argument("--calibration", dest="quant_calibration", default="minmax", metavar="C",
                    help="with --quantize: the range taken from each tensor's profile: minmax "
                         "(default), kl (entropy) or percentile=P (e.g. percentile=99.99)")

@@ -65,8 +65,8 @@ class CpuBackend(Backend):
         return cpu_passes(self._features(options), options["threads"], options["stacking"])
 
     def weight_bits(self, options: Mapping[str, Any]) -> int:
-        """7 on targets whose int8 product is twice as fast with 7-bit weights (AVX2 and
-        AVX-512BW without VNNI: qgemm.fast_weight_bits), 8 otherwise."""
+        """7 on targets whose int8 product is faster with 7-bit weights (AVX2 and AVX-512BW
+        without VNNI: qgemm.fast_weight_bits), 8 otherwise."""
         from .qgemm import fast_weight_bits
         return fast_weight_bits(self._features(options))
 
