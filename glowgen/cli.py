@@ -185,7 +185,11 @@ def cmd_dump(args) -> int:
     from .cli_quantize import quantize_options
     from .frontend.onnx import CheckedModel, load_model
     model = CheckedModel(load_model(args.model))
-    quantization = api.quantization_options(model, **quantize_options(args))
+    # The weights' bits as compiling for the dumped target would choose them (--weight-bits auto).
+    backend = api.get_backend(args.backend)
+    cpu = {"cpu": args.cpu} if args.cpu and "cpu" in backend.options else {}
+    quantization = api.quantization_options(model, **quantize_options(args), backend=backend,
+                                            backend_options=backend.check_options(cpu))
     if quantization is not None and stage == "loaded":
         raise InputError("--quantize rewrites the optimized graph: use --stage optimized, lowered or lir")
     fn = api.load(model, _input_shapes(args))

@@ -77,11 +77,20 @@ def _compile(text, cpu, threads):
     return CompiledModel(fn, registry, "cpu", threads=threads, cpu=cpu), ops
 
 
+def _draw(rng, values, shape, low, high):
+    """int8 values: drawn from `values` when given, else uniform in [low, high]."""
+    if values is None:
+        return rng.integers(low, high + 1, shape).astype(np.int8)
+    return rng.choice(np.asarray(values, np.int8), shape)
+
+
 def conv_case(rng, n, c, h, w_, m, k, strides=(1, 1), pads=(0, 0, 0, 0), dilations=(1, 1), group=1, ys=0.05,
-              bounds=None):
+              bounds=None, w_values=None, x_values=None):
+    """A QuantizedConv graph, its input and the exact result; weights and inputs uniform
+    over i8 (weights from -127), or drawn from `w_values` / `x_values`."""
     xs, xo, yo = 0.02, int(rng.integers(-20, 20)), int(rng.integers(-10, 10))
-    x = rng.integers(-128, 128, (n, c, h, w_)).astype(np.int8)
-    w = rng.integers(-127, 128, (m, c // group, k, k)).astype(np.int8)
+    x = _draw(rng, x_values, (n, c, h, w_), -128, 127)
+    w = _draw(rng, w_values, (m, c // group, k, k), -127, 127)
     ws = (rng.random(m) * 0.01 + 0.001).astype(np.float32)
     b = rng.integers(-5000, 5000, m).astype(np.int32)
     oh = (h + pads[0] + pads[2] - dilations[0] * (k - 1) - 1) // strides[0] + 1
@@ -99,10 +108,10 @@ def conv_case(rng, n, c, h, w_, m, k, strides=(1, 1), pads=(0, 0, 0, 0), dilatio
     return text, {"x": x}, want
 
 
-def matmul_case(rng, batch, k, n, bounds=None):
+def matmul_case(rng, batch, k, n, bounds=None, w_values=None, x_values=None):
     xs, xo, ys, yo = 0.03, int(rng.integers(-20, 20)), 0.2, int(rng.integers(-10, 10))
-    x = rng.integers(-128, 128, tuple(batch) + (k,)).astype(np.int8)
-    w = rng.integers(-127, 128, (k, n)).astype(np.int8)
+    x = _draw(rng, x_values, tuple(batch) + (k,), -128, 127)
+    w = _draw(rng, w_values, (k, n), -127, 127)
     ws = (rng.random(n) * 0.01 + 0.001).astype(np.float32)
     b = rng.integers(-5000, 5000, n).astype(np.int32)
     text = f"""graph test {{
@@ -490,23 +499,25 @@ def _small_cnn(rng):
 
 def test_quantized_model_cpu_matches_interpreter():
     """A profile-quantized CNN on cpu (native int8 kernels, 1 and 2 threads, VNNI and AVX2)
-    against the interpreter: within one quantization step of the output."""
+    against the interpreter, with the same weights (7 or 8 bits): within one quantization
+    step of the output."""
     import glowgen
     rng = np.random.default_rng(11)
     model = _small_cnn(rng)
     samples = [{"x": rng.standard_normal((2, 3, 10, 10)).astype(np.float32)} for _ in range(4)]
     profile = glowgen.profile(model, samples)
     x = {"x": rng.standard_normal((2, 3, 10, 10)).astype(np.float32)}
-    ref = glowgen.compile(model, backend="interpreter", quantize=profile)
-    want = ref.run(x)["y"]
-    step = max(n.in_scale for n in ref.function.nodes if n.OP == "Dequantize")
-    for cpu in CPUS:
-        for threads in THREADS:
-            q = glowgen.compile(model, quantize=profile, threads=threads, cpu=cpu)
-            ops = {n.OP for n in q.function.nodes}
-            assert {"QuantizedConv", "QuantizedMatMul"} <= ops and "Conv" not in ops, ops
-            got = q.run(x)["y"]
-            assert np.abs(got - want).max() <= step * 1.001, (cpu, threads, np.abs(got - want).max(), step)
+    for bits in (7, 8):
+        ref = glowgen.compile(model, backend="interpreter", quantize=profile, weight_bits=bits)
+        want = ref.run(x)["y"]
+        step = max(n.in_scale for n in ref.function.nodes if n.OP == "Dequantize")
+        for cpu in CPUS:
+            for threads in THREADS:
+                q = glowgen.compile(model, quantize=profile, threads=threads, cpu=cpu, weight_bits=bits)
+                ops = {n.OP for n in q.function.nodes}
+                assert {"QuantizedConv", "QuantizedMatMul"} <= ops and "Conv" not in ops, ops
+                got = q.run(x)["y"]
+                assert np.abs(got - want).max() <= step * 1.001, (bits, cpu, threads, np.abs(got - want).max(), step)
 
 
 @pytest.mark.parametrize("cpu", CPUS)

@@ -512,7 +512,9 @@ def b_unnest(values, node) -> tuple:
 
 # ----------------------------------------------------------------------------- quantization
 # Quantized types carry scale and offset (Type.quant); values a quantizing compilation
-# calibrated carry the parameters chosen for them (Value.calibrated: (dtype, Quant)).
+# calibrated carry the parameters chosen for them (Value.calibrated: (dtype, Quant), or
+# (dtype, Quant, weight_max): the largest magnitude of the weights of the products reading
+# the value, when the compilation narrows them below the type's).
 
 def _quant_of(x):
     q = getattr(getattr(x, "type", x), "quant", None)
@@ -576,6 +578,15 @@ def b_calibrated_scale(x) -> float:
 
 def b_calibrated_offset(x) -> int:
     return _calibrated(x)[1].offset
+
+
+def b_calibrated_weight_max(x) -> int:
+    """The largest magnitude a product over `x` quantizes its weights to: what the
+    calibration says, else the type's maximum."""
+    import numpy as np
+    from .types import numpy_dtype
+    c = _calibrated(x)
+    return int(c[2]) if len(c) > 2 else int(np.iinfo(numpy_dtype(c[0])).max)
 
 
 BUILTINS = {

@@ -51,15 +51,24 @@ class CpuBackend(Backend):
         from .kernels import KERNELS
         return frozenset(registry.kernels) | frozenset(op for op in registry.extern if op in KERNELS)
 
+    @staticmethod
+    def _features(options: Mapping[str, Any]) -> str:
+        """The features of the target of `options` (a bundle's: bundle_options)."""
+        from .target import resolve_cpu
+        features = options.get("target_features")
+        return resolve_cpu(options["cpu"]).features if features is None else features
+
     def lir_passes(self, options: Mapping[str, Any]):
         """passes.py: the backend's decisions (strategies, packing, steps, fusion, arena,
         threads, scratch), for the target of `options` (a bundle's: bundle_options)."""
         from .passes import cpu_passes
-        from .target import resolve_cpu
-        features = options.get("target_features")
-        if features is None:
-            features = resolve_cpu(options["cpu"]).features
-        return cpu_passes(features, options["threads"], options["stacking"])
+        return cpu_passes(self._features(options), options["threads"], options["stacking"])
+
+    def weight_bits(self, options: Mapping[str, Any]) -> int:
+        """7 on targets whose int8 product is faster with 7-bit weights (AVX2 and AVX-512BW
+        without VNNI: qgemm.fast_weight_bits), 8 otherwise."""
+        from .qgemm import fast_weight_bits
+        return fast_weight_bits(self._features(options))
 
     def prepare(self, prog, registry, options: Mapping[str, Any]):
         if prog.plan is not None:

@@ -8,10 +8,17 @@ instruction, the products of a group of G consecutive k:
 
   "vnni"    AVX-512 VNNI `vpdpbusd`: G = 4 bytes, B as u8 (the activation + 128), A as s8;
             4 products of at most 255 * 127 summed exactly into i32 lanes, no saturation;
+  "ubsw"    AVX2 (or AVX-512BW without VNNI) with weights of 7 bits, in [-64, 63]: VNNI's
+            layout, its `vpdpbusd` emulated as `vpmaddubsw` (u8 x s8 pairs summed into i16:
+            at most 2 * 255 * 64 = 32640, so exact, never saturated), `vpmaddwd` with ones
+            (pairs of those into i32) and `vpaddd` (MLAS's QgemmU8S8KernelAvx2 does the same);
   "madd16"  AVX2 (or AVX-512BW without VNNI) `vpmaddwd`: G = 2 values widened to i16 (the
-            activation itself, A's weights); two 16-bit products summed exactly into i32.
+            activation itself, A's weights); two 16-bit products summed exactly into i32:
+            for weights outside [-64, 63], whose u8 x s8 pair sums could saturate.
 
-(`vpmaddubsw`'s u8 x s8 pair sums saturate at 16 bits, so they are not used.)  So each
+`ubsw` makes 32 products in 3 instructions where `madd16` makes 16 in 2, and reads half the
+bytes of B and A; on Zen 4 at ymm width (a register-only loop, 6 x 2 tile) it measured 72-77
+G products/s against madd16's 44-46 (f32 FMA: 42-45).  So each
 element of A and of B is 32 bits: G values of consecutive k.  A is packed at compile time
 in blocks of MR rows, [ceil(M / MR)][KG][MR] (pack_a), B is whatever the caller lays out
 with a constant offset per k group (qlinalg: a padded input plane read in place); the tile
@@ -40,9 +47,20 @@ from .vectors import splat
 # lanes, MR, NV).
 QSHAPES = {
     "vnni": (4, 8, 128, 16, 8, 2),       # 16 zmm accumulators
+    "ubsw-512": (4, 8, 128, 16, 8, 2),   # AVX-512BW without VNNI, 7-bit weights
     "madd16-512": (2, 16, 0, 16, 8, 2),  # AVX-512BW without VNNI
+    "ubsw": (4, 8, 128, 8, 4, 2),        # AVX2, 7-bit weights: 8 ymm accumulators (below)
     "madd16": (2, 16, 0, 8, 6, 2),       # AVX2: 12 ymm accumulators
 }
+# ubsw's AVX2 tile: 4 x 2 vectors of sums leave room for the 2 of B, the ones, the broadcast
+# weights and the pair sums in 16 ymm; 6 x 2 (madd16's) spilled sums to the stack.  Single
+# int8 3x3 convolutions at x86-64-v3, one thread, ms (min of 30; f32 / madd16 / ubsw 6x2,
+# 5x2, 4x2, 3x3, 4x3): 64 at 56x56 2.21 / 1.89 / 1.32, 1.28, 1.25, 1.33, 1.31;
+# 128 at 28x28 2.24 / 1.82 / 1.38, 1.27, 1.24, 1.27, 1.25; 256 at 14x14 2.37 / 1.76 / 1.32,
+# 1.31, 1.26, 1.38, 1.38; 512 at 7x7 2.65 / 2.15 / 1.56, 1.53, 1.53, 1.68, 1.69; ResNet's
+# 7x7 stem from 3 channels 2.34 / 2.56 / 20.6 (49 unrolled taps spilling), 3.38, 2.56, 2.84, 3.23.
+# The weights `vpmaddubsw` sums exactly in pairs with any u8 (2 * 255 * 64 <= 32767).
+UBSW_WEIGHTS = (-64, 63)
 
 
 class QShape:
@@ -70,6 +88,26 @@ def choose_qshape(features: str) -> Optional[QShape]:
     if "+avx2" in have:
         return QShape("madd16")
     return None
+
+
+def for_weights(qs: QShape, *weights: np.ndarray) -> QShape:
+    """The strategy for a product with these constant weights on the target whose widest
+    int8 path is `qs` (choose_qshape): `ubsw` in place of `madd16` when every weight lies
+    in UBSW_WEIGHTS (the quantizer's 7-bit weights: fast_weight_bits), so that its pair
+    sums cannot saturate; otherwise `qs` itself (exact for any i8 weights)."""
+    if not qs.kind.startswith("madd16"):
+        return qs
+    lo, hi = UBSW_WEIGHTS
+    if all(w.size == 0 or (int(w.min()) >= lo and int(w.max()) <= hi) for w in weights):
+        return QShape(qs.kind.replace("madd16", "ubsw"))
+    return qs
+
+
+def fast_weight_bits(features: str) -> int:
+    """The bits of int8 weights the target's product multiplies fastest: 7 where it lacks
+    VNNI (`ubsw` takes weights in UBSW_WEIGHTS), else 8."""
+    qs = choose_qshape(features)
+    return 7 if qs is not None and qs.kind.startswith("madd16") else 8
 
 
 def pack_a(w: np.ndarray, taps: int, qs: QShape, mr: Optional[int] = None) -> np.ndarray:
@@ -122,18 +160,32 @@ def _vec(t: ir.Type, n: int) -> ir.VectorType:
 
 def dot_groups(b: ir.IRBuilder, qs: QShape, acc, bvec, aval, broadcast_u8: bool = False):
     """acc + the group sums of B's vector (i32 lanes of G values) times A's broadcast group.
-    With VNNI, B holds the u8 values and A the s8 ones, or the other way round when
-    `broadcast_u8`."""
+    With VNNI and ubsw, B holds the u8 values and A the s8 ones, or the other way round
+    when `broadcast_u8`."""
     vw = qs.vw
     avec = splat(b, aval, vw)
+    u8, s8 = (avec, bvec) if broadcast_u8 else (bvec, avec)
     if qs.kind == "vnni":
         fn = intrinsic(b.module, "llvm.x86.avx512.vpdpbusd.512", _vec(I32, 16), [_vec(I32, 16)] * 3)
-        u8, s8 = (avec, bvec) if broadcast_u8 else (bvec, avec)
         return b.call(fn, [acc, u8, s8])
     h = _vec(I16, 2 * vw)
     name = "llvm.x86.avx512.pmaddw.d.512" if vw == 16 else "llvm.x86.avx2.pmadd.wd"
-    fn = intrinsic(b.module, name, _vec(I32, vw), [h, h])
-    return b.add(acc, b.call(fn, [b.bitcast(bvec, h), b.bitcast(avec, h)]))
+    madd = intrinsic(b.module, name, _vec(I32, vw), [h, h])
+    if qs.kind.startswith("ubsw"):
+        q = _vec(I8, 4 * vw)
+        name = "llvm.x86.avx512.pmaddubs.w.512" if vw == 16 else "llvm.x86.avx2.pmadd.ub.sw"
+        pairs = b.call(intrinsic(b.module, name, h, [q, q]), [b.bitcast(u8, q), b.bitcast(s8, q)])
+        return in_register(b, b.add(acc, b.call(madd, [pairs, ir.Constant(h, [1] * (2 * vw))])))
+    return in_register(b, b.add(acc, b.call(madd, [b.bitcast(bvec, h), b.bitcast(avec, h)])))
+
+
+def in_register(b: ir.IRBuilder, v):
+    """v, through an empty inline assembly statement: a sum LLVM cannot reassociate with the
+    additions after it.  Left free, it summed a tile's products tap by tap into trees of
+    temporaries (acc + ((p1 + p2) + (p3 + p4)) ...) which with the tile's accumulators
+    overflowed the 16 ymm registers and spilled sums to the stack in every step."""
+    asm = ir.InlineAsm(ir.FunctionType(v.type, [v.type]), "", "=v,0", side_effect=False)
+    return b.call(asm, [v])
 
 
 def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block, b_base,
