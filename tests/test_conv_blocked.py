@@ -96,27 +96,23 @@ def test_blocked_same_bits_for_any_thread_count(case, cpu):
         np.testing.assert_array_equal(split.run(feeds)["y"], one)
 
 
+def _geometry(case, cpu=None) -> BlockedGeometry:
+    """The blocked geometry of case's convolution, compiled for `cpu` (default: this host)."""
+    model, _ = _model(case)
+    compiled = glowgen.compile(model, threads=1, **({"cpu": cpu} if cpu else {}))
+    conv = next(ins for s in compiled.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
+    return BlockedGeometry(conv.node, compiled.program.plan.gemm_shape)
+
+
 def test_large_copies_made_band_by_band():
-    model, _ = _model("96->64 3x3/2 @60x50, copied by bands")
-    compiled = glowgen.compile(model, threads=1)
-    conv = next(ins for s in compiled.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
-    assert BlockedGeometry(conv.node, compiled.program.plan.gemm_shape).progressive
-    small, _ = _model("64->64 3x3 @56 relu")
-    compiled = glowgen.compile(small, threads=1)
-    conv = next(ins for s in compiled.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
-    assert not BlockedGeometry(conv.node, compiled.program.plan.gemm_shape).progressive
+    assert _geometry("96->64 3x3/2 @60x50, copied by bands").progressive
+    assert not _geometry("64->64 3x3 @56 relu").progressive
 
 
 def test_weights_past_l2_computed_panel_by_panel():
-    model, _ = _model("256->512 3x3 @7, panel by panel")
     for cpu in ("x86-64-v3", None):
-        compiled = glowgen.compile(model, threads=1, **({"cpu": cpu} if cpu else {}))
-        conv = next(ins for s in compiled.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
-        assert BlockedGeometry(conv.node, compiled.program.plan.gemm_shape).panels_outer
-    small, _ = _model("64->64 3x3 @56 relu")
-    compiled = glowgen.compile(small, threads=1)
-    conv = next(ins for s in compiled.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
-    assert not BlockedGeometry(conv.node, compiled.program.plan.gemm_shape).panels_outer
+        assert _geometry("256->512 3x3 @7, panel by panel", cpu).panels_outer
+    assert not _geometry("64->64 3x3 @56 relu").panels_outer
 
 
 def test_large_input_mostly_unread_copied_only_where_read():
