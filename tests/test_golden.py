@@ -950,13 +950,17 @@ CASES.update({
 # ---- quantized sums (own generator)
 _qsrng = np.random.default_rng(1416)
 _QSUM_V = _qsrng.uniform(-3, 3, (2, 5)).astype(np.float32)
+_QSUM_A, _QSUM_B = (_qsrng.integers(-128, 128, (2, 3, 4)).astype(np.int8) for _ in range(2))
 CASES.update({
-    # Two activations and their sum, each calibrated to its own range: the sum runs between
-    # conversions (within a step of each operand's and one of the sum's of the float sum).
-    "quantize_add": _calibrated(graph_case(
-        [("Add", ["a", "b"], ["y"], None)],
-        {"a": _qsrng.uniform(-2, 2, (2, 3, 4)).astype(np.float32), "b": _qsrng.uniform(-1, 1, (2, 3, 4)).astype(np.float32)}),
-        {"a": (-2.0, 2.0), "b": (-1.0, 1.0), "y": (-3.0, 3.0)}, 3.0 / 255 + 2.0 / 255 + 6.0 / 255),
+    # The sum of two dequantized integers, calibrated to its own range: it runs between
+    # conversions (within a step of the result's parameters of the float sum).
+    "quantize_add": dict(text_case(_qtext(
+        "  input %a: i8[2, 3, 4] q(0.02, 5)\n  input %b: i8[2, 3, 4] q(0.01, -3)\n"
+        "  %da = Dequantize(%a) {in_scale = 0.02, in_offset = 5} : f32[2, 3, 4]\n"
+        "  %db = Dequantize(%b) {in_scale = 0.01, in_offset = -3} : f32[2, 3, 4]\n"
+        "  %y = Add(%da, %db) : f32[2, 3, 4]\n"), {"a": _QSUM_A, "b": _QSUM_B},
+        lambda f: {"y": _dq(f["a"], 0.02, 5) + _dq(f["b"], 0.01, -3)}),
+        calibrate={"y": (-4.0, 4.0)}, rtol=0.0, atol=8.0 / 255),
     # The ReLU of a quantized sum: quantized once, with the ReLU's range [0, 3].
     "relu_of_quantized_sum": dict(text_case(_qtext(
         "  input %v: f32[2, 5]\n"

@@ -201,12 +201,6 @@ def build_quantize_bias(_b, b, scales, x_scale, dtype):
 
 
 
-def build_dequantized_calibrated(_b, x):
-    """= Dequantize(quantize_calibrated(x), in_scale = calibrated_scale(x), in_offset = calibrated_offset(x))"""
-    return _b.op('Dequantize', [build_quantize_calibrated(_b, x)], {'in_scale': rt.b_calibrated_scale(x), 'in_offset': rt.b_calibrated_offset(x)})
-
-
-
 def build_quantized_conv_of(_b, x, w, b, c, x_scale, scale, offset):
     """= QuantizedConv(x, Cast(Round(Div(w, Reshape(ws, dims = [m, 1, 1, 1]))), to = x.dtype), ws, quantize_bias(bias, ws, x_scale, x.dtype), scale = scale, offset = offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     m = w.shape[0]
@@ -2238,18 +2232,18 @@ def _r140_bias_into_quantized_matmul_build(_b, _m):
 
 
 def _r141_quantize_add_guard(_m, _ctx):
-    """where (((calibrated(a) and calibrated(b)) and calibrated(s)) and not is_const(a)) and not is_const(b)"""
+    """where calibrated(s)"""
     s = _m['s']
     a = _m['a']
     b = _m['b']
-    return bool((((((rt.b_calibrated(a) and rt.b_calibrated(b)) and rt.b_calibrated(s)) and (not rt.b_is_const(a))) and (not rt.b_is_const(b)))))
+    return bool((rt.b_calibrated(s)))
 
 def _r141_quantize_add_build(_b, _m):
-    """=> Dequantize(Quantize(Add(dequantized_calibrated(a), dequantized_calibrated(b)), scale = calibrated_scale(s), offset = calibrated_offset(s), dtype = calibrated_dtype(s)), in_scale = calibrated_scale(s), in_offset = calibrated_offset(s))"""
+    """=> Dequantize(Quantize(Add(a, b), scale = calibrated_scale(s), offset = calibrated_offset(s), dtype = calibrated_dtype(s)), in_scale = calibrated_scale(s), in_offset = calibrated_offset(s))"""
     s = _m['s']
     a = _m['a']
     b = _m['b']
-    return rt.results(_b.op('Dequantize', [_b.op('Quantize', [_b.op('Add', [build_dequantized_calibrated(_b, a), build_dequantized_calibrated(_b, b)], {})], {'scale': rt.b_calibrated_scale(s), 'offset': rt.b_calibrated_offset(s), 'dtype': rt.b_calibrated_dtype(s)})], {'in_scale': rt.b_calibrated_scale(s), 'in_offset': rt.b_calibrated_offset(s)}))
+    return rt.results(_b.op('Dequantize', [_b.op('Quantize', [_b.op('Add', [a, b], {})], {'scale': rt.b_calibrated_scale(s), 'offset': rt.b_calibrated_offset(s), 'dtype': rt.b_calibrated_dtype(s)})], {'in_scale': rt.b_calibrated_scale(s), 'in_offset': rt.b_calibrated_offset(s)}))
 
 
 
@@ -3186,7 +3180,7 @@ RULES = (
     RuleInfo(name='quantize_conv', phases=('quantize',), pattern=P('Conv', (V('x'), V('w'), V('b', optional=True)), bind='c'), size=1, guard=_r138_quantize_conv_guard, build=_r138_quantize_conv_build, location='specs/lowerings.glowdef:1181:1'),
     RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r139_quantize_matmul_guard, build=_r139_quantize_matmul_build, location='specs/lowerings.glowdef:1192:1'),
     RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r140_bias_into_quantized_matmul_guard, build=_r140_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1202:1'),
-    RuleInfo(name='quantize_add', phases=('quantize',), pattern=P('Add', (V('a'), V('b')), bind='s'), size=1, guard=_r141_quantize_add_guard, build=_r141_quantize_add_build, location='specs/lowerings.glowdef:1218:1'),
+    RuleInfo(name='quantize_add', phases=('quantize',), pattern=P('Add', (P('Dequantize', (V('_'),), bind='a'), P('Dequantize', (V('_'),), bind='b')), bind='s'), size=3, guard=_r141_quantize_add_guard, build=_r141_quantize_add_build, location='specs/lowerings.glowdef:1218:1'),
     RuleInfo(name='relu_of_quantized_sum', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('Quantize', (V('v'),), bind='q'),), bind='d'),), bind='r'), size=3, guard=_r142_relu_of_quantized_sum_guard, build=_r142_relu_of_quantized_sum_build, location='specs/lowerings.glowdef:1227:1'),
     RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r143_qdq_pair_to_quantized_guard, build=_r143_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1236:1'),
     RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r144_conv_between_quantized_guard, build=_r144_conv_between_quantized_build, location='specs/lowerings.glowdef:1253:1'),
