@@ -202,10 +202,10 @@ def quantization_options(model: "CheckedModel", quantize=None, schema: str = "as
     `backend_options`."""
     from .quantization.quantizer import QuantizationOptions, check_precision
     if quantize is None:
+        if precision is not None:
+            check_precision(precision)      # an unknown precision says so first
         for name, value in (("precision", precision), ("weight_bits", weight_bits)):
             if value is not None:
-                if name == "precision":
-                    check_precision(precision)
                 raise GlowgenError(f"{name}={value!r} chooses how to quantize: "
                                    f"give quantize= a profile too (glowgen.profile(...))")
         return None

@@ -278,12 +278,11 @@ def products_in_range(bound: np.ndarray, mult: np.ndarray) -> bool:
     return bool(np.all(np.abs(bound.astype(np.float64)) * np.abs(mult.astype(np.float64)) * 1.001 < IN_RANGE))
 
 
-def requantize_unsaturated(b: ir.IRBuilder, sums, mult, offset):
+def requantize_unsaturated(b: ir.IRBuilder, sums, mult):
     """requantize for a vector of sums whose products with `mult` (for all lanes, or a vector
     of one per lane) stay below IN_RANGE (products_in_range), up to its saturation: rounded
-    halves to even in f32, then converted to i32, plus `offset` (an int or an i32 value
-    read at run time; None: none), the i32 vector `narrow` saturates to i8 and to the
-    bounds four vectors at a time.  (Outside the range the conversion would not be exact:
+    halves to even in f32, then converted to i32: the vector `narrow` offsets and saturates
+    to i8 and to the bounds four vectors at a time.  (Outside the range the conversion would not be exact:
     fptosi of a too-large value is poison.)"""
     vw = sums.type.count
     ft, it = _vec(F32, vw), _vec(I32, vw)
@@ -294,9 +293,17 @@ def requantize_unsaturated(b: ir.IRBuilder, sums, mult, offset):
         r = b.call(cvt, [f, ir.Constant(it, [0] * vw), ir.Constant(I16, -1), ir.Constant(I32, 8)])
     else:
         r = b.fptosi(b.call(intrinsic(b.module, f"llvm.roundeven.v{vw}f32", ft, [ft]), [f]), it)
-    if offset is None:
-        return r
-    return b.add(r, ir.Constant(it, [offset] * vw) if isinstance(offset, int) else splat(b, offset, vw))
+    return r
+
+
+def requantize_for_narrow(b: ir.IRBuilder, sums, mult, exact: bool, offset, bounds):
+    """A tile's vector of sums (the bias correction in them) as narrowed_rows takes it: where
+    the packing found the sums in range (`exact`: products_in_range), only scaled and rounded
+    (requantize_unsaturated: the narrowing offsets and saturates); otherwise requantize's
+    values, offset (`offset`: the f32 one) and saturated to `bounds`, as i32."""
+    if exact:
+        return requantize_unsaturated(b, sums, mult)
+    return requantize(b, sums, mult, offset, bounds=bounds, wide=True)
 
 
 def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, interleave: bool = False):
@@ -344,11 +351,14 @@ def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, inte
     return v
 
 
-def narrowed_rows(b: ir.IRBuilder, qs: QShape, rows: list, bounds=(-128, 127), offset=None):
+def narrowed_rows(b: ir.IRBuilder, qs: QShape, rows: list, exact: bool, bounds, offset):
     """[(i, the i8 vector of row i's NV * VW lanes)] from rows[i] = its NV i32 vectors
-    (requantized, not yet offset by `offset` nor saturated), narrowed four vectors at a
-    time (`narrow`): two rows of a tile at once (a last odd row with itself)."""
+    (requantize_for_narrow's: when `exact`, not yet offset by `offset`, the i32 one, nor
+    saturated to `bounds`), narrowed four vectors at a time (`narrow`): two rows of a tile
+    at once (a last odd row with itself)."""
     assert qs.nv == 2
+    if not exact:                       # requantize offset and saturated them already
+        bounds, offset = (-128, 127), None
     out = []
     for i in range(0, len(rows), 2):
         pair = rows[i] + (rows[i + 1] if i + 1 < len(rows) else rows[i])

@@ -264,7 +264,7 @@ def channel_lanes(b, geo: DepthwiseGeometry, plane, elems, ys, words, corr, mult
         # Narrowed together (qgemm.narrow), in place of a vpmovsdb, a max, a min and an
         # offset a vector: MobileNetV2's 144 channels at 56 x 56 175 -> 133 kcycles, 32 at
         # 112 x 112 160 -> 130 (Zen 4, 1 thread, fastest of 300 alone).
-        v = narrow(b, [requantize_unsaturated(b, v, mult, None) for v in sums], bounds, offset,
+        v = narrow(b, [requantize_unsaturated(b, v, mult) for v in sums], bounds, offset,
                    interleave=geo.mode == "interleaved")
         st = b.store(v, b.bitcast(b.gep(ys, [q0]), v.type.as_pointer()))
         st.align = 1

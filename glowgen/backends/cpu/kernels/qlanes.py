@@ -32,7 +32,7 @@ from llvmlite import ir
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
 from ..qgemm import (QShape, emit_tile, load_offsets, narrowed_rows, pack_epilogue, pack_offsets,
-                     products_in_range, requantize, requantize_unsaturated)
+                     products_in_range, requantize_for_narrow)
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 # Features in the lanes when they waste this much less than pixels in the lanes.
@@ -165,18 +165,13 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool):
             rows = {}
 
             def store(i, j, sums):      # requantized, narrowed and stored by pairs of rows
-                if exact:
-                    v = requantize_unsaturated(b, sums, features(j, mult, F32), None)
-                else:
-                    v = requantize(b, sums, features(j, mult, F32), y_offset, bounds=bounds, wide=True)
-                rows.setdefault(i, []).append(v)
+                rows.setdefault(i, []).append(requantize_for_narrow(
+                    b, sums, features(j, mult, F32), exact, y_offset, bounds))
             tile_weights = b.gep(weights, [b.mul(tile, i64(geo.groups * lanes.taps * qs.nr))])
             emit_tile(b, qs, geo.groups, [t * qs.nr for t in range(lanes.taps)], None,
                       tile_weights, lanes.taps * qs.nr, store, name="lq", rows=mr,
                       broadcast_u8=True, a_at=a_at, init=lambda i, j: features(j, corr, I32))
-            # (requantize's values, wide, are offset and within the bounds already)
-            for i, run in narrowed_rows(b, qs, [rows[i] for i in range(mr)], bounds if exact else (-128, 127),
-                                        y_offset_i32 if exact else None):
+            for i, run in narrowed_rows(b, qs, [rows[i] for i in range(mr)], exact, bounds, y_offset_i32):
                 at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), n0)])
                 st = b.store(run, b.bitcast(at, run.type.as_pointer()))
                 st.align = 1

@@ -46,7 +46,7 @@ from ..parallel import Work, parallel
 from ..plan import Phases
 from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, for_weights, load_offsets, narrowed_rows,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
-                     requantize_unsaturated)
+                     requantize_for_narrow)
 from ..vectors import splat
 from . import qdepthwise as depthwise
 from . import qlanes
@@ -302,9 +302,9 @@ def quantized_product(k: KernelArgs):
     b, node = k.b, k.node
     qs = QShape(k.strategy)
     geo = Geometry(node, qs)
+    exact = k.packed == PACKED_IN_RANGE     # the sums stay in range: qgemm.requantize_for_narrow
     if qlanes.in_lanes(geo, qs):
-        return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane,
-                           k.packed == PACKED_IN_RANGE)
+        return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane, exact)
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
     packed = b.bitcast(packed, I8.as_pointer())
     a = b.bitcast(packed, I32.as_pointer())
@@ -340,17 +340,11 @@ def quantized_product(k: KernelArgs):
 
             def store(i, j, sums):   # requantized, narrowed and stored by pairs of rows
                 r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
-                if k.packed == PACKED_IN_RANGE:
-                    v = requantize_unsaturated(b, sums, b.load(b.gep(mult, [r])), None)
-                else:
-                    v = requantize(b, sums, b.load(b.gep(mult, [r])), y_offset, bounds=bounds, wide=True)
-                rows.setdefault(i, []).append(v)
+                rows.setdefault(i, []).append(requantize_for_narrow(
+                    b, sums, b.load(b.gep(mult, [r])), exact, y_offset, bounds))
             emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, geo.group_stride, store,
                       rows=geo.mr, init=start)
-            # (requantize's values, wide, are offset and within the bounds already)
-            exact = k.packed == PACKED_IN_RANGE
-            for i, run in narrowed_rows(b, qs, [rows[i] for i in range(geo.mr)],
-                                        bounds if exact else (-128, 127), y_offset_i32 if exact else None):
+            for i, run in narrowed_rows(b, qs, [rows[i] for i in range(geo.mr)], exact, bounds, y_offset_i32):
                 r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
                 if geo.direct:
                     store_direct(b, geo, run, y, n, *geo.filter_of_row(b, r), q0)
