@@ -1,7 +1,9 @@
 """A split int8 product over one image and one group runs in two phases (plan.Phases,
 qlinalg.q_phases): its tasks build the plane together, each its share of the channel groups,
-into scratch they share, then compute from it.  Exact against NumPy, bit for bit across
-thread counts, on VNNI and AVX2 code, and with concurrent calls."""
+into scratch they share, then compute from it; or, when its plane is its input interleaved
+and it is split over pixels, in one, each task building its own pixels' plane
+(qlinalg.owns_pixels).  Exact against NumPy, bit for bit across thread counts, on VNNI and
+AVX2 code, and with concurrent calls."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -45,3 +47,27 @@ def test_concurrent_calls_keep_their_shared_plane_apart():
         got = list(pool.map(lambda x: model.run({"x": x})["y"], xs * 5))
     for i, y in enumerate(got):
         np.testing.assert_array_equal(y, want[i % len(xs)])
+
+
+OWN_PIXELS = [
+    # n, c, h, w, m, k, strides, pads; whether 2 tasks build their own pixels' plane
+    ((1, 16, 56, 56, 96, 1), True),                         # 1x1 at 56x56: panels of pixels
+    ((1, 24, 30, 30, 40, 3, (1, 1), (0, 0, 0, 0)), True),   # 3x3 without padding: taps past a share
+    ((1, 576, 14, 14, 96, 1), None),     # VNNI: 3 tiles of features in the lanes, split by rows
+]
+
+
+@pytest.mark.parametrize("cpu", CPUS + ["x86-64-v4"])
+@pytest.mark.parametrize("case", range(len(OWN_PIXELS)))
+def test_tasks_building_their_own_pixels_plane_are_exact(case, cpu):
+    args, owns = OWN_PIXELS[case]
+    text, feeds, want = conv_case(np.random.default_rng(500 + case), *args)
+    results = []
+    for threads in (1, 2, 3):
+        model, _ = _compile(text, cpu, threads)
+        steps = [s for s in model.program.plan.steps if s.instrs[0].kind == "QuantizedConv"]
+        if threads == 2 and owns is not None:
+            assert (steps[0].parts, steps[0].phases) == (2, 1 if owns else 2), model.program.plan.describe()
+        results.append(model.run(feeds)["y"])
+        np.testing.assert_array_equal(results[-1], want, err_msg=f"{cpu} {threads} threads")
+    assert all(r.tobytes() == results[0].tobytes() for r in results)

@@ -109,7 +109,7 @@ def threads(prog: Program, registry) -> None:
             step.parts = work(ins.node, plan.gemm_shape, ins).parts(plan.threads)
         phased = PHASES.get(ins.kind)
         if step.parts > 1 and phased is not None and ins.plan is not None:
-            ins.plan.phases = phased(ins, plan.gemm_shape)
+            ins.plan.phases = phased(ins, plan.gemm_shape, step.parts)
             if ins.plan.phases is not None:
                 step.phases = ins.plan.phases.count
                 step.shared_scratch = -(-ins.plan.phases.shared // 64) * 64

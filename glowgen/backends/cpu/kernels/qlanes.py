@@ -120,10 +120,12 @@ def plane_and_result(b, k, geo):
     return b.bitcast(scratch, I32.as_pointer()), b.gep(scratch, [i64(geo.plane_bytes)])
 
 
-def emit(b, k, geo, qs: QShape, build_plane, exact: bool):
+def emit(b, k, geo, qs: QShape, build_plane, exact: bool, own_plane=None):
     """Per image: the plane of x, the tiles of this task's features over every row block,
     then their columns of the result block [rows][Mpad + 64] copied into y.  `exact`: the
-    requantized sums stay in range (pack), and requantize in i32 (qgemm.narrow)."""
+    requantized sums stay in range (pack), and requantize in i32 (qgemm.narrow).
+    `own_plane(b, n, plane, pad, first, last)`: when the task shares out rows and builds
+    the plane at their positions first..last only (qlinalg.owns_pixels), or None."""
     lanes = Lanes(geo, qs)
     mr, npad, stride = lanes.mr, lanes.npad, lanes.ys_stride
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
@@ -140,7 +142,13 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool):
         return
     (lo, hi), (rb_lo, rb_hi) = k.split.blocks_or_panels(b, lanes.tiles, lanes.row_blocks)
     with for_range(b, geo.batch, name="ln") as n:
-        if not k.phased:
+        if own_plane is not None:           # the rows' positions in the plane (as in starts)
+            last = b.sub(b.mul(rb_hi, i64(mr)), i64(1))
+            last = b.select(b.icmp_signed("<", last, i64(lanes.rows - 1)), last, i64(lanes.rows - 1))
+            first, last = (b.add(b.mul(b.sdiv(r, i64(geo.ow)), i64(geo.wq)), b.srem(r, i64(geo.ow)))
+                           for r in (b.mul(rb_lo, i64(mr)), last))
+            own_plane(b, n, plane, pad, first, last)
+        elif not k.phased:
             build_plane(b, geo, x, n, plane, pad)
         with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, rb_hi, start=rb_lo, name="lr") as rb:
             n0 = b.mul(tile, i64(qs.nr))

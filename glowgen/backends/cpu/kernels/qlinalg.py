@@ -42,7 +42,7 @@ from ....lir.ir import WeightBuffer
 from llvmlite import ir
 
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
-from ..parallel import Work, parallel
+from ..parallel import Split, Work, parallel, splits_blocks
 from ..plan import Phases
 from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, for_weights, load_offsets, narrowed_rows,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
@@ -238,17 +238,47 @@ def q_scratch(ins, shape) -> int:
 
 
 @hook(PHASES, "QuantizedConv")
-def q_phases(ins, shape) -> Optional[Phases]:
+def q_phases(ins, shape, parts: int) -> Optional[Phases]:
     """A split int8 product over one image and one group builds its plane in a round of its
     own, each task its share of the plane's channel groups, into scratch every task then
     reads: unphased, every task built the whole plane, at a quarter of the float product's
-    time a larger share of the step than there."""
+    time a larger share of the step than there.  Not one whose tasks build only the plane
+    of their own pixels (owns_pixels)."""
     if depthwise.is_depthwise(ins.plan.strategy) or ins.plan.strategy not in QSHAPES:
         return None
-    geo = Geometry(ins.node, QShape(ins.plan.strategy))
-    if not geo.conv or geo.batch != 1 or geo.ng != 1:
+    qs = QShape(ins.plan.strategy)
+    geo = Geometry(ins.node, qs)
+    if not geo.conv or geo.batch != 1 or geo.ng != 1 or owns_pixels(geo, qs, parts):
         return None
     return Phases(2, geo.plane_bytes)
+
+
+# Panels of pixels each task computes at the least for a product to share out pixels rather
+# than filters when its tasks can build their own pixels' plane (owns_pixels).
+OWN_PIXELS_MIN_PANELS = 4
+
+
+def owns_pixels(geo: Geometry, qs: QShape, parts: int) -> bool:
+    """Whether a split product's tasks each build the plane of their own output pixels only:
+    one whose plane is its input, channels interleaved pixel for pixel (interleaves_rows),
+    split over its pixels (in the lanes, its blocks of rows when its features' tiles do not
+    share out; else its panels, when each task has OWN_PIXELS_MIN_PANELS of them).  No task
+    then reads what another wrote, and the step is one round of the pool where the phased
+    plane (q_phases) took two, the second reading from the other core half the plane the
+    first built there."""
+    if parts <= 1 or not interleaves_rows(geo):
+        return False
+    if qlanes.in_lanes(geo, qs):
+        return not splits_blocks(qlanes.Lanes(geo, qs).tiles, Split(None, parts))
+    return geo.qpad // qs.nr >= OWN_PIXELS_MIN_PANELS * parts
+
+
+def own_plane_pixels(b, geo: Geometry, first, last):
+    """(lo, hi) of the plane's pixels that the output pixels at plane positions first..last
+    (inclusive; i64 values) read: through the last one's farthest tap, within the image."""
+    hi = b.add(last, i64(max(geo.taps) + 1))
+    hi = b.select(b.icmp_signed("<", hi, i64(geo.h * geo.w)), hi, i64(geo.h * geo.w))
+    return first, b.select(b.icmp_signed("<", first, hi), hi, first)
 
 
 @parallel("QuantizedConv", "QuantizedMatMul")
@@ -304,7 +334,12 @@ def quantized_product(k: KernelArgs):
     geo = Geometry(node, qs)
     exact = k.packed == PACKED_IN_RANGE     # the sums stay in range: qgemm.requantize_for_narrow
     if qlanes.in_lanes(geo, qs):
-        return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane, exact)
+        own_plane = None
+        if owns_pixels(geo, qs, k.split.parts):
+            def own_plane(b, n, plane, pad, first, last):
+                interleave_channels(b, geo, k.ins[0][0], n, plane, i64(0), i64(geo.plane_groups),
+                                    own_plane_pixels(b, geo, first, last))
+        return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane, exact, own_plane)
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
     packed = b.bitcast(packed, I8.as_pointer())
     a = b.bitcast(packed, I32.as_pointer())
@@ -317,9 +352,16 @@ def quantized_product(k: KernelArgs):
     if k.phased and k.phase == 0:           # this task's share of the shared plane
         build_conv_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
         return
-    (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr)
+    own = owns_pixels(geo, qs, k.split.parts)
+    if own:                                 # every block, this task's panels
+        (lo, hi), (p_lo, p_hi) = (i64(0), i64(geo.blocks)), k.split.range(b, geo.qpad // qs.nr)
+    else:
+        (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr)
     with for_range(b, geo.batch, name="qn") as n:
-        if geo.conv and not k.phased:       # the plane of this task's groups only
+        if own:                             # the plane of this task's pixels only
+            pixels = own_plane_pixels(b, geo, b.mul(p_lo, i64(qs.nr)), b.sub(b.mul(p_hi, i64(qs.nr)), i64(1)))
+            interleave_channels(b, geo, x, n, plane, i64(0), i64(geo.plane_groups), pixels)
+        elif geo.conv and not k.phased:     # the plane of this task's groups only
             first = b.mul(b.udiv(lo, i64(geo.bpg)), i64(geo.groups))
             last = b.mul(b.udiv(b.add(hi, i64(geo.bpg - 1)), i64(geo.bpg)), i64(geo.groups))
             build_conv_plane(b, geo, x, n, plane, pad, first, last)
@@ -493,11 +535,12 @@ def interleaves_rows(geo: Geometry) -> bool:
             and geo.ng == 1 and geo.cg % geo.qs.group == 0)
 
 
-def interleave_channels(b, geo: Geometry, x, n, plane, first, last):
+def interleave_channels(b, geo: Geometry, x, n, plane, first, last, pixels=None):
     """build_conv_plane where interleaves_rows: element groups first..last of image n, each
-    G whole channel images interleaved, INTERLEAVE_PIXELS pixels of each at a time (G
-    vector loads, one shuffle, which LLVM makes byte permutes), then 16 at a time, the last
-    pixels one element at a time.  In place of build_conv_plane's loop, element by element
+    G whole channel images interleaved (or their `pixels` only, (lo, hi) i64 values: a
+    task's own, owns_pixels), INTERLEAVE_PIXELS pixels of each at a time (G vector loads,
+    one shuffle, which LLVM makes byte permutes), then 16 at a time, the last pixels one
+    element at a time.  In place of build_conv_plane's loop, element by element
     (each byte widened into its place in a 32-bit lane: 14 instructions for 16 elements,
     here 30 for 64): MobileNetV2's 144 -> 24 1x1 at 56x56 166 -> 155 kcycles, 32 -> 16 at
     112x112 132 -> 120, 576 -> 96 at 14x14 (features in the lanes) 139 -> 131 (Zen 4,
@@ -508,14 +551,13 @@ def interleave_channels(b, geo: Geometry, x, n, plane, first, last):
         rows = [b.gep(x, [b.mul(b.add(b.mul(n, i64(geo.c)), b.add(b.mul(e, i64(g)), i64(t))), i64(npix))])
                 for t in range(g)]
         dst = b.bitcast(b.gep(plane, [b.mul(e, i64(geo.group_stride))]), qs.elem.as_pointer())
-        done = 0
+        done, stop = pixels or (i64(0), i64(npix))
         for vl in (INTERLEAVE_PIXELS, 16):
-            end = done + (npix - done) // vl * vl
-            if end > done:
-                with for_range(b, end, start=i64(done), step=vl, name=f"iv{vl}") as p:
-                    _interleave_step(b, qs, rows, dst, p, vl)
+            end = b.add(done, b.mul(b.sdiv(b.sub(stop, done), i64(vl)), i64(vl)))
+            with for_range(b, end, start=done, step=vl, name=f"iv{vl}") as p:
+                _interleave_step(b, qs, rows, dst, p, vl)
             done = end
-        with for_range(b, npix, start=i64(done), name="it") as p:
+        with for_range(b, stop, start=done, name="it") as p:
             for t, row in enumerate(rows):
                 b.store(_elem(b, qs, b.load(b.gep(row, [p]))), b.gep(dst, [b.add(b.mul(p, i64(g)), i64(t))]))
 
