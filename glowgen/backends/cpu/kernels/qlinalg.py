@@ -17,7 +17,11 @@ Weights, the per-filter bias correction and the multipliers are packed once at c
 into one constant buffer (qgemm.pack_a / pack_epilogue), in place of the weights operand,
 followed by the two offsets (the result's, and the plane's padding element): the code holds
 no scale or offset of its own.
-A split shares out blocks of MR filters (each task builds the plane in its own scratch).
+A split shares out blocks of MR filters, or panels of pixels where the filters' blocks do
+not share out evenly (parallel.splits_blocks): over one image and one group, its tasks first
+build the plane together, each a share of its channel groups, in scratch they all read
+(q_phases); a plane that is the input with channels interleaved is shared out by pixels
+instead, each task building its own pixels' plane (owns_pixels).
 
 A grouped convolution is one product per group, side by side in one loop of blocks: each
 group's filters packed as their own blocks, meeting only its own channels' elements of the
