@@ -306,13 +306,15 @@ def requantize_for_narrow(b: ir.IRBuilder, sums, mult, exact: bool, offset, boun
     return requantize(b, sums, mult, offset, bounds=bounds, wide=True)
 
 
-def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, interleave: bool = False):
+def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, interleave: int = 1):
     """Four (or two) i32 vectors of VW lanes (16 with AVX-512BW, 8 with AVX2) -> one i8
-    vector of their lanes, [v0, v1, v2, v3] (or, `interleave`, lane k of v_r at 4k + r),
+    vector of their lanes, [v0, v1, v2, v3] (or, `interleave` I > 1, lane k of v_{h * I + r}
+    at h * I * VW + I * k + r: VNNI's depthwise lanes 4k + r, vpmaddwd's 16h + 2k + r),
     plus `offset` (an int or an i32 value, or None: none), saturated to i8 and then to
     `bounds`: two saturating packs (i32 -> i16 of two vectors, i16 -> i8 of the two results),
     which leave each 128-bit lane holding 4 values of every vector, put in order by one
-    vpermd (interleaved: by one in-lane vpshufb, a 4 x 4 byte transpose); the offset costs a
+    vpermd (interleaved by 4: one in-lane vpshufb, a 4 x 4 byte transpose; by 2: a vpshufb
+    and a vpermq); the offset costs a
     saturating i16 add for two vectors, the bounds a byte max and min for all four.  In
     place of a vpmovsdb-style narrowing with a max, a min and an offset per vector, 64 -> 22
     instructions a tile of 8 x 2 vectors, where requantizing a product of few channels costs
@@ -320,7 +322,7 @@ def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, inte
     MobileNetV2's int8 16 -> 96 1x1 at 112 x 112 476 -> 360 kcycles, 24 -> 144 at 56 x 56
     218 -> 179, its 3x3 stride-2 stem 293 -> 255 (Zen 4, fastest of 300 runs alone)."""
     n, vw = len(vectors), vectors[0].type.count
-    assert n in (2, 4) and vw in (8, 16) and (n == 4 or not interleave)
+    assert n in (2, 4) and vw in (8, 16) and (n == 4 or interleave == 1)
     lanes = vw // 4                     # 128-bit lanes a vector spans
     it, ht, bt = _vec(I32, vw), _vec(I16, 2 * vw), _vec(I8, 4 * vw)
     pack_dw = intrinsic(b.module, "llvm.x86.avx512.packssdw.512" if vw == 16 else "llvm.x86.avx2.packssdw",
@@ -335,8 +337,14 @@ def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, inte
         add_sat = intrinsic(b.module, f"llvm.sadd.sat.v{2 * vw}i16", ht, [ht, ht])
         halves = [b.call(add_sat, [h, off]) for h in halves]
     v = b.call(pack_wb, [halves[0], halves[-1]])
-    if interleave:                      # byte 4j + r of each lane from byte 4r + j
-        order = [16 * (i // 16) + 4 * (i % 4) + (i % 16) // 4 for i in range(4 * vw)]
+    if interleave > 1:
+        # Lane k of vector s = h * interleave + r to byte h * interleave * VW + interleave * k
+        # + r, from byte 16 * (k // 4) + 4 * s + k % 4 of the packs (below).
+        order = [0] * (4 * vw)
+        for s in range(n):
+            h, r = divmod(s, interleave)
+            for k in range(vw):
+                order[h * interleave * vw + interleave * k + r] = 16 * (k // 4) + 4 * s + k % 4
         v = b.shuffle_vector(v, ir.Constant(bt, ir.Undefined), ir.Constant(_vec(I32, 4 * vw), order))
     else:
         # Dword (4 bytes of one vector) l * 4 + s of the packs holds vector s's lanes 4l..4l+3.
