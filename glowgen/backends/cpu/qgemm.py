@@ -191,7 +191,7 @@ def in_register(b: ir.IRBuilder, v):
 def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block, b_base,
               group_stride: int, store: Callable, name: str = "qt", rows: Optional[int] = None,
               broadcast_u8: bool = False, a_at: Optional[Callable] = None,
-              init: Optional[Callable] = None) -> None:
+              init: Optional[Callable] = None, vectors: Optional[int] = None) -> None:
     """One MR x NR tile: for each of `groups` channel groups (a run-time loop) and each tap
     (unrolled), B's NV vectors at b_base + group * group_stride + tap offset + j * VW (i32
     elements) meet A's MR broadcast groups at a_block[(group * taps + t) * MR + i].  Then
@@ -199,8 +199,9 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
     replaces MR; `broadcast_u8`: A holds the u8 values (_dot); `a_at(group, t, i)`, when
     given, is the pointer to A's group for row i and tap t in place of a_block's;
     `init(i, j)`, when given, the i32 vector (i, j)'s sums start from (in place of zeros: a per-row bias
-    added there costs nothing, where added to the sums it is one instruction a vector)."""
-    vw, mr, nv = qs.vw, rows or qs.mr, qs.nv
+    added there costs nothing, where added to the sums it is one instruction a vector);
+    `vectors` (at most NV) replaces NV: the vectors of B a tile takes."""
+    vw, mr, nv = qs.vw, rows or qs.mr, vectors or qs.nv
     vt = _vec(I32, vw)
     zero = ir.Constant(vt, [0] * vw)
     starts = [[init(i, j) if init is not None else zero for j in range(nv)] for i in range(mr)]
@@ -368,18 +369,18 @@ def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, inte
 
 def narrowed_rows(b: ir.IRBuilder, qs: QShape, rows: list, exact: bool, bounds, offset):
     """[(i, the i8 vector of row i's NV * VW lanes)] from rows[i] = its NV i32 vectors
-    (requantize_for_narrow's: when `exact`, not yet offset by `offset`, the i32 one, nor
-    saturated to `bounds`), narrowed four vectors at a time (`narrow`): two rows of a tile
-    at once (a last odd row with itself)."""
-    assert qs.nv == 2
+    (NV of 2 or 1; requantize_for_narrow's: when `exact`, not yet offset by `offset`, the
+    i32 one, nor saturated to `bounds`), narrowed four vectors at a time (`narrow`): 4 / NV
+    rows of a tile at once (the last of fewer rows repeated)."""
+    nv = len(rows[0])
+    assert nv in (1, 2)
     if not exact:                       # requantize offset and saturated them already
         bounds, offset = (-128, 127), None
-    out = []
-    for i in range(0, len(rows), 2):
-        pair = rows[i] + (rows[i + 1] if i + 1 < len(rows) else rows[i])
-        v = narrow(b, pair, bounds, offset)
-        half = 2 * qs.vw
-        for k in range(2 if i + 1 < len(rows) else 1):
+    out, per, run = [], 4 // nv, nv * qs.vw
+    for i in range(0, len(rows), per):
+        group = rows[i:i + per]
+        v = narrow(b, [v for row in group + [group[-1]] * (per - len(group)) for v in row], bounds, offset)
+        for k in range(len(group)):
             out.append((i + k, b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
-                                                ir.Constant(_vec(I32, half), list(range(k * half, (k + 1) * half))))))
+                                                ir.Constant(_vec(I32, run), list(range(k * run, (k + 1) * run))))))
     return out
