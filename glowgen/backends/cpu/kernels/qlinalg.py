@@ -376,6 +376,7 @@ def quantized_product(k: KernelArgs):
                     continue
                 st = b.store(run, b.bitcast(b.gep(ys, [b.add(b.mul(r, i64(geo.qpad)), q0)]), run.type.as_pointer()))
                 st.align = 1
+
         def panel(p, body):
             """body(vectors) for panel p: the last one in fewer vectors where its last ones
             hold no pixel (geo.last_vectors)."""
@@ -590,7 +591,7 @@ def build_im2col_plane(b, geo: Geometry, x, n, plane, pad, first, last):
     the window, channel k // (KH * KW), tap k % (KH * KW) (the x offset outside the image
     and past the window; the pixels past OH * OW too).  Within each output row, the pixels
     whose windows lie inside the input row IM2COL_PIXELS at a time (per value one load of
-    16 * sw bytes and a shuffle of every sw-th, the G values interleaved into elements by
+    IM2COL_PIXELS * sw bytes and a shuffle of every sw-th, the G values interleaved into elements by
     one shuffle, the last step overlapping the one before), the others one value at a
     time.  MobileNetV2's 3x3 stride-2 stem from 3 channels, 9 taps over an element of 4 (one
     of them padding) in stride-2 phase planes, becomes 7 elements: 478 -> 400 kcycles at
