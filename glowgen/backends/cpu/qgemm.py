@@ -191,7 +191,7 @@ def in_register(b: ir.IRBuilder, v):
 def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block, b_base,
               group_stride: int, store: Callable, name: str = "qt", rows: Optional[int] = None,
               broadcast_u8: bool = False, a_at: Optional[Callable] = None,
-              init: Optional[Callable] = None) -> None:
+              init: Optional[Callable] = None, vectors: Optional[int] = None) -> None:
     """One MR x NR tile: for each of `groups` channel groups (a run-time loop) and each tap
     (unrolled), B's NV vectors at b_base + group * group_stride + tap offset + j * VW (i32
     elements) meet A's MR broadcast groups at a_block[(group * taps + t) * MR + i].  Then
@@ -199,8 +199,9 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
     replaces MR; `broadcast_u8`: A holds the u8 values (_dot); `a_at(group, t, i)`, when
     given, is the pointer to A's group for row i and tap t in place of a_block's;
     `init(i, j)`, when given, the i32 vector (i, j)'s sums start from (in place of zeros: a per-row bias
-    added there costs nothing, where added to the sums it is one instruction a vector)."""
-    vw, mr, nv = qs.vw, rows or qs.mr, qs.nv
+    added there costs nothing, where added to the sums it is one instruction a vector);
+    `vectors` (at most NV) replaces NV: the vectors of B a tile takes."""
+    vw, mr, nv = qs.vw, rows or qs.mr, vectors or qs.nv
     vt = _vec(I32, vw)
     zero = ir.Constant(vt, [0] * vw)
     starts = [[init(i, j) if init is not None else zero for j in range(nv)] for i in range(mr)]
@@ -291,6 +292,13 @@ def requantize_unsaturated(b: ir.IRBuilder, sums, mult):
         # vcvtps2dq {rn-sae}: rounded halves to even whatever MXCSR says, in one instruction.
         cvt = intrinsic(b.module, "llvm.x86.avx512.mask.cvtps2dq.512", it, [ft, it, I16, I32])
         r = b.call(cvt, [f, ir.Constant(it, [0] * vw), ir.Constant(I16, -1), ir.Constant(I32, 8)])
+    elif vw == 8:
+        # vcvtps2dq: rounded as MXCSR says, halves to even in the default floating-point
+        # environment that LLVM, and so every f32 operation of the kernels (the product
+        # above, the conversion of the sums), already assumes: one instruction in place of
+        # vroundps and vcvttps2dq.  MobileNetV2's int8 kernels at x86-64-v3, 1 thread, the
+        # sum of their fastest-of-150 cycles: 11187 -> 10913 kcycles.
+        r = b.call(intrinsic(b.module, "llvm.x86.avx.cvt.ps2dq.256", it, [ft]), [f])
     else:
         r = b.fptosi(b.call(intrinsic(b.module, f"llvm.roundeven.v{vw}f32", ft, [ft]), [f]), it)
     return r
@@ -306,13 +314,15 @@ def requantize_for_narrow(b: ir.IRBuilder, sums, mult, exact: bool, offset, boun
     return requantize(b, sums, mult, offset, bounds=bounds, wide=True)
 
 
-def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, interleave: bool = False):
+def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, interleave: int = 1):
     """Four (or two) i32 vectors of VW lanes (16 with AVX-512BW, 8 with AVX2) -> one i8
-    vector of their lanes, [v0, v1, v2, v3] (or, `interleave`, lane k of v_r at 4k + r),
+    vector of their lanes, [v0, v1, v2, v3] (or, `interleave` I > 1, lane k of v_{h * I + r}
+    at h * I * VW + I * k + r: VNNI's depthwise lanes 4k + r, vpmaddwd's 16h + 2k + r),
     plus `offset` (an int or an i32 value, or None: none), saturated to i8 and then to
     `bounds`: two saturating packs (i32 -> i16 of two vectors, i16 -> i8 of the two results),
     which leave each 128-bit lane holding 4 values of every vector, put in order by one
-    vpermd (interleaved: by one in-lane vpshufb, a 4 x 4 byte transpose); the offset costs a
+    vpermd (interleaved by 4: one in-lane vpshufb, a 4 x 4 byte transpose; by 2: a vpshufb
+    and a vpermq); the offset costs a
     saturating i16 add for two vectors, the bounds a byte max and min for all four.  In
     place of a vpmovsdb-style narrowing with a max, a min and an offset per vector, 64 -> 22
     instructions a tile of 8 x 2 vectors, where requantizing a product of few channels costs
@@ -320,7 +330,7 @@ def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, inte
     MobileNetV2's int8 16 -> 96 1x1 at 112 x 112 476 -> 360 kcycles, 24 -> 144 at 56 x 56
     218 -> 179, its 3x3 stride-2 stem 293 -> 255 (Zen 4, fastest of 300 runs alone)."""
     n, vw = len(vectors), vectors[0].type.count
-    assert n in (2, 4) and vw in (8, 16) and (n == 4 or not interleave)
+    assert n in (2, 4) and vw in (8, 16) and (n == 4 or interleave == 1)
     lanes = vw // 4                     # 128-bit lanes a vector spans
     it, ht, bt = _vec(I32, vw), _vec(I16, 2 * vw), _vec(I8, 4 * vw)
     pack_dw = intrinsic(b.module, "llvm.x86.avx512.packssdw.512" if vw == 16 else "llvm.x86.avx2.packssdw",
@@ -335,8 +345,14 @@ def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, inte
         add_sat = intrinsic(b.module, f"llvm.sadd.sat.v{2 * vw}i16", ht, [ht, ht])
         halves = [b.call(add_sat, [h, off]) for h in halves]
     v = b.call(pack_wb, [halves[0], halves[-1]])
-    if interleave:                      # byte 4j + r of each lane from byte 4r + j
-        order = [16 * (i // 16) + 4 * (i % 4) + (i % 16) // 4 for i in range(4 * vw)]
+    if interleave > 1:
+        # Lane k of vector s = h * interleave + r to byte h * interleave * VW + interleave * k
+        # + r, from byte 16 * (k // 4) + 4 * s + k % 4 of the packs (below).
+        order = [0] * (4 * vw)
+        for s in range(n):
+            h, r = divmod(s, interleave)
+            for k in range(vw):
+                order[h * interleave * vw + interleave * k + r] = 16 * (k // 4) + 4 * s + k % 4
         v = b.shuffle_vector(v, ir.Constant(bt, ir.Undefined), ir.Constant(_vec(I32, 4 * vw), order))
     else:
         # Dword (4 bytes of one vector) l * 4 + s of the packs holds vector s's lanes 4l..4l+3.
@@ -353,18 +369,18 @@ def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, inte
 
 def narrowed_rows(b: ir.IRBuilder, qs: QShape, rows: list, exact: bool, bounds, offset):
     """[(i, the i8 vector of row i's NV * VW lanes)] from rows[i] = its NV i32 vectors
-    (requantize_for_narrow's: when `exact`, not yet offset by `offset`, the i32 one, nor
-    saturated to `bounds`), narrowed four vectors at a time (`narrow`): two rows of a tile
-    at once (a last odd row with itself)."""
-    assert qs.nv == 2
+    (NV of 2 or 1; requantize_for_narrow's: when `exact`, not yet offset by `offset`, the
+    i32 one, nor saturated to `bounds`), narrowed four vectors at a time (`narrow`): 4 / NV
+    rows of a tile at once (the last of fewer rows repeated)."""
+    nv = len(rows[0])
+    assert nv in (1, 2)
     if not exact:                       # requantize offset and saturated them already
         bounds, offset = (-128, 127), None
-    out = []
-    for i in range(0, len(rows), 2):
-        pair = rows[i] + (rows[i + 1] if i + 1 < len(rows) else rows[i])
-        v = narrow(b, pair, bounds, offset)
-        half = 2 * qs.vw
-        for k in range(2 if i + 1 < len(rows) else 1):
+    out, per, run = [], 4 // nv, nv * qs.vw
+    for i in range(0, len(rows), per):
+        group = rows[i:i + per]
+        v = narrow(b, [v for row in group + [group[-1]] * (per - len(group)) for v in row], bounds, offset)
+        for k in range(len(group)):
             out.append((i + k, b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined),
-                                                ir.Constant(_vec(I32, half), list(range(k * half, (k + 1) * half))))))
+                                                ir.Constant(_vec(I32, run), list(range(k * run, (k + 1) * run))))))
     return out

@@ -12,7 +12,8 @@ The products sum G horizontal taps of a filter row in one instruction (qgemm.dot
 VNNI `vpdpbusd` takes 4, `vpmaddwd` 2): a row is ceil(KW / G) tap groups, each group's
 weights one 32-bit element (zeros past KW).  The G bytes of each lane, at
 sw * q + dw * (G * t + u) for u < G, are one load and one constant byte shuffle of the
-plane (vpermb), or at unit strides a plain load (DepthwiseGeometry.mode); at strides whose
+plane (vpermb), or at unit strides a plain load (of a plane of i16 values for `vpmaddwd`:
+DepthwiseGeometry.mode); at strides whose
 lanes span more than one 64-byte load (5 and more on VNNI), a load and a shuffle for each
 chunk of lanes within 64 bytes, the chunks joined (DepthwiseGeometry.chunk).  A 3x3 depthwise
 convolution is three `vpdpbusd` per 16 pixels on AVX-512 VNNI, six `vpmaddwd` per 8 on
@@ -106,33 +107,46 @@ class DepthwiseGeometry:
         self.load = sw * (vw - self.chunk) + self.chunk_load
         self.q = (self.oh - 1) * self.wq + self.ow
         # How a tap's groups reach the lanes (channel_lanes):
-        # "interleaved" (VNNI, unit strides and dilations, lanes of 64 not wasting more
-        #   than lanes of 32): a group is 4 consecutive bytes,
-        #   so a plain load from byte q0 + r of the plane holds the groups of lanes
-        #   q0 + r + 4k in its 32-bit elements; 4 such vectors (r = 0..3) are 64 lanes,
-        #   interleaved back into order when stored;
-        # "expand" (vpmaddwd, unit strides): the groups are expanded once into an element
-        #   plane, element i the group of bytes i + dw * u, from which tap t of lane q is
-        #   element q + t: a plain vector load;
+        # "interleaved" (unit strides and dilations; with VNNI where lanes of 64 waste no
+        #   more than lanes of 32): a group is G consecutive values of the plane (bytes for
+        #   VNNI; for vpmaddwd the plane holds i16 values, the input widened as it is
+        #   copied in), so a plain load from value q0 + r holds the groups of lanes
+        #   q0 + r + G * k in its 32-bit elements; G such vectors (r < G) are G * VW
+        #   lanes, interleaved back into order when stored (qgemm.narrow);
+        # "expand" (vpmaddwd, unit strides, dilated columns): the groups are expanded once
+        #   into an element plane, element i the group of bytes i + dw * u, from which
+        #   tap t of lane q is element q + t: a plain vector load;
         # "shuffle" (other strides): each tap's groups are a load and a shuffle of the
         #   plane (lane_groups); expanded, the element plane would hold 4x the lanes.
+        # vpmaddwd's interleaved i16 plane in place of "expand" (the expansion was an eighth of
+        # the kernel's cycles): MobileNetV2's stride-1 depthwise convolutions at x86-64-v3
+        # (Zen 4, 1 thread, fastest of 200 in the model), kcycles, 32 at 112x112 337 -> 293,
+        # 144 at 56x56 356 -> 316, 192 at 28x28 128 -> 110, 960 at 7x7 101 -> 84.
         per_step = lambda step: _ceil(self.q, step) * step    # noqa: E731  lanes computed
-        if (sh, sw) == (1, 1) and qs.kind == "vnni" and dw == 1 \
-                and per_step(g * vw) <= 1.05 * per_step(NV * vw):     # (14x14: 256 lanes for 224)
-            self.mode = "interleaved"
+        self.mode = "shuffle"
+        if (sh, sw, dw) == (1, 1, 1) and (qs.bits == 16 or per_step(g * vw) <= 1.05 * per_step(NV * vw)):
+            self.mode = "interleaved"                        # (VNNI 14x14: 256 lanes for 224)
         elif (sh, sw) == (1, 1) and qs.bits == 16:
             self.mode = "expand"
-        else:
-            self.mode = "shuffle"
-        self.step = vw * (g if self.mode == "interleaved" else NV)
+        # Plane values: bytes, or (interleaved vpmaddwd) i16; offsets below count values.
+        self.value_bytes = qs.bits // 8 if self.mode == "interleaved" else 1
+        # Vectors of sums a step of the lane loop keeps: interleaved, sets of G vectors, two
+        # sets for vpmaddwd's G = 2; otherwise NV, and at AVX2 width twice as many: four
+        # vectors, one narrowing of four (qgemm.narrow), in place of two of two, 8 lanes of
+        # ymm a short step anyway (MobileNetV2's 96 at 112x112, stride 2, 296 -> 273 kcycles
+        # at x86-64-v3, Zen 4, 1 thread, fastest of 300 alone).
+        self.vectors = ((g if qs.bits == 8 else 2 * g) if self.mode == "interleaved"
+                        else 2 * NV if vw == 8 else NV)
+        self.step = vw * self.vectors
         self.qpad = _ceil(self.q, self.step) * self.step
         reach = max(self.taps) + sw * (self.qpad - vw)       # the last lanes' first byte
-        if self.mode == "interleaved":
-            reach = max(self.taps) + self.qpad - self.step + g - 1
-            self.load = 4 * vw
+        if self.mode == "interleaved":                       # vector h * G + r: from value q0 + h * G * VW + r
+            reach = max(self.taps) + self.qpad - self.step + (self.vectors - 1) // g * g * vw + g - 1
+            self.load = g * vw
         self.elems = _ceil(reach + vw, vw) * vw if self.mode == "expand" else 0
         # The plane, and every byte the loads of the last lanes may reach past it.
-        self.plane_bytes = _align(max(sh * self.phase, (self.elems - vw if self.elems else reach) + self.load))
+        self.plane_bytes = _align(self.value_bytes * max(
+            sh * self.phase, (self.elems - vw if self.elems else reach) + self.load))
         self.elem_bytes = _align(4 * self.elems)
         self.scratch = self.plane_bytes + self.elem_bytes + _align(self.qpad)
         self.a_words = self.c * len(self.taps)
@@ -184,10 +198,12 @@ def emit(k, qs: QShape) -> None:
     elems = b.bitcast(b.gep(plane, [i64(geo.plane_bytes)]), I32.as_pointer())
     ys = b.gep(plane, [i64(geo.plane_bytes + geo.elem_bytes)])
     x_offset = node.inputs[0].type.quant.offset
-    pad = (x_offset + qs.shift) & 0xFF
+    value = I8 if geo.value_bytes == 1 else I16
+    pad = x_offset + qs.shift if value == I16 else (x_offset + qs.shift) & 0xFF
     flip = qs.shift == 128                           # i8 -> the u8 bits of x + 128
+    values = b.bitcast(plane, value.as_pointer())
 
-    fill_bytes(b, plane, geo.plane_bytes, pad)       # the padding; rows are copied over it
+    fill(b, values, geo.plane_bytes // geo.value_bytes, pad)   # the padding; rows are copied over it
     lo, hi = k.split.range(b, geo.c)
     with for_range(b, geo.batch, name="dn") as n, for_range(b, hi, start=lo, name="dc") as c:
         image = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h * geo.w))
@@ -195,14 +211,14 @@ def emit(k, qs: QShape) -> None:
             with for_range(b, yq1, start=yq0, name="drow") as yq:
                 iy = b.add(b.mul(b.sub(yq, i64(yq0)), i64(geo.sh)), i64(iy0))
                 src = b.gep(x, [b.add(image, b.mul(iy, i64(geo.w)))])
-                dst = b.gep(plane, [b.add(b.mul(yq, i64(geo.row)), i64(py * geo.phase + geo.pl))])
+                dst = b.gep(values, [b.add(b.mul(yq, i64(geo.row)), i64(py * geo.phase + geo.pl))])
                 copy_bytes(b, src, dst, geo.w, flip)
         if geo.mode == "expand":
             with for_range(b, geo.elems, step=qs.vw, name="dexp") as i:
                 v = lane_groups(b, geo, plane, i)
                 st = b.store(v, b.bitcast(b.gep(elems, [i]), v.type.as_pointer()))
                 st.align = 4
-        channel_lanes(b, geo, plane, elems, ys, b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
+        channel_lanes(b, geo, values, elems, ys, b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
                       b.load(b.gep(corr, [c])), b.load(b.gep(mult, [c])), node.offset, saturation(node))
         out = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.oh * geo.ow))
         with for_range(b, geo.oh, name="dout") as oy:
@@ -243,15 +259,15 @@ def channel_lanes(b, geo: DepthwiseGeometry, plane, elems, ys, words, corr, mult
     weights = [b.load(b.gep(words, [i64(t)])) for t in range(len(geo.taps))]
     i32v = ir.VectorType(I32, vw)
     init = splat(b, corr, vw)
-    vectors = geo.step // vw
+    vectors, g = geo.vectors, qs.group
 
     def groups(q0, j, tap):
         if geo.mode == "shuffle":
             return lane_groups(b, geo, plane, b.add(b.mul(b.add(q0, i64(j * vw)), i64(geo.sw)), i64(tap)))
         if geo.mode == "expand":
             base, at = elems, b.add(q0, i64(j * vw + tap))
-        else:                   # interleaved: vector j holds lanes q0 + j + 4k
-            base, at = plane, b.add(q0, i64(j + tap))
+        else:                   # interleaved: vector j = h * G + r holds lanes q0 + h * G * VW + r + G * k
+            base, at = plane, b.add(q0, i64(j // g * g * vw + j % g + tap))
         v = b.load(b.bitcast(b.gep(base, [at]), i32v.as_pointer()))
         v.align = 1
         return v
@@ -265,25 +281,30 @@ def channel_lanes(b, geo: DepthwiseGeometry, plane, elems, ys, words, corr, mult
         # offset a vector: MobileNetV2's 144 channels at 56 x 56 175 -> 133 kcycles, 32 at
         # 112 x 112 160 -> 130 (Zen 4, 1 thread, fastest of 300 alone).
         v = narrow(b, [requantize_unsaturated(b, v, mult) for v in sums], bounds, offset,
-                   interleave=geo.mode == "interleaved")
+                   interleave=g if geo.mode == "interleaved" else 1)
         st = b.store(v, b.bitcast(b.gep(ys, [q0]), v.type.as_pointer()))
         st.align = 1
 
 
-def fill_bytes(b, dst, count: int, value: int) -> None:
-    """dst[0:count] = value, count a multiple of COPY."""
-    assert count % COPY == 0
-    vt = ir.VectorType(I8, COPY)
-    fill = ir.Constant(vt, [value] * COPY)
-    with for_range(b, count, step=COPY, name="dfill") as i:
+def fill(b, dst, count: int, value: int) -> None:
+    """dst[0:count] = value (dst's i8 or i16 values), in vectors of COPY bytes (count
+    values a whole number of them)."""
+    n = COPY // (dst.type.pointee.width // 8)
+    assert count % n == 0
+    vt = ir.VectorType(dst.type.pointee, n)
+    fill = ir.Constant(vt, [value] * n)
+    with for_range(b, count, step=n, name="dfill") as i:
         st = b.store(fill, b.bitcast(b.gep(dst, [i]), vt.as_pointer()))
         st.align = 1
 
 
 def copy_bytes(b, src, dst, count: int, flip: bool) -> None:
     """dst[0:count] = src[0:count] (each byte's top bit flipped, for `flip`: i8 -> the u8 of
-    x + 128), in vectors of COPY bytes, the last of them overlapping the one before when
-    count is not a multiple; a shorter run in vectors of 16, 8, ... bytes."""
+    x + 128; widened, for dst's i16 values), in vectors of COPY bytes, the last of them
+    overlapping the one before when count is not a multiple; a shorter run in vectors of
+    16, 8, ... bytes."""
+    wide = dst.type.pointee == I16
+
     def move(at: int, size: int, index=None):
         vt = ir.VectorType(I8, size)
         off = i64(at) if index is None else index
@@ -291,7 +312,9 @@ def copy_bytes(b, src, dst, count: int, flip: bool) -> None:
         v.align = 1
         if flip:
             v = b.xor(v, ir.Constant(vt, [-128] * size))
-        st = b.store(v, b.bitcast(b.gep(dst, [off]), vt.as_pointer()))
+        if wide:
+            v = b.sext(v, ir.VectorType(I16, size))
+        st = b.store(v, b.bitcast(b.gep(dst, [off]), v.type.as_pointer()))
         st.align = 1
 
     if count >= COPY:

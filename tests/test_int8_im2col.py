@@ -1,0 +1,47 @@
+"""The int8 product's im2col plane (qlinalg.build_im2col_plane): a convolution of fewer
+input channels than a plane element holds (a stem from 3 with VNNI's and ubsw's 4, one
+channel with madd16's 2) sums the window's values, channel by tap, packed G to an element,
+in place of one element of mostly padding per tap.  Exactly as the NumPy reference of
+test_int8_kernels, bit for bit at 1, 2 and 3 threads: the element rows' vector steps (rows
+wide enough) and their edges one value at a time, strides, dilations, asymmetric padding,
+windows past the image, a split among threads."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glowgen.backends.cpu.kernels.qlinalg import Geometry
+from glowgen.backends.cpu.qgemm import QShape
+from test_int8_kernels import _AVX512BW, _compile, conv_case
+
+CPUS = [None, "x86-64-v3"] + (["x86-64-v4"] if _AVX512BW else [])
+SEVEN_BITS = np.arange(-64, 64)         # ubsw's weights on AVX2 (test_int8_ubsw)
+
+CASES = [
+    # n, c, h, w, m, k, strides, pads, dilations
+    (1, 3, 12, 70, 8, 3, (2, 2), (1, 1, 1, 1), (1, 1)),       # MobileNetV2's stem, rows of vector steps
+    (2, 3, 9, 11, 5, 3, (1, 1), (1, 1, 1, 1), (1, 1)),        # rows narrower than a step
+    (1, 2, 6, 40, 6, 3, (1, 1), (0, 1, 2, 1), (1, 2)),        # dilated columns, asymmetric pads
+    (1, 1, 17, 50, 7, 5, (2, 3), (2, 0, 3, 1), (2, 1)),       # one channel: madd16's too
+    (1, 3, 30, 64, 10, 7, (2, 2), (3, 3, 3, 3), (1, 1)),      # ResNet's 7x7 stem
+    (1, 3, 160, 160, 32, 3, (2, 2), (1, 1, 1, 1), (1, 1)),    # split among threads
+]
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("seven_bits", [False, True])
+def test_im2col_conv_exact(case, cpu, seven_bits):
+    values = dict(w_values=SEVEN_BITS) if seven_bits else {}
+    text, feeds, want = conv_case(np.random.default_rng(400 + case), *CASES[case], **values)
+    results = []
+    for threads in (1, 2, 3):
+        model, _ = _compile(text, cpu, threads)
+        (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedConv"]
+        qs = QShape(ins.plan.strategy)
+        assert Geometry(ins.node, qs).im2col == (CASES[case][1] < qs.group), qs.kind
+        if threads == 2 and case == len(CASES) - 1:
+            assert max(s.parts for s in model.program.plan.steps) == 2
+        results.append(model.run(feeds)["y"])
+        np.testing.assert_array_equal(results[-1], want)
+    assert results[0].tobytes() == results[1].tobytes() == results[2].tobytes()
