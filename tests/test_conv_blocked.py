@@ -176,3 +176,14 @@ def test_two_tasks_share_resnet_layers_evenly(cin, cout, size):
             g = BlockedGeometry(node, shape)
             most = busiest(g.panels, 1, 2, g.panels) / g.panels
         assert most <= 0.52, (features, most)
+
+
+def test_tiles_of_one_pixel_fewer_where_a_ragged_tile_wastes_much():
+    """49 pixels in AVX2's 6-pixel tiles: 4 of 6 and 5 of 5, not 9 of 6 (pixel_tiles); the
+    7 x 7 cases above run so on x86-64-v3."""
+    from glowgen.backends.cpu.kernels.conv_transposed import pixel_tiles
+    assert pixel_tiles(49, 6) == [(4, 6), (5, 5)]
+    assert pixel_tiles(25, 6) == [(5, 5)]
+    assert pixel_tiles(49, 7) == [(7, 7)]           # AVX-512's 7-pixel tiles
+    assert pixel_tiles(196, 6) == [(33, 6)]         # 2 of 198 rows: not worth a second loop
+    assert pixel_tiles(7, 6) == [(2, 6)]            # too few tiles to give up rows

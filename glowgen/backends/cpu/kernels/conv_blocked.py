@@ -42,7 +42,7 @@ from ..parallel import WHOLE, shares
 from ..vectors import f32_vector, transpose_block, vload, vstore
 from .common import clamp
 from .conv_planes import aligned_floats, conv_is_pointwise, offsets_global
-from .conv_transposed import pixel_block, store_ct_block
+from .conv_transposed import pixel_block, pixel_tiles, store_ct_block
 
 # The C^T band of pixels the product fills before it is stored back: about this many bytes
 # (kept in L1/L2 between the two; 16 KB to 64 KB measured alike within the noise).
@@ -355,22 +355,34 @@ def _band(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, panels, panel_
     if g.panels_outer:
         _band_panels_outer(k, g, xb, w, ct, taps, p0, count, panels)
     else:
-        with for_range(b, -(-count // g.mr), name="tile") as t:
-            rows = _tile_rows(b, g, xb, b.add(p0, b.mul(t, i64(g.mr))), count)
+        def tile(q, mr: int, ragged: bool):
+            rows = _tile_rows(b, g, xb, b.add(p0, q), mr, ragged)
             # This task's filter panels (emit_gemm shares them out as panel_split.range does)
-            emit_gemm(b, GemmShape(g.vw, g.mr, g.nv), g.mr, g.m, g.k, None, 0, w, None,
-                      b.gep(ct, [b.mul(t, i64(g.mr * g.mp))]), g.mp, name="bk", split=panel_split,
+            emit_gemm(b, GemmShape(g.vw, mr, g.nv), mr, g.m, g.k, None, 0, w, None,
+                      b.gep(ct, [b.mul(q, i64(g.mp))]), g.mp, name="bk", split=panel_split,
                       a_table=(taps, rows))
+        _tiles(b, g, count, tile)
     _store_band(k, g, ct, p0, count, *panels, img, y, bias)
 
 
-def _tile_rows(b, g: BlockedGeometry, xb, first, count: int) -> list:
-    """Where each of a tile's MR pixels' windows start in X (the ragged tile's rows past
+def _tiles(b, g: BlockedGeometry, count: int, tile) -> None:
+    """tile(q, mr, ragged) for each register tile of a band of `count` pixels, q its first
+    pixel in the band, `ragged` when the band's last tile may reach past its last pixel
+    (pixel_tiles: a ragged last tile, or tiles of one row fewer)."""
+    first = 0
+    for tiles, mr in pixel_tiles(count, g.mr):
+        with for_range(b, tiles, name=f"tile{mr}") as t:
+            tile(b.add(i64(first), b.mul(t, i64(mr))), mr, first + tiles * mr > count)
+        first += tiles * mr
+
+
+def _tile_rows(b, g: BlockedGeometry, xb, first, mr: int, ragged: bool) -> list:
+    """Where each of a tile's `mr` pixels' windows start in X (a ragged tile's rows past
     the last pixel repeat it)."""
     rows = []
-    for i in range(g.mr):
+    for i in range(mr):
         p = b.add(first, i64(i))
-        if count % g.mr:
+        if ragged:
             p = b.select(b.icmp_signed("<", p, i64(g.n)), p, i64(g.n - 1))
         oy, ox = b.udiv(p, i64(g.ow)), b.urem(p, i64(g.ow))
         base = b.mul(b.add(b.mul(oy, i64(g.sh * g.wp)), b.mul(ox, i64(g.sw))), i64(g.vw))
@@ -386,11 +398,13 @@ def _band_panels_outer(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, p
     p_lo, p_hi = panels
     with for_range(b, p_hi, start=p_lo, name="bpanel") as p:
         wp = b.gep(w, [b.mul(p, i64(g.k * g.nr))])           # panel p of W^T: K x NR
-        with for_range(b, -(-count // g.mr), name="tile") as t:
-            rows = _tile_rows(b, g, xb, b.add(p0, b.mul(t, i64(g.mr))), count)
-            c = b.gep(ct, [b.add(b.mul(t, i64(g.mr * g.mp)), b.mul(p, i64(g.nr)))])
-            emit_gemm(b, GemmShape(g.vw, g.mr, g.nv), g.mr, g.nr, g.k, None, 0, wp, None, c, g.mp, name="bo",
+
+        def tile(q, mr: int, ragged: bool):
+            rows = _tile_rows(b, g, xb, b.add(p0, q), mr, ragged)
+            c = b.gep(ct, [b.add(b.mul(q, i64(g.mp)), b.mul(p, i64(g.nr)))])
+            emit_gemm(b, GemmShape(g.vw, mr, g.nv), mr, g.nr, g.k, None, 0, wp, None, c, g.mp, name="bo",
                       a_table=(taps, rows))
+        _tiles(b, g, count, tile)
 
 
 def _store_band(k, g: BlockedGeometry, ct, p0, count: int, p_lo, p_hi, img, y, bias) -> None:
