@@ -98,7 +98,12 @@ def _copies_unread_input(node) -> bool:
 # 3x3/2 at 7 x 7 2.77 -> 2.53 (ResNet-50); ResNet-18 35.7 -> 34.9-35.1 ms.  Alone, the
 # weights warm in L3, 2.46 -> 2.64: the weights' single stream from L3 fed the tiles better.
 # With AVX-512 (7-pixel tiles, fewer re-reads) ResNet-18 measured the same either way.
-WHOLE_BAND_BYTES = 256 * 1024
+# ResNet-50's 1024 -> 2048 1x1/2 at 14 x 14 (8 MB of weights, a C^T of 400 KB), in bands
+# of 24 pixels before, each tile re-reading all the weights: in its last stage (weights from
+# memory; 1 thread, each kernel's fastest of 30 runs in 5 processes) 6.54 -> 5.25 Mcycles on
+# x86-64-v3, 5.02 -> 4.87 with AVX-512 (alone, the weights warm in L3, 2.11-2.18 ->
+# 2.20-2.29 ms on x86-64-v3).
+WHOLE_BAND_BYTES = 512 * 1024
 L2_BYTES = 1024 * 1024          # Zen 4's
 # Where _band_panels_outer prefetches the next filter panel: L2 (prefetcht1).
 PANEL_PREFETCH_LEVEL = 2
