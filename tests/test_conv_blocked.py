@@ -44,6 +44,8 @@ CASES = {
     # A ResNet-50 downsample's shape: 4 MB of weights, a C^T of 400 KB (WHOLE_BAND_BYTES)
     "512->2048 1x1/2 @14, panel by panel": ((1, 512, 14, 14), (2048, 512, 1, 1),
                                             {"strides": [2, 2], "pads": [0, 0, 0, 0]}, "add"),
+    # Pointwise, few pixels, weights past L2 (2 MB): blocked too (_pointwise_panel_by_panel)
+    "512->1024 1x1 @7, panel by panel": ((1, 512, 7, 7), (1024, 512, 1, 1), {"pads": [0, 0, 0, 0]}, "add"),
 }
 
 
@@ -89,7 +91,7 @@ def test_blocked_matches_onnxruntime(case, cpu):
 @pytest.mark.parametrize("case", ["64->64 3x3 @56 relu", "32->64 3x3 @7, batch 2, add",
                                   "64->128 3x3/2 @14 uneven pads", "96->64 3x3/2 @60x50, copied by bands",
                                   "128->256 1x1 stride 2 @57x55 (1.6 MB), add", "256->512 3x3 @7, panel by panel",
-                                  "512->2048 1x1/2 @14, panel by panel"])
+                                  "512->2048 1x1/2 @14, panel by panel", "512->1024 1x1 @7, panel by panel"])
 def test_blocked_same_bits_for_any_thread_count(case, cpu):
     model, feeds = _model(case, seed=1)
     options = {"cpu": cpu} if cpu else {}
@@ -117,6 +119,7 @@ def test_weights_past_l2_computed_panel_by_panel():
     for cpu in ("x86-64-v3", None):
         assert _geometry("256->512 3x3 @7, panel by panel", cpu).panels_outer
         assert _geometry("512->2048 1x1/2 @14, panel by panel", cpu).panels_outer
+        assert _geometry("512->1024 1x1 @7, panel by panel", cpu).panels_outer
     assert not _geometry("64->64 3x3 @56 relu").panels_outer
 
 

@@ -42,7 +42,7 @@ from ..parallel import WHOLE, shares
 from ..vectors import f32_vector, prefetch, transpose_block, vload, vstore
 from .common import clamp
 from .conv_planes import aligned_floats, conv_is_pointwise, offsets_global
-from .conv_transposed import pixel_block, pixel_tiles, store_ct_block
+from .conv_transposed import conv_is_transposed, pixel_block, pixel_tiles, store_ct_block
 
 # The C^T band of pixels the product fills before it is stored back: about this many bytes
 # (kept in L1/L2 between the two; 16 KB to 64 KB measured alike within the noise).
@@ -52,7 +52,7 @@ BAND_BYTES = 32 * 1024
 def conv_is_blocked(node, shape) -> bool:
     """Where the channel-blocked product applies and pays: a single-group f32 convolution
     with whole blocks of VW input channels, whole panels of NR filters, not pointwise (a 1x1
-    at stride 1 reads its input in place as it is).  ResNet's 3x3 convolutions, against the im2col strategies (Zen 4, 1
+    at stride 1 reads its input in place as it is; but see _pointwise_panel_by_panel).  ResNet's 3x3 convolutions, against the im2col strategies (Zen 4, 1
     thread, ms): 64->64 @56 2.26 -> 2.11, 64->128 /2 @56 1.10 -> 1.06, 128->128 @28 2.19 ->
     2.09, 256->256 @14 2.19 -> 2.12, 512->512 @7 2.24 -> 2.11 (the last two transposed
     before).  A half-empty panel does not: 16->16 @320 5.0 -> 9.4 (gemm-planes).  ResNet-18's
@@ -61,8 +61,31 @@ def conv_is_blocked(node, shape) -> bool:
     512->512 @7 0.90-1.03, 16->16 @320 0.95-1.06 (within the noise of a shared machine)."""
     m, cg, kh, kw = node.inputs[1].type.shape
     return (node.group == 1 and node.outputs[0].type.dtype == "f32" and cg % shape.vw == 0
-            and m % blocked_tile(m, shape).nr == 0 and not conv_is_pointwise(node) and kh * kw <= 64
+            and m % blocked_tile(m, shape).nr == 0 and kh * kw <= 64
+            and (not conv_is_pointwise(node) or _pointwise_panel_by_panel(node, shape))
             and not _copies_unread_input(node))
+
+
+def _pointwise_panel_by_panel(node, shape) -> bool:
+    """A pointwise convolution computed transposed (its pixels fill the vector lanes badly)
+    whose weights exceed L2, at no more than POINTWISE_BLOCKED_PIXELS pixels (its C^T then
+    fits one band, BlockedGeometry.panels_outer): blocked, each panel of its weights read
+    once from memory (prefetched) and used by every tile of pixels, where the transposed
+    product streamed all of them once per block of pixels.  ResNet-50's last stage (weights
+    from memory; Zen 4, 1 thread, each kernel's fastest of 30 runs in 4 processes, Mcycles):
+    512 -> 2048 at 7 x 7 2.77 -> 2.59 on x86-64-v3, 2.54 -> 2.47 with AVX-512; 2048 -> 512
+    2.72 -> 2.60 and 2.48 -> 2.36.  Its 1024 -> 512 at 14 x 14 measured 1.01 times as long
+    with AVX-512 (1.08 on x86-64-v3, where it is not transposed but pointwise: each block of
+    filters reads its weights once there).  MobileNetV2's 320 -> 1280 at 7 x 7: 1.00 -> 1.00
+    Mcycles on x86-64-v3, 0.95 -> 0.92 with AVX-512."""
+    m, cg = node.inputs[1].type.shape[:2]
+    oh, ow = node.outputs[0].type.shape[2:]
+    return (oh * ow <= POINTWISE_BLOCKED_PIXELS and 4 * cg * m > L2_BYTES and 4 * oh * ow * m <= WHOLE_BAND_BYTES
+            and conv_is_transposed(node, shape))
+
+
+# (ResNet-50's 7 x 7: 49 pixels, nine AVX2 tiles per panel.)
+POINTWISE_BLOCKED_PIXELS = 64
 
 
 def blocked_tile(filters: int, shape) -> GemmShape:
