@@ -184,6 +184,12 @@ class BlockedGeometry:
         # for L2 (WHOLE_BAND_BYTES), one band of them, each filter panel meeting every tile
         # while in L2 (_band_panels_outer).
         self.panels_outer = 4 * self.k * self.mp > L2_BYTES and 4 * self.n * self.mp <= WHOLE_BAND_BYTES
+        # Panel by panel, the next panel is prefetched into L2 while the tiles use this one
+        # (_band_panels_outer) where a panel's row is one cache line (AVX2's 16 filters, read
+        # at 64 bytes per 6 cycles): AVX-512's panels of 32 (128 bytes per 16 cycles) gained
+        # at most 1% from it, and ResNet-50's 256 -> 256 3x3/2 at 14 x 14 took 1.25-1.3 times
+        # as long (in the model, Zen 4, 1 thread).
+        self.prefetch = 4 * self.nr <= 64
         if self.panels_outer:
             units = -(-self.n // self.unit)
         self.band = balanced_band(self.n, self.unit, units, parts)
@@ -427,11 +433,11 @@ def _band_panels_outer(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, p
     the band while it is in L2 (weights larger than L2 are then read once a band, not once a
     tile; BlockedGeometry.panels_outer).  The band's first tile would read a panel from L3 or
     memory, faster than they deliver it (AVX2's 6 x 16 tile takes 64 bytes of it every 6
-    cycles), so the tiles of each panel prefetch the next one into L2 as they go.  ResNet-50's
+    cycles), so the tiles of each panel prefetch the next one into L2 as they go (with AVX2's
+    panels, BlockedGeometry.prefetch).  ResNet-50's
     last stage, weights from memory (Zen 4, 1 thread, each kernel's fastest of 30 runs in 5
-    processes, Mcycles): 512 -> 512 3x3 at 7 x 7 5.97 -> 5.50 (x86-64-v3), 5.27 -> 5.21
-    (AVX-512), its 3x3/2 6.12 -> 5.80 and 5.33 -> 5.27; 256 -> 256 3x3 at 14 x 14 5.49 ->
-    5.41 (x86-64-v3)."""
+    processes, Mcycles): 512 -> 512 3x3 at 7 x 7 5.97 -> 5.50 (x86-64-v3), its 3x3/2 6.12
+    -> 5.80; 256 -> 256 3x3 at 14 x 14 5.49 -> 5.41."""
     b = k.b
     p_lo, p_hi = panels
     tiles = sum(t for t, _ in pixel_tiles(count, g.mr))
@@ -450,7 +456,7 @@ def _band_panels_outer(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, p
                 prefetch(bb, bb.gep(following, [bb.udiv(bb.mul(step, i64(4 * g.nr)), i64(tiles))]), False,
                          PANEL_PREFETCH_LEVEL)
             emit_gemm(b, GemmShape(g.vw, mr, g.nv), mr, g.nr, g.k, None, 0, wp, None, c, g.mp, name="bo",
-                      a_table=(taps, rows), prefetch=fetch_ahead)
+                      a_table=(taps, rows), prefetch=fetch_ahead if g.prefetch else None)
         _tiles(b, g, count, tile)
 
 
