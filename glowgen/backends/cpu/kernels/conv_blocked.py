@@ -73,11 +73,12 @@ def _pointwise_panel_by_panel(node, shape) -> bool:
     once from memory (prefetched) and used by every tile of pixels, where the transposed
     product streamed all of them once per block of pixels.  ResNet-50's last stage (weights
     from memory; Zen 4, 1 thread, each kernel's fastest of 30 runs in 4 processes, Mcycles):
-    512 -> 2048 at 7 x 7 2.77 -> 2.59 on x86-64-v3, 2.54 -> 2.47 with AVX-512; 2048 -> 512
-    2.72 -> 2.60 and 2.48 -> 2.36.  Its 1024 -> 512 at 14 x 14 measured 1.01 times as long
+    512 -> 2048 at 7 x 7 2.77 -> 2.59 on x86-64-v3, 2.54 -> 2.55 with AVX-512 (whose panels
+    are not prefetched, BlockedGeometry.prefetch); 2048 -> 512 2.72 -> 2.60 and 2.52 -> 2.43
+    (whole model, 4 and 3 processes).  Its 1024 -> 512 at 14 x 14 measured 1.01 times as long
     with AVX-512 (1.08 on x86-64-v3, where it is not transposed but pointwise: each block of
     filters reads its weights once there).  MobileNetV2's 320 -> 1280 at 7 x 7: 1.00 -> 1.00
-    Mcycles on x86-64-v3, 0.95 -> 0.92 with AVX-512."""
+    Mcycles on x86-64-v3."""
     m, cg = node.inputs[1].type.shape[:2]
     oh, ow = node.outputs[0].type.shape[2:]
     return (oh * ow <= POINTWISE_BLOCKED_PIXELS and 4 * cg * m > L2_BYTES and 4 * oh * ow * m <= WHOLE_BAND_BYTES
