@@ -52,10 +52,11 @@ BAND_BYTES = 32 * 1024
 def conv_is_blocked(node, shape) -> bool:
     """Where the channel-blocked product applies and pays: a single-group f32 convolution
     with whole blocks of VW input channels, whole panels of NR filters, not pointwise (a 1x1
-    at stride 1 reads its input in place as it is; but see _pointwise_panel_by_panel).  ResNet's 3x3 convolutions, against the im2col strategies (Zen 4, 1
-    thread, ms): 64->64 @56 2.26 -> 2.11, 64->128 /2 @56 1.10 -> 1.06, 128->128 @28 2.19 ->
-    2.09, 256->256 @14 2.19 -> 2.12, 512->512 @7 2.24 -> 2.11 (the last two transposed
-    before).  A half-empty panel does not: 16->16 @320 5.0 -> 9.4 (gemm-planes).  ResNet-18's
+    at stride 1 reads its input in place as it is; but see _pointwise_panel_by_panel).
+    ResNet's 3x3 convolutions, against the im2col strategies (Zen 4, 1 thread, ms): 64->64
+    @56 2.26 -> 2.11, 64->128 /2 @56 1.10 -> 1.06, 128->128 @28 2.19 -> 2.09, 256->256 @14
+    2.19 -> 2.12, 512->512 @7 2.24 -> 2.11 (the last two transposed before).  A half-empty
+    panel does not: 16->16 @320 5.0 -> 9.4 (gemm-planes).  ResNet-18's
     1x1 stride 2 ones: 64->128 @56 0.94 times as long, 128->256 @28 0.92, 256->512 @14 0.91.
     On AVX2 (x86-64-v3): 64->64 @56 0.87, 128->128 @28 0.93, 256->256 @14 0.98-1.05,
     512->512 @7 0.90-1.03, 16->16 @320 0.95-1.06 (within the noise of a shared machine)."""
