@@ -41,6 +41,11 @@ CASES = {
     "32->96 2x2 stride 1x2": ((1, 32, 9, 30), (96, 32, 2, 2), {"pads": [0, 1, 0, 0], "strides": [1, 2]}, None),
     # Weights past L2 (4.7 MB), a small plane: one band, panel by panel (BlockedGeometry.panels_outer)
     "256->512 3x3 @7, panel by panel": ((1, 256, 7, 7), (512, 256, 3, 3), {"pads": [1, 1, 1, 1]}, "add"),
+    # A ResNet-50 downsample's shape: 4 MB of weights, a C^T of 400 KB (WHOLE_BAND_BYTES)
+    "512->2048 1x1/2 @14, panel by panel": ((1, 512, 14, 14), (2048, 512, 1, 1),
+                                            {"strides": [2, 2], "pads": [0, 0, 0, 0]}, "add"),
+    # Pointwise, few pixels, weights past L2 (2 MB): blocked too (_pointwise_panel_by_panel)
+    "512->1024 1x1 @7, panel by panel": ((1, 512, 7, 7), (1024, 512, 1, 1), {"pads": [0, 0, 0, 0]}, "add"),
 }
 
 
@@ -85,7 +90,8 @@ def test_blocked_matches_onnxruntime(case, cpu):
 @pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
 @pytest.mark.parametrize("case", ["64->64 3x3 @56 relu", "32->64 3x3 @7, batch 2, add",
                                   "64->128 3x3/2 @14 uneven pads", "96->64 3x3/2 @60x50, copied by bands",
-                                  "128->256 1x1 stride 2 @57x55 (1.6 MB), add", "256->512 3x3 @7, panel by panel"])
+                                  "128->256 1x1 stride 2 @57x55 (1.6 MB), add", "256->512 3x3 @7, panel by panel",
+                                  "512->2048 1x1/2 @14, panel by panel", "512->1024 1x1 @7, panel by panel"])
 def test_blocked_same_bits_for_any_thread_count(case, cpu):
     model, feeds = _model(case, seed=1)
     options = {"cpu": cpu} if cpu else {}
@@ -112,6 +118,8 @@ def test_large_copies_made_band_by_band():
 def test_weights_past_l2_computed_panel_by_panel():
     for cpu in ("x86-64-v3", None):
         assert _geometry("256->512 3x3 @7, panel by panel", cpu).panels_outer
+        assert _geometry("512->2048 1x1/2 @14, panel by panel", cpu).panels_outer
+        assert _geometry("512->1024 1x1 @7, panel by panel", cpu).panels_outer
     assert not _geometry("64->64 3x3 @56 relu").panels_outer
 
 
@@ -176,3 +184,14 @@ def test_two_tasks_share_resnet_layers_evenly(cin, cout, size):
             g = BlockedGeometry(node, shape)
             most = busiest(g.panels, 1, 2, g.panels) / g.panels
         assert most <= 0.52, (features, most)
+
+
+def test_tiles_of_one_pixel_fewer_where_a_ragged_tile_wastes_much():
+    """49 pixels in AVX2's 6-pixel tiles: 4 of 6 and 5 of 5, not 9 of 6 (pixel_tiles); the
+    7 x 7 cases above run so on x86-64-v3."""
+    from glowgen.backends.cpu.kernels.conv_transposed import pixel_tiles
+    assert pixel_tiles(49, 6) == [(4, 6), (5, 5)]
+    assert pixel_tiles(25, 6) == [(5, 5)]
+    assert pixel_tiles(49, 7) == [(7, 7)]           # AVX-512's 7-pixel tiles
+    assert pixel_tiles(196, 6) == [(33, 6)]         # 2 of 198 rows: not worth a second loop
+    assert pixel_tiles(7, 6) == [(2, 6)]            # too few tiles to give up rows

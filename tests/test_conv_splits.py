@@ -28,6 +28,8 @@ CASES = {
     "1x1 72->40 @128 (panels outer, ragged rows)": ((1, 72, 128, 128), (40, 72, 1, 1), {}, "pointwise"),
     # (Input channels not in whole blocks of 16: the 3x3 ones are not "blocked".)
     "3x3 248->256 @7 (filter panels)": ((1, 248, 7, 7), (256, 248, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
+    # AVX2: 49 pixels in 4 tiles of 6 and 5 of 5 (conv_transposed.pixel_tiles).
+    "1x1 512->256 @7 (filter panels)": ((1, 512, 7, 7), (256, 512, 1, 1), {}, "transposed"),
     # Patches from planes, twelve runs of 16 pixels: each task builds its own pixels' only.
     "3x3 60->256 @14 (pixels, patches from planes)": ((1, 60, 14, 14), (256, 60, 3, 3), {"pads": [1, 1, 1, 1]},
                                                       "transposed"),

@@ -13,13 +13,13 @@ from typing import Optional
 from llvmlite import ir
 
 from ...lir.ir import slot
-from .llvmutil import i64, intrinsic
+from .llvmutil import i64
 from .kernels import PRODUCT_SPACE
 from .loops import broadcast_strides
 from .scalar import ScalarEmitter, Value, emit_stack
 from ...scalars import SCALAR_FUNCTIONS
 from .stacking import Step, has_gathers, stores_needed
-from .vectors import splat, vload, vstore
+from .vectors import prefetch, splat, vload, vstore
 
 # Scalar functions that work unchanged on vectors (what an epilogue may compute).
 VECTOR_SAFE = frozenset(f.name for f in SCALAR_FUNCTIONS.values() if f.vector_safe)
@@ -185,10 +185,3 @@ class EpilogueEmitter:
 # a Relu only 1.92 -> 1.85 ms (Zen 4, 1 thread, each its fastest of 150 runs); MobileNetV2,
 # tiny_bert and ResNet-18, no change.  128 and 256 floats ahead measured no better.
 PREFETCH_AHEAD = 64
-
-
-def prefetch(b, ptr, write: bool) -> None:
-    """llvm.prefetch of the line at `ptr` into L1, for writing (prefetchw) or reading."""
-    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-    fn = intrinsic(b.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, i32, i32, i32])
-    b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(i32, int(write)), ir.Constant(i32, 3), ir.Constant(i32, 1)])

@@ -45,7 +45,7 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
               split: Split = WHOLE, split_rows: bool = False, row_align: int = 1, b_table=None,
               a_transposed: bool = False, store_tile: Optional[Callable] = None,
               image_rows: Optional[tuple] = None, a_table=None, k_block: Optional[int] = None,
-              panels_outer: bool = False) -> None:
+              panels_outer: bool = False, prefetch: Optional[Callable] = None) -> None:
     """Emit C = A @ B (+ row_init(m) broadcast on each row).  With `epilogue`, each result
     vector goes to epilogue(b, vec, m, n0, valid_lanes), which stores what it computes;
     otherwise it is stored to C.
@@ -85,6 +85,9 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
     (this task's) before the next panel, instead of each row block running over all of B:
     B streams from memory once rather than once per row block (A must stay in cache).
 
+    With `prefetch`, prefetch(b, k) is called at each step k of a tile's loop (to emit
+    prefetches of what the caller's next tiles read).
+
     With `store_tile`, the whole tile goes to store_tile(b, rows, m0, n0, valid_cols) once
     its sums are complete (rows[i][j]: row m0 + i, columns n0 + j * VW.., row_init added),
     which stores it as it likes (a ConvTranspose's rows interleaved, conv_transpose_gemm.py)."""
@@ -123,6 +126,8 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         for row, start in zip(accs, starts):
             for acc, v in zip(row, start):
                 acc.add_incoming(v, entry)
+        if prefetch is not None:
+            prefetch(b, k)
         # B vectors for this k
         bvecs = []
         if b_table is not None:

@@ -96,3 +96,11 @@ def transpose_block(b, rows: list) -> list:
             rows[i], rows[i + s] = b.shuffle_vector(a, c, lo), b.shuffle_vector(a, c, hi)
         s //= 2
     return rows
+
+
+def prefetch(b, ptr, write: bool, locality: int = 3) -> None:
+    """llvm.prefetch of the line at `ptr`, for writing (prefetchw) or reading, into L1
+    (locality 3), or L2 (2: prefetcht1)."""
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fn = intrinsic(b.module, "llvm.prefetch.p0", ir.VoidType(), [i8p, i32, i32, i32])
+    b.call(fn, [b.bitcast(ptr, i8p), ir.Constant(i32, int(write)), ir.Constant(i32, locality), ir.Constant(i32, 1)])

@@ -39,10 +39,10 @@ from llvmlite import ir
 from ..gemm import GemmShape, emit_gemm
 from ..llvmutil import for_range, i64
 from ..parallel import WHOLE, shares
-from ..vectors import f32_vector, transpose_block, vload, vstore
+from ..vectors import f32_vector, prefetch, transpose_block, vload, vstore
 from .common import clamp
 from .conv_planes import aligned_floats, conv_is_pointwise, offsets_global
-from .conv_transposed import pixel_block, store_ct_block
+from .conv_transposed import conv_is_transposed, pixel_block, pixel_tiles, store_ct_block
 
 # The C^T band of pixels the product fills before it is stored back: about this many bytes
 # (kept in L1/L2 between the two; 16 KB to 64 KB measured alike within the noise).
@@ -52,17 +52,42 @@ BAND_BYTES = 32 * 1024
 def conv_is_blocked(node, shape) -> bool:
     """Where the channel-blocked product applies and pays: a single-group f32 convolution
     with whole blocks of VW input channels, whole panels of NR filters, not pointwise (a 1x1
-    at stride 1 reads its input in place as it is).  ResNet's 3x3 convolutions, against the im2col strategies (Zen 4, 1
-    thread, ms): 64->64 @56 2.26 -> 2.11, 64->128 /2 @56 1.10 -> 1.06, 128->128 @28 2.19 ->
-    2.09, 256->256 @14 2.19 -> 2.12, 512->512 @7 2.24 -> 2.11 (the last two transposed
-    before).  A half-empty panel does not: 16->16 @320 5.0 -> 9.4 (gemm-planes).  ResNet-18's
+    at stride 1 reads its input in place as it is; but see _pointwise_panel_by_panel).
+    ResNet's 3x3 convolutions, against the im2col strategies (Zen 4, 1 thread, ms): 64->64
+    @56 2.26 -> 2.11, 64->128 /2 @56 1.10 -> 1.06, 128->128 @28 2.19 -> 2.09, 256->256 @14
+    2.19 -> 2.12, 512->512 @7 2.24 -> 2.11 (the last two transposed before).  A half-empty
+    panel does not: 16->16 @320 5.0 -> 9.4 (gemm-planes).  ResNet-18's
     1x1 stride 2 ones: 64->128 @56 0.94 times as long, 128->256 @28 0.92, 256->512 @14 0.91.
     On AVX2 (x86-64-v3): 64->64 @56 0.87, 128->128 @28 0.93, 256->256 @14 0.98-1.05,
     512->512 @7 0.90-1.03, 16->16 @320 0.95-1.06 (within the noise of a shared machine)."""
     m, cg, kh, kw = node.inputs[1].type.shape
     return (node.group == 1 and node.outputs[0].type.dtype == "f32" and cg % shape.vw == 0
-            and m % blocked_tile(m, shape).nr == 0 and not conv_is_pointwise(node) and kh * kw <= 64
+            and m % blocked_tile(m, shape).nr == 0 and kh * kw <= 64
+            and (not conv_is_pointwise(node) or _pointwise_panel_by_panel(node, shape))
             and not _copies_unread_input(node))
+
+
+def _pointwise_panel_by_panel(node, shape) -> bool:
+    """A pointwise convolution computed transposed (its pixels fill the vector lanes badly)
+    whose weights exceed L2, at no more than POINTWISE_BLOCKED_PIXELS pixels (its C^T then
+    fits one band, BlockedGeometry.panels_outer): blocked, each panel of its weights read
+    once from memory (prefetched) and used by every tile of pixels, where the transposed
+    product streamed all of them once per block of pixels.  ResNet-50's last stage (weights
+    from memory; Zen 4, 1 thread, each kernel's fastest of 30 runs in 4 processes, Mcycles):
+    512 -> 2048 at 7 x 7 2.77 -> 2.59 on x86-64-v3, 2.54 -> 2.55 with AVX-512 (whose panels
+    are not prefetched, BlockedGeometry.prefetch); 2048 -> 512 2.72 -> 2.60 and 2.52 -> 2.43
+    (whole model, 4 and 3 processes).  Its 1024 -> 512 at 14 x 14 measured 1.01 times as long
+    with AVX-512 (1.08 on x86-64-v3, where it is not transposed but pointwise: each block of
+    filters reads its weights once there).  MobileNetV2's 320 -> 1280 at 7 x 7: 1.00 -> 1.00
+    Mcycles on x86-64-v3."""
+    m, cg = node.inputs[1].type.shape[:2]
+    oh, ow = node.outputs[0].type.shape[2:]
+    return (oh * ow <= POINTWISE_BLOCKED_PIXELS and 4 * cg * m > L2_BYTES and 4 * oh * ow * m <= WHOLE_BAND_BYTES
+            and conv_is_transposed(node, shape))
+
+
+# (ResNet-50's 7 x 7: 49 pixels, nine AVX2 tiles per panel.)
+POINTWISE_BLOCKED_PIXELS = 64
 
 
 def blocked_tile(filters: int, shape) -> GemmShape:
@@ -98,8 +123,15 @@ def _copies_unread_input(node) -> bool:
 # 3x3/2 at 7 x 7 2.77 -> 2.53 (ResNet-50); ResNet-18 35.7 -> 34.9-35.1 ms.  Alone, the
 # weights warm in L3, 2.46 -> 2.64: the weights' single stream from L3 fed the tiles better.
 # With AVX-512 (7-pixel tiles, fewer re-reads) ResNet-18 measured the same either way.
-WHOLE_BAND_BYTES = 256 * 1024
+# ResNet-50's 1024 -> 2048 1x1/2 at 14 x 14 (8 MB of weights, a C^T of 400 KB), in bands
+# of 24 pixels before, each tile re-reading all the weights: in its last stage (weights from
+# memory; 1 thread, each kernel's fastest of 30 runs in 5 processes) 6.54 -> 5.25 Mcycles on
+# x86-64-v3, 5.02 -> 4.87 with AVX-512 (alone, the weights warm in L3, 2.11-2.18 ->
+# 2.20-2.29 ms on x86-64-v3).
+WHOLE_BAND_BYTES = 512 * 1024
 L2_BYTES = 1024 * 1024          # Zen 4's
+# Where _band_panels_outer prefetches the next filter panel: L2 (prefetcht1).
+PANEL_PREFETCH_LEVEL = 2
 
 
 def subsampled(node) -> bool:
@@ -154,6 +186,12 @@ class BlockedGeometry:
         # for L2 (WHOLE_BAND_BYTES), one band of them, each filter panel meeting every tile
         # while in L2 (_band_panels_outer).
         self.panels_outer = 4 * self.k * self.mp > L2_BYTES and 4 * self.n * self.mp <= WHOLE_BAND_BYTES
+        # Panel by panel, the next panel is prefetched into L2 while the tiles use this one
+        # (_band_panels_outer) where a panel's row is one cache line (AVX2's 16 filters, read
+        # at 64 bytes per 6 cycles): AVX-512's panels of 32 (128 bytes per 16 cycles) gained
+        # at most 1% from it, and ResNet-50's 256 -> 256 3x3/2 at 14 x 14 took 1.25-1.3 times
+        # as long (in the model, Zen 4, 1 thread).
+        self.prefetch = 4 * self.nr <= 64
         if self.panels_outer:
             units = -(-self.n // self.unit)
         self.band = balanced_band(self.n, self.unit, units, parts)
@@ -355,22 +393,36 @@ def _band(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, panels, panel_
     if g.panels_outer:
         _band_panels_outer(k, g, xb, w, ct, taps, p0, count, panels)
     else:
-        with for_range(b, -(-count // g.mr), name="tile") as t:
-            rows = _tile_rows(b, g, xb, b.add(p0, b.mul(t, i64(g.mr))), count)
+        def tile(q, mr: int, ragged: bool, _):
+            rows = _tile_rows(b, g, xb, b.add(p0, q), mr, ragged)
             # This task's filter panels (emit_gemm shares them out as panel_split.range does)
-            emit_gemm(b, GemmShape(g.vw, g.mr, g.nv), g.mr, g.m, g.k, None, 0, w, None,
-                      b.gep(ct, [b.mul(t, i64(g.mr * g.mp))]), g.mp, name="bk", split=panel_split,
+            emit_gemm(b, GemmShape(g.vw, mr, g.nv), mr, g.m, g.k, None, 0, w, None,
+                      b.gep(ct, [b.mul(q, i64(g.mp))]), g.mp, name="bk", split=panel_split,
                       a_table=(taps, rows))
+        _tiles(b, g, count, tile)
     _store_band(k, g, ct, p0, count, *panels, img, y, bias)
 
 
-def _tile_rows(b, g: BlockedGeometry, xb, first, count: int) -> list:
-    """Where each of a tile's MR pixels' windows start in X (the ragged tile's rows past
+def _tiles(b, g: BlockedGeometry, count: int, tile) -> None:
+    """tile(q, mr, ragged, t) for each register tile of a band of `count` pixels: q its
+    first pixel in the band, `ragged` when it may reach past the band's last pixel, t its
+    index among the band's tiles (pixel_tiles: a ragged last tile, or tiles of one row
+    fewer)."""
+    first, done = 0, 0
+    for tiles, mr in pixel_tiles(count, g.mr):
+        with for_range(b, tiles, name=f"tile{mr}") as t:
+            tile(b.add(i64(first), b.mul(t, i64(mr))), mr, first + tiles * mr > count, b.add(t, i64(done)))
+        first += tiles * mr
+        done += tiles
+
+
+def _tile_rows(b, g: BlockedGeometry, xb, first, mr: int, ragged: bool) -> list:
+    """Where each of a tile's `mr` pixels' windows start in X (a ragged tile's rows past
     the last pixel repeat it)."""
     rows = []
-    for i in range(g.mr):
+    for i in range(mr):
         p = b.add(first, i64(i))
-        if count % g.mr:
+        if ragged:
             p = b.select(b.icmp_signed("<", p, i64(g.n)), p, i64(g.n - 1))
         oy, ox = b.udiv(p, i64(g.ow)), b.urem(p, i64(g.ow))
         base = b.mul(b.add(b.mul(oy, i64(g.sh * g.wp)), b.mul(ox, i64(g.sw))), i64(g.vw))
@@ -381,16 +433,33 @@ def _tile_rows(b, g: BlockedGeometry, xb, first, count: int) -> list:
 def _band_panels_outer(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, panels) -> None:
     """The band's C^T rows panel by panel, each filter panel of W^T meeting every tile of
     the band while it is in L2 (weights larger than L2 are then read once a band, not once a
-    tile; BlockedGeometry.panels_outer)."""
+    tile; BlockedGeometry.panels_outer).  The band's first tile would read a panel from L3 or
+    memory, faster than they deliver it (AVX2's 6 x 16 tile takes 64 bytes of it every 6
+    cycles), so the tiles of each panel prefetch the next one into L2 as they go (with AVX2's
+    panels, BlockedGeometry.prefetch).  ResNet-50's
+    last stage, weights from memory (Zen 4, 1 thread, each kernel's fastest of 30 runs in 5
+    processes, Mcycles): 512 -> 512 3x3 at 7 x 7 5.97 -> 5.50 (x86-64-v3), its 3x3/2 6.12
+    -> 5.80; 256 -> 256 3x3 at 14 x 14 5.49 -> 5.41."""
     b = k.b
     p_lo, p_hi = panels
+    tiles = sum(t for t, _ in pixel_tiles(count, g.mr))
     with for_range(b, p_hi, start=p_lo, name="bpanel") as p:
         wp = b.gep(w, [b.mul(p, i64(g.k * g.nr))])           # panel p of W^T: K x NR
-        with for_range(b, -(-count // g.mr), name="tile") as t:
-            rows = _tile_rows(b, g, xb, b.add(p0, b.mul(t, i64(g.mr))), count)
-            c = b.gep(ct, [b.add(b.mul(t, i64(g.mr * g.mp)), b.mul(p, i64(g.nr)))])
-            emit_gemm(b, GemmShape(g.vw, g.mr, g.nv), g.mr, g.nr, g.k, None, 0, wp, None, c, g.mp, name="bo",
-                      a_table=(taps, rows))
+        following = b.bitcast(b.gep(wp, [i64(g.k * g.nr)]), ir.IntType(8).as_pointer())
+
+        def tile(q, mr: int, ragged: bool, t):
+            rows = _tile_rows(b, g, xb, b.add(p0, q), mr, ragged)
+            c = b.gep(ct, [b.add(b.mul(q, i64(g.mp)), b.mul(p, i64(g.nr)))])
+
+            def fetch_ahead(bb, kk):
+                """One line of the next panel into L2 at each k: tile t of T covers bytes
+                t / T .. (t + 1) / T of it (past the last panel, a harmless stray line)."""
+                step = bb.add(bb.mul(t, i64(g.k)), kk)
+                prefetch(bb, bb.gep(following, [bb.udiv(bb.mul(step, i64(4 * g.nr)), i64(tiles))]), False,
+                         PANEL_PREFETCH_LEVEL)
+            emit_gemm(b, GemmShape(g.vw, mr, g.nv), mr, g.nr, g.k, None, 0, wp, None, c, g.mp, name="bo",
+                      a_table=(taps, rows), prefetch=fetch_ahead if g.prefetch else None)
+        _tiles(b, g, count, tile)
 
 
 def _store_band(k, g: BlockedGeometry, ct, p0, count: int, p_lo, p_hi, img, y, bias) -> None:
