@@ -273,10 +273,13 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128
 IN_RANGE = 2.0 ** 30
 
 
-def products_in_range(bound: np.ndarray, mult: np.ndarray) -> bool:
-    """Whether sums of magnitude at most `bound` (per row) times the rows' f32 multipliers
-    stay below IN_RANGE (with room for f32 rounding)."""
-    return bool(np.all(np.abs(bound.astype(np.float64)) * np.abs(mult.astype(np.float64)) * 1.001 < IN_RANGE))
+def products_in_range(w: np.ndarray, corr: np.ndarray, mult: np.ndarray) -> bool:
+    """Whether every row's sums times its f32 multiplier stay below IN_RANGE (with room for
+    f32 rounding), for rows of weights `w` (one row per entry of corr and mult) with their
+    corrections `corr`: a row's sums lie within its correction +- 255 times its weights'
+    absolute sum (always so but for absurd scales)."""
+    bound = np.abs(corr.astype(np.int64)) + 255 * np.abs(w.reshape(len(corr), -1).astype(np.int64)).sum(1)
+    return bool(np.all(bound.astype(np.float64) * np.abs(mult.astype(np.float64)) * 1.001 < IN_RANGE))
 
 
 def requantize_unsaturated(b: ir.IRBuilder, sums, mult):
@@ -322,8 +325,8 @@ def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, inte
     `bounds`: two saturating packs (i32 -> i16 of two vectors, i16 -> i8 of the two results),
     which leave each 128-bit lane holding 4 values of every vector, put in order by one
     vpermd (interleaved by 4: one in-lane vpshufb, a 4 x 4 byte transpose; by 2: a vpshufb
-    and a vpermq); the offset costs a
-    saturating i16 add for two vectors, the bounds a byte max and min for all four.  In
+    and a vpermq); the offset costs a saturating i16 add for two vectors, the bounds a byte
+    max and min for all four.  In
     place of a vpmovsdb-style narrowing with a max, a min and an offset per vector, 64 -> 22
     instructions a tile of 8 x 2 vectors, where requantizing a product of few channels costs
     more than its sums: with its sums started from the bias correction (emit_tile's init),
@@ -360,10 +363,10 @@ def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, inte
         v = b.bitcast(b.shuffle_vector(b.bitcast(v, it), ir.Constant(it, ir.Undefined),
                                        ir.Constant(_vec(I32, len(order)), order)), _vec(I8, n * vw))
     vt = v.type
-    if bounds[1] < 127:
-        v = b.call(intrinsic(b.module, f"llvm.smin.v{vt.count}i8", vt, [vt, vt]), [v, ir.Constant(vt, [bounds[1]] * vt.count)])
-    if bounds[0] > -128:
-        v = b.call(intrinsic(b.module, f"llvm.smax.v{vt.count}i8", vt, [vt, vt]), [v, ir.Constant(vt, [bounds[0]] * vt.count)])
+    for op, bound, binds in (("smin", bounds[1], bounds[1] < 127), ("smax", bounds[0], bounds[0] > -128)):
+        if binds:
+            fn = intrinsic(b.module, f"llvm.{op}.v{vt.count}i8", vt, [vt, vt])
+            v = b.call(fn, [v, ir.Constant(vt, [bound] * vt.count)])
     return v
 
 

@@ -79,6 +79,16 @@ def copy_run(b, src, dst, count, vw: int) -> None:
         masked_store(b, masked_load(b, b.gep(src, [t]), mask, none), b.gep(dst, [t]), mask)
 
 
+def join_vectors(b, vectors: list):
+    """The vectors (a power of two of them, of one type) end to end in one: lane j of
+    vector i at i * count + j, joined pairwise."""
+    while len(vectors) > 1:
+        n = vectors[0].type.count
+        both = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
+        vectors = [b.shuffle_vector(vectors[i], vectors[i + 1], both) for i in range(0, len(vectors), 2)]
+    return vectors[0]
+
+
 def transpose_block(b, rows: list) -> list:
     """The transpose of a square block of vectors: at every scale s (VW/2, ..., 1), swap
     the off-diagonal s x s blocks of each 2s x 2s block -- one two-input shuffle per row

@@ -10,7 +10,7 @@ from ..llvmutil import F32, for_range, i64
 from ..loops import broadcast_strides, collapse, contiguous_strides, loop_work, strided_loops
 from ..parallel import Work, parallel
 from ..scalar import Value, const, store_elem
-from ..vectors import f32_vector, vload, vstore
+from ..vectors import f32_vector, join_vectors, vload, vstore
 from .base import KernelArgs, kernel
 from .common import copy_loops, nest, split_axis, zero_of
 
@@ -68,11 +68,8 @@ def _interleave(b, shape, xm, ym, x, y, lanes: int, split) -> None:
     def block(xoff, yoff, w, valid=None):
         vs = [vload(b, b.gep(x, [b.add(b.add(xoff, i64(r * xm[-1])), w)]), lanes, valid) for r in range(f)]
         vs += [undef] * ((2 if f == 2 else 4) - f)
-        while len(vs) > 1:
-            width = vs[0].type.count
-            both = ir.Constant(ir.VectorType(ir.IntType(32), 2 * width), list(range(2 * width)))
-            vs = [b.shuffle_vector(vs[i], vs[i + 1], both) for i in range(0, len(vs), 2)]
-        out = b.shuffle_vector(vs[0], ir.Constant(vs[0].type, ir.Undefined), mask)
+        joined = join_vectors(b, vs)
+        out = b.shuffle_vector(joined, ir.Constant(joined.type, ir.Undefined), mask)
         vstore(b, out, b.gep(y, [b.add(yoff, b.mul(w, i64(f)))]), f * lanes, None if valid is None else f * valid)
 
     def rows(xoff, yoff, lo, hi):

@@ -35,7 +35,7 @@ from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I16, I32, for_range, i64
 from ..parallel import Work
 from ..qgemm import QShape, dot_groups, narrow, pack_epilogue, products_in_range, requantize_unsaturated
-from ..vectors import splat
+from ..vectors import join_vectors, splat
 
 PREFIX = "depthwise-"
 # What the kernel covers (qlinalg's general product takes the depthwise convolutions
@@ -61,12 +61,10 @@ def strategy(qs: QShape) -> str:
 
 def sums_in_range(node, w: np.ndarray, ws: np.ndarray, bias: np.ndarray, qs: QShape) -> bool:
     """Whether every channel's requantized sums stay within qgemm.IN_RANGE, as the kernel's
-    requantization needs: the sums lie within the correction +- 255 * the filter's
-    absolute sum (always so but for absurd scales)."""
+    requantization needs (qgemm.products_in_range)."""
     c = w.shape[0]
     corr, mult = pack_epilogue(w.reshape(c, 1, -1), ws, bias, node.inputs[0].type.quant, node.scale, qs)
-    bound = np.abs(corr[:c].astype(np.int64)) + 255 * np.abs(w.reshape(c, -1).astype(np.int64)).sum(1)
-    return products_in_range(bound, mult[:c])
+    return products_in_range(w, corr[:c], mult[:c])
 
 
 def is_depthwise(strategy_name) -> bool:
@@ -240,11 +238,7 @@ def lane_groups(b, geo: DepthwiseGeometry, plane, at):
         raw.align = 1
         parts.append(b.shuffle_vector(raw, ir.Constant(load_t, ir.Undefined),
                                       ir.Constant(ir.VectorType(I32, len(geo.lanes)), geo.lanes)))
-    while len(parts) > 1:           # join neighbours: chunks of twice the lanes
-        n = parts[0].type.count
-        join = ir.Constant(ir.VectorType(I32, 2 * n), list(range(2 * n)))
-        parts = [b.shuffle_vector(parts[i], parts[i + 1], join) for i in range(0, len(parts), 2)]
-    v = parts[0]
+    v = join_vectors(b, parts)
     if qs.bits == 16:
         v = b.sext(v, ir.VectorType(I16, 2 * vw))
     return b.bitcast(v, ir.VectorType(I32, vw))

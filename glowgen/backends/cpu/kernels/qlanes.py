@@ -105,10 +105,9 @@ def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> tuple[np.ndarray
     corr, mult = pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs)
     corr_p, mult_p = np.zeros(lanes.npad, np.int32), np.zeros(lanes.npad, np.float32)
     corr_p[:m], mult_p[:m] = corr[:m], mult[:m]
-    bound = np.abs(corr[:m].astype(np.int64)) + 255 * np.abs(w3.reshape(m, -1).astype(np.int64)).sum(1)
     data = np.concatenate([weights.view(np.int8).ravel(), corr_p.view(np.int8), mult_p.view(np.int8),
                            *pack_offsets(node, pad_element)])
-    return data, products_in_range(bound, mult[:m])
+    return data, products_in_range(w3, corr[:m], mult[:m])
 
 
 def plane_and_result(b, k, geo):
@@ -141,26 +140,21 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, own_plane=None):
         build_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
         return
     (lo, hi), (rb_lo, rb_hi) = k.split.blocks_or_panels(b, lanes.tiles, lanes.row_blocks)
+
+    def position(r):
+        """Row r's place in the plane; rows past the last repeat it (computed, not kept)."""
+        r = b.select(b.icmp_signed("<", r, i64(lanes.rows)), r, i64(lanes.rows - 1))
+        return b.add(b.mul(b.sdiv(r, i64(geo.ow)), i64(geo.wq)), b.srem(r, i64(geo.ow))) if geo.conv else r
+
     with for_range(b, geo.batch, name="ln") as n:
-        if own_plane is not None:           # the rows' positions in the plane (as in starts)
-            last = b.sub(b.mul(rb_hi, i64(mr)), i64(1))
-            last = b.select(b.icmp_signed("<", last, i64(lanes.rows - 1)), last, i64(lanes.rows - 1))
-            first, last = (b.add(b.mul(b.sdiv(r, i64(geo.ow)), i64(geo.wq)), b.srem(r, i64(geo.ow)))
-                           for r in (b.mul(rb_lo, i64(mr)), last))
-            own_plane(b, n, plane, pad, first, last)
+        if own_plane is not None:           # the plane of this task's rows
+            own_plane(b, n, plane, pad, position(b.mul(rb_lo, i64(mr))), position(b.sub(b.mul(rb_hi, i64(mr)), i64(1))))
         elif not k.phased:
             build_plane(b, geo, x, n, plane, pad)
         with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, rb_hi, start=rb_lo, name="lr") as rb:
             n0 = b.mul(tile, i64(qs.nr))
             r0 = b.mul(rb, i64(mr))
-            # Each row's place in the plane (rows past the last repeat it: computed, not kept).
-            starts = []
-            for i in range(mr):
-                r = b.add(r0, i64(i))
-                r = b.select(b.icmp_signed("<", r, i64(lanes.rows)), r, i64(lanes.rows - 1))
-                if geo.conv:
-                    r = b.add(b.mul(b.sdiv(r, i64(geo.ow)), i64(geo.wq)), b.srem(r, i64(geo.ow)))
-                starts.append(b.gep(plane, [r]))
+            starts = [b.gep(plane, [position(b.add(r0, i64(i)))]) for i in range(mr)]
 
             def a_at(g, t, i):
                 return b.gep(starts[i], [b.add(b.mul(g, i64(geo.group_stride)), i64(geo.taps[t]))])

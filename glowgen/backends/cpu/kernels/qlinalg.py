@@ -51,7 +51,7 @@ from ..plan import Phases
 from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, for_weights, load_offsets, narrowed_rows,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
                      requantize_for_narrow)
-from ..vectors import splat
+from ..vectors import join_vectors, splat
 from . import qdepthwise as depthwise
 from . import qlanes
 from .base import DESCRIBE, PHASES, REPACK, SCRATCH, STRATEGY, KernelArgs, hook, kernel
@@ -212,14 +212,12 @@ def q_repack(prog, ins, shape, users) -> bool:
         data = depthwise.pack(node, w, ws, b, depthwise.qshape(strategy))
     elif strategy in QSHAPES:
         qs = QShape(strategy)
-        if node.OP == "QuantizedConv":
-            w3 = w.reshape(w.shape[0], w.shape[1], -1)
-            if Geometry(node, qs).im2col:           # one tap over all the window's values
-                w3 = w.reshape(w.shape[0], -1, 1)
+        geo = Geometry(node, qs)
+        if node.OP == "QuantizedConv":              # im2col: one tap over all the window's values
+            w3 = w.reshape(w.shape[0], -1, 1) if geo.im2col else w.reshape(w.shape[0], w.shape[1], -1)
         else:
             w3 = np.ascontiguousarray(w.T).reshape(w.shape[1], w.shape[0], 1)
         pad = _pad_element(qs, node.inputs[0].type.quant.offset)
-        geo = Geometry(node, qs)
         if qlanes.in_lanes(geo, qs):
             data, exact = qlanes.pack(node, geo, w3, ws, b, qs, pad)
         else:
@@ -242,16 +240,14 @@ def _pack(node, geo: Geometry, w3, ws, b, qs: QShape, pad: int) -> tuple[np.ndar
     """The packed constants of the general product (each group's filters its own blocks,
     the corrections and multipliers at their padded rows), and whether every filter's
     requantized sums stay within qgemm.IN_RANGE (so that its store may requantize with
-    qgemm.requantize_unsaturated): the sums lie within the correction +- 255 times the
-    filter's absolute sum (always so but for absurd scales)."""
+    qgemm.requantize_unsaturated; qgemm.products_in_range)."""
     m, taps = w3.shape[0], w3.shape[2]
     corr_m, mult_m = (v[:m] for v in pack_epilogue(w3, ws, b, node.inputs[0].type.quant, node.scale, qs))
     corr, mult = np.zeros(geo.mpad, np.int32), np.zeros(geo.mpad, np.float32)
     corr[geo.padded_rows()], mult[geo.padded_rows()] = corr_m, mult_m
     a = [pack_a(wg, taps, qs, geo.mr).view(np.int8).ravel() for wg in w3.reshape(geo.ng, geo.mg, -1, taps)]
-    bound = np.abs(corr_m.astype(np.int64)) + 255 * np.abs(w3.reshape(m, -1).astype(np.int64)).sum(1)
     data = np.concatenate([*a, corr.view(np.int8), mult.view(np.int8), *pack_offsets(node, pad)])
-    return data, products_in_range(bound, mult_m)
+    return data, products_in_range(w3, corr_m, mult_m)
 
 
 @hook(SCRATCH, "QuantizedConv", "QuantizedMatMul")
@@ -484,11 +480,23 @@ def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q):
 
 
 def _elem(b, qs: QShape, v8):
-    """An i8 activation value as B holds it: u8 bits of v + shift, or i16."""
+    """i8 activation values (a scalar or a vector) as B holds them: u8 bits of v + shift,
+    or i16."""
+    vector = isinstance(v8.type, ir.VectorType)
     if qs.bits == 8:
         assert qs.shift == 128
-        return b.xor(v8, ir_const(I8, -128))          # v + 128 as u8 bits
-    return b.sext(v8, I16)
+        return b.xor(v8, ir.Constant(v8.type, [-128] * v8.type.count if vector else -128))  # v + 128 as u8 bits
+    return b.sext(v8, ir.VectorType(I16, v8.type.count) if vector else I16)
+
+
+def _strided_elems(b, qs: QShape, x, at, count: int, stride: int):
+    """The `count` activations x[at], x[at + stride], ... as B holds them (_elem): one load
+    of count * stride bytes and a shuffle taking every stride-th."""
+    raw_t = ir.VectorType(I8, count * stride)
+    raw = b.load(b.bitcast(b.gep(x, [at]), raw_t.as_pointer()))
+    raw.align = 1
+    take = ir.Constant(ir.VectorType(I32, count), [stride * i for i in range(count)])
+    return _elem(b, qs, b.shuffle_vector(raw, ir.Constant(raw_t, ir.Undefined), take))
 
 
 def ir_const(t, v):
@@ -517,10 +525,12 @@ def _pad_element(qs: QShape, x_offset: int) -> int:
 def build_conv_plane(b, geo: Geometry, x, n, plane, pad, first=None, last=None):
     """Image n of x (N, C, H, W) into the plane: [groups][CG / G][phase y][phase x][Hq][Wq]
     elements of G channels (the phases some tap reads: Geometry.phase_rows x phase_cols),
-    the padding (and channels past each group's CG) the x offset; only its elements first..last (i64 values; default all).  For each element row, the
-    columns inside the input in one loop (G strided loads combined into a 32-bit store, which
-    LLVM vectorizes), the padding columns on either side stored whole.  `pad`: the 32-bit
-    element of G padding values (_pad_element), read from the packed constants."""
+    the padding (and channels past each group's CG) the x offset; only its elements
+    first..last (i64 values; default all).  For each element row, the columns inside the
+    input in one loop (G strided loads combined into a 32-bit store, which LLVM vectorizes),
+    the padding columns on either side stored whole.  `pad`: the 32-bit element of G padding
+    values (_pad_element), read from the packed constants.  (An interleaved or an im2col
+    plane has builders of its own.)"""
     qs = geo.qs
     first = i64(0) if first is None else first
     last = i64(geo.plane_groups) if last is None else last
@@ -615,14 +625,11 @@ def _interleave_step(b, qs: QShape, rows, dst, p, vl: int):
     for row in rows:
         v = b.load(b.bitcast(b.gep(row, [p]), ir.VectorType(I8, vl).as_pointer()))
         v.align = 1
-        vs.append(b.xor(v, ir.Constant(v.type, [-128] * vl)) if qs.bits == 8 else b.sext(v, ir.VectorType(I16, vl)))
-    while len(vs) > 1:                  # concatenated: channel t's pixel q at t * vl + q
-        n2 = vs[0].type.count
-        vs = [b.shuffle_vector(vs[i], vs[i + 1], ir.Constant(ir.VectorType(I32, 2 * n2), list(range(2 * n2))))
-              for i in range(0, len(vs), 2)]
+        vs.append(_elem(b, qs, v))
     out_v = ir.VectorType(qs.elem, g * vl)
-    order = [t * vl + q for q in range(vl) for t in range(g)]
-    v = b.shuffle_vector(vs[0], ir.Constant(out_v, ir.Undefined), ir.Constant(ir.VectorType(I32, g * vl), order))
+    order = [t * vl + q for q in range(vl) for t in range(g)]     # channel t's pixel q at t * vl + q
+    v = b.shuffle_vector(join_vectors(b, vs), ir.Constant(out_v, ir.Undefined),
+                         ir.Constant(ir.VectorType(I32, g * vl), order))
     st = b.store(v, b.bitcast(b.gep(dst, [b.mul(p, i64(g))]), out_v.as_pointer()))
     st.align = 4
 
@@ -652,8 +659,6 @@ def build_im2col_plane(b, geo: Geometry, x, n, plane, pad, first, last):
     top = (geo.w + geo.pl - (kw - 1) * dw - v * geo.sw) // geo.sw
     vector = top >= lo and top + v <= geo.ow and geo.c * geo.h * geo.w >= v * geo.sw
     scalar = [(0, lo), (top + v, geo.ow)] if vector else [(0, geo.ow)]
-    raw_t = ir.VectorType(I8, v * geo.sw)
-    take = ir.Constant(ir.VectorType(I32, v), [geo.sw * i for i in range(v)])
     order = ir.Constant(ir.VectorType(I32, g * v), [t * v + p for p in range(v) for t in range(g)])
     pads = splat(b, pad_value, v)
     with for_range(b, last, start=first, name="ie") as e:
@@ -679,18 +684,9 @@ def build_im2col_plane(b, geo: Geometry, x, n, plane, pad, first, last):
                     parts = []
                     for ok, row, start in values:
                         at = b.select(ok, b.add(row, b.add(start, b.mul(ox, i64(geo.sw)))), i64(0))
-                        raw = b.load(b.bitcast(b.gep(x, [at]), raw_t.as_pointer()))
-                        raw.align = 1
-                        vals = b.shuffle_vector(raw, ir.Constant(raw_t, ir.Undefined), take)
-                        vals = (b.xor(vals, ir.Constant(vals.type, [-128] * v)) if qs.bits == 8
-                                else b.sext(vals, ir.VectorType(I16, v)))     # as _elem
-                        parts.append(b.select(ok, vals, pads))
-                    while len(parts) > 1:       # concatenated: value t's pixel p at t * V + p
-                        m2 = parts[0].type.count
-                        parts = [b.shuffle_vector(parts[i], parts[i + 1],
-                                                  ir.Constant(ir.VectorType(I32, 2 * m2), list(range(2 * m2))))
-                                 for i in range(0, len(parts), 2)]
-                    word = b.shuffle_vector(parts[0], ir.Constant(parts[0].type, ir.Undefined), order)
+                        parts.append(b.select(ok, _strided_elems(b, qs, x, at, v, geo.sw), pads))
+                    joined = join_vectors(b, parts)       # value t's pixel p at t * V + p
+                    word = b.shuffle_vector(joined, ir.Constant(joined.type, ir.Undefined), order)
                     st = b.store(word, b.bitcast(b.gep(dst, [b.add(out, ox)]), word.type.as_pointer()))
                     st.align = 4
             for x_lo, x_hi in scalar:
@@ -726,20 +722,14 @@ def _strided_columns(b, geo: Geometry, x, rows, dst, pad_value, px, x_lo, x_hi):
     hi = b.select(b.icmp_signed("<", lim, x_hi), lim, x_hi)
     count = b.mul(b.sdiv(b.sub(hi, x_lo), i64(v)), i64(v))
     count = b.select(b.icmp_signed("<", count, i64(0)), i64(0), count)
-    raw_t, et = ir.VectorType(I8, v * sw), ir.VectorType(qs.elem, v)
     wt = ir.VectorType(I32, v)
-    take = ir.Constant(ir.VectorType(I32, v), [k * sw for k in range(v)])
     pad = splat(b, pad_value, v)
     with for_range(b, count, step=v, name="pv") as i:
         xq = b.add(x_lo, i)
         word = None
         for t, (ok, base) in enumerate(rows):
             src = b.select(ok, b.add(base, b.mul(xq, i64(sw))), i64(0))
-            raw = b.load(b.bitcast(b.gep(x, [src]), raw_t.as_pointer()))
-            raw.align = 1
-            vals = b.shuffle_vector(raw, ir.Constant(raw_t, ir.Undefined), take)
-            vals = b.xor(vals, ir.Constant(vals.type, [-128] * v)) if qs.bits == 8 else b.sext(vals, et)
-            vals = b.select(ok, vals, pad)
+            vals = b.select(ok, _strided_elems(b, qs, x, src, v, sw), pad)
             part = b.zext(vals, wt)
             part = b.shl(part, ir.Constant(wt, [qs.bits * t] * v)) if t else part
             word = part if word is None else b.or_(word, part)
