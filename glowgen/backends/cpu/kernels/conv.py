@@ -227,8 +227,9 @@ def conv_repack(prog, ins, shape, users) -> bool:
     """The weights as conv_packing says; a channel-blocked product's transposed with their
     rows k in its order (channel block, tap, channel: conv_blocked.blocked_weights)."""
     if ins.plan.strategy == "blocked":
-        return pack_weights(prog, ins, 2, "b", BlockedGeometry(ins.node, shape).nr, shape, users,
-                            matrices=lambda data: blocked_weights(data, ins.node, shape.vw))
+        g = BlockedGeometry(ins.node, shape)
+        return pack_weights(prog, ins, 2, "b", g.nr, shape, users,
+                            matrices=lambda data: blocked_weights(data, ins.node, g.vw))
     choice = conv_packing(ins, shape)
     return choice is not None and pack_weights(prog, ins, *choice, shape, users)
 

@@ -64,7 +64,8 @@ def conv_is_blocked(node, shape) -> bool:
     return (node.group == 1 and node.outputs[0].type.dtype == "f32" and cg % shape.vw == 0
             and m % blocked_tile(m, shape).nr == 0 and kh * kw <= 64
             and (not conv_is_pointwise(node) or _pointwise_panel_by_panel(node, shape))
-            and not _copies_unread_input(node))
+            and not _copies_unread_input(node)
+            and not (_ymm_panels(m, shape) and 4 * int(np.prod(node.inputs[0].type.shape)) > YMM_PANELS_MAX_COPY))
 
 
 def _pointwise_panel_by_panel(node, shape) -> bool:
@@ -97,7 +98,22 @@ def blocked_tile(filters: int, shape) -> GemmShape:
     1 thread, in the model): gemm-planes 12.8 ms, blocked in 24-filter panels 11.5 ms."""
     if shape.vw == 8 and shape.nv == 2 and filters % shape.nr and filters % (3 * shape.vw) == 0:
         return GemmShape(shape.vw, shape.mr * shape.nv // 3, 3, shape.features)
+    if _ymm_panels(filters, shape):
+        return GemmShape(8, 8, 3, shape.features)
     return shape
+
+
+def _ymm_panels(filters: int, shape) -> bool:
+    """With AVX-512, filters in panels of three AVX2 vectors (an 8 x 24 tile: 24 of the 32
+    registers accumulate) where 32-filter panels would run a quarter empty.  det_fpn's
+    96 -> 24 3x3s (Zen 4, 1 thread, in the model, each kernel's fastest of 36 runs, Mcycles;
+    gemm-panels before): 7.86 -> 6.87 at 80 x 80, 1.87 -> 1.66 at 40 x 40, 0.51 -> 0.45 at
+    20 x 20.  At 160 x 160 (a 10 MB copy of the input; gemm-planes before) 27.4 -> 28.5, so
+    not above YMM_PANELS_MAX_COPY."""
+    return shape.vw == 16 and filters % shape.nr != 0 and filters % 24 == 0
+
+
+YMM_PANELS_MAX_COPY = 4 * 1024 * 1024
 
 
 # A copy of the input larger than Zen 4's L2 (1 MB)...
