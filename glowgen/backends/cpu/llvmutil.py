@@ -53,8 +53,9 @@ def i64(n: int) -> ir.Constant:
 
 
 @contextmanager
-def for_range(b: ir.IRBuilder, count, start=0, step=1, name: str = "i"):
-    """`for (i = start; i < count; i += step)` with a known or computed trip count."""
+def for_range(b: ir.IRBuilder, count, start=0, step=1, name: str = "i", vectorize: bool = True):
+    """`for (i = start; i < count; i += step)` with a known or computed trip count.  With
+    `vectorize=False`, LLVM's loop vectorizer leaves the loop alone (see no_vectorize)."""
     count = count if isinstance(count, ir.Value) else i64(count)
     pre = b.block
     head = b.append_basic_block(f"{name}.head")
@@ -69,8 +70,23 @@ def for_range(b: ir.IRBuilder, count, start=0, step=1, name: str = "i"):
     yield idx
     nxt = b.add(idx, step if isinstance(step, ir.Value) else i64(step), name=f"{name}.next")
     idx.add_incoming(nxt, b.block)
-    b.branch(head)
+    back = b.branch(head)
+    if not vectorize:
+        back.set_metadata("llvm.loop", no_vectorize(b.module))
     b.position_at_end(end)
+
+
+def no_vectorize(module: ir.Module) -> ir.values.MDValue:
+    """A loop ID (`!N = !{!N, !{"llvm.loop.vectorize.enable", i1 false}}`, its first operand
+    itself, as LLVM requires) for a loop the vectorizer must not widen: one whose trip
+    count is short or whose iterations read through a table, where LLVM would otherwise
+    widen it into gathers and scatters once the loop inside it is fully unrolled.  One node
+    per loop: loop IDs must not be shared."""
+    disable = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"),
+                                   ir.Constant(ir.IntType(1), 0)])
+    loop_id = ir.values.MDValue(module, [], name=str(len(module.metadata)))
+    loop_id.operands = (loop_id, disable)
+    return loop_id
 
 
 def intrinsic(module: ir.Module, name: str, ret: ir.Type, args: list) -> ir.Function:
