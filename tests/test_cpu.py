@@ -257,11 +257,13 @@ PLANE_CONVS = [
 ]
 
 
+@pytest.mark.parametrize("cpu", [None, "x86-64-v3"])
 @pytest.mark.parametrize("xs, ws, attrs", PLANE_CONVS, ids=["dw", "dw-s2", "dw-s3-dil-mult", "groups", "lenet", "long-rows"])
-def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs):
+def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs, cpu):
     """Convolutions with fewer filters per group than a GEMM tile read each input channel
     from a zero-padded copy (columns dealt by stride), and a depthwise one applies the Clip
-    after it in its store."""
+    after it in its store.  On the host's vectors and AVX2's (whose partial rows are stored
+    in plain pieces: vectors.store_lanes)."""
     from glowgen.backends.cpu.kernels.conv import conv_by_planes
     x = rng.standard_normal(xs).astype(np.float32)
     w = rng.standard_normal(ws).astype(np.float32)
@@ -273,11 +275,28 @@ def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs):
              helper.make_node("Clip", ["c", "lo", "hi"], ["y"])]
     model = make_model(nodes, {"x": x}, ["y", "c"],
                        {"w": w, "b": rng.standard_normal(ws[0]).astype(np.float32)})
-    compiled = glowgen.compile(model, backend="cpu")
+    compiled = glowgen.compile(model, backend="cpu", **({"cpu": cpu} if cpu else {}))
     (conv,) = [i for i in compiled.program.instrs if i.kind == "Conv"]
     assert conv_by_planes(conv.node) and conv.plan.strategy == "planes"
     if ws[1] == 1:
         assert [i.kind for i in _steps(compiled)[0].instrs] == ["Conv", "Clip"]
+    assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-5)
+
+
+def test_avx2_stores_partial_rows_without_masked_stores():
+    """MobileNetV2's depthwise 3x3 at 14 x 14 compiled for AVX2: each 14-float row is 8 + 6
+    lanes, copied into its plane and stored.  vmaskmovps to memory is microcoded on AMD cores
+    (it doubled the kernel's time on Zen 4), so partial vectors go out as plain stores of
+    4, 2 and 1 lanes (vectors.store_lanes); masked loads stay.  Against onnxruntime."""
+    import re
+    x = rng.standard_normal((1, 64, 14, 14)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], group=64, pads=[1, 1, 1, 1])], {"x": x},
+                       ["y"], {"w": rng.standard_normal((64, 1, 3, 3)).astype(np.float32),
+                               "b": rng.standard_normal(64).astype(np.float32)})
+    compiled = glowgen.compile(model, backend="cpu", cpu="x86-64-v3")
+    machine_code = compiled._runner.assembly()
+    assert "vmaskmovps" in machine_code                   # the masked loads of partial rows
+    assert not re.search(r"vmaskmovps\s+%ymm\d+,\s*%ymm\d+,\s*[^%\s]", machine_code)
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-5)
 
 

@@ -186,7 +186,7 @@ def _deal_row(b, g: PlaneGeometry, srow, drows) -> None:
             return
         if g.sw == 1:
             copy_run(b, b.gep(srow, [i64(start - g.pl)]), b.gep(drows[0], [i64(start)]),
-                     i64(stop - start), g.vw)
+                     stop - start, g.vw)
             return
         if g.sw == 2 and len(qs) == 2 and stop - start >= g.vw:
             # Even and odd columns: two vectors in, two shuffles, two vectors out.
