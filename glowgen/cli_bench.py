@@ -180,13 +180,22 @@ def _print_profile(args, feeds) -> None:
     print(f"profile      per kernel, its fastest of {args.runs} runs (cycle counter; ms are shares "
           f"of the {per_run_ms:.3f} ms a profiled run took; a split kernel's tasks, each its "
           f"fastest, in brackets)")
+    # A step joined to the one before runs in that step's round of tasks: the round's time
+    # is the earlier step's (its own counter never runs), its tasks' times are its own.
+    plan = getattr(getattr(model, "program", None), "plan", None)
+    joined = [getattr(step, "joined", False) for step in getattr(plan, "steps", [])]
+    joined += [False] * (len(rows) - len(joined))
     order = sorted(range(len(rows)), key=lambda i: -rows[i][1])[:args.profile_top]
     shown = [rows[i] for i in order]
     for i in order:
         name, cycles = rows[i]
         share = cycles / total
         split = (" [" + " ".join(f"{c / total * per_run_ms:.3f}" for c in tasks[i]) + "]") if tasks[i] else ""
-        print(f"  {100 * share:5.1f}%  {share * per_run_ms:8.3f} ms  {name}{split}")
+        if joined[i]:
+            print(f"  {'joined':>6}  {'':>11}  {name}{split} (in the round of the step before: its time there)")
+            continue
+        after = " (+ the joined step after it)" if i + 1 < len(joined) and joined[i + 1] else ""
+        print(f"  {100 * share:5.1f}%  {share * per_run_ms:8.3f} ms  {name}{split}{after}")
     if len(rows) > len(shown):
         rest = sum(c for _, c in rows) - sum(c for _, c in shown)
         print(f"  {100 * rest / total:5.1f}%  {rest / total * per_run_ms:8.3f} ms  "

@@ -77,3 +77,22 @@ def test_profile_of_joined_steps_times_each_task():
     for i, step in enumerate(steps):
         if step.joined:
             assert all(c > 0 for c in tasks[i]) and all(c > 0 for c in tasks[i - 1])
+
+
+def test_bench_profile_shows_a_joined_step_in_the_round_before(tmp_path, capsys):
+    """`glowgen bench --profile`: a joined step has no time of its own (it runs in the round
+    of the step before, whose time covers both), so it is marked joined with its tasks' times,
+    and the step before says it includes it -- not a step of 0.000 ms."""
+    import re
+    import onnx
+    from glowgen.cli import main
+    model, _ = _block(*CASES["pointwise expansion @28"])
+    path = tmp_path / "block.onnx"
+    onnx.save(model, path)
+    assert main(["bench", str(path), "--threads", "2", "--runs", "3", "--warmup", "1", "--profile",
+                 "--compare", "none"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^ +joined +Conv\+Clip \[1, 192, 28, 28\] 3x3 .*\[[\d.]+ [\d.]+\] \(in the round of the "
+                     r"step before", out, re.M), out
+    assert re.search(r"ms +Conv\+Clip \[1, 192, 28, 28\] 1x1 .*\(\+ the joined step after it\)", out), out
+    assert not re.search(r" 0\.000 ms", out), out
