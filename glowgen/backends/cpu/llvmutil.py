@@ -78,10 +78,9 @@ def for_range(b: ir.IRBuilder, count, start=0, step=1, name: str = "i", vectoriz
 
 def no_vectorize(module: ir.Module) -> ir.values.MDValue:
     """A loop ID (`!N = !{!N, !{"llvm.loop.vectorize.enable", i1 false}}`, its first operand
-    itself, as LLVM requires) for a loop the vectorizer must not widen: one whose trip
-    count is short or whose iterations read through a table, where LLVM would otherwise
-    widen it into gathers and scatters once the loop inside it is fully unrolled.  One node
-    per loop: loop IDs must not be shared."""
+    itself, as LLVM requires) for a loop the vectorizer must not widen: one whose iterations
+    read through a table, which LLVM would otherwise widen into gathers and scatters once
+    the loop inside it is fully unrolled.  One node per loop: loop IDs must not be shared."""
     disable = module.add_metadata([ir.MetaDataString(module, "llvm.loop.vectorize.enable"),
                                    ir.Constant(ir.IntType(1), 0)])
     loop_id = ir.values.MDValue(module, [], name=str(len(module.metadata)))

@@ -128,14 +128,11 @@ def strided_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: 
         if d == len(shape):
             body(b, [b.gep(base, [off]) for base, off in zip(bases, offs)])
             return
-        if d == 0 and not split.whole:
-            lo, hi = _outer_range(b, shape[0], len(shape), split, FLAT_ALIGN)
-            with for_range(b, hi, start=lo, name=f"{name}{d}") as idx:
-                level(1, [_step(b, off, idx, m[0]) for off, m in zip(offs, maps)])
-            return
+        lo, hi = ((0, shape[d]) if d or split.whole else
+                  _outer_range(b, shape[0], len(shape), split, FLAT_ALIGN))
         # A dimension read through a table is not for the vectorizer (Indexed).
         gathered = any(isinstance(m[d], Indexed) for m in maps)
-        with for_range(b, shape[d], name=f"{name}{d}", vectorize=not gathered) as idx:
+        with for_range(b, hi, start=lo, name=f"{name}{d}", vectorize=not gathered) as idx:
             level(d + 1, [_step(b, off, idx, m[d]) for off, m in zip(offs, maps)])
 
     level(0, [i64(o) for o in offsets])

@@ -43,9 +43,10 @@ PRODUCT_SPACE: dict[str, Callable] = {}
 # the scratch pass: (ins, gemm shape) -> bytes of scratch memory one task needs.  The module
 # holds one scratch buffer as large as the largest need (kernels run one after another);
 SCRATCH: dict[str, Callable] = {}
-# the threads pass, for a step split into `parts` tasks: (ins, gemm shape, parts) -> plan.Phases when the
-#   kernel's tasks first prepare data together (each its share, in scratch they all read),
-#   wait for each other, and then compute from it; or None (every task prepares its own);
+# the threads pass, for a step split into `parts` tasks: (ins, gemm shape, parts) ->
+#   plan.Phases when the kernel's tasks first prepare data together (each its share, in
+#   scratch they all read), wait for each other, and then compute from it; or None (every
+#   task prepares its own);
 PHASES: dict[str, Callable] = {}
 # the row-fusion pass: (ins, gemm shape) -> (rows, row length) when the kernel works row by
 #   row and computes only the rows a `rows.RowBlock` share gives it, or None;
