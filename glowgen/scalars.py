@@ -99,6 +99,10 @@ def _copysign(a, b):
     return np.copysign(np.asarray(a, dt), np.asarray(b, dt))
 
 
+def _identity(x):
+    return x
+
+
 def _cast(x, dtype):
     return np.asarray(x).astype(numpy_dtype(dtype))
 
@@ -161,6 +165,10 @@ _ROWS = [
     # bit-level float primitives for range reductions (exact semantics: backends/cpu/scalar.py)
     _row("ldexp", 2, _ldexp), _row("scale2", 2, _ldexp),
     _row("frexp_mant", 1, _frexp_mant), _row("frexp_exp", 1, _frexp_exp),
+    # scheduling: handoff(x) is x.  It marks where a long dependency chain may be cut: a
+    # backend may run what leads up to it and what follows it as two passes over a block
+    # (backends/cpu/handoffs.py), so that neither waits so long for its operands.
+    _row("handoff", 1, _identity, "vector_safe", "increasing"),
 ]
 
 SCALAR_FUNCTIONS: dict[str, ScalarFunction] = {r.name: r for r in _ROWS}

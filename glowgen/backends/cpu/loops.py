@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -139,10 +139,12 @@ def strided_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: 
 
 
 def blocked_loops(b: ir.IRBuilder, shape: Sequence[int], bases: Sequence, maps: Sequence[Sequence[int]],
-                  block: int, bodies: Sequence[Callable], name: str = "d", split: Split = WHOLE) -> None:
+                  block: int, bodies: Iterable[Callable], name: str = "d", split: Split = WHOLE) -> None:
     """Loop over `shape` with the innermost (collapsed) dimension cut into blocks of
     `block` elements; within each block, run every body in turn over the block's elements:
     `body(b, ptrs, j)` with each operand's element pointer and j, the index in the block.
+    `bodies` is consumed as the loops are emitted, so an iterator may choose a body from
+    what emitting the ones before it found (handoffs.py).
     The caller checks the innermost dimension is at least one block long."""
     shape, maps = collapse(shape, maps)
     inner = shape[-1]

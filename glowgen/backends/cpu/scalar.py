@@ -46,9 +46,12 @@ class ScalarEmitter:
     """Emits one kernel tree for one element (or, with `vw`, for a vector of `vw` elements:
     constants become splats); `args` are Values or Python numbers."""
 
-    def __init__(self, b: ir.IRBuilder, scalars: dict, vw: int | None = None):
+    def __init__(self, b: ir.IRBuilder, scalars: dict, vw: int | None = None, handoffs=None):
         self.b, self.scalars, self.vw = b, scalars, vw
         self._inlining: list[str] = []     # scalar definitions being expanded (no recursion)
+        # A handoffs.PassEmission when this emission is one pass of a chain cut at its
+        # `handoff`s; None: `handoff` is the identity.
+        self.handoffs = handoffs
 
     def _const(self, value, dtype: str):
         c = const(value, dtype)
@@ -120,6 +123,8 @@ class ScalarEmitter:
             if isinstance(r, Value) and r.dtype == "bf16":
                 # bf16 arithmetic is f32 arithmetic rounded back after every operation.
                 r = Value(round_to_bf16(self.b, r.v), "bf16")
+            if self.handoffs is not None:
+                r = self.handoffs.track(r, vals)
         memo[key] = r
         return r
 
@@ -560,6 +565,11 @@ class ScalarEmitter:
     def f_fma(self, a, c, d):
         a, c, d = self._floats([a, c, d])
         return Value(call_intrinsic(self.b, "fmuladd", [a.v, c.v, d.v]), a.dtype)
+
+    def f_handoff(self, a):
+        if self.handoffs is not None:
+            self.handoffs.cut()
+        return a
 
     def f_copysign(self, a, c):
         a, c = self._floats([a, c])

@@ -191,6 +191,22 @@ def kernel_cost(tree, registry, _seen=None) -> int:
     return cost
 
 
+def _calls(tree, registry, name: str, seen: set) -> bool:
+    if id(tree) in seen or not isinstance(tree, tuple) or tree[0] != "call":
+        return False
+    seen.add(id(tree))
+    sc = registry.scalars.get(tree[1])
+    return (tree[1] == name or any(_calls(t, registry, name, seen) for t in tree[2])
+            or (sc is not None and _calls(sc["body"], registry, name, seen)))
+
+
+def has_handoff(ins, registry) -> bool:
+    """Does the instruction's kernel (its scalar functions expanded) mark a place where its
+    chain may be cut into passes (handoffs.py)?"""
+    kern = registry.kernels.get(ins.kind)
+    return kern is not None and _calls(kern["body"], registry, "handoff", set())
+
+
 def cost_groups(step: Step, registry) -> list[list]:
     """The instructions of a stacked step, in order, cut so that each group holds at most
     one heavy op (a transcendental) with the cheap ones around it.  One group (no cut)
