@@ -32,8 +32,8 @@ from .parallel import WHOLE, Split
 from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
 from .rows import emit_group, stack_rows
-from .handoffs import GroupCuts, PassEmission, cuts_chains
-from .stacking import BLOCK, Step, cost_groups, describe_step, has_gathers, has_handoff, is_control, stack_operands
+from .handoffs import GroupCuts, PassEmission, handoffs_to_cut
+from .stacking import BLOCK, Step, cost_groups, describe_step, handoff_count, has_gathers, is_control, stack_operands
 
 REGION_ORDER = ("constant", "mutable", "activation")
 
@@ -470,7 +470,7 @@ class ModuleBuilder:
         bases = [ptr[id(getattr(x, "buffer", x))] for x in externals] + [ptr[id(x)] for x in stored]
         registry = self.registry
         groups = cost_groups(step, registry)
-        cut = cuts_chains(b.module) and any(has_handoff(ins, registry) for ins in step.instrs)
+        cut = any(handoff_count(ins, registry) >= handoffs_to_cut(b.module) for ins in step.instrs)
         if ((len(groups) > 1 or cut)
                 and not has_gathers(step) and innermost_extent(shape, maps) >= 2 * BLOCK):
             self._emit_stack_blocked(b, step, groups, externals, stored, bases, maps, split)
@@ -536,12 +536,12 @@ class ModuleBuilder:
         # groups are emitted in order, so a later group reads what an earlier one found.
         ranges: dict[int, object] = {}
 
-        cut_chains = cuts_chains(b.module)
+        needed = handoffs_to_cut(b.module)
 
         def make_body(g, instrs, cuts: GroupCuts, segment: int):
             def body(bb, ps, j):
                 emission = PassEmission(bb, j, cuts, segment)
-                em = ScalarEmitter(bb, registry.scalars, handoffs=emission if cut_chains else None)
+                em = ScalarEmitter(bb, registry.scalars, handoffs=emission)
                 # Values earlier groups handed off (a buffer this group reads before any
                 # group wrote it is still external: it is loaded from memory instead).
                 current = {}
@@ -550,7 +550,7 @@ class ModuleBuilder:
                         current[k] = load_elem(bb, bb.gep(temps[k], [i64(0), j]), buf.type.dtype)
                         current[k].range = ranges.get(k)
                 emit_stack(em, instrs, registry.kernels, current, _loader(bb, ps, externals))
-                emission.store_crossing()
+                emission.finish()
 
                 def stored_in_this_pass(value) -> bool:
                     # In the pass of the segment that computes it (loads: the first).
@@ -569,7 +569,7 @@ class ModuleBuilder:
         def bodies():
             # Lazily: how many passes a group takes is known once its first pass is emitted.
             for g, instrs in enumerate(groups):
-                cuts = GroupCuts(b, BLOCK)
+                cuts = GroupCuts(b, BLOCK, needed)
                 yield make_body(g, instrs, cuts, 0)
                 for segment in range(1, cuts.passes):
                     yield make_body(g, instrs, cuts, segment)

@@ -32,19 +32,21 @@ from .values import Value
 _MASK = ir.IntType(32)
 
 
-def cuts_chains(module) -> bool:
-    """Are chains cut at their `handoff`s for this target?  For 8-lane vectors only: 16-lane
-    ones put twice the elements in flight already, and exp cut in two ran 15% slower
-    with them on Zen 4 (erf 5% faster: not worth a second rule)."""
-    return not target_has(module, "avx512f")
+def handoffs_to_cut(module) -> int:
+    """How many `handoff`s a group's chain must hold to be cut at them.  One for 8-lane
+    vectors.  Two for 16-lane ones, which put twice the elements in flight already: there
+    (Zen 4) exp cut once ran 12% slower, a sigmoid 8%, tanh 20%, while erf, cut twice
+    (after its division and in its exp), ran 9% faster and tiny BERT's GELU 15%."""
+    return 2 if target_has(module, "avx512f") else 1
 
 
 class GroupCuts:
     """What the first pass over a group found: its cuts and the values crossing them, with
     the per-block arrays those values wait in."""
 
-    def __init__(self, entry: ir.IRBuilder, block: int):
+    def __init__(self, entry: ir.IRBuilder, block: int, needed: int = 1):
         self._entry, self._block = entry, block
+        self.needed = needed               # cuts a chain must have to be cut (handoffs_to_cut)
         self.cuts: list[int] = []          # value numbers at which a segment starts
         self.segment_of: list[int] = []    # value number -> its segment
         self.crossing: dict[int, object] = {}   # value number -> its array in the block
@@ -111,10 +113,16 @@ class PassEmission:
         v = self.b.load(self.b.gep(array, [ir.Constant(ir.IntType(64), 0), self.j]))
         return self.b.icmp_signed("<", v, ir.Constant(_MASK, 0)) if llvm_type == I1 else v
 
-    def store_crossing(self) -> None:
-        """Store this pass's values that a later segment reads."""
-        for n, array in self.plan.crossing.items():
-            if self.plan.segment_of[n] == self.segment:
+    def finish(self) -> None:
+        """After the group's expression: a first pass that met fewer cuts than a chain needs
+        to be cut is the only pass; any pass stores its values a later segment reads."""
+        plan = self.plan
+        if self.recording and len(plan.cuts) < plan.needed:
+            plan.cuts.clear()
+            plan.segment_of = [0] * len(plan.segment_of)
+            plan.crossing.clear()            # its arrays go unused: LLVM drops them
+        for n, array in plan.crossing.items():
+            if plan.segment_of[n] == self.segment:
                 v = self._values[n].v
                 if v.type == I1:
                     v = self.b.sext(v, _MASK)

@@ -191,20 +191,20 @@ def kernel_cost(tree, registry, _seen=None) -> int:
     return cost
 
 
-def _calls(tree, registry, name: str, seen: set) -> bool:
+def _count_calls(tree, registry, name: str, seen: set) -> int:
     if id(tree) in seen or not isinstance(tree, tuple) or tree[0] != "call":
-        return False
+        return 0
     seen.add(id(tree))
     sc = registry.scalars.get(tree[1])
-    return (tree[1] == name or any(_calls(t, registry, name, seen) for t in tree[2])
-            or (sc is not None and _calls(sc["body"], registry, name, seen)))
+    return ((tree[1] == name) + sum(_count_calls(t, registry, name, seen) for t in tree[2])
+            + (_count_calls(sc["body"], registry, name, seen) if sc is not None else 0))
 
 
-def has_handoff(ins, registry) -> bool:
-    """Does the instruction's kernel (its scalar functions expanded) mark a place where its
-    chain may be cut into passes (handoffs.py)?"""
+def handoff_count(ins, registry) -> int:
+    """The places the instruction's kernel (its scalar functions expanded, each once) marks
+    where its chain may be cut into passes (handoffs.py)."""
     kern = registry.kernels.get(ins.kind)
-    return kern is not None and _calls(kern["body"], registry, "handoff", set())
+    return 0 if kern is None else _count_calls(kern["body"], registry, "handoff", set())
 
 
 def cost_groups(step: Step, registry) -> list[list]:
