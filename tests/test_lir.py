@@ -22,8 +22,10 @@ from glowgen.lir.printer import memory_report, print_program
 
 from conftest import ONNX_DATA, REPO, make_model, require_bench_dir, run_ort
 
+# vgg19 (12 s here) is left to test_light_models.py, which runs it against its shipped output:
+# this check adds nothing its other convolution chains do not.
 LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
-         "shufflenet", "squeezenet", "vgg19", "zfnet512"]
+         "shufflenet", "squeezenet", "zfnet512"]
 
 
 @settings(max_examples=200, deadline=None)
