@@ -8,9 +8,9 @@ the reorder window.  With 8-lane vectors a scheduler holds half the elements 16-
 vectors give it, so AVX2 code ran such chains at 1.6-1.9x the cycles of AVX-512 code on
 the same Zen 4 core, whose vector pipes do the same work per element either way.
 
-Cut at a `handoff(x)`, a chain runs as two loops over a block of elements in L1 (loops.
-blocked_loops): the first computes up to the cut and stores every value the rest reads;
-the second loads them and finishes.  Each loop's instructions wait half as long.
+Cut at its `handoff(x)`s, a chain runs as one loop per segment over a block of elements in
+L1 (loops.blocked_loops): each computes its part of the chain, loading the values earlier
+segments stored and storing those later ones read.  Each loop's instructions wait less.
 
 How a pass is emitted: every pass emits the group's whole expression again, in the same
 order (emission is deterministic), numbering the values as they are made.  The first pass
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .llvmutil import I1, target_has
+from .llvmutil import I1, i64, target_has
 from .values import Value
 
 # A boolean waits as a 32-bit lane mask (sign-extended: all ones or zero), as wide as the
@@ -50,13 +50,13 @@ class GroupCuts:
         self.cuts: list[int] = []          # value numbers at which a segment starts
         self.segment_of: list[int] = []    # value number -> its segment
         self.crossing: dict[int, object] = {}   # value number -> its array in the block
-        self.values: list = []             # the first pass's values, by number
 
     @property
     def passes(self) -> int:
         return 1 + len(self.cuts)
 
     def array(self, number: int, llvm_type) -> ir.Value:
+        """The block's array for value `number` (made on first use): it crosses a cut."""
         slot = self.crossing.get(number)
         if slot is None:
             memory_type = _MASK if llvm_type == I1 else llvm_type
@@ -75,14 +75,14 @@ class PassEmission:
     makes and `cut` at every `handoff`."""
 
     def __init__(self, b: ir.IRBuilder, j, cuts: GroupCuts, segment: int):
-        self.b, self.j, self.plan, self.segment = b, j, cuts, segment
+        self.b, self.j, self.group, self.segment = b, j, cuts, segment
         self.recording = segment == 0
         self._numbers: dict[int, int] = {}     # id(value) -> value number, in this pass
         self._values: list = []                # this pass's values by number (kept alive)
 
     def cut(self) -> None:
         if self.recording:
-            self.plan.cuts.append(len(self._values))
+            self.group.cuts.append(len(self._values))
 
     def number(self, value) -> int | None:
         return self._numbers.get(id(value))
@@ -91,39 +91,37 @@ class PassEmission:
         if not isinstance(value, Value) or id(value) in self._numbers:
             return value
         n = len(self._values)
-        plan = self.plan
+        group = self.group
         if self.recording:
-            here = len(plan.cuts)
-            plan.segment_of.append(here)
+            # A value an operation of a later segment reads crosses the cut between them
+            # (constants are rebuilt wherever they are used).
+            here = len(group.cuts)
+            group.segment_of.append(here)
             for v in operands:
                 k = self._numbers.get(id(v))
-                if k is not None and plan.segment_of[k] < here and not isinstance(v.v, ir.Constant):
-                    plan.array(k, v.v.type)
-            plan.values.append(value)
-        elif n in plan.crossing and plan.segment_of[n] < self.segment:
-            value = Value(self._load(plan.crossing[n], value.v.type), value.dtype, value.range)
+                if k is not None and group.segment_of[k] < here and not isinstance(v.v, ir.Constant):
+                    group.array(k, v.v.type)
+        elif n in group.crossing and group.segment_of[n] < self.segment:
+            value = Value(self._load(group.crossing[n], value.v.type), value.dtype, value.range)
         self._numbers[id(value)] = n
         self._values.append(value)
         return value
 
-    def value(self, number: int):
-        return self._values[number]
-
     def _load(self, array, llvm_type):
-        v = self.b.load(self.b.gep(array, [ir.Constant(ir.IntType(64), 0), self.j]))
+        v = self.b.load(self.b.gep(array, [i64(0), self.j]))
         return self.b.icmp_signed("<", v, ir.Constant(_MASK, 0)) if llvm_type == I1 else v
 
     def finish(self) -> None:
         """After the group's expression: a first pass that met fewer cuts than a chain needs
         to be cut is the only pass; any pass stores its values a later segment reads."""
-        plan = self.plan
-        if self.recording and len(plan.cuts) < plan.needed:
-            plan.cuts.clear()
-            plan.segment_of = [0] * len(plan.segment_of)
-            plan.crossing.clear()            # its arrays go unused: LLVM drops them
-        for n, array in plan.crossing.items():
-            if plan.segment_of[n] == self.segment:
+        group = self.group
+        if self.recording and len(group.cuts) < group.needed:
+            group.cuts.clear()
+            group.segment_of = [0] * len(group.segment_of)
+            group.crossing.clear()           # its arrays go unused: LLVM drops them
+        for n, array in group.crossing.items():
+            if group.segment_of[n] == self.segment:
                 v = self._values[n].v
                 if v.type == I1:
                     v = self.b.sext(v, _MASK)
-                self.b.store(v, self.b.gep(array, [ir.Constant(ir.IntType(64), 0), self.j]))
+                self.b.store(v, self.b.gep(array, [i64(0), self.j]))
