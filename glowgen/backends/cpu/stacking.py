@@ -174,37 +174,35 @@ HEAVY_COST = 24          # kernel-expression nodes above which an op is a long c
 BLOCK = 256              # elements per block: a few KB of intermediates, in L1
 
 
-def kernel_cost(tree, registry, _seen=None) -> int:
-    """Distinct nodes of a kernel expression (`let` values count once), with the spec's
-    scalar functions expanded: a rough measure of its instructions and chain length."""
-    seen = set() if _seen is None else _seen
+def _expanded_nodes(tree, registry, seen: set):
+    """Each distinct node of a kernel expression (`let` values once), with the spec's scalar
+    functions it calls expanded, each definition once."""
     if id(tree) in seen:
-        return 0
+        return
     seen.add(id(tree))
-    if not isinstance(tree, tuple) or tree[0] != "call":
-        return 1
-    name, subs = tree[1], tree[2]
-    cost = 1 + sum(kernel_cost(t, registry, seen) for t in subs)
-    sc = registry.scalars.get(name)
-    if sc is not None:
-        cost += kernel_cost(sc["body"], registry, seen)
-    return cost
+    yield tree
+    if isinstance(tree, tuple) and tree[0] == "call":
+        for t in tree[2]:
+            yield from _expanded_nodes(t, registry, seen)
+        sc = registry.scalars.get(tree[1])
+        if sc is not None:
+            yield from _expanded_nodes(sc["body"], registry, seen)
 
 
-def _count_calls(tree, registry, name: str, seen: set) -> int:
-    if id(tree) in seen or not isinstance(tree, tuple) or tree[0] != "call":
-        return 0
-    seen.add(id(tree))
-    sc = registry.scalars.get(tree[1])
-    return ((tree[1] == name) + sum(_count_calls(t, registry, name, seen) for t in tree[2])
-            + (_count_calls(sc["body"], registry, name, seen) if sc is not None else 0))
+def kernel_cost(tree, registry) -> int:
+    """Distinct nodes of a kernel expression, scalar functions expanded: a rough measure of
+    its instructions and chain length."""
+    return sum(1 for _ in _expanded_nodes(tree, registry, set()))
 
 
 def handoff_count(ins, registry) -> int:
     """The places the instruction's kernel (its scalar functions expanded, each once) marks
     where its chain may be cut into passes (handoffs.py)."""
     kern = registry.kernels.get(ins.kind)
-    return 0 if kern is None else _count_calls(kern["body"], registry, "handoff", set())
+    if kern is None:
+        return 0
+    return sum(1 for node in _expanded_nodes(kern["body"], registry, set())
+               if node[0] == "call" and node[1] == "handoff")
 
 
 def cost_groups(step: Step, registry) -> list[list]:
