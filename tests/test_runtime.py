@@ -392,7 +392,9 @@ def test_partition_command_mobilenet_v2_over_three_devices(capsys):
 
 
 @pytest.mark.bench_models
-def test_resnet50_over_two_64mb_devices_matches_onnxruntime():
+def test_resnet50_over_two_72mb_devices_matches_onnxruntime():
+    """Too big for one 64 MB device, split over two of 72 MB (its weights compile to 108 MB:
+    Winograd's transformed 3x3 filters take 16/9 of the filters' bytes)."""
     directory = require_bench_dir()
     manifest = json.loads((directory / "manifest.json").read_text())["resnet50"]
     path = directory / manifest["file"]
@@ -402,10 +404,10 @@ def test_resnet50_over_two_64mb_devices_matches_onnxruntime():
         with pytest.raises(GlowgenError, match=r"network needs 1\d\d\.\d MB \(weights 9\d\.\d MB.*"
                                                r"cpu0 64\.0 MB free\) by \d+\.\d MB"):
             host.add_network("resnet", path)
-    with Host([Device("cpu", memory="64MB"), Device("cpu", memory="64MB")]) as host:
+    with Host([Device("cpu", memory="72MB"), Device("cpu", memory="72MB")]) as host:
         plan = host.add_network("resnet", path)
         assert len(plan.partitions) >= 2
-        assert all(p.compiled_memory <= 64 << 20 for p in plan.partitions)
+        assert all(p.compiled_memory <= 72 << 20 for p in plan.partitions)
         out = host.run("resnet", feeds)
     expected = run_ort(onnx.load(path), feeds)
     for k in expected:

@@ -25,6 +25,8 @@ from .conv_blocked import (BlockedGeometry, blocked_items, blocked_weights, conv
 from .conv_planes import (MAX_TAPS, PlaneGeometry, aligned_floats, conv_is_pointwise, emit_conv_planes,
                           fill_plane, fill_plane_band, offsets_global, patch_panel, scratch_bytes,
                           zero_planes)
+from .conv_winograd import (WinogradGeometry, conv_is_winograd, emit_conv_winograd, winograd_items,
+                            winograd_weights)
 from .conv_transposed import (conv_is_transposed, emit_conv_transposed, scratch_floats, transposed_items,
                               transposed_split_pixels)
 
@@ -130,6 +132,8 @@ def conv_strategy(ins, shape, packable) -> str:
         return "planes"
     if node.outputs[0].type.dtype != "f32":
         return "direct"
+    if conv_uses_gemm(node) and conv_is_winograd(node, shape) and packable(ins.operands[2][1]):
+        return "winograd"
     if conv_uses_gemm(node) and conv_is_blocked(node, shape) and packable(ins.operands[2][1]):
         return "blocked"
     if conv_uses_gemm(node) and conv_is_transposed(node, shape) and packable(ins.operands[2][1]):
@@ -226,6 +230,9 @@ def conv_packing(ins, shape):
 def conv_repack(prog, ins, shape, users) -> bool:
     """The weights as conv_packing says; a channel-blocked product's transposed with their
     rows k in its order (channel block, tap, channel: conv_blocked.blocked_weights)."""
+    if ins.plan.strategy == "winograd":
+        return pack_weights(prog, ins, 2, "b", shape.nr, shape, users,
+                            matrices=lambda data: winograd_weights(data, ins.node))
     if ins.plan.strategy == "blocked":
         g = BlockedGeometry(ins.node, shape)
         return pack_weights(prog, ins, 2, "b", g.nr, shape, users,
@@ -243,6 +250,8 @@ def conv_scratch(ins, shape) -> int:
         return 4 * scratch_floats(node, shape)
     if strategy == "blocked":
         return 4 * BlockedGeometry(node, shape).scratch_floats()
+    if strategy == "winograd":
+        return 4 * WinogradGeometry(node, shape).scratch_floats()    # a task's bands are no larger
     # Pointwise convolutions read the input as B directly (packing it measured no faster).
     if strategy not in ("gemm", "gemm-panels", "gemm-planes"):
         return 0
@@ -264,7 +273,8 @@ def conv_product_space(ins):
     convolution over planes with several input channels per group accumulates them in its
     output, and only a one-channel (depthwise) one keeps its sum in registers."""
     node, strategy = ins.node, ins.plan.strategy
-    gemm = (strategy in ("gemm", "gemm-panels", "gemm-planes", "pointwise", "transposed", "blocked")
+    gemm = (strategy in ("gemm", "gemm-panels", "gemm-planes", "pointwise", "transposed", "blocked",
+                             "winograd")
             and conv_uses_gemm(node))
     if not (gemm or (strategy == "planes" and node.inputs[1].type.shape[1] == 1)):
         return None
@@ -290,6 +300,8 @@ def conv(k: KernelArgs):
         return emit_conv_transposed(k)
     if strategy == "blocked":
         return emit_conv_blocked(k)
+    if strategy == "winograd":
+        return emit_conv_winograd(k)
     b = k.b
     (y, yt), (x, xt), (w, _) = k.outs[0], k.ins[0], k.ins[1]
     bias = k.ins[2]
@@ -407,6 +419,8 @@ def conv_work(node, shape, ins) -> Work:
         return Work(transposed_items(node, shape), flops=flops)
     if strategy == "blocked":
         return Work(blocked_items(node, shape), flops=flops)
+    if strategy == "winograd":                  # bands of tile rows
+        return Work(winograd_items(node, shape), flops=flops)
     if strategy == "gemm-planes":
         return Work(oh, flops=flops)          # whole image rows (gemm.emit_gemm's b_table)
     if strategy == "pointwise":                 # blocks of filters, or column panels

@@ -296,13 +296,13 @@ def emit_conv_blocked(k) -> None:
     split = k.split
     panel_split = WHOLE if by_pixels else split        # the filter panels this task computes
     p_lo, p_hi = panel_split.range(b, g.panels)
-    _zero_border(b, g, xb)
+    zero_border(b, g, xb)
     b_lo, b_hi = split.range(b, g.bands) if by_pixels else (i64(0), i64(g.bands))
     rows = (i64(0), i64(g.h)) if not by_pixels else _input_rows(b, g, b_lo, b_hi)
     with for_range(b, n_img, name="img") as img:
         src = b.gep(x, [b.mul(img, i64(c * g.src_h * g.src_w))])
         if not g.progressive:
-            _fill_blocked(b, g, src, xb, rows)
+            fill_blocked(b, g, src, xb, rows)
 
         def fill_for(band):
             """Before a band, the input rows its windows read past the last band's."""
@@ -311,7 +311,7 @@ def emit_conv_blocked(k) -> None:
             lo, hi = _input_rows(b, g, band, b.add(band, i64(1)))
             prev = _input_rows(b, g, b.sub(band, i64(1)), band)[1]
             start = b.select(b.icmp_signed("==", band, b_lo), lo, prev)
-            _fill_blocked(b, g, src, xb, (start, hi))
+            fill_blocked(b, g, src, xb, (start, hi))
         full, ragged = divmod(g.n, g.band)
         if full:
             f_hi = b.select(b.icmp_signed("<", b_hi, i64(full)), b_hi, i64(full))
@@ -325,8 +325,8 @@ def emit_conv_blocked(k) -> None:
                 _band(k, g, xb, w, ct, taps, i64(full * g.band), ragged, (p_lo, p_hi), panel_split, img, y, bias)
 
 
-def _zero_border(b, g: BlockedGeometry, xb) -> None:
-    """The padding of every channel block: what _fill_blocked never writes."""
+def zero_border(b, g: BlockedGeometry, xb) -> None:
+    """The padding of every channel block: what fill_blocked never writes."""
     zero = ir.Constant(f32_vector(g.vw), [0.0] * g.vw)
     row = g.wp * g.vw
     below = g.hp - g.pt - g.h
@@ -359,7 +359,7 @@ def _input_rows(b, g: BlockedGeometry, b_lo, b_hi):
     return clamp(b, lo, i64(0), i64(g.h)), clamp(b, hi, i64(0), i64(g.h))
 
 
-def _fill_blocked(b, g: BlockedGeometry, src, xb, rows) -> None:
+def fill_blocked(b, g: BlockedGeometry, src, xb, rows) -> None:
     """One image's input rows rows[0] .. rows[1] into the interior of X: VW channels x VW
     columns loaded as VW vectors along the columns, transposed in registers into VW vectors
     along the channels."""
@@ -416,7 +416,7 @@ def _band(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, panels, panel_
                       b.gep(ct, [b.mul(q, i64(g.mp))]), g.mp, name="bk", split=panel_split,
                       a_table=(taps, rows))
         _tiles(b, g, count, tile)
-    _store_band(k, g, ct, p0, count, *panels, img, y, bias)
+    store_band(k, g, ct, p0, count, *panels, img, y, bias)
 
 
 def _tiles(b, g: BlockedGeometry, count: int, tile) -> None:
@@ -478,7 +478,7 @@ def _band_panels_outer(k, g: BlockedGeometry, xb, w, ct, taps, p0, count: int, p
         _tiles(b, g, count, tile)
 
 
-def _store_band(k, g: BlockedGeometry, ct, p0, count: int, p_lo, p_hi, img, y, bias) -> None:
+def store_band(k, g: BlockedGeometry, ct, p0, count: int, p_lo, p_hi, img, y, bias) -> None:
     """y[img, f, p0 + p] = C^T[p, f] (+ bias, through the epilogue) for the band's pixels and
     this task's filters (those of its panels, short of the packing's padding)."""
     b, vw = k.b, g.vw
