@@ -22,7 +22,7 @@ CONV_STRATEGIES = {
     "pointwise": "matrix product reading the input as its right-hand side (1x1, stride 1)",
     "transposed": "matrix product computed transposed, vectorized along the filters",
     "blocked": "transposed matrix product reading a channel-blocked (NCHWc) copy of the input in place",
-    "winograd": "Winograd F(2x2, 3x3): 16 matrix products over transformed 4x4 windows of a channel-blocked copy",
+    "winograd": "Winograd F(4x4, 3x3) or F(2x2, 3x3): a matrix product per position of transformed input windows",
     "planes": "direct convolution over padded planes in explicit vectors",
     "direct": "direct convolution in plain loops (any element type)",
 }

@@ -1,53 +1,78 @@
-"""3x3 stride-1 convolutions by Winograd's minimal filtering, F(2x2, 3x3).
+"""3x3 stride-1 convolutions by Winograd's minimal filtering, F(T x T, 3x3) for T = 2 or 4.
 
-Each 2 x 2 block of output pixels (a tile) is computed from the 4 x 4 input window under it
-with 16 multiplications per channel pair instead of 36 (Lavin and Gray, 2016):
+Each T x T block of output pixels (a tile) is computed from the (T + 2) x (T + 2) input
+window under it (Lavin and Gray, 2016):
 
-    Y = A^T [ (G g G^T) .* (B^T d B) ] A        g: a 3x3 filter, d: a 4x4 window
+    Y = A^T [ (G g G^T) .* (B^T d B) ] A        g: a 3x3 filter, d: a window
 
-The filter transform U = G g G^T is done at compile time (winograd_weights).  Per image,
-band by band of tile rows:
+with (T + 2)^2 multiplications per channel pair instead of 9 T^2: 16 instead of 36 for
+F(2x2, 3x3), 36 instead of 144 for F(4x4, 3x3).  The filter transform U = G g G^T is done
+at compile time (winograd_weights).  Per image, band by band of tile rows:
 
 1. the input rows the band reads are copied into a zero-padded channel-blocked copy X
    (conv_blocked's NCHWc, X[cb][Hp][Wp][VW]), so each window's rows are plain vector loads
    along the channels;
-2. the input transform V = B^T d B, VW channels at a time, written as 16 matrices
-   V_xi[tile][channel] (xi: one of the 4 x 4 positions of the transformed window);
-3. 16 matrix products M_xi[tile][filter] = V_xi @ U_xi, with U_xi packed at compile time
-   in NR-filter panels (gemm.emit_gemm: the same register tile as every other product);
+2. the input transform V = B^T d B, VW channels at a time, written as (T + 2)^2 matrices
+   V_xi[tile][channel] (xi: a position of the transformed window);
+3. one matrix product M_xi[tile][filter] = V_xi @ U_xi per position, with U_xi packed at
+   compile time in NR-filter panels (gemm.emit_gemm: the same register tile as every other
+   product);
 4. the output transform Y = A^T M A, VW filters at a time, into a C^T band of pixels, stored
    back to NCHW through the bias and the fused epilogue by conv_transposed's register
    transposes (conv_blocked.store_band).
 
-The products do 16 / 36 of a direct convolution's multiply-adds; the transforms are
-additions over data that stays in L2.  Rounding differs from a direct convolution's by a
-few units in the last place of the products' sums (the transforms add and subtract inputs
-before multiplying); the tests hold it to onnxruntime and ONNX's reference at float32
-tolerances.
+The transforms are constant linear combinations (additions, and multiplications by small
+constants for F(4x4)) over data that stays in L2.  Rounding differs from a direct
+convolution's: the transforms add inputs before multiplying, and F(4x4)'s constants (up to 8
+in A, fractions in G) lose a few more bits than F(2x2)'s.  The tests hold both to a float64
+convolution and to onnxruntime.
 """
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 
 from ..gemm import emit_gemm
 from ..llvmutil import for_range, i64
-from ..vectors import vload, vstore
+from ..vectors import f32_vector, fmuladd, vload, vstore
 from .common import clamp
 from .conv_blocked import busiest, fill_blocked, store_band, zero_border
 from .conv_planes import aligned_floats
 
-# The filter transform of F(2x2, 3x3) (the input's, B^T, and the output's, A^T, are the
-# additions of _combine and _reduce).
-G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
+# (B^T, G, A^T) of F(T x T, 3x3), by tile size T: interpolation points 0, 1, -1 (and
+# infinity) for T = 2; 0, 1, -1, 2, -2 for T = 4.
+TRANSFORMS = {
+    2: (np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]], np.float64),
+        np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64),
+        np.array([[1, 1, 1, 0], [0, 1, -1, -1]], np.float64)),
+    4: (np.array([[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+                  [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]], np.float64),
+        np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                  [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64),
+        np.array([[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
+                 np.float64)),
+}
 
 # Where Winograd applies: at least this many output pixels (below, the transformed weights,
 # 16/9 of the filters', are read for too few tiles; ResNet's 7 x 7 stage stays blocked).
 MIN_PIXELS = 14 * 14
-# V and M of a band (the products' operands and results) kept within about this many bytes,
-# unless the transformed weights exceed TRANSFORMED_WEIGHTS_IN_L2: then every band reads all
-# of them, and fewer, larger bands read them fewer times.
-BAND_BYTES = 512 * 1024
-TRANSFORMED_WEIGHTS_IN_L2 = 512 * 1024
+# F(4x4, 3x3) where its tiles reach at most this far past the output.  ResNet-50's layers in
+# the model (Zen 4, 1 thread, fastest of 20-25 alternating runs, Mcycles, AVX-512 /
+# x86-64-v3), F(2x2) -> F(4x4): 64 @56 2.83 -> 1.84 / 2.81 -> 2.00, 128 @28 2.89 -> 1.86 /
+# 2.91 -> 2.03; 256 @14, in tiles of 4 computing 16 x 16 ((16 / 14)^2 = 1.31), 2.66 ->
+# 2.28 / 3.20 -> 3.42: left in tiles of 2.
+MAX_TILE_WASTE = 1.15
+# V and M of a band (the products' operands and results) kept within about this many bytes
+# (at least one tile row: ResNet's 64 -> 64 at 56 x 56 takes one a band, V and M in L2
+# between the transforms and the products), unless the transformed weights exceed
+# STREAMED_WEIGHTS: then every band reads all of them from L3, and fewer, larger bands (one
+# a task) read them fewer times.  With F(2x2), against 512 KB bands and 512 KB of weights:
+# 64 @56 2.94 -> 2.76 / 3.14 -> 2.83, 128 @28 2.86 -> 2.56 / 2.98 -> 2.92; 256 @14 (4 MB
+# of weights) 2.64 / 3.19 either way, where bands of one or two tile rows took 3.8-3.9 on
+# x86-64-v3.  With F(4x4), 128 @28 (2.4 MB of weights) in bands of one tile row: 1.77 ->
+# 1.83 / 2.10 -> 2.20.
+BAND_BYTES = 128 * 1024
+STREAMED_WEIGHTS = 2 * 1024 * 1024
 
 
 def conv_is_winograd(node, shape) -> bool:
@@ -60,17 +85,29 @@ def conv_is_winograd(node, shape) -> bool:
             and cg % shape.vw == 0 and m % shape.nr == 0 and oh * ow >= MIN_PIXELS)
 
 
+def tile_size(node) -> int:
+    """T of F(T x T, 3x3): 4 where the output's tiles waste little of it (rows and columns
+    past the image), else 2."""
+    oh, ow = node.outputs[0].type.shape[2:]
+    return 4 if _waste(oh, 4) * _waste(ow, 4) <= MAX_TILE_WASTE else 2
+
+
+def _waste(size: int, t: int) -> float:
+    return -(-size // t) * t / size
+
+
 def winograd_weights(data, node) -> np.ndarray:
-    """The filters [M, C, 3, 3] as the 16 matrices U_xi^T [C, M], U = G g G^T (computed in
-    float64, rounded once)."""
+    """The filters [M, C, 3, 3] as the (T + 2)^2 matrices U_xi^T [C, M], U = G g G^T
+    (computed in float64, rounded once)."""
     m, cg = node.inputs[1].type.shape[:2]
+    _, gt, _ = TRANSFORMS[tile_size(node)]
     g = data.reshape(m, cg, 3, 3).astype(np.float64)
-    u = np.einsum("ik,mckl,jl->ijcm", G, g, G)          # [4, 4, C, M]
-    return np.ascontiguousarray(u.reshape(16, cg, m).astype(np.float32))
+    u = np.einsum("ik,mckl,jl->ijcm", gt, g, gt)          # [T + 2, T + 2, C, M]
+    return np.ascontiguousarray(u.reshape(-1, cg, m).astype(np.float32))
 
 
 class WinogradGeometry:
-    """The padded channel-blocked input, the tiles, and the bands of tile rows, for one
+    """The tiles, the padded channel-blocked input, and the bands of tile rows, for one
     convolution (split among `parts` tasks).  Carries the fields conv_blocked's copy and
     store-back read."""
 
@@ -82,37 +119,40 @@ class WinogradGeometry:
         self.src_h, self.src_w, self.step_h, self.step_w = self.h, self.w, 1, 1
         self.vw, self.nr = shape.vw, shape.nr
         self.cb = self.cg // self.vw
-        self.th, self.tw = -(-self.oh // 2), -(-self.ow // 2)       # tile rows and columns
-        # X reaches the last tile's window (past the input and its padding when the output
-        # has an odd number of rows or columns: zeros).
-        self.hp = max(self.h + self.pt, 2 * self.th + 2)
-        self.wp = max(self.w + self.pl, 2 * self.tw + 2)
+        self.t = tile_size(node)                                  # T: a tile's output rows and columns
+        self.window = self.t + 2
+        self.positions = self.window ** 2                         # of a transformed window: xi
+        self.th, self.tw = -(-self.oh // self.t), -(-self.ow // self.t)     # tile rows and columns
+        # X reaches the last tile's window (past the input and its padding when the tiles
+        # reach past the output: zeros).
+        self.hp = max(self.h + self.pt, self.t * self.th + 2)
+        self.wp = max(self.w + self.pl, self.t * self.tw + 2)
         self.block = self.hp * self.wp * self.vw
         self.size = self.cb * self.block
         self.panels = self.m // self.nr
         self.mp = self.m
         self.n = self.oh * self.ow
-        self.rows = band_rows(self, parts)                      # tile rows per band
+        self.rows = band_rows(self, parts)                        # tile rows per band
         self.bands = -(-self.th // self.rows)
-        self.tiles = self.rows * self.tw                        # tiles of a whole band
+        self.tiles = self.rows * self.tw                          # tiles of a whole band
 
     def v_floats(self) -> int:
-        return aligned_floats(16 * self.tiles * self.cg)
+        return aligned_floats(self.positions * self.tiles * self.cg)
 
     def m_floats(self) -> int:
-        return aligned_floats(16 * self.tiles * self.mp)
+        return aligned_floats(self.positions * self.tiles * self.mp)
 
     def scratch_floats(self) -> int:
         return (aligned_floats(self.size) + self.v_floats() + self.m_floats()
-                + aligned_floats(2 * self.rows * self.ow * self.mp))
+                + aligned_floats(self.t * self.rows * self.ow * self.mp))
 
 
 def band_rows(g: WinogradGeometry, parts: int) -> int:
     """Tile rows per band: V and M within BAND_BYTES (all of a task's rows in one band when the
-    transformed weights exceed TRANSFORMED_WEIGHTS_IN_L2), and of those the most whose bands,
+    transformed weights exceed STREAMED_WEIGHTS), and of those the most whose bands,
     shared out among `parts` tasks, give the busiest task the fewest tile rows."""
-    per_row = 4 * 16 * g.tw * (g.cg + g.mp)
-    if 4 * 16 * g.cg * g.mp > TRANSFORMED_WEIGHTS_IN_L2:
+    per_row = 4 * g.positions * g.tw * (g.cg + g.mp)
+    if 4 * g.positions * g.cg * g.mp > STREAMED_WEIGHTS:
         most = -(-g.th // parts)
     else:
         most = max(1, min(g.th, BAND_BYTES // per_row))
@@ -151,96 +191,118 @@ def emit_conv_winograd(k) -> None:
             fill_blocked(b, g, src, xb, _input_rows(b, g, j, lo))
             tiles = tile_rows * g.tw
             _input_transform(b, g, xb, v, first, tile_rows)
-            with for_range(b, 16, name="xi") as xi:
+            with for_range(b, g.positions, name="xi") as xi:
                 emit_gemm(b, k.gemm_shape, tiles, g.m, g.cg, b.gep(v, [b.mul(xi, i64(tiles * g.cg))]), g.cg,
                           b.gep(w, [b.mul(xi, i64(g.cg * g.m))]), None,
                           b.gep(mm, [b.mul(xi, i64(tiles * g.mp))]), g.mp, name="wg")
             _output_transform(b, g, mm, ct, tile_rows, out_rows)
-            store_band(k, g, ct, b.mul(first, i64(2 * g.ow)), out_rows * g.ow, i64(0), i64(g.panels),
-                        img, y, bias)
+            store_band(k, g, ct, b.mul(first, i64(g.t * g.ow)), out_rows * g.ow, i64(0), i64(g.panels),
+                       img, y, bias)
 
-        if last:      # whole bands (the last one holds what the rows do not divide into)
-            whole_hi = b.select(b.icmp_signed("<", hi, i64(last)), hi, i64(last))
+        last_rows, last_out = g.th - last * g.rows, g.oh - g.t * last * g.rows
+        alike = last_rows == g.rows and last_out == g.t * g.rows     # then one copy of the code
+        if last or alike:      # whole bands (the last one holds what the rows do not divide into)
+            whole_hi = hi if alike else b.select(b.icmp_signed("<", hi, i64(last)), hi, i64(last))
             with for_range(b, whole_hi, start=lo, name="band") as j:
-                band(j, g.rows, 2 * g.rows)
-        with b.if_then(b.and_(b.icmp_signed("<=", lo, i64(last)), b.icmp_signed("<", i64(last), hi))):
-            band(i64(last), g.th - last * g.rows, g.oh - 2 * last * g.rows)
+                band(j, g.rows, g.t * g.rows)
+        if not alike:
+            with b.if_then(b.and_(b.icmp_signed("<=", lo, i64(last)), b.icmp_signed("<", i64(last), hi))):
+                band(i64(last), last_rows, last_out)
 
 
 def _input_rows(b, g: WinogradGeometry, j, first_band):
     """(lo, hi): the input rows band j reads that the bands before it (this task's, from
-    `first_band` on) have not copied: windows of tile rows overlap by two input rows."""
-    top = b.sub(b.mul(j, i64(2 * g.rows)), i64(g.pt))
+    `first_band` on) have not copied: windows of successive tile rows overlap by two rows."""
+    top = b.sub(b.mul(j, i64(g.t * g.rows)), i64(g.pt))
     start = b.select(b.icmp_signed("==", j, first_band), top, b.add(top, i64(2)))
     end_tile = b.mul(b.add(j, i64(1)), i64(g.rows))
     end_tile = b.select(b.icmp_signed("<", end_tile, i64(g.th)), end_tile, i64(g.th))
-    end = b.sub(b.add(b.mul(end_tile, i64(2)), i64(2)), i64(g.pt))
+    end = b.sub(b.add(b.mul(end_tile, i64(g.t)), i64(2)), i64(g.pt))
     return clamp(b, start, i64(0), i64(g.h)), clamp(b, end, i64(0), i64(g.h))
 
 
-def _combine(b, d):
-    """B^T d for four vectors d[0..3] (rows or columns of a window): d0 - d2, d1 + d2,
-    d2 - d1, d1 - d3."""
-    return [b.fsub(d[0], d[2]), b.fadd(d[1], d[2]), b.fsub(d[2], d[1]), b.fsub(d[1], d[3])]
+def combine(b, matrix, xs: list, vw: int) -> list:
+    """matrix @ xs for a constant matrix and a list of vectors: additions and subtractions
+    for coefficients of 1 and -1, multiply-adds for the others, none for zeros."""
+    out = []
+    for row in matrix:
+        terms = sorted(((float(c), x) for c, x in zip(row, xs) if c), key=lambda t: t[0] != 1.0)
+        coef, acc = terms[0]
+        if coef != 1.0:
+            acc = b.fmul(splat_constant(coef, vw), acc)
+        for coef, x in terms[1:]:
+            if coef == 1.0:
+                acc = b.fadd(acc, x)
+            elif coef == -1.0:
+                acc = b.fsub(acc, x)
+            else:
+                acc = fmuladd(b, splat_constant(coef, vw), x, acc)
+        out.append(acc)
+    return out
+
+
+def splat_constant(value: float, vw: int) -> ir.Constant:
+    return ir.Constant(f32_vector(vw), [float(np.float32(value))] * vw)
 
 
 def _input_transform(b, g: WinogradGeometry, xb, v, first, tile_rows: int) -> None:
     """V_xi[t][c] = (B^T d B)[xi] for the band's tiles t (tile row `first` on) and every
     channel c, VW channels at a time."""
-    vw, tiles = g.vw, tile_rows * g.tw
+    vw, tiles, a = g.vw, tile_rows * g.tw, g.window
+    bt = TRANSFORMS[g.t][0]
     with for_range(b, tile_rows, name="itr") as r:
-        row = b.mul(b.add(first, r), i64(2 * g.wp * vw))       # the window's first row in X
+        row = b.mul(b.add(first, r), i64(g.t * g.wp * vw))       # the window's first row in X
         with for_range(b, g.tw, name="itc") as tc:
             t = b.add(b.mul(r, i64(g.tw)), tc)
-            corner = b.add(row, b.mul(tc, i64(2 * vw)))
+            corner = b.add(row, b.mul(tc, i64(g.t * vw)))
             out = b.mul(t, i64(g.cg))
             with for_range(b, g.cb, name="icb") as cb:
                 base = b.add(corner, b.mul(cb, i64(g.block)))
-                d = [[vload(b, b.gep(xb, [b.add(base, i64((i * g.wp + j) * vw))]), vw) for j in range(4)]
-                     for i in range(4)]
+                d = [[vload(b, b.gep(xb, [b.add(base, i64((i * g.wp + j) * vw))]), vw) for j in range(a)]
+                     for i in range(a)]
                 # B^T d column by column (cols[j][i] = (B^T d)[i][j]), then times B row by row
-                cols = [_combine(b, [d[i][j] for i in range(4)]) for j in range(4)]
-                vt = [_combine(b, [cols[j][i] for j in range(4)]) for i in range(4)]
+                cols = [combine(b, bt, [d[i][j] for i in range(a)], vw) for j in range(a)]
+                vt = [combine(b, bt, [cols[j][i] for j in range(a)], vw) for i in range(a)]
                 at = b.add(out, b.mul(cb, i64(vw)))
-                for i in range(4):
-                    for j in range(4):
-                        vstore(b, vt[i][j], b.gep(v, [b.add(at, i64((4 * i + j) * tiles * g.cg))]), vw)
-
-
-def _reduce(b, s):
-    """A^T s for four vectors s[0..3]: s0 + s1 + s2, s1 - s2 - s3."""
-    return [b.fadd(b.fadd(s[0], s[1]), s[2]), b.fsub(b.fsub(s[1], s[2]), s[3])]
+                for i in range(a):
+                    for j in range(a):
+                        vstore(b, vt[i][j], b.gep(v, [b.add(at, i64((a * i + j) * tiles * g.cg))]), vw)
 
 
 def _output_transform(b, g: WinogradGeometry, mm, ct, tile_rows: int, out_rows: int) -> None:
     """C^T[p][f] = (A^T M A) of the band's tiles for their output pixels p (the band's, row
     by row: those inside the image) and every filter f, VW filters at a time."""
-    vw, tiles = g.vw, tile_rows * g.tw
+    vw, tiles, a, t_out = g.vw, tile_rows * g.tw, g.window, g.t
+    at_ = TRANSFORMS[g.t][2]
     with for_range(b, tile_rows, name="otr") as r:
         with for_range(b, g.tw, name="otc") as tc:
             t = b.add(b.mul(r, i64(g.tw)), tc)
-            pixel = b.add(b.mul(r, i64(2 * g.ow)), b.mul(tc, i64(2)))   # the tile's first, in the band
+            pixel = b.add(b.mul(r, i64(t_out * g.ow)), b.mul(tc, i64(t_out)))   # the tile's first, in the band
             with for_range(b, g.mp, step=vw, name="of") as f0:
                 at = b.add(b.mul(t, i64(g.mp)), f0)
-                m = [[vload(b, b.gep(mm, [b.add(at, i64((4 * i + j) * tiles * g.mp))]), vw) for j in range(4)]
-                     for i in range(4)]
-                cols = [_reduce(b, [m[i][j] for i in range(4)]) for j in range(4)]
-                out = [_reduce(b, [cols[j][i] for j in range(4)]) for i in range(2)]
+                m = [[vload(b, b.gep(mm, [b.add(at, i64((a * i + j) * tiles * g.mp))]), vw) for j in range(a)]
+                     for i in range(a)]
+                cols = [combine(b, at_, [m[i][j] for i in range(a)], vw) for j in range(a)]
+                out = [combine(b, at_, [cols[j][i] for j in range(a)], vw) for i in range(t_out)]
 
                 def put(i, j):
                     p = b.add(pixel, i64(i * g.ow + j))
                     vstore(b, out[i][j], b.gep(ct, [b.add(b.mul(p, i64(g.mp)), f0)]), vw)
 
+                def inside(index, offset: int, size: int):
+                    """Whether tile `index`'s row or column `offset` lies inside `size`."""
+                    return b.icmp_signed("<", b.add(b.mul(index, i64(t_out)), i64(offset)), i64(size))
+
                 def row(i):
-                    put(i, 0)
-                    if g.ow % 2:          # the last tile column's right pixel is past the image
-                        with b.if_then(b.icmp_signed("<", b.add(b.mul(tc, i64(2)), i64(1)), i64(g.ow))):
-                            put(i, 1)
-                    else:
-                        put(i, 1)
-                row(0)
-                if out_rows % 2:          # the band's last tile row has one output row
-                    with b.if_then(b.icmp_signed("<", b.add(b.mul(r, i64(2)), i64(1)), i64(out_rows))):
-                        row(1)
-                else:
-                    row(1)
+                    for j in range(t_out):
+                        if j < g.ow % t_out or not g.ow % t_out:
+                            put(i, j)
+                        else:             # the last tile column reaches past the image
+                            with b.if_then(inside(tc, j, g.ow)):
+                                put(i, j)
+                for i in range(t_out):
+                    if i < out_rows % t_out or not out_rows % t_out:
+                        row(i)
+                    else:                 # the band's last tile row reaches past the image
+                        with b.if_then(inside(r, i, out_rows)):
+                            row(i)
