@@ -23,6 +23,8 @@ CASES = {
     # Transformed weights past L2 (4 MB): one band per task
     "256->256 @14, weights past L2": ((1, 256, 14, 14), (256, 256, 3, 3), [1, 1, 1, 1], "add"),
     "128->128 @28": ((1, 128, 28, 28), (128, 128, 3, 3), [1, 1, 1, 1], "relu"),
+    # det_fpn's 96 -> 24: panels of three AVX2 vectors (conv_blocked.blocked_tile), AVX-512 too
+    "96->24 @40x36 (24-filter panels)": ((1, 96, 40, 36), (24, 96, 3, 3), [1, 1, 1, 1], "relu"),
 }
 
 
@@ -63,7 +65,8 @@ def test_winograd_matches_onnxruntime(case, cpu):
 
 @pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
 @pytest.mark.parametrize("case", ["64->64 @56 relu (bands of tile rows)", "32->32 @31x33 (odd: half tiles), no bias",
-                                  "32->64 @16x14, batch 2, add", "256->256 @14, weights past L2"])
+                                  "32->64 @16x14, batch 2, add", "256->256 @14, weights past L2",
+                                  "96->24 @40x36 (24-filter panels)"])
 def test_winograd_same_bits_for_any_thread_count(case, cpu):
     """Tasks share out bands of tile rows (three tasks: bands of unequal size, the last
     one ragged); every tile is computed by the same code whichever task computes it."""

@@ -231,7 +231,7 @@ def conv_repack(prog, ins, shape, users) -> bool:
     """The weights as conv_packing says; a channel-blocked product's transposed with their
     rows k in its order (channel block, tap, channel: conv_blocked.blocked_weights)."""
     if ins.plan.strategy == "winograd":
-        return pack_weights(prog, ins, 2, "b", shape.nr, shape, users,
+        return pack_weights(prog, ins, 2, "b", WinogradGeometry(ins.node, shape).nr, shape, users,
                             matrices=lambda data: winograd_weights(data, ins.node))
     if ins.plan.strategy == "blocked":
         g = BlockedGeometry(ins.node, shape)

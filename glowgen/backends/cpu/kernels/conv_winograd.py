@@ -36,7 +36,7 @@ from ..gemm import emit_gemm
 from ..llvmutil import for_range, i64
 from ..vectors import f32_vector, fmuladd, vload, vstore
 from .common import clamp
-from .conv_blocked import busiest, fill_blocked, store_band, zero_border
+from .conv_blocked import blocked_tile, busiest, fill_blocked, store_band, zero_border
 from .conv_planes import aligned_floats
 
 # (B^T, G, A^T) of F(T x T, 3x3), by tile size T: interpolation points 0, 1, -1 (and
@@ -77,12 +77,15 @@ STREAMED_WEIGHTS = 2 * 1024 * 1024
 
 def conv_is_winograd(node, shape) -> bool:
     """A single-group f32 3x3 convolution at stride 1 without dilation, with whole blocks of
-    VW input channels and whole panels of NR filters, over at least MIN_PIXELS pixels."""
+    VW input channels and whole panels of NR filters (of the channel-blocked product's tile,
+    conv_blocked.blocked_tile: 24 filters in AVX2 vectors too), over at least MIN_PIXELS
+    pixels."""
     m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = node.outputs[0].type.shape[2:]
+    tile = blocked_tile(m, shape)
     return (node.group == 1 and node.outputs[0].type.dtype == "f32" and kh == kw == 3
             and tuple(node.strides) == (1, 1) and tuple(node.dilations) == (1, 1)
-            and cg % shape.vw == 0 and m % shape.nr == 0 and oh * ow >= MIN_PIXELS)
+            and cg % tile.vw == 0 and m % tile.nr == 0 and oh * ow >= MIN_PIXELS)
 
 
 def tile_size(node) -> int:
@@ -117,7 +120,8 @@ class WinogradGeometry:
         self.oh, self.ow = node.outputs[0].type.shape[2:]
         self.pt, self.pl = node.pads[:2]
         self.src_h, self.src_w, self.step_h, self.step_w = self.h, self.w, 1, 1
-        self.vw, self.nr = shape.vw, shape.nr
+        self.gemm = blocked_tile(self.m, shape)                  # the products' register tile
+        self.vw, self.nr = self.gemm.vw, self.gemm.nr
         self.cb = self.cg // self.vw
         self.t = tile_size(node)                                  # T: a tile's output rows and columns
         self.window = self.t + 2
@@ -192,7 +196,7 @@ def emit_conv_winograd(k) -> None:
             tiles = tile_rows * g.tw
             _input_transform(b, g, xb, v, first, tile_rows)
             with for_range(b, g.positions, name="xi") as xi:
-                emit_gemm(b, k.gemm_shape, tiles, g.m, g.cg, b.gep(v, [b.mul(xi, i64(tiles * g.cg))]), g.cg,
+                emit_gemm(b, g.gemm, tiles, g.m, g.cg, b.gep(v, [b.mul(xi, i64(tiles * g.cg))]), g.cg,
                           b.gep(w, [b.mul(xi, i64(g.cg * g.m))]), None,
                           b.gep(mm, [b.mul(xi, i64(tiles * g.mp))]), g.mp, name="wg")
             _output_transform(b, g, mm, ct, tile_rows, out_rows)
