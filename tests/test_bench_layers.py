@@ -38,3 +38,13 @@ def test_layer_bench_refuses_a_model_with_layers():
     run = subprocess.run([sys.executable, "-m", "glowgen.cli", "bench", "--layers", "m.onnx"],
                          capture_output=True, text=True)
     assert run.returncode == 2 and "leave MODEL out" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_layer_summary_explains_more_than_the_peak():
+    """A Winograd convolution runs faster than a direct one's multiply-adds at the FMA peak
+    allow: the summary says why its row reads more than 100%."""
+    from glowgen.benchmarks.layers import Row, summary
+    direct = Row("conv 3x3/2 64->128 @56", "conv", 116, 1.07, 1.08, 0.99, 108, 0.92)
+    winograd = Row("conv 3x3/1 64->64 @56", "conv", 231, 0.68, 2.31, 0.29, 341, 2.9)
+    assert "above 100% of peak" not in summary([direct])
+    assert "above 100% of peak" in summary([direct, winograd])

@@ -290,6 +290,9 @@ def summary(rows: list[Row]) -> str:
              f"{sum(r.ratio > 1.25 for r in ok)} above 1.25",
              f"products of at least 50 MFLOP: {len(heavy) - len(low)} of {len(heavy)} reach 60% of peak"
              + (f"; below: {', '.join(f'{r.name} ({r.peak_fraction:.0%})' for r in low)}" if low else "")]
+    if any(r.mflop and r.peak_fraction > 1 for r in ok):
+        lines.append("GFLOPS count a direct computation's multiply-adds: above 100% of peak, the kernel "
+                     "does fewer (Winograd's F(4x4, 3x3) a quarter of them, F(2x2, 3x3) 4/9)")
     errors = [r for r in rows if r.error]
     if errors:
         lines.append(f"{len(errors)} layers failed to compile: {', '.join(r.name for r in errors)}")
