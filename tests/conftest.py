@@ -105,6 +105,36 @@ def run_glowgen(model, feeds, **kw):
     return glowgen.compile(model, **kw).run(feeds)
 
 
+def conv_model(xs, ws, attrs: dict, epilogue, bias: bool = True, seed: int = 0, weight_scale: float = 0.2):
+    """(model, feeds) of a Conv (x of shape `xs`, constant weights `ws` times `weight_scale`,
+    a constant bias unless not `bias`) and its `epilogue`: "relu", "add" (Add of a second
+    input, then Relu: a residual block's end) or None."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(xs).astype(np.float32)
+    inits = {"w": (rng.standard_normal(ws) * weight_scale).astype(np.float32)}
+    conv_inputs = ["x", "w"]
+    if bias:
+        inits["b"] = rng.standard_normal(ws[0]).astype(np.float32)
+        conv_inputs.append("b")
+    nodes = [helper.make_node("Conv", conv_inputs, ["c" if epilogue else "y"], **attrs)]
+    feeds = {"x": x}
+    if epilogue == "relu":
+        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
+    elif epilogue == "add":
+        (sh, sw), pads = attrs.get("strides", [1, 1]), attrs.get("pads", [0, 0, 0, 0])
+        oh = (xs[2] + pads[0] + pads[2] - ws[2]) // sh + 1
+        ow = (xs[3] + pads[1] + pads[3] - ws[3]) // sw + 1
+        feeds["r"] = rng.standard_normal((xs[0], ws[0], oh, ow)).astype(np.float32)
+        nodes += [helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
+    return make_model(nodes, feeds, ["y"], inits), feeds
+
+
+def conv_strategies(compiled) -> list:
+    """The strategy of each Conv a compiled model runs (backends/cpu/plan.CONV_STRATEGIES)."""
+    return [ins.plan.strategy for s in compiled.program.plan.steps for ins in s.instrs
+            if ins.kind == "Conv" and ins.plan is not None]
+
+
 def assert_close(actual: dict, expected: dict, rtol=1e-5, atol=1e-6):
     assert set(actual) == set(expected), (set(actual), set(expected))
     for k in expected:

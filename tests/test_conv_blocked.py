@@ -10,7 +10,7 @@ from onnx import helper
 
 import glowgen
 from glowgen.backends.cpu.kernels.conv_blocked import BlockedGeometry
-from conftest import assert_close, make_model, run_ort
+from conftest import assert_close, conv_model, conv_strategies, make_model, run_ort
 
 CASES = {
     # name: (x shape, w shape, attrs, epilogue): "relu", "add" (Add of a second input, then
@@ -52,30 +52,8 @@ CASES = {
 
 def _model(case, seed=0):
     xs, ws, attrs, epilogue = CASES[case]
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(xs).astype(np.float32)
-    w = (rng.standard_normal(ws) * 0.2).astype(np.float32)
-    inits = {"w": w}
-    conv_inputs = ["x", "w"]
-    if "no bias" not in case:
-        inits["b"] = rng.standard_normal(ws[0]).astype(np.float32)
-        conv_inputs.append("b")
-    nodes = [helper.make_node("Conv", conv_inputs, ["c" if epilogue else "y"], **attrs)]
-    feeds = {"x": x}
-    if epilogue == "relu":
-        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
-    elif epilogue == "add":
-        (sh, sw), pads = attrs.get("strides", [1, 1]), attrs["pads"]
-        oh = (xs[2] + pads[0] + pads[2] - ws[2]) // sh + 1
-        ow = (xs[3] + pads[1] + pads[3] - ws[3]) // sw + 1
-        feeds["r"] = rng.standard_normal((xs[0], ws[0], oh, ow)).astype(np.float32)
-        nodes += [helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
-    return make_model(nodes, feeds, ["y"], inits), feeds
-
-
-def _strategies(compiled):
-    return [ins.plan.strategy for s in compiled.program.plan.steps for ins in s.instrs
-            if ins.kind == "Conv" and ins.plan is not None]
+    return conv_model(xs, ws, attrs, epilogue, bias="no bias" not in case, seed=seed,
+                      weight_scale=0.2)
 
 
 @pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
@@ -84,7 +62,7 @@ def test_blocked_matches_onnxruntime(case, cpu):
     model, feeds = _model(case)
     options = {"cpu": cpu} if cpu else {}
     compiled = glowgen.compile(model, threads=1, **options)
-    assert _strategies(compiled) == ["blocked"], compiled.program.plan.describe()
+    assert conv_strategies(compiled) == ["blocked"], compiled.program.plan.describe()
     assert_close(compiled.run(feeds), run_ort(model, feeds), rtol=1e-4, atol=1e-4)
 
 
@@ -132,7 +110,7 @@ def test_large_input_mostly_unread_copied_only_where_read():
     for pads, blocked in (([0, 0, 0, 0], True), ([1, 1, 1, 1], False)):
         model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], strides=[2, 2], pads=pads)], {"x": x},
                            ["y"], {"w": np.ones((512, 256, 1, 1), np.float32)})
-        assert (_strategies(glowgen.compile(model, threads=1)) == ["blocked"]) == blocked
+        assert (conv_strategies(glowgen.compile(model, threads=1)) == ["blocked"]) == blocked
 
 
 # AVX-512's 32-filter panels do not divide 24 or 72 filters either: 8 x 24 tiles of AVX2
@@ -154,7 +132,7 @@ def test_panels_of_three_avx2_vectors_where_the_targets_do_not_divide_the_filter
                        {"w": (rng.standard_normal((cout, 96, 3, 3)) * 0.1).astype(np.float32),
                         "b": rng.standard_normal(cout).astype(np.float32)})
     one = glowgen.compile(model, threads=1, cpu=cpu)
-    assert _strategies(one) == ["blocked"], one.program.plan.describe()
+    assert conv_strategies(one) == ["blocked"], one.program.plan.describe()
     conv = next(ins for s in one.program.plan.steps for ins in s.instrs if ins.kind == "Conv")
     assert BlockedGeometry(conv.node, one.program.plan.gemm_shape).nr == 24
     y = one.run({"x": x})["y"]
@@ -169,7 +147,7 @@ def test_half_empty_filter_panels_keep_their_strategy():
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": x}, ["y"],
                        {"w": np.ones((16, 16, 3, 3), np.float32)})
     compiled = glowgen.compile(model, threads=1)
-    assert (_strategies(compiled) == ["blocked"]) == (compiled.program.plan.gemm_shape.nr == 16)
+    assert (conv_strategies(compiled) == ["blocked"]) == (compiled.program.plan.gemm_shape.nr == 16)
 
 
 @pytest.mark.parametrize("cin, cout, size", [(64, 64, 56), (128, 128, 28), (256, 256, 14), (512, 512, 7)])

@@ -10,7 +10,7 @@ from onnx import helper, numpy_helper
 
 import glowgen
 from glowgen.backends.cpu.kernels.conv_winograd import TRANSFORMS, WinogradGeometry, tile_size, winograd_weights
-from conftest import assert_close, make_model, run_ort
+from conftest import assert_close, conv_model, conv_strategies, make_model, run_ort
 
 CASES = {
     # name: (x shape, w shape, pads, epilogue): "relu", "add" (Add of a second input, then
@@ -30,28 +30,8 @@ CASES = {
 
 def _model(case, seed=0):
     xs, ws, pads, epilogue = CASES[case]
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(xs).astype(np.float32)
-    w = (rng.standard_normal(ws) / np.sqrt(9 * ws[1])).astype(np.float32)
-    inits = {"w": w}
-    conv_inputs = ["x", "w"]
-    if "no bias" not in case:
-        inits["b"] = rng.standard_normal(ws[0]).astype(np.float32)
-        conv_inputs.append("b")
-    nodes = [helper.make_node("Conv", conv_inputs, ["c" if epilogue else "y"], pads=pads)]
-    feeds = {"x": x}
-    if epilogue == "relu":
-        nodes.append(helper.make_node("Relu", ["c"], ["y"]))
-    elif epilogue == "add":
-        oh, ow = xs[2] + pads[0] + pads[2] - 2, xs[3] + pads[1] + pads[3] - 2
-        feeds["r"] = rng.standard_normal((xs[0], ws[0], oh, ow)).astype(np.float32)
-        nodes += [helper.make_node("Add", ["c", "r"], ["s"]), helper.make_node("Relu", ["s"], ["y"])]
-    return make_model(nodes, feeds, ["y"], inits), feeds
-
-
-def _strategies(compiled):
-    return [ins.plan.strategy for s in compiled.program.plan.steps for ins in s.instrs
-            if ins.kind == "Conv" and ins.plan is not None]
+    return conv_model(xs, ws, {"pads": pads}, epilogue, bias="no bias" not in case, seed=seed,
+                      weight_scale=1 / np.sqrt(9 * ws[1]))
 
 
 @pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
@@ -59,7 +39,7 @@ def _strategies(compiled):
 def test_winograd_matches_onnxruntime(case, cpu):
     model, feeds = _model(case)
     compiled = glowgen.compile(model, threads=1, **({"cpu": cpu} if cpu else {}))
-    assert _strategies(compiled) == ["winograd"], compiled.program.plan.describe()
+    assert conv_strategies(compiled) == ["winograd"], compiled.program.plan.describe()
     assert_close(compiled.run(feeds), run_ort(model, feeds), rtol=1e-4, atol=1e-4)
 
 
@@ -138,7 +118,7 @@ def test_other_convolutions_keep_their_strategies(x_shape, w_shape, attrs):
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], **attrs)], {"x": x}, ["y"],
                        {"w": np.random.default_rng(1).standard_normal(w_shape).astype(np.float32) * 0.1})
     compiled = glowgen.compile(model, threads=1)
-    assert "winograd" not in _strategies(compiled)
+    assert "winograd" not in conv_strategies(compiled)
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
@@ -150,7 +130,7 @@ def test_weights_fed_at_run_time_are_not_transformed():
              "w": rng.standard_normal((32, 32, 3, 3)).astype(np.float32) * 0.1}
     model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], feeds, ["y"], {})
     compiled = glowgen.compile(model, threads=1)
-    assert "winograd" not in _strategies(compiled)
+    assert "winograd" not in conv_strategies(compiled)
     assert_close(compiled.run(feeds), run_ort(model, feeds), rtol=1e-4, atol=1e-4)
 
 
