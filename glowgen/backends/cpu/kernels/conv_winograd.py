@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from ..gemm import emit_gemm
+from ..gemm import GemmShape, emit_gemm
 from ..llvmutil import for_range, i64
 from ..vectors import f32_vector, fmuladd, vload, vstore
 from .common import clamp
@@ -196,9 +196,14 @@ def emit_conv_winograd(k) -> None:
             tiles = tile_rows * g.tw
             _input_transform(b, g, xb, v, first, tile_rows)
             with for_range(b, g.positions, name="xi") as xi:
-                emit_gemm(b, g.gemm, tiles, g.m, g.cg, b.gep(v, [b.mul(xi, i64(tiles * g.cg))]), g.cg,
-                          b.gep(w, [b.mul(xi, i64(g.cg * g.m))]), None,
-                          b.gep(mm, [b.mul(xi, i64(tiles * g.mp))]), g.mp, name="wg")
+                first_tile = 0
+                for count, rows in tile_blocks(tiles, g.gemm.mr):
+                    emit_gemm(b, GemmShape(g.vw, rows, g.gemm.nv, g.gemm.features), count * rows, g.m, g.cg,
+                              b.gep(v, [b.add(b.mul(xi, i64(tiles * g.cg)), i64(first_tile * g.cg))]), g.cg,
+                              b.gep(w, [b.mul(xi, i64(g.cg * g.m))]), None,
+                              b.gep(mm, [b.add(b.mul(xi, i64(tiles * g.mp)), i64(first_tile * g.mp))]), g.mp,
+                              name="wg")
+                    first_tile += count * rows
             _output_transform(b, g, mm, ct, tile_rows, out_rows)
             store_band(k, g, ct, b.mul(first, i64(g.t * g.ow)), out_rows * g.ow, i64(0), i64(g.panels),
                        img, y, bias)
@@ -212,6 +217,18 @@ def emit_conv_winograd(k) -> None:
         if not alike:
             with b.if_then(b.and_(b.icmp_signed("<=", lo, i64(last)), b.icmp_signed("<", i64(last), hi))):
                 band(i64(last), last_rows, last_out)
+
+
+def tile_blocks(tiles: int, mr: int) -> list:
+    """A band's tiles as runs (blocks, rows of each) of the product's register tiles: as few
+    blocks as MR-row ones, their rows as even as can be (AVX2's 6-row tiles take 14 tiles as
+    5 + 5 + 4, not 6 + 6 + 2, whose last block of 4 accumulators waits on the FMA latency).
+    ResNet-50's Winograd layers on x86-64-v3 (Zen 4, 1 thread, in the model, fastest of 30
+    alternating runs, two processes): 39.4 -> 38.3-38.9 Mcycles, 256 @14's 49 tiles a band
+    (8 x 6 + 1 before) 3.20 -> 3.12."""
+    blocks = -(-tiles // mr)
+    rows, extra = divmod(tiles, blocks)
+    return [(n, r) for n, r in ((extra, rows + 1), (blocks - extra, rows)) if n]
 
 
 def _input_rows(b, g: WinogradGeometry, j, first_band):
