@@ -148,3 +148,18 @@ def test_two_tasks_share_resnet_layers_evenly():
         per_task = -(-g.bands // 2) * g.rows                # Split.range over the bands
         shares = [min(g.th, (t + 1) * per_task) - min(g.th, t * per_task) for t in range(2)]
         assert (g.t, max(shares)) == (tile, busiest), (cin, size, g.rows, g.bands, shares)
+
+
+def test_band_tiles_in_register_tiles_of_even_rows():
+    """As few register tiles as MR-row ones, with rows as even as can be (tile_blocks): no
+    ragged block of one or two rows left to wait on the FMA latency."""
+    from glowgen.backends.cpu.kernels.conv_winograd import tile_blocks
+    assert tile_blocks(14, 6) == [(2, 5), (1, 4)]
+    assert tile_blocks(49, 6) == [(4, 6), (5, 5)]
+    assert tile_blocks(7, 8) == [(1, 7)]
+    assert tile_blocks(48, 6) == [(8, 6)]
+    for tiles in range(1, 100):
+        for mr in (4, 6, 8):
+            runs = tile_blocks(tiles, mr)
+            assert sum(n * r for n, r in runs) == tiles and all(r <= mr for _, r in runs)
+            assert sum(n for n, _ in runs) == -(-tiles // mr)
