@@ -95,7 +95,8 @@ def cmd_bench(args) -> int:
     warm = (f"{args.warmup} warm-up" if args.warmup is not None else
             f"a warm-up of {WARMUP_SECONDS:g} s (at least {WARMUP_RUNS} runs)")
     print(f"runs         {args.runs} timed after {warm} each, same inputs for every engine")
-    extra = "" if args.backend != "cpu" else f", stacking {'off' if args.no_stacking else 'on'}"
+    extra = "" if args.backend != "cpu" else (f", stacking {'off' if args.no_stacking else 'on'}"
+                                              + (", winograd off" if args.no_winograd else ""))
     used = model.options.get("threads", 1)
     print(f"glowgen      backend {args.backend}{extra}, {used} thread{'s' if used > 1 else ''}, "
           f"compiled in {compile_s:.2f} s")
@@ -154,6 +155,7 @@ def _bench_layers(args) -> int:
         raise InputError("--layers compares with onnxruntime: pip install onnxruntime") from None
     from .benchmarks.layers import run
     options = {**({"stacking": False} if args.no_stacking else {}),
+               **({"winograd": False} if args.no_winograd else {}),
                **({"cpu": args.cpu} if args.cpu else {})}
     run(args.filter, threads=args.threads, json_path=args.json, compile_options=options or None)
     return 0
@@ -165,7 +167,8 @@ def _print_profile(args, feeds) -> None:
     from .api import compile as compile_model
     from .cli_quantize import quantize_options
     model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
-                          stacking=not args.no_stacking, profile=True, threads=args.threads,
+                          stacking=not args.no_stacking, winograd=not args.no_winograd, profile=True,
+                          threads=args.threads,
                           **({"cpu": args.cpu} if args.cpu else {}), **quantize_options(args))
     import time
     _warm_up(lambda: model.run(feeds), args.warmup)

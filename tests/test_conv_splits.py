@@ -40,9 +40,13 @@ CASES = {
     "3x3 60->96 @10 (pixels, ragged)": ((1, 60, 10, 10), (96, 60, 3, 3), {"pads": [1, 1, 1, 1]}, "transposed"),
     "1x1 576->96 @14 batch 2 (pixels)": ((2, 576, 14, 14), (96, 576, 1, 1), {}, "transposed"),
     # Channel-blocked (conv_blocked.blocked_split_pixels): filter panels, or bands of pixels.
-    "3x3 256->256 @7 blocked (filter panels)": ((1, 256, 7, 7), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]},
-                                                "blocked"),
-    "3x3 64->96 @10 blocked (two bands)": ((1, 64, 10, 10), (96, 64, 3, 3), {"pads": [1, 1, 1, 1]}, "blocked"),
+    # (Dilated: a stride-1 3x3 over 49 pixels or more is Winograd's with AVX-512.)
+    "3x3 256->256 @7 blocked (filter panels)": ((1, 256, 7, 7), (256, 256, 3, 3),
+                                                {"pads": [2, 2, 2, 2], "dilations": [2, 2]}, "blocked"),
+    "3x3 64->96 @10 blocked (two bands)": ((1, 64, 10, 10), (96, 64, 3, 3), {"pads": [2, 2, 2, 2],
+                                                                             "dilations": [2, 2]}, "blocked"),
+    # Winograd F(2x2, 3x3) (conv_winograd.py): bands of tile rows (AVX2: blocked)
+    "3x3 256->256 @7 winograd (bands)": ((1, 256, 7, 7), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}, "winograd"),
     "3x3/2 32->64 @40 blocked (bands)": ((1, 32, 40, 40), (64, 32, 3, 3), {"pads": [1, 1, 1, 1],
                                                                           "strides": [2, 2]}, "blocked"),
 }

@@ -59,6 +59,23 @@ def test_winograd_same_bits_for_any_thread_count(case, cpu):
         np.testing.assert_array_equal(split.run(feeds)["y"], one)
 
 
+_AVX512 = "avx512f" in open("/proc/cpuinfo").read()
+
+
+@pytest.mark.parametrize("cpu", ["x86-64-v3"] + (["x86-64-v4"] if _AVX512 else []))
+def test_seven_by_seven_planes_take_winograd_with_avx512_only(cpu):
+    """ResNet's last stage, 7 x 7 (16 tiles of 2 x 2): Winograd with AVX-512's 8-tile blocks,
+    blocked with AVX2's 6-tile ones (conv_winograd.MIN_PIXELS); against onnxruntime, and bit
+    for bit at 2 threads."""
+    model, feeds = conv_model((2, 256, 7, 7), (256, 256, 3, 3), {"pads": [1, 1, 1, 1]}, "add", seed=4,
+                              weight_scale=1 / 48)
+    compiled = glowgen.compile(model, threads=1, cpu=cpu)
+    assert conv_strategies(compiled) == (["winograd"] if cpu == "x86-64-v4" else ["blocked"])
+    y = compiled.run(feeds)["y"]
+    assert_close({"y": y}, run_ort(model, feeds), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(glowgen.compile(model, threads=2, cpu=cpu).run(feeds)["y"], y)
+
+
 @pytest.mark.parametrize("case, tile, bound", [("64->64 @56 relu (bands of tile rows)", 4, 32),
                                                ("256->256 @14, weights past L2", 2, 4)])
 def test_winograd_is_nearly_as_accurate_as_a_direct_convolution(case, tile, bound):
@@ -107,7 +124,7 @@ def test_transforms_compute_a_3x3_correlation(tile):
 
 
 @pytest.mark.parametrize("x_shape, w_shape, attrs", [
-    ((1, 64, 7, 7), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),                  # 49 pixels: too few tiles
+    ((1, 64, 6, 6), (64, 64, 3, 3), {"pads": [1, 1, 1, 1]}),                  # 36 pixels: too few tiles
     ((1, 64, 28, 28), (64, 64, 3, 3), {"pads": [1, 1, 1, 1], "strides": [2, 2]}),
     ((1, 64, 28, 28), (64, 64, 3, 3), {"pads": [2, 2, 2, 2], "dilations": [2, 2]}),
     ((1, 64, 28, 28), (64, 64, 5, 5), {"pads": [2, 2, 2, 2]}),
@@ -163,3 +180,24 @@ def test_band_tiles_in_register_tiles_of_even_rows():
             runs = tile_blocks(tiles, mr)
             assert sum(n * r for n, r in runs) == tiles and all(r <= mr for _, r in runs)
             assert sum(n for n, _ in runs) == -(-tiles // mr)
+
+
+def test_winograd_off_keeps_the_filters_as_they_are(tmp_path):
+    """winograd=False (--no-winograd): the blocked product, weights a quarter the size of F(4x4)'s
+    transformed ones; the CLI refuses the flag for a backend without the option."""
+    import subprocess
+    import sys
+    model, feeds = _model("64->64 @56 relu (bands of tile rows)")
+    on, off = glowgen.compile(model, threads=1), glowgen.compile(model, threads=1, winograd=False)
+    assert conv_strategies(on) == ["winograd"] and conv_strategies(off) == ["blocked"]
+    assert "winograd off" in off.program.plan.describe()[0]
+    filters = 64 * 64 * 9 * 4
+    assert on.program.region_sizes["constant"] >= 4 * filters > off.program.region_sizes["constant"]
+    assert_close(off.run(feeds), run_ort(model, feeds), rtol=1e-4, atol=1e-4)
+    import onnx
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, path)
+    run = subprocess.run([sys.executable, "-m", "glowgen.cli", "run", str(path), "--backend", "interpreter",
+                          "--no-winograd"], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "--no-winograd applies to the cpu backend" in run.stderr
+    assert "Traceback" not in run.stderr

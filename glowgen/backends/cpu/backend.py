@@ -32,6 +32,8 @@ class CpuBackend(Backend):
     name = "cpu"
     options = {
         "stacking": True,     # stack runs of elementwise instructions into single loops
+        "winograd": True,     # 3x3 convolutions by Winograd's minimal filtering where it pays
+                              # (faster; their transformed weights take 16/9 or 4 times the memory)
         "profile": False,     # count cycles per native step (CompiledModel.profile())
         "threads": None,      # threads a call may use (None: this machine's cores)
         "cpu": None,          # the JIT's target: None ($GLOWGEN_CPU, else this machine) or an
@@ -62,7 +64,8 @@ class CpuBackend(Backend):
         """passes.py: the backend's decisions (strategies, packing, steps, fusion, arena,
         threads, scratch), for the target of `options` (a bundle's: bundle_options)."""
         from .passes import cpu_passes
-        return cpu_passes(self._features(options), options["threads"], options["stacking"])
+        return cpu_passes(self._features(options), options["threads"], options["stacking"],
+                          options.get("winograd", True))
 
     def weight_bits(self, options: Mapping[str, Any]) -> int:
         """7 on targets whose int8 product is faster with 7-bit weights (AVX2 and AVX-512BW

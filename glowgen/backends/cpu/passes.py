@@ -36,10 +36,10 @@ from .rows import fuse_rows, group_work
 from .stacking import form_steps, replan_activations, stack_operands
 
 
-def target(prog: Program, registry, features: str, threads: int, stacking: bool) -> None:
+def target(prog: Program, registry, features: str, threads: int, stacking: bool, winograd: bool = True) -> None:
     from .gemm import choose_shape
     prog.plan = CpuPlan(features=features or "", gemm_shape=choose_shape(features or ""),
-                        threads=threads, stacking=stacking)
+                        threads=threads, stacking=stacking, winograd=winograd)
 
 
 def kernel_strategy(prog: Program, registry) -> None:
@@ -49,7 +49,7 @@ def kernel_strategy(prog: Program, registry) -> None:
     for ins in prog.instrs:
         choose = STRATEGY.get(ins.kind)
         if choose is not None and ins.node is not None:
-            ins.plan = InstrPlan(strategy=choose(ins, shape, partial(packable, users=users)))
+            ins.plan = InstrPlan(strategy=choose(ins, shape, partial(packable, users=users), prog.plan))
 
 
 def weight_packing(prog: Program, registry) -> None:
@@ -149,9 +149,10 @@ def scratch(prog: Program, registry) -> None:
         prog.scratch_bytes = need
 
 
-def cpu_passes(features: str, threads_: int, stacking_: bool) -> list[tuple[str, Callable]]:
+def cpu_passes(features: str, threads_: int, stacking_: bool, winograd: bool = True) -> list[tuple[str, Callable]]:
     """The passes in order, as (name, pass(prog, registry)) pairs."""
-    return [("target", partial(target, features=features, threads=threads_, stacking=stacking_)),
+    return [("target", partial(target, features=features, threads=threads_, stacking=stacking_,
+                               winograd=winograd)),
             ("kernel-strategy", kernel_strategy),
             ("weight-packing", weight_packing),
             ("stacking", stacking),

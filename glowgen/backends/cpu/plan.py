@@ -83,6 +83,7 @@ class CpuPlan:
     gemm_shape: object                  # the GEMM's register tile for them (gemm.GemmShape)
     threads: int = 1                    # threads a call may use
     stacking: bool = True               # stack elementwise runs into single loops
+    winograd: bool = True               # 3x3 convolutions may run Winograd's (kernels/conv_winograd.py)
     steps: list = attrs.Factory(list)   # stacking.Step, in order: what the entry point calls
     scratch_offset: Optional[int] = None  # of the kernels' scratch memory in the activation
     #                                       region (None: no kernel needs any; its size, every
@@ -96,6 +97,7 @@ class CpuPlan:
         lines = [f"cpu plan {{ features {len(self.features.split(',')) if self.features else 0}, "
                  f"gemm tile {shape.mr}x{shape.nr} (vectors of {shape.vw}), threads {self.threads}, "
                  f"stacking {'on' if self.stacking else 'off'}"
+                 + ("" if self.winograd else ", winograd off")
                  + (f", scratch act@{self.scratch_offset}" if self.scratch_offset is not None else "")]
         for i, step in enumerate(self.steps):
             text = f"  step {i:3d}: {describe_step(step)}"

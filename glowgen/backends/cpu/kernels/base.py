@@ -28,8 +28,9 @@ def kernel(*kinds, **params):
 
 
 # What the passes ask of the kernels that have a say, by instruction kind:
-# the kernel-strategy pass: (ins, gemm shape, packable) -> the kernel's strategy, where
-#   packable(buf) says whether a constant operand could be repacked (plan.CONV_STRATEGIES);
+# the kernel-strategy pass: (ins, gemm shape, packable, plan) -> the kernel's strategy, where
+#   packable(buf) says whether a constant operand could be repacked and plan is the
+#   program's plan.CpuPlan, with the compile options (plan.CONV_STRATEGIES);
 STRATEGY: dict[str, Callable] = {}
 # the weight-packing pass: (ins, gemm shape) -> (operand index, layout, panel width) of a
 #   constant operand the kernel reads packed (packing.py), or None;

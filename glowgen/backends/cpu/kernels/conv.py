@@ -123,7 +123,7 @@ def conv_by_planes(node) -> bool:
 
 
 @hook(STRATEGY, "Conv")
-def conv_strategy(ins, shape, packable) -> str:
+def conv_strategy(ins, shape, packable, plan) -> str:
     """A 2-D convolution's strategy (plan.CONV_STRATEGIES), chosen once by the
     kernel-strategy pass: the kernel, its weights' packing, its scratch, its split and its
     epilogue all follow it.  Computed transposed only when its weights can be packed so."""
@@ -132,7 +132,7 @@ def conv_strategy(ins, shape, packable) -> str:
         return "planes"
     if node.outputs[0].type.dtype != "f32":
         return "direct"
-    if conv_uses_gemm(node) and conv_is_winograd(node, shape) and packable(ins.operands[2][1]):
+    if plan.winograd and conv_uses_gemm(node) and conv_is_winograd(node, shape) and packable(ins.operands[2][1]):
         return "winograd"
     if conv_uses_gemm(node) and conv_is_blocked(node, shape) and packable(ins.operands[2][1]):
         return "blocked"

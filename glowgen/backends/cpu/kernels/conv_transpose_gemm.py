@@ -35,7 +35,7 @@ def interleaved_applies(node) -> bool:
 
 
 @hook(STRATEGY, "ConvTranspose")
-def conv_transpose_strategy(ins, shape, packable) -> str:
+def conv_transpose_strategy(ins, shape, packable, plan) -> str:
     """plan.CONV_TRANSPOSE_STRATEGIES."""
     return "interleaved" if interleaved_applies(ins.node) else "scatter"
 

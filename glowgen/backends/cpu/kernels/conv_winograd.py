@@ -53,9 +53,12 @@ TRANSFORMS = {
                  np.float64)),
 }
 
-# Where Winograd applies: at least this many output pixels (below, the transformed weights,
-# 16/9 of the filters', are read for too few tiles; ResNet's 7 x 7 stage stays blocked).
-MIN_PIXELS = 14 * 14
+# Where Winograd applies: at least this many output pixels, by the vector width of the
+# product's tile.  Below, the transformed weights (16/9 of the filters') are read for few
+# tiles, and once per block of MR tiles: ResNet's 512 -> 512 at 7 x 7 (16 tiles, 16.8 MB of
+# them) took 5.30 -> 3.41 Mcycles with AVX-512's 8-tile blocks (Zen 4, 1 thread, in the
+# model; 3.0-3.4 -> 1.9-2.0 at 2 threads), and 5.5 -> 6.1 with AVX2's 6-tile ones.
+MIN_PIXELS = {16: 7 * 7, 8: 14 * 14}
 # F(4x4, 3x3) where its tiles reach at most this far past the output.  ResNet-50's layers in
 # the model (Zen 4, 1 thread, fastest of 20-25 alternating runs, Mcycles, AVX-512 /
 # x86-64-v3), F(2x2) -> F(4x4): 64 @56 2.83 -> 1.84 / 2.81 -> 2.00, 128 @28 2.89 -> 1.86 /
@@ -79,13 +82,13 @@ def conv_is_winograd(node, shape) -> bool:
     """A single-group f32 3x3 convolution at stride 1 without dilation, with whole blocks of
     VW input channels and whole panels of NR filters (of the channel-blocked product's tile,
     conv_blocked.blocked_tile: 24 filters in AVX2 vectors too), over at least MIN_PIXELS
-    pixels."""
+    pixels for the tile's vectors."""
     m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = node.outputs[0].type.shape[2:]
     tile = blocked_tile(m, shape)
     return (node.group == 1 and node.outputs[0].type.dtype == "f32" and kh == kw == 3
             and tuple(node.strides) == (1, 1) and tuple(node.dilations) == (1, 1)
-            and cg % tile.vw == 0 and m % tile.nr == 0 and oh * ow >= MIN_PIXELS)
+            and cg % tile.vw == 0 and m % tile.nr == 0 and oh * ow >= MIN_PIXELS.get(tile.vw, 14 * 14))
 
 
 def tile_size(node) -> int:

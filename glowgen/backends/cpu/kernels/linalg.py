@@ -52,7 +52,7 @@ def bmm_work(node, shape, ins) -> Work:
 
 
 @hook(STRATEGY, "BatchMatMul")
-def bmm_strategy(ins, shape, packable) -> str:
+def bmm_strategy(ins, shape, packable, plan) -> str:
     """f32 products run the register-blocked GEMM; other types, plain loops."""
     return "gemm" if shape is not None and ins.node.outputs[0].type.dtype == "f32" else "loops"
 

@@ -169,7 +169,7 @@ def max_pool_by_planes(node) -> bool:
 
 
 @hook(STRATEGY, "MaxPool")
-def max_pool_strategy(ins, shape, packable) -> str:
+def max_pool_strategy(ins, shape, packable, plan) -> str:
     if max_pool_by_planes(ins.node):
         return "planes"
     dtype = ins.node.outputs[0].type.dtype

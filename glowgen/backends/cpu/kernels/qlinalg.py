@@ -182,7 +182,7 @@ def _constant(ins, index):
 
 
 @hook(STRATEGY, "QuantizedConv", "QuantizedMatMul")
-def q_strategy(ins, shape, packable) -> str:
+def q_strategy(ins, shape, packable, plan) -> str:
     """With constant weights, bias and scales: the target's depthwise kernel (qdepthwise.py)
     for one filter per channel where it covers the shape, its int8 product (qgemm.QSHAPES)
     for any other convolution, grouped or not, and matrix product (on AVX2 `ubsw` where the
