@@ -20,9 +20,16 @@ BENCH = ["resnet50", "resnet18", "mobilenet_v2", "mlp", "tiny_bert", "lenet", "e
 CASES = [(name, False) for name in BENCH] + [(name, True) for name in ("resnet50", "resnet18", "mobilenet_v2", "det_fpn")]
 
 
+# The BatchNormalization-kept models on the interpreter only: their folding is the optimizer's
+# (checked there against the model only lowered and onnxruntime), and what the cpu backend then
+# compiles is the folded models' graph, which runs on it below (20 s of the suite).
+RUNS = [(name, bn, backend) for name, bn in CASES for backend in ("interpreter", "cpu")
+        if not (bn and backend == "cpu")]
+
+
 @pytest.mark.bench_models
-@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
-@pytest.mark.parametrize("name,bn", CASES, ids=[f"{n}-{'keep_bn' if b else 'folded_bn'}" for n, b in CASES])
+@pytest.mark.parametrize("name,bn,backend", RUNS,
+                         ids=[f"{n}-{'keep_bn' if b else 'folded_bn'}-{k}" for n, b, k in RUNS])
 def test_bench_model_matches_onnxruntime(name, bn, backend):
     directory = require_bench_dir(bn)
     manifest = json.loads((directory / "manifest.json").read_text())[name]
