@@ -16,8 +16,8 @@ LIGHT = ["bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet5
          "shufflenet", "squeezenet", "vgg19", "zfnet512"]
 
 
-# The largest models on the cpu backend only (each also runs unoptimized on the interpreter
-# below): their interpreter runs took 35 s of the suite.
+# The largest models on the cpu backend only, against their shipped outputs and onnxruntime:
+# their interpreter runs took 35 s of the suite, optimized, and 25 s only lowered.
 LARGE = {"bvlc_alexnet", "densenet121", "vgg19", "zfnet512"}
 
 
@@ -37,6 +37,8 @@ def test_light_model_matches_shipped_output(name, backend):
     np.testing.assert_allclose(actual, expected, rtol=1e-3, atol=1e-5)
     (ort,) = run_ort(proto, feeds).values()
     np.testing.assert_allclose(actual, ort, rtol=1e-3, atol=1e-5, err_msg="against onnxruntime")
+    if name in LARGE:      # their lowered graphs in NumPy took 25 s of the suite; the others check it
+        return
     (unoptimized,) = glowgen.compile(path, optimize=False, backend="interpreter").run(feeds).values()
     np.testing.assert_allclose(actual, unoptimized, rtol=1e-4, atol=1e-6, err_msg="optimized vs only lowered")
 
