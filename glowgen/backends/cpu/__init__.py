@@ -66,7 +66,7 @@ class CpuRunner:
         self.threads = threads = prog.plan.threads
         self.cpu = cpu or resolve_cpu()
         builder = ModuleBuilder(prog, registry, self.name, profile=profile)
-        self.ir = str(builder.build())
+        self.ir = builder.build_text()
         self.step_names = builder.step_names
         self.split_steps = builder.split_steps     # (step, tasks) of the steps run in parallel
         self.step_parts = builder.step_parts        # tasks of each step

@@ -340,7 +340,7 @@ def write_bundle(prog: "Program | list[Program]", registry, out_dir, target: Bun
     byte_order = "big" if big_endian else "little"
     threads = progs[0].plan.threads
     if variants is None:
-        module = optimize(str(ModuleBuilder(prog, registry, name).build()), tm)
+        module = optimize(ModuleBuilder(prog, registry, name).build_text(), tm)
         weights = constant_region(prog, big_endian)
         header = header_text(prog, name, source=source, triple=target.triple, cpu=target.cpu,
                              byte_order=byte_order, threads=threads)
@@ -349,7 +349,7 @@ def write_bundle(prog: "Program | list[Program]", registry, out_dir, target: Bun
         bundle_variants.check_variants(variants)
         # Constants move to their shared offsets before code generation reads them.
         weights = bundle_variants.share_constants(variants, big_endian)
-        module = bundle_variants.link([str(ModuleBuilder(p, registry, bundle_variants.entry_name(name, k)).build())
+        module = bundle_variants.link([ModuleBuilder(p, registry, bundle_variants.entry_name(name, k)).build_text()
                                        for k, p in enumerate(variants)])
         module = optimize(module, tm)
         header = bundle_variants.header_text(variants, name, source=source, triple=target.triple,

@@ -74,17 +74,19 @@ def io_slots(prog: Program) -> list:
     return slots
 
 
-def _anonymous_text(fn: ir.Function) -> str:
-    """`fn`'s LLVM text with its own name and its arguments' names replaced by positions: two
-    step functions with equal anonymous texts compute the same thing on their arguments."""
-    text = str(fn)
+def _anonymous_text(fn: ir.Function, text: str) -> str:
+    """`fn`'s LLVM text (`text`) with its own name and its arguments' names replaced by
+    positions: two step functions with equal anonymous texts compute the same thing on their
+    arguments."""
     header_end = text.index("\n")
     header, body = text[:header_end], text[header_end:]
     header = header.replace(fn.name, "@fn", 1) if fn.name in header else header
-    for k, arg in enumerate(fn.args):
-        ref = arg.get_reference()
-        body = re.sub(re.escape(ref) + r"(?=[,\s)\]])", f"%arg{k}", body)
-        header = header.replace(ref, f"%arg{k}", 1)
+    refs = {arg.get_reference(): f"%arg{k}" for k, arg in enumerate(fn.args)}
+    if refs:        # one pass over the body for all of them (longest first: %"x" and %"x.1")
+        pattern = "|".join(re.escape(r) for r in sorted(refs, key=len, reverse=True))
+        body = re.sub(f"(?:{pattern})(?=[,\\s)\\]])", lambda m: refs[m.group(0)], body)
+        for ref, name in refs.items():
+            header = header.replace(ref, name, 1)
     return header + body
 
 
@@ -119,6 +121,7 @@ class ModuleBuilder:
         self.threads = self.plan.threads
         self.parts: dict[int, int] = {}   # step id -> tasks it is split into (parallel.py)
         self._twins: dict = {}            # cheap key -> [(step function, its anonymous text)]
+        self._texts: dict[str, str] = {}  # step function name -> its text (_text_of)
 
     def build(self) -> ir.Module:
         steps = self.plan.steps
@@ -142,9 +145,8 @@ class ModuleBuilder:
         self.step_parts = [1 if is_control(step) else self.parts[id(step)] for step in steps]
         self.split_steps = [(name, parts) for name, parts in zip(self.step_names, self.step_parts) if parts > 1]
         self._serial_for = self._serial_parallel_for()
-        # One entry calls the steps (each step function has one call site, so LLVM inlines
-        # them all: with two entries calling them it would not, and MobileNetV2 ran 30%
-        # slower); the region entries pass a table of their own region pointers.
+        # One entry calls the steps; the region entries pass it a table of their own region
+        # pointers.
         slots = io_slots(self.prog)
         io_fn = self._entry(self.name + "_io", calls, slots=slots)
         self._region_entry(self.name, io_fn, slots, parallel=False)
@@ -426,16 +428,36 @@ class ModuleBuilder:
         if not candidates:
             candidates.append((fn, None))
             return fn
-        text = _anonymous_text(fn)
+        text = _anonymous_text(fn, self._text_of(fn))
         for k, (other, other_text) in enumerate(candidates):
             if other_text is None:
-                other_text = _anonymous_text(other)
+                other_text = _anonymous_text(other, self._text_of(other))
                 candidates[k] = (other, other_text)
             if other_text == text:
                 del self.module.globals[fn.name]
                 return other
         candidates.append((fn, text))
         return fn
+
+    def _text_of(self, fn: ir.Function) -> str:
+        """`str(fn)`, kept for build_text: printing a large function's IR takes llvmlite
+        longer than emitting it (ResNet-50: 1.2 s of its 10 s compile, twice over)."""
+        text = self._texts.get(fn.name)
+        if text is None:
+            text = self._texts[fn.name] = str(fn)
+        return text
+
+    def build_text(self) -> str:
+        """The module built (build) as LLVM text, with the text of the step functions the
+        twin search printed reused (the rest as llvmlite's Module.__repr__ prints it)."""
+        module = self.build()
+        lines = ['; ModuleID = "%s"' % (module.name,), 'target triple = "%s"' % (module.triple,),
+                 'target datalayout = "%s"' % (module.data_layout,), '']
+        lines += [t.get_declaration() for t in module.get_identified_types().values()]
+        lines += [self._texts.get(v.name) or str(v) if isinstance(v, ir.Function) else str(v)
+                  for v in module.globals.values()]
+        lines += module._get_metadata_lines()
+        return "\n".join(lines)
 
     def _emit_single(self, b, ins: Instr, ptr, split: Split = WHOLE, epilogue=None, phase=None):
         if ins.kind == Instr.COPY:
