@@ -67,12 +67,23 @@ def loop_lifetimes(spans: dict, instrs) -> None:
     needs: it is live over the whole loop, not only to its last use in the list.  A buffer
     used only inside the body lives within one iteration.  Inner loops first, so a buffer
     widened to an inner loop is widened again to the loop around it."""
-    loops = sorted((r for r in regions(instrs) if r.kind == Instr.LOOP), key=lambda r: -r.depth)
+    loops = loop_regions(instrs)
     if not loops:
         return
     for span in spans.values():
-        for r in loops:
-            s, e = span
-            inside = s <= r.end and e >= r.start
-            if inside and (s < r.start or e > r.end):
-                span[0], span[1] = min(s, r.start), max(e, r.end)
+        span[0], span[1] = widened(span, loops)
+
+
+def loop_regions(instrs) -> list[Region]:
+    """The loops of `instrs`, inner loops first (the order `widened` takes them in)."""
+    return sorted((r for r in regions(instrs) if r.kind == Instr.LOOP), key=lambda r: -r.depth)
+
+
+def widened(span, loops: list[Region]) -> tuple[int, int]:
+    """A buffer's [first, last] use widened over the loops (loop_regions) it is used both
+    inside and outside of (loop_lifetimes)."""
+    s, e = span
+    for r in loops:
+        if s <= r.end and e >= r.start and (s < r.start or e > r.end):
+            s, e = min(s, r.start), max(e, r.end)
+    return s, e
