@@ -163,16 +163,6 @@ def _drop_activation(prog: Program, act: Activation) -> None:
     prog.activations.remove(act)
 
 
-def _last_written(prog: Program, buf: Buffer, before: int) -> int:
-    """The last instruction before `before` that writes `buf`'s root (-1: none)."""
-    root = buf.root()
-    for j in range(before - 1, -1, -1):
-        ins = prog.instrs[j]
-        if ins.kind not in MEMORY_KINDS and any(b.root() is root for b in ins.writes()):
-            return j
-    return -1
-
-
 def _same_root(a: Optional[Buffer], b: Optional[Buffer]) -> bool:
     return a is not None and b is not None and a.root() is b.root()
 
