@@ -379,6 +379,7 @@ class ModuleBuilder:
         # time inside one function of all of them, and generated code for that function
         # (ResNet-18 at one thread: 7.4 of its 11 s of compile time in LLVM, 3.8 so).  Calls
         # are a few nanoseconds a step; the kernels' code is the same either way.
+        fn.attributes.add("nounwind")
         fn.attributes.add("noinline")
         ranges = [byte_range(x) for x in buffers]
         for j, (arg, buf) in enumerate(zip(fn.args, buffers)):
