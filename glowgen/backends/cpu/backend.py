@@ -65,7 +65,7 @@ class CpuBackend(Backend):
         threads, scratch), for the target of `options` (a bundle's: bundle_options)."""
         from .passes import cpu_passes
         return cpu_passes(self._features(options), options["threads"], options["stacking"],
-                          options.get("winograd", True))
+                          options["winograd"])
 
     def weight_bits(self, options: Mapping[str, Any]) -> int:
         """7 on targets whose int8 product is faster with 7-bit weights (AVX2 and AVX-512BW

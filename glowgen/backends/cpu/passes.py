@@ -36,7 +36,7 @@ from .rows import fuse_rows, group_work
 from .stacking import form_steps, replan_activations, stack_operands
 
 
-def target(prog: Program, registry, features: str, threads: int, stacking: bool, winograd: bool = True) -> None:
+def target(prog: Program, registry, features: str, threads: int, stacking: bool, winograd: bool) -> None:
     from .gemm import choose_shape
     prog.plan = CpuPlan(features=features or "", gemm_shape=choose_shape(features or ""),
                         threads=threads, stacking=stacking, winograd=winograd)
@@ -149,7 +149,7 @@ def scratch(prog: Program, registry) -> None:
         prog.scratch_bytes = need
 
 
-def cpu_passes(features: str, threads_: int, stacking_: bool, winograd: bool = True) -> list[tuple[str, Callable]]:
+def cpu_passes(features: str, threads_: int, stacking_: bool, winograd: bool) -> list[tuple[str, Callable]]:
     """The passes in order, as (name, pass(prog, registry)) pairs."""
     return [("target", partial(target, features=features, threads=threads_, stacking=stacking_,
                                winograd=winograd)),

@@ -591,11 +591,11 @@ def _plane_columns(b, geo: Geometry, x, rows, dst, pad_value, x_lo, x_hi, inside
     with for_range(b, x_hi, start=x_lo, name="pm") as xq:
         word = None
         for t, (ok, base) in enumerate(rows):
+            at = b.add(base, b.mul(xq, i64(geo.sw)))
             if inside:
-                v = _elem(b, qs, b.load(b.gep(x, [b.add(base, b.mul(xq, i64(geo.sw)))])))
+                v = _elem(b, qs, b.load(b.gep(x, [at])))
             else:
-                src = b.select(ok, b.add(base, b.mul(xq, i64(geo.sw))), i64(0))
-                v = b.select(ok, _elem(b, qs, b.load(b.gep(x, [src]))), pad_value)
+                v = b.select(ok, _elem(b, qs, b.load(b.gep(x, [b.select(ok, at, i64(0))]))), pad_value)
             part = b.shl(b.zext(v, I32), ir_const(I32, qs.bits * t)) if t else b.zext(v, I32)
             word = part if word is None else b.or_(word, part)
         b.store(word, b.gep(dst, [xq]))
