@@ -29,7 +29,12 @@ CONVS = [
     (1, 64, 13, 14, 64, 3, (2, 2), (1, 1, 1, 1), (1, 1)),
     (1, 16, 10, 9, 24, 3, (2, 1), (0, 1, 2, 1), (1, 1), 2),  # grouped
     (1, 32, 30, 30, 48, 3, (1, 1), (1, 1, 1, 1), (1, 1)),    # split among threads
+    (1, 64, 7, 7, 64, 3, (1, 1), (1, 1, 1, 1), (1, 1)),      # features in the lanes (qlanes.py):
+    (1, 72, 14, 14, 64, 3, (1, 1), (1, 1, 1, 1), (1, 1)),    # ... 49 and 196 pixels broadcast
+    (1, 64, 14, 13, 64, 3, (2, 2), (1, 1, 1, 1), (1, 1)),    # ... at stride 2, 7x7 from 14x13
+    (1, 64, 40, 40, 16, 3, (1, 1), (1, 1, 1, 1), (1, 1)),    # a larger image: pixels in the lanes
 ]
+IN_LANES = (4, 7, 8, 9)     # the CONVS above with their features in the lanes
 MATMULS = [((1,), 512, 100), ((2, 5), 37, 33), ((64,), 130, 257)]   # one row: in the lanes
 
 
@@ -78,6 +83,20 @@ def test_ubsw_in_the_lanes():
     (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedMatMul"]
     qs = QShape(ins.plan.strategy)
     assert qs.kind == "ubsw" and qlanes.in_lanes(Geometry(ins.node, qs), qs)
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+def test_ubsw_convs_in_the_lanes(cpu):
+    """Small images whose pixels would leave lanes idle (the padding columns of each row of
+    the plane) put the filters in the lanes and broadcast the pixels; larger ones do not."""
+    for case, conv in enumerate(CONVS):
+        if conv[1] * conv[5] ** 2 < qlanes.MIN_PRODUCTS_PER_OUTPUT and case not in IN_LANES:
+            continue
+        text, _, _ = conv_case(np.random.default_rng(300 + case), *conv, w_values=SEVEN_BITS)
+        model, _ = _compile(text, cpu, 1)
+        (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedConv"]
+        qs = QShape(ins.plan.strategy)
+        assert qs.kind == _ubsw(cpu) and qlanes.in_lanes(Geometry(ins.node, qs), qs) == (case in IN_LANES), case
 
 
 @pytest.mark.parametrize("cpu", CPUS)

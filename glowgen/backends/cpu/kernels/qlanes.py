@@ -35,8 +35,9 @@ from ..qgemm import (QShape, emit_tile, load_offsets, narrowed_rows, pack_epilog
                      products_in_range, requantize_for_narrow)
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
-# Features in the lanes when they waste this much less than pixels in the lanes.
-GAIN = 1.04
+# A tile's rows at the fewest (when the target's tile has more): AVX2's 4-row tile took 49
+# pixels (a 7x7 image) in tiles of one row, every weight vector loaded for one broadcast.
+MIN_TILE_ROWS = 3
 
 
 class Lanes:
@@ -45,7 +46,7 @@ class Lanes:
     def __init__(self, geo, qs: QShape):
         self.geo, self.qs = geo, qs
         self.rows = geo.oh * geo.ow if geo.conv else geo.rows
-        self.mr = min(range(qs.mr, max(1, qs.mr - 3) - 1, -1), key=lambda r: _ceil(self.rows, r) * r)
+        self.mr = min(range(qs.mr, max(MIN_TILE_ROWS, qs.mr - 3) - 1, -1), key=lambda r: _ceil(self.rows, r) * r)
         self.row_blocks = _ceil(self.rows, self.mr)
         self.tiles = _ceil(geo.m, qs.nr)
         self.npad = self.tiles * qs.nr
@@ -66,10 +67,21 @@ def pixels_useful(geo) -> float:
     return real / geo.qpad * geo.m / geo.mpad
 
 
-# Products of few rows always; with VNNI, also those where the lanes would idle less and each
-# output has at least this many products to sum (the result block's columns are copied into
-# y one byte at a time, which costs about what 256 products do).  With AVX2 (`vpmaddwd`, fewer
-# registers) broadcasting pixels measured slower than broadcasting weights.
+# Products of few rows always; with the u8 x s8 products (VNNI's, and `ubsw`'s for 7-bit
+# weights without it), also those where the lanes would idle less and each output has at
+# least this many products to sum (the result block's columns are copied into y one byte at
+# a time, which costs about what 256 products do).  `madd16` (AVX2's 16-bit products, for
+# 8-bit weights) broadcasting pixels measured slower than broadcasting weights.  `ubsw`
+# at x86-64-v3 on Zen 4 (one thread, single int8 layers, fastest of 80 alternating runs,
+# Mcycles, pixels -> features in the lanes): 3x3 256 @14 3.55 -> 3.12, 512 @7 4.19 -> 3.65,
+# 128 -> 256 at stride 2 from 28x28 2.15 -> 1.83, 1x1 1024 -> 256 @14 1.68 -> 1.51,
+# 2048 -> 512 @7 2.02 -> 1.88; 64 @56 (left in pixels) 2.78 / 2.83; 64 -> 128 at stride 2
+# from 56x56 (4% of the lanes saved) 1.63 -> 1.75 in ResNet-18, hence AVX2's larger margin.
+# In the model: int8 ResNet-18 58.5 -> 54.2 Mcycles of kernels at x86-64-v3, 47.7 -> 43.3
+# at x86-64-v4 (AVX-512BW without VNNI).
+# The kinds of product that may, and by how much less than pixels in the lanes features in
+# the lanes must waste (`useful` over `pixels_useful`):
+GAIN = {"vnni": 1.04, "ubsw-512": 1.04, "ubsw": 1.05}
 MIN_PRODUCTS_PER_OUTPUT = 512
 # ... and only images of up to 1024 pixels (32x32): on 56x56, 64->64 3x3, broadcasting
 # pixels measured 15% slower than the 4% of lanes it saves; on 28x28, 128->128 3x3 (9% of
@@ -86,8 +98,8 @@ def in_lanes(geo, qs: QShape) -> bool:
     lanes = Lanes(geo, qs)
     if lanes.rows <= qs.mr:
         return True
-    return (qs.kind == "vnni" and geo.c * len(geo.taps) >= MIN_PRODUCTS_PER_OUTPUT
-            and lanes.rows <= MAX_ROWS and lanes.useful() > GAIN * pixels_useful(geo))
+    return (qs.kind in GAIN and geo.c * len(geo.taps) >= MIN_PRODUCTS_PER_OUTPUT
+            and lanes.rows <= MAX_ROWS and lanes.useful() > GAIN[qs.kind] * pixels_useful(geo))
 
 
 def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> tuple[np.ndarray, bool]:
