@@ -45,10 +45,13 @@ def test_winograd_matches_onnxruntime(case, cpu):
 
 @pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
 @pytest.mark.parametrize("case", ["64->64 @56 relu (bands of tile rows)", "32->32 @31x33 (odd: half tiles), no bias",
-                                  "256->256 @14, weights past L2", "96->24 @40x36 (24-filter panels)"])
+                                  "256->256 @14, weights past L2", "128->128 @28",
+                                  "96->24 @40x36 (24-filter panels)"])
 def test_winograd_same_bits_for_any_thread_count(case, cpu):
     """Tasks share out bands of tile rows (three tasks: bands of unequal size, the last
-    one ragged); every tile is computed by the same code whichever task computes it."""
+    one ragged), or tiles where the rows do not share out evenly (256 @14 and 128 @28:
+    7 tile rows; a task's first and last tile rows partial); every tile is computed by the
+    same code whichever task computes it."""
     model, feeds = _model(case, seed=1)
     options = {"cpu": cpu} if cpu else {}
     one = glowgen.compile(model, threads=1, **options).run(feeds)["y"]
@@ -152,18 +155,22 @@ def test_weights_fed_at_run_time_are_not_transformed():
 
 def test_two_tasks_share_resnet_layers_evenly():
     """ResNet's layers in tiles of 4 x 4 (56 x 56, 28 x 28) and 2 x 2 (14 x 14: tiles of 4
-    would compute 16 x 16), in bands of tile rows balanced between two tasks (band_rows):
-    14 tile rows split evenly, 7 as 4 and 3."""
-    for cin, size, tile, busiest in ((64, 56, 4, 7), (128, 28, 4, 4), (256, 14, 2, 4)):
+    would compute 16 x 16) between two tasks: 14 tile rows in bands of tile rows balanced
+    between them (band_rows); 7 tile rows, which would go 4 and 3, as 49 tiles, 25 and 24
+    (tile_shares)."""
+    for cin, size, tile, busiest in ((64, 56, 4, (7, 14)), (128, 28, 4, (25, 49)), (256, 14, 2, (25, 49))):
         model = make_model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
                            {"x": np.zeros((1, cin, size, size), np.float32)}, ["y"],
                            {"w": np.zeros((cin, cin, 3, 3), np.float32)})
         compiled = glowgen.compile(model, threads=1)
         conv = next(i.node for s in compiled.program.plan.steps for i in s.instrs if i.kind == "Conv")
         g = WinogradGeometry(conv, compiled.program.plan.gemm_shape, 2)
-        per_task = -(-g.bands // 2) * g.rows                # Split.range over the bands
-        shares = [min(g.th, (t + 1) * per_task) - min(g.th, t * per_task) for t in range(2)]
-        assert (g.t, max(shares)) == (tile, busiest), (cin, size, g.rows, g.bands, shares)
+        if g.tile_shares:
+            shares, total = [hi - lo for lo, hi in g.tile_shares], g.th * g.tw
+        else:
+            per_task = -(-g.bands // 2) * g.rows                # Split.range over the bands
+            shares, total = [min(g.th, (t + 1) * per_task) - min(g.th, t * per_task) for t in range(2)], g.th
+        assert (g.t, (max(shares), total)) == (tile, busiest), (cin, size, g.rows, g.bands, shares)
 
 
 def test_band_tiles_in_register_tiles_of_even_rows():

@@ -34,6 +34,7 @@ from llvmlite import ir
 
 from ..gemm import GemmShape, emit_gemm
 from ..llvmutil import for_range, i64
+from ..parallel import shares
 from ..vectors import f32_vector, fmuladd, vload, vstore
 from .common import clamp
 from .conv_blocked import blocked_tile, busiest, fill_blocked, store_band, zero_border
@@ -76,6 +77,12 @@ MAX_TILE_WASTE = 1.15
 # 1.83 / 2.10 -> 2.20.
 BAND_BYTES = 128 * 1024
 STREAMED_WEIGHTS = 2 * 1024 * 1024
+# A split of one band a task shares out tiles rather than tile rows when the rows do not
+# divide evenly among the tasks: ResNet's 128 @28 in tiles of 4 and 256 @14 in tiles of 2
+# have 7 tile rows, 4 of them to one of two tasks (tasks 1.89 / 1.42 Mcycles in ResNet-50);
+# 49 tiles go 25 and 24.  Each task's code is emitted for its own tiles (its first and last
+# tile rows may be partial), so only up to this many tasks.
+TILE_SPLIT_MAX_PARTS = 4
 
 
 def conv_is_winograd(node, shape) -> bool:
@@ -141,6 +148,9 @@ class WinogradGeometry:
         self.n = self.oh * self.ow
         self.rows = band_rows(self, parts)                        # tile rows per band
         self.bands = -(-self.th // self.rows)
+        self.tile_shares = tile_shares(self, parts)               # or None: bands of tile rows
+        if self.tile_shares:        # a task's tiles reach into one more tile row than they fill
+            self.rows = max(hi // self.tw - lo // self.tw + 1 for lo, hi in self.tile_shares)
         self.tiles = self.rows * self.tw                          # tiles of a whole band
 
     def v_floats(self) -> int:
@@ -169,6 +179,16 @@ def band_rows(g: WinogradGeometry, parts: int) -> int:
     return max(range(most, 0, -1), key=lambda r: (-busiest_rows(r), r))
 
 
+def tile_shares(g: WinogradGeometry, parts: int):
+    """[(first tile, end)] of each task when `parts` tasks share out tiles (in row-major
+    order) rather than bands of tile rows: when each would compute one band (the transformed
+    weights streamed), the rows do not divide evenly, and the tasks are few; else None."""
+    if not (1 < parts <= TILE_SPLIT_MAX_PARTS and g.th % parts and g.bands <= parts
+            and 4 * g.positions * g.cg * g.mp > STREAMED_WEIGHTS):
+        return None
+    return shares(g.th * g.tw, 1, parts, g.th * g.tw)
+
+
 def winograd_items(node, shape) -> int:
     """What a split shares out: tile rows (in bands that band_rows balances among the tasks)."""
     return WinogradGeometry(node, shape).th
@@ -184,8 +204,15 @@ def emit_conv_winograd(k) -> None:
     v = b.gep(xb, [i64(aligned_floats(g.size))])
     mm = b.gep(v, [i64(g.v_floats())])
     ct = b.gep(mm, [i64(g.m_floats())])
-    lo, hi = k.split.range(b, g.bands)
     zero_border(b, g, xb)
+    if g.tile_shares:
+        with for_range(b, n_img, name="img") as img:
+            src = b.gep(x, [b.mul(img, i64(c * g.h * g.w))])
+            for part, (t_lo, t_hi) in enumerate(g.tile_shares):
+                with b.if_then(b.icmp_signed("==", k.split.index, i64(part))):
+                    _task_tiles(k, g, src, xb, v, mm, ct, img, y, w, bias, t_lo, t_hi)
+        return
+    lo, hi = k.split.range(b, g.bands)
     last = g.bands - 1
     with for_range(b, n_img, name="img") as img:
         src = b.gep(x, [b.mul(img, i64(c * g.h * g.w))])
@@ -197,17 +224,10 @@ def emit_conv_winograd(k) -> None:
             first = b.mul(j, i64(g.rows))
             fill_blocked(b, g, src, xb, _input_rows(b, g, j, lo))
             tiles = tile_rows * g.tw
-            _input_transform(b, g, xb, v, first, tile_rows)
-            with for_range(b, g.positions, name="xi") as xi:
-                first_tile = 0
-                for count, rows in tile_blocks(tiles, g.gemm.mr):
-                    emit_gemm(b, GemmShape(g.vw, rows, g.gemm.nv, g.gemm.features), count * rows, g.m, g.cg,
-                              b.gep(v, [b.add(b.mul(xi, i64(tiles * g.cg)), i64(first_tile * g.cg))]), g.cg,
-                              b.gep(w, [b.mul(xi, i64(g.cg * g.m))]), None,
-                              b.gep(mm, [b.add(b.mul(xi, i64(tiles * g.mp)), i64(first_tile * g.mp))]), g.mp,
-                              name="wg")
-                    first_tile += count * rows
-            _output_transform(b, g, mm, ct, tile_rows, out_rows)
+            first_tile = b.mul(first, i64(g.tw))
+            _input_transform(b, g, xb, v, first_tile, tiles)
+            _products(b, g, v, w, mm, tiles)
+            _output_transform(b, g, mm, ct, first_tile, tiles, first)
             store_band(k, g, ct, b.mul(first, i64(g.t * g.ow)), out_rows * g.ow, i64(0), i64(g.panels),
                        img, y, bias)
 
@@ -220,6 +240,55 @@ def emit_conv_winograd(k) -> None:
         if not alike:
             with b.if_then(b.and_(b.icmp_signed("<=", lo, i64(last)), b.icmp_signed("<", i64(last), hi))):
                 band(i64(last), last_rows, last_out)
+
+
+def _products(b, g: WinogradGeometry, v, w, mm, tiles: int) -> None:
+    """M_xi = V_xi @ U_xi for each position xi, over `tiles` tiles."""
+    with for_range(b, g.positions, name="xi") as xi:
+        first_tile = 0
+        for count, rows in tile_blocks(tiles, g.gemm.mr):
+            emit_gemm(b, GemmShape(g.vw, rows, g.gemm.nv, g.gemm.features), count * rows, g.m, g.cg,
+                      b.gep(v, [b.add(b.mul(xi, i64(tiles * g.cg)), i64(first_tile * g.cg))]), g.cg,
+                      b.gep(w, [b.mul(xi, i64(g.cg * g.m))]), None,
+                      b.gep(mm, [b.add(b.mul(xi, i64(tiles * g.mp)), i64(first_tile * g.mp))]), g.mp,
+                      name="wg")
+            first_tile += count * rows
+
+
+def _task_tiles(k, g: WinogradGeometry, src, xb, v, mm, ct, img, y, w, bias, t_lo: int, t_hi: int) -> None:
+    """One task's tiles t_lo .. t_hi (of a tile split: constants), in one band: its first
+    and last tile rows may be partial, so C^T holds the band's tile rows whole and the store
+    takes the pixels of its own tiles, row by row where a tile row is partial.  (A task has
+    at least a tile row's tiles, the last one to the end: no tile row is partial at both
+    ends.)"""
+    b = k.b
+    r_lo, r_hi = t_lo // g.tw, (t_hi - 1) // g.tw            # the tile rows it reaches
+    top = r_lo * g.t - g.pt
+    fill_blocked(b, g, src, xb, (i64(max(0, top)), i64(min(g.h, (r_hi + 1) * g.t + 2 - g.pt))))
+    tiles = t_hi - t_lo
+    _input_transform(b, g, xb, v, i64(t_lo), tiles)
+    _products(b, g, v, w, mm, tiles)
+    _output_transform(b, g, mm, ct, i64(t_lo), tiles, i64(r_lo))
+    base = r_lo * g.t * g.ow                                 # C^T's first pixel
+
+    def store(p0: int, count: int):
+        if count > 0:
+            store_band(k, g, b.gep(ct, [i64((p0 - base) * g.mp)]), i64(p0), count, i64(0), i64(g.panels),
+                       img, y, bias)
+
+    def partial(row: int, c_lo: int, c_hi: int):
+        """Tile row `row`'s tile columns c_lo .. c_hi, output row by output row."""
+        for oy in range(row * g.t, min(g.oh, (row + 1) * g.t)):
+            store(oy * g.ow + c_lo * g.t, min(g.ow, c_hi * g.t) - c_lo * g.t)
+    whole_lo = r_lo if t_lo % g.tw == 0 else r_lo + 1        # tile rows it computes whole
+    whole_hi = r_hi + 1 if t_hi % g.tw == 0 else r_hi
+    if whole_lo > r_lo:
+        partial(r_lo, t_lo % g.tw, g.tw)
+    if whole_hi > whole_lo:
+        first = whole_lo * g.t * g.ow
+        store(first, min(g.oh * g.ow, whole_hi * g.t * g.ow) - first)
+    if whole_hi <= r_hi:
+        partial(r_hi, 0, t_hi - r_hi * g.tw)
 
 
 def tile_blocks(tiles: int, mr: int) -> list:
@@ -269,64 +338,67 @@ def splat_constant(value: float, vw: int) -> ir.Constant:
     return ir.Constant(f32_vector(vw), [float(np.float32(value))] * vw)
 
 
-def _input_transform(b, g: WinogradGeometry, xb, v, first, tile_rows: int) -> None:
-    """V_xi[t][c] = (B^T d B)[xi] for the band's tiles t (tile row `first` on) and every
-    channel c, VW channels at a time."""
-    vw, tiles, a = g.vw, tile_rows * g.tw, g.window
+def _input_transform(b, g: WinogradGeometry, xb, v, first_tile, tiles: int) -> None:
+    """V_xi[t][c] = (B^T d B)[xi] for `tiles` tiles from tile `first_tile` on (in row-major
+    order over the image's tiles: V's tile t is tile first_tile + t) and every channel c,
+    VW channels at a time."""
+    vw, a = g.vw, g.window
     bt = TRANSFORMS[g.t][0]
-    with for_range(b, tile_rows, name="itr") as r:
-        row = b.mul(b.add(first, r), i64(g.t * g.wp * vw))       # the window's first row in X
-        with for_range(b, g.tw, name="itc") as tc:
-            t = b.add(b.mul(r, i64(g.tw)), tc)
-            corner = b.add(row, b.mul(tc, i64(g.t * vw)))
-            out = b.mul(t, i64(g.cg))
-            with for_range(b, g.cb, name="icb") as cb:
-                base = b.add(corner, b.mul(cb, i64(g.block)))
-                d = [[vload(b, b.gep(xb, [b.add(base, i64((i * g.wp + j) * vw))]), vw) for j in range(a)]
-                     for i in range(a)]
-                # B^T d column by column (cols[j][i] = (B^T d)[i][j]), then times B row by row
-                cols = [combine(b, bt, [d[i][j] for i in range(a)], vw) for j in range(a)]
-                vt = [combine(b, bt, [cols[j][i] for j in range(a)], vw) for i in range(a)]
-                at = b.add(out, b.mul(cb, i64(vw)))
-                for i in range(a):
-                    for j in range(a):
-                        vstore(b, vt[i][j], b.gep(v, [b.add(at, i64((a * i + j) * tiles * g.cg))]), vw)
+    with for_range(b, tiles, name="it") as t:
+        tile = b.add(first_tile, t)
+        r = b.udiv(tile, i64(g.tw))
+        tc = b.sub(tile, b.mul(r, i64(g.tw)))
+        corner = b.add(b.mul(r, i64(g.t * g.wp * vw)), b.mul(tc, i64(g.t * vw)))   # the window's in X
+        out = b.mul(t, i64(g.cg))
+        with for_range(b, g.cb, name="icb") as cb:
+            base = b.add(corner, b.mul(cb, i64(g.block)))
+            d = [[vload(b, b.gep(xb, [b.add(base, i64((i * g.wp + j) * vw))]), vw) for j in range(a)]
+                 for i in range(a)]
+            # B^T d column by column (cols[j][i] = (B^T d)[i][j]), then times B row by row
+            cols = [combine(b, bt, [d[i][j] for i in range(a)], vw) for j in range(a)]
+            vt = [combine(b, bt, [cols[j][i] for j in range(a)], vw) for i in range(a)]
+            at = b.add(out, b.mul(cb, i64(vw)))
+            for i in range(a):
+                for j in range(a):
+                    vstore(b, vt[i][j], b.gep(v, [b.add(at, i64((a * i + j) * tiles * g.cg))]), vw)
 
 
-def _output_transform(b, g: WinogradGeometry, mm, ct, tile_rows: int, out_rows: int) -> None:
-    """C^T[p][f] = (A^T M A) of the band's tiles for their output pixels p (the band's, row
-    by row: those inside the image) and every filter f, VW filters at a time."""
-    vw, tiles, a, t_out = g.vw, tile_rows * g.tw, g.window, g.t
+def _output_transform(b, g: WinogradGeometry, mm, ct, first_tile, tiles: int, first_row) -> None:
+    """C^T[p][f] = (A^T M A) of `tiles` tiles from tile `first_tile` on (M's tile t is tile
+    first_tile + t) for their output pixels p inside the image, p counted from the first
+    pixel of tile row `first_row`, and every filter f, VW filters at a time."""
+    vw, a, t_out = g.vw, g.window, g.t
     at_ = TRANSFORMS[g.t][2]
-    with for_range(b, tile_rows, name="otr") as r:
-        with for_range(b, g.tw, name="otc") as tc:
-            t = b.add(b.mul(r, i64(g.tw)), tc)
-            pixel = b.add(b.mul(r, i64(t_out * g.ow)), b.mul(tc, i64(t_out)))   # the tile's first, in the band
-            with for_range(b, g.mp, step=vw, name="of") as f0:
-                at = b.add(b.mul(t, i64(g.mp)), f0)
-                m = [[vload(b, b.gep(mm, [b.add(at, i64((a * i + j) * tiles * g.mp))]), vw) for j in range(a)]
-                     for i in range(a)]
-                cols = [combine(b, at_, [m[i][j] for i in range(a)], vw) for j in range(a)]
-                out = [combine(b, at_, [cols[j][i] for j in range(a)], vw) for i in range(t_out)]
+    with for_range(b, tiles, name="ot") as t:
+        tile = b.add(first_tile, t)
+        r = b.udiv(tile, i64(g.tw))
+        tc = b.sub(tile, b.mul(r, i64(g.tw)))
+        pixel = b.add(b.mul(b.sub(r, first_row), i64(t_out * g.ow)), b.mul(tc, i64(t_out)))   # the tile's first
+        with for_range(b, g.mp, step=vw, name="of") as f0:
+            at = b.add(b.mul(t, i64(g.mp)), f0)
+            m = [[vload(b, b.gep(mm, [b.add(at, i64((a * i + j) * tiles * g.mp))]), vw) for j in range(a)]
+                 for i in range(a)]
+            cols = [combine(b, at_, [m[i][j] for i in range(a)], vw) for j in range(a)]
+            out = [combine(b, at_, [cols[j][i] for j in range(a)], vw) for i in range(t_out)]
 
-                def put(i, j):
-                    p = b.add(pixel, i64(i * g.ow + j))
-                    vstore(b, out[i][j], b.gep(ct, [b.add(b.mul(p, i64(g.mp)), f0)]), vw)
+            def put(i, j):
+                p = b.add(pixel, i64(i * g.ow + j))
+                vstore(b, out[i][j], b.gep(ct, [b.add(b.mul(p, i64(g.mp)), f0)]), vw)
 
-                def inside(index, offset: int, size: int):
-                    """Whether tile `index`'s row or column `offset` lies inside `size`."""
-                    return b.icmp_signed("<", b.add(b.mul(index, i64(t_out)), i64(offset)), i64(size))
+            def inside(index, offset: int, size: int):
+                """Whether tile `index`'s row or column `offset` lies inside `size`."""
+                return b.icmp_signed("<", b.add(b.mul(index, i64(t_out)), i64(offset)), i64(size))
 
-                def row(i):
-                    for j in range(t_out):
-                        if j < g.ow % t_out or not g.ow % t_out:
+            def row(i):
+                for j in range(t_out):
+                    if j < g.ow % t_out or not g.ow % t_out:
+                        put(i, j)
+                    else:             # the last tile column reaches past the image
+                        with b.if_then(inside(tc, j, g.ow)):
                             put(i, j)
-                        else:             # the last tile column reaches past the image
-                            with b.if_then(inside(tc, j, g.ow)):
-                                put(i, j)
-                for i in range(t_out):
-                    if i < out_rows % t_out or not out_rows % t_out:
+            for i in range(t_out):
+                if i < g.oh % t_out or not g.oh % t_out:
+                    row(i)
+                else:                 # the last tile row reaches past the image
+                    with b.if_then(inside(r, i, g.oh)):
                         row(i)
-                    else:                 # the band's last tile row reaches past the image
-                        with b.if_then(inside(r, i, out_rows)):
-                            row(i)
