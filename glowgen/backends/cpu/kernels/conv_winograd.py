@@ -21,6 +21,10 @@ at compile time (winograd_weights).  Per image, band by band of tile rows:
    back to NCHW through the bias and the fused epilogue by conv_transposed's register
    transposes (conv_blocked.store_band).
 
+A split shares out the bands; where each task computes one band and the tile rows do not
+divide evenly among the tasks, it shares out the tiles instead (tile_shares), a task's
+first and last tile rows then partial.
+
 The transforms are constant linear combinations (additions, and multiplications by small
 constants for F(4x4)) over data that stays in L2.  Rounding differs from a direct
 convolution's: the transforms add inputs before multiplying, and F(4x4)'s constants (up to 8
@@ -190,7 +194,8 @@ def tile_shares(g: WinogradGeometry, parts: int):
 
 
 def winograd_items(node, shape) -> int:
-    """What a split shares out: tile rows (in bands that band_rows balances among the tasks)."""
+    """What a split shares out: tile rows (in bands that band_rows balances among the tasks,
+    or as their tiles: tile_shares)."""
     return WinogradGeometry(node, shape).th
 
 
