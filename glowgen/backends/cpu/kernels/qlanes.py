@@ -37,6 +37,8 @@ from ..qgemm import (QShape, emit_tile, load_offsets, narrowed_rows, pack_epilog
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 # A tile's rows at the fewest (when the target's tile has more): AVX2's 4-row tile took 49
 # pixels (a 7x7 image) in tiles of one row, every weight vector loaded for one broadcast.
+# A product of one row runs faster in tiles of 3 too, two of them repeats (ResNet-50's int8
+# classifier at x86-64-v3: 0.215 -> 0.176 Mcycles; MobileNetV2's 0.166 -> 0.143).
 MIN_TILE_ROWS = 3
 
 
@@ -77,8 +79,9 @@ def pixels_useful(geo) -> float:
 # 128 -> 256 at stride 2 from 28x28 2.15 -> 1.83, 1x1 1024 -> 256 @14 1.68 -> 1.51,
 # 2048 -> 512 @7 2.02 -> 1.88; 64 @56 (left in pixels) 2.78 / 2.83; 64 -> 128 at stride 2
 # from 56x56 (4% of the lanes saved) 1.63 -> 1.75 in ResNet-18, hence AVX2's larger margin.
-# In the model: int8 ResNet-18 58.5 -> 54.2 Mcycles of kernels at x86-64-v3, 47.7 -> 43.3
-# at x86-64-v4 (AVX-512BW without VNNI).
+# In the model (kernel sums, fastest of 30 alternating runs): int8 ResNet-18 48.9 -> 44.9
+# Mcycles at x86-64-v3 and 47.7 -> 43.3 at x86-64-v4 (AVX-512BW without VNNI), ResNet-50
+# 111.3 -> 106.7 at x86-64-v3.
 # The kinds of product that may, and by how much less than pixels in the lanes features in
 # the lanes must waste (`useful` over `pixels_useful`):
 GAIN = {"vnni": 1.04, "ubsw-512": 1.04, "ubsw": 1.05}
