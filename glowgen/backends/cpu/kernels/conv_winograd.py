@@ -210,41 +210,45 @@ def emit_conv_winograd(k) -> None:
     mm = b.gep(v, [i64(g.v_floats())])
     ct = b.gep(mm, [i64(g.m_floats())])
     zero_border(b, g, xb)
-    if g.tile_shares:
-        with for_range(b, n_img, name="img") as img:
-            src = b.gep(x, [b.mul(img, i64(c * g.h * g.w))])
+    lo, hi = (None, None) if g.tile_shares else k.split.range(b, g.bands)
+    with for_range(b, n_img, name="img") as img:
+        src = b.gep(x, [b.mul(img, i64(c * g.h * g.w))])
+        if g.tile_shares:       # each task's code for its own tiles
             for part, (t_lo, t_hi) in enumerate(g.tile_shares):
                 with b.if_then(b.icmp_signed("==", k.split.index, i64(part))):
                     _task_tiles(k, g, src, xb, v, mm, ct, img, y, w, bias, t_lo, t_hi)
-        return
-    lo, hi = k.split.range(b, g.bands)
+        else:
+            _task_bands(k, g, src, xb, v, mm, ct, img, y, w, bias, lo, hi)
+
+
+def _task_bands(k, g: WinogradGeometry, src, xb, v, mm, ct, img, y, w, bias, lo, hi) -> None:
+    """This task's bands lo .. hi (i64 values) of tile rows."""
+    b = k.b
+
+    def band(j, tile_rows: int, out_rows: int):
+        """Band j, of `tile_rows` tile rows and `out_rows` output rows: the input rows it
+        reads past the last band's copied, then transformed, multiplied, transformed back
+        and stored."""
+        first = b.mul(j, i64(g.rows))
+        fill_blocked(b, g, src, xb, _input_rows(b, g, j, lo))
+        tiles = tile_rows * g.tw
+        first_tile = b.mul(first, i64(g.tw))
+        _input_transform(b, g, xb, v, first_tile, tiles)
+        _products(b, g, v, w, mm, tiles)
+        _output_transform(b, g, mm, ct, first_tile, tiles, first)
+        store_band(k, g, ct, b.mul(first, i64(g.t * g.ow)), out_rows * g.ow, i64(0), i64(g.panels),
+                   img, y, bias)
+
     last = g.bands - 1
-    with for_range(b, n_img, name="img") as img:
-        src = b.gep(x, [b.mul(img, i64(c * g.h * g.w))])
-
-        def band(j, tile_rows: int, out_rows: int):
-            """Band j, of `tile_rows` tile rows and `out_rows` output rows: the input rows
-            it reads past the last band's copied, then transformed, multiplied, transformed
-            back and stored."""
-            first = b.mul(j, i64(g.rows))
-            fill_blocked(b, g, src, xb, _input_rows(b, g, j, lo))
-            tiles = tile_rows * g.tw
-            first_tile = b.mul(first, i64(g.tw))
-            _input_transform(b, g, xb, v, first_tile, tiles)
-            _products(b, g, v, w, mm, tiles)
-            _output_transform(b, g, mm, ct, first_tile, tiles, first)
-            store_band(k, g, ct, b.mul(first, i64(g.t * g.ow)), out_rows * g.ow, i64(0), i64(g.panels),
-                       img, y, bias)
-
-        last_rows, last_out = g.th - last * g.rows, g.oh - g.t * last * g.rows
-        alike = last_rows == g.rows and last_out == g.t * g.rows     # then one copy of the code
-        if last or alike:      # whole bands (the last one holds what the rows do not divide into)
-            whole_hi = hi if alike else b.select(b.icmp_signed("<", hi, i64(last)), hi, i64(last))
-            with for_range(b, whole_hi, start=lo, name="band") as j:
-                band(j, g.rows, g.t * g.rows)
-        if not alike:
-            with b.if_then(b.and_(b.icmp_signed("<=", lo, i64(last)), b.icmp_signed("<", i64(last), hi))):
-                band(i64(last), last_rows, last_out)
+    last_rows, last_out = g.th - last * g.rows, g.oh - g.t * last * g.rows
+    alike = last_rows == g.rows and last_out == g.t * g.rows     # then one copy of the code
+    if last or alike:      # whole bands (the last one holds what the rows do not divide into)
+        whole_hi = hi if alike else b.select(b.icmp_signed("<", hi, i64(last)), hi, i64(last))
+        with for_range(b, whole_hi, start=lo, name="band") as j:
+            band(j, g.rows, g.t * g.rows)
+    if not alike:
+        with b.if_then(b.and_(b.icmp_signed("<=", lo, i64(last)), b.icmp_signed("<", i64(last), hi))):
+            band(i64(last), last_rows, last_out)
 
 
 def _products(b, g: WinogradGeometry, v, w, mm, tiles: int) -> None:
