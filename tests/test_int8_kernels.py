@@ -18,6 +18,9 @@ from glowgen.engine.registry import Registry
 from glowgen.engine.textual import parse_function
 
 CPUS = [None, "x86-64-v3"]
+# The host's own int8 path, AVX2's, and AVX-512BW's without VNNI (x86-64-v4) where it runs.
+_AVX512BW = "avx512bw" in open("/proc/cpuinfo").read()
+DEPTHWISE_CPUS = CPUS + (["x86-64-v4"] if _AVX512BW else [])
 THREADS = [1, 2]
 
 
@@ -246,7 +249,7 @@ INTERLEAVED = [(1, 24, 13, 11, 40, 1),      # 143 pixels: 2 x 64 + 15 single
 SPLIT_INTERLEAVED = {len(INTERLEAVED) - 1}
 
 
-@pytest.mark.parametrize("cpu", CPUS + ["x86-64-v4"])
+@pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
 @pytest.mark.parametrize("case", range(len(INTERLEAVED)))
 def test_plane_of_interleaved_rows(case, cpu):
     text, feeds, want = conv_case(np.random.default_rng(400 + case), *INTERLEAVED[case], bounds=(-30, 100))
@@ -277,9 +280,6 @@ DEPTHWISE_CASES = [
     (1, 32, 40, 40, 32, 3, (1, 1), (1, 1, 1, 1), (1, 1), 32),     # split among 2 threads
 ]
 SPLIT_DEPTHWISE = {len(DEPTHWISE_CASES) - 1}
-# The host's own int8 path, AVX2's, and AVX-512BW's without VNNI (x86-64-v4) where it runs.
-_AVX512BW = "avx512bw" in open("/proc/cpuinfo").read()
-DEPTHWISE_CPUS = CPUS + (["x86-64-v4"] if _AVX512BW else [])
 
 
 @pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
@@ -606,15 +606,15 @@ def test_qdq_depthwise_against_onnxruntime(case, tmp_path):
     quantization step of onnxruntime (whose integer kernels round their own way), and bit
     for bit the interpreter's result at 1 and 2 threads, with AVX-512 VNNI and with AVX2."""
     import glowgen
-    import onnxruntime as ort
     from onnx import numpy_helper
     import onnx
+    from conftest import ort_session
     c, hw, k, stride, pads, activation, relu = QDQ_DEPTHWISE[case]
     path, shape = _qdq_depthwise(tmp_path, c, hw, k, stride, pads, activation, relu, 80 + case)
     qdq = onnx.load(path)
     (y_scale,) = [float(numpy_helper.to_array(t)) for t in qdq.graph.initializer
                   if t.name == [n for n in qdq.graph.node if n.op_type == "QuantizeLinear"][-1].input[1]]
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = ort_session(qdq)
     x = {"x": (np.random.default_rng(case).standard_normal(shape) + 0.3).astype(np.float32)}
     expected = sess.run(None, x)[0]
     reference = glowgen.compile(path, backend="interpreter").run(x)["y"]
@@ -643,15 +643,15 @@ def test_qdq_grouped_against_onnxruntime(case, tmp_path):
     group: within a quantization step of onnxruntime, and bit for bit the interpreter's
     result at 1 and 2 threads, with AVX-512 VNNI, AVX-512BW (x86-64-v4) and AVX2."""
     import glowgen
-    import onnxruntime as ort
     from onnx import numpy_helper
     import onnx
+    from conftest import ort_session
     c, m, group, nhw, k, stride, pads, activation, relu = QDQ_GROUPED[case]
     path, shape = _qdq_conv(tmp_path, c, m, group, nhw, k, stride, pads, activation, relu, 100 + case)
     qdq = onnx.load(path)
     (y_scale,) = [float(numpy_helper.to_array(t)) for t in qdq.graph.initializer
                   if t.name == [n for n in qdq.graph.node if n.op_type == "QuantizeLinear"][-1].input[1]]
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    sess = ort_session(qdq)
     x = {"x": (np.random.default_rng(case).standard_normal(shape) + 0.3).astype(np.float32)}
     expected = sess.run(None, x)[0]
     reference = glowgen.compile(path, backend="interpreter").run(x)["y"]

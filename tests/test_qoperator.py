@@ -15,7 +15,7 @@ import glowgen
 from glowgen import api
 from glowgen.errors import UnsupportedError
 
-from conftest import make_ms_model, ort_quantize_static, run_ort
+from conftest import make_ms_model, ort_quantize_static, ort_session, run_ort
 
 rng = np.random.default_rng(14)
 
@@ -280,7 +280,6 @@ def _small_cnn():
 @pytest.mark.parametrize("act, per_channel", [("QUInt8", True), ("QInt8", True), ("QUInt8", False)])
 def test_onnxruntime_qoperator_cnn_compiles_to_int8_kernels(tmp_path, act, per_channel):
     pytest.importorskip("onnxruntime.quantization")
-    import onnxruntime as ort
     onnx.save(_small_cnn(), tmp_path / "f.onnx")
     samples = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
     ort_quantize_static(tmp_path / "f.onnx", tmp_path / "q.onnx", samples, "QOperator", act, per_channel)
@@ -299,7 +298,7 @@ def test_onnxruntime_qoperator_cnn_compiles_to_int8_kernels(tmp_path, act, per_c
 
     out_dq = next(n for n in qop.graph.node if n.op_type == "DequantizeLinear" and n.output[0] == "y")
     step = float(onnx.numpy_helper.to_array(next(t for t in qop.graph.initializer if t.name == out_dq.input[1])))
-    sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+    sess = ort_session(onnx.load(tmp_path / "q.onnx"))
     for backend in ("cpu", "interpreter"):
         compiled = glowgen.compile(tmp_path / "q.onnx", backend=backend)
         for _ in range(3):

@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 import glowgen
 from glowgen import api
 
-from conftest import make_model, ort_quantize_static, run_ort
+from conftest import make_model, ort_quantize_static, ort_session, run_ort
 
 rng = np.random.default_rng(1414)
 
@@ -159,11 +159,13 @@ def test_profile_quantized_fpn_concatenates_and_resizes_int8():
     resized = next(n for n in fn.nodes if n.OP == "Resize").inputs[0].producer
     assert resized.OP in ("QuantizedConv", "Min", "Max"), resized       # no Rescale between
     step = (prof["y"].max - prof["y"].min) / 255
-    for backend in ("cpu", "interpreter"):
-        q = glowgen.compile(model, backend=backend, quantize=prof)
+    # 7-bit weights (what the cpu backend takes without VNNI) have twice the step of 8-bit
+    # ones: 3.5 to 4.1 output steps from the float result where 8-bit weights gave 2.6.
+    for backend, bits, steps in (("cpu", 8, 4), ("interpreter", 8, 4), ("cpu", 7, 6)):
+        q = glowgen.compile(model, backend=backend, quantize=prof, weight_bits=bits)
         for s in samples[:3]:
             expected = run_ort(model, s)["y"]
-            assert np.abs(q.run(s)["y"] - expected).max() < 4 * step, backend
+            assert np.abs(q.run(s)["y"] - expected).max() < steps * step, (backend, bits)
 
 
 def test_a_concatenation_of_differently_quantized_parts_is_refused():
@@ -190,8 +192,7 @@ def test_quantize_static_det_fpn_keeps_its_feature_pyramid_int8(tmp_path):
     fn = _optimized(qdq)
     assert len(_int8_nodes(fn, "Concat")) == 1 and len(_int8_nodes(fn, "Resize")) == 6, _ops(fn)
     assert _ops(fn).count("QuantizedConv") == 34 and "Conv" not in _ops(fn)
-    import onnxruntime as ort
-    sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+    sess = ort_session(onnx.load(tmp_path / "q.onnx"))
     got = glowgen.compile(qdq, backend="cpu").run(samples[2])["output"]
     step = next(float(numpy_helper.to_array(t)) for t in qdq.graph.initializer if t.name == "output_scale")
     assert np.abs(got - sess.run(None, samples[2])[0]).max() <= step * 1.0001

@@ -18,7 +18,7 @@ from glowgen.quantization import (SCHEMAS, Calibration, Profile, TensorProfile, 
                                   load_profile, model_fingerprint, tensor_range)
 from glowgen.quantization.calibration import dequantize_array, quantize_array
 
-from conftest import make_model, ort_quantize_static
+from conftest import make_model, ort_quantize_static, ort_session
 
 rng = np.random.default_rng(7)
 
@@ -319,7 +319,6 @@ def test_onnxruntime_qdq_model_becomes_integer_ops(tmp_path):
     """A QDQ model from onnxruntime's quantize_static (u8 activations, per-channel i8 weights)
     compiles to the same quantized types and integer ops, and agrees with onnxruntime on it."""
     pytest.importorskip("onnxruntime.quantization")
-    import onnxruntime as ort
     model = _cnn()
     onnx.save(model, tmp_path / "f.onnx")
     samples = _samples(16)
@@ -332,7 +331,7 @@ def test_onnxruntime_qdq_model_becomes_integer_ops(tmp_path):
     api.optimize(fn, stage="optimized", backend="cpu")
     ops = [n.OP for n in fn.nodes]
     assert "QuantizedConv" in ops and "QuantizeLinear" not in ops and "Conv" not in ops, ops
-    sess = ort.InferenceSession(str(tmp_path / "q.onnx"), providers=["CPUExecutionProvider"])
+    sess = ort_session(onnx.load(tmp_path / "q.onnx"))
     y_scale = max(float(numpy_helper.to_array(t)) for t in qdq.graph.initializer
                   if t.name.endswith("_scale") and numpy_helper.to_array(t).size == 1)
     for backend in ("cpu", "interpreter"):
