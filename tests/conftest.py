@@ -94,23 +94,23 @@ INTEGER_PRODUCT_OPS = {"QLinearConv", "QLinearMatMul", "QGemm", "MatMulInteger",
                        "DynamicQuantizeMatMul", "QAttention", "DequantizeLinear"}
 
 
-def ort_session(model, threads: int = 1):
+def ort_session(model):
     """An onnxruntime session for a test oracle: no graph optimizations (float results as the
     ops define them) but for models with integer products, which get the transform that keeps
     their sums exact on x86 (INTEGER_PRODUCT_OPS)."""
     import onnxruntime as ort
     if any(node.op_type in INTEGER_PRODUCT_OPS for node in model.graph.node):
         try:
-            return _ort_session(model, threads, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, exact=True)
+            return _ort_session(model, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, exact=True)
         except ort.capi.onnxruntime_pybind11_state.NotImplemented:
             pass        # s8 activations: the transform makes u8 weights no kernel takes them with
-    return _ort_session(model, threads, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    return _ort_session(model, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
 
 
-def _ort_session(model, threads, level, exact: bool = False):
+def _ort_session(model, level, exact: bool = False):
     import onnxruntime as ort
     opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
+    opts.intra_op_num_threads = 1
     opts.graph_optimization_level = level
     if exact:
         opts.add_session_config_entry("session.x64quantprecision", "1")

@@ -20,7 +20,7 @@ from glowgen.engine.textual import parse_function
 CPUS = [None, "x86-64-v3"]
 # The host's own int8 path, AVX2's, and AVX-512BW's without VNNI (x86-64-v4) where it runs.
 _AVX512BW = "avx512bw" in open("/proc/cpuinfo").read()
-DEPTHWISE_CPUS = CPUS + (["x86-64-v4"] if _AVX512BW else [])
+RUNNABLE_CPUS = CPUS + (["x86-64-v4"] if _AVX512BW else [])
 THREADS = [1, 2]
 
 
@@ -249,7 +249,7 @@ INTERLEAVED = [(1, 24, 13, 11, 40, 1),      # 143 pixels: 2 x 64 + 15 single
 SPLIT_INTERLEAVED = {len(INTERLEAVED) - 1}
 
 
-@pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
 @pytest.mark.parametrize("case", range(len(INTERLEAVED)))
 def test_plane_of_interleaved_rows(case, cpu):
     text, feeds, want = conv_case(np.random.default_rng(400 + case), *INTERLEAVED[case], bounds=(-30, 100))
@@ -282,7 +282,7 @@ DEPTHWISE_CASES = [
 SPLIT_DEPTHWISE = {len(DEPTHWISE_CASES) - 1}
 
 
-@pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
 @pytest.mark.parametrize("case", range(len(DEPTHWISE_CASES)))
 def test_quantized_depthwise_conv_native(case, cpu):
     """Depthwise convolutions take the int8 depthwise kernel (qdepthwise.py), exactly, in
@@ -313,7 +313,7 @@ WIDE_STRIDE_DEPTHWISE = [
 ]
 
 
-@pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
 @pytest.mark.parametrize("case", range(len(WIDE_STRIDE_DEPTHWISE)))
 def test_quantized_depthwise_conv_any_stride(case, cpu):
     """Depthwise convolutions at strides of 3 and more take the depthwise kernel too (not the
@@ -353,7 +353,7 @@ def test_saturation_bounds(case, bounds):
     fn = parse_function(text, registry)
     pipeline.run(fn, registry, pipeline.PIPELINE, "interpreter")
     np.testing.assert_array_equal(CompiledModel(fn, registry, "interpreter").run(feeds)["y"], want)
-    for cpu, threads in [(None, 1), (None, 2)] + [(c, 1) for c in DEPTHWISE_CPUS[1:] + ["x86-64"]]:
+    for cpu, threads in [(None, 1), (None, 2)] + [(c, 1) for c in RUNNABLE_CPUS[1:] + ["x86-64"]]:
         model, ops = _compile(text, cpu, threads)
         assert ops <= {"QuantizedConv", "QuantizedMatMul"}, ops
         np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{cpu} {threads}")
@@ -410,7 +410,7 @@ SPLIT_GROUPED = {len(GROUPED) - 1}
 KINDS = {"x86-64-v3": "madd16", "x86-64-v4": "madd16-512"}
 
 
-@pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
 @pytest.mark.parametrize("case", range(len(GROUPED)))
 def test_quantized_conv_grouped_native(case, cpu):
     """Grouped convolutions other than the depthwise kernel's (several channels or filters a
@@ -656,7 +656,7 @@ def test_qdq_grouped_against_onnxruntime(case, tmp_path):
     expected = sess.run(None, x)[0]
     reference = glowgen.compile(path, backend="interpreter").run(x)["y"]
     assert np.abs(reference - expected).max() <= y_scale * 1.001, np.abs(reference - expected).max() / y_scale
-    for cpu in DEPTHWISE_CPUS:
+    for cpu in RUNNABLE_CPUS:
         for threads in THREADS:
             model = glowgen.compile(path, threads=threads, cpu=cpu)
             (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedConv"]

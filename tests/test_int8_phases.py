@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from test_int8_kernels import CPUS, DEPTHWISE_CPUS, _compile, conv_case
+from test_int8_kernels import CPUS, RUNNABLE_CPUS, _compile, conv_case
 
 CASES = [
     # n, c, h, w, m, k, strides, pads: general products, features in the lanes, ragged groups
@@ -57,7 +57,7 @@ OWN_PIXELS = [
 ]
 
 
-@pytest.mark.parametrize("cpu", DEPTHWISE_CPUS)
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
 @pytest.mark.parametrize("case", range(len(OWN_PIXELS)))
 def test_tasks_building_their_own_pixels_plane_are_exact(case, cpu):
     args, owns = OWN_PIXELS[case]
