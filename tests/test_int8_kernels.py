@@ -72,12 +72,14 @@ def ref_conv(x, xo, w, b, strides, pads, dilations, group=1):
     return acc + b.reshape(1, m, 1, 1)
 
 
-def _compile(text, cpu, threads):
+def _compile(text, cpu, threads, winograd=False):
+    """The graph compiled for `cpu` at `threads`; off Winograd by default (the direct
+    products these tests hold to the reference: test_int8_winograd.py has its own)."""
     registry = Registry.default()
     fn = parse_function(text, registry)
     pipeline.run(fn, registry, pipeline.PIPELINE, "cpu")
     ops = {n.OP for n in fn.nodes}
-    return CompiledModel(fn, registry, "cpu", threads=threads, cpu=cpu), ops
+    return CompiledModel(fn, registry, "cpu", threads=threads, cpu=cpu, winograd=winograd), ops
 
 
 def _draw(rng, values, shape, low, high):

@@ -1,0 +1,439 @@
+"""int8 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3), exact, on AVX2.
+
+The direct int8 product (qlinalg.py) makes 9 products per output pixel and channel pair;
+F(2x2, 3x3) makes 16 per 2 x 2 tile of them (conv_winograd.py's algebra):
+
+    Y = A^T [ (G g G^T) .* (B^T d B) ] A
+
+In integers, and so exactly, bit for bit the direct product's sums:
+- d is the input window less the input's offset (its real zero), |d| <= 255; B^T holds
+  only 0 and +-1, so V = B^T d B sums at most 4 of them: |V| <= 1020, an i16.
+- G has halves; 2G = [[2,0,0], [1,1,1], [1,-1,1], [0,0,2]] is integer, and U = (2G) g (2G)^T
+  = 4 G g G^T, |U| <= 9 * 128: an i16, computed at compile time (pack).
+- M = U .* V summed over the channels in i32 by `vpmaddwd` (two 16-bit products summed into
+  an i32, at most 2 * 1020 * 1152: no saturation) and `vpaddd`: the int8 GEMM's `madd16`
+  register tile (qgemm.emit_tile), its B a plane of channel pairs by tiles.
+- A^T M A is then 4 times the direct sum, exactly (integer additions wrap, but the final
+  value fits i32: sums_in_range).  The requantization's multiplier is divided by 4 (exact
+  in f32: a power of two) and the bias multiplied by 4, so the requantized result is the
+  direct kernel's (reference.primitives.requantize), bit for bit.
+
+On Zen 3, a register-only loop makes 31-33 products a TSC cycle with `vpmaddwd` + `vpaddd`
+against 40 with `ubsw`'s three instructions: 2.25x fewer products at 0.8x the rate.  With
+VNNI (64 products an instruction) the direct product stays: this path is AVX2's only.
+
+Per image: the input less its offset as i16 channel pairs, padded and split by column parity
+(`Xp[C/2][parity][Hp][Wq]` of i32 elements: the pair (c, c+1) of one pixel), built once
+(each task its share of the pairs, in a first round, when split: PHASES); then, band by
+band of tile rows (as conv_winograd's bands):
+1. the input transform, 8 tiles of a tile row a vector (their windows' columns 2t + j are
+   column t + j // 2 of parity j % 2: plain loads), for a channel pair in the 16 lanes of
+   i16, into V[xi][C/2][tiles];
+2. 16 products M_xi[filter][tile] = U_xi @ V_xi (madd16 tiles of 6 filters x 16 tiles);
+3. the output transform, 8 tiles a vector, requantized and narrowed into the 4 bytes of each
+   tile (qgemm.narrow, interleaved by 4), and stored: two 16-byte rows of output where the
+   8 tiles lie in one tile row and inside the image (`rows_direct`), else through a staging
+   block, tile by tile.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from ....reference.primitives import saturation
+from ..llvmutil import F32, I8, I16, I32, for_range, i64
+from ..parallel import Work, shares
+from ..plan import Phases
+from ..qgemm import (QShape, emit_tile, load_offsets, narrow, pack_a, pack_offsets, products_in_range,
+                     requantize_for_narrow)
+from ..vectors import splat
+
+STRATEGY = "winograd-madd16"
+# The int8 product paths (qgemm.QSHAPES) it replaces: AVX2's, in 8-lane vectors.
+REPLACES = ("madd16", "ubsw")
+# Output pixels at the least: ResNet's 3x3 layers at 14 x 14 and above.  At 7 x 7 the 16
+# tiles compute 64 pixels for 49 and the i16 transformed weights (16/9 x 2 the bytes of the
+# filters: 8.4 MB for 512 -> 512) stream from memory on every call.
+MIN_PIXELS = 7 * 7
+POSITIONS = 16                      # of a 4 x 4 transformed window
+TILE_VECTOR = 8                     # tiles a vector of the transforms holds (i32 lanes)
+# V and M of a band (the products' operand and result) within about this many bytes, unless
+# the transformed weights exceed STREAMED_WEIGHTS: then one band a task (conv_winograd's rule).
+BAND_BYTES = 192 * 1024
+STREAMED_WEIGHTS = 1024 * 1024
+B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
+G2 = np.array([[2, 0, 0], [1, 1, 1], [1, -1, 1], [0, 0, 2]])       # 2 G: integers
+A_T = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
+_ceil = lambda a, b: -(-a // b)     # noqa: E731
+
+
+def covers(node, qs: QShape, winograd: bool = True) -> bool:
+    """A single-group 3x3 convolution at stride 1 without dilation, from an even number of
+    channels, over at least MIN_PIXELS output pixels, on a target whose int8 product is
+    AVX2's (qs: the product's strategy for these weights)."""
+    if not winograd or qs.kind not in REPLACES or node.OP != "QuantizedConv":
+        return False
+    m, cg, kh, kw = node.inputs[1].type.shape
+    oh, ow = node.outputs[0].type.shape[2:]
+    return (node.group == 1 and (kh, kw) == (3, 3) and tuple(node.strides) == (1, 1)
+            and tuple(node.dilations) == (1, 1) and cg % 2 == 0 and oh * ow >= MIN_PIXELS)
+
+
+def transformed_weights(w: np.ndarray) -> np.ndarray:
+    """U = (2G) g (2G)^T of each filter g [M, C, 3, 3], as [16, M, C] (position xi = 4i + j)."""
+    u = np.einsum("ik,mckl,jl->ijmc", G2, w.astype(np.int64), G2)
+    return u.reshape(POSITIONS, *w.shape[:2])
+
+
+def sums_in_range(w: np.ndarray, b: np.ndarray) -> bool:
+    """Whether 4 (sum + bias) fits i32 for every filter and input: A^T M A's result."""
+    bound = np.abs(b.astype(np.int64)) + 255 * np.abs(w.reshape(len(b), -1).astype(np.int64)).sum(1)
+    return bool(np.all(4 * bound < 2 ** 31))
+
+
+class QWinogradGeometry:
+    """Tiles, the padded parity-split input, the bands, and the packed constants' layout of
+    one convolution split among `parts` tasks."""
+
+    def __init__(self, node, parts: int = 1):
+        self.qs = QShape("madd16")
+        self.batch, self.c, self.h, self.w = node.inputs[0].type.shape
+        self.m = node.inputs[1].type.shape[0]
+        self.oh, self.ow = node.outputs[0].type.shape[2:]
+        self.pt, self.pl = node.pads[:2]
+        self.pairs = self.c // 2
+        self.th, self.tw = _ceil(self.oh, 2), _ceil(self.ow, 2)
+        # Xp: padded rows 0 .. 2 th + 1 (the last tile's window), columns 0 .. 2 wq - 1 split
+        # by parity; a vector of 8 tiles from the last start (max(tw - 8, 0)) reads column
+        # indices up to that + 8.
+        self.hp = 2 * self.th + 2
+        self.wq = max(self.tw, TILE_VECTOR) + 1
+        self.xp_bytes = _ceil(4 * self.pairs * 2 * self.hp * self.wq, 64) * 64
+        self.mr = self.qs.mr
+        self.blocks = _ceil(self.m, self.mr)
+        self.mpad = self.blocks * self.mr
+        self.a_bytes = POSITIONS * self.blocks * self.pairs * self.mr * 4
+        # Transformed weights past STREAMED_WEIGHTS are read from L3 or memory by every band:
+        # one band (the whole image) then, and a split shares out blocks of filters, each
+        # task reading its own filters' weights (a split by tile rows read them all in each
+        # task: ResNet-50's 512 -> 512 at 7 x 7 took longer at 2 threads than the direct product).
+        self.streamed = 2 * POSITIONS * self.c * self.mpad > STREAMED_WEIGHTS
+        self.split_filters = self.streamed and parts > 1
+        self.rows = self._band_rows(1 if self.split_filters else parts)
+        self.bands = _ceil(self.th, self.rows)
+        self.cols = _ceil(self.rows * self.tw, TILE_VECTOR) * TILE_VECTOR   # a band's tile columns
+        self.v_stride = self.cols + TILE_VECTOR   # the last tile row's 8 may reach past the band
+        self.v_bytes = 4 * POSITIONS * self.pairs * self.v_stride
+        self.m_bytes = 4 * POSITIONS * self.mpad * self.cols
+        self.z_bytes = 4 * self.cols
+        # Whether the output transform stores its 8 tiles as rows of the output: every vector
+        # of 8 tiles in one tile row, none past the image's columns.
+        self.rows_direct = self.tw >= TILE_VECTOR and self.ow % 2 == 0
+        self.own_scratch = self.v_bytes + self.m_bytes + _ceil(self.z_bytes, 64) * 64
+
+    def _band_rows(self, parts: int) -> int:
+        per_row = POSITIONS * self.tw * (2 * self.c + 4 * self.mpad)
+        if self.streamed:
+            most = _ceil(self.th, parts)
+        else:
+            most = max(1, min(self.th, BAND_BYTES // per_row))
+
+        def busiest_columns(r):
+            """The most tile columns (whole vectors of 8 a band) one task computes."""
+            bands = _ceil(self.th, r)
+            cols = [_ceil(min(r, self.th - j * r) * self.tw, TILE_VECTOR) for j in range(bands)]
+            return max(sum(cols[lo:hi]) for lo, hi in shares(bands, 1, parts, bands))
+        return max(range(most, 0, -1), key=lambda r: (-busiest_columns(r), r))
+
+    def starts(self) -> list[int]:
+        """The first tile column of each vector of 8 along a tile row: every 8th, the last one
+        overlapping the one before so as to end at the row's end (or 0 alone, reaching past a
+        row shorter than 8)."""
+        if self.tw <= TILE_VECTOR:
+            return [0]
+        out = list(range(0, self.tw - TILE_VECTOR, TILE_VECTOR))
+        return out + [self.tw - TILE_VECTOR]
+
+
+# ----------------------------------------------------------------------------- compile time
+def pack(node, w, ws, b) -> tuple[np.ndarray, bool]:
+    """[16 positions][blocks][C/2][MR][2] i16 transformed weights (qgemm.pack_a's madd16
+    layout, per position), 4 x the bias (i32), the multipliers / 4 (f32), the offsets; and
+    whether the sums stay in qgemm.IN_RANGE (requantize in i32)."""
+    from ....reference.primitives import requantize_multipliers
+    g = QWinogradGeometry(node)
+    u = transformed_weights(w)
+    assert np.abs(u).max(initial=0) < 2 ** 15
+    a = [pack_a(u[xi][:, :, None].astype(np.int16), 1, g.qs).view(np.int8).ravel() for xi in range(POSITIONS)]
+    q = node.inputs[0].type.quant
+    bias4 = np.zeros(g.mpad, np.int32)
+    bias4[:g.m] = 4 * b.astype(np.int64)
+    mult = np.zeros(g.mpad, np.float32)
+    mult[:g.m] = requantize_multipliers(q.scale, ws, node.scale) * np.float32(0.25)
+    w4 = 4 * w.reshape(g.m, -1).astype(np.int64)
+    exact = products_in_range(w4, bias4[:g.m], mult[:g.m])
+    data = np.concatenate([*a, bias4.view(np.int8), mult.view(np.int8), *pack_offsets(node, q.offset)])
+    return data, exact
+
+
+def scratch(node, phased: bool) -> int:
+    g = QWinogradGeometry(node)         # a task's bands are no larger than one task's
+    return g.own_scratch + (0 if phased else g.xp_bytes)
+
+
+def phases(node, parts: int):
+    """The padded input built in a round of its own, each task its share of the channel
+    pairs (one image: the kernel loops over images otherwise)."""
+    g = QWinogradGeometry(node, parts)
+    return Phases(2, g.xp_bytes) if g.batch == 1 else None
+
+
+def work(node) -> Work:
+    """Bands of tile rows, or blocks of filters where the weights are streamed."""
+    g = QWinogradGeometry(node)
+    flops = 2.0 * g.batch * g.m * g.c * POSITIONS * g.th * g.tw
+    return Work(g.blocks if g.streamed else g.th, flops=flops)
+
+
+# ----------------------------------------------------------------------------- run time
+def _vec(t, n):
+    return ir.VectorType(t, n)
+
+
+def _load(b, base, at, vt):
+    v = b.load(b.bitcast(b.gep(base, [at]), vt.as_pointer()))
+    v.align = 1
+    return v
+
+
+def _store(b, value, base, at):
+    st = b.store(value, b.bitcast(b.gep(base, [at]), value.type.as_pointer()))
+    st.align = 1
+
+
+def _combine(b, matrix, xs):
+    """matrix @ xs for a matrix of 0 and +-1: additions and subtractions of integer vectors."""
+    out = []
+    for row in matrix:
+        terms = sorted(((int(c), x) for c, x in zip(row, xs) if c), key=lambda t: -t[0])
+        coef, acc = terms[0]
+        if coef < 0:
+            acc = b.sub(ir.Constant(acc.type, None), acc)
+        for coef, x in terms[1:]:
+            acc = b.add(acc, x) if coef > 0 else b.sub(acc, x)
+        out.append(acc)
+    return out
+
+
+def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi) -> None:
+    """Channel pairs lo .. hi of image n into Xp: element (pair, parity p, row r, column k)
+    holds channels 2 pair and 2 pair + 1 of input pixel (r - pt, 2k + p - pl) less the
+    input's offset, as two i16 (0 outside the input).  Input rows 16 pixels a step where
+    they lie inside the row, the edges one element at a time."""
+    vh = _vec(I16, 16)
+    off16 = b.trunc(x_offset, I16)
+    offs = splat(b, off16, 16)
+    zero_row = ir.Constant(_vec(I32, TILE_VECTOR), None)
+    # Elements k whose 16 input pixels 2k - pl .. 2k - pl + 15 lie inside the row: k_lo ..
+    # k_hi - 8 (vector steps of 8 elements, the last overlapping), the others scalar.
+    k_lo = _ceil(g.pl, 2)
+    k_top = min((g.w + g.pl - 16) // 2, g.wq - TILE_VECTOR)      # the last vector step's start
+    vector = k_top >= k_lo
+    steps = (list(range(k_lo, k_top, TILE_VECTOR)) + [k_top]) if vector else []
+    scalar = [(0, k_lo), (k_top + TILE_VECTOR, g.wq)] if vector else [(0, g.wq)]
+    even = ir.Constant(_vec(I32, 16), [i for k in range(8) for i in (2 * k, 16 + 2 * k)])
+    odd = ir.Constant(_vec(I32, 16), [i for k in range(8) for i in (2 * k + 1, 16 + 2 * k + 1)])
+    with for_range(b, hi, start=lo, name="xpp") as pair:
+        src = [b.gep(x, [b.mul(b.add(b.mul(n, i64(g.c)), b.add(b.mul(pair, i64(2)), i64(t))), i64(g.h * g.w))])
+               for t in range(2)]
+        with for_range(b, g.hp, name="xpr") as r:
+            iy = b.sub(r, i64(g.pt))
+            inside = b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(g.h)))
+            rows = [b.mul(b.add(b.mul(b.add(b.mul(pair, i64(2)), i64(p)), i64(g.hp)), r), i64(g.wq))
+                    for p in range(2)]
+            with b.if_else(inside) as (then, otherwise):
+                with then:
+                    row_src = [b.gep(s, [b.mul(iy, i64(g.w))]) for s in src]
+                    for k0 in steps:
+                        at = i64(2 * k0 - g.pl)
+                        c0, c1 = (b.sub(b.sext(_load(b, s, at, _vec(I8, 16)), vh), offs) for s in row_src)
+                        for p, order in ((0, even), (1, odd)):
+                            v = b.shuffle_vector(c0, c1, order)
+                            _store(b, b.bitcast(v, _vec(I32, 8)), xp, b.add(rows[p], i64(k0)))
+                    for k_a, k_b in scalar:
+                        if k_b <= k_a:
+                            continue
+                        with for_range(b, i64(k_b), start=i64(k_a), name="xps") as k:
+                            for p in range(2):
+                                ix = b.add(b.mul(k, i64(2)), i64(p - g.pl))
+                                ok = b.and_(b.icmp_signed(">=", ix, i64(0)), b.icmp_signed("<", ix, i64(g.w)))
+                                at = b.select(ok, ix, i64(0))
+                                vals = [b.select(ok, b.sub(b.sext(b.load(b.gep(s, [at])), I16), off16),
+                                                 ir.Constant(I16, 0)) for s in row_src]
+                                word = b.or_(b.zext(vals[0], I32), b.shl(b.zext(vals[1], I32), ir.Constant(I32, 16)))
+                                b.store(word, b.gep(xp, [b.add(rows[p], k)]))
+                with otherwise:
+                    for p in range(2):
+                        with for_range(b, g.wq, step=TILE_VECTOR, name="xpz") as k:
+                            # the last step overlapping the one before (a row is >= 9 long)
+                            k = b.select(b.icmp_signed("<", b.add(k, i64(TILE_VECTOR)), i64(g.wq)), k,
+                                         i64(g.wq - TILE_VECTOR))
+                            _store(b, zero_row, xp, b.add(rows[p], k))
+
+
+def _input_transform(b, g: QWinogradGeometry, xp, v, first_row, tile_rows: int) -> None:
+    """V[xi][pair][t] of the band's tiles t (tile row first_row + t // tw), 8 tiles of a tile
+    row at a time."""
+    vt, vh = _vec(I32, TILE_VECTOR), _vec(I16, 2 * TILE_VECTOR)
+    with for_range(b, g.pairs, name="itp") as pair, for_range(b, tile_rows, name="itr") as r:
+        top = b.mul(b.add(first_row, r), i64(2))                  # the windows' first padded row
+        planes = [b.mul(b.add(b.mul(pair, i64(2)), i64(p)), i64(g.hp)) for p in range(2)]
+        for t0 in g.starts():
+            d = [[b.bitcast(_load(b, xp, b.add(b.mul(b.add(b.add(planes[j % 2], top), i64(i)), i64(g.wq)),
+                                                  i64(t0 + j // 2)), vt), vh)
+                  for j in range(4)] for i in range(4)]
+            cols = [_combine(b, B_T, [d[i][j] for i in range(4)]) for j in range(4)]   # (B^T d)[i][j] = cols[j][i]
+            out = [_combine(b, B_T, [cols[j][i] for j in range(4)]) for i in range(4)]
+            col = b.add(b.mul(r, i64(g.tw)), i64(t0))
+            for i in range(4):
+                for j in range(4):
+                    row = b.add(b.mul(i64(4 * i + j), i64(g.pairs)), pair)
+                    _store(b, b.bitcast(out[i][j], vt), v, b.add(b.mul(row, i64(g.v_stride)), col))
+
+
+def _products(b, g: QWinogradGeometry, a, v, mm, tiles: int, blocks) -> None:
+    """M_xi[f][t] = sum over pairs of U_xi[f][pair] . V_xi[pair][t], for the band's `tiles`
+    tiles and the filters of `blocks` (lo, hi): madd16 tiles of MR filters by 16 tiles (the
+    last by 8 where that is what is left)."""
+    qs = g.qs
+    full, half = divmod(_ceil(tiles, TILE_VECTOR), qs.nv)
+    with for_range(b, POSITIONS, name="pxi") as xi, for_range(b, blocks[1], start=blocks[0], name="pmb") as mb:
+        a_block = b.gep(a, [b.mul(b.add(b.mul(xi, i64(g.blocks)), mb), i64(g.pairs * g.mr))])
+        v_xi = b.gep(v, [b.mul(xi, i64(g.pairs * g.v_stride))])
+        m_rows = b.add(b.mul(xi, i64(g.mpad)), b.mul(mb, i64(g.mr)))
+
+        def tile(col, vectors):
+            def store(i, j, sums):
+                at = b.add(b.mul(b.add(m_rows, i64(i)), i64(g.cols)), b.add(col, i64(j * qs.vw)))
+                _store(b, sums, mm, at)
+            emit_tile(b, qs, g.pairs, [0], a_block, b.gep(v_xi, [col]), g.v_stride, store,
+                      name="qwt", rows=g.mr, vectors=vectors)
+        if full:
+            with for_range(b, full * qs.nr, step=qs.nr, name="pp") as col:
+                tile(col, qs.nv)
+        if half:
+            tile(i64(full * qs.nr), 1)
+
+
+def _output_vector(b, g: QWinogradGeometry, mm, f, col, bias4, mult, exact, y_offset, y_offset_i32, bounds):
+    """The i8 results of 8 tiles from band column `col` for filter f: tile k's pixels (0, 0),
+    (0, 1), (1, 0), (1, 1) at bytes 4k .. 4k + 3."""
+    vt = _vec(I32, TILE_VECTOR)
+    m = [_load(b, mm, b.add(b.mul(b.add(i64(xi * g.mpad), f), i64(g.cols)), col), vt) for xi in range(POSITIONS)]
+    cols = [_combine(b, A_T, [m[4 * i + j] for i in range(4)]) for j in range(4)]
+    out = [_combine(b, A_T, [cols[j][i] for j in range(4)]) for i in range(2)]
+    sums = [requantize_for_narrow(b, b.add(o, bias4), mult, exact, y_offset, bounds)
+            for o in (out[0][0], out[0][1], out[1][0], out[1][1])]
+    if exact:
+        return narrow(b, sums, bounds, y_offset_i32, interleave=4)
+    return narrow(b, sums, interleave=4)
+
+
+def _output_transform(b, g: QWinogradGeometry, mm, zs, y, n, first_row, tile_rows: int, filters,
+                      bias, mult, exact, y_offset, y_offset_i32, bounds) -> None:
+    """The output pixels of the band's tiles for `filters` (lo, hi), requantized into y."""
+    tiles = tile_rows * g.tw
+    with for_range(b, filters[1], start=filters[0], name="of") as f:
+        bias4 = splat(b, b.load(b.gep(bias, [f])), TILE_VECTOR)
+        mf = b.load(b.gep(mult, [f]))
+        plane = b.mul(b.add(b.mul(n, i64(g.m)), f), i64(g.oh * g.ow))
+
+        def vector(col):
+            return _output_vector(b, g, mm, f, col, bias4, mf, exact, y_offset, y_offset_i32, bounds)
+        if g.rows_direct:
+            with for_range(b, tile_rows, name="ofr") as r:
+                oy = b.mul(b.add(first_row, r), i64(2))
+                for t0 in g.starts():
+                    q = vector(b.add(b.mul(r, i64(g.tw)), i64(t0)))
+                    for i in range(2):
+                        row = b.shuffle_vector(q, ir.Constant(q.type, ir.Undefined), ir.Constant(
+                            _vec(I32, 16), [4 * k + 2 * i + j for k in range(8) for j in range(2)]))
+                        at = b.add(plane, b.add(b.mul(b.add(oy, i64(i)), i64(g.ow)), i64(2 * t0)))
+                        if i and g.oh % 2:
+                            with b.if_then(b.icmp_signed("<", b.add(oy, i64(1)), i64(g.oh))):
+                                _store(b, row, y, at)
+                        else:
+                            _store(b, row, y, at)
+        else:
+            with for_range(b, _ceil(tiles, TILE_VECTOR) * TILE_VECTOR, step=TILE_VECTOR, name="ofz") as col:
+                _store(b, vector(col), zs, b.mul(col, i64(4)))
+            with for_range(b, tiles, name="oft") as t:
+                tr = b.add(first_row, b.udiv(t, i64(g.tw)))
+                tc = b.urem(t, i64(g.tw))
+                for i in range(2):
+                    for j in range(2):
+                        oy, ox = b.add(b.mul(tr, i64(2)), i64(i)), b.add(b.mul(tc, i64(2)), i64(j))
+                        conds = ([b.icmp_signed("<", oy, i64(g.oh))] if g.oh % 2 and i else []) + \
+                                ([b.icmp_signed("<", ox, i64(g.ow))] if g.ow % 2 and j else [])
+                        val = b.load(b.gep(zs, [b.add(b.mul(t, i64(4)), i64(2 * i + j))]))
+                        dst = b.gep(y, [b.add(plane, b.add(b.mul(oy, i64(g.ow)), ox))])
+                        if conds:
+                            ok = conds[0] if len(conds) == 1 else b.and_(*conds)
+                            with b.if_then(ok):
+                                b.store(val, dst)
+                        else:
+                            b.store(val, dst)
+
+
+def emit(k, exact: bool) -> None:
+    b, node = k.b, k.node
+    g = QWinogradGeometry(node, k.split.parts)
+    (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
+    packed = b.bitcast(packed, I8.as_pointer())
+    a = b.bitcast(packed, I32.as_pointer())
+    bias = b.bitcast(b.gep(packed, [i64(g.a_bytes)]), I32.as_pointer())
+    mult = b.bitcast(b.gep(packed, [i64(g.a_bytes + 4 * g.mpad)]), F32.as_pointer())
+    y_offset, x_offset = load_offsets(b, packed, g.a_bytes + 8 * g.mpad)
+    y_offset_i32 = b.fptosi(y_offset, I32)
+    bounds = saturation(node)
+    scratch = b.bitcast(k.scratch, I8.as_pointer())
+    if k.phased:
+        xp = b.bitcast(k.shared_scratch, I32.as_pointer())
+        own = scratch
+    else:
+        xp = b.bitcast(scratch, I32.as_pointer())
+        own = b.gep(scratch, [i64(g.xp_bytes)])
+    v = b.bitcast(own, I32.as_pointer())
+    mm = b.bitcast(b.gep(own, [i64(g.v_bytes)]), I32.as_pointer())
+    zs = b.gep(own, [i64(g.v_bytes + g.m_bytes)])
+    if k.phased and k.phase == 0:               # this task's share of the padded input
+        build_padded_input(b, g, x, i64(0), xp, x_offset, *k.split.range(b, g.pairs))
+        return
+    if g.split_filters:                         # every band (one), this task's filters
+        (lo, hi), blocks = (i64(0), i64(g.bands)), k.split.range(b, g.blocks)
+        filters = tuple(b.select(b.icmp_signed("<", f, i64(g.m)), f, i64(g.m))
+                        for f in (b.mul(blk, i64(g.mr)) for blk in blocks))
+    else:                                       # this task's bands, every filter
+        (lo, hi), blocks, filters = k.split.range(b, g.bands), (i64(0), i64(g.blocks)), (i64(0), i64(g.m))
+    with for_range(b, g.batch, name="qwn") as n:
+        if not k.phased:
+            build_padded_input(b, g, x, n, xp, x_offset, i64(0), i64(g.pairs))
+
+        def band(j, tile_rows: int):
+            first_row = b.mul(j, i64(g.rows))
+            _input_transform(b, g, xp, v, first_row, tile_rows)
+            _products(b, g, a, v, mm, tile_rows * g.tw, blocks)
+            _output_transform(b, g, mm, zs, y, n, first_row, tile_rows, filters, bias, mult, exact,
+                              y_offset, y_offset_i32, bounds)
+
+        last = g.bands - 1
+        last_rows = g.th - last * g.rows
+        if last_rows == g.rows:
+            with for_range(b, hi, start=lo, name="qwb") as j:
+                band(j, g.rows)
+        else:
+            whole_hi = b.select(b.icmp_signed("<", hi, i64(last)), hi, i64(last))
+            with for_range(b, whole_hi, start=lo, name="qwb") as j:
+                band(j, g.rows)
+            with b.if_then(b.and_(b.icmp_signed("<=", lo, i64(last)), b.icmp_signed("<", i64(last), hi))):
+                band(i64(last), last_rows)
