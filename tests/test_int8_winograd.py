@@ -58,6 +58,18 @@ def test_streamed_weights_split_filters():
     assert qwinograd.QWinogradGeometry(node, 2).split_filters
 
 
+def test_scratch_holds_every_split():
+    """A task's bands depend on how many tasks share them; the scratch the kernel is given
+    (computed without knowing) holds the largest."""
+    for n, c, h, w, m, pads in CONVS + [(1, 64, 28, 56, 64, (1, 1, 1, 1)), (1, 32, 56, 56, 48, (1, 1, 1, 1))]:
+        text, _, _ = conv_case(np.random.default_rng(0), n, c, h, w, m, 3, (1, 1), pads)
+        node = _node(text)
+        most = qwinograd.QWinogradGeometry(node).most_scratch()
+        for parts in range(1, 9):
+            g = qwinograd.QWinogradGeometry(node, parts)
+            assert g.v_bytes + g.m_bytes + g.z_bytes <= most, (node, parts)
+
+
 def test_winograd_conv_saturates_to_its_bounds():
     """A fused ReLU's bounds (the result's low and high) saturate as the direct product's."""
     _check(CONVS[1], np.random.default_rng(420), bounds=(-3, 90))

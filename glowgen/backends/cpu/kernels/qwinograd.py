@@ -34,13 +34,22 @@ band of tile rows (as conv_winograd's bands):
    tile (qgemm.narrow, interleaved by 4), and stored: two 16-byte rows of output where the
    8 tiles lie in one tile row and inside the image (`rows_direct`), else through a staging
    block, tile by tile.
+A split shares out the bands, or, where the transformed weights are streamed (past
+STREAMED_WEIGHTS), the blocks of filters: each task then transforms the whole image.
+
+ResNet-18 int8 at x86-64-v3 on Zen 3, 1 thread, kernel Mcycles of the stride-1 3x3 layers
+(direct ubsw -> Winograd): 64 @56 (4 layers) 12.2 -> 8.4, 128 @28 (3) 8.9 -> 6.1, 256 @14
+(3) 8.9 -> 6.5, 512 @7 (3) 9.6 -> 7.7; the model 49.8 -> 38.9.  ResNet-50 116.7 -> 106.6.
+One 64 @56 layer: 870 us, of which 757 in the products (at the register-only rate, with
+28 tiles a row padded to 32) and 31, 58 and 15 in the input transform, the output transform
+and the padded input.
 """
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
 
-from ....reference.primitives import saturation
+from ....reference.primitives import requantize_multipliers, saturation
 from ..llvmutil import F32, I8, I16, I32, for_range, i64
 from ..parallel import Work, shares
 from ..plan import Phases
@@ -51,9 +60,10 @@ from ..vectors import splat
 STRATEGY = "winograd-madd16"
 # The int8 product paths (qgemm.QSHAPES) it replaces: AVX2's, in 8-lane vectors.
 REPLACES = ("madd16", "ubsw")
-# Output pixels at the least: ResNet's 3x3 layers at 14 x 14 and above.  At 7 x 7 the 16
-# tiles compute 64 pixels for 49 and the i16 transformed weights (16/9 x 2 the bytes of the
-# filters: 8.4 MB for 512 -> 512) stream from memory on every call.
+# Output pixels at the least.  At 7 x 7 the 16 tiles compute 64 pixels for 49 and the i16
+# transformed weights (8.4 MB for 512 -> 512, 16/9 x 2 the filters' bytes) stream from L3
+# or memory on every call, and still: ResNet-18's three 512 -> 512 at 7 x 7 took 9.6 -> 7.3
+# Mcycles at 1 thread, 5.4 -> 4.5 at 2 (Zen 3; the filters split among the tasks).
 MIN_PIXELS = 7 * 7
 POSITIONS = 16                      # of a 4 x 4 transformed window
 TILE_VECTOR = 8                     # tiles a vector of the transforms holds (i32 lanes)
@@ -129,21 +139,34 @@ class QWinogradGeometry:
         # Whether the output transform stores its 8 tiles as rows of the output: every vector
         # of 8 tiles in one tile row, none past the image's columns.
         self.rows_direct = self.tw >= TILE_VECTOR and self.ow % 2 == 0
-        self.own_scratch = self.v_bytes + self.m_bytes + _ceil(self.z_bytes, 64) * 64
 
     def _band_rows(self, parts: int) -> int:
-        per_row = POSITIONS * self.tw * (2 * self.c + 4 * self.mpad)
+        """Tile rows a band: of those whose V and M fit BAND_BYTES, the ones whose vectors of
+        8 tiles waste the fewest columns of the busiest task (a band's tiles are padded to
+        whole vectors), then the most.  Where the weights are streamed, one band a task."""
         if self.streamed:
-            most = _ceil(self.th, parts)
-        else:
-            most = max(1, min(self.th, BAND_BYTES // per_row))
+            return _ceil(self.th, parts)
 
         def busiest_columns(r):
-            """The most tile columns (whole vectors of 8 a band) one task computes."""
             bands = _ceil(self.th, r)
             cols = [_ceil(min(r, self.th - j * r) * self.tw, TILE_VECTOR) for j in range(bands)]
             return max(sum(cols[lo:hi]) for lo, hi in shares(bands, 1, parts, bands))
-        return max(range(most, 0, -1), key=lambda r: (-busiest_columns(r), r))
+        return max(self.band_choices(), key=lambda r: (-busiest_columns(r), r))
+
+    def band_choices(self) -> list[int]:
+        """The tile rows a band may have where the weights are not streamed."""
+        return [r for r in range(1, self.th + 1) if self.band_bytes(r) <= BAND_BYTES] or [1]
+
+    def band_bytes(self, r: int) -> int:
+        """V and M of a band of r tile rows."""
+        cols = _ceil(r * self.tw, TILE_VECTOR) * TILE_VECTOR
+        return 4 * POSITIONS * (self.pairs * (cols + TILE_VECTOR) + self.mpad * cols)
+
+    def most_scratch(self) -> int:
+        """A task's own scratch for any split (its bands' rows depend on the tasks)."""
+        rows = [self.th] if self.streamed else self.band_choices()
+        z = 4 * _ceil(self.th * self.tw, TILE_VECTOR) * TILE_VECTOR      # the staging block at most
+        return max(self.band_bytes(r) for r in rows) + z
 
     def starts(self) -> list[int]:
         """The first tile column of each vector of 8 along a tile row: every 8th, the last one
@@ -160,7 +183,6 @@ def pack(node, w, ws, b) -> tuple[np.ndarray, bool]:
     """[16 positions][blocks][C/2][MR][2] i16 transformed weights (qgemm.pack_a's madd16
     layout, per position), 4 x the bias (i32), the multipliers / 4 (f32), the offsets; and
     whether the sums stay in qgemm.IN_RANGE (requantize in i32)."""
-    from ....reference.primitives import requantize_multipliers
     g = QWinogradGeometry(node)
     u = transformed_weights(w)
     assert np.abs(u).max(initial=0) < 2 ** 15
@@ -177,8 +199,8 @@ def pack(node, w, ws, b) -> tuple[np.ndarray, bool]:
 
 
 def scratch(node, phased: bool) -> int:
-    g = QWinogradGeometry(node)         # a task's bands are no larger than one task's
-    return g.own_scratch + (0 if phased else g.xp_bytes)
+    g = QWinogradGeometry(node)
+    return g.most_scratch() + (0 if phased else g.xp_bytes)
 
 
 def phases(node, parts: int):
@@ -302,15 +324,15 @@ def _input_transform(b, g: QWinogradGeometry, xp, v, first_row, tile_rows: int) 
 
 
 def _products(b, g: QWinogradGeometry, a, v, mm, tiles: int, blocks) -> None:
-    """M_xi[f][t] = sum over pairs of U_xi[f][pair] . V_xi[pair][t], for the band's `tiles`
-    tiles and the filters of `blocks` (lo, hi): madd16 tiles of MR filters by 16 tiles (the
-    last by 8 where that is what is left)."""
+    """M_xi[r][t] = sum over pairs of U_xi[f][pair] . V_xi[pair][t], for the band's `tiles`
+    tiles and the filters f of `blocks` (lo, hi), r = f - MR lo: madd16 tiles of MR filters
+    by 16 tiles (the last by 8 where that is what is left)."""
     qs = g.qs
     full, half = divmod(_ceil(tiles, TILE_VECTOR), qs.nv)
     with for_range(b, POSITIONS, name="pxi") as xi, for_range(b, blocks[1], start=blocks[0], name="pmb") as mb:
         a_block = b.gep(a, [b.mul(b.add(b.mul(xi, i64(g.blocks)), mb), i64(g.pairs * g.mr))])
         v_xi = b.gep(v, [b.mul(xi, i64(g.pairs * g.v_stride))])
-        m_rows = b.add(b.mul(xi, i64(g.mpad)), b.mul(mb, i64(g.mr)))
+        m_rows = b.add(b.mul(xi, i64(g.mpad)), b.mul(b.sub(mb, blocks[0]), i64(g.mr)))
 
         def tile(col, vectors):
             def store(i, j, sums):
@@ -325,11 +347,12 @@ def _products(b, g: QWinogradGeometry, a, v, mm, tiles: int, blocks) -> None:
             tile(i64(full * qs.nr), 1)
 
 
-def _output_vector(b, g: QWinogradGeometry, mm, f, col, bias4, mult, exact, y_offset, y_offset_i32, bounds):
-    """The i8 results of 8 tiles from band column `col` for filter f: tile k's pixels (0, 0),
-    (0, 1), (1, 0), (1, 1) at bytes 4k .. 4k + 3."""
+def _output_vector(b, g: QWinogradGeometry, mm, row, col, bias4, mult, exact, y_offset, y_offset_i32, bounds):
+    """The i8 results of 8 tiles from band column `col` for the filter of M's `row`: tile k's
+    pixels (0, 0), (0, 1), (1, 0), (1, 1) at bytes 4k .. 4k + 3."""
     vt = _vec(I32, TILE_VECTOR)
-    m = [_load(b, mm, b.add(b.mul(b.add(i64(xi * g.mpad), f), i64(g.cols)), col), vt) for xi in range(POSITIONS)]
+    m = [_load(b, mm, b.add(b.mul(b.add(i64(xi * g.mpad), row), i64(g.cols)), col), vt)
+         for xi in range(POSITIONS)]
     cols = [_combine(b, A_T, [m[4 * i + j] for i in range(4)]) for j in range(4)]
     out = [_combine(b, A_T, [cols[j][i] for j in range(4)]) for i in range(2)]
     sums = [requantize_for_narrow(b, b.add(o, bias4), mult, exact, y_offset, bounds)
@@ -341,29 +364,31 @@ def _output_vector(b, g: QWinogradGeometry, mm, f, col, bias4, mult, exact, y_of
 
 def _output_transform(b, g: QWinogradGeometry, mm, zs, y, n, first_row, tile_rows: int, filters,
                       bias, mult, exact, y_offset, y_offset_i32, bounds) -> None:
-    """The output pixels of the band's tiles for `filters` (lo, hi), requantized into y."""
+    """The output pixels of the band's tiles for `filters` (lo, hi: M's rows from 0 on),
+    requantized into y."""
     tiles = tile_rows * g.tw
     with for_range(b, filters[1], start=filters[0], name="of") as f:
+        row = b.sub(f, filters[0])
         bias4 = splat(b, b.load(b.gep(bias, [f])), TILE_VECTOR)
         mf = b.load(b.gep(mult, [f]))
         plane = b.mul(b.add(b.mul(n, i64(g.m)), f), i64(g.oh * g.ow))
 
         def vector(col):
-            return _output_vector(b, g, mm, f, col, bias4, mf, exact, y_offset, y_offset_i32, bounds)
+            return _output_vector(b, g, mm, row, col, bias4, mf, exact, y_offset, y_offset_i32, bounds)
         if g.rows_direct:
             with for_range(b, tile_rows, name="ofr") as r:
                 oy = b.mul(b.add(first_row, r), i64(2))
                 for t0 in g.starts():
                     q = vector(b.add(b.mul(r, i64(g.tw)), i64(t0)))
                     for i in range(2):
-                        row = b.shuffle_vector(q, ir.Constant(q.type, ir.Undefined), ir.Constant(
+                        line = b.shuffle_vector(q, ir.Constant(q.type, ir.Undefined), ir.Constant(
                             _vec(I32, 16), [4 * k + 2 * i + j for k in range(8) for j in range(2)]))
                         at = b.add(plane, b.add(b.mul(b.add(oy, i64(i)), i64(g.ow)), i64(2 * t0)))
                         if i and g.oh % 2:
                             with b.if_then(b.icmp_signed("<", b.add(oy, i64(1)), i64(g.oh))):
-                                _store(b, row, y, at)
+                                _store(b, line, y, at)
                         else:
-                            _store(b, row, y, at)
+                            _store(b, line, y, at)
         else:
             with for_range(b, _ceil(tiles, TILE_VECTOR) * TILE_VECTOR, step=TILE_VECTOR, name="ofz") as col:
                 _store(b, vector(col), zs, b.mul(col, i64(4)))
@@ -411,10 +436,10 @@ def emit(k, exact: bool) -> None:
         return
     if g.split_filters:                         # every band (one), this task's filters
         (lo, hi), blocks = (i64(0), i64(g.bands)), k.split.range(b, g.blocks)
-        filters = tuple(b.select(b.icmp_signed("<", f, i64(g.m)), f, i64(g.m))
-                        for f in (b.mul(blk, i64(g.mr)) for blk in blocks))
     else:                                       # this task's bands, every filter
-        (lo, hi), blocks, filters = k.split.range(b, g.bands), (i64(0), i64(g.blocks)), (i64(0), i64(g.m))
+        (lo, hi), blocks = k.split.range(b, g.bands), (i64(0), i64(g.blocks))
+    f_hi = b.mul(blocks[1], i64(g.mr))
+    filters = (b.mul(blocks[0], i64(g.mr)), b.select(b.icmp_signed("<", f_hi, i64(g.m)), f_hi, i64(g.m)))
     with for_range(b, g.batch, name="qwn") as n:
         if not k.phased:
             build_padded_input(b, g, x, n, xp, x_offset, i64(0), i64(g.pairs))
