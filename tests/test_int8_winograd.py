@@ -8,7 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from glowgen import pipeline
 from glowgen.backends.cpu.kernels import qwinograd
+from glowgen.engine.registry import Registry
+from glowgen.engine.textual import parse_function
 from test_int8_kernels import _compile, conv_case
 
 CPU = "x86-64-v3"
@@ -105,9 +108,12 @@ def test_winograd_off_and_on_vnni():
 
 
 def _node(text):
-    model, _ = _compile(text, CPU, 1, winograd=True)
-    (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedConv"]
-    return ins.node
+    """The lowered graph's QuantizedConv (not compiled: its geometry needs only the node)."""
+    registry = Registry.default()
+    fn = parse_function(text, registry)
+    pipeline.run(fn, registry, pipeline.PIPELINE, "cpu")
+    (node,) = [n for n in fn.nodes if n.OP == "QuantizedConv"]
+    return node
 
 
 def test_sums_out_of_range_stay_direct():
