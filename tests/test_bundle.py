@@ -121,6 +121,28 @@ def test_bundle_on_threads_matches_the_jit_bit_for_bit(tmp_path):
     assert done.returncode == 1 and "--threads takes a number" in done.stderr
 
 
+@needs_gcc
+def test_int8_winograd_bundle_on_threads_matches_the_jit(tmp_path):
+    """A quantized bundle for x86-64-v3 whose 3x3 convolution runs int8 Winograd
+    (kernels/qwinograd.py: its padded input built in a phase the tasks share) computes on
+    main.c's threads what the JIT computes."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 32, 48, 48)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, {"x": x}, ["y"], {"w": (rng.standard_normal((64, 32, 3, 3)) * 0.1).astype(np.float32),
+                                               "b": rng.standard_normal(64).astype(np.float32)})
+    profile = glowgen.profile(model, [{"x": rng.standard_normal(x.shape).astype(np.float32)} for _ in range(4)])
+    bundle = glowgen.write_bundle(model, tmp_path / "b", name="qconv", threads=2, cpu="x86-64-v3", quantize=profile)
+    assert [i.plan.strategy for i in bundle.program.instrs if i.kind == "QuantizedConv"] == ["winograd-madd16"]
+    exe = build(bundle)
+    jit = glowgen.compile(model, threads=2, cpu="x86-64-v3", quantize=profile)
+    assert jit._runner.split_steps, "nothing was split: the test would show nothing"
+    expected = jit.run({"x": x})
+    for threads in ("2", "1"):
+        assert_bitwise_equal(run_bundle(exe, bundle.program, {"x": x}, tmp_path, extra=["--threads", threads]), expected)
+
+
 def _odd_names_model():
     """Inputs and outputs whose names are not C identifiers (and collide once made so),
     of two element types."""
