@@ -141,17 +141,26 @@ def pack_epilogue(w: np.ndarray, ws: np.ndarray, b: np.ndarray, x_quant, scale: 
 
 def pack_offsets(node, pad_element: int) -> list[np.ndarray]:
     """The tail of a packed product's constants: the result's offset (f32) and the padding
-    element of its plane (i32), as bytes; load_offsets reads them back in the kernel."""
+    element of its plane (i32), as bytes; PackedConstants reads them back in the kernel."""
     return [np.array([node.offset], np.float32).view(np.int8),
             np.array([pad_element], np.int32).view(np.int8)]
 
 
-def load_offsets(b: ir.IRBuilder, packed, at: int):
-    """(the result's offset as f32, the plane's padding element as i32) from byte `at` of
-    the packed constants (pack_offsets)."""
-    y_offset = b.load(b.bitcast(b.gep(packed, [i64(at)]), F32.as_pointer()))
-    pad = b.load(b.bitcast(b.gep(packed, [i64(at + 4)]), I32.as_pointer()))
-    return y_offset, pad
+class PackedConstants:
+    """A packed product's constants as its kernel reads them: the weights (i32 elements,
+    `a_bytes` of them), then per row (`rows`) the i32 bias corrections and the f32
+    multipliers (pack_epilogue), then the result's offset (f32, and converted to i32) and
+    the i32 after it (pack_offsets: the plane's padding element, or the input's offset)."""
+
+    def __init__(self, b: ir.IRBuilder, packed, a_bytes: int, rows: int):
+        packed = b.bitcast(packed, I8.as_pointer())
+        self.weights = b.bitcast(packed, I32.as_pointer())
+        self.corr = b.bitcast(b.gep(packed, [i64(a_bytes)]), I32.as_pointer())
+        self.mult = b.bitcast(b.gep(packed, [i64(a_bytes + 4 * rows)]), F32.as_pointer())
+        at = a_bytes + 8 * rows
+        self.y_offset = b.load(b.bitcast(b.gep(packed, [i64(at)]), F32.as_pointer()))
+        self.tail = b.load(b.bitcast(b.gep(packed, [i64(at + 4)]), I32.as_pointer()))
+        self.y_offset_i32 = b.fptosi(self.y_offset, I32)
 
 
 def _vec(t: ir.Type, n: int) -> ir.VectorType:

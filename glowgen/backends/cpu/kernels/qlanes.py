@@ -31,7 +31,7 @@ from llvmlite import ir
 
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
-from ..qgemm import (QShape, emit_tile, load_offsets, narrowed_rows, pack_epilogue, pack_offsets,
+from ..qgemm import (QShape, emit_tile, PackedConstants, narrowed_rows, pack_epilogue, pack_offsets,
                      products_in_range, requantize_for_narrow)
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
@@ -143,12 +143,9 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, own_plane=None):
     lanes = Lanes(geo, qs)
     mr, npad, stride = lanes.mr, lanes.npad, lanes.ys_stride
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
-    packed = b.bitcast(packed, I8.as_pointer())
-    weights = b.bitcast(packed, I32.as_pointer())
-    corr = b.bitcast(b.gep(packed, [i64(lanes.b_bytes)]), I32.as_pointer())
-    mult = b.bitcast(b.gep(packed, [i64(lanes.b_bytes + 4 * npad)]), F32.as_pointer())
-    y_offset, pad = load_offsets(b, packed, lanes.b_bytes + 8 * npad)
-    y_offset_i32 = b.fptosi(y_offset, I32)
+    consts = PackedConstants(b, packed, lanes.b_bytes, npad)
+    weights, corr, mult, pad = consts.weights, consts.corr, consts.mult, consts.tail
+    y_offset, y_offset_i32 = consts.y_offset, consts.y_offset_i32
     bounds = saturation(k.node)
     plane, ys = plane_and_result(b, k, geo)
     if k.phased and k.phase == 0:           # this task's share of the shared plane

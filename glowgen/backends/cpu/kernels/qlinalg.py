@@ -48,7 +48,7 @@ from llvmlite import ir
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Split, Work, parallel, splits_blocks
 from ..plan import Phases
-from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, for_weights, load_offsets, narrowed_rows,
+from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, for_weights, PackedConstants, narrowed_rows,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
                      requantize_for_narrow)
 from ..vectors import join_vectors, splat
@@ -380,12 +380,9 @@ def quantized_product(k: KernelArgs):
                                     own_plane_pixels(b, geo, first, last))
         return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane, exact, own_plane)
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
-    packed = b.bitcast(packed, I8.as_pointer())
-    a = b.bitcast(packed, I32.as_pointer())
-    corr = b.bitcast(b.gep(packed, [i64(geo.a_bytes)]), I32.as_pointer())
-    mult = b.bitcast(b.gep(packed, [i64(geo.a_bytes + 4 * geo.mpad)]), F32.as_pointer())
-    y_offset, pad = load_offsets(b, packed, geo.a_bytes + 8 * geo.mpad)
-    y_offset_i32 = b.fptosi(y_offset, I32)
+    consts = PackedConstants(b, packed, geo.a_bytes, geo.mpad)
+    a, corr, mult, pad = consts.weights, consts.corr, consts.mult, consts.tail
+    y_offset, y_offset_i32 = consts.y_offset, consts.y_offset_i32
     bounds = saturation(node)
     plane, ys = qlanes.plane_and_result(b, k, geo)
     if k.phased and k.phase == 0:           # this task's share of the shared plane

@@ -50,10 +50,10 @@ import numpy as np
 from llvmlite import ir
 
 from ....reference.primitives import requantize_multipliers, saturation
-from ..llvmutil import F32, I8, I16, I32, for_range, i64
+from ..llvmutil import I8, I16, I32, for_range, i64
 from ..parallel import Work, shares
 from ..plan import Phases
-from ..qgemm import (QShape, emit_tile, load_offsets, narrow, pack_a, pack_offsets, products_in_range,
+from ..qgemm import (PackedConstants, QShape, emit_tile, narrow, pack_a, pack_offsets, products_in_range,
                      requantize_for_narrow)
 from ..vectors import splat
 
@@ -414,12 +414,9 @@ def emit(k, exact: bool) -> None:
     b, node = k.b, k.node
     g = QWinogradGeometry(node, k.split.parts)
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
-    packed = b.bitcast(packed, I8.as_pointer())
-    a = b.bitcast(packed, I32.as_pointer())
-    bias = b.bitcast(b.gep(packed, [i64(g.a_bytes)]), I32.as_pointer())
-    mult = b.bitcast(b.gep(packed, [i64(g.a_bytes + 4 * g.mpad)]), F32.as_pointer())
-    y_offset, x_offset = load_offsets(b, packed, g.a_bytes + 8 * g.mpad)
-    y_offset_i32 = b.fptosi(y_offset, I32)
+    consts = PackedConstants(b, packed, g.a_bytes, g.mpad)      # its corrections: 4 x the bias
+    a, bias, mult, x_offset = consts.weights, consts.corr, consts.mult, consts.tail
+    y_offset, y_offset_i32 = consts.y_offset, consts.y_offset_i32
     bounds = saturation(node)
     scratch = b.bitcast(k.scratch, I8.as_pointer())
     if k.phased:
