@@ -73,6 +73,20 @@ def test_scratch_holds_every_split():
             assert g.v_bytes + g.m_bytes + g.z_bytes <= most, (node, parts)
 
 
+def test_requantization_out_of_i32_range():
+    """A result scale so small that the requantized sums leave the i32 range: the output
+    transform's requantization runs in f32 and saturates (qgemm.requantize), as the direct
+    product's."""
+    n, c, h, w, m, pads = CONVS[2]
+    text, feeds, want = conv_case(np.random.default_rng(460), n, c, h, w, m, 3, (1, 1), pads, ys=1e-9)
+    assert np.any(want == 127) and np.any(want == -128)
+    for threads in (1, 2):
+        model, _ = _compile(text, CPU, threads, winograd=True)
+        (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
+        assert plan.strategy == qwinograd.STRATEGY and plan.packed == "a", plan
+        np.testing.assert_array_equal(model.run(feeds)["y"], want)
+
+
 def test_winograd_conv_saturates_to_its_bounds():
     """A fused ReLU's bounds (the result's low and high) saturate as the direct product's."""
     _check(CONVS[1], np.random.default_rng(420), bounds=(-3, 90))
