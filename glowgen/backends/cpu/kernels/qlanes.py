@@ -31,7 +31,7 @@ from llvmlite import ir
 
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
-from ..qgemm import (QShape, emit_tile, PackedConstants, narrowed_rows, pack_epilogue, pack_offsets,
+from ..qgemm import (PackedConstants, QShape, emit_tile, narrowed_rows, pack_epilogue, pack_offsets,
                      products_in_range, requantize_for_narrow)
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731

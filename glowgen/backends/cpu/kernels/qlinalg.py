@@ -48,7 +48,7 @@ from llvmlite import ir
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Split, Work, parallel, splits_blocks
 from ..plan import Phases
-from ..qgemm import (QShape, QSHAPES, choose_qshape, emit_tile, for_weights, PackedConstants, narrowed_rows,
+from ..qgemm import (PackedConstants, QShape, QSHAPES, choose_qshape, emit_tile, for_weights, narrowed_rows,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
                      requantize_for_narrow)
 from ..vectors import join_vectors, splat

@@ -56,6 +56,7 @@ from ..plan import Phases
 from ..qgemm import (PackedConstants, QShape, emit_tile, narrow, pack_a, pack_offsets, products_in_range,
                      requantize_for_narrow)
 from ..vectors import splat
+from .conv_winograd import TRANSFORMS, combine
 
 STRATEGY = "winograd-madd16"
 # The int8 product paths (qgemm.QSHAPES) it replaces: AVX2's, in 8-lane vectors.
@@ -71,9 +72,8 @@ TILE_VECTOR = 8                     # tiles a vector of the transforms holds (i3
 # the transformed weights exceed STREAMED_WEIGHTS: then one band a task (conv_winograd's rule).
 BAND_BYTES = 192 * 1024
 STREAMED_WEIGHTS = 1024 * 1024
-B_T = np.array([[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]])
-G2 = np.array([[2, 0, 0], [1, 1, 1], [1, -1, 1], [0, 0, 2]])       # 2 G: integers
-A_T = np.array([[1, 1, 1, 0], [0, 1, -1, -1]])
+# conv_winograd's F(2x2, 3x3) matrices as integers: B^T and A^T hold 0 and +-1, 2G is integer.
+B_T, G2, A_T = (np.rint(m * s).astype(np.int64) for m, s in zip(TRANSFORMS[2], (1, 2, 1)))
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 
 
@@ -233,20 +233,6 @@ def _store(b, value, base, at):
     st.align = 1
 
 
-def _combine(b, matrix, xs):
-    """matrix @ xs for a matrix of 0 and +-1: additions and subtractions of integer vectors."""
-    out = []
-    for row in matrix:
-        terms = sorted(((int(c), x) for c, x in zip(row, xs) if c), key=lambda t: -t[0])
-        coef, acc = terms[0]
-        if coef < 0:
-            acc = b.sub(ir.Constant(acc.type, None), acc)
-        for coef, x in terms[1:]:
-            acc = b.add(acc, x) if coef > 0 else b.sub(acc, x)
-        out.append(acc)
-    return out
-
-
 def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi) -> None:
     """Channel pairs lo .. hi of image n into Xp: element (pair, parity p, row r, column k)
     holds channels 2 pair and 2 pair + 1 of input pixel (r - pt, 2k + p - pl) less the
@@ -314,8 +300,8 @@ def _input_transform(b, g: QWinogradGeometry, xp, v, first_row, tile_rows: int) 
             d = [[b.bitcast(_load(b, xp, b.add(b.mul(b.add(b.add(planes[j % 2], top), i64(i)), i64(g.wq)),
                                                   i64(t0 + j // 2)), vt), vh)
                   for j in range(4)] for i in range(4)]
-            cols = [_combine(b, B_T, [d[i][j] for i in range(4)]) for j in range(4)]   # (B^T d)[i][j] = cols[j][i]
-            out = [_combine(b, B_T, [cols[j][i] for j in range(4)]) for i in range(4)]
+            cols = [combine(b, B_T, [d[i][j] for i in range(4)], 2 * TILE_VECTOR) for j in range(4)]   # (B^T d)[i][j] = cols[j][i]
+            out = [combine(b, B_T, [cols[j][i] for j in range(4)], 2 * TILE_VECTOR) for i in range(4)]
             col = b.add(b.mul(r, i64(g.tw)), i64(t0))
             for i in range(4):
                 for j in range(4):
@@ -353,8 +339,8 @@ def _output_vector(b, g: QWinogradGeometry, mm, row, col, bias4, mult, exact, y_
     vt = _vec(I32, TILE_VECTOR)
     m = [_load(b, mm, b.add(b.mul(b.add(i64(xi * g.mpad), row), i64(g.cols)), col), vt)
          for xi in range(POSITIONS)]
-    cols = [_combine(b, A_T, [m[4 * i + j] for i in range(4)]) for j in range(4)]
-    out = [_combine(b, A_T, [cols[j][i] for j in range(4)]) for i in range(2)]
+    cols = [combine(b, A_T, [m[4 * i + j] for i in range(4)], TILE_VECTOR) for j in range(4)]
+    out = [combine(b, A_T, [cols[j][i] for j in range(4)], TILE_VECTOR) for i in range(2)]
     sums = [requantize_for_narrow(b, b.add(o, bias4), mult, exact, y_offset, bounds)
             for o in (out[0][0], out[0][1], out[1][0], out[1][1])]
     if exact:
