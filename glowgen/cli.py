@@ -242,7 +242,7 @@ def _dump_native(args, stage: str) -> int:
     if args.format != "text":
         raise InputError(f"--stage {stage} prints as text; --format dot shows graphs")
     from .cli_quantize import quantize_options
-    model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
+    model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args), compile_processes=1,
                           **({"cpu": args.cpu} if args.cpu else {}), **quantize_options(args))
     runner = model._runner
     text = runner.assembly() if stage == "asm" else runner.llvm_ir(optimized=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from typing import Optional
 
 import numpy as np
 
@@ -11,7 +12,9 @@ from ...lir.ir import Program
 from ..base import REGIONS, ContextPool, aligned_bytes, region_view
 from .backend import CpuBackend  # noqa: F401  (registered by name in backends/base.py)
 from .codegen import ModuleBuilder, io_slots
-from .jit import JitFunction
+from .backend import machine_cores
+from .jit import JitFunction, jit_target_machine
+from .parallel_compile import ProcessesBuild, processes_for
 from .target import resolve_cpu
 from .threads import ThreadPool
 
@@ -59,18 +62,27 @@ class CpuRunner:
     threads (threads.ThreadPool) that split steps run on, for as long as the model lives."""
 
     def __init__(self, prog: Program, registry, name: str = "glowgen_main", profile: bool = False,
-                 cpu=None):
+                 cpu=None, compile_processes: Optional[int] = None):
         # `prog` was prepared by the backend's passes (passes.py) for `cpu` and its threads.
         self.prog = prog
         self.name = entry_name(name)
         self.threads = threads = prog.plan.threads
         self.cpu = cpu or resolve_cpu()
-        builder = ModuleBuilder(prog, registry, self.name, profile=profile)
-        self.ir = builder.build_text()
+
+        def new_builder():
+            return ModuleBuilder(prog, registry, self.name, profile=profile)
+        # Large programs are emitted and compiled by several processes (parallel_compile.py).
+        self.compile_processes = processes_for(prog.plan.steps, compile_processes, machine_cores())
+        if self.compile_processes > 1:
+            build = ProcessesBuild(new_builder, self.compile_processes, lambda: jit_target_machine(self.cpu))
+            builder, self.ir, objects = build.builder, build.text, build.objects()
+        else:
+            builder = new_builder()
+            self.ir, objects = builder.build_text(), []
         self.step_names = builder.step_names
         self.split_steps = builder.split_steps     # (step, tasks) of the steps run in parallel
         self.step_parts = builder.step_parts        # tasks of each step
-        self.jit = JitFunction(self.ir, self.name, io_entry=True, cpu=self.cpu)
+        self.jit = JitFunction(self.ir, self.name, io_entry=True, cpu=self.cpu, objects=objects)
         self._counters = None
         if profile:
             addr = self.jit.engine.get_global_value_address(f"{self.name}_profile")
@@ -179,10 +191,19 @@ class CpuRunner:
                 self._task_counters[i] = never
         return rows
 
+    def _whole_module(self) -> None:
+        if self.compile_processes > 1:
+            from ...errors import GlowgenError
+            raise GlowgenError(f"this model was compiled by {self.compile_processes} processes, each "
+                               f"with a part of its LLVM module; compile it with "
+                               f"compile_processes=1 to see all of it")
+
     def assembly(self) -> str:
         """The optimized module as the host's assembly."""
+        self._whole_module()
         return self.jit.assembly()
 
     def llvm_ir(self, optimized: bool = True) -> str:
         """The module's LLVM IR, after LLVM's optimization pipeline (or as generated)."""
+        self._whole_module()
         return str(self.jit.module) if optimized else self.ir

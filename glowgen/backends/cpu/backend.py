@@ -38,11 +38,19 @@ class CpuBackend(Backend):
         "threads": None,      # threads a call may use (None: this machine's cores)
         "cpu": None,          # the JIT's target: None ($GLOWGEN_CPU, else this machine) or an
                               # x86-64 level such as "x86-64-v3" (target.py)
+        "compile_processes": None,  # processes that emit and compile the JIT's code at once
+                              # (parallel_compile.py; None: this machine's cores for a large
+                              # model; 1: all in this process)
     }
 
     def check_options(self, options: Mapping[str, Any]) -> dict[str, Any]:
         options = super().check_options(options)
         options["threads"] = resolve_threads(options["threads"])
+        processes = options["compile_processes"]
+        if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int)
+                                      or processes < 1):
+            raise GlowgenError(f"compile_processes must be a positive integer (or None: this "
+                               f"machine's {machine_cores()} cores for a large model), not {processes!r}")
         from .target import resolve_cpu
         options["cpu"] = resolve_cpu(options["cpu"]).name
         return options
@@ -87,7 +95,7 @@ class CpuBackend(Backend):
         from . import CpuRunner
         from .target import resolve_cpu
         return CpuRunner(prog, registry, name=prog.name, profile=options["profile"],
-                         cpu=resolve_cpu(options["cpu"]))
+                         cpu=resolve_cpu(options["cpu"]), compile_processes=options["compile_processes"])
 
     def bundle_target(self, triple: Optional[str] = None, cpu: Optional[str] = None,
                       name: Optional[str] = None, source: Optional[Path] = None):

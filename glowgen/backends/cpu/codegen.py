@@ -122,8 +122,14 @@ class ModuleBuilder:
         self.parts: dict[int, int] = {}   # step id -> tasks it is split into (parallel.py)
         self._twins: dict = {}            # cheap key -> [(step function, its anonymous text)]
         self._texts: dict[str, str] = {}  # step function name -> its text (_text_of)
+        self._elsewhere = False           # step functions called from another module
 
-    def build(self) -> ir.Module:
+    def build(self, jobs=None) -> ir.Module:
+        """The whole module: every step's functions, the entry points calling them.
+
+        `jobs` (parallel_compile.py) yields lists of step indices, the steps whose functions
+        this module defines; the others are declared, their code is another module's
+        (step_functions).  None: every step is defined here."""
         steps = self.plan.steps
         self.parts = {id(step): step.parts for step in steps}
         self._counters = None
@@ -139,8 +145,15 @@ class ModuleBuilder:
             self._task_counters.initializer = ir.Constant(ty, [ir.Constant(ir.IntType(64), 2 ** 64 - 1)] * ty.count)
         # A control-flow step (cond, else, endcond, loop, endloop) is no function: the entry
         # branches there (_control).
-        calls = self._join(steps, [step.instrs[0] if is_control(step) else self._step_function(i, step)
-                                   for i, step in enumerate(steps)])
+        calls: list = [step.instrs[0] if is_control(step) else None for step in steps]
+        for job in ([range(len(steps))] if jobs is None else jobs):
+            for i in job:
+                if calls[i] is None:
+                    calls[i] = self._step_function(i, steps[i])
+        for i, step in enumerate(steps):        # another module's (step_functions)
+            if calls[i] is None:
+                calls[i] = self._step_function(i, step, define=False)
+        calls = self._join(steps, calls)
         self.step_names = [describe_step(step) for step in steps]
         self.step_parts = [1 if is_control(step) else self.parts[id(step)] for step in steps]
         self.split_steps = [(name, parts) for name, parts in zip(self.step_names, self.step_parts) if parts > 1]
@@ -151,6 +164,20 @@ class ModuleBuilder:
         io_fn = self._entry(self.name + "_io", calls, slots=slots)
         self._region_entry(self.name, io_fn, slots, parallel=False)
         self._region_entry(self.name + "_parallel", io_fn, slots, parallel=True)
+        return self.module
+
+    def step_functions(self, jobs) -> ir.Module:
+        """A module of only the functions of the steps `jobs` yields (lists of indices of
+        steps that are not control steps), for a module built with `build(jobs)` to call:
+        they are external, and one that is a twin of another here (_shared_twin) calls it,
+        under its own name, which the caller knows."""
+        self._elsewhere = True
+        steps = self.plan.steps
+        self.parts = {id(step): step.parts for step in steps}
+        self._counters = None
+        for job in jobs:
+            for i in job:
+                self._step_function(i, steps[i])
         return self.module
 
     def _region_entry(self, name: str, io_fn, slots, parallel: bool) -> None:
@@ -345,10 +372,11 @@ class ModuleBuilder:
             b.position_at_end(exit_bb)
 
     # ------------------------------------------------------------------ steps
-    def _step_function(self, index: int, step: Step):
+    def _step_function(self, index: int, step: Step, define: bool = True):
         """The step's functions, one per round of its tasks (a phased kernel's phases, else
         one), with the buffers and scratch they take: (buffers, uses scratch, [(function,
-        (task function, tasks) or None)])."""
+        (task function, tasks) or None)]).  `define=False`: the functions only declared,
+        another module's (step_functions)."""
         buffers: list[Buffer] = []
         for ins in step.instrs:
             for _, buf in ins.operands:
@@ -360,7 +388,8 @@ class ModuleBuilder:
         n_ptrs = len(buffers) + (1 if uses_scratch else 0)
         rounds = []
         for phase in (range(step.phases) if step.phases > 1 else [None]):
-            fn = self._phase_function(index, step, buffers, uses_scratch, parts, phase)
+            fn = (self._phase_function(index, step, buffers, uses_scratch, parts, phase) if define
+                  else self._declare_phase_function(index, step, buffers, uses_scratch, parts, phase))
             # A phased step's tasks are timed in its last round (its product).
             timed = phase is None or phase == step.phases - 1
             name = f"s{index}{'' if phase is None else f'p{phase}'}_task"
@@ -368,13 +397,15 @@ class ModuleBuilder:
             rounds.append((fn, task))
         return buffers, uses_scratch, rounds
 
-    def _phase_function(self, index: int, step: Step, buffers: list, uses_scratch: bool, parts: int, phase):
+    def _declare_phase_function(self, index: int, step: Step, buffers: list, uses_scratch: bool,
+                                parts: int, phase) -> ir.Function:
+        """The function of one round of a step, without its body: `void (buffers..,
+        [scratch], [i64 part])`, named after the step (the same name in every module)."""
         kinds = "_".join(i.kind for i in step.instrs[:3]) + ("_etc" if len(step.instrs) > 3 else "")
         params = [storage_type(x.type.dtype).as_pointer() for x in buffers]
         params += [F32.as_pointer()] if uses_scratch else []
         fnty = ir.FunctionType(ir.VoidType(), params + ([I64] if parts > 1 else []))
-        fn = ir.Function(self.module, fnty, name=f"s{index}{'' if phase is None else f'p{phase}'}_{kinds}")
-        fn.linkage = "internal"
+        fn = ir.Function(self.module, fnty, name=f"{self.name}_s{index}{'' if phase is None else f'p{phase}'}_{kinds}")
         # Never inlined into the entry: LLVM then optimized every step twice, the second
         # time inside one function of all of them, and generated code for that function
         # (ResNet-18 at one thread: 7.4 of its 11 s of compile time in LLVM, 3.8 so).  Calls
@@ -387,11 +418,16 @@ class ModuleBuilder:
             if not any(_overlaps(ranges[j], r) and not disjoint(buf, buffers[k])
                        for k, r in enumerate(ranges) if k != j):
                 arg.add_attribute("noalias")
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
-        split = WHOLE
         if parts > 1:
             fn.args[-1].name = "part"
-            split = Split(fn.args[-1], parts)
+        return fn
+
+    def _phase_function(self, index: int, step: Step, buffers: list, uses_scratch: bool, parts: int, phase):
+        fn = self._declare_phase_function(index, step, buffers, uses_scratch, parts, phase)
+        if not self._elsewhere:         # only this module's entry points call it
+            fn.linkage = "internal"
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        split = Split(fn.args[-1], parts) if parts > 1 else WHOLE
         self._scratch_arg = self._shared_scratch_arg = None
         if uses_scratch:
             # The scratch the tasks share (a phased kernel's), then each task's own share.
@@ -435,10 +471,21 @@ class ModuleBuilder:
                 other_text = _anonymous_text(other, self._text_of(other))
                 candidates[k] = (other, other_text)
             if other_text == text:
+                if self._elsewhere:     # called by name from another module: a thunk
+                    self._become_call(fn, other)
+                    return fn
                 del self.module.globals[fn.name]
                 return other
         candidates.append((fn, text))
         return fn
+
+    def _become_call(self, fn: ir.Function, other: ir.Function) -> None:
+        """`fn`'s body replaced by a tail call of `other`, its twin (same arguments)."""
+        fn.blocks.clear()
+        self._texts.pop(fn.name, None)
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        b.call(other, list(fn.args), tail=True)
+        b.ret_void()
 
     def _text_of(self, fn: ir.Function) -> str:
         """`str(fn)`, kept for build_text: printing a large function's IR takes llvmlite
@@ -448,10 +495,13 @@ class ModuleBuilder:
             text = self._texts[fn.name] = str(fn)
         return text
 
-    def build_text(self) -> str:
-        """The module built (build) as LLVM text, with the text of the step functions the
+    def build_text(self, jobs=None) -> str:
+        """The module built (build) as LLVM text."""
+        return self.text(self.build(jobs))
+
+    def text(self, module: ir.Module) -> str:
+        """`module` (this builder's) as LLVM text, with the text of the step functions the
         twin search printed reused (the rest as llvmlite's Module.__repr__ prints it)."""
-        module = self.build()
         lines = ['; ModuleID = "%s"' % (module.name,), 'target triple = "%s"' % (module.triple,),
                  'target datalayout = "%s"' % (module.data_layout,), '']
         lines += [t.get_declaration() for t in module.get_identified_types().values()]

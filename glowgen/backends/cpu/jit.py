@@ -57,14 +57,24 @@ def optimize(ir, tm) -> "llvm.ModuleRef":
     return mod
 
 
-class JitFunction:
-    """An optimized module loaded into this process; `fn(constant, mutable, activations)`."""
+def jit_target_machine(cpu=None):
+    """The JIT's target machine for `cpu`, a target.CpuTarget (None: this machine's CPU and
+    features)."""
+    return target_machine() if cpu is None or cpu.host else target_machine(None, cpu.name, cpu.features)
 
-    def __init__(self, ir_text: str, name: str, io_entry: bool = False, cpu=None):
-        # cpu: a target.CpuTarget (None: this machine's CPU and features)
-        self.tm = target_machine() if cpu is None or cpu.host else target_machine(None, cpu.name, cpu.features)
+
+class JitFunction:
+    """An optimized module loaded into this process, with `objects` (object code for the
+    same target machine, the functions it declares: parallel_compile.py) linked to it;
+    `fn(constant, mutable, activations)`.  `objects` is iterated once the module is
+    optimized: a parallel compile's helpers finish meanwhile."""
+
+    def __init__(self, ir_text: str, name: str, io_entry: bool = False, cpu=None, objects=()):
+        self.tm = jit_target_machine(cpu)
         self.module = optimize(ir_text, self.tm)
         self.engine = llvm.create_mcjit_compiler(self.module, self.tm)
+        for obj in objects:
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
         self.engine.finalize_object()
         addr = self.engine.get_function_address(name)
         proto = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
