@@ -75,6 +75,7 @@ def test_any_number_of_processes_gives_the_same_bits(threads):
     for processes in (2, 3, 64):
         many = glowgen.compile(MODEL, threads=threads, compile_processes=processes)
         assert many._runner.compile_processes == min(processes, jobs) > 1
+        assert many._runner.compile_failures == []
         _same(many.run(feeds), want)
 
 
@@ -101,24 +102,24 @@ def test_twin_steps_are_one_job():
     assert any(len(job) > 1 for job in jobs)
 
 
-def _exits_at_once(builder, claims, make_tm, out_fd):
+def _exits_at_once(builder, claims, compile_part, out_fd):
     for _ in claims:            # claims jobs, then dies without a word
         pass
     os._exit(3)
 
 
-def _raises(builder, claims, make_tm, out_fd):
+def _raises(builder, claims, compile_part, out_fd):
     next(iter(claims))
     raise RuntimeError("a helper's bug")
 
 
-def _truncated(builder, claims, make_tm, out_fd):
+def _truncated(builder, claims, compile_part, out_fd):
     for _ in claims:
         pass
     os.write(out_fd, b"\x10\x00\x00\x00{\"steps\": [")     # half a header, exit status 0
 
 
-def _hangs(builder, claims, make_tm, out_fd):
+def _hangs(builder, claims, compile_part, out_fd):
     for _ in claims:
         pass
     import time
@@ -132,6 +133,7 @@ def test_a_failed_helper_loses_nothing(monkeypatch, failure):
     monkeypatch.setattr(parallel_compile, "_helper", failure)
     monkeypatch.setattr(parallel_compile, "PATIENCE_S", 1.0)
     compiled = glowgen.compile(MODEL, compile_processes=3)
+    assert len(compiled._runner.compile_failures) == 2
     _same(compiled.run(feeds), want)
 
 
@@ -174,3 +176,31 @@ def test_whole_module_views_need_one_process(tmp_path, capsys):
     text = capsys.readouterr().out
     steps = compiled.program.plan.steps
     assert text.count("define ") >= len(parallel_compile.jobs_of(steps))
+
+
+@pytest.mark.skipif(__import__("shutil").which("gcc") is None, reason="gcc is not installed")
+def test_a_bundle_compiled_by_processes_matches_the_jit(tmp_path, monkeypatch):
+    """The helpers' bitcode is linked into the bundle's one object, whose only global
+    functions are still the entry points; main.c runs it to the JIT's bits."""
+    import subprocess
+    from test_bundle import build, run_bundle
+    codes = []
+    objects = parallel_compile.ProcessesBuild.objects
+
+    def counted(self):
+        for code in objects(self):
+            codes.append(code)
+            yield code
+        assert not self.failures
+    monkeypatch.setattr(parallel_compile.ProcessesBuild, "objects", counted)
+    bundle = glowgen.write_bundle(MODEL, tmp_path / "b", name="resid", threads=2, compile_processes=3)
+    assert len(codes) == 2 and all(code.startswith(b"BC") for code in codes)     # bitcode
+    exe = build(bundle)
+    nm = subprocess.run(["nm", "--defined-only", str(bundle.directory / "resid.o")], capture_output=True, text=True)
+    if nm.returncode == 0:
+        exported = sorted(line.split()[-1] for line in nm.stdout.splitlines() if line.split()[1] == "T")
+        assert exported == ["resid", "resid_io", "resid_parallel"]
+    feeds = _feeds()
+    want = glowgen.compile(MODEL, threads=2, compile_processes=1).run(feeds)
+    for threads in ("2", "1"):
+        _same(run_bundle(exe, bundle.program, feeds, tmp_path, extra=["--threads", threads]), want)

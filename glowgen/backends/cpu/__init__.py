@@ -13,7 +13,7 @@ from ..base import REGIONS, ContextPool, aligned_bytes, region_view
 from .backend import CpuBackend  # noqa: F401  (registered by name in backends/base.py)
 from .codegen import ModuleBuilder, io_slots
 from .backend import machine_cores
-from .jit import JitFunction, jit_target_machine
+from .jit import JitFunction, object_code
 from .parallel_compile import ProcessesBuild, processes_for
 from .target import resolve_cpu
 from .threads import ThreadPool
@@ -74,7 +74,7 @@ class CpuRunner:
         # Large programs are emitted and compiled by several processes (parallel_compile.py).
         self.compile_processes = processes_for(prog.plan.steps, compile_processes, machine_cores())
         if self.compile_processes > 1:
-            build = ProcessesBuild(new_builder, self.compile_processes, lambda: jit_target_machine(self.cpu))
+            build = ProcessesBuild(new_builder, self.compile_processes, lambda text: object_code(text, self.cpu))
             builder, self.ir, objects = build.builder, build.text, build.objects()
         else:
             builder = new_builder()
@@ -83,6 +83,8 @@ class CpuRunner:
         self.split_steps = builder.split_steps     # (step, tasks) of the steps run in parallel
         self.step_parts = builder.step_parts        # tasks of each step
         self.jit = JitFunction(self.ir, self.name, io_entry=True, cpu=self.cpu, objects=objects)
+        # Helpers whose steps this process compiled instead (none, unless something failed).
+        self.compile_failures = build.failures if self.compile_processes > 1 else []
         self._counters = None
         if profile:
             addr = self.jit.engine.get_global_value_address(f"{self.name}_profile")

@@ -107,4 +107,4 @@ class CpuBackend(Backend):
         if options.get("profile"):
             from ...errors import GlowgenError
             raise GlowgenError("profile=True counts cycles in the JIT; a bundle cannot carry it")
-        return write_bundle(prog, registry, out_dir, target)
+        return write_bundle(prog, registry, out_dir, target, options.get("compile_processes"))

@@ -320,12 +320,37 @@ def bundle_target(triple: Optional[str] = None, cpu: Optional[str] = None,
                         source.name if source is not None else "an in-memory model")
 
 
-def write_bundle(prog: "Program | list[Program]", registry, out_dir, target: BundleTarget) -> Bundle:
+def _optimized_module(prog: Program, registry, name: str, tm, compile_processes=None):
+    """The program's module optimized for `tm`.  A large one is emitted and optimized by
+    several processes (parallel_compile.py), their bitcode linked into one module, whose
+    step functions are then internal as in a module of one process."""
+    import llvmlite.binding as llvm
+    from .backend import machine_cores
+    from .codegen import ModuleBuilder
+    from .jit import optimize
+    from .parallel_compile import ProcessesBuild, processes_for
+
+    def new_builder():
+        return ModuleBuilder(prog, registry, name)
+    processes = processes_for(prog.plan.steps, compile_processes, machine_cores())
+    if processes == 1:
+        return optimize(new_builder().build_text(), tm)
+    build = ProcessesBuild(new_builder, processes, lambda text: optimize(text, tm).as_bitcode())
+    module = optimize(build.text, tm)
+    for code in build.objects():
+        module.link_in(llvm.parse_bitcode(code))
+    for fn_name in build.builder.declared:
+        module.get_function(fn_name).linkage = "internal"
+    return module
+
+
+def write_bundle(prog: "Program | list[Program]", registry, out_dir, target: BundleTarget,
+                 compile_processes=None) -> Bundle:
     """Write the compiled program `prog`, prepared for `target` (passes.py), as a bundle
     into `out_dir`, its steps split for the threads it was prepared for (the entry
     NAME_parallel takes the caller's pool).  A list of programs, one model compiled for
     several sets of input shapes, is written as one bundle of shape variants
-    (bundle_variants.py)."""
+    (bundle_variants.py).  `compile_processes`: as the backend's option of that name."""
     from ..base import prepare_output_dir
     from . import bundle_variants
     from .codegen import ModuleBuilder
@@ -340,7 +365,7 @@ def write_bundle(prog: "Program | list[Program]", registry, out_dir, target: Bun
     byte_order = "big" if big_endian else "little"
     threads = progs[0].plan.threads
     if variants is None:
-        module = optimize(ModuleBuilder(prog, registry, name).build_text(), tm)
+        module = _optimized_module(prog, registry, name, tm, compile_processes)
         weights = constant_region(prog, big_endian)
         header = header_text(prog, name, source=source, triple=target.triple, cpu=target.cpu,
                              byte_order=byte_order, threads=threads)

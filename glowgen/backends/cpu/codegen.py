@@ -123,6 +123,7 @@ class ModuleBuilder:
         self._twins: dict = {}            # cheap key -> [(step function, its anonymous text)]
         self._texts: dict[str, str] = {}  # step function name -> its text (_text_of)
         self._elsewhere = False           # step functions called from another module
+        self.declared: list[str] = []     # names of the step functions another module defines
 
     def build(self, jobs=None) -> ir.Module:
         """The whole module: every step's functions, the entry points calling them.
@@ -388,8 +389,11 @@ class ModuleBuilder:
         n_ptrs = len(buffers) + (1 if uses_scratch else 0)
         rounds = []
         for phase in (range(step.phases) if step.phases > 1 else [None]):
-            fn = (self._phase_function(index, step, buffers, uses_scratch, parts, phase) if define
-                  else self._declare_phase_function(index, step, buffers, uses_scratch, parts, phase))
+            if define:
+                fn = self._phase_function(index, step, buffers, uses_scratch, parts, phase)
+            else:
+                fn = self._declare_phase_function(index, step, buffers, uses_scratch, parts, phase)
+                self.declared.append(fn.name)
             # A phased step's tasks are timed in its last round (its product).
             timed = phase is None or phase == step.phases - 1
             name = f"s{index}{'' if phase is None else f'p{phase}'}_task"

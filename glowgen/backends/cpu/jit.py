@@ -63,6 +63,13 @@ def jit_target_machine(cpu=None):
     return target_machine() if cpu is None or cpu.host else target_machine(None, cpu.name, cpu.features)
 
 
+def object_code(ir_text: str, cpu=None) -> bytes:
+    """The module `ir_text` optimized and compiled for the JIT's target machine for `cpu`,
+    as object code that a JitFunction links (parallel_compile.py)."""
+    tm = jit_target_machine(cpu)
+    return tm.emit_object(optimize(ir_text, tm))
+
+
 class JitFunction:
     """An optimized module loaded into this process, with `objects` (object code for the
     same target machine, the functions it declares: parallel_compile.py) linked to it;

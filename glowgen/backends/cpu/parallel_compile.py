@@ -6,15 +6,17 @@ runs under one process-wide lock, so threads cannot share the work).  The step f
 are independent of each other: the entry points call them by name (codegen.py).  So this
 process forks helpers; each helper and this process claim jobs from one shared counter,
 biggest first, until none are left, and emit the functions of their jobs' steps.  A helper
-optimizes its module and sends back its object code; this process builds the entry points,
-which declare the step functions it did not define, and the JIT links it all (MCJIT).
+optimizes its module and sends back its code; this process builds the entry points, which
+declare the step functions it did not define.  The JIT links the helpers' object code to
+them (MCJIT); a bundle links their optimized bitcode into its module, and generates the
+code of the whole in one object file (bundle.py).
+
+A helper that fails (no fork, a crash, an exception) or hangs loses nothing: this process
+compiles the steps it claimed itself, where any error in them is raised as usual.
 
 A job is the steps whose functions may be twins (job_key: codegen._shared_twin finds twins
 among the functions of one module), so a split compiles no more code than one module.
 Functions are never inlined across steps, so a step's machine code is the same either way.
-
-A helper that fails (no fork, a crash, an exception) loses nothing: this process compiles
-the steps it claimed itself, where any error in them is raised as usual.
 """
 from __future__ import annotations
 
@@ -88,15 +90,11 @@ class _Claims:
             yield self.jobs[k]
 
 
-def _helper(builder, claims: _Claims, make_tm, out_fd: int) -> None:
+def _helper(builder, claims: _Claims, compile_part, out_fd: int) -> None:
     """In a forked helper: the functions of the jobs it claims, compiled; to `out_fd`, a
-    header (the steps defined, the object's size) and the object code."""
-    from .jit import optimize
+    header (the steps defined, the code's size) and the code."""
     module = builder.step_functions(claims)
-    obj = b""
-    if claims.taken:
-        tm = make_tm()
-        obj = tm.emit_object(optimize(builder.text(module), tm))
+    obj = compile_part(builder.text(module)) if claims.taken else b""
     header = json.dumps({"steps": claims.taken, "bytes": len(obj)}).encode()
     data = struct.pack("<I", len(header)) + header + obj
     view = memoryview(data)
@@ -134,13 +132,14 @@ class ProcessesBuild:
     """The program of `builder_factory()` (a codegen.ModuleBuilder) built by `processes`
     processes.  Made, it has forked the helpers and built this process's module: `builder`
     and `text` (the entry points and the step functions it claimed); then `objects()`
-    yields the object code of every other step function as the helpers finish (iterate it
-    after compiling `text`: the helpers work meanwhile)."""
+    yields the code of every other step function as the helpers finish, from
+    `compile_part(text of a module)` (object code for the JIT, bitcode for a bundle).
+    Iterate it after compiling `text`: the helpers work meanwhile."""
 
-    def __init__(self, builder_factory, processes: int, make_tm):
+    def __init__(self, builder_factory, processes: int, compile_part):
         import llvmlite.binding as llvm
         self._start = time.monotonic()
-        self._factory, self._make_tm = builder_factory, make_tm
+        self._factory, self._compile_part = builder_factory, compile_part
         self.builder = builder = builder_factory()
         claims = _Claims(jobs_of(builder.plan.steps))
         self._helpers: list[tuple[int, int]] = []       # (pid, read end)
@@ -149,14 +148,15 @@ class ProcessesBuild:
             # locks a helper will take.
             with llvm.ffi.lib._lock:
                 for _ in range(processes - 1):
-                    self._fork(builder, claims, make_tm)
+                    self._fork(builder, claims, compile_part)
             self.text = builder.build_text(claims)
         except BaseException:
             self._stop_helpers()
             raise
         self._defined = set(claims.taken)
+        self.failures: list[str] = []       # what went wrong with helpers (objects())
 
-    def _fork(self, builder, claims: _Claims, make_tm) -> None:
+    def _fork(self, builder, claims: _Claims, compile_part) -> None:
         read_fd, write_fd = os.pipe()
         try:
             with warnings.catch_warnings():
@@ -173,7 +173,7 @@ class ProcessesBuild:
             status = 1
             try:
                 os.close(read_fd)
-                _helper(builder, claims, make_tm, write_fd)
+                _helper(builder, claims, compile_part, write_fd)
                 status = 0
             finally:
                 os._exit(status)
@@ -199,12 +199,17 @@ class ProcessesBuild:
                 pid, read_fd = self._helpers[0]
                 data = _read_all(read_fd, deadline)
                 if data is None:            # still at work: stopped (_stop_helpers)
+                    self.failures += [f"helper {pid} still at work after {time.monotonic() - now:.0f} s"
+                                      for pid, _ in self._helpers]
                     break
                 os.close(read_fd)
                 self._helpers.pop(0)
                 _, status = os.waitpid(pid, 0)
                 result = _parse(data) if status == 0 else None
-                if result is not None:
+                if result is None:
+                    self.failures.append(f"helper {pid} ended with status {status} after sending "
+                                         f"{len(data)} bytes")
+                else:
                     steps, obj = result
                     self._defined.update(steps)
                     if obj:
@@ -214,6 +219,5 @@ class ProcessesBuild:
         steps = self.builder.plan.steps
         missing = [i for i, step in enumerate(steps) if not is_control(step) and i not in self._defined]
         if missing:                         # a helper failed: its steps compiled here
-            from .jit import optimize
-            spare, tm = self._factory(), self._make_tm()
-            yield tm.emit_object(optimize(spare.text(spare.step_functions([missing])), tm))
+            spare = self._factory()
+            yield self._compile_part(spare.text(spare.step_functions([missing])))
