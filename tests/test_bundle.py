@@ -122,10 +122,14 @@ def test_bundle_on_threads_matches_the_jit_bit_for_bit(tmp_path):
 
 
 @needs_gcc
-def test_int8_winograd_bundle_on_threads_matches_the_jit(tmp_path):
-    """A quantized bundle for x86-64-v3 whose 3x3 convolution runs int8 Winograd
-    (kernels/qwinograd.py: its padded input built in a phase the tasks share) computes on
-    main.c's threads what the JIT computes."""
+@pytest.mark.parametrize("strategy", ["winograd-madd16", "winograd4-madd16"])
+def test_int8_winograd_bundle_on_threads_matches_the_jit(tmp_path, monkeypatch, strategy):
+    """A quantized bundle for x86-64-v3 whose 3x3 convolution runs int8 Winograd, F(2x2) or
+    F(4x4) (kernels/qwinograd.py: its padded input built in a phase the tasks share),
+    computes on main.c's threads what the JIT computes."""
+    from glowgen.backends.cpu.kernels import qwinograd
+    if strategy == qwinograd.STRATEGY:
+        monkeypatch.setattr(qwinograd, "MAX_TILE_WASTE", 0.0)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 32, 48, 48)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
@@ -134,7 +138,7 @@ def test_int8_winograd_bundle_on_threads_matches_the_jit(tmp_path):
                                                "b": rng.standard_normal(64).astype(np.float32)})
     profile = glowgen.profile(model, [{"x": rng.standard_normal(x.shape).astype(np.float32)} for _ in range(4)])
     bundle = glowgen.write_bundle(model, tmp_path / "b", name="qconv", threads=2, cpu="x86-64-v3", quantize=profile)
-    assert [i.plan.strategy for i in bundle.program.instrs if i.kind == "QuantizedConv"] == ["winograd-madd16"]
+    assert [i.plan.strategy for i in bundle.program.instrs if i.kind == "QuantizedConv"] == [strategy]
     exe = build(bundle)
     jit = glowgen.compile(model, threads=2, cpu="x86-64-v3", quantize=profile)
     assert jit._runner.split_steps, "nothing was split: the test would show nothing"

@@ -1,8 +1,9 @@
-"""int8 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) on AVX2 (kernels/qwinograd.py):
-exact in integers, so held bit for bit to the exact NumPy reference of test_int8_kernels at
-1, 2 and 3 threads, with 8-bit and 7-bit weights and the extremes (weights -128 and 127
-against activations -128 and 127: the largest transformed values there are).  Compiled
-for x86-64-v3, which every x86-64 host these tests run on can run."""
+"""int8 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) and F(4x4, 3x3) on AVX2
+(kernels/qwinograd.py): exact in integers, so held bit for bit to the exact NumPy reference
+of test_int8_kernels at 1, 2 and 3 threads, with 8-bit and 7-bit weights and the extremes
+(weights -128 and 127 against activations -128 and 127: the largest transformed values
+there are).  Each case runs with either tile size, forced (MAX_TILE_WASTE), whatever the
+output's size.  Compiled for x86-64-v3, which every x86-64 host these tests run on can run."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +13,7 @@ from glowgen import pipeline
 from glowgen.backends.cpu.kernels import qwinograd
 from glowgen.engine.registry import Registry
 from glowgen.engine.textual import parse_function
+from glowgen.backends.cpu.qgemm import QShape
 from test_int8_kernels import _compile, conv_case
 
 CPU = "x86-64-v3"
@@ -33,24 +35,54 @@ CONVS = [
 STREAMED = 8
 
 
-def _check(case, rng, bounds=None, **values):
+@pytest.fixture(params=[2, 4], ids=["F(2x2)", "F(4x4)"])
+def tile(request, monkeypatch):
+    """F(2x2) or F(4x4) wherever it applies: tiles may then waste any share of the output."""
+    _force_tile(monkeypatch, request.param)
+    return request.param
+
+
+def _check(case, rng, tile, bounds=None, strategy=None, **values):
     n, c, h, w, m, pads = case
     text, feeds, want = conv_case(rng, n, c, h, w, m, 3, (1, 1), pads, (1, 1), bounds=bounds, **values)
+    strategy = strategy or (qwinograd.STRATEGY4 if tile == 4 else qwinograd.STRATEGY)
     results = []
     for threads in (1, 2, 3):
         model, _ = _compile(text, CPU, threads, winograd=True)
         (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
-        assert plan.strategy == qwinograd.STRATEGY, plan
+        assert plan.strategy == strategy, plan
         results.append(model.run(feeds)["y"])
         np.testing.assert_array_equal(results[-1], want)
     assert results[0].tobytes() == results[1].tobytes() == results[2].tobytes()
 
 
+def _force_tile(monkeypatch, tile: int) -> None:
+    monkeypatch.setattr(qwinograd, "MAX_TILE_WASTE", 0.0 if tile == 2 else 100.0)
+
+
+# 7-bit weights take the same F(4x4) path as 8-bit ones; F(2x2) runs them.
 @pytest.mark.parametrize("case", range(len(CONVS)))
-@pytest.mark.parametrize("values", ["eight bits", "seven bits", "extremes"])
-def test_winograd_conv_exact(case, values):
+@pytest.mark.parametrize("values, tile", [("eight bits", 2), ("seven bits", 2), ("extremes", 2),
+                                          ("eight bits", 4), ("extremes", 4)])
+def test_winograd_conv_exact(case, values, tile, monkeypatch):
+    _force_tile(monkeypatch, tile)
     kwargs = {"eight bits": {}, "seven bits": SEVEN_BITS, "extremes": EXTREMES}[values]
-    _check(CONVS[case], np.random.default_rng(400 + case), **kwargs)
+    strategy = None
+    if tile == 4 and case == STREAMED and values == "extremes":
+        # 64 x (192 x 9 x 255 x 128) leaves i32: F(4x4)'s sums are out of range, F(2x2)'s not.
+        strategy = qwinograd.STRATEGY
+    _check(CONVS[case], np.random.default_rng(400 + case), tile, strategy=strategy, **kwargs)
+
+
+@pytest.mark.parametrize("size, strategy", [(56, "winograd4-madd16"), (28, "winograd4-madd16"),
+                                            (14, "winograd-madd16"), (7, "winograd-madd16")])
+def test_tile_size_follows_the_output(size, strategy):
+    """F(4x4) where its tiles waste little of the output (ResNet's 56 x 56 and 28 x 28),
+    F(2x2) otherwise (16 x 16 computed for 14 x 14)."""
+    text, _, _ = conv_case(np.random.default_rng(0), 1, 8, size, size, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1))
+    node = _node(text)
+    w = np.ones((8, 8, 3, 3), np.int64)
+    assert qwinograd.strategy(node, QShape("madd16"), True, w, np.zeros(8, np.int64)) == strategy
 
 
 def test_streamed_weights_split_filters():
@@ -67,13 +99,14 @@ def test_scratch_holds_every_split():
     for n, c, h, w, m, pads in CONVS + [(1, 64, 28, 56, 64, (1, 1, 1, 1)), (1, 32, 56, 56, 48, (1, 1, 1, 1))]:
         text, _, _ = conv_case(np.random.default_rng(0), n, c, h, w, m, 3, (1, 1), pads)
         node = _node(text)
-        most = qwinograd.QWinogradGeometry(node).most_scratch()
-        for parts in range(1, 9):
-            g = qwinograd.QWinogradGeometry(node, parts)
-            assert g.v_bytes + g.m_bytes + g.z_bytes <= most, (node, parts)
+        for tile in (2, 4):
+            most = qwinograd.QWinogradGeometry(node, m=tile).most_scratch()
+            for parts in range(1, 9):
+                g = qwinograd.QWinogradGeometry(node, parts, tile)
+                assert g.v_bytes + g.m_bytes + g.z_bytes <= most, (node, parts, tile)
 
 
-def test_requantization_out_of_i32_range():
+def test_requantization_out_of_i32_range(tile):
     """A result scale so small that the requantized sums leave the i32 range: the output
     transform's requantization runs in f32 and saturates (qgemm.requantize), as the direct
     product's."""
@@ -83,13 +116,14 @@ def test_requantization_out_of_i32_range():
     for threads in (1, 2):
         model, _ = _compile(text, CPU, threads, winograd=True)
         (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
-        assert plan.strategy == qwinograd.STRATEGY and plan.packed == "a", plan
+        assert plan.strategy == (qwinograd.STRATEGY4 if tile == 4 else qwinograd.STRATEGY), plan
+        assert plan.packed == "a", plan
         np.testing.assert_array_equal(model.run(feeds)["y"], want)
 
 
-def test_winograd_conv_saturates_to_its_bounds():
+def test_winograd_conv_saturates_to_its_bounds(tile):
     """A fused ReLU's bounds (the result's low and high) saturate as the direct product's."""
-    _check(CONVS[1], np.random.default_rng(420), bounds=(-3, 90))
+    _check(CONVS[1], np.random.default_rng(420), tile, bounds=(-3, 90))
 
 
 @pytest.mark.parametrize("change, why", [
@@ -105,7 +139,7 @@ def test_winograd_only_where_it_applies(change, why):
     text, feeds, want = conv_case(np.random.default_rng(430), **args)
     model, _ = _compile(text, CPU, 1, winograd=True)
     (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
-    assert plan.strategy != qwinograd.STRATEGY, why
+    assert plan.strategy not in qwinograd.TILES, why
     np.testing.assert_array_equal(model.run(feeds)["y"], want)
 
 
@@ -113,7 +147,6 @@ def test_winograd_off_and_on_vnni():
     """winograd=False keeps the direct product; so does a target with VNNI, whose 64 products
     an instruction beat 2.25x fewer at 16 an instruction."""
     text, feeds, want = conv_case(np.random.default_rng(440), 1, 16, 16, 16, 16, 3, (1, 1), (1, 1, 1, 1))
-    from glowgen.backends.cpu.qgemm import QShape
     assert not qwinograd.covers(_node(text), QShape("vnni"))
     assert qwinograd.covers(_node(text), QShape("madd16")) and qwinograd.covers(_node(text), QShape("ubsw"))
     model, _ = _compile(text, CPU, 1, winograd=False)
@@ -131,18 +164,43 @@ def _node(text):
 
 
 def test_sums_out_of_range_stay_direct():
-    """4 (sum + bias) must fit i32 (A^T M A computes it): a bias near 2^29 does not."""
+    """POW2 (sum + bias) must fit i32 (the output transform computes it exactly): 4 x for
+    F(2x2), 64 x for F(4x4)."""
     w = np.full((2, 8, 3, 3), 127, np.int8)
     assert qwinograd.sums_in_range(w, np.array([5000, -5000]))
     assert not qwinograd.sums_in_range(w, np.array([2 ** 29, 0]))
+    assert qwinograd.sums_in_range(w, np.array([2 ** 24, 0]), 2)
+    assert not qwinograd.sums_in_range(w, np.array([2 ** 25, 0]), 4)
+    assert qwinograd.sums_in_range(w, np.array([2 ** 24, 0]), 4)
 
 
-def test_transformed_weights_are_four_times_g_g_gt():
-    """U = (2G) g (2G)^T is 4 G g G^T, within i16 for any int8 filter."""
+def test_transformed_weights_are_scaled_g_g_gt():
+    """U = (S G) g (S G)^T is S (G g G^T) S (S: 2 for every row of F(2x2)'s G; 4, 6, 6, 24,
+    24, 1 for F(4x4)'s), within i16 for any int8 filter."""
     from glowgen.backends.cpu.kernels.conv_winograd import TRANSFORMS
     g = np.random.default_rng(450).integers(-128, 128, (3, 2, 3, 3))
-    _, gt, _ = TRANSFORMS[2]
-    want = 4 * np.einsum("ik,mckl,jl->ijmc", gt, g.astype(np.float64), gt).reshape(16, 3, 2)
-    np.testing.assert_array_equal(qwinograd.transformed_weights(g), want)
-    worst = qwinograd.transformed_weights(np.full((1, 1, 3, 3), -128))
-    assert np.abs(worst).max() == 9 * 128 < 2 ** 15
+    for m, scales, largest in ((2, [2, 2, 2, 2], 9 * 128), (4, [4, 6, 6, 24, 24, 1], 49 * 128)):
+        _, gt, _ = TRANSFORMS[m]
+        s = np.array(scales, np.float64)
+        want = np.einsum("i,ik,mckl,jl,j->ijmc", s, gt, g.astype(np.float64), gt, s).reshape((m + 2) ** 2, 3, 2)
+        np.testing.assert_allclose(qwinograd.transformed_weights(g, m), want, atol=1e-9)
+        worst = qwinograd.transformed_weights(np.full((1, 1, 3, 3), -128), m)
+        assert np.abs(worst).max() == largest < 2 ** 15
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_integer_transforms_give_the_scaled_direct_sum(m):
+    """(L A^T S^-1) [U .* V] (L A^T S^-1)^T is L^2 x the direct sum, and ODD's inverse
+    modulo 2^32 leaves POW2 x it, in wrapping i32 arithmetic (NumPy, int64 reduced)."""
+    t = qwinograd.INTEGER[m]
+    rng = np.random.default_rng(470 + m)
+    d = rng.integers(-255, 256, (16, t.n, t.n))
+    g = rng.integers(-128, 128, (16, 3, 3))
+    v = np.einsum("ij,cjk,lk->cil", t.b_t, d, t.b_t)
+    u = np.einsum("ij,cjk,lk->cil", t.kt, g, t.kt)
+    assert np.abs(v).max() <= t.v_max and np.abs(u).max() <= t.u_max
+    wrap = lambda a: (a + 2 ** 31) % 2 ** 32 - 2 ** 31      # noqa: E731
+    y = wrap(t.a_t @ wrap((u * v).sum(0)) @ t.a_t.T)
+    direct = np.array([[(d[:, i:i + 3, j:j + 3] * g).sum() for j in range(m)] for i in range(m)])
+    assert t.pow2 * t.odd == {2: 4, 4: 576}[m]
+    np.testing.assert_array_equal(wrap(y * t.inverse), t.pow2 * direct)

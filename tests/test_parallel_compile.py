@@ -156,6 +156,17 @@ def test_int8_kernels_in_processes_give_the_same_bits():
     _same(compiled.run(feeds), want)
 
 
+def test_the_environment_sets_the_default(monkeypatch):
+    monkeypatch.setenv("GLOWGEN_COMPILE_PROCESSES", "1")
+    assert glowgen.compile(MODEL)._runner.compile_processes == 1
+    monkeypatch.setenv("GLOWGEN_COMPILE_PROCESSES", "3")
+    assert glowgen.compile(MODEL)._runner.compile_processes == 3
+    assert glowgen.compile(MODEL, compile_processes=2)._runner.compile_processes == 2
+    monkeypatch.setenv("GLOWGEN_COMPILE_PROCESSES", "many")
+    with pytest.raises(GlowgenError, match="GLOWGEN_COMPILE_PROCESSES must be a positive integer"):
+        glowgen.compile(MODEL)
+
+
 @pytest.mark.parametrize("value", [0, -2, True, 2.0, "2"])
 def test_compile_processes_is_checked(value):
     with pytest.raises(GlowgenError, match="compile_processes must be a positive integer"):

@@ -59,15 +59,32 @@ def jobs_of(steps) -> list[list[int]]:
 
 
 def processes_for(steps, asked: Optional[int], cores: int) -> int:
-    """How many processes compile `steps`: `asked` (at most one a job), else this machine's
-    cores for a program of at least MIN_STEPS functions; 1 where fork is unsafe (only
-    Linux is trusted to fork a process that may run other threads)."""
+    """How many processes compile `steps`: `asked` (at most one a job), else
+    $GLOWGEN_COMPILE_PROCESSES, else this machine's cores for a program of at least
+    MIN_STEPS functions; 1 where fork is unsafe (only Linux is trusted to fork a process
+    that may run other threads)."""
     if not sys.platform.startswith("linux") or not hasattr(os, "fork"):
         return 1
     functions = sum(1 for step in steps if not is_control(step))
     if asked is None:
+        asked = _from_environment()
+    if asked is None:
         asked = cores if functions >= MIN_STEPS else 1
     return max(1, min(asked, len(jobs_of(steps))))
+
+
+ENV = "GLOWGEN_COMPILE_PROCESSES"
+
+
+def _from_environment() -> Optional[int]:
+    text = os.environ.get(ENV, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        from ...errors import GlowgenError
+        raise GlowgenError(f"${ENV} must be a positive integer (processes that compile a model "
+                           f"at once; 1: all in one), not {text!r}")
+    return int(text)
 
 
 class _Claims:

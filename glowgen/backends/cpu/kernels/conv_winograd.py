@@ -326,23 +326,30 @@ def _input_rows(b, g: WinogradGeometry, j, first_band):
 def combine(b, matrix, xs: list, vw: int) -> list:
     """matrix @ xs for a constant matrix and a list of vectors: additions and subtractions
     for coefficients of 1 and -1, multiply-adds for the others, none for zeros.  Vectors of
-    integers (qwinograd.py's) take only matrices of 0 and +-1 with a 1 in every row."""
+    integers (qwinograd.py's) take integer matrices: their other coefficients multiply
+    (by a shift where a power of two, as LLVM makes it)."""
     integer = isinstance(xs[0].type.element, ir.IntType)
     add, sub = (b.add, b.sub) if integer else (b.fadd, b.fsub)
+
+    def times(coef, x):
+        if integer:
+            assert coef == int(coef), "integer vectors: integer coefficients"
+            return b.mul(ir.Constant(x.type, [int(coef)] * x.type.count), x)
+        return b.fmul(splat_constant(coef, vw), x)
     out = []
     for row in matrix:
         terms = sorted(((float(c), x) for c, x in zip(row, xs) if c), key=lambda t: t[0] != 1.0)
         coef, acc = terms[0]
         if coef != 1.0:
-            assert not integer, "integer vectors: a 1 in every row"
-            acc = b.fmul(splat_constant(coef, vw), acc)
+            acc = times(coef, acc)
         for coef, x in terms[1:]:
             if coef == 1.0:
                 acc = add(acc, x)
             elif coef == -1.0:
                 acc = sub(acc, x)
+            elif integer:
+                acc = add(acc, times(coef, x))
             else:
-                assert not integer, "integer vectors: coefficients of 0 and +-1"
                 acc = fmuladd(b, splat_constant(coef, vw), x, acc)
         out.append(acc)
     return out

@@ -199,9 +199,7 @@ def q_strategy(ins, shape, packable, plan) -> str:
             return depthwise.strategy(qs)
         return "loops"
     qs = for_weights(qs, _constant(ins, 2))
-    if winograd.covers(node, qs, plan.winograd) and winograd.sums_in_range(_constant(ins, 2), _constant(ins, 4)):
-        return winograd.STRATEGY
-    return qs.kind
+    return winograd.strategy(node, qs, plan.winograd, _constant(ins, 2), _constant(ins, 4)) or qs.kind
 
 
 @hook(REPACK, "QuantizedConv", "QuantizedMatMul")
@@ -214,8 +212,8 @@ def q_repack(prog, ins, shape, users) -> bool:
     exact = False
     if depthwise.is_depthwise(strategy):
         data = depthwise.pack(node, w, ws, b, depthwise.qshape(strategy))
-    elif strategy == winograd.STRATEGY:
-        data, exact = winograd.pack(node, w, ws, b)
+    elif strategy in winograd.TILES:
+        data, exact = winograd.pack(node, w, ws, b, winograd.TILES[strategy])
     elif strategy in QSHAPES:
         qs = QShape(strategy)
         geo = Geometry(node, qs)
@@ -260,8 +258,8 @@ def _pack(node, geo: Geometry, w3, ws, b, qs: QShape, pad: int) -> tuple[np.ndar
 def q_scratch(ins, shape) -> int:
     if depthwise.is_depthwise(ins.plan.strategy):
         return depthwise.DepthwiseGeometry(ins.node, depthwise.qshape(ins.plan.strategy)).scratch
-    if ins.plan.strategy == winograd.STRATEGY:
-        return winograd.scratch(ins.node, ins.plan.phases is not None)
+    if ins.plan.strategy in winograd.TILES:
+        return winograd.scratch(ins.node, ins.plan.phases is not None, winograd.TILES[ins.plan.strategy])
     if ins.plan.strategy not in QSHAPES:
         return 0
     qs = QShape(ins.plan.strategy)
@@ -277,8 +275,8 @@ def q_phases(ins, shape, parts: int) -> Optional[Phases]:
     reads: unphased, every task built the whole plane, at a quarter of the float product's
     time a larger share of the step than there.  Not one whose tasks build only the plane
     of their own pixels (owns_pixels)."""
-    if ins.plan.strategy == winograd.STRATEGY:
-        return winograd.phases(ins.node, parts)
+    if ins.plan.strategy in winograd.TILES:
+        return winograd.phases(ins.node, parts, winograd.TILES[ins.plan.strategy])
     if depthwise.is_depthwise(ins.plan.strategy) or ins.plan.strategy not in QSHAPES:
         return None
     qs = QShape(ins.plan.strategy)
@@ -320,8 +318,8 @@ def own_plane_pixels(b, geo: Geometry, first, last):
 def q_work(node, shape, ins) -> Work:
     if ins.plan is not None and depthwise.is_depthwise(ins.plan.strategy):
         return depthwise.work(node, depthwise.qshape(ins.plan.strategy))
-    if ins.plan is not None and ins.plan.strategy == winograd.STRATEGY:
-        return winograd.work(node)
+    if ins.plan is not None and ins.plan.strategy in winograd.TILES:
+        return winograd.work(node, winograd.TILES[ins.plan.strategy])
     if ins.plan is not None and ins.plan.strategy == "loops" and node.inputs[0].type.dtype == "i16":
         # i16 loops (LoopTypes): shares of the filters (of a product's columns).
         w = node.inputs[1].type.shape
@@ -364,8 +362,8 @@ def q_describe(node) -> str:
 def quantized_product(k: KernelArgs):
     if depthwise.is_depthwise(k.strategy):
         return depthwise.emit(k, depthwise.qshape(k.strategy))
-    if k.strategy == winograd.STRATEGY:
-        return winograd.emit(k, k.packed == PACKED_IN_RANGE)
+    if k.strategy in winograd.TILES:
+        return winograd.emit(k, k.packed == PACKED_IN_RANGE, winograd.TILES[k.strategy])
     if k.strategy not in QSHAPES:
         return (q_conv_loops if k.node.OP == "QuantizedConv" else q_matmul_loops)(k)
     b, node = k.b, k.node

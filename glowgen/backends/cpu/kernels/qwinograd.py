@@ -1,48 +1,54 @@
-"""int8 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3), exact, on AVX2.
+"""int8 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) or F(4x4, 3x3), exact, on AVX2.
 
 The direct int8 product (qlinalg.py) makes 9 products per output pixel and channel pair;
-F(2x2, 3x3) makes 16 per 2 x 2 tile of them (conv_winograd.py's algebra):
+F(2x2, 3x3) makes 16 per 2 x 2 tile of them, F(4x4, 3x3) 36 per 4 x 4 tile (conv_winograd.py's
+algebra):
 
     Y = A^T [ (G g G^T) .* (B^T d B) ] A
 
-In integers, and so exactly, bit for bit the direct product's sums:
-- d is the input window less the input's offset (its real zero), |d| <= 255; B^T holds
-  only 0 and +-1, so V = B^T d B sums at most 4 of them: |V| <= 1020, an i16.
-- G has halves; 2G = [[2,0,0], [1,1,1], [1,-1,1], [0,0,2]] is integer, and U = (2G) g (2G)^T
-  = 4 G g G^T, |U| <= 9 * 128: an i16, computed at compile time (pack).
+In integers, and so exactly, bit for bit the direct product's sums (IntegerTransforms):
+- d is the input window less the input's offset (its real zero), |d| <= 255.  B^T is
+  integer: V = B^T d B is an i16 (|V| <= 1020 for F(2x2), 25,500 for F(4x4)).
+- G has fractions; each row times its scale S is integer, and U = (S G) g (S G)^T is an
+  i16 (|U| <= 9 x 128, 49 x 128), computed at compile time (pack).
 - M = U .* V summed over the channels in i32 by `vpmaddwd` (two 16-bit products summed into
-  an i32, at most 2 * 1020 * 1152: no saturation) and `vpaddd`: the int8 GEMM's `madd16`
-  register tile (qgemm.emit_tile), its B a plane of channel pairs by tiles.
-- A^T M A is then 4 times the direct sum, exactly (integer additions wrap, but the final
-  value fits i32: sums_in_range).  The requantization's multiplier is divided by 4 (exact
-  in f32: a power of two) and the bias multiplied by 4, so the requantized result is the
-  direct kernel's (reference.primitives.requantize), bit for bit.
+  an i32: no saturation) and `vpaddd`: the int8 GEMM's `madd16` register tile
+  (qgemm.emit_tile), its B a plane of channel pairs by tiles.
+- (L A^T S^-1) M (L A^T S^-1)^T, an integer matrix on either side, is L^2 times the direct
+  sum: 4 for F(2x2), 576 = 64 x 9 for F(4x4), whose result is then multiplied by 9's inverse
+  modulo 2^32.  Integer additions and products wrap, but POW2 (4 or 64) times the sum and
+  the bias fits i32, checked at compile time (sums_in_range; else F(2x2), else the direct
+  product).  The requantization's multiplier is divided by POW2 (exact in f32) and the bias
+  multiplied by it, so the requantized result is the direct kernel's
+  (reference.primitives.requantize), bit for bit.
 
 On Zen 3, a register-only loop makes 31-33 products a TSC cycle with `vpmaddwd` + `vpaddd`
-against 40 with `ubsw`'s three instructions: 2.25x fewer products at 0.8x the rate.  With
-VNNI (64 products an instruction) the direct product stays: this path is AVX2's only.
+against 40 with `ubsw`'s three instructions: 2.25x (F(2x2)) or 4x (F(4x4)) fewer products at
+0.8x the rate.  With VNNI (64 products an instruction) the direct product stays: this path is
+AVX2's only.  F(4x4) where its tiles waste little of the output (MAX_TILE_WASTE, as the float
+kernel's: ResNet's 56 x 56 and 28 x 28), F(2x2) elsewhere.
 
-Per image: the input less its offset as i16 channel pairs, padded and split by column parity
-(`Xp[C/2][parity][Hp][Wq]` of i32 elements: the pair (c, c+1) of one pixel), built once
-(each task its share of the pairs, in a first round, when split: PHASES); then, band by
-band of tile rows (as conv_winograd's bands):
-1. the input transform, 8 tiles of a tile row a vector (their windows' columns 2t + j are
-   column t + j // 2 of parity j % 2: plain loads), for a channel pair in the 16 lanes of
+Per image: the input less its offset as i16 channel pairs, padded and split by column modulo
+m, the tile size (`Xp[C/2][phase][Hp][Wq]` of i32 elements: the pair (c, c+1) of one pixel),
+built once (each task its share of the pairs, in a first round, when split: PHASES); then,
+band by band of tile rows (as conv_winograd's bands):
+1. the input transform, 8 tiles of a tile row a vector (their windows' columns m t + j are
+   column t + j // m of phase j % m: plain loads), for a channel pair in the 16 lanes of
    i16, into V[xi][C/2][tiles];
-2. 16 products M_xi[filter][tile] = U_xi @ V_xi (madd16 tiles of 6 filters x 16 tiles);
-3. the output transform, 8 tiles a vector, requantized and narrowed into the 4 bytes of each
-   tile (qgemm.narrow, interleaved by 4), and stored: two 16-byte rows of output where the
-   8 tiles lie in one tile row and inside the image (`rows_direct`), else through a staging
-   block, tile by tile.
+2. (m + 2)^2 products M_xi[filter][tile] = U_xi @ V_xi (madd16 tiles of 6 filters x 16 tiles);
+3. the output transform, 8 tiles a vector, requantized and narrowed (qgemm.narrow,
+   interleaved by 4) into each tile row of the 8 tiles, and stored: rows of the output where
+   the 8 tiles lie in one tile row and inside the image (`rows_direct`), else through a
+   staging block, tile row by tile row.
 A split shares out the bands, or, where the transformed weights are streamed (past
 STREAMED_WEIGHTS), the blocks of filters: each task then transforms the whole image.
 
 ResNet-18 int8 at x86-64-v3 on Zen 3, 1 thread, kernel Mcycles of the stride-1 3x3 layers
-(direct ubsw -> Winograd): 64 @56 (4 layers) 12.2 -> 8.4, 128 @28 (3) 8.9 -> 6.1, 256 @14
-(3) 8.9 -> 6.5, 512 @7 (3) 9.6 -> 7.7; the model 49.8 -> 38.9.  ResNet-50 116.7 -> 106.6.
-One 64 @56 layer: 870 us, of which 757 in the products (at the register-only rate, with
-28 tiles a row padded to 32) and 31, 58 and 15 in the input transform, the output transform
-and the padded input.
+(direct ubsw -> F(2x2) -> F(4x4)): 64 @56 (4 layers) 12.2 -> 8.4 -> 6.4, 128 @28 (3) 8.9 ->
+6.1 -> 4.7, 256 @14 (3) 8.9 -> 6.5, 512 @7 (3) 9.6 -> 7.5; the model 49.8 -> 38.9 -> 35.0.
+ResNet-50 116.7 -> 105.3 -> 102.1.  One 64 @56 layer by F(2x2): 870 us, of which 757 in the
+products (at the register-only rate, with 28 tiles a row padded to 32) and 31, 58 and 15 in
+the input transform, the output transform and the padded input.
 """
 from __future__ import annotations
 
@@ -58,7 +64,9 @@ from ..qgemm import (PackedConstants, QShape, emit_tile, narrow, pack_a, pack_of
 from ..vectors import splat
 from .conv_winograd import TRANSFORMS, combine
 
-STRATEGY = "winograd-madd16"
+STRATEGY = "winograd-madd16"       # F(2x2, 3x3)
+STRATEGY4 = "winograd4-madd16"     # F(4x4, 3x3)
+TILES = {STRATEGY: 2, STRATEGY4: 4}
 # The int8 product paths (qgemm.QSHAPES) it replaces: AVX2's, in 8-lane vectors.
 REPLACES = ("madd16", "ubsw")
 # Output pixels at the least.  At 7 x 7 the 16 tiles compute 64 pixels for 49 and the i16
@@ -66,15 +74,68 @@ REPLACES = ("madd16", "ubsw")
 # or memory on every call, and still: ResNet-18's three 512 -> 512 at 7 x 7 took 9.6 -> 7.3
 # Mcycles at 1 thread, 5.4 -> 4.5 at 2 (Zen 3; the filters split among the tasks).
 MIN_PIXELS = 7 * 7
-POSITIONS = 16                      # of a 4 x 4 transformed window
+# F(4x4) where its tiles reach at most this far past the output (as conv_winograd's).
+MAX_TILE_WASTE = 1.15
 TILE_VECTOR = 8                     # tiles a vector of the transforms holds (i32 lanes)
 # V and M of a band (the products' operand and result) within about this many bytes, unless
 # the transformed weights exceed STREAMED_WEIGHTS: then one band a task (conv_winograd's rule).
 BAND_BYTES = 192 * 1024
 STREAMED_WEIGHTS = 1024 * 1024
-# conv_winograd's F(2x2, 3x3) matrices as integers: B^T and A^T hold 0 and +-1, 2G is integer.
-B_T, G2, A_T = (np.rint(m * s).astype(np.int64) for m, s in zip(TRANSFORMS[2], (1, 2, 1)))
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
+# The scale of each row of G that makes it integer (S): F(2x2)'s halves all by 2, F(4x4)'s
+# quarters, sixths and twenty-fourths each by its own (one scale of 24 for all would take
+# U past i16).
+ROW_SCALES = {2: (2, 2, 2, 2), 4: (4, 6, 6, 24, 24, 1)}
+
+
+class IntegerTransforms:
+    """F(m x m, 3x3) in integers.  With S = diag(ROW_SCALES[m]) and L their least common
+    multiple, U = (S G) g (S G)^T, and M = U .* V summed is S M0 S for the true M0; so
+    (L A^T S^-1) M (L A^T S^-1)^T = L^2 A^T M0 A = L^2 x the direct sum, all in integers.
+    L^2 = POW2 x ODD: the result times ODD's inverse modulo 2^32 is POW2 x the sum (exact
+    where that fits i32: sums_in_range), and POW2 is a power of two, exact in the f32
+    multiplier.  F(2x2): L^2 = 4; F(4x4): 576 = 64 x 9."""
+
+    def __init__(self, m: int):
+        b_t, g, a_t = TRANSFORMS[m]
+        scales = np.array(ROW_SCALES[m], np.int64)
+        common = int(np.lcm.reduce(scales))
+        self.m, self.n = m, m + 2
+        self.positions = self.n * self.n
+        self.b_t = _integer(b_t)
+        self.kt = _integer(scales[:, None] * g)
+        self.a_t = _integer(common * a_t / scales[None, :])
+        square = common * common
+        self.pow2 = square & -square
+        self.odd = square // self.pow2
+        self.inverse = pow(self.odd, -1, 2 ** 32)
+        self.inverse -= 2 ** 32 if self.inverse >= 2 ** 31 else 0      # as an i32
+        # V = B^T d B of |d| <= 255, U of |g| <= 128, and vpmaddwd's pair sums, in range.
+        self.v_max = 255 * int(np.abs(self.b_t).sum(1).max()) ** 2
+        self.u_max = 128 * int(np.abs(self.kt).sum(1).max()) ** 2
+        assert self.v_max < 2 ** 15 and self.u_max < 2 ** 15 and 2 * self.v_max * self.u_max < 2 ** 31
+
+
+def _integer(m: np.ndarray) -> np.ndarray:
+    out = np.rint(m).astype(np.int64)
+    assert np.allclose(m, out), m
+    return out
+
+
+INTEGER = {m: IntegerTransforms(m) for m in ROW_SCALES}
+
+
+def strategy(node, qs: QShape, winograd: bool, w: np.ndarray, b: np.ndarray):
+    """STRATEGY4 where covers and F(4x4)'s tiles waste little of the output, else STRATEGY;
+    either only where its sums stay in range (sums_in_range); None otherwise."""
+    if not covers(node, qs, winograd):
+        return None
+    oh, ow = node.outputs[0].type.shape[2:]
+    waste = _ceil(oh, 4) * 4 / oh * _ceil(ow, 4) * 4 / ow
+    for name in ((STRATEGY4, STRATEGY) if waste <= MAX_TILE_WASTE else (STRATEGY,)):
+        if sums_in_range(w, b, TILES[name]):
+            return name
+    return None
 
 
 def covers(node, qs: QShape, winograd: bool = True) -> bool:
@@ -89,56 +150,62 @@ def covers(node, qs: QShape, winograd: bool = True) -> bool:
             and tuple(node.dilations) == (1, 1) and cg % 2 == 0 and oh * ow >= MIN_PIXELS)
 
 
-def transformed_weights(w: np.ndarray) -> np.ndarray:
-    """U = (2G) g (2G)^T of each filter g [M, C, 3, 3], as [16, M, C] (position xi = 4i + j)."""
-    u = np.einsum("ik,mckl,jl->ijmc", G2, w.astype(np.int64), G2)
-    return u.reshape(POSITIONS, *w.shape[:2])
+def transformed_weights(w: np.ndarray, m: int = 2) -> np.ndarray:
+    """U = (S G) g (S G)^T of each filter g [M, C, 3, 3] (IntegerTransforms), as [n^2, M, C]
+    (position xi = n i + j)."""
+    kt = INTEGER[m].kt
+    u = np.einsum("ik,mckl,jl->ijmc", kt, w.astype(np.int64), kt)
+    return u.reshape(INTEGER[m].positions, *w.shape[:2])
 
 
-def sums_in_range(w: np.ndarray, b: np.ndarray) -> bool:
-    """Whether 4 (sum + bias) fits i32 for every filter and input: A^T M A's result."""
+def sums_in_range(w: np.ndarray, b: np.ndarray, m: int = 2) -> bool:
+    """Whether POW2 (sum + bias) fits i32 for every filter and input: what the output
+    transform computes exactly (IntegerTransforms)."""
     bound = np.abs(b.astype(np.int64)) + 255 * np.abs(w.reshape(len(b), -1).astype(np.int64)).sum(1)
-    return bool(np.all(4 * bound < 2 ** 31))
+    return bool(np.all(INTEGER[m].pow2 * bound < 2 ** 31))
 
 
 class QWinogradGeometry:
     """Tiles, the padded parity-split input, the bands, and the packed constants' layout of
     one convolution split among `parts` tasks."""
 
-    def __init__(self, node, parts: int = 1):
+    def __init__(self, node, parts: int = 1, m: int = 2):
+        self.t = INTEGER[m]
+        self.tile, self.positions = m, self.t.positions
         self.qs = QShape("madd16")
         self.batch, self.c, self.h, self.w = node.inputs[0].type.shape
         self.m = node.inputs[1].type.shape[0]
         self.oh, self.ow = node.outputs[0].type.shape[2:]
         self.pt, self.pl = node.pads[:2]
         self.pairs = self.c // 2
-        self.th, self.tw = _ceil(self.oh, 2), _ceil(self.ow, 2)
-        # Xp: padded rows 0 .. 2 th + 1 (the last tile's window), columns 0 .. 2 wq - 1 split
-        # by parity; a vector of 8 tiles from the last start (max(tw - 8, 0)) reads column
-        # indices up to that + 8.
-        self.hp = 2 * self.th + 2
+        self.th, self.tw = _ceil(self.oh, m), _ceil(self.ow, m)
+        # Xp: padded rows 0 .. m th + 1 (the last tile's window), columns 0 .. m wq - 1 split
+        # by their residue modulo m (the phase); a vector of 8 tiles from the last start
+        # (max(tw - 8, 0)) reads column indices up to that + 8 (window column m t + j is
+        # column t + j // m of phase j % m, and j // m <= 1).
+        self.hp = m * self.th + 2
         self.wq = max(self.tw, TILE_VECTOR) + 1
-        self.xp_bytes = _ceil(4 * self.pairs * 2 * self.hp * self.wq, 64) * 64
+        self.xp_bytes = _ceil(4 * self.pairs * m * self.hp * self.wq, 64) * 64
         self.mr = self.qs.mr
         self.blocks = _ceil(self.m, self.mr)
         self.mpad = self.blocks * self.mr
-        self.a_bytes = POSITIONS * self.blocks * self.pairs * self.mr * 4
+        self.a_bytes = self.positions * self.blocks * self.pairs * self.mr * 4
         # Transformed weights past STREAMED_WEIGHTS are read from L3 or memory by every band:
         # one band (the whole image) then, and a split shares out blocks of filters, each
         # task reading its own filters' weights (a split by tile rows read them all in each
         # task: ResNet-50's 512 -> 512 at 7 x 7 took longer at 2 threads than the direct product).
-        self.streamed = 2 * POSITIONS * self.c * self.mpad > STREAMED_WEIGHTS
+        self.streamed = 2 * self.positions * self.c * self.mpad > STREAMED_WEIGHTS
         self.split_filters = self.streamed and parts > 1
         self.rows = self._band_rows(1 if self.split_filters else parts)
         self.bands = _ceil(self.th, self.rows)
         self.cols = _ceil(self.rows * self.tw, TILE_VECTOR) * TILE_VECTOR   # a band's tile columns
         self.v_stride = self.cols + TILE_VECTOR   # the last tile row's 8 may reach past the band
-        self.v_bytes = 4 * POSITIONS * self.pairs * self.v_stride
-        self.m_bytes = 4 * POSITIONS * self.mpad * self.cols
-        self.z_bytes = 4 * self.cols
+        self.v_bytes = 4 * self.positions * self.pairs * self.v_stride
+        self.m_bytes = 4 * self.positions * self.mpad * self.cols
+        self.z_bytes = m * m * self.cols
         # Whether the output transform stores its 8 tiles as rows of the output: every vector
         # of 8 tiles in one tile row, none past the image's columns.
-        self.rows_direct = self.tw >= TILE_VECTOR and self.ow % 2 == 0
+        self.rows_direct = self.tw >= TILE_VECTOR and self.ow % m == 0
 
     def _band_rows(self, parts: int) -> int:
         """Tile rows a band: of those whose V and M fit BAND_BYTES, the ones whose vectors of
@@ -160,12 +227,12 @@ class QWinogradGeometry:
     def band_bytes(self, r: int) -> int:
         """V and M of a band of r tile rows."""
         cols = _ceil(r * self.tw, TILE_VECTOR) * TILE_VECTOR
-        return 4 * POSITIONS * (self.pairs * (cols + TILE_VECTOR) + self.mpad * cols)
+        return 4 * self.positions * (self.pairs * (cols + TILE_VECTOR) + self.mpad * cols)
 
     def most_scratch(self) -> int:
         """A task's own scratch for any split (its bands' rows depend on the tasks)."""
         rows = [self.th] if self.streamed else self.band_choices()
-        z = 4 * _ceil(self.th * self.tw, TILE_VECTOR) * TILE_VECTOR      # the staging block at most
+        z = self.tile ** 2 * _ceil(self.th * self.tw, TILE_VECTOR) * TILE_VECTOR   # the staging block at most
         return max(self.band_bytes(r) for r in rows) + z
 
     def starts(self) -> list[int]:
@@ -179,41 +246,41 @@ class QWinogradGeometry:
 
 
 # ----------------------------------------------------------------------------- compile time
-def pack(node, w, ws, b) -> tuple[np.ndarray, bool]:
-    """[16 positions][blocks][C/2][MR][2] i16 transformed weights (qgemm.pack_a's madd16
-    layout, per position), 4 x the bias (i32), the multipliers / 4 (f32), the offsets; and
-    whether the sums stay in qgemm.IN_RANGE (requantize in i32)."""
-    g = QWinogradGeometry(node)
-    u = transformed_weights(w)
+def pack(node, w, ws, b, m: int = 2) -> tuple[np.ndarray, bool]:
+    """[n^2 positions][blocks][C/2][MR][2] i16 transformed weights (qgemm.pack_a's madd16
+    layout, per position), POW2 x the bias (i32), the multipliers / POW2 (f32), the offsets;
+    and whether the sums stay in qgemm.IN_RANGE (requantize in i32)."""
+    g = QWinogradGeometry(node, m=m)
+    u = transformed_weights(w, m)
     assert np.abs(u).max(initial=0) < 2 ** 15
-    a = [pack_a(u[xi][:, :, None].astype(np.int16), 1, g.qs).view(np.int8).ravel() for xi in range(POSITIONS)]
+    a = [pack_a(u[xi][:, :, None].astype(np.int16), 1, g.qs).view(np.int8).ravel() for xi in range(g.positions)]
     q = node.inputs[0].type.quant
-    bias4 = np.zeros(g.mpad, np.int32)
-    bias4[:g.m] = 4 * b.astype(np.int64)
+    pow2 = g.t.pow2
+    bias = np.zeros(g.mpad, np.int32)
+    bias[:g.m] = pow2 * b.astype(np.int64)
     mult = np.zeros(g.mpad, np.float32)
-    mult[:g.m] = requantize_multipliers(q.scale, ws, node.scale) * np.float32(0.25)
-    w4 = 4 * w.reshape(g.m, -1).astype(np.int64)
-    exact = products_in_range(w4, bias4[:g.m], mult[:g.m])
-    data = np.concatenate([*a, bias4.view(np.int8), mult.view(np.int8), *pack_offsets(node, q.offset)])
+    mult[:g.m] = requantize_multipliers(q.scale, ws, node.scale) * np.float32(1.0 / pow2)
+    exact = products_in_range(pow2 * w.reshape(g.m, -1).astype(np.int64), bias[:g.m], mult[:g.m])
+    data = np.concatenate([*a, bias.view(np.int8), mult.view(np.int8), *pack_offsets(node, q.offset)])
     return data, exact
 
 
-def scratch(node, phased: bool) -> int:
-    g = QWinogradGeometry(node)
+def scratch(node, phased: bool, m: int = 2) -> int:
+    g = QWinogradGeometry(node, m=m)
     return g.most_scratch() + (0 if phased else g.xp_bytes)
 
 
-def phases(node, parts: int):
+def phases(node, parts: int, m: int = 2):
     """The padded input built in a round of its own, each task its share of the channel
     pairs (one image: the kernel loops over images otherwise)."""
-    g = QWinogradGeometry(node, parts)
+    g = QWinogradGeometry(node, parts, m)
     return Phases(2, g.xp_bytes) if g.batch == 1 else None
 
 
-def work(node) -> Work:
+def work(node, m: int = 2) -> Work:
     """Bands of tile rows, or blocks of filters where the weights are streamed."""
-    g = QWinogradGeometry(node)
-    flops = 2.0 * g.batch * g.m * g.c * POSITIONS * g.th * g.tw
+    g = QWinogradGeometry(node, m=m)
+    flops = 2.0 * g.batch * g.m * g.c * g.positions * g.th * g.tw
     return Work(g.blocks if g.streamed else g.th, flops=flops)
 
 
@@ -234,46 +301,50 @@ def _store(b, value, base, at):
 
 
 def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi) -> None:
-    """Channel pairs lo .. hi of image n into Xp: element (pair, parity p, row r, column k)
-    holds channels 2 pair and 2 pair + 1 of input pixel (r - pt, 2k + p - pl) less the
-    input's offset, as two i16 (0 outside the input).  Input rows 16 pixels a step where
+    """Channel pairs lo .. hi of image n into Xp: element (pair, phase p, row r, column k)
+    holds channels 2 pair and 2 pair + 1 of input pixel (r - pt, m k + p - pl) less the
+    input's offset, as two i16 (0 outside the input).  Input rows 8 m pixels a step where
     they lie inside the row, the edges one element at a time."""
-    vh = _vec(I16, 16)
+    m = g.tile
+    span = TILE_VECTOR * m                   # input pixels of a vector step
+    vh = _vec(I16, span)
     off16 = b.trunc(x_offset, I16)
-    offs = splat(b, off16, 16)
+    offs = splat(b, off16, span)
     zero_row = ir.Constant(_vec(I32, TILE_VECTOR), None)
-    # Elements k whose 16 input pixels 2k - pl .. 2k - pl + 15 lie inside the row: k_lo ..
-    # k_hi - 8 (vector steps of 8 elements, the last overlapping), the others scalar.
-    k_lo = _ceil(g.pl, 2)
-    k_top = min((g.w + g.pl - 16) // 2, g.wq - TILE_VECTOR)      # the last vector step's start
+    # Elements k whose input pixels m k - pl .. m k - pl + 8 m - 1 lie inside the row: k_lo ..
+    # k_top + 7 (vector steps of 8 elements, the last overlapping), the others scalar.
+    k_lo = _ceil(g.pl, m)
+    k_top = min((g.w + g.pl - span) // m, g.wq - TILE_VECTOR)     # the last vector step's start
     vector = k_top >= k_lo
     steps = (list(range(k_lo, k_top, TILE_VECTOR)) + [k_top]) if vector else []
     scalar = [(0, k_lo), (k_top + TILE_VECTOR, g.wq)] if vector else [(0, g.wq)]
-    even = ir.Constant(_vec(I32, 16), [i for k in range(8) for i in (2 * k, 16 + 2 * k)])
-    odd = ir.Constant(_vec(I32, 16), [i for k in range(8) for i in (2 * k + 1, 16 + 2 * k + 1)])
+    # Phase p's pairs: lane m k + p of each channel's vector, the two channels interleaved.
+    orders = [ir.Constant(_vec(I32, 2 * TILE_VECTOR), [i for k in range(TILE_VECTOR)
+                                                       for i in (m * k + p, span + m * k + p)])
+              for p in range(m)]
     with for_range(b, hi, start=lo, name="xpp") as pair:
         src = [b.gep(x, [b.mul(b.add(b.mul(n, i64(g.c)), b.add(b.mul(pair, i64(2)), i64(t))), i64(g.h * g.w))])
                for t in range(2)]
         with for_range(b, g.hp, name="xpr") as r:
             iy = b.sub(r, i64(g.pt))
             inside = b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(g.h)))
-            rows = [b.mul(b.add(b.mul(b.add(b.mul(pair, i64(2)), i64(p)), i64(g.hp)), r), i64(g.wq))
-                    for p in range(2)]
+            rows = [b.mul(b.add(b.mul(b.add(b.mul(pair, i64(m)), i64(p)), i64(g.hp)), r), i64(g.wq))
+                    for p in range(m)]
             with b.if_else(inside) as (then, otherwise):
                 with then:
                     row_src = [b.gep(s, [b.mul(iy, i64(g.w))]) for s in src]
                     for k0 in steps:
-                        at = i64(2 * k0 - g.pl)
-                        c0, c1 = (b.sub(b.sext(_load(b, s, at, _vec(I8, 16)), vh), offs) for s in row_src)
-                        for p, order in ((0, even), (1, odd)):
-                            v = b.shuffle_vector(c0, c1, order)
-                            _store(b, b.bitcast(v, _vec(I32, 8)), xp, b.add(rows[p], i64(k0)))
+                        at = i64(m * k0 - g.pl)
+                        c0, c1 = (b.sub(b.sext(_load(b, s, at, _vec(I8, span)), vh), offs) for s in row_src)
+                        for p in range(m):
+                            v = b.shuffle_vector(c0, c1, orders[p])
+                            _store(b, b.bitcast(v, _vec(I32, TILE_VECTOR)), xp, b.add(rows[p], i64(k0)))
                     for k_a, k_b in scalar:
                         if k_b <= k_a:
                             continue
                         with for_range(b, i64(k_b), start=i64(k_a), name="xps") as k:
-                            for p in range(2):
-                                ix = b.add(b.mul(k, i64(2)), i64(p - g.pl))
+                            for p in range(m):
+                                ix = b.add(b.mul(k, i64(m)), i64(p - g.pl))
                                 ok = b.and_(b.icmp_signed(">=", ix, i64(0)), b.icmp_signed("<", ix, i64(g.w)))
                                 at = b.select(ok, ix, i64(0))
                                 vals = [b.select(ok, b.sub(b.sext(b.load(b.gep(s, [at])), I16), off16),
@@ -281,7 +352,7 @@ def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi) -> N
                                 word = b.or_(b.zext(vals[0], I32), b.shl(b.zext(vals[1], I32), ir.Constant(I32, 16)))
                                 b.store(word, b.gep(xp, [b.add(rows[p], k)]))
                 with otherwise:
-                    for p in range(2):
+                    for p in range(m):
                         with for_range(b, g.wq, step=TILE_VECTOR, name="xpz") as k:
                             # the last step overlapping the one before (a row is >= 9 long)
                             k = b.select(b.icmp_signed("<", b.add(k, i64(TILE_VECTOR)), i64(g.wq)), k,
@@ -293,19 +364,20 @@ def _input_transform(b, g: QWinogradGeometry, xp, v, first_row, tile_rows: int) 
     """V[xi][pair][t] of the band's tiles t (tile row first_row + t // tw), 8 tiles of a tile
     row at a time."""
     vt, vh = _vec(I32, TILE_VECTOR), _vec(I16, 2 * TILE_VECTOR)
+    m, nw, b_t = g.tile, g.t.n, g.t.b_t
     with for_range(b, g.pairs, name="itp") as pair, for_range(b, tile_rows, name="itr") as r:
-        top = b.mul(b.add(first_row, r), i64(2))                  # the windows' first padded row
-        planes = [b.mul(b.add(b.mul(pair, i64(2)), i64(p)), i64(g.hp)) for p in range(2)]
+        top = b.mul(b.add(first_row, r), i64(m))                  # the windows' first padded row
+        planes = [b.mul(b.add(b.mul(pair, i64(m)), i64(p)), i64(g.hp)) for p in range(m)]
         for t0 in g.starts():
-            d = [[b.bitcast(_load(b, xp, b.add(b.mul(b.add(b.add(planes[j % 2], top), i64(i)), i64(g.wq)),
-                                                  i64(t0 + j // 2)), vt), vh)
-                  for j in range(4)] for i in range(4)]
-            cols = [combine(b, B_T, [d[i][j] for i in range(4)], 2 * TILE_VECTOR) for j in range(4)]   # (B^T d)[i][j] = cols[j][i]
-            out = [combine(b, B_T, [cols[j][i] for j in range(4)], 2 * TILE_VECTOR) for i in range(4)]
+            d = [[b.bitcast(_load(b, xp, b.add(b.mul(b.add(b.add(planes[j % m], top), i64(i)), i64(g.wq)),
+                                                  i64(t0 + j // m)), vt), vh)
+                  for j in range(nw)] for i in range(nw)]
+            cols = [combine(b, b_t, [d[i][j] for i in range(nw)], 2 * TILE_VECTOR) for j in range(nw)]   # (B^T d)[i][j] = cols[j][i]
+            out = [combine(b, b_t, [cols[j][i] for j in range(nw)], 2 * TILE_VECTOR) for i in range(nw)]
             col = b.add(b.mul(r, i64(g.tw)), i64(t0))
-            for i in range(4):
-                for j in range(4):
-                    row = b.add(b.mul(i64(4 * i + j), i64(g.pairs)), pair)
+            for i in range(nw):
+                for j in range(nw):
+                    row = b.add(b.mul(i64(nw * i + j), i64(g.pairs)), pair)
                     _store(b, b.bitcast(out[i][j], vt), v, b.add(b.mul(row, i64(g.v_stride)), col))
 
 
@@ -315,7 +387,7 @@ def _products(b, g: QWinogradGeometry, a, v, mm, tiles: int, blocks) -> None:
     by 16 tiles (the last by 8 where that is what is left)."""
     qs = g.qs
     full, half = divmod(_ceil(tiles, TILE_VECTOR), qs.nv)
-    with for_range(b, POSITIONS, name="pxi") as xi, for_range(b, blocks[1], start=blocks[0], name="pmb") as mb:
+    with for_range(b, g.positions, name="pxi") as xi, for_range(b, blocks[1], start=blocks[0], name="pmb") as mb:
         a_block = b.gep(a, [b.mul(b.add(b.mul(xi, i64(g.blocks)), mb), i64(g.pairs * g.mr))])
         v_xi = b.gep(v, [b.mul(xi, i64(g.pairs * g.v_stride))])
         m_rows = b.add(b.mul(xi, i64(g.mpad)), b.mul(b.sub(mb, blocks[0]), i64(g.mr)))
@@ -333,74 +405,108 @@ def _products(b, g: QWinogradGeometry, a, v, mm, tiles: int, blocks) -> None:
             tile(i64(full * qs.nr), 1)
 
 
-def _output_vector(b, g: QWinogradGeometry, mm, row, col, bias4, mult, exact, y_offset, y_offset_i32, bounds):
-    """The i8 results of 8 tiles from band column `col` for the filter of M's `row`: tile k's
-    pixels (0, 0), (0, 1), (1, 0), (1, 1) at bytes 4k .. 4k + 3."""
+def _output_sums(b, g: QWinogradGeometry, mm, row, col, bias, mult, exact, y_offset, bounds):
+    """The sums of 8 tiles from band column `col` for the filter of M's `row`, requantized
+    (requantize_for_narrow): [i][j] the vector of the tiles' pixel (i, j)."""
     vt = _vec(I32, TILE_VECTOR)
-    m = [_load(b, mm, b.add(b.mul(b.add(i64(xi * g.mpad), row), i64(g.cols)), col), vt)
-         for xi in range(POSITIONS)]
-    cols = [combine(b, A_T, [m[4 * i + j] for i in range(4)], TILE_VECTOR) for j in range(4)]
-    out = [combine(b, A_T, [cols[j][i] for j in range(4)], TILE_VECTOR) for i in range(2)]
-    sums = [requantize_for_narrow(b, b.add(o, bias4), mult, exact, y_offset, bounds)
-            for o in (out[0][0], out[0][1], out[1][0], out[1][1])]
-    if exact:
-        return narrow(b, sums, bounds, y_offset_i32, interleave=4)
-    return narrow(b, sums, interleave=4)
+    nw, m, a_t = g.t.n, g.tile, g.t.a_t
+    mv = [_load(b, mm, b.add(b.mul(b.add(i64(xi * g.mpad), row), i64(g.cols)), col), vt)
+          for xi in range(g.positions)]
+    cols = [combine(b, a_t, [mv[nw * i + j] for i in range(nw)], TILE_VECTOR) for j in range(nw)]
+    out = [combine(b, a_t, [cols[j][i] for j in range(nw)], TILE_VECTOR) for i in range(m)]
+    inverse = ir.Constant(vt, [g.t.inverse] * TILE_VECTOR) if g.t.odd > 1 else None
+
+    def final(o):           # ODD x POW2 x the sum -> POW2 x (the sum + the bias), exactly
+        if inverse is not None:
+            o = b.mul(o, inverse)
+        return requantize_for_narrow(b, b.add(o, bias), mult, exact, y_offset, bounds)
+    return [[final(out[i][j]) for j in range(m)] for i in range(m)]
+
+
+def _output_lines(b, g: QWinogradGeometry, sums, exact, bounds, y_offset_i32) -> list:
+    """The i8 results of 8 tiles, row i of each tile after the other (8 m bytes) for each
+    of the m rows: qgemm.narrow of four vectors, interleaved by 4 (F(4x4): one row's four
+    pixels; F(2x2): a tile's four pixels, then dealt into its two rows)."""
+    def narrowed(vectors):
+        if exact:
+            return narrow(b, vectors, bounds, y_offset_i32, interleave=4)
+        return narrow(b, vectors, interleave=4)
+    if g.tile == 4:
+        return [narrowed(sums[i]) for i in range(4)]
+    q = narrowed([sums[0][0], sums[0][1], sums[1][0], sums[1][1]])
+    return [b.shuffle_vector(q, ir.Constant(q.type, ir.Undefined), ir.Constant(
+        _vec(I32, 16), [4 * k + 2 * i + j for k in range(TILE_VECTOR) for j in range(2)])) for i in range(2)]
 
 
 def _output_transform(b, g: QWinogradGeometry, mm, zs, y, n, first_row, tile_rows: int, filters,
                       bias, mult, exact, y_offset, y_offset_i32, bounds) -> None:
     """The output pixels of the band's tiles for `filters` (lo, hi: M's rows from 0 on),
-    requantized into y."""
+    requantized into y: rows of 8 tiles straight into the output (rows_direct), else
+    through the staging block zs (row i of band tile t at m (cols i + t)), tile by tile."""
+    m = g.tile
     tiles = tile_rows * g.tw
     with for_range(b, filters[1], start=filters[0], name="of") as f:
         row = b.sub(f, filters[0])
-        bias4 = splat(b, b.load(b.gep(bias, [f])), TILE_VECTOR)
+        bias_f = splat(b, b.load(b.gep(bias, [f])), TILE_VECTOR)
         mf = b.load(b.gep(mult, [f]))
         plane = b.mul(b.add(b.mul(n, i64(g.m)), f), i64(g.oh * g.ow))
 
-        def vector(col):
-            return _output_vector(b, g, mm, row, col, bias4, mf, exact, y_offset, y_offset_i32, bounds)
+        def lines(col):
+            sums = _output_sums(b, g, mm, row, col, bias_f, mf, exact, y_offset, bounds)
+            return _output_lines(b, g, sums, exact, bounds, y_offset_i32)
         if g.rows_direct:
             with for_range(b, tile_rows, name="ofr") as r:
-                oy = b.mul(b.add(first_row, r), i64(2))
+                oy = b.mul(b.add(first_row, r), i64(m))
                 for t0 in g.starts():
-                    q = vector(b.add(b.mul(r, i64(g.tw)), i64(t0)))
-                    for i in range(2):
-                        line = b.shuffle_vector(q, ir.Constant(q.type, ir.Undefined), ir.Constant(
-                            _vec(I32, 16), [4 * k + 2 * i + j for k in range(8) for j in range(2)]))
-                        at = b.add(plane, b.add(b.mul(b.add(oy, i64(i)), i64(g.ow)), i64(2 * t0)))
-                        if i and g.oh % 2:
-                            with b.if_then(b.icmp_signed("<", b.add(oy, i64(1)), i64(g.oh))):
+                    for i, line in enumerate(lines(b.add(b.mul(r, i64(g.tw)), i64(t0)))):
+                        at = b.add(plane, b.add(b.mul(b.add(oy, i64(i)), i64(g.ow)), i64(m * t0)))
+                        if i and g.oh % m:
+                            with b.if_then(b.icmp_signed("<", b.add(oy, i64(i)), i64(g.oh))):
                                 _store(b, line, y, at)
                         else:
                             _store(b, line, y, at)
-        else:
-            with for_range(b, _ceil(tiles, TILE_VECTOR) * TILE_VECTOR, step=TILE_VECTOR, name="ofz") as col:
-                _store(b, vector(col), zs, b.mul(col, i64(4)))
-            with for_range(b, tiles, name="oft") as t:
-                tr = b.add(first_row, b.udiv(t, i64(g.tw)))
-                tc = b.urem(t, i64(g.tw))
-                for i in range(2):
-                    for j in range(2):
-                        oy, ox = b.add(b.mul(tr, i64(2)), i64(i)), b.add(b.mul(tc, i64(2)), i64(j))
-                        conds = ([b.icmp_signed("<", oy, i64(g.oh))] if g.oh % 2 and i else []) + \
-                                ([b.icmp_signed("<", ox, i64(g.ow))] if g.ow % 2 and j else [])
-                        val = b.load(b.gep(zs, [b.add(b.mul(t, i64(4)), i64(2 * i + j))]))
-                        dst = b.gep(y, [b.add(plane, b.add(b.mul(oy, i64(g.ow)), ox))])
-                        if conds:
-                            ok = conds[0] if len(conds) == 1 else b.and_(*conds)
-                            with b.if_then(ok):
-                                b.store(val, dst)
-                        else:
-                            b.store(val, dst)
+            return
+        with for_range(b, _ceil(tiles, TILE_VECTOR) * TILE_VECTOR, step=TILE_VECTOR, name="ofz") as col:
+            for i, line in enumerate(lines(col)):
+                _store(b, line, zs, b.add(i64(i * m * g.cols), b.mul(col, i64(m))))
+        wide = ir.IntType(8 * m)                 # a tile's row
+        with for_range(b, tiles, name="oft") as t:
+            tr = b.add(first_row, b.udiv(t, i64(g.tw)))
+            tc = b.urem(t, i64(g.tw))
+            for i in range(m):
+                oy = b.add(b.mul(tr, i64(m)), i64(i))
+                src = b.add(i64(i * m * g.cols), b.mul(t, i64(m)))
+                dst = b.add(plane, b.add(b.mul(oy, i64(g.ow)), b.mul(tc, i64(m))))
+
+                def whole_row():
+                    _store(b, _load(b, zs, src, wide), y, dst)
+
+                def ragged_row():                # the last tile of a row past the image
+                    for j in range(m):
+                        with b.if_then(b.icmp_signed("<", b.add(b.mul(tc, i64(m)), i64(j)), i64(g.ow))):
+                            b.store(b.load(b.gep(zs, [b.add(src, i64(j))])), b.gep(y, [b.add(dst, i64(j))]))
+
+                def tile_row():
+                    if g.ow % m == 0:
+                        whole_row()
+                        return
+                    with b.if_else(b.icmp_signed("<=", b.mul(b.add(tc, i64(1)), i64(m)), i64(g.ow))) as (then, otherwise):
+                        with then:
+                            whole_row()
+                        with otherwise:
+                            ragged_row()
+                if i and g.oh % m:
+                    with b.if_then(b.icmp_signed("<", oy, i64(g.oh))):
+                        tile_row()
+                else:
+                    tile_row()
 
 
-def emit(k, exact: bool) -> None:
+def emit(k, exact: bool, m: int = 2) -> None:
     b, node = k.b, k.node
-    g = QWinogradGeometry(node, k.split.parts)
+    g = QWinogradGeometry(node, k.split.parts, m)
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
-    consts = PackedConstants(b, packed, g.a_bytes, g.mpad)      # its corrections: 4 x the bias
+    consts = PackedConstants(b, packed, g.a_bytes, g.mpad)      # its corrections: POW2 x the bias
     a, bias, mult, x_offset = consts.weights, consts.corr, consts.mult, consts.tail
     y_offset, y_offset_i32 = consts.y_offset, consts.y_offset_i32
     bounds = saturation(node)
