@@ -75,10 +75,11 @@ def test_winograd_conv_exact(case, values, tile, monkeypatch):
 
 
 @pytest.mark.parametrize("size, strategy", [(56, "winograd4-madd16"), (28, "winograd4-madd16"),
-                                            (14, "winograd-madd16"), (7, "winograd-madd16")])
+                                            (14, "winograd4-madd16"), (10, "winograd-madd16"),
+                                            (9, "winograd-madd16")])
 def test_tile_size_follows_the_output(size, strategy):
-    """F(4x4) where its tiles waste little of the output (ResNet's 56 x 56 and 28 x 28),
-    F(2x2) otherwise (16 x 16 computed for 14 x 14)."""
+    """F(4x4) where its tiles waste little of the output (ResNet's sizes: 16 x 16 computed
+    for 14 x 14 at most), F(2x2) otherwise (12 x 12 for 10 x 10)."""
     text, _, _ = conv_case(np.random.default_rng(0), 1, 8, size, size, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1))
     node = _node(text)
     w = np.ones((8, 8, 3, 3), np.int64)

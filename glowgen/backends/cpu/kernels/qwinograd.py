@@ -25,8 +25,9 @@ In integers, and so exactly, bit for bit the direct product's sums (IntegerTrans
 On Zen 3, a register-only loop makes 31-33 products a TSC cycle with `vpmaddwd` + `vpaddd`
 against 40 with `ubsw`'s three instructions: 2.25x (F(2x2)) or 4x (F(4x4)) fewer products at
 0.8x the rate.  With VNNI (64 products an instruction) the direct product stays: this path is
-AVX2's only.  F(4x4) where its tiles waste little of the output (MAX_TILE_WASTE, as the float
-kernel's: ResNet's 56 x 56 and 28 x 28), F(2x2) elsewhere.
+AVX2's only.  F(4x4) where its tiles waste little of the output (MAX_TILE_WASTE: all of
+ResNet's sizes, 56 x 56 down to 7 x 7), F(2x2) elsewhere and where F(4x4)'s sums could leave
+i32 (ResNet-18's 512 -> 512, say).
 
 Per image: the input less its offset as i16 channel pairs, padded and split by column modulo
 m, the tile size (`Xp[C/2][phase][Hp][Wq]` of i32 elements: the pair (c, c+1) of one pixel),
@@ -74,8 +75,11 @@ REPLACES = ("madd16", "ubsw")
 # or memory on every call, and still: ResNet-18's three 512 -> 512 at 7 x 7 took 9.6 -> 7.3
 # Mcycles at 1 thread, 5.4 -> 4.5 at 2 (Zen 3; the filters split among the tasks).
 MIN_PIXELS = 7 * 7
-# F(4x4) where its tiles reach at most this far past the output (as conv_winograd's).
-MAX_TILE_WASTE = 1.15
+# F(4x4) where its tiles reach at most this far past the output.  Further than the float
+# kernel's 1.15: at 14 x 14 (16 x 16 computed, 1.31) int8 F(4x4) still makes 2.9 products an
+# output against F(2x2)'s 4.  Zen 3, 1 thread, kernel Mcycles, 1.15 -> 1.35: ResNet-50's six
+# 256 @14 11.0 -> 7.8 and three 512 @7 5.1 -> 4.8, ResNet-18's three 256 @14 6.5 -> 4.7.
+MAX_TILE_WASTE = 1.35
 TILE_VECTOR = 8                     # tiles a vector of the transforms holds (i32 lanes)
 # V and M of a band (the products' operand and result) within about this many bytes, unless
 # the transformed weights exceed STREAMED_WEIGHTS: then one band a task (conv_winograd's rule).
