@@ -73,18 +73,14 @@ class CpuRunner:
             return ModuleBuilder(prog, registry, self.name, profile=profile)
         # Large programs are emitted and compiled by several processes (parallel_compile.py).
         self.compile_processes = processes_for(prog.plan.steps, compile_processes, machine_cores())
-        if self.compile_processes > 1:
-            build = ProcessesBuild(new_builder, self.compile_processes, lambda text: object_code(text, self.cpu))
-            builder, self.ir, objects = build.builder, build.text, build.objects()
-        else:
-            builder = new_builder()
-            self.ir, objects = builder.build_text(), []
+        build = ProcessesBuild(new_builder, self.compile_processes, lambda text: object_code(text, self.cpu))
+        builder, self.ir = build.builder, build.text
         self.step_names = builder.step_names
         self.split_steps = builder.split_steps     # (step, tasks) of the steps run in parallel
         self.step_parts = builder.step_parts        # tasks of each step
-        self.jit = JitFunction(self.ir, self.name, io_entry=True, cpu=self.cpu, objects=objects)
+        self.jit = JitFunction(self.ir, self.name, io_entry=True, cpu=self.cpu, objects=build.objects())
         # Helpers whose steps this process compiled instead (none, unless something failed).
-        self.compile_failures = build.failures if self.compile_processes > 1 else []
+        self.compile_failures = build.failures
         self._counters = None
         if profile:
             addr = self.jit.engine.get_global_value_address(f"{self.name}_profile")

@@ -18,11 +18,15 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+def is_positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
 def resolve_threads(threads) -> int:
     """`threads=` checked: a positive integer, or None for every core of this machine."""
     if threads is None:
         return machine_cores()
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+    if not is_positive_int(threads):
         raise GlowgenError(f"threads must be a positive integer (or None for this machine's "
                            f"{machine_cores()} cores), not {threads!r}")
     return threads
@@ -47,8 +51,7 @@ class CpuBackend(Backend):
         options = super().check_options(options)
         options["threads"] = resolve_threads(options["threads"])
         processes = options["compile_processes"]
-        if processes is not None and (isinstance(processes, bool) or not isinstance(processes, int)
-                                      or processes < 1):
+        if processes is not None and not is_positive_int(processes):
             raise GlowgenError(f"compile_processes must be a positive integer (or None: this "
                                f"machine's {machine_cores()} cores for a large model), not {processes!r}")
         from .target import resolve_cpu

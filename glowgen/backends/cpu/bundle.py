@@ -333,8 +333,6 @@ def _optimized_module(prog: Program, registry, name: str, tm, compile_processes=
     def new_builder():
         return ModuleBuilder(prog, registry, name)
     processes = processes_for(prog.plan.steps, compile_processes, machine_cores())
-    if processes == 1:
-        return optimize(new_builder().build_text(), tm)
     build = ProcessesBuild(new_builder, processes, lambda text: optimize(text, tm).as_bitcode())
     module = optimize(build.text, tm)
     for code in build.objects():

@@ -132,8 +132,7 @@ class ModuleBuilder:
         this module defines; the others are declared, their code is another module's
         (step_functions).  None: every step is defined here."""
         steps = self.plan.steps
-        self.parts = {id(step): step.parts for step in steps}
-        self._counters = None
+        self._begin()
         if self.profile:
             # Each step's fewest cycles over the runs: the cycle counter is wall time, and the
             # minimum is what survives the runs another process interrupted.
@@ -167,6 +166,10 @@ class ModuleBuilder:
         self._region_entry(self.name + "_parallel", io_fn, slots, parallel=True)
         return self.module
 
+    def _begin(self) -> None:
+        self.parts = {id(step): step.parts for step in self.plan.steps}
+        self._counters = None           # the profile's (build)
+
     def step_functions(self, jobs) -> ir.Module:
         """A module of only the functions of the steps `jobs` yields (lists of indices of
         steps that are not control steps), for a module built with `build(jobs)` to call:
@@ -174,8 +177,7 @@ class ModuleBuilder:
         under its own name, which the caller knows."""
         self._elsewhere = True
         steps = self.plan.steps
-        self.parts = {id(step): step.parts for step in steps}
-        self._counters = None
+        self._begin()
         for job in jobs:
             for i in job:
                 self._step_function(i, steps[i])

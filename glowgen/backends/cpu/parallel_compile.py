@@ -147,8 +147,9 @@ def _parse(data: bytes) -> Optional[tuple[list[int], bytes]]:
 
 class ProcessesBuild:
     """The program of `builder_factory()` (a codegen.ModuleBuilder) built by `processes`
-    processes.  Made, it has forked the helpers and built this process's module: `builder`
-    and `text` (the entry points and the step functions it claimed); then `objects()`
+    processes (1: this one alone, no helper).  Made, it has forked the helpers and built
+    this process's module: `builder` and `text` (the entry points and the step functions
+    it claimed); then `objects()`
     yields the code of every other step function as the helpers finish, from
     `compile_part(text of a module)` (object code for the JIT, bitcode for a bundle).
     Iterate it after compiling `text`: the helpers work meanwhile."""
@@ -158,8 +159,12 @@ class ProcessesBuild:
         self._start = time.monotonic()
         self._factory, self._compile_part = builder_factory, compile_part
         self.builder = builder = builder_factory()
-        claims = _Claims(jobs_of(builder.plan.steps))
         self._helpers: list[tuple[int, int]] = []       # (pid, read end)
+        self.failures: list[str] = []       # what went wrong with helpers (objects())
+        if processes == 1:
+            self.text, self._defined = builder.build_text(), None
+            return
+        claims = _Claims(jobs_of(builder.plan.steps))
         try:
             # Forked while holding llvmlite's lock: no other thread is inside LLVM, whose
             # locks a helper will take.
@@ -171,7 +176,6 @@ class ProcessesBuild:
             self._stop_helpers()
             raise
         self._defined = set(claims.taken)
-        self.failures: list[str] = []       # what went wrong with helpers (objects())
 
     def _fork(self, builder, claims: _Claims, compile_part) -> None:
         read_fd, write_fd = os.pipe()
@@ -209,6 +213,8 @@ class ProcessesBuild:
         self._helpers = []
 
     def objects(self):
+        if self._defined is None:           # one process: every step is in `text`
+            return
         now = time.monotonic()
         deadline = now + max(PATIENCE_S, PATIENCE * (now - self._start))
         try:

@@ -106,11 +106,12 @@ def tile_size(node) -> int:
     """T of F(T x T, 3x3): 4 where the output's tiles waste little of it (rows and columns
     past the image), else 2."""
     oh, ow = node.outputs[0].type.shape[2:]
-    return 4 if _waste(oh, 4) * _waste(ow, 4) <= MAX_TILE_WASTE else 2
+    return 4 if tile_waste(oh, ow, 4) <= MAX_TILE_WASTE else 2
 
 
-def _waste(size: int, t: int) -> float:
-    return -(-size // t) * t / size
+def tile_waste(oh: int, ow: int, t: int) -> float:
+    """The pixels tiles of t x t compute over the oh x ow the output has."""
+    return (-(-oh // t) * t / oh) * (-(-ow // t) * t / ow)
 
 
 def winograd_weights(data, node) -> np.ndarray:

@@ -46,8 +46,8 @@ STREAMED_WEIGHTS), the blocks of filters: each task then transforms the whole im
 
 ResNet-18 int8 at x86-64-v3 on Zen 3, 1 thread, kernel Mcycles of the stride-1 3x3 layers
 (direct ubsw -> F(2x2) -> F(4x4)): 64 @56 (4 layers) 12.2 -> 8.4 -> 6.4, 128 @28 (3) 8.9 ->
-6.1 -> 4.7, 256 @14 (3) 8.9 -> 6.5, 512 @7 (3) 9.6 -> 7.5; the model 49.8 -> 38.9 -> 35.0.
-ResNet-50 116.7 -> 105.3 -> 102.1.  One 64 @56 layer by F(2x2): 870 us, of which 757 in the
+6.1 -> 4.7, 256 @14 (3) 8.9 -> 6.5 -> 4.7, 512 @7 (3) 9.6 -> 7.5 (F(2x2): its sums); the model
+49.8 -> 38.9 -> 33.0.  ResNet-50 116.7 -> 105.3 -> 98.7.  One 64 @56 layer by F(2x2): 870 us, of which 757 in the
 products (at the register-only rate, with 28 tiles a row padded to 32) and 31, 58 and 15 in
 the input transform, the output transform and the padded input.
 """
@@ -63,7 +63,7 @@ from ..plan import Phases
 from ..qgemm import (PackedConstants, QShape, emit_tile, narrow, pack_a, pack_offsets, products_in_range,
                      requantize_for_narrow)
 from ..vectors import splat
-from .conv_winograd import TRANSFORMS, combine
+from .conv_winograd import TRANSFORMS, combine, tile_waste
 
 STRATEGY = "winograd-madd16"       # F(2x2, 3x3)
 STRATEGY4 = "winograd4-madd16"     # F(4x4, 3x3)
@@ -134,8 +134,7 @@ def strategy(node, qs: QShape, winograd: bool, w: np.ndarray, b: np.ndarray):
     either only where its sums stay in range (sums_in_range); None otherwise."""
     if not covers(node, qs, winograd):
         return None
-    oh, ow = node.outputs[0].type.shape[2:]
-    waste = _ceil(oh, 4) * 4 / oh * _ceil(ow, 4) * 4 / ow
+    waste = tile_waste(*node.outputs[0].type.shape[2:], 4)
     for name in ((STRATEGY4, STRATEGY) if waste <= MAX_TILE_WASTE else (STRATEGY,)):
         if sums_in_range(w, b, TILES[name]):
             return name
