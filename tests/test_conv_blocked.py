@@ -10,7 +10,7 @@ from onnx import helper
 
 import glowgen
 from glowgen.backends.cpu.kernels.conv_blocked import BlockedGeometry
-from conftest import assert_close, conv_model, conv_strategies, make_model, run_ort
+from conftest import HOST_AND_AVX2, HOST_AND_AVX2_IDS, assert_close, conv_model, conv_strategies, make_model, run_ort
 
 CASES = {
     # name: (x shape, w shape, attrs, epilogue): "relu", "add" (Add of a second input, then
@@ -58,7 +58,7 @@ def _model(case, seed=0):
                       weight_scale=0.2)
 
 
-@pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
+@pytest.mark.parametrize("cpu", HOST_AND_AVX2, ids=HOST_AND_AVX2_IDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_blocked_matches_onnxruntime(case, cpu):
     model, feeds = _model(case)
@@ -68,7 +68,7 @@ def test_blocked_matches_onnxruntime(case, cpu):
     assert_close(compiled.run(feeds), run_ort(model, feeds), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
+@pytest.mark.parametrize("cpu", HOST_AND_AVX2, ids=HOST_AND_AVX2_IDS)
 @pytest.mark.parametrize("case", ["64->64 3x3 dilated 2 @13 relu", "32->64 3x3 @6, batch 2, add",
                                   "64->128 3x3/2 @14 uneven pads", "96->64 3x3/2 @60x50, copied by bands",
                                   "128->256 1x1 stride 2 @57x55 (1.6 MB), add", "256->512 3x3 @6x7, panel by panel",

@@ -10,7 +10,7 @@ from onnx import helper, numpy_helper
 
 import glowgen
 from glowgen.backends.cpu.kernels.conv_winograd import TRANSFORMS, WinogradGeometry, tile_size, winograd_weights
-from conftest import assert_close, conv_model, conv_strategies, make_model, run_ort
+from conftest import HOST_AND_AVX2, HOST_AND_AVX2_IDS, assert_close, conv_model, conv_strategies, make_model, run_ort
 
 CASES = {
     # name: (x shape, w shape, pads, epilogue): "relu", "add" (Add of a second input, then
@@ -34,7 +34,7 @@ def _model(case, seed=0):
                       weight_scale=1 / np.sqrt(9 * ws[1]))
 
 
-@pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
+@pytest.mark.parametrize("cpu", HOST_AND_AVX2, ids=HOST_AND_AVX2_IDS)
 @pytest.mark.parametrize("case", list(CASES))
 def test_winograd_matches_onnxruntime(case, cpu):
     model, feeds = _model(case)
@@ -43,7 +43,7 @@ def test_winograd_matches_onnxruntime(case, cpu):
     assert_close(compiled.run(feeds), run_ort(model, feeds), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
+@pytest.mark.parametrize("cpu", HOST_AND_AVX2, ids=HOST_AND_AVX2_IDS)
 @pytest.mark.parametrize("case", ["64->64 @56 relu (bands of tile rows)", "32->32 @31x33 (odd: half tiles), no bias",
                                   "256->256 @14, weights past L2", "128->128 @28",
                                   "96->24 @40x36 (24-filter panels)"])

@@ -8,7 +8,7 @@ from onnx import helper
 
 import glowgen
 
-from conftest import assert_close, make_model, run_ort
+from conftest import HOST_AND_AVX2, HOST_AND_AVX2_IDS, assert_close, make_model, run_ort
 
 rng = np.random.default_rng(11)
 
@@ -204,7 +204,7 @@ def test_large_image_convolution_runs_im2col_panel_by_panel(strides, dilations):
     assert_close(compiled.run({"x": x}), run_ort(model, {"x": x}), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("cpu", [None, "x86-64-v3"], ids=["host", "x86-64-v3"])
+@pytest.mark.parametrize("cpu", HOST_AND_AVX2, ids=HOST_AND_AVX2_IDS)
 def test_matrix_vector_weights_are_packed_in_wide_panels(cpu):
     """A product with fewer rows than the tile runs wide tiles; its constant B is packed in
     panels that wide (no wider than N needs), so each tile streams one contiguous panel."""
@@ -257,7 +257,7 @@ PLANE_CONVS = [
 ]
 
 
-@pytest.mark.parametrize("cpu", [None, "x86-64-v3"])
+@pytest.mark.parametrize("cpu", HOST_AND_AVX2)
 @pytest.mark.parametrize("xs, ws, attrs", PLANE_CONVS, ids=["dw", "dw-s2", "dw-s3-dil-mult", "groups", "lenet", "long-rows"])
 def test_direct_convolutions_run_over_padded_planes(xs, ws, attrs, cpu):
     """Convolutions with fewer filters per group than a GEMM tile read each input channel

@@ -12,9 +12,10 @@ import pytest
 
 from glowgen.backends.cpu.kernels.qlinalg import Geometry
 from glowgen.backends.cpu.qgemm import QShape
+from conftest import HOST_AND_AVX2
 from test_int8_kernels import _AVX512BW, _compile, conv_case
 
-CPUS = [None, "x86-64-v3"] + (["x86-64-v4"] if _AVX512BW else [])
+CPUS = HOST_AND_AVX2 + (["x86-64-v4"] if _AVX512BW else [])
 SEVEN_BITS = np.arange(-64, 64)         # ubsw's weights on AVX2 (test_int8_ubsw)
 
 CASES = [

@@ -17,7 +17,9 @@ from glowgen.backends.cpu.qgemm import QSHAPES, QShape
 from glowgen.engine.registry import Registry
 from glowgen.engine.textual import parse_function
 
-CPUS = [None, "x86-64-v3"]
+from conftest import HOST_AND_AVX2
+
+CPUS = HOST_AND_AVX2
 # The host's own int8 path, AVX2's, and AVX-512BW's without VNNI (x86-64-v4) where it runs.
 _AVX512BW = "avx512bw" in open("/proc/cpuinfo").read()
 RUNNABLE_CPUS = CPUS + (["x86-64-v4"] if _AVX512BW else [])
