@@ -425,7 +425,7 @@ def cmd_conformance(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cli_bench import WARMUP_MAX_RUNS, WARMUP_RUNS, WARMUP_SECONDS, cmd_bench
+    from .cli_bench import LATENCY_ROUNDS, WARMUP_MAX_RUNS, WARMUP_RUNS, WARMUP_SECONDS, cmd_bench
     from .cli_quantize import add_quantize_arguments
     p = argparse.ArgumentParser(
         prog="glowgen",
@@ -567,6 +567,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="cpu backend: one loop per elementwise op (for comparison)")
     bn.add_argument("--no-winograd", action="store_true", help=NO_WINOGRAD_HELP)
     bn.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")
+    bn.add_argument("--rounds", type=int, default=None, metavar="N",
+                    help="glowgen then onnxruntime, N times, so that load from elsewhere on the "
+                         "machine falls on both alike: each engine's --runs in N blocks "
+                         f"(default {LATENCY_ROUNDS}; 1: all of glowgen's runs, then all of "
+                         "onnxruntime's), or with --devices, N rounds of --seconds each (default 1)")
     bn.add_argument("--profile", action="store_true",
                     help="also print where the time goes: each native kernel's share (cpu)")
     bn.add_argument("--profile-top", type=int, default=15, metavar="N",

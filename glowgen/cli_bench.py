@@ -31,15 +31,50 @@ def _warm_up(fn, warmup) -> None:
         done += 1
 
 
-def _timings(fn, runs: int, warmup) -> list[float]:
+def _timed(fn, runs: int) -> list[float]:
     import time
-    _warm_up(fn, warmup)
     out = []
     for _ in range(runs):
         t0 = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t0)
-    return sorted(out)
+    return out
+
+
+def _timings(fn, runs: int, warmup) -> list[float]:
+    _warm_up(fn, warmup)
+    return sorted(_timed(fn, runs))
+
+
+# Blocks of each engine's timed runs by default (`--rounds`, `_alternating`).
+LATENCY_ROUNDS = 4
+# Before each later block of an engine's runs (`_alternating`): a pause, then untimed runs.
+# The other engine ran just before: onnxruntime's idle workers spin a while after its runs
+# on the cores glowgen's threads need (MobileNetV2 at 2 threads on Zen 3, glowgen's p90 with
+# 2 untimed runs alone 10.9 ms, with the pause too 6.0-6.3, in one block 7.6), and its data
+# fills the caches.
+BLOCK_PAUSE = 0.05       # seconds
+BLOCK_WARMUP = 2
+
+
+def _alternating(fns: list, runs: int, rounds: int, warmup) -> list[list[float]]:
+    """Each engine's `runs` timed runs (sorted), in `rounds` blocks taken in turn (engine 0's
+    first block, engine 1's, engine 0's second, ...), so that a burst of load from elsewhere
+    on the machine (another VM's, on a cloud host) falls on both engines alike instead of on
+    whichever ran in its moment.  Each engine is warmed up before its first block."""
+    import time
+    rounds = max(1, min(rounds, runs))
+    sizes = [runs // rounds + (1 if r < runs % rounds else 0) for r in range(rounds)]
+    times: list[list[float]] = [[] for _ in fns]
+    for r, size in enumerate(sizes):
+        for fn, out in zip(fns, times):
+            if r == 0:
+                _warm_up(fn, warmup)
+            else:
+                time.sleep(BLOCK_PAUSE)
+                _warm_up(fn, min(BLOCK_WARMUP, warmup) if warmup is not None else BLOCK_WARMUP)
+            out.extend(_timed(fn, size))
+    return [sorted(t) for t in times]
 
 
 def _fmt_ms(seconds: float) -> str:
@@ -67,6 +102,9 @@ def cmd_bench(args) -> int:
         raise InputError("--filter and --json go with --layers")
     if args.runs < 1 or (args.warmup is not None and args.warmup < 0):
         raise InputError("--runs must be at least 1 and --warmup at least 0")
+    args.rounds = LATENCY_ROUNDS if args.rounds is None else args.rounds
+    if args.rounds < 1:
+        raise InputError("--rounds must be at least 1")
     if args.no_stacking and args.backend != "cpu":
         raise InputError("--no-stacking applies to the cpu backend: add --backend cpu")
     if args.profile and args.backend != "cpu":
@@ -94,15 +132,17 @@ def cmd_bench(args) -> int:
     print(f"model        {args.model} ({desc})")
     warm = (f"{args.warmup} warm-up" if args.warmup is not None else
             f"a warm-up of {WARMUP_SECONDS:g} s (at least {WARMUP_RUNS} runs)")
-    print(f"runs         {args.runs} timed after {warm} each, same inputs for every engine")
+    rounds = min(args.rounds, args.runs) if ort is not None else 1
+    blocks = f", in {rounds} blocks an engine taken in turn" if rounds > 1 else ""
+    print(f"runs         {args.runs} timed after {warm} each{blocks}, same inputs for every engine")
     extra = "" if args.backend != "cpu" else (f", stacking {'off' if args.no_stacking else 'on'}"
                                               + (", winograd off" if args.no_winograd else ""))
     used = model.options.get("threads", 1)
     print(f"glowgen      backend {args.backend}{extra}, {used} thread{'s' if used > 1 else ''}, "
           f"compiled in {compile_s:.2f} s")
-    g_times = _timings(lambda: model.run(feeds), args.runs, args.warmup)
-    print(f"  latency    {_stats_line(g_times)}")
     if ort is None:
+        g_times = _timings(lambda: model.run(feeds), args.runs, args.warmup)
+        print(f"  latency    {_stats_line(g_times)}")
         if args.compare == "auto":
             print("onnxruntime  not installed: no comparison")
         if args.profile:
@@ -121,14 +161,16 @@ def cmd_bench(args) -> int:
     ort_s = time.perf_counter() - t0
     ort_feeds = {k: v for k, v in all_feeds.items() if k in {i.name for i in sess.get_inputs()}}
     names = [o.name for o in sess.get_outputs()]
+    g_times, o_times = _alternating([lambda: model.run(feeds), lambda: sess.run(names, ort_feeds)],
+                                    args.runs, rounds, args.warmup)
+    print(f"  latency    {_stats_line(g_times)}")
     print(f"onnxruntime  {ort.__version__}, CPUExecutionProvider, {args.threads} thread"
           f"{'s' if args.threads > 1 else ''}, session created in {ort_s:.2f} s"
           + (f", on {args.onnxruntime_model}" if args.onnxruntime_model else ""))
-    o_times = _timings(lambda: sess.run(names, ort_feeds), args.runs, args.warmup)
     print(f"  latency    {_stats_line(o_times)}")
     ratio = _percentile(g_times, 50) / _percentile(o_times, 50)
     print(f"ratio        glowgen / onnxruntime = {ratio:.2f} (median latency; below 1 means "
-          f"glowgen is faster)")
+          f"glowgen is faster); fastest runs {g_times[0] / o_times[0]:.2f}")
     ours = model.run(feeds)
     theirs = dict(zip(names, sess.run(names, ort_feeds)))
     diffs = []

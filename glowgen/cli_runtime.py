@@ -73,8 +73,6 @@ def add_bench_arguments(bn) -> None:
                    help="memory of each device, e.g. 64MB (default: the machine's)")
     g.add_argument("--seconds", type=float, default=5.0,
                    help="how long each engine serves, after a warm-up (default 5)")
-    g.add_argument("--rounds", type=int, default=1,
-                   help="glowgen then onnxruntime, this many times (default 1; more on a noisy machine)")
 
 
 def _serve(call, clients: int, seconds: float, warmup: float = 1.0):
@@ -123,6 +121,7 @@ def cmd_bench_serving(args) -> int:
     from .cli import _feeds, _input_shapes
     from .runtime.devices import Device, parse_memory
     from .runtime.host import Host
+    args.rounds = 1 if args.rounds is None else args.rounds
     if args.devices < 1 or args.concurrency < 1 or args.seconds <= 0 or args.rounds < 1:
         raise InputError("--devices, --concurrency and --rounds must be at least 1, --seconds above 0")
     if args.backend != "cpu" or args.layers or args.profile:

@@ -324,7 +324,24 @@ def test_bench_prints_latencies(capsys):
     pytest.importorskip("onnxruntime")
     assert len(re.findall(r"latency +median", out)) == 2
     assert re.search(r"onnxruntime .*2 threads", out)
-    assert re.search(r"glowgen / onnxruntime = [\d.]+", out)
+    assert re.search(r"glowgen / onnxruntime = [\d.]+ .*; fastest runs [\d.]+", out)
+    assert "in 3 blocks an engine taken in turn" in out      # --rounds 4, capped at --runs 3
+
+
+def test_bench_alternates_blocks_of_runs(monkeypatch):
+    """`_alternating`: each engine's runs in blocks taken in turn, each engine warmed up before
+    its first block, a short warm-up before each later one; every timed run counted once."""
+    from glowgen import cli_bench
+    monkeypatch.setattr(cli_bench, "BLOCK_PAUSE", 0.0)
+    calls = []
+    engines = [lambda: calls.append("g"), lambda: calls.append("o")]
+    g, o = cli_bench._alternating(engines, runs=10, rounds=3, warmup=1)
+    assert len(g) == len(o) == 10
+    # warm-up 1 + block of 4; later blocks: BLOCK_WARMUP (capped by --warmup 1) + 3
+    assert "".join(calls) == "g" * 5 + "o" * 5 + ("g" * 4 + "o" * 4) * 2
+    calls.clear()
+    cli_bench._alternating(engines, runs=2, rounds=5, warmup=0)      # at most one block a run
+    assert "".join(calls) == "gogo"
 
 
 def test_bench_interpreter_without_comparison(capsys):
@@ -335,9 +352,11 @@ def test_bench_interpreter_without_comparison(capsys):
 
 def test_bench_bad_arguments(capsys):
     assert main(["bench", str(TINY), "--runs", "0"]) == 2
+    assert main(["bench", str(TINY), "--rounds", "0"]) == 2
     assert main(["bench", str(TINY), "--backend", "interpreter", "--no-stacking"]) == 2
     err = capsys.readouterr().err
     assert "--runs must be at least 1" in err and "--no-stacking applies to the cpu backend" in err
+    assert "--rounds must be at least 1" in err
 
 
 @pytest.mark.parametrize("stage, needle", [("asm", r"(?m)^tiny_cnn:\n(.|\n)*\tret"), ("llvm", r"define .*i32 @tiny_cnn\(")])
