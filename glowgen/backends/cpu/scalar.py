@@ -18,7 +18,7 @@ from ...engine.types import numpy_dtype
 from ...lir.ir import slot
 from .llvmutil import I1, call_intrinsic, intrinsic, is_float, is_signed, storage_type, target_has, type_suffix
 
-from .values import arith_range, image_range, known_bool, never_holds, union_range
+from .values import arith_nan_free, arith_range, image_range, known_bool, never_holds, union_range
 # Re-exported: what callers of the emitter build its operands with.
 from .values import Value, const, convert, load_elem, round_to_bf16, store_elem  # noqa: F401
 
@@ -84,8 +84,9 @@ class ScalarEmitter:
                     dtype_f = "f32"
                     out.append(Value(self._const(x, dtype_f), dtype_f))
                     continue
-                out.append(Value(self._const(x, dtype), dtype,
-                                 (float(x), float(x)) if is_float(dtype) and not math.isnan(float(x)) else None))
+                known = is_float(dtype) and not math.isnan(float(x))
+                out.append(Value(self._const(x, dtype), dtype, (float(x), float(x)) if known else None,
+                                 nan_free=known))
         return out
 
     # -------------------------------------------------------------- trees
@@ -173,7 +174,7 @@ class ScalarEmitter:
             # `contract`: LLVM may fuse a product into the sum that uses it (one rounding
             # instead of two, as C compilers do by default), e.g. x * scale + shift.
             return Value(getattr(self.b, fop)(a.v, c.v, flags=("contract",)), a.dtype,
-                         arith_range(fop, a.range, c.range))
+                         arith_range(fop, a.range, c.range), arith_nan_free(fop, a, c))
         op = uop if (uop and not is_signed(a.dtype)) else iop
         return Value(getattr(self.b, op)(a.v, c.v), a.dtype)
 
@@ -198,7 +199,8 @@ class ScalarEmitter:
             return -a                     # a literal stays a literal (-104.0 in the spec)
         (a,) = self.unify([a])
         if is_float(a.dtype):
-            return Value(self.b.fneg(a.v), a.dtype, (-a.range[1], -a.range[0]) if a.range else None)
+            return Value(self.b.fneg(a.v), a.dtype, (-a.range[1], -a.range[0]) if a.range else None,
+                         a.nan_free)
         return Value(self.b.neg(a.v), a.dtype)
 
     def _cmp(self, a, c, op):
@@ -238,7 +240,8 @@ class ScalarEmitter:
         known = known_bool(cond)
         if known is not None:
             return a if known else d
-        return Value(self.b.select(cond, a.v, d.v), a.dtype, union_range(a.range, d.range))
+        return Value(self.b.select(cond, a.v, d.v), a.dtype, union_range(a.range, d.range),
+                     a.nan_free and d.nan_free)
 
     def _minmax(self, a, c, which):
         a, c = self.unify([a, c])
@@ -255,10 +258,14 @@ class ScalarEmitter:
                 pick = max if which == "max" else min
                 rng = (pick(a.range[0], bound), pick(a.range[1], bound)) if a.range else \
                     ((bound, math.inf) if which == "max" else (-math.inf, bound))
-                return Value(self.b.select(self.b.fcmp_unordered(ge, a.v, c.v), a.v, c.v), a.dtype, rng)
+                return Value(self.b.select(self.b.fcmp_unordered(ge, a.v, c.v), a.v, c.v), a.dtype, rng,
+                             a.nan_free)
+            both = a.nan_free and c.nan_free
             if _plain_constant(a.v):
-                return Value(self.b.select(self.b.fcmp_ordered(ge, a.v, c.v), a.v, c.v), a.dtype)
-            return Value(call_intrinsic(self.b, "maximum" if which == "max" else "minimum", [a.v, c.v]), a.dtype)
+                return Value(self.b.select(self.b.fcmp_ordered(ge, a.v, c.v), a.v, c.v), a.dtype,
+                             nan_free=both)
+            return Value(call_intrinsic(self.b, "maximum" if which == "max" else "minimum", [a.v, c.v]), a.dtype,
+                         nan_free=both)
         prefix = ("s" if is_signed(a.dtype) else "u") + which
         return Value(call_intrinsic(self.b, prefix, [a.v, c.v]), a.dtype)
 
@@ -270,7 +277,7 @@ class ScalarEmitter:
         if is_float(a.dtype):
             top = max(abs(a.range[0]), abs(a.range[1])) if a.range else math.inf
             lo = 0.0 if not a.range or a.range[0] <= 0 <= a.range[1] else min(abs(a.range[0]), abs(a.range[1]))
-            return Value(call_intrinsic(self.b, "fabs", [a.v]), a.dtype, (lo, top))
+            return Value(call_intrinsic(self.b, "fabs", [a.v]), a.dtype, (lo, top), a.nan_free)
         if not is_signed(a.dtype):
             return a
         fn = intrinsic(self.b.module, f"llvm.abs.i{a.v.type.width}", a.v.type, [a.v.type, I1])
@@ -301,6 +308,7 @@ class ScalarEmitter:
         rng = a.range if is_float(a.dtype) else None
         if rng is not None and all(math.isfinite(v) for v in rng):
             r.range = (float(fn(rng[0])), float(fn(rng[1])))
+        r.nan_free = a.nan_free if is_float(a.dtype) else r.nan_free
         return r
 
     def f_floor(self, a): return self._rounding("floor", a, math.floor)

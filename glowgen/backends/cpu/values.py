@@ -18,11 +18,31 @@ class Value:
     value it can take that is not NaN: constants and what abs, neg, +, -, *, /, select,
     clamps and `increasing` scalar functions make of them.  It lets a clamp that cannot bind
     go (exp(a + a) after a = min(|x|, 9.5)) and a comparison that cannot hold fold to false,
-    taking its select's other branch (tanh of a sigmoid is its polynomial alone)."""
-    __slots__ = ("v", "dtype", "range")
+    taking its select's other branch (tanh of a sigmoid is its polynomial alone).
 
-    def __init__(self, v, dtype: str, range=None):
-        self.v, self.dtype, self.range = v, dtype, range
+    `nan_free` says that no lane can be NaN: an integer converted to float, a constant, and
+    what +, -, *, / (by a divisor whose range excludes 0), min, max, select, neg, abs and
+    rounding make of such values while their ranges are finite (so that no infinity meets
+    another).  A quantized loop's dequantize, add and requantize then converts to i8 with no
+    NaN test (`convert`)."""
+    __slots__ = ("v", "dtype", "range", "nan_free")
+
+    def __init__(self, v, dtype: str, range=None, nan_free: bool = False):
+        self.v, self.dtype, self.range, self.nan_free = v, dtype, range, nan_free
+
+
+def finite(rng) -> bool:
+    return rng is not None and math.isfinite(rng[0]) and math.isfinite(rng[1])
+
+
+def arith_nan_free(op: str, a: Value, c: Value) -> bool:
+    """Whether `a op c` (fadd, fsub, fmul, fdiv) cannot be NaN: neither operand can, both are
+    finite, and a divisor cannot be 0."""
+    if op not in ("fadd", "fsub", "fmul", "fdiv") or not (a.nan_free and c.nan_free):
+        return False
+    if not (finite(a.range) and finite(c.range)):
+        return False
+    return op != "fdiv" or not (c.range[0] <= 0 <= c.range[1])
 
 
 def interval(lo, hi):
@@ -161,13 +181,17 @@ def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
         return Value(b.icmp_unsigned("!=", v, ir.Constant(v.type, 0)), "bool")
     t = storage_type(dst)
     if src == "bool":
-        return Value(b.uitofp(v, t) if is_float(dst) else b.zext(v, t), dst)
+        if is_float(dst):
+            return Value(b.uitofp(v, t), dst, (0.0, 1.0), nan_free=True)
+        return Value(b.zext(v, t), dst)
     if is_float(src) and is_float(dst):
         widen = float_bits(t) > float_bits(v.type)
         if not widen and float_bits(t) == 16 and float_bits(v.type) == 64:
             # double -> half would need a compiler-rt call the JIT does not have: go via float.
             v = b.fptrunc(v, F32)
-        return Value(b.fpext(v, t) if widen else b.fptrunc(v, t), dst)
+        if widen:
+            return Value(b.fpext(v, t), dst, x.range, x.nan_free)
+        return Value(b.fptrunc(v, t), dst, nan_free=x.nan_free)     # may round to infinity
     if is_float(src):
         name = "fptosi.sat" if is_signed(dst) else "fptoui.sat"
         if t.width >= 32:
@@ -185,15 +209,29 @@ def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
         flo, fhi, zero = (ir.Constant(v.type, float(c)) for c in (lo, hi, 0))
         c = b.select(b.fcmp_ordered("<", v, flo), flo, v)
         c = b.select(b.fcmp_ordered(">", c, fhi), fhi, c)
-        c = b.select(b.fcmp_unordered("uno", v, v), zero, c)
+        if not x.nan_free:
+            c = b.select(b.fcmp_unordered("uno", v, v), zero, c)
         return Value(b.trunc(b.fptosi(c, ir.IntType(32)), t), dst)
     if is_float(dst):
-        return Value(b.sitofp(v, t) if is_signed(src) else b.uitofp(v, t), dst)
+        return Value(b.sitofp(v, t) if is_signed(src) else b.uitofp(v, t), dst,
+                     _exact_range(x, src, dst), nan_free=True)
     if t.width > v.type.width:
         return Value(b.sext(v, t) if is_signed(src) else b.zext(v, t), dst)
     if t.width < v.type.width:
         return Value(b.trunc(v, t), dst)
     return Value(v, dst)
+
+
+def _exact_range(x: Value, src: str, dst: str):
+    """The range of integer x converted to float `dst`, where every value of `src` converts
+    exactly (to f32 from 16 bits at most, to f64 from 32): its own, else its type's."""
+    bits = np.dtype(numpy_dtype(src)).itemsize * 8
+    if not ((dst == "f32" and bits <= 16) or (dst == "f64" and bits <= 32)):
+        return None
+    if x.range is not None:
+        return (float(x.range[0]), float(x.range[1]))
+    info = np.iinfo(numpy_dtype(src))
+    return (float(info.min), float(info.max))
 
 
 def float_bits(t) -> int:
