@@ -57,17 +57,20 @@ BLOCK_PAUSE = 0.05       # seconds
 BLOCK_WARMUP = 2
 
 
-def _alternating(fns: list, runs: int, rounds: int, warmup) -> list[list[float]]:
+def _alternating(fns: list, runs: int, rounds: int, warmup, progress=None) -> list[list[float]]:
     """Each engine's `runs` timed runs (sorted), in `rounds` blocks taken in turn (engine 0's
     first block, engine 1's, engine 0's second, ...), so that a burst of load from elsewhere
     on the machine (another VM's, on a cloud host) falls on both engines alike instead of on
-    whichever ran in its moment.  Each engine is warmed up before its first block."""
+    whichever ran in its moment.  Each engine is warmed up before its first block;
+    progress(engine, block) is called as each block begins."""
     import time
     rounds = max(1, min(rounds, runs))
     sizes = [runs // rounds + (1 if r < runs % rounds else 0) for r in range(rounds)]
     times: list[list[float]] = [[] for _ in fns]
     for r, size in enumerate(sizes):
-        for fn, out in zip(fns, times):
+        for e, (fn, out) in enumerate(zip(fns, times)):
+            if progress is not None:
+                progress(e, r)
             if r == 0:
                 _warm_up(fn, warmup)
             else:
@@ -75,6 +78,28 @@ def _alternating(fns: list, runs: int, rounds: int, warmup) -> list[list[float]]
                 _warm_up(fn, min(BLOCK_WARMUP, warmup) if warmup is not None else BLOCK_WARMUP)
             out.extend(_timed(fn, size))
     return [sorted(t) for t in times]
+
+
+def _block_progress(rounds: int):
+    """A progress line on a terminal (stderr) while the blocks run; nothing when piped."""
+    import sys
+    if not sys.stderr.isatty():
+        return None
+    engines = ("glowgen", "onnxruntime")
+
+    def show(engine: int, block: int) -> None:
+        print(f"timing: block {block + 1}/{rounds}, {engines[engine]}...".ljust(PROGRESS_WIDTH), end="\r",
+              file=sys.stderr, flush=True)
+    return show
+
+
+def _clear_progress(progress) -> None:
+    import sys
+    if progress is not None:
+        print(" " * PROGRESS_WIDTH, end="\r", file=sys.stderr, flush=True)
+
+
+PROGRESS_WIDTH = 48
 
 
 def _fmt_ms(seconds: float) -> str:
@@ -161,8 +186,10 @@ def cmd_bench(args) -> int:
     ort_s = time.perf_counter() - t0
     ort_feeds = {k: v for k, v in all_feeds.items() if k in {i.name for i in sess.get_inputs()}}
     names = [o.name for o in sess.get_outputs()]
+    progress = _block_progress(rounds)
     g_times, o_times = _alternating([lambda: model.run(feeds), lambda: sess.run(names, ort_feeds)],
-                                    args.runs, rounds, args.warmup)
+                                    args.runs, rounds, args.warmup, progress)
+    _clear_progress(progress)
     print(f"  latency    {_stats_line(g_times)}")
     print(f"onnxruntime  {ort.__version__}, CPUExecutionProvider, {args.threads} thread"
           f"{'s' if args.threads > 1 else ''}, session created in {ort_s:.2f} s"

@@ -340,8 +340,12 @@ def test_bench_alternates_blocks_of_runs(monkeypatch):
     # warm-up 1 + block of 4; later blocks: BLOCK_WARMUP (capped by --warmup 1) + 3
     assert "".join(calls) == "g" * 5 + "o" * 5 + ("g" * 4 + "o" * 4) * 2
     calls.clear()
-    cli_bench._alternating(engines, runs=2, rounds=5, warmup=0)      # at most one block a run
+    blocks = []
+    cli_bench._alternating(engines, runs=2, rounds=5, warmup=0,      # at most one block a run
+                           progress=lambda engine, block: blocks.append((engine, block)))
     assert "".join(calls) == "gogo"
+    assert blocks == [(0, 0), (1, 0), (0, 1), (1, 1)]
+    assert cli_bench._block_progress(4) is None          # stderr is no terminal here: quiet
 
 
 def test_bench_interpreter_without_comparison(capsys):
