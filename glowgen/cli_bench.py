@@ -80,6 +80,9 @@ def _alternating(fns: list, runs: int, rounds: int, warmup, progress=None) -> li
     return [sorted(t) for t in times]
 
 
+PROGRESS_WIDTH = 48
+
+
 def _block_progress(rounds: int):
     """A progress line on a terminal (stderr) while the blocks run; nothing when piped."""
     import sys
@@ -97,9 +100,6 @@ def _clear_progress(progress) -> None:
     import sys
     if progress is not None:
         print(" " * PROGRESS_WIDTH, end="\r", file=sys.stderr, flush=True)
-
-
-PROGRESS_WIDTH = 48
 
 
 def _fmt_ms(seconds: float) -> str:

@@ -89,17 +89,23 @@ def _ints(rng):
     return rng.integers(-128, 128, SHAPE).astype(np.int8)
 
 
-def test_quantized_residual_add_against_numpy():
-    text = f"""graph test {{
+def _dequantized_pair(body: str) -> str:
+    """A graph of two i8 inputs y and r, dequantized to %d and %e, then `body`, which makes
+    the output %z."""
+    return f"""graph test {{
   input %y: i8{DIMS} q(0.04, 2)
   input %r: i8{DIMS} q(0.05, -4)
   %d = Dequantize(%y) {{in_scale = 0.04, in_offset = 2}} : f32{DIMS}
   %e = Dequantize(%r) {{in_scale = 0.05, in_offset = -4}} : f32{DIMS}
-  %s = Add(%d, %e) : f32{DIMS}
+{body}  output "z" = %z
+}}"""
+
+
+def test_quantized_residual_add_against_numpy():
+    text = _dequantized_pair(f"""  %s = Add(%d, %e) : f32{DIMS}
   %t = Relu(%s) : f32{DIMS}
   %z = Quantize(%t) {{scale = 0.06, offset = -128}} : i8{DIMS} q(0.06, -128)
-  output "z" = %z
-}}"""
+""")
     rng = np.random.default_rng(0)
     feeds = {"y": _ints(rng), "r": _ints(rng)}
     got = _compile(text).run(feeds)["z"]
@@ -115,15 +121,9 @@ def test_quantized_residual_add_against_numpy():
 
 def test_nan_and_infinities_convert_as_the_interpreter_has_them():
     """0 / 0 converts to 0 (not the offset), x / 0 saturates; and a float input's NaN too."""
-    text = f"""graph test {{
-  input %y: i8{DIMS} q(0.04, 2)
-  input %r: i8{DIMS} q(0.05, -4)
-  %d = Dequantize(%y) {{in_scale = 0.04, in_offset = 2}} : f32{DIMS}
-  %e = Dequantize(%r) {{in_scale = 0.05, in_offset = -4}} : f32{DIMS}
-  %q = Div(%d, %e) : f32{DIMS}
+    text = _dequantized_pair(f"""  %q = Div(%d, %e) : f32{DIMS}
   %z = Quantize(%q) {{scale = 0.06, offset = -128}} : i8{DIMS} q(0.06, -128)
-  output "z" = %z
-}}"""
+""")
     rng = np.random.default_rng(1)
     feeds = {"y": _ints(rng), "r": _ints(rng)}
     feeds["y"].flat[:5], feeds["r"].flat[:5] = 2, -4        # 0 / 0

@@ -18,7 +18,7 @@ from ...engine.types import numpy_dtype
 from ...lir.ir import slot
 from .llvmutil import I1, call_intrinsic, intrinsic, is_float, is_signed, storage_type, target_has, type_suffix
 
-from .values import arith_nan_free, arith_range, image_range, known_bool, never_holds, union_range
+from .values import arith_nan_free, arith_range, finite, image_range, known_bool, never_holds, union_range
 # Re-exported: what callers of the emitter build its operands with.
 from .values import Value, const, convert, load_elem, round_to_bf16, store_elem  # noqa: F401
 
@@ -305,10 +305,10 @@ class ScalarEmitter:
         """floor / ceil / roundeven / trunc: increasing, so a value range maps end to end."""
         (a,) = self.unify([a])
         r = self._unary_intrinsic(name, a)
-        rng = a.range if is_float(a.dtype) else None
-        if rng is not None and all(math.isfinite(v) for v in rng):
-            r.range = (float(fn(rng[0])), float(fn(rng[1])))
-        r.nan_free = a.nan_free if is_float(a.dtype) else r.nan_free
+        if is_float(a.dtype):
+            r.nan_free = a.nan_free
+            if finite(a.range):
+                r.range = (float(fn(a.range[0])), float(fn(a.range[1])))
         return r
 
     def f_floor(self, a): return self._rounding("floor", a, math.floor)
@@ -473,7 +473,7 @@ class ScalarEmitter:
         t = x.v.type
         bits, mbits, bias = self._LAYOUT[dt]
         half = lambda v: call_intrinsic(b, "floor", [b.fmul(v, ir.Constant(t, 0.5))])
-        rng = n.range if n.range is not None and all(math.isfinite(v) for v in n.range) else None
+        rng = n.range if finite(n.range) else None
         if dt != "f64" and rng is not None and -(bias - 1) <= rng[0] and rng[1] <= bias - 1:
             # n's value range keeps 2**n normal: one factor, no clamp (exp(x) of a value
             # range that keeps it out of the denormals).
