@@ -15,9 +15,9 @@ prefetchers stream.  Laid out [K / G][taps][Mpad], a tile read 256 bytes and ste
 Mpad x 4 bytes to the next k: MobileNetV2's int8 classifier (1280 -> 1000, one row) stepped
 4 KB, a page, per read, and took 0.168 ms, 7.6 GB/s of weights.  A tile is `mr` rows by NV
 vectors of features, `mr` chosen so that the rows divide evenly into tiles where they can
-(7 for 49 or 196 pixels).  With VNNI the broadcast activations are the u8 operand of
-`vpdpbusd` and the weights the s8 one; the +128 of the
-activations folds into a per-feature correction as in qgemm.pack_epilogue.  The packed
+(7 for 49 or 196 pixels), in as few tiles as may be (ROW_BLOCK_COST).  With VNNI the
+broadcast activations are the u8 operand of `vpdpbusd` and the weights the s8 one; the +128
+of the activations folds into a per-feature correction as in qgemm.pack_epilogue.  The packed
 constant: weights, then per feature the i32 correction and the f32 multiplier, then the
 result's offset (f32) and the plane's padding element (i32).  Tasks split the features,
 or the blocks of rows where the features' tiles would not share out evenly
@@ -40,6 +40,14 @@ _ceil = lambda a, b: -(-a // b)     # noqa: E731
 # A product of one row runs faster in tiles of 3 too, two of them repeats (ResNet-50's int8
 # classifier at x86-64-v3: 0.215 -> 0.176 Mcycles; MobileNetV2's 0.166 -> 0.143).
 MIN_TILE_ROWS = 3
+# What a block of rows costs beyond its rows, in rows: each block reads the tile's weights
+# again (NR features x K, 32 KB for 2048 channels: from L2 once past L1).  Rows are dealt in
+# the blocks that minimize blocks x (rows a block + this): 49 pixels in 13 blocks of 4 on
+# AVX2, not 17 of 3 (3% fewer rows, but 31% more passes over the weights).  One thread,
+# Zen 3, x86-64-v3, us: 1x1 2048 -> 512 @7 713 -> 592 (onnxruntime 640), 960 -> 320 @7
+# 204 -> 178 (176), 960 -> 160 @7 101 -> 89; 576 -> 160 @7 unchanged (52).  VNNI's 7-row
+# blocks for 49 or 196 pixels and 5-row ones for one row stay as they were.
+ROW_BLOCK_COST = 1
 
 
 class Lanes:
@@ -48,7 +56,8 @@ class Lanes:
     def __init__(self, geo, qs: QShape):
         self.geo, self.qs = geo, qs
         self.rows = geo.oh * geo.ow if geo.conv else geo.rows
-        self.mr = min(range(qs.mr, max(MIN_TILE_ROWS, qs.mr - 3) - 1, -1), key=lambda r: _ceil(self.rows, r) * r)
+        self.mr = min(range(qs.mr, max(MIN_TILE_ROWS, qs.mr - 3) - 1, -1),
+                      key=lambda r: _ceil(self.rows, r) * (r + ROW_BLOCK_COST))
         self.row_blocks = _ceil(self.rows, self.mr)
         self.tiles = _ceil(geo.m, qs.nr)
         self.npad = self.tiles * qs.nr
