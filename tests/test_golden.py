@@ -951,6 +951,17 @@ CASES.update({
 _qsrng = np.random.default_rng(1416)
 _QSUM_V = _qsrng.uniform(-3, 3, (2, 5)).astype(np.float32)
 _QSUM_A, _QSUM_B = (_qsrng.integers(-128, 128, (2, 3, 4)).astype(np.int8) for _ in range(2))
+_QSUM_IN = ("  input %a: i8[2, 3, 4] q(0.02, 5)\n  input %b: i8[2, 3, 4] q(0.01, -3)\n"
+            "  %da = Dequantize(%a) {in_scale = 0.02, in_offset = 5} : f32[2, 3, 4]\n"
+            "  %db = Dequantize(%b) {in_scale = 0.01, in_offset = -3} : f32[2, 3, 4]\n")
+
+
+def _qsum(feeds, scale, offset, relu=False):
+    """The requantized sum of a and b (as _QSUM_IN dequantizes them), exactly: float64."""
+    v = (feeds["a"].astype(np.float64) - 5) * 0.02 + (feeds["b"].astype(np.float64) + 3) * 0.01
+    return np.clip(np.rint((np.maximum(v, 0) if relu else v) / scale) + offset, -128, 127)
+
+
 CASES.update({
     # The sum of two dequantized integers, calibrated to its own range: it runs between
     # conversions (within a step of the result's parameters of the float sum).
@@ -967,6 +978,27 @@ CASES.update({
         "  %q = Quantize(%v) {scale = 0.025, offset = 0} : i8[2, 5] q(0.025, 0)\n"
         "  %d = Dequantize(%q) {in_scale = 0.025, in_offset = 0} : f32[2, 5]\n"
         "  %y = Relu(%d) : f32[2, 5]\n"), {"v": _QSUM_V}, lambda f: {"y": np.clip(f["v"], 0, 3)}),
+        calibrate={"y": (0.0, 3.0)}, rtol=0.0, atol=3.0 / 255),
+    # Dequantize, Add, Quantize as one op: within one step of the exact requantized sum
+    # (computed here in float64), which it rounds once where the three ops rounded thrice.
+    "quantized_add": dict(text_case(_qtext(
+        _QSUM_IN + "  %s = Add(%da, %db) : f32[2, 3, 4]\n"
+        "  %y = Quantize(%s) {scale = 0.023, offset = 7} : i8[2, 3, 4] q(0.023, 7)\n"),
+        {"a": _QSUM_A, "b": _QSUM_B}, lambda f: {"y": _qsum(f, 0.023, 7)}), rtol=0.0, atol=1.0),
+    # ... and a ReLU between the sum and the Quantize, the lower bound of the result.
+    "quantized_add_relu": dict(text_case(_qtext(
+        _QSUM_IN + "  %s = Add(%da, %db) : f32[2, 3, 4]\n  %r = Relu(%s) : f32[2, 3, 4]\n"
+        "  %y = Quantize(%r) {scale = 0.011, offset = -100} : i8[2, 3, 4] q(0.011, -100)\n"),
+        {"a": _QSUM_A, "b": _QSUM_B}, lambda f: {"y": _qsum(f, 0.011, -100, relu=True)}), rtol=0.0, atol=1.0),
+    # The ReLU of a sum already one op (quantize_add, then quantized_add): quantized with the
+    # ReLU's range [0, 3], whose offset is the bound.
+    "relu_of_quantized_add": dict(text_case(_qtext(
+        "  input %a: i8[2, 3, 4] q(0.02, 5)\n  input %b: i8[2, 3, 4] q(0.01, -3)\n"
+        "  %s = QuantizedAdd(%a, %b) {a_scale = 0.02, a_offset = 5, b_scale = 0.01, b_offset = -3, "
+        "scale = 0.03, offset = 0} : i8[2, 3, 4] q(0.03, 0)\n"
+        "  %d = Dequantize(%s) {in_scale = 0.03, in_offset = 0} : f32[2, 3, 4]\n"
+        "  %y = Relu(%d) : f32[2, 3, 4]\n"), {"a": _QSUM_A, "b": _QSUM_B},
+        lambda f: {"y": np.clip(_dq(f["a"], 0.02, 5) + _dq(f["b"], 0.01, -3), 0, 3)}),
         calibrate={"y": (0.0, 3.0)}, rtol=0.0, atol=3.0 / 255),
 })
 

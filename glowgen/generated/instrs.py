@@ -104,6 +104,7 @@ INSTRUCTIONS = {
     'Quantize': InstrKind('Quantize', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=True),
     'Dequantize': InstrKind('Dequantize', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=True),
     'Rescale': InstrKind('Rescale', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), ), inplace=(), elementwise=True),
+    'QuantizedAdd': InstrKind('QuantizedAdd', (OperandRole('y', 'out'), OperandRole('a', 'in', optional=False, variadic=False), OperandRole('b', 'in', optional=False, variadic=False), ), inplace=(('y', 'a'), ('y', 'b')), elementwise=True),
     'QuantizedConv': InstrKind('QuantizedConv', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), OperandRole('w', 'in', optional=False, variadic=False), OperandRole('w_scale', 'in', optional=False, variadic=False), OperandRole('b', 'in', optional=False, variadic=False), ), inplace=(), elementwise=False),
     'QuantizedMatMul': InstrKind('QuantizedMatMul', (OperandRole('y', 'out'), OperandRole('x', 'in', optional=False, variadic=False), OperandRole('w', 'in', optional=False, variadic=False), OperandRole('w_scale', 'in', optional=False, variadic=False), OperandRole('b', 'in', optional=False, variadic=False), ), inplace=(), elementwise=False),
 }

@@ -8941,6 +8941,80 @@ class Rescale(Node):
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
+class QuantizedAdd(Node):
+    """The sum of two quantized tensors of one shape, requantized (Glow's quantized Add): with ra = a_scale / scale and rb = b_scale / scale, round(a * ra + (b * rb + (offset - a_offset * ra - b_offset * rb))) in f32, halves to even, raised to at least low (a ReLU's bound, in the result's integers; by default none) and saturated to the type's range.  That is round((a - a_offset) * a_scale / scale + (b - b_offset) * b_scale / scale) + offset, rounded once where Dequantize, Add and Quantize round after each step.
+    
+    Operands:
+        a: Tensor[QT, *S]
+        b: Tensor[QT, *S]
+    Results:
+        y: Tensor[dtype, *S]
+    Attributes:
+        a_scale: float where a_scale > 0.0
+        a_offset: int
+        b_scale: float where b_scale > 0.0
+        b_offset: int
+        scale: float where scale > 0.0
+        offset: int
+        low: int = -2147483648
+        dtype: dtype = i8
+    Traits: elementwise, primitive, quantized, inplace(y, a), inplace(y, b)
+    Declared at specs/ops.glowdef:1715:1.
+    """
+
+    OP: ClassVar[str] = 'QuantizedAdd'
+    INPUTS: ClassVar[tuple] = (OperandInfo('a', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), )
+    OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
+    ATTRS: ClassVar[tuple] = (AttrInfo('a_scale', 'float', None, False), AttrInfo('a_offset', 'int', None, False), AttrInfo('b_scale', 'float', None, False), AttrInfo('b_offset', 'int', None, False), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), AttrInfo('low', 'int', rt.neg(2147483648), True), AttrInfo('dtype', 'dtype', 'i8', True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['elementwise', 'inplace', 'primitive', 'quantized'])
+    INPLACE: ClassVar[tuple] = (('y', 'a'), ('y', 'b'))
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1715:1'
+
+    a_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
+    a_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
+    b_scale: object = attrs.field(converter=rt.CONVERTERS['float'])
+    b_offset: object = attrs.field(converter=rt.CONVERTERS['int'])
+    scale: object = attrs.field(converter=rt.CONVERTERS['float'])
+    offset: object = attrs.field(converter=rt.CONVERTERS['int'])
+    low: object = attrs.field(default=rt.neg(2147483648), converter=rt.CONVERTERS['int'])
+    dtype: object = attrs.field(default='i8', converter=rt.CONVERTERS['dtype'])
+
+    @property
+    def a(self):
+        """Operand a: Tensor[QT, *S]"""
+        return self.inputs[0]
+
+    @property
+    def b(self):
+        """Operand b: Tensor[QT, *S]"""
+        return self.inputs[1]
+
+    @property
+    def y(self):
+        """Result y: Tensor[dtype, *S]"""
+        return self.outputs[0] if len(self.outputs) > 0 else None
+
+    @staticmethod
+    def infer(a, b, *, _node='', a_scale=None, a_offset=None, b_scale=None, b_offset=None, scale=None, offset=None, low=None, dtype=None):
+        """Check operand types and attributes against the declaration; return the result types."""
+        u = rt.Unifier('QuantizedAdd', _node)
+        u.elem('a', a, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1718:7')
+        u.shape('a', a, (), 'S', (), 'specs/ops.glowdef:1718:7')
+        u.elem('b', b, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1718:26')
+        u.shape('b', b, (), 'S', (), 'specs/ops.glowdef:1718:26')
+        S = u.dim('S')
+        QT = u.dtype('QT')
+        rt.check(rt.gt(a_scale, 0.0), 'QuantizedAdd', _node, f'attribute a_scale must satisfy a_scale > 0.0, got {a_scale!r}', 'specs/ops.glowdef:1719:3')
+        rt.check(rt.gt(b_scale, 0.0), 'QuantizedAdd', _node, f'attribute b_scale must satisfy b_scale > 0.0, got {b_scale!r}', 'specs/ops.glowdef:1721:3')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedAdd', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1723:3')
+        rt.check((rt.eq(dtype, 'i8') or rt.eq(dtype, 'i16')), 'QuantizedAdd', _node, 'the result must be i8 or i16', 'specs/ops.glowdef:1727:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(dtype)) and rt.le(offset, sl.quant.int_max(dtype))), 'QuantizedAdd', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1728:3')
+        rt.check(rt.b_has_quant(a, a_scale, a_offset), 'QuantizedAdd', _node, 'operand a must be quantized with a_scale and a_offset', 'specs/ops.glowdef:1729:3')
+        rt.check(rt.b_has_quant(b, b_scale, b_offset), 'QuantizedAdd', _node, 'operand b must be quantized with b_scale and b_offset', 'specs/ops.glowdef:1730:3')
+        return (rt.result_type('QuantizedAdd', _node, dtype, (*S,), 'specs/ops.glowdef:1731:7'), )
+
+
+@attrs.define(eq=False, repr=False, kw_only=True)
 class QuantizedConv(Node):
     """Conv of a quantized x (i8 or i16) with weights of its type quantized per filter (w_scale[m], offset 0) and a bias at scale x's scale * w_scale[m] in the accumulator type (i32 for i8, i64 for i16): sums of products in that type, requantized to the result's scale and offset, saturated to the type's range, then to max(y, low) and to min(y, high) (the bounds of a ReLU or of a Rescale folded into the product, in the result's integers; by default none).
     
@@ -8961,7 +9035,7 @@ class QuantizedConv(Node):
         low: int = -2147483648
         high: int = 2147483647
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1715:1.
+    Declared at specs/ops.glowdef:1734:1.
     """
 
     OP: ClassVar[str] = 'QuantizedConv'
@@ -8970,7 +9044,7 @@ class QuantizedConv(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), AttrInfo('low', 'int', rt.neg(2147483648), True), AttrInfo('high', 'int', 2147483647, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1715:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1734:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
     pads: object = attrs.field(default=(0, 0, 0, 0, ), converter=rt.CONVERTERS['ints'])
@@ -9010,14 +9084,14 @@ class QuantizedConv(Node):
     def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None, low=None, high=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedConv', _node)
-        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1718:9')
-        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1718:9')
-        u.elem('w', w, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1718:36')
-        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1718:36')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1718:66')
-        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1718:66')
-        u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1718:91')
-        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1718:91')
+        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1737:9')
+        u.shape('x', x, ('N', 'C', 'H', 'W'), None, (), 'specs/ops.glowdef:1737:9')
+        u.elem('w', w, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1737:36')
+        u.shape('w', w, ('M', 'CG', 'KH', 'KW'), None, (), 'specs/ops.glowdef:1737:36')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1737:66')
+        u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1737:66')
+        u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1737:91')
+        u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1737:91')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -9028,20 +9102,20 @@ class QuantizedConv(Node):
         W = u.dim('W')
         QACC = u.dtype('QACC')
         QT = u.dtype('QT')
-        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1719:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1719:3')
-        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1720:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1720:3')
-        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1721:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1721:3')
-        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1722:3')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1723:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1727:3')
-        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedConv', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1728:3')
-        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedConv', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1729:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1730:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1731:3')
-        return (rt.result_type('QuantizedConv', _node, QT, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1732:9'), )
+        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1738:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1738:3')
+        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1739:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1739:3')
+        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1740:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1740:3')
+        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1741:3')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1742:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1746:3')
+        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedConv', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1747:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedConv', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1748:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1749:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1750:3')
+        return (rt.result_type('QuantizedConv', _node, QT, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1751:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9061,7 +9135,7 @@ class QuantizedMatMul(Node):
         low: int = -2147483648
         high: int = 2147483647
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1736:1.
+    Declared at specs/ops.glowdef:1755:1.
     """
 
     OP: ClassVar[str] = 'QuantizedMatMul'
@@ -9070,7 +9144,7 @@ class QuantizedMatMul(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), AttrInfo('low', 'int', rt.neg(2147483648), True), AttrInfo('high', 'int', 2147483647, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1736:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1755:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9106,24 +9180,24 @@ class QuantizedMatMul(Node):
     def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None, low=None, high=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedMatMul', _node)
-        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1739:9')
-        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1739:9')
-        u.elem('w', w, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1739:31')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1739:31')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1739:52')
-        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1739:52')
-        u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1739:77')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1739:77')
+        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1758:9')
+        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1758:9')
+        u.elem('w', w, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1758:31')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1758:31')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1758:52')
+        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1758:52')
+        u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1758:77')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1758:77')
         B = u.dim('B')
         K = u.dim('K')
         N = u.dim('N')
         QACC = u.dtype('QACC')
         QT = u.dtype('QT')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1740:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1744:3')
-        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedMatMul', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1745:3')
-        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedMatMul', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1746:3')
-        return (rt.result_type('QuantizedMatMul', _node, QT, (*B, N,), 'specs/ops.glowdef:1747:9'), )
+        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1759:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1763:3')
+        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedMatMul', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1764:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedMatMul', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1765:3')
+        return (rt.result_type('QuantizedMatMul', _node, QT, (*B, N,), 'specs/ops.glowdef:1766:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9139,7 +9213,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1752:1.
+    Declared at specs/ops.glowdef:1771:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -9148,7 +9222,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1752:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1771:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9169,14 +9243,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1754:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1754:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1773:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1773:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1756:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1759:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1760:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1761:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1775:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1778:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1779:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1780:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9191,7 +9265,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1776:1.
+    Declared at specs/ops.glowdef:1795:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -9200,7 +9274,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1776:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1795:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -9220,13 +9294,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1778:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1778:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1797:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1797:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1782:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1783:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1784:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1801:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1802:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1803:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9242,7 +9316,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1793:1.
+    Declared at specs/ops.glowdef:1812:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -9251,7 +9325,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1793:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1812:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9276,22 +9350,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1795:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1795:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1814:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1814:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1795:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1795:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1814:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1814:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1796:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1797:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1799:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1800:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1801:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1802:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1815:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1816:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1818:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1819:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1820:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1821:7'), )
 
 
 OPS = {
@@ -9455,6 +9529,7 @@ OPS = {
     'Quantize': Quantize,
     'Dequantize': Dequantize,
     'Rescale': Rescale,
+    'QuantizedAdd': QuantizedAdd,
     'QuantizedConv': QuantizedConv,
     'QuantizedMatMul': QuantizedMatMul,
     'DFT': DFT,

@@ -614,8 +614,9 @@ class ModuleBuilder:
         for k, buf in crossing.items():
             temps[k] = b.alloca(ir.ArrayType(storage_type(buf.type.dtype), BLOCK), name="blk")
             temps[k].align = 64
-        # The value ranges of handed-off values (ScalarEmitter), kept across the hand-off:
-        # groups are emitted in order, so a later group reads what an earlier one found.
+        # The value ranges of handed-off values and whether they may be NaN (ScalarEmitter),
+        # kept across the hand-off: groups are emitted in order, so a later group reads what
+        # an earlier one found.
         ranges: dict[int, object] = {}
 
         needed = handoffs_to_cut(b.module)
@@ -630,7 +631,7 @@ class ModuleBuilder:
                 for k, buf in crossing.items():
                     if min(handoff[k]) < g:
                         current[k] = load_elem(bb, bb.gep(temps[k], [i64(0), j]), buf.type.dtype)
-                        current[k].range = ranges.get(k)
+                        current[k].range, current[k].nan_free = ranges.get(k, (None, False))
                 emit_stack(em, instrs, registry.kernels, current, _loader(bb, ps, externals))
                 emission.finish()
 
@@ -642,7 +643,7 @@ class ModuleBuilder:
                 for k in [k for k, gs in handoff.items() if g in gs]:
                     if stored_in_this_pass(current[k]):
                         store_elem(bb, current[k], bb.gep(temps[k], [i64(0), j]), crossing[k].type.dtype)
-                        ranges[k] = current[k].range
+                        ranges[k] = current[k].range, current[k].nan_free
                 for i, buf in enumerate(stored):
                     if group_of[slot(buf)] == g and stored_in_this_pass(current[slot(buf)]):
                         store_elem(bb, current[slot(buf)], ps[len(externals) + i], buf.type.dtype)

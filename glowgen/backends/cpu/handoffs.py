@@ -102,7 +102,8 @@ class PassEmission:
                 if k is not None and group.segment_of[k] < here and not isinstance(v.v, ir.Constant):
                     group.array(k, v.v.type)
         elif n in group.crossing and group.segment_of[n] < self.segment:
-            value = Value(self._load(group.crossing[n], value.v.type), value.dtype, value.range)
+            value = Value(self._load(group.crossing[n], value.v.type), value.dtype, value.range,
+                          value.nan_free)
         self._numbers[id(value)] = n
         self._values.append(value)
         return value

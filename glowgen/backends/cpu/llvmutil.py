@@ -126,3 +126,24 @@ def target_has(module: ir.Module, feature: str) -> bool:
     """Whether code in `module` may use `feature` (a plain module: the baseline only)."""
     features = module.target_features if isinstance(module, TargetModule) else ""
     return f"+{feature}" in features.split(",")
+
+
+def round_to_i32(b: ir.IRBuilder, f):
+    """f32 values (a scalar or a vector) rounded halves to even and converted to i32, for
+    values known to lie within i32 and not NaN (fptosi of others is poison).  A vector of 8
+    lanes takes `vcvtps2dq`, which rounds as MXCSR says: halves to even in the default
+    floating-point environment that LLVM, and so every f32 operation of the kernels,
+    already assumes; one of 16 lanes with AVX-512 `vcvtps2dq {rn-sae}`, halves to even
+    whatever MXCSR says.  One instruction in place of vroundps and vcvttps2dq.  A scalar
+    (a stacked loop's element, which LLVM vectorizes) takes `llvm.lrint`, which rounds by
+    the same environment: vcvtps2dq once vectorized, cvtss2si otherwise."""
+    vw = f.type.count if isinstance(f.type, ir.VectorType) else None
+    it = I32 if vw is None else ir.VectorType(I32, vw)
+    if vw == 16 and target_has(b.module, "avx512f"):
+        cvt = intrinsic(b.module, "llvm.x86.avx512.mask.cvtps2dq.512", it, [f.type, it, I16, I32])
+        return b.call(cvt, [f, ir.Constant(it, [0] * vw), ir.Constant(I16, -1), ir.Constant(I32, 8)])
+    if vw == 8 and target_has(b.module, "avx"):
+        return b.call(intrinsic(b.module, "llvm.x86.avx.cvt.ps2dq.256", it, [f.type]), [f])
+    if vw is None:      # lrint: vectorized by LLVM to vcvtps2dq where the loop vectorizes
+        return b.call(intrinsic(b.module, "llvm.lrint.i32.f32", I32, [F32]), [f])
+    return b.fptosi(call_intrinsic(b, "roundeven", [f]), it)

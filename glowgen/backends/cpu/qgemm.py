@@ -40,7 +40,7 @@ import numpy as np
 from llvmlite import ir
 
 from ...reference.primitives import requantize_multipliers
-from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic, target_has
+from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic, round_to_i32
 from .vectors import splat
 
 # The int8 strategies by target (`choose_qshape`): (group, element bits, shift, vector i32
@@ -298,22 +298,11 @@ def requantize_unsaturated(b: ir.IRBuilder, sums, mult):
     to i8 and to the bounds four vectors at a time.  (Outside the range the conversion would not be exact:
     fptosi of a too-large value is poison.)"""
     vw = sums.type.count
-    ft, it = _vec(F32, vw), _vec(I32, vw)
+    ft = _vec(F32, vw)
     f = b.fmul(b.sitofp(sums, ft), mult if isinstance(mult.type, ir.VectorType) else splat(b, mult, vw))
-    if vw == 16 and target_has(b.module, "avx512f"):
-        # vcvtps2dq {rn-sae}: rounded halves to even whatever MXCSR says, in one instruction.
-        cvt = intrinsic(b.module, "llvm.x86.avx512.mask.cvtps2dq.512", it, [ft, it, I16, I32])
-        r = b.call(cvt, [f, ir.Constant(it, [0] * vw), ir.Constant(I16, -1), ir.Constant(I32, 8)])
-    elif vw == 8:
-        # vcvtps2dq: rounded as MXCSR says, halves to even in the default floating-point
-        # environment that LLVM, and so every f32 operation of the kernels (the product
-        # above, the conversion of the sums), already assumes: one instruction in place of
-        # vroundps and vcvttps2dq.  MobileNetV2's int8 kernels at x86-64-v3, 1 thread, the
-        # sum of their fastest-of-150 cycles: 11187 -> 10913 kcycles.
-        r = b.call(intrinsic(b.module, "llvm.x86.avx.cvt.ps2dq.256", it, [ft]), [f])
-    else:
-        r = b.fptosi(b.call(intrinsic(b.module, f"llvm.roundeven.v{vw}f32", ft, [ft]), [f]), it)
-    return r
+    # vcvtps2dq in place of vroundps and vcvttps2dq: MobileNetV2's int8 kernels at
+    # x86-64-v3, 1 thread, the sum of their fastest-of-150 cycles: 11187 -> 10913 kcycles.
+    return round_to_i32(b, f)
 
 
 def requantize_for_narrow(b: ir.IRBuilder, sums, mult, exact: bool, offset, bounds):

@@ -16,7 +16,8 @@ from llvmlite import ir
 
 from ...engine.types import numpy_dtype
 from ...lir.ir import slot
-from .llvmutil import I1, call_intrinsic, intrinsic, is_float, is_signed, storage_type, target_has, type_suffix
+from .llvmutil import (I1, call_intrinsic, intrinsic, is_float, is_signed, round_to_i32, storage_type, target_has,
+                       type_suffix)
 
 from .values import arith_nan_free, arith_range, finite, image_range, known_bool, never_holds, union_range
 # Re-exported: what callers of the emitter build its operands with.
@@ -116,6 +117,13 @@ class ScalarEmitter:
                     return r
                 vals = [cond] + [self.emit(t, args, attrs, memo) for t in subs[1:]]
             else:
+                cast = self._saturating_cast(subs, args, attrs, memo) if fname == "cast" else None
+                if cast is not None:
+                    r, operand = cast
+                    if self.handoffs is not None:
+                        r = self.handoffs.track(r, [operand])
+                    memo[key] = r
+                    return r
                 vals = [self.emit(t, args, attrs, memo) for t in subs]
             if fname in self.scalars and fname not in self._inlining and self._inlines(fname, vals):
                 r = self._inline(fname, vals, attrs)
@@ -352,6 +360,51 @@ class ScalarEmitter:
         if not isinstance(a, Value):
             return Value(const(a, dtype), dtype)
         return convert(self.b, a, dtype)
+
+    def _saturating_cast(self, subs, args, attrs, memo):
+        """cast(saturate(x, t), t) to an integer type t of at most 16 bits, for a float x that
+        cannot be NaN and lies within i32: converted to i32 first, then clamped as integers,
+        which x86 does in the saturating packs that narrow the lanes anyway (packssdw,
+        packsswb: no float max and min, no masks before an unsigned pack).  Truncation
+        commutes with clamping to integer bounds, so the values are those of the float
+        clamp.  A `round` right inside (or inside a max with an integer constant) is the
+        conversion's own, as a requantizing store's is (round_to_i32).  (The result, x), or
+        None: the caller emits the two calls."""
+        inner = subs[0]
+        if inner[0] != "call" or inner[1] != "saturate":
+            return None
+        dtype = self.emit(subs[1], args, attrs, memo)
+        if dtype != self.emit(inner[2][1], args, attrs, memo) or not isinstance(dtype, str):
+            return None
+        if is_float(dtype) or dtype == "bool" or storage_type(dtype).width > 16:
+            return None
+        info = np.iinfo(numpy_dtype(dtype))
+        bounds = [int(info.min), int(info.max)]
+        tree = inner[2][0]
+        # A max with an integer constant inside (QuantizedAdd's `low`) joins the clamp:
+        # clamp(max(y, c), lo, hi) = clamp(y, min(hi, max(lo, c)), hi).
+        if tree[0] == "call" and tree[1] == "max":
+            c = self.emit(tree[2][1], args, attrs, memo)
+            if (not isinstance(c, bool) and isinstance(c, (int, float)) and math.isfinite(c)
+                    and c == int(c)):
+                bounds[0] = min(bounds[1], max(bounds[0], int(c)))
+                tree = tree[2][0]
+        # Rounding to an integer right before is the conversion's own (round_to_i32).
+        rounds = tree[0] == "call" and tree[1] == "round"
+        x = self.emit(tree[2][0] if rounds else tree, args, attrs, memo)
+        if not (isinstance(x, Value) and is_float(x.dtype) and x.nan_free and finite(x.range)
+                and -2.0 ** 31 < x.range[0] - 1 and x.range[1] + 1 < 2.0 ** 31):
+            return None
+        if rounds and x.dtype == "f32":
+            wide = Value(round_to_i32(self.b, x.v), "i32")
+        else:
+            x = self.f_round(x) if rounds else x
+            i32 = ir.IntType(32) if not self.vw else ir.VectorType(ir.IntType(32), self.vw)
+            wide = Value(self.b.fptosi(x.v, i32), "i32")
+        lo, hi = (Value(self._const(v, "i32"), "i32") for v in bounds)
+        clamped = self.f_min(self.f_max(wide, lo), hi)
+        return Value(self.b.trunc(clamped.v, storage_type(dtype) if not self.vw
+                                  else ir.VectorType(storage_type(dtype), self.vw)), dtype), x
 
     def f_saturate(self, a, dtype):
         """a (float) clamped to the range of integer type `dtype`: a max and a min with its
