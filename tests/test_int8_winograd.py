@@ -91,7 +91,12 @@ def test_streamed_weights_split_filters():
     text, _, _ = conv_case(np.random.default_rng(0), n, c, h, w, m, 3, (1, 1), (1, 1, 1, 1))
     node = _node(text)
     assert not qwinograd.QWinogradGeometry(node, 1).split_filters
-    assert qwinograd.QWinogradGeometry(node, 2).split_filters
+    g = qwinograd.QWinogradGeometry(node, 2)
+    assert g.split_filters
+    # The first round transforms each task's channel pairs into a V they all read, after
+    # the padded input in the scratch they share (the results at 1, 2 and 3 threads: test_winograd_conv_exact).
+    assert qwinograd.phases(node, 2).shared == g.xp_bytes + g.v_bytes
+    assert qwinograd.phases(node, 1).shared == g.xp_bytes
 
 
 def test_scratch_holds_every_split():

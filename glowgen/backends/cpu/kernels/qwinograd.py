@@ -42,7 +42,9 @@ band by band of tile rows (as conv_winograd's bands):
    the 8 tiles lie in one tile row and inside the image (`rows_direct`), else through a
    staging block, tile row by tile row.
 A split shares out the bands, or, where the transformed weights are streamed (past
-STREAMED_WEIGHTS), the blocks of filters: each task then transforms the whole image.
+STREAMED_WEIGHTS), the blocks of filters: the whole image is then one band, transformed in
+the first round with the padded input, each task its channel pairs, into a V they all read
+(phases; unphased, with several images, each task transforms it all).
 
 ResNet-18 int8 at x86-64-v3 on Zen 3, 1 thread, kernel Mcycles of the stride-1 3x3 layers
 (direct ubsw -> F(2x2) -> F(4x4)): 64 @56 (4 layers) 12.2 -> 8.4 -> 6.4, 128 @28 (3) 8.9 ->
@@ -275,9 +277,14 @@ def scratch(node, phased: bool, m: int = 2) -> int:
 
 def phases(node, parts: int, m: int = 2):
     """The padded input built in a round of its own, each task its share of the channel
-    pairs (one image: the kernel loops over images otherwise)."""
+    pairs (one image: the kernel loops over images otherwise).  Where the tasks share out
+    filters (split_filters), each then transformed the whole input for itself, and 2
+    threads ran ResNet-18's 128 @28, 256 @14 and 512 @7 1.57-1.69x as fast as one: the
+    first round transforms its pairs too, into a V the tasks share after the padded input."""
     g = QWinogradGeometry(node, parts, m)
-    return Phases(2, g.xp_bytes) if g.batch == 1 else None
+    if g.batch != 1:
+        return None
+    return Phases(2, g.xp_bytes + (g.v_bytes if g.split_filters else 0))
 
 
 def work(node, m: int = 2) -> Work:
@@ -363,12 +370,13 @@ def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi) -> N
                             _store(b, zero_row, xp, b.add(rows[p], k))
 
 
-def _input_transform(b, g: QWinogradGeometry, xp, v, first_row, tile_rows: int) -> None:
+def _input_transform(b, g: QWinogradGeometry, xp, v, first_row, tile_rows: int, pairs=None) -> None:
     """V[xi][pair][t] of the band's tiles t (tile row first_row + t // tw), 8 tiles of a tile
-    row at a time."""
+    row at a time, for the channel pairs `pairs` (lo, hi; None: all)."""
     vt, vh = _vec(I32, TILE_VECTOR), _vec(I16, 2 * TILE_VECTOR)
     m, nw, b_t = g.tile, g.t.n, g.t.b_t
-    with for_range(b, g.pairs, name="itp") as pair, for_range(b, tile_rows, name="itr") as r:
+    lo, hi = pairs or (i64(0), i64(g.pairs))
+    with for_range(b, hi, start=lo, name="itp") as pair, for_range(b, tile_rows, name="itr") as r:
         top = b.mul(b.add(first_row, r), i64(m))                  # the windows' first padded row
         planes = [b.mul(b.add(b.mul(pair, i64(m)), i64(p)), i64(g.hp)) for p in range(m)]
         for t0 in g.starts():
@@ -520,11 +528,16 @@ def emit(k, exact: bool, m: int = 2) -> None:
     else:
         xp = b.bitcast(scratch, I32.as_pointer())
         own = b.gep(scratch, [i64(g.xp_bytes)])
-    v = b.bitcast(own, I32.as_pointer())
+    shared_v = k.phased and g.split_filters      # V transformed once, in the first round
+    v = b.bitcast(b.gep(b.bitcast(k.shared_scratch, I8.as_pointer()), [i64(g.xp_bytes)]) if shared_v else own,
+                  I32.as_pointer())
     mm = b.bitcast(b.gep(own, [i64(g.v_bytes)]), I32.as_pointer())
     zs = b.gep(own, [i64(g.v_bytes + g.m_bytes)])
     if k.phased and k.phase == 0:               # this task's share of the padded input
-        build_padded_input(b, g, x, i64(0), xp, x_offset, *k.split.range(b, g.pairs))
+        pairs = k.split.range(b, g.pairs)
+        build_padded_input(b, g, x, i64(0), xp, x_offset, *pairs)
+        if shared_v:                            # ... and of V (one band: the whole image)
+            _input_transform(b, g, xp, v, i64(0), g.th, pairs)
         return
     if g.split_filters:                         # every band (one), this task's filters
         (lo, hi), blocks = (i64(0), i64(g.bands)), k.split.range(b, g.blocks)
@@ -538,7 +551,8 @@ def emit(k, exact: bool, m: int = 2) -> None:
 
         def band(j, tile_rows: int):
             first_row = b.mul(j, i64(g.rows))
-            _input_transform(b, g, xp, v, first_row, tile_rows)
+            if not shared_v:
+                _input_transform(b, g, xp, v, first_row, tile_rows)
             _products(b, g, a, v, mm, tile_rows * g.tw, blocks)
             _output_transform(b, g, mm, zs, y, n, first_row, tile_rows, filters, bias, mult, exact,
                               y_offset, y_offset_i32, bounds)
