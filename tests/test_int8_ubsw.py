@@ -99,16 +99,44 @@ def test_ubsw_convs_in_the_lanes(cpu):
         assert qs.kind == _ubsw(cpu) and qlanes.in_lanes(Geometry(ins.node, qs), qs) == (case in IN_LANES), case
 
 
+DEPTHWISE = [
+    # n, c, h, w, m, k, strides, pads, dilations, group (= c = m), and the int8 path on AVX2:
+    # 7-bit weights take `ubsw` where the lanes run interleaved (unit strides, no dilation)
+    (1, 8, 9, 9, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 8, "madd16"),    # 97 lanes: in steps of 32
+    #                                                    they would waste more than 5% (128 for 112)
+    (1, 5, 20, 13, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 5, "ubsw"),    # 5 taps a row: 2 groups of 4
+    (1, 40, 7, 7, 40, 3, (1, 1), (1, 1, 1, 1), (1, 1), 40, "ubsw"),
+    (1, 3, 70, 71, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 3, "ubsw"),    # rows of several vectors
+    (1, 32, 40, 40, 32, 3, (1, 1), (1, 1, 1, 1), (1, 1), 32, "ubsw"),  # split among threads
+    (2, 16, 14, 13, 16, 3, (2, 2), (1, 1, 1, 1), (1, 1), 16, "madd16"),
+    (1, 4, 11, 12, 4, 3, (1, 1), (2, 2, 2, 2), (2, 2), 4, "madd16"),   # dilated
+]
+
+
+@pytest.mark.parametrize("case", range(len(DEPTHWISE)))
+@pytest.mark.parametrize("extremes", [False, True])
+def test_ubsw_depthwise_exact(case, extremes):
+    """The depthwise kernel (qdepthwise.py) with 7-bit weights on AVX2: groups of 4 taps of a
+    row in 32-bit elements, `vpmaddubsw` and `vpmaddwd` with ones, as VNNI's `vpdpbusd`."""
+    values = EXTREMES if extremes else dict(w_values=SEVEN_BITS)
+    *conv, kind = DEPTHWISE[case]
+    text, feeds, want = conv_case(np.random.default_rng(360 + case), *conv, **values)
+    _check(text, feeds, want, "x86-64-v3", "QuantizedConv", "depthwise-" + kind)
+
+
 @pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("outlier", [-65, 64, -128, 127])
 def test_a_weight_outside_seven_bits_keeps_madd16(cpu, outlier):
     """One weight outside [-64, 63] could saturate a pair sum: that product keeps madd16,
     and stays exact with activations at their extremes."""
-    for make, case, kind in ((conv_case, CONVS[1], "QuantizedConv"), (matmul_case, MATMULS[1], "QuantizedMatMul")):
+    madd16 = "madd16" if cpu == "x86-64-v3" else "madd16-512"
+    for make, case, kind, strategy in ((conv_case, CONVS[1], "QuantizedConv", madd16),
+                                       (matmul_case, MATMULS[1], "QuantizedMatMul", madd16),
+                                       (conv_case, DEPTHWISE[2][:-1], "QuantizedConv", "depthwise-" + madd16)):
         rng = np.random.default_rng(340)
         text, feeds, want = make(rng, *case, w_values=[-64, 63, outlier], x_values=[-128, 127])
         assert str(outlier) in text
-        _check(text, feeds, want, cpu, kind, "madd16" if cpu == "x86-64-v3" else "madd16-512")
+        _check(text, feeds, want, cpu, kind, strategy)
 
 
 def test_weight_bits_by_target():

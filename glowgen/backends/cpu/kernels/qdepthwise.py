@@ -9,15 +9,17 @@ sw * q + a constant (ky's phase and row, kx * dw): the whole channel is one run 
 the columns ox >= OW of each row computed and dropped (2 of 58 at 56x56, 3x3, stride 1).
 
 The products sum G horizontal taps of a filter row in one instruction (qgemm.dot_groups:
-VNNI `vpdpbusd` takes 4, `vpmaddwd` 2): a row is ceil(KW / G) tap groups, each group's
-weights one 32-bit element (zeros past KW).  The G bytes of each lane, at
-sw * q + dw * (G * t + u) for u < G, are one load and one constant byte shuffle of the
-plane (vpermb), or at unit strides a plain load (of a plane of i16 values for `vpmaddwd`:
-DepthwiseGeometry.mode); at strides whose
-lanes span more than one 64-byte load (5 and more on VNNI), a load and a shuffle for each
-chunk of lanes within 64 bytes, the chunks joined (DepthwiseGeometry.chunk).  A 3x3 depthwise
-convolution is three `vpdpbusd` per 16 pixels on AVX-512 VNNI, six `vpmaddwd` per 8 on
-AVX2.  The sums start from the per-channel correction (the bias
+VNNI `vpdpbusd` takes 4, `vpmaddwd` 2, and AVX2's `ubsw` 4 in two, a `vpmaddubsw` and a
+`vpmaddwd` with ones): a row is ceil(KW / G) tap groups, each group's weights one 32-bit
+element (zeros past KW).  The G bytes of each lane, at sw * q + dw * (G * t + u) for u < G,
+are one load and one constant byte shuffle of the plane (vpermb), or at unit strides a
+plain load (of a plane of i16 values for `vpmaddwd`: DepthwiseGeometry.mode); at strides
+whose lanes span more than one 64-byte load (5 and more on VNNI), a load and a shuffle for
+each chunk of lanes within 64 bytes, the chunks joined (DepthwiseGeometry.chunk).  A 3x3
+depthwise convolution is three `vpdpbusd` per 16 pixels on AVX-512 VNNI; on AVX2 three
+`vpmaddubsw` and three `vpmaddwd` per 8 where its weights fit 7 bits and the lanes run
+interleaved (`ubsw`, choose_qshape: the unit-stride ones the quantizer makes), else six
+`vpmaddwd` per 8.  The sums start from the per-channel correction (the bias
 minus the shift to u8 and the x offset, times the filter's sum: qgemm.pack_epilogue) and
 are requantized as the other int8 kernels and the interpreter do, by
 qgemm.requantize_unsaturated and qgemm.narrow (the sums' range is checked at compile time:
@@ -34,7 +36,8 @@ from llvmlite import ir
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I16, I32, for_range, i64
 from ..parallel import Work
-from ..qgemm import QShape, dot_groups, narrow, pack_epilogue, products_in_range, requantize_unsaturated
+from ..qgemm import (QShape, dot_groups, for_weights, narrow, pack_epilogue, products_in_range,
+                     requantize_unsaturated)
 from ..vectors import join_vectors, splat
 
 PREFIX = "depthwise-"
@@ -53,6 +56,18 @@ def covers(node) -> bool:
     dilations of at most MAX_DILATION."""
     c = node.inputs[0].type.shape[1]
     return node.group == c == node.inputs[1].type.shape[0] and max(node.dilations) <= MAX_DILATION
+
+
+def choose_qshape(node, qs: QShape, w: np.ndarray) -> QShape:
+    """The int8 path for a depthwise convolution on the target whose widest is `qs`: on AVX2,
+    where the weights fit 7 bits (qgemm.for_weights) and the lanes run interleaved, `ubsw`'s
+    groups of 4 taps, as VNNI's (a `vpmaddubsw` of u8 x s8 pair sums, exact for such
+    weights, and a `vpmaddwd` with ones: four instructions per 4 taps of 8 lanes, against
+    `madd16`'s six per 2 taps of a plane of i16 values); `qs` otherwise."""
+    seven = for_weights(qs, w)
+    if seven.kind == "ubsw" and DepthwiseGeometry(node, seven).mode == "interleaved":
+        return seven
+    return qs
 
 
 def strategy(qs: QShape) -> str:

@@ -195,6 +195,7 @@ def q_strategy(ins, shape, packable, plan) -> str:
     if qs is None or any(_constant(ins, i) is None for i in (2, 3, 4)):
         return "loops"
     if getattr(node, "group", 1) != 1 and depthwise.covers(node):
+        qs = depthwise.choose_qshape(node, qs, _constant(ins, 2))
         if depthwise.sums_in_range(node, *(_constant(ins, i) for i in (2, 3, 4)), qs):
             return depthwise.strategy(qs)
         return "loops"
