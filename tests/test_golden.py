@@ -951,7 +951,8 @@ CASES.update({
 _qsrng = np.random.default_rng(1416)
 _QSUM_V = _qsrng.uniform(-3, 3, (2, 5)).astype(np.float32)
 _QSUM_A, _QSUM_B = (_qsrng.integers(-128, 128, (2, 3, 4)).astype(np.int8) for _ in range(2))
-_QSUM_IN = ("  input %a: i8[2, 3, 4] q(0.02, 5)\n  input %b: i8[2, 3, 4] q(0.01, -3)\n"
+_QSUM_INPUTS = "  input %a: i8[2, 3, 4] q(0.02, 5)\n  input %b: i8[2, 3, 4] q(0.01, -3)\n"
+_QSUM_IN = (_QSUM_INPUTS +
             "  %da = Dequantize(%a) {in_scale = 0.02, in_offset = 5} : f32[2, 3, 4]\n"
             "  %db = Dequantize(%b) {in_scale = 0.01, in_offset = -3} : f32[2, 3, 4]\n")
 
@@ -965,11 +966,8 @@ def _qsum(feeds, scale, offset, relu=False):
 CASES.update({
     # The sum of two dequantized integers, calibrated to its own range: it runs between
     # conversions (within a step of the result's parameters of the float sum).
-    "quantize_add": dict(text_case(_qtext(
-        "  input %a: i8[2, 3, 4] q(0.02, 5)\n  input %b: i8[2, 3, 4] q(0.01, -3)\n"
-        "  %da = Dequantize(%a) {in_scale = 0.02, in_offset = 5} : f32[2, 3, 4]\n"
-        "  %db = Dequantize(%b) {in_scale = 0.01, in_offset = -3} : f32[2, 3, 4]\n"
-        "  %y = Add(%da, %db) : f32[2, 3, 4]\n"), {"a": _QSUM_A, "b": _QSUM_B},
+    "quantize_add": dict(text_case(
+        _qtext(_QSUM_IN + "  %y = Add(%da, %db) : f32[2, 3, 4]\n"), {"a": _QSUM_A, "b": _QSUM_B},
         lambda f: {"y": _dq(f["a"], 0.02, 5) + _dq(f["b"], 0.01, -3)}),
         calibrate={"y": (-4.0, 4.0)}, rtol=0.0, atol=8.0 / 255),
     # The ReLU of a quantized sum: quantized once, with the ReLU's range [0, 3].
@@ -993,8 +991,7 @@ CASES.update({
     # The ReLU of a sum already one op (quantize_add, then quantized_add): quantized with the
     # ReLU's range [0, 3], whose offset is the bound.
     "relu_of_quantized_add": dict(text_case(_qtext(
-        "  input %a: i8[2, 3, 4] q(0.02, 5)\n  input %b: i8[2, 3, 4] q(0.01, -3)\n"
-        "  %s = QuantizedAdd(%a, %b) {a_scale = 0.02, a_offset = 5, b_scale = 0.01, b_offset = -3, "
+        _QSUM_INPUTS + "  %s = QuantizedAdd(%a, %b) {a_scale = 0.02, a_offset = 5, b_scale = 0.01, b_offset = -3, "
         "scale = 0.03, offset = 0} : i8[2, 3, 4] q(0.03, 0)\n"
         "  %d = Dequantize(%s) {in_scale = 0.03, in_offset = 0} : f32[2, 3, 4]\n"
         "  %y = Relu(%d) : f32[2, 3, 4]\n"), {"a": _QSUM_A, "b": _QSUM_B},
