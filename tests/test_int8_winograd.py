@@ -210,3 +210,61 @@ def test_integer_transforms_give_the_scaled_direct_sum(m):
     direct = np.array([[(d[:, i:i + 3, j:j + 3] * g).sum() for j in range(m)] for i in range(m)])
     assert t.pow2 * t.odd == {2: 4, 4: 576}[m]
     np.testing.assert_array_equal(wrap(y * t.inverse), t.pow2 * direct)
+
+
+class _NumpyBuilder:
+    """An IRBuilder's add, sub and mul over NumPy int64 arrays (integer_forms' only
+    instructions), counting them."""
+
+    def __init__(self):
+        self.count = 0
+
+    def add(self, a, b):
+        self.count += 1
+        return _Vec(a.v + b.v)
+
+    def sub(self, a, b):
+        self.count += 1
+        left = np.zeros_like(b.v) if not isinstance(a, _Vec) else a.v
+        return _Vec(left - b.v)
+
+    def mul(self, c, a):
+        self.count += 1
+        return _Vec(np.array([k.constant for k in c.constant], np.int64) * a.v)
+
+
+class _Vec:
+    def __init__(self, v):
+        from llvmlite import ir
+        self.v, self.type = v, ir.VectorType(ir.IntType(64), len(v))
+
+
+def _transform_cases():
+    rng = np.random.default_rng(7)
+    cases = [qwinograd.INTEGER[m].b_t for m in (2, 4)] + [qwinograd.INTEGER[m].a_t for m in (2, 4)]
+    for _ in range(40):
+        rows, cols = rng.integers(1, 8, size=2)
+        m = rng.choice([-8, -4, -2, -1, 0, 0, 0, 1, 2, 3, 4, 5, 24], size=(rows, cols))
+        m[:, 0] = np.where((m == 0).all(1), 1, m[:, 0])       # no empty row
+        cases.append(m)
+    return cases
+
+
+@pytest.mark.parametrize("matrix", _transform_cases())
+def test_integer_forms_compute_the_matrix_product(matrix):
+    """combine_integer's shared groups and paired rows (integer_forms.py) give matrix @ xs,
+    for the transforms and random integer matrices."""
+    from glowgen.backends.cpu.kernels.integer_forms import combine_integer
+    xs = np.random.default_rng(1).integers(-1000, 1000, size=(matrix.shape[1], 8))
+    out = combine_integer(_NumpyBuilder(), matrix, [_Vec(x) for x in xs])
+    np.testing.assert_array_equal(np.array([o.v for o in out]), np.asarray(matrix, np.int64) @ xs)
+
+
+def test_integer_forms_share_terms():
+    """F(4x4)'s transforms in fewer instructions than a product a coefficient: 18 for
+    B^T's six rows (28 term by term), 20 for the output's four (30)."""
+    from glowgen.backends.cpu.kernels.integer_forms import combine_integer
+    for matrix, most in ((qwinograd.INTEGER[4].b_t, 18), (qwinograd.INTEGER[4].a_t, 20)):
+        b = _NumpyBuilder()
+        combine_integer(b, matrix, [_Vec(np.arange(8)) for _ in range(matrix.shape[1])])
+        assert b.count <= most

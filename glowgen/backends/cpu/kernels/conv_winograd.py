@@ -41,6 +41,7 @@ from ..llvmutil import for_range, i64
 from ..parallel import shares
 from ..vectors import f32_vector, fmuladd, vload, vstore
 from .common import clamp
+from .integer_forms import combine_integer
 from .conv_blocked import blocked_tile, busiest, fill_blocked, store_band, zero_border
 from .conv_planes import aligned_floats
 
@@ -330,6 +331,8 @@ def combine(b, matrix, xs: list, vw: int) -> list:
     integers (qwinograd.py's) take integer matrices: their other coefficients multiply
     (by a shift where a power of two, as LLVM makes it)."""
     integer = isinstance(xs[0].type.element, ir.IntType)
+    if integer:
+        return combine_integer(b, matrix, xs)
     add, sub = (b.add, b.sub) if integer else (b.fadd, b.fsub)
 
     def times(coef, x):
