@@ -124,13 +124,14 @@ class IntegerTransforms:
 
 
 def _skewed(elements: int) -> int:
-    """i32 elements a position's block of V takes: its own, rounded up to an odd number of
+    """i32 elements a position's block of V (or M) takes: its own, rounded up to an odd number of
     64-byte lines, so that the n^2 blocks start in n^2 different sets of the L1 cache.  The
     input transform stores a vector to each block in turn: blocks a multiple of 4 KB long
     (ResNet's 128 @28 and 256 @14, 16 and 12 KB) put all 36 of them in one set of 8 ways.
     ResNet-18's int8 layers in the model (Zen 3, x86-64-v3, 1 thread, fastest of 40,
     Mcycles): 256 @14 1.52 -> 1.39, 128 @28 1.39 -> 1.29, 64 @56 (3 KB blocks, 9 in a set)
-    1.43 -> 1.36."""
+    1.43 -> 1.36.  M's blocks, which the output transform reads 36 at a time, likewise:
+    512 @7 2.37 -> 2.33, 128 @28 1.29 -> 1.27."""
     lines = _ceil(elements, 16)
     return 16 * (lines | 1)
 
@@ -223,7 +224,8 @@ class QWinogradGeometry:
         self.v_stride = self.cols + TILE_VECTOR   # the last tile row's 8 may reach past the band
         self.v_xi = _skewed(self.pairs * self.v_stride)
         self.v_bytes = 4 * self.positions * self.v_xi
-        self.m_bytes = 4 * self.positions * self.mpad * self.cols
+        self.m_xi = _skewed(self.mpad * self.cols)
+        self.m_bytes = 4 * self.positions * self.m_xi
         self.z_bytes = m * m * self.cols
         # Whether the output transform stores its 8 tiles as rows of the output: every vector
         # of 8 tiles in one tile row, none past the image's columns.
@@ -249,7 +251,7 @@ class QWinogradGeometry:
     def band_bytes(self, r: int) -> int:
         """V and M of a band of r tile rows."""
         cols = _ceil(r * self.tw, TILE_VECTOR) * TILE_VECTOR
-        return 4 * self.positions * (_skewed(self.pairs * (cols + TILE_VECTOR)) + self.mpad * cols)
+        return 4 * self.positions * (_skewed(self.pairs * (cols + TILE_VECTOR)) + _skewed(self.mpad * cols))
 
     def most_scratch(self) -> int:
         """A task's own scratch for any split (its bands' rows depend on the tasks)."""
@@ -481,11 +483,12 @@ def _products(b, g: QWinogradGeometry, a, v, mm, tiles: int, blocks) -> None:
     with for_range(b, g.positions, name="pxi") as xi, for_range(b, blocks[1], start=blocks[0], name="pmb") as mb:
         a_block = b.gep(a, [b.mul(b.add(b.mul(xi, i64(g.blocks)), mb), i64(g.pairs * g.mr))])
         v_xi = b.gep(v, [b.mul(xi, i64(g.v_xi))])
-        m_rows = b.add(b.mul(xi, i64(g.mpad)), b.mul(b.sub(mb, blocks[0]), i64(g.mr)))
+        m_rows = b.mul(b.sub(mb, blocks[0]), i64(g.mr))
+        m_xi = b.mul(xi, i64(g.m_xi))
 
         def tile(col, vectors):
             def store(i, j, sums):
-                at = b.add(b.mul(b.add(m_rows, i64(i)), i64(g.cols)), b.add(col, i64(j * qs.vw)))
+                at = b.add(m_xi, b.add(b.mul(b.add(m_rows, i64(i)), i64(g.cols)), b.add(col, i64(j * qs.vw))))
                 _store(b, sums, mm, at)
             emit_tile(b, qs, g.pairs, [0], a_block, b.gep(v_xi, [col]), g.v_stride, store,
                       name="qwt", rows=g.mr, vectors=vectors)
@@ -501,7 +504,7 @@ def _output_sums(b, g: QWinogradGeometry, mm, row, col, bias, mult, exact, y_off
     (requantize_for_narrow): [i][j] the vector of the tiles' pixel (i, j)."""
     vt = _vec(I32, TILE_VECTOR)
     nw, m, a_t = g.t.n, g.tile, g.t.a_t
-    mv = [_load(b, mm, b.add(b.mul(b.add(i64(xi * g.mpad), row), i64(g.cols)), col), vt)
+    mv = [_load(b, mm, b.add(i64(xi * g.m_xi), b.add(b.mul(row, i64(g.cols)), col)), vt)
           for xi in range(g.positions)]
     cols = [combine(b, a_t, [mv[nw * i + j] for i in range(nw)], TILE_VECTOR) for j in range(nw)]
     out = [combine(b, a_t, [cols[j][i] for j in range(nw)], TILE_VECTOR) for i in range(m)]
