@@ -86,7 +86,13 @@ MAX_TILE_WASTE = 1.35
 TILE_VECTOR = 8                     # tiles a vector of the transforms holds (i32 lanes)
 # V and M of a band (the products' operand and result) within about this many bytes, unless
 # the transformed weights exceed STREAMED_WEIGHTS: then one band a task (conv_winograd's rule).
-BAND_BYTES = 192 * 1024
+# Past L2 (512 KB on Zen 3): a band of whole vectors of tiles wastes fewer products than
+# L2's misses cost.  At 64 @56 (14 tiles a row, 16 computed), bands of 4 tile rows (56 tiles,
+# 829 KB) in place of 1 (262 KB, over 192 KB anyway): 1.35-1.36 -> 1.24-1.28 Mcycles as a
+# lone layer, 1.37-1.38 -> 1.33-1.35 in ResNet-18 (Zen 3, x86-64-v3, 1 thread).  Where the
+# busiest of several tasks computes as many columns either way (two threads there: 112),
+# the smaller band stays (_band_rows).
+BAND_BYTES = 1024 * 1024
 STREAMED_WEIGHTS = 1024 * 1024
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 # The scale of each row of G that makes it integer (S): F(2x2)'s halves all by 2, F(4x4)'s
@@ -234,7 +240,8 @@ class QWinogradGeometry:
     def _band_rows(self, parts: int) -> int:
         """Tile rows a band: of those whose V and M fit BAND_BYTES, the ones whose vectors of
         8 tiles waste the fewest columns of the busiest task (a band's tiles are padded to
-        whole vectors), then the most.  Where the weights are streamed, one band a task."""
+        whole vectors), then the fewest (the least scratch).  Where the weights are
+        streamed, one band a task."""
         if self.streamed:
             return _ceil(self.th, parts)
 
@@ -242,7 +249,7 @@ class QWinogradGeometry:
             bands = _ceil(self.th, r)
             cols = [_ceil(min(r, self.th - j * r) * self.tw, TILE_VECTOR) for j in range(bands)]
             return max(sum(cols[lo:hi]) for lo, hi in shares(bands, 1, parts, bands))
-        return max(self.band_choices(), key=lambda r: (-busiest_columns(r), r))
+        return min(self.band_choices(), key=lambda r: (busiest_columns(r), r))
 
     def band_choices(self) -> list[int]:
         """The tile rows a band may have where the weights are not streamed."""
