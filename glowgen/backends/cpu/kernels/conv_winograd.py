@@ -41,9 +41,9 @@ from ..llvmutil import for_range, i64
 from ..parallel import shares
 from ..vectors import f32_vector, fmuladd, vload, vstore
 from .common import clamp
-from .integer_forms import combine_integer
 from .conv_blocked import blocked_tile, busiest, fill_blocked, store_band, zero_border
 from .conv_planes import aligned_floats
+from .integer_forms import combine_integer
 
 # (B^T, G, A^T) of F(T x T, 3x3), by tile size T: interpolation points 0, 1, -1 (and
 # infinity) for T = 2; 0, 1, -1, 2, -2 for T = 4.
@@ -328,31 +328,21 @@ def _input_rows(b, g: WinogradGeometry, j, first_band):
 def combine(b, matrix, xs: list, vw: int) -> list:
     """matrix @ xs for a constant matrix and a list of vectors: additions and subtractions
     for coefficients of 1 and -1, multiply-adds for the others, none for zeros.  Vectors of
-    integers (qwinograd.py's) take integer matrices: their other coefficients multiply
-    (by a shift where a power of two, as LLVM makes it)."""
-    integer = isinstance(xs[0].type.element, ir.IntType)
-    if integer:
+    integers (qwinograd.py's) take integer matrices, summed with their shared terms
+    (integer_forms.combine_integer)."""
+    if isinstance(xs[0].type.element, ir.IntType):
         return combine_integer(b, matrix, xs)
-    add, sub = (b.add, b.sub) if integer else (b.fadd, b.fsub)
-
-    def times(coef, x):
-        if integer:
-            assert coef == int(coef), "integer vectors: integer coefficients"
-            return b.mul(ir.Constant(x.type, [int(coef)] * x.type.count), x)
-        return b.fmul(splat_constant(coef, vw), x)
     out = []
     for row in matrix:
         terms = sorted(((float(c), x) for c, x in zip(row, xs) if c), key=lambda t: t[0] != 1.0)
         coef, acc = terms[0]
         if coef != 1.0:
-            acc = times(coef, acc)
+            acc = b.fmul(splat_constant(coef, vw), acc)
         for coef, x in terms[1:]:
             if coef == 1.0:
-                acc = add(acc, x)
+                acc = b.fadd(acc, x)
             elif coef == -1.0:
-                acc = sub(acc, x)
-            elif integer:
-                acc = add(acc, times(coef, x))
+                acc = b.fsub(acc, x)
             else:
                 acc = fmuladd(b, splat_constant(coef, vw), x, acc)
         out.append(acc)

@@ -50,11 +50,10 @@ def _groups(row: np.ndarray) -> list:
     return out
 
 
-def cost(row: np.ndarray) -> int:
+def _cost(row: np.ndarray) -> int:
     """Instructions a row takes alone: an addition a term past the first, a product a
     magnitude other than 1."""
-    groups = _groups(row)
-    return max(int(np.count_nonzero(row)) - 1, 0) + sum(1 for mag, _ in groups if mag != 1)
+    return max(int(np.count_nonzero(row)) - 1, 0) + sum(1 for mag, _ in _groups(row) if mag != 1)
 
 
 def _row_pairs(rows: list) -> list:
@@ -72,7 +71,7 @@ def _row_pairs(rows: list) -> list:
                 if np.any(s % 2) or np.any(d % 2) or not s.any() or not d.any():
                     continue
                 p, q = s // 2, d // 2
-                gain = cost(rows[i]) + cost(rows[j]) - (cost(p) + cost(q) + 2)
+                gain = _cost(rows[i]) + _cost(rows[j]) - (_cost(p) + _cost(q) + 2)
                 if gain > 0 and (best is None or gain > best[0]):
                     best = (gain, i, j, p, q)
         if best is None:

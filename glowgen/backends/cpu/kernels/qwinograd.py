@@ -341,8 +341,8 @@ def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, imag
     holds channels 2 pair and 2 pair + 1 of input pixel (r - pt, m k + p - pl) less the
     input's offset, as two i16 (0 outside the input).  Input rows 8 m pixels a step where
     they lie inside the row, the edges one element at a time; rows shorter than a step
-    (28 and less for F(4x4), 15 for F(2x2)) through a padded image (_build_through_image).
-    """
+    (28 and less for F(4x4), 15 for F(2x2)) through a padded image (_build_through_image)
+    in `image`, g.image_bytes of the task's own scratch."""
     m = g.tile
     span = TILE_VECTOR * m                   # input pixels of a vector step
     off16 = b.trunc(x_offset, I16)
