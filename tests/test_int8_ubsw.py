@@ -33,8 +33,10 @@ CONVS = [
     (1, 72, 14, 14, 64, 3, (1, 1), (1, 1, 1, 1), (1, 1)),    # ... 49 and 196 pixels broadcast
     (1, 64, 14, 13, 64, 3, (2, 2), (1, 1, 1, 1), (1, 1)),    # ... at stride 2, 7x7 from 14x13
     (1, 64, 40, 40, 16, 3, (1, 1), (1, 1, 1, 1), (1, 1)),    # a larger image: pixels in the lanes
+    (1, 64, 5, 6, 48, 3, (1, 1), (1, 1, 1, 1), (1, 1)),      # 30 pixels: 7 blocks of 4 rows and one of 2
+    (1, 72, 3, 9, 40, 3, (1, 1), (1, 1, 1, 1), (1, 1)),      # 27 pixels: 6 blocks of 4 and one of 3
 ]
-IN_LANES = (4, 7, 8, 9)     # the CONVS above with their features in the lanes
+IN_LANES = (4, 7, 8, 9, 11, 12)     # the CONVS above with their features in the lanes
 MATMULS = [((1,), 512, 100), ((2, 5), 37, 33), ((64,), 130, 257)]   # one row: in the lanes
 
 
@@ -97,6 +99,19 @@ def test_ubsw_convs_in_the_lanes(cpu):
         (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedConv"]
         qs = QShape(ins.plan.strategy)
         assert qs.kind == _ubsw(cpu) and qlanes.in_lanes(Geometry(ins.node, qs), qs) == (case in IN_LANES), case
+
+
+@pytest.mark.parametrize("case, blocks", [(7, (4, 1)), (8, (4, 4)), (9, (4, 1)), (11, (4, 2)), (12, (4, 3))])
+def test_lanes_last_block_takes_the_rows_left(case, blocks):
+    """AVX2's tiles of 4 rows: the rows divide into whole blocks and a last one of the rows
+    left (49 pixels: 12 x 4 + 1), which computes no row past the end; CONVS[7, 9, 11, 12]
+    check its sums, at 1, 2 and 3 threads."""
+    text, _, _ = conv_case(np.random.default_rng(300 + case), *CONVS[case], w_values=SEVEN_BITS)
+    model, _ = _compile(text, "x86-64-v3", 1)
+    (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedConv"]
+    qs = QShape(ins.plan.strategy)
+    lanes = qlanes.Lanes(Geometry(ins.node, qs), qs)
+    assert (lanes.mr, lanes.tail_rows) == blocks
 
 
 DEPTHWISE = [

@@ -14,8 +14,9 @@ of k (s8 for VNNI, i16 for AVX2): a tile's weights are one contiguous run, which
 prefetchers stream.  Laid out [K / G][taps][Mpad], a tile read 256 bytes and stepped
 Mpad x 4 bytes to the next k: MobileNetV2's int8 classifier (1280 -> 1000, one row) stepped
 4 KB, a page, per read, and took 0.168 ms, 7.6 GB/s of weights.  A tile is `mr` rows by NV
-vectors of features, `mr` chosen so that the rows divide evenly into tiles where they can
-(7 for 49 or 196 pixels), in as few tiles as may be (ROW_BLOCK_COST).  With VNNI the
+vectors of features, the last block of rows perhaps fewer (a tile of its own), `mr` and
+that last block chosen to compute few rows past the last in few blocks (ROW_BLOCK_COST):
+49 pixels as 12 blocks of 4 and one of 1 on AVX2, as 7 of 7 with VNNI.  With VNNI the
 broadcast activations are the u8 operand of `vpdpbusd` and the weights the s8 one; the +128
 of the activations folds into a per-feature correction as in qgemm.pack_epilogue.  The packed
 constant: weights, then per feature the i32 correction and the f32 multiplier, then the
@@ -46,8 +47,29 @@ MIN_TILE_ROWS = 3
 # AVX2, not 17 of 3 (3% fewer rows, but 31% more passes over the weights).  One thread,
 # Zen 3, x86-64-v3, us: 1x1 2048 -> 512 @7 713 -> 592 (onnxruntime 640), 960 -> 320 @7
 # 204 -> 178 (176), 960 -> 160 @7 101 -> 89; 576 -> 160 @7 unchanged (52).  VNNI's 7-row
-# blocks for 49 or 196 pixels and 5-row ones for one row stay as they were.
+# blocks for 49 or 196 pixels and 5-row ones for one row stay as they were.  A last block
+# of the rows left in place of one repeating rows past the end (49 pixels: 12 x 4 + 1, not
+# 13 x 4), Zen 3, x86-64-v3, one thread, us: 2048 -> 512 @7 585-591 -> 568-569 (onnxruntime
+# in ResNet-50: 568), 512 -> 2048 @7 569 -> 544, 1024 -> 2048 at stride 2 from 14x14
+# 1188 -> 1163, 3x3 512 -> 512 at stride 2 from 14x14 1282 -> 1217.  (Computing 2 or 3 rows
+# in that last tile, repeating the last, measured the same as 1.)
 ROW_BLOCK_COST = 1
+
+
+def _row_blockings(rows: int, most: int):
+    """(rows a block, rows of the last block) the tile may take: every block of `mr` rows
+    (the last repeating rows past the end), or whole blocks and a last one of the rows left."""
+    for mr in range(most, max(MIN_TILE_ROWS, most - 3) - 1, -1):
+        yield mr, mr
+        if rows > mr and rows % mr:
+            yield mr, rows % mr
+
+
+def _blocking_cost(rows: int, mr: int, tail: int) -> int:
+    """Rows computed plus ROW_BLOCK_COST a block, for blocks of `mr` rows and a last of `tail`
+    (Lanes breaks ties for blocks all of one size: one tile's code in place of two)."""
+    whole = rows // mr if tail != mr else _ceil(rows, mr) - 1
+    return whole * (mr + ROW_BLOCK_COST) + tail + ROW_BLOCK_COST
 
 
 class Lanes:
@@ -56,8 +78,8 @@ class Lanes:
     def __init__(self, geo, qs: QShape):
         self.geo, self.qs = geo, qs
         self.rows = geo.oh * geo.ow if geo.conv else geo.rows
-        self.mr = min(range(qs.mr, max(MIN_TILE_ROWS, qs.mr - 3) - 1, -1),
-                      key=lambda r: _ceil(self.rows, r) * (r + ROW_BLOCK_COST))
+        self.mr, self.tail_rows = min(_row_blockings(self.rows, qs.mr),
+                                      key=lambda p: (_blocking_cost(self.rows, *p), p[1] != p[0]))
         self.row_blocks = _ceil(self.rows, self.mr)
         self.tiles = _ceil(geo.m, qs.nr)
         self.npad = self.tiles * qs.nr
@@ -167,37 +189,48 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, own_plane=None):
         r = b.select(b.icmp_signed("<", r, i64(lanes.rows)), r, i64(lanes.rows - 1))
         return b.add(b.mul(b.sdiv(r, i64(geo.ow)), i64(geo.wq)), b.srem(r, i64(geo.ow))) if geo.conv else r
 
+    def tile_rows(rows, tile, r0):
+        """The tile of features `tile` over rows r0..r0 + rows, into the result block."""
+        n0 = b.mul(tile, i64(qs.nr))
+        starts = [b.gep(plane, [position(b.add(r0, i64(i)))]) for i in range(rows)]
+
+        def a_at(g, t, i):
+            return b.gep(starts[i], [b.add(b.mul(g, i64(geo.group_stride)), i64(geo.taps[t]))])
+
+        def features(j, at, t):     # the i32 / f32 vector of features n0 + j * VW of `at`
+            v = b.load(b.bitcast(b.gep(at, [b.add(n0, i64(j * qs.vw))]), ir.VectorType(t, qs.vw).as_pointer()))
+            v.align = 4
+            return v
+
+        sums = {}
+
+        def store(i, j, vector):    # requantized, narrowed and stored by pairs of rows
+            sums.setdefault(i, []).append(requantize_for_narrow(
+                b, vector, features(j, mult, F32), exact, y_offset, bounds))
+        tile_weights = b.gep(weights, [b.mul(tile, i64(geo.groups * lanes.taps * qs.nr))])
+        emit_tile(b, qs, geo.groups, [t * qs.nr for t in range(lanes.taps)], None,
+                  tile_weights, lanes.taps * qs.nr, store, name="lq", rows=rows,
+                  broadcast_u8=True, a_at=a_at, init=lambda i, j: features(j, corr, I32))
+        for i, run in narrowed_rows(b, qs, [sums[i] for i in range(rows)], exact, bounds, y_offset_i32):
+            at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), n0)])
+            st = b.store(run, b.bitcast(at, run.type.as_pointer()))
+            st.align = 1
+
     with for_range(b, geo.batch, name="ln") as n:
         if own_plane is not None:           # the plane of this task's rows
             own_plane(b, n, plane, pad, position(b.mul(rb_lo, i64(mr))), position(b.sub(b.mul(rb_hi, i64(mr)), i64(1))))
         elif not k.phased:
             build_plane(b, geo, x, n, plane, pad)
         with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, rb_hi, start=rb_lo, name="lr") as rb:
-            n0 = b.mul(tile, i64(qs.nr))
             r0 = b.mul(rb, i64(mr))
-            starts = [b.gep(plane, [position(b.add(r0, i64(i)))]) for i in range(mr)]
-
-            def a_at(g, t, i):
-                return b.gep(starts[i], [b.add(b.mul(g, i64(geo.group_stride)), i64(geo.taps[t]))])
-
-            def features(j, at, t):     # the i32 / f32 vector of features n0 + j * VW of `at`
-                v = b.load(b.bitcast(b.gep(at, [b.add(n0, i64(j * qs.vw))]), ir.VectorType(t, qs.vw).as_pointer()))
-                v.align = 4
-                return v
-
-            rows = {}
-
-            def store(i, j, sums):      # requantized, narrowed and stored by pairs of rows
-                rows.setdefault(i, []).append(requantize_for_narrow(
-                    b, sums, features(j, mult, F32), exact, y_offset, bounds))
-            tile_weights = b.gep(weights, [b.mul(tile, i64(geo.groups * lanes.taps * qs.nr))])
-            emit_tile(b, qs, geo.groups, [t * qs.nr for t in range(lanes.taps)], None,
-                      tile_weights, lanes.taps * qs.nr, store, name="lq", rows=mr,
-                      broadcast_u8=True, a_at=a_at, init=lambda i, j: features(j, corr, I32))
-            for i, run in narrowed_rows(b, qs, [rows[i] for i in range(mr)], exact, bounds, y_offset_i32):
-                at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), n0)])
-                st = b.store(run, b.bitcast(at, run.type.as_pointer()))
-                st.align = 1
+            if lanes.tail_rows == mr:
+                tile_rows(mr, tile, r0)
+            else:                           # the last block has the rows left
+                with b.if_else(b.icmp_signed("<", rb, i64(lanes.row_blocks - 1))) as (whole, last):
+                    with whole:
+                        tile_rows(mr, tile, r0)
+                    with last:
+                        tile_rows(lanes.tail_rows, tile, r0)
         m_lo = b.mul(lo, i64(qs.nr))
         m_hi = b.mul(hi, i64(qs.nr))
         m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
