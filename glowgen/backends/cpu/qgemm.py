@@ -200,7 +200,8 @@ def in_register(b: ir.IRBuilder, v):
 def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block, b_base,
               group_stride: int, store: Callable, name: str = "qt", rows: Optional[int] = None,
               broadcast_u8: bool = False, a_at: Optional[Callable] = None,
-              init: Optional[Callable] = None, vectors: Optional[int] = None) -> None:
+              init: Optional[Callable] = None, vectors: Optional[int] = None,
+              prefetch: Optional[Callable] = None) -> None:
     """One MR x NR tile: for each of `groups` channel groups (a run-time loop) and each tap
     (unrolled), B's NV vectors at b_base + group * group_stride + tap offset + j * VW (i32
     elements) meet A's MR broadcast groups at a_block[(group * taps + t) * MR + i].  Then
@@ -209,7 +210,8 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
     given, is the pointer to A's group for row i and tap t in place of a_block's;
     `init(i, j)`, when given, the i32 vector (i, j)'s sums start from (in place of zeros: a per-row bias
     added there costs nothing, where added to the sums it is one instruction a vector);
-    `vectors` (at most NV) replaces NV: the vectors of B a tile takes."""
+    `vectors` (at most NV) replaces NV: the vectors of B a tile takes; `prefetch(g)`, when
+    given, is called at each step g of the loop (to emit prefetches of what later tiles read)."""
     vw, mr, nv = qs.vw, rows or qs.mr, vectors or qs.nv
     vt = _vec(I32, vw)
     zero = ir.Constant(vt, [0] * vw)
@@ -228,6 +230,8 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
     cur = [[acc for acc in row] for row in accs]
     bg = b.gep(b_base, [b.mul(g, i64(group_stride))])
     ag = b.gep(a_block, [b.mul(g, i64(len(taps) * mr))]) if a_at is None else None
+    if prefetch is not None:
+        prefetch(g)
     for t, off in enumerate(taps):
         bvecs = []
         for j in range(nv):
