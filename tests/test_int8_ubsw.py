@@ -35,8 +35,10 @@ CONVS = [
     (1, 64, 40, 40, 16, 3, (1, 1), (1, 1, 1, 1), (1, 1)),    # a larger image: pixels in the lanes
     (1, 64, 5, 6, 48, 3, (1, 1), (1, 1, 1, 1), (1, 1)),      # 30 pixels: 7 blocks of 4 rows and one of 2
     (1, 72, 3, 9, 40, 3, (1, 1), (1, 1, 1, 1), (1, 1)),      # 27 pixels: 6 blocks of 4 and one of 3
+    (1, 128, 56, 56, 16, 3, (2, 2), (1, 1, 1, 1), (1, 1)),   # 784 outputs in 816 lanes (rows of 29
+    (1, 64, 56, 56, 16, 3, (2, 2), (1, 1, 1, 1), (1, 1)),    # for 28): lanes from 1024 products an output
 ]
-IN_LANES = (4, 7, 8, 9, 11, 12)     # the CONVS above with their features in the lanes
+IN_LANES = (4, 7, 8, 9, 11, 12, 13)     # the CONVS above with their features in the lanes
 MATMULS = [((1,), 512, 100), ((2, 5), 37, 33), ((64,), 130, 257)]   # one row: in the lanes
 
 

@@ -117,6 +117,11 @@ def pixels_useful(geo) -> float:
 # the lanes must waste (`useful` over `pixels_useful`):
 GAIN = {"vnni": 1.04, "ubsw-512": 1.04, "ubsw": 1.05}
 MIN_PRODUCTS_PER_OUTPUT = 512
+# From this many products an output, any lanes saved will do: ResNet-50's 128 -> 128 3x3 at
+# stride 2 from 56x56 (1152 products an output; the pixels' plane rows of 29 for 28 outputs,
+# 816 lanes for 784) 1314-1333 -> 1274-1280 us; ResNet-18's 64 -> 128 (576) the same either
+# way, 639-640 / 641-642 (Zen 3, x86-64-v3, one thread, alone).
+GAIN_FREE_PRODUCTS = 1024
 # ... and only images of up to 1024 pixels (32x32): on 56x56, 64->64 3x3, broadcasting
 # pixels measured 15% slower than the 4% of lanes it saves; on 28x28, 128->128 3x3 (9% of
 # the lanes idle: 2 of 30 columns a row, 800 -> 832 lanes), 0.566 -> 0.527 ms (onnxruntime
@@ -132,8 +137,10 @@ def in_lanes(geo, qs: QShape) -> bool:
     lanes = Lanes(geo, qs)
     if lanes.rows <= qs.mr:
         return True
-    return (qs.kind in GAIN and geo.c * len(geo.taps) >= MIN_PRODUCTS_PER_OUTPUT
-            and lanes.rows <= MAX_ROWS and lanes.useful() > GAIN[qs.kind] * pixels_useful(geo))
+    products = geo.c * len(geo.taps)
+    gain = GAIN.get(qs.kind) if products < GAIN_FREE_PRODUCTS else 1.0
+    return (qs.kind in GAIN and products >= MIN_PRODUCTS_PER_OUTPUT
+            and lanes.rows <= MAX_ROWS and lanes.useful() > gain * pixels_useful(geo))
 
 
 def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> tuple[np.ndarray, bool]:
