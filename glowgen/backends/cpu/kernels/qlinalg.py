@@ -290,6 +290,16 @@ def q_phases(ins, shape, parts: int) -> Optional[Phases]:
 # Panels of pixels each task computes at the least for a product to share out pixels rather
 # than filters when its tasks can build their own pixels' plane (owns_pixels).
 OWN_PIXELS_MIN_PANELS = 4
+# ... and how much more unevenly than the filters' blocks the panels may share out, for the
+# one round and the plane built where it is read: a 14x14 image is 13 panels, 7 and 6 at two
+# threads, where ResNet-50's 256 -> 1024 1x1 has 256 blocks (tasks 311 and 245 us alone;
+# sharing out the blocks, both 266-274 and the step 281-286; Zen 3, x86-64-v3).
+OWN_PIXELS_UNEVENNESS = 0.02
+
+
+def _unevenness(items: int, parts: int) -> float:
+    """How much more than an even share the busiest of `parts` tasks computes (Split.range)."""
+    return -(-items // parts) * parts / items - 1.0
 
 
 def owns_pixels(geo: Geometry, qs: QShape, parts: int) -> bool:
@@ -304,7 +314,9 @@ def owns_pixels(geo: Geometry, qs: QShape, parts: int) -> bool:
         return False
     if qlanes.in_lanes(geo, qs):
         return not splits_blocks(qlanes.Lanes(geo, qs).tiles, Split(None, parts))
-    return geo.qpad // qs.nr >= OWN_PIXELS_MIN_PANELS * parts
+    panels = geo.qpad // qs.nr
+    return (panels >= OWN_PIXELS_MIN_PANELS * parts
+            and _unevenness(panels, parts) <= _unevenness(geo.blocks, parts) + OWN_PIXELS_UNEVENNESS)
 
 
 def own_plane_pixels(b, geo: Geometry, first, last):
