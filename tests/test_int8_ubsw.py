@@ -61,6 +61,15 @@ def _ubsw(cpu):
     return "ubsw" if cpu == "x86-64-v3" else "ubsw-512"
 
 
+def _product(text, cpu, kind):
+    """The strategy and the qlinalg.Geometry of the one `kind` product `text` compiles to
+    for `cpu`, at one thread."""
+    model, _ = _compile(text, cpu, 1)
+    (ins,) = [i for i in model.program.instrs if i.kind == kind]
+    qs = QShape(ins.plan.strategy)
+    return qs, Geometry(ins.node, qs)
+
+
 @pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("case", range(len(CONVS)))
 @pytest.mark.parametrize("extremes", [False, True])
@@ -83,10 +92,8 @@ def test_ubsw_in_the_lanes():
     """A product of one row takes the lanes layout (qlanes.py), activations broadcast as the
     u8 operand: covered by MATMULS[0]."""
     text, _, _ = matmul_case(np.random.default_rng(320), *MATMULS[0], w_values=SEVEN_BITS)
-    model, _ = _compile(text, "x86-64-v3", 1)
-    (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedMatMul"]
-    qs = QShape(ins.plan.strategy)
-    assert qs.kind == "ubsw" and qlanes.in_lanes(Geometry(ins.node, qs), qs)
+    qs, geo = _product(text, "x86-64-v3", "QuantizedMatMul")
+    assert qs.kind == "ubsw" and qlanes.in_lanes(geo, qs)
 
 
 @pytest.mark.parametrize("cpu", CPUS)
@@ -97,10 +104,8 @@ def test_ubsw_convs_in_the_lanes(cpu):
         if conv[1] * conv[5] ** 2 < qlanes.MIN_PRODUCTS_PER_OUTPUT and case not in IN_LANES:
             continue
         text, _, _ = conv_case(np.random.default_rng(300 + case), *conv, w_values=SEVEN_BITS)
-        model, _ = _compile(text, cpu, 1)
-        (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedConv"]
-        qs = QShape(ins.plan.strategy)
-        assert qs.kind == _ubsw(cpu) and qlanes.in_lanes(Geometry(ins.node, qs), qs) == (case in IN_LANES), case
+        qs, geo = _product(text, cpu, "QuantizedConv")
+        assert qs.kind == _ubsw(cpu) and qlanes.in_lanes(geo, qs) == (case in IN_LANES), case
 
 
 @pytest.mark.parametrize("case, blocks", [(7, (4, 1)), (8, (4, 4)), (9, (4, 1)), (11, (4, 2)), (12, (4, 3))])
@@ -109,10 +114,8 @@ def test_lanes_last_block_takes_the_rows_left(case, blocks):
     left (49 pixels: 12 x 4 + 1), which computes no row past the end; CONVS[7, 9, 11, 12]
     check its sums, at 1, 2 and 3 threads."""
     text, _, _ = conv_case(np.random.default_rng(300 + case), *CONVS[case], w_values=SEVEN_BITS)
-    model, _ = _compile(text, "x86-64-v3", 1)
-    (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedConv"]
-    qs = QShape(ins.plan.strategy)
-    lanes = qlanes.Lanes(Geometry(ins.node, qs), qs)
+    qs, geo = _product(text, "x86-64-v3", "QuantizedConv")
+    lanes = qlanes.Lanes(geo, qs)
     assert (lanes.mr, lanes.tail_rows) == blocks
 
 

@@ -138,9 +138,10 @@ def in_lanes(geo, qs: QShape) -> bool:
     if lanes.rows <= qs.mr:
         return True
     products = geo.c * len(geo.taps)
-    gain = GAIN.get(qs.kind) if products < GAIN_FREE_PRODUCTS else 1.0
-    return (qs.kind in GAIN and products >= MIN_PRODUCTS_PER_OUTPUT
-            and lanes.rows <= MAX_ROWS and lanes.useful() > gain * pixels_useful(geo))
+    if qs.kind not in GAIN or products < MIN_PRODUCTS_PER_OUTPUT or lanes.rows > MAX_ROWS:
+        return False
+    gain = GAIN[qs.kind] if products < GAIN_FREE_PRODUCTS else 1.0
+    return lanes.useful() > gain * pixels_useful(geo)
 
 
 def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> tuple[np.ndarray, bool]:

@@ -299,7 +299,7 @@ OWN_PIXELS_UNEVENNESS = 0.02
 
 def _unevenness(items: int, parts: int) -> float:
     """How much more than an even share the busiest of `parts` tasks computes (Split.range)."""
-    return -(-items // parts) * parts / items - 1.0
+    return Split(None, parts).chunk(items) * parts / items - 1.0
 
 
 def owns_pixels(geo: Geometry, qs: QShape, parts: int) -> bool:
