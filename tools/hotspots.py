@@ -11,15 +11,15 @@ For each of the busiest functions: its share of the samples, the share of its ow
 in its hottest run ("loop"), and what lies outside that run as a share of all samples
 ("rest": planes, epilogues, transforms, the edges of images).  A kernel whose loop is near
 its peak and whose rest is small has nothing left but its algorithm; ResNet-50 int8 on Zen 3
-showed its 1x1 convolutions at 91-96% in their product loops, the 64-channel ones at 80%
-(requantization after 16 steps of products).  `--annotate` prints the disassembly of the
+showed its 1x1 and stride-2 convolutions at 86-96% in their product loops, the 64 -> 256
+1x1s at 56x56 at 79% (requantization after 16 steps of products).  `--annotate` prints the disassembly of the
 first function whose name holds NAME_PART, each instruction with its share of that
 function's samples (samples land on the instruction after the one that stalled).
 
 Needs `perf` (sampling the cpu-clock event, so it works where a VM hides the hardware
 counters) and `objdump`.  The whole model is compiled in this process, in one module
 ($GLOWGEN_COMPILE_PROCESSES=1), so that every function's address is known.  Inputs are
-random normal values (floats; integers 0) of the model's declared shapes.
+random, as `glowgen run` makes them, of the compiled model's input types.
 """
 from __future__ import annotations
 
@@ -33,14 +33,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
+import time
 
 import numpy as np
-import onnx
-from onnx.helper import tensor_dtype_to_np_dtype
 
 os.environ["GLOWGEN_COMPILE_PROCESSES"] = "1"
 import glowgen  # noqa: E402
+from glowgen.cli import _random_input  # noqa: E402
 
 JUMP = re.compile(r"\tj[a-z]+ ")
 ADDRESS = re.compile(r"\s*([0-9a-f]+):")
@@ -52,32 +51,24 @@ def fail(message: str) -> None:
     sys.exit(2)
 
 
-def random_feeds(model_path: str) -> dict:
-    graph = onnx.load(model_path, load_external_data=False).graph
-    initializers = {t.name for t in graph.initializer}
+def random_feeds(model) -> dict:
     rng = np.random.default_rng(0)
-    feeds = {}
-    for value in graph.input:
-        if value.name in initializers:
-            continue
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-        if None in dims:
-            fail(f"input {value.name!r} has a dimension without a size ({dims}); "
-                 "export the model with static shapes")
-        dtype = tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        feeds[value.name] = (rng.standard_normal(dims).astype(dtype) if np.issubdtype(dtype, np.floating)
-                             else np.zeros(dims, dtype))
-    return feeds
+    try:
+        return {name: _random_input(ty, rng) for name, ty in model.input_types.items()}
+    except (TypeError, ValueError):
+        fail("an input has a dimension without a size "
+             f"({', '.join(f'{n}: {t}' for n, t in model.input_types.items())}); export the model with static shapes")
 
 
 def function_spans(jit) -> list[tuple[int, int, str]]:
     """(address, bytes, name) of every function of the JIT's module, in address order (a
-    function's end is the next one's start)."""
+    function's end is the next one's start; the last one's, the end of its page, the code
+    mapped for certain)."""
     names = re.findall(r"^([A-Za-z_][\w.$]*):\s*$", jit.assembly(), re.M)
     found = sorted((jit.engine.get_function_address(n), n) for n in names)
     found = [(a, n) for a, n in found if a]
-    return [(a, (found[i + 1][0] if i + 1 < len(found) else a + 4096) - a, n)
-            for i, (a, n) in enumerate(found)]
+    ends = [a for a, _ in found[1:]] + [(found[-1][0] | 4095) + 1] if found else []
+    return [(a, end - a, n) for (a, n), end in zip(found, ends)]
 
 
 def sample(model, feeds, seconds: float, work_dir: str) -> tuple[list[int], int]:
@@ -86,9 +77,8 @@ def sample(model, feeds, seconds: float, work_dir: str) -> tuple[list[int], int]
     recorder = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "10000",
                                  "-p", str(os.getpid()), "-o", data, "--", "sleep", str(seconds)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    runs, stop = 0, threading.Event()
-    threading.Timer(seconds, stop.set).start()
-    while not stop.is_set():
+    runs, deadline = 0, time.monotonic() + seconds
+    while time.monotonic() < deadline:
         model.run(feeds)
         runs += 1
     _, err = recorder.communicate()
@@ -140,7 +130,7 @@ def main() -> None:
         fail(str(e))
     jit = model._runner.jit
     spans = function_spans(jit)
-    feeds = random_feeds(args.model)
+    feeds = random_feeds(model)
     for _ in range(3):
         model.run(feeds)
     with tempfile.TemporaryDirectory() as work_dir:
