@@ -1,9 +1,9 @@
 """A split int8 product over one image and one group runs in two phases (plan.Phases,
 qlinalg.q_phases): its tasks build the plane together, each its share of the channel groups,
-into scratch they share, then compute from it; or, when its plane is its input interleaved
-and it is split over pixels, in one, each task building its own pixels' plane
-(qlinalg.owns_pixels).  Exact against NumPy, bit for bit across thread counts, on VNNI and
-AVX2 code, and with concurrent calls."""
+into scratch they share, then compute from it; or, when it is split over pixels, in one,
+each task building the plane of its own pixels (qlinalg.owns_pixels): its input interleaved,
+or the padded and strided plane's rows its pixels' taps read.  Exact against NumPy, bit for
+bit across thread counts, on VNNI and AVX2 code, and with concurrent calls."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -14,11 +14,11 @@ import pytest
 from test_int8_kernels import CPUS, RUNNABLE_CPUS, _compile, conv_case
 
 CASES = [
-    # n, c, h, w, m, k, strides, pads: general products, features in the lanes, ragged groups
-    (1, 64, 28, 28, 64, 3, (1, 1), (1, 1, 1, 1)),
-    (1, 20, 62, 54, 48, 3, (2, 2), (1, 0, 1, 2)),
+    # n, c, h, w, m, k, strides, pads: products whose weights outweigh their plane, so that
+    # they share out filters (qlinalg.splits_pixels): in the lanes, at stride 2, ragged groups
     (1, 192, 7, 7, 256, 1, (1, 1), (0, 0, 0, 0)),
-    (1, 64, 14, 14, 96, 3, (1, 1), (1, 1, 1, 1)),
+    (1, 128, 14, 14, 256, 3, (2, 2), (1, 1, 1, 1)),
+    (1, 20, 14, 14, 256, 3, (2, 2), (1, 0, 1, 2)),
     (2, 64, 28, 28, 64, 3, (1, 1), (1, 1, 1, 1)),        # batch 2: unphased
 ]
 
@@ -53,6 +53,10 @@ OWN_PIXELS = [
     # n, c, h, w, m, k, strides, pads; whether 2 tasks build their own pixels' plane
     ((1, 16, 56, 56, 96, 1), True),                         # 1x1 at 56x56: panels of pixels
     ((1, 24, 30, 30, 40, 3, (1, 1), (0, 0, 0, 0)), True),   # 3x3 without padding: taps past a share
+    # planes large against the weights (qlinalg.splits_pixels): each task builds the rows of
+    # the padded plane (and at stride 2, of each phase) its pixels' taps read
+    ((1, 64, 30, 30, 64, 3, (1, 1), (1, 1, 1, 1)), True),
+    ((1, 20, 62, 54, 48, 3, (2, 2), (1, 0, 1, 2)), True),   # ragged channel groups
     ((1, 576, 14, 14, 96, 1), None),     # VNNI: 3 tiles of features in the lanes, split by rows
 ]
 

@@ -31,8 +31,10 @@ CONVS = [
     (1, 10, 20, 21, 7, (1, 0, 2, 1)),      # uneven padding
     (1, 6, 40, 44, 16, (1, 1, 1, 1)),      # 22 tiles a row, 21 tile rows: bands share unevenly
     (1, 192, 10, 10, 178, (1, 1, 1, 1)),   # weights streamed: a split shares out filters
+    (1, 128, 28, 28, 128, (1, 1, 1, 1)),   # ... but V large against them (F(4x4)): bands
 ]
 STREAMED = 8
+STREAMED_LARGE_V = 9
 
 
 @pytest.fixture(params=[2, 4], ids=["F(2x2)", "F(4x4)"])
@@ -68,8 +70,9 @@ def test_winograd_conv_exact(case, values, tile, monkeypatch):
     _force_tile(monkeypatch, tile)
     kwargs = {"eight bits": {}, "seven bits": SEVEN_BITS, "extremes": EXTREMES}[values]
     strategy = None
-    if tile == 4 and case == STREAMED and values == "extremes":
-        # 64 x (192 x 9 x 255 x 128) leaves i32: F(4x4)'s sums are out of range, F(2x2)'s not.
+    if tile == 4 and case in (STREAMED, STREAMED_LARGE_V) and values == "extremes":
+        # 64 x (192 x 9 x 255 x 128) leaves i32 (and of 128 channels): F(4x4)'s sums are out
+        # of range, F(2x2)'s not.
         strategy = qwinograd.STRATEGY
     _check(CONVS[case], np.random.default_rng(400 + case), tile, strategy=strategy, **kwargs)
 
@@ -97,6 +100,33 @@ def test_streamed_weights_split_filters():
     # the padded input in the scratch they share (the results at 1, 2 and 3 threads: test_winograd_conv_exact).
     assert qwinograd.phases(node, 2).shared == g.xp_bytes + g.v_bytes
     assert qwinograd.phases(node, 1).shared == g.xp_bytes
+
+
+@pytest.mark.parametrize("case, tile", [(0, 4), (7, 2)])
+def test_tasks_sharing_out_bands_build_their_own_rows(case, tile):
+    """Split by bands, with rows long enough for the vector steps, each task builds the rows
+    of Xp its bands read in its own scratch, in one round: no task reads what another
+    wrote (the results at 1, 2 and 3 threads: test_winograd_conv_exact)."""
+    n, c, h, w, m, pads = CONVS[case]
+    text, _, _ = conv_case(np.random.default_rng(0), n, c, h, w, m, 3, (1, 1), pads)
+    node = _node(text)
+    for parts in (2, 3):
+        g = qwinograd.QWinogradGeometry(node, parts, tile)
+        assert g.own_rows and not g.split_filters and g.bands >= parts
+        assert qwinograd.phases(node, parts, tile) is None
+
+
+def test_streamed_weights_with_a_large_v_split_bands():
+    """ResNet-50's 128 @28 by F(4x4): U is 1.2 MB, but the V each task would read whole is
+    0.44x that (parallel.shares_pixels): one band of half the tile rows a task, every filter,
+    no shared V (the results at 1, 2 and 3 threads: test_winograd_conv_exact)."""
+    n, c, h, w, m, _ = CONVS[STREAMED_LARGE_V]
+    text, _, _ = conv_case(np.random.default_rng(0), n, c, h, w, m, 3, (1, 1), (1, 1, 1, 1))
+    node = _node(text)
+    g = qwinograd.QWinogradGeometry(node, 2, 4)
+    assert g.streamed and not g.split_filters and g.rows == 4 and g.bands == 2
+    assert qwinograd.phases(node, 2, 4).shared == g.xp_bytes
+    assert qwinograd.work(node, 4).items == g.th
 
 
 def test_scratch_holds_every_split():

@@ -82,13 +82,13 @@ class Split:
         hi = b.select(b.icmp_signed("<", hi, i64(extent)), hi, i64(extent))
         return lo, hi
 
-    def blocks_or_panels(self, b: ir.IRBuilder, blocks: int, panels: int):
+    def blocks_or_panels(self, b: ir.IRBuilder, blocks: int, panels: int, pixels: bool):
         """((lo, hi) of the blocks, (lo, hi) of the panels) this task computes of a product
-        of `blocks` x `panels` tiles: its share of the blocks and every panel when
-        splits_blocks, else every block and its share of the panels."""
-        if splits_blocks(blocks, self):
-            return self.range(b, blocks), (i64(0), i64(panels))
-        return (i64(0), i64(blocks)), self.range(b, panels)
+        of `blocks` x `panels` tiles: every block and its share of the panels where the
+        product shares out its `pixels`, else its share of the blocks and every panel."""
+        if pixels:
+            return (i64(0), i64(blocks)), self.range(b, panels)
+        return self.range(b, blocks), (i64(0), i64(panels))
 
     def is_last(self, b: ir.IRBuilder) -> ir.Value:
         """An i1: this task takes what does not divide evenly (a loop's ragged tail)."""
@@ -108,6 +108,25 @@ def splits_blocks(blocks: int, split: Split) -> bool:
     one task computed two, the other one (0.116 / 0.058 ms, 0.128 / 0.062)."""
     parts = split.parts
     return split.whole or (blocks >= parts and (blocks % parts == 0 or blocks >= 4 * parts))
+
+
+# A product that could share out its filters or its pixels shares out pixels where the
+# activations it reads are at least this share of its weights (shares_pixels).
+PIXELS_MIN_READ_SHARE = 0.3
+
+
+def shares_pixels(read_bytes: int, weight_bytes: int) -> bool:
+    """Whether a split product whose filters and pixels both share out evenly takes pixels.
+    Sharing out filters, every task reads all of the activations (its plane, or a Winograd
+    V), half of them written by the other task; sharing out pixels, every task reads all of
+    the weights, which no task writes.  Where the two threads' cores share no L3 (a VM whose
+    vCPUs the host places on two CCXs, a cache line's round trip 400-500 ns instead of
+    75-120), each such byte written by the other core costs several of memory's, and
+    ResNet-50 int8 at two threads took 23.3 ms in place of 20.0.  Measured there, per layer,
+    pixels won from activations at 0.34x the weights up (256 -> 256 3x3 at stride 2 from
+    28x28; 128 -> 128 @28 by Winograd, its V 0.44x its U: 51 us of 443) and lost from 0.19x
+    down (256 -> 1024 1x1 @14: 37 us of 290)."""
+    return read_bytes >= PIXELS_MIN_READ_SHARE * weight_bytes
 
 
 def shares(items: int, unit: int, parts: int, total: int) -> list[tuple[int, int]]:

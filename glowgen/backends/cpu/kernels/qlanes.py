@@ -21,9 +21,9 @@ broadcast activations are the u8 operand of `vpdpbusd` and the weights the s8 on
 of the activations folds into a per-feature correction as in qgemm.pack_epilogue.  The packed
 constant: weights, then per feature the i32 correction and the f32 multiplier, then the
 result's offset (f32) and the plane's padding element (i32).  Tasks split the features,
-or the blocks of rows where the features' tiles would not share out evenly
-(parallel.Split.blocks_or_panels); every sum is computed whole by one task (identical for any
-thread count).
+or the blocks of rows where the features' tiles would not share out evenly or where the
+plane is large against the weights (qlinalg.splits_pixels); every sum is computed whole by
+one task (identical for any thread count).
 """
 from __future__ import annotations
 
@@ -173,10 +173,11 @@ def plane_and_result(b, k, geo):
     return b.bitcast(scratch, I32.as_pointer()), b.gep(scratch, [i64(geo.plane_bytes)])
 
 
-def emit(b, k, geo, qs: QShape, build_plane, exact: bool, own_plane=None):
+def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plane=None):
     """Per image: the plane of x, the tiles of this task's features over every row block,
     then their columns of the result block [rows][Mpad + 64] copied into y.  `exact`: the
-    requantized sums stay in range (pack), and requantize in i32 (qgemm.narrow).
+    requantized sums stay in range (pack), and requantize in i32 (qgemm.narrow).  `pixels`:
+    the tasks share out the blocks of rows (qlinalg.splits_pixels), else the features' tiles.
     `own_plane(b, n, plane, pad, first, last)`: when the task shares out rows and builds
     the plane at their positions first..last only (qlinalg.owns_pixels), or None."""
     lanes = Lanes(geo, qs)
@@ -190,7 +191,7 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, own_plane=None):
     if k.phased and k.phase == 0:           # this task's share of the shared plane
         build_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
         return
-    (lo, hi), (rb_lo, rb_hi) = k.split.blocks_or_panels(b, lanes.tiles, lanes.row_blocks)
+    (lo, hi), (rb_lo, rb_hi) = k.split.blocks_or_panels(b, lanes.tiles, lanes.row_blocks, pixels)
 
     def position(r):
         """Row r's place in the plane; rows past the last repeat it (computed, not kept)."""

@@ -46,7 +46,7 @@ from ....lir.ir import WeightBuffer
 from llvmlite import ir
 
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
-from ..parallel import Split, Work, parallel, splits_blocks
+from ..parallel import Split, Work, parallel, shares_pixels, splits_blocks
 from ..plan import Phases
 from ..qgemm import (PackedConstants, QShape, QSHAPES, choose_qshape, emit_tile, for_weights, narrowed_rows,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
@@ -302,18 +302,46 @@ def _unevenness(items: int, parts: int) -> float:
     return Split(None, parts).chunk(items) * parts / items - 1.0
 
 
+def _split_items(geo: Geometry, qs: QShape) -> tuple[int, int, int]:
+    """(filter items, pixel items, packed weight bytes) a split shares out: blocks of filters
+    and panels of pixels, or in the lanes tiles of features and blocks of rows."""
+    if qlanes.in_lanes(geo, qs):
+        lanes = qlanes.Lanes(geo, qs)
+        return lanes.tiles, lanes.row_blocks, lanes.b_bytes
+    return geo.blocks, geo.qpad // qs.nr, geo.a_bytes
+
+
+def splits_pixels(geo: Geometry, qs: QShape, parts: int) -> bool:
+    """Whether a split product shares out its pixels (panels, or blocks of rows in the
+    lanes) rather than its filters: where the filters do not share out
+    (parallel.splits_blocks), and where the pixels share out as evenly (as owns_pixels asks)
+    and the plane it reads is large enough against its weights (parallel.shares_pixels)."""
+    if parts <= 1:
+        return False
+    filters, pixels, weight_bytes = _split_items(geo, qs)
+    if not splits_blocks(filters, Split(None, parts)):
+        return True
+    return (pixels >= OWN_PIXELS_MIN_PANELS * parts
+            and _unevenness(pixels, parts) <= _unevenness(filters, parts) + OWN_PIXELS_UNEVENNESS
+            and shares_pixels(geo.plane_bytes, weight_bytes))
+
+
 def owns_pixels(geo: Geometry, qs: QShape, parts: int) -> bool:
     """Whether a split product's tasks each build the plane of their own output pixels only:
     one whose plane is its input, channels interleaved pixel for pixel (interleaves_rows),
     split over its pixels (in the lanes, its blocks of rows when its features' tiles do not
-    share out; else its panels, when each task has OWN_PIXELS_MIN_PANELS of them).  No task
-    then reads what another wrote, and the step is one round of the pool where the phased
-    plane (q_phases) took two, the second reading from the other core half the plane the
-    first built there."""
-    if parts <= 1 or not interleaves_rows(geo):
+    share out; else its panels, when each task has OWN_PIXELS_MIN_PANELS of them); or a
+    convolution of one group and image with a padded, strided or im2col plane split over
+    its pixels (splits_pixels), each task building the plane rows its pixels' taps read.
+    No task then reads what another wrote, and the step is one round of the pool where the
+    phased plane (q_phases) took two, the second reading from the other core half the
+    plane the first built there."""
+    if parts <= 1 or not geo.conv:
         return False
+    if not interleaves_rows(geo):
+        return geo.ng == 1 and geo.batch == 1 and splits_pixels(geo, qs, parts)
     if qlanes.in_lanes(geo, qs):
-        return not splits_blocks(qlanes.Lanes(geo, qs).tiles, Split(None, parts))
+        return splits_pixels(geo, qs, parts)
     panels = geo.qpad // qs.nr
     return (panels >= OWN_PIXELS_MIN_PANELS * parts
             and _unevenness(panels, parts) <= _unevenness(geo.blocks, parts) + OWN_PIXELS_UNEVENNESS)
@@ -325,6 +353,26 @@ def own_plane_pixels(b, geo: Geometry, first, last):
     hi = b.add(last, i64(max(geo.taps) + 1))
     hi = b.select(b.icmp_signed("<", hi, i64(geo.h * geo.w)), hi, i64(geo.h * geo.w))
     return first, b.select(b.icmp_signed("<", first, hi), hi, first)
+
+
+def build_own_plane(b, geo: Geometry, x, n, plane, pad, first, last):
+    """The plane a task reads for the output pixels at plane positions first..last
+    (inclusive; i64 values), every channel group: their pixels, channels interleaved
+    (interleave_channels), their output rows' windows (build_im2col_plane), or the rows of
+    every phase from the first one's through the last one's farthest tap (build_conv_plane)."""
+    if interleaves_rows(geo):
+        return interleave_channels(b, geo, x, n, plane, i64(0), i64(geo.plane_groups),
+                                   own_plane_pixels(b, geo, first, last))
+    if geo.im2col:                          # a position is an output pixel, one tap
+        lo = b.sdiv(first, i64(geo.ow))
+        hi = b.add(b.sdiv(last, i64(geo.ow)), i64(1))
+        hi = b.select(b.icmp_signed("<", hi, i64(geo.oh)), hi, i64(geo.oh))
+        return build_im2col_plane(b, geo, x, n, plane, pad, i64(0), i64(geo.plane_groups),
+                                  rows=(lo, b.select(b.icmp_signed("<", lo, hi), hi, lo)))
+    lo = b.sdiv(first, i64(geo.wq))
+    hi = b.add(b.sdiv(b.add(last, i64(max(geo.taps))), i64(geo.wq)), i64(1))
+    hi = b.select(b.icmp_signed("<", hi, i64(geo.hq)), hi, i64(geo.hq))
+    build_conv_plane(b, geo, x, n, plane, pad, rows=(lo, b.select(b.icmp_signed("<", lo, hi), hi, lo)))
 
 
 @parallel("QuantizedConv", "QuantizedMatMul")
@@ -387,9 +435,9 @@ def quantized_product(k: KernelArgs):
         own_plane = None
         if owns_pixels(geo, qs, k.split.parts):
             def own_plane(b, n, plane, pad, first, last):
-                interleave_channels(b, geo, k.ins[0][0], n, plane, i64(0), i64(geo.plane_groups),
-                                    own_plane_pixels(b, geo, first, last))
-        return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane, exact, own_plane)
+                build_own_plane(b, geo, k.ins[0][0], n, plane, pad, first, last)
+        return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane, exact,
+                           splits_pixels(geo, qs, k.split.parts), own_plane)
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
     consts = PackedConstants(b, packed, geo.a_bytes, geo.mpad)
     a, corr, mult, pad = consts.weights, consts.corr, consts.mult, consts.tail
@@ -400,14 +448,11 @@ def quantized_product(k: KernelArgs):
         build_conv_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
         return
     own = owns_pixels(geo, qs, k.split.parts)
-    if own:                                 # every block, this task's panels
-        (lo, hi), (p_lo, p_hi) = (i64(0), i64(geo.blocks)), k.split.range(b, geo.qpad // qs.nr)
-    else:
-        (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr)
+    (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr,
+                                                       own or splits_pixels(geo, qs, k.split.parts))
     with for_range(b, geo.batch, name="qn") as n:
         if own:                             # the plane of this task's pixels only
-            pixels = own_plane_pixels(b, geo, b.mul(p_lo, i64(qs.nr)), b.sub(b.mul(p_hi, i64(qs.nr)), i64(1)))
-            interleave_channels(b, geo, x, n, plane, i64(0), i64(geo.plane_groups), pixels)
+            build_own_plane(b, geo, x, n, plane, pad, b.mul(p_lo, i64(qs.nr)), b.sub(b.mul(p_hi, i64(qs.nr)), i64(1)))
         elif geo.conv and not k.phased:     # the plane of this task's groups only
             first = b.mul(b.udiv(lo, i64(geo.bpg)), i64(geo.groups))
             last = b.mul(b.udiv(b.add(hi, i64(geo.bpg - 1)), i64(geo.bpg)), i64(geo.groups))
@@ -544,15 +589,16 @@ def _pad_element(qs: QShape, x_offset: int) -> int:
     return word - (1 << 32) if word >= 1 << 31 else word
 
 
-def build_conv_plane(b, geo: Geometry, x, n, plane, pad, first=None, last=None):
+def build_conv_plane(b, geo: Geometry, x, n, plane, pad, first=None, last=None, rows=None):
     """Image n of x (N, C, H, W) into the plane: [groups][CG / G][phase y][phase x][Hq][Wq]
     elements of G channels (the phases some tap reads: Geometry.phase_rows x phase_cols),
     the padding (and channels past each group's CG) the x offset; only its elements
     first..last (i64 values; default all).  For each element row, the columns inside the
     input in one loop (G strided loads combined into a 32-bit store, which LLVM vectorizes),
     the padding columns on either side stored whole.  `pad`: the 32-bit element of G padding
-    values (_pad_element), read from the packed constants.  (An interleaved or an im2col
-    plane has builders of its own.)"""
+    values (_pad_element), read from the packed constants.  `rows`: (lo, hi) i64 values, only
+    those rows of each phase (build_own_plane).  (An interleaved or an im2col plane has
+    builders of its own.)"""
     qs = geo.qs
     first = i64(0) if first is None else first
     last = i64(geo.plane_groups) if last is None else last
@@ -572,7 +618,8 @@ def build_conv_plane(b, geo: Geometry, x, n, plane, pad, first=None, last=None):
         x_lo = b.select(b.icmp_signed("<", first, i64(0)), i64(0), x_lo)
         x_hi = b.add(b.sdiv(b.add(first, i64(geo.w - 1)), i64(geo.sw)), i64(1))
         x_hi = b.select(b.icmp_signed(">", x_hi, i64(geo.wq)), i64(geo.wq), x_hi)
-        with for_range(b, geo.hq, name="py") as yq:
+        y_lo, y_hi = rows or (i64(0), i64(geo.hq))
+        with for_range(b, y_hi, start=y_lo, name="py") as yq:
             yy = b.sub(b.add(b.mul(yq, i64(geo.sh)), py), i64(geo.pt))
             y_ok = b.and_(b.icmp_signed(">=", yy, i64(0)), b.icmp_signed("<", yy, i64(geo.h)))
             dst = b.gep(plane, [b.mul(b.add(b.mul(b.add(b.mul(e, i64(phases)), ph), i64(geo.hq)), yq), i64(geo.wq))])
@@ -682,7 +729,7 @@ def _interleave_step(b, qs: QShape, rows, dst, p, vl: int):
 IM2COL_PIXELS = 16
 
 
-def build_im2col_plane(b, geo: Geometry, x, n, plane, pad, first, last):
+def build_im2col_plane(b, geo: Geometry, x, n, plane, pad, first, last, rows=None):
     """build_conv_plane where geo.im2col: elements first..last of image n, element e of
     pixel q (= oy * OW + ox, at e * Qpad + q) holding the values k = G * e + t (t < G) of
     the window, channel k // (KH * KW), tap k % (KH * KW) (the x offset outside the image
@@ -693,7 +740,8 @@ def build_im2col_plane(b, geo: Geometry, x, n, plane, pad, first, last):
     time.  MobileNetV2's 3x3 stride-2 stem from 3 channels, 9 taps over an element of 4 (one
     of them padding) in stride-2 phase planes, becomes 7 elements: 478 -> 400 kcycles at
     x86-64-v3, 268 -> 219 with VNNI; ResNet's 7x7 stem (49 -> 37) 3932 -> 3233 and
-    1964 -> 1735 (alone, Zen 4, 1 thread, fastest of 100-300 runs)."""
+    1964 -> 1735 (alone, Zen 4, 1 thread, fastest of 100-300 runs).  `rows`: (lo, hi) i64
+    values, only those output rows' pixels (build_own_plane)."""
     qs, g, v = geo.qs, geo.qs.group, IM2COL_PIXELS
     kh, kw, dh, dw = geo.window
     pad_value = b.trunc(pad, qs.elem)
@@ -707,7 +755,8 @@ def build_im2col_plane(b, geo: Geometry, x, n, plane, pad, first, last):
     pads = splat(b, pad_value, v)
     with for_range(b, last, start=first, name="ie") as e:
         dst = b.gep(plane, [b.mul(e, i64(geo.group_stride))])
-        with for_range(b, geo.oh, name="iy") as oy:
+        oy_lo, oy_hi = rows or (i64(0), i64(geo.oh))
+        with for_range(b, oy_hi, start=oy_lo, name="iy") as oy:
             values = []                                 # (whether in the image's row, row start)
             for t in range(g):
                 k = b.add(b.mul(e, i64(g)), i64(t))

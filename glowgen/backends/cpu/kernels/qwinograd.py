@@ -31,7 +31,8 @@ i32 (ResNet-18's 512 -> 512, say).
 
 Per image: the input less its offset as i16 channel pairs, padded and split by column modulo
 m, the tile size (`Xp[C/2][phase][Hp][Wq]` of i32 elements: the pair (c, c+1) of one pixel),
-built once (each task its share of the pairs, in a first round, when split: PHASES); then,
+built once (split: each task the rows its bands read, or its share of the pairs in a first
+round where rows are short or the tasks share out filters: PHASES); then,
 band by band of tile rows (as conv_winograd's bands):
 1. the input transform, 8 tiles of a tile row a vector (their windows' columns m t + j are
    column t + j // m of phase j % m: plain loads), for a channel pair in the 16 lanes of
@@ -42,7 +43,7 @@ band by band of tile rows (as conv_winograd's bands):
    the 8 tiles lie in one tile row and inside the image (`rows_direct`), else through a
    staging block, tile row by tile row.
 A split shares out the bands, or, where the transformed weights are streamed (past
-STREAMED_WEIGHTS), the blocks of filters: the whole image is then one band, transformed in
+STREAMED_WEIGHTS) and V is small against them (parallel.shares_pixels), the blocks of filters: the whole image is then one band, transformed in
 the first round with the padded input, each task its channel pairs, into a V they all read
 (phases; unphased, with several images, each task transforms it all).
 
@@ -60,7 +61,7 @@ from llvmlite import ir
 
 from ....reference.primitives import requantize_multipliers, saturation
 from ..llvmutil import I8, I16, I32, for_range, i64
-from ..parallel import Work, shares
+from ..parallel import Work, shares, shares_pixels
 from ..plan import Phases
 from ..qgemm import (PackedConstants, QShape, emit_tile, narrow, pack_a, pack_offsets, products_in_range,
                      requantize_for_narrow)
@@ -232,7 +233,12 @@ class QWinogradGeometry:
         # task reading its own filters' weights (a split by tile rows read them all in each
         # task: ResNet-50's 512 -> 512 at 7 x 7 took longer at 2 threads than the direct product).
         self.streamed = 2 * self.positions * self.c * self.mpad > STREAMED_WEIGHTS
-        self.split_filters = self.streamed and parts > 1
+        # ... unless the tasks' V, which each would read whole, half of it transformed by the
+        # other task, is large against them (parallel.shares_pixels: ResNet-50's 128 @28):
+        # then one band a task, each reading all of U.
+        v_whole = 4 * self.positions * self.pairs * _ceil(self.th * self.tw, TILE_VECTOR) * TILE_VECTOR
+        self.shares_filters = self.streamed and not shares_pixels(v_whole, self.a_bytes)
+        self.split_filters = self.shares_filters and parts > 1
         self.rows = self._band_rows(1 if self.split_filters else parts)
         self.bands = _ceil(self.th, self.rows)
         self.cols = _ceil(self.rows * self.tw, TILE_VECTOR) * TILE_VECTOR   # a band's tile columns
@@ -245,6 +251,13 @@ class QWinogradGeometry:
         # Whether the output transform stores its 8 tiles as rows of the output: every vector
         # of 8 tiles in one tile row, none past the image's columns.
         self.rows_direct = self.tw >= TILE_VECTOR and self.ow % m == 0
+        # Whether build_padded_input goes through a padded image (_build_through_image): rows
+        # shorter than its vector step, built whole.  Else a task sharing out bands builds
+        # only the rows of Xp its bands read, each in its own scratch, in one round (phases).
+        k_lo = _ceil(self.pl, m)
+        k_top = min((self.w + self.pl - TILE_VECTOR * m) // m, self.wq - TILE_VECTOR)
+        self.through_image = k_top < k_lo
+        self.own_rows = not self.split_filters and not self.through_image
 
     def _band_rows(self, parts: int) -> int:
         """Tile rows a band: of those whose V and M fit BAND_BYTES, the ones whose vectors of
@@ -315,18 +328,22 @@ def phases(node, parts: int, m: int = 2):
     pairs (one image: the kernel loops over images otherwise).  Where the tasks share out
     filters (split_filters), each then transformed the whole input for itself, and 2
     threads ran ResNet-18's 128 @28, 256 @14 and 512 @7 1.57-1.69x as fast as one: the
-    first round transforms its pairs too, into a V the tasks share after the padded input."""
+    first round transforms its pairs too, into a V the tasks share after the padded input.
+    Where they share out bands, each builds the rows of Xp its bands read instead, in one
+    round (own_rows): on a VM whose two vCPUs shared no L3, half of what each task read of
+    a shared Xp crossed between them."""
     g = QWinogradGeometry(node, parts, m)
-    if g.batch != 1:
+    if g.batch != 1 or (parts > 1 and g.own_rows):
         return None
     return Phases(2, g.xp_bytes + (g.v_bytes if g.split_filters else 0))
 
 
 def work(node, m: int = 2) -> Work:
-    """Bands of tile rows, or blocks of filters where the weights are streamed."""
+    """Bands of tile rows, or blocks of filters where the weights are streamed (and V is
+    not large against them: shares_filters)."""
     g = QWinogradGeometry(node, m=m)
     flops = 2.0 * g.batch * g.m * g.c * g.positions * g.th * g.tw
-    return Work(g.blocks if g.streamed else g.th, flops=flops)
+    return Work(g.blocks if g.shares_filters else g.th, flops=flops)
 
 
 # ----------------------------------------------------------------------------- run time
@@ -345,13 +362,14 @@ def _store(b, value, base, at):
     st.align = 1
 
 
-def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, image) -> None:
+def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, image, rows=None) -> None:
     """Channel pairs lo .. hi of image n into Xp: element (pair, phase p, row r, column k)
     holds channels 2 pair and 2 pair + 1 of input pixel (r - pt, m k + p - pl) less the
     input's offset, as two i16 (0 outside the input).  Input rows 8 m pixels a step where
     they lie inside the row, the edges one element at a time; rows shorter than a step
     (28 and less for F(4x4), 15 for F(2x2)) through a padded image (_build_through_image)
-    in `image`, g.image_bytes of the task's own scratch."""
+    in `image`, g.image_bytes of the task's own scratch.  `rows`: (first, end) i64 values,
+    only those rows of Xp (g.own_rows; the padded image's path builds them all)."""
     m = g.tile
     span = TILE_VECTOR * m                   # input pixels of a vector step
     off16 = b.trunc(x_offset, I16)
@@ -360,16 +378,17 @@ def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, imag
     # k_top + 7 (vector steps of 8 elements, the last overlapping), the others scalar.
     k_lo = _ceil(g.pl, m)
     k_top = min((g.w + g.pl - span) // m, g.wq - TILE_VECTOR)     # the last vector step's start
-    if k_top < k_lo:
+    if g.through_image:
         _build_through_image(b, g, x, n, xp, x_offset, lo, hi, image)
         return
+    r_lo, r_hi = rows or (i64(0), i64(g.hp))
     offs16 = splat(b, off16, 16)
     steps = list(range(k_lo, k_top, TILE_VECTOR)) + [k_top]
     scalar = [(0, k_lo), (k_top + TILE_VECTOR, g.wq)]
     with for_range(b, hi, start=lo, name="xpp") as pair:
         src = [b.gep(x, [b.mul(b.add(b.mul(n, i64(g.c)), b.add(b.mul(pair, i64(2)), i64(t))), i64(g.h * g.w))])
                for t in range(2)]
-        with for_range(b, g.hp, name="xpr") as r:
+        with for_range(b, r_hi, start=r_lo, name="xpr") as r:
             iy = b.sub(r, i64(g.pt))
             inside = b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(g.h)))
             rows = [b.mul(b.add(b.mul(b.add(b.mul(pair, i64(m)), i64(p)), i64(g.hp)), r), i64(g.wq))
@@ -648,9 +667,16 @@ def emit(k, exact: bool, m: int = 2) -> None:
         (lo, hi), blocks = k.split.range(b, g.bands), (i64(0), i64(g.blocks))
     f_hi = b.mul(blocks[1], i64(g.mr))
     filters = (b.mul(blocks[0], i64(g.mr)), b.select(b.icmp_signed("<", f_hi, i64(g.m)), f_hi, i64(g.m)))
+    own_rows = None
+    if g.own_rows:                              # the rows of Xp this task's bands read
+        end = b.mul(hi, i64(g.rows))
+        end = b.select(b.icmp_signed("<", end, i64(g.th)), end, i64(g.th))
+        first = b.mul(b.mul(lo, i64(g.rows)), i64(g.tile))
+        end = b.add(b.mul(end, i64(g.tile)), i64(2))
+        own_rows = (first, b.select(b.icmp_signed("<", first, end), end, first))
     with for_range(b, g.batch, name="qwn") as n:
         if not k.phased:
-            build_padded_input(b, g, x, n, xp, x_offset, i64(0), i64(g.pairs), own)
+            build_padded_input(b, g, x, n, xp, x_offset, i64(0), i64(g.pairs), own, own_rows)
 
         def band(j, tile_rows: int):
             first_row = b.mul(j, i64(g.rows))
