@@ -293,8 +293,11 @@ OWN_PIXELS_MIN_PANELS = 4
 # ... and how much more unevenly than the filters' blocks the panels may share out, for the
 # one round and the plane built where it is read: a 14x14 image is 13 panels, 7 and 6 at two
 # threads, where ResNet-50's 256 -> 1024 1x1 has 256 blocks (tasks 311 and 245 us alone;
-# sharing out the blocks, both 266-274 and the step 281-286; Zen 3, x86-64-v3).
-OWN_PIXELS_UNEVENNESS = 0.02
+# sharing out the blocks, both 266-274 and the step 281-286; Zen 3, x86-64-v3).  A 28x28
+# image's 49 panels (25 and 24) do: at 0.03 in place of 0.02, two threads on the Zen 3 VM
+# ran ResNet-50 int8 as fast with its vCPUs on one L3 and 2.4-2.7% faster on two (ResNet-18
+# 0.6% / 1.0%, MobileNetV2 0.3% / 2.4%); at 0.08 (the 13 panels too) 0.3% / 0.9% slower.
+OWN_PIXELS_UNEVENNESS = 0.03
 
 
 def _unevenness(items: int, parts: int) -> float:
