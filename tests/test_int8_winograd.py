@@ -102,30 +102,32 @@ def test_streamed_weights_split_filters():
     assert qwinograd.phases(node, 1).shared == g.xp_bytes
 
 
-@pytest.mark.parametrize("case, tile", [(0, 4), (7, 2)])
-def test_tasks_sharing_out_bands_build_their_own_rows(case, tile):
-    """Split by bands, with rows long enough for the vector steps, each task builds the rows
-    of Xp its bands read in its own scratch, in one round: no task reads what another
-    wrote (the results at 1, 2 and 3 threads: test_winograd_conv_exact)."""
+@pytest.mark.parametrize("case, tile, through_image", [(0, 4, False), (7, 2, False), (1, 4, True), (2, 2, True)])
+def test_tasks_sharing_out_bands_build_their_own_rows(case, tile, through_image):
+    """Split by bands, each task builds the rows of Xp its bands read in its own scratch
+    (rows shorter than a vector step through its own padded image of the input rows they
+    hold), in one round: no task reads what another wrote (the results at 1, 2 and 3
+    threads: test_winograd_conv_exact)."""
     n, c, h, w, m, pads = CONVS[case]
     text, _, _ = conv_case(np.random.default_rng(0), n, c, h, w, m, 3, (1, 1), pads)
     node = _node(text)
     for parts in (2, 3):
         g = qwinograd.QWinogradGeometry(node, parts, tile)
         assert g.own_rows and not g.split_filters and g.bands >= parts
+        assert g.through_image == through_image
         assert qwinograd.phases(node, parts, tile) is None
 
 
 def test_streamed_weights_with_a_large_v_split_bands():
     """ResNet-50's 128 @28 by F(4x4): U is 1.2 MB, but the V each task would read whole is
     0.44x that (parallel.shares_pixels): one band of half the tile rows a task, every filter,
-    no shared V (the results at 1, 2 and 3 threads: test_winograd_conv_exact)."""
+    each its own rows of Xp and V (the results at 1, 2 and 3 threads: test_winograd_conv_exact)."""
     n, c, h, w, m, _ = CONVS[STREAMED_LARGE_V]
     text, _, _ = conv_case(np.random.default_rng(0), n, c, h, w, m, 3, (1, 1), (1, 1, 1, 1))
     node = _node(text)
     g = qwinograd.QWinogradGeometry(node, 2, 4)
     assert g.streamed and not g.split_filters and g.rows == 4 and g.bands == 2
-    assert qwinograd.phases(node, 2, 4).shared == g.xp_bytes
+    assert g.own_rows and qwinograd.phases(node, 2, 4) is None
     assert qwinograd.work(node, 4).items == g.th
 
 

@@ -32,7 +32,7 @@ i32 (ResNet-18's 512 -> 512, say).
 Per image: the input less its offset as i16 channel pairs, padded and split by column modulo
 m, the tile size (`Xp[C/2][phase][Hp][Wq]` of i32 elements: the pair (c, c+1) of one pixel),
 built once (split: each task the rows its bands read, or its share of the pairs in a first
-round where rows are short or the tasks share out filters: PHASES); then,
+round where the tasks share out filters: PHASES); then,
 band by band of tile rows (as conv_winograd's bands):
 1. the input transform, 8 tiles of a tile row a vector (their windows' columns m t + j are
    column t + j // m of phase j % m: plain loads), for a channel pair in the 16 lanes of
@@ -252,12 +252,13 @@ class QWinogradGeometry:
         # of 8 tiles in one tile row, none past the image's columns.
         self.rows_direct = self.tw >= TILE_VECTOR and self.ow % m == 0
         # Whether build_padded_input goes through a padded image (_build_through_image): rows
-        # shorter than its vector step, built whole.  Else a task sharing out bands builds
-        # only the rows of Xp its bands read, each in its own scratch, in one round (phases).
+        # shorter than its vector step.
         k_lo = _ceil(self.pl, m)
         k_top = min((self.w + self.pl - TILE_VECTOR * m) // m, self.wq - TILE_VECTOR)
         self.through_image = k_top < k_lo
-        self.own_rows = not self.split_filters and not self.through_image
+        # A task sharing out bands builds only the rows of Xp its bands read, in its own
+        # scratch, in one round (phases).
+        self.own_rows = not self.split_filters
 
     def _band_rows(self, parts: int) -> int:
         """Tile rows a band: of those whose V and M fit BAND_BYTES, the ones whose vectors of
@@ -369,7 +370,7 @@ def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, imag
     they lie inside the row, the edges one element at a time; rows shorter than a step
     (28 and less for F(4x4), 15 for F(2x2)) through a padded image (_build_through_image)
     in `image`, g.image_bytes of the task's own scratch.  `rows`: (first, end) i64 values,
-    only those rows of Xp (g.own_rows; the padded image's path builds them all)."""
+    only those rows of Xp (g.own_rows)."""
     m = g.tile
     span = TILE_VECTOR * m                   # input pixels of a vector step
     off16 = b.trunc(x_offset, I16)
@@ -378,10 +379,10 @@ def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, imag
     # k_top + 7 (vector steps of 8 elements, the last overlapping), the others scalar.
     k_lo = _ceil(g.pl, m)
     k_top = min((g.w + g.pl - span) // m, g.wq - TILE_VECTOR)     # the last vector step's start
-    if g.through_image:
-        _build_through_image(b, g, x, n, xp, x_offset, lo, hi, image)
-        return
     r_lo, r_hi = rows or (i64(0), i64(g.hp))
+    if g.through_image:
+        _build_through_image(b, g, x, n, xp, x_offset, lo, hi, image, r_lo, r_hi)
+        return
     offs16 = splat(b, off16, 16)
     steps = list(range(k_lo, k_top, TILE_VECTOR)) + [k_top]
     scalar = [(0, k_lo), (k_top + TILE_VECTOR, g.wq)]
@@ -451,11 +452,11 @@ def _phase_pairs(b, m: int, c0, c1, offs) -> list:
     return [b.bitcast(b.sub(b.sext(r, _vec(I16, 16)), offs), _vec(I32, TILE_VECTOR)) for r in runs]
 
 
-def _build_through_image(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, image) -> None:
+def _build_through_image(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, image, r_lo, r_hi) -> None:
     """build_padded_input for rows shorter than its vector step: each pair's two channels
     copied into `image` (scratch of g.image_bytes: both channels padded, Hp rows of
-    line_stride bytes, the padding the input's offset, filled once), then all of Xp's rows
-    8 elements a step from there (the last step overlapping the one before: Xp's rows hold
+    line_stride bytes, the padding the input's offset, filled once; of the input, the rows
+    that Xp's rows r_lo .. r_hi hold), then those rows of Xp 8 elements a step from there (the last step overlapping the one before: Xp's rows hold
     at least 9), none one element at a time.  The copies all land before the first load
     reads them back, so no load waits on the narrower stores before it (copied a row at
     a time just before its steps, the layer was slower).  With _phase_pairs, the padded
@@ -470,14 +471,19 @@ def _build_through_image(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, im
     for at in range(0, g.image_bytes, 16):
         _store(b, fill, image, i64(at))
     steps = list(range(0, g.wq - TILE_VECTOR, TILE_VECTOR)) + [g.wq - TILE_VECTOR]
+    # the input rows iy = r - pt of those rows that lie inside the input
+    in_lo = b.sub(r_lo, i64(g.pt))
+    in_lo = b.select(b.icmp_signed(">", in_lo, i64(0)), in_lo, i64(0))
+    in_hi = b.sub(r_hi, i64(g.pt))
+    in_hi = b.select(b.icmp_signed("<", in_hi, i64(g.h)), in_hi, i64(g.h))
     with for_range(b, hi, start=lo, name="xip") as pair:
         src = [b.gep(x, [b.mul(b.add(b.mul(n, i64(g.c)), b.add(b.mul(pair, i64(2)), i64(t))), i64(g.h * g.w))])
                for t in range(2)]
-        with for_range(b, g.h, name="xic") as iy:
+        with for_range(b, in_hi, start=in_lo, name="xic") as iy:
             for t in range(2):
                 dst = b.add(i64(t * plane + g.pt * g.line_stride + g.pl), b.mul(iy, i64(g.line_stride)))
                 copy_bytes(b, b.gep(src[t], [b.mul(iy, i64(g.w))]), b.gep(image, [dst]), g.w, False)
-        with for_range(b, g.hp, name="xir") as r:
+        with for_range(b, r_hi, start=r_lo, name="xir") as r:
             line = b.mul(r, i64(g.line_stride))
             rows = [b.mul(b.add(b.mul(b.add(b.mul(pair, i64(m)), i64(p)), i64(g.hp)), r), i64(g.wq))
                     for p in range(m)]
