@@ -43,9 +43,10 @@ band by band of tile rows (as conv_winograd's bands):
    the 8 tiles lie in one tile row and inside the image (`rows_direct`), else through a
    staging block, tile row by tile row.
 A split shares out the bands, or, where the transformed weights are streamed (past
-STREAMED_WEIGHTS) and V is small against them (parallel.shares_pixels), the blocks of filters: the whole image is then one band, transformed in
-the first round with the padded input, each task its channel pairs, into a V they all read
-(phases; unphased, with several images, each task transforms it all).
+STREAMED_WEIGHTS) and V is small against them (parallel.shares_pixels), the blocks of
+filters: the whole image is then one band, transformed in the first round with the padded
+input, each task its channel pairs, into a V they all read (phases; unphased, with several
+images, each task transforms it all).
 
 ResNet-18 int8 at x86-64-v3 on Zen 3, 1 thread, kernel Mcycles of the stride-1 3x3 layers
 (direct ubsw -> F(2x2) -> F(4x4)): 64 @56 (4 layers) 12.2 -> 8.4 -> 6.4, 128 @28 (3) 8.9 ->
@@ -456,8 +457,9 @@ def _build_through_image(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, im
     """build_padded_input for rows shorter than its vector step: each pair's two channels
     copied into `image` (scratch of g.image_bytes: both channels padded, Hp rows of
     line_stride bytes, the padding the input's offset, filled once; of the input, the rows
-    that Xp's rows r_lo .. r_hi hold), then those rows of Xp 8 elements a step from there (the last step overlapping the one before: Xp's rows hold
-    at least 9), none one element at a time.  The copies all land before the first load
+    that Xp's rows r_lo .. r_hi hold), then those rows of Xp 8 elements a step from there
+    (the last step overlapping the one before: Xp's rows hold at least 9), none one element
+    at a time.  The copies all land before the first load
     reads them back, so no load waits on the narrower stores before it (copied a row at
     a time just before its steps, the layer was slower).  With _phase_pairs, the padded
     input of single layers took (Zen 3, x86-64-v3, 1 thread, kcycles): 128 @28 (F(4x4), one
