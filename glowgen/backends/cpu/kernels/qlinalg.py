@@ -324,9 +324,14 @@ def splits_pixels(geo: Geometry, qs: QShape, parts: int) -> bool:
     filters, pixels, weight_bytes = _split_items(geo, qs)
     if not splits_blocks(filters, Split(None, parts)):
         return True
+    return _pixels_share_out(filters, pixels, parts) and shares_pixels(geo.plane_bytes, weight_bytes)
+
+
+def _pixels_share_out(filters: int, pixels: int, parts: int) -> bool:
+    """Whether each of `parts` tasks gets OWN_PIXELS_MIN_PANELS of the pixel items, shared
+    out within OWN_PIXELS_UNEVENNESS as evenly as the filter items."""
     return (pixels >= OWN_PIXELS_MIN_PANELS * parts
-            and _unevenness(pixels, parts) <= _unevenness(filters, parts) + OWN_PIXELS_UNEVENNESS
-            and shares_pixels(geo.plane_bytes, weight_bytes))
+            and _unevenness(pixels, parts) <= _unevenness(filters, parts) + OWN_PIXELS_UNEVENNESS)
 
 
 def owns_pixels(geo: Geometry, qs: QShape, parts: int) -> bool:
@@ -345,9 +350,7 @@ def owns_pixels(geo: Geometry, qs: QShape, parts: int) -> bool:
         return geo.ng == 1 and geo.batch == 1 and splits_pixels(geo, qs, parts)
     if qlanes.in_lanes(geo, qs):
         return splits_pixels(geo, qs, parts)
-    panels = geo.qpad // qs.nr
-    return (panels >= OWN_PIXELS_MIN_PANELS * parts
-            and _unevenness(panels, parts) <= _unevenness(geo.blocks, parts) + OWN_PIXELS_UNEVENNESS)
+    return _pixels_share_out(geo.blocks, geo.qpad // qs.nr, parts)
 
 
 def own_plane_pixels(b, geo: Geometry, first, last):
@@ -368,14 +371,11 @@ def build_own_plane(b, geo: Geometry, x, n, plane, pad, first, last):
                                    own_plane_pixels(b, geo, first, last))
     if geo.im2col:                          # a position is an output pixel, one tap
         lo = b.sdiv(first, i64(geo.ow))
-        hi = b.add(b.sdiv(last, i64(geo.ow)), i64(1))
-        hi = b.select(b.icmp_signed("<", hi, i64(geo.oh)), hi, i64(geo.oh))
-        return build_im2col_plane(b, geo, x, n, plane, pad, i64(0), i64(geo.plane_groups),
-                                  rows=(lo, b.select(b.icmp_signed("<", lo, hi), hi, lo)))
+        hi = clamp(b, b.add(b.sdiv(last, i64(geo.ow)), i64(1)), lo, i64(geo.oh))
+        return build_im2col_plane(b, geo, x, n, plane, pad, i64(0), i64(geo.plane_groups), rows=(lo, hi))
     lo = b.sdiv(first, i64(geo.wq))
-    hi = b.add(b.sdiv(b.add(last, i64(max(geo.taps))), i64(geo.wq)), i64(1))
-    hi = b.select(b.icmp_signed("<", hi, i64(geo.hq)), hi, i64(geo.hq))
-    build_conv_plane(b, geo, x, n, plane, pad, rows=(lo, b.select(b.icmp_signed("<", lo, hi), hi, lo)))
+    hi = clamp(b, b.add(b.sdiv(b.add(last, i64(max(geo.taps))), i64(geo.wq)), i64(1)), lo, i64(geo.hq))
+    build_conv_plane(b, geo, x, n, plane, pad, rows=(lo, hi))
 
 
 @parallel("QuantizedConv", "QuantizedMatMul")

@@ -68,6 +68,7 @@ from ..qgemm import (PackedConstants, QShape, emit_tile, narrow, pack_a, pack_of
                      requantize_for_narrow)
 from ..vectors import prefetch, splat
 from .conv_winograd import TRANSFORMS, combine, tile_waste
+from .common import clamp
 from .qdepthwise import copy_bytes
 
 STRATEGY = "winograd-madd16"       # F(2x2, 3x3)
@@ -254,9 +255,11 @@ class QWinogradGeometry:
         self.rows_direct = self.tw >= TILE_VECTOR and self.ow % m == 0
         # Whether build_padded_input goes through a padded image (_build_through_image): rows
         # shorter than its vector step.
-        k_lo = _ceil(self.pl, m)
-        k_top = min((self.w + self.pl - TILE_VECTOR * m) // m, self.wq - TILE_VECTOR)
-        self.through_image = k_top < k_lo
+        # Its elements k whose input pixels m k - pl .. m k - pl + 8 m - 1 lie inside the row:
+        # k_lo .. k_top + 7 (vector steps of 8 elements, the last overlapping).
+        self.k_lo = _ceil(self.pl, m)
+        self.k_top = min((self.w + self.pl - TILE_VECTOR * m) // m, self.wq - TILE_VECTOR)
+        self.through_image = self.k_top < self.k_lo
         # A task sharing out bands builds only the rows of Xp its bands read, in its own
         # scratch, in one round (phases).
         self.own_rows = not self.split_filters
@@ -376,10 +379,8 @@ def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, imag
     span = TILE_VECTOR * m                   # input pixels of a vector step
     off16 = b.trunc(x_offset, I16)
     zero_row = ir.Constant(_vec(I32, TILE_VECTOR), None)
-    # Elements k whose input pixels m k - pl .. m k - pl + 8 m - 1 lie inside the row: k_lo ..
-    # k_top + 7 (vector steps of 8 elements, the last overlapping), the others scalar.
-    k_lo = _ceil(g.pl, m)
-    k_top = min((g.w + g.pl - span) // m, g.wq - TILE_VECTOR)     # the last vector step's start
+    # Elements g.k_lo .. g.k_top + 7 in vector steps, the others one at a time.
+    k_lo, k_top = g.k_lo, g.k_top
     r_lo, r_hi = rows or (i64(0), i64(g.hp))
     if g.through_image:
         _build_through_image(b, g, x, n, xp, x_offset, lo, hi, image, r_lo, r_hi)
@@ -474,10 +475,8 @@ def _build_through_image(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, im
         _store(b, fill, image, i64(at))
     steps = list(range(0, g.wq - TILE_VECTOR, TILE_VECTOR)) + [g.wq - TILE_VECTOR]
     # the input rows iy = r - pt of those rows that lie inside the input
-    in_lo = b.sub(r_lo, i64(g.pt))
-    in_lo = b.select(b.icmp_signed(">", in_lo, i64(0)), in_lo, i64(0))
-    in_hi = b.sub(r_hi, i64(g.pt))
-    in_hi = b.select(b.icmp_signed("<", in_hi, i64(g.h)), in_hi, i64(g.h))
+    in_lo = clamp(b, b.sub(r_lo, i64(g.pt)), i64(0), i64(g.h))
+    in_hi = clamp(b, b.sub(r_hi, i64(g.pt)), in_lo, i64(g.h))
     with for_range(b, hi, start=lo, name="xip") as pair:
         src = [b.gep(x, [b.mul(b.add(b.mul(n, i64(g.c)), b.add(b.mul(pair, i64(2)), i64(t))), i64(g.h * g.w))])
                for t in range(2)]
@@ -677,11 +676,9 @@ def emit(k, exact: bool, m: int = 2) -> None:
     filters = (b.mul(blocks[0], i64(g.mr)), b.select(b.icmp_signed("<", f_hi, i64(g.m)), f_hi, i64(g.m)))
     own_rows = None
     if g.own_rows:                              # the rows of Xp this task's bands read
-        end = b.mul(hi, i64(g.rows))
-        end = b.select(b.icmp_signed("<", end, i64(g.th)), end, i64(g.th))
+        end = clamp(b, b.mul(hi, i64(g.rows)), i64(0), i64(g.th))
         first = b.mul(b.mul(lo, i64(g.rows)), i64(g.tile))
-        end = b.add(b.mul(end, i64(g.tile)), i64(2))
-        own_rows = (first, b.select(b.icmp_signed("<", first, end), end, first))
+        own_rows = (first, clamp(b, b.add(b.mul(end, i64(g.tile)), i64(2)), first, i64(g.hp)))
     with for_range(b, g.batch, name="qwn") as n:
         if not k.phased:
             build_padded_input(b, g, x, n, xp, x_offset, i64(0), i64(g.pairs), own, own_rows)
