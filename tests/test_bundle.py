@@ -122,14 +122,15 @@ def test_bundle_on_threads_matches_the_jit_bit_for_bit(tmp_path):
 
 
 @needs_gcc
-@pytest.mark.parametrize("strategy", ["winograd-madd16", "winograd4-madd16"])
+@pytest.mark.parametrize("strategy", ["winograd-madd16", "winograd4-madd16", "winograd42-madd16"])
 def test_int8_winograd_bundle_on_threads_matches_the_jit(tmp_path, monkeypatch, strategy):
-    """A quantized bundle for x86-64-v3 whose 3x3 convolution runs int8 Winograd, F(2x2) or
-    F(4x4) (kernels/qwinograd.py: its padded input built in a phase the tasks share),
-    computes on main.c's threads what the JIT computes."""
+    """A quantized bundle for x86-64-v3 whose 3x3 convolution runs int8 Winograd, F(2x2),
+    F(4x4) or F(4x2) (kernels/qwinograd.py: its padded input built in a phase the tasks
+    share), computes on main.c's threads what the JIT computes."""
     from glowgen.backends.cpu.kernels import qwinograd
-    if strategy == qwinograd.STRATEGY:
+    if strategy != qwinograd.STRATEGY4:
         monkeypatch.setattr(qwinograd, "MAX_TILE_WASTE", 0.0)
+    monkeypatch.setattr(qwinograd, "TALL_TILES", strategy == qwinograd.STRATEGY42)
     rng = np.random.default_rng(5)
     x = rng.standard_normal((1, 32, 48, 48)).astype(np.float32)
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),

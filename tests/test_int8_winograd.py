@@ -1,9 +1,9 @@
-"""int8 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) and F(4x4, 3x3) on AVX2
+"""int8 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3), F(4x4, 3x3) and F(4x2, 3x3) on AVX2
 (kernels/qwinograd.py): exact in integers, so held bit for bit to the exact NumPy reference
 of test_int8_kernels at 1, 2 and 3 threads, with 8-bit and 7-bit weights and the extremes
 (weights -128 and 127 against activations -128 and 127: the largest transformed values
-there are).  Each case runs with either tile size, forced (MAX_TILE_WASTE), whatever the
-output's size.  Compiled for x86-64-v3, which every x86-64 host these tests run on can run."""
+there are).  Each case runs with each tile shape, forced (MAX_TILE_WASTE, TALL_TILES),
+whatever the output's size.  Compiled for x86-64-v3, which every x86-64 host these tests run on can run."""
 from __future__ import annotations
 
 import numpy as np
@@ -37,9 +37,13 @@ STREAMED = 8
 STREAMED_LARGE_V = 9
 
 
-@pytest.fixture(params=[2, 4], ids=["F(2x2)", "F(4x4)"])
+STRATEGIES = {2: qwinograd.STRATEGY, 4: qwinograd.STRATEGY4, (4, 2): qwinograd.STRATEGY42}
+
+
+@pytest.fixture(params=[2, 4, (4, 2)], ids=["F(2x2)", "F(4x4)", "F(4x2)"])
 def tile(request, monkeypatch):
-    """F(2x2) or F(4x4) wherever it applies: tiles may then waste any share of the output."""
+    """F(2x2), F(4x4) or F(4x2) wherever it applies: tiles may then waste any share of the
+    output."""
     _force_tile(monkeypatch, request.param)
     return request.param
 
@@ -47,7 +51,7 @@ def tile(request, monkeypatch):
 def _check(case, rng, tile, bounds=None, strategy=None, **values):
     n, c, h, w, m, pads = case
     text, feeds, want = conv_case(rng, n, c, h, w, m, 3, (1, 1), pads, (1, 1), bounds=bounds, **values)
-    strategy = strategy or (qwinograd.STRATEGY4 if tile == 4 else qwinograd.STRATEGY)
+    strategy = strategy or STRATEGIES[tile]
     results = []
     for threads in (1, 2, 3):
         model, _ = _compile(text, CPU, threads, winograd=True)
@@ -58,14 +62,19 @@ def _check(case, rng, tile, bounds=None, strategy=None, **values):
     assert results[0].tobytes() == results[1].tobytes() == results[2].tobytes()
 
 
-def _force_tile(monkeypatch, tile: int) -> None:
-    monkeypatch.setattr(qwinograd, "MAX_TILE_WASTE", 0.0 if tile == 2 else 100.0)
+def _force_tile(monkeypatch, tile) -> None:
+    """F(4x4) wherever it applies (any waste), else F(4x2) where it applies, else F(2x2):
+    the F(4x2) cases' shapes all make fewer products by F(4x2) than by F(2x2)."""
+    monkeypatch.setattr(qwinograd, "MAX_TILE_WASTE", 100.0 if tile == 4 else 0.0)
+    monkeypatch.setattr(qwinograd, "TALL_TILES", tile == (4, 2))
 
 
 # 7-bit weights take the same F(4x4) path as 8-bit ones; F(2x2) runs them.
 @pytest.mark.parametrize("case", range(len(CONVS)))
 @pytest.mark.parametrize("values, tile", [("eight bits", 2), ("seven bits", 2), ("extremes", 2),
-                                          ("eight bits", 4), ("extremes", 4)])
+                                          ("eight bits", 4), ("extremes", 4),
+                                          ("eight bits", (4, 2)), ("seven bits", (4, 2)),
+                                          ("extremes", (4, 2))])
 def test_winograd_conv_exact(case, values, tile, monkeypatch):
     _force_tile(monkeypatch, tile)
     kwargs = {"eight bits": {}, "seven bits": SEVEN_BITS, "extremes": EXTREMES}[values]
@@ -78,11 +87,14 @@ def test_winograd_conv_exact(case, values, tile, monkeypatch):
 
 
 @pytest.mark.parametrize("size, strategy", [(56, "winograd4-madd16"), (28, "winograd4-madd16"),
-                                            (14, "winograd4-madd16"), (10, "winograd-madd16"),
-                                            (9, "winograd-madd16")])
+                                            (14, "winograd4-madd16"), (10, "winograd42-madd16"),
+                                            (9, "winograd42-madd16"), (7, "winograd42-madd16")])
 def test_tile_size_follows_the_output(size, strategy):
-    """F(4x4) where its tiles waste little of the output (ResNet's sizes: 16 x 16 computed
-    for 14 x 14 at most), F(2x2) otherwise (12 x 12 for 10 x 10)."""
+    """F(4x4) where its tiles waste little of the output and make the fewest products
+    (ResNet's sizes from 56 x 56 to 14 x 14: 16 x 16 computed for 14 x 14), F(4x2)
+    otherwise: at 7 x 7, 24 products a vector of 8 tiles against F(4x4)'s 36 (a vector of
+    4 tiles) and F(2x2)'s 2 x 16; at 10 x 10 (F(4x4) computing 12 x 12) 2 x 24 against
+    F(2x2)'s 4 x 16."""
     text, _, _ = conv_case(np.random.default_rng(0), 1, 8, size, size, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1))
     node = _node(text)
     w = np.ones((8, 8, 3, 3), np.int64)
@@ -137,7 +149,7 @@ def test_scratch_holds_every_split():
     for n, c, h, w, m, pads in CONVS + [(1, 64, 28, 56, 64, (1, 1, 1, 1)), (1, 32, 56, 56, 48, (1, 1, 1, 1))]:
         text, _, _ = conv_case(np.random.default_rng(0), n, c, h, w, m, 3, (1, 1), pads)
         node = _node(text)
-        for tile in (2, 4):
+        for tile in (2, 4, (4, 2)):
             most = qwinograd.QWinogradGeometry(node, m=tile).most_scratch()
             for parts in range(1, 9):
                 g = qwinograd.QWinogradGeometry(node, parts, tile)
@@ -154,7 +166,7 @@ def test_requantization_out_of_i32_range(tile):
     for threads in (1, 2):
         model, _ = _compile(text, CPU, threads, winograd=True)
         (plan,) = [i.plan for i in model.program.instrs if i.kind == "QuantizedConv"]
-        assert plan.strategy == (qwinograd.STRATEGY4 if tile == 4 else qwinograd.STRATEGY), plan
+        assert plan.strategy == STRATEGIES[tile], plan
         assert plan.packed == "a", plan
         np.testing.assert_array_equal(model.run(feeds)["y"], want)
 
@@ -203,13 +215,15 @@ def _node(text):
 
 def test_sums_out_of_range_stay_direct():
     """POW2 (sum + bias) must fit i32 (the output transform computes it exactly): 4 x for
-    F(2x2), 64 x for F(4x4)."""
+    F(2x2), 64 x for F(4x4), 16 x for F(4x2)."""
     w = np.full((2, 8, 3, 3), 127, np.int8)
     assert qwinograd.sums_in_range(w, np.array([5000, -5000]))
     assert not qwinograd.sums_in_range(w, np.array([2 ** 29, 0]))
     assert qwinograd.sums_in_range(w, np.array([2 ** 24, 0]), 2)
     assert not qwinograd.sums_in_range(w, np.array([2 ** 25, 0]), 4)
     assert qwinograd.sums_in_range(w, np.array([2 ** 24, 0]), 4)
+    assert qwinograd.sums_in_range(w, np.array([2 ** 26, 0]), (4, 2))
+    assert not qwinograd.sums_in_range(w, np.array([2 ** 27, 0]), (4, 2))
 
 
 def test_transformed_weights_are_scaled_g_g_gt():
@@ -224,23 +238,31 @@ def test_transformed_weights_are_scaled_g_g_gt():
         np.testing.assert_allclose(qwinograd.transformed_weights(g, m), want, atol=1e-9)
         worst = qwinograd.transformed_weights(np.full((1, 1, 3, 3), -128), m)
         assert np.abs(worst).max() == largest < 2 ** 15
+    # F(4x2): F(4)'s rows of G down the filter, F(2)'s across it
+    (_, g4, _), (_, g2, _) = TRANSFORMS[4], TRANSFORMS[2]
+    s4, s2 = np.array([4, 6, 6, 24, 24, 1], np.float64), np.full(4, 2.0)
+    want = np.einsum("i,ik,mckl,jl,j->ijmc", s4, g4, g.astype(np.float64), g2, s2).reshape(24, 3, 2)
+    np.testing.assert_allclose(qwinograd.transformed_weights(g, (4, 2)), want, atol=1e-9)
+    assert np.abs(qwinograd.transformed_weights(np.full((1, 1, 3, 3), -128), (4, 2))).max() == 21 * 128
 
 
-@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("m", [2, 4, (4, 2)], ids=["F(2x2)", "F(4x4)", "F(4x2)"])
 def test_integer_transforms_give_the_scaled_direct_sum(m):
-    """(L A^T S^-1) [U .* V] (L A^T S^-1)^T is L^2 x the direct sum, and ODD's inverse
-    modulo 2^32 leaves POW2 x it, in wrapping i32 arithmetic (NumPy, int64 reduced)."""
+    """(L_h A_h^T S_h^-1) [U .* V] (L_w A_w^T S_w^-1)^T is L_h L_w x the direct sum, and
+    ODD's inverse modulo 2^32 leaves POW2 x it, in wrapping i32 arithmetic (NumPy, int64
+    reduced)."""
     t = qwinograd.INTEGER[m]
-    rng = np.random.default_rng(470 + m)
-    d = rng.integers(-255, 256, (16, t.n, t.n))
+    h, w = m if isinstance(m, tuple) else (m, m)
+    rng = np.random.default_rng(470 + h + w)
+    d = rng.integers(-255, 256, (16, h + 2, w + 2))
     g = rng.integers(-128, 128, (16, 3, 3))
-    v = np.einsum("ij,cjk,lk->cil", t.b_t, d, t.b_t)
-    u = np.einsum("ij,cjk,lk->cil", t.kt, g, t.kt)
+    v = np.einsum("ij,cjk,lk->cil", t.rows.b_t, d, t.cols.b_t)
+    u = np.einsum("ij,cjk,lk->cil", t.rows.kt, g, t.cols.kt)
     assert np.abs(v).max() <= t.v_max and np.abs(u).max() <= t.u_max
     wrap = lambda a: (a + 2 ** 31) % 2 ** 32 - 2 ** 31      # noqa: E731
-    y = wrap(t.a_t @ wrap((u * v).sum(0)) @ t.a_t.T)
-    direct = np.array([[(d[:, i:i + 3, j:j + 3] * g).sum() for j in range(m)] for i in range(m)])
-    assert t.pow2 * t.odd == {2: 4, 4: 576}[m]
+    y = wrap(t.rows.a_t @ wrap((u * v).sum(0)) @ t.cols.a_t.T)
+    direct = np.array([[(d[:, i:i + 3, j:j + 3] * g).sum() for j in range(w)] for i in range(h)])
+    assert t.pow2 * t.odd == {2: 4, 4: 576, (4, 2): 48}[m]
     np.testing.assert_array_equal(wrap(y * t.inverse), t.pow2 * direct)
 
 

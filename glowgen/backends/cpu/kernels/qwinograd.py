@@ -1,8 +1,10 @@
-"""int8 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) or F(4x4, 3x3), exact, on AVX2.
+"""int8 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3), F(4x4, 3x3) or F(4x2, 3x3),
+exact, on AVX2.
 
 The direct int8 product (qlinalg.py) makes 9 products per output pixel and channel pair;
 F(2x2, 3x3) makes 16 per 2 x 2 tile of them, F(4x4, 3x3) 36 per 4 x 4 tile (conv_winograd.py's
-algebra):
+algebra), F(4x2, 3x3) 24 per tile of 4 rows by 2 columns (F(4)'s transforms down the image,
+F(2)'s across it):
 
     Y = A^T [ (G g G^T) .* (B^T d B) ] A
 
@@ -27,17 +29,19 @@ against 40 with `ubsw`'s three instructions: 2.25x (F(2x2)) or 4x (F(4x4)) fewer
 0.8x the rate.  With VNNI (64 products an instruction) the direct product stays: this path is
 AVX2's only.  F(4x4) where its tiles waste little of the output (MAX_TILE_WASTE: all of
 ResNet's sizes, 56 x 56 down to 7 x 7), F(2x2) elsewhere and where F(4x4)'s sums could leave
-i32 (ResNet-18's 512 -> 512, say).
+i32 (ResNet-18's 512 -> 512, say); and F(4x2) in place of either where it makes fewer
+products (TALL_TILES: 7 x 7, whose 8 tiles fill a vector, and wherever F(2x2) was).
 
 Per image: the input less its offset as i16 channel pairs, padded and split by column modulo
-m, the tile size (`Xp[C/2][phase][Hp][Wq]` of i32 elements: the pair (c, c+1) of one pixel),
+w, the tile's width (`Xp[C/2][phase][Hp][Wq]` of i32 elements: the pair (c, c+1) of one pixel),
 built once (split: each task the rows its bands read, or its share of the pairs in a first
 round where the tasks share out filters: PHASES); then,
 band by band of tile rows (as conv_winograd's bands):
-1. the input transform, 8 tiles of a tile row a vector (their windows' columns m t + j are
-   column t + j // m of phase j % m: plain loads), for a channel pair in the 16 lanes of
+1. the input transform, 8 tiles of a tile row a vector (their windows' columns w t + j are
+   column t + j // w of phase j % w: plain loads), for a channel pair in the 16 lanes of
    i16, into V[xi][C/2][tiles];
-2. (m + 2)^2 products M_xi[filter][tile] = U_xi @ V_xi (madd16 tiles of 6 filters x 16 tiles);
+2. (h + 2)(w + 2) products M_xi[filter][tile] = U_xi @ V_xi (madd16 tiles of 6 filters x 16
+   tiles);
 3. the output transform, 8 tiles a vector, requantized and narrowed (qgemm.narrow,
    interleaved by 4) into each tile row of the 8 tiles, and stored: rows of the output where
    the 8 tiles lie in one tile row and inside the image (`rows_direct`), else through a
@@ -51,7 +55,13 @@ images, each task transforms it all).
 ResNet-18 int8 at x86-64-v3 on Zen 3, 1 thread, kernel Mcycles of the stride-1 3x3 layers
 (direct ubsw -> F(2x2) -> F(4x4)): 64 @56 (4 layers) 12.2 -> 8.4 -> 6.4, 128 @28 (3) 8.9 ->
 6.1 -> 4.7, 256 @14 (3) 8.9 -> 6.5 -> 4.7, 512 @7 (3) 9.6 -> 7.5 (F(2x2): its sums); the model
-49.8 -> 38.9 -> 33.0.  ResNet-50 116.7 -> 105.3 -> 98.7.  One 64 @56 layer by F(2x2): 870 us, of which 757 in the
+49.8 -> 38.9 -> 33.0.  ResNet-50 116.7 -> 105.3 -> 98.7.  512 @7 by F(4x2) in place of F(2x2)
+(24 products a vector of 8 tiles for 2 x 16; 12.6 MB of U where F(2x2) has 8.4, streamed
+from memory at 16 GB/s: close to what one core draws), in the model, us: ResNet-50's two
+918 -> 792, ResNet-18's three 878-885 -> 757-766; whole models at 1 thread, wall: ResNet-18
+12.36 -> 11.88 ms; at 2 threads (old and new alternating, one process) ResNet-50 20.97 ->
+20.61 (vCPUs on one L3) and 22.72 -> 22.47 (two), ResNet-18 7.81 -> 7.54 and 8.55 -> 8.39.
+One 64 @56 layer by F(2x2): 870 us, of which 757 in the
 products (at the register-only rate, with 28 tiles a row padded to 32) and 31, 58 and 15 in
 the input transform, the output transform and the padded input.
 """
@@ -73,7 +83,8 @@ from .qdepthwise import copy_bytes
 
 STRATEGY = "winograd-madd16"       # F(2x2, 3x3)
 STRATEGY4 = "winograd4-madd16"     # F(4x4, 3x3)
-TILES = {STRATEGY: 2, STRATEGY4: 4}
+STRATEGY42 = "winograd42-madd16"   # F(4x2, 3x3): tiles of 4 rows by 2 columns
+TILES = {STRATEGY: 2, STRATEGY4: 4, STRATEGY42: (4, 2)}
 # The int8 product paths (qgemm.QSHAPES) it replaces: AVX2's, in 8-lane vectors.
 REPLACES = ("madd16", "ubsw")
 # Output pixels at the least.  At 7 x 7 the 16 tiles compute 64 pixels for 49 and the i16
@@ -86,6 +97,10 @@ MIN_PIXELS = 7 * 7
 # output against F(2x2)'s 4.  Zen 3, 1 thread, kernel Mcycles, 1.15 -> 1.35: ResNet-50's six
 # 256 @14 11.0 -> 7.8 and three 512 @7 5.1 -> 4.8, ResNet-18's three 256 @14 6.5 -> 4.7.
 MAX_TILE_WASTE = 1.35
+# F(4x2) in place of the square tile where it makes fewer products (product_vectors): 3 an
+# output pixel against F(2x2)'s 4, and a 7 x 7 image's 8 tiles fill a vector (2 tile rows
+# of 4) where F(4x4)'s 4 fill half of one.
+TALL_TILES = True
 TILE_VECTOR = 8                     # tiles a vector of the transforms holds (i32 lanes)
 # V and M of a band (the products' operand and result) within about this many bytes, unless
 # the transformed weights exceed STREAMED_WEIGHTS: then one band a task (conv_winograd's rule).
@@ -113,31 +128,46 @@ _ceil = lambda a, b: -(-a // b)     # noqa: E731
 ROW_SCALES = {2: (2, 2, 2, 2), 4: (4, 6, 6, 24, 24, 1)}
 
 
-class IntegerTransforms:
-    """F(m x m, 3x3) in integers.  With S = diag(ROW_SCALES[m]) and L their least common
-    multiple, U = (S G) g (S G)^T, and M = U .* V summed is S M0 S for the true M0; so
-    (L A^T S^-1) M (L A^T S^-1)^T = L^2 A^T M0 A = L^2 x the direct sum, all in integers.
-    L^2 = POW2 x ODD: the result times ODD's inverse modulo 2^32 is POW2 x the sum (exact
-    where that fits i32: sums_in_range), and POW2 is a power of two, exact in the f32
-    multiplier.  F(2x2): L^2 = 4; F(4x4): 576 = 64 x 9."""
+class _Axis:
+    """One dimension of a tile F(m, 3) in integers: B^T, S G and L A^T S^-1 (S =
+    diag(ROW_SCALES[m]), L their least common multiple)."""
 
     def __init__(self, m: int):
         b_t, g, a_t = TRANSFORMS[m]
         scales = np.array(ROW_SCALES[m], np.int64)
-        common = int(np.lcm.reduce(scales))
         self.m, self.n = m, m + 2
-        self.positions = self.n * self.n
+        self.scale = int(np.lcm.reduce(scales))
         self.b_t = _integer(b_t)
         self.kt = _integer(scales[:, None] * g)
-        self.a_t = _integer(common * a_t / scales[None, :])
-        square = common * common
-        self.pow2 = square & -square
-        self.odd = square // self.pow2
+        self.a_t = _integer(self.scale * a_t / scales[None, :])
+
+
+class IntegerTransforms:
+    """F(h x w, 3x3) in integers (w = h unless given: F(m x m)).  With S_h, S_w the row
+    scales of G along either axis (ROW_SCALES) and L_h, L_w their least common multiples,
+    U = (S_h G_h) g (S_w G_w)^T, and M = U .* V summed is S_h M0 S_w for the true M0; so
+    (L_h A_h^T S_h^-1) M (L_w A_w^T S_w^-1)^T = L_h L_w A_h^T M0 A_w = L_h L_w x the direct
+    sum, all in integers.  L_h L_w = POW2 x ODD: the result times ODD's inverse modulo 2^32
+    is POW2 x the sum (exact where that fits i32: sums_in_range), and POW2 is a power of
+    two, exact in the f32 multiplier.  F(2x2): 4; F(4x4): 576 = 64 x 9; F(4x2): 48 = 16 x 3.
+    Position xi = n_w i + j of the n_h x n_w window."""
+
+    def __init__(self, h: int, w: int | None = None):
+        self.rows, self.cols = _Axis(h), _Axis(w or h)
+        self.h, self.w = self.rows.m, self.cols.m
+        self.positions = self.rows.n * self.cols.n
+        if self.h == self.w:                    # F(m x m): one axis's matrices serve both
+            self.m, self.n = self.h, self.rows.n
+            self.b_t, self.kt, self.a_t = self.rows.b_t, self.rows.kt, self.rows.a_t
+        scale = self.rows.scale * self.cols.scale
+        self.pow2 = scale & -scale
+        self.odd = scale // self.pow2
         self.inverse = pow(self.odd, -1, 2 ** 32)
         self.inverse -= 2 ** 32 if self.inverse >= 2 ** 31 else 0      # as an i32
         # V = B^T d B of |d| <= 255, U of |g| <= 128, and vpmaddwd's pair sums, in range.
-        self.v_max = 255 * int(np.abs(self.b_t).sum(1).max()) ** 2
-        self.u_max = 128 * int(np.abs(self.kt).sum(1).max()) ** 2
+        widest = lambda m: int(np.abs(m).sum(1).max())      # noqa: E731
+        self.v_max = 255 * widest(self.rows.b_t) * widest(self.cols.b_t)
+        self.u_max = 128 * widest(self.rows.kt) * widest(self.cols.kt)
         assert self.v_max < 2 ** 15 and self.u_max < 2 ** 15 and 2 * self.v_max * self.u_max < 2 ** 31
 
 
@@ -160,19 +190,37 @@ def _integer(m: np.ndarray) -> np.ndarray:
     return out
 
 
-INTEGER = {m: IntegerTransforms(m) for m in ROW_SCALES}
+# Tile shapes by TILES' key: m for F(m x m), (h, w) for F(h x w).
+INTEGER = {m: IntegerTransforms(*(m if isinstance(m, tuple) else (m,))) for m in (2, 4, (4, 2))}
 
 
 def strategy(node, qs: QShape, winograd: bool, w: np.ndarray, b: np.ndarray):
     """STRATEGY4 where covers and F(4x4)'s tiles waste little of the output, else STRATEGY;
-    either only where its sums stay in range (sums_in_range); None otherwise."""
+    either only where its sums stay in range (sums_in_range); then STRATEGY42 in place of
+    that where it makes fewer products (product_vectors: 7 x 7 images); None otherwise."""
     if not covers(node, qs, winograd):
         return None
-    waste = tile_waste(*node.outputs[0].type.shape[2:], 4)
-    for name in ((STRATEGY4, STRATEGY) if waste <= MAX_TILE_WASTE else (STRATEGY,)):
-        if sums_in_range(w, b, TILES[name]):
-            return name
-    return None
+    oh, ow = node.outputs[0].type.shape[2:]
+    waste = tile_waste(oh, ow, 4)
+    names = [n for n in ((STRATEGY4, STRATEGY) if waste <= MAX_TILE_WASTE else (STRATEGY,))
+             if sums_in_range(w, b, TILES[n])]
+    if TALL_TILES and sums_in_range(w, b, TILES[STRATEGY42]) and (
+            not names or product_vectors(oh, ow, TILES[STRATEGY42]) < product_vectors(oh, ow, TILES[names[0]])):
+        return STRATEGY42
+    return names[0] if names else None
+
+
+def product_vectors(oh: int, ow: int, m) -> int:
+    """The products' vectors of 8 tiles for an image (per filter and channel pair): positions
+    x the image's tiles in whole vectors.  A 7 x 7 image: F(2x2) 16 x 2 (16 tiles), F(4x4)
+    36 x 1 (4 tiles in a vector of 8), F(4x2) 24 x 1 (8 tiles: 2 tile rows of 4)."""
+    h, w = _tile(m)
+    return INTEGER[m].positions * _ceil(_ceil(oh, h) * _ceil(ow, w), TILE_VECTOR)
+
+
+def _tile(m) -> tuple[int, int]:
+    """(rows, columns) of a tile of TILES' key m."""
+    return m if isinstance(m, tuple) else (m, m)
 
 
 def covers(node, qs: QShape, winograd: bool = True) -> bool:
@@ -187,15 +235,15 @@ def covers(node, qs: QShape, winograd: bool = True) -> bool:
             and tuple(node.dilations) == (1, 1) and cg % 2 == 0 and oh * ow >= MIN_PIXELS)
 
 
-def transformed_weights(w: np.ndarray, m: int = 2) -> np.ndarray:
-    """U = (S G) g (S G)^T of each filter g [M, C, 3, 3] (IntegerTransforms), as [n^2, M, C]
-    (position xi = n i + j)."""
-    kt = INTEGER[m].kt
-    u = np.einsum("ik,mckl,jl->ijmc", kt, w.astype(np.int64), kt)
+def transformed_weights(w: np.ndarray, m=2) -> np.ndarray:
+    """U = (S_h G_h) g (S_w G_w)^T of each filter g [M, C, 3, 3] (IntegerTransforms), as
+    [positions, M, C] (position xi = n_w i + j)."""
+    t = INTEGER[m]
+    u = np.einsum("ik,mckl,jl->ijmc", t.rows.kt, w.astype(np.int64), t.cols.kt)
     return u.reshape(INTEGER[m].positions, *w.shape[:2])
 
 
-def sums_in_range(w: np.ndarray, b: np.ndarray, m: int = 2) -> bool:
+def sums_in_range(w: np.ndarray, b: np.ndarray, m=2) -> bool:
     """Whether POW2 (sum + bias) fits i32 for every filter and input: what the output
     transform computes exactly (IntegerTransforms)."""
     bound = np.abs(b.astype(np.int64)) + 255 * np.abs(w.reshape(len(b), -1).astype(np.int64)).sum(1)
@@ -206,25 +254,27 @@ class QWinogradGeometry:
     """Tiles, the padded parity-split input, the bands, and the packed constants' layout of
     one convolution split among `parts` tasks."""
 
-    def __init__(self, node, parts: int = 1, m: int = 2):
+    def __init__(self, node, parts: int = 1, m=2):
         self.t = INTEGER[m]
-        self.tile, self.positions = m, self.t.positions
+        self.tile_h, self.tile_w = _tile(m)     # a tile's output rows and columns
+        self.positions = self.t.positions
         self.qs = QShape("madd16")
         self.batch, self.c, self.h, self.w = node.inputs[0].type.shape
         self.m = node.inputs[1].type.shape[0]
         self.oh, self.ow = node.outputs[0].type.shape[2:]
         self.pt, self.pl = node.pads[:2]
         self.pairs = self.c // 2
-        self.th, self.tw = _ceil(self.oh, m), _ceil(self.ow, m)
-        # Xp: padded rows 0 .. m th + 1 (the last tile's window), columns 0 .. m wq - 1 split
-        # by their residue modulo m (the phase); a vector of 8 tiles from the last start
-        # (max(tw - 8, 0)) reads column indices up to that + 8 (window column m t + j is
-        # column t + j // m of phase j % m, and j // m <= 1).
-        self.hp = m * self.th + 2
+        th, tw = self.tile_h, self.tile_w
+        self.th, self.tw = _ceil(self.oh, th), _ceil(self.ow, tw)
+        # Xp: padded rows 0 .. h th + 1 (the last tile's window), columns 0 .. w wq - 1 split
+        # by their residue modulo w, the tile's width (the phase); a vector of 8 tiles from
+        # the last start (max(tw - 8, 0)) reads column indices up to that + 8 (window column
+        # w t + j is column t + j // w of phase j % w, and j // w <= 1).
+        self.hp = th * self.th + 2
         self.wq = max(self.tw, TILE_VECTOR) + 1
-        self.xp_bytes = _ceil(4 * self.pairs * m * self.hp * self.wq, 64) * 64
+        self.xp_bytes = _ceil(4 * self.pairs * tw * self.hp * self.wq, 64) * 64
         # _build_through_image's padded image of two channels (rows shorter than a step)
-        self.line_stride = _ceil(m * self.wq, 16) * 16
+        self.line_stride = _ceil(tw * self.wq, 16) * 16
         self.image_bytes = 2 * self.hp * self.line_stride
         self.mr = self.qs.mr
         self.blocks = _ceil(self.m, self.mr)
@@ -249,16 +299,16 @@ class QWinogradGeometry:
         self.v_bytes = 4 * self.positions * self.v_xi
         self.m_xi = _skewed(self.mpad * self.cols)
         self.m_bytes = 4 * self.positions * self.m_xi
-        self.z_bytes = m * m * self.cols
+        self.z_bytes = th * tw * self.cols
         # Whether the output transform stores its 8 tiles as rows of the output: every vector
         # of 8 tiles in one tile row, none past the image's columns.
-        self.rows_direct = self.tw >= TILE_VECTOR and self.ow % m == 0
+        self.rows_direct = self.tw >= TILE_VECTOR and self.ow % tw == 0
         # Whether build_padded_input goes through a padded image (_build_through_image): rows
         # shorter than its vector step.
-        # Its elements k whose input pixels m k - pl .. m k - pl + 8 m - 1 lie inside the row:
+        # Its elements k whose input pixels w k - pl .. w k - pl + 8 w - 1 lie inside the row:
         # k_lo .. k_top + 7 (vector steps of 8 elements, the last overlapping).
-        self.k_lo = _ceil(self.pl, m)
-        self.k_top = min((self.w + self.pl - TILE_VECTOR * m) // m, self.wq - TILE_VECTOR)
+        self.k_lo = _ceil(self.pl, tw)
+        self.k_top = min((self.w + self.pl - TILE_VECTOR * tw) // tw, self.wq - TILE_VECTOR)
         self.through_image = self.k_top < self.k_lo
         # A task sharing out bands builds only the rows of Xp its bands read, in its own
         # scratch, in one round (phases).
@@ -290,7 +340,7 @@ class QWinogradGeometry:
     def most_scratch(self) -> int:
         """A task's own scratch for any split (its bands' rows depend on the tasks)."""
         rows = [self.th] if self.streamed else self.band_choices()
-        z = self.tile ** 2 * _ceil(self.th * self.tw, TILE_VECTOR) * TILE_VECTOR   # the staging block at most
+        z = self.tile_h * self.tile_w * _ceil(self.th * self.tw, TILE_VECTOR) * TILE_VECTOR   # the staging block at most
         return max(max(self.band_bytes(r) for r in rows) + z, self.image_bytes)
 
     def starts(self) -> list[int]:
@@ -304,8 +354,8 @@ class QWinogradGeometry:
 
 
 # ----------------------------------------------------------------------------- compile time
-def pack(node, w, ws, b, m: int = 2) -> tuple[np.ndarray, bool]:
-    """[n^2 positions][blocks][C/2][MR][2] i16 transformed weights (qgemm.pack_a's madd16
+def pack(node, w, ws, b, m=2) -> tuple[np.ndarray, bool]:
+    """[positions][blocks][C/2][MR][2] i16 transformed weights (qgemm.pack_a's madd16
     layout, per position), POW2 x the bias (i32), the multipliers / POW2 (f32), the offsets;
     and whether the sums stay in qgemm.IN_RANGE (requantize in i32)."""
     g = QWinogradGeometry(node, m=m)
@@ -323,12 +373,12 @@ def pack(node, w, ws, b, m: int = 2) -> tuple[np.ndarray, bool]:
     return data, exact
 
 
-def scratch(node, phased: bool, m: int = 2) -> int:
+def scratch(node, phased: bool, m=2) -> int:
     g = QWinogradGeometry(node, m=m)
     return g.most_scratch() + (0 if phased else g.xp_bytes)
 
 
-def phases(node, parts: int, m: int = 2):
+def phases(node, parts: int, m=2):
     """The padded input built in a round of its own, each task its share of the channel
     pairs (one image: the kernel loops over images otherwise).  Where the tasks share out
     filters (split_filters), each then transformed the whole input for itself, and 2
@@ -343,7 +393,7 @@ def phases(node, parts: int, m: int = 2):
     return Phases(2, g.xp_bytes + (g.v_bytes if g.split_filters else 0))
 
 
-def work(node, m: int = 2) -> Work:
+def work(node, m=2) -> Work:
     """Bands of tile rows, or blocks of filters where the weights are streamed (and V is
     not large against them: shares_filters)."""
     g = QWinogradGeometry(node, m=m)
@@ -375,7 +425,7 @@ def build_padded_input(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, imag
     (28 and less for F(4x4), 15 for F(2x2)) through a padded image (_build_through_image)
     in `image`, g.image_bytes of the task's own scratch.  `rows`: (first, end) i64 values,
     only those rows of Xp (g.own_rows)."""
-    m = g.tile
+    m = g.tile_w                             # phases
     span = TILE_VECTOR * m                   # input pixels of a vector step
     off16 = b.trunc(x_offset, I16)
     zero_row = ir.Constant(_vec(I32, TILE_VECTOR), None)
@@ -466,7 +516,7 @@ def _build_through_image(b, g: QWinogradGeometry, x, n, xp, x_offset, lo, hi, im
     input of single layers took (Zen 3, x86-64-v3, 1 thread, kcycles): 128 @28 (F(4x4), one
     element at a time before) 181 -> 42, 512 @7 (F(2x2)) 81 -> 51, 256 @14 44 -> 47; 64 @56
     (8 m pixels a step before too) 68 -> 38; ResNet-18's 128 @28 layers 1.55 -> 1.39 Mcycles."""
-    m = g.tile
+    m = g.tile_w                             # phases
     span = TILE_VECTOR * m
     offs = splat(b, b.trunc(x_offset, I16), 16)
     plane = g.hp * g.line_stride
@@ -498,19 +548,21 @@ def _input_transform(b, g: QWinogradGeometry, xp, v, first_row, tile_rows: int, 
     """V[xi][pair][t] of the band's tiles t (tile row first_row + t // tw), 8 tiles of a tile
     row at a time, for the channel pairs `pairs` (lo, hi; None: all)."""
     vt, vh = _vec(I32, TILE_VECTOR), _vec(I16, 2 * TILE_VECTOR)
-    m, nw, b_t = g.tile, g.t.n, g.t.b_t
+    m, rows, cols_ = g.tile_w, g.t.rows, g.t.cols
+    nh, nw = rows.n, cols_.n                                      # the window's rows and columns
     lo, hi = pairs or (i64(0), i64(g.pairs))
     with for_range(b, hi, start=lo, name="itp") as pair, for_range(b, tile_rows, name="itr") as r:
-        top = b.mul(b.add(first_row, r), i64(m))                  # the windows' first padded row
+        top = b.mul(b.add(first_row, r), i64(g.tile_h))           # the windows' first padded row
         planes = [b.mul(b.add(b.mul(pair, i64(m)), i64(p)), i64(g.hp)) for p in range(m)]
         for t0 in g.starts():
             d = [[b.bitcast(_load(b, xp, b.add(b.mul(b.add(b.add(planes[j % m], top), i64(i)), i64(g.wq)),
                                                   i64(t0 + j // m)), vt), vh)
-                  for j in range(nw)] for i in range(nw)]
-            cols = [combine(b, b_t, [d[i][j] for i in range(nw)], 2 * TILE_VECTOR) for j in range(nw)]   # (B^T d)[i][j] = cols[j][i]
-            out = [combine(b, b_t, [cols[j][i] for j in range(nw)], 2 * TILE_VECTOR) for i in range(nw)]
+                  for j in range(nw)] for i in range(nh)]
+            # (B_h^T d)[i][j] = cols[j][i], then V[i][j] = ((B_h^T d) B_w)[i][j] = out[i][j]
+            cols = [combine(b, rows.b_t, [d[i][j] for i in range(nh)], 2 * TILE_VECTOR) for j in range(nw)]
+            out = [combine(b, cols_.b_t, [cols[j][i] for j in range(nw)], 2 * TILE_VECTOR) for i in range(nh)]
             col = b.add(b.mul(r, i64(g.tw)), i64(t0))
-            for i in range(nw):
+            for i in range(nh):
                 for j in range(nw):
                     at = b.add(i64((nw * i + j) * g.v_xi), b.add(b.mul(pair, i64(g.v_stride)), col))
                     _store(b, b.bitcast(out[i][j], vt), v, at)
@@ -549,41 +601,46 @@ def _output_sums(b, g: QWinogradGeometry, mm, row, col, bias, mult, exact, y_off
     """The sums of 8 tiles from band column `col` for the filter of M's `row`, requantized
     (requantize_for_narrow): [i][j] the vector of the tiles' pixel (i, j)."""
     vt = _vec(I32, TILE_VECTOR)
-    nw, m, a_t = g.t.n, g.tile, g.t.a_t
+    rows, cols_ = g.t.rows, g.t.cols
+    nh, nw = rows.n, cols_.n
     mv = [_load(b, mm, b.add(i64(xi * g.m_xi), b.add(b.mul(row, i64(g.cols)), col)), vt)
           for xi in range(g.positions)]
-    cols = [combine(b, a_t, [mv[nw * i + j] for i in range(nw)], TILE_VECTOR) for j in range(nw)]
-    out = [combine(b, a_t, [cols[j][i] for j in range(nw)], TILE_VECTOR) for i in range(m)]
+    # (A_h^T M)[i][j] = cols[j][i], then the tile's (A_h^T M A_w)[i][j] = out[i][j]
+    cols = [combine(b, rows.a_t, [mv[nw * i + j] for i in range(nh)], TILE_VECTOR) for j in range(nw)]
+    out = [combine(b, cols_.a_t, [cols[j][i] for j in range(nw)], TILE_VECTOR) for i in range(g.tile_h)]
     inverse = ir.Constant(vt, [g.t.inverse] * TILE_VECTOR) if g.t.odd > 1 else None
 
     def final(o):           # ODD x POW2 x the sum -> POW2 x (the sum + the bias), exactly
         if inverse is not None:
             o = b.mul(o, inverse)
         return requantize_for_narrow(b, b.add(o, bias), mult, exact, y_offset, bounds)
-    return [[final(out[i][j]) for j in range(m)] for i in range(m)]
+    return [[final(out[i][j]) for j in range(g.tile_w)] for i in range(g.tile_h)]
 
 
 def _output_lines(b, g: QWinogradGeometry, sums, exact, bounds, y_offset_i32) -> list:
-    """The i8 results of 8 tiles, row i of each tile after the other (8 m bytes) for each
-    of the m rows: qgemm.narrow of four vectors, interleaved by 4 (F(4x4): one row's four
-    pixels; F(2x2): a tile's four pixels, then dealt into its two rows)."""
+    """The i8 results of 8 tiles, row i of each tile after the other (8 w bytes) for each
+    of the h rows: qgemm.narrow of four vectors, interleaved by 4 (tiles 4 wide: one row's
+    four pixels; 2 wide: two rows' two pixels, then dealt into the two rows)."""
     def narrowed(vectors):
         if exact:
             return narrow(b, vectors, bounds, y_offset_i32, interleave=4)
         return narrow(b, vectors, interleave=4)
-    if g.tile == 4:
-        return [narrowed(sums[i]) for i in range(4)]
-    q = narrowed([sums[0][0], sums[0][1], sums[1][0], sums[1][1]])
-    return [b.shuffle_vector(q, ir.Constant(q.type, ir.Undefined), ir.Constant(
-        _vec(I32, 16), [4 * k + 2 * i + j for k in range(TILE_VECTOR) for j in range(2)])) for i in range(2)]
+    if g.tile_w == 4:
+        return [narrowed(sums[i]) for i in range(g.tile_h)]
+    lines = []
+    for top in range(0, g.tile_h, 2):
+        q = narrowed([sums[top][0], sums[top][1], sums[top + 1][0], sums[top + 1][1]])
+        lines += [b.shuffle_vector(q, ir.Constant(q.type, ir.Undefined), ir.Constant(
+            _vec(I32, 16), [4 * k + 2 * i + j for k in range(TILE_VECTOR) for j in range(2)])) for i in range(2)]
+    return lines
 
 
 def _output_transform(b, g: QWinogradGeometry, mm, zs, y, n, first_row, tile_rows: int, filters,
                       bias, mult, exact, y_offset, y_offset_i32, bounds) -> None:
     """The output pixels of the band's tiles for `filters` (lo, hi: M's rows from 0 on),
     requantized into y: rows of 8 tiles straight into the output (rows_direct), else
-    through the staging block zs (row i of band tile t at m (cols i + t)), tile by tile."""
-    m = g.tile
+    through the staging block zs (row i of band tile t at w (cols i + t)), tile by tile."""
+    h, m = g.tile_h, g.tile_w
     tiles = tile_rows * g.tw
     with for_range(b, filters[1], start=filters[0], name="of") as f:
         row = b.sub(f, filters[0])
@@ -596,11 +653,11 @@ def _output_transform(b, g: QWinogradGeometry, mm, zs, y, n, first_row, tile_row
             return _output_lines(b, g, sums, exact, bounds, y_offset_i32)
         if g.rows_direct:
             with for_range(b, tile_rows, name="ofr") as r:
-                oy = b.mul(b.add(first_row, r), i64(m))
+                oy = b.mul(b.add(first_row, r), i64(h))
                 for t0 in g.starts():
                     for i, line in enumerate(lines(b.add(b.mul(r, i64(g.tw)), i64(t0)))):
                         at = b.add(plane, b.add(b.mul(b.add(oy, i64(i)), i64(g.ow)), i64(m * t0)))
-                        if i and g.oh % m:
+                        if i and g.oh % h:
                             with b.if_then(b.icmp_signed("<", b.add(oy, i64(i)), i64(g.oh))):
                                 _store(b, line, y, at)
                         else:
@@ -613,8 +670,8 @@ def _output_transform(b, g: QWinogradGeometry, mm, zs, y, n, first_row, tile_row
         with for_range(b, tiles, name="oft") as t:
             tr = b.add(first_row, b.udiv(t, i64(g.tw)))
             tc = b.urem(t, i64(g.tw))
-            for i in range(m):
-                oy = b.add(b.mul(tr, i64(m)), i64(i))
+            for i in range(h):
+                oy = b.add(b.mul(tr, i64(h)), i64(i))
                 src = b.add(i64(i * m * g.cols), b.mul(t, i64(m)))
                 dst = b.add(plane, b.add(b.mul(oy, i64(g.ow)), b.mul(tc, i64(m))))
 
@@ -635,14 +692,14 @@ def _output_transform(b, g: QWinogradGeometry, mm, zs, y, n, first_row, tile_row
                             whole_row()
                         with otherwise:
                             ragged_row()
-                if i and g.oh % m:
+                if i and g.oh % h:
                     with b.if_then(b.icmp_signed("<", oy, i64(g.oh))):
                         tile_row()
                 else:
                     tile_row()
 
 
-def emit(k, exact: bool, m: int = 2) -> None:
+def emit(k, exact: bool, m=2) -> None:
     b, node = k.b, k.node
     g = QWinogradGeometry(node, k.split.parts, m)
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
@@ -677,8 +734,8 @@ def emit(k, exact: bool, m: int = 2) -> None:
     own_rows = None
     if g.own_rows:                              # the rows of Xp this task's bands read
         end = clamp(b, b.mul(hi, i64(g.rows)), i64(0), i64(g.th))
-        first = b.mul(b.mul(lo, i64(g.rows)), i64(g.tile))
-        own_rows = (first, clamp(b, b.add(b.mul(end, i64(g.tile)), i64(2)), first, i64(g.hp)))
+        first = b.mul(b.mul(lo, i64(g.rows)), i64(g.tile_h))
+        own_rows = (first, clamp(b, b.add(b.mul(end, i64(g.tile_h)), i64(2)), first, i64(g.hp)))
     with for_range(b, g.batch, name="qwn") as n:
         if not k.phased:
             build_padded_input(b, g, x, n, xp, x_offset, i64(0), i64(g.pairs), own, own_rows)
