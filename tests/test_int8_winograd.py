@@ -256,11 +256,11 @@ def test_integer_transforms_give_the_scaled_direct_sum(m):
     rng = np.random.default_rng(470 + h + w)
     d = rng.integers(-255, 256, (16, h + 2, w + 2))
     g = rng.integers(-128, 128, (16, 3, 3))
-    v = np.einsum("ij,cjk,lk->cil", t.rows.b_t, d, t.cols.b_t)
-    u = np.einsum("ij,cjk,lk->cil", t.rows.kt, g, t.cols.kt)
+    v = np.einsum("ij,cjk,lk->cil", t.down.b_t, d, t.across.b_t)
+    u = np.einsum("ij,cjk,lk->cil", t.down.kt, g, t.across.kt)
     assert np.abs(v).max() <= t.v_max and np.abs(u).max() <= t.u_max
     wrap = lambda a: (a + 2 ** 31) % 2 ** 32 - 2 ** 31      # noqa: E731
-    y = wrap(t.rows.a_t @ wrap((u * v).sum(0)) @ t.cols.a_t.T)
+    y = wrap(t.down.a_t @ wrap((u * v).sum(0)) @ t.across.a_t.T)
     direct = np.array([[(d[:, i:i + 3, j:j + 3] * g).sum() for j in range(w)] for i in range(h)])
     assert t.pow2 * t.odd == {2: 4, 4: 576, (4, 2): 48}[m]
     np.testing.assert_array_equal(wrap(y * t.inverse), t.pow2 * direct)

@@ -153,21 +153,21 @@ class IntegerTransforms:
     Position xi = n_w i + j of the n_h x n_w window."""
 
     def __init__(self, h: int, w: int | None = None):
-        self.rows, self.cols = _Axis(h), _Axis(w or h)
-        self.h, self.w = self.rows.m, self.cols.m
-        self.positions = self.rows.n * self.cols.n
+        self.down, self.across = _Axis(h), _Axis(w or h)      # along the rows, the columns
+        self.h, self.w = self.down.m, self.across.m
+        self.positions = self.down.n * self.across.n
         if self.h == self.w:                    # F(m x m): one axis's matrices serve both
-            self.m, self.n = self.h, self.rows.n
-            self.b_t, self.kt, self.a_t = self.rows.b_t, self.rows.kt, self.rows.a_t
-        scale = self.rows.scale * self.cols.scale
+            self.m, self.n = self.h, self.down.n
+            self.b_t, self.kt, self.a_t = self.down.b_t, self.down.kt, self.down.a_t
+        scale = self.down.scale * self.across.scale
         self.pow2 = scale & -scale
         self.odd = scale // self.pow2
         self.inverse = pow(self.odd, -1, 2 ** 32)
         self.inverse -= 2 ** 32 if self.inverse >= 2 ** 31 else 0      # as an i32
         # V = B^T d B of |d| <= 255, U of |g| <= 128, and vpmaddwd's pair sums, in range.
         widest = lambda m: int(np.abs(m).sum(1).max())      # noqa: E731
-        self.v_max = 255 * widest(self.rows.b_t) * widest(self.cols.b_t)
-        self.u_max = 128 * widest(self.rows.kt) * widest(self.cols.kt)
+        self.v_max = 255 * widest(self.down.b_t) * widest(self.across.b_t)
+        self.u_max = 128 * widest(self.down.kt) * widest(self.across.kt)
         assert self.v_max < 2 ** 15 and self.u_max < 2 ** 15 and 2 * self.v_max * self.u_max < 2 ** 31
 
 
@@ -239,7 +239,7 @@ def transformed_weights(w: np.ndarray, m=2) -> np.ndarray:
     """U = (S_h G_h) g (S_w G_w)^T of each filter g [M, C, 3, 3] (IntegerTransforms), as
     [positions, M, C] (position xi = n_w i + j)."""
     t = INTEGER[m]
-    u = np.einsum("ik,mckl,jl->ijmc", t.rows.kt, w.astype(np.int64), t.cols.kt)
+    u = np.einsum("ik,mckl,jl->ijmc", t.down.kt, w.astype(np.int64), t.across.kt)
     return u.reshape(INTEGER[m].positions, *w.shape[:2])
 
 
@@ -264,17 +264,17 @@ class QWinogradGeometry:
         self.oh, self.ow = node.outputs[0].type.shape[2:]
         self.pt, self.pl = node.pads[:2]
         self.pairs = self.c // 2
-        th, tw = self.tile_h, self.tile_w
-        self.th, self.tw = _ceil(self.oh, th), _ceil(self.ow, tw)
+        tile_h, tile_w = self.tile_h, self.tile_w
+        self.th, self.tw = _ceil(self.oh, tile_h), _ceil(self.ow, tile_w)
         # Xp: padded rows 0 .. h th + 1 (the last tile's window), columns 0 .. w wq - 1 split
         # by their residue modulo w, the tile's width (the phase); a vector of 8 tiles from
         # the last start (max(tw - 8, 0)) reads column indices up to that + 8 (window column
         # w t + j is column t + j // w of phase j % w, and j // w <= 1).
-        self.hp = th * self.th + 2
+        self.hp = tile_h * self.th + 2
         self.wq = max(self.tw, TILE_VECTOR) + 1
-        self.xp_bytes = _ceil(4 * self.pairs * tw * self.hp * self.wq, 64) * 64
+        self.xp_bytes = _ceil(4 * self.pairs * tile_w * self.hp * self.wq, 64) * 64
         # _build_through_image's padded image of two channels (rows shorter than a step)
-        self.line_stride = _ceil(tw * self.wq, 16) * 16
+        self.line_stride = _ceil(tile_w * self.wq, 16) * 16
         self.image_bytes = 2 * self.hp * self.line_stride
         self.mr = self.qs.mr
         self.blocks = _ceil(self.m, self.mr)
@@ -299,16 +299,16 @@ class QWinogradGeometry:
         self.v_bytes = 4 * self.positions * self.v_xi
         self.m_xi = _skewed(self.mpad * self.cols)
         self.m_bytes = 4 * self.positions * self.m_xi
-        self.z_bytes = th * tw * self.cols
+        self.z_bytes = tile_h * tile_w * self.cols
         # Whether the output transform stores its 8 tiles as rows of the output: every vector
         # of 8 tiles in one tile row, none past the image's columns.
-        self.rows_direct = self.tw >= TILE_VECTOR and self.ow % tw == 0
+        self.rows_direct = self.tw >= TILE_VECTOR and self.ow % tile_w == 0
         # Whether build_padded_input goes through a padded image (_build_through_image): rows
         # shorter than its vector step.
         # Its elements k whose input pixels w k - pl .. w k - pl + 8 w - 1 lie inside the row:
         # k_lo .. k_top + 7 (vector steps of 8 elements, the last overlapping).
-        self.k_lo = _ceil(self.pl, tw)
-        self.k_top = min((self.w + self.pl - TILE_VECTOR * tw) // tw, self.wq - TILE_VECTOR)
+        self.k_lo = _ceil(self.pl, tile_w)
+        self.k_top = min((self.w + self.pl - TILE_VECTOR * tile_w) // tile_w, self.wq - TILE_VECTOR)
         self.through_image = self.k_top < self.k_lo
         # A task sharing out bands builds only the rows of Xp its bands read, in its own
         # scratch, in one round (phases).
@@ -548,8 +548,8 @@ def _input_transform(b, g: QWinogradGeometry, xp, v, first_row, tile_rows: int, 
     """V[xi][pair][t] of the band's tiles t (tile row first_row + t // tw), 8 tiles of a tile
     row at a time, for the channel pairs `pairs` (lo, hi; None: all)."""
     vt, vh = _vec(I32, TILE_VECTOR), _vec(I16, 2 * TILE_VECTOR)
-    m, rows, cols_ = g.tile_w, g.t.rows, g.t.cols
-    nh, nw = rows.n, cols_.n                                      # the window's rows and columns
+    m, down, across = g.tile_w, g.t.down, g.t.across
+    nh, nw = down.n, across.n                                     # the window's rows and columns
     lo, hi = pairs or (i64(0), i64(g.pairs))
     with for_range(b, hi, start=lo, name="itp") as pair, for_range(b, tile_rows, name="itr") as r:
         top = b.mul(b.add(first_row, r), i64(g.tile_h))           # the windows' first padded row
@@ -559,8 +559,8 @@ def _input_transform(b, g: QWinogradGeometry, xp, v, first_row, tile_rows: int, 
                                                   i64(t0 + j // m)), vt), vh)
                   for j in range(nw)] for i in range(nh)]
             # (B_h^T d)[i][j] = cols[j][i], then V[i][j] = ((B_h^T d) B_w)[i][j] = out[i][j]
-            cols = [combine(b, rows.b_t, [d[i][j] for i in range(nh)], 2 * TILE_VECTOR) for j in range(nw)]
-            out = [combine(b, cols_.b_t, [cols[j][i] for j in range(nw)], 2 * TILE_VECTOR) for i in range(nh)]
+            cols = [combine(b, down.b_t, [d[i][j] for i in range(nh)], 2 * TILE_VECTOR) for j in range(nw)]
+            out = [combine(b, across.b_t, [cols[j][i] for j in range(nw)], 2 * TILE_VECTOR) for i in range(nh)]
             col = b.add(b.mul(r, i64(g.tw)), i64(t0))
             for i in range(nh):
                 for j in range(nw):
@@ -601,13 +601,13 @@ def _output_sums(b, g: QWinogradGeometry, mm, row, col, bias, mult, exact, y_off
     """The sums of 8 tiles from band column `col` for the filter of M's `row`, requantized
     (requantize_for_narrow): [i][j] the vector of the tiles' pixel (i, j)."""
     vt = _vec(I32, TILE_VECTOR)
-    rows, cols_ = g.t.rows, g.t.cols
-    nh, nw = rows.n, cols_.n
+    down, across = g.t.down, g.t.across
+    nh, nw = down.n, across.n
     mv = [_load(b, mm, b.add(i64(xi * g.m_xi), b.add(b.mul(row, i64(g.cols)), col)), vt)
           for xi in range(g.positions)]
     # (A_h^T M)[i][j] = cols[j][i], then the tile's (A_h^T M A_w)[i][j] = out[i][j]
-    cols = [combine(b, rows.a_t, [mv[nw * i + j] for i in range(nh)], TILE_VECTOR) for j in range(nw)]
-    out = [combine(b, cols_.a_t, [cols[j][i] for j in range(nw)], TILE_VECTOR) for i in range(g.tile_h)]
+    cols = [combine(b, down.a_t, [mv[nw * i + j] for i in range(nh)], TILE_VECTOR) for j in range(nw)]
+    out = [combine(b, across.a_t, [cols[j][i] for j in range(nw)], TILE_VECTOR) for i in range(g.tile_h)]
     inverse = ir.Constant(vt, [g.t.inverse] * TILE_VECTOR) if g.t.odd > 1 else None
 
     def final(o):           # ODD x POW2 x the sum -> POW2 x (the sum + the bias), exactly
