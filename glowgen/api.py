@@ -113,6 +113,8 @@ class CompiledModel:
         check_plan(self.program, self.max_memory)
         self.input_types: dict[str, Type] = {p.name: p.type for p in function.placeholders}
         self.output_types: dict[str, Type] = {n: v.type for n, v in function.outputs}
+        # (name, NumPy dtype, shape) of each input: run()'s quick test of its feeds.
+        self._signature = tuple((n, t.np_dtype, t.shape) for n, t in self.input_types.items())
 
     @property
     def input_names(self) -> list[str]:
@@ -153,8 +155,23 @@ class CompiledModel:
         return checked
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        checked = self.check_feeds(feeds)
-        return self._runner.run(checked)
+        if not self._matches_signature(feeds):
+            feeds = self.check_feeds(feeds)         # converts what it can, or says what is wrong
+        return self._runner.run(feeds)
+
+    def _matches_signature(self, feeds) -> bool:
+        """Whether `feeds` is a dict of exactly the inputs, each a NumPy array of its dtype
+        and shape: what check_feeds would pass on unchanged, told in a few steps.  A call
+        finds the interpreter's state evicted by the run before (the model's data went
+        through every cache), so each step costs microseconds: MobileNetV2 int8, 4.6 ms a
+        call on Zen 3, spent about 0.1 ms in run() outside its native code."""
+        if type(feeds) is not dict or len(feeds) != len(self._signature):
+            return False
+        for name, dtype, shape in self._signature:
+            arr = feeds.get(name)
+            if type(arr) is not np.ndarray or arr.dtype is not dtype or arr.shape != shape:
+                return False
+        return True
 
     def profile(self, reset: bool = False) -> list[tuple[str, int]]:
         """cpu backend, compiled with `profile=True`: (kernel, cycles) per native step
