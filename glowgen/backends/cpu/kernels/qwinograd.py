@@ -190,8 +190,12 @@ def _integer(m: np.ndarray) -> np.ndarray:
     return out
 
 
-# Tile shapes by TILES' key: m for F(m x m), (h, w) for F(h x w).
-INTEGER = {m: IntegerTransforms(*(m if isinstance(m, tuple) else (m,))) for m in (2, 4, (4, 2))}
+def _tile(m) -> tuple[int, int]:
+    """(rows, columns) of a tile of TILES' key m: m for F(m x m), (h, w) for F(h x w)."""
+    return m if isinstance(m, tuple) else (m, m)
+
+
+INTEGER = {m: IntegerTransforms(*_tile(m)) for m in (2, 4, (4, 2))}      # by TILES' key
 
 
 def strategy(node, qs: QShape, winograd: bool, w: np.ndarray, b: np.ndarray):
@@ -217,10 +221,6 @@ def product_vectors(oh: int, ow: int, m) -> int:
     h, w = _tile(m)
     return INTEGER[m].positions * _ceil(_ceil(oh, h) * _ceil(ow, w), TILE_VECTOR)
 
-
-def _tile(m) -> tuple[int, int]:
-    """(rows, columns) of a tile of TILES' key m."""
-    return m if isinstance(m, tuple) else (m, m)
 
 
 def covers(node, qs: QShape, winograd: bool = True) -> bool:
@@ -558,9 +558,7 @@ def _input_transform(b, g: QWinogradGeometry, xp, v, first_row, tile_rows: int, 
             d = [[b.bitcast(_load(b, xp, b.add(b.mul(b.add(b.add(planes[j % m], top), i64(i)), i64(g.wq)),
                                                   i64(t0 + j // m)), vt), vh)
                   for j in range(nw)] for i in range(nh)]
-            # (B_h^T d)[i][j] = cols[j][i], then V[i][j] = ((B_h^T d) B_w)[i][j] = out[i][j]
-            cols = [combine(b, down.b_t, [d[i][j] for i in range(nh)], 2 * TILE_VECTOR) for j in range(nw)]
-            out = [combine(b, across.b_t, [cols[j][i] for j in range(nw)], 2 * TILE_VECTOR) for i in range(nh)]
+            out = _separable(b, down.b_t, across.b_t, d, 2 * TILE_VECTOR)      # V = B_h^T d B_w
             col = b.add(b.mul(r, i64(g.tw)), i64(t0))
             for i in range(nh):
                 for j in range(nw):
@@ -597,6 +595,13 @@ def _products(b, g: QWinogradGeometry, a, v, mm, tiles: int, blocks) -> None:
             tile(i64(full * qs.nr), 1)
 
 
+def _separable(b, left, right, grid: list, vw: int) -> list:
+    """left @ grid @ right^T for a grid [i][j] of vectors and constant integer matrices
+    (combine): down each column by `left`, then along each row of that by `right`."""
+    cols = [combine(b, left, [row[j] for row in grid], vw) for j in range(len(grid[0]))]
+    return [combine(b, right, [col[i] for col in cols], vw) for i in range(len(left))]
+
+
 def _output_sums(b, g: QWinogradGeometry, mm, row, col, bias, mult, exact, y_offset, bounds):
     """The sums of 8 tiles from band column `col` for the filter of M's `row`, requantized
     (requantize_for_narrow): [i][j] the vector of the tiles' pixel (i, j)."""
@@ -605,9 +610,7 @@ def _output_sums(b, g: QWinogradGeometry, mm, row, col, bias, mult, exact, y_off
     nh, nw = down.n, across.n
     mv = [_load(b, mm, b.add(i64(xi * g.m_xi), b.add(b.mul(row, i64(g.cols)), col)), vt)
           for xi in range(g.positions)]
-    # (A_h^T M)[i][j] = cols[j][i], then the tile's (A_h^T M A_w)[i][j] = out[i][j]
-    cols = [combine(b, down.a_t, [mv[nw * i + j] for i in range(nh)], TILE_VECTOR) for j in range(nw)]
-    out = [combine(b, across.a_t, [cols[j][i] for j in range(nw)], TILE_VECTOR) for i in range(g.tile_h)]
+    out = _separable(b, down.a_t, across.a_t, [mv[nw * i:nw * (i + 1)] for i in range(nh)], TILE_VECTOR)
     inverse = ir.Constant(vt, [g.t.inverse] * TILE_VECTOR) if g.t.odd > 1 else None
 
     def final(o):           # ODD x POW2 x the sum -> POW2 x (the sum + the bias), exactly
