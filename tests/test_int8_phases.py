@@ -17,7 +17,7 @@ CASES = [
     # n, c, h, w, m, k, strides, pads: products whose weights outweigh their plane, so that
     # they share out filters (qlinalg.splits_pixels): in the lanes, at stride 2, ragged groups
     (1, 192, 7, 7, 256, 1, (1, 1), (0, 0, 0, 0)),
-    (1, 128, 14, 14, 256, 3, (2, 2), (1, 1, 1, 1)),
+    (1, 128, 14, 14, 192, 3, (2, 2), (1, 1, 1, 1)),     # 6 tiles of 32 features: 2 or 3 tasks
     (1, 20, 14, 14, 256, 3, (2, 2), (1, 0, 1, 2)),
     (2, 64, 28, 28, 64, 3, (1, 1), (1, 1, 1, 1)),        # batch 2: unphased
 ]

@@ -91,7 +91,10 @@ class Lanes:
         self.scratch = geo.plane_bytes + _ceil(self.row_blocks * self.mr * self.ys_stride, 64) * 64
 
     def useful(self) -> float:
-        return self.rows / (self.row_blocks * self.mr) * self.geo.m / self.npad
+        """The share of the rows and features computed that are real: the last block of rows
+        computes only its own (tail_rows)."""
+        computed = (self.row_blocks - 1) * self.mr + self.tail_rows
+        return self.rows / computed * self.geo.m / self.npad
 
 
 def pixels_useful(geo) -> float:
