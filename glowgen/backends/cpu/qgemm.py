@@ -41,7 +41,7 @@ from llvmlite import ir
 
 from ...reference.primitives import requantize_multipliers
 from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic, round_to_i32
-from .vectors import splat
+from .vectors import prefetch, splat
 
 # The int8 strategies by target (`choose_qshape`): (group, element bits, shift, vector i32
 # lanes, MR, NV).
@@ -186,6 +186,29 @@ def dot_groups(b: ir.IRBuilder, qs: QShape, acc, bvec, aval, broadcast_u8: bool 
         pairs = b.call(intrinsic(b.module, name, h, [q, q]), [b.bitcast(u8, q), b.bitcast(s8, q)])
         return in_register(b, b.add(acc, b.call(madd, [pairs, ir.Constant(h, [1] * (2 * vw))])))
     return in_register(b, b.add(acc, b.call(madd, [b.bitcast(bvec, h), b.bitcast(avec, h)])))
+
+
+# Whether a product prefetches the weights of its next tile (next_weights).
+PREFETCH_NEXT_WEIGHTS = True
+
+
+def next_weights(b: ir.IRBuilder, step_bytes: int, base):
+    """An emit_tile `prefetch` callback: at step g, the lines of bytes g * step_bytes ..
+    (g + 1) * step_bytes of the weights at `base` (i8*), into L1.  A product's tiles read
+    their block of weights once from L3 or memory, in its first tile, then from L1 or L2:
+    that first tile, given the next block's address, brings it in while it computes (the
+    others, given their own, cost a prefetch that hits).  Past L2 (R50's int8 weights, 25
+    MB, against 2 MB of L2 on an Emerald Rapids core), the first tile waited on L3: 1x1
+    512 -> 2048 @7 took 0.28 ms in ResNet-50 against 0.17 alone."""
+    lines = max(1, -(-step_bytes // 64))
+
+    def ahead(g):
+        if not PREFETCH_NEXT_WEIGHTS:
+            return
+        at = b.gep(base, [b.mul(g, i64(step_bytes))])
+        for i in range(lines):
+            prefetch(b, b.gep(at, [i64(64 * i)]), False)
+    return ahead
 
 
 def in_register(b: ir.IRBuilder, v):

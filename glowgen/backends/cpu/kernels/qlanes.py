@@ -32,7 +32,7 @@ from llvmlite import ir
 
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
-from ..qgemm import (PackedConstants, QShape, emit_tile, narrowed_rows, pack_epilogue, pack_offsets,
+from ..qgemm import (PackedConstants, QShape, emit_tile, narrowed_rows, next_weights, pack_epilogue, pack_offsets,
                      products_in_range, requantize_for_narrow)
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
@@ -220,9 +220,14 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
             sums.setdefault(i, []).append(requantize_for_narrow(
                 b, vector, features(j, mult, F32), exact, y_offset, bounds))
         tile_weights = b.gep(weights, [b.mul(tile, i64(geo.groups * lanes.taps * qs.nr))])
+        # The next tile's weights, while the first block of rows reads this tile's.
+        step = lanes.taps * qs.nr
+        nxt = b.gep(tile_weights, [i64(geo.groups * step)])
+        ahead = next_weights(b, 4 * step, b.bitcast(b.select(b.icmp_signed("==", r0, b.mul(rb_lo, i64(mr))), nxt, tile_weights),
+                                                    I8.as_pointer()))
         emit_tile(b, qs, geo.groups, [t * qs.nr for t in range(lanes.taps)], None,
-                  tile_weights, lanes.taps * qs.nr, store, name="lq", rows=rows,
-                  broadcast_u8=True, a_at=a_at, init=lambda i, j: features(j, corr, I32))
+                  tile_weights, step, store, name="lq", rows=rows,
+                  broadcast_u8=True, a_at=a_at, init=lambda i, j: features(j, corr, I32), prefetch=ahead)
         for i, run in narrowed_rows(b, qs, [sums[i] for i in range(rows)], exact, bounds, y_offset_i32):
             at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), n0)])
             st = b.store(run, b.bitcast(at, run.type.as_pointer()))

@@ -48,7 +48,7 @@ from llvmlite import ir
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Split, Work, parallel, shares_pixels, splits_blocks
 from ..plan import Phases
-from ..qgemm import (PackedConstants, QShape, QSHAPES, choose_qshape, emit_tile, for_weights, narrowed_rows,
+from ..qgemm import (PackedConstants, QShape, QSHAPES, choose_qshape, emit_tile, for_weights, narrowed_rows, next_weights,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
                      requantize_for_narrow)
 from ..vectors import join_vectors, splat
@@ -479,8 +479,13 @@ def quantized_product(k: KernelArgs):
                 r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
                 rows.setdefault(i, []).append(requantize_for_narrow(
                     b, sums, b.load(b.gep(mult, [r])), exact, y_offset, bounds))
+            # The next block's weights, while the first panel reads this block's.
+            step = len(geo.taps) * geo.mr
+            nxt = b.gep(a_block, [i64(geo.groups * step)])
+            ahead = next_weights(b, 4 * step, b.bitcast(b.select(b.icmp_signed("==", p, p_lo), nxt, a_block),
+                                                        I8.as_pointer()))
             emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, geo.group_stride, store,
-                      rows=geo.mr, init=start, vectors=vectors)
+                      rows=geo.mr, init=start, vectors=vectors, prefetch=ahead)
             for i, run in narrowed_rows(b, qs, [rows[i] for i in range(geo.mr)], exact, bounds, y_offset_i32):
                 r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
                 if geo.direct:
