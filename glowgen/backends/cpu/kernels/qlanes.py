@@ -33,7 +33,7 @@ from llvmlite import ir
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
 from ..qgemm import (PackedConstants, QShape, emit_tile, narrowed_rows, next_weights, pack_epilogue, pack_offsets,
-                     products_in_range, requantize_for_narrow)
+                     products_in_range, requantize_for_narrow, spread_weights)
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 # A tile's rows at the fewest (when the target's tile has more): AVX2's 4-row tile took 49
@@ -220,11 +220,16 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
             sums.setdefault(i, []).append(requantize_for_narrow(
                 b, vector, features(j, mult, F32), exact, y_offset, bounds))
         tile_weights = b.gep(weights, [b.mul(tile, i64(geo.groups * lanes.taps * qs.nr))])
-        # The next tile's weights, while the first block of rows reads this tile's.
+        # The next tile's weights: with 512-bit products a slice in each block of rows, into L2
+        # (spread_weights), else while the first block of rows reads this tile's (next_weights).
         step = lanes.taps * qs.nr
         nxt = b.gep(tile_weights, [i64(geo.groups * step)])
-        ahead = next_weights(b, 4 * step, b.bitcast(b.select(b.icmp_signed("==", r0, b.mul(rb_lo, i64(mr))), nxt, tile_weights),
-                                                    I8.as_pointer()))
+        if qs.vw == 16:
+            block = b.sdiv(b.sub(r0, b.mul(rb_lo, i64(mr))), i64(mr))
+            ahead = spread_weights(b, 4 * step, b.bitcast(nxt, I8.as_pointer()), block, geo.groups, lanes.row_blocks)
+        else:
+            ahead = next_weights(b, 4 * step, b.bitcast(b.select(b.icmp_signed("==", r0, b.mul(rb_lo, i64(mr))), nxt, tile_weights),
+                                                        I8.as_pointer()))
         emit_tile(b, qs, geo.groups, [t * qs.nr for t in range(lanes.taps)], None,
                   tile_weights, step, store, name="lq", rows=rows,
                   broadcast_u8=True, a_at=a_at, init=lambda i, j: features(j, corr, I32), prefetch=ahead)
