@@ -188,8 +188,23 @@ def dot_groups(b: ir.IRBuilder, qs: QShape, acc, bvec, aval, broadcast_u8: bool 
     return in_register(b, b.add(acc, b.call(madd, [b.bitcast(bvec, h), b.bitcast(avec, h)])))
 
 
-# Whether a product prefetches the weights of its next tile (next_weights).
+# Whether a product prefetches the weights of its next tile (weights_prefetch).
 PREFETCH_NEXT_WEIGHTS = True
+
+
+def weights_prefetch(b: ir.IRBuilder, qs: QShape, step_bytes: int, current, nxt, index, groups: int,
+                     tiles: int, spread: bool = True):
+    """The emit_tile `prefetch` callback of the `index`-th (i64, from 0) of the `tiles` tiles
+    that read the block of weights at `current` (`groups` steps of `step_bytes`), for the
+    block after it at `nxt` (both i32*): spread_weights with 512-bit products (where
+    `spread`), else next_weights in the first tile; None where PREFETCH_NEXT_WEIGHTS is off."""
+    if not PREFETCH_NEXT_WEIGHTS:
+        return None
+    i8p = I8.as_pointer()
+    if qs.vw == 16 and spread:
+        return spread_weights(b, step_bytes, b.bitcast(nxt, i8p), index, groups, tiles)
+    first = b.icmp_signed("==", index, i64(0))
+    return next_weights(b, step_bytes, b.bitcast(b.select(first, nxt, current), i8p))
 
 
 def spread_weights(b: ir.IRBuilder, step_bytes: int, nxt, block, groups: int, blocks: int):
@@ -206,8 +221,6 @@ def spread_weights(b: ir.IRBuilder, step_bytes: int, nxt, block, groups: int, bl
     base = b.gep(nxt, [b.mul(b.mul(block, i64(groups)), i64(64 * per))])
 
     def ahead(g):
-        if not PREFETCH_NEXT_WEIGHTS:
-            return
         at = b.gep(base, [b.mul(g, i64(64 * per))])
         for i in range(per):
             prefetch(b, b.gep(at, [i64(64 * i)]), False, 2)
@@ -225,8 +238,6 @@ def next_weights(b: ir.IRBuilder, step_bytes: int, base):
     lines = max(1, -(-step_bytes // 64))
 
     def ahead(g):
-        if not PREFETCH_NEXT_WEIGHTS:
-            return
         at = b.gep(base, [b.mul(g, i64(step_bytes))])
         for i in range(lines):
             prefetch(b, b.gep(at, [i64(64 * i)]), False)

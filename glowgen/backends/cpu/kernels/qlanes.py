@@ -32,8 +32,8 @@ from llvmlite import ir
 
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
-from ..qgemm import (PackedConstants, QShape, emit_tile, narrowed_rows, next_weights, pack_epilogue, pack_offsets,
-                     products_in_range, requantize_for_narrow, spread_weights)
+from ..qgemm import (PackedConstants, QShape, emit_tile, narrowed_rows, pack_epilogue, pack_offsets,
+                     products_in_range, requantize_for_narrow, weights_prefetch)
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
 # A tile's rows at the fewest (when the target's tile has more): AVX2's 4-row tile took 49
@@ -201,8 +201,10 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
         r = b.select(b.icmp_signed("<", r, i64(lanes.rows)), r, i64(lanes.rows - 1))
         return b.add(b.mul(b.sdiv(r, i64(geo.ow)), i64(geo.wq)), b.srem(r, i64(geo.ow))) if geo.conv else r
 
-    def tile_rows(rows, tile, r0):
-        """The tile of features `tile` over rows r0..r0 + rows, into the result block."""
+    def tile_rows(rows, tile, rb):
+        """The tile of features `tile` over block of rows rb (rows r0..r0 + rows), into the
+        result block."""
+        r0 = b.mul(rb, i64(mr))
         n0 = b.mul(tile, i64(qs.nr))
         starts = [b.gep(plane, [position(b.add(r0, i64(i)))]) for i in range(rows)]
 
@@ -220,16 +222,10 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
             sums.setdefault(i, []).append(requantize_for_narrow(
                 b, vector, features(j, mult, F32), exact, y_offset, bounds))
         tile_weights = b.gep(weights, [b.mul(tile, i64(geo.groups * lanes.taps * qs.nr))])
-        # The next tile's weights: with 512-bit products a slice in each block of rows, into L2
-        # (spread_weights), else while the first block of rows reads this tile's (next_weights).
+        # The next tile's weights, over this tile's blocks of rows (weights_prefetch).
         step = lanes.taps * qs.nr
-        nxt = b.gep(tile_weights, [i64(geo.groups * step)])
-        if qs.vw == 16:
-            block = b.sdiv(b.sub(r0, b.mul(rb_lo, i64(mr))), i64(mr))
-            ahead = spread_weights(b, 4 * step, b.bitcast(nxt, I8.as_pointer()), block, geo.groups, lanes.row_blocks)
-        else:
-            ahead = next_weights(b, 4 * step, b.bitcast(b.select(b.icmp_signed("==", r0, b.mul(rb_lo, i64(mr))), nxt, tile_weights),
-                                                        I8.as_pointer()))
+        ahead = weights_prefetch(b, qs, 4 * step, tile_weights, b.gep(tile_weights, [i64(geo.groups * step)]),
+                                 b.sub(rb, rb_lo), geo.groups, lanes.row_blocks)
         emit_tile(b, qs, geo.groups, [t * qs.nr for t in range(lanes.taps)], None,
                   tile_weights, step, store, name="lq", rows=rows,
                   broadcast_u8=True, a_at=a_at, init=lambda i, j: features(j, corr, I32), prefetch=ahead)
@@ -244,15 +240,14 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
         elif not k.phased:
             build_plane(b, geo, x, n, plane, pad)
         with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, rb_hi, start=rb_lo, name="lr") as rb:
-            r0 = b.mul(rb, i64(mr))
             if lanes.tail_rows == mr:
-                tile_rows(mr, tile, r0)
+                tile_rows(mr, tile, rb)
             else:                           # the last block has the rows left
                 with b.if_else(b.icmp_signed("<", rb, i64(lanes.row_blocks - 1))) as (whole, last):
                     with whole:
-                        tile_rows(mr, tile, r0)
+                        tile_rows(mr, tile, rb)
                     with last:
-                        tile_rows(lanes.tail_rows, tile, r0)
+                        tile_rows(lanes.tail_rows, tile, rb)
         m_lo = b.mul(lo, i64(qs.nr))
         m_hi = b.mul(hi, i64(qs.nr))
         m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))

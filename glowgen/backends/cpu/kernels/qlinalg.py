@@ -48,9 +48,9 @@ from llvmlite import ir
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Split, Work, parallel, shares_pixels, splits_blocks
 from ..plan import Phases
-from ..qgemm import (PackedConstants, QShape, QSHAPES, choose_qshape, emit_tile, for_weights, narrowed_rows, next_weights,
+from ..qgemm import (PackedConstants, QShape, QSHAPES, choose_qshape, emit_tile, for_weights, narrowed_rows,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
-                     requantize_for_narrow, spread_weights)
+                     requantize_for_narrow, weights_prefetch)
 from ..vectors import join_vectors, splat
 from . import qdepthwise as depthwise
 from . import qlanes
@@ -479,16 +479,11 @@ def quantized_product(k: KernelArgs):
                 r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
                 rows.setdefault(i, []).append(requantize_for_narrow(
                     b, sums, b.load(b.gep(mult, [r])), exact, y_offset, bounds))
-            # The next block's weights: with 512-bit products a slice in each panel, into L2
-            # (spread_weights), else while the first panel reads this block's (next_weights).
+            # The next block's weights, over this block's panels (weights_prefetch; with panels
+            # outside, the next block is the next tile's: not spread).
             step = len(geo.taps) * geo.mr
-            nxt = b.gep(a_block, [i64(geo.groups * step)])
-            if qs.vw == 16 and not geo.panels_outer:     # (panels outer: the next block comes next)
-                ahead = spread_weights(b, 4 * step, b.bitcast(nxt, I8.as_pointer()), b.sub(p, p_lo), geo.groups,
-                                       geo.qpad // qs.nr)
-            else:
-                ahead = next_weights(b, 4 * step, b.bitcast(b.select(b.icmp_signed("==", p, p_lo), nxt, a_block),
-                                                            I8.as_pointer()))
+            ahead = weights_prefetch(b, qs, 4 * step, a_block, b.gep(a_block, [i64(geo.groups * step)]),
+                                     b.sub(p, p_lo), geo.groups, geo.qpad // qs.nr, spread=not geo.panels_outer)
             emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, geo.group_stride, store,
                       rows=geo.mr, init=start, vectors=vectors, prefetch=ahead)
             for i, run in narrowed_rows(b, qs, [rows[i] for i in range(geo.mr)], exact, bounds, y_offset_i32):
