@@ -145,8 +145,8 @@ _ROWS = [
     _row("select", 3, np.where, "vector_safe"),
     _row("isnan", 1, np.isnan), _row("isinf", 1, np.isinf),
     # rounding
-    _row("floor", 1, np.floor), _row("ceil", 1, np.ceil), _row("trunc", 1, np.trunc),
-    _row("round", 1, np.round),
+    _row("floor", 1, np.floor, "vector_safe"), _row("ceil", 1, np.ceil, "vector_safe"),
+    _row("trunc", 1, np.trunc, "vector_safe"), _row("round", 1, np.round, "vector_safe"),
     # transcendentals
     _row("sqrt", 1, np.sqrt, "vector_safe", "increasing"),
     _row("exp", 1, np.exp, "increasing"), _row("expm1", 1, np.expm1, "increasing"),
@@ -158,7 +158,7 @@ _ROWS = [
     _row("cosh", 1, np.cosh), _row("asinh", 1, np.arcsinh, "increasing"),
     _row("acosh", 1, np.arccosh, "increasing"), _row("atanh", 1, np.arctanh, "increasing"),
     # conversions and bits
-    _row("cast", 2, _cast), _row("saturate", 2, _saturate),
+    _row("cast", 2, _cast, "vector_safe"), _row("saturate", 2, _saturate, "vector_safe"),
     _row("bitand", 2, np.bitwise_and), _row("bitor", 2, np.bitwise_or),
     _row("bitxor", 2, np.bitwise_xor), _row("bitnot", 1, np.invert),
     _row("shl", 2, np.left_shift), _row("shr", 2, np.right_shift),

@@ -5,6 +5,12 @@ elements (bias, Relu, Clip, the Add of a residual...), the product's kernel appl
 stack to each result vector while it is still in registers, instead of a second pass over
 memory.  The product sees its output as [batch, rows, columns]; every other operand of the
 stack must be addressable in that space with a unit or zero column stride.
+
+An int8 product (a QuantizedConv storing its runs straight into its output) hands over
+runs of i8 lanes, a lane mask computed at run time where a run ends inside it, or single
+i8 values: the stack (the QuantizedAdd of a residual) then reads and writes i8 operands
+only, as the product's store does, and computes exactly what it computes as a loop of its
+own.
 """
 from __future__ import annotations
 
@@ -19,18 +25,23 @@ from .loops import broadcast_strides
 from .scalar import ScalarEmitter, Value, emit_stack
 from ...scalars import SCALAR_FUNCTIONS
 from .stacking import Step, has_gathers, stores_needed
-from .vectors import prefetch, splat, vload, vstore
+from .vectors import masked_load, masked_store, prefetch, splat, vload, vstore
 
 # Scalar functions that work unchanged on vectors (what an epilogue may compute).
 VECTOR_SAFE = frozenset(f.name for f in SCALAR_FUNCTIONS.values() if f.vector_safe)
 
 
+# The element types of products whose kernels store through an epilogue: a stack fused
+# into one reads and writes only operands of its product's type.
+PRODUCT_TYPES = ("f32", "i8")
+
+
 def product_space(ins) -> Optional[tuple[int, int, int]]:
     """The [batch, rows, columns] view of a product's result, if its kernel (as its plan has
-    it) stores whole f32 vectors of one row through an epilogue (kernels/base.PRODUCT_SPACE:
-    GEMM kernels, depthwise convolutions)."""
+    it) stores whole vectors of one row through an epilogue (kernels/base.PRODUCT_SPACE:
+    GEMM kernels, depthwise convolutions, int8 products storing straight into their output)."""
     space = PRODUCT_SPACE.get(ins.kind)
-    if space is None or ins.plan is None or ins.node.outputs[0].type.dtype != "f32":
+    if space is None or ins.plan is None or ins.node.outputs[0].type.dtype not in PRODUCT_TYPES:
         return None
     return space(ins)
 
@@ -91,18 +102,19 @@ def can_fuse(producer: Step, stack: Step, registry) -> bool:
     if any(slot(b) in read for ins in stack.instrs for b in ins.writes()):
         return False
     written = {result}
+    dtype = prod.node.outputs[0].type.dtype
     for ins in stack.instrs:
         kern = registry.kernels[ins.kind]
         if not _tree_funcs(kern["body"], registry.scalars) <= VECTOR_SAFE:
             return False
-        if ins.node.outputs[0].type.dtype != "f32":
+        if ins.node.outputs[0].type.dtype != dtype:
             return False
         for b in ins.reads():
             if slot(b) in written:
                 if b.type.shape != shape and b.type.shape != prod.node.outputs[0].type.shape:
                     return False
                 continue
-            if b.type.dtype != "f32":
+            if b.type.dtype != dtype:
                 return False
             strides = _group_strides(shape, broadcast_strides(b.type.shape, shape), space)
             if strides is None or strides[2] not in (0, 1):
@@ -130,7 +142,11 @@ def fuse_epilogues(steps: list[Step], registry) -> list[Step]:
 
 
 class EpilogueEmitter:
-    """Builds the `epilogue(b, vec, batch, row, col, valid)` callback of a fused step."""
+    """Builds the `epilogue(b, vec, batch, row, col, valid)` callback of a fused step: `vec`
+    holds the product's results for columns col.. of row `row` (a vector, or from an int8
+    product a single value), of which `valid` are real: an int (the first `valid` lanes), an
+    i1 vector computed at run time (an int8 product's run ending inside it: AVX-512's masked
+    loads and stores), or None (all)."""
 
     def __init__(self, step: Step, prog, life, registry, ptr: dict, vw: int):
         self.step, self.registry, self.ptr, self.vw = step, registry, ptr, vw
@@ -139,18 +155,21 @@ class EpilogueEmitter:
         self.space = product_space(self.prod)
         self.shape = step.epilogue.shape
         self.needed = stores_needed(step, prog, life)
+        self.dtype = self.prod.node.outputs[0].type.dtype
 
-    def __call__(self, b: ir.IRBuilder, vec, batch, row, col, valid: int) -> None:
-        em = ScalarEmitter(b, self.registry.scalars, self.vw)
+    def __call__(self, b: ir.IRBuilder, vec, batch, row, col, valid=None) -> None:
+        vw = vec.type.count if isinstance(vec.type, ir.VectorType) else None
+        em = ScalarEmitter(b, self.registry.scalars, vw)
         _, rows, cols = self.space
         flat = b.add(b.mul(b.add(b.mul(batch, i64(rows)), row), i64(cols)), col)
-        mask = valid if valid < self.vw else None
-        current = {slot(self.prod.writes()[0]): Value(vec, "f32")}
+        if isinstance(valid, int):
+            valid = valid if vw is not None and valid < vw else None
+        current = {slot(self.prod.writes()[0]): Value(vec, self.dtype)}
         loaded = {}
 
         def load(buf):
             if id(buf) not in loaded:
-                loaded[id(buf)] = self._load(b, buf, batch, row, col, mask)
+                loaded[id(buf)] = self._load(b, buf, batch, row, col, vw, valid)
             return loaded[id(buf)][0]
 
         streams = {}             # the runs this call reads and writes along a row: base -> (at, written)
@@ -163,18 +182,44 @@ class EpilogueEmitter:
                 buf = ins.writes()[0]
                 p = b.gep(self.ptr[id(buf)], [flat])
                 streams[id(self.ptr[id(buf)])] = (p, True)
-                vstore(b, current[slot(buf)].v, p, self.vw, mask)
-        for p, written in streams.values():
-            prefetch(b, b.gep(p, [i64(PREFETCH_AHEAD)]), written)
+                self._store(b, current[slot(buf)].v, p, vw, valid)
+        if vw is not None:
+            ahead = i64(PREFETCH_AHEAD * 4 // _bytes(self.dtype))
+            for p, written in streams.values():
+                prefetch(b, b.gep(p, [ahead]), written)
 
-    def _load(self, b, buf, batch, row, col, mask):
-        """(the vector of `buf` at (batch, row, col), its address if it runs along the row)"""
+    def _load(self, b, buf, batch, row, col, vw, valid):
+        """(the vector (or value) of `buf` at (batch, row, col), its address if it runs along
+        the row)"""
         sb, sm, sn = _group_strides(self.shape, broadcast_strides(buf.type.shape, self.shape), self.space)
         off = b.add(b.add(b.mul(batch, i64(sb)), b.mul(row, i64(sm))), b.mul(col, i64(sn)))
         p = b.gep(self.ptr[id(buf)], [off])
-        if sn == 0:
-            return Value(splat(b, b.load(p), self.vw), "f32"), None
-        return Value(vload(b, p, self.vw, mask), "f32"), p
+        if sn == 0 or vw is None:
+            v = b.load(p)
+            return Value(splat(b, v, vw) if vw is not None else v, self.dtype), (p if sn else None)
+        if self.dtype == "f32":
+            return Value(vload(b, p, vw, valid), "f32"), p
+        vty = ir.VectorType(p.type.pointee, vw)
+        if valid is None:
+            ld = b.load(b.bitcast(p, vty.as_pointer()))
+            ld.align = 1
+            return Value(ld, self.dtype), p
+        return Value(masked_load(b, p, valid, ir.Constant(vty, [0] * vw)), self.dtype), p
+
+    def _store(self, b, v, p, vw, valid) -> None:
+        if vw is None:
+            b.store(v, p)
+        elif self.dtype == "f32":
+            vstore(b, v, p, vw, valid)
+        elif valid is None:
+            st = b.store(v, b.bitcast(p, v.type.as_pointer()))
+            st.align = 1
+        else:
+            masked_store(b, v, p, valid)
+
+
+def _bytes(dtype: str) -> int:
+    return 4 if dtype == "f32" else 1
 
 
 # Floats ahead of each row run an epilogue reads or writes that it prefetches (4 cache lines):

@@ -10,7 +10,7 @@ import numpy as np
 from llvmlite import ir
 
 from ...engine.types import numpy_dtype
-from .llvmutil import F32, I1, I16, I32, intrinsic, is_float, is_signed, register_type, storage_type
+from .llvmutil import F32, I1, I16, I32, intrinsic, is_float, is_signed, register_type, storage_type, type_suffix
 
 
 class Value:
@@ -165,7 +165,8 @@ def round_to_bf16(b: ir.IRBuilder, v) -> ir.Value:
 
 
 def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
-    """NumPy `astype` semantics (float -> int saturates instead of being undefined)."""
+    """NumPy `astype` semantics (float -> int saturates instead of being undefined), of a
+    scalar or of each lane of a vector."""
     src, dst = x.dtype, dtype
     if src == dst:
         return x
@@ -179,29 +180,32 @@ def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
         if is_float(src):
             return Value(b.fcmp_unordered("!=", v, ir.Constant(v.type, 0.0)), "bool")
         return Value(b.icmp_unsigned("!=", v, ir.Constant(v.type, 0)), "bool")
-    t = storage_type(dst)
+    t, e = storage_type(dst), _element(v.type)      # the element types: result, operand
+
+    def lanes(ty):              # `ty`, or vectors of it as wide as v
+        return ir.VectorType(ty, v.type.count) if isinstance(v.type, ir.VectorType) else ty
     if src == "bool":
         if is_float(dst):
-            return Value(b.uitofp(v, t), dst, (0.0, 1.0), nan_free=True)
-        return Value(b.zext(v, t), dst)
+            return Value(b.uitofp(v, lanes(t)), dst, (0.0, 1.0), nan_free=True)
+        return Value(b.zext(v, lanes(t)), dst)
     if is_float(src) and is_float(dst):
-        widen = float_bits(t) > float_bits(v.type)
-        if not widen and float_bits(t) == 16 and float_bits(v.type) == 64:
+        widen = float_bits(t) > float_bits(e)
+        if not widen and float_bits(t) == 16 and float_bits(e) == 64:
             # double -> half would need a compiler-rt call the JIT does not have: go via float.
-            v = b.fptrunc(v, F32)
+            v = b.fptrunc(v, lanes(F32))
         if widen:
-            return Value(b.fpext(v, t), dst, x.range, x.nan_free)
-        return Value(b.fptrunc(v, t), dst, nan_free=x.nan_free)     # may round to infinity
+            return Value(b.fpext(v, lanes(t)), dst, x.range, x.nan_free)
+        return Value(b.fptrunc(v, lanes(t)), dst, nan_free=x.nan_free)     # may round to infinity
     if is_float(src):
         name = "fptosi.sat" if is_signed(dst) else "fptoui.sat"
         if t.width >= 32:
-            fn = intrinsic(b.module, f"llvm.{name}.i{t.width}.{float_tag(v.type)}", t, [v.type])
+            fn = intrinsic(b.module, f"llvm.{name}.{type_suffix(lanes(t))}.{type_suffix(v.type)}", lanes(t), [v.type])
             return Value(b.call(fn, [v]), dst)
         # To 8 or 16 bits: clamp in float (NaN to 0), convert exactly, truncate.  The same
         # values as fptosi.sat; but LLVM scalarizes a vector fptosi.sat (one conversion per
         # lane), and this is a quantized model's every requantizing loop.
-        if float_bits(v.type) == 16:      # 65535 is no half: clamp in f32
-            v = b.fpext(v, F32)
+        if float_bits(e) == 16:      # 65535 is no half: clamp in f32
+            v = b.fpext(v, lanes(F32))
         if is_signed(dst):
             lo, hi = -(1 << (t.width - 1)), (1 << (t.width - 1)) - 1
         else:
@@ -211,15 +215,19 @@ def convert(b: ir.IRBuilder, x: Value, dtype: str) -> Value:
         c = b.select(b.fcmp_ordered(">", c, fhi), fhi, c)
         if not x.nan_free:
             c = b.select(b.fcmp_unordered("uno", v, v), zero, c)
-        return Value(b.trunc(b.fptosi(c, ir.IntType(32)), t), dst)
+        return Value(b.trunc(b.fptosi(c, lanes(ir.IntType(32))), lanes(t)), dst)
     if is_float(dst):
-        return Value(b.sitofp(v, t) if is_signed(src) else b.uitofp(v, t), dst,
+        return Value(b.sitofp(v, lanes(t)) if is_signed(src) else b.uitofp(v, lanes(t)), dst,
                      _exact_range(x, src, dst), nan_free=True)
-    if t.width > v.type.width:
-        return Value(b.sext(v, t) if is_signed(src) else b.zext(v, t), dst)
-    if t.width < v.type.width:
-        return Value(b.trunc(v, t), dst)
+    if t.width > e.width:
+        return Value(b.sext(v, lanes(t)) if is_signed(src) else b.zext(v, lanes(t)), dst)
+    if t.width < e.width:
+        return Value(b.trunc(v, lanes(t)), dst)
     return Value(v, dst)
+
+
+def _element(ty: ir.Type) -> ir.Type:
+    return ty.element if isinstance(ty, ir.VectorType) else ty
 
 
 def _exact_range(x: Value, src: str, dst: str):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from .llvmutil import F32, I1, I32, I64, call_intrinsic, for_range, intrinsic, target_has
+from .llvmutil import F32, I1, I32, I64, call_intrinsic, for_range, intrinsic, target_has, type_suffix
 
 
 def f32_vector(vw: int) -> ir.VectorType:
@@ -25,22 +25,28 @@ def lane_mask(vw: int, valid: int) -> ir.Constant:
     return ir.Constant(ir.VectorType(I1, vw), [1 if i < valid else 0 for i in range(vw)])
 
 
+def _lane_bytes(vty: ir.VectorType) -> int:
+    e = vty.element
+    return 4 if isinstance(e, ir.FloatType) else 8 if isinstance(e, ir.DoubleType) else max(1, e.width // 8)
+
+
 def masked_load(b, ptr, mask, passthru):
-    """llvm.masked.load of f32 lanes: those of `mask` from ptr, the others from `passthru`
-    (masked-off lanes are not read, so they may lie past the end of an array)."""
+    """llvm.masked.load of the lanes of `mask` (f32, or any element type: passthru's) from
+    ptr, the others from `passthru` (masked-off lanes are not read, so they may lie past the
+    end of an array)."""
     vty = passthru.type
     vptr = b.bitcast(ptr, vty.as_pointer())
-    fn = intrinsic(b.module, f"llvm.masked.load.v{vty.count}f32.p0", vty,
+    fn = intrinsic(b.module, f"llvm.masked.load.{type_suffix(vty)}.p0", vty,
                    [vptr.type, ir.IntType(32), mask.type, vty])
-    return b.call(fn, [vptr, ir.Constant(ir.IntType(32), 4), mask, passthru])
+    return b.call(fn, [vptr, ir.Constant(ir.IntType(32), _lane_bytes(vty)), mask, passthru])
 
 
 def masked_store(b, value, ptr, mask):
-    """llvm.masked.store of the f32 lanes of `mask`."""
+    """llvm.masked.store of the lanes of `mask` (of any element type)."""
     vptr = b.bitcast(ptr, value.type.as_pointer())
-    fn = intrinsic(b.module, f"llvm.masked.store.v{value.type.count}f32.p0", ir.VoidType(),
+    fn = intrinsic(b.module, f"llvm.masked.store.{type_suffix(value.type)}.p0", ir.VoidType(),
                    [value.type, vptr.type, ir.IntType(32), mask.type])
-    b.call(fn, [value, vptr, ir.Constant(ir.IntType(32), 4), mask])
+    b.call(fn, [value, vptr, ir.Constant(ir.IntType(32), _lane_bytes(value.type)), mask])
 
 
 def vload(b, ptr, vw, valid=None):
