@@ -299,13 +299,15 @@ OWN_PIXELS_MIN_PANELS = 4
 # 0.6% / 1.0%, MobileNetV2 0.3% / 2.4%); at 0.08 (the 13 panels too) 0.3% / 0.9% slower.
 OWN_PIXELS_UNEVENNESS = 0.03
 # ... unless the product is a 1x1 convolution, whose tasks then build no plane rows another
-# builds too (no window reaches past a task's own pixels): any unevenness will do.  Emerald
-# Rapids, two threads, alternating, sums of per-step minima: the 15 steps of ResNet-50's
-# 1x1s it moves to their own pixels (out of a plane built in a round of its own, its
-# halves by two cores) 2246 -> 2064 us (256 -> 128 at 28 x 28 123 -> 99 us, 1024 -> 256 at
-# 14 x 14 122 -> 107), MobileNetV2's six 120 -> 94; their 3x3s at stride 2 it would move
-# too went the other way (ResNet-50 219 -> 234, ResNet-18 116 -> 123).
-OWN_PIXELS_UNEVENNESS_1X1 = 1.0
+# builds too (no window reaches past a task's own pixels): a margin of 0.05, 13 panels to 12
+# (28 x 28 at 32 pixels a panel).  Emerald Rapids, two threads, alternating, sums of
+# per-step minima: the 15 steps of ResNet-50's 1x1s it moves to their own pixels (out of a
+# plane built in a round of its own, its halves by two cores) 2650 -> 2283 us (512 -> 128
+# at 28 x 28 158 -> 124 us, 1024 -> 256 at 14 x 14 155 -> 133), MobileNetV2's six 134 ->
+# 99.  With any margin, ResNet-50's 256 -> 1024 at 14 x 14 on AVX2 (7 panels of 16 to 6)
+# took 320 -> 353 us; applied to its 3x3s at stride 2 as well (plane rows the tasks would both
+# build), 219 -> 234.
+OWN_PIXELS_UNEVENNESS_1X1 = 0.05
 
 
 def _unevenness(items: int, parts: int) -> float:
