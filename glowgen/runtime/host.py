@@ -55,7 +55,7 @@ class Host:
                     input_shapes: Optional[Mapping] = None,
                     constant_inputs: Optional[Mapping] = None, progress=None, **options) -> Plan:
         """Partition `model` (a path, bytes or onnx.ModelProto) over the devices and load it.
-        `replicas`: copies for throughput (each placed where most memory is free).
+        `replicas`: copies for throughput (spread over the devices with room for one).
         `mapping`: {node name: device name} puts nodes (ONNX node names work) on devices.
         Other keyword arguments are compile options of the backends.  Returns the plan."""
         from .. import api

@@ -12,7 +12,8 @@
    Over two devices, three pieces A B A (head and tail on one device) are taken instead
    when they balance the devices' work better: memory often forces an uneven cut in two,
    since early layers have little weight and much work and late layers the reverse.
-4. `replicas` copies of the whole, each placed where most memory is free.
+4. `replicas` copies of the whole, each on the device with the fewest of the network's
+   partitions among those with room for it (the most memory free first).
 
 The result is a Plan (plan.py): data, printed by `glowgen partition`."""
 from __future__ import annotations
@@ -114,8 +115,13 @@ class Partitioner:
         devices = [d for d in self.devices if d.kind == kind]
         weights, acts = self.costs.memory_from(lo, hi)[-1]
         need = (weights + acts) * self.margin
-        best = max(devices, key=lambda d: (free[d.name], -self._placed.get(d.name, 0)))
-        if need <= free[best.name]:
+        # Of the devices with room, the one with the fewest of this network's partitions, then
+        # the most memory free: replicas spread over the devices.  (By memory first, two cpu
+        # devices on one machine, each measuring what is available as it is made, put both
+        # replicas of a small network on whichever measured a few KB more.)
+        fitting = [d for d in devices if need <= free[d.name]]
+        if fitting:
+            best = max(fitting, key=lambda d: (-self._placed.get(d.name, 0), free[d.name]))
             return [(lo, hi, best.name, "fits")]
         # contiguous pieces over k devices, the fewest k that fits
         table = {a: self.costs.memory_from(a, hi) for a in range(lo, hi)}
