@@ -18,6 +18,7 @@ from typing import Optional
 
 from llvmlite import ir
 
+from ...engine.types import numpy_dtype
 from ...lir.ir import slot
 from .llvmutil import i64
 from .kernels import PRODUCT_SPACE
@@ -184,7 +185,7 @@ class EpilogueEmitter:
                 streams[id(self.ptr[id(buf)])] = (p, True)
                 self._store(b, current[slot(buf)].v, p, vw, valid)
         if vw is not None:
-            ahead = i64(PREFETCH_AHEAD * 4 // _bytes(self.dtype))
+            ahead = i64(PREFETCH_AHEAD * 4 // numpy_dtype(self.dtype).itemsize)
             for p, written in streams.values():
                 prefetch(b, b.gep(p, [ahead]), written)
 
@@ -216,10 +217,6 @@ class EpilogueEmitter:
             st.align = 1
         else:
             masked_store(b, v, p, valid)
-
-
-def _bytes(dtype: str) -> int:
-    return 4 if dtype == "f32" else 1
 
 
 # Floats ahead of each row run an epilogue reads or writes that it prefetches (4 cache lines):

@@ -142,13 +142,10 @@ def round_to_i32(b: ir.IRBuilder, f):
     native = 16 if target_has(b.module, "avx512f") else 8 if target_has(b.module, "avx") else None
     if native and vw and vw > native and vw % native == 0:
         # Wider than a register (an int8 product's epilogue over a run of 32 lanes): by halves.
-        parts = [round_to_i32(b, b.shuffle_vector(f, ir.Constant(f.type, ir.Undefined),
-                                                  ir.Constant(ir.VectorType(I32, native), list(range(i, i + native)))))
-                 for i in range(0, vw, native)]
-        while len(parts) > 1:
-            parts = [b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, 2 * x.type.count), list(range(2 * x.type.count))))
-                     for x, y in zip(parts[::2], parts[1::2])]
-        return parts[0]
+        from .vectors import join_vectors       # (vectors.py builds on this module)
+        return join_vectors(b, [round_to_i32(b, b.shuffle_vector(
+            f, ir.Constant(f.type, ir.Undefined), ir.Constant(ir.VectorType(I32, native), list(range(i, i + native)))))
+            for i in range(0, vw, native)])
     if vw == 16 and target_has(b.module, "avx512f"):
         cvt = intrinsic(b.module, "llvm.x86.avx512.mask.cvtps2dq.512", it, [f.type, it, I16, I32])
         return b.call(cvt, [f, ir.Constant(it, [0] * vw), ir.Constant(I16, -1), ir.Constant(I32, 8)])

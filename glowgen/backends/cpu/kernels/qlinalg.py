@@ -574,6 +574,7 @@ def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q, epilogue=None):
     vw = v.type.count
     npix = geo.oh * geo.ow
     at = b.gep(y, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(npix)), q)])
+    whole = b.and_(b.icmp_signed("<=", b.add(q, i64(vw)), i64(npix)), is_filter)    # every lane inside
     if target_has(b.module, "avx512bw"):
         lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
         inside = b.icmp_signed("<", b.add(lanes, splat(b, q, vw)), splat(b, i64(npix), vw))
@@ -581,7 +582,6 @@ def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q, epilogue=None):
         if epilogue is not None:
             # Whole runs (all but the image's last) without a mask: LLVM keeps the masked
             # loads of the stack's operands as such, where plain ones fold into arithmetic.
-            whole = b.and_(b.icmp_signed("<=", b.add(q, i64(vw)), i64(npix)), is_filter)
             with b.if_else(whole) as (then, otherwise):
                 with then:
                     epilogue(b, v, n, m, q, None)
@@ -593,7 +593,6 @@ def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q, epilogue=None):
                        [vty, vty.as_pointer(), I32, mask.type])
         b.call(fn, [v, b.bitcast(at, vty.as_pointer()), ir.Constant(I32, 1), mask])
         return
-    whole = b.and_(b.icmp_signed("<=", b.add(q, i64(vw)), i64(npix)), is_filter)
     with b.if_else(whole) as (then, otherwise):
         with then:
             if epilogue is not None:
