@@ -615,6 +615,16 @@ _QUANTIZATION_CASES = {
     "min_into_quantized_matmul": dict(text_case(_qtext(
         _QMATMUL + "  const %k: i8[] = dense<[20]>\n  %y = Min(%q, %k) : i8[2, 4] q(0.05, -3)\n"), {"x": _QX},
         lambda f: {"y": np.minimum(_q8(_qmatmul_float(f["x"]), 0.05, -3), np.int8(20))}), rtol=0.0, atol=1),
+    # A ReLU of the product, calibrated to its own range [0, 3]: the product requantized to
+    # it, the zero point its lower bound (within a step of the float ReLU of the product).
+    "relu_of_quantized_conv": dict(text_case(_qtext(
+        _QCONV + "  %d = Dequantize(%q) {in_scale = 0.05, in_offset = 2} : f32[1, 2, 2, 2]\n"
+        "  %y = Relu(%d) : f32[1, 2, 2, 2]\n"), {"x": _QCX},
+        lambda f: {"y": np.clip(_qconv_float(f["x"]), 0, 3)}), calibrate={"y": (0.0, 3.0)}, rtol=0.0, atol=3.0 / 255),
+    "relu_of_quantized_matmul": dict(text_case(_qtext(
+        _QMATMUL + "  %d = Dequantize(%q) {in_scale = 0.05, in_offset = -3} : f32[2, 4]\n"
+        "  %y = Relu(%d) : f32[2, 4]\n"), {"x": _QX},
+        lambda f: {"y": np.clip(_qmatmul_float(f["x"]), 0, 3)}), calibrate={"y": (0.0, 3.0)}, rtol=0.0, atol=3.0 / 255),
     "relu_of_dequantized": text_case(_qtext(
         "  input %x: i8[2, 3] q(0.02, 5)\n"
         "  %d = Dequantize(%x) {in_scale = 0.02, in_offset = 5} : f32[2, 3]\n  %y = Relu(%d) : f32[2, 3]\n"),

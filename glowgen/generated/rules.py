@@ -2907,7 +2907,55 @@ def _r171_min_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r172_relu_of_dequantized_build(_b, _m):
+def _r172_relu_of_quantized_conv_guard(_m, _ctx):
+    """where (((calibrated(r) and (calibrated_dtype(r) == x.dtype)) and (uses(c) == 1)) and (uses(d) == 1)) and saturates_at_type(c, x.dtype)"""
+    r = _m['r']
+    d = _m['d']
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    return bool((((((rt.b_calibrated(r) and rt.eq(rt.b_calibrated_dtype(r), x.dtype)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(d), 1)) and fn_saturates_at_type(c, x.dtype))))
+
+def _r172_relu_of_quantized_conv_build(_b, _m):
+    """=> Dequantize(QuantizedConv(x, w, ws, b, ...c, scale = calibrated_scale(r), offset = calibrated_offset(r), low = low_or_none(calibrated_offset(r), x.dtype)), in_scale = calibrated_scale(r), in_offset = calibrated_offset(r))"""
+    r = _m['r']
+    d = _m['d']
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    return rt.results(_b.op('Dequantize', [_b.op('QuantizedConv', [x, w, ws, b], {'scale': rt.b_calibrated_scale(r), 'offset': rt.b_calibrated_offset(r), 'low': fn_low_or_none(rt.b_calibrated_offset(r), x.dtype), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'high': c.high})], {'in_scale': rt.b_calibrated_scale(r), 'in_offset': rt.b_calibrated_offset(r)}))
+
+
+
+def _r173_relu_of_quantized_matmul_guard(_m, _ctx):
+    """where (((calibrated(r) and (calibrated_dtype(r) == x.dtype)) and (uses(m) == 1)) and (uses(d) == 1)) and saturates_at_type(m, x.dtype)"""
+    r = _m['r']
+    d = _m['d']
+    m = _m['m']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    return bool((((((rt.b_calibrated(r) and rt.eq(rt.b_calibrated_dtype(r), x.dtype)) and rt.eq(_ctx.uses(m), 1)) and rt.eq(_ctx.uses(d), 1)) and fn_saturates_at_type(m, x.dtype))))
+
+def _r173_relu_of_quantized_matmul_build(_b, _m):
+    """=> Dequantize(QuantizedMatMul(x, w, ws, b, ...m, scale = calibrated_scale(r), offset = calibrated_offset(r), low = low_or_none(calibrated_offset(r), x.dtype)), in_scale = calibrated_scale(r), in_offset = calibrated_offset(r))"""
+    r = _m['r']
+    d = _m['d']
+    m = _m['m']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    return rt.results(_b.op('Dequantize', [_b.op('QuantizedMatMul', [x, w, ws, b], {'scale': rt.b_calibrated_scale(r), 'offset': rt.b_calibrated_offset(r), 'low': fn_low_or_none(rt.b_calibrated_offset(r), x.dtype), 'high': m.high})], {'in_scale': rt.b_calibrated_scale(r), 'in_offset': rt.b_calibrated_offset(r)}))
+
+
+
+def _r174_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, x.dtype)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2915,7 +2963,7 @@ def _r172_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r173_maxpool_of_dequantized_build(_b, _m):
+def _r175_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2924,7 +2972,7 @@ def _r173_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r174_flatten_of_dequantized_build(_b, _m):
+def _r176_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2933,7 +2981,7 @@ def _r174_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r175_reshape_of_dequantized_build(_b, _m):
+def _r177_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2942,7 +2990,7 @@ def _r175_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r176_transpose_of_dequantized_build(_b, _m):
+def _r178_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -2951,7 +2999,7 @@ def _r176_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r177_slice_of_dequantized_build(_b, _m):
+def _r179_slice_of_dequantized_build(_b, _m):
     """=> Dequantize(Slice(x, ...s), ...d)"""
     s = _m['s']
     d = _m['d']
@@ -2960,7 +3008,7 @@ def _r177_slice_of_dequantized_build(_b, _m):
 
 
 
-def _r178_gather_of_dequantized_build(_b, _m):
+def _r180_gather_of_dequantized_build(_b, _m):
     """=> Dequantize(Gather(x, i, ...g), ...d)"""
     g = _m['g']
     d = _m['d']
@@ -2970,14 +3018,14 @@ def _r178_gather_of_dequantized_build(_b, _m):
 
 
 
-def _r179_resize_of_dequantized_guard(_m, _ctx):
+def _r181_resize_of_dequantized_guard(_m, _ctx):
     """where picks_elements(r)"""
     r = _m['r']
     d = _m['d']
     x = _m['x']
     return bool((fn_picks_elements(r)))
 
-def _r179_resize_of_dequantized_build(_b, _m):
+def _r181_resize_of_dequantized_build(_b, _m):
     """=> Dequantize(Resize(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2986,14 +3034,14 @@ def _r179_resize_of_dequantized_build(_b, _m):
 
 
 
-def _r180_quantize_of_concat_guard(_m, _ctx):
+def _r182_quantize_of_concat_guard(_m, _ctx):
     """where uses(c) == 1"""
     q = _m['q']
     c = _m['c']
     xs = _m['xs']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r180_quantize_of_concat_build(_b, _m):
+def _r182_quantize_of_concat_build(_b, _m):
     """=> Concat(*each_like(q, xs), axis = c.axis)"""
     q = _m['q']
     c = _m['c']
@@ -3002,7 +3050,7 @@ def _r180_quantize_of_concat_build(_b, _m):
 
 
 
-def _r181_rescale_through_max_guard(_m, _ctx):
+def _r183_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -3010,7 +3058,7 @@ def _r181_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r181_rescale_through_max_build(_b, _m):
+def _r183_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset, r.dtype), r.dtype))"""
     r = _m['r']
     m = _m['m']
@@ -3020,14 +3068,14 @@ def _r181_rescale_through_max_build(_b, _m):
 
 
 
-def _r182_rescale_through_maxpool_guard(_m, _ctx):
+def _r184_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r182_rescale_through_maxpool_build(_b, _m):
+def _r184_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -3036,14 +3084,14 @@ def _r182_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r183_rescale_through_resize_guard(_m, _ctx):
+def _r185_rescale_through_resize_guard(_m, _ctx):
     """where picks_elements(z) and (uses(z) == 1)"""
     r = _m['r']
     z = _m['z']
     x = _m['x']
     return bool(((fn_picks_elements(z) and rt.eq(_ctx.uses(z), 1))))
 
-def _r183_rescale_through_resize_build(_b, _m):
+def _r185_rescale_through_resize_build(_b, _m):
     """=> Resize(Rescale(x, ...r), ...z)"""
     r = _m['r']
     z = _m['z']
@@ -3052,14 +3100,14 @@ def _r183_rescale_through_resize_build(_b, _m):
 
 
 
-def _r184_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r186_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (int_min(q.dtype) - q.offset)) >= c.min)) and ((q.scale * (int_max(q.dtype) - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(sl.quant.int_min(q.dtype), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(sl.quant.int_max(q.dtype), q.offset)), c.max))))
 
-def _r184_quantize_of_clip_within_range_build(_b, _m):
+def _r186_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset, dtype = q.dtype)"""
     q = _m['q']
     c = _m['c']
@@ -3068,13 +3116,13 @@ def _r184_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r185_max_with_floor_remove_guard(_m, _ctx):
+def _r187_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, int_min(x.dtype))"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, sl.quant.int_min(x.dtype)))))
 
-def _r185_max_with_floor_remove_build(_b, _m):
+def _r187_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -3082,7 +3130,7 @@ def _r185_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r186_quantized_conv_in_float_build(_b, _m):
+def _r188_quantized_conv_in_float_build(_b, _m):
     """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
     c = _m['c']
     x = _m['x']
@@ -3093,7 +3141,7 @@ def _r186_quantized_conv_in_float_build(_b, _m):
 
 
 
-def _r187_quantized_matmul_in_float_build(_b, _m):
+def _r189_quantized_matmul_in_float_build(_b, _m):
     """=> within_bounds(Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset, dtype = x.dtype), q, x.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -3277,20 +3325,22 @@ RULES = (
     RuleInfo(name='min_into_quantized_conv', phases=('quantize',), pattern=P('Min', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), V('k'))), size=2, guard=_r169_min_into_quantized_conv_guard, build=_r169_min_into_quantized_conv_build, location='specs/lowerings.glowdef:1458:1'),
     RuleInfo(name='max_into_quantized_matmul', phases=('quantize',), pattern=P('Max', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'), V('k'))), size=2, guard=_r170_max_into_quantized_matmul_guard, build=_r170_max_into_quantized_matmul_build, location='specs/lowerings.glowdef:1462:1'),
     RuleInfo(name='min_into_quantized_matmul', phases=('quantize',), pattern=P('Min', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'), V('k'))), size=2, guard=_r171_min_into_quantized_matmul_guard, build=_r171_min_into_quantized_matmul_build, location='specs/lowerings.glowdef:1466:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r172_relu_of_dequantized_build, location='specs/lowerings.glowdef:1472:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r173_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1475:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r174_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1478:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r175_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1481:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r176_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1484:1'),
-    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r177_slice_of_dequantized_build, location='specs/lowerings.glowdef:1487:1'),
-    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r178_gather_of_dequantized_build, location='specs/lowerings.glowdef:1490:1'),
-    RuleInfo(name='resize_of_dequantized', phases=('quantize',), pattern=P('Resize', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=_r179_resize_of_dequantized_guard, build=_r179_resize_of_dequantized_build, location='specs/lowerings.glowdef:1494:1'),
-    RuleInfo(name='quantize_of_concat', phases=('quantize',), pattern=P('Quantize', (P('Concat', (R('xs'),), bind='c'),), bind='q'), size=2, guard=_r180_quantize_of_concat_guard, build=_r180_quantize_of_concat_build, location='specs/lowerings.glowdef:1501:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r181_rescale_through_max_guard, build=_r181_rescale_through_max_build, location='specs/lowerings.glowdef:1506:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r182_rescale_through_maxpool_guard, build=_r182_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1511:1'),
-    RuleInfo(name='rescale_through_resize', phases=('quantize',), pattern=P('Rescale', (P('Resize', (V('x'),), bind='z'),), bind='r'), size=2, guard=_r183_rescale_through_resize_guard, build=_r183_rescale_through_resize_build, location='specs/lowerings.glowdef:1515:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r184_quantize_of_clip_within_range_guard, build=_r184_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1520:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r185_max_with_floor_remove_guard, build=_r185_max_with_floor_remove_build, location='specs/lowerings.glowdef:1528:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r186_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1547:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r187_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1550:1'),
+    RuleInfo(name='relu_of_quantized_conv', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='d'),), bind='r'), size=3, guard=_r172_relu_of_quantized_conv_guard, build=_r172_relu_of_quantized_conv_build, location='specs/lowerings.glowdef:1476:1'),
+    RuleInfo(name='relu_of_quantized_matmul', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='d'),), bind='r'), size=3, guard=_r173_relu_of_quantized_matmul_guard, build=_r173_relu_of_quantized_matmul_build, location='specs/lowerings.glowdef:1484:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r174_relu_of_dequantized_build, location='specs/lowerings.glowdef:1494:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r175_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1497:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r176_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1500:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r177_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1503:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r178_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1506:1'),
+    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r179_slice_of_dequantized_build, location='specs/lowerings.glowdef:1509:1'),
+    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r180_gather_of_dequantized_build, location='specs/lowerings.glowdef:1512:1'),
+    RuleInfo(name='resize_of_dequantized', phases=('quantize',), pattern=P('Resize', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=_r181_resize_of_dequantized_guard, build=_r181_resize_of_dequantized_build, location='specs/lowerings.glowdef:1516:1'),
+    RuleInfo(name='quantize_of_concat', phases=('quantize',), pattern=P('Quantize', (P('Concat', (R('xs'),), bind='c'),), bind='q'), size=2, guard=_r182_quantize_of_concat_guard, build=_r182_quantize_of_concat_build, location='specs/lowerings.glowdef:1523:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r183_rescale_through_max_guard, build=_r183_rescale_through_max_build, location='specs/lowerings.glowdef:1528:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r184_rescale_through_maxpool_guard, build=_r184_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1533:1'),
+    RuleInfo(name='rescale_through_resize', phases=('quantize',), pattern=P('Rescale', (P('Resize', (V('x'),), bind='z'),), bind='r'), size=2, guard=_r185_rescale_through_resize_guard, build=_r185_rescale_through_resize_build, location='specs/lowerings.glowdef:1537:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r186_quantize_of_clip_within_range_guard, build=_r186_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1542:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r187_max_with_floor_remove_guard, build=_r187_max_with_floor_remove_build, location='specs/lowerings.glowdef:1550:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r188_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1569:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r189_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1572:1'),
 )
