@@ -524,27 +524,38 @@ def test_quantized_model_cpu_matches_interpreter():
                 assert np.abs(got - want).max() <= step * 1.001, (bits, cpu, threads, np.abs(got - want).max(), step)
 
 
-@pytest.mark.parametrize("cpu", CPUS)
-@pytest.mark.parametrize("attrs", [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
-                                   dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0]),
-                                   dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
-                                   dict(kernel_shape=[3, 2], strides=[1, 1], pads=[2, 1, 1, 1], dilations=[2, 3]),
-                                   dict(kernel_shape=[5, 5], strides=[3, 3], pads=[2, 2, 2, 2]),
-                                   dict(kernel_shape=[1, 1], strides=[2, 2])])
-def test_int8_max_pool_taps(attrs, cpu):
-    """The 2-D max pool of int8 tensors (quantized models' pooling), separable over rows of
-    maxima, against onnxruntime, split in two."""
+_POOLS = [dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+          dict(kernel_shape=[2, 3], strides=[1, 2], pads=[0, 1, 1, 0]),
+          dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+          dict(kernel_shape=[3, 2], strides=[1, 1], pads=[2, 1, 1, 1], dilations=[2, 3]),
+          dict(kernel_shape=[5, 5], strides=[3, 3], pads=[2, 2, 2, 2]),
+          dict(kernel_shape=[1, 1], strides=[2, 2]),
+          dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+          dict(kernel_shape=[2, 4], strides=[2, 1], pads=[1, 2, 0, 1], dilations=[1, 2])]
+
+
+@pytest.mark.parametrize("cpu", CPUS + ["x86-64"])
+@pytest.mark.parametrize("width", [40, 112, 150])
+@pytest.mark.parametrize("attrs", _POOLS)
+def test_int8_max_pool_taps(attrs, width, cpu):
+    """The 2-D max pool of int8 tensors (quantized models' pooling), by whole rows in byte
+    vectors where it can (the last vector of a row overlapping the one before) and separably
+    over rows of maxima otherwise, against onnxruntime, split in two; rows of 40, 112 (ResNet's
+    pool) and 150 bytes, with 16-, 32- and 64-byte vectors."""
     import glowgen
     import onnxruntime as ort
     from onnx import helper
     from conftest import make_model
-    x = np.random.default_rng(5).integers(-128, 128, (2, 5, 13, 40)).astype(np.int8)
+    from glowgen.backends.cpu.kernels.pool import by_rows
+    x = np.random.default_rng(5).integers(-128, 128, (2, 5, 13, width)).astype(np.int8)
     model = make_model([helper.make_node("MaxPool", ["x"], ["y"], **attrs)], {"x": x}, ["y"])
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     for threads in THREADS:
         compiled = glowgen.compile(model, threads=threads, cpu=cpu)
         (pool,) = [i for i in compiled.program.instrs if i.kind == "MaxPool"]
         assert pool.plan.strategy == "taps"
+        rows = attrs["strides"][1] <= 2 and attrs.get("dilations", [1])[0] == 1 and want.shape[3] >= 16
+        assert by_rows(pool.node) == rows
         np.testing.assert_array_equal(compiled.run({"x": x})["y"], want)
 
 
