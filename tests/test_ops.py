@@ -829,6 +829,30 @@ def test_one_value_scale_and_zero_point_of_other_ranks(backend):
         run_glowgen(bad, {"x": f32(2, 3)})
 
 
+@pytest.mark.parametrize("backend", ["interpreter", "cpu"])
+@pytest.mark.parametrize("scale", [7.0, 0.1, 1 / 3, 0.04062993451952934, 0.75])
+def test_quantize_linear_rounds_the_true_quotient(scale, backend):
+    """x / scale is the f32 quotient, halves rounded to even, exactly where it lies on a half
+    or a few ulps off one (-885.5 / 7 is -126.5, quantized with zero point 3 to -123): the
+    canonicalizer's product by the reciprocal of a constant scale is computed in f64 and
+    rounds to the same f32 (in f32 it gave -124), against onnxruntime and ONNX's reference."""
+    s = np.float32(scale)
+    halves = (s * (np.arange(-140, 140, dtype=np.float32) + np.float32(0.5))).astype(np.float32)
+    near = [halves]
+    for direction in (np.inf, -np.inf):
+        x = halves
+        for _ in range(3):
+            x = np.nextafter(x, np.float32(direction))
+            near.append(x)
+    x = np.concatenate(near).reshape(7, -1)
+    for z in (np.int8(3), np.uint8(128)):
+        model = make_model([helper.make_node("QuantizeLinear", ["x", "s", "z"], ["y"])], {"x": x}, ["y"],
+                           {"s": s, "z": z}, opset=13)
+        got = run_glowgen(model, {"x": x}, backend=backend)["y"]
+        np.testing.assert_array_equal(got, run_ort(model, {"x": x})["y"])
+        np.testing.assert_array_equal(got, run_reference(model, {"x": x})["y"])
+
+
 def test_quantize_linear_to_float8_is_unsupported():
     from glowgen.errors import UnsupportedError
     model = _quant_model("QuantizeLinear", {"x": f32(2, 3)}, {"s": np.float32(1.0)},
