@@ -49,3 +49,37 @@ def test_im2col_conv_exact(case, cpu, seven_bits):
         results.append(model.run(feeds)["y"])
         np.testing.assert_array_equal(results[-1], want)
     assert results[0].tobytes() == results[1].tobytes() == results[2].tobytes()
+
+
+ROW_CASES = [
+    # n, c, h, w, m, k, strides, pads, dilations: windows whose rows are whole elements
+    (1, 3, 40, 128, 16, 7, (2, 2), (3, 3, 3, 3), (1, 1)),     # ResNet's stem: 64 pixels a row
+    (2, 2, 21, 75, 5, 7, (2, 2), (2, 3, 4, 1), (2, 1)),       # asymmetric pads, dilated rows
+    (1, 3, 10, 40, 6, 7, (1, 1), (3, 3, 3, 3), (1, 1)),       # stride 1
+    (1, 3, 16, 64, 8, 4, (4, 4), (0, 0, 0, 0), (1, 1)),       # a patchify stem: rows of one element
+    (1, 3, 96, 224, 24, 7, (2, 2), (3, 3, 3, 3), (1, 1)),     # split among threads
+    (1, 3, 30, 90, 12, 7, (2, 2), (3, 3, 3, 3), (1, 1)),      # 45 pixels a row: steps across panels
+]
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("case", range(len(ROW_CASES)))
+def test_row_element_conv_exact(case, cpu):
+    """With VNNI's 512-bit products, a window whose rows pad to whole elements at little cost
+    (ResNet's 7x7 stem: 42 elements for 37) takes G columns of one row an element, built 16
+    pixels a step from one masked load of the input row (qlinalg.build_row_element_plane):
+    exactly the NumPy reference, at the image's edges and past them, at 1, 2 and 3 threads,
+    the plane panel by panel where rows are whole steps of 16 pixels; the other targets'
+    plain im2col plane likewise."""
+    text, feeds, want = conv_case(np.random.default_rng(500 + case), *ROW_CASES[case])
+    results = []
+    for threads in (1, 2, 3):
+        model, _ = _compile(text, cpu, threads)
+        (ins,) = [i for i in model.program.instrs if i.kind == "QuantizedConv"]
+        qs = QShape(ins.plan.strategy)
+        geo = Geometry(ins.node, qs)
+        assert geo.im2col == (ROW_CASES[case][1] < qs.group) and geo.row_elements == (qs.kind == "vnni"), qs.kind
+        assert geo.panel_major == (geo.row_elements and geo.ow % 16 == 0)
+        results.append(model.run(feeds)["y"])
+        np.testing.assert_array_equal(results[-1], want)
+    assert results[0].tobytes() == results[1].tobytes() == results[2].tobytes()

@@ -135,7 +135,7 @@ MAX_ROWS = 1024
 def in_lanes(geo, qs: QShape) -> bool:
     """Whether the product computes with its features in the lanes (this module): not a
     grouped one, whose groups' filters would share the lanes but not their inputs."""
-    if geo.ng > 1:
+    if geo.ng > 1 or geo.panel_major:       # (a plane of this module's own layout)
         return False
     lanes = Lanes(geo, qs)
     if lanes.rows <= qs.mr:

@@ -51,7 +51,7 @@ from ..plan import Phases
 from ..qgemm import (PackedConstants, QShape, QSHAPES, choose_qshape, emit_tile, for_weights, narrowed_rows,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
                      requantize_for_narrow, weights_prefetch)
-from ..vectors import join_vectors, splat
+from ..vectors import join_vectors, masked_load, splat
 from . import qdepthwise as depthwise
 from . import qlanes
 from . import qwinograd as winograd
@@ -111,6 +111,18 @@ class Geometry:
             # plane would hold KH * KW copies of the image for fewer products saved.)
             self.im2col = (self.ng == 1 and self.c < g and len(self.taps) > 1
                            and _ceil(self.c * kh * kw, g) < len(self.taps))
+            # With 512-bit VNNI products, an element may instead hold G consecutive columns of
+            # one window row (the row padded to whole elements: row_elements), where that
+            # costs few products more: ResNet's 7x7 stem, 42 elements in place of 37.
+            # Their G bytes lie side by side in the input row, so that a step of 16 pixels
+            # is one (masked) load and one byte shuffle (build_row_element_plane), where
+            # the values one by one took half of the stem's time.
+            runs = _ceil(kw, g)
+            self.row_elements = (self.im2col and qs.kind == "vnni" and dw == 1
+                                 and sw * (IM2COL_PIXELS - 1) + g <= 64 and self.ow >= IM2COL_PIXELS
+                                 and self.c * kh * runs <= ROW_ELEMENTS_MAX_GROWTH * _ceil(self.c * kh * kw, g))
+            # Values of a window row in the plane: its taps, or row_elements' whole elements.
+            self.row_values = runs * g if self.row_elements else kw
             if self.im2col:
                 self.hq, self.wq, self.taps = self.oh, self.ow, [0]
                 self.q = self.oh * self.ow
@@ -120,11 +132,11 @@ class Geometry:
             self.batch, self.rows = 1, int(np.prod(batch, dtype=np.int64))
             self.taps = [0]
             self.group_stride = self.q = self.rows
-            self.im2col = False
+            self.im2col = self.row_elements = False
         self.cg, self.mg = self.c // self.ng, self.m // self.ng
         # Values a filter sums over each of its taps: the group's channels (im2col: all
         # the window's values).
-        self.depth = self.cg * (self.window[0] * self.window[1] if self.im2col else 1)
+        self.depth = self.cg * (self.window[0] * self.row_values if self.im2col else 1)
         self.groups = _ceil(self.depth, g)          # elements of G values a tile sums over
         self.plane_groups = self.ng * self.groups   # ... and the plane holds
         self.qpad = _ceil(self.q, nr) * nr
@@ -136,6 +148,13 @@ class Geometry:
         self.last_vectors = _ceil(self.q - (self.qpad - nr), qs.vw)
         if self.im2col:
             self.group_stride = self.qpad
+        # row_elements' plane panel by panel, [Qpad / NR][groups][NR] elements, where a
+        # tile's steps read one run of bytes (with a run a row, the element rows it read were
+        # 42 lines 50 KB apart: the stem's products waited on them, 2.1 MB from L3).  Its
+        # builder's steps of 16 pixels then must not cross panels: rows of whole steps.
+        self.panel_major = self.row_elements and self.ow % IM2COL_PIXELS == 0 and nr % IM2COL_PIXELS == 0
+        if self.panel_major:
+            self.group_stride = nr
         self.bpg = _ceil(self.mg, qs.mr)
         # A group's filters in blocks of equal rows (12 as 2 x 6, not 8 + 4; 4 as one of 4).
         self.mr = qs.mr if self.ng == 1 else _ceil(self.mg, self.bpg)
@@ -144,6 +163,8 @@ class Geometry:
         # Elements the tiles may read: the last group's taps up to the last padded column.
         self.plane_elems = max(self.plane_groups * self.group_stride,
                                (self.plane_groups - 1) * self.group_stride + max(self.taps) + self.qpad)
+        if self.panel_major:
+            self.plane_elems = self.plane_groups * self.qpad
         self.plane_bytes = _ceil(4 * self.plane_elems, 64) * 64
         self.scratch = self.plane_bytes + _ceil(self.mpad * self.qpad, 64) * 64
         self.a_bytes = self.blocks * self.groups * len(self.taps) * self.mr * 4
@@ -219,6 +240,8 @@ def q_repack(prog, ins, shape, users) -> bool:
         qs = QShape(strategy)
         geo = Geometry(node, qs)
         if node.OP == "QuantizedConv":              # im2col: one tap over all the window's values
+            if geo.row_elements:                    # each window row padded with zero weights
+                w = np.pad(w, [(0, 0), (0, 0), (0, 0), (0, geo.row_values - w.shape[3])])
             w3 = w.reshape(w.shape[0], -1, 1) if geo.im2col else w.reshape(w.shape[0], w.shape[1], -1)
         else:
             w3 = np.ascontiguousarray(w.T).reshape(w.shape[1], w.shape[0], 1)
@@ -491,8 +514,15 @@ def quantized_product(k: KernelArgs):
     own = owns_pixels(geo, qs, k.split.parts)
     (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr,
                                                        own or splits_pixels(geo, qs, k.split.parts))
+    # row_elements' plane panel by panel is built a band of its panels at a time, each band's
+    # tiles computed before the next (in L1: BAND_PANELS panels), where the whole plane (2.1 MB
+    # for ResNet's stem) went out to L3 and back.
+    banded = geo.panel_major and geo.panels_outer and not k.phased
+    base = [plane]                          # where panel 0 of the plane lies (banded: moves)
     with for_range(b, geo.batch, name="qn") as n:
-        if own:                             # the plane of this task's pixels only
+        if banded:
+            pass                            # built band by band below
+        elif own:                           # the plane of this task's pixels only
             build_own_plane(b, geo, x, n, plane, pad, b.mul(p_lo, i64(qs.nr)), b.sub(b.mul(p_hi, i64(qs.nr)), i64(1)))
         elif geo.conv and not k.phased:     # the plane of this task's groups only
             first = b.mul(b.udiv(lo, i64(geo.bpg)), i64(geo.groups))
@@ -505,7 +535,7 @@ def quantized_product(k: KernelArgs):
             a_block = b.gep(a, [b.mul(mb, i64(geo.groups * len(geo.taps) * geo.mr))])
             q0 = b.mul(p, i64(qs.nr))
             # The elements of this block's group (the product of a single group: all).
-            b_base = b.gep(plane, [q0 if geo.ng == 1 else b.add(
+            b_base = b.gep(base[0], [b.mul(q0, i64(geo.groups)) if geo.panel_major else q0 if geo.ng == 1 else b.add(
                 q0, b.mul(b.udiv(mb, i64(geo.bpg)), i64(geo.groups * geo.group_stride)))])
 
             def start(i, j):        # the sums start from the row's bias correction
@@ -543,12 +573,23 @@ def quantized_product(k: KernelArgs):
                 with other:
                     body(qs.nv)
 
-        if geo.panels_outer:        # all the weights stay in cache; each panel of B in L1
-            with for_range(b, p_hi, start=p_lo, name="qp") as p:
+        def panels(first, last):
+            with for_range(b, last, start=first, name="qp") as p:
                 def blocks(vectors):
                     with for_range(b, hi, start=lo, name="qmb") as mb:
                         tile(mb, p, vectors)
                 panel(p, blocks)
+
+        if banded:
+            with for_range(b, p_hi, start=p_lo, step=BAND_PANELS, name="qb") as pb:
+                pe = b.add(pb, i64(BAND_PANELS))
+                pe = b.select(b.icmp_signed("<", pe, p_hi), pe, p_hi)
+                base[0] = b.gep(plane, [b.neg(b.mul(pb, i64(geo.plane_groups * qs.nr)))])
+                build_row_element_plane(b, geo, x, n, base[0], pad, i64(0), i64(geo.plane_groups),
+                                        pixels=(b.mul(pb, i64(qs.nr)), b.mul(pe, i64(qs.nr))))
+                panels(pb, pe)
+        elif geo.panels_outer:      # all the weights stay in cache; each panel of B in L1
+            panels(p_lo, p_hi)
         else:                       # a block of weights stays in L1 over every panel
             with for_range(b, hi, start=lo, name="qmb") as mb, for_range(b, p_hi, start=p_lo, name="qp") as p:
                 panel(p, lambda vectors: tile(mb, p, vectors))
@@ -790,6 +831,110 @@ def _interleave_step(b, qs: QShape, rows, dst, p, vl: int):
 
 # Output pixels a step of build_im2col_plane's vector loop takes.
 IM2COL_PIXELS = 16
+# Geometry.row_elements: at most this many times the elements of a plain im2col plane.
+ROW_ELEMENTS_MAX_GROWTH = 1.15
+# Panels of a band of row_elements' plane (quantized_product): ResNet's stem 4 x 5.4 KB.
+BAND_PANELS = 4
+
+
+def build_row_element_plane(b, geo: Geometry, x, n, plane, pad, first, last, rows=None, pixels=None):
+    """build_im2col_plane where geo.row_elements: element e of pixel q = oy * OW + ox holds
+    the G values x[c][oy * sh - pt + ky * dh][ox * sw - pl + G * j + t], t < G, of channel
+    c, window row ky and run j of its columns (e = (c * KH + ky) * runs + j; the values
+    past the window's last column meet zero weights).  The G values of 16 neighbouring
+    pixels lie in sw * 15 + G bytes of one input row: a step is one load of 64 bytes,
+    masked to those inside the row (the others, and every value of a row outside the
+    image, the x offset), one byte shuffle dealing them into 16 elements, and one store;
+    no value is loaded or tested on its own.  The last step of an output row overlaps the
+    one before.  The plane is panel by panel where geo.panel_major, and then `pixels` (i64
+    values, multiples of NR) builds only those (a band: quantized_product).  `rows`: as
+    build_im2col_plane's."""
+    qs, g, v = geo.qs, geo.qs.group, IM2COL_PIXELS
+    kh, _, dh, _ = geo.window
+    runs = geo.row_values // g
+    raw_t, mask_t = ir.VectorType(I8, 64), ir.VectorType(ir.IntType(1), 64)
+    raw_pad = splat(b, b.xor(b.trunc(pad, I8), ir.Constant(I8, -128)), 64)    # the x offset
+    deal = ir.Constant(ir.VectorType(I32, g * v), [geo.sw * p + t for p in range(v) for t in range(g)])
+    ones = ir.Constant(I64, -1)
+    nr = qs.nr
+
+    def at(e, q):
+        """Element e of pixel q: its place in the plane."""
+        if not geo.panel_major:
+            return b.add(b.mul(e, i64(geo.group_stride)), q)
+        panel = b.mul(b.udiv(q, i64(nr)), i64(geo.plane_groups * nr))
+        return b.add(panel, b.add(b.mul(e, i64(nr)), b.urem(q, i64(nr))))
+
+    def first_bytes(count):
+        """The i64 mask of the low `count` (0..64) bytes."""
+        count = clamp(b, count, i64(0), i64(64))
+        shifted = b.lshr(ones, b.sub(i64(64), b.select(b.icmp_signed(">", count, i64(0)), count, i64(1))))
+        return b.select(b.icmp_signed(">", count, i64(0)), shifted, i64(0))
+
+    def step(e, row, ok, col0, q, ox):
+        """The 16 pixels from q (= oy * OW + ox) of element e, from input row `row`."""
+        col = b.add(col0, b.mul(ox, i64(geo.sw)))
+        # Bytes col + i inside [0, W): i in [-col, W - col).
+        inside = b.and_(first_bytes(b.sub(i64(geo.w), col)), b.not_(first_bytes(b.sub(i64(0), col))))
+        mask = b.bitcast(b.select(ok, inside, i64(0)), mask_t)
+        raw = masked_load(b, b.gep(x, [b.add(row, col)]), mask, raw_pad)
+        word = _elem(b, qs, b.shuffle_vector(raw, ir.Constant(raw_t, ir.Undefined), deal))
+        st = b.store(word, b.bitcast(b.gep(plane, [at(e, q)]), word.type.as_pointer()))
+        st.align = 4
+
+    def step_at(e, row, ok, col: int, q):
+        """step where the first column, col, is known now: so is its mask of bytes inside."""
+        inside = sum(1 << i for i in range(64) if 0 <= col + i < geo.w)
+        mask = b.bitcast(b.select(ok, ir.Constant(I64, inside - (1 << 64) if inside >= 1 << 63 else inside),
+                                  i64(0)), mask_t)
+        if inside == 0:
+            raw = raw_pad
+        else:
+            raw = masked_load(b, b.gep(x, [b.add(row, i64(col))]), mask, raw_pad)
+        word = _elem(b, qs, b.shuffle_vector(raw, ir.Constant(raw_t, ir.Undefined), deal))
+        st = b.store(word, b.bitcast(b.gep(plane, [at(e, q)]), word.type.as_pointer()))
+        st.align = 4
+
+    def input_row(e, oy):
+        """(row start in x, whether inside the image, pixel 0's first column) of element e
+        at output row oy."""
+        c, r = b.udiv(e, i64(kh * runs)), b.urem(e, i64(kh * runs))
+        ky, j = b.udiv(r, i64(runs)), b.urem(r, i64(runs))
+        iy = b.add(b.sub(b.mul(oy, i64(geo.sh)), i64(geo.pt)), b.mul(ky, i64(dh)))
+        ok = b.and_(b.icmp_signed(">=", iy, i64(0)), b.icmp_signed("<", iy, i64(geo.h)))
+        row = b.select(ok, b.mul(b.add(b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h)), iy), i64(geo.w)), i64(0))
+        return row, ok, b.sub(b.mul(j, i64(g)), i64(geo.pl))
+
+    oy_lo, oy_hi = rows or (i64(0), i64(geo.oh))
+    q_lo, q_hi = pixels or (b.mul(oy_lo, i64(geo.ow)), b.mul(oy_hi, i64(geo.ow)))
+    if geo.panel_major:
+        # Rows of whole steps (a step's pixels in one row), every element's row runs and steps
+        # unrolled: their columns, and so their masks, known now.
+        oy_first, oy_last = b.udiv(q_lo, i64(geo.ow)), b.udiv(b.sub(q_hi, i64(1)), i64(geo.ow))
+        with for_range(b, b.udiv(last, i64(runs)), start=b.udiv(first, i64(runs)), name="re") as er, \
+                for_range(b, b.add(oy_last, i64(1)), start=oy_first, name="ry") as oy:
+            row, ok, _ = input_row(b.mul(er, i64(runs)), oy)
+            for j in range(runs):
+                e = b.add(b.mul(er, i64(runs)), i64(j))
+                for ox in range(0, geo.ow, v):
+                    q = b.add(b.mul(oy, i64(geo.ow)), i64(ox))
+                    with b.if_then(b.and_(b.icmp_signed(">=", q, q_lo), b.icmp_signed("<", q, q_hi))):
+                        step_at(e, row, ok, j * g - geo.pl + ox * geo.sw, q)
+    with for_range(b, last, start=first, name="re") as e:
+        if geo.panel_major:
+            pass
+        else:
+            with for_range(b, oy_hi, start=oy_lo, name="ry") as oy:
+                row, ok, col0 = input_row(e, oy)
+                with for_range(b, _ceil(geo.ow, v), name="rv") as i:
+                    ox = b.mul(i, i64(v))
+                    ox = b.select(b.icmp_signed("<", ox, i64(geo.ow - v)), ox, i64(geo.ow - v))
+                    step(e, row, ok, col0, b.add(b.mul(oy, i64(geo.ow)), ox), ox)
+    past = b.select(b.icmp_signed(">", q_lo, i64(geo.q)), q_lo, i64(geo.q))
+    end = pixels[1] if pixels else i64(geo.qpad)
+    with for_range(b, last, start=first, name="rp") as e:               # pixels past the image
+        with for_range(b, end, start=past, name="ip") as q:
+            b.store(pad, b.gep(plane, [at(e, q)]))
 
 
 def build_im2col_plane(b, geo: Geometry, x, n, plane, pad, first, last, rows=None):
@@ -805,6 +950,8 @@ def build_im2col_plane(b, geo: Geometry, x, n, plane, pad, first, last, rows=Non
     x86-64-v3, 268 -> 219 with VNNI; ResNet's 7x7 stem (49 -> 37) 3932 -> 3233 and
     1964 -> 1735 (alone, Zen 4, 1 thread, fastest of 100-300 runs).  `rows`: (lo, hi) i64
     values, only those output rows' pixels (build_own_plane)."""
+    if geo.row_elements:
+        return build_row_element_plane(b, geo, x, n, plane, pad, first, last, rows)
     qs, g, v = geo.qs, geo.qs.group, IM2COL_PIXELS
     kh, kw, dh, dw = geo.window
     pad_value = b.trunc(pad, qs.elem)
