@@ -59,6 +59,7 @@ ROW_CASES = [
     (1, 3, 16, 64, 8, 4, (4, 4), (0, 0, 0, 0), (1, 1)),       # a patchify stem: rows of one element
     (1, 3, 96, 224, 24, 7, (2, 2), (3, 3, 3, 3), (1, 1)),     # split among threads
     (1, 3, 30, 90, 12, 7, (2, 2), (3, 3, 3, 3), (1, 1)),      # 45 pixels a row: steps across panels
+    (2, 3, 64, 128, 32, 7, (2, 2), (3, 3, 3, 3), (1, 1)),     # two images: split by filters, every band
 ]
 
 

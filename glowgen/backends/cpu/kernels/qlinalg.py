@@ -116,7 +116,7 @@ class Geometry:
             # costs few products more: ResNet's 7x7 stem, 42 elements in place of 37.
             # Their G bytes lie side by side in the input row, so that a step of 16 pixels
             # is one (masked) load and one byte shuffle (build_row_element_plane), where
-            # the values one by one took half of the stem's time.
+            # the values one by one took a third of the stem's time.
             runs = _ceil(kw, g)
             self.row_elements = (self.im2col and qs.kind == "vnni" and dw == 1
                                  and sw * (IM2COL_PIXELS - 1) + g <= 64 and self.ow >= IM2COL_PIXELS
@@ -909,7 +909,8 @@ def build_row_element_plane(b, geo: Geometry, x, n, plane, pad, first, last, row
     q_lo, q_hi = pixels or (b.mul(oy_lo, i64(geo.ow)), b.mul(oy_hi, i64(geo.ow)))
     if geo.panel_major:
         # Rows of whole steps (a step's pixels in one row), every element's row runs and steps
-        # unrolled: their columns, and so their masks, known now.
+        # unrolled: their columns, and so their masks, known now.  (A share first..last of
+        # the elements, a phased plane's, is taken by whole window rows: every row once.)
         oy_first, oy_last = b.udiv(q_lo, i64(geo.ow)), b.udiv(b.sub(q_hi, i64(1)), i64(geo.ow))
         with for_range(b, b.udiv(last, i64(runs)), start=b.udiv(first, i64(runs)), name="re") as er, \
                 for_range(b, b.add(oy_last, i64(1)), start=oy_first, name="ry") as oy:
@@ -920,16 +921,13 @@ def build_row_element_plane(b, geo: Geometry, x, n, plane, pad, first, last, row
                     q = b.add(b.mul(oy, i64(geo.ow)), i64(ox))
                     with b.if_then(b.and_(b.icmp_signed(">=", q, q_lo), b.icmp_signed("<", q, q_hi))):
                         step_at(e, row, ok, j * g - geo.pl + ox * geo.sw, q)
-    with for_range(b, last, start=first, name="re") as e:
-        if geo.panel_major:
-            pass
-        else:
-            with for_range(b, oy_hi, start=oy_lo, name="ry") as oy:
-                row, ok, col0 = input_row(e, oy)
-                with for_range(b, _ceil(geo.ow, v), name="rv") as i:
-                    ox = b.mul(i, i64(v))
-                    ox = b.select(b.icmp_signed("<", ox, i64(geo.ow - v)), ox, i64(geo.ow - v))
-                    step(e, row, ok, col0, b.add(b.mul(oy, i64(geo.ow)), ox), ox)
+    else:
+        with for_range(b, last, start=first, name="re") as e, for_range(b, oy_hi, start=oy_lo, name="ry") as oy:
+            row, ok, col0 = input_row(e, oy)
+            with for_range(b, _ceil(geo.ow, v), name="rv") as i:
+                ox = b.mul(i, i64(v))
+                ox = b.select(b.icmp_signed("<", ox, i64(geo.ow - v)), ox, i64(geo.ow - v))
+                step(e, row, ok, col0, b.add(b.mul(oy, i64(geo.ow)), ox), ox)
     past = b.select(b.icmp_signed(">", q_lo, i64(geo.q)), q_lo, i64(geo.q))
     end = pixels[1] if pixels else i64(geo.qpad)
     with for_range(b, last, start=first, name="rp") as e:               # pixels past the image
