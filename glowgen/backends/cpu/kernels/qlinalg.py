@@ -871,29 +871,28 @@ def build_row_element_plane(b, geo: Geometry, x, n, plane, pad, first, last, row
         shifted = b.lshr(ones, b.sub(i64(64), b.select(b.icmp_signed(">", count, i64(0)), count, i64(1))))
         return b.select(b.icmp_signed(">", count, i64(0)), shifted, i64(0))
 
+    def deal_into(e, q, raw):
+        """The 64 input bytes `raw` dealt into element e of the 16 pixels from q."""
+        word = _elem(b, qs, b.shuffle_vector(raw, ir.Constant(raw_t, ir.Undefined), deal))
+        st = b.store(word, b.bitcast(b.gep(plane, [at(e, q)]), word.type.as_pointer()))
+        st.align = 4
+
     def step(e, row, ok, col0, q, ox):
         """The 16 pixels from q (= oy * OW + ox) of element e, from input row `row`."""
         col = b.add(col0, b.mul(ox, i64(geo.sw)))
         # Bytes col + i inside [0, W): i in [-col, W - col).
         inside = b.and_(first_bytes(b.sub(i64(geo.w), col)), b.not_(first_bytes(b.sub(i64(0), col))))
         mask = b.bitcast(b.select(ok, inside, i64(0)), mask_t)
-        raw = masked_load(b, b.gep(x, [b.add(row, col)]), mask, raw_pad)
-        word = _elem(b, qs, b.shuffle_vector(raw, ir.Constant(raw_t, ir.Undefined), deal))
-        st = b.store(word, b.bitcast(b.gep(plane, [at(e, q)]), word.type.as_pointer()))
-        st.align = 4
+        deal_into(e, q, masked_load(b, b.gep(x, [b.add(row, col)]), mask, raw_pad))
 
     def step_at(e, row, ok, col: int, q):
         """step where the first column, col, is known now: so is its mask of bytes inside."""
         inside = sum(1 << i for i in range(64) if 0 <= col + i < geo.w)
+        if inside == 0:
+            return deal_into(e, q, raw_pad)
         mask = b.bitcast(b.select(ok, ir.Constant(I64, inside - (1 << 64) if inside >= 1 << 63 else inside),
                                   i64(0)), mask_t)
-        if inside == 0:
-            raw = raw_pad
-        else:
-            raw = masked_load(b, b.gep(x, [b.add(row, i64(col))]), mask, raw_pad)
-        word = _elem(b, qs, b.shuffle_vector(raw, ir.Constant(raw_t, ir.Undefined), deal))
-        st = b.store(word, b.bitcast(b.gep(plane, [at(e, q)]), word.type.as_pointer()))
-        st.align = 4
+        deal_into(e, q, masked_load(b, b.gep(x, [b.add(row, i64(col))]), mask, raw_pad))
 
     def input_row(e, oy):
         """(row start in x, whether inside the image, pixel 0's first column) of element e
