@@ -12,7 +12,7 @@ from ..parallel import Work, parallel
 from ..scalar import ScalarEmitter, Value, const, load_elem, store_elem
 from ..vectors import splat
 from .base import SCRATCH, STRATEGY, KernelArgs, hook, kernel
-from .common import extreme, inside, lin, nest
+from .common import clamp, extreme, inside, lin, nest
 from .conv_planes import MAX_TAPS, emit_max_pool_planes, scratch_bytes
 
 
@@ -96,6 +96,11 @@ def _int_pool_geometry(node):
     return n, c, h, w, oh, ow
 
 
+def _smax(b, u, v):
+    """The signed maximum of integers (scalars or vectors) u and v."""
+    return b.select(b.icmp_signed(">", u, v), u, v)
+
+
 def max_pool_int_taps(k: KernelArgs):
     if by_rows(k.node):
         return max_pool_i8_rows(k)
@@ -175,9 +180,6 @@ def max_pool_i8_rows(k: KernelArgs):
         st = b.store(value, b.bitcast(b.gep(ptr, [offset]), value.type.as_pointer()))
         st.align = 1
 
-    def smax(u, v):
-        return b.select(b.icmp_signed(">", u, v), u, v)
-
     def starts(length, lanes):
         """The offsets of vectors of `lanes` covering [0, length): the last ends at length."""
         return sorted(set(list(range(0, length - lanes + 1, lanes)) + [length - lanes]))
@@ -186,10 +188,11 @@ def max_pool_i8_rows(k: KernelArgs):
     with for_range(b, oh, name="pz") as oy:     # the padding columns, once: never written again
         row = b.gep(rows, [b.mul(oy, i64(stride))])
         for lo, hi in pads:
-            for at in (starts(hi - lo, 16) if hi - lo >= 16 else range(lo, hi)):
-                if hi - lo >= 16:
+            if hi - lo >= 16:
+                for at in starts(hi - lo, 16):
                     store(splat(b, lowest, 16), row, i64(lo + at))
-                else:
+            else:
+                for at in range(lo, hi):
                     b.store(lowest, b.gep(row, [i64(at)]))
     evens = ir.Constant(ir.VectorType(I32, vo), [2 * i for i in range(vo)])
     lo, hi = k.split.range(b, n * c)
@@ -199,16 +202,14 @@ def max_pool_i8_rows(k: KernelArgs):
             top = b.sub(b.mul(oy, i64(sh)), i64(pt))
             srcs = []
             for ky in range(kh):
-                iy = b.add(top, i64(ky))
-                iy = b.select(b.icmp_signed("<", iy, i64(0)), i64(0), iy)
-                iy = b.select(b.icmp_signed(">", iy, i64(h - 1)), i64(h - 1), iy)
+                iy = clamp(b, b.add(top, i64(ky)), i64(0), i64(h - 1))
                 srcs.append(b.gep(plane, [b.mul(iy, i64(w))]))
             row = b.gep(rows, [b.mul(oy, i64(stride))])
             for col in starts(w, vi):
                 best = None
                 for src in srcs:
                     v = load(src, i64(col), vi)
-                    best = v if best is None else smax(best, v)
+                    best = v if best is None else _smax(b, best, v)
                 store(best, row, i64(pl + col))
         out = b.gep(y, [b.mul(nc, i64(oh * ow))])
         with for_range(b, oh, name="ph") as oy:
@@ -222,7 +223,7 @@ def max_pool_i8_rows(k: KernelArgs):
                         v = load(row, i64(at), vo)
                     else:
                         v = b.shuffle_vector(load(row, i64(at), vo), load(row, i64(at + vo), vo), evens)
-                    best = v if best is None else smax(best, v)
+                    best = v if best is None else _smax(b, best, v)
                 store(best, orow, i64(ox))
 
 
@@ -247,9 +248,6 @@ def max_pool_int_taps_separable(k: KernelArgs):
     ox_hi = max(ox_lo, min(ow, (w - 1 + pads[1] - (kw - 1) * dw) // sw + 1))
     lo, hi = k.split.range(b, n * c)
 
-    def smax(u, v):
-        return b.select(b.icmp_signed(">", u, v), u, v)
-
     with for_range(b, hi, start=lo, name="pp") as nc:
         plane = b.gep(x, [b.mul(nc, i64(h * w))])
         with for_range(b, h, name="pr") as iy:
@@ -262,7 +260,7 @@ def max_pool_int_taps_separable(k: KernelArgs):
                     ix = b.add(b.mul(ox, i64(sw)), i64(kx * dw - pads[1]))
                     ok = b.and_(b.icmp_signed(">=", ix, i64(0)), b.icmp_signed("<", ix, i64(w)))
                     v = b.load(b.gep(src, [b.select(ok, ix, i64(0))]))
-                    best = smax(b.select(ok, v, lowest), best)
+                    best = _smax(b, b.select(ok, v, lowest), best)
                 b.store(best, b.gep(dst, [ox]))
             with for_range(b, ox_lo, name="pl") as ox:
                 checked(ox)
@@ -270,7 +268,7 @@ def max_pool_int_taps_separable(k: KernelArgs):
                 base = b.sub(b.mul(ox, i64(sw)), i64(pads[1]))
                 best = b.load(b.gep(src, [base]))
                 for kx in range(1, kw):
-                    best = smax(b.load(b.gep(src, [b.add(base, i64(kx * dw))])), best)
+                    best = _smax(b, b.load(b.gep(src, [b.add(base, i64(kx * dw))])), best)
                 b.store(best, b.gep(dst, [ox]))
             with for_range(b, ow, start=ox_hi, name="pr") as ox:
                 checked(ox)
@@ -286,7 +284,7 @@ def max_pool_int_taps_separable(k: KernelArgs):
                     srow = b.gep(rows, [b.mul(iy, i64(ow))])
                     with for_range(b, ow, name="pv") as ox:
                         at = b.gep(orow, [ox])
-                        b.store(smax(b.load(b.gep(srow, [ox])), b.load(at)), at)
+                        b.store(_smax(b, b.load(b.gep(srow, [ox])), b.load(at)), at)
 
 
 @kernel("MaxPoolN")
