@@ -269,6 +269,42 @@ def test_plane_of_interleaved_rows(case, cpu):
     assert all(r.tobytes() == results[0].tobytes() for r in results)
 
 
+# Padded and strided planes built a row at a time in masked 16-element steps with AVX-512BW
+# (qlinalg.build_plane_rows; x86-64-v3 builds them element by element): rows narrower than
+# a step, of one step, of whole and of ragged steps; the input's columns all inside, all
+# past either edge, and taps dealt by stride 2 into two column phases; pads up to 3 either
+# side, asymmetric, dilated; two groups; the last two split (phased, and by own pixels).
+PLANE_ROWS = [
+    # n, c, h, w, m, k, strides, pads, dilations, group
+    (1, 8, 5, 5, 16, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),        # rows of 7: a masked store
+    (1, 4, 14, 14, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),       # rows of 16: one step
+    (2, 12, 9, 21, 10, 3, (1, 1), (0, 3, 2, 1), (1, 1), 1),      # 25: two steps, overlapping
+    (1, 8, 6, 40, 8, 5, (2, 1), (2, 2, 2, 2), (1, 2), 1),        # 48: three whole steps
+    (1, 8, 28, 28, 16, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),      # stride 2: two phases of 15
+    (1, 16, 11, 45, 12, 3, (2, 2), (0, 2, 1, 0), (1, 1), 2),     # 24 a phase, two groups
+    (1, 8, 9, 9, 8, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),         # 1x1 at stride 2: one phase
+    (1, 64, 28, 28, 128, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),    # split: phased plane
+    (1, 32, 40, 40, 16, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),     # split: each task its rows
+]
+
+
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+@pytest.mark.parametrize("case", range(len(PLANE_ROWS)))
+def test_plane_rows_in_vectors(case, cpu):
+    n, c, h, w, m, k, s, p, d, group = PLANE_ROWS[case]
+    text, feeds, want = conv_case(np.random.default_rng(500 + case), n, c, h, w, m, k, s, p, d, group,
+                                  bounds=(-40, 110))
+    results = []
+    for threads in (1, 2, 3):
+        model, _ = _compile(text, cpu, threads)
+        ins = [i for i in model.program.instrs if i.kind == "QuantizedConv"][0]
+        geo = Geometry(ins.node, QShape(ins.plan.strategy))
+        assert not geo.im2col and not interleaves_rows(geo)
+        results.append(model.run(feeds)["y"])
+        np.testing.assert_array_equal(results[-1], want, err_msg=f"{cpu} {threads} threads")
+    assert all(r.tobytes() == results[0].tobytes() for r in results)
+
+
 DEPTHWISE_CASES = [
     # n, c, h, w, m, k, strides, pads, dilations, group (= c = m: one filter per channel)
     (1, 8, 9, 9, 8, 3, (1, 1), (1, 1, 1, 1), (1, 1), 8),
