@@ -273,7 +273,8 @@ def test_plane_of_interleaved_rows(case, cpu):
 # (qlinalg.build_plane_rows; x86-64-v3 builds them element by element): rows narrower than
 # a step, of one step, of whole and of ragged steps; the input's columns all inside, all
 # past either edge, and taps dealt by stride 2 into two column phases; pads up to 3 either
-# side, asymmetric, dilated; two groups; the last two split (phased, and by own pixels).
+# side, asymmetric, dilated; two groups; the last two split (each task the whole small plane,
+# and its own pixels' rows; test_int8_phases has a plane built in shares).
 PLANE_ROWS = [
     # n, c, h, w, m, k, strides, pads, dilations, group
     (1, 8, 5, 5, 16, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),        # rows of 7: a masked store
@@ -283,7 +284,7 @@ PLANE_ROWS = [
     (1, 8, 28, 28, 16, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),      # stride 2: two phases of 15
     (1, 16, 11, 45, 12, 3, (2, 2), (0, 2, 1, 0), (1, 1), 2),     # 24 a phase, two groups
     (1, 8, 9, 9, 8, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),         # 1x1 at stride 2: one phase
-    (1, 64, 28, 28, 128, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),    # split: phased plane
+    (1, 64, 28, 28, 128, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),    # split by filters: each task all
     (1, 32, 40, 40, 16, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),     # split: each task its rows
 ]
 

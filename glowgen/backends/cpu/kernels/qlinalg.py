@@ -20,7 +20,7 @@ no scale or offset of its own.
 A split shares out blocks of MR filters, or panels of pixels where the filters' blocks do
 not share out evenly (parallel.splits_blocks): over one image and one group, its tasks first
 build the plane together, each a share of its channel groups, in scratch they all read
-(q_phases); a plane that is the input with channels interleaved is shared out by pixels
+(q_phases; a small one each builds whole for itself); a plane that is the input with channels interleaved is shared out by pixels
 instead, each task building its own pixels' plane (owns_pixels).
 
 A grouped convolution is one product per group, side by side in one loop of blocks: each
@@ -292,6 +292,16 @@ def q_scratch(ins, shape) -> int:
     return need - geo.plane_bytes if ins.plan.phases else need      # the plane is shared
 
 
+# A plane built a row at a time in vectors (build_plane_rows) of fewer bytes than this each
+# task builds whole for itself, in its own scratch, where a round of its own built it in
+# shares: the round's wait, and the half of the plane each task then read from the other
+# core, cost more than the half it builds twice.  Emerald Rapids, two threads, alternating,
+# sums of per-step minima: ResNet-50's 3x3s at 14 x 14 (planes of 65 KB) 904 -> 857 us, at
+# 7 x 7 (41 KB) 389 -> 369; ResNet-18's at 14 x 14 712 -> 598; but its 3x3 at 56 x 56 from
+# 64 channels (215 KB) 950 -> 987.
+PHASED_PLANE_MIN_BYTES = 128 << 10
+
+
 @hook(PHASES, "QuantizedConv")
 def q_phases(ins, shape, parts: int) -> Optional[Phases]:
     """A split int8 product over one image and one group builds its plane in a round of its
@@ -306,6 +316,8 @@ def q_phases(ins, shape, parts: int) -> Optional[Phases]:
     qs = QShape(ins.plan.strategy)
     geo = Geometry(ins.node, qs)
     if not geo.conv or geo.batch != 1 or geo.ng != 1 or owns_pixels(geo, qs, parts):
+        return None
+    if builds_rows_in_vectors(geo) and geo.plane_bytes < PHASED_PLANE_MIN_BYTES:
         return None
     return Phases(2, geo.plane_bytes)
 
@@ -710,7 +722,7 @@ def build_conv_plane(b, geo: Geometry, x, n, plane, pad, first=None, last=None, 
         return interleave_channels(b, geo, x, n, plane, first, last)
     if geo.im2col:
         return build_im2col_plane(b, geo, x, n, plane, pad, first, last)
-    if builds_rows_in_vectors(b, geo):
+    if builds_rows_in_vectors(geo):
         return build_plane_rows(b, geo, x, n, plane, pad, first, last, rows)
     pad_value = b.trunc(pad, qs.elem)
     cols = len(geo.phase_cols)
@@ -762,11 +774,12 @@ def build_conv_plane(b, geo: Geometry, x, n, plane, pad, first=None, last=None, 
 ROW_STEP = 16
 
 
-def builds_rows_in_vectors(b, geo: Geometry) -> bool:
-    """Whether build_conv_plane takes build_plane_rows: with AVX-512BW (byte masks), i8
-    values, each group's channels in whole elements, column strides 1 and 2."""
-    return (target_has(b.module, "avx512bw") and geo.qs.bits == 8 and geo.cg % geo.qs.group == 0
-            and geo.sw in (1, 2))
+def builds_rows_in_vectors(geo: Geometry) -> bool:
+    """Whether build_conv_plane takes build_plane_rows: a padded or strided plane (not the
+    input interleaved, nor im2col) of i8 values in 512-bit vectors (AVX-512BW: byte masks),
+    each group's channels in whole elements, at column strides 1 and 2."""
+    return (geo.conv and not geo.im2col and not interleaves_rows(geo) and geo.qs.vw == 16 and geo.qs.bits == 8
+            and geo.cg % geo.qs.group == 0 and geo.sw in (1, 2))
 
 
 def build_plane_rows(b, geo: Geometry, x, n, plane, pad, first, last, rows=None):
