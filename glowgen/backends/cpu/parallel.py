@@ -69,26 +69,40 @@ class Split:
         per = -(-extent // self.parts)
         return -(-per // align) * align
 
-    def range(self, b: ir.IRBuilder, extent: int, align: int = 1):
+    def range(self, b: ir.IRBuilder, extent: int, align: int = 1, short_first: bool = False):
         """(lo, hi) of this task's share of [0, extent): consecutive shares of
         ceil(extent / parts) items rounded up to a multiple of `align` (the last may be
-        shorter or empty)."""
+        shorter or empty; `short_first`: the first instead, where the last item is only
+        partly work, which the task with the fewest items then takes: with `align` 1 only,
+        since the short share's start is no multiple of it)."""
+        assert align == 1 or not short_first
         if self.whole:
             return i64(0), i64(extent)
         chunk = self.chunk(extent, align)
+        if short_first:
+            # Shares counted back from the end: task i ends (parts - 1 - i) chunks before it.
+            hi = b.sub(i64(extent), b.mul(b.sub(i64(self.parts - 1), self.index), i64(chunk)))
+            hi = b.select(b.icmp_signed(">", hi, i64(0)), hi, i64(0))
+            lo = b.sub(hi, i64(chunk))
+            return b.select(b.icmp_signed(">", lo, i64(0)), lo, i64(0)), hi
         lo = b.mul(self.index, i64(chunk))
         lo = b.select(b.icmp_signed("<", lo, i64(extent)), lo, i64(extent))
         hi = b.add(lo, i64(chunk))
         hi = b.select(b.icmp_signed("<", hi, i64(extent)), hi, i64(extent))
         return lo, hi
 
-    def blocks_or_panels(self, b: ir.IRBuilder, blocks: int, panels: int, pixels: bool):
+    def blocks_or_panels(self, b: ir.IRBuilder, blocks: int, panels: int, pixels: bool,
+                         ragged: tuple[bool, bool] = (False, False)):
         """((lo, hi) of the blocks, (lo, hi) of the panels) this task computes of a product
         of `blocks` x `panels` tiles: every block and its share of the panels where the
-        product shares out its `pixels`, else its share of the blocks and every panel."""
+        product shares out its `pixels`, else its share of the blocks and every panel.
+        `ragged`: whether the last block, and the last panel, computes less than the others
+        (range's short_first).  ResNet-50's int8 1024 -> 256 1x1 at 14 x 14 at two threads,
+        25 blocks of 8 rows shared out 13 and 12 (the last of 4 rows): tasks 105 and 89 us;
+        12 and 13: 100 and 94."""
         if pixels:
-            return (i64(0), i64(blocks)), self.range(b, panels)
-        return self.range(b, blocks), (i64(0), i64(panels))
+            return (i64(0), i64(blocks)), self.range(b, panels, short_first=ragged[1])
+        return self.range(b, blocks, short_first=ragged[0]), (i64(0), i64(panels))
 
     def is_last(self, b: ir.IRBuilder) -> ir.Value:
         """An i1: this task takes what does not divide evenly (a loop's ragged tail)."""

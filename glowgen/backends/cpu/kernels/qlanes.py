@@ -194,7 +194,8 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
     if k.phased and k.phase == 0:           # this task's share of the shared plane
         build_plane(b, geo, x, i64(0), plane, pad, *k.split.range(b, geo.plane_groups))
         return
-    (lo, hi), (rb_lo, rb_hi) = k.split.blocks_or_panels(b, lanes.tiles, lanes.row_blocks, pixels)
+    (lo, hi), (rb_lo, rb_hi) = k.split.blocks_or_panels(b, lanes.tiles, lanes.row_blocks, pixels,
+                                                         ragged=(False, lanes.tail_rows < lanes.mr))
 
     def position(r):
         """Row r's place in the plane; rows past the last repeat it (computed, not kept)."""

@@ -525,7 +525,8 @@ def quantized_product(k: KernelArgs):
         return
     own = owns_pixels(geo, qs, k.split.parts)
     (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr,
-                                                       own or splits_pixels(geo, qs, k.split.parts))
+                                                       own or splits_pixels(geo, qs, k.split.parts),
+                                                       ragged=(False, geo.last_vectors < qs.nv))
     # row_elements' plane panel by panel is built a band of its panels at a time, each band's
     # tiles computed before the next (in L1: BAND_PANELS panels), where the whole plane (2.1 MB
     # for ResNet's stem) went out to L3 and back.
