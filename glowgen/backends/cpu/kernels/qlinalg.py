@@ -9,10 +9,11 @@ of the product, and tap (ky, kx) reads element q + a constant offset: every tap'
 one load, no im2col.  The columns ox >= OW of each row are computed and dropped (Wq - OW of
 Wq: 2 of 58 for a 3x3 convolution at 56x56).  The product goes, requantized, to a scratch
 block [M][Q] and then its rows to the output; with AVX-512 VBMI2 each run of a tile goes
-straight into the output instead, its output pixels compressed together (store_compressed).  A matrix product is the same with the
-transposed rows of x as its plane ([K / G][rows] elements) and one tap; one with no more
-rows than a tile broadcasts (batch 1), or a convolution of small images, turns around, its
-features in the lanes (qlanes.py), where that leaves fewer lanes idle.
+straight into the output instead, its output pixels compressed together (store_compressed).
+A matrix product is the same with the transposed rows of x as its plane ([K / G][rows]
+elements) and one tap; one with no more rows than a tile broadcasts (batch 1), or a
+convolution of small images, turns around, its features in the lanes (qlanes.py), where
+that leaves fewer lanes idle.
 
 Weights, the per-filter bias correction and the multipliers are packed once at compile time
 into one constant buffer (qgemm.pack_a / pack_epilogue), in place of the weights operand,
@@ -21,8 +22,9 @@ no scale or offset of its own.
 A split shares out blocks of MR filters, or panels of pixels where the filters' blocks do
 not share out evenly (parallel.splits_blocks): over one image and one group, its tasks first
 build the plane together, each a share of its channel groups, in scratch they all read
-(q_phases; a small one each builds whole for itself); a plane that is the input with channels interleaved is shared out by pixels
-instead, each task building its own pixels' plane (owns_pixels).
+(q_phases; a small one each builds whole for itself); a plane that is the input with
+channels interleaved is shared out by pixels instead, each task building its own pixels'
+plane (owns_pixels).
 
 A grouped convolution is one product per group, side by side in one loop of blocks: each
 group's filters packed as their own blocks, meeting only its own channels' elements of the
@@ -873,14 +875,12 @@ def build_plane_rows(b, geo: Geometry, x, n, plane, pad, first, last, rows=None)
                     for x0 in starts:
                         col = x0 * geo.sw + px - geo.pl        # the step's first input column
                         inside = [0 <= col + j < geo.w for j in range(load_bytes)]
-                        loads = []
-                        for t in range(g):
-                            if not any(inside):
-                                loads.append(raw_pad)
-                                continue
+                        if any(inside):
                             mask = b.select(ok, ir.Constant(mask_t, inside), ir.Constant(mask_t, [0] * load_bytes))
-                            src = b.gep(row, [i64(t * geo.h * geo.w + col)])
-                            loads.append(masked_load(b, src, mask, raw_pad))
+                            loads = [masked_load(b, b.gep(row, [i64(t * geo.h * geo.w + col)]), mask, raw_pad)
+                                     for t in range(g)]
+                        else:                               # every column in the padding
+                            loads = [raw_pad] * g
                         word = _elem(b, qs, b.shuffle_vector(join_vectors(b, loads), ir.Constant(
                             ir.VectorType(I8, g * load_bytes), ir.Undefined), deal))
                         word = b.bitcast(word, ir.VectorType(I32, s))
