@@ -37,14 +37,15 @@ VECTOR_SAFE = frozenset(f.name for f in SCALAR_FUNCTIONS.values() if f.vector_sa
 PRODUCT_TYPES = ("f32", "i8")
 
 
-def product_space(ins) -> Optional[tuple[int, int, int]]:
+def product_space(ins, features: str = "") -> Optional[tuple[int, int, int]]:
     """The [batch, rows, columns] view of a product's result, if its kernel (as its plan has
-    it) stores whole vectors of one row through an epilogue (kernels/base.PRODUCT_SPACE:
-    GEMM kernels, depthwise convolutions, int8 products storing straight into their output)."""
+    it, on a target of these `features`) stores whole vectors of one row through an
+    epilogue (kernels/base.PRODUCT_SPACE: GEMM kernels, depthwise convolutions, int8
+    products storing straight into their output)."""
     space = PRODUCT_SPACE.get(ins.kind)
     if space is None or ins.plan is None or ins.node.outputs[0].type.dtype not in PRODUCT_TYPES:
         return None
-    return space(ins)
+    return space(ins, features)
 
 
 def _group_strides(shape, strides, space) -> Optional[tuple]:
@@ -82,11 +83,11 @@ def _tree_funcs(tree, scalars, seen=None) -> set:
     return seen
 
 
-def can_fuse(producer: Step, stack: Step, registry) -> bool:
+def can_fuse(producer: Step, stack: Step, registry, features: str = "") -> bool:
     if producer.stacked or not stack.stacked or len(producer.instrs) != 1 or has_gathers(stack):
         return False
     prod = producer.instrs[0]
-    space = product_space(prod)
+    space = product_space(prod, features)
     if space is None:
         return False
     size = space[0] * space[1] * space[2]
@@ -131,10 +132,10 @@ def _prod(xs):
     return p
 
 
-def fuse_epilogues(steps: list[Step], registry) -> list[Step]:
+def fuse_epilogues(steps: list[Step], registry, features: str = "") -> list[Step]:
     out: list[Step] = []
     for step in steps:
-        if out and can_fuse(out[-1], step, registry):
+        if out and can_fuse(out[-1], step, registry, features):
             prev = out.pop()
             out.append(Step(prev.instrs + step.instrs, False, epilogue=step))
         else:
@@ -153,7 +154,7 @@ class EpilogueEmitter:
         self.step, self.registry, self.ptr, self.vw = step, registry, ptr, vw
         self.prod = step.instrs[0]
         self.stack = step.instrs[1:]
-        self.space = product_space(self.prod)
+        self.space = product_space(self.prod, prog.plan.features)
         self.shape = step.epilogue.shape
         self.needed = stores_needed(step, prog, life)
         self.dtype = self.prod.node.outputs[0].type.dtype

@@ -76,7 +76,7 @@ def stacking(prog: Program, registry) -> None:
 
 def epilogue_fusion(prog: Program, registry) -> None:
     if prog.plan.stacking:
-        prog.plan.steps = fuse_epilogues(prog.plan.steps, registry)
+        prog.plan.steps = fuse_epilogues(prog.plan.steps, registry, prog.plan.features)
 
 
 def row_fusion(prog: Program, registry) -> None:

@@ -268,7 +268,7 @@ def conv_scratch(ins, shape) -> int:
 
 
 @hook(PRODUCT_SPACE, "Conv")
-def conv_product_space(ins):
+def conv_product_space(ins, features: str = ""):
     """[batch, filters, pixels]: a matrix product stores whole rows of it; a direct
     convolution over planes with several input channels per group accumulates them in its
     output, and only a one-channel (depthwise) one keeps its sum in registers."""

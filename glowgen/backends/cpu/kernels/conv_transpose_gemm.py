@@ -51,7 +51,7 @@ def conv_transpose_repack(prog, ins, shape, users) -> bool:
 
 
 @hook(PRODUCT_SPACE, "ConvTranspose")
-def conv_transpose_product_space(ins):
+def conv_transpose_product_space(ins, features: str = ""):
     """[batch, channels, output pixels]: the store hands whole vectors of an output row to
     the epilogue."""
     if ins.plan.strategy != "interleaved":

@@ -69,7 +69,7 @@ def bmm_packing(ins, shape):
 
 
 @hook(PRODUCT_SPACE, "BatchMatMul")
-def bmm_product_space(ins):
+def bmm_product_space(ins, features: str = ""):
     return tuple(ins.node.outputs[0].type.shape) if ins.plan.strategy == "gemm" else None
 
 

@@ -459,7 +459,7 @@ def q_work(node, shape, ins) -> Work:
 
 
 @hook(PRODUCT_SPACE, "QuantizedConv")
-def q_product_space(ins):
+def q_product_space(ins, features: str = ""):
     """[batch, filters, pixels] where the product's tiles store their runs of i8 pixels
     straight into y (Geometry.direct: pixels in the lanes, no dropped columns), through the
     epilogue a stack fused into it gives them (epilogue.py: a residual's QuantizedAdd, which
@@ -468,14 +468,15 @@ def q_product_space(ins):
     1x1 convolutions against the convolutions and the sums apart (sums of per-step minima,
     us): at 56 x 56 907 -> 877, 28 x 28 882 -> 829, 14 x 14 1202 -> 1159, the model 15.34 ->
     15.03 ms (outputs the same); at x86-64-v3, AVX2's runs of 16 lanes, 2396 -> 2561,
-    2813 -> 2908, 3925 -> 4001: slower, so not there."""
+    2813 -> 2908, 3925 -> 4001: slower, so not there.  Likewise a convolution storing its
+    runs compressed (compresses_runs on a target of these `features`)."""
     if ins.plan.strategy not in QSHAPES:
         return None
     qs = QShape(ins.plan.strategy)
     if qs.vw < 16:
         return None
     geo = Geometry(ins.node, qs)
-    if not geo.direct or qlanes.in_lanes(geo, qs):
+    if qlanes.in_lanes(geo, qs) or not (geo.direct or compresses_runs(geo, "+avx512vbmi2" in features.split(","))):
         return None
     n, m, oh, ow = ins.node.outputs[0].type.shape
     return (n, m, oh * ow)
@@ -529,7 +530,7 @@ def quantized_product(k: KernelArgs):
     own = owns_pixels(geo, qs, k.split.parts)
     # Runs with dropped columns stored straight into y, their output pixels compressed
     # together (compresses_runs), in place of the result block and its copy into y.
-    compress = compresses_runs(b, geo) and k.epilogue is None
+    compress = compresses_runs(geo, target_has(b.module, "avx512vbmi2"))
     (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr,
                                                        own or splits_pixels(geo, qs, k.split.parts),
                                                        ragged=(False, geo.last_vectors < qs.nv))
@@ -580,7 +581,7 @@ def quantized_product(k: KernelArgs):
                     store_direct(b, geo, run, y, n, *geo.filter_of_row(b, r), q0, k.epilogue)
                     continue
                 if compress:
-                    store_compressed(b, geo, run, y, n, *geo.filter_of_row(b, r), q0, inside)
+                    store_compressed(b, geo, run, y, n, *geo.filter_of_row(b, r), q0, inside, k.epilogue)
                     continue
                 st = b.store(run, b.bitcast(b.gep(ys, [b.add(b.mul(r, i64(geo.qpad)), q0)]), run.type.as_pointer()))
                 st.align = 1
@@ -673,15 +674,15 @@ def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q, epilogue=None):
                     b.store(b.extract_element(v, lane), b.gep(at, [lane]))
 
 
-def compresses_runs(b, geo: Geometry) -> bool:
+def compresses_runs(geo: Geometry, vbmi2: bool) -> bool:
     """Whether a convolution whose plane rows carry columns past OW (a padded one: not
     Geometry.direct) stores its tiles' runs straight into y (store_compressed): with
-    512-bit products and AVX-512 VBMI2's byte compress.  In place of the result block and
+    512-bit products and AVX-512 VBMI2's byte compress (`vbmi2`: the target has it).  In place of the result block and
     its copy into y, Emerald Rapids, alternating, sums of per-step minima: ResNet-18's 3x3s
     at 56 x 56 1458 -> 1424 us at one thread, 739 -> 700 at two (the model 6.13 -> 6.03 and
     2.99 -> 2.93 ms); ResNet-50's 1063 -> 1017; at 28 x 28 and 14 x 14 about the same.
     (The result block's scratch stays reserved: Geometry does not know the target.)"""
-    return geo.conv and not geo.direct and not geo.im2col and geo.qs.vw == 16 and target_has(b.module, "avx512vbmi2")
+    return geo.conv and not geo.direct and not geo.im2col and geo.qs.vw == 16 and vbmi2
 
 
 def pixel_lanes(b, geo: Geometry, q, lanes: int):
@@ -699,11 +700,12 @@ def pixel_lanes(b, geo: Geometry, q, lanes: int):
     return b.and_(mask, below(b.sub(i64(geo.oh * geo.wq), q)))
 
 
-def store_compressed(b, geo: Geometry, v, y, n, m, is_filter, q, inside):
+def store_compressed(b, geo: Geometry, v, y, n, m, is_filter, q, inside, epilogue=None):
     """The i8 vector v of plane columns q.. of filter m into image n of y, only its lanes
     that are output pixels (`inside`: pixel_lanes' mask), which are consecutive pixels of
     y: compressed together (`vpcompressb`) and stored by one masked store from the first
-    one's place.  Nothing where m is a padded row."""
+    one's place (or handed so to the `epilogue` of a fused stack, as store_direct's).
+    Nothing where m is a padded row."""
     vw = v.type.count
     inside = b.and_(b.select(is_filter, inside, i64(0)), i64((1 << vw) - 1))
     row, col = b.udiv(q, i64(geo.wq)), b.urem(q, i64(geo.wq))
@@ -715,8 +717,10 @@ def store_compressed(b, geo: Geometry, v, y, n, m, is_filter, q, inside):
     packed = b.call(compress, [v, ir.Constant(v.type, None), b.bitcast(bits, mask_t)])
     popcount = intrinsic(b.module, "llvm.ctpop.i64", I64, [I64])
     count = b.call(popcount, [inside])
-    first_lanes = b.trunc(b.sub(b.shl(i64(1), count), i64(1)), ir.IntType(vw))
-    masked_store(b, packed, at, b.bitcast(first_lanes, mask_t))
+    first_lanes = b.bitcast(b.trunc(b.sub(b.shl(i64(1), count), i64(1)), ir.IntType(vw)), mask_t)
+    if epilogue is not None:
+        return epilogue(b, packed, n, m, first, first_lanes)
+    masked_store(b, packed, at, first_lanes)
 
 
 def _elem(b, qs: QShape, v8):
