@@ -88,3 +88,34 @@ def test_tasks_building_their_own_pixels_plane_are_exact(case, cpu):
         results.append(model.run(feeds)["y"])
         np.testing.assert_array_equal(results[-1], want, err_msg=f"{cpu} {threads} threads")
     assert all(r.tobytes() == results[0].tobytes() for r in results)
+
+
+CLAIMED = [
+    # n, c, h, w, m, k, strides, pads: split by filters, claimed as the tasks go
+    (1, 256, 22, 22, 384, 3, (1, 1), (1, 1, 1, 1)),     # a plane of 144 KB built in shares
+    (1, 128, 14, 14, 192, 3, (2, 2), (1, 1, 1, 1)),     # a small plane each task builds whole
+    (1, 192, 7, 7, 256, 1, (1, 1), (0, 0, 0, 0)),       # features in the lanes
+]
+_VBMI2 = "avx512_vbmi2" in open("/proc/cpuinfo").read()
+
+
+@pytest.mark.parametrize("case", range(len(CLAIMED)))
+def test_tasks_claiming_filters_compute_each_once_every_run(case):
+    """Tasks claiming their blocks of filters (features' tiles) from a counter as they go
+    (qlinalg.claims_filters, parallel.for_claimed): every block once, in every run (the
+    counter zeroed before each) and in concurrent calls (each its own counter)."""
+    n, c, h, w, m, k, s, p = CLAIMED[case]
+    text, feeds, want = conv_case(np.random.default_rng(700 + case), n, c, h, w, m, k, s, p)
+    for threads in (2, 3):
+        model, _ = _compile(text, None, threads)
+        ins = [i for i in model.program.instrs if i.kind == "QuantizedConv"][0]
+        if _VBMI2:
+            assert ins.plan.phases is not None and ins.plan.phases.claims, model.program.plan.describe()
+        for _ in range(3):
+            np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{threads} threads")
+        xs = [np.random.default_rng(i).integers(-128, 128, (n, c, h, w)).astype(np.int8) for i in range(4)]
+        alone = [model.run({"x": x})["y"] for x in xs]
+        with ThreadPoolExecutor(3) as pool:
+            together = list(pool.map(lambda x: model.run({"x": x})["y"], xs * 3))
+        for i, y in enumerate(together):
+            np.testing.assert_array_equal(y, alone[i % len(xs)])

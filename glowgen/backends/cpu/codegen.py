@@ -29,6 +29,7 @@ from .kernels import KERNELS, KernelArgs
 from .llvmutil import F32, I8, I8P, I32, I64, for_range, i64, intrinsic, storage_type, TargetModule
 from .loops import blocked_loops, innermost_extent, strided_loops
 from .parallel import WHOLE, Split
+from .plan import CLAIM_BYTES
 from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
 from .rows import emit_group, stack_rows
@@ -312,6 +313,9 @@ class ModuleBuilder:
                     raw = b.gep(regions["activation"], [i64(self.scratch_offset)])
                     ptrs.append(b.bitcast(raw, F32.as_pointer()))
             start = b.call(clock, []) if clock is not None else None
+            claims = self._claim_counter(b, regions, self.plan.steps[index])
+            if claims is not None:          # the tasks claim their work from zero (plan.Phases)
+                b.store_atomic(i64(0), claims, "monotonic", 8)
             env = None
             for fn, task in rounds:         # a phased step's rounds, each after the last
                 if task is None:
@@ -329,6 +333,16 @@ class ModuleBuilder:
                 b.store(b.select(b.icmp_unsigned("<", spent, old), spent, old), slot)
         b.ret(ir.Constant(I32, 0))
         return entry
+
+    def _claim_counter(self, b: ir.IRBuilder, regions: dict, step: Step):
+        """The i64 counter a step's tasks claim their work from (plan.Phases.claims): the
+        last CLAIM_BYTES of the scratch they share; None for a step without one."""
+        ins = step.instrs[0] if step.instrs else None
+        phases = ins.plan.phases if ins is not None and ins.plan is not None else None
+        if phases is None or not phases.claims or step.parts < 2:
+            return None
+        at = b.gep(regions["activation"], [i64(self.scratch_offset + phases.shared - CLAIM_BYTES)])
+        return b.bitcast(at, I64.as_pointer())
 
     @staticmethod
     def _control(b: ir.IRBuilder, ins: Instr, pointer, open_regions: list) -> None:

@@ -114,6 +114,30 @@ class Split:
 WHOLE = Split(None, 1)
 
 
+def for_claimed(b: ir.IRBuilder, counter, total: int, parts: int, body) -> None:
+    """body(lo, hi) (i64 values) for each run of [0, total) this task claims from `counter`
+    (an i64*, zero before the round), until none is left: ceil(left / (2 parts)) items at a
+    claim, so that a task on a core running slower than the others (a VM's vCPU sharing its
+    core) takes less of the work, in a few claims.  Which task computes an item never
+    changes what it computes."""
+    fn = b.function
+    head, take, run, done = (fn.append_basic_block(n) for n in ("claim", "claim.take", "claimed", "claims.done"))
+    b.branch(head)
+    b.position_at_end(head)
+    seen = b.load_atomic(counter, "monotonic", 8)
+    left = b.sub(i64(total), seen)
+    b.cbranch(b.icmp_signed("<=", left, i64(0)), done, take)
+    b.position_at_end(take)
+    chunk = b.sdiv(b.add(left, i64(2 * parts - 1)), i64(2 * parts))
+    hi = b.add(seen, chunk)
+    won = b.extract_value(b.cmpxchg(counter, seen, hi, "monotonic", "monotonic"), 1)
+    b.cbranch(won, run, head)
+    b.position_at_end(run)
+    body(seen, hi)
+    b.branch(head)
+    b.position_at_end(done)
+
+
 def splits_blocks(blocks: int, split: Split) -> bool:
     """Whether a split product shares out its blocks of filters (or of features, in the lanes)
     rather than its panels of pixels (or blocks of rows): when the blocks divide among the

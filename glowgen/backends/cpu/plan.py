@@ -70,9 +70,15 @@ class Phases:
     stay unphased: their cheap copies are faster read from each core's own cache."""
     count: int                          # rounds of the step's tasks
     shared: int                         # bytes of scratch the tasks share (before their own)
+    # Whether the last round's tasks claim their work as they go from a counter in the last
+    # CLAIM_BYTES of the shared scratch, which the caller zeroes before the first round.
+    claims: bool = False
 
     def __str__(self) -> str:
-        return f"phases {self.count} (shared scratch {self.shared})"
+        return f"phases {self.count} (shared scratch {self.shared}{', claimed' if self.claims else ''})"
+
+
+CLAIM_BYTES = 64                        # the claim counter's own cache line
 
 
 @attrs.define(eq=False)

@@ -9,7 +9,7 @@ from typing import Callable
 from llvmlite import ir
 
 from ..parallel import WHOLE
-from ..plan import InstrPlan
+from ..plan import CLAIM_BYTES, InstrPlan
 
 KERNELS: dict[str, Callable] = {}
 
@@ -85,6 +85,15 @@ class KernelArgs:
         # `plan.phases.count` (None: unphased, all of it), with the scratch all tasks share.
         self.phase = None
         self.shared_scratch = None
+        self.phases = plan.phases         # plan.Phases, or None
+
+    def claim_counter(self):
+        """The i64* counter the tasks claim their work from (plan.Phases.claims), or None."""
+        if self.phases is None or not self.phases.claims or self.split.whole:
+            return None
+        at = self.b.gep(self.b.bitcast(self.shared_scratch, ir.IntType(8).as_pointer()),
+                        [ir.Constant(ir.IntType(64), self.phases.shared - CLAIM_BYTES)])
+        return self.b.bitcast(at, ir.IntType(64).as_pointer())
 
     @property
     def phased(self) -> bool:

@@ -32,6 +32,7 @@ from llvmlite import ir
 
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
+from ..parallel import for_claimed
 from ..qgemm import (PackedConstants, QShape, emit_tile, narrowed_rows, pack_epilogue, pack_offsets,
                      products_in_range, requantize_for_narrow, weights_prefetch)
 
@@ -240,27 +241,35 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
             own_plane(b, n, plane, pad, position(b.mul(rb_lo, i64(mr))), position(b.sub(b.mul(rb_hi, i64(mr)), i64(1))))
         elif not k.phased:
             build_plane(b, geo, x, n, plane, pad)
-        with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, rb_hi, start=rb_lo, name="lr") as rb:
-            if lanes.tail_rows == mr:
-                tile_rows(mr, tile, rb)
-            else:                           # the last block has the rows left
-                with b.if_else(b.icmp_signed("<", rb, i64(lanes.row_blocks - 1))) as (whole, last):
-                    with whole:
-                        tile_rows(mr, tile, rb)
-                    with last:
-                        tile_rows(lanes.tail_rows, tile, rb)
-        m_lo = b.mul(lo, i64(qs.nr))
-        m_hi = b.mul(hi, i64(qs.nr))
-        m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
-        r_lo = b.mul(rb_lo, i64(mr))
-        r_hi = b.mul(rb_hi, i64(mr))
-        r_hi = b.select(b.icmp_signed("<", r_hi, i64(lanes.rows)), r_hi, i64(lanes.rows))
-        if geo.conv:        # y[n, m, pixel] = ys[pixel][m]
-            write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi)
-        else:               # y[row, m] = ys[row][m]
-            with for_range(b, r_hi, start=r_lo, name="lp") as r, for_range(b, m_hi, start=m_lo, name="lm") as m:
-                v = b.load(b.gep(ys, [b.add(b.mul(r, i64(stride)), m)]))
-                b.store(v, b.gep(y, [b.add(b.mul(r, i64(geo.m)), m)]))
+        def tiles(lo, hi):
+            """The features' tiles lo..hi over this task's blocks of rows, then copied into y."""
+            with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, rb_hi, start=rb_lo, name="lr") as rb:
+                if lanes.tail_rows == mr:
+                    tile_rows(mr, tile, rb)
+                else:                           # the last block has the rows left
+                    with b.if_else(b.icmp_signed("<", rb, i64(lanes.row_blocks - 1))) as (whole, last):
+                        with whole:
+                            tile_rows(mr, tile, rb)
+                        with last:
+                            tile_rows(lanes.tail_rows, tile, rb)
+            m_lo = b.mul(lo, i64(qs.nr))
+            m_hi = b.mul(hi, i64(qs.nr))
+            m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
+            r_lo = b.mul(rb_lo, i64(mr))
+            r_hi = b.mul(rb_hi, i64(mr))
+            r_hi = b.select(b.icmp_signed("<", r_hi, i64(lanes.rows)), r_hi, i64(lanes.rows))
+            if geo.conv:        # y[n, m, pixel] = ys[pixel][m]
+                write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi)
+            else:               # y[row, m] = ys[row][m]
+                with for_range(b, r_hi, start=r_lo, name="lp") as r, for_range(b, m_hi, start=m_lo, name="lm") as m:
+                    v = b.load(b.gep(ys, [b.add(b.mul(r, i64(stride)), m)]))
+                    b.store(v, b.gep(y, [b.add(b.mul(r, i64(geo.m)), m)]))
+
+        claims = k.claim_counter()          # tasks claiming tiles as they go (qlinalg.claims_filters)
+        if claims is not None:
+            for_claimed(b, claims, lanes.tiles, k.split.parts, tiles)
+        else:
+            tiles(lo, hi)
 
 
 # Pixels a step of the transposing copy out of the result block takes (write_conv_out).

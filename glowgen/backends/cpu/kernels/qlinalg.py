@@ -49,8 +49,8 @@ from ....lir.ir import WeightBuffer
 from llvmlite import ir
 
 from ..llvmutil import F32, F64, I8, I16, I32, I64, for_range, i64, intrinsic, target_has
-from ..parallel import Split, Work, parallel, shares_pixels, splits_blocks
-from ..plan import Phases
+from ..parallel import Split, Work, for_claimed, parallel, shares_pixels, splits_blocks
+from ..plan import CLAIM_BYTES, Phases
 from ..qgemm import (PackedConstants, QShape, QSHAPES, choose_qshape, emit_tile, for_weights, narrowed_rows,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
                      requantize_for_narrow, weights_prefetch)
@@ -292,7 +292,8 @@ def q_scratch(ins, shape) -> int:
     qs = QShape(ins.plan.strategy)
     geo = Geometry(ins.node, qs)
     need = qlanes.Lanes(geo, qs).scratch if qlanes.in_lanes(geo, qs) else geo.scratch
-    return need - geo.plane_bytes if ins.plan.phases else need      # the plane is shared
+    shared = ins.plan.phases is not None and ins.plan.phases.count > 1
+    return need - geo.plane_bytes if shared else need      # the plane is shared
 
 
 # A plane built a row at a time in vectors (build_plane_rows) of fewer bytes than this each
@@ -320,9 +321,31 @@ def q_phases(ins, shape, parts: int) -> Optional[Phases]:
     geo = Geometry(ins.node, qs)
     if not geo.conv or geo.batch != 1 or geo.ng != 1 or owns_pixels(geo, qs, parts):
         return None
+    claims = claims_filters(geo, qs, parts, "+avx512vbmi2" in getattr(shape, "features", "").split(","))
     if builds_rows_in_vectors(geo) and geo.plane_bytes < PHASED_PLANE_MIN_BYTES:
-        return None
-    return Phases(2, geo.plane_bytes)
+        return Phases(1, CLAIM_BYTES, claims=True) if claims else None
+    return Phases(2, geo.plane_bytes + (CLAIM_BYTES if claims else 0), claims=claims)
+
+
+# Whether split int8 products whose tasks share out filters claim them as they go
+# (claims_filters).  On this VM the two vCPUs often run at different speeds (within a run of
+# ResNet-50 at two threads, the sums of each task's steps 10.9 and 8.3 ms at the median,
+# either one the slower, uncorrelated run to run), and a fixed half each waits on the slower.
+# Emerald Rapids, two threads, alternating, medians of 200 runs: ResNet-50 10.91 -> 10.49 ms
+# in a busy phase, 8.37 -> 8.32 in a calm one (sums of per-step minima 7.56 -> 7.58: the
+# claims cost nothing measurable); ResNet-18 (few steps split by filters) 3.26 -> 3.29.
+CLAIMED_SPLITS = True
+
+
+def claims_filters(geo: Geometry, qs: QShape, parts: int, vbmi2: bool) -> bool:
+    """Whether a convolution split by its filters (of one image and one group, its plane
+    whole in every task's reach) has its tasks claim blocks of filters (features' tiles in
+    the lanes) as they go (parallel.for_claimed), not
+    a fixed share each: a product storing straight into y (Geometry.direct, or its runs
+    compressed), or in the lanes (each claim copying its own features out)."""
+    if not CLAIMED_SPLITS or parts <= 1 or splits_pixels(geo, qs, parts):
+        return False
+    return qlanes.in_lanes(geo, qs) or geo.direct or compresses_runs(geo, vbmi2)
 
 
 # Panels of pixels each task computes at the least for a product to share out pixels rather
@@ -534,6 +557,9 @@ def quantized_product(k: KernelArgs):
     (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr,
                                                        own or splits_pixels(geo, qs, k.split.parts),
                                                        ragged=(False, geo.last_vectors < qs.nv))
+    claims = k.claim_counter()              # tasks claiming blocks (or panels) as they go
+    if claims is not None:
+        (lo, hi), (p_lo, p_hi) = (i64(0), i64(geo.blocks)), (i64(0), i64(geo.qpad // qs.nr))
     # row_elements' plane panel by panel is built a band of its panels at a time, each band's
     # tiles computed before the next (in L1: BAND_PANELS panels), where the whole plane (2.1 MB
     # for ResNet's stem) went out to L3 and back.
@@ -597,10 +623,10 @@ def quantized_product(k: KernelArgs):
                 with other:
                     body(qs.nv)
 
-        def panels(first, last):
+        def panels(first, last, block_lo=lo, block_hi=hi):
             with for_range(b, last, start=first, name="qp") as p:
                 def blocks(vectors):
-                    with for_range(b, hi, start=lo, name="qmb") as mb:
+                    with for_range(b, block_hi, start=block_lo, name="qmb") as mb:
                         tile(mb, p, vectors)
                 panel(p, blocks)
 
@@ -613,10 +639,18 @@ def quantized_product(k: KernelArgs):
                                         pixels=(b.mul(pb, i64(qs.nr)), b.mul(pe, i64(qs.nr))))
                 panels(pb, pe)
         elif geo.panels_outer:      # all the weights stay in cache; each panel of B in L1
-            panels(p_lo, p_hi)
+            if claims is not None:          # each claimed run of blocks over every panel
+                for_claimed(b, claims, geo.blocks, k.split.parts, lambda c_lo, c_hi: panels(p_lo, p_hi, c_lo, c_hi))
+            else:
+                panels(p_lo, p_hi)
         else:                       # a block of weights stays in L1 over every panel
-            with for_range(b, hi, start=lo, name="qmb") as mb, for_range(b, p_hi, start=p_lo, name="qp") as p:
-                panel(p, lambda vectors: tile(mb, p, vectors))
+            def blocks_over_panels(first, last):
+                with for_range(b, last, start=first, name="qmb") as mb, for_range(b, p_hi, start=p_lo, name="qp") as p:
+                    panel(p, lambda vectors: tile(mb, p, vectors))
+            if claims is not None:
+                for_claimed(b, claims, geo.blocks, k.split.parts, blocks_over_panels)
+            else:
+                blocks_over_panels(lo, hi)
         if not geo.direct and not compress:     # else the tiles stored into y themselves
             r_lo, r_hi = b.mul(lo, i64(geo.mr)), b.mul(hi, i64(geo.mr))
             q_lo, q_hi = b.mul(p_lo, i64(qs.nr)), b.mul(p_hi, i64(qs.nr))
