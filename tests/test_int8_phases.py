@@ -95,15 +95,18 @@ CLAIMED = [
     (1, 256, 22, 22, 384, 3, (1, 1), (1, 1, 1, 1)),     # a plane of 144 KB built in shares
     (1, 128, 14, 14, 192, 3, (2, 2), (1, 1, 1, 1)),     # a small plane each task builds whole
     (1, 192, 7, 7, 256, 1, (1, 1), (0, 0, 0, 0)),       # features in the lanes
+    # split by pixels, claimed in runs of panels, each run building its plane rows first
+    (1, 20, 62, 54, 48, 3, (2, 2), (1, 0, 1, 2)),       # stride 2, asymmetric pads
+    (1, 16, 56, 56, 96, 1, (1, 1), (0, 0, 0, 0)),       # the input interleaved
 ]
 _VBMI2 = "avx512_vbmi2" in open("/proc/cpuinfo").read()
 
 
 @pytest.mark.parametrize("case", range(len(CLAIMED)))
-def test_tasks_claiming_filters_compute_each_once_every_run(case):
-    """Tasks claiming their blocks of filters (features' tiles) from a counter as they go
-    (qlinalg.claims_filters, parallel.for_claimed): every block once, in every run (the
-    counter zeroed before each) and in concurrent calls (each its own counter)."""
+def test_tasks_claiming_work_compute_each_once_every_run(case):
+    """Tasks claiming their blocks of filters (features' tiles), or runs of panels, from a
+    counter as they go (qlinalg.claims_work, parallel.for_claimed): every one once, in
+    every run (the counter zeroed before each) and in concurrent calls (each its own)."""
     n, c, h, w, m, k, s, p = CLAIMED[case]
     text, feeds, want = conv_case(np.random.default_rng(700 + case), n, c, h, w, m, k, s, p)
     for threads in (2, 3):

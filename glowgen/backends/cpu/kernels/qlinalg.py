@@ -319,33 +319,44 @@ def q_phases(ins, shape, parts: int) -> Optional[Phases]:
         return None
     qs = QShape(ins.plan.strategy)
     geo = Geometry(ins.node, qs)
-    if not geo.conv or geo.batch != 1 or geo.ng != 1 or owns_pixels(geo, qs, parts):
+    if not geo.conv or geo.batch != 1 or geo.ng != 1:
         return None
-    claims = claims_filters(geo, qs, parts, "+avx512vbmi2" in getattr(shape, "features", "").split(","))
+    claims = claims_work(geo, qs, parts, "+avx512vbmi2" in getattr(shape, "features", "").split(","))
+    if owns_pixels(geo, qs, parts):
+        return Phases(1, CLAIM_BYTES, claims=True) if claims else None
     if builds_rows_in_vectors(geo) and geo.plane_bytes < PHASED_PLANE_MIN_BYTES:
         return Phases(1, CLAIM_BYTES, claims=True) if claims else None
     return Phases(2, geo.plane_bytes + (CLAIM_BYTES if claims else 0), claims=claims)
 
 
 # Whether split int8 products whose tasks share out filters claim them as they go
-# (claims_filters).  On this VM the two vCPUs often run at different speeds (within a run of
+# (claims_work).  On this VM the two vCPUs often run at different speeds (within a run of
 # ResNet-50 at two threads, the sums of each task's steps 10.9 and 8.3 ms at the median,
 # either one the slower, uncorrelated run to run), and a fixed half each waits on the slower.
 # Emerald Rapids, two threads, alternating, medians of 200 runs: ResNet-50 10.91 -> 10.49 ms
 # in a busy phase, 8.37 -> 8.32 in a calm one (sums of per-step minima 7.56 -> 7.58: the
-# claims cost nothing measurable); ResNet-18 (few steps split by filters) 3.26 -> 3.29.
+# claims cost nothing measurable); ResNet-18 (few steps split by filters) 3.26 -> 3.29.  Runs
+# of panels claimed too where the tasks build their own pixels' plane: ResNet-50 10.93 ->
+# 10.57 and 10.47 -> 10.27 ms (per-step minima 7.68 -> 7.66; the 3x3s at 56 x 56, whose
+# runs' plane rows overlap, 531 -> 550 us), ResNet-18 5.99 -> 5.99.  Not with a fused
+# epilogue there (the fused 1x1s at 56 x 56 measured slower claimed), nor the stem's bands.
 CLAIMED_SPLITS = True
 
 
-def claims_filters(geo: Geometry, qs: QShape, parts: int, vbmi2: bool) -> bool:
-    """Whether a convolution split by its filters (of one image and one group, its plane
-    whole in every task's reach) has its tasks claim blocks of filters (features' tiles in
-    the lanes) as they go (parallel.for_claimed), not
-    a fixed share each: a product storing straight into y (Geometry.direct, or its runs
-    compressed), or in the lanes (each claim copying its own features out)."""
-    if not CLAIMED_SPLITS or parts <= 1 or splits_pixels(geo, qs, parts):
+def claims_work(geo: Geometry, qs: QShape, parts: int, vbmi2: bool) -> bool:
+    """Whether a split convolution of one image and one group has its tasks claim their
+    work as they go (parallel.for_claimed), not a fixed share each: blocks of filters
+    (features' tiles in the lanes) where split by filters, its plane whole in every task's
+    reach; runs of panels where each task builds its own pixels' plane (owns_pixels: then
+    each run's rows of it, as it claims them).  Of a product storing straight into y
+    (Geometry.direct, or its runs compressed), or of filters in the lanes (each claim
+    copying its own features out)."""
+    if not CLAIMED_SPLITS or parts <= 1:
         return False
-    return qlanes.in_lanes(geo, qs) or geo.direct or compresses_runs(geo, vbmi2)
+    lanes = qlanes.in_lanes(geo, qs)
+    if splits_pixels(geo, qs, parts):
+        return owns_pixels(geo, qs, parts) and not lanes and (geo.direct or compresses_runs(geo, vbmi2))
+    return lanes or geo.direct or compresses_runs(geo, vbmi2)
 
 
 # Panels of pixels each task computes at the least for a product to share out pixels rather
@@ -557,19 +568,22 @@ def quantized_product(k: KernelArgs):
     (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr,
                                                        own or splits_pixels(geo, qs, k.split.parts),
                                                        ragged=(False, geo.last_vectors < qs.nv))
-    claims = k.claim_counter()              # tasks claiming blocks (or panels) as they go
+    # Tasks claiming blocks, or runs of panels (own), as they go (claims_work); not the
+    # banded stem's, nor with a fused epilogue where each task builds its own pixels' plane.
+    banded = geo.panel_major and geo.panels_outer and not k.phased
+    claims = None if banded or (own and k.epilogue is not None) else k.claim_counter()
     if claims is not None:
         (lo, hi), (p_lo, p_hi) = (i64(0), i64(geo.blocks)), (i64(0), i64(geo.qpad // qs.nr))
     # row_elements' plane panel by panel is built a band of its panels at a time, each band's
     # tiles computed before the next (in L1: BAND_PANELS panels), where the whole plane (2.1 MB
     # for ResNet's stem) went out to L3 and back.
-    banded = geo.panel_major and geo.panels_outer and not k.phased
     base = [plane]                          # where panel 0 of the plane lies (banded: moves)
     with for_range(b, geo.batch, name="qn") as n:
         if banded:
             pass                            # built band by band below
         elif own:                           # the plane of this task's pixels only
-            build_own_plane(b, geo, x, n, plane, pad, b.mul(p_lo, i64(qs.nr)), b.sub(b.mul(p_hi, i64(qs.nr)), i64(1)))
+            if claims is None:              # (claimed: of each run of panels, below)
+                build_own_plane(b, geo, x, n, plane, pad, b.mul(p_lo, i64(qs.nr)), b.sub(b.mul(p_hi, i64(qs.nr)), i64(1)))
         elif geo.conv and not k.phased:     # the plane of this task's groups only
             first = b.mul(b.udiv(lo, i64(geo.bpg)), i64(geo.groups))
             last = b.mul(b.udiv(b.add(hi, i64(geo.bpg - 1)), i64(geo.bpg)), i64(geo.groups))
@@ -638,19 +652,26 @@ def quantized_product(k: KernelArgs):
                 build_row_element_plane(b, geo, x, n, base[0], pad, i64(0), i64(geo.plane_groups),
                                         pixels=(b.mul(pb, i64(qs.nr)), b.mul(pe, i64(qs.nr))))
                 panels(pb, pe)
-        elif geo.panels_outer:      # all the weights stay in cache; each panel of B in L1
-            if claims is not None:          # each claimed run of blocks over every panel
-                for_claimed(b, claims, geo.blocks, k.split.parts, lambda c_lo, c_hi: panels(p_lo, p_hi, c_lo, c_hi))
-            else:
-                panels(p_lo, p_hi)
-        else:                       # a block of weights stays in L1 over every panel
-            def blocks_over_panels(first, last):
-                with for_range(b, last, start=first, name="qmb") as mb, for_range(b, p_hi, start=p_lo, name="qp") as p:
+        else:
+            def compute(block_lo, block_hi, panel_lo, panel_hi):
+                """The tiles of blocks block_lo..block_hi over panels panel_lo..panel_hi."""
+                if geo.panels_outer:    # all the weights stay in cache; each panel of B in L1
+                    panels(panel_lo, panel_hi, block_lo, block_hi)
+                    return
+                # a block of weights stays in L1 over every panel
+                with for_range(b, block_hi, start=block_lo, name="qmb") as mb, \
+                        for_range(b, panel_hi, start=panel_lo, name="qp") as p:
                     panel(p, lambda vectors: tile(mb, p, vectors))
-            if claims is not None:
-                for_claimed(b, claims, geo.blocks, k.split.parts, blocks_over_panels)
-            else:
-                blocks_over_panels(lo, hi)
+
+            def claimed_panels(c_lo, c_hi):     # a claimed run of panels: its plane, its tiles
+                build_own_plane(b, geo, x, n, plane, pad, b.mul(c_lo, i64(qs.nr)), b.sub(b.mul(c_hi, i64(qs.nr)), i64(1)))
+                compute(lo, hi, c_lo, c_hi)
+            if claims is None:
+                compute(lo, hi, p_lo, p_hi)
+            elif own:
+                for_claimed(b, claims, geo.qpad // qs.nr, k.split.parts, claimed_panels)
+            else:               # each claimed run of blocks over every panel
+                for_claimed(b, claims, geo.blocks, k.split.parts, lambda c_lo, c_hi: compute(c_lo, c_hi, p_lo, p_hi))
         if not geo.direct and not compress:     # else the tiles stored into y themselves
             r_lo, r_hi = b.mul(lo, i64(geo.mr)), b.mul(hi, i64(geo.mr))
             q_lo, q_hi = b.mul(p_lo, i64(qs.nr)), b.mul(p_hi, i64(qs.nr))
