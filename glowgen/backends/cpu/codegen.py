@@ -29,7 +29,6 @@ from .kernels import KERNELS, KernelArgs
 from .llvmutil import F32, I8, I8P, I32, I64, for_range, i64, intrinsic, storage_type, TargetModule
 from .loops import blocked_loops, innermost_extent, strided_loops
 from .parallel import WHOLE, Split
-from .plan import CLAIM_BYTES
 from .threads import PARALLEL_FOR_TYPE, TASK_TYPE
 from .scalar import ScalarEmitter, emit_stack, load_elem, store_elem
 from .rows import emit_group, stack_rows
@@ -335,13 +334,13 @@ class ModuleBuilder:
         return entry
 
     def _claim_counter(self, b: ir.IRBuilder, regions: dict, step: Step):
-        """The i64 counter a step's tasks claim their work from (plan.Phases.claims): the
-        last CLAIM_BYTES of the scratch they share; None for a step without one."""
+        """The i64 counter a step's tasks claim their work from (plan.Phases.claims), in the
+        scratch they share; None for a step without one."""
         ins = step.instrs[0] if step.instrs else None
         phases = ins.plan.phases if ins is not None and ins.plan is not None else None
         if phases is None or not phases.claims or step.parts < 2:
             return None
-        at = b.gep(regions["activation"], [i64(self.scratch_offset + phases.shared - CLAIM_BYTES)])
+        at = b.gep(regions["activation"], [i64(self.scratch_offset + phases.counter_at)])
         return b.bitcast(at, I64.as_pointer())
 
     @staticmethod

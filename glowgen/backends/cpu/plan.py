@@ -74,6 +74,11 @@ class Phases:
     # CLAIM_BYTES of the shared scratch, which the caller zeroes before the first round.
     claims: bool = False
 
+    @property
+    def counter_at(self) -> int:
+        """The claim counter's byte offset in the shared scratch (its last CLAIM_BYTES)."""
+        return self.shared - CLAIM_BYTES
+
     def __str__(self) -> str:
         return f"phases {self.count} (shared scratch {self.shared}{', claimed' if self.claims else ''})"
 

@@ -9,7 +9,7 @@ from typing import Callable
 from llvmlite import ir
 
 from ..parallel import WHOLE
-from ..plan import CLAIM_BYTES, InstrPlan
+from ..plan import InstrPlan
 
 KERNELS: dict[str, Callable] = {}
 
@@ -92,7 +92,7 @@ class KernelArgs:
         if self.phases is None or not self.phases.claims or self.split.whole:
             return None
         at = self.b.gep(self.b.bitcast(self.shared_scratch, ir.IntType(8).as_pointer()),
-                        [ir.Constant(ir.IntType(64), self.phases.shared - CLAIM_BYTES)])
+                        [ir.Constant(ir.IntType(64), self.phases.counter_at)])
         return self.b.bitcast(at, ir.IntType(64).as_pointer())
 
     @property

@@ -321,11 +321,9 @@ def q_phases(ins, shape, parts: int) -> Optional[Phases]:
     geo = Geometry(ins.node, qs)
     if not geo.conv or geo.batch != 1 or geo.ng != 1:
         return None
-    claims = claims_work(geo, qs, parts, "+avx512vbmi2" in getattr(shape, "features", "").split(","))
-    if owns_pixels(geo, qs, parts):
-        return Phases(1, CLAIM_BYTES, claims=True) if claims else None
-    if builds_rows_in_vectors(geo) and geo.plane_bytes < PHASED_PLANE_MIN_BYTES:
-        return Phases(1, CLAIM_BYTES, claims=True) if claims else None
+    claims = claims_work(geo, qs, parts, _has_vbmi2(getattr(shape, "features", "")))
+    if owns_pixels(geo, qs, parts) or (builds_rows_in_vectors(geo) and geo.plane_bytes < PHASED_PLANE_MIN_BYTES):
+        return Phases(1, CLAIM_BYTES, claims=True) if claims else None       # no plane shared
     return Phases(2, geo.plane_bytes + (CLAIM_BYTES if claims else 0), claims=claims)
 
 
@@ -355,8 +353,8 @@ def claims_work(geo: Geometry, qs: QShape, parts: int, vbmi2: bool) -> bool:
         return False
     lanes = qlanes.in_lanes(geo, qs)
     if splits_pixels(geo, qs, parts):
-        return owns_pixels(geo, qs, parts) and not lanes and (geo.direct or compresses_runs(geo, vbmi2))
-    return lanes or geo.direct or compresses_runs(geo, vbmi2)
+        return owns_pixels(geo, qs, parts) and not lanes and stores_into_y(geo, vbmi2)
+    return lanes or stores_into_y(geo, vbmi2)
 
 
 # Panels of pixels each task computes at the least for a product to share out pixels rather
@@ -510,7 +508,7 @@ def q_product_space(ins, features: str = ""):
     if qs.vw < 16:
         return None
     geo = Geometry(ins.node, qs)
-    if qlanes.in_lanes(geo, qs) or not (geo.direct or compresses_runs(geo, "+avx512vbmi2" in features.split(","))):
+    if qlanes.in_lanes(geo, qs) or not stores_into_y(geo, _has_vbmi2(features)):
         return None
     n, m, oh, ow = ins.node.outputs[0].type.shape
     return (n, m, oh * ow)
@@ -729,11 +727,22 @@ def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q, epilogue=None):
                     b.store(b.extract_element(v, lane), b.gep(at, [lane]))
 
 
+def _has_vbmi2(features: str) -> bool:
+    """Whether a target of these features (LLVM's "+a,-b" string) has AVX-512 VBMI2."""
+    return "+avx512vbmi2" in features.split(",")
+
+
+def stores_into_y(geo: Geometry, vbmi2: bool) -> bool:
+    """Whether the product's tiles store into y themselves (no result block copied out):
+    pixels in the lanes with no dropped columns (Geometry.direct), or runs compressed."""
+    return geo.direct or compresses_runs(geo, vbmi2)
+
+
 def compresses_runs(geo: Geometry, vbmi2: bool) -> bool:
     """Whether a convolution whose plane rows carry columns past OW (a padded one: not
     Geometry.direct) stores its tiles' runs straight into y (store_compressed): with
-    512-bit products and AVX-512 VBMI2's byte compress (`vbmi2`: the target has it).  In place of the result block and
-    its copy into y, Emerald Rapids, alternating, sums of per-step minima: ResNet-18's 3x3s
+    512-bit products and AVX-512 VBMI2's byte compress (`vbmi2`: the target has it).  In
+    place of the result block and its copy into y, Emerald Rapids, alternating, sums of per-step minima: ResNet-18's 3x3s
     at 56 x 56 1458 -> 1424 us at one thread, 739 -> 700 at two (the model 6.13 -> 6.03 and
     2.99 -> 2.93 ms); ResNet-50's 1063 -> 1017; at 28 x 28 and 14 x 14 about the same.
     (The result block's scratch stays reserved: Geometry does not know the target.)"""
@@ -765,7 +774,6 @@ def store_compressed(b, geo: Geometry, v, y, n, m, is_filter, q, inside, epilogu
     inside = b.and_(b.select(is_filter, inside, i64(0)), i64((1 << vw) - 1))
     row, col = b.udiv(q, i64(geo.wq)), b.urem(q, i64(geo.wq))
     first = b.add(b.mul(row, i64(geo.ow)), b.select(b.icmp_signed("<", col, i64(geo.ow)), col, i64(geo.ow)))
-    at = b.gep(y, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(geo.oh * geo.ow)), first)])
     mask_t = ir.VectorType(ir.IntType(1), vw)
     bits = b.trunc(inside, ir.IntType(vw))
     compress = intrinsic(b.module, f"llvm.x86.avx512.mask.compress.v{vw}i8", v.type, [v.type, v.type, mask_t])
@@ -775,6 +783,7 @@ def store_compressed(b, geo: Geometry, v, y, n, m, is_filter, q, inside, epilogu
     first_lanes = b.bitcast(b.trunc(b.sub(b.shl(i64(1), count), i64(1)), ir.IntType(vw)), mask_t)
     if epilogue is not None:
         return epilogue(b, packed, n, m, first, first_lanes)
+    at = b.gep(y, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(geo.oh * geo.ow)), first)])
     masked_store(b, packed, at, first_lanes)
 
 
@@ -886,6 +895,12 @@ def build_conv_plane(b, geo: Geometry, x, n, plane, pad, first=None, last=None, 
                 b.store(pad, b.gep(dst, [xq]))
 
 
+def _raw_pad(b, pad, lanes: int):
+    """The x offset as x holds it (the byte _elem makes the padding element `pad`'s), in
+    `lanes` lanes: what a masked load of input bytes reads where the padding is."""
+    return splat(b, b.xor(b.trunc(pad, I8), ir.Constant(I8, -128)), lanes)
+
+
 # Plane columns a step of build_plane_rows writes: 16 elements, one 64-byte store.
 ROW_STEP = 16
 
@@ -912,7 +927,7 @@ def build_plane_rows(b, geo: Geometry, x, n, plane, pad, first, last, rows=None)
     cols, load_bytes = len(geo.phase_cols), ROW_STEP * geo.sw
     phases = len(geo.phase_rows) * cols
     mask_t = ir.VectorType(ir.IntType(1), load_bytes)
-    raw_pad = splat(b, b.xor(b.trunc(pad, I8), ir.Constant(I8, -128)), load_bytes)   # the x offset
+    raw_pad = _raw_pad(b, pad, load_bytes)
     deal = ir.Constant(ir.VectorType(I32, g * s), [t * load_bytes + j * geo.sw for j in range(s) for t in range(g)])
     if geo.wq >= s:
         starts, stored = sorted({*range(0, geo.wq - s + 1, s), geo.wq - s}), None
@@ -1048,7 +1063,7 @@ def build_row_element_plane(b, geo: Geometry, x, n, plane, pad, first, last, row
     kh, _, dh, _ = geo.window
     runs = geo.row_values // g
     raw_t, mask_t = ir.VectorType(I8, 64), ir.VectorType(ir.IntType(1), 64)
-    raw_pad = splat(b, b.xor(b.trunc(pad, I8), ir.Constant(I8, -128)), 64)    # the x offset
+    raw_pad = _raw_pad(b, pad, 64)
     deal = ir.Constant(ir.VectorType(I32, g * v), [geo.sw * p + t for p in range(v) for t in range(g)])
     ones = ir.Constant(I64, -1)
     nr = qs.nr
