@@ -203,6 +203,37 @@ def test_requantization_out_of_i32_range(cpu):
     np.testing.assert_array_equal(model.run(feeds)["y"], want)
 
 
+# VNNI's tiles of one-tap products in the lanes broadcast up to 14 rows a block
+# (qlanes.LANES_ROWS), products of several taps 8: 49 pixels in 14, 14, 14 and 7, 196 in
+# 14 blocks of 14, 81 in 6 of 14 less 3.  The sums are exact where the host has VNNI.
+ROW_BLOCKS = [((1, 520, 7, 7, 64, 1), (14, 7)),
+              ((1, 1024, 14, 14, 64, 1), (14, 14)),
+              ((2, 600, 9, 9, 96, 1), (14, 11)),
+              ((1, 64, 7, 7, 64, 3, (1, 1), (1, 1, 1, 1)), (7, 7))]
+
+
+@pytest.mark.parametrize("case", range(len(ROW_BLOCKS)))
+def test_vnni_lanes_blocks_of_rows(case):
+    args, blocks = ROW_BLOCKS[case]
+    text, feeds, want = conv_case(np.random.default_rng(600 + case), *args)
+    registry = Registry.default()
+    fn = parse_function(text, registry)
+    pipeline.run(fn, registry, pipeline.PIPELINE, "cpu")
+    node = [n for n in fn.nodes if n.OP == "QuantizedConv"][0]
+    qs = QShape("vnni")
+    geo = Geometry(node, qs)
+    lanes = qlanes.Lanes(geo, qs)
+    assert qlanes.in_lanes(geo, qs) and (lanes.mr, lanes.tail_rows) == blocks
+    if "avx512_vnni" not in open("/proc/cpuinfo").read():
+        return                                  # (no VNNI to run them on)
+    results = []
+    for threads in (1, 2, 3):
+        model, _ = _compile(text, None, threads)
+        assert [i.plan.strategy for i in model.program.instrs if i.kind == "QuantizedConv"] == ["vnni"]
+        results.append(model.run(feeds)["y"])
+        np.testing.assert_array_equal(results[-1], want, err_msg=f"{threads} threads")
+
+
 MATMUL_CASES = [((1,), 512, 100), ((3,), 5, 7), ((2, 5), 37, 33), ((17,), 64, 16), ((1,), 3, 1),
                 ((2, 3), 71, 50), ((1, 1), 1000, 33), ((64,), 130, 257), ((16,), 256, 512),
                 ((1,), 1280, 1000)]     # a classifier: one row, its weights shared out by tiles

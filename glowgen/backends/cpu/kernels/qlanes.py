@@ -55,12 +55,28 @@ MIN_TILE_ROWS = 3
 # 1188 -> 1163, 3x3 512 -> 512 at stride 2 from 14x14 1282 -> 1217.  (Computing 2 or 3 rows
 # in that last tile, repeating the last, measured the same as 1.)
 ROW_BLOCK_COST = 1
+# The most rows a tile broadcasts, (with one tap, with several), where it is not the target's
+# QShape.mr: VNNI's one-tap products (1x1 convolutions, matrix products) in 14 rows of 2
+# vectors of features, 28 of the 32 zmm: every block of rows reads the tile's weights again,
+# from L2 or past it (ResNet-50's 2048 -> 512 at 7 x 7, 1 MB, read 4 times for its 49 pixels
+# in place of 7).  Emerald Rapids, one thread, alternating, sums of per-step minima:
+# ResNet-50 14.17 -> 13.92 ms (its 1024 -> 256 at 14 x 14 933 -> 825 us over five, 2048 ->
+# 512 at 7 x 7 443 -> 389 over two, 1024 -> 2048 at stride 2 420 -> 372, 1024 -> 512 at
+# 14 x 14 358 -> 314), MobileNetV2 2.00 -> 1.98; two threads unchanged (7.87 / 7.89).  With
+# several taps, 12 rows ran the 3x3 512s at 7 x 7 slower (700 -> 787 us), 14 spilled.
+LANES_ROWS = {"vnni": (14, 8)}
 
 
-def _row_blockings(rows: int, most: int):
+def most_rows(geo, qs: QShape) -> int:
+    """The most rows in a block of the product's tiles (LANES_ROWS)."""
+    rows = LANES_ROWS.get(qs.kind)
+    return qs.mr if rows is None else rows[0] if len(geo.taps) == 1 else rows[1]
+
+
+def _row_blockings(rows: int, most: int, least: int):
     """(rows a block, rows of the last block) the tile may take: every block of `mr` rows
     (the last repeating rows past the end), or whole blocks and a last one of the rows left."""
-    for mr in range(most, max(MIN_TILE_ROWS, most - 3) - 1, -1):
+    for mr in range(most, max(MIN_TILE_ROWS, least) - 1, -1):
         yield mr, mr
         if rows > mr and rows % mr:
             yield mr, rows % mr
@@ -79,7 +95,7 @@ class Lanes:
     def __init__(self, geo, qs: QShape):
         self.geo, self.qs = geo, qs
         self.rows = geo.oh * geo.ow if geo.conv else geo.rows
-        self.mr, self.tail_rows = min(_row_blockings(self.rows, qs.mr),
+        self.mr, self.tail_rows = min(_row_blockings(self.rows, most_rows(geo, qs), least=qs.mr - 3),
                                       key=lambda p: (_blocking_cost(self.rows, *p), p[1] != p[0]))
         self.row_blocks = _ceil(self.rows, self.mr)
         self.tiles = _ceil(geo.m, qs.nr)
