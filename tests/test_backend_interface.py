@@ -143,3 +143,28 @@ def test_a_backend_lacking_an_extern_op_is_refused_when_it_loads():
         with pytest.raises(GlowgenError, match=rf"the {name} backend has no implementation of the "
                                                r"extern ops Blend, Frobnicate \(specs/cpu_kernels"):
             check_externs(get_backend(name), registry)
+
+
+@pytest.mark.parametrize("size", [100, (1 << 20) + 3, 5 << 20])
+def test_regions_are_zeroed_aligned_and_their_own(size):
+    """aligned_bytes: zeroed, ALIGNMENT-aligned bytes; large regions from a mapping of their
+    own on a 2 MB boundary (huge_page_bytes, where the platform has one), kept alive by
+    the array, writable and private to it."""
+    from glowgen.backends import base
+    from glowgen.lir.ir import ALIGNMENT
+    regions = [aligned_bytes(size) for _ in range(2)]
+    for r in regions:
+        assert r.nbytes == size and r.ctypes.data % ALIGNMENT == 0 and not r.any()
+        if size >= base.HUGE_PAGE_MIN_BYTES and base.huge_page_bytes(1) is not None:
+            assert r.ctypes.data % base.HUGE_PAGE == 0
+    regions[0][::4096] = 7
+    assert regions[0][-1 - (size - 1) % 4096] == 7 and not regions[1].any()
+
+
+def test_regions_without_a_mapping_of_their_own(monkeypatch):
+    """Where no private mapping is to be had, a large region is NumPy's zeroed bytes."""
+    from glowgen.backends import base
+    from glowgen.lir.ir import ALIGNMENT
+    monkeypatch.setattr(base, "huge_page_bytes", lambda size: None)
+    r = aligned_bytes(3 << 20)
+    assert r.nbytes == 3 << 20 and not r.any() and r.ctypes.data % ALIGNMENT == 0
