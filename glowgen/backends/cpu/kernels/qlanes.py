@@ -63,8 +63,10 @@ ROW_BLOCK_COST = 1
 # ResNet-50 14.17 -> 13.92 ms (its 1024 -> 256 at 14 x 14 933 -> 825 us over five, 2048 ->
 # 512 at 7 x 7 443 -> 389 over two, 1024 -> 2048 at stride 2 420 -> 372, 1024 -> 512 at
 # 14 x 14 358 -> 314), MobileNetV2 2.00 -> 1.98; two threads unchanged (7.87 / 7.89).  With
-# several taps, 12 rows ran the 3x3 512s at 7 x 7 slower (700 -> 787 us), 14 spilled.
-LANES_ROWS = {"vnni": (14, 8)}
+# several taps, 10 rows (49 pixels in 4 blocks of 10 and one of 9, not 7 of 7): ResNet-18
+# 5.59 -> 5.54 and 5.59 -> 5.53 ms, A / B in either order (its 3x3 512s at 7 x 7 1005 -> 976
+# us), ResNet-50 14.00 -> 13.81; 12 rows ran the 3x3 512s slower (976 -> 1058), 14 spilled.
+LANES_ROWS = {"vnni": (14, 10)}
 
 
 def most_rows(geo, qs: QShape) -> int:
