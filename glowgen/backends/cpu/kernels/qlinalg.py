@@ -348,8 +348,8 @@ def claims_work(geo: Geometry, qs: QShape, parts: int, vbmi2: bool) -> bool:
     reach; runs of panels where each task builds its own pixels' plane (owns_pixels: then
     each run's rows of it, as it claims them).  Of a product storing straight into y
     (Geometry.direct, or its runs compressed), or of filters in the lanes (each claim
-    copying its own features out)."""
-    if not CLAIMED_SPLITS or parts <= 1:
+    copying its own features out).  Not the banded stem (its bands built as it goes)."""
+    if not CLAIMED_SPLITS or parts <= 1 or banded(geo):
         return False
     lanes = qlanes.in_lanes(geo, qs)
     if splits_pixels(geo, qs, parts):
@@ -566,18 +566,19 @@ def quantized_product(k: KernelArgs):
     (lo, hi), (p_lo, p_hi) = k.split.blocks_or_panels(b, geo.blocks, geo.qpad // qs.nr,
                                                        own or splits_pixels(geo, qs, k.split.parts),
                                                        ragged=(False, geo.last_vectors < qs.nv))
-    # Tasks claiming blocks, or runs of panels (own), as they go (claims_work); not the
-    # banded stem's, nor with a fused epilogue where each task builds its own pixels' plane.
-    banded = geo.panel_major and geo.panels_outer and not k.phased
-    claims = None if banded or (own and k.epilogue is not None) else k.claim_counter()
+    # Tasks claiming blocks, or runs of panels (own), as they go (claims_work); not with a
+    # fused epilogue where each task builds its own pixels' plane (which the plan, phased
+    # before the fusion is known to it, leaves to the kernel).
+    claims = None if own and k.epilogue is not None else k.claim_counter()
     if claims is not None:
         (lo, hi), (p_lo, p_hi) = (i64(0), i64(geo.blocks)), (i64(0), i64(geo.qpad // qs.nr))
     # row_elements' plane panel by panel is built a band of its panels at a time, each band's
     # tiles computed before the next (in L1: BAND_PANELS panels), where the whole plane (2.1 MB
     # for ResNet's stem) went out to L3 and back.
     base = [plane]                          # where panel 0 of the plane lies (banded: moves)
+    in_bands = banded(geo) and not k.phased
     with for_range(b, geo.batch, name="qn") as n:
-        if banded:
+        if in_bands:
             pass                            # built band by band below
         elif own:                           # the plane of this task's pixels only
             if claims is None:              # (claimed: of each run of panels, below)
@@ -642,7 +643,7 @@ def quantized_product(k: KernelArgs):
                         tile(mb, p, vectors)
                 panel(p, blocks)
 
-        if banded:
+        if in_bands:
             with for_range(b, p_hi, start=p_lo, step=BAND_PANELS, name="qb") as pb:
                 pe = b.add(pb, i64(BAND_PANELS))
                 pe = b.select(b.icmp_signed("<", pe, p_hi), pe, p_hi)
@@ -727,6 +728,12 @@ def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q, epilogue=None):
                     b.store(b.extract_element(v, lane), b.gep(at, [lane]))
 
 
+def banded(geo: Geometry) -> bool:
+    """Whether the product's plane (row_elements', panel by panel) is built a band of its
+    panels at a time, each band's tiles computed before the next (quantized_product)."""
+    return geo.panel_major and geo.panels_outer
+
+
 def _has_vbmi2(features: str) -> bool:
     """Whether a target of these features (LLVM's "+a,-b" string) has AVX-512 VBMI2."""
     return "+avx512vbmi2" in features.split(",")
@@ -742,9 +749,10 @@ def compresses_runs(geo: Geometry, vbmi2: bool) -> bool:
     """Whether a convolution whose plane rows carry columns past OW (a padded one: not
     Geometry.direct) stores its tiles' runs straight into y (store_compressed): with
     512-bit products and AVX-512 VBMI2's byte compress (`vbmi2`: the target has it).  In
-    place of the result block and its copy into y, Emerald Rapids, alternating, sums of per-step minima: ResNet-18's 3x3s
-    at 56 x 56 1458 -> 1424 us at one thread, 739 -> 700 at two (the model 6.13 -> 6.03 and
-    2.99 -> 2.93 ms); ResNet-50's 1063 -> 1017; at 28 x 28 and 14 x 14 about the same.
+    place of the result block and its copy into y, Emerald Rapids, alternating, sums of
+    per-step minima: ResNet-18's 3x3s at 56 x 56 1458 -> 1424 us at one thread, 739 -> 700
+    at two (the model 6.13 -> 6.03 and 2.99 -> 2.93 ms); ResNet-50's 1063 -> 1017; at
+    28 x 28 and 14 x 14 about the same.
     (The result block's scratch stays reserved: Geometry does not know the target.)"""
     return geo.conv and not geo.direct and not geo.im2col and geo.qs.vw == 16 and vbmi2
 
