@@ -12,8 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from glowgen.backends.cpu.kernels.qlinalg import PHASED_PLANE_MIN_BYTES, Geometry, builds_rows_in_vectors
-from glowgen.backends.cpu.qgemm import QShape
+from glowgen.backends.cpu.kernels.qlinalg import (PHASED_PLANE_MIN_BYTES, Geometry, builds_rows_in_vectors,
+                                                interleaves_in_bands)
+from glowgen.backends.cpu.qgemm import QSHAPES, QShape
 from test_int8_kernels import CPUS, RUNNABLE_CPUS, _compile, conv_case
 
 CASES = [
@@ -122,3 +123,26 @@ def test_tasks_claiming_work_compute_each_once_every_run(case):
             together = list(pool.map(lambda x: model.run({"x": x})["y"], xs * 3))
         for i, y in enumerate(together):
             np.testing.assert_array_equal(y, alone[i % len(xs)])
+
+
+BANDED = [
+    # n, c, h, w, m, k: 1x1s whose interleaved plane (>= INTERLEAVE_BANDS_MIN_BYTES) is
+    # built a band of panels at a time, each band's tiles computed before the next
+    (1, 128, 46, 47, 64, 1),        # 2,162 pixels: a last band of 50 (one step of 16, then 2)
+    (2, 160, 40, 41, 40, 1),        # two images; 40 filters, the last block of 8 ragged
+]
+
+
+@pytest.mark.parametrize("cpu", RUNNABLE_CPUS)
+@pytest.mark.parametrize("case", range(len(BANDED)))
+def test_interleaved_plane_in_bands_is_exact(case, cpu):
+    """A 1x1's plane, its input interleaved, built band by band into the task's own
+    scratch (qlinalg.interleaves_in_bands): exact against NumPy at 1-3 threads (at two
+    and three each task's bands over its own pixels, or over every pixel for its filters)."""
+    text, feeds, want = conv_case(np.random.default_rng(800 + case), *BANDED[case])
+    for threads in (1, 2, 3):
+        model, _ = _compile(text, cpu, threads)
+        ins = [i for i in model.program.instrs if i.kind == "QuantizedConv"][0]
+        if threads == 1 and ins.plan.strategy in QSHAPES:
+            assert interleaves_in_bands(Geometry(ins.node, QShape(ins.plan.strategy))), model.program.plan.describe()
+        np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{cpu} {threads} threads")

@@ -577,8 +577,11 @@ def quantized_product(k: KernelArgs):
     # for ResNet's stem) went out to L3 and back.
     base = [plane]                          # where panel 0 of the plane lies (banded: moves)
     in_bands = banded(geo) and not k.phased
+    # An interleaved plane of the task's own, a band of panels at a time (interleaves_in_bands).
+    interleaved_bands = interleaves_in_bands(geo) and not k.phased
+    group_stride = interleave_band_pixels(qs) if interleaved_bands else geo.group_stride
     with for_range(b, geo.batch, name="qn") as n:
-        if in_bands:
+        if in_bands or interleaved_bands:
             pass                            # built band by band below
         elif own:                           # the plane of this task's pixels only
             if claims is None:              # (claimed: of each run of panels, below)
@@ -611,7 +614,7 @@ def quantized_product(k: KernelArgs):
             step = len(geo.taps) * geo.mr
             ahead = weights_prefetch(b, qs, 4 * step, a_block, b.gep(a_block, [i64(geo.groups * step)]),
                                      b.sub(p, p_lo), geo.groups, geo.qpad // qs.nr, spread=not geo.panels_outer)
-            emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, geo.group_stride, store,
+            emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, group_stride, store,
                       rows=geo.mr, init=start, vectors=vectors, prefetch=ahead)
             inside = pixel_lanes(b, geo, q0, qs.nv * qs.vw) if compress else None
             for i, run in narrowed_rows(b, qs, [rows[i] for i in range(geo.mr)], exact, bounds, y_offset_i32):
@@ -654,6 +657,19 @@ def quantized_product(k: KernelArgs):
         else:
             def compute(block_lo, block_hi, panel_lo, panel_hi):
                 """The tiles of blocks block_lo..block_hi over panels panel_lo..panel_hi."""
+                if interleaved_bands:   # each band's plane built, then its tiles
+                    step = group_stride // qs.nr
+                    with for_range(b, panel_hi, start=panel_lo, step=step, name="ib") as pb:
+                        pe = b.add(pb, i64(step))
+                        pe = b.select(b.icmp_signed("<", pe, panel_hi), pe, panel_hi)
+                        first = b.mul(pb, i64(qs.nr))
+                        stop = b.mul(pe, i64(qs.nr))
+                        stop = b.select(b.icmp_signed("<", stop, i64(geo.h * geo.w)), stop, i64(geo.h * geo.w))
+                        base[0] = b.gep(plane, [b.neg(first)])
+                        interleave_channels(b, geo, x, n, base[0], i64(0), i64(geo.plane_groups),
+                                            pixels=(first, stop), stride=group_stride)
+                        panels(pb, pe, block_lo, block_hi)
+                    return
                 if geo.panels_outer:    # all the weights stay in cache; each panel of B in L1
                     panels(panel_lo, panel_hi, block_lo, block_hi)
                     return
@@ -663,7 +679,8 @@ def quantized_product(k: KernelArgs):
                     panel(p, lambda vectors: tile(mb, p, vectors))
 
             def claimed_panels(c_lo, c_hi):     # a claimed run of panels: its plane, its tiles
-                build_own_plane(b, geo, x, n, plane, pad, b.mul(c_lo, i64(qs.nr)), b.sub(b.mul(c_hi, i64(qs.nr)), i64(1)))
+                if not interleaved_bands:
+                    build_own_plane(b, geo, x, n, plane, pad, b.mul(c_lo, i64(qs.nr)), b.sub(b.mul(c_hi, i64(qs.nr)), i64(1)))
                 compute(lo, hi, c_lo, c_hi)
             if claims is None:
                 compute(lo, hi, p_lo, p_hi)
@@ -1004,7 +1021,27 @@ def interleaves_rows(geo: Geometry) -> bool:
             and geo.ng == 1 and geo.cg % geo.qs.group == 0)
 
 
-def interleave_channels(b, geo: Geometry, x, n, plane, first, last, pixels=None):
+# Pixels of a band of an interleaved plane built at a time (interleaves_in_bands): the
+# panels of 64 pixels, whose plane of 256 channels (16 KB) stays in L1 beside the weights.
+INTERLEAVE_BAND_PIXELS = 64
+# ... for a plane of this many bytes and more (a smaller one stays in L2 whole).
+INTERLEAVE_BANDS_MIN_BYTES = 256 << 10
+
+
+def interleave_band_pixels(qs: QShape) -> int:
+    """Pixels of a band of interleaves_in_bands' plane: whole panels."""
+    return max(1, INTERLEAVE_BAND_PIXELS // qs.nr) * qs.nr
+
+
+def interleaves_in_bands(geo: Geometry) -> bool:
+    """Whether an interleaved plane (interleaves_rows) whose weights stay in cache over
+    the panels (Geometry.panels_outer) is built a band of its panels at a time into the
+    task's own scratch, each band's tiles computed before the next: the plane whole went
+    out to L2 and back (ResNet-50's 256 -> 64 at 56 x 56, 800 KB)."""
+    return interleaves_rows(geo) and geo.panels_outer and geo.plane_bytes >= INTERLEAVE_BANDS_MIN_BYTES
+
+
+def interleave_channels(b, geo: Geometry, x, n, plane, first, last, pixels=None, stride=None):
     """build_conv_plane where interleaves_rows: element groups first..last of image n, each
     G whole channel images interleaved (or their `pixels` only, (lo, hi) i64 values: a
     task's own, owns_pixels), INTERLEAVE_PIXELS pixels of each at a time (G vector loads,
@@ -1019,7 +1056,7 @@ def interleave_channels(b, geo: Geometry, x, n, plane, first, last, pixels=None)
     with for_range(b, last, start=first, name="ic") as e:
         rows = [b.gep(x, [b.mul(b.add(b.mul(n, i64(geo.c)), b.add(b.mul(e, i64(g)), i64(t))), i64(npix))])
                 for t in range(g)]
-        dst = b.bitcast(b.gep(plane, [b.mul(e, i64(geo.group_stride))]), qs.elem.as_pointer())
+        dst = b.bitcast(b.gep(plane, [b.mul(e, i64(stride or geo.group_stride))]), qs.elem.as_pointer())
         done, stop = pixels or (i64(0), i64(npix))
         for vl in (INTERLEAVE_PIXELS, 16):
             end = b.add(done, b.mul(b.sdiv(b.sub(stop, done), i64(vl)), i64(vl)))
