@@ -99,6 +99,7 @@ CLAIMED = [
     # split by pixels, claimed in runs of panels, each run building its plane rows first
     (1, 20, 62, 54, 48, 3, (2, 2), (1, 0, 1, 2)),       # stride 2, asymmetric pads
     (1, 16, 56, 56, 96, 1, (1, 1), (0, 0, 0, 0)),       # the input interleaved
+    (1, 64, 30, 30, 576, 3, (1, 1), (1, 1, 1, 1)),      # at nine tasks, claim words on two lines
 ]
 _VBMI2 = "avx512_vbmi2" in open("/proc/cpuinfo").read()
 
@@ -107,14 +108,17 @@ _VBMI2 = "avx512_vbmi2" in open("/proc/cpuinfo").read()
 def test_tasks_claiming_work_compute_each_once_every_run(case):
     """Tasks claiming their blocks of filters (features' tiles), or runs of panels, from a
     counter as they go (qlinalg.claims_work, parallel.for_claimed): every one once, in
-    every run (the counter zeroed before each) and in concurrent calls (each its own)."""
+    every run (the claim words zeroed before each) and in concurrent calls (each its own);
+    more tasks than vCPUs (stealing from each other's shares), and than a cache line of
+    claim words holds."""
     n, c, h, w, m, k, s, p = CLAIMED[case]
     text, feeds, want = conv_case(np.random.default_rng(700 + case), n, c, h, w, m, k, s, p)
-    for threads in (2, 3):
+    for threads in (2, 3, 9):
         model, _ = _compile(text, None, threads)
         ins = [i for i in model.program.instrs if i.kind == "QuantizedConv"][0]
-        if _VBMI2:
+        if _VBMI2 and (threads < 9 or case == len(CLAIMED) - 1):
             assert ins.plan.phases is not None and ins.plan.phases.claims, model.program.plan.describe()
+            assert ins.plan.phases.claim_bytes == (128 if threads == 9 else 64)
         for _ in range(3):
             np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{threads} threads")
         xs = [np.random.default_rng(i).integers(-128, 128, (n, c, h, w)).astype(np.int8) for i in range(4)]

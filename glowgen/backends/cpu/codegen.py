@@ -314,7 +314,8 @@ class ModuleBuilder:
             start = b.call(clock, []) if clock is not None else None
             claims = self._claim_counter(b, regions, self.plan.steps[index])
             if claims is not None:          # the tasks claim their work from zero (plan.Phases)
-                b.store_atomic(i64(0), claims, "monotonic", 8)
+                for word in range(self.plan.steps[index].parts):
+                    b.store_atomic(i64(0), b.gep(claims, [i64(word)]), "monotonic", 8)
             env = None
             for fn, task in rounds:         # a phased step's rounds, each after the last
                 if task is None:
@@ -334,8 +335,8 @@ class ModuleBuilder:
         return entry
 
     def _claim_counter(self, b: ir.IRBuilder, regions: dict, step: Step):
-        """The i64 counter a step's tasks claim their work from (plan.Phases.claims), in the
-        scratch they share; None for a step without one."""
+        """The i64 claim words (one a task) a step's tasks claim their work from
+        (plan.Phases.claims), in the scratch they share; None for a step without them."""
         ins = step.instrs[0] if step.instrs else None
         phases = ins.plan.phases if ins is not None and ins.plan is not None else None
         if phases is None or not phases.claims or step.parts < 2:

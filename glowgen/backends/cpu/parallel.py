@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from llvmlite import ir
 
-from .llvmutil import i64
+from .llvmutil import I64, i64
 
 # A parallel_for round costs a few microseconds (waking workers, claiming, waiting for the
 # last): a step is split only when each share keeps a core busy well beyond that.
@@ -114,26 +114,54 @@ class Split:
 WHOLE = Split(None, 1)
 
 
-def for_claimed(b: ir.IRBuilder, counter, total: int, parts: int, body) -> None:
-    """body(lo, hi) (i64 values) for each run of [0, total) this task claims from `counter`
-    (an i64*, zero before the round), until none is left: ceil(left / (2 parts)) items at a
-    claim, so that a task on a core running slower than the others (a VM's vCPU sharing its
-    core) takes less of the work, in a few claims.  Which task computes an item never
-    changes what it computes."""
+def for_claimed(b: ir.IRBuilder, words, total: int, split: "Split", body) -> None:
+    """body(lo, hi) (i64 values) for each run of [0, total) this task claims, until none is
+    left.  Every task has a home range, its share of a fixed split (Split.range), and a
+    claim word of its own in `words` (i64s, zeroed before the round: plan.claim_bytes): the
+    items taken from the front of the range in its low 32 bits, from the back in its high.
+    A task claims half of what is left of its own range from the front, again and again,
+    then half of what is left of each other task's from the back: where the cores run alike
+    each task computes (nearly) its own share, the data it writes where the next step's
+    fixed share of it reads (claims from one counter for all, run after run, gave each task
+    every other run: the next step read half its operands from the other core's cache); a
+    task on a core running slower than the others (a VM's vCPU sharing its core) takes
+    less of the work.  Which task computes an item never changes what it computes."""
+    parts = split.parts
+    chunk_of = split.chunk(total)
     fn = b.function
-    head, take, run, done = (fn.append_basic_block(n) for n in ("claim", "claim.take", "claimed", "claims.done"))
+    with b.goto_entry_block():                                  # not on the stack once a loop
+        step = b.alloca(I64, name="claim.range")
+    b.store(i64(0), step)
+    head, look, take, run, done = (fn.append_basic_block(n) for n in
+                                   ("claim", "claim.look", "claim.take", "claimed", "claims.done"))
     b.branch(head)
     b.position_at_end(head)
-    seen = b.load_atomic(counter, "monotonic", 8)
-    left = b.sub(i64(total), seen)
-    b.cbranch(b.icmp_signed("<=", left, i64(0)), done, take)
+    k = b.load(step)
+    b.cbranch(b.icmp_signed("<", k, i64(parts)), look, done)
+    b.position_at_end(look)
+    r = b.urem(b.add(split.index, k), i64(parts))             # the range: own first
+    word = b.gep(words, [r])
+    start = b.mul(r, i64(chunk_of))
+    start = b.select(b.icmp_signed("<", start, i64(total)), start, i64(total))
+    end = b.add(start, i64(chunk_of))
+    end = b.select(b.icmp_signed("<", end, i64(total)), end, i64(total))
+    seen = b.load_atomic(word, "monotonic", 8)
+    lo = b.add(start, b.and_(seen, i64(0xFFFFFFFF)))
+    hi = b.sub(end, b.lshr(seen, i64(32)))
+    left = b.sub(hi, lo)
+    with b.if_then(b.icmp_signed("<=", left, i64(0))):
+        b.store(b.add(k, i64(1)), step)                         # this range is done
+        b.branch(head)
+    b.branch(take)
     b.position_at_end(take)
-    chunk = b.sdiv(b.add(left, i64(2 * parts - 1)), i64(2 * parts))
-    hi = b.add(seen, chunk)
-    won = b.extract_value(b.cmpxchg(counter, seen, hi, "monotonic", "monotonic"), 1)
+    chunk = b.sdiv(b.add(left, i64(1)), i64(2))
+    own = b.icmp_signed("==", k, i64(0))
+    first = b.select(own, lo, b.sub(hi, chunk))
+    claimed = b.add(seen, b.select(own, chunk, b.shl(chunk, i64(32))))
+    won = b.extract_value(b.cmpxchg(word, seen, claimed, "monotonic", "monotonic"), 1)
     b.cbranch(won, run, head)
     b.position_at_end(run)
-    body(seen, hi)
+    body(first, b.add(first, chunk))
     b.branch(head)
     b.position_at_end(done)
 

@@ -70,20 +70,27 @@ class Phases:
     stay unphased: their cheap copies are faster read from each core's own cache."""
     count: int                          # rounds of the step's tasks
     shared: int                         # bytes of scratch the tasks share (before their own)
-    # Whether the last round's tasks claim their work as they go from a counter in the last
-    # CLAIM_BYTES of the shared scratch, which the caller zeroes before the first round.
+    # Whether the last round's tasks claim their work as they go from claim words (one a
+    # task: parallel.for_claimed) in the last `claim_bytes` of the shared scratch, which the
+    # caller zeroes before the first round.
     claims: bool = False
+    claim_bytes: int = 0
 
     @property
     def counter_at(self) -> int:
-        """The claim counter's byte offset in the shared scratch (its last CLAIM_BYTES)."""
-        return self.shared - CLAIM_BYTES
+        """The claim words' byte offset in the shared scratch (its last claim_bytes)."""
+        return self.shared - self.claim_bytes
 
     def __str__(self) -> str:
         return f"phases {self.count} (shared scratch {self.shared}{', claimed' if self.claims else ''})"
 
 
-CLAIM_BYTES = 64                        # the claim counter's own cache line
+CLAIM_WORD_BYTES = 8                    # a task's claim word (parallel.for_claimed)
+
+
+def claim_bytes(parts: int) -> int:
+    """Bytes of the claim words of a step of `parts` tasks: whole cache lines of their own."""
+    return -(-parts * CLAIM_WORD_BYTES // 64) * 64
 
 
 @attrs.define(eq=False)

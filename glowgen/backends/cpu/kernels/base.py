@@ -88,7 +88,8 @@ class KernelArgs:
         self.phases = plan.phases         # plan.Phases, or None
 
     def claim_counter(self):
-        """The i64* counter the tasks claim their work from (plan.Phases.claims), or None."""
+        """The i64* claim words (one a task) the tasks claim their work from
+        (plan.Phases.claims, parallel.for_claimed), or None."""
         if self.phases is None or not self.phases.claims or self.split.whole:
             return None
         at = self.b.gep(self.b.bitcast(self.shared_scratch, ir.IntType(8).as_pointer()),

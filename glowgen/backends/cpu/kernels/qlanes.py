@@ -285,7 +285,7 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
 
         claims = k.claim_counter()          # tasks claiming tiles as they go (qlinalg.claims_work)
         if claims is not None:
-            for_claimed(b, claims, lanes.tiles, k.split.parts, tiles)
+            for_claimed(b, claims, lanes.tiles, k.split, tiles)
         else:
             tiles(lo, hi)
 
