@@ -293,7 +293,11 @@ def q_scratch(ins, shape) -> int:
     geo = Geometry(ins.node, qs)
     need = qlanes.Lanes(geo, qs).scratch if qlanes.in_lanes(geo, qs) else geo.scratch
     shared = ins.plan.phases is not None and ins.plan.phases.count > 1
-    return need - geo.plane_bytes if shared else need      # the plane is shared
+    if shared:
+        return need - geo.plane_bytes                       # the plane is shared
+    if not qlanes.in_lanes(geo, qs) and interleaves_in_bands(geo):
+        return need - geo.plane_bytes + interleave_band_bytes(geo)      # a band of it
+    return need
 
 
 # A plane built a row at a time in vectors (build_plane_rows) of fewer bytes than this each
@@ -1039,6 +1043,11 @@ def interleave_band_pixels(qs: QShape) -> int:
     return max(1, INTERLEAVE_BAND_PIXELS // qs.nr) * qs.nr
 
 
+def interleave_band_bytes(geo: Geometry) -> int:
+    """Bytes of a band of interleaves_in_bands' plane: every element group's pixels."""
+    return _ceil(4 * geo.plane_groups * interleave_band_pixels(geo.qs), 64) * 64
+
+
 def interleaves_in_bands(geo: Geometry) -> bool:
     """Whether an interleaved plane (interleaves_rows) whose weights stay in cache over
     the panels (Geometry.panels_outer) is built a band of its panels at a time into the
@@ -1050,7 +1059,9 @@ def interleaves_in_bands(geo: Geometry) -> bool:
 def interleave_channels(b, geo: Geometry, x, n, plane, first, last, pixels=None, stride=None):
     """build_conv_plane where interleaves_rows: element groups first..last of image n, each
     G whole channel images interleaved (or their `pixels` only, (lo, hi) i64 values: a
-    task's own, owns_pixels), INTERLEAVE_PIXELS pixels of each at a time (G vector loads,
+    task's own, owns_pixels; `stride`: elements from one group's to the next's, by default
+    Geometry.group_stride, a band's in interleaves_in_bands), INTERLEAVE_PIXELS pixels of
+    each at a time (G vector loads,
     one shuffle, which LLVM makes byte permutes), then 16 at a time, the last pixels one
     element at a time.  In place of build_conv_plane's loop, element by element
     (each byte widened into its place in a 32-bit lane: 14 instructions for 16 elements,
