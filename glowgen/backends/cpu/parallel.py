@@ -114,7 +114,7 @@ class Split:
 WHOLE = Split(None, 1)
 
 
-def for_claimed(b: ir.IRBuilder, words, total: int, split: "Split", body) -> None:
+def for_claimed(b: ir.IRBuilder, words, total: int, split: Split, body) -> None:
     """body(lo, hi) (i64 values) for each run of [0, total) this task claims, until none is
     left.  Every task has a home range, its share of a fixed split (Split.range), and a
     claim word of its own in `words` (i64s, zeroed before the round: plan.claim_bytes): the
@@ -127,7 +127,6 @@ def for_claimed(b: ir.IRBuilder, words, total: int, split: "Split", body) -> Non
     task on a core running slower than the others (a VM's vCPU sharing its core) takes
     less of the work.  Which task computes an item never changes what it computes."""
     parts = split.parts
-    chunk_of = split.chunk(total)
     fn = b.function
     with b.goto_entry_block():                                  # not on the stack once a loop
         step = b.alloca(I64, name="claim.range")
@@ -141,10 +140,7 @@ def for_claimed(b: ir.IRBuilder, words, total: int, split: "Split", body) -> Non
     b.position_at_end(look)
     r = b.urem(b.add(split.index, k), i64(parts))             # the range: own first
     word = b.gep(words, [r])
-    start = b.mul(r, i64(chunk_of))
-    start = b.select(b.icmp_signed("<", start, i64(total)), start, i64(total))
-    end = b.add(start, i64(chunk_of))
-    end = b.select(b.icmp_signed("<", end, i64(total)), end, i64(total))
+    start, end = Split(r, parts).range(b, total)
     seen = b.load_atomic(word, "monotonic", 8)
     lo = b.add(start, b.and_(seen, i64(0xFFFFFFFF)))
     hi = b.sub(end, b.lshr(seen, i64(32)))

@@ -70,11 +70,15 @@ class Phases:
     stay unphased: their cheap copies are faster read from each core's own cache."""
     count: int                          # rounds of the step's tasks
     shared: int                         # bytes of scratch the tasks share (before their own)
-    # Whether the last round's tasks claim their work as they go from claim words (one a
-    # task: parallel.for_claimed) in the last `claim_bytes` of the shared scratch, which the
-    # caller zeroes before the first round.
-    claims: bool = False
+    # Bytes of claim words (one a task: parallel.for_claimed) at the end of the shared
+    # scratch, which the caller zeroes before the first round; none where the last round's
+    # tasks take fixed shares.
     claim_bytes: int = 0
+
+    @property
+    def claims(self) -> bool:
+        """Whether the last round's tasks claim their work as they go."""
+        return self.claim_bytes > 0
 
     @property
     def counter_at(self) -> int:

@@ -291,11 +291,12 @@ def q_scratch(ins, shape) -> int:
         return 0
     qs = QShape(ins.plan.strategy)
     geo = Geometry(ins.node, qs)
-    need = qlanes.Lanes(geo, qs).scratch if qlanes.in_lanes(geo, qs) else geo.scratch
+    lanes = qlanes.in_lanes(geo, qs)
+    need = qlanes.Lanes(geo, qs).scratch if lanes else geo.scratch
     shared = ins.plan.phases is not None and ins.plan.phases.count > 1
     if shared:
         return need - geo.plane_bytes                       # the plane is shared
-    if not qlanes.in_lanes(geo, qs) and interleaves_in_bands(geo):
+    if not lanes and interleaves_in_bands(geo):
         return need - geo.plane_bytes + interleave_band_bytes(geo)      # a band of it
     return need
 
@@ -328,8 +329,8 @@ def q_phases(ins, shape, parts: int) -> Optional[Phases]:
     claims = claims_work(geo, qs, parts, _has_vbmi2(getattr(shape, "features", "")))
     words = claim_bytes(parts) if claims else 0
     if owns_pixels(geo, qs, parts) or (builds_rows_in_vectors(geo) and geo.plane_bytes < PHASED_PLANE_MIN_BYTES):
-        return Phases(1, words, claims=True, claim_bytes=words) if claims else None       # no plane shared
-    return Phases(2, geo.plane_bytes + words, claims=claims, claim_bytes=words)
+        return Phases(1, words, claim_bytes=words) if claims else None       # no plane shared
+    return Phases(2, geo.plane_bytes + words, claim_bytes=words)
 
 
 # Whether split int8 products whose tasks share out filters claim them as they go
@@ -656,29 +657,34 @@ def quantized_product(k: KernelArgs):
                         tile(mb, p, vectors)
                 panel(p, blocks)
 
+        def bands(panels_a_band, first, last, build, block_lo=lo, block_hi=hi):
+            """Panels first..last a band of `panels_a_band` at a time: build(pb, pe) the
+            band's plane (moving base[0] to where its panel 0 would lie), then its tiles."""
+            with for_range(b, last, start=first, step=panels_a_band, name="qb") as pb:
+                pe = b.add(pb, i64(panels_a_band))
+                pe = b.select(b.icmp_signed("<", pe, last), pe, last)
+                build(pb, pe)
+                panels(pb, pe, block_lo, block_hi)
+
+        def row_element_band(pb, pe):
+            base[0] = b.gep(plane, [b.neg(b.mul(pb, i64(geo.plane_groups * qs.nr)))])
+            build_row_element_plane(b, geo, x, n, base[0], pad, i64(0), i64(geo.plane_groups),
+                                    pixels=(b.mul(pb, i64(qs.nr)), b.mul(pe, i64(qs.nr))))
+
+        def interleaved_band(pb, pe):
+            first, stop = b.mul(pb, i64(qs.nr)), b.mul(pe, i64(qs.nr))
+            stop = b.select(b.icmp_signed("<", stop, i64(geo.h * geo.w)), stop, i64(geo.h * geo.w))
+            base[0] = b.gep(plane, [b.neg(first)])
+            interleave_channels(b, geo, x, n, base[0], i64(0), i64(geo.plane_groups),
+                                pixels=(first, stop), stride=group_stride)
+
         if in_bands:
-            with for_range(b, p_hi, start=p_lo, step=BAND_PANELS, name="qb") as pb:
-                pe = b.add(pb, i64(BAND_PANELS))
-                pe = b.select(b.icmp_signed("<", pe, p_hi), pe, p_hi)
-                base[0] = b.gep(plane, [b.neg(b.mul(pb, i64(geo.plane_groups * qs.nr)))])
-                build_row_element_plane(b, geo, x, n, base[0], pad, i64(0), i64(geo.plane_groups),
-                                        pixels=(b.mul(pb, i64(qs.nr)), b.mul(pe, i64(qs.nr))))
-                panels(pb, pe)
+            bands(BAND_PANELS, p_lo, p_hi, row_element_band)
         else:
             def compute(block_lo, block_hi, panel_lo, panel_hi):
                 """The tiles of blocks block_lo..block_hi over panels panel_lo..panel_hi."""
                 if interleaved_bands:   # each band's plane built, then its tiles
-                    step = group_stride // qs.nr
-                    with for_range(b, panel_hi, start=panel_lo, step=step, name="ib") as pb:
-                        pe = b.add(pb, i64(step))
-                        pe = b.select(b.icmp_signed("<", pe, panel_hi), pe, panel_hi)
-                        first = b.mul(pb, i64(qs.nr))
-                        stop = b.mul(pe, i64(qs.nr))
-                        stop = b.select(b.icmp_signed("<", stop, i64(geo.h * geo.w)), stop, i64(geo.h * geo.w))
-                        base[0] = b.gep(plane, [b.neg(first)])
-                        interleave_channels(b, geo, x, n, base[0], i64(0), i64(geo.plane_groups),
-                                            pixels=(first, stop), stride=group_stride)
-                        panels(pb, pe, block_lo, block_hi)
+                    bands(group_stride // qs.nr, panel_lo, panel_hi, interleaved_band, block_lo, block_hi)
                     return
                 if geo.panels_outer:    # all the weights stay in cache; each panel of B in L1
                     panels(panel_lo, panel_hi, block_lo, block_hi)
@@ -1061,8 +1067,8 @@ def interleave_channels(b, geo: Geometry, x, n, plane, first, last, pixels=None,
     G whole channel images interleaved (or their `pixels` only, (lo, hi) i64 values: a
     task's own, owns_pixels; `stride`: elements from one group's to the next's, by default
     Geometry.group_stride, a band's in interleaves_in_bands), INTERLEAVE_PIXELS pixels of
-    each at a time (G vector loads,
-    one shuffle, which LLVM makes byte permutes), then 16 at a time, the last pixels one
+    each at a time (G vector loads, one shuffle, which LLVM makes byte permutes), then 16
+    at a time, the last pixels one
     element at a time.  In place of build_conv_plane's loop, element by element
     (each byte widened into its place in a 32-bit lane: 14 instructions for 16 elements,
     here 30 for 64): MobileNetV2's 144 -> 24 1x1 at 56x56 166 -> 155 kcycles, 32 -> 16 at
