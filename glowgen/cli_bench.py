@@ -57,18 +57,19 @@ BLOCK_PAUSE = 0.05       # seconds
 BLOCK_WARMUP = 2
 
 
-def _alternating(fns: list, runs: int, rounds: int, warmup, progress=None) -> list[list[float]]:
-    """Each engine's `runs` timed runs (sorted), in `rounds` blocks taken in turn (engine 0's
-    first block, engine 1's, engine 0's second, ...), so that a burst of load from elsewhere
-    on the machine (another VM's, on a cloud host) falls on both engines alike instead of on
-    whichever ran in its moment.  Each engine is warmed up before its first block;
-    progress(engine, block) is called as each block begins."""
+def _alternating(fns: list, runs: int, rounds: int, warmup, progress=None) -> list[list[list[float]]]:
+    """Each engine's `runs` timed runs, in `rounds` blocks taken in turn (engine 0's first
+    block, engine 1's, engine 0's second, ...), so that a burst of load from elsewhere on the
+    machine (another VM's, on a cloud host) falls on both engines alike instead of on
+    whichever ran in its moment: per engine, the times of each of its blocks.  Each engine
+    is warmed up before its first block; progress(engine, block) is called as each block
+    begins."""
     import time
     rounds = max(1, min(rounds, runs))
     sizes = [runs // rounds + (1 if r < runs % rounds else 0) for r in range(rounds)]
-    times: list[list[float]] = [[] for _ in fns]
+    blocks: list[list[list[float]]] = [[] for _ in fns]
     for r, size in enumerate(sizes):
-        for e, (fn, out) in enumerate(zip(fns, times)):
+        for e, (fn, out) in enumerate(zip(fns, blocks)):
             if progress is not None:
                 progress(e, r)
             if r == 0:
@@ -76,8 +77,25 @@ def _alternating(fns: list, runs: int, rounds: int, warmup, progress=None) -> li
             else:
                 time.sleep(BLOCK_PAUSE)
                 _warm_up(fn, min(BLOCK_WARMUP, warmup) if warmup is not None else BLOCK_WARMUP)
-            out.extend(_timed(fn, size))
-    return [sorted(t) for t in times]
+            out.append(_timed(fn, size))
+    return blocks
+
+
+def _all_runs(blocks: list[list[float]]) -> list[float]:
+    """An engine's timed runs over all its blocks, sorted."""
+    return sorted(t for block in blocks for t in block)
+
+
+def _round_ratios(ours: list[list[float]], theirs: list[list[float]]) -> list[float]:
+    """Round by round, the median of our block over the median of theirs run right after it
+    (sorted): load from elsewhere on the machine that changes from one round to the next
+    (a cloud host's neighbours) falls on both sides of each ratio alike, where the medians
+    over all runs let a busy stretch weigh on one engine more than on the other."""
+    return sorted(_percentile(sorted(g), 50) / _percentile(sorted(o), 50) for g, o in zip(ours, theirs))
+
+
+# Rounds from which `glowgen bench` also prints the ratio round by round (_round_ratios).
+MIN_ROUNDS_FOR_RATIOS = 3
 
 
 PROGRESS_WIDTH = 48
@@ -187,8 +205,9 @@ def cmd_bench(args) -> int:
     ort_feeds = {k: v for k, v in all_feeds.items() if k in {i.name for i in sess.get_inputs()}}
     names = [o.name for o in sess.get_outputs()]
     progress = _block_progress(rounds)
-    g_times, o_times = _alternating([lambda: model.run(feeds), lambda: sess.run(names, ort_feeds)],
-                                    args.runs, rounds, args.warmup, progress)
+    g_blocks, o_blocks = _alternating([lambda: model.run(feeds), lambda: sess.run(names, ort_feeds)],
+                                      args.runs, rounds, args.warmup, progress)
+    g_times, o_times = _all_runs(g_blocks), _all_runs(o_blocks)
     _clear_progress(progress)
     print(f"  latency    {_stats_line(g_times)}")
     print(f"onnxruntime  {ort.__version__}, CPUExecutionProvider, {args.threads} thread"
@@ -198,6 +217,10 @@ def cmd_bench(args) -> int:
     ratio = _percentile(g_times, 50) / _percentile(o_times, 50)
     print(f"ratio        glowgen / onnxruntime = {ratio:.2f} (median latency; below 1 means "
           f"glowgen is faster); fastest runs {g_times[0] / o_times[0]:.2f}")
+    if len(g_blocks) >= MIN_ROUNDS_FOR_RATIOS:
+        by_round = _round_ratios(g_blocks, o_blocks)
+        print(f"by round     glowgen / onnxruntime = {_percentile(by_round, 50):.2f} (median of {len(by_round)} "
+              f"rounds' ratios of medians; {by_round[0]:.2f} to {by_round[-1]:.2f})")
     ours = model.run(feeds)
     theirs = dict(zip(names, sess.run(names, ort_feeds)))
     diffs = []

@@ -327,6 +327,19 @@ def test_bench_prints_latencies(capsys):
     assert re.search(r"onnxruntime .*2 threads", out)
     assert re.search(r"glowgen / onnxruntime = [\d.]+ .*; fastest runs [\d.]+", out)
     assert "in 3 blocks an engine taken in turn" in out      # --rounds 4, capped at --runs 3
+    assert re.search(r"by round +glowgen / onnxruntime = [\d.]+ \(median of 3 rounds' ratios of medians; "
+                     r"[\d.]+ to [\d.]+\)", out)
+
+
+def test_round_ratios_pair_each_block_with_the_one_after_it():
+    """The ratio round by round: our block's median over theirs of the same round, sorted; a
+    slow stretch of the machine that takes both blocks of a round leaves its ratio alone."""
+    from glowgen import cli_bench
+    ours = [[1.0, 3.0, 2.0], [10.0, 12.0], [2.0]]
+    theirs = [[4.0, 4.0, 5.0], [20.0, 40.0, 30.0], [2.5]]
+    want = sorted(np.median(g) / np.median(o) for g, o in zip(ours, theirs))
+    assert cli_bench._round_ratios(ours, theirs) == pytest.approx(want)
+    assert cli_bench._round_ratios(ours, theirs) == pytest.approx([11 / 30, 2 / 4, 2 / 2.5])
 
 
 def test_bench_alternates_blocks_of_runs(monkeypatch):
@@ -337,7 +350,8 @@ def test_bench_alternates_blocks_of_runs(monkeypatch):
     calls = []
     engines = [lambda: calls.append("g"), lambda: calls.append("o")]
     g, o = cli_bench._alternating(engines, runs=10, rounds=3, warmup=1)
-    assert len(g) == len(o) == 10
+    assert [len(block) for block in g] == [len(block) for block in o] == [4, 3, 3]
+    assert len(cli_bench._all_runs(g)) == 10
     # warm-up 1 + block of 4; later blocks: BLOCK_WARMUP (capped by --warmup 1) + 3
     assert "".join(calls) == "g" * 5 + "o" * 5 + ("g" * 4 + "o" * 4) * 2
     calls.clear()
