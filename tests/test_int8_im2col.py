@@ -1,4 +1,4 @@
-"""The int8 product's im2col plane (qlinalg.build_im2col_plane): a convolution of fewer
+"""The int8 product's im2col plane (qplanes.build_im2col_plane): a convolution of fewer
 input channels than a plane element holds (a stem from 3 with VNNI's and ubsw's 4, one
 channel with madd16's 2) sums the window's values, channel by tap, packed G to an element,
 in place of one element of mostly padding per tap.  Exactly as the NumPy reference of
@@ -68,7 +68,7 @@ ROW_CASES = [
 def test_row_element_conv_exact(case, cpu):
     """With VNNI's 512-bit products, a window whose rows pad to whole elements at little cost
     (ResNet's 7x7 stem: 42 elements for 37) takes G columns of one row an element, built 16
-    pixels a step from one masked load of the input row (qlinalg.build_row_element_plane):
+    pixels a step from one masked load of the input row (qplanes.build_row_element_plane):
     exactly the NumPy reference, at the image's edges and past them, at 1, 2 and 3 threads,
     the plane panel by panel where rows are whole steps of 16 pixels; the other targets'
     plain im2col plane likewise."""

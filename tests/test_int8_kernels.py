@@ -12,7 +12,8 @@ import pytest
 from glowgen import pipeline
 from glowgen.api import CompiledModel
 from glowgen.backends.cpu.kernels import qlanes
-from glowgen.backends.cpu.kernels.qlinalg import Geometry, interleaves_rows
+from glowgen.backends.cpu.kernels.qlinalg import Geometry
+from glowgen.backends.cpu.kernels.qplanes import interleaves_rows
 from glowgen.backends.cpu.qgemm import QSHAPES, QShape
 from glowgen.engine.registry import Registry
 from glowgen.engine.textual import parse_function
@@ -276,7 +277,7 @@ def test_uneven_blocks_split_by_pixels(case, cpu):
         np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{cpu} {threads} threads")
 
 # 1x1 convolutions at stride 1 whose plane interleaves whole channel rows
-# (qlinalg.interleave_channels): pixels in steps of 64, of 16, and one at a time.
+# (qplanes.interleave_channels): pixels in steps of 64, of 16, and one at a time.
 INTERLEAVED = [(1, 24, 13, 11, 40, 1),      # 143 pixels: 2 x 64 + 15 single
                (1, 16, 20, 20, 96, 1),      # 400: 6 x 64 + 16
                (1, 64, 7, 7, 72, 1),        # 49: 3 x 16 + 1 (features in the lanes with VNNI)
@@ -302,7 +303,7 @@ def test_plane_of_interleaved_rows(case, cpu):
 
 
 # Padded and strided planes built a row at a time in masked 16-element steps with AVX-512BW
-# (qlinalg.build_plane_rows; x86-64-v3 builds them element by element): rows narrower than
+# (qplanes.build_plane_rows; x86-64-v3 builds them element by element): rows narrower than
 # a step, of one step, of whole and of ragged steps; the input's columns all inside, all
 # past either edge, and taps dealt by stride 2 into two column phases; pads up to 3 either
 # side, asymmetric, dilated; two groups; the last two split (each task the whole small plane,

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from glowgen.backends.cpu.kernels.qlinalg import (PHASED_PLANE_MIN_BYTES, Geometry, builds_rows_in_vectors,
-                                                interleaves_in_bands)
+from glowgen.backends.cpu.kernels.qlinalg import PHASED_PLANE_MIN_BYTES, Geometry
+from glowgen.backends.cpu.kernels.qplanes import builds_rows_in_vectors, interleaves_in_bands
 from glowgen.backends.cpu.qgemm import QSHAPES, QShape
 from test_int8_kernels import CPUS, RUNNABLE_CPUS, _compile, conv_case
 
@@ -141,7 +141,7 @@ BANDED = [
 @pytest.mark.parametrize("case", range(len(BANDED)))
 def test_interleaved_plane_in_bands_is_exact(case, cpu):
     """A 1x1's plane, its input interleaved, built band by band into the task's own
-    scratch (qlinalg.interleaves_in_bands): exact against NumPy at 1-3 threads (at two
+    scratch (qplanes.interleaves_in_bands): exact against NumPy at 1-3 threads (at two
     and three each task's bands over its own pixels, or over every pixel for its filters)."""
     text, feeds, want = conv_case(np.random.default_rng(800 + case), *BANDED[case])
     for threads in (1, 2, 3):
