@@ -60,6 +60,7 @@ ROW_CASES = [
     (1, 3, 96, 224, 24, 7, (2, 2), (3, 3, 3, 3), (1, 1)),     # split among threads
     (1, 3, 30, 90, 12, 7, (2, 2), (3, 3, 3, 3), (1, 1)),      # 45 pixels a row: steps across panels
     (2, 3, 64, 128, 32, 7, (2, 2), (3, 3, 3, 3), (1, 1)),     # two images: split by filters, every band
+    (1, 3, 36, 132, 8, 8, (4, 4), (0, 0, 0, 0), (1, 1)),      # runs of a row past one load: a load each
 ]
 
 
@@ -81,6 +82,8 @@ def test_row_element_conv_exact(case, cpu):
         geo = Geometry(ins.node, qs)
         assert geo.im2col == (ROW_CASES[case][1] < qs.group) and geo.row_elements == (qs.kind == "vnni"), qs.kind
         assert geo.panel_major == (geo.row_elements and geo.ow % 16 == 0)
+        if case == len(ROW_CASES) - 1 and geo.row_elements:     # 4 x 15 + 2 runs x 4 > 64 bytes
+            assert geo.panel_major and geo.row_values // qs.group == 2
         results.append(model.run(feeds)["y"])
         np.testing.assert_array_equal(results[-1], want)
     assert results[0].tobytes() == results[1].tobytes() == results[2].tobytes()
