@@ -312,7 +312,7 @@ class ModuleBuilder:
                     raw = b.gep(regions["activation"], [i64(self.scratch_offset)])
                     ptrs.append(b.bitcast(raw, F32.as_pointer()))
             start = b.call(clock, []) if clock is not None else None
-            claims = self._claim_counter(b, regions, self.plan.steps[index])
+            claims = self._claim_words(b, regions, self.plan.steps[index])
             if claims is not None:          # the tasks claim their work from zero (plan.Phases)
                 for word in range(self.plan.steps[index].parts):
                     b.store_atomic(i64(0), b.gep(claims, [i64(word)]), "monotonic", 8)
@@ -334,14 +334,14 @@ class ModuleBuilder:
         b.ret(ir.Constant(I32, 0))
         return entry
 
-    def _claim_counter(self, b: ir.IRBuilder, regions: dict, step: Step):
+    def _claim_words(self, b: ir.IRBuilder, regions: dict, step: Step):
         """The i64 claim words (one a task) a step's tasks claim their work from
         (plan.Phases.claims), in the scratch they share; None for a step without them."""
         ins = step.instrs[0] if step.instrs else None
         phases = ins.plan.phases if ins is not None and ins.plan is not None else None
         if phases is None or not phases.claims or step.parts < 2:
             return None
-        at = b.gep(regions["activation"], [i64(self.scratch_offset + phases.counter_at)])
+        at = b.gep(regions["activation"], [i64(self.scratch_offset + phases.claim_words_at)])
         return b.bitcast(at, I64.as_pointer())
 
     @staticmethod

@@ -81,7 +81,7 @@ class Phases:
         return self.claim_bytes > 0
 
     @property
-    def counter_at(self) -> int:
+    def claim_words_at(self) -> int:
         """The claim words' byte offset in the shared scratch (its last claim_bytes)."""
         return self.shared - self.claim_bytes
 

@@ -87,13 +87,13 @@ class KernelArgs:
         self.shared_scratch = None
         self.phases = plan.phases         # plan.Phases, or None
 
-    def claim_counter(self):
+    def claim_words(self):
         """The i64* claim words (one a task) the tasks claim their work from
         (plan.Phases.claims, parallel.for_claimed), or None."""
         if self.phases is None or not self.phases.claims or self.split.whole:
             return None
         at = self.b.gep(self.b.bitcast(self.shared_scratch, ir.IntType(8).as_pointer()),
-                        [ir.Constant(ir.IntType(64), self.phases.counter_at)])
+                        [ir.Constant(ir.IntType(64), self.phases.claim_words_at)])
         return self.b.bitcast(at, ir.IntType(64).as_pointer())
 
     @property

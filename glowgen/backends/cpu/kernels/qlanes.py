@@ -283,7 +283,7 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
                     v = b.load(b.gep(ys, [b.add(b.mul(r, i64(stride)), m)]))
                     b.store(v, b.gep(y, [b.add(b.mul(r, i64(geo.m)), m)]))
 
-        claims = k.claim_counter()          # tasks claiming tiles as they go (qlinalg.claims_work)
+        claims = k.claim_words()          # tasks claiming tiles as they go (qlinalg.claims_work)
         if claims is not None:
             for_claimed(b, claims, lanes.tiles, k.split, tiles)
         else:

@@ -558,7 +558,7 @@ def quantized_product(k: KernelArgs):
     # Tasks claiming blocks, or runs of panels (own), as they go (claims_work); not with a
     # fused epilogue where each task builds its own pixels' plane (which the plan, phased
     # before the fusion is known to it, leaves to the kernel).
-    claims = None if own and k.epilogue is not None else k.claim_counter()
+    claims = None if own and k.epilogue is not None else k.claim_words()
     if claims is not None:
         (lo, hi), (p_lo, p_hi) = (i64(0), i64(geo.blocks)), (i64(0), i64(geo.qpad // qs.nr))
     # row_elements' plane panel by panel is built a band of its panels at a time, each band's

@@ -264,13 +264,12 @@ def interleaves_in_bands(geo: Geometry) -> bool:
 def interleave_channels(b, geo: Geometry, x, n, plane, first, last, pixels=None, stride=None):
     """build_conv_plane where interleaves_rows: element groups first..last of image n, each
     G whole channel images interleaved (or their `pixels` only, (lo, hi) i64 values: a
-    task's own, qlinalg.owns_pixels; `stride`: elements from one group's to the next's, by default
-    Geometry.group_stride, a band's in interleaves_in_bands), INTERLEAVE_PIXELS pixels of
-    each at a time (G vector loads, one shuffle, which LLVM makes byte permutes), then 16
-    at a time, the last pixels one
-    element at a time.  In place of build_conv_plane's loop, element by element
-    (each byte widened into its place in a 32-bit lane: 14 instructions for 16 elements,
-    here 30 for 64): MobileNetV2's 144 -> 24 1x1 at 56x56 166 -> 155 kcycles, 32 -> 16 at
+    task's own, qlinalg.owns_pixels; `stride`: elements from one group's to the next's, by
+    default Geometry.group_stride, a band's in interleaves_in_bands), INTERLEAVE_PIXELS
+    pixels of each at a time (G vector loads, one shuffle, which LLVM makes byte permutes),
+    then 16 at a time, the last pixels one element at a time.  In place of build_conv_plane's
+    loop, element by element (each byte widened into its place in a 32-bit lane: 14
+    instructions for 16 elements, here 30 for 64): MobileNetV2's 144 -> 24 1x1 at 56x56 166 -> 155 kcycles, 32 -> 16 at
     112x112 132 -> 120, 576 -> 96 at 14x14 (features in the lanes) 139 -> 131 (Zen 4,
     1 thread, fastest of 300 alone)."""
     qs, g = geo.qs, geo.qs.group
