@@ -550,6 +550,10 @@ _QCONV = f"""  input %x: i8[1, 3, 2, 2] q(0.02, -4)
 """
 
 
+# A residual of the product's shape (its own generator: the cases after it keep their draws).
+_QCR = np.random.default_rng(77).integers(-128, 128, size=(1, 2, 2, 2)).astype(np.int8)
+
+
 def _qtext(body, outputs="y"):
     return "graph q {\n" + body + f'  output "{outputs}" = %y\n' + "}"
 
@@ -621,6 +625,24 @@ _QUANTIZATION_CASES = {
         _QCONV + "  %d = Dequantize(%q) {in_scale = 0.05, in_offset = 2} : f32[1, 2, 2, 2]\n"
         "  %y = Relu(%d) : f32[1, 2, 2, 2]\n"), {"x": _QCX},
         lambda f: {"y": np.clip(_qconv_float(f["x"]), 0, 3)}), calibrate={"y": (0.0, 3.0)}, rtol=0.0, atol=3.0 / 255),
+    # A residual sum after the pointwise product joins it: the residual's value enters the
+    # product's requantization, to the sum's calibrated range, before its one rounding.
+    "quantize_conv_residual": dict(text_case(_qtext(
+        "  input %r: i8[1, 2, 2, 2] q(0.03, 1)\n" + _QCONV
+        + "  %d = Dequantize(%q) {in_scale = 0.05, in_offset = 2} : f32[1, 2, 2, 2]\n"
+        "  %e = Dequantize(%r) {in_scale = 0.03, in_offset = 1} : f32[1, 2, 2, 2]\n"
+        "  %y = Add(%d, %e) : f32[1, 2, 2, 2]\n"), {"x": _QCX, "r": _QCR},
+        lambda f: {"y": np.clip(_qconv_float(f["x"]) + _dq(f["r"], 0.03, 1), -4, 4)}),
+        calibrate={"y": (-4.0, 4.0)}, rtol=0.0, atol=8.0 / 255),
+    # ... and a ReLU after that sum joins the product with its residual.
+    "relu_of_quantized_conv.residual": dict(text_case(_qtext(
+        "  input %r: i8[1, 2, 2, 2] q(0.03, 1)\n" + _QCONV.replace(
+            "%q = QuantizedConv(%x, %w, %ws, %b) {scale = 0.05, offset = 2}",
+            "%q = QuantizedConv(%x, %w, %ws, %b, %r) {scale = 0.05, offset = 2, r_scale = 0.03, r_offset = 1}")
+        + "  %d = Dequantize(%q) {in_scale = 0.05, in_offset = 2} : f32[1, 2, 2, 2]\n"
+        "  %y = Relu(%d) : f32[1, 2, 2, 2]\n"), {"x": _QCX, "r": _QCR},
+        lambda f: {"y": np.clip(_qconv_float(f["x"]) + _dq(f["r"], 0.03, 1), 0, 3)}),
+        calibrate={"y": (0.0, 3.0)}, rtol=0.0, atol=3.0 / 255),
     "relu_of_quantized_matmul": dict(text_case(_qtext(
         _QMATMUL + "  %d = Dequantize(%q) {in_scale = 0.05, in_offset = -3} : f32[2, 4]\n"
         "  %y = Relu(%d) : f32[2, 4]\n"), {"x": _QX},

@@ -373,11 +373,14 @@ def test_quantized_resnet50_has_no_dequantize_quantize_pair():
              and n.inputs[0].producer.OP == "Dequantize"]
     assert not pairs, pairs
     # The input and the classifier's input after the average pooling; each residual sum and
-    # its ReLU are one op (quantize_add, quantized_add: the stream between blocks is i8).
+    # its ReLU join the 1x1 convolution before it (quantize_conv_residual,
+    # relu_of_quantized_conv: the stream between blocks is i8 and no sum is a step).
     quantized = Counter(n.inputs[0].producer.OP if n.inputs[0].producer else "input"
                         for n in fn.nodes if n.OP == "Quantize")
     assert quantized == {"input": 1, "Flatten": 1}, quantized
-    assert ops.count("QuantizedAdd") == 16 and "Add" not in ops and "Relu" not in ops
+    residuals = [n for n in fn.nodes if n.OP == "QuantizedConv" and n.inputs[4] is not None]
+    assert len(residuals) == 16 and all(n.inputs[1].type.shape[2:] == (1, 1) for n in residuals)
+    assert "QuantizedAdd" not in ops and "Add" not in ops and "Relu" not in ops
 
 
 def _control_flow_model(n=8, steps=20, seed=3):
@@ -476,10 +479,10 @@ def test_quantized_model_with_control_flow_matches_float():
 
 
 def test_a_dequantized_shortcut_stacks_into_its_sum():
-    """A residual block's shortcut, computed before the main path: the sum reads it as int8
-    (QuantizedAdd, one loop over the int8 tensors, or with 512-bit products applied in the
-    store of the convolution before it), with no separate pass widening it to f32 and
-    writing 4 bytes an element."""
+    """A residual block's shortcut, computed before the main path: the sum reads both as
+    int8, here in the requantization of the shortcut's own 1x1 convolution, whose residual
+    is the main path's result (quantize_conv_residual; the main path ends in a 3x3), with no
+    separate pass widening either to f32 and writing 4 bytes an element."""
     rng = np.random.default_rng(31)
     x = rng.standard_normal((1, 16, 20, 20)).astype(np.float32)
     w = {f"w{i}": (rng.standard_normal((16, 16, k, k)) * 0.2).astype(np.float32)
@@ -497,7 +500,9 @@ def test_a_dequantized_shortcut_stacks_into_its_sum():
     steps = q._runner.step_names
     alone = [s for s in steps if s.split(" ")[0] == "Dequantize"]
     assert len(alone) == 1, steps           # the graph output's only (it was the shortcut's too)
-    assert any("QuantizedAdd" in s.split(" ")[0].split("+") for s in steps), steps
+    assert not any("Add" in s.split(" ")[0] for s in steps), steps
+    [folded] = [n for n in q.function.nodes if n.OP == "QuantizedConv" and n.inputs[4] is not None]
+    assert folded.inputs[1].type.shape[2:] == (1, 1) and folded.inputs[4].producer.OP == "QuantizedConv"
     from conftest import run_ort
     expected, got = run_ort(model, samples[0])["y"], q.run(samples[0])["y"]
     assert np.abs(got - expected).max() < 0.05 * np.abs(expected).max()

@@ -90,7 +90,7 @@ def test_int16_graph_is_integer_in_i16(cnn):
     assert "Conv" not in ops and "MatMul" not in ops and "Relu" not in ops
     for n in fn.nodes:
         if n.OP in ("QuantizedConv", "QuantizedMatMul"):
-            x, w, _, b = n.inputs
+            x, w, _, b = n.inputs[:4]
             assert (x.type.dtype, w.type.dtype, b.type.dtype, n.outputs[0].type.dtype) == ("i16", "i16", "i64", "i16")
 
 

@@ -9016,13 +9016,14 @@ class QuantizedAdd(Node):
 
 @attrs.define(eq=False, repr=False, kw_only=True)
 class QuantizedConv(Node):
-    """Conv of a quantized x (i8 or i16) with weights of its type quantized per filter (w_scale[m], offset 0) and a bias at scale x's scale * w_scale[m] in the accumulator type (i32 for i8, i64 for i16): sums of products in that type, requantized to the result's scale and offset, saturated to the type's range, then to max(y, low) and to min(y, high) (the bounds of a ReLU or of a Rescale folded into the product, in the result's integers; by default none).
+    """Conv of a quantized x (i8 or i16) with weights of its type quantized per filter (w_scale[m], offset 0) and a bias at scale x's scale * w_scale[m] in the accumulator type (i32 for i8, i64 for i16): sums of products in that type, requantized to the result's scale and offset, saturated to the type's range, then to max(y, low) and to min(y, high) (the bounds of a ReLU or of a Rescale folded into the product, in the result's integers; by default none).  With a residual r (of the result's shape, quantized with r_scale and r_offset), its value joins the sums before the one rounding: round(sums * (x_scale * w_scale[m] / scale) + (r - r_offset) * (r_scale / scale)) + offset, each product and the sum rounded in the multipliers' float type (f32 for i8, f64 for i16), where a QuantizedAdd after the product would round the product's result first (oneDNN's sum post-op).
     
     Operands:
         x: Tensor[QT, N, C, H, W]
         w: Tensor[QT, M, CG, KH, KW]
         w_scale: Tensor[f32, M]
         b: Tensor[QACC, M]
+        r: Tensor[QT, RN, RM, RH, RW]?
     Results:
         y: Tensor[QT, N, M, conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1])]
     Attributes:
@@ -9034,16 +9035,18 @@ class QuantizedConv(Node):
         offset: int
         low: int = -2147483648
         high: int = 2147483647
-    Traits: quantized, primitive
+        r_scale: float = 1.0 where r_scale > 0.0
+        r_offset: int = 0
+    Traits: quantized, primitive, inplace(y, r)
     Declared at specs/ops.glowdef:1734:1.
     """
 
     OP: ClassVar[str] = 'QuantizedConv'
-    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('w_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), )
+    INPUTS: ClassVar[tuple] = (OperandInfo('x', optional=False, variadic=False), OperandInfo('w', optional=False, variadic=False), OperandInfo('w_scale', optional=False, variadic=False), OperandInfo('b', optional=False, variadic=False), OperandInfo('r', optional=True, variadic=False), )
     OUTPUTS: ClassVar[tuple] = (OperandInfo('y', optional=False), )
-    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), AttrInfo('low', 'int', rt.neg(2147483648), True), AttrInfo('high', 'int', 2147483647, True), )
-    TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
-    INPLACE: ClassVar[tuple] = ()
+    ATTRS: ClassVar[tuple] = (AttrInfo('strides', 'ints', (1, 1, ), True), AttrInfo('pads', 'ints', (0, 0, 0, 0, ), True), AttrInfo('dilations', 'ints', (1, 1, ), True), AttrInfo('group', 'int', 1, True), AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), AttrInfo('low', 'int', rt.neg(2147483648), True), AttrInfo('high', 'int', 2147483647, True), AttrInfo('r_scale', 'float', 1.0, True), AttrInfo('r_offset', 'int', 0, True), )
+    TRAITS: ClassVar[frozenset] = frozenset(['inplace', 'primitive', 'quantized'])
+    INPLACE: ClassVar[tuple] = (('y', 'r'),)
     LOCATION: ClassVar[str] = 'specs/ops.glowdef:1734:1'
 
     strides: object = attrs.field(default=(1, 1, ), converter=rt.CONVERTERS['ints'])
@@ -9054,6 +9057,8 @@ class QuantizedConv(Node):
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
     low: object = attrs.field(default=rt.neg(2147483648), converter=rt.CONVERTERS['int'])
     high: object = attrs.field(default=2147483647, converter=rt.CONVERTERS['int'])
+    r_scale: object = attrs.field(default=1.0, converter=rt.CONVERTERS['float'])
+    r_offset: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
 
     @property
     def x(self):
@@ -9076,12 +9081,17 @@ class QuantizedConv(Node):
         return self.inputs[3]
 
     @property
+    def r(self):
+        """Operand r: Tensor[QT, RN, RM, RH, RW]?"""
+        return self.inputs[4]
+
+    @property
     def y(self):
         """Result y: Tensor[QT, N, M, conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1])]"""
         return self.outputs[0] if len(self.outputs) > 0 else None
 
     @staticmethod
-    def infer(x, w, w_scale, b, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None, low=None, high=None):
+    def infer(x, w, w_scale, b, r=None, *, _node='', strides=None, pads=None, dilations=None, group=None, scale=None, offset=None, low=None, high=None, r_scale=None, r_offset=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedConv', _node)
         u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1737:9')
@@ -9092,6 +9102,9 @@ class QuantizedConv(Node):
         u.shape('w_scale', w_scale, ('M',), None, (), 'specs/ops.glowdef:1737:66')
         u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1737:91')
         u.shape('b', b, ('M',), None, (), 'specs/ops.glowdef:1737:91')
+        if r is not None:
+            u.elem('r', r, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1738:9')
+            u.shape('r', r, ('RN', 'RM', 'RH', 'RW'), None, (), 'specs/ops.glowdef:1738:9')
         C = u.dim('C')
         CG = u.dim('CG')
         H = u.dim('H')
@@ -9099,23 +9112,30 @@ class QuantizedConv(Node):
         KW = u.dim('KW')
         M = u.dim('M')
         N = u.dim('N')
+        RH = u.dims['RH'][0] if 'RH' in u.dims else None
+        RM = u.dims['RM'][0] if 'RM' in u.dims else None
+        RN = u.dims['RN'][0] if 'RN' in u.dims else None
+        RW = u.dims['RW'][0] if 'RW' in u.dims else None
         W = u.dim('W')
         QACC = u.dtype('QACC')
         QT = u.dtype('QT')
-        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1738:3')
-        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1738:3')
-        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1739:3')
-        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1739:3')
-        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1740:3')
-        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1740:3')
-        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1741:3')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1742:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1746:3')
-        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedConv', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1747:3')
-        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedConv', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1748:3')
-        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1749:3')
-        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1750:3')
-        return (rt.result_type('QuantizedConv', _node, QT, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1751:9'), )
+        rt.check(len(strides) == 2, 'QuantizedConv', _node, f'attribute strides must have 2 entries, got {strides!r}', 'specs/ops.glowdef:1739:3')
+        rt.check(rt.b_all(rt.gt(strides, 0)), 'QuantizedConv', _node, f'attribute strides must satisfy all(strides > 0), got {strides!r}', 'specs/ops.glowdef:1739:3')
+        rt.check(len(pads) == 4, 'QuantizedConv', _node, f'attribute pads must have 4 entries, got {pads!r}', 'specs/ops.glowdef:1740:3')
+        rt.check(rt.b_all(rt.ge(pads, 0)), 'QuantizedConv', _node, f'attribute pads must satisfy all(pads >= 0), got {pads!r}', 'specs/ops.glowdef:1740:3')
+        rt.check(len(dilations) == 2, 'QuantizedConv', _node, f'attribute dilations must have 2 entries, got {dilations!r}', 'specs/ops.glowdef:1741:3')
+        rt.check(rt.b_all(rt.gt(dilations, 0)), 'QuantizedConv', _node, f'attribute dilations must satisfy all(dilations > 0), got {dilations!r}', 'specs/ops.glowdef:1741:3')
+        rt.check(rt.ge(group, 1), 'QuantizedConv', _node, f'attribute group must satisfy group >= 1, got {group!r}', 'specs/ops.glowdef:1742:3')
+        rt.check(rt.gt(scale, 0.0), 'QuantizedConv', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1743:3')
+        rt.check(rt.gt(r_scale, 0.0), 'QuantizedConv', _node, f'attribute r_scale must satisfy r_scale > 0.0, got {r_scale!r}', 'specs/ops.glowdef:1747:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedConv', _node, 'the input must be quantized', 'specs/ops.glowdef:1749:3')
+        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedConv', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1750:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedConv', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1751:3')
+        rt.check(rt.eq(C, rt.mul(CG, group)), 'QuantizedConv', _node, 'input channels must equal filter channels * group', 'specs/ops.glowdef:1752:3')
+        rt.check(rt.eq(rt.mod(M, group), 0), 'QuantizedConv', _node, 'filters must divide evenly into groups', 'specs/ops.glowdef:1753:3')
+        rt.check(((not rt.b_defined(r)) or (((rt.eq(RN, N) and rt.eq(RM, M)) and rt.eq(RH, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]))) and rt.eq(RW, fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1])))), 'QuantizedConv', _node, "the residual must have the result's shape", 'specs/ops.glowdef:1754:3')
+        rt.check(((not rt.b_defined(r)) or rt.b_has_quant(r, r_scale, r_offset)), 'QuantizedConv', _node, 'the residual must be quantized with r_scale and r_offset', 'specs/ops.glowdef:1757:3')
+        return (rt.result_type('QuantizedConv', _node, QT, (N, M, fn_conv_out(H, KH, pads[0], pads[2], strides[0], dilations[0]), fn_conv_out(W, KW, pads[1], pads[3], strides[1], dilations[1]),), 'specs/ops.glowdef:1758:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9135,7 +9155,7 @@ class QuantizedMatMul(Node):
         low: int = -2147483648
         high: int = 2147483647
     Traits: quantized, primitive
-    Declared at specs/ops.glowdef:1755:1.
+    Declared at specs/ops.glowdef:1762:1.
     """
 
     OP: ClassVar[str] = 'QuantizedMatMul'
@@ -9144,7 +9164,7 @@ class QuantizedMatMul(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('scale', 'float', None, False), AttrInfo('offset', 'int', None, False), AttrInfo('low', 'int', rt.neg(2147483648), True), AttrInfo('high', 'int', 2147483647, True), )
     TRAITS: ClassVar[frozenset] = frozenset(['primitive', 'quantized'])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1755:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1762:1'
 
     scale: object = attrs.field(converter=rt.CONVERTERS['float'])
     offset: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9180,24 +9200,24 @@ class QuantizedMatMul(Node):
     def infer(x, w, w_scale, b, *, _node='', scale=None, offset=None, low=None, high=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('QuantizedMatMul', _node)
-        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1758:9')
-        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1758:9')
-        u.elem('w', w, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1758:31')
-        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1758:31')
-        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1758:52')
-        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1758:52')
-        u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1758:77')
-        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1758:77')
+        u.elem('x', x, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1765:9')
+        u.shape('x', x, (), 'B', ('K',), 'specs/ops.glowdef:1765:9')
+        u.elem('w', w, 'QT', ('i8', 'i16'), 'specs/ops.glowdef:1765:31')
+        u.shape('w', w, ('K', 'N'), None, (), 'specs/ops.glowdef:1765:31')
+        u.exact_elem('w_scale', w_scale, 'f32', 'specs/ops.glowdef:1765:52')
+        u.shape('w_scale', w_scale, ('N',), None, (), 'specs/ops.glowdef:1765:52')
+        u.elem('b', b, 'QACC', ('i32', 'i64'), 'specs/ops.glowdef:1765:77')
+        u.shape('b', b, ('N',), None, (), 'specs/ops.glowdef:1765:77')
         B = u.dim('B')
         K = u.dim('K')
         N = u.dim('N')
         QACC = u.dtype('QACC')
         QT = u.dtype('QT')
-        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1759:3')
-        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1763:3')
-        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedMatMul', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1764:3')
-        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedMatMul', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1765:3')
-        return (rt.result_type('QuantizedMatMul', _node, QT, (*B, N,), 'specs/ops.glowdef:1766:9'), )
+        rt.check(rt.gt(scale, 0.0), 'QuantizedMatMul', _node, f'attribute scale must satisfy scale > 0.0, got {scale!r}', 'specs/ops.glowdef:1766:3')
+        rt.check(rt.b_is_quantized(x), 'QuantizedMatMul', _node, 'the input must be quantized', 'specs/ops.glowdef:1770:3')
+        rt.check(rt.eq(QACC, sl.quant.accumulator(QT)), 'QuantizedMatMul', _node, 'the bias must be of the accumulator type: i32 for i8, i64 for i16', 'specs/ops.glowdef:1771:3')
+        rt.check((rt.ge(offset, sl.quant.int_min(QT)) and rt.le(offset, sl.quant.int_max(QT))), 'QuantizedMatMul', _node, 'the offset must lie in the range of the result type', 'specs/ops.glowdef:1772:3')
+        return (rt.result_type('QuantizedMatMul', _node, QT, (*B, N,), 'specs/ops.glowdef:1773:9'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9213,7 +9233,7 @@ class DFT(Node):
         length: int where length >= 1
         inverse: int = 0
         onesided: int = 0
-    Declared at specs/ops.glowdef:1771:1.
+    Declared at specs/ops.glowdef:1778:1.
     """
 
     OP: ClassVar[str] = 'DFT'
@@ -9222,7 +9242,7 @@ class DFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('axis', 'int', None, False), AttrInfo('length', 'int', None, False), AttrInfo('inverse', 'int', 0, True), AttrInfo('onesided', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1771:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1778:1'
 
     axis: object = attrs.field(converter=rt.CONVERTERS['int'])
     length: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9243,14 +9263,14 @@ class DFT(Node):
     def infer(x, *, _node='', axis=None, length=None, inverse=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('DFT', _node)
-        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1773:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1773:7')
+        u.elem('x', x, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1780:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1780:7')
         S = u.dim('S')
         F = u.dtype('F')
-        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1775:3')
-        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1778:3')
-        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1779:3')
-        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1780:7'), )
+        rt.check(rt.ge(length, 1), 'DFT', _node, f'attribute length must satisfy length >= 1, got {length!r}', 'specs/ops.glowdef:1782:3')
+        rt.check(((rt.ge(rt.b_len(S), 2) and rt.ge(axis, 0)) and rt.lt(axis, rt.sub(rt.b_len(S), 1))), 'DFT', _node, 'axis must name a signal dimension (not the last, complex one)', 'specs/ops.glowdef:1785:3')
+        rt.check((rt.eq(S[rt.neg(1)], 1) or rt.eq(S[rt.neg(1)], 2)), 'DFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1786:3')
+        return (rt.result_type('DFT', _node, F, (*sl.signal.dft_shape(S, axis, length, inverse, onesided),), 'specs/ops.glowdef:1787:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9265,7 +9285,7 @@ class Compress(Node):
         indices: ints
         axis: int = 0
         flatten: int = 0
-    Declared at specs/ops.glowdef:1795:1.
+    Declared at specs/ops.glowdef:1802:1.
     """
 
     OP: ClassVar[str] = 'Compress'
@@ -9274,7 +9294,7 @@ class Compress(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('indices', 'ints', None, False), AttrInfo('axis', 'int', 0, True), AttrInfo('flatten', 'int', 0, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1795:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1802:1'
 
     indices: object = attrs.field(converter=rt.CONVERTERS['ints'])
     axis: object = attrs.field(default=0, converter=rt.CONVERTERS['int'])
@@ -9294,13 +9314,13 @@ class Compress(Node):
     def infer(x, *, _node='', indices=None, axis=None, flatten=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('Compress', _node)
-        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1797:7')
-        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1797:7')
+        u.elem('x', x, 'A', ('f32', 'f16', 'bf16', 'f64', 'i8', 'i16', 'i32', 'i64', 'u8', 'u16', 'u32', 'u64', 'bool'), 'specs/ops.glowdef:1804:7')
+        u.shape('x', x, (), 'S', (), 'specs/ops.glowdef:1804:7')
         S = u.dim('S')
         A = u.dtype('A')
-        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1801:3')
-        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1802:3')
-        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1803:7'), )
+        rt.check((rt.eq(flatten, 1) or (rt.ge(axis, 0) and rt.lt(axis, rt.b_len(S)))), 'Compress', _node, 'axis is out of range', 'specs/ops.glowdef:1808:3')
+        rt.check(rt.b_all(rt.lt(indices, (rt.b_prod(S) if rt.eq(flatten, 1) else S[axis]))), 'Compress', _node, 'the condition is longer than the compressed dimension', 'specs/ops.glowdef:1809:3')
+        return (rt.result_type('Compress', _node, A, (*sl.shapes.compress_shape(S, rt.b_len(indices), axis, flatten),), 'specs/ops.glowdef:1810:7'), )
 
 
 @attrs.define(eq=False, repr=False, kw_only=True)
@@ -9316,7 +9336,7 @@ class STFT(Node):
         step: int where step >= 1
         frame: int where frame >= 1
         onesided: int = 1
-    Declared at specs/ops.glowdef:1812:1.
+    Declared at specs/ops.glowdef:1819:1.
     """
 
     OP: ClassVar[str] = 'STFT'
@@ -9325,7 +9345,7 @@ class STFT(Node):
     ATTRS: ClassVar[tuple] = (AttrInfo('step', 'int', None, False), AttrInfo('frame', 'int', None, False), AttrInfo('onesided', 'int', 1, True), )
     TRAITS: ClassVar[frozenset] = frozenset([])
     INPLACE: ClassVar[tuple] = ()
-    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1812:1'
+    LOCATION: ClassVar[str] = 'specs/ops.glowdef:1819:1'
 
     step: object = attrs.field(converter=rt.CONVERTERS['int'])
     frame: object = attrs.field(converter=rt.CONVERTERS['int'])
@@ -9350,22 +9370,22 @@ class STFT(Node):
     def infer(signal, window=None, *, _node='', step=None, frame=None, onesided=None):
         """Check operand types and attributes against the declaration; return the result types."""
         u = rt.Unifier('STFT', _node)
-        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1814:7')
-        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1814:7')
+        u.elem('signal', signal, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1821:7')
+        u.shape('signal', signal, ('B', 'L', 'C'), None, (), 'specs/ops.glowdef:1821:7')
         if window is not None:
-            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1814:35')
-            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1814:35')
+            u.elem('window', window, 'F', ('f32', 'f16', 'bf16', 'f64'), 'specs/ops.glowdef:1821:35')
+            u.shape('window', window, ('W',), None, (), 'specs/ops.glowdef:1821:35')
         B = u.dim('B')
         C = u.dim('C')
         L = u.dim('L')
         W = u.dims['W'][0] if 'W' in u.dims else None
         F = u.dtype('F')
-        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1815:3')
-        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1816:3')
-        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1818:3')
-        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1819:3')
-        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1820:3')
-        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1821:7'), )
+        rt.check(rt.ge(step, 1), 'STFT', _node, f'attribute step must satisfy step >= 1, got {step!r}', 'specs/ops.glowdef:1822:3')
+        rt.check(rt.ge(frame, 1), 'STFT', _node, f'attribute frame must satisfy frame >= 1, got {frame!r}', 'specs/ops.glowdef:1823:3')
+        rt.check(rt.le(frame, L), 'STFT', _node, 'frame_length must not exceed the signal length', 'specs/ops.glowdef:1825:3')
+        rt.check(((not rt.b_defined(W)) or rt.eq(W, frame)), 'STFT', _node, 'the window must have frame_length entries', 'specs/ops.glowdef:1826:3')
+        rt.check((rt.eq(C, 1) or rt.eq(C, 2)), 'STFT', _node, 'the last dimension must be 1 (real) or 2 (complex)', 'specs/ops.glowdef:1827:3')
+        return (rt.result_type('STFT', _node, F, (B, rt.add(1, rt.floordiv(rt.sub(L, frame), step)), sl.signal.dft_bins(frame, 0, onesided), 2,), 'specs/ops.glowdef:1828:7'), )
 
 
 OPS = {

@@ -223,11 +223,13 @@ def build_within_bounds(_b, y, p, t):
 
 
 
-def build_quantized_conv_in_float_of(_b, x, w, ws, b, c):
-    """= within_bounds(Quantize(Conv(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), Reshape(ws, dims = [m, 1, 1, 1])), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32))), strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), scale = c.scale, offset = c.offset, dtype = x.dtype), c, x.dtype)"""
+def build_quantized_conv_in_float_of(_b, x, w, ws, b, res, c):
+    """= within_bounds(Quantize(sum, scale = c.scale, offset = c.offset, dtype = x.dtype), c, x.dtype)"""
     m = w.shape[0]
     xs = rt.b_quant_scale(x)
-    return build_within_bounds(_b, _b.op('Quantize', [_b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})], {'scale': c.scale, 'offset': c.offset, 'dtype': x.dtype}), c, x.dtype)
+    conv = _b.op('Conv', [_b.op('Dequantize', [x], {'in_scale': xs, 'in_offset': rt.b_quant_offset(x)}), _b.op('Mul', [_b.op('Cast', [w], {'to': 'f32'}), _b.op('Reshape', [ws], {'dims': (m, 1, 1, 1, )})], {}), _b.op('Mul', [_b.op('Cast', [b], {'to': 'f32'}), _b.op('Mul', [ws, _b.scalar(xs, 'f32')], {})], {})], {'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group})
+    sum = (_b.op('Add', [conv, _b.op('Dequantize', [res], {'in_scale': c.r_scale, 'in_offset': c.r_offset})], {}) if rt.b_defined(res) else conv)
+    return build_within_bounds(_b, _b.op('Quantize', [sum], {'scale': c.scale, 'offset': c.offset, 'dtype': x.dtype}), c, x.dtype)
 
 
 
@@ -2248,7 +2250,35 @@ def _r141_quantize_add_build(_b, _m):
 
 
 
-def _r142_relu_of_quantized_sum_guard(_m, _ctx):
+def _r142_quantize_conv_residual_guard(_m, _ctx):
+    """where ((((((((((calibrated(s) and (calibrated_dtype(s) == x.dtype)) and (uses(c) == 1)) and (uses(d) == 1)) and (r.dtype == x.dtype)) and (tuple(r.shape) == tuple(c.shape))) and saturates_at_type(c, x.dtype)) and (w.shape[2] == 1)) and (w.shape[3] == 1)) and (c.strides == [1, 1])) and (c.pads == [0, 0, 0, 0])) and (c.group == 1)"""
+    s = _m['s']
+    d = _m['d']
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    e = _m['e']
+    r = _m['r']
+    return bool(((((((((((((rt.b_calibrated(s) and rt.eq(rt.b_calibrated_dtype(s), x.dtype)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(d), 1)) and rt.eq(r.dtype, x.dtype)) and rt.eq(rt.b_tuple(r.shape), rt.b_tuple(c.shape))) and fn_saturates_at_type(c, x.dtype)) and rt.eq(w.shape[2], 1)) and rt.eq(w.shape[3], 1)) and rt.eq(c.strides, (1, 1, ))) and rt.eq(c.pads, (0, 0, 0, 0, ))) and rt.eq(c.group, 1))))
+
+def _r142_quantize_conv_residual_build(_b, _m):
+    """=> Dequantize(QuantizedConv(x, w, ws, b, r, ...c, scale = calibrated_scale(s), offset = calibrated_offset(s), r_scale = e.in_scale, r_offset = e.in_offset), in_scale = calibrated_scale(s), in_offset = calibrated_offset(s))"""
+    s = _m['s']
+    d = _m['d']
+    c = _m['c']
+    x = _m['x']
+    w = _m['w']
+    ws = _m['ws']
+    b = _m['b']
+    e = _m['e']
+    r = _m['r']
+    return rt.results(_b.op('Dequantize', [_b.op('QuantizedConv', [x, w, ws, b, r], {'scale': rt.b_calibrated_scale(s), 'offset': rt.b_calibrated_offset(s), 'r_scale': e.in_scale, 'r_offset': e.in_offset, 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'low': c.low, 'high': c.high})], {'in_scale': rt.b_calibrated_scale(s), 'in_offset': rt.b_calibrated_offset(s)}))
+
+
+
+def _r143_relu_of_quantized_sum_guard(_m, _ctx):
     """where (calibrated(r) and (uses(q) == 1)) and (uses(d) == 1)"""
     r = _m['r']
     d = _m['d']
@@ -2256,7 +2286,7 @@ def _r142_relu_of_quantized_sum_guard(_m, _ctx):
     v = _m['v']
     return bool((((rt.b_calibrated(r) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1))))
 
-def _r142_relu_of_quantized_sum_build(_b, _m):
+def _r143_relu_of_quantized_sum_build(_b, _m):
     """=> Dequantize(Quantize(Relu(v), scale = calibrated_scale(r), offset = calibrated_offset(r), dtype = calibrated_dtype(r)), in_scale = calibrated_scale(r), in_offset = calibrated_offset(r))"""
     r = _m['r']
     d = _m['d']
@@ -2266,7 +2296,7 @@ def _r142_relu_of_quantized_sum_build(_b, _m):
 
 
 
-def _r143_quantized_add_guard(_m, _ctx):
+def _r144_quantized_add_guard(_m, _ctx):
     """where ((uses(s) == 1) and (a.shape == b.shape)) and (a.dtype == b.dtype)"""
     q = _m['q']
     s = _m['s']
@@ -2276,7 +2306,7 @@ def _r143_quantized_add_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.eq(_ctx.uses(s), 1) and rt.eq(a.shape, b.shape)) and rt.eq(a.dtype, b.dtype))))
 
-def _r143_quantized_add_build(_b, _m):
+def _r144_quantized_add_build(_b, _m):
     """=> QuantizedAdd(a, b, a_scale = da.in_scale, a_offset = da.in_offset, b_scale = db.in_scale, b_offset = db.in_offset, scale = q.scale, offset = q.offset, dtype = q.dtype)"""
     q = _m['q']
     s = _m['s']
@@ -2288,7 +2318,7 @@ def _r143_quantized_add_build(_b, _m):
 
 
 
-def _r144_quantized_add_relu_guard(_m, _ctx):
+def _r145_quantized_add_relu_guard(_m, _ctx):
     """where (((uses(s) == 1) and (uses(r) == 1)) and (a.shape == b.shape)) and (a.dtype == b.dtype)"""
     q = _m['q']
     r = _m['r']
@@ -2299,7 +2329,7 @@ def _r144_quantized_add_relu_guard(_m, _ctx):
     b = _m['b']
     return bool(((((rt.eq(_ctx.uses(s), 1) and rt.eq(_ctx.uses(r), 1)) and rt.eq(a.shape, b.shape)) and rt.eq(a.dtype, b.dtype))))
 
-def _r144_quantized_add_relu_build(_b, _m):
+def _r145_quantized_add_relu_build(_b, _m):
     """=> QuantizedAdd(a, b, a_scale = da.in_scale, a_offset = da.in_offset, b_scale = db.in_scale, b_offset = db.in_offset, scale = q.scale, offset = q.offset, dtype = q.dtype, low = q.offset)"""
     q = _m['q']
     r = _m['r']
@@ -2312,7 +2342,7 @@ def _r144_quantized_add_relu_build(_b, _m):
 
 
 
-def _r145_relu_of_quantized_add_guard(_m, _ctx):
+def _r146_relu_of_quantized_add_guard(_m, _ctx):
     """where (calibrated(r) and (uses(q) == 1)) and (uses(d) == 1)"""
     r = _m['r']
     d = _m['d']
@@ -2321,7 +2351,7 @@ def _r145_relu_of_quantized_add_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.b_calibrated(r) and rt.eq(_ctx.uses(q), 1)) and rt.eq(_ctx.uses(d), 1))))
 
-def _r145_relu_of_quantized_add_build(_b, _m):
+def _r146_relu_of_quantized_add_build(_b, _m):
     """=> Dequantize(QuantizedAdd(a, b, ...q, scale = calibrated_scale(r), offset = calibrated_offset(r), dtype = calibrated_dtype(r), low = calibrated_offset(r)), in_scale = calibrated_scale(r), in_offset = calibrated_offset(r))"""
     r = _m['r']
     d = _m['d']
@@ -2332,7 +2362,7 @@ def _r145_relu_of_quantized_add_build(_b, _m):
 
 
 
-def _r146_qdq_pair_to_quantized_guard(_m, _ctx):
+def _r147_qdq_pair_to_quantized_guard(_m, _ctx):
     """where (((((((((x.dtype == f32) and (dl.dtype == f32)) and ((ql.dtype == u8) or (ql.dtype == i8))) and is_splat(s)) and is_splat(s2)) and (splat_value(s) == splat_value(s2))) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))) and (not defined(z2) or is_splat(z2))) and ((splat_value(z) if defined(z) else 0) == (splat_value(z2) if defined(z2) else 0))"""
     dl = _m['dl']
     ql = _m['ql']
@@ -2343,7 +2373,7 @@ def _r146_qdq_pair_to_quantized_guard(_m, _ctx):
     z2 = _m['z2']
     return bool(((((((((((rt.eq(x.dtype, 'f32') and rt.eq(dl.dtype, 'f32')) and (rt.eq(ql.dtype, 'u8') or rt.eq(ql.dtype, 'i8'))) and rt.b_is_splat(s)) and rt.b_is_splat(s2)) and rt.eq(rt.b_splat_value(s), rt.b_splat_value(s2))) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z))) and ((not rt.b_defined(z2)) or rt.b_is_splat(z2))) and rt.eq((rt.b_splat_value(z) if rt.b_defined(z) else 0), (rt.b_splat_value(z2) if rt.b_defined(z2) else 0)))))
 
-def _r146_qdq_pair_to_quantized_build(_b, _m):
+def _r147_qdq_pair_to_quantized_build(_b, _m):
     """=> Dequantize(Quantize(x, scale = splat_value(s), offset = offset), in_scale = splat_value(s), in_offset = offset)"""
     dl = _m['dl']
     ql = _m['ql']
@@ -2357,7 +2387,7 @@ def _r146_qdq_pair_to_quantized_build(_b, _m):
 
 
 
-def _r147_conv_between_quantized_guard(_m, _ctx):
+def _r148_conv_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
@@ -2367,7 +2397,7 @@ def _r147_conv_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1))))
 
-def _r147_conv_between_quantized_build(_b, _m):
+def _r148_conv_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     c = _m['c']
@@ -2379,7 +2409,7 @@ def _r147_conv_between_quantized_build(_b, _m):
 
 
 
-def _r148_conv_relu_between_quantized_guard(_m, _ctx):
+def _r149_conv_relu_between_quantized_guard(_m, _ctx):
     """where (((is_const(w) and (not defined(b) or is_const(b))) and (uses(c) == 1)) and (uses(r) == 1)) and (q.offset == int_min(q.dtype))"""
     q = _m['q']
     r = _m['r']
@@ -2390,7 +2420,7 @@ def _r148_conv_relu_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool((((((rt.b_is_const(w) and ((not rt.b_defined(b)) or rt.b_is_const(b))) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(r), 1)) and rt.eq(q.offset, sl.quant.int_min(q.dtype)))))
 
-def _r148_conv_relu_between_quantized_build(_b, _m):
+def _r149_conv_relu_between_quantized_build(_b, _m):
     """=> quantized_conv_of(x, w, b, c, d.in_scale, q.scale, q.offset)"""
     q = _m['q']
     r = _m['r']
@@ -2403,7 +2433,7 @@ def _r148_conv_relu_between_quantized_build(_b, _m):
 
 
 
-def _r149_matmul_between_quantized_guard(_m, _ctx):
+def _r150_matmul_between_quantized_guard(_m, _ctx):
     """where (is_const(w) and (rank(w) == 2)) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
@@ -2412,7 +2442,7 @@ def _r149_matmul_between_quantized_guard(_m, _ctx):
     w = _m['w']
     return bool((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.eq(_ctx.uses(mm), 1))))
 
-def _r149_matmul_between_quantized_build(_b, _m):
+def _r150_matmul_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = x.dtype), ws, Splat(dims = [w.shape[1]], value = 0.0, dtype = accumulator(x.dtype)), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
@@ -2424,7 +2454,7 @@ def _r149_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r150_matmul_bias_between_quantized_guard(_m, _ctx):
+def _r151_matmul_bias_between_quantized_guard(_m, _ctx):
     """where (((((is_const(w) and (rank(w) == 2)) and is_const(c)) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2435,7 +2465,7 @@ def _r150_matmul_bias_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool((((((((rt.b_is_const(w) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(c)) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
 
-def _r150_matmul_bias_between_quantized_build(_b, _m):
+def _r151_matmul_bias_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, Cast(Round(Div(w, ws)), to = x.dtype), ws, quantize_bias(c, ws, d.in_scale, x.dtype), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     a = _m['a']
@@ -2449,7 +2479,7 @@ def _r150_matmul_bias_between_quantized_build(_b, _m):
 
 
 
-def _r151_qlinear_conv_between_quantized_guard(_m, _ctx):
+def _r152_qlinear_conv_between_quantized_guard(_m, _ctx):
     """where ((((is_computed(x) and (rank(x) == 4)) and is_const(w)) and is_const(w_scale)) and is_const(w_zero_point)) and (not defined(b) or is_const(b))"""
     c = _m['c']
     x = _m['x']
@@ -2463,7 +2493,7 @@ def _r151_qlinear_conv_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool(((((((rt.b_is_computed(x) and rt.eq(rt.b_rank(x), 4)) and rt.b_is_const(w)) and rt.b_is_const(w_scale)) and rt.b_is_const(w_zero_point)) and ((not rt.b_defined(b)) or rt.b_is_const(b)))))
 
-def _r151_qlinear_conv_between_quantized_build(_b, _m):
+def _r152_qlinear_conv_between_quantized_build(_b, _m):
     """=> requantized(Conv(dequantized(x, x_scale, x_zero_point), DequantizeLinear(w, w_scale, w_zero_point, axis = 0, dtype = f32), bias, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group), y_scale, y_zero_point, c.dtype)"""
     c = _m['c']
     x = _m['x']
@@ -2480,7 +2510,7 @@ def _r151_qlinear_conv_between_quantized_build(_b, _m):
 
 
 
-def _r152_qlinear_matmul_between_quantized_guard(_m, _ctx):
+def _r153_qlinear_matmul_between_quantized_guard(_m, _ctx):
     """where (((((((is_computed(a) and is_const(b)) and (rank(b) == 2)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)) and (prod(a_scale.shape) == 1)) and (prod(a_zero_point.shape) == 1)) and (prod(y_scale.shape) == 1)) and (prod(y_zero_point.shape) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2493,7 +2523,7 @@ def _r152_qlinear_matmul_between_quantized_guard(_m, _ctx):
     y_zero_point = _m['y_zero_point']
     return bool((((((((((rt.b_is_computed(a) and rt.b_is_const(b)) and rt.eq(rt.b_rank(b), 2)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1)) and rt.eq(rt.b_prod(a_scale.shape), 1)) and rt.eq(rt.b_prod(a_zero_point.shape), 1)) and rt.eq(rt.b_prod(y_scale.shape), 1)) and rt.eq(rt.b_prod(y_zero_point.shape), 1))))
 
-def _r152_qlinear_matmul_between_quantized_build(_b, _m):
+def _r153_qlinear_matmul_between_quantized_build(_b, _m):
     """=> requantized(MatMul(dequantized(a, a_scale, a_zero_point), DequantizeLinear(b, b_scale, b_zero_point, axis = 1, dtype = f32)), y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -2508,7 +2538,7 @@ def _r152_qlinear_matmul_between_quantized_build(_b, _m):
 
 
 
-def _r153_dequantize_linear_of_centered_u8_weights_guard(_m, _ctx):
+def _r154_dequantize_linear_of_centered_u8_weights_guard(_m, _ctx):
     """where (((is_const(w) and (w.dtype == u8)) and is_const(z)) and (d.block_size == 0)) and centered_fits_i8(w, z, d.axis)"""
     d = _m['d']
     w = _m['w']
@@ -2516,7 +2546,7 @@ def _r153_dequantize_linear_of_centered_u8_weights_guard(_m, _ctx):
     z = _m['z']
     return bool((((((rt.b_is_const(w) and rt.eq(w.dtype, 'u8')) and rt.b_is_const(z)) and rt.eq(d.block_size, 0)) and sl.quant.centered_fits_i8(w, z, d.axis))))
 
-def _r153_dequantize_linear_of_centered_u8_weights_build(_b, _m):
+def _r154_dequantize_linear_of_centered_u8_weights_build(_b, _m):
     """=> DequantizeLinear(const(centered_i8_data(w, z, d.axis), i8), s, axis = d.axis, dtype = d.dtype)"""
     d = _m['d']
     w = _m['w']
@@ -2526,7 +2556,7 @@ def _r153_dequantize_linear_of_centered_u8_weights_build(_b, _m):
 
 
 
-def _r154_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r155_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where ((((is_const(w) and (w.dtype == i8)) and (x.dtype == i8)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(c) == 1)"""
     q = _m['q']
     c = _m['c']
@@ -2538,7 +2568,7 @@ def _r154_conv_of_quantized_weights_between_quantized_guard(_m, _ctx):
     b = _m['b']
     return bool(((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(x.dtype, 'i8')) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(c), 1))))
 
-def _r154_conv_of_quantized_weights_between_quantized_build(_b, _m):
+def _r155_conv_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedConv(x, w, scales, quantize_bias(bias, scales, d.in_scale, i8), scale = q.scale, offset = q.offset, strides = c.strides, pads = c.pads, dilations = c.dilations, group = c.group)"""
     q = _m['q']
     c = _m['c']
@@ -2555,7 +2585,7 @@ def _r154_conv_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r155_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r156_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where (((((is_const(w) and (w.dtype == i8)) and (x.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (uses(mm) == 1)"""
     q = _m['q']
     mm = _m['mm']
@@ -2565,7 +2595,7 @@ def _r155_matmul_of_quantized_weights_between_quantized_guard(_m, _ctx):
     wz = _m['wz']
     return bool((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(x.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(_ctx.uses(mm), 1))))
 
-def _r155_matmul_of_quantized_weights_between_quantized_build(_b, _m):
+def _r156_matmul_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, w, broadcast_scales(ws, w.shape[1]), Splat(dims = [w.shape[1]], value = 0.0, dtype = i32), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     mm = _m['mm']
@@ -2577,7 +2607,7 @@ def _r155_matmul_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r156_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
+def _r157_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
     """where ((((((((is_const(w) and (w.dtype == i8)) and (x.dtype == i8)) and (rank(w) == 2)) and is_const(ws)) and (not defined(wz) or is_splat(wz, 0))) and (rank(c) == 1)) and (c.shape[0] == w.shape[1])) and (uses(mm) == 1)) and (uses(a) == 1)"""
     q = _m['q']
     a = _m['a']
@@ -2590,7 +2620,7 @@ def _r156_matmul_bias_of_quantized_weights_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool(((((((((((rt.b_is_const(w) and rt.eq(w.dtype, 'i8')) and rt.eq(x.dtype, 'i8')) and rt.eq(rt.b_rank(w), 2)) and rt.b_is_const(ws)) and ((not rt.b_defined(wz)) or rt.b_is_splat(wz, 0))) and rt.eq(rt.b_rank(c), 1)) and rt.eq(c.shape[0], w.shape[1])) and rt.eq(_ctx.uses(mm), 1)) and rt.eq(_ctx.uses(a), 1))))
 
-def _r156_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
+def _r157_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
     """=> QuantizedMatMul(x, w, scales, quantize_bias(c, scales, d.in_scale, i8), scale = q.scale, offset = q.offset)"""
     q = _m['q']
     a = _m['a']
@@ -2606,7 +2636,7 @@ def _r156_matmul_bias_of_quantized_weights_between_quantized_build(_b, _m):
 
 
 
-def _r157_qgemm_between_quantized_guard(_m, _ctx):
+def _r158_qgemm_between_quantized_guard(_m, _ctx):
     """where (((((is_computed(a) and (q.transA == 0)) and (q.alpha == 1.0)) and is_const(b)) and is_const(b_scale)) and (rank(b_scale) <= 1)) and (rank(b_zero_point) <= 1)"""
     q = _m['q']
     a = _m['a']
@@ -2620,7 +2650,7 @@ def _r157_qgemm_between_quantized_guard(_m, _ctx):
     c = _m['c']
     return bool((((((((rt.b_is_computed(a) and rt.eq(q.transA, 0)) and rt.eq(q.alpha, 1.0)) and rt.b_is_const(b)) and rt.b_is_const(b_scale)) and rt.le(rt.b_rank(b_scale), 1)) and rt.le(rt.b_rank(b_zero_point), 1))))
 
-def _r157_qgemm_between_quantized_build(_b, _m):
+def _r158_qgemm_between_quantized_build(_b, _m):
     """=> requantized(Add(p, bias) if defined(bias) else p, y_scale, y_zero_point, q.dtype)"""
     q = _m['q']
     a = _m['a']
@@ -2639,7 +2669,7 @@ def _r157_qgemm_between_quantized_build(_b, _m):
 
 
 
-def _r158_dequantize_linear_of_maxpool_guard(_m, _ctx):
+def _r159_dequantize_linear_of_maxpool_guard(_m, _ctx):
     """where (is_splat(s) and (splat_value(s) > 0)) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     p = _m['p']
@@ -2648,7 +2678,7 @@ def _r158_dequantize_linear_of_maxpool_guard(_m, _ctx):
     z = _m['z']
     return bool((((rt.b_is_splat(s) and rt.gt(rt.b_splat_value(s), 0)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r158_dequantize_linear_of_maxpool_build(_b, _m):
+def _r159_dequantize_linear_of_maxpool_build(_b, _m):
     """=> MaxPool(DequantizeLinear(x, s, z, ...d), ...p)"""
     d = _m['d']
     p = _m['p']
@@ -2659,7 +2689,7 @@ def _r158_dequantize_linear_of_maxpool_build(_b, _m):
 
 
 
-def _r159_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
+def _r160_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
     """where (picks_elements(r) and is_splat(s)) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
@@ -2668,7 +2698,7 @@ def _r159_dequantize_linear_of_nearest_resize_guard(_m, _ctx):
     z = _m['z']
     return bool((((fn_picks_elements(r) and rt.b_is_splat(s)) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r159_dequantize_linear_of_nearest_resize_build(_b, _m):
+def _r160_dequantize_linear_of_nearest_resize_build(_b, _m):
     """=> Resize(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2679,7 +2709,7 @@ def _r159_dequantize_linear_of_nearest_resize_build(_b, _m):
 
 
 
-def _r160_dequantize_linear_of_flatten_guard(_m, _ctx):
+def _r161_dequantize_linear_of_flatten_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     f = _m['f']
@@ -2688,7 +2718,7 @@ def _r160_dequantize_linear_of_flatten_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r160_dequantize_linear_of_flatten_build(_b, _m):
+def _r161_dequantize_linear_of_flatten_build(_b, _m):
     """=> Flatten(DequantizeLinear(x, s, z, ...d), ...f)"""
     d = _m['d']
     f = _m['f']
@@ -2699,7 +2729,7 @@ def _r160_dequantize_linear_of_flatten_build(_b, _m):
 
 
 
-def _r161_dequantize_linear_of_reshape_guard(_m, _ctx):
+def _r162_dequantize_linear_of_reshape_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     r = _m['r']
@@ -2708,7 +2738,7 @@ def _r161_dequantize_linear_of_reshape_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r161_dequantize_linear_of_reshape_build(_b, _m):
+def _r162_dequantize_linear_of_reshape_build(_b, _m):
     """=> Reshape(DequantizeLinear(x, s, z, ...d), ...r)"""
     d = _m['d']
     r = _m['r']
@@ -2719,7 +2749,7 @@ def _r161_dequantize_linear_of_reshape_build(_b, _m):
 
 
 
-def _r162_dequantize_linear_of_transpose_guard(_m, _ctx):
+def _r163_dequantize_linear_of_transpose_guard(_m, _ctx):
     """where is_splat(s) and (not defined(z) or is_splat(z))"""
     d = _m['d']
     t = _m['t']
@@ -2728,7 +2758,7 @@ def _r162_dequantize_linear_of_transpose_guard(_m, _ctx):
     z = _m['z']
     return bool(((rt.b_is_splat(s) and ((not rt.b_defined(z)) or rt.b_is_splat(z)))))
 
-def _r162_dequantize_linear_of_transpose_build(_b, _m):
+def _r163_dequantize_linear_of_transpose_build(_b, _m):
     """=> Transpose(DequantizeLinear(x, s, z, ...d), ...t)"""
     d = _m['d']
     t = _m['t']
@@ -2739,13 +2769,13 @@ def _r162_dequantize_linear_of_transpose_build(_b, _m):
 
 
 
-def _r163_quantize_dequantize_same_guard(_m, _ctx):
+def _r164_quantize_dequantize_same_guard(_m, _ctx):
     """where has_quant(x, q.scale, q.offset)"""
     q = _m['q']
     x = _m['x']
     return bool((rt.b_has_quant(x, q.scale, q.offset)))
 
-def _r163_quantize_dequantize_same_build(_b, _m):
+def _r164_quantize_dequantize_same_build(_b, _m):
     """=> x"""
     q = _m['q']
     x = _m['x']
@@ -2753,7 +2783,7 @@ def _r163_quantize_dequantize_same_build(_b, _m):
 
 
 
-def _r164_quantize_dequantize_to_rescale_build(_b, _m):
+def _r165_quantize_dequantize_to_rescale_build(_b, _m):
     """=> Rescale(x, in_scale = d.in_scale, in_offset = d.in_offset, scale = q.scale, offset = q.offset, dtype = q.dtype)"""
     q = _m['q']
     d = _m['d']
@@ -2762,13 +2792,13 @@ def _r164_quantize_dequantize_to_rescale_build(_b, _m):
 
 
 
-def _r165_rescale_same_guard(_m, _ctx):
+def _r166_rescale_same_guard(_m, _ctx):
     """where has_quant(x, r.scale, r.offset)"""
     r = _m['r']
     x = _m['x']
     return bool((rt.b_has_quant(x, r.scale, r.offset)))
 
-def _r165_rescale_same_build(_b, _m):
+def _r166_rescale_same_build(_b, _m):
     """=> x"""
     r = _m['r']
     x = _m['x']
@@ -2776,7 +2806,7 @@ def _r165_rescale_same_build(_b, _m):
 
 
 
-def _r166_rescale_into_quantized_conv_guard(_m, _ctx):
+def _r167_rescale_into_quantized_conv_guard(_m, _ctx):
     """where (uses(c) == 1) and (r.dtype == x.dtype)"""
     r = _m['r']
     c = _m['c']
@@ -2784,21 +2814,23 @@ def _r166_rescale_into_quantized_conv_guard(_m, _ctx):
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
+    res = _m['res']
     return bool(((rt.eq(_ctx.uses(c), 1) and rt.eq(r.dtype, x.dtype))))
 
-def _r166_rescale_into_quantized_conv_build(_b, _m):
-    """=> QuantizedConv(x, w, ws, b, ...c, scale = r.scale, offset = r.offset, low = rescaled_low(product_low(c, x.dtype), r), high = rescaled_high(product_high(c, x.dtype), r))"""
+def _r167_rescale_into_quantized_conv_build(_b, _m):
+    """=> QuantizedConv(x, w, ws, b, res, ...c, scale = r.scale, offset = r.offset, low = rescaled_low(product_low(c, x.dtype), r), high = rescaled_high(product_high(c, x.dtype), r))"""
     r = _m['r']
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return rt.results(_b.op('QuantizedConv', [x, w, ws, b], {'scale': r.scale, 'offset': r.offset, 'low': fn_rescaled_low(fn_product_low(c, x.dtype), r), 'high': fn_rescaled_high(fn_product_high(c, x.dtype), r), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group}))
+    res = _m['res']
+    return rt.results(_b.op('QuantizedConv', [x, w, ws, b, res], {'scale': r.scale, 'offset': r.offset, 'low': fn_rescaled_low(fn_product_low(c, x.dtype), r), 'high': fn_rescaled_high(fn_product_high(c, x.dtype), r), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'r_scale': c.r_scale, 'r_offset': c.r_offset}))
 
 
 
-def _r167_rescale_into_quantized_matmul_guard(_m, _ctx):
+def _r168_rescale_into_quantized_matmul_guard(_m, _ctx):
     """where (uses(m) == 1) and (r.dtype == x.dtype)"""
     r = _m['r']
     m = _m['m']
@@ -2808,7 +2840,7 @@ def _r167_rescale_into_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool(((rt.eq(_ctx.uses(m), 1) and rt.eq(r.dtype, x.dtype))))
 
-def _r167_rescale_into_quantized_matmul_build(_b, _m):
+def _r168_rescale_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, scale = r.scale, offset = r.offset, low = rescaled_low(product_low(m, x.dtype), r), high = rescaled_high(product_high(m, x.dtype), r))"""
     r = _m['r']
     m = _m['m']
@@ -2820,51 +2852,55 @@ def _r167_rescale_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r168_max_into_quantized_conv_guard(_m, _ctx):
+def _r169_max_into_quantized_conv_guard(_m, _ctx):
     """where is_splat(k) and (uses(c) == 1)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
+    res = _m['res']
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(c), 1))))
 
-def _r168_max_into_quantized_conv_build(_b, _m):
-    """=> QuantizedConv(x, w, ws, b, ...c, low = max(c.low, splat_value(k)), high = max(c.high, splat_value(k)))"""
+def _r169_max_into_quantized_conv_build(_b, _m):
+    """=> QuantizedConv(x, w, ws, b, res, ...c, low = max(c.low, splat_value(k)), high = max(c.high, splat_value(k)))"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
+    res = _m['res']
     k = _m['k']
-    return rt.results(_b.op('QuantizedConv', [x, w, ws, b], {'low': rt.b_max(c.low, rt.b_splat_value(k)), 'high': rt.b_max(c.high, rt.b_splat_value(k)), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'scale': c.scale, 'offset': c.offset}))
+    return rt.results(_b.op('QuantizedConv', [x, w, ws, b, res], {'low': rt.b_max(c.low, rt.b_splat_value(k)), 'high': rt.b_max(c.high, rt.b_splat_value(k)), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'scale': c.scale, 'offset': c.offset, 'r_scale': c.r_scale, 'r_offset': c.r_offset}))
 
 
 
-def _r169_min_into_quantized_conv_guard(_m, _ctx):
+def _r170_min_into_quantized_conv_guard(_m, _ctx):
     """where is_splat(k) and (uses(c) == 1)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
+    res = _m['res']
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(c), 1))))
 
-def _r169_min_into_quantized_conv_build(_b, _m):
-    """=> QuantizedConv(x, w, ws, b, ...c, high = min(c.high, splat_value(k)))"""
+def _r170_min_into_quantized_conv_build(_b, _m):
+    """=> QuantizedConv(x, w, ws, b, res, ...c, high = min(c.high, splat_value(k)))"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
+    res = _m['res']
     k = _m['k']
-    return rt.results(_b.op('QuantizedConv', [x, w, ws, b], {'high': rt.b_min(c.high, rt.b_splat_value(k)), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'scale': c.scale, 'offset': c.offset, 'low': c.low}))
+    return rt.results(_b.op('QuantizedConv', [x, w, ws, b, res], {'high': rt.b_min(c.high, rt.b_splat_value(k)), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'scale': c.scale, 'offset': c.offset, 'low': c.low, 'r_scale': c.r_scale, 'r_offset': c.r_offset}))
 
 
 
-def _r170_max_into_quantized_matmul_guard(_m, _ctx):
+def _r171_max_into_quantized_matmul_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     m = _m['m']
     x = _m['x']
@@ -2874,7 +2910,7 @@ def _r170_max_into_quantized_matmul_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r170_max_into_quantized_matmul_build(_b, _m):
+def _r171_max_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, ...m, low = max(m.low, splat_value(k)), high = max(m.high, splat_value(k)))"""
     m = _m['m']
     x = _m['x']
@@ -2886,7 +2922,7 @@ def _r170_max_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r171_min_into_quantized_matmul_guard(_m, _ctx):
+def _r172_min_into_quantized_matmul_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     m = _m['m']
     x = _m['x']
@@ -2896,7 +2932,7 @@ def _r171_min_into_quantized_matmul_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r171_min_into_quantized_matmul_build(_b, _m):
+def _r172_min_into_quantized_matmul_build(_b, _m):
     """=> QuantizedMatMul(x, w, ws, b, ...m, high = min(m.high, splat_value(k)))"""
     m = _m['m']
     x = _m['x']
@@ -2908,7 +2944,7 @@ def _r171_min_into_quantized_matmul_build(_b, _m):
 
 
 
-def _r172_relu_of_quantized_conv_guard(_m, _ctx):
+def _r173_relu_of_quantized_conv_guard(_m, _ctx):
     """where (((calibrated(r) and (calibrated_dtype(r) == x.dtype)) and (uses(c) == 1)) and (uses(d) == 1)) and saturates_at_type(c, x.dtype)"""
     r = _m['r']
     d = _m['d']
@@ -2917,10 +2953,11 @@ def _r172_relu_of_quantized_conv_guard(_m, _ctx):
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
+    res = _m['res']
     return bool((((((rt.b_calibrated(r) and rt.eq(rt.b_calibrated_dtype(r), x.dtype)) and rt.eq(_ctx.uses(c), 1)) and rt.eq(_ctx.uses(d), 1)) and fn_saturates_at_type(c, x.dtype))))
 
-def _r172_relu_of_quantized_conv_build(_b, _m):
-    """=> Dequantize(QuantizedConv(x, w, ws, b, ...c, scale = calibrated_scale(r), offset = calibrated_offset(r), low = low_or_none(calibrated_offset(r), x.dtype)), in_scale = calibrated_scale(r), in_offset = calibrated_offset(r))"""
+def _r173_relu_of_quantized_conv_build(_b, _m):
+    """=> Dequantize(QuantizedConv(x, w, ws, b, res, ...c, scale = calibrated_scale(r), offset = calibrated_offset(r), low = low_or_none(calibrated_offset(r), x.dtype)), in_scale = calibrated_scale(r), in_offset = calibrated_offset(r))"""
     r = _m['r']
     d = _m['d']
     c = _m['c']
@@ -2928,11 +2965,12 @@ def _r172_relu_of_quantized_conv_build(_b, _m):
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return rt.results(_b.op('Dequantize', [_b.op('QuantizedConv', [x, w, ws, b], {'scale': rt.b_calibrated_scale(r), 'offset': rt.b_calibrated_offset(r), 'low': fn_low_or_none(rt.b_calibrated_offset(r), x.dtype), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'high': c.high})], {'in_scale': rt.b_calibrated_scale(r), 'in_offset': rt.b_calibrated_offset(r)}))
+    res = _m['res']
+    return rt.results(_b.op('Dequantize', [_b.op('QuantizedConv', [x, w, ws, b, res], {'scale': rt.b_calibrated_scale(r), 'offset': rt.b_calibrated_offset(r), 'low': fn_low_or_none(rt.b_calibrated_offset(r), x.dtype), 'strides': c.strides, 'pads': c.pads, 'dilations': c.dilations, 'group': c.group, 'high': c.high, 'r_scale': c.r_scale, 'r_offset': c.r_offset})], {'in_scale': rt.b_calibrated_scale(r), 'in_offset': rt.b_calibrated_offset(r)}))
 
 
 
-def _r173_relu_of_quantized_matmul_guard(_m, _ctx):
+def _r174_relu_of_quantized_matmul_guard(_m, _ctx):
     """where (((calibrated(r) and (calibrated_dtype(r) == x.dtype)) and (uses(m) == 1)) and (uses(d) == 1)) and saturates_at_type(m, x.dtype)"""
     r = _m['r']
     d = _m['d']
@@ -2943,7 +2981,7 @@ def _r173_relu_of_quantized_matmul_guard(_m, _ctx):
     b = _m['b']
     return bool((((((rt.b_calibrated(r) and rt.eq(rt.b_calibrated_dtype(r), x.dtype)) and rt.eq(_ctx.uses(m), 1)) and rt.eq(_ctx.uses(d), 1)) and fn_saturates_at_type(m, x.dtype))))
 
-def _r173_relu_of_quantized_matmul_build(_b, _m):
+def _r174_relu_of_quantized_matmul_build(_b, _m):
     """=> Dequantize(QuantizedMatMul(x, w, ws, b, ...m, scale = calibrated_scale(r), offset = calibrated_offset(r), low = low_or_none(calibrated_offset(r), x.dtype)), in_scale = calibrated_scale(r), in_offset = calibrated_offset(r))"""
     r = _m['r']
     d = _m['d']
@@ -2956,7 +2994,7 @@ def _r173_relu_of_quantized_matmul_build(_b, _m):
 
 
 
-def _r174_relu_of_dequantized_build(_b, _m):
+def _r175_relu_of_dequantized_build(_b, _m):
     """=> Dequantize(Max(x, scalar(d.in_offset, x.dtype)), ...d)"""
     d = _m['d']
     x = _m['x']
@@ -2964,7 +3002,7 @@ def _r174_relu_of_dequantized_build(_b, _m):
 
 
 
-def _r175_maxpool_of_dequantized_build(_b, _m):
+def _r176_maxpool_of_dequantized_build(_b, _m):
     """=> Dequantize(MaxPool(x, ...p), ...d)"""
     p = _m['p']
     d = _m['d']
@@ -2973,7 +3011,7 @@ def _r175_maxpool_of_dequantized_build(_b, _m):
 
 
 
-def _r176_flatten_of_dequantized_build(_b, _m):
+def _r177_flatten_of_dequantized_build(_b, _m):
     """=> Dequantize(Flatten(x, ...f), ...d)"""
     f = _m['f']
     d = _m['d']
@@ -2982,7 +3020,7 @@ def _r176_flatten_of_dequantized_build(_b, _m):
 
 
 
-def _r177_reshape_of_dequantized_build(_b, _m):
+def _r178_reshape_of_dequantized_build(_b, _m):
     """=> Dequantize(Reshape(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -2991,7 +3029,7 @@ def _r177_reshape_of_dequantized_build(_b, _m):
 
 
 
-def _r178_transpose_of_dequantized_build(_b, _m):
+def _r179_transpose_of_dequantized_build(_b, _m):
     """=> Dequantize(Transpose(x, ...t), ...d)"""
     t = _m['t']
     d = _m['d']
@@ -3000,7 +3038,7 @@ def _r178_transpose_of_dequantized_build(_b, _m):
 
 
 
-def _r179_slice_of_dequantized_build(_b, _m):
+def _r180_slice_of_dequantized_build(_b, _m):
     """=> Dequantize(Slice(x, ...s), ...d)"""
     s = _m['s']
     d = _m['d']
@@ -3009,7 +3047,7 @@ def _r179_slice_of_dequantized_build(_b, _m):
 
 
 
-def _r180_gather_of_dequantized_build(_b, _m):
+def _r181_gather_of_dequantized_build(_b, _m):
     """=> Dequantize(Gather(x, i, ...g), ...d)"""
     g = _m['g']
     d = _m['d']
@@ -3019,14 +3057,14 @@ def _r180_gather_of_dequantized_build(_b, _m):
 
 
 
-def _r181_resize_of_dequantized_guard(_m, _ctx):
+def _r182_resize_of_dequantized_guard(_m, _ctx):
     """where picks_elements(r)"""
     r = _m['r']
     d = _m['d']
     x = _m['x']
     return bool((fn_picks_elements(r)))
 
-def _r181_resize_of_dequantized_build(_b, _m):
+def _r182_resize_of_dequantized_build(_b, _m):
     """=> Dequantize(Resize(x, ...r), ...d)"""
     r = _m['r']
     d = _m['d']
@@ -3035,14 +3073,14 @@ def _r181_resize_of_dequantized_build(_b, _m):
 
 
 
-def _r182_quantize_of_concat_guard(_m, _ctx):
+def _r183_quantize_of_concat_guard(_m, _ctx):
     """where uses(c) == 1"""
     q = _m['q']
     c = _m['c']
     xs = _m['xs']
     return bool((rt.eq(_ctx.uses(c), 1)))
 
-def _r182_quantize_of_concat_build(_b, _m):
+def _r183_quantize_of_concat_build(_b, _m):
     """=> Concat(*each_like(q, xs), axis = c.axis)"""
     q = _m['q']
     c = _m['c']
@@ -3051,7 +3089,7 @@ def _r182_quantize_of_concat_build(_b, _m):
 
 
 
-def _r183_rescale_through_max_guard(_m, _ctx):
+def _r184_rescale_through_max_guard(_m, _ctx):
     """where is_splat(k) and (uses(m) == 1)"""
     r = _m['r']
     m = _m['m']
@@ -3059,7 +3097,7 @@ def _r183_rescale_through_max_guard(_m, _ctx):
     k = _m['k']
     return bool(((rt.b_is_splat(k) and rt.eq(_ctx.uses(m), 1))))
 
-def _r183_rescale_through_max_build(_b, _m):
+def _r184_rescale_through_max_build(_b, _m):
     """=> Max(Rescale(x, ...r), scalar(rescaled_value(splat_value(k), r.in_scale, r.in_offset, r.scale, r.offset, r.dtype), r.dtype))"""
     r = _m['r']
     m = _m['m']
@@ -3069,14 +3107,14 @@ def _r183_rescale_through_max_build(_b, _m):
 
 
 
-def _r184_rescale_through_maxpool_guard(_m, _ctx):
+def _r185_rescale_through_maxpool_guard(_m, _ctx):
     """where uses(p) == 1"""
     r = _m['r']
     p = _m['p']
     x = _m['x']
     return bool((rt.eq(_ctx.uses(p), 1)))
 
-def _r184_rescale_through_maxpool_build(_b, _m):
+def _r185_rescale_through_maxpool_build(_b, _m):
     """=> MaxPool(Rescale(x, ...r), ...p)"""
     r = _m['r']
     p = _m['p']
@@ -3085,14 +3123,14 @@ def _r184_rescale_through_maxpool_build(_b, _m):
 
 
 
-def _r185_rescale_through_resize_guard(_m, _ctx):
+def _r186_rescale_through_resize_guard(_m, _ctx):
     """where picks_elements(z) and (uses(z) == 1)"""
     r = _m['r']
     z = _m['z']
     x = _m['x']
     return bool(((fn_picks_elements(z) and rt.eq(_ctx.uses(z), 1))))
 
-def _r185_rescale_through_resize_build(_b, _m):
+def _r186_rescale_through_resize_build(_b, _m):
     """=> Resize(Rescale(x, ...r), ...z)"""
     r = _m['r']
     z = _m['z']
@@ -3101,14 +3139,14 @@ def _r185_rescale_through_resize_build(_b, _m):
 
 
 
-def _r186_quantize_of_clip_within_range_guard(_m, _ctx):
+def _r187_quantize_of_clip_within_range_guard(_m, _ctx):
     """where ((uses(c) == 1) and ((q.scale * (int_min(q.dtype) - q.offset)) >= c.min)) and ((q.scale * (int_max(q.dtype) - q.offset)) <= c.max)"""
     q = _m['q']
     c = _m['c']
     v = _m['v']
     return bool((((rt.eq(_ctx.uses(c), 1) and rt.ge(rt.mul(q.scale, rt.sub(sl.quant.int_min(q.dtype), q.offset)), c.min)) and rt.le(rt.mul(q.scale, rt.sub(sl.quant.int_max(q.dtype), q.offset)), c.max))))
 
-def _r186_quantize_of_clip_within_range_build(_b, _m):
+def _r187_quantize_of_clip_within_range_build(_b, _m):
     """=> Quantize(v, scale = q.scale, offset = q.offset, dtype = q.dtype)"""
     q = _m['q']
     c = _m['c']
@@ -3117,13 +3155,13 @@ def _r186_quantize_of_clip_within_range_build(_b, _m):
 
 
 
-def _r187_max_with_floor_remove_guard(_m, _ctx):
+def _r188_max_with_floor_remove_guard(_m, _ctx):
     """where is_quantized(x) and is_splat(k, int_min(x.dtype))"""
     x = _m['x']
     k = _m['k']
     return bool(((rt.b_is_quantized(x) and rt.b_is_splat(k, sl.quant.int_min(x.dtype)))))
 
-def _r187_max_with_floor_remove_build(_b, _m):
+def _r188_max_with_floor_remove_build(_b, _m):
     """=> x"""
     x = _m['x']
     k = _m['k']
@@ -3131,18 +3169,19 @@ def _r187_max_with_floor_remove_build(_b, _m):
 
 
 
-def _r188_quantized_conv_in_float_build(_b, _m):
-    """=> quantized_conv_in_float_of(x, w, ws, b, c)"""
+def _r189_quantized_conv_in_float_build(_b, _m):
+    """=> quantized_conv_in_float_of(x, w, ws, b, res, c)"""
     c = _m['c']
     x = _m['x']
     w = _m['w']
     ws = _m['ws']
     b = _m['b']
-    return rt.results(build_quantized_conv_in_float_of(_b, x, w, ws, b, c))
+    res = _m['res']
+    return rt.results(build_quantized_conv_in_float_of(_b, x, w, ws, b, res, c))
 
 
 
-def _r189_quantized_matmul_in_float_build(_b, _m):
+def _r190_quantized_matmul_in_float_build(_b, _m):
     """=> within_bounds(Quantize(Add(MatMul(Dequantize(x, in_scale = xs, in_offset = quant_offset(x)), Mul(Cast(w, to = f32), ws)), Mul(Cast(b, to = f32), Mul(ws, scalar(xs, f32)))), scale = q.scale, offset = q.offset, dtype = x.dtype), q, x.dtype)"""
     q = _m['q']
     x = _m['x']
@@ -3296,52 +3335,53 @@ RULES = (
     RuleInfo(name='quantize_matmul', phases=('quantize',), pattern=P('MatMul', (V('x'), V('w')), bind='mm'), size=1, guard=_r139_quantize_matmul_guard, build=_r139_quantize_matmul_build, location='specs/lowerings.glowdef:1199:1'),
     RuleInfo(name='bias_into_quantized_matmul', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'),), bind='d'), V('c')), bind='a'), size=3, guard=_r140_bias_into_quantized_matmul_guard, build=_r140_bias_into_quantized_matmul_build, location='specs/lowerings.glowdef:1209:1'),
     RuleInfo(name='quantize_add', phases=('quantize',), pattern=P('Add', (P('Dequantize', (V('_'),), bind='a'), P('Dequantize', (V('_'),), bind='b')), bind='s'), size=3, guard=_r141_quantize_add_guard, build=_r141_quantize_add_build, location='specs/lowerings.glowdef:1225:1'),
-    RuleInfo(name='relu_of_quantized_sum', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('Quantize', (V('v'),), bind='q'),), bind='d'),), bind='r'), size=3, guard=_r142_relu_of_quantized_sum_guard, build=_r142_relu_of_quantized_sum_build, location='specs/lowerings.glowdef:1234:1'),
-    RuleInfo(name='quantized_add', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('Dequantize', (V('a'),), bind='da'), P('Dequantize', (V('b'),), bind='db')), bind='s'),), bind='q'), size=4, guard=_r143_quantized_add_guard, build=_r143_quantized_add_build, location='specs/lowerings.glowdef:1247:1'),
-    RuleInfo(name='quantized_add_relu', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Add', (P('Dequantize', (V('a'),), bind='da'), P('Dequantize', (V('b'),), bind='db')), bind='s'),), bind='r'),), bind='q'), size=5, guard=_r144_quantized_add_relu_guard, build=_r144_quantized_add_relu_build, location='specs/lowerings.glowdef:1253:1'),
-    RuleInfo(name='relu_of_quantized_add', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('QuantizedAdd', (V('a'), V('b')), bind='q'),), bind='d'),), bind='r'), size=3, guard=_r145_relu_of_quantized_add_guard, build=_r145_relu_of_quantized_add_build, location='specs/lowerings.glowdef:1260:1'),
-    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r146_qdq_pair_to_quantized_guard, build=_r146_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1270:1'),
-    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r147_conv_between_quantized_guard, build=_r147_conv_between_quantized_build, location='specs/lowerings.glowdef:1287:1'),
-    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r148_conv_relu_between_quantized_guard, build=_r148_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1293:1'),
-    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r149_matmul_between_quantized_guard, build=_r149_matmul_between_quantized_build, location='specs/lowerings.glowdef:1299:1'),
-    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r150_matmul_bias_between_quantized_guard, build=_r150_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1307:1'),
-    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r151_qlinear_conv_between_quantized_guard, build=_r151_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1320:1'),
-    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r152_qlinear_matmul_between_quantized_guard, build=_r152_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1330:1'),
-    RuleInfo(name='dequantize_linear_of_centered_u8_weights', phases=('quantize',), pattern=P('DequantizeLinear', (V('w'), V('s'), V('z')), bind='d'), size=1, guard=_r153_dequantize_linear_of_centered_u8_weights_guard, build=_r153_dequantize_linear_of_centered_u8_weights_build, location='specs/lowerings.glowdef:1348:1'),
-    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r154_conv_of_quantized_weights_between_quantized_guard, build=_r154_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1353:1'),
-    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r155_matmul_of_quantized_weights_between_quantized_guard, build=_r155_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1363:1'),
-    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r156_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r156_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1371:1'),
-    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r157_qgemm_between_quantized_guard, build=_r157_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1381:1'),
-    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r158_dequantize_linear_of_maxpool_guard, build=_r158_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1394:1'),
-    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r159_dequantize_linear_of_nearest_resize_guard, build=_r159_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1401:1'),
-    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r160_dequantize_linear_of_flatten_guard, build=_r160_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1406:1'),
-    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r161_dequantize_linear_of_reshape_guard, build=_r161_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1410:1'),
-    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r162_dequantize_linear_of_transpose_guard, build=_r162_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1414:1'),
-    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r163_quantize_dequantize_same_guard, build=_r163_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1419:1'),
-    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r164_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1422:1'),
-    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r165_rescale_same_guard, build=_r165_rescale_same_build, location='specs/lowerings.glowdef:1426:1'),
-    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='r'), size=2, guard=_r166_rescale_into_quantized_conv_guard, build=_r166_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1447:1'),
-    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r167_rescale_into_quantized_matmul_guard, build=_r167_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1452:1'),
-    RuleInfo(name='max_into_quantized_conv', phases=('quantize',), pattern=P('Max', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), V('k'))), size=2, guard=_r168_max_into_quantized_conv_guard, build=_r168_max_into_quantized_conv_build, location='specs/lowerings.glowdef:1461:1'),
-    RuleInfo(name='min_into_quantized_conv', phases=('quantize',), pattern=P('Min', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), V('k'))), size=2, guard=_r169_min_into_quantized_conv_guard, build=_r169_min_into_quantized_conv_build, location='specs/lowerings.glowdef:1465:1'),
-    RuleInfo(name='max_into_quantized_matmul', phases=('quantize',), pattern=P('Max', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'), V('k'))), size=2, guard=_r170_max_into_quantized_matmul_guard, build=_r170_max_into_quantized_matmul_build, location='specs/lowerings.glowdef:1469:1'),
-    RuleInfo(name='min_into_quantized_matmul', phases=('quantize',), pattern=P('Min', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'), V('k'))), size=2, guard=_r171_min_into_quantized_matmul_guard, build=_r171_min_into_quantized_matmul_build, location='specs/lowerings.glowdef:1473:1'),
-    RuleInfo(name='relu_of_quantized_conv', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='d'),), bind='r'), size=3, guard=_r172_relu_of_quantized_conv_guard, build=_r172_relu_of_quantized_conv_build, location='specs/lowerings.glowdef:1483:1'),
-    RuleInfo(name='relu_of_quantized_matmul', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='d'),), bind='r'), size=3, guard=_r173_relu_of_quantized_matmul_guard, build=_r173_relu_of_quantized_matmul_build, location='specs/lowerings.glowdef:1491:1'),
-    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r174_relu_of_dequantized_build, location='specs/lowerings.glowdef:1501:1'),
-    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r175_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1504:1'),
-    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r176_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1507:1'),
-    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r177_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1510:1'),
-    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r178_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1513:1'),
-    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r179_slice_of_dequantized_build, location='specs/lowerings.glowdef:1516:1'),
-    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r180_gather_of_dequantized_build, location='specs/lowerings.glowdef:1519:1'),
-    RuleInfo(name='resize_of_dequantized', phases=('quantize',), pattern=P('Resize', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=_r181_resize_of_dequantized_guard, build=_r181_resize_of_dequantized_build, location='specs/lowerings.glowdef:1523:1'),
-    RuleInfo(name='quantize_of_concat', phases=('quantize',), pattern=P('Quantize', (P('Concat', (R('xs'),), bind='c'),), bind='q'), size=2, guard=_r182_quantize_of_concat_guard, build=_r182_quantize_of_concat_build, location='specs/lowerings.glowdef:1530:1'),
-    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r183_rescale_through_max_guard, build=_r183_rescale_through_max_build, location='specs/lowerings.glowdef:1535:1'),
-    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r184_rescale_through_maxpool_guard, build=_r184_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1540:1'),
-    RuleInfo(name='rescale_through_resize', phases=('quantize',), pattern=P('Rescale', (P('Resize', (V('x'),), bind='z'),), bind='r'), size=2, guard=_r185_rescale_through_resize_guard, build=_r185_rescale_through_resize_build, location='specs/lowerings.glowdef:1544:1'),
-    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r186_quantize_of_clip_within_range_guard, build=_r186_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1549:1'),
-    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r187_max_with_floor_remove_guard, build=_r187_max_with_floor_remove_build, location='specs/lowerings.glowdef:1557:1'),
-    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'), size=1, guard=None, build=_r188_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1576:1'),
-    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r189_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1579:1'),
+    RuleInfo(name='quantize_conv_residual', phases=('quantize',), pattern=P('Add', (P('Dequantize', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b')), bind='c'),), bind='d'), P('Dequantize', (V('r'),), bind='e')), bind='s'), size=4, guard=_r142_quantize_conv_residual_guard, build=_r142_quantize_conv_residual_build, location='specs/lowerings.glowdef:1247:1'),
+    RuleInfo(name='relu_of_quantized_sum', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('Quantize', (V('v'),), bind='q'),), bind='d'),), bind='r'), size=3, guard=_r143_relu_of_quantized_sum_guard, build=_r143_relu_of_quantized_sum_build, location='specs/lowerings.glowdef:1260:1'),
+    RuleInfo(name='quantized_add', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('Dequantize', (V('a'),), bind='da'), P('Dequantize', (V('b'),), bind='db')), bind='s'),), bind='q'), size=4, guard=_r144_quantized_add_guard, build=_r144_quantized_add_build, location='specs/lowerings.glowdef:1273:1'),
+    RuleInfo(name='quantized_add_relu', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Add', (P('Dequantize', (V('a'),), bind='da'), P('Dequantize', (V('b'),), bind='db')), bind='s'),), bind='r'),), bind='q'), size=5, guard=_r145_quantized_add_relu_guard, build=_r145_quantized_add_relu_build, location='specs/lowerings.glowdef:1279:1'),
+    RuleInfo(name='relu_of_quantized_add', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('QuantizedAdd', (V('a'), V('b')), bind='q'),), bind='d'),), bind='r'), size=3, guard=_r146_relu_of_quantized_add_guard, build=_r146_relu_of_quantized_add_build, location='specs/lowerings.glowdef:1286:1'),
+    RuleInfo(name='qdq_pair_to_quantized', phases=('quantize',), pattern=P('DequantizeLinear', (P('QuantizeLinear', (V('x'), V('s'), V('z', optional=True)), bind='ql'), V('s2'), V('z2', optional=True)), bind='dl'), size=2, guard=_r147_qdq_pair_to_quantized_guard, build=_r147_qdq_pair_to_quantized_build, location='specs/lowerings.glowdef:1296:1'),
+    RuleInfo(name='conv_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='q'), size=3, guard=_r148_conv_between_quantized_guard, build=_r148_conv_between_quantized_build, location='specs/lowerings.glowdef:1313:1'),
+    RuleInfo(name='conv_relu_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Relu', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), V('w'), V('b', optional=True)), bind='c'),), bind='r'),), bind='q'), size=4, guard=_r149_conv_relu_between_quantized_guard, build=_r149_conv_relu_between_quantized_build, location='specs/lowerings.glowdef:1319:1'),
+    RuleInfo(name='matmul_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'),), bind='q'), size=3, guard=_r150_matmul_between_quantized_guard, build=_r150_matmul_between_quantized_build, location='specs/lowerings.glowdef:1325:1'),
+    RuleInfo(name='matmul_bias_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), V('w')), bind='mm'), V('c')), bind='a'),), bind='q'), size=4, guard=_r151_matmul_bias_between_quantized_guard, build=_r151_matmul_bias_between_quantized_build, location='specs/lowerings.glowdef:1333:1'),
+    RuleInfo(name='qlinear_conv_between_quantized', phases=('quantize',), pattern=P('QLinearConv', (V('x'), V('x_scale'), V('x_zero_point'), V('w'), V('w_scale'), V('w_zero_point'), V('y_scale'), V('y_zero_point'), V('b', optional=True)), bind='c'), size=1, guard=_r152_qlinear_conv_between_quantized_guard, build=_r152_qlinear_conv_between_quantized_build, location='specs/lowerings.glowdef:1346:1'),
+    RuleInfo(name='qlinear_matmul_between_quantized', phases=('quantize',), pattern=P('QLinearMatMul', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point')), bind='q'), size=1, guard=_r153_qlinear_matmul_between_quantized_guard, build=_r153_qlinear_matmul_between_quantized_build, location='specs/lowerings.glowdef:1356:1'),
+    RuleInfo(name='dequantize_linear_of_centered_u8_weights', phases=('quantize',), pattern=P('DequantizeLinear', (V('w'), V('s'), V('z')), bind='d'), size=1, guard=_r154_dequantize_linear_of_centered_u8_weights_guard, build=_r154_dequantize_linear_of_centered_u8_weights_build, location='specs/lowerings.glowdef:1374:1'),
+    RuleInfo(name='conv_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Conv', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True))), V('b', optional=True)), bind='c'),), bind='q'), size=4, guard=_r155_conv_of_quantized_weights_between_quantized_guard, build=_r155_conv_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1379:1'),
+    RuleInfo(name='matmul_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('MatMul', (P('Dequantize', (V('x'),)), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'),), bind='q'), size=4, guard=_r156_matmul_of_quantized_weights_between_quantized_guard, build=_r156_matmul_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1389:1'),
+    RuleInfo(name='matmul_bias_of_quantized_weights_between_quantized', phases=('quantize',), pattern=P('Quantize', (P('Add', (P('MatMul', (P('Dequantize', (V('x'),), bind='d'), P('DequantizeLinear', (V('w'), V('ws'), V('wz', optional=True)))), bind='mm'), V('c')), bind='a'),), bind='q'), size=5, guard=_r157_matmul_bias_of_quantized_weights_between_quantized_guard, build=_r157_matmul_bias_of_quantized_weights_between_quantized_build, location='specs/lowerings.glowdef:1397:1'),
+    RuleInfo(name='qgemm_between_quantized', phases=('quantize',), pattern=P('QGemm', (V('a'), V('a_scale'), V('a_zero_point'), V('b'), V('b_scale'), V('b_zero_point'), V('y_scale'), V('y_zero_point'), V('c', optional=True)), bind='q'), size=1, guard=_r158_qgemm_between_quantized_guard, build=_r158_qgemm_between_quantized_build, location='specs/lowerings.glowdef:1407:1'),
+    RuleInfo(name='dequantize_linear_of_maxpool', phases=('quantize',), pattern=P('DequantizeLinear', (P('MaxPool', (V('x'),), bind='p'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r159_dequantize_linear_of_maxpool_guard, build=_r159_dequantize_linear_of_maxpool_build, location='specs/lowerings.glowdef:1420:1'),
+    RuleInfo(name='dequantize_linear_of_nearest_resize', phases=('quantize',), pattern=P('DequantizeLinear', (P('Resize', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r160_dequantize_linear_of_nearest_resize_guard, build=_r160_dequantize_linear_of_nearest_resize_build, location='specs/lowerings.glowdef:1427:1'),
+    RuleInfo(name='dequantize_linear_of_flatten', phases=('quantize',), pattern=P('DequantizeLinear', (P('Flatten', (V('x'),), bind='f'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r161_dequantize_linear_of_flatten_guard, build=_r161_dequantize_linear_of_flatten_build, location='specs/lowerings.glowdef:1432:1'),
+    RuleInfo(name='dequantize_linear_of_reshape', phases=('quantize',), pattern=P('DequantizeLinear', (P('Reshape', (V('x'),), bind='r'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r162_dequantize_linear_of_reshape_guard, build=_r162_dequantize_linear_of_reshape_build, location='specs/lowerings.glowdef:1436:1'),
+    RuleInfo(name='dequantize_linear_of_transpose', phases=('quantize',), pattern=P('DequantizeLinear', (P('Transpose', (V('x'),), bind='t'), V('s'), V('z', optional=True)), bind='d'), size=2, guard=_r163_dequantize_linear_of_transpose_guard, build=_r163_dequantize_linear_of_transpose_build, location='specs/lowerings.glowdef:1440:1'),
+    RuleInfo(name='quantize_dequantize_same', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),)),), bind='q'), size=2, guard=_r164_quantize_dequantize_same_guard, build=_r164_quantize_dequantize_same_build, location='specs/lowerings.glowdef:1445:1'),
+    RuleInfo(name='quantize_dequantize_to_rescale', phases=('quantize',), pattern=P('Quantize', (P('Dequantize', (V('x'),), bind='d'),), bind='q'), size=2, guard=None, build=_r165_quantize_dequantize_to_rescale_build, location='specs/lowerings.glowdef:1448:1'),
+    RuleInfo(name='rescale_same', phases=('quantize',), pattern=P('Rescale', (V('x'),), bind='r'), size=1, guard=_r166_rescale_same_guard, build=_r166_rescale_same_build, location='specs/lowerings.glowdef:1452:1'),
+    RuleInfo(name='rescale_into_quantized_conv', phases=('quantize',), pattern=P('Rescale', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b'), V('res', optional=True)), bind='c'),), bind='r'), size=2, guard=_r167_rescale_into_quantized_conv_guard, build=_r167_rescale_into_quantized_conv_build, location='specs/lowerings.glowdef:1473:1'),
+    RuleInfo(name='rescale_into_quantized_matmul', phases=('quantize',), pattern=P('Rescale', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='r'), size=2, guard=_r168_rescale_into_quantized_matmul_guard, build=_r168_rescale_into_quantized_matmul_build, location='specs/lowerings.glowdef:1478:1'),
+    RuleInfo(name='max_into_quantized_conv', phases=('quantize',), pattern=P('Max', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b'), V('res', optional=True)), bind='c'), V('k'))), size=2, guard=_r169_max_into_quantized_conv_guard, build=_r169_max_into_quantized_conv_build, location='specs/lowerings.glowdef:1487:1'),
+    RuleInfo(name='min_into_quantized_conv', phases=('quantize',), pattern=P('Min', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b'), V('res', optional=True)), bind='c'), V('k'))), size=2, guard=_r170_min_into_quantized_conv_guard, build=_r170_min_into_quantized_conv_build, location='specs/lowerings.glowdef:1491:1'),
+    RuleInfo(name='max_into_quantized_matmul', phases=('quantize',), pattern=P('Max', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'), V('k'))), size=2, guard=_r171_max_into_quantized_matmul_guard, build=_r171_max_into_quantized_matmul_build, location='specs/lowerings.glowdef:1495:1'),
+    RuleInfo(name='min_into_quantized_matmul', phases=('quantize',), pattern=P('Min', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'), V('k'))), size=2, guard=_r172_min_into_quantized_matmul_guard, build=_r172_min_into_quantized_matmul_build, location='specs/lowerings.glowdef:1499:1'),
+    RuleInfo(name='relu_of_quantized_conv', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b'), V('res', optional=True)), bind='c'),), bind='d'),), bind='r'), size=3, guard=_r173_relu_of_quantized_conv_guard, build=_r173_relu_of_quantized_conv_build, location='specs/lowerings.glowdef:1509:1'),
+    RuleInfo(name='relu_of_quantized_matmul', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='m'),), bind='d'),), bind='r'), size=3, guard=_r174_relu_of_quantized_matmul_guard, build=_r174_relu_of_quantized_matmul_build, location='specs/lowerings.glowdef:1517:1'),
+    RuleInfo(name='relu_of_dequantized', phases=('quantize',), pattern=P('Relu', (P('Dequantize', (V('x'),), bind='d'),)), size=2, guard=None, build=_r175_relu_of_dequantized_build, location='specs/lowerings.glowdef:1527:1'),
+    RuleInfo(name='maxpool_of_dequantized', phases=('quantize',), pattern=P('MaxPool', (P('Dequantize', (V('x'),), bind='d'),), bind='p'), size=2, guard=None, build=_r176_maxpool_of_dequantized_build, location='specs/lowerings.glowdef:1530:1'),
+    RuleInfo(name='flatten_of_dequantized', phases=('quantize',), pattern=P('Flatten', (P('Dequantize', (V('x'),), bind='d'),), bind='f'), size=2, guard=None, build=_r177_flatten_of_dequantized_build, location='specs/lowerings.glowdef:1533:1'),
+    RuleInfo(name='reshape_of_dequantized', phases=('quantize',), pattern=P('Reshape', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=None, build=_r178_reshape_of_dequantized_build, location='specs/lowerings.glowdef:1536:1'),
+    RuleInfo(name='transpose_of_dequantized', phases=('quantize',), pattern=P('Transpose', (P('Dequantize', (V('x'),), bind='d'),), bind='t'), size=2, guard=None, build=_r179_transpose_of_dequantized_build, location='specs/lowerings.glowdef:1539:1'),
+    RuleInfo(name='slice_of_dequantized', phases=('quantize',), pattern=P('Slice', (P('Dequantize', (V('x'),), bind='d'),), bind='s'), size=2, guard=None, build=_r180_slice_of_dequantized_build, location='specs/lowerings.glowdef:1542:1'),
+    RuleInfo(name='gather_of_dequantized', phases=('quantize',), pattern=P('Gather', (P('Dequantize', (V('x'),), bind='d'), V('i')), bind='g'), size=2, guard=None, build=_r181_gather_of_dequantized_build, location='specs/lowerings.glowdef:1545:1'),
+    RuleInfo(name='resize_of_dequantized', phases=('quantize',), pattern=P('Resize', (P('Dequantize', (V('x'),), bind='d'),), bind='r'), size=2, guard=_r182_resize_of_dequantized_guard, build=_r182_resize_of_dequantized_build, location='specs/lowerings.glowdef:1549:1'),
+    RuleInfo(name='quantize_of_concat', phases=('quantize',), pattern=P('Quantize', (P('Concat', (R('xs'),), bind='c'),), bind='q'), size=2, guard=_r183_quantize_of_concat_guard, build=_r183_quantize_of_concat_build, location='specs/lowerings.glowdef:1556:1'),
+    RuleInfo(name='rescale_through_max', phases=('quantize',), pattern=P('Rescale', (P('Max', (V('x'), V('k')), bind='m'),), bind='r'), size=2, guard=_r184_rescale_through_max_guard, build=_r184_rescale_through_max_build, location='specs/lowerings.glowdef:1561:1'),
+    RuleInfo(name='rescale_through_maxpool', phases=('quantize',), pattern=P('Rescale', (P('MaxPool', (V('x'),), bind='p'),), bind='r'), size=2, guard=_r185_rescale_through_maxpool_guard, build=_r185_rescale_through_maxpool_build, location='specs/lowerings.glowdef:1566:1'),
+    RuleInfo(name='rescale_through_resize', phases=('quantize',), pattern=P('Rescale', (P('Resize', (V('x'),), bind='z'),), bind='r'), size=2, guard=_r186_rescale_through_resize_guard, build=_r186_rescale_through_resize_build, location='specs/lowerings.glowdef:1570:1'),
+    RuleInfo(name='quantize_of_clip_within_range', phases=('quantize',), pattern=P('Quantize', (P('Clip', (V('v'),), bind='c'),), bind='q'), size=2, guard=_r187_quantize_of_clip_within_range_guard, build=_r187_quantize_of_clip_within_range_build, location='specs/lowerings.glowdef:1575:1'),
+    RuleInfo(name='max_with_floor_remove', phases=('quantize',), pattern=P('Max', (V('x'), V('k'))), size=1, guard=_r188_max_with_floor_remove_guard, build=_r188_max_with_floor_remove_build, location='specs/lowerings.glowdef:1583:1'),
+    RuleInfo(name='quantized_conv_in_float', phases=('lower',), pattern=P('QuantizedConv', (V('x'), V('w'), V('ws'), V('b'), V('res', optional=True)), bind='c'), size=1, guard=None, build=_r189_quantized_conv_in_float_build, location='specs/lowerings.glowdef:1603:1'),
+    RuleInfo(name='quantized_matmul_in_float', phases=('lower',), pattern=P('QuantizedMatMul', (V('x'), V('w'), V('ws'), V('b')), bind='q'), size=1, guard=None, build=_r190_quantized_matmul_in_float_build, location='specs/lowerings.glowdef:1606:1'),
 )

@@ -74,17 +74,30 @@ def requantize_multipliers(x_scale, w_scale, scale, dtype="i8") -> np.ndarray:
     return mult if dtype == "i16" else mult.astype(np.float32)
 
 
-def requantize(acc, mult, offset, dtype="i8", bounds=None) -> np.ndarray:
+def requantize(acc, mult, offset, dtype="i8", bounds=None, residual=None) -> np.ndarray:
     """Integer sums to `dtype` as the cpu kernels compute it: the sums in mult's float type
     (f32 for i8, f64 for i16: see requantize_multipliers) times mult, rounded halves to even,
     plus `offset`, saturated to `bounds` (low, high: default the type's range; max with low,
-    then min with high) (`mult` broadcasts against `acc`)."""
+    then min with high) (`mult` broadcasts against `acc`).  `residual`, when given, is
+    (r - r_offset, ratio): its product, in that float type, joins the scaled sums before
+    the rounding (QuantizedConv's residual)."""
     ft = np.asarray(mult).dtype.type
     info = np.iinfo(numpy_dtype(dtype))
     low, high = bounds if bounds is not None else (info.min, info.max)
     with np.errstate(over="ignore"):
-        v = np.round(np.asarray(acc).astype(ft) * mult)
+        v = np.asarray(acc).astype(ft) * mult
+        if residual is not None:
+            shifted, ratio = residual
+            v = v + np.asarray(shifted).astype(ft) * ft(ratio)
+        v = np.round(v)
     return np.minimum(np.maximum(v + ft(offset), low), high).astype(info.dtype)
+
+
+def residual_ratio(node, dtype="i8"):
+    """r_scale / scale of a QuantizedConv with a residual, in its multipliers' float type
+    (requantize_multipliers)."""
+    ratio = np.float64(node.r_scale) / np.float64(node.scale)
+    return ratio if dtype == "i16" else np.float32(ratio)
 
 
 def saturation(node, dtype="i8") -> tuple[int, int]:
@@ -98,15 +111,17 @@ def saturation(node, dtype="i8") -> tuple[int, int]:
     return int(min(max(node.low, info.min), high)), high
 
 
-def quantized_conv(node, x, w, ws, b):
-    """(x - x_offset) conv w + b summed exactly (padding is real zero), then requantized."""
+def quantized_conv(node, x, w, ws, b, r=None):
+    """(x - x_offset) conv w + b summed exactly (padding is real zero), then requantized
+    (with the residual r - r_offset, where there is one)."""
     q = node.inputs[0].type.quant
     dtype = node.outputs[0].type.dtype
     m = w.shape[0]
     shifted = x.astype(np.int64) - q.offset
     acc = conv(node, shifted, w.astype(np.int64), b.astype(np.int64))
     mult = requantize_multipliers(q.scale, ws, node.scale, dtype).reshape(1, m, 1, 1)
-    return requantize(acc, mult, node.offset, dtype, saturation(node, dtype))
+    residual = None if r is None else (r.astype(np.int64) - node.r_offset, residual_ratio(node, dtype))
+    return requantize(acc, mult, node.offset, dtype, saturation(node, dtype), residual)
 
 
 def quantized_matmul(node, x, w, ws, b):

@@ -39,9 +39,9 @@ from typing import Callable, Optional
 import numpy as np
 from llvmlite import ir
 
-from ...reference.primitives import requantize_multipliers
+from ...reference.primitives import requantize_multipliers, residual_ratio
 from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic, round_to_i32
-from .vectors import prefetch, splat
+from .vectors import masked_load, prefetch, splat
 
 # The int8 strategies by target (`choose_qshape`): (group, element bits, shift, vector i32
 # lanes, MR, NV).
@@ -311,11 +311,13 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
             store(i, j, cur[i][j])
 
 
-def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128, 127), wide: bool = False):
+def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128, 127), wide: bool = False,
+               residual=None):
     """i32 sums (a scalar, or a vector with `mult` and `corr` per lane or for all lanes) -> i8:
     (sums + corr) as f32 times mult, rounded halves to even, + offset (an int, or an f32
     value read at run time), saturated to `bounds` (the product's: reference.primitives.saturation).
-    `wide`: the saturated values as i32 (for `narrow`)."""
+    `wide`: the saturated values as i32 (for `narrow`).  `residual`: an f32 value (or vector)
+    added to the scaled sums before the rounding (Residual.term)."""
     vw = sums.type.count if isinstance(sums.type, ir.VectorType) else None
     ft, it, qt = (F32, I32, I8) if vw is None else (_vec(F32, vw), _vec(I32, vw), _vec(I8, vw))
 
@@ -328,6 +330,8 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128
     if corr is not None:
         sums = b.add(sums, lanes(corr))
     f = b.fmul(b.sitofp(sums, ft), lanes(mult))
+    if residual is not None:
+        f = b.fadd(f, residual)
     rnd = intrinsic(b.module, "llvm.roundeven." + ("f32" if vw is None else f"v{vw}f32"), ft, [ft])
     f = b.fadd(b.call(rnd, [f]), const(float(offset)) if isinstance(offset, int) else lanes(offset))
     lo, hi = const(float(bounds[0])), const(float(bounds[1]))
@@ -342,37 +346,109 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128
 IN_RANGE = 2.0 ** 30
 
 
-def products_in_range(w: np.ndarray, corr: np.ndarray, mult: np.ndarray) -> bool:
+def products_in_range(w: np.ndarray, corr: np.ndarray, mult: np.ndarray, node=None) -> bool:
     """Whether every row's sums times its f32 multiplier stay below IN_RANGE (with room for
     f32 rounding), for rows of weights `w` (one row per entry of corr and mult) with their
     corrections `corr`: a row's sums lie within its correction +- 255 times its weights'
-    absolute sum (always so but for absurd scales)."""
+    absolute sum (always so but for absurd scales); with the residual term of a `node`
+    that has one (Residual.bound) added."""
     bound = np.abs(corr.astype(np.int64)) + 255 * np.abs(w.reshape(len(corr), -1).astype(np.int64)).sum(1)
-    return bool(np.all(bound.astype(np.float64) * np.abs(mult.astype(np.float64)) * 1.001 < IN_RANGE))
+    scaled = bound.astype(np.float64) * np.abs(mult.astype(np.float64))
+    return bool(np.all((scaled + Residual.bound(node)) * 1.001 < IN_RANGE))
 
 
-def requantize_unsaturated(b: ir.IRBuilder, sums, mult):
+def requantize_unsaturated(b: ir.IRBuilder, sums, mult, residual=None):
     """requantize for a vector of sums whose products with `mult` (for all lanes, or a vector
     of one per lane) stay below IN_RANGE (products_in_range), up to its saturation: rounded
     halves to even in f32, then converted to i32: the vector `narrow` offsets and saturates
     to i8 and to the bounds four vectors at a time.  (Outside the range the conversion would not be exact:
-    fptosi of a too-large value is poison.)"""
+    fptosi of a too-large value is poison.)  `residual`: as requantize's."""
     vw = sums.type.count
     ft = _vec(F32, vw)
     f = b.fmul(b.sitofp(sums, ft), mult if isinstance(mult.type, ir.VectorType) else splat(b, mult, vw))
+    if residual is not None:
+        f = b.fadd(f, residual)
     # vcvtps2dq in place of vroundps and vcvttps2dq: MobileNetV2's int8 kernels at
     # x86-64-v3, 1 thread, the sum of their fastest-of-150 cycles: 11187 -> 10913 kcycles.
     return round_to_i32(b, f)
 
 
-def requantize_for_narrow(b: ir.IRBuilder, sums, mult, exact: bool, offset, bounds):
+def requantize_for_narrow(b: ir.IRBuilder, sums, mult, exact: bool, offset, bounds, residual=None):
     """A tile's vector of sums (the bias correction in them) as narrowed_rows takes it: where
     the packing found the sums in range (`exact`: products_in_range), only scaled and rounded
     (requantize_unsaturated: the narrowing offsets and saturates); otherwise requantize's
-    values, offset (`offset`: the f32 one) and saturated to `bounds`, as i32."""
+    values, offset (`offset`: the f32 one) and saturated to `bounds`, as i32.  `residual`:
+    the f32 vector of a residual's values joining the scaled sums (Residual.term), or None."""
     if exact:
-        return requantize_unsaturated(b, sums, mult)
-    return requantize(b, sums, mult, offset, bounds=bounds, wide=True)
+        return requantize_unsaturated(b, sums, mult, residual)
+    return requantize(b, sums, mult, offset, bounds=bounds, wide=True, residual=residual)
+
+
+class Residual:
+    """The residual of a QuantizedConv that has one (its operand r: values of its result's
+    shape and type, quantized with r_scale and r_offset) as its int8 stores read it: each
+    vector of results takes (r - r_offset) * (r_scale / scale) in f32 at its own place,
+    which joins its scaled sums before their rounding (requantize_for_narrow's `residual`),
+    as reference.primitives.requantize computes it."""
+
+    def __init__(self, node, arg):
+        self.ptr = arg[0]                   # i8*: r, laid out as the result
+        self.offset = int(node.r_offset)
+        self.ratio = float(residual_ratio(node))
+
+    @staticmethod
+    def of(k) -> Optional["Residual"]:
+        """The residual of the kernel's QuantizedConv (KernelArgs k), or None."""
+        if k.node.OP != "QuantizedConv" or len(k.ins) < 5 or k.ins[4] is None:
+            return None
+        return Residual(k.node, k.ins[4])
+
+    @staticmethod
+    def bound(node) -> float:
+        """The largest magnitude of a `node`'s residual term (0 without one)."""
+        if node is None or node.OP != "QuantizedConv" or len(node.inputs) < 5 or node.inputs[4] is None:
+            return 0.0
+        return 255.0 * float(residual_ratio(node))
+
+    def at(self, b, element):
+        """The address (i8*) of r's element `element` (i64)."""
+        return b.gep(self.ptr, [element])
+
+    def term(self, b, values):
+        """The f32 term of a value (i8) or a vector of them."""
+        vw = values.type.count if isinstance(values.type, ir.VectorType) else None
+        it, ft = (I32, F32) if vw is None else (_vec(I32, vw), _vec(F32, vw))
+
+        def const(t, x):
+            return ir.Constant(t, x if vw is None else [x] * vw)
+        shifted = b.sub(b.sext(values, it), const(it, self.offset))
+        return b.fmul(b.sitofp(shifted, ft), const(ft, self.ratio))
+
+    def load_terms(self, b, places, vw: int, whole, masks) -> dict:
+        """{key: the f32 term of the vector of `vw` values at places[key] (an i8* each)}:
+        plain loads where `whole` (an i1: every lane of every vector is a result), else
+        each vector's lanes of masks()[key] (an i1 vector each; the others read nothing,
+        so they may lie past the end of r)."""
+        vt = _vec(I8, vw)
+        loaded = {}
+        with b.if_else(whole) as (then, otherwise):
+            with then:
+                plain = {}
+                for key, at in places.items():
+                    ld = b.load(b.bitcast(at, vt.as_pointer()))
+                    ld.align = 1
+                    plain[key] = ld
+                plain_block = b.block
+            with otherwise:
+                lanes = masks()
+                masked = {key: masked_load(b, at, lanes[key], ir.Constant(vt, [0] * vw))
+                          for key, at in places.items()}
+                masked_block = b.block
+        for key in places:
+            loaded[key] = b.phi(vt)
+            loaded[key].add_incoming(plain[key], plain_block)
+            loaded[key].add_incoming(masked[key], masked_block)
+        return {key: self.term(b, v) for key, v in loaded.items()}
 
 
 def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, interleave: int = 1):

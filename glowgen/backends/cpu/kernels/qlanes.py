@@ -30,10 +30,11 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
+from ....errors import UnsupportedError
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64
 from ..parallel import for_claimed
-from ..qgemm import (PackedConstants, QShape, emit_tile, narrowed_rows, pack_epilogue, pack_offsets,
+from ..qgemm import (PackedConstants, QShape, Residual, emit_tile, narrowed_rows, pack_epilogue, pack_offsets,
                      products_in_range, requantize_for_narrow, weights_prefetch)
 
 _ceil = lambda a, b: -(-a // b)     # noqa: E731
@@ -183,7 +184,7 @@ def pack(node, geo, w3, ws, b, qs: QShape, pad_element: int) -> tuple[np.ndarray
     corr_p[:m], mult_p[:m] = corr[:m], mult[:m]
     data = np.concatenate([weights.view(np.int8).ravel(), corr_p.view(np.int8), mult_p.view(np.int8),
                            *pack_offsets(node, pad_element)])
-    return data, products_in_range(w3, corr[:m], mult[:m])
+    return data, products_in_range(w3, corr[:m], mult[:m], node)
 
 
 def plane_and_result(b, k, geo):
@@ -239,8 +240,14 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
         sums = {}
 
         def store(i, j, vector):    # requantized, narrowed and stored by pairs of rows
+            term = None
+            if residual is not None:    # its values, where the result block will hold these
+                at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), b.add(n0, i64(j * qs.vw)))])
+                values = b.load(b.bitcast(at, ir.VectorType(I8, qs.vw).as_pointer()))
+                values.align = 1
+                term = residual.term(b, values)
             sums.setdefault(i, []).append(requantize_for_narrow(
-                b, vector, features(j, mult, F32), exact, y_offset, bounds))
+                b, vector, features(j, mult, F32), exact, y_offset, bounds, term))
         tile_weights = b.gep(weights, [b.mul(tile, i64(geo.groups * lanes.taps * qs.nr))])
         # The next tile's weights, over this tile's blocks of rows (weights_prefetch).
         step = lanes.taps * qs.nr
@@ -254,13 +261,30 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
             st = b.store(run, b.bitcast(at, run.type.as_pointer()))
             st.align = 1
 
+    def feature_range(lo, hi):
+        """The features (lo, hi) of tiles lo..hi that are the result's."""
+        m_hi = b.mul(hi, i64(qs.nr))
+        return b.mul(lo, i64(qs.nr)), b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
+
+    def row_range():
+        """The rows (lo, hi) of this task's blocks that are the result's."""
+        r_hi = b.mul(rb_hi, i64(mr))
+        return b.mul(rb_lo, i64(mr)), b.select(b.icmp_signed("<", r_hi, i64(lanes.rows)), r_hi, i64(lanes.rows))
+
+    residual = Residual.of(k)
+    if residual is not None and not geo.conv:
+        raise UnsupportedError(f"{k.node.name}: only a convolution takes a residual")
     with for_range(b, geo.batch, name="ln") as n:
         if own_plane is not None:           # the plane of this task's rows
             own_plane(b, n, plane, pad, position(b.mul(rb_lo, i64(mr))), position(b.sub(b.mul(rb_hi, i64(mr)), i64(1))))
         elif not k.phased:
             build_plane(b, geo, x, n, plane, pad)
         def tiles(lo, hi):
-            """The features' tiles lo..hi over this task's blocks of rows, then copied into y."""
+            """The features' tiles lo..hi over this task's blocks of rows, then copied into y
+            (with a residual, its values copied into the result block first, where each
+            tile's store reads those of its results and then writes them)."""
+            if residual is not None:
+                read_residual(b, geo, lanes, residual.ptr, ys, n, *feature_range(lo, hi), *row_range())
             with for_range(b, hi, start=lo, name="lt") as tile, for_range(b, rb_hi, start=rb_lo, name="lr") as rb:
                 if lanes.tail_rows == mr:
                     tile_rows(mr, tile, rb)
@@ -270,12 +294,8 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
                             tile_rows(mr, tile, rb)
                         with last:
                             tile_rows(lanes.tail_rows, tile, rb)
-            m_lo = b.mul(lo, i64(qs.nr))
-            m_hi = b.mul(hi, i64(qs.nr))
-            m_hi = b.select(b.icmp_signed("<", m_hi, i64(geo.m)), m_hi, i64(geo.m))
-            r_lo = b.mul(rb_lo, i64(mr))
-            r_hi = b.mul(rb_hi, i64(mr))
-            r_hi = b.select(b.icmp_signed("<", r_hi, i64(lanes.rows)), r_hi, i64(lanes.rows))
+            m_lo, m_hi = feature_range(lo, hi)
+            r_lo, r_hi = row_range()
             if geo.conv:        # y[n, m, pixel] = ys[pixel][m]
                 write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi)
             else:               # y[row, m] = ys[row][m]
@@ -294,6 +314,59 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
 OUT_PIXELS = 16
 
 
+def _four_by_sixteen(b, rows: int, m_lo, m_hi, r_lo, r_hi, block, name: str):
+    """block(m, p0) for the blocks of 4 features (from m) by OUT_PIXELS pixels (from p0) of
+    features m_lo.. and pixels r_lo..r_hi that the transposing copies take whole: every
+    multiple of 4 features, where there are OUT_PIXELS pixels or more, the last block of
+    pixels overlapping the one before; the features from which the rest goes a byte at a
+    time (returned)."""
+    if rows < OUT_PIXELS:
+        return m_lo
+    count = b.sub(r_hi, r_lo)
+    m_mid = b.select(b.icmp_signed(">=", count, i64(OUT_PIXELS)),
+                     b.add(m_lo, b.mul(b.sdiv(b.sub(m_hi, m_lo), i64(4)), i64(4))), m_lo)
+    blocks = b.sdiv(b.add(count, i64(OUT_PIXELS - 1)), i64(OUT_PIXELS))
+    last = b.sub(r_hi, i64(OUT_PIXELS))
+    with for_range(b, m_mid, start=m_lo, step=4, name=f"{name}m4") as m, \
+            for_range(b, blocks, name=f"{name}pb") as pb:
+        p0 = b.add(r_lo, b.mul(pb, i64(OUT_PIXELS)))
+        block(m, b.select(b.icmp_signed("<", p0, last), p0, last))
+    return m_mid
+
+
+def read_residual(b, geo, lanes, r, ys, n, m_lo, m_hi, r_lo, r_hi):
+    """Features m_lo..m_hi of pixels r_lo..r_hi of image n of a residual r (N, M, pixels; i8)
+    into the result block [rows][Mpad + 64], transposed: write_conv_out's copy the other
+    way, blocks of 16 pixels by 4 features (four runs of 16 bytes, one byte shuffle, sixteen
+    32-bit stores), the rest a byte at a time."""
+    rows, stride = lanes.rows, lanes.ys_stride
+    at_r = lambda m, p: b.gep(r, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(rows)), p)])  # noqa: E731
+    run_t, bytes64 = ir.VectorType(I8, OUT_PIXELS), ir.VectorType(I8, 4 * OUT_PIXELS)
+    # Byte 16 * f + p of the runs (feature f, pixel p) to byte 4 * p + f.
+    order = ir.Constant(ir.VectorType(I32, 4 * OUT_PIXELS), [16 * f + p for p in range(OUT_PIXELS) for f in range(4)])
+
+    def block(m, p0):
+        runs = []
+        for f in range(4):
+            run = b.load(b.bitcast(at_r(b.add(m, i64(f)), p0), run_t.as_pointer()))
+            run.align = 1
+            runs.append(run)
+        pairs = [b.shuffle_vector(runs[i], runs[i + 1], ir.Constant(ir.VectorType(I32, 2 * OUT_PIXELS),
+                                                                    list(range(2 * OUT_PIXELS))))
+                 for i in (0, 2)]
+        joined = b.shuffle_vector(pairs[0], pairs[1], ir.Constant(ir.VectorType(I32, 4 * OUT_PIXELS),
+                                                                  list(range(4 * OUT_PIXELS))))
+        words = b.bitcast(b.shuffle_vector(joined, ir.Constant(bytes64, ir.Undefined), order),
+                          ir.VectorType(I32, OUT_PIXELS))
+        for p in range(OUT_PIXELS):
+            at = b.gep(ys, [b.add(b.mul(b.add(p0, i64(p)), i64(stride)), m)])
+            st = b.store(b.extract_element(words, i64(p)), b.bitcast(at, I32.as_pointer()))
+            st.align = 1
+    m_mid = _four_by_sixteen(b, rows, m_lo, m_hi, r_lo, r_hi, block, "r")
+    with for_range(b, m_hi, start=m_mid, name="rm") as m, for_range(b, r_hi, start=r_lo, name="rp") as p:
+        b.store(b.load(at_r(m, p)), b.gep(ys, [b.add(b.mul(p, i64(stride)), m)]))
+
+
 def write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi):
     """Features m_lo..m_hi of pixels r_lo..r_hi of the result block [rows][Mpad + 64] into
     image n of y (N, M, pixels), transposed: blocks of 16 pixels by 4 features, sixteen
@@ -303,33 +376,25 @@ def write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi):
     the copy took 85 of 585 us of ResNet-50's 512 -> 1024 1x1 at 14x14 (onnxruntime: 470)."""
     rows, stride = lanes.rows, lanes.ys_stride
     at_y = lambda m, r: b.gep(y, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(rows)), r)])  # noqa: E731
-    m_mid = m_lo
-    if rows >= OUT_PIXELS:
-        count = b.sub(r_hi, r_lo)
-        m_mid = b.select(b.icmp_signed(">=", count, i64(OUT_PIXELS)),
-                         b.add(m_lo, b.mul(b.sdiv(b.sub(m_hi, m_lo), i64(4)), i64(4))), m_lo)
-        i32v, bytes64 = ir.VectorType(I32, OUT_PIXELS), ir.VectorType(I8, 4 * OUT_PIXELS)
-        # Byte 4 * p + f of the loads (pixel p, feature f) to byte 16 * f + p.
-        order = ir.Constant(ir.VectorType(I32, 4 * OUT_PIXELS),
-                            [4 * p + f for f in range(4) for p in range(OUT_PIXELS)])
-        blocks = b.sdiv(b.add(count, i64(OUT_PIXELS - 1)), i64(OUT_PIXELS))
-        last = b.sub(r_hi, i64(OUT_PIXELS))
-        with for_range(b, m_mid, start=m_lo, step=4, name="lm4") as m, for_range(b, blocks, name="lpb") as pb:
-            r0 = b.add(r_lo, b.mul(pb, i64(OUT_PIXELS)))
-            r0 = b.select(b.icmp_signed("<", r0, last), r0, last)
-            v = ir.Constant(i32v, ir.Undefined)
-            for p in range(OUT_PIXELS):
-                at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(p)), i64(stride)), m)])
-                word = b.load(b.bitcast(at, I32.as_pointer()))
-                word.align = 1
-                v = b.insert_element(v, word, i64(p))
-            t = b.shuffle_vector(b.bitcast(v, bytes64), ir.Constant(bytes64, ir.Undefined), order)
-            run_t = ir.VectorType(I8, OUT_PIXELS)
-            for f in range(4):
-                run = b.shuffle_vector(t, ir.Constant(bytes64, ir.Undefined),
-                                       ir.Constant(ir.VectorType(I32, OUT_PIXELS),
-                                                   list(range(f * OUT_PIXELS, (f + 1) * OUT_PIXELS))))
-                st = b.store(run, b.bitcast(at_y(b.add(m, i64(f)), r0), run_t.as_pointer()))
-                st.align = 1
+    i32v, bytes64 = ir.VectorType(I32, OUT_PIXELS), ir.VectorType(I8, 4 * OUT_PIXELS)
+    # Byte 4 * p + f of the loads (pixel p, feature f) to byte 16 * f + p.
+    order = ir.Constant(ir.VectorType(I32, 4 * OUT_PIXELS), [4 * p + f for f in range(4) for p in range(OUT_PIXELS)])
+
+    def block(m, r0):
+        v = ir.Constant(i32v, ir.Undefined)
+        for p in range(OUT_PIXELS):
+            at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(p)), i64(stride)), m)])
+            word = b.load(b.bitcast(at, I32.as_pointer()))
+            word.align = 1
+            v = b.insert_element(v, word, i64(p))
+        t = b.shuffle_vector(b.bitcast(v, bytes64), ir.Constant(bytes64, ir.Undefined), order)
+        run_t = ir.VectorType(I8, OUT_PIXELS)
+        for f in range(4):
+            run = b.shuffle_vector(t, ir.Constant(bytes64, ir.Undefined),
+                                   ir.Constant(ir.VectorType(I32, OUT_PIXELS),
+                                               list(range(f * OUT_PIXELS, (f + 1) * OUT_PIXELS))))
+            st = b.store(run, b.bitcast(at_y(b.add(m, i64(f)), r0), run_t.as_pointer()))
+            st.align = 1
+    m_mid = _four_by_sixteen(b, rows, m_lo, m_hi, r_lo, r_hi, block, "l")
     with for_range(b, m_hi, start=m_mid, name="lm") as m, for_range(b, r_hi, start=r_lo, name="lp") as r:
         b.store(b.load(b.gep(ys, [b.add(b.mul(r, i64(stride)), m)])), at_y(m, r))

@@ -44,14 +44,15 @@ from typing import Optional
 import numpy as np
 
 from ....engine.types import Type
-from ....reference.primitives import saturation
+from ....errors import UnsupportedError
+from ....reference.primitives import residual_ratio, saturation
 from ....lir.ir import WeightBuffer
 from llvmlite import ir
 
 from ..llvmutil import F32, F64, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Split, Work, for_claimed, parallel, shares_pixels, splits_blocks
 from ..plan import Phases, claim_bytes
-from ..qgemm import (PackedConstants, QShape, QSHAPES, choose_qshape, emit_tile, for_weights, narrowed_rows,
+from ..qgemm import (PackedConstants, QShape, QSHAPES, Residual, choose_qshape, emit_tile, for_weights, narrowed_rows,
                      pack_a, pack_epilogue, pack_offsets, products_in_range, requantize,
                      requantize_for_narrow, weights_prefetch)
 from ..vectors import masked_store, splat
@@ -282,7 +283,7 @@ def _pack(node, geo: Geometry, w3, ws, b, qs: QShape, pad: int) -> tuple[np.ndar
     corr[geo.padded_rows()], mult[geo.padded_rows()] = corr_m, mult_m
     a = [pack_a(wg, taps, qs, geo.mr).view(np.int8).ravel() for wg in w3.reshape(geo.ng, geo.mg, -1, taps)]
     data = np.concatenate([*a, corr.view(np.int8), mult.view(np.int8), *pack_offsets(node, pad)])
-    return data, products_in_range(w3, corr_m, mult_m)
+    return data, products_in_range(w3, corr_m, mult_m, node)
 
 
 @hook(SCRATCH, "QuantizedConv", "QuantizedMatMul")
@@ -491,7 +492,10 @@ def q_product_space(ins, features: str = ""):
     us): at 56 x 56 907 -> 877, 28 x 28 882 -> 829, 14 x 14 1202 -> 1159, the model 15.34 ->
     15.03 ms (outputs the same); at x86-64-v3, AVX2's runs of 16 lanes, 2396 -> 2561,
     2813 -> 2908, 3925 -> 4001: slower, so not there.  Likewise a convolution storing its
-    runs compressed (compresses_runs on a target of these `features`)."""
+    runs compressed (compresses_runs on a target of these `features`).  (Those 13 sums, from
+    a profile, now join their convolutions' requantization before the rounding instead:
+    the rule quantize_conv_residual, residual_terms; what fuses here is a QDQ model's sum,
+    which keeps the product's rounding, and a sum after a 3x3, ResNet-18's.)"""
     if ins.plan.strategy not in QSHAPES:
         return None
     qs = QShape(ins.plan.strategy)
@@ -523,6 +527,10 @@ def q_describe(node) -> str:
 # ----------------------------------------------------------------------------- kernels
 @kernel("QuantizedConv", "QuantizedMatMul")
 def quantized_product(k: KernelArgs):
+    residual = Residual.of(k)
+    if residual is not None and (depthwise.is_depthwise(k.strategy) or k.strategy in winograd.TILES):
+        raise UnsupportedError(f"{k.node.name}: the {k.strategy} int8 kernel reads no residual; only "
+                               f"pointwise convolutions take one (rule quantize_conv_residual)")
     if depthwise.is_depthwise(k.strategy):
         return depthwise.emit(k, depthwise.qshape(k.strategy))
     if k.strategy in winograd.TILES:
@@ -539,6 +547,9 @@ def quantized_product(k: KernelArgs):
         return qlanes.emit(b, k, geo, qs, build_conv_plane if geo.conv else build_matmul_plane, exact,
                            splits_pixels(geo, qs, k.split.parts),
                            own_plane if owns_pixels(geo, qs, k.split.parts) else None)
+    if residual is not None and not (geo.direct and geo.ng == 1):
+        raise UnsupportedError(f"{node.name}: the int8 product stores its results through a block of "
+                               f"its own and reads no residual; only pointwise convolutions take one")
     (y, _), (x, _), (packed, _) = k.outs[0], k.ins[0], k.ins[1]
     consts = PackedConstants(b, packed, geo.a_bytes, geo.mpad)
     a, corr, mult, pad = consts.weights, consts.corr, consts.mult, consts.tail
@@ -593,11 +604,14 @@ def quantized_product(k: KernelArgs):
                 return splat(b, b.load(b.gep(corr, [b.add(b.mul(mb, i64(geo.mr)), i64(i))])), qs.vw)
 
             rows = {}
+            terms = {}              # the residual's, read when the tile's first vector is stored
 
             def store(i, j, sums):   # requantized, narrowed and stored by pairs of rows
                 r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
+                if residual is not None and not terms:
+                    terms.update(residual_terms(b, geo, residual, n, mb, q0, vectors))
                 rows.setdefault(i, []).append(requantize_for_narrow(
-                    b, sums, b.load(b.gep(mult, [r])), exact, y_offset, bounds))
+                    b, sums, b.load(b.gep(mult, [r])), exact, y_offset, bounds, terms.get((i, j))))
             # The next block's weights, over this block's panels (weights_prefetch; with panels
             # outside, the next block is the next tile's: not spread).
             step = len(geo.taps) * geo.mr
@@ -739,6 +753,29 @@ def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q, epilogue=None):
                     b.store(b.extract_element(v, lane), b.gep(at, [lane]))
 
 
+def residual_terms(b, geo: Geometry, residual: Residual, n, mb, q0, vectors: int) -> dict:
+    """{(i, j): the residual's term (Residual.term) for vector j of row i} of the tile of
+    block mb at plane column q0 (of `vectors` vectors) of image n, in a pointwise
+    convolution (Geometry.direct, one group: the columns are the pixels, the rows the
+    filters): each vector's values lie at its results' places in r.  Lanes past the last
+    pixel, and rows past the last filter, read nothing."""
+    vw, npix = geo.qs.vw, geo.oh * geo.ow
+    first = b.mul(mb, i64(geo.mr))
+    places = {(i, j): residual.at(b, b.add(b.mul(b.add(b.mul(n, i64(geo.m)), b.add(first, i64(i))), i64(npix)),
+                                           b.add(q0, i64(j * vw))))
+              for i in range(geo.mr) for j in range(vectors)}
+    whole = b.and_(b.icmp_signed("<=", b.add(q0, i64(vectors * vw)), i64(npix)),
+                   b.icmp_signed("<=", b.add(first, i64(geo.mr)), i64(geo.m)))
+
+    def masks():
+        lanes = ir.Constant(ir.VectorType(I64, vw), list(range(vw)))
+        inside = [b.icmp_signed("<", b.add(lanes, splat(b, b.add(q0, i64(j * vw)), vw)), splat(b, i64(npix), vw))
+                  for j in range(vectors)]
+        filters = [splat(b, b.icmp_signed("<", b.add(first, i64(i)), i64(geo.m)), vw) for i in range(geo.mr)]
+        return {(i, j): b.and_(inside[j], filters[i]) for i in range(geo.mr) for j in range(vectors)}
+    return residual.load_terms(b, places, vw, whole, masks)
+
+
 def banded(geo: Geometry) -> bool:
     """Whether the product's plane (row_elements', panel by panel) is built a band of its
     panels at a time, each band's tiles computed before the next (quantized_product)."""
@@ -854,11 +891,22 @@ class LoopTypes:
         xs = b.sub(b.sext(xv, self.acc), ir.Constant(self.acc, xo))
         b.store(b.add(b.load(acc), b.mul(xs, b.sext(wv, self.acc))), acc)
 
-    def requantize(self, b, sums, mult, node):
+    def residual_term(self, b, node, residual: Residual, element):
+        """The term of the residual's element `element` (i64) as requantize adds it: in f32
+        for i8 (Residual.term), in f64 for i16 (with the ratio in f64, as the reference's)."""
+        v = b.load(residual.at(b, element))
+        if not self.wide:
+            return residual.term(b, v)
+        shifted = b.sub(b.sext(v, I64), ir.Constant(I64, residual.offset))
+        return b.fmul(b.sitofp(shifted, F64), ir.Constant(F64, float(residual_ratio(node, "i16"))))
+
+    def requantize(self, b, sums, mult, node, residual=None):
         bounds = saturation(node, "i16" if self.wide else "i8")
         if not self.wide:
-            return requantize(b, sums, mult, node.offset, bounds=bounds)
+            return requantize(b, sums, mult, node.offset, bounds=bounds, residual=residual)
         f = b.fmul(b.sitofp(sums, F64), mult)
+        if residual is not None:
+            f = b.fadd(f, residual)
         f = b.fadd(b.call(intrinsic(b.module, "llvm.roundeven.f64", F64, [F64]), [f]), ir.Constant(F64, float(node.offset)))
         lo, hi = (ir.Constant(F64, float(v)) for v in bounds)
         f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
@@ -870,7 +918,7 @@ def q_conv_loops(k: KernelArgs):
     """Any QuantizedConv (grouped, depthwise, weights computed at run time): one sum per
     output element in i32, taps outside the input skipped (they are real zeros)."""
     b, node = k.b, k.node
-    (y, _), (x, _), (w, _), (ws, _), (bias, _) = k.outs[0], *k.ins
+    (y, _), (x, _), (w, _), (ws, _), (bias, _) = k.outs[0], *k.ins[:4]
     nb, c, h, wd = node.inputs[0].type.shape
     m, cg, kh, kw = node.inputs[1].type.shape
     oh, ow = node.outputs[0].type.shape[2:]
@@ -879,6 +927,7 @@ def q_conv_loops(k: KernelArgs):
     xo = node.inputs[0].type.quant.offset
     lt = LoopTypes(node)
     acc = b.alloca(lt.acc)
+    residual = Residual.of(k)
     m_lo, m_hi = k.split.range(b, m)            # the whole of it but for i16 (q_work)
     with for_range(b, nb, name="n") as n, for_range(b, m_hi, start=m_lo, name="m") as mi:
         mult = lt.multiplier(b, node, ws, mi)
@@ -896,7 +945,8 @@ def q_conv_loops(k: KernelArgs):
                     wi = b.add(b.mul(b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh)), ky), i64(kw)), kx)
                     lt.sum_into(b, acc, b.load(b.gep(x, [xi])), b.load(b.gep(w, [wi])), xo)
             yi = b.add(b.mul(b.add(b.mul(b.add(b.mul(n, i64(m)), mi), i64(oh)), oy), i64(ow)), ox)
-            b.store(lt.requantize(b, b.load(acc), mult, node), b.gep(y, [yi]))
+            term = lt.residual_term(b, node, residual, yi) if residual is not None else None
+            b.store(lt.requantize(b, b.load(acc), mult, node, term), b.gep(y, [yi]))
 
 
 def q_matmul_loops(k: KernelArgs):

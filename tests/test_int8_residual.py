@@ -1,0 +1,174 @@
+"""A pointwise QuantizedConv with a residual r (quantize_conv_residual folds a residual sum
+into the convolution before it): r - r_offset, times r_scale / scale, joins the scaled sums
+before their one rounding.  The int8 kernels read r where they store each vector of results:
+the pixels-in-lanes product at each vector's place, the features-in-lanes one (qlanes.py)
+from its result block, into which it first copies r transposed; the plain loops (int16, or a
+target without an int8 product) element by element.  Held to the formula in NumPy, bit for
+bit (each product and the sum rounded in f32, as reference.primitives.requantize says), and
+to the exact sum in float64 within one step."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from glowgen.backends.cpu.kernels import qlanes
+from glowgen.backends.cpu.kernels.qlinalg import Geometry
+from glowgen.backends.cpu.qgemm import QShape
+from test_int8_kernels import _compile, _dense, _shape, multipliers, ref_conv
+
+from conftest import HOST_AND_AVX2
+
+_FLAGS = open("/proc/cpuinfo").read()
+# The host's int8 path, AVX2's, AVX-512BW's without VNNI (x86-64-v4) where it runs, and plain
+# loops (x86-64: no int8 product).
+CPUS = HOST_AND_AVX2 + (["x86-64-v4"] if "avx512bw" in _FLAGS else []) + ["x86-64"]
+X_Q, R_Q, Y_Q = (0.02, 3), (0.031, -7), (0.047, -20)
+
+# n, c, h, w, m, bounds (low, high or None), conv output also read elsewhere: 100 pixels (the
+# last vector partly past them), 20 filters (the last block of rows half padding); two images
+# of 117; 28 x 28 from 32 in whole tiles; 7 x 7 and 5 x 5 from 512 channels, and 6 pixels,
+# which the int8 products compute with the features in the lanes (qlanes): rows of 49 and
+# 25 pixels (blocks of 16, the last overlapping, and the rest a byte at a time in
+# read_residual), of 6 (a byte at a time only).
+CASES = [
+    (1, 16, 10, 10, 20, None),
+    (2, 24, 9, 13, 16, (-20, 127)),
+    (1, 32, 28, 28, 64, None),
+    (1, 512, 7, 7, 98, (-20, 127)),
+    (2, 512, 5, 5, 64, (-30, 40)),
+    (1, 16, 2, 3, 40, None),
+]
+
+
+def residual_case(rng, n, c, h, w, m, bounds, dtype="i8"):
+    """A pointwise QuantizedConv with a residual %r: its text, inputs, and the results the
+    formula gives (f32 steps for i8, f64 for i16) and the exact ones (float64)."""
+    info = np.iinfo(np.int8 if dtype == "i8" else np.int16)
+    npt = np.int8 if dtype == "i8" else np.int16
+    (xs, xo), (rs, ro), (ys, yo) = X_Q, R_Q, Y_Q
+    x = rng.integers(info.min, info.max + 1, (n, c, h, w)).astype(npt)
+    r = rng.integers(info.min, info.max + 1, (n, m, h, w)).astype(npt)
+    top = 127 if dtype == "i8" else 3000
+    wt = rng.integers(-top, top + 1, (m, c, 1, 1)).astype(npt)
+    ws = (rng.random(m) * 0.01 + 0.001).astype(np.float32)
+    acc_t = "i32" if dtype == "i8" else "i64"
+    bias = rng.integers(-5000, 5000, m).astype(np.int32 if dtype == "i8" else np.int64)
+    if dtype == "i16":
+        ws = ws / 256
+        ys = ys / 256
+    bound_attrs = "" if bounds is None else f", low = {bounds[0]}, high = {bounds[1]}"
+    dims = _shape((n, m, h, w))
+    text = f"""graph test {{
+  input %x: {dtype}{_shape(x.shape)} q({xs}, {xo})
+  input %r: {dtype}{dims} q({rs}, {ro})
+  const %w: {dtype}{_shape(wt.shape)} = {_dense(wt)}
+  const %ws: f32[{m}] = {_dense(ws)}
+  const %b: {acc_t}[{m}] = {_dense(bias)}
+  %y = QuantizedConv(%x, %w, %ws, %b, %r) {{strides = [1, 1], pads = [0, 0, 0, 0], dilations = [1, 1], group = 1, scale = {ys}, offset = {yo}, r_scale = {rs}, r_offset = {ro}{bound_attrs}}} : {dtype}{dims} q({ys}, {yo})
+  output "y" = %y
+}}"""
+    acc = ref_conv(x.astype(np.int64), xo, wt.astype(np.int64), bias.astype(np.int64), (1, 1), (0, 0, 0, 0), (1, 1))
+    low, high = bounds if bounds is not None else (info.min, info.max)
+    shifted = r.astype(np.int64) - ro
+    if dtype == "i8":
+        # f32 throughout: the sums times the multiplier, the residual times its ratio, their sum.
+        mult = multipliers(xs, ws, ys).reshape(1, m, 1, 1)
+        ratio = np.float32(np.float64(np.float32(rs)) / np.float64(np.float32(ys)))
+        v = acc.astype(np.float32) * mult + shifted.astype(np.float32) * ratio
+    else:
+        mult = (np.float64(np.float32(xs)) * ws.astype(np.float64) / np.float64(np.float32(ys))).reshape(1, m, 1, 1)
+        v = acc.astype(np.float64) * mult + shifted.astype(np.float64) * (np.float64(np.float32(rs)) / np.float64(np.float32(ys)))
+    formula = np.clip(np.minimum(np.maximum(np.clip(np.round(v) + yo, info.min, info.max), low), high),
+                      info.min, info.max).astype(npt)
+    real = (acc * np.float64(np.float32(xs)) * ws.astype(np.float64).reshape(1, m, 1, 1)
+            + shifted * np.float64(np.float32(rs)))
+    exact = np.clip(np.minimum(np.maximum(np.rint(real / np.float64(np.float32(ys))) + yo, low), high),
+                    info.min, info.max)
+    return text, {"x": x, "r": r}, formula, exact
+
+
+def _run(text, feeds, cpu, threads):
+    model, _ = _compile(text, cpu, threads)
+    [kind] = [i.kind for s in model.program.plan.steps for i in s.instrs if i.kind == "QuantizedConv"]
+    return np.asarray(model.run(feeds)["y"])
+
+
+@pytest.mark.parametrize("cpu", CPUS)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_residual_joins_the_sums_before_the_rounding(case, threads, cpu):
+    rng = np.random.default_rng(40 + case)
+    text, feeds, formula, exact = residual_case(rng, *CASES[case])
+    y = _run(text, feeds, cpu, threads)
+    np.testing.assert_array_equal(y, formula)
+    assert np.abs(y.astype(np.int64) - exact).max() <= 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_int16_residual_in_the_plain_loops(threads):
+    rng = np.random.default_rng(7)
+    text, feeds, formula, exact = residual_case(rng, 1, 12, 6, 7, 10, (-500, 30000), dtype="i16")
+    y = _run(text, feeds, None, threads)
+    np.testing.assert_array_equal(y, formula)
+    assert np.abs(y.astype(np.int64) - exact).max() <= 1
+
+
+def test_cases_take_both_layouts_of_the_host_product():
+    """The cases above reach both kinds of int8 product on a 512-bit VNNI host: pixels in the
+    lanes and features in the lanes (else the features-in-lanes store goes untested)."""
+    if "avx512_vnni" not in _FLAGS:
+        pytest.skip("the cases are chosen for a 512-bit VNNI host's tiles")
+    qs = QShape("vnni")
+    kinds = set()
+    for n, c, h, w, m, _ in CASES:
+        text, _, _, _ = residual_case(np.random.default_rng(0), n, c, h, w, m, None)
+        model, _ = _compile(text, None, 1)
+        [ins] = [i for s in model.program.plan.steps for i in s.instrs if i.kind == "QuantizedConv"]
+        kinds.add(qlanes.in_lanes(Geometry(ins.node, qs), qs))
+    assert kinds == {True, False}
+
+
+def test_residual_of_another_shape_is_refused():
+    rng = np.random.default_rng(1)
+    text, _, _, _ = residual_case(rng, 1, 8, 4, 4, 8, None)
+    text = text.replace("input %r: i8[1, 8, 4, 4]", "input %r: i8[1, 8, 4, 5]")
+    with pytest.raises(Exception, match="residual must have the result's shape"):
+        _compile(text, None, 1)
+
+
+def test_a_qdq_model_keeps_its_rounding_of_the_product():
+    """In a QDQ model the product's result has a QuantizeLinear of the model's own: the sum
+    after it stays a QuantizedAdd of the rounded product (as onnxruntime computes it, within
+    a step), where a profile's calibration folds it into the product."""
+    import glowgen
+    from onnx import TensorProto, helper, numpy_helper
+    from conftest import run_ort
+    rng = np.random.default_rng(5)
+    c, m, hw = 16, 24, 6
+    w = rng.integers(-127, 128, (m, c, 1, 1)).astype(np.int8)
+    inits = [numpy_helper.from_array(w, "wq"), numpy_helper.from_array(np.float32(0.01), "ws"),
+             numpy_helper.from_array(np.float32(0.02), "xs"), numpy_helper.from_array(np.uint8(128), "xz"),
+             numpy_helper.from_array(np.float32(0.05), "cs"), numpy_helper.from_array(np.uint8(120), "cz"),
+             numpy_helper.from_array(np.float32(0.03), "rs"), numpy_helper.from_array(np.uint8(130), "rz"),
+             numpy_helper.from_array(np.float32(0.07), "ys"), numpy_helper.from_array(np.uint8(128), "yz"),
+             numpy_helper.from_array(np.int8(0), "wz")]
+    node = helper.make_node
+    nodes = [node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]), node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"]), node("Conv", ["xd", "wd"], ["c"]),
+             node("QuantizeLinear", ["c", "cs", "cz"], ["cq"]), node("DequantizeLinear", ["cq", "cs", "cz"], ["cd"]),
+             node("QuantizeLinear", ["r", "rs", "rz"], ["rq"]), node("DequantizeLinear", ["rq", "rs", "rz"], ["rd"]),
+             node("Add", ["cd", "rd"], ["s"]),
+             node("QuantizeLinear", ["s", "ys", "yz"], ["sq"]), node("DequantizeLinear", ["sq", "ys", "yz"], ["y"])]
+    vi = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "qdq", [vi("x", TensorProto.FLOAT, [1, c, hw, hw]),
+                                             vi("r", TensorProto.FLOAT, [1, m, hw, hw])],
+                              [vi("y", TensorProto.FLOAT, [1, m, hw, hw])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.uniform(-2, 2, (1, c, hw, hw)).astype(np.float32),
+             "r": rng.uniform(-3, 3, (1, m, hw, hw)).astype(np.float32)}
+    q = glowgen.compile(model)
+    ops = [n.OP for n in q.function.nodes]
+    assert "QuantizedAdd" in ops and "QuantizedConv" in ops, ops
+    assert all(n.inputs[4] is None for n in q.function.nodes if n.OP == "QuantizedConv")
+    got, expected = q.run(feeds)["y"], run_ort(model, feeds)["y"]
+    assert np.abs(got - expected).max() <= 0.07 * 1.001
