@@ -3,10 +3,13 @@ into the convolution before it): r - r_offset, times r_scale / scale, joins the 
 before their one rounding.  The int8 kernels read r where they store each vector of results:
 the pixels-in-lanes product at each vector's place, the features-in-lanes one (qlanes.py)
 from its result block, into which it first copies r transposed; the plain loops (int16, or a
-target without an int8 product) element by element.  Held to the formula in NumPy, bit for
-bit (each product and the sum rounded in f32, as reference.primitives.requantize says), and
-to the exact sum in float64 within one step."""
+target without an int8 product) element by element.  Held to the formula bit for bit (for
+int8 two fused multiply-adds, computed here in exact rationals and rounded to f32 once each;
+for int16 products and sums in f64), and to the exact sum in float64 within one step."""
 from __future__ import annotations
+
+from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 import pytest
@@ -71,10 +74,12 @@ def residual_case(rng, n, c, h, w, m, bounds, dtype="i8"):
     low, high = bounds if bounds is not None else (info.min, info.max)
     shifted = r.astype(np.int64) - ro
     if dtype == "i8":
-        # f32 throughout: the sums times the multiplier, the residual times its ratio, their sum.
-        mult = multipliers(xs, ws, ys).reshape(1, m, 1, 1)
-        ratio = np.float32(np.float64(np.float32(rs)) / np.float64(np.float32(ys)))
-        v = acc.astype(np.float32) * mult + shifted.astype(np.float32) * ratio
+        # Two fused multiply-adds in f32, each rounded once: fma(r, ratio, fma(sums, mult,
+        # -r_offset * ratio)), computed exactly in rationals and rounded here.
+        mult = np.broadcast_to(multipliers(xs, ws, ys).reshape(1, m, 1, 1), acc.shape)
+        ratio = np.float32(np.float64(rs) / np.float64(ys))     # the attributes r_scale / scale, in f64
+        scaled = _fma(acc.astype(np.float32), mult, np.float32(-ro) * ratio)
+        v = _fma(r.astype(np.float32), ratio, scaled)
     else:
         mult = (np.float64(np.float32(xs)) * ws.astype(np.float64) / np.float64(np.float32(ys))).reshape(1, m, 1, 1)
         v = acc.astype(np.float64) * mult + shifted.astype(np.float64) * (np.float64(np.float32(rs)) / np.float64(np.float32(ys)))
@@ -87,6 +92,26 @@ def residual_case(rng, n, c, h, w, m, bounds, dtype="i8"):
     return text, {"x": x, "r": r}, formula, exact
 
 
+def _nearest_f32(x: Fraction) -> np.float32:
+    """The rational x rounded to the nearest f32, halves to even."""
+    near = np.float32(float(x))
+    around = [near, np.nextafter(near, np.float32(np.inf)), np.nextafter(near, np.float32(-np.inf))]
+    return min(around, key=lambda v: (abs(Fraction(float(v)) - x), int(v.view(np.uint32)) & 1))
+
+
+def _fma(a, b, c) -> np.ndarray:
+    """a * b + c (f32 arrays that broadcast) exactly, rounded once to f32."""
+    a, b, c = np.broadcast_arrays(np.float32(a), np.float32(b), np.float32(c))
+    out = [_nearest_f32(Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z)))
+           for x, y, z in zip(a.ravel(), b.ravel(), c.ravel())]
+    return np.array(out, np.float32).reshape(a.shape)
+
+
+@lru_cache(maxsize=None)
+def _case(index: int):
+    return residual_case(np.random.default_rng(40 + index), *CASES[index])
+
+
 def _run(text, feeds, cpu, threads):
     model, _ = _compile(text, cpu, threads)
     [kind] = [i.kind for s in model.program.plan.steps for i in s.instrs if i.kind == "QuantizedConv"]
@@ -97,8 +122,7 @@ def _run(text, feeds, cpu, threads):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_residual_joins_the_sums_before_the_rounding(case, threads, cpu):
-    rng = np.random.default_rng(40 + case)
-    text, feeds, formula, exact = residual_case(rng, *CASES[case])
+    text, feeds, formula, exact = _case(case)
     y = _run(text, feeds, cpu, threads)
     np.testing.assert_array_equal(y, formula)
     assert np.abs(y.astype(np.int64) - exact).max() <= 1
@@ -172,3 +196,52 @@ def test_a_qdq_model_keeps_its_rounding_of_the_product():
     assert all(n.inputs[4] is None for n in q.function.nodes if n.OP == "QuantizedConv")
     got, expected = q.run(feeds)["y"], run_ort(model, feeds)["y"]
     assert np.abs(got - expected).max() <= 0.07 * 1.001
+
+
+def test_the_sums_and_the_residual_round_as_two_fused_multiply_adds():
+    """Values next to a half, where rounding the product and the residual's term apart moves
+    the result by a step: the kernels give the fused multiply-adds' rounding
+    (reference.primitives.join_residual), not that one.  Each filter's sums are its bias
+    (x at its offset), chosen with small multipliers so that some residual values land
+    there; the pixels carry those values."""
+    (xs, _), (rs, ro), (ys, yo) = X_Q, R_Q, Y_Q
+    ratio = np.float32(np.float64(rs) / np.float64(ys))     # the attributes r_scale / scale, in f64
+    const = np.float32(-ro) * ratio
+    rng = np.random.default_rng(11)
+    filters, pixels = 12, 6
+    ws = (rng.random(filters) * 4e-4 + 1e-4).astype(np.float32)
+    mults = multipliers(xs, ws, ys)
+    r_grid = np.arange(-128, 128, dtype=np.int64)[None, :]
+    bias, res = np.zeros(filters, np.int32), rng.integers(-128, 128, (1, filters, 1, pixels)).astype(np.int8)
+    found = []
+    for m, mult in enumerate(mults):
+        start = int(rng.uniform(-60, 60) / mult)
+        acc = np.arange(start, start + 4000, dtype=np.int64)[:, None]
+        apart = np.round(acc.astype(np.float32) * mult + (r_grid - ro).astype(np.float32) * ratio)
+        near = np.round(acc * np.float64(mult) + np.float64(const) + r_grid * np.float64(ratio))
+        best = []
+        for a in np.unique(np.nonzero(apart != near)[0])[:40]:
+            hits = [int(r_grid[0, j]) for j in np.nonzero(apart[a] != near[a])[0]
+                    if np.round(_fma(np.float32(r_grid[0, j]), ratio, _fma(np.float32(acc[a, 0]), mult, const)))
+                    != apart[a, j]]
+            if len(hits) > len(best):
+                best, bias[m] = hits, int(acc[a, 0])
+        for k, rv in enumerate(best[:pixels]):
+            res[0, m, 0, k] = rv
+            found.append((m, k))
+    assert len(found) >= filters // 2, found            # places where the two roundings differ
+    text = f"""graph test {{
+  input %x: i8[1, 1, 1, {pixels}] q({xs}, 0)
+  input %r: i8[1, {filters}, 1, {pixels}] q({rs}, {ro})
+  const %w: i8[{filters}, 1, 1, 1] = {_dense(np.ones((filters, 1, 1, 1), np.int8))}
+  const %ws: f32[{filters}] = {_dense(ws)}
+  const %b: i32[{filters}] = {_dense(bias)}
+  %y = QuantizedConv(%x, %w, %ws, %b, %r) {{scale = {ys}, offset = {yo}, r_scale = {rs}, r_offset = {ro}}} : i8[1, {filters}, 1, {pixels}] q({ys}, {yo})
+  output "y" = %y
+}}"""
+    x = np.zeros((1, 1, 1, pixels), np.int8)
+    want = np.round(_fma(res.astype(np.float32), ratio, _fma(bias.astype(np.float32).reshape(1, filters, 1, 1),
+                                                             mults.reshape(1, filters, 1, 1), const))) + yo
+    for cpu in CPUS:
+        y = _run(text, {"x": x, "r": res}, cpu, 1)
+        np.testing.assert_array_equal(y, np.clip(want, -128, 127).astype(np.int8), err_msg=str(cpu))

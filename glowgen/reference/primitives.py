@@ -79,16 +79,16 @@ def requantize(acc, mult, offset, dtype="i8", bounds=None, residual=None) -> np.
     (f32 for i8, f64 for i16: see requantize_multipliers) times mult, rounded halves to even,
     plus `offset`, saturated to `bounds` (low, high: default the type's range; max with low,
     then min with high) (`mult` broadcasts against `acc`).  `residual`, when given, is
-    (r - r_offset, ratio): its product, in that float type, joins the scaled sums before
-    the rounding (QuantizedConv's residual)."""
+    (r, r_offset, ratio) of a QuantizedConv's residual, whose value joins the scaled sums
+    before the rounding (join_residual)."""
     ft = np.asarray(mult).dtype.type
     info = np.iinfo(numpy_dtype(dtype))
     low, high = bounds if bounds is not None else (info.min, info.max)
     with np.errstate(over="ignore"):
-        v = np.asarray(acc).astype(ft) * mult
-        if residual is not None:
-            shifted, ratio = residual
-            v = v + np.asarray(shifted).astype(ft) * ft(ratio)
+        if residual is None:
+            v = np.asarray(acc).astype(ft) * mult
+        else:
+            v = join_residual(np.asarray(acc).astype(ft), mult, *residual)
         v = np.round(v)
     return np.minimum(np.maximum(v + ft(offset), low), high).astype(info.dtype)
 
@@ -98,6 +98,40 @@ def residual_ratio(node, dtype="i8"):
     (requantize_multipliers)."""
     ratio = np.float64(node.r_scale) / np.float64(node.scale)
     return ratio if dtype == "i16" else np.float32(ratio)
+
+
+def residual_constant(r_offset: int, ratio) -> np.float32:
+    """-r_offset * ratio rounded to f32: what an i8 product's residual adds to its scaled sums
+    besides r * ratio (join_residual)."""
+    return np.float32(-r_offset) * np.float32(ratio)
+
+
+def join_residual(sums, mult, r, r_offset: int, ratio):
+    """The scaled sums (in mult's float type) with a QuantizedConv's residual r joined, before
+    the rounding.  For i8 (f32) two fused multiply-adds, each rounded once, as the kernels'
+    vfmadd: fma(r, ratio, fma(sums, mult, residual_constant)); for i16 (f64, the plain loops)
+    sums * mult + (r - r_offset) * ratio, each step rounded."""
+    if np.asarray(mult).dtype == np.float64:
+        return sums * mult + (np.asarray(r).astype(np.float64) - r_offset) * np.float64(ratio)
+    scaled = fma32(sums, mult, residual_constant(r_offset, ratio))
+    return fma32(np.asarray(r).astype(np.float32), np.float32(ratio), scaled)
+
+
+def fma32(a, b, c) -> np.ndarray:
+    """a * b + c of f32 values (arrays that broadcast), rounded once to f32, as a fused
+    multiply-add computes it: the product is exact in f64 (24 + 24 bits), the sum rounded to
+    odd there (TwoSum's error says whether it was exact), then to nearest in f32, which
+    gives the sum rounded once (Boldo and Melquiond: rounding to odd at 53 bits, then to
+    nearest at 24 <= 53 - 2)."""
+    a, b, c = np.broadcast_arrays(*(np.asarray(v, np.float32) for v in (a, b, c)))
+    p = a.astype(np.float64) * b.astype(np.float64)
+    c = c.astype(np.float64)
+    s = p + c
+    back = s - p
+    error = (p - (s - back)) + (c - back)           # p + c == s + error, exactly
+    even = (np.ascontiguousarray(s).view(np.uint64) & 1) == 0
+    odd = np.nextafter(s, np.where(error > 0, np.inf, -np.inf))
+    return np.where((error != 0) & even, odd, s).astype(np.float32)
 
 
 def saturation(node, dtype="i8") -> tuple[int, int]:
@@ -120,7 +154,7 @@ def quantized_conv(node, x, w, ws, b, r=None):
     shifted = x.astype(np.int64) - q.offset
     acc = conv(node, shifted, w.astype(np.int64), b.astype(np.int64))
     mult = requantize_multipliers(q.scale, ws, node.scale, dtype).reshape(1, m, 1, 1)
-    residual = None if r is None else (r.astype(np.int64) - node.r_offset, residual_ratio(node, dtype))
+    residual = None if r is None else (r, node.r_offset, residual_ratio(node, dtype))
     return requantize(acc, mult, node.offset, dtype, saturation(node, dtype), residual)
 
 

@@ -39,7 +39,7 @@ from typing import Callable, Optional
 import numpy as np
 from llvmlite import ir
 
-from ...reference.primitives import requantize_multipliers, residual_ratio
+from ...reference.primitives import requantize_multipliers, residual_constant, residual_ratio
 from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic, round_to_i32
 from .vectors import masked_load, prefetch, splat
 
@@ -316,8 +316,8 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128
     """i32 sums (a scalar, or a vector with `mult` and `corr` per lane or for all lanes) -> i8:
     (sums + corr) as f32 times mult, rounded halves to even, + offset (an int, or an f32
     value read at run time), saturated to `bounds` (the product's: reference.primitives.saturation).
-    `wide`: the saturated values as i32 (for `narrow`).  `residual`: an f32 value (or vector)
-    added to the scaled sums before the rounding (Residual.term)."""
+    `wide`: the saturated values as i32 (for `narrow`).  `residual`: (Residual, its values as
+    f32: Residual.values) joined to the scaled sums before the rounding (Residual.join)."""
     vw = sums.type.count if isinstance(sums.type, ir.VectorType) else None
     ft, it, qt = (F32, I32, I8) if vw is None else (_vec(F32, vw), _vec(I32, vw), _vec(I8, vw))
 
@@ -329,9 +329,10 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128
 
     if corr is not None:
         sums = b.add(sums, lanes(corr))
-    f = b.fmul(b.sitofp(sums, ft), lanes(mult))
-    if residual is not None:
-        f = b.fadd(f, residual)
+    if residual is None:
+        f = b.fmul(b.sitofp(sums, ft), lanes(mult))
+    else:
+        f = residual[0].join(b, b.sitofp(sums, ft), lanes(mult), residual[1])
     rnd = intrinsic(b.module, "llvm.roundeven." + ("f32" if vw is None else f"v{vw}f32"), ft, [ft])
     f = b.fadd(b.call(rnd, [f]), const(float(offset)) if isinstance(offset, int) else lanes(offset))
     lo, hi = const(float(bounds[0])), const(float(bounds[1]))
@@ -365,9 +366,11 @@ def requantize_unsaturated(b: ir.IRBuilder, sums, mult, residual=None):
     fptosi of a too-large value is poison.)  `residual`: as requantize's."""
     vw = sums.type.count
     ft = _vec(F32, vw)
-    f = b.fmul(b.sitofp(sums, ft), mult if isinstance(mult.type, ir.VectorType) else splat(b, mult, vw))
-    if residual is not None:
-        f = b.fadd(f, residual)
+    mult = mult if isinstance(mult.type, ir.VectorType) else splat(b, mult, vw)
+    if residual is None:
+        f = b.fmul(b.sitofp(sums, ft), mult)
+    else:
+        f = residual[0].join(b, b.sitofp(sums, ft), mult, residual[1])
     # vcvtps2dq in place of vroundps and vcvttps2dq: MobileNetV2's int8 kernels at
     # x86-64-v3, 1 thread, the sum of their fastest-of-150 cycles: 11187 -> 10913 kcycles.
     return round_to_i32(b, f)
@@ -378,7 +381,7 @@ def requantize_for_narrow(b: ir.IRBuilder, sums, mult, exact: bool, offset, boun
     the packing found the sums in range (`exact`: products_in_range), only scaled and rounded
     (requantize_unsaturated: the narrowing offsets and saturates); otherwise requantize's
     values, offset (`offset`: the f32 one) and saturated to `bounds`, as i32.  `residual`:
-    the f32 vector of a residual's values joining the scaled sums (Residual.term), or None."""
+    (Residual, the f32 vector of its values) joining the scaled sums (Residual.join), or None."""
     if exact:
         return requantize_unsaturated(b, sums, mult, residual)
     return requantize(b, sums, mult, offset, bounds=bounds, wide=True, residual=residual)
@@ -387,14 +390,18 @@ def requantize_for_narrow(b: ir.IRBuilder, sums, mult, exact: bool, offset, boun
 class Residual:
     """The residual of a QuantizedConv that has one (its operand r: values of its result's
     shape and type, quantized with r_scale and r_offset) as its int8 stores read it: each
-    vector of results takes (r - r_offset) * (r_scale / scale) in f32 at its own place,
-    which joins its scaled sums before their rounding (requantize_for_narrow's `residual`),
-    as reference.primitives.requantize computes it."""
+    vector of results takes the values of r at its own places, which join its scaled sums
+    before their rounding (requantize_for_narrow's `residual`) as two fused multiply-adds,
+    fma(r, r_scale / scale, fma(sums, mult, -r_offset * r_scale / scale)): the subtraction
+    of the offset, a product and a sum a vector fewer than (r - r_offset) * ratio added
+    (reference.primitives.join_residual computes the same)."""
 
     def __init__(self, node, arg):
         self.ptr = arg[0]                   # i8*: r, laid out as the result
         self.offset = int(node.r_offset)
-        self.ratio = float(residual_ratio(node))
+        ratio = residual_ratio(node)
+        self.ratio = float(ratio)
+        self.constant = float(residual_constant(self.offset, ratio))
 
     @staticmethod
     def of(k) -> Optional["Residual"]:
@@ -414,18 +421,25 @@ class Residual:
         """The address (i8*) of r's element `element` (i64)."""
         return b.gep(self.ptr, [element])
 
-    def term(self, b, values):
-        """The f32 term of a value (i8) or a vector of them."""
+    def values(self, b, values):
+        """An i8 value or vector of them, as f32."""
         vw = values.type.count if isinstance(values.type, ir.VectorType) else None
         it, ft = (I32, F32) if vw is None else (_vec(I32, vw), _vec(F32, vw))
+        return b.sitofp(b.sext(values, it), ft)
 
-        def const(t, x):
-            return ir.Constant(t, x if vw is None else [x] * vw)
-        shifted = b.sub(b.sext(values, it), const(it, self.offset))
-        return b.fmul(b.sitofp(shifted, ft), const(ft, self.ratio))
+    def join(self, b, sums, mult, values):
+        """fma(values, ratio, fma(sums, mult, constant)): f32 sums (a value or vector, as
+        `mult` and `values`) scaled, with the residual's values joined."""
+        ft = sums.type
+        vw = ft.count if isinstance(ft, ir.VectorType) else None
+        fma = intrinsic(b.module, "llvm.fma." + ("f32" if vw is None else f"v{vw}f32"), ft, [ft] * 3)
 
-    def load_terms(self, b, places, vw: int, whole, masks) -> dict:
-        """{key: the f32 term of the vector of `vw` values at places[key] (an i8* each)}:
+        def const(x):
+            return ir.Constant(ft, x if vw is None else [x] * vw)
+        return b.call(fma, [values, const(self.ratio), b.call(fma, [sums, mult, const(self.constant)])])
+
+    def load_values(self, b, places, vw: int, whole, masks) -> dict:
+        """{key: the vector of `vw` values at places[key] (an i8* each), as f32}:
         plain loads where `whole` (an i1: every lane of every vector is a result), else
         each vector's lanes of masks()[key] (an i1 vector each; the others read nothing,
         so they may lie past the end of r)."""
@@ -448,7 +462,7 @@ class Residual:
             loaded[key] = b.phi(vt)
             loaded[key].add_incoming(plain[key], plain_block)
             loaded[key].add_incoming(masked[key], masked_block)
-        return {key: self.term(b, v) for key, v in loaded.items()}
+        return {key: self.values(b, v) for key, v in loaded.items()}
 
 
 def narrow(b: ir.IRBuilder, vectors: list, bounds=(-128, 127), offset=None, interleave: int = 1):

@@ -240,14 +240,14 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
         sums = {}
 
         def store(i, j, vector):    # requantized, narrowed and stored by pairs of rows
-            term = None
+            joined = None
             if residual is not None:    # its values, where the result block will hold these
                 at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), b.add(n0, i64(j * qs.vw)))])
                 values = b.load(b.bitcast(at, ir.VectorType(I8, qs.vw).as_pointer()))
                 values.align = 1
-                term = residual.term(b, values)
+                joined = (residual, residual.values(b, values))
             sums.setdefault(i, []).append(requantize_for_narrow(
-                b, vector, features(j, mult, F32), exact, y_offset, bounds, term))
+                b, vector, features(j, mult, F32), exact, y_offset, bounds, joined))
         tile_weights = b.gep(weights, [b.mul(tile, i64(geo.groups * lanes.taps * qs.nr))])
         # The next tile's weights, over this tile's blocks of rows (weights_prefetch).
         step = lanes.taps * qs.nr

@@ -494,7 +494,7 @@ def q_product_space(ins, features: str = ""):
     2813 -> 2908, 3925 -> 4001: slower, so not there.  Likewise a convolution storing its
     runs compressed (compresses_runs on a target of these `features`).  (Those 13 sums, from
     a profile, now join their convolutions' requantization before the rounding instead:
-    the rule quantize_conv_residual, residual_terms; what fuses here is a QDQ model's sum,
+    the rule quantize_conv_residual, residual_values; what fuses here is a QDQ model's sum,
     which keeps the product's rounding, and a sum after a 3x3, ResNet-18's.)"""
     if ins.plan.strategy not in QSHAPES:
         return None
@@ -604,14 +604,15 @@ def quantized_product(k: KernelArgs):
                 return splat(b, b.load(b.gep(corr, [b.add(b.mul(mb, i64(geo.mr)), i64(i))])), qs.vw)
 
             rows = {}
-            terms = {}              # the residual's, read when the tile's first vector is stored
+            values = {}             # the residual's, read when the tile's first vector is stored
 
             def store(i, j, sums):   # requantized, narrowed and stored by pairs of rows
                 r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
-                if residual is not None and not terms:
-                    terms.update(residual_terms(b, geo, residual, n, mb, q0, vectors))
+                if residual is not None and not values:
+                    values.update(residual_values(b, geo, residual, n, mb, q0, vectors))
+                joined = (residual, values[(i, j)]) if residual is not None else None
                 rows.setdefault(i, []).append(requantize_for_narrow(
-                    b, sums, b.load(b.gep(mult, [r])), exact, y_offset, bounds, terms.get((i, j))))
+                    b, sums, b.load(b.gep(mult, [r])), exact, y_offset, bounds, joined))
             # The next block's weights, over this block's panels (weights_prefetch; with panels
             # outside, the next block is the next tile's: not spread).
             step = len(geo.taps) * geo.mr
@@ -753,8 +754,8 @@ def store_direct(b, geo: Geometry, v, y, n, m, is_filter, q, epilogue=None):
                     b.store(b.extract_element(v, lane), b.gep(at, [lane]))
 
 
-def residual_terms(b, geo: Geometry, residual: Residual, n, mb, q0, vectors: int) -> dict:
-    """{(i, j): the residual's term (Residual.term) for vector j of row i} of the tile of
+def residual_values(b, geo: Geometry, residual: Residual, n, mb, q0, vectors: int) -> dict:
+    """{(i, j): the residual's values (f32) for vector j of row i} of the tile of
     block mb at plane column q0 (of `vectors` vectors) of image n, in a pointwise
     convolution (Geometry.direct, one group: the columns are the pixels, the rows the
     filters): each vector's values lie at its results' places in r.  Lanes past the last
@@ -773,7 +774,7 @@ def residual_terms(b, geo: Geometry, residual: Residual, n, mb, q0, vectors: int
                   for j in range(vectors)]
         filters = [splat(b, b.icmp_signed("<", b.add(first, i64(i)), i64(geo.m)), vw) for i in range(geo.mr)]
         return {(i, j): b.and_(inside[j], filters[i]) for i in range(geo.mr) for j in range(vectors)}
-    return residual.load_terms(b, places, vw, whole, masks)
+    return residual.load_values(b, places, vw, whole, masks)
 
 
 def banded(geo: Geometry) -> bool:
@@ -891,22 +892,19 @@ class LoopTypes:
         xs = b.sub(b.sext(xv, self.acc), ir.Constant(self.acc, xo))
         b.store(b.add(b.load(acc), b.mul(xs, b.sext(wv, self.acc))), acc)
 
-    def residual_term(self, b, node, residual: Residual, element):
-        """The term of the residual's element `element` (i64) as requantize adds it: in f32
-        for i8 (Residual.term), in f64 for i16 (with the ratio in f64, as the reference's)."""
-        v = b.load(residual.at(b, element))
-        if not self.wide:
-            return residual.term(b, v)
-        shifted = b.sub(b.sext(v, I64), ir.Constant(I64, residual.offset))
-        return b.fmul(b.sitofp(shifted, F64), ir.Constant(F64, float(residual_ratio(node, "i16"))))
-
-    def requantize(self, b, sums, mult, node, residual=None):
+    def requantize(self, b, sums, mult, node, residual=None, element=None):
+        """The requantized sums, with the value of a `residual` (Residual) at `element` (i64)
+        joined: in f32 for i8 (Residual.join), in f64 for i16 (sums * mult + (r - r_offset)
+        * ratio, the ratio in f64, as reference.primitives.join_residual)."""
         bounds = saturation(node, "i16" if self.wide else "i8")
+        value = b.load(residual.at(b, element)) if residual is not None else None
         if not self.wide:
-            return requantize(b, sums, mult, node.offset, bounds=bounds, residual=residual)
+            joined = (residual, residual.values(b, value)) if residual is not None else None
+            return requantize(b, sums, mult, node.offset, bounds=bounds, residual=joined)
         f = b.fmul(b.sitofp(sums, F64), mult)
         if residual is not None:
-            f = b.fadd(f, residual)
+            shifted = b.sub(b.sext(value, I64), ir.Constant(I64, residual.offset))
+            f = b.fadd(f, b.fmul(b.sitofp(shifted, F64), ir.Constant(F64, float(residual_ratio(node, "i16")))))
         f = b.fadd(b.call(intrinsic(b.module, "llvm.roundeven.f64", F64, [F64]), [f]), ir.Constant(F64, float(node.offset)))
         lo, hi = (ir.Constant(F64, float(v)) for v in bounds)
         f = b.select(b.fcmp_ordered(">", f, hi), hi, f)
@@ -945,8 +943,7 @@ def q_conv_loops(k: KernelArgs):
                     wi = b.add(b.mul(b.add(b.mul(b.add(b.mul(mi, i64(cg)), ci), i64(kh)), ky), i64(kw)), kx)
                     lt.sum_into(b, acc, b.load(b.gep(x, [xi])), b.load(b.gep(w, [wi])), xo)
             yi = b.add(b.mul(b.add(b.mul(b.add(b.mul(n, i64(m)), mi), i64(oh)), oy), i64(ow)), ox)
-            term = lt.residual_term(b, node, residual, yi) if residual is not None else None
-            b.store(lt.requantize(b, b.load(acc), mult, node, term), b.gep(y, [yi]))
+            b.store(lt.requantize(b, b.load(acc), mult, node, residual, yi), b.gep(y, [yi]))
 
 
 def q_matmul_loops(k: KernelArgs):
