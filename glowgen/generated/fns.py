@@ -72,45 +72,45 @@ def fn_rnn_reverses(direction, d):
 
 
 def fn_picks_elements(r):
-    """picks_elements(r) = (r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")  (specs/lowerings.glowdef:1425:1)"""
+    """picks_elements(r) = (r.mode == "nearest") and (r.coordinate_transformation_mode != "tf_crop_and_resize")  (specs/lowerings.glowdef:1426:1)"""
     return (rt.eq(r.mode, 'nearest') and rt.ne(r.coordinate_transformation_mode, 'tf_crop_and_resize'))
 
 
 def fn_product_low(p, t):
-    """product_low(p, t) = max(p.low, int_min(t))  (specs/lowerings.glowdef:1457:1)"""
+    """product_low(p, t) = max(p.low, int_min(t))  (specs/lowerings.glowdef:1458:1)"""
     return rt.b_max(p.low, sl.quant.int_min(t))
 
 
 def fn_product_high(p, t):
-    """product_high(p, t) = min(p.high, int_max(t))  (specs/lowerings.glowdef:1458:1)"""
+    """product_high(p, t) = min(p.high, int_max(t))  (specs/lowerings.glowdef:1459:1)"""
     return rt.b_min(p.high, sl.quant.int_max(t))
 
 
 def fn_saturates_at_type(p, t):
-    """saturates_at_type(p, t) = (product_low(p, t) == int_min(t)) and (product_high(p, t) == int_max(t))  (specs/lowerings.glowdef:1459:1)"""
+    """saturates_at_type(p, t) = (product_low(p, t) == int_min(t)) and (product_high(p, t) == int_max(t))  (specs/lowerings.glowdef:1460:1)"""
     return (rt.eq(fn_product_low(p, t), sl.quant.int_min(t)) and rt.eq(fn_product_high(p, t), sl.quant.int_max(t)))
 
 
 def fn_rescaled_bound(v, r):
-    """rescaled_bound(v, r) = rescaled_value(v, r.in_scale, r.in_offset, r.scale, r.offset, r.dtype)  (specs/lowerings.glowdef:1461:1)"""
+    """rescaled_bound(v, r) = rescaled_value(v, r.in_scale, r.in_offset, r.scale, r.offset, r.dtype)  (specs/lowerings.glowdef:1462:1)"""
     return sl.quant.rescaled_value(v, r.in_scale, r.in_offset, r.scale, r.offset, r.dtype)
 
 
 def fn_low_or_none(lo, t):
-    """low_or_none(lo, t) = lo if lo > int_min(t) else -2147483648  (specs/lowerings.glowdef:1462:1)"""
+    """low_or_none(lo, t) = lo if lo > int_min(t) else -2147483648  (specs/lowerings.glowdef:1463:1)"""
     return (lo if rt.gt(lo, sl.quant.int_min(t)) else rt.neg(2147483648))
 
 
 def fn_high_or_none(hi, t):
-    """high_or_none(hi, t) = hi if hi < int_max(t) else 2147483647  (specs/lowerings.glowdef:1463:1)"""
+    """high_or_none(hi, t) = hi if hi < int_max(t) else 2147483647  (specs/lowerings.glowdef:1464:1)"""
     return (hi if rt.lt(hi, sl.quant.int_max(t)) else 2147483647)
 
 
 def fn_rescaled_low(v, r):
-    """rescaled_low(v, r) = low_or_none(rescaled_bound(v, r), r.dtype)  (specs/lowerings.glowdef:1464:1)"""
+    """rescaled_low(v, r) = low_or_none(rescaled_bound(v, r), r.dtype)  (specs/lowerings.glowdef:1465:1)"""
     return fn_low_or_none(fn_rescaled_bound(v, r), r.dtype)
 
 
 def fn_rescaled_high(v, r):
-    """rescaled_high(v, r) = high_or_none(rescaled_bound(v, r), r.dtype)  (specs/lowerings.glowdef:1465:1)"""
+    """rescaled_high(v, r) = high_or_none(rescaled_bound(v, r), r.dtype)  (specs/lowerings.glowdef:1466:1)"""
     return fn_high_or_none(fn_rescaled_bound(v, r), r.dtype)
