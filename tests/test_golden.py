@@ -693,6 +693,15 @@ _QUANTIZATION_CASES = {
         "  %y = Max(%x, %k) : i8[2, 3] q(0.02, -128)\n"), {"x": _QX}, lambda f: {"y": f["x"]}),
     "quantized_conv_in_float": dict(text_case(_qtext(_QCONV + "  %y = Dequantize(%q) {in_scale = 0.05, in_offset = 2} : f32[1, 2, 2, 2]\n"),
         {"x": _QCX}, lambda f: {"y": _dq(_q8(_qconv_float(f["x"]), 0.05, 2), 0.05, 2)}), rtol=0.0, atol=0.051),
+    # With a residual: its dequantized value added to the float product before the Quantize.
+    "quantized_conv_in_float.residual": dict(text_case(_qtext(
+        "  input %r: i8[1, 2, 2, 2] q(0.03, 1)\n" + _QCONV.replace(
+            "%q = QuantizedConv(%x, %w, %ws, %b) {scale = 0.05, offset = 2}",
+            "%q = QuantizedConv(%x, %w, %ws, %b, %r) {scale = 0.05, offset = 2, r_scale = 0.03, r_offset = 1}")
+        + "  %y = Dequantize(%q) {in_scale = 0.05, in_offset = 2} : f32[1, 2, 2, 2]\n"),
+        {"x": _QCX, "r": _QCR},
+        lambda f: {"y": _dq(_q8(_qconv_float(f["x"]) + _dq(f["r"], 0.03, 1), 0.05, 2), 0.05, 2)}),
+        rtol=0.0, atol=0.051),
     "quantized_matmul_in_float": dict(text_case(_qtext(_QMATMUL + "  %y = Dequantize(%q) {in_scale = 0.05, in_offset = -3} : f32[2, 4]\n"),
         {"x": _QX}, lambda f: {"y": _dq(_q8(_qmatmul_float(f["x"]), 0.05, -3), 0.05, -3)}), rtol=0.0, atol=0.051),
     # onnxruntime's QDQ form: a u8 pair becomes an i8 quantized type (offset moved by 128).
