@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from glowgen.backends.cpu.kernels import qlanes
+from glowgen.errors import GlowgenError
 from glowgen.backends.cpu.kernels.qlinalg import Geometry
 from glowgen.backends.cpu.qgemm import QShape
 from test_int8_kernels import _compile, _dense, _shape, multipliers, ref_conv
@@ -152,12 +153,13 @@ def test_cases_take_both_layouts_of_the_host_product():
     assert kinds == {True, False}
 
 
-def test_residual_of_another_shape_is_refused():
+def test_residual_of_another_shape_or_quantization_is_refused():
     rng = np.random.default_rng(1)
     text, _, _, _ = residual_case(rng, 1, 8, 4, 4, 8, None)
-    text = text.replace("input %r: i8[1, 8, 4, 4]", "input %r: i8[1, 8, 4, 5]")
-    with pytest.raises(Exception, match="residual must have the result's shape"):
-        _compile(text, None, 1)
+    with pytest.raises(GlowgenError, match="residual must have the result's shape"):
+        _compile(text.replace("input %r: i8[1, 8, 4, 4]", "input %r: i8[1, 8, 4, 5]"), None, 1)
+    with pytest.raises(GlowgenError, match="residual must be quantized with r_scale and r_offset"):
+        _compile(text.replace("r_offset = -7", "r_offset = -6"), None, 1)
 
 
 def test_a_qdq_model_keeps_its_rounding_of_the_product():
