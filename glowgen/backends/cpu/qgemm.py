@@ -329,10 +329,7 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128
 
     if corr is not None:
         sums = b.add(sums, lanes(corr))
-    if residual is None:
-        f = b.fmul(b.sitofp(sums, ft), lanes(mult))
-    else:
-        f = residual[0].join(b, b.sitofp(sums, ft), lanes(mult), residual[1])
+    f = scaled_sums(b, b.sitofp(sums, ft), lanes(mult), residual)
     rnd = intrinsic(b.module, "llvm.roundeven." + ("f32" if vw is None else f"v{vw}f32"), ft, [ft])
     f = b.fadd(b.call(rnd, [f]), const(float(offset)) if isinstance(offset, int) else lanes(offset))
     lo, hi = const(float(bounds[0])), const(float(bounds[1]))
@@ -340,6 +337,15 @@ def requantize(b: ir.IRBuilder, sums, mult, offset: int, corr=None, bounds=(-128
     f = b.select(b.fcmp_ordered("<", f, lo), lo, f)
     r = b.fptosi(f, it)
     return r if wide else b.trunc(r, qt)
+
+
+def scaled_sums(b: ir.IRBuilder, sums, mult, residual=None):
+    """f32 sums times mult (values or vectors alike), or with a residual (Residual, its
+    values as f32) joined to them: requantize's and requantize_unsaturated's value before
+    the rounding."""
+    if residual is None:
+        return b.fmul(sums, mult)
+    return residual[0].join(b, sums, mult, residual[1])
 
 
 # |sums * mult| below this converts to i32 exactly with room for the offset: the
@@ -367,10 +373,7 @@ def requantize_unsaturated(b: ir.IRBuilder, sums, mult, residual=None):
     vw = sums.type.count
     ft = _vec(F32, vw)
     mult = mult if isinstance(mult.type, ir.VectorType) else splat(b, mult, vw)
-    if residual is None:
-        f = b.fmul(b.sitofp(sums, ft), mult)
-    else:
-        f = residual[0].join(b, b.sitofp(sums, ft), mult, residual[1])
+    f = scaled_sums(b, b.sitofp(sums, ft), mult, residual)
     # vcvtps2dq in place of vroundps and vcvttps2dq: MobileNetV2's int8 kernels at
     # x86-64-v3, 1 thread, the sum of their fastest-of-150 cycles: 11187 -> 10913 kcycles.
     return round_to_i32(b, f)
@@ -404,18 +407,19 @@ class Residual:
         self.constant = float(residual_constant(self.offset, ratio))
 
     @staticmethod
+    def present(node) -> bool:
+        """Whether `node` is a QuantizedConv with a residual (its fifth operand)."""
+        return node is not None and node.OP == "QuantizedConv" and len(node.inputs) > 4 and node.inputs[4] is not None
+
+    @staticmethod
     def of(k) -> Optional["Residual"]:
         """The residual of the kernel's QuantizedConv (KernelArgs k), or None."""
-        if k.node.OP != "QuantizedConv" or len(k.ins) < 5 or k.ins[4] is None:
-            return None
-        return Residual(k.node, k.ins[4])
+        return Residual(k.node, k.ins[4]) if Residual.present(k.node) else None
 
     @staticmethod
     def bound(node) -> float:
         """The largest magnitude of a `node`'s residual term (0 without one)."""
-        if node is None or node.OP != "QuantizedConv" or len(node.inputs) < 5 or node.inputs[4] is None:
-            return 0.0
-        return 255.0 * float(residual_ratio(node))
+        return 255.0 * float(residual_ratio(node)) if Residual.present(node) else 0.0
 
     def at(self, b, element):
         """The address (i8*) of r's element `element` (i64)."""
