@@ -205,10 +205,11 @@ def test_requantization_out_of_i32_range(cpu):
 
 
 # VNNI's tiles of one-tap products in the lanes broadcast up to 14 rows a block
-# (qlanes.LANES_ROWS), products of several taps 10: 49 pixels in 14, 14, 14 and 7 (or four
-# blocks of 10 and one of 9), 196 in 14 blocks of 14, 81 in 5 of 14 and one of 11.  The
-# sums are exact where the host has VNNI.
-ROW_BLOCKS = [((1, 520, 7, 7, 64, 1), (14, 7)),
+# (qlanes.LANES_ROWS), products of several taps 10: 49 pixels in 13, 13, 13 and 10 (as
+# few rows and blocks as 14, 14, 14 and 7, the last block larger; or four blocks of 10 and
+# one of 9), 196 in 14 blocks of 14, 81 in 5 of 14 and one of 11.  The sums are exact where
+# the host has VNNI.
+ROW_BLOCKS = [((1, 520, 7, 7, 64, 1), (13, 10)),
               ((1, 1024, 14, 14, 64, 1), (14, 14)),
               ((2, 600, 9, 9, 96, 1), (14, 11)),
               ((1, 64, 7, 7, 64, 3, (1, 1), (1, 1, 1, 1)), (10, 9))]

@@ -16,7 +16,8 @@ Mpad x 4 bytes to the next k: MobileNetV2's int8 classifier (1280 -> 1000, one r
 4 KB, a page, per read, and took 0.168 ms, 7.6 GB/s of weights.  A tile is `mr` rows by NV
 vectors of features, the last block of rows perhaps fewer (a tile of its own), `mr` and
 that last block chosen to compute few rows past the last in few blocks (ROW_BLOCK_COST):
-49 pixels as 12 blocks of 4 and one of 1 on AVX2, as 7 of 7 with VNNI.  With VNNI the
+49 pixels as 12 blocks of 4 and one of 1 on AVX2, with VNNI as 13, 13, 13 and 10 for a
+1x1 convolution (LANES_ROWS) and 10, 10, 10, 10 and 9 for a 3x3.  With VNNI the
 broadcast activations are the u8 operand of `vpdpbusd` and the weights the s8 one; the +128
 of the activations folds into a per-feature correction as in qgemm.pack_epilogue.  The packed
 constant: weights, then per feature the i32 correction and the f32 multiplier, then the
@@ -98,8 +99,14 @@ class Lanes:
     def __init__(self, geo, qs: QShape):
         self.geo, self.qs = geo, qs
         self.rows = geo.oh * geo.ow if geo.conv else geo.rows
+        # Of blockings that cost the same, the one whose last block has the most rows: that
+        # tile's sums are the more independent chains to hide the products' latency behind.
+        # VNNI's 49 pixels (a 7x7 image) in blocks of 13, 13, 13 and 10, not 14, 14, 14 and
+        # 7: Emerald Rapids, alternating in one process, per-step minima of 200 runs, the 1x1s
+        # of ResNet-50 at 7x7 (the stride-2 2048 from 1024, three 2048 from 512, two 512 from
+        # 2048) -9.3, -2.8, -2.0, -2.8, -3.3, -5.5 us at one thread, -10.1, -4.1, -3.4 at two.
         self.mr, self.tail_rows = min(_row_blockings(self.rows, most_rows(geo, qs), least=qs.mr - 3),
-                                      key=lambda p: (_blocking_cost(self.rows, *p), p[1] != p[0]))
+                                      key=lambda p: (_blocking_cost(self.rows, *p), p[1] != p[0], -p[1]))
         self.row_blocks = _ceil(self.rows, self.mr)
         self.tiles = _ceil(geo.m, qs.nr)
         self.npad = self.tiles * qs.nr
