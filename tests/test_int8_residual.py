@@ -32,13 +32,14 @@ X_Q, R_Q, Y_Q = (0.02, 3), (0.031, -7), (0.047, -20)
 # last vector partly past them), 20 filters (the last block of rows half padding); two images
 # of 117; 28 x 28 from 32 in whole tiles; 7 x 7 and 5 x 5 from 512 channels, and 6 pixels,
 # which the int8 products compute with the features in the lanes (qlanes): rows of 49 and
-# 25 pixels (blocks of 16, the last overlapping, and the rest a byte at a time in
-# read_residual), of 6 (a byte at a time only).
+# 25 pixels (in read_residual and write_conv_out blocks of 16 pixels, the last overlapping,
+# by 16 features where the host has AVX-512 VBMI, then by 4: 102 features as 96, 4 and 2 a
+# byte at a time), of 6 (a byte at a time only).
 CASES = [
     (1, 16, 10, 10, 20, None),
     (2, 24, 9, 13, 16, (-20, 127)),
     (1, 32, 28, 28, 64, None),
-    (1, 512, 7, 7, 98, (-20, 127)),
+    (1, 512, 7, 7, 102, (-20, 127)),
     (2, 512, 5, 5, 64, (-30, 40)),
     (1, 16, 2, 3, 40, None),
 ]
