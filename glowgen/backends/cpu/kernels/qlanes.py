@@ -344,9 +344,10 @@ def _blocks_by_sixteen(b, rows: int, width: int, m_lo, m_hi, r_lo, r_hi, block, 
 def _transposes_by_sixteen(b) -> bool:
     """Whether the transposing copies take blocks of 16 features by 16 pixels (_transpose_16:
     two-source byte shuffles, one instruction each with AVX-512 VBMI) before their blocks of
-    4 by 16 (sixteen 32-bit loads or stores and one byte shuffle a block, which took about
-    2% of ResNet-50's int8 time: Emerald Rapids, one thread, per-step minima, 13.20 ms with
-    the copies, 12.89 without)."""
+    4 by 16 (sixteen 32-bit loads or stores and one byte shuffle a block).  Emerald Rapids,
+    one thread, alternating in one process, sums of per-step minima of ResNet-50 int8: with
+    no copies at all (wrong results) 12.89 ms against 13.20; blocks of 16 x 16 13.25 ->
+    13.07 ms (its three 7x7 1x1s with residuals -19 us each), at two threads 7.10 -> 7.04."""
     return target_has(b.module, "avx512vbmi")
 
 
@@ -359,9 +360,9 @@ def _transpose_16(b, runs: list) -> list:
     """16 runs of 16 bytes (run i, byte j) -> the 16 runs of their transpose (run j, byte i):
     the runs four to a 64-byte vector (z[k] byte 16 * t + j: run 4k + t, byte j), then two
     rounds of four two-source byte shuffles (vpermt2b): the first gathers eight rows by eight
-    columns (a[h], rows 0..7 from z[0], z[1], and c[h], rows 8..15 from z[2], z[3], byte
-    8 * c + i: row i of column 8h + c), the second four columns of all sixteen rows (o[j]
-    byte 16 * t + i: row i of column 4j + t)."""
+    columns (top[h], rows 0..7 from z[0], z[1], and bottom[h], rows 8..15 from z[2], z[3],
+    byte 8 * c + i: row i of column 8h + c), the second four columns of all sixteen rows
+    (o byte 16 * t + i: row i of column 4j + t)."""
     def join(four):
         low = b.shuffle_vector(four[0], four[1], _indices(range(32)))
         high = b.shuffle_vector(four[2], four[3], _indices(range(32)))
@@ -371,12 +372,12 @@ def _transpose_16(b, runs: list) -> list:
     def eight_by_eight(first, second, h):   # rows 0..7 of the pair, columns 8h..8h + 7
         return b.shuffle_vector(first, second, _indices(
             64 * (i // 4) + 16 * (i % 4) + 8 * h + c for c in range(8) for i in range(8)))
-    a = [eight_by_eight(z[0], z[1], h) for h in (0, 1)]
-    c = [eight_by_eight(z[2], z[3], h) for h in (0, 1)]
+    top = [eight_by_eight(z[0], z[1], h) for h in (0, 1)]
+    bottom = [eight_by_eight(z[2], z[3], h) for h in (0, 1)]
     out = []
     for j in range(4):
         h, first = divmod(j, 2)
-        o = b.shuffle_vector(a[h], c[h], _indices(
+        o = b.shuffle_vector(top[h], bottom[h], _indices(
             (0 if i < 8 else 64) + 8 * (4 * first + t) + i % 8 for t in range(4) for i in range(16)))
         out += [b.shuffle_vector(o, ir.Constant(o.type, ir.Undefined), _indices(range(16 * t, 16 * t + 16)))
                 for t in range(4)]
