@@ -35,6 +35,7 @@ from ....errors import UnsupportedError
 from ....reference.primitives import saturation
 from ..llvmutil import F32, I8, I32, for_range, i64, target_has
 from ..parallel import for_claimed
+from ..vectors import join_vectors
 from ..qgemm import (PackedConstants, QShape, Residual, emit_tile, narrowed_rows, pack_epilogue, pack_offsets,
                      products_in_range, requantize_for_narrow, weights_prefetch)
 
@@ -249,7 +250,7 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
         def store(i, j, vector):    # requantized, narrowed and stored by pairs of rows
             joined = None
             if residual is not None:    # its values, where the result block will hold these
-                at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), b.add(n0, i64(j * qs.vw)))])
+                at = _result_at(b, ys, stride, b.add(r0, i64(i)), b.add(n0, i64(j * qs.vw)))
                 values = b.load(b.bitcast(at, ir.VectorType(I8, qs.vw).as_pointer()))
                 values.align = 1
                 joined = (residual, residual.values(b, values))
@@ -264,7 +265,7 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
                   tile_weights, step, store, name="lq", rows=rows,
                   broadcast_u8=True, a_at=a_at, init=lambda i, j: features(j, corr, I32), prefetch=ahead)
         for i, run in narrowed_rows(b, qs, [sums[i] for i in range(rows)], exact, bounds, y_offset_i32):
-            at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(i)), i64(stride)), n0)])
+            at = _result_at(b, ys, stride, b.add(r0, i64(i)), n0)
             st = b.store(run, b.bitcast(at, run.type.as_pointer()))
             st.align = 1
 
@@ -307,7 +308,7 @@ def emit(b, k, geo, qs: QShape, build_plane, exact: bool, pixels: bool, own_plan
                 write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi)
             else:               # y[row, m] = ys[row][m]
                 with for_range(b, r_hi, start=r_lo, name="lp") as r, for_range(b, m_hi, start=m_lo, name="lm") as m:
-                    v = b.load(b.gep(ys, [b.add(b.mul(r, i64(stride)), m)]))
+                    v = b.load(_result_at(b, ys, stride, r, m))
                     b.store(v, b.gep(y, [b.add(b.mul(r, i64(geo.m)), m)]))
 
         claims = k.claim_words()          # tasks claiming tiles as they go (qlinalg.claims_work)
@@ -362,12 +363,9 @@ def _transpose_16(b, runs: list) -> list:
     rounds of four two-source byte shuffles (vpermt2b): the first gathers eight rows by eight
     columns (top[h], rows 0..7 from z[0], z[1], and bottom[h], rows 8..15 from z[2], z[3],
     byte 8 * c + i: row i of column 8h + c), the second four columns of all sixteen rows
-    (o byte 16 * t + i: row i of column 4j + t)."""
-    def join(four):
-        low = b.shuffle_vector(four[0], four[1], _indices(range(32)))
-        high = b.shuffle_vector(four[2], four[3], _indices(range(32)))
-        return b.shuffle_vector(low, high, _indices(range(64)))
-    z = [join(runs[4 * k:4 * k + 4]) for k in range(4)]
+    (o byte 16 * t + i: row i of column 4j + t).  (vectors.transpose_block on the sixteen
+    runs themselves would take 64 shuffles of 16 bytes, here 8 of 64 and 12 joins.)"""
+    z = [join_vectors(b, runs[4 * k:4 * k + 4]) for k in range(4)]
 
     def eight_by_eight(first, second, h):   # rows 0..7 of the pair, columns 8h..8h + 7
         return b.shuffle_vector(first, second, _indices(
@@ -395,6 +393,11 @@ def _store_run(b, run, at):
     st.align = 1
 
 
+def _result_at(b, ys, stride: int, p, m):
+    """Feature m of pixel p in the result block ys, rows `stride` bytes apart."""
+    return b.gep(ys, [b.add(b.mul(p, i64(stride)), m)])
+
+
 def read_residual(b, geo, lanes, r, ys, n, m_lo, m_hi, r_lo, r_hi):
     """Features m_lo..m_hi of pixels r_lo..r_hi of image n of a residual r (N, M, pixels; i8)
     into the result block [rows][Mpad + 64], transposed: write_conv_out's copy the other
@@ -410,26 +413,21 @@ def read_residual(b, geo, lanes, r, ys, n, m_lo, m_hi, r_lo, r_hi):
     def block16(m, p0):
         runs = _transpose_16(b, [_load_run(b, at_r(b.add(m, i64(f)), p0)) for f in range(16)])
         for p in range(OUT_PIXELS):
-            _store_run(b, runs[p], b.gep(ys, [b.add(b.mul(b.add(p0, i64(p)), i64(stride)), m)]))
+            _store_run(b, runs[p], _result_at(b, ys, stride, b.add(p0, i64(p)), m))
 
     def block(m, p0):
-        runs = [_load_run(b, at_r(b.add(m, i64(f)), p0)) for f in range(4)]
-        pairs = [b.shuffle_vector(runs[i], runs[i + 1], ir.Constant(ir.VectorType(I32, 2 * OUT_PIXELS),
-                                                                    list(range(2 * OUT_PIXELS))))
-                 for i in (0, 2)]
-        joined = b.shuffle_vector(pairs[0], pairs[1], ir.Constant(ir.VectorType(I32, 4 * OUT_PIXELS),
-                                                                  list(range(4 * OUT_PIXELS))))
+        joined = join_vectors(b, [_load_run(b, at_r(b.add(m, i64(f)), p0)) for f in range(4)])
         words = b.bitcast(b.shuffle_vector(joined, ir.Constant(bytes64, ir.Undefined), order),
                           ir.VectorType(I32, OUT_PIXELS))
         for p in range(OUT_PIXELS):
-            at = b.gep(ys, [b.add(b.mul(b.add(p0, i64(p)), i64(stride)), m)])
+            at = _result_at(b, ys, stride, b.add(p0, i64(p)), m)
             st = b.store(b.extract_element(words, i64(p)), b.bitcast(at, I32.as_pointer()))
             st.align = 1
     if _transposes_by_sixteen(b):
         m_lo = _blocks_by_sixteen(b, rows, 16, m_lo, m_hi, r_lo, r_hi, block16, "r")
     m_mid = _blocks_by_sixteen(b, rows, 4, m_lo, m_hi, r_lo, r_hi, block, "r")
     with for_range(b, m_hi, start=m_mid, name="rm") as m, for_range(b, r_hi, start=r_lo, name="rp") as p:
-        b.store(b.load(at_r(m, p)), b.gep(ys, [b.add(b.mul(p, i64(stride)), m)]))
+        b.store(b.load(at_r(m, p)), _result_at(b, ys, stride, p, m))
 
 
 def write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi):
@@ -438,8 +436,8 @@ def write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi):
     target transposes them (_transposes_by_sixteen: sixteen runs of 16 bytes each way), then
     of 4 features, sixteen 32-bit loads and one byte shuffle into four runs of 16 bytes (the
     last block of a run overlapping the one before; the features past the last multiple of
-    4, and all of them when the task has fewer than 16 pixels, a byte at a time).  A byte at a time throughout,
-    the copy took 85 of 585 us of ResNet-50's 512 -> 1024 1x1 at 14x14 (onnxruntime: 470)."""
+    4, and all of them when the task has fewer than 16 pixels, a byte at a time).  A byte at
+    a time throughout, the copy took 85 of 585 us of ResNet-50's 512 -> 1024 1x1 at 14x14 (onnxruntime: 470)."""
     rows, stride = lanes.rows, lanes.ys_stride
     at_y = lambda m, r: b.gep(y, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(rows)), r)])  # noqa: E731
     i32v, bytes64 = ir.VectorType(I32, OUT_PIXELS), ir.VectorType(I8, 4 * OUT_PIXELS)
@@ -447,7 +445,7 @@ def write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi):
     order = ir.Constant(ir.VectorType(I32, 4 * OUT_PIXELS), [4 * p + f for f in range(4) for p in range(OUT_PIXELS)])
 
     def block16(m, r0):
-        runs = _transpose_16(b, [_load_run(b, b.gep(ys, [b.add(b.mul(b.add(r0, i64(p)), i64(stride)), m)]))
+        runs = _transpose_16(b, [_load_run(b, _result_at(b, ys, stride, b.add(r0, i64(p)), m))
                                  for p in range(OUT_PIXELS)])
         for f in range(16):
             _store_run(b, runs[f], at_y(b.add(m, i64(f)), r0))
@@ -455,7 +453,7 @@ def write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi):
     def block(m, r0):
         v = ir.Constant(i32v, ir.Undefined)
         for p in range(OUT_PIXELS):
-            at = b.gep(ys, [b.add(b.mul(b.add(r0, i64(p)), i64(stride)), m)])
+            at = _result_at(b, ys, stride, b.add(r0, i64(p)), m)
             word = b.load(b.bitcast(at, I32.as_pointer()))
             word.align = 1
             v = b.insert_element(v, word, i64(p))
@@ -468,4 +466,4 @@ def write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi):
         m_lo = _blocks_by_sixteen(b, rows, 16, m_lo, m_hi, r_lo, r_hi, block16, "l")
     m_mid = _blocks_by_sixteen(b, rows, 4, m_lo, m_hi, r_lo, r_hi, block, "l")
     with for_range(b, m_hi, start=m_mid, name="lm") as m, for_range(b, r_hi, start=r_lo, name="lp") as r:
-        b.store(b.load(b.gep(ys, [b.add(b.mul(r, i64(stride)), m)])), at_y(m, r))
+        b.store(b.load(_result_at(b, ys, stride, r, m)), at_y(m, r))
