@@ -310,8 +310,8 @@ def fill(b, dst, count: int, value: int) -> None:
 def copy_bytes(b, src, dst, count: int, flip: bool) -> None:
     """dst[0:count] = src[0:count] (each byte's top bit flipped, for `flip`: i8 -> the u8 of
     x + 128; widened, for dst's i16 values), in vectors of COPY bytes, the last of them
-    overlapping the one before when count is not a multiple; a shorter run in vectors of
-    16, 8, ... bytes."""
+    overlapping the one before when count is not a multiple; a shorter run in two vectors
+    of the largest power of two it holds, overlapping."""
     wide = dst.type.pointee == I16
 
     def move(at: int, size: int, index=None):
@@ -337,9 +337,10 @@ def copy_bytes(b, src, dst, count: int, flip: bool) -> None:
         if count % COPY:
             move(count - COPY, COPY)
         return
-    at, size = 0, COPY // 2
-    while at < count:
-        while size > count - at:
-            size //= 2
-        move(at, size)
-        at += size
+    # Two moves of the largest power of two that fits, the second ending at the last byte
+    # (overlapping the first), in place of one move per set bit of count: a 14-byte row in
+    # 2 where it took 3 (8, 4 and 2).
+    size = 1 << (count.bit_length() - 1)
+    move(0, size)
+    if count > size:
+        move(count - size, size)
