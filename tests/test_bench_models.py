@@ -25,11 +25,16 @@ CASES = [(name, False) for name in BENCH] + [(name, True) for name in ("resnet50
 # compiles is the folded models' graph, which runs on it below (20 s of the suite).
 RUNS = [(name, bn, backend) for name, bn in CASES for backend in ("interpreter", "cpu")
         if not (bn and backend == "cpu")]
+# The ResNets on cpu compile twice (two threads and one), 20 s each: `slow` (CI runs them
+# after the suite); ResNet-50's float cpu build meets onnxruntime in the suite in
+# test_runtime too.
+SLOW_RUNS = {("resnet50", False, "cpu"), ("resnet18", False, "cpu")}
 
 
 @pytest.mark.bench_models
-@pytest.mark.parametrize("name,bn,backend", RUNS,
-                         ids=[f"{n}-{'keep_bn' if b else 'folded_bn'}-{k}" for n, b, k in RUNS])
+@pytest.mark.parametrize("name,bn,backend", [
+    pytest.param(*run, marks=[pytest.mark.slow] if run in SLOW_RUNS else [],
+                 id=f"{run[0]}-{'keep_bn' if run[1] else 'folded_bn'}-{run[2]}") for run in RUNS])
 def test_bench_model_matches_onnxruntime(name, bn, backend):
     directory = require_bench_dir(bn)
     manifest = json.loads((directory / "manifest.json").read_text())[name]
