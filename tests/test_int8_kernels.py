@@ -765,3 +765,44 @@ def test_qdq_depthwise_bundle_matches_jit(tmp_path):
     assert max(s.parts for s in bundle.program.plan.steps) == 2
     got = run_bundle(build(bundle), bundle.program, x, tmp_path)
     assert got["y"].tobytes() == glowgen.compile(path, threads=1).run(x)["y"].tobytes()
+
+
+def test_depthwise_row_copies_every_length():
+    """qdepthwise.copy_bytes, the depthwise kernel's copies of input rows into its plane and
+    of result rows into y, for every row length from 1 to 3 COPY vectors: byte for byte the
+    source (its top bits flipped for `flip`, widened to i16 for an i16 destination), and not
+    a byte written before or past the row (a row shorter than COPY is two moves, the second
+    overlapping the first)."""
+    import ctypes
+
+    from llvmlite import ir
+
+    from glowgen.backends.cpu.jit import JitFunction
+    from glowgen.backends.cpu.kernels.qdepthwise import COPY, copy_bytes
+    from glowgen.backends.cpu.llvmutil import I8, I16
+    from glowgen.backends.cpu.target import resolve_cpu
+
+    counts = range(1, 3 * COPY + 1)
+    kinds = [(False, I8), (True, I8), (True, I16)]     # (flip, destination element)
+    mod = ir.Module(name="t_copy_bytes")
+    for count in counts:
+        for k, (flip, elem) in enumerate(kinds):
+            fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [I8.as_pointer(), elem.as_pointer()]),
+                             name=f"copy_{count}_{k}")
+            b = ir.IRBuilder(fn.append_basic_block("entry"))
+            copy_bytes(b, fn.args[0], fn.args[1], count, flip)
+            b.ret_void()
+    jit = JitFunction(str(mod), "copy_1_0", cpu=resolve_cpu())
+    proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+    rng = np.random.default_rng(3)
+    src = rng.integers(-128, 128, 3 * COPY + 16, dtype=np.int8)
+    for count in counts:
+        for k, (flip, elem) in enumerate(kinds):
+            fn = proto(jit.engine.get_function_address(f"copy_{count}_{k}"))
+            dtype = np.int16 if elem == I16 else np.int8
+            guard = 8                                  # elements each side of the row
+            dst = np.full(count + 2 * guard, 77, dtype)
+            fn(src.ctypes.data, dst.ctypes.data + guard * dst.itemsize)
+            want = src[:count] ^ np.int8(-128) if flip else src[:count]
+            assert np.array_equal(dst[guard:guard + count], want.astype(dtype)), (count, flip, elem)
+            assert (dst[:guard] == 77).all() and (dst[guard + count:] == 77).all(), (count, flip, elem)
