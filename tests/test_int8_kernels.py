@@ -278,10 +278,11 @@ def test_uneven_blocks_split_by_pixels(case, cpu):
         np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{cpu} {threads} threads")
 
 # 1x1 convolutions at stride 1 whose plane interleaves whole channel rows
-# (qplanes.interleave_channels): pixels in steps of 64, of 16, and one at a time.
-INTERLEAVED = [(1, 24, 13, 11, 40, 1),      # 143 pixels: 2 x 64 + 15 single
-               (1, 16, 20, 20, 96, 1),      # 400: 6 x 64 + 16
-               (1, 64, 7, 7, 72, 1),        # 49: 3 x 16 + 1 (features in the lanes with VNNI)
+# (qplanes.interleave_channels): pixels in steps of 64 (32 with AVX-512 VBMI), of 16, and
+# one at a time.
+INTERLEAVED = [(1, 24, 13, 11, 40, 1),      # 143 pixels: 2 x 64 + 15 single (VBMI: 4 x 32 + 15)
+               (1, 16, 20, 20, 96, 1),      # 400: 6 x 64 + 16 (12 x 32 + 16)
+               (1, 64, 7, 7, 72, 1),        # 49: 3 x 16 + 1 (32 + 16 + 1; features in the lanes with VNNI)
                (1, 40, 16, 16, 8, 1),       # 256: 4 x 64
                (1, 64, 30, 30, 64, 1)]      # 900: 14 x 64 + 4; split, its plane built in shares
 SPLIT_INTERLEAVED = {len(INTERLEAVED) - 1}
