@@ -227,7 +227,7 @@ def _plane_columns(b, geo: Geometry, x, rows, dst, pad_value, x_lo, x_hi, inside
 # Pixels a step of interleave_channels takes from each of its G channels: 64, or with
 # AVX-512 VBMI 32, where LLVM joins the four channels' runs two by two (a 32-byte load and
 # one inserted) and deals each 64-byte result with one two-source byte shuffle (`vpermt2b`):
-# 2 shuffles a 32 pixels, where 64 pixels took 8 and 4 blends.  ResNet-50 int8, Emerald
+# 2 shuffles for 32 pixels, where 64 pixels took 8 and 4 blends.  ResNet-50 int8, Emerald
 # Rapids, one thread, alternating in one process: its interleaved planes' steps 2-4 us
 # faster each (the 256 -> 64 1x1s at 56 x 56 -4.0, -4.3), the per-step sum -46 us; the
 # AVX2 code (x86-64-v3), whose shuffles stay within 16-byte lanes, measured the same either
