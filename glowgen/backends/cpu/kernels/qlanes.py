@@ -409,6 +409,11 @@ def _result_at(b, ys, stride: int, p, m):
     return b.gep(ys, [b.add(b.mul(p, i64(stride)), m)])
 
 
+def _image_at(b, t, geo, rows: int, n, m, p):
+    """Feature m of pixel p of image n in t (N, M, pixels; i8): y, or a residual."""
+    return b.gep(t, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(rows)), p)])
+
+
 def read_residual(b, geo, lanes, r, ys, n, m_lo, m_hi, r_lo, r_hi):
     """Features m_lo..m_hi of pixels r_lo..r_hi of image n of a residual r (N, M, pixels; i8)
     into the result block [rows][Mpad + 64], transposed: write_conv_out's copy the other
@@ -416,10 +421,10 @@ def read_residual(b, geo, lanes, r, ys, n, m_lo, m_hi, r_lo, r_hi):
     (_transposes_by_sixteen), then of 4 features (four runs of 16 bytes, one byte shuffle,
     sixteen 32-bit stores), the rest a byte at a time."""
     rows, stride = lanes.rows, lanes.ys_stride
-    at_r = lambda m, p: b.gep(r, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(rows)), p)])  # noqa: E731
+    at_r = lambda m, p: _image_at(b, r, geo, rows, n, m, p)  # noqa: E731
     bytes64 = ir.VectorType(I8, 4 * OUT_PIXELS)
     # Byte 16 * f + p of the runs (feature f, pixel p) to byte 4 * p + f.
-    order = ir.Constant(ir.VectorType(I32, 4 * OUT_PIXELS), [16 * f + p for p in range(OUT_PIXELS) for f in range(4)])
+    order = _indices(16 * f + p for p in range(OUT_PIXELS) for f in range(4))
 
     def block16(m, p0):
         runs = _transpose_16(b, [_load_run(b, at_r(b.add(m, i64(f)), p0)) for f in range(16)])
@@ -448,12 +453,13 @@ def write_conv_out(b, geo, lanes, ys, y, n, m_lo, m_hi, r_lo, r_hi):
     of 4 features, sixteen 32-bit loads and one byte shuffle into four runs of 16 bytes (the
     last block of a run overlapping the one before; the features past the last multiple of
     4, and all of them when the task has fewer than 16 pixels, a byte at a time).  A byte at
-    a time throughout, the copy took 85 of 585 us of ResNet-50's 512 -> 1024 1x1 at 14x14 (onnxruntime: 470)."""
+    a time throughout, the copy took 85 of 585 us of ResNet-50's 512 -> 1024 1x1 at 14x14
+    (onnxruntime: 470)."""
     rows, stride = lanes.rows, lanes.ys_stride
-    at_y = lambda m, r: b.gep(y, [b.add(b.mul(b.add(b.mul(n, i64(geo.m)), m), i64(rows)), r)])  # noqa: E731
+    at_y = lambda m, r: _image_at(b, y, geo, rows, n, m, r)  # noqa: E731
     i32v, bytes64 = ir.VectorType(I32, OUT_PIXELS), ir.VectorType(I8, 4 * OUT_PIXELS)
     # Byte 4 * p + f of the loads (pixel p, feature f) to byte 16 * f + p.
-    order = ir.Constant(ir.VectorType(I32, 4 * OUT_PIXELS), [4 * p + f for f in range(4) for p in range(OUT_PIXELS)])
+    order = _indices(4 * p + f for f in range(4) for p in range(OUT_PIXELS))
 
     def block16(m, r0):
         runs = _transpose_16(b, [_load_run(b, _result_at(b, ys, stride, b.add(r0, i64(p)), m))

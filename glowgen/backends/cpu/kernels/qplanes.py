@@ -236,6 +236,11 @@ INTERLEAVE_PIXELS = 64
 INTERLEAVE_PIXELS_VBMI = 32
 
 
+def _interleave_pixels(b) -> int:
+    """Pixels a step of interleave_channels takes on the module's target."""
+    return INTERLEAVE_PIXELS_VBMI if target_has(b.module, "avx512vbmi") else INTERLEAVE_PIXELS
+
+
 def interleaves_rows(geo: Geometry) -> bool:
     """Whether the plane is the input itself, G channels interleaved (interleave_channels):
     a convolution at unit strides without padding whose plane rows are the image's (every
@@ -273,13 +278,13 @@ def interleave_channels(b, geo: Geometry, x, n, plane, first, last, pixels=None,
     """build_conv_plane where interleaves_rows: element groups first..last of image n, each
     G whole channel images interleaved (or their `pixels` only, (lo, hi) i64 values: a
     task's own, qlinalg.owns_pixels; `stride`: elements from one group's to the next's, by
-    default Geometry.group_stride, a band's in interleaves_in_bands), INTERLEAVE_PIXELS (or
-    INTERLEAVE_PIXELS_VBMI) pixels of each at a time (G vector loads, one shuffle, which LLVM
-    makes byte permutes), then 16 at a time, the last pixels one element at a time.  In place of build_conv_plane's
-    loop, element by element (each byte widened into its place in a 32-bit lane: 14
-    instructions for 16 elements, here 30 for 64): MobileNetV2's 144 -> 24 1x1 at 56x56 166 -> 155 kcycles, 32 -> 16 at
-    112x112 132 -> 120, 576 -> 96 at 14x14 (features in the lanes) 139 -> 131 (Zen 4,
-    1 thread, fastest of 300 alone)."""
+    default Geometry.group_stride, a band's in interleaves_in_bands), _interleave_pixels of
+    each at a time (G vector loads, one shuffle, which LLVM makes byte permutes), then 16 at
+    a time, the last pixels one element at a time.  In place of build_conv_plane's loop,
+    element by element (each byte widened into its place in a 32-bit lane: 14 instructions
+    for 16 elements, here 30 for 64): MobileNetV2's 144 -> 24 1x1 at 56x56 166 -> 155
+    kcycles, 32 -> 16 at 112x112 132 -> 120, 576 -> 96 at 14x14 (features in the lanes) 139
+    -> 131 (Zen 4, 1 thread, fastest of 300 alone)."""
     qs, g = geo.qs, geo.qs.group
     npix = geo.h * geo.w
     with for_range(b, last, start=first, name="ic") as e:
@@ -287,7 +292,7 @@ def interleave_channels(b, geo: Geometry, x, n, plane, first, last, pixels=None,
                 for t in range(g)]
         dst = b.bitcast(b.gep(plane, [b.mul(e, i64(stride or geo.group_stride))]), qs.elem.as_pointer())
         done, stop = pixels or (i64(0), i64(npix))
-        for vl in (INTERLEAVE_PIXELS_VBMI if target_has(b.module, "avx512vbmi") else INTERLEAVE_PIXELS, 16):
+        for vl in (_interleave_pixels(b), 16):
             end = b.add(done, b.mul(b.sdiv(b.sub(stop, done), i64(vl)), i64(vl)))
             with for_range(b, end, start=done, step=vl, name=f"iv{vl}") as p:
                 _interleave_step(b, qs, rows, dst, p, vl)
