@@ -259,6 +259,8 @@ def compile(model: ModelLike, backend: "str | Backend" = pipeline.DEFAULT_BACKEN
     `stacking=False` emits one loop per elementwise op, for comparison;
     `winograd=False` keeps 3x3 convolutions off Winograd's minimal filtering: slower, but
     their weights stay as they are (transformed, they take 16/9 to 4 times the memory);
+    `amx=False` keeps int8 products off the AMX tiles of a CPU that has them (Sapphire
+    Rapids and later: backends/cpu/amx.py) on its AVX-512 VNNI products, to compare;
     `profile=True` counts cycles per native kernel: `CompiledModel.profile()`;
     `cpu="x86-64-v3"` compiles for that x86-64 level instead of this machine's CPU.
     `max_memory` (bytes, or "8G"; default: what the machine has available) is refused, at

@@ -317,6 +317,8 @@ def _thread_count(args) -> int:
 
 NO_WINOGRAD_HELP = ("cpu backend: no Winograd 3x3 convolutions (slower, but their weights take "
                     "16/9 to 4 times less memory: ResNet-50's 127 MB -> 98 MB)")
+NO_AMX_HELP = ("cpu backend: int8 products on AVX-512 VNNI, not on the AMX tiles of a CPU that has "
+               "them (Sapphire Rapids and later; to compare)")
 
 
 def _thread_option(args, backend: str = None) -> dict:
@@ -335,10 +337,13 @@ def _backend_options(args, backend: str = None) -> dict:
     no_winograd = getattr(args, "no_winograd", False)
     if no_winograd and "winograd" not in options:
         raise InputError(f"--no-winograd applies to the cpu backend, not {args.backend}")
+    no_amx = getattr(args, "no_amx", False)
+    if no_amx and "amx" not in options:
+        raise InputError(f"--no-amx applies to the cpu backend, not {args.backend}")
     if "threads" not in options:
         return {}               # a backend without threads runs on one (bench says so)
     return {"threads": _thread_count(args), **({"cpu": cpu} if cpu is not None else {}),
-            **({"winograd": False} if no_winograd else {})}
+            **({"winograd": False} if no_winograd else {}), **({"amx": False} if no_amx else {})}
 
 
 def _feeds(args, model, say_random: bool = False) -> dict:
@@ -464,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cpu", default=None, help=CPU_HELP)
     r.add_argument("--max-memory", default=None, metavar="BYTES", help=MEMORY_HELP)
     r.add_argument("--no-winograd", action="store_true", help=NO_WINOGRAD_HELP)
+    r.add_argument("--no-amx", action="store_true", help=NO_AMX_HELP)
     add_quantize_arguments(r)
     r.set_defaults(func=cmd_run)
 
@@ -531,6 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--no-stacking", action="store_true",
                    help="one loop per elementwise op (for comparison)")
     k.add_argument("--no-winograd", action="store_true", help=NO_WINOGRAD_HELP)
+    k.add_argument("--no-amx", action="store_true", help=NO_AMX_HELP)
     k.add_argument("--threads", type=int, default=None, metavar="N",
                    help="threads to split the work for (default: this machine's cores); "
                         "NAME_parallel runs on the caller's pool, main.c's --threads sets its size")
@@ -566,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-stacking", action="store_true",
                     help="cpu backend: one loop per elementwise op (for comparison)")
     bn.add_argument("--no-winograd", action="store_true", help=NO_WINOGRAD_HELP)
+    bn.add_argument("--no-amx", action="store_true", help=NO_AMX_HELP)
     bn.add_argument("--runs", type=int, default=20, help="timed runs (default 20)")
     bn.add_argument("--rounds", type=int, default=None, metavar="N",
                     help="glowgen then onnxruntime, N times, so that load from elsewhere on the "

@@ -179,7 +179,8 @@ def cmd_bench(args) -> int:
     blocks = f", in {rounds} blocks an engine taken in turn" if rounds > 1 else ""
     print(f"runs         {args.runs} timed after {warm} each{blocks}, same inputs for every engine")
     extra = "" if args.backend != "cpu" else (f", stacking {'off' if args.no_stacking else 'on'}"
-                                              + (", winograd off" if args.no_winograd else ""))
+                                              + (", winograd off" if args.no_winograd else "")
+                                              + (", amx off" if args.no_amx else ""))
     used = model.options.get("threads", 1)
     print(f"glowgen      backend {args.backend}{extra}, {used} thread{'s' if used > 1 else ''}, "
           f"compiled in {compile_s:.2f} s")
@@ -248,6 +249,7 @@ def _bench_layers(args) -> int:
     from .benchmarks.layers import run
     options = {**({"stacking": False} if args.no_stacking else {}),
                **({"winograd": False} if args.no_winograd else {}),
+               **({"amx": False} if args.no_amx else {}),
                **({"cpu": args.cpu} if args.cpu else {})}
     run(args.filter, threads=args.threads, json_path=args.json, compile_options=options or None)
     return 0
@@ -259,7 +261,8 @@ def _print_profile(args, feeds) -> None:
     from .api import compile as compile_model
     from .cli_quantize import quantize_options
     model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
-                          stacking=not args.no_stacking, winograd=not args.no_winograd, profile=True,
+                          stacking=not args.no_stacking, winograd=not args.no_winograd,
+                          amx=not args.no_amx, profile=True,
                           threads=args.threads,
                           **({"cpu": args.cpu} if args.cpu else {}), **quantize_options(args))
     import time

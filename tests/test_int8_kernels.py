@@ -11,10 +11,13 @@ import pytest
 
 from glowgen import pipeline
 from glowgen.api import CompiledModel
+from glowgen.backends.cpu import amx
+from glowgen.backends.cpu.amx import without
 from glowgen.backends.cpu.kernels import qlanes
 from glowgen.backends.cpu.kernels.qlinalg import Geometry
 from glowgen.backends.cpu.kernels.qplanes import interleaves_rows
 from glowgen.backends.cpu.qgemm import QSHAPES, QShape
+from glowgen.backends.cpu.target import level_features
 from glowgen.engine.registry import Registry
 from glowgen.engine.textual import parse_function
 
@@ -75,14 +78,15 @@ def ref_conv(x, xo, w, b, strides, pads, dilations, group=1):
     return acc + b.reshape(1, m, 1, 1)
 
 
-def _compile(text, cpu, threads, winograd=False):
-    """The graph compiled for `cpu` at `threads`; off Winograd by default (the direct
-    products these tests hold to the reference: test_int8_winograd.py has its own)."""
+def _compile(text, cpu, threads, winograd=False, amx=False):
+    """The graph compiled for `cpu` at `threads`; off Winograd and AMX tiles by default (the
+    VNNI and AVX2 products these tests hold to the reference: test_int8_winograd.py and the
+    AMX tests below have their own)."""
     registry = Registry.default()
     fn = parse_function(text, registry)
     pipeline.run(fn, registry, pipeline.PIPELINE, "cpu")
     ops = {n.OP for n in fn.nodes}
-    return CompiledModel(fn, registry, "cpu", threads=threads, cpu=cpu, winograd=winograd), ops
+    return CompiledModel(fn, registry, "cpu", threads=threads, cpu=cpu, winograd=winograd, amx=amx), ops
 
 
 def _draw(rng, values, shape, low, high):
@@ -807,3 +811,98 @@ def test_depthwise_row_copies_every_length():
             want = src[:count] ^ np.int8(-128) if flip else src[:count]
             assert np.array_equal(dst[guard:guard + count], want.astype(dtype)), (count, flip, elem)
             assert (dst[:guard] == 77).all() and (dst[guard + count:] == 77).all(), (count, flip, elem)
+
+
+# ----------------------------------------------------------------------------- AMX tiles
+# Products on AMX tiles (amx.py), where the host has them: every shape qlinalg gives them
+# (filters not a multiple of the tile's 32, a last panel of one vector, strides, dilations,
+# uneven pads, batches, splits among threads), against the exact reference.
+AMX_HOST = {"amx_tile", "amx_int8"} <= set(open("/proc/cpuinfo").read().split()) and amx.permitted()
+needs_amx = pytest.mark.skipif(not AMX_HOST, reason="this CPU has no AMX tiles (Intel Sapphire Rapids "
+                                                    "and later): nothing to run them on")
+AMX_CONV = [(1, 64, 56, 56, 64, 1),                                   # interleaved bands, stored direct
+            (1, 128, 28, 28, 70, 3, (1, 1), (1, 1, 1, 1)),            # 70 filters: 3 blocks of 32
+            (2, 64, 13, 14, 40, 3, (2, 2), (1, 1, 1, 1)),             # phases, two images
+            (1, 128, 14, 14, 96, 1),                                  # 196 pixels: a last panel of 1 vector
+            (1, 64, 9, 9, 64, 3, (1, 1), (2, 0, 1, 2), (2, 2)),       # dilated, uneven pads
+            (1, 256, 7, 7, 64, 3, (2, 2), (1, 1, 1, 1)),              # 4 tiles of channels, 3 x 3 taps
+            (1, 64, 30, 30, 64, 1)]                                   # split: plane in shares
+AMX_MATMUL = [((1,), 512, 100), ((2, 5), 128, 70), ((16,), 256, 512), ((64,), 192, 33)]
+
+
+@needs_amx
+@pytest.mark.parametrize("case", range(len(AMX_CONV)))
+def test_amx_conv(case):
+    text, feeds, want = conv_case(np.random.default_rng(900 + case), *AMX_CONV[case], bounds=(-100, 120))
+    for threads in (1, 2, 3):
+        model, _ = _compile(text, None, threads, amx=True)
+        assert [i.plan.strategy for i in model.program.instrs if i.kind == "QuantizedConv"] == ["amx"]
+        np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{threads} threads")
+
+
+@needs_amx
+@pytest.mark.parametrize("case", range(len(AMX_MATMUL)))
+def test_amx_matmul(case):
+    text, feeds, want = matmul_case(np.random.default_rng(950 + case), *AMX_MATMUL[case])
+    for threads in (1, 2):
+        model, _ = _compile(text, None, threads, amx=True)
+        assert [i.plan.strategy for i in model.program.instrs if i.kind == "QuantizedMatMul"] == ["amx"]
+        np.testing.assert_array_equal(model.run(feeds)["y"], want, err_msg=f"{threads} threads")
+
+
+def test_amx_only_where_tiles_fit():
+    """Channels not whole tiles (64 at a time), grouped convolutions and im2col planes keep
+    VNNI's product, and `amx=False` all of them; x86-64 levels have no tiles."""
+    from glowgen.backends.cpu.amx import available, fits
+    cases = {(1, 96, 14, 14, 64, 1): False, (1, 64, 14, 14, 64, 1): True, (1, 3, 20, 18, 10, 7): False}
+    for args, tiles in cases.items():
+        text, _, _ = conv_case(np.random.default_rng(0), *args)
+        fn = parse_function(text, Registry.default())
+        pipeline.run(fn, Registry.default(), pipeline.PIPELINE, "cpu")
+        node = [n for n in fn.nodes if n.OP == "QuantizedConv"][0]
+        assert fits(Geometry(node, QShape("amx"))) == tiles, args
+    assert not available(level_features("x86-64-v4") + ",+avx512vnni")
+    assert available("+avx512bw,+avx512vnni,+amx-tile,+amx-int8")
+    assert not available(without("+avx512bw,+avx512vnni,+amx-tile,+amx-int8"))
+
+
+def test_amx_weights_packed_a_tile_a_run():
+    """pack_a lays the weights out as the kernel loads A's tiles: for block b, tile of 16
+    channel groups kb, tap t and row tile r, 16 filters of 64 bytes one after another."""
+    from glowgen.backends.cpu.amx import pack_a
+    rng = np.random.default_rng(1)
+    mr, g, taps = 32, 4, 9
+    w = rng.integers(-127, 128, (64, 128, taps)).astype(np.int8)      # [M, C, taps]
+    packed = pack_a(w, mr, g).ravel()
+    tile = 16 * 64
+    for blk, kb, t, r in [(0, 0, 0, 0), (1, 1, 8, 1), (0, 1, 4, 1), (1, 0, 2, 0)]:
+        at = ((blk * 2 + kb) * taps + t) * 2 * tile + r * tile
+        a = packed[at:at + tile].reshape(16, 64)                       # rows: filters
+        want = w[blk * mr + r * 16: blk * mr + r * 16 + 16, kb * 64:(kb + 1) * 64, t]
+        np.testing.assert_array_equal(a, want)
+
+
+@needs_amx
+@pytest.mark.skipif(__import__("shutil").which("gcc") is None, reason="gcc is not installed")
+def test_amx_bundle_matches_vnni(tmp_path):
+    """A bundle whose products run on tiles asks Linux for them itself (a C program has not
+    asked, as the JIT's process has) and computes what VNNI's products compute (held to the
+    exact reference above), bit for bit."""
+    import glowgen
+    from onnx import helper
+    from conftest import make_model
+    from test_bundle import build, run_bundle
+    rng = np.random.default_rng(13)
+    w1 = (rng.standard_normal((64, 64, 3, 3)) * 0.05).astype(np.float32)
+    w2 = (rng.standard_normal((96, 64, 1, 1)) * 0.1).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["y"])]
+    model = make_model(nodes, {"x": np.zeros((1, 64, 12, 12), np.float32)}, ["y"], {"w1": w1, "w2": w2})
+    samples = [{"x": rng.standard_normal((1, 64, 12, 12)).astype(np.float32)} for _ in range(3)]
+    profile = glowgen.profile(model, samples)
+    bundle = glowgen.write_bundle(model, tmp_path / "b", name="qamx", quantize=profile)
+    assert [i.plan.strategy for i in bundle.program.instrs if i.kind == "QuantizedConv"] == ["amx", "amx"]
+    want = glowgen.compile(model, quantize=profile, amx=False).run(samples[0])
+    got = run_bundle(build(bundle), bundle.program, samples[0], tmp_path)
+    assert got["y"].tobytes() == want["y"].tobytes()

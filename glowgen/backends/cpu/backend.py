@@ -38,6 +38,8 @@ class CpuBackend(Backend):
         "stacking": True,     # stack runs of elementwise instructions into single loops
         "winograd": True,     # 3x3 convolutions by Winograd's minimal filtering where it pays
                               # (faster; their transformed weights take 16/9 or 4 times the memory)
+        "amx": True,          # int8 products on AMX tiles where the CPU has them (amx.py;
+                              # False: its AVX-512 VNNI products, to compare)
         "profile": False,     # count cycles per native step (CompiledModel.profile())
         "threads": None,      # threads a call may use (None: this machine's cores)
         "cpu": None,          # the JIT's target: None ($GLOWGEN_CPU, else this machine) or an
@@ -69,7 +71,11 @@ class CpuBackend(Backend):
         """The features of the target of `options` (a bundle's: bundle_options)."""
         from .target import resolve_cpu
         features = options.get("target_features")
-        return resolve_cpu(options["cpu"]).features if features is None else features
+        features = resolve_cpu(options["cpu"]).features if features is None else features
+        if not options.get("amx", True):
+            from .amx import without
+            features = without(features)
+        return features
 
     def lir_passes(self, options: Mapping[str, Any]):
         """passes.py: the backend's decisions (strategies, packing, steps, fusion, arena,

@@ -8,6 +8,7 @@ from typing import Optional
 import llvmlite.binding as llvm
 
 from ...errors import GlowgenError
+from . import amx
 
 
 @lru_cache(maxsize=1)
@@ -22,9 +23,15 @@ def _init():
     return True
 
 
+@lru_cache(maxsize=None)
 def host_target() -> tuple[str, str, str]:
+    """(triple, CPU, LLVM features) of this machine, less AMX's tiles where Linux does not
+    grant this process their state (amx.permitted: using them would fault)."""
     _init()
-    return llvm.get_process_triple(), llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
+    features = llvm.get_host_cpu_features().flatten()
+    if "+amx-tile" in features.split(",") and not amx.permitted():
+        features = amx.without(features)
+    return llvm.get_process_triple(), llvm.get_host_cpu_name(), features
 
 
 def target_machine(triple: Optional[str] = None, cpu: Optional[str] = None, features: Optional[str] = None,

@@ -47,6 +47,7 @@ from .vectors import masked_load, prefetch, splat
 # lanes, MR, NV).
 QSHAPES = {
     "vnni": (4, 8, 128, 16, 8, 2),       # 16 zmm accumulators
+    "amx": (4, 8, 128, 16, 32, 2),       # AMX tiles, VNNI's plane: 2 x 2 tiles of sums (amx.py)
     "ubsw-512": (4, 8, 128, 16, 8, 2),   # AVX-512BW without VNNI, 7-bit weights
     "madd16-512": (2, 16, 0, 16, 8, 2),  # AVX-512BW without VNNI
     "ubsw": (4, 8, 128, 8, 4, 2),        # AVX2, 7-bit weights: 8 ymm accumulators (below)
@@ -121,6 +122,9 @@ def pack_a(w: np.ndarray, taps: int, qs: QShape, mr: Optional[int] = None) -> np
     padded = np.zeros((mp, cp, taps), np.int16 if qs.bits == 16 else np.int8)
     padded[:m, :c] = w
     # [MB, MR, CG, G, T] -> [MB, CG, T, MR, G]
+    if qs.kind == "amx":
+        from .amx import pack_a as pack_tiles
+        return pack_tiles(padded, mr, g)
     a = padded.reshape(mp // mr, mr, cp // g, g, taps).transpose(0, 2, 4, 1, 3)
     return np.ascontiguousarray(a)
 

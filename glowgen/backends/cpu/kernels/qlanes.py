@@ -172,6 +172,8 @@ def in_lanes(geo, qs: QShape) -> bool:
     grouped one, whose groups' filters would share the lanes but not their inputs."""
     if geo.ng > 1 or geo.panel_major:       # (a plane of this module's own layout)
         return False
+    if qs.kind == "amx":                    # tiles' idle columns cost little (amx.py)
+        return False
     lanes = Lanes(geo, qs)
     if lanes.rows <= qs.mr:
         return True

@@ -49,6 +49,7 @@ from ....reference.primitives import residual_ratio, saturation
 from ....lir.ir import WeightBuffer
 from llvmlite import ir
 
+from .. import amx
 from ..llvmutil import F32, F64, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Split, Work, for_claimed, parallel, shares_pixels, splits_blocks
 from ..plan import Phases, claim_bytes
@@ -229,7 +230,11 @@ def q_strategy(ins, shape, packable, plan) -> str:
             return depthwise.strategy(qs)
         return "loops"
     qs = for_weights(qs, _constant(ins, 2))
-    return winograd.strategy(node, qs, plan.winograd, _constant(ins, 2), _constant(ins, 4)) or qs.kind
+    chosen = winograd.strategy(node, qs, plan.winograd, _constant(ins, 2), _constant(ins, 4))
+    if chosen is None and qs.kind == "vnni" and amx.available(getattr(shape, "features", "")) \
+            and amx.fits(Geometry(node, QShape("amx"))):
+        chosen = "amx"
+    return chosen or qs.kind
 
 
 @hook(REPACK, "QuantizedConv", "QuantizedMatMul")
@@ -581,6 +586,8 @@ def quantized_product(k: KernelArgs):
     interleaved_bands = interleaves_in_bands(geo) and not k.phased
     group_stride = interleave_band_pixels(qs) if interleaved_bands else geo.group_stride
     with for_range(b, geo.batch, name="qn") as n:
+        if qs.kind == "amx":                # the tiles an image at a time (released below)
+            amx.configure(b)
         if in_bands or interleaved_bands:
             pass                            # built band by band below
         elif own:                           # the plane of this task's pixels only
@@ -618,8 +625,12 @@ def quantized_product(k: KernelArgs):
             step = len(geo.taps) * geo.mr
             ahead = weights_prefetch(b, qs, 4 * step, a_block, b.gep(a_block, [i64(geo.groups * step)]),
                                      b.sub(p, p_lo), geo.groups, geo.qpad // qs.nr, spread=not geo.panels_outer)
-            emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, group_stride, store,
-                      rows=geo.mr, init=start, vectors=vectors, prefetch=ahead)
+            if qs.kind == "amx":
+                amx.emit_tile(b, geo.groups, geo.taps, a_block, b_base, group_stride, store,
+                              init=start, vectors=vectors, prefetch=ahead)
+            else:
+                emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, group_stride, store,
+                          rows=geo.mr, init=start, vectors=vectors, prefetch=ahead)
             inside = pixel_lanes(b, geo, q0, qs.nv * qs.vw) if compress else None
             for i, run in narrowed_rows(b, qs, [rows[i] for i in range(geo.mr)], exact, bounds, y_offset_i32):
                 r = b.add(b.mul(mb, i64(geo.mr)), i64(i))
@@ -697,6 +708,8 @@ def quantized_product(k: KernelArgs):
                 for_claimed(b, claims, geo.qpad // qs.nr, k.split, claimed_panels)
             else:               # each claimed run of blocks over every panel
                 for_claimed(b, claims, geo.blocks, k.split, lambda c_lo, c_hi: compute(c_lo, c_hi, p_lo, p_hi))
+        if qs.kind == "amx":
+            amx.release(b)
         if not geo.direct and not compress:     # else the tiles stored into y themselves
             r_lo, r_hi = b.mul(lo, i64(geo.mr)), b.mul(hi, i64(geo.mr))
             q_lo, q_hi = b.mul(p_lo, i64(qs.nr)), b.mul(p_hi, i64(qs.nr))
