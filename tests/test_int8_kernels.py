@@ -826,8 +826,15 @@ AMX_CONV = [(1, 64, 56, 56, 64, 1),                                   # interlea
             (1, 128, 14, 14, 96, 1),                                  # 196 pixels: a last panel of 1 vector
             (1, 64, 9, 9, 64, 3, (1, 1), (2, 0, 1, 2), (2, 2)),       # dilated, uneven pads
             (1, 256, 7, 7, 64, 3, (2, 2), (1, 1, 1, 1)),              # 4 tiles of channels, 3 x 3 taps
-            (1, 64, 30, 30, 64, 1)]                                   # split: plane in shares
-AMX_MATMUL = [((1,), 512, 100), ((2, 5), 128, 70), ((16,), 256, 512), ((64,), 192, 33)]
+            (1, 64, 30, 30, 64, 1),                                   # split: plane in shares
+            # Channels short of whole tiles (16 groups of 4): the tiles read plane rows past
+            # the plane's own, against zero weights.
+            (1, 96, 14, 14, 40, 1),                                   # 24 groups of 32
+            (1, 24, 20, 20, 64, 3, (1, 1), (1, 1, 1, 1)),             # 6 of 16
+            (2, 130, 9, 9, 33, 1, (2, 2)),                            # 33 (the last 2 channels) of 48
+            (1, 144, 28, 28, 24, 1)]                                  # 36 of 48, interleaved bands
+AMX_MATMUL = [((1,), 512, 100), ((2, 5), 128, 70), ((16,), 256, 512), ((64,), 192, 33),
+              ((3,), 37, 50), ((2, 3), 71, 50)]
 
 
 @needs_amx
@@ -851,10 +858,11 @@ def test_amx_matmul(case):
 
 
 def test_amx_only_where_tiles_fit():
-    """Channels not whole tiles (64 at a time), grouped convolutions and im2col planes keep
-    VNNI's product, and `amx=False` all of them; x86-64 levels have no tiles."""
+    """Grouped convolutions and im2col planes keep VNNI's product, and `amx=False` all of
+    them; x86-64 levels have no tiles."""
     from glowgen.backends.cpu.amx import available, fits
-    cases = {(1, 96, 14, 14, 64, 1): False, (1, 64, 14, 14, 64, 1): True, (1, 3, 20, 18, 10, 7): False}
+    cases = {(1, 96, 14, 14, 64, 1): True, (1, 64, 14, 14, 64, 1): True, (1, 3, 20, 18, 10, 7): False,
+             (1, 64, 14, 14, 64, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2): False}
     for args, tiles in cases.items():
         text, _, _ = conv_case(np.random.default_rng(0), *args)
         fn = parse_function(text, Registry.default())

@@ -78,15 +78,19 @@ def permitted() -> bool:
 
 def fits(geo) -> bool:
     """Whether a general product (qlinalg.Geometry) may run on tiles: one group of filters,
-    its plane's channel groups whole tiles (64 channels at a time), not an im2col plane."""
-    return geo.ng == 1 and not geo.im2col and geo.groups % TILE_GROUPS == 0
+    not an im2col plane (whose few channels would fill few of a tile's rows)."""
+    return geo.ng == 1 and not geo.im2col
 
 
 def pack_a(padded: np.ndarray, mr: int, g: int) -> np.ndarray:
-    """Weights [Mpad, Cpad, taps] (i8, rows and channels zero-padded) -> [Mpad / MR][CG / 16]
-    [taps][MR][16][G]: for each block of MR filters, 16 channel groups and tap, A's tiles
+    """Weights [Mpad, Cpad, taps] (i8, rows and channels zero-padded: to whole tiles of 16
+    channel groups here) -> [Mpad / MR][CG / 16][taps][MR][16][G]: for each block of MR filters, 16 channel groups and tap, A's tiles
     (16 filters each) one after another, a filter's 64 bytes a row."""
     mp, cp, taps = padded.shape
+    whole = -(-cp // (g * TILE_GROUPS)) * g * TILE_GROUPS      # channels of whole tiles
+    if whole > cp:                                             # zero weights for the plane rows past
+        padded = np.concatenate([padded, np.zeros((mp, whole - cp, taps), padded.dtype)], axis=1)
+        cp = whole
     a = padded.reshape(mp // mr, mr, cp // (g * TILE_GROUPS), TILE_GROUPS, g, taps)
     return np.ascontiguousarray(a.transpose(0, 2, 5, 1, 3, 4))
 

@@ -50,6 +50,7 @@ from ....lir.ir import WeightBuffer
 from llvmlite import ir
 
 from .. import amx
+from ..amx import TILE_GROUPS
 from ..llvmutil import F32, F64, I16, I32, I64, for_range, i64, intrinsic, target_has
 from ..parallel import Split, Work, for_claimed, parallel, shares_pixels, splits_blocks
 from ..plan import Phases, claim_bytes
@@ -148,6 +149,9 @@ class Geometry:
         self.depth = self.cg * (self.window[0] * self.row_values if self.im2col else 1)
         self.groups = _ceil(self.depth, g)          # elements of G values a tile sums over
         self.plane_groups = self.ng * self.groups   # ... and the plane holds
+        # ... and a tile reads: on AMX tiles (one group of filters), whole tiles of 16 element
+        # groups, the plane's rows past its own read (any bytes: their weights are zeros).
+        self.tile_groups = _ceil(self.groups, TILE_GROUPS) * TILE_GROUPS if qs.kind == "amx" else self.groups
         self.qpad = _ceil(self.q, nr) * nr
         # Vectors of the last panel's tiles: only those holding some column.  A 7x7 image is
         # 49 of 64 lanes in whole panels of 16 (AVX2), of 56 with a last panel of one
@@ -170,13 +174,13 @@ class Geometry:
         self.blocks = self.ng * self.bpg
         self.mpad = self.blocks * self.mr
         # Elements the tiles may read: the last group's taps up to the last padded column.
-        self.plane_elems = max(self.plane_groups * self.group_stride,
-                               (self.plane_groups - 1) * self.group_stride + max(self.taps) + self.qpad)
+        read = self.plane_groups + self.tile_groups - self.groups
+        self.plane_elems = max(read * self.group_stride, (read - 1) * self.group_stride + max(self.taps) + self.qpad)
         if self.panel_major:
             self.plane_elems = self.plane_groups * self.qpad
         self.plane_bytes = _ceil(4 * self.plane_elems, 64) * 64
         self.scratch = self.plane_bytes + _ceil(self.mpad * self.qpad, 64) * 64
-        self.a_bytes = self.blocks * self.groups * len(self.taps) * self.mr * 4
+        self.a_bytes = self.blocks * self.tile_groups * len(self.taps) * self.mr * 4
         # Product columns that are output pixels (no dropped columns: a 1x1 convolution) are
         # stored straight into y, with no result block in scratch to copy out.
         self.direct = self.conv and self.wq == self.ow
@@ -601,7 +605,7 @@ def quantized_product(k: KernelArgs):
             build_matmul_plane(b, geo, x, n, plane, pad)
 
         def tile(mb, p, vectors):
-            a_block = b.gep(a, [b.mul(mb, i64(geo.groups * len(geo.taps) * geo.mr))])
+            a_block = b.gep(a, [b.mul(mb, i64(geo.tile_groups * len(geo.taps) * geo.mr))])
             q0 = b.mul(p, i64(qs.nr))
             # The elements of this block's group (the product of a single group: all).
             b_base = b.gep(base[0], [b.mul(q0, i64(geo.groups)) if geo.panel_major else q0 if geo.ng == 1 else b.add(
@@ -623,10 +627,10 @@ def quantized_product(k: KernelArgs):
             # The next block's weights, over this block's panels (weights_prefetch; with panels
             # outside, the next block is the next tile's: not spread).
             step = len(geo.taps) * geo.mr
-            ahead = weights_prefetch(b, qs, 4 * step, a_block, b.gep(a_block, [i64(geo.groups * step)]),
-                                     b.sub(p, p_lo), geo.groups, geo.qpad // qs.nr, spread=not geo.panels_outer)
+            ahead = weights_prefetch(b, qs, 4 * step, a_block, b.gep(a_block, [i64(geo.tile_groups * step)]),
+                                     b.sub(p, p_lo), geo.tile_groups, geo.qpad // qs.nr, spread=not geo.panels_outer)
             if qs.kind == "amx":
-                amx.emit_tile(b, geo.groups, geo.taps, a_block, b_base, group_stride, store,
+                amx.emit_tile(b, geo.tile_groups, geo.taps, a_block, b_base, group_stride, store,
                               init=start, vectors=vectors, prefetch=ahead)
             else:
                 emit_tile(b, qs, geo.groups, geo.taps, a_block, b_base, group_stride, store,
