@@ -84,8 +84,9 @@ def permitted() -> bool:
 
 def fits(geo) -> bool:
     """Whether a general product (qlinalg.Geometry) may run on tiles: one group of filters,
-    not an im2col plane (whose few channels would fill few of a tile's rows)."""
-    return geo.ng == 1 and not geo.im2col
+    and of an im2col plane only one panel by panel (row elements: ResNet's stem, whose 42
+    channel groups a pixel lie in one run of the panel, 16 of them a tile's rows)."""
+    return geo.ng == 1 and (not geo.im2col or geo.panel_major)
 
 
 def pack_a(padded: np.ndarray, mr: int, g: int) -> np.ndarray:

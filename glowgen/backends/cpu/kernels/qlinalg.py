@@ -128,7 +128,7 @@ class Geometry:
             # is one (masked) load and one byte shuffle (build_row_element_plane), where
             # the values one by one took a third of the stem's time.
             runs = _ceil(kw, g)
-            self.row_elements = (self.im2col and qs.kind == "vnni" and dw == 1
+            self.row_elements = (self.im2col and qs.kind in ("vnni", "amx") and dw == 1
                                  and sw * (IM2COL_PIXELS - 1) + g <= 64 and self.ow >= IM2COL_PIXELS
                                  and self.c * kh * runs <= ROW_ELEMENTS_MAX_GROWTH * _ceil(self.c * kh * kw, g))
             # Values of a window row in the plane: its taps, or row_elements' whole elements.
@@ -176,8 +176,8 @@ class Geometry:
         # Elements the tiles may read: the last group's taps up to the last padded column.
         read = self.plane_groups + self.tile_groups - self.groups
         self.plane_elems = max(read * self.group_stride, (read - 1) * self.group_stride + max(self.taps) + self.qpad)
-        if self.panel_major:
-            self.plane_elems = self.plane_groups * self.qpad
+        if self.panel_major:        # (the last panel's tiles read rows past its own: tile_groups)
+            self.plane_elems = self.plane_groups * self.qpad + (self.tile_groups - self.groups) * nr
         self.plane_bytes = _ceil(4 * self.plane_elems, 64) * 64
         self.scratch = self.plane_bytes + _ceil(self.mpad * self.qpad, 64) * 64
         self.a_bytes = self.blocks * self.tile_groups * len(self.taps) * self.mr * 4
