@@ -830,12 +830,12 @@ AMX_CONV = [(1, 64, 56, 56, 64, 1),                                   # interlea
             # Channels short of whole tiles (16 groups of 4): the tiles read plane rows past
             # the plane's own, against zero weights.
             (1, 96, 14, 14, 40, 1),                                   # 24 groups of 32
-            (1, 24, 20, 20, 64, 3, (1, 1), (1, 1, 1, 1)),             # 6 of 16
+            (1, 40, 20, 20, 64, 3, (1, 1), (1, 1, 1, 1)),             # 10 of 16
             (2, 130, 9, 9, 33, 1, (2, 2)),                            # 33 (the last 2 channels) of 48
             (1, 144, 28, 28, 24, 1),                                  # 36 of 48, interleaved bands
             (1, 3, 64, 64, 40, 7, (2, 2), (3, 3, 3, 3))]              # a stem: row elements, 42 of 48
-AMX_MATMUL = [((1,), 512, 100), ((2, 5), 128, 70), ((16,), 256, 512), ((64,), 192, 33),
-              ((3,), 37, 50), ((2, 3), 71, 50)]
+AMX_MATMUL = [((2, 8), 128, 70), ((16,), 256, 512), ((64,), 192, 33), ((20,), 40, 50),
+              ((4, 6), 71, 50)]
 
 
 @needs_amx
@@ -859,12 +859,15 @@ def test_amx_matmul(case):
 
 
 def test_amx_only_where_tiles_fit():
-    """Grouped convolutions and im2col planes (but row elements panel by panel) keep VNNI's
+    """Grouped convolutions, im2col planes (but row elements panel by panel), products of
+    fewer channels than half a tile's and of fewer pixels than a vector keep VNNI's
     product, and `amx=False` all of them; x86-64 levels have no tiles."""
     from glowgen.backends.cpu.amx import available, fits
     cases = {(1, 96, 14, 14, 64, 1): True, (1, 64, 14, 14, 64, 1): True, (1, 3, 20, 18, 10, 7): False,
              (1, 64, 14, 14, 64, 3, (1, 1), (1, 1, 1, 1), (1, 1), 2): False,
-             (1, 3, 32, 32, 40, 7, (2, 2), (3, 3, 3, 3)): True}      # row elements, panel by panel
+             (1, 3, 32, 32, 40, 7, (2, 2), (3, 3, 3, 3)): True,      # row elements, panel by panel
+             (1, 24, 20, 20, 64, 1): False,                          # 6 channel groups of a tile's 16
+             (1, 512, 1, 1, 100, 1): False}                          # one pixel: VNNI's lanes
     for args, tiles in cases.items():
         text, _, _ = conv_case(np.random.default_rng(0), *args)
         fn = parse_function(text, Registry.default())

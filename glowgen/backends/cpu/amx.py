@@ -83,10 +83,16 @@ def permitted() -> bool:
 
 
 def fits(geo) -> bool:
-    """Whether a general product (qlinalg.Geometry) may run on tiles: one group of filters,
-    and of an im2col plane only one panel by panel (row elements: ResNet's stem, whose 42
-    channel groups a pixel lie in one run of the panel, 16 of them a tile's rows)."""
-    return geo.ng == 1 and (not geo.im2col or geo.panel_major)
+    """Whether a general product (qlinalg.Geometry) may run on tiles: one group of filters;
+    of an im2col plane only one panel by panel (row elements: ResNet's stem, whose 42
+    channel groups a pixel lie in one run of the panel, 16 of them a tile's rows); more than
+    half the rows of its tiles of channel groups its own; and at least a vector of pixels
+    (or rows).  Emerald Rapids, one thread, MobileNetV2 int8 against VNNI: 1x1s from 16
+    channels (4 groups of a tile's 16) at 112 x 112 131 -> 152 us, from 24 at 56 x 56 59 ->
+    66, from 32 at 112 x 112 38 -> 42 (but at 28 x 28 24 -> 20), from 96 at 14 x 14 44 -> 21;
+    its classifier (one row, 1280 -> 1000: VNNI's features in the lanes) 55 -> 70."""
+    return (geo.ng == 1 and (not geo.im2col or geo.panel_major)
+            and 2 * geo.groups > geo.tile_groups and geo.q >= 16)
 
 
 def pack_a(padded: np.ndarray, mr: int, g: int) -> np.ndarray:
