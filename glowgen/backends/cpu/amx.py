@@ -7,9 +7,10 @@ out as VNNI lays it: a row of B holds 4 consecutive k of 16 columns.  That is th
 the general product exactly (qplanes.py: elements of G = 4 channels, a row of elements per
 channel group, the output pixels along it, u8 bits of v + 128), so the same plane serves as
 B, read 16 channel groups (one tile) at a time at the plane's row stride; A is the weights,
-16 filters by 16 channel groups a tile (pack_a).  One `tdpbsud` makes 16,384 products,
-one every 16 cycles: on an Emerald Rapids core 1.4 T products/s against 0.3 T for
-`vpdpbusd` on zmm (a loop of loads and products from L1, measured).
+16 filters by 16 channel groups a tile (pack_a).  One `tdpbsud` makes 16,384 products, 16
+cycles apart: on an Emerald Rapids core a loop of tile loads (from L2) and products measured
+0.4 to 1.4 T products/s (the VM's load varying), a register-only loop of `vpdpbusd` on zmm
+0.31 T.
 
 A tile of the product is 32 filters by 32 pixels: four C tiles, two of A and two of B (the
 eight tile registers), four products per 16 channel groups and tap.  The sums go through a
