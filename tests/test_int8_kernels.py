@@ -919,3 +919,24 @@ def test_amx_bundle_matches_vnni(tmp_path):
     want = glowgen.compile(model, quantize=profile, amx=False).run(samples[0])
     got = run_bundle(build(bundle), bundle.program, samples[0], tmp_path)
     assert got["y"].tobytes() == want["y"].tobytes()
+
+
+def test_no_amx_flag(tmp_path):
+    """`--no-amx` reaches the cpu backend's `amx=False` (a run with it succeeds, on any CPU)
+    and is refused, without a traceback, for a backend that has no such option."""
+    import subprocess
+    import sys
+    import onnx
+    from onnx import helper
+    from conftest import make_model
+    w = np.random.default_rng(3).standard_normal((8, 4, 1, 1)).astype(np.float32)
+    path = tmp_path / "conv.onnx"
+    onnx.save(make_model([helper.make_node("Conv", ["x", "w"], ["y"])], {"x": np.zeros((1, 4, 6, 6), np.float32)},
+                         ["y"], {"w": w}), path)
+    for backend, ok in (("cpu", True), ("interpreter", False)):
+        run = subprocess.run([sys.executable, "-m", "glowgen.cli", "run", str(path), "--backend", backend,
+                              "--no-amx"], capture_output=True, text=True, timeout=120)
+        assert (run.returncode == 0) == ok, run.stderr
+        assert "Traceback" not in run.stderr
+        if not ok:
+            assert "--no-amx applies to the cpu backend" in run.stderr
