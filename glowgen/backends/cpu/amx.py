@@ -33,7 +33,7 @@ from typing import Callable, Optional
 import numpy as np
 from llvmlite import ir
 
-from .llvmutil import I8, I32, I64, for_range, i64
+from .llvmutil import I8, I32, I64, for_range, i64, intrinsic
 
 # Channel groups (of G = 4 channels) a tile of A or B spans: 64 bytes a row.
 TILE_GROUPS = 16
@@ -113,12 +113,6 @@ def pack_a(padded: np.ndarray, mr: int, g: int) -> np.ndarray:
     return np.ascontiguousarray(a.transpose(0, 2, 5, 1, 3, 4))
 
 
-def _declare(module: ir.Module, name: str, args: list) -> ir.Function:
-    if name in module.globals:
-        return module.globals[name]
-    return ir.Function(module, ir.FunctionType(ir.VoidType(), args), name=name)
-
-
 def _tile(n: int) -> ir.Constant:
     return ir.Constant(I8, n)
 
@@ -143,22 +137,21 @@ def configure(b: ir.IRBuilder) -> None:
     data = tile_config()
     cfg = _global(m, "glowgen.amx.config", ir.ArrayType(I8, len(data)), ir.Constant(ir.ArrayType(I8, len(data)), bytearray(data)))
     cfg.global_constant = True
-    b.call(_declare(m, "llvm.x86.ldtilecfg", [I8.as_pointer()]), [b.bitcast(cfg, I8.as_pointer())])
+    b.call(intrinsic(m, "llvm.x86.ldtilecfg", ir.VoidType(), [I8.as_pointer()]), [b.bitcast(cfg, I8.as_pointer())])
 
 
 def release(b: ir.IRBuilder) -> None:
-    b.call(_declare(b.module, "llvm.x86.tilerelease", []), [])
+    b.call(intrinsic(b.module, "llvm.x86.tilerelease", ir.VoidType(), []), [])
 
 
 def _sums_block(b: ir.IRBuilder):
     """The function's block of the stack the C tiles are stored to (in its entry block)."""
     fn = b.function
     if getattr(fn, "_amx_sums", None) is None:
-        entry = ir.IRBuilder(fn.entry_basic_block)
-        entry.position_at_start(fn.entry_basic_block)
-        block = entry.alloca(ir.ArrayType(I32, ROWS * COLS * TILE_ROWS * 16), name="amx.sums")
-        block.align = 64
-        fn._amx_sums = entry.bitcast(block, I8.as_pointer())
+        with b.goto_entry_block():                  # not on the stack once a loop trip
+            block = b.alloca(ir.ArrayType(I32, ROWS * COLS * TILE_ROWS * 16), name="amx.sums")
+            block.align = 64
+            fn._amx_sums = b.bitcast(block, I8.as_pointer())
     return fn._amx_sums
 
 
@@ -171,10 +164,10 @@ def emit_tile(b: ir.IRBuilder, groups: int, taps: list[int], a_block, b_base, gr
     each row i < 32 and vector j, the sums starting from init(i, j) where given."""
     m = b.module
     i8p = I8.as_pointer()
-    load = _declare(m, "llvm.x86.tileloadd64", [I8, i8p, I64])
-    zero = _declare(m, "llvm.x86.tilezero", [I8])
-    product = _declare(m, "llvm.x86.tdpbsud", [I8, I8, I8])
-    stored = _declare(m, "llvm.x86.tilestored64", [I8, i8p, I64])
+    load = intrinsic(m, "llvm.x86.tileloadd64", ir.VoidType(), [I8, i8p, I64])
+    zero = intrinsic(m, "llvm.x86.tilezero", ir.VoidType(), [I8])
+    product = intrinsic(m, "llvm.x86.tdpbsud", ir.VoidType(), [I8, I8, I8])
+    stored = intrinsic(m, "llvm.x86.tilestored64", ir.VoidType(), [I8, i8p, I64])
     cols = vectors or COLS
     assert groups % TILE_GROUPS == 0
     sums = _sums_block(b)

@@ -40,6 +40,7 @@ import numpy as np
 from llvmlite import ir
 
 from ...reference.primitives import requantize_multipliers, residual_constant, residual_ratio
+from . import amx
 from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic, round_to_i32
 from .vectors import masked_load, prefetch, splat
 
@@ -123,8 +124,7 @@ def pack_a(w: np.ndarray, taps: int, qs: QShape, mr: Optional[int] = None) -> np
     padded[:m, :c] = w
     # [MB, MR, CG, G, T] -> [MB, CG, T, MR, G]
     if qs.kind == "amx":
-        from .amx import pack_a as pack_tiles
-        return pack_tiles(padded, mr, g)
+        return amx.pack_a(padded, mr, g)
     a = padded.reshape(mp // mr, mr, cp // g, g, taps).transpose(0, 2, 4, 1, 3)
     return np.ascontiguousarray(a)
 

@@ -152,6 +152,7 @@ class Geometry:
         # ... and a tile reads: on AMX tiles (one group of filters), whole tiles of 16 element
         # groups, the plane's rows past its own read (any bytes: their weights are zeros).
         self.tile_groups = _ceil(self.groups, TILE_GROUPS) * TILE_GROUPS if qs.kind == "amx" else self.groups
+        self.plane_rows = self.plane_groups + self.tile_groups - self.groups     # element rows read
         self.qpad = _ceil(self.q, nr) * nr
         # Vectors of the last panel's tiles: only those holding some column.  A 7x7 image is
         # 49 of 64 lanes in whole panels of 16 (AVX2), of 56 with a last panel of one
@@ -174,8 +175,8 @@ class Geometry:
         self.blocks = self.ng * self.bpg
         self.mpad = self.blocks * self.mr
         # Elements the tiles may read: the last group's taps up to the last padded column.
-        read = self.plane_groups + self.tile_groups - self.groups
-        self.plane_elems = max(read * self.group_stride, (read - 1) * self.group_stride + max(self.taps) + self.qpad)
+        self.plane_elems = max(self.plane_rows * self.group_stride,
+                               (self.plane_rows - 1) * self.group_stride + max(self.taps) + self.qpad)
         if self.panel_major:        # (the last panel's tiles read rows past its own: tile_groups)
             self.plane_elems = self.plane_groups * self.qpad + (self.tile_groups - self.groups) * nr
         self.plane_bytes = _ceil(4 * self.plane_elems, 64) * 64

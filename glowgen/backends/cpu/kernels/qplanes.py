@@ -262,8 +262,9 @@ def interleave_band_pixels(qs: QShape) -> int:
 
 
 def interleave_band_bytes(geo: Geometry) -> int:
-    """Bytes of a band of interleaves_in_bands' plane: every element group's pixels."""
-    return _ceil(4 * (geo.plane_groups + geo.tile_groups - geo.groups) * interleave_band_pixels(geo.qs), 64) * 64
+    """Bytes of a band of interleaves_in_bands' plane: every element row's pixels (those
+    past the plane's own that AMX tiles read: Geometry.plane_rows)."""
+    return _ceil(4 * geo.plane_rows * interleave_band_pixels(geo.qs), 64) * 64
 
 
 def interleaves_in_bands(geo: Geometry) -> bool:
