@@ -161,7 +161,10 @@ class DepthwiseGeometry:
         self.plane_bytes = _align(self.value_bytes * max(
             sh * self.phase, (self.elems - vw if self.elems else reach) + self.load))
         self.elem_bytes = _align(4 * self.elems)
-        self.scratch = self.plane_bytes + self.elem_bytes + _align(self.qpad)
+        self.ys_bytes = _align(self.qpad)
+        # Two planes and two rows of results (emit: one channel's in use, the next one's
+        # being filled).
+        self.scratch = 2 * self.plane_bytes + self.elem_bytes + 2 * self.ys_bytes
         self.a_words = self.c * len(self.taps)
 
     def input_rows(self):
@@ -207,36 +210,63 @@ def emit(k, qs: QShape) -> None:
     words = b.bitcast(packed, I32.as_pointer())
     corr = b.bitcast(b.gep(packed, [i64(4 * geo.a_words)]), I32.as_pointer())
     mult = b.bitcast(b.gep(packed, [i64(4 * geo.a_words + 4 * geo.c)]), F32.as_pointer())
-    plane = b.bitcast(k.scratch, I8.as_pointer())
-    elems = b.bitcast(b.gep(plane, [i64(geo.plane_bytes)]), I32.as_pointer())
-    ys = b.gep(plane, [i64(geo.plane_bytes + geo.elem_bytes)])
+    scratch = b.bitcast(k.scratch, I8.as_pointer())
     x_offset = node.inputs[0].type.quant.offset
     value = I8 if geo.value_bytes == 1 else I16
     pad = x_offset + qs.shift if value == I16 else (x_offset + qs.shift) & 0xFF
     flip = qs.shift == 128                           # i8 -> the u8 bits of x + 128
-    values = b.bitcast(plane, value.as_pointer())
+    # Two planes and two rows of results, a channel's each, used in turn: channel c + 1's
+    # plane is copied in before channel c's lanes, and channel c - 1's results copied out
+    # after them, so that no load reads bytes stored just before it (the copy's stores of
+    # a few bytes, or the lanes' of a vector, that a wider or straddling load could not
+    # take from the store buffer, waited for until they reached the cache).
+    planes = [b.bitcast(b.gep(scratch, [i64(i * geo.plane_bytes)]), value.as_pointer()) for i in range(2)]
+    elems = b.bitcast(b.gep(scratch, [i64(2 * geo.plane_bytes)]), I32.as_pointer())
+    rows = [b.gep(scratch, [i64(2 * geo.plane_bytes + geo.elem_bytes + i * geo.ys_bytes)]) for i in range(2)]
 
-    fill(b, values, geo.plane_bytes // geo.value_bytes, pad)   # the padding; rows are copied over it
-    lo, hi = k.split.range(b, geo.c)
-    with for_range(b, geo.batch, name="dn") as n, for_range(b, hi, start=lo, name="dc") as c:
+    def of(c, pair):
+        return b.select(b.trunc(c, ir.IntType(1)), pair[1], pair[0])
+
+    def copy_in(n, c):
         image = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h * geo.w))
+        values = of(c, planes)
         for py, yq0, yq1, iy0 in geo.input_rows():
             with for_range(b, yq1, start=yq0, name="drow") as yq:
                 iy = b.add(b.mul(b.sub(yq, i64(yq0)), i64(geo.sh)), i64(iy0))
                 src = b.gep(x, [b.add(image, b.mul(iy, i64(geo.w)))])
                 dst = b.gep(values, [b.add(b.mul(yq, i64(geo.row)), i64(py * geo.phase + geo.pl))])
                 copy_bytes(b, src, dst, geo.w, flip)
-        if geo.mode == "expand":
-            with for_range(b, geo.elems, step=qs.vw, name="dexp") as i:
-                v = lane_groups(b, geo, plane, i)
-                st = b.store(v, b.bitcast(b.gep(elems, [i]), v.type.as_pointer()))
-                st.align = 4
-        channel_lanes(b, geo, values, elems, ys, b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
-                      b.load(b.gep(corr, [c])), b.load(b.gep(mult, [c])), node.offset, saturation(node))
+
+    def copy_out(n, c):
         out = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.oh * geo.ow))
+        ys = of(c, rows)
         with for_range(b, geo.oh, name="dout") as oy:
             copy_bytes(b, b.gep(ys, [b.mul(oy, i64(geo.wq))]), b.gep(y, [b.add(out, b.mul(oy, i64(geo.ow)))]),
                        geo.ow, False)
+
+    for values in planes:                            # the padding; rows are copied over it
+        fill(b, values, geo.plane_bytes // geo.value_bytes, pad)
+    lo, hi = k.split.range(b, geo.c)
+    with for_range(b, geo.batch, name="dn") as n:
+        with b.if_then(b.icmp_signed("<", lo, hi)):
+            copy_in(n, lo)
+        with for_range(b, hi, start=lo, name="dc") as c:
+            nxt = b.add(c, i64(1))
+            with b.if_then(b.icmp_signed("<", nxt, hi)):
+                copy_in(n, nxt)
+            values = of(c, planes)
+            if geo.mode == "expand":
+                plane = b.bitcast(values, I8.as_pointer())
+                with for_range(b, geo.elems, step=qs.vw, name="dexp") as i:
+                    v = lane_groups(b, geo, plane, i)
+                    st = b.store(v, b.bitcast(b.gep(elems, [i]), v.type.as_pointer()))
+                    st.align = 4
+            channel_lanes(b, geo, values, elems, of(c, rows), b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
+                          b.load(b.gep(corr, [c])), b.load(b.gep(mult, [c])), node.offset, saturation(node))
+            with b.if_then(b.icmp_signed(">", c, lo)):
+                copy_out(n, b.sub(c, i64(1)))
+        with b.if_then(b.icmp_signed("<", lo, hi)):
+            copy_out(n, b.sub(hi, i64(1)))
 
 
 def lane_groups(b, geo: DepthwiseGeometry, plane, at):
