@@ -308,8 +308,9 @@ def _interleave_step(b, qs: QShape, rows, dst, p, vl: int):
     """Pixels p..p + vl of the G channel rows, interleaved into elements p.. of dst."""
     g = qs.group
     if unpacks_in_lanes(b, qs, vl):
-        for at in range(0, vl, UNPACK_PIXELS):
-            _interleave_by_unpacks(b, qs, rows, dst, p if at == 0 else b.add(p, i64(at)))
+        run = UNPACK_PIXELS if vl % UNPACK_PIXELS == 0 else 16
+        for at in range(0, vl, run):
+            _interleave_by_unpacks(b, qs, rows, dst, p if at == 0 else b.add(p, i64(at)), run)
         return
     vs = []
     for row in rows:
@@ -329,46 +330,64 @@ UNPACK_PIXELS = 32
 
 
 def unpacks_in_lanes(b, qs: QShape, vl: int) -> bool:
-    """Whether _interleave_step deals bytes by _interleave_by_unpacks: four channels of bytes
-    on a target without AVX-512 VBMI's byte permutes (whose shuffles stay within 16-byte
-    lanes: AVX2)."""
-    return (qs.bits == 8 and qs.group == 4 and vl % UNPACK_PIXELS == 0
+    """Whether four channels' runs of `vl` bytes are interleaved by unpacks_in_order (a
+    multiple of 16 pixels, on a target without AVX-512 VBMI's byte permutes: AVX2's
+    shuffles stay within 16-byte lanes) in place of LLVM's lowering of one shuffle."""
+    return (qs.bits == 8 and qs.group == 4 and vl % 16 == 0
             and not target_has(b.module, "avx512vbmi"))
 
 
-def _interleave_by_unpacks(b, qs: QShape, rows, dst, p):
-    """_interleave_step of UNPACK_PIXELS pixels from four channel rows of bytes, in the
-    shuffles AVX2 has: bytes of rows 0/1 and 2/3 unpacked (low and high 8 of each 16-byte
-    lane: `vpunpck[lh]bw`), those pairs unpacked as 16-bit values (`vpunpck[lh]wd`: each
-    16-byte lane 4 whole elements of 4 channels), then the lanes put in order
-    (`vperm2i128`): 12 shuffles for 128 bytes, where LLVM's lowering of one shuffle of all
-    four rows took 56 for 256 (unpacks, 16-byte inserts, widenings and blends).  Single
-    layers, Emerald Rapids, one thread, per-step minima alternating in one process: 144 -> 24
-    at 56 x 56 170 -> 156 us at x86-64-v3 (138 -> 114 at x86-64-v4: AVX-512 without VBMI),
-    192 -> 32 at 28 x 28 82 -> 73 (57 -> 49)."""
-    b8, h16, w32 = ir.VectorType(I8, 32), ir.VectorType(I16, 16), ir.VectorType(I32, 8)
+def unpacks_in_order(b, vs: list) -> list:
+    """Four byte vectors of 16 or 32 (v_t: channel t's pixels) interleaved into 32-bit
+    elements of one pixel's four channels each: [the i32 vectors of pixels 0..3, 4..7, ...]
+    (4 of 4 elements, or of 8), by the shuffles AVX2 has: bytes of rows 0/1 and 2/3
+    unpacked (low and high 8 of each 16-byte lane: `vpunpck[lh]bw`), those pairs unpacked
+    as 16-bit values (`vpunpck[lh]wd`: each 16-byte lane 4 whole elements), then, for 32
+    bytes, the lanes put in order (`vperm2i128`): 12 shuffles for 128 bytes, where LLVM's
+    lowering of one shuffle of the four rows took 56 for 256 (unpacks, 16-byte inserts,
+    widenings and blends)."""
+    n = vs[0].type.count
+    lanes = n // 16
+
+    def unpack(x, y, high: bool, per_lane: int):
+        half = per_lane // 2
+        order = [src + lane * per_lane + i + (half if high else 0)
+                 for lane in range(lanes) for i in range(half) for src in (0, lanes * per_lane)]
+        return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, len(order)), order))
+
+    h16, w32 = ir.VectorType(I16, n // 2), ir.VectorType(I32, n // 4)
+    pairs = [unpack(vs[0], vs[1], h, 16) for h in (False, True)] + [unpack(vs[2], vs[3], h, 16) for h in (False, True)]
+    lo01, hi01, lo23, hi23 = (b.bitcast(v, h16) for v in pairs)
+    # Lane L of quads[k]: pixels 16 L + 4 k .. 16 L + 4 k + 3, their four channels each.
+    quads = [b.bitcast(unpack(x, y, h, 8), w32) for x, y in ((lo01, lo23), (hi01, hi23)) for h in (False, True)]
+    if lanes == 1:
+        return quads
+    return [b.shuffle_vector(quads[x], quads[y], ir.Constant(
+        ir.VectorType(I32, 8), [4 * lane + i for i in range(4)] + [8 + 4 * lane + i for i in range(4)]))
+        for x, y, lane in ((0, 1, 0), (2, 3, 0), (0, 1, 1), (2, 3, 1))]
+
+
+def store_in_order(b, pieces: list, dst):
+    """unpacks_in_order's vectors stored one after the other from dst (i8*), each on its
+    own (joined, LLVM would make them one shuffle again)."""
+    out = b.bitcast(dst, pieces[0].type.as_pointer())
+    for k, v in enumerate(pieces):
+        st = b.store(v, b.gep(out, [i64(k)]))
+        st.align = 4
+
+
+def _interleave_by_unpacks(b, qs: QShape, rows, dst, p, run: int):
+    """_interleave_step of `run` (UNPACK_PIXELS or 16) pixels from four channel rows of bytes
+    (unpacks_in_order).  Single layers, Emerald Rapids, one thread, per-step minima
+    alternating in one process: 144 -> 24 at 56 x 56 170 -> 156 us at x86-64-v3 (138 ->
+    114 at x86-64-v4: AVX-512 without VBMI), 192 -> 32 at 28 x 28 82 -> 73 (57 -> 49)."""
+    b8 = ir.VectorType(I8, run)
     vs = []
     for row in rows:
         v = b.load(b.bitcast(b.gep(row, [p]), b8.as_pointer()))
         v.align = 1
         vs.append(_elem(b, qs, v))
-
-    def unpack(x, y, high: bool, per_lane: int):
-        half = per_lane // 2
-        order = [src + lane * per_lane + i + (half if high else 0)
-                 for lane in range(2) for i in range(half) for src in (0, 2 * per_lane)]
-        return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(I32, len(order)), order))
-
-    pairs = [unpack(vs[0], vs[1], h, 16) for h in (False, True)] + [unpack(vs[2], vs[3], h, 16) for h in (False, True)]
-    lo01, hi01, lo23, hi23 = (b.bitcast(v, h16) for v in pairs)
-    # Lane L of quads[k]: pixels 16 L + 4 k .. 16 L + 4 k + 3, their four channels each.
-    quads = [b.bitcast(unpack(x, y, h, 8), w32) for x, y in ((lo01, lo23), (hi01, hi23)) for h in (False, True)]
-    out = b.bitcast(b.gep(dst, [b.mul(p, i64(qs.group))]), w32.as_pointer())
-    for k, (x, y, lane) in enumerate(((0, 1, 0), (2, 3, 0), (0, 1, 1), (2, 3, 1))):
-        v = b.shuffle_vector(quads[x], quads[y], ir.Constant(
-            ir.VectorType(I32, 8), [4 * lane + i for i in range(4)] + [8 + 4 * lane + i for i in range(4)]))
-        st = b.store(v, b.gep(out, [i64(k)]))
-        st.align = 4
+    store_in_order(b, unpacks_in_order(b, vs), b.gep(dst, [b.mul(p, i64(qs.group))]))
 
 
 # Output pixels a step of build_im2col_plane's vector loop takes.
