@@ -563,8 +563,11 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--json", metavar="FILE", help="--layers: also write the table as JSON")
     bn.add_argument("--backend", default=pipeline.DEFAULT_BACKEND, choices=backend_names(),
                     help="glowgen backend (default: cpu)")
-    bn.add_argument("--compare", default="auto", choices=["auto", "onnxruntime", "none"],
-                    help="compare with onnxruntime (default: auto, when it is installed)")
+    bn.add_argument("--compare", default="auto", choices=["auto", "onnxruntime", "float", "none"],
+                    help="compare with onnxruntime (default: auto, when it is installed); float: "
+                         "with --quantize, the quantized model against glowgen's float one, "
+                         "compiled alike (the speed-up quantization gives, and the SQNR of its "
+                         "outputs)")
     bn.add_argument("--threads", type=int, default=None, metavar="N",
                     help="threads for glowgen (threads=N) and for onnxruntime "
                          "(intra_op_num_threads=N); default: this machine's cores")

@@ -101,12 +101,11 @@ MIN_ROUNDS_FOR_RATIOS = 3
 PROGRESS_WIDTH = 48
 
 
-def _block_progress(rounds: int):
+def _block_progress(rounds: int, engines=("glowgen", "onnxruntime")):
     """A progress line on a terminal (stderr) while the blocks run; nothing when piped."""
     import sys
     if not sys.stderr.isatty():
         return None
-    engines = ("glowgen", "onnxruntime")
 
     def show(engine: int, block: int) -> None:
         print(f"timing: block {block + 1}/{rounds}, {engines[engine]}...".ljust(PROGRESS_WIDTH), end="\r",
@@ -133,6 +132,9 @@ def _stats_line(times) -> str:
 def cmd_bench(args) -> int:
     import time
     from .api import compile as compile_model
+    if args.compare == "float" and (args.devices is not None or args.layers):
+        raise InputError("--compare float times one quantized model against its float one: "
+                         "not with --devices or --layers")
     if args.devices is not None:          # serving through glowgen.runtime.Host
         from .cli_runtime import cmd_bench_serving
         return cmd_bench_serving(args)
@@ -152,8 +154,13 @@ def cmd_bench(args) -> int:
         raise InputError("--no-stacking applies to the cpu backend: add --backend cpu")
     if args.profile and args.backend != "cpu":
         raise InputError("--profile times the cpu backend's kernels: add --backend cpu")
+    if args.compare == "float" and args.quantize is None:
+        raise InputError("--compare float times the quantized model against the float one: "
+                         "add --quantize PROFILE.json")
+    if args.compare == "float" and args.onnxruntime_model:
+        raise InputError("--onnxruntime-model goes with onnxruntime's comparison, not --compare float")
     ort = None
-    if args.compare != "none":
+    if args.compare not in ("none", "float"):
         try:
             import onnxruntime as ort
         except ImportError:
@@ -175,15 +182,18 @@ def cmd_bench(args) -> int:
     print(f"model        {args.model} ({desc})")
     warm = (f"{args.warmup} warm-up" if args.warmup is not None else
             f"a warm-up of {WARMUP_SECONDS:g} s (at least {WARMUP_RUNS} runs)")
-    rounds = min(args.rounds, args.runs) if ort is not None else 1
+    rounds = min(args.rounds, args.runs) if ort is not None or args.compare == "float" else 1
     blocks = f", in {rounds} blocks an engine taken in turn" if rounds > 1 else ""
     print(f"runs         {args.runs} timed after {warm} each{blocks}, same inputs for every engine")
     extra = "" if args.backend != "cpu" else (f", stacking {'off' if args.no_stacking else 'on'}"
                                               + (", winograd off" if args.no_winograd else "")
                                               + (", amx off" if args.no_amx else ""))
     used = model.options.get("threads", 1)
-    print(f"glowgen      backend {args.backend}{extra}, {used} thread{'s' if used > 1 else ''}, "
+    kind = f", quantized ({args.precision or 'int8'})" if args.quantize else ""
+    print(f"glowgen      backend {args.backend}{extra}{kind}, {used} thread{'s' if used > 1 else ''}, "
           f"compiled in {compile_s:.2f} s")
+    if args.compare == "float":
+        return _against_float(args, model, feeds, rounds)
     if ort is None:
         g_times = _timings(lambda: model.run(feeds), args.runs, args.warmup)
         print(f"  latency    {_stats_line(g_times)}")
@@ -231,6 +241,48 @@ def cmd_bench(args) -> int:
             diffs.append(float(np.nanmax(d)) if np.isfinite(d).any() else float("nan"))
     if diffs:
         print(f"outputs      max |glowgen - onnxruntime| = {max(diffs):.3g}")
+    if args.profile:
+        _print_profile(args, feeds)
+    return 0
+
+
+def _against_float(args, model, feeds, rounds: int) -> int:
+    """--compare float: the quantized `model` (already compiled and described) and the same
+    model compiled in float with the same options, timed in turn as onnxruntime would be;
+    their ratio (the quantized model's speed-up) and the SQNR of its outputs against float's."""
+    import time
+    from .api import compile as compile_model
+    t0 = time.perf_counter()
+    fp = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
+                       **({"stacking": False} if args.no_stacking else {}), **_thread_option(args))
+    if hasattr(fp, "specialized"):
+        fp = fp.specialized(feeds)
+    fp_s = time.perf_counter() - t0
+    progress = _block_progress(rounds, ("quantized", "float"))
+    q_blocks, f_blocks = _alternating([lambda: model.run(feeds), lambda: fp.run(feeds)],
+                                      args.runs, rounds, args.warmup, progress)
+    q_times, f_times = _all_runs(q_blocks), _all_runs(f_blocks)
+    _clear_progress(progress)
+    print(f"  latency    {_stats_line(q_times)}")
+    print(f"float        the same model unquantized, compiled alike in {fp_s:.2f} s")
+    print(f"  latency    {_stats_line(f_times)}")
+    speedup = _percentile(f_times, 50) / _percentile(q_times, 50)
+    print(f"speed-up     float / quantized = {speedup:.2f} (median latency; above 1 means the "
+          f"quantized model is faster); fastest runs {f_times[0] / q_times[0]:.2f}")
+    if len(q_blocks) >= MIN_ROUNDS_FOR_RATIOS:
+        by_round = _round_ratios(f_blocks, q_blocks)
+        print(f"by round     float / quantized = {_percentile(by_round, 50):.2f} (median of {len(by_round)} "
+              f"rounds' ratios of medians; {by_round[0]:.2f} to {by_round[-1]:.2f})")
+    ours, theirs = model.run(feeds), fp.run(feeds)
+    signal = noise = 0.0
+    for k, v in theirs.items():
+        if k in ours and np.asarray(ours[k]).shape == v.shape:
+            ref = np.asarray(v, np.float64)
+            signal += float(np.sum(ref ** 2))
+            noise += float(np.sum((np.asarray(ours[k], np.float64) - ref) ** 2))
+    if signal > 0:
+        sqnr = "inf" if noise == 0 else f"{10 * np.log10(signal / noise):.1f}"
+        print(f"outputs      SQNR of the quantized outputs against float's = {sqnr} dB")
     if args.profile:
         _print_profile(args, feeds)
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -215,6 +216,25 @@ def test_cli_profile_bad_calibration_data(tmp_path, make, message):
     r = _cli("profile", tmp_path / "m.onnx", "--calibration", tmp_path / "c.npz", "-o", tmp_path / "p.json")
     assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_cli_bench_compare_float(tmp_path):
+    """`glowgen bench --quantize P --compare float`: the quantized model timed against the
+    same model in float, with the SQNR of its outputs; refused without --quantize."""
+    model = _cnn()
+    onnx.save(model, tmp_path / "m.onnx")
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((6, 1, 2, 6, 6)).astype(np.float32))
+    assert _cli("profile", tmp_path / "m.onnx", "--calibration", tmp_path / "calib.npz",
+                "-o", tmp_path / "p.json").returncode == 0
+    r = _cli("bench", tmp_path / "m.onnx", "--quantize", tmp_path / "p.json", "--compare", "float",
+             "--runs", 6, "--rounds", 3, "--warmup", 1, "--threads", 1)
+    assert r.returncode == 0, r.stderr
+    speedup = re.search(r"^speed-up +float / quantized = ([0-9.]+)", r.stdout, re.M)
+    sqnr = re.search(r"SQNR of the quantized outputs against float's = ([0-9.]+) dB", r.stdout)
+    assert speedup and float(speedup.group(1)) > 0 and "by round" in r.stdout, r.stdout
+    assert sqnr and float(sqnr.group(1)) > 20, r.stdout      # a profiled 8-bit model: tens of dB
+    r = _cli("bench", tmp_path / "m.onnx", "--compare", "float", "--runs", 3)
+    assert r.returncode == 2 and "add --quantize" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 # ----------------------------------------------------------------------------- quantized models
