@@ -10,8 +10,6 @@ from __future__ import annotations
 from math import gcd, prod
 from typing import Optional
 
-from llvmlite import ir
-
 from ..gemm import emit_gemm, gemm_items, pack_panels_size
 from ..llvmutil import for_range, i64
 from ..loops import contiguous_strides
@@ -22,8 +20,8 @@ from .base import CHANNELS, DESCRIBE, PACKING, PRODUCT_SPACE, REPACK, SCRATCH, S
 from .common import inside, lin, nest
 from .conv_blocked import (BlockedGeometry, blocked_items, blocked_weights, conv_is_blocked,
                            emit_conv_blocked)
-from .conv_planes import (MAX_TAPS, PlaneGeometry, aligned_floats, conv_is_pointwise, emit_conv_planes,
-                          fill_plane, fill_plane_band, offsets_global, patch_panel, scratch_bytes,
+from .conv_planes import (MAX_TAPS, PlaneGeometry, aligned_floats, conv_is_pointwise, conv_scratch_bytes,
+                          emit_conv_planes, fill_plane, fill_plane_band, offsets_global, patch_panel,
                           zero_planes)
 from .conv_winograd import (WinogradGeometry, conv_is_winograd, emit_conv_winograd, winograd_items,
                             winograd_weights)
@@ -245,7 +243,7 @@ def conv_repack(prog, ins, shape, users) -> bool:
 def conv_scratch(ins, shape) -> int:
     node, strategy = ins.node, ins.plan.strategy
     if strategy == "planes":
-        return scratch_bytes(node, shape.vw)
+        return conv_scratch_bytes(node, shape.vw)
     if strategy == "transposed":
         return 4 * scratch_floats(node, shape)
     if strategy == "blocked":
