@@ -119,6 +119,18 @@ def _clear_progress(progress) -> None:
         print(" " * PROGRESS_WIDTH, end="\r", file=sys.stderr, flush=True)
 
 
+def _print_ratio(head: str, label: str, num_blocks, den_blocks, meaning: str) -> None:
+    """The ratio of two engines' median latencies (and of their fastest runs), then, with
+    enough rounds, the median of the rounds' ratios (_round_ratios)."""
+    num, den = _all_runs(num_blocks), _all_runs(den_blocks)
+    ratio = _percentile(num, 50) / _percentile(den, 50)
+    print(f"{head:<13}{label} = {ratio:.2f} (median latency; {meaning}); fastest runs {num[0] / den[0]:.2f}")
+    if len(num_blocks) >= MIN_ROUNDS_FOR_RATIOS:
+        by_round = _round_ratios(num_blocks, den_blocks)
+        print(f"by round     {label} = {_percentile(by_round, 50):.2f} (median of {len(by_round)} "
+              f"rounds' ratios of medians; {by_round[0]:.2f} to {by_round[-1]:.2f})")
+
+
 def _fmt_ms(seconds: float) -> str:
     ms = seconds * 1e3
     return f"{ms:.3f} ms" if ms < 100 else f"{ms:.1f} ms"
@@ -225,13 +237,7 @@ def cmd_bench(args) -> int:
           f"{'s' if args.threads > 1 else ''}, session created in {ort_s:.2f} s"
           + (f", on {args.onnxruntime_model}" if args.onnxruntime_model else ""))
     print(f"  latency    {_stats_line(o_times)}")
-    ratio = _percentile(g_times, 50) / _percentile(o_times, 50)
-    print(f"ratio        glowgen / onnxruntime = {ratio:.2f} (median latency; below 1 means "
-          f"glowgen is faster); fastest runs {g_times[0] / o_times[0]:.2f}")
-    if len(g_blocks) >= MIN_ROUNDS_FOR_RATIOS:
-        by_round = _round_ratios(g_blocks, o_blocks)
-        print(f"by round     glowgen / onnxruntime = {_percentile(by_round, 50):.2f} (median of {len(by_round)} "
-              f"rounds' ratios of medians; {by_round[0]:.2f} to {by_round[-1]:.2f})")
+    _print_ratio("ratio", "glowgen / onnxruntime", g_blocks, o_blocks, "below 1 means glowgen is faster")
     ours = model.run(feeds)
     theirs = dict(zip(names, sess.run(names, ort_feeds)))
     diffs = []
@@ -266,13 +272,7 @@ def _against_float(args, model, feeds, rounds: int) -> int:
     print(f"  latency    {_stats_line(q_times)}")
     print(f"float        the same model unquantized, compiled alike in {fp_s:.2f} s")
     print(f"  latency    {_stats_line(f_times)}")
-    speedup = _percentile(f_times, 50) / _percentile(q_times, 50)
-    print(f"speed-up     float / quantized = {speedup:.2f} (median latency; above 1 means the "
-          f"quantized model is faster); fastest runs {f_times[0] / q_times[0]:.2f}")
-    if len(q_blocks) >= MIN_ROUNDS_FOR_RATIOS:
-        by_round = _round_ratios(f_blocks, q_blocks)
-        print(f"by round     float / quantized = {_percentile(by_round, 50):.2f} (median of {len(by_round)} "
-              f"rounds' ratios of medians; {by_round[0]:.2f} to {by_round[-1]:.2f})")
+    _print_ratio("speed-up", "float / quantized", f_blocks, q_blocks, "above 1 means the quantized model is faster")
     ours, theirs = model.run(feeds), fp.run(feeds)
     signal = noise = 0.0
     for k, v in theirs.items():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Callable, Optional
 
 from llvmlite import ir
 
@@ -74,6 +75,31 @@ def for_range(b: ir.IRBuilder, count, start=0, step=1, name: str = "i", vectoriz
     if not vectorize:
         back.set_metadata("llvm.loop", no_vectorize(b.module))
     b.position_at_end(end)
+
+
+@contextmanager
+def for_range_staged(b: ir.IRBuilder, count, start, stage: Callable, drain: Optional[Callable] = None,
+                     name: str = "i"):
+    """`for (i = start; i < count; i++)` (i64 values) whose iterations' inputs are staged one
+    ahead and their outputs drained one behind: stage(start) before the loop, stage(i + 1)
+    at the top of iteration i (where there is one), then the body, then drain(i - 1) (but in
+    the first), and drain(count - 1) after the loop.  Kernels that copy each item into a
+    buffer of its own (two, used in turn) and read it whole right after: a vector load over
+    stores just made that the store buffer cannot forward (narrower, or straddling two)
+    waits until they reach the cache, and an item's copy made an iteration early has."""
+    with b.if_then(b.icmp_signed("<", start, count)):
+        stage(start)
+    with for_range(b, count, start=start, name=name) as i:
+        nxt = b.add(i, i64(1))
+        with b.if_then(b.icmp_signed("<", nxt, count)):
+            stage(nxt)
+        yield i
+        if drain is not None:
+            with b.if_then(b.icmp_signed(">", i, start)):
+                drain(b.sub(i, i64(1)))
+    if drain is not None:
+        with b.if_then(b.icmp_signed("<", start, count)):
+            drain(b.sub(count, i64(1)))
 
 
 def no_vectorize(module: ir.Module) -> ir.values.MDValue:

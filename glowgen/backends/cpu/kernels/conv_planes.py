@@ -19,7 +19,7 @@ import copy
 
 from llvmlite import ir
 
-from ..llvmutil import F32, I32, I64, for_range, i64
+from ..llvmutil import F32, I32, I64, for_range, for_range_staged, i64
 from ..vectors import copy_run, fmuladd, masked_load, splat, vload, vstore
 
 
@@ -104,12 +104,7 @@ def emit_conv_planes(k, vw: int) -> None:
     # The task's channels in order, chan = gi * cg + ci.
     first_chan, end_chan = b.mul(lo, i64(g.cg)), b.mul(hi, i64(g.cg))
     with for_range(b, n_img, name="img") as img:
-        with b.if_then(b.icmp_signed("<", first_chan, end_chan)):
-            fill(img, first_chan)
-        with for_range(b, end_chan, start=first_chan, name="chan") as chan:
-            nxt = b.add(chan, i64(1))
-            with b.if_then(b.icmp_signed("<", nxt, end_chan)):
-                fill(img, nxt)
+        with for_range_staged(b, end_chan, first_chan, lambda chan: fill(img, chan), name="chan") as chan:
             gi, ci = b.sdiv(chan, i64(g.cg)), b.srem(chan, i64(g.cg))
             first = b.icmp_signed("==", ci, i64(0))
             last = b.icmp_signed("==", ci, i64(g.cg - 1))

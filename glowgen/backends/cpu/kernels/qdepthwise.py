@@ -34,7 +34,7 @@ import numpy as np
 from llvmlite import ir
 
 from ....reference.primitives import saturation
-from ..llvmutil import F32, I8, I16, I32, for_range, i64
+from ..llvmutil import F32, I8, I16, I32, for_range, for_range_staged, i64
 from ..parallel import Work
 from ..qgemm import (QShape, dot_groups, for_weights, narrow, pack_epilogue, products_in_range,
                      requantize_unsaturated)
@@ -215,11 +215,10 @@ def emit(k, qs: QShape) -> None:
     value = I8 if geo.value_bytes == 1 else I16
     pad = x_offset + qs.shift if value == I16 else (x_offset + qs.shift) & 0xFF
     flip = qs.shift == 128                           # i8 -> the u8 bits of x + 128
-    # Two planes and two rows of results, a channel's each, used in turn: channel c + 1's
-    # plane is copied in before channel c's lanes, and channel c - 1's results copied out
-    # after them, so that no load reads bytes stored just before it (the copy's stores of
-    # a few bytes, or the lanes' of a vector, that a wider or straddling load could not
-    # take from the store buffer, waited for until they reached the cache).
+    # Two planes and two rows of results, a channel's each, used in turn (for_range_staged):
+    # channel c + 1's plane is copied in before channel c's lanes, and channel c - 1's
+    # results copied out after them, so that no load reads bytes stored just before it
+    # (MobileNetV2's 960 at 7 x 7 at x86-64-v3: 35.8 -> 17.5 us, 29.6 -> 14.6 natively).
     planes = [b.bitcast(b.gep(scratch, [i64(i * geo.plane_bytes)]), value.as_pointer()) for i in range(2)]
     elems = b.bitcast(b.gep(scratch, [i64(2 * geo.plane_bytes)]), I32.as_pointer())
     rows = [b.gep(scratch, [i64(2 * geo.plane_bytes + geo.elem_bytes + i * geo.ys_bytes)]) for i in range(2)]
@@ -248,12 +247,7 @@ def emit(k, qs: QShape) -> None:
         fill(b, values, geo.plane_bytes // geo.value_bytes, pad)
     lo, hi = k.split.range(b, geo.c)
     with for_range(b, geo.batch, name="dn") as n:
-        with b.if_then(b.icmp_signed("<", lo, hi)):
-            copy_in(n, lo)
-        with for_range(b, hi, start=lo, name="dc") as c:
-            nxt = b.add(c, i64(1))
-            with b.if_then(b.icmp_signed("<", nxt, hi)):
-                copy_in(n, nxt)
+        with for_range_staged(b, hi, lo, lambda c: copy_in(n, c), lambda c: copy_out(n, c), name="dc") as c:
             values = of(c, planes)
             if geo.mode == "expand":
                 plane = b.bitcast(values, I8.as_pointer())
@@ -263,10 +257,6 @@ def emit(k, qs: QShape) -> None:
                     st.align = 4
             channel_lanes(b, geo, values, elems, of(c, rows), b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
                           b.load(b.gep(corr, [c])), b.load(b.gep(mult, [c])), node.offset, saturation(node))
-            with b.if_then(b.icmp_signed(">", c, lo)):
-                copy_out(n, b.sub(c, i64(1)))
-        with b.if_then(b.icmp_signed("<", lo, hi)):
-            copy_out(n, b.sub(hi, i64(1)))
 
 
 def lane_groups(b, geo: DepthwiseGeometry, plane, at):
