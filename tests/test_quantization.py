@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import glowgen
 from glowgen.errors import GlowgenError, InputError
-from glowgen.quantization import (SCHEMAS, Calibration, Profile, TensorProfile, choose_params,
+from glowgen.quantization import (SCHEMAS, Calibration, TensorProfile, choose_params,
                                   load_profile, model_fingerprint, tensor_range)
 from glowgen.quantization.calibration import dequantize_array, quantize_array
 
