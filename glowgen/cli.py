@@ -553,7 +553,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "through the Python API (model.run, InferenceSession.run): the "
                     "median, min and 90th percentile latency of glowgen and, when onnxruntime is "
                     "installed, of onnxruntime in the same process on the same input, and their "
-                    "ratio.  Both run on --threads N threads (default: this machine's cores).")
+                    "ratio.  Both run on --threads N threads (default: this machine's cores).  "
+                    "With --quantize P --compare float, the quantized model against the same "
+                    "model in float: the speed-up quantization gives and its outputs' SQNR.")
     bn.add_argument("model", nargs="?", help="path to an .onnx file (not with --layers)")
     bn.add_argument("--layers", action="store_true",
                     help="instead of a model, a grid of single-op layers (convolutions, products, "
