@@ -141,9 +141,17 @@ def _stats_line(times) -> str:
             f"p90 {_fmt_ms(_percentile(times, 90))}")
 
 
+def _compile(args, **options):
+    """MODEL compiled as the bench flags say, with `options` besides (the quantize options,
+    which the float comparison leaves out; --profile's counters)."""
+    from .api import compile as compile_model
+    return compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
+                         **({"stacking": False} if args.no_stacking else {}), **_thread_option(args),
+                         **options)
+
+
 def cmd_bench(args) -> int:
     import time
-    from .api import compile as compile_model
     if args.compare == "float" and (args.devices is not None or args.layers):
         raise InputError("--compare float times one quantized model against its float one: "
                          "not with --devices or --layers")
@@ -182,9 +190,7 @@ def cmd_bench(args) -> int:
     t0 = time.perf_counter()
     from .cli_quantize import quantize_options
     quantized = quantize_options(args)
-    model = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
-                          **({"stacking": False} if args.no_stacking else {}), **_thread_option(args),
-                          **quantized)
+    model = _compile(args, **quantized)
     feeds = all_feeds = _feeds(args, model)
     if hasattr(model, "specialized"):     # dynamic: the variant these inputs call, compiled now
         model = model.specialized(feeds)
@@ -257,10 +263,8 @@ def _against_float(args, model, feeds, rounds: int) -> int:
     model compiled in float with the same options, timed in turn as onnxruntime would be;
     their ratio (the quantized model's speed-up) and the SQNR of its outputs against float's."""
     import time
-    from .api import compile as compile_model
     t0 = time.perf_counter()
-    fp = compile_model(args.model, backend=args.backend, input_shapes=_input_shapes(args),
-                       **({"stacking": False} if args.no_stacking else {}), **_thread_option(args))
+    fp = _compile(args)
     if hasattr(fp, "specialized"):
         fp = fp.specialized(feeds)
     fp_s = time.perf_counter() - t0
@@ -310,13 +314,8 @@ def _bench_layers(args) -> int:
 def _print_profile(args, feeds) -> None:
     """Time per native kernel, from cycle counters around each step of a second build (the
     timed runs above carry no counters)."""
-    from .api import compile as compile_model
     from .cli_quantize import quantize_options
-    model = compile_model(args.model, backend="cpu", input_shapes=_input_shapes(args),
-                          stacking=not args.no_stacking, winograd=not args.no_winograd,
-                          amx=not args.no_amx, profile=True,
-                          threads=args.threads,
-                          **({"cpu": args.cpu} if args.cpu else {}), **quantize_options(args))
+    model = _compile(args, profile=True, **quantize_options(args))     # (--profile: the cpu backend)
     import time
     _warm_up(lambda: model.run(feeds), args.warmup)
     model.profile(reset=True)

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from llvmlite import ir
 
-from .llvmutil import I64, for_range, i64, intrinsic
+from .llvmutil import I64, carried_loop, for_range, i64, intrinsic
 from .parallel import WHOLE, Split
 from .vectors import f32_vector, splat, vload, vstore
 
@@ -115,64 +115,52 @@ def emit_gemm(b: ir.IRBuilder, shape: GemmShape, M: int, N: int, K: int,
         if k0:
             starts = [[vload(b, partial_at(i, j), vw, lanes(j)) if valid_cols - j * vw > 0 else zero
                        for j in range(nv)] for i in range(mr)]
-        entry = b.block
-        loop = b.append_basic_block(f"{name}.k")
-        done = b.append_basic_block(f"{name}.kdone")
-        b.branch(loop)
-        b.position_at_end(loop)
-        k = b.phi(I64, name="k")
-        k.add_incoming(i64(k0), entry)
-        accs = [[b.phi(f32_vector(vw)) for _ in range(nv)] for _ in range(mr)]
-        for row, start in zip(accs, starts):
-            for acc, v in zip(row, start):
-                acc.add_incoming(v, entry)
-        if prefetch is not None:
-            prefetch(b, k)
-        # B vectors for this k
-        bvecs = []
-        if b_table is not None:
-            row = b.add(b.sext(b.load(b.gep(b_table[0], [ir.Constant(I64, 0), k])), I64), b_base)
-        for j in range(nv):
-            col_valid = valid_cols - j * vw
+
+        def reduce(k, accs):
+            """The tile's sums after k, from `accs`."""
+            if prefetch is not None:
+                prefetch(b, k)
+            # B vectors for this k
+            bvecs = []
             if b_table is not None:
-                if col_valid <= 0:
-                    bvecs.append(zero)
-                    continue
-                bvecs.append(vload(b, b.gep(bmat, [b.add(row, i64(j * vw))]), vw,
-                                   col_valid if col_valid < vw else None))
-            elif ldb is None:
-                off = b.add(b.mul(b.add(b.mul(panel_index, i64(K)), k), i64(vw * nv)), i64(j * vw))
-                bvecs.append(vload(b, b.gep(bmat, [off]), vw))
-            else:
-                if col_valid <= 0:
-                    bvecs.append(zero)
-                    continue
-                off = b.add(b.mul(k, i64(ldb)), b.add(n0, i64(j * vw)))
-                bvecs.append(vload(b, b.gep(bmat, [off]), vw, col_valid if col_valid < vw else None))
-        new_accs = []
-        if a_table is not None:
-            a_off = b.sext(b.load(b.gep(a_table[0], [ir.Constant(I64, 0), k])), I64)
-        for i in range(mr):
-            if a_table is not None:
-                av = b.load(b.gep(a_table[1][i], [a_off]))
-                new_accs.append([b.call(fma, [splat(b, av, vw), bvecs[j], accs[i][j]]) for j in range(nv)])
-                continue
-            if a_packed:       # block m0 // MR starts at m0 * K; then MR floats per k
-                at = b.add(b.add(b.mul(m0, i64(K)), b.mul(k, i64(shape.mr))), i64(i))
-            elif a_transposed:
-                at = b.add(b.add(b.mul(k, i64(lda)), m0), i64(i))
-            else:
-                at = b.add(b.mul(b.add(m0, i64(i)), i64(lda)), k)
-            av = b.load(b.gep(a, [at]))
-            avec = splat(b, av, vw)
-            new_accs.append([b.call(fma, [avec, bvecs[j], accs[i][j]]) for j in range(nv)])
-        k_next = b.add(k, i64(1))
-        k.add_incoming(k_next, b.block)
-        for i in range(mr):
+                row = b.add(b.sext(b.load(b.gep(b_table[0], [ir.Constant(I64, 0), k])), I64), b_base)
             for j in range(nv):
-                accs[i][j].add_incoming(new_accs[i][j], b.block)
-        b.cbranch(b.icmp_signed("<", k_next, i64(k1)), loop, done)
-        b.position_at_end(done)
+                col_valid = valid_cols - j * vw
+                if b_table is not None:
+                    if col_valid <= 0:
+                        bvecs.append(zero)
+                        continue
+                    bvecs.append(vload(b, b.gep(bmat, [b.add(row, i64(j * vw))]), vw,
+                                       col_valid if col_valid < vw else None))
+                elif ldb is None:
+                    off = b.add(b.mul(b.add(b.mul(panel_index, i64(K)), k), i64(vw * nv)), i64(j * vw))
+                    bvecs.append(vload(b, b.gep(bmat, [off]), vw))
+                else:
+                    if col_valid <= 0:
+                        bvecs.append(zero)
+                        continue
+                    off = b.add(b.mul(k, i64(ldb)), b.add(n0, i64(j * vw)))
+                    bvecs.append(vload(b, b.gep(bmat, [off]), vw, col_valid if col_valid < vw else None))
+            new_accs = []
+            if a_table is not None:
+                a_off = b.sext(b.load(b.gep(a_table[0], [ir.Constant(I64, 0), k])), I64)
+            for i in range(mr):
+                if a_table is not None:
+                    av = b.load(b.gep(a_table[1][i], [a_off]))
+                    new_accs.append([b.call(fma, [splat(b, av, vw), bvecs[j], accs[i][j]]) for j in range(nv)])
+                    continue
+                if a_packed:       # block m0 // MR starts at m0 * K; then MR floats per k
+                    at = b.add(b.add(b.mul(m0, i64(K)), b.mul(k, i64(shape.mr))), i64(i))
+                elif a_transposed:
+                    at = b.add(b.add(b.mul(k, i64(lda)), m0), i64(i))
+                else:
+                    at = b.add(b.mul(b.add(m0, i64(i)), i64(lda)), k)
+                av = b.load(b.gep(a, [at]))
+                avec = splat(b, av, vw)
+                new_accs.append([b.call(fma, [avec, bvecs[j], accs[i][j]]) for j in range(nv)])
+            return new_accs
+
+        new_accs = carried_loop(b, k0, k1, starts, reduce, name=name)
         if k1 < K:                    # partial sums, to C
             for i in range(mr):
                 for j in range(nv):

@@ -77,6 +77,39 @@ def for_range(b: ir.IRBuilder, count, start=0, step=1, name: str = "i", vectoriz
     b.position_at_end(end)
 
 
+def carried_loop(b: ir.IRBuilder, start: int, stop: int, values: list, body: Callable, name: str = "i",
+                 index: str = "k") -> list:
+    """A loop of stop - start (at least one) trips, i = start .. stop - 1, carrying `values`
+    (rows of values: a register tile's sums) through them as phis: body(i, rows) returns the
+    next rows; the rows after the last trip are returned.  The reductions of the register-
+    blocked products (gemm.py, qgemm.py), whose sums stay in registers over the loop."""
+    entry = b.block
+    loop = b.append_basic_block(f"{name}.k")
+    done = b.append_basic_block(f"{name}.kdone")
+    b.branch(loop)
+    b.position_at_end(loop)
+    i = b.phi(I64, name=index)
+    i.add_incoming(i64(start), entry)
+    phis = [[b.phi(v.type) for v in row] for row in values]
+    for row, row_values in zip(phis, values):
+        for phi, v in zip(row, row_values):
+            phi.add_incoming(v, entry)
+    out = body(i, phis)
+    i_next = b.add(i, i64(1))
+    i.add_incoming(i_next, b.block)
+    for row, row_out in zip(phis, out):
+        for phi, v in zip(row, row_out):
+            phi.add_incoming(v, b.block)
+    b.cbranch(b.icmp_signed("<", i_next, i64(stop)), loop, done)
+    b.position_at_end(done)
+    return out
+
+
+def in_turn(b: ir.IRBuilder, i, pair):
+    """pair[i % 2] (i an i64 value): of two buffers used in turn (for_range_staged)."""
+    return b.select(b.trunc(i, ir.IntType(1)), pair[1], pair[0])
+
+
 @contextmanager
 def for_range_staged(b: ir.IRBuilder, count, start, stage: Callable, drain: Optional[Callable] = None,
                      name: str = "i"):

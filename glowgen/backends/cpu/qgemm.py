@@ -41,7 +41,7 @@ from llvmlite import ir
 
 from ...reference.primitives import requantize_multipliers, residual_constant, residual_ratio
 from . import amx
-from .llvmutil import F32, I8, I16, I32, I64, i64, intrinsic, round_to_i32
+from .llvmutil import F32, I8, I16, I32, carried_loop, i64, intrinsic, round_to_i32
 from .vectors import masked_load, prefetch, splat
 
 # The int8 strategies by target (`choose_qshape`): (group, element bits, shift, vector i32
@@ -310,25 +310,7 @@ def emit_tile(b: ir.IRBuilder, qs: QShape, groups: int, taps: list[int], a_block
         for g in range(groups):
             cur = step(i64(g), cur)
     else:
-        entry = b.block
-        loop = b.append_basic_block(f"{name}.k")
-        done = b.append_basic_block(f"{name}.kdone")
-        b.branch(loop)
-        b.position_at_end(loop)
-        g = b.phi(I64, name="g")
-        g.add_incoming(i64(0), entry)
-        accs = [[b.phi(vt) for _ in range(nv)] for _ in range(mr)]
-        for row, row_starts in zip(accs, starts):
-            for acc, start in zip(row, row_starts):
-                acc.add_incoming(start, entry)
-        cur = step(g, accs)
-        g_next = b.add(g, i64(1))
-        g.add_incoming(g_next, b.block)
-        for i in range(mr):
-            for j in range(nv):
-                accs[i][j].add_incoming(cur[i][j], b.block)
-        b.cbranch(b.icmp_signed("<", g_next, i64(groups)), loop, done)
-        b.position_at_end(done)
+        cur = carried_loop(b, 0, groups, starts, step, name=name, index="g")
     for i in range(mr):
         for j in range(nv):
             store(i, j, cur[i][j])

@@ -19,7 +19,7 @@ import copy
 
 from llvmlite import ir
 
-from ..llvmutil import F32, I32, I64, for_range, for_range_staged, i64
+from ..llvmutil import F32, I32, I64, for_range, for_range_staged, i64, in_turn
 from ..vectors import copy_run, fmuladd, masked_load, splat, vload, vstore
 
 
@@ -93,11 +93,8 @@ def emit_conv_planes(k, vw: int) -> None:
     mg = g.m // groups
     planes = [k.scratch, b.gep(k.scratch, [i64(g.size)])]
 
-    def plane_of(chan):
-        return b.select(b.trunc(chan, ir.IntType(1)), planes[1], planes[0])
-
     def fill(img, chan):
-        fill_plane(b, g, b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), chan), i64(g.h * g.w))]), plane_of(chan))
+        fill_plane(b, g, b.gep(x, [b.mul(b.add(b.mul(img, i64(c_all)), chan), i64(g.h * g.w))]), in_turn(b, chan, planes))
 
     zero_planes(b, g, k.scratch, 2)
     lo, hi = k.split.range(b, groups)          # a split task's groups (kernels.conv_work)
@@ -108,7 +105,7 @@ def emit_conv_planes(k, vw: int) -> None:
             gi, ci = b.sdiv(chan, i64(g.cg)), b.srem(chan, i64(g.cg))
             first = b.icmp_signed("==", ci, i64(0))
             last = b.icmp_signed("==", ci, i64(g.cg - 1))
-            plane = plane_of(chan)
+            plane = in_turn(b, chan, planes)
             with for_range(b, mg, name="f") as fi:
                 mi = b.add(b.mul(gi, i64(mg)), fi)
                 _filter_rows(k, g, img, mi, ci, first, last, plane, y, w, bias)

@@ -34,7 +34,7 @@ import numpy as np
 from llvmlite import ir
 
 from ....reference.primitives import saturation
-from ..llvmutil import F32, I8, I16, I32, for_range, for_range_staged, i64
+from ..llvmutil import F32, I8, I16, I32, for_range, for_range_staged, i64, in_turn
 from ..parallel import Work
 from ..qgemm import (QShape, dot_groups, for_weights, narrow, pack_epilogue, products_in_range,
                      requantize_unsaturated)
@@ -223,12 +223,9 @@ def emit(k, qs: QShape) -> None:
     elems = b.bitcast(b.gep(scratch, [i64(2 * geo.plane_bytes)]), I32.as_pointer())
     rows = [b.gep(scratch, [i64(2 * geo.plane_bytes + geo.elem_bytes + i * geo.ys_bytes)]) for i in range(2)]
 
-    def of(c, pair):
-        return b.select(b.trunc(c, ir.IntType(1)), pair[1], pair[0])
-
     def copy_in(n, c):
         image = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.h * geo.w))
-        values = of(c, planes)
+        values = in_turn(b, c, planes)
         for py, yq0, yq1, iy0 in geo.input_rows():
             with for_range(b, yq1, start=yq0, name="drow") as yq:
                 iy = b.add(b.mul(b.sub(yq, i64(yq0)), i64(geo.sh)), i64(iy0))
@@ -238,7 +235,7 @@ def emit(k, qs: QShape) -> None:
 
     def copy_out(n, c):
         out = b.mul(b.add(b.mul(n, i64(geo.c)), c), i64(geo.oh * geo.ow))
-        ys = of(c, rows)
+        ys = in_turn(b, c, rows)
         with for_range(b, geo.oh, name="dout") as oy:
             copy_bytes(b, b.gep(ys, [b.mul(oy, i64(geo.wq))]), b.gep(y, [b.add(out, b.mul(oy, i64(geo.ow)))]),
                        geo.ow, False)
@@ -248,14 +245,14 @@ def emit(k, qs: QShape) -> None:
     lo, hi = k.split.range(b, geo.c)
     with for_range(b, geo.batch, name="dn") as n:
         with for_range_staged(b, hi, lo, lambda c: copy_in(n, c), lambda c: copy_out(n, c), name="dc") as c:
-            values = of(c, planes)
+            values = in_turn(b, c, planes)
             if geo.mode == "expand":
                 plane = b.bitcast(values, I8.as_pointer())
                 with for_range(b, geo.elems, step=qs.vw, name="dexp") as i:
                     v = lane_groups(b, geo, plane, i)
                     st = b.store(v, b.bitcast(b.gep(elems, [i]), v.type.as_pointer()))
                     st.align = 4
-            channel_lanes(b, geo, values, elems, of(c, rows), b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
+            channel_lanes(b, geo, values, elems, in_turn(b, c, rows), b.gep(words, [b.mul(c, i64(len(geo.taps)))]),
                           b.load(b.gep(corr, [c])), b.load(b.gep(mult, [c])), node.offset, saturation(node))
 
 

@@ -307,7 +307,7 @@ def interleave_channels(b, geo: Geometry, x, n, plane, first, last, pixels=None,
 def _interleave_step(b, qs: QShape, rows, dst, p, vl: int):
     """Pixels p..p + vl of the G channel rows, interleaved into elements p.. of dst."""
     g = qs.group
-    if unpacks_in_lanes(b, qs, vl):
+    if interleaves_by_unpacks(b, qs, vl):
         run = UNPACK_PIXELS if vl % UNPACK_PIXELS == 0 else 16
         for at in range(0, vl, run):
             _interleave_by_unpacks(b, qs, rows, dst, p if at == 0 else b.add(p, i64(at)), run)
@@ -329,7 +329,7 @@ def _interleave_step(b, qs: QShape, rows, dst, p, vl: int):
 UNPACK_PIXELS = 32
 
 
-def unpacks_in_lanes(b, qs: QShape, vl: int) -> bool:
+def interleaves_by_unpacks(b, qs: QShape, vl: int) -> bool:
     """Whether four channels' runs of `vl` bytes are interleaved by unpacks_in_order (a
     multiple of 16 pixels, on a target without AVX-512 VBMI's byte permutes: AVX2's
     shuffles stay within 16-byte lanes) in place of LLVM's lowering of one shuffle."""
